@@ -1,0 +1,209 @@
+"""Every error tidewire reports, one class per wire error code.
+
+The tree::
+
+    TidewireError                     code, retriable, description; registry by code
+    ├── RecordBatchError              a record batch that cannot be accepted (never retriable)
+    │   ├── CorruptBatchError         CRC-32C mismatch
+    │   ├── InvalidMagicError         magic byte is not 2
+    │   ├── BatchLengthError          lengths that do not add up, truncated input
+    │   ├── RecordCountError          record count disagrees with the records present
+    │   ├── VarintError               a varint longer than its type allows
+    │   ├── InvalidRecordError        a record whose fields are malformed
+    │   ├── UnsupportedCompressionError  compression codec tidewire does not implement
+    │   └── DecompressionLimitError   decompressed data larger than the allowed limit
+    ├── StorageError                  the disk refused: EIO, ENOSPC, failed fsync (retriable)
+    ├── LogFailedError                a log that stopped accepting writes after an fsync failure
+    ├── PartitionCorruptError         corruption found inside a log; the range above is not served
+    ├── OffsetOutOfRangeError         an offset below the log start or above the log end
+    ├── BatchTooLargeError            a batch larger than the configured limit
+    ├── InvalidConfigError            a configuration value out of its range
+    ├── LogClosedError                an operation on a log that was closed or deleted
+    ├── LogNotFoundError              no log for that topic and partition
+    ├── LogExistsError                a log for that topic and partition exists already
+    └── BackpressureError             a bounded queue is full (retriable)
+
+Clients decide to retry by :attr:`TidewireError.retriable`, never by matching messages. The
+registry maps a wire code to its class: :func:`for_code`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "BackpressureError",
+    "BatchLengthError",
+    "BatchTooLargeError",
+    "CorruptBatchError",
+    "DecompressionLimitError",
+    "InvalidConfigError",
+    "InvalidMagicError",
+    "InvalidRecordError",
+    "LogClosedError",
+    "LogExistsError",
+    "LogFailedError",
+    "LogNotFoundError",
+    "OffsetOutOfRangeError",
+    "PartitionCorruptError",
+    "RecordBatchError",
+    "RecordCountError",
+    "StorageError",
+    "TidewireError",
+    "UnknownError",
+    "UnsupportedCompressionError",
+    "VarintError",
+    "for_code",
+]
+
+_REGISTRY: dict[int, type[TidewireError]] = {}
+
+
+class TidewireError(Exception):
+    """Base of every tidewire error.
+
+    Attributes:
+        code: the wire error code (a positive int16), unique per class.
+        retriable: whether the same request may succeed if sent again.
+        description: one line saying what the code means.
+    """
+
+    code: ClassVar[int] = -1
+    retriable: ClassVar[bool] = False
+    description: ClassVar[str] = "an error"
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__:
+            if cls.code in _REGISTRY:
+                raise RuntimeError(f"error code {cls.code} registered twice")
+            _REGISTRY[cls.code] = cls
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or self.description)
+
+    @property
+    def message(self) -> str:
+        """The human-readable message."""
+        return str(self.args[0])
+
+
+def for_code(code: int) -> type[TidewireError]:
+    """Return the error class registered for a wire ``code`` (``UnknownError`` if none)."""
+    return _REGISTRY.get(code, UnknownError)
+
+
+class UnknownError(TidewireError):
+    code = 1
+    description = "an unexpected error on the broker"
+
+
+# --- record batches (codes 10-29) -------------------------------------------------------------
+
+
+class RecordBatchError(TidewireError):
+    """A record batch that cannot be accepted. Resending the same bytes cannot help."""
+
+    code = 10
+    description = "the record batch is malformed"
+
+
+class CorruptBatchError(RecordBatchError):
+    code = 11
+    description = "the record batch's CRC-32C does not match its contents"
+
+
+class InvalidMagicError(RecordBatchError):
+    code = 12
+    description = "the record batch's magic byte is not 2"
+
+
+class BatchLengthError(RecordBatchError):
+    code = 13
+    description = "the record batch's lengths do not add up"
+
+
+class RecordCountError(RecordBatchError):
+    code = 14
+    description = "the record count disagrees with the records in the batch"
+
+
+class VarintError(RecordBatchError):
+    code = 15
+    description = "a varint is longer than its type allows"
+
+
+class InvalidRecordError(RecordBatchError):
+    code = 16
+    description = "a record inside the batch is malformed"
+
+
+class UnsupportedCompressionError(RecordBatchError):
+    code = 17
+    description = "the batch uses a compression codec tidewire does not support"
+
+
+class DecompressionLimitError(RecordBatchError):
+    code = 18
+    description = "the batch decompresses to more bytes than allowed"
+
+
+class BatchTooLargeError(TidewireError):
+    code = 19
+    description = "the record batch is larger than the configured limit"
+
+
+# --- storage (codes 30-49) ---------------------------------------------------------------------
+
+
+class StorageError(TidewireError):
+    """The disk refused an operation (EIO, ENOSPC, a failed fsync)."""
+
+    code = 30
+    retriable = True
+    description = "the storage device reported an error"
+
+
+class LogFailedError(TidewireError):
+    """An fsync failed earlier; the log accepts no writes until it is reopened and recovered."""
+
+    code = 31
+    description = "the log stopped accepting writes after a storage failure"
+
+
+class PartitionCorruptError(TidewireError):
+    """Corruption inside the log; offsets below the corrupt batch are still served."""
+
+    code = 32
+    description = "the partition's log is corrupt at or below the requested offset"
+
+
+class OffsetOutOfRangeError(TidewireError):
+    code = 33
+    description = "the offset is outside the log's range"
+
+
+class LogClosedError(TidewireError):
+    code = 34
+    description = "the log is closed"
+
+
+class LogNotFoundError(TidewireError):
+    code = 35
+    description = "no log exists for that topic and partition"
+
+
+class LogExistsError(TidewireError):
+    code = 36
+    description = "a log exists already for that topic and partition"
+
+
+class InvalidConfigError(TidewireError):
+    code = 40
+    description = "a configuration value is invalid"
+
+
+class BackpressureError(TidewireError):
+    code = 41
+    retriable = True
+    description = "a bounded queue is full; retry later"

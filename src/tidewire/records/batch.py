@@ -1,0 +1,234 @@
+"""The record batch: Kafka's RecordBatch v2 layout, header parsing and checking (pure, no I/O).
+
+One batch, on the wire and on disk (big-endian)::
+
+    offset  size  field
+         0     8  base_offset            first offset of the batch; written by the broker
+         8     4  batch_length           bytes after this field (whole batch size - 12)
+        12     4  partition_leader_epoch
+        16     1  magic                  always 2
+        17     4  crc                    CRC-32C of bytes 21..end (attributes to the last record)
+        21     2  attributes             bits 0-2 codec, bit 3 timestamp type, 4 txn, 5 control
+        23     4  last_offset_delta      offset of the last record minus base_offset
+        27     8  first_timestamp        ms since the epoch
+        35     8  max_timestamp          ms since the epoch
+        43     8  producer_id            -1 when not idempotent
+        51     2  producer_epoch
+        53     4  base_sequence          -1 when not idempotent
+        57     4  records_count
+        61     …  records                compressed as one block when the codec is not none
+
+The base offset and the batch length sit outside the CRC so the broker can assign offsets by
+writing 8 bytes, without re-encoding or re-checksumming the batch. :func:`check_batch` is the
+cheap check of the broker's hot path (header, sizes, CRC; no per-record work); the full
+record-level validation is :func:`tidewire.records.reader.decode_batch`.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+import crc32c as _crc32c
+
+from tidewire.errors import (
+    BatchLengthError,
+    CorruptBatchError,
+    InvalidMagicError,
+    RecordCountError,
+)
+from tidewire.records.compression import Codec, check_codec
+
+__all__ = [
+    "BATCH_OVERHEAD",
+    "CRC_OFFSET",
+    "HEADER",
+    "LOG_OVERHEAD",
+    "MAGIC",
+    "MAX_BATCH_BYTES",
+    "BatchHeader",
+    "TimestampType",
+    "check_batch",
+    "crc32c",
+    "parse_header",
+    "peek_base_offset",
+    "peek_batch_size",
+]
+
+#: The whole batch header as one struct, a format character per field (see module docstring).
+HEADER = struct.Struct(
+    ">"
+    "q"  # base_offset
+    "i"  # batch_length
+    "i"  # partition_leader_epoch
+    "b"  # magic
+    "I"  # crc
+    "h"  # attributes
+    "i"  # last_offset_delta
+    "q"  # first_timestamp
+    "q"  # max_timestamp
+    "q"  # producer_id
+    "h"  # producer_epoch
+    "i"  # base_sequence
+    "i"  # records_count
+)
+#: Size of the batch header (61 bytes).
+BATCH_OVERHEAD = HEADER.size
+#: Bytes before ``batch_length`` counts: base_offset + batch_length.
+LOG_OVERHEAD = struct.calcsize(">qi")
+#: Offset of the magic byte.
+MAGIC_OFFSET = struct.calcsize(">qii")
+#: Offset of the CRC field.
+CRC_OFFSET = MAGIC_OFFSET + 1
+#: Offset of the attributes: where the CRC-covered region starts.
+ATTRIBUTES_OFFSET = CRC_OFFSET + 4
+#: The only batch format version tidewire reads and writes.
+MAGIC = 2
+#: Upper bound of one batch's size, whatever the configuration says: 256 MiB keeps a single
+#: length field from asking a reader to buffer an unbounded amount before it can check the CRC.
+MAX_BATCH_BYTES = 256 * 1024 * 1024
+
+_BASE_AND_LENGTH = struct.Struct(">qi")
+_CODEC_MASK = 0x07
+_TIMESTAMP_TYPE_BIT = 0x08
+
+
+def crc32c(data: bytes | bytearray | memoryview) -> int:
+    """CRC-32C (Castagnoli) of ``data``, hardware-accelerated where the CPU allows."""
+    return int(_crc32c.crc32c(data))
+
+
+class TimestampType:
+    """Values of attribute bit 3."""
+
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+
+class BatchHeader(NamedTuple):
+    """The decoded 61-byte header of a record batch."""
+
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+
+    @property
+    def size(self) -> int:
+        """Whole batch size in bytes, header included."""
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        """Offset of the batch's last record."""
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        """The offset after this batch."""
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def codec(self) -> Codec:
+        """Compression codec (raises ``UnsupportedCompressionError`` for unknown ids)."""
+        return check_codec(self.attributes & _CODEC_MASK)
+
+    @property
+    def timestamp_type(self) -> int:
+        """``TimestampType.CREATE_TIME`` or ``TimestampType.LOG_APPEND_TIME``."""
+        return 1 if self.attributes & _TIMESTAMP_TYPE_BIT else 0
+
+
+def peek_batch_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> int | None:
+    """Return the whole size of the batch starting at ``pos``, or ``None`` if fewer than 12
+    bytes are there. The size is not checked: see :func:`parse_header`."""
+    if len(buf) - pos < LOG_OVERHEAD:
+        return None
+    return int(_BASE_AND_LENGTH.unpack_from(buf, pos)[1]) + LOG_OVERHEAD
+
+
+def peek_base_offset(buf: bytes | bytearray | memoryview, pos: int = 0) -> int:
+    """Return the base offset field of the batch at ``pos`` (``buf`` holds >= 8 bytes there)."""
+    return int(_BASE_AND_LENGTH.unpack_from(buf, pos)[0])
+
+
+def parse_header(
+    buf: bytes | bytearray | memoryview, pos: int = 0, *, max_batch_bytes: int = MAX_BATCH_BYTES
+) -> BatchHeader:
+    """Parse and sanity-check the header of the batch at ``pos``, without checking the CRC.
+
+    Raises:
+        BatchLengthError: fewer than 61 bytes, a batch_length below the header's own size or
+            above ``max_batch_bytes``.
+        InvalidMagicError: the magic byte is not 2.
+        RecordCountError: a negative record count, or a count that cannot fit in the batch.
+        UnsupportedCompressionError: an unknown codec id in the attributes.
+    """
+    if len(buf) - pos < BATCH_OVERHEAD:
+        raise BatchLengthError(
+            f"batch header needs {BATCH_OVERHEAD} bytes, {len(buf) - pos} available"
+        )
+    h = BatchHeader._make(HEADER.unpack_from(buf, pos))
+    if h.magic != MAGIC:
+        raise InvalidMagicError(f"magic byte is {h.magic}, expected {MAGIC}")
+    size = h.batch_length + LOG_OVERHEAD
+    if size < BATCH_OVERHEAD:
+        raise BatchLengthError(
+            f"batch_length {h.batch_length} is below the header size {BATCH_OVERHEAD - 12}"
+        )
+    if size > max_batch_bytes:
+        raise BatchLengthError(
+            f"batch of {size:,} bytes exceeds the limit of {max_batch_bytes:,} bytes"
+        )
+    if h.records_count < 0:
+        raise RecordCountError(f"negative record count {h.records_count}")
+    if h.last_offset_delta < 0:
+        raise RecordCountError(f"negative last_offset_delta {h.last_offset_delta}")
+    check_codec(h.attributes & _CODEC_MASK)
+    if h.codec is Codec.NONE and h.records_count > size - BATCH_OVERHEAD:
+        # every uncompressed record takes at least 7 bytes; 1 is a safe floor
+        raise RecordCountError(
+            f"record count {h.records_count:,} cannot fit in {size - BATCH_OVERHEAD:,} bytes"
+        )
+    return h
+
+
+def check_batch(
+    buf: bytes | bytearray | memoryview,
+    pos: int = 0,
+    *,
+    max_batch_bytes: int = MAX_BATCH_BYTES,
+) -> BatchHeader:
+    """Check the batch at ``pos``: header (:func:`parse_header`), whole size present, CRC.
+
+    This is the broker's per-batch check: a constant amount of Python work per batch plus a
+    CRC-32C at memory speed. Records are not decoded.
+
+    Raises:
+        BatchLengthError: the buffer ends before the batch does.
+        CorruptBatchError: the CRC-32C does not match.
+        (and what :func:`parse_header` raises)
+    """
+    h = parse_header(buf, pos, max_batch_bytes=max_batch_bytes)
+    end = pos + h.batch_length + LOG_OVERHEAD
+    if len(buf) < end:
+        raise BatchLengthError(
+            f"batch of {end - pos:,} bytes is truncated: {len(buf) - pos:,} bytes available"
+        )
+    view = memoryview(buf)[pos + ATTRIBUTES_OFFSET : end]
+    actual = crc32c(view)
+    if actual != h.crc:
+        raise CorruptBatchError(
+            f"CRC-32C mismatch in batch at base offset {h.base_offset}: "
+            f"stored {h.crc:#010x}, computed {actual:#010x}"
+        )
+    return h

@@ -1,0 +1,234 @@
+"""Reading record batches: lazy record iteration, full validation, and an incremental
+batch decoder for byte streams (pure, no I/O).
+
+Every function here raises only :class:`~tidewire.errors.RecordBatchError` subclasses for bad
+input; any other exception escaping a decoder is a bug.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from tidewire.errors import (
+    BatchLengthError,
+    InvalidRecordError,
+    RecordBatchError,
+    RecordCountError,
+)
+from tidewire.records.batch import (
+    BATCH_OVERHEAD,
+    LOG_OVERHEAD,
+    MAX_BATCH_BYTES,
+    BatchHeader,
+    check_batch,
+    parse_header,
+)
+from tidewire.records.compression import MAX_DECOMPRESSED_BYTES, decompress
+from tidewire.records.varint import decode as _dv
+
+__all__ = ["BatchDecoder", "Record", "decode_batch", "iter_batches", "iter_records"]
+
+
+class Record(NamedTuple):
+    """One record as read from a batch. ``headers`` keys are text, values bytes or None."""
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+def iter_records(
+    batch: bytes | bytearray | memoryview,
+    *,
+    decompression_limit: int = MAX_DECOMPRESSED_BYTES,
+) -> Iterator[Record]:
+    """Check ``batch`` (one whole batch, CRC included) and yield its records lazily.
+
+    The batch is not copied: records are parsed from a memoryview over ``batch`` (or over the
+    decompressed section). The record count and the section's length are verified when the
+    iteration ends.
+
+    Raises:
+        RecordBatchError: any malformed input (a subclass naming the fault).
+    """
+    h = check_batch(batch)
+    if h.size != len(batch):
+        raise BatchLengthError(
+            f"buffer holds {len(batch):,} bytes but the batch is {h.size:,} bytes"
+        )
+    section = decompress(h.codec, memoryview(batch)[BATCH_OVERHEAD:], decompression_limit)
+    return _records(h, memoryview(section))
+
+
+def _records(h: BatchHeader, buf: memoryview) -> Iterator[Record]:
+    end = len(buf)
+    pos = 0
+    base_offset = h.base_offset
+    first_ts = h.first_timestamp
+    last_delta = -1
+    for i in range(h.records_count):
+        if pos >= end:
+            raise RecordCountError(f"batch declares {h.records_count} records but holds {i}")
+        length, pos = _dv(buf, pos)
+        if length < 6 or pos + length > end:
+            raise InvalidRecordError(
+                f"record {i} has length {length}, {end - pos} bytes left in the batch"
+            )
+        rec_end = pos + length
+        pos += 1  # record attributes (unused)
+        ts_delta, pos = _dv(buf, pos, wide=True)
+        offset_delta, pos = _dv(buf, pos)
+        if offset_delta <= last_delta or offset_delta > h.last_offset_delta:
+            raise InvalidRecordError(
+                f"record {i} has offset delta {offset_delta}: must be above {last_delta} "
+                f"and at most last_offset_delta {h.last_offset_delta}"
+            )
+        last_delta = offset_delta
+        key, pos = _field(buf, pos, rec_end, i, "key")
+        value, pos = _field(buf, pos, rec_end, i, "value")
+        nheaders, pos = _dv(buf, pos)
+        if nheaders < 0 or nheaders > rec_end - pos:
+            raise InvalidRecordError(f"record {i} declares {nheaders} headers")
+        headers: list[tuple[str, bytes | None]] = []
+        for _ in range(nheaders):
+            hkey, pos = _field(buf, pos, rec_end, i, "header key")
+            if hkey is None:
+                raise InvalidRecordError(f"record {i} has a header with a null key")
+            try:
+                hname = hkey.decode()
+            except UnicodeDecodeError:
+                raise InvalidRecordError(f"record {i} has a header key that is not UTF-8") from None
+            hval, pos = _field(buf, pos, rec_end, i, "header value")
+            headers.append((hname, hval))
+        if pos != rec_end:
+            raise InvalidRecordError(
+                f"record {i} declares {length} bytes but its fields take {length + pos - rec_end}"
+            )
+        yield Record(base_offset + offset_delta, first_ts + ts_delta, key, value, tuple(headers))
+    if pos != end:
+        raise RecordCountError(
+            f"{end - pos} bytes follow the {h.records_count} records the batch declares"
+        )
+
+
+def _field(
+    buf: memoryview, pos: int, rec_end: int, index: int, name: str
+) -> tuple[bytes | None, int]:
+    n, pos = _dv(buf, pos)
+    if n == -1:
+        return None, pos
+    if n < -1 or pos + n > rec_end:
+        raise InvalidRecordError(
+            f"record {index} has a {name} of length {n} with {rec_end - pos} bytes left"
+        )
+    return bytes(buf[pos : pos + n]), pos + n
+
+
+def decode_batch(
+    batch: bytes | bytearray | memoryview,
+    *,
+    decompression_limit: int = MAX_DECOMPRESSED_BYTES,
+) -> tuple[BatchHeader, list[Record]]:
+    """Fully validate one whole batch and return its header and records.
+
+    Raises:
+        RecordBatchError: any malformed input.
+    """
+    h = check_batch(batch)
+    return h, list(iter_records(batch, decompression_limit=decompression_limit))
+
+
+def iter_batches(
+    buf: bytes | bytearray | memoryview, *, verify: bool = True
+) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield ``(position, header)`` for each whole batch in a concatenation of batches (a fetch
+    response, a segment). A partial batch at the end is not yielded.
+
+    Args:
+        buf: the bytes.
+        verify: check each batch's CRC (``False`` parses headers only).
+
+    Raises:
+        RecordBatchError: a malformed batch before the end.
+    """
+    pos = 0
+    end = len(buf)
+    while end - pos >= BATCH_OVERHEAD:
+        h = parse_header(buf, pos)
+        if pos + h.size > end:
+            return
+        if verify:
+            check_batch(buf, pos)
+        yield pos, h
+        pos += h.size
+
+
+class BatchDecoder:
+    """Incremental, sans-IO decoder of a byte stream of concatenated batches.
+
+    Feed bytes with :meth:`receive_data` in pieces of any size; :meth:`next_batch` returns each
+    complete, CRC-checked batch once it is all there, and ``None`` while more bytes are needed.
+    The header is checked as soon as its 61 bytes arrive, so a garbage length is refused before
+    anything is buffered for it. After an error the decoder stays failed and raises it again.
+
+    Args:
+        max_batch_bytes: the largest batch accepted; buffered data never exceeds it by more
+            than one ``receive_data`` call.
+    """
+
+    def __init__(self, *, max_batch_bytes: int = MAX_BATCH_BYTES) -> None:
+        self._buf = bytearray()
+        self._max = max_batch_bytes
+        self._error: RecordBatchError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as a batch."""
+        return len(self._buf)
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Add bytes from the stream."""
+        if self._error is not None:
+            raise self._error
+        self._buf += data
+
+    def next_batch(self) -> bytes | None:
+        """Return the next complete batch, or ``None`` if more data is needed.
+
+        Raises:
+            RecordBatchError: the stream holds a malformed batch.
+        """
+        if self._error is not None:
+            raise self._error
+        buf = self._buf
+        if len(buf) < BATCH_OVERHEAD:
+            if len(buf) >= LOG_OVERHEAD:
+                # Refuse an impossible length before waiting for the rest of the header.
+                size = int.from_bytes(buf[8:12], "big", signed=True) + LOG_OVERHEAD
+                if size < BATCH_OVERHEAD or size > self._max:
+                    return self._fail(
+                        BatchLengthError(
+                            f"batch length field says {size:,} bytes; allowed "
+                            f"{BATCH_OVERHEAD}..{self._max:,}"
+                        )
+                    )
+            return None
+        try:
+            h = parse_header(buf, 0, max_batch_bytes=self._max)
+            if len(buf) < h.size:
+                return None
+            check_batch(buf, 0, max_batch_bytes=self._max)
+        except RecordBatchError as exc:
+            return self._fail(exc)
+        out = bytes(buf[: h.size])
+        del buf[: h.size]
+        return out
+
+    def _fail(self, exc: RecordBatchError) -> None:
+        self._error = exc
+        raise exc
+
+
