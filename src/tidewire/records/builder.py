@@ -52,6 +52,7 @@ class BatchBuilder:
 
     __slots__ = (
         "_base_offset",
+        "_closed",
         "_codec",
         "_first_ts",
         "_leader_epoch",
@@ -62,7 +63,6 @@ class BatchBuilder:
         "_sequence",
         "_size",
         "_timestamp_type",
-        "_closed",
     )
 
     def __init__(
@@ -125,8 +125,7 @@ class BatchBuilder:
         first = self._first_ts
         if first is None:
             first = self._first_ts = timestamp_ms
-        if timestamp_ms > self._max_ts:
-            self._max_ts = timestamp_ms
+        self._max_ts = max(self._max_ts, timestamp_ms)
         delta = len(self._parts)
         if headers:
             hparts = [_enc(len(headers))]

@@ -56,7 +56,9 @@ def check_codec(codec_id: int) -> Codec:
     except ValueError:
         raise UnsupportedCompressionError(f"unknown compression codec id {codec_id}") from None
     if codec not in SUPPORTED:
-        raise UnsupportedCompressionError(f"compression codec {codec.name.lower()} is not supported")
+        raise UnsupportedCompressionError(
+            f"compression codec {codec.name.lower()} is not supported"
+        )
     return codec
 
 

@@ -8,7 +8,7 @@ input; any other exception escaping a decoder is a bug.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 from tidewire.errors import (
     BatchLengthError,
@@ -209,7 +209,7 @@ class BatchDecoder:
                 # Refuse an impossible length before waiting for the rest of the header.
                 size = int.from_bytes(buf[8:12], "big", signed=True) + LOG_OVERHEAD
                 if size < BATCH_OVERHEAD or size > self._max:
-                    return self._fail(
+                    self._fail(
                         BatchLengthError(
                             f"batch length field says {size:,} bytes; allowed "
                             f"{BATCH_OVERHEAD}..{self._max:,}"
@@ -222,13 +222,11 @@ class BatchDecoder:
                 return None
             check_batch(buf, 0, max_batch_bytes=self._max)
         except RecordBatchError as exc:
-            return self._fail(exc)
+            self._fail(exc)
         out = bytes(buf[: h.size])
         del buf[: h.size]
         return out
 
-    def _fail(self, exc: RecordBatchError) -> None:
+    def _fail(self, exc: RecordBatchError) -> NoReturn:
         self._error = exc
         raise exc
-
-

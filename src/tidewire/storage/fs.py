@@ -1,0 +1,166 @@
+"""The file-system seam: every byte the storage engine reads or writes goes through here.
+
+:class:`FileSystem` and :class:`FileHandle` are the narrow interface the storage layer uses;
+:class:`OsFileSystem` is the real one (``os.pwritev``, ``os.pread``, ``os.fdatasync``), and
+:mod:`tidewire.storage.faultfs` is an in-memory one that can cut power, tear the last write,
+and fail with EIO or ENOSPC at a chosen operation, deterministically.
+
+Errors are raised as :class:`OSError` with their ``errno``; the storage layer turns them into
+:class:`~tidewire.errors.StorageError` with the operation and path named.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from typing import Protocol
+
+__all__ = ["FileHandle", "FileSystem", "OsFileSystem", "write_atomic"]
+
+Buffer = bytes | bytearray | memoryview
+
+
+class FileHandle(Protocol):
+    """An open file, read and written by position."""
+
+    @property
+    def path(self) -> str: ...
+
+    def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
+        """Write all of ``buffers`` at ``offset``; return the byte count. Never short."""
+        ...
+
+    def pread(self, size: int, offset: int) -> bytes:
+        """Read up to ``size`` bytes at ``offset`` (fewer at the end of the file)."""
+        ...
+
+    def size(self) -> int: ...
+
+    def truncate(self, size: int) -> None: ...
+
+    def sync(self) -> None:
+        """Make the file's data durable (fdatasync)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class FileSystem(Protocol):
+    """Directory and file operations the storage layer needs."""
+
+    def open(self, path: str, *, create: bool = True) -> FileHandle: ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def listdir(self, path: str) -> list[str]: ...
+
+    def makedirs(self, path: str) -> None: ...
+
+    def remove(self, path: str) -> None: ...
+
+    def rename(self, src: str, dst: str) -> None: ...
+
+    def rmtree(self, path: str) -> None: ...
+
+    def sync_dir(self, path: str) -> None:
+        """Make the directory's entries (creates, renames, removes) durable."""
+        ...
+
+    def read_file(self, path: str) -> bytes: ...
+
+
+class _OsFile:
+    __slots__ = ("_fd", "_path")
+
+    def __init__(self, path: str, fd: int) -> None:
+        self._path = path
+        self._fd = fd
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
+        total = sum(len(b) for b in buffers)
+        written = os.pwritev(self._fd, buffers, offset)
+        if written != total:  # a short write: finish it piecewise
+            data = b"".join(buffers)
+            while written < total:
+                n = os.pwrite(self._fd, data[written:], offset + written)
+                if n == 0:
+                    raise OSError(f"pwrite made no progress on {self._path}")
+                written += n
+        return total
+
+    def pread(self, size: int, offset: int) -> bytes:
+        return os.pread(self._fd, size, offset)
+
+    def size(self) -> int:
+        return os.fstat(self._fd).st_size
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self._fd, size)
+
+    def sync(self) -> None:
+        os.fdatasync(self._fd)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class OsFileSystem:
+    """The real file system."""
+
+    def open(self, path: str, *, create: bool = True) -> FileHandle:
+        flags = os.O_RDWR | (os.O_CREAT if create else 0) | getattr(os, "O_CLOEXEC", 0)
+        return _OsFile(path, os.open(path, flags, 0o644))
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(os.listdir(path))
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def remove(self, path: str) -> None:
+        os.remove(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def rmtree(self, path: str) -> None:
+        shutil.rmtree(path)
+
+    def sync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read_file(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def write_atomic(fs: FileSystem, path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that a crash at any step leaves the old file or the
+    new one, never a mix: write ``path.tmp``, fsync it, rename over ``path``, fsync the
+    directory.
+
+    Raises:
+        OSError: from the file system; ``path`` is then unchanged or wholly replaced.
+    """
+    tmp = path + ".tmp"
+    f = fs.open(tmp, create=True)
+    try:
+        f.truncate(0)
+        f.pwritev([data], 0)
+        f.sync()
+    finally:
+        f.close()
+    fs.rename(tmp, path)
+    fs.sync_dir(os.path.dirname(path) or ".")

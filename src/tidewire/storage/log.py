@@ -1,0 +1,841 @@
+"""The partition log: an ordered list of segments with appends, reads, durability and recovery.
+
+A :class:`PartitionLog` is owned by one thread (the broker's event loop): appends, reads,
+truncation and retention run there and take no locks. The only work that leaves that thread is
+the blocking part of a flush (fsync of segment files, directory sync, writing the sealed
+segments' indexes), which :meth:`PartitionLog.wait_durable` runs in a worker thread while more
+batches are appended — group commit: one fsync acknowledges every batch written before it
+started.
+
+Durability (:class:`~tidewire.storage.config.FsyncPolicy`): under ``always`` the caller awaits
+:meth:`append_async`, which returns only once an fsync covers the batch; under ``interval``
+the :class:`~tidewire.storage.manager.LogManager` flushes every ``flush_interval_ms``; under
+``never`` only :meth:`close` flushes.
+
+Recovery (:meth:`PartitionLog.open`): a segment whose persisted indexes check out (CRC, and the
+``.log`` size they describe) was synced when sealed and is not scanned; every other segment is
+re-read with each batch CRC-checked and its indexes rebuilt. The first invalid batch found is
+either a torn tail — beyond the recovery point, in a segment never sealed: the segment is cut
+there and the cut is reported — or corruption: the partition is marked corrupt, refuses writes,
+and keeps serving the offsets below the bad batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tidewire.errors import (
+    BackpressureError,
+    BatchTooLargeError,
+    LogClosedError,
+    LogFailedError,
+    OffsetOutOfRangeError,
+    PartitionCorruptError,
+    RecordBatchError,
+    RecordCountError,
+    StorageError,
+    TidewireError,
+)
+from tidewire.records import iter_batches, iter_records
+from tidewire.records.batch import check_batch
+from tidewire.storage.config import FsyncPolicy, LogConfig
+from tidewire.storage.fs import FileSystem, write_atomic
+from tidewire.storage.segment import BadBatch, CorruptBatchFound, Segment, segment_name
+
+__all__ = ["AppendInfo", "PartitionLog", "ReadResult", "RecoveryReport"]
+
+log = logging.getLogger("tidewire.storage")
+
+#: Default byte budget of one read.
+DEFAULT_READ_BYTES = 1024 * 1024
+
+Clock = Callable[[], int]
+
+
+def wall_clock_ms() -> int:
+    """Milliseconds since the epoch."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    """Where an appended batch was stored."""
+
+    base_offset: int
+    last_offset: int
+    size: int
+    max_timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """Whole batches read from the log, as stored (bytes, not records).
+
+    Attributes:
+        data: concatenated batches; empty when there was nothing to read.
+        next_offset: the offset to read from next.
+        log_start_offset: first offset still in the log.
+        log_end_offset: the offset the next append gets.
+    """
+
+    data: bytes
+    next_offset: int
+    log_start_offset: int
+    log_end_offset: int
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What :meth:`PartitionLog.open` found and did."""
+
+    clean: bool = False
+    segments: int = 0
+    scanned_segments: int = 0
+    rebuilt_indexes: list[str] = field(default_factory=list)
+    truncated_bytes: int = 0
+    truncated_from_offset: int | None = None
+    truncated_batches_seen: int = 0
+    removed_files: list[str] = field(default_factory=list)
+    corruption: BadBatch | None = None
+
+
+@dataclass(slots=True)
+class _FlushPlan:
+    target: int
+    syncs: list[tuple[Segment, int]]
+    sync_dir: bool
+    seals: list[tuple[Segment, bytes, bytes]]
+
+
+class PartitionLog:
+    """One partition's log. Create with :meth:`open`.
+
+    Attributes:
+        directory: the partition's directory.
+        config: its settings.
+        report: what the last :meth:`open` found.
+    """
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        directory: str,
+        config: LogConfig,
+        *,
+        clock: Clock = wall_clock_ms,
+    ) -> None:
+        self.fs = fs
+        self.directory = directory
+        self.config = config
+        self.clock = clock
+        self.report = RecoveryReport()
+        self._segments: list[Segment] = []
+        self._bases: list[int] = []
+        self._flushed = 0
+        self._corrupt: BadBatch | None = None
+        self._failed: TidewireError | None = None
+        self._closed = False
+        self._dir_dirty = False
+        self._flushing = False
+        self._deferred_close: list[Segment] = []
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._flush_task: asyncio.Task[None] | None = None
+
+    # --- opening and recovery -------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        fs: FileSystem,
+        directory: str,
+        config: LogConfig,
+        *,
+        clean: bool = False,
+        recovery_point: int = 0,
+        clock: Clock = wall_clock_ms,
+    ) -> PartitionLog:
+        """Open (creating if needed) the log in ``directory`` and recover it.
+
+        Args:
+            fs: the file system.
+            directory: the partition's directory.
+            config: its settings.
+            clean: the previous run shut down cleanly (a segment with intact indexes is then
+                trusted even if it is the active one).
+            recovery_point: an offset below which everything was known synced.
+            clock: milliseconds since the epoch, for rolling by age and retention.
+
+        Raises:
+            StorageError: the directory cannot be read or a file cannot be opened.
+        """
+        self = cls(fs, directory, config, clock=clock)
+        try:
+            self._recover(clean, recovery_point)
+        except OSError as exc:
+            self._close_files()
+            raise StorageError(f"cannot open log {directory}: {exc}") from exc
+        return self
+
+    def _recover(self, clean: bool, recovery_point: int) -> None:
+        fs, d = self.fs, self.directory
+        fs.makedirs(d)
+        report = self.report = RecoveryReport(clean=clean)
+        names = fs.listdir(d)
+        bases = sorted(int(n[:20]) for n in names if _is_segment_file(n, ".log"))
+        base_set = {f"{b:020d}" for b in bases}
+        for n in names:
+            stem = n.split(".", 1)[0]
+            orphan = (n.endswith((".index", ".timeindex")) and stem not in base_set) or n.endswith(
+                ".tmp"
+            )
+            if orphan:
+                fs.remove(f"{d}/{n}")
+                report.removed_files.append(n)
+        if not bases:
+            self._new_segment(0)
+            self._sync_dir_now()
+            return
+        for base in bases:
+            seg = Segment(
+                fs,
+                d,
+                base,
+                fs.open(f"{d}/{segment_name(base)}.log", create=False),
+                index_interval_bytes=self.config.index_interval_bytes,
+            )
+            self._segments.append(seg)
+            self._bases.append(base)
+        report.segments = len(self._segments)
+        i = 0
+        while i < len(self._segments):
+            seg = self._segments[i]
+            last = i == len(self._segments) - 1
+            file_size = seg.file.size()
+            has_seal = seg.load_seal(file_size)
+            if has_seal and (not last or clean):
+                seg.sealed = not last
+            else:
+                if fs.exists(seg.path(".index")):
+                    report.rebuilt_indexes.append(seg.path(".index"))
+                report.scanned_segments += 1
+                bad = seg.scan()
+                seg.sealed = not last
+                if bad is not None and self._corrupt is None:
+                    if bad.offset < recovery_point:
+                        self._set_corrupt(bad)
+                    else:
+                        self._cut_torn_tail(i, bad, file_size)
+                        break
+            if i > 0 and self._corrupt is None:
+                prev = self._segments[i - 1]
+                if prev.next_offset != seg.base_offset:
+                    self._set_corrupt(
+                        BadBatch(
+                            seg.log_path,
+                            0,
+                            prev.next_offset,
+                            f"segment starts at offset {seg.base_offset} but the previous "
+                            f"one ends at {prev.next_offset}",
+                        )
+                    )
+            i += 1
+        for seg in self._segments:
+            if seg.synced_size < seg.size:
+                # What a crashed process left in the page cache is on disk only once synced:
+                # sync it before anything recovered is counted as flushed.
+                seg.file.sync()
+                seg.synced_size = seg.size
+        self._flushed = self.log_end_offset
+        active = self._segments[-1]
+        active.sealed = False
+        if active.size > 0:
+            active.created_ms = self.clock()  # its age for rolling counts from this open
+
+    def _cut_torn_tail(self, i: int, bad: BadBatch, file_size: int) -> None:
+        """Truncate segment ``i`` at the bad batch and drop every later segment."""
+        seg = self._segments[i]
+        cut = file_size - bad.position
+        tail = seg.file.pread(min(cut, 64 * 1024 * 1024), bad.position)
+        seen = sum(1 for _ in _headers_in(tail))
+        seg.file.truncate(bad.position)
+        seg.file.sync()
+        for later in self._segments[i + 1 :]:
+            cut += later.file.size()
+            later.file.close()
+            self._remove_segment_files(later)
+        del self._segments[i + 1 :]
+        del self._bases[i + 1 :]
+        self._remove_seal_files(seg)
+        self._sync_dir_now()
+        r = self.report
+        r.truncated_bytes = cut
+        r.truncated_from_offset = bad.offset
+        r.truncated_batches_seen = seen
+        log.warning(
+            "recovery of %s cut a torn tail: %d bytes from offset %d at byte %d of %s (%s)",
+            self.directory,
+            cut,
+            bad.offset,
+            bad.position,
+            bad.path,
+            bad.reason,
+        )
+
+    def _set_corrupt(self, bad: BadBatch) -> None:
+        self._corrupt = bad
+        self.report.corruption = bad
+        log.error(
+            "partition log %s is corrupt at offset %d: %s, byte %d: %s; writes are refused, "
+            "offsets below %d are still served",
+            self.directory,
+            bad.offset,
+            bad.path,
+            bad.position,
+            bad.reason,
+            bad.offset,
+        )
+
+    # --- state ----------------------------------------------------------------------------------
+
+    @property
+    def log_start_offset(self) -> int:
+        """The first offset in the log."""
+        return self._segments[0].base_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        """The offset the next appended record gets."""
+        return self._segments[-1].next_offset
+
+    @property
+    def flushed_offset(self) -> int:
+        """Every offset below this is on stable storage."""
+        return self._flushed
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of batches in all segments."""
+        return sum(s.size for s in self._segments)
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    @property
+    def segment_bases(self) -> list[int]:
+        """Base offsets of the segments, oldest first."""
+        return list(self._bases)
+
+    @property
+    def corruption(self) -> BadBatch | None:
+        """Where the log is corrupt, or ``None``."""
+        return self._corrupt
+
+    @property
+    def failed(self) -> TidewireError | None:
+        """The storage failure that stopped writes, or ``None``."""
+        return self._failed
+
+    # --- appending ------------------------------------------------------------------------------
+
+    def append(self, batch: bytes | bytearray | memoryview) -> AppendInfo:
+        """Check ``batch`` (one whole batch) and append it with the next offsets.
+
+        The batch's bytes are written as they are but for its first 16 bytes (base offset,
+        length, leader epoch; outside the CRC). It is not yet durable: see
+        :meth:`append_async` and :meth:`wait_durable`.
+
+        Raises:
+            RecordBatchError: the batch is malformed (nothing is written).
+            BatchTooLargeError: the batch exceeds ``max_batch_bytes``.
+            PartitionCorruptError, LogFailedError, LogClosedError: the log refuses writes.
+            StorageError: the write failed; the log is unchanged.
+        """
+        self._check_writable()
+        view = memoryview(batch)
+        if len(view) > self.config.max_batch_bytes:
+            raise BatchTooLargeError(
+                f"batch of {len(view):,} bytes exceeds max_batch_bytes="
+                f"{self.config.max_batch_bytes:,}"
+            )
+        h = check_batch(view)
+        if h.size != len(view):
+            raise RecordCountError(
+                f"append takes exactly one batch: {len(view):,} bytes given, the batch is "
+                f"{h.size:,}"
+            )
+        if h.records_count < 1 or h.last_offset_delta != h.records_count - 1:
+            raise RecordCountError(
+                f"batch has {h.records_count} records and last_offset_delta "
+                f"{h.last_offset_delta}; an appended batch needs >= 1 record and "
+                "last_offset_delta = count - 1"
+            )
+        now = self.clock()
+        seg = self._segments[-1]
+        if seg.size > 0 and (
+            seg.size + h.size > self.config.segment_bytes
+            or now - seg.created_ms >= self.config.segment_ms
+        ):
+            seg = self._roll()
+        base = seg.next_offset
+        try:
+            seg.append(view, h, now)
+        except OSError as exc:
+            self._undo_write(seg, exc)
+            raise StorageError(
+                f"write of a {h.size:,}-byte batch to {seg.log_path} failed: {exc}"
+            ) from exc
+        return AppendInfo(base, base + h.last_offset_delta, h.size, h.max_timestamp)
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"log {self.directory} is closed")
+        if self._failed is not None:
+            raise LogFailedError(
+                f"log {self.directory} accepts no writes after a storage failure "
+                f"({self._failed.message}); reopen it to recover"
+            )
+        if self._corrupt is not None:
+            b = self._corrupt
+            raise PartitionCorruptError(
+                f"log {self.directory} is corrupt at offset {b.offset} ({b.path}, byte "
+                f"{b.position}: {b.reason}); writes are refused"
+            )
+
+    def _undo_write(self, seg: Segment, exc: OSError) -> None:
+        try:
+            seg.file.truncate(seg.size)
+        except OSError as exc2:
+            self._failed = StorageError(
+                f"write to {seg.log_path} failed ({exc}) and truncating it back failed ({exc2})"
+            )
+
+    def _roll(self) -> Segment:
+        old = self._segments[-1]
+        old.sealed = True
+        return self._new_segment(old.next_offset)
+
+    def _new_segment(self, base: int) -> Segment:
+        path = f"{self.directory}/{segment_name(base)}.log"
+        try:
+            f = self.fs.open(path, create=True)
+            f.truncate(0)
+        except OSError as exc:
+            raise StorageError(f"cannot create segment {path}: {exc}") from exc
+        seg = Segment(
+            self.fs, self.directory, base, f, index_interval_bytes=self.config.index_interval_bytes
+        )
+        self._segments.append(seg)
+        self._bases.append(base)
+        self._dir_dirty = True
+        return seg
+
+    async def append_async(self, batch: bytes | bytearray | memoryview) -> AppendInfo:
+        """Append ``batch`` and return once it is as durable as the fsync policy promises:
+        under ``always``, after an fsync that covers it (shared with concurrent appends).
+
+        Raises:
+            BackpressureError: ``max_pending_appends`` appends already await their fsync
+                (nothing is written).
+            StorageError: the write or the fsync failed; the batch is not acknowledged.
+            (and what :meth:`append` raises)
+        """
+        always = self.config.fsync is FsyncPolicy.ALWAYS
+        if always and len(self._waiters) >= self.config.max_pending_appends:
+            raise BackpressureError(
+                f"{len(self._waiters):,} appends await an fsync on {self.directory} "
+                f"(max_pending_appends={self.config.max_pending_appends:,})"
+            )
+        info = self.append(batch)
+        if always:
+            await self.wait_durable(info.last_offset + 1)
+        return info
+
+    # --- flushing -------------------------------------------------------------------------------
+
+    async def wait_durable(self, offset: int) -> None:
+        """Return once every offset below ``offset`` is on stable storage, starting a group
+        commit if none is running.
+
+        Raises:
+            StorageError: the fsync failed (the log then refuses writes: ``LogFailedError``).
+        """
+        if self._flushed >= offset:
+            return
+        if self._failed is not None:
+            raise self._failed
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((offset, fut))
+        if self._flush_task is None:
+            self._flush_task = asyncio.get_running_loop().create_task(
+                self._flush_loop(), name=f"flush {self.directory}"
+            )
+            self._flush_task.add_done_callback(self._flush_task_done)
+        await fut
+
+    async def flush_async(self) -> None:
+        """Flush everything appended so far, in a worker thread."""
+        await self.wait_durable(self.log_end_offset)
+
+    def _flush_task_done(self, task: asyncio.Task[None]) -> None:
+        self._flush_task = None
+        if not task.cancelled() and task.exception() is not None:
+            log.error("flush task of %s failed", self.directory, exc_info=task.exception())
+            self._fail_waiters(StorageError(f"flush task failed: {task.exception()!r}"))
+
+    async def _flush_loop(self) -> None:
+        while self._waiters:
+            if self._failed is not None:
+                self._fail_waiters(self._failed)
+                return
+            plan = self._flush_plan()
+            error: OSError | None = None
+            try:
+                await asyncio.to_thread(self._flush_io, plan)
+            except OSError as exc:
+                error = exc
+            self._flush_done(plan, error)
+            self._settle_waiters()
+
+    def _settle_waiters(self) -> None:
+        if self._failed is not None:
+            self._fail_waiters(self._failed)
+            return
+        w = self._waiters
+        while w and w[0][0] <= self._flushed:
+            _, fut = w.popleft()
+            if not fut.done():
+                fut.set_result(None)
+        end = self.log_end_offset
+        while w and w[-1][0] > end:  # truncated away before they were flushed
+            _, fut = w.pop()
+            if not fut.done():
+                fut.set_exception(
+                    OffsetOutOfRangeError("the log was truncated before the batch was flushed")
+                )
+
+    def _fail_waiters(self, exc: TidewireError) -> None:
+        while self._waiters:
+            _, fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _flush_plan(self) -> _FlushPlan:
+        """On the owner thread: what the next flush must sync, as a snapshot."""
+        self._flushing = True
+        syncs = [(s, s.size) for s in self._segments if s.synced_size < s.size]
+        seals = [(s, *s.seal_files()) for s in self._segments if s.sealed and not s.seal_persisted]
+        plan = _FlushPlan(self.log_end_offset, syncs, self._dir_dirty, seals)
+        self._dir_dirty = False
+        return plan
+
+    def _flush_io(self, plan: _FlushPlan) -> None:
+        """Blocking: fsync the files, the directory, then write the sealed indexes."""
+        for seg, _ in plan.syncs:
+            seg.file.sync()
+        if plan.sync_dir:
+            self.fs.sync_dir(self.directory)
+        for seg, index, timeindex in plan.seals:
+            write_atomic(self.fs, seg.path(".index"), index)
+            write_atomic(self.fs, seg.path(".timeindex"), timeindex)
+
+    def _flush_done(self, plan: _FlushPlan, error: OSError | None) -> None:
+        """On the owner thread: account for a finished flush."""
+        self._flushing = False
+        if error is not None:
+            if plan.sync_dir:
+                self._dir_dirty = True
+            self._failed = StorageError(
+                f"fsync of {self.directory} failed: {error}; batches appended since offset "
+                f"{self._flushed} are not acknowledged and the log accepts no more writes"
+            )
+            log.error("%s", self._failed.message)
+        else:
+            for seg, size in plan.syncs:
+                seg.synced_size = max(seg.synced_size, size)
+            for seg, _, _ in plan.seals:
+                seg.seal_persisted = True
+            self._flushed = max(self._flushed, min(plan.target, self.log_end_offset))
+        for seg in self._deferred_close:
+            seg.file.close()
+        self._deferred_close.clear()
+
+    def flush(self) -> None:
+        """Flush everything appended so far, blocking the calling thread.
+
+        Raises:
+            StorageError: the fsync failed; the log then refuses writes.
+            RuntimeError: an asynchronous flush is running (use :meth:`flush_async`).
+        """
+        if self._flushing:
+            raise RuntimeError("flush() while an asynchronous flush runs: await flush_async()")
+        if self._failed is not None:
+            raise self._failed
+        plan = self._flush_plan()
+        error: OSError | None = None
+        try:
+            self._flush_io(plan)
+        except OSError as exc:
+            error = exc
+        self._flush_done(plan, error)
+        if self._failed is not None:
+            raise self._failed
+
+    def _sync_dir_now(self) -> None:
+        self.fs.sync_dir(self.directory)
+        self._dir_dirty = False
+
+    # --- reading --------------------------------------------------------------------------------
+
+    def read(
+        self,
+        offset: int,
+        max_bytes: int = DEFAULT_READ_BYTES,
+        *,
+        max_offset: int | None = None,
+    ) -> ReadResult:
+        """Read whole batches starting with the one that holds ``offset``.
+
+        Args:
+            offset: the first offset wanted; the first batch returned may start below it.
+            max_bytes: byte budget; at least one whole batch is returned if one is there.
+            max_offset: no batch starting at or above this is returned (for example the
+                flushed offset, so readers see only durable data).
+
+        Returns:
+            A :class:`ReadResult`; ``data`` is empty at the end of the log.
+
+        Raises:
+            OffsetOutOfRangeError: ``offset`` is below the log start or above the log end.
+            PartitionCorruptError: the batch holding ``offset`` is corrupt.
+            StorageError: the read failed.
+        """
+        self._check_open()
+        start, end = self.log_start_offset, self.log_end_offset
+        if offset < start or offset > end:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is outside {self.directory}'s range {start}..{end}"
+            )
+        upper = end if max_offset is None else min(end, max_offset)
+        bad = self._corrupt
+        if bad is not None and offset >= bad.offset:
+            raise PartitionCorruptError(
+                f"offset {offset} of {self.directory} is at or above the corrupt batch at "
+                f"offset {bad.offset} ({bad.path}, byte {bad.position}: {bad.reason})"
+            )
+        if offset >= upper:
+            return ReadResult(b"", offset, start, end)
+        i = bisect_right(self._bases, offset) - 1
+        seg = self._segments[i]
+        limit = seg.size
+        if bad is not None and bad.path == seg.log_path:
+            limit = min(limit, bad.position)
+        try:
+            found = seg.locate(offset, limit)
+            if found is None:
+                return ReadResult(b"", offset, start, end)
+            pos, base = found
+            data, nxt = seg.read(pos, base, max_bytes, limit, upper)
+        except CorruptBatchFound as exc:
+            self._set_corrupt(exc.bad)
+            return self.read(offset, max_bytes, max_offset=max_offset)
+        except OSError as exc:
+            raise StorageError(f"read of {seg.log_path} failed: {exc}") from exc
+        return ReadResult(data, nxt, start, end)
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        """Return the first offset whose record timestamp is >= ``timestamp`` (ms), or
+        ``None`` if every record is older.
+
+        Raises:
+            PartitionCorruptError: the answer lies in a corrupt range.
+        """
+        self._check_open()
+        for seg in self._segments:
+            if seg.max_timestamp < timestamp:
+                continue
+            offset = max(seg.timestamp_scan_start(timestamp), seg.base_offset)
+            while offset < seg.next_offset:
+                result = self.read(offset, 256 * 1024)
+                if not result.data:
+                    break
+                for pos, h in iter_batches(result.data):
+                    if h.max_timestamp >= timestamp and h.last_offset >= offset:
+                        for rec in iter_records(memoryview(result.data)[pos : pos + h.size]):
+                            if rec.offset >= offset and rec.timestamp >= timestamp:
+                                return rec.offset
+                offset = result.next_offset
+        return None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"log {self.directory} is closed")
+
+    # --- truncation, retention, deletion -----------------------------------------------------
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch that holds an offset >= ``offset``. A batch holding ``offset``
+        is removed whole, so the new end offset may be below ``offset``.
+
+        Returns:
+            The new log end offset.
+
+        Raises:
+            OffsetOutOfRangeError: ``offset`` is below the log start.
+            StorageError: a file operation failed.
+        """
+        self._check_open()
+        if offset < self.log_start_offset:
+            raise OffsetOutOfRangeError(
+                f"cannot truncate {self.directory} to {offset}: the log starts at "
+                f"{self.log_start_offset}"
+            )
+        if offset >= self.log_end_offset:
+            return self.log_end_offset
+        try:
+            i = bisect_right(self._bases, offset) - 1
+            for seg in self._segments[i + 1 :]:
+                self._drop_segment(seg)
+            del self._segments[i + 1 :]
+            del self._bases[i + 1 :]
+            seg = self._segments[i]
+            try:
+                found = seg.locate(offset, seg.size)
+            except CorruptBatchFound as exc:
+                found = (exc.bad.position, exc.bad.offset)
+            if found is not None:
+                seg.truncate_to(found[0])
+            self._remove_seal_files(seg)
+            seg.sealed = False
+            self._sync_dir_now()
+        except OSError as exc:
+            self._failed = StorageError(f"truncation of {self.directory} failed: {exc}")
+            raise self._failed from exc
+        end = self.log_end_offset
+        self._flushed = min(self._flushed, end)
+        if self._corrupt is not None and self._corrupt.offset >= end:
+            self._corrupt = None
+        self._settle_waiters()
+        return end
+
+    def apply_retention(self, now_ms: int | None = None) -> list[int]:
+        """Delete whole segments past ``retention_ms`` (by their newest record) or beyond
+        ``retention_bytes`` (oldest first). The active segment is never deleted.
+
+        Returns:
+            Base offsets of the deleted segments.
+        """
+        self._check_open()
+        now = self.clock() if now_ms is None else now_ms
+        cfg = self.config
+        total = self.size_bytes
+        deleted: list[int] = []
+        while len(self._segments) > 1:
+            seg = self._segments[0]
+            expired = cfg.retention_ms >= 0 and now - seg.max_timestamp > cfg.retention_ms
+            oversize = cfg.retention_bytes >= 0 and total - seg.size >= cfg.retention_bytes
+            if not (expired or oversize):
+                break
+            total -= seg.size
+            try:
+                self._drop_segment(seg)
+            except OSError as exc:
+                raise StorageError(f"retention could not delete {seg.log_path}: {exc}") from exc
+            del self._segments[0]
+            del self._bases[0]
+            deleted.append(seg.base_offset)
+        if deleted:
+            if self._corrupt is not None and self._corrupt.offset < self.log_start_offset:
+                self._corrupt = None
+            try:
+                self._sync_dir_now()
+            except OSError as exc:
+                raise StorageError(f"directory sync of {self.directory} failed: {exc}") from exc
+            log.info(
+                "retention deleted %d segment(s) of %s; log now starts at %d",
+                len(deleted),
+                self.directory,
+                self.log_start_offset,
+            )
+        return deleted
+
+    def _drop_segment(self, seg: Segment) -> None:
+        if self._flushing:
+            self._deferred_close.append(seg)
+        else:
+            seg.file.close()
+        self._remove_segment_files(seg)
+
+    def _remove_segment_files(self, seg: Segment) -> None:
+        self.fs.remove(seg.log_path)  # first: without the .log the rest are orphans
+        self._remove_seal_files(seg)
+
+    def _remove_seal_files(self, seg: Segment) -> None:
+        for suffix in (".index", ".timeindex"):
+            if self.fs.exists(seg.path(suffix)):
+                self.fs.remove(seg.path(suffix))
+        seg.seal_persisted = False
+
+    # --- closing --------------------------------------------------------------------------------
+
+    async def close_async(self) -> None:
+        """Wait for a running flush, flush everything, persist every index, close."""
+        while self._flush_task is not None:
+            await asyncio.shield(self._flush_task)
+        self.close()
+
+    def close(self) -> None:
+        """Flush everything (unless the log failed or is corrupt), persist the indexes of
+        every segment, active one included, and close the files.
+
+        Raises:
+            StorageError: the final flush failed (files are closed all the same).
+        """
+        if self._closed:
+            return
+        try:
+            if self._failed is None and self._corrupt is None:
+                for seg in self._segments:
+                    seg.sealed = True  # so the flush writes every segment's indexes
+                self.flush()
+        finally:
+            self._closed = True
+            self._close_files()
+            self._fail_waiters(LogClosedError(f"log {self.directory} was closed"))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _close_files(self) -> None:
+        for seg in self._segments:
+            try:
+                seg.file.close()
+            except OSError as exc:  # closing cannot lose data that flush() has synced
+                log.warning("closing %s: %s", seg.log_path, exc)
+
+    def abandon(self) -> None:
+        """Close the files without flushing: what a crash leaves behind (for tests)."""
+        self._closed = True
+        self._close_files()
+
+
+def _is_segment_file(name: str, suffix: str) -> bool:
+    return len(name) == 20 + len(suffix) and name.endswith(suffix) and name[:20].isdigit()
+
+
+def _headers_in(data: bytes) -> list[int]:
+    """Base offsets of the batch headers that parse in a cut tail (for the report only)."""
+    out: list[int] = []
+    try:
+        for _, h in iter_batches(data, verify=False):
+            out.append(h.base_offset)
+    except RecordBatchError:
+        pass  # the first header that does not parse ends the count
+    return out

@@ -1,0 +1,383 @@
+"""The log manager: one data directory holding every topic's partition logs.
+
+Layout::
+
+    DATA_DIR/
+      .clean-shutdown                      present only between a clean close and the next open
+      recovery-point-offset-checkpoint     JSON {"version": 1, "logs": {"TOPIC-P": offset}}
+      TOPIC-P/                             one directory per partition
+        log.json                           the log's LogConfig
+        00000000000000000000.log           segments, indexes (see tidewire.storage.segment)
+        00000000000000000000.index
+        00000000000000000000.timeindex
+      TOPIC-P.<hex>-delete/                a deleted partition awaiting removal
+
+Every metadata file is written atomically (temp, write, fsync, rename, fsync dir). On open,
+the clean-shutdown marker lets every log trust its intact indexes and skip the scan; it is
+removed (durably) before the first write. The recovery-point checkpoint is rewritten every
+``checkpoint_interval_ms`` and at close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+import uuid
+
+from tidewire.errors import (
+    InvalidConfigError,
+    LogExistsError,
+    LogNotFoundError,
+    StorageError,
+    TidewireError,
+)
+from tidewire.storage.config import FsyncPolicy, LogConfig
+from tidewire.storage.fs import FileSystem, OsFileSystem, write_atomic
+from tidewire.storage.log import Clock, PartitionLog, wall_clock_ms
+
+__all__ = ["LogManager", "validate_topic_name"]
+
+log = logging.getLogger("tidewire.storage")
+
+CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
+RECOVERY_CHECKPOINT_FILE = "recovery-point-offset-checkpoint"
+LOG_CONFIG_FILE = "log.json"
+#: Topic names: what Kafka allows, and short enough that "NAME-PARTITION.<32 hex>-delete" stays
+#: within the 255-byte file name limit of common file systems.
+MAX_TOPIC_NAME = 200
+_TOPIC_RE = re.compile(r"[A-Za-z0-9._-]+")
+_PARTITION_DIR_RE = re.compile(r"^([A-Za-z0-9._-]+)-(\d+)$")
+#: Partitions per topic: a bound on directories and open files one request can create.
+MAX_PARTITION = 100_000
+
+
+def validate_topic_name(name: str) -> None:
+    """Raise :class:`InvalidConfigError` unless ``name`` is a valid topic name."""
+    if not isinstance(name, str) or not name:
+        raise InvalidConfigError("topic name must be a non-empty string")
+    if len(name) > MAX_TOPIC_NAME:
+        raise InvalidConfigError(
+            f"topic name of {len(name)} characters exceeds the limit of {MAX_TOPIC_NAME}"
+        )
+    if name in {".", ".."} or not _TOPIC_RE.fullmatch(name):
+        raise InvalidConfigError(
+            f"topic name {name!r} may contain only ASCII letters, digits, '.', '_' and '-'"
+        )
+
+
+class LogManager:
+    """Opens, creates, flushes, checkpoints, retains and deletes the partition logs of one
+    data directory. Owned by one event loop (or one thread when used synchronously).
+
+    Args:
+        data_dir: the data directory (created if missing).
+        fs: the file system (the real one by default).
+        default_config: settings for logs created without their own.
+        clock: milliseconds since the epoch (retention, rolling by age).
+        checkpoint_interval_ms: how often :meth:`run` rewrites the recovery checkpoint.
+        retention_check_interval_ms: how often :meth:`run` applies retention.
+    """
+
+    def __init__(
+        self,
+        data_dir: str,
+        *,
+        fs: FileSystem | None = None,
+        default_config: LogConfig | None = None,
+        clock: Clock = wall_clock_ms,
+        checkpoint_interval_ms: int = 1000,
+        retention_check_interval_ms: int = 60_000,
+    ) -> None:
+        self.data_dir = data_dir.rstrip("/") or "/"
+        self.fs: FileSystem = fs or OsFileSystem()
+        self.default_config = default_config or LogConfig()
+        self.clock = clock
+        self.checkpoint_interval_ms = checkpoint_interval_ms
+        self.retention_check_interval_ms = retention_check_interval_ms
+        self.logs: dict[tuple[str, int], PartitionLog] = {}
+        self.was_clean = False
+        self._opened = False
+        self._closed = False
+        self._last_flush: dict[tuple[str, int], float] = {}
+
+    # --- opening --------------------------------------------------------------------------------
+
+    def open(self) -> LogManager:
+        """Open every partition log in the data directory, recovering as needed.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            StorageError: the directory or a log cannot be read.
+        """
+        fs, d = self.fs, self.data_dir
+        try:
+            fs.makedirs(d)
+            names = fs.listdir(d)
+            self.was_clean = CLEAN_SHUTDOWN_FILE in names
+            points = self._read_recovery_points() if RECOVERY_CHECKPOINT_FILE in names else {}
+            for name in names:
+                if name.endswith("-delete"):
+                    fs.rmtree(f"{d}/{name}")
+                    continue
+                m = _PARTITION_DIR_RE.match(name)
+                if m is None:
+                    continue
+                topic, partition = m.group(1), int(m.group(2))
+                config = self._read_config(f"{d}/{name}")
+                self.logs[(topic, partition)] = PartitionLog.open(
+                    fs,
+                    f"{d}/{name}",
+                    config,
+                    clean=self.was_clean,
+                    recovery_point=points.get(name, 0),
+                    clock=self.clock,
+                )
+            if self.was_clean:
+                fs.remove(f"{d}/{CLEAN_SHUTDOWN_FILE}")
+            fs.sync_dir(d)
+        except OSError as exc:
+            for plog in self.logs.values():
+                plog.abandon()
+            raise StorageError(f"cannot open data directory {d}: {exc}") from exc
+        self._opened = True
+        log.info(
+            "opened %s: %d log(s), %s shutdown",
+            d,
+            len(self.logs),
+            "clean" if self.was_clean else "unclean",
+        )
+        return self
+
+    def _read_recovery_points(self) -> dict[str, int]:
+        path = f"{self.data_dir}/{RECOVERY_CHECKPOINT_FILE}"
+        try:
+            data = json.loads(self.fs.read_file(path))
+            points = data["logs"]
+            if data.get("version") != 1 or not isinstance(points, dict):
+                raise ValueError("unknown layout")
+            return {str(k): int(v) for k, v in points.items()}
+        except (ValueError, KeyError, TypeError) as exc:
+            # A checkpoint only speeds up recovery; without it every tail is scanned.
+            log.warning("ignoring unreadable %s: %s", path, exc)
+            return {}
+
+    def _read_config(self, directory: str) -> LogConfig:
+        path = f"{directory}/{LOG_CONFIG_FILE}"
+        if not self.fs.exists(path):
+            return self.default_config
+        try:
+            return LogConfig.from_dict(json.loads(self.fs.read_file(path)))
+        except (ValueError, InvalidConfigError) as exc:
+            raise StorageError(f"log configuration {path} is unreadable: {exc}") from exc
+
+    # --- logs -----------------------------------------------------------------------------------
+
+    def create_log(
+        self, topic: str, partition: int, config: LogConfig | None = None
+    ) -> PartitionLog:
+        """Create the log of ``topic``/``partition``.
+
+        Raises:
+            InvalidConfigError: a bad topic name or partition number.
+            LogExistsError: it exists.
+            StorageError: the directory or its files cannot be created.
+        """
+        self._check_open()
+        validate_topic_name(topic)
+        if isinstance(partition, bool) or not isinstance(partition, int):
+            raise InvalidConfigError(f"partition must be an integer, got {partition!r}")
+        if not 0 <= partition < MAX_PARTITION:
+            raise InvalidConfigError(f"partition {partition} must be within 0..{MAX_PARTITION - 1}")
+        key = (topic, partition)
+        if key in self.logs:
+            raise LogExistsError(f"log {topic}-{partition} exists already")
+        cfg = config or self.default_config
+        directory = f"{self.data_dir}/{topic}-{partition}"
+        try:
+            self.fs.makedirs(directory)
+            write_atomic(self.fs, f"{directory}/{LOG_CONFIG_FILE}", _config_json(cfg))
+            plog = PartitionLog.open(self.fs, directory, cfg, clock=self.clock)
+            self.fs.sync_dir(self.data_dir)
+        except OSError as exc:
+            raise StorageError(f"cannot create log {directory}: {exc}") from exc
+        self.logs[key] = plog
+        return plog
+
+    def get_log(self, topic: str, partition: int) -> PartitionLog:
+        """Return the log of ``topic``/``partition``.
+
+        Raises:
+            LogNotFoundError: there is none.
+        """
+        plog = self.logs.get((topic, partition))
+        if plog is None:
+            raise LogNotFoundError(f"no log for topic {topic!r} partition {partition}")
+        return plog
+
+    def topics(self) -> dict[str, list[int]]:
+        """Topic name -> sorted partition numbers."""
+        out: dict[str, list[int]] = {}
+        for topic, partition in sorted(self.logs):
+            out.setdefault(topic, []).append(partition)
+        return out
+
+    def set_config(self, topic: str, partition: int, config: LogConfig) -> None:
+        """Change a log's settings (persisted atomically; effective at once)."""
+        plog = self.get_log(topic, partition)
+        try:
+            write_atomic(self.fs, f"{plog.directory}/{LOG_CONFIG_FILE}", _config_json(config))
+        except OSError as exc:
+            raise StorageError(f"cannot write {plog.directory}/{LOG_CONFIG_FILE}: {exc}") from exc
+        plog.config = config
+
+    def delete_topic(self, topic: str) -> list[int]:
+        """Delete every partition log of ``topic``: each directory is renamed atomically to a
+        ``-delete`` name (so a crash cannot leave half a log), then removed.
+
+        Returns:
+            The partitions deleted.
+
+        Raises:
+            LogNotFoundError: the topic has no logs.
+            StorageError: a rename or removal failed.
+        """
+        self._check_open()
+        parts = sorted(p for t, p in self.logs if t == topic)
+        if not parts:
+            raise LogNotFoundError(f"no logs for topic {topic!r}")
+        doomed: list[str] = []
+        try:
+            for p in parts:
+                plog = self.logs.pop((topic, p))
+                self._last_flush.pop((topic, p), None)
+                plog.abandon()
+                gone = f"{plog.directory}.{uuid.uuid4().hex}-delete"
+                self.fs.rename(plog.directory, gone)
+                doomed.append(gone)
+            self.fs.sync_dir(self.data_dir)
+            for path in doomed:
+                self.fs.rmtree(path)
+        except OSError as exc:
+            raise StorageError(f"deleting topic {topic!r} failed: {exc}") from exc
+        return parts
+
+    def _check_open(self) -> None:
+        if not self._opened or self._closed:
+            raise StorageError(f"log manager of {self.data_dir} is not open")
+
+    # --- background work ------------------------------------------------------------------------
+
+    async def flush_due(self, now_monotonic: float | None = None) -> int:
+        """Flush every ``interval`` log whose ``flush_interval_ms`` has passed since its last
+        flush and that has unflushed data. Returns how many were flushed."""
+        now = time.monotonic() if now_monotonic is None else now_monotonic
+        due: list[PartitionLog] = []
+        for key, plog in self.logs.items():
+            cfg = plog.config
+            if cfg.fsync is not FsyncPolicy.INTERVAL or plog.failed is not None:
+                continue
+            last = self._last_flush.setdefault(key, now)
+            if now - last >= cfg.flush_interval_ms / 1000:
+                self._last_flush[key] = now
+                if plog.flushed_offset < plog.log_end_offset:
+                    due.append(plog)
+        results = await asyncio.gather(*(p.flush_async() for p in due), return_exceptions=True)
+        for plog, res in zip(due, results, strict=True):
+            if isinstance(res, TidewireError):
+                log.error("interval flush of %s failed: %s", plog.directory, res)
+            elif isinstance(res, BaseException):
+                raise res
+        return len(due)
+
+    def write_recovery_checkpoint(self) -> None:
+        """Record every log's flushed offset (atomically)."""
+        points = {f"{t}-{p}": plog.flushed_offset for (t, p), plog in sorted(self.logs.items())}
+        data = json.dumps({"version": 1, "logs": points}, sort_keys=True).encode()
+        write_atomic(self.fs, f"{self.data_dir}/{RECOVERY_CHECKPOINT_FILE}", data)
+
+    def apply_retention(self, now_ms: int | None = None) -> dict[tuple[str, int], list[int]]:
+        """Apply every log's retention. Returns the deleted segment bases per log."""
+        out: dict[tuple[str, int], list[int]] = {}
+        for key, plog in self.logs.items():
+            try:
+                deleted = plog.apply_retention(now_ms)
+            except TidewireError as exc:
+                log.error("retention of %s failed: %s", plog.directory, exc)
+                continue
+            if deleted:
+                out[key] = deleted
+        return out
+
+    async def run(self, *, tick_ms: int = 10) -> None:
+        """Run the background work until cancelled: interval flushes, the recovery
+        checkpoint, retention. Start it under a TaskGroup or keep a reference to its task."""
+        last_checkpoint = last_retention = time.monotonic()
+        while True:
+            await asyncio.sleep(tick_ms / 1000)
+            now = time.monotonic()
+            await self.flush_due(now)
+            if (now - last_checkpoint) * 1000 >= self.checkpoint_interval_ms:
+                last_checkpoint = now
+                try:
+                    await asyncio.to_thread(self.write_recovery_checkpoint)
+                except OSError as exc:
+                    log.error("writing the recovery checkpoint failed: %s", exc)
+            if (now - last_retention) * 1000 >= self.retention_check_interval_ms:
+                last_retention = now
+                self.apply_retention()
+
+    # --- closing --------------------------------------------------------------------------------
+
+    async def close_async(self) -> None:
+        """Flush and close every log, write the recovery checkpoint and the clean-shutdown
+        marker (the marker only if every log closed cleanly)."""
+        for plog in self.logs.values():
+            while plog._flush_task is not None:
+                await asyncio.shield(plog._flush_task)
+        self.close()
+
+    def close(self) -> None:
+        """Synchronous :meth:`close_async` (no flush may be running).
+
+        Raises:
+            StorageError: a log failed to flush; no clean-shutdown marker is written.
+        """
+        if self._closed or not self._opened:
+            return
+        clean = True
+        first_error: StorageError | None = None
+        for plog in self.logs.values():
+            try:
+                plog.close()
+            except TidewireError as exc:
+                clean = False
+                log.error("closing %s: %s", plog.directory, exc)
+                first_error = first_error or StorageError(str(exc))
+            if plog.failed is not None or plog.corruption is not None:
+                clean = False
+        self._closed = True
+        try:
+            self.write_recovery_checkpoint()
+            if clean:
+                write_atomic(self.fs, f"{self.data_dir}/{CLEAN_SHUTDOWN_FILE}", b"{}\n")
+        except OSError as exc:
+            raise StorageError(f"closing {self.data_dir} failed: {exc}") from exc
+        if first_error is not None:
+            raise first_error
+
+    async def __aenter__(self) -> LogManager:
+        if not self._opened:
+            self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close_async()
+
+
+def _config_json(cfg: LogConfig) -> bytes:
+    return json.dumps(cfg.to_dict(), sort_keys=True, indent=2).encode() + b"\n"

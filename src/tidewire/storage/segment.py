@@ -1,0 +1,348 @@
+"""One segment of a partition log: a ``.log`` file of batches and its two sparse indexes.
+
+Files are named by the segment's base offset in 20 digits, as Kafka names them:
+``00000000000000000000.log``, ``.index``, ``.timeindex``. Batches are appended as they arrive,
+with only the first 16 bytes rewritten (base offset, length, leader epoch: all outside the
+CRC). Every batch served by :meth:`Segment.read` is checked first: header, CRC-32C, offset
+continuity and leader epoch, so a flipped bit anywhere in a batch is never served.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from tidewire.errors import RecordBatchError
+from tidewire.records import BATCH_OVERHEAD, LOG_OVERHEAD, BatchHeader, check_batch, parse_header
+from tidewire.records.batch import MAX_BATCH_BYTES
+from tidewire.storage.fs import FileHandle, FileSystem
+from tidewire.storage.index import (
+    OffsetIndex,
+    TimeIndex,
+    decode_index_file,
+    encode_index_file,
+)
+
+__all__ = ["BadBatch", "Segment", "segment_name"]
+
+#: Bytes read at a time when scanning a segment: large enough for sequential-read speed,
+#: small enough that recovery of many partitions does not hold much memory.
+SCAN_CHUNK_BYTES = 8 * 1024 * 1024
+#: The 16 bytes the broker writes in front of each stored batch.
+PREFIX = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch
+
+
+def segment_name(base_offset: int) -> str:
+    """The file name stem of the segment starting at ``base_offset``."""
+    return f"{base_offset:020d}"
+
+
+@dataclass(frozen=True, slots=True)
+class BadBatch:
+    """Where and why a segment stops holding valid batches."""
+
+    path: str
+    position: int
+    offset: int
+    reason: str
+
+
+class CorruptBatchFound(Exception):
+    """Internal: a stored batch failed its checks while being read."""
+
+    def __init__(self, bad: BadBatch) -> None:
+        super().__init__(bad.reason)
+        self.bad = bad
+
+
+class Segment:
+    """A segment's file handle, size, offsets and indexes. Owned by one :class:`PartitionLog`.
+
+    Attributes:
+        base_offset: offset of the first batch.
+        size: bytes in the ``.log`` file that hold valid batches.
+        next_offset: offset after the last batch (``base_offset`` when empty).
+        max_timestamp: largest batch ``max_timestamp`` (-1 when empty).
+        created_ms: clock time of the first append (for rolling by age; -1 when empty).
+        sealed: no more appends; its indexes are persisted once it is synced.
+        synced_size: bytes known to be on stable storage.
+    """
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        directory: str,
+        base_offset: int,
+        file: FileHandle,
+        *,
+        index_interval_bytes: int,
+        leader_epoch: int = 0,
+    ) -> None:
+        self.fs = fs
+        self.directory = directory
+        self.base_offset = base_offset
+        self.file = file
+        self.index_interval = index_interval_bytes
+        self.leader_epoch = leader_epoch
+        self.size = 0
+        self.synced_size = 0
+        self.next_offset = base_offset
+        self.max_timestamp = -1
+        self.created_ms = -1
+        self.sealed = False
+        self.seal_persisted = False
+        self.index = OffsetIndex(base_offset)
+        self.timeindex = TimeIndex(base_offset)
+        self._since_index = 0
+        self._since_time = 0
+
+    # --- paths ----------------------------------------------------------------------------------
+
+    def path(self, suffix: str) -> str:
+        return f"{self.directory}/{segment_name(self.base_offset)}{suffix}"
+
+    @property
+    def log_path(self) -> str:
+        return self.path(".log")
+
+    # --- appending ------------------------------------------------------------------------------
+
+    def append(self, batch: memoryview, h: BatchHeader, now_ms: int) -> int:
+        """Write ``batch`` (already checked) at the end with ``next_offset`` as its base offset.
+
+        Returns the byte position it was written at.
+
+        Raises:
+            OSError: the write failed; the segment's size and indexes are unchanged (the
+                caller truncates the file back to :attr:`size`).
+        """
+        position = self.size
+        base = self.next_offset
+        prefix = PREFIX.pack(base, h.batch_length, self.leader_epoch)
+        self.file.pwritev([prefix, batch[PREFIX.size :]], position)
+        size = h.batch_length + LOG_OVERHEAD
+        self._track(position, base, base + h.last_offset_delta, h.max_timestamp, size)
+        if self.created_ms < 0:
+            self.created_ms = now_ms
+        return position
+
+    def _track(self, position: int, base: int, last: int, max_ts: int, size: int) -> None:
+        if self._since_index >= self.index_interval:
+            self.index.append(base, position)
+            self._since_index = 0
+        self._since_index += size
+        self._since_time += size
+        if max_ts > self.max_timestamp:
+            self.max_timestamp = max_ts
+            # An entry (t, o) promises every record up to o is no newer than t: only a new
+            # running maximum may be recorded, at most once per index interval.
+            if self._since_time >= self.index_interval or not len(self.timeindex):
+                self.timeindex.maybe_append(max_ts, last)
+                self._since_time = 0
+        self.size = position + size
+        self.next_offset = last + 1
+
+    # --- checking stored batches ----------------------------------------------------------------
+
+    def _check(self, buf: bytes | memoryview, pos: int, expect: int, file_pos: int) -> BatchHeader:
+        """Check the stored batch at ``buf[pos:]`` whose base offset should be ``expect``."""
+        try:
+            h = check_batch(buf, pos, max_batch_bytes=MAX_BATCH_BYTES)
+        except RecordBatchError as exc:
+            raise CorruptBatchFound(BadBatch(self.log_path, file_pos, expect, str(exc))) from None
+        if h.base_offset != expect:
+            raise CorruptBatchFound(
+                BadBatch(
+                    self.log_path,
+                    file_pos,
+                    expect,
+                    f"batch base offset is {h.base_offset}, expected {expect}",
+                )
+            )
+        if not 0 <= h.partition_leader_epoch <= self.leader_epoch:
+            raise CorruptBatchFound(
+                BadBatch(
+                    self.log_path,
+                    file_pos,
+                    expect,
+                    f"batch leader epoch is {h.partition_leader_epoch}, "
+                    f"expected 0..{self.leader_epoch}",
+                )
+            )
+        return h
+
+    # --- scanning (recovery, index rebuild) -----------------------------------------------------
+
+    def scan(self) -> BadBatch | None:
+        """Read the whole ``.log`` file, check every batch and rebuild the indexes.
+
+        Sets :attr:`size`, :attr:`next_offset` and :attr:`max_timestamp` from the valid
+        prefix. Returns the first invalid batch (``None`` if the file is all valid batches).
+        """
+        self.index = OffsetIndex(self.base_offset)
+        self.timeindex = TimeIndex(self.base_offset)
+        self._since_index = 0
+        self._since_time = 0
+        self.size = 0
+        self.next_offset = self.base_offset
+        self.max_timestamp = -1
+        file_size = self.file.size()
+        chunk = b""
+        chunk_start = 0
+        pos = 0
+        while pos < file_size:
+            rel = pos - chunk_start
+            if len(chunk) - rel < BATCH_OVERHEAD:
+                chunk = self.file.pread(SCAN_CHUNK_BYTES, pos)
+                chunk_start, rel = pos, 0
+            try:
+                h = parse_header(chunk, rel)
+            except RecordBatchError as exc:
+                return BadBatch(self.log_path, pos, self.next_offset, str(exc))
+            if pos + h.size > file_size:
+                return BadBatch(
+                    self.log_path,
+                    pos,
+                    self.next_offset,
+                    f"batch of {h.size:,} bytes is cut off at the end of the file "
+                    f"({file_size - pos:,} bytes present)",
+                )
+            if rel + h.size > len(chunk):
+                chunk = self.file.pread(max(SCAN_CHUNK_BYTES, h.size), pos)
+                chunk_start, rel = pos, 0
+            try:
+                h = self._check(chunk, rel, self.next_offset, pos)
+            except CorruptBatchFound as exc:
+                return exc.bad
+            self._track(pos, h.base_offset, h.last_offset, h.max_timestamp, h.size)
+            pos += h.size
+        return None
+
+    def load_seal(self, file_size: int) -> bool:
+        """Load the persisted indexes; return ``True`` if both are intact and describe a
+        ``.log`` of ``file_size`` bytes (then size, next offset and max timestamp are set)."""
+        try:
+            raw = self.fs.read_file(self.path(".index"))
+            raw_t = self.fs.read_file(self.path(".timeindex"))
+        except FileNotFoundError:
+            return False
+        oi = decode_index_file(raw, time=False, base_offset=self.base_offset)
+        ti = decode_index_file(raw_t, time=True, base_offset=self.base_offset)
+        if oi is None or ti is None or oi[:3] != ti[:3] or oi.log_size != file_size:
+            return False
+        if not isinstance(oi.entries, OffsetIndex) or not isinstance(ti.entries, TimeIndex):
+            return False
+        self.index, self.timeindex = oi.entries, ti.entries
+        self.size = self.synced_size = oi.log_size
+        self.next_offset = oi.next_offset
+        self.max_timestamp = oi.max_timestamp
+        self._since_index = self._since_time = self.index_interval  # next append: entries
+        self.seal_persisted = True
+        return True
+
+    def seal_files(self) -> tuple[bytes, bytes]:
+        """The ``.index`` and ``.timeindex`` file contents describing the segment now."""
+        meta = {
+            "log_size": self.size,
+            "next_offset": self.next_offset,
+            "max_timestamp": self.max_timestamp,
+        }
+        return (
+            encode_index_file(self.index, **meta),
+            encode_index_file(self.timeindex, **meta),
+        )
+
+    # --- reading --------------------------------------------------------------------------------
+
+    def locate(self, offset: int, limit: int) -> tuple[int, int] | None:
+        """Return ``(position, base_offset)`` of the batch holding ``offset``, or ``None`` if
+        ``offset`` is at or past the segment's end. Only the first ``limit`` bytes of the
+        file are considered.
+
+        Raises:
+            CorruptBatchFound: a batch header on the way is damaged.
+        """
+        if offset >= self.next_offset:
+            return None
+        expect, pos = self.index.lookup(offset)
+        while pos < limit:
+            head = self.file.pread(BATCH_OVERHEAD, pos)
+            try:
+                h = parse_header(head)
+            except RecordBatchError as exc:
+                raise CorruptBatchFound(BadBatch(self.log_path, pos, expect, str(exc))) from None
+            if h.base_offset != expect:
+                raise CorruptBatchFound(
+                    BadBatch(
+                        self.log_path,
+                        pos,
+                        expect,
+                        f"batch base offset is {h.base_offset}, expected {expect}",
+                    )
+                )
+            if h.last_offset >= offset:
+                return pos, expect
+            expect = h.next_offset
+            pos += h.size
+        return None
+
+    def read(
+        self, position: int, expect: int, max_bytes: int, limit: int, stop_offset: int
+    ) -> tuple[bytes, int]:
+        """Read whole, checked batches from ``position`` (whose batch starts at ``expect``).
+
+        At least one whole batch is returned even if it is larger than ``max_bytes``; no byte
+        at or past ``limit`` is read, and no batch starting at or after ``stop_offset``.
+
+        Returns:
+            ``(data, next_offset)``.
+
+        Raises:
+            CorruptBatchFound: the first batch fails its checks. (A later failing batch ends
+                the result before it; the caller's next read raises.)
+        """
+        want = min(max(max_bytes, BATCH_OVERHEAD), limit - position)
+        data = self.file.pread(want, position)
+        size = _batch_size(data)
+        if size is not None and size > len(data) and position + size <= limit:
+            data = self.file.pread(size, position)  # one batch larger than max_bytes
+        view = memoryview(data)
+        pos = 0
+        nxt = expect
+        while len(data) - pos >= BATCH_OVERHEAD and nxt < stop_offset:
+            size = _batch_size(data, pos)
+            if size is None or pos + size > len(data):
+                if pos == 0:
+                    self._check(data, 0, nxt, position)  # raises: the batch is cut short
+                break
+            try:
+                h = self._check(view, pos, nxt, position + pos)
+            except CorruptBatchFound:
+                if pos == 0:
+                    raise
+                break
+            nxt = h.next_offset
+            pos += size
+        view.release()
+        return (data if pos == len(data) else data[:pos]), nxt
+
+    def timestamp_scan_start(self, timestamp: int) -> int:
+        """An offset from which scanning finds the first record with timestamp >= the given."""
+        return self.timeindex.start_offset_for(timestamp)
+
+    # --- changing the file ----------------------------------------------------------------------
+
+    def truncate_to(self, position: int) -> BadBatch | None:
+        """Cut the ``.log`` file at ``position`` (a batch boundary) and rebuild the state of
+        what is left by scanning it. Returns what :meth:`scan` returns."""
+        self.file.truncate(position)
+        self.synced_size = min(self.synced_size, position)
+        self.sealed = False
+        self.seal_persisted = False
+        return self.scan()
+
+
+def _batch_size(buf: bytes, pos: int = 0) -> int | None:
+    if len(buf) - pos < LOG_OVERHEAD:
+        return None
+    return int.from_bytes(buf[pos + 8 : pos + 12], "big", signed=True) + LOG_OVERHEAD
