@@ -124,8 +124,9 @@ class BatchBuilder:
             raise RuntimeError("append() after build(): start a new BatchBuilder")
         first = self._first_ts
         if first is None:
-            first = self._first_ts = timestamp_ms
-        self._max_ts = max(self._max_ts, timestamp_ms)
+            first = self._first_ts = self._max_ts = timestamp_ms
+        elif timestamp_ms > self._max_ts:
+            self._max_ts = timestamp_ms
         delta = len(self._parts)
         if headers:
             hparts = [_enc(len(headers))]

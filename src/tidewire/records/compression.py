@@ -113,11 +113,17 @@ def decompress(
                 raise InvalidRecordError("lz4 frame is truncated or has trailing bytes")
             return bytes(out)
         if codec is Codec.ZSTD:
+            # The bounded streaming read enforces the limit without trusting the frame's
+            # declared size; once the output is known to be small, a second pass checks that
+            # the frame is complete and nothing follows it.
             reader = zstandard.ZstdDecompressor().stream_reader(
                 io.BytesIO(data), read_across_frames=False
             )
-            out = reader.read(limit + 1)
-            _check_limit(len(out), limit, name)
+            _check_limit(len(reader.read(limit + 1)), limit, name)
+            zd = zstandard.ZstdDecompressor().decompressobj()
+            out = zd.decompress(bytes(data))
+            if not zd.eof or zd.unused_data:
+                raise InvalidRecordError("zstd frame is truncated or has trailing bytes")
             return bytes(out)
     except (zlib.error, RuntimeError, zstandard.ZstdError, ValueError, EOFError) as exc:
         # zlib, lz4 and zstandard each signal a malformed stream with their own exception;

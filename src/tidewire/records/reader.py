@@ -54,13 +54,19 @@ def iter_records(
     Raises:
         RecordBatchError: any malformed input (a subclass naming the fault).
     """
+    return _open(batch, decompression_limit)[1]
+
+
+def _open(
+    batch: bytes | bytearray | memoryview, decompression_limit: int
+) -> tuple[BatchHeader, Iterator[Record]]:
     h = check_batch(batch)
     if h.size != len(batch):
         raise BatchLengthError(
             f"buffer holds {len(batch):,} bytes but the batch is {h.size:,} bytes"
         )
     section = decompress(h.codec, memoryview(batch)[BATCH_OVERHEAD:], decompression_limit)
-    return _records(h, memoryview(section))
+    return h, _records(h, memoryview(section))
 
 
 def _records(h: BatchHeader, buf: memoryview) -> Iterator[Record]:
@@ -137,8 +143,8 @@ def decode_batch(
     Raises:
         RecordBatchError: any malformed input.
     """
-    h = check_batch(batch)
-    return h, list(iter_records(batch, decompression_limit=decompression_limit))
+    h, records = _open(batch, decompression_limit)
+    return h, list(records)
 
 
 def iter_batches(

@@ -484,24 +484,28 @@ class PartitionLog:
         await self.wait_durable(self.log_end_offset)
 
     def _flush_task_done(self, task: asyncio.Task[None]) -> None:
-        self._flush_task = None
         if not task.cancelled() and task.exception() is not None:
             log.error("flush task of %s failed", self.directory, exc_info=task.exception())
             self._fail_waiters(StorageError(f"flush task failed: {task.exception()!r}"))
 
     async def _flush_loop(self) -> None:
-        while self._waiters:
-            if self._failed is not None:
-                self._fail_waiters(self._failed)
-                return
-            plan = self._flush_plan()
-            error: OSError | None = None
-            try:
-                await asyncio.to_thread(self._flush_io, plan)
-            except OSError as exc:
-                error = exc
-            self._flush_done(plan, error)
-            self._settle_waiters()
+        try:
+            while self._waiters:
+                if self._failed is not None:
+                    self._fail_waiters(self._failed)
+                    return
+                plan = self._flush_plan()
+                error: OSError | None = None
+                try:
+                    await asyncio.to_thread(self._flush_io, plan)
+                except OSError as exc:
+                    error = exc
+                self._flush_done(plan, error)
+                self._settle_waiters()
+        finally:
+            # Cleared here, in the same step as the last check of the waiters, so a waiter
+            # added later always starts a new task.
+            self._flush_task = None
 
     def _settle_waiters(self) -> None:
         if self._failed is not None:
@@ -786,9 +790,13 @@ class PartitionLog:
 
     async def close_async(self) -> None:
         """Wait for a running flush, flush everything, persist every index, close."""
-        while self._flush_task is not None:
-            await asyncio.shield(self._flush_task)
+        await self.wait_idle()
         self.close()
+
+    async def wait_idle(self) -> None:
+        """Return once no flush is running."""
+        while (task := self._flush_task) is not None:
+            await asyncio.wait([task])
 
     def close(self) -> None:
         """Flush everything (unless the log failed or is corrupt), persist the indexes of

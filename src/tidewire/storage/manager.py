@@ -337,8 +337,7 @@ class LogManager:
         """Flush and close every log, write the recovery checkpoint and the clean-shutdown
         marker (the marker only if every log closed cleanly)."""
         for plog in self.logs.values():
-            while plog._flush_task is not None:
-                await asyncio.shield(plog._flush_task)
+            await plog.wait_idle()
         self.close()
 
     def close(self) -> None:
