@@ -296,8 +296,13 @@ class LogManager:
 
     def write_recovery_checkpoint(self) -> None:
         """Record every log's flushed offset (atomically)."""
+        self._write_checkpoint(self._checkpoint_bytes())
+
+    def _checkpoint_bytes(self) -> bytes:
         points = {f"{t}-{p}": plog.flushed_offset for (t, p), plog in sorted(self.logs.items())}
-        data = json.dumps({"version": 1, "logs": points}, sort_keys=True).encode()
+        return json.dumps({"version": 1, "logs": points}, sort_keys=True).encode()
+
+    def _write_checkpoint(self, data: bytes) -> None:
         write_atomic(self.fs, f"{self.data_dir}/{RECOVERY_CHECKPOINT_FILE}", data)
 
     def apply_retention(self, now_ms: int | None = None) -> dict[tuple[str, int], list[int]]:
@@ -324,7 +329,8 @@ class LogManager:
             if (now - last_checkpoint) * 1000 >= self.checkpoint_interval_ms:
                 last_checkpoint = now
                 try:
-                    await asyncio.to_thread(self.write_recovery_checkpoint)
+                    # Snapshot on the loop, write in a thread: the loop owns the logs' state.
+                    await asyncio.to_thread(self._write_checkpoint, self._checkpoint_bytes())
                 except OSError as exc:
                     log.error("writing the recovery checkpoint failed: %s", exc)
             if (now - last_retention) * 1000 >= self.retention_check_interval_ms:
