@@ -140,7 +140,7 @@ class LogManager:
             if self.was_clean:
                 fs.remove(f"{d}/{CLEAN_SHUTDOWN_FILE}")
             fs.sync_dir(d)
-        except OSError as exc:
+        except (OSError, StorageError) as exc:  # StorageError: a log failed to open
             for plog in self.logs.values():
                 plog.abandon()
             raise StorageError(f"cannot open data directory {d}: {exc}") from exc
@@ -202,7 +202,11 @@ class LogManager:
             self.fs.makedirs(directory)
             write_atomic(self.fs, f"{directory}/{LOG_CONFIG_FILE}", _config_json(cfg))
             plog = PartitionLog.open(self.fs, directory, cfg, clock=self.clock)
-            self.fs.sync_dir(self.data_dir)
+            try:
+                self.fs.sync_dir(self.data_dir)
+            except OSError:
+                plog.abandon()  # not registered: nothing else would close its files
+                raise
         except OSError as exc:
             raise StorageError(f"cannot create log {directory}: {exc}") from exc
         self.logs[key] = plog

@@ -10,10 +10,19 @@ continuity and leader epoch, so a flipped bit anywhere in a batch is never serve
 from __future__ import annotations
 
 import struct
+from bisect import bisect_right
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tidewire.errors import RecordBatchError
-from tidewire.records import BATCH_OVERHEAD, LOG_OVERHEAD, BatchHeader, check_batch, parse_header
+from tidewire.records import (
+    BATCH_OVERHEAD,
+    LOG_OVERHEAD,
+    BatchHeader,
+    check_batch,
+    crc32c,
+    parse_header,
+)
 from tidewire.records.batch import MAX_BATCH_BYTES
 from tidewire.storage.fs import FileHandle, FileSystem
 from tidewire.storage.index import (
@@ -28,6 +37,12 @@ __all__ = ["BadBatch", "Segment", "segment_name"]
 #: Bytes read at a time when scanning a segment: large enough for sequential-read speed,
 #: small enough that recovery of many partitions does not hold much memory.
 SCAN_CHUNK_BYTES = 8 * 1024 * 1024
+#: The header fields read-time verification looks at: base_offset, batch_length,
+#: partition_leader_epoch, magic, crc.
+_VERIFY = struct.Struct(">qiibI")
+_CRC_START = _VERIFY.size  # attributes: where the CRC-covered region starts
+_LAST_DELTA = struct.Struct(">i")
+_LAST_DELTA_AT = _CRC_START + 2  # after the 2-byte attributes
 #: The 16 bytes the broker writes in front of each stored batch.
 PREFIX = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch
 
@@ -45,6 +60,21 @@ class BadBatch:
     position: int
     offset: int
     reason: str
+
+
+class SegmentMark(NamedTuple):
+    """A segment's mutable state, to roll back a write that failed."""
+
+    size: int
+    next_offset: int
+    max_timestamp: int
+    index_len: int
+    timeindex_len: int
+    since_index: int
+    since_time: int
+    created_ms: int
+    seal_persisted: bool
+    sealed: bool
 
 
 class CorruptBatchFound(Exception):
@@ -113,18 +143,68 @@ class Segment:
         Returns the byte position it was written at.
 
         Raises:
-            OSError: the write failed; the segment's size and indexes are unchanged (the
-                caller truncates the file back to :attr:`size`).
+            OSError: the write failed; the segment's state is rolled back (the caller
+                truncates the file back to :attr:`size`).
+        """
+        mark = self.mark()
+        position, buffers = self.reserve(batch, h, now_ms)
+        try:
+            self.file.pwritev(buffers, position)
+        except OSError:
+            self.rollback(mark)
+            raise
+        return position
+
+    def reserve(
+        self, batch: memoryview, h: BatchHeader, now_ms: int
+    ) -> tuple[int, tuple[bytes, memoryview]]:
+        """Account for ``batch`` at the end of the segment without writing it: offsets,
+        size and indexes move as if it were written.
+
+        Returns:
+            ``(position, buffers)``: where to write and what (the 16-byte prefix with the
+            assigned base offset, then the rest of the batch).
         """
         position = self.size
         base = self.next_offset
         prefix = PREFIX.pack(base, h.batch_length, self.leader_epoch)
-        self.file.pwritev([prefix, batch[PREFIX.size :]], position)
         size = h.batch_length + LOG_OVERHEAD
         self._track(position, base, base + h.last_offset_delta, h.max_timestamp, size)
         if self.created_ms < 0:
             self.created_ms = now_ms
-        return position
+        self.seal_persisted = False  # the persisted indexes no longer describe the file
+        return position, (prefix, batch[PREFIX.size :])
+
+    def mark(self) -> SegmentMark:
+        """The segment's state now, for :meth:`rollback`."""
+        return SegmentMark(
+            self.size,
+            self.next_offset,
+            self.max_timestamp,
+            len(self.index),
+            len(self.timeindex),
+            self._since_index,
+            self._since_time,
+            self.created_ms,
+            self.seal_persisted,
+            self.sealed,
+        )
+
+    def rollback(self, m: SegmentMark) -> None:
+        """Return to the state of :meth:`mark` (the file itself is not touched)."""
+        self.size = m.size
+        self.synced_size = min(self.synced_size, m.size)
+        self.next_offset = m.next_offset
+        self.max_timestamp = m.max_timestamp
+        for arr in (self.index.offsets, self.index.positions):
+            del arr[m.index_len :]
+        for arr in (self.timeindex.offsets, self.timeindex.timestamps):
+            del arr[m.timeindex_len :]
+        self._since_index = m.since_index
+        self._since_time = m.since_time
+        self.created_ms = m.created_ms
+        self.seal_persisted = m.seal_persisted
+        self.sealed = m.sealed
 
     def _track(self, position: int, base: int, last: int, max_ts: int, size: int) -> None:
         if self._since_index >= self.index_interval:
@@ -260,18 +340,32 @@ class Segment:
         file are considered.
 
         Raises:
-            CorruptBatchFound: a batch header on the way is damaged.
+            CorruptBatchFound: a batch header on the way is damaged, or the batches end
+                before ``offset`` (a damaged length led past it).
         """
         if offset >= self.next_offset:
             return None
         expect, pos = self.index.lookup(offset)
-        while pos < limit:
+        passed: tuple[int, int, int] | None = None  # position, base offset, size
+        while True:
+            if pos >= limit:
+                self._check_passed(passed)
+                raise CorruptBatchFound(
+                    BadBatch(
+                        self.log_path,
+                        limit,
+                        expect,
+                        f"no batch holds offset {offset} before byte {limit:,}",
+                    )
+                )
             head = self.file.pread(BATCH_OVERHEAD, pos)
             try:
                 h = parse_header(head)
             except RecordBatchError as exc:
+                self._check_passed(passed)
                 raise CorruptBatchFound(BadBatch(self.log_path, pos, expect, str(exc))) from None
             if h.base_offset != expect:
+                self._check_passed(passed)
                 raise CorruptBatchFound(
                     BadBatch(
                         self.log_path,
@@ -282,9 +376,17 @@ class Segment:
                 )
             if h.last_offset >= offset:
                 return pos, expect
+            passed = (pos, expect, h.size)
             expect = h.next_offset
             pos += h.size
-        return None
+
+    def _check_passed(self, passed: tuple[int, int, int] | None) -> None:
+        """A lookup met an inconsistent header: the batch it walked past last may be the
+        damaged one (its length, or its last_offset_delta under its CRC, led there). Raise
+        :class:`CorruptBatchFound` for that batch if it fails its full check."""
+        if passed is not None:
+            position, base, size = passed
+            self._check(self.file.pread(size, position), 0, base, position)
 
     def read(
         self, position: int, expect: int, max_bytes: int, limit: int, stop_offset: int
@@ -301,17 +403,42 @@ class Segment:
             CorruptBatchFound: the first batch fails its checks. (A later failing batch ends
                 the result before it; the caller's next read raises.)
         """
-        want = min(max(max_bytes, BATCH_OVERHEAD), limit - position)
-        data = self.file.pread(want, position)
+        end = limit
+        if limit - position > max_bytes:
+            # End on a batch boundary the index knows, so no partial batch is read and cut off
+            # (which would cost a copy of the whole result).
+            # Taken only when it uses at least 7/8 of the budget; else read the budget and cut.
+            positions = self.index.positions
+            i = bisect_right(positions, position + max_bytes) - 1
+            end = position + max_bytes
+            if i >= 0 and positions[i] - position >= max_bytes - (max_bytes >> 3):
+                end = positions[i]
+        data = self.file.pread(max(end - position, BATCH_OVERHEAD), position)
         size = _batch_size(data)
         if size is not None and size > len(data) and position + size <= limit:
             data = self.file.pread(size, position)  # one batch larger than max_bytes
         view = memoryview(data)
+        n = len(data)
         pos = 0
         nxt = expect
-        while len(data) - pos >= BATCH_OVERHEAD and nxt < stop_offset:
-            size = _batch_size(data, pos)
-            if size is None or pos + size > len(data):
+        epoch = self.leader_epoch
+        while n - pos >= BATCH_OVERHEAD and nxt < stop_offset:
+            # The fast path checks what read-time verification needs (offset continuity,
+            # epoch, magic, length, CRC-32C); anything off goes through the full check, which
+            # names the fault.
+            base, length, lepoch, magic, crc = _VERIFY.unpack_from(data, pos)
+            size = length + LOG_OVERHEAD
+            if (
+                base == nxt
+                and magic == 2
+                and 0 <= lepoch <= epoch
+                and BATCH_OVERHEAD <= size <= n - pos
+                and crc32c(view[pos + _CRC_START : pos + size]) == crc
+            ):
+                nxt = base + _LAST_DELTA.unpack_from(data, pos + _LAST_DELTA_AT)[0] + 1
+                pos += size
+                continue
+            if size < BATCH_OVERHEAD or size > n - pos:
                 if pos == 0:
                     self._check(data, 0, nxt, position)  # raises: the batch is cut short
                 break
@@ -324,7 +451,7 @@ class Segment:
             nxt = h.next_offset
             pos += size
         view.release()
-        return (data if pos == len(data) else data[:pos]), nxt
+        return (data if pos == n else data[:pos]), nxt
 
     def timestamp_scan_start(self, timestamp: int) -> int:
         """An offset from which scanning finds the first record with timestamp >= the given."""

@@ -1,0 +1,369 @@
+"""Bit flips in stored batches: always detected, never served.
+
+A log of several segments is closed cleanly, so its sealed segments are trusted on the next
+open and not scanned: a flipped bit in one of them can only be caught when it is read. For each
+flip (every byte of a few batches, every bit of their 16-byte prefixes, random bits across the
+segment) the log is reopened and read; every read must either return bytes identical to what
+was stored, all below the damaged batch, or raise :class:`PartitionCorruptError`. Once found,
+the partition is marked corrupt at the damaged batch's file and byte position, refuses appends
+and keeps serving the offsets below.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tidewire.errors import PartitionCorruptError
+from tidewire.records import BatchBuilder, build_batch
+from tidewire.storage import FaultFS, FileSystem, LogConfig, OsFileSystem, PartitionLog
+from tidewire.storage.segment import PREFIX
+
+T0 = 1_700_000_000_000
+DIR = "/data/flip-0"
+#: Sparse enough that a lookup walks over several batch headers from its index entry.
+CONFIG = LogConfig(segment_bytes=2048, index_interval_bytes=400)
+
+
+@dataclass(frozen=True)
+class Batch:
+    base: int
+    next: int
+    data: bytes  # as stored
+    path: str  # its segment's .log
+    position: int  # within that file
+    timestamps: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Layout:
+    files: dict[str, bytes]
+    batches: tuple[Batch, ...]
+    bases: tuple[int, ...]
+
+    @property
+    def end(self) -> int:
+        return self.batches[-1].next
+
+    def segment(self, i: int) -> list[Batch]:
+        path = f"{DIR}/{self.bases[i]:020d}.log"
+        return [b for b in self.batches if b.path == path]
+
+    def holding(self, offset: int) -> Batch:
+        return next(b for b in self.batches if b.base <= offset < b.next)
+
+    def at_byte(self, path: str, position: int) -> Batch:
+        return next(
+            b
+            for b in self.batches
+            if b.path == path and b.position <= position < b.position + len(b.data)
+        )
+
+    def records(self) -> Iterator[tuple[int, int]]:
+        for b in self.batches:
+            yield from zip(range(b.base, b.next), b.timestamps, strict=True)
+
+    def fs(self, path: str | None = None, position: int = 0, bit: int = 0) -> FaultFS:
+        """A file system holding the log, with one bit of ``path`` flipped."""
+        fs = FaultFS()
+        for p, data in self.files.items():
+            if p == path:
+                buf = bytearray(data)
+                buf[position] ^= 1 << bit
+                fs.set_contents(p, bytes(buf))
+            else:
+                fs.set_contents(p, data)
+        return fs
+
+
+def write_log(fs: FileSystem, directory: str, batches: int = 40) -> tuple[Batch, ...]:
+    """Append random multi-record batches, close cleanly; return what was stored."""
+    rng = random.Random(batches)
+    log = PartitionLog.open(fs, directory, CONFIG)
+    out = []
+    positions: dict[int, int] = {}
+    for i in range(batches):
+        b = BatchBuilder()
+        stamps = tuple(T0 + 100 * i + rng.randrange(-150, 150) for _ in range(rng.randrange(1, 6)))
+        for ts in stamps:
+            b.append(rng.randbytes(rng.randrange(10, 60)), key=rng.randbytes(3), timestamp_ms=ts)
+        data = b.build()
+        info = log.append(data)
+        seg = log.segment_bases[-1]
+        pos = positions.get(seg, 0)
+        positions[seg] = pos + len(data)
+        stored = PREFIX.pack(info.base_offset, len(data) - 12, 0) + data[PREFIX.size :]
+        out.append(
+            Batch(
+                info.base_offset,
+                info.last_offset + 1,
+                stored,
+                f"{directory}/{seg:020d}.log",
+                pos,
+                stamps,
+            )
+        )
+    log.close()
+    return tuple(out)
+
+
+@pytest.fixture(scope="module")
+def layout() -> Layout:
+    fs = FaultFS()
+    batches = write_log(fs, DIR)
+    bases = tuple(sorted({int(b.path.rsplit("/", 1)[1][:20]) for b in batches}))
+    lay = Layout({p: fs.contents(p) for p in fs.files()}, batches, bases)
+    assert len(bases) >= 4
+    assert len(lay.segment(1)) >= 5
+    assert all(b.next - b.base > 1 for b in lay.segment(1)[:3])
+    return lay
+
+
+@pytest.fixture(autouse=True)
+def quiet_storage_log() -> Iterator[None]:
+    """Each detected flip logs an error; thousands of them would only slow the run."""
+    logger = logging.getLogger("tidewire.storage")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    yield
+    logger.setLevel(level)
+
+
+def check_detected(log: PartitionLog, layout: Layout, victim: Batch) -> None:
+    """Read every offset, ascending: below ``victim`` each read returns the stored batch;
+    from it on, each raises. Then the corruption points at ``victim``."""
+    assert log.log_end_offset == layout.end
+    for b in layout.batches:
+        for offset in range(b.base, b.next):
+            if b.base < victim.base:
+                res = log.read(offset, 1)
+                assert (res.data, res.next_offset) == (b.data, b.next), offset
+            else:
+                with pytest.raises(PartitionCorruptError):
+                    log.read(offset, 1)
+    check_marked(log, layout, victim)
+
+
+def check_marked(log: PartitionLog, layout: Layout, victim: Batch) -> None:
+    bad = log.corruption
+    assert bad is not None
+    assert (bad.path, bad.position, bad.offset) == (victim.path, victim.position, victim.base)
+    with pytest.raises(PartitionCorruptError):
+        log.append(build_batch([b"x"], timestamp_ms=T0))
+    # a large read from the segment's start returns exactly the batches before the victim
+    seg_start = min(b.base for b in layout.batches if b.path == victim.path)
+    if seg_start < victim.base:
+        res = log.read(seg_start, 10**6)
+        before = [b for b in layout.batches if b.path == victim.path and b.base < victim.base]
+        assert res.data == b"".join(b.data for b in before)
+        assert res.next_offset == victim.base
+    # offsets of earlier segments still read, to their segment's end
+    for b in layout.batches:
+        if b.base >= victim.base:
+            break
+        assert log.read(b.base, 1).data == b.data
+
+
+def check_served_or_refused(log: PartitionLog, layout: Layout, offset: int, budget: int) -> None:
+    """A read returns stored bytes from the batch holding ``offset`` on, or raises."""
+    try:
+        res = log.read(offset, budget)
+    except PartitionCorruptError:
+        return
+    first = layout.holding(offset)
+    stored = layout.files[first.path][first.position : first.position + len(res.data)]
+    assert res.data, f"read({offset}) returned nothing in the middle of the log"
+    assert res.data == stored
+    bad = log.corruption
+    assert bad is None or res.next_offset <= bad.offset
+
+
+def flip_and_check(layout: Layout, victim: Batch, byte: int, bit: int, *, clean: bool) -> None:
+    fs = layout.fs(victim.path, victim.position + byte, bit)
+    log = PartitionLog.open(fs, DIR, CONFIG, clean=clean)
+    check_detected(log, layout, victim)
+    log.close()
+
+
+def victims(layout: Layout) -> list[Batch]:
+    """The first, a middle and the last batch of a sealed segment."""
+    seg = layout.segment(1)
+    return [seg[0], seg[len(seg) // 2], seg[-1]]
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["first", "middle", "last"])
+def test_every_bit_of_the_prefix(layout: Layout, which: int) -> None:
+    """Base offset, length and leader epoch sit outside the CRC: other checks catch them."""
+    victim = victims(layout)[which]
+    for byte in range(PREFIX.size):
+        for bit in range(8):
+            flip_and_check(layout, victim, byte, bit, clean=True)
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["first", "middle", "last"])
+def test_every_byte_of_a_batch(layout: Layout, which: int) -> None:
+    victim = victims(layout)[which]
+    for byte in range(len(victim.data)):
+        flip_and_check(layout, victim, byte, (byte * 5 + which) % 8, clean=byte % 2 == 0)
+
+
+def test_random_bits_across_a_sealed_segment(layout: Layout) -> None:
+    rng = random.Random(7)
+    path = layout.segment(2)[0].path
+    size = len(layout.files[path])
+    for _ in range(800):
+        position, bit = rng.randrange(size), rng.randrange(8)
+        victim = layout.at_byte(path, position)
+        flip_and_check(layout, victim, position - victim.position, bit, clean=rng.random() < 0.5)
+
+
+# header fields whose damage misleads a lookup walking over the batch: the length (prefix bytes
+# 8..11) and last_offset_delta (bytes 23..26, under the CRC)
+MISLEADING = [(byte, bit) for byte in (9, 10, 11, 25, 26) for bit in range(8)]
+
+
+def test_flip_is_found_at_its_batch_whatever_is_read_first(layout: Layout) -> None:
+    """Reads that start after the damaged batch, in its segment, must not be misled by its
+    header into serving nothing, or into blaming another batch."""
+    seg = layout.segment(1)
+    for vi in range(len(seg) - 2):
+        victim = seg[vi]
+        later = [b for b in seg if b.base > victim.base]
+        for byte, bit in MISLEADING:
+            for first in (victim.next - 1, later[0].base, later[-1].next - 1):
+                log = PartitionLog.open(
+                    layout.fs(victim.path, victim.position + byte, bit), DIR, CONFIG, clean=True
+                )
+                for budget in (1, 10**6):
+                    check_served_or_refused(log, layout, first, budget)
+                    if log.corruption is not None:
+                        assert (log.corruption.position, log.corruption.offset) == (
+                            victim.position,
+                            victim.base,
+                        ), (vi, byte, bit, first)
+                check_detected(log, layout, victim)
+                log.close()
+
+
+def test_offset_for_timestamp_never_answers_from_around_a_flip(layout: Layout) -> None:
+    """``offset_for_timestamp`` returns the true answer or raises; it never skips over
+    a damaged batch to give a later offset."""
+    seg = layout.segment(1)
+    records = list(layout.records())
+    stamps = sorted({ts for b in seg for ts in b.timestamps})
+    for victim in seg[:-1]:
+        for byte, bit in MISLEADING:
+            fs = layout.fs(victim.path, victim.position + byte, bit)
+            for ts in stamps[:: max(1, len(stamps) // 12)]:
+                log = PartitionLog.open(fs, DIR, CONFIG, clean=True)
+                want = next(o for o, t in records if t >= ts)
+                try:
+                    got = log.offset_for_timestamp(ts)
+                except PartitionCorruptError:
+                    assert log.corruption is not None
+                    assert log.corruption.offset <= want, (victim.base, byte, bit, ts)
+                else:
+                    assert got == want, (victim.base, byte, bit, ts)
+                log.abandon()
+
+
+def test_flip_in_the_active_segment_after_a_clean_close(layout: Layout) -> None:
+    seg = layout.segment(len(layout.bases) - 1)
+    rng = random.Random(3)
+    for victim in seg:
+        for _ in range(12):
+            byte, bit = rng.randrange(len(victim.data)), rng.randrange(8)
+            flip_and_check(layout, victim, byte, bit, clean=True)
+
+
+def test_flip_in_the_active_segment_below_the_recovery_point(layout: Layout) -> None:
+    """Unclean open: the active segment is scanned; a flip below the recovery point is found
+    at once and reported as corruption, and nothing is cut."""
+    seg = layout.segment(len(layout.bases) - 1)
+    rng = random.Random(4)
+    for victim in seg:
+        for _ in range(12):
+            byte, bit = rng.randrange(len(victim.data)), rng.randrange(8)
+            fs = layout.fs(victim.path, victim.position + byte, bit)
+            log = PartitionLog.open(fs, DIR, CONFIG, recovery_point=layout.end)
+            r = log.report
+            assert r.corruption == log.corruption
+            assert (r.truncated_bytes, r.truncated_from_offset) == (0, None)
+            assert len(fs.contents(victim.path)) == len(layout.files[victim.path])
+            bad = log.corruption
+            assert bad is not None
+            assert (bad.path, bad.position, bad.offset) == (
+                victim.path,
+                victim.position,
+                victim.base,
+            )
+            check_marked(log, layout, victim)
+            for offset in range(victim.base, log.log_end_offset + 1):
+                with pytest.raises(PartitionCorruptError):
+                    log.read(offset)
+            log.close()
+
+
+def test_corruption_survives_a_reopen_and_truncation_below_it_clears_it(layout: Layout) -> None:
+    victim = layout.segment(1)[2]
+    fs = layout.fs(victim.path, victim.position + 40, 3)
+    log = PartitionLog.open(fs, DIR, CONFIG, clean=True)
+    check_detected(log, layout, victim)
+    log.close()  # no flush of a corrupt log, no index rewritten over the damage
+    log = PartitionLog.open(fs, DIR, CONFIG, clean=True)
+    check_detected(log, layout, victim)
+    assert log.truncate_to(victim.base) == victim.base
+    assert log.corruption is None
+    info = log.append(build_batch([b"fresh"], timestamp_ms=T0))
+    assert info.base_offset == victim.base
+    for b in layout.batches:
+        if b.base >= victim.base:
+            break
+        assert log.read(b.base, 1).data == b.data
+    log.close()
+    log = PartitionLog.open(fs, DIR, CONFIG)
+    assert log.corruption is None
+    assert log.log_end_offset == victim.base + 1
+    log.close()
+
+
+def test_flips_on_the_real_file_system(tmp_path: Path) -> None:
+    directory = str(tmp_path / "flip-0")
+    fs = OsFileSystem()
+    batches = write_log(fs, directory, batches=30)
+    bases = sorted({b.path for b in batches})
+    path = bases[1]
+    original = Path(path).read_bytes()
+    rng = random.Random(5)
+    for _ in range(25):
+        position, bit = rng.randrange(len(original)), rng.randrange(8)
+        buf = bytearray(original)
+        buf[position] ^= 1 << bit
+        Path(path).write_bytes(buf)
+        victim = next(
+            b
+            for b in batches
+            if b.path == path and b.position <= position < b.position + len(b.data)
+        )
+        log = PartitionLog.open(fs, directory, CONFIG, clean=True)
+        for b in batches:
+            if b.base < victim.base:
+                assert log.read(b.base, 1).data == b.data
+            else:
+                with pytest.raises(PartitionCorruptError):
+                    log.read(b.base, 1)
+        bad = log.corruption
+        assert bad is not None
+        assert (bad.path, bad.position, bad.offset) == (path, victim.position, victim.base)
+        log.close()
+    Path(path).write_bytes(original)
+    log = PartitionLog.open(fs, directory, CONFIG, clean=True)
+    assert log.corruption is None
+    for b in batches:
+        assert log.read(b.base, 1).data == b.data
+    log.close()
