@@ -413,13 +413,6 @@ def test_truncation_is_not_undone_by_a_power_cut(mode: str) -> None:
     assert [v for _, v in read_all(log)] == [b"old%d" % i for i in range(5)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the recovery checkpoint still says 10 after truncate_to(5): a torn tail of the "
-    "batches appended after the truncation lies below it and is taken for corruption; "
-    "truncation must lower the checkpoint (Kafka rewrites it at once) - a LogManager-level "
-    "truncate is a design decision",
-)
 def test_torn_tail_after_truncation_below_a_stale_checkpoint_is_not_corruption() -> None:
     fs, mgr, log = _truncated(FsyncPolicy.INTERVAL)
     for i in range(2):

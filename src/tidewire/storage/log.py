@@ -170,6 +170,8 @@ class PartitionLog:
         self._deferred_close: list[Segment] = []
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._flush_task: asyncio.Task[None] | None = None
+        #: Called after :meth:`truncate_to` (the log manager rewrites the recovery checkpoint).
+        self.on_truncate: Callable[[PartitionLog], None] | None = None
         self._pending: list[_Write] = []
         self._pending_bytes = 0
         self._drain_scheduled = False
@@ -856,6 +858,17 @@ class PartitionLog:
         if self._corrupt is not None and self._corrupt.offset >= end:
             self._corrupt = None
         self._settle_waiters()
+        if self.on_truncate is not None:
+            # A recovery point above the new end would make a later torn tail look like
+            # corruption: the owner lowers it now, before anything is appended again.
+            try:
+                self.on_truncate(self)
+            except OSError as exc:
+                self._failed = StorageError(
+                    f"{self.directory} was truncated to {end} but its recovery point could not "
+                    f"be lowered ({exc}); reopen it before writing"
+                )
+                raise self._failed from exc
         return end
 
     def apply_retention(self, now_ms: int | None = None) -> list[int]:

@@ -137,6 +137,7 @@ class LogManager:
                     recovery_point=points.get(name, 0),
                     clock=self.clock,
                 )
+                self.logs[(topic, partition)].on_truncate = self._after_truncate
             if self.was_clean:
                 fs.remove(f"{d}/{CLEAN_SHUTDOWN_FILE}")
             fs.sync_dir(d)
@@ -209,6 +210,7 @@ class LogManager:
                 raise
         except OSError as exc:
             raise StorageError(f"cannot create log {directory}: {exc}") from exc
+        plog.on_truncate = self._after_truncate
         self.logs[key] = plog
         return plog
 
@@ -301,6 +303,11 @@ class LogManager:
     def write_recovery_checkpoint(self) -> None:
         """Record every log's flushed offset (atomically)."""
         self._write_checkpoint(self._checkpoint_bytes())
+
+    def _after_truncate(self, plog: PartitionLog) -> None:
+        # Truncation is rare: rewrite the checkpoint at once (as Kafka does) so its recovery
+        # point never stays above the log's end.
+        self.write_recovery_checkpoint()
 
     def _checkpoint_bytes(self) -> bytes:
         points = {f"{t}-{p}": plog.flushed_offset for (t, p), plog in sorted(self.logs.items())}
