@@ -63,6 +63,7 @@ from typing import Any
 from tidewire.records.builder import BatchBuilder
 from tidewire.storage import FileHandle, FileSystem, LogManager, OsFileSystem, PartitionLog
 from tidewire.storage.config import FsyncPolicy, LogConfig
+from tidewire.storage.fs import FileHandleWrapper, FileSystemWrapper
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -97,31 +98,13 @@ class SyncCounter:
         self.log_syncs = self.other_syncs = self.dir_syncs = 0
 
 
-class CountingFile:
-    """A :class:`FileHandle` that counts ``sync()`` calls and delegates everything."""
-
-    __slots__ = ("_counter", "_inner", "_is_log")
+class CountingFile(FileHandleWrapper):
+    """A file handle that counts its ``sync()`` calls."""
 
     def __init__(self, inner: FileHandle, counter: SyncCounter) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._counter = counter
         self._is_log = inner.path.endswith(".log")
-
-    @property
-    def path(self) -> str:
-        return self._inner.path
-
-    def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
-        return self._inner.pwritev(buffers, offset)
-
-    def pread(self, size: int, offset: int) -> bytes:
-        return self._inner.pread(size, offset)
-
-    def size(self) -> int:
-        return self._inner.size()
-
-    def truncate(self, size: int) -> None:
-        self._inner.truncate(size)
 
     def sync(self) -> None:
         # Called from the flush worker thread; one flush runs at a time per log.
@@ -129,46 +112,22 @@ class CountingFile:
             self._counter.log_syncs += 1
         else:
             self._counter.other_syncs += 1
-        self._inner.sync()
-
-    def close(self) -> None:
-        self._inner.close()
+        self.inner.sync()
 
 
-class CountingFileSystem:
+class CountingFileSystem(FileSystemWrapper):
     """:class:`OsFileSystem` whose files count their ``sync()`` calls."""
 
     def __init__(self, counter: SyncCounter) -> None:
-        self._os = OsFileSystem()
+        super().__init__(OsFileSystem())
         self.counter = counter
 
     def open(self, path: str, *, create: bool = True) -> FileHandle:
-        return CountingFile(self._os.open(path, create=create), self.counter)
-
-    def exists(self, path: str) -> bool:
-        return self._os.exists(path)
-
-    def listdir(self, path: str) -> list[str]:
-        return self._os.listdir(path)
-
-    def makedirs(self, path: str) -> None:
-        self._os.makedirs(path)
-
-    def remove(self, path: str) -> None:
-        self._os.remove(path)
-
-    def rename(self, src: str, dst: str) -> None:
-        self._os.rename(src, dst)
-
-    def rmtree(self, path: str) -> None:
-        self._os.rmtree(path)
+        return CountingFile(self.inner.open(path, create=create), self.counter)
 
     def sync_dir(self, path: str) -> None:
         self.counter.dir_syncs += 1
-        self._os.sync_dir(path)
-
-    def read_file(self, path: str) -> bytes:
-        return self._os.read_file(path)
+        self.inner.sync_dir(path)
 
 
 # --- results ---------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from tidewire.errors import (
     TidewireError,
 )
 from tidewire.storage import FaultFS, FileHandle, FsyncPolicy, LogConfig, LogManager, PartitionLog
-from tidewire.storage.fs import Buffer
+from tidewire.storage.fs import Buffer, FileHandleWrapper, FileSystemWrapper
 
 DIR = "/p"
 ERRNOS = pytest.mark.parametrize("code", [errno.EIO, errno.ENOSPC], ids=["EIO", "ENOSPC"])
@@ -93,13 +93,13 @@ def reopen_after_power_cut(fs: FaultFS, history: History, durable_end: int) -> P
 # --- test doubles -------------------------------------------------------------------------------
 
 
-class FlakyFS:
+class FlakyFS(FileSystemWrapper):
     """A :class:`FaultFS` behind a file-system wrapper adding what FaultFS does not model:
     failing reads, short writes (part of the bytes land, then ENOSPC), and fsyncs that wait
     on a gate (so a group commit can be held in flight)."""
 
     def __init__(self, inner: FaultFS) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.read_errno: int | None = None  # every pread / read_file fails with it...
         self.read_prefix = ""  # ...of a path that starts with this
         self.open_handles = 0  # handles opened and not closed
@@ -117,58 +117,27 @@ class FlakyFS:
         self.open_handles += 1
         return handle
 
-    def exists(self, path: str) -> bool:
-        return self.inner.exists(path)
-
-    def listdir(self, path: str) -> list[str]:
-        return self.inner.listdir(path)
-
-    def makedirs(self, path: str) -> None:
-        self.inner.makedirs(path)
-
-    def remove(self, path: str) -> None:
-        self.inner.remove(path)
-
-    def rename(self, src: str, dst: str) -> None:
-        self.inner.rename(src, dst)
-
-    def rmtree(self, path: str) -> None:
-        self.inner.rmtree(path)
-
-    def sync_dir(self, path: str) -> None:
-        self.inner.sync_dir(path)
-
     def read_file(self, path: str) -> bytes:
         self._read_fault(path)
         return self.inner.read_file(path)
 
 
-class _FlakyFile:
+class _FlakyFile(FileHandleWrapper):
     def __init__(self, fs: FlakyFS, inner: FileHandle) -> None:
+        super().__init__(inner)
         self._fs = fs
-        self._inner = inner
-
-    @property
-    def path(self) -> str:
-        return self._inner.path
 
     def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
         if self._fs.short_write:
             self._fs.short_write = False
             data = b"".join(bytes(b) for b in buffers)
-            self._inner.pwritev([data[: len(data) // 2]], offset)
+            self.inner.pwritev([data[: len(data) // 2]], offset)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.path)
-        return self._inner.pwritev(buffers, offset)
+        return self.inner.pwritev(buffers, offset)
 
     def pread(self, size: int, offset: int) -> bytes:
         self._fs._read_fault(self.path)
-        return self._inner.pread(size, offset)
-
-    def size(self) -> int:
-        return self._inner.size()
-
-    def truncate(self, size: int) -> None:
-        self._inner.truncate(size)
+        return self.inner.pread(size, offset)
 
     def sync(self) -> None:
         code, self._fs.sync_errno_once = self._fs.sync_errno_once, None
@@ -178,11 +147,11 @@ class _FlakyFile:
         if gate is not None:
             self._fs.in_sync.set()
             assert gate.wait(timeout=10), "the test never opened the gate"
-        self._inner.sync()
+        self.inner.sync()
 
     def close(self) -> None:
         self._fs.open_handles -= 1
-        self._inner.close()
+        self.inner.close()
 
 
 def open_log(

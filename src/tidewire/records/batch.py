@@ -37,7 +37,7 @@ from tidewire.errors import (
     InvalidMagicError,
     RecordCountError,
 )
-from tidewire.records.compression import Codec, check_codec
+from tidewire.records.compression import SUPPORTED, Codec, check_codec
 
 __all__ = [
     "BATCH_OVERHEAD",
@@ -90,6 +90,7 @@ MAX_BATCH_BYTES = 256 * 1024 * 1024
 
 _BASE_AND_LENGTH = struct.Struct(">qi")
 _CODEC_MASK = 0x07
+_SUPPORTED_CODEC_IDS = frozenset(int(c) for c in SUPPORTED)
 _TIMESTAMP_TYPE_BIT = 0x08
 
 
@@ -193,8 +194,10 @@ def parse_header(
         raise RecordCountError(f"negative record count {h.records_count}")
     if h.last_offset_delta < 0:
         raise RecordCountError(f"negative last_offset_delta {h.last_offset_delta}")
-    check_codec(h.attributes & _CODEC_MASK)
-    if h.codec is Codec.NONE and h.records_count > size - BATCH_OVERHEAD:
+    codec_id = h.attributes & _CODEC_MASK
+    if codec_id not in _SUPPORTED_CODEC_IDS:
+        check_codec(codec_id)  # raises, naming the codec
+    if codec_id == 0 and h.records_count > size - BATCH_OVERHEAD:
         # every uncompressed record takes at least 7 bytes; 1 is a safe floor
         raise RecordCountError(
             f"record count {h.records_count:,} cannot fit in {size - BATCH_OVERHEAD:,} bytes"

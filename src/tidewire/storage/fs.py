@@ -16,7 +16,14 @@ import shutil
 from collections.abc import Sequence
 from typing import Protocol
 
-__all__ = ["FileHandle", "FileSystem", "OsFileSystem", "write_atomic"]
+__all__ = [
+    "FileHandle",
+    "FileHandleWrapper",
+    "FileSystem",
+    "FileSystemWrapper",
+    "OsFileSystem",
+    "write_atomic",
+]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -164,3 +171,68 @@ def write_atomic(fs: FileSystem, path: str, data: bytes) -> None:
         f.close()
     fs.rename(tmp, path)
     fs.sync_dir(os.path.dirname(path) or ".")
+
+
+class FileHandleWrapper:
+    """A :class:`FileHandle` that forwards every call to ``inner``: subclass it to observe or
+    alter some calls (count fsyncs, inject faults) and keep the rest."""
+
+    def __init__(self, inner: FileHandle) -> None:
+        self.inner = inner
+
+    @property
+    def path(self) -> str:
+        return self.inner.path
+
+    def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
+        return self.inner.pwritev(buffers, offset)
+
+    def pread(self, size: int, offset: int) -> bytes:
+        return self.inner.pread(size, offset)
+
+    def size(self) -> int:
+        return self.inner.size()
+
+    def truncate(self, size: int) -> None:
+        self.inner.truncate(size)
+
+    def sync(self) -> None:
+        self.inner.sync()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class FileSystemWrapper:
+    """A :class:`FileSystem` that forwards every call to ``inner``; subclasses override what
+    they observe or alter (``open`` may wrap handles in a :class:`FileHandleWrapper`)."""
+
+    def __init__(self, inner: FileSystem) -> None:
+        self.inner = inner
+
+    def open(self, path: str, *, create: bool = True) -> FileHandle:
+        return self.inner.open(path, create=create)
+
+    def exists(self, path: str) -> bool:
+        return self.inner.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return self.inner.listdir(path)
+
+    def makedirs(self, path: str) -> None:
+        self.inner.makedirs(path)
+
+    def remove(self, path: str) -> None:
+        self.inner.remove(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        self.inner.rename(src, dst)
+
+    def rmtree(self, path: str) -> None:
+        self.inner.rmtree(path)
+
+    def sync_dir(self, path: str) -> None:
+        self.inner.sync_dir(path)
+
+    def read_file(self, path: str) -> bytes:
+        return self.inner.read_file(path)
