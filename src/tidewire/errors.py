@@ -21,7 +21,13 @@ The tree::
     ├── LogClosedError                an operation on a log that was closed or deleted
     ├── LogNotFoundError              no log for that topic and partition
     ├── LogExistsError                a log for that topic and partition exists already
-    └── BackpressureError             a bounded queue is full (retriable)
+    ├── BackpressureError             a bounded queue is full (retriable)
+    └── ProtocolError                 a frame that breaks the binary protocol
+        ├── FrameTooLargeError        a frame longer than the connection's limit
+        ├── UnknownApiError           an API key the peer does not implement
+        ├── UnsupportedVersionError   an API version outside the supported range
+        ├── InvalidRequestError       a body that does not match the API's schema
+        └── TooManyRequestsError      more requests in flight than allowed (retriable)
 
 Clients decide to retry by :attr:`TidewireError.retriable`, never by matching messages. The
 registry maps a wire code to its class: :func:`for_code`.
@@ -37,21 +43,27 @@ __all__ = [
     "BatchTooLargeError",
     "CorruptBatchError",
     "DecompressionLimitError",
+    "FrameTooLargeError",
     "InvalidConfigError",
     "InvalidMagicError",
     "InvalidRecordError",
+    "InvalidRequestError",
     "LogClosedError",
     "LogExistsError",
     "LogFailedError",
     "LogNotFoundError",
     "OffsetOutOfRangeError",
     "PartitionCorruptError",
+    "ProtocolError",
     "RecordBatchError",
     "RecordCountError",
     "StorageError",
     "TidewireError",
+    "TooManyRequestsError",
+    "UnknownApiError",
     "UnknownError",
     "UnsupportedCompressionError",
+    "UnsupportedVersionError",
     "VarintError",
     "for_code",
 ]
@@ -207,3 +219,39 @@ class BackpressureError(TidewireError):
     code = 41
     retriable = True
     description = "a bounded queue is full; retry later"
+
+
+# --- protocol (codes 50-69) --------------------------------------------------------------------
+
+
+class ProtocolError(TidewireError):
+    """A frame that breaks the binary protocol; the connection that sent it is closed."""
+
+    code = 50
+    description = "the frame is malformed"
+
+
+class FrameTooLargeError(ProtocolError):
+    code = 51
+    description = "the frame is larger than the connection allows"
+
+
+class UnknownApiError(ProtocolError):
+    code = 52
+    description = "the API key is not implemented"
+
+
+class UnsupportedVersionError(ProtocolError):
+    code = 53
+    description = "the API version is outside the supported range"
+
+
+class InvalidRequestError(ProtocolError):
+    code = 54
+    description = "the message body does not match the API's schema"
+
+
+class TooManyRequestsError(ProtocolError):
+    code = 55
+    retriable = True
+    description = "too many requests are in flight on this connection"

@@ -1,0 +1,196 @@
+"""Frames of the binary protocol: the fixed header, encoding, and an incremental decoder
+(pure, sans-IO: bytes in, frames out).
+
+Every frame (big-endian)::
+
+    offset  size  field
+         0     4  frame_length     bytes after this field: 14 + body_length + data length
+         4     1  frame_type       0 request, 1 response, 2 push (server-initiated)
+         5     1  flags            bit 0: the body is an ErrorBody (response frames only)
+         6     2  api_key          which API (see tidewire.protocol.messages.ApiKey)
+         8     2  api_version      the version of that API's schema
+        10     4  correlation_id   chosen by the client per request, echoed by the response;
+                                   a push frame carries the subscription id
+        14     4  body_length      bytes of the msgpack body that follows
+        18     …  body             msgpack, the API's schema for this frame type and version
+         …     …  data             the rest of the frame: raw record batches (produce
+                                   requests, fetch responses, pushes), never re-encoded
+
+Only :class:`~tidewire.errors.ProtocolError` subclasses escape the decoder.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Sequence
+from typing import NamedTuple, NoReturn
+
+from tidewire.errors import FrameTooLargeError, ProtocolError
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "FLAG_ERROR",
+    "FRAME_HEADER",
+    "Frame",
+    "FrameDecoder",
+    "FrameType",
+    "encode_frame",
+]
+
+#: The whole fixed header as one struct, a format character per field (see the docstring).
+FRAME_HEADER = struct.Struct(
+    ">"
+    "i"  # frame_length
+    "B"  # frame_type
+    "B"  # flags
+    "h"  # api_key
+    "h"  # api_version
+    "i"  # correlation_id
+    "i"  # body_length
+)
+#: Bytes of the header that frame_length counts (everything after frame_length itself).
+_COUNTED_HEADER = FRAME_HEADER.size - 4
+#: Default frame limit: a produce request carries batches of up to 16 MiB for several
+#: partitions; 64 MiB bounds what one connection can make the broker buffer.
+DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
+#: Flag bit: the body is an ErrorBody instead of the API's response schema.
+FLAG_ERROR = 0x01
+_KNOWN_FLAGS = FLAG_ERROR
+
+Buffer = bytes | bytearray | memoryview
+
+
+class FrameType(enum.IntEnum):
+    """What a frame is."""
+
+    REQUEST = 0
+    RESPONSE = 1
+    PUSH = 2
+
+
+class Frame(NamedTuple):
+    """One decoded frame. ``body`` and ``data`` are views into the frame's bytes."""
+
+    frame_type: FrameType
+    flags: int
+    api_key: int
+    api_version: int
+    correlation_id: int
+    body: memoryview
+    data: memoryview
+
+
+def encode_frame(  # noqa: PLR0917 - the header's fields, in their wire order
+    frame_type: FrameType,
+    api_key: int,
+    api_version: int,
+    correlation_id: int,
+    body: bytes,
+    data: Sequence[Buffer] = (),
+    *,
+    flags: int = 0,
+) -> list[Buffer]:
+    """Return the buffers of one frame, ready for ``writelines``/``sendmsg``: the header and
+    body, then the data buffers as they are (not copied)."""
+    data_len = sum(len(d) for d in data)
+    header = FRAME_HEADER.pack(
+        _COUNTED_HEADER + len(body) + data_len,
+        frame_type,
+        flags,
+        api_key,
+        api_version,
+        correlation_id,
+        len(body),
+    )
+    return [header + body, *data]
+
+
+class FrameDecoder:
+    """Incremental decoder of a byte stream of frames.
+
+    Feed bytes with :meth:`receive_data`; :meth:`next_frame` returns each complete frame, or
+    ``None`` while more bytes are needed. The header is checked as soon as it arrives, so an
+    impossible length is refused before anything is buffered for it. After an error the
+    decoder stays failed and raises it again.
+
+    Args:
+        max_frame_bytes: the largest frame accepted (whole frame, header included).
+    """
+
+    def __init__(self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self._buf = bytearray()
+        self._start = 0
+        self._max = max_frame_bytes
+        self._error: ProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet returned in a frame."""
+        return len(self._buf) - self._start
+
+    def receive_data(self, data: Buffer) -> None:
+        """Add bytes from the stream."""
+        if self._error is not None:
+            raise self._error
+        if self._start and self._start >= len(self._buf) // 2:
+            del self._buf[: self._start]  # compact now and then, not per frame
+            self._start = 0
+        self._buf += data
+
+    def next_frame(self) -> Frame | None:
+        """Return the next complete frame, or ``None`` if more data is needed.
+
+        Raises:
+            FrameTooLargeError: the frame's length exceeds ``max_frame_bytes``.
+            ProtocolError: an impossible length, frame type or flag.
+        """
+        if self._error is not None:
+            raise self._error
+        buf, start = self._buf, self._start
+        avail = len(buf) - start
+        if avail < 4:
+            return None
+        length = int.from_bytes(buf[start : start + 4], "big", signed=True)
+        if length < _COUNTED_HEADER:
+            self._fail(ProtocolError(f"frame length {length} is below the header's 14 bytes"))
+        if length + 4 > self._max:
+            self._fail(
+                FrameTooLargeError(
+                    f"frame of {length + 4:,} bytes exceeds max_frame_bytes={self._max:,}"
+                )
+            )
+        if avail < FRAME_HEADER.size:
+            return None
+        _, ftype, flags, api_key, version, corr, body_len = FRAME_HEADER.unpack_from(buf, start)
+        if ftype > FrameType.PUSH:
+            self._fail(ProtocolError(f"unknown frame type {ftype}"))
+        if flags & ~_KNOWN_FLAGS:
+            self._fail(ProtocolError(f"unknown frame flags {flags:#04x}"))
+        if body_len < 0 or body_len > length - _COUNTED_HEADER:
+            self._fail(
+                ProtocolError(f"body length {body_len} does not fit in a frame of length {length}")
+            )
+        end = start + 4 + length
+        if len(buf) < end:
+            return None
+        frame_bytes = bytes(buf[start:end])
+        self._start = end
+        if self._start == len(buf):
+            buf.clear()
+            self._start = 0
+        view = memoryview(frame_bytes)
+        body_end = FRAME_HEADER.size + body_len
+        return Frame(
+            FrameType(ftype),
+            flags,
+            api_key,
+            version,
+            corr,
+            view[FRAME_HEADER.size : body_end],
+            view[body_end:],
+        )
+
+    def _fail(self, exc: ProtocolError) -> NoReturn:
+        self._error = exc
+        raise exc

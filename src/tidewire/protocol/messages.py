@@ -1,0 +1,419 @@
+"""The message bodies of every API, as schemas, and the one codec that encodes them (pure).
+
+Bodies are msgpack maps (field names as keys, so a field can be added in a later version
+without breaking older peers; unknown fields are ignored), encoded and validated by msgspec.
+Record batches never go through this codec: they travel raw in the frame's data section, and
+a body says how many bytes of it belong to which partition.
+
+Each API has a request and a response schema. A response frame with the error flag carries an
+:class:`ErrorBody` instead (an unknown API, an unsupported version, a body that failed
+validation). Per-partition results carry their own ``error_code``/``error_message``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, ClassVar
+
+import msgspec
+
+from tidewire.errors import InvalidRequestError, UnknownApiError, UnsupportedVersionError
+
+__all__ = [
+    "ACKS_DURABLE",
+    "ACKS_LEADER",
+    "ACKS_NONE",
+    "EARLIEST",
+    "LATEST",
+    "AlterTopicRequest",
+    "AlterTopicResponse",
+    "ApiKey",
+    "ApiVersionRange",
+    "ApiVersionsRequest",
+    "ApiVersionsResponse",
+    "Body",
+    "CreateTopicRequest",
+    "CreateTopicResponse",
+    "DeleteTopicRequest",
+    "DeleteTopicResponse",
+    "DescribeTopicRequest",
+    "DescribeTopicResponse",
+    "ErrorBody",
+    "FetchPartition",
+    "FetchPartitionResult",
+    "FetchRequest",
+    "FetchResponse",
+    "InitProducerIdRequest",
+    "InitProducerIdResponse",
+    "ListOffsetsPartition",
+    "ListOffsetsRequest",
+    "ListOffsetsResponse",
+    "ListOffsetsResult",
+    "ListTopicsRequest",
+    "ListTopicsResponse",
+    "MetadataRequest",
+    "MetadataResponse",
+    "PartitionInfo",
+    "PingRequest",
+    "PingResponse",
+    "ProducePartition",
+    "ProducePartitionResult",
+    "ProduceRequest",
+    "ProduceResponse",
+    "TopicConfig",
+    "TopicDescription",
+    "decode_body",
+    "encode_body",
+    "schema_for",
+    "supported_versions",
+]
+
+#: ``acks`` of a produce request: no response at all.
+ACKS_NONE = 0
+#: ``acks``: answered once the batch is written to the log (not necessarily fsynced).
+ACKS_LEADER = 1
+#: ``acks``: answered once the batch is durable under the topic's fsync policy.
+ACKS_DURABLE = -1
+#: ``timestamp`` of a list-offsets request: the log end offset.
+LATEST = -1
+#: ``timestamp`` of a list-offsets request: the log start offset.
+EARLIEST = -2
+
+
+class ApiKey(enum.IntEnum):
+    """API keys of the binary protocol."""
+
+    API_VERSIONS = 0
+    METADATA = 1
+    CREATE_TOPIC = 2
+    DELETE_TOPIC = 3
+    LIST_TOPICS = 4
+    DESCRIBE_TOPIC = 5
+    ALTER_TOPIC = 6
+    PRODUCE = 7
+    FETCH = 8
+    LIST_OFFSETS = 9
+    INIT_PRODUCER_ID = 10
+    PING = 11
+
+
+class Body(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Base of every message body."""
+
+    api_key: ClassVar[ApiKey]
+
+
+# --- errors and handshake ------------------------------------------------------------------------
+
+
+class ErrorBody(msgspec.Struct, kw_only=True):
+    """The body of a response frame with the error flag: the request as a whole failed."""
+
+    error_code: int
+    error_message: str
+
+
+class ApiVersionsRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.API_VERSIONS
+    client_name: str = ""
+    client_version: str = ""
+
+
+class ApiVersionRange(msgspec.Struct, array_like=True):
+    api_key: int
+    min_version: int
+    max_version: int
+
+
+class ApiVersionsResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.API_VERSIONS
+    server_version: str
+    apis: list[ApiVersionRange]
+
+
+class PingRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.PING
+
+
+class PingResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.PING
+
+
+# --- topics ---------------------------------------------------------------------------------------
+
+
+class TopicConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Topic settings; ``None`` means "the broker's default" (create) or "unchanged" (alter)."""
+
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+    segment_bytes: int | None = None
+    segment_ms: int | None = None
+    fsync: str | None = None
+    flush_interval_ms: int | None = None
+    max_message_bytes: int | None = None
+
+
+class PartitionInfo(msgspec.Struct, kw_only=True):
+    partition: int
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+    size_bytes: int
+    error_code: int = 0
+    error_message: str = ""
+
+
+class TopicDescription(msgspec.Struct, kw_only=True):
+    name: str
+    partitions: list[PartitionInfo]
+    config: TopicConfig
+    error_code: int = 0
+    error_message: str = ""
+
+
+class MetadataRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.METADATA
+    topics: list[str] | None = None  # None: every topic
+
+
+class MetadataResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.METADATA
+    broker_id: int
+    host: str
+    port: int
+    topics: list[TopicDescription]
+
+
+class CreateTopicRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.CREATE_TOPIC
+    name: str
+    partitions: int | None = None
+    config: TopicConfig = msgspec.field(default_factory=TopicConfig)
+
+
+class CreateTopicResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.CREATE_TOPIC
+    error_code: int = 0
+    error_message: str = ""
+
+
+class DeleteTopicRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.DELETE_TOPIC
+    name: str
+
+
+class DeleteTopicResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.DELETE_TOPIC
+    error_code: int = 0
+    error_message: str = ""
+
+
+class ListTopicsRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.LIST_TOPICS
+
+
+class ListTopicsResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.LIST_TOPICS
+    topics: list[str]
+
+
+class DescribeTopicRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.DESCRIBE_TOPIC
+    name: str
+
+
+class DescribeTopicResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.DESCRIBE_TOPIC
+    topic: TopicDescription | None = None
+    error_code: int = 0
+    error_message: str = ""
+
+
+class AlterTopicRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.ALTER_TOPIC
+    name: str
+    partitions: int | None = None  # a larger count adds partitions; never fewer
+    config: TopicConfig = msgspec.field(default_factory=TopicConfig)
+
+
+class AlterTopicResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.ALTER_TOPIC
+    error_code: int = 0
+    error_message: str = ""
+
+
+# --- produce and fetch ---------------------------------------------------------------------
+
+
+class ProducePartition(msgspec.Struct, array_like=True):
+    """One partition's share of the data section: ``size`` bytes of whole batches, in the
+    order the partitions are listed."""
+
+    topic: str
+    partition: int
+    size: int
+
+
+class ProduceRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.PRODUCE
+    acks: int = ACKS_DURABLE
+    timeout_ms: int = 30_000
+    partitions: list[ProducePartition]
+
+
+class ProducePartitionResult(msgspec.Struct, kw_only=True, omit_defaults=True):
+    topic: str
+    partition: int
+    base_offset: int = -1
+    log_start_offset: int = -1
+    error_code: int = 0
+    error_message: str = ""
+
+
+class ProduceResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.PRODUCE
+    results: list[ProducePartitionResult]
+
+
+class FetchPartition(msgspec.Struct, array_like=True):
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int
+
+
+class FetchRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.FETCH
+    max_wait_ms: int = 500
+    min_bytes: int = 1
+    max_bytes: int = 16 * 1024 * 1024
+    partitions: list[FetchPartition]
+
+
+class FetchPartitionResult(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One partition's result; its batches are the next ``size`` bytes of the data section."""
+
+    topic: str
+    partition: int
+    size: int = 0
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    error_code: int = 0
+    error_message: str = ""
+
+
+class FetchResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.FETCH
+    partitions: list[FetchPartitionResult]
+
+
+class ListOffsetsPartition(msgspec.Struct, array_like=True):
+    """``timestamp``: ``LATEST`` (-1), ``EARLIEST`` (-2), or ms since the epoch (the first
+    offset whose record timestamp is at or after it)."""
+
+    topic: str
+    partition: int
+    timestamp: int
+
+
+class ListOffsetsRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.LIST_OFFSETS
+    partitions: list[ListOffsetsPartition]
+
+
+class ListOffsetsResult(msgspec.Struct, kw_only=True, omit_defaults=True):
+    topic: str
+    partition: int
+    offset: int = -1
+    error_code: int = 0
+    error_message: str = ""
+
+
+class ListOffsetsResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.LIST_OFFSETS
+    results: list[ListOffsetsResult]
+
+
+class InitProducerIdRequest(Body, kw_only=True, omit_defaults=True):
+    """``producer_id``/``producer_epoch`` of a producer restarting to bump its epoch, else -1."""
+
+    api_key = ApiKey.INIT_PRODUCER_ID
+    producer_id: int = -1
+    producer_epoch: int = -1
+
+
+class InitProducerIdResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.INIT_PRODUCER_ID
+    producer_id: int = -1
+    producer_epoch: int = -1
+    error_code: int = 0
+    error_message: str = ""
+
+
+# --- the registry and the codec ------------------------------------------------------------
+
+_SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
+    ApiKey.API_VERSIONS: (ApiVersionsRequest, ApiVersionsResponse),
+    ApiKey.METADATA: (MetadataRequest, MetadataResponse),
+    ApiKey.CREATE_TOPIC: (CreateTopicRequest, CreateTopicResponse),
+    ApiKey.DELETE_TOPIC: (DeleteTopicRequest, DeleteTopicResponse),
+    ApiKey.LIST_TOPICS: (ListTopicsRequest, ListTopicsResponse),
+    ApiKey.DESCRIBE_TOPIC: (DescribeTopicRequest, DescribeTopicResponse),
+    ApiKey.ALTER_TOPIC: (AlterTopicRequest, AlterTopicResponse),
+    ApiKey.PRODUCE: (ProduceRequest, ProduceResponse),
+    ApiKey.FETCH: (FetchRequest, FetchResponse),
+    ApiKey.LIST_OFFSETS: (ListOffsetsRequest, ListOffsetsResponse),
+    ApiKey.INIT_PRODUCER_ID: (InitProducerIdRequest, InitProducerIdResponse),
+    ApiKey.PING: (PingRequest, PingResponse),
+}
+#: (min, max) version of each API this code speaks. Version 0 is the first of each.
+_VERSIONS: dict[ApiKey, tuple[int, int]] = dict.fromkeys(_SCHEMAS, (0, 0))
+
+_encoder = msgspec.msgpack.Encoder()
+_decoders: dict[type[Any], msgspec.msgpack.Decoder[Any]] = {}
+
+
+def supported_versions() -> list[ApiVersionRange]:
+    """Every API with the range of versions this side speaks."""
+    return [ApiVersionRange(int(k), lo, hi) for k, (lo, hi) in sorted(_VERSIONS.items())]
+
+
+def schema_for(api_key: int, version: int, *, response: bool) -> type[Body]:
+    """The body schema of ``api_key`` at ``version``.
+
+    Raises:
+        UnknownApiError: no such API.
+        UnsupportedVersionError: ``version`` is outside the supported range.
+    """
+    try:
+        key = ApiKey(api_key)
+    except ValueError:
+        raise UnknownApiError(f"unknown API key {api_key}") from None
+    lo, hi = _VERSIONS[key]
+    if not lo <= version <= hi:
+        raise UnsupportedVersionError(
+            f"{key.name} version {version} is not supported (supported: {lo}..{hi})"
+        )
+    return _SCHEMAS[key][1 if response else 0]
+
+
+def encode_body(body: msgspec.Struct) -> bytes:
+    """Encode a body to msgpack."""
+    return _encoder.encode(body)
+
+
+def decode_body(schema: type[msgspec.Struct], data: bytes | memoryview) -> Any:
+    """Decode and validate ``data`` as ``schema``.
+
+    Raises:
+        InvalidRequestError: malformed msgpack, or a field missing or of the wrong type (the
+            message names the field).
+    """
+    dec = _decoders.get(schema)
+    if dec is None:
+        dec = _decoders[schema] = msgspec.msgpack.Decoder(schema)
+    try:
+        return dec.decode(data)
+    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
+        raise InvalidRequestError(f"invalid {schema.__name__}: {exc}") from None
