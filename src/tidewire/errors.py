@@ -187,7 +187,7 @@ class PartitionCorruptError(TidewireError):
     """Corruption inside the log; offsets below the corrupt batch are still served."""
 
     code = 32
-    description = "the partition's log is corrupt at or below the requested offset"
+    description = "the partition's log is corrupt at or above the requested offset"
 
 
 class OffsetOutOfRangeError(TidewireError):
@@ -225,7 +225,9 @@ class BackpressureError(TidewireError):
 
 
 class ProtocolError(TidewireError):
-    """A frame that breaks the binary protocol; the connection that sent it is closed."""
+    """A frame that breaks the binary protocol: the connection that sent it is closed. Its
+    subclasses for a well-framed request that cannot be served (unknown API, unsupported
+    version, invalid body) fail only that request."""
 
     code = 50
     description = "the frame is malformed"

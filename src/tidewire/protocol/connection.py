@@ -60,6 +60,9 @@ __all__ = [
 #: Requests one connection may have in flight by default: enough to pipeline a producer's
 #: batches for many partitions, few enough that one client cannot pile work on the broker.
 DEFAULT_MAX_IN_FLIGHT = 256
+#: Timed-out requests whose late responses a client still recognises and drops: beyond this
+#: many, the oldest is forgotten for good (its response then breaks the connection).
+MAX_FORGOTTEN = 1024
 
 
 class Role(enum.Enum):
@@ -176,6 +179,7 @@ class Connection:
         #: client: correlation id -> (api key, version) of requests awaiting a response;
         #: server: correlation id -> api key of requests received and not yet answered.
         self._in_flight: dict[int, tuple[int, int]] = {}
+        self._forgotten: list[int] = []  # client: timed-out requests, oldest first
 
     @property
     def in_flight(self) -> int:
@@ -214,7 +218,8 @@ class Connection:
                 return NEED_DATA
             if self.role is Role.SERVER:
                 return self._on_request(frame.frame_type, frame)
-            return self._on_client_frame(frame.frame_type, frame)
+            event = self._on_client_frame(frame.frame_type, frame)
+            return self.next_event() if event is None else event
         except ProtocolError:
             self._move(_Input.PROTOCOL_ERROR)
             raise
@@ -223,6 +228,8 @@ class Connection:
         if ftype is not FrameType.REQUEST:
             raise ProtocolError(f"a client sent a {ftype.name.lower()} frame")
         corr = frame.correlation_id
+        if corr < 0:
+            raise ProtocolError(f"correlation id {corr} is negative (-1 is reserved)")
         if corr in self._in_flight:
             raise ProtocolError(f"correlation id {corr} is already in flight")
         self._in_flight[corr] = (frame.api_key, frame.api_version)
@@ -234,7 +241,9 @@ class Connection:
             return RequestRejected(corr, frame.api_key, frame.api_version, exc)
         return RequestReceived(corr, frame.api_key, frame.api_version, body, frame.data)
 
-    def _on_client_frame(self, ftype: FrameType, frame: Any) -> ResponseReceived | PushReceived:
+    def _on_client_frame(
+        self, ftype: FrameType, frame: Any
+    ) -> ResponseReceived | PushReceived | None:
         if ftype is FrameType.PUSH:
             return PushReceived(frame.correlation_id, frame.api_key, frame.body, frame.data)
         if ftype is not FrameType.RESPONSE:
@@ -246,6 +255,10 @@ class Connection:
             error = for_code(err.error_code)(err.error_message)
             return ResponseReceived(-1, frame.api_key, None, frame.data, error)
         sent = self._in_flight.pop(corr, None)
+        if sent is None and corr in self._forgotten:
+            # A late response to a request the client gave up on: drop it.
+            self._forgotten.remove(corr)
+            return None
         if sent is None:
             raise ProtocolError(f"response to correlation id {corr}, which is not in flight")
         api_key, version = sent
@@ -276,16 +289,33 @@ class Connection:
             raise TooManyRequestsError(
                 f"{len(self._in_flight)} requests in flight (max_in_flight={self.max_in_flight})"
             )
-        corr = next(self._ids) & 0x7FFFFFFF
+        corr = self._next_id()
         self._in_flight[corr] = (int(body.api_key), version)
         return corr, encode_frame(
             FrameType.REQUEST, body.api_key, version, corr, encode_body(body), data
         )
 
-    def forget(self, correlation_id: int) -> None:
-        """(client) Stop waiting for a response that will never come (an acks=none produce,
-        or a timed-out request whose late response must be ignored)."""
-        self._in_flight.pop(correlation_id, None)
+    def _next_id(self) -> int:
+        # Ids run through 0..2**31-1 and skip ids still in flight or forgotten; -1 is the
+        # server's connection-closing error frame.
+        while True:
+            corr = next(self._ids) & 0x7FFFFFFF
+            if corr not in self._in_flight and corr not in self._forgotten:
+                return corr
+
+    def forget(self, correlation_id: int, *, expect_response: bool = True) -> None:
+        """(client) Stop waiting for a request's response.
+
+        Args:
+            correlation_id: the request.
+            expect_response: ``True`` for a timed-out request whose late response must be
+                dropped when it comes (the last ``MAX_FORGOTTEN`` are remembered);
+                ``False`` for a request the server never answers (an acks=none produce).
+        """
+        if self._in_flight.pop(correlation_id, None) is not None and expect_response:
+            if len(self._forgotten) >= MAX_FORGOTTEN:
+                self._forgotten.pop(0)
+            self._forgotten.append(correlation_id)
 
     def send_response(
         self, correlation_id: int, body: Body, data: Sequence[Buffer] = ()

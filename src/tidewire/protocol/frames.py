@@ -165,8 +165,8 @@ class FrameDecoder:
         _, ftype, flags, api_key, version, corr, body_len = FRAME_HEADER.unpack_from(buf, start)
         if ftype > FrameType.PUSH:
             self._fail(ProtocolError(f"unknown frame type {ftype}"))
-        if flags & ~_KNOWN_FLAGS:
-            self._fail(ProtocolError(f"unknown frame flags {flags:#04x}"))
+        if flags & ~_KNOWN_FLAGS or (flags & FLAG_ERROR and ftype != FrameType.RESPONSE):
+            self._fail(ProtocolError(f"frame flags {flags:#04x} are not valid here"))
         if body_len < 0 or body_len > length - _COUNTED_HEADER:
             self._fail(
                 ProtocolError(f"body length {body_len} does not fit in a frame of length {length}")
