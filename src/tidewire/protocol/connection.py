@@ -210,16 +210,18 @@ class Connection:
         if self.role is Role.SERVER and len(self._in_flight) >= self.max_in_flight:
             return PAUSED
         try:
-            frame = self._decoder.next_frame()
-            if frame is None:
-                if self._eof:
-                    self._move(_Input.EOF)
-                    return ConnectionClosed()
-                return NEED_DATA
-            if self.role is Role.SERVER:
-                return self._on_request(frame.frame_type, frame)
-            event = self._on_client_frame(frame.frame_type, frame)
-            return self.next_event() if event is None else event
+            while True:
+                frame = self._decoder.next_frame()
+                if frame is None:
+                    if self._eof:
+                        self._move(_Input.EOF)
+                        return ConnectionClosed()
+                    return NEED_DATA
+                if self.role is Role.SERVER:
+                    return self._on_request(frame.frame_type, frame)
+                event = self._on_client_frame(frame.frame_type, frame)
+                if event is not None:  # None: a dropped late response; read on
+                    return event
         except ProtocolError:
             self._move(_Input.PROTOCOL_ERROR)
             raise

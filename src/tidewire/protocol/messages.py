@@ -417,3 +417,9 @@ def decode_body(schema: type[msgspec.Struct], data: bytes | memoryview) -> Any:
         return dec.decode(data)
     except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
         raise InvalidRequestError(f"invalid {schema.__name__}: {exc}") from None
+    except UnicodeDecodeError as exc:  # msgspec reports bad UTF-8 in a str field this way
+        raise InvalidRequestError(
+            f"invalid {schema.__name__}: a string is not UTF-8 ({exc})"
+        ) from None
+    except RecursionError:  # msgpack nested deeper than the decoder's stack allows
+        raise InvalidRequestError(f"invalid {schema.__name__}: nested too deeply") from None

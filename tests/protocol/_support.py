@@ -1,0 +1,214 @@
+"""Shared pieces of the protocol tests: a sample request and response for every API,
+hypothesis strategies for every schema, and the plumbing that carries bytes from one
+:class:`Connection` to another (whole or byte by byte)."""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Literal
+
+import msgspec
+from hypothesis import strategies as st
+
+from tidewire.protocol import NEED_DATA, PAUSED, Connection, ConnectionClosed
+from tidewire.protocol.frames import Buffer
+from tidewire.protocol.messages import (
+    AlterTopicRequest,
+    AlterTopicResponse,
+    ApiKey,
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    Body,
+    CreateTopicRequest,
+    CreateTopicResponse,
+    DeleteTopicRequest,
+    DeleteTopicResponse,
+    DescribeTopicRequest,
+    DescribeTopicResponse,
+    FetchPartition,
+    FetchPartitionResult,
+    FetchRequest,
+    FetchResponse,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    ListOffsetsResult,
+    ListTopicsRequest,
+    ListTopicsResponse,
+    MetadataRequest,
+    MetadataResponse,
+    PartitionInfo,
+    PingRequest,
+    PingResponse,
+    ProducePartition,
+    ProducePartitionResult,
+    ProduceRequest,
+    ProduceResponse,
+    TopicConfig,
+    TopicDescription,
+    schema_for,
+    supported_versions,
+)
+
+# --- sample bodies --------------------------------------------------------------------------------
+
+_CONFIG = TopicConfig(retention_ms=86_400_000, segment_bytes=1 << 20, fsync="always")
+_DESCRIPTION = TopicDescription(
+    name="orders",
+    partitions=[
+        PartitionInfo(
+            partition=0, log_start_offset=0, log_end_offset=10, high_watermark=10, size_bytes=700
+        ),
+        PartitionInfo(
+            partition=1,
+            log_start_offset=-1,
+            log_end_offset=-1,
+            high_watermark=-1,
+            size_bytes=0,
+            error_code=32,
+            error_message="corrupt at offset 4",
+        ),
+    ],
+    config=_CONFIG,
+)
+
+#: One request and one response per API, with every nested schema used at least once.
+SAMPLES: dict[ApiKey, tuple[Body, Body]] = {
+    ApiKey.API_VERSIONS: (
+        ApiVersionsRequest(client_name="tests", client_version="0.1"),
+        ApiVersionsResponse(server_version="0.1.0", apis=supported_versions()),
+    ),
+    ApiKey.METADATA: (
+        MetadataRequest(topics=["orders", "ünïcode"]),
+        MetadataResponse(broker_id=1, host="localhost", port=9092, topics=[_DESCRIPTION]),
+    ),
+    ApiKey.CREATE_TOPIC: (
+        CreateTopicRequest(name="orders", partitions=3, config=_CONFIG),
+        CreateTopicResponse(error_code=36, error_message="exists"),
+    ),
+    ApiKey.DELETE_TOPIC: (DeleteTopicRequest(name="orders"), DeleteTopicResponse()),
+    ApiKey.LIST_TOPICS: (ListTopicsRequest(), ListTopicsResponse(topics=["a", "b"])),
+    ApiKey.DESCRIBE_TOPIC: (
+        DescribeTopicRequest(name="orders"),
+        DescribeTopicResponse(topic=_DESCRIPTION),
+    ),
+    ApiKey.ALTER_TOPIC: (
+        AlterTopicRequest(name="orders", partitions=6, config=TopicConfig(retention_bytes=-1)),
+        AlterTopicResponse(),
+    ),
+    ApiKey.PRODUCE: (
+        ProduceRequest(
+            acks=1,
+            timeout_ms=1_000,
+            partitions=[ProducePartition("orders", 0, 5), ProducePartition("orders", 2, 3)],
+        ),
+        ProduceResponse(
+            results=[
+                ProducePartitionResult(topic="orders", partition=0, base_offset=41),
+                ProducePartitionResult(
+                    topic="orders", partition=2, error_code=19, error_message="too large"
+                ),
+            ]
+        ),
+    ),
+    ApiKey.FETCH: (
+        FetchRequest(
+            max_wait_ms=0, partitions=[FetchPartition("orders", 0, offset=41, max_bytes=4096)]
+        ),
+        FetchResponse(
+            partitions=[
+                FetchPartitionResult(topic="orders", partition=0, size=8, high_watermark=42)
+            ]
+        ),
+    ),
+    ApiKey.LIST_OFFSETS: (
+        ListOffsetsRequest(partitions=[ListOffsetsPartition("orders", 0, -2)]),
+        ListOffsetsResponse(results=[ListOffsetsResult(topic="orders", partition=0, offset=0)]),
+    ),
+    ApiKey.INIT_PRODUCER_ID: (
+        InitProducerIdRequest(),
+        InitProducerIdResponse(producer_id=7, producer_epoch=0),
+    ),
+    ApiKey.PING: (PingRequest(), PingResponse()),
+}
+
+#: Every schema, request and response, as (api key, response?, schema) for parametrizing.
+SCHEMAS: list[tuple[ApiKey, bool, type[Body]]] = [
+    (key, response, schema_for(key, 0, response=response))
+    for key in ApiKey
+    for response in (False, True)
+]
+
+# --- strategies -----------------------------------------------------------------------------------
+
+#: The integers msgpack carries: int64 and uint64.
+INTS = st.integers(min_value=-(2**63), max_value=2**64 - 1)
+
+
+def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
+    """A strategy for any value of the type annotation ``tp`` as the schemas use them."""
+    if tp is int:
+        return INTS
+    if tp is str:
+        return st.text(max_size=12)
+    if tp is type(None):
+        return st.none()
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return st.one_of(*(strategy_for(arg) for arg in typing.get_args(tp)))
+    if origin is list:
+        return st.lists(strategy_for(typing.get_args(tp)[0]), max_size=3)
+    if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+        return structs(tp)
+    raise TypeError(f"no strategy for {tp!r}")
+
+
+def structs(cls: type[msgspec.Struct]) -> st.SearchStrategy[Any]:
+    """Instances of ``cls`` with every field drawn (defaults included now and then)."""
+    fields = {f.name: strategy_for(f.type) for f in msgspec.structs.fields(cls)}
+    return st.builds(cls, **fields)
+
+
+# --- moving bytes between connections ---------------------------------------------------------
+
+Mode = Literal["whole", "byte_by_byte"]
+MODES: tuple[Mode, ...] = ("whole", "byte_by_byte")
+
+
+def join(buffers: Iterable[Buffer]) -> bytes:
+    return b"".join(bytes(b) for b in buffers)
+
+
+def chunks(data: bytes, mode: Mode) -> Iterator[bytes]:
+    if mode == "whole":
+        yield data
+    else:
+        for i in range(len(data)):
+            yield data[i : i + 1]
+
+
+def drain(conn: Connection) -> tuple[list[Any], Any]:
+    """Every event ``conn`` has ready, and what stopped the loop: NEED_DATA, PAUSED, or the
+    ConnectionClosed event (which repeats for ever)."""
+    events: list[Any] = []
+    while True:
+        event = conn.next_event()
+        if event is NEED_DATA or event is PAUSED:
+            return events, event
+        events.append(event)
+        if isinstance(event, ConnectionClosed):
+            return events, event
+
+
+def deliver(buffers: Sequence[Buffer], conn: Connection, mode: Mode) -> list[Any]:
+    """Hand ``buffers`` to ``conn`` (in one piece or a byte at a time, taking the events as
+    they come) and return every event it produced."""
+    events: list[Any] = []
+    for chunk in chunks(join(buffers), mode):
+        conn.receive_data(chunk)
+        events += drain(conn)[0]
+    return events
