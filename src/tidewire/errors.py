@@ -22,6 +22,11 @@ The tree::
     ├── LogNotFoundError              no log for that topic and partition
     ├── LogExistsError                a log for that topic and partition exists already
     ├── BackpressureError             a bounded queue is full (retriable)
+    ├── UnknownTopicError             no such topic (auto-creation off)
+    ├── TopicExistsError              a topic of that name exists already
+    ├── InvalidTopicError             a topic name or partition count that is not allowed
+    ├── UnknownPartitionError         no such partition in the topic
+    ├── RequestTimedOutError          the request did not complete in its timeout (retriable)
     └── ProtocolError                 a frame that breaks the binary protocol
         ├── FrameTooLargeError        a frame longer than the connection's limit
         ├── UnknownApiError           an API key the peer does not implement
@@ -48,6 +53,7 @@ __all__ = [
     "InvalidMagicError",
     "InvalidRecordError",
     "InvalidRequestError",
+    "InvalidTopicError",
     "LogClosedError",
     "LogExistsError",
     "LogFailedError",
@@ -57,11 +63,15 @@ __all__ = [
     "ProtocolError",
     "RecordBatchError",
     "RecordCountError",
+    "RequestTimedOutError",
     "StorageError",
     "TidewireError",
     "TooManyRequestsError",
+    "TopicExistsError",
     "UnknownApiError",
     "UnknownError",
+    "UnknownPartitionError",
+    "UnknownTopicError",
     "UnsupportedCompressionError",
     "UnsupportedVersionError",
     "VarintError",
@@ -257,3 +267,32 @@ class TooManyRequestsError(ProtocolError):
     code = 55
     retriable = True
     description = "too many requests are in flight on this connection"
+
+
+# --- broker (codes 70-89) ----------------------------------------------------------------------
+
+
+class UnknownTopicError(TidewireError):
+    code = 70
+    description = "the topic does not exist"
+
+
+class TopicExistsError(TidewireError):
+    code = 71
+    description = "a topic of that name exists already"
+
+
+class InvalidTopicError(TidewireError):
+    code = 72
+    description = "the topic name or partition count is not allowed"
+
+
+class UnknownPartitionError(TidewireError):
+    code = 73
+    description = "the topic has no such partition"
+
+
+class RequestTimedOutError(TidewireError):
+    code = 74
+    retriable = True
+    description = "the request did not complete within its timeout"

@@ -538,10 +538,15 @@ class PartitionLog:
         self._dir_dirty = True
         return seg
 
-    async def append_async(self, batch: bytes | bytearray | memoryview) -> AppendInfo:
+    async def append_async(
+        self, batch: bytes | bytearray | memoryview, *, durable: bool | None = None
+    ) -> AppendInfo:
         """Append ``batch`` and return once it is as durable as the fsync policy promises:
         written to the OS under ``interval`` and ``never``; under ``always``, after an fsync
         that covers it (shared with concurrent appends: group commit).
+
+        ``durable=True`` waits for an fsync whatever the policy (a producer asking for
+        durable acknowledgement); ``durable=False`` returns once written, whatever the policy.
 
         Batches appended in the same turn of the event loop are written with one
         ``pwritev``; ``batch`` must not change until this returns.
@@ -552,7 +557,7 @@ class PartitionLog:
             StorageError: the write or the fsync failed; the batch is not acknowledged.
             (and what :meth:`append` raises)
         """
-        always = self.config.fsync is FsyncPolicy.ALWAYS
+        always = self.config.fsync is FsyncPolicy.ALWAYS if durable is None else durable
         waiting = len(self._waiters) + len(self._pending)
         if always and waiting >= self.config.max_pending_appends:
             raise BackpressureError(

@@ -1,0 +1,13 @@
+"""The broker: topics of partitioned logs, produce, fetch with long-poll, offsets.
+
+Public names::
+
+    Broker, BrokerConfig
+    ProduceResult, FetchResult, PartitionStatus
+"""
+
+from __future__ import annotations
+
+from tidewire.broker.core import Broker, BrokerConfig, FetchResult, PartitionStatus, ProduceResult
+
+__all__ = ["Broker", "BrokerConfig", "FetchResult", "PartitionStatus", "ProduceResult"]

@@ -1,0 +1,415 @@
+"""The broker core: topics of partitioned logs, produce, fetch with long-poll, offsets.
+
+One :class:`Broker` owns a :class:`~tidewire.storage.LogManager` and runs on one event loop;
+the TCP server, the HTTP gateway and the embedded mode all call it. A topic is the set of
+partition logs ``TOPIC-0`` .. ``TOPIC-(N-1)`` of the data directory; its settings are those of
+its logs (:class:`~tidewire.storage.LogConfig`).
+
+What a consumer may read: under ``fsync=always`` only what is on stable storage (the flushed
+offset: the high watermark), so nothing a consumer saw can vanish in a power cut; under the
+other policies everything written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from tidewire.errors import (
+    BackpressureError,
+    BatchTooLargeError,
+    InvalidConfigError,
+    InvalidTopicError,
+    LogNotFoundError,
+    TopicExistsError,
+    UnknownPartitionError,
+    UnknownTopicError,
+)
+from tidewire.records import check_batch, iter_batches
+from tidewire.storage import FsyncPolicy, LogConfig, LogManager, PartitionLog
+from tidewire.storage.manager import MAX_PARTITION, validate_topic_name
+
+__all__ = [
+    "Broker",
+    "BrokerConfig",
+    "FetchResult",
+    "PartitionStatus",
+    "ProduceResult",
+]
+
+log = logging.getLogger("tidewire.broker")
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Settings of one broker.
+
+    Attributes:
+        data_dir: where the logs live.
+        default_partitions: partitions of a topic created without a count.
+        auto_create_topics: create a topic on its first publish.
+        log: settings of new topics' logs (retention, segments, fsync policy, the largest
+            batch accepted: ``max_batch_bytes``).
+        max_fetch_waiters: long-poll fetches waiting at once; more are refused with
+            :class:`~tidewire.errors.BackpressureError`.
+        max_wait_ms: the longest a fetch may wait for data.
+    """
+
+    data_dir: str
+    default_partitions: int = 1
+    auto_create_topics: bool = True
+    log: LogConfig = field(default_factory=LogConfig)
+    max_fetch_waiters: int = 10_000
+    max_wait_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.default_partitions <= MAX_PARTITION:
+            raise InvalidConfigError(
+                f"default_partitions={self.default_partitions} must be within 1..{MAX_PARTITION:,}"
+            )
+        if self.max_fetch_waiters < 1:
+            raise InvalidConfigError("max_fetch_waiters must be >= 1")
+        if not 0 <= self.max_wait_ms <= 3_600_000:
+            raise InvalidConfigError(f"max_wait_ms={self.max_wait_ms} must be within 0..3,600,000")
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResult:
+    """Where a produce request's batches for one partition were stored."""
+
+    base_offset: int
+    last_offset: int
+    log_start_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    """One partition's part of a fetch: whole batches, as stored."""
+
+    topic: str
+    partition: int
+    data: bytes
+    next_offset: int
+    high_watermark: int
+    log_start_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionStatus:
+    partition: int
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+    size_bytes: int
+
+
+class Broker:
+    """The broker's state and operations. Use as ``async with Broker(config) as broker``.
+
+    Args:
+        config: the broker's settings.
+    """
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.logs = LogManager(config.data_dir, default_config=config.log)
+        self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
+        self._n_waiters = 0
+        self._maintenance: asyncio.Task[None] | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the data directory (recovering it) and start the background work."""
+        self.logs.open()
+        self._maintenance = asyncio.get_running_loop().create_task(
+            self.logs.run(), name="log maintenance"
+        )
+        self._maintenance.add_done_callback(_log_task_failure)
+
+    async def close(self) -> None:
+        """Stop the background work, wake every waiting fetch, flush and close the logs."""
+        if self._maintenance is not None:
+            self._maintenance.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._maintenance
+            self._maintenance = None
+        for futs in self._waiters.values():
+            for fut in futs:
+                if not fut.done():
+                    fut.set_result(None)
+        await self.logs.close_async()
+
+    async def __aenter__(self) -> Broker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- topics ---------------------------------------------------------------------------------
+
+    def topics(self) -> dict[str, int]:
+        """Topic name -> partition count."""
+        return {name: len(parts) for name, parts in self.logs.topics().items()}
+
+    def create_topic(
+        self, name: str, partitions: int | None = None, config: LogConfig | None = None
+    ) -> int:
+        """Create a topic; return its partition count.
+
+        Raises:
+            InvalidTopicError: a bad name or partition count.
+            TopicExistsError: it exists.
+            StorageError: its directories cannot be created.
+        """
+        try:
+            validate_topic_name(name)
+        except InvalidConfigError as exc:
+            raise InvalidTopicError(exc.message) from None
+        n = self.config.default_partitions if partitions is None else partitions
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PARTITION:
+            raise InvalidTopicError(f"partitions={n!r} must be within 1..{MAX_PARTITION:,}")
+        if name in self.logs.topics():
+            raise TopicExistsError(f"topic {name!r} exists already")
+        cfg = config or self.config.log
+        for p in range(n):
+            self.logs.create_log(name, p, cfg)
+        log.info("created topic %s with %d partition(s)", name, n)
+        return n
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic and its data.
+
+        Raises:
+            UnknownTopicError: no such topic.
+        """
+        try:
+            parts = self.logs.delete_topic(name)
+        except LogNotFoundError:
+            raise UnknownTopicError(f"topic {name!r} does not exist") from None
+        for p in parts:
+            self._wake(name, p)
+        log.info("deleted topic %s", name)
+
+    def alter_topic(
+        self, name: str, *, partitions: int | None = None, config: LogConfig | None = None
+    ) -> None:
+        """Add partitions (never fewer) and/or change the settings of every partition.
+
+        Raises:
+            UnknownTopicError, InvalidTopicError.
+        """
+        current = self.partition_count(name)
+        if partitions is not None and not current <= partitions <= MAX_PARTITION:
+            raise InvalidTopicError(
+                f"partitions={partitions} must be within {current}..{MAX_PARTITION:,}: "
+                "a topic can gain partitions but not lose them"
+            )
+        if config is not None:
+            for p in range(current):
+                self.logs.set_config(name, p, config)
+        if partitions is not None:
+            cfg = config or self.log(name, 0).config
+            for p in range(current, partitions):
+                self.logs.create_log(name, p, cfg)
+
+    def partition_count(self, name: str) -> int:
+        """Raises UnknownTopicError if ``name`` is not a topic."""
+        parts = self.logs.topics().get(name)
+        if not parts:
+            raise UnknownTopicError(f"topic {name!r} does not exist")
+        return len(parts)
+
+    def log(self, topic: str, partition: int) -> PartitionLog:
+        """The log of one partition.
+
+        Raises:
+            UnknownTopicError, UnknownPartitionError.
+        """
+        plog = self.logs.logs.get((topic, partition))
+        if plog is None:
+            n = self.partition_count(topic)
+            raise UnknownPartitionError(
+                f"topic {topic!r} has partitions 0..{n - 1}, not {partition}"
+            )
+        return plog
+
+    def describe(self, name: str) -> list[PartitionStatus]:
+        """Every partition's offsets and size."""
+        return [self._status(self.log(name, p), p) for p in range(self.partition_count(name))]
+
+    def _status(self, plog: PartitionLog, p: int) -> PartitionStatus:
+        return PartitionStatus(
+            p, plog.log_start_offset, plog.log_end_offset, _high_watermark(plog), plog.size_bytes
+        )
+
+    # --- produce --------------------------------------------------------------------------------
+
+    async def produce(
+        self,
+        topic: str,
+        partition: int,
+        data: bytes | memoryview,
+        *,
+        durable: bool | None = None,
+    ) -> ProduceResult:
+        """Append the whole batches in ``data`` to one partition, creating the topic first if
+        auto-creation is on.
+
+        Args:
+            topic, partition: where.
+            data: one or more whole batches, concatenated.
+            durable: ``True``: return once fsynced (acks=durable); ``None``: as the topic's
+                fsync policy promises (acks=leader; under ``always`` that is fsynced too, so
+                what a consumer may read keeps moving).
+
+        Raises:
+            UnknownTopicError, UnknownPartitionError: no such place (auto-creation off).
+            RecordBatchError: a malformed batch (no batch of ``data`` is stored).
+            BatchTooLargeError: a batch over the topic's ``max_batch_bytes``.
+            StorageError, PartitionCorruptError, LogFailedError: the log refused.
+        """
+        if self.config.auto_create_topics and (topic, 0) not in self.logs.logs:
+            self.create_topic(topic)
+        plog = self.log(topic, partition)
+        view = memoryview(data)
+        batches = self._split(view, plog.config.max_batch_bytes)
+        first = last = -1
+        for start, end in batches:
+            info = await plog.append_async(view[start:end], durable=durable)
+            if first < 0:
+                first = info.base_offset
+            last = info.last_offset
+        self._wake(topic, partition)
+        return ProduceResult(first, last, plog.log_start_offset)
+
+    @staticmethod
+    def _split(view: memoryview, max_batch_bytes: int) -> list[tuple[int, int]]:
+        """Check every batch of ``view`` before any is appended: all or nothing."""
+        out: list[tuple[int, int]] = []
+        pos = 0
+        if not len(view):
+            raise InvalidConfigError("a produce request needs at least one batch")
+        while pos < len(view):
+            h = check_batch(view, pos)
+            if h.size > max_batch_bytes:
+                raise BatchTooLargeError(
+                    f"batch of {h.size:,} bytes exceeds max_batch_bytes={max_batch_bytes:,}"
+                )
+            out.append((pos, pos + h.size))
+            pos += h.size
+        return out
+
+    # --- fetch ----------------------------------------------------------------------------------
+
+    async def fetch(
+        self,
+        wants: Sequence[tuple[str, int, int, int]],
+        *,
+        max_wait_ms: int = 0,
+        min_bytes: int = 1,
+        max_bytes: int = 16 * 1024 * 1024,
+    ) -> list[FetchResult]:
+        """Read from several partitions; wait up to ``max_wait_ms`` for ``min_bytes``.
+
+        Args:
+            wants: ``(topic, partition, offset, max_bytes)`` per partition.
+            max_wait_ms: long-poll: how long to wait when less than ``min_bytes`` is there
+                (capped by the broker's ``max_wait_ms``).
+            min_bytes: return at once when at least this much is there.
+            max_bytes: budget of the whole response (at least one batch is returned).
+
+        Raises:
+            UnknownTopicError, UnknownPartitionError, OffsetOutOfRangeError,
+            PartitionCorruptError: for the first partition that fails.
+            BackpressureError: too many fetches are waiting.
+        """
+        results = self._read(wants, max_bytes)
+        wait = min(max_wait_ms, self.config.max_wait_ms) / 1000
+        if wait <= 0 or sum(len(r.data) for r in results) >= min_bytes:
+            return results
+        if self._n_waiters >= self.config.max_fetch_waiters:
+            raise BackpressureError(
+                f"{self._n_waiters:,} fetches are waiting "
+                f"(max_fetch_waiters={self.config.max_fetch_waiters:,})"
+            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            fut: asyncio.Future[None] = loop.create_future()
+            keys = {(t, p) for t, p, _, _ in wants}
+            for key in keys:
+                self._waiters.setdefault(key, set()).add(fut)
+            self._n_waiters += 1
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), max(deadline - loop.time(), 0))
+            except TimeoutError:
+                pass
+            finally:
+                self._n_waiters -= 1
+                for key in keys:
+                    waiters = self._waiters.get(key)
+                    if waiters is not None:
+                        waiters.discard(fut)
+                        if not waiters:
+                            del self._waiters[key]
+            results = self._read(wants, max_bytes)
+            if sum(len(r.data) for r in results) >= min_bytes or loop.time() >= deadline:
+                return results
+
+    def _read(
+        self, wants: Sequence[tuple[str, int, int, int]], max_bytes: int
+    ) -> list[FetchResult]:
+        out: list[FetchResult] = []
+        budget = max_bytes
+        for topic, partition, offset, part_max in wants:
+            plog = self.log(topic, partition)
+            hw = _high_watermark(plog)
+            limit = max(min(part_max, budget), 1)
+            r = plog.read(offset, limit, max_offset=hw)
+            if out and len(r.data) > budget:
+                r = replace(r, data=b"", next_offset=offset)
+            budget = max(budget - len(r.data), 0)
+            out.append(
+                FetchResult(topic, partition, bytes(r.data), r.next_offset, hw, r.log_start_offset)
+            )
+        return out
+
+    def _wake(self, topic: str, partition: int) -> None:
+        for fut in self._waiters.pop((topic, partition), ()):
+            if not fut.done():
+                fut.set_result(None)
+
+    # --- offsets --------------------------------------------------------------------------------
+
+    def list_offset(self, topic: str, partition: int, timestamp: int) -> int:
+        """``-2``: the log start; ``-1``: the high watermark; else the first offset whose
+        record timestamp is at or after ``timestamp`` (ms), or the high watermark if none."""
+        plog = self.log(topic, partition)
+        hw = _high_watermark(plog)
+        if timestamp == -2:
+            return plog.log_start_offset
+        if timestamp == -1:
+            return hw
+        found = plog.offset_for_timestamp(timestamp)
+        return hw if found is None or found >= hw else found
+
+    @staticmethod
+    def batch_count(data: bytes) -> int:
+        """How many whole batches ``data`` holds (a helper for callers and tests)."""
+        return sum(1 for _ in iter_batches(data, verify=False))
+
+
+def _high_watermark(plog: PartitionLog) -> int:
+    if plog.config.fsync is FsyncPolicy.ALWAYS:
+        return plog.flushed_offset
+    return plog.log_end_offset
+
+
+def _log_task_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background task %s failed", task.get_name(), exc_info=task.exception())
