@@ -1,6 +1,6 @@
-"""``tidewire.protocol`` does no I/O: no sockets, files, clocks, threads or event loops
-(STYLE.md, rule 1), and neither does any tidewire module it imports. Checked on the source, so
-a lazy import inside a function is caught too."""
+"""``tidewire.records`` and ``tidewire.protocol`` do no I/O: no sockets, files, clocks, threads
+or event loops (STYLE.md, rule 1), and neither does any tidewire module they import. Checked
+on the source, so a lazy import inside a function is caught too."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 import tidewire
-import tidewire.protocol
 
 SRC = Path(tidewire.__file__).parent
-PROTOCOL_DIR = Path(tidewire.protocol.__file__).parent
+#: The pure packages, and the tidewire modules outside them they may import.
+PURE = {"records": {"errors.py"}, "protocol": {"errors.py"}}
 
 FORBIDDEN_MODULES = frozenset(
     {
@@ -31,6 +31,8 @@ FORBIDDEN_MODULES = frozenset(
         "signal",
         "multiprocessing",
         "concurrent",
+        "datetime",
+        "random",
     }
 )
 FORBIDDEN_CALLS = frozenset({"open", "__import__", "import_module"})
@@ -79,10 +81,10 @@ def module_file(module: str) -> Path | None:
     return path.with_suffix(".py") if path.with_suffix(".py").is_file() else None
 
 
-def protocol_closure() -> dict[Path, str]:
-    """Every file of tidewire.protocol and of the tidewire modules it imports, transitively,
-    with the package each one's relative imports resolve against."""
-    todo = [(f, "tidewire.protocol") for f in sorted(PROTOCOL_DIR.glob("*.py"))]
+def closure(package: str) -> dict[Path, str]:
+    """Every file of ``tidewire.<package>`` and of the tidewire modules it imports,
+    transitively, with the package each one's relative imports resolve against."""
+    todo = [(f, f"tidewire.{package}") for f in sorted((SRC / package).glob("*.py"))]
     seen: dict[Path, str] = {}
     while todo:
         path, package = todo.pop()
@@ -98,21 +100,18 @@ def protocol_closure() -> dict[Path, str]:
     return seen
 
 
-def test_protocol_package_does_no_io() -> None:
-    files = protocol_closure()
+@pytest.mark.parametrize("package", sorted(PURE))
+def test_package_does_no_io(package: str) -> None:
+    files = closure(package)
     names = {str(f.relative_to(SRC)) for f in files}
-    assert names >= {
-        "protocol/__init__.py",
-        "protocol/connection.py",
-        "protocol/frames.py",
-        "protocol/messages.py",
-        "errors.py",
-    }
-    assert all(n.startswith("protocol/") or n == "errors.py" for n in names), names
+    assert f"{package}/__init__.py" in names
+    assert len([n for n in names if n.startswith(f"{package}/")]) >= 4, names
+    outside = {n for n in names if not n.startswith(f"{package}/")}
+    assert outside <= PURE[package], f"{package} imports {outside - PURE[package]}"
     found = [
         v
-        for f, package in files.items()
-        for v in violations(f.read_text("utf-8"), str(f.relative_to(SRC)), package)
+        for f, pkg in files.items()
+        for v in violations(f.read_text("utf-8"), str(f.relative_to(SRC)), pkg)
     ]
     assert found == []
 
