@@ -278,14 +278,11 @@ class Broker:
         plog = self.log(topic, partition)
         view = memoryview(data)
         batches = self._split(view, plog.config.max_batch_bytes)
-        first = last = -1
-        for start, end in batches:
-            info = await plog.append_async(view[start:end], durable=durable)
-            if first < 0:
-                first = info.base_offset
-            last = info.last_offset
+        infos = await plog.append_many_async(
+            [view[start:end] for start, end in batches], durable=durable
+        )
         self._wake(topic, partition)
-        return ProduceResult(first, last, plog.log_start_offset)
+        return ProduceResult(infos[0].base_offset, infos[-1].last_offset, plog.log_start_offset)
 
     @staticmethod
     def _split(view: memoryview, max_batch_bytes: int) -> list[tuple[int, int]]:

@@ -27,7 +27,7 @@ import logging
 import time
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tidewire.errors import (
@@ -564,9 +564,45 @@ class PartitionLog:
                 f"{waiting:,} appends await their write or fsync on {self.directory} "
                 f"(max_pending_appends={self.config.max_pending_appends:,})"
             )
+        write = self._queue(batch)
+        assert write.future is not None
+        await write.future
+        if always:
+            await self.wait_durable(write.info.last_offset + 1)
+        return write.info
+
+    async def append_many_async(
+        self, batches: Sequence[bytes | bytearray | memoryview], *, durable: bool | None = None
+    ) -> list[AppendInfo]:
+        """Append ``batches`` at consecutive offsets — no other append lands between them —
+        and return once all are as durable as :meth:`append_async` promises.
+
+        Raises:
+            What :meth:`append_async` raises. Batches before the one that failed its checks
+            are appended all the same: check them first for all-or-nothing.
+        """
+        always = self.config.fsync is FsyncPolicy.ALWAYS if durable is None else durable
+        waiting = len(self._waiters) + len(self._pending)
+        if always and waiting + len(batches) > self.config.max_pending_appends:
+            raise BackpressureError(
+                f"{waiting:,} appends await their write or fsync on {self.directory}; "
+                f"{len(batches)} more exceed max_pending_appends="
+                f"{self.config.max_pending_appends:,}"
+            )
+        writes = [self._queue(b) for b in batches]
+        for w in writes:
+            assert w.future is not None
+            await w.future
+        if always and writes:
+            await self.wait_durable(writes[-1].info.last_offset + 1)
+        return [w.info for w in writes]
+
+    def _queue(self, batch: bytes | bytearray | memoryview) -> _Write:
+        """Reserve ``batch`` and queue its write for the end of this turn of the event loop
+        (at once when enough is gathered): one pwritev for many batches."""
         write = self._reserve(batch)
         loop = asyncio.get_running_loop()
-        write.future = fut = loop.create_future()
+        write.future = loop.create_future()
         self._pending.append(write)
         self._pending_bytes += write.size
         if (
@@ -575,14 +611,9 @@ class PartitionLog:
         ):
             self._drain_writes()
         elif not self._drain_scheduled:
-            # Appends made in this turn of the event loop are written together, in one
-            # pwritev, when it ends: one system call for many batches.
             self._drain_scheduled = True
             loop.call_soon(self._drain_writes)
-        await fut
-        if always:
-            await self.wait_durable(write.info.last_offset + 1)
-        return write.info
+        return write
 
     # --- flushing -------------------------------------------------------------------------------
 
