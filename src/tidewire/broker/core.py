@@ -22,14 +22,16 @@ from tidewire.errors import (
     BackpressureError,
     BatchTooLargeError,
     InvalidConfigError,
+    InvalidRequestError,
     InvalidTopicError,
     LogNotFoundError,
     TopicExistsError,
     UnknownPartitionError,
     UnknownTopicError,
 )
-from tidewire.records import check_batch, iter_batches
+from tidewire.records import iter_batches
 from tidewire.storage import FsyncPolicy, LogConfig, LogManager, PartitionLog
+from tidewire.storage.log import check_appendable
 from tidewire.storage.manager import MAX_PARTITION, validate_topic_name
 
 __all__ = [
@@ -118,6 +120,7 @@ class Broker:
         self.logs = LogManager(config.data_dir, default_config=config.log)
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
         self._n_waiters = 0
+        self._closing = False
         self._maintenance: asyncio.Task[None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -132,6 +135,7 @@ class Broker:
 
     async def close(self) -> None:
         """Stop the background work, wake every waiting fetch, flush and close the logs."""
+        self._closing = True  # a fetch woken from here on returns instead of waiting again
         if self._maintenance is not None:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -255,7 +259,7 @@ class Broker:
         partition: int,
         data: bytes | memoryview,
         *,
-        durable: bool | None = None,
+        durable: bool = False,
     ) -> ProduceResult:
         """Append the whole batches in ``data`` to one partition, creating the topic first if
         auto-creation is on.
@@ -263,9 +267,9 @@ class Broker:
         Args:
             topic, partition: where.
             data: one or more whole batches, concatenated.
-            durable: ``True``: return once fsynced (acks=durable); ``None``: as the topic's
-                fsync policy promises (acks=leader; under ``always`` that is fsynced too, so
-                what a consumer may read keeps moving).
+            durable: ``True``: return once fsynced, whatever the topic's policy
+                (acks=durable); ``False``: as the topic's fsync policy promises (acks=leader;
+                under ``always`` that is fsynced too, so what consumers may read moves on).
 
         Raises:
             UnknownTopicError, UnknownPartitionError: no such place (auto-creation off).
@@ -273,13 +277,15 @@ class Broker:
             BatchTooLargeError: a batch over the topic's ``max_batch_bytes``.
             StorageError, PartitionCorruptError, LogFailedError: the log refused.
         """
-        if self.config.auto_create_topics and (topic, 0) not in self.logs.logs:
+        view = memoryview(data)
+        plog = self.logs.logs.get((topic, partition))
+        if plog is None and self.config.auto_create_topics and (topic, 0) not in self.logs.logs:
+            batches = self._split(view, self.config.log.max_batch_bytes)  # before creating
             self.create_topic(topic)
         plog = self.log(topic, partition)
-        view = memoryview(data)
         batches = self._split(view, plog.config.max_batch_bytes)
         infos = await plog.append_many_async(
-            [view[start:end] for start, end in batches], durable=durable
+            [view[start:end] for start, end in batches], durable=True if durable else None
         )
         self._wake(topic, partition)
         return ProduceResult(infos[0].base_offset, infos[-1].last_offset, plog.log_start_offset)
@@ -290,9 +296,9 @@ class Broker:
         out: list[tuple[int, int]] = []
         pos = 0
         if not len(view):
-            raise InvalidConfigError("a produce request needs at least one batch")
+            raise InvalidRequestError("a produce request needs at least one batch")
         while pos < len(view):
-            h = check_batch(view, pos)
+            h = check_appendable(view, pos)
             if h.size > max_batch_bytes:
                 raise BatchTooLargeError(
                     f"batch of {h.size:,} bytes exceeds max_batch_bytes={max_batch_bytes:,}"
@@ -327,7 +333,7 @@ class Broker:
         """
         results = self._read(wants, max_bytes)
         wait = min(max_wait_ms, self.config.max_wait_ms) / 1000
-        if wait <= 0 or sum(len(r.data) for r in results) >= min_bytes:
+        if wait <= 0 or self._closing or sum(len(r.data) for r in results) >= min_bytes:
             return results
         if self._n_waiters >= self.config.max_fetch_waiters:
             raise BackpressureError(
@@ -355,7 +361,8 @@ class Broker:
                         if not waiters:
                             del self._waiters[key]
             results = self._read(wants, max_bytes)
-            if sum(len(r.data) for r in results) >= min_bytes or loop.time() >= deadline:
+            enough = sum(len(r.data) for r in results) >= min_bytes
+            if enough or self._closing or loop.time() >= deadline:
                 return results
 
     def _read(
@@ -368,7 +375,7 @@ class Broker:
             hw = _high_watermark(plog)
             limit = max(min(part_max, budget), 1)
             r = plog.read(offset, limit, max_offset=hw)
-            if out and len(r.data) > budget:
+            if budget < max_bytes and len(r.data) > budget:  # only the first data may exceed
                 r = replace(r, data=b"", next_offset=offset)
             budget = max(budget - len(r.data), 0)
             out.append(

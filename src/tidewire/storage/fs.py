@@ -113,7 +113,9 @@ class _OsFile:
         os.fdatasync(self._fd)
 
     def close(self) -> None:
-        os.close(self._fd)
+        if self._fd >= 0:  # twice is harmless: the number may belong to another file by then
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
 
 class OsFileSystem:

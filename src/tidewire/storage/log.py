@@ -15,9 +15,10 @@ the :class:`~tidewire.storage.manager.LogManager` flushes every ``flush_interval
 Recovery (:meth:`PartitionLog.open`): a segment whose persisted indexes check out (CRC, and the
 ``.log`` size they describe) was synced when sealed and is not scanned; every other segment is
 re-read with each batch CRC-checked and its indexes rebuilt. The first invalid batch found is
-either a torn tail — beyond the recovery point, in a segment never sealed: the segment is cut
-there and the cut is reported — or corruption: the partition is marked corrupt, refuses writes,
-and keeps serving the offsets below the bad batch.
+either a torn tail — at or beyond the recovery point, in a segment whose indexes were not
+persisted (so it was scanned): the segment is cut there, later segments are dropped, and the cut
+is reported — or corruption — below the recovery point: the partition is marked corrupt, refuses
+writes, and keeps serving the offsets below the bad batch.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from tidewire.errors import (
     TidewireError,
 )
 from tidewire.records import iter_batches, iter_records
-from tidewire.records.batch import check_batch
+from tidewire.records.batch import BatchHeader, check_batch
 from tidewire.storage.config import FsyncPolicy, LogConfig
 from tidewire.storage.fs import FileSystem, write_atomic
 from tidewire.storage.segment import (
@@ -54,7 +55,7 @@ from tidewire.storage.segment import (
     segment_name,
 )
 
-__all__ = ["AppendInfo", "PartitionLog", "ReadResult", "RecoveryReport"]
+__all__ = ["AppendInfo", "PartitionLog", "ReadResult", "RecoveryReport", "check_appendable"]
 
 log = logging.getLogger("tidewire.storage")
 
@@ -114,6 +115,7 @@ class RecoveryReport:
     truncated_batches_seen: int = 0
     removed_files: list[str] = field(default_factory=list)
     corruption: BadBatch | None = None
+    below_recovery_point: int | None = None  # the recovery point, if the log ends below it
 
 
 @dataclass(slots=True)
@@ -135,6 +137,7 @@ class _FlushPlan:
     syncs: list[tuple[Segment, int]]
     sync_dir: bool
     seals: list[tuple[Segment, bytes, bytes]]
+    truncations: int  # the log's truncation count when the plan was made
 
 
 class PartitionLog:
@@ -167,6 +170,7 @@ class PartitionLog:
         self._closed = False
         self._dir_dirty = False
         self._flushing = False
+        self._truncations = 0  # bumped by truncate_to: flush plans made before are stale
         self._deferred_close: list[Segment] = []
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._flush_task: asyncio.Task[None] | None = None
@@ -283,11 +287,23 @@ class PartitionLog:
                 # sync it before anything recovered is counted as flushed.
                 seg.file.sync()
                 seg.synced_size = seg.size
+        # A segment file created just before a crash may be adopted with its directory entry
+        # not yet durable: one directory sync makes everything recovered count.
+        self._sync_dir_now()
         self._flushed = self.log_end_offset
+        if self._corrupt is None and self._flushed < recovery_point:
+            report.below_recovery_point = recovery_point
+            log.warning(
+                "%s ends at offset %d, below its recovery point %d: data known synced is gone",
+                self.directory,
+                self._flushed,
+                recovery_point,
+            )
         active = self._segments[-1]
         active.sealed = False
         if active.size > 0:
-            active.created_ms = self.clock()  # its age for rolling counts from this open
+            # Its age for rolling counts from this open: the creation time is not persisted.
+            active.created_ms = self.clock()
 
     def _cut_torn_tail(self, i: int, bad: BadBatch, file_size: int) -> None:
         """Truncate segment ``i`` at the bad batch and drop every later segment."""
@@ -408,17 +424,11 @@ class PartitionLog:
                 f"batch of {len(view):,} bytes exceeds max_batch_bytes="
                 f"{self.config.max_batch_bytes:,}"
             )
-        h = check_batch(view)
+        h = check_appendable(view)
         if h.size != len(view):
             raise RecordCountError(
                 f"append takes exactly one batch: {len(view):,} bytes given, the batch is "
                 f"{h.size:,}"
-            )
-        if h.records_count < 1 or h.last_offset_delta != h.records_count - 1:
-            raise RecordCountError(
-                f"batch has {h.records_count} records and last_offset_delta "
-                f"{h.last_offset_delta}; an appended batch needs >= 1 record and "
-                "last_offset_delta = count - 1"
             )
         now = self.clock()
         seg = self._segments[-1]
@@ -626,6 +636,7 @@ class PartitionLog:
         """
         if self._flushed >= offset:
             return
+        self._check_open()
         if self._failed is not None:
             raise self._failed
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -638,8 +649,19 @@ class PartitionLog:
         await fut
 
     async def flush_async(self) -> None:
-        """Flush everything appended so far, in a worker thread."""
-        await self.wait_durable(self.log_end_offset)
+        """Flush everything appended so far, in a worker thread.
+
+        Raises:
+            StorageError: a write or the fsync failed: not everything appended is durable.
+        """
+        target = self.log_end_offset
+        self._drain_writes()  # so that a failed write is known before waiting on its offsets
+        if self.log_end_offset < target:
+            raise StorageError(
+                f"writes of offsets {self.log_end_offset}..{target - 1} of {self.directory} "
+                "failed, so they cannot be flushed"
+            )
+        await self.wait_durable(target)
 
     def _flush_task_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -675,12 +697,19 @@ class PartitionLog:
             if not fut.done():
                 fut.set_result(None)
         end = self.log_end_offset
-        while w and w[-1][0] > end:  # truncated away before they were flushed
-            _, fut = w.pop()
-            if not fut.done():
-                fut.set_exception(
-                    OffsetOutOfRangeError("the log was truncated before the batch was flushed")
-                )
+        if any(offset > end for offset, _ in w):  # truncated or rolled back before flushed
+            keep: deque[tuple[int, asyncio.Future[None]]] = deque()
+            for offset, fut in w:
+                if offset <= end:
+                    keep.append((offset, fut))
+                elif not fut.done():
+                    fut.set_exception(
+                        OffsetOutOfRangeError(
+                            f"offsets below {offset} were removed (truncated or a failed write "
+                            "rolled back) before they were flushed"
+                        )
+                    )
+            self._waiters = keep
 
     def _fail_waiters(self, exc: TidewireError) -> None:
         while self._waiters:
@@ -694,7 +723,7 @@ class PartitionLog:
         self._flushing = True
         syncs = [(s, s.size) for s in self._segments if s.synced_size < s.size]
         seals = [(s, *s.seal_files()) for s in self._segments if s.sealed and not s.seal_persisted]
-        plan = _FlushPlan(self.log_end_offset, syncs, self._dir_dirty, seals)
+        plan = _FlushPlan(self.log_end_offset, syncs, self._dir_dirty, seals, self._truncations)
         self._dir_dirty = False
         return plan
 
@@ -719,12 +748,14 @@ class PartitionLog:
                 f"{self._flushed} are not acknowledged and the log accepts no more writes"
             )
             log.error("%s", self._failed.message)
-        else:
+        elif plan.truncations == self._truncations:
             for seg, size in plan.syncs:
                 seg.synced_size = max(seg.synced_size, size)
             for seg, _, _ in plan.seals:
                 seg.seal_persisted = True
             self._flushed = max(self._flushed, min(plan.target, self.log_end_offset))
+        # else: the log was truncated while this flush ran; what it synced may describe bytes
+        # that are gone and offsets that now belong to other batches: the next flush decides.
         for seg in self._deferred_close:
             seg.file.close()
         self._deferred_close.clear()
@@ -864,8 +895,15 @@ class PartitionLog:
                 f"cannot truncate {self.directory} to {offset}: the log starts at "
                 f"{self.log_start_offset}"
             )
-        if offset >= self.log_end_offset:
+        bad = self._corrupt
+        if bad is not None and offset > bad.offset:
+            raise PartitionCorruptError(
+                f"cannot truncate {self.directory} to {offset}: the batch at offset "
+                f"{bad.offset} is corrupt; truncate to {bad.offset} or below to cut it"
+            )
+        if offset >= self.log_end_offset and bad is None:
             return self.log_end_offset
+        self._truncations += 1
         try:
             i = bisect_right(self._bases, offset) - 1
             for seg in self._segments[i + 1 :]:
@@ -877,6 +915,8 @@ class PartitionLog:
                 found = seg.locate(offset, seg.size)
             except CorruptBatchFound as exc:
                 found = (exc.bad.position, exc.bad.offset)
+            if found is None and bad is not None and bad.path == seg.log_path:
+                found = (bad.position, bad.offset)  # the corrupt batch ends the active segment
             if found is not None:
                 seg.truncate_to(found[0])
                 # Synced now: no later flush would (nothing is unsynced), and a power cut
@@ -950,11 +990,11 @@ class PartitionLog:
         return deleted
 
     def _drop_segment(self, seg: Segment) -> None:
+        self._remove_segment_files(seg)  # first: if it fails, the segment stays usable
         if self._flushing:
             self._deferred_close.append(seg)
         else:
             seg.file.close()
-        self._remove_segment_files(seg)
 
     def _remove_segment_files(self, seg: Segment) -> None:
         self.fs.remove(seg.log_path)  # first: without the .log the rest are orphans
@@ -1015,8 +1055,27 @@ class PartitionLog:
             if w.future is not None and not w.future.done():
                 w.future.set_exception(LogClosedError(f"log {self.directory} was abandoned"))
         self._pending.clear()
+        self._fail_waiters(LogClosedError(f"log {self.directory} was abandoned"))
         self._closed = True
         self._close_files()
+
+
+def check_appendable(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Check that the batch at ``pos`` may be appended: what :func:`check_batch` checks
+    (header, sizes, CRC-32C), at least one record, and ``last_offset_delta`` equal to the
+    record count - 1 (offsets are assigned densely).
+
+    Raises:
+        RecordBatchError: a subclass naming the fault.
+    """
+    h = check_batch(buf, pos)
+    if h.records_count < 1 or h.last_offset_delta != h.records_count - 1:
+        raise RecordCountError(
+            f"batch has {h.records_count} records and last_offset_delta "
+            f"{h.last_offset_delta}; an appended batch needs >= 1 record and "
+            "last_offset_delta = count - 1"
+        )
+    return h
 
 
 def _is_segment_file(name: str, suffix: str) -> bool:

@@ -24,6 +24,7 @@ import asyncio
 import json
 import logging
 import re
+import threading
 import time
 import uuid
 
@@ -102,6 +103,9 @@ class LogManager:
         self._opened = False
         self._closed = False
         self._last_flush: dict[tuple[str, int], float] = {}
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoint_taken = 0  # generation of the last snapshot taken
+        self._checkpoint_written = 0  # generation of the snapshot on disk
 
     # --- opening --------------------------------------------------------------------------------
 
@@ -302,19 +306,29 @@ class LogManager:
 
     def write_recovery_checkpoint(self) -> None:
         """Record every log's flushed offset (atomically)."""
-        self._write_checkpoint(self._checkpoint_bytes())
+        self._write_checkpoint(*self._checkpoint_snapshot())
 
     def _after_truncate(self, plog: PartitionLog) -> None:
         # Truncation is rare: rewrite the checkpoint at once (as Kafka does) so its recovery
         # point never stays above the log's end.
         self.write_recovery_checkpoint()
 
-    def _checkpoint_bytes(self) -> bytes:
+    def _checkpoint_snapshot(self) -> tuple[bytes, int]:
+        """On the loop: the checkpoint's contents now, and their generation."""
         points = {f"{t}-{p}": plog.flushed_offset for (t, p), plog in sorted(self.logs.items())}
-        return json.dumps({"version": 1, "logs": points}, sort_keys=True).encode()
+        self._checkpoint_taken += 1
+        data = json.dumps({"version": 1, "logs": points}, sort_keys=True).encode()
+        return data, self._checkpoint_taken
 
-    def _write_checkpoint(self, data: bytes) -> None:
-        write_atomic(self.fs, f"{self.data_dir}/{RECOVERY_CHECKPOINT_FILE}", data)
+    def _write_checkpoint(self, data: bytes, generation: int) -> None:
+        """Write a snapshot unless a newer one is on disk already: a periodic write that was
+        overtaken (by the one a truncation makes at once) must not bring back older points.
+        Serialised, since the periodic writes run in a worker thread."""
+        with self._checkpoint_lock:
+            if generation <= self._checkpoint_written:
+                return
+            write_atomic(self.fs, f"{self.data_dir}/{RECOVERY_CHECKPOINT_FILE}", data)
+            self._checkpoint_written = generation
 
     def apply_retention(self, now_ms: int | None = None) -> dict[tuple[str, int], list[int]]:
         """Apply every log's retention. Returns the deleted segment bases per log."""
@@ -341,7 +355,7 @@ class LogManager:
                 last_checkpoint = now
                 try:
                     # Snapshot on the loop, write in a thread: the loop owns the logs' state.
-                    await asyncio.to_thread(self._write_checkpoint, self._checkpoint_bytes())
+                    await asyncio.to_thread(self._write_checkpoint, *self._checkpoint_snapshot())
                 except OSError as exc:
                     log.error("writing the recovery checkpoint failed: %s", exc)
             if (now - last_retention) * 1000 >= self.retention_check_interval_ms:
@@ -352,30 +366,44 @@ class LogManager:
 
     async def close_async(self) -> None:
         """Flush and close every log, write the recovery checkpoint and the clean-shutdown
-        marker (the marker only if every log closed cleanly)."""
-        for plog in self.logs.values():
-            await plog.wait_idle()
-        self.close()
-
-    def close(self) -> None:
-        """Synchronous :meth:`close_async` (no flush may be running).
+        marker (the marker only if every log closed cleanly).
 
         Raises:
             StorageError: a log failed to flush; no clean-shutdown marker is written.
         """
         if self._closed or not self._opened:
             return
-        clean = True
-        first_error: StorageError | None = None
+        errors: list[StorageError] = []
+        for plog in self.logs.values():
+            try:
+                await plog.close_async()  # each log right after it goes idle
+            except TidewireError as exc:
+                log.error("closing %s: %s", plog.directory, exc)
+                errors.append(StorageError(str(exc)))
+        self._finish_close(errors)
+
+    def close(self) -> None:
+        """Synchronous :meth:`close_async`, for use without an event loop.
+
+        Raises:
+            StorageError: a log failed to flush; no clean-shutdown marker is written.
+        """
+        if self._closed or not self._opened:
+            return
+        errors: list[StorageError] = []
         for plog in self.logs.values():
             try:
                 plog.close()
-            except TidewireError as exc:
-                clean = False
+            except (TidewireError, RuntimeError) as exc:  # RuntimeError: a flush is running
                 log.error("closing %s: %s", plog.directory, exc)
-                first_error = first_error or StorageError(str(exc))
-            if plog.failed is not None or plog.corruption is not None:
-                clean = False
+                errors.append(StorageError(str(exc)))
+        self._finish_close(errors)
+
+    def _finish_close(self, errors: list[StorageError]) -> None:
+        clean = not errors and all(
+            p.failed is None and p.corruption is None for p in self.logs.values()
+        )
+        first_error = errors[0] if errors else None
         self._closed = True
         try:
             self.write_recovery_checkpoint()
