@@ -182,6 +182,11 @@ class Connection:
         self._forgotten: list[int] = []  # client: timed-out requests, oldest first
 
     @property
+    def buffered_bytes(self) -> int:
+        """Bytes received but not yet part of a complete frame (a frame being sent)."""
+        return self._decoder.buffered
+
+    @property
     def in_flight(self) -> int:
         """Requests awaiting their response."""
         return len(self._in_flight)

@@ -1,0 +1,292 @@
+"""Request handlers: one coroutine per API, from a decoded request to a response body and the
+raw data that follows it. They call the broker and nothing else; the TCP server (and later the
+HTTP gateway) frames what they return.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tidewire import __version__
+from tidewire.broker import Broker
+from tidewire.errors import InvalidRequestError, TidewireError
+from tidewire.protocol.messages import (
+    ACKS_DURABLE,
+    ACKS_LEADER,
+    ACKS_NONE,
+    AlterTopicRequest,
+    AlterTopicResponse,
+    ApiKey,
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    Body,
+    CreateTopicRequest,
+    CreateTopicResponse,
+    DeleteTopicRequest,
+    DeleteTopicResponse,
+    DescribeTopicRequest,
+    DescribeTopicResponse,
+    FetchPartitionResult,
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    ListOffsetsResult,
+    ListTopicsRequest,
+    ListTopicsResponse,
+    MetadataRequest,
+    MetadataResponse,
+    PartitionInfo,
+    PingRequest,
+    PingResponse,
+    ProducePartitionResult,
+    ProduceRequest,
+    ProduceResponse,
+    TopicConfig,
+    TopicDescription,
+    supported_versions,
+)
+from tidewire.storage import LogConfig
+
+__all__ = ["HANDLERS", "Handler", "Reply", "ServerInfo"]
+
+#: A handler's answer: the response body (``None``: no response, as for acks=none) and the
+#: data section's buffers.
+Reply = tuple[Body | None, list[bytes]]
+
+
+class ServerInfo:
+    """What handlers need to know about the server that runs them."""
+
+    def __init__(self, host: str, port: int, broker_id: int = 0) -> None:
+        self.host = host
+        self.port = port
+        self.broker_id = broker_id
+
+
+Handler = Callable[[Broker, ServerInfo, Any, memoryview], Awaitable[Reply]]
+
+
+def _err(exc: TidewireError) -> dict[str, Any]:
+    return {"error_code": exc.code, "error_message": exc.message}
+
+
+def _to_log_config(base: LogConfig, cfg: TopicConfig) -> LogConfig:
+    """``base`` with the settings ``cfg`` gives (None: keep). Raises InvalidConfigError."""
+    values = base.to_dict()
+    for name, key in (
+        ("retention_ms", "retention_ms"),
+        ("retention_bytes", "retention_bytes"),
+        ("segment_bytes", "segment_bytes"),
+        ("segment_ms", "segment_ms"),
+        ("fsync", "fsync"),
+        ("flush_interval_ms", "flush_interval_ms"),
+        ("max_message_bytes", "max_batch_bytes"),
+    ):
+        value = getattr(cfg, name)
+        if value is not None:
+            values[key] = value
+    return LogConfig.from_dict(values)
+
+
+def _topic_config(cfg: LogConfig) -> TopicConfig:
+    return TopicConfig(
+        retention_ms=cfg.retention_ms,
+        retention_bytes=cfg.retention_bytes,
+        segment_bytes=cfg.segment_bytes,
+        segment_ms=cfg.segment_ms,
+        fsync=str(cfg.fsync),
+        flush_interval_ms=cfg.flush_interval_ms,
+        max_message_bytes=cfg.max_batch_bytes,
+    )
+
+
+def _describe(broker: Broker, name: str) -> TopicDescription:
+    parts = [
+        PartitionInfo(
+            partition=s.partition,
+            log_start_offset=s.log_start_offset,
+            log_end_offset=s.log_end_offset,
+            high_watermark=s.high_watermark,
+            size_bytes=s.size_bytes,
+        )
+        for s in broker.describe(name)
+    ]
+    return TopicDescription(
+        name=name, partitions=parts, config=_topic_config(broker.log(name, 0).config)
+    )
+
+
+async def api_versions(b: Broker, s: ServerInfo, req: ApiVersionsRequest, _: memoryview) -> Reply:
+    # Only what this server answers: an API the protocol defines but no handler serves yet
+    # is left out, so a client can tell before it asks.
+    apis = [a for a in supported_versions() if a.api_key in HANDLERS]
+    return ApiVersionsResponse(server_version=__version__, apis=apis), []
+
+
+async def ping(b: Broker, s: ServerInfo, req: PingRequest, _: memoryview) -> Reply:
+    return PingResponse(), []
+
+
+async def metadata(b: Broker, s: ServerInfo, req: MetadataRequest, _: memoryview) -> Reply:
+    names = sorted(b.topics()) if req.topics is None else req.topics
+    topics: list[TopicDescription] = []
+    for name in names:
+        try:
+            topics.append(_describe(b, name))
+        except TidewireError as exc:
+            topics.append(
+                TopicDescription(name=name, partitions=[], config=TopicConfig(), **_err(exc))
+            )
+    return MetadataResponse(broker_id=s.broker_id, host=s.host, port=s.port, topics=topics), []
+
+
+async def create_topic(b: Broker, s: ServerInfo, req: CreateTopicRequest, _: memoryview) -> Reply:
+    try:
+        b.create_topic(req.name, req.partitions, _to_log_config(b.config.log, req.config))
+    except TidewireError as exc:
+        return CreateTopicResponse(**_err(exc)), []
+    return CreateTopicResponse(), []
+
+
+async def delete_topic(b: Broker, s: ServerInfo, req: DeleteTopicRequest, _: memoryview) -> Reply:
+    try:
+        b.delete_topic(req.name)
+    except TidewireError as exc:
+        return DeleteTopicResponse(**_err(exc)), []
+    return DeleteTopicResponse(), []
+
+
+async def list_topics(b: Broker, s: ServerInfo, req: ListTopicsRequest, _: memoryview) -> Reply:
+    return ListTopicsResponse(topics=sorted(b.topics())), []
+
+
+async def describe_topic(
+    b: Broker, s: ServerInfo, req: DescribeTopicRequest, _: memoryview
+) -> Reply:
+    try:
+        return DescribeTopicResponse(topic=_describe(b, req.name)), []
+    except TidewireError as exc:
+        return DescribeTopicResponse(**_err(exc)), []
+
+
+async def alter_topic(b: Broker, s: ServerInfo, req: AlterTopicRequest, _: memoryview) -> Reply:
+    try:
+        current = b.log(req.name, 0).config
+        changed = req.config != TopicConfig()
+        b.alter_topic(
+            req.name,
+            partitions=req.partitions,
+            config=_to_log_config(current, req.config) if changed else None,
+        )
+    except TidewireError as exc:
+        return AlterTopicResponse(**_err(exc)), []
+    return AlterTopicResponse(), []
+
+
+async def produce(b: Broker, s: ServerInfo, req: ProduceRequest, data: memoryview) -> Reply:
+    if req.acks not in (ACKS_NONE, ACKS_LEADER, ACKS_DURABLE):
+        raise InvalidRequestError(f"acks={req.acks} must be 0 (none), 1 (leader) or -1 (durable)")
+    total = sum(p.size for p in req.partitions)
+    if total != len(data) or any(p.size <= 0 for p in req.partitions):
+        raise InvalidRequestError(
+            f"the partitions' sizes add up to {total:,} bytes but the data section has "
+            f"{len(data):,}; each size must be > 0"
+        )
+    durable = req.acks == ACKS_DURABLE
+    results: list[ProducePartitionResult] = []
+    pos = 0
+    for part in req.partitions:
+        chunk = data[pos : pos + part.size]
+        pos += part.size
+        try:
+            r = await b.produce(part.topic, part.partition, chunk, durable=durable)
+        except TidewireError as exc:
+            results.append(
+                ProducePartitionResult(topic=part.topic, partition=part.partition, **_err(exc))
+            )
+            continue
+        results.append(
+            ProducePartitionResult(
+                topic=part.topic,
+                partition=part.partition,
+                base_offset=r.base_offset,
+                log_start_offset=r.log_start_offset,
+            )
+        )
+    if req.acks == ACKS_NONE:
+        return None, []
+    return ProduceResponse(results=results), []
+
+
+async def fetch(b: Broker, s: ServerInfo, req: FetchRequest, _: memoryview) -> Reply:
+    wants = [(p.topic, p.partition, p.offset, p.max_bytes) for p in req.partitions]
+    try:
+        got = await b.fetch(
+            wants, max_wait_ms=req.max_wait_ms, min_bytes=req.min_bytes, max_bytes=req.max_bytes
+        )
+    except TidewireError:
+        # One partition failed: read them one by one so the others still get their data.
+        got = None
+    results: list[FetchPartitionResult] = []
+    buffers: list[bytes] = []
+    if got is not None:
+        for r in got:
+            results.append(
+                FetchPartitionResult(
+                    topic=r.topic,
+                    partition=r.partition,
+                    size=len(r.data),
+                    high_watermark=r.high_watermark,
+                    log_start_offset=r.log_start_offset,
+                )
+            )
+            buffers.append(r.data)
+        return FetchResponse(partitions=results), buffers
+    for want in wants:
+        try:
+            (r,) = await b.fetch([want], max_bytes=req.max_bytes)
+        except TidewireError as exc:
+            results.append(FetchPartitionResult(topic=want[0], partition=want[1], **_err(exc)))
+            continue
+        results.append(
+            FetchPartitionResult(
+                topic=r.topic,
+                partition=r.partition,
+                size=len(r.data),
+                high_watermark=r.high_watermark,
+                log_start_offset=r.log_start_offset,
+            )
+        )
+        buffers.append(r.data)
+    return FetchResponse(partitions=results), buffers
+
+
+async def list_offsets(b: Broker, s: ServerInfo, req: ListOffsetsRequest, _: memoryview) -> Reply:
+    results: list[ListOffsetsResult] = []
+    for p in req.partitions:
+        try:
+            off = b.list_offset(p.topic, p.partition, p.timestamp)
+        except TidewireError as exc:
+            results.append(ListOffsetsResult(topic=p.topic, partition=p.partition, **_err(exc)))
+            continue
+        results.append(ListOffsetsResult(topic=p.topic, partition=p.partition, offset=off))
+    return ListOffsetsResponse(results=results), []
+
+
+HANDLERS: dict[int, Handler] = {
+    ApiKey.API_VERSIONS: api_versions,
+    ApiKey.PING: ping,
+    ApiKey.METADATA: metadata,
+    ApiKey.CREATE_TOPIC: create_topic,
+    ApiKey.DELETE_TOPIC: delete_topic,
+    ApiKey.LIST_TOPICS: list_topics,
+    ApiKey.DESCRIBE_TOPIC: describe_topic,
+    ApiKey.ALTER_TOPIC: alter_topic,
+    ApiKey.PRODUCE: produce,
+    ApiKey.FETCH: fetch,
+    ApiKey.LIST_OFFSETS: list_offsets,
+}
+# INIT_PRODUCER_ID has no handler yet: idempotent producers are not implemented, and the
+# server answers it with UnknownApiError rather than pretend.

@@ -1,0 +1,256 @@
+"""The TCP listener of the binary protocol: sockets in, broker calls, sockets out.
+
+One :class:`TcpServer` accepts connections; each connection drives a sans-IO
+:class:`~tidewire.protocol.Connection` and runs one task per request (requests on one
+connection are answered in any order, matched by correlation id). Bounds:
+
+- ``max_connections``: beyond it a new connection is closed at once;
+- the connection's ``max_in_flight``: beyond it the socket is not read until a response is
+  sent, so a client that pipelines without limit fills only its own buffers;
+- ``max_frame_bytes``: a longer frame closes that connection (with an error frame);
+- ``idle_timeout_s``: a connection that sends nothing for that long is closed;
+- ``frame_timeout_s``: a frame begun but not finished within that long closes the connection.
+
+A malformed frame gets an error frame and closes that connection only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from tidewire.broker import Broker
+from tidewire.errors import ProtocolError, TidewireError, UnknownApiError, UnknownError
+from tidewire.protocol import (
+    NEED_DATA,
+    PAUSED,
+    Connection,
+    ConnectionClosed,
+    RequestReceived,
+    RequestRejected,
+    Role,
+)
+from tidewire.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Buffer
+from tidewire.protocol.messages import ApiKey
+from tidewire.server.handlers import HANDLERS, ServerInfo
+
+__all__ = ["ServerConfig", "TcpServer"]
+
+log = logging.getLogger("tidewire.server")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Listener settings (see the module docstring for what each bound does)."""
+
+    host: str = "127.0.0.1"
+    port: int = 7400
+    max_connections: int = 10_000
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_in_flight: int = 256
+    idle_timeout_s: float = 600.0
+    frame_timeout_s: float = 30.0
+
+
+class _ClientProtocol(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, server: TcpServer) -> None:
+        self.server = server
+        cfg = server.config
+        self.conn = Connection(
+            Role.SERVER, max_frame_bytes=cfg.max_frame_bytes, max_in_flight=cfg.max_in_flight
+        )
+        self.transport: asyncio.Transport | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.paused = False
+        self.closing = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    # --- asyncio callbacks ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if len(self.server.connections) >= self.server.config.max_connections:
+            log.warning("refusing a connection: max_connections reached")
+            transport.abort()
+            return
+        self.server.connections.add(self)
+        self._arm_timer()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.conn.receive_data(data)
+        except ProtocolError as exc:
+            self._fail(exc)
+            return
+        self._process()
+        self._arm_timer()
+
+    def eof_received(self) -> bool:
+        self.conn.receive_data(b"")
+        self._process()
+        return True  # keep the socket half-open until in-flight responses are written
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+        for task in self.tasks:
+            task.cancel()
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def _process(self) -> None:
+        while not self.closing:
+            try:
+                event = self.conn.next_event()
+            except ProtocolError as exc:
+                self._fail(exc)
+                return
+            if event is NEED_DATA:
+                return
+            if event is PAUSED:
+                if self.transport is not None and not self.paused:
+                    self.transport.pause_reading()
+                    self.paused = True
+                return
+            if isinstance(event, ConnectionClosed):
+                self._close_when_done()
+                return
+            if isinstance(event, RequestRejected):
+                self._write(self.conn.send_error(event.correlation_id, event.error))
+                continue
+            if isinstance(event, RequestReceived):
+                task = asyncio.get_running_loop().create_task(self._handle(event))
+                self.tasks.add(task)
+                task.add_done_callback(self._task_done)
+
+    async def _handle(self, ev: RequestReceived) -> None:
+        handler = HANDLERS.get(ev.api_key)
+        if handler is None:
+            name = ApiKey(ev.api_key).name
+            err: TidewireError = UnknownApiError(f"{name} is not implemented by this broker")
+            self._write(self.conn.send_error(ev.correlation_id, err))
+            return
+        try:
+            body, data = await handler(self.server.broker, self.server.info, ev.body, ev.data)
+        except TidewireError as exc:
+            self._write(self.conn.send_error(ev.correlation_id, exc))
+            return
+        if body is None:
+            self.conn.discard(ev.correlation_id)
+            self._after_response()
+            return
+        self._write(self.conn.send_response(ev.correlation_id, body, data))
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            # A handler bug: the client must not wait for an answer that never comes.
+            log.error("request handler failed", exc_info=exc)
+            self._fail(UnknownError(f"internal error: {exc!r}"))
+            return
+        if self.closing and not self.tasks and self.transport is not None:
+            self.transport.close()
+
+    def _write(self, buffers: list[Buffer]) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines(buffers)
+        self._after_response()
+
+    def _after_response(self) -> None:
+        if self.paused and self.transport is not None and not self.transport.is_closing():
+            self.paused = False
+            self.transport.resume_reading()
+            self._process()
+
+    # --- closing ----------------------------------------------------------------------------
+
+    def _fail(self, exc: TidewireError) -> None:
+        """Tell the client why, then close: the connection broke the protocol."""
+        log.info("closing a connection: %s", exc)
+        self.closing = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines(Connection.error_frame(exc))
+            self.transport.close()
+
+    def _close_when_done(self) -> None:
+        self.closing = True
+        if not self.tasks and self.transport is not None:
+            self.transport.close()
+
+    def _arm_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        cfg = self.server.config
+        midframe = self.conn.buffered_bytes > 0
+        timeout = cfg.frame_timeout_s if midframe else cfg.idle_timeout_s
+        self._timer = asyncio.get_running_loop().call_later(timeout, self._timed_out, midframe)
+
+    def _timed_out(self, midframe: bool) -> None:
+        if self.tasks:  # waiting on the broker (a long-poll) is not idleness
+            self._arm_timer()
+            return
+        what = "a frame was left half-sent" if midframe else "the connection was idle"
+        self._fail(ProtocolError(f"{what} for too long; closing"))
+
+
+class TcpServer:
+    """The binary-protocol listener.
+
+    Args:
+        broker: the broker requests go to (started by the caller).
+        config: listener settings.
+    """
+
+    def __init__(self, broker: Broker, config: ServerConfig | None = None) -> None:
+        self.broker = broker
+        self.config = config or ServerConfig()
+        self.connections: set[_ClientProtocol] = set()
+        self.info = ServerInfo(self.config.host, self.config.port)
+        self._server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        """The port listened on (the real one when the configured port was 0)."""
+        if self._server is None or not self._server.sockets:
+            return self.config.port
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self) -> None:
+        """Start listening."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _ClientProtocol(self), self.config.host, self.config.port
+        )
+        self.info = ServerInfo(self.config.host, self.port)
+        log.info("listening on %s:%d", self.config.host, self.port)
+
+    async def close(self, *, grace_s: float = 10.0) -> None:
+        """Stop accepting, let in-flight requests finish (up to ``grace_s``), close all."""
+        if self._server is not None:
+            self._server.close()
+        pending = [t for c in self.connections for t in c.tasks]
+        if pending:
+            await asyncio.wait(pending, timeout=grace_s)
+        for c in list(self.connections):
+            if c.transport is not None:
+                c.transport.close()
+        if self._server is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), grace_s)
+            self._server = None
+
+    async def __aenter__(self) -> TcpServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
