@@ -347,6 +347,10 @@ class Segment:
             return None
         expect, pos = self.index.lookup(offset)
         passed: tuple[int, int, int] | None = None  # position, base offset, size
+        # The walk from the index entry spans about one index interval: read that window
+        # once and parse the headers from memory (one pread, not one per batch).
+        window = b""
+        window_at = pos
         while True:
             if pos >= limit:
                 self._check_passed(passed)
@@ -358,9 +362,13 @@ class Segment:
                         f"no batch holds offset {offset} before byte {limit:,}",
                     )
                 )
-            head = self.file.pread(BATCH_OVERHEAD, pos)
+            rel = pos - window_at
+            if rel + BATCH_OVERHEAD > len(window):
+                window_at, rel = pos, 0
+                want = min(self.index_interval + BATCH_OVERHEAD, limit - pos)
+                window = self.file.pread(max(want, BATCH_OVERHEAD), pos)
             try:
-                h = parse_header(head)
+                h = parse_header(window, rel)
             except RecordBatchError as exc:
                 self._check_passed(passed)
                 raise CorruptBatchFound(BadBatch(self.log_path, pos, expect, str(exc))) from None
