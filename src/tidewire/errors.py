@@ -27,6 +27,7 @@ The tree::
     ├── InvalidTopicError             a topic name or partition count that is not allowed
     ├── UnknownPartitionError         no such partition in the topic
     ├── RequestTimedOutError          the request did not complete in its timeout (retriable)
+    ├── ConnectionLostError           (client side) the connection broke (retriable)
     └── ProtocolError                 a frame that breaks the binary protocol
         ├── FrameTooLargeError        a frame longer than the connection's limit
         ├── UnknownApiError           an API key the peer does not implement
@@ -46,6 +47,7 @@ __all__ = [
     "BackpressureError",
     "BatchLengthError",
     "BatchTooLargeError",
+    "ConnectionLostError",
     "CorruptBatchError",
     "DecompressionLimitError",
     "FrameTooLargeError",
@@ -296,3 +298,12 @@ class RequestTimedOutError(TidewireError):
     code = 74
     retriable = True
     description = "the request did not complete within its timeout"
+
+
+class ConnectionLostError(TidewireError):
+    """Raised by clients: the connection to the broker broke or could not be made. The
+    request may or may not have reached the broker."""
+
+    code = 75
+    retriable = True
+    description = "the connection to the broker was lost"

@@ -1,0 +1,345 @@
+"""The clients: :class:`AsyncClient` and its blocking twin :class:`Client`, with the same
+methods (the twin runs the async client on an event loop in a thread of its own).
+
+They cover administration (topics), producing record batches to a partition, fetching
+records from a partition and offset (with long-poll), and offsets by time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Coroutine, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from tidewire.errors import for_code
+from tidewire.protocol.messages import (
+    ACKS_DURABLE,
+    ACKS_NONE,
+    AlterTopicRequest,
+    ApiVersionsRequest,
+    CreateTopicRequest,
+    DeleteTopicRequest,
+    DescribeTopicRequest,
+    FetchPartition,
+    FetchRequest,
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    ListTopicsRequest,
+    PingRequest,
+    ProducePartition,
+    ProduceRequest,
+    TopicConfig,
+    TopicDescription,
+)
+from tidewire.records import BatchBuilder, Codec, Record, iter_batches, iter_records
+
+from ._transport import Transport
+
+__all__ = ["AsyncClient", "Client", "FetchedRecords", "Message"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message to produce."""
+
+    value: bytes | None
+    key: bytes | None = None
+    headers: Sequence[tuple[str, bytes | None]] = ()
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedRecords:
+    """Records read from one partition, and where to read next."""
+
+    records: list[Record]
+    next_offset: int
+    high_watermark: int
+
+
+def _raise(code: int, message: str) -> None:
+    if code:
+        raise for_code(code)(message)
+
+
+class AsyncClient:
+    """An asyncio client for one broker.
+
+    Args:
+        addr: ``"HOST:PORT"`` of the broker.
+        request_timeout_s: default timeout of each request.
+        connect_timeout_s: how long opening the connection may take.
+        max_in_flight: requests sent and not yet answered on the connection.
+
+    Use as ``async with AsyncClient("127.0.0.1:7400") as client``.
+    """
+
+    def __init__(
+        self,
+        addr: str = "127.0.0.1:7400",
+        *,
+        request_timeout_s: float = 30.0,
+        connect_timeout_s: float = 10.0,
+        max_in_flight: int = 64,
+    ) -> None:
+        self._t = Transport(
+            addr,
+            request_timeout_s=request_timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            max_in_flight=max_in_flight,
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection."""
+        await self._t.close()
+
+    async def _call(self, body: Any, data: Sequence[bytes] = ()) -> Any:
+        response = await self._t.request(body, data)
+        assert response is not None
+        return response
+
+    # --- admin ----------------------------------------------------------------------------------
+
+    async def ping(self) -> None:
+        """Round trip to the broker. Raises ConnectionLostError if it is unreachable."""
+        await self._call(PingRequest())
+
+    async def server_version(self) -> str:
+        return str(
+            (await self._call(ApiVersionsRequest(client_name="tidewire-py"))).body.server_version
+        )
+
+    async def create_topic(
+        self, name: str, partitions: int | None = None, config: TopicConfig | None = None
+    ) -> None:
+        """Create a topic (``partitions=None``: the broker's default).
+
+        Raises:
+            TopicExistsError, InvalidTopicError, InvalidConfigError.
+        """
+        body = (
+            await self._call(
+                CreateTopicRequest(name=name, partitions=partitions, config=config or TopicConfig())
+            )
+        ).body
+        _raise(body.error_code, body.error_message)
+
+    async def delete_topic(self, name: str) -> None:
+        """Raises UnknownTopicError."""
+        body = (await self._call(DeleteTopicRequest(name=name))).body
+        _raise(body.error_code, body.error_message)
+
+    async def list_topics(self) -> list[str]:
+        return list((await self._call(ListTopicsRequest())).body.topics)
+
+    async def describe_topic(self, name: str) -> TopicDescription:
+        """Partitions with their offsets, and the settings. Raises UnknownTopicError."""
+        body = (await self._call(DescribeTopicRequest(name=name))).body
+        _raise(body.error_code, body.error_message)
+        assert body.topic is not None
+        return body.topic  # type: ignore[no-any-return]
+
+    async def alter_topic(
+        self, name: str, *, partitions: int | None = None, config: TopicConfig | None = None
+    ) -> None:
+        """Add partitions and/or change settings. Raises UnknownTopicError, InvalidTopicError."""
+        req = AlterTopicRequest(name=name, partitions=partitions, config=config or TopicConfig())
+        body = (await self._call(req)).body
+        _raise(body.error_code, body.error_message)
+
+    # --- produce and fetch ----------------------------------------------------------------------
+
+    async def produce(
+        self,
+        topic: str,
+        partition: int,
+        messages: Iterable[Message],
+        *,
+        acks: int = ACKS_DURABLE,
+        codec: Codec = Codec.NONE,
+    ) -> int:
+        """Send ``messages`` as one batch to ``topic``/``partition``; return the base offset
+        (-1 with ``acks=0``, which gets no answer).
+
+        Raises:
+            UnknownTopicError, UnknownPartitionError, BatchTooLargeError, StorageError, ...:
+            the broker's per-partition error.
+        """
+        builder = BatchBuilder(codec=codec)
+        now = time.time_ns() // 1_000_000
+        for m in messages:
+            builder.append(
+                m.value,
+                key=m.key,
+                headers=m.headers,
+                timestamp_ms=now if m.timestamp_ms is None else m.timestamp_ms,
+            )
+        if not len(builder):
+            raise ValueError("produce() needs at least one message")
+        return await self.produce_batch(topic, partition, builder.build(), acks=acks)
+
+    async def produce_batch(
+        self, topic: str, partition: int, batch: bytes, *, acks: int = ACKS_DURABLE
+    ) -> int:
+        """Send a built record batch (or several, concatenated); return the base offset."""
+        req = ProduceRequest(acks=acks, partitions=[ProducePartition(topic, partition, len(batch))])
+        response = await self._t.request(req, [batch], expect_response=acks != ACKS_NONE)
+        if response is None:
+            return -1
+        (result,) = response.body.results
+        _raise(result.error_code, result.error_message)
+        return int(result.base_offset)
+
+    async def fetch(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int = 1024 * 1024,
+        max_wait_ms: int = 0,
+    ) -> FetchedRecords:
+        """Read records from ``offset`` on (long-poll up to ``max_wait_ms`` when there are
+        none yet). Records below ``offset`` in the first batch are skipped.
+
+        Raises:
+            UnknownTopicError, UnknownPartitionError, OffsetOutOfRangeError, ...
+        """
+        req = FetchRequest(
+            max_wait_ms=max_wait_ms,
+            max_bytes=max_bytes,
+            partitions=[FetchPartition(topic, partition, offset, max_bytes)],
+        )
+        timeout = self._t.request_timeout_s + max_wait_ms / 1000
+        response = await self._t.request(req, timeout_s=timeout)
+        assert response is not None
+        (result,) = response.body.partitions
+        _raise(result.error_code, result.error_message)
+        data = bytes(response.data[: result.size])
+        records: list[Record] = []
+        nxt = offset
+        for pos, h in iter_batches(data):
+            for rec in iter_records(memoryview(data)[pos : pos + h.size]):
+                if rec.offset >= offset:
+                    records.append(rec)
+            nxt = h.next_offset
+        return FetchedRecords(records, max(nxt, offset), int(result.high_watermark))
+
+    async def list_offset(self, topic: str, partition: int, timestamp: int) -> int:
+        """-2: earliest, -1: latest (high watermark), else the first offset at or after the
+        timestamp (ms)."""
+        req = ListOffsetsRequest(partitions=[ListOffsetsPartition(topic, partition, timestamp)])
+        (result,) = (await self._call(req)).body.results
+        _raise(result.error_code, result.error_message)
+        return int(result.offset)
+
+
+class Client:
+    """The blocking twin of :class:`AsyncClient`: the same methods, called without await.
+
+    It runs an event loop in a thread of its own; use as ``with Client(addr) as client``.
+    """
+
+    def __init__(self, addr: str = "127.0.0.1:7400", **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="tidewire-client", daemon=True
+        )
+        self._thread.start()
+        self._async = self._run(self._make(addr, kwargs))
+
+    @staticmethod
+    async def _make(addr: str, kwargs: dict[str, Any]) -> AsyncClient:
+        return AsyncClient(addr, **kwargs)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection and stop the client's thread."""
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self._async.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+    def ping(self) -> None:
+        self._run(self._async.ping())
+
+    def server_version(self) -> str:
+        return self._run(self._async.server_version())
+
+    def create_topic(
+        self, name: str, partitions: int | None = None, config: TopicConfig | None = None
+    ) -> None:
+        self._run(self._async.create_topic(name, partitions, config))
+
+    def delete_topic(self, name: str) -> None:
+        self._run(self._async.delete_topic(name))
+
+    def list_topics(self) -> list[str]:
+        return self._run(self._async.list_topics())
+
+    def describe_topic(self, name: str) -> TopicDescription:
+        return self._run(self._async.describe_topic(name))
+
+    def alter_topic(
+        self, name: str, *, partitions: int | None = None, config: TopicConfig | None = None
+    ) -> None:
+        self._run(self._async.alter_topic(name, partitions=partitions, config=config))
+
+    def produce(
+        self,
+        topic: str,
+        partition: int,
+        messages: Iterable[Message],
+        *,
+        acks: int = ACKS_DURABLE,
+        codec: Codec = Codec.NONE,
+    ) -> int:
+        return self._run(
+            self._async.produce(topic, partition, list(messages), acks=acks, codec=codec)
+        )
+
+    def produce_batch(
+        self, topic: str, partition: int, batch: bytes, *, acks: int = ACKS_DURABLE
+    ) -> int:
+        return self._run(self._async.produce_batch(topic, partition, batch, acks=acks))
+
+    def fetch(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int = 1024 * 1024,
+        max_wait_ms: int = 0,
+    ) -> FetchedRecords:
+        return self._run(
+            self._async.fetch(
+                topic, partition, offset, max_bytes=max_bytes, max_wait_ms=max_wait_ms
+            )
+        )
+
+    def list_offset(self, topic: str, partition: int, timestamp: int) -> int:
+        return self._run(self._async.list_offset(topic, partition, timestamp))

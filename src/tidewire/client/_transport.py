@@ -1,0 +1,227 @@
+"""The client side of one TCP connection: requests out, responses matched back to their
+callers by correlation id, over a sans-IO :class:`~tidewire.protocol.Connection`.
+
+One reader task per connection hands each response to the future of the request that asked
+for it. Requests wait for a free in-flight slot rather than fail, every request has a timeout,
+and a broken connection fails every request waiting on it with a retriable error; the next
+request opens a new connection, after a backoff that doubles up to a cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+from tidewire.errors import (
+    ConnectionLostError,
+    ProtocolError,
+    RequestTimedOutError,
+    TidewireError,
+)
+from tidewire.protocol import (
+    NEED_DATA,
+    Connection,
+    ConnectionClosed,
+    PushReceived,
+    ResponseReceived,
+    Role,
+)
+from tidewire.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Buffer
+from tidewire.protocol.messages import Body
+
+__all__ = ["Transport", "parse_addr"]
+
+log = logging.getLogger("tidewire.client")
+
+#: Bytes read from the socket at a time.
+READ_CHUNK = 256 * 1024
+#: First and largest pause before reconnecting after a failure (seconds).
+BACKOFF_MIN_S = 0.05
+BACKOFF_MAX_S = 5.0
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """``"HOST:PORT"`` -> ``(host, port)``.
+
+    Raises:
+        ValueError: not of that form.
+    """
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"address {addr!r} must be HOST:PORT with a port in 1..65535")
+    return host.strip("[]"), int(port)
+
+
+class Transport:
+    """A connection to one broker, opened on first use and reopened after a failure.
+
+    Args:
+        addr: ``"HOST:PORT"``.
+        connect_timeout_s: how long opening the connection may take.
+        request_timeout_s: default timeout of a request, response included.
+        max_in_flight: requests sent and not yet answered; more wait for a slot.
+        max_frame_bytes: the largest response frame accepted.
+    """
+
+    def __init__(
+        self,
+        addr: str,
+        *,
+        connect_timeout_s: float = 10.0,
+        request_timeout_s: float = 30.0,
+        max_in_flight: int = 64,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
+        self.host, self.port = parse_addr(addr)
+        self.connect_timeout_s = connect_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.max_in_flight = max_in_flight
+        self.max_frame_bytes = max_frame_bytes
+        self._conn: Connection | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._waiting: dict[int, asyncio.Future[ResponseReceived]] = {}
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._connect_lock = asyncio.Lock()
+        self._backoff = 0.0
+        self._closed = False
+
+    async def _connect(self) -> Connection:
+        async with self._connect_lock:
+            if self._conn is not None:
+                return self._conn
+            if self._closed:
+                raise ConnectionLostError("the client is closed")
+            if self._backoff:
+                await asyncio.sleep(self._backoff)
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.host, self.port), self.connect_timeout_s
+                )
+            except (OSError, TimeoutError) as exc:
+                self._backoff = min(max(self._backoff * 2, BACKOFF_MIN_S), BACKOFF_MAX_S)
+                raise ConnectionLostError(
+                    f"cannot connect to {self.host}:{self.port}: {exc or 'timed out'}"
+                ) from exc
+            self._backoff = 0.0
+            conn = Connection(
+                Role.CLIENT,
+                max_frame_bytes=self.max_frame_bytes,
+                max_in_flight=self.max_in_flight,
+            )
+            self._conn, self._writer = conn, writer
+            self._reader_task = asyncio.get_running_loop().create_task(
+                self._read_loop(conn, reader), name=f"tidewire reader {self.host}:{self.port}"
+            )
+            return conn
+
+    async def request(
+        self,
+        body: Body,
+        data: Sequence[Buffer] = (),
+        *,
+        timeout_s: float | None = None,
+        expect_response: bool = True,
+    ) -> ResponseReceived | None:
+        """Send one request and return its response (``None`` when none is expected).
+
+        Raises:
+            ConnectionLostError: no connection, or it broke before the response came.
+            RequestTimedOutError: no response within the timeout.
+            TidewireError: the broker refused the request as a whole (``response.error``).
+        """
+        timeout = self.request_timeout_s if timeout_s is None else timeout_s
+        async with self._slots:
+            conn = await self._connect()
+            corr, buffers = conn.send_request(body, data)
+            writer = self._writer
+            assert writer is not None
+            if not expect_response:
+                conn.forget(corr, expect_response=False)
+                writer.writelines(buffers)
+                await self._drain(writer)
+                return None
+            fut: asyncio.Future[ResponseReceived] = asyncio.get_running_loop().create_future()
+            self._waiting[corr] = fut
+            try:
+                writer.writelines(buffers)
+                await self._drain(writer)
+                response = await asyncio.wait_for(fut, timeout)
+            except TimeoutError:
+                if self._conn is conn:
+                    conn.forget(corr)
+                raise RequestTimedOutError(
+                    f"no response to {type(body).__name__} within {timeout:g} s"
+                ) from None
+            finally:
+                self._waiting.pop(corr, None)
+        if response.error is not None:
+            raise response.error
+        return response
+
+    async def _drain(self, writer: asyncio.StreamWriter) -> None:
+        try:
+            await writer.drain()
+        except (OSError, RuntimeError) as exc:  # RuntimeError: the transport is closing
+            self._drop(ConnectionLostError(f"writing to {self.host}:{self.port} failed: {exc}"))
+            raise ConnectionLostError(f"writing to {self.host}:{self.port} failed: {exc}") from exc
+
+    async def _read_loop(self, conn: Connection, reader: asyncio.StreamReader) -> None:
+        error: TidewireError = ConnectionLostError(f"{self.host}:{self.port} closed the connection")
+        try:
+            while True:
+                event = conn.next_event()
+                if event is NEED_DATA:
+                    try:
+                        chunk = await reader.read(READ_CHUNK)
+                    except OSError as exc:
+                        error = ConnectionLostError(f"reading from {self.host}:{self.port}: {exc}")
+                        return
+                    conn.receive_data(chunk)
+                    continue
+                if isinstance(event, ConnectionClosed):
+                    return
+                if isinstance(event, ResponseReceived):
+                    if event.correlation_id == -1 and event.error is not None:
+                        error = event.error  # the broker is closing the connection: why
+                        return
+                    fut = self._waiting.get(event.correlation_id)
+                    if fut is not None and not fut.done():
+                        fut.set_result(event)
+                elif isinstance(event, PushReceived):
+                    log.debug("push frame for subscription %d ignored", event.subscription_id)
+        except ProtocolError as exc:
+            error = exc
+        finally:
+            if self._conn is conn:
+                self._drop(error)
+
+    def _drop(self, error: TidewireError) -> None:
+        """Forget the connection and fail every request waiting on it."""
+        writer, self._writer, self._conn = self._writer, None, None
+        if writer is not None:
+            writer.close()
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(
+                    error
+                    if error.retriable
+                    else ConnectionLostError(f"connection lost: {error.message}")
+                )
+        self._waiting.clear()
+
+    async def close(self) -> None:
+        """Close the connection; waiting requests fail with ConnectionLostError."""
+        self._closed = True
+        self._drop(ConnectionLostError("the client was closed"))
+        task, self._reader_task = self._reader_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None
