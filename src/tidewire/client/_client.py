@@ -14,7 +14,7 @@ from collections.abc import Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from tidewire.errors import for_code
+from tidewire.errors import ConnectionLostError, for_code
 from tidewire.protocol.messages import (
     ACKS_DURABLE,
     ACKS_NONE,
@@ -36,7 +36,7 @@ from tidewire.protocol.messages import (
 )
 from tidewire.records import BatchBuilder, Codec, Record, iter_batches, iter_records
 
-from ._transport import Transport
+from ._transport import Transport, parse_addr
 
 __all__ = ["AsyncClient", "Client", "FetchedRecords", "Message"]
 
@@ -251,20 +251,49 @@ class Client:
     It runs an event loop in a thread of its own; use as ``with Client(addr) as client``.
     """
 
-    def __init__(self, addr: str = "127.0.0.1:7400", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        addr: str = "127.0.0.1:7400",
+        *,
+        request_timeout_s: float = 30.0,
+        connect_timeout_s: float = 10.0,
+        max_in_flight: int = 64,
+    ) -> None:
+        parse_addr(addr)  # a bad address fails here, before a thread is started
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="tidewire-client", daemon=True
         )
         self._thread.start()
-        self._async = self._run(self._make(addr, kwargs))
+        try:
+            self._async = self._run(
+                self._make(addr, request_timeout_s, connect_timeout_s, max_in_flight)
+            )
+        except BaseException:
+            self._stop_loop()
+            raise
 
     @staticmethod
-    async def _make(addr: str, kwargs: dict[str, Any]) -> AsyncClient:
-        return AsyncClient(addr, **kwargs)
+    async def _make(
+        addr: str, request_timeout_s: float, connect_timeout_s: float, max_in_flight: int
+    ) -> AsyncClient:
+        return AsyncClient(
+            addr,
+            request_timeout_s=request_timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            max_in_flight=max_in_flight,
+        )
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._loop.is_closed():
+            coro.close()
+            raise ConnectionLostError("the client is closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
 
     def __enter__(self) -> Client:
         return self
@@ -279,9 +308,7 @@ class Client:
         try:
             self._run(self._async.close())
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
+            self._stop_loop()
 
     def ping(self) -> None:
         self._run(self._async.ping())

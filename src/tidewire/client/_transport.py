@@ -105,6 +105,9 @@ class Transport:
                 raise ConnectionLostError(
                     f"cannot connect to {self.host}:{self.port}: {exc or 'timed out'}"
                 ) from exc
+            if self.closed:  # close() ran while connecting
+                writer.close()
+                raise ConnectionLostError("the client is closed")
             self._backoff = 0.0
             conn = Connection(
                 Role.CLIENT,
@@ -146,17 +149,20 @@ class Transport:
             fut: asyncio.Future[ResponseReceived] = asyncio.get_running_loop().create_future()
             self._waiting[corr] = fut
             try:
-                writer.writelines(buffers)
-                await self._drain(writer)
-                response = await asyncio.wait_for(fut, timeout)
+                async with asyncio.timeout(timeout):  # sending counts against it too
+                    writer.writelines(buffers)
+                    await self._drain(writer)
+                    response = await fut
             except TimeoutError:
-                if self._conn is conn:
-                    conn.forget(corr)
                 raise RequestTimedOutError(
                     f"no response to {type(body).__name__} within {timeout:g} s"
                 ) from None
             finally:
                 self._waiting.pop(corr, None)
+                answered = fut.done() and not fut.cancelled()
+                if not answered and self._conn is conn:
+                    # Timed out or cancelled: free its place, drop its late response.
+                    conn.forget(corr)
         if response.error is not None:
             raise response.error
         return response
@@ -205,11 +211,9 @@ class Transport:
             writer.close()
         for fut in self._waiting.values():
             if not fut.done():
-                fut.set_exception(
-                    error
-                    if error.retriable
-                    else ConnectionLostError(f"connection lost: {error.message}")
-                )
+                # As it is: a retriable loss, or the broker's reason (e.g. FrameTooLargeError,
+                # which resending would only repeat).
+                fut.set_exception(error)
         self._waiting.clear()
 
     async def close(self) -> None:
@@ -221,6 +225,11 @@ class Transport:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
 
     @property
     def connected(self) -> bool:

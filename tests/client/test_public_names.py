@@ -1,0 +1,85 @@
+"""The clients' public surface: the names ``tidewire.client`` exports, and the twin rule --
+:class:`Client` has every public method of :class:`AsyncClient`, with the same signature,
+called without ``await``."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+
+import pytest
+
+import tidewire.client
+from tidewire.client import AsyncClient, Client, FetchedRecords, Message
+from tidewire.client import _client as impl
+
+
+def public_methods(cls: type) -> dict[str, object]:
+    return {
+        name: member
+        for name, member in inspect.getmembers(cls, inspect.isfunction)
+        if not name.startswith("_")
+    }
+
+
+def test_exported_names() -> None:
+    assert tidewire.client.__all__ == ["AsyncClient", "Client", "FetchedRecords", "Message"]
+    for name in tidewire.client.__all__:
+        assert getattr(tidewire.client, name) is getattr(impl, name)
+    assert (AsyncClient, Client, FetchedRecords, Message) == (
+        impl.AsyncClient,
+        impl.Client,
+        impl.FetchedRecords,
+        impl.Message,
+    )
+
+
+def test_async_client_methods() -> None:
+    assert sorted(public_methods(AsyncClient)) == [
+        "alter_topic",
+        "close",
+        "create_topic",
+        "delete_topic",
+        "describe_topic",
+        "fetch",
+        "list_offset",
+        "list_topics",
+        "ping",
+        "produce",
+        "produce_batch",
+        "server_version",
+    ]
+    for name, method in public_methods(AsyncClient).items():
+        assert inspect.iscoroutinefunction(method), name
+
+
+def test_client_is_the_blocking_twin() -> None:
+    async_methods = public_methods(AsyncClient)
+    sync_methods = public_methods(Client)
+    assert sorted(sync_methods) == sorted(async_methods)
+    for name, method in sync_methods.items():
+        assert not inspect.iscoroutinefunction(method), name
+        assert inspect.signature(method) == inspect.signature(async_methods[name]), name  # type: ignore[arg-type]
+    assert inspect.iscoroutinefunction(AsyncClient.__aenter__)
+    assert inspect.iscoroutinefunction(AsyncClient.__aexit__)
+    assert not inspect.iscoroutinefunction(Client.__enter__)
+    assert not inspect.iscoroutinefunction(Client.__exit__)
+
+
+def test_client_takes_the_same_settings() -> None:
+    assert inspect.signature(Client.__init__) == inspect.signature(AsyncClient.__init__)
+
+
+def test_a_refused_client_leaves_no_thread() -> None:
+    before = set(threading.enumerate())
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        Client("nonsense")
+    leaked = [t for t in threading.enumerate() if t not in before]
+    try:
+        assert leaked == []
+    finally:
+        for thread in leaked:  # stop and close the loop the bug left running
+            loop = thread._target.__self__  # type: ignore[attr-defined]
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            loop.close()
