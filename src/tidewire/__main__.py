@@ -1,0 +1,5 @@
+"""``python -m tidewire``: the ``tidewire`` command."""
+
+from tidewire.cli import main
+
+main()
