@@ -190,11 +190,6 @@ def test_half_sent_frame_times_out(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="frame_timeout_s restarts with every chunk received: a frame dripped a byte at a "
-    "time never times out (slowloris)",
-)
 def test_frame_dripped_byte_by_byte_still_times_out(tmp_path: Path) -> None:
     """``frame_timeout_s`` bounds how long a frame may take from its first byte to its last,
     not the gap between two chunks of it."""
@@ -312,11 +307,6 @@ def test_client_vanishing_mid_request(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no write-side flow control (pause_writing is ignored): the responses to a client "
-    "that pipelines fetches and never reads pile up in the server's memory without bound",
-)
 def test_a_client_that_never_reads_fills_only_its_own_buffers(tmp_path: Path) -> None:
     """The server stops taking requests from a connection whose responses it cannot send, so
     what it holds for that connection stays within about ``max_in_flight`` responses.

@@ -40,11 +40,6 @@ def test_close_closes_idle_connections_and_stops_accepting(tmp_path: Path) -> No
     asyncio.run(main())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TcpServer.close() does not end waiting long-polls: it sits out its grace_s (10 s) "
-    "and then closes the connection without answering the fetch",
-)
 def test_close_finishes_an_in_flight_long_poll(tmp_path: Path) -> None:
     async def main() -> None:
         async with serve(tmp_path) as (_, server), Client.connect(server) as c:

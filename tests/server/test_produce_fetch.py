@@ -134,11 +134,6 @@ def test_produce_acks_none_gets_no_response_and_is_stored(tmp_path: Path) -> Non
     asyncio.run(main())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an acks=0 produce refused as a whole (sizes that do not add up) is answered with "
-    "an error response, though acks=0 promises no response at all",
-)
 def test_produce_acks_none_is_never_answered_even_when_refused(tmp_path: Path) -> None:
     """docs/protocol.md: with acks=0 the client forgets the request at once
     (``forget(id, expect_response=False)``); any answer to it breaks that client."""
@@ -356,11 +351,6 @@ def test_long_poll_returns_as_soon_as_another_connection_produces(tmp_path: Path
     asyncio.run(main())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the fetch handler swallows BackpressureError: over max_fetch_waiters a long-poll "
-    "gets an immediate empty response with error_code 0 instead of code 41",
-)
 def test_long_poll_over_max_fetch_waiters_is_refused_with_backpressure(tmp_path: Path) -> None:
     async def main() -> None:
         async with (

@@ -121,6 +121,7 @@ class Broker:
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
         self._n_waiters = 0
         self._closing = False
+        self._releases = 0  # bumped by release_waiters(): fetches waiting then return
         self._maintenance: asyncio.Task[None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -342,6 +343,7 @@ class Broker:
             )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
+        releases = self._releases
         while True:
             fut: asyncio.Future[None] = loop.create_future()
             keys = {(t, p) for t, p, _, _ in wants}
@@ -362,7 +364,8 @@ class Broker:
                             del self._waiters[key]
             results = self._read(wants, max_bytes)
             enough = sum(len(r.data) for r in results) >= min_bytes
-            if enough or self._closing or loop.time() >= deadline:
+            released = self._closing or self._releases != releases
+            if enough or released or loop.time() >= deadline:
                 return results
 
     def _read(
@@ -382,6 +385,15 @@ class Broker:
                 FetchResult(topic, partition, bytes(r.data), r.next_offset, hw, r.log_start_offset)
             )
         return out
+
+    def release_waiters(self) -> None:
+        """Make every fetch waiting now return at once with what it has (a listener that is
+        shutting down answers its long-polls instead of dropping them)."""
+        self._releases += 1
+        for futs in list(self._waiters.values()):
+            for fut in futs:
+                if not fut.done():
+                    fut.set_result(None)
 
     def _wake(self, topic: str, partition: int) -> None:
         for fut in self._waiters.pop((topic, partition), ()):

@@ -5,12 +5,13 @@ HTTP gateway) frames what they return.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tidewire import __version__
 from tidewire.broker import Broker
-from tidewire.errors import InvalidRequestError, TidewireError
+from tidewire.errors import BackpressureError, InvalidRequestError, TidewireError
 from tidewire.protocol.messages import (
     ACKS_DURABLE,
     ACKS_LEADER,
@@ -50,6 +51,8 @@ from tidewire.protocol.messages import (
 from tidewire.storage import LogConfig
 
 __all__ = ["HANDLERS", "Handler", "Reply", "ServerInfo"]
+
+log = logging.getLogger("tidewire.server")
 
 #: A handler's answer: the response body (``None``: no response, as for acks=none) and the
 #: data section's buffers.
@@ -190,6 +193,10 @@ async def produce(b: Broker, s: ServerInfo, req: ProduceRequest, data: memoryvie
         raise InvalidRequestError(f"acks={req.acks} must be 0 (none), 1 (leader) or -1 (durable)")
     total = sum(p.size for p in req.partitions)
     if total != len(data) or any(p.size <= 0 for p in req.partitions):
+        if req.acks == ACKS_NONE:
+            # acks=0 promises no response, not even this one (as in Kafka): it is logged.
+            log.warning("dropped an acks=0 produce whose sizes do not match its data")
+            return None, []
         raise InvalidRequestError(
             f"the partitions' sizes add up to {total:,} bytes but the data section has "
             f"{len(data):,}; each size must be > 0"
@@ -226,6 +233,8 @@ async def fetch(b: Broker, s: ServerInfo, req: FetchRequest, _: memoryview) -> R
         got = await b.fetch(
             wants, max_wait_ms=req.max_wait_ms, min_bytes=req.min_bytes, max_bytes=req.max_bytes
         )
+    except BackpressureError:
+        raise  # the whole request is refused: too many fetches are waiting
     except TidewireError:
         # One partition failed: read them one by one so the others still get their data.
         got = None

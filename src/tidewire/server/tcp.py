@@ -65,9 +65,11 @@ class _ClientProtocol(asyncio.Protocol):
         )
         self.transport: asyncio.Transport | None = None
         self.tasks: set[asyncio.Task[None]] = set()
-        self.paused = False
+        self.paused = False  # reading paused: max_in_flight requests await their answer
+        self.write_paused = False  # reading paused: the client does not read its answers
         self.closing = False
         self._timer: asyncio.TimerHandle | None = None
+        self._frame_started: float | None = None  # loop time the pending frame began
 
     # --- asyncio callbacks ------------------------------------------------------------------
 
@@ -95,6 +97,26 @@ class _ClientProtocol(asyncio.Protocol):
         self._process()
         return True  # keep the socket half-open until in-flight responses are written
 
+    def pause_writing(self) -> None:
+        # The client does not read what it is sent: take no new requests from it, so what
+        # waits in its send buffer stays within max_in_flight answers.
+        self.write_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._update_reading()
+        self._process()
+
+    def _update_reading(self) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        if self.paused or self.write_paused:
+            t.pause_reading()
+        else:
+            t.resume_reading()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
         if self._timer is not None:
@@ -105,7 +127,7 @@ class _ClientProtocol(asyncio.Protocol):
     # --- requests ---------------------------------------------------------------------------
 
     def _process(self) -> None:
-        while not self.closing:
+        while not self.closing and not self.write_paused:
             try:
                 event = self.conn.next_event()
             except ProtocolError as exc:
@@ -114,9 +136,9 @@ class _ClientProtocol(asyncio.Protocol):
             if event is NEED_DATA:
                 return
             if event is PAUSED:
-                if self.transport is not None and not self.paused:
-                    self.transport.pause_reading()
+                if not self.paused:
                     self.paused = True
+                    self._update_reading()
                 return
             if isinstance(event, ConnectionClosed):
                 self._close_when_done()
@@ -168,7 +190,7 @@ class _ClientProtocol(asyncio.Protocol):
     def _after_response(self) -> None:
         if self.paused and self.transport is not None and not self.transport.is_closing():
             self.paused = False
-            self.transport.resume_reading()
+            self._update_reading()
             self._process()
 
     # --- closing ----------------------------------------------------------------------------
@@ -190,9 +212,18 @@ class _ClientProtocol(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         cfg = self.server.config
+        loop = asyncio.get_running_loop()
         midframe = self.conn.buffered_bytes > 0
-        timeout = cfg.frame_timeout_s if midframe else cfg.idle_timeout_s
-        self._timer = asyncio.get_running_loop().call_later(timeout, self._timed_out, midframe)
+        if midframe:
+            # A frame must be whole within frame_timeout_s of its first byte, however it
+            # trickles in.
+            if self._frame_started is None:
+                self._frame_started = loop.time()
+            deadline = self._frame_started + cfg.frame_timeout_s
+        else:
+            self._frame_started = None
+            deadline = loop.time() + cfg.idle_timeout_s
+        self._timer = loop.call_at(deadline, self._timed_out, midframe)
 
     def _timed_out(self, midframe: bool) -> None:
         if self.tasks:  # waiting on the broker (a long-poll) is not idleness
@@ -237,6 +268,7 @@ class TcpServer:
         """Stop accepting, let in-flight requests finish (up to ``grace_s``), close all."""
         if self._server is not None:
             self._server.close()
+        self.broker.release_waiters()  # long-polls answer now with what they have
         pending = [t for c in self.connections for t in c.tasks]
         if pending:
             await asyncio.wait(pending, timeout=grace_s)
