@@ -3,11 +3,13 @@ SIGTERM, a clean drain."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,35 +57,36 @@ def test_version() -> None:
     assert result.output.strip() == f"tidewire {__version__}"
 
 
+@contextlib.contextmanager
+def _serving(data_dir: Path, *args: str) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """A ``tidewire serve`` process, killed at the end if the test did not stop it."""
+    proc, port = _start(data_dir, *args)
+    try:
+        yield proc, port
+    finally:
+        proc.kill()
+        proc.wait(timeout=STARTUP_S)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
 def test_serve_then_sigterm_drains_cleanly(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    proc, port = _start(data, "--fsync", "always", "--partitions", "2")
-    try:
+    with _serving(data, "--fsync", "always", "--partitions", "2") as (proc, port):
         with Client(f"127.0.0.1:{port}") as client:
             offset = client.produce("events", 1, [Message(b"hello", key=b"k")])
             assert offset == 0
             assert client.describe_topic("events").partitions[1].log_end_offset == 1
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=STARTUP_S) == 0
-    finally:
-        proc.kill()
-        proc.wait(timeout=STARTUP_S)
-        assert proc.stdout is not None
-        proc.stdout.close()
     assert (data / ".clean-shutdown").exists()
     # The data is there for the next run.
-    proc, port = _start(data)
-    try:
+    with _serving(data) as (proc, port):
         with Client(f"127.0.0.1:{port}") as client:
             got = client.fetch("events", 1, 0)
             assert [(r.offset, r.key, r.value) for r in got.records] == [(0, b"k", b"hello")]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=STARTUP_S) == 0
-    finally:
-        proc.kill()
-        proc.wait(timeout=STARTUP_S)
-        assert proc.stdout is not None
-        proc.stdout.close()
 
 
 def test_bad_option_is_refused(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tidewire import __version__
-from tidewire.broker import Broker
+from tidewire.broker import Broker, FetchResult
 from tidewire.errors import BackpressureError, InvalidRequestError, TidewireError
 from tidewire.protocol.messages import (
     ACKS_DURABLE,
@@ -229,35 +229,30 @@ async def produce(b: Broker, s: ServerInfo, req: ProduceRequest, data: memoryvie
 
 async def fetch(b: Broker, s: ServerInfo, req: FetchRequest, _: memoryview) -> Reply:
     wants = [(p.topic, p.partition, p.offset, p.max_bytes) for p in req.partitions]
+    outcome: list[FetchResult | TidewireError] = []
     try:
-        got = await b.fetch(
-            wants, max_wait_ms=req.max_wait_ms, min_bytes=req.min_bytes, max_bytes=req.max_bytes
+        outcome.extend(
+            await b.fetch(
+                wants,
+                max_wait_ms=req.max_wait_ms,
+                min_bytes=req.min_bytes,
+                max_bytes=req.max_bytes,
+            )
         )
     except BackpressureError:
         raise  # the whole request is refused: too many fetches are waiting
     except TidewireError:
         # One partition failed: read them one by one so the others still get their data.
-        got = None
+        for want in wants:
+            try:
+                outcome.extend(await b.fetch([want], max_bytes=req.max_bytes))
+            except TidewireError as exc:
+                outcome.append(exc)
     results: list[FetchPartitionResult] = []
     buffers: list[bytes] = []
-    if got is not None:
-        for r in got:
-            results.append(
-                FetchPartitionResult(
-                    topic=r.topic,
-                    partition=r.partition,
-                    size=len(r.data),
-                    high_watermark=r.high_watermark,
-                    log_start_offset=r.log_start_offset,
-                )
-            )
-            buffers.append(r.data)
-        return FetchResponse(partitions=results), buffers
-    for want in wants:
-        try:
-            (r,) = await b.fetch([want], max_bytes=req.max_bytes)
-        except TidewireError as exc:
-            results.append(FetchPartitionResult(topic=want[0], partition=want[1], **_err(exc)))
+    for want, r in zip(wants, outcome, strict=True):
+        if isinstance(r, TidewireError):
+            results.append(FetchPartitionResult(topic=want[0], partition=want[1], **_err(r)))
             continue
         results.append(
             FetchPartitionResult(
