@@ -529,6 +529,9 @@ def run_benchmark(root: str, s: Settings) -> dict[str, Any]:
         order = measurements[rep % len(measurements) :] + measurements[: rep % len(measurements)]
         for m in order:
             run_no += 1
+            # Start every run from the same disk state: what earlier runs left dirty in the
+            # page cache is written back now, untimed, not during the next run.
+            os.sync()
             if m.name == "raw_pwritev_batches":
                 r = raw_pwritev_batches(
                     os.path.join(root, "raw.dat"), batches, s.write_budget, s.seconds
