@@ -150,12 +150,11 @@ class LogManager:
                 plog.abandon()
             raise StorageError(f"cannot open data directory {d}: {exc}") from exc
         self._opened = True
-        log.info(
-            "opened %s: %d log(s), %s shutdown",
-            d,
-            len(self.logs),
-            "clean" if self.was_clean else "unclean",
-        )
+        if not names:
+            how = "a new data directory"
+        else:
+            how = "after a clean shutdown" if self.was_clean else "after an unclean stop"
+        log.info("opened %s (%s): %d log(s)", d, how, len(self.logs))
         return self
 
     def _read_recovery_points(self) -> dict[str, int]:
