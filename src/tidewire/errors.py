@@ -28,6 +28,11 @@ The tree::
     ├── UnknownPartitionError         no such partition in the topic
     ├── RequestTimedOutError          the request did not complete in its timeout (retriable)
     ├── ConnectionLostError           (client side) the connection broke (retriable)
+    ├── ProducerFencedError           a producer epoch older than the producer id's newest
+    ├── OutOfOrderSequenceError       a producer sequence that skips or goes back
+    ├── DuplicateSequenceError        a batch sent again that is too old to answer with offsets
+    ├── BufferFullError               (client side) the producer's buffer stayed full
+    ├── ProducerClosedError           (client side) a send to a producer that was closed
     └── ProtocolError                 a frame that breaks the binary protocol
         ├── FrameTooLargeError        a frame longer than the connection's limit
         ├── UnknownApiError           an API key the peer does not implement
@@ -47,9 +52,11 @@ __all__ = [
     "BackpressureError",
     "BatchLengthError",
     "BatchTooLargeError",
+    "BufferFullError",
     "ConnectionLostError",
     "CorruptBatchError",
     "DecompressionLimitError",
+    "DuplicateSequenceError",
     "FrameTooLargeError",
     "InvalidConfigError",
     "InvalidMagicError",
@@ -61,7 +68,10 @@ __all__ = [
     "LogFailedError",
     "LogNotFoundError",
     "OffsetOutOfRangeError",
+    "OutOfOrderSequenceError",
     "PartitionCorruptError",
+    "ProducerClosedError",
+    "ProducerFencedError",
     "ProtocolError",
     "RecordBatchError",
     "RecordCountError",
@@ -307,3 +317,43 @@ class ConnectionLostError(TidewireError):
     code = 75
     retriable = True
     description = "the connection to the broker was lost"
+
+
+class ProducerFencedError(TidewireError):
+    """A newer instance of the same producer id (a higher epoch) has started; this one may
+    not write any more."""
+
+    code = 76
+    description = "a newer epoch of this producer id exists; this producer is fenced"
+
+
+class OutOfOrderSequenceError(TidewireError):
+    """An idempotent batch whose sequence is not the next one the partition expects: a batch
+    in between was lost, or the producer's sequences are wrong. Nothing of it was stored."""
+
+    code = 77
+    description = "the batch's producer sequence is not the next one expected"
+
+
+class DuplicateSequenceError(TidewireError):
+    """An idempotent batch sent again that the partition stored already, but too long ago to
+    answer with its offsets (only the last few batches per producer are remembered)."""
+
+    code = 78
+    description = "the batch was stored before; its offsets are no longer known"
+
+
+class BufferFullError(TidewireError):
+    """Raised by the producer: its buffer memory stayed full for longer than it may wait."""
+
+    code = 79
+    retriable = True
+    description = "the producer's buffer is full"
+
+
+class ProducerClosedError(TidewireError):
+    """Raised by the producer: a send after close, or a message still buffered when the
+    producer was closed without flushing."""
+
+    code = 80
+    description = "the producer is closed"
