@@ -1,0 +1,166 @@
+"""Embedded mode: a whole broker inside your program.
+
+The same broker core and TCP server that ``tidewire serve`` runs, started by a Python
+program, in its own event loop or on a background thread::
+
+    from tidewire.embedded import EmbeddedBroker
+
+    async with EmbeddedBroker("./data") as eb:          # listens on 127.0.0.1, a free port
+        async with eb.client() as client:                # an AsyncClient connected to it
+            await client.produce("events", 0, [Message(b"hello")])
+        eb.broker.describe("events")                     # or call the broker core directly
+
+    with EmbeddedBroker("./data").running() as eb:       # from plain synchronous code
+        with Client(eb.addr) as client:
+            client.produce("events", 0, [Message(b"hello")])
+
+Leaving the ``async with`` (or the ``with``) drains like a SIGTERM to the server: the listener
+stops accepting, in-flight requests finish, every log is flushed and the clean-shutdown marker
+is written. ``listen=False`` runs the broker core alone (no socket), for programs that call
+it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from tidewire.broker import Broker, BrokerConfig
+from tidewire.client import AsyncClient
+from tidewire.errors import InvalidConfigError
+from tidewire.server import ServerConfig, TcpServer
+
+__all__ = ["EmbeddedBroker"]
+
+#: How long :meth:`EmbeddedBroker.running` waits for the broker to start or to stop (s).
+THREAD_TIMEOUT_S = 120.0
+
+
+class EmbeddedBroker:
+    """A broker (and, unless ``listen=False``, its TCP server) in this process.
+
+    Args:
+        data_dir: where the logs live (created if missing).
+        host, port: where the server listens (``port=0``: a free port; see :attr:`addr`).
+        listen: start the TCP server; ``False``: the broker core only.
+        server: listener settings (``host``/``port`` above override its own).
+        **broker_settings: :class:`~tidewire.broker.BrokerConfig` fields (for example
+            ``default_partitions=3``, ``log=LogConfig(fsync=FsyncPolicy.ALWAYS)``).
+
+    Raises:
+        InvalidConfigError: a setting out of its range.
+    """
+
+    def __init__(
+        self,
+        data_dir: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        listen: bool = True,
+        server: ServerConfig | None = None,
+        **broker_settings: Any,
+    ) -> None:
+        try:
+            self.config = BrokerConfig(data_dir=str(data_dir), **broker_settings)
+        except TypeError as exc:
+            raise InvalidConfigError(f"not a broker setting: {exc}") from None
+        self.server_config = replace(server or ServerConfig(), host=host, port=port)
+        self.listen = listen
+        self.broker = Broker(self.config)
+        self.server: TcpServer | None = None
+
+    @property
+    def addr(self) -> str:
+        """``"HOST:PORT"`` the server listens on (once started).
+
+        Raises:
+            RuntimeError: not listening.
+        """
+        if self.server is None:
+            raise RuntimeError("the embedded broker is not listening")
+        return f"{self.server_config.host}:{self.server.port}"
+
+    async def start(self) -> None:
+        """Open the data directory, then start listening."""
+        await self.broker.start()
+        if self.listen:
+            server = TcpServer(self.broker, self.server_config)
+            try:
+                await server.start()
+            except BaseException:
+                await self.broker.close()
+                raise
+            self.server = server
+
+    async def close(self) -> None:
+        """Drain: stop accepting, finish in-flight requests, flush and close the logs."""
+        server, self.server = self.server, None
+        try:
+            if server is not None:
+                await server.close()
+        finally:
+            await self.broker.close()
+
+    async def __aenter__(self) -> EmbeddedBroker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def client(self, **options: Any) -> AsyncClient:
+        """An :class:`~tidewire.client.AsyncClient` for this broker (``options``: its own)."""
+        return AsyncClient(self.addr, **options)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[EmbeddedBroker]:
+        """Run the broker on a background thread with its own event loop, for synchronous
+        programs; leaving the ``with`` drains it and joins the thread.
+
+        Raises:
+            InvalidConfigError, StorageError, OSError: it could not start (raised here).
+        """
+        loop = asyncio.new_event_loop()
+        started = threading.Event()
+        failure: list[BaseException] = []
+        stop: asyncio.Event | None = None
+
+        async def main() -> None:
+            nonlocal stop
+            stop = asyncio.Event()
+            try:
+                await self.start()
+            except BaseException as exc:
+                failure.append(exc)
+                started.set()
+                return
+            started.set()
+            await stop.wait()
+            try:
+                await self.close()
+            except BaseException as exc:  # raised to the caller after the thread ends
+                failure.append(exc)
+
+        thread = threading.Thread(
+            target=loop.run_until_complete, args=(main(),), name="tidewire embedded broker"
+        )
+        thread.start()
+        try:
+            if not started.wait(THREAD_TIMEOUT_S):
+                raise TimeoutError(f"the embedded broker did not start in {THREAD_TIMEOUT_S} s")
+            if failure:
+                raise failure.pop()
+            yield self
+        finally:
+            if stop is not None:
+                loop.call_soon_threadsafe(stop.set)
+            thread.join(THREAD_TIMEOUT_S)
+            if not thread.is_alive():
+                loop.close()
+        if failure:  # the drain failed (a log could not be flushed)
+            raise failure.pop()
