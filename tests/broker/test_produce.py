@@ -27,7 +27,7 @@ from tidewire.errors import (
     UnknownTopicError,
 )
 from tidewire.records import Codec
-from tidewire.storage import LogConfig
+from tidewire.storage import FsyncPolicy, LogConfig
 
 GOOD = batch([b"first", b"second"])
 
@@ -220,5 +220,28 @@ def test_concurrent_requests_each_land_at_consecutive_offsets(
                 assert not span & claimed[p]
                 claimed[p] |= span
             assert claimed == {p: set(range(len(stored[p]))) for p in (0, 1)}
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("policy", "durable", "fsynced"),
+    [
+        (FsyncPolicy.ALWAYS, None, True),  # acks=durable under always: after the fsync
+        (FsyncPolicy.INTERVAL, None, False),  # acks=durable under interval: written only
+        (FsyncPolicy.INTERVAL, True, True),  # asked for an fsync: one happens
+        (FsyncPolicy.ALWAYS, False, False),  # acks=leader: written only, fsynced later
+    ],
+)
+def test_what_a_produce_waits_for(
+    tmp_path: Path, policy: FsyncPolicy, durable: bool | None, fsynced: bool
+) -> None:
+    async def main() -> None:
+        cfg = config(tmp_path, log=LogConfig(fsync=policy, flush_interval_ms=3_600_000))
+        async with Broker(cfg) as broker:
+            await broker.produce("t", 0, batch([b"a"]), durable=durable)
+            plog = broker.log("t", 0)
+            assert plog.log_end_offset == 1
+            assert (plog.flushed_offset == 1) is fsynced
 
     asyncio.run(main())

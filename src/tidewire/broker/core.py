@@ -40,6 +40,7 @@ from tidewire.errors import (
     PartitionCorruptError,
     ProducerFencedError,
     StorageError,
+    TidewireError,
     TopicExistsError,
     UnknownPartitionError,
     UnknownTopicError,
@@ -151,6 +152,7 @@ class Broker:
         self._releases = 0  # bumped by release_waiters(): fetches waiting then return
         self._maintenance: asyncio.Task[None] | None = None
         self._producer_task: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
         self._producers: dict[tuple[str, int], PartitionProducers] = {}
         self._epochs: dict[int, int] = {}  # producer id -> newest epoch known
         self._ids: ProducerIds | None = None
@@ -180,6 +182,8 @@ class Broker:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         self._maintenance = self._producer_task = None
+        if self._background:  # fsyncs that make acks=leader batches visible: let them end
+            await asyncio.gather(*self._background, return_exceptions=True)
         for futs in self._waiters.values():
             for fut in futs:
                 if not fut.done():
@@ -302,7 +306,7 @@ class Broker:
         partition: int,
         data: bytes | memoryview,
         *,
-        durable: bool = False,
+        durable: bool | None = None,
     ) -> ProduceResult:
         """Append the whole batches in ``data`` to one partition, creating the topic first if
         auto-creation is on.
@@ -310,9 +314,11 @@ class Broker:
         Args:
             topic, partition: where.
             data: one or more whole batches, concatenated.
-            durable: ``True``: return once fsynced, whatever the topic's policy
-                (acks=durable); ``False``: as the topic's fsync policy promises (acks=leader;
-                under ``always`` that is fsynced too, so what consumers may read moves on).
+            durable: ``None`` (acks=durable): return once the batches are as durable as the
+                topic's fsync policy promises (under ``always``: fsynced; under ``interval``
+                and ``never``: written to the log, fsynced later); ``False`` (acks=leader):
+                once written to the log, without waiting for an fsync under any policy;
+                ``True``: once fsynced, whatever the policy.
 
         Raises:
             UnknownTopicError, UnknownPartitionError: no such place (auto-creation off).
@@ -335,8 +341,9 @@ class Broker:
         batches = self._split(view, plog.config.max_batch_bytes)
         if all(h.producer_id < 0 for _, _, h in batches):
             infos = await plog.append_many_async(
-                [view[start:end] for start, end, _ in batches], durable=True if durable else None
+                [view[start:end] for start, end, _ in batches], durable=durable
             )
+            self._visible_after_flush(topic, partition, plog, infos[-1].last_offset + 1, durable)
             self._wake(topic, partition)
             return ProduceResult(infos[0].base_offset, infos[-1].last_offset, plog.log_start_offset)
         return await self._produce_idempotent((topic, partition), plog, view, batches, durable)
@@ -347,7 +354,7 @@ class Broker:
         plog: PartitionLog,
         view: memoryview,
         batches: list[tuple[int, int, BatchHeader]],
-        durable: bool,
+        durable: bool | None,
     ) -> ProduceResult:
         """Produce batches of which some carry a producer id: each is stored unless it is a
         remembered batch sent again, which is answered with its original offsets."""
@@ -373,13 +380,14 @@ class Broker:
             next_offset += h.last_offset_delta + 1
         if appends:
             try:
-                infos = await plog.append_many_async(appends, durable=True if durable else None)
+                infos = await plog.append_many_async(appends, durable=durable)
             except BaseException:
                 done.set_result(False)
                 for pid in {pid for pid, _ in recorded}:
                     state.forget(pid, [b for p, b in recorded if p == pid])
                 raise
             done.set_result(True)
+            self._visible_after_flush(*key, plog, infos[-1].last_offset + 1, durable)
             self._wake(*key)
             if infos[0].base_offset != places[plan.index(None)][0]:  # cannot happen: loud
                 raise StorageError(
@@ -395,9 +403,31 @@ class Broker:
                 raise StorageError(
                     "the first copy of this batch failed to be stored; send it again"
                 )
-            if durable or plog.config.fsync is FsyncPolicy.ALWAYS:
+            if durable or (durable is None and plog.config.fsync is FsyncPolicy.ALWAYS):
                 await plog.wait_durable(dup.last_offset + 1)
         return ProduceResult(places[0][0], places[-1][1], plog.log_start_offset)
+
+    def _visible_after_flush(
+        self, topic: str, partition: int, plog: PartitionLog, end: int, durable: bool | None
+    ) -> None:
+        """Under ``always`` consumers see only fsynced batches: when the producer did not wait
+        for the fsync (acks=leader), start one anyway and wake the long-polls once it is
+        done, so what was acknowledged becomes visible."""
+        if durable is not False or plog.config.fsync is not FsyncPolicy.ALWAYS:
+            return
+        if plog.flushed_offset >= end:
+            return
+
+        async def flush_then_wake() -> None:
+            try:
+                await plog.wait_durable(end)
+            except TidewireError as exc:  # the log refuses writes now; readers see below
+                log.error("fsync of %s failed: %s", plog.directory, exc)
+            self._wake(topic, partition)
+
+        task = asyncio.get_running_loop().create_task(flush_then_wake())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     @staticmethod
     def _split(view: memoryview, max_batch_bytes: int) -> list[tuple[int, int, BatchHeader]]:

@@ -203,7 +203,9 @@ async def produce(b: Broker, s: ServerInfo, req: ProduceRequest, data: memoryvie
             f"the partitions' sizes add up to {total:,} bytes but the data section has "
             f"{len(data):,}; each size must be > 0"
         )
-    durable = req.acks == ACKS_DURABLE
+    # acks=durable: as durable as the topic's fsync policy promises; leader (and none): once
+    # written to the log, without waiting for an fsync.
+    durable = None if req.acks == ACKS_DURABLE else False
     results: list[ProducePartitionResult] = []
     pos = 0
     for part in req.partitions:
