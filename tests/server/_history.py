@@ -24,6 +24,7 @@ def check_history(
     sent: Iterable[bytes],
     acks: Iterable[Ack],
     read: Mapping[int, Sequence[tuple[int, bytes | None]]],
+    orders: Iterable[Sequence[bytes]] = (),
 ) -> list[str]:
     """The problems of one history (empty: none).
 
@@ -32,11 +33,14 @@ def check_history(
         acks: every acknowledged produce.
         read: partition -> ``(offset, value)`` of every record read from it, from offset 0
             to its end, in the order read.
+        orders: sequences of values that must be read in that order, in one partition (what
+            one producer sent to one partition).
 
     Returns:
         One line per problem: offsets that are not contiguous from 0, a value read twice, a
         value read that nobody sent, an acknowledged value missing (lost) or read at another
-        offset than the one acknowledged (misplaced, reordered).
+        offset than the one acknowledged (misplaced, reordered), a producer's values read
+        out of the order it sent them (reordered).
     """
     problems: list[str] = []
     sent_values = set(sent)
@@ -67,4 +71,16 @@ def check_history(
                     f"misplaced: {value!r} acknowledged at {want[0]}/{want[1]}, "
                     f"read at {got[0]}/{got[1]}"
                 )
+    for order in orders:
+        last: tuple[int, int] | None = None
+        for value in order:
+            got = where.get(value)
+            if got is None:
+                continue  # never stored (if it was acknowledged, it is reported as lost)
+            if last is not None and (got[0] != last[0] or got[1] <= last[1]):
+                problems.append(
+                    f"reordered: {value!r} read at {got[0]}/{got[1]}, after a value sent "
+                    f"before it read at {last[0]}/{last[1]}"
+                )
+            last = got
     return problems

@@ -1,7 +1,7 @@
-"""Every API over the wire, answered by a real broker: api versions, ping, metadata, the topic
-APIs with the error codes of their response bodies, INIT_PRODUCER_ID refused with
-UnknownApiError, and well-framed requests that fail alone (unknown API, unsupported version,
-a body that is not the schema) while the connection goes on.
+"""Every API over the wire, answered by a real broker: api versions, ping, producer ids,
+metadata, the topic APIs with the error codes of their response bodies, and well-framed
+requests that fail alone (unknown API, unsupported version, a body that is not the schema)
+while the connection goes on.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from tidewire.errors import (
     InvalidConfigError,
     InvalidRequestError,
     InvalidTopicError,
+    ProducerFencedError,
     TopicExistsError,
     UnknownApiError,
     UnknownTopicError,
@@ -36,6 +37,7 @@ from tidewire.protocol.messages import (
     DescribeTopicResponse,
     ErrorBody,
     InitProducerIdRequest,
+    InitProducerIdResponse,
     ListTopicsRequest,
     ListTopicsResponse,
     MetadataRequest,
@@ -47,8 +49,8 @@ from tidewire.protocol.messages import (
 )
 from tidewire.server.handlers import HANDLERS
 
-#: What this server answers: every API but INIT_PRODUCER_ID (idempotence is not built yet).
-SERVED = set(ApiKey) - {ApiKey.INIT_PRODUCER_ID}
+#: What this server answers: every API.
+SERVED = set(ApiKey)
 
 
 def test_api_versions_lists_exactly_the_served_apis(tmp_path: Path) -> None:
@@ -65,16 +67,27 @@ def test_api_versions_lists_exactly_the_served_apis(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
-def test_ping_and_init_producer_id_is_unknown_api(tmp_path: Path) -> None:
+def test_ping_and_init_producer_id(tmp_path: Path) -> None:
     async def main() -> None:
         async with serve(tmp_path) as (_, server), Client.connect(server) as c:
             assert isinstance(await c.call(PingRequest()), PingResponse)
-            event = await c.rpc(InitProducerIdRequest())
-            assert event.api_key == ApiKey.INIT_PRODUCER_ID
-            assert isinstance(event.error, UnknownApiError)
-            assert event.error.code == 52
-            assert "INIT_PRODUCER_ID" in event.error.message
-            await c.ping()  # only that request failed
+            first = await c.call(InitProducerIdRequest())
+            second = await c.call(InitProducerIdRequest())
+            assert isinstance(first, InitProducerIdResponse)
+            assert (first.producer_epoch, second.producer_epoch) == (0, 0)
+            assert second.producer_id != first.producer_id
+            bumped = await c.call(
+                InitProducerIdRequest(producer_id=first.producer_id, producer_epoch=0)
+            )
+            assert (bumped.producer_id, bumped.producer_epoch) == (first.producer_id, 1)
+            stale = await c.call(
+                InitProducerIdRequest(producer_id=first.producer_id, producer_epoch=0)
+            )
+            assert stale.error_code == ProducerFencedError.code
+            never = await c.call(InitProducerIdRequest(producer_id=10**9, producer_epoch=0))
+            assert never.error_code == InvalidRequestError.code
+            assert "never handed out" in never.error_message
+            await c.ping()  # errors in the body leave the connection as it was
 
     asyncio.run(main())
 

@@ -33,3 +33,15 @@ def test_a_clean_history_has_no_problem() -> None:
 def test_each_fault_is_found(read: dict[int, list[tuple[int, bytes]]], problem: str) -> None:
     problems = check_history(SENT, ACKS, read)
     assert any(problem in p for p in problems), problems
+
+
+def test_a_producer_order_broken_is_found() -> None:
+    orders = [[b"a", b"b", b"d"]]
+    assert check_history(SENT, ACKS, CLEAN, orders) == []
+    swapped = {0: [(0, b"a"), (1, b"d"), (2, b"b")], 1: [(0, b"c")]}
+    problems = check_history(SENT, [], swapped, orders)
+    assert problems == ["reordered: b'd' read at 0/1, after a value sent before it read at 0/2"], (
+        problems
+    )
+    # A value never stored (and not acknowledged) does not break the order of the rest.
+    assert check_history(SENT, [], {0: [(0, b"a"), (1, b"d")]}, orders) == []

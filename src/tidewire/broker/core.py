@@ -15,9 +15,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
+from tidewire.broker.producers import (
+    MAX_EPOCH,
+    PRODUCER_IDS_FILE,
+    SNAPSHOT_FILE,
+    PartitionProducers,
+    ProducerIds,
+    StoredBatch,
+    decode_snapshot,
+    encode_snapshot,
+)
 from tidewire.errors import (
     BackpressureError,
     BatchTooLargeError,
@@ -25,12 +36,17 @@ from tidewire.errors import (
     InvalidRequestError,
     InvalidTopicError,
     LogNotFoundError,
+    OffsetOutOfRangeError,
+    PartitionCorruptError,
+    ProducerFencedError,
+    StorageError,
     TopicExistsError,
     UnknownPartitionError,
     UnknownTopicError,
 )
-from tidewire.records import iter_batches
+from tidewire.records import BatchHeader, iter_batches
 from tidewire.storage import FsyncPolicy, LogConfig, LogManager, PartitionLog
+from tidewire.storage.fs import write_atomic
 from tidewire.storage.log import check_appendable
 from tidewire.storage.manager import MAX_PARTITION, validate_topic_name
 
@@ -58,6 +74,11 @@ class BrokerConfig:
         max_fetch_waiters: long-poll fetches waiting at once; more are refused with
             :class:`~tidewire.errors.BackpressureError`.
         max_wait_ms: the longest a fetch may wait for data.
+        producer_expiration_ms: an idempotent producer that has not written to a partition
+            for this long is forgotten there (its next batch may start at any sequence).
+        producer_snapshot_interval_ms: how often the state of idempotent producers is
+            snapshotted (it is also snapshotted at a clean shutdown), which bounds how much
+            of each log a start after a crash reads to rebuild it.
     """
 
     data_dir: str
@@ -66,6 +87,8 @@ class BrokerConfig:
     log: LogConfig = field(default_factory=LogConfig)
     max_fetch_waiters: int = 10_000
     max_wait_ms: int = 30_000
+    producer_expiration_ms: int = 7 * 24 * 3600 * 1000
+    producer_snapshot_interval_ms: int = 60_000
 
     def __post_init__(self) -> None:
         if not 1 <= self.default_partitions <= MAX_PARTITION:
@@ -76,6 +99,10 @@ class BrokerConfig:
             raise InvalidConfigError("max_fetch_waiters must be >= 1")
         if not 0 <= self.max_wait_ms <= 3_600_000:
             raise InvalidConfigError(f"max_wait_ms={self.max_wait_ms} must be within 0..3,600,000")
+        if self.producer_expiration_ms < 1:
+            raise InvalidConfigError("producer_expiration_ms must be >= 1")
+        if self.producer_snapshot_interval_ms < 1:
+            raise InvalidConfigError("producer_snapshot_interval_ms must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,29 +150,43 @@ class Broker:
         self._closing = False
         self._releases = 0  # bumped by release_waiters(): fetches waiting then return
         self._maintenance: asyncio.Task[None] | None = None
+        self._producer_task: asyncio.Task[None] | None = None
+        self._producers: dict[tuple[str, int], PartitionProducers] = {}
+        self._epochs: dict[int, int] = {}  # producer id -> newest epoch known
+        self._ids: ProducerIds | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Open the data directory (recovering it) and start the background work."""
         self.logs.open()
-        self._maintenance = asyncio.get_running_loop().create_task(
-            self.logs.run(), name="log maintenance"
-        )
+        try:
+            self._load_producers()
+        except BaseException:
+            self.logs.close()
+            raise
+        loop = asyncio.get_running_loop()
+        self._maintenance = loop.create_task(self.logs.run(), name="log maintenance")
         self._maintenance.add_done_callback(_log_task_failure)
+        self._producer_task = loop.create_task(self._producer_upkeep(), name="producer upkeep")
+        self._producer_task.add_done_callback(_log_task_failure)
 
     async def close(self) -> None:
         """Stop the background work, wake every waiting fetch, flush and close the logs."""
         self._closing = True  # a fetch woken from here on returns instead of waiting again
-        if self._maintenance is not None:
-            self._maintenance.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._maintenance
-            self._maintenance = None
+        for task in (self._maintenance, self._producer_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._maintenance = self._producer_task = None
         for futs in self._waiters.values():
             for fut in futs:
                 if not fut.done():
                     fut.set_result(None)
+        if self._ids is not None:  # started, and not closed before
+            self._write_snapshots(self._take_snapshots(only_changed=False))
+            self._ids = None
         await self.logs.close_async()
 
     async def __aenter__(self) -> Broker:
@@ -198,6 +239,7 @@ class Broker:
             raise UnknownTopicError(f"topic {name!r} does not exist") from None
         for p in parts:
             self._wake(name, p)
+            self._producers.pop((name, p), None)
         log.info("deleted topic %s", name)
 
     def alter_topic(
@@ -276,25 +318,91 @@ class Broker:
             UnknownTopicError, UnknownPartitionError: no such place (auto-creation off).
             RecordBatchError: a malformed batch (no batch of ``data`` is stored).
             BatchTooLargeError: a batch over the topic's ``max_batch_bytes``.
+            ProducerFencedError, OutOfOrderSequenceError, DuplicateSequenceError: an
+                idempotent batch that may not be stored (see docs/protocol.md); nothing of
+                ``data`` is stored.
             StorageError, PartitionCorruptError, LogFailedError: the log refused.
+
+        An idempotent batch sent again (one of its producer's last five in this partition)
+        is not stored twice: the result gives its original offsets.
         """
         view = memoryview(data)
         plog = self.logs.logs.get((topic, partition))
         if plog is None and self.config.auto_create_topics and (topic, 0) not in self.logs.logs:
-            batches = self._split(view, self.config.log.max_batch_bytes)  # before creating
+            self._split(view, self.config.log.max_batch_bytes)  # before creating
             self.create_topic(topic)
         plog = self.log(topic, partition)
         batches = self._split(view, plog.config.max_batch_bytes)
-        infos = await plog.append_many_async(
-            [view[start:end] for start, end in batches], durable=True if durable else None
-        )
-        self._wake(topic, partition)
-        return ProduceResult(infos[0].base_offset, infos[-1].last_offset, plog.log_start_offset)
+        if all(h.producer_id < 0 for _, _, h in batches):
+            infos = await plog.append_many_async(
+                [view[start:end] for start, end, _ in batches], durable=True if durable else None
+            )
+            self._wake(topic, partition)
+            return ProduceResult(infos[0].base_offset, infos[-1].last_offset, plog.log_start_offset)
+        return await self._produce_idempotent((topic, partition), plog, view, batches, durable)
+
+    async def _produce_idempotent(
+        self,
+        key: tuple[str, int],
+        plog: PartitionLog,
+        view: memoryview,
+        batches: list[tuple[int, int, BatchHeader]],
+        durable: bool,
+    ) -> ProduceResult:
+        """Produce batches of which some carry a producer id: each is stored unless it is a
+        remembered batch sent again, which is answered with its original offsets."""
+        state = self._producers.setdefault(key, PartitionProducers())
+        plan = state.plan([h for _, _, h in batches], self._epochs)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[bool] = loop.create_future()
+        now = int(time.time() * 1000)
+        next_offset = plog.log_end_offset
+        recorded: list[tuple[int, StoredBatch]] = []
+        places: list[tuple[int, int]] = []
+        appends: list[memoryview] = []
+        for (start, end, h), dup in zip(batches, plan, strict=True):
+            if dup is not None:
+                places.append((dup.base_offset, dup.last_offset))
+                continue
+            places.append((next_offset, next_offset + h.last_offset_delta))
+            appends.append(view[start:end])
+            if h.producer_id >= 0:
+                recorded.append((h.producer_id, state.record(h, next_offset, now, done)))
+                if h.producer_epoch > self._epochs.get(h.producer_id, -1):
+                    self._epochs[h.producer_id] = h.producer_epoch
+            next_offset += h.last_offset_delta + 1
+        if appends:
+            try:
+                infos = await plog.append_many_async(appends, durable=True if durable else None)
+            except BaseException:
+                done.set_result(False)
+                for pid in {pid for pid, _ in recorded}:
+                    state.forget(pid, [b for p, b in recorded if p == pid])
+                raise
+            done.set_result(True)
+            self._wake(*key)
+            if infos[0].base_offset != places[plan.index(None)][0]:  # cannot happen: loud
+                raise StorageError(
+                    f"{plog.directory}: batches stored at {infos[0].base_offset}, expected "
+                    f"{places[plan.index(None)][0]}"
+                )
+        else:
+            done.set_result(True)
+        for dup in plan:
+            if dup is None:
+                continue
+            if dup.done is not None and not await asyncio.shield(dup.done):
+                raise StorageError(
+                    "the first copy of this batch failed to be stored; send it again"
+                )
+            if durable or plog.config.fsync is FsyncPolicy.ALWAYS:
+                await plog.wait_durable(dup.last_offset + 1)
+        return ProduceResult(places[0][0], places[-1][1], plog.log_start_offset)
 
     @staticmethod
-    def _split(view: memoryview, max_batch_bytes: int) -> list[tuple[int, int]]:
+    def _split(view: memoryview, max_batch_bytes: int) -> list[tuple[int, int, BatchHeader]]:
         """Check every batch of ``view`` before any is appended: all or nothing."""
-        out: list[tuple[int, int]] = []
+        out: list[tuple[int, int, BatchHeader]] = []
         pos = 0
         if not len(view):
             raise InvalidRequestError("a produce request needs at least one batch")
@@ -304,9 +412,119 @@ class Broker:
                 raise BatchTooLargeError(
                     f"batch of {h.size:,} bytes exceeds max_batch_bytes={max_batch_bytes:,}"
                 )
-            out.append((pos, pos + h.size))
+            out.append((pos, pos + h.size, h))
             pos += h.size
         return out
+
+    # --- idempotent producers -------------------------------------------------------------------
+
+    async def init_producer_id(
+        self, producer_id: int = -1, producer_epoch: int = -1
+    ) -> tuple[int, int]:
+        """A producer identity: a new id with epoch 0 (``producer_id`` = -1), or the same id
+        with the next epoch, which fences every older instance of that producer.
+
+        Raises:
+            ProducerFencedError: ``producer_epoch`` is older than the id's newest epoch.
+            InvalidRequestError: an id this broker never handed out, or an epoch without id.
+            StorageError: the next block of ids could not be reserved on disk.
+        """
+        ids = self._ids
+        if ids is None:
+            raise InvalidRequestError("the broker is not running")
+        if producer_id >= 0:
+            if not ids.issued(producer_id):
+                raise InvalidRequestError(f"producer id {producer_id} was never handed out")
+            newest = self._epochs.get(producer_id, -1)
+            if producer_epoch < newest:
+                raise ProducerFencedError(
+                    f"producer id {producer_id} epoch {producer_epoch} is fenced: epoch "
+                    f"{newest} exists"
+                )
+            if producer_epoch < MAX_EPOCH:
+                self._epochs[producer_id] = producer_epoch + 1
+                return producer_id, producer_epoch + 1
+        elif producer_epoch != -1:
+            raise InvalidRequestError("producer_epoch needs a producer_id")
+        if ids.next_needs_reserve():
+            try:
+                await asyncio.to_thread(ids.reserve)
+            except OSError as exc:
+                raise StorageError(f"cannot reserve producer ids: {exc}") from exc
+        pid = ids.take()
+        self._epochs[pid] = 0
+        return pid, 0
+
+    def _load_producers(self) -> None:
+        """Rebuild every partition's producer state: a valid snapshot, then the batch headers
+        of the log from the snapshot's offset on."""
+        now = int(time.time() * 1000)
+        for key, plog in self.logs.logs.items():
+            state, start = self._read_snapshot(plog)
+            for h in _headers_from(plog, start):
+                state.observe(h, h.max_timestamp if h.max_timestamp > 0 else now)
+            state.changed = True  # written again at the next snapshot
+            self._producers[key] = state
+            for pid, entry in state.entries.items():
+                if entry.epoch > self._epochs.get(pid, -1):
+                    self._epochs[pid] = entry.epoch
+        path = f"{self.logs.data_dir}/{PRODUCER_IDS_FILE}"
+        try:
+            self._ids = ProducerIds(self.logs.fs, path, max(self._epochs, default=-1))
+        except ValueError as exc:
+            raise StorageError(str(exc)) from None
+
+    def _read_snapshot(self, plog: PartitionLog) -> tuple[PartitionProducers, int]:
+        path = f"{plog.directory}/{SNAPSHOT_FILE}"
+        fs = self.logs.fs
+        try:
+            if fs.exists(path):
+                offset, state = decode_snapshot(fs.read_file(path))
+                if offset <= plog.log_end_offset:
+                    return state, max(offset, plog.log_start_offset)
+                log.warning(
+                    "%s: producer snapshot at offset %d is past the log end %d; rebuilding "
+                    "from the log",
+                    plog.directory,
+                    offset,
+                    plog.log_end_offset,
+                )
+                fs.remove(path)
+        except (OSError, ValueError) as exc:
+            log.warning("%s: producer snapshot not used: %s", plog.directory, exc)
+        return PartitionProducers(), plog.log_start_offset
+
+    def _take_snapshots(self, *, only_changed: bool) -> list[tuple[str, bytes]]:
+        """On the loop: the snapshot file of every partition's producer state (that changed)."""
+        out: list[tuple[str, bytes]] = []
+        for (topic, p), state in self._producers.items():
+            plog = self.logs.logs.get((topic, p))
+            if plog is None or plog.closed or (only_changed and not state.changed):
+                continue
+            out.append(
+                (f"{plog.directory}/{SNAPSHOT_FILE}", encode_snapshot(state, plog.log_end_offset))
+            )
+            state.changed = False
+        return out
+
+    def _write_snapshots(self, snapshots: list[tuple[str, bytes]]) -> None:
+        """Write snapshots taken by :meth:`_take_snapshots` (blocking I/O). A snapshot that
+        cannot be written is only logged: the next start reads more of the log instead."""
+        for path, data in snapshots:
+            try:
+                write_atomic(self.logs.fs, path, data)
+            except OSError as exc:
+                log.error("writing the producer snapshot %s failed: %s", path, exc)
+
+    async def _producer_upkeep(self) -> None:
+        """Until cancelled: expire idle producers and snapshot the changed states."""
+        period = self.config.producer_snapshot_interval_ms / 1000
+        while True:
+            await asyncio.sleep(period)
+            cutoff = int(time.time() * 1000) - self.config.producer_expiration_ms
+            for state in self._producers.values():
+                state.expire(cutoff)
+            await asyncio.to_thread(self._write_snapshots, self._take_snapshots(only_changed=True))
 
     # --- fetch ----------------------------------------------------------------------------------
 
@@ -418,6 +636,23 @@ class Broker:
     def batch_count(data: bytes) -> int:
         """How many whole batches ``data`` holds (a helper for callers and tests)."""
         return sum(1 for _ in iter_batches(data, verify=False))
+
+
+def _headers_from(plog: PartitionLog, offset: int) -> Iterator[BatchHeader]:
+    """The headers of the log's batches from the one holding ``offset`` to the end (or to
+    corruption, past which nothing is served)."""
+    end = plog.log_end_offset
+    while offset < end:
+        try:
+            r = plog.read(offset, 4 * 1024 * 1024)
+        except (PartitionCorruptError, OffsetOutOfRangeError):
+            return
+        if not r.data:
+            return
+        for _, h in iter_batches(r.data, verify=False):
+            if h.last_offset >= offset:
+                yield h
+        offset = r.next_offset
 
 
 def _high_watermark(plog: PartitionLog) -> int:

@@ -160,6 +160,10 @@ class Transport:
             finally:
                 self._waiting.pop(corr, None)
                 answered = fut.done() and not fut.cancelled()
+                if answered:
+                    # A failure _drop set while this request raised its own (a failed
+                    # write) counts as seen: no "exception was never retrieved" at exit.
+                    fut.exception()
                 if not answered and self._conn is conn:
                     # Timed out or cancelled: free its place, drop its late response.
                     conn.forget(corr)

@@ -31,6 +31,8 @@ from tidewire.protocol.messages import (
     FetchPartitionResult,
     FetchRequest,
     FetchResponse,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
     ListOffsetsResult,
@@ -279,6 +281,16 @@ async def list_offsets(b: Broker, s: ServerInfo, req: ListOffsetsRequest, _: mem
     return ListOffsetsResponse(results=results), []
 
 
+async def init_producer_id(
+    b: Broker, s: ServerInfo, req: InitProducerIdRequest, _: memoryview
+) -> Reply:
+    try:
+        pid, epoch = await b.init_producer_id(req.producer_id, req.producer_epoch)
+    except TidewireError as exc:
+        return InitProducerIdResponse(**_err(exc)), []
+    return InitProducerIdResponse(producer_id=pid, producer_epoch=epoch), []
+
+
 HANDLERS: dict[int, Handler] = {
     ApiKey.API_VERSIONS: api_versions,
     ApiKey.PING: ping,
@@ -291,6 +303,5 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.PRODUCE: produce,
     ApiKey.FETCH: fetch,
     ApiKey.LIST_OFFSETS: list_offsets,
+    ApiKey.INIT_PRODUCER_ID: init_producer_id,
 }
-# INIT_PRODUCER_ID has no handler yet: idempotent producers are not implemented, and the
-# server answers it with UnknownApiError rather than pretend.

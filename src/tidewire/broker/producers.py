@@ -1,0 +1,341 @@
+"""Idempotent producers: what each producer id stored last in a partition, so that a batch sent
+again is stored once, a batch that skips a sequence is refused, and an older instance of a
+producer is fenced (the rules are in docs/protocol.md, "Idempotent producers").
+
+A :class:`PartitionProducers` holds one partition's state; it is rebuilt at start from the batch
+headers of the log (:meth:`PartitionProducers.observe`), from a snapshot onwards when one is
+valid (:func:`encode_snapshot`, :func:`decode_snapshot`). :class:`ProducerIds` hands out
+producer ids that one data directory never hands out twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from tidewire.errors import (
+    DuplicateSequenceError,
+    InvalidRequestError,
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+)
+from tidewire.records.batch import BatchHeader
+from tidewire.storage.fs import FileSystem, write_atomic
+
+__all__ = [
+    "KEEP_BATCHES",
+    "SEQ_MOD",
+    "PartitionProducers",
+    "ProducerEntry",
+    "ProducerIds",
+    "StoredBatch",
+    "decode_snapshot",
+    "encode_snapshot",
+]
+
+#: Sequences are int32 and wrap from 2**31 - 1 to 0.
+SEQ_MOD = 1 << 31
+#: Batches per producer and partition whose offsets a duplicate is answered with.
+KEEP_BATCHES = 5
+#: The largest producer epoch; a producer at it gets a new id when it asks again.
+MAX_EPOCH = 32767
+#: Producer ids are reserved on disk in blocks of this many.
+ID_BLOCK = 1000
+#: Name of the snapshot file in a partition's directory.
+SNAPSHOT_FILE = "producers.snapshot"
+#: Name of the file in the data directory that holds the next free block of producer ids.
+PRODUCER_IDS_FILE = "producer_ids"
+
+
+@dataclass(slots=True)
+class StoredBatch:
+    """An idempotent batch a partition stored (or is storing)."""
+
+    first_seq: int
+    last_seq: int
+    base_offset: int
+    last_offset: int
+    #: While its append is in flight: resolves to True once stored, False if it failed.
+    done: asyncio.Future[bool] | None = None
+
+
+@dataclass(slots=True)
+class ProducerEntry:
+    """One producer id's state in one partition.
+
+    ``last_seq`` is None after an append of this producer failed: the partition no longer
+    knows which sequence comes next, so it takes any (duplicates of the remembered batches are
+    still recognised).
+    """
+
+    epoch: int
+    last_seq: int | None
+    last_ms: int
+    batches: deque[StoredBatch] = field(default_factory=lambda: deque(maxlen=KEEP_BATCHES))
+
+
+def _last_seq(h: BatchHeader) -> int:
+    return (h.base_sequence + h.last_offset_delta) % SEQ_MOD
+
+
+class PartitionProducers:
+    """The idempotent producers of one partition."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, ProducerEntry] = {}
+        #: Whether the state changed since the last snapshot.
+        self.changed = False
+
+    def plan(
+        self, headers: Sequence[BatchHeader], epochs: dict[int, int]
+    ) -> list[StoredBatch | None]:
+        """Decide, for each batch of one produce request, whether to store it (``None``) or
+        whether it is a remembered batch sent again (that batch). All or nothing: an error for
+        any batch raises before anything is changed.
+
+        Args:
+            headers: the request's batches for this partition, in order.
+            epochs: producer id -> the newest epoch the broker knows of.
+
+        Raises:
+            ProducerFencedError: an epoch older than the producer id's newest.
+            OutOfOrderSequenceError: a sequence that is not the next one.
+            DuplicateSequenceError: a batch stored before, too long ago to answer.
+        """
+        out: list[StoredBatch | None] = []
+        planned: dict[int, tuple[int, int]] = {}  # producer id -> (epoch, last seq) so far
+        for h in headers:
+            pid = h.producer_id
+            if pid < 0:
+                out.append(None)
+                continue
+            epoch, first, last = h.producer_epoch, h.base_sequence, _last_seq(h)
+            if epoch < 0 or first < 0:
+                raise InvalidRequestError(
+                    f"an idempotent batch (producer id {pid}) needs producer_epoch >= 0 and "
+                    f"base_sequence >= 0, not {epoch} and {first}"
+                )
+            newest = epochs.get(pid, -1)
+            if epoch < newest:
+                raise ProducerFencedError(
+                    f"producer id {pid} epoch {epoch} is fenced: epoch {newest} exists"
+                )
+            entry = self.entries.get(pid)
+            state = planned.get(pid)
+            if state is None and entry is not None:
+                state = (entry.epoch, -1 if entry.last_seq is None else entry.last_seq)
+            if state is None or (state[1] == -1 and epoch == state[0]):
+                # A producer this partition holds nothing of (or lost track of): any sequence,
+                # but a batch it remembers is still answered as a duplicate.
+                dup = self._remembered(entry, epoch, first, last) if pid not in planned else None
+                if dup is not None:
+                    out.append(dup)
+                    continue
+            elif epoch < state[0]:
+                raise ProducerFencedError(
+                    f"producer id {pid} epoch {epoch} is fenced: epoch {state[0]} wrote here"
+                )
+            elif epoch > state[0]:
+                if first != 0:
+                    raise OutOfOrderSequenceError(
+                        f"producer id {pid}: the first batch of epoch {epoch} has sequence "
+                        f"{first}, not 0"
+                    )
+            elif first != (state[1] + 1) % SEQ_MOD:
+                dup = self._remembered(entry, epoch, first, last) if pid not in planned else None
+                if dup is not None:
+                    out.append(dup)
+                    continue
+                behind = (state[1] - last) % SEQ_MOD
+                if entry is not None and pid not in planned and behind < SEQ_MOD // 2:
+                    raise DuplicateSequenceError(
+                        f"producer id {pid}: sequences {first}..{last} were stored before "
+                        f"(last stored: {state[1]}); only the last {KEEP_BATCHES} batches' "
+                        "offsets are kept"
+                    )
+                raise OutOfOrderSequenceError(
+                    f"producer id {pid} epoch {epoch}: sequence {first} where "
+                    f"{(state[1] + 1) % SEQ_MOD} was next"
+                )
+            planned[pid] = (epoch, last)
+            out.append(None)
+        return out
+
+    @staticmethod
+    def _remembered(
+        entry: ProducerEntry | None, epoch: int, first: int, last: int
+    ) -> StoredBatch | None:
+        if entry is None or entry.epoch != epoch:
+            return None
+        for b in entry.batches:
+            if b.first_seq == first and b.last_seq == last:
+                return b
+        return None
+
+    def record(
+        self,
+        h: BatchHeader,
+        base_offset: int,
+        now_ms: int,
+        done: asyncio.Future[bool] | None = None,
+    ) -> StoredBatch:
+        """Remember that ``h`` is stored (or being stored) from ``base_offset`` on."""
+        last = _last_seq(h)
+        b = StoredBatch(h.base_sequence, last, base_offset, base_offset + h.last_offset_delta, done)
+        entry = self.entries.get(h.producer_id)
+        if entry is None or entry.epoch != h.producer_epoch:
+            entry = self.entries[h.producer_id] = ProducerEntry(h.producer_epoch, last, now_ms)
+        else:
+            entry.last_seq, entry.last_ms = last, now_ms
+        entry.batches.append(b)
+        self.changed = True
+        return b
+
+    def forget(self, pid: int, batches: Iterable[StoredBatch]) -> None:
+        """Appends of ``batches`` failed: drop them, and take any next sequence from ``pid``."""
+        entry = self.entries.get(pid)
+        if entry is None:
+            return
+        gone = {id(b) for b in batches}
+        kept = [b for b in entry.batches if id(b) not in gone]
+        entry.batches.clear()
+        entry.batches.extend(kept)
+        entry.last_seq = None
+        self.changed = True
+
+    def observe(self, h: BatchHeader, now_ms: int) -> None:
+        """Take a batch read from the log into the state (rebuilding it at start)."""
+        if h.producer_id >= 0:
+            self.record(h, h.base_offset, now_ms)
+
+    def expire(self, older_than_ms: int) -> int:
+        """Forget producers whose last write here is older than ``older_than_ms``."""
+        old = [pid for pid, e in self.entries.items() if e.last_ms < older_than_ms]
+        for pid in old:
+            del self.entries[pid]
+        if old:
+            self.changed = True
+        return len(old)
+
+
+# --- snapshots ----------------------------------------------------------------------------------
+
+
+class _SnapBatch(msgspec.Struct, array_like=True):
+    first_seq: int
+    last_seq: int
+    base_offset: int
+    last_offset: int
+
+
+class _SnapEntry(msgspec.Struct, array_like=True):
+    producer_id: int
+    epoch: int
+    last_seq: int  # -1: unknown
+    last_ms: int
+    batches: list[_SnapBatch]
+
+
+class _Snapshot(msgspec.Struct):
+    version: int
+    offset: int
+    entries: list[_SnapEntry]
+
+
+def encode_snapshot(state: PartitionProducers, offset: int) -> bytes:
+    """The state, as it is with the log ending at ``offset``. Batches still in flight are
+    left out (they are not in the log yet; their producers resync on their next batch)."""
+    entries = []
+    for pid, e in sorted(state.entries.items()):
+        kept = [b for b in e.batches if b.done is None or (b.done.done() and b.done.result())]
+        flying = len(kept) != len(e.batches)
+        entries.append(
+            _SnapEntry(
+                pid,
+                e.epoch,
+                -1 if e.last_seq is None or flying else e.last_seq,
+                e.last_ms,
+                [
+                    _SnapBatch(b.first_seq, b.last_seq, b.base_offset, b.last_offset)
+                    for b in kept
+                    if b.last_offset < offset
+                ],
+            )
+        )
+    return msgspec.msgpack.encode(_Snapshot(1, offset, entries))
+
+
+def decode_snapshot(data: bytes) -> tuple[int, PartitionProducers]:
+    """The log end offset a snapshot was taken at, and the state.
+
+    Raises:
+        ValueError: the snapshot cannot be read.
+    """
+    try:
+        snap = msgspec.msgpack.decode(data, type=_Snapshot)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"unreadable producer snapshot: {exc}") from None
+    if snap.version != 1:
+        raise ValueError(f"producer snapshot version {snap.version} is not supported")
+    state = PartitionProducers()
+    for e in snap.entries:
+        entry = ProducerEntry(e.epoch, None if e.last_seq < 0 else e.last_seq, e.last_ms)
+        entry.batches.extend(
+            StoredBatch(b.first_seq, b.last_seq, b.base_offset, b.last_offset) for b in e.batches
+        )
+        state.entries[e.producer_id] = entry
+    return snap.offset, state
+
+
+# --- producer ids -------------------------------------------------------------------------------
+
+
+class ProducerIds:
+    """Hands out producer ids: a block of :data:`ID_BLOCK` ids is reserved on disk (atomically,
+    in ``PRODUCER_IDS_FILE``) before any id of it is handed out, so an id is never handed out
+    twice, even across crashes.
+
+    Args:
+        fs: the data directory's file system.
+        path: the file's path.
+        seen: the largest producer id found in the logs (-1: none).
+    """
+
+    def __init__(self, fs: FileSystem, path: str, seen: int = -1) -> None:
+        self.fs = fs
+        self.path = path
+        reserved = 0
+        if fs.exists(path):
+            try:
+                reserved = int(json.loads(fs.read_file(path))["next_block"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path} is unreadable: {exc}") from None
+        self._next = max(reserved, seen + 1)
+        self._block_end = self._next  # nothing reserved for this run yet
+
+    def next_needs_reserve(self) -> bool:
+        """Whether :meth:`take` must reserve a new block on disk first."""
+        return self._next >= self._block_end
+
+    def reserve(self) -> None:
+        """Reserve the next block on disk (blocking I/O: run it off the event loop)."""
+        end = self._block_end if self._next < self._block_end else self._next + ID_BLOCK
+        write_atomic(self.fs, self.path, json.dumps({"next_block": end}).encode() + b"\n")
+        self._block_end = end
+
+    def take(self) -> int:
+        """The next producer id (call :meth:`reserve` first when it is needed)."""
+        if self.next_needs_reserve():
+            raise RuntimeError("no producer id reserved")
+        pid = self._next
+        self._next += 1
+        return pid
+
+    def issued(self, pid: int) -> bool:
+        """Whether ``pid`` may have been handed out by this data directory."""
+        return 0 <= pid < self._next

@@ -1,0 +1,309 @@
+"""Idempotent producers in the broker: a batch sent again is stored once and answered with its
+original offsets; sequences that skip are refused; an older epoch is fenced; the state survives
+a clean restart (snapshot), an unclean one (rebuilt from the log), and a snapshot that is past
+the log's end; producer ids are never handed out twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.broker._support import T0, config, read_all
+from tidewire.broker import Broker
+from tidewire.broker.producers import (
+    ID_BLOCK,
+    KEEP_BATCHES,
+    PRODUCER_IDS_FILE,
+    SEQ_MOD,
+    SNAPSHOT_FILE,
+    PartitionProducers,
+    decode_snapshot,
+    encode_snapshot,
+)
+from tidewire.errors import (
+    DuplicateSequenceError,
+    InvalidRequestError,
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+)
+from tidewire.records import BatchBuilder, parse_header
+from tidewire.storage import FsyncPolicy, LogConfig
+
+
+def pbatch(pid: int, epoch: int, seq: int, values: Sequence[bytes]) -> bytes:
+    """A batch of producer ``pid``/``epoch`` with sequences ``seq`` .. ``seq+len-1``."""
+    b = BatchBuilder(producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+    for v in values:
+        b.append(v, timestamp_ms=T0)
+    return b.build()
+
+
+async def stored(broker: Broker, topic: str = "t", partition: int = 0) -> list[bytes | None]:
+    return [r.value for r in await read_all(broker, topic, partition)]
+
+
+def test_a_batch_sent_again_is_stored_once_with_its_offsets(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Broker(config(tmp_path)) as b:
+            pid, epoch = await b.init_producer_id()
+            first = await b.produce("t", 0, pbatch(pid, epoch, 0, [b"a", b"b"]))
+            second = await b.produce("t", 0, pbatch(pid, epoch, 2, [b"c"]))
+            again = await b.produce("t", 0, pbatch(pid, epoch, 0, [b"a", b"b"]))
+            assert (again.base_offset, again.last_offset) == (first.base_offset, 1)
+            again2 = await b.produce("t", 0, pbatch(pid, epoch, 2, [b"c"]))
+            assert again2.base_offset == second.base_offset == 2
+            # Not idempotent: stored every time.
+            await b.produce("t", 0, pbatch(-1, -1, -1, [b"x"]))
+            await b.produce("t", 0, pbatch(-1, -1, -1, [b"x"]))
+            assert await stored(b) == [b"a", b"b", b"c", b"x", b"x"]
+
+    asyncio.run(main())
+
+
+def test_sequences_that_skip_or_are_too_old(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Broker(config(tmp_path)) as b:
+            pid, epoch = await b.init_producer_id()
+            for i in range(KEEP_BATCHES + 2):
+                await b.produce("t", 0, pbatch(pid, epoch, i, [b"v%d" % i]))
+            with pytest.raises(OutOfOrderSequenceError, match="sequence 9 where 7 was next"):
+                await b.produce("t", 0, pbatch(pid, epoch, 9, [b"gap"]))
+            # Sequence 0 is older than the last five batches: stored, offsets forgotten.
+            with pytest.raises(DuplicateSequenceError, match="stored before"):
+                await b.produce("t", 0, pbatch(pid, epoch, 0, [b"v0"]))
+            # A remembered batch with other bounds is not the same batch.
+            with pytest.raises(OutOfOrderSequenceError):
+                await b.produce("t", 0, pbatch(pid, epoch, 5, [b"v5", b"v6", b"zz"]))
+            # A new epoch must start at 0.
+            with pytest.raises(OutOfOrderSequenceError, match="not 0"):
+                await b.produce("t", 0, pbatch(pid, epoch + 1, 3, [b"e1"]))
+            assert len(await stored(b)) == KEEP_BATCHES + 2
+
+    asyncio.run(main())
+
+
+def test_a_request_is_all_or_nothing(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Broker(config(tmp_path)) as b:
+            pid, epoch = await b.init_producer_id()
+            ok = pbatch(pid, epoch, 0, [b"a"])
+            bad = pbatch(pid, epoch, 5, [b"b"])
+            with pytest.raises(OutOfOrderSequenceError):
+                await b.produce("t", 0, ok + bad)
+            assert await stored(b) == []
+            # Two batches in one request that follow each other: both stored.
+            r = await b.produce("t", 0, ok + pbatch(pid, epoch, 1, [b"b", b"c"]))
+            assert (r.base_offset, r.last_offset) == (0, 2)
+            # The same request again: both are duplicates.
+            r2 = await b.produce("t", 0, ok + pbatch(pid, epoch, 1, [b"b", b"c"]))
+            assert (r2.base_offset, r2.last_offset) == (0, 2)
+            assert await stored(b) == [b"a", b"b", b"c"]
+
+    asyncio.run(main())
+
+
+def test_an_older_epoch_is_fenced(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Broker(config(tmp_path)) as b:
+            pid, epoch = await b.init_producer_id()
+            await b.produce("t", 0, pbatch(pid, epoch, 0, [b"old"]))
+            pid2, epoch2 = await b.init_producer_id(pid, epoch)
+            assert (pid2, epoch2) == (pid, epoch + 1)
+            # The old instance can write nowhere any more, not even where the new one has not.
+            with pytest.raises(ProducerFencedError):
+                await b.produce("t", 0, pbatch(pid, epoch, 1, [b"zombie"]))
+            with pytest.raises(ProducerFencedError):
+                await b.produce("other", 0, pbatch(pid, epoch, 0, [b"zombie"]))
+            with pytest.raises(ProducerFencedError):
+                await b.init_producer_id(pid, epoch)
+            await b.produce("t", 0, pbatch(pid, epoch2, 0, [b"new"]))
+            assert await stored(b) == [b"old", b"new"]
+            with pytest.raises(InvalidRequestError, match="never handed out"):
+                await b.init_producer_id(pid + 10 * ID_BLOCK, 0)
+            with pytest.raises(InvalidRequestError, match="needs a producer_id"):
+                await b.init_producer_id(-1, 3)
+
+    asyncio.run(main())
+
+
+def test_sequences_wrap_around(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Broker(config(tmp_path)) as b:
+            pid, epoch = await b.init_producer_id()
+            # A producer this partition holds nothing of may start anywhere.
+            await b.produce("t", 0, pbatch(pid, epoch, SEQ_MOD - 2, [b"a", b"b"]))
+            await b.produce("t", 0, pbatch(pid, epoch, 0, [b"c"]))
+            r = await b.produce("t", 0, pbatch(pid, epoch, SEQ_MOD - 2, [b"a", b"b"]))
+            assert r.base_offset == 0
+            with pytest.raises(OutOfOrderSequenceError):
+                await b.produce("t", 0, pbatch(pid, epoch, 2, [b"d"]))
+            assert await stored(b) == [b"a", b"b", b"c"]
+
+    asyncio.run(main())
+
+
+def test_a_duplicate_of_a_batch_in_flight_waits_for_it(tmp_path: Path) -> None:
+    async def main() -> None:
+        cfg = config(tmp_path, log=LogConfig(fsync=FsyncPolicy.ALWAYS))
+        async with Broker(cfg) as b:
+            pid, epoch = await b.init_producer_id()
+            data = pbatch(pid, epoch, 0, [b"a"])
+            r1, r2 = await asyncio.gather(b.produce("t", 0, data), b.produce("t", 0, data))
+            assert r1 == r2
+            assert b.log("t", 0).flushed_offset == 1
+            assert await stored(b) == [b"a"]
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("stop", ["clean", "crash"])
+def test_state_survives_a_restart(tmp_path: Path, stop: str) -> None:
+    cfg = config(tmp_path, log=LogConfig(fsync=FsyncPolicy.ALWAYS))
+    ids: list[tuple[int, int]] = []
+
+    async def before() -> None:
+        b = Broker(cfg)
+        await b.start()
+        ids.append(await b.init_producer_id())
+        ids.append(await b.init_producer_id())
+        (p1, e1), (p2, e2) = ids
+        for i in range(3):
+            await b.produce("t", 0, pbatch(p1, e1, i, [b"p1-%d" % i]))
+            await b.produce("t", 0, pbatch(p2, e2, i * 2, [b"p2-%d" % i, b"p2-%dx" % i]))
+        if stop == "clean":
+            await b.close()
+        else:  # as after a SIGKILL: everything acknowledged is fsynced; no snapshot, no marker
+            for plog in b.logs.logs.values():
+                plog.abandon()
+
+    async def after() -> None:
+        (p1, e1), (p2, e2) = ids
+        async with Broker(cfg) as b:
+            assert b.logs.was_clean is (stop == "clean")
+            r = await b.produce("t", 0, pbatch(p1, e1, 2, [b"p1-2"]))
+            assert r.base_offset == 6  # answered from the state, not stored again
+            with pytest.raises(OutOfOrderSequenceError):
+                await b.produce("t", 0, pbatch(p2, e2, 7, [b"gap"]))
+            await b.produce("t", 0, pbatch(p2, e2, 6, [b"p2-3"]))
+            # Ids handed out before are not handed out again.
+            p3, _ = await b.init_producer_id()
+            assert p3 not in (p1, p2)
+            assert len(await stored(b)) == 10
+
+    asyncio.run(before())
+    assert (tmp_path / "data" / "t-0" / SNAPSHOT_FILE).exists() is (stop == "clean")
+    asyncio.run(after())
+
+
+def test_a_snapshot_past_the_log_end_is_not_used(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+
+    async def write() -> int:
+        async with Broker(cfg) as b:
+            pid, epoch = await b.init_producer_id()
+            for i in range(4):
+                await b.produce("t", 0, pbatch(pid, epoch, i, [b"%d" % i]))
+            return pid
+
+    pid = asyncio.run(write())
+    snap = tmp_path / "data" / "t-0" / SNAPSHOT_FILE
+    offset, state = decode_snapshot(snap.read_bytes())
+    assert offset == 4
+    assert state.entries[pid].last_seq == 3
+    # A snapshot that claims more than the log holds (the tail it saw was lost).
+    snap.write_bytes(encode_snapshot(state, 400))
+
+    async def check() -> None:
+        async with Broker(cfg) as b:
+            # Rebuilt from the log: sequence 4 is next, sequence 3 is a duplicate.
+            r = await b.produce("t", 0, pbatch(pid, 0, 3, [b"3"]))
+            assert r.base_offset == 3
+            await b.produce("t", 0, pbatch(pid, 0, 4, [b"4"]))
+
+    asyncio.run(check())
+    # An unreadable snapshot is not used either.
+    snap.write_bytes(b"\xc1garbage")
+
+    async def check2() -> None:
+        async with Broker(cfg) as b:
+            with pytest.raises(OutOfOrderSequenceError):
+                await b.produce("t", 0, pbatch(pid, 0, 9, [b"9"]))
+
+    asyncio.run(check2())
+
+
+def test_producer_ids_are_reserved_in_blocks(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    seen: set[int] = set()
+
+    async def run(n: int) -> None:
+        b = Broker(cfg)
+        await b.start()
+        for _ in range(n):
+            pid, _ = await b.init_producer_id()
+            assert pid not in seen
+            seen.add(pid)
+        for plog in b.logs.logs.values():  # crash: nothing is written at close
+            plog.abandon()
+
+    asyncio.run(run(3))
+    ids_file = tmp_path / "data" / PRODUCER_IDS_FILE
+    assert ids_file.read_text().strip() == f'{{"next_block": {ID_BLOCK}}}'
+    asyncio.run(run(ID_BLOCK + 1))  # starts at the next block and reserves two more
+    assert min(seen - {0, 1, 2}) == ID_BLOCK
+    asyncio.run(run(2))
+    assert len(seen) == ID_BLOCK + 6
+
+
+def test_expired_producers_are_forgotten() -> None:
+    state = PartitionProducers()
+    b = BatchBuilder(producer_id=7, producer_epoch=0, base_sequence=0)
+    b.append(b"x", timestamp_ms=T0)
+    h = parse_header(b.build())
+    state.record(h, 0, now_ms=1_000)
+    assert state.expire(older_than_ms=500) == 0
+    assert state.expire(older_than_ms=1_001) == 1
+    assert state.entries == {}
+    # Forgotten: the producer's next batch may start anywhere.
+    assert state.plan([h._replace(base_sequence=40)], {}) == [None]
+
+
+def test_a_failed_append_lets_the_producer_resync(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Broker(config(tmp_path)) as b:
+            pid, epoch = await b.init_producer_id()
+            await b.produce("t", 0, pbatch(pid, epoch, 0, [b"a"]))
+            plog = b.log("t", 0)
+            real = plog.append_many_async
+
+            async def failing(*args: object, **kwargs: object) -> object:
+                raise OSError(5, "injected")
+
+            plog.append_many_async = failing  # type: ignore[method-assign]
+            with pytest.raises(OSError, match="injected"):
+                await b.produce("t", 0, pbatch(pid, epoch, 1, [b"b"]))
+            plog.append_many_async = real  # type: ignore[method-assign]
+            # The failed batch is forgotten: sent again, it is stored (not a duplicate).
+            r = await b.produce("t", 0, pbatch(pid, epoch, 1, [b"b"]))
+            assert r.base_offset == 1
+            assert await stored(b) == [b"a", b"b"]
+
+    asyncio.run(main())
+
+
+def test_a_deleted_topic_forgets_its_producers(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Broker(config(tmp_path, default_partitions=2)) as b:
+            pid, epoch = await b.init_producer_id()
+            await b.produce("t", 1, pbatch(pid, epoch, 0, [b"a"]))
+            b.delete_topic("t")
+            # A topic created again knows nothing of the old producers.
+            await b.produce("t", 1, pbatch(pid, epoch, 5, [b"b"]))
+
+    asyncio.run(main())
+    assert SNAPSHOT_FILE in os.listdir(tmp_path / "data" / "t-1")
