@@ -44,6 +44,7 @@ from tidewire.records.batch import (
 from tidewire.records.compression import Codec, compress
 
 __all__ = [
+    "ROLLED",
     "SEQUENCE_WRAP",
     "Accumulator",
     "BlockingRecordFuture",
@@ -62,6 +63,8 @@ _VARINT_LIMIT = len(_VARINT)
 _NULL = varint.encode(-1)
 _ZERO = _VARINT[0]
 _ATTRS = b"\x00"  # record attributes: unused, always 0
+#: What :meth:`Accumulator.append` returns when it closed a full batch without opening another.
+ROLLED = -2
 
 
 def _v(n: int) -> bytes:
@@ -367,15 +370,19 @@ class Accumulator:
         headers: bytes,
         timestamp: int,
         limit: int,
+        roll: bool = True,
     ) -> tuple[ProducerBatch, int] | int:
         """Append one record to ``state``'s open batch (opening one when needed).
 
         Args:
             headers: the encoded headers part (:func:`encode_headers`, or one zero byte).
             limit: the largest batch the topic accepts (bytes, before compression).
+            roll: when the open batch is full, open the next one here; ``False``: close it
+                and return :data:`ROLLED` (unkeyed messages then move to another partition).
 
         Returns:
-            ``(batch, index)``; or, when the buffer has no room, the bytes the record needs.
+            ``(batch, index)``; or, when the buffer has no room, the bytes the record needs
+            (a positive int); or ``ROLLED``.
 
         Raises:
             BatchTooLargeError: the record alone exceeds ``limit`` or the whole buffer.
@@ -398,40 +405,47 @@ class Accumulator:
                 )
             )
         wake = False
-        with self.lock:
-            if self.used + need > self.buffer_bytes:
-                return need
-            batch = state.open
-            if batch is None or (batch.size + need > min(limit, self.batch_bytes) and batch.count):
-                if batch is not None:
-                    state.open = None  # closed: full
-                batch = ProducerBatch(state, self._new_future(), self._clock())
-                batch.first_ts = batch.max_ts = timestamp
-                state.queue.append(batch)
-                state.open = batch
-                self.queued[state] = None
-                wake = True
-            index = batch.count
-            delta = timestamp - batch.first_ts
-            tsd = _VARINT[delta] if 0 <= delta < _VARINT_LIMIT else varint.encode(delta)
-            od = _VARINT[index] if index < _VARINT_LIMIT else varint.encode(index)
-            body = payload + len(tsd) + len(od)
-            lenv = _VARINT[body] if body < _VARINT_LIMIT else varint.encode(body)
-            parts = batch.parts
-            parts += (lenv, _ATTRS, tsd, od, klen)
-            if key is not None:
-                parts.append(key)
-            parts.append(vlen)
-            if value is not None:
-                parts.append(value)
-            parts.append(headers)
-            size = body + len(lenv)
-            batch.size += size
-            self.used += size
-            batch.count = index + 1
-            batch.max_ts = max(batch.max_ts, timestamp)
-        if wake:
-            self._wake()
+        try:
+            with self.lock:
+                if self.used + need > self.buffer_bytes:
+                    return need
+                batch = state.open
+                if batch is None or (
+                    batch.size + need > min(limit, self.batch_bytes) and batch.count
+                ):
+                    if batch is not None:
+                        state.open = None  # closed: full
+                        if not roll:
+                            wake = True
+                            return ROLLED
+                    batch = ProducerBatch(state, self._new_future(), self._clock())
+                    batch.first_ts = batch.max_ts = timestamp
+                    state.queue.append(batch)
+                    state.open = batch
+                    self.queued[state] = None
+                    wake = True
+                index = batch.count
+                delta = timestamp - batch.first_ts
+                tsd = _VARINT[delta] if 0 <= delta < _VARINT_LIMIT else varint.encode(delta)
+                od = _VARINT[index] if index < _VARINT_LIMIT else varint.encode(index)
+                body = payload + len(tsd) + len(od)
+                lenv = _VARINT[body] if body < _VARINT_LIMIT else varint.encode(body)
+                parts = batch.parts
+                parts += (lenv, _ATTRS, tsd, od, klen)
+                if key is not None:
+                    parts.append(key)
+                parts.append(vlen)
+                if value is not None:
+                    parts.append(value)
+                parts.append(headers)
+                size = body + len(lenv)
+                batch.size += size
+                self.used += size
+                batch.count = index + 1
+                batch.max_ts = max(batch.max_ts, timestamp)
+        finally:
+            if wake:
+                self._wake()
         return batch, index
 
     # --- the sender's side -------------------------------------------------------------------

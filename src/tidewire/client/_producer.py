@@ -45,6 +45,7 @@ from tidewire.protocol.messages import (
 from tidewire.records import BatchBuilder
 
 from ._accumulator import (
+    ROLLED,
     Accumulator,
     BatchFuture,
     PartitionState,
@@ -426,14 +427,20 @@ class AsyncProducer:
         else:
             sticky = meta.sticky_batch
             if sticky is not None and sticky.state.open is not sticky:
+                meta.sticky = (meta.sticky + 1) % len(parts)  # its batch was sent: move on
+            got = acc.append(parts[meta.sticky], value, key, hbytes, timestamp, meta.limit, False)
+            if got == ROLLED:  # its batch is full: move on
                 meta.sticky = (meta.sticky + 1) % len(parts)
-            state = parts[meta.sticky]
+                got = acc.append(parts[meta.sticky], value, key, hbytes, timestamp, meta.limit)
+            if type(got) is int:
+                return got
+            batch, index = got  # type: ignore[misc]
+            meta.sticky_batch = batch
+            return batch, index, timestamp
         got = acc.append(state, value, key, hbytes, timestamp, meta.limit)
         if type(got) is int:
             return got
         batch, index = got  # type: ignore[misc]
-        if partition is None and key is None:
-            meta.sticky_batch = batch
         return batch, index, timestamp
 
     def _refusal(self) -> TidewireError:
