@@ -23,8 +23,22 @@ def public_methods(cls: type) -> dict[str, object]:
 
 
 def test_exported_names() -> None:
-    assert tidewire.client.__all__ == ["AsyncClient", "Client", "FetchedRecords", "Message"]
-    for name in tidewire.client.__all__:
+    assert tidewire.client.__all__ == [
+        "AsyncClient",
+        "AsyncConsumer",
+        "AsyncProducer",
+        "BlockingRecordFuture",
+        "Client",
+        "Consumer",
+        "ConsumerRecord",
+        "FetchedRecords",
+        "Message",
+        "Producer",
+        "RecordFuture",
+        "RecordMetadata",
+        "fnv1a_32",
+    ]
+    for name in ("AsyncClient", "Client", "FetchedRecords", "Message"):
         assert getattr(tidewire.client, name) is getattr(impl, name)
     assert (AsyncClient, Client, FetchedRecords, Message) == (
         impl.AsyncClient,

@@ -1,13 +1,43 @@
-"""Python clients of the binary protocol: :class:`AsyncClient` and its blocking twin
-:class:`Client`, with the same methods.
+"""Python clients of the binary protocol.
+
+- :class:`AsyncClient` and its blocking twin :class:`Client`: administration, produce a
+  batch, fetch, offsets -- one request per call.
+- :class:`AsyncProducer` and :class:`Producer`: batching, pipelining, retrying, idempotent
+  publishing with a future per message (:class:`RecordFuture`, :class:`BlockingRecordFuture`)
+  resolving to :class:`RecordMetadata`.
+- :class:`AsyncConsumer` and :class:`Consumer`: read assigned partitions from an offset,
+  as :class:`ConsumerRecord` objects, with long-poll and prefetch.
+- :func:`fnv1a_32`: the key hash that chooses a keyed message's partition.
 
 Public names::
 
     AsyncClient, Client, Message, FetchedRecords
+    AsyncProducer, Producer, RecordMetadata, RecordFuture, BlockingRecordFuture
+    AsyncConsumer, Consumer, ConsumerRecord
+    fnv1a_32
 """
 
 from __future__ import annotations
 
+from tidewire.client._accumulator import BlockingRecordFuture, RecordFuture, RecordMetadata
 from tidewire.client._client import AsyncClient, Client, FetchedRecords, Message
+from tidewire.client._consumer import AsyncConsumer, Consumer, ConsumerRecord
+from tidewire.client._producer import AsyncProducer
+from tidewire.client._producer_sync import Producer
+from tidewire.client.partitioner import fnv1a_32
 
-__all__ = ["AsyncClient", "Client", "FetchedRecords", "Message"]
+__all__ = [
+    "AsyncClient",
+    "AsyncConsumer",
+    "AsyncProducer",
+    "BlockingRecordFuture",
+    "Client",
+    "Consumer",
+    "ConsumerRecord",
+    "FetchedRecords",
+    "Message",
+    "Producer",
+    "RecordFuture",
+    "RecordMetadata",
+    "fnv1a_32",
+]

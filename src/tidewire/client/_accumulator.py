@@ -1,0 +1,633 @@
+"""The producer's accumulator: records appended into one open batch per partition, within a
+bounded amount of memory, and the per-partition queues of batches that the sender drains
+into produce requests. No I/O; thread-safe (the blocking producer appends from its callers'
+threads while the sender drains on the event loop's thread).
+
+A record is encoded when it is appended (a few byte strings kept by reference, joined once
+when the batch is built), so ``send`` costs no per-message task, coroutine or future: one
+future per *batch* is resolved when the broker answers, and each message's future reads its
+offset from the batch's base offset and its index in the batch.
+
+Ordering. The sender takes batches from the head of a partition's queue only. A batch that
+failed with a retriable error goes back to the front of its queue, in its original order
+among the other batches being retried, and the partition is *held*: nothing more is sent to
+it until every batch of it still in flight has been answered. The broker handles the
+requests of one connection in parallel, but the *first* partition of each request is
+appended in the order the requests arrived (the rest only after the first one's append has
+completed), so a partition with batches in flight may only be the first entry of another
+request, and a partition that is a later entry of a request has nothing else in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import concurrent.futures
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tidewire.errors import BatchTooLargeError
+from tidewire.records import varint
+from tidewire.records.batch import (
+    ATTRIBUTES_OFFSET,
+    BATCH_OVERHEAD,
+    CRC_OFFSET,
+    HEADER,
+    LOG_OVERHEAD,
+    MAGIC,
+    crc32c,
+)
+from tidewire.records.compression import Codec, compress
+
+__all__ = [
+    "ROLLED",
+    "SEQUENCE_WRAP",
+    "Accumulator",
+    "BlockingRecordFuture",
+    "PartitionState",
+    "ProducerBatch",
+    "RecordFuture",
+    "RecordMetadata",
+]
+
+#: Producer sequences count modulo 2**31: after 2,147,483,647 comes 0.
+SEQUENCE_WRAP = 2**31
+#: Varint encodings of 0 .. 16,383, the lengths, offset deltas and time deltas of nearly every
+#: record, looked up instead of computed (16,384 entries of 1-2 bytes: about 600 KiB).
+_VARINT = [varint.encode(i) for i in range(1 << 14)]
+_VARINT_LIMIT = len(_VARINT)
+_NULL = varint.encode(-1)
+_ZERO = _VARINT[0]
+_ATTRS = b"\x00"  # record attributes: unused, always 0
+#: What :meth:`Accumulator.append` returns when it closed a full batch without opening another.
+ROLLED = -2
+
+
+def _v(n: int) -> bytes:
+    return _VARINT[n] if 0 <= n < _VARINT_LIMIT else varint.encode(n)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMetadata:
+    """Where a message was stored.
+
+    Attributes:
+        topic, partition: where it went.
+        offset: its offset; -1 when the broker gave none: with ``acks="none"``, or when an
+            idempotent retry found the batch stored long ago (``DuplicateSequenceError``).
+        timestamp: its timestamp (ms since the epoch), as sent.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+
+
+BatchFuture = asyncio.Future[int] | concurrent.futures.Future[int]
+
+
+class PartitionState:
+    """One partition's queue of batches and what is in flight to it (owned by the
+    :class:`Accumulator`, changed only under its lock)."""
+
+    __slots__ = (
+        "acked_sequence",
+        "in_flight",
+        "in_flight_tail",
+        "next_batch_no",
+        "next_sequence",
+        "open",
+        "partition",
+        "queue",
+        "retrying",
+        "topic",
+    )
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        #: Batches not in flight, oldest first; the last one may be ``open``.
+        self.queue: deque[ProducerBatch] = deque()
+        self.open: ProducerBatch | None = None
+        #: Batches sent and not answered; of those, sent as a later entry of their request.
+        self.in_flight = 0
+        self.in_flight_tail = 0
+        #: Batches waiting to be sent again (at the front of ``queue``).
+        self.retrying = 0
+        self.next_batch_no = 0
+        #: Idempotence: the next batch's base sequence, and the sequence after the last batch
+        #: the broker acknowledged (what it expects next, as far as this producer knows).
+        self.next_sequence = 0
+        self.acked_sequence = 0
+
+    def __repr__(self) -> str:
+        return f"PartitionState({self.topic!r}, {self.partition})"
+
+
+class ProducerBatch:
+    """The records of one batch for one partition, its future, and its sending state."""
+
+    __slots__ = (
+        "attempts",
+        "base_sequence",
+        "count",
+        "created",
+        "data",
+        "first_ts",
+        "future",
+        "max_ts",
+        "no",
+        "parts",
+        "retry_at",
+        "size",
+        "state",
+        "tail",
+    )
+
+    def __init__(self, state: PartitionState, future: BatchFuture, now: float) -> None:
+        self.state = state
+        self.future = future
+        self.created = now
+        self.no = state.next_batch_no
+        state.next_batch_no += 1
+        self.parts: list[bytes] = []
+        self.count = 0
+        self.size = BATCH_OVERHEAD
+        self.first_ts = -1
+        self.max_ts = -1
+        self.data: bytes | None = None  # built at its first send, then sent as it is
+        self.base_sequence = -1
+        self.attempts = 0
+        self.retry_at = 0.0
+        self.tail = False  # in flight as a later entry of its request
+
+    @property
+    def sent(self) -> bool:
+        """Whether it was sent at least once (its bytes, and sequences, are fixed)."""
+        return self.data is not None
+
+    def build(self, codec: Codec, producer_id: int, producer_epoch: int) -> bytes:
+        """Encode the batch (once): header, compressed records, CRC-32C."""
+        if self.data is not None:
+            return self.data
+        section = b"".join(self.parts)
+        if codec is not Codec.NONE:
+            section = compress(codec, section)
+        buf = bytearray(BATCH_OVERHEAD + len(section))
+        HEADER.pack_into(
+            buf,
+            0,
+            0,  # base offset: the broker's
+            BATCH_OVERHEAD + len(section) - LOG_OVERHEAD,
+            -1,  # partition leader epoch
+            MAGIC,
+            0,  # crc, below
+            int(codec),
+            self.count - 1,
+            self.first_ts,
+            self.max_ts,
+            producer_id if self.base_sequence >= 0 else -1,
+            producer_epoch if self.base_sequence >= 0 else -1,
+            self.base_sequence,
+            self.count,
+        )
+        buf[BATCH_OVERHEAD:] = section
+        buf[CRC_OFFSET : CRC_OFFSET + 4] = crc32c(memoryview(buf)[ATTRIBUTES_OFFSET:]).to_bytes(
+            4, "big"
+        )
+        self.data = bytes(buf)
+        self.parts = []  # the bytes are all that is sent from now on
+        return self.data
+
+    def __repr__(self) -> str:
+        s = self.state
+        return f"ProducerBatch({s.topic!r}, {s.partition}, no={self.no}, records={self.count})"
+
+
+def _metadata(batch: ProducerBatch, index: int, timestamp: int, base: int) -> RecordMetadata:
+    s = batch.state
+    return RecordMetadata(s.topic, s.partition, base + index if base >= 0 else -1, timestamp)
+
+
+class RecordFuture:
+    """The outcome of one :meth:`AsyncProducer.send`: ``await`` it for the
+    :class:`RecordMetadata`, or for the error that failed its batch."""
+
+    __slots__ = ("_batch", "_index", "_timestamp")
+
+    def __init__(self, batch: ProducerBatch, index: int, timestamp: int) -> None:
+        self._batch = batch
+        self._index = index
+        self._timestamp = timestamp
+
+    def __await__(self) -> Generator[Any, None, RecordMetadata]:
+        fut = self._batch.future
+        assert isinstance(fut, asyncio.Future)
+        base = yield from fut.__await__()
+        return _metadata(self._batch, self._index, self._timestamp, base)
+
+    def done(self) -> bool:
+        return self._batch.future.done()
+
+    def result(self) -> RecordMetadata:
+        """The metadata, once done (raises the batch's error; ``InvalidStateError`` before)."""
+        base = self._batch.future.result()
+        return _metadata(self._batch, self._index, self._timestamp, base)
+
+    def exception(self) -> BaseException | None:
+        """The batch's error once done, or None."""
+        return self._batch.future.exception()
+
+    def add_done_callback(self, fn: Callable[[RecordFuture], object]) -> None:
+        """Call ``fn(self)`` once the batch is answered (on the producer's event loop)."""
+        self._batch.future.add_done_callback(lambda _: fn(self))
+
+
+class BlockingRecordFuture:
+    """The outcome of one :meth:`Producer.send`, like a ``concurrent.futures.Future``:
+    :meth:`result` blocks until the batch is answered."""
+
+    __slots__ = ("_batch", "_index", "_timestamp")
+
+    def __init__(self, batch: ProducerBatch, index: int, timestamp: int) -> None:
+        self._batch = batch
+        self._index = index
+        self._timestamp = timestamp
+
+    def done(self) -> bool:
+        return self._batch.future.done()
+
+    def result(self, timeout: float | None = None) -> RecordMetadata:
+        """Wait up to ``timeout`` seconds (None: for ever) for the metadata.
+
+        Raises:
+            TimeoutError: not answered in time.
+            TidewireError: the error that failed the message's batch.
+        """
+        fut = self._batch.future
+        assert isinstance(fut, concurrent.futures.Future)
+        base = fut.result(timeout)
+        return _metadata(self._batch, self._index, self._timestamp, base)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        fut = self._batch.future
+        assert isinstance(fut, concurrent.futures.Future)
+        return fut.exception(timeout)
+
+    def add_done_callback(self, fn: Callable[[BlockingRecordFuture], object]) -> None:
+        """Call ``fn(self)`` once the batch is answered (on the producer's thread)."""
+        self._batch.future.add_done_callback(lambda _: fn(self))
+
+
+def encode_headers(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
+    """The headers part of a record: a count, then each key and value.
+
+    Raises:
+        TypeError: a header that is not a ``(str, bytes | None)`` pair.
+    """
+    out = [_v(len(headers))]
+    for item in headers:
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise TypeError(f"a header must be a (str, bytes | None) pair, not {item!r}")
+        hk, hv = item
+        if not isinstance(hk, str):
+            raise TypeError(f"a header key must be str, not {type(hk).__name__}")
+        kb = hk.encode()
+        out.append(_v(len(kb)))
+        out.append(kb)
+        if hv is None:
+            out.append(_NULL)
+        elif isinstance(hv, bytes | bytearray | memoryview):
+            out.append(_v(len(hv)))
+            out.append(bytes(hv))
+        else:
+            raise TypeError(f"header {hk!r}: value must be bytes or None, not {type(hv).__name__}")
+    return b"".join(out)
+
+
+class Accumulator:
+    """Open batches per partition, bounded memory, and what the sender drains.
+
+    Args:
+        batch_bytes: a batch is closed once the next record would take it past this size
+            (a single larger record gets a batch of its own).
+        buffer_bytes: the most memory (encoded record bytes) held for unanswered records.
+        linger_s: how long an open batch waits for more records before it may be sent.
+        new_future: makes a batch's future (asyncio or concurrent).
+        wake: tells the sender there is something new to look at.
+        on_release: called after memory was released (buffer waiters may go on).
+        clock: monotonic seconds.
+    """
+
+    def __init__(
+        self,
+        *,
+        batch_bytes: int,
+        buffer_bytes: int,
+        linger_s: float,
+        new_future: Callable[[], BatchFuture],
+        wake: Callable[[], None],
+        on_release: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.batch_bytes = batch_bytes
+        self.buffer_bytes = buffer_bytes
+        self.linger_s = linger_s
+        self._new_future = new_future
+        self._wake = wake
+        self._on_release = on_release
+        self._clock = clock
+        self.lock = threading.Lock()
+        self.used = 0
+        self.partitions: dict[tuple[str, int], PartitionState] = {}
+        #: Partitions with batches in their queue (an ordered set).
+        self.queued: dict[PartitionState, None] = {}
+        self.in_flight = 0
+        #: Everything counts as ready (flush, close).
+        self.flushing = 0
+
+    def partition(self, topic: str, partition: int) -> PartitionState:
+        """The state of one partition (made on first use)."""
+        key = (topic, partition)
+        state = self.partitions.get(key)
+        if state is None:
+            with self.lock:
+                state = self.partitions.setdefault(key, PartitionState(topic, partition))
+        return state
+
+    # --- the callers' side ------------------------------------------------------------------
+
+    def append(  # noqa: PLR0917 (the hot path: positional arguments cost least)
+        self,
+        state: PartitionState,
+        value: bytes | None,
+        key: bytes | None,
+        headers: bytes,
+        timestamp: int,
+        limit: int,
+        roll: bool = True,
+    ) -> tuple[ProducerBatch, int] | int:
+        """Append one record to ``state``'s open batch (opening one when needed).
+
+        Args:
+            headers: the encoded headers part (:func:`encode_headers`, or one zero byte).
+            limit: the largest batch the topic accepts (bytes, before compression).
+            roll: when the open batch is full, open the next one here; ``False``: close it
+                and return :data:`ROLLED` (unkeyed messages then move to another partition).
+
+        Returns:
+            ``(batch, index)``; or, when the buffer has no room, the bytes the record needs
+            (a positive int); or ``ROLLED``.
+
+        Raises:
+            BatchTooLargeError: the record alone exceeds ``limit`` or the whole buffer.
+        """
+        klen = _NULL if key is None else _v(len(key))
+        vlen = _NULL if value is None else _v(len(value))
+        payload = len(klen) + len(vlen) + len(headers) + 1
+        if key is not None:
+            payload += len(key)
+        if value is not None:
+            payload += len(value)
+        need = payload + 16  # the deltas and the length prefix: at most 15 more bytes
+        if need + BATCH_OVERHEAD > limit or need > self.buffer_bytes:
+            raise BatchTooLargeError(
+                f"a message of {need + BATCH_OVERHEAD:,} bytes (as a batch of its own) exceeds "
+                + (
+                    f"the topic's max_message_bytes={limit:,}"
+                    if need + BATCH_OVERHEAD > limit
+                    else f"buffer_bytes={self.buffer_bytes:,}"
+                )
+            )
+        wake = False
+        try:
+            with self.lock:
+                if self.used + need > self.buffer_bytes:
+                    return need
+                batch = state.open
+                if batch is None or (
+                    batch.size + need > min(limit, self.batch_bytes) and batch.count
+                ):
+                    if batch is not None:
+                        state.open = None  # closed: full
+                        if not roll:
+                            wake = True
+                            return ROLLED
+                    batch = ProducerBatch(state, self._new_future(), self._clock())
+                    batch.first_ts = batch.max_ts = timestamp
+                    state.queue.append(batch)
+                    state.open = batch
+                    self.queued[state] = None
+                    wake = True
+                index = batch.count
+                delta = timestamp - batch.first_ts
+                tsd = _VARINT[delta] if 0 <= delta < _VARINT_LIMIT else varint.encode(delta)
+                od = _VARINT[index] if index < _VARINT_LIMIT else varint.encode(index)
+                body = payload + len(tsd) + len(od)
+                lenv = _VARINT[body] if body < _VARINT_LIMIT else varint.encode(body)
+                parts = batch.parts
+                parts += (lenv, _ATTRS, tsd, od, klen)
+                if key is not None:
+                    parts.append(key)
+                parts.append(vlen)
+                if value is not None:
+                    parts.append(value)
+                parts.append(headers)
+                size = body + len(lenv)
+                batch.size += size
+                self.used += size
+                batch.count = index + 1
+                batch.max_ts = max(batch.max_ts, timestamp)
+        finally:
+            if wake:
+                self._wake()
+        return batch, index
+
+    # --- the sender's side -------------------------------------------------------------------
+
+    def drain(
+        self,
+        now: float,
+        *,
+        max_request_bytes: int,
+        max_in_flight_per_partition: int,
+        max_requests: int,
+        sequences: bool,
+        allow_new: bool,
+        expire_before: float,
+    ) -> tuple[list[list[ProducerBatch]], list[ProducerBatch], float | None]:
+        """Take the batches that may be sent now, grouped into requests.
+
+        Args:
+            now: the clock's time.
+            max_request_bytes: a request's data, unless one batch alone is larger.
+            max_in_flight_per_partition: batches in flight per partition.
+            max_requests: how many requests may start now.
+            sequences: number each batch's records at its first send (idempotence).
+            allow_new: send batches that were never sent (False while the producer waits to
+                renew its epoch).
+            expire_before: batches created before this time and not in flight are expired.
+
+        Returns:
+            ``(requests, expired, next_at)``: the requests' batches (in flight from now on);
+            batches past their delivery timeout (taken out of their queues, still counted in
+            memory: fail them with :meth:`finish`); and when something queued becomes ready
+            (None: nothing to wait for but an answer or a new record).
+        """
+        requests: list[list[ProducerBatch]] = []
+        expired: list[ProducerBatch] = []
+        next_at: float | None = None
+        linger = self.linger_s
+        lead: list[ProducerBatch] = []  # must be the first entry of a request
+        rest: list[ProducerBatch] = []  # partitions with nothing in flight
+        with self.lock:
+            flushing = self.flushing > 0
+            for state in list(self.queued):
+                queue = state.queue
+                while queue and queue[0].created < expire_before:
+                    expired.append(self._pop(state))
+                if not queue:
+                    del self.queued[state]
+                    continue
+                head = queue[0]
+                if state.retrying and state.in_flight:
+                    continue  # held: the retried batches go again once all are answered
+                if state.in_flight >= max_in_flight_per_partition or state.in_flight_tail:
+                    continue
+                if not head.sent and not allow_new:
+                    continue
+                if head.retry_at > now:
+                    next_at = head.retry_at if next_at is None else min(next_at, head.retry_at)
+                    continue
+                if head is state.open and not flushing:
+                    due = head.created + linger
+                    if due > now and head.size < self.batch_bytes:
+                        next_at = due if next_at is None else min(next_at, due)
+                        continue
+                (lead if state.in_flight else rest).append(head)
+            if not lead and not rest:
+                return requests, expired, next_at
+            for batch in lead:
+                if len(requests) >= max_requests:
+                    break
+                requests.append([self._take(batch, sequences)])
+            sizes = [r[0].size for r in requests]
+            for batch in rest:
+                placed = False
+                for i, req in enumerate(requests):
+                    if sizes[i] + batch.size <= max_request_bytes:
+                        req.append(self._take(batch, sequences, tail=True))
+                        sizes[i] += batch.size
+                        placed = True
+                        break
+                if not placed:
+                    if len(requests) >= max_requests:
+                        break
+                    requests.append([self._take(batch, sequences)])
+                    sizes.append(batch.size)
+        return requests, expired, next_at
+
+    def _pop(self, state: PartitionState) -> ProducerBatch:
+        batch = state.queue.popleft()
+        if batch is state.open:
+            state.open = None
+        if batch.sent:
+            state.retrying -= 1
+        return batch
+
+    def _take(self, batch: ProducerBatch, sequences: bool, *, tail: bool = False) -> ProducerBatch:
+        state = batch.state
+        self._pop(state)
+        if not batch.sent and sequences:
+            batch.base_sequence = state.next_sequence
+            state.next_sequence = (state.next_sequence + batch.count) % SEQUENCE_WRAP
+        batch.attempts += 1
+        batch.tail = tail
+        state.in_flight += 1
+        state.in_flight_tail += tail
+        self.in_flight += 1
+        return batch
+
+    def _landed(self, batch: ProducerBatch) -> None:
+        """An answer came for ``batch``: it is no longer in flight."""
+        state = batch.state
+        state.in_flight -= 1
+        state.in_flight_tail -= batch.tail
+        batch.tail = False
+        self.in_flight -= 1
+
+    def finish(self, batch: ProducerBatch, *, in_flight: bool, stored: bool) -> None:
+        """``batch`` is done: answered (``stored``), or failed for good. Release its memory."""
+        with self.lock:
+            if in_flight:
+                self._landed(batch)
+            state = batch.state
+            if stored and batch.base_sequence >= 0:
+                state.acked_sequence = (batch.base_sequence + batch.count) % SEQUENCE_WRAP
+            self.used -= batch.size - BATCH_OVERHEAD
+        self._on_release()
+
+    def retry(self, batch: ProducerBatch, at: float) -> None:
+        """Put an in-flight ``batch`` back at the front of its queue, to be sent again at
+        ``at``, in its order among the other batches being retried."""
+        with self.lock:
+            self._landed(batch)
+            state = batch.state
+            batch.retry_at = at
+            queue = state.queue
+            pos = bisect.bisect_left([b.no for b in list(queue)[: state.retrying]], batch.no)
+            queue.insert(pos, batch)
+            state.retrying += 1
+            self.queued[state] = None
+
+    def take_all(self, *, unsent_only: bool = False) -> list[ProducerBatch]:
+        """Take every queued batch out (closing without a flush, a fatal error); with
+        ``unsent_only`` only those never sent."""
+        out: list[ProducerBatch] = []
+        with self.lock:
+            for state in list(self.queued):
+                keep: deque[ProducerBatch] = deque()
+                for batch in state.queue:
+                    if unsent_only and batch.sent:
+                        keep.append(batch)
+                    else:
+                        out.append(batch)
+                state.queue = keep
+                state.retrying = len(keep)
+                if state.open is not None and (not unsent_only or not state.open.sent):
+                    state.open = None
+                if not keep:
+                    del self.queued[state]
+        return out
+
+    def seal_open(self) -> None:
+        """Close every open batch (a flush sends them without waiting for their linger)."""
+        with self.lock:
+            for state in self.queued:
+                state.open = None
+
+    def reset_sequences(self) -> None:
+        """A new epoch starts every partition's sequence at 0 again."""
+        with self.lock:
+            for state in self.partitions.values():
+                state.next_sequence = state.acked_sequence = 0
+
+    def pending(self) -> list[ProducerBatch]:
+        """Every queued batch (not those in flight)."""
+        with self.lock:
+            return [b for state in self.queued for b in state.queue]
+
+    def sent_unanswered(self) -> bool:
+        """Whether a batch that was sent is in flight or waiting to be sent again."""
+        with self.lock:
+            return self.in_flight > 0 or any(state.retrying for state in self.queued)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing queued and nothing in flight."""
+        return not self.queued and self.in_flight == 0

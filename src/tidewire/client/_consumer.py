@@ -1,0 +1,460 @@
+"""Reading partitions by offset: :class:`AsyncConsumer` and its blocking twin
+:class:`Consumer`.
+
+A consumer is *assigned* partitions, each with a position (an offset, ``"earliest"``,
+``"latest"``, or a ``datetime`` looked up with LIST_OFFSETS), and reads them with one
+long-poll FETCH for all of them at a time. While the records of one fetch are handed out, the
+next fetch is already on its way (one fetch ahead, so memory stays within two responses). A
+lost connection is reopened (with backoff) and reading resumes from the positions. There are
+no consumer groups here: positions live in the consumer, and nothing is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections import deque
+from collections.abc import Coroutine, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from tidewire.errors import ConnectionLostError, TidewireError, for_code
+from tidewire.protocol.messages import (
+    FetchPartition,
+    FetchRequest,
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+)
+from tidewire.records import iter_batches, iter_records
+
+from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
+
+__all__ = ["AsyncConsumer", "Consumer", "ConsumerRecord", "Offset"]
+
+T = TypeVar("T")
+
+#: A position to start from: an offset, ``"earliest"``, ``"latest"``, or a time (the first
+#: record at or after it).
+Offset = int | str | datetime
+
+_EARLIEST, _LATEST = -2, -1
+#: Records handed out by one ``poll`` at most, by default.
+DEFAULT_MAX_RECORDS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerRecord:
+    """One record as read: where it is, and what it holds."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int  # ms since the epoch
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+TP = tuple[str, int]
+
+
+@dataclass(slots=True)
+class _Fetched:
+    """One fetch's answer for one partition."""
+
+    tp: TP
+    offset: int  # the offset it was asked for
+    records: list[ConsumerRecord]
+    next_offset: int
+    error: TidewireError | None = None
+
+
+def _parse(tp: TP, offset: int, data: bytes | memoryview) -> tuple[list[ConsumerRecord], int]:
+    topic, partition = tp
+    out: list[ConsumerRecord] = []
+    nxt = offset
+    view = memoryview(data)
+    for pos, h in iter_batches(view):
+        for r in iter_records(view[pos : pos + h.size]):
+            if r.offset >= offset:  # a batch may start before the offset asked for
+                out.append(ConsumerRecord(topic, partition, *r))
+        nxt = max(nxt, h.next_offset)
+    return out, nxt
+
+
+class AsyncConsumer:
+    """Reads assigned partitions from their positions, over a connection of its own.
+
+    Use as ``async with AsyncConsumer(addr) as consumer``, then ``await
+    consumer.assign([("events", 0, "earliest")])`` and ``async for record in consumer`` (or
+    ``await consumer.poll(timeout_s)``).
+
+    Args:
+        addr: ``"HOST:PORT"`` of the broker.
+        max_wait_ms: how long a fetch waits on the broker for ``min_bytes`` (long-poll).
+        min_bytes: the least data a fetch returns with before ``max_wait_ms``.
+        max_bytes: the most data of one fetch, all partitions together (at least one batch
+            is returned even when larger).
+        max_partition_bytes: the most data of one fetch for one partition.
+        request_timeout_ms: how long a request may take, on top of its long-poll.
+        connect_timeout_ms: how long opening the connection may take.
+    """
+
+    def __init__(
+        self,
+        addr: str = "127.0.0.1:7400",
+        *,
+        max_wait_ms: int = 500,
+        min_bytes: int = 1,
+        max_bytes: int = 16 * 1024 * 1024,
+        max_partition_bytes: int = 1024 * 1024,
+        request_timeout_ms: int = 30_000,
+        connect_timeout_ms: int = 10_000,
+    ) -> None:
+        for name, value, low in (
+            ("max_wait_ms", max_wait_ms, 0),
+            ("min_bytes", min_bytes, 0),
+            ("max_bytes", max_bytes, 1),
+            ("max_partition_bytes", max_partition_bytes, 1),
+            ("request_timeout_ms", request_timeout_ms, 1),
+            ("connect_timeout_ms", connect_timeout_ms, 1),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, not {value!r}")
+        self.max_wait_ms = max_wait_ms
+        self.min_bytes = min_bytes
+        self.max_bytes = max_bytes
+        self.max_partition_bytes = max_partition_bytes
+        self._t = Transport(
+            addr,
+            request_timeout_s=request_timeout_ms / 1000,
+            connect_timeout_s=connect_timeout_ms / 1000,
+            max_in_flight=8,
+        )
+        #: The offset of the next record handed out, per assigned partition.
+        self._positions: dict[TP, int] = {}
+        #: Where the next fetch starts: after the records buffered.
+        self._fetch_at: dict[TP, int] = {}
+        self._buffer: deque[ConsumerRecord] = deque()
+        self._fetch: asyncio.Task[list[_Fetched]] | None = None
+        self._backoff = 0.0
+        self._closed = False
+
+    async def __aenter__(self) -> AsyncConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop fetching and close the connection."""
+        self._closed = True
+        await self._drop_fetch()
+        await self._t.close()
+
+    # --- positions ----------------------------------------------------------------------------
+
+    async def assign(self, positions: Iterable[tuple[str, int, Offset]]) -> None:
+        """Read exactly these partitions, each from its position; replaces the assignment.
+
+        Args:
+            positions: ``(topic, partition, offset)`` where ``offset`` is an int,
+                ``"earliest"``, ``"latest"`` or a ``datetime``.
+
+        Raises:
+            UnknownTopicError, UnknownPartitionError: resolving a position on the broker.
+            ValueError, TypeError: a position that is none of the above.
+        """
+        wanted = [(t, p, o) for t, p, o in positions]
+        resolved = await self._resolve(wanted)
+        await self._drop_fetch()
+        self._buffer.clear()
+        self._positions = dict(resolved)
+        self._fetch_at = dict(resolved)
+
+    async def seek(self, topic: str, partition: int, offset: Offset) -> None:
+        """Move an assigned partition's position (records buffered for it are dropped).
+
+        Raises:
+            ValueError: the partition is not assigned.
+        """
+        tp = (topic, partition)
+        if tp not in self._positions:
+            raise ValueError(f"{topic!r} partition {partition} is not assigned")
+        ((_, where),) = await self._resolve([(topic, partition, offset)])
+        self._positions[tp] = self._fetch_at[tp] = where
+        if any(r.topic == topic and r.partition == partition for r in self._buffer):
+            self._buffer = deque(r for r in self._buffer if (r.topic, r.partition) != tp)
+        # A fetch on its way for this partition asked for the old offset: its answer for it
+        # is dropped when it comes (its offset no longer matches).
+
+    def position(self, topic: str, partition: int) -> int:
+        """The offset of the next record this consumer hands out for the partition.
+
+        Raises:
+            ValueError: the partition is not assigned.
+        """
+        try:
+            return self._positions[(topic, partition)]
+        except KeyError:
+            raise ValueError(f"{topic!r} partition {partition} is not assigned") from None
+
+    def assignment(self) -> list[tuple[str, int]]:
+        """The assigned partitions."""
+        return list(self._positions)
+
+    async def _resolve(self, wanted: list[tuple[str, int, Offset]]) -> list[tuple[TP, int]]:
+        out: list[tuple[TP, int] | None] = []
+        lookups: list[tuple[int, ListOffsetsPartition]] = []
+        for topic, partition, offset in wanted:
+            if not isinstance(topic, str):
+                raise TypeError(f"topic must be str, not {type(topic).__name__}")
+            if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+                raise TypeError(f"partition must be an int >= 0, not {partition!r}")
+            if isinstance(offset, bool):
+                raise TypeError("offset must be an int, 'earliest', 'latest' or a datetime")
+            if isinstance(offset, int):
+                if offset < 0:
+                    raise ValueError(f"offset {offset} is negative: use 'earliest' or 'latest'")
+                out.append(((topic, partition), offset))
+                continue
+            if offset == "earliest":
+                ts = _EARLIEST
+            elif offset == "latest":
+                ts = _LATEST
+            elif isinstance(offset, datetime):
+                ts = max(int(offset.timestamp() * 1000), 0)
+            else:
+                raise ValueError(
+                    f"offset {offset!r} must be an int, 'earliest', 'latest' or a datetime"
+                )
+            lookups.append((len(out), ListOffsetsPartition(topic, partition, ts)))
+            out.append(None)
+        if lookups:
+            response = await self._t.request(ListOffsetsRequest(partitions=[p for _, p in lookups]))
+            assert response is not None
+            for (i, p), result in zip(lookups, response.body.results, strict=True):
+                if result.error_code:
+                    raise for_code(result.error_code)(result.error_message)
+                out[i] = ((p.topic, p.partition), int(result.offset))
+        return [x for x in out if x is not None]
+
+    # --- reading ------------------------------------------------------------------------------
+
+    async def poll(
+        self, timeout_s: float | None = None, *, max_records: int = DEFAULT_MAX_RECORDS
+    ) -> list[ConsumerRecord]:
+        """Return the records available, waiting up to ``timeout_s`` (None: until some
+        arrive) for the first; an empty list when none came in time.
+
+        Raises:
+            OffsetOutOfRangeError, UnknownTopicError, UnknownPartitionError, ...: a
+            partition's fetch failed (the position is left as it was).
+        """
+        if not self._positions:
+            raise ValueError("no partitions are assigned: call assign() first")
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while not self._buffer:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return []
+            await self._fill(remaining)
+        out: list[ConsumerRecord] = []
+        buf, positions = self._buffer, self._positions
+        while buf and len(out) < max_records:
+            r = buf.popleft()
+            positions[(r.topic, r.partition)] = r.offset + 1
+            out.append(r)
+        self._start_fetch()  # prefetch while these are processed
+        return out
+
+    def __aiter__(self) -> AsyncConsumer:
+        return self
+
+    async def __anext__(self) -> ConsumerRecord:
+        if not self._positions:
+            raise ValueError("no partitions are assigned: call assign() first")
+        while not self._buffer:
+            await self._fill(None)
+        r = self._buffer.popleft()
+        self._positions[(r.topic, r.partition)] = r.offset + 1
+        if not self._buffer:
+            self._start_fetch()
+        return r
+
+    async def _fill(self, timeout_s: float | None) -> None:
+        """Wait up to ``timeout_s`` for the fetch on its way (starting one) and buffer what
+        it brought."""
+        task = self._start_fetch()
+        done, _ = await asyncio.wait([task], timeout=timeout_s)
+        if not done:
+            return
+        self._fetch = None
+        try:
+            results = task.result()
+        except TidewireError as exc:
+            if not exc.retriable:
+                raise
+            # The connection broke or a request timed out: reconnect, resume from positions.
+            self._backoff = min(max(self._backoff * 2, BACKOFF_MIN_S), BACKOFF_MAX_S)
+            await asyncio.sleep(self._backoff)
+            return
+        self._backoff = 0.0
+        error: TidewireError | None = None
+        for f in results:
+            if self._fetch_at.get(f.tp) != f.offset:
+                continue  # sought elsewhere meanwhile, or no longer assigned
+            if f.error is not None:
+                error = error or f.error
+                continue
+            self._buffer.extend(f.records)
+            self._fetch_at[f.tp] = f.next_offset
+        if error is not None and not self._buffer:
+            raise error
+
+    def _start_fetch(self) -> asyncio.Task[list[_Fetched]]:
+        if self._closed:
+            raise ConnectionLostError("the consumer is closed")
+        if self._fetch is None:
+            wants = list(self._fetch_at.items())
+            self._fetch = asyncio.get_running_loop().create_task(
+                self._fetch_once(wants), name="tidewire consumer fetch"
+            )
+        return self._fetch
+
+    async def _fetch_once(self, wants: list[tuple[TP, int]]) -> list[_Fetched]:
+        req = FetchRequest(
+            max_wait_ms=self.max_wait_ms,
+            min_bytes=self.min_bytes,
+            max_bytes=self.max_bytes,
+            partitions=[FetchPartition(t, p, o, self.max_partition_bytes) for (t, p), o in wants],
+        )
+        timeout = self._t.request_timeout_s + self.max_wait_ms / 1000
+        response = await self._t.request(req, timeout_s=timeout)
+        assert response is not None
+        out: list[_Fetched] = []
+        pos = 0
+        data = response.data
+        for (tp, offset), result in zip(wants, response.body.partitions, strict=True):
+            chunk = data[pos : pos + result.size]
+            pos += result.size
+            if result.error_code:
+                err = for_code(result.error_code)(result.error_message)
+                out.append(_Fetched(tp, offset, [], offset, err))
+                continue
+            records, nxt = _parse(tp, offset, chunk)
+            out.append(_Fetched(tp, offset, records, nxt))
+        return out
+
+    async def _drop_fetch(self) -> None:
+        task, self._fetch = self._fetch, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TidewireError):
+                await task
+
+
+class Consumer:
+    """The blocking twin of :class:`AsyncConsumer`: the same methods without ``await``, and
+    ``for record in consumer``. It runs the async consumer on an event loop in a thread of
+    its own; iteration takes records from the loop a ``poll`` at a time."""
+
+    def __init__(
+        self,
+        addr: str = "127.0.0.1:7400",
+        *,
+        max_wait_ms: int = 500,
+        min_bytes: int = 1,
+        max_bytes: int = 16 * 1024 * 1024,
+        max_partition_bytes: int = 1024 * 1024,
+        request_timeout_ms: int = 30_000,
+        connect_timeout_ms: int = 10_000,
+    ) -> None:
+        parse_addr(addr)
+        options: dict[str, Any] = {
+            "max_wait_ms": max_wait_ms,
+            "min_bytes": min_bytes,
+            "max_bytes": max_bytes,
+            "max_partition_bytes": max_partition_bytes,
+            "request_timeout_ms": request_timeout_ms,
+            "connect_timeout_ms": connect_timeout_ms,
+        }
+        self._local: deque[ConsumerRecord] = deque()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="tidewire-consumer", daemon=True
+        )
+        self._thread.start()
+        try:
+            self._async = self._run(self._make(addr, options))
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    @staticmethod
+    async def _make(addr: str, options: dict[str, Any]) -> AsyncConsumer:
+        return AsyncConsumer(addr, **options)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._loop.is_closed():
+            coro.close()
+            raise ConnectionLostError("the consumer is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection and stop the consumer's thread."""
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self._async.close())
+        finally:
+            self._stop_loop()
+
+    def assign(self, positions: Iterable[tuple[str, int, Offset]]) -> None:
+        self._local.clear()
+        self._run(self._async.assign(list(positions)))
+
+    def seek(self, topic: str, partition: int, offset: Offset) -> None:
+        self._run(self._async.seek(topic, partition, offset))
+        self._local = deque(r for r in self._local if (r.topic, r.partition) != (topic, partition))
+
+    def position(self, topic: str, partition: int) -> int:
+        for r in self._local:  # handed over by the loop, not yet to the caller
+            if r.topic == topic and r.partition == partition:
+                return r.offset
+        return self._async.position(topic, partition)
+
+    def assignment(self) -> list[tuple[str, int]]:
+        return self._async.assignment()
+
+    def poll(
+        self, timeout_s: float | None = None, *, max_records: int = DEFAULT_MAX_RECORDS
+    ) -> list[ConsumerRecord]:
+        out: list[ConsumerRecord] = []
+        while self._local and len(out) < max_records:
+            out.append(self._local.popleft())
+        if out:
+            return out
+        return self._run(self._async.poll(timeout_s, max_records=max_records))
+
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        return self
+
+    def __next__(self) -> ConsumerRecord:
+        while not self._local:
+            self._local.extend(self._run(self._async.poll(None)))
+        return self._local.popleft()

@@ -1,0 +1,802 @@
+"""The batching producer: :class:`AsyncProducer`, and its blocking twin in
+:mod:`tidewire.client._producer_sync`.
+
+``send`` appends a message to its partition's open batch in the
+:class:`~tidewire.client._accumulator.Accumulator` and returns a future; one sender task
+drains batches into pipelined produce requests (several partitions per request, several
+requests in flight), retries what failed with a retriable error, and resolves the batches'
+futures. With idempotence, the producer first asks the broker for a producer id and epoch,
+numbers every batch per partition, and resends a failed batch with the same bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import enum
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tidewire.errors import (
+    BufferFullError,
+    DuplicateSequenceError,
+    OutOfOrderSequenceError,
+    ProducerClosedError,
+    ProducerFencedError,
+    RequestTimedOutError,
+    TidewireError,
+    UnknownApiError,
+    UnknownPartitionError,
+    UnknownTopicError,
+    for_code,
+)
+from tidewire.protocol.messages import (
+    ACKS_LEADER,
+    ACKS_NONE,
+    InitProducerIdRequest,
+    MetadataRequest,
+    ProducePartition,
+    ProduceRequest,
+    TopicDescription,
+)
+from tidewire.records import BatchBuilder
+
+from ._accumulator import (
+    ROLLED,
+    Accumulator,
+    BatchFuture,
+    PartitionState,
+    ProducerBatch,
+    RecordFuture,
+    encode_headers,
+)
+from ._settings import MAX_BATCH_BYTES, ProducerSettings
+from ._transport import Transport
+from .partitioner import fnv1a_32
+
+__all__ = ["AsyncProducer", "Session"]
+
+log = logging.getLogger("tidewire.producer")
+
+#: Produce requests in flight at once (all partitions together): enough to keep a broker's
+#: group commits full, few enough that a lost connection has a bounded amount to resend.
+MAX_REQUESTS_IN_FLIGHT = 32
+#: The longest pause between two retries of a batch (s); the first is ``retry_backoff_ms``.
+RETRY_BACKOFF_MAX_S = 1.0
+#: A partition no topic has (the largest int32): a produce to it makes the broker create the
+#: topic on first publish (when it does that) without storing anything.
+CREATION_PROBE_PARTITION = 2**31 - 1
+#: Bytes kept free below a topic's batch limit when batches are compressed: incompressible
+#: data grows by a little under compression.
+_COMPRESSION_SLACK = 1024
+_HEADERS_NONE = b"\x00"
+#: What the producer answers while the metadata of a topic is not known yet.
+_NEED_METADATA = -1
+
+
+class Session(enum.Enum):
+    """The idempotent producer's identity, as a state machine (see ``TRANSITIONS``)."""
+
+    DISABLED = "disabled"  # idempotence off: batches carry no producer id
+    NEEDS_ID = "needs_id"  # ask INIT_PRODUCER_ID before the first batch
+    READY = "ready"  # producer id and epoch known
+    NEEDS_BUMP = "needs_bump"  # a sent batch was given up: new epoch once nothing is pending
+    FATAL = "fatal"  # fenced, or the sequences broke: every later send fails
+
+
+TRANSITIONS: dict[Session, frozenset[Session]] = {
+    Session.DISABLED: frozenset(),
+    Session.NEEDS_ID: frozenset({Session.READY, Session.FATAL}),
+    Session.READY: frozenset({Session.NEEDS_BUMP, Session.FATAL}),
+    Session.NEEDS_BUMP: frozenset({Session.READY, Session.FATAL}),
+    Session.FATAL: frozenset(),
+}
+
+
+@dataclass(slots=True)
+class _Topic:
+    """What the producer knows of a topic."""
+
+    partitions: list[PartitionState]
+    limit: int  # the largest batch to build for it (bytes, before compression)
+    sticky: int  # the partition unkeyed messages go to now
+    sticky_batch: ProducerBatch | None = None
+
+
+def _as_bytes(value: object, name: str) -> bytes:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(
+        f"{name} must be bytes, bytearray, memoryview or None, not {type(value).__name__}"
+    )
+
+
+def _retrieved(fut: BatchFuture) -> None:
+    """Mark a failed asyncio future's error as seen: a message nobody awaits is not an error
+    to log at garbage collection (its future holds the error for whoever asks)."""
+    if isinstance(fut, asyncio.Future):
+        fut.exception()
+
+
+class AsyncProducer:
+    """A batching, pipelining producer for one broker.
+
+    It opens its own connection to ``addr`` (it does not share an :class:`AsyncClient`'s).
+    Use as ``async with AsyncProducer(addr, ...) as producer``; ``fut = await
+    producer.send(topic, value)`` queues a message and ``await fut`` waits for its
+    :class:`RecordMetadata`.
+
+    Args:
+        addr: ``"HOST:PORT"`` of the broker.
+        linger_ms: how long a partition's open batch waits for more messages before it is
+            sent (0: send as soon as the sender runs).
+        batch_bytes: a batch is sent once it reaches this size (bytes, before compression),
+            or when its linger expires, whichever comes first.
+        buffer_bytes: the memory held by messages not yet answered; when it is full,
+            ``send`` waits up to ``max_block_ms`` for room, then raises ``BufferFullError``.
+        max_block_ms: see ``buffer_bytes``; also bounds the wait for a topic's metadata.
+        compression: ``"none"``, ``"gzip"``, ``"lz4"`` or ``"zstd"``, per batch.
+        acks: ``"durable"`` (answered once stored under the topic's fsync policy, fsynced),
+            ``"leader"`` (once written), ``"none"`` (no answer: offsets are -1, errors lost).
+        idempotence: each batch stored once however often it is resent (needs a broker that
+            serves INIT_PRODUCER_ID, and acks other than ``"none"``).
+        retries: how many times a batch is resent after a retriable error; bounded in time by
+            ``delivery_timeout_ms`` anyway.
+        delivery_timeout_ms: a message not answered this long after ``send`` fails with the
+            last error (``RequestTimedOutError`` if it never left).
+        retry_backoff_ms: the first pause before a retry; it doubles up to 1 s.
+        max_in_flight_per_partition: batches sent and not answered per partition (at most 5
+            with idempotence). Without idempotence and above 1, a retry may reorder messages.
+        request_timeout_ms: how long one produce request may take.
+        max_request_bytes: the data of one produce request (a larger single batch goes
+            alone).
+        metadata_max_age_ms: how often partition counts are refreshed.
+        connect_timeout_ms: how long opening the connection may take.
+
+    Raises:
+        InvalidConfigError: an option out of its range.
+        ValueError: ``addr`` is not ``HOST:PORT``.
+    """
+
+    def __init__(
+        self,
+        addr: str = "127.0.0.1:7400",
+        *,
+        linger_ms: int = 5,
+        batch_bytes: int = 64 * 1024,
+        buffer_bytes: int = 32 * 1024 * 1024,
+        max_block_ms: int = 60_000,
+        compression: str = "none",
+        acks: str = "durable",
+        idempotence: bool = True,
+        retries: int = 2**31 - 1,
+        delivery_timeout_ms: int = 120_000,
+        retry_backoff_ms: int = 100,
+        max_in_flight_per_partition: int = 5,
+        request_timeout_ms: int = 30_000,
+        max_request_bytes: int = 1024 * 1024,
+        metadata_max_age_ms: int = 300_000,
+        connect_timeout_ms: int = 10_000,
+    ) -> None:
+        s = self._settings = ProducerSettings(
+            linger_ms=linger_ms,
+            batch_bytes=batch_bytes,
+            buffer_bytes=buffer_bytes,
+            max_block_ms=max_block_ms,
+            compression=compression,
+            acks=acks,
+            idempotence=idempotence,
+            retries=retries,
+            delivery_timeout_ms=delivery_timeout_ms,
+            retry_backoff_ms=retry_backoff_ms,
+            max_in_flight_per_partition=max_in_flight_per_partition,
+            request_timeout_ms=request_timeout_ms,
+            max_request_bytes=max_request_bytes,
+            metadata_max_age_ms=metadata_max_age_ms,
+            connect_timeout_ms=connect_timeout_ms,
+        )
+        self._transport = Transport(
+            addr,
+            request_timeout_s=s.request_timeout_ms / 1000,
+            connect_timeout_s=s.connect_timeout_ms / 1000,
+            max_in_flight=MAX_REQUESTS_IN_FLIGHT + 4,  # and metadata, producer id
+        )
+        self._codec = s.codec
+        self._acks = s.acks_value
+        self._idempotent = s.idempotence
+        self._session = Session.NEEDS_ID if s.idempotence else Session.DISABLED
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self._fatal: TidewireError | None = None
+        self._topics: dict[str, _Topic] = {}
+        self._acc: Accumulator | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._blocking = False
+        self._wake = asyncio.Event()
+        self._space = asyncio.Event()
+        self._on_space: list[Any] = []  # the blocking twin's condition, when it has one
+        self._meta_lock = asyncio.Lock()
+        self._sender: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._flying: set[ProducerBatch] = set()
+        self._requests = 0  # produce requests in flight
+        self._closing = False  # no more sends
+        self._aborting = False  # no more retries
+        self._closed = False
+        self._refresh_at = 0.0
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def _bind(self, *, blocking: bool = False) -> Accumulator:
+        """Attach to the running loop and start the sender (on first use)."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._blocking = blocking
+        if blocking:
+
+            def new_future() -> BatchFuture:
+                return concurrent.futures.Future()
+
+            def wake() -> None:
+                loop.call_soon_threadsafe(self._wake.set)
+        else:
+            new_future = loop.create_future
+            wake = self._wake.set
+        self._acc = Accumulator(
+            batch_bytes=self._settings.batch_bytes,
+            buffer_bytes=self._settings.buffer_bytes,
+            linger_s=self._settings.linger_ms / 1000,
+            new_future=new_future,
+            wake=wake,
+            on_release=self._released,
+        )
+        self._sender = self._spawn(self._run_sender(), "tidewire producer sender")
+        return self._acc
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("producer task %s failed", task.get_name(), exc_info=task.exception())
+
+    async def __aenter__(self) -> AsyncProducer:
+        if self._acc is None:
+            self._bind()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def session(self) -> Session:
+        """The idempotent session's state."""
+        return self._session
+
+    def _move(self, to: Session) -> None:
+        if to not in TRANSITIONS[self._session]:
+            raise RuntimeError(f"producer session: {self._session.name} -> {to.name}")
+        self._session = to
+
+    # --- send ---------------------------------------------------------------------------------
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: list[tuple[str, bytes | None]] | None = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+    ) -> RecordFuture:
+        """Queue one message; return its future (``await`` it for the
+        :class:`RecordMetadata`).
+
+        The partition: ``partition`` if given; else ``fnv1a_32(key) % partitions`` for a
+        keyed message; else unkeyed messages fill one partition's batch and then move on to
+        the next partition (round robin per batch).
+
+        Args:
+            topic: the topic (created on first publish if the broker does that).
+            value: the payload (None: a null value).
+            key: the key (routes the message, and is stored with it).
+            headers: ``(str, bytes | None)`` pairs.
+            partition: an explicit partition.
+            timestamp: ms since the epoch (default: now).
+
+        Raises:
+            BufferFullError: no room in ``buffer_bytes`` within ``max_block_ms``.
+            BatchTooLargeError: the message alone is larger than the topic accepts.
+            UnknownTopicError: no such topic, and the broker does not create it.
+            UnknownPartitionError: ``partition`` is not one of the topic's.
+            ProducerClosedError: the producer is closing or closed.
+            ProducerFencedError, OutOfOrderSequenceError: the producer failed earlier.
+            TypeError: an argument of the wrong type.
+        """
+        acc = self._acc or self._bind()
+        got = self._append(acc, topic, value, key, headers, partition, timestamp)
+        if type(got) is tuple:
+            return RecordFuture(*got)
+        return RecordFuture(
+            *(
+                await self._send_slowly(
+                    acc,
+                    topic,
+                    value,
+                    key=key,
+                    headers=headers,
+                    partition=partition,
+                    timestamp=timestamp,
+                )
+            )
+        )
+
+    async def _send_slowly(
+        self,
+        acc: Accumulator,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None,
+        headers: list[tuple[str, bytes | None]] | None,
+        partition: int | None,
+        timestamp: int | None,
+    ) -> tuple[ProducerBatch, int, int]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.max_block_ms / 1000
+        refreshed = False
+        while True:
+            self._space.clear()
+            got = self._append(acc, topic, value, key, headers, partition, timestamp)
+            if isinstance(got, tuple):
+                return got
+            if got == _NEED_METADATA:
+                if refreshed:
+                    raise self._no_partition(topic, partition)
+                await self._load_topic(topic, deadline - loop.time())
+                refreshed = True
+                continue
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise self._buffer_full(got)
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._space.wait()
+            except TimeoutError:
+                raise self._buffer_full(got) from None
+
+    def _buffer_full(self, need: int) -> BufferFullError:
+        s = self._settings
+        return BufferFullError(
+            f"buffer_bytes={s.buffer_bytes:,} stayed full for max_block_ms={s.max_block_ms:,}: "
+            f"a message of {need:,} bytes found no room"
+        )
+
+    def _no_partition(self, topic: str, partition: int | None) -> TidewireError:
+        meta = self._topics.get(topic)
+        n = len(meta.partitions) if meta else 0
+        return UnknownPartitionError(f"topic {topic!r} has partitions 0..{n - 1}, not {partition}")
+
+    def _append(  # noqa: PLR0917 (the hot path: positional arguments cost least)
+        self,
+        acc: Accumulator,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: list[tuple[str, bytes | None]] | None,
+        partition: int | None,
+        timestamp: int | None,
+    ) -> tuple[ProducerBatch, int, int] | int:
+        """The hot path of ``send`` (both twins; any thread): the batch and index, or the
+        bytes it waits for, or ``_NEED_METADATA``."""
+        if self._closing or self._fatal is not None:
+            raise self._refusal()
+        if value is not None and value.__class__ is not bytes:
+            value = _as_bytes(value, "value")
+        if key is not None and key.__class__ is not bytes:
+            key = _as_bytes(key, "key")
+        hbytes = encode_headers(headers) if headers else _HEADERS_NONE
+        if timestamp is None:
+            timestamp = time.time_ns() // 1_000_000
+        elif isinstance(timestamp, bool) or not isinstance(timestamp, int):
+            raise TypeError(f"timestamp must be an int (ms), not {type(timestamp).__name__}")
+        meta = self._topics.get(topic)
+        if meta is None:
+            if not isinstance(topic, str):
+                raise TypeError(f"topic must be str, not {type(topic).__name__}")
+            return _NEED_METADATA
+        parts = meta.partitions
+        if partition is not None:
+            if isinstance(partition, bool) or not isinstance(partition, int):
+                raise TypeError(f"partition must be an int, not {type(partition).__name__}")
+            if not 0 <= partition < len(parts):
+                if partition < 0:
+                    raise self._no_partition(topic, partition)
+                return _NEED_METADATA  # the topic may have grown
+            state = parts[partition]
+        elif key is not None:
+            state = parts[fnv1a_32(key) % len(parts)]
+        else:
+            sticky = meta.sticky_batch
+            if sticky is not None and sticky.state.open is not sticky:
+                meta.sticky = (meta.sticky + 1) % len(parts)  # its batch was sent: move on
+            got = acc.append(parts[meta.sticky], value, key, hbytes, timestamp, meta.limit, False)
+            if got == ROLLED:  # its batch is full: move on
+                meta.sticky = (meta.sticky + 1) % len(parts)
+                got = acc.append(parts[meta.sticky], value, key, hbytes, timestamp, meta.limit)
+            if type(got) is int:
+                return got
+            batch, index = got  # type: ignore[misc]
+            meta.sticky_batch = batch
+            return batch, index, timestamp
+        got = acc.append(state, value, key, hbytes, timestamp, meta.limit)
+        if type(got) is int:
+            return got
+        batch, index = got  # type: ignore[misc]
+        return batch, index, timestamp
+
+    def _refusal(self) -> TidewireError:
+        if self._fatal is not None:
+            return type(self._fatal)(f"the producer failed earlier: {self._fatal.message}")
+        return ProducerClosedError("the producer is closed")
+
+    def _released(self) -> None:
+        """Memory was released (on the loop's thread): buffer waiters may try again."""
+        self._space.set()
+        for cond in self._on_space:
+            with cond:
+                cond.notify_all()
+
+    # --- metadata -----------------------------------------------------------------------------
+
+    async def _load_topic(self, topic: str, timeout_s: float) -> None:
+        """Learn ``topic``'s partitions, creating it by a publish if it does not exist.
+
+        Raises:
+            UnknownTopicError: it does not exist and the broker does not create it.
+            BufferFullError: the wait took longer than ``max_block_ms``... as TimeoutError.
+        """
+        try:
+            async with asyncio.timeout(max(timeout_s, 0)):
+                async with self._meta_lock:
+                    desc = (await self._describe([topic]))[topic]
+                    if desc.error_code == UnknownTopicError.code:
+                        await self._create_by_publish(topic)
+                        desc = (await self._describe([topic]))[topic]
+                    if desc.error_code:
+                        raise for_code(desc.error_code)(desc.error_message)
+                    self._learn(desc)
+        except TimeoutError:
+            raise RequestTimedOutError(
+                f"no metadata for topic {topic!r} within max_block_ms="
+                f"{self._settings.max_block_ms:,}"
+            ) from None
+
+    async def _describe(self, topics: list[str]) -> dict[str, TopicDescription]:
+        response = await self._transport.request(MetadataRequest(topics=topics))
+        assert response is not None
+        return {t.name: t for t in response.body.topics}
+
+    def _learn(self, desc: TopicDescription) -> None:
+        acc = self._acc
+        assert acc is not None
+        limit = desc.config.max_message_bytes or MAX_BATCH_BYTES
+        limit = min(limit, MAX_BATCH_BYTES)
+        if self._codec.value:
+            limit -= min(_COMPRESSION_SLACK, limit // 2)
+        states = [acc.partition(desc.name, p.partition) for p in desc.partitions]
+        old = self._topics.get(desc.name)
+        if old is not None and len(old.partitions) == len(states) and old.limit == limit:
+            return
+        sticky = random.randrange(len(states)) if old is None else old.sticky % len(states)
+        self._topics[desc.name] = _Topic(states, limit, sticky)
+        self._refresh_at = time.monotonic() + self._settings.metadata_max_age_ms / 1000
+
+    async def _create_by_publish(self, topic: str) -> None:
+        """Make the broker create ``topic`` as on a first publish, without storing anything:
+        a produce to a partition no topic has (the protocol has no other way to ask for
+        the broker's auto-creation, and CREATE_TOPIC would create it even where the
+        broker's owner turned auto-creation off)."""
+        probe = BatchBuilder()
+        probe.append(None, timestamp_ms=time.time_ns() // 1_000_000)
+        data = probe.build()
+        req = ProduceRequest(
+            acks=ACKS_LEADER,
+            partitions=[ProducePartition(topic, CREATION_PROBE_PARTITION, len(data))],
+        )
+        response = await self._transport.request(req, [data])
+        assert response is not None
+        (result,) = response.body.results
+        if result.error_code == UnknownTopicError.code:
+            raise UnknownTopicError(
+                f"topic {topic!r} does not exist and the broker does not create topics on "
+                "first publish"
+            )
+        if result.error_code not in (0, UnknownPartitionError.code):
+            raise for_code(result.error_code)(result.error_message)
+
+    async def _refresh(self) -> None:
+        """Refresh every known topic's partitions (a topic may have grown)."""
+        names = list(self._topics)
+        if not names:
+            return
+        async with self._meta_lock:
+            for name, desc in (await self._describe(names)).items():
+                if desc.error_code:
+                    self._topics.pop(name, None)
+                else:
+                    self._learn(desc)
+
+    # --- the sender -----------------------------------------------------------------------------
+
+    async def _run_sender(self) -> None:
+        acc = self._acc
+        assert acc is not None
+        s = self._settings
+        delivery_s = s.delivery_timeout_ms / 1000
+        while True:
+            if self._session is Session.NEEDS_ID or (
+                self._session is Session.NEEDS_BUMP and not acc.sent_unanswered()
+            ):
+                await self._init_producer_id()
+                continue
+            self._wake.clear()
+            now = time.monotonic()
+            free = MAX_REQUESTS_IN_FLIGHT - self._requests
+            requests, expired, next_at = acc.drain(
+                now,
+                max_request_bytes=s.max_request_bytes,
+                max_in_flight_per_partition=s.max_in_flight_per_partition,
+                max_requests=max(free, 0),
+                sequences=self._idempotent,
+                allow_new=self._session in (Session.DISABLED, Session.READY),
+                expire_before=now - delivery_s,
+            )
+            for batch in expired:
+                self._give_up(
+                    batch,
+                    RequestTimedOutError(
+                        f"the message was not delivered within delivery_timeout_ms="
+                        f"{s.delivery_timeout_ms:,}"
+                    ),
+                    in_flight=False,
+                )
+            for batch_list in requests:
+                self._start_request(batch_list)
+            if self._closing and acc.empty:
+                return
+            if self._topics and s.metadata_max_age_ms and now >= self._refresh_at:
+                self._refresh_at = now + s.metadata_max_age_ms / 1000
+                self._spawn(self._refresh_quietly(), "tidewire producer metadata")
+            timeout = None if next_at is None else max(next_at - now, 0.0)
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self._refresh()
+        except TidewireError as exc:
+            log.info("refreshing metadata failed (tried again later): %s", exc)
+
+    async def _init_producer_id(self) -> None:
+        """Ask for a producer id (or, to renew the epoch, for this id's next epoch)."""
+        s = self._settings
+        deadline = time.monotonic() + s.delivery_timeout_ms / 1000
+        bump = self._session is Session.NEEDS_BUMP
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                req = InitProducerIdRequest(
+                    producer_id=self.producer_id if bump else -1,
+                    producer_epoch=self.producer_epoch if bump else -1,
+                )
+                response = await self._transport.request(req)
+                assert response is not None
+                body = response.body
+                if body.error_code:
+                    raise for_code(body.error_code)(body.error_message)
+            except UnknownApiError as exc:
+                self._fail_fatally(
+                    UnknownApiError(
+                        "the broker does not serve INIT_PRODUCER_ID, which an idempotent "
+                        f"producer needs ({exc.message}); use idempotence=False"
+                    )
+                )
+                return
+            except TidewireError as exc:
+                if exc.retriable and not self._aborting and time.monotonic() < deadline:
+                    await asyncio.sleep(self._backoff(attempt))
+                    continue
+                self._fail_fatally(exc)
+                return
+            self.producer_id, self.producer_epoch = body.producer_id, body.producer_epoch
+            assert self._acc is not None
+            self._acc.reset_sequences()
+            self._move(Session.READY)
+            log.debug("producer id %d, epoch %d", self.producer_id, self.producer_epoch)
+            return
+
+    def _backoff(self, attempt: int) -> float:
+        first = self._settings.retry_backoff_ms / 1000
+        return float(min(first * 2 ** max(attempt - 1, 0), RETRY_BACKOFF_MAX_S))
+
+    def _start_request(self, batches: list[ProducerBatch]) -> None:
+        for batch in batches:
+            batch.build(self._codec, self.producer_id, self.producer_epoch)
+            self._flying.add(batch)
+        self._requests += 1
+        self._spawn(self._produce(batches), "tidewire produce")
+
+    async def _produce(self, batches: list[ProducerBatch]) -> None:
+        data = [b.data or b"" for b in batches]
+        req = ProduceRequest(
+            acks=self._acks,
+            timeout_ms=self._settings.request_timeout_ms,
+            partitions=[
+                ProducePartition(b.state.topic, b.state.partition, len(d))
+                for b, d in zip(batches, data, strict=True)
+            ],
+        )
+        try:
+            response = await self._transport.request(
+                req, data, expect_response=self._acks != ACKS_NONE
+            )
+        except TidewireError as exc:
+            for batch in batches:
+                self._failed(batch, exc)
+            return
+        except Exception as exc:  # a bug: its batches fail with it, the task logs it
+            for batch in batches:
+                self._give_up(batch, exc, in_flight=True)
+            raise
+        finally:
+            self._requests -= 1
+            self._wake.set()
+        if response is None:  # acks=none
+            for batch in batches:
+                self._stored(batch, -1)
+            return
+        for batch, result in zip(batches, response.body.results, strict=True):
+            if result.error_code:
+                self._failed(batch, for_code(result.error_code)(result.error_message))
+            else:
+                self._stored(batch, result.base_offset)
+
+    def _stored(self, batch: ProducerBatch, base_offset: int) -> None:
+        assert self._acc is not None
+        self._flying.discard(batch)
+        self._acc.finish(batch, in_flight=True, stored=True)
+        if not batch.future.done():
+            batch.future.set_result(base_offset)
+
+    def _give_up(self, batch: ProducerBatch, exc: BaseException, *, in_flight: bool) -> None:
+        assert self._acc is not None
+        self._flying.discard(batch)
+        self._acc.finish(batch, in_flight=in_flight, stored=False)
+        if not batch.future.done():
+            batch.future.set_exception(exc)
+            _retrieved(batch.future)
+        if batch.sent and self._session is Session.READY:
+            # Stored or not, nobody knows: the partition's sequence has a hole the broker
+            # would refuse. A new epoch starts every sequence at 0 again.
+            self._move(Session.NEEDS_BUMP)
+
+    def _failed(self, batch: ProducerBatch, exc: TidewireError) -> None:
+        """``batch`` came back with ``exc``: retry it, or fail it (and maybe the producer)."""
+        assert self._acc is not None
+        retriable = exc.retriable
+        if self._idempotent:
+            if isinstance(exc, DuplicateSequenceError):
+                self._stored(batch, -1)  # stored long ago; its offset is no longer known
+                return
+            if isinstance(exc, OutOfOrderSequenceError):
+                # A batch before it is not stored yet (failed, or still on its way): it goes
+                # again after that one. Only the next batch the broker expects is fatal.
+                retriable = batch.base_sequence != batch.state.acked_sequence
+            if not retriable and isinstance(exc, OutOfOrderSequenceError | ProducerFencedError):
+                self._give_up(batch, exc, in_flight=True)
+                self._fail_fatally(exc)
+                return
+        if isinstance(exc, UnknownTopicError | UnknownPartitionError):
+            self._topics.pop(batch.state.topic, None)
+        now = time.monotonic()
+        if (
+            retriable
+            and batch.attempts <= self._settings.retries
+            and now < batch.created + self._settings.delivery_timeout_ms / 1000
+            and not self._aborting
+            and self._session in (Session.DISABLED, Session.READY)
+        ):
+            self._flying.discard(batch)
+            self._acc.retry(batch, now + self._backoff(batch.attempts))
+            log.debug("retrying %r after %s", batch, exc)
+        else:
+            self._give_up(batch, exc, in_flight=True)
+
+    def _fail_fatally(self, exc: TidewireError) -> None:
+        if self._session is not Session.FATAL:
+            self._move(Session.FATAL)
+        self._fatal = exc
+        log.error("producer failed: %s", exc)
+        assert self._acc is not None
+        for batch in self._acc.take_all():
+            self._give_up(batch, type(exc)(exc.message), in_flight=False)
+
+    # --- flush and close --------------------------------------------------------------------
+
+    async def flush(self, timeout_s: float | None = None) -> None:
+        """Send every message queued so far at once and wait until each is answered
+        (stored, or failed: see each message's future).
+
+        Raises:
+            TimeoutError: not all answered within ``timeout_s``.
+        """
+        acc = self._acc
+        if acc is None:
+            return
+        acc.seal_open()
+        waiting = [b.future for b in acc.pending()] + [b.future for b in self._flying]
+        self._wake.set()
+        if not waiting:
+            return
+        futs = [f if isinstance(f, asyncio.Future) else asyncio.wrap_future(f) for f in waiting]
+        _, pending = await asyncio.wait(futs, timeout=timeout_s)
+        if pending:
+            raise TimeoutError(f"{len(pending):,} batches not answered within {timeout_s:g} s")
+
+    async def close(self, *, flush: bool = True, timeout_s: float | None = None) -> None:
+        """Stop accepting messages; send and wait for the queued ones (``flush=True``) or
+        fail them with ``ProducerClosedError`` (``flush=False``); close the connection.
+
+        ``timeout_s`` bounds the flush: what is still unanswered then fails. Idempotent.
+        """
+        if self._closed:
+            return
+        self._closing = True
+        acc = self._acc
+        try:
+            if acc is not None and flush and self._fatal is None:
+                try:
+                    await self.flush(timeout_s)
+                except TimeoutError:
+                    log.warning("close: messages still unanswered after %g s fail", timeout_s)
+            self._aborting = True
+            if acc is not None:
+                for batch in acc.take_all():
+                    self._give_up(
+                        batch,
+                        ProducerClosedError("the producer was closed before the message was sent"),
+                        in_flight=False,
+                    )
+                self._wake.set()
+                if self._sender is not None:
+                    bound = self._settings.request_timeout_ms / 1000 + 1
+                    try:
+                        await asyncio.wait_for(asyncio.shield(self._sender), bound)
+                    except TimeoutError:
+                        log.warning("close: produce requests still unanswered after %g s", bound)
+        finally:
+            self._closed = True
+            await self._transport.close()  # fails whatever is still in flight
+            for task in list(self._tasks):
+                task.cancel()
+            if self._tasks:
+                await asyncio.wait(list(self._tasks))
+            for batch in list(self._flying):
+                self._give_up(batch, ProducerClosedError("the producer was closed"), in_flight=True)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed

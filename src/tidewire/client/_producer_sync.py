@@ -1,0 +1,185 @@
+""":class:`Producer`, the blocking twin of :class:`~tidewire.client.AsyncProducer`.
+
+It runs an :class:`AsyncProducer` (its sender, its connection) on an event loop in a thread
+of its own, like :class:`~tidewire.client.Client`. ``send`` itself does not cross to that
+thread: it appends to the accumulator (thread-safe) from the caller's thread and wakes the
+sender only when a batch opens, so a message costs a few microseconds, not a round trip
+between threads. Waiting for buffer room blocks the caller; metadata is fetched on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from tidewire.errors import ProducerClosedError
+
+from ._accumulator import Accumulator, BlockingRecordFuture, ProducerBatch
+from ._producer import _NEED_METADATA, AsyncProducer, Session
+from ._settings import ProducerSettings
+from ._transport import parse_addr
+
+__all__ = ["Producer"]
+
+T = TypeVar("T")
+
+
+class Producer:
+    """The blocking twin of :class:`AsyncProducer`: the same options and methods, called
+    without ``await``; ``send`` returns a :class:`BlockingRecordFuture` (``.result(timeout)``).
+
+    Use as ``with Producer(addr) as producer``. Thread-safe: any thread may ``send``.
+    """
+
+    def __init__(
+        self,
+        addr: str = "127.0.0.1:7400",
+        *,
+        linger_ms: int = 5,
+        batch_bytes: int = 64 * 1024,
+        buffer_bytes: int = 32 * 1024 * 1024,
+        max_block_ms: int = 60_000,
+        compression: str = "none",
+        acks: str = "durable",
+        idempotence: bool = True,
+        retries: int = 2**31 - 1,
+        delivery_timeout_ms: int = 120_000,
+        retry_backoff_ms: int = 100,
+        max_in_flight_per_partition: int = 5,
+        request_timeout_ms: int = 30_000,
+        max_request_bytes: int = 1024 * 1024,
+        metadata_max_age_ms: int = 300_000,
+        connect_timeout_ms: int = 10_000,
+    ) -> None:
+        options: dict[str, Any] = {
+            "linger_ms": linger_ms,
+            "batch_bytes": batch_bytes,
+            "buffer_bytes": buffer_bytes,
+            "max_block_ms": max_block_ms,
+            "compression": compression,
+            "acks": acks,
+            "idempotence": idempotence,
+            "retries": retries,
+            "delivery_timeout_ms": delivery_timeout_ms,
+            "retry_backoff_ms": retry_backoff_ms,
+            "max_in_flight_per_partition": max_in_flight_per_partition,
+            "request_timeout_ms": request_timeout_ms,
+            "max_request_bytes": max_request_bytes,
+            "metadata_max_age_ms": metadata_max_age_ms,
+            "connect_timeout_ms": connect_timeout_ms,
+        }
+        # Bad settings fail here, before a thread is started.
+        parse_addr(addr)
+        ProducerSettings(**options)
+        self._space = threading.Condition()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="tidewire-producer", daemon=True
+        )
+        self._thread.start()
+        try:
+            self._async, self._acc = self._run(self._make(addr, options))
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    async def _make(self, addr: str, options: dict[str, Any]) -> tuple[AsyncProducer, Accumulator]:
+        producer = AsyncProducer(addr, **options)
+        producer._on_space.append(self._space)
+        return producer, producer._bind(blocking=True)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._loop.is_closed():
+            coro.close()
+            raise ProducerClosedError("the producer is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def session(self) -> Session:
+        return self._async.session
+
+    @property
+    def producer_id(self) -> int:
+        return self._async.producer_id
+
+    @property
+    def producer_epoch(self) -> int:
+        return self._async.producer_epoch
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        headers: list[tuple[str, bytes | None]] | None = None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+    ) -> BlockingRecordFuture:
+        """See :meth:`AsyncProducer.send`; blocks (up to ``max_block_ms``) only when the
+        buffer is full or the topic's metadata is not known yet."""
+        p = self._async
+        got = p._append(self._acc, topic, value, key, headers, partition, timestamp)
+        if type(got) is tuple:
+            return BlockingRecordFuture(*got)
+        return BlockingRecordFuture(
+            *self._send_slowly(
+                topic, value, key=key, headers=headers, partition=partition, timestamp=timestamp
+            )
+        )
+
+    def _send_slowly(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None,
+        headers: list[tuple[str, bytes | None]] | None,
+        partition: int | None,
+        timestamp: int | None,
+    ) -> tuple[ProducerBatch, int, int]:
+        p = self._async
+        deadline = time.monotonic() + p._settings.max_block_ms / 1000
+        refreshed = False
+        while True:
+            with self._space:
+                got = p._append(self._acc, topic, value, key, headers, partition, timestamp)
+                if isinstance(got, tuple):
+                    return got
+                if got != _NEED_METADATA:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise p._buffer_full(got)
+                    self._space.wait(remaining)
+                    continue
+            if refreshed:
+                raise p._no_partition(topic, partition)
+            self._run(p._load_topic(topic, deadline - time.monotonic()))
+            refreshed = True
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """See :meth:`AsyncProducer.flush`."""
+        self._run(self._async.flush(timeout_s))
+
+    def close(self, *, flush: bool = True, timeout_s: float | None = None) -> None:
+        """See :meth:`AsyncProducer.close`; also stops the producer's thread."""
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self._async.close(flush=flush, timeout_s=timeout_s))
+        finally:
+            self._stop_loop()
