@@ -324,6 +324,10 @@ class AsyncProducer:
         acc = self._acc or self._bind()
         got = self._append(acc, topic, value, key, headers, partition, timestamp)
         if type(got) is tuple:
+            if self._wake.is_set():
+                # A batch is ready: let the sender ship it now. A caller that sends in a
+                # tight loop would otherwise fill the whole buffer before anything leaves.
+                await asyncio.sleep(0)
             return RecordFuture(*got)
         return RecordFuture(
             *(

@@ -174,7 +174,8 @@ class FrameDecoder:
         end = start + 4 + length
         if len(buf) < end:
             return None
-        frame_bytes = bytes(buf[start:end])
+        with memoryview(buf) as whole:  # one copy (buf[start:end] would copy twice)
+            frame_bytes = bytes(whole[start:end])
         self._start = end
         if self._start == len(buf):
             buf.clear()
