@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -106,3 +107,10 @@ def run_cli(
         (k for k in os.environ if k.startswith("TIDEWIRE_")), None
     )
     return CliRunner().invoke(app, list(args), input=input, env={**clean, **(env or {})})
+
+
+def closed_port() -> int:
+    """A port of 127.0.0.1 that nothing listens on (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

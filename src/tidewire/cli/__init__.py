@@ -5,10 +5,14 @@
   drain: stop accepting, let in-flight requests finish, flush every log, write the
   clean-shutdown marker.
 - ``tidewire config init | show``: the default configuration file; the settings in effect.
+- ``tidewire topic create | list | describe | alter | delete``: administration.
+- ``tidewire publish``, ``tidewire consume``: messages in and out.
+- ``tidewire health``: ping a broker; exit code 0 when it answers.
 - ``tidewire --version``.
 
-An error prints one line on stderr; exit codes: 0 success, 1 a runtime error, 2 a usage or
-configuration error.
+The client commands take ``--addr HOST:PORT`` (or ``TIDEWIRE_ADDR``). An error prints one
+line on stderr; exit codes: 0 success, 1 an error from the broker or the connection, 2 a
+usage or configuration error, 130 interrupted. The reference is docs/cli.md.
 """
 
 from __future__ import annotations
@@ -19,7 +23,11 @@ import typer
 
 from tidewire import __version__
 
+from ._consume import consume
+from ._health import health
+from ._publish import publish
 from ._serve import config_app, serve
+from ._topic import topic_app
 
 __all__ = ["app", "main"]
 
@@ -51,6 +59,10 @@ def _root(
 
 app.command()(serve)
 app.add_typer(config_app)
+app.add_typer(topic_app)
+app.command()(publish)
+app.command()(consume)
+app.command()(health)
 
 
 def main() -> None:
