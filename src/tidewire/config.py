@@ -433,6 +433,6 @@ def default_toml() -> str:
         lines += ["", f"# {_SECTION_HELP[section]}", f"[{section}]"]
         for s in SETTINGS:
             if s.section == section:
-                lines.append(f"# {s.help} ({s.env}, {s.flag})")
+                lines.append(f"# {s.help}  [{s.env}, {s.flag}]")
                 lines.append(f"{s.key} = {toml_value(s.default)}")
     return "\n".join(lines) + "\n"

@@ -62,7 +62,6 @@ def serve(
         int | None,
         typer.Option(
             "--partitions",
-            "--default-partitions",
             help="Partitions of a topic created without a count.",
         ),
     ] = None,
@@ -70,7 +69,6 @@ def serve(
         bool | None,
         typer.Option(
             "--auto-create/--no-auto-create",
-            "--auto-create-topics/--no-auto-create-topics",
             help="Create a topic on its first publish.",
             show_default=False,
         ),
