@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -220,3 +221,35 @@ def test_unreachable_broker() -> None:
     result = run_cli(["publish", "t", "v", "--addr", f"127.0.0.1:{port}"])
     assert result.exit_code == 1
     assert result.stderr.startswith(f"error: cannot connect to 127.0.0.1:{port}")
+
+
+def test_slow_pipe_is_published_without_eof_and_ctrl_c_stops_it(broker: Broker) -> None:
+    """Lines from a pipe that stays open are sent once they have waited LINGER_S, and Ctrl-C
+    during the blocked read exits 130 at once, saying how many were published."""
+    create(broker, "t", 1)
+    proc = subprocess.Popen(
+        tidewire_cmd("publish", "t", "-", "--addr", broker.addr),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=subprocess_env(),
+    )
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(b"a\nb\n")
+        proc.stdin.flush()
+        with Client(broker.addr) as client:
+            for _ in range(300):  # bound: 300 long-polls of up to 100 ms
+                got = client.fetch("t", 0, 0, max_wait_ms=100)
+                if len(got.records) == 2:
+                    break
+        assert [r.value for r in got.records] == [b"a", b"b"]
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=STARTUP_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130
+    assert err == b"interrupted: 2 message(s) published\n"
+    assert out == b""
