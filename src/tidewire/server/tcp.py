@@ -19,10 +19,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from dataclasses import dataclass
 
 from tidewire.broker import Broker
-from tidewire.errors import ProtocolError, TidewireError, UnknownApiError, UnknownError
+from tidewire.errors import (
+    InvalidConfigError,
+    ProtocolError,
+    TidewireError,
+    UnknownApiError,
+    UnknownError,
+)
 from tidewire.protocol import (
     NEED_DATA,
     PAUSED,
@@ -43,7 +50,12 @@ log = logging.getLogger("tidewire.server")
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    """Listener settings (see the module docstring for what each bound does)."""
+    """Listener settings (see the module docstring for what each bound does), validated on
+    construction.
+
+    Raises:
+        InvalidConfigError: a value out of its range.
+    """
 
     host: str = "127.0.0.1"
     port: int = 7400
@@ -52,6 +64,27 @@ class ServerConfig:
     max_in_flight: int = 256
     idle_timeout_s: float = 600.0
     frame_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, what: str) -> None:
+            if not ok:
+                raise InvalidConfigError(what)
+
+        need(bool(self.host), "host must not be empty")
+        need(0 <= self.port <= 65535, f"port={self.port} must be within 0..65535 (0: any free)")
+        need(self.max_connections >= 1, f"max_connections={self.max_connections} must be >= 1")
+        # frame_length is an int32; below 1 KiB not even an admin request fits.
+        need(
+            1024 <= self.max_frame_bytes <= 2**31 - 1,
+            f"max_frame_bytes={self.max_frame_bytes:,} must be within 1,024..2,147,483,647",
+        )
+        need(self.max_in_flight >= 1, f"max_in_flight={self.max_in_flight} must be >= 1")
+        for name in ("idle_timeout_s", "frame_timeout_s"):
+            value = getattr(self, name)
+            need(
+                math.isfinite(value) and value > 0,
+                f"{name}={value} must be a number of seconds > 0",
+            )
 
 
 class _ClientProtocol(asyncio.Protocol):

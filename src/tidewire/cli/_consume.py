@@ -1,0 +1,291 @@
+"""``tidewire consume``: print a topic's messages as they arrive.
+
+Every partition (or the one ``--partition`` names) is read by a task of its own with
+long-poll fetches, into one bounded queue that the printer drains; so a quiet partition
+never holds back a busy one, and a slow terminal slows the fetches instead of growing memory.
+Messages of one partition are printed in offset order.
+
+``--format json`` prints one object per line::
+
+    {"topic": "t", "partition": 0, "offset": 7, "timestamp": 1714564800000,
+     "key": "k", "value": "v", "headers": [{"key": "h", "value": "x"}]}
+
+``key``, ``value`` and header values are UTF-8 text, ``null`` when absent; one that is not
+valid UTF-8 is base64 instead, and a flag beside it says so: ``"key_base64": true``,
+``"value_base64": true``, ``"value_base64": true`` inside a header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import enum
+import json
+import re
+import time
+from dataclasses import dataclass
+from typing import Annotated
+
+import typer
+
+from tidewire.client import AsyncClient
+from tidewire.errors import TidewireError, UnknownPartitionError
+from tidewire.records import Record
+
+from ._common import (
+    DEFAULT_ADDR,
+    EXIT_USAGE,
+    AddrOption,
+    fail,
+    run_client,
+)
+
+__all__ = ["consume", "parse_since", "record_doc"]
+
+#: Messages fetched and not yet printed, across partitions: the bound on memory when the
+#: output is slower than the broker (each partition task waits for room).
+QUEUE_MAX = 10_000
+#: How long one fetch waits for new data on the broker (ms). Short enough that a partition's
+#: request does not hold a connection slot for long; long enough to cost little when idle.
+LONG_POLL_MS = 1000
+#: Bytes one fetch asks for per partition.
+FETCH_MAX_BYTES = 1024 * 1024
+
+#: The list_offset timestamps that mean "the first offset" and "the end".
+EARLIEST = -2
+LATEST = -1
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+_RELATIVE = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d|w)\s*$")
+
+
+class Format(enum.StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+def parse_since(text: str, now_ms: int) -> int:
+    """A ``--since`` value as a timestamp in ms since the epoch.
+
+    Args:
+        text: ISO-8601 (``2024-05-01T12:00:00Z``, ``2024-05-01``; local time when it has no
+            offset) or a duration back from ``now_ms``: a number and a unit among ``ms``,
+            ``s``, ``m``, ``h``, ``d``, ``w`` (``10m``, ``2h``).
+        now_ms: the present, ms since the epoch.
+
+    Raises:
+        ValueError: neither form.
+    """
+    m = _RELATIVE.match(text)
+    if m:
+        return now_ms - int(m.group(1)) * _UNITS_MS[m.group(2)]
+    try:
+        when = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(
+            f"--since {text!r} is neither ISO-8601 (2024-05-01T12:00:00Z) "
+            "nor a duration (30s, 10m, 2h, 1d)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.astimezone()  # local time, as a person typing a date means it
+    return int(when.timestamp() * 1000)
+
+
+def _text(data: bytes | None) -> tuple[str | None, bool]:
+    """(UTF-8 text or base64, whether it is base64)."""
+    if data is None:
+        return None, False
+    try:
+        return data.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return base64.b64encode(data).decode("ascii"), True
+
+
+def record_doc(topic: str, partition: int, rec: Record) -> dict[str, object]:
+    """The JSON object ``--format json`` prints for one record."""
+    doc: dict[str, object] = {
+        "topic": topic,
+        "partition": partition,
+        "offset": rec.offset,
+        "timestamp": rec.timestamp,
+    }
+    for name, data in (("key", rec.key), ("value", rec.value)):
+        doc[name], b64 = _text(data)
+        if b64:
+            doc[f"{name}_base64"] = True
+    headers: list[dict[str, object]] = []
+    for k, v in rec.headers:
+        value, b64 = _text(v)
+        h: dict[str, object] = {"key": k, "value": value}
+        if b64:
+            h["value_base64"] = True
+        headers.append(h)
+    doc["headers"] = headers
+    return doc
+
+
+@dataclass(frozen=True, slots=True)
+class _Start:
+    """Where to start reading: ``offset`` itself, or a list_offset timestamp."""
+
+    offset: int | None = None
+    timestamp: int = LATEST
+
+
+async def _poll(
+    client: AsyncClient,
+    topic: str,
+    partition: int,
+    offset: int,
+    queue: asyncio.Queue[tuple[int, Record] | TidewireError],
+) -> None:
+    """Fetch one partition from ``offset`` on, forever, into ``queue``; a failure goes into
+    the queue too, for the printer to report."""
+    try:
+        while True:
+            got = await client.fetch(
+                topic, partition, offset, max_bytes=FETCH_MAX_BYTES, max_wait_ms=LONG_POLL_MS
+            )
+            for rec in got.records:
+                await queue.put((partition, rec))
+            offset = got.next_offset
+    except TidewireError as exc:
+        await queue.put(exc)
+
+
+async def _consume(
+    client: AsyncClient,
+    topic: str,
+    partition: int | None,
+    start: _Start,
+    count: int | None,
+    timeout_s: float | None,
+    fmt: Format,
+    print_key: bool,
+    separator: bytes,
+) -> int:
+    desc = await client.describe_topic(topic)
+    n = len(desc.partitions)
+    if partition is not None and partition >= n:
+        raise UnknownPartitionError(f"topic {topic!r} has partitions 0..{n - 1}, not {partition}")
+    partitions = [partition] if partition is not None else list(range(n))
+    offsets: dict[int, int] = {}
+    for p in partitions:
+        if start.offset is not None:
+            offsets[p] = start.offset
+        else:
+            offsets[p] = await client.list_offset(topic, p, start.timestamp)
+    queue: asyncio.Queue[tuple[int, Record] | TidewireError] = asyncio.Queue(QUEUE_MAX)
+    loop = asyncio.get_running_loop()
+    tasks = [
+        loop.create_task(_poll(client, topic, p, offsets[p], queue), name=f"fetch {topic}/{p}")
+        for p in partitions
+    ]
+    out = typer.get_binary_stream("stdout")
+    printed = 0
+    try:
+        while count is None or printed < count:
+            if queue.empty():
+                out.flush()  # whatever was printed is seen before waiting for more
+                try:
+                    async with asyncio.timeout(timeout_s):
+                        item = await queue.get()
+                except TimeoutError:
+                    break  # --timeout seconds without a new message
+            else:
+                item = queue.get_nowait()
+            if isinstance(item, TidewireError):
+                raise item
+            p, rec = item
+            out.write(_line(topic, p, rec, fmt, print_key, separator))
+            printed += 1
+    finally:
+        out.flush()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return printed
+
+
+def _line(
+    topic: str, partition: int, rec: Record, fmt: Format, print_key: bool, separator: bytes
+) -> bytes:
+    if fmt is Format.JSON:
+        doc = record_doc(topic, partition, rec)
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    line = rec.value or b""
+    if print_key:
+        line = (rec.key or b"") + separator + line
+    return line + b"\n"
+
+
+def consume(
+    topic: Annotated[str, typer.Argument(help="The topic.", show_default=False)],
+    from_beginning: Annotated[
+        bool,
+        typer.Option("--from-beginning", help="Start at the oldest message.", show_default=False),
+    ] = False,
+    offset: Annotated[
+        int | None,
+        typer.Option(min=0, help="Start at this offset (needs --partition)."),
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            help="Start at the first message at or after TIME: ISO-8601 "
+            "(2024-05-01T12:00:00Z) or back from now (30s, 10m, 2h, 1d).",
+            metavar="TIME",
+        ),
+    ] = None,
+    partition: Annotated[
+        int | None, typer.Option("--partition", "-p", min=0, help="Only this partition.")
+    ] = None,
+    count: Annotated[
+        int | None,
+        typer.Option("--count", "-n", min=1, help="Stop after this many messages."),
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(min=0.001, help="Stop when this many seconds pass with no new message."),
+    ] = None,
+    fmt: Annotated[
+        Format,
+        typer.Option(
+            "--format", "-f", help="text: each value on a line; json: one object per line."
+        ),
+    ] = Format.TEXT,
+    print_key: Annotated[
+        bool,
+        typer.Option("--print-key", help="Text format: print KEY SEP VALUE.", show_default=False),
+    ] = False,
+    key_separator: Annotated[
+        str, typer.Option(help="Text format: what goes between key and value.", metavar="SEP")
+    ] = "\t",
+    addr: AddrOption = DEFAULT_ADDR,
+) -> None:
+    """Print a topic's messages: by default only new ones, from every partition.
+
+    Stops after --count messages, when --timeout seconds pass without one, or on Ctrl-C.
+    """
+    if from_beginning + (offset is not None) + (since is not None) > 1:
+        fail("give at most one of --from-beginning, --offset, --since", EXIT_USAGE)
+    if offset is not None and partition is None:
+        fail("--offset needs --partition: offsets belong to one partition", EXIT_USAGE)
+    start = _Start()
+    if from_beginning:
+        start = _Start(timestamp=EARLIEST)
+    elif offset is not None:
+        start = _Start(offset=offset)
+    elif since is not None:
+        try:
+            start = _Start(timestamp=parse_since(since, time.time_ns() // 1_000_000))
+        except ValueError as exc:
+            fail(str(exc), EXIT_USAGE)
+
+    async def body(client: AsyncClient) -> int:
+        return await _consume(
+            client, topic, partition, start, count, timeout, fmt, print_key, key_separator.encode()
+        )
+
+    run_client(addr, body)

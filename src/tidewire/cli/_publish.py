@@ -1,0 +1,395 @@
+"""``tidewire publish``: one message from the command line, or one message per line of stdin.
+
+Routing (without ``--partition``): a keyed message goes to ``fnv1a_32(key) % partitions``
+(:mod:`tidewire.client.partitioner`), an unkeyed one to the next partition in turn, starting
+from a random one so that many short runs spread over the partitions.
+
+Lines from stdin are grouped: messages wait in per-partition lists until the group holds
+:data:`GROUP_MAX_BYTES` or :data:`GROUP_MAX_MESSAGES`, or its first message has waited
+:data:`LINGER_S` (so a slow pipe such as ``tail -f`` still publishes promptly); then every
+partition's list goes as one batch, the partitions' requests concurrently. Reading happens
+outside the event loop, so Ctrl-C interrupts a read at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import select
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Annotated, BinaryIO
+
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn
+
+from tidewire.client import AsyncClient, Message
+from tidewire.client.partitioner import partition_for_key
+from tidewire.errors import TidewireError, UnknownTopicError
+
+from ._common import (
+    DEFAULT_ADDR,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    AddrOption,
+    JsonOption,
+    check_addr,
+    echo_json,
+    fail,
+)
+
+__all__ = ["GROUP_MAX_BYTES", "GROUP_MAX_MESSAGES", "LINGER_S", "publish"]
+
+#: A group of stdin lines is sent once it holds this much data: large enough that a big file
+#: costs few round trips, far below the default max_batch_bytes (16 MiB) and frame limit.
+GROUP_MAX_BYTES = 512 * 1024
+#: ... or this many messages, so a flood of tiny lines is sent in steady steps too.
+GROUP_MAX_MESSAGES = 5000
+#: ... or once its first line has waited this long (seconds), for slow producers upstream.
+LINGER_S = 0.1
+#: What a record costs in a batch besides its key, value and headers (varints and
+#: attributes), rounded up: used only to size groups.
+RECORD_OVERHEAD = 24
+#: Bytes read from stdin at a time.
+READ_CHUNK = 256 * 1024
+#: The largest line accepted when the topic's own limit is not known yet (bytes).
+DEFAULT_MAX_LINE_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class _Landing:
+    """Where one partition's messages of this run went."""
+
+    messages: int = 0
+    first_offset: int = -1
+    last_offset: int = -1
+
+
+class _Publisher:
+    """Routes messages to partitions, groups them, sends each group's partitions at once."""
+
+    def __init__(self, client: AsyncClient, topic: str, partition: int | None) -> None:
+        self.client = client
+        self.topic = topic
+        self.partition = partition
+        self.count: int | None = None  # partitions; None: the topic does not exist yet
+        self.max_message_bytes = DEFAULT_MAX_LINE_BYTES
+        self.group_bytes_limit = GROUP_MAX_BYTES
+        self.next_partition = 0
+        self.pending: dict[int, list[Message]] = {}
+        self.pending_bytes = 0
+        self.pending_messages = 0
+        self.pending_since = 0.0  # monotonic time the group's first message was added
+        self.landed: dict[int, _Landing] = {}
+
+    @property
+    def published(self) -> int:
+        return sum(x.messages for x in self.landed.values())
+
+    async def start(self) -> None:
+        """Learn the partition count and the largest batch the topic accepts."""
+        try:
+            desc = await self.client.describe_topic(self.topic)
+        except UnknownTopicError:
+            return  # created by the first publish if the broker auto-creates topics
+        self._learn(len(desc.partitions), desc.config.max_message_bytes)
+        self.next_partition = random.randrange(len(desc.partitions))
+
+    def _learn(self, count: int, max_message_bytes: int | None) -> None:
+        self.count = count
+        if max_message_bytes:
+            self.max_message_bytes = max_message_bytes
+            # Half the limit: the size estimate of a group is close but not exact.
+            self.group_bytes_limit = min(GROUP_MAX_BYTES, max(1, max_message_bytes // 2))
+
+    @property
+    def routable(self) -> bool:
+        """Whether :meth:`add` can route a message; if not, send it with :meth:`first`."""
+        return self.count is not None or self.partition is not None
+
+    def add(self, message: Message) -> bool:
+        """Queue one message (see :attr:`routable`); return whether the group is full and
+        must be sent (:meth:`flush`)."""
+        p = self._route(message)
+        if not self.pending_messages:
+            self.pending_since = time.monotonic()
+        self.pending.setdefault(p, []).append(message)
+        self.pending_messages += 1
+        self.pending_bytes += _size(message)
+        return (
+            self.pending_bytes >= self.group_bytes_limit
+            or self.pending_messages >= GROUP_MAX_MESSAGES
+        )
+
+    async def first(self, message: Message) -> None:
+        """The first message to a topic that does not exist: the broker creates it (if it
+        auto-creates topics) with partition 0 at least, so an unkeyed message goes there;
+        then the partition count is known."""
+        if message.key is not None:
+            raise UnknownTopicError(
+                f"topic {self.topic!r} does not exist; create it first (tidewire topic create "
+                f"{self.topic} --partitions N): a key's partition depends on the partition count"
+            )
+        await self._send(0, [message])
+        desc = await self.client.describe_topic(self.topic)
+        self._learn(len(desc.partitions), desc.config.max_message_bytes)
+        self.next_partition = 1 % len(desc.partitions)
+
+    def _route(self, message: Message) -> int:
+        if self.partition is not None:
+            return self.partition
+        assert self.count is not None
+        if message.key is not None:
+            return partition_for_key(message.key, self.count)
+        p = self.next_partition
+        self.next_partition = (p + 1) % self.count
+        return p
+
+    def overdue(self) -> float | None:
+        """Seconds until the pending group must be sent (None: nothing pending)."""
+        if not self.pending_messages:
+            return None
+        return max(0.0, self.pending_since + LINGER_S - time.monotonic())
+
+    async def flush(self) -> None:
+        """Send every pending message: one request per partition, all at once."""
+        pending, self.pending = self.pending, {}
+        self.pending_bytes = self.pending_messages = 0
+        if not pending:
+            return
+        tasks = [
+            asyncio.get_running_loop().create_task(self._send(p, msgs))
+            for p, msgs in pending.items()
+        ]
+        await asyncio.wait(tasks)
+        for task in tasks:
+            task.result()  # the first failure, after every request has its answer
+
+    async def _send(self, partition: int, messages: list[Message]) -> None:
+        base = await self.client.produce(self.topic, partition, messages)
+        landing = self.landed.setdefault(partition, _Landing())
+        if landing.first_offset < 0:
+            landing.first_offset = base
+        landing.messages += len(messages)
+        landing.last_offset = max(landing.last_offset, base + len(messages) - 1)
+
+
+def _size(m: Message) -> int:
+    return (
+        RECORD_OVERHEAD
+        + len(m.value or b"")
+        + len(m.key or b"")
+        + sum(len(k) + len(v or b"") + 2 for k, v in m.headers)
+    )
+
+
+def publish(
+    topic: Annotated[str, typer.Argument(help="The topic.", show_default=False)],
+    message: Annotated[
+        str | None,
+        typer.Argument(
+            help="The message; '-' reads one message per line from stdin.", show_default=False
+        ),
+    ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option("--key", "-k", help="The message's key (UTF-8); routes it by hash."),
+    ] = None,
+    header: Annotated[
+        list[str] | None,
+        typer.Option("--header", "-H", help="A header KEY=VALUE (repeatable), on every message."),
+    ] = None,
+    partition: Annotated[
+        int | None,
+        typer.Option("--partition", "-p", min=0, help="Send to this partition (no routing)."),
+    ] = None,
+    key_separator: Annotated[
+        str | None,
+        typer.Option(
+            help="With '-': split each line at the first SEP into key and value.",
+            metavar="SEP",
+        ),
+    ] = None,
+    addr: AddrOption = DEFAULT_ADDR,
+    as_json: JsonOption = False,
+) -> None:
+    """Publish a message, or with '-' one message per line of stdin (grouped into batches).
+
+    Prints the partition and offset where the messages landed.
+    """
+    check_addr(addr)
+    if message is None:
+        fail("give a MESSAGE, or '-' to read one message per line from stdin", EXIT_USAGE)
+    from_stdin = message == "-"
+    if key_separator is not None and not from_stdin:
+        fail("--key-separator applies to lines from stdin (MESSAGE '-')", EXIT_USAGE)
+    if key_separator == "":
+        fail("--key-separator must not be empty", EXIT_USAGE)
+    if key is not None and key_separator is not None:
+        fail("give --key or --key-separator, not both", EXIT_USAGE)
+    headers = _parse_headers(header or [])
+    key_bytes = None if key is None else key.encode()
+    sep = None if key_separator is None else key_separator.encode()
+
+    progress: Progress | None = None
+    with asyncio.Runner() as runner:
+        client = AsyncClient(addr)
+        publisher = _Publisher(client, topic, partition)
+        try:
+            runner.run(publisher.start())
+            if from_stdin:
+                stdin = sys.stdin.buffer
+                if sys.stderr.isatty():
+                    progress = Progress(
+                        SpinnerColumn(),
+                        TextColumn("{task.description}"),
+                        console=Console(stderr=True),
+                        transient=True,
+                    )
+                    progress.start()
+                _publish_lines(runner, publisher, stdin, key_bytes, sep, headers, progress)
+            else:
+                _publish_one(runner, publisher, Message(message.encode(), key_bytes, headers))
+                runner.run(publisher.flush())
+        except (TidewireError, _LineError) as exc:
+            _stop(progress)
+            done = publisher.published
+            note = f" ({done:,} message(s) were published before)" if from_stdin and done else ""
+            fail(f"{exc}{note}")
+        except KeyboardInterrupt:
+            _stop(progress)
+            typer.echo(f"interrupted: {publisher.published:,} message(s) published", err=True)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        finally:
+            runner.run(client.close())
+    _stop(progress)
+    _report(publisher, from_stdin=from_stdin, as_json=as_json)
+
+
+def _stop(progress: Progress | None) -> None:
+    if progress is not None:
+        progress.stop()
+
+
+def _parse_headers(items: list[str]) -> list[tuple[str, bytes | None]]:
+    headers: list[tuple[str, bytes | None]] = []
+    for item in items:
+        k, eq, v = item.partition("=")
+        if not eq or not k:
+            fail(f"--header {item!r} must be KEY=VALUE", EXIT_USAGE)
+        headers.append((k, v.encode()))
+    return headers
+
+
+def _publish_one(runner: asyncio.Runner, publisher: _Publisher, message: Message) -> None:
+    if not publisher.routable:
+        runner.run(publisher.first(message))
+    elif publisher.add(message):
+        runner.run(publisher.flush())
+
+
+def _publish_lines(
+    runner: asyncio.Runner,
+    publisher: _Publisher,
+    stream: BinaryIO,
+    key: bytes | None,
+    sep: bytes | None,
+    headers: list[tuple[str, bytes | None]],
+    progress: Progress | None,
+) -> None:
+    task = None if progress is None else progress.add_task("publishing", total=None)
+    lineno = 0
+    for line in _lines(stream, publisher):
+        if line is None:  # nothing more to read for now: send what waits
+            runner.run(publisher.flush())
+        else:
+            lineno += 1
+            if sep is None:
+                msg = Message(line, key, headers)
+            else:
+                k, found, v = line.partition(sep)
+                if not found:
+                    runner.run(publisher.flush())
+                    raise _LineError(
+                        f"stdin line {lineno}: no key separator {sep.decode()!r} in it"
+                    )
+                msg = Message(v, k, headers)
+            _publish_one(runner, publisher, msg)
+        if progress is not None and task is not None and lineno % 1000 == 0:
+            progress.update(task, description=f"{publisher.published:,} messages published")
+    runner.run(publisher.flush())
+
+
+class _LineError(Exception):
+    """A line of stdin that cannot be published."""
+
+
+def _lines(stream: BinaryIO, publisher: _Publisher) -> Iterator[bytes | None]:
+    """The lines of ``stream`` without their line ending (``\\n`` or ``\\r\\n``); ``None``
+    when the pending group is due and no more input is ready."""
+    try:
+        fd: int | None = stream.fileno()
+    except (OSError, ValueError):  # not a real file (tests): read it in chunks
+        fd = None
+    buf = b""
+    while True:
+        if fd is not None:
+            wait = publisher.overdue()
+            if wait is not None and not select.select([fd], [], [], wait)[0]:
+                yield None
+                continue
+            chunk = os.read(fd, READ_CHUNK)
+        else:
+            chunk = stream.read(READ_CHUNK)
+        if not chunk:
+            break
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            yield line.removesuffix(b"\r")
+        if len(buf) > publisher.max_message_bytes:
+            raise _LineError(
+                f"a line of stdin is longer than the topic's max_message_bytes="
+                f"{publisher.max_message_bytes:,}"
+            )
+    if buf:
+        yield buf.removesuffix(b"\r")
+
+
+def _report(publisher: _Publisher, *, from_stdin: bool, as_json: bool) -> None:
+    landed = sorted(publisher.landed.items())
+    if not from_stdin:
+        ((p, landing),) = landed
+        if as_json:
+            echo_json({"topic": publisher.topic, "partition": p, "offset": landing.first_offset})
+        else:
+            typer.echo(
+                f"published to {publisher.topic} partition {p} at offset {landing.first_offset}"
+            )
+        return
+    if as_json:
+        echo_json(
+            {
+                "topic": publisher.topic,
+                "messages": publisher.published,
+                "partitions": [
+                    {
+                        "partition": p,
+                        "messages": x.messages,
+                        "first_offset": x.first_offset,
+                        "last_offset": x.last_offset,
+                    }
+                    for p, x in landed
+                ],
+            }
+        )
+        return
+    typer.echo(f"published {publisher.published:,} message(s) to {publisher.topic}")
+    for p, x in landed:
+        typer.echo(
+            f"  partition {p}: {x.messages:,} message(s), offsets {x.first_offset}..{x.last_offset}"
+        )

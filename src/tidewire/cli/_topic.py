@@ -1,0 +1,219 @@
+"""``tidewire topic``: create, list, describe, alter and delete topics."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tidewire.client import AsyncClient
+from tidewire.protocol.messages import TopicConfig, TopicDescription
+from tidewire.storage import FsyncPolicy
+
+from ._common import (
+    DEFAULT_ADDR,
+    EXIT_USAGE,
+    AddrOption,
+    JsonOption,
+    echo_json,
+    fail,
+    run_client,
+)
+
+__all__ = ["topic_app"]
+
+topic_app = typer.Typer(name="topic", help="Create, list, describe, alter and delete topics.")
+
+NameArg = Annotated[str, typer.Argument(help="The topic.", show_default=False)]
+RetentionMs = Annotated[
+    int | None, typer.Option(help="Delete segments whose newest record is older (ms; -1: keep).")
+]
+RetentionBytes = Annotated[
+    int | None, typer.Option(help="Delete oldest segments beyond this size (bytes; -1: keep).")
+]
+SegmentBytes = Annotated[int | None, typer.Option(help="Roll segments at this size (bytes).")]
+SegmentMs = Annotated[int | None, typer.Option(help="Roll segments at this age (ms).")]
+Fsync = Annotated[
+    FsyncPolicy | None,
+    typer.Option(help="Durability: always (ack after fsync), interval, never."),
+]
+FlushIntervalMs = Annotated[
+    int | None, typer.Option(help="fsync period under --fsync interval (ms).")
+]
+MaxMessageBytes = Annotated[
+    int | None, typer.Option(help="The largest record batch the topic accepts (bytes).")
+]
+
+
+def _topic_config(
+    retention_ms: int | None,
+    retention_bytes: int | None,
+    segment_bytes: int | None,
+    segment_ms: int | None,
+    fsync: FsyncPolicy | None,
+    flush_interval_ms: int | None,
+    max_message_bytes: int | None,
+) -> TopicConfig:
+    return TopicConfig(
+        retention_ms=retention_ms,
+        retention_bytes=retention_bytes,
+        segment_bytes=segment_bytes,
+        segment_ms=segment_ms,
+        fsync=None if fsync is None else str(fsync),
+        flush_interval_ms=flush_interval_ms,
+        max_message_bytes=max_message_bytes,
+    )
+
+
+@topic_app.command("create")
+def create(
+    name: NameArg,
+    partitions: Annotated[
+        int | None, typer.Option(help="Partitions (default: the broker's default_partitions).")
+    ] = None,
+    retention_ms: RetentionMs = None,
+    retention_bytes: RetentionBytes = None,
+    segment_bytes: SegmentBytes = None,
+    segment_ms: SegmentMs = None,
+    fsync: Fsync = None,
+    flush_interval_ms: FlushIntervalMs = None,
+    max_message_bytes: MaxMessageBytes = None,
+    addr: AddrOption = DEFAULT_ADDR,
+    as_json: JsonOption = False,
+) -> None:
+    """Create a topic; settings not given are the broker's defaults."""
+    config = _topic_config(
+        retention_ms,
+        retention_bytes,
+        segment_bytes,
+        segment_ms,
+        fsync,
+        flush_interval_ms,
+        max_message_bytes,
+    )
+
+    async def body(client: AsyncClient) -> TopicDescription:
+        await client.create_topic(name, partitions, config)
+        return await client.describe_topic(name)
+
+    desc = run_client(addr, body)
+    if as_json:
+        echo_json(_describe_doc(desc))
+    else:
+        typer.echo(f"created topic {name!r} with {len(desc.partitions)} partition(s)")
+
+
+@topic_app.command("list")
+def list_(addr: AddrOption = DEFAULT_ADDR, as_json: JsonOption = False) -> None:
+    """List the topics, one name a line."""
+
+    async def body(client: AsyncClient) -> list[str]:
+        return await client.list_topics()
+
+    names = run_client(addr, body)
+    if as_json:
+        echo_json(names)
+    else:
+        for name in names:
+            typer.echo(name)
+
+
+@topic_app.command("describe")
+def describe(name: NameArg, addr: AddrOption = DEFAULT_ADDR, as_json: JsonOption = False) -> None:
+    """Show a topic's partitions (start and end offsets, size) and settings."""
+
+    async def body(client: AsyncClient) -> TopicDescription:
+        return await client.describe_topic(name)
+
+    desc = run_client(addr, body)
+    if as_json:
+        echo_json(_describe_doc(desc))
+        return
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(f"topic {desc.name}: {len(desc.partitions)} partition(s)")
+    parts = Table("partition", "start offset", "end offset", "high watermark", "size (bytes)")
+    for p in desc.partitions:
+        parts.add_row(
+            str(p.partition),
+            str(p.log_start_offset),
+            str(p.log_end_offset),
+            str(p.high_watermark),
+            f"{p.size_bytes:,}",
+        )
+    console.print(parts)
+    settings = Table("setting", "value")
+    for key, value in msgspec.structs.asdict(desc.config).items():
+        if value is not None:
+            settings.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
+    console.print(settings)
+
+
+@topic_app.command("alter")
+def alter(
+    name: NameArg,
+    partitions: Annotated[
+        int | None, typer.Option(help="New partition count (only more than today).")
+    ] = None,
+    retention_ms: RetentionMs = None,
+    retention_bytes: RetentionBytes = None,
+    segment_bytes: SegmentBytes = None,
+    segment_ms: SegmentMs = None,
+    fsync: Fsync = None,
+    flush_interval_ms: FlushIntervalMs = None,
+    max_message_bytes: MaxMessageBytes = None,
+    addr: AddrOption = DEFAULT_ADDR,
+    as_json: JsonOption = False,
+) -> None:
+    """Add partitions and/or change settings of a topic; what is not given stays."""
+    config = _topic_config(
+        retention_ms,
+        retention_bytes,
+        segment_bytes,
+        segment_ms,
+        fsync,
+        flush_interval_ms,
+        max_message_bytes,
+    )
+    if partitions is None and config == TopicConfig():
+        fail("nothing to change: give --partitions or a setting (see --help)", EXIT_USAGE)
+
+    async def body(client: AsyncClient) -> TopicDescription:
+        await client.alter_topic(name, partitions=partitions, config=config)
+        return await client.describe_topic(name)
+
+    desc = run_client(addr, body)
+    if as_json:
+        echo_json(_describe_doc(desc))
+    else:
+        typer.echo(f"altered topic {name!r}: {len(desc.partitions)} partition(s)")
+
+
+@topic_app.command("delete")
+def delete(name: NameArg, addr: AddrOption = DEFAULT_ADDR) -> None:
+    """Delete a topic and all its messages."""
+
+    async def body(client: AsyncClient) -> None:
+        await client.delete_topic(name)
+
+    run_client(addr, body)
+    typer.echo(f"deleted topic {name!r}")
+
+
+def _describe_doc(desc: TopicDescription) -> dict[str, object]:
+    return {
+        "name": desc.name,
+        "partitions": [
+            {
+                "partition": p.partition,
+                "log_start_offset": p.log_start_offset,
+                "log_end_offset": p.log_end_offset,
+                "high_watermark": p.high_watermark,
+                "size_bytes": p.size_bytes,
+            }
+            for p in desc.partitions
+        ],
+        "config": msgspec.structs.asdict(desc.config),
+    }

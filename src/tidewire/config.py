@@ -1,0 +1,438 @@
+"""The settings of ``tidewire serve``: defaults, then a TOML file, then ``TIDEWIRE_*``
+environment variables, then command-line flags (each later source wins).
+
+Every setting is one row of :data:`SETTINGS`: its TOML section and key, its environment
+variable (``TIDEWIRE_`` + the key in capitals: ``port`` -> ``TIDEWIRE_PORT``), its flag, its
+default (taken from :class:`~tidewire.broker.BrokerConfig`,
+:class:`~tidewire.storage.LogConfig` and :class:`~tidewire.server.ServerConfig`, whose
+validation decides what is in range) and a one-line meaning. The file looks like::
+
+    [broker]
+    data_dir = "./tidewire-data"
+    default_partitions = 3
+
+    [log]
+    fsync = "always"
+
+    [server]
+    port = 7400
+
+:func:`load_settings` builds the :class:`Settings`; a bad value raises
+:class:`~tidewire.errors.InvalidConfigError` whose message says where the value came from
+(the file and key, the environment variable, or the flag) and what is allowed.
+:func:`default_toml` writes a commented file of every key at its default.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from tidewire.broker import BrokerConfig
+from tidewire.errors import InvalidConfigError
+from tidewire.server import ServerConfig
+from tidewire.storage import FsyncPolicy, LogConfig
+from tidewire.storage.manager import MAX_PARTITION
+
+__all__ = [
+    "DEFAULT_DATA_DIR",
+    "ENV_PREFIX",
+    "SECTIONS",
+    "SETTINGS",
+    "Setting",
+    "Settings",
+    "default_toml",
+    "load_settings",
+    "toml_value",
+    "unknown_env_vars",
+]
+
+#: Where the logs live unless configured: relative to the directory ``serve`` runs in.
+DEFAULT_DATA_DIR = "./tidewire-data"
+#: Prefix of every environment variable tidewire reads.
+ENV_PREFIX = "TIDEWIRE_"
+#: Environment variables with the prefix that are not ``serve`` settings: the client
+#: commands' broker address, the config file's path, and the test scripts' interpreter.
+OTHER_ENV_VARS = frozenset({"TIDEWIRE_ADDR", "TIDEWIRE_CONFIG", "TIDEWIRE_PYTHON"})
+
+Section = Literal["broker", "log", "server"]
+Kind = Literal["int", "float", "bool", "str", "fsync"]
+SECTIONS: tuple[Section, ...] = ("broker", "log", "server")
+
+_BROKER_DEFAULTS = BrokerConfig(DEFAULT_DATA_DIR)
+_LOG_DEFAULTS = LogConfig()
+_SERVER_DEFAULTS = ServerConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One setting of ``tidewire serve``.
+
+    Attributes:
+        section: its TOML table.
+        key: its TOML key, also the field of the config class it sets.
+        kind: the type of its value.
+        flag: its command-line flag.
+        help: what it means, in one line.
+    """
+
+    section: Section
+    key: str
+    kind: Kind
+    flag: str
+    help: str
+
+    @property
+    def env(self) -> str:
+        """Its environment variable: ``TIDEWIRE_`` and the key in capitals."""
+        return ENV_PREFIX + self.key.upper()
+
+    @property
+    def default(self) -> object:
+        """Its default value."""
+        source: object = {
+            "broker": _BROKER_DEFAULTS,
+            "log": _LOG_DEFAULTS,
+            "server": _SERVER_DEFAULTS,
+        }[self.section]
+        return getattr(source, self.key)
+
+
+def _s(section: Section, key: str, kind: Kind, help: str, flag: str = "") -> Setting:
+    return Setting(section, key, kind, flag or "--" + key.replace("_", "-"), help)
+
+
+#: Every setting, in the order of the file ``tidewire config init`` writes.
+SETTINGS: tuple[Setting, ...] = (
+    _s("broker", "data_dir", "str", "Directory of the logs (created if missing)."),
+    _s(
+        "broker",
+        "default_partitions",
+        "int",
+        f"Partitions of a topic created without a count (1..{MAX_PARTITION:,}).",
+        "--partitions",
+    ),
+    _s(
+        "broker",
+        "auto_create_topics",
+        "bool",
+        "Create a topic on its first publish, with default_partitions partitions.",
+        "--auto-create",
+    ),
+    _s(
+        "broker",
+        "max_fetch_waiters",
+        "int",
+        "Long-poll fetches waiting at once; more are refused as backpressure (>= 1).",
+    ),
+    _s("broker", "max_wait_ms", "int", "The longest a fetch may wait for data, ms (0..3,600,000)."),
+    _s(
+        "log",
+        "fsync",
+        "fsync",
+        "Durability of new topics: always (ack after fsync), interval, never.",
+    ),
+    _s("log", "flush_interval_ms", "int", "fsync period under fsync = interval, ms."),
+    _s("log", "segment_bytes", "int", "Roll to a new segment beyond this size, bytes (>= 1,024)."),
+    _s("log", "segment_ms", "int", "Roll to a new segment when the active one is this old, ms."),
+    _s("log", "retention_ms", "int", "Delete segments whose newest record is older, ms; -1: keep."),
+    _s(
+        "log", "retention_bytes", "int", "Delete oldest segments beyond this size, bytes; -1: keep."
+    ),
+    _s("log", "max_batch_bytes", "int", "The largest record batch a topic accepts, bytes."),
+    _s("server", "host", "str", "Address the binary protocol listens on."),
+    _s("server", "port", "int", "TCP port of the binary protocol (0: any free port)."),
+    _s("server", "max_connections", "int", "Client connections at once; more are closed."),
+    _s("server", "max_frame_bytes", "int", "The longest protocol frame accepted, bytes."),
+    _s("server", "max_in_flight", "int", "Requests per connection in flight before reads pause."),
+    _s("server", "idle_timeout_s", "float", "Close a connection silent for this long, seconds."),
+    _s("server", "frame_timeout_s", "float", "Close a connection whose frame takes this long, s."),
+)
+_BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The settings ``tidewire serve`` runs with.
+
+    Attributes:
+        broker: the broker's settings (with the default log settings of new topics).
+        server: the TCP listener's settings.
+        origins: for each key of :data:`SETTINGS`, where its value came from: ``"default"``,
+            ``"FILE [section] key"``, ``"environment variable TIDEWIRE_KEY"`` or
+            ``"flag --key"``.
+    """
+
+    broker: BrokerConfig
+    server: ServerConfig
+    origins: Mapping[str, str]
+
+    def value(self, key: str) -> object:
+        """The value of one setting of :data:`SETTINGS` by its key."""
+        section = _BY_KEY[key].section
+        if section == "log":
+            return getattr(self.broker.log, key)
+        return getattr(self.broker if section == "broker" else self.server, key)
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+
+def load_settings(
+    path: Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, object] | None = None,
+) -> Settings:
+    """Resolve the settings: defaults < the TOML file at ``path`` < ``env`` < ``flags``.
+
+    Args:
+        path: a TOML file (None: none).
+        env: environment variables (None: ``os.environ``); only ``TIDEWIRE_<KEY>`` of a
+            setting is read, other variables are ignored (see :func:`unknown_env_vars`).
+        flags: values given on the command line by setting key, already of the setting's
+            type (None values mean "not given").
+
+    Raises:
+        InvalidConfigError: an unreadable or malformed file, an unknown section or key, a
+            value of the wrong type or out of range; the message names where it came from.
+    """
+    values: dict[str, Any] = {s.key: s.default for s in SETTINGS}
+    origins: dict[str, str] = dict.fromkeys(values, "default")
+
+    def take(setting: Setting, value: Any, origin: str) -> None:
+        _check_range(setting, value, origin)
+        values[setting.key] = value
+        origins[setting.key] = origin
+
+    if path is not None:
+        for setting, value, origin in _read_file(path):
+            take(setting, value, origin)
+    environ = os.environ if env is None else env
+    for setting in SETTINGS:
+        raw = environ.get(setting.env)
+        if raw is not None:
+            origin = f"environment variable {setting.env}"
+            take(setting, _parse_env(setting, raw, origin), origin)
+    for key, given in (flags or {}).items():
+        if given is None:
+            continue
+        setting = _BY_KEY[key]
+        value = float(given) if setting.kind == "float" and isinstance(given, int) else given
+        take(setting, value, f"flag {setting.flag}")
+
+    def of(section: Section) -> dict[str, Any]:
+        return {s.key: values[s.key] for s in SETTINGS if s.section == section}
+
+    # Each value was checked on its own above; building the whole catches what depends on
+    # several of them together, and names every source involved.
+    try:
+        log = LogConfig(**of("log"))
+        broker = BrokerConfig(**of("broker"), log=log)
+        server = ServerConfig(**of("server"))
+    except InvalidConfigError as exc:
+        where = "; ".join(sorted({o for o in origins.values() if o != "default"})) or "defaults"
+        raise InvalidConfigError(f"{where}: {exc.message}") from None
+    return Settings(broker=broker, server=server, origins=origins)
+
+
+def unknown_env_vars(env: Mapping[str, str] | None = None) -> list[str]:
+    """Names in ``env`` (None: ``os.environ``) that start with ``TIDEWIRE_`` but name no
+    setting: most likely a typo, which :func:`load_settings` would silently ignore."""
+    environ = os.environ if env is None else env
+    known = {s.env for s in SETTINGS} | OTHER_ENV_VARS
+    return sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in known)
+
+
+def _read_file(path: Path) -> list[tuple[Setting, Any, str]]:
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except OSError as exc:
+        raise InvalidConfigError(f"{path}: cannot read the config file: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidConfigError(f"{path}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise InvalidConfigError(f"{path}: not valid TOML: the file is not UTF-8") from None
+    found: list[tuple[Setting, Any, str]] = []
+    names = ", ".join(f"[{s}]" for s in SECTIONS)
+    for section, table in doc.items():
+        if not isinstance(table, dict):
+            if section in _BY_KEY:
+                raise InvalidConfigError(
+                    f"{path}: key {section!r} is outside any section; "
+                    f"put it under [{_BY_KEY[section].section}]"
+                )
+            raise InvalidConfigError(
+                f"{path}: key {section!r} is outside any section; the sections are {names}"
+            )
+        if section not in SECTIONS:
+            raise InvalidConfigError(
+                f"{path}: unknown section [{section}]{_did_you_mean(section, SECTIONS)}; "
+                f"the sections are {names}"
+            )
+        for key, value in table.items():
+            origin = f"{path} [{section}] {key}"
+            setting = _BY_KEY.get(key)
+            if setting is None or setting.section != section:
+                keys = [s.key for s in SETTINGS if s.section == section]
+                hint = (
+                    f"; it belongs under [{setting.section}]"
+                    if setting is not None
+                    else _did_you_mean(key, keys)
+                )
+                raise InvalidConfigError(
+                    f"{path}: unknown key {key!r} in [{section}]{hint}; "
+                    f"the keys of [{section}] are {', '.join(keys)}"
+                )
+            found.append((setting, _check_toml_type(setting, value, origin), origin))
+    return found
+
+
+def _did_you_mean(word: str, choices: tuple[str, ...] | list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+_KIND_NAMES: dict[Kind, str] = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "a string",
+    "fsync": "one of 'always', 'interval', 'never'",
+}
+
+
+def _toml_type(value: object) -> str:
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    return f"a {type(value).__name__}"  # dates and times
+
+
+def _check_toml_type(setting: Setting, value: object, origin: str) -> Any:
+    kind = setting.kind
+    ok = (
+        (kind == "int" and isinstance(value, int) and not isinstance(value, bool))
+        or (kind == "float" and isinstance(value, int | float) and not isinstance(value, bool))
+        or (kind == "bool" and isinstance(value, bool))
+        or (kind in ("str", "fsync") and isinstance(value, str))
+    )
+    if not ok:
+        raise InvalidConfigError(f"{origin}: must be {_KIND_NAMES[kind]}, got {_toml_type(value)}")
+    if kind == "float":
+        return float(value)  # type: ignore[arg-type]
+    if kind == "fsync":
+        return _fsync(str(value), origin)
+    return value
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _parse_env(setting: Setting, raw: str, origin: str) -> Any:
+    text = raw.strip()
+    try:
+        if setting.kind == "int":
+            return int(text)
+        if setting.kind == "float":
+            return float(text)
+    except ValueError:
+        raise InvalidConfigError(
+            f"{origin}: must be {_KIND_NAMES[setting.kind]}, got {raw!r}"
+        ) from None
+    if setting.kind == "bool":
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise InvalidConfigError(
+            f"{origin}: must be true or false (also 1/0, yes/no, on/off), got {raw!r}"
+        )
+    if setting.kind == "fsync":
+        return _fsync(text, origin)
+    return raw
+
+
+def _fsync(text: str, origin: str) -> FsyncPolicy:
+    try:
+        return FsyncPolicy(text.lower())
+    except ValueError:
+        raise InvalidConfigError(
+            f"{origin}: must be one of always, interval, never, got {text!r}"
+        ) from None
+
+
+def _check_range(setting: Setting, value: Any, origin: str) -> None:
+    """Check one value against its config class's own validation, with only it changed."""
+    try:
+        if setting.kind == "str" and not str(value).strip():
+            raise InvalidConfigError(f"{setting.key} must not be empty")
+        if setting.kind == "float" and not math.isfinite(value):
+            raise InvalidConfigError(f"{setting.key}={value} must be a finite number")
+        if setting.section == "log":
+            replace(_LOG_DEFAULTS, **{setting.key: value})
+        elif setting.section == "broker":
+            replace(_BROKER_DEFAULTS, **{setting.key: value})
+        else:
+            replace(_SERVER_DEFAULTS, **{setting.key: value})
+    except InvalidConfigError as exc:
+        raise InvalidConfigError(f"{origin}: {exc.message}") from None
+
+
+# --- the default file -------------------------------------------------------------------------
+
+
+def toml_value(value: object) -> str:
+    """``value`` (a setting's) written as a TOML value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, FsyncPolicy):
+        return json.dumps(str(value))
+    if isinstance(value, int):
+        return f"{value:_}" if abs(value) >= 10_000 else str(value)
+    if isinstance(value, float):
+        return repr(value)
+    # A JSON string is a TOML basic string: the same escapes (\\, \", \n, \uXXXX).
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+_SECTION_HELP: dict[Section, str] = {
+    "broker": "The broker: where data lives, topic creation, long-poll fetches.",
+    "log": "Defaults of new topics' logs (a topic created with settings of its own keeps them).",
+    "server": "The TCP listener of the binary protocol.",
+}
+
+
+def default_toml() -> str:
+    """A commented TOML file of every setting at its default value; loading it gives exactly
+    the defaults."""
+    lines = [
+        "# tidewire configuration: tidewire serve --config FILE",
+        "#",
+        "# Every key is shown at its default value; delete the ones you do not change.",
+        "# Precedence: command-line flags > TIDEWIRE_* environment variables > this file >",
+        "# defaults. Each key's environment variable is TIDEWIRE_ and the key in capitals.",
+    ]
+    for section in SECTIONS:
+        lines += ["", f"# {_SECTION_HELP[section]}", f"[{section}]"]
+        for s in SETTINGS:
+            if s.section == section:
+                lines.append(f"# {s.help}  [{s.env}, {s.flag}]")
+                lines.append(f"{s.key} = {toml_value(s.default)}")
+    return "\n".join(lines) + "\n"
