@@ -8,6 +8,7 @@
 - ``tidewire topic create | list | describe | alter | delete``: administration.
 - ``tidewire publish``, ``tidewire consume``: messages in and out.
 - ``tidewire health``: ping a broker; exit code 0 when it answers.
+- ``tidewire bench produce | consume``: the load generator (throughput and latency).
 - ``tidewire --version``.
 
 The client commands take ``--addr HOST:PORT`` (or ``TIDEWIRE_ADDR``). An error prints one
@@ -23,6 +24,7 @@ import typer
 
 from tidewire import __version__
 
+from ._bench import bench_app
 from ._consume import consume
 from ._health import health
 from ._publish import publish
@@ -63,6 +65,7 @@ app.add_typer(topic_app)
 app.command()(publish)
 app.command()(consume)
 app.command()(health)
+app.add_typer(bench_app)
 
 
 def main() -> None:
