@@ -401,3 +401,58 @@ def test_error_frame_seen_through_a_client_connection(tmp_path: Path) -> None:
             assert isinstance(event.error, FrameTooLargeError)
 
     asyncio.run(main())
+
+
+def test_a_client_that_never_reads_is_reset_once_closed(tmp_path: Path) -> None:
+    """A connection closed on a client that reads nothing (here: by the frame timeout, with
+    its answers and the error frame unsent) is reset ``frame_timeout_s`` later, not kept open
+    for as long as that client stays connected."""
+
+    async def read_until_reset(reader: asyncio.StreamReader) -> None:
+        for _ in range(1000):  # each read takes some of what was sent before the reset
+            if not await asyncio.wait_for(reader.read(1 << 20), PROMPT_S):
+                return
+
+    def buffered(server: TcpServer) -> int:
+        return sum(
+            c.transport.get_write_buffer_size()
+            for c in server.connections
+            if c.transport is not None
+        )
+
+    async def main() -> None:
+        async with (
+            serve(
+                tmp_path,
+                max_in_flight=4,
+                frame_timeout_s=TINY_TIMEOUT_S,
+                idle_timeout_s=TINY_TIMEOUT_S,
+            ) as (_, server),
+            Client.connect(server) as good,
+        ):
+            data = batch([b"x" * 1024] * 256)
+            await good.call(
+                ProduceRequest(partitions=[ProducePartition("big", 0, len(data))]), [data]
+            )
+            async with Client.connect(server) as greedy:
+                request = FetchRequest(partitions=[FetchPartition("big", 0, 0, ALL)])
+                for _ in range(200):
+                    greedy.send(request)
+                await greedy.writer.drain()
+                # Answers pile up unread: the server stops reading it and closes it (a timeout
+                # ends it: nothing more comes)...
+                await until(lambda: buffered(server) > 0)
+                (stuck,) = [
+                    c
+                    for c in server.connections
+                    if c.transport is not None and c.transport.get_write_buffer_size()
+                ]
+                # ...then, the error frame still unsent, resets it.
+                await until(lambda: stuck not in server.connections)
+                with pytest.raises(ConnectionResetError):
+                    await read_until_reset(greedy.reader)
+            # The good connection idles out with these timeouts: a new one.
+            async with Client.connect(server) as after:
+                await _works(after)
+
+    asyncio.run(main())

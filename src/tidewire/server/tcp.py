@@ -9,7 +9,10 @@ connection are answered in any order, matched by correlation id). Bounds:
   sent, so a client that pipelines without limit fills only its own buffers;
 - ``max_frame_bytes``: a longer frame closes that connection (with an error frame);
 - ``idle_timeout_s``: a connection that sends nothing for that long is closed;
-- ``frame_timeout_s``: a frame begun but not finished within that long closes the connection.
+- ``frame_timeout_s``: a frame begun but not finished within that long closes the connection;
+  a connection being closed whose peer has not taken what is left to send (its answers, the
+  error frame) within that long is reset, since a peer that never reads would otherwise keep
+  it, and the bytes waiting for it, for ever.
 
 A malformed frame gets an error frame and closes that connection only.
 """
@@ -20,6 +23,8 @@ import asyncio
 import contextlib
 import logging
 import math
+import socket
+import struct
 from dataclasses import dataclass
 
 from tidewire.broker import Broker
@@ -46,6 +51,9 @@ from tidewire.server.handlers import HANDLERS, ServerInfo
 __all__ = ["ServerConfig", "TcpServer"]
 
 log = logging.getLogger("tidewire.server")
+
+#: SO_LINGER on, with a timeout of 0: closing the socket sends a RST and drops what is unsent.
+_LINGER_OFF = struct.pack("ii", 1, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +111,8 @@ class _ClientProtocol(asyncio.Protocol):
         self.closing = False
         self._timer: asyncio.TimerHandle | None = None
         self._frame_started: float | None = None  # loop time the pending frame began
+        self._reset_timer: asyncio.TimerHandle | None = None  # armed once closing
+        self._lost = False
 
     # --- asyncio callbacks ------------------------------------------------------------------
 
@@ -151,9 +161,12 @@ class _ClientProtocol(asyncio.Protocol):
             t.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
         self.server.connections.discard(self)
         if self._timer is not None:
             self._timer.cancel()
+        if self._reset_timer is not None:
+            self._reset_timer.cancel()
         for task in self.tasks:
             task.cancel()
 
@@ -212,8 +225,8 @@ class _ClientProtocol(asyncio.Protocol):
             log.error("request handler failed", exc_info=exc)
             self._fail(UnknownError(f"internal error: {exc!r}"))
             return
-        if self.closing and not self.tasks and self.transport is not None:
-            self.transport.close()
+        if self.closing and not self.tasks:
+            self.close()
 
     def _write(self, buffers: list[Buffer]) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -234,16 +247,51 @@ class _ClientProtocol(asyncio.Protocol):
         self.closing = True
         if self.transport is not None and not self.transport.is_closing():
             self.transport.writelines(Connection.error_frame(exc))
-            self.transport.close()
+            self.close()
 
     def _close_when_done(self) -> None:
         self.closing = True
-        if not self.tasks and self.transport is not None:
-            self.transport.close()
+        if not self.tasks:
+            self.close()
+
+    def close(self) -> None:
+        """Close once what was written is sent; reset the connection if the peer has not
+        taken it within ``frame_timeout_s``.
+
+        A plain close waits for the write buffer to drain, and a peer that does not read
+        never drains it: the connection, its buffered answers and its slot under
+        ``max_connections`` would be held for as long as that peer stays connected.
+        """
+        t = self.transport
+        if t is None or self._lost:
+            return
+        t.close()  # idempotent
+        if self._reset_timer is None:
+            delay = self.server.config.frame_timeout_s
+            self._reset_timer = asyncio.get_running_loop().call_later(delay, self._reset)
+
+    def _reset(self) -> None:
+        t = self.transport
+        if t is None or self._lost:
+            return
+        log.info(
+            "resetting a connection: %d bytes for it still unsent after %g s",
+            t.get_write_buffer_size(),
+            self.server.config.frame_timeout_s,
+        )
+        sock = t.get_extra_info("socket")
+        if sock is not None:
+            # No lingering: a RST at once, instead of a kernel that goes on offering the
+            # unsent bytes to a peer that does not take them.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_OFF)
+        t.abort()
 
     def _arm_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        if self.closing:
+            return  # nothing more is read; the reset timer bounds the rest
         cfg = self.server.config
         loop = asyncio.get_running_loop()
         midframe = self.conn.buffered_bytes > 0
@@ -306,8 +354,7 @@ class TcpServer:
         if pending:
             await asyncio.wait(pending, timeout=grace_s)
         for c in list(self.connections):
-            if c.transport is not None:
-                c.transport.close()
+            c.close()
         if self._server is not None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._server.wait_closed(), grace_s)
