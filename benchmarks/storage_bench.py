@@ -34,14 +34,15 @@ are in MiB. Progress goes to stderr; ``--json`` prints one JSON object instead o
 A run that hangs (appenders still waiting 30 s past its time bound) aborts the benchmark with
 the log's group-commit state.
 
-Under ``interval`` and ``never``, ``append_async`` does not suspend, so an appender that never
-yielded would do every append while the other appenders (and the interval flusher) wait. Each
-appender therefore yields to the event loop (``asyncio.sleep(0)``) once it has appended for
-``--yield-every-ms`` (default 1 ms: the appenders interleave and the flusher runs on time, at
-a cost of one loop iteration per millisecond); ``--yield-every-ms 0`` yields after every
-append, as a broker does when each batch arrives in its own request (it adds one event-loop
-iteration per batch, which is not the log's cost). Under ``always``, ``append_async``
-suspends on its fsync, which is the yield.
+Under ``interval`` and ``never``, ``append_async`` suspends only until the end of the event
+loop's turn, where the batches appended in that turn are written together, and not at all
+when enough is gathered to be written at once (4 MiB or 500 batches); an appender that never
+yielded otherwise could starve the interval flusher. Each appender therefore also yields to
+the event loop (``asyncio.sleep(0)``) once it has appended for ``--yield-every-ms`` (default
+1 ms: the appenders interleave and the flusher runs on time, at a cost of one loop iteration
+per millisecond); ``--yield-every-ms 0`` yields after every append, as a broker does when each
+batch arrives in its own request (it adds one event-loop iteration per batch, which is not the
+log's cost). Under ``always``, ``append_async`` suspends on its fsync, which is the yield.
 """
 
 from __future__ import annotations

@@ -34,7 +34,15 @@ from tidewire.errors import (
     StorageError,
     TidewireError,
 )
-from tidewire.storage import FaultFS, FileHandle, FsyncPolicy, LogConfig, LogManager, PartitionLog
+from tidewire.storage import (
+    AppendInfo,
+    FaultFS,
+    FileHandle,
+    FsyncPolicy,
+    LogConfig,
+    LogManager,
+    PartitionLog,
+)
 from tidewire.storage.fs import Buffer, FileHandleWrapper, FileSystemWrapper
 
 DIR = "/p"
@@ -223,6 +231,77 @@ def test_failed_write_under_append_async_is_not_acknowledged(code: int) -> None:
     history.acked.update({0, 1})
     assert [p for _, (p,) in history.written] == [b"first" + b"." * 40, b"second" + b"." * 40]
     reopen_after_power_cut(fs, history, durable_end=2)
+
+
+class _SecondSegmentFails(FileSystemWrapper):
+    """Every write to a ``.log`` other than the first segment's fails with ``code``; writes are
+    counted per file."""
+
+    def __init__(self, inner: FaultFS, code: int) -> None:
+        super().__init__(inner)
+        self.code: int | None = code
+        self.writes: dict[str, int] = {}
+
+    def open(self, path: str, *, create: bool = True) -> FileHandle:
+        return _CountedFile(self, self.inner.open(path, create=create))
+
+
+class _CountedFile(FileHandleWrapper):
+    def __init__(self, fs: _SecondSegmentFails, inner: FileHandle) -> None:
+        super().__init__(inner)
+        self._fs = fs
+
+    def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
+        name = os.path.basename(self.path)
+        if name.endswith(".log"):
+            self._fs.writes[name] = self._fs.writes.get(name, 0) + 1
+            if self._fs.code is not None and name != "00000000000000000000.log":
+                raise OSError(self._fs.code, os.strerror(self._fs.code), self.path)
+        return self.inner.pwritev(buffers, offset)
+
+
+@ERRNOS
+@pytest.mark.parametrize("policy", [FsyncPolicy.NEVER, FsyncPolicy.ALWAYS])
+def test_failed_gathered_write_after_a_roll_undoes_only_the_new_segment(
+    code: int, policy: FsyncPolicy
+) -> None:
+    """Appends gathered in one turn that roll: the batches of the first segment go out in one
+    pwritev and are acknowledged; the new segment's pwritev fails, and every batch in it fails
+    with the log rolled back to the end of the first segment (the new segment removed)."""
+    inner = FaultFS()
+    fs = _SecondSegmentFails(inner, code)
+    log, history = open_log(fs, policy)
+    tags = [f"g{i:02d}" for i in range(20)]
+
+    async def main() -> list[object]:
+        return await asyncio.gather(
+            *(log.append_async(batch(t)) for t in tags), return_exceptions=True
+        )
+
+    results = asyncio.run(main())
+    done = [r for r in results if isinstance(r, AppendInfo)]
+    failed = [r for r in results if isinstance(r, BaseException)]
+    assert done, "the first segment takes some of the appends"
+    assert failed, "the appends must fill the first segment and roll"
+    assert results[: len(done)] == done, "acknowledged appends are the first ones, in order"
+    assert [i.base_offset for i in done] == list(range(len(done)))
+    for exc in failed:
+        assert_names(exc, code)
+    assert fs.writes == {
+        "00000000000000000000.log": 1,
+        f"{len(done):020d}.log": 1,
+    }, "one pwritev per segment"
+    assert log.log_end_offset == len(done)
+    assert log.segment_bases == [0]
+    assert f"{DIR}/{len(done):020d}.log" not in inner.files()
+    assert values(log) == [t.encode() + b"." * 40 for t in tags[: len(done)]]
+    fs.code = None
+    info = asyncio.run(log.append_async(batch("after")))
+    assert info.base_offset == len(done)
+    log.flush()
+    history.acked.update(range(len(done) + 1))
+    assert values(log)[-1] == b"after" + b"." * 40
+    reopen_after_power_cut(inner, history, durable_end=len(done) + 1)
 
 
 def test_short_write_is_truncated_back() -> None:

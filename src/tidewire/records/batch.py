@@ -49,6 +49,7 @@ __all__ = [
     "BatchHeader",
     "TimestampType",
     "check_batch",
+    "check_whole_batch",
     "crc32c",
     "parse_header",
     "peek_base_offset",
@@ -89,6 +90,24 @@ MAGIC = 2
 MAX_BATCH_BYTES = 256 * 1024 * 1024
 
 _BASE_AND_LENGTH = struct.Struct(">qi")
+#: The header fields :func:`check_whole_batch` looks at; pad bytes skip the rest (same layout
+#: as :data:`HEADER`).
+_CHECKED_FIELDS = struct.Struct(
+    ">"
+    "8x"  # base_offset
+    "i"  # batch_length
+    "4x"  # partition_leader_epoch
+    "b"  # magic
+    "I"  # crc
+    "h"  # attributes
+    "i"  # last_offset_delta
+    "8x"  # first_timestamp
+    "q"  # max_timestamp
+    "8x"  # producer_id
+    "2x"  # producer_epoch
+    "4x"  # base_sequence
+    "i"  # records_count
+)
 _CODEC_MASK = 0x07
 _SUPPORTED_CODEC_IDS = frozenset(int(c) for c in SUPPORTED)
 _TIMESTAMP_TYPE_BIT = 0x08
@@ -235,3 +254,33 @@ def check_batch(
             f"stored {h.crc:#010x}, computed {actual:#010x}"
         )
     return h
+
+
+def check_whole_batch(
+    buf: memoryview, max_batch_bytes: int = MAX_BATCH_BYTES
+) -> tuple[int, int, int, int] | None:
+    """:func:`check_batch` for a buffer that should hold exactly one batch, without building a
+    :class:`BatchHeader`: the fast path of an append, which needs only a few fields.
+
+    It accepts exactly the buffers that ``check_batch(buf, max_batch_bytes=...)`` accepts and
+    whose batch fills ``buf`` to its last byte; it returns ``None`` for everything else, raising
+    nothing: call :func:`check_batch` then, to learn what is wrong (it names the fault).
+
+    Returns:
+        ``(batch_length, last_offset_delta, max_timestamp, records_count)``, or ``None``.
+    """
+    size = len(buf)
+    if size < BATCH_OVERHEAD or size > max_batch_bytes:
+        return None
+    length, magic, crc, attributes, last_delta, max_ts, count = _CHECKED_FIELDS.unpack_from(buf)
+    if (
+        length + LOG_OVERHEAD != size
+        or magic != MAGIC
+        or count < 0
+        or last_delta < 0
+        or (attributes & _CODEC_MASK) not in _SUPPORTED_CODEC_IDS
+        or (attributes & _CODEC_MASK == 0 and count > size - BATCH_OVERHEAD)
+        or _crc32c.crc32c(buf[ATTRIBUTES_OFFSET:]) != crc
+    ):
+        return None
+    return length, last_delta, max_ts, count

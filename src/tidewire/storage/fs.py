@@ -89,7 +89,7 @@ class _OsFile:
         return self._path
 
     def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
-        total = sum(len(b) for b in buffers)
+        total = sum(map(len, buffers))
         written = os.pwritev(self._fd, buffers, offset)
         if written != total:  # a short write: finish it piecewise
             data = b"".join(buffers)

@@ -44,7 +44,7 @@ from tidewire.errors import (
     TidewireError,
 )
 from tidewire.records import iter_batches, iter_records
-from tidewire.records.batch import BatchHeader, check_batch
+from tidewire.records.batch import LOG_OVERHEAD, BatchHeader, check_batch, check_whole_batch
 from tidewire.storage.config import FsyncPolicy, LogConfig
 from tidewire.storage.fs import FileSystem, write_atomic
 from tidewire.storage.segment import (
@@ -68,6 +68,8 @@ MAX_BYTES_PER_WRITE = 4 * 1024 * 1024
 DEFAULT_READ_BYTES = 1024 * 1024
 
 Clock = Callable[[], int]
+
+_ALWAYS = FsyncPolicy.ALWAYS
 
 
 def wall_clock_ms() -> int:
@@ -120,14 +122,20 @@ class RecoveryReport:
 
 @dataclass(slots=True)
 class _Write:
-    """A batch accounted for in the log, to be written at ``position`` of ``seg``."""
+    """A batch accounted for in the log, to be written at ``position`` of ``seg``.
+
+    ``mark`` (the segment count and the active segment's state before the batch) is taken only
+    for a batch that starts a ``pwritev`` of its own — the first one queued after a drain, the
+    first one of a new segment, every :data:`MAX_BATCHES_PER_WRITE`-th one — because a failed
+    write is undone from the first batch of that ``pwritev`` on; ``None`` for the others, which
+    join the ``pwritev`` of the batch queued before them.
+    """
 
     seg: Segment
     position: int
     buffers: tuple[bytes, memoryview]
-    size: int
     info: AppendInfo
-    mark: tuple[int, SegmentMark]  # segment count and active segment state before it
+    mark: tuple[int, SegmentMark] | None
     future: asyncio.Future[None] | None = None
 
 
@@ -417,40 +425,43 @@ class PartitionLog:
 
     def _reserve(self, batch: bytes | bytearray | memoryview) -> _Write:
         """Check ``batch``, roll if needed, and account for it at the end of the log."""
-        self._check_writable()
+        if self._closed or self._failed is not None or self._corrupt is not None:
+            self._check_writable()
         view = memoryview(batch)
-        if len(view) > self.config.max_batch_bytes:
-            raise BatchTooLargeError(
-                f"batch of {len(view):,} bytes exceeds max_batch_bytes="
-                f"{self.config.max_batch_bytes:,}"
-            )
-        h = check_appendable(view)
-        if h.size != len(view):
-            raise RecordCountError(
-                f"append takes exactly one batch: {len(view):,} bytes given, the batch is "
-                f"{h.size:,}"
-            )
+        config = self.config
+        checked = check_whole_batch(view) if len(view) <= config.max_batch_bytes else None
+        if checked is not None and checked[3] >= 1 and checked[1] == checked[3] - 1:
+            length, last_delta, max_ts, _ = checked
+        else:  # malformed or unusual: the full checks name the fault
+            h = _check_one_batch(view, config.max_batch_bytes)
+            length, last_delta, max_ts = h.batch_length, h.last_offset_delta, h.max_timestamp
+        size = length + LOG_OVERHEAD
         now = self.clock()
         seg = self._segments[-1]
-        mark = (len(self._segments), seg.mark())
+        created = seg.created_ms if seg.created_ms >= 0 else now
+        rolls = seg.size > 0 and (
+            seg.size + size > config.segment_bytes or now - created >= config.segment_ms
+        )
+        mark = None
+        if rolls or not len(self._pending) % MAX_BATCHES_PER_WRITE or seg.created_ms < 0:
+            mark = (len(self._segments), seg.mark())
         if seg.size > 0 and seg.created_ms < 0:
             seg.created_ms = now  # a segment reopened or truncated into ages from now
-        if seg.size > 0 and (
-            seg.size + h.size > self.config.segment_bytes
-            or now - seg.created_ms >= self.config.segment_ms
-        ):
+        if rolls:
             seg = self._roll()
         base = seg.next_offset
-        position, buffers = seg.reserve(view, h, now)
-        info = AppendInfo(base, base + h.last_offset_delta, h.size, h.max_timestamp)
-        return _Write(seg, position, buffers, h.size, info, mark)
+        position, buffers = seg.reserve(view, length, last_delta, max_ts, now)
+        return _Write(
+            seg, position, buffers, AppendInfo(base, base + last_delta, size, max_ts), mark
+        )
 
     def _write_failed(self, write: _Write, exc: OSError) -> StorageError:
         """Undo ``write`` and everything reserved after it; return the error to report."""
         err = StorageError(
-            f"write of a {write.size:,}-byte batch to {write.seg.log_path} at byte "
+            f"write of a {write.info.size:,}-byte batch to {write.seg.log_path} at byte "
             f"{write.position:,} failed: {exc}"
         )
+        assert write.mark is not None, "a failed pwritev starts at a marked batch"
         nseg, mark = write.mark
         dropped = self._segments[nseg:]
         del self._segments[nseg:]
@@ -469,8 +480,8 @@ class PartitionLog:
         return err
 
     def _drain_writes(self) -> None:
-        """Write every reserved batch, consecutive ones in one ``pwritev`` per segment, and
-        resolve their futures (failing the rest of them if a write fails)."""
+        """Write every reserved batch, each run of batches that starts at a marked one in one
+        ``pwritev``, and resolve their futures (failing the rest of them if a write fails)."""
         self._drain_scheduled = False
         pending = self._pending
         if not pending:
@@ -481,22 +492,25 @@ class PartitionLog:
         while i < n:
             first = pending[i]
             seg = first.seg
-            buffers: list[bytes | memoryview] = []
-            j = i
-            while j < n and pending[j].seg is seg and j - i < MAX_BATCHES_PER_WRITE:
-                buffers.extend(pending[j].buffers)
+            buffers: list[bytes | memoryview] = [*first.buffers]
+            j = i + 1
+            # Batches without a mark follow the one before them in the same segment.
+            while j < n and (w := pending[j]).mark is None and w.seg is seg:
+                buffers += w.buffers
                 j += 1
             try:
                 seg.file.pwritev(buffers, first.position)
             except OSError as exc:
                 err = self._write_failed(first, exc)
-                for w in pending[i:]:
-                    if w.future is not None and not w.future.done():
-                        w.future.set_exception(err)
+                for k in range(i, n):
+                    fut = pending[k].future
+                    if fut is not None and not fut.done():
+                        fut.set_exception(err)
                 return
-            for w in pending[i:j]:
-                if w.future is not None and not w.future.done():
-                    w.future.set_result(None)
+            for k in range(i, j):
+                fut = pending[k].future
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
             i = j
 
     def _check_writable(self) -> None:
@@ -567,16 +581,18 @@ class PartitionLog:
             StorageError: the write or the fsync failed; the batch is not acknowledged.
             (and what :meth:`append` raises)
         """
-        always = self.config.fsync is FsyncPolicy.ALWAYS if durable is None else durable
-        waiting = len(self._waiters) + len(self._pending)
-        if always and waiting >= self.config.max_pending_appends:
-            raise BackpressureError(
-                f"{waiting:,} appends await their write or fsync on {self.directory} "
-                f"(max_pending_appends={self.config.max_pending_appends:,})"
-            )
+        always = self.config.fsync is _ALWAYS if durable is None else durable
+        if always:
+            waiting = len(self._waiters) + len(self._pending)
+            if waiting >= self.config.max_pending_appends:
+                raise BackpressureError(
+                    f"{waiting:,} appends await their write or fsync on {self.directory} "
+                    f"(max_pending_appends={self.config.max_pending_appends:,})"
+                )
         write = self._queue(batch)
-        assert write.future is not None
-        await write.future
+        fut = write.future
+        assert fut is not None
+        await fut
         if always:
             await self.wait_durable(write.info.last_offset + 1)
         return write.info
@@ -591,7 +607,7 @@ class PartitionLog:
             What :meth:`append_async` raises. Batches before the one that failed its checks
             are appended all the same: check them first for all-or-nothing.
         """
-        always = self.config.fsync is FsyncPolicy.ALWAYS if durable is None else durable
+        always = self.config.fsync is _ALWAYS if durable is None else durable
         waiting = len(self._waiters) + len(self._pending)
         if always and waiting + len(batches) > self.config.max_pending_appends:
             raise BackpressureError(
@@ -613,12 +629,10 @@ class PartitionLog:
         write = self._reserve(batch)
         loop = asyncio.get_running_loop()
         write.future = loop.create_future()
-        self._pending.append(write)
-        self._pending_bytes += write.size
-        if (
-            self._pending_bytes >= MAX_BYTES_PER_WRITE
-            or len(self._pending) >= MAX_BATCHES_PER_WRITE
-        ):
+        pending = self._pending
+        pending.append(write)
+        self._pending_bytes += write.info.size
+        if self._pending_bytes >= MAX_BYTES_PER_WRITE or len(pending) >= MAX_BATCHES_PER_WRITE:
             self._drain_writes()
         elif not self._drain_scheduled:
             self._drain_scheduled = True
@@ -1074,6 +1088,24 @@ def check_appendable(buf: bytes | bytearray | memoryview, pos: int = 0) -> Batch
             f"batch has {h.records_count} records and last_offset_delta "
             f"{h.last_offset_delta}; an appended batch needs >= 1 record and "
             "last_offset_delta = count - 1"
+        )
+    return h
+
+
+def _check_one_batch(view: memoryview, max_batch_bytes: int) -> BatchHeader:
+    """Check that ``view`` is exactly one appendable batch of at most ``max_batch_bytes``.
+
+    Raises:
+        BatchTooLargeError, RecordBatchError: naming the fault.
+    """
+    if len(view) > max_batch_bytes:
+        raise BatchTooLargeError(
+            f"batch of {len(view):,} bytes exceeds max_batch_bytes={max_batch_bytes:,}"
+        )
+    h = check_appendable(view)
+    if h.size != len(view):
+        raise RecordCountError(
+            f"append takes exactly one batch: {len(view):,} bytes given, the batch is {h.size:,}"
         )
     return h
 

@@ -147,7 +147,9 @@ class Segment:
                 truncates the file back to :attr:`size`).
         """
         mark = self.mark()
-        position, buffers = self.reserve(batch, h, now_ms)
+        position, buffers = self.reserve(
+            batch, h.batch_length, h.last_offset_delta, h.max_timestamp, now_ms
+        )
         try:
             self.file.pwritev(buffers, position)
         except OSError:
@@ -156,10 +158,16 @@ class Segment:
         return position
 
     def reserve(
-        self, batch: memoryview, h: BatchHeader, now_ms: int
+        self,
+        batch: memoryview,
+        batch_length: int,
+        last_offset_delta: int,
+        max_timestamp: int,
+        now_ms: int,
     ) -> tuple[int, tuple[bytes, memoryview]]:
-        """Account for ``batch`` at the end of the segment without writing it: offsets,
-        size and indexes move as if it were written.
+        """Account for ``batch`` (already checked; the header fields given are its own) at the
+        end of the segment without writing it: offsets, size and indexes move as if it were
+        written.
 
         Returns:
             ``(position, buffers)``: where to write and what (the 16-byte prefix with the
@@ -167,13 +175,15 @@ class Segment:
         """
         position = self.size
         base = self.next_offset
-        prefix = PREFIX.pack(base, h.batch_length, self.leader_epoch)
-        size = h.batch_length + LOG_OVERHEAD
-        self._track(position, base, base + h.last_offset_delta, h.max_timestamp, size)
+        size = batch_length + LOG_OVERHEAD
+        self._track(position, base, base + last_offset_delta, max_timestamp, size)
         if self.created_ms < 0:
             self.created_ms = now_ms
         self.seal_persisted = False  # the persisted indexes no longer describe the file
-        return position, (prefix, batch[PREFIX.size :])
+        return position, (
+            PREFIX.pack(base, batch_length, self.leader_epoch),
+            batch[PREFIX.size :],
+        )
 
     def mark(self) -> SegmentMark:
         """The segment's state now, for :meth:`rollback`."""
@@ -181,8 +191,8 @@ class Segment:
             self.size,
             self.next_offset,
             self.max_timestamp,
-            len(self.index),
-            len(self.timeindex),
+            len(self.index.offsets),
+            len(self.timeindex.offsets),
             self._since_index,
             self._since_time,
             self.created_ms,
