@@ -231,6 +231,23 @@ class Broker:
         log.info("created topic %s with %d partition(s)", name, n)
         return n
 
+    def ensure_topic(self, name: str) -> None:
+        """Create ``name`` as a first publish would (the default partition count and log
+        settings) if it does not exist.
+
+        Raises:
+            UnknownTopicError: it does not exist and topics are not created on first publish.
+            InvalidTopicError: the name is not allowed.
+        """
+        if (name, 0) in self.logs.logs:
+            return
+        if not self.config.auto_create_topics:
+            raise UnknownTopicError(
+                f"topic {name!r} does not exist and this broker does not create topics on "
+                "first publish"
+            )
+        self.create_topic(name)
+
     def delete_topic(self, name: str) -> None:
         """Delete a topic and its data.
 
@@ -336,7 +353,7 @@ class Broker:
         plog = self.logs.logs.get((topic, partition))
         if plog is None and self.config.auto_create_topics and (topic, 0) not in self.logs.logs:
             self._split(view, self.config.log.max_batch_bytes)  # before creating
-            self.create_topic(topic)
+            self.ensure_topic(topic)
         plog = self.log(topic, partition)
         batches = self._split(view, plog.config.max_batch_bytes)
         if all(h.producer_id < 0 for _, _, h in batches):

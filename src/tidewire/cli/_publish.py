@@ -29,7 +29,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn
 
 from tidewire.client import AsyncClient, Message
 from tidewire.client.partitioner import partition_for_key
-from tidewire.errors import TidewireError, UnknownTopicError
+from tidewire.errors import TidewireError
 
 from ._common import (
     DEFAULT_ADDR,
@@ -92,10 +92,9 @@ class _Publisher:
 
     async def start(self) -> None:
         """Learn the partition count and the largest batch the topic accepts."""
-        try:
-            desc = await self.client.describe_topic(self.topic)
-        except UnknownTopicError:
-            return  # created by the first publish if the broker auto-creates topics
+        # Created here as a first publish would, if the broker does that: a keyed message's
+        # partition depends on the partition count.
+        desc = await self.client.describe_topic(self.topic, auto_create=True)
         self._learn(len(desc.partitions), desc.config.max_message_bytes)
         self.next_partition = random.randrange(len(desc.partitions))
 
@@ -105,11 +104,6 @@ class _Publisher:
             self.max_message_bytes = max_message_bytes
             # Half the limit: the size estimate of a group is close but not exact.
             self.group_bytes_limit = min(GROUP_MAX_BYTES, max(1, max_message_bytes // 2))
-
-    @property
-    def routable(self) -> bool:
-        """Whether :meth:`add` can route a message; if not, send it with :meth:`first`."""
-        return self.count is not None or self.partition is not None
 
     def add(self, message: Message) -> bool:
         """Queue one message (see :attr:`routable`); return whether the group is full and
@@ -124,20 +118,6 @@ class _Publisher:
             self.pending_bytes >= self.group_bytes_limit
             or self.pending_messages >= GROUP_MAX_MESSAGES
         )
-
-    async def first(self, message: Message) -> None:
-        """The first message to a topic that does not exist: the broker creates it (if it
-        auto-creates topics) with partition 0 at least, so an unkeyed message goes there;
-        then the partition count is known."""
-        if message.key is not None:
-            raise UnknownTopicError(
-                f"topic {self.topic!r} does not exist; create it first (tidewire topic create "
-                f"{self.topic} --partitions N): a key's partition depends on the partition count"
-            )
-        await self._send(0, [message])
-        desc = await self.client.describe_topic(self.topic)
-        self._learn(len(desc.partitions), desc.config.max_message_bytes)
-        self.next_partition = 1 % len(desc.partitions)
 
     def _route(self, message: Message) -> int:
         if self.partition is not None:
@@ -286,9 +266,7 @@ def _parse_headers(items: list[str]) -> list[tuple[str, bytes | None]]:
 
 
 def _publish_one(runner: asyncio.Runner, publisher: _Publisher, message: Message) -> None:
-    if not publisher.routable:
-        runner.run(publisher.first(message))
-    elif publisher.add(message):
+    if publisher.add(message):
         runner.run(publisher.flush())
 
 

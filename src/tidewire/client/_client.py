@@ -28,6 +28,7 @@ from tidewire.protocol.messages import (
     ListOffsetsPartition,
     ListOffsetsRequest,
     ListTopicsRequest,
+    MetadataRequest,
     PingRequest,
     ProducePartition,
     ProduceRequest,
@@ -143,8 +144,21 @@ class AsyncClient:
     async def list_topics(self) -> list[str]:
         return list((await self._call(ListTopicsRequest())).body.topics)
 
-    async def describe_topic(self, name: str) -> TopicDescription:
-        """Partitions with their offsets, and the settings. Raises UnknownTopicError."""
+    async def describe_topic(self, name: str, *, auto_create: bool = False) -> TopicDescription:
+        """Partitions with their offsets, and the settings.
+
+        Args:
+            auto_create: create the topic first if it does not exist, as a first publish
+                would (where the broker creates topics on first publish).
+
+        Raises:
+            UnknownTopicError: no such topic (and none was created).
+        """
+        if auto_create:
+            meta = (await self._call(MetadataRequest(topics=[name], auto_create=True))).body
+            (desc,) = meta.topics
+            _raise(desc.error_code, desc.error_message)
+            return desc  # type: ignore[no-any-return]
         body = (await self._call(DescribeTopicRequest(name=name))).body
         _raise(body.error_code, body.error_message)
         assert body.topic is not None
@@ -327,8 +341,8 @@ class Client:
     def list_topics(self) -> list[str]:
         return self._run(self._async.list_topics())
 
-    def describe_topic(self, name: str) -> TopicDescription:
-        return self._run(self._async.describe_topic(name))
+    def describe_topic(self, name: str, *, auto_create: bool = False) -> TopicDescription:
+        return self._run(self._async.describe_topic(name, auto_create=auto_create))
 
     def alter_topic(
         self, name: str, *, partitions: int | None = None, config: TopicConfig | None = None

@@ -34,7 +34,6 @@ from tidewire.errors import (
     for_code,
 )
 from tidewire.protocol.messages import (
-    ACKS_LEADER,
     ACKS_NONE,
     InitProducerIdRequest,
     MetadataRequest,
@@ -42,7 +41,6 @@ from tidewire.protocol.messages import (
     ProduceRequest,
     TopicDescription,
 )
-from tidewire.records import BatchBuilder
 
 from ._accumulator import (
     ROLLED,
@@ -66,9 +64,6 @@ log = logging.getLogger("tidewire.producer")
 MAX_REQUESTS_IN_FLIGHT = 32
 #: The longest pause between two retries of a batch (s); the first is ``retry_backoff_ms``.
 RETRY_BACKOFF_MAX_S = 1.0
-#: A partition no topic has (the largest int32): a produce to it makes the broker create the
-#: topic on first publish (when it does that) without storing anything.
-CREATION_PROBE_PARTITION = 2**31 - 1
 #: Bytes kept free below a topic's batch limit when batches are compressed: incompressible
 #: data grows by a little under compression.
 _COMPRESSION_SLACK = 1024
@@ -505,27 +500,14 @@ class AsyncProducer:
         self._refresh_at = time.monotonic() + self._settings.metadata_max_age_ms / 1000
 
     async def _create_by_publish(self, topic: str) -> None:
-        """Make the broker create ``topic`` as on a first publish, without storing anything:
-        a produce to a partition no topic has (the protocol has no other way to ask for
-        the broker's auto-creation, and CREATE_TOPIC would create it even where the
-        broker's owner turned auto-creation off)."""
-        probe = BatchBuilder()
-        probe.append(None, timestamp_ms=time.time_ns() // 1_000_000)
-        data = probe.build()
-        req = ProduceRequest(
-            acks=ACKS_LEADER,
-            partitions=[ProducePartition(topic, CREATION_PROBE_PARTITION, len(data))],
-        )
-        response = await self._transport.request(req, [data])
+        """Make the broker create ``topic`` as on a first publish (METADATA with
+        ``auto_create``; CREATE_TOPIC would create it even where the broker's owner turned
+        auto-creation off)."""
+        response = await self._transport.request(MetadataRequest(topics=[topic], auto_create=True))
         assert response is not None
-        (result,) = response.body.results
-        if result.error_code == UnknownTopicError.code:
-            raise UnknownTopicError(
-                f"topic {topic!r} does not exist and the broker does not create topics on "
-                "first publish"
-            )
-        if result.error_code not in (0, UnknownPartitionError.code):
-            raise for_code(result.error_code)(result.error_message)
+        (desc,) = response.body.topics
+        if desc.error_code:
+            raise for_code(desc.error_code)(desc.error_message)
 
     async def _refresh(self) -> None:
         """Refresh every known topic's partitions (a topic may have grown)."""

@@ -175,6 +175,9 @@ class TopicDescription(msgspec.Struct, kw_only=True):
 class MetadataRequest(Body, kw_only=True, omit_defaults=True):
     api_key = ApiKey.METADATA
     topics: list[str] | None = None  # None: every topic
+    #: Create each named topic that does not exist, as a first publish would (only where the
+    #: broker creates topics on first publish; with the broker's default partition count).
+    auto_create: bool = False
 
 
 class MetadataResponse(Body, kw_only=True, omit_defaults=True):

@@ -139,6 +139,8 @@ async def metadata(b: Broker, s: ServerInfo, req: MetadataRequest, _: memoryview
     topics: list[TopicDescription] = []
     for name in names:
         try:
+            if req.auto_create and req.topics is not None:
+                b.ensure_topic(name)
             topics.append(_describe(b, name))
         except TidewireError as exc:
             topics.append(
