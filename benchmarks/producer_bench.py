@@ -4,13 +4,18 @@ Usage::
 
     python benchmarks/producer_bench.py [--messages N] [--fsync always|interval|never]
         [--partitions P] [--acks durable|leader|none] [--no-idempotence] [--sync]
-        [--compression none|gzip|lz4|zstd] [--addr HOST:PORT]
+        [--compression none|gzip|lz4|zstd] [--batch-bytes B] [--linger-ms MS]
+        [--rate R] [--addr HOST:PORT]
 
 Without ``--addr`` it starts a broker (``python -m tidewire serve``) in a process of its own
 on a free port over a temporary data directory, so the broker and the producer do not share a
 CPU, and stops it at the end. The clock runs from the first ``send`` to the end of
 ``flush()``: every message acknowledged as ``--acks`` asks. One untimed message first creates
 the topic and opens the connection. It prints one line: messages/s and MB/s.
+
+With ``--rate R`` the sends are paced at R messages per second (a burst every millisecond, as
+many as the schedule is behind) and it also prints the publish latency of every message,
+from just before its ``send`` to its future being resolved: p50, p95, p99 and max.
 """
 
 from __future__ import annotations
@@ -25,11 +30,33 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
 
-from tidewire.client import AsyncProducer, Producer
+from tidewire.client import AsyncProducer, Producer, RecordFuture
 
 VALUE_BYTES = 1024
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on a new event loop."""
+    return asyncio.run(coro)
+
+
+def event_loop_note() -> str:
+    """What the result line says about the event loop."""
+    return ""
+
+
+def percentiles(latencies: list[float]) -> str:
+    """``p50/p95/p99/max`` of latencies given in seconds, in ms."""
+    xs = sorted(latencies)
+
+    def at(q: float) -> float:
+        return xs[min(int(q * len(xs)), len(xs) - 1)] * 1000
+
+    return f"p50={at(0.50):.2f} p95={at(0.95):.2f} p99={at(0.99):.2f} max={xs[-1] * 1000:.2f} ms"
 
 
 def _free_port() -> int:
@@ -88,30 +115,65 @@ def options(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
-async def run_async(addr: str, args: argparse.Namespace) -> float:
+async def run_async(addr: str, args: argparse.Namespace) -> tuple[float, list[float]]:
     value = os.urandom(VALUE_BYTES // 2).hex().encode()
+    latencies: list[float] = []
     async with AsyncProducer(addr, **options(args)) as producer:  # type: ignore[arg-type]
         await (await producer.send(args.topic, value))
         start = time.perf_counter()
-        for _ in range(args.messages):
-            fut = await producer.send(args.topic, value)
+        if args.rate:
+            fut = await _paced_async(producer, value, args, latencies)
+        else:
+            for _ in range(args.messages):
+                fut = await producer.send(args.topic, value)
         await producer.flush()
         elapsed = time.perf_counter() - start
         await fut  # the last one: raises if it failed
-    return elapsed
+    return elapsed, latencies
 
 
-def run_sync(addr: str, args: argparse.Namespace) -> float:
+async def _paced_async(
+    producer: AsyncProducer, value: bytes, args: argparse.Namespace, latencies: list[float]
+) -> RecordFuture:
+    clock = time.perf_counter
+    start = clock()
+    sent = 0
+    while True:
+        due = min(int((clock() - start) * args.rate) + 1, args.messages)
+        while sent < due:
+            t0 = clock()
+            fut = await producer.send(args.topic, value)
+            fut.add_done_callback(lambda _, t0=t0: latencies.append(clock() - t0))
+            sent += 1
+        if sent >= args.messages:
+            return fut
+        await asyncio.sleep(0.001)
+
+
+def run_sync(addr: str, args: argparse.Namespace) -> tuple[float, list[float]]:
     value = os.urandom(VALUE_BYTES // 2).hex().encode()
+    latencies: list[float] = []
+    clock = time.perf_counter
     with Producer(addr, **options(args)) as producer:  # type: ignore[arg-type]
         producer.send(args.topic, value).result(30)
-        start = time.perf_counter()
-        for _ in range(args.messages):
-            fut = producer.send(args.topic, value)
+        start = clock()
+        sent = 0
+        while sent < args.messages:
+            due = min(int((clock() - start) * args.rate) + 1, args.messages)
+            if not args.rate:
+                due = args.messages
+            while sent < due:
+                t0 = clock()
+                fut = producer.send(args.topic, value)
+                if args.rate:
+                    fut.add_done_callback(lambda _, t0=t0: latencies.append(clock() - t0))
+                sent += 1
+            if sent < args.messages:
+                time.sleep(0.001)
         producer.flush()
-        elapsed = time.perf_counter() - start
+        elapsed = clock() - start
         fut.result(0)
-    return elapsed
+    return elapsed, latencies
 
 
 def main() -> None:
@@ -125,24 +187,29 @@ def main() -> None:
     ap.add_argument("--linger-ms", type=int, default=5)
     ap.add_argument("--batch-bytes", type=int, default=64 * 1024)
     ap.add_argument("--sync", action="store_true", help="the blocking Producer")
+    ap.add_argument(
+        "--rate", type=float, default=0, help="pace sends at this many msg/s; print latencies"
+    )
     ap.add_argument("--topic", default="bench")
     ap.add_argument("--addr", help="an already running broker (else one is started)")
     args = ap.parse_args()
 
-    def measure(addr: str) -> float:
-        return run_sync(addr, args) if args.sync else asyncio.run(run_async(addr, args))
+    def measure(addr: str) -> tuple[float, list[float]]:
+        return run_sync(addr, args) if args.sync else run(run_async(addr, args))
 
     if args.addr:
-        elapsed = measure(args.addr)
+        elapsed, latencies = measure(args.addr)
     else:
         with broker(args.fsync, args.partitions) as addr:
-            elapsed = measure(addr)
+            elapsed, latencies = measure(addr)
     rate = args.messages / elapsed
     print(
         f"{'Producer' if args.sync else 'AsyncProducer'} fsync={args.fsync} acks={args.acks} "
         f"idempotence={args.idempotence} compression={args.compression} "
-        f"partitions={args.partitions}: {args.messages:,} x {VALUE_BYTES} B in {elapsed:.2f} s "
-        f"= {rate:,.0f} msg/s, {rate * VALUE_BYTES / 1e6:,.1f} MB/s"
+        f"partitions={args.partitions} batch_bytes={args.batch_bytes:,} "
+        f"linger_ms={args.linger_ms}{event_loop_note()}: {args.messages:,} x {VALUE_BYTES} B "
+        f"in {elapsed:.2f} s = {rate:,.0f} msg/s, {rate * VALUE_BYTES / 1e6:,.1f} MB/s"
+        + (f"; paced at {args.rate:,.0f} msg/s: {percentiles(latencies)}" if args.rate else "")
     )
 
 

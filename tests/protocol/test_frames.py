@@ -349,3 +349,33 @@ def test_decoder_stays_failed(raw: bytes, error_type: type[ProtocolError]) -> No
         with pytest.raises(error_type) as again:
             decoder.receive_data(valid)
         assert again.value is first.value
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096, 65_536, 1 << 20])
+def test_large_frames_fill_their_own_buffer(chunk: int) -> None:
+    """Frames of LARGE_FRAME_BYTES and more are received into a buffer of their own: the
+    same frames come out, with what follows them, whatever the split."""
+    from tidewire.protocol.frames import LARGE_FRAME_BYTES
+
+    big = bytes(range(256)) * (LARGE_FRAME_BYTES // 256 + 7)
+    frames = [
+        (FrameType.RESPONSE, 3, 0, 1, b"body-1", [big]),
+        (FrameType.RESPONSE, 4, 0, 2, b"", [b"small"]),
+        (FrameType.REQUEST, 5, 1, 3, b"b", [big[: LARGE_FRAME_BYTES - 18], big[:9]]),
+        (FrameType.RESPONSE, 6, 0, 4, b"x", []),
+    ]
+    stream = b"".join(join(encode_frame(*f)) for f in frames)
+    dec = FrameDecoder()
+    got: list[Frame] = []
+    for i in range(0, len(stream), chunk):
+        dec.receive_data(stream[i : i + chunk])
+        while (frame := dec.next_frame()) is not None:
+            got.append(frame)
+        assert dec.buffered == (i + len(stream[i : i + chunk])) - sum(
+            4 + struct.unpack(">i", bytes(g.body.obj[:4]))[0] for g in got
+        )
+    assert [
+        (g.frame_type, g.api_key, g.api_version, g.correlation_id, bytes(g.body), bytes(g.data))
+        for g in got
+    ] == [(t, k, v, c, b, b"".join(d)) for t, k, v, c, b, d in frames]
+    assert dec.buffered == 0

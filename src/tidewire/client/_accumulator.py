@@ -322,6 +322,9 @@ class Accumulator:
         wake: tells the sender there is something new to look at.
         on_release: called after memory was released (buffer waiters may go on).
         clock: monotonic seconds.
+        threadsafe: records are appended from several threads (the blocking producer);
+            ``False``: only from the thread that drains (the asyncio producer), so
+            :meth:`append` need not take the lock.
     """
 
     def __init__(
@@ -334,6 +337,7 @@ class Accumulator:
         wake: Callable[[], None],
         on_release: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
+        threadsafe: bool = True,
     ) -> None:
         self.batch_bytes = batch_bytes
         self.buffer_bytes = buffer_bytes
@@ -343,6 +347,7 @@ class Accumulator:
         self._on_release = on_release
         self._clock = clock
         self.lock = threading.Lock()
+        self._append_lock = self.lock if threadsafe else None
         self.used = 0
         self.partitions: dict[tuple[str, int], PartitionState] = {}
         #: Partitions with batches in their queue (an ordered set).
@@ -387,66 +392,87 @@ class Accumulator:
         Raises:
             BatchTooLargeError: the record alone exceeds ``limit`` or the whole buffer.
         """
-        klen = _NULL if key is None else _v(len(key))
-        vlen = _NULL if value is None else _v(len(value))
-        payload = len(klen) + len(vlen) + len(headers) + 1
-        if key is not None:
-            payload += len(key)
-        if value is not None:
-            payload += len(value)
+        # Every line here runs once per message: plain comparisons and table look-ups
+        # instead of helper calls, min() or max(), and the lock taken only where another
+        # thread may append too.
+        if value is None:
+            tail: tuple[bytes, ...] = (_NULL, headers)
+            payload = 2 + len(headers)  # attributes, null value
+        else:
+            n = len(value)
+            vlen = _VARINT[n] if n < _VARINT_LIMIT else varint.encode(n)
+            tail = (vlen, value, headers)
+            payload = 1 + len(vlen) + n + len(headers)
+        if key is None:
+            klen = _NULL
+            payload += 1
+        else:
+            n = len(key)
+            klen = _VARINT[n] if n < _VARINT_LIMIT else varint.encode(n)
+            payload += len(klen) + n
         need = payload + 16  # the deltas and the length prefix: at most 15 more bytes
         if need + BATCH_OVERHEAD > limit or need > self.buffer_bytes:
-            raise BatchTooLargeError(
-                f"a message of {need + BATCH_OVERHEAD:,} bytes (as a batch of its own) exceeds "
-                + (
-                    f"the topic's max_message_bytes={limit:,}"
-                    if need + BATCH_OVERHEAD > limit
-                    else f"buffer_bytes={self.buffer_bytes:,}"
-                )
-            )
-        wake = False
+            raise self._too_large(need, limit)
+        lock = self._append_lock
+        if lock is not None:
+            lock.acquire()
+        opened = False
         try:
-            with self.lock:
-                if self.used + need > self.buffer_bytes:
-                    return need
-                batch = state.open
-                if batch is None or (
-                    batch.size + need > min(limit, self.batch_bytes) and batch.count
-                ):
-                    if batch is not None:
-                        state.open = None  # closed: full
-                        if not roll:
-                            wake = True
-                            return ROLLED
-                    batch = ProducerBatch(state, self._new_future(), self._clock())
-                    batch.first_ts = batch.max_ts = timestamp
-                    state.queue.append(batch)
-                    state.open = batch
-                    self.queued[state] = None
-                    wake = True
-                index = batch.count
-                delta = timestamp - batch.first_ts
-                tsd = _VARINT[delta] if 0 <= delta < _VARINT_LIMIT else varint.encode(delta)
-                od = _VARINT[index] if index < _VARINT_LIMIT else varint.encode(index)
-                body = payload + len(tsd) + len(od)
-                lenv = _VARINT[body] if body < _VARINT_LIMIT else varint.encode(body)
-                parts = batch.parts
-                parts += (lenv, _ATTRS, tsd, od, klen)
-                if key is not None:
-                    parts.append(key)
-                parts.append(vlen)
-                if value is not None:
-                    parts.append(value)
-                parts.append(headers)
-                size = body + len(lenv)
-                batch.size += size
-                self.used += size
-                batch.count = index + 1
-                batch.max_ts = max(batch.max_ts, timestamp)
+            if self.used + need > self.buffer_bytes:
+                return need
+            batch = state.open
+            if batch is None or (
+                batch.count and (batch.size + need > self.batch_bytes or batch.size + need > limit)
+            ):
+                if batch is not None:
+                    state.open = None  # closed: full
+                    if not roll:
+                        opened = True  # the closed batch is ready: wake the sender
+                        return ROLLED
+                batch = self._open(state, timestamp)
+                opened = True
+            index = batch.count
+            delta = timestamp - batch.first_ts
+            tsd = _VARINT[delta] if 0 <= delta < _VARINT_LIMIT else varint.encode(delta)
+            od = _VARINT[index] if index < _VARINT_LIMIT else varint.encode(index)
+            body = payload + len(tsd) + len(od)
+            lenv = _VARINT[body] if body < _VARINT_LIMIT else varint.encode(body)
+            parts = batch.parts
+            parts += (lenv, _ATTRS, tsd, od, klen)
+            if key is not None:
+                parts.append(key)
+            parts += tail
+            size = body + len(lenv)
+            batch.size += size
+            self.used += size
+            batch.count = index + 1
+            if timestamp > batch.max_ts:  # noqa: PLR1730 (max() costs a call per message)
+                batch.max_ts = timestamp
         finally:
-            if wake:
+            if lock is not None:
+                lock.release()
+            if opened:
                 self._wake()
         return batch, index
+
+    def _open(self, state: PartitionState, timestamp: int) -> ProducerBatch:
+        """Open a new batch for ``state`` (under the lock)."""
+        batch = ProducerBatch(state, self._new_future(), self._clock())
+        batch.first_ts = batch.max_ts = timestamp
+        state.queue.append(batch)
+        state.open = batch
+        self.queued[state] = None
+        return batch
+
+    def _too_large(self, need: int, limit: int) -> BatchTooLargeError:
+        return BatchTooLargeError(
+            f"a message of {need + BATCH_OVERHEAD:,} bytes (as a batch of its own) exceeds "
+            + (
+                f"the topic's max_message_bytes={limit:,}"
+                if need + BATCH_OVERHEAD > limit
+                else f"buffer_bytes={self.buffer_bytes:,}"
+            )
+        )
 
     # --- the sender's side -------------------------------------------------------------------
 

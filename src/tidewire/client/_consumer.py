@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from tidewire.errors import ConnectionLostError, TidewireError, for_code
 from tidewire.protocol.messages import (
@@ -27,7 +27,7 @@ from tidewire.protocol.messages import (
     ListOffsetsPartition,
     ListOffsetsRequest,
 )
-from tidewire.records import iter_batches, iter_records
+from tidewire.records import iter_batches, read_records
 
 from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
 
@@ -44,9 +44,9 @@ _EARLIEST, _LATEST = -2, -1
 DEFAULT_MAX_RECORDS = 500
 
 
-@dataclass(frozen=True, slots=True)
-class ConsumerRecord:
-    """One record as read: where it is, and what it holds."""
+class ConsumerRecord(NamedTuple):
+    """One record as read: where it is, and what it holds (immutable; a named tuple, as
+    the cheapest object Python makes per record)."""
 
     topic: str
     partition: int
@@ -75,11 +75,10 @@ def _parse(tp: TP, offset: int, data: bytes | memoryview) -> tuple[list[Consumer
     topic, partition = tp
     out: list[ConsumerRecord] = []
     nxt = offset
-    view = memoryview(data)
-    for pos, h in iter_batches(view):
-        for r in iter_records(view[pos : pos + h.size]):
-            if r.offset >= offset:  # a batch may start before the offset asked for
-                out.append(ConsumerRecord(topic, partition, *r))
+    buf = bytes(data)  # one copy: indexing and slicing bytes is what read_records is fast at
+    for pos, h in iter_batches(buf):
+        # A batch may start before the offset asked for: its records below it are skipped.
+        out += read_records(buf, pos, h, ConsumerRecord, topic, partition, offset)
         nxt = max(nxt, h.next_offset)
     return out, nxt
 
@@ -314,6 +313,10 @@ class AsyncConsumer:
             self._fetch_at[f.tp] = f.next_offset
         if error is not None and not self._buffer:
             raise error
+        if self._buffer:
+            # The next fetch goes out now, from after what is buffered, so the broker reads
+            # and sends it while these records are handed out (memory: two responses).
+            self._start_fetch()
 
     def _start_fetch(self) -> asyncio.Task[list[_Fetched]]:
         if self._closed:

@@ -68,6 +68,7 @@ RETRY_BACKOFF_MAX_S = 1.0
 #: data grows by a little under compression.
 _COMPRESSION_SLACK = 1024
 _HEADERS_NONE = b"\x00"
+_time_ns = time.time_ns
 #: What the producer answers while the metadata of a topic is not known yet.
 _NEED_METADATA = -1
 
@@ -247,6 +248,7 @@ class AsyncProducer:
             new_future=new_future,
             wake=wake,
             on_release=self._released,
+            threadsafe=blocking,
         )
         self._sender = self._spawn(self._run_sender(), "tidewire producer sender")
         return self._acc
@@ -404,7 +406,7 @@ class AsyncProducer:
             key = _as_bytes(key, "key")
         hbytes = encode_headers(headers) if headers else _HEADERS_NONE
         if timestamp is None:
-            timestamp = time.time_ns() // 1_000_000
+            timestamp = _time_ns() // 1_000_000
         elif isinstance(timestamp, bool) or not isinstance(timestamp, int):
             raise TypeError(f"timestamp must be an int (ms), not {type(timestamp).__name__}")
         meta = self._topics.get(topic)
@@ -412,6 +414,28 @@ class AsyncProducer:
             if not isinstance(topic, str):
                 raise TypeError(f"topic must be str, not {type(topic).__name__}")
             return _NEED_METADATA
+        if key is None and partition is None:
+            # Unkeyed: the sticky partition (the most common case, so the first branch).
+            sticky = meta.sticky_batch
+            if sticky is not None and sticky.state.open is not sticky:
+                meta.sticky = (meta.sticky + 1) % len(meta.partitions)  # its batch was sent
+                meta.sticky_batch = None
+            got = acc.append(
+                meta.partitions[meta.sticky], value, None, hbytes, timestamp, meta.limit, False
+            )
+            if type(got) is int:
+                if got != ROLLED:
+                    return got
+                meta.sticky = (meta.sticky + 1) % len(meta.partitions)  # full: move on
+                got = acc.append(
+                    meta.partitions[meta.sticky], value, None, hbytes, timestamp, meta.limit
+                )
+                if type(got) is int:
+                    return got
+            batch, index = got  # type: ignore[misc]
+            if batch is not sticky:
+                meta.sticky_batch = batch
+            return batch, index, timestamp
         parts = meta.partitions
         if partition is not None:
             if isinstance(partition, bool) or not isinstance(partition, int):
@@ -421,21 +445,8 @@ class AsyncProducer:
                     raise self._no_partition(topic, partition)
                 return _NEED_METADATA  # the topic may have grown
             state = parts[partition]
-        elif key is not None:
-            state = parts[fnv1a_32(key) % len(parts)]
         else:
-            sticky = meta.sticky_batch
-            if sticky is not None and sticky.state.open is not sticky:
-                meta.sticky = (meta.sticky + 1) % len(parts)  # its batch was sent: move on
-            got = acc.append(parts[meta.sticky], value, key, hbytes, timestamp, meta.limit, False)
-            if got == ROLLED:  # its batch is full: move on
-                meta.sticky = (meta.sticky + 1) % len(parts)
-                got = acc.append(parts[meta.sticky], value, key, hbytes, timestamp, meta.limit)
-            if type(got) is int:
-                return got
-            batch, index = got  # type: ignore[misc]
-            meta.sticky_batch = batch
-            return batch, index, timestamp
+            state = parts[fnv1a_32(key) % len(parts)]  # type: ignore[arg-type]
         got = acc.append(state, value, key, hbytes, timestamp, meta.limit)
         if type(got) is int:
             return got

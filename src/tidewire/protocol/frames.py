@@ -54,6 +54,10 @@ _COUNTED_HEADER = FRAME_HEADER.size - 4
 #: Default frame limit: a produce request carries batches of up to 16 MiB for several
 #: partitions; 64 MiB bounds what one connection can make the broker buffer.
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
+#: A frame at least this large that has not fully arrived gets a buffer of its own, filled as
+#: its bytes come and handed out as it is: no growing, compacting or copying of a shared
+#: buffer for the multi-megabyte frames of fetch responses and produce requests.
+LARGE_FRAME_BYTES = 256 * 1024
 #: Flag bit: the body is an ErrorBody instead of the API's response schema.
 FLAG_ERROR = 0x01
 _KNOWN_FLAGS = FLAG_ERROR
@@ -123,16 +127,28 @@ class FrameDecoder:
         self._start = 0
         self._max = max_frame_bytes
         self._error: ProtocolError | None = None
+        #: A large frame being received into its own buffer, and how much of it is there.
+        self._large: bytearray | None = None
+        self._filled = 0
 
     @property
     def buffered(self) -> int:
         """Bytes received and not yet returned in a frame."""
-        return len(self._buf) - self._start
+        return len(self._buf) - self._start + self._filled
 
     def receive_data(self, data: Buffer) -> None:
         """Add bytes from the stream."""
         if self._error is not None:
             raise self._error
+        large = self._large
+        if large is not None:
+            n = min(len(large) - self._filled, len(data))
+            with memoryview(data) as view:
+                large[self._filled : self._filled + n] = view[:n]
+                self._filled += n
+                if n < len(data):
+                    self._buf += view[n:]
+            return
         if self._start and self._start >= len(self._buf) // 2:
             del self._buf[: self._start]  # compact now and then, not per frame
             self._start = 0
@@ -147,6 +163,12 @@ class FrameDecoder:
         """
         if self._error is not None:
             raise self._error
+        large = self._large
+        if large is not None:
+            if self._filled < len(large):
+                return None
+            self._large, self._filled = None, 0
+            return self._frame(large)
         buf, start = self._buf, self._start
         avail = len(buf) - start
         if avail < 4:
@@ -162,7 +184,7 @@ class FrameDecoder:
             )
         if avail < FRAME_HEADER.size:
             return None
-        _, ftype, flags, api_key, version, corr, body_len = FRAME_HEADER.unpack_from(buf, start)
+        _, ftype, flags, _, _, _, body_len = FRAME_HEADER.unpack_from(buf, start)
         if ftype > FrameType.PUSH:
             self._fail(ProtocolError(f"unknown frame type {ftype}"))
         if flags & ~_KNOWN_FLAGS or (flags & FLAG_ERROR and ftype != FrameType.RESPONSE):
@@ -173,6 +195,14 @@ class FrameDecoder:
             )
         end = start + 4 + length
         if len(buf) < end:
+            if length + 4 >= LARGE_FRAME_BYTES:
+                # Receive the rest straight into the frame's own buffer.
+                large = bytearray(length + 4)
+                with memoryview(buf) as whole:
+                    large[:avail] = whole[start:]
+                self._large, self._filled = large, avail
+                buf.clear()
+                self._start = 0
             return None
         with memoryview(buf) as whole:  # one copy (buf[start:end] would copy twice)
             frame_bytes = bytes(whole[start:end])
@@ -180,6 +210,13 @@ class FrameDecoder:
         if self._start == len(buf):
             buf.clear()
             self._start = 0
+        return self._frame(frame_bytes)
+
+    @staticmethod
+    def _frame(frame_bytes: bytes | bytearray) -> Frame:
+        """The frame in ``frame_bytes`` (whole, its header checked); the views are its own:
+        the decoder never writes to these bytes again."""
+        _, ftype, flags, api_key, version, corr, body_len = FRAME_HEADER.unpack_from(frame_bytes)
         view = memoryview(frame_bytes)
         body_end = FRAME_HEADER.size + body_len
         return Frame(

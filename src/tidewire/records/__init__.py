@@ -5,6 +5,7 @@ Public names::
     BatchBuilder, build_batch      build batches
     check_batch, parse_header      the broker's cheap per-batch check (header, sizes, CRC-32C)
     decode_batch, iter_records     full record-level validation and lazy reading
+    read_records                   the same validation, fast, into a list (consumers)
     iter_batches, BatchDecoder     walk concatenated batches; decode a byte stream incrementally
     Codec                          compression codecs (none, gzip, lz4, zstd)
 """
@@ -31,6 +32,7 @@ from tidewire.records.reader import (
     decode_batch,
     iter_batches,
     iter_records,
+    read_records,
 )
 
 __all__ = [
@@ -54,4 +56,5 @@ __all__ = [
     "parse_header",
     "peek_base_offset",
     "peek_batch_size",
+    "read_records",
 ]

@@ -1,0 +1,88 @@
+"""``read_records``, the consumers' fast reader, against the reference ``iter_records``: on the
+mutation-fuzz corpus and its resealed mutants (valid CRC, damaged records) it returns exactly
+the same records or raises exactly the same error, in place inside a larger buffer too."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pytest
+
+from tests.records.test_mutation_fuzz import RESEALED_MUTANTS, SEED, resealed_mutant
+from tidewire.errors import RecordBatchError
+from tidewire.records import (
+    BatchBuilder,
+    Codec,
+    check_batch,
+    iter_records,
+    read_records,
+)
+
+LIMIT = 1 << 20
+
+
+class Located(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+def reference(batch: bytes, min_offset: int = 0) -> list[Located] | tuple[type, str]:
+    try:
+        return [
+            Located("t", 3, *r)
+            for r in iter_records(batch, decompression_limit=LIMIT)
+            if r.offset >= min_offset
+        ]
+    except RecordBatchError as exc:
+        return type(exc), str(exc)
+
+
+def fast(batch: bytes, min_offset: int = 0, pad: bytes = b"") -> list[Located] | tuple[type, str]:
+    buf = pad + batch + pad  # in place, with other bytes around it
+    h = check_batch(buf, len(pad))
+    try:
+        return read_records(buf, len(pad), h, Located, "t", 3, min_offset, LIMIT)
+    except RecordBatchError as exc:
+        return type(exc), str(exc)
+
+
+@pytest.mark.parametrize("codec", [Codec.NONE, Codec.GZIP, Codec.LZ4, Codec.ZSTD])
+def test_same_records_as_the_reference(codec: Codec) -> None:
+    b = BatchBuilder(codec=codec, base_offset=100)
+    for i in range(300):
+        b.append(
+            None if i % 7 == 0 else bytes([i % 256]) * (i * 13 % 3000),
+            key=None if i % 3 else b"k%d" % i,
+            headers=[("h", b"v"), ("n", None)] if i % 5 == 0 else None,
+            timestamp_ms=1_700_000_000_000 + (i * 997 if i % 11 else -i),
+        )
+    batch = b.build()
+    for min_offset in (0, 100, 150, 399, 400):
+        expected = reference(batch, min_offset)
+        assert fast(batch, min_offset) == expected
+        assert fast(batch, min_offset, pad=b"\x00" * 7) == expected
+
+
+def test_resealed_mutants_give_what_the_reference_gives() -> None:
+    accepted = refused = 0
+    for index in range(RESEALED_MUTANTS):
+        _, _, mut = resealed_mutant(index)
+        try:
+            check_batch(mut)
+        except RecordBatchError:
+            continue  # read_records takes batches whose header was checked
+        where = f"seed={SEED} resealed index={index}"
+        expected = reference(bytes(mut))
+        assert fast(bytes(mut)) == expected, where
+        assert fast(bytes(mut), pad=b"\x01\x80" * 40) == expected, where
+        if isinstance(expected, list):
+            accepted += 1
+        else:
+            refused += 1
+    assert accepted
+    assert refused
