@@ -153,6 +153,8 @@ def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
     """A strategy for any value of the type annotation ``tp`` as the schemas use them."""
     if tp is int:
         return INTS
+    if tp is bool:
+        return st.booleans()
     if tp is str:
         return st.text(max_size=12)
     if tp is type(None):
