@@ -155,10 +155,16 @@ def test_callbacks_and_a_fenced_commit(tmp_path: Path) -> None:
             assert events == [("assign", [("t", 0), ("t", 1)])]
             generation = c.generation
             d = AsyncGroupConsumer(addr(server), "g", topics=["t"], **FAST)
-            other = asyncio.create_task(d.poll(10))
-            while c.generation == generation:
+
+            async def keep_polling() -> None:
+                while True:
+                    await d.poll(0.1)
+
+            other = asyncio.create_task(keep_polling())
+            while c.generation == generation or d.generation != c.generation:
                 await c.poll(0.1)
-            await other
+            other.cancel()
+            await asyncio.gather(other, return_exceptions=True)
             assert events[1] == ("revoke", [("t", 0), ("t", 1)])
             assert events[2][0] == "assign"
             assert len(events[2][1]) == 1
