@@ -33,6 +33,15 @@ The tree::
     ├── DuplicateSequenceError        a batch sent again that is too old to answer with offsets
     ├── BufferFullError               (client side) the producer's buffer stayed full
     ├── ProducerClosedError           (client side) a send to a producer that was closed
+    ├── IllegalGenerationError        a group request from a generation that is not the current one
+    ├── UnknownMemberError            a member id the group does not know (expired, left, replaced)
+    ├── RebalanceInProgressError      the group is rebalancing: rejoin (retriable)
+    ├── InconsistentGroupProtocolError  a member's strategy differs from the group's
+    ├── UnknownGroupError             no such consumer group
+    ├── GroupNotEmptyError            an operation that needs a group without members
+    ├── InvalidGroupError             a bad group id, subscription, strategy or timeout
+    ├── PartitionNotAssignedError     a commit for a partition the member does not own
+    └── GroupFullError                a group or the coordinator holds as many as allowed
     └── ProtocolError                 a frame that breaks the binary protocol
         ├── FrameTooLargeError        a frame longer than the connection's limit
         ├── UnknownApiError           an API key the peer does not implement
@@ -58,7 +67,12 @@ __all__ = [
     "DecompressionLimitError",
     "DuplicateSequenceError",
     "FrameTooLargeError",
+    "GroupFullError",
+    "GroupNotEmptyError",
+    "IllegalGenerationError",
+    "InconsistentGroupProtocolError",
     "InvalidConfigError",
+    "InvalidGroupError",
     "InvalidMagicError",
     "InvalidRecordError",
     "InvalidRequestError",
@@ -70,9 +84,11 @@ __all__ = [
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "PartitionCorruptError",
+    "PartitionNotAssignedError",
     "ProducerClosedError",
     "ProducerFencedError",
     "ProtocolError",
+    "RebalanceInProgressError",
     "RecordBatchError",
     "RecordCountError",
     "RequestTimedOutError",
@@ -82,6 +98,8 @@ __all__ = [
     "TopicExistsError",
     "UnknownApiError",
     "UnknownError",
+    "UnknownGroupError",
+    "UnknownMemberError",
     "UnknownPartitionError",
     "UnknownTopicError",
     "UnsupportedCompressionError",
@@ -357,3 +375,62 @@ class ProducerClosedError(TidewireError):
 
     code = 80
     description = "the producer is closed"
+
+
+# --- consumer groups (codes 81-89) ---------------------------------------------------------------
+
+
+class IllegalGenerationError(TidewireError):
+    """A heartbeat or commit that names a generation other than the group's current one: the
+    member missed a rebalance and must rejoin before it may commit."""
+
+    code = 81
+    description = "the group generation is not the current one; rejoin the group"
+
+
+class UnknownMemberError(TidewireError):
+    """The member id is not in the group: its session expired, it left, or a newer instance
+    with the same ``group_instance_id`` replaced it. It must join again without that id."""
+
+    code = 82
+    description = "the member id is unknown to the group"
+
+
+class RebalanceInProgressError(TidewireError):
+    code = 83
+    retriable = True
+    description = "the group is rebalancing; rejoin it"
+
+
+class InconsistentGroupProtocolError(TidewireError):
+    code = 84
+    description = "the member's assignment strategy differs from the group's"
+
+
+class UnknownGroupError(TidewireError):
+    code = 85
+    description = "the consumer group does not exist"
+
+
+class GroupNotEmptyError(TidewireError):
+    """Deleting a group, or resetting its offsets, needs a group at rest (no members)."""
+
+    code = 86
+    description = "the group has members; the operation needs an empty group"
+
+
+class InvalidGroupError(TidewireError):
+    code = 87
+    description = "the group id, subscription, strategy or timeout is not allowed"
+
+
+class PartitionNotAssignedError(TidewireError):
+    """A commit for a partition the group did not assign to that member in its generation."""
+
+    code = 88
+    description = "the partition is not assigned to this member"
+
+
+class GroupFullError(TidewireError):
+    code = 89
+    description = "the group, or the coordinator, holds as many members or groups as allowed"

@@ -36,6 +36,10 @@ def test_configuration_md_has_every_setting(setting: Setting) -> None:
         "tidewire publish",
         "tidewire consume",
         "tidewire health",
+        "tidewire group list",
+        "tidewire group describe",
+        "tidewire group reset",
+        "tidewire group delete",
     ],
 )
 def test_cli_md_has_every_command(command: str) -> None:

@@ -21,18 +21,36 @@ from tidewire.protocol.messages import (
     ApiVersionsRequest,
     ApiVersionsResponse,
     Body,
+    CommitPartition,
+    CommittedOffset,
     CreateTopicRequest,
     CreateTopicResponse,
+    DeleteGroupRequest,
+    DeleteGroupResponse,
     DeleteTopicRequest,
     DeleteTopicResponse,
+    DescribeGroupRequest,
+    DescribeGroupResponse,
     DescribeTopicRequest,
     DescribeTopicResponse,
     FetchPartition,
     FetchPartitionResult,
     FetchRequest,
     FetchResponse,
+    GroupMember,
+    GroupPartition,
+    GroupPartitionLag,
+    GroupSummary,
+    HeartbeatRequest,
+    HeartbeatResponse,
     InitProducerIdRequest,
     InitProducerIdResponse,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
     ListOffsetsPartition,
     ListOffsetsRequest,
     ListOffsetsResponse,
@@ -41,13 +59,21 @@ from tidewire.protocol.messages import (
     ListTopicsResponse,
     MetadataRequest,
     MetadataResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
     PartitionInfo,
+    PartitionResult,
     PingRequest,
     PingResponse,
     ProducePartition,
     ProducePartitionResult,
     ProduceRequest,
     ProduceResponse,
+    ResetOffsetResult,
+    ResetOffsetsRequest,
+    ResetOffsetsResponse,
     TopicConfig,
     TopicDescription,
     schema_for,
@@ -134,6 +160,62 @@ SAMPLES: dict[ApiKey, tuple[Body, Body]] = {
         InitProducerIdResponse(producer_id=7, producer_epoch=0),
     ),
     ApiKey.PING: (PingRequest(), PingResponse()),
+    ApiKey.JOIN_GROUP: (
+        JoinGroupRequest(group_id="g", topics=["orders"], pattern="ord.*", strategy="range"),
+        JoinGroupResponse(
+            member_id="m-1",
+            generation=3,
+            strategy="range",
+            members=2,
+            assignment=[GroupPartition("orders", 0)],
+        ),
+    ),
+    ApiKey.HEARTBEAT: (
+        HeartbeatRequest(group_id="g", member_id="m-1", generation=3),
+        HeartbeatResponse(error_code=83, error_message="rebalancing"),
+    ),
+    ApiKey.LEAVE_GROUP: (LeaveGroupRequest(group_id="g", member_id="m-1"), LeaveGroupResponse()),
+    ApiKey.OFFSET_COMMIT: (
+        OffsetCommitRequest(
+            group_id="g",
+            member_id="m-1",
+            generation=3,
+            partitions=[CommitPartition("orders", 0, 42, "meta")],
+        ),
+        OffsetCommitResponse(results=[PartitionResult(topic="orders", partition=0)]),
+    ),
+    ApiKey.OFFSET_FETCH: (
+        OffsetFetchRequest(group_id="g", partitions=[GroupPartition("orders", 0)]),
+        OffsetFetchResponse(offsets=[CommittedOffset(topic="orders", partition=0, offset=42)]),
+    ),
+    ApiKey.LIST_GROUPS: (
+        ListGroupsRequest(),
+        ListGroupsResponse(groups=[GroupSummary(group_id="g", state="stable", members=2)]),
+    ),
+    ApiKey.DESCRIBE_GROUP: (
+        DescribeGroupRequest(group_id="g"),
+        DescribeGroupResponse(
+            group_id="g",
+            state="stable",
+            generation=3,
+            strategy="sticky",
+            members=[
+                GroupMember(
+                    member_id="m-1", topics=["orders"], assignment=[GroupPartition("orders", 0)]
+                )
+            ],
+            offsets=[
+                GroupPartitionLag(topic="orders", partition=0, committed=42, end_offset=50, lag=8)
+            ],
+        ),
+    ),
+    ApiKey.DELETE_GROUP: (DeleteGroupRequest(group_id="g"), DeleteGroupResponse()),
+    ApiKey.RESET_OFFSETS: (
+        ResetOffsetsRequest(group_id="g", topic="orders", to="timestamp", value=1, dry_run=True),
+        ResetOffsetsResponse(
+            results=[ResetOffsetResult(topic="orders", partition=0, previous=42, offset=7)]
+        ),
+    ),
 }
 
 #: Every schema, request and response, as (api key, response?, schema) for parametrizing.
@@ -151,6 +233,8 @@ INTS = st.integers(min_value=-(2**63), max_value=2**64 - 1)
 
 def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
     """A strategy for any value of the type annotation ``tp`` as the schemas use them."""
+    if tp is bool:
+        return st.booleans()
     if tp is int:
         return INTS
     if tp is bool:

@@ -19,6 +19,9 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
+from tidewire.broker.consumer_groups import ConsumerGroups
+from tidewire.broker.groups import GroupConfig, GroupCoordinator
+from tidewire.broker.offsets import OffsetStore, is_internal_topic
 from tidewire.broker.producers import (
     MAX_EPOCH,
     PRODUCER_IDS_FILE,
@@ -80,6 +83,7 @@ class BrokerConfig:
         producer_snapshot_interval_ms: how often the state of idempotent producers is
             snapshotted (it is also snapshotted at a clean shutdown), which bounds how much
             of each log a start after a crash reads to rebuild it.
+        groups: the consumer group coordinator's bounds.
     """
 
     data_dir: str
@@ -90,6 +94,7 @@ class BrokerConfig:
     max_wait_ms: int = 30_000
     producer_expiration_ms: int = 7 * 24 * 3600 * 1000
     producer_snapshot_interval_ms: int = 60_000
+    groups: GroupConfig = field(default_factory=GroupConfig)
 
     def __post_init__(self) -> None:
         if not 1 <= self.default_partitions <= MAX_PARTITION:
@@ -156,6 +161,8 @@ class Broker:
         self._producers: dict[tuple[str, int], PartitionProducers] = {}
         self._epochs: dict[int, int] = {}  # producer id -> newest epoch known
         self._ids: ProducerIds | None = None
+        self._groups: ConsumerGroups | None = None
+        self._group_task: asyncio.Task[None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -164,24 +171,52 @@ class Broker:
         self.logs.open()
         try:
             self._load_producers()
+            offsets = OffsetStore(self.logs)
+            offsets.load()
         except BaseException:
             self.logs.close()
             raise
+        coordinator = GroupCoordinator(self.topics, self.config.groups)
+        self._groups = ConsumerGroups(coordinator, offsets, self.topics, self.list_offset)
         loop = asyncio.get_running_loop()
         self._maintenance = loop.create_task(self.logs.run(), name="log maintenance")
         self._maintenance.add_done_callback(_log_task_failure)
         self._producer_task = loop.create_task(self._producer_upkeep(), name="producer upkeep")
         self._producer_task.add_done_callback(_log_task_failure)
+        self._group_task = loop.create_task(self._group_upkeep(), name="group upkeep")
+        self._group_task.add_done_callback(_log_task_failure)
+
+    @property
+    def groups(self) -> ConsumerGroups:
+        """The consumer groups (while the broker runs).
+
+        Raises:
+            InvalidRequestError: the broker is not running.
+        """
+        if self._groups is None:
+            raise InvalidRequestError("the broker is not running")
+        return self._groups
+
+    async def _group_upkeep(self) -> None:
+        """Until cancelled: expire group members' sessions and end overdue rebalances."""
+        period = self.config.groups.check_interval_ms / 1000
+        while True:
+            await asyncio.sleep(period)
+            if self._groups is not None:
+                self._groups.coordinator.tick()
 
     async def close(self) -> None:
         """Stop the background work, wake every waiting fetch, flush and close the logs."""
         self._closing = True  # a fetch woken from here on returns instead of waiting again
-        for task in (self._maintenance, self._producer_task):
+        for task in (self._maintenance, self._producer_task, self._group_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._maintenance = self._producer_task = None
+        self._maintenance = self._producer_task = self._group_task = None
+        if self._groups is not None:
+            self._groups.coordinator.close()
+            self._groups = None
         if self._background:  # fsyncs that make acks=leader batches visible: let them end
             await asyncio.gather(*self._background, return_exceptions=True)
         for futs in self._waiters.values():
@@ -203,8 +238,16 @@ class Broker:
     # --- topics ---------------------------------------------------------------------------------
 
     def topics(self) -> dict[str, int]:
-        """Topic name -> partition count."""
-        return {name: len(parts) for name, parts in self.logs.topics().items()}
+        """Topic name -> partition count (the broker's internal topics left out)."""
+        return {
+            name: len(parts)
+            for name, parts in self.logs.topics().items()
+            if not is_internal_topic(name)
+        }
+
+    def _topics_changed(self) -> None:
+        if self._groups is not None:
+            self._groups.coordinator.topics_changed()
 
     def create_topic(
         self, name: str, partitions: int | None = None, config: LogConfig | None = None
@@ -229,6 +272,7 @@ class Broker:
         for p in range(n):
             self.logs.create_log(name, p, cfg)
         log.info("created topic %s with %d partition(s)", name, n)
+        self._topics_changed()
         return n
 
     def ensure_topic(self, name: str) -> None:
@@ -253,7 +297,9 @@ class Broker:
 
         Raises:
             UnknownTopicError: no such topic.
+            InvalidTopicError: an internal topic.
         """
+        _refuse_internal(name)
         try:
             parts = self.logs.delete_topic(name)
         except LogNotFoundError:
@@ -262,6 +308,7 @@ class Broker:
             self._wake(name, p)
             self._producers.pop((name, p), None)
         log.info("deleted topic %s", name)
+        self._topics_changed()
 
     def alter_topic(
         self, name: str, *, partitions: int | None = None, config: LogConfig | None = None
@@ -269,8 +316,9 @@ class Broker:
         """Add partitions (never fewer) and/or change the settings of every partition.
 
         Raises:
-            UnknownTopicError, InvalidTopicError.
+            UnknownTopicError, InvalidTopicError (an internal topic too).
         """
+        _refuse_internal(name)
         current = self.partition_count(name)
         if partitions is not None and not current <= partitions <= MAX_PARTITION:
             raise InvalidTopicError(
@@ -284,6 +332,7 @@ class Broker:
             cfg = config or self.log(name, 0).config
             for p in range(current, partitions):
                 self.logs.create_log(name, p, cfg)
+            self._topics_changed()
 
     def partition_count(self, name: str) -> int:
         """Raises UnknownTopicError if ``name`` is not a topic."""
@@ -349,6 +398,7 @@ class Broker:
         An idempotent batch sent again (one of its producer's last five in this partition)
         is not stored twice: the result gives its original offsets.
         """
+        _refuse_internal(topic)
         view = memoryview(data)
         plog = self.logs.logs.get((topic, partition))
         if plog is None and self.config.auto_create_topics and (topic, 0) not in self.logs.logs:
@@ -700,6 +750,11 @@ def _headers_from(plog: PartitionLog, offset: int) -> Iterator[BatchHeader]:
             if h.last_offset >= offset:
                 yield h
         offset = r.next_offset
+
+
+def _refuse_internal(topic: str) -> None:
+    if is_internal_topic(topic):
+        raise InvalidTopicError(f"topic {topic!r} is internal to the broker: read it only")
 
 
 def _high_watermark(plog: PartitionLog) -> int:

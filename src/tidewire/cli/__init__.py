@@ -6,7 +6,9 @@
   clean-shutdown marker.
 - ``tidewire config init | show``: the default configuration file; the settings in effect.
 - ``tidewire topic create | list | describe | alter | delete``: administration.
-- ``tidewire publish``, ``tidewire consume``: messages in and out.
+- ``tidewire publish``, ``tidewire consume``: messages in and out (``consume --group G``
+  as a member of a consumer group).
+- ``tidewire group list | describe | reset | delete``: consumer groups, offsets and lag.
 - ``tidewire health``: ping a broker; exit code 0 when it answers.
 - ``tidewire bench produce | consume``: the load generator (throughput and latency).
 - ``tidewire --version``.
@@ -26,6 +28,7 @@ from tidewire import __version__
 
 from ._bench import bench_app
 from ._consume import consume
+from ._group import group_app
 from ._health import health
 from ._publish import publish
 from ._serve import config_app, serve
@@ -62,6 +65,7 @@ def _root(
 app.command()(serve)
 app.add_typer(config_app)
 app.add_typer(topic_app)
+app.add_typer(group_app)
 app.command()(publish)
 app.command()(consume)
 app.command()(health)

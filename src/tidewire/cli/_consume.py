@@ -10,6 +10,11 @@ Messages of one partition are printed in offset order.
     {"topic": "t", "partition": 0, "offset": 7, "timestamp": 1714564800000,
      "key": "k", "value": "v", "headers": [{"key": "h", "value": "x"}]}
 
+With ``--group G`` the command is a member of consumer group ``G``
+(:class:`~tidewire.client.AsyncGroupConsumer`): it reads the partitions the group assigns it,
+from the group's committed offsets, and commits the position after the last message printed
+every 5 s and when it stops.
+
 ``key``, ``value`` and header values are UTF-8 text, ``null`` when absent; one that is not
 valid UTF-8 is base64 instead, and a flag beside it says so: ``"key_base64": true``,
 ``"value_base64": true``, ``"value_base64": true`` inside a header.
@@ -29,7 +34,7 @@ from typing import Annotated
 
 import typer
 
-from tidewire.client import AsyncClient
+from tidewire.client import AsyncClient, AsyncGroupConsumer
 from tidewire.errors import TidewireError, UnknownPartitionError
 from tidewire.records import Record
 
@@ -262,12 +267,32 @@ def consume(
     key_separator: Annotated[
         str, typer.Option(help="Text format: what goes between key and value.", metavar="SEP")
     ] = "\t",
+    group: Annotated[
+        str | None,
+        typer.Option(
+            "--group",
+            "-g",
+            help="Join this consumer group: read the partitions it assigns, from its committed "
+            "offsets (new partitions: latest, or the oldest with --from-beginning), and commit "
+            "what was printed.",
+        ),
+    ] = None,
     addr: AddrOption = DEFAULT_ADDR,
 ) -> None:
     """Print a topic's messages: by default only new ones, from every partition.
 
     Stops after --count messages, when --timeout seconds pass without one, or on Ctrl-C.
     """
+    if group is not None:
+        if offset is not None or since is not None or partition is not None:
+            fail(
+                "--group reads from the group's offsets: no --offset, --since, --partition",
+                EXIT_USAGE,
+            )
+        _consume_group(
+            addr, topic, group, from_beginning, count, timeout, fmt, print_key, key_separator
+        )
+        return
     if from_beginning + (offset is not None) + (since is not None) > 1:
         fail("give at most one of --from-beginning, --offset, --since", EXIT_USAGE)
     if offset is not None and partition is None:
@@ -287,5 +312,41 @@ def consume(
         return await _consume(
             client, topic, partition, start, count, timeout, fmt, print_key, key_separator.encode()
         )
+
+    run_client(addr, body)
+
+
+def _consume_group(
+    addr: str,
+    topic: str,
+    group: str,
+    from_beginning: bool,
+    count: int | None,
+    timeout_s: float | None,
+    fmt: Format,
+    print_key: bool,
+    separator: str,
+) -> None:
+    """``consume --group``: print as a member of ``group``; the consumer commits the
+    position after the last message printed when it closes (and every 5 s)."""
+
+    async def body(client: AsyncClient) -> int:
+        out = typer.get_binary_stream("stdout")
+        printed = 0
+        reset = "earliest" if from_beginning else "latest"
+        async with AsyncGroupConsumer(
+            addr, group, topics=[topic], auto_offset_reset=reset, client_id="tidewire-cli"
+        ) as consumer:
+            while count is None or printed < count:
+                want = 500 if count is None else min(count - printed, 500)
+                records = await consumer.poll(timeout_s, max_records=want)
+                if not records:
+                    break  # --timeout seconds without a new message
+                for r in records:
+                    rec = Record(r.offset, r.timestamp, r.key, r.value, r.headers)
+                    out.write(_line(topic, r.partition, rec, fmt, print_key, separator.encode()))
+                printed += len(records)
+                out.flush()
+        return printed
 
     run_client(addr, body)

@@ -7,6 +7,8 @@
   resolving to :class:`RecordMetadata`.
 - :class:`AsyncConsumer` and :class:`Consumer`: read assigned partitions from an offset,
   as :class:`ConsumerRecord` objects, with long-poll and prefetch.
+- :class:`AsyncGroupConsumer` and :class:`GroupConsumer`: members of a consumer group:
+  partitions assigned by the broker, committed offsets, seek, pause / resume, callbacks.
 - :func:`fnv1a_32`: the key hash that chooses a keyed message's partition.
 
 Public names::
@@ -14,6 +16,7 @@ Public names::
     AsyncClient, Client, Message, FetchedRecords
     AsyncProducer, Producer, RecordMetadata, RecordFuture, BlockingRecordFuture
     AsyncConsumer, Consumer, ConsumerRecord
+    AsyncGroupConsumer, GroupConsumer
     fnv1a_32
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 from tidewire.client._accumulator import BlockingRecordFuture, RecordFuture, RecordMetadata
 from tidewire.client._client import AsyncClient, Client, FetchedRecords, Message
 from tidewire.client._consumer import AsyncConsumer, Consumer, ConsumerRecord
+from tidewire.client._group import AsyncGroupConsumer, GroupConsumer
 from tidewire.client._producer import AsyncProducer
 from tidewire.client._producer_sync import Producer
 from tidewire.client.partitioner import fnv1a_32
@@ -29,12 +33,14 @@ from tidewire.client.partitioner import fnv1a_32
 __all__ = [
     "AsyncClient",
     "AsyncConsumer",
+    "AsyncGroupConsumer",
     "AsyncProducer",
     "BlockingRecordFuture",
     "Client",
     "Consumer",
     "ConsumerRecord",
     "FetchedRecords",
+    "GroupConsumer",
     "Message",
     "Producer",
     "RecordFuture",

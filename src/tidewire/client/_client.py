@@ -1,8 +1,9 @@
 """The clients: :class:`AsyncClient` and its blocking twin :class:`Client`, with the same
 methods (the twin runs the async client on an event loop in a thread of its own).
 
-They cover administration (topics), producing record batches to a partition, fetching
-records from a partition and offset (with long-poll), and offsets by time.
+They cover administration (topics, consumer groups and their lag), producing record batches
+to a partition, fetching records from a partition and offset (with long-poll), and offsets by
+time.
 """
 
 from __future__ import annotations
@@ -21,17 +22,27 @@ from tidewire.protocol.messages import (
     AlterTopicRequest,
     ApiVersionsRequest,
     CreateTopicRequest,
+    DeleteGroupRequest,
     DeleteTopicRequest,
+    DescribeGroupRequest,
+    DescribeGroupResponse,
     DescribeTopicRequest,
     FetchPartition,
     FetchRequest,
+    GroupPartition,
+    GroupPartitionLag,
+    GroupSummary,
+    ListGroupsRequest,
     ListOffsetsPartition,
     ListOffsetsRequest,
     ListTopicsRequest,
     MetadataRequest,
+    OffsetFetchRequest,
     PingRequest,
     ProducePartition,
     ProduceRequest,
+    ResetOffsetResult,
+    ResetOffsetsRequest,
     TopicConfig,
     TopicDescription,
 )
@@ -258,6 +269,78 @@ class AsyncClient:
         _raise(result.error_code, result.error_message)
         return int(result.offset)
 
+    # --- consumer groups ------------------------------------------------------------------------
+
+    async def list_groups(self) -> list[GroupSummary]:
+        """Every group with members or committed offsets: id, state, member count."""
+        return list((await self._call(ListGroupsRequest())).body.groups)
+
+    async def describe_group(self, group_id: str) -> DescribeGroupResponse:
+        """State, generation, members with their assignment, and every partition's
+        committed offset, end offset and lag. Raises UnknownGroupError."""
+        body = (await self._call(DescribeGroupRequest(group_id=group_id))).body
+        _raise(body.error_code, body.error_message)
+        return body  # type: ignore[no-any-return]
+
+    async def group_lag(self, group_id: str) -> list[GroupPartitionLag]:
+        """Per partition: committed offset (-1: none), end offset, lag (-1: nothing
+        committed). Raises UnknownGroupError."""
+        return list((await self.describe_group(group_id)).offsets)
+
+    async def committed_offsets(
+        self, group_id: str, partitions: Sequence[tuple[str, int]] | None = None
+    ) -> dict[tuple[str, int], int]:
+        """The group's committed offsets (of ``partitions``; default every committed one);
+        -1 for a partition with nothing committed."""
+        req = OffsetFetchRequest(
+            group_id=group_id,
+            partitions=None
+            if partitions is None
+            else [GroupPartition(t, p) for t, p in partitions],
+        )
+        body = (await self._call(req)).body
+        return {(o.topic, o.partition): int(o.offset) for o in body.offsets}
+
+    async def delete_group(self, group_id: str) -> None:
+        """Delete a group without members and its committed offsets.
+
+        Raises:
+            GroupNotEmptyError, UnknownGroupError.
+        """
+        body = (await self._call(DeleteGroupRequest(group_id=group_id))).body
+        _raise(body.error_code, body.error_message)
+
+    async def reset_group_offsets(
+        self,
+        group_id: str,
+        topic: str,
+        to: str,
+        *,
+        value: int = 0,
+        partitions: Sequence[int] | None = None,
+        dry_run: bool = False,
+    ) -> list[ResetOffsetResult]:
+        """Move the committed offsets of a group without members for ``topic`` (its
+        ``partitions``, default all): ``to`` is ``"earliest"``, ``"latest"``, ``"offset"``
+        (``value``, clamped to the log) or ``"timestamp"`` (the first offset at or after
+        ``value`` ms). Returns each partition's previous and new offset; ``dry_run``
+        commits nothing.
+
+        Raises:
+            GroupNotEmptyError, UnknownTopicError, UnknownPartitionError, InvalidRequestError.
+        """
+        req = ResetOffsetsRequest(
+            group_id=group_id,
+            topic=topic,
+            to=to,
+            value=value,
+            partitions=None if partitions is None else list(partitions),
+            dry_run=dry_run,
+        )
+        body = (await self._call(req)).body
+        _raise(body.error_code, body.error_message)
+        return list(body.results)
+
 
 class Client:
     """The blocking twin of :class:`AsyncClient`: the same methods, called without await.
@@ -384,3 +467,36 @@ class Client:
 
     def list_offset(self, topic: str, partition: int, timestamp: int) -> int:
         return self._run(self._async.list_offset(topic, partition, timestamp))
+
+    def list_groups(self) -> list[GroupSummary]:
+        return self._run(self._async.list_groups())
+
+    def describe_group(self, group_id: str) -> DescribeGroupResponse:
+        return self._run(self._async.describe_group(group_id))
+
+    def group_lag(self, group_id: str) -> list[GroupPartitionLag]:
+        return self._run(self._async.group_lag(group_id))
+
+    def committed_offsets(
+        self, group_id: str, partitions: Sequence[tuple[str, int]] | None = None
+    ) -> dict[tuple[str, int], int]:
+        return self._run(self._async.committed_offsets(group_id, partitions))
+
+    def delete_group(self, group_id: str) -> None:
+        self._run(self._async.delete_group(group_id))
+
+    def reset_group_offsets(
+        self,
+        group_id: str,
+        topic: str,
+        to: str,
+        *,
+        value: int = 0,
+        partitions: Sequence[int] | None = None,
+        dry_run: bool = False,
+    ) -> list[ResetOffsetResult]:
+        return self._run(
+            self._async.reset_group_offsets(
+                group_id, topic, to, value=value, partitions=partitions, dry_run=dry_run
+            )
+        )

@@ -25,6 +25,10 @@ __all__ = [
     "ACKS_NONE",
     "EARLIEST",
     "LATEST",
+    "RESET_EARLIEST",
+    "RESET_LATEST",
+    "RESET_OFFSET",
+    "RESET_TIMESTAMP",
     "AlterTopicRequest",
     "AlterTopicResponse",
     "ApiKey",
@@ -32,10 +36,16 @@ __all__ = [
     "ApiVersionsRequest",
     "ApiVersionsResponse",
     "Body",
+    "CommitPartition",
+    "CommittedOffset",
     "CreateTopicRequest",
     "CreateTopicResponse",
+    "DeleteGroupRequest",
+    "DeleteGroupResponse",
     "DeleteTopicRequest",
     "DeleteTopicResponse",
+    "DescribeGroupRequest",
+    "DescribeGroupResponse",
     "DescribeTopicRequest",
     "DescribeTopicResponse",
     "ErrorBody",
@@ -43,8 +53,20 @@ __all__ = [
     "FetchPartitionResult",
     "FetchRequest",
     "FetchResponse",
+    "GroupMember",
+    "GroupPartition",
+    "GroupPartitionLag",
+    "GroupSummary",
+    "HeartbeatRequest",
+    "HeartbeatResponse",
     "InitProducerIdRequest",
     "InitProducerIdResponse",
+    "JoinGroupRequest",
+    "JoinGroupResponse",
+    "LeaveGroupRequest",
+    "LeaveGroupResponse",
+    "ListGroupsRequest",
+    "ListGroupsResponse",
     "ListOffsetsPartition",
     "ListOffsetsRequest",
     "ListOffsetsResponse",
@@ -53,13 +75,21 @@ __all__ = [
     "ListTopicsResponse",
     "MetadataRequest",
     "MetadataResponse",
+    "OffsetCommitRequest",
+    "OffsetCommitResponse",
+    "OffsetFetchRequest",
+    "OffsetFetchResponse",
     "PartitionInfo",
+    "PartitionResult",
     "PingRequest",
     "PingResponse",
     "ProducePartition",
     "ProducePartitionResult",
     "ProduceRequest",
     "ProduceResponse",
+    "ResetOffsetResult",
+    "ResetOffsetsRequest",
+    "ResetOffsetsResponse",
     "TopicConfig",
     "TopicDescription",
     "decode_body",
@@ -95,6 +125,15 @@ class ApiKey(enum.IntEnum):
     LIST_OFFSETS = 9
     INIT_PRODUCER_ID = 10
     PING = 11
+    JOIN_GROUP = 12
+    HEARTBEAT = 13
+    LEAVE_GROUP = 14
+    OFFSET_COMMIT = 15
+    OFFSET_FETCH = 16
+    LIST_GROUPS = 17
+    DESCRIBE_GROUP = 18
+    DELETE_GROUP = 19
+    RESET_OFFSETS = 20
 
 
 class Body(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -354,6 +393,216 @@ class InitProducerIdResponse(Body, kw_only=True, omit_defaults=True):
     error_message: str = ""
 
 
+# --- consumer groups -----------------------------------------------------------------------
+
+#: ``to`` of a reset-offsets request: the log start offset.
+RESET_EARLIEST = "earliest"
+#: ``to``: the end (high watermark).
+RESET_LATEST = "latest"
+#: ``to``: ``value`` as an offset, clamped to the log's range.
+RESET_OFFSET = "offset"
+#: ``to``: the first offset whose timestamp is at or after ``value`` ms (the end if none).
+RESET_TIMESTAMP = "timestamp"
+
+
+class GroupPartition(msgspec.Struct, array_like=True):
+    """A partition of a topic: ``[topic, partition]``."""
+
+    topic: str
+    partition: int
+
+
+class JoinGroupRequest(Body, kw_only=True, omit_defaults=True):
+    """Join a group (``member_id`` empty: as a new member; a static member restarting sends
+    its ``group_instance_id`` and no member id). Answered when the rebalance it starts ends:
+    within the group's rebalance timeout."""
+
+    api_key = ApiKey.JOIN_GROUP
+    group_id: str
+    member_id: str = ""
+    group_instance_id: str = ""
+    client_id: str = ""
+    topics: list[str] = msgspec.field(default_factory=list)
+    pattern: str = ""  # a regular expression the whole topic name must match
+    strategy: str = "sticky"  # "range", "roundrobin" or "sticky"
+    session_timeout_ms: int = 10_000
+    rebalance_timeout_ms: int = 30_000
+
+
+class JoinGroupResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.JOIN_GROUP
+    member_id: str = ""
+    generation: int = -1
+    strategy: str = ""
+    members: int = 0
+    assignment: list[GroupPartition] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
+class HeartbeatRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.HEARTBEAT
+    group_id: str
+    member_id: str
+    generation: int
+
+
+class HeartbeatResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.HEARTBEAT
+    error_code: int = 0
+    error_message: str = ""
+
+
+class LeaveGroupRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.LEAVE_GROUP
+    group_id: str
+    member_id: str
+
+
+class LeaveGroupResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.LEAVE_GROUP
+    error_code: int = 0
+    error_message: str = ""
+
+
+class CommitPartition(msgspec.Struct, array_like=True):
+    """``[topic, partition, offset, metadata]``: ``offset`` is the next offset to read."""
+
+    topic: str
+    partition: int
+    offset: int
+    metadata: str = ""
+
+
+class OffsetCommitRequest(Body, kw_only=True, omit_defaults=True):
+    """A member commits with its ``member_id`` and ``generation``; ``member_id`` empty and
+    ``generation`` -1 commit from outside a group that has no members."""
+
+    api_key = ApiKey.OFFSET_COMMIT
+    group_id: str
+    member_id: str = ""
+    generation: int = -1
+    partitions: list[CommitPartition]
+
+
+class PartitionResult(msgspec.Struct, kw_only=True, omit_defaults=True):
+    topic: str
+    partition: int
+    error_code: int = 0
+    error_message: str = ""
+
+
+class OffsetCommitResponse(Body, kw_only=True, omit_defaults=True):
+    """All partitions of a commit succeed or fail together: every result carries the same
+    error."""
+
+    api_key = ApiKey.OFFSET_COMMIT
+    results: list[PartitionResult]
+
+
+class OffsetFetchRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.OFFSET_FETCH
+    group_id: str
+    partitions: list[GroupPartition] | None = None  # None: every committed partition
+
+
+class CommittedOffset(msgspec.Struct, kw_only=True, omit_defaults=True):
+    topic: str
+    partition: int
+    offset: int = -1  # -1: nothing committed
+    metadata: str = ""
+
+
+class OffsetFetchResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.OFFSET_FETCH
+    offsets: list[CommittedOffset]
+
+
+class ListGroupsRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.LIST_GROUPS
+
+
+class GroupSummary(msgspec.Struct, kw_only=True):
+    group_id: str
+    state: str
+    members: int
+
+
+class ListGroupsResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.LIST_GROUPS
+    groups: list[GroupSummary]
+
+
+class DescribeGroupRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.DESCRIBE_GROUP
+    group_id: str
+
+
+class GroupMember(msgspec.Struct, kw_only=True, omit_defaults=True):
+    member_id: str
+    group_instance_id: str = ""
+    client_id: str = ""
+    topics: list[str] = msgspec.field(default_factory=list)
+    pattern: str = ""
+    assignment: list[GroupPartition] = msgspec.field(default_factory=list)
+
+
+class GroupPartitionLag(msgspec.Struct, kw_only=True, omit_defaults=True):
+    topic: str
+    partition: int
+    committed: int = -1  # -1: nothing committed
+    end_offset: int = -1
+    lag: int = -1  # end_offset - committed; -1 when nothing is committed
+    metadata: str = ""
+
+
+class DescribeGroupResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.DESCRIBE_GROUP
+    group_id: str = ""
+    state: str = ""
+    generation: int = 0
+    strategy: str = ""
+    members: list[GroupMember] = msgspec.field(default_factory=list)
+    offsets: list[GroupPartitionLag] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
+class DeleteGroupRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.DELETE_GROUP
+    group_id: str
+
+
+class DeleteGroupResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.DELETE_GROUP
+    error_code: int = 0
+    error_message: str = ""
+
+
+class ResetOffsetsRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.RESET_OFFSETS
+    group_id: str
+    topic: str
+    partitions: list[int] | None = None  # None: every partition of the topic
+    to: str  # RESET_EARLIEST, RESET_LATEST, RESET_OFFSET or RESET_TIMESTAMP
+    value: int = 0  # the offset or the timestamp (ms)
+    dry_run: bool = False
+
+
+class ResetOffsetResult(msgspec.Struct, kw_only=True):
+    topic: str
+    partition: int
+    previous: int  # -1: nothing was committed
+    offset: int
+
+
+class ResetOffsetsResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.RESET_OFFSETS
+    results: list[ResetOffsetResult] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
 # --- the registry and the codec ------------------------------------------------------------
 
 _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
@@ -369,6 +618,15 @@ _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
     ApiKey.LIST_OFFSETS: (ListOffsetsRequest, ListOffsetsResponse),
     ApiKey.INIT_PRODUCER_ID: (InitProducerIdRequest, InitProducerIdResponse),
     ApiKey.PING: (PingRequest, PingResponse),
+    ApiKey.JOIN_GROUP: (JoinGroupRequest, JoinGroupResponse),
+    ApiKey.HEARTBEAT: (HeartbeatRequest, HeartbeatResponse),
+    ApiKey.LEAVE_GROUP: (LeaveGroupRequest, LeaveGroupResponse),
+    ApiKey.OFFSET_COMMIT: (OffsetCommitRequest, OffsetCommitResponse),
+    ApiKey.OFFSET_FETCH: (OffsetFetchRequest, OffsetFetchResponse),
+    ApiKey.LIST_GROUPS: (ListGroupsRequest, ListGroupsResponse),
+    ApiKey.DESCRIBE_GROUP: (DescribeGroupRequest, DescribeGroupResponse),
+    ApiKey.DELETE_GROUP: (DeleteGroupRequest, DeleteGroupResponse),
+    ApiKey.RESET_OFFSETS: (ResetOffsetsRequest, ResetOffsetsResponse),
 }
 #: (min, max) version of each API this code speaks. Version 0 is the first of each.
 _VERSIONS: dict[ApiKey, tuple[int, int]] = dict.fromkeys(_SCHEMAS, (0, 0))

@@ -11,6 +11,7 @@ from typing import Any
 
 from tidewire import __version__
 from tidewire.broker import Broker, FetchResult
+from tidewire.broker.consumer_groups import ResetTo
 from tidewire.errors import BackpressureError, InvalidRequestError, TidewireError
 from tidewire.protocol.messages import (
     ACKS_DURABLE,
@@ -22,17 +23,34 @@ from tidewire.protocol.messages import (
     ApiVersionsRequest,
     ApiVersionsResponse,
     Body,
+    CommittedOffset,
     CreateTopicRequest,
     CreateTopicResponse,
+    DeleteGroupRequest,
+    DeleteGroupResponse,
     DeleteTopicRequest,
     DeleteTopicResponse,
+    DescribeGroupRequest,
+    DescribeGroupResponse,
     DescribeTopicRequest,
     DescribeTopicResponse,
     FetchPartitionResult,
     FetchRequest,
     FetchResponse,
+    GroupMember,
+    GroupPartition,
+    GroupPartitionLag,
+    GroupSummary,
+    HeartbeatRequest,
+    HeartbeatResponse,
     InitProducerIdRequest,
     InitProducerIdResponse,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
     ListOffsetsResult,
@@ -40,12 +58,20 @@ from tidewire.protocol.messages import (
     ListTopicsResponse,
     MetadataRequest,
     MetadataResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
     PartitionInfo,
+    PartitionResult,
     PingRequest,
     PingResponse,
     ProducePartitionResult,
     ProduceRequest,
     ProduceResponse,
+    ResetOffsetResult,
+    ResetOffsetsRequest,
+    ResetOffsetsResponse,
     TopicConfig,
     TopicDescription,
     supported_versions,
@@ -295,6 +321,160 @@ async def init_producer_id(
     return InitProducerIdResponse(producer_id=pid, producer_epoch=epoch), []
 
 
+# --- consumer groups (handlers in this section only call ``b.groups``) ----------------------
+
+
+async def join_group(b: Broker, s: ServerInfo, req: JoinGroupRequest, _: memoryview) -> Reply:
+    try:
+        r = await b.groups.coordinator.join(
+            req.group_id,
+            member_id=req.member_id,
+            instance_id=req.group_instance_id,
+            client_id=req.client_id,
+            topics=req.topics,
+            pattern=req.pattern,
+            strategy=req.strategy,
+            session_timeout_ms=req.session_timeout_ms,
+            rebalance_timeout_ms=req.rebalance_timeout_ms,
+        )
+    except TidewireError as exc:
+        return JoinGroupResponse(**_err(exc)), []
+    return JoinGroupResponse(
+        member_id=r.member_id,
+        generation=r.generation,
+        strategy=str(r.strategy),
+        members=r.members,
+        assignment=[GroupPartition(t, p) for t, p in r.assignment],
+    ), []
+
+
+async def heartbeat(b: Broker, s: ServerInfo, req: HeartbeatRequest, _: memoryview) -> Reply:
+    try:
+        b.groups.coordinator.heartbeat(req.group_id, req.member_id, req.generation)
+    except TidewireError as exc:
+        return HeartbeatResponse(**_err(exc)), []
+    return HeartbeatResponse(), []
+
+
+async def leave_group(b: Broker, s: ServerInfo, req: LeaveGroupRequest, _: memoryview) -> Reply:
+    try:
+        b.groups.coordinator.leave(req.group_id, req.member_id)
+    except TidewireError as exc:
+        return LeaveGroupResponse(**_err(exc)), []
+    return LeaveGroupResponse(), []
+
+
+async def offset_commit(b: Broker, s: ServerInfo, req: OffsetCommitRequest, _: memoryview) -> Reply:
+    offsets: dict[tuple[str, int], tuple[int, str]] = {}
+    for p in req.partitions:
+        if (p.topic, p.partition) in offsets:
+            raise InvalidRequestError(f"{p.topic!r} partition {p.partition} is named twice")
+        offsets[(p.topic, p.partition)] = (p.offset, p.metadata)
+    error: dict[str, Any] = {}
+    try:
+        await b.groups.commit(
+            req.group_id, offsets, member_id=req.member_id, generation=req.generation
+        )
+    except TidewireError as exc:
+        error = _err(exc)
+    results = [PartitionResult(topic=t, partition=p, **error) for t, p in offsets]
+    return OffsetCommitResponse(results=results), []
+
+
+async def offset_fetch(b: Broker, s: ServerInfo, req: OffsetFetchRequest, _: memoryview) -> Reply:
+    wanted = None if req.partitions is None else [(p.topic, p.partition) for p in req.partitions]
+    got = b.groups.committed(req.group_id, wanted)
+    out: list[CommittedOffset] = []
+    for t, p in sorted(got) if wanted is None else wanted:
+        c = got.get((t, p))
+        if c is None:
+            out.append(CommittedOffset(topic=t, partition=p))
+        else:
+            out.append(CommittedOffset(topic=t, partition=p, offset=c.offset, metadata=c.metadata))
+    return OffsetFetchResponse(offsets=out), []
+
+
+async def list_groups(b: Broker, s: ServerInfo, req: ListGroupsRequest, _: memoryview) -> Reply:
+    groups = [
+        GroupSummary(group_id=g.group_id, state=str(g.state), members=g.members)
+        for g in b.groups.list_groups()
+    ]
+    return ListGroupsResponse(groups=groups), []
+
+
+async def describe_group(
+    b: Broker, s: ServerInfo, req: DescribeGroupRequest, _: memoryview
+) -> Reply:
+    try:
+        d = b.groups.describe(req.group_id)
+    except TidewireError as exc:
+        return DescribeGroupResponse(group_id=req.group_id, **_err(exc)), []
+    members = [
+        GroupMember(
+            member_id=m.member_id,
+            group_instance_id=m.instance_id,
+            client_id=m.client_id,
+            topics=list(m.topics),
+            pattern=m.pattern,
+            assignment=[GroupPartition(t, p) for t, p in m.assignment],
+        )
+        for m in d.members
+    ]
+    offsets = [
+        GroupPartitionLag(
+            topic=x.topic,
+            partition=x.partition,
+            committed=x.committed,
+            end_offset=x.end_offset,
+            lag=x.lag,
+            metadata=x.metadata,
+        )
+        for x in d.offsets
+    ]
+    return DescribeGroupResponse(
+        group_id=d.group_id,
+        state=str(d.state),
+        generation=d.generation,
+        strategy=d.strategy,
+        members=members,
+        offsets=offsets,
+    ), []
+
+
+async def delete_group(b: Broker, s: ServerInfo, req: DeleteGroupRequest, _: memoryview) -> Reply:
+    try:
+        await b.groups.delete(req.group_id)
+    except TidewireError as exc:
+        return DeleteGroupResponse(**_err(exc)), []
+    return DeleteGroupResponse(), []
+
+
+async def reset_offsets(b: Broker, s: ServerInfo, req: ResetOffsetsRequest, _: memoryview) -> Reply:
+    try:
+        to = ResetTo(req.to)
+    except ValueError:
+        choices = ", ".join(t.value for t in ResetTo)
+        raise InvalidRequestError(f"reset to {req.to!r}: must be one of {choices}") from None
+    try:
+        got = await b.groups.reset(
+            req.group_id,
+            req.topic,
+            to,
+            partitions=req.partitions,
+            value=req.value,
+            dry_run=req.dry_run,
+        )
+    except TidewireError as exc:
+        return ResetOffsetsResponse(**_err(exc)), []
+    results = [
+        ResetOffsetResult(
+            topic=r.topic, partition=r.partition, previous=r.previous, offset=r.offset
+        )
+        for r in got
+    ]
+    return ResetOffsetsResponse(results=results), []
+
+
 HANDLERS: dict[int, Handler] = {
     ApiKey.API_VERSIONS: api_versions,
     ApiKey.PING: ping,
@@ -308,4 +488,13 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.FETCH: fetch,
     ApiKey.LIST_OFFSETS: list_offsets,
     ApiKey.INIT_PRODUCER_ID: init_producer_id,
+    ApiKey.JOIN_GROUP: join_group,
+    ApiKey.HEARTBEAT: heartbeat,
+    ApiKey.LEAVE_GROUP: leave_group,
+    ApiKey.OFFSET_COMMIT: offset_commit,
+    ApiKey.OFFSET_FETCH: offset_fetch,
+    ApiKey.LIST_GROUPS: list_groups,
+    ApiKey.DESCRIBE_GROUP: describe_group,
+    ApiKey.DELETE_GROUP: delete_group,
+    ApiKey.RESET_OFFSETS: reset_offsets,
 }

@@ -1,0 +1,275 @@
+"""The consumer-group operations the protocol serves: membership (through the
+:class:`~tidewire.broker.groups.GroupCoordinator`), committed offsets (through the
+:class:`~tidewire.broker.offsets.OffsetStore`), and the views and changes an operator makes:
+list, describe with lag, delete, reset.
+
+``Broker.groups`` is the one instance; it exists while the broker runs.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from tidewire.broker.assignors import TopicPartition
+from tidewire.broker.groups import GroupCoordinator, GroupState, MemberInfo
+from tidewire.broker.offsets import Committed, OffsetStore
+from tidewire.errors import (
+    GroupNotEmptyError,
+    InvalidRequestError,
+    UnknownGroupError,
+    UnknownPartitionError,
+    UnknownTopicError,
+)
+
+__all__ = [
+    "ConsumerGroups",
+    "GroupDescription",
+    "GroupListing",
+    "PartitionLag",
+    "ResetResult",
+    "ResetTo",
+]
+
+#: Partitions one commit may name: a commit is one record batch of the offsets topic.
+MAX_COMMIT_PARTITIONS = 10_000
+#: The longest metadata string stored with an offset (characters).
+MAX_METADATA_CHARS = 4_096
+
+
+class ResetTo(enum.StrEnum):
+    """Where ``reset`` moves a group's offsets."""
+
+    EARLIEST = "earliest"
+    LATEST = "latest"
+    OFFSET = "offset"
+    TIMESTAMP = "timestamp"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupListing:
+    group_id: str
+    state: GroupState
+    members: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLag:
+    """A partition's committed offset (-1: none), end offset (the high watermark) and lag
+    (end - committed; -1 when nothing is committed)."""
+
+    topic: str
+    partition: int
+    committed: int
+    end_offset: int
+    lag: int
+    metadata: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    group_id: str
+    state: GroupState
+    generation: int
+    strategy: str
+    members: list[MemberInfo]
+    offsets: list[PartitionLag]
+
+
+@dataclass(frozen=True, slots=True)
+class ResetResult:
+    topic: str
+    partition: int
+    previous: int  # -1: nothing was committed
+    offset: int
+
+
+class ConsumerGroups:
+    """Consumer groups of one broker. Membership requests go to :attr:`coordinator`.
+
+    Args:
+        coordinator: the membership.
+        offsets: the committed offsets (loaded).
+        topics: topic -> partition count, internal topics left out.
+        list_offset: ``(topic, partition, timestamp)`` -> offset, as ``Broker.list_offset``
+            (-2 earliest, -1 the high watermark, else the first offset at or after a time).
+    """
+
+    def __init__(
+        self,
+        coordinator: GroupCoordinator,
+        offsets: OffsetStore,
+        topics: Callable[[], Mapping[str, int]],
+        list_offset: Callable[[str, int, int], int],
+    ) -> None:
+        self.coordinator = coordinator
+        self.offsets = offsets
+        self._topics = topics
+        self._list_offset = list_offset
+
+    # --- offsets ----------------------------------------------------------------------------------
+
+    async def commit(
+        self,
+        group_id: str,
+        offsets: Mapping[TopicPartition, tuple[int, str]],
+        *,
+        member_id: str = "",
+        generation: int = -1,
+    ) -> None:
+        """Commit ``offsets`` (partition -> (next offset to read, metadata)) for a member of
+        ``group_id`` in ``generation`` (or, with ``member_id`` empty and ``generation`` -1,
+        from outside a group that has no members). Returns once they are fsynced.
+
+        Raises:
+            InvalidRequestError: no partitions, too many, a negative offset, metadata too long.
+            UnknownTopicError, UnknownPartitionError: no such partition.
+            UnknownMemberError, IllegalGenerationError, PartitionNotAssignedError,
+            GroupNotEmptyError: the commit is fenced (nothing is written).
+            StorageError, LogFailedError, BackpressureError: the offsets log refused.
+        """
+        if not group_id:
+            raise InvalidRequestError("a commit needs a group id")
+        if not offsets or len(offsets) > MAX_COMMIT_PARTITIONS:
+            raise InvalidRequestError(
+                f"a commit names 1..{MAX_COMMIT_PARTITIONS:,} partitions, not {len(offsets):,}"
+            )
+        topics = self._topics()
+        for (topic, partition), (offset, metadata) in offsets.items():
+            _check_partition(topics, topic, partition)
+            if offset < 0:
+                raise InvalidRequestError(f"offset {offset} of {topic!r}/{partition} is negative")
+            if len(metadata) > MAX_METADATA_CHARS:
+                raise InvalidRequestError(
+                    f"metadata of {len(metadata):,} characters exceeds {MAX_METADATA_CHARS:,}"
+                )
+        self.coordinator.check_commit(group_id, member_id, generation, list(offsets))
+        await self.offsets.commit(group_id, offsets)
+
+    def committed(
+        self, group_id: str, partitions: Sequence[TopicPartition] | None = None
+    ) -> dict[TopicPartition, Committed]:
+        """The committed offsets of ``group_id`` (of ``partitions`` only, when given; a
+        partition with nothing committed is left out)."""
+        got = self.offsets.get(group_id)
+        if partitions is None:
+            return got
+        return {tp: got[tp] for tp in partitions if tp in got}
+
+    # --- administration ---------------------------------------------------------------------------
+
+    def list_groups(self) -> list[GroupListing]:
+        """Every group with members or committed offsets."""
+        out = []
+        for g in sorted(set(self.coordinator.group_ids()) | self.offsets.groups()):
+            state, _, _ = self.coordinator.state(g)
+            out.append(GroupListing(g, state, len(self.coordinator.members(g))))
+        return out
+
+    def describe(self, group_id: str) -> GroupDescription:
+        """State, members with their assignment, and every partition's committed offset,
+        end offset and lag: the partitions of the topics the group commits to or whose
+        partitions its members own.
+
+        Raises:
+            UnknownGroupError: no members and no committed offsets.
+        """
+        members = self.coordinator.members(group_id)
+        committed = self.offsets.get(group_id)
+        if not members and not committed:
+            raise UnknownGroupError(f"group {group_id!r} does not exist")
+        state, generation, strategy = self.coordinator.state(group_id)
+        topics = self._topics()
+        names = {t for t, _ in committed} | {t for m in members for t, _ in m.assignment}
+        lags: list[PartitionLag] = []
+        for topic in sorted(names):
+            n = topics.get(topic, 0)
+            parts = sorted({p for t, p in committed if t == topic} | set(range(n)))
+            for p in parts:
+                c = committed.get((topic, p))
+                end = self._list_offset(topic, p, -1) if p < n else -1
+                off = -1 if c is None else c.offset
+                lag = -1 if c is None or end < 0 else max(end - off, 0)
+                lags.append(PartitionLag(topic, p, off, end, lag, "" if c is None else c.metadata))
+        return GroupDescription(
+            group_id, state, generation, "" if strategy is None else str(strategy), members, lags
+        )
+
+    async def delete(self, group_id: str) -> None:
+        """Forget a group at rest and its committed offsets (durably).
+
+        Raises:
+            GroupNotEmptyError: it has members.
+            UnknownGroupError: it does not exist.
+        """
+        if self.coordinator.has_members(group_id):
+            raise GroupNotEmptyError(
+                f"group {group_id!r} has {len(self.coordinator.members(group_id))} member(s)"
+            )
+        if group_id not in self.offsets.groups():
+            raise UnknownGroupError(f"group {group_id!r} does not exist")
+        await self.offsets.delete(group_id)
+
+    async def reset(
+        self,
+        group_id: str,
+        topic: str,
+        to: ResetTo,
+        *,
+        partitions: Sequence[int] | None = None,
+        value: int = 0,
+        dry_run: bool = False,
+    ) -> list[ResetResult]:
+        """Move the committed offsets of a group at rest for ``topic`` (its ``partitions``,
+        or all): to the log start, to the end (high watermark), to ``value`` (clamped to
+        the log's range), or to the first offset whose timestamp is at or after ``value``
+        ms (the end when there is none). ``dry_run``: only say what would change.
+
+        Raises:
+            GroupNotEmptyError: the group has members.
+            UnknownTopicError, UnknownPartitionError: no such place.
+            InvalidRequestError: a negative offset or timestamp.
+        """
+        if not group_id:
+            raise InvalidRequestError("a reset needs a group id")
+        if self.coordinator.has_members(group_id):
+            raise GroupNotEmptyError(
+                f"group {group_id!r} has {len(self.coordinator.members(group_id))} member(s): "
+                "stop its consumers before resetting its offsets"
+            )
+        if to in (ResetTo.OFFSET, ResetTo.TIMESTAMP) and value < 0:
+            raise InvalidRequestError(f"reset to {to} {value}: must be >= 0")
+        topics = self._topics()
+        n = topics.get(topic)
+        parts = list(range(n or 0)) if partitions is None else sorted(set(partitions))
+        for p in parts or [0]:
+            _check_partition(topics, topic, p)
+        committed = self.offsets.get(group_id)
+        out: list[ResetResult] = []
+        for p in parts:
+            start = self._list_offset(topic, p, -2)
+            end = self._list_offset(topic, p, -1)
+            if to is ResetTo.EARLIEST:
+                new = start
+            elif to is ResetTo.LATEST:
+                new = end
+            elif to is ResetTo.OFFSET:
+                new = min(max(value, start), end)
+            else:
+                new = self._list_offset(topic, p, value)
+            c = committed.get((topic, p))
+            out.append(ResetResult(topic, p, -1 if c is None else c.offset, new))
+        if not dry_run and out:
+            await self.offsets.commit(
+                group_id, {(r.topic, r.partition): (r.offset, "") for r in out}
+            )
+        return out
+
+
+def _check_partition(topics: Mapping[str, int], topic: str, partition: int) -> None:
+    n = topics.get(topic)
+    if n is None:
+        raise UnknownTopicError(f"topic {topic!r} does not exist")
+    if not 0 <= partition < n:
+        raise UnknownPartitionError(f"topic {topic!r} has partitions 0..{n - 1}, not {partition}")

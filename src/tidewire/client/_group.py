@@ -1,0 +1,721 @@
+"""Consumer group members: :class:`AsyncGroupConsumer` and its blocking twin
+:class:`GroupConsumer`.
+
+A group consumer subscribes to topics (or a name pattern) as a member of a group; the broker
+assigns it partitions, and it reads them with the long-poll fetches of
+:class:`~tidewire.client.AsyncConsumer` (which it drives), starting from the group's
+committed offsets. A background task sends heartbeats every ``heartbeat_interval_ms``. When a
+heartbeat learns of a rebalance, the next ``poll`` (or iteration step) takes part in it:
+
+1. with auto-commit on, it commits the positions of every assigned partition;
+2. it calls ``on_revoke(partitions)`` with every partition it owned;
+3. it joins again and waits for the new assignment (up to ``rebalance_timeout_ms``);
+4. partitions it keeps go on from where it was; new ones from the group's committed
+   offset (or ``auto_offset_reset`` when none is committed); then ``on_assign(partitions)``
+   is called with the whole new assignment.
+
+So a rebalance happens only inside ``poll``/iteration: process each batch of records within
+``rebalance_timeout_ms``, or the group removes this member.
+
+**What is committed.** The *position* of a partition is the offset after the last record
+this consumer handed to the application (by ``poll`` or iteration), or the offset reading
+starts from when none was handed out yet. ``commit()`` commits the positions of every
+assigned partition (or the offsets given), and returns once the broker has fsynced them.
+
+**When auto-commit commits** (``enable_auto_commit=True``, the default): at the start of a
+``poll`` or iteration step once ``auto_commit_interval_ms`` has passed since the last
+auto-commit, before a rebalance (step 1 above), and on ``close()``. Since it runs when the
+application asks for more, every record handed out before it was processed by a loop that
+takes records one after another: delivery is at least once, and after a crash the records
+handed out since the last commit are read again (the uncommitted window). ``close()``
+commits the position too, so records handed out but not processed when the application
+stops by an exception count as processed: commit explicitly for a stricter rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import threading
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
+from datetime import datetime
+from typing import Any, TypeVar
+
+from tidewire.errors import (
+    ConnectionLostError,
+    IllegalGenerationError,
+    PartitionNotAssignedError,
+    RebalanceInProgressError,
+    TidewireError,
+    UnknownMemberError,
+    for_code,
+)
+from tidewire.protocol.messages import (
+    EARLIEST,
+    LATEST,
+    CommitPartition,
+    GroupPartition,
+    HeartbeatRequest,
+    JoinGroupRequest,
+    LeaveGroupRequest,
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    OffsetCommitRequest,
+    OffsetFetchRequest,
+)
+
+from ._consumer import AsyncConsumer, ConsumerRecord, Offset
+from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
+
+__all__ = ["AsyncGroupConsumer", "GroupConsumer", "PartitionsCallback"]
+
+log = logging.getLogger("tidewire.client")
+
+T = TypeVar("T")
+TP = tuple[str, int]
+#: ``on_assign`` / ``on_revoke``: called with the partitions (a coroutine function is awaited).
+PartitionsCallback = Callable[[list[TP]], Awaitable[None] | None]
+
+#: How often a waiting poll looks up from its fetch to check for a rebalance (s): a bound on
+#: how late a member notices one while no records arrive.
+_CHECK_S = 0.1
+#: Records handed out by one ``poll`` at most, by default.
+DEFAULT_MAX_RECORDS = 500
+_FENCED = (IllegalGenerationError.code, UnknownMemberError.code, PartitionNotAssignedError.code)
+
+
+class AsyncGroupConsumer:
+    """A member of a consumer group (see the module docstring for rebalances and commits).
+
+    Use as ``async with AsyncGroupConsumer(addr, "billing", topics=["orders"]) as c``, then
+    ``async for record in c`` or ``await c.poll(timeout_s)``.
+
+    Args:
+        addr: ``"HOST:PORT"`` of the broker.
+        group_id: the group.
+        topics: topics to consume.
+        pattern: a regular expression; topics whose whole name matches are consumed too,
+            including ones created later.
+        group_instance_id: a static member's stable id: restarting within
+            ``session_timeout_ms`` gets the same partitions back without a rebalance. A
+            static member does not leave the group on close (its session runs out instead).
+        client_id: shown by describe; the prefix of the member id.
+        strategy: ``"sticky"`` (default), ``"range"`` or ``"roundrobin"``.
+        session_timeout_ms: the broker removes this member after this long without a
+            heartbeat.
+        rebalance_timeout_ms: how long a rebalance waits for members to rejoin.
+        heartbeat_interval_ms: between heartbeats (default: a third of the session timeout).
+        enable_auto_commit, auto_commit_interval_ms: see the module docstring.
+        auto_offset_reset: where a partition without a committed offset starts:
+            ``"latest"`` (default) or ``"earliest"``.
+        on_assign, on_revoke: called with the partitions assigned / taken away.
+        max_wait_ms, min_bytes, max_bytes, max_partition_bytes: of each fetch
+            (as :class:`~tidewire.client.AsyncConsumer`).
+        request_timeout_ms, connect_timeout_ms: of each request.
+    """
+
+    def __init__(
+        self,
+        addr: str,
+        group_id: str,
+        *,
+        topics: Iterable[str] = (),
+        pattern: str = "",
+        group_instance_id: str = "",
+        client_id: str = "",
+        strategy: str = "sticky",
+        session_timeout_ms: int = 10_000,
+        rebalance_timeout_ms: int = 30_000,
+        heartbeat_interval_ms: int | None = None,
+        enable_auto_commit: bool = True,
+        auto_commit_interval_ms: int = 5_000,
+        auto_offset_reset: str = "latest",
+        on_assign: PartitionsCallback | None = None,
+        on_revoke: PartitionsCallback | None = None,
+        max_wait_ms: int = 500,
+        min_bytes: int = 1,
+        max_bytes: int = 16 * 1024 * 1024,
+        max_partition_bytes: int = 1024 * 1024,
+        request_timeout_ms: int = 30_000,
+        connect_timeout_ms: int = 10_000,
+    ) -> None:
+        self.topics = sorted(set(topics))
+        if not group_id:
+            raise ValueError("group_id must not be empty")
+        if not self.topics and not pattern:
+            raise ValueError("subscribe to topics or a pattern")
+        if auto_offset_reset not in ("earliest", "latest"):
+            raise ValueError(f"auto_offset_reset={auto_offset_reset!r}: 'earliest' or 'latest'")
+        for name, value in (
+            ("session_timeout_ms", session_timeout_ms),
+            ("rebalance_timeout_ms", rebalance_timeout_ms),
+            ("auto_commit_interval_ms", auto_commit_interval_ms),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, not {value!r}")
+        self.group_id = group_id
+        self.pattern = pattern
+        self.group_instance_id = group_instance_id
+        self.client_id = client_id
+        self.strategy = strategy
+        self.session_timeout_ms = session_timeout_ms
+        self.rebalance_timeout_ms = rebalance_timeout_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms or max(session_timeout_ms // 3, 1)
+        self.enable_auto_commit = enable_auto_commit
+        self.auto_commit_interval_ms = auto_commit_interval_ms
+        self.auto_offset_reset = auto_offset_reset
+        self.on_assign = on_assign
+        self.on_revoke = on_revoke
+        self._coord = Transport(
+            addr,
+            request_timeout_s=request_timeout_ms / 1000,
+            connect_timeout_s=connect_timeout_ms / 1000,
+            max_in_flight=8,
+        )
+        self._inner = AsyncConsumer(
+            addr,
+            max_wait_ms=max_wait_ms,
+            min_bytes=min_bytes,
+            max_bytes=max_bytes,
+            max_partition_bytes=max_partition_bytes,
+            request_timeout_ms=request_timeout_ms,
+            connect_timeout_ms=connect_timeout_ms,
+        )
+        self._member_id = ""
+        self._generation = -1
+        self._assigned: list[TP] = []
+        self._positions: dict[TP, int] = {}  # after the last record handed out
+        self._paused: set[TP] = set()
+        self._local: deque[ConsumerRecord] = deque()  # fetched, not yet handed out
+        self._rejoin = True  # join at the first poll
+        self._fenced = False  # lost membership: positions come from the commits again
+        self._joined = False
+        self._joining = False
+        self._heartbeats: asyncio.Task[None] | None = None
+        self._next_auto_commit = 0.0
+        self._closed = False
+
+    async def __aenter__(self) -> AsyncGroupConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- state ------------------------------------------------------------------------------
+
+    @property
+    def member_id(self) -> str:
+        """This member's id in the group (``""`` before it joined)."""
+        return self._member_id
+
+    @property
+    def generation(self) -> int:
+        """The generation of the current assignment (-1 before the first)."""
+        return self._generation
+
+    def assignment(self) -> list[TP]:
+        """The partitions this member owns, sorted."""
+        return list(self._assigned)
+
+    def position(self, topic: str, partition: int) -> int:
+        """The offset after the last record handed out for an assigned partition.
+
+        Raises:
+            ValueError: not assigned.
+        """
+        try:
+            return self._positions[(topic, partition)]
+        except KeyError:
+            raise ValueError(f"{topic!r} partition {partition} is not assigned") from None
+
+    def paused(self) -> list[TP]:
+        return sorted(self._paused)
+
+    # --- reading ----------------------------------------------------------------------------
+
+    async def poll(
+        self, timeout_s: float | None = None, *, max_records: int = DEFAULT_MAX_RECORDS
+    ) -> list[ConsumerRecord]:
+        """The records available (at most ``max_records``), waiting up to ``timeout_s``
+        (None: until some arrive); an empty list when none came in time. Takes part in a
+        rebalance and auto-commits first when due.
+
+        Raises:
+            InvalidGroupError, InconsistentGroupProtocolError, GroupFullError: joining failed.
+            OffsetOutOfRangeError, ...: a partition's fetch failed.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while True:
+            await self._maintain()
+            if self._local:
+                out: list[ConsumerRecord] = []
+                while self._local and len(out) < max_records:
+                    out.append(self._hand_out())
+                return out
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return []
+            wait = _CHECK_S if remaining is None else min(remaining, _CHECK_S)
+            if self._inner.assignment():
+                self._local.extend(await self._inner.poll(wait, max_records=max_records))
+            else:
+                await asyncio.sleep(wait)
+
+    def __aiter__(self) -> AsyncGroupConsumer:
+        return self
+
+    async def __anext__(self) -> ConsumerRecord:
+        if not self._local or self._rejoin:
+            while not await self._fill():
+                pass
+        return self._hand_out()
+
+    async def _fill(self) -> bool:
+        await self._maintain()
+        if self._local:
+            return True
+        if self._inner.assignment():
+            self._local.extend(await self._inner.poll(_CHECK_S))
+        else:
+            await asyncio.sleep(_CHECK_S)
+        return bool(self._local)
+
+    def _hand_out(self) -> ConsumerRecord:
+        r = self._local.popleft()
+        self._positions[(r.topic, r.partition)] = r.offset + 1
+        return r
+
+    async def _maintain(self) -> None:
+        """Rejoin when a rebalance is on; auto-commit when due."""
+        if self._closed:
+            raise ConnectionLostError("the group consumer is closed")
+        if self._heartbeats is None:
+            self._heartbeats = asyncio.get_running_loop().create_task(
+                self._heartbeat_loop(), name=f"tidewire heartbeats {self.group_id}"
+            )
+        if self._rejoin:
+            await self._rebalance()
+        elif (
+            self.enable_auto_commit and asyncio.get_running_loop().time() >= self._next_auto_commit
+        ):
+            await self._auto_commit()
+
+    # --- membership -------------------------------------------------------------------------
+
+    async def _rebalance(self) -> None:
+        if self._assigned:
+            if self.enable_auto_commit and not self._fenced:
+                await self._auto_commit()
+            await _call(self.on_revoke, list(self._assigned))
+        self._local.clear()
+        old = set(self._assigned)
+        self._joining = True
+        try:
+            new = await self._join()
+        finally:
+            self._joining = False
+        keep = set() if self._fenced else old & set(new)
+        positions = {tp: self._positions[tp] for tp in keep}
+        gained = [tp for tp in new if tp not in keep]
+        if gained:
+            positions.update(await self._starting_offsets(gained))
+        self._assigned, self._positions = new, positions
+        self._paused &= set(new)
+        self._fenced = False
+        await self._reassign_inner()
+        self._next_auto_commit = (
+            asyncio.get_running_loop().time() + self.auto_commit_interval_ms / 1000
+        )
+        await _call(self.on_assign, list(new))
+
+    async def _join(self) -> list[TP]:
+        backoff = 0.0
+        while True:
+            self._rejoin = False
+            req = JoinGroupRequest(
+                group_id=self.group_id,
+                member_id=self._member_id,
+                group_instance_id=self.group_instance_id,
+                client_id=self.client_id,
+                topics=self.topics,
+                pattern=self.pattern,
+                strategy=self.strategy,
+                session_timeout_ms=self.session_timeout_ms,
+                rebalance_timeout_ms=self.rebalance_timeout_ms,
+            )
+            timeout = (self.rebalance_timeout_ms / 1000) + self._coord.request_timeout_s
+            try:
+                response = await self._coord.request(req, timeout_s=timeout)
+            except TidewireError as exc:
+                if not exc.retriable:
+                    raise
+                backoff = min(max(backoff * 2, BACKOFF_MIN_S), BACKOFF_MAX_S)
+                await asyncio.sleep(backoff)
+                continue
+            assert response is not None
+            body = response.body
+            if body.error_code == UnknownMemberError.code:
+                self._member_id = ""
+                self._fenced = True
+                continue
+            if body.error_code == RebalanceInProgressError.code:
+                continue  # a newer join of ours replaced it, or the broker is stopping
+            if body.error_code:
+                self._rejoin = True
+                raise for_code(body.error_code)(body.error_message)
+            self._member_id, self._generation = body.member_id, body.generation
+            self._joined = True
+            if self._rejoin:  # a heartbeat of the old generation said so meanwhile: stale
+                self._rejoin = False
+            return sorted((p.topic, p.partition) for p in body.assignment)
+
+    async def _starting_offsets(self, partitions: list[TP]) -> dict[TP, int]:
+        req = OffsetFetchRequest(
+            group_id=self.group_id, partitions=[GroupPartition(t, p) for t, p in partitions]
+        )
+        response = await self._coord.request(req)
+        assert response is not None
+        committed = {(o.topic, o.partition): int(o.offset) for o in response.body.offsets}
+        resolve: list[tuple[str, int, Offset]] = []
+        out: dict[TP, int] = {}
+        for tp in partitions:
+            off = committed.get(tp, -1)
+            if off >= 0:
+                out[tp] = off
+            else:
+                resolve.append((tp[0], tp[1], self.auto_offset_reset))
+        if resolve:
+            out.update(await self._resolve(resolve))
+        return out
+
+    async def _resolve(self, wanted: list[tuple[str, int, Offset]]) -> dict[TP, int]:
+        """Positions as offsets: ints as they are, the rest looked up with LIST_OFFSETS."""
+        out: dict[TP, int] = {}
+        lookups: list[ListOffsetsPartition] = []
+        for topic, partition, offset in wanted:
+            if isinstance(offset, bool):
+                raise TypeError("offset must be an int, 'earliest', 'latest' or a datetime")
+            if isinstance(offset, int):
+                if offset < 0:
+                    raise ValueError(f"offset {offset} is negative: use 'earliest' or 'latest'")
+                out[(topic, partition)] = offset
+            elif offset in ("earliest", "latest"):
+                ts = EARLIEST if offset == "earliest" else LATEST
+                lookups.append(ListOffsetsPartition(topic, partition, ts))
+            elif isinstance(offset, datetime):
+                ts = max(int(offset.timestamp() * 1000), 0)
+                lookups.append(ListOffsetsPartition(topic, partition, ts))
+            else:
+                raise ValueError(f"offset {offset!r}: an int, 'earliest', 'latest' or a datetime")
+        if lookups:
+            response = await self._coord.request(ListOffsetsRequest(partitions=lookups))
+            assert response is not None
+            for result in response.body.results:
+                if result.error_code:
+                    raise for_code(result.error_code)(result.error_message)
+                out[(result.topic, result.partition)] = int(result.offset)
+        return out
+
+    async def _reassign_inner(self) -> None:
+        active = [tp for tp in self._assigned if tp not in self._paused]
+        self._local = deque(r for r in self._local if (r.topic, r.partition) in set(active))
+        await self._inner.assign([(t, p, self._positions[(t, p)]) for t, p in active])
+
+    async def _heartbeat_loop(self) -> None:
+        period = self.heartbeat_interval_ms / 1000
+        while True:
+            await asyncio.sleep(period)
+            if self._rejoin or self._joining or not self._joined:
+                continue
+            generation = self._generation
+            req = HeartbeatRequest(
+                group_id=self.group_id, member_id=self._member_id, generation=generation
+            )
+            try:
+                response = await self._coord.request(req)
+            except TidewireError as exc:
+                log.debug("heartbeat of group %s failed: %s", self.group_id, exc)
+                continue
+            assert response is not None
+            code = response.body.error_code
+            if code and generation == self._generation:
+                log.info("group %s: %s", self.group_id, response.body.error_message)
+                self._rejoin = True
+                if code == UnknownMemberError.code:
+                    self._member_id = ""
+                if code in _FENCED:
+                    self._fenced = True
+
+    # --- commits ----------------------------------------------------------------------------
+
+    async def commit(self, offsets: Mapping[TP, int] | None = None) -> None:
+        """Commit ``offsets`` (partition -> the next offset to read), or the position of
+        every assigned partition; return once the broker has fsynced them.
+
+        Raises:
+            IllegalGenerationError, UnknownMemberError, PartitionNotAssignedError: this
+                member is fenced (a rebalance happened without it); it rejoins at the next
+                poll.
+            ConnectionLostError, RequestTimedOutError: the commit may not have been stored.
+        """
+        todo = dict(self._positions) if offsets is None else dict(offsets)
+        if not todo:
+            return
+        req = OffsetCommitRequest(
+            group_id=self.group_id,
+            member_id=self._member_id,
+            generation=self._generation,
+            partitions=[CommitPartition(t, p, o) for (t, p), o in sorted(todo.items())],
+        )
+        response = await self._coord.request(req)
+        assert response is not None
+        for r in response.body.results:
+            if r.error_code:
+                if r.error_code in _FENCED:
+                    self._rejoin = self._fenced = True
+                raise for_code(r.error_code)(r.error_message)
+
+    async def _auto_commit(self) -> None:
+        self._next_auto_commit = (
+            asyncio.get_running_loop().time() + self.auto_commit_interval_ms / 1000
+        )
+        try:
+            await self.commit()
+        except TidewireError as exc:
+            log.warning("auto-commit of group %s failed: %s", self.group_id, exc)
+
+    # --- positions --------------------------------------------------------------------------
+
+    async def seek(self, topic: str, partition: int, offset: Offset) -> None:
+        """Move an assigned partition's position to an offset, ``"earliest"``, ``"latest"``
+        or a ``datetime`` (the first record at or after it).
+
+        Raises:
+            ValueError: not assigned.
+        """
+        await self._seek([(topic, partition)], offset)
+
+    async def seek_to_beginning(self, partitions: Iterable[TP] | None = None) -> None:
+        """Move the given (default: all assigned) partitions to their log start."""
+        await self._seek(partitions, "earliest")
+
+    async def seek_to_end(self, partitions: Iterable[TP] | None = None) -> None:
+        """Move the given (default: all assigned) partitions to their end."""
+        await self._seek(partitions, "latest")
+
+    async def seek_to_time(
+        self, when: datetime | int, partitions: Iterable[TP] | None = None
+    ) -> None:
+        """Move the given (default: all assigned) partitions to the first record whose
+        timestamp is at or after ``when`` (a datetime, or ms since the epoch), or the end."""
+        at = (
+            when if isinstance(when, datetime) else datetime.fromtimestamp(when / 1000).astimezone()
+        )
+        await self._seek(partitions, at)
+
+    async def _seek(self, partitions: Iterable[TP] | None, offset: Offset) -> None:
+        tps = list(self._assigned) if partitions is None else [(t, p) for t, p in partitions]
+        for tp in tps:
+            if tp not in self._positions:
+                raise ValueError(f"{tp[0]!r} partition {tp[1]} is not assigned")
+        if not tps:
+            return
+        resolved = await self._resolve([(t, p, offset) for t, p in tps])
+        self._positions.update(resolved)
+        self._local = deque(r for r in self._local if (r.topic, r.partition) not in resolved)
+        await self._reassign_inner()
+
+    async def pause(self, partitions: Iterable[TP]) -> None:
+        """Stop fetching these assigned partitions (their positions stay) until resumed."""
+        tps = {(t, p) for t, p in partitions}
+        for tp in tps:
+            if tp not in self._positions:
+                raise ValueError(f"{tp[0]!r} partition {tp[1]} is not assigned")
+        self._paused |= tps
+        await self._reassign_inner()
+
+    async def resume(self, partitions: Iterable[TP]) -> None:
+        """Fetch these paused partitions again, from their positions."""
+        self._paused -= {(t, p) for t, p in partitions}
+        await self._reassign_inner()
+
+    async def _rewind(self, positions: Mapping[TP, int]) -> None:
+        """Set positions back (the blocking twin's records not yet handed out)."""
+        self._positions.update({tp: o for tp, o in positions.items() if tp in self._positions})
+        await self._reassign_inner()
+
+    # --- closing ----------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Commit (with auto-commit), call ``on_revoke``, leave the group (unless static),
+        and close the connections."""
+        if self._closed:
+            return
+        self._closed = True
+        task, self._heartbeats = self._heartbeats, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        try:
+            if self._joined and self._member_id:
+                if self.enable_auto_commit and not self._rejoin:
+                    await self._auto_commit()
+                if self._assigned:
+                    await _call(self.on_revoke, list(self._assigned))
+                if not self.group_instance_id:
+                    with contextlib.suppress(TidewireError):
+                        await self._coord.request(
+                            LeaveGroupRequest(group_id=self.group_id, member_id=self._member_id)
+                        )
+        finally:
+            await self._inner.close()
+            await self._coord.close()
+
+
+async def _call(callback: PartitionsCallback | None, partitions: list[TP]) -> None:
+    if callback is None:
+        return
+    result = callback(partitions)
+    if inspect.isawaitable(result):
+        await result
+
+
+class GroupConsumer:
+    """The blocking twin of :class:`AsyncGroupConsumer`: the same arguments and methods
+    without ``await``, and ``for record in consumer``. It runs the async consumer on an
+    event loop in a thread of its own; ``on_assign`` / ``on_revoke`` run on that thread and
+    must not call this consumer's methods. Records fetched but not yet handed to the
+    application are never counted in a commit."""
+
+    def __init__(self, addr: str, group_id: str, **options: Any) -> None:
+        parse_addr(addr)
+        self._local: deque[ConsumerRecord] = deque()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="tidewire-group-consumer", daemon=True
+        )
+        self._thread.start()
+        try:
+            self._async = self._run(self._make(addr, group_id, options))
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    @staticmethod
+    async def _make(addr: str, group_id: str, options: dict[str, Any]) -> AsyncGroupConsumer:
+        return AsyncGroupConsumer(addr, group_id, **options)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._loop.is_closed():
+            coro.close()
+            raise ConnectionLostError("the group consumer is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> GroupConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _unhanded(self, tps: set[TP] | None = None) -> dict[TP, int]:
+        """The first offset of each partition's records not handed out yet (dropping them
+        from the local buffer when ``tps`` names their partitions)."""
+        first: dict[TP, int] = {}
+        for r in self._local:
+            first.setdefault((r.topic, r.partition), r.offset)
+        if tps is not None:
+            self._local = deque(r for r in self._local if (r.topic, r.partition) not in tps)
+        return first if tps is None else {tp: o for tp, o in first.items() if tp in tps}
+
+    @property
+    def member_id(self) -> str:
+        return self._async.member_id
+
+    @property
+    def generation(self) -> int:
+        return self._async.generation
+
+    def assignment(self) -> list[TP]:
+        return self._async.assignment()
+
+    def position(self, topic: str, partition: int) -> int:
+        first = self._unhanded().get((topic, partition))
+        return self._async.position(topic, partition) if first is None else first
+
+    def paused(self) -> list[TP]:
+        return self._async.paused()
+
+    def poll(
+        self, timeout_s: float | None = None, *, max_records: int = DEFAULT_MAX_RECORDS
+    ) -> list[ConsumerRecord]:
+        out: list[ConsumerRecord] = []
+        while self._local and len(out) < max_records:
+            out.append(self._local.popleft())
+        if out:
+            return out
+        return self._run(self._async.poll(timeout_s, max_records=max_records))
+
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        return self
+
+    def __next__(self) -> ConsumerRecord:
+        while not self._local:
+            # Only here, with nothing left locally, does the async consumer auto-commit or
+            # rebalance: every record it returned before was handed out.
+            self._local.extend(self._run(self._async.poll(None)))
+        return self._local.popleft()
+
+    def commit(self, offsets: Mapping[TP, int] | None = None) -> None:
+        if offsets is None:
+            positions = {tp: self._async.position(*tp) for tp in self._async.assignment()}
+            positions.update(self._unhanded())
+            offsets = positions
+        self._run(self._async.commit(offsets))
+
+    def seek(self, topic: str, partition: int, offset: Offset) -> None:
+        self._unhanded({(topic, partition)})
+        self._run(self._async.seek(topic, partition, offset))
+
+    def seek_to_beginning(self, partitions: Iterable[TP] | None = None) -> None:
+        tps = None if partitions is None else list(partitions)
+        self._unhanded(set(tps or self._async.assignment()))
+        self._run(self._async.seek_to_beginning(tps))
+
+    def seek_to_end(self, partitions: Iterable[TP] | None = None) -> None:
+        tps = None if partitions is None else list(partitions)
+        self._unhanded(set(tps or self._async.assignment()))
+        self._run(self._async.seek_to_end(tps))
+
+    def seek_to_time(self, when: datetime | int, partitions: Iterable[TP] | None = None) -> None:
+        tps = None if partitions is None else list(partitions)
+        self._unhanded(set(tps or self._async.assignment()))
+        self._run(self._async.seek_to_time(when, tps))
+
+    def pause(self, partitions: Iterable[TP]) -> None:
+        tps = {(t, p) for t, p in partitions}
+        self._run(self._async._rewind(self._unhanded(tps)))
+        self._run(self._async.pause(tps))
+
+    def resume(self, partitions: Iterable[TP]) -> None:
+        self._run(self._async.resume(list(partitions)))
+
+    def close(self) -> None:
+        """Commit what was handed out (with auto-commit), leave, stop the thread."""
+        if self._loop.is_closed():
+            return
+        try:
+            if self._local:
+                self._run(self._async._rewind(self._unhanded(set(self._async.assignment()))))
+            self._run(self._async.close())
+        finally:
+            self._stop_loop()
