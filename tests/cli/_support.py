@@ -28,6 +28,13 @@ def tidewire_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "tidewire", *args]
 
 
+def sigint_as_at_a_terminal() -> None:
+    """``preexec_fn`` of a child that the test interrupts with SIGINT: a shell that runs a job
+    in the background (as CI may) starts it with SIGINT ignored, and Python then never raises
+    KeyboardInterrupt; a command run at a terminal gets SIGINT's default action."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def subprocess_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """This environment without ``TIDEWIRE_*`` settings (the test decides them), with
     ``extra`` and this interpreter's import path."""

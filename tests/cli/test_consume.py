@@ -17,6 +17,7 @@ from tests.cli._support import (
     Broker,
     closed_port,
     run_cli,
+    sigint_as_at_a_terminal,
     subprocess_env,
     tidewire_cmd,
 )
@@ -142,6 +143,7 @@ def test_default_start_is_the_end(broker: Broker) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=subprocess_env(),
+        preexec_fn=sigint_as_at_a_terminal,  # noqa: PLW1509 - sets one signal, no locks
     )
     try:
         with Client(broker.addr) as client:
@@ -170,6 +172,7 @@ def test_ctrl_c_exits_cleanly(broker: Broker) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=subprocess_env(),
+        preexec_fn=sigint_as_at_a_terminal,  # noqa: PLW1509 - sets one signal, no locks
     )
     try:
         assert proc.stdout is not None

@@ -16,6 +16,7 @@ from tests.cli._support import (
     closed_port,
     run_cli,
     serving,
+    sigint_as_at_a_terminal,
     subprocess_env,
     tidewire_cmd,
 )
@@ -241,6 +242,7 @@ def test_slow_pipe_is_published_without_eof_and_ctrl_c_stops_it(broker: Broker) 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=subprocess_env(),
+        preexec_fn=sigint_as_at_a_terminal,  # noqa: PLW1509 - sets one signal, no locks
     )
     try:
         assert proc.stdin is not None
