@@ -8,14 +8,13 @@ time.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from tidewire.errors import ConnectionLostError, for_code
+from tidewire.client._blocking import BlockingTwin
+from tidewire.errors import for_code
 from tidewire.protocol.messages import (
     ACKS_DURABLE,
     ACKS_NONE,
@@ -342,7 +341,7 @@ class AsyncClient:
         return list(body.results)
 
 
-class Client:
+class Client(BlockingTwin):
     """The blocking twin of :class:`AsyncClient`: the same methods, called without await.
 
     It runs an event loop in a thread of its own; use as ``with Client(addr) as client``.
@@ -357,11 +356,7 @@ class Client:
         max_in_flight: int = 64,
     ) -> None:
         parse_addr(addr)  # a bad address fails here, before a thread is started
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="tidewire-client", daemon=True
-        )
-        self._thread.start()
+        self._start_loop("tidewire-client")
         try:
             self._async = self._run(
                 self._make(addr, request_timeout_s, connect_timeout_s, max_in_flight)
@@ -380,23 +375,6 @@ class Client:
             connect_timeout_s=connect_timeout_s,
             max_in_flight=max_in_flight,
         )
-
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self._loop.is_closed():
-            coro.close()
-            raise ConnectionLostError("the client is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def close(self) -> None:
         """Close the connection and stop the client's thread."""

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections import deque
-from collections.abc import Coroutine, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
+from tidewire.client._blocking import BlockingTwin
 from tidewire.errors import ConnectionLostError, TidewireError, for_code
 from tidewire.protocol.messages import (
     FetchPartition,
@@ -360,10 +360,13 @@ class AsyncConsumer:
                 await task
 
 
-class Consumer:
+class Consumer(BlockingTwin):
     """The blocking twin of :class:`AsyncConsumer`: the same methods without ``await``, and
     ``for record in consumer``. It runs the async consumer on an event loop in a thread of
     its own; iteration takes records from the loop a ``poll`` at a time."""
+
+    _closed_error = ConnectionLostError
+    _closed_message = "the consumer is closed"
 
     def __init__(
         self,
@@ -386,11 +389,7 @@ class Consumer:
             "connect_timeout_ms": connect_timeout_ms,
         }
         self._local: deque[ConsumerRecord] = deque()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="tidewire-consumer", daemon=True
-        )
-        self._thread.start()
+        self._start_loop("tidewire-consumer")
         try:
             self._async = self._run(self._make(addr, options))
         except BaseException:
@@ -400,23 +399,6 @@ class Consumer:
     @staticmethod
     async def _make(addr: str, options: dict[str, Any]) -> AsyncConsumer:
         return AsyncConsumer(addr, **options)
-
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self._loop.is_closed():
-            coro.close()
-            raise ConnectionLostError("the consumer is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-
-    def __enter__(self) -> Consumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def close(self) -> None:
         """Close the connection and stop the consumer's thread."""

@@ -38,12 +38,12 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import threading
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
+from tidewire.client._blocking import BlockingTwin
 from tidewire.errors import (
     ConnectionLostError,
     IllegalGenerationError,
@@ -585,21 +585,20 @@ async def _call(callback: PartitionsCallback | None, partitions: list[TP]) -> No
         await result
 
 
-class GroupConsumer:
+class GroupConsumer(BlockingTwin):
     """The blocking twin of :class:`AsyncGroupConsumer`: the same arguments and methods
     without ``await``, and ``for record in consumer``. It runs the async consumer on an
     event loop in a thread of its own; ``on_assign`` / ``on_revoke`` run on that thread and
     must not call this consumer's methods. Records fetched but not yet handed to the
     application are never counted in a commit."""
 
+    _closed_error = ConnectionLostError
+    _closed_message = "the group consumer is closed"
+
     def __init__(self, addr: str, group_id: str, **options: Any) -> None:
         parse_addr(addr)
         self._local: deque[ConsumerRecord] = deque()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="tidewire-group-consumer", daemon=True
-        )
-        self._thread.start()
+        self._start_loop("tidewire-group-consumer")
         try:
             self._async = self._run(self._make(addr, group_id, options))
         except BaseException:
@@ -609,23 +608,6 @@ class GroupConsumer:
     @staticmethod
     async def _make(addr: str, group_id: str, options: dict[str, Any]) -> AsyncGroupConsumer:
         return AsyncGroupConsumer(addr, group_id, **options)
-
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self._loop.is_closed():
-            coro.close()
-            raise ConnectionLostError("the group consumer is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-
-    def __enter__(self) -> GroupConsumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _unhanded(self, tps: set[TP] | None = None) -> dict[TP, int]:
         """The first offset of each partition's records not handed out yet (dropping them

@@ -9,12 +9,11 @@ between threads. Waiting for buffer room blocks the caller; metadata is fetched 
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
-from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from tidewire.client._blocking import BlockingTwin
 from tidewire.errors import ProducerClosedError
 
 from ._accumulator import Accumulator, BlockingRecordFuture, ProducerBatch
@@ -27,12 +26,15 @@ __all__ = ["Producer"]
 T = TypeVar("T")
 
 
-class Producer:
+class Producer(BlockingTwin):
     """The blocking twin of :class:`AsyncProducer`: the same options and methods, called
     without ``await``; ``send`` returns a :class:`BlockingRecordFuture` (``.result(timeout)``).
 
     Use as ``with Producer(addr) as producer``. Thread-safe: any thread may ``send``.
     """
+
+    _closed_error = ProducerClosedError
+    _closed_message = "the producer is closed"
 
     def __init__(
         self,
@@ -75,11 +77,7 @@ class Producer:
         parse_addr(addr)
         ProducerSettings(**options)
         self._space = threading.Condition()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="tidewire-producer", daemon=True
-        )
-        self._thread.start()
+        self._start_loop("tidewire-producer")
         try:
             self._async, self._acc = self._run(self._make(addr, options))
         except BaseException:
@@ -90,23 +88,6 @@ class Producer:
         producer = AsyncProducer(addr, **options)
         producer._on_space.append(self._space)
         return producer, producer._bind(blocking=True)
-
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self._loop.is_closed():
-            coro.close()
-            raise ProducerClosedError("the producer is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-
-    def __enter__(self) -> Producer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @property
     def session(self) -> Session:
