@@ -28,6 +28,7 @@ def test_exported_names() -> None:
         "AsyncConsumer",
         "AsyncGroupConsumer",
         "AsyncProducer",
+        "AsyncSubscriber",
         "BlockingRecordFuture",
         "Client",
         "Consumer",
@@ -38,6 +39,7 @@ def test_exported_names() -> None:
         "Producer",
         "RecordFuture",
         "RecordMetadata",
+        "Subscriber",
         "fnv1a_32",
     ]
     for name in ("AsyncClient", "Client", "FetchedRecords", "Message"):

@@ -25,6 +25,8 @@ from tidewire.protocol.messages import (
     CommittedOffset,
     CreateTopicRequest,
     CreateTopicResponse,
+    CreditRequest,
+    CreditResponse,
     DeleteGroupRequest,
     DeleteGroupResponse,
     DeleteTopicRequest,
@@ -74,8 +76,13 @@ from tidewire.protocol.messages import (
     ResetOffsetResult,
     ResetOffsetsRequest,
     ResetOffsetsResponse,
+    SubscribePartition,
+    SubscribeRequest,
+    SubscribeResponse,
     TopicConfig,
     TopicDescription,
+    UnsubscribeRequest,
+    UnsubscribeResponse,
     schema_for,
     supported_versions,
 )
@@ -216,6 +223,20 @@ SAMPLES: dict[ApiKey, tuple[Body, Body]] = {
             results=[ResetOffsetResult(topic="orders", partition=0, previous=42, offset=7)]
         ),
     ),
+    ApiKey.SUBSCRIBE: (
+        SubscribeRequest(
+            subscription_id=7,
+            partitions=[SubscribePartition("orders", 0, 42)],
+            credit_bytes=1 << 20,
+            best_effort=True,
+            max_lag_bytes=4096,
+        ),
+        SubscribeResponse(
+            subscription_id=7, results=[PartitionResult(topic="orders", partition=0)]
+        ),
+    ),
+    ApiKey.CREDIT: (CreditRequest(subscription_id=7, credit_bytes=65536), CreditResponse()),
+    ApiKey.UNSUBSCRIBE: (UnsubscribeRequest(subscription_id=7), UnsubscribeResponse()),
 }
 
 #: Every schema, request and response, as (api key, response?, schema) for parametrizing.

@@ -701,6 +701,72 @@ class Broker:
             )
         return out
 
+    # --- push delivery (the subscription side; see server/push.py) ----------------------------
+
+    def read_partition(
+        self, topic: str, partition: int, offset: int, max_bytes: int
+    ) -> FetchResult:
+        """Whole batches of one partition from the one holding ``offset``, at most
+        ``max_bytes`` unless the first batch alone is larger (it is then returned alone).
+
+        Raises:
+            UnknownTopicError, UnknownPartitionError, OffsetOutOfRangeError,
+            PartitionCorruptError: as for :meth:`fetch`.
+        """
+        return self._read([(topic, partition, offset, max_bytes)], max_bytes)[0]
+
+    def bytes_behind(self, topic: str, partition: int, offset: int) -> int:
+        """How many bytes of batches lie between ``offset`` and the high watermark
+        (estimated from the offset index: over by at most one index interval).
+
+        Raises:
+            UnknownTopicError, UnknownPartitionError: no such partition.
+        """
+        plog = self.log(topic, partition)
+        hw = _high_watermark(plog)
+        return max(plog.bytes_after(offset) - plog.bytes_after(hw), 0)
+
+    def high_watermark(self, topic: str, partition: int) -> int:
+        """The offset below which records are visible to readers."""
+        return _high_watermark(self.log(topic, partition))
+
+    async def wait_for_data(
+        self, keys: Sequence[tuple[str, int]], timeout_s: float | None = None
+    ) -> None:
+        """Wait until one of these partitions is appended to (the same wake-ups long-poll
+        fetches wait on), the broker closes or releases its waiters, or ``timeout_s`` passes.
+        The caller re-reads afterwards: a wake-up is a hint, not a promise of data. While
+        the broker is closing nothing more is appended: it waits out the timeout (a caller
+        that loops on it must not spin).
+
+        Raises:
+            BackpressureError: ``max_fetch_waiters`` are waiting already.
+        """
+        if self._closing:
+            await asyncio.sleep(1.0 if timeout_s is None else timeout_s)
+            return
+        if self._n_waiters >= self.config.max_fetch_waiters:
+            raise BackpressureError(
+                f"{self._n_waiters:,} fetches are waiting "
+                f"(max_fetch_waiters={self.config.max_fetch_waiters:,})"
+            )
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for key in keys:
+            self._waiters.setdefault(key, set()).add(fut)
+        self._n_waiters += 1
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            self._n_waiters -= 1
+            for key in keys:
+                waiters = self._waiters.get(key)
+                if waiters is not None:
+                    waiters.discard(fut)
+                    if not waiters:
+                        del self._waiters[key]
+
     def release_waiters(self) -> None:
         """Make every fetch waiting now return at once with what it has (a listener that is
         shutting down answers its long-polls instead of dropping them)."""

@@ -9,6 +9,9 @@
   as :class:`ConsumerRecord` objects, with long-poll and prefetch.
 - :class:`AsyncGroupConsumer` and :class:`GroupConsumer`: members of a consumer group:
   partitions assigned by the broker, committed offsets, seek, pause / resume, callbacks.
+- :class:`AsyncSubscriber` and :class:`Subscriber`: push delivery: subscribe once to
+  partitions from offsets, the broker sends batches as they are appended, within the credit
+  the subscriber grants as records are taken; resumes from its position after a reconnect.
 - :func:`fnv1a_32`: the key hash that chooses a keyed message's partition.
 
 Public names::
@@ -17,6 +20,7 @@ Public names::
     AsyncProducer, Producer, RecordMetadata, RecordFuture, BlockingRecordFuture
     AsyncConsumer, Consumer, ConsumerRecord
     AsyncGroupConsumer, GroupConsumer
+    AsyncSubscriber, Subscriber
     fnv1a_32
 """
 
@@ -28,6 +32,7 @@ from tidewire.client._consumer import AsyncConsumer, Consumer, ConsumerRecord
 from tidewire.client._group import AsyncGroupConsumer, GroupConsumer
 from tidewire.client._producer import AsyncProducer
 from tidewire.client._producer_sync import Producer
+from tidewire.client._subscriber import AsyncSubscriber, Subscriber
 from tidewire.client.partitioner import fnv1a_32
 
 __all__ = [
@@ -35,6 +40,7 @@ __all__ = [
     "AsyncConsumer",
     "AsyncGroupConsumer",
     "AsyncProducer",
+    "AsyncSubscriber",
     "BlockingRecordFuture",
     "Client",
     "Consumer",
@@ -45,5 +51,6 @@ __all__ = [
     "Producer",
     "RecordFuture",
     "RecordMetadata",
+    "Subscriber",
     "fnv1a_32",
 ]

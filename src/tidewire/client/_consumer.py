@@ -83,6 +83,52 @@ def _parse(tp: TP, offset: int, data: bytes | memoryview) -> tuple[list[Consumer
     return out, nxt
 
 
+async def resolve_positions(
+    t: Transport, wanted: list[tuple[str, int, Offset]]
+) -> list[tuple[TP, int]]:
+    """Turn ``(topic, partition, offset)`` positions into offsets (LIST_OFFSETS for
+    ``"earliest"``, ``"latest"`` and times).
+
+    Raises:
+        UnknownTopicError, UnknownPartitionError: resolving a position on the broker.
+        ValueError, TypeError: a position that is none of the accepted kinds.
+    """
+    out: list[tuple[TP, int] | None] = []
+    lookups: list[tuple[int, ListOffsetsPartition]] = []
+    for topic, partition, offset in wanted:
+        if not isinstance(topic, str):
+            raise TypeError(f"topic must be str, not {type(topic).__name__}")
+        if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+            raise TypeError(f"partition must be an int >= 0, not {partition!r}")
+        if isinstance(offset, bool):
+            raise TypeError("offset must be an int, 'earliest', 'latest' or a datetime")
+        if isinstance(offset, int):
+            if offset < 0:
+                raise ValueError(f"offset {offset} is negative: use 'earliest' or 'latest'")
+            out.append(((topic, partition), offset))
+            continue
+        if offset == "earliest":
+            ts = _EARLIEST
+        elif offset == "latest":
+            ts = _LATEST
+        elif isinstance(offset, datetime):
+            ts = max(int(offset.timestamp() * 1000), 0)
+        else:
+            raise ValueError(
+                f"offset {offset!r} must be an int, 'earliest', 'latest' or a datetime"
+            )
+        lookups.append((len(out), ListOffsetsPartition(topic, partition, ts)))
+        out.append(None)
+    if lookups:
+        response = await t.request(ListOffsetsRequest(partitions=[p for _, p in lookups]))
+        assert response is not None
+        for (i, p), result in zip(lookups, response.body.results, strict=True):
+            if result.error_code:
+                raise for_code(result.error_code)(result.error_message)
+            out[i] = ((p.topic, p.partition), int(result.offset))
+    return [x for x in out if x is not None]
+
+
 class AsyncConsumer:
     """Reads assigned partitions from their positions, over a connection of its own.
 
@@ -205,40 +251,7 @@ class AsyncConsumer:
         return list(self._positions)
 
     async def _resolve(self, wanted: list[tuple[str, int, Offset]]) -> list[tuple[TP, int]]:
-        out: list[tuple[TP, int] | None] = []
-        lookups: list[tuple[int, ListOffsetsPartition]] = []
-        for topic, partition, offset in wanted:
-            if not isinstance(topic, str):
-                raise TypeError(f"topic must be str, not {type(topic).__name__}")
-            if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
-                raise TypeError(f"partition must be an int >= 0, not {partition!r}")
-            if isinstance(offset, bool):
-                raise TypeError("offset must be an int, 'earliest', 'latest' or a datetime")
-            if isinstance(offset, int):
-                if offset < 0:
-                    raise ValueError(f"offset {offset} is negative: use 'earliest' or 'latest'")
-                out.append(((topic, partition), offset))
-                continue
-            if offset == "earliest":
-                ts = _EARLIEST
-            elif offset == "latest":
-                ts = _LATEST
-            elif isinstance(offset, datetime):
-                ts = max(int(offset.timestamp() * 1000), 0)
-            else:
-                raise ValueError(
-                    f"offset {offset!r} must be an int, 'earliest', 'latest' or a datetime"
-                )
-            lookups.append((len(out), ListOffsetsPartition(topic, partition, ts)))
-            out.append(None)
-        if lookups:
-            response = await self._t.request(ListOffsetsRequest(partitions=[p for _, p in lookups]))
-            assert response is not None
-            for (i, p), result in zip(lookups, response.body.results, strict=True):
-                if result.error_code:
-                    raise for_code(result.error_code)(result.error_message)
-                out[i] = ((p.topic, p.partition), int(result.offset))
-        return [x for x in out if x is not None]
+        return await resolve_positions(self._t, wanted)
 
     # --- reading ------------------------------------------------------------------------------
 

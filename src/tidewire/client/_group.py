@@ -14,6 +14,11 @@ heartbeat learns of a rebalance, the next ``poll`` (or iteration step) takes par
    offset (or ``auto_offset_reset`` when none is committed); then ``on_assign(partitions)``
    is called with the whole new assignment.
 
+With ``delivery="push"`` the member reads its partitions through an
+:class:`~tidewire.client.AsyncSubscriber` instead: the broker pushes batches as they are
+appended, within ``push_credit_bytes`` of credit; the assignment, positions, commits, seek
+and pause work the same (each change of them subscribes again from the positions).
+
 So a rebalance happens only inside ``poll``/iteration: process each batch of records within
 ``rebalance_timeout_ms``, or the group removes this member.
 
@@ -68,6 +73,7 @@ from tidewire.protocol.messages import (
 )
 
 from ._consumer import AsyncConsumer, ConsumerRecord, Offset
+from ._subscriber import DEFAULT_CREDIT_BYTES, AsyncSubscriber
 from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
 
 __all__ = ["AsyncGroupConsumer", "GroupConsumer", "PartitionsCallback"]
@@ -114,6 +120,9 @@ class AsyncGroupConsumer:
         on_assign, on_revoke: called with the partitions assigned / taken away.
         max_wait_ms, min_bytes, max_bytes, max_partition_bytes: of each fetch
             (as :class:`~tidewire.client.AsyncConsumer`).
+        delivery: ``"pull"`` (default: long-poll fetches) or ``"push"`` (the broker sends
+            batches as they are appended; see :class:`~tidewire.client.AsyncSubscriber`).
+        push_credit_bytes: with push, the credit window in bytes.
         request_timeout_ms, connect_timeout_ms: of each request.
     """
 
@@ -141,8 +150,12 @@ class AsyncGroupConsumer:
         max_partition_bytes: int = 1024 * 1024,
         request_timeout_ms: int = 30_000,
         connect_timeout_ms: int = 10_000,
+        delivery: str = "pull",
+        push_credit_bytes: int = DEFAULT_CREDIT_BYTES,
     ) -> None:
         self.topics = sorted(set(topics))
+        if delivery not in ("pull", "push"):
+            raise ValueError(f"delivery={delivery!r}: 'pull' or 'push'")
         if not group_id:
             raise ValueError("group_id must not be empty")
         if not self.topics and not pattern:
@@ -175,15 +188,25 @@ class AsyncGroupConsumer:
             connect_timeout_s=connect_timeout_ms / 1000,
             max_in_flight=8,
         )
-        self._inner = AsyncConsumer(
-            addr,
-            max_wait_ms=max_wait_ms,
-            min_bytes=min_bytes,
-            max_bytes=max_bytes,
-            max_partition_bytes=max_partition_bytes,
-            request_timeout_ms=request_timeout_ms,
-            connect_timeout_ms=connect_timeout_ms,
-        )
+        self.delivery = delivery
+        self._inner: AsyncConsumer | AsyncSubscriber
+        if delivery == "push":
+            self._inner = AsyncSubscriber(
+                addr,
+                credit_bytes=push_credit_bytes,
+                request_timeout_ms=request_timeout_ms,
+                connect_timeout_ms=connect_timeout_ms,
+            )
+        else:
+            self._inner = AsyncConsumer(
+                addr,
+                max_wait_ms=max_wait_ms,
+                min_bytes=min_bytes,
+                max_bytes=max_bytes,
+                max_partition_bytes=max_partition_bytes,
+                request_timeout_ms=request_timeout_ms,
+                connect_timeout_ms=connect_timeout_ms,
+            )
         self._member_id = ""
         self._generation = -1
         self._assigned: list[TP] = []
@@ -423,7 +446,13 @@ class AsyncGroupConsumer:
     async def _reassign_inner(self) -> None:
         active = [tp for tp in self._assigned if tp not in self._paused]
         self._local = deque(r for r in self._local if (r.topic, r.partition) in set(active))
-        await self._inner.assign([(t, p, self._positions[(t, p)]) for t, p in active])
+        positions: list[tuple[str, int, Offset]] = [
+            (t, p, self._positions[(t, p)]) for t, p in active
+        ]
+        if isinstance(self._inner, AsyncSubscriber):
+            await self._inner.subscribe(positions)
+        else:
+            await self._inner.assign(positions)
 
     async def _heartbeat_loop(self) -> None:
         period = self.heartbeat_interval_ms / 1000

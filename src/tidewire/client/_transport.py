@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tidewire.errors import (
     ConnectionLostError,
@@ -87,6 +87,12 @@ class Transport:
         self._connect_lock = asyncio.Lock()
         self._backoff = 0.0
         self._closed = False
+        #: Called with every push frame, from the reader task (None: pushes are logged and
+        #: dropped). It must not block.
+        self.on_push: Callable[[PushReceived], None] | None = None
+        #: Called when a connection is lost (not when the transport is closed): push
+        #: subscriptions die with their connection and must be made again.
+        self.on_lost: Callable[[TidewireError], None] | None = None
 
     async def _connect(self) -> Connection:
         async with self._connect_lock:
@@ -201,7 +207,10 @@ class Transport:
                     if fut is not None and not fut.done():
                         fut.set_result(event)
                 elif isinstance(event, PushReceived):
-                    log.debug("push frame for subscription %d ignored", event.subscription_id)
+                    if self.on_push is not None:
+                        self.on_push(event)
+                    else:
+                        log.debug("push frame for subscription %d ignored", event.subscription_id)
         except ProtocolError as exc:
             error = exc
         finally:
@@ -219,6 +228,8 @@ class Transport:
                 # which resending would only repeat).
                 fut.set_exception(error)
         self._waiting.clear()
+        if writer is not None and not self._closed and self.on_lost is not None:
+            self.on_lost(error)
 
     async def close(self) -> None:
         """Close the connection; waiting requests fail with ConnectionLostError."""

@@ -40,6 +40,8 @@ __all__ = [
     "CommittedOffset",
     "CreateTopicRequest",
     "CreateTopicResponse",
+    "CreditRequest",
+    "CreditResponse",
     "DeleteGroupRequest",
     "DeleteGroupResponse",
     "DeleteTopicRequest",
@@ -87,11 +89,17 @@ __all__ = [
     "ProducePartitionResult",
     "ProduceRequest",
     "ProduceResponse",
+    "PushBody",
     "ResetOffsetResult",
     "ResetOffsetsRequest",
     "ResetOffsetsResponse",
+    "SubscribePartition",
+    "SubscribeRequest",
+    "SubscribeResponse",
     "TopicConfig",
     "TopicDescription",
+    "UnsubscribeRequest",
+    "UnsubscribeResponse",
     "decode_body",
     "encode_body",
     "schema_for",
@@ -134,6 +142,9 @@ class ApiKey(enum.IntEnum):
     DESCRIBE_GROUP = 18
     DELETE_GROUP = 19
     RESET_OFFSETS = 20
+    SUBSCRIBE = 21
+    CREDIT = 22
+    UNSUBSCRIBE = 23
 
 
 class Body(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -603,6 +614,77 @@ class ResetOffsetsResponse(Body, kw_only=True, omit_defaults=True):
     error_message: str = ""
 
 
+# --- push delivery -------------------------------------------------------------------------
+
+
+class SubscribePartition(msgspec.Struct, array_like=True):
+    """``[topic, partition, offset]``: push this partition's batches from ``offset`` (the
+    batch holding it is sent whole; records below it are the client's to skip)."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class SubscribeRequest(Body, kw_only=True, omit_defaults=True):
+    """Open a push subscription on this connection. The server sends PUSH frames (correlation
+    id = the subscription id) while the subscription has credit; see CREDIT."""
+
+    api_key = ApiKey.SUBSCRIBE
+    subscription_id: int = -1  # -1: the server chooses; else 0..2**31-1, unique per connection
+    partitions: list[SubscribePartition]
+    credit_bytes: int  # the first grant, and the window the oversized-batch rule compares to
+    best_effort: bool = False  # skip to the end, counting the drop, when lagging too far
+    max_lag_bytes: int = 64 * 1024 * 1024  # best effort: how far behind the end is too far
+
+
+class SubscribeResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.SUBSCRIBE
+    subscription_id: int = -1
+    results: list[PartitionResult] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
+class CreditRequest(Body, kw_only=True, omit_defaults=True):
+    """Grant ``credit_bytes`` more bytes (of push data sections) to a subscription."""
+
+    api_key = ApiKey.CREDIT
+    subscription_id: int
+    credit_bytes: int
+
+
+class CreditResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.CREDIT
+    error_code: int = 0
+    error_message: str = ""
+
+
+class UnsubscribeRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.UNSUBSCRIBE
+    subscription_id: int
+
+
+class UnsubscribeResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.UNSUBSCRIBE
+    error_code: int = 0
+    error_message: str = ""
+
+
+class PushBody(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The body of a PUSH frame (``api_key`` SUBSCRIBE): whole batches of one partition in
+    the data section, or an error that ends the subscription's delivery of that partition."""
+
+    topic: str
+    partition: int
+    offset: int  # the subscription's position before these batches (records below: skip)
+    next_offset: int  # the position after them
+    high_watermark: int = -1
+    dropped: int = 0  # best effort: records skipped on this partition so far (cumulative)
+    error_code: int = 0
+    error_message: str = ""
+
+
 # --- the registry and the codec ------------------------------------------------------------
 
 _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
@@ -627,6 +709,9 @@ _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
     ApiKey.DESCRIBE_GROUP: (DescribeGroupRequest, DescribeGroupResponse),
     ApiKey.DELETE_GROUP: (DeleteGroupRequest, DeleteGroupResponse),
     ApiKey.RESET_OFFSETS: (ResetOffsetsRequest, ResetOffsetsResponse),
+    ApiKey.SUBSCRIBE: (SubscribeRequest, SubscribeResponse),
+    ApiKey.CREDIT: (CreditRequest, CreditResponse),
+    ApiKey.UNSUBSCRIBE: (UnsubscribeRequest, UnsubscribeResponse),
 }
 #: (min, max) version of each API this code speaks. Version 0 is the first of each.
 _VERSIONS: dict[ApiKey, tuple[int, int]] = dict.fromkeys(_SCHEMAS, (0, 0))

@@ -76,6 +76,7 @@ from tidewire.protocol.messages import (
     TopicDescription,
     supported_versions,
 )
+from tidewire.server.push import PUSH_APIS
 from tidewire.storage import LogConfig
 
 __all__ = ["HANDLERS", "Handler", "Reply", "ServerInfo"]
@@ -152,7 +153,8 @@ def _describe(broker: Broker, name: str) -> TopicDescription:
 async def api_versions(b: Broker, s: ServerInfo, req: ApiVersionsRequest, _: memoryview) -> Reply:
     # Only what this server answers: an API the protocol defines but no handler serves yet
     # is left out, so a client can tell before it asks.
-    apis = [a for a in supported_versions() if a.api_key in HANDLERS]
+    # The push APIs are served by the connection itself (server/push.py).
+    apis = [a for a in supported_versions() if a.api_key in HANDLERS or a.api_key in PUSH_APIS]
     return ApiVersionsResponse(server_version=__version__, apis=apis), []
 
 

@@ -9,6 +9,8 @@ connection are answered in any order, matched by correlation id). Bounds:
   sent, so a client that pipelines without limit fills only its own buffers;
 - ``max_frame_bytes``: a longer frame closes that connection (with an error frame);
 - ``idle_timeout_s``: a connection that sends nothing for that long is closed;
+- ``max_subscriptions``: push subscriptions one connection may hold (see ``push.py``); a
+  subscription never sends more than its credit and waits while the write buffer is full;
 - ``frame_timeout_s``: a frame begun but not finished within that long closes the connection;
   a connection being closed whose peer has not taken what is left to send (its answers, the
   error frame) within that long is reset, since a peer that never reads would otherwise keep
@@ -45,8 +47,9 @@ from tidewire.protocol import (
     Role,
 )
 from tidewire.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Buffer
-from tidewire.protocol.messages import ApiKey
+from tidewire.protocol.messages import ApiKey, SubscribeResponse
 from tidewire.server.handlers import HANDLERS, ServerInfo
+from tidewire.server.push import MAX_SUBSCRIPTIONS, PUSH_APIS, Subscriptions
 
 __all__ = ["ServerConfig", "TcpServer"]
 
@@ -72,6 +75,7 @@ class ServerConfig:
     max_in_flight: int = 256
     idle_timeout_s: float = 600.0
     frame_timeout_s: float = 30.0
+    max_subscriptions: int = MAX_SUBSCRIPTIONS
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -87,6 +91,10 @@ class ServerConfig:
             f"max_frame_bytes={self.max_frame_bytes:,} must be within 1,024..2,147,483,647",
         )
         need(self.max_in_flight >= 1, f"max_in_flight={self.max_in_flight} must be >= 1")
+        need(
+            self.max_subscriptions >= 0,
+            f"max_subscriptions={self.max_subscriptions} must be >= 0",
+        )
         for name in ("idle_timeout_s", "frame_timeout_s"):
             value = getattr(self, name)
             need(
@@ -113,6 +121,17 @@ class _ClientProtocol(asyncio.Protocol):
         self._frame_started: float | None = None  # loop time the pending frame began
         self._reset_timer: asyncio.TimerHandle | None = None  # armed once closing
         self._lost = False
+        #: Set while the socket's write buffer is below its high-water mark: push
+        #: subscriptions send only then.
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.subscriptions = Subscriptions(
+            server.broker,
+            self.conn,
+            self._write_push,
+            self.writable,
+            max_subscriptions=cfg.max_subscriptions,
+        )
 
     # --- asyncio callbacks ------------------------------------------------------------------
 
@@ -144,10 +163,12 @@ class _ClientProtocol(asyncio.Protocol):
         # The client does not read what it is sent: take no new requests from it, so what
         # waits in its send buffer stays within max_in_flight answers.
         self.write_paused = True
+        self.writable.clear()
         self._update_reading()
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self.writable.set()
         self._update_reading()
         self._process()
 
@@ -169,6 +190,7 @@ class _ClientProtocol(asyncio.Protocol):
             self._reset_timer.cancel()
         for task in self.tasks:
             task.cancel()
+        self.subscriptions.close()
 
     # --- requests ---------------------------------------------------------------------------
 
@@ -198,6 +220,17 @@ class _ClientProtocol(asyncio.Protocol):
                 task.add_done_callback(self._task_done)
 
     async def _handle(self, ev: RequestReceived) -> None:
+        if ev.api_key in PUSH_APIS:
+            try:
+                reply = self.subscriptions.handle(ev.api_key, ev.body)
+            except TidewireError as exc:
+                self._write(self.conn.send_error(ev.correlation_id, exc))
+                return
+            self._write(self.conn.send_response(ev.correlation_id, reply))
+            if isinstance(reply, SubscribeResponse) and not reply.error_code:
+                # Only now: no push of it may reach the client before this answer.
+                self.subscriptions.start(reply.subscription_id)
+            return
         handler = HANDLERS.get(ev.api_key)
         if handler is None:
             name = ApiKey(ev.api_key).name
@@ -233,6 +266,10 @@ class _ClientProtocol(asyncio.Protocol):
             self.transport.writelines(buffers)
         self._after_response()
 
+    def _write_push(self, buffers: list[Buffer]) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines(buffers)
+
     def _after_response(self) -> None:
         if self.paused and self.transport is not None and not self.transport.is_closing():
             self.paused = False
@@ -245,12 +282,14 @@ class _ClientProtocol(asyncio.Protocol):
         """Tell the client why, then close: the connection broke the protocol."""
         log.info("closing a connection: %s", exc)
         self.closing = True
+        self.subscriptions.close()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.writelines(Connection.error_frame(exc))
             self.close()
 
     def _close_when_done(self) -> None:
         self.closing = True
+        self.subscriptions.close()
         if not self.tasks:
             self.close()
 
@@ -307,7 +346,8 @@ class _ClientProtocol(asyncio.Protocol):
         self._timer = loop.call_at(deadline, self._timed_out, midframe)
 
     def _timed_out(self, midframe: bool) -> None:
-        if self.tasks:  # waiting on the broker (a long-poll) is not idleness
+        if self.tasks or (self.subscriptions.subs and not midframe):
+            # Waiting on the broker (a long-poll, a subscription caught up) is not idleness.
             self._arm_timer()
             return
         what = "a frame was left half-sent" if midframe else "the connection was idle"

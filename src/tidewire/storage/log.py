@@ -379,6 +379,20 @@ class PartitionLog:
         """Bytes of batches in all segments."""
         return sum(s.size for s in self._segments)
 
+    def bytes_after(self, offset: int) -> int:
+        """Bytes of batches from the one holding ``offset`` to the end of the log, estimated
+        from the sparse offset index without reading the log: an overestimate by at most
+        one index interval (0 at or past the end; the whole log below its start)."""
+        self._check_open()
+        if offset >= self.log_end_offset:
+            return 0
+        if offset < self.log_start_offset:
+            return self.size_bytes
+        i = bisect_right(self._bases, offset) - 1
+        seg = self._segments[i]
+        _, pos = seg.index.lookup(offset)
+        return max(seg.size - pos, 0) + sum(s.size for s in self._segments[i + 1 :])
+
     @property
     def segment_count(self) -> int:
         return len(self._segments)

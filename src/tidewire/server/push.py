@@ -1,0 +1,385 @@
+"""Push delivery: the subscriptions of one connection, each a task that reads record batches
+from the log and sends them as PUSH frames while the client has granted it credit.
+
+Delivery is driven by the log, never by an in-memory fan-out: a subscription keeps a position
+per partition, reads whole batches from there (as a fetch would), and when it has caught up it
+waits on the broker's append wake-ups (the ones long-poll fetches use). Nothing is read ahead
+of what is about to be written, so the broker holds for a subscription only what sits in the
+connection's write buffer, and that is bounded by the credit:
+
+- **credit** = bytes granted (the first grant in SUBSCRIBE, then CREDIT requests) minus bytes
+  sent (the data sections of the push frames). A push goes out only if its data fits in the
+  credit, so the bytes sent and not yet given back never exceed the window (the first grant).
+- **the oversized-batch rule**: a single batch larger than the credit is sent (alone) only
+  when the credit is at least the whole window, that is when the client has given back every
+  byte sent before; the credit then goes below zero and nothing more is sent until grants
+  bring it above zero again. So at most ``window + one batch`` bytes are in flight.
+- a subscription also waits while the socket's write buffer is over its high-water mark
+  (``pause_writing``), like every answer on the connection.
+- **best effort** (``best_effort``): when a partition's position is more than
+  ``max_lag_bytes`` behind the high watermark (or below the log start, after retention),
+  the position jumps to the high watermark and the records skipped are counted; the
+  cumulative count per partition travels in every push frame's ``dropped`` field (a push
+  with no data announces a skip at once).
+
+A subscription ends with UNSUBSCRIBE or with its connection. A partition whose read fails
+(an unknown topic, an offset out of range outside best effort, corruption) gets one push with
+the error and is not delivered any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tidewire.broker import Broker
+from tidewire.errors import (
+    BackpressureError,
+    InvalidRequestError,
+    OffsetOutOfRangeError,
+    TidewireError,
+)
+from tidewire.protocol import Connection
+from tidewire.protocol.frames import Buffer
+from tidewire.protocol.messages import (
+    ApiKey,
+    Body,
+    CreditRequest,
+    CreditResponse,
+    PartitionResult,
+    PushBody,
+    SubscribeRequest,
+    SubscribeResponse,
+    UnsubscribeRequest,
+    UnsubscribeResponse,
+    encode_body,
+)
+
+__all__ = [
+    "MAX_PUSH_BYTES",
+    "MAX_SUBSCRIPTIONS",
+    "PUSH_APIS",
+    "Subscription",
+    "Subscriptions",
+]
+
+log = logging.getLogger("tidewire.server")
+
+#: The APIs the connection serves itself: they create state that lives with the connection.
+PUSH_APIS = frozenset({ApiKey.SUBSCRIBE, ApiKey.CREDIT, ApiKey.UNSUBSCRIBE})
+#: Subscriptions one connection may hold: each is a task and a waiter on the broker, and the
+#: broker's waiter bound (max_fetch_waiters) is shared by every connection.
+MAX_SUBSCRIPTIONS = 64
+#: Partitions of one subscription: the same bound as a commit's partition list.
+MAX_SUBSCRIPTION_PARTITIONS = 10_000
+#: The most data one push frame carries (a larger single batch goes alone): one read from the
+#: log per frame, of a size that keeps a frame far below the 64 MiB frame limit.
+MAX_PUSH_BYTES = 1024 * 1024
+#: How long a caught-up subscription waits for an append before it reads again anyway: the
+#: wake-up is what normally ends the wait; this only bounds one that was missed (a wake-up
+#: released for a shutdown, a partition added).
+RECHECK_S = 1.0
+
+
+@dataclass(slots=True)
+class _Part:
+    topic: str
+    partition: int
+    position: int
+    dropped: int = 0
+    done: bool = False
+
+
+@dataclass(slots=True)
+class SubscriptionStats:
+    """What a subscription sent and was granted (bytes of data sections), for tests and
+    metrics. ``in_flight`` is what was sent and not given back: the most the broker can
+    hold for the subscription (in the connection's write buffer)."""
+
+    granted: int = 0
+    sent: int = 0
+    frames: int = 0
+    peak_in_flight: int = 0
+    largest_frame: int = 0
+    dropped: int = 0
+
+
+@dataclass(slots=True)
+class Subscription:
+    """One subscription: its partitions and positions, its credit, and its task."""
+
+    subscription_id: int
+    parts: list[_Part]
+    window: int
+    best_effort: bool
+    max_lag_bytes: int
+    credit: int = 0
+    stats: SubscriptionStats = field(default_factory=SubscriptionStats)
+    credit_changed: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Bytes sent that the client has not given back as credit yet."""
+        return self.window - self.credit
+
+    def grant(self, n: int) -> None:
+        self.credit += n
+        self.stats.granted += n
+        self.credit_changed.set()
+
+
+class Subscriptions:
+    """The subscriptions of one connection.
+
+    Args:
+        broker: where batches are read from.
+        conn: the connection's sans-IO state (push frames are encoded with it).
+        write: writes buffers to the socket.
+        writable: set while the socket's write buffer is below its high-water mark.
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        conn: Connection,
+        write: Callable[[list[Buffer]], None],
+        writable: asyncio.Event,
+        *,
+        max_subscriptions: int = MAX_SUBSCRIPTIONS,
+    ) -> None:
+        self.broker = broker
+        self.conn = conn
+        self._write = write
+        self._writable = writable
+        self.max_subscriptions = max_subscriptions
+        self.subs: dict[int, Subscription] = {}
+        self._next_id = 0
+
+    def handle(self, api_key: int, body: Body) -> Body:
+        """Serve SUBSCRIBE, CREDIT or UNSUBSCRIBE.
+
+        Raises:
+            InvalidRequestError: a bad subscription id, credit or partition list.
+            BackpressureError: the connection holds ``max_subscriptions`` already.
+        """
+        if isinstance(body, SubscribeRequest):
+            return self._subscribe(body)
+        if isinstance(body, CreditRequest):
+            if body.credit_bytes < 1:
+                raise InvalidRequestError(f"credit_bytes={body.credit_bytes} must be >= 1")
+            self._get(body.subscription_id).grant(body.credit_bytes)
+            return CreditResponse()
+        if isinstance(body, UnsubscribeRequest):
+            sub = self._get(body.subscription_id)
+            del self.subs[sub.subscription_id]
+            if sub.task is not None:
+                sub.task.cancel()
+            return UnsubscribeResponse()
+        raise InvalidRequestError(f"{type(body).__name__} is not a push delivery request")
+
+    def _get(self, sid: int) -> Subscription:
+        sub = self.subs.get(sid)
+        if sub is None:
+            raise InvalidRequestError(f"no subscription {sid} on this connection")
+        return sub
+
+    def _subscribe(self, req: SubscribeRequest) -> SubscribeResponse:
+        if len(self.subs) >= self.max_subscriptions:
+            raise BackpressureError(
+                f"{len(self.subs)} subscriptions on this connection "
+                f"(max_subscriptions={self.max_subscriptions})"
+            )
+        if req.credit_bytes < 1:
+            raise InvalidRequestError(f"credit_bytes={req.credit_bytes} must be >= 1")
+        if req.max_lag_bytes < 0:
+            raise InvalidRequestError(f"max_lag_bytes={req.max_lag_bytes} must be >= 0")
+        if not 1 <= len(req.partitions) <= MAX_SUBSCRIPTION_PARTITIONS:
+            raise InvalidRequestError(
+                f"{len(req.partitions):,} partitions: a subscription has "
+                f"1..{MAX_SUBSCRIPTION_PARTITIONS:,}"
+            )
+        sid = req.subscription_id
+        if sid == -1:
+            while self._next_id in self.subs:
+                self._next_id = (self._next_id + 1) & 0x7FFFFFFF
+            sid = self._next_id
+            self._next_id = (self._next_id + 1) & 0x7FFFFFFF
+        elif not 0 <= sid <= 0x7FFFFFFF:
+            raise InvalidRequestError(f"subscription_id={sid} must be -1 or 0..2,147,483,647")
+        elif sid in self.subs:
+            raise InvalidRequestError(f"subscription {sid} exists on this connection already")
+        results: list[PartitionResult] = []
+        parts: list[_Part] = []
+        failed: TidewireError | None = None
+        seen: set[tuple[str, int]] = set()
+        for p in req.partitions:
+            try:
+                if (p.topic, p.partition) in seen:
+                    raise InvalidRequestError(
+                        f"{p.topic!r} partition {p.partition} is listed twice"
+                    )
+                seen.add((p.topic, p.partition))
+                plog = self.broker.log(p.topic, p.partition)
+                start, end = plog.log_start_offset, self.broker.high_watermark(p.topic, p.partition)
+                if not (start <= p.offset <= end or (req.best_effort and p.offset >= 0)):
+                    raise OffsetOutOfRangeError(
+                        f"offset {p.offset} is outside {p.topic!r} partition {p.partition}'s "
+                        f"range {start}..{end}"
+                    )
+            except TidewireError as exc:
+                failed = failed or exc
+                results.append(
+                    PartitionResult(
+                        topic=p.topic,
+                        partition=p.partition,
+                        error_code=exc.code,
+                        error_message=exc.message,
+                    )
+                )
+                continue
+            results.append(PartitionResult(topic=p.topic, partition=p.partition))
+            parts.append(_Part(p.topic, p.partition, p.offset))
+        if failed is not None:
+            return SubscribeResponse(
+                subscription_id=sid,
+                results=results,
+                error_code=failed.code,
+                error_message=failed.message,
+            )
+        sub = Subscription(sid, parts, req.credit_bytes, req.best_effort, req.max_lag_bytes)
+        sub.grant(req.credit_bytes)
+        self.subs[sid] = sub
+        return SubscribeResponse(subscription_id=sid, results=results)
+
+    def start(self, sid: int) -> None:
+        """Start delivering a subscription (after its SUBSCRIBE answer is written, so that
+        no push frame of it reaches the client before the answer)."""
+        sub = self.subs.get(sid)
+        if sub is None or sub.task is not None:
+            return
+        sub.task = asyncio.get_running_loop().create_task(
+            self._run(sub), name=f"tidewire subscription {sid}"
+        )
+        sub.task.add_done_callback(_log_failure)
+
+    def close(self) -> None:
+        """Tear every subscription down (the connection is gone)."""
+        for sub in self.subs.values():
+            if sub.task is not None:
+                sub.task.cancel()
+        self.subs.clear()
+
+    # --- delivery -----------------------------------------------------------------------------
+
+    async def _run(self, sub: Subscription) -> None:
+        rotate = 0
+        while True:
+            await self._writable.wait()
+            sub.credit_changed.clear()
+            sent = blocked = False
+            live = [p for p in sub.parts if not p.done]
+            if not live:
+                return
+            rotate = (rotate + 1) % len(live)
+            for part in live[rotate:] + live[:rotate]:
+                outcome = self._step(sub, part)
+                sent |= outcome == _SENT
+                blocked |= outcome == _NO_CREDIT
+                if sent and not self._writable.is_set():
+                    break
+            if sent:
+                await asyncio.sleep(0)  # let the connection's other work run between frames
+            elif blocked:
+                await sub.credit_changed.wait()
+            else:
+                keys = [(p.topic, p.partition) for p in live if not p.done]
+                try:
+                    await self.broker.wait_for_data(keys, RECHECK_S)
+                except BackpressureError:  # the broker's waiter bound: poll instead
+                    await asyncio.sleep(RECHECK_S)
+
+    def _step(self, sub: Subscription, part: _Part) -> int:
+        """Send at most one push for ``part``: what happened (_SENT, _NO_CREDIT, _IDLE)."""
+        if sub.credit <= 0:
+            return _NO_CREDIT
+        try:
+            if sub.best_effort and self._skip_if_behind(sub, part):
+                return _SENT
+            r = self.broker.read_partition(
+                part.topic, part.partition, part.position, min(sub.credit, MAX_PUSH_BYTES)
+            )
+        except TidewireError as exc:
+            part.done = True
+            self._push(sub, part, offset=part.position, next_offset=part.position, hw=-1, error=exc)
+            return _SENT
+        size = len(r.data)
+        if not size:
+            return _IDLE
+        if size > sub.credit and sub.credit < sub.window:
+            return _NO_CREDIT  # one batch larger than the credit: only with nothing in flight
+        start, part.position = part.position, r.next_offset
+        sub.credit -= size
+        stats = sub.stats
+        stats.sent += size
+        stats.frames += 1
+        stats.largest_frame = max(stats.largest_frame, size)
+        stats.peak_in_flight = max(stats.peak_in_flight, sub.in_flight)
+        self._push(
+            sub, part, offset=start, next_offset=r.next_offset, hw=r.high_watermark, data=r.data
+        )
+        return _SENT
+
+    def _skip_if_behind(self, sub: Subscription, part: _Part) -> bool:
+        b = self.broker
+        plog = b.log(part.topic, part.partition)
+        hw = b.high_watermark(part.topic, part.partition)
+        out_of_range = not plog.log_start_offset <= part.position <= hw
+        if not out_of_range and (
+            part.position == hw
+            or b.bytes_behind(part.topic, part.partition, part.position) <= sub.max_lag_bytes
+        ):
+            return False
+        skipped = max(hw - part.position, 0)
+        start, part.position = part.position, hw
+        part.dropped += skipped
+        sub.stats.dropped += skipped
+        self._push(sub, part, offset=start, next_offset=hw, hw=hw)
+        return True
+
+    def _push(
+        self,
+        sub: Subscription,
+        part: _Part,
+        *,
+        offset: int,
+        next_offset: int,
+        hw: int,
+        data: bytes = b"",
+        error: TidewireError | None = None,
+    ) -> None:
+        body = PushBody(
+            topic=part.topic,
+            partition=part.partition,
+            offset=offset,
+            next_offset=next_offset,
+            high_watermark=hw,
+            dropped=part.dropped,
+            error_code=0 if error is None else error.code,
+            error_message="" if error is None else error.message,
+        )
+        self._write(
+            self.conn.send_push(
+                sub.subscription_id, ApiKey.SUBSCRIBE, encode_body(body), [data] if data else []
+            )
+        )
+
+
+_SENT, _NO_CREDIT, _IDLE = 1, 2, 3
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("subscription task %s failed", task.get_name(), exc_info=task.exception())
