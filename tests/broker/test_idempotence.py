@@ -26,12 +26,13 @@ from tidewire.broker.producers import (
     encode_snapshot,
 )
 from tidewire.errors import (
+    BackpressureError,
     DuplicateSequenceError,
     InvalidRequestError,
     OutOfOrderSequenceError,
     ProducerFencedError,
 )
-from tidewire.records import BatchBuilder, parse_header
+from tidewire.records import BatchBuilder, BatchHeader, parse_header
 from tidewire.storage import FsyncPolicy, LogConfig
 
 
@@ -273,27 +274,98 @@ def test_expired_producers_are_forgotten() -> None:
     assert state.plan([h._replace(base_sequence=40)], {}) == [None]
 
 
-def test_a_failed_append_lets_the_producer_resync(tmp_path: Path) -> None:
+@pytest.mark.parametrize("first", [True, False], ids=["new-producer", "known-producer"])
+def test_a_refused_append_rolls_the_state_back(tmp_path: Path, first: bool) -> None:
+    """A batch the log refused (backpressure) is not stored: the partition expects it
+    again, so the producer's next batch cannot pass over it, and its retry is stored (not
+    answered as a duplicate of data that was never stored)."""
+
     async def main() -> None:
         async with Broker(config(tmp_path)) as b:
             pid, epoch = await b.init_producer_id()
-            await b.produce("t", 0, pbatch(pid, epoch, 0, [b"a"]))
+            seq = 0
+            if not first:
+                await b.produce("t", 0, pbatch(pid, epoch, 0, [b"a"]))
+                seq = 1
+            if first:
+                b.create_topic("t")
             plog = b.log("t", 0)
             real = plog.append_many_async
 
-            async def failing(*args: object, **kwargs: object) -> object:
-                raise OSError(5, "injected")
+            async def refusing(*args: object, **kwargs: object) -> object:
+                raise BackpressureError("injected: too many appends wait")
 
-            plog.append_many_async = failing  # type: ignore[method-assign]
-            with pytest.raises(OSError, match="injected"):
-                await b.produce("t", 0, pbatch(pid, epoch, 1, [b"b"]))
+            plog.append_many_async = refusing  # type: ignore[method-assign]
+            with pytest.raises(BackpressureError, match="injected"):
+                await b.produce("t", 0, pbatch(pid, epoch, seq, [b"b1", b"b2"]))
             plog.append_many_async = real  # type: ignore[method-assign]
-            # The failed batch is forgotten: sent again, it is stored (not a duplicate).
-            r = await b.produce("t", 0, pbatch(pid, epoch, 1, [b"b"]))
-            assert r.base_offset == 1
-            assert await stored(b) == [b"a", b"b"]
+            # The next pipelined batch may not pass over the refused one...
+            with pytest.raises(OutOfOrderSequenceError):
+                await b.produce("t", 0, pbatch(pid, epoch, seq + 2, [b"c"]))
+            # ...and the refused one, sent again, is stored.
+            r = await b.produce("t", 0, pbatch(pid, epoch, seq, [b"b1", b"b2"]))
+            assert r.base_offset == seq
+            await b.produce("t", 0, pbatch(pid, epoch, seq + 2, [b"c"]))
+            assert await stored(b) == [b"a"] * (not first) + [b"b1", b"b2", b"c"]
 
     asyncio.run(main())
+
+
+def test_failed_writes_roll_back_to_before_the_earliest() -> None:
+    """Two requests fail together (a failed write undoes the writes queued after it); in
+    whichever order their failures are handled, the state goes back to before the first."""
+    state = PartitionProducers()
+
+    def header(seq: int) -> BatchHeader:
+        bb = BatchBuilder(producer_id=3, producer_epoch=0, base_sequence=seq)
+        bb.append(b"x", timestamp_ms=T0)
+        return parse_header(bb.build())
+
+    state.record(header(0), 0, now_ms=1)
+    a = state.record(header(1), 1, now_ms=1)
+    b = state.record(header(2), 2, now_ms=1)
+    state.forget(3, [a])  # handled first: b is still recorded after it
+    assert state.entries[3].last_seq == 2
+    state.forget(3, [b])
+    assert state.entries[3].last_seq == 0
+    assert [x.first_seq for x in state.entries[3].batches] == [0]
+    assert state.plan([header(1)], {}) == [None]
+    with pytest.raises(OutOfOrderSequenceError):
+        state.plan([header(2)], {})
+
+
+def test_a_snapshot_taken_during_an_append_replays_it(tmp_path: Path) -> None:
+    """A snapshot taken while a batch awaits its fsync is stamped before that batch, so a
+    start after a crash reads it from the log: sent again, it is a duplicate."""
+    cfg = config(tmp_path, log=LogConfig(fsync=FsyncPolicy.ALWAYS))
+    ids: list[int] = []
+
+    async def before() -> None:
+        b = Broker(cfg)
+        await b.start()
+        pid, epoch = await b.init_producer_id()
+        ids.append(pid)
+        await b.produce("t", 0, pbatch(pid, epoch, 0, [b"a"] * 5))
+        task = asyncio.create_task(b.produce("t", 0, pbatch(pid, epoch, 5, [b"b"] * 5)))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not task.done()  # waiting for its fsync
+        b._write_snapshots(b._take_snapshots(only_changed=False))
+        await task
+        for plog in b.logs.logs.values():  # crash: no snapshot at close, no marker
+            plog.abandon()
+
+    asyncio.run(before())
+    offset, _ = decode_snapshot((tmp_path / "data" / "t-0" / SNAPSHOT_FILE).read_bytes())
+    assert offset == 5
+
+    async def after() -> None:
+        async with Broker(cfg) as b:
+            r = await b.produce("t", 0, pbatch(ids[0], 0, 5, [b"b"] * 5))
+            assert r.base_offset == 5  # the original, not stored again
+            assert len(await stored(b)) == 10
+
+    asyncio.run(after())
 
 
 def test_a_deleted_topic_forgets_its_producers(tmp_path: Path) -> None:

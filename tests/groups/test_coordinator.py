@@ -283,3 +283,22 @@ def test_a_newer_join_of_the_same_member_replaces_the_waiting_one() -> None:
         assert (await new).generation == (await c_task).generation == 3
 
     run(main())
+
+
+def test_a_join_with_an_unknown_member_id_leaves_no_group_behind() -> None:
+    async def main() -> None:
+        c, _, _ = make(max_groups=1)
+        for i in range(3):  # e.g. members coming back with their ids after a broker restart
+            with pytest.raises(UnknownMemberError):
+                await c.join(
+                    f"old-{i}",
+                    member_id="gone-member",
+                    topics=["t"],
+                    session_timeout_ms=1_000,
+                    rebalance_timeout_ms=2_000,
+                )
+        # No empty group took the only place: a real join still gets one.
+        r = await join(c)
+        assert r.generation == 1
+
+    run(main())

@@ -242,6 +242,8 @@ class GroupCoordinator:
         if member_id:
             member = group.members.get(member_id)
             if member is None:
+                if not group.members:  # created for this join only: leave nothing behind
+                    del self._groups[group_id]
                 raise UnknownMemberError(f"member {member_id!r} is not in group {group_id!r}")
         elif instance_id and instance_id in group.instances:
             member = self._replace_static(group, group.instances[instance_id], client_id)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -62,6 +62,9 @@ class StoredBatch:
     last_offset: int
     #: While its append is in flight: resolves to True once stored, False if it failed.
     done: asyncio.Future[bool] | None = None
+    #: The producer's ``(epoch, last_seq)`` in this partition before this batch was recorded:
+    #: what a failed append rolls back to.
+    prev: tuple[int, int | None] | None = None
 
 
 @dataclass(slots=True)
@@ -77,6 +80,9 @@ class ProducerEntry:
     last_seq: int | None
     last_ms: int
     batches: deque[StoredBatch] = field(default_factory=lambda: deque(maxlen=KEEP_BATCHES))
+    #: While failed appends are being rolled back: the earliest failed batch's base offset
+    #: and the state before it (see :meth:`PartitionProducers.forget`).
+    rollback: tuple[int, tuple[int, int | None] | None] | None = None
 
 
 def _last_seq(h: BatchHeader) -> int:
@@ -188,6 +194,13 @@ class PartitionProducers:
         last = _last_seq(h)
         b = StoredBatch(h.base_sequence, last, base_offset, base_offset + h.last_offset_delta, done)
         entry = self.entries.get(h.producer_id)
+        # What a failed append rolls back to: the state before, or for a producer new here,
+        # one that expects this very batch next (so no later batch can pass over it).
+        b.prev = (
+            (entry.epoch, entry.last_seq)
+            if entry is not None
+            else (h.producer_epoch, (h.base_sequence - 1) % SEQ_MOD)
+        )
         if entry is None or entry.epoch != h.producer_epoch:
             entry = self.entries[h.producer_id] = ProducerEntry(h.producer_epoch, last, now_ms)
         else:
@@ -196,17 +209,33 @@ class PartitionProducers:
         self.changed = True
         return b
 
-    def forget(self, pid: int, batches: Iterable[StoredBatch]) -> None:
-        """Appends of ``batches`` failed: drop them, and take any next sequence from ``pid``."""
+    def forget(self, pid: int, batches: Sequence[StoredBatch]) -> None:
+        """The appends of ``batches`` (one request's, of producer ``pid``) failed: nothing of
+        them is in the log. Roll the producer's state back to before the earliest of them.
+
+        A failed write is undone together with every write queued after it, and each of
+        those requests calls this in turn, in any order: the state is rolled back once no
+        batch recorded after the earliest failed one is left, to the state before that one.
+        (Taking any sequence instead would let a later batch pass over the failed ones, and
+        their retry would then be answered as a duplicate of data that was never stored.)
+        """
         entry = self.entries.get(pid)
-        if entry is None:
+        if entry is None or not batches:
             return
+        first = min(batches, key=lambda b: b.base_offset)
+        if entry.rollback is None or first.base_offset < entry.rollback[0]:
+            entry.rollback = (first.base_offset, first.prev)
         gone = {id(b) for b in batches}
         kept = [b for b in entry.batches if id(b) not in gone]
         entry.batches.clear()
         entry.batches.extend(kept)
-        entry.last_seq = None
         self.changed = True
+        base, prev = entry.rollback
+        if any(b.base_offset >= base for b in kept):
+            return  # batches recorded after it fail too; the last of them rolls back
+        entry.rollback = None
+        if prev is not None:
+            entry.epoch, entry.last_seq = prev
 
     def observe(self, h: BatchHeader, now_ms: int) -> None:
         """Take a batch read from the log into the state (rebuilding it at start)."""
@@ -248,23 +277,34 @@ class _Snapshot(msgspec.Struct):
 
 
 def encode_snapshot(state: PartitionProducers, offset: int) -> bytes:
-    """The state, as it is with the log ending at ``offset``. Batches still in flight are
-    left out (they are not in the log yet; their producers resync on their next batch)."""
+    """The state, as it is with the log ending at ``offset``.
+
+    A batch whose append is still in flight is not in the snapshot, and the snapshot is
+    stamped at the offset of the earliest such batch instead of ``offset``: a start from it
+    then reads those batches from the log (where they are, if they were stored) rather than
+    trusting a state that never saw them.
+    """
+    flying = [
+        b.base_offset
+        for e in state.entries.values()
+        for b in e.batches
+        if b.done is not None and not (b.done.done() and b.done.result())
+    ]
+    offset = min([offset, *flying])
     entries = []
     for pid, e in sorted(state.entries.items()):
-        kept = [b for b in e.batches if b.done is None or (b.done.done() and b.done.result())]
-        flying = len(kept) != len(e.batches)
+        kept = [b for b in e.batches if b.last_offset < offset]
+        if len(kept) == len(e.batches):
+            last = -1 if e.last_seq is None else e.last_seq
+        else:  # its state at ``offset``: after its last batch below it, if that is known
+            last = kept[-1].last_seq if kept else -1
         entries.append(
             _SnapEntry(
                 pid,
                 e.epoch,
-                -1 if e.last_seq is None or flying else e.last_seq,
+                last,
                 e.last_ms,
-                [
-                    _SnapBatch(b.first_seq, b.last_seq, b.base_offset, b.last_offset)
-                    for b in kept
-                    if b.last_offset < offset
-                ],
+                [_SnapBatch(b.first_seq, b.last_seq, b.base_offset, b.last_offset) for b in kept],
             )
         )
     return msgspec.msgpack.encode(_Snapshot(1, offset, entries))
