@@ -7,6 +7,7 @@ the log's end; producer ids are never handed out twice.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -254,7 +255,7 @@ def test_producer_ids_are_reserved_in_blocks(tmp_path: Path) -> None:
 
     asyncio.run(run(3))
     ids_file = tmp_path / "data" / PRODUCER_IDS_FILE
-    assert ids_file.read_text().strip() == f'{{"next_block": {ID_BLOCK}}}'
+    assert json.loads(ids_file.read_text()) == {"next_block": ID_BLOCK, "epochs": {}}
     asyncio.run(run(ID_BLOCK + 1))  # starts at the next block and reserves two more
     assert min(seen - {0, 1, 2}) == ID_BLOCK
     asyncio.run(run(2))
@@ -379,3 +380,33 @@ def test_a_deleted_topic_forgets_its_producers(tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert SNAPSHOT_FILE in os.listdir(tmp_path / "data" / "t-1")
+
+
+def test_an_epoch_bump_fences_the_old_instance_across_a_restart(tmp_path: Path) -> None:
+    """The new instance has not written yet when the broker stops uncleanly: the bump is on
+    disk all the same, and the old instance stays fenced."""
+    cfg = config(tmp_path)
+    got: list[tuple[int, int]] = []
+
+    async def before() -> None:
+        b = Broker(cfg)
+        await b.start()
+        pid, epoch = await b.init_producer_id()
+        await b.produce("t", 0, pbatch(pid, epoch, 0, [b"old"]))
+        got.append((pid, epoch))
+        got.append(await b.init_producer_id(pid, epoch))  # the new instance: epoch + 1
+        for plog in b.logs.logs.values():  # crash before the new instance writes
+            plog.abandon()
+
+    async def after() -> None:
+        (pid, old), (_, new) = got
+        async with Broker(cfg) as b:
+            with pytest.raises(ProducerFencedError):
+                await b.produce("t", 0, pbatch(pid, old, 1, [b"zombie"]))
+            with pytest.raises(ProducerFencedError):
+                await b.init_producer_id(pid, old)
+            await b.produce("t", 0, pbatch(pid, new, 0, [b"new"]))
+            assert await stored(b) == [b"old", b"new"]
+
+    asyncio.run(before())
+    asyncio.run(after())

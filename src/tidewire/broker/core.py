@@ -161,6 +161,7 @@ class Broker:
         self._producers: dict[tuple[str, int], PartitionProducers] = {}
         self._epochs: dict[int, int] = {}  # producer id -> newest epoch known
         self._ids: ProducerIds | None = None
+        self._ids_lock = asyncio.Lock()
         self._groups: ConsumerGroups | None = None
         self._group_task: asyncio.Task[None] | None = None
 
@@ -539,16 +540,24 @@ class Broker:
                     f"{newest} exists"
                 )
             if producer_epoch < MAX_EPOCH:
+                # Fenced at once (a second caller with the same epoch is refused above),
+                # and on disk before the answer, so the fence outlives a restart.
                 self._epochs[producer_id] = producer_epoch + 1
+                async with self._ids_lock:
+                    try:
+                        await asyncio.to_thread(ids.bump, producer_id, producer_epoch + 1)
+                    except OSError as exc:
+                        raise StorageError(f"cannot record the producer epoch: {exc}") from exc
                 return producer_id, producer_epoch + 1
         elif producer_epoch != -1:
             raise InvalidRequestError("producer_epoch needs a producer_id")
-        if ids.next_needs_reserve():
-            try:
-                await asyncio.to_thread(ids.reserve)
-            except OSError as exc:
-                raise StorageError(f"cannot reserve producer ids: {exc}") from exc
-        pid = ids.take()
+        async with self._ids_lock:  # one writer of the file at a time
+            if ids.next_needs_reserve():
+                try:
+                    await asyncio.to_thread(ids.reserve)
+                except OSError as exc:
+                    raise StorageError(f"cannot reserve producer ids: {exc}") from exc
+            pid = ids.take()
         self._epochs[pid] = 0
         return pid, 0
 
@@ -567,9 +576,17 @@ class Broker:
                     self._epochs[pid] = entry.epoch
         path = f"{self.logs.data_dir}/{PRODUCER_IDS_FILE}"
         try:
-            self._ids = ProducerIds(self.logs.fs, path, max(self._epochs, default=-1))
+            ids = ProducerIds(self.logs.fs, path, max(self._epochs, default=-1))
         except ValueError as exc:
             raise StorageError(str(exc)) from None
+        # Bumps on disk that no log shows yet still fence; those the logs show are dropped
+        # from the file at its next write.
+        for pid, epoch in list(ids.epochs.items()):
+            if epoch > self._epochs.get(pid, -1):
+                self._epochs[pid] = epoch
+            else:
+                del ids.epochs[pid]
+        self._ids = ids
 
     def _read_snapshot(self, plog: PartitionLog) -> tuple[PartitionProducers, int]:
         path = f"{plog.directory}/{SNAPSHOT_FILE}"

@@ -336,37 +336,58 @@ def decode_snapshot(data: bytes) -> tuple[int, PartitionProducers]:
 
 
 class ProducerIds:
-    """Hands out producer ids: a block of :data:`ID_BLOCK` ids is reserved on disk (atomically,
-    in ``PRODUCER_IDS_FILE``) before any id of it is handed out, so an id is never handed out
-    twice, even across crashes.
+    """Hands out producer ids, and remembers epoch bumps that no log shows yet.
+
+    A block of :data:`ID_BLOCK` ids is reserved on disk (atomically, in
+    ``PRODUCER_IDS_FILE``) before any id of it is handed out, so an id is never handed out
+    twice, even across crashes. An epoch bump (a producer starting again with its id) is
+    written there too before it is answered, so the older instance stays fenced after a
+    restart even if the new one has not written yet.
 
     Args:
         fs: the data directory's file system.
         path: the file's path.
         seen: the largest producer id found in the logs (-1: none).
+
+    Raises:
+        ValueError: the file is unreadable.
     """
 
     def __init__(self, fs: FileSystem, path: str, seen: int = -1) -> None:
         self.fs = fs
         self.path = path
-        reserved = 0
+        self._reserved = 0
+        #: producer id -> epoch bumped to (only bumps that the logs may not show)
+        self.epochs: dict[int, int] = {}
         if fs.exists(path):
             try:
-                reserved = int(json.loads(fs.read_file(path))["next_block"])
-            except (ValueError, KeyError, TypeError) as exc:
+                doc = json.loads(fs.read_file(path))
+                self._reserved = int(doc["next_block"])
+                self.epochs = {int(k): int(v) for k, v in doc.get("epochs", {}).items()}
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise ValueError(f"{path} is unreadable: {exc}") from None
-        self._next = max(reserved, seen + 1)
+        self._next = max(self._reserved, seen + 1)
         self._block_end = self._next  # nothing reserved for this run yet
 
     def next_needs_reserve(self) -> bool:
         """Whether :meth:`take` must reserve a new block on disk first."""
         return self._next >= self._block_end
 
+    def _write(self) -> None:
+        doc = {"next_block": self._reserved, "epochs": {str(k): v for k, v in self.epochs.items()}}
+        write_atomic(self.fs, self.path, json.dumps(doc).encode() + b"\n")
+
     def reserve(self) -> None:
         """Reserve the next block on disk (blocking I/O: run it off the event loop)."""
         end = self._block_end if self._next < self._block_end else self._next + ID_BLOCK
-        write_atomic(self.fs, self.path, json.dumps({"next_block": end}).encode() + b"\n")
+        self._reserved = max(self._reserved, end)
+        self._write()
         self._block_end = end
+
+    def bump(self, pid: int, epoch: int) -> None:
+        """Record on disk that ``pid`` is at ``epoch`` now (blocking I/O)."""
+        self.epochs[pid] = epoch
+        self._write()
 
     def take(self) -> int:
         """The next producer id (call :meth:`reserve` first when it is needed)."""
