@@ -153,3 +153,15 @@ def test_large_groups_are_assigned_quickly(strategy: Strategy) -> None:
     check_complete(out, subs, partitions)
     del subs["m050"]
     check_complete(assign(strategy, subs, partitions, out), subs, partitions)
+
+
+def test_sticky_spreads_one_owner_over_a_hundred_members() -> None:
+    """The start of a growing group: one member owned all 10,000 partitions; 99 join. Each
+    ends with 100, and the first keeps 100 of its own (the fewest moves). The same-subscription
+    path does this in one pass; a move-one-partition-at-a-time balancer took seconds here."""
+    subs = {f"m{i:03d}": ["t"] for i in range(100)}
+    before = [("t", p) for p in range(10_000)]
+    out = assign(Strategy.STICKY, subs, {"t": 10_000}, {"m000": before})
+    assert {len(tps) for tps in out.values()} == {100}
+    assert set(out["m000"]) <= set(before)
+    assert sorted(tp for tps in out.values() for tp in tps) == before

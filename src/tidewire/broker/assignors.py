@@ -106,6 +106,8 @@ def _sticky(
     previous: Mapping[str, Sequence[TopicPartition]],
 ) -> Assignment:
     members = sorted(subs)
+    if members and len({frozenset(ts) for ts in subs.values()}) == 1:
+        return _sticky_same(members, sorted(set(subs[members[0]])), partitions, previous)
     out: dict[str, set[TopicPartition]] = {m: set() for m in members}
     owned: set[TopicPartition] = set()
     # 1. Keep what each member owned and may still own (a partition claimed twice in the
@@ -155,3 +157,33 @@ def _one_move(
                 if tp[0] in topics:
                     return src, dst, tp
     return None
+
+
+def _sticky_same(
+    members: list[str],
+    topics: list[str],
+    partitions: Mapping[str, int],
+    previous: Mapping[str, Sequence[TopicPartition]],
+) -> Assignment:
+    """Sticky when every member has the same subscription (the common case), in O(P log P):
+    each member's share is P // N or one more, the larger shares going to the members that
+    owned the most; each keeps as much of what it owned as its share allows (so no fewer
+    partitions move than must), and the rest fill the members below their share."""
+    every = [(t, p) for t in topics for p in range(partitions.get(t, 0))]
+    valid = set(every)
+    kept: dict[str, list[TopicPartition]] = {m: [] for m in members}
+    owned: set[TopicPartition] = set()
+    for m in members:
+        for tp in sorted(previous.get(m, ())):
+            if tp in valid and tp not in owned:
+                kept[m].append(tp)
+                owned.add(tp)
+    low, extra = divmod(len(every), len(members))
+    order = sorted(members, key=lambda m: (-len(kept[m]), m))
+    share = {m: low + (i < extra) for i, m in enumerate(order)}
+    out = {m: kept[m][: share[m]] for m in members}
+    taken = {tp for tps in out.values() for tp in tps}
+    free = iter(tp for tp in every if tp not in taken)
+    for m in members:
+        out[m].extend(next(free) for _ in range(share[m] - len(out[m])))
+    return {m: sorted(tps) for m, tps in out.items()}
