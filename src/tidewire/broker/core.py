@@ -13,12 +13,12 @@ other policies everything written.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
+from tidewire._tasks import cancel_and_wait
 from tidewire.broker.consumer_groups import ConsumerGroups
 from tidewire.broker.groups import GroupConfig, GroupCoordinator
 from tidewire.broker.offsets import OffsetStore, is_internal_topic
@@ -211,9 +211,7 @@ class Broker:
         self._closing = True  # a fetch woken from here on returns instead of waiting again
         for task in (self._maintenance, self._producer_task, self._group_task):
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
         self._maintenance = self._producer_task = self._group_task = None
         if self._groups is not None:
             self._groups.coordinator.close()

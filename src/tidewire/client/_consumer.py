@@ -12,13 +12,13 @@ no consumer groups here: positions live in the consumer, and nothing is committe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
+from tidewire._tasks import cancel_and_wait
 from tidewire.client._blocking import BlockingTwin
 from tidewire.errors import ConnectionLostError, TidewireError, for_code
 from tidewire.protocol.messages import (
@@ -368,9 +368,7 @@ class AsyncConsumer:
     async def _drop_fetch(self) -> None:
         task, self._fetch = self._fetch, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TidewireError):
-                await task
+            await cancel_and_wait(task, ignore=(TidewireError,))
 
 
 class Consumer(BlockingTwin):

@@ -48,6 +48,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
+from tidewire._tasks import cancel_and_wait
 from tidewire.client._blocking import BlockingTwin
 from tidewire.errors import (
     ConnectionLostError,
@@ -587,9 +588,7 @@ class AsyncGroupConsumer:
         self._closed = True
         task, self._heartbeats = self._heartbeats, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         try:
             if self._joined and self._member_id:
                 if self.enable_auto_commit and not self._rejoin:

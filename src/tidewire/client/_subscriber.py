@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidewire._tasks import cancel_and_wait
 from tidewire.client._blocking import BlockingTwin
 from tidewire.client._consumer import TP, ConsumerRecord, Offset, _parse, resolve_positions
 from tidewire.errors import ConnectionLostError, TidewireError, for_code
@@ -148,9 +149,7 @@ class AsyncSubscriber:
                 await self._t.request(UnsubscribeRequest(subscription_id=self._sid), timeout_s=1)
         task, self._credit_task = self._credit_task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, TidewireError):
-                await task
+            await cancel_and_wait(task, ignore=(TidewireError,))
         await self._t.close()
 
     # --- subscribing --------------------------------------------------------------------------

@@ -10,10 +10,10 @@ request opens a new connection, after a backoff that doubles up to a cap.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
+from tidewire._tasks import cancel_and_wait
 from tidewire.errors import (
     ConnectionLostError,
     ProtocolError,
@@ -237,9 +237,7 @@ class Transport:
         self._drop(ConnectionLostError("the client was closed"))
         task, self._reader_task = self._reader_task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     @property
     def closed(self) -> bool:
