@@ -172,8 +172,8 @@ def record_appends(log: PartitionLog, history: History) -> None:
     inner_reserve = log._reserve
     inner_failed = log._write_failed
 
-    def reserve(batch: bytes | bytearray | memoryview) -> Any:
-        write = inner_reserve(batch)
+    def reserve(batch: bytes | bytearray | memoryview, checked: Any = None) -> Any:
+        write = inner_reserve(batch, checked)
         payloads = tuple(r.value or b"" for r in iter_records(bytes(batch)))
         history.written.append((write.info.base_offset, payloads))
         return write

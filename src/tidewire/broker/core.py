@@ -401,13 +401,18 @@ class Broker:
         view = memoryview(data)
         plog = self.logs.logs.get((topic, partition))
         if plog is None and self.config.auto_create_topics and (topic, 0) not in self.logs.logs:
-            self._split(view, self.config.log.max_batch_bytes)  # before creating
+            # Checked before creating, against the settings the new topic gets.
+            batches = self._split(view, self.config.log.max_batch_bytes)
             self.ensure_topic(topic)
-        plog = self.log(topic, partition)
-        batches = self._split(view, plog.config.max_batch_bytes)
+            plog = self.log(topic, partition)
+        else:
+            plog = self.log(topic, partition)
+            batches = self._split(view, plog.config.max_batch_bytes)
         if all(h.producer_id < 0 for _, _, h in batches):
             infos = await plog.append_many_async(
-                [view[start:end] for start, end, _ in batches], durable=durable
+                [view[start:end] for start, end, _ in batches],
+                durable=durable,
+                checked=[h for _, _, h in batches],
             )
             self._visible_after_flush(topic, partition, plog, infos[-1].last_offset + 1, durable)
             self._wake(topic, partition)
@@ -433,12 +438,14 @@ class Broker:
         recorded: list[tuple[int, StoredBatch]] = []
         places: list[tuple[int, int]] = []
         appends: list[memoryview] = []
+        headers: list[BatchHeader] = []
         for (start, end, h), dup in zip(batches, plan, strict=True):
             if dup is not None:
                 places.append((dup.base_offset, dup.last_offset))
                 continue
             places.append((next_offset, next_offset + h.last_offset_delta))
             appends.append(view[start:end])
+            headers.append(h)
             if h.producer_id >= 0:
                 recorded.append((h.producer_id, state.record(h, next_offset, now, done)))
                 if h.producer_epoch > self._epochs.get(h.producer_id, -1):
@@ -446,7 +453,7 @@ class Broker:
             next_offset += h.last_offset_delta + 1
         if appends:
             try:
-                infos = await plog.append_many_async(appends, durable=durable)
+                infos = await plog.append_many_async(appends, durable=durable, checked=headers)
             except BaseException:
                 done.set_result(False)
                 for pid in {pid for pid, _ in recorded}:

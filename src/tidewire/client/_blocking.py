@@ -3,11 +3,10 @@ asyncio twin runs, and the calls that hand it coroutines and stop it."""
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import threading
 from collections.abc import Coroutine
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from tidewire.errors import ConnectionLostError, TidewireError
 
@@ -16,13 +15,22 @@ __all__ = ["BlockingTwin"]
 T = TypeVar("T")
 
 
-class BlockingTwin(abc.ABC):
+class _Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+A = TypeVar("A", bound=_Closable)
+
+
+class BlockingTwin(Generic[A]):
     """Base of ``Client``, ``Producer``, ``Consumer`` and ``GroupConsumer``.
 
     A subclass calls :meth:`_start_loop` first in ``__init__`` (and :meth:`_stop_loop` if
     what follows fails), then every method is ``self._run(self._async.method(...))``.
     """
 
+    #: The asyncio twin, made on the loop by the subclass's ``__init__``.
+    _async: A
     #: What a call after close raises, and says.
     _closed_error: ClassVar[type[TidewireError]] = ConnectionLostError
     _closed_message: ClassVar[str] = "the client is closed"
@@ -52,6 +60,11 @@ class BlockingTwin(abc.ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    @abc.abstractmethod
     def close(self) -> None:
         """Close the asyncio twin, then stop the thread."""
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self._async.close())
+        finally:
+            self._stop_loop()

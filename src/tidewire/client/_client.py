@@ -341,7 +341,7 @@ class AsyncClient:
         return list(body.results)
 
 
-class Client(BlockingTwin):
+class Client(BlockingTwin[AsyncClient]):
     """The blocking twin of :class:`AsyncClient`: the same methods, called without await.
 
     It runs an event loop in a thread of its own; use as ``with Client(addr) as client``.
@@ -375,15 +375,6 @@ class Client(BlockingTwin):
             connect_timeout_s=connect_timeout_s,
             max_in_flight=max_in_flight,
         )
-
-    def close(self) -> None:
-        """Close the connection and stop the client's thread."""
-        if self._loop.is_closed():
-            return
-        try:
-            self._run(self._async.close())
-        finally:
-            self._stop_loop()
 
     def ping(self) -> None:
         self._run(self._async.ping())

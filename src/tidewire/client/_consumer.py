@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from tidewire._tasks import cancel_and_wait
 from tidewire.client._blocking import BlockingTwin
@@ -371,7 +371,56 @@ class AsyncConsumer:
             await cancel_and_wait(task, ignore=(TidewireError,))
 
 
-class Consumer(BlockingTwin):
+class _Reader(Protocol):
+    async def close(self) -> None: ...
+    async def poll(
+        self, timeout_s: float | None = None, *, max_records: int = DEFAULT_MAX_RECORDS
+    ) -> list[ConsumerRecord]: ...
+    def position(self, topic: str, partition: int) -> int: ...
+    def assignment(self) -> list[tuple[str, int]]: ...
+
+
+R = TypeVar("R", bound=_Reader)
+
+
+class BlockingReader(BlockingTwin[R]):
+    """What the blocking readers (``Consumer``, ``Subscriber``, ``GroupConsumer``) share:
+    records the loop handed over but the caller has not taken yet wait in ``_local``;
+    ``poll`` and iteration serve from there first."""
+
+    _local: deque[ConsumerRecord]
+
+    def position(self, topic: str, partition: int) -> int:
+        for r in self._local:  # handed over by the loop, not yet to the caller
+            if r.topic == topic and r.partition == partition:
+                return r.offset
+        return self._async.position(topic, partition)
+
+    def assignment(self) -> list[tuple[str, int]]:
+        return self._async.assignment()
+
+    def poll(
+        self, timeout_s: float | None = None, *, max_records: int = DEFAULT_MAX_RECORDS
+    ) -> list[ConsumerRecord]:
+        out: list[ConsumerRecord] = []
+        while self._local and len(out) < max_records:
+            out.append(self._local.popleft())
+        if out:
+            return out
+        return self._run(self._async.poll(timeout_s, max_records=max_records))
+
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        return self
+
+    def __next__(self) -> ConsumerRecord:
+        # Only with nothing left locally does the asyncio twin run again (and, for a group
+        # member, auto-commit or rebalance): every record it returned before was handed out.
+        while not self._local:
+            self._local.extend(self._run(self._async.poll(None)))
+        return self._local.popleft()
+
+
+class Consumer(BlockingReader[AsyncConsumer]):
     """The blocking twin of :class:`AsyncConsumer`: the same methods without ``await``, and
     ``for record in consumer``. It runs the async consumer on an event loop in a thread of
     its own; iteration takes records from the loop a ``poll`` at a time."""
@@ -411,15 +460,6 @@ class Consumer(BlockingTwin):
     async def _make(addr: str, options: dict[str, Any]) -> AsyncConsumer:
         return AsyncConsumer(addr, **options)
 
-    def close(self) -> None:
-        """Close the connection and stop the consumer's thread."""
-        if self._loop.is_closed():
-            return
-        try:
-            self._run(self._async.close())
-        finally:
-            self._stop_loop()
-
     def assign(self, positions: Iterable[tuple[str, int, Offset]]) -> None:
         self._local.clear()
         self._run(self._async.assign(list(positions)))
@@ -427,30 +467,3 @@ class Consumer(BlockingTwin):
     def seek(self, topic: str, partition: int, offset: Offset) -> None:
         self._run(self._async.seek(topic, partition, offset))
         self._local = deque(r for r in self._local if (r.topic, r.partition) != (topic, partition))
-
-    def position(self, topic: str, partition: int) -> int:
-        for r in self._local:  # handed over by the loop, not yet to the caller
-            if r.topic == topic and r.partition == partition:
-                return r.offset
-        return self._async.position(topic, partition)
-
-    def assignment(self) -> list[tuple[str, int]]:
-        return self._async.assignment()
-
-    def poll(
-        self, timeout_s: float | None = None, *, max_records: int = DEFAULT_MAX_RECORDS
-    ) -> list[ConsumerRecord]:
-        out: list[ConsumerRecord] = []
-        while self._local and len(out) < max_records:
-            out.append(self._local.popleft())
-        if out:
-            return out
-        return self._run(self._async.poll(timeout_s, max_records=max_records))
-
-    def __iter__(self) -> Iterator[ConsumerRecord]:
-        return self
-
-    def __next__(self) -> ConsumerRecord:
-        while not self._local:
-            self._local.extend(self._run(self._async.poll(None)))
-        return self._local.popleft()

@@ -44,12 +44,11 @@ import contextlib
 import inspect
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
 from tidewire._tasks import cancel_and_wait
-from tidewire.client._blocking import BlockingTwin
 from tidewire.errors import (
     ConnectionLostError,
     IllegalGenerationError,
@@ -73,7 +72,7 @@ from tidewire.protocol.messages import (
     OffsetFetchRequest,
 )
 
-from ._consumer import AsyncConsumer, ConsumerRecord, Offset
+from ._consumer import DEFAULT_MAX_RECORDS, AsyncConsumer, BlockingReader, ConsumerRecord, Offset
 from ._subscriber import DEFAULT_CREDIT_BYTES, AsyncSubscriber
 from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
 
@@ -90,7 +89,6 @@ PartitionsCallback = Callable[[list[TP]], Awaitable[None] | None]
 #: how late a member notices one while no records arrive.
 _CHECK_S = 0.1
 #: Records handed out by one ``poll`` at most, by default.
-DEFAULT_MAX_RECORDS = 500
 _FENCED = (IllegalGenerationError.code, UnknownMemberError.code, PartitionNotAssignedError.code)
 
 
@@ -613,7 +611,7 @@ async def _call(callback: PartitionsCallback | None, partitions: list[TP]) -> No
         await result
 
 
-class GroupConsumer(BlockingTwin):
+class GroupConsumer(BlockingReader[AsyncGroupConsumer]):
     """The blocking twin of :class:`AsyncGroupConsumer`: the same arguments and methods
     without ``await``, and ``for record in consumer``. It runs the async consumer on an
     event loop in a thread of its own; ``on_assign`` / ``on_revoke`` run on that thread and
@@ -655,35 +653,12 @@ class GroupConsumer(BlockingTwin):
     def generation(self) -> int:
         return self._async.generation
 
-    def assignment(self) -> list[TP]:
-        return self._async.assignment()
-
     def position(self, topic: str, partition: int) -> int:
         first = self._unhanded().get((topic, partition))
         return self._async.position(topic, partition) if first is None else first
 
     def paused(self) -> list[TP]:
         return self._async.paused()
-
-    def poll(
-        self, timeout_s: float | None = None, *, max_records: int = DEFAULT_MAX_RECORDS
-    ) -> list[ConsumerRecord]:
-        out: list[ConsumerRecord] = []
-        while self._local and len(out) < max_records:
-            out.append(self._local.popleft())
-        if out:
-            return out
-        return self._run(self._async.poll(timeout_s, max_records=max_records))
-
-    def __iter__(self) -> Iterator[ConsumerRecord]:
-        return self
-
-    def __next__(self) -> ConsumerRecord:
-        while not self._local:
-            # Only here, with nothing left locally, does the async consumer auto-commit or
-            # rebalance: every record it returned before was handed out.
-            self._local.extend(self._run(self._async.poll(None)))
-        return self._local.popleft()
 
     def commit(self, offsets: Mapping[TP, int] | None = None) -> None:
         if offsets is None:

@@ -26,7 +26,7 @@ __all__ = ["Producer"]
 T = TypeVar("T")
 
 
-class Producer(BlockingTwin):
+class Producer(BlockingTwin[AsyncProducer]):
     """The blocking twin of :class:`AsyncProducer`: the same options and methods, called
     without ``await``; ``send`` returns a :class:`BlockingRecordFuture` (``.result(timeout)``).
 

@@ -19,13 +19,20 @@ import asyncio
 import contextlib
 import itertools
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tidewire._tasks import cancel_and_wait
-from tidewire.client._blocking import BlockingTwin
-from tidewire.client._consumer import TP, ConsumerRecord, Offset, _parse, resolve_positions
+from tidewire.client._consumer import (
+    DEFAULT_MAX_RECORDS,
+    TP,
+    BlockingReader,
+    ConsumerRecord,
+    Offset,
+    _parse,
+    resolve_positions,
+)
 from tidewire.errors import ConnectionLostError, TidewireError, for_code
 from tidewire.protocol import PushReceived
 from tidewire.protocol.messages import (
@@ -45,7 +52,6 @@ __all__ = ["AsyncSubscriber", "Subscriber"]
 #: any back. Large enough for a batch of a producer's default size many times over.
 DEFAULT_CREDIT_BYTES = 1024 * 1024
 #: Records handed out by one ``poll`` at most, by default.
-DEFAULT_MAX_RECORDS = 500
 
 
 @dataclass(slots=True)
@@ -353,7 +359,7 @@ class AsyncSubscriber:
         return r
 
 
-class Subscriber(BlockingTwin):
+class Subscriber(BlockingReader[AsyncSubscriber]):
     """The blocking twin of :class:`AsyncSubscriber`: the same methods without ``await``,
     and ``for record in subscriber``."""
 
@@ -390,45 +396,9 @@ class Subscriber(BlockingTwin):
     async def _make(addr: str, options: dict[str, Any]) -> AsyncSubscriber:
         return AsyncSubscriber(addr, **options)
 
-    def close(self) -> None:
-        """End the subscription, close the connection and stop the thread."""
-        if self._loop.is_closed():
-            return
-        try:
-            self._run(self._async.close())
-        finally:
-            self._stop_loop()
-
     def subscribe(self, positions: Iterable[tuple[str, int, Offset]]) -> None:
         self._local.clear()
         self._run(self._async.subscribe(list(positions)))
 
-    def position(self, topic: str, partition: int) -> int:
-        for r in self._local:  # handed over by the loop, not yet to the caller
-            if r.topic == topic and r.partition == partition:
-                return r.offset
-        return self._async.position(topic, partition)
-
     def dropped(self, topic: str | None = None, partition: int | None = None) -> int:
         return self._async.dropped(topic, partition)
-
-    def assignment(self) -> list[tuple[str, int]]:
-        return self._async.assignment()
-
-    def poll(
-        self, timeout_s: float | None = None, *, max_records: int = DEFAULT_MAX_RECORDS
-    ) -> list[ConsumerRecord]:
-        out: list[ConsumerRecord] = []
-        while self._local and len(out) < max_records:
-            out.append(self._local.popleft())
-        if out:
-            return out
-        return self._run(self._async.poll(timeout_s, max_records=max_records))
-
-    def __iter__(self) -> Iterator[ConsumerRecord]:
-        return self
-
-    def __next__(self) -> ConsumerRecord:
-        while not self._local:
-            self._local.extend(self._run(self._async.poll(None)))
-        return self._local.popleft()

@@ -437,15 +437,23 @@ class PartitionLog:
             raise err from exc
         return write.info
 
-    def _reserve(self, batch: bytes | bytearray | memoryview) -> _Write:
-        """Check ``batch``, roll if needed, and account for it at the end of the log."""
+    def _reserve(
+        self, batch: bytes | bytearray | memoryview, checked: BatchHeader | None = None
+    ) -> _Write:
+        """Check ``batch`` (unless its ``checked`` header is given), roll if needed, and
+        account for it at the end of the log."""
         if self._closed or self._failed is not None or self._corrupt is not None:
             self._check_writable()
         view = memoryview(batch)
         config = self.config
-        checked = check_whole_batch(view) if len(view) <= config.max_batch_bytes else None
-        if checked is not None and checked[3] >= 1 and checked[1] == checked[3] - 1:
-            length, last_delta, max_ts, _ = checked
+        whole = None
+        if checked is None and len(view) <= config.max_batch_bytes:
+            whole = check_whole_batch(view)
+        if checked is not None:
+            length, last_delta = checked.batch_length, checked.last_offset_delta
+            max_ts = checked.max_timestamp
+        elif whole is not None and whole[3] >= 1 and whole[1] == whole[3] - 1:
+            length, last_delta, max_ts, _ = whole
         else:  # malformed or unusual: the full checks name the fault
             h = _check_one_batch(view, config.max_batch_bytes)
             length, last_delta, max_ts = h.batch_length, h.last_offset_delta, h.max_timestamp
@@ -612,10 +620,19 @@ class PartitionLog:
         return write.info
 
     async def append_many_async(
-        self, batches: Sequence[bytes | bytearray | memoryview], *, durable: bool | None = None
+        self,
+        batches: Sequence[bytes | bytearray | memoryview],
+        *,
+        durable: bool | None = None,
+        checked: Sequence[BatchHeader] | None = None,
     ) -> list[AppendInfo]:
         """Append ``batches`` at consecutive offsets — no other append lands between them —
         and return once all are as durable as :meth:`append_async` promises.
+
+        Args:
+            checked: the batches' headers as :func:`check_appendable` returned them, by a
+                caller that checked every batch already (against this log's
+                ``max_batch_bytes``) for all-or-nothing: they are not checked again.
 
         Raises:
             What :meth:`append_async` raises. Batches before the one that failed its checks
@@ -629,7 +646,10 @@ class PartitionLog:
                 f"{len(batches)} more exceed max_pending_appends="
                 f"{self.config.max_pending_appends:,}"
             )
-        writes = [self._queue(b) for b in batches]
+        if checked is None:
+            writes = [self._queue(b) for b in batches]
+        else:
+            writes = [self._queue(b, h) for b, h in zip(batches, checked, strict=True)]
         for w in writes:
             assert w.future is not None
             await w.future
@@ -637,10 +657,12 @@ class PartitionLog:
             await self.wait_durable(writes[-1].info.last_offset + 1)
         return [w.info for w in writes]
 
-    def _queue(self, batch: bytes | bytearray | memoryview) -> _Write:
+    def _queue(
+        self, batch: bytes | bytearray | memoryview, checked: BatchHeader | None = None
+    ) -> _Write:
         """Reserve ``batch`` and queue its write for the end of this turn of the event loop
         (at once when enough is gathered): one pwritev for many batches."""
-        write = self._reserve(batch)
+        write = self._reserve(batch, checked)
         loop = asyncio.get_running_loop()
         write.future = loop.create_future()
         pending = self._pending
