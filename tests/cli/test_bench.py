@@ -5,8 +5,13 @@ refused with one line."""
 from __future__ import annotations
 
 import json
+import math
+import random
+
+import pytest
 
 from tests.cli._support import Broker, closed_port, run_cli
+from tidewire.cli._bench_e2e import Histogram
 from tidewire.client import Client
 
 FIGURES = {
@@ -86,3 +91,86 @@ def test_bad_options_and_no_broker(broker: Broker) -> None:
     unknown = broker.cli("bench", "consume", "--topic", "nope", "--messages", "1")
     assert unknown.exit_code == 1
     assert "does not exist" in unknown.stderr
+
+
+E2E_FIGURES = {
+    "test",
+    "topic",
+    "group",
+    "messages",
+    "size",
+    "seconds",
+    "publish_msg_per_s",
+    "msg_per_s",
+    "mb_per_s",
+    "delivered",
+    "duplicates",
+    "latency_ms_p50",
+    "latency_ms_p95",
+    "latency_ms_p99",
+    "latency_ms_p999",
+    "latency_ms_max",
+    "latency_samples",
+    "per_consumer",
+    "settings",
+}
+
+
+@pytest.mark.parametrize("delivery", ["push", "pull"])
+def test_e2e_delivers_every_message_to_the_group_once(broker: Broker, delivery: str) -> None:
+    """Two member processes split 4 partitions; every published message is handed out once,
+    and each one's publish-to-delivery latency is in the histogram."""
+    args = ["--topic", "e", "--messages", "3000", "--size", "200", "--rate", "3000"]
+    result = broker.cli("bench", "e2e", *args, "--delivery", delivery, "--json")
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert set(doc) == E2E_FIGURES
+    assert (doc["test"], doc["messages"], doc["size"], doc["delivered"]) == ("e2e", 3000, 200, 3000)
+    assert doc["duplicates"] == 0
+    # Both members got partitions, and they were handed the timed messages and the untimed
+    # first one between them: each message's latency was measured exactly once.
+    assert len(doc["per_consumer"]) == 2
+    assert all(n > 0 for n in doc["per_consumer"])
+    assert sum(doc["per_consumer"]) == doc["latency_samples"] == 3001
+    lat = [doc[f"latency_ms_{q}"] for q in ("p50", "p95", "p99", "p999", "max")]
+    assert lat == sorted(lat)
+    assert 0 < lat[0] < 10_000
+    assert doc["settings"]["delivery"] == delivery
+    # Paced at 3,000 msg/s, publishing takes about a second, not less.
+    assert doc["publish_msg_per_s"] < 3000 * 1.1
+    with Client(broker.addr) as client:
+        assert sum(p.log_end_offset for p in client.describe_topic("e").partitions) == 3001
+        # The members committed what they were handed when they closed.
+        group = client.describe_group(doc["group"])
+        assert sum(o.committed for o in group.offsets) == 3001
+
+
+def test_e2e_text_and_bad_options(broker: Broker) -> None:
+    result = broker.cli(
+        "bench", "e2e", "--messages", "500", "--consumers", "1", "--partitions", "2"
+    )
+    assert result.exit_code == 0, result.stderr
+    for label in ("delivered", "publish-to-delivery p50", "duplicates", "consumers=1"):
+        assert label in result.stdout
+    bad = broker.cli("bench", "e2e", "--delivery", "carrier-pigeon")
+    assert bad.exit_code == 2
+    assert "--delivery must be push or pull" in bad.stderr
+    small = broker.cli("bench", "e2e", "--size", "4")
+    assert small.exit_code == 2
+
+
+def test_histogram_quantiles_are_within_one_percent() -> None:
+    values = [1_000 * (i + 1) for i in range(10_000)]  # 1 µs .. 10 ms, in ns
+    random.Random(7).shuffle(values)
+    h = Histogram()
+    for v in values[:5000]:
+        h.add(v)
+    other = Histogram()
+    for v in values[5000:]:
+        other.add(v)
+    h.merge(Histogram.from_json(json.loads(json.dumps(other.to_json()))))
+    assert h.total == 10_000
+    for q in (0.5, 0.9, 0.99, 1.0):
+        true_ms = sorted(values)[math.ceil(q * 10_000) - 1] / 1e6
+        assert true_ms <= h.quantile_ms(q) <= true_ms * 1.0101 + 0.001
+    assert Histogram().quantile_ms(0.99) == 0.0
