@@ -112,6 +112,8 @@ E2E_FIGURES = {
     "latency_ms_max",
     "latency_samples",
     "per_consumer",
+    "cpu_s_producer",
+    "cpu_s_consumers",
     "settings",
 }
 
@@ -129,7 +131,9 @@ def test_e2e_delivers_every_message_to_the_group_once(broker: Broker, delivery: 
     assert doc["duplicates"] == 0
     # Both members got partitions, and they were handed the timed messages and the untimed
     # first one between them: each message's latency was measured exactly once.
-    assert len(doc["per_consumer"]) == 2
+    assert len(doc["per_consumer"]) == len(doc["cpu_s_consumers"]) == 2
+    assert doc["cpu_s_producer"] > 0
+    assert all(c > 0 for c in doc["cpu_s_consumers"])
     assert all(n > 0 for n in doc["per_consumer"])
     assert sum(doc["per_consumer"]) == doc["latency_samples"] == 3001
     lat = [doc[f"latency_ms_{q}"] for q in ("p50", "p95", "p99", "p999", "max")]
@@ -174,3 +178,18 @@ def test_histogram_quantiles_are_within_one_percent() -> None:
         true_ms = sorted(values)[math.ceil(q * 10_000) - 1] / 1e6
         assert true_ms <= h.quantile_ms(q) <= true_ms * 1.0101 + 0.001
     assert Histogram().quantile_ms(0.99) == 0.0
+
+
+def test_e2e_backlog_times_the_group_catching_up(broker: Broker) -> None:
+    """With --backlog every message is stored before the group starts; the new group starts
+    where the topic ended before, so earlier messages are not read."""
+    broker.cli("bench", "produce", "--topic", "old", "--messages", "700", "--partitions", "3")
+    args = ["--topic", "old", "--messages", "2000", "--size", "64", "--backlog", "--json"]
+    result = broker.cli("bench", "e2e", *args)
+    assert result.exit_code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["settings"]["backlog"] is True
+    assert (doc["delivered"], doc["duplicates"]) == (2000, 0)
+    assert sum(doc["per_consumer"]) == doc["latency_samples"] == 2001
+    with Client(broker.addr) as client:
+        assert sum(p.log_end_offset for p in client.describe_topic("old").partitions) == 2701

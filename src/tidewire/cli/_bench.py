@@ -411,11 +411,19 @@ def e2e(
         float,
         typer.Option("--timeout", min=0.001, help="Give up after this long with no delivery."),
     ] = 10.0,
+    backlog: Annotated[
+        bool,
+        typer.Option(
+            "--backlog",
+            help="Publish everything first, then time the group catching up.",
+            show_default=False,
+        ),
+    ] = False,
     addr: AddrOption = DEFAULT_ADDR,
     as_json: JsonOption = False,
 ) -> None:
-    """Publish and consume in a group at once; report delivered msg/s and the latency of
-    every message from publish to delivery."""
+    """Publish and consume in a group at once (or, with --backlog, one after the other);
+    report delivered msg/s and the latency of every message from publish to delivery."""
     check_addr(addr)
     if acks not in ("none", "leader", "durable"):
         fail(f"--acks must be none, leader or durable, not {acks!r}", 2)
@@ -429,6 +437,7 @@ def e2e(
         "batch_bytes": batch_bytes,
         "linger_ms": linger_ms,
         "acks": acks,
+        "backlog": backlog,
     }
     if delivery == "push":
         settings["credit_bytes"] = credit_bytes
@@ -465,6 +474,7 @@ def e2e(
                 timeout,
                 settings,
                 show,
+                backlog,
             )
 
     try:
@@ -487,6 +497,11 @@ def e2e(
             f"{result.mb_per_s:,.1f} MB/s",
         )
         table.add_row("per consumer", " / ".join(f"{n:,}" for n in result.per_consumer))
+        table.add_row(
+            "CPU seconds: producer / consumers",
+            f"{result.cpu_s_producer:.2f} / "
+            + " / ".join(f"{c:.2f}" for c in result.cpu_s_consumers),
+        )
         table.add_row("duplicates", f"{result.duplicates:,}")
         table.add_row(
             "publish-to-delivery p50 / p95 / p99 / p99.9 / max",

@@ -28,6 +28,7 @@ import json
 import math
 import os
 import secrets
+import struct
 import sys
 import threading
 import time
@@ -41,23 +42,28 @@ from tidewire.errors import TidewireError
 
 __all__ = ["E2EResult", "Histogram", "run_e2e"]
 
-#: Histogram buckets are this much wider than the one before (1%): a quantile read from it is
-#: within 1% of the true value.
-_GROWTH = math.log(1.01)
 #: How often a member reports its count.
 _PROGRESS_S = 0.1
 #: Bytes of the send timestamp at the start of every value.
 STAMP = 8
 
 
+def bucket(latency_ns: int) -> int:
+    """The histogram bucket of a latency: its 8 leading bits and their shift (buckets less
+    than 1/128 wide relative to their value, so a quantile is within 0.8%)."""
+    shift = max(latency_ns.bit_length() - 8, 0)
+    return (shift << 8) | (latency_ns >> shift)
+
+
 class Histogram:
-    """Latencies in nanoseconds, counted in buckets 1% wide (mergeable across processes)."""
+    """Latencies in nanoseconds, counted in buckets under 1% wide (mergeable across
+    processes)."""
 
     def __init__(self, counts: dict[int, int] | None = None) -> None:
         self.counts: Counter[int] = Counter(counts or {})
 
     def add(self, latency_ns: int, n: int = 1) -> None:
-        self.counts[int(math.log(max(latency_ns, 1000) / 1000) / _GROWTH)] += n
+        self.counts[bucket(max(latency_ns, 0))] += n
 
     def merge(self, other: Histogram) -> None:
         self.counts.update(other.counts)
@@ -73,11 +79,12 @@ class Histogram:
             return 0.0
         rank = max(1, math.ceil(q * total))
         seen = 0
-        for bucket in sorted(self.counts):
-            seen += self.counts[bucket]
+        for b in sorted(self.counts):
+            seen += self.counts[b]
             if seen >= rank:
-                # The bucket's upper edge: never below the true quantile, at most 1% above.
-                return round(math.exp((bucket + 1) * _GROWTH) / 1000, 3)
+                # The bucket's upper edge: never below the true quantile, under 1% above.
+                shift, top = b >> 8, b & 0xFF
+                return round(((top + 1) << shift) / 1e6, 3)
         raise AssertionError("unreachable")
 
     def to_json(self) -> dict[str, int]:
@@ -110,6 +117,8 @@ class E2EResult:
     latency_ms_max: float
     latency_samples: int
     per_consumer: list[int]
+    cpu_s_producer: float  # CPU seconds of this process (the producer) during the run
+    cpu_s_consumers: list[float]  # of each member process, from "go" to the end
     settings: dict[str, object] = field(default_factory=dict)
 
 
@@ -124,10 +133,13 @@ def _emit(doc: dict[str, Any]) -> None:
 async def _member(cfg: dict[str, Any]) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    go = asyncio.Event()
 
-    def watch_stdin() -> None:  # the parent closes our stdin (or dies): stop
+    def watch_stdin() -> None:  # "go": start reading; stdin closed (or the parent died): stop
         with contextlib.suppress(OSError, ValueError):
-            sys.stdin.read()
+            for line in sys.stdin:
+                if line.strip() == "go":
+                    loop.call_soon_threadsafe(go.set)
         loop.call_soon_threadsafe(stop.set)
 
     threading.Thread(target=watch_stdin, daemon=True).start()
@@ -135,7 +147,10 @@ async def _member(cfg: dict[str, Any]) -> None:
     count = 0
     first_ns = last_ns = 0
 
-    def assigned(partitions: list[tuple[str, int]]) -> None:
+    async def assigned(partitions: list[tuple[str, int]]) -> None:
+        # Positioned, but held until every member is: the clock starts with all of them.
+        if not go.is_set():
+            await consumer.pause(partitions)
         _emit(
             {
                 "event": "assigned",
@@ -156,8 +171,7 @@ async def _member(cfg: dict[str, Any]) -> None:
         max_wait_ms=100,
         on_assign=assigned,
     )
-    stamp = int.from_bytes
-    log = math.log
+    stamp = struct.Struct("<q").unpack_from
     buckets = hist.counts
     # What was handed out, per partition, as [start, end) offset ranges: a partition's records
     # come in order, so this stays a few ranges long, and the parent can count duplicates
@@ -166,7 +180,12 @@ async def _member(cfg: dict[str, Any]) -> None:
     async with consumer:
         next_report = loop.time() + _PROGRESS_S
         reported = -1
+        resumed = False
         while not stop.is_set():
+            if go.is_set() and not resumed:
+                cpu0 = time.process_time()
+                await consumer.resume(consumer.paused())
+                resumed = True
             records = await consumer.poll(_PROGRESS_S, max_records=50_000)
             if records:
                 now = time.time_ns()
@@ -174,15 +193,27 @@ async def _member(cfg: dict[str, Any]) -> None:
                     first_ns = now
                 last_ns = now
                 count += len(records)
-                for r in records:
-                    if r.value:
-                        lat = now - stamp(r.value[:STAMP], "little")
-                        buckets[int(log(max(lat, 1000) / 1000) / _GROWTH)] += 1
-                    spans = ranges.setdefault(r.partition, [])
-                    if spans and spans[-1][1] == r.offset:
-                        spans[-1][1] += 1
+                span: list[int] = [-1, -1]
+                part = -1
+                for _, p, offset, _, _, value, _ in records:
+                    if value and len(value) >= STAMP:
+                        lat = now - stamp(value)[0]
+                        shift = lat.bit_length() - 8
+                        if shift <= 0:
+                            buckets[max(lat, 0)] += 1
+                        else:
+                            buckets[(shift << 8) | (lat >> shift)] += 1
+                    if p == part and offset == span[1]:
+                        span[1] += 1
+                        continue
+                    spans = ranges.setdefault(p, [])
+                    if spans and spans[-1][1] == offset:
+                        span = spans[-1]
+                        span[1] += 1
                     else:
-                        spans.append([r.offset, r.offset + 1])
+                        span = [offset, offset + 1]
+                        spans.append(span)
+                    part = p
             if loop.time() >= next_report and count != reported:
                 _emit({"event": "progress", "count": count})
                 reported = count
@@ -195,6 +226,7 @@ async def _member(cfg: dict[str, Any]) -> None:
             "last_ns": last_ns,
             "histogram": hist.to_json(),
             "ranges": {str(p): spans for p, spans in ranges.items()},
+            "cpu_s": time.process_time() - cpu0 if resumed else 0.0,
         }
     )
 
@@ -231,6 +263,10 @@ class _Member:
                 self.count = doc["count"]
                 self.result = doc
             self.changed.set()
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"go\n")
 
     async def stop(self, timeout_s: float) -> None:
         assert self.proc.stdin is not None
@@ -311,12 +347,14 @@ async def run_e2e(
     timeout_s: float,
     settings: dict[str, object],
     progress: Any,
+    backlog: bool = False,
 ) -> E2EResult:
     """Run one end-to-end measurement (the topic must exist); ``progress(published,
-    delivered)`` is called a few times a second."""
+    delivered)`` is called a few times a second. With ``backlog`` every message is published
+    before the group starts, and the figures are those of the group catching up."""
     async with AsyncClient(addr) as client:
-        n_parts = len((await client.describe_topic(topic)).partitions)
-    partitions = {(topic, p) for p in range(n_parts)}
+        ends = [p.log_end_offset for p in (await client.describe_topic(topic)).partitions]
+    partitions = {(topic, p) for p in range(len(ends))}
     group = f"bench-e2e-{secrets.token_hex(4)}"
     cfg = {
         "addr": addr,
@@ -329,44 +367,66 @@ async def run_e2e(
     filler = os.urandom(max(size - STAMP, 0) // 2 + 1).hex().encode()[: max(size - STAMP, 0)]
     loop = asyncio.get_running_loop()
     published = [0]
-    try:
+    expected = messages + 1  # and the untimed first message
+    publish_s = cpu_producer = 0.0
+
+    async def publish(producer: AsyncProducer) -> None:
+        fut: RecordFuture | None = None
+        start = loop.time()
+        for i in range(messages):
+            if rate:
+                due = start + i / rate
+                if (ahead := due - loop.time()) > 0:
+                    await asyncio.sleep(ahead)
+            fut = await producer.send(topic, time.time_ns().to_bytes(STAMP, "little") + filler)
+            published[0] = i + 1
+        await producer.flush()
+        if fut is not None:
+            await fut  # raises if the last batch failed
+
+    async def start_group() -> None:
+        nonlocal members
         members = [await _start_member(cfg) for _ in range(consumers)]
         await _until_ready(members, partitions, timeout_s=30.0 + 2 * consumers)
+
+    publishing: asyncio.Task[None] | None = None
+    try:
         async with AsyncProducer(addr, **producer_options) as producer:  # type: ignore[arg-type]
+            if backlog:
+                # Publish everything first; the new group starts where the topic ended
+                # before, and the clock starts when its members are told to go.
+                async with AsyncClient(addr) as client:
+                    for p, end in enumerate(ends):
+                        await client.reset_group_offsets(
+                            group, topic, "offset", value=end, partitions=[p]
+                        )
+            else:
+                await start_group()
             # Connect, learn the topic and get a producer id before the clock starts; the
             # members are handed this message too, so it is not counted as a duplicate.
             await (await producer.send(topic, time.time_ns().to_bytes(STAMP, "little")))
-            expected = messages + 1
-
-            async def publish() -> None:
-                fut: RecordFuture | None = None
-                start = loop.time()
-                for i in range(messages):
-                    if rate:
-                        due = start + i / rate
-                        if (ahead := due - loop.time()) > 0:
-                            await asyncio.sleep(ahead)
-                    fut = await producer.send(
-                        topic, time.time_ns().to_bytes(STAMP, "little") + filler
-                    )
-                    published[0] = i + 1
-                await producer.flush()
-                if fut is not None:
-                    await fut  # raises if the last batch failed
-
-            t0_ns = time.time_ns()
             t0 = time.perf_counter()
-            publishing = loop.create_task(publish())
-            publish_s = 0.0
+            cpu0 = time.process_time()
+            if backlog:
+                await publish(producer)
+                publish_s = time.perf_counter() - t0
+                cpu_producer = time.process_time() - cpu0
+                await start_group()
+            t0_ns = time.time_ns()
+            for m in members:
+                m.go()
+            if not backlog:
+                publishing = loop.create_task(publish(producer))
             idle_since = loop.time()
             last_total = -1
             while True:
                 total = sum(m.count for m in members)
                 progress(published[0], min(total, expected))
-                if publishing.done():
-                    if not publish_s:
-                        publish_s = time.perf_counter() - t0
-                        publishing.result()  # a failed publish fails the run
+                if publishing is not None and publishing.done() and not publish_s:
+                    publish_s = time.perf_counter() - t0
+                    cpu_producer = time.process_time() - cpu0
+                    publishing.result()  # a failed publish fails the run
+                if publish_s:
                     if total >= expected:
                         break
                     if total != last_total:
@@ -380,7 +440,7 @@ async def run_e2e(
                 await asyncio.sleep(0.05)
     finally:
         await asyncio.gather(*(m.stop(10.0) for m in members))
-        if "publishing" in locals() and not publishing.done():
+        if publishing is not None and not publishing.done():
             await cancel_and_wait(publishing)
     hist = Histogram()
     last_delivery = 0
@@ -418,6 +478,8 @@ async def run_e2e(
         latency_ms_max=hist.quantile_ms(1.0),
         latency_samples=hist.total,
         per_consumer=per_consumer,
+        cpu_s_producer=round(cpu_producer, 3),
+        cpu_s_consumers=[round(m.result["cpu_s"], 3) for m in members if m.result],
         settings=settings,
     )
 

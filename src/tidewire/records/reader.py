@@ -196,6 +196,10 @@ def read_records(  # noqa: PLR0917 (a reader's hot loop: positional arguments co
             if b < 0x80:
                 delta = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif data[pos + 1] < 0x80:  # a batch of more than 63 records
+                n = (b & 0x7F) | (data[pos + 1] << 7)
+                delta = (n >> 1) ^ -(n & 1)
+                pos += 2
             else:
                 delta, pos = _dv(data, pos)
             if delta <= prev or delta > last_delta:
