@@ -61,6 +61,21 @@ bench_app = typer.Typer(
 #: Every how many messages the publish latency is sampled.
 LATENCY_SAMPLE = 8
 
+# Options that produce and e2e share (their defaults differ).
+BatchBytesOption = Annotated[
+    int, typer.Option("--batch-bytes", min=1, help="A partition's batch is sent at this size.")
+]
+LingerOption = Annotated[
+    int, typer.Option("--linger-ms", min=0, help="Or when its first message is this old.")
+]
+AcksOption = Annotated[str, typer.Option("--acks", help="none, leader or durable.")]
+PartitionsOption = Annotated[
+    int, typer.Option("--partitions", min=1, help="Partitions if the topic is created.")
+]
+RateOption = Annotated[
+    int, typer.Option("--rate", min=0, help="Messages per second in all (0: unpaced).")
+]
+
 
 @dataclass
 class BenchResult:
@@ -149,6 +164,11 @@ def _print(result: BenchResult, as_json: bool) -> None:
     Console().print(table)
 
 
+def _check_acks(acks: str) -> None:
+    if acks not in ("none", "leader", "durable"):
+        fail(f"--acks must be none, leader or durable, not {acks!r}", 2)
+
+
 def _run(coro_factory: object) -> BenchResult:
     try:
         return asyncio.run(coro_factory)  # type: ignore[arg-type]
@@ -171,19 +191,11 @@ def produce(
     producers: Annotated[
         int, typer.Option("--producers", min=1, help="Producers, each with its own connection.")
     ] = 1,
-    batch_bytes: Annotated[
-        int, typer.Option("--batch-bytes", min=1, help="A partition's batch is sent at this size.")
-    ] = 256 * 1024,
-    linger_ms: Annotated[
-        int, typer.Option("--linger-ms", min=0, help="Or when its first message is this old.")
-    ] = 5,
-    acks: Annotated[str, typer.Option("--acks", help="none, leader or durable.")] = "durable",
-    partitions: Annotated[
-        int, typer.Option("--partitions", min=1, help="Partitions if the topic is created.")
-    ] = 1,
-    rate: Annotated[
-        int, typer.Option("--rate", min=0, help="Messages per second in all (0: unpaced).")
-    ] = 0,
+    batch_bytes: BatchBytesOption = 256 * 1024,
+    linger_ms: LingerOption = 5,
+    acks: AcksOption = "durable",
+    partitions: PartitionsOption = 1,
+    rate: RateOption = 0,
     compression: Annotated[
         str, typer.Option("--compression", help="none, gzip, lz4 or zstd.")
     ] = "none",
@@ -192,8 +204,7 @@ def produce(
 ) -> None:
     """Publish at full speed (or at --rate) and report msg/s, MB/s and publish latency."""
     check_addr(addr)
-    if acks not in ("none", "leader", "durable"):
-        fail(f"--acks must be none, leader or durable, not {acks!r}", 2)
+    _check_acks(acks)
     settings: dict[str, object] = {
         "producers": producers,
         "batch_bytes": batch_bytes,
@@ -394,19 +405,11 @@ def e2e(
     credit_bytes: Annotated[
         int, typer.Option("--credit-bytes", min=1, help="With push, each member's credit.")
     ] = DEFAULT_CREDIT_BYTES,
-    partitions: Annotated[
-        int, typer.Option("--partitions", min=1, help="Partitions if the topic is created.")
-    ] = 4,
-    rate: Annotated[
-        int, typer.Option("--rate", min=0, help="Messages per second (0: unpaced).")
-    ] = 0,
-    batch_bytes: Annotated[
-        int, typer.Option("--batch-bytes", min=1, help="A partition's batch is sent at this size.")
-    ] = 256 * 1024,
-    linger_ms: Annotated[
-        int, typer.Option("--linger-ms", min=0, help="Or when its first message is this old.")
-    ] = 1,
-    acks: Annotated[str, typer.Option("--acks", help="none, leader or durable.")] = "durable",
+    partitions: PartitionsOption = 4,
+    rate: RateOption = 0,
+    batch_bytes: BatchBytesOption = 256 * 1024,
+    linger_ms: LingerOption = 1,
+    acks: AcksOption = "durable",
     timeout: Annotated[
         float,
         typer.Option("--timeout", min=0.001, help="Give up after this long with no delivery."),
@@ -425,8 +428,7 @@ def e2e(
     """Publish and consume in a group at once (or, with --backlog, one after the other);
     report delivered msg/s and the latency of every message from publish to delivery."""
     check_addr(addr)
-    if acks not in ("none", "leader", "durable"):
-        fail(f"--acks must be none, leader or durable, not {acks!r}", 2)
+    _check_acks(acks)
     if delivery not in ("push", "pull"):
         fail(f"--delivery must be push or pull, not {delivery!r}", 2)
     settings: dict[str, object] = {
