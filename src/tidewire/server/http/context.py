@@ -1,0 +1,27 @@
+"""What the native API's routes share: the broker, the settings, the drain signal."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from tidewire.broker import Broker
+from tidewire.server.http.config import HttpConfig
+
+__all__ = ["GatewayContext"]
+
+
+@dataclass(slots=True)
+class GatewayContext:
+    """The state of one native API app.
+
+    Attributes:
+        broker: the broker core the routes call (same event loop).
+        config: the gateway's settings.
+        closing: set when the gateway drains: long-polls return at once with what they have,
+            and ``/healthz/ready`` answers 503.
+    """
+
+    broker: Broker
+    config: HttpConfig
+    closing: asyncio.Event = field(default_factory=asyncio.Event)
