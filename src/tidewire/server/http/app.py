@@ -20,6 +20,7 @@ from tidewire.server.http.config import HttpConfig
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.errors import BodyLimit, install_error_handlers
 from tidewire.server.http.health import health_router
+from tidewire.server.http.stream import stream_router
 
 __all__ = ["create_app", "routers"]
 
@@ -39,6 +40,7 @@ def routers(ctx: GatewayContext) -> list[APIRouter]:
     """
     return [
         health_router(ctx),
+        stream_router(ctx),
     ]
 
 
