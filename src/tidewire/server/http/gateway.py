@@ -29,12 +29,15 @@ from tidewire.broker import Broker
 from tidewire.errors import InvalidConfigError
 from tidewire.server.http.config import OFF, HttpConfig
 
-__all__ = ["NATIVE", "HttpGateway"]
+__all__ = ["IPUBSUB", "MSGBUS", "NATIVE", "HttpGateway"]
 
 log = logging.getLogger("tidewire.http")
 
 #: Name of the native API's listener.
 NATIVE = "native"
+#: Names of the compatibility modes' listeners.
+MSGBUS = "msgbus"
+IPUBSUB = "ipubsub"
 #: How long :meth:`HttpGateway.close` lets requests in flight finish before cancelling them
 #: (seconds); long-polls are woken at once, so only real work is waited for.
 DEFAULT_GRACE_S = 10.0
@@ -113,9 +116,14 @@ class HttpGateway:
         if config.http_port != OFF:
             app = create_app(broker, config, closing=gateway.closing)
             gateway.add_app(NATIVE, app, config.http_host, config.http_port)
-        # The compatibility modes add their listeners here, each on its own port:
-        #   if config.http_msgbus_port != OFF: gateway.add_app("msgbus", ...)
-        #   if config.http_ipubsub_port != OFF: gateway.add_app("ipubsub", ...)
+        # The compatibility modes (docs/http-compat.md), each on its own port.
+        if config.http_msgbus_port != OFF:
+            from tidewire.server.http.compat.msgbus import create_msgbus_app  # noqa: PLC0415
+
+            msgbus = create_msgbus_app(
+                broker, max_payload_bytes=config.http_max_body_bytes, closing=gateway.closing
+            )
+            gateway.add_app(MSGBUS, msgbus, config.http_host, config.http_msgbus_port)
         return gateway
 
     def add_app(self, name: str, app: AsgiApp, host: str, port: int) -> None:
