@@ -124,6 +124,13 @@ class HttpGateway:
                 broker, max_payload_bytes=config.http_max_body_bytes, closing=gateway.closing
             )
             gateway.add_app(MSGBUS, msgbus, config.http_host, config.http_msgbus_port)
+        if config.http_ipubsub_port != OFF:
+            from tidewire.server.http.compat.ipubsub import create_ipubsub_app  # noqa: PLC0415
+
+            ipubsub = create_ipubsub_app(
+                broker, max_body_bytes=config.http_max_body_bytes, closing=gateway.closing
+            )
+            gateway.add_app(IPUBSUB, ipubsub, config.http_host, config.http_ipubsub_port)
         return gateway
 
     def add_app(self, name: str, app: AsgiApp, host: str, port: int) -> None:
