@@ -109,3 +109,10 @@ def test_payload_over_the_limit_is_413_and_names_any_topic(tmp_path: Path) -> No
         assert sorted(httpx.get(url(eb)).json()) == ["a/b c_ü", "big"]
         odd = httpx.get(url(eb, "/a/b c_ü")).json()
         assert odd["topic"]["name"] == "a/b c_ü"
+
+
+def test_delete_is_not_served(tmp_path: Path) -> None:
+    with gateway(tmp_path, http_msgbus_port=0) as eb:
+        httpx.put(url(eb, "/keep"), content=b"x")
+        assert httpx.delete(url(eb, "/keep")).status_code == 405
+        assert httpx.get(url(eb, "/keep")).status_code == 200

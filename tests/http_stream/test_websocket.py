@@ -6,6 +6,7 @@ two sockets), and a specific close code and error for each bad command or parame
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from pathlib import Path
 
@@ -279,3 +280,16 @@ def test_bad_parameters_close_with_a_specific_code(
                 ws.recv(timeout=5)
     assert closed.value.rcvd is not None
     assert closed.value.rcvd.code == code
+
+
+def test_a_draining_gateway_closes_streams_with_1001(tmp_path: Path) -> None:
+    with contextlib.ExitStack() as outer:
+        with gateway(tmp_path) as eb:
+            create(eb, "d")
+            ws = outer.enter_context(open_ws(eb, "d"))
+            recv_json(ws)
+        # The broker stopped without waiting for the client: the stream was told why.
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=5)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 1001
