@@ -16,10 +16,14 @@ from fastapi import APIRouter, FastAPI
 
 from tidewire import __version__
 from tidewire.broker import Broker
+from tidewire.server.http._common import add_body_schemas
 from tidewire.server.http.config import HttpConfig
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.errors import BodyLimit, install_error_handlers
+from tidewire.server.http.groups import groups_router
 from tidewire.server.http.health import health_router
+from tidewire.server.http.messages import messages_router
+from tidewire.server.http.topics import topics_router
 
 __all__ = ["create_app", "routers"]
 
@@ -38,6 +42,9 @@ def routers(ctx: GatewayContext) -> list[APIRouter]:
     signal), e.g. ``stream_router(ctx)`` from ``tidewire.server.http.stream``.
     """
     return [
+        topics_router(ctx),
+        messages_router(ctx),
+        groups_router(ctx),
         health_router(ctx),
     ]
 
@@ -65,5 +72,6 @@ def create_app(
     install_error_handlers(app)
     for router in routers(ctx):
         app.include_router(router)
+    add_body_schemas(app)
     app.add_middleware(BodyLimit, limit=config.http_max_body_bytes)
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tidewire.broker import Broker
@@ -20,8 +21,11 @@ class GatewayContext:
         config: the gateway's settings.
         closing: set when the gateway drains: long-polls return at once with what they have,
             and ``/healthz/ready`` answers 503.
+        on_topic_deleted: called with a topic's name after the API deleted it (routers that
+            keep state per topic forget it).
     """
 
     broker: Broker
     config: HttpConfig
     closing: asyncio.Event = field(default_factory=asyncio.Event)
+    on_topic_deleted: list[Callable[[str], None]] = field(default_factory=list)
