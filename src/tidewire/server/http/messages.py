@@ -131,6 +131,16 @@ class Publisher:
             return partition_for_key(key, n)
         return next(self._round_robin) % n
 
+    async def publish_one(self, topic: str, body: bytes, idempotency_key: str | None) -> bytes:
+        """Store the message of a PublishRequest ``body``; return the PublishResult JSON.
+
+        Raises:
+            InvalidRequestError: a body that is not a PublishRequest; as :meth:`publish`.
+        """
+        req = parse_body(PublishRequest, body)
+        ((p, off),) = await self.publish(topic, (req,), req.encoding, idempotency_key)
+        return b'{"offset":%d,"partition":%d}' % (off, p)
+
     async def publish(
         self,
         topic: str,
@@ -312,8 +322,7 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
     """Publishing and reading messages."""
     router = APIRouter(prefix="/v1/topics/{topic}", tags=["messages"])
     broker = ctx.broker
-    publisher = Publisher(broker, IdempotencyStore(broker))
-    ctx.on_topic_deleted.append(publisher.store.forget_topic)
+    publisher = ctx.publisher
 
     @router.post(
         "/messages",
@@ -329,9 +338,8 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
         authorization: Authorization = None,
     ) -> Response:
         """Publish one message; answer its partition and offset."""
-        req = parse_body(PublishRequest, await request.body())
-        ((p, off),) = await publisher.publish(topic, (req,), req.encoding, idempotency_key)
-        return json_response({"offset": off, "partition": p}, 201)
+        body = await publisher.publish_one(topic, await request.body(), idempotency_key)
+        return Response(body, status_code=201, media_type="application/json")
 
     @router.post(
         "/messages:batch",
