@@ -34,7 +34,9 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
     assert set(doc) == {"error"}, doc
     err = doc["error"]
     assert set(err) == {"code", "name", "message"}, err
-    assert isinstance(err["code"], int) and err["name"] and err["message"]
+    assert isinstance(err["code"], int)
+    assert err["name"]
+    assert err["message"]
     return dict(err)
 
 

@@ -40,7 +40,8 @@ def test_create_list_describe_delete(client: httpx.Client) -> None:
     assert got["partitions"][1]["size_bytes"] > 0
 
     r = client.delete("/v1/topics/orders")
-    assert r.status_code == 204 and r.content == b""
+    assert r.status_code == 204
+    assert r.content == b""
     assert client.get("/v1/topics/orders").status_code == 404
     assert [t["name"] for t in client.get("/v1/topics").json()["topics"]] == ["a.b_c-1"]
 
@@ -83,7 +84,8 @@ def test_bad_types_are_400_naming_the_field(client: httpx.Client, body: object, 
     r = client.post("/v1/topics", json=body)
     assert r.status_code == 400, r.text
     err = error_of(r)
-    assert err["name"] == "InvalidRequestError" and err["code"] == 54
+    assert err["name"] == "InvalidRequestError"
+    assert err["code"] == 54
     assert err["message"].startswith(field), err["message"]
 
 
