@@ -17,14 +17,21 @@ TIMEOUT_S = 30.0
 
 
 @contextlib.contextmanager
-def api(data_dir: Path, **settings: Any) -> Iterator[httpx.Client]:
-    """A running broker serving HTTP (``settings``: EmbeddedBroker's), and a client with its
-    base URL; the broker is drained on the way out."""
+def served(data_dir: Path, **settings: Any) -> Iterator[tuple[EmbeddedBroker, httpx.Client]]:
+    """A running broker serving HTTP and TCP (``settings``: EmbeddedBroker's), and a client
+    with its base URL; the broker is drained on the way out."""
     eb = EmbeddedBroker(str(data_dir), **{"http_port": 0, **settings})
     with (
         eb.running() as running,
         httpx.Client(base_url=running.http_url, timeout=TIMEOUT_S) as client,
     ):
+        yield running, client
+
+
+@contextlib.contextmanager
+def api(data_dir: Path, **settings: Any) -> Iterator[httpx.Client]:
+    """The client of :func:`served`."""
+    with served(data_dir, **settings) as (_, client):
         yield client
 
 
