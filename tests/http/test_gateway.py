@@ -109,7 +109,7 @@ def test_a_busy_port_fails_start_and_no_listener_is_refused(tmp_path: Path) -> N
             await first.start()
             try:
                 second = HttpGateway.for_broker(broker, HttpConfig(http_port=first.port))
-                with pytest.raises(OSError):
+                with pytest.raises(OSError, match="in use"):
                     await second.start()
             finally:
                 await first.close()
