@@ -13,16 +13,23 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, FastAPI
+from starlette.types import ASGIApp
 
 from tidewire import __version__
 from tidewire.broker import Broker
+from tidewire.server.http._common import add_body_schemas
 from tidewire.server.http.config import HttpConfig
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.errors import BodyLimit, install_error_handlers
+from tidewire.server.http.fastpath import PublishFastPath
+from tidewire.server.http.groups import groups_router
 from tidewire.server.http.health import health_router
+from tidewire.server.http.idempotency import IdempotencyStore
+from tidewire.server.http.messages import Publisher, messages_router
 from tidewire.server.http.stream import stream_router
+from tidewire.server.http.topics import topics_router
 
-__all__ = ["create_app", "routers"]
+__all__ = ["asgi_app", "create_app", "routers"]
 
 DESCRIPTION = """\
 The native HTTP API of the tidewire broker: topics, publishing (one message or an atomic batch,
@@ -39,6 +46,9 @@ def routers(ctx: GatewayContext) -> list[APIRouter]:
     signal), e.g. ``stream_router(ctx)`` from ``tidewire.server.http.stream``.
     """
     return [
+        topics_router(ctx),
+        messages_router(ctx),
+        groups_router(ctx),
         health_router(ctx),
         stream_router(ctx),
     ]
@@ -62,10 +72,24 @@ def create_app(
         openapi_url="/openapi.json",
         redoc_url=None,
     )
-    ctx = GatewayContext(broker, config, closing if closing is not None else asyncio.Event())
+    publisher = Publisher(broker, IdempotencyStore(broker))
+    ctx = GatewayContext(
+        broker, config, closing if closing is not None else asyncio.Event(), publisher
+    )
+    ctx.on_topic_deleted.append(publisher.store.forget_topic)
     app.state.tidewire = ctx
     install_error_handlers(app)
     for router in routers(ctx):
         app.include_router(router)
+    add_body_schemas(app)
     app.add_middleware(BodyLimit, limit=config.http_max_body_bytes)
     return app
+
+
+def asgi_app(app: FastAPI) -> ASGIApp:
+    """What a listener serves for ``app`` (from :func:`create_app`): the app behind the
+    publish fast path (see fastpath.py), which answers single publishes without the
+    framework's layers."""
+    ctx = app.state.tidewire
+    assert isinstance(ctx, GatewayContext)
+    return PublishFastPath(app, ctx)

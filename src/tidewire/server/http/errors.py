@@ -29,6 +29,7 @@ __all__ = [
     "STATUS",
     "BodyLimit",
     "BodyTooLarge",
+    "IdempotencyKeyReusedError",
     "error_body",
     "error_response",
     "install_error_handlers",
@@ -37,8 +38,15 @@ __all__ = [
 
 log = logging.getLogger("tidewire.http")
 
+
+class IdempotencyKeyReusedError(tw.InvalidRequestError):
+    """An ``Idempotency-Key`` sent again with other messages than its first request's
+    (answered 409; its code is that of an invalid request)."""
+
+
 #: HTTP status of each error class (the first class in the MRO found here wins).
 STATUS: dict[type[tw.TidewireError], int] = {
+    IdempotencyKeyReusedError: 409,
     tw.UnknownTopicError: 404,
     tw.UnknownPartitionError: 404,
     tw.UnknownGroupError: 404,
@@ -222,7 +230,6 @@ def _too_large(limit: int) -> Response:
         error_body(err.code, type(err).__name__, err.message),
         status_code=413,
         media_type="application/json",
-        headers={"Connection": "close"},
     )
 
 

@@ -108,14 +108,14 @@ class HttpGateway:
         Raises:
             InvalidConfigError: no listener is configured.
         """
-        from tidewire.server.http.app import create_app  # noqa: PLC0415 (app imports us)
+        from tidewire.server.http.app import asgi_app, create_app  # noqa: PLC0415
 
         if not config.enabled:
             raise InvalidConfigError("no HTTP listener is configured (http_port = -1)")
         gateway = cls()
         if config.http_port != OFF:
             app = create_app(broker, config, closing=gateway.closing)
-            gateway.add_app(NATIVE, app, config.http_host, config.http_port)
+            gateway.add_app(NATIVE, asgi_app(app), config.http_host, config.http_port)
         # The compatibility modes (docs/http-compat.md), each on its own port.
         if config.http_msgbus_port != OFF:
             from tidewire.server.http.compat.msgbus import create_msgbus_app  # noqa: PLC0415
@@ -252,10 +252,22 @@ class HttpGateway:
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    """A listening, non-blocking TCP socket on ``host:port`` (IPv6 when ``host`` is)."""
+    """A listening, non-blocking TCP socket on ``host:port`` (IPv6 when ``host`` is).
+
+    Made with ``IPPROTO_TCP`` explicitly: asyncio sets TCP_NODELAY only on sockets whose
+    protocol says TCP, and without it every answer written in two parts (headers, body)
+    waits out the peer's delayed ACK, about 40 ms.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=1024)
-    sock.setblocking(False)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
