@@ -53,7 +53,7 @@ def test_from_earliest_in_order_with_the_documented_shape(tmp_path: Path) -> Non
         "timestamp": 1003,
         "key": "k",
         "value": "v3",
-        "headers": [["h", "x"]],
+        "headers": {"h": "x"},
         "encoding": "utf-8",
     }
 

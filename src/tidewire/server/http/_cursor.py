@@ -11,11 +11,13 @@ The JSON message (:class:`Message`)::
 
     {"type": "message", "topic": "orders", "partition": 0, "offset": 41,
      "timestamp": 1700000000000, "key": "customer-42", "value": "{\\"id\\": 1}",
-     "headers": [["trace", "abc"]], "encoding": "utf-8"}
+     "headers": {"trace": "abc"}, "encoding": "utf-8"}
 
 ``encoding`` is ``"utf-8"`` when the key, the value and every header value are valid UTF-8
 (they are then given as text), else ``"base64"`` (all of them are then standard base64); a
-client may ask for base64 always. A null key, value or header value is ``null``.
+client may ask for base64 always. A null key, value or header value is ``null``. The fields
+are those of the REST API's message document, with ``type`` and ``topic`` added; as there,
+headers are an object (a name repeated in a record keeps its last value).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class Message(msgspec.Struct, tag_field="type", tag="message"):
     timestamp: int
     key: str | None
     value: str | None
-    headers: list[tuple[str, str | None]]
+    headers: dict[str, str | None]
     encoding: str
 
 
@@ -98,7 +100,7 @@ def to_message(rec: Record, *, force_base64: bool = False) -> Message:
                 rec.timestamp,
                 None if rec.key is None else rec.key.decode(),
                 None if rec.value is None else rec.value.decode(),
-                [(n, None if v is None else v.decode()) for n, v in rec.headers],
+                {n: None if v is None else v.decode() for n, v in rec.headers},
                 "utf-8",
             )
         except UnicodeDecodeError:
@@ -110,7 +112,7 @@ def to_message(rec: Record, *, force_base64: bool = False) -> Message:
         rec.timestamp,
         _b64(rec.key),
         _b64(rec.value),
-        [(n, _b64(v)) for n, v in rec.headers],
+        {n: _b64(v) for n, v in rec.headers},
         "base64",
     )
 
