@@ -100,7 +100,9 @@ def to_message(rec: Record, *, force_base64: bool = False) -> Message:
                 rec.timestamp,
                 None if rec.key is None else rec.key.decode(),
                 None if rec.value is None else rec.value.decode(),
-                {n: None if v is None else v.decode() for n, v in rec.headers},
+                {n: None if v is None else v.decode() for n, v in rec.headers}
+                if rec.headers
+                else {},
                 "utf-8",
             )
         except UnicodeDecodeError:

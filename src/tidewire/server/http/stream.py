@@ -210,10 +210,13 @@ async def _sse_events(
     yield b"retry: 1000\n: connected\n\n"
     loop = asyncio.get_running_loop()
     last_sent = loop.time()
+    rotate = 0
     while not closing.is_set():
         chunk: list[bytes] = []
+        parts = list(cursor.parts.values())
+        rotate = (rotate + 1) % max(len(parts), 1)  # no partition starves the others
         try:
-            for part in list(cursor.parts.values()):
+            for part in parts[rotate:] + parts[:rotate]:
                 while len(chunk) < SSE_EVENTS_PER_CHUNK:
                     head = cursor.peek(part)
                     if head is None:
