@@ -19,6 +19,7 @@ from websockets.sync.client import ClientConnection, connect
 from tidewire.client import Client, Message
 from tidewire.embedded import EmbeddedBroker
 from tidewire.server.http import HttpConfig
+from tidewire.storage import LogConfig
 
 #: The bound on anything that should happen at once (s), generous for a loaded CI machine.
 PROMPT_S = 10.0
@@ -27,10 +28,14 @@ QUIET_S = 0.5
 
 
 @contextlib.contextmanager
-def gateway(data_dir: Path, **http: int) -> Iterator[EmbeddedBroker]:
-    """A broker (TCP and HTTP on free ports; ``http``: more HttpConfig ports) on a thread."""
+def gateway(
+    data_dir: Path, *, log: LogConfig | None = None, **http: int
+) -> Iterator[EmbeddedBroker]:
+    """A broker (TCP and HTTP on free ports; ``http``: more HttpConfig settings; ``log``:
+    the settings of new topics) on a thread."""
     config = HttpConfig(http_port=0, **http)
-    with EmbeddedBroker(str(data_dir), http=config, default_partitions=1).running() as eb:
+    eb = EmbeddedBroker(str(data_dir), http=config, default_partitions=1, log=log or LogConfig())
+    with eb.running():
         yield eb
 
 

@@ -16,6 +16,7 @@ from websockets.sync.client import connect
 
 from tests.http_stream._support import PROMPT_S, gateway
 from tidewire.embedded import EmbeddedBroker
+from tidewire.storage import LogConfig
 
 CURL_D = {"Content-Type": "application/x-www-form-urlencoded", "User-Agent": "curl/8.5.0"}
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
@@ -116,3 +117,11 @@ def test_delete_is_not_served(tmp_path: Path) -> None:
         httpx.put(url(eb, "/keep"), content=b"x")
         assert httpx.delete(url(eb, "/keep")).status_code == 405
         assert httpx.get(url(eb, "/keep")).status_code == 200
+
+
+def test_a_payload_over_the_topics_batch_limit_is_413(tmp_path: Path) -> None:
+    with gateway(tmp_path, http_msgbus_port=0, log=LogConfig(max_batch_bytes=1000)) as eb:
+        r = httpx.put(url(eb, "/small"), content=b"x" * 2000)
+        assert r.status_code == 413
+        assert "max_batch_bytes=1,000" in r.text
+        assert httpx.put(url(eb, "/small"), content=b"x" * 100).status_code == 202

@@ -44,6 +44,7 @@ from starlette.routing import Route
 from tidewire.broker import Broker
 from tidewire.errors import (
     BackpressureError,
+    BatchTooLargeError,
     InvalidRequestError,
     LogFailedError,
     StorageError,
@@ -361,4 +362,6 @@ def _answer(rec: Record, *, with_token: bool) -> dict[str, Any]:
 
 def _server_error(exc: TidewireError) -> Response:
     status = 503 if isinstance(exc, (StorageError, LogFailedError, BackpressureError)) else 500
+    if isinstance(exc, BatchTooLargeError):  # over the topic's max_batch_bytes
+        status = 413
     return _json(status, {"error": exc.message})

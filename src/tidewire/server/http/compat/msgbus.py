@@ -39,6 +39,7 @@ from tidewire._tasks import cancel_and_wait
 from tidewire.broker import Broker
 from tidewire.errors import (
     BackpressureError,
+    BatchTooLargeError,
     LogFailedError,
     StorageError,
     TidewireError,
@@ -202,6 +203,8 @@ def _first_timestamp(broker: Broker, topic: str) -> int:
 
 def _error(exc: TidewireError) -> Response:
     status = 404 if isinstance(exc, UnknownTopicError) else 400
+    if isinstance(exc, BatchTooLargeError):  # over the topic's max_batch_bytes
+        status = 413
     if isinstance(exc, (StorageError, LogFailedError, BackpressureError)):
         status = 503
     return PlainTextResponse(exc.message, status_code=status)
