@@ -8,6 +8,7 @@ from fastapi import APIRouter, Path, Request
 from starlette.responses import Response
 
 from tidewire.broker.consumer_groups import ResetTo
+from tidewire.broker.groups import MAX_ID_CHARS
 from tidewire.errors import InvalidRequestError
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
 from tidewire.server.http.context import GatewayContext
@@ -22,7 +23,7 @@ from tidewire.server.http.models import (
 
 __all__ = ["groups_router"]
 
-GroupPath = Annotated[str, Path(description="The group id.", max_length=10_000)]
+GroupPath = Annotated[str, Path(description="The group id.", min_length=1, max_length=MAX_ID_CHARS)]
 
 
 def groups_router(ctx: GatewayContext) -> APIRouter:
