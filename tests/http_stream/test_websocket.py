@@ -293,3 +293,20 @@ def test_a_draining_gateway_closes_streams_with_1001(tmp_path: Path) -> None:
             ws.recv(timeout=5)
     assert closed.value.rcvd is not None
     assert closed.value.rcvd.code == 1001
+
+
+def test_deleting_the_topic_closes_its_streams_with_4404(tmp_path: Path) -> None:
+    with gateway(tmp_path) as eb:
+        create(eb, "gone")
+        produce(eb, "gone", [b"one"])
+        with open_ws(eb, "gone", "from=earliest") as ws:
+            recv_json(ws)
+            assert recv_messages(ws, 1)[0]["value"] == "one"
+            with Client(eb.addr) as c:
+                c.delete_topic("gone")
+            err = recv_json(ws)
+            assert err["error"]["name"] == "UnknownTopicError"
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=5)
+    assert closed.value.rcvd is not None
+    assert closed.value.rcvd.code == 4404

@@ -154,6 +154,7 @@ class WsSession:
 
     async def run(self) -> None:
         tasks: list[asyncio.Task[None]] = []
+        close: _Close | None = None
         try:
             try:
                 await self._start()
@@ -167,16 +168,19 @@ class WsSession:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 for t in done:
                     t.result()  # raises what ended it
-            except _Close as close:
-                await self._close(close)
+            except _Close as exc:
+                close = exc
             except _Gone:
                 pass
         finally:
+            # The tasks stop before the close frame, so nothing is sent after it.
             for t in tasks:
                 await cancel_and_wait(t, ignore=(_Close, _Gone, TidewireError))
             if self.s.group and self.member_id:
                 with contextlib.suppress(UnknownMemberError, InvalidRequestError):
                     self.broker.groups.coordinator.leave(self.s.group, self.member_id)
+        if close is not None:
+            await self._close(close)
 
     async def _start(self) -> None:
         try:
@@ -215,8 +219,8 @@ class WsSession:
                 await self._send_obj(error_frame(close.error))
             reason = "" if close.error is None else close.error.message
             await self.ws.close(close.code, reason.encode()[:120].decode("utf-8", "ignore"))
-        except _Gone:
-            pass
+        except (_Gone, WebSocketDisconnect, OSError, RuntimeError):
+            pass  # the client is gone already
 
     async def _drain(self) -> None:
         await self.closing.wait()
@@ -250,24 +254,27 @@ class WsSession:
                 await self.changed.wait()
                 continue
             rotate = (rotate + 1) % len(parts)
-            frames, blocked = self._take(parts[rotate:] + parts[:rotate])
+            frames, blocked, failed = self._take(parts[rotate:] + parts[:rotate])
+            for frame in frames:  # what was taken before a failed read goes out first
+                await self._send_text(frame)
+            if failed is not None:
+                raise failed
             if frames:
-                for frame in frames:
-                    await self._send_text(frame)
                 continue
             if blocked:
                 await self.changed.wait()
             else:
                 await self._wait_for_data()
 
-    def _take(self, parts: list[Any]) -> tuple[list[str], bool]:
-        """Messages to send now, within the credit, grouped into frames; and whether the
-        byte credit stopped it."""
+    def _take(self, parts: list[Any]) -> tuple[list[str], bool, _Close | None]:
+        """Messages to send now, within the credit, grouped into frames; whether the byte
+        credit stopped it; and the close a failed read calls for."""
         batch = self.s.batch
         frames: list[str] = []
         current: list[bytes] = []
         current_bytes = total = 0
         blocked = False
+        failed: _Close | None = None
         try:
             for part in parts:
                 while self.credit > 0 and total < ROUND_BYTES:
@@ -296,14 +303,14 @@ class WsSession:
                 if blocked or self.credit_bytes <= 0:
                     break
         except OffsetOutOfRangeError as exc:
-            raise _Close(_CLOSE_RANGE, exc) from None
+            failed = _Close(_CLOSE_RANGE, exc)
         except (UnknownTopicError, UnknownPartitionError) as exc:
-            raise _Close(_CLOSE_NOT_FOUND, exc) from None
+            failed = _Close(_CLOSE_NOT_FOUND, exc)
         except TidewireError as exc:
-            raise _Close(1011, exc) from None
+            failed = _Close(1011, exc)
         if current:
             frames.append(_array(current))
-        return frames, blocked
+        return frames, blocked, failed
 
     async def _wait_for_data(self) -> None:
         await wait_for_data_or(self.broker, self.cursor.waiting_keys(), RECHECK_S, self.changed)
