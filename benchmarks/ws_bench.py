@@ -167,6 +167,7 @@ def main() -> None:
     args = parser.parse_args()
     results: list[dict[str, Any]] = []
     with broker() as (addr, base):
+        print(f"publishing {args.messages:,} messages of {args.size} B", file=sys.stderr)
         if produce(addr, "prefilled", args.messages, args.size).wait() != 0:
             raise SystemExit("publishing the pre-filled topic failed")
         for batch in args.batch:
@@ -197,12 +198,11 @@ def main() -> None:
                         url = f"{base}/v1/topics/{topic}/stream?from=latest&{query}"
                         secs, frames = asyncio.run(live(addr, url, topic, args))
                     rates.append(args.messages / secs)
-                    if not args.json:
-                        print(
-                            f"  {scenario:10} batch={batch:<4} run {r + 1}: "
-                            f"{args.messages / secs:,.0f} msg/s",
-                            file=sys.stderr,
-                        )
+                    print(  # progress, on stderr (stdout is the result)
+                        f"  {scenario:10} batch={batch:<4} run {r + 1}: "
+                        f"{args.messages / secs:,.0f} msg/s",
+                        file=sys.stderr,
+                    )
                 median = statistics.median(rates)
                 results.append(
                     {
