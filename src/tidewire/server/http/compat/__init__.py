@@ -56,10 +56,10 @@ def name_of(prefix: str, topic: str) -> str | None:
     i = 0
     while i < len(rest):
         if rest[i] == "_":
-            try:
-                raw.append(int(rest[i + 1 : i + 3], 16))
-            except ValueError:
+            hex_ = rest[i + 1 : i + 3]
+            if len(hex_) != 2 or not all(c in "0123456789abcdef" for c in hex_):
                 return None
+            raw.append(int(hex_, 16))
             i += 3
         else:
             raw += rest[i].encode()
