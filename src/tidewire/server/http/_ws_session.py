@@ -1,5 +1,5 @@
-"""One WebSocket stream of a topic: its settings, its credit, its group membership, and the
-three tasks that serve it (see :mod:`tidewire.server.http.stream` for the protocol).
+"""One WebSocket stream of a topic: its credit, its group membership, and the tasks that
+serve it (see :mod:`tidewire.server.http.stream` for the protocol).
 
 - *delivery* reads the log through a :class:`~._cursor.LogCursor` and sends messages while
   the client's credit lasts; caught up, it waits on the broker's append wake-ups, and out of
@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import json
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -39,38 +38,23 @@ from tidewire.errors import (
     UnknownPartitionError,
     UnknownTopicError,
 )
-from tidewire.server.http._cursor import LogCursor, StartAt, parse_from
-from tidewire.server.http._params import (
-    encoding_param,
-    error_frame,
-    int_param,
-    partitions_param,
-    wait_for_data_or,
+from tidewire.server.http._cursor import LogCursor
+from tidewire.server.http._params import error_frame, partitions_param, wait_for_data_or
+from tidewire.server.http._ws_settings import (
+    CLOSE_CODES,
+    HEARTBEAT_S,
+    MAX_COMMAND_BYTES,
+    MAX_CREDIT_BYTES,
+    MAX_CREDIT_MESSAGES,
+    MAX_FRAME_BYTES,
+    RECHECK_S,
+    ROUND_BYTES,
+    WsSettings,
 )
 
-__all__ = ["MAX_COMMAND_BYTES", "WsSession", "WsSettings"]
+__all__ = ["WsSession"]
 
 log = logging.getLogger("tidewire.http")
-
-#: The longest command frame a client may send: a commit of 1,000 partitions fits.
-MAX_COMMAND_BYTES = 64 * 1024
-#: The most credit a client may hold at once (messages, bytes): a bound on what one grant
-#: can make the server send without another word from the client.
-MAX_CREDIT_MESSAGES = 1_000_000_000
-MAX_CREDIT_BYTES = 1 << 40
-#: Messages per frame at most when the client asks for arrays (``batch``).
-MAX_BATCH = 1_000
-#: The most data one frame carries unless a single message is larger.
-MAX_FRAME_BYTES = 1024 * 1024
-#: Bytes sent per round of the delivery loop before it lets the loop's other work run.
-ROUND_BYTES = 1024 * 1024
-#: How long a caught-up stream waits for an append before it reads again anyway (a wake-up
-#: missed for a partition added meanwhile is picked up then).
-RECHECK_S = 1.0
-#: How often a group member's session is refreshed, and so how late it notices a rebalance.
-HEARTBEAT_S = 0.25
-
-_CLOSE_NOT_FOUND, _CLOSE_CONFLICT, _CLOSE_RANGE, _CLOSE_BAD = 4404, 4409, 4416, 4400
 
 
 class _Close(Exception):
@@ -80,47 +64,6 @@ class _Close(Exception):
         super().__init__(code)
         self.code = code
         self.error = error
-
-
-@dataclass(frozen=True, slots=True)
-class WsSettings:
-    """What the client asked for in the query string."""
-
-    group: str
-    start: StartAt
-    partitions: str
-    credit: int
-    credit_bytes: int
-    batch: int
-    force_base64: bool
-    session_timeout_ms: int
-
-    @classmethod
-    def from_params(cls, params: Any) -> WsSettings:
-        """Read and check the query parameters.
-
-        Raises:
-            InvalidRequestError: a bad parameter (the message names it).
-        """
-        group = params.get("group") or ""
-        start = parse_from(params.get("from"))
-        if group and start.kind not in ("earliest", "latest"):
-            raise InvalidRequestError(
-                f"with a group, from= says where partitions without a committed offset start: "
-                f"earliest or latest, not {start.kind}"
-            )
-        if group and params.get("partitions"):
-            raise InvalidRequestError("partitions= is not allowed with a group: it assigns them")
-        return cls(
-            group=group,
-            start=start,
-            partitions=params.get("partitions") or "",
-            credit=int_param(params, "credit", 1_000, 0, MAX_CREDIT_MESSAGES),
-            credit_bytes=int_param(params, "credit_bytes", 1 << 20, 1, MAX_CREDIT_BYTES),
-            batch=int_param(params, "batch", 1, 1, MAX_BATCH),
-            force_base64=encoding_param(params),
-            session_timeout_ms=int_param(params, "session_timeout_ms", 10_000, 1, 300_000),
-        )
 
 
 class WsSession:
@@ -192,11 +135,11 @@ class WsSession:
                     {p: self.s.start.resolve(self.broker, self.topic, p) for p in parts}
                 )
         except (UnknownTopicError, UnknownPartitionError) as exc:
-            raise _Close(_CLOSE_NOT_FOUND, exc) from None
+            raise _Close(CLOSE_CODES["not_found"], exc) from None
         except (GroupFullError, InconsistentGroupProtocolError) as exc:
-            raise _Close(_CLOSE_CONFLICT, exc) from None
+            raise _Close(CLOSE_CODES["conflict"], exc) from None
         except TidewireError as exc:
-            raise _Close(_CLOSE_BAD, exc) from None
+            raise _Close(CLOSE_CODES["bad_request"], exc) from None
         await self._send_obj(
             {
                 "type": "subscribed",
@@ -224,7 +167,7 @@ class WsSession:
 
     async def _drain(self) -> None:
         await self.closing.wait()
-        raise _Close(1001, None)
+        raise _Close(CLOSE_CODES["going_away"], None)
 
     # --- sending --------------------------------------------------------------------------------
 
@@ -303,11 +246,11 @@ class WsSession:
                 if blocked or self.credit_bytes <= 0:
                     break
         except OffsetOutOfRangeError as exc:
-            failed = _Close(_CLOSE_RANGE, exc)
+            failed = _Close(CLOSE_CODES["out_of_range"], exc)
         except (UnknownTopicError, UnknownPartitionError) as exc:
-            failed = _Close(_CLOSE_NOT_FOUND, exc)
+            failed = _Close(CLOSE_CODES["not_found"], exc)
         except TidewireError as exc:
-            failed = _Close(1011, exc)
+            failed = _Close(CLOSE_CODES["internal"], exc)
         if current:
             frames.append(_array(current))
         return frames, blocked, failed
@@ -324,10 +267,13 @@ class WsSession:
                 raise _Gone
             text = msg.get("text")
             if text is None:
-                raise _Close(1003, InvalidRequestError("commands are JSON text frames"))
+                raise _Close(
+                    CLOSE_CODES["unsupported_data"],
+                    InvalidRequestError("commands are JSON text frames"),
+                )
             if len(text) > MAX_COMMAND_BYTES:
                 raise _Close(
-                    1009,
+                    CLOSE_CODES["too_big"],
                     InvalidRequestError(
                         f"a command of {len(text):,} characters exceeds {MAX_COMMAND_BYTES:,}"
                     ),
@@ -335,7 +281,10 @@ class WsSession:
             try:
                 cmd = json.loads(text)
             except ValueError as exc:
-                raise _Close(1007, InvalidRequestError(f"a command is not JSON: {exc}")) from None
+                raise _Close(
+                    CLOSE_CODES["invalid_payload"],
+                    InvalidRequestError(f"a command is not JSON: {exc}"),
+                ) from None
             kind = cmd.get("type") if isinstance(cmd, dict) else None
             if kind == "credit":
                 self._grant(cmd)
@@ -343,7 +292,7 @@ class WsSession:
                 await self._commit(cmd)
             else:
                 raise _Close(
-                    1008,
+                    CLOSE_CODES["policy"],
                     InvalidRequestError(
                         f"unknown command {kind!r}: commands are {{'type': 'credit'}} and "
                         "{'type': 'commit'}"
@@ -355,20 +304,26 @@ class WsSession:
         for name, value in (("messages", messages), ("bytes", nbytes)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise _Close(
-                    1008,
+                    CLOSE_CODES["policy"],
                     InvalidRequestError(f"credit {name}={value!r} must be an integer >= 0"),
                 )
         if messages == 0 and nbytes == 0:
-            raise _Close(1008, InvalidRequestError("a credit command grants messages or bytes"))
+            raise _Close(
+                CLOSE_CODES["policy"],
+                InvalidRequestError("a credit command grants messages or bytes"),
+            )
         extra = set(cmd) - {"type", "messages", "bytes"}
         if extra:
-            raise _Close(1008, InvalidRequestError(f"credit has unknown field(s) {sorted(extra)}"))
+            raise _Close(
+                CLOSE_CODES["policy"],
+                InvalidRequestError(f"credit has unknown field(s) {sorted(extra)}"),
+            )
         if (
             self.credit + messages > MAX_CREDIT_MESSAGES
             or self.credit_bytes + nbytes > MAX_CREDIT_BYTES
         ):
             raise _Close(
-                1008,
+                CLOSE_CODES["policy"],
                 InvalidRequestError(
                     f"credit over {MAX_CREDIT_MESSAGES:,} messages or {MAX_CREDIT_BYTES:,} bytes"
                 ),
@@ -379,10 +334,16 @@ class WsSession:
 
     async def _commit(self, cmd: dict[str, Any]) -> None:
         if not self.s.group:
-            raise _Close(1008, InvalidRequestError("commit needs a stream opened with ?group="))
+            raise _Close(
+                CLOSE_CODES["policy"],
+                InvalidRequestError("commit needs a stream opened with ?group="),
+            )
         extra = set(cmd) - {"type", "offsets"}
         if extra:
-            raise _Close(1008, InvalidRequestError(f"commit has unknown field(s) {sorted(extra)}"))
+            raise _Close(
+                CLOSE_CODES["policy"],
+                InvalidRequestError(f"commit has unknown field(s) {sorted(extra)}"),
+            )
         offsets = self._commit_offsets(cmd.get("offsets"))
         if not offsets:
             await self._send_obj({"type": "committed", "offsets": []})
@@ -413,14 +374,14 @@ class WsSession:
             "commit offsets must be a list of {'partition': P, 'offset': O} with integers >= 0"
         )
         if not isinstance(given, list):
-            raise _Close(1008, bad)
+            raise _Close(CLOSE_CODES["policy"], bad)
         out: dict[int, int] = {}
         for item in given:
             if not isinstance(item, dict) or set(item) != {"partition", "offset"}:
-                raise _Close(1008, bad)
+                raise _Close(CLOSE_CODES["policy"], bad)
             p, off = item["partition"], item["offset"]
             if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in (p, off)):
-                raise _Close(1008, bad)
+                raise _Close(CLOSE_CODES["policy"], bad)
             out[p] = off
         return out
 
@@ -468,7 +429,7 @@ class WsSession:
             try:
                 await self._join()
             except (GroupFullError, InconsistentGroupProtocolError) as exc:
-                raise _Close(_CLOSE_CONFLICT, exc) from None
+                raise _Close(CLOSE_CODES["conflict"], exc) from None
             except RebalanceInProgressError:
                 continue  # replaced by a newer join or the broker is stopping: try again
             except UnknownMemberError:

@@ -58,7 +58,8 @@ from tidewire.server.http._params import (
     partitions_param,
     wait_for_data_or,
 )
-from tidewire.server.http._ws_session import WsSession, WsSettings
+from tidewire.server.http._ws_session import WsSession
+from tidewire.server.http._ws_settings import CLOSE_CODES, WsSettings
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.errors import error_response, status_of
 
@@ -72,20 +73,6 @@ HEARTBEAT_S = 15.0
 #: Events written per chunk of the SSE response at most: large chunks for throughput, small
 #: enough that a slow client holds at most this many in the gateway's buffers.
 SSE_EVENTS_PER_CHUNK = 500
-#: WebSocket close codes (RFC 6455 and the application range 4000-4999).
-CLOSE_CODES = {
-    "normal": 1000,
-    "going_away": 1001,
-    "unsupported_data": 1003,  # a binary frame: commands are JSON text
-    "invalid_payload": 1007,  # a text frame that is not JSON
-    "policy": 1008,  # a command that is not one this endpoint knows, or bad fields
-    "too_big": 1009,  # a command frame over MAX_COMMAND_BYTES
-    "internal": 1011,
-    "bad_request": 4400,  # a bad query parameter
-    "not_found": 4404,  # unknown topic or partition
-    "conflict": 4409,  # the group refused this member (group full, other strategy)
-    "out_of_range": 4416,  # the position is no longer in the log (retention)
-}
 
 
 def stream_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> APIRouter:
