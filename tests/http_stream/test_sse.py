@@ -187,3 +187,18 @@ def test_tokens_of_another_topic_or_out_of_range_are_refused(tmp_path: Path) -> 
         assert eb_url != ""
         assert r3.status_code == 416
         assert "outside the log's 0..0" in error_of(r3)["message"]
+
+
+def test_partitions_and_base64_and_from_offset(tmp_path: Path) -> None:
+    with gateway(tmp_path) as eb, httpx.Client() as client:
+        create(eb, "pb", partitions=2)
+        produce(eb, "pb", [b"a", b"b", b"c"], partition=0)
+        produce(eb, "pb", [b"\xff"], partition=1)
+        params = {"partitions": "1", "from": "earliest", "encoding": "base64"}
+        with stream(client, eb, "pb", headers=SSE, params=params) as r:
+            (only,) = events(r, 1)[0]
+        assert json.loads(only["data"])["partition"] == 1
+        assert json.loads(only["data"])["value"] == "/w=="
+        with stream(client, eb, "pb", headers=SSE, params={"from": "offset:2"}) as r:
+            got = [json.loads(e["data"]) for e in events(r, 1)[0]]
+        assert (got[0]["partition"], got[0]["offset"], got[0]["value"]) == (0, 2, "c")

@@ -8,12 +8,14 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import time
 from pathlib import Path
 
 import pytest
 from websockets.exceptions import ConnectionClosed
 
 from tests.http_stream._support import (
+    PROMPT_S,
     QUIET_S,
     create,
     gateway,
@@ -22,7 +24,7 @@ from tests.http_stream._support import (
     recv_json,
     recv_messages,
 )
-from tidewire.client import Client, Message
+from tidewire.client import Client, GroupConsumer, Message
 
 
 def test_from_earliest_in_order_with_the_documented_shape(tmp_path: Path) -> None:
@@ -310,3 +312,37 @@ def test_deleting_the_topic_closes_its_streams_with_4404(tmp_path: Path) -> None
                 ws.recv(timeout=5)
     assert closed.value.rcvd is not None
     assert closed.value.rcvd.code == 4404
+
+
+def test_a_websocket_and_a_binary_protocol_member_share_a_group(tmp_path: Path) -> None:
+    with gateway(tmp_path) as eb:
+        create(eb, "mixed", partitions=2)
+        with open_ws(eb, "mixed", "group=both&from=earliest") as ws:
+            assert len(recv_json(ws)["partitions"]) == 2
+            with GroupConsumer(
+                eb.addr, "both", topics=["mixed"], auto_offset_reset="earliest"
+            ) as member:
+                member.poll(0.5)  # joins; the socket's member rejoins within its heartbeat
+                assigned = recv_json(ws)
+                assert assigned["type"] == "assigned"
+                mine = {p["partition"] for p in assigned["partitions"]}
+                deadline = time.monotonic() + PROMPT_S
+                while not member.assignment() and time.monotonic() < deadline:
+                    member.poll(0.1)
+                theirs = {p for _, p in member.assignment()}
+                assert mine | theirs == {0, 1}
+                assert not mine & theirs
+
+
+def test_no_first_credit_waits_for_a_grant(tmp_path: Path) -> None:
+    with gateway(tmp_path) as eb:
+        create(eb, "z")
+        produce(eb, "z", [b"1", b"2"])
+        with open_ws(eb, "z", "from=earliest&credit=0") as ws:
+            assert recv_json(ws)["credit"]["messages"] == 0
+            with pytest.raises(TimeoutError):
+                ws.recv(timeout=QUIET_S)
+            ws.send(json.dumps({"type": "credit", "messages": 1}))
+            assert recv_messages(ws, 1)[0]["value"] == "1"
+            with pytest.raises(TimeoutError):
+                ws.recv(timeout=QUIET_S)
