@@ -7,6 +7,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -151,3 +152,22 @@ def test_serve_with_http_port(tmp_path: Path) -> None:
         assert proc.wait(STARTUP_S) == 0
     finally:
         stop(proc)
+
+
+def test_serve_reports_a_busy_http_port(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run(
+            tidewire_cmd(
+                "serve", "--data-dir", str(tmp_path / "d"), "--port", "0", "--http-port", str(port)
+            ),
+            capture_output=True,
+            text=True,
+            env=subprocess_env(),
+            timeout=STARTUP_S,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert f"error: HTTP native: cannot listen on 127.0.0.1:{port}: " in done.stderr

@@ -175,7 +175,14 @@ class HttpGateway:
             raise
 
     async def _start_one(self, listener: _Listener) -> None:
-        sock = _bind(listener.host, listener.port)
+        try:
+            sock = _bind(listener.host, listener.port)
+        except OSError as exc:
+            raise OSError(
+                exc.errno,
+                f"HTTP {listener.name}: cannot listen on {listener.host}:{listener.port}: "
+                f"{exc.strerror}",
+            ) from None
         listener.port = sock.getsockname()[1]
         config = uvicorn.Config(
             listener.app,

@@ -170,7 +170,12 @@ class Publisher:
             placement = self._placement(
                 entry, fingerprint=fingerprint, msgs=msgs, ready=ready, n=n, topic=topic
             )
-            return await self._store(topic, ready, placement, entry.done, idempotency_key)
+            try:
+                return await self._store(topic, ready, placement, entry.done, idempotency_key)
+            except BaseException:
+                if not entry.done:  # nothing stored: the key is free for any messages
+                    entry.placement = entry.fingerprint = None
+                raise
 
     def _placement(
         self,
