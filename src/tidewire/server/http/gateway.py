@@ -193,6 +193,7 @@ class HttpGateway:
             log_config=None,
             access_log=False,
             server_header=False,
+            proxy_headers=False,  # X-Forwarded-* are not interpreted: no rewriting layer
             timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=max(int(self.grace_s), 1),
         )
