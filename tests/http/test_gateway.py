@@ -17,6 +17,7 @@ import pytest
 
 from tests.cli._support import STARTUP_S, stop, subprocess_env, tidewire_cmd
 from tidewire.broker import Broker, BrokerConfig
+from tidewire.config import default_toml, load_settings
 from tidewire.errors import InvalidConfigError
 from tidewire.server.http import HttpConfig
 from tidewire.server.http.gateway import HttpGateway
@@ -171,3 +172,21 @@ def test_serve_reports_a_busy_http_port(tmp_path: Path) -> None:
         )
     assert done.returncode == 1
     assert f"error: HTTP native: cannot listen on 127.0.0.1:{port}: " in done.stderr
+
+
+def test_http_settings_from_file_environment_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text("[http]\nhttp_port = 0\nhttp_host = '0.0.0.0'\n", encoding="utf-8")
+    s = load_settings(
+        path, env={"TIDEWIRE_HTTP_MAX_BODY_BYTES": "4096"}, flags={"http_msgbus_port": 9001}
+    )
+    assert s.http == HttpConfig(
+        http_host="0.0.0.0", http_port=0, http_max_body_bytes=4096, http_msgbus_port=9001
+    )
+    assert s.origins["http_port"] == f"{path} [http] http_port"
+    assert load_settings(None, env={}).http == HttpConfig()  # off by default
+    assert not HttpConfig().enabled
+    path.write_text("[http]\nhttp_port = 70000\n", encoding="utf-8")
+    with pytest.raises(InvalidConfigError, match=r"\[http\] http_port: http_port=70000 must"):
+        load_settings(path, env={})
+    assert "[http]\n" in default_toml()
