@@ -190,3 +190,13 @@ def test_http_settings_from_file_environment_and_flags(tmp_path: Path) -> None:
     with pytest.raises(InvalidConfigError, match=r"\[http\] http_port: http_port=70000 must"):
         load_settings(path, env={})
     assert "[http]\n" in default_toml()
+
+
+def test_compatibility_ports_this_build_lacks_are_refused(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Broker(BrokerConfig(str(tmp_path / "d"))) as broker:
+            for key in ("http_msgbus_port", "http_ipubsub_port"):
+                with pytest.raises(InvalidConfigError, match=key):
+                    HttpGateway.for_broker(broker, HttpConfig(http_port=0, **{key: 0}))
+
+    asyncio.run(main())

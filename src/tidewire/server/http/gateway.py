@@ -103,7 +103,7 @@ class HttpGateway:
         compatibility modes (``http_msgbus_port``, ``http_ipubsub_port``).
 
         Raises:
-            InvalidConfigError: no listener is configured.
+            InvalidConfigError: no listener is configured, or one this build lacks.
         """
         from tidewire.server.http.app import asgi_app, create_app  # noqa: PLC0415
 
@@ -113,9 +113,10 @@ class HttpGateway:
         if config.http_port != OFF:
             app = create_app(broker, config, closing=gateway.closing)
             gateway.add_app(NATIVE, asgi_app(app), config.http_host, config.http_port)
-        # The compatibility modes add their listeners here, each on its own port:
-        #   if config.http_msgbus_port != OFF: gateway.add_app("msgbus", ...)
-        #   if config.http_ipubsub_port != OFF: gateway.add_app("ipubsub", ...)
+        # The compatibility modes: each its own app on its own port.
+        for key in ("http_msgbus_port", "http_ipubsub_port"):
+            if getattr(config, key) != OFF:
+                raise InvalidConfigError(f"{key}: this build does not serve that API")
         return gateway
 
     def add_app(self, name: str, app: AsgiApp, host: str, port: int) -> None:
