@@ -18,7 +18,6 @@ runs in a process of its own too, so it does not share the broker's interpreter:
 
 Each runs R times; the figures are medians, with the ratio to the target of 10,000
 publishes/s. Every answer must be 201: a run with another status fails the benchmark.
-The WebSocket delivery rate is measured by ``benchmarks/ws_bench.py``.
 """
 
 from __future__ import annotations
@@ -177,7 +176,8 @@ def run_wrk(url: str, args: argparse.Namespace) -> dict[str, Any]:
         out = subprocess.run(
             [
                 "wrk",
-                *("-t", "2", "-c", str(args.connections), "-d", f"{args.seconds}s"),
+                # One thread: one core for wrk, the other for the broker.
+                *("-t", "1", "-c", str(args.connections), "-d", f"{args.seconds}s"),
                 *("-s", script, "--latency", f"{url}/v1/topics/{TOPIC}/messages"),
             ],
             capture_output=True,

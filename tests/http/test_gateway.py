@@ -7,6 +7,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 from tests.cli._support import STARTUP_S, stop, subprocess_env, tidewire_cmd
 from tidewire.broker import Broker, BrokerConfig
+from tidewire.config import default_toml, load_settings
 from tidewire.errors import InvalidConfigError
 from tidewire.server.http import HttpConfig
 from tidewire.server.http.gateway import HttpGateway
@@ -151,3 +153,52 @@ def test_serve_with_http_port(tmp_path: Path) -> None:
         assert proc.wait(STARTUP_S) == 0
     finally:
         stop(proc)
+
+
+def test_serve_reports_a_busy_http_port(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = subprocess.run(
+            tidewire_cmd(
+                "serve", "--data-dir", str(tmp_path / "d"), "--port", "0", "--http-port", str(port)
+            ),
+            capture_output=True,
+            text=True,
+            env=subprocess_env(),
+            timeout=STARTUP_S,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert f"error: HTTP native: cannot listen on 127.0.0.1:{port}: " in done.stderr
+
+
+def test_http_settings_from_file_environment_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text("[http]\nhttp_port = 0\nhttp_host = '0.0.0.0'\n", encoding="utf-8")
+    s = load_settings(
+        path, env={"TIDEWIRE_HTTP_MAX_BODY_BYTES": "4096"}, flags={"http_msgbus_port": 9001}
+    )
+    assert s.http == HttpConfig(
+        http_host="0.0.0.0", http_port=0, http_max_body_bytes=4096, http_msgbus_port=9001
+    )
+    assert s.origins["http_port"] == f"{path} [http] http_port"
+    assert load_settings(None, env={}).http == HttpConfig()  # off by default
+    assert not HttpConfig().enabled
+    path.write_text("[http]\nhttp_port = 70000\n", encoding="utf-8")
+    with pytest.raises(InvalidConfigError, match=r"\[http\] http_port: http_port=70000 must"):
+        load_settings(path, env={})
+    assert "[http]\n" in default_toml()
+
+
+def test_compatibility_ports_add_their_listeners(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Broker(BrokerConfig(str(tmp_path / "d"))) as broker:
+            for key, name in (("http_msgbus_port", "msgbus"), ("http_ipubsub_port", "ipubsub")):
+                gateway = HttpGateway.for_broker(broker, HttpConfig(http_port=0, **{key: 0}))
+                assert gateway.names == ["native", name]
+            only = HttpGateway.for_broker(broker, HttpConfig(http_msgbus_port=0))
+            assert only.names == ["msgbus"]
+
+    asyncio.run(main())

@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 
 from tests.http._support import api, error_of, read_all
+from tidewire.storage import LogConfig
 
 
 def _end(client: httpx.Client, topic: str) -> list[int]:
@@ -140,3 +141,15 @@ def test_keys_outlive_a_restart(tmp_path: Path) -> None:
             == 201
         )
         assert sum(_end(client, "t")) == sum(ends) + 1
+
+
+def test_a_key_whose_publish_stored_nothing_is_free(tmp_path: Path) -> None:
+    with api(tmp_path / "d", log=LogConfig(max_batch_bytes=1000)) as client:
+        key = {"Idempotency-Key": "k"}
+        r = client.post("/v1/topics/t/messages", json={"value": "x" * 2000}, headers=key)
+        assert r.status_code == 413
+        r = client.post("/v1/topics/t/messages", json={"value": "small"}, headers=key)
+        assert r.status_code == 201
+        again = client.post("/v1/topics/t/messages", json={"value": "small"}, headers=key)
+        assert again.json() == r.json()
+        assert sum(_end(client, "t")) == 1

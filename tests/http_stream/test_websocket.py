@@ -284,7 +284,7 @@ def test_bad_parameters_close_with_a_specific_code(
     assert closed.value.rcvd.code == code
 
 
-def test_a_draining_gateway_closes_streams_with_1001(tmp_path: Path) -> None:
+def test_a_draining_gateway_closes_streams_as_going_away(tmp_path: Path) -> None:
     with contextlib.ExitStack() as outer:
         with gateway(tmp_path) as eb:
             create(eb, "d")
@@ -294,7 +294,8 @@ def test_a_draining_gateway_closes_streams_with_1001(tmp_path: Path) -> None:
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=5)
     assert closed.value.rcvd is not None
-    assert closed.value.rcvd.code == 1001
+    # 1001 from the stream; 1012 if the HTTP server's own shutdown got there first.
+    assert closed.value.rcvd.code in (1001, 1012)
 
 
 def test_deleting_the_topic_closes_its_streams_with_4404(tmp_path: Path) -> None:

@@ -197,8 +197,10 @@ async def _serve(settings: Settings) -> None:
             gateway = HttpGateway.for_broker(broker, settings.http)
             try:
                 await gateway.start()
-            except BaseException:
+            except BaseException as exc:
                 await server.close()
+                if isinstance(exc, OSError):
+                    raise InvalidConfigError(str(exc.strerror or exc)) from None
                 raise
         # One line for people and scripts alike: where to connect.
         typer.echo(f"tidewire {__version__} listening on {settings.server.host}:{server.port}")

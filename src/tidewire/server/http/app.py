@@ -25,7 +25,8 @@ from tidewire.server.http.fastpath import PublishFastPath
 from tidewire.server.http.groups import groups_router
 from tidewire.server.http.health import health_router
 from tidewire.server.http.idempotency import IdempotencyStore
-from tidewire.server.http.messages import Publisher, messages_router
+from tidewire.server.http.messages import messages_router
+from tidewire.server.http.publisher import Publisher
 from tidewire.server.http.stream import stream_router
 from tidewire.server.http.topics import topics_router
 

@@ -11,7 +11,7 @@ from tidewire.broker import Broker
 from tidewire.server.http.config import HttpConfig
 
 if TYPE_CHECKING:
-    from tidewire.server.http.messages import Publisher
+    from tidewire.server.http.publisher import Publisher
 
 __all__ = ["GatewayContext"]
 

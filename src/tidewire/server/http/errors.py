@@ -14,7 +14,6 @@ group, 409 exists already or a group in the way, 413 too large, 416 an offset ou
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import msgspec
 from fastapi import FastAPI, Request
@@ -173,7 +172,17 @@ def install_error_handlers(app: FastAPI) -> None:
             headers=exc.headers,
         )
 
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        err = tw.UnknownError(f"the broker failed: {type(exc).__name__}")
+        return Response(
+            error_body(err.code, type(err).__name__, err.message),
+            status_code=500,
+            media_type="application/json",
+        )
+
     app.add_exception_handler(tw.TidewireError, on_tidewire)
+    app.add_exception_handler(Exception, on_unexpected)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(HTTPException, on_http)
 
@@ -231,8 +240,3 @@ def _too_large(limit: int) -> Response:
         status_code=413,
         media_type="application/json",
     )
-
-
-def jsonable(value: Any) -> bytes:
-    """``value`` as JSON bytes (msgspec: dataclasses, lists, dicts, numbers, text)."""
-    return _encode(value)

@@ -106,7 +106,7 @@ class HttpGateway:
         compatibility modes (``http_msgbus_port``, ``http_ipubsub_port``).
 
         Raises:
-            InvalidConfigError: no listener is configured.
+            InvalidConfigError: no listener is configured, or one this build lacks.
         """
         from tidewire.server.http.app import asgi_app, create_app  # noqa: PLC0415
 
@@ -190,7 +190,14 @@ class HttpGateway:
             raise
 
     async def _start_one(self, listener: _Listener) -> None:
-        sock = _bind(listener.host, listener.port)
+        try:
+            sock = _bind(listener.host, listener.port)
+        except OSError as exc:
+            raise OSError(
+                exc.errno,
+                f"HTTP {listener.name}: cannot listen on {listener.host}:{listener.port}: "
+                f"{exc.strerror}",
+            ) from None
         listener.port = sock.getsockname()[1]
         config = uvicorn.Config(
             listener.app,
@@ -201,6 +208,7 @@ class HttpGateway:
             log_config=None,
             access_log=False,
             server_header=False,
+            proxy_headers=False,  # X-Forwarded-* are not interpreted: no rewriting layer
             timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=max(int(self.grace_s), 1),
         )
