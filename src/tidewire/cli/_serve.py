@@ -117,6 +117,20 @@ def serve(
     frame_timeout_s: Annotated[
         float | None, typer.Option(help="Close a connection whose frame takes this long (s).")
     ] = None,
+    http_host: Annotated[str | None, typer.Option(help="Address the HTTP listeners bind.")] = None,
+    http_port: Annotated[
+        int | None,
+        typer.Option(help="Port of the HTTP API (-1: off, the default; 0: any free)."),
+    ] = None,
+    http_max_body_bytes: Annotated[
+        int | None, typer.Option(help="The longest HTTP request body accepted.")
+    ] = None,
+    http_msgbus_port: Annotated[
+        int | None, typer.Option(help="Port of the msgbus-compatible HTTP API (-1: off).")
+    ] = None,
+    http_ipubsub_port: Annotated[
+        int | None, typer.Option(help="Port of the iPubSub-compatible HTTP API (-1: off).")
+    ] = None,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT, then drain and stop cleanly.
 
@@ -143,6 +157,11 @@ def serve(
         "max_in_flight": max_in_flight,
         "idle_timeout_s": idle_timeout_s,
         "frame_timeout_s": frame_timeout_s,
+        "http_host": http_host,
+        "http_port": http_port,
+        "http_max_body_bytes": http_max_body_bytes,
+        "http_msgbus_port": http_msgbus_port,
+        "http_ipubsub_port": http_ipubsub_port,
     }
     try:
         settings = load_settings(config, flags=flags)
@@ -170,10 +189,29 @@ async def _serve(settings: Settings) -> None:
     async with Broker(settings.broker) as broker:
         server = TcpServer(broker, settings.server)
         await server.start()
+        gateway = None
+        if settings.http.enabled:
+            # Imported here: FastAPI and uvicorn load only when HTTP is served.
+            from tidewire.server.http.gateway import HttpGateway  # noqa: PLC0415
+
+            gateway = HttpGateway.for_broker(broker, settings.http)
+            try:
+                await gateway.start()
+            except BaseException as exc:
+                await server.close()
+                if isinstance(exc, OSError):
+                    raise InvalidConfigError(str(exc.strerror or exc)) from None
+                raise
         # One line for people and scripts alike: where to connect.
         typer.echo(f"tidewire {__version__} listening on {settings.server.host}:{server.port}")
+        if gateway is not None:
+            for name in gateway.names:
+                host, port = gateway.host_of(name), gateway.port_of(name)
+                typer.echo(f"tidewire {__version__} HTTP {name} listening on http://{host}:{port}")
         await stop.wait()
         log.info("draining: no new connections, finishing in-flight requests")
+        if gateway is not None:
+            await gateway.close()
         await server.close()
     log.info("stopped cleanly")
 
