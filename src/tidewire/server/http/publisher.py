@@ -134,8 +134,7 @@ class Publisher:
         if not idempotency_key:
             raise InvalidRequestError("header Idempotency-Key: must not be empty")
         fingerprint = hash((encoding, tuple(_canonical(m) for m in msgs)))
-        entry = await self.store.entry(topic, idempotency_key)
-        async with entry.lock:
+        async with self.store.hold(topic, idempotency_key) as entry:
             placement = self._placement(
                 entry, fingerprint=fingerprint, msgs=msgs, ready=ready, n=n, topic=topic
             )
