@@ -4,13 +4,13 @@ Usage::
 
     python benchmarks/http_bench.py [--messages N] [--connections C] [--repeat R]
         [--value-bytes B] [--partitions P] [--fsync always|interval|never]
-        [--seconds S] [--no-wrk] [--url http://HOST:PORT] [--json]
+        [--httpx-messages M] [--seconds S] [--no-wrk] [--url http://HOST:PORT] [--json]
 
 Without ``--url`` it starts a broker (``python -m tidewire serve --http-port 0``) in a process
 of its own over a temporary data directory, and stops it at the end. Every load generator
 runs in a process of its own too, so it does not share the broker's interpreter:
 
-- ``httpx``: C ``httpx.AsyncClient`` s, one keep-alive connection each, N publishes in all;
+- ``httpx``: C ``httpx.AsyncClient`` s, one keep-alive connection each, M publishes in all;
 - ``raw``: the same requests written on C keep-alive asyncio connections by hand (a Python
   client without a client library's own cost: closer to what the broker can take);
 - ``wrk``: when ``wrk`` is installed (``apt-get install wrk``), C connections for S seconds
@@ -150,7 +150,8 @@ def run_loader(kind: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
         [
             sys.executable,
             __file__,
-            *("--_load", kind, "--url", url, "--messages", str(args.messages)),
+            *("--_load", kind, "--url", url),
+            *("--messages", str(args.httpx_messages if kind == "httpx" else args.messages)),
             *("--connections", str(args.connections), "--value-bytes", str(args.value_bytes)),
         ],
         capture_output=True,
@@ -242,6 +243,9 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=20_000, help="publishes per Python run")
+    ap.add_argument(
+        "--httpx-messages", type=int, default=5_000, help="publishes per httpx run (slower)"
+    )
     ap.add_argument("--connections", type=int, default=32, help="keep-alive connections")
     ap.add_argument("--repeat", type=int, default=3, help="runs per load generator")
     ap.add_argument("--value-bytes", type=int, default=100, help="bytes of each value")
