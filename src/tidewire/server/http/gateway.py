@@ -27,6 +27,7 @@ import uvicorn
 from tidewire._tasks import cancel_and_wait
 from tidewire.broker import Broker
 from tidewire.errors import InvalidConfigError
+from tidewire.server.http.app import asgi_app, create_app
 from tidewire.server.http.config import OFF, HttpConfig
 
 __all__ = ["NATIVE", "HttpGateway"]
@@ -105,8 +106,6 @@ class HttpGateway:
         Raises:
             InvalidConfigError: no listener is configured, or one this build lacks.
         """
-        from tidewire.server.http.app import asgi_app, create_app  # noqa: PLC0415
-
         if not config.enabled:
             raise InvalidConfigError("no HTTP listener is configured (http_port = -1)")
         gateway = cls()
