@@ -28,6 +28,7 @@ from tidewire._tasks import cancel_and_wait
 from tidewire.broker import Broker
 from tidewire.errors import InvalidConfigError
 from tidewire.server.http.app import asgi_app, create_app
+from tidewire.server.http.coalesce import CoalescingProtocol
 from tidewire.server.http.config import OFF, HttpConfig
 
 __all__ = ["NATIVE", "HttpGateway"]
@@ -188,7 +189,7 @@ class HttpGateway:
             listener.app,
             loop="none",  # the broker's loop, already running
             lifespan="off",  # the broker's lifecycle is the owner's, not the app's
-            http="httptools",
+            http=CoalescingProtocol,  # httptools, one send() per answer (coalesce.py)
             ws="auto",
             log_config=None,
             access_log=False,
