@@ -4,13 +4,13 @@ Usage::
 
     python benchmarks/http_bench.py [--messages N] [--connections C] [--repeat R]
         [--value-bytes B] [--partitions P] [--fsync always|interval|never]
-        [--seconds S] [--no-wrk] [--url http://HOST:PORT] [--json]
+        [--httpx-messages M] [--seconds S] [--no-wrk] [--url http://HOST:PORT] [--json]
 
 Without ``--url`` it starts a broker (``python -m tidewire serve --http-port 0``) in a process
 of its own over a temporary data directory, and stops it at the end. Every load generator
 runs in a process of its own too, so it does not share the broker's interpreter:
 
-- ``httpx``: C ``httpx.AsyncClient`` s, one keep-alive connection each, N publishes in all;
+- ``httpx``: C ``httpx.AsyncClient`` s, one keep-alive connection each, M publishes in all;
 - ``raw``: the same requests written on C keep-alive asyncio connections by hand (a Python
   client without a client library's own cost: closer to what the broker can take);
 - ``wrk``: when ``wrk`` is installed (``apt-get install wrk``), C connections for S seconds
@@ -18,6 +18,12 @@ runs in a process of its own too, so it does not share the broker's interpreter:
 
 Each runs R times; the figures are medians, with the ratio to the target of 10,000
 publishes/s. Every answer must be 201: a run with another status fails the benchmark.
+
+With a broker of its own it also reports the broker's CPU time per publish (user + system,
+all its threads, from /proc) and 1e6 divided by it: what one core given to the broker alone
+would serve. It depends less on what else the machine runs than the rate does (though a
+busy machine still inflates it), and it grows when the load generator is slow (fewer
+requests per turn of the broker's event loop).
 """
 
 from __future__ import annotations
@@ -43,8 +49,8 @@ TOPIC = "bench"
 
 
 @contextlib.contextmanager
-def broker(fsync: str, partitions: int) -> Iterator[str]:
-    """A broker process with the HTTP API on a free port; its base URL."""
+def broker(fsync: str, partitions: int) -> Iterator[tuple[str, int]]:
+    """A broker process with the HTTP API on a free port; its base URL and PID."""
     with tempfile.TemporaryDirectory(prefix="tidewire-http-bench-") as data:
         proc = subprocess.Popen(
             [
@@ -65,7 +71,7 @@ def broker(fsync: str, partitions: int) -> Iterator[str]:
                     url = m.group(1)
             if url is None:
                 raise SystemExit("the broker did not start its HTTP listener")
-            yield url
+            yield url, proc.pid
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -150,7 +156,8 @@ def run_loader(kind: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
         [
             sys.executable,
             __file__,
-            *("--_load", kind, "--url", url, "--messages", str(args.messages)),
+            *("--_load", kind, "--url", url),
+            *("--messages", str(args.httpx_messages if kind == "httpx" else args.messages)),
             *("--connections", str(args.connections), "--value-bytes", str(args.value_bytes)),
         ],
         capture_output=True,
@@ -203,7 +210,19 @@ def run_wrk(url: str, args: argparse.Namespace) -> dict[str, Any]:
 # --- main -----------------------------------------------------------------------------------------
 
 
-def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
+def cpu_seconds(pid: int | None) -> float:
+    """CPU time (user + system, every thread) process ``pid`` has used; 0 if unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(url: str, args: argparse.Namespace, pid: int | None) -> dict[str, Any]:
     import httpx
 
     with httpx.Client(base_url=url, timeout=30) as c:
@@ -216,9 +235,13 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for kind in kinds:
         rates: list[float] = []
+        cpu_us: list[float] = []
         extra: dict[str, Any] = {}
         for i in range(args.repeat):
+            cpu0 = cpu_seconds(pid)
             got = run_wrk(url, args) if kind == "wrk" else run_loader(kind, url, args)
+            if pid is not None:
+                cpu_us.append((cpu_seconds(pid) - cpu0) / got["requests"] * 1e6)
             if got["errors"]:
                 raise SystemExit(f"{kind}: {got['errors']} answers were not 201")
             rate = got["requests"] / got["seconds"]
@@ -233,6 +256,11 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
             "ratio_to_target": round(median / TARGET, 2),
             **extra,
         }
+        if cpu_us:
+            # One core spent on the broker alone would serve 1e6 / its CPU us per publish.
+            per = statistics.median(cpu_us)
+            results[kind]["broker_cpu_us_per_publish"] = round(per, 1)
+            results[kind]["one_core_ceiling_per_s"] = round(1e6 / per) if per else None
     with httpx.Client(base_url=url, timeout=30) as c:
         stored = sum(p["end_offset"] for p in c.get(f"/v1/topics/{TOPIC}").json()["partitions"])
     results["stored"] = stored
@@ -242,6 +270,9 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=20_000, help="publishes per Python run")
+    ap.add_argument(
+        "--httpx-messages", type=int, default=5_000, help="publishes per httpx run (slower)"
+    )
     ap.add_argument("--connections", type=int, default=32, help="keep-alive connections")
     ap.add_argument("--repeat", type=int, default=3, help="runs per load generator")
     ap.add_argument("--value-bytes", type=int, default=100, help="bytes of each value")
@@ -271,8 +302,12 @@ def main() -> None:
     if not args.json:
         print(f"HTTP publish benchmark: {setup}", flush=True)
     with contextlib.ExitStack() as stack:
-        url = args.url or stack.enter_context(broker(args.fsync, args.partitions))
-        results = measure(url, args)
+        pid: int | None = None
+        if args.url:
+            url = args.url
+        else:
+            url, pid = stack.enter_context(broker(args.fsync, args.partitions))
+        results = measure(url, args, pid)
     if args.json:
         print(json.dumps({"setup": setup, "target_per_s": TARGET, "results": results}))
         return
@@ -284,6 +319,12 @@ def main() -> None:
             f"{kind:>5}: median {r['median_per_s']:,} publishes/s over {args.connections} "
             f"keep-alive connections = {r['ratio_to_target']:.2f}x the {TARGET:,}/s target{lat}"
         )
+        if r.get("one_core_ceiling_per_s"):
+            print(
+                f"       broker CPU {r['broker_cpu_us_per_publish']} us/publish: one core of "
+                f"its own would serve {r['one_core_ceiling_per_s']:,}/s "
+                f"= {r['one_core_ceiling_per_s'] / TARGET:.2f}x the target"
+            )
     print(f"stored: {results['stored']:,} messages")
 
 

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.http._support import api, error_of, read_all
+from tests.http._support import api, error_of, read_all, served
+from tidewire.client import Client
+from tidewire.protocol.messages import TopicConfig
 from tidewire.storage import LogConfig
 
 
@@ -24,18 +26,15 @@ def test_a_retry_is_answered_with_the_first_offsets(client: httpx.Client) -> Non
         assert again.status_code == 201
         assert again.json() == first.json()
     assert sum(_end(client, "t")) == 1
-    # Keyless (round-robin) messages keep the partition their first attempt chose.
-    other = client.post(
-        "/v1/topics/t/messages", json={"value": "w"}, headers={"Idempotency-Key": "b"}
-    )
-    assert other.json()["partition"] != first.json()["partition"] or sum(_end(client, "t")) == 2
-    assert (
-        client.post(
-            "/v1/topics/t/messages", json={"value": "w"}, headers={"Idempotency-Key": "b"}
-        ).json()
-        == other.json()
-    )
-    assert sum(_end(client, "t")) == 2
+    # Keyless (round-robin) messages keep the partition their first attempt chose, however
+    # far the round-robin has moved since.
+    b = {"Idempotency-Key": "b"}
+    other = client.post("/v1/topics/t/messages", json={"value": "w"}, headers=b).json()
+    for i in range(3):
+        client.post("/v1/topics/t/messages", json={"value": f"plain{i}"})
+    for _ in range(2):
+        assert client.post("/v1/topics/t/messages", json={"value": "w"}, headers=b).json() == other
+    assert sum(_end(client, "t")) == 5
     # Keys are per topic; the stored record carries its key.
     u = client.post("/v1/topics/u/messages", json={"value": "v"}, headers=key)
     assert u.status_code == 201
@@ -153,3 +152,34 @@ def test_a_key_whose_publish_stored_nothing_is_free(tmp_path: Path) -> None:
         again = client.post("/v1/topics/t/messages", json={"value": "small"}, headers=key)
         assert again.json() == r.json()
         assert sum(_end(client, "t")) == 1
+
+
+def test_a_retry_completes_a_batch_that_was_stored_in_part(tmp_path: Path) -> None:
+    with served(tmp_path / "d") as (eb, client):
+        client.post(
+            "/v1/topics", json={"name": "t", "partitions": 2, "config": {"max_message_bytes": 1000}}
+        )
+        body = {
+            "messages": [
+                {"value": "small", "partition": 0},
+                {"value": "x" * 2000, "partition": 1},
+                {"value": "small too", "partition": 0},
+            ]
+        }
+        key = {"Idempotency-Key": "partial"}
+        r = client.post("/v1/topics/t/messages:batch", json=body, headers=key)
+        assert r.status_code == 413  # partition 1 refused; partition 0 stored
+        assert _end(client, "t") == [2, 0]
+        with Client(eb.addr) as admin:  # the limit is raised: the same request now fits
+            admin.alter_topic("t", config=TopicConfig(max_message_bytes=100_000))
+        r = client.post("/v1/topics/t/messages:batch", json=body, headers=key)
+        assert r.status_code == 201, r.text
+        assert r.json() == {
+            "results": [
+                {"offset": 0, "partition": 0},
+                {"offset": 0, "partition": 1},
+                {"offset": 1, "partition": 0},
+            ]
+        }
+        assert _end(client, "t") == [2, 1]  # partition 0 not stored twice
+        assert [m["value"] for m in read_all(client, "t", 0)] == ["small", "small too"]

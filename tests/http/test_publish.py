@@ -212,3 +212,15 @@ def test_batch_errors(client: httpx.Client) -> None:
     r = client.post("/v1/topics/t/messages:batch", json={"messages": [{"value": 1}]})
     assert r.status_code == 400
     assert error_of(r)["message"].startswith("field messages.0.value")
+
+
+def test_keys_route_as_the_clients_route_them() -> None:
+    from tidewire.client import partitioner
+    from tidewire.server.http.publisher import partition_for_key as http_partition
+
+    keys = [b"", b"k", b"customer-7", bytes(range(256)), "ü".encode()] + [
+        str(i).encode() for i in range(500)
+    ]
+    for n in (1, 2, 3, 7, 64, 1000):
+        for key in keys:
+            assert http_partition(key, n) == partitioner.partition_for_key(key, n)

@@ -124,3 +124,31 @@ def test_values_that_are_not_utf8_come_back_as_base64(client: httpx.Client) -> N
     (msg,) = client.get("/v1/topics/t/partitions/0/messages").json()["messages"]
     assert msg["encoding"] == "base64"
     assert msg["value"] == "/w=="
+
+
+def test_too_many_waiting_long_polls_is_503_with_retry_after(tmp_path: Path) -> None:
+    with api(tmp_path / "d", max_fetch_waiters=1) as client:
+        _publish(client, "t", "x", 0)
+        got: list[httpx.Response] = []
+
+        def poll() -> None:
+            with httpx.Client(base_url=str(client.base_url), timeout=30) as c:
+                params = {"offset": 1, "wait_ms": 20_000}
+                got.append(c.get("/v1/topics/t/partitions/0/messages", params=params))
+
+        # Two long-polls, one waiter allowed: the later one is refused at once.
+        pollers = [threading.Thread(target=poll) for _ in range(2)]
+        for t in pollers:
+            t.start()
+        deadline = time.monotonic() + 15
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert got, "neither long-poll was answered"
+        refused = got[0]
+        assert refused.status_code == 503
+        assert refused.headers["retry-after"] == "1"
+        assert error_of(refused)["name"] == "BackpressureError"
+        _publish(client, "t", "y", 0)  # wakes the other
+        for t in pollers:
+            t.join(20)
+        assert [m["value"] for m in got[1].json()["messages"]] == ["y"]

@@ -27,6 +27,8 @@ import uvicorn
 from tidewire._tasks import cancel_and_wait
 from tidewire.broker import Broker
 from tidewire.errors import InvalidConfigError
+from tidewire.server.http.app import asgi_app, create_app
+from tidewire.server.http.coalesce import CoalescingProtocol
 from tidewire.server.http.config import OFF, HttpConfig
 
 __all__ = ["IPUBSUB", "MSGBUS", "NATIVE", "HttpGateway"]
@@ -108,8 +110,6 @@ class HttpGateway:
         Raises:
             InvalidConfigError: no listener is configured, or one this build lacks.
         """
-        from tidewire.server.http.app import asgi_app, create_app  # noqa: PLC0415
-
         if not config.enabled:
             raise InvalidConfigError("no HTTP listener is configured (http_port = -1)")
         gateway = cls()
@@ -203,7 +203,7 @@ class HttpGateway:
             listener.app,
             loop="none",  # the broker's loop, already running
             lifespan="off",  # the broker's lifecycle is the owner's, not the app's
-            http="httptools",
+            http=CoalescingProtocol,  # httptools, one send() per answer (coalesce.py)
             ws="auto",
             log_config=None,
             access_log=False,

@@ -18,12 +18,15 @@ them again. A key found that way is matched by key only (its messages cannot be 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from tidewire.broker import Broker
-from tidewire.errors import TidewireError
+from tidewire.errors import TidewireError, UnknownTopicError
 from tidewire.server.http.reading import StoredRecord, read_partition
 
 __all__ = [
@@ -36,11 +39,13 @@ __all__ = [
     "KeyEntry",
 ]
 
+log = logging.getLogger("tidewire.http")
+
 #: How long a key is remembered after its first use (seconds): far longer than any client's
 #: retry loop, short enough that reading it back after a restart stays cheap.
 KEY_TTL_S = 3600.0
-#: Keys remembered at once (all topics): about 200 bytes each, so 40 MB at most.
-MAX_KEYS = 200_000
+#: Keys remembered at once (all topics): about 650 bytes each, so 65 MB at most.
+MAX_KEYS = 100_000
 #: The longest key accepted (characters), as common HTTP APIs allow.
 MAX_KEY_CHARS = 255
 #: The record header that carries the key of a keyed publish.
@@ -59,15 +64,19 @@ class KeyEntry:
         fingerprint: the messages of the first request (None: unknown, read back from the log).
         placement: the partition of each message, as the first request chose.
         done: partition -> base offset of what was stored there.
-        created: when the key was first used (monotonic seconds).
-        lock: held while a request with this key runs.
+        created: when the key was first used (the store's clock, seconds).
     """
 
     fingerprint: int | None
     placement: list[int] | None
+    created: float
     done: dict[int, int] = field(default_factory=dict)
-    created: float = field(default_factory=time.monotonic)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass(slots=True)
+class _Held:
+    lock: asyncio.Lock
+    users: int = 0  # requests holding or awaiting the lock
 
 
 class IdempotencyStore:
@@ -77,28 +86,52 @@ class IdempotencyStore:
         broker: where a topic's keys are read back from after a start.
         ttl_s: how long a key is remembered.
         max_keys: how many keys are remembered at once.
+        clock: seconds, monotonic: when keys were used and expire.
+        wall_clock: seconds since the epoch: how far back to read after a start.
     """
 
     def __init__(
-        self, broker: Broker, *, ttl_s: float = KEY_TTL_S, max_keys: int = MAX_KEYS
+        self,
+        broker: Broker,
+        *,
+        ttl_s: float = KEY_TTL_S,
+        max_keys: int = MAX_KEYS,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.broker = broker
         self.ttl_s = ttl_s
         self.max_keys = max_keys
+        self.clock = clock
+        self.wall_clock = wall_clock
         self._entries: OrderedDict[tuple[str, str], KeyEntry] = OrderedDict()
+        self._held: dict[tuple[str, str], _Held] = {}  # keys whose requests run or wait
         self._recovered: dict[str, asyncio.Future[None]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    async def entry(self, topic: str, key: str) -> KeyEntry:
-        """The entry of ``key`` in ``topic``, created (unlocked, empty) if new."""
+    @contextlib.asynccontextmanager
+    async def hold(self, topic: str, key: str) -> AsyncIterator[KeyEntry]:
+        """The entry of ``key`` in ``topic`` (created empty if new), held: one request with
+        a key runs at a time, a retry waits for the attempt before it."""
         await self._recover(topic)
-        self._expire()
-        e = self._entries.get((topic, key))
-        if e is None:
-            e = self._entries[(topic, key)] = KeyEntry(None, None)
-        return e
+        k = (topic, key)
+        held = self._held.get(k)
+        if held is None:
+            held = self._held[k] = _Held(asyncio.Lock())
+        held.users += 1
+        try:
+            async with held.lock:
+                self._expire()
+                e = self._entries.get(k)
+                if e is None:
+                    e = self._entries[k] = KeyEntry(None, None, self.clock())
+                yield e
+        finally:
+            held.users -= 1
+            if not held.users:
+                del self._held[k]
 
     def forget_topic(self, topic: str) -> None:
         """Forget a deleted topic's keys (a new topic of that name starts afresh)."""
@@ -107,11 +140,11 @@ class IdempotencyStore:
         self._recovered.pop(topic, None)
 
     def _expire(self) -> None:
-        cutoff = time.monotonic() - self.ttl_s
+        cutoff = self.clock() - self.ttl_s
         entries = self._entries
         while entries:
             k, e = next(iter(entries.items()))
-            if e.lock.locked() or (e.created > cutoff and len(entries) < self.max_keys):
+            if k in self._held or (e.created > cutoff and len(entries) < self.max_keys):
                 return
             del entries[k]
 
@@ -122,9 +155,10 @@ class IdempotencyStore:
             fut = self._recovered[topic] = asyncio.get_running_loop().create_future()
             try:
                 await self._scan(topic)
-            except TidewireError:
-                # Nothing to read back (no such topic yet, say): nothing to remember.
-                pass
+            except UnknownTopicError:
+                pass  # a topic yet to be created has no keys
+            except TidewireError as exc:  # the keys that could be read are remembered
+                log.warning("reading back the idempotency keys of %s stopped: %s", topic, exc)
             finally:
                 fut.set_result(None)
         elif not fut.done():
@@ -132,7 +166,7 @@ class IdempotencyStore:
 
     async def _scan(self, topic: str) -> None:
         broker = self.broker
-        since = int((time.time() - self.ttl_s) * 1000)
+        since = int((self.wall_clock() - self.ttl_s) * 1000)
         for p in range(broker.partition_count(topic)):
             offset = broker.list_offset(topic, p, since)
             end = broker.high_watermark(topic, p)
@@ -157,9 +191,9 @@ class IdempotencyStore:
             return
         e = self._entries.get((topic, key))
         if e is None:
-            e = self._entries[(topic, key)] = KeyEntry(None, [])
             # Aged by its record's time, so it is forgotten when it would have been.
-            e.created = time.monotonic() - max(time.time() - rec.timestamp / 1000, 0)
+            age = max(self.wall_clock() - rec.timestamp / 1000, 0)
+            e = self._entries[(topic, key)] = KeyEntry(None, [], self.clock() - age)
         if e.fingerprint is not None:
             return  # made by this process: it knows better
         placement = e.placement if e.placement is not None else []

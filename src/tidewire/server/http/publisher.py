@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from tidewire.broker import Broker
-from tidewire.client.partitioner import partition_for_key
 from tidewire.errors import (
     InvalidConfigError,
     InvalidRequestError,
@@ -32,7 +31,22 @@ from tidewire.server.http.idempotency import INDEX_HEADER, KEY_HEADER, Idempoten
 from tidewire.server.http.models import PublishMessage, PublishRequest
 from tidewire.storage.manager import validate_topic_name
 
-__all__ = ["Publisher"]
+__all__ = ["Publisher", "partition_for_key"]
+
+#: FNV-1a, 32 bits: the tidewire clients' key partitioner (tidewire.client.partitioner), so a
+#: key published over HTTP lands where a client would put it. Restated here because the
+#: server layer does not import the client's; a test holds the two equal.
+_FNV_BASIS = 0x811C9DC5
+_FNV_PRIME = 0x01000193
+
+
+def partition_for_key(key: bytes, partitions: int) -> int:
+    """``fnv1a_32(key) % partitions``, as the tidewire clients route a keyed message."""
+    h = _FNV_BASIS
+    for byte in key:
+        h = ((h ^ byte) * _FNV_PRIME) & 0xFFFFFFFF
+    return h % partitions
+
 
 #: One message ready to store: key, value, headers, timestamp (ms).
 _Ready = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]
@@ -134,8 +148,7 @@ class Publisher:
         if not idempotency_key:
             raise InvalidRequestError("header Idempotency-Key: must not be empty")
         fingerprint = hash((encoding, tuple(_canonical(m) for m in msgs)))
-        entry = await self.store.entry(topic, idempotency_key)
-        async with entry.lock:
+        async with self.store.hold(topic, idempotency_key) as entry:
             placement = self._placement(
                 entry, fingerprint=fingerprint, msgs=msgs, ready=ready, n=n, topic=topic
             )
