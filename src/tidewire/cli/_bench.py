@@ -38,7 +38,7 @@ from tidewire.client import AsyncClient, AsyncConsumer, AsyncProducer, RecordFut
 from tidewire.client._subscriber import DEFAULT_CREDIT_BYTES
 from tidewire.errors import TidewireError, TopicExistsError
 
-from ._bench_e2e import STAMP, E2EResult, run_e2e
+from ._bench_e2e import STAMP, E2EResult, run_e2e, run_fast
 from ._common import (
     DEFAULT_ADDR,
     EXIT_ERROR,
@@ -171,7 +171,7 @@ def _check_acks(acks: str) -> None:
 
 def _run(coro_factory: object) -> BenchResult:
     try:
-        return asyncio.run(coro_factory)  # type: ignore[arg-type]
+        return run_fast(coro_factory)  # type: ignore[arg-type]
     except TidewireError as exc:
         fail(exc.message)
     except KeyboardInterrupt:
@@ -480,7 +480,7 @@ def e2e(
             )
 
     try:
-        result = asyncio.run(main())
+        result = run_fast(main())
     except TidewireError as exc:
         fail(exc.message)
     except KeyboardInterrupt:

@@ -33,14 +33,18 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from tidewire._tasks import cancel_and_wait
 from tidewire.client import AsyncClient, AsyncGroupConsumer, AsyncProducer, RecordFuture
 from tidewire.errors import TidewireError
+from tidewire.server.tcp import loop_factory
 
-__all__ = ["E2EResult", "Histogram", "run_e2e"]
+__all__ = ["E2EResult", "Histogram", "run_e2e", "run_fast"]
+
+T = TypeVar("T")
 
 #: How often a member reports its count.
 _PROGRESS_S = 0.1
@@ -495,5 +499,12 @@ def _covered(spans: list[tuple[int, int]]) -> int:
     return n
 
 
+def run_fast(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on uvloop when it is installed (a load generator should cost as little
+    CPU as it can), else on asyncio's loop."""
+    with asyncio.Runner(loop_factory=loop_factory("auto")[1]) as runner:
+        return runner.run(coro)
+
+
 if __name__ == "__main__":
-    asyncio.run(_member(json.loads(sys.argv[1])))
+    run_fast(_member(json.loads(sys.argv[1])))
