@@ -35,6 +35,7 @@ from tidewire.client._consumer import (
 )
 from tidewire.errors import ConnectionLostError, TidewireError, for_code
 from tidewire.protocol import PushReceived
+from tidewire.protocol.frames import data_window
 from tidewire.protocol.messages import (
     CreditRequest,
     PushBody,
@@ -248,7 +249,11 @@ class AsyncSubscriber:
             self._arrived.set()
             return
         size = len(ev.data)
-        records, _ = _parse(tp, body.offset, ev.data) if size else ([], body.offset)
+        if size:
+            buf, start = data_window(ev.data)
+            records, _ = _parse(tp, body.offset, buf, start, start + size)
+        else:
+            records = []
         self.stats.received += size
         self.stats.frames += 1
         self._frames.append(_Frame(tp, deque(records), body.next_offset, size))
