@@ -42,6 +42,12 @@ def fill(
                 client.produce(topic, p, [message(topic, p, o) for o in range(lo, hi)])
 
 
+def produce_range(addr: str, topic: str, partition: int, offsets: range) -> None:
+    """Store the test data at ``offsets`` (the next ones) in ``topic``/``partition``."""
+    with Client(addr) as client:
+        client.produce(topic, partition, [message(topic, partition, o) for o in offsets])
+
+
 def rows_of(df: Any) -> list[tuple[Any, ...]]:
     """The rows of ``df`` as plain tuples, sorted by (topic, partition, offset): binary as
     bytes, timestamps as ms, headers as (key, value) tuples."""
