@@ -224,3 +224,48 @@ def test_group_consumer_is_the_blocking_twin() -> None:
         if name != "__init__":
             sig_a = inspect.signature(a[name])
             assert inspect.signature(s[name]).parameters.keys() == sig_a.parameters.keys(), name
+
+
+def test_auto_commit_does_not_hold_up_delivery(tmp_path: Path) -> None:
+    """The periodic auto-commit goes out in the background: while the broker takes 0.5 s to
+    store it, polls go on returning records; a later commit (here close()) waits for it and
+    lands after it, so the committed offsets end where the consumer did."""
+
+    async def main() -> None:
+        async with (
+            serve(tmp_path, default_partitions=1) as (broker, server),
+            AsyncClient(addr(server)) as client,
+        ):
+            store = broker.groups.offsets
+            real_commit = store.commit
+            started: list[float] = []
+            loop = asyncio.get_running_loop()
+
+            async def slow_commit(group: str, offsets: Any) -> None:
+                started.append(loop.time())
+                await asyncio.sleep(0.5)
+                await real_commit(group, offsets)
+
+            store.commit = slow_commit  # type: ignore[method-assign]
+            await fill(client, "t", 1, 10)
+            c = AsyncGroupConsumer(
+                addr(server),
+                "g",
+                topics=["t"],
+                auto_offset_reset="earliest",
+                auto_commit_interval_ms=50,
+                **FAST,
+            )
+            got = await drain(c, 10)
+            await asyncio.sleep(0.06)  # an auto-commit is due at the next poll
+            await client.produce("t", 0, [Message(b"late")])
+            t0 = loop.time()
+            got += await c.poll(5.0)
+            assert loop.time() - t0 < 0.4  # the poll did not wait for the 0.5 s commit
+            assert started  # and the commit had started
+            assert [r.value for r in got][-1] == b"late"
+            await c.close()
+            committed = await client.committed_offsets("g")
+            assert committed == {("t", 0): 11}
+
+    run(main())

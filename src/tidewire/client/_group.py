@@ -29,10 +29,12 @@ assigned partition (or the offsets given), and returns once the broker has fsync
 
 **When auto-commit commits** (``enable_auto_commit=True``, the default): at the start of a
 ``poll`` or iteration step once ``auto_commit_interval_ms`` has passed since the last
-auto-commit, before a rebalance (step 1 above), and on ``close()``. Since it runs when the
-application asks for more, every record handed out before it was processed by a loop that
-takes records one after another: delivery is at least once, and after a crash the records
-handed out since the last commit are read again (the uncommitted window). ``close()``
+auto-commit (the positions as they are then, sent in the background: the poll does not wait
+for the broker's fsync, so delivery goes on meanwhile), before a rebalance (step 1 above), and
+on ``close()`` (those two wait for it, as ``commit()`` does, after the one in flight). Since
+it runs when the application asks for more, every record handed out before it was processed
+by a loop that takes records one after another: delivery is at least once, and after a crash
+the records handed out since the last commit are read again (the uncommitted window). ``close()``
 commits the position too, so records handed out but not processed when the application
 stops by an exception count as processed: commit explicitly for a stricter rule.
 """
@@ -218,6 +220,7 @@ class AsyncGroupConsumer:
         self._joining = False
         self._heartbeats: asyncio.Task[None] | None = None
         self._next_auto_commit = 0.0
+        self._commit_task: asyncio.Task[None] | None = None
         self._closed = False
 
     async def __aenter__(self) -> AsyncGroupConsumer:
@@ -332,12 +335,13 @@ class AsyncGroupConsumer:
         elif (
             self.enable_auto_commit and asyncio.get_running_loop().time() >= self._next_auto_commit
         ):
-            await self._auto_commit()
+            self._auto_commit_in_background()
 
     # --- membership -------------------------------------------------------------------------
 
     async def _rebalance(self) -> None:
         if self._assigned:
+            await self._commit_settled()
             if self.enable_auto_commit and not self._fenced:
                 await self._auto_commit()
             await _call(self.on_revoke, list(self._assigned))
@@ -498,7 +502,10 @@ class AsyncGroupConsumer:
                 poll.
             ConnectionLostError, RequestTimedOutError: the commit may not have been stored.
         """
-        todo = dict(self._positions) if offsets is None else dict(offsets)
+        await self._commit_settled()
+        await self._commit_now(dict(self._positions) if offsets is None else dict(offsets))
+
+    async def _commit_now(self, todo: dict[TP, int]) -> None:
         if not todo:
             return
         req = OffsetCommitRequest(
@@ -515,14 +522,32 @@ class AsyncGroupConsumer:
                     self._rejoin = self._fenced = True
                 raise for_code(r.error_code)(r.error_message)
 
-    async def _auto_commit(self) -> None:
+    async def _auto_commit(self, positions: dict[TP, int] | None = None) -> None:
         self._next_auto_commit = (
             asyncio.get_running_loop().time() + self.auto_commit_interval_ms / 1000
         )
         try:
-            await self.commit()
+            await self._commit_now(dict(self._positions) if positions is None else positions)
         except TidewireError as exc:
             log.warning("auto-commit of group %s failed: %s", self.group_id, exc)
+
+    def _auto_commit_in_background(self) -> None:
+        """The periodic auto-commit: the positions as they are now, sent without waiting for
+        the broker's fsync, so delivery goes on meanwhile (one commit in flight at a time;
+        every commit that follows waits for it, so commits land in order)."""
+        loop = asyncio.get_running_loop()
+        self._next_auto_commit = loop.time() + self.auto_commit_interval_ms / 1000
+        if self._commit_task is not None and not self._commit_task.done():
+            return
+        self._commit_task = loop.create_task(
+            self._auto_commit(dict(self._positions)), name=f"tidewire commit {self.group_id}"
+        )
+
+    async def _commit_settled(self) -> None:
+        """Wait for the background auto-commit in flight, if any (it logs its own failure)."""
+        task, self._commit_task = self._commit_task, None
+        if task is not None:
+            await task
 
     # --- positions --------------------------------------------------------------------------
 
@@ -597,6 +622,7 @@ class AsyncGroupConsumer:
             await cancel_and_wait(task)
         try:
             if self._joined and self._member_id:
+                await self._commit_settled()
                 if self.enable_auto_commit and not self._rejoin:
                     await self._auto_commit()
                 if self._assigned:
