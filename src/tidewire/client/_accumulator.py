@@ -105,6 +105,9 @@ class PartitionState:
         "partition",
         "queue",
         "retrying",
+        "skip",
+        "skipped",
+        "stored",
         "topic",
     )
 
@@ -124,6 +127,12 @@ class PartitionState:
         #: the broker acknowledged (what it expects next, as far as this producer knows).
         self.next_sequence = 0
         self.acked_sequence = 0
+        #: A writer (``writer_id``): how many of its first records here the broker holds
+        #: already, how many of those were sent to it again and skipped, and a batch whose
+        #: future answers offset -1 for them (None until the broker was asked).
+        self.skip = 0
+        self.skipped = 0
+        self.stored: ProducerBatch | None = None
 
     def __repr__(self) -> str:
         return f"PartitionState({self.topic!r}, {self.partition})"
@@ -325,6 +334,9 @@ class Accumulator:
         threadsafe: records are appended from several threads (the blocking producer);
             ``False``: only from the thread that drains (the asyncio producer), so
             :meth:`append` need not take the lock.
+        by_size: batches are cut by size alone (a writer's): an open batch waits until it
+            is full or flushed, whatever ``linger_s``, and its delivery timeout counts from
+            its first send.
     """
 
     def __init__(
@@ -338,7 +350,9 @@ class Accumulator:
         on_release: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
         threadsafe: bool = True,
+        by_size: bool = False,
     ) -> None:
+        self.by_size = by_size
         self.batch_bytes = batch_bytes
         self.buffer_bytes = buffer_bytes
         self.linger_s = linger_s
@@ -509,13 +523,18 @@ class Accumulator:
         expired: list[ProducerBatch] = []
         next_at: float | None = None
         linger = self.linger_s
+        by_size = self.by_size
         lead: list[ProducerBatch] = []  # must be the first entry of a request
         rest: list[ProducerBatch] = []  # partitions with nothing in flight
         with self.lock:
             flushing = self.flushing > 0
             for state in list(self.queued):
                 queue = state.queue
-                while queue and queue[0].created < expire_before:
+                while (
+                    queue
+                    and queue[0].created < expire_before
+                    and not (by_size and not queue[0].sent)
+                ):
                     expired.append(self._pop(state))
                 if not queue:
                     del self.queued[state]
@@ -531,6 +550,8 @@ class Accumulator:
                     next_at = head.retry_at if next_at is None else min(next_at, head.retry_at)
                     continue
                 if head is state.open and not flushing:
+                    if by_size:
+                        continue  # sent once full (a later record closes it) or flushed
                     due = head.created + linger
                     if due > now and head.size < self.batch_bytes:
                         next_at = due if next_at is None else min(next_at, due)
@@ -572,6 +593,8 @@ class Accumulator:
         if not batch.sent and sequences:
             batch.base_sequence = state.next_sequence
             state.next_sequence = (state.next_sequence + batch.count) % SEQUENCE_WRAP
+        if not batch.sent and self.by_size:
+            batch.created = self._clock()  # the delivery timeout counts from the first send
         batch.attempts += 1
         batch.tail = tail
         state.in_flight += 1

@@ -55,6 +55,7 @@ class Producer(BlockingTwin[AsyncProducer]):
         max_request_bytes: int = 1024 * 1024,
         metadata_max_age_ms: int = 300_000,
         connect_timeout_ms: int = 10_000,
+        writer_id: str | None = None,
     ) -> None:
         options: dict[str, Any] = {
             "linger_ms": linger_ms,
@@ -72,6 +73,7 @@ class Producer(BlockingTwin[AsyncProducer]):
             "max_request_bytes": max_request_bytes,
             "metadata_max_age_ms": metadata_max_age_ms,
             "connect_timeout_ms": connect_timeout_ms,
+            "writer_id": writer_id,
         }
         # Bad settings fail here, before a thread is started.
         parse_addr(addr)
@@ -100,6 +102,11 @@ class Producer(BlockingTwin[AsyncProducer]):
     @property
     def producer_epoch(self) -> int:
         return self._async.producer_epoch
+
+    @property
+    def skipped(self) -> int:
+        """See :attr:`AsyncProducer.skipped`."""
+        return self._async.skipped
 
     def send(
         self,
