@@ -39,7 +39,7 @@ from tidewire.errors import (
     UnknownTopicError,
 )
 from tidewire.protocol.messages import ACKS_DURABLE, ACKS_LEADER, ACKS_NONE, TopicConfig
-from tidewire.records import Codec, Record
+from tidewire.records import Codec, Record, iter_batches, iter_records
 
 CODECS = [Codec.NONE, Codec.GZIP, Codec.LZ4, Codec.ZSTD]
 
@@ -381,6 +381,40 @@ def test_fetch_errors(kind: str, tmp_path: Path) -> None:
             with pytest.raises(UnknownPartitionError):
                 await c.fetch("t", 1, 0)
             assert [r.value for r in (await c.fetch("t", 0, 0)).records] == [b"x", b"y", b"z"]
+
+    run(main())
+
+
+def test_fetch_batches_hands_over_the_stored_bytes(kind: str, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (_, server), connect(kind, server) as c:
+            await c.create_topic("t")
+            await c.produce("t", 0, [Message(b"a%d" % i) for i in range(3)])
+            await c.produce("t", 0, [Message(b"b%d" % i) for i in range(2)], codec=Codec.LZ4)
+            got = await c.fetch_batches("t", 0, 1)
+            assert (got.high_watermark, got.log_start_offset) == (5, 0)
+            batches = list(iter_batches(got.data))  # the CRCs check out
+            assert [(h.base_offset, h.records_count) for _, h in batches] == [(0, 3), (3, 2)]
+            assert [r.value for r in iter_records(got.data[batches[1][0] :])] == [b"b0", b"b1"]
+            assert (await c.fetch_batches("t", 0, 5)).data == b""
+            with pytest.raises(OffsetOutOfRangeError):
+                await c.fetch_batches("t", 0, 6)
+
+    run(main())
+
+
+def test_commit_offsets_from_outside_a_group(kind: str, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (_, server), connect(kind, server) as c:
+            await c.create_topic("t", 2)
+            await c.produce("t", 0, [Message(b"x%d" % i) for i in range(4)])
+            await c.commit_offsets("job", {("t", 1): 0, ("t", 0): 3})
+            await c.commit_offsets("job", {})  # nothing to do
+            assert await c.committed_offsets("job") == {("t", 0): 3, ("t", 1): 0}
+            assert [(x.partition, x.lag) for x in await c.group_lag("job")] == [(0, 1), (1, 0)]
+            with pytest.raises(UnknownPartitionError):
+                await c.commit_offsets("job", {("t", 7): 0})
+            assert await c.committed_offsets("job") == {("t", 0): 3, ("t", 1): 0}
 
     run(main())
 

@@ -33,6 +33,7 @@ def test_exported_names() -> None:
         "Client",
         "Consumer",
         "ConsumerRecord",
+        "FetchedBatches",
         "FetchedRecords",
         "GroupConsumer",
         "Message",
@@ -42,7 +43,7 @@ def test_exported_names() -> None:
         "Subscriber",
         "fnv1a_32",
     ]
-    for name in ("AsyncClient", "Client", "FetchedRecords", "Message"):
+    for name in ("AsyncClient", "Client", "FetchedBatches", "FetchedRecords", "Message"):
         assert getattr(tidewire.client, name) is getattr(impl, name)
     assert (AsyncClient, Client, FetchedRecords, Message) == (
         impl.AsyncClient,
@@ -56,6 +57,7 @@ def test_async_client_methods() -> None:
     assert sorted(public_methods(AsyncClient)) == [
         "alter_topic",
         "close",
+        "commit_offsets",
         "committed_offsets",
         "create_topic",
         "delete_group",
@@ -63,6 +65,7 @@ def test_async_client_methods() -> None:
         "describe_group",
         "describe_topic",
         "fetch",
+        "fetch_batches",
         "group_lag",
         "list_groups",
         "list_offset",

@@ -1,7 +1,8 @@
 """Python clients of the binary protocol.
 
 - :class:`AsyncClient` and its blocking twin :class:`Client`: administration, produce a
-  batch, fetch, offsets -- one request per call.
+  batch, fetch (as records, or as the batches' bytes), offsets, commits from outside a
+  group -- one request per call.
 - :class:`AsyncProducer` and :class:`Producer`: batching, pipelining, retrying, idempotent
   publishing with a future per message (:class:`RecordFuture`, :class:`BlockingRecordFuture`)
   resolving to :class:`RecordMetadata`.
@@ -16,7 +17,7 @@
 
 Public names::
 
-    AsyncClient, Client, Message, FetchedRecords
+    AsyncClient, Client, Message, FetchedRecords, FetchedBatches
     AsyncProducer, Producer, RecordMetadata, RecordFuture, BlockingRecordFuture
     AsyncConsumer, Consumer, ConsumerRecord
     AsyncGroupConsumer, GroupConsumer
@@ -27,7 +28,7 @@ Public names::
 from __future__ import annotations
 
 from tidewire.client._accumulator import BlockingRecordFuture, RecordFuture, RecordMetadata
-from tidewire.client._client import AsyncClient, Client, FetchedRecords, Message
+from tidewire.client._client import AsyncClient, Client, FetchedBatches, FetchedRecords, Message
 from tidewire.client._consumer import AsyncConsumer, Consumer, ConsumerRecord
 from tidewire.client._group import AsyncGroupConsumer, GroupConsumer
 from tidewire.client._producer import AsyncProducer
@@ -45,6 +46,7 @@ __all__ = [
     "Client",
     "Consumer",
     "ConsumerRecord",
+    "FetchedBatches",
     "FetchedRecords",
     "GroupConsumer",
     "Message",

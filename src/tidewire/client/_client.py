@@ -9,7 +9,7 @@ time.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -20,6 +20,7 @@ from tidewire.protocol.messages import (
     ACKS_NONE,
     AlterTopicRequest,
     ApiVersionsRequest,
+    CommitPartition,
     CreateTopicRequest,
     DeleteGroupRequest,
     DeleteTopicRequest,
@@ -36,6 +37,7 @@ from tidewire.protocol.messages import (
     ListOffsetsRequest,
     ListTopicsRequest,
     MetadataRequest,
+    OffsetCommitRequest,
     OffsetFetchRequest,
     PingRequest,
     ProducePartition,
@@ -51,7 +53,7 @@ from tidewire.records import BatchBuilder, Codec, Record, iter_batches, iter_rec
 
 from ._transport import Transport, parse_addr
 
-__all__ = ["AsyncClient", "Client", "FetchedRecords", "Message"]
+__all__ = ["AsyncClient", "Client", "FetchedBatches", "FetchedRecords", "Message"]
 
 T = TypeVar("T")
 
@@ -64,6 +66,17 @@ class Message:
     key: bytes | None = None
     headers: Sequence[tuple[str, bytes | None]] = ()
     timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedBatches:
+    """One partition's part of a fetch as the broker sent it: whole record batches, CRC not
+    yet checked (see :func:`tidewire.records.iter_batches`); the first may start before the
+    offset asked for."""
+
+    data: bytes
+    high_watermark: int
+    log_start_offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +275,37 @@ class AsyncClient:
             nxt = h.next_offset
         return FetchedRecords(records, max(nxt, offset), int(result.high_watermark))
 
+    async def fetch_batches(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int = 1024 * 1024,
+        max_wait_ms: int = 0,
+    ) -> FetchedBatches:
+        """Read the record batches from ``offset`` on as bytes, for readers that decode them
+        their own way (long-poll up to ``max_wait_ms`` when there are none yet).
+
+        Raises:
+            UnknownTopicError, UnknownPartitionError, OffsetOutOfRangeError, ...
+        """
+        req = FetchRequest(
+            max_wait_ms=max_wait_ms,
+            max_bytes=max_bytes,
+            partitions=[FetchPartition(topic, partition, offset, max_bytes)],
+        )
+        timeout = self._t.request_timeout_s + max_wait_ms / 1000
+        response = await self._t.request(req, timeout_s=timeout)
+        assert response is not None
+        (result,) = response.body.partitions
+        _raise(result.error_code, result.error_message)
+        return FetchedBatches(
+            bytes(response.data[: result.size]),
+            int(result.high_watermark),
+            int(result.log_start_offset),
+        )
+
     async def list_offset(self, topic: str, partition: int, timestamp: int) -> int:
         """-2: earliest, -1: latest (high watermark), else the first offset at or after the
         timestamp (ms)."""
@@ -338,6 +382,24 @@ class AsyncClient:
         )
         body = (await self._call(req)).body
         return {(o.topic, o.partition): int(o.offset) for o in body.offsets}
+
+    async def commit_offsets(self, group_id: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Commit ``offsets`` (partition -> the next offset to read) for a group without
+        members, from outside it, as a job that tracks its own positions does; return once
+        the broker has stored them. ``tidewire group describe`` then shows the group's lag.
+
+        Raises:
+            GroupNotEmptyError: the group has members (they own its offsets).
+            UnknownTopicError, UnknownPartitionError, InvalidRequestError.
+        """
+        if not offsets:
+            return
+        req = OffsetCommitRequest(
+            group_id=group_id,
+            partitions=[CommitPartition(t, p, o) for (t, p), o in sorted(offsets.items())],
+        )
+        for r in (await self._call(req)).body.results:
+            _raise(r.error_code, r.error_message)
 
     async def delete_group(self, group_id: str) -> None:
         """Delete a group without members and its committed offsets.
@@ -473,6 +535,21 @@ class Client(BlockingTwin[AsyncClient]):
             )
         )
 
+    def fetch_batches(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int = 1024 * 1024,
+        max_wait_ms: int = 0,
+    ) -> FetchedBatches:
+        return self._run(
+            self._async.fetch_batches(
+                topic, partition, offset, max_bytes=max_bytes, max_wait_ms=max_wait_ms
+            )
+        )
+
     def list_offset(self, topic: str, partition: int, timestamp: int) -> int:
         return self._run(self._async.list_offset(topic, partition, timestamp))
 
@@ -499,6 +576,9 @@ class Client(BlockingTwin[AsyncClient]):
         self, group_id: str, partitions: Sequence[tuple[str, int]] | None = None
     ) -> dict[tuple[str, int], int]:
         return self._run(self._async.committed_offsets(group_id, partitions))
+
+    def commit_offsets(self, group_id: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        self._run(self._async.commit_offsets(group_id, offsets))
 
     def delete_group(self, group_id: str) -> None:
         self._run(self._async.delete_group(group_id))
