@@ -91,6 +91,7 @@ def spark() -> Iterator[Any]:
     # whatever python3 is first on PATH.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # everything on the loopback
     from pyspark.sql import SparkSession
 
     session = (

@@ -17,13 +17,17 @@ from typing import cast
 
 from pyspark.sql.datasource import (
     DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
 )
 from pyspark.sql.types import StructType
 
 from tidewire.spark._options import parse_bool
+from tidewire.spark._reader import TidewireBatchReader
 from tidewire.spark._schema import spark_schema
+from tidewire.spark._stream import TidewireStreamReader
 
 __all__ = ["SOURCE_NAME", "TidewireDataSource"]
 
@@ -51,6 +55,22 @@ class TidewireDataSource(DataSource):
             ValueError: ``includeHeaders`` is not ``true`` or ``false``.
         """
         return spark_schema(_include_headers(self.options))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """The batch reader (``spark.read``); the options are checked here.
+
+        Raises:
+            ValueError: a missing, conflicting or malformed option.
+        """
+        return TidewireBatchReader(dict(self.options), schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """The streaming reader (``spark.readStream``); the options are checked here.
+
+        Raises:
+            ValueError: a missing, conflicting or malformed option.
+        """
+        return TidewireStreamReader(dict(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """The batch writer (``df.write``)."""

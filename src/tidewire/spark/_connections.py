@@ -1,0 +1,64 @@
+"""One connection per broker address in each Python process of Spark, kept between tasks.
+
+Spark pickles a reader and runs ``read()`` on a copy of it in a Python worker, which it
+keeps for the next tasks (``spark.python.worker.reuse``); a connection held here, at module
+level, survives from one task to the next, so a task does not pay a connect. A broker that
+went away is reconnected on the next request (the client does that by itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from tidewire.client import Client
+from tidewire.errors import TidewireError
+
+__all__ = ["client_for", "discard"]
+
+log = logging.getLogger("tidewire.spark")
+
+_clients: dict[tuple[tuple[str, ...], int], Client] = {}
+_lock = threading.Lock()
+
+
+def client_for(servers: tuple[str, ...], request_timeout_ms: int) -> Client:
+    """This process's client for ``servers``: the first of them that answers a ping, tried
+    in order when the process first needs one.
+
+    Raises:
+        ConnectionLostError, RequestTimedOutError: none of them answered (the last error,
+            naming every address tried).
+    """
+    key = (servers, request_timeout_ms)
+    with _lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _connect(servers, request_timeout_ms / 1000)
+            _clients[key] = client
+        return client
+
+
+def discard(servers: tuple[str, ...], request_timeout_ms: int) -> None:
+    """Close and forget the client for ``servers`` (the next :func:`client_for` connects
+    again, to the first address that answers)."""
+    with _lock:
+        client = _clients.pop((servers, request_timeout_ms), None)
+    if client is not None:
+        client.close()
+
+
+def _connect(servers: tuple[str, ...], request_timeout_s: float) -> Client:
+    failure: TidewireError | None = None
+    for addr in servers:
+        client = Client(addr, request_timeout_s=request_timeout_s)
+        try:
+            client.ping()
+        except TidewireError as exc:
+            client.close()
+            log.warning("tidewire broker %s did not answer: %s", addr, exc)
+            failure = exc
+            continue
+        return client
+    assert failure is not None
+    raise type(failure)(f"no tidewire broker answered at {', '.join(servers)}: {failure}")

@@ -1,0 +1,272 @@
+"""Fetched record batches to Arrow: the columns of the rows Spark reads, built per fetch.
+
+:func:`decode_fetch` walks the batches of one fetch response (each CRC-checked), decodes
+their records straight into one Python list per column and turns each list into an Arrow
+array in C: no object per row but the key and value bytes themselves (and the headers when
+they are asked for). The topic, partition and usually the timestamp type are the same for
+every row and become repeated scalars. The record loop decodes the one- and two-byte
+varints inline, as :func:`tidewire.records.read_records` does; anything it does not expect
+is handed to the reference decoder (:func:`tidewire.records.iter_records`), which names the
+fault.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import NamedTuple
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tidewire.errors import InvalidRecordError, RecordBatchError
+from tidewire.records import BATCH_OVERHEAD, BatchHeader, iter_batches, iter_records
+from tidewire.records.batch import TimestampType
+from tidewire.records.compression import decompress
+from tidewire.records.varint import decode as _dv
+from tidewire.spark._schema import HEADER_ARROW_TYPE, arrow_schema
+
+__all__ = ["Decoded", "decode_fetch"]
+
+#: Attribute bit 5: a control batch (transaction markers in Kafka's format): no user records.
+_CONTROL_BIT = 0x20
+_TIMESTAMP = pa.timestamp("us", tz="UTC")
+_US_PER_MS = 1000
+
+Header = tuple[str, bytes | None]
+
+
+class Decoded(NamedTuple):
+    """What one fetch response held for the range asked for."""
+
+    #: The rows at offsets within ``[start, end)``, or None when there are none.
+    batch: pa.RecordBatch | None
+    #: The offset to fetch next: past the last whole batch of the response (never past
+    #: ``end``); ``start`` when the response held no whole batch.
+    next_offset: int
+
+
+class _Columns:
+    """One list per column, appended to batch by batch."""
+
+    __slots__ = ("headers", "keys", "offsets", "timestamp_types", "timestamps", "values")
+
+    def __init__(self, with_headers: bool) -> None:
+        self.offsets: list[int] = []
+        self.timestamps: list[int] = []
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.timestamp_types: list[int] = []
+        self.headers: list[list[Header]] | None = [] if with_headers else None
+
+    def trim(self, i0: int, start: int, end: int) -> None:
+        """Drop the rows from ``i0`` on whose offsets fall outside ``[start, end)``."""
+        lo = bisect_left(self.offsets, start, i0)
+        hi = bisect_left(self.offsets, end, lo)
+        columns: list[list[int] | list[bytes | None] | list[list[Header]]] = [
+            self.offsets,
+            self.timestamps,
+            self.keys,
+            self.values,
+        ]
+        if self.headers is not None:
+            columns.append(self.headers)
+        for column in columns:
+            del column[hi:]
+            del column[i0:lo]
+
+
+def decode_fetch(
+    data: bytes, topic: str, partition: int, start: int, end: int, *, include_headers: bool
+) -> Decoded:
+    """The rows of ``topic``/``partition`` at offsets ``start`` (inclusive) to ``end``
+    (exclusive) found in ``data``, the record batches of one fetch response.
+
+    A partial batch at the end of ``data`` (the response's byte limit cut it) is left for
+    the next fetch.
+
+    Raises:
+        RecordBatchError: a batch or a record is malformed (a subclass naming the fault).
+    """
+    cols = _Columns(include_headers)
+    next_offset = start
+    for pos, h in iter_batches(data):
+        if h.base_offset >= end:
+            next_offset = end
+            break
+        next_offset = min(h.next_offset, end)
+        if h.next_offset <= start or h.attributes & _CONTROL_BIT:
+            continue
+        i0 = len(cols.offsets)
+        _decode_batch(data, pos, h, cols)
+        n = len(cols.offsets) - i0
+        if h.base_offset < start or h.next_offset > end:
+            cols.trim(i0, start, end)
+            n = len(cols.offsets) - i0
+        if h.timestamp_type == TimestampType.LOG_APPEND_TIME:
+            cols.timestamps[i0:] = [h.max_timestamp] * n
+        cols.timestamp_types += [h.timestamp_type] * n
+    return Decoded(_to_arrow(cols, topic, partition), next_offset)
+
+
+def _to_arrow(cols: _Columns, topic: str, partition: int) -> pa.RecordBatch | None:
+    n = len(cols.offsets)
+    if not n:
+        return None
+    types = cols.timestamp_types
+    timestamp_type = (
+        pa.repeat(pa.scalar(types[0], pa.int32()), n)
+        if types[0] == types[-1] and types.count(types[0]) == n
+        else pa.array(types, pa.int32())
+    )
+    arrays = [
+        pa.array(cols.keys, pa.binary()),
+        pa.array(cols.values, pa.binary()),
+        pa.repeat(pa.scalar(topic, pa.string()), n),
+        pa.repeat(pa.scalar(partition, pa.int32()), n),
+        pa.array(cols.offsets, pa.int64()),
+        pc.multiply(pa.array(cols.timestamps, pa.int64()), _US_PER_MS).cast(_TIMESTAMP),
+        timestamp_type,
+    ]
+    if cols.headers is not None:
+        arrays.append(pa.array(cols.headers, HEADER_ARROW_TYPE))
+    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(cols.headers is not None))
+
+
+def _decode_batch(buf: bytes, start: int, h: BatchHeader, cols: _Columns) -> None:
+    """Append the records of the (CRC-checked) batch at ``buf[start:]`` to ``cols``."""
+    if h.codec:
+        view = memoryview(buf)[start + BATCH_OVERHEAD : start + h.size]
+        data = bytes(decompress(h.codec, view))
+        pos, end = 0, len(data)
+    else:
+        data = buf
+        pos, end = start + BATCH_OVERHEAD, start + h.size
+    base, first_ts, last_delta = h.base_offset, h.first_timestamp, h.last_offset_delta
+    offsets, timestamps, keys, values = cols.offsets, cols.timestamps, cols.keys, cols.values
+    headers = cols.headers
+    n0 = len(offsets)
+    prev = -1
+    ok = False
+    try:
+        for _ in range(h.records_count):
+            # Each varint: one byte, two bytes (inline), or the general decoder.
+            b = data[pos]
+            if b < 0x80:
+                length = (b >> 1) ^ -(b & 1)
+                pos += 1
+            elif data[pos + 1] < 0x80:
+                n = (b & 0x7F) | (data[pos + 1] << 7)
+                length = (n >> 1) ^ -(n & 1)
+                pos += 2
+            else:
+                length, pos = _dv(data, pos)
+            if length < 6 or pos + length > end:
+                break
+            rec_end = pos + length
+            b = data[pos + 1]  # after the attributes byte: the timestamp delta
+            if b < 0x80:
+                ts_delta = (b >> 1) ^ -(b & 1)
+                pos += 2
+            elif data[pos + 2] < 0x80:
+                n = (b & 0x7F) | (data[pos + 2] << 7)
+                ts_delta = (n >> 1) ^ -(n & 1)
+                pos += 3
+            else:
+                ts_delta, pos = _dv(data, pos + 1, wide=True)
+            b = data[pos]
+            if b < 0x80:
+                delta = (b >> 1) ^ -(b & 1)
+                pos += 1
+            elif data[pos + 1] < 0x80:
+                n = (b & 0x7F) | (data[pos + 1] << 7)
+                delta = (n >> 1) ^ -(n & 1)
+                pos += 2
+            else:
+                delta, pos = _dv(data, pos)
+            if delta <= prev or delta > last_delta:
+                break
+            prev = delta
+            if data[pos] == 1:  # -1: a null key
+                key = None
+                pos += 1
+            else:
+                n, pos = _dv(data, pos)
+                if n < -1 or pos + n > rec_end:
+                    break
+                if n == -1:
+                    key = None
+                else:
+                    key = data[pos : pos + n]
+                    pos += n
+            b = data[pos]
+            if b < 0x80:
+                n = (b >> 1) ^ -(b & 1)
+                pos += 1
+            elif data[pos + 1] < 0x80:
+                n = (b & 0x7F) | (data[pos + 1] << 7)
+                n = (n >> 1) ^ -(n & 1)
+                pos += 2
+            else:
+                n, pos = _dv(data, pos)
+            if n < -1 or pos + n > rec_end:
+                break
+            if n == -1:
+                value = None
+            else:
+                value = data[pos : pos + n]
+                pos += n
+            if headers is not None:
+                if data[pos] == 0:
+                    headers.append([])
+                    pos += 1
+                else:
+                    record_headers, pos = _headers(data, pos, rec_end)
+                    headers.append(record_headers)
+                if pos != rec_end:
+                    break
+            elif pos >= rec_end:  # at least the header count is left
+                break
+            offsets.append(base + delta)
+            timestamps.append(first_ts + ts_delta)
+            keys.append(key)
+            values.append(value)
+            pos = rec_end
+        else:
+            ok = pos == end
+    except (IndexError, RecordBatchError):
+        pass
+    if ok:
+        return
+    # Malformed: take back what this batch appended; the reference reader names the fault.
+    del offsets[n0:], timestamps[n0:], keys[n0:], values[n0:]
+    if headers is not None:
+        del headers[n0:]
+    for _ in iter_records(memoryview(buf)[start : start + h.size]):
+        pass
+    raise InvalidRecordError("the batch's records are malformed")  # pragma: no cover
+
+
+def _headers(data: bytes, pos: int, rec_end: int) -> tuple[list[Header], int]:
+    """The headers of one record at ``data[pos:]`` (their count first)."""
+    count, pos = _dv(data, pos)
+    if count < 0 or count > rec_end - pos:
+        raise InvalidRecordError(f"a record declares {count} headers")
+    out: list[Header] = []
+    for _ in range(count):
+        n, pos = _dv(data, pos)
+        if n < 0 or pos + n > rec_end:
+            raise InvalidRecordError(f"a header key of length {n}")
+        try:
+            name = data[pos : pos + n].decode()
+        except UnicodeDecodeError:
+            raise InvalidRecordError("a header key that is not UTF-8") from None
+        pos += n
+        n, pos = _dv(data, pos)
+        if n < -1 or pos + n > rec_end:
+            raise InvalidRecordError(f"a header value of length {n}")
+        if n == -1:
+            out.append((name, None))
+        else:
+            out.append((name, data[pos : pos + n]))
+            pos += n
+    return out, pos
