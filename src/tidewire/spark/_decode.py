@@ -143,6 +143,8 @@ def _decode_batch(buf: bytes, start: int, h: BatchHeader, cols: _Columns) -> Non
         pos, end = start + BATCH_OVERHEAD, start + h.size
     base, first_ts, last_delta = h.base_offset, h.first_timestamp, h.last_offset_delta
     offsets, timestamps, keys, values = cols.offsets, cols.timestamps, cols.keys, cols.values
+    add_offset, add_timestamp = offsets.append, timestamps.append
+    add_key, add_value = keys.append, values.append
     headers = cols.headers
     n0 = len(offsets)
     prev = -1
@@ -226,10 +228,10 @@ def _decode_batch(buf: bytes, start: int, h: BatchHeader, cols: _Columns) -> Non
                     break
             elif pos >= rec_end:  # at least the header count is left
                 break
-            offsets.append(base + delta)
-            timestamps.append(first_ts + ts_delta)
-            keys.append(key)
-            values.append(value)
+            add_offset(base + delta)
+            add_timestamp(first_ts + ts_delta)
+            add_key(key)
+            add_value(value)
             pos = rec_end
         else:
             ok = pos == end
