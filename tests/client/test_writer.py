@@ -106,3 +106,30 @@ def test_a_released_writer_cannot_write_again(tmp_path: Path) -> None:
             assert c.release_writers(["job-3/0"]) >= 1
         with pytest.raises(ProducerFencedError, match="released"):
             attempt(addr, "job-3/0", 100, flush=True)
+
+
+def test_send_values_resumes_like_send(tmp_path: Path) -> None:
+    values = [b"bulk-%05d" % i for i in range(5_000)]
+    with serving(tmp_path / "data", "--partitions", str(PARTITIONS)) as (_, port):
+        addr = f"127.0.0.1:{port}"
+        with Producer(addr, writer_id="bulk/0", batch_bytes=2048) as p:
+            p.send_values("t", values[:1_800])
+        with Producer(addr, writer_id="bulk/0", batch_bytes=2048) as p:
+            p.send_values("t", values[:700])  # all stored already: skipped
+            p.send_values("t", values[700:])
+            p.flush()
+            assert p.failure is None
+            assert p.skipped == 1_800
+        by_partition = stored(addr)
+        every = [v for vs in by_partition.values() for v in vs]
+        assert sorted(every) == values  # each once
+        for vs in by_partition.values():
+            assert vs == sorted(vs)  # in order within a partition
+        # the writer's rotation: 1,024 records to a partition, then the next
+        # (5,000 records: 1,024 to each of 3 partitions, then 1,024 and 904 more)
+        assert sorted(len(vs) for vs in by_partition.values()) == [1_024, 1_928, 2_048]
+        with Producer(addr) as p:  # an ordinary producer: the sticky partition
+            p.send_values("t", [b"x"] * 1_000)
+            p.flush()
+            assert p.failure is None
+        assert sum(len(vs) for vs in stored(addr).values()) == 6_000

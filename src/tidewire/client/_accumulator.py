@@ -469,6 +469,75 @@ class Accumulator:
                 self._wake()
         return batch, index
 
+    def append_values(  # noqa: PLR0917 (the hot path: positional arguments cost least)
+        self,
+        state: PartitionState,
+        values: Sequence[bytes | None],
+        start: int,
+        end: int,
+        timestamp: int,
+        limit: int,
+    ) -> int:
+        """Append ``values[start:end]`` to ``state`` as records without key or headers, all
+        stamped ``timestamp``, opening batches as they fill (the rule of :meth:`append`).
+
+        Returns:
+            The index reached: ``end``, or less when the buffer has no room for the next.
+
+        Raises:
+            BatchTooLargeError: a value alone exceeds ``limit`` or the whole buffer.
+        """
+        lock = self._append_lock
+        if lock is not None:
+            lock.acquire()
+        opened = False
+        i = start
+        try:
+            batch = state.open
+            parts: list[bytes] = [] if batch is None else batch.parts
+            while i < end:
+                value = values[i]
+                if value is None:
+                    vlen, value, payload = _NULL, b"", 4
+                else:
+                    n = len(value)
+                    vlen = _VARINT[n] if n < _VARINT_LIMIT else varint.encode(n)
+                    payload = 3 + len(vlen) + n  # attributes, null key, value, no headers
+                need = payload + 16
+                if need + BATCH_OVERHEAD > limit or need > self.buffer_bytes:
+                    raise self._too_large(need, limit)
+                if self.used + need > self.buffer_bytes:
+                    break
+                if batch is None or (
+                    batch.count
+                    and (batch.size + need > self.batch_bytes or batch.size + need > limit)
+                ):
+                    if batch is not None:
+                        state.open = None  # closed: full
+                    batch = self._open(state, timestamp)
+                    parts = batch.parts
+                    opened = True
+                index = batch.count
+                delta = timestamp - batch.first_ts
+                tsd = _VARINT[delta] if 0 <= delta < _VARINT_LIMIT else varint.encode(delta)
+                od = _VARINT[index] if index < _VARINT_LIMIT else varint.encode(index)
+                body = payload + len(tsd) + len(od)
+                lenv = _VARINT[body] if body < _VARINT_LIMIT else varint.encode(body)
+                parts += (lenv, _ATTRS, tsd, od, _NULL, vlen, value, _ZERO)
+                size = body + len(lenv)
+                batch.size += size
+                self.used += size
+                batch.count = index + 1
+                if timestamp > batch.max_ts:  # noqa: PLR1730 (a call per record costs)
+                    batch.max_ts = timestamp
+                i += 1
+        finally:
+            if lock is not None:
+                lock.release()
+            if opened:
+                self._wake()
+        return i
+
     def _open(self, state: PartitionState, timestamp: int) -> ProducerBatch:
         """Open a new batch for ``state`` (under the lock)."""
         batch = ProducerBatch(state, self._new_future(), self._clock())

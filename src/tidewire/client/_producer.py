@@ -23,6 +23,7 @@ import enum
 import logging
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -303,6 +304,48 @@ class AsyncProducer:
         return self._session
 
     @property
+    def failure(self) -> TidewireError | None:
+        """The error that failed the producer (every later send raises it), or None."""
+        return self._fatal
+
+    async def send_values(
+        self, topic: str, values: Sequence[bytes | None], *, timestamp: int | None = None
+    ) -> None:
+        """Queue many unkeyed values at once (no futures: :meth:`flush`, then
+        :attr:`failure`, tell whether they were stored): several times cheaper per message
+        than :meth:`send`. They are routed as :meth:`send` routes unkeyed messages.
+
+        Raises:
+            as :meth:`send`.
+        """
+        acc = self._acc or self._bind()
+        ts = _time_ns() // 1_000_000 if timestamp is None else timestamp
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.max_block_ms / 1000
+        i, refreshed = 0, False
+        while i < len(values):
+            self._space.clear()
+            got = self._append_values(acc, topic, values, i, ts)
+            if got == _NEED_METADATA:
+                if refreshed:
+                    raise self._no_partition(topic, None)
+                await self._load_topic(topic, deadline - loop.time())
+                refreshed = True
+                continue
+            if got < len(values):
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise self._buffer_full(len(values[got] or b""))
+                try:
+                    async with asyncio.timeout(remaining):
+                        await self._space.wait()
+                except TimeoutError:
+                    raise self._buffer_full(len(values[got] or b"")) from None
+            else:
+                await asyncio.sleep(0)  # let the sender ship the full batches
+            i = got
+
+    @property
     def skipped(self) -> int:
         """A writer's records skipped so far because an earlier instance stored them."""
         acc = self._acc
@@ -491,6 +534,51 @@ class AsyncProducer:
             return got
         batch, index = got  # type: ignore[misc]
         return batch, index, timestamp
+
+    def _append_values(
+        self, acc: Accumulator, topic: str, values: Sequence[bytes | None], start: int, ts: int
+    ) -> int:
+        """The hot path of ``send_values`` (both twins): the index reached (less than
+        ``len(values)`` when the buffer is full), or ``_NEED_METADATA``."""
+        if self._closing or self._fatal is not None:
+            raise self._refusal()
+        meta = self._topics.get(topic)
+        if meta is None:
+            if not isinstance(topic, str):
+                raise TypeError(f"topic must be str, not {type(topic).__name__}")
+            return _NEED_METADATA
+        n_parts = len(meta.partitions)
+        writer = self._writer is not None
+        i, total = start, len(values)
+        while i < total:
+            if writer:  # rotation by count, as send() routes a writer's unkeyed records
+                k = meta.unkeyed % WRITER_STICKY_RECORDS
+                state = meta.partitions[
+                    (meta.sticky + meta.unkeyed // WRITER_STICKY_RECORDS) % n_parts
+                ]
+                end = min(i + WRITER_STICKY_RECORDS - k, total)
+            else:
+                sticky = meta.sticky_batch
+                if sticky is not None and sticky.state.open is not sticky:
+                    meta.sticky = (meta.sticky + 1) % n_parts  # its batch was sent
+                    meta.sticky_batch = None
+                state = meta.partitions[meta.sticky]
+                end = total
+            if state.skipped < state.skip:  # a writer's records the broker holds already
+                k = min(state.skip - state.skipped, end - i)
+                state.skipped += k
+                meta.unkeyed += k
+                i += k
+                continue
+            j = acc.append_values(state, values, i, end, ts, meta.limit)
+            if writer:
+                meta.unkeyed += j - i
+            elif state.open is not None:
+                meta.sticky_batch = state.open
+            if j < end:
+                return j
+            i = j
+        return i
 
     def _refusal(self) -> TidewireError:
         if self._fatal is not None:

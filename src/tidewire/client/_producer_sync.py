@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from tidewire.client._blocking import BlockingTwin
-from tidewire.errors import ProducerClosedError
+from tidewire.errors import ProducerClosedError, TidewireError
 
 from ._accumulator import Accumulator, BlockingRecordFuture, ProducerBatch
 from ._producer import _NEED_METADATA, AsyncProducer, Session
@@ -129,6 +130,36 @@ class Producer(BlockingTwin[AsyncProducer]):
                 topic, value, key=key, headers=headers, partition=partition, timestamp=timestamp
             )
         )
+
+    def send_values(
+        self, topic: str, values: Sequence[bytes | None], *, timestamp: int | None = None
+    ) -> None:
+        """See :meth:`AsyncProducer.send_values`; blocks only when the buffer is full or the
+        topic's metadata is not known yet."""
+        p = self._async
+        ts = time.time_ns() // 1_000_000 if timestamp is None else timestamp
+        deadline = time.monotonic() + p._settings.max_block_ms / 1000
+        i, refreshed = 0, False
+        while i < len(values):
+            with self._space:
+                got = p._append_values(self._acc, topic, values, i, ts)
+                if got != _NEED_METADATA:
+                    if got < len(values):
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            raise p._buffer_full(len(values[got] or b""))
+                        self._space.wait(remaining)
+                    i = got
+                    continue
+            if refreshed:
+                raise p._no_partition(topic, None)
+            self._run(p._load_topic(topic, deadline - time.monotonic()))
+            refreshed = True
+
+    @property
+    def failure(self) -> TidewireError | None:
+        """See :attr:`AsyncProducer.failure`."""
+        return self._async.failure
 
     def _send_slowly(
         self,

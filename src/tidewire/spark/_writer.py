@@ -114,6 +114,8 @@ def write_partition(
         producer.flush()
         for fut in last.values():
             fut.result()  # raises the error that failed the writer, if one did
+        if producer.failure is not None:
+            raise producer.failure
         skipped = producer.skipped
     finally:
         producer.close()
@@ -157,10 +159,7 @@ def _send_batch(
     topic = opts.topic
     if keys is None and topics is None and partitions is None and headers is None:
         assert topic is not None
-        fut = None
-        for v in values:
-            fut = send(topic, v)
-        last[topic, None] = fut
+        producer.send_values(topic, values)  # the whole batch at once: no per-row call
         return n
     for i in range(n):
         t = topic if topics is None else topics[i]
