@@ -53,3 +53,18 @@ def test_found_by_name_and_registered(spark: Any, broker: Any) -> None:
         "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
         "timestamp:timestamp,timestampType:int>"
     )
+
+
+def test_public_names() -> None:
+    import pyspark_tidewire
+    import tidewire.spark
+
+    assert tidewire.spark.__all__ == [
+        "SOURCE_NAME",
+        "DataLossError",
+        "TidewireDataSource",
+        "arrow_schema",
+        "register",
+        "spark_schema",
+    ]
+    assert pyspark_tidewire.DefaultSource is TidewireDataSource

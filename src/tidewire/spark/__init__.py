@@ -21,6 +21,7 @@ Public names::
     register              register the source with a SparkSession
     TidewireDataSource    the data source class (for spark.dataSource.register)
     SOURCE_NAME           "tidewire"
+    DataLossError         offsets a query must read are gone (failOnDataLoss=true)
     spark_schema          the schema of the rows read
     arrow_schema          its exact Arrow twin (what the readers yield)
 """
@@ -29,13 +30,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tidewire.spark._plan import DataLossError
 from tidewire.spark._schema import arrow_schema, spark_schema
 from tidewire.spark._source import SOURCE_NAME, TidewireDataSource
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["SOURCE_NAME", "TidewireDataSource", "arrow_schema", "register", "spark_schema"]
+__all__ = [
+    "SOURCE_NAME",
+    "DataLossError",
+    "TidewireDataSource",
+    "arrow_schema",
+    "register",
+    "spark_schema",
+]
 
 
 def register(spark: SparkSession) -> None:

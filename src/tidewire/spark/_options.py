@@ -38,8 +38,9 @@ TopicPartition = tuple[str, int]
 #: enough that a fetch carries thousands of records (one Arrow batch each), small enough that
 #: a task's memory stays a few of them.
 DEFAULT_FETCH_MAX_BYTES = 8 * 1024 * 1024
-#: The largest ``tidewire.fetch.max.bytes`` accepted: a fetch response is held whole in memory.
-MAX_FETCH_MAX_BYTES = 256 * 1024 * 1024
+#: The largest ``tidewire.fetch.max.bytes`` accepted: a fetch response is held whole in a
+#: task's memory, and must fit the client's largest frame (64 MiB) with room to spare.
+MAX_FETCH_MAX_BYTES = 32 * 1024 * 1024
 #: The default of ``tidewire.request.timeout.ms``.
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 

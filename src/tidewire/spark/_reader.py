@@ -134,8 +134,7 @@ def read_range(opts: ReadOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
         decoded = decode_fetch(
             got.data, r.topic, r.partition, pos, r.end, include_headers=opts.include_headers
         )
-        if decoded.batch is not None:
-            yield decoded.batch
+        yield from decoded.batches
         if decoded.next_offset > pos:
             pos = decoded.next_offset
             continue
