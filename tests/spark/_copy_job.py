@@ -12,8 +12,8 @@ import sys
 from tidewire.spark import register
 from tidewire.spark._export import new_session
 
-#: Records per micro-batch: about ten batches per query, so a kill lands mid-way.
-PER_TRIGGER = 10_000
+#: Records per micro-batch: five batches per query, so a kill lands in the middle of one.
+PER_TRIGGER = 20_000
 
 
 def main(addr: str, in_topic: str, out_topic: str, parquet: str, checkpoints: str) -> None:
