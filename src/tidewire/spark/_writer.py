@@ -106,11 +106,21 @@ def write_partition(
         ValueError: a row with a null topic, or a topic column and no topic at all.
     """
     rows = 0
-    producer = Producer(opts.server, writer_id=writer_id, **opts.producer_settings())  # type: ignore[arg-type]
+    producer: Producer | None = None  # made at the first row: an empty task asks nothing
     try:
         last: dict[tuple[str, int | None], Any] = {}
         for batch in batches:
+            if not batch.num_rows:
+                continue
+            if producer is None:
+                producer = Producer(
+                    opts.server,
+                    writer_id=writer_id,
+                    **opts.producer_settings(),  # type: ignore[arg-type]
+                )
             rows += _send_batch(producer, opts, cols, batch, last)
+        if producer is None:
+            return 0, 0
         producer.flush()
         for fut in last.values():
             fut.result()  # raises the error that failed the writer, if one did
@@ -118,7 +128,8 @@ def write_partition(
             raise producer.failure
         skipped = producer.skipped
     finally:
-        producer.close()
+        if producer is not None:
+            producer.close()
     return rows, skipped
 
 
