@@ -62,3 +62,21 @@ def writer_epochs(addr: str, topic: str) -> dict[int, set[int]]:
                     out.setdefault(h.producer_id, set()).add(h.producer_epoch)
                     offset = h.last_offset + 1
         return out
+
+
+def writer_states(broker: Any, topic: str) -> int:
+    """How many writers' states the broker holds in ``topic``'s partitions."""
+    from tidewire.broker.producers import is_writer
+
+    core = broker.eb.broker
+
+    def count() -> int:
+        return sum(
+            1
+            for (t, _), state in core._producers.items()
+            if t == topic
+            for pid in state.entries
+            if is_writer(pid)
+        )
+
+    return int(broker.call(count))
