@@ -13,7 +13,8 @@ import pytest
 
 from tests.cli._support import serving
 from tidewire.client import Client, Producer
-from tidewire.errors import ProducerFencedError
+from tidewire.errors import BatchTooLargeError, ProducerFencedError
+from tidewire.protocol.messages import TopicConfig
 
 pytestmark = pytest.mark.crash
 
@@ -133,3 +134,18 @@ def test_send_values_resumes_like_send(tmp_path: Path) -> None:
             p.flush()
             assert p.failure is None
         assert sum(len(vs) for vs in stored(addr).values()) == 6_000
+
+
+def test_send_values_refuses_a_value_larger_than_a_batch(tmp_path: Path) -> None:
+    with serving(tmp_path / "data", "--partitions", str(PARTITIONS)) as (_, port):
+        addr = f"127.0.0.1:{port}"
+        with Client(addr) as c:
+            c.create_topic("small", 1, TopicConfig(max_message_bytes=4096))
+        with Producer(addr, writer_id="big/0") as p:
+            p.send_values("small", [b"a" * 100, None, b"b" * 100])
+            with pytest.raises(BatchTooLargeError):
+                p.send_values("small", [b"c" * 100, b"x" * 5000])
+            p.flush()
+        with Client(addr) as c:
+            values = [r.value for r in c.fetch("small", 0, 0).records]
+        assert values == [b"a" * 100, None, b"b" * 100, b"c" * 100]

@@ -492,46 +492,59 @@ class Accumulator:
             lock.acquire()
         opened = False
         i = start
+        # Locals instead of attribute look-ups: this loop runs once per record.
+        room = self.buffer_bytes - self.used
+        cut = min(self.batch_bytes, limit)
+        most = limit - BATCH_OVERHEAD  # the largest record a batch of its own may hold
+        table, table_len, enc = _VARINT, _VARINT_LIMIT, varint.encode
+        batch = state.open
         try:
-            batch = state.open
             parts: list[bytes] = [] if batch is None else batch.parts
+            size = 0 if batch is None else batch.size
+            count = 0 if batch is None else batch.count
+            first_ts = 0 if batch is None else batch.first_ts
+            tsd = b""
             while i < end:
                 value = values[i]
                 if value is None:
                     vlen, value, payload = _NULL, b"", 4
                 else:
                     n = len(value)
-                    vlen = _VARINT[n] if n < _VARINT_LIMIT else varint.encode(n)
+                    vlen = table[n] if n < table_len else enc(n)
                     payload = 3 + len(vlen) + n  # attributes, null key, value, no headers
                 need = payload + 16
-                if need + BATCH_OVERHEAD > limit or need > self.buffer_bytes:
-                    raise self._too_large(need, limit)
-                if self.used + need > self.buffer_bytes:
-                    break
-                if batch is None or (
-                    batch.count
-                    and (batch.size + need > self.batch_bytes or batch.size + need > limit)
-                ):
+                if need > room or need > most:
+                    if need > most or need > self.buffer_bytes:
+                        raise self._too_large(need, limit)
+                    break  # no room in the buffer now
+                if batch is None or (count and size + need > cut):
                     if batch is not None:
+                        batch.size, batch.count = size, count
+                        if timestamp > batch.max_ts:  # noqa: PLR1730 (not max(): see append)
+                            batch.max_ts = timestamp
                         state.open = None  # closed: full
                     batch = self._open(state, timestamp)
-                    parts = batch.parts
+                    parts, size, count, first_ts = batch.parts, batch.size, 0, timestamp
+                    tsd = b""
                     opened = True
-                index = batch.count
-                delta = timestamp - batch.first_ts
-                tsd = _VARINT[delta] if 0 <= delta < _VARINT_LIMIT else varint.encode(delta)
-                od = _VARINT[index] if index < _VARINT_LIMIT else varint.encode(index)
+                if not tsd:
+                    delta = timestamp - first_ts
+                    tsd = table[delta] if 0 <= delta < table_len else enc(delta)
+                od = table[count] if count < table_len else enc(count)
                 body = payload + len(tsd) + len(od)
-                lenv = _VARINT[body] if body < _VARINT_LIMIT else varint.encode(body)
+                lenv = table[body] if body < table_len else enc(body)
                 parts += (lenv, _ATTRS, tsd, od, _NULL, vlen, value, _ZERO)
-                size = body + len(lenv)
-                batch.size += size
-                self.used += size
-                batch.count = index + 1
-                if timestamp > batch.max_ts:  # noqa: PLR1730 (a call per record costs)
-                    batch.max_ts = timestamp
+                body += len(lenv)
+                size += body
+                room -= body
+                count += 1
                 i += 1
         finally:
+            if batch is not None:  # what was appended is counted, even on an error
+                batch.size, batch.count = size, count
+                if count and timestamp > batch.max_ts:
+                    batch.max_ts = timestamp
+            self.used = self.buffer_bytes - room
             if lock is not None:
                 lock.release()
             if opened:
