@@ -10,8 +10,8 @@ Without ``--addr`` it starts a broker (``python -m tidewire serve``, fsync=inter
 process of its own (see ``producer_bench.py``) and fills a topic of P partitions with an
 :class:`AsyncProducer` in large batches (untimed). Then, in one local SparkSession:
 
-- ``decode``: the task's work without Spark: fetch every batch of one partition and turn it
-  into Arrow (one core, in this process);
+- ``fetch only`` and ``decode only``: a task's two parts without Spark, in this process:
+  fetching every batch of partition 0 from the broker, and turning them into Arrow;
 - ``batch read``: ``spark.read.format("tidewire")`` of every message into ``noop``;
 - ``streaming read``: ``readStream`` with ``Trigger.AvailableNow`` into ``noop`` (the rate
   over the micro-batches' own time; the wall time with the query's start-up is printed too);
@@ -38,6 +38,7 @@ from typing import Any
 
 from producer_bench import VALUE_BYTES, broker, run
 from tidewire.client import AsyncClient, AsyncProducer, Client
+from tidewire.records import iter_batches
 from tidewire.spark._decode import decode_fetch
 
 TOPIC = "spark-bench"
@@ -86,20 +87,33 @@ def timed(repeat: int, fn: Callable[[], object]) -> tuple[float, list[float]]:
     return statistics.median(runs), runs
 
 
-def bench_decode(addr: str, args: argparse.Namespace) -> Figure:
-    """Fetch and decode partition 0 into Arrow in this process: the work of one task."""
+def bench_decode(addr: str, args: argparse.Namespace) -> list[Figure]:
+    """What one task does, without Spark, on partition 0, in this process: fetch its
+    batches (the broker's and the client's part), and decode fetched batches into Arrow."""
     with Client(addr) as client:
         end = client.describe_topic(TOPIC).partitions[0].high_watermark
+        fetched: list[tuple[int, bytes]] = []
 
-        def once() -> None:
+        def fetch() -> None:
+            fetched.clear()
             pos = 0
             while pos < end:
                 got = client.fetch_batches(TOPIC, 0, pos, max_bytes=args.fetch_max_bytes)
-                pos = decode_fetch(got.data, TOPIC, 0, pos, end, include_headers=False).next_offset
+                fetched.append((pos, got.data))
+                *_, (_, last) = iter_batches(got.data, verify=False)
+                pos = last.next_offset
 
-        once()
-        median, runs = timed(args.repeat, once)
-    return Figure("decode (fetch + Arrow, 1 core, no Spark)", end, median, runs)
+        def decode() -> None:
+            for pos, data in fetched:
+                decode_fetch(data, TOPIC, 0, pos, end, include_headers=False)
+
+        fetch()
+        fetch_median, fetch_runs = timed(args.repeat, fetch)
+        decode_median, decode_runs = timed(args.repeat, decode)
+    return [
+        Figure("fetch only (partition 0, 1 connection, no Spark)", end, fetch_median, fetch_runs),
+        Figure("decode only (fetched batches to Arrow, 1 core)", end, decode_median, decode_runs),
+    ]
 
 
 def main() -> None:
@@ -154,7 +168,7 @@ def measure(addr: str, args: argparse.Namespace) -> list[Figure]:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    figures = [bench_decode(addr, args)]
+    figures = bench_decode(addr, args)
     progress("starting Spark")
     spark = (
         SparkSession.builder.master(args.master)

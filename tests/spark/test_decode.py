@@ -12,6 +12,7 @@ from tidewire.errors import RecordBatchError
 from tidewire.records import BatchBuilder, Codec, TimestampType, iter_batches, iter_records
 from tidewire.spark import arrow_schema
 from tidewire.spark._decode import Decoded, decode_fetch
+from tidewire.spark._vectorized import fast_rows
 
 T0 = 1_700_000_000_000
 
@@ -141,3 +142,18 @@ def test_the_same_rows_as_the_reference_decoder(
         for r in table(got).to_pylist()
     ]
     assert rows == want[start:]
+
+
+def test_the_common_shape_takes_the_vectorized_path() -> None:
+    plain = BatchBuilder(codec=Codec.ZSTD)
+    for i in range(50):
+        plain.append(b"value %d" % i, key=b"k" if i % 2 else None, timestamp_ms=T0 + i)
+    data = stored(0, plain) + stored(50, plain)
+    batches = list(iter_batches(data))
+    assert fast_rows(data, batches, "t", 0) is not None
+    # Headers, or log-append time: the record loop's.
+    assert fast_rows(batch(0, 4), list(iter_batches(batch(0, 4))), "t", 0) is None
+    appended = BatchBuilder(timestamp_type=TimestampType.LOG_APPEND_TIME)
+    appended.append(b"x", timestamp_ms=T0)
+    data = stored(0, appended)
+    assert fast_rows(data, list(iter_batches(data)), "t", 0) is None

@@ -154,3 +154,32 @@ def test_processing_time_picks_up_new_data_and_restarts_exactly(
     finally:
         query.stop()
     assert stored() == sorted(want({0: 30, 1: 8}))
+
+
+def test_a_pattern_picks_up_new_topics_from_their_start(
+    spark: Any, broker: Any, tmp_path: Path
+) -> None:
+    prefix = unique_topic("grow")
+    fill(broker.addr, f"{prefix}-a", 1, 5)
+    got: list[tuple[Any, ...]] = []
+
+    def run() -> None:
+        query = (
+            stream(spark, broker, subscribePattern=f"{prefix}-.*", startingOffsets="latest")
+            .writeStream.foreachBatch(lambda df, _: got.extend(rows_of(df)))
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(WAIT_S)
+
+    run()  # starts at the latest offsets: nothing read, the positions checkpointed
+    assert got == []
+    produce_range(broker.addr, f"{prefix}-a", 0, range(5, 8))
+    fill(broker.addr, f"{prefix}-b", 2, 4)  # a new matching topic: read from offset 0
+    run()
+    assert sorted(got) == (
+        expected(f"{prefix}-a", 0, range(5, 8))
+        + expected(f"{prefix}-b", 0, range(4))
+        + expected(f"{prefix}-b", 1, range(4))
+    )

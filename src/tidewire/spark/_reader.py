@@ -4,13 +4,15 @@ offset range of one partition into Arrow record batches.
 Planning resolves the starting and ending offsets once, on the driver, so every task reads a
 fixed range and a retried task reads the same rows again. A task fetches its range through
 its worker's connection (:mod:`tidewire.spark._connections`), one fetch after another, and
-yields one Arrow record batch per fetch response.
+yields the Arrow record batches of each fetch response, fetching the next response while
+it decodes one.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
@@ -18,6 +20,7 @@ from pyspark.sql.types import StructType
 
 from tidewire.client import Client, FetchedBatches
 from tidewire.errors import OffsetOutOfRangeError, TidewireError
+from tidewire.records import iter_batches
 from tidewire.spark._connections import client_for
 from tidewire.spark._decode import decode_fetch
 from tidewire.spark._options import ReadOptions, read_options
@@ -32,6 +35,10 @@ from tidewire.spark._plan import (
 __all__ = ["TidewireBatchReader", "read_range"]
 
 log = logging.getLogger("tidewire.spark")
+
+#: Fetches the next response of a task while the task decodes the one it has: one at a time
+#: (a worker runs one task at a time), so a task holds at most two responses.
+_prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tidewire-prefetch")
 
 #: Attempts of one fetch that fails with a retriable error (a lost connection, a timeout, a
 #: broker under backpressure) before the task fails; the client backs off between them, and
@@ -109,9 +116,18 @@ def read_range(opts: ReadOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
     """
     client = client_for(opts.servers, opts.request_timeout_ms)
     pos = r.start
+    ahead: tuple[int, Future[FetchedBatches]] | None = None
     while pos < r.end:
         try:
-            got = _fetch(client, opts, r, pos)
+            if ahead is not None and ahead[0] == pos:
+                got = ahead[1].result()
+            else:
+                got = _fetch(client, opts, r, pos)
+            # While this response is decoded, the broker serves the next one.
+            nxt = _after(got.data, pos)
+            ahead = None
+            if pos < nxt < r.end:
+                ahead = (nxt, _prefetch.submit(_fetch, client, opts, r, nxt))
         except OffsetOutOfRangeError:
             earliest = client.list_offset(r.topic, r.partition, -2)
             if pos >= earliest:
@@ -151,6 +167,14 @@ def read_range(opts: ReadOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
             f"{len(got.data):,} bytes and no whole batch; raise tidewire.fetch.max.bytes "
             f"({opts.fetch_max_bytes:,})"
         )
+
+
+def _after(data: bytes, pos: int) -> int:
+    """The offset after the last whole batch in ``data`` (``pos`` if there is none)."""
+    nxt = pos
+    for _, h in iter_batches(data, verify=False):
+        nxt = h.next_offset
+    return nxt
 
 
 def _fetch(client: Client, opts: ReadOptions, r: OffsetRange, pos: int) -> FetchedBatches:
