@@ -71,14 +71,11 @@ def export(
     addr: AddrOption = DEFAULT_ADDR,
     as_json: JsonOption = False,
 ) -> None:
-    """Copy TOPIC into files partitioned by topic partition (or date), exactly once.
+    """Copy TOPIC into files partitioned by topic partition (or date) with Spark, exactly once.
 
-    A Spark structured-streaming job: it runs until stopped (Ctrl-C), a micro-batch every
-    --interval, or with --once until it has copied what the topic held when it started. It
-    prints a line per micro-batch: the rows, the offsets per partition, the rate. Run it
-    again with the same --checkpoint and it resumes after the last batch it committed;
-    nothing is copied twice (Spark's file sink records the files of each batch in
-    TO/_spark_metadata, and readers through Spark see only those).
+    Runs until Ctrl-C (--once: copies what TOPIC holds now, then stops); a line per batch.
+
+    Run again with the same --checkpoint to resume where it stopped; nothing is copied twice.
     """
     check_addr(addr)
     # Spark is imported only by this command: the others start without it.
