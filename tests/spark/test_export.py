@@ -4,6 +4,7 @@ the command's usage errors."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,26 @@ def test_export_once_twice_copies_each_record_once(spark: Any, broker: Any, tmp_
         assert r.date is not None
     per_partition = {(r.partition, r.offset) for r in rows}
     assert len(per_partition) == 4_000
+
+
+def test_the_command_with_json_progress(spark: Any, broker: Any, tmp_path: Path) -> None:
+    topic = topic_name("export-cli")
+    create_topic(broker.addr, topic, 2)
+    publish(broker.addr, topic, range(500))
+    out = tmp_path / "out"
+    args = ["export", topic, "--to", str(out), "--once", "--addr", broker.addr]
+    result = run_cli([*args, "--json", "--partition-by", "date,partition"])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.splitlines()]
+    assert lines[-1] == {"done": True, "batches": len(lines) - 1, "rows": 500, "to": str(out)}
+    assert sum(b["rows"] for b in lines[:-1]) == 500
+    assert {tp for b in lines[:-1] for tp in b["offsets"]} == {f"{topic}-0", f"{topic}-1"}
+    assert (out / "_checkpoint").is_dir()
+    assert next(out.iterdir()).name.startswith(("date=", "_"))
+    again = run_cli(args)  # nothing new: resumes from the checkpoint and copies nothing
+    assert again.exit_code == 0, again.output
+    assert again.output.strip().endswith(f"exported 0 rows in 0 batches to {out}")
+    assert spark.read.parquet(str(out)).count() == 500
 
 
 @pytest.mark.parametrize(

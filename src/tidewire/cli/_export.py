@@ -128,6 +128,9 @@ def _run(spec: object, master: str, as_json: bool) -> None:
         else:
             typer.echo(b.line())
 
+    from pyspark.sql import SparkSession  # noqa: PLC0415 (see export)
+
+    ours = SparkSession.getActiveSession() is None  # embedded in a Spark program: not ours
     spark = new_session(master, f"tidewire export {spec.topic}")
     try:
         run_export(spark, spec, report, stop)
@@ -137,7 +140,8 @@ def _run(spec: object, master: str, as_json: bool) -> None:
     except PySparkException as exc:
         fail(str(exc).splitlines()[0], EXIT_ERROR)
     finally:
-        spark.stop()
+        if ours:
+            spark.stop()
     if as_json:
         echo_json({"done": True, **totals, "to": spec.to})
     else:
