@@ -34,12 +34,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 def start_job(addr: str, src: str, dst: str, tmp: Path) -> subprocess.Popen[bytes]:
     env = subprocess_env({"PYSPARK_PYTHON": sys.executable})
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.spark._copy_job", addr, src, dst,
-         str(tmp / "parquet"), str(tmp / "checkpoints")],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: the JVM and its workers with it
-    )  # fmt: skip
+    with (tmp / "job.log").open("ab") as log:  # what the job says, for a failure's message
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.spark._copy_job", addr, src, dst,
+             str(tmp / "parquet"), str(tmp / "checkpoints")],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log,
+            start_new_session=True,  # its own process group: the JVM and its workers with it
+        )  # fmt: skip
 
 
 def kill_job(proc: subprocess.Popen[bytes]) -> None:
@@ -73,13 +74,16 @@ def test_copies_survive_three_sigkills_exactly_once(
                 while stored(client, dst) < threshold and job.poll() is None:
                     assert time.monotonic() < deadline, f"the copy never reached {threshold:,}"
                     time.sleep(0.1)
-                assert job.poll() is None, "the job ended before it could be killed"
+                assert job.poll() is None, (
+                    "the job ended before it could be killed: "
+                    + (tmp_path / "job.log").read_text(errors="replace")[-3000:]
+                )
             finally:
                 kill_job(job)
             kills += 1
         job = start_job(broker.addr, src, dst, tmp_path)
         try:
-            assert job.wait(RUN_S) == 0
+            assert job.wait(RUN_S) == 0, (tmp_path / "job.log").read_text(errors="replace")[-3000:]
             assert job.stdout is not None
             assert job.stdout.read().strip().endswith(b"done")
         finally:
