@@ -1,8 +1,11 @@
-"""The streaming job the exactly-once test kills: one input topic copied by two queries, to
-another topic (the tidewire sink) and to Parquet (Spark's file sink), both bounded by
-maxOffsetsPerTrigger and run with availableNow from their checkpoints.
+"""The streaming job the exactly-once test kills: an input topic copied to another topic (the
+tidewire sink) or to Parquet (Spark's file sink), bounded by maxOffsetsPerTrigger and run with
+availableNow from its checkpoint. One query per process: two streaming queries in one local
+SparkContext occasionally fail a task with java.io.OptionalDataException while Spark
+deserializes it, whatever the source and sink.
 
-Usage: python -m tests.spark._copy_job ADDR IN_TOPIC OUT_TOPIC PARQUET_DIR CHECKPOINT_DIR
+Usage: python -m tests.spark._copy_job topic|parquet ADDR IN_TOPIC OUT_TOPIC PARQUET_DIR
+    CHECKPOINT_DIR
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from tidewire.spark._export import new_session
 PER_TRIGGER = 20_000
 
 
-def main(addr: str, in_topic: str, out_topic: str, parquet: str, checkpoints: str) -> None:
-    spark = new_session("local[2]", "tidewire copy job")
+def main(argv: list[str]) -> None:
+    what, addr, in_topic, out_topic, parquet, checkpoints = argv
+    spark = new_session("local[2]", f"tidewire copy job to {what}")
     register(spark)
     src = (
         spark.readStream.format("tidewire")
@@ -27,28 +31,28 @@ def main(addr: str, in_topic: str, out_topic: str, parquet: str, checkpoints: st
         .option("maxOffsetsPerTrigger", str(PER_TRIGGER))
         .load()
     )
-    to_topic = (
-        src.select("key", "value")
-        .writeStream.format("tidewire")
-        .option("tidewire.servers", addr)
-        .option("topic", out_topic)
-        .option("checkpointLocation", f"{checkpoints}/topic")
+    if what == "topic":
+        writer = (
+            src.select("key", "value")
+            .writeStream.format("tidewire")
+            .option("tidewire.servers", addr)
+            .option("topic", out_topic)
+        )
+    else:
+        writer = (
+            src.select("partition", "offset", "value")
+            .writeStream.format("parquet")
+            .option("path", parquet)
+        )
+    query = (
+        writer.option("checkpointLocation", f"{checkpoints}/{what}")
         .trigger(availableNow=True)
         .start()
     )
-    to_parquet = (
-        src.select("partition", "offset", "value")
-        .writeStream.format("parquet")
-        .option("path", parquet)
-        .option("checkpointLocation", f"{checkpoints}/parquet")
-        .trigger(availableNow=True)
-        .start()
-    )
-    to_topic.awaitTermination()
-    to_parquet.awaitTermination()
+    query.awaitTermination()
     print("done", flush=True)
     spark.stop()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(sys.argv[1:7])

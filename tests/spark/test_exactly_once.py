@@ -27,16 +27,19 @@ N = 100_000
 PARTITIONS = 4
 #: Output records at which the job is killed: past 20% of the copy, three times.
 KILL_AT = (25_000, 50_000, 75_000)
+#: Micro-batches of 20,000 the Parquet copy has committed when it is killed (40%, 60%, 80%).
+PARQUET_KILL_AT = (2, 3, 4)
 #: The longest one run of the job may take (s).
 RUN_S = 300
 REPO = Path(__file__).resolve().parents[2]
 
 
-def start_job(addr: str, src: str, dst: str, tmp: Path) -> subprocess.Popen[bytes]:
+def start_job(what: str, addr: str, src: str, dst: str, tmp: Path) -> subprocess.Popen[bytes]:
+    """The copy ``what`` ("topic" or "parquet") in a child process of its own."""
     env = subprocess_env({"PYSPARK_PYTHON": sys.executable})
-    with (tmp / "job.log").open("ab") as log:  # what the job says, for a failure's message
+    with (tmp / f"{what}.log").open("ab") as log:  # what it says, for a failure's message
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.spark._copy_job", addr, src, dst,
+            [sys.executable, "-m", "tests.spark._copy_job", what, addr, src, dst,
              str(tmp / "parquet"), str(tmp / "checkpoints")],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log,
             start_new_session=True,  # its own process group: the JVM and its workers with it
@@ -49,7 +52,18 @@ def kill_job(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(60)
     assert proc.stdout is not None
-    proc.stdout.close()
+    if not proc.stdout.closed:
+        proc.stdout.close()
+
+
+def log_tail(tmp: Path, what: str) -> str:
+    return (tmp / f"{what}.log").read_text(errors="replace")[-3000:]
+
+
+def parquet_batches(tmp: Path) -> int:
+    """Micro-batches the Parquet copy has committed (its sink's log: a file per batch)."""
+    meta = tmp / "parquet" / "_spark_metadata"
+    return sum(1 for f in meta.iterdir() if f.name.isdigit()) if meta.is_dir() else 0
 
 
 def stored(client: Client, topic: str) -> int:
@@ -67,27 +81,38 @@ def test_copies_survive_three_sigkills_exactly_once(
             p.send(src, b"%06d" % i, key=b"k%d" % (i % 97))
     kills = 0
     with Client(broker.addr) as client:
-        for threshold in KILL_AT:
-            job = start_job(broker.addr, src, dst, tmp_path)
+        for threshold, batches in zip(KILL_AT, PARQUET_KILL_AT, strict=True):
+            jobs = {w: start_job(w, broker.addr, src, dst, tmp_path) for w in ("topic", "parquet")}
             try:
                 deadline = time.monotonic() + RUN_S
-                while stored(client, dst) < threshold and job.poll() is None:
-                    assert time.monotonic() < deadline, f"the copy never reached {threshold:,}"
+                # each copy is killed once past its own threshold
+                while any(job.returncode is None for job in jobs.values()):
+                    assert time.monotonic() < deadline, "the copies never reached the thresholds"
+                    for w, job in jobs.items():
+                        if job.returncode is not None:
+                            continue
+                        assert job.poll() is None, f"the {w} job ended: " + log_tail(tmp_path, w)
+                        done = (
+                            stored(client, dst) >= threshold
+                            if w == "topic"
+                            else parquet_batches(tmp_path) >= batches
+                        )
+                        if done:
+                            kill_job(job)
                     time.sleep(0.1)
-                assert job.poll() is None, (
-                    "the job ended before it could be killed: "
-                    + (tmp_path / "job.log").read_text(errors="replace")[-3000:]
-                )
             finally:
-                kill_job(job)
+                for job in jobs.values():
+                    kill_job(job)
             kills += 1
-        job = start_job(broker.addr, src, dst, tmp_path)
+        jobs = {w: start_job(w, broker.addr, src, dst, tmp_path) for w in ("topic", "parquet")}
         try:
-            assert job.wait(RUN_S) == 0, (tmp_path / "job.log").read_text(errors="replace")[-3000:]
-            assert job.stdout is not None
-            assert job.stdout.read().strip().endswith(b"done")
+            for w, job in jobs.items():
+                assert job.wait(RUN_S) == 0, log_tail(tmp_path, w)
+                assert job.stdout is not None
+                assert job.stdout.read().strip().endswith(b"done")
         finally:
-            kill_job(job)
+            for job in jobs.values():
+                kill_job(job)
     assert kills == 3
 
     want = read_topic(broker.addr, src)
