@@ -4,7 +4,8 @@ environment variables, then command-line flags (each later source wins).
 Every setting is one row of :data:`SETTINGS`: its TOML section and key, its environment
 variable (``TIDEWIRE_`` + the key in capitals: ``port`` -> ``TIDEWIRE_PORT``), its flag, its
 default (taken from :class:`~tidewire.broker.BrokerConfig`,
-:class:`~tidewire.storage.LogConfig` and :class:`~tidewire.server.ServerConfig`, whose
+:class:`~tidewire.storage.LogConfig`, :class:`~tidewire.server.ServerConfig` and
+:class:`~tidewire.server.http.HttpConfig`, whose
 validation decides what is in range) and a one-line meaning. The file looks like::
 
     [broker]
@@ -16,6 +17,9 @@ validation decides what is in range) and a one-line meaning. The file looks like
 
     [server]
     port = 7400
+
+    [http]
+    http_port = 8080
 
 :func:`load_settings` builds the :class:`Settings`; a bad value raises
 :class:`~tidewire.errors.InvalidConfigError` whose message says where the value came from
@@ -38,6 +42,7 @@ from typing import Any, Literal
 from tidewire.broker import BrokerConfig
 from tidewire.errors import InvalidConfigError
 from tidewire.server import ServerConfig
+from tidewire.server.http import HttpConfig
 from tidewire.storage import FsyncPolicy, LogConfig
 from tidewire.storage.manager import MAX_PARTITION
 
@@ -62,13 +67,14 @@ ENV_PREFIX = "TIDEWIRE_"
 #: commands' broker address, the config file's path, and the test scripts' interpreter.
 OTHER_ENV_VARS = frozenset({"TIDEWIRE_ADDR", "TIDEWIRE_CONFIG", "TIDEWIRE_PYTHON"})
 
-Section = Literal["broker", "log", "server"]
+Section = Literal["broker", "log", "server", "http"]
 Kind = Literal["int", "float", "bool", "str", "fsync"]
-SECTIONS: tuple[Section, ...] = ("broker", "log", "server")
+SECTIONS: tuple[Section, ...] = ("broker", "log", "server", "http")
 
 _BROKER_DEFAULTS = BrokerConfig(DEFAULT_DATA_DIR)
 _LOG_DEFAULTS = LogConfig()
 _SERVER_DEFAULTS = ServerConfig()
+_HTTP_DEFAULTS = HttpConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +107,7 @@ class Setting:
             "broker": _BROKER_DEFAULTS,
             "log": _LOG_DEFAULTS,
             "server": _SERVER_DEFAULTS,
+            "http": _HTTP_DEFAULTS,
         }[self.section]
         return getattr(source, self.key)
 
@@ -154,6 +161,12 @@ SETTINGS: tuple[Setting, ...] = (
     _s("server", "max_in_flight", "int", "Requests per connection in flight before reads pause."),
     _s("server", "idle_timeout_s", "float", "Close a connection silent for this long, seconds."),
     _s("server", "frame_timeout_s", "float", "Close a connection whose frame takes this long, s."),
+    _s("server", "event_loop", "str", "auto (uvloop when installed), asyncio or uvloop."),
+    _s("http", "http_host", "str", "Address the HTTP listeners bind."),
+    _s("http", "http_port", "int", "Port of the HTTP API (-1: off, 0: any free port)."),
+    _s("http", "http_max_body_bytes", "int", "The longest HTTP request body accepted, bytes."),
+    _s("http", "http_msgbus_port", "int", "Port of the msgbus-compatible API (-1: off, 0: any)."),
+    _s("http", "http_ipubsub_port", "int", "Port of the iPubSub-compatible API (-1: off, 0: any)."),
 )
 _BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 
@@ -165,6 +178,7 @@ class Settings:
     Attributes:
         broker: the broker's settings (with the default log settings of new topics).
         server: the TCP listener's settings.
+        http: the HTTP gateway's settings.
         origins: for each key of :data:`SETTINGS`, where its value came from: ``"default"``,
             ``"FILE [section] key"``, ``"environment variable TIDEWIRE_KEY"`` or
             ``"flag --key"``.
@@ -172,6 +186,7 @@ class Settings:
 
     broker: BrokerConfig
     server: ServerConfig
+    http: HttpConfig
     origins: Mapping[str, str]
 
     def value(self, key: str) -> object:
@@ -179,6 +194,8 @@ class Settings:
         section = _BY_KEY[key].section
         if section == "log":
             return getattr(self.broker.log, key)
+        if section == "http":
+            return getattr(self.http, key)
         return getattr(self.broker if section == "broker" else self.server, key)
 
 
@@ -237,10 +254,11 @@ def load_settings(
         log = LogConfig(**of("log"))
         broker = BrokerConfig(**of("broker"), log=log)
         server = ServerConfig(**of("server"))
+        http = HttpConfig(**of("http"))
     except InvalidConfigError as exc:
         where = "; ".join(sorted({o for o in origins.values() if o != "default"})) or "defaults"
         raise InvalidConfigError(f"{where}: {exc.message}") from None
-    return Settings(broker=broker, server=server, origins=origins)
+    return Settings(broker=broker, server=server, http=http, origins=origins)
 
 
 def unknown_env_vars(env: Mapping[str, str] | None = None) -> list[str]:
@@ -389,6 +407,8 @@ def _check_range(setting: Setting, value: Any, origin: str) -> None:
             replace(_LOG_DEFAULTS, **{setting.key: value})
         elif setting.section == "broker":
             replace(_BROKER_DEFAULTS, **{setting.key: value})
+        elif setting.section == "http":
+            replace(_HTTP_DEFAULTS, **{setting.key: value})
         else:
             replace(_SERVER_DEFAULTS, **{setting.key: value})
     except InvalidConfigError as exc:
@@ -416,6 +436,7 @@ _SECTION_HELP: dict[Section, str] = {
     "broker": "The broker: where data lives, topic creation, long-poll fetches.",
     "log": "Defaults of new topics' logs (a topic created with settings of its own keeps them).",
     "server": "The TCP listener of the binary protocol.",
+    "http": "The HTTP gateway (REST API, health, OpenAPI spec); off while http_port = -1.",
 }
 
 

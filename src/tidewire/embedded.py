@@ -14,6 +14,9 @@ program, in its own event loop or on a background thread::
         with Client(eb.addr) as client:
             client.produce("events", 0, [Message(b"hello")])
 
+``http_port=0`` also serves the HTTP API (docs/http.md) on a free port, at
+:attr:`EmbeddedBroker.http_url`.
+
 Leaving the ``async with`` (or the ``with``) drains like a SIGTERM to the server: the listener
 stops accepting, in-flight requests finish, every log is flushed and the clean-shutdown marker
 is written. ``listen=False`` runs the broker core alone (no socket), for programs that call
@@ -27,12 +30,16 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.client import AsyncClient
 from tidewire.errors import InvalidConfigError
 from tidewire.server import ServerConfig, TcpServer
+from tidewire.server.http import HttpConfig
+
+if TYPE_CHECKING:
+    from tidewire.server.http.gateway import HttpGateway
 
 __all__ = ["EmbeddedBroker"]
 
@@ -48,6 +55,10 @@ class EmbeddedBroker:
         host, port: where the server listens (``port=0``: a free port; see :attr:`addr`).
         listen: start the TCP server; ``False``: the broker core only.
         server: listener settings (``host``/``port`` above override its own).
+        http_port: serve the HTTP API on this port too (0: a free one; see
+            :attr:`http_url`); None: no HTTP, unless ``http`` enables it.
+        http: the HTTP gateway's settings (``http_port`` above overrides its own; its
+            ``http_host`` defaults to ``host``).
         **broker_settings: :class:`~tidewire.broker.BrokerConfig` fields (for example
             ``default_partitions=3``, ``log=LogConfig(fsync=FsyncPolicy.ALWAYS)``).
 
@@ -63,6 +74,8 @@ class EmbeddedBroker:
         port: int = 0,
         listen: bool = True,
         server: ServerConfig | None = None,
+        http_port: int | None = None,
+        http: HttpConfig | None = None,
         **broker_settings: Any,
     ) -> None:
         try:
@@ -70,9 +83,14 @@ class EmbeddedBroker:
         except TypeError as exc:
             raise InvalidConfigError(f"not a broker setting: {exc}") from None
         self.server_config = replace(server or ServerConfig(), host=host, port=port)
+        http_config = http or HttpConfig(http_host=host)
+        if http_port is not None:
+            http_config = replace(http_config, http_port=http_port)
+        self.http_config = http_config
         self.listen = listen
         self.broker = Broker(self.config)
         self.server: TcpServer | None = None
+        self.gateway: HttpGateway | None = None
 
     @property
     def addr(self) -> str:
@@ -85,26 +103,48 @@ class EmbeddedBroker:
             raise RuntimeError("the embedded broker is not listening")
         return f"{self.server_config.host}:{self.server.port}"
 
+    @property
+    def http_url(self) -> str:
+        """``"http://HOST:PORT"`` of the HTTP API (once started).
+
+        Raises:
+            RuntimeError: the HTTP API is not served.
+        """
+        if self.gateway is None or "native" not in self.gateway.names:
+            raise RuntimeError("the embedded broker does not serve the HTTP API")
+        return f"http://{self.http_config.http_host}:{self.gateway.port}"
+
     async def start(self) -> None:
-        """Open the data directory, then start listening."""
+        """Open the data directory, then start listening (TCP, then HTTP if configured)."""
         await self.broker.start()
-        if self.listen:
-            server = TcpServer(self.broker, self.server_config)
-            try:
+        try:
+            if self.listen:
+                server = TcpServer(self.broker, self.server_config)
                 await server.start()
-            except BaseException:
-                await self.broker.close()
-                raise
-            self.server = server
+                self.server = server
+            if self.http_config.enabled:
+                from tidewire.server.http.gateway import HttpGateway  # noqa: PLC0415 (heavy)
+
+                gateway = HttpGateway.for_broker(self.broker, self.http_config)
+                await gateway.start()
+                self.gateway = gateway
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         """Drain: stop accepting, finish in-flight requests, flush and close the logs."""
+        gateway, self.gateway = self.gateway, None
         server, self.server = self.server, None
         try:
-            if server is not None:
-                await server.close()
+            if gateway is not None:
+                await gateway.close()
         finally:
-            await self.broker.close()
+            try:
+                if server is not None:
+                    await server.close()
+            finally:
+                await self.broker.close()
 
     async def __aenter__(self) -> EmbeddedBroker:
         await self.start()

@@ -3,12 +3,15 @@ SIGTERM, a clean drain."""
 
 from __future__ import annotations
 
+import re
 import signal
+import subprocess
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
-from tests.cli._support import STARTUP_S, serving
+from tests.cli._support import STARTUP_S, serving, stop, subprocess_env, tidewire_cmd
 from tidewire import __version__
 from tidewire.cli import app
 from tidewire.client import Client, Message
@@ -45,3 +48,39 @@ def test_bad_option_is_refused(tmp_path: Path) -> None:
     )
     assert result.exit_code != 0
     assert "default_partitions=0" in result.output
+
+
+@pytest.mark.parametrize("event_loop", ["auto", "asyncio", "uvloop"])
+def test_serves_on_each_event_loop(tmp_path: Path, event_loop: str) -> None:
+    """auto takes uvloop (a dependency on this platform); every loop serves and drains."""
+    cmd = tidewire_cmd("serve", "--data-dir", str(tmp_path), "--port", "0", "--partitions", "1")
+    proc = subprocess.Popen(
+        [*cmd, "--event-loop", event_loop],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=subprocess_env(None),
+    )
+    try:
+        assert proc.stdout is not None
+        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", proc.stdout.readline())
+        assert m is not None
+        with Client(f"127.0.0.1:{m.group(1)}") as client:
+            client.produce("events", 0, [Message(b"x")] * 3)
+            assert [r.value for r in client.fetch("events", 0, 0).records] == [b"x"] * 3
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=STARTUP_S)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0
+    expected = "asyncio" if event_loop == "asyncio" else "uvloop"
+    assert f"event loop: {expected}" in err
+
+
+def test_unknown_event_loop_is_refused(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["serve", "--data-dir", str(tmp_path), "--event-loop", "twisted", "--port", "0"]
+    )
+    assert result.exit_code == 2
+    assert "event_loop='twisted' must be one of auto, asyncio, uvloop" in result.output

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.broker._support import T0, batch, config
-from tidewire.broker import Broker
+from tidewire.broker import Broker, offsets
 from tidewire.broker.consumer_groups import ResetTo
 from tidewire.broker.offsets import OFFSETS_TOPIC
 from tidewire.errors import (
@@ -115,3 +115,57 @@ def test_reset_describe_and_lag(tmp_path: Path) -> None:
                 await g.delete("g")
 
     asyncio.run(main())
+
+
+def test_the_offsets_log_is_compacted_and_restarts_to_the_same_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thousands of commits on few keys: the log is rewritten (live entries copied, old
+    segments deleted) so it stays small, commits racing with a compaction all land, a deleted
+    group stays deleted, and a restart reads back exactly the state before it."""
+    monkeypatch.setattr(offsets, "SEGMENT_BYTES", 4096)
+
+    async def main() -> dict[str, dict[tuple[str, int], int]]:
+        async with Broker(config(tmp_path, default_partitions=4)) as b:
+            await b.produce("t", 0, batch([b"x"] * 10))
+            store = b.groups.offsets
+            p = offsets.partition_for("g0")
+            same = [g for g in (f"g{i}" for i in range(200)) if offsets.partition_for(g) == p]
+            assert len(same) >= 4
+            await b.groups.commit(same[2], {("t", 3): (5, "doomed")})
+            await b.groups.delete(same[2])
+            await b.groups.commit(same[3], {("t", 2): (7, "once")})  # never again: copied
+            for round_ in range(150):
+                # Commits of two groups at once, as from separate members.
+                await asyncio.gather(
+                    *(
+                        b.groups.commit(g, {("t", q): (round_ + q, f"r{round_}") for q in range(4)})
+                        for g in same[:2]
+                    )
+                )
+            plog = b.logs.get_log(OFFSETS_TOPIC, p)
+            assert store.compactions >= 2
+            assert plog.log_start_offset > 0  # old segments are gone
+            assert plog.size_bytes < 12 * 4096
+            # A compaction that starts while a commit is in flight waits for it (or its copy
+            # would carry the value from before, later in the log than the commit).
+            racing = asyncio.ensure_future(b.groups.commit(same[1], {("t", 0): (9, "last")}))
+            await asyncio.sleep(0)
+            await store.compact(p)
+            await racing
+            state = {g: {tp: c.offset for tp, c in b.groups.committed(g).items()} for g in same[:4]}
+            assert state[same[0]] == {("t", q): 149 + q for q in range(4)}
+            assert state[same[1]][("t", 0)] == 9
+            assert state[same[2]] == {}
+            assert state[same[3]] == {("t", 2): 7}
+            assert b.groups.committed(same[0])[("t", 1)].metadata == "r149"
+            return state
+
+    before = asyncio.run(main())
+
+    async def again() -> None:
+        async with Broker(config(tmp_path)) as b:
+            after = {g: {tp: c.offset for tp, c in b.groups.committed(g).items()} for g in before}
+            assert after == before
+
+    asyncio.run(again())

@@ -18,7 +18,13 @@ from hypothesis import strategies as st
 from tests.protocol._support import join
 from tidewire.errors import FrameTooLargeError, ProtocolError
 from tidewire.protocol import Frame, FrameDecoder, FrameType, encode_frame
-from tidewire.protocol.frames import DEFAULT_MAX_FRAME_BYTES, FLAG_ERROR, FRAME_HEADER
+from tidewire.protocol.frames import (
+    DEFAULT_MAX_FRAME_BYTES,
+    FLAG_ERROR,
+    FRAME_HEADER,
+    LARGE_FRAME_BYTES,
+    data_window,
+)
 
 HEADER = FRAME_HEADER.size  # 18: the length field and the 14 bytes it counts
 
@@ -379,3 +385,24 @@ def test_large_frames_fill_their_own_buffer(chunk: int) -> None:
         for g in got
     ] == [(t, k, v, c, b, b"".join(d)) for t, k, v, c, b, d in frames]
     assert dec.buffered == 0
+
+
+@pytest.mark.parametrize("size", [100, LARGE_FRAME_BYTES * 3])
+def test_a_frames_data_is_read_in_place_from_its_bytes(size: int) -> None:
+    """Small or large (received in pieces), a frame's data is the tail of one bytes object,
+    which data_window finds without copying."""
+    data = bytes(range(256)) * (size // 256 + 1)
+    wire = b"".join(encode_frame(FrameType.RESPONSE, 1, 0, 7, b"\x90", [data]))
+    dec = FrameDecoder()
+    for i in range(0, len(wire), 65_536):
+        dec.receive_data(wire[i : i + 65_536])
+    frame = dec.next_frame()
+    assert frame is not None
+    assert dec.next_frame() is None
+    buf, start = data_window(frame.data)
+    assert type(buf) is bytes
+    assert buf is frame.data.obj  # not a copy
+    assert buf[start:] == data
+    assert data_window(data) == (data, 0)
+    copied, at = data_window(memoryview(bytearray(data)))
+    assert (copied, at) == (data, 0)

@@ -531,3 +531,24 @@ def test_manager_opens_logs_with_partition_log(env: Env) -> None:
     mgr = env.manager().open()
     assert isinstance(mgr.create_log("t", 0), PartitionLog)
     mgr.close()
+
+
+def test_delete_before_drops_only_whole_segments_below_the_offset(env: Env) -> None:
+    mgr = env.manager(default_config=LogConfig(segment_bytes=1024, retention_ms=-1)).open()
+    a = mgr.create_log("a", 0)
+    while a.segment_count < 4:
+        a.append(batch(20))
+    bases = a.segment_bases
+    # An offset inside the third segment: the first two go, the third holds records below it
+    # and stays.
+    assert a.delete_before(bases[2] + 1) == bases[:2]
+    assert a.segment_bases == bases[2:]
+    assert a.log_start_offset == bases[2]
+    assert a.delete_before(bases[2]) == []
+    # Past the end: every segment but the active one.
+    assert a.delete_before(a.log_end_offset + 5) == [bases[2]]
+    assert a.segment_bases == [bases[3]]
+    assert a.read(bases[3], 1 << 20).data  # the active segment still reads
+    mgr.close()
+    reopened = env.manager().open().get_log("a", 0)
+    assert reopened.segment_bases == [bases[3]]

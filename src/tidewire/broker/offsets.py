@@ -9,22 +9,31 @@ committed:
 - value: msgpack ``[0, offset, metadata, commit_timestamp_ms]`` (:class:`OffsetValue`), or
   no value at all (a tombstone: the group's offset for that partition was deleted).
 
-The topic is compacted in spirit: at start :meth:`OffsetStore.load` reads every partition
-through and keeps the last value per key, so the state is what the log says, and the log
-recovers like any other (torn tail cut, CRCs checked). A commit is acknowledged only once
-its batch is fsynced, which is why a committed offset never goes back across a crash: what
-was acknowledged is on disk, and a commit that was written but not acknowledged before the
-crash can only move it forward. Nothing rewrites the log yet, so it grows with every commit
-and a start reads all of it.
+At start :meth:`OffsetStore.load` reads every partition through and keeps the last value
+per key, so the state is what the log says, and the log recovers like any other (torn tail
+cut, CRCs checked). A commit is acknowledged only once its batch is fsynced, which is why a
+committed offset never goes back across a crash: what was acknowledged is on disk, and a
+commit that was written but not acknowledged before the crash can only move it forward.
+
+**Compaction.** The logs roll every :data:`SEGMENT_BYTES`. When a partition's log holds
+:data:`COMPACT_SEGMENTS` segments or more and is several times larger than its live entries,
+the store rewrites it: it lets the commits in flight on that partition finish and holds new
+ones back, appends every live entry of the partition again (its current value, with its
+original commit time) and fsyncs it, then deletes the whole segments that lie before that
+copy. A crash in between leaves the old segments and all or part of the copy: every record in
+them is a value the key had, in log order, so the last one still wins. Tombstones need no
+copy: the values they delete are in the same or earlier segments. So the log, and the time a
+start takes to read it, stay proportional to the live offsets, not to the commits ever made.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgspec
 
@@ -51,6 +60,14 @@ OFFSETS_TOPIC = "__consumer_offsets"
 OFFSETS_PARTITIONS = 8
 #: Bytes read at a time while loading.
 _READ_CHUNK = 4 * 1024 * 1024
+#: Segment size of the offsets logs.
+SEGMENT_BYTES = 1024 * 1024
+#: A partition's log is compacted once it has this many segments ...
+COMPACT_SEGMENTS = 4
+#: ... and is this many times larger than a copy of its live entries.
+COMPACT_RATIO = 4
+#: Records per batch of the copy.
+_COPY_BATCH = 2048
 
 TP = tuple[str, int]
 
@@ -106,6 +123,12 @@ class OffsetStore:
         self._logs = logs
         self._clock = clock or (lambda: time.time_ns() // 1_000_000)
         self._offsets: dict[str, dict[TP, Committed]] = {}
+        # Per partition of the internal topic: writes in flight, and a compaction under way
+        # (which new writes wait for; it waits for the writes in flight).
+        self._writing: dict[int, int] = {}
+        self._compacting: dict[int, asyncio.Event] = {}
+        self._quiet = asyncio.Condition()
+        self.compactions = 0
 
     def load(self) -> None:
         """Read the internal topic through, when it exists: the last value per key wins, a
@@ -114,6 +137,9 @@ class OffsetStore:
         for p in range(OFFSETS_PARTITIONS):
             plog = self._logs.logs.get((OFFSETS_TOPIC, p))
             if plog is not None:
+                if plog.config.segment_bytes != SEGMENT_BYTES:  # made by an older version
+                    cfg = replace(plog.config, segment_bytes=SEGMENT_BYTES)
+                    self._logs.set_config(OFFSETS_TOPIC, p, cfg)
                 self._load_partition(plog)
 
     def _log_for(self, group: str) -> PartitionLog:
@@ -125,7 +151,12 @@ class OffsetStore:
         key = (OFFSETS_TOPIC, partition_for(group))
         plog = self._logs.logs.get(key)
         if plog is None:
-            cfg = LogConfig(fsync=FsyncPolicy.ALWAYS, retention_ms=-1, retention_bytes=-1)
+            cfg = LogConfig(
+                fsync=FsyncPolicy.ALWAYS,
+                retention_ms=-1,
+                retention_bytes=-1,
+                segment_bytes=SEGMENT_BYTES,
+            )
             for p in range(OFFSETS_PARTITIONS):
                 if (OFFSETS_TOPIC, p) not in self._logs.logs:
                     self._logs.create_log(OFFSETS_TOPIC, p, cfg)
@@ -222,6 +253,9 @@ class OffsetStore:
         items = list(entries)
         if not items:
             return
+        p = partition_for(group)
+        while (compacting := self._compacting.get(p)) is not None:
+            await compacting.wait()
         builder = BatchBuilder()
         now = self._clock()
         for (topic, partition), v in items:
@@ -231,6 +265,79 @@ class OffsetStore:
                 timestamp_ms=now,
             )
         plog = self._log_for(group)
-        (info,) = await plog.append_many_async([builder.build()], durable=True)
-        for i, (tp, v) in enumerate(items):
-            self._set(group, tp, v, info.base_offset + i)
+        self._writing[p] = self._writing.get(p, 0) + 1
+        try:
+            (info,) = await plog.append_many_async([builder.build()], durable=True)
+            for i, (tp, v) in enumerate(items):
+                self._set(group, tp, v, info.base_offset + i)
+        finally:
+            self._writing[p] -= 1
+            if not self._writing[p]:
+                async with self._quiet:
+                    self._quiet.notify_all()
+        if self._worth_compacting(p, plog):
+            await self.compact(p)
+
+    def _live(self, p: int) -> list[tuple[str, TP, Committed]]:
+        return [
+            (group, tp, c)
+            for group, entries in self._offsets.items()
+            if partition_for(group) == p
+            for tp, c in entries.items()
+        ]
+
+    def _worth_compacting(self, p: int, plog: PartitionLog) -> bool:
+        if p in self._compacting or plog.segment_count < COMPACT_SEGMENTS:
+            return False
+        live = sum(len(e) for g, e in self._offsets.items() if partition_for(g) == p)
+        return plog.size_bytes > COMPACT_RATIO * max(live * 96, 1)
+
+    async def compact(self, p: int) -> None:
+        """Rewrite partition ``p``'s live entries at the end of its log and delete the
+        segments before them (see the module docstring). Commits to ``p`` wait meanwhile.
+
+        Raises:
+            StorageError, LogFailedError: the copy or the deletion failed; the log still
+                holds every live value (the old segments are deleted only after the copy is
+                durable).
+        """
+        if p in self._compacting:
+            return
+        plog = self._logs.logs.get((OFFSETS_TOPIC, p))
+        if plog is None:
+            return
+        done = self._compacting[p] = asyncio.Event()
+        try:
+            async with self._quiet:
+                await self._quiet.wait_for(lambda: not self._writing.get(p))
+            live = self._live(p)
+            batches = []
+            for i in range(0, len(live), _COPY_BATCH):
+                builder = BatchBuilder()
+                for group, (topic, partition), c in live[i : i + _COPY_BATCH]:
+                    builder.append(
+                        _encoder.encode(OffsetValue(0, c.offset, c.metadata, c.timestamp_ms)),
+                        key=_encoder.encode(OffsetKey(0, group, topic, partition)),
+                        timestamp_ms=c.timestamp_ms,
+                    )
+                batches.append(builder.build())
+            start = plog.log_end_offset
+            infos = await plog.append_many_async(batches, durable=True) if batches else []
+            n = 0
+            for info in infos:
+                for k in range(info.last_offset - info.base_offset + 1):
+                    group, tp, c = live[n]
+                    value = OffsetValue(0, c.offset, c.metadata, c.timestamp_ms)
+                    self._set(group, tp, value, info.base_offset + k)
+                    n += 1
+            deleted = plog.delete_before(infos[0].base_offset if infos else start)
+            self.compactions += 1
+            log.info(
+                "%s: compacted %d live offset(s); %d segment(s) deleted",
+                plog.directory,
+                len(live),
+                len(deleted),
+            )
+        finally:
+            del self._compacting[p]
+            done.set()

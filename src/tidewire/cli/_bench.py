@@ -35,8 +35,10 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 
 from tidewire.client import AsyncClient, AsyncConsumer, AsyncProducer, RecordFuture
+from tidewire.client._subscriber import DEFAULT_CREDIT_BYTES
 from tidewire.errors import TidewireError, TopicExistsError
 
+from ._bench_e2e import STAMP, E2EResult, run_e2e, run_fast
 from ._common import (
     DEFAULT_ADDR,
     EXIT_ERROR,
@@ -58,6 +60,21 @@ bench_app = typer.Typer(
 
 #: Every how many messages the publish latency is sampled.
 LATENCY_SAMPLE = 8
+
+# Options that produce and e2e share (their defaults differ).
+BatchBytesOption = Annotated[
+    int, typer.Option("--batch-bytes", min=1, help="A partition's batch is sent at this size.")
+]
+LingerOption = Annotated[
+    int, typer.Option("--linger-ms", min=0, help="Or when its first message is this old.")
+]
+AcksOption = Annotated[str, typer.Option("--acks", help="none, leader or durable.")]
+PartitionsOption = Annotated[
+    int, typer.Option("--partitions", min=1, help="Partitions if the topic is created.")
+]
+RateOption = Annotated[
+    int, typer.Option("--rate", min=0, help="Messages per second in all (0: unpaced).")
+]
 
 
 @dataclass
@@ -147,9 +164,14 @@ def _print(result: BenchResult, as_json: bool) -> None:
     Console().print(table)
 
 
+def _check_acks(acks: str) -> None:
+    if acks not in ("none", "leader", "durable"):
+        fail(f"--acks must be none, leader or durable, not {acks!r}", 2)
+
+
 def _run(coro_factory: object) -> BenchResult:
     try:
-        return asyncio.run(coro_factory)  # type: ignore[arg-type]
+        return run_fast(coro_factory)  # type: ignore[arg-type]
     except TidewireError as exc:
         fail(exc.message)
     except KeyboardInterrupt:
@@ -169,19 +191,11 @@ def produce(
     producers: Annotated[
         int, typer.Option("--producers", min=1, help="Producers, each with its own connection.")
     ] = 1,
-    batch_bytes: Annotated[
-        int, typer.Option("--batch-bytes", min=1, help="A partition's batch is sent at this size.")
-    ] = 256 * 1024,
-    linger_ms: Annotated[
-        int, typer.Option("--linger-ms", min=0, help="Or when its first message is this old.")
-    ] = 5,
-    acks: Annotated[str, typer.Option("--acks", help="none, leader or durable.")] = "durable",
-    partitions: Annotated[
-        int, typer.Option("--partitions", min=1, help="Partitions if the topic is created.")
-    ] = 1,
-    rate: Annotated[
-        int, typer.Option("--rate", min=0, help="Messages per second in all (0: unpaced).")
-    ] = 0,
+    batch_bytes: BatchBytesOption = 256 * 1024,
+    linger_ms: LingerOption = 5,
+    acks: AcksOption = "durable",
+    partitions: PartitionsOption = 1,
+    rate: RateOption = 0,
     compression: Annotated[
         str, typer.Option("--compression", help="none, gzip, lz4 or zstd.")
     ] = "none",
@@ -190,8 +204,7 @@ def produce(
 ) -> None:
     """Publish at full speed (or at --rate) and report msg/s, MB/s and publish latency."""
     check_addr(addr)
-    if acks not in ("none", "leader", "durable"):
-        fail(f"--acks must be none, leader or durable, not {acks!r}", 2)
+    _check_acks(acks)
     settings: dict[str, object] = {
         "producers": producers,
         "batch_bytes": batch_bytes,
@@ -369,3 +382,141 @@ async def _consume(
                 progress.update(task, completed=got)
     size = size_sum // got if got else 0
     return _result("consume", topic, got, size, last - t0, latencies, settings)
+
+
+# --- e2e ------------------------------------------------------------------------------------------
+
+
+@bench_app.command("e2e")
+def e2e(
+    topic: Annotated[str, typer.Option("--topic", help="Topic to publish to and read.")] = "bench",
+    messages: Annotated[
+        int, typer.Option("--messages", min=1, help="Messages to publish.")
+    ] = 100_000,
+    size: Annotated[
+        int, typer.Option("--size", min=STAMP, help="Bytes of each value (the first 8: a clock).")
+    ] = 1024,
+    consumers: Annotated[
+        int, typer.Option("--consumers", min=1, help="Group members, each a process of its own.")
+    ] = 2,
+    delivery: Annotated[
+        str, typer.Option("--delivery", help="push (the broker sends) or pull (long-poll).")
+    ] = "push",
+    credit_bytes: Annotated[
+        int, typer.Option("--credit-bytes", min=1, help="With push, each member's credit.")
+    ] = DEFAULT_CREDIT_BYTES,
+    partitions: PartitionsOption = 4,
+    rate: RateOption = 0,
+    batch_bytes: BatchBytesOption = 256 * 1024,
+    linger_ms: LingerOption = 1,
+    acks: AcksOption = "durable",
+    timeout: Annotated[
+        float,
+        typer.Option("--timeout", min=0.001, help="Give up after this long with no delivery."),
+    ] = 10.0,
+    backlog: Annotated[
+        bool,
+        typer.Option(
+            "--backlog",
+            help="Publish everything first, then time the group catching up.",
+            show_default=False,
+        ),
+    ] = False,
+    addr: AddrOption = DEFAULT_ADDR,
+    as_json: JsonOption = False,
+) -> None:
+    """Publish and consume in a group at once (or, with --backlog, one after the other);
+    report delivered msg/s and the latency of every message from publish to delivery."""
+    check_addr(addr)
+    _check_acks(acks)
+    if delivery not in ("push", "pull"):
+        fail(f"--delivery must be push or pull, not {delivery!r}", 2)
+    settings: dict[str, object] = {
+        "consumers": consumers,
+        "delivery": delivery,
+        "partitions": partitions,
+        "rate": rate,
+        "batch_bytes": batch_bytes,
+        "linger_ms": linger_ms,
+        "acks": acks,
+        "backlog": backlog,
+    }
+    if delivery == "push":
+        settings["credit_bytes"] = credit_bytes
+
+    async def main() -> E2EResult:
+        await _ensure_topic(addr, topic, partitions)
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            TextColumn("{task.completed:,}/{task.total:,} msgs"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            disable=as_json or not sys.stderr.isatty(),
+            transient=True,
+        ) as progress:
+            pub = progress.add_task("published", total=messages)
+            got = progress.add_task("delivered", total=messages)
+
+            def show(published: int, delivered: int) -> None:
+                progress.update(pub, completed=published)
+                progress.update(got, completed=max(delivered - 1, 0))
+
+            return await run_e2e(
+                addr,
+                topic,
+                messages,
+                size,
+                consumers,
+                delivery,
+                credit_bytes,
+                {"batch_bytes": batch_bytes, "linger_ms": linger_ms, "acks": acks},
+                rate,
+                timeout,
+                settings,
+                show,
+                backlog,
+            )
+
+    try:
+        result = run_fast(main())
+    except TidewireError as exc:
+        fail(exc.message)
+    except KeyboardInterrupt:
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    if as_json:
+        echo_json(asdict(result))
+    else:
+        table = Table(title=f"tidewire bench e2e: {result.topic}", show_header=False)
+        table.add_column("figure")
+        table.add_column("value", justify="right")
+        table.add_row("messages", f"{result.messages:,} x {result.size:,} B")
+        table.add_row("published", f"{result.publish_msg_per_s:,.0f} msg/s")
+        table.add_row(
+            "delivered",
+            f"{result.delivered:,} in {result.seconds:.2f} s: {result.msg_per_s:,.0f} msg/s, "
+            f"{result.mb_per_s:,.1f} MB/s",
+        )
+        table.add_row("per consumer", " / ".join(f"{n:,}" for n in result.per_consumer))
+        table.add_row(
+            "CPU seconds: producer / consumers",
+            f"{result.cpu_s_producer:.2f} / "
+            + " / ".join(f"{c:.2f}" for c in result.cpu_s_consumers),
+        )
+        table.add_row("duplicates", f"{result.duplicates:,}")
+        table.add_row(
+            "publish-to-delivery p50 / p95 / p99 / p99.9 / max",
+            f"{result.latency_ms_p50:.2f} / {result.latency_ms_p95:.2f} / "
+            f"{result.latency_ms_p99:.2f} / {result.latency_ms_p999:.2f} / "
+            f"{result.latency_ms_max:.2f} ms",
+        )
+        table.add_row("settings", ", ".join(f"{k}={v}" for k, v in result.settings.items()))
+        Console().print(table)
+    if result.delivered < messages:
+        typer.echo(
+            f"error: only {result.delivered:,} of {messages:,} messages were delivered "
+            f"(none for {timeout:g} s)",
+            err=True,
+        )
+        raise typer.Exit(EXIT_ERROR)

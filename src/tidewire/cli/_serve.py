@@ -25,6 +25,7 @@ from tidewire.config import (
 )
 from tidewire.errors import InvalidConfigError, TidewireError
 from tidewire.server import TcpServer
+from tidewire.server.tcp import loop_factory
 from tidewire.storage import FsyncPolicy
 
 from ._common import EXIT_USAGE, echo_json, fail
@@ -117,6 +118,23 @@ def serve(
     frame_timeout_s: Annotated[
         float | None, typer.Option(help="Close a connection whose frame takes this long (s).")
     ] = None,
+    event_loop: Annotated[
+        str | None, typer.Option(help="auto (uvloop when installed), asyncio or uvloop.")
+    ] = None,
+    http_host: Annotated[str | None, typer.Option(help="Address the HTTP listeners bind.")] = None,
+    http_port: Annotated[
+        int | None,
+        typer.Option(help="Port of the HTTP API (-1: off, the default; 0: any free)."),
+    ] = None,
+    http_max_body_bytes: Annotated[
+        int | None, typer.Option(help="The longest HTTP request body accepted.")
+    ] = None,
+    http_msgbus_port: Annotated[
+        int | None, typer.Option(help="Port of the msgbus-compatible HTTP API (-1: off).")
+    ] = None,
+    http_ipubsub_port: Annotated[
+        int | None, typer.Option(help="Port of the iPubSub-compatible HTTP API (-1: off).")
+    ] = None,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT, then drain and stop cleanly.
 
@@ -143,6 +161,12 @@ def serve(
         "max_in_flight": max_in_flight,
         "idle_timeout_s": idle_timeout_s,
         "frame_timeout_s": frame_timeout_s,
+        "event_loop": event_loop,
+        "http_host": http_host,
+        "http_port": http_port,
+        "http_max_body_bytes": http_max_body_bytes,
+        "http_msgbus_port": http_msgbus_port,
+        "http_ipubsub_port": http_ipubsub_port,
     }
     try:
         settings = load_settings(config, flags=flags)
@@ -154,15 +178,17 @@ def serve(
     for name in unknown_env_vars():
         log.warning("ignoring environment variable %s: no setting of that name", name)
     server = settings.server
+    name, factory = loop_factory(server.event_loop)  # the setting was checked: cannot fail
     try:
-        asyncio.run(_serve(settings))
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(_serve(settings, name))
     except TidewireError as exc:
         fail(exc.message)
     except OSError as exc:
         fail(f"cannot listen on {server.host}:{server.port}: {exc.strerror}")
 
 
-async def _serve(settings: Settings) -> None:
+async def _serve(settings: Settings, loop_name: str) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -170,10 +196,30 @@ async def _serve(settings: Settings) -> None:
     async with Broker(settings.broker) as broker:
         server = TcpServer(broker, settings.server)
         await server.start()
+        gateway = None
+        if settings.http.enabled:
+            # Imported here: FastAPI and uvicorn load only when HTTP is served.
+            from tidewire.server.http.gateway import HttpGateway  # noqa: PLC0415
+
+            gateway = HttpGateway.for_broker(broker, settings.http)
+            try:
+                await gateway.start()
+            except BaseException as exc:
+                await server.close()
+                if isinstance(exc, OSError):
+                    raise InvalidConfigError(str(exc.strerror or exc)) from None
+                raise
         # One line for people and scripts alike: where to connect.
         typer.echo(f"tidewire {__version__} listening on {settings.server.host}:{server.port}")
+        log.info("event loop: %s", loop_name)
+        if gateway is not None:
+            for name in gateway.names:
+                host, port = gateway.host_of(name), gateway.port_of(name)
+                typer.echo(f"tidewire {__version__} HTTP {name} listening on http://{host}:{port}")
         await stop.wait()
         log.info("draining: no new connections, finishing in-flight requests")
+        if gateway is not None:
+            await gateway.close()
         await server.close()
     log.info("stopped cleanly")
 

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 from tidewire._tasks import cancel_and_wait
 from tidewire.client._blocking import BlockingTwin
 from tidewire.errors import ConnectionLostError, TidewireError, for_code
+from tidewire.protocol.frames import data_window
 from tidewire.protocol.messages import (
     FetchPartition,
     FetchRequest,
@@ -71,12 +72,15 @@ class _Fetched:
     error: TidewireError | None = None
 
 
-def _parse(tp: TP, offset: int, data: bytes | memoryview) -> tuple[list[ConsumerRecord], int]:
+def _parse(
+    tp: TP, offset: int, buf: bytes, start: int, end: int
+) -> tuple[list[ConsumerRecord], int]:
+    """The records of the batches in ``buf[start:end]`` (read straight from a frame's bytes:
+    indexing and slicing bytes is what read_records is fast at)."""
     topic, partition = tp
     out: list[ConsumerRecord] = []
     nxt = offset
-    buf = bytes(data)  # one copy: indexing and slicing bytes is what read_records is fast at
-    for pos, h in iter_batches(buf):
+    for pos, h in iter_batches(buf, start=start, end=end):
         # A batch may start before the offset asked for: its records below it are skipped.
         out += read_records(buf, pos, h, ConsumerRecord, topic, partition, offset)
         nxt = max(nxt, h.next_offset)
@@ -352,16 +356,15 @@ class AsyncConsumer:
         response = await self._t.request(req, timeout_s=timeout)
         assert response is not None
         out: list[_Fetched] = []
-        pos = 0
-        data = response.data
+        buf, pos = data_window(response.data)
         for (tp, offset), result in zip(wants, response.body.partitions, strict=True):
-            chunk = data[pos : pos + result.size]
+            start = pos
             pos += result.size
             if result.error_code:
                 err = for_code(result.error_code)(result.error_message)
                 out.append(_Fetched(tp, offset, [], offset, err))
                 continue
-            records, nxt = _parse(tp, offset, chunk)
+            records, nxt = _parse(tp, offset, buf, start, pos)
             out.append(_Fetched(tp, offset, records, nxt))
         return out
 

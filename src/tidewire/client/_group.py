@@ -274,10 +274,7 @@ class AsyncGroupConsumer:
         while True:
             await self._maintain()
             if self._local:
-                out: list[ConsumerRecord] = []
-                while self._local and len(out) < max_records:
-                    out.append(self._hand_out())
-                return out
+                return self._hand_out_many(max_records)
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 return []
@@ -305,6 +302,17 @@ class AsyncGroupConsumer:
         else:
             await asyncio.sleep(_CHECK_S)
         return bool(self._local)
+
+    def _hand_out_many(self, max_records: int) -> list[ConsumerRecord]:
+        local = self._local
+        if len(local) <= max_records:
+            out = list(local)
+            local.clear()
+        else:
+            out = [local.popleft() for _ in range(max_records)]
+        # The last record of each partition sets its position (a partition's are in order).
+        self._positions.update({(r.topic, r.partition): r.offset + 1 for r in out})
+        return out
 
     def _hand_out(self) -> ConsumerRecord:
         r = self._local.popleft()

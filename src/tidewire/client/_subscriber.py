@@ -35,6 +35,7 @@ from tidewire.client._consumer import (
 )
 from tidewire.errors import ConnectionLostError, TidewireError, for_code
 from tidewire.protocol import PushReceived
+from tidewire.protocol.frames import data_window
 from tidewire.protocol.messages import (
     CreditRequest,
     PushBody,
@@ -248,7 +249,11 @@ class AsyncSubscriber:
             self._arrived.set()
             return
         size = len(ev.data)
-        records, _ = _parse(tp, body.offset, ev.data) if size else ([], body.offset)
+        if size:
+            buf, start = data_window(ev.data)
+            records, _ = _parse(tp, body.offset, buf, start, start + size)
+        else:
+            records = []
         self.stats.received += size
         self.stats.frames += 1
         self._frames.append(_Frame(tp, deque(records), body.next_offset, size))
@@ -265,14 +270,19 @@ class AsyncSubscriber:
         frames, positions = self._frames, self._positions
         while frames and len(out) < max_records:
             f = frames[0]
-            while f.records and len(out) < max_records:
-                r = f.records.popleft()
-                if r.offset < positions.get(f.tp, 0):
-                    continue  # already handed out before a reconnect
-                positions[f.tp] = r.offset + 1
-                out.append(r)
-            if f.records:
+            records = f.records
+            floor = positions.get(f.tp, 0)
+            while records and records[0].offset < floor:
+                records.popleft()  # already handed out before a reconnect
+            room = max_records - len(out)
+            if len(records) > room:  # a frame's records are in order: hand out a prefix
+                out += [records.popleft() for _ in range(room)]
+                positions[f.tp] = out[-1].offset + 1
                 break
+            if records:
+                out += records
+                positions[f.tp] = records[-1].offset + 1
+                records.clear()
             frames.popleft()
             positions[f.tp] = max(positions.get(f.tp, 0), f.next_offset)
             self._buffered -= f.size

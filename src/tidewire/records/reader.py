@@ -196,6 +196,10 @@ def read_records(  # noqa: PLR0917 (a reader's hot loop: positional arguments co
             if b < 0x80:
                 delta = (b >> 1) ^ -(b & 1)
                 pos += 1
+            elif data[pos + 1] < 0x80:  # a batch of more than 63 records
+                n = (b & 0x7F) | (data[pos + 1] << 7)
+                delta = (n >> 1) ^ -(n & 1)
+                pos += 2
             else:
                 delta, pos = _dv(data, pos)
             if delta <= prev or delta > last_delta:
@@ -309,7 +313,11 @@ def decode_batch(
 
 
 def iter_batches(
-    buf: bytes | bytearray | memoryview, *, verify: bool = True
+    buf: bytes | bytearray | memoryview,
+    *,
+    verify: bool = True,
+    start: int = 0,
+    end: int | None = None,
 ) -> Iterator[tuple[int, BatchHeader]]:
     """Yield ``(position, header)`` for each whole batch in a concatenation of batches (a fetch
     response, a segment). A partial batch at the end is not yielded.
@@ -317,12 +325,13 @@ def iter_batches(
     Args:
         buf: the bytes.
         verify: check each batch's CRC (``False`` parses headers only).
+        start, end: the batches lie in ``buf[start:end]`` (positions are in ``buf``).
 
     Raises:
         RecordBatchError: a malformed batch before the end.
     """
-    pos = 0
-    end = len(buf)
+    pos = start
+    end = len(buf) if end is None else end
     while end - pos >= BATCH_OVERHEAD:
         h = parse_header(buf, pos)
         if pos + h.size > end:

@@ -27,7 +27,9 @@ import logging
 import math
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from tidewire.broker import Broker
 from tidewire.errors import (
@@ -51,9 +53,34 @@ from tidewire.protocol.messages import ApiKey, SubscribeResponse
 from tidewire.server.handlers import HANDLERS, ServerInfo
 from tidewire.server.push import MAX_SUBSCRIPTIONS, PUSH_APIS, Subscriptions
 
-__all__ = ["ServerConfig", "TcpServer"]
+__all__ = ["EVENT_LOOPS", "ServerConfig", "TcpServer", "loop_factory"]
 
 log = logging.getLogger("tidewire.server")
+
+#: The event loops ``tidewire serve`` can run on.
+EVENT_LOOPS = ("auto", "asyncio", "uvloop")
+
+
+def loop_factory(event_loop: str) -> tuple[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """The name and the factory of the event loop ``event_loop`` asks for: ``auto`` takes
+    uvloop when it is installed (a loop written in C over libuv: less CPU per socket
+    operation), else asyncio's own.
+
+    Raises:
+        InvalidConfigError: ``uvloop`` asked for and not installed, or an unknown name.
+    """
+    if event_loop not in EVENT_LOOPS:
+        raise InvalidConfigError(f"event_loop={event_loop!r}: one of {', '.join(EVENT_LOOPS)}")
+    if event_loop != "asyncio":
+        try:
+            import uvloop  # noqa: PLC0415 (optional: not on every platform)
+        except ImportError:
+            if event_loop == "uvloop":
+                raise InvalidConfigError("event_loop=uvloop but uvloop is not installed") from None
+        else:
+            return "uvloop", uvloop.new_event_loop
+    return "asyncio", asyncio.new_event_loop
+
 
 #: SO_LINGER on, with a timeout of 0: closing the socket sends a RST and drops what is unsent.
 _LINGER_OFF = struct.pack("ii", 1, 0)
@@ -76,6 +103,8 @@ class ServerConfig:
     idle_timeout_s: float = 600.0
     frame_timeout_s: float = 30.0
     max_subscriptions: int = MAX_SUBSCRIPTIONS
+    #: ``auto``: uvloop when it is installed, else asyncio's own loop; or ``asyncio``, ``uvloop``.
+    event_loop: str = "auto"
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -83,6 +112,10 @@ class ServerConfig:
                 raise InvalidConfigError(what)
 
         need(bool(self.host), "host must not be empty")
+        need(
+            self.event_loop in EVENT_LOOPS,
+            f"event_loop={self.event_loop!r} must be one of {', '.join(EVENT_LOOPS)}",
+        )
         need(0 <= self.port <= 65535, f"port={self.port} must be within 0..65535 (0: any free)")
         need(self.max_connections >= 1, f"max_connections={self.max_connections} must be >= 1")
         # frame_length is an int32; below 1 KiB not even an admin request fits.
@@ -136,11 +169,12 @@ class _ClientProtocol(asyncio.Protocol):
     # --- asyncio callbacks ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport (uvloop's is not a subclass of asyncio.Transport, but it has
+        # every method of one).
+        self.transport = cast(asyncio.Transport, transport)
         if len(self.server.connections) >= self.server.config.max_connections:
             log.warning("refusing a connection: max_connections reached")
-            transport.abort()
+            self.transport.abort()
             return
         self.server.connections.add(self)
         self._arm_timer()

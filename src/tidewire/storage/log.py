@@ -1009,18 +1009,41 @@ class PartitionLog:
         now = self.clock() if now_ms is None else now_ms
         cfg = self.config
         total = self.size_bytes
+
+        def expired_or_oversize(seg: Segment) -> bool:
+            nonlocal total
+            expired = cfg.retention_ms >= 0 and now - seg.max_timestamp > cfg.retention_ms
+            oversize = cfg.retention_bytes >= 0 and total - seg.size >= cfg.retention_bytes
+            if expired or oversize:
+                total -= seg.size
+                return True
+            return False
+
+        return self._drop_head(expired_or_oversize, "retention")
+
+    def delete_before(self, offset: int) -> list[int]:
+        """Delete the whole segments whose records all lie below ``offset`` (the active
+        segment never): what a log that rewrote its live records at ``offset`` onwards no
+        longer needs.
+
+        Returns:
+            Base offsets of the deleted segments.
+        """
+        self._check_open()
+        self._drain_writes()
+        bases = self._bases
+        return self._drop_head(lambda seg: len(bases) > 1 and bases[1] <= offset, "compaction")
+
+    def _drop_head(self, drop: Callable[[Segment], bool], why: str) -> list[int]:
         deleted: list[int] = []
         while len(self._segments) > 1:
             seg = self._segments[0]
-            expired = cfg.retention_ms >= 0 and now - seg.max_timestamp > cfg.retention_ms
-            oversize = cfg.retention_bytes >= 0 and total - seg.size >= cfg.retention_bytes
-            if not (expired or oversize):
+            if not drop(seg):
                 break
-            total -= seg.size
             try:
                 self._drop_segment(seg)
             except OSError as exc:
-                raise StorageError(f"retention could not delete {seg.log_path}: {exc}") from exc
+                raise StorageError(f"{why} could not delete {seg.log_path}: {exc}") from exc
             del self._segments[0]
             del self._bases[0]
             deleted.append(seg.base_offset)
@@ -1032,7 +1055,8 @@ class PartitionLog:
             except OSError as exc:
                 raise StorageError(f"directory sync of {self.directory} failed: {exc}") from exc
             log.info(
-                "retention deleted %d segment(s) of %s; log now starts at %d",
+                "%s deleted %d segment(s) of %s; log now starts at %d",
+                why,
                 len(deleted),
                 self.directory,
                 self.log_start_offset,

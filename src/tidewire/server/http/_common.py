@@ -1,0 +1,112 @@
+"""Helpers the native API's routers share: error documentation, JSON answers, body parsing."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+from fastapi import FastAPI
+from pydantic import BaseModel, ValidationError
+from starlette.responses import Response
+
+from tidewire.errors import InvalidRequestError
+from tidewire.server.http.models import ErrorBody
+
+__all__ = ["add_body_schemas", "json_response", "parse_body", "request_body", "responses"]
+
+M = TypeVar("M", bound=BaseModel)
+
+_WHAT = {
+    400: "A malformed request: bad JSON, a missing field or one of the wrong type (named).",
+    404: "No such topic, partition or group.",
+    409: "It exists already, or the group's state does not allow it.",
+    413: "The body exceeds http_max_body_bytes, or the message the topic's max_message_bytes.",
+    416: "The offset is outside the partition's log.",
+    422: "A topic name, partition count or group id that is not allowed.",
+    503: "The broker is busy (backpressure) or its storage refused; retry after Retry-After.",
+}
+
+_encode = msgspec.json.Encoder().encode
+
+
+def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI documentation of the error answers a route may give (400 and 503 always)."""
+    return {s: {"model": ErrorBody, "description": _WHAT[s]} for s in sorted({400, 503, *statuses})}
+
+
+def json_response(doc: object, status: int = 200) -> Response:
+    """``doc`` (dicts, lists, numbers, text) as a JSON answer, encoded by msgspec."""
+    return Response(_encode(doc), status_code=status, media_type="application/json")
+
+
+def parse_body(model: type[M], body: bytes) -> M:
+    """Validate a JSON body as ``model``.
+
+    Raises:
+        InvalidRequestError: not JSON, or not the model; the message names the field.
+    """
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise InvalidRequestError(_describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    parts: list[str] = []
+    errors = exc.errors(include_url=False)
+    for err in errors[:5]:
+        if err["type"] == "json_invalid":
+            parts.append(f"the body is not valid JSON: {err['msg']}")
+            continue
+        loc = ".".join(str(x) for x in err["loc"])
+        parts.append(f"field {loc}: {err['msg']}" if loc else f"the body: {err['msg']}")
+    if len(errors) > 5:
+        parts.append(f"and {len(errors) - 5} more")
+    return "; ".join(parts)
+
+
+#: Models routes parse from the raw body themselves (for speed and one error shape); their
+#: schemas are added to the OpenAPI spec's components.
+_BODY_MODELS: dict[str, type[BaseModel]] = {}
+
+
+def request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI ``requestBody`` of a route that parses ``model`` with :func:`parse_body`
+    (pass it as ``openapi_extra={"requestBody": request_body(Model)}``)."""
+    _BODY_MODELS[model.__name__] = model
+    return {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+        },
+    }
+
+
+def add_body_schemas(app: FastAPI) -> None:
+    """Make ``app``'s OpenAPI spec hold the schemas :func:`request_body` refers to."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        spec = generate()
+        schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+        for name, model in _BODY_MODELS.items():
+            doc = model.model_json_schema(
+                ref_template="#/components/schemas/{model}", mode="validation"
+            )
+            for dname, ddoc in doc.pop("$defs", {}).items():
+                schemas.setdefault(dname, ddoc)
+            schemas[name] = doc
+        # Validation failures are answered 400 in the error shape, not FastAPI's 422.
+        for ops in spec.get("paths", {}).values():
+            for op in ops.values():
+                answer = op.get("responses", {}).get("422", {})
+                if "HTTPValidationError" in str(answer):
+                    del op["responses"]["422"]
+        for name in ("HTTPValidationError", "ValidationError"):
+            schemas.pop(name, None)
+        app.openapi_schema = spec
+        return spec
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,96 @@
+"""The native HTTP API as a FastAPI app: ``create_app(broker, config)``.
+
+The app calls the broker core directly, in the broker's event loop (run it with
+:class:`~tidewire.server.http.gateway.HttpGateway`). Its OpenAPI spec is at ``/openapi.json``
+and interactive docs at ``/docs``. Routes come in routers; :func:`routers` lists them, and a
+new family of routes (streaming, say) is one more entry there.
+
+The ``Authorization`` header is reserved for API keys: it is accepted and ignored for now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, FastAPI
+from starlette.types import ASGIApp
+
+from tidewire import __version__
+from tidewire.broker import Broker
+from tidewire.server.http._common import add_body_schemas
+from tidewire.server.http.config import HttpConfig
+from tidewire.server.http.context import GatewayContext
+from tidewire.server.http.errors import BodyLimit, install_error_handlers
+from tidewire.server.http.fastpath import PublishFastPath
+from tidewire.server.http.groups import groups_router
+from tidewire.server.http.health import health_router
+from tidewire.server.http.idempotency import IdempotencyStore
+from tidewire.server.http.messages import messages_router
+from tidewire.server.http.publisher import Publisher
+from tidewire.server.http.stream import stream_router
+from tidewire.server.http.topics import topics_router
+
+__all__ = ["asgi_app", "create_app", "routers"]
+
+DESCRIPTION = """\
+The native HTTP API of the tidewire broker: topics, publishing (one message or an atomic batch,
+with `Idempotency-Key` for retries that store once), reading (long-poll), consumer groups and
+health. Every error answers `{"error": {"code", "name", "message"}}` with the code of
+tidewire's error class. The `Authorization` header is reserved and ignored for now.
+"""
+
+
+def routers(ctx: GatewayContext) -> list[APIRouter]:
+    """Every router of the native API, in the order they are included.
+
+    Add a family of routes here, built from ``ctx`` (the broker, the settings, the drain
+    signal), e.g. ``stream_router(ctx)`` from ``tidewire.server.http.stream``.
+    """
+    return [
+        topics_router(ctx),
+        messages_router(ctx),
+        groups_router(ctx),
+        health_router(ctx),
+        stream_router(ctx),
+    ]
+
+
+def create_app(
+    broker: Broker, config: HttpConfig, *, closing: asyncio.Event | None = None
+) -> FastAPI:
+    """The native API app for ``broker``.
+
+    Args:
+        broker: the broker core, started (or starting: ``/healthz/startup`` says when).
+        config: the gateway's settings (``http_max_body_bytes`` bounds request bodies).
+        closing: set when the gateway drains (its own event when None).
+    """
+    app = FastAPI(
+        title="tidewire",
+        version=__version__,
+        description=DESCRIPTION,
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+        redoc_url=None,
+    )
+    publisher = Publisher(broker, IdempotencyStore(broker))
+    ctx = GatewayContext(
+        broker, config, closing if closing is not None else asyncio.Event(), publisher
+    )
+    ctx.on_topic_deleted.append(publisher.store.forget_topic)
+    app.state.tidewire = ctx
+    install_error_handlers(app)
+    for router in routers(ctx):
+        app.include_router(router)
+    add_body_schemas(app)
+    app.add_middleware(BodyLimit, limit=config.http_max_body_bytes)
+    return app
+
+
+def asgi_app(app: FastAPI) -> ASGIApp:
+    """What a listener serves for ``app`` (from :func:`create_app`): the app behind the
+    publish fast path (see fastpath.py), which answers single publishes without the
+    framework's layers."""
+    ctx = app.state.tidewire
+    assert isinstance(ctx, GatewayContext)
+    return PublishFastPath(app, ctx)

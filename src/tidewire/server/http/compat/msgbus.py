@@ -1,0 +1,210 @@
+"""Compatibility mode: the HTTP API of msgbus (the small Go message bus by prologic), on its
+own port (``http_msgbus_port``).
+
+=====================  ===================================================================
+``GET /``              every topic: ``{"NAME": {"name", "ttl", "seq", "created"}}``
+``PUT|POST /TOPIC``    publish the raw request body: ``202 Accepted``; over the payload
+                       limit: ``413``
+``GET /TOPIC``         pop the next message: ``{"id", "topic", "payload" (base64),
+                       "created", "expires"}``; none: ``404 no messages enqueued for
+                       topic: TOPIC``
+``GET /TOPIC`` + WS    subscribe: every message published from now on, as that JSON, one
+                       text frame each
+=====================  ===================================================================
+
+A msgbus topic ``NAME`` is the tidewire topic ``msgbus.NAME`` (escaped by
+:func:`~tidewire.server.http.compat.topic_for`) of one partition, created by its first
+publish; a message's ``id`` is its offset. Unlike msgbus' in-memory queues, messages are
+durable, and a pop is once only across restarts: the consumer group ``msgbus`` commits the
+offset after each message it hands out (:class:`~._pop.Popper`). A subscriber reads from the
+log with the socket's flow control, so a slow one is never sent more than its socket takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import time
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from tidewire._tasks import cancel_and_wait
+from tidewire.broker import Broker
+from tidewire.errors import (
+    BackpressureError,
+    BatchTooLargeError,
+    LogFailedError,
+    StorageError,
+    TidewireError,
+    UnknownTopicError,
+)
+from tidewire.records import BatchBuilder, iter_batches
+from tidewire.server.http._cursor import Record, decode_records
+from tidewire.server.http._params import wait_for_data_or
+from tidewire.server.http.compat import ensure_topic, name_of, rfc3339, topic_for
+from tidewire.server.http.compat._pop import Popper
+
+__all__ = ["GROUP", "PREFIX", "create_msgbus_app"]
+
+#: Prefix of the tidewire topics of msgbus topics.
+PREFIX = "msgbus."
+#: The consumer group whose committed offsets mark popped messages.
+GROUP = "msgbus"
+#: The ``expires`` field msgbus gives a message without an expiry (Go's zero time).
+NO_EXPIRY = "0001-01-01T00:00:00Z"
+#: Bytes read from the log per step of a subscription.
+_READ_BYTES = 256 * 1024
+
+_encode = msgspec.json.Encoder().encode
+
+
+def create_msgbus_app(
+    broker: Broker, *, max_payload_bytes: int, closing: asyncio.Event | None = None
+) -> Starlette:
+    """The msgbus-compatible app.
+
+    Args:
+        broker: the running broker.
+        max_payload_bytes: the largest message body accepted (``413`` beyond it).
+        closing: set when the gateway drains (pops and subscriptions end).
+    """
+    stop = closing if closing is not None else asyncio.Event()
+    popper = Popper(broker, GROUP, stop)
+
+    def topic_info(topic: str) -> dict[str, Any]:
+        plog = broker.log(topic, 0)
+        retention = plog.config.retention_ms
+        return {
+            "name": name_of(PREFIX, topic),
+            "ttl": 0 if retention < 0 else retention * 1_000_000,  # Go durations: ns
+            "seq": broker.high_watermark(topic, 0),
+            "created": rfc3339(_first_timestamp(broker, topic)),
+        }
+
+    def message(rec: Record) -> bytes:
+        return _encode(
+            {
+                "id": rec.offset,
+                "topic": topic_info(rec.topic),
+                "payload": base64.b64encode(rec.value or b"").decode("ascii"),
+                "created": rfc3339(rec.timestamp),
+                "expires": NO_EXPIRY,
+            }
+        )
+
+    async def list_topics(request: Request) -> Response:
+        out = {}
+        for topic in sorted(broker.topics()):
+            name = name_of(PREFIX, topic)
+            if name is not None and broker.partition_count(topic) == 1:
+                out[name] = topic_info(topic)
+        return Response(_encode(out), media_type="application/json")
+
+    async def publish(request: Request) -> Response:
+        name = request.path_params["topic"].strip("/")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_payload_bytes:
+                return PlainTextResponse(
+                    f"payload exceeds max payload size of {max_payload_bytes} bytes",
+                    status_code=413,
+                    headers={"Connection": "close"},
+                )
+        try:
+            topic = topic_for(PREFIX, name)
+            ensure_topic(broker, topic)
+            batch = BatchBuilder()
+            batch.append(bytes(body), timestamp_ms=int(time.time() * 1000))
+            result = await broker.produce(topic, 0, batch.build())
+        except TidewireError as exc:
+            return _error(exc)
+        return PlainTextResponse(
+            f"message successfully published to {name} with sequence {result.last_offset + 1}",
+            status_code=202,
+        )
+
+    async def pop(request: Request) -> Response:
+        name = request.path_params["topic"].strip("/")
+        if not name:
+            return await list_topics(request)
+        try:
+            topic = topic_for(PREFIX, name)
+            rec = await popper.pop(topic) if topic in broker.topics() else None
+        except TidewireError as exc:
+            return _error(exc)
+        if rec is None:
+            return PlainTextResponse(f"no messages enqueued for topic: {name}", status_code=404)
+        return Response(message(rec), media_type="application/json")
+
+    async def subscribe(websocket: WebSocket) -> None:
+        name = websocket.path_params["topic"].strip("/")
+        try:
+            topic = topic_for(PREFIX, name)
+        except TidewireError as exc:
+            await websocket.close(1008, exc.message[:120])
+            return
+        await websocket.accept()
+        ensure_topic(broker, topic)  # msgbus creates a topic a subscriber names
+        reader = asyncio.create_task(_until_disconnect(websocket))
+        try:
+            position = broker.high_watermark(topic, 0)
+            while not reader.done() and not stop.is_set():
+                r = broker.read_partition(topic, 0, position, _READ_BYTES)
+                if not r.data:
+                    await wait_for_data_or(broker, [(topic, 0)], 1.0, stop)
+                    continue
+                for rec in decode_records(topic, 0, r.data, position):
+                    await websocket.send_text(message(rec).decode())
+                position = r.next_offset
+        except (WebSocketDisconnect, OSError, RuntimeError, UnknownTopicError):
+            pass
+        finally:
+            await cancel_and_wait(reader)
+        if stop.is_set():
+            with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
+                await websocket.close(1001)
+
+    routes = [
+        Route("/", list_topics, methods=["GET"]),
+        Route("/{topic:path}", publish, methods=["PUT", "POST"]),
+        Route("/{topic:path}", pop, methods=["GET"]),
+        WebSocketRoute("/{topic:path}", subscribe),
+    ]
+    return Starlette(routes=routes)
+
+
+async def _until_disconnect(websocket: WebSocket) -> None:
+    """Read (and ignore, as msgbus does) what a subscriber sends, until it goes away."""
+    while True:
+        msg = await websocket.receive()
+        if msg["type"] == "websocket.disconnect":
+            return
+
+
+def _first_timestamp(broker: Broker, topic: str) -> int:
+    """The timestamp of the first record the topic still holds (now for an empty topic):
+    what msgbus reports as the topic's creation time."""
+    start = broker.list_offset(topic, 0, -2)
+    if start >= broker.high_watermark(topic, 0):
+        return int(time.time() * 1000)
+    r = broker.read_partition(topic, 0, start, 1)
+    for _, h in iter_batches(r.data, verify=False):
+        return h.first_timestamp
+    return int(time.time() * 1000)
+
+
+def _error(exc: TidewireError) -> Response:
+    status = 404 if isinstance(exc, UnknownTopicError) else 400
+    if isinstance(exc, BatchTooLargeError):  # over the topic's max_batch_bytes
+        status = 413
+    if isinstance(exc, (StorageError, LogFailedError, BackpressureError)):
+        status = 503
+    return PlainTextResponse(exc.message, status_code=status)

@@ -1,0 +1,284 @@
+"""The HTTP listeners: ASGI apps served by uvicorn inside the broker's own event loop.
+
+One :class:`HttpGateway` runs one uvicorn server per app, each on its own port, all as tasks
+of the running loop (the loop that owns the broker; no thread, no second loop). uvicorn
+installs no signal handlers here and runs no lifespan: the program that owns the loop (``tidewire
+serve``, :class:`~tidewire.embedded.EmbeddedBroker`) decides when to stop, and
+:meth:`HttpGateway.close` drains every listener: no new connections, idle keep-alive
+connections closed, requests in flight (long-polls answered at once with what they have)
+given up to ``grace_s`` to finish, then cancelled.
+
+:meth:`HttpGateway.for_broker` assembles the listeners the configuration asks for: the native
+API on ``http_port`` and the compatibility modes on their own ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+
+from tidewire._tasks import cancel_and_wait
+from tidewire.broker import Broker
+from tidewire.errors import InvalidConfigError
+from tidewire.server.http.app import asgi_app, create_app
+from tidewire.server.http.coalesce import CoalescingProtocol
+from tidewire.server.http.config import OFF, HttpConfig
+
+__all__ = ["IPUBSUB", "MSGBUS", "NATIVE", "HttpGateway"]
+
+log = logging.getLogger("tidewire.http")
+
+#: Name of the native API's listener.
+NATIVE = "native"
+#: Names of the compatibility modes' listeners.
+MSGBUS = "msgbus"
+IPUBSUB = "ipubsub"
+#: How long :meth:`HttpGateway.close` lets requests in flight finish before cancelling them
+#: (seconds); long-polls are woken at once, so only real work is waited for.
+DEFAULT_GRACE_S = 10.0
+#: How long :meth:`HttpGateway.start` waits for one listener to come up (seconds).
+START_TIMEOUT_S = 30.0
+#: Keep-alive connections idle for this long are closed (seconds): long enough for a load
+#: generator's or a browser's next request, short enough not to hoard sockets.
+KEEP_ALIVE_S = 30
+
+#: An ASGI application.
+AsgiApp = Callable[..., Any]
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handling (the loop's owner has its own), telling
+    when it listens."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = asyncio.Event()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.ready.set()
+
+
+@dataclass(slots=True)
+class _Listener:
+    name: str
+    app: AsgiApp
+    host: str
+    port: int  # as configured (0: any free); the bound one once started
+    server: _Server | None = None
+    task: asyncio.Task[None] | None = None
+
+
+class HttpGateway:
+    """HTTP listeners, each an ASGI app on its own port, served in the running event loop.
+
+    Args:
+        grace_s: how long :meth:`close` lets requests in flight finish (seconds).
+
+    Use::
+
+        gateway = HttpGateway.for_broker(broker, config)   # or HttpGateway() + add_app()
+        await gateway.start()                              # returns once every port listens
+        gateway.port                                       # the native API's bound port
+        ...
+        await gateway.close()                              # drain, bounded by grace_s
+    """
+
+    def __init__(self, *, grace_s: float = DEFAULT_GRACE_S) -> None:
+        self.grace_s = grace_s
+        #: Set when :meth:`close` begins: apps stop long-polls and report not ready.
+        self.closing = asyncio.Event()
+        self._listeners: dict[str, _Listener] = {}
+        self._started = False
+
+    @classmethod
+    def for_broker(cls, broker: Broker, config: HttpConfig) -> HttpGateway:
+        """The listeners ``config`` asks for: the native API (``http_port``) and the
+        compatibility modes (``http_msgbus_port``, ``http_ipubsub_port``).
+
+        Raises:
+            InvalidConfigError: no listener is configured, or one this build lacks.
+        """
+        if not config.enabled:
+            raise InvalidConfigError("no HTTP listener is configured (http_port = -1)")
+        gateway = cls()
+        if config.http_port != OFF:
+            app = create_app(broker, config, closing=gateway.closing)
+            gateway.add_app(NATIVE, asgi_app(app), config.http_host, config.http_port)
+        # The compatibility modes (docs/http-compat.md), each on its own port.
+        if config.http_msgbus_port != OFF:
+            from tidewire.server.http.compat.msgbus import create_msgbus_app  # noqa: PLC0415
+
+            msgbus = create_msgbus_app(
+                broker, max_payload_bytes=config.http_max_body_bytes, closing=gateway.closing
+            )
+            gateway.add_app(MSGBUS, msgbus, config.http_host, config.http_msgbus_port)
+        if config.http_ipubsub_port != OFF:
+            from tidewire.server.http.compat.ipubsub import create_ipubsub_app  # noqa: PLC0415
+
+            ipubsub = create_ipubsub_app(
+                broker, max_body_bytes=config.http_max_body_bytes, closing=gateway.closing
+            )
+            gateway.add_app(IPUBSUB, ipubsub, config.http_host, config.http_ipubsub_port)
+        return gateway
+
+    def add_app(self, name: str, app: AsgiApp, host: str, port: int) -> None:
+        """Serve ``app`` on ``host:port`` (``port`` 0: any free port; see :meth:`port_of`).
+        Must be called before :meth:`start`.
+
+        Raises:
+            ValueError: ``name`` is taken.
+            RuntimeError: the gateway has started.
+        """
+        if self._started:
+            raise RuntimeError("add_app() after start()")
+        if name in self._listeners:
+            raise ValueError(f"an HTTP listener named {name!r} exists already")
+        self._listeners[name] = _Listener(name, app, host, port)
+
+    @property
+    def names(self) -> list[str]:
+        """The listeners' names, in the order they were added."""
+        return list(self._listeners)
+
+    def port_of(self, name: str) -> int:
+        """The port listener ``name`` is bound to (once started; before, as configured).
+
+        Raises:
+            KeyError: no such listener.
+        """
+        return self._listeners[name].port
+
+    def host_of(self, name: str) -> str:
+        """The address listener ``name`` binds."""
+        return self._listeners[name].host
+
+    @property
+    def port(self) -> int:
+        """The native API's bound port.
+
+        Raises:
+            KeyError: the native API is not served.
+        """
+        return self.port_of(NATIVE)
+
+    async def start(self) -> None:
+        """Bind every listener and start serving; return once all of them listen.
+
+        Raises:
+            OSError: a port could not be bound (nothing is left listening).
+        """
+        if self._started:
+            raise RuntimeError("the HTTP gateway was started already")
+        self._started = True
+        try:
+            for listener in self._listeners.values():
+                await self._start_one(listener)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _start_one(self, listener: _Listener) -> None:
+        try:
+            sock = _bind(listener.host, listener.port)
+        except OSError as exc:
+            raise OSError(
+                exc.errno,
+                f"HTTP {listener.name}: cannot listen on {listener.host}:{listener.port}: "
+                f"{exc.strerror}",
+            ) from None
+        listener.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            listener.app,
+            loop="none",  # the broker's loop, already running
+            lifespan="off",  # the broker's lifecycle is the owner's, not the app's
+            http=CoalescingProtocol,  # httptools, one send() per answer (coalesce.py)
+            ws="auto",
+            log_config=None,
+            access_log=False,
+            server_header=False,
+            proxy_headers=False,  # X-Forwarded-* are not interpreted: no rewriting layer
+            timeout_keep_alive=KEEP_ALIVE_S,
+            timeout_graceful_shutdown=max(int(self.grace_s), 1),
+        )
+        server = _Server(config)
+        listener.server = server
+        task = asyncio.get_running_loop().create_task(
+            server.serve(sockets=[sock]), name=f"http listener {listener.name}"
+        )
+        listener.task = task
+        task.add_done_callback(_log_failure)
+        ready = asyncio.get_running_loop().create_task(server.ready.wait())
+        try:
+            await asyncio.wait(
+                {ready, task}, timeout=START_TIMEOUT_S, return_when="FIRST_COMPLETED"
+            )
+        finally:
+            await cancel_and_wait(ready)
+        if not server.ready.is_set():
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise OSError(f"HTTP listener {listener.name} failed: {task.exception()}")
+            raise OSError(f"HTTP listener {listener.name} did not start in {START_TIMEOUT_S} s")
+        log.info("HTTP %s listening on %s:%d", listener.name, listener.host, listener.port)
+
+    async def close(self) -> None:
+        """Drain every listener: stop accepting, close idle connections, answer long-polls,
+        let requests in flight finish (up to ``grace_s``, then cancel them)."""
+        self.closing.set()
+        for listener in self._listeners.values():
+            if listener.server is not None:
+                listener.server.should_exit = True
+        for listener in self._listeners.values():
+            task, listener.task = listener.task, None
+            if task is None:
+                continue
+            try:
+                # uvicorn's own grace period, then a little for it to close the sockets.
+                await asyncio.wait_for(asyncio.shield(task), self.grace_s + 5.0)
+            except TimeoutError:
+                await cancel_and_wait(task)
+            except Exception as exc:  # already logged by _log_failure
+                log.debug("HTTP listener %s ended with %r", listener.name, exc)
+
+    async def __aenter__(self) -> HttpGateway:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening, non-blocking TCP socket on ``host:port`` (IPv6 when ``host`` is).
+
+    Made with ``IPPROTO_TCP`` explicitly: asyncio sets TCP_NODELAY only on sockets whose
+    protocol says TCP, and without it every answer written in two parts (headers, body)
+    waits out the peer's delayed ACK, about 40 ms.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("HTTP listener task %s failed", task.get_name(), exc_info=task.exception())

@@ -1,0 +1,275 @@
+"""The native API's request and response documents (pydantic v2 models: they validate the
+requests, and the OpenAPI spec is generated from them).
+
+Payloads travel as text: ``encoding: "utf-8"`` (the default) sends a message's key, value and
+header values as UTF-8 text; ``encoding: "base64"`` sends them base64-encoded (any bytes).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "BatchPublishRequest",
+    "BatchPublishResult",
+    "CommitOffset",
+    "CommitRequest",
+    "CommitResult",
+    "CreateTopicRequest",
+    "ErrorBody",
+    "ErrorDetail",
+    "GroupDescription",
+    "GroupList",
+    "GroupMember",
+    "GroupPartitionLag",
+    "GroupSummary",
+    "Message",
+    "MessagePage",
+    "PartitionDescription",
+    "PublishMessage",
+    "PublishRequest",
+    "PublishResult",
+    "ResetPartition",
+    "ResetRequest",
+    "ResetResult",
+    "TimeRangePage",
+    "TopicConfig",
+    "TopicDescription",
+    "TopicList",
+    "TopicSummary",
+]
+
+#: How a message's key, value and header values are written in JSON.
+Encoding = Literal["utf-8", "base64"]
+#: The largest partition index (as the broker's MAX_PARTITION allows).
+_MAX_P = 100_000
+_I64 = 2**63 - 1
+
+Partition = Annotated[int, Field(ge=0, lt=_MAX_P, description="A partition index.")]
+Offset = Annotated[int, Field(ge=0, le=_I64, description="An offset in a partition's log.")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ErrorDetail(BaseModel):
+    code: int = Field(description="tidewire's error code (that of the binary protocol).")
+    name: str = Field(description="The error's class, e.g. UnknownTopicError.")
+    message: str = Field(description="What went wrong, naming the values involved.")
+
+
+class ErrorBody(BaseModel):
+    """Every error answer."""
+
+    error: ErrorDetail
+
+
+# --- topics --------------------------------------------------------------------------------------
+
+
+class TopicConfig(_Strict):
+    """A topic's log settings; a setting left out takes the broker's default."""
+
+    retention_ms: Annotated[int, Field(ge=-1, le=_I64)] | None = None
+    retention_bytes: Annotated[int, Field(ge=-1, le=_I64)] | None = None
+    segment_bytes: Annotated[int, Field(ge=1024, le=2**31 - 1)] | None = None
+    segment_ms: Annotated[int, Field(ge=1, le=_I64)] | None = None
+    fsync: Literal["always", "interval", "never"] | None = None
+    flush_interval_ms: Annotated[int, Field(ge=1, le=3_600_000)] | None = None
+    max_message_bytes: Annotated[int, Field(ge=61, le=256 * 1024 * 1024)] | None = Field(
+        default=None, description="The largest record batch (one publish) accepted, bytes."
+    )
+
+
+class CreateTopicRequest(_Strict):
+    name: str = Field(
+        description="1..249 characters of [A-Za-z0-9._-], not '.' or '..'.",
+        max_length=10_000,
+    )
+    partitions: Annotated[int, Field(ge=1, le=_MAX_P)] | None = Field(
+        default=None, description="Partition count (the broker's default_partitions if absent)."
+    )
+    config: TopicConfig | None = None
+
+
+class TopicSummary(BaseModel):
+    name: str
+    partitions: int
+
+
+class TopicList(BaseModel):
+    topics: list[TopicSummary]
+
+
+class PartitionDescription(BaseModel):
+    partition: int
+    start_offset: int = Field(description="The oldest offset still in the log.")
+    end_offset: int = Field(description="The offset the next message gets.")
+    high_watermark: int = Field(description="Offsets below it are visible to readers.")
+    size_bytes: int
+
+
+class TopicDescription(BaseModel):
+    name: str
+    partitions: list[PartitionDescription]
+    config: TopicConfig
+
+
+# --- publish -------------------------------------------------------------------------------------
+
+
+class PublishMessage(_Strict):
+    """One message. Without ``partition``: by the key's hash (FNV-1a, as the tidewire
+    clients route), or round-robin when there is no key."""
+
+    key: str | None = Field(default=None, max_length=2**30)
+    value: str | None = Field(default=None, max_length=2**30, description="null: a tombstone.")
+    headers: dict[str, str | None] | None = Field(
+        default=None, description="Header name -> value (encoded as the message's encoding)."
+    )
+    partition: Partition | None = None
+    timestamp: Annotated[int, Field(ge=0, le=_I64)] | None = Field(
+        default=None, description="Create time, ms since the epoch (now if absent)."
+    )
+
+
+class PublishRequest(PublishMessage):
+    encoding: Encoding = "utf-8"
+
+
+class PublishResult(BaseModel):
+    """Where the message was stored."""
+
+    partition: int
+    offset: int
+
+
+class BatchPublishRequest(_Strict):
+    messages: list[PublishMessage] = Field(min_length=1, max_length=100_000)
+    encoding: Encoding = "utf-8"
+
+
+class BatchPublishResult(BaseModel):
+    """Where each message was stored, in the order of the request."""
+
+    results: list[PublishResult]
+
+
+# --- read ----------------------------------------------------------------------------------------
+
+
+class Message(BaseModel):
+    """One stored message; ``encoding`` says how its key, value and header values are
+    written (UTF-8 text when every one is valid UTF-8, else base64, unless base64 was
+    asked for)."""
+
+    partition: int
+    offset: int
+    timestamp: int
+    key: str | None
+    value: str | None
+    headers: dict[str, str | None]
+    encoding: Encoding
+
+
+class MessagePage(BaseModel):
+    messages: list[Message]
+    next_offset: int = Field(description="The offset to ask for next.")
+    high_watermark: int
+
+
+class TimeRangePage(BaseModel):
+    messages: list[Message]
+    next_offsets: dict[str, int] = Field(
+        description="Partition -> the offset to continue from (as a string key)."
+    )
+
+
+# --- groups --------------------------------------------------------------------------------------
+
+
+class GroupSummary(BaseModel):
+    group: str
+    state: str
+    members: int
+
+
+class GroupList(BaseModel):
+    groups: list[GroupSummary]
+
+
+class GroupMember(BaseModel):
+    member_id: str
+    group_instance_id: str = Field(description="Empty: a dynamic member.")
+    client_id: str
+    topics: list[str]
+    pattern: str = Field(description="The subscription's regular expression, or empty.")
+    assignment: list[tuple[str, int]] = Field(description="[topic, partition] pairs.")
+
+
+class GroupPartitionLag(BaseModel):
+    topic: str
+    partition: int
+    committed: int = Field(description="-1: nothing committed.")
+    end_offset: int
+    lag: int = Field(description="-1: nothing committed.")
+    metadata: str
+
+
+class GroupDescription(BaseModel):
+    group: str
+    state: str
+    generation: int
+    strategy: str
+    members: list[GroupMember]
+    offsets: list[GroupPartitionLag]
+
+
+class CommitOffset(_Strict):
+    topic: str = Field(max_length=10_000)
+    partition: Partition
+    offset: Offset = Field(description="The next offset to read.")
+    metadata: str = Field(default="", max_length=4096)
+
+
+class CommitRequest(_Strict):
+    offsets: list[CommitOffset] = Field(min_length=1, max_length=10_000)
+    member_id: str = Field(default="", description="Empty: a commit from outside the group.")
+    generation: int = Field(default=-1, ge=-1, le=2**31 - 1)
+
+
+class CommitResult(BaseModel):
+    group: str
+    offsets: list[CommitOffset]
+
+
+class ResetRequest(_Strict):
+    """Move a group's committed offsets (the group must have no members), as ``tidewire
+    group reset`` does."""
+
+    topic: str = Field(max_length=10_000)
+    to: Literal["earliest", "latest", "offset", "timestamp"]
+    offset: Offset | None = Field(default=None, description="For to=offset (clamped).")
+    timestamp: Annotated[int, Field(ge=0, le=_I64)] | None = Field(
+        default=None, description="For to=timestamp: ms since the epoch."
+    )
+    partitions: list[Partition] | None = Field(
+        default=None, max_length=10_000, description="Only these (all if absent)."
+    )
+    dry_run: bool = False
+
+
+class ResetPartition(BaseModel):
+    topic: str
+    partition: int
+    previous: int = Field(description="-1: nothing was committed.")
+    offset: int
+
+
+class ResetResult(BaseModel):
+    group: str
+    dry_run: bool
+    partitions: list[ResetPartition]

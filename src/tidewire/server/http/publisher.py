@@ -1,0 +1,267 @@
+"""Storing messages for the HTTP API: payload decoding, partition choice, one record batch
+per partition, ``Idempotency-Key`` bookkeeping.
+
+Publishing calls the broker core as the binary protocol's produce does with acks=durable:
+the answer comes once the messages are as durable as the topic's fsync policy promises, and
+a first publish creates the topic when the broker creates topics on first publish (after
+its messages were checked, so a refused publish creates nothing).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tidewire.broker import Broker
+from tidewire.errors import (
+    InvalidConfigError,
+    InvalidRequestError,
+    InvalidTopicError,
+    UnknownPartitionError,
+    UnknownTopicError,
+)
+from tidewire.records import BatchBuilder
+from tidewire.server.http._common import parse_body
+from tidewire.server.http.errors import IdempotencyKeyReusedError
+from tidewire.server.http.idempotency import INDEX_HEADER, KEY_HEADER, IdempotencyStore, KeyEntry
+from tidewire.server.http.models import PublishMessage, PublishRequest
+from tidewire.storage.manager import validate_topic_name
+
+__all__ = ["Publisher", "partition_for_key"]
+
+#: FNV-1a, 32 bits: the tidewire clients' key partitioner (tidewire.client.partitioner), so a
+#: key published over HTTP lands where a client would put it. Restated here because the
+#: server layer does not import the client's; a test holds the two equal.
+_FNV_BASIS = 0x811C9DC5
+_FNV_PRIME = 0x01000193
+
+
+def partition_for_key(key: bytes, partitions: int) -> int:
+    """``fnv1a_32(key) % partitions``, as the tidewire clients route a keyed message."""
+    h = _FNV_BASIS
+    for byte in key:
+        h = ((h ^ byte) * _FNV_PRIME) & 0xFFFFFFFF
+    return h % partitions
+
+
+#: One message ready to store: key, value, headers, timestamp (ms).
+_Ready = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], int]
+
+
+class Publisher:
+    """Stores messages for the HTTP API: payload decoding, partition choice, one batch per
+    partition, idempotency keys."""
+
+    def __init__(self, broker: Broker, store: IdempotencyStore) -> None:
+        self.broker = broker
+        self.store = store
+        self._counts: dict[str, int] = {}
+        self._round_robin = itertools.count()
+
+    def partitions(self, topic: str) -> int:
+        """The partition count of ``topic`` (cached; checked against the logs each time)."""
+        logs = self.broker.logs.logs
+        n = self._counts.get(topic)
+        if n is not None and (topic, n - 1) in logs and (topic, n) not in logs:
+            return n
+        n = self._counts[topic] = self.broker.partition_count(topic)
+        return n
+
+    def _partitions_for_publish(self, topic: str) -> int:
+        """The partition count ``topic`` has, or gets when its first publish creates it (the
+        broker's produce creates it then, after checking the batch, as the binary protocol's
+        first publish does).
+
+        Raises:
+            UnknownTopicError: no such topic, and topics are not created on first publish.
+            InvalidTopicError: a name that is not allowed, or an internal topic.
+        """
+        broker = self.broker
+        if (topic, 0) in broker.logs.logs:
+            return self.partitions(topic)
+        if not broker.config.auto_create_topics:
+            raise UnknownTopicError(
+                f"topic {topic!r} does not exist and this broker does not create topics on "
+                "first publish"
+            )
+        try:
+            validate_topic_name(topic)
+        except InvalidConfigError as exc:
+            raise InvalidTopicError(exc.message) from None
+        return broker.config.default_partitions
+
+    def choose(self, msg: PublishMessage, key: bytes | None, n: int, topic: str) -> int:
+        if msg.partition is not None:
+            if msg.partition >= n:
+                raise UnknownPartitionError(
+                    f"topic {topic!r} has partitions 0..{n - 1}, not {msg.partition}"
+                )
+            return msg.partition
+        if key is not None:
+            return partition_for_key(key, n)
+        return next(self._round_robin) % n
+
+    async def publish_one(self, topic: str, body: bytes, idempotency_key: str | None) -> bytes:
+        """Store the message of a PublishRequest ``body``; return the PublishResult JSON.
+
+        Raises:
+            InvalidRequestError: a body that is not a PublishRequest; as :meth:`publish`.
+        """
+        req = parse_body(PublishRequest, body)
+        if idempotency_key is not None:
+            ((p, off),) = await self.publish(topic, (req,), req.encoding, idempotency_key)
+            return b'{"offset":%d,"partition":%d}' % (off, p)
+        # The hot path: what publish() does for one message, without its bookkeeping.
+        n = self._partitions_for_publish(topic)
+        ((key, value, headers, ts),) = _decode((req,), req.encoding)
+        p = self.choose(req, key, n, topic)
+        builder = BatchBuilder()
+        builder.append(value, timestamp_ms=ts, key=key, headers=headers)
+        result = await self.broker.produce(topic, p, builder.build())
+        return b'{"offset":%d,"partition":%d}' % (result.base_offset, p)
+
+    async def publish(
+        self,
+        topic: str,
+        msgs: Sequence[PublishMessage],
+        encoding: str,
+        idempotency_key: str | None,
+    ) -> list[tuple[int, int]]:
+        """Store ``msgs``; return ``(partition, offset)`` of each.
+
+        Raises:
+            InvalidRequestError: a payload that is not valid base64.
+            UnknownTopicError: no such topic and no auto-creation; InvalidTopicError: a name
+                not allowed; UnknownPartitionError: no such partition.
+            IdempotencyKeyReusedError: the key was used for other messages.
+            BatchTooLargeError, StorageError, BackpressureError: the log refused.
+        """
+        n = self._partitions_for_publish(topic)
+        ready = _decode(msgs, encoding)
+        if idempotency_key is None:
+            placement = [self.choose(m, r[0], n, topic) for m, r in zip(msgs, ready, strict=True)]
+            return await self._store(topic, ready, placement, {}, None)
+        if not idempotency_key:
+            raise InvalidRequestError("header Idempotency-Key: must not be empty")
+        fingerprint = hash((encoding, tuple(_canonical(m) for m in msgs)))
+        async with self.store.hold(topic, idempotency_key) as entry:
+            placement = self._placement(
+                entry, fingerprint=fingerprint, msgs=msgs, ready=ready, n=n, topic=topic
+            )
+            try:
+                return await self._store(topic, ready, placement, entry.done, idempotency_key)
+            except BaseException:
+                if not entry.done:  # nothing stored: the key is free for any messages
+                    entry.placement = entry.fingerprint = None
+                raise
+
+    def _placement(
+        self,
+        entry: KeyEntry,
+        *,
+        fingerprint: int,
+        msgs: Sequence[PublishMessage],
+        ready: list[_Ready],
+        n: int,
+        topic: str,
+    ) -> list[int]:
+        """The partitions of ``msgs`` under ``entry``: as its first request chose them."""
+        if entry.placement is None:  # the key's first request
+            entry.fingerprint = fingerprint
+            entry.placement = [
+                self.choose(m, r[0], n, topic) for m, r in zip(msgs, ready, strict=True)
+            ]
+            return entry.placement
+        if entry.fingerprint is not None and entry.fingerprint != fingerprint:
+            raise IdempotencyKeyReusedError(
+                "this Idempotency-Key was used for other messages: a retry must send the "
+                "same messages, new messages need a new key"
+            )
+        if len(entry.placement) != len(msgs):  # read back after a start: compare the count
+            raise IdempotencyKeyReusedError(
+                f"this Idempotency-Key was used for {len(entry.placement)} message(s), "
+                f"not {len(msgs)}"
+            )
+        for i, p in enumerate(entry.placement):
+            if p < 0:  # a partition the first attempt did not store: choose now
+                entry.placement[i] = self.choose(msgs[i], ready[i][0], n, topic)
+        entry.fingerprint = fingerprint
+        return entry.placement
+
+    async def _store(
+        self,
+        topic: str,
+        ready: list[_Ready],
+        placement: list[int],
+        done: dict[int, int],
+        idempotency_key: str | None,
+    ) -> list[tuple[int, int]]:
+        """One batch per partition not yet in ``done``; record each base offset there."""
+        groups: dict[int, list[int]] = {}
+        for i, p in enumerate(placement):
+            groups.setdefault(p, []).append(i)
+        extra: list[tuple[str, bytes | None]] = []
+        if idempotency_key is not None:
+            extra.append((KEY_HEADER, idempotency_key.encode()))
+        for p, indices in groups.items():
+            if p in done:
+                continue
+            builder = BatchBuilder()
+            for i in indices:
+                key, value, headers, ts = ready[i]
+                if idempotency_key is not None:
+                    headers = headers + extra
+                    if len(ready) > 1:
+                        headers.append((INDEX_HEADER, str(i).encode()))
+                builder.append(value, timestamp_ms=ts, key=key, headers=headers)
+            result = await self.broker.produce(topic, p, builder.build())
+            done[p] = result.base_offset
+        position: dict[int, int] = {}
+        out: list[tuple[int, int]] = []
+        for p in placement:
+            k = position.get(p, 0)
+            position[p] = k + 1
+            out.append((p, done[p] + k))
+        return out
+
+
+def _canonical(m: PublishMessage) -> tuple[Any, ...]:
+    headers = tuple(sorted(m.headers.items())) if m.headers else ()
+    return (m.key, m.value, headers, m.partition, m.timestamp)
+
+
+def _bytes(text: str | None, encoding: str, field: str) -> bytes | None:
+    if text is None:
+        return None
+    if encoding == "base64":
+        try:
+            return base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidRequestError(f"field {field}: not valid base64") from None
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _decode(msgs: Sequence[PublishMessage], encoding: str) -> list[_Ready]:
+    now = time.time_ns() // 1_000_000
+    single = len(msgs) == 1
+    out: list[_Ready] = []
+    for i, m in enumerate(msgs):
+        where = "" if single else f"messages.{i}."
+        headers = (
+            [(k, _bytes(v, encoding, f"{where}headers.{k}")) for k, v in m.headers.items()]
+            if m.headers
+            else []
+        )
+        out.append(
+            (
+                _bytes(m.key, encoding, f"{where}key"),
+                _bytes(m.value, encoding, f"{where}value"),
+                headers,
+                now if m.timestamp is None else m.timestamp,
+            )
+        )
+    return out

@@ -1,0 +1,130 @@
+"""``/v1/topics``: create, list, describe and delete topics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from tidewire.broker import Broker
+from tidewire.errors import UnknownTopicError
+from tidewire.server.http._common import json_response, parse_body, request_body, responses
+from tidewire.server.http.context import GatewayContext
+from tidewire.server.http.models import (
+    CreateTopicRequest,
+    TopicConfig,
+    TopicDescription,
+    TopicList,
+)
+from tidewire.storage import LogConfig
+
+__all__ = ["describe_topic", "topics_router"]
+
+#: TopicConfig field -> LogConfig field.
+_LOG_FIELDS = {
+    "retention_ms": "retention_ms",
+    "retention_bytes": "retention_bytes",
+    "segment_bytes": "segment_bytes",
+    "segment_ms": "segment_ms",
+    "fsync": "fsync",
+    "flush_interval_ms": "flush_interval_ms",
+    "max_message_bytes": "max_batch_bytes",
+}
+
+
+def _log_config(base: LogConfig, cfg: TopicConfig | None) -> LogConfig:
+    """``base`` with what ``cfg`` sets. Raises InvalidConfigError (400)."""
+    if cfg is None:
+        return base
+    values = base.to_dict()
+    for name, key in _LOG_FIELDS.items():
+        value = getattr(cfg, name)
+        if value is not None:
+            values[key] = value
+    return LogConfig.from_dict(values)
+
+
+def _config_doc(cfg: LogConfig) -> dict[str, Any]:
+    return {name: getattr(cfg, key) for name, key in _LOG_FIELDS.items()} | {
+        "fsync": str(cfg.fsync)
+    }
+
+
+def describe_topic(broker: Broker, name: str) -> dict[str, Any]:
+    """The TopicDescription document of ``name``.
+
+    Raises:
+        UnknownTopicError: no such topic.
+    """
+    parts = [
+        {
+            "partition": s.partition,
+            "start_offset": s.log_start_offset,
+            "end_offset": s.log_end_offset,
+            "high_watermark": s.high_watermark,
+            "size_bytes": s.size_bytes,
+        }
+        for s in broker.describe(name)
+    ]
+    return {
+        "name": name,
+        "partitions": parts,
+        "config": _config_doc(broker.log(name, 0).config),
+    }
+
+
+def _known(broker: Broker, name: str) -> None:
+    """Raise UnknownTopicError unless ``name`` is a topic users may see."""
+    if name not in broker.topics():
+        raise UnknownTopicError(f"topic {name!r} does not exist")
+
+
+def topics_router(ctx: GatewayContext) -> APIRouter:
+    """Topic administration."""
+    router = APIRouter(prefix="/v1/topics", tags=["topics"])
+    broker = ctx.broker
+
+    @router.post(
+        "",
+        status_code=201,
+        response_model=TopicDescription,
+        responses=responses(409, 413, 422),
+        openapi_extra={"requestBody": request_body(CreateTopicRequest)},
+    )
+    async def create_topic(request: Request) -> Response:
+        """Create a topic with ``partitions`` partitions (the broker's default when absent)
+        and ``config`` settings (the broker's defaults for those absent)."""
+        req = parse_body(CreateTopicRequest, await request.body())
+        broker.create_topic(req.name, req.partitions, _log_config(broker.config.log, req.config))
+        return json_response(describe_topic(broker, req.name), 201)
+
+    @router.get("", response_model=TopicList, responses=responses())
+    async def list_topics() -> Response:
+        """Every topic with its partition count, by name."""
+        topics = broker.topics()
+        return json_response(
+            {"topics": [{"name": n, "partitions": topics[n]} for n in sorted(topics)]}
+        )
+
+    @router.get("/{topic}", response_model=TopicDescription, responses=responses(404))
+    async def get_topic(topic: str) -> Response:
+        """A topic's partitions (start, end and high-watermark offsets, size) and settings."""
+        _known(broker, topic)
+        return json_response(describe_topic(broker, topic))
+
+    @router.delete(
+        "/{topic}",
+        status_code=204,
+        response_class=Response,
+        responses=responses(404, 422),
+    )
+    async def delete_topic(topic: str) -> Response:
+        """Delete a topic and all its messages."""
+        _known(broker, topic)
+        broker.delete_topic(topic)
+        for forget in ctx.on_topic_deleted:
+            forget(topic)
+        return Response(status_code=204)
+
+    return router

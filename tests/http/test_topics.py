@@ -1,0 +1,105 @@
+"""``/v1/topics``: create, list, describe, delete, and their errors."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.http._support import error_of
+
+
+def test_create_list_describe_delete(client: httpx.Client) -> None:
+    r = client.post(
+        "/v1/topics",
+        json={
+            "name": "orders",
+            "partitions": 3,
+            "config": {"fsync": "never", "retention_ms": 60_000},
+        },
+    )
+    assert r.status_code == 201, r.text
+    doc = r.json()
+    assert doc["name"] == "orders"
+    assert [p["partition"] for p in doc["partitions"]] == [0, 1, 2]
+    assert doc["config"]["fsync"] == "never"
+    assert doc["config"]["retention_ms"] == 60_000
+    assert client.post("/v1/topics", json={"name": "a.b_c-1"}).status_code == 201
+
+    listed = client.get("/v1/topics").json()
+    assert listed == {
+        "topics": [{"name": "a.b_c-1", "partitions": 2}, {"name": "orders", "partitions": 3}]
+    }
+
+    client.post("/v1/topics/orders/messages", json={"value": "x", "partition": 1})
+    got = client.get("/v1/topics/orders").json()
+    ends = {
+        p["partition"]: (p["start_offset"], p["end_offset"], p["high_watermark"])
+        for p in got["partitions"]
+    }
+    assert ends == {0: (0, 0, 0), 1: (0, 1, 1), 2: (0, 0, 0)}
+    assert got["partitions"][1]["size_bytes"] > 0
+
+    r = client.delete("/v1/topics/orders")
+    assert r.status_code == 204
+    assert r.content == b""
+    assert client.get("/v1/topics/orders").status_code == 404
+    assert [t["name"] for t in client.get("/v1/topics").json()["topics"]] == ["a.b_c-1"]
+
+
+def test_exists_is_409_and_unknown_is_404(client: httpx.Client) -> None:
+    assert client.post("/v1/topics", json={"name": "t"}).status_code == 201
+    r = client.post("/v1/topics", json={"name": "t", "partitions": 4})
+    assert r.status_code == 409
+    assert error_of(r) == {
+        "code": 71,
+        "name": "TopicExistsError",
+        "message": "topic 't' exists already",
+    }
+    for r in (client.get("/v1/topics/nope"), client.delete("/v1/topics/nope")):
+        assert r.status_code == 404
+        assert error_of(r)["name"] == "UnknownTopicError"
+
+
+@pytest.mark.parametrize("name", ["bad name", "..", "x" * 250, "ü"])
+def test_invalid_names_are_422(client: httpx.Client, name: str) -> None:
+    r = client.post("/v1/topics", json={"name": name})
+    assert r.status_code == 422, r.text
+    assert error_of(r)["name"] == "InvalidTopicError"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"name": 5}, "field name"),
+        ({}, "field name"),
+        ({"name": "t", "partitions": "3"}, "field partitions"),
+        ({"name": "t", "partitions": 0}, "field partitions"),
+        ({"name": "t", "extra": 1}, "field extra"),
+        ({"name": "t", "config": {"fsync": "sometimes"}}, "field config.fsync"),
+        ({"name": "t", "config": {"segment_bytes": 10}}, "field config.segment_bytes"),
+        ([1, 2], "the body"),
+    ],
+)
+def test_bad_types_are_400_naming_the_field(client: httpx.Client, body: object, field: str) -> None:
+    r = client.post("/v1/topics", json=body)
+    assert r.status_code == 400, r.text
+    err = error_of(r)
+    assert err["name"] == "InvalidRequestError"
+    assert err["code"] == 54
+    assert err["message"].startswith(field), err["message"]
+
+
+def test_bad_json_is_400(client: httpx.Client) -> None:
+    for raw in (b"{bad", b"", b'{"name": "t"'):
+        r = client.post("/v1/topics", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 400
+        assert "not valid JSON" in error_of(r)["message"]
+
+
+def test_unknown_routes_and_methods_answer_in_the_error_shape(client: httpx.Client) -> None:
+    r = client.get("/v2/nothing")
+    assert r.status_code == 404
+    assert error_of(r)["message"] == "no route GET /v2/nothing"
+    r = client.put("/v1/topics")
+    assert r.status_code == 405
+    error_of(r)
