@@ -40,6 +40,7 @@ def test_configuration_md_has_every_setting(setting: Setting) -> None:
         "tidewire group describe",
         "tidewire group reset",
         "tidewire group delete",
+        "tidewire export",
     ],
 )
 def test_cli_md_has_every_command(command: str) -> None:

@@ -504,7 +504,7 @@ def test_producer_is_the_blocking_twin() -> None:
         }
 
     a, s = public(AsyncProducer), public(Producer)
-    assert sorted(a) == sorted(s) == ["close", "flush", "send"]
+    assert sorted(a) == sorted(s) == ["close", "flush", "send", "send_values"]
     for name in a:
         assert list(a[name].parameters.values()) == list(s[name].parameters.values()), name
     assert list(inspect.signature(AsyncProducer.__init__).parameters.values()) == list(

@@ -73,6 +73,8 @@ def test_async_client_methods() -> None:
         "ping",
         "produce",
         "produce_batch",
+        "producer_state",
+        "release_writers",
         "reset_group_offsets",
         "server_version",
     ]

@@ -73,6 +73,11 @@ from tidewire.protocol.messages import (
     ProducePartitionResult,
     ProduceRequest,
     ProduceResponse,
+    ProducerPartitionState,
+    ProducerStateRequest,
+    ProducerStateResponse,
+    ReleaseWritersRequest,
+    ReleaseWritersResponse,
     ResetOffsetResult,
     ResetOffsetsRequest,
     ResetOffsetsResponse,
@@ -163,7 +168,7 @@ SAMPLES: dict[ApiKey, tuple[Body, Body]] = {
         ListOffsetsResponse(results=[ListOffsetsResult(topic="orders", partition=0, offset=0)]),
     ),
     ApiKey.INIT_PRODUCER_ID: (
-        InitProducerIdRequest(),
+        InitProducerIdRequest(writer_id="q/7b2e/12/0"),
         InitProducerIdResponse(producer_id=7, producer_epoch=0),
     ),
     ApiKey.PING: (PingRequest(), PingResponse()),
@@ -237,6 +242,22 @@ SAMPLES: dict[ApiKey, tuple[Body, Body]] = {
     ),
     ApiKey.CREDIT: (CreditRequest(subscription_id=7, credit_bytes=65536), CreditResponse()),
     ApiKey.UNSUBSCRIBE: (UnsubscribeRequest(subscription_id=7), UnsubscribeResponse()),
+    ApiKey.PRODUCER_STATE: (
+        ProducerStateRequest(
+            producer_id=(1 << 62) + 5, producer_epoch=2, partitions=[GroupPartition("orders", 0)]
+        ),
+        ProducerStateResponse(
+            results=[
+                ProducerPartitionState(
+                    topic="orders", partition=0, producer_epoch=1, last_sequence=99
+                )
+            ]
+        ),
+    ),
+    ApiKey.RELEASE_WRITERS: (
+        ReleaseWritersRequest(writer_ids=["q/7b2e/12/0", "q/7b2e/12/1"]),
+        ReleaseWritersResponse(released=3),
+    ),
 }
 
 #: Every schema, request and response, as (api key, response?, schema) for parametrizing.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -31,6 +32,8 @@ from tidewire.broker.producers import (
     StoredBatch,
     decode_snapshot,
     encode_snapshot,
+    is_writer,
+    writer_producer_id,
 )
 from tidewire.errors import (
     BackpressureError,
@@ -40,6 +43,7 @@ from tidewire.errors import (
     InvalidTopicError,
     LogNotFoundError,
     OffsetOutOfRangeError,
+    OutOfOrderSequenceError,
     PartitionCorruptError,
     ProducerFencedError,
     StorageError,
@@ -63,6 +67,14 @@ __all__ = [
 ]
 
 log = logging.getLogger("tidewire.broker")
+
+#: Released writers remembered (newest first out), so that a late attempt of a task whose job
+#: committed is refused instead of writing its records again. A released writer's attempts
+#: end within seconds; this many covers thousands of tasks a second for a minute.
+MAX_RELEASED_WRITERS = 100_000
+#: Writer ids in one release, and partitions in one producer-state question.
+MAX_WRITERS_PER_RELEASE = 10_000
+MAX_PARTITIONS_PER_STATE = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +174,7 @@ class Broker:
         self._epochs: dict[int, int] = {}  # producer id -> newest epoch known
         self._ids: ProducerIds | None = None
         self._ids_lock = asyncio.Lock()
+        self._released: OrderedDict[int, None] = OrderedDict()  # writers' producer ids
         self._groups: ConsumerGroups | None = None
         self._group_task: asyncio.Task[None] | None = None
 
@@ -522,19 +535,30 @@ class Broker:
     # --- idempotent producers -------------------------------------------------------------------
 
     async def init_producer_id(
-        self, producer_id: int = -1, producer_epoch: int = -1
+        self, producer_id: int = -1, producer_epoch: int = -1, *, writer_id: str = ""
     ) -> tuple[int, int]:
         """A producer identity: a new id with epoch 0 (``producer_id`` = -1), or the same id
         with the next epoch, which fences every older instance of that producer.
 
+        With ``writer_id``: the writer's producer id (:func:`writer_producer_id`) with its next
+        epoch (0 the first time), fencing every earlier instance of that writer; a writer
+        continues its sequences across epochs (see docs/protocol.md, "Deterministic
+        writers").
+
         Raises:
-            ProducerFencedError: ``producer_epoch`` is older than the id's newest epoch.
-            InvalidRequestError: an id this broker never handed out, or an epoch without id.
-            StorageError: the next block of ids could not be reserved on disk.
+            ProducerFencedError: ``producer_epoch`` is older than the id's newest epoch, or
+                the writer was released.
+            InvalidRequestError: an id this broker never handed out, or an epoch without id;
+                a writer id with a producer id, of a bad length, or past the last epoch.
+            StorageError: the next block of ids (or the writer's epoch) could not be written.
         """
         ids = self._ids
         if ids is None:
             raise InvalidRequestError("the broker is not running")
+        if writer_id:
+            if producer_id != -1 or producer_epoch != -1:
+                raise InvalidRequestError("a writer_id comes without producer_id and epoch")
+            return await self._init_writer(ids, writer_id)
         if producer_id >= 0:
             if not ids.issued(producer_id):
                 raise InvalidRequestError(f"producer id {producer_id} was never handed out")
@@ -566,6 +590,132 @@ class Broker:
         self._epochs[pid] = 0
         return pid, 0
 
+    async def _init_writer(self, ids: ProducerIds, writer_id: str) -> tuple[int, int]:
+        pid = writer_producer_id(writer_id)
+        if pid in self._released:
+            raise ProducerFencedError(
+                f"writer {writer_id!r} was released (the job it wrote for committed): a late "
+                "attempt may not write again"
+            )
+        epoch = self._epochs.get(pid, -1) + 1
+        if epoch > MAX_EPOCH:
+            raise InvalidRequestError(
+                f"writer {writer_id!r} started {epoch:,} times: past the last epoch {MAX_EPOCH:,}"
+            )
+        # Fenced at once for a concurrent caller, and on disk before the answer.
+        self._epochs[pid] = epoch
+        async with self._ids_lock:
+            try:
+                await asyncio.to_thread(ids.bump_writer, pid, epoch, int(time.time() * 1000))
+            except OSError as exc:
+                raise StorageError(f"cannot record the writer's epoch: {exc}") from exc
+        return pid, epoch
+
+    async def producer_state(
+        self, producer_id: int, producer_epoch: int, partitions: Sequence[tuple[str, int]]
+    ) -> list[tuple[int, int] | TidewireError]:
+        """What ``producer_id`` stored in each partition: ``(epoch, last_sequence)``, with
+        ``(-1, -1)`` where the partition holds nothing of it, or that partition's error.
+
+        It waits for the producer's appends still in flight there to end (a failed one is
+        rolled back), and under ``fsync=always`` for its last batch to be fsynced: what it
+        answers is stored, and stays stored across a crash.
+
+        Args:
+            producer_id: the producer.
+            producer_epoch: the asking instance's epoch (-1: do not check).
+            partitions: ``(topic, partition)`` pairs, at most
+                :data:`MAX_PARTITIONS_PER_STATE`.
+
+        Raises:
+            ProducerFencedError: ``producer_epoch`` is older than the id's newest.
+            InvalidRequestError: too many partitions.
+        """
+        if len(partitions) > MAX_PARTITIONS_PER_STATE:
+            raise InvalidRequestError(
+                f"{len(partitions):,} partitions in one producer-state request exceed "
+                f"{MAX_PARTITIONS_PER_STATE:,}"
+            )
+        newest = self._epochs.get(producer_id, -1)
+        if 0 <= producer_epoch < newest:
+            raise ProducerFencedError(
+                f"producer id {producer_id} epoch {producer_epoch} is fenced: epoch {newest} exists"
+            )
+        out: list[tuple[int, int] | TidewireError] = []
+        for topic, partition in partitions:
+            try:
+                plog = self.log(topic, partition)
+                state = self._producers.get((topic, partition))
+                entry = None if state is None else await state.settled(producer_id)
+                if entry is None:
+                    out.append((-1, -1))
+                    continue
+                if entry.last_seq is None:
+                    raise OutOfOrderSequenceError(
+                        f"{topic}-{partition} no longer knows the last sequence of producer id "
+                        f"{producer_id} (its last appends failed or were not all recovered)"
+                    )
+                if entry.batches and plog.config.fsync is FsyncPolicy.ALWAYS:
+                    await plog.wait_durable(entry.batches[-1].last_offset + 1)
+                out.append((entry.epoch, entry.last_seq))
+            except TidewireError as exc:
+                out.append(exc)
+        return out
+
+    async def release_writers(self, writer_ids: Sequence[str]) -> int:
+        """Forget the state of these writers in every partition: their job committed and no
+        attempt of it will run again. A writer released here cannot start again (for the
+        last :data:`MAX_RELEASED_WRITERS` released, until the broker restarts).
+
+        Returns:
+            How many partitions held state of one of them.
+
+        Raises:
+            InvalidRequestError: a bad writer id, or more than :data:`MAX_WRITERS_PER_RELEASE`.
+            StorageError: the writers could not be removed from the ids file.
+        """
+        ids = self._ids
+        if ids is None:
+            raise InvalidRequestError("the broker is not running")
+        if len(writer_ids) > MAX_WRITERS_PER_RELEASE:
+            raise InvalidRequestError(
+                f"{len(writer_ids):,} writer ids in one release exceed {MAX_WRITERS_PER_RELEASE:,}"
+            )
+        pids = {writer_producer_id(w) for w in writer_ids}
+        released = 0
+        for state in self._producers.values():
+            for pid in pids & state.entries.keys():
+                del state.entries[pid]
+                state.changed = True
+                released += 1
+        for pid in pids:
+            self._epochs.pop(pid, None)
+            self._released[pid] = None
+            self._released.move_to_end(pid)
+        while len(self._released) > MAX_RELEASED_WRITERS:
+            self._released.popitem(last=False)
+        async with self._ids_lock:
+            try:
+                await asyncio.to_thread(ids.drop_writers, pids)
+            except OSError as exc:
+                raise StorageError(f"cannot record the released writers: {exc}") from exc
+        return released
+
+    def _expire_writers(self, cutoff_ms: int) -> set[int]:
+        """Writers handed out before ``cutoff_ms`` that no partition holds state of any more:
+        forgotten in memory; the caller drops them from the ids file."""
+        ids = self._ids
+        if ids is None:
+            return set()
+        old = {pid for pid, (_, ms) in ids.writers.items() if ms < cutoff_ms}
+        if not old:
+            return old
+        for state in self._producers.values():
+            old -= state.entries.keys()
+        for pid in old:
+            self._epochs.pop(pid, None)
+        return old
+
     def _load_producers(self) -> None:
         """Rebuild every partition's producer state: a valid snapshot, then the batch headers
         of the log from the snapshot's offset on."""
@@ -580,10 +730,14 @@ class Broker:
                 if entry.epoch > self._epochs.get(pid, -1):
                     self._epochs[pid] = entry.epoch
         path = f"{self.logs.data_dir}/{PRODUCER_IDS_FILE}"
+        seen = max((pid for pid in self._epochs if not is_writer(pid)), default=-1)
         try:
-            ids = ProducerIds(self.logs.fs, path, max(self._epochs, default=-1))
+            ids = ProducerIds(self.logs.fs, path, seen)
         except ValueError as exc:
             raise StorageError(str(exc)) from None
+        for pid, (epoch, _) in ids.writers.items():
+            if epoch > self._epochs.get(pid, -1):
+                self._epochs[pid] = epoch
         # Bumps on disk that no log shows yet still fence; those the logs show are dropped
         # from the file at its next write.
         for pid, epoch in list(ids.epochs.items()):
@@ -644,6 +798,13 @@ class Broker:
             for state in self._producers.values():
                 state.expire(cutoff)
             await asyncio.to_thread(self._write_snapshots, self._take_snapshots(only_changed=True))
+            gone = self._expire_writers(cutoff)
+            if gone and self._ids is not None:
+                async with self._ids_lock:
+                    try:
+                        await asyncio.to_thread(self._ids.drop_writers, gone)
+                    except OSError as exc:  # tried again at the next round
+                        log.error("dropping expired writers from the ids file failed: %s", exc)
 
     # --- fetch ----------------------------------------------------------------------------------
 

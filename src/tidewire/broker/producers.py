@@ -6,11 +6,18 @@ A :class:`PartitionProducers` holds one partition's state; it is rebuilt at star
 headers of the log (:meth:`PartitionProducers.observe`), from a snapshot onwards when one is
 valid (:func:`encode_snapshot`, :func:`decode_snapshot`). :class:`ProducerIds` hands out
 producer ids that one data directory never hands out twice.
+
+Writers (docs/protocol.md, "Deterministic writers") are producers whose id is derived from a
+name the client chooses (:func:`writer_producer_id`), such as a Spark task's query, batch and
+partition: every attempt of that task gets the same id with a higher epoch, continues the
+sequences where the broker's state says the last attempt stopped, and so stores each record
+once however often the task runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections import deque
 from collections.abc import Sequence
@@ -29,13 +36,17 @@ from tidewire.storage.fs import FileSystem, write_atomic
 
 __all__ = [
     "KEEP_BATCHES",
+    "MAX_WRITER_ID",
     "SEQ_MOD",
+    "WRITER_PID_BASE",
     "PartitionProducers",
     "ProducerEntry",
     "ProducerIds",
     "StoredBatch",
     "decode_snapshot",
     "encode_snapshot",
+    "is_writer",
+    "writer_producer_id",
 ]
 
 #: Sequences are int32 and wrap from 2**31 - 1 to 0.
@@ -50,6 +61,36 @@ ID_BLOCK = 1000
 SNAPSHOT_FILE = "producers.snapshot"
 #: Name of the file in the data directory that holds the next free block of producer ids.
 PRODUCER_IDS_FILE = "producer_ids"
+#: Writers' producer ids lie in [2**62, 2**63): derived from the writer id by a 62-bit hash.
+#: Ids handed out one by one count up from 0 and never get there.
+WRITER_PID_BASE = 1 << 62
+#: The longest writer id, in UTF-8 bytes: room for a query id, a batch id and a partition,
+#: short enough that thousands fit in one request.
+MAX_WRITER_ID = 255
+
+
+def writer_producer_id(writer_id: str) -> int:
+    """The producer id of the writer named ``writer_id``: the same on every broker and across
+    restarts, so nothing needs to be stored to find it again.
+
+    Two writer ids share a producer id with a probability of about n**2 / 2**63 for n writers
+    alive at once (1 in 10**9 for 100,000).
+
+    Raises:
+        InvalidRequestError: an empty id, or one over :data:`MAX_WRITER_ID` bytes.
+    """
+    raw = writer_id.encode()
+    if not 1 <= len(raw) <= MAX_WRITER_ID:
+        raise InvalidRequestError(
+            f"a writer id has 1..{MAX_WRITER_ID} bytes of UTF-8, not {len(raw):,}"
+        )
+    digest = hashlib.blake2b(raw, digest_size=8, person=b"tidewire.writer").digest()
+    return WRITER_PID_BASE | (int.from_bytes(digest, "big") >> 2)
+
+
+def is_writer(producer_id: int) -> bool:
+    """Whether ``producer_id`` is a writer's (see :func:`writer_producer_id`)."""
+    return producer_id >= WRITER_PID_BASE
 
 
 @dataclass(slots=True)
@@ -147,7 +188,15 @@ class PartitionProducers:
                     f"producer id {pid} epoch {epoch} is fenced: epoch {state[0]} wrote here"
                 )
             elif epoch > state[0]:
-                if first != 0:
+                if is_writer(pid):
+                    # A writer's sequences count its records, whatever instance sends them:
+                    # a new epoch continues where the last one stopped.
+                    if state[1] != -1 and first != (state[1] + 1) % SEQ_MOD:
+                        raise OutOfOrderSequenceError(
+                            f"writer producer id {pid}: the first batch of epoch {epoch} has "
+                            f"sequence {first}, where {(state[1] + 1) % SEQ_MOD} was next"
+                        )
+                elif first != 0:
                     raise OutOfOrderSequenceError(
                         f"producer id {pid}: the first batch of epoch {epoch} has sequence "
                         f"{first}, not 0"
@@ -236,6 +285,19 @@ class PartitionProducers:
         entry.rollback = None
         if prev is not None:
             entry.epoch, entry.last_seq = prev
+
+    async def settled(self, pid: int) -> ProducerEntry | None:
+        """``pid``'s entry once none of its appends is in flight (each failed one rolled
+        back), or None if this partition holds nothing of it."""
+        for _ in range(KEEP_BATCHES * 4):  # each round waits for real appends to end
+            entry = self.entries.get(pid)
+            if entry is None:
+                return None
+            flying = [b.done for b in entry.batches if b.done is not None and not b.done.done()]
+            if not flying:
+                return entry
+            await asyncio.wait([asyncio.shield(f) for f in flying])
+        return self.entries.get(pid)
 
     def observe(self, h: BatchHeader, now_ms: int) -> None:
         """Take a batch read from the log into the state (rebuilding it at start)."""
@@ -359,12 +421,18 @@ class ProducerIds:
         self._reserved = 0
         #: producer id -> epoch bumped to (only bumps that the logs may not show)
         self.epochs: dict[int, int] = {}
+        #: writer producer id -> (its newest epoch, when it was handed out, ms): kept until
+        #: the writer is released or expires
+        self.writers: dict[int, tuple[int, int]] = {}
         if fs.exists(path):
             try:
                 doc = json.loads(fs.read_file(path))
                 self._reserved = int(doc["next_block"])
                 self.epochs = {int(k): int(v) for k, v in doc.get("epochs", {}).items()}
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                self.writers = {
+                    int(k): (int(v[0]), int(v[1])) for k, v in doc.get("writers", {}).items()
+                }
+            except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
                 raise ValueError(f"{path} is unreadable: {exc}") from None
         self._next = max(self._reserved, seen + 1)
         self._block_end = self._next  # nothing reserved for this run yet
@@ -374,7 +442,12 @@ class ProducerIds:
         return self._next >= self._block_end
 
     def _write(self) -> None:
-        doc = {"next_block": self._reserved, "epochs": {str(k): v for k, v in self.epochs.items()}}
+        doc: dict[str, object] = {
+            "next_block": self._reserved,
+            "epochs": {str(k): v for k, v in self.epochs.items()},
+        }
+        if self.writers:
+            doc["writers"] = {str(k): list(v) for k, v in self.writers.items()}
         write_atomic(self.fs, self.path, json.dumps(doc).encode() + b"\n")
 
     def reserve(self) -> None:
@@ -388,6 +461,18 @@ class ProducerIds:
         """Record on disk that ``pid`` is at ``epoch`` now (blocking I/O)."""
         self.epochs[pid] = epoch
         self._write()
+
+    def bump_writer(self, pid: int, epoch: int, now_ms: int) -> None:
+        """Record on disk that writer ``pid`` is at ``epoch`` now (blocking I/O)."""
+        self.writers[pid] = (epoch, now_ms)
+        self._write()
+
+    def drop_writers(self, pids: set[int]) -> None:
+        """Forget these writers on disk (blocking I/O; nothing is written if none is known)."""
+        if any(pid in self.writers for pid in pids):
+            for pid in pids:
+                self.writers.pop(pid, None)
+            self._write()
 
     def take(self) -> int:
         """The next producer id (call :meth:`reserve` first when it is needed)."""

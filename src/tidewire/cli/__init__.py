@@ -11,6 +11,8 @@
 - ``tidewire group list | describe | reset | delete``: consumer groups, offsets and lag.
 - ``tidewire health``: ping a broker; exit code 0 when it answers.
 - ``tidewire bench produce | consume``: the load generator (throughput and latency).
+- ``tidewire export TOPIC --to DIR``: copy a topic into partitioned Parquet with Spark,
+  exactly once, continuously or ``--once``.
 - ``tidewire --version``.
 
 The client commands take ``--addr HOST:PORT`` (or ``TIDEWIRE_ADDR``). An error prints one
@@ -28,6 +30,7 @@ from tidewire import __version__
 
 from ._bench import bench_app
 from ._consume import consume
+from ._export import export
 from ._group import group_app
 from ._health import health
 from ._publish import publish
@@ -70,6 +73,7 @@ app.command()(publish)
 app.command()(consume)
 app.command()(health)
 app.add_typer(bench_app)
+app.command()(export)
 
 
 def main() -> None:

@@ -105,6 +105,9 @@ class PartitionState:
         "partition",
         "queue",
         "retrying",
+        "skip",
+        "skipped",
+        "stored",
         "topic",
     )
 
@@ -124,6 +127,12 @@ class PartitionState:
         #: the broker acknowledged (what it expects next, as far as this producer knows).
         self.next_sequence = 0
         self.acked_sequence = 0
+        #: A writer (``writer_id``): how many of its first records here the broker holds
+        #: already, how many of those were sent to it again and skipped, and a batch whose
+        #: future answers offset -1 for them (None until the broker was asked).
+        self.skip = 0
+        self.skipped = 0
+        self.stored: ProducerBatch | None = None
 
     def __repr__(self) -> str:
         return f"PartitionState({self.topic!r}, {self.partition})"
@@ -325,6 +334,9 @@ class Accumulator:
         threadsafe: records are appended from several threads (the blocking producer);
             ``False``: only from the thread that drains (the asyncio producer), so
             :meth:`append` need not take the lock.
+        by_size: batches are cut by size alone (a writer's): an open batch waits until it
+            is full or flushed, whatever ``linger_s``, and its delivery timeout counts from
+            its first send.
     """
 
     def __init__(
@@ -338,7 +350,9 @@ class Accumulator:
         on_release: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
         threadsafe: bool = True,
+        by_size: bool = False,
     ) -> None:
+        self.by_size = by_size
         self.batch_bytes = batch_bytes
         self.buffer_bytes = buffer_bytes
         self.linger_s = linger_s
@@ -455,6 +469,88 @@ class Accumulator:
                 self._wake()
         return batch, index
 
+    def append_values(  # noqa: PLR0917 (the hot path: positional arguments cost least)
+        self,
+        state: PartitionState,
+        values: Sequence[bytes | None],
+        start: int,
+        end: int,
+        timestamp: int,
+        limit: int,
+    ) -> int:
+        """Append ``values[start:end]`` to ``state`` as records without key or headers, all
+        stamped ``timestamp``, opening batches as they fill (the rule of :meth:`append`).
+
+        Returns:
+            The index reached: ``end``, or less when the buffer has no room for the next.
+
+        Raises:
+            BatchTooLargeError: a value alone exceeds ``limit`` or the whole buffer.
+        """
+        lock = self._append_lock
+        if lock is not None:
+            lock.acquire()
+        opened = False
+        i = start
+        # Locals instead of attribute look-ups: this loop runs once per record.
+        room = self.buffer_bytes - self.used
+        cut = min(self.batch_bytes, limit)
+        most = limit - BATCH_OVERHEAD  # the largest record a batch of its own may hold
+        table, table_len, enc = _VARINT, _VARINT_LIMIT, varint.encode
+        batch = state.open
+        try:
+            parts: list[bytes] = [] if batch is None else batch.parts
+            size = 0 if batch is None else batch.size
+            count = 0 if batch is None else batch.count
+            first_ts = 0 if batch is None else batch.first_ts
+            tsd = b""
+            while i < end:
+                value = values[i]
+                if value is None:
+                    vlen, value, payload = _NULL, b"", 4
+                else:
+                    n = len(value)
+                    vlen = table[n] if n < table_len else enc(n)
+                    payload = 3 + len(vlen) + n  # attributes, null key, value, no headers
+                need = payload + 16
+                if need > room or need > most:
+                    if need > most or need > self.buffer_bytes:
+                        raise self._too_large(need, limit)
+                    break  # no room in the buffer now
+                if batch is None or (count and size + need > cut):
+                    if batch is not None:
+                        batch.size, batch.count = size, count
+                        if timestamp > batch.max_ts:  # noqa: PLR1730 (not max(): see append)
+                            batch.max_ts = timestamp
+                        state.open = None  # closed: full
+                    batch = self._open(state, timestamp)
+                    parts, size, count, first_ts = batch.parts, batch.size, 0, timestamp
+                    tsd = b""
+                    opened = True
+                if not tsd:
+                    delta = timestamp - first_ts
+                    tsd = table[delta] if 0 <= delta < table_len else enc(delta)
+                od = table[count] if count < table_len else enc(count)
+                body = payload + len(tsd) + len(od)
+                lenv = table[body] if body < table_len else enc(body)
+                parts += (lenv, _ATTRS, tsd, od, _NULL, vlen, value, _ZERO)
+                body += len(lenv)
+                size += body
+                room -= body
+                count += 1
+                i += 1
+        finally:
+            if batch is not None:  # what was appended is counted, even on an error
+                batch.size, batch.count = size, count
+                if count and timestamp > batch.max_ts:
+                    batch.max_ts = timestamp
+            self.used = self.buffer_bytes - room
+            if lock is not None:
+                lock.release()
+            if opened:
+                self._wake()
+        return i
+
     def _open(self, state: PartitionState, timestamp: int) -> ProducerBatch:
         """Open a new batch for ``state`` (under the lock)."""
         batch = ProducerBatch(state, self._new_future(), self._clock())
@@ -509,13 +605,18 @@ class Accumulator:
         expired: list[ProducerBatch] = []
         next_at: float | None = None
         linger = self.linger_s
+        by_size = self.by_size
         lead: list[ProducerBatch] = []  # must be the first entry of a request
         rest: list[ProducerBatch] = []  # partitions with nothing in flight
         with self.lock:
             flushing = self.flushing > 0
             for state in list(self.queued):
                 queue = state.queue
-                while queue and queue[0].created < expire_before:
+                while (
+                    queue
+                    and queue[0].created < expire_before
+                    and not (by_size and not queue[0].sent)
+                ):
                     expired.append(self._pop(state))
                 if not queue:
                     del self.queued[state]
@@ -531,6 +632,8 @@ class Accumulator:
                     next_at = head.retry_at if next_at is None else min(next_at, head.retry_at)
                     continue
                 if head is state.open and not flushing:
+                    if by_size:
+                        continue  # sent once full (a later record closes it) or flushed
                     due = head.created + linger
                     if due > now and head.size < self.batch_bytes:
                         next_at = due if next_at is None else min(next_at, due)
@@ -572,6 +675,8 @@ class Accumulator:
         if not batch.sent and sequences:
             batch.base_sequence = state.next_sequence
             state.next_sequence = (state.next_sequence + batch.count) % SEQUENCE_WRAP
+        if not batch.sent and self.by_size:
+            batch.created = self._clock()  # the delivery timeout counts from the first send
         batch.attempts += 1
         batch.tail = tail
         state.in_flight += 1

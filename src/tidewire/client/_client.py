@@ -42,6 +42,8 @@ from tidewire.protocol.messages import (
     PingRequest,
     ProducePartition,
     ProduceRequest,
+    ProducerStateRequest,
+    ReleaseWritersRequest,
     ResetOffsetResult,
     ResetOffsetsRequest,
     TopicConfig,
@@ -312,6 +314,43 @@ class AsyncClient:
         _raise(result.error_code, result.error_message)
         return int(result.offset)
 
+    # --- writers ----------------------------------------------------------------------------------
+
+    async def producer_state(
+        self, producer_id: int, partitions: Sequence[tuple[str, int]], *, producer_epoch: int = -1
+    ) -> dict[tuple[str, int], tuple[int, int]]:
+        """What ``producer_id`` stored last in each partition: ``(epoch, last_sequence)``,
+        ``(-1, -1)`` where it stored nothing (see docs/protocol.md, PRODUCER_STATE).
+
+        Raises:
+            ProducerFencedError: ``producer_epoch`` is not the producer's newest.
+            UnknownTopicError, UnknownPartitionError, OutOfOrderSequenceError: for the first
+                partition that failed.
+        """
+        req = ProducerStateRequest(
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            partitions=[GroupPartition(t, p) for t, p in partitions],
+        )
+        body = (await self._call(req)).body
+        _raise(body.error_code, body.error_message)
+        out: dict[tuple[str, int], tuple[int, int]] = {}
+        for r in body.results:
+            _raise(r.error_code, r.error_message)
+            out[r.topic, r.partition] = (int(r.producer_epoch), int(r.last_sequence))
+        return out
+
+    async def release_writers(self, writer_ids: Sequence[str]) -> int:
+        """Tell the broker that these writers' job committed: it forgets their state and
+        refuses them from now on. Returns how many partitions held state of them.
+
+        Raises:
+            InvalidRequestError: a bad writer id, or more than 10,000 at once.
+        """
+        body = (await self._call(ReleaseWritersRequest(writer_ids=list(writer_ids)))).body
+        _raise(body.error_code, body.error_message)
+        return int(body.released)
+
     # --- consumer groups ------------------------------------------------------------------------
 
     async def list_groups(self) -> list[GroupSummary]:
@@ -513,6 +552,16 @@ class Client(BlockingTwin[AsyncClient]):
 
     def list_offset(self, topic: str, partition: int, timestamp: int) -> int:
         return self._run(self._async.list_offset(topic, partition, timestamp))
+
+    def producer_state(
+        self, producer_id: int, partitions: Sequence[tuple[str, int]], *, producer_epoch: int = -1
+    ) -> dict[tuple[str, int], tuple[int, int]]:
+        return self._run(
+            self._async.producer_state(producer_id, partitions, producer_epoch=producer_epoch)
+        )
+
+    def release_writers(self, writer_ids: Sequence[str]) -> int:
+        return self._run(self._async.release_writers(writer_ids))
 
     def list_groups(self) -> list[GroupSummary]:
         return self._run(self._async.list_groups())

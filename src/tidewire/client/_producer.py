@@ -7,6 +7,12 @@ drains batches into pipelined produce requests (several partitions per request, 
 requests in flight), retries what failed with a retriable error, and resolves the batches'
 futures. With idempotence, the producer first asks the broker for a producer id and epoch,
 numbers every batch per partition, and resends a failed batch with the same bytes.
+
+A *writer* (``writer_id``) is an idempotent producer whose identity outlives it: every
+producer made with the same writer id continues the same sequences, and records the broker
+holds already from an earlier instance are skipped instead of sent (docs/protocol.md,
+"Deterministic writers"). Sending the same records in the same order again therefore stores
+each one once, which is what makes a retried Spark task exactly-once.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import enum
 import logging
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,15 +42,18 @@ from tidewire.errors import (
 )
 from tidewire.protocol.messages import (
     ACKS_NONE,
+    GroupPartition,
     InitProducerIdRequest,
     MetadataRequest,
     ProducePartition,
     ProduceRequest,
+    ProducerStateRequest,
     TopicDescription,
 )
 
 from ._accumulator import (
     ROLLED,
+    SEQUENCE_WRAP,
     Accumulator,
     BatchFuture,
     PartitionState,
@@ -71,6 +81,9 @@ _HEADERS_NONE = b"\x00"
 _time_ns = time.time_ns
 #: What the producer answers while the metadata of a topic is not known yet.
 _NEED_METADATA = -1
+#: A writer's unkeyed records without a partition go to one partition for this many records,
+#: then to the next: a function of the records alone, so every instance routes them alike.
+WRITER_STICKY_RECORDS = 1024
 
 
 class Session(enum.Enum):
@@ -100,6 +113,7 @@ class _Topic:
     limit: int  # the largest batch to build for it (bytes, before compression)
     sticky: int  # the partition unkeyed messages go to now
     sticky_batch: ProducerBatch | None = None
+    unkeyed: int = 0  # a writer's unkeyed records so far (they rotate by count)
 
 
 def _as_bytes(value: object, name: str) -> bytes:
@@ -151,6 +165,12 @@ class AsyncProducer:
             alone).
         metadata_max_age_ms: how often partition counts are refreshed.
         connect_timeout_ms: how long opening the connection may take.
+        writer_id: make this producer the writer of that name (1..255 bytes of UTF-8; see
+            the module docstring): records an earlier writer of the same name stored are
+            skipped (their futures answer offset -1), batches are cut by size alone (not by
+            ``linger_ms``), unkeyed records rotate through the partitions every
+            ``WRITER_STICKY_RECORDS``, a topic's partition count is read once, and a batch
+            that cannot be delivered fails the producer (a new writer instance resumes).
 
     Raises:
         InvalidConfigError: an option out of its range.
@@ -176,6 +196,7 @@ class AsyncProducer:
         max_request_bytes: int = 1024 * 1024,
         metadata_max_age_ms: int = 300_000,
         connect_timeout_ms: int = 10_000,
+        writer_id: str | None = None,
     ) -> None:
         s = self._settings = ProducerSettings(
             linger_ms=linger_ms,
@@ -193,7 +214,9 @@ class AsyncProducer:
             max_request_bytes=max_request_bytes,
             metadata_max_age_ms=metadata_max_age_ms,
             connect_timeout_ms=connect_timeout_ms,
+            writer_id=writer_id,
         )
+        self._writer = s.writer_id
         self._transport = Transport(
             addr,
             request_timeout_s=s.request_timeout_ms / 1000,
@@ -223,6 +246,8 @@ class AsyncProducer:
         self._aborting = False  # no more retries
         self._closed = False
         self._refresh_at = 0.0
+        self._identified = asyncio.Event()  # set once the session is READY or FATAL
+        self._sticky_start: dict[str, int] = {}  # a writer's first partition per topic
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -249,6 +274,7 @@ class AsyncProducer:
             wake=wake,
             on_release=self._released,
             threadsafe=blocking,
+            by_size=self._writer is not None,
         )
         self._sender = self._spawn(self._run_sender(), "tidewire producer sender")
         return self._acc
@@ -276,6 +302,54 @@ class AsyncProducer:
     def session(self) -> Session:
         """The idempotent session's state."""
         return self._session
+
+    @property
+    def failure(self) -> TidewireError | None:
+        """The error that failed the producer (every later send raises it), or None."""
+        return self._fatal
+
+    async def send_values(
+        self, topic: str, values: Sequence[bytes | None], *, timestamp: int | None = None
+    ) -> None:
+        """Queue many unkeyed values at once (no futures: :meth:`flush`, then
+        :attr:`failure`, tell whether they were stored): several times cheaper per message
+        than :meth:`send`. They are routed as :meth:`send` routes unkeyed messages.
+
+        Raises:
+            as :meth:`send`.
+        """
+        acc = self._acc or self._bind()
+        ts = _time_ns() // 1_000_000 if timestamp is None else timestamp
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.max_block_ms / 1000
+        i, refreshed = 0, False
+        while i < len(values):
+            self._space.clear()
+            got = self._append_values(acc, topic, values, i, ts)
+            if got == _NEED_METADATA:
+                if refreshed:
+                    raise self._no_partition(topic, None)
+                await self._load_topic(topic, deadline - loop.time())
+                refreshed = True
+                continue
+            if got < len(values):
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise self._buffer_full(len(values[got] or b""))
+                try:
+                    async with asyncio.timeout(remaining):
+                        await self._space.wait()
+                except TimeoutError:
+                    raise self._buffer_full(len(values[got] or b"")) from None
+            else:
+                await asyncio.sleep(0)  # let the sender ship the full batches
+            i = got
+
+    @property
+    def skipped(self) -> int:
+        """A writer's records skipped so far because an earlier instance stored them."""
+        acc = self._acc
+        return 0 if acc is None else sum(s.skipped for s in acc.partitions.values())
 
     def _move(self, to: Session) -> None:
         if to not in TRANSITIONS[self._session]:
@@ -414,6 +488,10 @@ class AsyncProducer:
             if not isinstance(topic, str):
                 raise TypeError(f"topic must be str, not {type(topic).__name__}")
             return _NEED_METADATA
+        if key is None and partition is None and self._writer is not None:
+            # A writer's unkeyed record: by its count, so that every instance agrees.
+            partition = (meta.sticky + meta.unkeyed // WRITER_STICKY_RECORDS) % len(meta.partitions)
+            meta.unkeyed += 1
         if key is None and partition is None:
             # Unkeyed: the sticky partition (the most common case, so the first branch).
             sticky = meta.sticky_batch
@@ -447,11 +525,60 @@ class AsyncProducer:
             state = parts[partition]
         else:
             state = parts[fnv1a_32(key) % len(parts)]  # type: ignore[arg-type]
+        if state.skipped < state.skip:  # a writer's record that the broker holds already
+            state.skipped += 1
+            assert state.stored is not None
+            return state.stored, 0, timestamp
         got = acc.append(state, value, key, hbytes, timestamp, meta.limit)
         if type(got) is int:
             return got
         batch, index = got  # type: ignore[misc]
         return batch, index, timestamp
+
+    def _append_values(
+        self, acc: Accumulator, topic: str, values: Sequence[bytes | None], start: int, ts: int
+    ) -> int:
+        """The hot path of ``send_values`` (both twins): the index reached (less than
+        ``len(values)`` when the buffer is full), or ``_NEED_METADATA``."""
+        if self._closing or self._fatal is not None:
+            raise self._refusal()
+        meta = self._topics.get(topic)
+        if meta is None:
+            if not isinstance(topic, str):
+                raise TypeError(f"topic must be str, not {type(topic).__name__}")
+            return _NEED_METADATA
+        n_parts = len(meta.partitions)
+        writer = self._writer is not None
+        i, total = start, len(values)
+        while i < total:
+            if writer:  # rotation by count, as send() routes a writer's unkeyed records
+                k = meta.unkeyed % WRITER_STICKY_RECORDS
+                state = meta.partitions[
+                    (meta.sticky + meta.unkeyed // WRITER_STICKY_RECORDS) % n_parts
+                ]
+                end = min(i + WRITER_STICKY_RECORDS - k, total)
+            else:
+                sticky = meta.sticky_batch
+                if sticky is not None and sticky.state.open is not sticky:
+                    meta.sticky = (meta.sticky + 1) % n_parts  # its batch was sent
+                    meta.sticky_batch = None
+                state = meta.partitions[meta.sticky]
+                end = total
+            if state.skipped < state.skip:  # a writer's records the broker holds already
+                k = min(state.skip - state.skipped, end - i)
+                state.skipped += k
+                meta.unkeyed += k
+                i += k
+                continue
+            j = acc.append_values(state, values, i, end, ts, meta.limit)
+            if writer:
+                meta.unkeyed += j - i
+            elif state.open is not None:
+                meta.sticky_batch = state.open
+            if j < end:
+                return j
+            i = j
+        return i
 
     def _refusal(self) -> TidewireError:
         if self._fatal is not None:
@@ -483,6 +610,10 @@ class AsyncProducer:
                         desc = (await self._describe([topic]))[topic]
                     if desc.error_code:
                         raise for_code(desc.error_code)(desc.error_message)
+                    if self._writer is not None:
+                        if topic in self._topics:
+                            return  # a writer reads a topic's partitions once
+                        await self._learn_stored(desc)
                     self._learn(desc)
         except TimeoutError:
             raise RequestTimedOutError(
@@ -495,6 +626,42 @@ class AsyncProducer:
         assert response is not None
         return {t.name: t for t in response.body.topics}
 
+    async def _learn_stored(self, desc: TopicDescription) -> None:
+        """A writer: ask what earlier instances stored in each partition of the topic, and
+        continue its sequences there (the records up to there are skipped).
+
+        Raises:
+            TidewireError: the producer failed, or the broker could not answer.
+        """
+        await self._identified.wait()
+        if self._fatal is not None:
+            raise self._refusal()
+        acc = self._acc
+        assert acc is not None
+        req = ProducerStateRequest(
+            producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch,
+            partitions=[GroupPartition(desc.name, p.partition) for p in desc.partitions],
+        )
+        response = await self._transport.request(req)
+        assert response is not None
+        body = response.body
+        if body.error_code:
+            raise for_code(body.error_code)(body.error_message)
+        for r in body.results:
+            if r.error_code:
+                raise for_code(r.error_code)(r.error_message)
+            state = acc.partition(r.topic, r.partition)
+            stored = r.last_sequence + 1  # -1: nothing stored yet
+            with acc.lock:
+                state.skip = stored
+                state.next_sequence = state.acked_sequence = stored % SEQUENCE_WRAP
+            done = acc._new_future()
+            done.set_result(-1)
+            state.stored = ProducerBatch(state, done, time.monotonic())
+        sticky = fnv1a_32(self._writer.encode()) if self._writer is not None else 0
+        self._sticky_start[desc.name] = sticky % max(len(desc.partitions), 1)
+
     def _learn(self, desc: TopicDescription) -> None:
         acc = self._acc
         assert acc is not None
@@ -506,7 +673,12 @@ class AsyncProducer:
         old = self._topics.get(desc.name)
         if old is not None and len(old.partitions) == len(states) and old.limit == limit:
             return
-        sticky = random.randrange(len(states)) if old is None else old.sticky % len(states)
+        if self._writer is not None:
+            sticky = self._sticky_start.get(desc.name, 0)
+        elif old is None:
+            sticky = random.randrange(len(states))
+        else:
+            sticky = old.sticky % len(states)
         self._topics[desc.name] = _Topic(states, limit, sticky)
         self._refresh_at = time.monotonic() + self._settings.metadata_max_age_ms / 1000
 
@@ -570,7 +742,12 @@ class AsyncProducer:
                 self._start_request(batch_list)
             if self._closing and acc.empty:
                 return
-            if self._topics and s.metadata_max_age_ms and now >= self._refresh_at:
+            if (
+                self._topics
+                and s.metadata_max_age_ms
+                and now >= self._refresh_at
+                and self._writer is None
+            ):
                 self._refresh_at = now + s.metadata_max_age_ms / 1000
                 self._spawn(self._refresh_quietly(), "tidewire producer metadata")
             timeout = None if next_at is None else max(next_at - now, 0.0)
@@ -595,10 +772,13 @@ class AsyncProducer:
         while True:
             attempt += 1
             try:
-                req = InitProducerIdRequest(
-                    producer_id=self.producer_id if bump else -1,
-                    producer_epoch=self.producer_epoch if bump else -1,
-                )
+                if self._writer is not None:
+                    req = InitProducerIdRequest(writer_id=self._writer)
+                else:
+                    req = InitProducerIdRequest(
+                        producer_id=self.producer_id if bump else -1,
+                        producer_epoch=self.producer_epoch if bump else -1,
+                    )
                 response = await self._transport.request(req)
                 assert response is not None
                 body = response.body
@@ -620,8 +800,10 @@ class AsyncProducer:
                 return
             self.producer_id, self.producer_epoch = body.producer_id, body.producer_epoch
             assert self._acc is not None
-            self._acc.reset_sequences()
+            if self._writer is None:  # a writer's sequences come from the broker
+                self._acc.reset_sequences()
             self._move(Session.READY)
+            self._identified.set()
             log.debug("producer id %d, epoch %d", self.producer_id, self.producer_epoch)
             return
 
@@ -687,8 +869,13 @@ class AsyncProducer:
             _retrieved(batch.future)
         if batch.sent and self._session is Session.READY:
             # Stored or not, nobody knows: the partition's sequence has a hole the broker
-            # would refuse. A new epoch starts every sequence at 0 again.
-            self._move(Session.NEEDS_BUMP)
+            # would refuse. A new epoch starts every sequence at 0 again; a writer cannot
+            # (its sequences count its records): a new instance of it resumes instead.
+            if self._writer is not None:
+                err = exc if isinstance(exc, TidewireError) else ProducerClosedError(str(exc))
+                self._fail_fatally(type(err)(f"writer {self._writer!r}: {err.message}"))
+            else:
+                self._move(Session.NEEDS_BUMP)
 
     def _failed(self, batch: ProducerBatch, exc: TidewireError) -> None:
         """``batch`` came back with ``exc``: retry it, or fail it (and maybe the producer)."""
@@ -726,6 +913,7 @@ class AsyncProducer:
         if self._session is not Session.FATAL:
             self._move(Session.FATAL)
         self._fatal = exc
+        self._identified.set()
         log.error("producer failed: %s", exc)
         assert self._acc is not None
         for batch in self._acc.take_all():

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from tidewire.client._blocking import BlockingTwin
-from tidewire.errors import ProducerClosedError
+from tidewire.errors import ProducerClosedError, TidewireError
 
 from ._accumulator import Accumulator, BlockingRecordFuture, ProducerBatch
 from ._producer import _NEED_METADATA, AsyncProducer, Session
@@ -55,6 +56,7 @@ class Producer(BlockingTwin[AsyncProducer]):
         max_request_bytes: int = 1024 * 1024,
         metadata_max_age_ms: int = 300_000,
         connect_timeout_ms: int = 10_000,
+        writer_id: str | None = None,
     ) -> None:
         options: dict[str, Any] = {
             "linger_ms": linger_ms,
@@ -72,6 +74,7 @@ class Producer(BlockingTwin[AsyncProducer]):
             "max_request_bytes": max_request_bytes,
             "metadata_max_age_ms": metadata_max_age_ms,
             "connect_timeout_ms": connect_timeout_ms,
+            "writer_id": writer_id,
         }
         # Bad settings fail here, before a thread is started.
         parse_addr(addr)
@@ -101,6 +104,11 @@ class Producer(BlockingTwin[AsyncProducer]):
     def producer_epoch(self) -> int:
         return self._async.producer_epoch
 
+    @property
+    def skipped(self) -> int:
+        """See :attr:`AsyncProducer.skipped`."""
+        return self._async.skipped
+
     def send(
         self,
         topic: str,
@@ -122,6 +130,36 @@ class Producer(BlockingTwin[AsyncProducer]):
                 topic, value, key=key, headers=headers, partition=partition, timestamp=timestamp
             )
         )
+
+    def send_values(
+        self, topic: str, values: Sequence[bytes | None], *, timestamp: int | None = None
+    ) -> None:
+        """See :meth:`AsyncProducer.send_values`; blocks only when the buffer is full or the
+        topic's metadata is not known yet."""
+        p = self._async
+        ts = time.time_ns() // 1_000_000 if timestamp is None else timestamp
+        deadline = time.monotonic() + p._settings.max_block_ms / 1000
+        i, refreshed = 0, False
+        while i < len(values):
+            with self._space:
+                got = p._append_values(self._acc, topic, values, i, ts)
+                if got != _NEED_METADATA:
+                    if got < len(values):
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            raise p._buffer_full(len(values[got] or b""))
+                        self._space.wait(remaining)
+                    i = got
+                    continue
+            if refreshed:
+                raise p._no_partition(topic, None)
+            self._run(p._load_topic(topic, deadline - time.monotonic()))
+            refreshed = True
+
+    @property
+    def failure(self) -> TidewireError | None:
+        """See :attr:`AsyncProducer.failure`."""
+        return self._async.failure
 
     def _send_slowly(
         self,

@@ -17,6 +17,8 @@ COMPRESSION = {"none": Codec.NONE, "gzip": Codec.GZIP, "lz4": Codec.LZ4, "zstd":
 #: The broker remembers the last 5 batches of each producer per partition: an idempotent
 #: producer may have no more in flight, or a resend could be too old to recognise.
 MAX_IDEMPOTENT_IN_FLIGHT = 5
+#: The longest writer id in UTF-8 bytes (the broker's limit, docs/protocol.md).
+MAX_WRITER_ID = 255
 #: The largest batch the producer builds, whatever a topic allows: a request holds at least
 #: one batch and must stay well within the protocol's 64 MiB frame limit.
 MAX_BATCH_BYTES = 32 * 1024 * 1024
@@ -49,6 +51,7 @@ class ProducerSettings:
     max_request_bytes: int = 1024 * 1024
     metadata_max_age_ms: int = 300_000
     connect_timeout_ms: int = 10_000
+    writer_id: str | None = None
 
     def __post_init__(self) -> None:
         day = 86_400_000
@@ -83,6 +86,18 @@ class ProducerSettings:
                 'idempotence needs the broker\'s answers: use acks="leader" or "durable", '
                 "or idempotence=False"
             )
+        if self.writer_id is not None:
+            if not isinstance(self.writer_id, str):
+                raise InvalidConfigError(
+                    f"writer_id must be a str, not {type(self.writer_id).__name__}"
+                )
+            n = len(self.writer_id.encode())
+            if not 1 <= n <= MAX_WRITER_ID:
+                raise InvalidConfigError(
+                    f"writer_id has {n:,} bytes of UTF-8; it must have 1..{MAX_WRITER_ID}"
+                )
+            if not self.idempotence:
+                raise InvalidConfigError("a writer_id needs idempotence=True")
 
     @property
     def codec(self) -> Codec:

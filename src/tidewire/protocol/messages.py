@@ -89,7 +89,12 @@ __all__ = [
     "ProducePartitionResult",
     "ProduceRequest",
     "ProduceResponse",
+    "ProducerPartitionState",
+    "ProducerStateRequest",
+    "ProducerStateResponse",
     "PushBody",
+    "ReleaseWritersRequest",
+    "ReleaseWritersResponse",
     "ResetOffsetResult",
     "ResetOffsetsRequest",
     "ResetOffsetsResponse",
@@ -145,6 +150,8 @@ class ApiKey(enum.IntEnum):
     SUBSCRIBE = 21
     CREDIT = 22
     UNSUBSCRIBE = 23
+    PRODUCER_STATE = 24
+    RELEASE_WRITERS = 25
 
 
 class Body(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -389,17 +396,61 @@ class ListOffsetsResponse(Body, kw_only=True, omit_defaults=True):
 
 
 class InitProducerIdRequest(Body, kw_only=True, omit_defaults=True):
-    """``producer_id``/``producer_epoch`` of a producer restarting to bump its epoch, else -1."""
+    """``producer_id``/``producer_epoch`` of a producer restarting to bump its epoch, else -1;
+    or a ``writer_id``: the deterministic writer of that name (docs/protocol.md)."""
 
     api_key = ApiKey.INIT_PRODUCER_ID
     producer_id: int = -1
     producer_epoch: int = -1
+    writer_id: str = ""
 
 
 class InitProducerIdResponse(Body, kw_only=True, omit_defaults=True):
     api_key = ApiKey.INIT_PRODUCER_ID
     producer_id: int = -1
     producer_epoch: int = -1
+    error_code: int = 0
+    error_message: str = ""
+
+
+class ProducerStateRequest(Body, kw_only=True, omit_defaults=True):
+    """What ``producer_id`` stored last in each of ``partitions`` (``[topic, partition]``)."""
+
+    api_key = ApiKey.PRODUCER_STATE
+    producer_id: int
+    producer_epoch: int = -1  # the asking instance's epoch: an older one is fenced
+    partitions: list[GroupPartition]
+
+
+class ProducerPartitionState(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One partition's answer: the producer's epoch there and the sequence of the last record
+    it stored (-1 and -1: the partition holds nothing of it)."""
+
+    topic: str
+    partition: int
+    producer_epoch: int = -1
+    last_sequence: int = -1
+    error_code: int = 0
+    error_message: str = ""
+
+
+class ProducerStateResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.PRODUCER_STATE
+    results: list[ProducerPartitionState] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
+class ReleaseWritersRequest(Body, kw_only=True, omit_defaults=True):
+    """Forget the state of these writers: their job committed."""
+
+    api_key = ApiKey.RELEASE_WRITERS
+    writer_ids: list[str]
+
+
+class ReleaseWritersResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.RELEASE_WRITERS
+    released: int = 0  # partitions that held state of one of them
     error_code: int = 0
     error_message: str = ""
 
@@ -712,6 +763,8 @@ _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
     ApiKey.SUBSCRIBE: (SubscribeRequest, SubscribeResponse),
     ApiKey.CREDIT: (CreditRequest, CreditResponse),
     ApiKey.UNSUBSCRIBE: (UnsubscribeRequest, UnsubscribeResponse),
+    ApiKey.PRODUCER_STATE: (ProducerStateRequest, ProducerStateResponse),
+    ApiKey.RELEASE_WRITERS: (ReleaseWritersRequest, ReleaseWritersResponse),
 }
 #: (min, max) version of each API this code speaks. Version 0 is the first of each.
 _VERSIONS: dict[ApiKey, tuple[int, int]] = dict.fromkeys(_SCHEMAS, (0, 0))

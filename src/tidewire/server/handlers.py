@@ -69,6 +69,11 @@ from tidewire.protocol.messages import (
     ProducePartitionResult,
     ProduceRequest,
     ProduceResponse,
+    ProducerPartitionState,
+    ProducerStateRequest,
+    ProducerStateResponse,
+    ReleaseWritersRequest,
+    ReleaseWritersResponse,
     ResetOffsetResult,
     ResetOffsetsRequest,
     ResetOffsetsResponse,
@@ -317,10 +322,44 @@ async def init_producer_id(
     b: Broker, s: ServerInfo, req: InitProducerIdRequest, _: memoryview
 ) -> Reply:
     try:
-        pid, epoch = await b.init_producer_id(req.producer_id, req.producer_epoch)
+        pid, epoch = await b.init_producer_id(
+            req.producer_id, req.producer_epoch, writer_id=req.writer_id
+        )
     except TidewireError as exc:
         return InitProducerIdResponse(**_err(exc)), []
     return InitProducerIdResponse(producer_id=pid, producer_epoch=epoch), []
+
+
+async def producer_state(
+    b: Broker, s: ServerInfo, req: ProducerStateRequest, _: memoryview
+) -> Reply:
+    try:
+        got = await b.producer_state(
+            req.producer_id, req.producer_epoch, [(p.topic, p.partition) for p in req.partitions]
+        )
+    except TidewireError as exc:
+        return ProducerStateResponse(**_err(exc)), []
+    results: list[ProducerPartitionState] = []
+    for p, r in zip(req.partitions, got, strict=True):
+        if isinstance(r, TidewireError):
+            results.append(ProducerPartitionState(topic=p.topic, partition=p.partition, **_err(r)))
+        else:
+            results.append(
+                ProducerPartitionState(
+                    topic=p.topic, partition=p.partition, producer_epoch=r[0], last_sequence=r[1]
+                )
+            )
+    return ProducerStateResponse(results=results), []
+
+
+async def release_writers(
+    b: Broker, s: ServerInfo, req: ReleaseWritersRequest, _: memoryview
+) -> Reply:
+    try:
+        released = await b.release_writers(req.writer_ids)
+    except TidewireError as exc:
+        return ReleaseWritersResponse(**_err(exc)), []
+    return ReleaseWritersResponse(released=released), []
 
 
 # --- consumer groups (handlers in this section only call ``b.groups``) ----------------------
@@ -490,6 +529,8 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.FETCH: fetch,
     ApiKey.LIST_OFFSETS: list_offsets,
     ApiKey.INIT_PRODUCER_ID: init_producer_id,
+    ApiKey.PRODUCER_STATE: producer_state,
+    ApiKey.RELEASE_WRITERS: release_writers,
     ApiKey.JOIN_GROUP: join_group,
     ApiKey.HEARTBEAT: heartbeat,
     ApiKey.LEAVE_GROUP: leave_group,
