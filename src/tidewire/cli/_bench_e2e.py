@@ -190,6 +190,7 @@ async def _member(cfg: dict[str, Any]) -> None:
                 cpu0 = time.process_time()
                 await consumer.resume(consumer.paused())
                 resumed = True
+                _emit({"event": "started"})
             records = await consumer.poll(_PROGRESS_S, max_records=50_000)
             if records:
                 now = time.time_ns()
@@ -246,6 +247,7 @@ class _Member:
         self.generation = -1
         self.partitions: list[tuple[str, int]] = []
         self.count = 0
+        self.started = False
         self.result: dict[str, Any] | None = None
         self.changed = asyncio.Event()
         self.reader = asyncio.get_running_loop().create_task(self._read())
@@ -261,6 +263,8 @@ class _Member:
             if event == "assigned":
                 self.generation = doc["generation"]
                 self.partitions = [(t, p) for t, p in doc["partitions"]]
+            elif event == "started":
+                self.started = True
             elif event == "progress":
                 self.count = doc["count"]
             elif event == "result":
@@ -336,6 +340,18 @@ async def _until_ready(
             await asyncio.wait_for(
                 asyncio.wait([asyncio.ensure_future(m.changed.wait()) for m in members]), 0.2
             )
+
+
+async def _until_started(members: list[_Member], timeout_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not all(m.started for m in members):
+        for m in members:
+            if m.proc.returncode is not None:
+                raise TidewireError(f"a consumer exited before it started: {await m.error()}")
+        if loop.time() >= deadline:
+            raise TidewireError(f"the consumers did not start reading within {timeout_s:g} s")
+        await asyncio.sleep(0.005)
 
 
 async def run_e2e(
@@ -420,6 +436,12 @@ async def run_e2e(
             for m in members:
                 m.go()
             if not backlog:
+                # Publish once every member reads again (its partitions resumed), so no
+                # message waits for a member to start.
+                await _until_started(members, timeout_s)
+                t0_ns = time.time_ns()
+                t0 = time.perf_counter()
+                cpu0 = time.process_time()
                 publishing = loop.create_task(publish(producer))
             idle_since = loop.time()
             last_total = -1
