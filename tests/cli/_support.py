@@ -42,20 +42,28 @@ def subprocess_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return {**env, **(extra or {}), "PYTHONPATH": os.pathsep.join(sys.path)}
 
 
+def popen_serve(
+    *args: str, env: Mapping[str, str] | None = None, stderr: int = subprocess.DEVNULL
+) -> subprocess.Popen[str]:
+    """``tidewire serve ARGS`` as a child process: its stdout (the listening lines) a pipe,
+    its stderr (the log) ``stderr``."""
+    return subprocess.Popen(
+        tidewire_cmd("serve", *args),
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=subprocess_env(env),
+    )
+
+
 def start_serve(
     data_dir: Path | None, *args: str, env: Mapping[str, str] | None = None
 ) -> tuple[subprocess.Popen[str], int]:
     """Start ``tidewire serve --port 0 ARGS`` (with ``--data-dir`` unless None); return the
     process and the port it listens on, read from its first line."""
     dirs = [] if data_dir is None else ["--data-dir", str(data_dir)]
-    proc = subprocess.Popen(
-        tidewire_cmd("serve", *dirs, "--port", "0", *args),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        env=subprocess_env(env),
-    )
+    proc = popen_serve(*dirs, "--port", "0", *args, env=env)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.cli._support import STARTUP_S, serving, stop, subprocess_env, tidewire_cmd
+from tests.cli._support import STARTUP_S, popen_serve, serving, stop
 from tidewire import __version__
 from tidewire.cli import app
 from tidewire.client import Client, Message
@@ -53,15 +53,8 @@ def test_bad_option_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("event_loop", ["auto", "asyncio", "uvloop"])
 def test_serves_on_each_event_loop(tmp_path: Path, event_loop: str) -> None:
     """auto takes uvloop (a dependency on this platform); every loop serves and drains."""
-    cmd = tidewire_cmd("serve", "--data-dir", str(tmp_path), "--port", "0", "--partitions", "1")
-    proc = subprocess.Popen(
-        [*cmd, "--event-loop", event_loop],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        env=subprocess_env(None),
-    )
+    args = ("--data-dir", str(tmp_path), "--port", "0", "--partitions", "1")
+    proc = popen_serve(*args, "--event-loop", event_loop, stderr=subprocess.PIPE)
     try:
         assert proc.stdout is not None
         m = re.search(r"listening on 127\.0\.0\.1:(\d+)", proc.stdout.readline())

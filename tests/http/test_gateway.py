@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cli._support import STARTUP_S, stop, subprocess_env, tidewire_cmd
+from tests.cli._support import STARTUP_S, popen_serve, stop, subprocess_env, tidewire_cmd
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.config import default_toml, load_settings
 from tidewire.errors import InvalidConfigError
@@ -131,14 +131,7 @@ def test_config_bounds(kwargs: dict[str, object]) -> None:
 
 
 def test_serve_with_http_port(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        tidewire_cmd("serve", "--data-dir", str(tmp_path / "d"), "--port", "0", "--http-port", "0"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        env=subprocess_env(),
-    )
+    proc = popen_serve("--data-dir", str(tmp_path / "d"), "--port", "0", "--http-port", "0")
     try:
         assert proc.stdout is not None
         tcp = proc.stdout.readline()

@@ -13,7 +13,6 @@ import asyncio
 import json
 import random
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cli._support import stop, subprocess_env, tidewire_cmd
+from tests.cli._support import popen_serve, stop
 
 MESSAGES = 10_000
 WORKERS = 16
@@ -34,17 +33,9 @@ DEADLINE_S = 120.0
 @pytest.fixture
 def http_url(tmp_path: Path) -> Iterator[str]:
     """A ``tidewire serve`` process with the HTTP API on a free port; its base URL."""
-    proc = subprocess.Popen(
-        tidewire_cmd(
-            "serve",
-            *("--data-dir", str(tmp_path / "d"), "--port", "0", "--http-port", "0"),
-            *("--partitions", "4"),
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        env=subprocess_env(),
+    proc = popen_serve(
+        *("--data-dir", str(tmp_path / "d"), "--port", "0", "--http-port", "0"),
+        *("--partitions", "4"),
     )
     try:
         assert proc.stdout is not None

@@ -7,26 +7,18 @@ import json
 import os
 import re
 import signal
-import subprocess
 from pathlib import Path
 
 import httpx
 from websockets.sync.client import connect
 
-from tests.cli._support import STARTUP_S, stop, subprocess_env, tidewire_cmd
+from tests.cli._support import STARTUP_S, popen_serve, stop
 
 
 def test_serve_with_the_stream_and_both_compatibility_modes(tmp_path: Path) -> None:
     args = ["--data-dir", str(tmp_path), "--port", "0", "--http-port", "0"]
     args += ["--http-msgbus-port", "0", "--http-ipubsub-port", "0"]
-    proc = subprocess.Popen(
-        tidewire_cmd("serve", *args),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        env=subprocess_env(),
-    )
+    proc = popen_serve(*args)
     try:
         assert proc.stdout is not None
         proc.stdout.readline()  # the TCP listener
