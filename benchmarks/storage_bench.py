@@ -62,9 +62,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tidewire.records.builder import BatchBuilder
+from tidewire.server.tcp import loop_factory
 from tidewire.storage import FileHandle, FileSystem, LogManager, OsFileSystem, PartitionLog
 from tidewire.storage.config import FsyncPolicy, LogConfig
 from tidewire.storage.fs import FileHandleWrapper, FileSystemWrapper
+
+#: The event loop of the log runs: ``auto`` is the one ``tidewire serve`` runs the broker on
+#: (uvloop when it is installed); ``--event-loop asyncio`` measures asyncio's own.
+EVENT_LOOP = ["auto"]
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -390,19 +395,20 @@ def log_run(
 ) -> Run:
     """One timed append run on a fresh log in ``data_dir`` (removed afterwards)."""
     try:
-        return asyncio.run(
-            _log_run_async(
-                data_dir,
-                policy,
-                appenders,
-                batches=batches,
-                records_per_batch=records_per_batch,
-                budget=budget,
-                seconds=seconds,
-                flush_interval_ms=flush_interval_ms,
-                yield_every_s=yield_every_s,
+        with asyncio.Runner(loop_factory=loop_factory(EVENT_LOOP[0])[1]) as runner:
+            return runner.run(
+                _log_run_async(
+                    data_dir,
+                    policy,
+                    appenders,
+                    batches=batches,
+                    records_per_batch=records_per_batch,
+                    budget=budget,
+                    seconds=seconds,
+                    flush_interval_ms=flush_interval_ms,
+                    yield_every_s=yield_every_s,
+                )
             )
-        )
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
 
@@ -642,6 +648,7 @@ def run_benchmark(root: str, s: Settings) -> dict[str, Any]:
             "read_total_bytes": s.read_total,
             "flush_interval_ms": s.flush_interval_ms,
             "yield_every_ms": s.yield_every_ms,
+            "event_loop": loop_factory(EVENT_LOOP[0])[0],
             "block_bytes": BLOCK,
             "batch_bytes": batch_bytes,
             "records_per_batch": per_batch,
@@ -684,7 +691,7 @@ def render_table(result: dict[str, Any]) -> str:
         f"{st['batch_bytes']:,} B; write runs stop at {st['write_budget_bytes'] // MIB} MiB or "
         f"{st['seconds_per_run']:g} s",
         f"  interval flush every {st['flush_interval_ms']} ms; interval/never appenders yield "
-        f"every {st['yield_every_ms']:g} ms",
+        f"every {st['yield_every_ms']:g} ms; event loop {st['event_loop']}",
         "",
     ]
     head = ("write", "MB/s", "records/s", "fsyncs/s", "batches/fsync")
@@ -805,6 +812,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=1.0,
         help="interval/never appenders yield to the loop this often (0: after every append)",
     )
+    p.add_argument(
+        "--event-loop",
+        choices=["auto", "asyncio", "uvloop"],
+        default="auto",
+        help="the log runs' event loop (auto: uvloop when installed, as tidewire serve)",
+    )
     args = p.parse_args(argv)
     if args.reps < 1:
         p.error("--reps must be >= 1")
@@ -813,6 +826,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    EVENT_LOOP[0] = args.event_loop
     settings = Settings(
         write_budget=(args.write_mib or (128 if args.quick else 512)) * MIB,
         seconds=args.seconds if args.seconds is not None else (1.0 if args.quick else 5.0),
