@@ -8,13 +8,13 @@ their records in one of two ways:
   varints; every field of every record of the response is then decoded at once by Arrow
   compute functions over the bytes, and keys and values are cut out of the buffer by Arrow
   (a ``binary_view`` array over it, cast to ``binary``): no Python object per record;
-- the record loop (anything else): one pass in Python that decodes the one- and two-byte
-  varints inline, as :func:`tidewire.records.read_records` does, into one list per column,
-  each turned into an Arrow array in C.
+- the record loop (anything else): :func:`tidewire.records.read_records`, the consumers'
+  decoder, whose rows are split into one list per column, each turned into an Arrow array
+  in C.
 
 The vectorized path checks what it relies on and leaves any batch it does not take to the
-loop; the loop hands anything malformed to the reference decoder
-(:func:`tidewire.records.iter_records`), which names the fault.
+loop; read_records hands anything malformed to the reference decoder, which names the
+fault.
 """
 
 from __future__ import annotations
@@ -25,11 +25,8 @@ from typing import NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidewire.errors import InvalidRecordError, RecordBatchError
-from tidewire.records import BATCH_OVERHEAD, BatchHeader, iter_batches, iter_records
+from tidewire.records import BatchHeader, iter_batches, read_records
 from tidewire.records.batch import TimestampType
-from tidewire.records.compression import decompress
-from tidewire.records.varint import decode as _dv
 from tidewire.spark._schema import HEADER_ARROW_TYPE, arrow_schema
 from tidewire.spark._vectorized import fast_rows, i64
 
@@ -63,13 +60,13 @@ class _Columns:
         self.timestamps: list[int] = []
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
-        self.headers: list[list[Header]] | None = [] if with_headers else None
+        self.headers: list[tuple[Header, ...]] | None = [] if with_headers else None
 
     def trim(self, i0: int, start: int, end: int) -> None:
         """Drop the rows from ``i0`` on whose offsets fall outside ``[start, end)``."""
         lo = bisect_left(self.offsets, start, i0)
         hi = bisect_left(self.offsets, end, lo)
-        columns: list[list[int] | list[bytes | None] | list[list[Header]]] = [
+        columns: list[list[int] | list[bytes | None] | list[tuple[Header, ...]]] = [
             self.offsets,
             self.timestamps,
             self.keys,
@@ -146,142 +143,18 @@ def _to_arrow(
 
 
 def _decode_batch(buf: bytes, start: int, h: BatchHeader, cols: _Columns) -> None:
-    """Append the records of the (CRC-checked) batch at ``buf[start:]`` to ``cols``."""
-    if h.codec:
-        view = memoryview(buf)[start + BATCH_OVERHEAD : start + h.size]
-        data = bytes(decompress(h.codec, view))
-        pos, end = 0, len(data)
-    else:
-        data = buf
-        pos, end = start + BATCH_OVERHEAD, start + h.size
-    base, first_ts, last_delta = h.base_offset, h.first_timestamp, h.last_offset_delta
-    offsets, timestamps, keys, values = cols.offsets, cols.timestamps, cols.keys, cols.values
-    add_offset, add_timestamp = offsets.append, timestamps.append
-    add_key, add_value = keys.append, values.append
-    headers = cols.headers
-    n0 = len(offsets)
-    prev = -1
-    ok = False
-    try:
-        for _ in range(h.records_count):
-            # Each varint: one byte, two bytes (inline), or the general decoder.
-            b = data[pos]
-            if b < 0x80:
-                length = (b >> 1) ^ -(b & 1)
-                pos += 1
-            elif data[pos + 1] < 0x80:
-                n = (b & 0x7F) | (data[pos + 1] << 7)
-                length = (n >> 1) ^ -(n & 1)
-                pos += 2
-            else:
-                length, pos = _dv(data, pos)
-            if length < 6 or pos + length > end:
-                break
-            rec_end = pos + length
-            b = data[pos + 1]  # after the attributes byte: the timestamp delta
-            if b < 0x80:
-                ts_delta = (b >> 1) ^ -(b & 1)
-                pos += 2
-            elif data[pos + 2] < 0x80:
-                n = (b & 0x7F) | (data[pos + 2] << 7)
-                ts_delta = (n >> 1) ^ -(n & 1)
-                pos += 3
-            else:
-                ts_delta, pos = _dv(data, pos + 1, wide=True)
-            b = data[pos]
-            if b < 0x80:
-                delta = (b >> 1) ^ -(b & 1)
-                pos += 1
-            elif data[pos + 1] < 0x80:
-                n = (b & 0x7F) | (data[pos + 1] << 7)
-                delta = (n >> 1) ^ -(n & 1)
-                pos += 2
-            else:
-                delta, pos = _dv(data, pos)
-            if delta <= prev or delta > last_delta:
-                break
-            prev = delta
-            if data[pos] == 1:  # -1: a null key
-                key = None
-                pos += 1
-            else:
-                n, pos = _dv(data, pos)
-                if n < -1 or pos + n > rec_end:
-                    break
-                if n == -1:
-                    key = None
-                else:
-                    key = data[pos : pos + n]
-                    pos += n
-            b = data[pos]
-            if b < 0x80:
-                n = (b >> 1) ^ -(b & 1)
-                pos += 1
-            elif data[pos + 1] < 0x80:
-                n = (b & 0x7F) | (data[pos + 1] << 7)
-                n = (n >> 1) ^ -(n & 1)
-                pos += 2
-            else:
-                n, pos = _dv(data, pos)
-            if n < -1 or pos + n > rec_end:
-                break
-            if n == -1:
-                value = None
-            else:
-                value = data[pos : pos + n]
-                pos += n
-            if headers is not None:
-                if data[pos] == 0:
-                    headers.append([])
-                    pos += 1
-                else:
-                    record_headers, pos = _headers(data, pos, rec_end)
-                    headers.append(record_headers)
-                if pos != rec_end:
-                    break
-            elif pos >= rec_end:  # at least the header count is left
-                break
-            add_offset(base + delta)
-            add_timestamp(first_ts + ts_delta)
-            add_key(key)
-            add_value(value)
-            pos = rec_end
-        else:
-            ok = pos == end
-    except (IndexError, RecordBatchError):
-        pass
-    if ok:
+    """Append the records of the (CRC-checked) batch at ``buf[start:]`` to ``cols``.
+
+    Raises:
+        RecordBatchError: the records are malformed (nothing is appended then).
+    """
+    records = read_records(buf, start, h, tuple, "", 0)
+    if not records:
         return
-    # Malformed: take back what this batch appended; the reference reader names the fault.
-    del offsets[n0:], timestamps[n0:], keys[n0:], values[n0:]
-    if headers is not None:
-        del headers[n0:]
-    for _ in iter_records(memoryview(buf)[start : start + h.size]):
-        pass
-    raise InvalidRecordError("the batch's records are malformed")  # pragma: no cover
-
-
-def _headers(data: bytes, pos: int, rec_end: int) -> tuple[list[Header], int]:
-    """The headers of one record at ``data[pos:]`` (their count first)."""
-    count, pos = _dv(data, pos)
-    if count < 0 or count > rec_end - pos:
-        raise InvalidRecordError(f"a record declares {count} headers")
-    out: list[Header] = []
-    for _ in range(count):
-        n, pos = _dv(data, pos)
-        if n < 0 or pos + n > rec_end:
-            raise InvalidRecordError(f"a header key of length {n}")
-        try:
-            name = data[pos : pos + n].decode()
-        except UnicodeDecodeError:
-            raise InvalidRecordError("a header key that is not UTF-8") from None
-        pos += n
-        n, pos = _dv(data, pos)
-        if n < -1 or pos + n > rec_end:
-            raise InvalidRecordError(f"a header value of length {n}")
-        if n == -1:
-            out.append((name, None))
-        else:
-            out.append((name, data[pos : pos + n]))
-            pos += n
-    return out, pos
+    _, _, offsets, timestamps, keys, values, headers = zip(*records, strict=True)
+    cols.offsets += offsets
+    cols.timestamps += timestamps
+    cols.keys += keys
+    cols.values += values
+    if cols.headers is not None:
+        cols.headers += headers
