@@ -30,6 +30,7 @@ from tidewire.protocol.messages import (
 )
 from tidewire.records import iter_batches, read_records
 
+from ._settings import check_ints
 from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
 
 __all__ = ["AsyncConsumer", "Consumer", "ConsumerRecord", "Offset"]
@@ -162,16 +163,14 @@ class AsyncConsumer:
         request_timeout_ms: int = 30_000,
         connect_timeout_ms: int = 10_000,
     ) -> None:
-        for name, value, low in (
+        check_ints(
             ("max_wait_ms", max_wait_ms, 0),
             ("min_bytes", min_bytes, 0),
             ("max_bytes", max_bytes, 1),
             ("max_partition_bytes", max_partition_bytes, 1),
             ("request_timeout_ms", request_timeout_ms, 1),
             ("connect_timeout_ms", connect_timeout_ms, 1),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, not {value!r}")
+        )
         self.max_wait_ms = max_wait_ms
         self.min_bytes = min_bytes
         self.max_bytes = max_bytes

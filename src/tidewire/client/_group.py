@@ -75,6 +75,7 @@ from tidewire.protocol.messages import (
 )
 
 from ._consumer import DEFAULT_MAX_RECORDS, AsyncConsumer, BlockingReader, ConsumerRecord, Offset
+from ._settings import check_ints
 from ._subscriber import DEFAULT_CREDIT_BYTES, AsyncSubscriber
 from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
 
@@ -163,13 +164,11 @@ class AsyncGroupConsumer:
             raise ValueError("subscribe to topics or a pattern")
         if auto_offset_reset not in ("earliest", "latest"):
             raise ValueError(f"auto_offset_reset={auto_offset_reset!r}: 'earliest' or 'latest'")
-        for name, value in (
-            ("session_timeout_ms", session_timeout_ms),
-            ("rebalance_timeout_ms", rebalance_timeout_ms),
-            ("auto_commit_interval_ms", auto_commit_interval_ms),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, not {value!r}")
+        check_ints(
+            ("session_timeout_ms", session_timeout_ms, 1),
+            ("rebalance_timeout_ms", rebalance_timeout_ms, 1),
+            ("auto_commit_interval_ms", auto_commit_interval_ms, 1),
+        )
         self.group_id = group_id
         self.pattern = pattern
         self.group_instance_id = group_instance_id

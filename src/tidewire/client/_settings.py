@@ -8,7 +8,7 @@ from tidewire.errors import InvalidConfigError
 from tidewire.protocol.messages import ACKS_DURABLE, ACKS_LEADER, ACKS_NONE
 from tidewire.records import BATCH_OVERHEAD, Codec
 
-__all__ = ["ACKS", "COMPRESSION", "MAX_IDEMPOTENT_IN_FLIGHT", "ProducerSettings"]
+__all__ = ["ACKS", "COMPRESSION", "MAX_IDEMPOTENT_IN_FLIGHT", "ProducerSettings", "check_ints"]
 
 #: ``acks`` names and their wire values.
 ACKS = {"none": ACKS_NONE, "leader": ACKS_LEADER, "durable": ACKS_DURABLE}
@@ -22,6 +22,18 @@ MAX_WRITER_ID = 255
 #: The largest batch the producer builds, whatever a topic allows: a request holds at least
 #: one batch and must stay well within the protocol's 64 MiB frame limit.
 MAX_BATCH_BYTES = 32 * 1024 * 1024
+
+
+def check_ints(*options: tuple[str, object, int]) -> None:
+    """Check ``(name, value, lowest)`` options of a consumer: each an int (not a bool) of at
+    least ``lowest``.
+
+    Raises:
+        ValueError: naming the first option that is not.
+    """
+    for name, value, low in options:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, not {value!r}")
 
 
 def _int(name: str, value: object, low: int, high: int) -> int:

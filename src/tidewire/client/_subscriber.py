@@ -45,6 +45,7 @@ from tidewire.protocol.messages import (
     decode_body,
 )
 
+from ._settings import check_ints
 from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
 
 __all__ = ["AsyncSubscriber", "Subscriber"]
@@ -105,14 +106,12 @@ class AsyncSubscriber:
         request_timeout_ms: int = 30_000,
         connect_timeout_ms: int = 10_000,
     ) -> None:
-        for name, value, low in (
+        check_ints(
             ("credit_bytes", credit_bytes, 1),
             ("max_lag_bytes", max_lag_bytes, 0),
             ("request_timeout_ms", request_timeout_ms, 1),
             ("connect_timeout_ms", connect_timeout_ms, 1),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, not {value!r}")
+        )
         self.credit_bytes = credit_bytes
         self.best_effort = best_effort
         self.max_lag_bytes = max_lag_bytes
