@@ -255,17 +255,10 @@ class AsyncClient:
         Raises:
             UnknownTopicError, UnknownPartitionError, OffsetOutOfRangeError, ...
         """
-        req = FetchRequest(
-            max_wait_ms=max_wait_ms,
-            max_bytes=max_bytes,
-            partitions=[FetchPartition(topic, partition, offset, max_bytes)],
+        got = await self.fetch_batches(
+            topic, partition, offset, max_bytes=max_bytes, max_wait_ms=max_wait_ms
         )
-        timeout = self._t.request_timeout_s + max_wait_ms / 1000
-        response = await self._t.request(req, timeout_s=timeout)
-        assert response is not None
-        (result,) = response.body.partitions
-        _raise(result.error_code, result.error_message)
-        data = bytes(response.data[: result.size])
+        data = got.data
         records: list[Record] = []
         nxt = offset
         for pos, h in iter_batches(data):
@@ -273,7 +266,7 @@ class AsyncClient:
                 if rec.offset >= offset:
                     records.append(rec)
             nxt = h.next_offset
-        return FetchedRecords(records, max(nxt, offset), int(result.high_watermark))
+        return FetchedRecords(records, max(nxt, offset), got.high_watermark)
 
     async def fetch_batches(
         self,
