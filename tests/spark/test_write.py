@@ -110,15 +110,32 @@ def test_a_task_that_fails_once_is_retried_and_stores_each_row_once(
     topic = topic_name("w-retry")
     create_topic(broker.addr, topic, 2)
 
+    addr = broker.addr
+
     def value(i: int) -> bytes:
-        # The first attempt of Spark partition 1 dies part-way, after its writer has stored
-        # some of the rows before (batches are sent as they fill up).
+        # The first attempt of Spark partition 1 dies part-way (8,000 rows in), once its writer
+        # has stored some of the rows before (batches are sent as they fill up): it waits for
+        # one of them to be readable, so the retry has rows to skip however slow the machine.
+        import time
+
         from pyspark import TaskContext
+
+        from tidewire.client import Client
 
         ctx = TaskContext.get()
         first_attempt = ctx is not None and ctx.partitionId() == 1 and ctx.attemptNumber() == 0
-        if first_attempt and i == 18_000:  # 8,000 rows into partition 1
-            raise RuntimeError("the first attempt dies here")
+        if first_attempt and i == 18_000:
+            deadline = time.monotonic() + 60
+            with Client(addr) as c:
+                while time.monotonic() < deadline:
+                    for p in (0, 1):
+                        offset = 0
+                        while got := c.fetch(topic, p, offset, max_wait_ms=0).records:
+                            if any((r.value or b"") >= b"row-010000" for r in got):
+                                raise RuntimeError("the first attempt dies here")
+                            offset = got[-1].offset + 1
+                    time.sleep(0.05)
+            raise AssertionError("the first attempt's writer stored none of its rows in 60 s")
         return b"row-%06d" % i
 
     n = 20_000
