@@ -244,8 +244,6 @@ def bench_spark(spark: Any, addr: str, args: argparse.Namespace, tmp: str) -> li
         )
     )
 
-    # ---- the batch write figure goes here (df.write.format("tidewire")) ----
-
     progress("parquet: writing the same rows once, then reading them")
     path = os.path.join(tmp, "rows.parquet")
     source().write.parquet(path)
