@@ -11,6 +11,10 @@ all alike; the median is reported with the min-max range):
   the baseline of the ``always`` policy.
 * ``raw write``: ``os.write`` of 64 KiB blocks and one ``os.fdatasync`` at the end (timed), the
   baseline of ``never``.
+* ``raw write+writeback`` (informational): ``raw write`` that also asks the OS, from a worker
+  thread, to start writing back every 8 MiB written (``sync_file_range``), as the log does
+  under ``never`` and ``interval`` (``tidewire.storage.log.WRITEBACK_BYTES``). Against it the
+  log is compared like with like: what is left is the log's own cost.
 * ``raw pwritev log layout`` (informational): the log's own write pattern without the log, each
   batch as ``os.pwritev([16-byte prefix, rest])`` at the end of the file (65,140-byte writes at
   unaligned offsets), one fdatasync at the end. It splits the ``never`` gap into what the
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import os
 import platform
@@ -66,6 +71,7 @@ from tidewire.server.tcp import loop_factory
 from tidewire.storage import FileHandle, FileSystem, LogManager, OsFileSystem, PartitionLog
 from tidewire.storage.config import FsyncPolicy, LogConfig
 from tidewire.storage.fs import FileHandleWrapper, FileSystemWrapper
+from tidewire.storage.log import WRITEBACK_BYTES
 
 #: The event loop of the log runs: ``auto`` is the one ``tidewire serve`` runs the broker on
 #: (uvloop when it is installed); ``--event-loop asyncio`` measures asyncio's own.
@@ -219,12 +225,24 @@ class Measurement:
 # --- raw baselines ---------------------------------------------------------------------------
 
 
-def raw_write(path: str, block: bytes, budget: int, seconds: float, *, sync_each: bool) -> Run:
+def raw_write(
+    path: str,
+    block: bytes,
+    budget: int,
+    seconds: float,
+    *,
+    sync_each: bool,
+    writeback: bool = False,
+) -> Run:
     """Sequential ``os.write`` of ``block`` to a fresh file; fdatasync after each block or once
-    at the end (timed either way)."""
+    at the end (timed either way). ``writeback``: every ``WRITEBACK_BYTES`` written, a worker
+    thread asks the OS to start writing them back (one request at a time, as the log does)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    hint = OsFileSystem().open(path, create=False) if writeback else None
+    pool = concurrent.futures.ThreadPoolExecutor(1) if writeback else None
     try:
-        written = syncs = 0
+        written = syncs = hinted = 0
+        request: concurrent.futures.Future[None] | None = None
         start = time.perf_counter()
         deadline = start + seconds
         while written < budget and time.perf_counter() < deadline:
@@ -235,11 +253,25 @@ def raw_write(path: str, block: bytes, budget: int, seconds: float, *, sync_each
             if sync_each:
                 os.fdatasync(fd)
                 syncs += 1
+            if (
+                hint is not None
+                and pool is not None
+                and written - hinted >= WRITEBACK_BYTES
+                and (request is None or request.done())
+            ):
+                request = pool.submit(hint.start_writeback, hinted, written - hinted)
+                hinted = written
+        if request is not None:
+            request.result()
         if not sync_each:
             os.fdatasync(fd)
             syncs += 1
         elapsed = time.perf_counter() - start
     finally:
+        if pool is not None:
+            pool.shutdown()
+        if hint is not None:
+            hint.close()
         os.close(fd)
         os.remove(path)
     return Run(elapsed, written, batches=written // len(block), fsyncs=syncs)
@@ -511,6 +543,7 @@ def run_benchmark(root: str, s: Settings) -> dict[str, Any]:
     measurements: list[Measurement] = [
         Measurement("raw_write_fdatasync", "raw write+fdatasync each 64 KiB", "raw"),
         Measurement("raw_write", "raw write, 1 fdatasync at end", "raw"),
+        Measurement("raw_write_writeback", "raw write+writeback, 1 fdatasync", "raw"),
         Measurement("raw_pwritev_batches", "raw pwritev log layout, 1 fdatasync", "raw"),
     ]
     for policy in POLICIES:
@@ -550,6 +583,7 @@ def run_benchmark(root: str, s: Settings) -> dict[str, Any]:
                     s.write_budget,
                     s.seconds,
                     sync_each=m.name == "raw_write_fdatasync",
+                    writeback=m.name == "raw_write_writeback",
                 )
             else:
                 assert m.policy is not None
@@ -639,6 +673,12 @@ def run_benchmark(root: str, s: Settings) -> dict[str, Any]:
             by_name["log_never_1"], by_name["raw_pwritev_batches"], None
         ),
         "interval_1_vs_raw_write": ratio(by_name["log_interval_1"], raw_w, None),
+        "never_16_vs_raw_write_writeback": ratio(
+            by_name["log_never_16"], by_name["raw_write_writeback"], None
+        ),
+        "never_1_vs_raw_write_writeback": ratio(
+            by_name["log_never_1"], by_name["raw_write_writeback"], None
+        ),
     }
     return {
         "settings": {
@@ -739,6 +779,8 @@ def render_table(result: dict[str, Any]) -> str:
         "interval_1_vs_raw_write": "interval x1  / raw write",
         "raw_layout_vs_raw_write": "raw pwritev log layout / raw write",
         "never_1_vs_raw_layout": "never x1 / raw pwritev log layout",
+        "never_16_vs_raw_write_writeback": "never x16 / raw write+writeback",
+        "never_1_vs_raw_write_writeback": "never x1  / raw write+writeback",
         "cold_read_log_vs_raw": "log.read / raw read (cold)",
     }
     rw = max(len(v) for v in rnames.values())

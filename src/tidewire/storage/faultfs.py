@@ -87,6 +87,9 @@ class _MemFile:
             self._inode.durable = bytes(self._inode.data)
             self._inode.durable_exists = True
 
+    def start_writeback(self, offset: int, length: int) -> None:
+        """A hint, and no operation here: nothing becomes durable without :meth:`sync`."""
+
     def close(self) -> None:
         pass
 

@@ -5,7 +5,10 @@ truncation and retention run there and take no locks. The only work that leaves 
 the blocking part of a flush (fsync of segment files, directory sync, writing the sealed
 segments' indexes), which :meth:`PartitionLog.wait_durable` runs in a worker thread while more
 batches are appended — group commit: one fsync acknowledges every batch written before it
-started.
+started. (Under ``never`` and ``interval`` a worker thread also asks the OS to start writing
+back every :data:`WRITEBACK_BYTES` appended, as RocksDB's ``bytes_per_sync`` does: the device
+works while the loop appends, dirty pages do not pile up, and the next fsync has little left
+to write. It is a hint: what is durable, and when, does not change.)
 
 Durability (:class:`~tidewire.storage.config.FsyncPolicy`): under ``always`` the caller awaits
 :meth:`append_async`, which returns only once an fsync covers the batch; under ``interval``
@@ -24,7 +27,9 @@ writes, and keeps serving the offsets below the bad batch.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
+import os
 import time
 from bisect import bisect_right
 from collections import deque
@@ -46,7 +51,7 @@ from tidewire.errors import (
 from tidewire.records import iter_batches, iter_records
 from tidewire.records.batch import LOG_OVERHEAD, BatchHeader, check_batch, check_whole_batch
 from tidewire.storage.config import FsyncPolicy, LogConfig
-from tidewire.storage.fs import FileSystem, write_atomic
+from tidewire.storage.fs import FileHandle, FileSystem, write_atomic
 from tidewire.storage.segment import (
     BadBatch,
     CorruptBatchFound,
@@ -64,6 +69,9 @@ MAX_BATCHES_PER_WRITE = 500
 #: Bytes gathered before a write is issued without waiting for the end of the loop turn:
 #: large enough for sequential-write speed, small enough to bound what waits in memory.
 MAX_BYTES_PER_WRITE = 4 * 1024 * 1024
+#: Under ``never`` and ``interval``: written bytes of the active segment after which the log
+#: asks the OS to start writing them back (``FileHandle.start_writeback``), off the loop.
+WRITEBACK_BYTES = 8 * 1024 * 1024
 #: Default byte budget of one read.
 DEFAULT_READ_BYTES = 1024 * 1024
 
@@ -187,6 +195,10 @@ class PartitionLog:
         self._pending: list[_Write] = []
         self._pending_bytes = 0
         self._drain_scheduled = False
+        #: The segment and position up to which writeback was requested.
+        self._writeback_seg: Segment | None = None
+        self._writeback_end = 0
+        self._writeback: concurrent.futures.Future[None] | None = None  # the request running
 
     # --- opening and recovery -------------------------------------------------------------------
 
@@ -534,6 +546,22 @@ class PartitionLog:
                 if fut is not None and not fut.done():
                     fut.set_result(None)
             i = j
+        if self.config.fsync is not _ALWAYS and (self._writeback is None or self._writeback.done()):
+            self._maybe_start_writeback()
+
+    def _maybe_start_writeback(self) -> None:
+        """Once :data:`WRITEBACK_BYTES` of the active segment are written since the last
+        request, ask the OS (in a worker thread: the call may block on a busy device) to start
+        writing them back."""
+        seg = self._segments[-1]
+        start = self._writeback_end if self._writeback_seg is seg else 0
+        start = min(start, seg.size)  # truncated or rolled back since
+        if seg.size - start < WRITEBACK_BYTES:
+            return
+        self._writeback_seg, self._writeback_end = seg, seg.size
+        self._writeback = _writeback_pool().submit(
+            _start_writeback, seg.file, start, seg.size - start
+        )
 
     def _check_writable(self) -> None:
         if self._closed:
@@ -1132,6 +1160,30 @@ class PartitionLog:
         self._fail_waiters(LogClosedError(f"log {self.directory} was abandoned"))
         self._closed = True
         self._close_files()
+
+
+_WRITEBACK_POOLS: dict[int, concurrent.futures.ThreadPoolExecutor] = {}  # by process id
+
+
+def _writeback_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads that send writeback hints, made once per process (a forked child has none
+    of its parent's threads)."""
+    pid = os.getpid()
+    pool = _WRITEBACK_POOLS.get(pid)
+    if pool is None:
+        pool = _WRITEBACK_POOLS[pid] = concurrent.futures.ThreadPoolExecutor(
+            max_workers=2, thread_name_prefix="tidewire-writeback"
+        )
+    return pool
+
+
+def _start_writeback(file: FileHandle, offset: int, length: int) -> None:
+    """In a worker thread: the writeback hint; a failure only costs the hint (the file may
+    even have been closed since: a segment deleted by retention)."""
+    try:
+        file.start_writeback(offset, length)
+    except OSError as exc:
+        log.debug("writeback hint for %s failed: %s", file.path, exc)
 
 
 def check_appendable(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
