@@ -5,6 +5,7 @@ errors; and a write task that fails once and is retried stores each row exactly 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +19,8 @@ from tests.spark._write_support import (
     writer_epochs,
     writer_states,
 )
+from tidewire.spark._source import TidewireDataSource
+from tidewire.spark._writer import TidewireBatchWriter
 
 
 def write(df: Any, broker: Any, **options: str) -> None:
@@ -112,38 +115,57 @@ def test_a_task_that_fails_once_is_retried_and_stores_each_row_once(
 
     addr = broker.addr
 
-    def value(i: int) -> bytes:
-        # The first attempt of Spark partition 1 dies part-way (8,000 rows in), once its writer
-        # has stored some of the rows before (batches are sent as they fill up): it waits for
-        # one of them to be readable, so the retry has rows to skip however slow the machine.
+    def dies_once_stored(batches: Iterator[Any]) -> Iterator[Any]:
+        """The rows of a first attempt that dies 8,000 rows in, once the writer has stored
+        some of them (it sends batches as they fill up): it waits until one is readable, so
+        the retry always has rows to skip, however slow the machine."""
         import time
-
-        from pyspark import TaskContext
 
         from tidewire.client import Client
 
-        ctx = TaskContext.get()
-        first_attempt = ctx is not None and ctx.partitionId() == 1 and ctx.attemptNumber() == 0
-        if first_attempt and i == 18_000:
-            deadline = time.monotonic() + 60
-            with Client(addr) as c:
-                while time.monotonic() < deadline:
-                    for p in (0, 1):
-                        offset = 0
-                        while got := c.fetch(topic, p, offset, max_wait_ms=0).records:
-                            if any((r.value or b"") >= b"row-010000" for r in got):
-                                raise RuntimeError("the first attempt dies here")
-                            offset = got[-1].offset + 1
-                    time.sleep(0.05)
-            raise AssertionError("the first attempt's writer stored none of its rows in 60 s")
-        return b"row-%06d" % i
+        given = 0
+        for b in batches:
+            yield b
+            given += b.num_rows
+            if given >= 8_000:
+                break
+        deadline = time.monotonic() + 60
+        with Client(addr) as c:
+            while time.monotonic() < deadline:
+                for p in (0, 1):
+                    offset = 0
+                    while got := c.fetch(topic, p, offset, max_wait_ms=0).records:
+                        if any((r.value or b"") >= b"row-010000" for r in got):
+                            raise RuntimeError("the first attempt dies here")
+                        offset = got[-1].offset + 1
+                time.sleep(0.05)
+        raise AssertionError("the first attempt's writer stored none of its rows in 60 s")
 
+    class DiesOnceWriter(TidewireBatchWriter):
+        def write(self, iterator: Iterator[Any]) -> Any:
+            from pyspark import TaskContext
+
+            ctx = TaskContext.get()
+            if ctx is not None and ctx.partitionId() == 1 and ctx.attemptNumber() == 0:
+                iterator = dies_once_stored(iterator)
+            return super().write(iterator)
+
+    class DiesOnceSource(TidewireDataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "tidewire_dies_once"
+
+        def writer(self, schema: Any, overwrite: bool) -> Any:
+            return DiesOnceWriter(dict(self.options), schema, overwrite)
+
+    spark.dataSource.register(DiesOnceSource)
     n = 20_000
-    udf = F.udf(value, "binary", useArrow=False)
-    df = spark.range(0, n, 1, 2).select(udf("id").alias("value"))
+    df = spark.range(0, n, 1, 2).select(F.format_string("row-%06d", "id").alias("value"))
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")
     try:
-        write(df, broker, topic=topic, tidewire_batch_bytes="4096")
+        df.write.format("tidewire_dies_once").option("tidewire.servers", addr).option(
+            "topic", topic
+        ).option("tidewire.batch.bytes", "4096").mode("append").save()
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
     got = values(broker.addr, topic)
@@ -151,9 +173,9 @@ def test_a_task_that_fails_once_is_retried_and_stores_each_row_once(
     assert [v for v, c in counts.items() if c > 1] == []
     assert sorted(got) == [b"row-%06d" % i for i in range(n)]
     # One writer per Spark partition. Partition 1's batches carry epoch 0 (the attempt that
-    # died) and a later epoch (the retry, which resumed after them). A loaded machine may fail
-    # an attempt more (a timeout, say), and every attempt takes the writer's next epoch; the
-    # first attempt of each partition wrote, so each writer's epochs start at 0.
+    # died, after storing some rows) and a later epoch (the retry, which resumed after them).
+    # A loaded machine may fail an attempt more (a timeout, say), and every attempt takes the
+    # writer's next epoch; the first attempt of each partition wrote, so epochs start at 0.
     epochs = sorted((sorted(e) for e in writer_epochs(broker.addr, topic).values()), key=len)
     assert len(epochs) == 2
     assert all(e[0] == 0 for e in epochs), epochs
