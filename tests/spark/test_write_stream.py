@@ -87,11 +87,31 @@ def test_a_failed_micro_batch_runs_again_and_stores_nothing_twice(
     broken = tmp_path / "broken"
     broken.write_text("x")
 
+    addr = broker.addr
+
     def value(i: int) -> bytes:
         # While the flag file exists, every attempt of the task reading file 1 dies at id
-        # 16,000: the micro-batch's job fails and the query stops, after the task reading
-        # file 0 stored all of its rows.
+        # 16,000: the micro-batch's job fails and the query stops. It dies only once the task
+        # reading file 0 (on the other core) has stored all of its rows, which it waits to see:
+        # the failed job would cancel that task, and how far it got would depend on the
+        # machine's speed.
         if i == 16_000 and broken.exists():
+            import time
+
+            from tidewire.client import Client
+
+            deadline = time.monotonic() + 60
+            with Client(addr) as c:
+                while time.monotonic() < deadline:
+                    seen = 0
+                    for p in (0, 1):
+                        offset = 0
+                        while got := c.fetch(topic, p, offset, max_wait_ms=0).records:
+                            seen += sum((r.value or b"") < b"%06d" % (n // 2) for r in got)
+                            offset = got[-1].offset + 1
+                    if seen >= n // 2:
+                        break
+                    time.sleep(0.05)
             raise RuntimeError("this micro-batch fails")
         return b"%06d" % i
 
