@@ -12,6 +12,7 @@ what is gone; with ``false`` it logs a warning and reads what is left.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -93,6 +94,24 @@ def report_data_loss(options: ReadOptions, message: str) -> None:
             "was deleted). Set failOnDataLoss=false to read what is left instead of failing."
         )
     log.warning("%s; reading what is left (failOnDataLoss=false)", message)
+
+
+def skip_deleted(options: ReadOptions, r: OffsetRange, log_start: int) -> OffsetRange:
+    """``r`` as it can be read now that its partition's log starts at ``log_start``: as it
+    is, or, where retention deleted offsets of it, starting past them (at most at its end)
+    once :func:`report_data_loss` let the read go on.
+
+    Raises:
+        DataLossError: offsets of the range are gone and ``failOnDataLoss`` is true.
+    """
+    if r.start >= log_start:
+        return r
+    report_data_loss(
+        options,
+        f"offsets {r.start:,}..{min(r.end, log_start) - 1:,} of {r.topic}/{r.partition} are "
+        f"gone (the log starts at {log_start:,})",
+    )
+    return dataclasses.replace(r, start=min(log_start, r.end))
 
 
 def current_partitions(

@@ -10,6 +10,7 @@ it decodes one.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,10 +30,11 @@ from tidewire.spark._plan import (
     current_partitions,
     report_data_loss,
     resolve_offsets,
+    skip_deleted,
     split_ranges,
 )
 
-__all__ = ["TidewireBatchReader", "read_range"]
+__all__ = ["TidewireBatchReader", "read_planned", "read_range"]
 
 log = logging.getLogger("tidewire.spark")
 
@@ -86,21 +88,22 @@ class TidewireBatchReader(DataSourceReader):
                     f"the starting offset {start:,} of {topic}/{p} is after its ending "
                     f"offset {end:,}"
                 )
-            if start < state.log_start_offset:
-                report_data_loss(
-                    opts,
-                    f"offsets {start:,}..{min(end, state.log_start_offset) - 1:,} of "
-                    f"{topic}/{p} are gone (the log starts at {state.log_start_offset:,})",
-                )
-                start = min(state.log_start_offset, end)
-            ranges.append(OffsetRange(topic, p, start, end))
+            ranges.append(
+                skip_deleted(opts, OffsetRange(topic, p, start, end), state.log_start_offset)
+            )
         return list(split_ranges(ranges, opts.min_partitions))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The rows of one planned range (runs in an executor's Python worker)."""
-        if not isinstance(partition, OffsetRange):  # Spark's stand-in when none were planned
-            return iter(())
-        return read_range(self.options, partition)
+        return read_planned(self.options, partition)
+
+
+def read_planned(opts: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """The rows of a planned partition: an :class:`OffsetRange`, or Spark's stand-in when
+    none were planned (no rows)."""
+    if not isinstance(partition, OffsetRange):
+        return iter(())
+    return read_range(opts, partition)
 
 
 def read_range(opts: ReadOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
@@ -140,12 +143,7 @@ def read_range(opts: ReadOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
                     f"(the partition now ends at {latest:,})",
                 )
                 return
-            report_data_loss(
-                opts,
-                f"offsets {pos:,}..{min(earliest, r.end) - 1:,} of {r.topic}/{r.partition} "
-                f"are gone (the log starts at {earliest:,})",
-            )
-            pos = earliest
+            pos = skip_deleted(opts, dataclasses.replace(r, start=pos), earliest).start
             continue
         decoded = decode_fetch(
             got.data, r.topic, r.partition, pos, r.end, include_headers=opts.include_headers

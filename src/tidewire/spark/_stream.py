@@ -44,9 +44,10 @@ from tidewire.spark._plan import (
     current_partitions,
     report_data_loss,
     resolve_offsets,
+    skip_deleted,
     split_ranges,
 )
-from tidewire.spark._reader import read_range
+from tidewire.spark._reader import read_planned
 
 __all__ = ["TidewireStreamReader", "from_json_offsets", "limit_rows", "to_json_offsets"]
 
@@ -183,22 +184,16 @@ class TidewireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     opts, f"{topic}/{p} went back from offset {b:,} to {e:,} (topic recreated?)"
                 )
                 continue
+            r = OffsetRange(topic, p, b, e)
             state = states.get((topic, p))
-            if state is not None and b < state.log_start_offset and b < e:
-                report_data_loss(
-                    opts,
-                    f"offsets {b:,}..{min(e, state.log_start_offset) - 1:,} of {topic}/{p} "
-                    f"are gone (the log starts at {state.log_start_offset:,})",
-                )
-                b = min(state.log_start_offset, e)
-            ranges.append(OffsetRange(topic, p, b, e))
+            if state is not None and b < e:
+                r = skip_deleted(opts, r, state.log_start_offset)
+            ranges.append(r)
         return list(split_ranges(ranges, opts.min_partitions))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """The rows of one planned range (runs in an executor's Python worker)."""
-        if not isinstance(partition, OffsetRange):  # Spark's stand-in when none were planned
-            return iter(())
-        return read_range(self.options, partition)
+        return read_planned(self.options, partition)
 
     def commit(self, end: dict[str, object]) -> None:
         """Spark finished the batches up to ``end``: record it in the group, if any."""
