@@ -35,7 +35,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -44,41 +43,17 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from producer_bench import serve
+
 TARGET = 10_000  # publishes/s
 TOPIC = "bench"
 
 
 @contextlib.contextmanager
 def broker(fsync: str, partitions: int) -> Iterator[tuple[str, int]]:
-    """A broker process with the HTTP API on a free port; its base URL and PID."""
-    with tempfile.TemporaryDirectory(prefix="tidewire-http-bench-") as data:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                *("-m", "tidewire", "serve", "--data-dir", data, "--port", "0"),
-                *("--http-port", "0", "--fsync", fsync, "--partitions", str(partitions)),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        try:
-            assert proc.stdout is not None
-            url = None
-            for _ in range(2):
-                m = re.search(r"HTTP native listening on (http://\S+)", proc.stdout.readline())
-                if m:
-                    url = m.group(1)
-            if url is None:
-                raise SystemExit("the broker did not start its HTTP listener")
-            yield url, proc.pid
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    """A broker process with the HTTP API (see :func:`serve`); its base URL and PID."""
+    with serve("--fsync", fsync, "--partitions", str(partitions), http=True) as b:
+        yield f"http://{b.http}", b.pid
 
 
 def body(value_bytes: int) -> bytes:

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tidewire.client import AsyncProducer, Producer, RecordFuture
@@ -65,37 +66,47 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class ServedBroker:
+    """A broker process :func:`serve` started."""
+
+    addr: str  # host:port of the tidewire protocol
+    http: str | None  # host:port of the HTTP API, when it was asked for
+    pid: int
+
+
 @contextlib.contextmanager
-def broker(fsync: str, partitions: int) -> Iterator[str]:
-    """A broker process on a free port, stopped (SIGTERM, then SIGKILL) on the way out."""
+def serve(*flags: str, http: bool = False) -> Iterator[ServedBroker]:
+    """``tidewire serve`` with ``flags`` in a process of its own, on free ports (the HTTP API
+    too with ``http``) and a scratch data directory; ready once its ports accept
+    connections, stopped (SIGTERM, then SIGKILL) on the way out. Shared by the benchmarks."""
     with tempfile.TemporaryDirectory(prefix="tidewire-bench-") as data:
         port = _free_port()
+        http_port = _free_port() if http else None
+        extra = [] if http_port is None else ["--http-port", str(http_port)]
         proc = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "tidewire",
-                "serve",
-                "--data-dir",
-                data,
-                "--port",
-                str(port),
-                "--fsync",
-                fsync,
-                "--partitions",
-                str(partitions),
+                *("-m", "tidewire", "serve", "--data-dir", data, "--port", str(port)),
+                *extra,
+                *flags,
             ],
             stdout=subprocess.DEVNULL,
         )
         try:
             deadline = time.monotonic() + 30
-            while True:
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
-                    break
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"the broker did not start (exit code {proc.poll()})")
-                time.sleep(0.05)
-            yield f"127.0.0.1:{port}"
+            for p in (port, http_port):
+                while p is not None:
+                    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", p)):
+                        break
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise SystemExit(f"the broker did not start (exit code {proc.poll()})")
+                    time.sleep(0.05)
+            yield ServedBroker(
+                f"127.0.0.1:{port}",
+                None if http_port is None else f"127.0.0.1:{http_port}",
+                proc.pid,
+            )
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -103,6 +114,13 @@ def broker(fsync: str, partitions: int) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@contextlib.contextmanager
+def broker(fsync: str, partitions: int) -> Iterator[str]:
+    """A broker process (see :func:`serve`); its address."""
+    with serve("--fsync", fsync, "--partitions", str(partitions)) as b:
+        yield b.addr
 
 
 def options(args: argparse.Namespace) -> dict[str, object]:

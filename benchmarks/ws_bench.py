@@ -27,68 +27,26 @@ import argparse
 import asyncio
 import contextlib
 import json
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
 
 from websockets.asyncio.client import connect
 
+from producer_bench import serve
+
 TARGET = 50_000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
 def broker() -> Iterator[tuple[str, str]]:
-    """A broker process (TCP and HTTP on free ports): yields (TCP address, ws:// base)."""
-    with tempfile.TemporaryDirectory(prefix="tidewire-ws-bench-") as data:
-        port, http_port = _free_port(), _free_port()
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tidewire",
-                "serve",
-                "--data-dir",
-                data,
-                "--port",
-                str(port),
-                "--http-port",
-                str(http_port),
-                "--fsync",
-                "never",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                with (
-                    contextlib.suppress(OSError),
-                    socket.create_connection(("127.0.0.1", http_port)),
-                ):
-                    break
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"the broker did not start (exit code {proc.poll()})")
-                time.sleep(0.05)
-            yield f"127.0.0.1:{port}", f"ws://127.0.0.1:{http_port}"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    """A broker process with the HTTP API (see :func:`serve`): yields (TCP address, ws://
+    base)."""
+    with serve("--fsync", "never", http=True) as b:
+        yield b.addr, f"ws://{b.http}"
 
 
 def produce(addr: str, topic: str, messages: int, size: int) -> subprocess.Popen[bytes]:
