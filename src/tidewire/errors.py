@@ -21,10 +21,13 @@ The tree::
     ├── LogClosedError                an operation on a log that was closed or deleted
     ├── LogNotFoundError              no log for that topic and partition
     ├── LogExistsError                a log for that topic and partition exists already
+    ├── DataDirLockedError            the data directory is held by another broker
     ├── BackpressureError             a bounded queue is full (retriable)
     ├── UnknownTopicError             no such topic (auto-creation off)
     ├── TopicExistsError              a topic of that name exists already
     ├── InvalidTopicError             a topic name or partition count that is not allowed
+    │   └── InternalTopicError        a client's create, alter, delete or publish of a
+    │                                 broker-internal topic (or a reserved ``__`` name)
     ├── UnknownPartitionError         no such partition in the topic
     ├── RequestTimedOutError          the request did not complete in its timeout (retriable)
     ├── ConnectionLostError           (client side) the connection broke (retriable)
@@ -64,6 +67,7 @@ __all__ = [
     "BufferFullError",
     "ConnectionLostError",
     "CorruptBatchError",
+    "DataDirLockedError",
     "DecompressionLimitError",
     "DuplicateSequenceError",
     "FrameTooLargeError",
@@ -71,6 +75,7 @@ __all__ = [
     "GroupNotEmptyError",
     "IllegalGenerationError",
     "InconsistentGroupProtocolError",
+    "InternalTopicError",
     "InvalidConfigError",
     "InvalidGroupError",
     "InvalidMagicError",
@@ -261,6 +266,15 @@ class BackpressureError(TidewireError):
     description = "a bounded queue is full; retry later"
 
 
+class DataDirLockedError(TidewireError):
+    """Another broker (another process, or another broker in this one) holds the data
+    directory's lock: two brokers writing one directory would lose acknowledged messages.
+    Its message names the directory and the holder's pid."""
+
+    code = 42
+    description = "the data directory is in use by another broker"
+
+
 # --- protocol (codes 50-69) --------------------------------------------------------------------
 
 
@@ -315,6 +329,15 @@ class TopicExistsError(TidewireError):
 class InvalidTopicError(TidewireError):
     code = 72
     description = "the topic name or partition count is not allowed"
+
+
+class InternalTopicError(InvalidTopicError):
+    """Topics the broker keeps for itself (``__consumer_offsets``) are read-only for
+    clients: they cannot create, alter, delete or publish to them; names beginning with
+    ``__`` are reserved for such topics, so a client cannot create one."""
+
+    code = 90
+    description = "the topic is internal to the broker: clients may only read it"
 
 
 class UnknownPartitionError(TidewireError):

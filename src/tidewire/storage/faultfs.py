@@ -20,7 +20,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tidewire.storage.fs import Buffer, FileHandle
+from tidewire.storage.fs import Buffer, FileHandle, FileLock, LockHeldError
 
 __all__ = ["FaultFS", "PowerCut"]
 
@@ -94,8 +94,24 @@ class _MemFile:
         pass
 
 
+class _MemLock:
+    __slots__ = ("_fs", "_path")
+
+    def __init__(self, fs: FaultFS, path: str) -> None:
+        self._fs = fs
+        self._path = path
+
+    def release(self) -> None:
+        with self._fs._lock:
+            if self._fs._locks.get(self._path, (None,))[0] is self:
+                del self._fs._locks[self._path]
+
+
 class FaultFS:
     """In-memory :class:`~tidewire.storage.fs.FileSystem` with scheduled faults.
+
+    Locks (:meth:`try_lock`) are held in memory, outside the files and the operation count,
+    and a power cut's new file system has none (the processes that held them are gone).
 
     Attributes:
         ops: operations performed so far.
@@ -116,6 +132,7 @@ class FaultFS:
         self.fail_kinds: dict[str, int] = {}
         self._dead = False
         self._last_write: tuple[_Inode, int, int] | None = None
+        self._locks: dict[str, tuple[_MemLock, bytes]] = {}
 
     # --- faults -------------------------------------------------------------------------------
 
@@ -192,6 +209,17 @@ class FaultFS:
             inode.durable_exists = True
 
     # --- FileSystem -----------------------------------------------------------------------------
+
+    def try_lock(self, path: str, holder: bytes) -> FileLock:
+        path = os.path.normpath(path)
+        with self._lock:
+            self._check_alive()
+            held = self._locks.get(path)
+            if held is not None:
+                raise LockHeldError(path, held[1])
+            lock = _MemLock(self, path)
+            self._locks[path] = (lock, bytes(holder))
+            return lock
 
     def open(self, path: str, *, create: bool = True) -> FileHandle:
         path = os.path.normpath(path)

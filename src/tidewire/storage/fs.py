@@ -11,8 +11,11 @@ Errors are raised as :class:`OSError` with their ``errno``; the storage layer tu
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import errno
+import fcntl
 import os
 import shutil
 import sys
@@ -21,9 +24,11 @@ from typing import Protocol
 
 __all__ = [
     "FileHandle",
+    "FileLock",
     "FileHandleWrapper",
     "FileSystem",
     "FileSystemWrapper",
+    "LockHeldError",
     "OsFileSystem",
     "write_atomic",
 ]
@@ -62,8 +67,39 @@ class FileHandle(Protocol):
     def close(self) -> None: ...
 
 
+class FileLock(Protocol):
+    """An exclusive lock held on a file (see :meth:`FileSystem.try_lock`)."""
+
+    def release(self) -> None:
+        """Give the lock up (twice is harmless)."""
+        ...
+
+
+class LockHeldError(OSError):
+    """:meth:`FileSystem.try_lock` found the lock held by someone else.
+
+    Attributes:
+        holder: what the holder wrote into the lock file (empty if it has not yet).
+    """
+
+    def __init__(self, path: str, holder: bytes) -> None:
+        super().__init__(errno.EWOULDBLOCK, "the lock is held", path)
+        self.holder = holder
+
+
 class FileSystem(Protocol):
     """Directory and file operations the storage layer needs."""
+
+    def try_lock(self, path: str, holder: bytes) -> FileLock:
+        """Take an exclusive lock on ``path`` (created if missing) without waiting, and
+        write ``holder`` into it for whoever finds it held. The lock lasts until
+        :meth:`FileLock.release` or the end of the process, whichever comes first.
+
+        Raises:
+            LockHeldError: another holder has it (in this process or another).
+            OSError: the file cannot be created or written.
+        """
+        ...
 
     def open(self, path: str, *, create: bool = True) -> FileHandle: ...
 
@@ -155,8 +191,53 @@ class _OsFile:
             os.close(fd)
 
 
+class _OsLock:
+    """An ``flock`` held through an open descriptor: closing it (or the process ending, even
+    by SIGKILL) releases it."""
+
+    __slots__ = ("_fd", "_path")
+
+    def __init__(self, path: str, fd: int) -> None:
+        self._path = path
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd < 0:
+            return
+        fd, self._fd = self._fd, -1
+        try:
+            # No stale holder left for the next reader of the file. Only informative:
+            # closing the descriptor is what releases the lock, so a failure here is moot.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)
+
+
 class OsFileSystem:
     """The real file system."""
+
+    def try_lock(self, path: str, holder: bytes) -> FileLock:
+        # Never O_TRUNC: the file may be held by someone else, whose holder must stay.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                held_by = os.pread(fd, 4096, 0)
+            finally:
+                os.close(fd)
+            raise LockHeldError(path, held_by) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, holder, 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return _OsLock(path, fd)
 
     def open(self, path: str, *, create: bool = True) -> FileHandle:
         flags = os.O_RDWR | (os.O_CREAT if create else 0) | getattr(os, "O_CLOEXEC", 0)
@@ -251,6 +332,9 @@ class FileSystemWrapper:
 
     def __init__(self, inner: FileSystem) -> None:
         self.inner = inner
+
+    def try_lock(self, path: str, holder: bytes) -> FileLock:
+        return self.inner.try_lock(path, holder)
 
     def open(self, path: str, *, create: bool = True) -> FileHandle:
         return self.inner.open(path, create=create)

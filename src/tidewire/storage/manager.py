@@ -3,6 +3,7 @@
 Layout::
 
     DATA_DIR/
+      .lock                                held (flock) by the broker that has it open: its pid
       .clean-shutdown                      present only between a clean close and the next open
       recovery-point-offset-checkpoint     JSON {"version": 1, "logs": {"TOPIC-P": offset}}
       TOPIC-P/                             one directory per partition
@@ -16,6 +17,13 @@ Every metadata file is written atomically (temp, write, fsync, rename, fsync dir
 the clean-shutdown marker lets every log trust its intact indexes and skip the scan; it is
 removed (durably) before the first write. The recovery-point checkpoint is rewritten every
 ``checkpoint_interval_ms`` and at close.
+
+One broker at a time: :meth:`LogManager.open` takes an exclusive lock on ``.lock`` (through
+the file system's :meth:`~tidewire.storage.fs.FileSystem.try_lock`: ``flock`` on the real
+one) before it reads or writes anything else, and holds it until :meth:`LogManager.close`
+(or the end of the process, however it ends). A second opener, in another process or this
+one, is refused with :class:`~tidewire.errors.DataDirLockedError` naming the holder's pid:
+two brokers appending to one log would overwrite each other's acknowledged messages.
 """
 
 from __future__ import annotations
@@ -23,12 +31,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import threading
 import time
 import uuid
 
 from tidewire.errors import (
+    DataDirLockedError,
     InvalidConfigError,
     LogExistsError,
     LogNotFoundError,
@@ -36,13 +46,14 @@ from tidewire.errors import (
     TidewireError,
 )
 from tidewire.storage.config import FsyncPolicy, LogConfig
-from tidewire.storage.fs import FileSystem, OsFileSystem, write_atomic
+from tidewire.storage.fs import FileLock, FileSystem, LockHeldError, OsFileSystem, write_atomic
 from tidewire.storage.log import Clock, PartitionLog, wall_clock_ms
 
 __all__ = ["LogManager", "validate_topic_name"]
 
 log = logging.getLogger("tidewire.storage")
 
+LOCK_FILE = ".lock"
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 RECOVERY_CHECKPOINT_FILE = "recovery-point-offset-checkpoint"
 LOG_CONFIG_FILE = "log.json"
@@ -102,6 +113,7 @@ class LogManager:
         self.was_clean = False
         self._opened = False
         self._closed = False
+        self._dir_lock: FileLock | None = None
         self._last_flush: dict[tuple[str, int], float] = {}
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_taken = 0  # generation of the last snapshot taken
@@ -116,12 +128,13 @@ class LogManager:
             ``self``.
 
         Raises:
+            DataDirLockedError: another broker has the directory open.
             StorageError: the directory or a log cannot be read.
         """
         fs, d = self.fs, self.data_dir
+        self._lock_dir()
         try:
-            fs.makedirs(d)
-            names = fs.listdir(d)
+            names = [n for n in fs.listdir(d) if n != LOCK_FILE]
             self.was_clean = CLEAN_SHUTDOWN_FILE in names
             points = self._read_recovery_points() if RECOVERY_CHECKPOINT_FILE in names else {}
             for name in names:
@@ -145,10 +158,13 @@ class LogManager:
             if self.was_clean:
                 fs.remove(f"{d}/{CLEAN_SHUTDOWN_FILE}")
             fs.sync_dir(d)
-        except (OSError, StorageError) as exc:  # StorageError: a log failed to open
+        except BaseException as exc:
             for plog in self.logs.values():
                 plog.abandon()
-            raise StorageError(f"cannot open data directory {d}: {exc}") from exc
+            self._unlock_dir()
+            if isinstance(exc, OSError | StorageError):  # StorageError: a log failed to open
+                raise StorageError(f"cannot open data directory {d}: {exc}") from exc
+            raise
         self._opened = True
         if not names:
             how = "a new data directory"
@@ -156,6 +172,33 @@ class LogManager:
             how = "after a clean shutdown" if self.was_clean else "after an unclean stop"
         log.info("opened %s (%s): %d log(s)", d, how, len(self.logs))
         return self
+
+    def _lock_dir(self) -> None:
+        """Create the directory and take its lock, or refuse naming who holds it."""
+        d = self.data_dir
+        path = f"{d}/{LOCK_FILE}"
+        try:
+            self.fs.makedirs(d)
+            self._dir_lock = self.fs.try_lock(path, f"{os.getpid()}\n".encode())
+        except LockHeldError as exc:
+            pid = exc.holder.decode("ascii", "replace").strip()
+            if not pid.isdigit():
+                who = "another broker (its pid is not recorded yet)"
+            elif int(pid) == os.getpid():
+                who = f"another broker in this process (pid {pid})"
+            else:
+                who = f"another broker, pid {pid}"
+            raise DataDirLockedError(
+                f"data directory {d} is in use by {who}, which holds the lock {path}: stop "
+                "it first, or give this broker another data directory"
+            ) from None
+        except OSError as exc:
+            raise StorageError(f"cannot lock data directory {d} ({path}): {exc}") from exc
+
+    def _unlock_dir(self) -> None:
+        lock, self._dir_lock = self._dir_lock, None
+        if lock is not None:
+            lock.release()
 
     def _read_recovery_points(self) -> dict[str, int]:
         path = f"{self.data_dir}/{RECOVERY_CHECKPOINT_FILE}"
@@ -398,6 +441,14 @@ class LogManager:
                 errors.append(StorageError(str(exc)))
         self._finish_close(errors)
 
+    def abandon(self) -> None:
+        """Drop every log and the directory's lock without flushing or writing anything: what
+        a killed process leaves behind (for crash tests, and for giving up after a failure)."""
+        for plog in self.logs.values():
+            plog.abandon()
+        self._closed = True
+        self._unlock_dir()
+
     def _finish_close(self, errors: list[StorageError]) -> None:
         clean = not errors and all(
             p.failed is None and p.corruption is None for p in self.logs.values()
@@ -410,6 +461,8 @@ class LogManager:
                 write_atomic(self.fs, f"{self.data_dir}/{CLEAN_SHUTDOWN_FILE}", b"{}\n")
         except OSError as exc:
             raise StorageError(f"closing {self.data_dir} failed: {exc}") from exc
+        finally:
+            self._unlock_dir()  # last: the next owner may open the directory from here on
         if first_error is not None:
             raise first_error
 
