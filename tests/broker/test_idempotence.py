@@ -180,8 +180,7 @@ def test_state_survives_a_restart(tmp_path: Path, stop: str) -> None:
         if stop == "clean":
             await b.close()
         else:  # as after a SIGKILL: everything acknowledged is fsynced; no snapshot, no marker
-            for plog in b.logs.logs.values():
-                plog.abandon()
+            b.logs.abandon()
 
     async def after() -> None:
         (p1, e1), (p2, e2) = ids
@@ -250,8 +249,7 @@ def test_producer_ids_are_reserved_in_blocks(tmp_path: Path) -> None:
             pid, _ = await b.init_producer_id()
             assert pid not in seen
             seen.add(pid)
-        for plog in b.logs.logs.values():  # crash: nothing is written at close
-            plog.abandon()
+        b.logs.abandon()  # crash: nothing is written at close
 
     asyncio.run(run(3))
     ids_file = tmp_path / "data" / PRODUCER_IDS_FILE
@@ -353,8 +351,7 @@ def test_a_snapshot_taken_during_an_append_replays_it(tmp_path: Path) -> None:
         assert not task.done()  # waiting for its fsync
         b._write_snapshots(b._take_snapshots(only_changed=False))
         await task
-        for plog in b.logs.logs.values():  # crash: no snapshot at close, no marker
-            plog.abandon()
+        b.logs.abandon()  # crash: no snapshot at close, no marker
 
     asyncio.run(before())
     offset, _ = decode_snapshot((tmp_path / "data" / "t-0" / SNAPSHOT_FILE).read_bytes())
@@ -395,8 +392,7 @@ def test_an_epoch_bump_fences_the_old_instance_across_a_restart(tmp_path: Path) 
         await b.produce("t", 0, pbatch(pid, epoch, 0, [b"old"]))
         got.append((pid, epoch))
         got.append(await b.init_producer_id(pid, epoch))  # the new instance: epoch + 1
-        for plog in b.logs.logs.values():  # crash before the new instance writes
-            plog.abandon()
+        b.logs.abandon()  # crash before the new instance writes
 
     async def after() -> None:
         (pid, old), (_, new) = got

@@ -63,8 +63,7 @@ def test_data_survives_a_restart(tmp_path: Path, policy: FsyncPolicy, stop: str)
         else:
             for plog in broker.logs.logs.values():
                 await plog.wait_idle()  # no flush of ours still running in a thread
-            for plog in broker.logs.logs.values():
-                plog.abandon()
+            broker.logs.abandon()
         return seen
 
     async def after(seen: dict[object, Any]) -> None:
@@ -95,8 +94,7 @@ def test_restart_twice_with_appends_in_between(tmp_path: Path) -> None:
         if unclean:
             for plog in broker.logs.logs.values():
                 await plog.wait_idle()
-            for plog in broker.logs.logs.values():
-                plog.abandon()
+            broker.logs.abandon()
         else:
             await broker.close()
         return seen

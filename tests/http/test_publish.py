@@ -111,6 +111,7 @@ def test_unknown_partition_404_and_invalid_topic_422(client: httpx.Client) -> No
     assert error_of(r)["name"] == "InvalidTopicError"
     r = client.post(f"/v1/topics/{OFFSETS_TOPIC}/messages", json={"value": "x"})
     assert r.status_code == 422
+    assert error_of(r)["name"] == "InternalTopicError"
 
 
 def test_unknown_topic_is_404_without_auto_creation(tmp_path: Path) -> None:

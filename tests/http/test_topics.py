@@ -103,3 +103,31 @@ def test_unknown_routes_and_methods_answer_in_the_error_shape(client: httpx.Clie
     r = client.put("/v1/topics")
     assert r.status_code == 405
     error_of(r)
+
+
+def test_internal_topics_are_refused(client: httpx.Client) -> None:
+    """No client creates, deletes or publishes to the broker's ``__consumer_offsets`` (nor
+    creates any ``__`` name): 422 with the error's own name; reading it stays allowed."""
+    r = client.post(
+        "/v1/topics",
+        json={"name": "__consumer_offsets", "partitions": 8, "config": {"fsync": "never"}},
+    )
+    assert r.status_code == 422, r.text
+    err = error_of(r)
+    assert (err["code"], err["name"]) == (90, "InternalTopicError")
+    assert "internal to the broker" in err["message"]
+    r = client.post("/v1/topics", json={"name": "__mine"})
+    assert r.status_code == 422
+    assert "reserved" in error_of(r)["message"]
+    assert client.get("/v1/topics").json() == {"topics": []}  # nothing created
+    # Once the broker has made it (the first commit), it still refuses to let it go.
+    assert client.post("/v1/topics/t/messages", json={"value": "x"}).status_code == 201
+    commit = {"offsets": [{"topic": "t", "partition": 0, "offset": 1}]}
+    assert client.post("/v1/groups/g/commit", json=commit).status_code == 200
+    r = client.delete("/v1/topics/__consumer_offsets")
+    assert r.status_code == 422, r.text
+    assert error_of(r)["name"] == "InternalTopicError"
+    r = client.post("/v1/topics/__consumer_offsets/messages", json={"value": "x"})
+    assert r.status_code == 422
+    assert error_of(r)["name"] == "InternalTopicError"
+    assert client.delete("/v1/topics/never-was").status_code == 404

@@ -22,6 +22,7 @@ from tests.http_stream._support import PROMPT_S, gateway
 from tidewire.embedded import EmbeddedBroker
 from tidewire.server.http.compat.ipubsub import create_ipubsub_app
 from tidewire.server.http.gateway import HttpGateway
+from tidewire.storage import LogConfig
 
 #: The send request of iPubSub's API design document.
 DOCUMENTED_SEND = {
@@ -222,3 +223,23 @@ def test_bad_receives(tmp_path: Path, params: dict[str, str], words: str) -> Non
         r = httpx.get(f"{base(eb)}/receive", params=params, timeout=PROMPT_S)
     assert r.status_code == 400
     assert words in r.json()["error"]
+
+
+def test_a_refused_send_creates_no_stream(tmp_path: Path) -> None:
+    """A send refused with 413 (over the body limit, or a message over the new stream's
+    batch limit) or 400 leaves no stream behind."""
+    small = LogConfig(max_batch_bytes=1000)
+    with gateway(tmp_path, http_ipubsub_port=0, http_max_body_bytes=4096, log=small) as eb:
+        r = send(eb, streamId="huge", messageUuid="u1", message="x" * 5000)
+        assert r.status_code == 413
+        r = send(eb, streamId="big", messageUuid="u1", message="x" * 2000)
+        assert r.status_code == 413
+        assert "max_batch_bytes=1,000" in r.json()["error"]
+        assert send(eb, streamId="bad", messageUuid="u1").status_code == 400
+        assert eb.broker.topics() == {}
+        assert send(eb, streamId="big", messageUuid="u2", message="small").status_code == 200
+        assert list(eb.broker.topics()) == ["ipubsub.big"]
+        got = receive(eb, "big", timeoutSeconds=0)
+        assert (got.status_code, got.json()["message"]) == (200, "small")
+    topics = [p.name for p in tmp_path.iterdir() if p.is_dir() and p.name[:2] != "__"]
+    assert topics == ["ipubsub.big-0"]  # besides the offsets of the receive

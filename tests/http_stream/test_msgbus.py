@@ -125,3 +125,30 @@ def test_a_payload_over_the_topics_batch_limit_is_413(tmp_path: Path) -> None:
         assert r.status_code == 413
         assert "max_batch_bytes=1,000" in r.text
         assert httpx.put(url(eb, "/small"), content=b"x" * 100).status_code == 202
+
+
+def test_a_refused_publish_creates_no_topic(tmp_path: Path) -> None:
+    """A publish refused with 413 (over the payload limit, or over the new topic's batch
+    limit) leaves no topic behind: the listing, the broker and the disk show none."""
+    small = LogConfig(max_batch_bytes=1000)
+    with gateway(tmp_path, http_msgbus_port=0, http_max_body_bytes=4096, log=small) as eb:
+        assert httpx.put(url(eb, "/huge"), content=b"x" * 5000).status_code == 413
+        r = httpx.put(url(eb, "/big"), content=b"x" * 2000)
+        assert r.status_code == 413
+        assert "max_batch_bytes=1,000" in r.text
+        assert httpx.get(url(eb)).json() == {}
+        assert eb.broker.topics() == {}
+        assert httpx.get(url(eb, "/big")).status_code == 404
+        assert httpx.put(url(eb, "/big"), content=b"x" * 100).status_code == 202
+        assert list(httpx.get(url(eb)).json()) == ["big"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["msgbus.big-0"]
+
+
+def test_a_topic_named_like_an_internal_one_stays_in_the_msgbus_namespace(
+    tmp_path: Path,
+) -> None:
+    with gateway(tmp_path, http_msgbus_port=0) as eb:
+        assert httpx.put(url(eb, "/__consumer_offsets"), content=b"x").status_code == 202
+        assert list(httpx.get(url(eb)).json()) == ["__consumer_offsets"]
+        assert list(eb.broker.topics()) == ["msgbus._5f_5fconsumer_5foffsets"]
+        assert ("__consumer_offsets", 0) not in eb.broker.logs.logs

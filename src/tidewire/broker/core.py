@@ -38,6 +38,7 @@ from tidewire.broker.producers import (
 from tidewire.errors import (
     BackpressureError,
     BatchTooLargeError,
+    InternalTopicError,
     InvalidConfigError,
     InvalidRequestError,
     InvalidTopicError,
@@ -268,6 +269,7 @@ class Broker:
 
         Raises:
             InvalidTopicError: a bad name or partition count.
+            InternalTopicError: an internal topic's name, or one beginning with ``__``.
             TopicExistsError: it exists.
             StorageError: its directories cannot be created.
         """
@@ -275,6 +277,7 @@ class Broker:
             validate_topic_name(name)
         except InvalidConfigError as exc:
             raise InvalidTopicError(exc.message) from None
+        _refuse_reserved(name)
         n = self.config.default_partitions if partitions is None else partitions
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PARTITION:
             raise InvalidTopicError(f"partitions={n!r} must be within 1..{MAX_PARTITION:,}")
@@ -1003,7 +1006,27 @@ def _headers_from(plog: PartitionLog, offset: int) -> Iterator[BatchHeader]:
 
 def _refuse_internal(topic: str) -> None:
     if is_internal_topic(topic):
-        raise InvalidTopicError(f"topic {topic!r} is internal to the broker: read it only")
+        raise InternalTopicError(
+            f"topic {topic!r} is internal to the broker: clients may read it, not create, "
+            "alter, delete or publish to it"
+        )
+
+
+#: Topic names beginning with this are reserved for the broker's internal topics, so that no
+#: client can create one before the broker does (with settings of its choosing). Topics of
+#: such names created before this rule stay usable.
+RESERVED_TOPIC_PREFIX = "__"
+
+
+def _refuse_reserved(topic: str) -> None:
+    """The guard of every client's topic creation: the broker creates its internal topics
+    through the log manager, never through :meth:`Broker.create_topic`."""
+    _refuse_internal(topic)
+    if topic.startswith(RESERVED_TOPIC_PREFIX):
+        raise InternalTopicError(
+            f"topic {topic!r} cannot be created: names beginning with "
+            f"{RESERVED_TOPIC_PREFIX!r} are reserved for the broker's internal topics"
+        )
 
 
 def _high_watermark(plog: PartitionLog) -> int:

@@ -69,6 +69,18 @@ COMPACT_RATIO = 4
 #: Records per batch of the copy.
 _COPY_BATCH = 2048
 
+
+def internal_config() -> LogConfig:
+    """The settings of every partition of the topic, whoever made it: acknowledged once
+    fsynced, never deleted by retention (compaction keeps it small), default limits."""
+    return LogConfig(
+        fsync=FsyncPolicy.ALWAYS,
+        retention_ms=-1,
+        retention_bytes=-1,
+        segment_bytes=SEGMENT_BYTES,
+    )
+
+
 TP = tuple[str, int]
 
 
@@ -137,10 +149,27 @@ class OffsetStore:
         for p in range(OFFSETS_PARTITIONS):
             plog = self._logs.logs.get((OFFSETS_TOPIC, p))
             if plog is not None:
-                if plog.config.segment_bytes != SEGMENT_BYTES:  # made by an older version
-                    cfg = replace(plog.config, segment_bytes=SEGMENT_BYTES)
-                    self._logs.set_config(OFFSETS_TOPIC, p, cfg)
+                self._enforce_config(p, plog)
                 self._load_partition(plog)
+
+    def _enforce_config(self, p: int, plog: PartitionLog) -> None:
+        """Give a partition made by an older version (or, before internal topics were
+        refused to clients, by a client) the broker's own settings: :func:`internal_config`,
+        so that no commit is acknowledged before its fsync and none is ever deleted."""
+        old, safe = plog.config, internal_config()
+        if old == safe:
+            return
+        if replace(old, segment_bytes=safe.segment_bytes) != safe:  # more than a size
+            log.warning(
+                "%s had settings the broker does not use for its offsets (fsync=%s, "
+                "retention_ms=%d, retention_bytes=%d); they are now fsync=always and no "
+                "retention",
+                plog.directory,
+                old.fsync,
+                old.retention_ms,
+                old.retention_bytes,
+            )
+        self._logs.set_config(OFFSETS_TOPIC, p, safe)
 
     def _log_for(self, group: str) -> PartitionLog:
         """The log of ``group``'s partition, creating the missing partitions of the topic.
@@ -151,15 +180,9 @@ class OffsetStore:
         key = (OFFSETS_TOPIC, partition_for(group))
         plog = self._logs.logs.get(key)
         if plog is None:
-            cfg = LogConfig(
-                fsync=FsyncPolicy.ALWAYS,
-                retention_ms=-1,
-                retention_bytes=-1,
-                segment_bytes=SEGMENT_BYTES,
-            )
             for p in range(OFFSETS_PARTITIONS):
                 if (OFFSETS_TOPIC, p) not in self._logs.logs:
-                    self._logs.create_log(OFFSETS_TOPIC, p, cfg)
+                    self._logs.create_log(OFFSETS_TOPIC, p, internal_config())
             plog = self._logs.logs[key]
         return plog
 

@@ -24,8 +24,8 @@ from typing import Protocol
 
 __all__ = [
     "FileHandle",
-    "FileLock",
     "FileHandleWrapper",
+    "FileLock",
     "FileSystem",
     "FileSystemWrapper",
     "LockHeldError",

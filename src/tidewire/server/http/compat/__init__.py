@@ -13,7 +13,7 @@ import contextlib
 import datetime as _dt
 
 from tidewire.broker import Broker
-from tidewire.errors import InvalidTopicError, TopicExistsError
+from tidewire.errors import BatchTooLargeError, InvalidTopicError, TopicExistsError
 from tidewire.storage.manager import MAX_TOPIC_NAME
 
 __all__ = ["ensure_topic", "name_of", "rfc3339", "topic_for"]
@@ -76,9 +76,23 @@ def rfc3339(ms: int) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
 
 
-def ensure_topic(broker: Broker, topic: str) -> None:
+def ensure_topic(broker: Broker, topic: str, batch: bytes | None = None) -> None:
     """Create ``topic`` with one partition unless it exists (a compatibility mode creates
-    its topics on first use, whatever the broker's auto-creation setting)."""
-    if topic not in broker.topics():
-        with contextlib.suppress(TopicExistsError):
-            broker.create_topic(topic, 1)
+    its topics on first use, whatever the broker's auto-creation setting).
+
+    Args:
+        batch: the record batch a publish is about to store: checked against the limit the
+            new topic will have before the topic is created, so that a refused publish
+            creates nothing (as the native API's first publish).
+
+    Raises:
+        BatchTooLargeError: ``batch`` exceeds the new topic's ``max_batch_bytes``.
+        InvalidTopicError: the name is not allowed.
+    """
+    if (topic, 0) in broker.logs.logs:
+        return
+    limit = broker.config.log.max_batch_bytes
+    if batch is not None and len(batch) > limit:
+        raise BatchTooLargeError(f"batch of {len(batch):,} bytes exceeds max_batch_bytes={limit:,}")
+    with contextlib.suppress(TopicExistsError):
+        broker.create_topic(topic, 1)

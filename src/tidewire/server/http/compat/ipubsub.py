@@ -208,16 +208,8 @@ def create_ipubsub_app(
             return _json(413, {"error": str(exc)})
         except TidewireError as exc:
             return _json(400, {"error": exc.message})
-        try:
-            ensure_topic(broker, topic)
-            st = stream_of(topic, size)
-            if uuid in st.seen:
-                return _json(200, {})  # sent before: stored once
-            if blocking > 0 and not await wait_for_room(topic, st, blocking):
-                return _json(424, {"error": "stream is full: blocking send timeout"})
-            if uuid in st.seen:  # the same uuid sent again while this one waited
-                return _json(200, {})
-            now = clock()
+
+        def record(now: int) -> bytes:
             batch = BatchBuilder()
             batch.append(
                 _encode(body["message"]),
@@ -228,7 +220,21 @@ def create_ipubsub_app(
                     (_H_EXPIRES, str(now + ttl * 1000).encode()),
                 ],
             )
-            await broker.produce(topic, 0, batch.build())
+            return batch.build()
+
+        try:
+            data = record(clock())
+            ensure_topic(broker, topic, data)  # a message refused creates no stream
+            st = stream_of(topic, size)
+            if uuid in st.seen:
+                return _json(200, {})  # sent before: stored once
+            if blocking > 0:
+                if not await wait_for_room(topic, st, blocking):
+                    return _json(424, {"error": "stream is full: blocking send timeout"})
+                if uuid in st.seen:  # the same uuid sent again while this one waited
+                    return _json(200, {})
+                data = record(clock())  # its time is when it is stored, not when it came
+            await broker.produce(topic, 0, data)
             st.remember(uuid)
             if to_db:
                 keep_for(topic, ttl * 1000)

@@ -120,10 +120,11 @@ def create_msgbus_app(
                 )
         try:
             topic = topic_for(PREFIX, name)
-            ensure_topic(broker, topic)
             batch = BatchBuilder()
             batch.append(bytes(body), timestamp_ms=int(time.time() * 1000))
-            result = await broker.produce(topic, 0, batch.build())
+            data = batch.build()
+            ensure_topic(broker, topic, data)  # a refused message creates no topic
+            result = await broker.produce(topic, 0, data)
         except TidewireError as exc:
             return _error(exc)
         return PlainTextResponse(
