@@ -157,3 +157,25 @@ def test_addr_from_environment(broker: Broker) -> None:
     assert broker.cli("topic", "create", "t").exit_code == 0
     result = run_cli(["topic", "list"], env={"TIDEWIRE_ADDR": broker.addr})
     assert result.stdout == "t\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("topic", "create", "__consumer_offsets", "--fsync", "never"), "is internal"),
+        (("topic", "create", "__mine"), "reserved for the broker's internal topics"),
+        (("topic", "delete", "__consumer_offsets"), "is internal"),
+        (("topic", "alter", "__consumer_offsets", "--fsync", "never"), "is internal"),
+    ],
+)
+def test_internal_topics_are_refused(broker: Broker, args: tuple[str, ...], words: str) -> None:
+    with Client(broker.addr) as client:  # the broker makes its offsets topic at a commit
+        client.produce("t", 0, [Message(b"x")])
+        client.commit_offsets("g", {("t", 0): 1})
+    result = broker.cli(*args)
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert result.stderr.startswith("error: topic '__")
+    assert words in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert broker.cli("topic", "list").stdout == "t\n"

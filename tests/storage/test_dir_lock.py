@@ -6,6 +6,8 @@ system (``flock``) and in :class:`FaultFS`."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,6 +102,27 @@ def test_try_lock_on_the_real_file_system(tmp_path: Path) -> None:
     held.release()
     held.release()  # twice is harmless
     fs.try_lock(path, b"789\n").release()
+
+
+def test_release_unlocks_even_with_a_child_holding_the_descriptor(tmp_path: Path) -> None:
+    """A child started (or forked) while the lock was held shares its descriptor: release
+    must unlock it explicitly, not rely on the last copy being closed."""
+    fs = OsFileSystem()
+    path = str(tmp_path / "x.lock")
+    held = fs.try_lock(path, b"1\n")
+    fd = held._fd  # type: ignore[attr-defined]
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        pass_fds=(fd,),
+    )
+    try:
+        held.release()
+        fs.try_lock(path, b"2\n").release()
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()  # the child ends on end of input
+        child.wait(timeout=30)
 
 
 def test_try_lock_in_faultfs_and_after_a_power_cut() -> None:

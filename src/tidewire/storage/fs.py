@@ -210,6 +210,9 @@ class _OsLock:
             # closing the descriptor is what releases the lock, so a failure here is moot.
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
+            # Unlocked explicitly: a child forked meanwhile shares the descriptor, and the
+            # lock would otherwise last as long as its copy.
+            fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
 
