@@ -58,8 +58,9 @@ SAME_ORIGIN = "same-origin"
 DEFAULT_ALLOWED_ORIGINS = SAME_ORIGIN
 #: Host names: letters, digits, ``-``, ``.``, ``_`` (a leading ``*.`` matches subdomains).
 _HOST_NAME = re.compile(r"(\*\.)?[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
-#: An origin: scheme, host (a name or an address) and an optional port, nothing after.
-_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?")
+#: An origin: scheme, host (a name or an address) and an optional port, nothing after (a
+#: trailing slash, as a copied address has, is forgiven).
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?/?")
 
 
 def _port_ok(port: int) -> bool:
