@@ -10,6 +10,11 @@ given up to ``grace_s`` to finish, then cancelled.
 
 :meth:`HttpGateway.for_broker` assembles the listeners the configuration asks for: the native
 API on ``http_port`` and the compatibility modes on their own ports.
+
+Every connection is served by :class:`~tidewire.server.http.protocol.GuardedProtocol`
+(request deadlines, connection caps), and every request of the listeners ``for_broker`` makes
+passes :class:`~tidewire.server.http.guard.RequestGuard` first (allowed hosts and origins,
+content types, body limits and the gateway's body budget).
 """
 
 from __future__ import annotations

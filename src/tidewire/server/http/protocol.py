@@ -362,19 +362,15 @@ class GuardedProtocol(CoalescingProtocol):
             )
 
     def _time_out(self, why: str, *, answer: bool) -> None:
-        cycle = self.cycle
-        busy = cycle is not None and cycle.response_started and not cycle.response_complete
-        if busy and self._phase == _HEAD:
-            # A pipelined request is late while the one before is answered: finish that
-            # answer, then close.
+        cycle = self.cycle  # in _HEAD: the request before (if any); in _BODY: this one
+        if self._phase == _HEAD and cycle is not None and not cycle.response_complete:
+            # A pipelined request is late while the one before is still being handled: let
+            # that one be answered, then close (uvicorn closes after an answer without
+            # keep-alive).
             cycle.keep_alive = False
             self.flow.pause_reading()
             return
-        if (
-            answer
-            and not busy
-            and (cycle is None or not cycle.response_started or self._phase == _HEAD)
-        ):
+        if answer and (self._phase == _HEAD or cycle is None or not cycle.response_started):
             err = tw.RequestTimedOutError(why)
             self.transport.write(raw_response(self.limits.style, 408, err, retry=False))
         self.transport.close()
