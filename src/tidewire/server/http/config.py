@@ -84,7 +84,8 @@ class HttpConfig:
         http_msgbus_port: port of the msgbus-compatible API; ``-1``: off, ``0``: any free.
         http_ipubsub_port: port of the iPubSub-compatible API; ``-1``: off, ``0``: any free.
         http_max_inflight_body_bytes: request bodies being received and handled at once,
-            over every listener (bytes, counted by their length); a body beyond it is
+            over every listener (bytes, counted by their length; at least
+            ``http_max_body_bytes`` is taken, see :attr:`inflight_body_bytes`); a body beyond it is
             answered 503 with ``Retry-After`` before it is read. Bodies of 64 KiB or less
             are always taken (their memory is bounded by the connection caps).
         http_header_timeout_ms: a request's line and headers must arrive within this of its
@@ -95,7 +96,8 @@ class HttpConfig:
         http_max_connections: connections open at once per listener; one more is answered
             503 (``Retry-After``) and closed.
         http_max_connections_per_source: connections open at once from one client address,
-            over every listener; likewise.
+            over every listener; likewise (a value above ``http_max_connections`` leaves only
+            the listener's cap).
         http_allowed_hosts: comma-separated host names accepted in the ``Host`` header
             (``*.example.com``: its subdomains; ``*``: any), besides IP addresses, the name
             ``http_host`` binds and, when it binds every address, this machine's host
@@ -139,11 +141,12 @@ class HttpConfig:
                 f"http_max_body_bytes={self.http_max_body_bytes:,} must be within "
                 "1,024..1,073,741,824"
             )
-        # At least one body of the largest size must fit, or it could never be taken.
-        if not self.http_max_body_bytes <= self.http_max_inflight_body_bytes <= 64 * 1024**3:
+        # A body of the largest size always fits: the budget taken is at least
+        # http_max_body_bytes (see inflight_body_bytes), so no pair of values is refused.
+        if not 1024 <= self.http_max_inflight_body_bytes <= 64 * 1024**3:
             raise InvalidConfigError(
                 f"http_max_inflight_body_bytes={self.http_max_inflight_body_bytes:,} must be "
-                f"within http_max_body_bytes={self.http_max_body_bytes:,}..68,719,476,736"
+                "within 1,024..68,719,476,736"
             )
         # Below 100 ms a client on a slow link fails; above 10 minutes a slow client holds
         # its connection (and its body's memory) for too long.
@@ -155,11 +158,10 @@ class HttpConfig:
             raise InvalidConfigError(
                 f"http_max_connections={self.http_max_connections:,} must be within 1..1,000,000"
             )
-        if not 1 <= self.http_max_connections_per_source <= self.http_max_connections:
+        if not 1 <= self.http_max_connections_per_source <= 1_000_000:
             raise InvalidConfigError(
                 "http_max_connections_per_source="
-                f"{self.http_max_connections_per_source:,} must be within 1.."
-                f"http_max_connections={self.http_max_connections:,}"
+                f"{self.http_max_connections_per_source:,} must be within 1..1,000,000"
             )
         for host in split_list(self.http_allowed_hosts):
             if host != "*" and not _HOST_NAME.fullmatch(host):
@@ -180,6 +182,12 @@ class HttpConfig:
                     f"http_allowed_origins: {origin!r} is not an origin such as "
                     f"'https://dash.example.com:8443' (nor {SAME_ORIGIN!r} or '*')"
                 )
+
+    @property
+    def inflight_body_bytes(self) -> int:
+        """The body budget in force: ``http_max_inflight_body_bytes``, or
+        ``http_max_body_bytes`` when that is larger (a body of the largest size must fit)."""
+        return max(self.http_max_inflight_body_bytes, self.http_max_body_bytes)
 
     @property
     def enabled(self) -> bool:

@@ -123,7 +123,7 @@ class HttpGateway:
             self.config.http_max_connections, self.config.http_max_connections_per_source
         )
         #: Bytes of request bodies in flight over every listener (guard.py).
-        self.budget = BodyBudget(self.config.http_max_inflight_body_bytes)
+        self.budget = BodyBudget(self.config.inflight_body_bytes)
         #: Set when :meth:`close` begins: apps stop long-polls and report not ready.
         self.closing = asyncio.Event()
         self._listeners: dict[str, _Listener] = {}
