@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import resource
 import socket
@@ -28,7 +29,7 @@ from tidewire.embedded import EmbeddedBroker
 from tidewire.errors import InvalidConfigError
 from tidewire.server.http import HttpConfig
 from tidewire.server.http.guard import HostPolicy, OriginPolicy
-from tidewire.server.http.protocol import MAX_HEAD_BYTES
+from tidewire.server.http.protocol import MAX_HEAD_BYTES, MAX_LINGERING
 
 #: Timeouts of the brokers in these tests (ms): short, so that the tests are quick.
 HEADER_TIMEOUT_MS = 1_000
@@ -286,6 +287,37 @@ def test_connections_are_capped_per_source_and_per_listener(tmp_path: Path) -> N
         while eb.gateway.caps.sources and time.monotonic() < deadline:
             time.sleep(0.05)
         assert httpx.get(f"{eb.http_url}/v1/topics", timeout=TIMEOUT_S).status_code == 200
+
+
+def test_a_flood_beyond_the_cap_is_answered_and_closed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """More refused connections at once than may linger: each still gets its 503, the ones
+    beyond are closed at once, and nothing fails in the broker."""
+    flood = MAX_LINGERING + 40
+    with broker(tmp_path, http_max_connections_per_source=1) as (eb, client):
+        assert eb.gateway is not None
+        port = eb.gateway.port
+        client.close()
+        with raw(port) as held:
+            refused = [raw(port) for _ in range(flood)]
+            try:
+                for sock in refused:
+                    status, headers, _ = read_answer(sock)
+                    assert status == 503
+                    assert headers["retry-after"] == "1"
+                for sock in refused:
+                    assert closed_by_peer(sock, SLACK_S)
+            finally:
+                for sock in refused:
+                    sock.close()
+            held.sendall(b"GET /v1/topics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert read_answer(held)[0] == 200
+        deadline = time.monotonic() + SLACK_S
+        while eb.gateway.caps.lingering and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert eb.gateway.caps.lingering == 0
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_the_per_source_cap_spans_the_listeners(tmp_path: Path) -> None:

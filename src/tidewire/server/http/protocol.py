@@ -180,7 +180,8 @@ class GuardedProtocol(CoalescingProtocol):
         self._source: str | None = None  # the cap's place this connection holds
         self._head_bytes = 0
         self._head_too_large = False
-        self._refused: asyncio.Transport | None = None  # a refused connection, lingering
+        self._refused: asyncio.Transport | None = None  # a refused connection's
+        self._lingering = False  # whether it counts in ConnectionCaps.lingering
 
     # --- opening and closing ---------------------------------------------------------------------
 
@@ -200,7 +201,9 @@ class GuardedProtocol(CoalescingProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._refused is not None:
             self._refused = None
-            self.limits.caps.lingering -= 1
+            if self._lingering:
+                self._lingering = False
+                self.limits.caps.lingering -= 1
             self._disarm()
             return
         self._disarm()
@@ -217,13 +220,13 @@ class GuardedProtocol(CoalescingProtocol):
         :data:`LINGER_S`, so that its request does not reset the connection under the
         answer."""
         caps = self.limits.caps
+        self._refused = transport
         transport.write(raw_response(self.limits.style, 503, tw.BackpressureError(why), retry=True))
         if caps.lingering >= MAX_LINGERING or not transport.can_write_eof():
             transport.close()
-            self._refused = None
             return
         caps.lingering += 1
-        self._refused = transport
+        self._lingering = True
         transport.write_eof()
         self._timer = self.loop.call_later(LINGER_S, transport.close)
 
