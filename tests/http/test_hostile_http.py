@@ -318,6 +318,9 @@ def test_a_flood_beyond_the_cap_is_answered_and_closed(
             time.sleep(0.05)
         assert eb.gateway.caps.lingering == 0
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+    # The refusals are logged, once for the whole flood.
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len([w for w in warned if "http_max_connections_per_source=1" in w]) == 1
 
 
 def test_the_per_source_cap_spans_the_listeners(tmp_path: Path) -> None:

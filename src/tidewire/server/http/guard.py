@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -46,16 +48,23 @@ __all__ = [
     "MSGBUS_POLICY",
     "NATIVE_POLICY",
     "SMALL_BODY_BYTES",
+    "WARN_EVERY_S",
     "BodyBudget",
     "ErrorStyle",
     "HostPolicy",
     "ListenerPolicy",
     "OriginPolicy",
     "RequestGuard",
+    "Warner",
     "raw_response",
     "render",
 ]
 
+log = logging.getLogger("tidewire.http")
+
+#: A kind of refusal is logged at most once per this many seconds (with the count since):
+#: a flood must not flood the log too.
+WARN_EVERY_S = 60.0
 #: Bodies up to this size are taken even when :class:`BodyBudget` is spent: their memory is
 #: bounded by the connection caps (uvicorn buffers 64 KiB before it stops reading), and
 #: small publishes keep flowing while a few large uploads hold the budget.
@@ -232,6 +241,26 @@ def _authority(scheme: str, authority: str) -> str:
     return authority
 
 
+class Warner:
+    """Logs a warning for a kind of refusal at most once per :data:`WARN_EVERY_S`, with how
+    many there were since the last one."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+        self._count: dict[str, int] = {}
+
+    def warn(self, kind: str, message: str) -> None:
+        """Count one refusal of ``kind``; log ``message`` if none was logged lately."""
+        count = self._count.get(kind, 0) + 1
+        now = time.monotonic()
+        if now - self._last.get(kind, -WARN_EVERY_S) < WARN_EVERY_S:
+            self._count[kind] = count
+            return
+        self._last[kind] = now
+        self._count[kind] = 0
+        log.warning("%s (%d such refusals since this was last logged)", message, count)
+
+
 class BodyBudget:
     """The bytes of request bodies being received or handled at once, over every listener,
     and their limit (``http_max_inflight_body_bytes``)."""
@@ -239,6 +268,8 @@ class BodyBudget:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
+        #: Logs the refusals of the gateway's listeners (the budget is shared by them).
+        self.warner = Warner()
 
     def take(self, n: int) -> bool:
         """Count ``n`` more bytes if they fit (always for a small body); whether they did."""
@@ -393,11 +424,13 @@ class RequestGuard:
 
     def _no_room(self, declared: int | None) -> tw.TidewireError:
         what = "a chunked request body" if declared is None else f"a body of {declared:,} bytes"
-        return tw.BackpressureError(
+        err = tw.BackpressureError(
             f"{self.budget.used:,} bytes of request bodies are being received or handled, and "
             f"{what} does not fit in http_max_inflight_body_bytes={self.budget.limit:,}: "
             "retry later"
         )
+        self.budget.warner.warn("budget", f"HTTP: {err.message}")
+        return err
 
     async def _refuse(
         self, kind: str, refusal: _Refused, scope: Scope, receive: Receive, send: Send

@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 from tidewire import errors as tw
 from tidewire.server.http.coalesce import CoalescingProtocol
 from tidewire.server.http.config import HttpConfig
-from tidewire.server.http.guard import ErrorStyle, raw_response
+from tidewire.server.http.guard import ErrorStyle, Warner, raw_response
 
 __all__ = [
     "MAX_HEAD_BYTES",
@@ -77,6 +77,7 @@ class ConnectionCaps:
     listeners: dict[str, int] = field(default_factory=dict)
     sources: dict[str, int] = field(default_factory=dict)
     lingering: int = 0
+    warner: Warner = field(default_factory=Warner)
 
     def open(self, listener: str, source: str) -> str | None:
         """Count a new connection; or, beyond a cap, say why not (counting nothing)."""
@@ -191,6 +192,7 @@ class GuardedProtocol(CoalescingProtocol):
         source = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
         why = limits.caps.open(limits.name, source)
         if why is not None:
+            limits.caps.warner.warn("connections", f"HTTP: a connection refused: {why}")
             self._refuse(transport, why)
             return
         self._source = source
