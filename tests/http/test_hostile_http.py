@@ -519,6 +519,7 @@ def test_cross_site_forms_and_text_bodies_are_refused(tmp_path: Path) -> None:
             headers={"Content-Type": "application/x-www-form-urlencoded"},
         )
         assert r.status_code == 415
+        assert "curl -d sends that type, --json sends JSON" in error_of(r)["message"]
         r = client.post(
             "/v1/groups/g/reset",
             content=b'{"topic": "t", "to": "latest"}',

@@ -492,7 +492,9 @@ def _foreign(origin: str | None) -> tw.TidewireError:
 
 
 def _not_json(ctype: str, method: str, path: str) -> tw.TidewireError:
+    # curl's -d sends a form type: the most common way to meet this answer.
+    hint = "; curl -d sends that type, --json sends JSON" if "form-urlencoded" in ctype else ""
     return tw.InvalidRequestError(
         f"{method} {path[:200]} takes a JSON body (Content-Type: application/json), "
-        f"not {ctype[:100]!r}"
+        f"not {ctype[:100]!r}{hint}"
     )
