@@ -167,6 +167,35 @@ SETTINGS: tuple[Setting, ...] = (
     _s("http", "http_max_body_bytes", "int", "The longest HTTP request body accepted, bytes."),
     _s("http", "http_msgbus_port", "int", "Port of the msgbus-compatible API (-1: off, 0: any)."),
     _s("http", "http_ipubsub_port", "int", "Port of the iPubSub-compatible API (-1: off, 0: any)."),
+    _s(
+        "http",
+        "http_max_inflight_body_bytes",
+        "int",
+        "Bytes of HTTP request bodies in flight at once; beyond: 503 + Retry-After.",
+    ),
+    _s("http", "http_header_timeout_ms", "int", "A request's headers must arrive within this, ms."),
+    _s("http", "http_body_timeout_ms", "int", "The longest silence in a request body, ms."),
+    _s(
+        "http", "http_max_connections", "int", "HTTP connections per listener; beyond: 503, closed."
+    ),
+    _s(
+        "http",
+        "http_max_connections_per_source",
+        "int",
+        "HTTP connections from one client address; beyond: 503, closed.",
+    ),
+    _s(
+        "http",
+        "http_allowed_hosts",
+        "str",
+        "Host names the HTTP listeners answer to, comma-separated (IPs always); '*': any.",
+    ),
+    _s(
+        "http",
+        "http_allowed_origins",
+        "str",
+        "Web origins whose pages may call the HTTP listeners, comma-separated; '*': any.",
+    ),
 )
 _BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 

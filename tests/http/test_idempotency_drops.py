@@ -79,7 +79,7 @@ async def publish_all(
         while not queue.empty():
             i = queue.get_nowait()
             body = json.dumps({"value": f"m{i}", "key": f"k{i}"}).encode()
-            head = f"POST /v1/topics/{topic}/messages HTTP/1.1\r\nHost: t\r\n"
+            head = f"POST /v1/topics/{topic}/messages HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             if keyed:
                 head += f"Idempotency-Key: key-{i}\r\n"
             request = (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body

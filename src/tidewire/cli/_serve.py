@@ -135,6 +135,32 @@ def serve(
     http_ipubsub_port: Annotated[
         int | None, typer.Option(help="Port of the iPubSub-compatible HTTP API (-1: off).")
     ] = None,
+    http_max_inflight_body_bytes: Annotated[
+        int | None, typer.Option(help="Bytes of HTTP request bodies in flight at once.")
+    ] = None,
+    http_header_timeout_ms: Annotated[
+        int | None, typer.Option(help="A request's headers must arrive within this (ms).")
+    ] = None,
+    http_body_timeout_ms: Annotated[
+        int | None, typer.Option(help="The longest silence in a request body (ms).")
+    ] = None,
+    http_max_connections: Annotated[
+        int | None, typer.Option(help="HTTP connections per listener.")
+    ] = None,
+    http_max_connections_per_source: Annotated[
+        int | None, typer.Option(help="HTTP connections from one client address.")
+    ] = None,
+    http_allowed_hosts: Annotated[
+        str | None,
+        typer.Option(help="Host names the HTTP listeners answer to, comma-separated ('*': any)."),
+    ] = None,
+    http_allowed_origins: Annotated[
+        str | None,
+        typer.Option(
+            help="Web origins whose pages may call the HTTP listeners, comma-separated "
+            "(same-origin, '*': any)."
+        ),
+    ] = None,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT, then drain and stop cleanly.
 
@@ -167,6 +193,13 @@ def serve(
         "http_max_body_bytes": http_max_body_bytes,
         "http_msgbus_port": http_msgbus_port,
         "http_ipubsub_port": http_ipubsub_port,
+        "http_max_inflight_body_bytes": http_max_inflight_body_bytes,
+        "http_header_timeout_ms": http_header_timeout_ms,
+        "http_body_timeout_ms": http_body_timeout_ms,
+        "http_max_connections": http_max_connections,
+        "http_max_connections_per_source": http_max_connections_per_source,
+        "http_allowed_hosts": http_allowed_hosts,
+        "http_allowed_origins": http_allowed_origins,
     }
     try:
         settings = load_settings(config, flags=flags)

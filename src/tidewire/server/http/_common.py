@@ -25,6 +25,17 @@ _WHAT = {
     422: "A topic name, partition count or group id that is not allowed.",
     503: "The broker is busy (backpressure) or its storage refused; retry after Retry-After.",
 }
+#: Answers any route may give, from the checks in front of the app (guard.py, protocol.py).
+_GUARD = {
+    403: "A request from a web page of another origin (http_allowed_origins).",
+    408: "The headers or the body came too slowly; the connection is closed.",
+    421: "A Host that is not one of the broker's names (http_allowed_hosts).",
+}
+#: Answers of the routes that take a body, from the same checks.
+_GUARD_BODY = {
+    413: _WHAT[413],
+    415: "A Content-Type other than application/json (none is taken as JSON).",
+}
 
 _encode = msgspec.json.Encoder().encode
 
@@ -99,8 +110,13 @@ def add_body_schemas(app: FastAPI) -> None:
                 schemas.setdefault(dname, ddoc)
             schemas[name] = doc
         # Validation failures are answered 400 in the error shape, not FastAPI's 422.
+        error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
         for ops in spec.get("paths", {}).values():
             for op in ops.values():
+                answers = op.setdefault("responses", {})
+                extra = _GUARD | (_GUARD_BODY if "requestBody" in op else {})
+                for status, what in extra.items():
+                    answers.setdefault(str(status), {"description": what, "content": error})
                 answer = op.get("responses", {}).get("422", {})
                 if "HTTPValidationError" in str(answer):
                     del op["responses"]["422"]

@@ -37,6 +37,8 @@ The native HTTP API of the tidewire broker: topics, publishing (one message or a
 with `Idempotency-Key` for retries that store once), reading (long-poll), consumer groups and
 health. Every error answers `{"error": {"code", "name", "message"}}` with the code of
 tidewire's error class. The `Authorization` header is reserved and ignored for now.
+Bodies are JSON (`Content-Type: application/json`, 415 otherwise); a `Host` that is not the
+broker's is answered 421 and a page of another origin 403 (docs/http.md, Security and limits).
 """
 
 

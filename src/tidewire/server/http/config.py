@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from tidewire.errors import InvalidConfigError
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "OFF", "HttpConfig"]
+__all__ = [
+    "DEFAULT_ALLOWED_HOSTS",
+    "DEFAULT_ALLOWED_ORIGINS",
+    "DEFAULT_BODY_TIMEOUT_MS",
+    "DEFAULT_HEADER_TIMEOUT_MS",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_CONNECTIONS_PER_SOURCE",
+    "DEFAULT_MAX_INFLIGHT_BODY_BYTES",
+    "OFF",
+    "SAME_ORIGIN",
+    "HttpConfig",
+    "split_list",
+]
 
 #: The port value that leaves a listener off.
 OFF = -1
@@ -14,10 +28,48 @@ OFF = -1
 #: (16 MiB) sent as base64 grows by a third, to 21.3 MiB, plus its JSON; 32 MiB holds it,
 #: and bounds what one request may make the broker buffer.
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+#: Bytes of request bodies being received and handled at once, over every listener: two
+#: bodies of the largest default size. The handlers hold a few copies of a body (the bytes,
+#: the decoded message, the record batch), so this keeps a flood of large publishes to a few
+#: hundred MB instead of growing with the number of connections (503 beyond it).
+DEFAULT_MAX_INFLIGHT_BODY_BYTES = 64 * 1024 * 1024
+#: A request's line and headers must arrive within this time of its first byte (of the
+#: connection's opening, for its first request), ms: a client on any real network sends them
+#: in one or two packets; a slow-headers ("slowloris") connection is closed after it.
+DEFAULT_HEADER_TIMEOUT_MS = 10_000
+#: The longest silence while a request body is expected (the broker is reading it), ms: a
+#: client that stops sending its body mid-way frees its connection and its share of
+#: ``http_max_inflight_body_bytes`` after it.
+DEFAULT_BODY_TIMEOUT_MS = 30_000
+#: Connections open at once per listener: each holds a file descriptor and up to ~64 KiB of
+#: buffers; 1,000 stays well below common descriptor limits (1,024 soft at the least, and
+#: ``tidewire serve`` raises it), leaving room for the logs' segment files.
+DEFAULT_MAX_CONNECTIONS = 1_000
+#: Connections open at once from one client address, over every listener: far more than a
+#: browser (6 per host) or a client pool uses, and a tenth of a listener's, so one client
+#: cannot take every connection. Behind a reverse proxy (one address), raise it to
+#: ``http_max_connections``.
+DEFAULT_MAX_CONNECTIONS_PER_SOURCE = 100
+#: Host names accepted in the ``Host`` header besides IP addresses (see :class:`HttpConfig`).
+DEFAULT_ALLOWED_HOSTS = "localhost"
+#: The keyword of ``http_allowed_origins`` for pages of the broker's own origin.
+SAME_ORIGIN = "same-origin"
+#: Browser origins allowed by default: only pages served by the listener itself.
+DEFAULT_ALLOWED_ORIGINS = SAME_ORIGIN
+#: Host names: letters, digits, ``-``, ``.``, ``_`` (a leading ``*.`` matches subdomains).
+_HOST_NAME = re.compile(r"(\*\.)?[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+#: An origin: scheme, host (a name or an address) and an optional port, nothing after (a
+#: trailing slash, as a copied address has, is forgiven).
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]{1,5})?/?")
 
 
 def _port_ok(port: int) -> bool:
     return port == OFF or 0 <= port <= 65535
+
+
+def split_list(value: str) -> list[str]:
+    """The items of a comma-separated setting, stripped, without empty ones."""
+    return [item.strip() for item in value.split(",") if item.strip()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +83,30 @@ class HttpConfig:
         http_max_body_bytes: the longest request body accepted (413 beyond it).
         http_msgbus_port: port of the msgbus-compatible API; ``-1``: off, ``0``: any free.
         http_ipubsub_port: port of the iPubSub-compatible API; ``-1``: off, ``0``: any free.
+        http_max_inflight_body_bytes: request bodies being received and handled at once,
+            over every listener (bytes, counted by their length; at least
+            ``http_max_body_bytes`` is taken, see :attr:`inflight_body_bytes`); a body beyond it is
+            answered 503 with ``Retry-After`` before it is read. Bodies of 64 KiB or less
+            are always taken (their memory is bounded by the connection caps).
+        http_header_timeout_ms: a request's line and headers must arrive within this of its
+            first byte (of the connection's opening for its first request); else the
+            connection is closed (408 when part of a request came).
+        http_body_timeout_ms: the longest silence while a request body is being read;
+            then 408 and the connection is closed.
+        http_max_connections: connections open at once per listener; one more is answered
+            503 (``Retry-After``) and closed.
+        http_max_connections_per_source: connections open at once from one client address,
+            over every listener; likewise (a value above ``http_max_connections`` leaves only
+            the listener's cap).
+        http_allowed_hosts: comma-separated host names accepted in the ``Host`` header
+            (``*.example.com``: its subdomains; ``*``: any), besides IP addresses, the name
+            ``http_host`` binds and, when it binds every address, this machine's host
+            name; any other ``Host`` is answered 421 (a defence against DNS rebinding).
+        http_allowed_origins: comma-separated browser origins (``https://dash.example.com``)
+            whose pages may call the listeners, ``same-origin`` for pages the listener
+            served itself (the ``Origin`` matches the ``Host``), ``*`` for any; a request
+            from another page is answered 403. Requests without ``Origin`` (curl, clients)
+            are not browsers' cross-site requests and pass.
 
     Raises:
         InvalidConfigError: a value out of its range.
@@ -41,6 +117,13 @@ class HttpConfig:
     http_max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     http_msgbus_port: int = OFF
     http_ipubsub_port: int = OFF
+    http_max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES
+    http_header_timeout_ms: int = DEFAULT_HEADER_TIMEOUT_MS
+    http_body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
+    http_max_connections: int = DEFAULT_MAX_CONNECTIONS
+    http_max_connections_per_source: int = DEFAULT_MAX_CONNECTIONS_PER_SOURCE
+    http_allowed_hosts: str = DEFAULT_ALLOWED_HOSTS
+    http_allowed_origins: str = DEFAULT_ALLOWED_ORIGINS
 
     def __post_init__(self) -> None:
         if not self.http_host:
@@ -58,6 +141,53 @@ class HttpConfig:
                 f"http_max_body_bytes={self.http_max_body_bytes:,} must be within "
                 "1,024..1,073,741,824"
             )
+        # A body of the largest size always fits: the budget taken is at least
+        # http_max_body_bytes (see inflight_body_bytes), so no pair of values is refused.
+        if not 1024 <= self.http_max_inflight_body_bytes <= 64 * 1024**3:
+            raise InvalidConfigError(
+                f"http_max_inflight_body_bytes={self.http_max_inflight_body_bytes:,} must be "
+                "within 1,024..68,719,476,736"
+            )
+        # Below 100 ms a client on a slow link fails; above 10 minutes a slow client holds
+        # its connection (and its body's memory) for too long.
+        for name in ("http_header_timeout_ms", "http_body_timeout_ms"):
+            value = getattr(self, name)
+            if not 100 <= value <= 600_000:
+                raise InvalidConfigError(f"{name}={value:,} must be within 100..600,000 (ms)")
+        if not 1 <= self.http_max_connections <= 1_000_000:
+            raise InvalidConfigError(
+                f"http_max_connections={self.http_max_connections:,} must be within 1..1,000,000"
+            )
+        if not 1 <= self.http_max_connections_per_source <= 1_000_000:
+            raise InvalidConfigError(
+                "http_max_connections_per_source="
+                f"{self.http_max_connections_per_source:,} must be within 1..1,000,000"
+            )
+        for host in split_list(self.http_allowed_hosts):
+            if host != "*" and not _HOST_NAME.fullmatch(host):
+                raise InvalidConfigError(
+                    f"http_allowed_hosts: {host!r} is not a host name (letters, digits, "
+                    "'-', '.', '_'; '*.example.com' for subdomains; '*' for any)"
+                )
+        if not split_list(self.http_allowed_hosts):
+            raise InvalidConfigError("http_allowed_hosts must name at least one host (or '*')")
+        origins = split_list(self.http_allowed_origins)
+        if not origins:
+            raise InvalidConfigError(
+                f"http_allowed_origins must name at least one origin, {SAME_ORIGIN!r} or '*'"
+            )
+        for origin in origins:
+            if origin not in ("*", SAME_ORIGIN) and not _ORIGIN.fullmatch(origin):
+                raise InvalidConfigError(
+                    f"http_allowed_origins: {origin!r} is not an origin such as "
+                    f"'https://dash.example.com:8443' (nor {SAME_ORIGIN!r} or '*')"
+                )
+
+    @property
+    def inflight_body_bytes(self) -> int:
+        """The body budget in force: ``http_max_inflight_body_bytes``, or
+        ``http_max_body_bytes`` when that is larger (a body of the largest size must fit)."""
+        return max(self.http_max_inflight_body_bytes, self.http_max_body_bytes)
 
     @property
     def enabled(self) -> bool:

@@ -10,6 +10,11 @@ given up to ``grace_s`` to finish, then cancelled.
 
 :meth:`HttpGateway.for_broker` assembles the listeners the configuration asks for: the native
 API on ``http_port`` and the compatibility modes on their own ports.
+
+Every connection is served by :class:`~tidewire.server.http.protocol.GuardedProtocol`
+(request deadlines, connection caps), and every request of the listeners ``for_broker`` makes
+passes :class:`~tidewire.server.http.guard.RequestGuard` first (allowed hosts and origins,
+content types, body limits and the gateway's body budget).
 """
 
 from __future__ import annotations
@@ -28,8 +33,17 @@ from tidewire._tasks import cancel_and_wait
 from tidewire.broker import Broker
 from tidewire.errors import InvalidConfigError
 from tidewire.server.http.app import asgi_app, create_app
-from tidewire.server.http.coalesce import CoalescingProtocol
 from tidewire.server.http.config import OFF, HttpConfig
+from tidewire.server.http.guard import (
+    IPUBSUB_POLICY,
+    MSGBUS_POLICY,
+    NATIVE_POLICY,
+    BodyBudget,
+    ErrorStyle,
+    ListenerPolicy,
+    RequestGuard,
+)
+from tidewire.server.http.protocol import ConnectionCaps, ListenerLimits, guarded_protocol
 
 __all__ = ["IPUBSUB", "MSGBUS", "NATIVE", "HttpGateway"]
 
@@ -76,6 +90,8 @@ class _Listener:
     app: AsgiApp
     host: str
     port: int  # as configured (0: any free); the bound one once started
+    style: ErrorStyle = ErrorStyle.NATIVE  # how refusals by the protocol are worded
+    guard: RequestGuard | None = None  # the checks of its requests (policy given)
     server: _Server | None = None
     task: asyncio.Task[None] | None = None
 
@@ -85,6 +101,8 @@ class HttpGateway:
 
     Args:
         grace_s: how long :meth:`close` lets requests in flight finish (seconds).
+        config: the limits every listener enforces (header and body timeouts, connection
+            caps, the body budget, allowed hosts and origins); the defaults when None.
 
     Use::
 
@@ -95,8 +113,17 @@ class HttpGateway:
         await gateway.close()                              # drain, bounded by grace_s
     """
 
-    def __init__(self, *, grace_s: float = DEFAULT_GRACE_S) -> None:
+    def __init__(
+        self, *, grace_s: float = DEFAULT_GRACE_S, config: HttpConfig | None = None
+    ) -> None:
         self.grace_s = grace_s
+        self.config = config if config is not None else HttpConfig()
+        #: Connections open per listener and per client address (protocol.py).
+        self.caps = ConnectionCaps(
+            self.config.http_max_connections, self.config.http_max_connections_per_source
+        )
+        #: Bytes of request bodies in flight over every listener (guard.py).
+        self.budget = BodyBudget(self.config.inflight_body_bytes)
         #: Set when :meth:`close` begins: apps stop long-polls and report not ready.
         self.closing = asyncio.Event()
         self._listeners: dict[str, _Listener] = {}
@@ -112,10 +139,12 @@ class HttpGateway:
         """
         if not config.enabled:
             raise InvalidConfigError("no HTTP listener is configured (http_port = -1)")
-        gateway = cls()
+        gateway = cls(config=config)
         if config.http_port != OFF:
             app = create_app(broker, config, closing=gateway.closing)
-            gateway.add_app(NATIVE, asgi_app(app), config.http_host, config.http_port)
+            gateway.add_app(
+                NATIVE, asgi_app(app), config.http_host, config.http_port, policy=NATIVE_POLICY
+            )
         # The compatibility modes (docs/http-compat.md), each on its own port.
         if config.http_msgbus_port != OFF:
             from tidewire.server.http.compat.msgbus import create_msgbus_app  # noqa: PLC0415
@@ -123,19 +152,34 @@ class HttpGateway:
             msgbus = create_msgbus_app(
                 broker, max_payload_bytes=config.http_max_body_bytes, closing=gateway.closing
             )
-            gateway.add_app(MSGBUS, msgbus, config.http_host, config.http_msgbus_port)
+            gateway.add_app(
+                MSGBUS, msgbus, config.http_host, config.http_msgbus_port, policy=MSGBUS_POLICY
+            )
         if config.http_ipubsub_port != OFF:
             from tidewire.server.http.compat.ipubsub import create_ipubsub_app  # noqa: PLC0415
 
             ipubsub = create_ipubsub_app(
                 broker, max_body_bytes=config.http_max_body_bytes, closing=gateway.closing
             )
-            gateway.add_app(IPUBSUB, ipubsub, config.http_host, config.http_ipubsub_port)
+            gateway.add_app(
+                IPUBSUB, ipubsub, config.http_host, config.http_ipubsub_port, policy=IPUBSUB_POLICY
+            )
         return gateway
 
-    def add_app(self, name: str, app: AsgiApp, host: str, port: int) -> None:
+    def add_app(
+        self,
+        name: str,
+        app: AsgiApp,
+        host: str,
+        port: int,
+        *,
+        policy: ListenerPolicy | None = None,
+    ) -> None:
         """Serve ``app`` on ``host:port`` (``port`` 0: any free port; see :meth:`port_of`).
-        Must be called before :meth:`start`.
+        Must be called before :meth:`start`. With ``policy``, every request passes the
+        checks of :class:`~tidewire.server.http.guard.RequestGuard` first (allowed hosts and
+        origins, content types, body limits); every connection is under the protocol's
+        timeouts and caps in any case.
 
         Raises:
             ValueError: ``name`` is taken.
@@ -145,7 +189,11 @@ class HttpGateway:
             raise RuntimeError("add_app() after start()")
         if name in self._listeners:
             raise ValueError(f"an HTTP listener named {name!r} exists already")
-        self._listeners[name] = _Listener(name, app, host, port)
+        if policy is None:
+            self._listeners[name] = _Listener(name, app, host, port)
+            return
+        guard = RequestGuard(app, policy, self.config, self.budget)
+        self._listeners[name] = _Listener(name, guard, host, port, policy.style, guard)
 
     @property
     def names(self) -> list[str]:
@@ -203,7 +251,17 @@ class HttpGateway:
             listener.app,
             loop="none",  # the broker's loop, already running
             lifespan="off",  # the broker's lifecycle is the owner's, not the app's
-            http=CoalescingProtocol,  # httptools, one send() per answer (coalesce.py)
+            # httptools, one send() per answer (coalesce.py), with request deadlines and
+            # connection caps (protocol.py)
+            http=guarded_protocol(
+                ListenerLimits.of(
+                    listener.name,
+                    listener.style,
+                    self.caps,
+                    self.config,
+                    None if listener.guard is None else listener.guard.screen,
+                )
+            ),
             ws="auto",
             log_config=None,
             access_log=False,
