@@ -22,6 +22,7 @@ The tree::
     ├── LogNotFoundError              no log for that topic and partition
     ├── LogExistsError                a log for that topic and partition exists already
     ├── BackpressureError             a bounded queue is full (retriable)
+    ├── ShuttingDownError             the broker is draining: retry, there or elsewhere (retriable)
     ├── UnknownTopicError             no such topic (auto-creation off)
     ├── TopicExistsError              a topic of that name exists already
     ├── InvalidTopicError             a topic name or partition count that is not allowed
@@ -92,6 +93,7 @@ __all__ = [
     "RecordBatchError",
     "RecordCountError",
     "RequestTimedOutError",
+    "ShuttingDownError",
     "StorageError",
     "TidewireError",
     "TooManyRequestsError",
@@ -259,6 +261,15 @@ class BackpressureError(TidewireError):
     code = 41
     retriable = True
     description = "a bounded queue is full; retry later"
+
+
+class ShuttingDownError(TidewireError):
+    """The broker is draining (SIGTERM): it takes no new requests and closes the connection
+    once the requests in flight are answered. Nothing of the refused request was done."""
+
+    code = 42
+    retriable = True
+    description = "the broker is shutting down; retry, on another broker or once it is back"
 
 
 # --- protocol (codes 50-69) --------------------------------------------------------------------
