@@ -44,21 +44,31 @@ class _Port:
 
 
 @contextmanager
-def serving(data: Path, log: Path, *args: str) -> Iterator[tuple[subprocess.Popen[str], int, str]]:
-    """``tidewire serve`` with the HTTP API on free ports, its log in ``log``: the process,
-    the binary port and the HTTP base URL. Killed on the way out if still running."""
+def serving(
+    data: Path, log: Path, *args: str, compat: bool = False
+) -> Iterator[tuple[subprocess.Popen[str], int, dict[str, str]]]:
+    """``tidewire serve`` with the HTTP API (``compat``: and both compatibility modes) on
+    free ports, its log in ``log``: the process, the binary port and the base URL of each
+    HTTP listener by name. Killed on the way out if still running."""
+    http = ["--http-port", "0"]
+    if compat:
+        http += ["--http-msgbus-port", "0", "--http-ipubsub-port", "0"]
     with log.open("w") as err:
         proc = popen_serve(
-            "--data-dir", str(data), "--port", "0", "--http-port", "0", *args, stderr=err.fileno()
+            "--data-dir", str(data), "--port", "0", *http, *args, stderr=err.fileno()
         )
     try:
         assert proc.stdout is not None
-        first, second = proc.stdout.readline(), proc.stdout.readline()
+        first = proc.stdout.readline()
         m = re.search(r"listening on 127\.0\.0\.1:(\d+)", first)
-        h = re.search(r"HTTP native listening on (http://127\.0\.0\.1:\d+)", second)
         assert m, (first, log.read_text())
-        assert h, (second, log.read_text())
-        yield proc, int(m.group(1)), h.group(1)
+        urls: dict[str, str] = {}
+        for _ in range(len(http) // 2):
+            line = proc.stdout.readline()
+            h = re.search(r"HTTP (\w+) listening on (http://127\.0\.0\.1:\d+)", line)
+            assert h, (line, log.read_text())
+            urls[h.group(1)] = h.group(2)
+        yield proc, int(m.group(1)), urls
     finally:
         stop(proc)
 
@@ -88,11 +98,15 @@ async def refused(host: str, port: int) -> bool:
 
 def test_sigterm_answers_every_wait_at_once_and_stops_calmly(tmp_path: Path) -> None:
     data, log = tmp_path / "data", tmp_path / "serve.log"
-    with serving(data, log, "--drain-timeout-s", str(LONG_GRACE_S)) as (proc, port, url):
+    with serving(data, log, "--drain-timeout-s", str(LONG_GRACE_S), compat=True) as (
+        proc,
+        port,
+        urls,
+    ):
         with SyncClient(f"127.0.0.1:{port}") as c:
             c.create_topic("t", 1)
             c.produce("t", 0, [Message(b"before")])
-        http_port = int(url.rsplit(":", 1)[1])
+        url = urls["native"]
 
         async def main() -> float:
             async with Client.connect(_Port(port)) as poll, Client.connect(_Port(port)) as idle:  # type: ignore[arg-type]
@@ -109,6 +123,11 @@ def test_sigterm_answers_every_wait_at_once_and_stops_calmly(tmp_path: Path) -> 
                 lp_r, lp_w = await http_request(
                     url,
                     f"/v1/topics/t/partitions/0/messages?offset=1&wait_ms={LONG_GRACE_S * 2000}",
+                )
+                # An iPubSub long-poll receive on its own listener.
+                ipubsub_r, ipubsub_w = await http_request(
+                    urls["ipubsub"],
+                    f"/api/v1/streams/receive?streamId=s&timeoutSeconds={LONG_GRACE_S * 2}",
                 )
                 sse_r, sse_w = await http_request(
                     url, "/v1/topics/t/stream", "Accept: text/event-stream\r\n"
@@ -139,15 +158,19 @@ def test_sigterm_answers_every_wait_at_once_and_stops_calmly(tmp_path: Path) -> 
                         await asyncio.wait_for(ws.recv(), PROMPT_S)
                     assert closed.value.rcvd is not None
                     assert closed.value.rcvd.code == 1001  # going away
+                    ipubsub = await asyncio.wait_for(ipubsub_r.read(), PROMPT_S)
+                    assert ipubsub.startswith(b"HTTP/1.1 "), ipubsub
                     # Every listener refuses new connections while the broker still runs.
                     assert await refused("127.0.0.1", port)
-                    assert await refused("127.0.0.1", http_port)
+                    for base in urls.values():
+                        assert await refused("127.0.0.1", int(base.rsplit(":", 1)[1]))
                     # Each binary connection is told why it is closed.
                     for conn in (poll, idle):
                         (last,) = await conn.until_closed()
                         assert isinstance(last.error, ShuttingDownError)
                 lp_w.close()
                 sse_w.close()
+                ipubsub_w.close()
                 return fetch_s
 
         fetch_s = asyncio.run(main())
@@ -176,7 +199,8 @@ def test_nothing_is_acknowledged_after_sigterm_while_an_upload_holds_the_drain(
     meanwhile, and the stop ends at the grace period with one warning."""
     grace_s = 3.0
     data, log = tmp_path / "data", tmp_path / "serve.log"
-    with serving(data, log, "--drain-timeout-s", str(grace_s)) as (proc, port, url):
+    with serving(data, log, "--drain-timeout-s", str(grace_s)) as (proc, port, urls):
+        url = urls["native"]
         with SyncClient(f"127.0.0.1:{port}") as c:
             c.create_topic("t", 1)
         acked: list[float] = []
