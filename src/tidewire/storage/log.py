@@ -836,10 +836,17 @@ class PartitionLog:
         if error is not None:
             if plan.sync_dir:
                 self._dir_dirty = True
+            # Under ``always`` no batch past the flushed offset was acknowledged; under the
+            # other policies they were, and the next start's recovery keeps what is intact.
+            unacked = (
+                "are not acknowledged"
+                if self.config.fsync is FsyncPolicy.ALWAYS
+                else "are not known to be on stable storage"
+            )
             self._failed = StorageError(
                 f"flushing {self.directory} failed at {_describe_flush_error(error)}; batches "
-                f"appended since offset {self._flushed} are not acknowledged and the log "
-                "accepts no more writes"
+                f"appended since offset {self._flushed} {unacked}, and the log accepts no more "
+                "writes"
             )
             if report:
                 log.error("%s", self._failed.message)
