@@ -22,13 +22,15 @@ from tidewire.broker import Broker, BrokerConfig
 from tidewire.cli import _serve as serve_cli
 from tidewire.config import load_settings
 from tidewire.embedded import EmbeddedBroker
-from tidewire.errors import ShuttingDownError, StorageError
+from tidewire.errors import RebalanceInProgressError, ShuttingDownError, StorageError
 from tidewire.protocol import ResponseReceived
 from tidewire.protocol.messages import (
     ApiKey,
     CreateTopicRequest,
     FetchPartition,
     FetchRequest,
+    JoinGroupRequest,
+    JoinGroupResponse,
     ListTopicsRequest,
     ListTopicsResponse,
     PingRequest,
@@ -145,6 +147,33 @@ def test_push_subscriptions_and_long_polls_end_at_once(tmp_path: Path) -> None:
             assert answered.body.partitions[0].size == 0
             assert_going_away(await poll.until_closed())
             assert_going_away(await sub.until_closed())
+        assert report.cut == 0
+
+    asyncio.run(main())
+
+
+def test_a_member_waiting_in_a_join_is_told_to_join_again_at_once(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with (
+            serve(tmp_path) as (broker, server),
+            Client.connect(server) as first,
+            Client.connect(server) as second,
+        ):
+            await first.call(CreateTopicRequest(name="t", partitions=2))
+            joined = await first.call(JoinGroupRequest(group_id="g", topics=["t"]))
+            assert isinstance(joined, JoinGroupResponse)
+            # A second member starts a rebalance that waits for the first to join again
+            # (up to its 30 s rebalance timeout).
+            waiting = second.send(JoinGroupRequest(group_id="g", topics=["t"]))
+            await second.ping()  # sent after the join: the join waits by now
+            report = await asyncio.wait_for(
+                drain(broker, server, None, grace_s=LONG_GRACE_S), PROMPT_S
+            )
+            answer = await second.response(waiting)
+            assert isinstance(answer.body, JoinGroupResponse), answer
+            assert answer.body.error_code == RebalanceInProgressError.code  # retriable
+            assert "shutting down" in answer.body.error_message
+            assert_going_away(await second.until_closed())
         assert report.cut == 0
 
     asyncio.run(main())
