@@ -162,6 +162,12 @@ SETTINGS: tuple[Setting, ...] = (
     _s("server", "idle_timeout_s", "float", "Close a connection silent for this long, seconds."),
     _s("server", "frame_timeout_s", "float", "Close a connection whose frame takes this long, s."),
     _s("server", "event_loop", "str", "auto (uvloop when installed), asyncio or uvloop."),
+    _s(
+        "server",
+        "drain_timeout_s",
+        "float",
+        "At a stop, how long requests in flight may take to finish, s (0..3,600).",
+    ),
     _s("http", "http_host", "str", "Address the HTTP listeners bind."),
     _s("http", "http_port", "int", "Port of the HTTP API (-1: off, 0: any free port)."),
     _s("http", "http_max_body_bytes", "int", "The longest HTTP request body accepted, bytes."),

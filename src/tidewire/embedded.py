@@ -17,10 +17,11 @@ program, in its own event loop or on a background thread::
 ``http_port=0`` also serves the HTTP API (docs/http.md) on a free port, at
 :attr:`EmbeddedBroker.http_url`.
 
-Leaving the ``async with`` (or the ``with``) drains like a SIGTERM to the server: the listener
-stops accepting, in-flight requests finish, every log is flushed and the clean-shutdown marker
-is written. ``listen=False`` runs the broker core alone (no socket), for programs that call
-it directly.
+Leaving the ``async with`` (or the ``with``) drains like a SIGTERM to the server: every
+listener stops accepting at once, long-polls and streams are answered, in-flight requests
+finish (within ``drain_timeout_s`` of the ``server`` settings), every log is flushed and the
+clean-shutdown marker is written. ``listen=False`` runs the broker core alone (no socket),
+for programs that call it directly.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from tidewire.broker import Broker, BrokerConfig
 from tidewire.client import AsyncClient
 from tidewire.errors import InvalidConfigError
 from tidewire.server import ServerConfig, TcpServer
+from tidewire.server.drain import drain
 from tidewire.server.http import HttpConfig
 
 if TYPE_CHECKING:
@@ -133,18 +135,17 @@ class EmbeddedBroker:
             raise
 
     async def close(self) -> None:
-        """Drain: stop accepting, finish in-flight requests, flush and close the logs."""
+        """Drain as ``tidewire serve`` does at SIGTERM (:mod:`tidewire.server.drain`): every
+        listener stops accepting at once, long-polls and streams are answered, requests in
+        flight get up to the server's ``drain_timeout_s``, the logs are flushed and closed.
+
+        Raises:
+            StorageError: a log could not be flushed (the clean-shutdown marker is then not
+                written, so the next start recovers).
+        """
         gateway, self.gateway = self.gateway, None
         server, self.server = self.server, None
-        try:
-            if gateway is not None:
-                await gateway.close()
-        finally:
-            try:
-                if server is not None:
-                    await server.close()
-            finally:
-                await self.broker.close()
+        await drain(self.broker, server, gateway, grace_s=self.server_config.drain_timeout_s)
 
     async def __aenter__(self) -> EmbeddedBroker:
         await self.start()

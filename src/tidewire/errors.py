@@ -23,6 +23,7 @@ The tree::
     ├── LogExistsError                a log for that topic and partition exists already
     ├── DataDirLockedError            the data directory is held by another broker
     ├── BackpressureError             a bounded queue is full (retriable)
+    ├── ShuttingDownError             the broker is draining: retry, there or elsewhere (retriable)
     ├── UnknownTopicError             no such topic (auto-creation off)
     ├── TopicExistsError              a topic of that name exists already
     ├── InvalidTopicError             a topic name or partition count that is not allowed
@@ -97,6 +98,7 @@ __all__ = [
     "RecordBatchError",
     "RecordCountError",
     "RequestTimedOutError",
+    "ShuttingDownError",
     "StorageError",
     "TidewireError",
     "TooManyRequestsError",
@@ -273,6 +275,15 @@ class DataDirLockedError(TidewireError):
 
     code = 42
     description = "the data directory is in use by another broker"
+
+
+class ShuttingDownError(TidewireError):
+    """The broker is draining (SIGTERM): it takes no new requests and closes the connection
+    once the requests in flight are answered. Nothing of the refused request was done."""
+
+    code = 43
+    retriable = True
+    description = "the broker is shutting down; retry, on another broker or once it is back"
 
 
 # --- protocol (codes 50-69) --------------------------------------------------------------------

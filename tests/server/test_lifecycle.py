@@ -1,5 +1,6 @@
 """Stopping the server: it stops accepting, finishes what is in flight (a long-poll included,
-without sitting out its wait or the close grace) and closes every connection.
+without sitting out its wait or the close grace) and closes every connection, telling each
+client why (a ``ShuttingDownError`` error frame).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from tests.server._support import (
     reset,
     serve,
 )
+from tidewire.errors import ShuttingDownError
+from tidewire.protocol import ResponseReceived
 from tidewire.protocol.messages import CreateTopicRequest, FetchPartition, FetchRequest
 
 #: How long close() may take with a long-poll in flight: far below both the poll's 30 s and
@@ -32,8 +35,8 @@ def test_close_closes_idle_connections_and_stops_accepting(tmp_path: Path) -> No
                 await a.ping()
                 await b.ping()
                 await asyncio.wait_for(server.close(), PROMPT_S)
-                assert await a.until_closed() == []
-                assert await b.until_closed() == []
+                assert_going_away(await a.until_closed())
+                assert_going_away(await b.until_closed())
             with pytest.raises(ConnectionRefusedError):
                 await asyncio.open_connection("127.0.0.1", port)
 
@@ -54,7 +57,7 @@ def test_close_finishes_an_in_flight_long_poll(tmp_path: Path) -> None:
                 event = await c.response(fetch, timeout=CLOSE_BOUND_S)
                 assert event.error is None
                 assert event.body.partitions[0].size == 0
-                assert await c.until_closed(timeout=CLOSE_BOUND_S) == []
+                assert_going_away(await c.until_closed(timeout=CLOSE_BOUND_S))
                 await asyncio.wait_for(asyncio.shield(closing), CLOSE_BOUND_S)
             finally:
                 # A reset ends the fetch for a server that still waits on it (an end of
@@ -63,3 +66,11 @@ def test_close_finishes_an_in_flight_long_poll(tmp_path: Path) -> None:
                 await closing
 
     asyncio.run(main())
+
+
+def assert_going_away(events: list[ResponseReceived]) -> None:
+    """The last thing a drained connection hears: the broker is shutting down (retriable)."""
+    assert len(events) == 1, events
+    assert events[0].correlation_id == -1
+    assert isinstance(events[0].error, ShuttingDownError)
+    assert events[0].error.retriable

@@ -511,7 +511,7 @@ class Broker:
             try:
                 await plog.wait_durable(end)
             except TidewireError as exc:  # the log refuses writes now; readers see below
-                log.error("fsync of %s failed: %s", plog.directory, exc)
+                log.error("%s", exc.message)
             self._wake(topic, partition)
 
         task = asyncio.get_running_loop().create_task(flush_then_wake())
@@ -961,6 +961,16 @@ class Broker:
             for fut in futs:
                 if not fut.done():
                     fut.set_result(None)
+
+    def begin_drain(self) -> None:
+        """The server is draining: every fetch waiting now returns at once with what it has,
+        a fetch from here on does not wait, and every member waiting in a join is told to
+        join again (``RebalanceInProgressError``, retriable). Produce and the rest go on
+        working until :meth:`close`."""
+        self._closing = True
+        self.release_waiters()
+        if self._groups is not None:
+            self._groups.coordinator.close()
 
     def _wake(self, topic: str, partition: int) -> None:
         for fut in self._waiters.pop((topic, partition), ()):

@@ -23,12 +23,13 @@ from tidewire.config import (
     toml_value,
     unknown_env_vars,
 )
-from tidewire.errors import InvalidConfigError, TidewireError
+from tidewire.errors import InvalidConfigError, StorageError, TidewireError
 from tidewire.server import TcpServer
+from tidewire.server.drain import drain
 from tidewire.server.tcp import loop_factory
 from tidewire.storage import FsyncPolicy
 
-from ._common import EXIT_USAGE, echo_json, fail
+from ._common import EXIT_ERROR, EXIT_USAGE, echo_json, fail
 
 __all__ = ["config_app", "serve"]
 
@@ -118,6 +119,10 @@ def serve(
     frame_timeout_s: Annotated[
         float | None, typer.Option(help="Close a connection whose frame takes this long (s).")
     ] = None,
+    drain_timeout_s: Annotated[
+        float | None,
+        typer.Option(help="At a stop, how long requests in flight may take to finish (s)."),
+    ] = None,
     event_loop: Annotated[
         str | None, typer.Option(help="auto (uvloop when installed), asyncio or uvloop.")
     ] = None,
@@ -162,7 +167,10 @@ def serve(
         ),
     ] = None,
 ) -> None:
-    """Run a broker until SIGTERM or SIGINT, then drain and stop cleanly.
+    """Run a broker until SIGTERM or SIGINT, then drain and stop cleanly: every listener
+    stops accepting at once, long-polls and streams are answered, requests in flight get up
+    to --drain-timeout-s to finish, every log is flushed and the clean-shutdown marker
+    written (not if a flush failed: the next start then recovers).
 
     Settings come from the defaults, then --config FILE, then TIDEWIRE_* environment
     variables, then these flags (each wins over the ones before).
@@ -187,6 +195,7 @@ def serve(
         "max_in_flight": max_in_flight,
         "idle_timeout_s": idle_timeout_s,
         "frame_timeout_s": frame_timeout_s,
+        "drain_timeout_s": drain_timeout_s,
         "event_loop": event_loop,
         "http_host": http_host,
         "http_port": http_port,
@@ -226,10 +235,12 @@ async def _serve(settings: Settings, loop_name: str) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with Broker(settings.broker) as broker:
-        server = TcpServer(broker, settings.server)
+    broker = Broker(settings.broker)
+    await broker.start()
+    server = TcpServer(broker, settings.server)
+    gateway = None
+    try:
         await server.start()
-        gateway = None
         if settings.http.enabled:
             # Imported here: FastAPI and uvicorn load only when HTTP is served.
             from tidewire.server.http.gateway import HttpGateway  # noqa: PLC0415
@@ -237,11 +248,8 @@ async def _serve(settings: Settings, loop_name: str) -> None:
             gateway = HttpGateway.for_broker(broker, settings.http)
             try:
                 await gateway.start()
-            except BaseException as exc:
-                await server.close()
-                if isinstance(exc, OSError):
-                    raise InvalidConfigError(str(exc.strerror or exc)) from None
-                raise
+            except OSError as exc:
+                raise InvalidConfigError(str(exc.strerror or exc)) from None
         # One line for people and scripts alike: where to connect.
         typer.echo(f"tidewire {__version__} listening on {settings.server.host}:{server.port}")
         log.info("event loop: %s", loop_name)
@@ -250,11 +258,16 @@ async def _serve(settings: Settings, loop_name: str) -> None:
                 host, port = gateway.host_of(name), gateway.port_of(name)
                 typer.echo(f"tidewire {__version__} HTTP {name} listening on http://{host}:{port}")
         await stop.wait()
-        log.info("draining: no new connections, finishing in-flight requests")
-        if gateway is not None:
-            await gateway.close()
-        await server.close()
-    log.info("stopped cleanly")
+        stopping = loop.time()
+    except BaseException:
+        await drain(broker, server, gateway, grace_s=0)
+        raise
+    try:
+        report = await drain(broker, server, gateway, grace_s=settings.server.drain_timeout_s)
+    except StorageError as exc:  # one line for all: the cause, and what the next start does
+        log.error("stopped in %.2f s, but %s", loop.time() - stopping, exc.message)
+        raise typer.Exit(EXIT_ERROR) from None
+    log.info("stopped cleanly in %.2f s", report.seconds)
 
 
 @config_app.command("init")

@@ -17,6 +17,15 @@ connection are answered in any order, matched by correlation id). Bounds:
   it, and the bytes waiting for it, for ever.
 
 A malformed frame gets an error frame and closes that connection only.
+
+Draining (:meth:`TcpServer.stop_accepting`, :meth:`TcpServer.begin_drain`,
+:meth:`TcpServer.wait_in_flight`, :meth:`TcpServer.finish`; :meth:`TcpServer.close` does all
+four): the listening socket is closed first, so new connections are refused at once; push
+subscriptions end; a connection with nothing in flight gets a ``ShuttingDownError`` error frame
+and is closed; on the others every new request is answered with ``ShuttingDownError``
+(retriable: nothing of it was done) and the requests in flight finish, up to a grace period,
+after which they are cancelled; each connection says goodbye the same way once its last
+answer is written.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from tidewire.broker import Broker
 from tidewire.errors import (
     InvalidConfigError,
     ProtocolError,
+    ShuttingDownError,
     TidewireError,
     UnknownApiError,
     UnknownError,
@@ -84,6 +94,16 @@ def loop_factory(event_loop: str) -> tuple[str, Callable[[], asyncio.AbstractEve
 
 #: SO_LINGER on, with a timeout of 0: closing the socket sends a RST and drops what is unsent.
 _LINGER_OFF = struct.pack("ii", 1, 0)
+#: The default of :attr:`ServerConfig.drain_timeout_s` (seconds): long-polls and streams are
+#: answered at once when a drain begins, so this bounds only real work (a produce waiting on
+#: its fsync, a large fetch being written to a slow reader).
+DEFAULT_DRAIN_TIMEOUT_S = 10.0
+#: At the end of a drain, how long connections told to go away may take to send what is left
+#: before they are reset (seconds): their answers are written already, this is the kernel
+#: handing them over.
+FINAL_CLOSE_S = 1.0
+
+_GOING_AWAY = "the broker is shutting down; retry on another broker or once it is back"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +125,9 @@ class ServerConfig:
     max_subscriptions: int = MAX_SUBSCRIPTIONS
     #: ``auto``: uvloop when it is installed, else asyncio's own loop; or ``asyncio``, ``uvloop``.
     event_loop: str = "auto"
+    #: How long a drain (SIGTERM) lets requests in flight finish before cutting them (s;
+    #: 0: at once). Every listener of the process drains within the same period.
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -134,6 +157,10 @@ class ServerConfig:
                 math.isfinite(value) and value > 0,
                 f"{name}={value} must be a number of seconds > 0",
             )
+        need(
+            math.isfinite(self.drain_timeout_s) and 0 <= self.drain_timeout_s <= 3600,
+            f"drain_timeout_s={self.drain_timeout_s} must be a number of seconds within 0..3600",
+        )
 
 
 class _ClientProtocol(asyncio.Protocol):
@@ -177,6 +204,9 @@ class _ClientProtocol(asyncio.Protocol):
             self.transport.abort()
             return
         self.server.connections.add(self)
+        if self.server.draining:  # accepted just before the listener closed
+            self.go_away()
+            return
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -218,6 +248,8 @@ class _ClientProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self.server.connections.discard(self)
+        if not self.server.connections:
+            self.server.all_closed.set()
         if self._timer is not None:
             self._timer.cancel()
         if self._reset_timer is not None:
@@ -249,6 +281,12 @@ class _ClientProtocol(asyncio.Protocol):
                 self._write(self.conn.send_error(event.correlation_id, event.error))
                 continue
             if isinstance(event, RequestReceived):
+                if self.server.draining:
+                    self.server.drain_refused += 1
+                    self._write(
+                        self.conn.send_error(event.correlation_id, ShuttingDownError(_GOING_AWAY))
+                    )
+                    continue
                 task = asyncio.get_running_loop().create_task(self._handle(event))
                 self.tasks.add(task)
                 task.add_done_callback(self._task_done)
@@ -292,7 +330,11 @@ class _ClientProtocol(asyncio.Protocol):
             log.error("request handler failed", exc_info=exc)
             self._fail(UnknownError(f"internal error: {exc!r}"))
             return
-        if self.closing and not self.tasks:
+        if self.tasks:
+            return
+        if self.server.draining:
+            self.go_away()
+        elif self.closing:
             self.close()
 
     def _write(self, buffers: list[Buffer]) -> None:
@@ -321,6 +363,25 @@ class _ClientProtocol(asyncio.Protocol):
             self.transport.writelines(Connection.error_frame(exc))
             self.close()
 
+    def drain(self) -> None:
+        """The server drains: end the push subscriptions now; go away at once when nothing is
+        in flight, else once the last answer is written (new requests are refused meanwhile)."""
+        self.subscriptions.close()
+        if not self.tasks:
+            self.go_away()
+
+    def go_away(self) -> None:
+        """Tell the client the broker is shutting down (an error frame of
+        ``ShuttingDownError``, retriable), then close."""
+        if self.transport is None or self._lost or self.transport.is_closing():
+            return
+        self.closing = True
+        self.subscriptions.close()
+        if self._timer is not None:
+            self._timer.cancel()
+        self.transport.writelines(Connection.error_frame(ShuttingDownError(_GOING_AWAY)))
+        self.close()
+
     def _close_when_done(self) -> None:
         self.closing = True
         self.subscriptions.close()
@@ -341,17 +402,20 @@ class _ClientProtocol(asyncio.Protocol):
         t.close()  # idempotent
         if self._reset_timer is None:
             delay = self.server.config.frame_timeout_s
-            self._reset_timer = asyncio.get_running_loop().call_later(delay, self._reset)
+            self._reset_timer = asyncio.get_running_loop().call_later(delay, self.reset)
 
-    def _reset(self) -> None:
+    def reset(self, *, quiet: bool = False) -> None:
+        """Reset the connection now (a RST), dropping what is unsent (``quiet``: the caller
+        reports it)."""
         t = self.transport
         if t is None or self._lost:
             return
-        log.info(
-            "resetting a connection: %d bytes for it still unsent after %g s",
-            t.get_write_buffer_size(),
-            self.server.config.frame_timeout_s,
-        )
+        if not quiet:
+            log.info(
+                "resetting a connection: %d bytes for it still unsent after %g s",
+                t.get_write_buffer_size(),
+                self.server.config.frame_timeout_s,
+            )
         sock = t.get_extra_info("socket")
         if sock is not None:
             # No lingering: a RST at once, instead of a kernel that goes on offering the
@@ -402,6 +466,12 @@ class TcpServer:
         self.connections: set[_ClientProtocol] = set()
         self.info = ServerInfo(self.config.host, self.config.port)
         self._server: asyncio.Server | None = None
+        #: Set by :meth:`begin_drain`: new requests are refused with ``ShuttingDownError``.
+        self.draining = False
+        #: Requests refused that way.
+        self.drain_refused = 0
+        #: Set whenever the last connection closes.
+        self.all_closed = asyncio.Event()
 
     @property
     def port(self) -> int:
@@ -419,20 +489,73 @@ class TcpServer:
         self.info = ServerInfo(self.config.host, self.port)
         log.info("listening on %s:%d", self.config.host, self.port)
 
-    async def close(self, *, grace_s: float = 10.0) -> None:
-        """Stop accepting, let in-flight requests finish (up to ``grace_s``), close all."""
+    def stop_accepting(self) -> None:
+        """Close the listening socket now: new connections are refused from here on."""
         if self._server is not None:
             self._server.close()
-        self.broker.release_waiters()  # long-polls answer now with what they have
-        pending = [t for c in self.connections for t in c.tasks]
-        if pending:
-            await asyncio.wait(pending, timeout=grace_s)
+
+    def in_flight(self) -> int:
+        """Requests being handled, on every connection."""
+        return sum(len(c.tasks) for c in self.connections)
+
+    def begin_drain(self) -> None:
+        """Refuse new requests (``ShuttingDownError``), end push subscriptions, and close
+        every connection with nothing in flight (see the module docstring). The caller wakes
+        the broker's long-polls (``Broker.begin_drain`` or ``release_waiters``)."""
+        self.draining = True
         for c in list(self.connections):
-            c.close()
+            c.drain()
+
+    async def wait_in_flight(self, deadline: float) -> int:
+        """Wait until every request in flight is answered, or the loop time ``deadline``;
+        return how many are still running. No new one starts while draining."""
+        pending = [t for c in self.connections for t in c.tasks]
+        timeout = deadline - asyncio.get_running_loop().time()
+        if pending and timeout > 0:
+            await asyncio.wait(pending, timeout=timeout)
+        return self.in_flight()
+
+    async def finish(self) -> int:
+        """End the drain: cancel the requests still running, tell every connection left to go
+        away, give them :data:`FINAL_CLOSE_S` to take what is left, reset the rest. Return how
+        many requests were cancelled."""
+        self.draining = True
+        pending = [t for c in self.connections for t in c.tasks]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+        for c in list(self.connections):
+            c.go_away()
+        if self.connections:
+            self.all_closed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.all_closed.wait(), FINAL_CLOSE_S)
+        if self.connections:
+            log.info(
+                "resetting %d connection(s) that did not take their last bytes in %g s",
+                len(self.connections),
+                FINAL_CLOSE_S,
+            )
+        for c in list(self.connections):
+            c.reset(quiet=True)
         if self._server is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._server.wait_closed(), grace_s)
+                await asyncio.wait_for(self._server.wait_closed(), FINAL_CLOSE_S)
             self._server = None
+        return len(pending)
+
+    async def close(self, *, grace_s: float | None = None) -> None:
+        """Drain this listener alone: stop accepting, answer long-polls, refuse new requests,
+        let in-flight requests finish (up to ``grace_s``, by default the configured
+        ``drain_timeout_s``), then close every connection."""
+        grace = self.config.drain_timeout_s if grace_s is None else grace_s
+        deadline = asyncio.get_running_loop().time() + grace
+        self.stop_accepting()
+        self.broker.release_waiters()  # long-polls answer now with what they have
+        self.begin_drain()
+        await self.wait_in_flight(deadline)
+        await self.finish()
 
     async def __aenter__(self) -> TcpServer:
         await self.start()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import logging
 import os
 import time
@@ -806,26 +807,49 @@ class PartitionLog:
         return plan
 
     def _flush_io(self, plan: _FlushPlan) -> None:
-        """Blocking: fsync the files, the directory, then write the sealed indexes."""
-        for seg, _ in plan.syncs:
-            seg.file.sync()
-        if plan.sync_dir:
-            self.fs.sync_dir(self.directory)
-        for seg, index, timeindex in plan.seals:
-            write_atomic(self.fs, seg.path(".index"), index)
-            write_atomic(self.fs, seg.path(".timeindex"), timeindex)
+        """Blocking: fsync the files, the directory, then write the sealed indexes.
 
-    def _flush_done(self, plan: _FlushPlan, error: OSError | None) -> None:
-        """On the owner thread: account for a finished flush."""
+        Raises:
+            FlushIOError: the step that failed, with the OS error.
+        """
+        step = ""
+        try:
+            for seg, _ in plan.syncs:
+                step = f"the fsync of {os.path.basename(seg.log_path)}"
+                seg.file.sync()
+            if plan.sync_dir:
+                step = "the fsync of the directory"
+                self.fs.sync_dir(self.directory)
+            for seg, index, timeindex in plan.seals:
+                for suffix, data in ((".index", index), (".timeindex", timeindex)):
+                    step = f"writing the index {os.path.basename(seg.path(suffix))}"
+                    write_atomic(self.fs, seg.path(suffix), data)
+        except FlushIOError:
+            raise
+        except OSError as exc:
+            raise FlushIOError(step, exc) from exc
+
+    def _flush_done(self, plan: _FlushPlan, error: OSError | None, *, report: bool = True) -> None:
+        """On the owner thread: account for a finished flush (``report``: log a failure;
+        :meth:`close` leaves that to its caller, which reports every log's at once)."""
         self._flushing = False
         if error is not None:
             if plan.sync_dir:
                 self._dir_dirty = True
-            self._failed = StorageError(
-                f"fsync of {self.directory} failed: {error}; batches appended since offset "
-                f"{self._flushed} are not acknowledged and the log accepts no more writes"
+            # Under ``always`` no batch past the flushed offset was acknowledged; under the
+            # other policies they were, and the next start's recovery keeps what is intact.
+            unacked = (
+                "are not acknowledged"
+                if self.config.fsync is FsyncPolicy.ALWAYS
+                else "are not known to be on stable storage"
             )
-            log.error("%s", self._failed.message)
+            self._failed = StorageError(
+                f"flushing {self.directory} failed at {_describe_flush_error(error)}; batches "
+                f"appended since offset {self._flushed} {unacked}, and the log accepts no more "
+                "writes"
+            )
+            if report:
+                log.error("%s", self._failed.message)
         elif plan.truncations == self._truncations:
             for seg, size in plan.syncs:
                 seg.synced_size = max(seg.synced_size, size)
@@ -845,6 +869,9 @@ class PartitionLog:
             StorageError: the fsync failed; the log then refuses writes.
             RuntimeError: an asynchronous flush is running (use :meth:`flush_async`).
         """
+        self._flush_now(report=True)
+
+    def _flush_now(self, *, report: bool) -> None:
         if self._flushing:
             raise RuntimeError("flush() while an asynchronous flush runs: await flush_async()")
         if self._failed is not None:
@@ -855,7 +882,7 @@ class PartitionLog:
             self._flush_io(plan)
         except OSError as exc:
             error = exc
-        self._flush_done(plan, error)
+        self._flush_done(plan, error, report=report)
         if self._failed is not None:
             raise self._failed
 
@@ -1125,7 +1152,8 @@ class PartitionLog:
         every segment, active one included, and close the files.
 
         Raises:
-            StorageError: the final flush failed (files are closed all the same).
+            StorageError: the final flush failed (files are closed all the same); not logged
+                here: the caller reports it (the log manager, once for every log).
         """
         if self._closed:
             return
@@ -1134,7 +1162,7 @@ class PartitionLog:
             if self._failed is None and self._corrupt is None:
                 for seg in self._segments:
                     seg.sealed = True  # so the flush writes every segment's indexes
-                self.flush()
+                self._flush_now(report=False)
         finally:
             self._closed = True
             self._close_files()
@@ -1235,3 +1263,26 @@ def _headers_in(data: bytes) -> list[int]:
     except RecordBatchError:
         pass  # the first header that does not parse ends the count
     return out
+
+
+class FlushIOError(OSError):
+    """A flush's blocking step failed: which step (``step``, e.g. "writing the index
+    00000000000000000000.index") and the OS error (``error``)."""
+
+    def __init__(self, step: str, error: OSError) -> None:
+        super().__init__(error.errno, error.strerror, error.filename)
+        self.step = step
+        self.error = error
+
+
+def describe_os_error(error: OSError) -> str:
+    """``No space left on device (ENOSPC)``: the OS's words and the errno's name."""
+    name = errno.errorcode.get(error.errno or 0)
+    words = error.strerror or str(error)
+    return f"{words} ({name})" if name else words
+
+
+def _describe_flush_error(error: OSError) -> str:
+    if isinstance(error, FlushIOError):
+        return f"{error.step}: {describe_os_error(error.error)}"
+    return describe_os_error(error)

@@ -47,7 +47,7 @@ from tidewire.errors import (
 )
 from tidewire.storage.config import FsyncPolicy, LogConfig
 from tidewire.storage.fs import FileLock, FileSystem, LockHeldError, OsFileSystem, write_atomic
-from tidewire.storage.log import Clock, PartitionLog, wall_clock_ms
+from tidewire.storage.log import Clock, PartitionLog, describe_os_error, wall_clock_ms
 
 __all__ = ["LogManager", "validate_topic_name"]
 
@@ -415,13 +415,12 @@ class LogManager:
         """
         if self._closed or not self._opened:
             return
-        errors: list[StorageError] = []
+        errors: list[TidewireError] = []
         for plog in self.logs.values():
             try:
                 await plog.close_async()  # each log right after it goes idle
-            except TidewireError as exc:
-                log.error("closing %s: %s", plog.directory, exc)
-                errors.append(StorageError(str(exc)))
+            except TidewireError as exc:  # reported once for every log, by _finish_close
+                errors.append(exc)
         self._finish_close(errors)
 
     def close(self) -> None:
@@ -432,13 +431,14 @@ class LogManager:
         """
         if self._closed or not self._opened:
             return
-        errors: list[StorageError] = []
+        errors: list[TidewireError] = []
         for plog in self.logs.values():
             try:
                 plog.close()
-            except (TidewireError, RuntimeError) as exc:  # RuntimeError: a flush is running
-                log.error("closing %s: %s", plog.directory, exc)
-                errors.append(StorageError(str(exc)))
+            except TidewireError as exc:  # reported once for every log, by _finish_close
+                errors.append(exc)
+            except RuntimeError as exc:  # a flush is running
+                errors.append(StorageError(f"closing {plog.directory}: {exc}"))
         self._finish_close(errors)
 
     def abandon(self) -> None:
@@ -449,22 +449,45 @@ class LogManager:
         self._closed = True
         self._unlock_dir()
 
-    def _finish_close(self, errors: list[StorageError]) -> None:
-        clean = not errors and all(
-            p.failed is None and p.corruption is None for p in self.logs.values()
-        )
-        first_error = errors[0] if errors else None
+    def _finish_close(self, errors: list[TidewireError]) -> None:
+        """Write the checkpoint and, if every log closed cleanly, the clean-shutdown marker;
+        then release the directory's lock.
+
+        Raises:
+            StorageError: one for all: how many logs could not be flushed and the first one's
+                cause (a full disk: ``No space left on device (ENOSPC)``), or the checkpoint
+                or marker that could not be written.
+        """
+        failed_before = sum(1 for p in self.logs.values() if p.failed is not None) - len(errors)
+        corrupt = sum(1 for p in self.logs.values() if p.corruption is not None)
+        clean = not errors and failed_before <= 0 and not corrupt
         self._closed = True
         try:
             self.write_recovery_checkpoint()
             if clean:
                 write_atomic(self.fs, f"{self.data_dir}/{CLEAN_SHUTDOWN_FILE}", b"{}\n")
         except OSError as exc:
-            raise StorageError(f"closing {self.data_dir} failed: {exc}") from exc
+            if not errors:
+                raise StorageError(
+                    f"closing {self.data_dir} failed: {describe_os_error(exc)}: "
+                    f"{exc.filename}; the next start recovers every log"
+                ) from exc
         finally:
             self._unlock_dir()  # last: the next owner may open the directory from here on
-        if first_error is not None:
-            raise first_error
+        if errors:
+            raise StorageError(
+                f"closing {self.data_dir}: {len(errors)} of {len(self.logs)} log(s) could not "
+                "be flushed, so the clean-shutdown marker is not written and the next start "
+                f"recovers them; the first: {errors[0].message}"
+            )
+        if not clean:
+            log.warning(
+                "closed %s without the clean-shutdown marker (%d log(s) failed earlier, %d "
+                "corrupt): the next start recovers them",
+                self.data_dir,
+                max(failed_before, 0),
+                corrupt,
+            )
 
     async def __aenter__(self) -> LogManager:
         if not self._opened:

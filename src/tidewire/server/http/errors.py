@@ -67,6 +67,7 @@ STATUS: dict[type[tw.TidewireError], int] = {
     tw.InvalidConfigError: 400,
     tw.ProtocolError: 400,
     tw.BackpressureError: 503,
+    tw.ShuttingDownError: 503,
     tw.GroupFullError: 503,
     tw.StorageError: 503,
     tw.RequestTimedOutError: 504,

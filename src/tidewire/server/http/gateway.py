@@ -3,10 +3,20 @@
 One :class:`HttpGateway` runs one uvicorn server per app, each on its own port, all as tasks
 of the running loop (the loop that owns the broker; no thread, no second loop). uvicorn
 installs no signal handlers here and runs no lifespan: the program that owns the loop (``tidewire
-serve``, :class:`~tidewire.embedded.EmbeddedBroker`) decides when to stop, and
-:meth:`HttpGateway.close` drains every listener: no new connections, idle keep-alive
-connections closed, requests in flight (long-polls answered at once with what they have)
-given up to ``grace_s`` to finish, then cancelled.
+serve``, :class:`~tidewire.embedded.EmbeddedBroker`) decides when to stop, and drains every
+listener (:meth:`HttpGateway.close` does it alone; ``tidewire serve`` does it step by step,
+with the binary listener, see :mod:`tidewire.server.drain`):
+
+1. :meth:`~HttpGateway.stop_accepting`: the listening sockets close, new connections are
+   refused;
+2. :meth:`~HttpGateway.begin_drain`: ``closing`` is set, so long-polls answer at once with
+   what they have, SSE streams end and WebSocket streams close with 1001 (going away); idle
+   keep-alive connections close, the others close after the answer in flight
+   (``Connection: close``);
+3. :meth:`~HttpGateway.wait_in_flight`: the requests in flight finish, up to a deadline;
+4. :meth:`~HttpGateway.finish`: connections still open are aborted (their requests see the
+   client gone and end), a request still running :data:`FINAL_CLOSE_S` later is cancelled,
+   and the uvicorn servers end.
 
 :meth:`HttpGateway.for_broker` assembles the listeners the configuration asks for: the native
 API on ``http_port`` and the compatibility modes on their own ports.
@@ -28,6 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tidewire._tasks import cancel_and_wait
 from tidewire.broker import Broker
@@ -59,6 +71,15 @@ IPUBSUB = "ipubsub"
 DEFAULT_GRACE_S = 10.0
 #: How long :meth:`HttpGateway.start` waits for one listener to come up (seconds).
 START_TIMEOUT_S = 30.0
+#: At the end of a drain, how long requests on aborted connections get to notice it before
+#: they are cancelled (seconds).
+FINAL_CLOSE_S = 1.0
+#: How often :meth:`HttpGateway.wait_in_flight` looks whether the connections closed (seconds;
+#: uvicorn has no event for it, and polls at 0.1 s itself).
+_POLL_S = 0.02
+#: Connections speaking HTTP (not upgraded): told to close after their answer in flight.
+_HTTP_PROTOCOLS = (HttpToolsProtocol, H11Protocol)
+
 #: Keep-alive connections idle for this long are closed (seconds): long enough for a load
 #: generator's or a browser's next request, short enough not to hoard sockets.
 KEEP_ALIVE_S = 30
@@ -69,11 +90,13 @@ AsgiApp = Callable[..., Any]
 
 class _Server(uvicorn.Server):
     """uvicorn's server without its signal handling (the loop's owner has its own), telling
-    when it listens."""
+    when it listens, and whose shutdown leaves the draining to :class:`HttpGateway`."""
 
     def __init__(self, config: uvicorn.Config) -> None:
         super().__init__(config)
         self.ready = asyncio.Event()
+        #: Set by :meth:`HttpGateway.finish`: no connection is left, the server may end.
+        self.drained = asyncio.Event()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -82,6 +105,33 @@ class _Server(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         self.ready.set()
+
+    def stop_accepting(self) -> None:
+        for server in getattr(self, "servers", ()):
+            server.close()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn's own waits out its grace period polling, then cancels what runs with an
+        # ERROR and a traceback each; the gateway drains instead (answering long-polls and
+        # ending streams at once), and this only ends the server once it has.
+        self.stop_accepting()
+        for sock in sockets or []:
+            sock.close()
+        await self.drained.wait()
+        for server in getattr(self, "servers", ()):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(server.wait_closed(), FINAL_CLOSE_S)
+        if not self.force_exit:
+            await self.lifespan.shutdown()
+
+
+class _DropCancelled(logging.Filter):
+    """Drops uvicorn's "Exception in ASGI application" for a request the drain cancelled
+    (the drain reports how many, once)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, asyncio.CancelledError)
 
 
 @dataclass(slots=True)
@@ -290,24 +340,99 @@ class HttpGateway:
             raise OSError(f"HTTP listener {listener.name} did not start in {START_TIMEOUT_S} s")
         log.info("HTTP %s listening on %s:%d", listener.name, listener.host, listener.port)
 
-    async def close(self) -> None:
-        """Drain every listener: stop accepting, close idle connections, answer long-polls,
-        let requests in flight finish (up to ``grace_s``, then cancel them)."""
+    # --- draining (see the module docstring) ------------------------------------------------------
+
+    def _servers(self) -> list[_Server]:
+        return [li.server for li in self._listeners.values() if li.server is not None]
+
+    def stop_accepting(self) -> None:
+        """Close every listening socket now: new connections are refused from here on."""
+        for server in self._servers():
+            server.stop_accepting()
+
+    def connections(self) -> int:
+        """Open connections, on every listener."""
+        return sum(len(s.server_state.connections) for s in self._servers())
+
+    def in_flight(self) -> int:
+        """Requests (and WebSocket sessions) running, on every listener."""
+        return sum(len(s.server_state.tasks) for s in self._servers())
+
+    def begin_drain(self) -> None:
+        """Set ``closing`` (long-polls answer, streams end), close idle keep-alive
+        connections and mark the others to close after their answer."""
         self.closing.set()
-        for listener in self._listeners.values():
-            if listener.server is not None:
-                listener.server.should_exit = True
+        for server in self._servers():
+            server.should_exit = True
+            for conn in list(server.server_state.connections):
+                # A WebSocket is closed by its session, with 1001 (going away); uvicorn's
+                # shutdown() would close it with 1012 first.
+                if isinstance(conn, _HTTP_PROTOCOLS):
+                    conn.shutdown()
+
+    async def wait_in_flight(self, deadline: float) -> int:
+        """Wait until every connection has closed, or the loop time ``deadline``; return how
+        many requests still run."""
+        loop = asyncio.get_running_loop()
+        while True:
+            tasks = {t for s in self._servers() for t in s.server_state.tasks}
+            left = deadline - loop.time()
+            if (not tasks and not self.connections()) or left <= 0:
+                return len(tasks)
+            if tasks:
+                await asyncio.wait(tasks, timeout=min(left, _POLL_S))
+            else:
+                await asyncio.sleep(min(left, _POLL_S))
+
+    async def finish(self) -> int:
+        """End the drain: abort the connections still open, cancel a request still running
+        :data:`FINAL_CLOSE_S` later, end the servers. Return how many requests were cut."""
+        self.closing.set()
+        cut = 0
+        for server in self._servers():
+            for conn in list(server.server_state.connections):
+                cut += 1
+                conn.transport.abort()
+        tasks = {t for s in self._servers() for t in s.server_state.tasks}
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=FINAL_CLOSE_S)
+            if pending:
+                log.warning(
+                    "cancelling %d HTTP request(s) still running after the drain", len(pending)
+                )
+                quiet = _DropCancelled()
+                uvicorn_log = logging.getLogger("uvicorn.error")
+                uvicorn_log.addFilter(quiet)
+                try:
+                    for t in pending:
+                        t.cancel()
+                    await asyncio.wait(pending)
+                finally:
+                    uvicorn_log.removeFilter(quiet)
+        for server in self._servers():
+            server.should_exit = True
+            server.drained.set()
         for listener in self._listeners.values():
             task, listener.task = listener.task, None
             if task is None:
                 continue
             try:
-                # uvicorn's own grace period, then a little for it to close the sockets.
-                await asyncio.wait_for(asyncio.shield(task), self.grace_s + 5.0)
+                await asyncio.wait_for(asyncio.shield(task), FINAL_CLOSE_S + 1.0)
             except TimeoutError:
                 await cancel_and_wait(task)
             except Exception as exc:  # already logged by _log_failure
                 log.debug("HTTP listener %s ended with %r", listener.name, exc)
+        return cut
+
+    async def close(self) -> None:
+        """Drain every listener: stop accepting, close idle connections, answer long-polls
+        and end streams, let requests in flight finish (up to ``grace_s``), then cut what
+        is left."""
+        deadline = asyncio.get_running_loop().time() + self.grace_s
+        self.stop_accepting()
+        self.begin_drain()
+        await self.wait_in_flight(deadline)
+        await self.finish()
 
     async def __aenter__(self) -> HttpGateway:
         await self.start()
