@@ -279,7 +279,12 @@ def consume(
         typer.Option("--print-key", help="Text format: print KEY SEP VALUE.", show_default=False),
     ] = False,
     key_separator: Annotated[
-        str, typer.Option(help="Text format: what goes between key and value.", metavar="SEP")
+        str,
+        typer.Option(
+            help="Text format: what goes between key and value.  [default: a tab]",
+            metavar="SEP",
+            show_default=False,  # a tab would show as blank space
+        ),
     ] = "\t",
     group: Annotated[
         str | None,
