@@ -25,6 +25,10 @@ validation decides what is in range) and a one-line meaning. The file looks like
 :class:`~tidewire.errors.InvalidConfigError` whose message says where the value came from
 (the file and key, the environment variable, or the flag) and what is allowed.
 :func:`default_toml` writes a commented file of every key at its default.
+
+A renamed setting keeps its old name as a deprecated alias (:data:`DEPRECATED`) in the file,
+the environment and the flags: it still works, and :attr:`Settings.warnings` says what to
+write instead.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from tidewire.storage.manager import MAX_PARTITION
 
 __all__ = [
     "DEFAULT_DATA_DIR",
+    "DEPRECATED",
     "ENV_PREFIX",
     "SECTIONS",
     "SETTINGS",
@@ -83,10 +88,11 @@ class Setting:
 
     Attributes:
         section: its TOML table.
-        key: its TOML key, also the field of the config class it sets.
+        key: its TOML key.
         kind: the type of its value.
         flag: its command-line flag.
         help: what it means, in one line.
+        field: the field of the config class it sets (its key unless they differ).
     """
 
     section: Section
@@ -94,6 +100,11 @@ class Setting:
     kind: Kind
     flag: str
     help: str
+    field: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.field:
+            object.__setattr__(self, "field", self.key)
 
     @property
     def env(self) -> str:
@@ -109,11 +120,13 @@ class Setting:
             "server": _SERVER_DEFAULTS,
             "http": _HTTP_DEFAULTS,
         }[self.section]
-        return getattr(source, self.key)
+        return getattr(source, self.field)
 
 
-def _s(section: Section, key: str, kind: Kind, help: str, flag: str = "") -> Setting:
-    return Setting(section, key, kind, flag or "--" + key.replace("_", "-"), help)
+def _s(
+    section: Section, key: str, kind: Kind, help: str, flag: str = "", *, field: str = ""
+) -> Setting:
+    return Setting(section, key, kind, flag or "--" + key.replace("_", "-"), help, field)
 
 
 #: Every setting, in the order of the file ``tidewire config init`` writes.
@@ -153,7 +166,13 @@ SETTINGS: tuple[Setting, ...] = (
     _s(
         "log", "retention_bytes", "int", "Delete oldest segments beyond this size, bytes; -1: keep."
     ),
-    _s("log", "max_batch_bytes", "int", "The largest record batch a topic accepts, bytes."),
+    _s(
+        "log",
+        "max_message_bytes",
+        "int",
+        "The largest message (record batch) a topic accepts, bytes (61..268,435,456).",
+        field="max_batch_bytes",
+    ),
     _s("server", "host", "str", "Address the binary protocol listens on."),
     _s("server", "port", "int", "TCP port of the binary protocol (0: any free port)."),
     _s("server", "max_connections", "int", "Client connections at once; more are closed."),
@@ -205,6 +224,24 @@ SETTINGS: tuple[Setting, ...] = (
 )
 _BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 
+#: Old names of renamed settings: old key -> the setting's key. Each still works as a key of
+#: the same section, as TIDEWIRE_<OLD KEY> and as --old-key, with a warning. The topic
+#: setting's name (CREATE_TOPIC, the HTTP API, tidewire topic create) was always
+#: max_message_bytes, as Kafka's topic setting max.message.bytes.
+DEPRECATED: Mapping[str, str] = {"max_batch_bytes": "max_message_bytes"}
+
+
+def _alias_env(old: str) -> str:
+    return ENV_PREFIX + old.upper()
+
+
+def _alias_flag(old: str) -> str:
+    return "--" + old.replace("_", "-")
+
+
+def _deprecation(old_name: str, new_name: str) -> str:
+    return f"{old_name} is deprecated, use {new_name} (the same setting)"
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -217,21 +254,25 @@ class Settings:
         origins: for each key of :data:`SETTINGS`, where its value came from: ``"default"``,
             ``"FILE [section] key"``, ``"environment variable TIDEWIRE_KEY"`` or
             ``"flag --key"``.
+        warnings: one line for each deprecated name used (:data:`DEPRECATED`), saying what
+            to use instead.
     """
 
     broker: BrokerConfig
     server: ServerConfig
     http: HttpConfig
     origins: Mapping[str, str]
+    warnings: tuple[str, ...] = ()
 
     def value(self, key: str) -> object:
         """The value of one setting of :data:`SETTINGS` by its key."""
-        section = _BY_KEY[key].section
+        setting = _BY_KEY[key]
+        section, field = setting.section, setting.field
         if section == "log":
-            return getattr(self.broker.log, key)
+            return getattr(self.broker.log, field)
         if section == "http":
-            return getattr(self.http, key)
-        return getattr(self.broker if section == "broker" else self.server, key)
+            return getattr(self.http, field)
+        return getattr(self.broker if section == "broker" else self.server, field)
 
 
 # --- loading ----------------------------------------------------------------------------------
@@ -249,8 +290,9 @@ def load_settings(
         path: a TOML file (None: none).
         env: environment variables (None: ``os.environ``); only ``TIDEWIRE_<KEY>`` of a
             setting is read, other variables are ignored (see :func:`unknown_env_vars`).
-        flags: values given on the command line by setting key, already of the setting's
-            type (None values mean "not given").
+        flags: values given on the command line by setting key (or a deprecated key of
+            :data:`DEPRECATED`), already of the setting's type (None values mean "not
+            given").
 
     Raises:
         InvalidConfigError: an unreadable or malformed file, an unknown section or key, a
@@ -258,6 +300,7 @@ def load_settings(
     """
     values: dict[str, Any] = {s.key: s.default for s in SETTINGS}
     origins: dict[str, str] = dict.fromkeys(values, "default")
+    warnings: list[str] = []
 
     def take(setting: Setting, value: Any, origin: str) -> None:
         _check_range(setting, value, origin)
@@ -265,23 +308,41 @@ def load_settings(
         origins[setting.key] = origin
 
     if path is not None:
-        for setting, value, origin in _read_file(path):
+        for setting, value, origin in _read_file(path, warnings):
             take(setting, value, origin)
     environ = os.environ if env is None else env
     for setting in SETTINGS:
-        raw = environ.get(setting.env)
-        if raw is not None:
-            origin = f"environment variable {setting.env}"
-            take(setting, _parse_env(setting, raw, origin), origin)
-    for key, given in (flags or {}).items():
-        if given is None:
-            continue
+        names = [setting.env] + [
+            _alias_env(old) for old, new in DEPRECATED.items() if new == setting.key
+        ]
+        given_env = [n for n in names if environ.get(n) is not None]
+        if len(given_env) > 1:
+            raise InvalidConfigError(
+                f"environment variables {' and '.join(given_env)} are the same setting: "
+                f"set only {setting.env}"
+            )
+        for name in given_env:
+            if name != setting.env:
+                warnings.append(_deprecation(f"environment variable {name}", setting.env))
+            origin = f"environment variable {name}"
+            take(setting, _parse_env(setting, environ[name], origin), origin)
+    given_flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    for name, given in given_flags.items():
+        flag, key = None, DEPRECATED.get(name, name)
+        if name in DEPRECATED:
+            flag = _alias_flag(name)
+            if given_flags.get(key) is not None:
+                raise InvalidConfigError(
+                    f"flags {flag} and {_BY_KEY[key].flag} are the same setting: "
+                    f"give only {_BY_KEY[key].flag}"
+                )
+            warnings.append(_deprecation(f"flag {flag}", _BY_KEY[key].flag))
         setting = _BY_KEY[key]
         value = float(given) if setting.kind == "float" and isinstance(given, int) else given
-        take(setting, value, f"flag {setting.flag}")
+        take(setting, value, f"flag {flag or setting.flag}")
 
     def of(section: Section) -> dict[str, Any]:
-        return {s.key: values[s.key] for s in SETTINGS if s.section == section}
+        return {s.field: values[s.key] for s in SETTINGS if s.section == section}
 
     # Each value was checked on its own above; building the whole catches what depends on
     # several of them together, and names every source involved.
@@ -293,18 +354,20 @@ def load_settings(
     except InvalidConfigError as exc:
         where = "; ".join(sorted({o for o in origins.values() if o != "default"})) or "defaults"
         raise InvalidConfigError(f"{where}: {exc.message}") from None
-    return Settings(broker=broker, server=server, http=http, origins=origins)
+    return Settings(
+        broker=broker, server=server, http=http, origins=origins, warnings=tuple(warnings)
+    )
 
 
 def unknown_env_vars(env: Mapping[str, str] | None = None) -> list[str]:
     """Names in ``env`` (None: ``os.environ``) that start with ``TIDEWIRE_`` but name no
     setting: most likely a typo, which :func:`load_settings` would silently ignore."""
     environ = os.environ if env is None else env
-    known = {s.env for s in SETTINGS} | OTHER_ENV_VARS
+    known = {s.env for s in SETTINGS} | {_alias_env(old) for old in DEPRECATED} | OTHER_ENV_VARS
     return sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in known)
 
 
-def _read_file(path: Path) -> list[tuple[Setting, Any, str]]:
+def _read_file(path: Path, warnings: list[str]) -> list[tuple[Setting, Any, str]]:
     try:
         with open(path, "rb") as f:
             doc = tomllib.load(f)
@@ -333,7 +396,14 @@ def _read_file(path: Path) -> list[tuple[Setting, Any, str]]:
             )
         for key, value in table.items():
             origin = f"{path} [{section}] {key}"
-            setting = _BY_KEY.get(key)
+            setting = _BY_KEY.get(DEPRECATED.get(key, key))
+            if key in DEPRECATED and setting is not None and setting.section == section:
+                if setting.key in table:
+                    raise InvalidConfigError(
+                        f"{path} [{section}]: {key} and {setting.key} are the same setting: "
+                        f"keep only {setting.key}"
+                    )
+                warnings.append(_deprecation(f"{path} [{section}] {key}", setting.key))
             if setting is None or setting.section != section:
                 keys = [s.key for s in SETTINGS if s.section == section]
                 hint = (
@@ -439,15 +509,17 @@ def _check_range(setting: Setting, value: Any, origin: str) -> None:
         if setting.kind == "float" and not math.isfinite(value):
             raise InvalidConfigError(f"{setting.key}={value} must be a finite number")
         if setting.section == "log":
-            replace(_LOG_DEFAULTS, **{setting.key: value})
+            replace(_LOG_DEFAULTS, **{setting.field: value})
         elif setting.section == "broker":
-            replace(_BROKER_DEFAULTS, **{setting.key: value})
+            replace(_BROKER_DEFAULTS, **{setting.field: value})
         elif setting.section == "http":
-            replace(_HTTP_DEFAULTS, **{setting.key: value})
+            replace(_HTTP_DEFAULTS, **{setting.field: value})
         else:
-            replace(_SERVER_DEFAULTS, **{setting.key: value})
+            replace(_SERVER_DEFAULTS, **{setting.field: value})
     except InvalidConfigError as exc:
-        raise InvalidConfigError(f"{origin}: {exc.message}") from None
+        # The config class names its field; say the setting's name where they differ.
+        message = exc.message.replace(f"{setting.field}=", f"{setting.key}=")
+        raise InvalidConfigError(f"{origin}: {message}") from None
 
 
 # --- the default file -------------------------------------------------------------------------

@@ -110,7 +110,7 @@ def test_an_oversized_batch_stores_nothing_of_the_request(tmp_path: Path) -> Non
             broker.create_topic("roomy", 1, LogConfig())
             for data in (big, small + big, small + big + small):
                 with pytest.raises(
-                    BatchTooLargeError, match=f"{len(big)} bytes .*max_batch_bytes={len(exact)}"
+                    BatchTooLargeError, match=f"{len(big)} bytes .*max_message_bytes={len(exact)}"
                 ):
                     await broker.produce("t", 0, data)
             await settle()

@@ -290,7 +290,7 @@ def test_alter_config_applies_to_every_partition_and_persists(tmp_path: Path) ->
             # In effect: the new limit refuses what the default accepted.
             big = batch([os.urandom(5000)])
             await broker.produce("other", 0, big)
-            with pytest.raises(BatchTooLargeError, match="max_batch_bytes=4,096"):
+            with pytest.raises(BatchTooLargeError, match="max_message_bytes=4,096"):
                 await broker.produce("t", 0, big)
             broker.alter_topic("t", partitions=4)  # later partitions take the current settings
             assert broker.log("t", 3).config == changed

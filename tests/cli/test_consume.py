@@ -131,6 +131,10 @@ def test_since(broker: Broker) -> None:
     assert sorted(absolute.stdout.splitlines()) == ["new0", "new1", "old0", "old1"]
     future = broker.cli("consume", "t", "--since", "2099-01-01T00:00:00Z", "--timeout", "0.3")
     assert (future.exit_code, future.stdout) == (0, "")
+    epoch = broker.cli("consume", "t", "--since", str(now - 2 * HOUR_MS), "--timeout", "0.5")
+    assert epoch.exit_code == 0, epoch.stderr
+    assert sorted(epoch.stdout.splitlines()) == ["new0", "new1"]
+    assert epoch.stderr == ""  # a start was given: no word about waiting
 
 
 def test_default_start_is_the_end(broker: Broker) -> None:
@@ -138,6 +142,11 @@ def test_default_start_is_the_end(broker: Broker) -> None:
     # Only what is published after it starts: nothing here, so --timeout ends it.
     quiet = broker.cli("consume", "t", "--timeout", "0.5")
     assert (quiet.exit_code, quiet.stdout) == (0, "")
+    # It says why it prints nothing, on stderr (stdout stays the messages alone).
+    assert quiet.stderr == (
+        "waiting for new messages on t (use --from-beginning to read from the start)\n"
+    )
+    assert broker.cli("consume", "t", "--from-beginning", "--timeout", "0.5").stderr == ""
     proc = subprocess.Popen(
         tidewire_cmd("consume", "t", "--count", "1", "--addr", broker.addr),
         stdout=subprocess.PIPE,
@@ -163,6 +172,7 @@ def test_default_start_is_the_end(broker: Broker) -> None:
     assert proc.returncode == 0, err
     assert out.decode().startswith("new-")
     assert out.count(b"\n") == 1
+    assert err.decode().startswith("waiting for new messages on t (use --from-beginning")
 
 
 def test_ctrl_c_exits_cleanly(broker: Broker) -> None:
@@ -232,6 +242,8 @@ def test_parse_since() -> None:
     assert parse_since("2024-05-01T14:00:00+02:00", now) == 1_714_564_800_000
     local = dt.datetime(2024, 5, 1, 12, 0).astimezone()
     assert parse_since("2024-05-01T12:00", now) == int(local.timestamp() * 1000)
-    for bad in ("", "10", "10 minutes", "-5m", "2024-13-01"):
+    assert parse_since("1714564800000", now) == 1_714_564_800_000  # ms since the epoch
+    assert parse_since(" 10 ", now) == 10
+    for bad in ("", "10 minutes", "-5m", "-5", "1.5", "2024-13-01"):
         with pytest.raises(ValueError, match="neither ISO-8601"):
             parse_since(bad, now)

@@ -234,6 +234,33 @@ def test_a_full_buffer_blocks_then_raises_buffer_full(kind: str, tmp_path: Path)
     run(main())
 
 
+def test_max_block_ms_0_never_waits_but_sends(kind: str, tmp_path: Path) -> None:
+    """0: the first send to a topic (not created yet: its metadata must be looked up, and
+    the broker creates it) succeeds; only a full buffer fails, at once."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (_, server):
+            opts = {"buffer_bytes": 4096, "batch_bytes": 4096, "max_block_ms": 0}
+            async with producing(kind, addr(server), **opts, **NO_LINGER_SEND) as p:
+                first = await p.send("new-topic", b"first", key=b"k")
+                futs = [first]
+                error: BufferFullError | None = None
+                for _ in range(100):  # ~40 fit
+                    try:
+                        futs.append(await p.send("new-topic", b"x" * 80, key=b"k"))
+                    except BufferFullError as exc:
+                        error = exc
+                        break
+                assert "buffer_bytes=4,096 stayed full for max_block_ms=0" in str(error)
+                assert 10 < len(futs) < 100
+                await p.flush()
+                metas = await p.results(futs)
+                assert [m.offset for m in metas] == list(range(len(futs)))
+                assert metas[0].topic == "new-topic"
+
+    run(main())
+
+
 def test_a_waiting_send_goes_on_once_room_is_made(tmp_path: Path) -> None:
     async def main() -> None:
         async with serve(tmp_path) as (broker, server):

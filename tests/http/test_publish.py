@@ -130,7 +130,7 @@ def test_too_large_is_413(tmp_path: Path) -> None:
         r = client.post("/v1/topics/small/messages", json={"value": "x" * 2000, "partition": 0})
         assert r.status_code == 413
         assert error_of(r)["name"] == "BatchTooLargeError"
-        assert "max_batch_bytes=1,000" in error_of(r)["message"]
+        assert "max_message_bytes=1,000" in error_of(r)["message"]
         assert client.get("/v1/topics/small").status_code == 404
         # Nor does a later one store anything.
         assert client.post("/v1/topics", json={"name": "small"}).status_code == 201

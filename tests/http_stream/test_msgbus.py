@@ -123,7 +123,7 @@ def test_a_payload_over_the_topics_batch_limit_is_413(tmp_path: Path) -> None:
     with gateway(tmp_path, http_msgbus_port=0, log=LogConfig(max_batch_bytes=1000)) as eb:
         r = httpx.put(url(eb, "/small"), content=b"x" * 2000)
         assert r.status_code == 413
-        assert "max_batch_bytes=1,000" in r.text
+        assert "max_message_bytes=1,000" in r.text
         assert httpx.put(url(eb, "/small"), content=b"x" * 100).status_code == 202
 
 

@@ -528,8 +528,9 @@ class Broker:
         while pos < len(view):
             h = check_appendable(view, pos)
             if h.size > max_batch_bytes:
+                # The topic setting's name (LogConfig.max_batch_bytes in the storage API).
                 raise BatchTooLargeError(
-                    f"batch of {h.size:,} bytes exceeds max_batch_bytes={max_batch_bytes:,}"
+                    f"batch of {h.size:,} bytes exceeds max_message_bytes={max_batch_bytes:,}"
                 )
             out.append((pos, pos + h.size, h))
             pos += h.size

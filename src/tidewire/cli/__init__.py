@@ -44,6 +44,10 @@ app = typer.Typer(
     help="tidewire: a pub/sub message broker with partitioned, durable topics.",
     no_args_is_help=True,
     add_completion=False,
+    # Plain help, for every command (sub-apps inherit it): typer's rich help prints a type
+    # placeholder for every flag (`--help <bool>`) and reads "[default: ...]" in help texts
+    # as markup.
+    rich_markup_mode=None,
 )
 
 

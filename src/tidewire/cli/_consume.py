@@ -63,6 +63,9 @@ LATEST = -1
 
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 _RELATIVE = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d|w)\s*$")
+#: A bare integer: ms since the epoch (ISO-8601's basic dates are not taken: 20240501 is a
+#: timestamp in 1970, so write dates as 2024-05-01).
+_EPOCH_MS = re.compile(r"^\s*\d+\s*$")
 
 
 class Format(enum.StrEnum):
@@ -75,22 +78,25 @@ def parse_since(text: str, now_ms: int) -> int:
 
     Args:
         text: ISO-8601 (``2024-05-01T12:00:00Z``, ``2024-05-01``; local time when it has no
-            offset) or a duration back from ``now_ms``: a number and a unit among ``ms``,
-            ``s``, ``m``, ``h``, ``d``, ``w`` (``10m``, ``2h``).
+            offset), ms since the epoch (a bare integer: ``1714564800000``, as Kafka's tools
+            and record timestamps write it) or a duration back from ``now_ms``: a number and
+            a unit among ``ms``, ``s``, ``m``, ``h``, ``d``, ``w`` (``10m``, ``2h``).
         now_ms: the present, ms since the epoch.
 
     Raises:
-        ValueError: neither form.
+        ValueError: none of these forms.
     """
     m = _RELATIVE.match(text)
     if m:
         return now_ms - int(m.group(1)) * _UNITS_MS[m.group(2)]
+    if _EPOCH_MS.match(text):
+        return int(text)
     try:
         when = dt.datetime.fromisoformat(text.strip())
     except ValueError:
         raise ValueError(
-            f"--since {text!r} is neither ISO-8601 (2024-05-01T12:00:00Z) "
-            "nor a duration (30s, 10m, 2h, 1d)"
+            f"--since {text!r} is neither ISO-8601 (2024-05-01T12:00:00Z), ms since the epoch "
+            "(1714564800000) nor a duration (30s, 10m, 2h, 1d)"
         ) from None
     if when.tzinfo is None:
         when = when.astimezone()  # local time, as a person typing a date means it
@@ -181,6 +187,13 @@ async def _consume(
             offsets[p] = start.offset
         else:
             offsets[p] = await client.list_offset(topic, p, start.timestamp)
+    if start.offset is None and start.timestamp == LATEST:
+        # The default start, as Kafka's console consumer: the end. Say so, on stderr, so a
+        # person does not take the silence for a broken command.
+        typer.echo(
+            f"waiting for new messages on {topic} (use --from-beginning to read from the start)",
+            err=True,
+        )
     queue: asyncio.Queue[tuple[int, Record] | TidewireError] = asyncio.Queue(QUEUE_MAX)
     loop = asyncio.get_running_loop()
     tasks = [
@@ -239,7 +252,8 @@ def consume(
         str | None,
         typer.Option(
             help="Start at the first message at or after TIME: ISO-8601 "
-            "(2024-05-01T12:00:00Z) or back from now (30s, 10m, 2h, 1d).",
+            "(2024-05-01T12:00:00Z), ms since the epoch (1714564800000) or back from now "
+            "(30s, 10m, 2h, 1d).",
             metavar="TIME",
         ),
     ] = None,
@@ -265,7 +279,12 @@ def consume(
         typer.Option("--print-key", help="Text format: print KEY SEP VALUE.", show_default=False),
     ] = False,
     key_separator: Annotated[
-        str, typer.Option(help="Text format: what goes between key and value.", metavar="SEP")
+        str,
+        typer.Option(
+            help="Text format: what goes between key and value.  [default: a tab]",
+            metavar="SEP",
+            show_default=False,  # a tab would show as blank space
+        ),
     ] = "\t",
     group: Annotated[
         str | None,
@@ -279,7 +298,8 @@ def consume(
     ] = None,
     addr: AddrOption = DEFAULT_ADDR,
 ) -> None:
-    """Print a topic's messages: by default only new ones, from every partition.
+    """Print a topic's messages: by default only new ones (it says so on stderr), from
+    every partition; --from-beginning, --offset or --since start earlier.
 
     Stops after --count messages, when --timeout seconds pass without one, or on Ctrl-C.
     """

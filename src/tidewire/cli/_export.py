@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from tidewire._extras import SparkMissingError, require_spark
+
 from ._common import (
     DEFAULT_ADDR,
     EXIT_ERROR,
@@ -76,9 +78,16 @@ def export(
     Runs until Ctrl-C (--once: copies what TOPIC holds now, then stops); a line per batch.
 
     Run again with the same --checkpoint to resume where it stopped; nothing is copied twice.
+
+    Needs Spark support: pip install 'tidewire[spark]'.
     """
     check_addr(addr)
-    # Spark is imported only by this command: the others start without it.
+    # Spark is imported only by this command: the others start without it, and without the
+    # extra tidewire[spark] installed.
+    try:
+        require_spark()
+    except SparkMissingError as exc:
+        fail(str(exc), EXIT_ERROR)
     from tidewire.spark._export import FORMATS, PARTITION_BY, ExportSpec  # noqa: PLC0415
 
     if fmt not in FORMATS:

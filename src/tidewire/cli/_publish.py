@@ -181,7 +181,12 @@ def publish(
     ] = None,
     header: Annotated[
         list[str] | None,
-        typer.Option("--header", "-H", help="A header KEY=VALUE (repeatable), on every message."),
+        typer.Option(
+            "--header",
+            "-H",
+            help="A header KEY=VALUE (repeatable), on every message.",
+            metavar="KEY=VALUE",
+        ),
     ] = None,
     partition: Annotated[
         int | None,

@@ -54,91 +54,209 @@ ConfigOption = Annotated[
 ]
 
 
+def _help(key: str, text: str) -> str:
+    """An option's help: ``text``, then the setting's default and environment variable (from
+    :data:`~tidewire.config.SETTINGS`, so --help shows what the config classes say)."""
+    setting = _SETTINGS[key]
+    default = setting.default
+    if isinstance(default, bool):
+        shown = setting.flag if default else "--no-" + setting.flag.removeprefix("--")
+    elif isinstance(default, int) and abs(default) >= 10_000:  # not ports
+        shown = f"{default:,}"
+    else:
+        shown = str(default)
+    return f"{text}  [default: {shown}; env: {setting.env}]"
+
+
+_SETTINGS = {s.key: s for s in SETTINGS}
+
+
 def serve(
     config: ConfigOption = None,
     data_dir: Annotated[
         Path | None,
-        typer.Option("--data-dir", help="Where the logs live (created if missing)."),
+        typer.Option(
+            "--data-dir",
+            help=_help("data_dir", "Where the logs live (created if missing)."),
+            show_default=False,
+        ),
     ] = None,
     default_partitions: Annotated[
         int | None,
         typer.Option(
             "--partitions",
-            help="Partitions of a topic created without a count.",
+            help=_help("default_partitions", "Partitions of a topic created without a count."),
+            show_default=False,
         ),
     ] = None,
     auto_create_topics: Annotated[
         bool | None,
         typer.Option(
             "--auto-create/--no-auto-create",
-            help="Create a topic on its first publish.",
+            help=_help("auto_create_topics", "Create a topic on its first publish."),
             show_default=False,
         ),
     ] = None,
     max_fetch_waiters: Annotated[
-        int | None, typer.Option(help="Long-poll fetches waiting at once.")
+        int | None,
+        typer.Option(
+            help=_help("max_fetch_waiters", "Long-poll fetches waiting at once."),
+            show_default=False,
+        ),
     ] = None,
     max_wait_ms: Annotated[
-        int | None, typer.Option(help="The longest a fetch may wait for data (ms).")
+        int | None,
+        typer.Option(
+            help=_help("max_wait_ms", "The longest a fetch may wait for data (ms)."),
+            show_default=False,
+        ),
     ] = None,
     fsync: Annotated[
         FsyncPolicy | None,
         typer.Option(
-            help="Durability of new topics: always (ack after fsync, group commit), "
-            "interval (fsync every --flush-interval-ms), never."
+            help=_help(
+                "fsync",
+                "Durability of new topics: always (ack after fsync, group commit), "
+                "interval (fsync every --flush-interval-ms), never.",
+            ),
+            show_default=False,
         ),
     ] = None,
     flush_interval_ms: Annotated[
-        int | None, typer.Option(help="fsync period under --fsync interval (ms).")
+        int | None,
+        typer.Option(
+            help=_help("flush_interval_ms", "fsync period under --fsync interval (ms)."),
+            show_default=False,
+        ),
     ] = None,
-    segment_bytes: Annotated[int | None, typer.Option(help="Segment size of new topics.")] = None,
-    segment_ms: Annotated[int | None, typer.Option(help="Segment age of new topics (ms).")] = None,
+    segment_bytes: Annotated[
+        int | None,
+        typer.Option(
+            help=_help("segment_bytes", "Segment size of new topics."), show_default=False
+        ),
+    ] = None,
+    segment_ms: Annotated[
+        int | None,
+        typer.Option(
+            help=_help("segment_ms", "Segment age of new topics (ms)."), show_default=False
+        ),
+    ] = None,
     retention_ms: Annotated[
-        int | None, typer.Option(help="Retention by age of new topics (ms; -1: keep).")
+        int | None,
+        typer.Option(
+            help=_help("retention_ms", "Retention by age of new topics (ms; -1: keep)."),
+            show_default=False,
+        ),
     ] = None,
     retention_bytes: Annotated[
-        int | None, typer.Option(help="Retention by size of new topics (bytes; -1: keep).")
+        int | None,
+        typer.Option(
+            help=_help("retention_bytes", "Retention by size of new topics (bytes; -1: keep)."),
+            show_default=False,
+        ),
+    ] = None,
+    max_message_bytes: Annotated[
+        int | None,
+        typer.Option(
+            help=_help(
+                "max_message_bytes", "The largest message (record batch) new topics accept."
+            ),
+            show_default=False,
+        ),
     ] = None,
     max_batch_bytes: Annotated[
-        int | None, typer.Option(help="The largest record batch new topics accept.")
+        int | None,
+        typer.Option(help="Deprecated: --max-message-bytes.", hidden=True),
     ] = None,
-    host: Annotated[str | None, typer.Option(help="Address to listen on.")] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(help=_help("host", "Address to listen on."), show_default=False),
+    ] = None,
     port: Annotated[
-        int | None, typer.Option(help="TCP port of the binary protocol (0: any free).")
+        int | None,
+        typer.Option(
+            help=_help("port", "TCP port of the binary protocol (0: any free)."),
+            show_default=False,
+        ),
     ] = None,
-    max_connections: Annotated[int | None, typer.Option(help="Client connections at once.")] = None,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(
+            help=_help("max_connections", "Client connections at once."), show_default=False
+        ),
+    ] = None,
     max_frame_bytes: Annotated[
-        int | None, typer.Option(help="The longest protocol frame accepted.")
+        int | None,
+        typer.Option(
+            help=_help("max_frame_bytes", "The longest protocol frame accepted."),
+            show_default=False,
+        ),
     ] = None,
     max_in_flight: Annotated[
-        int | None, typer.Option(help="Requests per connection before reads pause.")
+        int | None,
+        typer.Option(
+            help=_help("max_in_flight", "Requests per connection before reads pause."),
+            show_default=False,
+        ),
     ] = None,
     idle_timeout_s: Annotated[
-        float | None, typer.Option(help="Close a connection silent for this long (s).")
+        float | None,
+        typer.Option(
+            help=_help("idle_timeout_s", "Close a connection silent for this long (s)."),
+            show_default=False,
+        ),
     ] = None,
     frame_timeout_s: Annotated[
-        float | None, typer.Option(help="Close a connection whose frame takes this long (s).")
+        float | None,
+        typer.Option(
+            help=_help("frame_timeout_s", "Close a connection whose frame takes this long (s)."),
+            show_default=False,
+        ),
     ] = None,
     drain_timeout_s: Annotated[
         float | None,
         typer.Option(help="At a stop, how long requests in flight may take to finish (s)."),
     ] = None,
     event_loop: Annotated[
-        str | None, typer.Option(help="auto (uvloop when installed), asyncio or uvloop.")
+        str | None,
+        typer.Option(
+            help=_help("event_loop", "auto (uvloop when installed), asyncio or uvloop."),
+            show_default=False,
+        ),
     ] = None,
-    http_host: Annotated[str | None, typer.Option(help="Address the HTTP listeners bind.")] = None,
+    http_host: Annotated[
+        str | None,
+        typer.Option(
+            help=_help("http_host", "Address the HTTP listeners bind."), show_default=False
+        ),
+    ] = None,
     http_port: Annotated[
         int | None,
-        typer.Option(help="Port of the HTTP API (-1: off, the default; 0: any free)."),
+        typer.Option(
+            help=_help("http_port", "Port of the HTTP API (-1: off; 0: any free)."),
+            show_default=False,
+        ),
     ] = None,
     http_max_body_bytes: Annotated[
-        int | None, typer.Option(help="The longest HTTP request body accepted.")
+        int | None,
+        typer.Option(
+            help=_help("http_max_body_bytes", "The longest HTTP request body accepted."),
+            show_default=False,
+        ),
     ] = None,
     http_msgbus_port: Annotated[
-        int | None, typer.Option(help="Port of the msgbus-compatible HTTP API (-1: off).")
+        int | None,
+        typer.Option(
+            help=_help("http_msgbus_port", "Port of the msgbus-compatible HTTP API (-1: off)."),
+            show_default=False,
+        ),
     ] = None,
     http_ipubsub_port: Annotated[
-        int | None, typer.Option(help="Port of the iPubSub-compatible HTTP API (-1: off).")
+        int | None,
+        typer.Option(
+            help=_help("http_ipubsub_port", "Port of the iPubSub-compatible HTTP API (-1: off)."),
+            show_default=False,
+        ),
     ] = None,
     http_max_inflight_body_bytes: Annotated[
         int | None, typer.Option(help="Bytes of HTTP request bodies in flight at once.")
@@ -187,7 +305,8 @@ def serve(
         "segment_ms": segment_ms,
         "retention_ms": retention_ms,
         "retention_bytes": retention_bytes,
-        "max_batch_bytes": max_batch_bytes,
+        "max_message_bytes": max_message_bytes,
+        "max_batch_bytes": max_batch_bytes,  # the deprecated name: load_settings warns
         "host": host,
         "port": port,
         "max_connections": max_connections,
@@ -219,6 +338,8 @@ def serve(
     )
     for name in unknown_env_vars():
         log.warning("ignoring environment variable %s: no setting of that name", name)
+    for warning in settings.warnings:
+        log.warning("%s", warning)
     server = settings.server
     name, factory = loop_factory(server.event_loop)  # the setting was checked: cannot fail
     try:
@@ -308,6 +429,8 @@ def config_show(
         settings = load_settings(config)
     except InvalidConfigError as exc:
         fail(exc.message, EXIT_USAGE)
+    for warning in settings.warnings:
+        typer.echo(f"warning: {warning}", err=True)
     if as_json:
         doc: dict[str, dict[str, object]] = {s: {} for s in SECTIONS}
         for s in SETTINGS:

@@ -148,6 +148,9 @@ class AsyncProducer:
         buffer_bytes: the memory held by messages not yet answered; when it is full,
             ``send`` waits up to ``max_block_ms`` for room, then raises ``BufferFullError``.
         max_block_ms: see ``buffer_bytes``; also bounds the wait for a topic's metadata.
+            0: never wait for room (a send that finds the buffer full raises at once); the
+            first send to a topic still looks its metadata up, within
+            ``request_timeout_ms``.
         compression: ``"none"``, ``"gzip"``, ``"lz4"`` or ``"zstd"``, per batch.
         acks: ``"durable"`` (answered once stored under the topic's fsync policy, fsynced),
             ``"leader"`` (once written), ``"none"`` (no answer: offsets are -1, errors lost).
@@ -329,7 +332,7 @@ class AsyncProducer:
             if got == _NEED_METADATA:
                 if refreshed:
                     raise self._no_partition(topic, None)
-                await self._load_topic(topic, deadline - loop.time())
+                await self._load_topic(topic, self._metadata_wait_s(deadline - loop.time()))
                 refreshed = True
                 continue
             if got < len(values):
@@ -436,7 +439,7 @@ class AsyncProducer:
             if got == _NEED_METADATA:
                 if refreshed:
                     raise self._no_partition(topic, partition)
-                await self._load_topic(topic, deadline - loop.time())
+                await self._load_topic(topic, self._metadata_wait_s(deadline - loop.time()))
                 refreshed = True
                 continue
             remaining = deadline - loop.time()
@@ -616,10 +619,20 @@ class AsyncProducer:
                         await self._learn_stored(desc)
                     self._learn(desc)
         except TimeoutError:
-            raise RequestTimedOutError(
-                f"no metadata for topic {topic!r} within max_block_ms="
-                f"{self._settings.max_block_ms:,}"
-            ) from None
+            s = self._settings
+            limit = (
+                f"max_block_ms={s.max_block_ms:,}"
+                if s.max_block_ms
+                else f"request_timeout_ms={s.request_timeout_ms:,} (max_block_ms=0)"
+            )
+            raise RequestTimedOutError(f"no metadata for topic {topic!r} within {limit}") from None
+
+    def _metadata_wait_s(self, remaining_s: float) -> float:
+        """How long ``send`` may wait for a topic's metadata: what is left of
+        ``max_block_ms``; with ``max_block_ms=0`` (never wait for buffer room) a topic not
+        known yet must still be looked up once, bounded by ``request_timeout_ms``."""
+        s = self._settings
+        return remaining_s if s.max_block_ms else s.request_timeout_ms / 1000
 
     async def _describe(self, topics: list[str]) -> dict[str, TopicDescription]:
         response = await self._transport.request(MetadataRequest(topics=topics))

@@ -153,7 +153,7 @@ class Producer(BlockingTwin[AsyncProducer]):
                     continue
             if refreshed:
                 raise p._no_partition(topic, None)
-            self._run(p._load_topic(topic, deadline - time.monotonic()))
+            self._run(p._load_topic(topic, p._metadata_wait_s(deadline - time.monotonic())))
             refreshed = True
 
     @property
@@ -187,7 +187,7 @@ class Producer(BlockingTwin[AsyncProducer]):
                     continue
             if refreshed:
                 raise p._no_partition(topic, partition)
-            self._run(p._load_topic(topic, deadline - time.monotonic()))
+            self._run(p._load_topic(topic, p._metadata_wait_s(deadline - time.monotonic())))
             refreshed = True
 
     def flush(self, timeout_s: float | None = None) -> None:

@@ -14,7 +14,9 @@ One call registers it with a session::
 
 With tidewire installed in the Python that Spark runs, ``format("tidewire")`` also works
 without the call: Spark finds the source through the top-level module ``pyspark_tidewire``.
-The options, the columns and the guarantees are in docs/spark.md.
+The options, the columns and the guarantees are in docs/spark.md. It needs pyspark and
+pyarrow (``pip install 'tidewire[spark]'``); without them importing it raises
+:class:`ImportError` saying so.
 
 Public names::
 
@@ -30,9 +32,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tidewire.spark._plan import DataLossError
-from tidewire.spark._schema import arrow_schema, spark_schema
-from tidewire.spark._source import SOURCE_NAME, TidewireDataSource
+from tidewire._extras import require_spark
+
+# pyspark and pyarrow come with the extra tidewire[spark]: without them, one message saying
+# so rather than an ImportError from a module below.
+require_spark()
+
+from tidewire.spark._plan import DataLossError  # noqa: E402
+from tidewire.spark._schema import arrow_schema, spark_schema  # noqa: E402
+from tidewire.spark._source import SOURCE_NAME, TidewireDataSource  # noqa: E402
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

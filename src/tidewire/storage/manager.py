@@ -57,8 +57,8 @@ LOCK_FILE = ".lock"
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 RECOVERY_CHECKPOINT_FILE = "recovery-point-offset-checkpoint"
 LOG_CONFIG_FILE = "log.json"
-#: Topic names: what Kafka allows, and short enough that "NAME-PARTITION.<32 hex>-delete" stays
-#: within the 255-byte file name limit of common file systems.
+#: Topic names: Kafka's characters, but 200 of them rather than Kafka's 249, so that the longest
+#: directory name, "NAME-99999.<32 hex>-delete" (NAME + 46), fits the 255-byte file name limit.
 MAX_TOPIC_NAME = 200
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]+")
 _PARTITION_DIR_RE = re.compile(r"^([A-Za-z0-9._-]+)-(\d+)$")

@@ -86,7 +86,7 @@ class TopicConfig(_Strict):
 
 class CreateTopicRequest(_Strict):
     name: str = Field(
-        description="1..249 characters of [A-Za-z0-9._-], not '.' or '..'.",
+        description="1..200 characters of [A-Za-z0-9._-], not '.' or '..'.",
         max_length=10_000,
     )
     partitions: Annotated[int, Field(ge=1, le=_MAX_P)] | None = Field(
