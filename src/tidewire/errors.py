@@ -107,6 +107,7 @@ __all__ = [
     "UnsupportedCompressionError",
     "UnsupportedVersionError",
     "VarintError",
+    "fetch_error",
     "for_code",
 ]
 
@@ -145,6 +146,17 @@ class TidewireError(Exception):
 def for_code(code: int) -> type[TidewireError]:
     """Return the error class registered for a wire ``code`` (``UnknownError`` if none)."""
     return _REGISTRY.get(code, UnknownError)
+
+
+def fetch_error(
+    code: int, message: str, damage_start: int = -1, damage_end: int = -1
+) -> TidewireError:
+    """The error a fetch result's ``error_code`` stands for, with the damaged range of a
+    :class:`PartitionCorruptError` (the result's ``damage_start``/``damage_end``)."""
+    cls = for_code(code)
+    if issubclass(cls, PartitionCorruptError):
+        return cls(message, damage_start=damage_start, damage_end=damage_end)
+    return cls(message)
 
 
 class UnknownError(TidewireError):

@@ -336,7 +336,8 @@ def test_corruption_survives_a_reopen_and_truncation_below_it_clears_it(layout: 
     log.close()
     # the damage is recorded beside the log: known at once, before anything reads it
     log = PartitionLog.open(fs, DIR, CONFIG, clean=True)
-    assert log.corruption is not None and log.corruption.start == victim.base
+    assert log.corruption is not None
+    assert log.corruption.start == victim.base
     check_detected(log, layout, victim)
     assert log.truncate_to(victim.base) == victim.base
     assert log.corruption is None

@@ -35,7 +35,7 @@ from typing import Annotated
 import typer
 
 from tidewire.client import AsyncClient, AsyncGroupConsumer
-from tidewire.errors import TidewireError, UnknownPartitionError
+from tidewire.errors import PartitionCorruptError, TidewireError, UnknownPartitionError
 from tidewire.records import Record
 
 from ._common import (
@@ -144,14 +144,27 @@ async def _poll(
     partition: int,
     offset: int,
     queue: asyncio.Queue[tuple[int, Record] | TidewireError],
+    skip_damaged: bool = False,
 ) -> None:
     """Fetch one partition from ``offset`` on, forever, into ``queue``; a failure goes into
-    the queue too, for the printer to report."""
+    the queue too, for the printer to report. With ``skip_damaged``, a damaged range of the
+    log is read past, reported on stderr."""
     try:
         while True:
-            got = await client.fetch(
-                topic, partition, offset, max_bytes=FETCH_MAX_BYTES, max_wait_ms=LONG_POLL_MS
-            )
+            try:
+                got = await client.fetch(
+                    topic, partition, offset, max_bytes=FETCH_MAX_BYTES, max_wait_ms=LONG_POLL_MS
+                )
+            except PartitionCorruptError as exc:
+                if not skip_damaged or exc.damage_end <= offset:
+                    raise
+                typer.echo(
+                    f"gap: {topic} partition {partition} offsets {offset}..{exc.damage_end - 1} "
+                    "lie in a damaged range of the log and were skipped",
+                    err=True,
+                )
+                offset = exc.damage_end
+                continue
             for rec in got.records:
                 await queue.put((partition, rec))
             offset = got.next_offset
@@ -169,6 +182,7 @@ async def _consume(
     fmt: Format,
     print_key: bool,
     separator: bytes,
+    skip_damaged: bool = False,
 ) -> int:
     desc = await client.describe_topic(topic)
     n = len(desc.partitions)
@@ -184,7 +198,9 @@ async def _consume(
     queue: asyncio.Queue[tuple[int, Record] | TidewireError] = asyncio.Queue(QUEUE_MAX)
     loop = asyncio.get_running_loop()
     tasks = [
-        loop.create_task(_poll(client, topic, p, offsets[p], queue), name=f"fetch {topic}/{p}")
+        loop.create_task(
+            _poll(client, topic, p, offsets[p], queue, skip_damaged), name=f"fetch {topic}/{p}"
+        )
         for p in partitions
     ]
     out = typer.get_binary_stream("stdout")
@@ -277,6 +293,15 @@ def consume(
             "what was printed.",
         ),
     ] = None,
+    skip_damaged: Annotated[
+        bool,
+        typer.Option(
+            "--skip-damaged",
+            help="Read past damaged ranges of a partition's log (refused otherwise), "
+            "reporting each gap on stderr; the messages in them are lost.",
+            show_default=False,
+        ),
+    ] = False,
     addr: AddrOption = DEFAULT_ADDR,
 ) -> None:
     """Print a topic's messages: by default only new ones, from every partition.
@@ -310,7 +335,16 @@ def consume(
 
     async def body(client: AsyncClient) -> int:
         return await _consume(
-            client, topic, partition, start, count, timeout, fmt, print_key, key_separator.encode()
+            client,
+            topic,
+            partition,
+            start,
+            count,
+            timeout,
+            fmt,
+            print_key,
+            key_separator.encode(),
+            skip_damaged,
         )
 
     run_client(addr, body)

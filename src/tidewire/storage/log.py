@@ -323,7 +323,8 @@ class PartitionLog:
                 report.scanned_segments += 1
                 damages, torn = seg.scan(recovery_point)
                 seg.sealed = not last
-                for bad, end_position, end_offset in damages:
+                for bad, end_position, found_end in damages:
+                    end_offset = found_end
                     if end_offset is None:
                         # No valid batch follows: the damage runs to the end of the file. Its
                         # offsets end where the next segment starts; in the last segment, at
@@ -335,8 +336,9 @@ class PartitionLog:
                         )
                         seg.next_offset = max(seg.next_offset, end_offset)
                     self._add_damage(
-                        Damage(bad.offset, end_offset, bad.path, bad.position, end_position,
-                               bad.reason)
+                        Damage(
+                            bad.offset, end_offset, bad.path, bad.position, end_position, bad.reason
+                        )
                     )
                 if torn is not None:
                     self._cut_torn_tail(i, torn, file_size)

@@ -99,6 +99,9 @@ class LogManager:
         self.checkpoint_interval_ms = checkpoint_interval_ms
         self.retention_check_interval_ms = retention_check_interval_ms
         self.logs: dict[tuple[str, int], PartitionLog] = {}
+        #: Partitions that could not be opened (an unreadable ``log.json``), with the reason:
+        #: offline, while every other log serves.
+        self.offline: dict[tuple[str, int], str] = {}
         self.was_clean = False
         self._opened = False
         self._closed = False
@@ -132,7 +135,17 @@ class LogManager:
                 if m is None:
                     continue
                 topic, partition = m.group(1), int(m.group(2))
-                config = self._read_config(f"{d}/{name}")
+                try:
+                    config = self._read_config(f"{d}/{name}")
+                except StorageError as exc:
+                    self.offline[(topic, partition)] = exc.message
+                    log.error(
+                        "partition %s-%d is offline: %s; the other partitions serve",
+                        topic,
+                        partition,
+                        exc.message,
+                    )
+                    continue
                 self.logs[(topic, partition)] = PartitionLog.open(
                     fs,
                     f"{d}/{name}",
@@ -176,7 +189,7 @@ class LogManager:
             return self.default_config
         try:
             return LogConfig.from_dict(json.loads(self.fs.read_file(path)))
-        except (ValueError, InvalidConfigError) as exc:
+        except (ValueError, TypeError, AttributeError, InvalidConfigError) as exc:
             raise StorageError(f"log configuration {path} is unreadable: {exc}") from exc
 
     # --- logs -----------------------------------------------------------------------------------
@@ -198,7 +211,7 @@ class LogManager:
         if not 0 <= partition < MAX_PARTITION:
             raise InvalidConfigError(f"partition {partition} must be within 0..{MAX_PARTITION - 1}")
         key = (topic, partition)
-        if key in self.logs:
+        if key in self.logs or key in self.offline:
             raise LogExistsError(f"log {topic}-{partition} exists already")
         cfg = config or self.default_config
         directory = f"{self.data_dir}/{topic}-{partition}"
@@ -231,7 +244,8 @@ class LogManager:
     def topics(self) -> dict[str, list[int]]:
         """Topic name -> sorted partition numbers."""
         out: dict[str, list[int]] = {}
-        for topic, partition in sorted(self.logs):
+        keys = sorted([*self.logs, *self.offline]) if self.offline else sorted(self.logs)
+        for topic, partition in keys:
             out.setdefault(topic, []).append(partition)
         return out
 
@@ -257,10 +271,17 @@ class LogManager:
         """
         self._check_open()
         parts = sorted(p for t, p in self.logs if t == topic)
-        if not parts:
+        offline = sorted(p for t, p in self.offline if t == topic)
+        if not parts and not offline:
             raise LogNotFoundError(f"no logs for topic {topic!r}")
         doomed: list[str] = []
         try:
+            for p in offline:
+                del self.offline[(topic, p)]
+                directory = f"{self.data_dir}/{topic}-{p}"
+                gone = f"{directory}.{uuid.uuid4().hex}-delete"
+                self.fs.rename(directory, gone)
+                doomed.append(gone)
             for p in parts:
                 plog = self.logs.pop((topic, p))
                 self._last_flush.pop((topic, p), None)
@@ -273,7 +294,7 @@ class LogManager:
                 self.fs.rmtree(path)
         except OSError as exc:
             raise StorageError(f"deleting topic {topic!r} failed: {exc}") from exc
-        return parts
+        return sorted([*parts, *offline])
 
     def _check_open(self) -> None:
         if not self._opened or self._closed:

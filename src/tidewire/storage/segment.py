@@ -385,10 +385,9 @@ class Segment:
         hi = (1 << 63) - 1 if before_offset is None else before_offset
         bound = stop
         for pos in self.index.positions:
-            if start <= pos < stop:
-                if self._valid_batch_at(pos, after_offset, hi, stop) is not None:
-                    bound = pos
-                    break
+            if start <= pos < stop and self._valid_batch_at(pos, after_offset, hi, stop):
+                bound = pos
+                break
         at = start
         while at < bound:
             # Overlap by a header so a batch starting near a chunk's end is seen whole.
@@ -407,7 +406,7 @@ class Segment:
             return bound, base
         return None
 
-    def _valid_batch_at(
+    def _valid_batch_at(  # noqa: PLR0917 (a hot helper of the search: positional on purpose)
         self,
         pos: int,
         lo: int,
