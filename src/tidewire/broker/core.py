@@ -330,7 +330,7 @@ class Broker:
             UnknownTopicError: it does not exist and topics are not created on first publish.
             InvalidTopicError: the name is not allowed.
         """
-        if (name, 0) in self.logs.logs:
+        if (name, 0) in self.logs.logs or (name, 0) in self.logs.offline:
             return
         if not self.config.auto_create_topics:
             raise UnknownTopicError(
@@ -539,7 +539,12 @@ class Broker:
         _refuse_internal(topic)
         view = memoryview(data)
         plog = self.logs.logs.get((topic, partition))
-        if plog is None and self.config.auto_create_topics and (topic, 0) not in self.logs.logs:
+        if (
+            plog is None
+            and self.config.auto_create_topics
+            and (topic, 0) not in self.logs.logs
+            and (topic, 0) not in self.logs.offline
+        ):
             # Checked before creating, against the settings the new topic gets.
             batches = self._split(view, self.config.log.max_batch_bytes)
             self.ensure_topic(topic)
