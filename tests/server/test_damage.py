@@ -22,8 +22,7 @@ import pytest
 from tests.cli._support import run_cli
 from tests.http._support import served
 from tidewire.broker import Broker, BrokerConfig
-from tidewire.client import AsyncClient, AsyncConsumer, Message
-from tidewire.client._consumer import Gap
+from tidewire.client import AsyncClient, AsyncConsumer, AsyncGroupConsumer, Gap, Message
 from tidewire.errors import PartitionCorruptError, PartitionOfflineError
 from tidewire.records import BatchBuilder, iter_batches
 from tidewire.storage import LogConfig
@@ -320,3 +319,30 @@ def test_http_gap_reading_is_bounded(damaged: Damaged) -> None:
         assert seen == [o for o in range(N) if o != VICTIM]
         assert gaps == [{"start": VICTIM, "end": VICTIM + 1}]
         assert isinstance(http, httpx.Client)
+
+
+def test_a_group_member_skips_damage_when_asked(damaged: Damaged) -> None:
+    with served(damaged.data_dir) as (running, _):
+
+        async def main() -> None:
+            async with AsyncGroupConsumer(
+                running.addr,
+                "g",
+                topics=["t"],
+                auto_offset_reset="earliest",
+                skip_damaged=True,
+                max_wait_ms=0,
+            ) as member:
+                seen: list[int] = []
+                while len(seen) < N - 1:
+                    seen += [r.offset for r in await member.poll(TIMEOUT_S)]
+                assert seen == [o for o in range(N) if o != VICTIM]
+                assert member.gaps == [Gap("t", 0, VICTIM, VICTIM + 1)]
+                await member.commit()
+            async with AsyncClient(running.addr) as client:
+                committed = await client.committed_offsets("g")
+                assert committed[("t", 0)] == N
+
+        asyncio.run(main())
+    with pytest.raises(ValueError, match="skip_damaged works with delivery='pull'"):
+        AsyncGroupConsumer("127.0.0.1:1", "g", topics=["t"], skip_damaged=True, delivery="push")

@@ -502,6 +502,14 @@ class Client(BlockingTwin[AsyncClient]):
     def ping(self) -> None:
         self._run(self._async.ping())
 
+    def storage_problems(self) -> tuple[list[StorageProblem], int]:
+        return self._run(self._async.storage_problems())
+
+    def repair_topic(
+        self, name: str, partition: int | None = None, action: str = "report"
+    ) -> list[RepairResult]:
+        return self._run(self._async.repair_topic(name, partition, action))
+
     def server_version(self) -> str:
         return self._run(self._async.server_version())
 
