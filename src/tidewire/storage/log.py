@@ -489,23 +489,34 @@ class PartitionLog:
             return
         paths = {seg.log_path for seg in self._segments}
         start, end = self.log_start_offset, self.log_end_offset
-        for d in recorded:
-            if d.path in paths and d.end > start and d.start < end:
-                self._damage = [x for x in self._damage if x.start != d.start]
-                self._damage.append(d)
-                self._damage.sort(key=lambda x: x.start)
-                if d.quarantined is None:
-                    log.error(
-                        "partition log %s has a damaged range recorded: offsets %d..%d "
-                        "(bytes %d..%d of %s): %s",
-                        self.directory,
-                        d.start,
-                        d.end - 1,
-                        d.position,
-                        d.end_position,
-                        d.path,
-                        d.reason,
-                    )
+        for rec in recorded:
+            if rec.path not in paths or rec.end <= start or rec.start >= end:
+                continue
+            found = next((x for x in self._damage if x.start == rec.start), None)
+            if found is not None:
+                # Found again by this open's scan: its bounds are the scan's; the record says
+                # whether an operator quarantined it.
+                self._damage[self._damage.index(found)] = replace(
+                    found, quarantined=rec.quarantined
+                )
+                continue
+            d = rec
+            if any(x.start <= d.start < x.end for x in self._damage):
+                continue
+            self._damage.append(d)
+            self._damage.sort(key=lambda x: x.start)
+            if d.quarantined is None:
+                log.error(
+                    "partition log %s has a damaged range recorded: offsets %d..%d "
+                    "(bytes %d..%d of %s): %s",
+                    self.directory,
+                    d.start,
+                    d.end - 1,
+                    d.position,
+                    d.end_position,
+                    d.path,
+                    d.reason,
+                )
 
     # --- state ----------------------------------------------------------------------------------
 
@@ -1096,8 +1107,11 @@ class PartitionLog:
         """Return the first offset whose record timestamp is >= ``timestamp`` (ms), or
         ``None`` if every record is older.
 
-        Raises:
-            PartitionCorruptError: the answer lies in a corrupt range.
+        When the search reaches a damaged range before finding the answer, the answer may lie
+        in it (its timestamps cannot be read): the first offset of the range the search
+        reached is returned, never a later one, so a reader starting there meets the damage
+        (and its :class:`PartitionCorruptError` with the range) instead of silently missing
+        records.
         """
         self._check_open()
         for seg in self._segments:
@@ -1105,7 +1119,10 @@ class PartitionLog:
                 continue
             offset = max(seg.timestamp_scan_start(timestamp), seg.base_offset)
             while offset < seg.next_offset:
-                result = self.read(offset, 256 * 1024)
+                try:
+                    result = self.read(offset, 256 * 1024)
+                except PartitionCorruptError:
+                    return offset
                 if not result.data:
                     break
                 for pos, h in iter_batches(result.data):

@@ -102,6 +102,8 @@ class LogManager:
         #: Partitions that could not be opened (an unreadable ``log.json``), with the reason:
         #: offline, while every other log serves.
         self.offline: dict[tuple[str, int], str] = {}
+        #: The recovery points of offline partitions, kept in the checkpoint as they were.
+        self._offline_points: dict[str, int] = {}
         self.was_clean = False
         self._opened = False
         self._closed = False
@@ -139,6 +141,8 @@ class LogManager:
                     config = self._read_config(f"{d}/{name}")
                 except StorageError as exc:
                     self.offline[(topic, partition)] = exc.message
+                    if name in points:
+                        self._offline_points[name] = points[name]
                     log.error(
                         "partition %s-%d is offline: %s; the other partitions serve",
                         topic,
@@ -336,6 +340,12 @@ class LogManager:
     def _checkpoint_snapshot(self) -> tuple[bytes, int]:
         """On the loop: the checkpoint's contents now, and their generation."""
         points = {f"{t}-{p}": plog.flushed_offset for (t, p), plog in sorted(self.logs.items())}
+        if self._offline_points:
+            points.update(
+                (name, point)
+                for name, point in self._offline_points.items()
+                if _key(name) in self.offline
+            )
         self._checkpoint_taken += 1
         data = json.dumps({"version": 1, "logs": points}, sort_keys=True).encode()
         return data, self._checkpoint_taken
@@ -420,8 +430,13 @@ class LogManager:
         self._finish_close(errors)
 
     def _finish_close(self, errors: list[StorageError]) -> None:
-        clean = not errors and all(
-            p.failed is None and p.corruption is None for p in self.logs.values()
+        # An offline partition was not opened, so not recovered: its next open must not
+        # trust its files as a clean shutdown would.
+        # Nor does a log with damage it still refuses: its next open verifies more.
+        clean = (
+            not errors
+            and not self.offline
+            and all(p.failed is None and p.corruption is None for p in self.logs.values())
         )
         first_error = errors[0] if errors else None
         self._closed = True
@@ -441,6 +456,12 @@ class LogManager:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close_async()
+
+
+def _key(name: str) -> tuple[str, int]:
+    """``TOPIC-P`` -> (TOPIC, P)."""
+    topic, _, partition = name.rpartition("-")
+    return topic, int(partition)
 
 
 def _config_json(cfg: LogConfig) -> bytes:
