@@ -17,6 +17,7 @@ import pytest
 from tests.broker._support import batch, config
 from tidewire.broker import Broker
 from tidewire.broker.offsets import OFFSETS_TOPIC, partition_for
+from tidewire.storage.manager import CLEAN_SHUTDOWN_FILE
 
 GROUP = "g"
 TP = ("t", 0)
@@ -36,13 +37,16 @@ def _segment(tmp_path: Path) -> Path:
     return tmp_path / "data" / f"{OFFSETS_TOPIC}-{partition_for(GROUP)}" / f"{0:020d}.log"
 
 
+@pytest.mark.parametrize("clean", [True, False], ids=["clean", "unclean"])
 @pytest.mark.parametrize(
     ("where", "expected"), [("middle", 1000), ("last", 990)], ids=["middle", "last"]
 )
 def test_a_flipped_byte_never_moves_a_committed_offset_back(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str, expected: int
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str, expected: int, clean: bool
 ) -> None:
     _commit_100(tmp_path)
+    if not clean:  # as after a crash: the active segment is scanned at start
+        (tmp_path / "data" / CLEAN_SHUTDOWN_FILE).unlink()
     path = _segment(tmp_path)
     data = bytearray(path.read_bytes())
     at = len(data) // 2 if where == "middle" else len(data) - 3  # the last batch's value
