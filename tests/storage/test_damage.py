@@ -18,7 +18,7 @@ import pytest
 from tidewire.errors import OffsetOutOfRangeError, PartitionCorruptError
 from tidewire.records import build_batch
 from tidewire.storage import FaultFS, LogConfig, PartitionLog
-from tidewire.storage.log import DAMAGE_FILE
+from tidewire.storage.damage import DAMAGE_FILE
 from tidewire.storage.segment import PREFIX
 
 T0 = 1_700_000_000_000

@@ -55,10 +55,10 @@ from tidewire.errors import (
 )
 from tidewire.records import BatchHeader, iter_batches
 from tidewire.storage import FsyncPolicy, LogConfig, LogManager, PartitionLog
+from tidewire.storage.damage import Damage
 from tidewire.storage.fs import write_atomic
 from tidewire.storage.log import check_appendable
 from tidewire.storage.manager import MAX_PARTITION, validate_topic_name
-from tidewire.storage.segment import Damage
 
 __all__ = [
     "Broker",

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import logging
 import os
 import time
@@ -58,11 +57,18 @@ from tidewire.errors import (
 from tidewire.records import iter_batches, iter_records
 from tidewire.records.batch import LOG_OVERHEAD, BatchHeader, check_batch, check_whole_batch
 from tidewire.storage.config import FsyncPolicy, LogConfig
+from tidewire.storage.damage import (
+    DAMAGE_FILE,
+    Damage,
+    copy_to_quarantine,
+    quarantine_name,
+    read_damage_file,
+    write_damage_file,
+)
 from tidewire.storage.fs import FileHandle, FileSystem, write_atomic
 from tidewire.storage.segment import (
     BadBatch,
     CorruptBatchFound,
-    Damage,
     Segment,
     SegmentMark,
     segment_name,
@@ -90,11 +96,6 @@ MAX_BYTES_PER_WRITE = 4 * 1024 * 1024
 WRITEBACK_BYTES = 8 * 1024 * 1024
 #: Default byte budget of one read.
 DEFAULT_READ_BYTES = 1024 * 1024
-#: The partition directory's record of its damaged ranges (JSON), so that a restart reports
-#: them before anything reads them again.
-DAMAGE_FILE = "damage.json"
-#: Bytes copied at a time when a damaged range is quarantined.
-_COPY_CHUNK = 8 * 1024 * 1024
 
 Clock = Callable[[], int]
 
@@ -440,52 +441,19 @@ class PartitionLog:
         return self._add_damage(d, persist=True)
 
     def _save_damage_file(self) -> None:
-        """Write :data:`DAMAGE_FILE` (a failure is logged: the damage is found again on read)."""
-        path = f"{self.directory}/{DAMAGE_FILE}"
-        ranges = [
-            {
-                "start": d.start,
-                "end": d.end,
-                "file": d.path.rsplit("/", 1)[-1],
-                "position": d.position,
-                "end_position": d.end_position,
-                "reason": d.reason,
-                "quarantined": d.quarantined,
-            }
-            for d in self._damage
-        ]
+        """Rewrite :data:`DAMAGE_FILE` (a failure is logged: the damage is found again when
+        read)."""
         try:
-            if ranges:
-                data = json.dumps({"version": 1, "ranges": ranges}, indent=2).encode() + b"\n"
-                write_atomic(self.fs, path, data)
-            elif self.fs.exists(path):
-                self.fs.remove(path)
+            write_damage_file(self.fs, self.directory, self._damage)
         except OSError as exc:
-            log.error("cannot record the damage of %s in %s: %s", self.directory, path, exc)
+            log.error("cannot record the damage of %s in %s: %s", self.directory, DAMAGE_FILE, exc)
 
     def _load_damage_file(self) -> None:
         """Add the ranges recorded in :data:`DAMAGE_FILE` that still lie in the log."""
-        path = f"{self.directory}/{DAMAGE_FILE}"
-        if not self.fs.exists(path):
-            return
         try:
-            data = json.loads(self.fs.read_file(path))
-            if data.get("version") != 1:
-                raise ValueError(f"unknown version {data.get('version')!r}")
-            recorded = [
-                Damage(
-                    int(r["start"]),
-                    int(r["end"]),
-                    f"{self.directory}/{r['file']}",
-                    int(r["position"]),
-                    int(r["end_position"]),
-                    str(r["reason"]),
-                    None if r.get("quarantined") is None else str(r["quarantined"]),
-                )
-                for r in data["ranges"]
-            ]
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("ignoring unreadable %s: %s", path, exc)
+            recorded = read_damage_file(self.fs, self.directory)
+        except (ValueError, OSError) as exc:
+            log.warning("ignoring unreadable %s of %s: %s", DAMAGE_FILE, self.directory, exc)
             return
         paths = {seg.log_path for seg in self._segments}
         start, end = self.log_start_offset, self.log_end_offset
@@ -1258,25 +1226,10 @@ class PartitionLog:
         d = self._damage_starting(start)
         if d.quarantined is not None:
             return d
-        name = f"{segment_name(d.start)}-{segment_name(d.end)}.quarantined"
-        path, tmp = f"{self.directory}/{name}", f"{self.directory}/{name}.tmp"
+        path = f"{self.directory}/{quarantine_name(d)}"
         seg = next((x for x in self._segments if x.log_path == d.path), None)
         try:
-            out = self.fs.open(tmp, create=True)
-            try:
-                out.truncate(0)
-                at = d.position
-                while seg is not None and at < d.end_position:
-                    chunk = seg.file.pread(min(_COPY_CHUNK, d.end_position - at), at)
-                    if not chunk:
-                        break
-                    out.pwritev([chunk], at - d.position)
-                    at += len(chunk)
-                out.sync()
-            finally:
-                out.close()
-            self.fs.rename(tmp, path)
-            self.fs.sync_dir(self.directory)
+            copy_to_quarantine(self.fs, None if seg is None else seg.file, d, path)
         except OSError as exc:
             raise StorageError(f"cannot quarantine {d.path} bytes to {path}: {exc}") from exc
         done = replace(d, quarantined=path)

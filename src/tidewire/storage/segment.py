@@ -32,7 +32,7 @@ from tidewire.storage.index import (
     encode_index_file,
 )
 
-__all__ = ["BadBatch", "Damage", "Segment", "segment_name"]
+__all__ = ["BadBatch", "Segment", "segment_name"]
 
 #: Bytes read at a time when scanning a segment: large enough for sequential-read speed,
 #: small enough that recovery of many partitions does not hold much memory.
@@ -61,41 +61,6 @@ class BadBatch:
     position: int
     offset: int
     reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Damage:
-    """A range of a log whose bytes failed their checks: never served.
-
-    Attributes:
-        start: the first offset of the range.
-        end: the first offset after it (where reading can go on).
-        path: the segment ``.log`` file holding the damaged bytes.
-        position: the byte of that file where the damage starts.
-        end_position: the byte after it (``position`` for a range of offsets with no bytes:
-            a gap between segments).
-        reason: the first check that failed.
-        quarantined: the file beside the log holding a copy of the damaged bytes, once an
-            operator quarantined the range (it is then read past as a gap), else ``None``.
-    """
-
-    start: int
-    end: int
-    path: str
-    position: int
-    end_position: int
-    reason: str
-    quarantined: str | None = None
-
-    @property
-    def size(self) -> int:
-        """Damaged bytes."""
-        return self.end_position - self.position
-
-    @property
-    def offset(self) -> int:
-        """The first offset of the range (:attr:`start`)."""
-        return self.start
 
 
 class SegmentMark(NamedTuple):
