@@ -10,7 +10,7 @@ continuity and leader epoch, so a flipped bit anywhere in a batch is never serve
 from __future__ import annotations
 
 import struct
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -349,8 +349,12 @@ class Segment:
         """
         hi = (1 << 63) - 1 if before_offset is None else before_offset
         bound = stop
-        for pos in self.index.positions:
-            if start <= pos < stop and self._valid_batch_at(pos, after_offset, hi, stop):
+        positions = self.index.positions
+        for i in range(bisect_left(positions, start), len(positions)):
+            pos = positions[i]
+            if pos >= stop:
+                break
+            if self._valid_batch_at(pos, after_offset, hi, stop):
                 bound = pos
                 break
         at = start
