@@ -17,6 +17,7 @@ import pytest
 from tests.broker._support import batch, config
 from tidewire.broker import Broker
 from tidewire.broker.offsets import OFFSETS_TOPIC, partition_for
+from tidewire.errors import InvalidTopicError
 from tidewire.storage.manager import CLEAN_SHUTDOWN_FILE
 
 GROUP = "g"
@@ -76,5 +77,28 @@ def test_a_flipped_byte_never_moves_a_committed_offset_back(
         async with Broker(config(tmp_path)) as b:
             assert b.groups.committed(GROUP)[TP].offset == 1001
             assert len(b.log(OFFSETS_TOPIC, partition_for(GROUP)).damage) == 1
+
+    asyncio.run(main())
+
+
+def test_the_offsets_topic_is_quarantined_not_truncated(tmp_path: Path) -> None:
+    _commit_100(tmp_path)
+    path = _segment(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    p = partition_for(GROUP)
+
+    async def main() -> None:
+        async with Broker(config(tmp_path)) as b:
+            with pytest.raises(InvalidTopicError, match="quarantine the damage instead"):
+                b.repair(OFFSETS_TOPIC, p, "truncate")
+            (outcome,) = b.repair(OFFSETS_TOPIC, p, "quarantine")
+            assert outcome.action == "quarantined"
+            assert b.groups.committed(GROUP)[TP].offset == 1000
+        async with Broker(config(tmp_path)) as b:
+            assert b.groups.committed(GROUP)[TP].offset == 1000
+            assert b.groups.offsets.damage_skipped == []  # read past as a gap now
+            assert b.storage_problems()[0].kind == "quarantined"
 
     asyncio.run(main())

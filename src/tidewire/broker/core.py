@@ -477,10 +477,17 @@ class Broker:
         Raises:
             UnknownTopicError, UnknownPartitionError, PartitionOfflineError,
             InvalidRequestError (an unknown action), StorageError.
+            InvalidTopicError: ``truncate`` of an internal topic (the commits after the
+                damage would be lost, moving committed offsets back: quarantine instead).
         """
         if action not in ("report", "quarantine", "truncate"):
             raise InvalidRequestError(
                 f"repair action {action!r} must be report, quarantine or truncate"
+            )
+        if action == "truncate" and is_internal_topic(name):
+            raise InvalidTopicError(
+                f"topic {name!r} is internal: truncating it would drop the commits after the "
+                "damage and move committed offsets back; quarantine the damage instead"
             )
         n = self.partition_count(name)
         parts = range(n) if partition is None else [partition]
