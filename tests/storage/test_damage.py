@@ -268,3 +268,23 @@ def test_an_unreadable_damage_file_is_ignored_and_damage_found_again() -> None:
     assert [d.start for d in log.damage] == [victim.offset]
     log.close()
     assert json.loads(fs.contents(f"{DIR}/{DAMAGE_FILE}"))["ranges"][0]["start"] == victim.offset
+
+
+def test_damage_a_scan_finds_is_recorded_at_once() -> None:
+    """Found by the scan after a crash, it is in damage.json before the log is even read, so
+    a later clean start (which trusts the segment and does not scan it) still reports it."""
+    fs = FaultFS()
+    batches = write(fs)
+    active = segment_of(batches, len({b.path for b in batches}) - 1)
+    flip(fs, active[0])
+    end = batches[-1].offset + 1
+    log = PartitionLog.open(fs, DIR, CONFIG, recovery_point=end)
+    assert json.loads(fs.contents(f"{DIR}/{DAMAGE_FILE}"))["ranges"][0]["start"] == active[0].offset
+    log.abandon()
+    fs.remove(f"{DIR}/{DAMAGE_FILE}")
+    log = PartitionLog.open(fs, DIR, CONFIG, recovery_point=end)
+    log.close()
+    log = PartitionLog.open(fs, DIR, CONFIG, clean=True)  # trusted: not scanned
+    assert log.report.scanned_segments == 0
+    assert [d.start for d in log.damage] == [active[0].offset]
+    log.close()

@@ -22,7 +22,7 @@ either a torn tail — at or beyond the recovery point, in a segment whose index
 persisted (so it was scanned): the segment is cut there, later segments are dropped, and the cut
 is reported — or damage — below the recovery point, or found later by a read in a segment that
 was trusted: the bytes up to the next valid batch (:meth:`Segment.find_valid_batch`) form a
-damaged range (:class:`~tidewire.storage.segment.Damage`). A read in the range raises
+damaged range (:class:`~tidewire.storage.damage.Damage`). A read in the range raises
 :class:`~tidewire.errors.PartitionCorruptError` carrying the range, so a reader can go on past
 it; every other offset is served, appends go on at the end, and the range is logged at ERROR,
 recorded in :data:`DAMAGE_FILE` and listed in :attr:`PartitionLog.damage` until an operator
@@ -346,6 +346,8 @@ class PartitionLog:
                     break
             i += 1
         self._load_damage_file()
+        if report.damage:
+            self._save_damage_file()  # what this scan found, before anything trusts a seal
         for seg in self._segments:
             if seg.synced_size < seg.size:
                 # What a crashed process left in the page cache is on disk only once synced:
