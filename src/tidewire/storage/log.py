@@ -1017,9 +1017,13 @@ class PartitionLog:
             except CorruptBatchFound as exc:
                 seg = next(s for s in self._segments if s.log_path == exc.bad.path)
                 if not self._found_while_reading(seg, exc.bad):
+                    # Within a range known already: the walk should not have met it.
+                    known = self.damage_at(exc.bad.offset)
                     raise PartitionCorruptError(
                         f"offset {offset} of {self.directory}: {exc.bad.reason} "
-                        f"({exc.bad.path}, byte {exc.bad.position})"
+                        f"({exc.bad.path}, byte {exc.bad.position})",
+                        damage_start=-1 if known is None else known.start,
+                        damage_end=-1 if known is None else known.end,
                     ) from None
         raise PartitionCorruptError(f"{self.directory}: too many damaged ranges near {offset}")
 
