@@ -184,7 +184,7 @@ SAMPLES: dict[ApiKey, tuple[Body, Body]] = {
         InitProducerIdResponse(producer_id=7, producer_epoch=0),
     ),
     ApiKey.PING: (
-        PingRequest(),
+        PingRequest(storage=True),
         PingResponse(
             problems=[
                 StorageProblem(topic="orders", partition=2, kind="offline", reason="bad JSON")

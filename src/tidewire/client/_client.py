@@ -148,7 +148,7 @@ class AsyncClient:
         """What the broker's storage does not serve: damaged ranges, quarantined ranges and
         offline partitions (at most the first 100), and how many there are in all; an empty
         list when every partition serves everything it holds."""
-        body = (await self._call(PingRequest())).body
+        body = (await self._call(PingRequest(storage=True))).body
         return list(body.problems), int(body.problems_total)
 
     async def repair_topic(

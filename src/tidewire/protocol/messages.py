@@ -196,6 +196,8 @@ class ApiVersionsResponse(Body, kw_only=True, omit_defaults=True):
 
 class PingRequest(Body, kw_only=True, omit_defaults=True):
     api_key = ApiKey.PING
+    #: Also list what the broker's storage does not serve (costs a look at every partition).
+    storage: bool = False
 
 
 class StorageProblem(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -216,7 +218,8 @@ class StorageProblem(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 class PingResponse(Body, kw_only=True, omit_defaults=True):
     api_key = ApiKey.PING
-    #: What the broker's storage does not serve (the first MAX_PROBLEMS); empty when healthy.
+    #: With ``storage``: what the broker's storage does not serve (the first 100); empty
+    #: when every partition serves all it holds.
     problems: list[StorageProblem] = msgspec.field(default_factory=list)
     problems_total: int = 0  # how many there are in all
 

@@ -198,7 +198,9 @@ async def api_versions(b: Broker, s: ServerInfo, req: ApiVersionsRequest, _: mem
 
 
 async def ping(b: Broker, s: ServerInfo, req: PingRequest, _: memoryview) -> Reply:
-    problems = b.storage_problems() if b.logs.offline or _any_damage(b) else []
+    if not req.storage:
+        return PingResponse(), []
+    problems = b.storage_problems()
     return PingResponse(
         problems=[
             StorageProblem(
@@ -215,10 +217,6 @@ async def ping(b: Broker, s: ServerInfo, req: PingRequest, _: memoryview) -> Rep
         ],
         problems_total=len(problems),
     ), []
-
-
-def _any_damage(b: Broker) -> bool:
-    return any(plog.damage for plog in b.logs.logs.values())
 
 
 async def repair_topic(b: Broker, s: ServerInfo, req: RepairTopicRequest, _: memoryview) -> Reply:
