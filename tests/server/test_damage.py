@@ -164,6 +164,25 @@ def test_damage_through_the_binary_protocol(damaged: Damaged) -> None:
             "after"
         ]
         assert f"gap: t partition 0 offsets {VICTIM}..{VICTIM} lie in a damaged range" in out.stderr
+        grouped = run_cli(
+            [
+                "consume",
+                "t",
+                "--group",
+                "cli",
+                "--from-beginning",
+                "--skip-damaged",
+                "--count",
+                str(N),
+                "--addr",
+                addr,
+            ]
+        )
+        assert grouped.exit_code == 0, grouped.stderr
+        assert grouped.stdout.splitlines() == out.stdout.splitlines()
+        assert f"gap: t partition 0 offsets {VICTIM}..{VICTIM} lie in a damaged range" in (
+            grouped.stderr
+        )
         refused = run_cli(["consume", "t", "--offset", str(VICTIM), "-p", "0", "--addr", addr])
         assert refused.exit_code != 0
         assert "damaged range" in refused.stderr

@@ -34,7 +34,7 @@ from typing import Annotated
 
 import typer
 
-from tidewire.client import AsyncClient, AsyncGroupConsumer
+from tidewire.client import AsyncClient, AsyncGroupConsumer, Gap
 from tidewire.errors import PartitionCorruptError, TidewireError, UnknownPartitionError
 from tidewire.records import Record
 
@@ -158,11 +158,7 @@ async def _poll(
             except PartitionCorruptError as exc:
                 if not skip_damaged or exc.damage_end <= offset:
                     raise
-                typer.echo(
-                    f"gap: {topic} partition {partition} offsets {offset}..{exc.damage_end - 1} "
-                    "lie in a damaged range of the log and were skipped",
-                    err=True,
-                )
+                _report_gap(Gap(topic, partition, offset, exc.damage_end))
                 offset = exc.damage_end
                 continue
             for rec in got.records:
@@ -170,6 +166,14 @@ async def _poll(
             offset = got.next_offset
     except TidewireError as exc:
         await queue.put(exc)
+
+
+def _report_gap(gap: Gap) -> None:
+    typer.echo(
+        f"gap: {gap.topic} partition {gap.partition} offsets {gap.start}..{gap.end - 1} "
+        "lie in a damaged range of the log and were skipped",
+        err=True,
+    )
 
 
 async def _consume(
@@ -315,7 +319,16 @@ def consume(
                 EXIT_USAGE,
             )
         _consume_group(
-            addr, topic, group, from_beginning, count, timeout, fmt, print_key, key_separator
+            addr,
+            topic,
+            group,
+            from_beginning,
+            count,
+            timeout,
+            fmt,
+            print_key,
+            key_separator,
+            skip_damaged,
         )
         return
     if from_beginning + (offset is not None) + (since is not None) > 1:
@@ -360,16 +373,24 @@ def _consume_group(
     fmt: Format,
     print_key: bool,
     separator: str,
+    skip_damaged: bool = False,
 ) -> None:
     """``consume --group``: print as a member of ``group``; the consumer commits the
-    position after the last message printed when it closes (and every 5 s)."""
+    position after the last message printed when it closes (and every 5 s). With
+    ``skip_damaged`` a damaged range is read past, each gap reported on stderr."""
 
     async def body(client: AsyncClient) -> int:
         out = typer.get_binary_stream("stdout")
         printed = 0
         reset = "earliest" if from_beginning else "latest"
         async with AsyncGroupConsumer(
-            addr, group, topics=[topic], auto_offset_reset=reset, client_id="tidewire-cli"
+            addr,
+            group,
+            topics=[topic],
+            auto_offset_reset=reset,
+            client_id="tidewire-cli",
+            skip_damaged=skip_damaged,
+            on_gap=_report_gap,
         ) as consumer:
             while count is None or printed < count:
                 want = 500 if count is None else min(count - printed, 500)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -175,8 +175,11 @@ class AsyncConsumer:
         connect_timeout_ms: how long opening the connection may take.
         skip_damaged: when a position lies in a damaged range of the broker's log
             (:class:`~tidewire.errors.PartitionCorruptError`), move past the range and go
-            on, reporting the gap (a WARNING log line and :attr:`gaps`), as a Kafka consumer
-            can seek past a corrupt record. Off by default: the error is raised.
+            on, reporting the gap (:attr:`gaps`, and a WARNING log line or ``on_gap``), as a
+            Kafka consumer can seek past a corrupt record. Off by default: the error is
+            raised.
+        on_gap: with ``skip_damaged``, called with each :class:`Gap` instead of logging it
+            (on the consumer's event loop; it must not block).
     """
 
     def __init__(
@@ -190,6 +193,7 @@ class AsyncConsumer:
         request_timeout_ms: int = 30_000,
         connect_timeout_ms: int = 10_000,
         skip_damaged: bool = False,
+        on_gap: Callable[[Gap], None] | None = None,
     ) -> None:
         check_ints(
             ("max_wait_ms", max_wait_ms, 0),
@@ -204,6 +208,7 @@ class AsyncConsumer:
         self.max_bytes = max_bytes
         self.max_partition_bytes = max_partition_bytes
         self.skip_damaged = skip_damaged
+        self.on_gap = on_gap
         #: The damaged ranges read past (``skip_damaged``), oldest first, at most MAX_GAPS.
         self.gaps: deque[Gap] = deque(maxlen=MAX_GAPS)
         #: How many damaged ranges were read past in all.
@@ -389,15 +394,18 @@ class AsyncConsumer:
         gap = Gap(tp[0], tp[1], max(err.damage_start, offset), err.damage_end)
         self.gaps.append(gap)
         self.gaps_total += 1
-        log.warning(
-            "%s partition %d: offsets %d..%d lie in a damaged range of the broker's log and "
-            "were skipped: %s",
-            gap.topic,
-            gap.partition,
-            gap.start,
-            gap.end - 1,
-            err.message,
-        )
+        if self.on_gap is not None:
+            self.on_gap(gap)
+        else:
+            log.warning(
+                "%s partition %d: offsets %d..%d lie in a damaged range of the broker's log "
+                "and were skipped: %s",
+                gap.topic,
+                gap.partition,
+                gap.start,
+                gap.end - 1,
+                err.message,
+            )
         self._fetch_at[tp] = err.damage_end
         if not any((r.topic, r.partition) == tp for r in self._buffer):
             self._positions[tp] = err.damage_end
@@ -502,6 +510,7 @@ class Consumer(BlockingReader[AsyncConsumer]):
         request_timeout_ms: int = 30_000,
         connect_timeout_ms: int = 10_000,
         skip_damaged: bool = False,
+        on_gap: Callable[[Gap], None] | None = None,
     ) -> None:
         parse_addr(addr)
         options: dict[str, Any] = {
@@ -512,6 +521,7 @@ class Consumer(BlockingReader[AsyncConsumer]):
             "request_timeout_ms": request_timeout_ms,
             "connect_timeout_ms": connect_timeout_ms,
             "skip_damaged": skip_damaged,
+            "on_gap": on_gap,
         }
         self._local: deque[ConsumerRecord] = deque()
         self._start_loop("tidewire-consumer")

@@ -133,8 +133,8 @@ class AsyncGroupConsumer:
             batches as they are appended; see :class:`~tidewire.client.AsyncSubscriber`).
         push_credit_bytes: with push, the credit window in bytes.
         request_timeout_ms, connect_timeout_ms: of each request.
-        skip_damaged: with pull, read past damaged ranges of the broker's logs, reporting
-            each gap (as :class:`~tidewire.client.AsyncConsumer`; see :attr:`gaps`).
+        skip_damaged, on_gap: with pull, read past damaged ranges of the broker's logs,
+            reporting each gap (as :class:`~tidewire.client.AsyncConsumer`; see :attr:`gaps`).
     """
 
     def __init__(
@@ -164,6 +164,7 @@ class AsyncGroupConsumer:
         delivery: str = "pull",
         push_credit_bytes: int = DEFAULT_CREDIT_BYTES,
         skip_damaged: bool = False,
+        on_gap: Callable[[Gap], None] | None = None,
     ) -> None:
         self.topics = sorted(set(topics))
         if delivery not in ("pull", "push"):
@@ -219,6 +220,7 @@ class AsyncGroupConsumer:
                 request_timeout_ms=request_timeout_ms,
                 connect_timeout_ms=connect_timeout_ms,
                 skip_damaged=skip_damaged,
+                on_gap=on_gap,
             )
         self._member_id = ""
         self._generation = -1

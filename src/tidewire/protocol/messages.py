@@ -817,6 +817,9 @@ class PushBody(msgspec.Struct, kw_only=True, omit_defaults=True):
     dropped: int = 0  # best effort: records skipped on this partition so far (cumulative)
     error_code: int = 0
     error_message: str = ""
+    #: With PartitionCorruptError (32): the damaged range that ended delivery (as FETCH's).
+    damage_start: int = -1
+    damage_end: int = -1
 
 
 # --- the registry and the codec ------------------------------------------------------------
