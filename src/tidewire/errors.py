@@ -14,7 +14,8 @@ The tree::
     │   └── DecompressionLimitError   decompressed data larger than the allowed limit
     ├── StorageError                  the disk refused: EIO, ENOSPC, failed fsync (retriable)
     ├── LogFailedError                a log that stopped accepting writes after an fsync failure
-    ├── PartitionCorruptError         corruption found inside a log; the range above is not served
+    ├── PartitionCorruptError         an offset in a damaged range of a log (never served)
+    ├── PartitionOfflineError         a partition that could not be opened at start
     ├── OffsetOutOfRangeError         an offset below the log start or above the log end
     ├── BatchTooLargeError            a batch larger than the configured limit
     ├── InvalidConfigError            a configuration value out of its range
@@ -91,6 +92,7 @@ __all__ = [
     "OutOfOrderSequenceError",
     "PartitionCorruptError",
     "PartitionNotAssignedError",
+    "PartitionOfflineError",
     "ProducerClosedError",
     "ProducerFencedError",
     "ProtocolError",
@@ -112,6 +114,7 @@ __all__ = [
     "UnsupportedCompressionError",
     "UnsupportedVersionError",
     "VarintError",
+    "fetch_error",
     "for_code",
 ]
 
@@ -150,6 +153,17 @@ class TidewireError(Exception):
 def for_code(code: int) -> type[TidewireError]:
     """Return the error class registered for a wire ``code`` (``UnknownError`` if none)."""
     return _REGISTRY.get(code, UnknownError)
+
+
+def fetch_error(
+    code: int, message: str, damage_start: int = -1, damage_end: int = -1
+) -> TidewireError:
+    """The error a fetch result's ``error_code`` stands for, with the damaged range of a
+    :class:`PartitionCorruptError` (the result's ``damage_start``/``damage_end``)."""
+    cls = for_code(code)
+    if issubclass(cls, PartitionCorruptError):
+        return cls(message, damage_start=damage_start, damage_end=damage_end)
+    return cls(message)
 
 
 class UnknownError(TidewireError):
@@ -231,10 +245,24 @@ class LogFailedError(TidewireError):
 
 
 class PartitionCorruptError(TidewireError):
-    """Corruption inside the log; offsets below the corrupt batch are still served."""
+    """The requested offset lies in a damaged range of the log: its bytes failed their checks
+    and are never served. Every offset outside the range is still served and the partition
+    still accepts writes; a reader may seek to :attr:`damage_end` to go on past the gap.
+
+    Attributes:
+        damage_start: the first offset of the damaged range (-1 when unknown).
+        damage_end: the first offset after it: where reading can go on (-1 when unknown).
+    """
 
     code = 32
-    description = "the partition's log is corrupt at or above the requested offset"
+    description = "the requested offset lies in a damaged range of the partition's log"
+
+    def __init__(
+        self, message: str | None = None, *, damage_start: int = -1, damage_end: int = -1
+    ) -> None:
+        super().__init__(message)
+        self.damage_start = damage_start
+        self.damage_end = damage_end
 
 
 class OffsetOutOfRangeError(TidewireError):
@@ -255,6 +283,14 @@ class LogNotFoundError(TidewireError):
 class LogExistsError(TidewireError):
     code = 36
     description = "a log exists already for that topic and partition"
+
+
+class PartitionOfflineError(TidewireError):
+    """The partition could not be opened when the broker started (its reason is in the
+    message, in ``topic describe`` and in ``health``); the broker's other partitions serve."""
+
+    code = 37
+    description = "the partition is offline: it could not be opened"
 
 
 class InvalidConfigError(TidewireError):

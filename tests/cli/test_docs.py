@@ -33,6 +33,7 @@ def test_configuration_md_has_every_setting(setting: Setting) -> None:
         "tidewire topic describe",
         "tidewire topic alter",
         "tidewire topic delete",
+        "tidewire topic repair",
         "tidewire publish",
         "tidewire consume",
         "tidewire health",

@@ -35,6 +35,7 @@ def test_exported_names() -> None:
         "ConsumerRecord",
         "FetchedBatches",
         "FetchedRecords",
+        "Gap",
         "GroupConsumer",
         "Message",
         "Producer",
@@ -75,8 +76,10 @@ def test_async_client_methods() -> None:
         "produce_batch",
         "producer_state",
         "release_writers",
+        "repair_topic",
         "reset_group_offsets",
         "server_version",
+        "storage_problems",
     ]
     for name, method in public_methods(AsyncClient).items():
         assert inspect.iscoroutinefunction(method), name

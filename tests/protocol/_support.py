@@ -78,9 +78,13 @@ from tidewire.protocol.messages import (
     ProducerStateResponse,
     ReleaseWritersRequest,
     ReleaseWritersResponse,
+    RepairResult,
+    RepairTopicRequest,
+    RepairTopicResponse,
     ResetOffsetResult,
     ResetOffsetsRequest,
     ResetOffsetsResponse,
+    StorageProblem,
     SubscribePartition,
     SubscribeRequest,
     SubscribeResponse,
@@ -159,7 +163,15 @@ SAMPLES: dict[ApiKey, tuple[Body, Body]] = {
         ),
         FetchResponse(
             partitions=[
-                FetchPartitionResult(topic="orders", partition=0, size=8, high_watermark=42)
+                FetchPartitionResult(topic="orders", partition=0, size=8, high_watermark=42),
+                FetchPartitionResult(
+                    topic="orders",
+                    partition=1,
+                    error_code=32,
+                    error_message="damaged",
+                    damage_start=7,
+                    damage_end=9,
+                ),
             ]
         ),
     ),
@@ -171,7 +183,15 @@ SAMPLES: dict[ApiKey, tuple[Body, Body]] = {
         InitProducerIdRequest(writer_id="q/7b2e/12/0"),
         InitProducerIdResponse(producer_id=7, producer_epoch=0),
     ),
-    ApiKey.PING: (PingRequest(), PingResponse()),
+    ApiKey.PING: (
+        PingRequest(storage=True),
+        PingResponse(
+            problems=[
+                StorageProblem(topic="orders", partition=2, kind="offline", reason="bad JSON")
+            ],
+            problems_total=1,
+        ),
+    ),
     ApiKey.JOIN_GROUP: (
         JoinGroupRequest(group_id="g", topics=["orders"], pattern="ord.*", strategy="range"),
         JoinGroupResponse(
@@ -257,6 +277,22 @@ SAMPLES: dict[ApiKey, tuple[Body, Body]] = {
     ApiKey.RELEASE_WRITERS: (
         ReleaseWritersRequest(writer_ids=["q/7b2e/12/0", "q/7b2e/12/1"]),
         ReleaseWritersResponse(released=3),
+    ),
+    ApiKey.REPAIR_TOPIC: (
+        RepairTopicRequest(name="orders", partition=1, action="quarantine"),
+        RepairTopicResponse(
+            results=[
+                RepairResult(
+                    partition=1,
+                    start=40,
+                    end=45,
+                    size_bytes=310,
+                    action="quarantined",
+                    file="/data/orders-1/00000000000000000040-00000000000000000045.quarantined",
+                    reason="CRC-32C mismatch",
+                )
+            ]
+        ),
     ),
 }
 

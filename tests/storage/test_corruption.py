@@ -1,12 +1,12 @@
-"""Bit flips in stored batches: always detected, never served.
+"""Bit flips in stored batches: always detected, never served, and the rest still served.
 
 A log of several segments is closed cleanly, so its sealed segments are trusted on the next
 open and not scanned: a flipped bit in one of them can only be caught when it is read. For each
 flip (every byte of a few batches, every bit of their 16-byte prefixes, random bits across the
 segment) the log is reopened and read; every read must either return bytes identical to what
-was stored, all below the damaged batch, or raise :class:`PartitionCorruptError`. Once found,
-the partition is marked corrupt at the damaged batch's file and byte position, refuses appends
-and keeps serving the offsets below.
+was stored or raise :class:`PartitionCorruptError` carrying the damaged range. Once found, the
+damaged range is exactly the damaged batch (its file, byte position and offsets); every offset
+outside it is served, and appends go on.
 """
 
 from __future__ import annotations
@@ -135,38 +135,56 @@ def quiet_storage_log() -> Iterator[None]:
 
 
 def check_detected(log: PartitionLog, layout: Layout, victim: Batch) -> None:
-    """Read every offset, ascending: below ``victim`` each read returns the stored batch;
-    from it on, each raises. Then the corruption points at ``victim``."""
+    """Read every offset, ascending: each read outside ``victim`` returns the stored batch;
+    each inside raises with the victim's range. Then the damage points at ``victim``."""
     assert log.log_end_offset == layout.end
     for b in layout.batches:
         for offset in range(b.base, b.next):
-            if b.base < victim.base:
+            if b is not victim:
                 res = log.read(offset, 1)
                 assert (res.data, res.next_offset) == (b.data, b.next), offset
             else:
-                with pytest.raises(PartitionCorruptError):
+                with pytest.raises(PartitionCorruptError) as info:
                     log.read(offset, 1)
+                assert (info.value.damage_start, info.value.damage_end) == (b.base, b.next)
     check_marked(log, layout, victim)
 
 
 def check_marked(log: PartitionLog, layout: Layout, victim: Batch) -> None:
     bad = log.corruption
     assert bad is not None
-    assert (bad.path, bad.position, bad.offset) == (victim.path, victim.position, victim.base)
-    with pytest.raises(PartitionCorruptError):
-        log.append(build_batch([b"x"], timestamp_ms=T0))
+    assert (bad.path, bad.position, bad.start, bad.end) == (
+        victim.path,
+        victim.position,
+        victim.base,
+        victim.next,
+    )
+    assert bad.end_position == victim.position + len(victim.data)
+    assert [d.start for d in log.damage] == [victim.base]
     # a large read from the segment's start returns exactly the batches before the victim
-    seg_start = min(b.base for b in layout.batches if b.path == victim.path)
-    if seg_start < victim.base:
-        res = log.read(seg_start, 10**6)
-        before = [b for b in layout.batches if b.path == victim.path and b.base < victim.base]
+    in_seg = [b for b in layout.batches if b.path == victim.path]
+    if in_seg[0] is not victim:
+        res = log.read(in_seg[0].base, 10**6)
+        before = [b for b in in_seg if b.base < victim.base]
         assert res.data == b"".join(b.data for b in before)
         assert res.next_offset == victim.base
-    # offsets of earlier segments still read, to their segment's end
+    # and from the victim's end, the batches after it in its segment
+    if in_seg[-1] is not victim:
+        res = log.read(victim.next, 10**6)
+        after = [b for b in in_seg if b.base > victim.base]
+        assert res.data == b"".join(b.data for b in after)
+    # every other offset still reads
     for b in layout.batches:
-        if b.base >= victim.base:
-            break
-        assert log.read(b.base, 1).data == b.data
+        if b is not victim:
+            assert log.read(b.base, 1).data == b.data
+
+
+def check_appends(log: PartitionLog, layout: Layout) -> None:
+    """A damaged log still takes writes, at its end, and serves them."""
+    data = build_batch([b"after the damage"], timestamp_ms=T0)
+    info = log.append(data)
+    assert info.base_offset == layout.end
+    assert log.read(layout.end).data[PREFIX.size :] == data[PREFIX.size :]
 
 
 def check_served_or_refused(log: PartitionLog, layout: Layout, offset: int, budget: int) -> None:
@@ -178,15 +196,15 @@ def check_served_or_refused(log: PartitionLog, layout: Layout, offset: int, budg
     first = layout.holding(offset)
     stored = layout.files[first.path][first.position : first.position + len(res.data)]
     assert res.data, f"read({offset}) returned nothing in the middle of the log"
-    assert res.data == stored
-    bad = log.corruption
-    assert bad is None or res.next_offset <= bad.offset
+    assert res.data == stored  # the stored bytes are the intact ones: no damaged byte served
 
 
 def flip_and_check(layout: Layout, victim: Batch, byte: int, bit: int, *, clean: bool) -> None:
     fs = layout.fs(victim.path, victim.position + byte, bit)
     log = PartitionLog.open(fs, DIR, CONFIG, clean=clean)
     check_detected(log, layout, victim)
+    if byte % 7 == 0:
+        check_appends(log, layout)
     log.close()
 
 
@@ -242,7 +260,7 @@ def test_flip_is_found_at_its_batch_whatever_is_read_first(layout: Layout) -> No
                 for budget in (1, 10**6):
                     check_served_or_refused(log, layout, first, budget)
                     if log.corruption is not None:
-                        assert (log.corruption.position, log.corruption.offset) == (
+                        assert (log.corruption.position, log.corruption.start) == (
                             victim.position,
                             victim.base,
                         ), (vi, byte, bit, first)
@@ -251,8 +269,9 @@ def test_flip_is_found_at_its_batch_whatever_is_read_first(layout: Layout) -> No
 
 
 def test_offset_for_timestamp_never_answers_from_around_a_flip(layout: Layout) -> None:
-    """``offset_for_timestamp`` returns the true answer or raises; it never skips over
-    a damaged batch to give a later offset."""
+    """``offset_for_timestamp`` returns the true answer, or an offset of the damaged batch
+    when the answer may lie in it (at or below the true answer); it never skips over a
+    damaged batch to give a later offset."""
     seg = layout.segment(1)
     records = list(layout.records())
     stamps = sorted({ts for b in seg for ts in b.timestamps})
@@ -262,13 +281,14 @@ def test_offset_for_timestamp_never_answers_from_around_a_flip(layout: Layout) -
             for ts in stamps[:: max(1, len(stamps) // 12)]:
                 log = PartitionLog.open(fs, DIR, CONFIG, clean=True)
                 want = next(o for o, t in records if t >= ts)
-                try:
-                    got = log.offset_for_timestamp(ts)
-                except PartitionCorruptError:
-                    assert log.corruption is not None
-                    assert log.corruption.offset <= want, (victim.base, byte, bit, ts)
-                else:
-                    assert got == want, (victim.base, byte, bit, ts)
+                got = log.offset_for_timestamp(ts)
+                if got != want:
+                    d = log.corruption
+                    assert d is not None, (victim.base, byte, bit, ts)
+                    assert got is not None, (victim.base, byte, bit, ts)
+                    assert d.start <= got < d.end, (victim.base, byte, bit, ts)
+                    assert got <= want, (victim.base, byte, bit, ts)
+                    assert (d.start, d.end) == (victim.base, victim.next)
                 log.abandon()
 
 
@@ -292,20 +312,21 @@ def test_flip_in_the_active_segment_below_the_recovery_point(layout: Layout) -> 
             fs = layout.fs(victim.path, victim.position + byte, bit)
             log = PartitionLog.open(fs, DIR, CONFIG, recovery_point=layout.end)
             r = log.report
-            assert r.corruption == log.corruption
+            assert r.damage == [log.corruption]
             assert (r.truncated_bytes, r.truncated_from_offset) == (0, None)
             assert len(fs.contents(victim.path)) == len(layout.files[victim.path])
             bad = log.corruption
             assert bad is not None
-            assert (bad.path, bad.position, bad.offset) == (
+            assert (bad.path, bad.position, bad.start) == (
                 victim.path,
                 victim.position,
                 victim.base,
             )
             check_marked(log, layout, victim)
-            for offset in range(victim.base, log.log_end_offset + 1):
+            for offset in range(victim.base, victim.next):
                 with pytest.raises(PartitionCorruptError):
                     log.read(offset)
+            check_appends(log, layout)
             log.close()
 
 
@@ -314,8 +335,11 @@ def test_corruption_survives_a_reopen_and_truncation_below_it_clears_it(layout: 
     fs = layout.fs(victim.path, victim.position + 40, 3)
     log = PartitionLog.open(fs, DIR, CONFIG, clean=True)
     check_detected(log, layout, victim)
-    log.close()  # no flush of a corrupt log, no index rewritten over the damage
+    log.close()
+    # the damage is recorded beside the log: known at once, before anything reads it
     log = PartitionLog.open(fs, DIR, CONFIG, clean=True)
+    assert log.corruption is not None
+    assert log.corruption.start == victim.base
     check_detected(log, layout, victim)
     assert log.truncate_to(victim.base) == victim.base
     assert log.corruption is None
@@ -352,15 +376,16 @@ def test_flips_on_the_real_file_system(tmp_path: Path) -> None:
         )
         log = PartitionLog.open(fs, directory, CONFIG, clean=True)
         for b in batches:
-            if b.base < victim.base:
+            if b is not victim:
                 assert log.read(b.base, 1).data == b.data
             else:
                 with pytest.raises(PartitionCorruptError):
                     log.read(b.base, 1)
         bad = log.corruption
         assert bad is not None
-        assert (bad.path, bad.position, bad.offset) == (path, victim.position, victim.base)
-        log.close()
+        assert (bad.path, bad.position, bad.start) == (path, victim.position, victim.base)
+        log.abandon()
+        Path(directory, "damage.json").unlink()
     Path(path).write_bytes(original)
     log = PartitionLog.open(fs, directory, CONFIG, clean=True)
     assert log.corruption is None

@@ -302,13 +302,36 @@ def test_set_config_takes_effect_and_persists(env: Env) -> None:
     "content",
     [b"{not json", b'{"segment_bytes": 1}', b'{"colour": "blue"}', b'{"fsync": "sometimes"}'],
 )
-def test_unreadable_log_config_fails_the_open(env: Env, content: bytes) -> None:
+def test_unreadable_log_config_takes_only_its_partition_offline(
+    env: Env, content: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
     mgr = env.manager().open()
-    mgr.create_log("t", 0)
+    mgr.create_log("t", 0).append(batch(3))
+    mgr.create_log("t", 1).append(batch(2))
+    mgr.create_log("u", 0).append(batch())
     mgr.close()
     env.write(f"t-0/{LOG_CONFIG_FILE}", content)
-    with pytest.raises(StorageError, match=LOG_CONFIG_FILE):
-        env.manager().open()
+    mgr = env.manager().open()
+    assert set(mgr.offline) == {("t", 0)}
+    assert LOG_CONFIG_FILE in mgr.offline[("t", 0)]
+    assert any("partition t-0 is offline" in r.getMessage() for r in caplog.records)
+    assert mgr.topics() == {"t": [0, 1], "u": [0]}
+    with pytest.raises(LogNotFoundError):
+        mgr.get_log("t", 0)
+    assert mgr.get_log("t", 1).read(0).data
+    with pytest.raises(LogExistsError):
+        mgr.create_log("t", 0)
+    mgr.close()
+    # not opened, so not recovered: no clean-shutdown marker; its recovery point is kept
+    assert CLEAN_SHUTDOWN_FILE not in env.names()
+    points = json.loads(env.read(RECOVERY_CHECKPOINT_FILE))["logs"]
+    assert points["t-0"] == 3
+    env.write(f"t-0/{LOG_CONFIG_FILE}", b"{}")  # repaired: the defaults
+    mgr = env.manager().open()
+    assert mgr.offline == {}
+    assert mgr.get_log("t", 0).log_end_offset == 3
+    assert mgr.delete_topic("t") == [0, 1]
+    mgr.close()
 
 
 # --- clean shutdown and the recovery checkpoint ---------------------------------------------------
@@ -404,7 +427,8 @@ def test_checkpoint_makes_a_torn_tail_below_it_corruption(
     assert (plog.corruption.offset, plog.corruption.position) == (3, len(batch(3)))
     assert plog.report.truncated_bytes == 0
     with pytest.raises(PartitionCorruptError):
-        plog.append(batch())
+        plog.read(3)
+    assert plog.append(batch()).base_offset == 5  # writes go on past the damage
     assert plog.read(0).data
     crash(mgr)
 

@@ -345,14 +345,17 @@ def test_torn_tail_below_the_recovery_point_is_corruption(written: Written, keep
     assert r.corruption == bad
     assert (bad.path, bad.position, bad.offset) == (written.active, pos, last.base)
     assert fs.contents(written.active) == full[: pos + keep], "corruption must never be cut"
-    with pytest.raises(PartitionCorruptError):
-        log.append(build_batch([b"x"], timestamp_ms=T0))
-    with pytest.raises(PartitionCorruptError):
+    assert bad.end == last.base + 1  # the recovery point: offsets below it were on disk
+    with pytest.raises(PartitionCorruptError) as info:
         log.read(last.base)
+    assert (info.value.damage_start, info.value.damage_end) == (last.base, last.base + 1)
     for b in written.batches[:-1]:
         assert log.read(b.base, 1).data == b.data
+    # writes go on past the damage, which stays in the file
+    assert log.append(build_batch([b"x"], timestamp_ms=T0)).base_offset == last.base + 1
+    assert log.read(last.base + 1).next_offset == last.base + 2
     log.close()
-    assert fs.contents(written.active) == full[: pos + keep]
+    assert fs.contents(written.active)[: pos + keep] == full[: pos + keep]
 
 
 def test_recovery_point_at_the_torn_batch_still_cuts(written: Written) -> None:

@@ -46,6 +46,7 @@ from tidewire.errors import (
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     PartitionCorruptError,
+    PartitionOfflineError,
     ProducerFencedError,
     StorageError,
     TidewireError,
@@ -55,6 +56,7 @@ from tidewire.errors import (
 )
 from tidewire.records import BatchHeader, iter_batches
 from tidewire.storage import FsyncPolicy, LogConfig, LogManager, PartitionLog
+from tidewire.storage.damage import Damage
 from tidewire.storage.fs import write_atomic
 from tidewire.storage.log import check_appendable
 from tidewire.storage.manager import MAX_PARTITION, validate_topic_name
@@ -65,6 +67,8 @@ __all__ = [
     "FetchResult",
     "PartitionStatus",
     "ProduceResult",
+    "RepairOutcome",
+    "StorageProblem",
 ]
 
 log = logging.getLogger("tidewire.broker")
@@ -152,6 +156,37 @@ class PartitionStatus:
     log_end_offset: int
     high_watermark: int
     size_bytes: int
+    damage: tuple[Damage, ...] = ()  # damaged ranges, quarantined ones included
+    offline: str | None = None  # why the partition could not be opened, or None
+
+
+@dataclass(frozen=True, slots=True)
+class StorageProblem:
+    """What a partition does not serve: ``kind`` is ``damaged`` (offsets ``start`` ..
+    ``end - 1`` are refused), ``quarantined`` (read past as a gap; ``file`` holds the bytes)
+    or ``offline`` (the partition could not be opened; ``reason`` says why)."""
+
+    topic: str
+    partition: int
+    kind: str
+    start: int = -1
+    end: int = -1
+    size_bytes: int = 0
+    file: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RepairOutcome:
+    """One damaged range and what :meth:`Broker.repair` did to it (``action``: ``none``,
+    ``quarantined``, ``truncated``)."""
+
+    partition: int
+    damage: Damage
+    action: str
+    removed_offsets: int = 0
+    removed_bytes: int = 0
+    log_end_offset: int = -1
 
 
 class Broker:
@@ -298,7 +333,7 @@ class Broker:
             UnknownTopicError: it does not exist and topics are not created on first publish.
             InvalidTopicError: the name is not allowed.
         """
-        if (name, 0) in self.logs.logs:
+        if (name, 0) in self.logs.logs or (name, 0) in self.logs.offline:
             return
         if not self.config.auto_create_topics:
             raise UnknownTopicError(
@@ -364,6 +399,11 @@ class Broker:
         """
         plog = self.logs.logs.get((topic, partition))
         if plog is None:
+            reason = self.logs.offline.get((topic, partition))
+            if reason is not None:
+                raise PartitionOfflineError(
+                    f"partition {partition} of topic {topic!r} is offline: {reason}"
+                )
             n = self.partition_count(topic)
             raise UnknownPartitionError(
                 f"topic {topic!r} has partitions 0..{n - 1}, not {partition}"
@@ -371,13 +411,106 @@ class Broker:
         return plog
 
     def describe(self, name: str) -> list[PartitionStatus]:
-        """Every partition's offsets and size."""
-        return [self._status(self.log(name, p), p) for p in range(self.partition_count(name))]
+        """Every partition's offsets, size, damaged ranges, and why it is offline if it is."""
+        out = []
+        for p in range(self.partition_count(name)):
+            reason = self.logs.offline.get((name, p))
+            if reason is not None:
+                out.append(PartitionStatus(p, -1, -1, -1, 0, offline=reason))
+            else:
+                out.append(self._status(self.log(name, p), p))
+        return out
+
+    def topic_config(self, name: str) -> LogConfig:
+        """The settings of ``name`` (those of its first partition that is online; the
+        broker's defaults if none is).
+
+        Raises:
+            UnknownTopicError: no such topic.
+        """
+        for p in range(self.partition_count(name)):
+            plog = self.logs.logs.get((name, p))
+            if plog is not None:
+                return plog.config
+        return self.config.log
 
     def _status(self, plog: PartitionLog, p: int) -> PartitionStatus:
         return PartitionStatus(
-            p, plog.log_start_offset, plog.log_end_offset, _high_watermark(plog), plog.size_bytes
+            p,
+            plog.log_start_offset,
+            plog.log_end_offset,
+            _high_watermark(plog),
+            plog.size_bytes,
+            plog.damage,
         )
+
+    def storage_problems(self) -> list[StorageProblem]:
+        """Every damaged range and offline partition of the data directory (internal topics
+        included), by topic and partition: what health checks report."""
+        out: list[StorageProblem] = []
+        for (topic, p), reason in sorted(self.logs.offline.items()):
+            out.append(StorageProblem(topic, p, "offline", reason=reason))
+        for (topic, p), plog in self.logs.logs.items():
+            for d in plog.damage:
+                out.append(
+                    StorageProblem(
+                        topic,
+                        p,
+                        "damaged" if d.quarantined is None else "quarantined",
+                        d.start,
+                        d.end,
+                        d.size,
+                        d.path if d.quarantined is None else d.quarantined,
+                        d.reason,
+                    )
+                )
+        out.sort(key=lambda x: (x.topic, x.partition, x.start))
+        return out
+
+    def repair(self, name: str, partition: int | None, action: str) -> list[RepairOutcome]:
+        """Report, quarantine or truncate the damaged ranges of ``name`` (one partition, or
+        every partition when ``partition`` is ``None``).
+
+        Args:
+            action: ``report`` (change nothing), ``quarantine`` (copy each damaged range's
+                bytes to a file beside its log; readers then pass it as a gap) or
+                ``truncate`` (cut each log where its first damaged range starts: the records
+                after it, good ones included, are removed).
+
+        Raises:
+            UnknownTopicError, UnknownPartitionError, PartitionOfflineError,
+            InvalidRequestError (an unknown action), StorageError.
+            InvalidTopicError: ``truncate`` of an internal topic (the commits after the
+                damage would be lost, moving committed offsets back: quarantine instead).
+        """
+        if action not in ("report", "quarantine", "truncate"):
+            raise InvalidRequestError(
+                f"repair action {action!r} must be report, quarantine or truncate"
+            )
+        if action == "truncate" and is_internal_topic(name):
+            raise InvalidTopicError(
+                f"topic {name!r} is internal: truncating it would drop the commits after the "
+                "damage and move committed offsets back; quarantine the damage instead"
+            )
+        n = self.partition_count(name)
+        parts = range(n) if partition is None else [partition]
+        out: list[RepairOutcome] = []
+        for p in parts:
+            plog = self.log(name, p)
+            pending = [d for d in plog.damage if d.quarantined is None]
+            for d in plog.damage:
+                if d.quarantined is not None or action == "report":
+                    out.append(RepairOutcome(p, d, "none"))
+            if action == "quarantine":
+                for d in pending:
+                    out.append(RepairOutcome(p, plog.quarantine(d.start), "quarantined"))
+            elif action == "truncate" and pending:
+                end, offsets, size = plog.truncate_at_damage(pending[0].start)
+                for d in pending:
+                    out.append(RepairOutcome(p, d, "truncated", offsets, size, end))
+                    offsets = size = 0  # one cut removed them all
+                self._forget_producers_above(name, p, end)
+        return out
 
     # --- produce --------------------------------------------------------------------------------
 
@@ -416,7 +549,12 @@ class Broker:
         _refuse_internal(topic)
         view = memoryview(data)
         plog = self.logs.logs.get((topic, partition))
-        if plog is None and self.config.auto_create_topics and (topic, 0) not in self.logs.logs:
+        if (
+            plog is None
+            and self.config.auto_create_topics
+            and (topic, 0) not in self.logs.logs
+            and (topic, 0) not in self.logs.offline
+        ):
             # Checked before creating, against the settings the new topic gets.
             batches = self._split(view, self.config.log.max_batch_bytes)
             self.ensure_topic(topic)
@@ -720,6 +858,18 @@ class Broker:
             self._epochs.pop(pid, None)
         return old
 
+    def _forget_producers_above(self, topic: str, partition: int, end: int) -> None:
+        """Rebuild one partition's producer state from its log after it was cut at ``end``
+        (the batches above it no longer count)."""
+        plog = self.log(topic, partition)
+        now = int(time.time() * 1000)
+        state = PartitionProducers()
+        for h in _headers_from(plog, plog.log_start_offset):
+            state.observe(h, h.max_timestamp if h.max_timestamp > 0 else now)
+        state.changed = True
+        self._producers[(topic, partition)] = state
+        log.info("%s-%d: producer state rebuilt after a cut at offset %d", topic, partition, end)
+
     def _load_producers(self) -> None:
         """Rebuild every partition's producer state: a valid snapshot, then the batch headers
         of the log from the snapshot's offset on."""
@@ -999,13 +1149,18 @@ class Broker:
 
 
 def _headers_from(plog: PartitionLog, offset: int) -> Iterator[BatchHeader]:
-    """The headers of the log's batches from the one holding ``offset`` to the end (or to
-    corruption, past which nothing is served)."""
+    """The headers of the log's batches from the one holding ``offset`` to the end (damaged
+    ranges, which are never served, skipped)."""
     end = plog.log_end_offset
     while offset < end:
         try:
             r = plog.read(offset, 4 * 1024 * 1024)
-        except (PartitionCorruptError, OffsetOutOfRangeError):
+        except PartitionCorruptError as exc:
+            if exc.damage_end <= offset:
+                return
+            offset = exc.damage_end
+            continue
+        except OffsetOutOfRangeError:
             return
         if not r.data:
             return

@@ -141,6 +141,9 @@ class OffsetStore:
         self._compacting: dict[int, asyncio.Event] = {}
         self._quiet = asyncio.Condition()
         self.compactions = 0
+        #: Damaged ranges of the internal topic skipped while loading, as
+        #: ``(partition, first offset, end offset)`` (for health and metrics).
+        self.damage_skipped: list[tuple[int, int, int]] = []
 
     def load(self) -> None:
         """Read the internal topic through, when it exists: the last value per key wins, a
@@ -150,7 +153,7 @@ class OffsetStore:
             plog = self._logs.logs.get((OFFSETS_TOPIC, p))
             if plog is not None:
                 self._enforce_config(p, plog)
-                self._load_partition(plog)
+                self._load_partition(plog, p)
 
     def _enforce_config(self, p: int, plog: PartitionLog) -> None:
         """Give a partition made by an older version (or, before internal topics were
@@ -186,14 +189,33 @@ class OffsetStore:
             plog = self._logs.logs[key]
         return plog
 
-    def _load_partition(self, plog: PartitionLog) -> None:
+    def _load_partition(self, plog: PartitionLog, p: int) -> None:
+        """Apply every intact record of ``plog``; a damaged range is skipped (reported), and
+        the records after it still apply: the state is the last intact value of each key, and
+        no committed offset goes back to an older value because of the damage."""
         offset = plog.log_start_offset
         end = plog.log_end_offset
         skipped = 0
         while offset < end:
             try:
                 r = plog.read(offset, _READ_CHUNK)
-            except (PartitionCorruptError, OffsetOutOfRangeError) as exc:
+            except PartitionCorruptError as exc:
+                if exc.damage_end <= offset:
+                    log.error("%s: offsets read up to %d only: %s", plog.directory, offset, exc)
+                    return
+                self.damage_skipped.append((p, exc.damage_start, exc.damage_end))
+                log.error(
+                    "%s: committed offsets in the damaged range %d..%d of %s are lost; the "
+                    "last intact commit of each key before and after it is kept: %s",
+                    OFFSETS_TOPIC,
+                    exc.damage_start,
+                    exc.damage_end - 1,
+                    plog.directory,
+                    exc.message,
+                )
+                offset = exc.damage_end
+                continue
+            except OffsetOutOfRangeError as exc:
                 log.error("%s: offsets read up to %d only: %s", plog.directory, offset, exc)
                 return
             if not r.data:

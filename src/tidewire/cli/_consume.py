@@ -34,8 +34,8 @@ from typing import Annotated
 
 import typer
 
-from tidewire.client import AsyncClient, AsyncGroupConsumer
-from tidewire.errors import TidewireError, UnknownPartitionError
+from tidewire.client import AsyncClient, AsyncGroupConsumer, Gap
+from tidewire.errors import PartitionCorruptError, TidewireError, UnknownPartitionError
 from tidewire.records import Record
 
 from ._common import (
@@ -150,19 +150,36 @@ async def _poll(
     partition: int,
     offset: int,
     queue: asyncio.Queue[tuple[int, Record] | TidewireError],
+    skip_damaged: bool = False,
 ) -> None:
     """Fetch one partition from ``offset`` on, forever, into ``queue``; a failure goes into
-    the queue too, for the printer to report."""
+    the queue too, for the printer to report. With ``skip_damaged``, a damaged range of the
+    log is read past, reported on stderr."""
     try:
         while True:
-            got = await client.fetch(
-                topic, partition, offset, max_bytes=FETCH_MAX_BYTES, max_wait_ms=LONG_POLL_MS
-            )
+            try:
+                got = await client.fetch(
+                    topic, partition, offset, max_bytes=FETCH_MAX_BYTES, max_wait_ms=LONG_POLL_MS
+                )
+            except PartitionCorruptError as exc:
+                if not skip_damaged or exc.damage_end <= offset:
+                    raise
+                _report_gap(Gap(topic, partition, offset, exc.damage_end))
+                offset = exc.damage_end
+                continue
             for rec in got.records:
                 await queue.put((partition, rec))
             offset = got.next_offset
     except TidewireError as exc:
         await queue.put(exc)
+
+
+def _report_gap(gap: Gap) -> None:
+    typer.echo(
+        f"gap: {gap.topic} partition {gap.partition} offsets {gap.start}..{gap.end - 1} "
+        "lie in a damaged range of the log and were skipped",
+        err=True,
+    )
 
 
 async def _consume(
@@ -175,6 +192,7 @@ async def _consume(
     fmt: Format,
     print_key: bool,
     separator: bytes,
+    skip_damaged: bool = False,
 ) -> int:
     desc = await client.describe_topic(topic)
     n = len(desc.partitions)
@@ -197,7 +215,9 @@ async def _consume(
     queue: asyncio.Queue[tuple[int, Record] | TidewireError] = asyncio.Queue(QUEUE_MAX)
     loop = asyncio.get_running_loop()
     tasks = [
-        loop.create_task(_poll(client, topic, p, offsets[p], queue), name=f"fetch {topic}/{p}")
+        loop.create_task(
+            _poll(client, topic, p, offsets[p], queue, skip_damaged), name=f"fetch {topic}/{p}"
+        )
         for p in partitions
     ]
     out = typer.get_binary_stream("stdout")
@@ -296,6 +316,15 @@ def consume(
             "what was printed.",
         ),
     ] = None,
+    skip_damaged: Annotated[
+        bool,
+        typer.Option(
+            "--skip-damaged",
+            help="Read past damaged ranges of a partition's log (refused otherwise), "
+            "reporting each gap on stderr; the messages in them are lost.",
+            show_default=False,
+        ),
+    ] = False,
     addr: AddrOption = DEFAULT_ADDR,
 ) -> None:
     """Print a topic's messages: by default only new ones (it says so on stderr), from
@@ -310,7 +339,16 @@ def consume(
                 EXIT_USAGE,
             )
         _consume_group(
-            addr, topic, group, from_beginning, count, timeout, fmt, print_key, key_separator
+            addr,
+            topic,
+            group,
+            from_beginning,
+            count,
+            timeout,
+            fmt,
+            print_key,
+            key_separator,
+            skip_damaged,
         )
         return
     if from_beginning + (offset is not None) + (since is not None) > 1:
@@ -330,7 +368,16 @@ def consume(
 
     async def body(client: AsyncClient) -> int:
         return await _consume(
-            client, topic, partition, start, count, timeout, fmt, print_key, key_separator.encode()
+            client,
+            topic,
+            partition,
+            start,
+            count,
+            timeout,
+            fmt,
+            print_key,
+            key_separator.encode(),
+            skip_damaged,
         )
 
     run_client(addr, body)
@@ -346,16 +393,24 @@ def _consume_group(
     fmt: Format,
     print_key: bool,
     separator: str,
+    skip_damaged: bool = False,
 ) -> None:
     """``consume --group``: print as a member of ``group``; the consumer commits the
-    position after the last message printed when it closes (and every 5 s)."""
+    position after the last message printed when it closes (and every 5 s). With
+    ``skip_damaged`` a damaged range is read past, each gap reported on stderr."""
 
     async def body(client: AsyncClient) -> int:
         out = typer.get_binary_stream("stdout")
         printed = 0
         reset = "earliest" if from_beginning else "latest"
         async with AsyncGroupConsumer(
-            addr, group, topics=[topic], auto_offset_reset=reset, client_id="tidewire-cli"
+            addr,
+            group,
+            topics=[topic],
+            auto_offset_reset=reset,
+            client_id="tidewire-cli",
+            skip_damaged=skip_damaged,
+            on_gap=_report_gap,
         ) as consumer:
             while count is None or printed < count:
                 want = 500 if count is None else min(count - printed, 500)

@@ -6,10 +6,12 @@ import asyncio
 import time
 from typing import Annotated
 
+import msgspec
 import typer
 
 from tidewire.client import AsyncClient
 from tidewire.errors import RequestTimedOutError, TidewireError
+from tidewire.protocol.messages import StorageProblem
 
 from ._common import (
     DEFAULT_ADDR,
@@ -34,13 +36,16 @@ def health(
     ] = 5.0,
     as_json: JsonOption = False,
 ) -> None:
-    """Connect, ping, print the server's version and the round-trip time.
+    """Connect, ping, print the server's version and the round-trip time, and every
+    partition that does not serve all it holds: damaged ranges of a log, quarantined ranges,
+    offline partitions (the first line then says "degraded").
 
-    Exit code 0: healthy; 1: not (the reason is printed).
+    Exit code 0: the broker answers (healthy or degraded); 1: it does not (the reason is
+    printed).
     """
     check_addr(addr)
     try:
-        version, rtt_s = asyncio.run(_probe(addr, timeout))
+        version, rtt_s, problems, total = asyncio.run(_probe(addr, timeout))
     except KeyboardInterrupt:
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except TidewireError as exc:
@@ -51,12 +56,37 @@ def health(
         raise typer.Exit(EXIT_ERROR) from None
     rtt_ms = round(rtt_s * 1000, 3)
     if as_json:
-        echo_json({"healthy": True, "addr": addr, "server_version": version, "rtt_ms": rtt_ms})
-    else:
-        typer.echo(f"healthy: tidewire {version} at {addr}, round trip {rtt_ms:.3f} ms")
+        doc: dict[str, object] = {
+            "healthy": True,
+            "addr": addr,
+            "server_version": version,
+            "rtt_ms": rtt_ms,
+        }
+        if total:
+            doc["degraded"] = True
+            doc["problems"] = [msgspec.to_builtins(p) for p in problems]
+            doc["problems_total"] = total
+        echo_json(doc)
+        return
+    state = "degraded" if total else "healthy"
+    typer.echo(f"{state}: tidewire {version} at {addr}, round trip {rtt_ms:.3f} ms")
+    for p in problems:
+        typer.echo(f"  {_problem_line(p)}")
+    if total > len(problems):
+        typer.echo(f"  ... and {total - len(problems)} more")
 
 
-async def _probe(addr: str, timeout_s: float) -> tuple[str, float]:
+def _problem_line(p: StorageProblem) -> str:
+    where = f"{p.topic} partition {p.partition}"
+    if p.kind == "offline":
+        return f"{where}: offline: {p.reason}"
+    offsets = f"offsets {p.start}..{p.end - 1} ({p.size_bytes:,} bytes)"
+    if p.kind == "quarantined":
+        return f"{where}: {offsets} quarantined to {p.file}; read past as a gap"
+    return f"{where}: {offsets} damaged in {p.file}: {p.reason}; see `tidewire topic repair`"
+
+
+async def _probe(addr: str, timeout_s: float) -> tuple[str, float, list[StorageProblem], int]:
     """(server version, ping round trip in seconds); the connection is opened first, so the
     round trip measures the request alone."""
     try:
@@ -67,6 +97,8 @@ async def _probe(addr: str, timeout_s: float) -> tuple[str, float]:
             version = await client.server_version()
             start = time.perf_counter()
             await client.ping()
-            return version, time.perf_counter() - start
+            rtt = time.perf_counter() - start
+            problems, total = await client.storage_problems()
+            return version, rtt, problems, total
     except TimeoutError:
         raise RequestTimedOutError(f"no answer within {timeout_s:g} s") from None

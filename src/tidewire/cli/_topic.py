@@ -1,4 +1,4 @@
-"""``tidewire topic``: create, list, describe, alter and delete topics."""
+"""``tidewire topic``: create, list, describe, alter, repair and delete topics."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tidewire.client import AsyncClient
-from tidewire.protocol.messages import TopicConfig, TopicDescription
+from tidewire.protocol.messages import DamageInfo, RepairResult, TopicConfig, TopicDescription
 from tidewire.storage import FsyncPolicy
 
 from ._common import (
@@ -25,7 +25,9 @@ from ._common import (
 
 __all__ = ["topic_app"]
 
-topic_app = typer.Typer(name="topic", help="Create, list, describe, alter and delete topics.")
+topic_app = typer.Typer(
+    name="topic", help="Create, list, describe, alter, repair and delete topics."
+)
 
 NameArg = Annotated[str, typer.Argument(help="The topic.", show_default=False)]
 RetentionMs = Annotated[
@@ -123,7 +125,8 @@ def list_(addr: AddrOption = DEFAULT_ADDR, as_json: JsonOption = False) -> None:
 
 @topic_app.command("describe")
 def describe(name: NameArg, addr: AddrOption = DEFAULT_ADDR, as_json: JsonOption = False) -> None:
-    """Show a topic's partitions (start and end offsets, size) and settings."""
+    """Show a topic's partitions (start and end offsets, size), their damaged ranges and
+    offline partitions if any, and the settings."""
 
     async def body(client: AsyncClient) -> TopicDescription:
         return await client.describe_topic(name)
@@ -144,6 +147,11 @@ def describe(name: NameArg, addr: AddrOption = DEFAULT_ADDR, as_json: JsonOption
             f"{p.size_bytes:,}",
         )
     console.print(parts)
+    for p in desc.partitions:
+        if p.offline:
+            console.print(f"partition {p.partition} is OFFLINE: {p.offline}")
+        for d in p.damage:
+            console.print(_damage_line(p.partition, d))
     settings = Table("setting", "value")
     for key, value in msgspec.structs.asdict(desc.config).items():
         if value is not None:
@@ -191,6 +199,88 @@ def alter(
         typer.echo(f"altered topic {name!r}: {len(desc.partitions)} partition(s)")
 
 
+def _damage_line(partition: int, d: DamageInfo) -> str:
+    where = f"partition {partition}: offsets {d.start}..{d.end - 1} ({d.size_bytes:,} bytes"
+    if d.quarantined:
+        return f"{where}) quarantined to {d.quarantined}; readers pass them as a gap"
+    return (
+        f"{where} at byte {d.position:,} of {d.file}) DAMAGED: {d.reason}; "
+        "never served (see `tidewire topic repair`)"
+    )
+
+
+@topic_app.command("repair")
+def repair(
+    name: NameArg,
+    partition: Annotated[
+        int | None,
+        typer.Option("--partition", "-p", min=0, help="Only this partition (default: all)."),
+    ] = None,
+    quarantine: Annotated[
+        bool,
+        typer.Option(
+            "--quarantine",
+            help="Copy each damaged range's bytes to a file beside its log and let readers "
+            "pass the range as a gap (the records in it are lost to them).",
+            show_default=False,
+        ),
+    ] = False,
+    truncate: Annotated[
+        bool,
+        typer.Option(
+            "--truncate",
+            help="Cut each log where its first damaged range starts, removing every record "
+            "from there on, good ones after the damage included (needs --yes).",
+            show_default=False,
+        ),
+    ] = False,
+    yes: Annotated[
+        bool,
+        typer.Option("--yes", help="Confirm --truncate.", show_default=False),
+    ] = False,
+    addr: AddrOption = DEFAULT_ADDR,
+    as_json: JsonOption = False,
+) -> None:
+    """Report a topic's damaged ranges; with --quarantine or --truncate, repair them.
+
+    Without an option nothing changes: each damaged range is listed (offsets, bytes, file,
+    reason). Exit code 0 also when there is no damage.
+    """
+    if quarantine and truncate:
+        fail("give one of --quarantine, --truncate", EXIT_USAGE)
+    if truncate and not yes:
+        fail(
+            "--truncate removes every record from the first damaged range on, good ones "
+            "after it included: add --yes to confirm (or use --quarantine, which keeps them)",
+            EXIT_USAGE,
+        )
+    action = "quarantine" if quarantine else "truncate" if truncate else "report"
+
+    async def body(client: AsyncClient) -> list[RepairResult]:
+        return await client.repair_topic(name, partition, action)
+
+    results = run_client(addr, body)
+    if as_json:
+        echo_json([msgspec.structs.asdict(r) for r in results])
+        return
+    if not results:
+        typer.echo(f"topic {name!r}: no damaged ranges")
+        return
+    for r in results:
+        where = f"partition {r.partition}: offsets {r.start}..{r.end - 1} ({r.size_bytes:,} bytes)"
+        if r.action == "quarantined":
+            typer.echo(f"{where}: quarantined to {r.file}; readers now pass them as a gap")
+        elif r.action == "truncated":
+            typer.echo(
+                f"{where}: truncated; {r.removed_offsets:,} offset(s) and "
+                f"{r.removed_bytes:,} bytes removed, the log now ends at {r.log_end_offset}"
+            )
+        elif r.file.endswith(".quarantined"):
+            typer.echo(f"{where}: quarantined to {r.file}")
+        else:
+            typer.echo(f"{where}: damaged in {r.file}: {r.reason}")
+
+
 @topic_app.command("delete")
 def delete(name: NameArg, addr: AddrOption = DEFAULT_ADDR) -> None:
     """Delete a topic and all its messages."""
@@ -213,6 +303,8 @@ def _describe_doc(desc: TopicDescription) -> dict[str, object]:
                 "high_watermark": p.high_watermark,
                 "size_bytes": p.size_bytes,
             }
+            | ({"damage": [msgspec.structs.asdict(d) for d in p.damage]} if p.damage else {})
+            | ({"offline": p.offline} if p.offline else {})
             for p in desc.partitions
         ],
         "config": msgspec.structs.asdict(desc.config),

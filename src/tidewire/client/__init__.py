@@ -19,7 +19,7 @@ Public names::
 
     AsyncClient, Client, Message, FetchedRecords, FetchedBatches
     AsyncProducer, Producer, RecordMetadata, RecordFuture, BlockingRecordFuture
-    AsyncConsumer, Consumer, ConsumerRecord
+    AsyncConsumer, Consumer, ConsumerRecord, Gap
     AsyncGroupConsumer, GroupConsumer
     AsyncSubscriber, Subscriber
     fnv1a_32
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from tidewire.client._accumulator import BlockingRecordFuture, RecordFuture, RecordMetadata
 from tidewire.client._client import AsyncClient, Client, FetchedBatches, FetchedRecords, Message
-from tidewire.client._consumer import AsyncConsumer, Consumer, ConsumerRecord
+from tidewire.client._consumer import AsyncConsumer, Consumer, ConsumerRecord, Gap
 from tidewire.client._group import AsyncGroupConsumer, GroupConsumer
 from tidewire.client._producer import AsyncProducer
 from tidewire.client._producer_sync import Producer
@@ -48,6 +48,7 @@ __all__ = [
     "ConsumerRecord",
     "FetchedBatches",
     "FetchedRecords",
+    "Gap",
     "GroupConsumer",
     "Message",
     "Producer",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tidewire.client._blocking import BlockingTwin
-from tidewire.errors import for_code
+from tidewire.errors import fetch_error, for_code
 from tidewire.protocol.messages import (
     ACKS_DURABLE,
     ACKS_NONE,
@@ -44,8 +44,11 @@ from tidewire.protocol.messages import (
     ProduceRequest,
     ProducerStateRequest,
     ReleaseWritersRequest,
+    RepairResult,
+    RepairTopicRequest,
     ResetOffsetResult,
     ResetOffsetsRequest,
+    StorageProblem,
     TopicConfig,
     TopicDescription,
 )
@@ -140,6 +143,29 @@ class AsyncClient:
     async def ping(self) -> None:
         """Round trip to the broker. Raises ConnectionLostError if it is unreachable."""
         await self._call(PingRequest())
+
+    async def storage_problems(self) -> tuple[list[StorageProblem], int]:
+        """What the broker's storage does not serve: damaged ranges, quarantined ranges and
+        offline partitions (at most the first 100), and how many there are in all; an empty
+        list when every partition serves everything it holds."""
+        body = (await self._call(PingRequest(storage=True))).body
+        return list(body.problems), int(body.problems_total)
+
+    async def repair_topic(
+        self, name: str, partition: int | None = None, action: str = "report"
+    ) -> list[RepairResult]:
+        """Report (``action="report"``), quarantine (``"quarantine"``) or truncate
+        (``"truncate"``) the damaged ranges of a topic's partitions (one, or all when
+        ``partition`` is None). See docs/storage.md.
+
+        Raises:
+            UnknownTopicError, UnknownPartitionError, PartitionOfflineError,
+            InvalidRequestError (an unknown action), StorageError.
+        """
+        req = RepairTopicRequest(name=name, partition=partition, action=action)
+        body = (await self._call(req)).body
+        _raise(body.error_code, body.error_message)
+        return list(body.results)
 
     async def server_version(self) -> str:
         return str(
@@ -292,7 +318,10 @@ class AsyncClient:
         response = await self._t.request(req, timeout_s=timeout)
         assert response is not None
         (result,) = response.body.partitions
-        _raise(result.error_code, result.error_message)
+        if result.error_code:
+            raise fetch_error(
+                result.error_code, result.error_message, result.damage_start, result.damage_end
+            )
         return FetchedBatches(
             bytes(response.data[: result.size]),
             int(result.high_watermark),
@@ -472,6 +501,14 @@ class Client(BlockingTwin[AsyncClient]):
 
     def ping(self) -> None:
         self._run(self._async.ping())
+
+    def storage_problems(self) -> tuple[list[StorageProblem], int]:
+        return self._run(self._async.storage_problems())
+
+    def repair_topic(
+        self, name: str, partition: int | None = None, action: str = "report"
+    ) -> list[RepairResult]:
+        return self._run(self._async.repair_topic(name, partition, action))
 
     def server_version(self) -> str:
         return self._run(self._async.server_version())

@@ -12,15 +12,22 @@ no consumer groups here: positions live in the consumer, and nothing is committe
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 from tidewire._tasks import cancel_and_wait
 from tidewire.client._blocking import BlockingTwin
-from tidewire.errors import ConnectionLostError, TidewireError, for_code
+from tidewire.errors import (
+    ConnectionLostError,
+    PartitionCorruptError,
+    TidewireError,
+    fetch_error,
+    for_code,
+)
 from tidewire.protocol.frames import data_window
 from tidewire.protocol.messages import (
     FetchPartition,
@@ -33,7 +40,9 @@ from tidewire.records import iter_batches, read_records
 from ._settings import check_ints
 from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
 
-__all__ = ["AsyncConsumer", "Consumer", "ConsumerRecord", "Offset"]
+__all__ = ["AsyncConsumer", "Consumer", "ConsumerRecord", "Gap", "Offset"]
+
+log = logging.getLogger("tidewire.client")
 
 T = TypeVar("T")
 
@@ -60,6 +69,20 @@ class ConsumerRecord(NamedTuple):
 
 
 TP = tuple[str, int]
+
+#: Gaps a consumer remembers (the oldest are dropped first; :attr:`AsyncConsumer.gaps_total`
+#: counts them all).
+MAX_GAPS = 1000
+
+
+class Gap(NamedTuple):
+    """A damaged range a consumer read past (``skip_damaged=True``): offsets ``start`` ..
+    ``end - 1`` of the partition were not delivered."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
 
 
 @dataclass(slots=True)
@@ -150,6 +173,13 @@ class AsyncConsumer:
         max_partition_bytes: the most data of one fetch for one partition.
         request_timeout_ms: how long a request may take, on top of its long-poll.
         connect_timeout_ms: how long opening the connection may take.
+        skip_damaged: when a position lies in a damaged range of the broker's log
+            (:class:`~tidewire.errors.PartitionCorruptError`), move past the range and go
+            on, reporting the gap (:attr:`gaps`, and a WARNING log line or ``on_gap``), as a
+            Kafka consumer can seek past a corrupt record. Off by default: the error is
+            raised.
+        on_gap: with ``skip_damaged``, called with each :class:`Gap` instead of logging it
+            (on the consumer's event loop; it must not block).
     """
 
     def __init__(
@@ -162,6 +192,8 @@ class AsyncConsumer:
         max_partition_bytes: int = 1024 * 1024,
         request_timeout_ms: int = 30_000,
         connect_timeout_ms: int = 10_000,
+        skip_damaged: bool = False,
+        on_gap: Callable[[Gap], None] | None = None,
     ) -> None:
         check_ints(
             ("max_wait_ms", max_wait_ms, 0),
@@ -175,6 +207,12 @@ class AsyncConsumer:
         self.min_bytes = min_bytes
         self.max_bytes = max_bytes
         self.max_partition_bytes = max_partition_bytes
+        self.skip_damaged = skip_damaged
+        self.on_gap = on_gap
+        #: The damaged ranges read past (``skip_damaged``), oldest first, at most MAX_GAPS.
+        self.gaps: deque[Gap] = deque(maxlen=MAX_GAPS)
+        #: How many damaged ranges were read past in all.
+        self.gaps_total = 0
         self._t = Transport(
             addr,
             request_timeout_s=request_timeout_ms / 1000,
@@ -323,6 +361,8 @@ class AsyncConsumer:
             if self._fetch_at.get(f.tp) != f.offset:
                 continue  # sought elsewhere meanwhile, or no longer assigned
             if f.error is not None:
+                if self._skip(f.tp, f.offset, f.error):
+                    continue
                 error = error or f.error
                 continue
             self._buffer.extend(f.records)
@@ -344,6 +384,33 @@ class AsyncConsumer:
             )
         return self._fetch
 
+    def _skip(self, tp: TP, offset: int, err: TidewireError) -> bool:
+        """With ``skip_damaged``: move past the damaged range ``err`` names, reporting the
+        gap. Returns whether it did."""
+        if not (
+            self.skip_damaged and isinstance(err, PartitionCorruptError) and err.damage_end > offset
+        ):
+            return False
+        gap = Gap(tp[0], tp[1], max(err.damage_start, offset), err.damage_end)
+        self.gaps.append(gap)
+        self.gaps_total += 1
+        if self.on_gap is not None:
+            self.on_gap(gap)
+        else:
+            log.warning(
+                "%s partition %d: offsets %d..%d lie in a damaged range of the broker's log "
+                "and were skipped: %s",
+                gap.topic,
+                gap.partition,
+                gap.start,
+                gap.end - 1,
+                err.message,
+            )
+        self._fetch_at[tp] = err.damage_end
+        if not any((r.topic, r.partition) == tp for r in self._buffer):
+            self._positions[tp] = err.damage_end
+        return True
+
     async def _fetch_once(self, wants: list[tuple[TP, int]]) -> list[_Fetched]:
         req = FetchRequest(
             max_wait_ms=self.max_wait_ms,
@@ -360,7 +427,9 @@ class AsyncConsumer:
             start = pos
             pos += result.size
             if result.error_code:
-                err = for_code(result.error_code)(result.error_message)
+                err = fetch_error(
+                    result.error_code, result.error_message, result.damage_start, result.damage_end
+                )
                 out.append(_Fetched(tp, offset, [], offset, err))
                 continue
             records, nxt = _parse(tp, offset, buf, start, pos)
@@ -440,6 +509,8 @@ class Consumer(BlockingReader[AsyncConsumer]):
         max_partition_bytes: int = 1024 * 1024,
         request_timeout_ms: int = 30_000,
         connect_timeout_ms: int = 10_000,
+        skip_damaged: bool = False,
+        on_gap: Callable[[Gap], None] | None = None,
     ) -> None:
         parse_addr(addr)
         options: dict[str, Any] = {
@@ -449,6 +520,8 @@ class Consumer(BlockingReader[AsyncConsumer]):
             "max_partition_bytes": max_partition_bytes,
             "request_timeout_ms": request_timeout_ms,
             "connect_timeout_ms": connect_timeout_ms,
+            "skip_damaged": skip_damaged,
+            "on_gap": on_gap,
         }
         self._local: deque[ConsumerRecord] = deque()
         self._start_loop("tidewire-consumer")
@@ -465,6 +538,11 @@ class Consumer(BlockingReader[AsyncConsumer]):
     def assign(self, positions: Iterable[tuple[str, int, Offset]]) -> None:
         self._local.clear()
         self._run(self._async.assign(list(positions)))
+
+    @property
+    def gaps(self) -> list[Gap]:
+        """The damaged ranges read past (``skip_damaged``), oldest first."""
+        return list(self._async.gaps)
 
     def seek(self, topic: str, partition: int, offset: Offset) -> None:
         self._run(self._async.seek(topic, partition, offset))

@@ -74,7 +74,14 @@ from tidewire.protocol.messages import (
     OffsetFetchRequest,
 )
 
-from ._consumer import DEFAULT_MAX_RECORDS, AsyncConsumer, BlockingReader, ConsumerRecord, Offset
+from ._consumer import (
+    DEFAULT_MAX_RECORDS,
+    AsyncConsumer,
+    BlockingReader,
+    ConsumerRecord,
+    Gap,
+    Offset,
+)
 from ._settings import check_ints
 from ._subscriber import DEFAULT_CREDIT_BYTES, AsyncSubscriber
 from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
@@ -126,6 +133,8 @@ class AsyncGroupConsumer:
             batches as they are appended; see :class:`~tidewire.client.AsyncSubscriber`).
         push_credit_bytes: with push, the credit window in bytes.
         request_timeout_ms, connect_timeout_ms: of each request.
+        skip_damaged, on_gap: with pull, read past damaged ranges of the broker's logs,
+            reporting each gap (as :class:`~tidewire.client.AsyncConsumer`; see :attr:`gaps`).
     """
 
     def __init__(
@@ -154,10 +163,14 @@ class AsyncGroupConsumer:
         connect_timeout_ms: int = 10_000,
         delivery: str = "pull",
         push_credit_bytes: int = DEFAULT_CREDIT_BYTES,
+        skip_damaged: bool = False,
+        on_gap: Callable[[Gap], None] | None = None,
     ) -> None:
         self.topics = sorted(set(topics))
         if delivery not in ("pull", "push"):
             raise ValueError(f"delivery={delivery!r}: 'pull' or 'push'")
+        if skip_damaged and delivery != "pull":
+            raise ValueError("skip_damaged works with delivery='pull'")
         if not group_id:
             raise ValueError("group_id must not be empty")
         if not self.topics and not pattern:
@@ -206,6 +219,8 @@ class AsyncGroupConsumer:
                 max_partition_bytes=max_partition_bytes,
                 request_timeout_ms=request_timeout_ms,
                 connect_timeout_ms=connect_timeout_ms,
+                skip_damaged=skip_damaged,
+                on_gap=on_gap,
             )
         self._member_id = ""
         self._generation = -1
@@ -221,6 +236,11 @@ class AsyncGroupConsumer:
         self._next_auto_commit = 0.0
         self._commit_task: asyncio.Task[None] | None = None
         self._closed = False
+
+    @property
+    def gaps(self) -> list[Gap]:
+        """The damaged ranges read past (``skip_damaged``), oldest first; empty with push."""
+        return list(self._inner.gaps) if isinstance(self._inner, AsyncConsumer) else []
 
     async def __aenter__(self) -> AsyncGroupConsumer:
         return self

@@ -33,7 +33,7 @@ from tidewire.client._consumer import (
     _parse,
     resolve_positions,
 )
-from tidewire.errors import ConnectionLostError, TidewireError, for_code
+from tidewire.errors import ConnectionLostError, TidewireError, fetch_error, for_code
 from tidewire.protocol import PushReceived
 from tidewire.protocol.frames import data_window
 from tidewire.protocol.messages import (
@@ -244,7 +244,9 @@ class AsyncSubscriber:
             return
         self.stats.dropped_by_partition[tp] = self._dropped_base.get(tp, 0) + body.dropped
         if body.error_code:
-            self._errors.append(for_code(body.error_code)(body.error_message))
+            self._errors.append(
+                fetch_error(body.error_code, body.error_message, body.damage_start, body.damage_end)
+            )
             self._arrived.set()
             return
         size = len(ev.data)

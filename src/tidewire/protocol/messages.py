@@ -42,6 +42,7 @@ __all__ = [
     "CreateTopicResponse",
     "CreditRequest",
     "CreditResponse",
+    "DamageInfo",
     "DeleteGroupRequest",
     "DeleteGroupResponse",
     "DeleteTopicRequest",
@@ -95,9 +96,13 @@ __all__ = [
     "PushBody",
     "ReleaseWritersRequest",
     "ReleaseWritersResponse",
+    "RepairResult",
+    "RepairTopicRequest",
+    "RepairTopicResponse",
     "ResetOffsetResult",
     "ResetOffsetsRequest",
     "ResetOffsetsResponse",
+    "StorageProblem",
     "SubscribePartition",
     "SubscribeRequest",
     "SubscribeResponse",
@@ -152,6 +157,7 @@ class ApiKey(enum.IntEnum):
     UNSUBSCRIBE = 23
     PRODUCER_STATE = 24
     RELEASE_WRITERS = 25
+    REPAIR_TOPIC = 26
 
 
 class Body(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -190,10 +196,32 @@ class ApiVersionsResponse(Body, kw_only=True, omit_defaults=True):
 
 class PingRequest(Body, kw_only=True, omit_defaults=True):
     api_key = ApiKey.PING
+    #: Also list what the broker's storage does not serve (costs a look at every partition).
+    storage: bool = False
+
+
+class StorageProblem(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A partition that does not serve everything it holds: ``kind`` ``damaged`` (offsets
+    ``start`` .. ``end - 1`` are refused), ``quarantined`` (they are read past as a gap;
+    ``file`` holds their bytes) or ``offline`` (the partition could not be opened: every
+    request for it is refused; ``reason`` says why)."""
+
+    topic: str
+    partition: int
+    kind: str
+    start: int = -1
+    end: int = -1
+    size_bytes: int = 0
+    file: str = ""
+    reason: str = ""
 
 
 class PingResponse(Body, kw_only=True, omit_defaults=True):
     api_key = ApiKey.PING
+    #: With ``storage``: what the broker's storage does not serve (the first 100); empty
+    #: when every partition serves all it holds.
+    problems: list[StorageProblem] = msgspec.field(default_factory=list)
+    problems_total: int = 0  # how many there are in all
 
 
 # --- topics ---------------------------------------------------------------------------------------
@@ -211,12 +239,63 @@ class TopicConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
     max_message_bytes: int | None = None
 
 
+class DamageInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A damaged range of a partition's log: offsets ``start`` .. ``end - 1``, whose
+    ``size_bytes`` bytes at byte ``position`` of the segment ``file`` failed their checks.
+    Refused to readers until quarantined (then ``quarantined`` names the file holding the
+    bytes and readers pass the range as a gap)."""
+
+    start: int
+    end: int
+    size_bytes: int
+    file: str
+    position: int
+    reason: str
+    quarantined: str = ""
+
+
 class PartitionInfo(msgspec.Struct, kw_only=True):
     partition: int
     log_start_offset: int
     log_end_offset: int
     high_watermark: int
     size_bytes: int
+    error_code: int = 0
+    error_message: str = ""
+    damage: list[DamageInfo] = msgspec.field(default_factory=list)
+    offline: str = ""  # why the partition could not be opened; empty when it serves
+
+
+class RepairTopicRequest(Body, kw_only=True, omit_defaults=True):
+    """``action``: ``report`` (list the damaged ranges), ``quarantine`` or ``truncate``
+    (every damaged range that is not quarantined, of ``partition`` or of every partition)."""
+
+    api_key = ApiKey.REPAIR_TOPIC
+    name: str
+    partition: int | None = None
+    action: str = "report"
+
+
+class RepairResult(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One damaged range and what was done to it (``action``: ``none``, ``quarantined``,
+    ``truncated``); a truncation removed ``removed_offsets`` offsets and ``removed_bytes``
+    bytes, and the log now ends at ``log_end_offset``."""
+
+    partition: int
+    start: int
+    end: int
+    size_bytes: int
+    action: str
+    file: str = ""
+    reason: str = ""
+    removed_offsets: int = 0
+    removed_bytes: int = 0
+    log_end_offset: int = -1
+
+
+class RepairTopicResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.REPAIR_TOPIC
+    results: list[RepairResult] = msgspec.field(default_factory=list)
     error_code: int = 0
     error_message: str = ""
 
@@ -361,6 +440,10 @@ class FetchPartitionResult(msgspec.Struct, kw_only=True, omit_defaults=True):
     log_start_offset: int = -1
     error_code: int = 0
     error_message: str = ""
+    #: With PartitionCorruptError (32): the damaged range holding the offset asked for;
+    #: reading can go on at ``damage_end``.
+    damage_start: int = -1
+    damage_end: int = -1
 
 
 class FetchResponse(Body, kw_only=True, omit_defaults=True):
@@ -734,6 +817,9 @@ class PushBody(msgspec.Struct, kw_only=True, omit_defaults=True):
     dropped: int = 0  # best effort: records skipped on this partition so far (cumulative)
     error_code: int = 0
     error_message: str = ""
+    #: With PartitionCorruptError (32): the damaged range that ended delivery (as FETCH's).
+    damage_start: int = -1
+    damage_end: int = -1
 
 
 # --- the registry and the codec ------------------------------------------------------------
@@ -765,6 +851,7 @@ _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
     ApiKey.UNSUBSCRIBE: (UnsubscribeRequest, UnsubscribeResponse),
     ApiKey.PRODUCER_STATE: (ProducerStateRequest, ProducerStateResponse),
     ApiKey.RELEASE_WRITERS: (ReleaseWritersRequest, ReleaseWritersResponse),
+    ApiKey.REPAIR_TOPIC: (RepairTopicRequest, RepairTopicResponse),
 }
 #: (min, max) version of each API this code speaks. Version 0 is the first of each.
 _VERSIONS: dict[ApiKey, tuple[int, int]] = dict.fromkeys(_SCHEMAS, (0, 0))

@@ -12,7 +12,12 @@ from typing import Any
 from tidewire import __version__
 from tidewire.broker import Broker, FetchResult
 from tidewire.broker.consumer_groups import ResetTo
-from tidewire.errors import BackpressureError, InvalidRequestError, TidewireError
+from tidewire.errors import (
+    BackpressureError,
+    InvalidRequestError,
+    PartitionCorruptError,
+    TidewireError,
+)
 from tidewire.protocol.messages import (
     ACKS_DURABLE,
     ACKS_LEADER,
@@ -26,6 +31,7 @@ from tidewire.protocol.messages import (
     CommittedOffset,
     CreateTopicRequest,
     CreateTopicResponse,
+    DamageInfo,
     DeleteGroupRequest,
     DeleteGroupResponse,
     DeleteTopicRequest,
@@ -74,9 +80,13 @@ from tidewire.protocol.messages import (
     ProducerStateResponse,
     ReleaseWritersRequest,
     ReleaseWritersResponse,
+    RepairResult,
+    RepairTopicRequest,
+    RepairTopicResponse,
     ResetOffsetResult,
     ResetOffsetsRequest,
     ResetOffsetsResponse,
+    StorageProblem,
     TopicConfig,
     TopicDescription,
     supported_versions,
@@ -107,6 +117,17 @@ Handler = Callable[[Broker, ServerInfo, Any, memoryview], Awaitable[Reply]]
 
 def _err(exc: TidewireError) -> dict[str, Any]:
     return {"error_code": exc.code, "error_message": exc.message}
+
+
+def _fetch_err(exc: TidewireError) -> dict[str, Any]:
+    out = _err(exc)
+    if isinstance(exc, PartitionCorruptError):
+        out.update(damage_start=exc.damage_start, damage_end=exc.damage_end)
+    return out
+
+
+#: Storage problems a ping answer lists (the total is given too): a bound on its size.
+MAX_PROBLEMS = 100
 
 
 def _to_log_config(base: LogConfig, cfg: TopicConfig) -> LogConfig:
@@ -147,11 +168,24 @@ def _describe(broker: Broker, name: str) -> TopicDescription:
             log_end_offset=s.log_end_offset,
             high_watermark=s.high_watermark,
             size_bytes=s.size_bytes,
+            damage=[
+                DamageInfo(
+                    start=d.start,
+                    end=d.end,
+                    size_bytes=d.size,
+                    file=d.path,
+                    position=d.position,
+                    reason=d.reason,
+                    quarantined=d.quarantined or "",
+                )
+                for d in s.damage
+            ],
+            offline=s.offline or "",
         )
         for s in broker.describe(name)
     ]
     return TopicDescription(
-        name=name, partitions=parts, config=_topic_config(broker.log(name, 0).config)
+        name=name, partitions=parts, config=_topic_config(broker.topic_config(name))
     )
 
 
@@ -164,7 +198,49 @@ async def api_versions(b: Broker, s: ServerInfo, req: ApiVersionsRequest, _: mem
 
 
 async def ping(b: Broker, s: ServerInfo, req: PingRequest, _: memoryview) -> Reply:
-    return PingResponse(), []
+    if not req.storage:
+        return PingResponse(), []
+    problems = b.storage_problems()
+    return PingResponse(
+        problems=[
+            StorageProblem(
+                topic=x.topic,
+                partition=x.partition,
+                kind=x.kind,
+                start=x.start,
+                end=x.end,
+                size_bytes=x.size_bytes,
+                file=x.file,
+                reason=x.reason,
+            )
+            for x in problems[:MAX_PROBLEMS]
+        ],
+        problems_total=len(problems),
+    ), []
+
+
+async def repair_topic(b: Broker, s: ServerInfo, req: RepairTopicRequest, _: memoryview) -> Reply:
+    try:
+        outcomes = b.repair(req.name, req.partition, req.action)
+    except TidewireError as exc:
+        return RepairTopicResponse(**_err(exc)), []
+    return RepairTopicResponse(
+        results=[
+            RepairResult(
+                partition=o.partition,
+                start=o.damage.start,
+                end=o.damage.end,
+                size_bytes=o.damage.size,
+                action=o.action,
+                file=o.damage.quarantined or o.damage.path,
+                reason=o.damage.reason,
+                removed_offsets=o.removed_offsets,
+                removed_bytes=o.removed_bytes,
+                log_end_offset=o.log_end_offset,
+            )
+            for o in outcomes
+        ]
+    ), []
 
 
 async def metadata(b: Broker, s: ServerInfo, req: MetadataRequest, _: memoryview) -> Reply:
@@ -213,7 +289,7 @@ async def describe_topic(
 
 async def alter_topic(b: Broker, s: ServerInfo, req: AlterTopicRequest, _: memoryview) -> Reply:
     try:
-        current = b.log(req.name, 0).config
+        current = b.topic_config(req.name)
         changed = req.config != TopicConfig()
         b.alter_topic(
             req.name,
@@ -291,7 +367,7 @@ async def fetch(b: Broker, s: ServerInfo, req: FetchRequest, _: memoryview) -> R
     buffers: list[bytes] = []
     for want, r in zip(wants, outcome, strict=True):
         if isinstance(r, TidewireError):
-            results.append(FetchPartitionResult(topic=want[0], partition=want[1], **_err(r)))
+            results.append(FetchPartitionResult(topic=want[0], partition=want[1], **_fetch_err(r)))
             continue
         results.append(
             FetchPartitionResult(
@@ -540,4 +616,5 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.DESCRIBE_GROUP: describe_group,
     ApiKey.DELETE_GROUP: delete_group,
     ApiKey.RESET_OFFSETS: reset_offsets,
+    ApiKey.REPAIR_TOPIC: repair_topic,
 }

@@ -39,6 +39,7 @@ from tidewire.errors import (
     BackpressureError,
     InvalidRequestError,
     OffsetOutOfRangeError,
+    PartitionCorruptError,
     TidewireError,
 )
 from tidewire.protocol import Connection
@@ -370,6 +371,8 @@ class Subscriptions:
             error_code=0 if error is None else error.code,
             error_message="" if error is None else error.message,
         )
+        if isinstance(error, PartitionCorruptError):
+            body.damage_start, body.damage_end = error.damage_start, error.damage_end
         self._write(
             self.conn.send_push(
                 sub.subscription_id, ApiKey.SUBSCRIBE, encode_body(body), [data] if data else []

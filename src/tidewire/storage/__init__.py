@@ -6,6 +6,7 @@ Public names::
     PartitionLog          one partition: append, read, flush, truncate, retention
     LogConfig, FsyncPolicy
     AppendInfo, ReadResult, RecoveryReport
+    Damage                a damaged range of a log (never served; see PartitionLog.damage)
     FileSystem, OsFileSystem, write_atomic   the file-system seam
     FaultFS, PowerCut     in-memory file system with power cuts and I/O errors (for tests)
 """
@@ -13,6 +14,7 @@ Public names::
 from __future__ import annotations
 
 from tidewire.storage.config import FsyncPolicy, LogConfig
+from tidewire.storage.damage import Damage
 from tidewire.storage.faultfs import FaultFS, PowerCut
 from tidewire.storage.fs import FileHandle, FileSystem, OsFileSystem, write_atomic
 from tidewire.storage.log import AppendInfo, PartitionLog, ReadResult, RecoveryReport
@@ -22,6 +24,7 @@ from tidewire.storage.segment import BadBatch
 __all__ = [
     "AppendInfo",
     "BadBatch",
+    "Damage",
     "FaultFS",
     "FileHandle",
     "FileSystem",

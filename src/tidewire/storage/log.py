@@ -20,8 +20,14 @@ Recovery (:meth:`PartitionLog.open`): a segment whose persisted indexes check ou
 re-read with each batch CRC-checked and its indexes rebuilt. The first invalid batch found is
 either a torn tail — at or beyond the recovery point, in a segment whose indexes were not
 persisted (so it was scanned): the segment is cut there, later segments are dropped, and the cut
-is reported — or corruption — below the recovery point: the partition is marked corrupt, refuses
-writes, and keeps serving the offsets below the bad batch.
+is reported — or damage — below the recovery point, or found later by a read in a segment that
+was trusted: the bytes up to the next valid batch (:meth:`Segment.find_valid_batch`) form a
+damaged range (:class:`~tidewire.storage.damage.Damage`). A read in the range raises
+:class:`~tidewire.errors.PartitionCorruptError` carrying the range, so a reader can go on past
+it; every other offset is served, appends go on at the end, and the range is logged at ERROR,
+recorded in :data:`DAMAGE_FILE` and listed in :attr:`PartitionLog.damage` until an operator
+quarantines it (read past as a gap) or truncates the log there. Corrupt bytes are never served
+and nothing but a torn tail is ever cut without being asked.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import time
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tidewire.errors import (
     BackpressureError,
@@ -52,6 +58,14 @@ from tidewire.errors import (
 from tidewire.records import iter_batches, iter_records
 from tidewire.records.batch import LOG_OVERHEAD, BatchHeader, check_batch, check_whole_batch
 from tidewire.storage.config import FsyncPolicy, LogConfig
+from tidewire.storage.damage import (
+    DAMAGE_FILE,
+    Damage,
+    copy_to_quarantine,
+    quarantine_name,
+    read_damage_file,
+    write_damage_file,
+)
 from tidewire.storage.fs import FileHandle, FileSystem, write_atomic
 from tidewire.storage.segment import (
     BadBatch,
@@ -61,7 +75,15 @@ from tidewire.storage.segment import (
     segment_name,
 )
 
-__all__ = ["AppendInfo", "PartitionLog", "ReadResult", "RecoveryReport", "check_appendable"]
+__all__ = [
+    "DAMAGE_FILE",
+    "AppendInfo",
+    "Damage",
+    "PartitionLog",
+    "ReadResult",
+    "RecoveryReport",
+    "check_appendable",
+]
 
 log = logging.getLogger("tidewire.storage")
 
@@ -125,8 +147,13 @@ class RecoveryReport:
     truncated_from_offset: int | None = None
     truncated_batches_seen: int = 0
     removed_files: list[str] = field(default_factory=list)
-    corruption: BadBatch | None = None
+    damage: list[Damage] = field(default_factory=list)  # damaged ranges found by the scan
     below_recovery_point: int | None = None  # the recovery point, if the log ends below it
+
+    @property
+    def corruption(self) -> Damage | None:
+        """The first damaged range found, or ``None``."""
+        return self.damage[0] if self.damage else None
 
 
 @dataclass(slots=True)
@@ -182,7 +209,9 @@ class PartitionLog:
         self._segments: list[Segment] = []
         self._bases: list[int] = []
         self._flushed = 0
-        self._corrupt: BadBatch | None = None
+        self._damage: list[Damage] = []  # sorted by start offset, disjoint
+        #: Damaged ranges found since the log was opened (for metrics; never decreases).
+        self.damage_found = 0
         self._failed: TidewireError | None = None
         self._closed = False
         self._dir_dirty = False
@@ -269,7 +298,7 @@ class PartitionLog:
         i = 0
         while i < len(self._segments):
             seg = self._segments[i]
-            if i > 0 and self._corrupt is None:
+            if i > 0:
                 prev = self._segments[i - 1]
                 if prev.next_offset != seg.base_offset:
                     reason = (
@@ -283,7 +312,8 @@ class PartitionLog:
                         lost = BadBatch(prev.log_path, prev.size, prev.next_offset, reason)
                         self._cut_torn_tail(i - 1, lost, prev.file.size())
                         break
-                    self._set_corrupt(BadBatch(seg.log_path, 0, prev.next_offset, reason))
+                    lo, hi = sorted((prev.next_offset, seg.base_offset))
+                    self._add_damage(Damage(lo, hi, seg.log_path, 0, 0, reason))
             last = i == len(self._segments) - 1
             file_size = seg.file.size()
             has_seal = seg.load_seal(file_size)
@@ -293,15 +323,32 @@ class PartitionLog:
                 if fs.exists(seg.path(".index")):
                     report.rebuilt_indexes.append(seg.path(".index"))
                 report.scanned_segments += 1
-                bad = seg.scan()
+                damages, torn = seg.scan(recovery_point)
                 seg.sealed = not last
-                if bad is not None and self._corrupt is None:
-                    if bad.offset < recovery_point:
-                        self._set_corrupt(bad)
-                    else:
-                        self._cut_torn_tail(i, bad, file_size)
-                        break
+                for bad, end_position, found_end in damages:
+                    end_offset = found_end
+                    if end_offset is None:
+                        # No valid batch follows: the damage runs to the end of the file. Its
+                        # offsets end where the next segment starts; in the last segment, at
+                        # the recovery point at least (offsets below it were on disk).
+                        end_offset = (
+                            self._segments[i + 1].base_offset
+                            if not last
+                            else max(bad.offset + 1, recovery_point)
+                        )
+                        seg.next_offset = max(seg.next_offset, end_offset)
+                    self._add_damage(
+                        Damage(
+                            bad.offset, end_offset, bad.path, bad.position, end_position, bad.reason
+                        )
+                    )
+                if torn is not None:
+                    self._cut_torn_tail(i, torn, file_size)
+                    break
             i += 1
+        self._load_damage_file()
+        if report.damage:
+            self._save_damage_file()  # what this scan found, before anything trusts a seal
         for seg in self._segments:
             if seg.synced_size < seg.size:
                 # What a crashed process left in the page cache is on disk only once synced:
@@ -312,7 +359,7 @@ class PartitionLog:
         # not yet durable: one directory sync makes everything recovered count.
         self._sync_dir_now()
         self._flushed = self.log_end_offset
-        if self._corrupt is None and self._flushed < recovery_point:
+        if self._flushed < recovery_point:
             report.below_recovery_point = recovery_point
             log.warning(
                 "%s ends at offset %d, below its recovery point %d: data known synced is gone",
@@ -356,19 +403,91 @@ class PartitionLog:
             bad.reason,
         )
 
-    def _set_corrupt(self, bad: BadBatch) -> None:
-        self._corrupt = bad
-        self.report.corruption = bad
+    def _add_damage(self, d: Damage, *, persist: bool = False) -> bool:
+        """Record the damaged range ``d`` (unless one starting there is known); log it.
+        Returns whether it was new."""
+        if any(x.start <= d.start < max(x.end, x.start + 1) for x in self._damage):
+            return False
+        self._damage.append(d)
+        self._damage.sort(key=lambda x: x.start)
+        self.report.damage.append(d)
+        self.damage_found += 1
         log.error(
-            "partition log %s is corrupt at offset %d: %s, byte %d: %s; writes are refused, "
-            "offsets below %d are still served",
+            "partition log %s is damaged: offsets %d..%d (bytes %d..%d of %s, %d bytes): %s; "
+            "they are never served, every other offset is, and writes go on; "
+            "`tidewire topic repair` quarantines or truncates the range",
             self.directory,
-            bad.offset,
-            bad.path,
-            bad.position,
-            bad.reason,
-            bad.offset,
+            d.start,
+            d.end - 1,
+            d.position,
+            d.end_position,
+            d.path,
+            d.size,
+            d.reason,
         )
+        if persist:
+            self._save_damage_file()
+        return True
+
+    def _found_while_reading(self, seg: Segment, bad: BadBatch) -> bool:
+        """A batch of ``seg`` failed its checks while being read: find where valid batches
+        start again and record the damaged range. Returns whether it was new."""
+        try:
+            found = seg.find_valid_batch(bad.position + 1, seg.size, bad.offset, seg.next_offset)
+        except OSError as exc:
+            raise StorageError(f"read of {seg.log_path} failed: {exc}") from exc
+        if found is None:
+            end_position, end = seg.size, max(seg.next_offset, bad.offset + 1)
+        else:
+            end_position, end = found
+        d = Damage(bad.offset, end, bad.path, bad.position, end_position, bad.reason)
+        return self._add_damage(d, persist=True)
+
+    def _save_damage_file(self) -> None:
+        """Rewrite :data:`DAMAGE_FILE` (a failure is logged: the damage is found again when
+        read)."""
+        try:
+            write_damage_file(self.fs, self.directory, self._damage)
+        except OSError as exc:
+            log.error("cannot record the damage of %s in %s: %s", self.directory, DAMAGE_FILE, exc)
+
+    def _load_damage_file(self) -> None:
+        """Add the ranges recorded in :data:`DAMAGE_FILE` that still lie in the log."""
+        try:
+            recorded = read_damage_file(self.fs, self.directory)
+        except (ValueError, OSError) as exc:
+            log.warning("ignoring unreadable %s of %s: %s", DAMAGE_FILE, self.directory, exc)
+            return
+        paths = {seg.log_path for seg in self._segments}
+        start, end = self.log_start_offset, self.log_end_offset
+        for rec in recorded:
+            if rec.path not in paths or rec.end <= start or rec.start >= end:
+                continue
+            found = next((x for x in self._damage if x.start == rec.start), None)
+            if found is not None:
+                # Found again by this open's scan: its bounds are the scan's; the record says
+                # whether an operator quarantined it.
+                self._damage[self._damage.index(found)] = replace(
+                    found, quarantined=rec.quarantined
+                )
+                continue
+            d = rec
+            if any(x.start <= d.start < x.end for x in self._damage):
+                continue
+            self._damage.append(d)
+            self._damage.sort(key=lambda x: x.start)
+            if d.quarantined is None:
+                log.error(
+                    "partition log %s has a damaged range recorded: offsets %d..%d "
+                    "(bytes %d..%d of %s): %s",
+                    self.directory,
+                    d.start,
+                    d.end - 1,
+                    d.position,
+                    d.end_position,
+                    d.path,
+                    d.reason,
+                )
 
     # --- state ----------------------------------------------------------------------------------
 
@@ -416,9 +535,14 @@ class PartitionLog:
         return list(self._bases)
 
     @property
-    def corruption(self) -> BadBatch | None:
-        """Where the log is corrupt, or ``None``."""
-        return self._corrupt
+    def corruption(self) -> Damage | None:
+        """The first damaged range that is not quarantined, or ``None``."""
+        return next((d for d in self._damage if d.quarantined is None), None)
+
+    @property
+    def damage(self) -> tuple[Damage, ...]:
+        """Every damaged range known, quarantined ones included, by offset."""
+        return tuple(self._damage)
 
     @property
     def failed(self) -> TidewireError | None:
@@ -455,7 +579,7 @@ class PartitionLog:
     ) -> _Write:
         """Check ``batch`` (unless its ``checked`` header is given), roll if needed, and
         account for it at the end of the log."""
-        if self._closed or self._failed is not None or self._corrupt is not None:
+        if self._closed or self._failed is not None:
             self._check_writable()
         view = memoryview(batch)
         config = self.config
@@ -571,12 +695,6 @@ class PartitionLog:
             raise LogFailedError(
                 f"log {self.directory} accepts no writes after a storage failure "
                 f"({self._failed.message}); reopen it to recover"
-            )
-        if self._corrupt is not None:
-            b = self._corrupt
-            raise PartitionCorruptError(
-                f"log {self.directory} is corrupt at offset {b.offset} ({b.path}, byte "
-                f"{b.position}: {b.reason}); writes are refused"
             )
 
     def _roll(self) -> Segment:
@@ -920,13 +1038,44 @@ class PartitionLog:
         """
         self._check_open()
         self._drain_writes()
+        for _ in range(64):  # each retry follows a newly found damaged range
+            try:
+                return self._read(offset, max_bytes, max_offset)
+            except CorruptBatchFound as exc:
+                seg = next(s for s in self._segments if s.log_path == exc.bad.path)
+                if not self._found_while_reading(seg, exc.bad):
+                    # Within a range known already: the walk should not have met it.
+                    known = self.damage_at(exc.bad.offset)
+                    raise PartitionCorruptError(
+                        f"offset {offset} of {self.directory}: {exc.bad.reason} "
+                        f"({exc.bad.path}, byte {exc.bad.position})",
+                        damage_start=-1 if known is None else known.start,
+                        damage_end=-1 if known is None else known.end,
+                    ) from None
+        raise PartitionCorruptError(f"{self.directory}: too many damaged ranges near {offset}")
+
+    def damage_at(self, offset: int) -> Damage | None:
+        """The damaged range holding ``offset``, or ``None``."""
+        for d in self._damage:
+            if d.start <= offset < d.end:
+                return d
+            if d.start > offset:
+                break
+        return None
+
+    def _read(self, offset: int, max_bytes: int, max_offset: int | None) -> ReadResult:
         start, end = self.log_start_offset, self.log_end_offset
-        bad = self._corrupt
-        if bad is not None and offset >= bad.offset:
-            raise PartitionCorruptError(
-                f"offset {offset} of {self.directory} is at or above the corrupt batch at "
-                f"offset {bad.offset} ({bad.path}, byte {bad.position}: {bad.reason})"
-            )
+        d = self.damage_at(offset)
+        if d is not None:
+            if d.quarantined is None:
+                raise PartitionCorruptError(
+                    f"offset {offset} of {self.directory} lies in the damaged range "
+                    f"{d.start}..{d.end - 1} ({d.size:,} bytes at byte {d.position:,} of "
+                    f"{d.path}: {d.reason}); read on from offset {d.end}",
+                    damage_start=d.start,
+                    damage_end=d.end,
+                )
+            offset = d.end  # quarantined: read past it, a gap in the offsets
         if offset < start or offset > end:
             raise OffsetOutOfRangeError(
                 f"offset {offset} is outside {self.directory}'s range {start}..{end}"
@@ -937,17 +1086,20 @@ class PartitionLog:
         i = bisect_right(self._bases, offset) - 1
         seg = self._segments[i]
         limit = seg.size
-        if bad is not None and bad.path == seg.log_path:
-            limit = min(limit, bad.position)
+        floor: tuple[int, int] | None = None
+        for d in self._damage:
+            if d.path != seg.log_path or d.end_position <= d.position:
+                continue
+            if d.start > offset:
+                limit = min(limit, d.position)
+            elif d.end <= offset and (floor is None or d.end_position > floor[0]):
+                floor = (d.end_position, d.end)
         try:
-            found = seg.locate(offset, limit)
+            found = seg.locate(offset, limit, floor)
             if found is None:
                 return ReadResult(b"", offset, start, end)
             pos, base = found
             data, nxt = seg.read(pos, base, max_bytes, limit, upper)
-        except CorruptBatchFound as exc:
-            self._set_corrupt(exc.bad)
-            return self.read(offset, max_bytes, max_offset=max_offset)
         except OSError as exc:
             raise StorageError(f"read of {seg.log_path} failed: {exc}") from exc
         return ReadResult(data, nxt, start, end)
@@ -956,8 +1108,11 @@ class PartitionLog:
         """Return the first offset whose record timestamp is >= ``timestamp`` (ms), or
         ``None`` if every record is older.
 
-        Raises:
-            PartitionCorruptError: the answer lies in a corrupt range.
+        When the search reaches a damaged range before finding the answer, the answer may lie
+        in it (its timestamps cannot be read): the first offset of the range the search
+        reached is returned, never a later one, so a reader starting there meets the damage
+        (and its :class:`PartitionCorruptError` with the range) instead of silently missing
+        records.
         """
         self._check_open()
         for seg in self._segments:
@@ -965,7 +1120,10 @@ class PartitionLog:
                 continue
             offset = max(seg.timestamp_scan_start(timestamp), seg.base_offset)
             while offset < seg.next_offset:
-                result = self.read(offset, 256 * 1024)
+                try:
+                    result = self.read(offset, 256 * 1024)
+                except PartitionCorruptError:
+                    return offset
                 if not result.data:
                     break
                 for pos, h in iter_batches(result.data):
@@ -1000,14 +1158,11 @@ class PartitionLog:
                 f"cannot truncate {self.directory} to {offset}: the log starts at "
                 f"{self.log_start_offset}"
             )
-        bad = self._corrupt
-        if bad is not None and offset > bad.offset:
-            raise PartitionCorruptError(
-                f"cannot truncate {self.directory} to {offset}: the batch at offset "
-                f"{bad.offset} is corrupt; truncate to {bad.offset} or below to cut it"
-            )
-        if offset >= self.log_end_offset and bad is None:
+        if offset >= self.log_end_offset:
             return self.log_end_offset
+        cut_at = self.damage_at(offset)
+        if cut_at is not None:
+            offset = cut_at.start  # inside a damaged range: cut where it starts
         self._truncations += 1
         try:
             i = bisect_right(self._bases, offset) - 1
@@ -1016,14 +1171,36 @@ class PartitionLog:
             del self._segments[i + 1 :]
             del self._bases[i + 1 :]
             seg = self._segments[i]
-            try:
-                found = seg.locate(offset, seg.size)
-            except CorruptBatchFound as exc:
-                found = (exc.bad.position, exc.bad.offset)
-            if found is None and bad is not None and bad.path == seg.log_path:
-                found = (bad.position, bad.offset)  # the corrupt batch ends the active segment
+            found: tuple[int, int] | None
+            if cut_at is not None and cut_at.path == seg.log_path and cut_at.size > 0:
+                found = (cut_at.position, cut_at.start)
+            else:
+                limit, floor = seg.size, None
+                for d in self._damage:
+                    if d.path == seg.log_path and d.size > 0:
+                        if d.start > offset:
+                            limit = min(limit, d.position)
+                        elif floor is None or d.end_position > floor[0]:
+                            floor = (d.end_position, d.end)
+                try:
+                    found = seg.locate(offset, limit, floor)
+                except CorruptBatchFound as exc:
+                    found = (exc.bad.position, exc.bad.offset)
+                if found is None and limit < seg.size:
+                    found = (limit, offset)  # a damaged range ends the segment's valid part
             if found is not None:
-                seg.truncate_to(found[0])
+                damages, _ = seg.truncate_to(found[0])
+                for bad, end_position, end_offset in damages:
+                    self._add_damage(
+                        Damage(
+                            bad.offset,
+                            seg.next_offset if end_offset is None else end_offset,
+                            bad.path,
+                            bad.position,
+                            end_position,
+                            bad.reason,
+                        )
+                    )
                 # Synced now: no later flush would (nothing is unsynced), and a power cut
                 # would otherwise bring the removed batches back.
                 seg.file.sync()
@@ -1036,8 +1213,10 @@ class PartitionLog:
             raise self._failed from exc
         end = self.log_end_offset
         self._flushed = min(self._flushed, end)
-        if self._corrupt is not None and self._corrupt.offset >= end:
-            self._corrupt = None
+        kept = [d for d in self._damage if d.start < end]
+        if len(kept) != len(self._damage):
+            self._damage = kept
+            self._save_damage_file()
         self._settle_waiters()
         if self.on_truncate is not None:
             # A recovery point above the new end would make a later torn tail look like
@@ -1051,6 +1230,79 @@ class PartitionLog:
                 )
                 raise self._failed from exc
         return end
+
+    # --- repairing damage ----------------------------------------------------------------------
+
+    def _damage_starting(self, start: int) -> Damage:
+        for d in self._damage:
+            if d.start == start:
+                return d
+        known = ", ".join(f"{d.start}..{d.end - 1}" for d in self._damage) or "none"
+        raise OffsetOutOfRangeError(
+            f"{self.directory} has no damaged range starting at offset {start} (known: {known})"
+        )
+
+    def quarantine(self, start: int) -> Damage:
+        """Copy the bytes of the damaged range starting at offset ``start`` to a file beside
+        the log (``<start>-<end>.quarantined``, 20 digits each) and from then on read past the
+        range as a gap in the offsets (reported in :attr:`damage`) instead of refusing it.
+        The bytes stay in their segment, never served, until retention deletes it.
+
+        Returns:
+            The range, quarantined.
+
+        Raises:
+            OffsetOutOfRangeError: no damaged range starts at ``start``.
+            StorageError: the copy could not be written (nothing changed).
+        """
+        self._check_open()
+        d = self._damage_starting(start)
+        if d.quarantined is not None:
+            return d
+        path = f"{self.directory}/{quarantine_name(d)}"
+        seg = next((x for x in self._segments if x.log_path == d.path), None)
+        try:
+            copy_to_quarantine(self.fs, None if seg is None else seg.file, d, path)
+        except OSError as exc:
+            raise StorageError(f"cannot quarantine {d.path} bytes to {path}: {exc}") from exc
+        done = replace(d, quarantined=path)
+        self._damage[self._damage.index(d)] = done
+        self._save_damage_file()
+        log.warning(
+            "%s: quarantined offsets %d..%d (%d bytes) to %s; readers now pass the gap",
+            self.directory,
+            d.start,
+            d.end - 1,
+            d.size,
+            path,
+        )
+        return done
+
+    def truncate_at_damage(self, start: int) -> tuple[int, int, int]:
+        """Cut the log where the damaged range starting at offset ``start`` begins: every
+        batch from there on, good ones after the range included, is removed.
+
+        Returns:
+            ``(new_end, removed_offsets, removed_bytes)``.
+
+        Raises:
+            OffsetOutOfRangeError: no damaged range starts at ``start``.
+            StorageError: a file operation failed.
+        """
+        self._check_open()
+        self._damage_starting(start)
+        end_before, size_before = self.log_end_offset, self.size_bytes
+        end = self.truncate_to(start)
+        removed_bytes = size_before - self.size_bytes
+        log.warning(
+            "%s: truncated at the damaged range at offset %d: offsets %d..%d (%d bytes) removed",
+            self.directory,
+            start,
+            end,
+            end_before - 1,
+            removed_bytes,
+        )
+        return end, end_before - end, removed_bytes
 
     def apply_retention(self, now_ms: int | None = None) -> list[int]:
         """Delete whole segments past ``retention_ms`` (by their newest record) or beyond
@@ -1103,8 +1355,10 @@ class PartitionLog:
             del self._bases[0]
             deleted.append(seg.base_offset)
         if deleted:
-            if self._corrupt is not None and self._corrupt.offset < self.log_start_offset:
-                self._corrupt = None
+            kept = [d for d in self._damage if d.end > self.log_start_offset]
+            if len(kept) != len(self._damage):
+                self._damage = kept
+                self._save_damage_file()
             try:
                 self._sync_dir_now()
             except OSError as exc:
@@ -1159,7 +1413,7 @@ class PartitionLog:
             return
         try:
             self._drain_writes()
-            if self._failed is None and self._corrupt is None:
+            if self._failed is None:
                 for seg in self._segments:
                     seg.sealed = True  # so the flush writes every segment's indexes
                 self._flush_now(report=False)

@@ -110,6 +110,11 @@ class LogManager:
         self.checkpoint_interval_ms = checkpoint_interval_ms
         self.retention_check_interval_ms = retention_check_interval_ms
         self.logs: dict[tuple[str, int], PartitionLog] = {}
+        #: Partitions that could not be opened (an unreadable ``log.json``), with the reason:
+        #: offline, while every other log serves.
+        self.offline: dict[tuple[str, int], str] = {}
+        #: The recovery points of offline partitions, kept in the checkpoint as they were.
+        self._offline_points: dict[str, int] = {}
         self.was_clean = False
         self._opened = False
         self._closed = False
@@ -145,7 +150,19 @@ class LogManager:
                 if m is None:
                     continue
                 topic, partition = m.group(1), int(m.group(2))
-                config = self._read_config(f"{d}/{name}")
+                try:
+                    config = self._read_config(f"{d}/{name}")
+                except StorageError as exc:
+                    self.offline[(topic, partition)] = exc.message
+                    if name in points:
+                        self._offline_points[name] = points[name]
+                    log.error(
+                        "partition %s-%d is offline: %s; the other partitions serve",
+                        topic,
+                        partition,
+                        exc.message,
+                    )
+                    continue
                 self.logs[(topic, partition)] = PartitionLog.open(
                     fs,
                     f"{d}/{name}",
@@ -219,7 +236,7 @@ class LogManager:
             return self.default_config
         try:
             return LogConfig.from_dict(json.loads(self.fs.read_file(path)))
-        except (ValueError, InvalidConfigError) as exc:
+        except (ValueError, TypeError, AttributeError, InvalidConfigError) as exc:
             raise StorageError(f"log configuration {path} is unreadable: {exc}") from exc
 
     # --- logs -----------------------------------------------------------------------------------
@@ -241,7 +258,7 @@ class LogManager:
         if not 0 <= partition < MAX_PARTITION:
             raise InvalidConfigError(f"partition {partition} must be within 0..{MAX_PARTITION - 1}")
         key = (topic, partition)
-        if key in self.logs:
+        if key in self.logs or key in self.offline:
             raise LogExistsError(f"log {topic}-{partition} exists already")
         cfg = config or self.default_config
         directory = f"{self.data_dir}/{topic}-{partition}"
@@ -274,7 +291,8 @@ class LogManager:
     def topics(self) -> dict[str, list[int]]:
         """Topic name -> sorted partition numbers."""
         out: dict[str, list[int]] = {}
-        for topic, partition in sorted(self.logs):
+        keys = sorted([*self.logs, *self.offline]) if self.offline else sorted(self.logs)
+        for topic, partition in keys:
             out.setdefault(topic, []).append(partition)
         return out
 
@@ -300,10 +318,17 @@ class LogManager:
         """
         self._check_open()
         parts = sorted(p for t, p in self.logs if t == topic)
-        if not parts:
+        offline = sorted(p for t, p in self.offline if t == topic)
+        if not parts and not offline:
             raise LogNotFoundError(f"no logs for topic {topic!r}")
         doomed: list[str] = []
         try:
+            for p in offline:
+                del self.offline[(topic, p)]
+                directory = f"{self.data_dir}/{topic}-{p}"
+                gone = f"{directory}.{uuid.uuid4().hex}-delete"
+                self.fs.rename(directory, gone)
+                doomed.append(gone)
             for p in parts:
                 plog = self.logs.pop((topic, p))
                 self._last_flush.pop((topic, p), None)
@@ -316,7 +341,7 @@ class LogManager:
                 self.fs.rmtree(path)
         except OSError as exc:
             raise StorageError(f"deleting topic {topic!r} failed: {exc}") from exc
-        return parts
+        return sorted([*parts, *offline])
 
     def _check_open(self) -> None:
         if not self._opened or self._closed:
@@ -358,6 +383,12 @@ class LogManager:
     def _checkpoint_snapshot(self) -> tuple[bytes, int]:
         """On the loop: the checkpoint's contents now, and their generation."""
         points = {f"{t}-{p}": plog.flushed_offset for (t, p), plog in sorted(self.logs.items())}
+        if self._offline_points:
+            points.update(
+                (name, point)
+                for name, point in self._offline_points.items()
+                if _key(name) in self.offline
+            )
         self._checkpoint_taken += 1
         data = json.dumps({"version": 1, "logs": points}, sort_keys=True).encode()
         return data, self._checkpoint_taken
@@ -460,7 +491,10 @@ class LogManager:
         """
         failed_before = sum(1 for p in self.logs.values() if p.failed is not None) - len(errors)
         corrupt = sum(1 for p in self.logs.values() if p.corruption is not None)
-        clean = not errors and failed_before <= 0 and not corrupt
+        # An offline partition was not opened, so not recovered: its next open must not
+        # trust its files as a clean shutdown would. Nor does a log with damage it still
+        # refuses: its next open verifies more.
+        clean = not errors and failed_before <= 0 and not corrupt and not self.offline
         self._closed = True
         try:
             self.write_recovery_checkpoint()
@@ -496,6 +530,12 @@ class LogManager:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close_async()
+
+
+def _key(name: str) -> tuple[str, int]:
+    """``TOPIC-P`` -> (TOPIC, P)."""
+    topic, _, partition = name.rpartition("-")
+    return topic, int(partition)
 
 
 def _config_json(cfg: LogConfig) -> bytes:

@@ -10,7 +10,7 @@ continuity and leader epoch, so a flipped bit anywhere in a batch is never serve
 from __future__ import annotations
 
 import struct
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -43,6 +43,7 @@ _VERIFY = struct.Struct(">qiibI")
 _CRC_START = _VERIFY.size  # attributes: where the CRC-covered region starts
 _LAST_DELTA = struct.Struct(">i")
 _LAST_DELTA_AT = _CRC_START + 2  # after the 2-byte attributes
+_MAGIC_AT = 16  # base_offset (8), batch_length (4), partition_leader_epoch (4)
 #: The 16 bytes the broker writes in front of each stored batch.
 PREFIX = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch
 
@@ -263,11 +264,22 @@ class Segment:
 
     # --- scanning (recovery, index rebuild) -----------------------------------------------------
 
-    def scan(self) -> BadBatch | None:
+    def scan(
+        self, resync_below: int = 0
+    ) -> tuple[list[tuple[BadBatch, int, int | None]], BadBatch | None]:
         """Read the whole ``.log`` file, check every batch and rebuild the indexes.
 
-        Sets :attr:`size`, :attr:`next_offset` and :attr:`max_timestamp` from the valid
-        prefix. Returns the first invalid batch (``None`` if the file is all valid batches).
+        A batch that fails its checks at an offset below ``resync_below`` is damage inside
+        the log: the scan looks for the next valid batch after it and goes on from there. One
+        at or above ``resync_below`` ends the scan (a torn tail, for the caller to cut).
+
+        Sets :attr:`size`, :attr:`next_offset` and :attr:`max_timestamp` from what was read.
+
+        Returns:
+            ``(damages, torn)``: each damage as ``(bad, end_position, end_offset)``, where
+            ``end_offset`` is ``None`` when no valid batch follows it (the damage runs to the
+            end of the file, which :attr:`size` then is; the caller sets
+            :attr:`next_offset`); and the batch that ends the scan, or ``None``.
         """
         self.index = OffsetIndex(self.base_offset)
         self.timeindex = TimeIndex(self.base_offset)
@@ -277,6 +289,7 @@ class Segment:
         self.next_offset = self.base_offset
         self.max_timestamp = -1
         file_size = self.file.size()
+        damages: list[tuple[BadBatch, int, int | None]] = []
         chunk = b""
         chunk_start = 0
         pos = 0
@@ -285,28 +298,115 @@ class Segment:
             if len(chunk) - rel < BATCH_OVERHEAD:
                 chunk = self.file.pread(SCAN_CHUNK_BYTES, pos)
                 chunk_start, rel = pos, 0
+            bad: BadBatch | None = None
             try:
                 h = parse_header(chunk, rel)
             except RecordBatchError as exc:
-                return BadBatch(self.log_path, pos, self.next_offset, str(exc))
-            if pos + h.size > file_size:
-                return BadBatch(
-                    self.log_path,
-                    pos,
-                    self.next_offset,
-                    f"batch of {h.size:,} bytes is cut off at the end of the file "
-                    f"({file_size - pos:,} bytes present)",
-                )
-            if rel + h.size > len(chunk):
-                chunk = self.file.pread(max(SCAN_CHUNK_BYTES, h.size), pos)
-                chunk_start, rel = pos, 0
-            try:
-                h = self._check(chunk, rel, self.next_offset, pos)
-            except CorruptBatchFound as exc:
-                return exc.bad
-            self._track(pos, h.base_offset, h.last_offset, h.max_timestamp, h.size)
-            pos += h.size
+                bad = BadBatch(self.log_path, pos, self.next_offset, str(exc))
+            else:
+                if pos + h.size > file_size:
+                    bad = BadBatch(
+                        self.log_path,
+                        pos,
+                        self.next_offset,
+                        f"batch of {h.size:,} bytes is cut off at the end of the file "
+                        f"({file_size - pos:,} bytes present)",
+                    )
+                else:
+                    if rel + h.size > len(chunk):
+                        chunk = self.file.pread(max(SCAN_CHUNK_BYTES, h.size), pos)
+                        chunk_start, rel = pos, 0
+                    try:
+                        h = self._check(chunk, rel, self.next_offset, pos)
+                    except CorruptBatchFound as exc:
+                        bad = exc.bad
+            if bad is None:
+                self._track(pos, h.base_offset, h.last_offset, h.max_timestamp, h.size)
+                pos += h.size
+                continue
+            if bad.offset >= resync_below:
+                return damages, bad
+            found = self.find_valid_batch(pos + 1, file_size, bad.offset, None)
+            if found is None:
+                damages.append((bad, file_size, None))
+                self.size = file_size
+                return damages, None
+            pos, self.next_offset = found
+            damages.append((bad, pos, self.next_offset))
+            self.size = pos
+            chunk, chunk_start = b"", pos
+        return damages, None
+
+    def find_valid_batch(
+        self, start: int, stop: int, after_offset: int, before_offset: int | None
+    ) -> tuple[int, int] | None:
+        """The first position in ``[start, stop)`` where a whole valid batch starts whose base
+        offset lies in ``(after_offset, before_offset)`` (no upper bound if ``None``): where
+        reading can go on after damage. Returns ``(position, base_offset)`` or ``None``.
+
+        Index entries past ``start`` (they point at batch starts as written) are tried first,
+        so the byte-by-byte search covers at most one index interval in the usual case.
+        """
+        hi = (1 << 63) - 1 if before_offset is None else before_offset
+        bound = stop
+        positions = self.index.positions
+        for i in range(bisect_left(positions, start), len(positions)):
+            pos = positions[i]
+            if pos >= stop:
+                break
+            if self._valid_batch_at(pos, after_offset, hi, stop):
+                bound = pos
+                break
+        at = start
+        while at < bound:
+            # Overlap by a header so a batch starting near a chunk's end is seen whole.
+            chunk = self.file.pread(min(SCAN_CHUNK_BYTES, bound - at) + BATCH_OVERHEAD, at)
+            i = chunk.find(b"\x02", _MAGIC_AT)
+            while i >= 0 and at + i - _MAGIC_AT < bound:
+                q = at + i - _MAGIC_AT
+                base = self._valid_batch_at(q, after_offset, hi, stop, chunk, i - _MAGIC_AT)
+                if base is not None:
+                    return q, base
+                i = chunk.find(b"\x02", i + 1)
+            at += SCAN_CHUNK_BYTES
+        if bound < stop:
+            base = self._valid_batch_at(bound, after_offset, hi, stop)
+            assert base is not None
+            return bound, base
         return None
+
+    def _valid_batch_at(  # noqa: PLR0917 (a hot helper of the search: positional on purpose)
+        self,
+        pos: int,
+        lo: int,
+        hi: int,
+        stop: int,
+        buf: bytes | None = None,
+        rel: int = 0,
+    ) -> int | None:
+        """The base offset of the valid batch at ``pos`` if one is there with a base offset
+        in ``(lo, hi)`` that ends by ``stop``, else ``None``."""
+        if buf is None or len(buf) - rel < _VERIFY.size:
+            buf, rel = self.file.pread(_VERIFY.size, pos), 0
+            if len(buf) < _VERIFY.size:
+                return None
+        base, length, lepoch, magic, _ = _VERIFY.unpack_from(buf, rel)
+        size = length + LOG_OVERHEAD
+        if (
+            magic != 2
+            or not lo < base < hi
+            or not BATCH_OVERHEAD <= size <= MAX_BATCH_BYTES
+            or pos + size > stop
+            or not 0 <= lepoch <= self.leader_epoch
+        ):
+            return None
+        if len(buf) - rel < size:
+            buf, rel = self.file.pread(size, pos), 0
+        try:
+            self._check(buf, rel, base, pos)
+        except CorruptBatchFound:
+            return None
+        return int(base)
 
     def load_seal(self, file_size: int) -> bool:
         """Load the persisted indexes; return ``True`` if both are intact and describe a
@@ -344,10 +444,14 @@ class Segment:
 
     # --- reading --------------------------------------------------------------------------------
 
-    def locate(self, offset: int, limit: int) -> tuple[int, int] | None:
+    def locate(
+        self, offset: int, limit: int, floor: tuple[int, int] | None = None
+    ) -> tuple[int, int] | None:
         """Return ``(position, base_offset)`` of the batch holding ``offset``, or ``None`` if
         ``offset`` is at or past the segment's end. Only the first ``limit`` bytes of the
-        file are considered.
+        file are considered; ``floor`` (a position and the base offset of the valid batch
+        there, at or below ``offset``) is where the walk starts if the index knows no later
+        start: the end of a damaged range the walk must not cross.
 
         Raises:
             CorruptBatchFound: a batch header on the way is damaged, or the batches end
@@ -356,6 +460,8 @@ class Segment:
         if offset >= self.next_offset:
             return None
         expect, pos = self.index.lookup(offset)
+        if floor is not None and floor[0] > pos:
+            pos, expect = floor
         passed: tuple[int, int, int] | None = None  # position, base offset, size
         # The walk from the index entry spans about one index interval: read that window
         # once and parse the headers from memory (one pread, not one per batch).
@@ -477,14 +583,17 @@ class Segment:
 
     # --- changing the file ----------------------------------------------------------------------
 
-    def truncate_to(self, position: int) -> BadBatch | None:
+    def truncate_to(
+        self, position: int
+    ) -> tuple[list[tuple[BadBatch, int, int | None]], BadBatch | None]:
         """Cut the ``.log`` file at ``position`` (a batch boundary) and rebuild the state of
-        what is left by scanning it. Returns what :meth:`scan` returns."""
+        what is left by scanning it (damage in it skipped over). Returns what :meth:`scan`
+        returns."""
         self.file.truncate(position)
         self.synced_size = min(self.synced_size, position)
         self.sealed = False
         self.seal_persisted = False
-        return self.scan()
+        return self.scan(1 << 62)
 
 
 def _batch_size(buf: bytes, pos: int = 0) -> int | None:

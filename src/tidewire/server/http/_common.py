@@ -22,8 +22,10 @@ _WHAT = {
     409: "It exists already, or the group's state does not allow it.",
     413: "The body exceeds http_max_body_bytes, or the message the topic's max_message_bytes.",
     416: "The offset is outside the partition's log.",
-    422: "A topic name, partition count or group id that is not allowed.",
-    503: "The broker is busy (backpressure) or its storage refused; retry after Retry-After.",
+    422: "A topic name, partition count or group id that is not allowed; or an offset in a "
+    "damaged range of the partition's log (code 32: damaged_range says where to go on).",
+    503: "The broker is busy (backpressure) or its storage refused; retry after Retry-After. "
+    "Or the partition is offline (code 37).",
 }
 #: Answers any route may give, from the checks in front of the app (guard.py, protocol.py).
 _GUARD = {

@@ -8,7 +8,9 @@ Every error answer of the native API is::
 error codes); the HTTP status follows from the class (:data:`STATUS`): 400 a malformed request
 (bad JSON, a field of the wrong type, named in the message), 404 no such topic, partition or
 group, 409 exists already or a group in the way, 413 too large, 416 an offset outside the log,
-422 a name or count that is not allowed, 503 the broker is busy or its disk refused (retry).
+422 a name or count that is not allowed, or an offset in a damaged range of the log (code 32;
+the error then carries ``"damaged_range": {"start": S, "end": E}``: reading can go on at E),
+503 the broker is busy or its disk refused (retry), or the partition is offline (code 37).
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ STATUS: dict[type[tw.TidewireError], int] = {
     tw.DuplicateSequenceError: 409,
     tw.BatchTooLargeError: 413,
     tw.OffsetOutOfRangeError: 416,
+    tw.PartitionCorruptError: 422,
+    tw.PartitionOfflineError: 503,
     tw.InvalidTopicError: 422,
     tw.InvalidGroupError: 422,
     tw.RecordBatchError: 400,
@@ -88,9 +92,15 @@ def status_of(exc: tw.TidewireError) -> int:
     return 500
 
 
-def error_body(code: int, name: str, message: str) -> bytes:
-    """The JSON error document."""
-    return _encode({"error": {"code": code, "name": name, "message": message}})
+def error_body(code: int, name: str, message: str, **extra: object) -> bytes:
+    """The JSON error document (``extra``: more fields of the error object)."""
+    return _encode({"error": {"code": code, "name": name, "message": message, **extra}})
+
+
+def _extra(exc: tw.TidewireError) -> dict[str, object]:
+    if isinstance(exc, tw.PartitionCorruptError) and exc.damage_end >= 0:
+        return {"damaged_range": {"start": exc.damage_start, "end": exc.damage_end}}
+    return {}
 
 
 def error_response(exc: tw.TidewireError, status: int | None = None) -> Response:
@@ -98,7 +108,7 @@ def error_response(exc: tw.TidewireError, status: int | None = None) -> Response
     status = status_of(exc) if status is None else status
     headers = {"Retry-After": _RETRY_AFTER_S[status]} if status in _RETRY_AFTER_S else None
     return Response(
-        error_body(exc.code, type(exc).__name__, exc.message),
+        error_body(exc.code, type(exc).__name__, exc.message, **_extra(exc)),
         status_code=status,
         media_type="application/json",
         headers=headers,

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Header, Path, Query, Request
 from starlette.responses import Response
 
 from tidewire._tasks import cancel_and_wait
-from tidewire.errors import UnknownTopicError
+from tidewire.errors import PartitionCorruptError, UnknownTopicError
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.idempotency import MAX_KEY_CHARS
@@ -29,6 +29,8 @@ __all__ = ["MAX_READ_LIMIT", "messages_router"]
 
 #: The most messages one read returns.
 MAX_READ_LIMIT = 10_000
+#: Damaged ranges one read with ``skip_damaged`` passes at most (each costs a read).
+MAX_GAPS_PER_READ = 16
 #: Default of ``limit``.
 DEFAULT_READ_LIMIT = 100
 
@@ -92,7 +94,7 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
     @router.get(
         "/partitions/{partition}/messages",
         response_model=MessagePage,
-        responses=responses(404, 416),
+        responses=responses(404, 416, 422),
     )
     async def read(
         *,
@@ -113,24 +115,43 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
             ),
         ] = 0,
         encoding: Annotated[Literal["auto", "base64"], Query()] = "auto",
+        skip_damaged: Annotated[
+            bool,
+            Query(
+                description="Read past damaged ranges of the log (answered 422 otherwise), "
+                "listing each one skipped in gaps."
+            ),
+        ] = False,
         authorization: Authorization = None,
     ) -> Response:
         """Messages of one partition from ``offset``; with ``wait_ms``, wait for the first
         one when there is none yet (answered as soon as one is published)."""
         plog = broker.log(topic, partition)
         start = plog.log_start_offset if offset is None else offset
-        recs, next_offset = read_partition(broker, topic, partition, start, limit=limit)
+        gaps: list[dict[str, int]] = []
+        for _ in range(MAX_GAPS_PER_READ):
+            try:
+                recs, next_offset = read_partition(broker, topic, partition, start, limit=limit)
+                break
+            except PartitionCorruptError as exc:
+                if not skip_damaged or exc.damage_end <= start:
+                    raise
+                gaps.append({"start": max(exc.damage_start, start), "end": exc.damage_end})
+                start = exc.damage_end
+        else:
+            recs, next_offset = [], start  # as many gaps as one read reports: go on from here
         if not recs and wait_ms > 0:
             recs, next_offset = await _long_poll(
                 ctx, topic, partition, offset=start, limit=limit, wait_ms=wait_ms
             )
-        return json_response(
-            {
-                "messages": [message_doc(r, encoding) for r in recs],
-                "next_offset": next_offset,
-                "high_watermark": broker.high_watermark(topic, partition),
-            }
-        )
+        doc: dict[str, object] = {
+            "messages": [message_doc(r, encoding) for r in recs],
+            "next_offset": next_offset,
+            "high_watermark": broker.high_watermark(topic, partition),
+        }
+        if gaps:
+            doc["gaps"] = gaps
+        return json_response(doc)
 
     @router.get("/messages", response_model=TimeRangePage, responses=responses(404))
     async def read_since(

@@ -55,10 +55,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class DamagedRange(BaseModel):
+    start: int = Field(description="The first offset of the damaged range.")
+    end: int = Field(description="The first offset after it: where reading can go on.")
+
+
 class ErrorDetail(BaseModel):
     code: int = Field(description="tidewire's error code (that of the binary protocol).")
     name: str = Field(description="The error's class, e.g. UnknownTopicError.")
     message: str = Field(description="What went wrong, naming the values involved.")
+    damaged_range: DamagedRange | None = Field(
+        default=None,
+        description="With code 32 (PartitionCorruptError): the damaged range holding the "
+        "offset asked for; its records are never served.",
+    )
 
 
 class ErrorBody(BaseModel):
@@ -104,12 +114,35 @@ class TopicList(BaseModel):
     topics: list[TopicSummary]
 
 
+class DamageDescription(BaseModel):
+    start: int = Field(description="The first offset of the damaged range.")
+    end: int = Field(description="The first offset after it.")
+    size_bytes: int = Field(description="Damaged bytes.")
+    file: str = Field(description="The segment file holding them.")
+    position: int = Field(description="Their byte position in that file.")
+    reason: str = Field(description="The check that failed.")
+    quarantined: str | None = Field(
+        description="The file holding a copy of the bytes once quarantined (readers then "
+        "pass the range as a gap), else null."
+    )
+
+
 class PartitionDescription(BaseModel):
     partition: int
     start_offset: int = Field(description="The oldest offset still in the log.")
     end_offset: int = Field(description="The offset the next message gets.")
     high_watermark: int = Field(description="Offsets below it are visible to readers.")
     size_bytes: int
+    damage: list[DamageDescription] | None = Field(
+        default=None,
+        description="Damaged ranges of the log (absent when there are none): refused to "
+        "readers (422) until quarantined; `tidewire topic repair` quarantines or truncates.",
+    )
+    offline: str | None = Field(
+        default=None,
+        description="Why the partition could not be opened (absent when it serves); its "
+        "requests are answered 503 with code 37.",
+    )
 
 
 class TopicDescription(BaseModel):
@@ -179,6 +212,11 @@ class MessagePage(BaseModel):
     messages: list[Message]
     next_offset: int = Field(description="The offset to ask for next.")
     high_watermark: int
+    gaps: list[DamagedRange] | None = Field(
+        default=None,
+        description="With skip_damaged=true: the damaged ranges read past (their records "
+        "are lost); absent when there were none.",
+    )
 
 
 class TimeRangePage(BaseModel):

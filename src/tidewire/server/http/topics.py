@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from tidewire.broker import Broker
+from tidewire.broker import Broker, PartitionStatus
 from tidewire.errors import UnknownTopicError
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
 from tidewire.server.http.context import GatewayContext
@@ -51,6 +51,27 @@ def _config_doc(cfg: LogConfig) -> dict[str, Any]:
     }
 
 
+def _problems(s: PartitionStatus) -> dict[str, Any]:
+    """A partition's damaged ranges and why it is offline, when it has any."""
+    out: dict[str, Any] = {}
+    if s.damage:
+        out["damage"] = [
+            {
+                "start": d.start,
+                "end": d.end,
+                "size_bytes": d.size,
+                "file": d.path,
+                "position": d.position,
+                "reason": d.reason,
+                "quarantined": d.quarantined,
+            }
+            for d in s.damage
+        ]
+    if s.offline is not None:
+        out["offline"] = s.offline
+    return out
+
+
 def describe_topic(broker: Broker, name: str) -> dict[str, Any]:
     """The TopicDescription document of ``name``.
 
@@ -65,12 +86,13 @@ def describe_topic(broker: Broker, name: str) -> dict[str, Any]:
             "high_watermark": s.high_watermark,
             "size_bytes": s.size_bytes,
         }
+        | _problems(s)
         for s in broker.describe(name)
     ]
     return {
         "name": name,
         "partitions": parts,
-        "config": _config_doc(broker.log(name, 0).config),
+        "config": _config_doc(broker.topic_config(name)),
     }
 
 
