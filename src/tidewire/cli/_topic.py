@@ -70,7 +70,12 @@ def _topic_config(
 
 @topic_app.command("create")
 def create(
-    name: NameArg,
+    name: Annotated[
+        str | None, typer.Argument(metavar="NAME", help="The topic.", show_default=False)
+    ] = None,
+    name_opt: Annotated[
+        str | None, typer.Option("--name", help="The topic (another way to give NAME).")
+    ] = None,
     partitions: Annotated[
         int | None, typer.Option(help="Partitions (default: the broker's default_partitions).")
     ] = None,
@@ -85,6 +90,10 @@ def create(
     as_json: JsonOption = False,
 ) -> None:
     """Create a topic; settings not given are the broker's defaults."""
+    if (name is None) == (name_opt is None):
+        fail("give the topic once: NAME or --name", EXIT_USAGE)
+    name = name if name is not None else name_opt
+    assert name is not None
     config = _topic_config(
         retention_ms,
         retention_bytes,
