@@ -128,6 +128,9 @@ def test_brokectl_spellings_refuse_a_name_given_twice(broker: Served) -> None:
     code, _, err = _cli(broker, f"tidewire --addr {BINARY_ADDR} topic create a --name b")
     assert code == 2
     assert "give the topic once: NAME or --name" in err
+    code, _, err = _cli(broker, f"tidewire --addr {BINARY_ADDR} topic create --partitions 2")
+    assert code == 2
+    assert "give the topic's NAME (or --name)" in err
     code, _, err = _cli(broker, f"tidewire --addr {BINARY_ADDR} publish --topic a m --payload p")
     assert code == 2
     assert "give the message once: MESSAGE or --payload" in err

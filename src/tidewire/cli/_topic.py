@@ -90,10 +90,11 @@ def create(
     as_json: JsonOption = False,
 ) -> None:
     """Create a topic; settings not given are the broker's defaults."""
-    if (name is None) == (name_opt is None):
+    if name is not None and name_opt is not None:
         fail("give the topic once: NAME or --name", EXIT_USAGE)
     name = name if name is not None else name_opt
-    assert name is not None
+    if name is None:
+        fail("give the topic's NAME (or --name)", EXIT_USAGE)
     config = _topic_config(
         retention_ms,
         retention_bytes,
