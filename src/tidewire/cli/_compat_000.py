@@ -48,7 +48,7 @@ def addr_defaults(group: Any, addr: str) -> dict[str, Any]:
 
 
 consumer_app = typer.Typer(
-    name="consumer", help="Consumer groups, as brokectl names them: same as 'tidewire group'."
+    name="consumer", help="Consumer groups as brokectl names them: 'consumer list' is 'group list'."
 )
 
 
