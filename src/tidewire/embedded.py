@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from tidewire.broker import Broker, BrokerConfig
+from tidewire.broker import Broker, BrokerConfig, BrokerStats
 from tidewire.client import AsyncClient
 from tidewire.errors import InvalidConfigError
 from tidewire.server import ServerConfig, TcpServer
@@ -153,6 +153,13 @@ class EmbeddedBroker:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def stats(self) -> BrokerStats:
+        """A copy of the broker's counters since it started: messages ``published``,
+        ``delivered`` (to readers over the binary protocol: fetch, group consumers and push
+        subscriptions) and ``dropped`` (skipped by best-effort subscriptions that lagged
+        beyond their ``max_lag_bytes``; nothing else is dropped)."""
+        return replace(self.broker.stats)
 
     def client(self, **options: Any) -> AsyncClient:
         """An :class:`~tidewire.client.AsyncClient` for this broker (``options``: its own)."""

@@ -2,12 +2,26 @@
 
 Public names::
 
-    Broker, BrokerConfig
+    Broker, BrokerConfig, BrokerStats
     ProduceResult, FetchResult, PartitionStatus
 """
 
 from __future__ import annotations
 
-from tidewire.broker.core import Broker, BrokerConfig, FetchResult, PartitionStatus, ProduceResult
+from tidewire.broker.core import (
+    Broker,
+    BrokerConfig,
+    BrokerStats,
+    FetchResult,
+    PartitionStatus,
+    ProduceResult,
+)
 
-__all__ = ["Broker", "BrokerConfig", "FetchResult", "PartitionStatus", "ProduceResult"]
+__all__ = [
+    "Broker",
+    "BrokerConfig",
+    "BrokerStats",
+    "FetchResult",
+    "PartitionStatus",
+    "ProduceResult",
+]

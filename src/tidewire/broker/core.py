@@ -64,6 +64,7 @@ from tidewire.storage.manager import MAX_PARTITION, validate_topic_name
 __all__ = [
     "Broker",
     "BrokerConfig",
+    "BrokerStats",
     "FetchResult",
     "PartitionStatus",
     "ProduceResult",
@@ -126,6 +127,26 @@ class BrokerConfig:
             raise InvalidConfigError("producer_expiration_ms must be >= 1")
         if self.producer_snapshot_interval_ms < 1:
             raise InvalidConfigError("producer_snapshot_interval_ms must be >= 1")
+
+
+@dataclass(slots=True)
+class BrokerStats:
+    """Messages counted since the broker started (readable by an embedding program:
+    :meth:`tidewire.embedded.EmbeddedBroker.stats`).
+
+    - ``published``: messages appended to the logs (a retried idempotent batch stored once
+      counts once);
+    - ``delivered``: messages handed to readers over the binary protocol, by fetch (pull,
+      group consumers) and by push subscriptions; a message read by three readers counts
+      three times;
+    - ``dropped``: messages a best-effort push subscription skipped because it lagged more
+      than its ``max_lag_bytes``. Nothing else is ever dropped: a slow reader lags (its
+      messages wait in the log) instead.
+    """
+
+    published: int = 0
+    delivered: int = 0
+    dropped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +234,7 @@ class Broker:
         self._released: OrderedDict[int, None] = OrderedDict()  # writers' producer ids
         self._groups: ConsumerGroups | None = None
         self._group_task: asyncio.Task[None] | None = None
+        self.stats = BrokerStats()
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -570,6 +592,7 @@ class Broker:
             )
             self._visible_after_flush(topic, partition, plog, infos[-1].last_offset + 1, durable)
             self._wake(topic, partition)
+            self.stats.published += infos[-1].last_offset + 1 - infos[0].base_offset
             return ProduceResult(infos[0].base_offset, infos[-1].last_offset, plog.log_start_offset)
         return await self._produce_idempotent((topic, partition), plog, view, batches, durable)
 
@@ -614,6 +637,7 @@ class Broker:
                     state.forget(pid, [b for p, b in recorded if p == pid])
                 raise
             done.set_result(True)
+            self.stats.published += infos[-1].last_offset + 1 - infos[0].base_offset
             self._visible_after_flush(*key, plog, infos[-1].last_offset + 1, durable)
             self._wake(*key)
             if infos[0].base_offset != places[plan.index(None)][0]:  # cannot happen: loud
@@ -987,7 +1011,7 @@ class Broker:
         results = self._read(wants, max_bytes)
         wait = min(max_wait_ms, self.config.max_wait_ms) / 1000
         if wait <= 0 or self._closing or sum(len(r.data) for r in results) >= min_bytes:
-            return results
+            return self._delivered(wants, results)
         if self._n_waiters >= self.config.max_fetch_waiters:
             raise BackpressureError(
                 f"{self._n_waiters:,} fetches are waiting "
@@ -1018,7 +1042,16 @@ class Broker:
             enough = sum(len(r.data) for r in results) >= min_bytes
             released = self._closing or self._releases != releases
             if enough or released or loop.time() >= deadline:
-                return results
+                return self._delivered(wants, results)
+
+    def _delivered(
+        self, wants: Sequence[tuple[str, int, int, int]], results: list[FetchResult]
+    ) -> list[FetchResult]:
+        """Count the messages ``results`` hand over (from each wanted offset on)."""
+        for (_, _, offset, _), r in zip(wants, results, strict=True):
+            if r.next_offset > offset:
+                self.stats.delivered += r.next_offset - offset
+        return results
 
     def _read(
         self, wants: Sequence[tuple[str, int, int, int]], max_bytes: int

@@ -14,6 +14,9 @@
 - ``tidewire export TOPIC --to DIR``: copy a topic into partitioned Parquet with Spark,
   exactly once, continuously or ``--once``.
 - ``tidewire --version``.
+- pubsub-broker's ``brokectl`` spellings: ``tidewire --addr A COMMAND``, ``consumer list``,
+  ``tail --topic T --count N``, ``topic create --name``, ``publish --topic --payload``
+  (docs/migrating.md).
 
 The client commands take ``--addr HOST:PORT`` (or ``TIDEWIRE_ADDR``). An error prints one
 line on stderr; exit codes: 0 success, 1 an error from the broker or the connection, 2 a
@@ -29,6 +32,7 @@ import typer
 from tidewire import __version__
 
 from ._bench import bench_app
+from ._compat_000 import addr_defaults, consumer_app, tail
 from ._consume import consume
 from ._export import export
 from ._group import group_app
@@ -59,14 +63,26 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
+    ctx: typer.Context,
     version: Annotated[
         bool,
         typer.Option(
             "--version", callback=_version, is_eager=True, help="Print the version and exit."
         ),
     ] = False,
+    addr: Annotated[
+        str | None,
+        typer.Option(
+            "--addr",
+            help="The broker, HOST:PORT, for the command that follows (as brokectl takes "
+            "it); the command's own --addr and TIDEWIRE_ADDR win.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """tidewire: a pub/sub message broker with partitioned, durable topics."""
+    if addr is not None:
+        ctx.default_map = addr_defaults(ctx.command, addr)
 
 
 app.command()(serve)
@@ -76,6 +92,8 @@ app.add_typer(group_app)
 app.command()(publish)
 app.command()(consume)
 app.command()(health)
+app.add_typer(consumer_app)
+app.command()(tail)
 app.add_typer(bench_app)
 app.command()(export)
 

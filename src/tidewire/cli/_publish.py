@@ -168,7 +168,9 @@ def _size(m: Message) -> int:
 
 
 def publish(
-    topic: Annotated[str, typer.Argument(help="The topic.", show_default=False)],
+    topic: Annotated[
+        str | None, typer.Argument(metavar="TOPIC", help="The topic.", show_default=False)
+    ] = None,
     message: Annotated[
         str | None,
         typer.Argument(
@@ -199,6 +201,13 @@ def publish(
             metavar="SEP",
         ),
     ] = None,
+    topic_opt: Annotated[
+        str | None,
+        typer.Option("--topic", help="The topic; then the one argument is the MESSAGE."),
+    ] = None,
+    payload: Annotated[
+        str | None, typer.Option("--payload", help="The message (another way to give MESSAGE).")
+    ] = None,
     addr: AddrOption = DEFAULT_ADDR,
     as_json: JsonOption = False,
 ) -> None:
@@ -207,6 +216,16 @@ def publish(
     Prints the partition and offset where the messages landed.
     """
     check_addr(addr)
+    if topic_opt is not None:  # brokectl's spelling: publish --topic T [--payload P | P]
+        if message is not None:
+            fail("give the topic once: TOPIC or --topic", EXIT_USAGE)
+        topic, message = topic_opt, topic
+    if payload is not None:
+        if message is not None:
+            fail("give the message once: MESSAGE or --payload", EXIT_USAGE)
+        message = payload
+    if topic is None:
+        fail("give a TOPIC (or --topic)", EXIT_USAGE)
     if message is None:
         fail("give a MESSAGE, or '-' to read one message per line from stdin", EXIT_USAGE)
     from_stdin = message == "-"

@@ -72,7 +72,12 @@ def _topic_config(
 
 @topic_app.command("create")
 def create(
-    name: NameArg,
+    name: Annotated[
+        str | None, typer.Argument(metavar="NAME", help="The topic.", show_default=False)
+    ] = None,
+    name_opt: Annotated[
+        str | None, typer.Option("--name", help="The topic (another way to give NAME).")
+    ] = None,
     partitions: Annotated[
         int | None, typer.Option(help="Partitions (default: the broker's default_partitions).")
     ] = None,
@@ -87,6 +92,11 @@ def create(
     as_json: JsonOption = False,
 ) -> None:
     """Create a topic; settings not given are the broker's defaults."""
+    if name is not None and name_opt is not None:
+        fail("give the topic once: NAME or --name", EXIT_USAGE)
+    name = name if name is not None else name_opt
+    if name is None:
+        fail("give the topic's NAME (or --name)", EXIT_USAGE)
     config = _topic_config(
         retention_ms,
         retention_bytes,

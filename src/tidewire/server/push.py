@@ -322,6 +322,7 @@ class Subscriptions:
         if size > sub.credit and sub.credit < sub.window:
             return _NO_CREDIT  # one batch larger than the credit: only with nothing in flight
         start, part.position = part.position, r.next_offset
+        self.broker.stats.delivered += max(r.next_offset - start, 0)
         sub.credit -= size
         stats = sub.stats
         stats.sent += size
@@ -347,6 +348,7 @@ class Subscriptions:
         start, part.position = part.position, hw
         part.dropped += skipped
         sub.stats.dropped += skipped
+        b.stats.dropped += skipped
         self._push(sub, part, offset=start, next_offset=hw, hw=hw)
         return True
 

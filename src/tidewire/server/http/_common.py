@@ -72,7 +72,8 @@ def _describe(exc: ValidationError) -> str:
             parts.append(f"the body is not valid JSON: {err['msg']}")
             continue
         loc = ".".join(str(x) for x in err["loc"])
-        parts.append(f"field {loc}: {err['msg']}" if loc else f"the body: {err['msg']}")
+        msg = err["msg"].removeprefix("Value error, ")  # a model's own check says it all
+        parts.append(f"field {loc}: {msg}" if loc else f"the body: {msg}")
     if len(errors) > 5:
         parts.append(f"and {len(errors) - 5} more")
     return "; ".join(parts)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "BatchPublishRequest",
@@ -156,10 +156,16 @@ class TopicDescription(BaseModel):
 
 class PublishMessage(_Strict):
     """One message. Without ``partition``: by the key's hash (FNV-1a, as the tidewire
-    clients route), or round-robin when there is no key."""
+    clients route), or round-robin when there is no key. ``payload`` is another name for
+    ``value`` (pubsub-broker's gateway spells it so; docs/migrating.md): give one of them."""
 
     key: str | None = Field(default=None, max_length=2**30)
     value: str | None = Field(default=None, max_length=2**30, description="null: a tombstone.")
+    payload: str | None = Field(
+        default=None,
+        max_length=2**30,
+        description="Another name for value; a message gives value or payload, not both.",
+    )
     headers: dict[str, str | None] | None = Field(
         default=None, description="Header name -> value (encoded as the message's encoding)."
     )
@@ -167,6 +173,14 @@ class PublishMessage(_Strict):
     timestamp: Annotated[int, Field(ge=0, le=_I64)] | None = Field(
         default=None, description="Create time, ms since the epoch (now if absent)."
     )
+
+    @model_validator(mode="after")
+    def _payload_is_value(self) -> PublishMessage:
+        if "payload" in self.model_fields_set:
+            if "value" in self.model_fields_set:
+                raise ValueError("give value or payload (another name for value), not both")
+            self.value, self.payload = self.payload, None
+        return self
 
 
 class PublishRequest(PublishMessage):
