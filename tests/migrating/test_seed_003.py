@@ -22,7 +22,13 @@ from pathlib import Path
 import httpx
 from websockets.sync.client import connect
 
-from tests.cli._support import STARTUP_S, sigint_as_at_a_terminal, subprocess_env
+from tests.cli._support import (
+    STARTUP_S,
+    closed_port,
+    run_cli,
+    sigint_as_at_a_terminal,
+    subprocess_env,
+)
 from tests.migrating._compat_doc import (
     Served,
     code_block,
@@ -257,3 +263,28 @@ def test_the_hostile_request_checks_the_page_names(tmp_path: Path) -> None:
 def test_every_documented_command_is_run() -> None:
     """The page's msgbus section shows exactly the commands these tests run (and the install)."""
     assert documented_commands(SECTION) - NOT_RUN == RUN
+
+
+def test_the_settings_refuse_values_out_of_range(tmp_path: Path) -> None:
+    """A bad payload limit or TTL is a usage error naming the setting and its range."""
+    data = ["--data-dir", str(tmp_path / "data"), "--port", "0", "--http-msgbus-port", "0"]
+    r = run_cli(["serve", *data, "--http-msgbus-max-payload-bytes", "0"])
+    assert r.exit_code == 2
+    assert "http_msgbus_max_payload_bytes=0 must be within 1..1,073,741,824" in r.output
+    r = run_cli(["serve", *data, "--http-msgbus-ttl-ms", "-5"])
+    assert r.exit_code == 2
+    assert "http_msgbus_ttl_ms=-5 must be within 0..315,360,000,000" in r.output
+
+
+def test_the_client_commands_errors() -> None:
+    """A --uri that is not http(s) is a usage error (2); a listener not there is 1."""
+    r = run_cli(["pull", "foo", "--uri", "localhost:8000"])
+    assert r.exit_code == 2
+    assert "--uri: 'localhost:8000' must be an http:// or https:// address" in r.output
+    url = f"http://127.0.0.1:{closed_port()}"
+    r = run_cli(["pub", "foo", "hi", "--uri", url])
+    assert r.exit_code == 1
+    assert f"error: cannot reach {url}/foo" in r.output
+    r = run_cli(["sub", "foo", "--uri", url])
+    assert r.exit_code == 1
+    assert "error: cannot subscribe at ws://127.0.0.1:" in r.output
