@@ -228,10 +228,16 @@ def test_the_client_commands(tmp_path: Path) -> None:
 
         # pub without a message reads standard input; over the payload limit it fails (1).
         pub = [a for a in tidewire(PUB_HI, served) if a != "hi"]  # the message from stdin
-        done = run(pub, "from stdin")
+        done = run(pub, "from stdin\n")
         assert done.returncode == 0, done.stderr
+        done = run(pub, "second\n")
+        assert done.returncode == 0, done.stderr
+        # The payload is stdin byte for byte; a line ending with it prints as one line.
         r = httpx.get(f"{served.urls['msgbus']}/foo")
-        assert base64.b64decode(r.json()["payload"]) == b"from stdin"
+        assert base64.b64decode(r.json()["payload"]) == b"from stdin\n"
+        done = run(pull)
+        assert LINE.fullmatch(done.stdout.removesuffix("\n"))
+        assert done.stdout.endswith(" topic=foo payload=second\n")
         done = run(pub, "x" * 9000)
         assert done.returncode == 1
         assert done.stderr.startswith("error: 413: payload exceeds max payload size of 8192")

@@ -67,6 +67,9 @@ def _line(doc: dict[str, Any]) -> str:
     """A message as msgbus' client prints it."""
     stamp = time.strftime("%Y/%m/%d %H:%M:%S")
     payload = base64.b64decode(doc.get("payload") or "").decode("utf-8", "replace")
+    # Go's log.Printf, which msgbus prints with, ends a line that ends with a newline itself
+    # (echo's message) without adding another.
+    payload = payload.removesuffix("\n")
     topic = doc.get("topic") or {}
     return (
         f"{stamp} [msgbus] received message: id={doc.get('id')} "
