@@ -192,6 +192,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("http", "http_max_body_bytes", "int", "The longest HTTP request body accepted, bytes."),
     _s("http", "http_msgbus_port", "int", "Port of the msgbus-compatible API (-1: off, 0: any)."),
     _s("http", "http_ipubsub_port", "int", "Port of the iPubSub-compatible API (-1: off, 0: any)."),
+    _s("http", "http_msgbus_max_payload_bytes", "int", "The largest msgbus message, bytes (413)."),
+    _s("http", "http_msgbus_ttl_ms", "int", "A msgbus message expires unpopped after this, ms."),
     _s(
         "http",
         "http_max_inflight_body_bytes",

@@ -37,6 +37,7 @@ from ._consume import consume
 from ._export import export
 from ._group import group_app
 from ._health import health
+from ._msgbus_cli import register as register_msgbus_commands
 from ._publish import publish
 from ._serve import config_app, serve
 from ._topic import topic_app
@@ -96,6 +97,7 @@ app.add_typer(consumer_app)
 app.command()(tail)
 app.add_typer(bench_app)
 app.command()(export)
+register_msgbus_commands(app)  # pub, sub, pull: msgbus' client (docs/migrating.md)
 
 
 def main() -> None:

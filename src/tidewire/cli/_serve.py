@@ -258,6 +258,13 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    http_msgbus_max_payload_bytes: Annotated[
+        int | None, typer.Option(help="The largest msgbus message (bytes; msgbus': 8,192).")
+    ] = None,
+    http_msgbus_ttl_ms: Annotated[
+        int | None,
+        typer.Option(help="A msgbus message expires unpopped after this (ms; 0: never)."),
+    ] = None,
     http_max_inflight_body_bytes: Annotated[
         int | None, typer.Option(help="Bytes of HTTP request bodies in flight at once.")
     ] = None,
@@ -321,6 +328,8 @@ def serve(
         "http_max_body_bytes": http_max_body_bytes,
         "http_msgbus_port": http_msgbus_port,
         "http_ipubsub_port": http_ipubsub_port,
+        "http_msgbus_max_payload_bytes": http_msgbus_max_payload_bytes,
+        "http_msgbus_ttl_ms": http_msgbus_ttl_ms,
         "http_max_inflight_body_bytes": http_max_inflight_body_bytes,
         "http_header_timeout_ms": http_header_timeout_ms,
         "http_body_timeout_ms": http_body_timeout_ms,

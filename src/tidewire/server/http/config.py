@@ -16,6 +16,8 @@ __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_CONNECTIONS_PER_SOURCE",
     "DEFAULT_MAX_INFLIGHT_BODY_BYTES",
+    "DEFAULT_MSGBUS_MAX_PAYLOAD_BYTES",
+    "DEFAULT_MSGBUS_TTL_MS",
     "OFF",
     "SAME_ORIGIN",
     "HttpConfig",
@@ -28,6 +30,14 @@ OFF = -1
 #: (16 MiB) sent as base64 grows by a third, to 21.3 MiB, plus its JSON; 32 MiB holds it,
 #: and bounds what one request may make the broker buffer.
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+#: msgbus' own default largest payload (its ``DefaultMaxPayloadSize``, 8 KB): a larger
+#: publish on the msgbus listener is answered 413, as msgbus answers it.
+DEFAULT_MSGBUS_MAX_PAYLOAD_BYTES = 8192
+#: msgbus' topic TTL as its README shows it (``"ttl": 60000000000``, a Go duration: 60 s): a
+#: message not popped within it expires.
+DEFAULT_MSGBUS_TTL_MS = 60_000
+#: The longest msgbus TTL accepted, ms (ten years: "for ever" is 0).
+_MAX_MSGBUS_TTL_MS = 10 * 365 * 24 * 3600 * 1000
 #: Bytes of request bodies being received and handled at once, over every listener: two
 #: bodies of the largest default size. The handlers hold a few copies of a body (the bytes,
 #: the decoded message, the record batch), so this keeps a flood of large publishes to a few
@@ -83,6 +93,11 @@ class HttpConfig:
         http_max_body_bytes: the longest request body accepted (413 beyond it).
         http_msgbus_port: port of the msgbus-compatible API; ``-1``: off, ``0``: any free.
         http_ipubsub_port: port of the iPubSub-compatible API; ``-1``: off, ``0``: any free.
+        http_msgbus_max_payload_bytes: the largest message the msgbus listener takes (413
+            beyond it; ``http_max_body_bytes`` bounds it too); msgbus' default, 8,192.
+        http_msgbus_ttl_ms: how long a message published on the msgbus listener may wait to
+            be popped (then it expires: never handed out), ms; ``0``: no expiry; msgbus'
+            default, 60,000.
         http_max_inflight_body_bytes: request bodies being received and handled at once,
             over every listener (bytes, counted by their length; at least
             ``http_max_body_bytes`` is taken, see :attr:`inflight_body_bytes`); a body beyond it is
@@ -117,6 +132,8 @@ class HttpConfig:
     http_max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     http_msgbus_port: int = OFF
     http_ipubsub_port: int = OFF
+    http_msgbus_max_payload_bytes: int = DEFAULT_MSGBUS_MAX_PAYLOAD_BYTES
+    http_msgbus_ttl_ms: int = DEFAULT_MSGBUS_TTL_MS
     http_max_inflight_body_bytes: int = DEFAULT_MAX_INFLIGHT_BODY_BYTES
     http_header_timeout_ms: int = DEFAULT_HEADER_TIMEOUT_MS
     http_body_timeout_ms: int = DEFAULT_BODY_TIMEOUT_MS
@@ -140,6 +157,16 @@ class HttpConfig:
             raise InvalidConfigError(
                 f"http_max_body_bytes={self.http_max_body_bytes:,} must be within "
                 "1,024..1,073,741,824"
+            )
+        if not 1 <= self.http_msgbus_max_payload_bytes <= 1024**3:
+            raise InvalidConfigError(
+                f"http_msgbus_max_payload_bytes={self.http_msgbus_max_payload_bytes:,} must be "
+                "within 1..1,073,741,824"
+            )
+        if not 0 <= self.http_msgbus_ttl_ms <= _MAX_MSGBUS_TTL_MS:
+            raise InvalidConfigError(
+                f"http_msgbus_ttl_ms={self.http_msgbus_ttl_ms:,} must be within "
+                f"0..{_MAX_MSGBUS_TTL_MS:,} (ms; 0: messages never expire)"
             )
         # A body of the largest size always fits: the budget taken is at least
         # http_max_body_bytes (see inflight_body_bytes), so no pair of values is refused.

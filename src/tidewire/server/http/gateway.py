@@ -200,7 +200,12 @@ class HttpGateway:
             from tidewire.server.http.compat.msgbus import create_msgbus_app  # noqa: PLC0415
 
             msgbus = create_msgbus_app(
-                broker, max_payload_bytes=config.http_max_body_bytes, closing=gateway.closing
+                broker,
+                max_payload_bytes=min(
+                    config.http_msgbus_max_payload_bytes, config.http_max_body_bytes
+                ),
+                ttl_ms=config.http_msgbus_ttl_ms,
+                closing=gateway.closing,
             )
             gateway.add_app(
                 MSGBUS, msgbus, config.http_host, config.http_msgbus_port, policy=MSGBUS_POLICY

@@ -14,7 +14,9 @@ own port (``http_msgbus_port``).
 
 A msgbus topic ``NAME`` is the tidewire topic ``msgbus.NAME`` (escaped by
 :func:`~tidewire.server.http.compat.topic_for`) of one partition, created by its first
-publish; a message's ``id`` is its offset. Unlike msgbus' in-memory queues, messages are
+publish; a message's ``id`` is its offset. A message expires ``ttl_ms`` after it was published
+(msgbus' topic TTL, 60 s by default): a pop passes over expired messages, and a topic's
+``ttl`` is that TTL in nanoseconds (a Go duration). Unlike msgbus' in-memory queues, messages are
 durable, and a pop is once only across restarts: the consumer group ``msgbus`` commits the
 offset after each message it hands out (:class:`~._pop.Popper`). A subscriber reads from the
 log with the socket's flow control, so a slow one is never sent more than its socket takes.
@@ -26,6 +28,7 @@ import asyncio
 import base64
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -66,24 +69,28 @@ _encode = msgspec.json.Encoder().encode
 
 
 def create_msgbus_app(
-    broker: Broker, *, max_payload_bytes: int, closing: asyncio.Event | None = None
+    broker: Broker,
+    *,
+    max_payload_bytes: int,
+    ttl_ms: int = 0,
+    closing: asyncio.Event | None = None,
 ) -> Starlette:
     """The msgbus-compatible app.
 
     Args:
         broker: the running broker.
         max_payload_bytes: the largest message body accepted (``413`` beyond it).
+        ttl_ms: how long a message may wait to be popped, ms (then a pop passes over it);
+            ``0``: for ever.
         closing: set when the gateway drains (pops and subscriptions end).
     """
     stop = closing if closing is not None else asyncio.Event()
     popper = Popper(broker, GROUP, stop)
 
     def topic_info(topic: str) -> dict[str, Any]:
-        plog = broker.log(topic, 0)
-        retention = plog.config.retention_ms
         return {
             "name": name_of(PREFIX, topic),
-            "ttl": 0 if retention < 0 else retention * 1_000_000,  # Go durations: ns
+            "ttl": ttl_ms * 1_000_000,  # Go durations: ns
             "seq": broker.high_watermark(topic, 0),
             "created": rfc3339(_first_timestamp(broker, topic)),
         }
@@ -138,7 +145,8 @@ def create_msgbus_app(
             return await list_topics(request)
         try:
             topic = topic_for(PREFIX, name)
-            rec = await popper.pop(topic) if topic in broker.topics() else None
+            alive = _alive(ttl_ms)
+            rec = await popper.pop(topic, accept=alive) if topic in broker.topics() else None
         except TidewireError as exc:
             return _error(exc)
         if rec is None:
@@ -152,11 +160,13 @@ def create_msgbus_app(
         except TidewireError as exc:
             await websocket.close(1008, exc.message[:120])
             return
-        await websocket.accept()
         ensure_topic(broker, topic)  # msgbus creates a topic a subscriber names
+        # The subscription starts before the handshake is answered: whatever is published
+        # once the client holds its answer reaches it.
+        position = broker.high_watermark(topic, 0)
+        await websocket.accept()
         reader = asyncio.create_task(_until_disconnect(websocket))
         try:
-            position = broker.high_watermark(topic, 0)
             while not reader.done() and not stop.is_set():
                 r = broker.read_partition(topic, 0, position, _READ_BYTES)
                 if not r.data:
@@ -188,6 +198,14 @@ async def _until_disconnect(websocket: WebSocket) -> None:
         msg = await websocket.receive()
         if msg["type"] == "websocket.disconnect":
             return
+
+
+def _alive(ttl_ms: int) -> Callable[[Record], bool]:
+    """Whether a record has not expired yet (published less than ``ttl_ms`` ago)."""
+    if ttl_ms <= 0:
+        return lambda _: True
+    now = int(time.time() * 1000)
+    return lambda rec: rec.timestamp + ttl_ms > now
 
 
 def _first_timestamp(broker: Broker, topic: str) -> int:
