@@ -41,6 +41,7 @@ from tidewire.errors import (
     InvalidConfigError,
     InvalidRequestError,
     InvalidTopicError,
+    LogExistsError,
     LogNotFoundError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
@@ -75,6 +76,9 @@ MAX_RELEASED_WRITERS = 100_000
 #: Writer ids in one release, and partitions in one producer-state question.
 MAX_WRITERS_PER_RELEASE = 10_000
 MAX_PARTITIONS_PER_STATE = 10_000
+#: Topics of up to this many partitions are created and deleted on the event loop (a few ms);
+#: larger ones on a worker thread, so that other clients are not stalled meanwhile.
+INLINE_PARTITIONS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,9 +255,10 @@ class Broker:
 
     def topics(self) -> dict[str, int]:
         """Topic name -> partition count (the broker's internal topics left out)."""
+        logs = self.logs
         return {
-            name: len(parts)
-            for name, parts in self.logs.topics().items()
+            name: logs.partition_count(name)
+            for name in logs.topic_names()
             if not is_internal_topic(name)
         }
 
@@ -271,6 +276,40 @@ class Broker:
             TopicExistsError: it exists.
             StorageError: its directories cannot be created.
         """
+        n = self._check_new_topic(name, partitions)
+        try:
+            self.logs.create_topic(name, range(n), config or self.config.log)
+        except LogExistsError as exc:
+            raise TopicExistsError(exc.message) from None
+        log.info("created topic %s with %d partition(s)", name, n)
+        self._topics_changed()
+        return n
+
+    async def create_topic_async(
+        self, name: str, partitions: int | None = None, config: LogConfig | None = None
+    ) -> int:
+        """:meth:`create_topic`, with the file work on a worker thread once the topic has
+        more than :data:`INLINE_PARTITIONS` partitions, so that a large creation does not
+        stall every other client. Raises what :meth:`create_topic` raises."""
+        n = self._check_new_topic(name, partitions)
+        if n <= INLINE_PARTITIONS:
+            return self.create_topic(name, partitions, config)
+        started = time.monotonic()
+        try:
+            await self.logs.create_topic_async(name, range(n), config or self.config.log)
+        except LogExistsError as exc:
+            raise TopicExistsError(exc.message) from None
+        log.info(
+            "created topic %s with %d partition(s) in %.2f s",
+            name,
+            n,
+            time.monotonic() - started,
+        )
+        self._topics_changed()
+        return n
+
+    def _check_new_topic(self, name: str, partitions: int | None) -> int:
+        """The partition count of a topic ``name`` about to be created, checked."""
         try:
             validate_topic_name(name)
         except InvalidConfigError as exc:
@@ -278,13 +317,8 @@ class Broker:
         n = self.config.default_partitions if partitions is None else partitions
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PARTITION:
             raise InvalidTopicError(f"partitions={n!r} must be within 1..{MAX_PARTITION:,}")
-        if name in self.logs.topics():
+        if self.logs.partition_count(name):
             raise TopicExistsError(f"topic {name!r} exists already")
-        cfg = config or self.config.log
-        for p in range(n):
-            self.logs.create_log(name, p, cfg)
-        log.info("created topic %s with %d partition(s)", name, n)
-        self._topics_changed()
         return n
 
     def ensure_topic(self, name: str) -> None:
@@ -316,6 +350,29 @@ class Broker:
             parts = self.logs.delete_topic(name)
         except LogNotFoundError:
             raise UnknownTopicError(f"topic {name!r} does not exist") from None
+        except LogExistsError as exc:  # being created or deleted
+            raise TopicExistsError(exc.message) from None
+        self._topic_deleted(name, parts)
+
+    async def delete_topic_async(self, name: str) -> None:
+        """:meth:`delete_topic`, with the file work on a worker thread once the topic has
+        more than :data:`INLINE_PARTITIONS` partitions. Raises what :meth:`delete_topic`
+        raises."""
+        if self.logs.partition_count(name) <= INLINE_PARTITIONS:
+            self.delete_topic(name)
+            return
+        _refuse_internal(name)
+        try:
+            # Gone for every reader and writer at once; the files follow on a worker thread.
+            parts, directories = self.logs.detach_topic(name)
+        except LogNotFoundError:
+            raise UnknownTopicError(f"topic {name!r} does not exist") from None
+        except LogExistsError as exc:
+            raise TopicExistsError(exc.message) from None
+        self._topic_deleted(name, parts)
+        await self.logs.remove_files_async(name, directories)
+
+    def _topic_deleted(self, name: str, parts: Sequence[int]) -> None:
         for p in parts:
             self._wake(name, p)
             self._producers.pop((name, p), None)
@@ -340,18 +397,44 @@ class Broker:
         if config is not None:
             for p in range(current):
                 self.logs.set_config(name, p, config)
-        if partitions is not None:
+        if partitions is not None and partitions > current:
             cfg = config or self.log(name, 0).config
-            for p in range(current, partitions):
-                self.logs.create_log(name, p, cfg)
+            try:
+                self.logs.create_topic(name, range(current, partitions), cfg)
+            except LogExistsError as exc:
+                raise TopicExistsError(exc.message) from None
             self._topics_changed()
+
+    async def alter_topic_async(
+        self, name: str, *, partitions: int | None = None, config: LogConfig | None = None
+    ) -> None:
+        """:meth:`alter_topic`, with the new partitions' files made on a worker thread when
+        there are more than :data:`INLINE_PARTITIONS` of them. Raises what :meth:`alter_topic`
+        raises."""
+        current = self.partition_count(name)
+        if partitions is None or partitions - current <= INLINE_PARTITIONS:
+            self.alter_topic(name, partitions=partitions, config=config)
+            return
+        _refuse_internal(name)
+        if partitions > MAX_PARTITION:
+            raise InvalidTopicError(
+                f"partitions={partitions} must be within {current}..{MAX_PARTITION:,}: "
+                "a topic can gain partitions but not lose them"
+            )
+        self.alter_topic(name, config=config)  # the settings first, as alter_topic does
+        cfg = config or self.log(name, 0).config
+        try:
+            await self.logs.create_topic_async(name, range(current, partitions), cfg)
+        except LogExistsError as exc:
+            raise TopicExistsError(exc.message) from None
+        self._topics_changed()
 
     def partition_count(self, name: str) -> int:
         """Raises UnknownTopicError if ``name`` is not a topic."""
-        parts = self.logs.topics().get(name)
-        if not parts:
+        n = self.logs.partition_count(name)
+        if not n:
             raise UnknownTopicError(f"topic {name!r} does not exist")
-        return len(parts)
+        return n
 
     def log(self, topic: str, partition: int) -> PartitionLog:
         """The log of one partition.

@@ -11,6 +11,7 @@ Layout::
         00000000000000000000.index
         00000000000000000000.timeindex
       TOPIC-P.<hex>-delete/                a deleted partition awaiting removal
+      TOPIC.creating                       a topic creation under way (tidewire.storage.creation)
 
 Every metadata file is written atomically (temp, write, fsync, rename, fsync dir). On open,
 the clean-shutdown marker lets every log trust its intact indexes and skip the scan; it is
@@ -36,6 +37,7 @@ from tidewire.errors import (
     TidewireError,
 )
 from tidewire.storage.config import FsyncPolicy, LogConfig
+from tidewire.storage.creation import create_partitions, remove_half_created
 from tidewire.storage.fs import FileSystem, OsFileSystem, write_atomic
 from tidewire.storage.log import Clock, PartitionLog, wall_clock_ms
 
@@ -99,6 +101,11 @@ class LogManager:
         self.checkpoint_interval_ms = checkpoint_interval_ms
         self.retention_check_interval_ms = retention_check_interval_ms
         self.logs: dict[tuple[str, int], PartitionLog] = {}
+        #: topic -> its partitions: answers "which partitions" without scanning every log.
+        self._parts: dict[str, set[int]] = {}
+        #: Topics whose partitions are being created or deleted on a worker thread: no other
+        #: creation or deletion of them may start meanwhile.
+        self._busy: set[str] = set()
         self.was_clean = False
         self._opened = False
         self._closed = False
@@ -124,6 +131,7 @@ class LogManager:
             names = fs.listdir(d)
             self.was_clean = CLEAN_SHUTDOWN_FILE in names
             points = self._read_recovery_points() if RECOVERY_CHECKPOINT_FILE in names else {}
+            names = remove_half_created(fs, d, names)
             for name in names:
                 if name.endswith("-delete"):
                     fs.rmtree(f"{d}/{name}")
@@ -142,6 +150,7 @@ class LogManager:
                     clock=self.clock,
                 )
                 self.logs[(topic, partition)].on_truncate = self._after_truncate
+                self._parts.setdefault(topic, set()).add(partition)
             if self.was_clean:
                 fs.remove(f"{d}/{CLEAN_SHUTDOWN_FILE}")
             fs.sync_dir(d)
@@ -191,31 +200,108 @@ class LogManager:
             LogExistsError: it exists.
             StorageError: the directory or its files cannot be created.
         """
-        self._check_open()
-        validate_topic_name(topic)
         if isinstance(partition, bool) or not isinstance(partition, int):
             raise InvalidConfigError(f"partition must be an integer, got {partition!r}")
         if not 0 <= partition < MAX_PARTITION:
             raise InvalidConfigError(f"partition {partition} must be within 0..{MAX_PARTITION - 1}")
-        key = (topic, partition)
-        if key in self.logs:
-            raise LogExistsError(f"log {topic}-{partition} exists already")
+        return self.create_topic(topic, range(partition, partition + 1), config)[0]
+
+    def _register(self, topic: str, logs: list[PartitionLog], partitions: range) -> None:
+        parts = self._parts.setdefault(topic, set())
+        for p, plog in zip(partitions, logs, strict=True):
+            plog.on_truncate = self._after_truncate
+            self.logs[(topic, p)] = plog
+            parts.add(p)
+
+    def _check_new_partitions(self, topic: str, partitions: range) -> None:
+        """Raise unless ``partitions`` of ``topic`` may be created now."""
+        self._check_open()
+        validate_topic_name(topic)
+        if not 0 <= partitions.start < partitions.stop <= MAX_PARTITION:
+            raise InvalidConfigError(
+                f"partitions {partitions.start}..{partitions.stop - 1} must be within "
+                f"0..{MAX_PARTITION - 1}"
+            )
+        if topic in self._busy:
+            raise LogExistsError(
+                f"topic {topic!r} is being created or deleted; try again once that is done"
+            )
+        taken = self._parts.get(topic, set()).intersection(partitions)
+        if taken:
+            raise LogExistsError(f"log {topic}-{min(taken)} exists already")
+
+    def create_topic(
+        self, topic: str, partitions: range, config: LogConfig | None = None
+    ) -> list[PartitionLog]:
+        """Create the logs of ``partitions`` of ``topic``, all or none (see
+        :mod:`tidewire.storage.creation`), on this thread. :meth:`create_topic_async` does the
+        file work on a worker thread.
+
+        Returns:
+            The new logs, in partition order.
+
+        Raises:
+            InvalidConfigError: a bad topic name or partition range.
+            LogExistsError: one of the logs exists, or the topic is being created or deleted.
+            StorageError: a file operation failed; none of the logs was created.
+        """
+        self._check_new_partitions(topic, partitions)
         cfg = config or self.default_config
-        directory = f"{self.data_dir}/{topic}-{partition}"
+        logs = self._create_files(topic, partitions, cfg)
+        self._register(topic, logs, partitions)
+        return logs
+
+    async def create_topic_async(
+        self, topic: str, partitions: range, config: LogConfig | None = None
+    ) -> list[PartitionLog]:
+        """:meth:`create_topic` with the file work on a worker thread, so the event loop goes
+        on serving meanwhile; the topic is registered, on the loop, once all its logs exist.
+        (A cancelled caller does not undo the creation: it is registered all the same.)
+
+        Raises:
+            What :meth:`create_topic` raises.
+        """
+        self._check_new_partitions(topic, partitions)
+        cfg = config or self.default_config
+        self._busy.add(topic)
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(None, self._create_files, topic, partitions, cfg)
+
+        def done(f: asyncio.Future[list[PartitionLog]]) -> None:
+            self._busy.discard(topic)
+            if f.cancelled() or f.exception() is not None:
+                return
+            if self._closed:  # the manager closed meanwhile: nothing would close these
+                for plog in f.result():
+                    plog.close()
+                return
+            self._register(topic, f.result(), partitions)
+
+        fut.add_done_callback(done)
+        return await asyncio.shield(fut)
+
+    def _create_files(self, topic: str, partitions: range, cfg: LogConfig) -> list[PartitionLog]:
+        first, last = partitions.start, partitions.stop - 1
+        what = f"partition {first}" if first == last else f"partitions {first}..{last}"
         try:
-            self.fs.makedirs(directory)
-            write_atomic(self.fs, f"{directory}/{LOG_CONFIG_FILE}", _config_json(cfg))
-            plog = PartitionLog.open(self.fs, directory, cfg, clock=self.clock)
-            try:
-                self.fs.sync_dir(self.data_dir)
-            except OSError:
-                plog.abandon()  # not registered: nothing else would close its files
-                raise
+            return create_partitions(
+                self.fs,
+                self.data_dir,
+                topic,
+                partitions,
+                cfg,
+                config_json=_config_json(cfg),
+                clock=self.clock,
+                config_file=LOG_CONFIG_FILE,
+            )
         except OSError as exc:
-            raise StorageError(f"cannot create log {directory}: {exc}") from exc
-        plog.on_truncate = self._after_truncate
-        self.logs[key] = plog
-        return plog
+            raise StorageError(
+                f"cannot create {what} of topic {topic!r}: {exc}; none of them was created"
+            ) from exc
+        except StorageError as exc:
+            raise StorageError(
+                f"cannot create {what} of topic {topic!r}: {exc.message}; none of them was created"
+            ) from exc
 
     def get_log(self, topic: str, partition: int) -> PartitionLog:
         """Return the log of ``topic``/``partition``.
@@ -230,10 +316,16 @@ class LogManager:
 
     def topics(self) -> dict[str, list[int]]:
         """Topic name -> sorted partition numbers."""
-        out: dict[str, list[int]] = {}
-        for topic, partition in sorted(self.logs):
-            out.setdefault(topic, []).append(partition)
-        return out
+        return {t: sorted(parts) for t, parts in sorted(self._parts.items())}
+
+    def topic_names(self) -> list[str]:
+        """Every topic's name, sorted."""
+        return sorted(self._parts)
+
+    def partition_count(self, topic: str) -> int:
+        """How many partitions ``topic`` has (0: no such topic), without scanning the logs."""
+        parts = self._parts.get(topic)
+        return len(parts) if parts is not None else 0
 
     def set_config(self, topic: str, partition: int, config: LogConfig) -> None:
         """Change a log's settings (persisted atomically; effective at once)."""
@@ -255,25 +347,72 @@ class LogManager:
             LogNotFoundError: the topic has no logs.
             StorageError: a rename or removal failed.
         """
+        parts, directories = self.detach_topic(topic)
+        self._remove_files(topic, directories)
+        return parts
+
+    async def delete_topic_async(self, topic: str) -> list[int]:
+        """:meth:`delete_topic` with the file work on a worker thread: the topic is gone for
+        readers and writers at once; its name can be used again once its files are gone.
+
+        Raises:
+            What :meth:`delete_topic` raises.
+        """
+        parts, directories = self.detach_topic(topic)
+        await self.remove_files_async(topic, directories)
+        return parts
+
+    async def remove_files_async(self, topic: str, directories: list[str]) -> None:
+        """Remove the directories :meth:`detach_topic` returned, on a worker thread; the
+        topic's name cannot be used again until they are gone.
+
+        Raises:
+            StorageError: a rename or removal failed.
+        """
+        self._busy.add(topic)
+        fut = asyncio.get_running_loop().run_in_executor(
+            None, self._remove_files, topic, directories
+        )
+        fut.add_done_callback(lambda _: self._busy.discard(topic))
+        await asyncio.shield(fut)
+
+    def detach_topic(self, topic: str) -> tuple[list[int], list[str]]:
+        """The first half of a deletion, on the owner thread: forget ``topic``'s logs and close
+        them (without a flush: their data is being deleted). Returns its partitions and their
+        directories, for :meth:`remove_files_async`.
+
+        Raises:
+            LogNotFoundError: the topic has no logs.
+            LogExistsError: it is being created or deleted.
+        """
         self._check_open()
-        parts = sorted(p for t, p in self.logs if t == topic)
+        if topic in self._busy:
+            raise LogExistsError(
+                f"topic {topic!r} is being created or deleted; try again once that is done"
+            )
+        parts = sorted(self._parts.pop(topic, ()))
         if not parts:
             raise LogNotFoundError(f"no logs for topic {topic!r}")
+        directories: list[str] = []
+        for p in parts:
+            plog = self.logs.pop((topic, p))
+            self._last_flush.pop((topic, p), None)
+            plog.abandon()
+            directories.append(plog.directory)
+        return parts, directories
+
+    def _remove_files(self, topic: str, directories: list[str]) -> None:
         doomed: list[str] = []
         try:
-            for p in parts:
-                plog = self.logs.pop((topic, p))
-                self._last_flush.pop((topic, p), None)
-                plog.abandon()
-                gone = f"{plog.directory}.{uuid.uuid4().hex}-delete"
-                self.fs.rename(plog.directory, gone)
+            for directory in directories:
+                gone = f"{directory}.{uuid.uuid4().hex}-delete"
+                self.fs.rename(directory, gone)
                 doomed.append(gone)
             self.fs.sync_dir(self.data_dir)
             for path in doomed:
                 self.fs.rmtree(path)
         except OSError as exc:
             raise StorageError(f"deleting topic {topic!r} failed: {exc}") from exc
-        return parts
 
     def _check_open(self) -> None:
         if not self._opened or self._closed:

@@ -96,7 +96,9 @@ def topics_router(ctx: GatewayContext) -> APIRouter:
         """Create a topic with ``partitions`` partitions (the broker's default when absent)
         and ``config`` settings (the broker's defaults for those absent)."""
         req = parse_body(CreateTopicRequest, await request.body())
-        broker.create_topic(req.name, req.partitions, _log_config(broker.config.log, req.config))
+        await broker.create_topic_async(
+            req.name, req.partitions, _log_config(broker.config.log, req.config)
+        )
         return json_response(describe_topic(broker, req.name), 201)
 
     @router.get("", response_model=TopicList, responses=responses())
@@ -122,7 +124,7 @@ def topics_router(ctx: GatewayContext) -> APIRouter:
     async def delete_topic(topic: str) -> Response:
         """Delete a topic and all its messages."""
         _known(broker, topic)
-        broker.delete_topic(topic)
+        await broker.delete_topic_async(topic)
         for forget in ctx.on_topic_deleted:
             forget(topic)
         return Response(status_code=204)
