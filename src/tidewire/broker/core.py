@@ -76,6 +76,11 @@ MAX_RELEASED_WRITERS = 100_000
 #: Writer ids in one release, and partitions in one producer-state question.
 MAX_WRITERS_PER_RELEASE = 10_000
 MAX_PARTITIONS_PER_STATE = 10_000
+#: What one fetch answer carries at most by default: the clients' own default request size;
+#: larger answers buy little throughput, while each is held in memory whole until sent.
+DEFAULT_FETCH_MAX_BYTES = 16 * 1024 * 1024
+#: The highest fetch_max_bytes allowed: a frame's length is an int32.
+MAX_FETCH_MAX_BYTES = 1024 * 1024 * 1024
 #: Topics of up to this many partitions are created and deleted on the event loop (a few ms);
 #: larger ones on a worker thread, so that other clients are not stalled meanwhile.
 INLINE_PARTITIONS = 32
@@ -94,6 +99,9 @@ class BrokerConfig:
         max_fetch_waiters: long-poll fetches waiting at once; more are refused with
             :class:`~tidewire.errors.BackpressureError`.
         max_wait_ms: the longest a fetch may wait for data.
+        fetch_max_bytes: the most data one fetch answer carries, whatever it asks for (one
+            batch larger than that is still sent whole, alone). Each answer is held in memory
+            whole until it is sent, so this bounds what one request can make the broker hold.
         producer_expiration_ms: an idempotent producer that has not written to a partition
             for this long is forgotten there (its next batch may start at any sequence).
         producer_snapshot_interval_ms: how often the state of idempotent producers is
@@ -108,6 +116,7 @@ class BrokerConfig:
     log: LogConfig = field(default_factory=LogConfig)
     max_fetch_waiters: int = 10_000
     max_wait_ms: int = 30_000
+    fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES
     producer_expiration_ms: int = 7 * 24 * 3600 * 1000
     producer_snapshot_interval_ms: int = 60_000
     groups: GroupConfig = field(default_factory=GroupConfig)
@@ -121,6 +130,11 @@ class BrokerConfig:
             raise InvalidConfigError("max_fetch_waiters must be >= 1")
         if not 0 <= self.max_wait_ms <= 3_600_000:
             raise InvalidConfigError(f"max_wait_ms={self.max_wait_ms} must be within 0..3,600,000")
+        if not 1024 <= self.fetch_max_bytes <= MAX_FETCH_MAX_BYTES:
+            raise InvalidConfigError(
+                f"fetch_max_bytes={self.fetch_max_bytes:,} must be within "
+                f"1,024..{MAX_FETCH_MAX_BYTES:,}"
+            )
         if self.producer_expiration_ms < 1:
             raise InvalidConfigError("producer_expiration_ms must be >= 1")
         if self.producer_snapshot_interval_ms < 1:
@@ -906,13 +920,15 @@ class Broker:
             max_wait_ms: long-poll: how long to wait when less than ``min_bytes`` is there
                 (capped by the broker's ``max_wait_ms``).
             min_bytes: return at once when at least this much is there.
-            max_bytes: budget of the whole response (at least one batch is returned).
+            max_bytes: budget of the whole response (at least one batch is returned), at most
+                the broker's ``fetch_max_bytes``.
 
         Raises:
             UnknownTopicError, UnknownPartitionError, OffsetOutOfRangeError,
             PartitionCorruptError: for the first partition that fails.
             BackpressureError: too many fetches are waiting.
         """
+        max_bytes = min(max_bytes, self.config.fetch_max_bytes)
         results = self._read(wants, max_bytes)
         wait = min(max_wait_ms, self.config.max_wait_ms) / 1000
         if wait <= 0 or self._closing or sum(len(r.data) for r in results) >= min_bytes:

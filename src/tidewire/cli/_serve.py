@@ -80,6 +80,9 @@ def serve(
     max_wait_ms: Annotated[
         int | None, typer.Option(help="The longest a fetch may wait for data (ms).")
     ] = None,
+    fetch_max_bytes: Annotated[
+        int | None, typer.Option(help="The most data one fetch answer carries (bytes).")
+    ] = None,
     fsync: Annotated[
         FsyncPolicy | None,
         typer.Option(
@@ -111,6 +114,10 @@ def serve(
     ] = None,
     max_in_flight: Annotated[
         int | None, typer.Option(help="Requests per connection before reads pause.")
+    ] = None,
+    max_unsent_bytes: Annotated[
+        int | None,
+        typer.Option(help="Per connection: bytes of fetch answers unsent before fetches wait."),
     ] = None,
     idle_timeout_s: Annotated[
         float | None, typer.Option(help="Close a connection silent for this long (s).")
@@ -147,6 +154,7 @@ def serve(
         "auto_create_topics": auto_create_topics,
         "max_fetch_waiters": max_fetch_waiters,
         "max_wait_ms": max_wait_ms,
+        "fetch_max_bytes": fetch_max_bytes,
         "fsync": fsync,
         "flush_interval_ms": flush_interval_ms,
         "segment_bytes": segment_bytes,
@@ -159,6 +167,7 @@ def serve(
         "max_connections": max_connections,
         "max_frame_bytes": max_frame_bytes,
         "max_in_flight": max_in_flight,
+        "max_unsent_bytes": max_unsent_bytes,
         "idle_timeout_s": idle_timeout_s,
         "frame_timeout_s": frame_timeout_s,
         "event_loop": event_loop,
