@@ -55,6 +55,7 @@ from tidewire.errors import (
 )
 from tidewire.records import BatchHeader, iter_batches
 from tidewire.storage import FsyncPolicy, LogConfig, LogManager, PartitionLog
+from tidewire.storage.filecache import open_descriptors, raise_descriptor_limit
 from tidewire.storage.fs import write_atomic
 from tidewire.storage.log import check_appendable
 from tidewire.storage.manager import MAX_PARTITION, validate_topic_name
@@ -76,14 +77,19 @@ MAX_RELEASED_WRITERS = 100_000
 #: Writer ids in one release, and partitions in one producer-state question.
 MAX_WRITERS_PER_RELEASE = 10_000
 MAX_PARTITIONS_PER_STATE = 10_000
+#: Partitions of all topics together, by default: each costs memory (its indexes, its state)
+#: and a directory; 100,000 is ten times what the benchmark measures (docs/storage.md).
+DEFAULT_MAX_PARTITIONS = 100_000
+#: Log files kept open at most when max_open_files is 0 (a quarter of the descriptor limit
+#: otherwise): enough for the active segment of 10,000 busy partitions.
+MAX_DEFAULT_OPEN_FILES = 10_000
+#: ... and at least: below that, reopening would be constant.
+MIN_OPEN_FILES = 32
 #: What one fetch answer carries at most by default: the clients' own default request size;
 #: larger answers buy little throughput, while each is held in memory whole until sent.
 DEFAULT_FETCH_MAX_BYTES = 16 * 1024 * 1024
 #: The highest fetch_max_bytes allowed: a frame's length is an int32.
 MAX_FETCH_MAX_BYTES = 1024 * 1024 * 1024
-#: Topics of up to this many partitions are created and deleted on the event loop (a few ms);
-#: larger ones on a worker thread, so that other clients are not stalled meanwhile.
-INLINE_PARTITIONS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +114,10 @@ class BrokerConfig:
             snapshotted (it is also snapshotted at a clean shutdown), which bounds how much
             of each log a start after a crash reads to rebuild it.
         groups: the consumer group coordinator's bounds.
+        max_open_files: log files (segments) kept open at once; idle ones are closed and
+            opened again when used. 0: a quarter of the descriptor limit, at most
+            :data:`MAX_DEFAULT_OPEN_FILES`.
+        max_partitions: partitions of all topics together; a creation beyond is refused.
     """
 
     data_dir: str
@@ -120,8 +130,16 @@ class BrokerConfig:
     producer_expiration_ms: int = 7 * 24 * 3600 * 1000
     producer_snapshot_interval_ms: int = 60_000
     groups: GroupConfig = field(default_factory=GroupConfig)
+    max_open_files: int = 0
+    max_partitions: int = DEFAULT_MAX_PARTITIONS
 
     def __post_init__(self) -> None:
+        if self.max_open_files < 0:
+            raise InvalidConfigError(
+                f"max_open_files={self.max_open_files} must be >= 0 (0: from the descriptor limit)"
+            )
+        if self.max_partitions < 1:
+            raise InvalidConfigError(f"max_partitions={self.max_partitions} must be >= 1")
         if not 1 <= self.default_partitions <= MAX_PARTITION:
             raise InvalidConfigError(
                 f"default_partitions={self.default_partitions} must be within 1..{MAX_PARTITION:,}"
@@ -180,7 +198,14 @@ class Broker:
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.logs = LogManager(config.data_dir, default_config=config.log)
+        self.descriptors_before, self.descriptor_limit = raise_descriptor_limit()
+        #: The log files kept open at most (see BrokerConfig.max_open_files).
+        self.max_open_files = config.max_open_files or max(
+            MIN_OPEN_FILES, min(MAX_DEFAULT_OPEN_FILES, self.descriptor_limit // 4)
+        )
+        self.logs = LogManager(
+            config.data_dir, default_config=config.log, max_open_files=self.max_open_files
+        )
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
         self._n_waiters = 0
         self._closing = False
@@ -201,6 +226,18 @@ class Broker:
     async def start(self) -> None:
         """Open the data directory (recovering it) and start the background work."""
         self.logs.open()
+        raised = (
+            f" (raised from {self.descriptors_before:,})"
+            if self.descriptors_before < self.descriptor_limit
+            else ""
+        )
+        log.info(
+            "descriptors: limit %s%s, %s open; log files keep at most %s open",
+            f"{self.descriptor_limit:,}",
+            raised,
+            open_descriptors(),
+            f"{self.max_open_files:,}",
+        )
         try:
             self._load_producers()
             offsets = OffsetStore(self.logs)
@@ -302,12 +339,10 @@ class Broker:
     async def create_topic_async(
         self, name: str, partitions: int | None = None, config: LogConfig | None = None
     ) -> int:
-        """:meth:`create_topic`, with the file work on a worker thread once the topic has
-        more than :data:`INLINE_PARTITIONS` partitions, so that a large creation does not
-        stall every other client. Raises what :meth:`create_topic` raises."""
+        """:meth:`create_topic`, with the file work (two fsyncs per partition, four more per
+        creation) on worker threads, so that no creation stalls the other clients. Raises what
+        :meth:`create_topic` raises."""
         n = self._check_new_topic(name, partitions)
-        if n <= INLINE_PARTITIONS:
-            return self.create_topic(name, partitions, config)
         started = time.monotonic()
         try:
             await self.logs.create_topic_async(name, range(n), config or self.config.log)
@@ -333,7 +368,16 @@ class Broker:
             raise InvalidTopicError(f"partitions={n!r} must be within 1..{MAX_PARTITION:,}")
         if self.logs.partition_count(name):
             raise TopicExistsError(f"topic {name!r} exists already")
+        self._check_partition_cap(n)
         return n
+
+    def _check_partition_cap(self, more: int) -> None:
+        have = len(self.logs.logs)
+        if have + more > self.config.max_partitions:
+            raise InvalidTopicError(
+                f"{more:,} more partitions would make {have + more:,}, above "
+                f"max_partitions={self.config.max_partitions:,}"
+            )
 
     def ensure_topic(self, name: str) -> None:
         """Create ``name`` as a first publish would (the default partition count and log
@@ -369,12 +413,8 @@ class Broker:
         self._topic_deleted(name, parts)
 
     async def delete_topic_async(self, name: str) -> None:
-        """:meth:`delete_topic`, with the file work on a worker thread once the topic has
-        more than :data:`INLINE_PARTITIONS` partitions. Raises what :meth:`delete_topic`
-        raises."""
-        if self.logs.partition_count(name) <= INLINE_PARTITIONS:
-            self.delete_topic(name)
-            return
+        """:meth:`delete_topic`, with the file work on a worker thread. Raises what
+        :meth:`delete_topic` raises."""
         _refuse_internal(name)
         try:
             # Gone for every reader and writer at once; the files follow on a worker thread.
@@ -408,6 +448,8 @@ class Broker:
                 f"partitions={partitions} must be within {current}..{MAX_PARTITION:,}: "
                 "a topic can gain partitions but not lose them"
             )
+        if partitions is not None:
+            self._check_partition_cap(partitions - current)
         if config is not None:
             for p in range(current):
                 self.logs.set_config(name, p, config)
@@ -422,11 +464,10 @@ class Broker:
     async def alter_topic_async(
         self, name: str, *, partitions: int | None = None, config: LogConfig | None = None
     ) -> None:
-        """:meth:`alter_topic`, with the new partitions' files made on a worker thread when
-        there are more than :data:`INLINE_PARTITIONS` of them. Raises what :meth:`alter_topic`
-        raises."""
+        """:meth:`alter_topic`, with the new partitions' files made on worker threads. Raises
+        what :meth:`alter_topic` raises."""
         current = self.partition_count(name)
-        if partitions is None or partitions - current <= INLINE_PARTITIONS:
+        if partitions is None or partitions <= current:
             self.alter_topic(name, partitions=partitions, config=config)
             return
         _refuse_internal(name)
@@ -435,6 +476,7 @@ class Broker:
                 f"partitions={partitions} must be within {current}..{MAX_PARTITION:,}: "
                 "a topic can gain partitions but not lose them"
             )
+        self._check_partition_cap(partitions - current)
         self.alter_topic(name, config=config)  # the settings first, as alter_topic does
         cfg = config or self.log(name, 0).config
         try:

@@ -4,7 +4,11 @@ One :class:`TcpServer` accepts connections; each connection drives a sans-IO
 :class:`~tidewire.protocol.Connection` and runs one task per request (requests on one
 connection are answered in any order, matched by correlation id). Bounds:
 
-- ``max_connections``: beyond it a new connection is closed at once;
+- ``max_connections``: beyond it a new connection is closed at once. Each connection holds a
+  descriptor: at start the server checks that ``max_connections``, the broker's log files
+  (``max_open_files``) and :data:`RESERVED_DESCRIPTORS` fit under the descriptor limit. A
+  ``max_connections`` left at its default is lowered to fit (with a warning); one set
+  explicitly above it is refused, naming the numbers;
 - the connection's ``max_in_flight``: beyond it the socket is not read until a response is
   sent, so a client that pipelines without limit fills only its own buffers;
 - ``max_unsent_bytes``: the answers a connection's fetches may hold, written but not yet taken
@@ -89,6 +93,13 @@ def loop_factory(event_loop: str) -> tuple[str, Callable[[], asyncio.AbstractEve
     return "asyncio", asyncio.new_event_loop
 
 
+#: The default of max_connections.
+DEFAULT_MAX_CONNECTIONS = 10_000
+#: Descriptors kept for what is neither a client connection nor a log file: the standard
+#: streams, the event loop, listening sockets, checkpoint and index files being written,
+#: worker threads' files, the HTTP gateway's own connections beyond a handful (see http.md).
+RESERVED_DESCRIPTORS = 64
+
 #: SO_LINGER on, with a timeout of 0: closing the socket sends a RST and drops what is unsent.
 _LINGER_OFF = struct.pack("ii", 1, 0)
 
@@ -104,7 +115,7 @@ class ServerConfig:
 
     host: str = "127.0.0.1"
     port: int = 7400
-    max_connections: int = 10_000
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_in_flight: int = 256
     idle_timeout_s: float = 600.0
@@ -190,7 +201,7 @@ class _ClientProtocol(asyncio.Protocol):
         # A stream transport (uvloop's is not a subclass of asyncio.Transport, but it has
         # every method of one).
         self.transport = cast(asyncio.Transport, transport)
-        if len(self.server.connections) >= self.server.config.max_connections:
+        if len(self.server.connections) >= self.server.max_connections:
             log.warning("refusing a connection: max_connections reached")
             self.transport.abort()
             return
@@ -458,6 +469,33 @@ class TcpServer:
         self.connections: set[_ClientProtocol] = set()
         self.info = ServerInfo(self.config.host, self.config.port)
         self._server: asyncio.Server | None = None
+        #: max_connections as the descriptor limit allows (see :meth:`start`).
+        self.max_connections = self.config.max_connections
+
+    def _fit_connections(self) -> None:
+        """Check max_connections against the descriptor limit (see the module docstring).
+
+        Raises:
+            InvalidConfigError: it was set explicitly above what the limit allows.
+        """
+        limit = self.broker.descriptor_limit
+        files = self.broker.max_open_files
+        allowed = max(limit - files - RESERVED_DESCRIPTORS, 1)
+        wanted = self.config.max_connections
+        if wanted <= allowed:
+            return
+        why = (
+            f"the descriptor limit is {limit:,}, of which {files:,} are kept for log files "
+            f"(max_open_files) and {RESERVED_DESCRIPTORS} for the broker itself"
+        )
+        if wanted != DEFAULT_MAX_CONNECTIONS:
+            raise InvalidConfigError(
+                f"max_connections={wanted:,} needs as many descriptors, but {why}: at most "
+                f"{allowed:,} connections fit (raise the limit, ulimit -n, or lower "
+                "max_connections or max_open_files)"
+            )
+        log.warning("max_connections lowered from %s to %s: %s", f"{wanted:,}", f"{allowed:,}", why)
+        self.max_connections = allowed
 
     @property
     def port(self) -> int:
@@ -467,7 +505,12 @@ class TcpServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
-        """Start listening."""
+        """Start listening.
+
+        Raises:
+            InvalidConfigError: max_connections does not fit under the descriptor limit.
+        """
+        self._fit_connections()
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: _ClientProtocol(self), self.config.host, self.config.port

@@ -38,6 +38,7 @@ from tidewire.errors import (
 )
 from tidewire.storage.config import FsyncPolicy, LogConfig
 from tidewire.storage.creation import create_partitions, remove_half_created
+from tidewire.storage.filecache import CachedFileSystem
 from tidewire.storage.fs import FileSystem, OsFileSystem, write_atomic
 from tidewire.storage.log import Clock, PartitionLog, wall_clock_ms
 
@@ -82,6 +83,9 @@ class LogManager:
         clock: milliseconds since the epoch (retention, rolling by age).
         checkpoint_interval_ms: how often :meth:`run` rewrites the recovery checkpoint.
         retention_check_interval_ms: how often :meth:`run` applies retention.
+        max_open_files: keep at most this many of the logs' files open at once (see
+            :mod:`tidewire.storage.filecache`); ``None``: no bound (one descriptor per
+            segment).
     """
 
     def __init__(
@@ -93,9 +97,12 @@ class LogManager:
         clock: Clock = wall_clock_ms,
         checkpoint_interval_ms: int = 1000,
         retention_check_interval_ms: int = 60_000,
+        max_open_files: int | None = None,
     ) -> None:
         self.data_dir = data_dir.rstrip("/") or "/"
         self.fs: FileSystem = fs or OsFileSystem()
+        if max_open_files is not None:
+            self.fs = CachedFileSystem(self.fs, max_open_files)
         self.default_config = default_config or LogConfig()
         self.clock = clock
         self.checkpoint_interval_ms = checkpoint_interval_ms
