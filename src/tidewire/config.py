@@ -142,6 +142,13 @@ SETTINGS: tuple[Setting, ...] = (
     _s("broker", "max_wait_ms", "int", "The longest a fetch may wait for data, ms (0..3,600,000)."),
     _s(
         "broker",
+        "max_open_files",
+        "int",
+        "Log files kept open at once (0: a quarter of the descriptor limit, at most 10,000).",
+    ),
+    _s("broker", "max_partitions", "int", "Partitions of all topics together (>= 1)."),
+    _s(
+        "broker",
         "fetch_max_bytes",
         "int",
         "The most data one fetch answer carries, bytes (1,024..1,073,741,824).",

@@ -80,6 +80,13 @@ def serve(
     max_wait_ms: Annotated[
         int | None, typer.Option(help="The longest a fetch may wait for data (ms).")
     ] = None,
+    max_open_files: Annotated[
+        int | None,
+        typer.Option(help="Log files kept open at once (0: from the descriptor limit)."),
+    ] = None,
+    max_partitions: Annotated[
+        int | None, typer.Option(help="Partitions of all topics together.")
+    ] = None,
     fetch_max_bytes: Annotated[
         int | None, typer.Option(help="The most data one fetch answer carries (bytes).")
     ] = None,
@@ -154,6 +161,8 @@ def serve(
         "auto_create_topics": auto_create_topics,
         "max_fetch_waiters": max_fetch_waiters,
         "max_wait_ms": max_wait_ms,
+        "max_open_files": max_open_files,
+        "max_partitions": max_partitions,
         "fetch_max_bytes": fetch_max_bytes,
         "fsync": fsync,
         "flush_interval_ms": flush_interval_ms,

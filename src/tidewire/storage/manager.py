@@ -54,6 +54,8 @@ LOG_CONFIG_FILE = "log.json"
 MAX_TOPIC_NAME = 200
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]+")
 _PARTITION_DIR_RE = re.compile(r"^([A-Za-z0-9._-]+)-(\d+)$")
+#: Logs closed at once by :meth:`LogManager.close_async` (their fsyncs run in worker threads).
+CLOSE_CONCURRENCY = 8
 #: Partitions per topic: a bound on directories and open files one request can create.
 MAX_PARTITION = 100_000
 
@@ -519,12 +521,19 @@ class LogManager:
         if self._closed or not self._opened:
             return
         errors: list[StorageError] = []
-        for plog in self.logs.values():
-            try:
-                await plog.close_async()  # each log right after it goes idle
-            except TidewireError as exc:
-                log.error("closing %s: %s", plog.directory, exc)
-                errors.append(StorageError(str(exc)))
+        # Each log right after it goes idle, CLOSE_CONCURRENCY at once: their final fsyncs and
+        # index writes run in worker threads, and a device takes them in parallel.
+        slots = asyncio.Semaphore(CLOSE_CONCURRENCY)
+
+        async def close_one(plog: PartitionLog) -> None:
+            async with slots:
+                try:
+                    await plog.close_async()
+                except TidewireError as exc:
+                    log.error("closing %s: %s", plog.directory, exc)
+                    errors.append(StorageError(str(exc)))
+
+        await asyncio.gather(*(close_one(plog) for plog in list(self.logs.values())))
         self._finish_close(errors)
 
     def close(self) -> None:
