@@ -336,11 +336,15 @@ def test_large_creations_and_deletions_run_off_the_event_loop(tmp_path: Path) ->
             assert broker.topics() == {"wide": 300}
             assert broker.describe("wide")[299].partition == 299
             await broker.delete_topic_async("wide")
+            assert broker.topics() == {}
+            with pytest.raises(TopicExistsError, match="being created or deleted"):
+                await broker.create_topic_async("wide", 2)  # its files are being removed
+            await broker.logs.wait_removals()
             stop.set()
             await ticker
-            assert broker.topics() == {}
             assert created_turns > 10  # the loop ran while the files were made
             assert turns > created_turns + 10  # ... and while they were removed
+            assert not [n for n in os.listdir(tmp_path / "data") if n.startswith("wide")]
             assert await broker.create_topic_async("wide", 2) == 2
 
     asyncio.run(main())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,9 @@ import pytest
 from tidewire.errors import LogExistsError, StorageError
 from tidewire.records import build_batch
 from tidewire.storage import FaultFS, FileSystem, LogManager, OsFileSystem
-from tidewire.storage.creation import CREATING_SUFFIX, PARALLEL_FROM
+from tidewire.storage.creation import CREATING_SUFFIX, PARALLEL_FROM, mark_deleting
 from tidewire.storage.fs import FileHandle, FileSystemWrapper
+from tidewire.storage.manager import BACKGROUND_DELETE_FROM
 
 T0 = 1_700_000_000_000
 N = 8
@@ -187,3 +189,36 @@ def test_async_creation_reserves_the_name_until_done(tmp_path: Path) -> None:
         await mgr.close_async()
 
     asyncio.run(main())
+
+
+def test_a_large_deletion_returns_once_marked_and_finishes_in_the_background(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        mgr = manager(OsFileSystem(), str(tmp_path))
+        mgr.create_topic("big", range(BACKGROUND_DELETE_FROM + 1))
+        mgr.create_topic("kept", range(1))
+        _, dirs = mgr.detach_topic("big")
+        await mgr.remove_files_async("big", dirs)
+        assert mgr.topics() == {"kept": [0]}
+        await mgr.wait_removals()
+        assert partition_dirs(mgr.fs, str(tmp_path), "big") == []
+        assert not [n for n in os.listdir(tmp_path) if n.startswith("big")]
+        mgr.create_topic("big", range(2))  # the name is free again
+        await mgr.close_async()
+
+    asyncio.run(main())
+
+
+def test_an_interrupted_deletion_is_finished_at_open(tmp_path: Path) -> None:
+    mgr = manager(OsFileSystem(), str(tmp_path))
+    mgr.create_topic("gone", range(3))
+    mgr.create_topic("kept", range(2))
+    dirs = [mgr.get_log("gone", p).directory for p in range(3)]
+    mgr.close()
+    mark_deleting(mgr.fs, str(tmp_path), "gone", dirs)  # as a stop right after the marker
+    again = manager(OsFileSystem(), str(tmp_path))
+    assert again.topics() == {"kept": [0, 1]}
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["kept-0", "kept-1", "recovery-point-offset-checkpoint"]
+    )

@@ -17,6 +17,11 @@ crash leaves the marker, and :func:`remove_half_created` (called when the data d
 opened) removes the partitions it names. Adding partitions to a topic works the same way with
 ``first`` the first new partition, so a failed addition leaves the old ones alone.
 
+Deleting a large topic works the other way round: a marker ``TOPIC.deleting`` (JSON
+``{"version": 1, "topic": ..., "directories": [...]}``) is written durably, the deletion is then
+done as far as anyone can tell, and the directories are removed in the background
+(:func:`finish_deleting`); the next open finishes a removal a stop interrupted.
+
 A marker's name cannot be a partition directory's (those end in ``-`` and digits).
 """
 
@@ -32,11 +37,19 @@ from tidewire.storage.config import LogConfig
 from tidewire.storage.fs import FileSystem, write_atomic
 from tidewire.storage.log import Clock, PartitionLog
 
-__all__ = ["CREATING_SUFFIX", "create_partitions", "remove_half_created"]
+__all__ = [
+    "CREATING_SUFFIX",
+    "DELETING_SUFFIX",
+    "create_partitions",
+    "finish_deleting",
+    "mark_deleting",
+    "remove_half_created",
+]
 
 log = logging.getLogger("tidewire.storage")
 
 CREATING_SUFFIX = ".creating"
+DELETING_SUFFIX = ".deleting"
 #: Partitions created on worker threads at once: each costs two fsyncs (its log.json and its
 #: directory), which a device serves in parallel; beyond about this many threads they queue.
 CREATE_THREADS = 8
@@ -153,9 +166,54 @@ def _undo(fs: FileSystem, data_dir: str, marker: str, made: list[str], why: Base
         )
 
 
+def mark_deleting(fs: FileSystem, data_dir: str, topic: str, directories: list[str]) -> str:
+    """Write, durably, the marker of ``topic``'s deletion; return its path. Blocking."""
+    marker = f"{data_dir}/{topic}{DELETING_SUFFIX}"
+    names = [d.rsplit("/", 1)[-1] for d in directories]
+    body = {"version": 1, "topic": topic, "directories": names}
+    write_atomic(fs, marker, json.dumps(body).encode() + b"\n")
+    return marker
+
+
+def finish_deleting(fs: FileSystem, data_dir: str, marker: str, directories: list[str]) -> None:
+    """Remove the directories of a deletion marked by :func:`mark_deleting`, then the marker.
+    Blocking.
+
+    Raises:
+        OSError: a removal failed (the marker stays: the next open finishes the work).
+    """
+    for directory in directories:
+        if fs.exists(directory):
+            fs.rmtree(directory)
+    fs.sync_dir(data_dir)
+    fs.remove(marker)
+    fs.sync_dir(data_dir)
+
+
+def _finish_deletion_at_open(
+    fs: FileSystem, data_dir: str, name: str, names: list[str]
+) -> set[str]:
+    path = f"{data_dir}/{name}"
+    try:
+        body = json.loads(fs.read_file(path))
+        topic, doomed = str(body["topic"]), [str(n) for n in body["directories"]]
+        if body.get("version") != 1 or f"{topic}{DELETING_SUFFIX}" != name:
+            raise ValueError("unknown layout")
+        if any(n.rsplit("-", 1)[0] != topic for n in doomed):
+            raise ValueError("a directory of another topic")
+    except (ValueError, KeyError, TypeError) as exc:
+        log.error("ignoring unreadable topic deletion marker %s: %s", path, exc)
+        return set()
+    present = set(names)
+    removed = [n for n in doomed if n in present]
+    finish_deleting(fs, data_dir, path, [f"{data_dir}/{n}" for n in removed])
+    log.info("finished deleting %d partition(s) of topic %r", len(removed), topic)
+    return {*removed, name}
+
+
 def remove_half_created(fs: FileSystem, data_dir: str, names: list[str]) -> list[str]:
     """Remove the partitions of every creation a crash interrupted (the markers in ``names``,
-    the data directory's entries), then the markers.
+    the data directory's entries), then the markers; finish every interrupted deletion.
 
     Returns:
         ``names`` without the entries removed.
@@ -165,7 +223,12 @@ def remove_half_created(fs: FileSystem, data_dir: str, names: list[str]) -> list
     """
     gone: set[str] = set()
     for name in names:
-        if name.endswith(CREATING_SUFFIX + ".tmp"):  # a marker never completed: no partitions
+        if name.endswith(DELETING_SUFFIX):
+            gone |= _finish_deletion_at_open(fs, data_dir, name, names)
+            continue
+        if name.endswith(
+            (CREATING_SUFFIX + ".tmp", DELETING_SUFFIX + ".tmp")
+        ):  # a marker never completed: no partitions
             fs.remove(f"{data_dir}/{name}")
             gone.add(name)
             continue

@@ -22,6 +22,7 @@ removed (durably) before the first write. The recovery-point checkpoint is rewri
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -37,7 +38,12 @@ from tidewire.errors import (
     TidewireError,
 )
 from tidewire.storage.config import FsyncPolicy, LogConfig
-from tidewire.storage.creation import create_partitions, remove_half_created
+from tidewire.storage.creation import (
+    create_partitions,
+    finish_deleting,
+    mark_deleting,
+    remove_half_created,
+)
 from tidewire.storage.filecache import CachedFileSystem
 from tidewire.storage.fs import FileSystem, OsFileSystem, write_atomic
 from tidewire.storage.log import Clock, PartitionLog, wall_clock_ms
@@ -54,6 +60,9 @@ LOG_CONFIG_FILE = "log.json"
 MAX_TOPIC_NAME = 200
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]+")
 _PARTITION_DIR_RE = re.compile(r"^([A-Za-z0-9._-]+)-(\d+)$")
+#: Topics of more partitions than this are deleted by a marker, their files removed in the
+#: background (see tidewire.storage.creation); smaller ones before the deletion returns.
+BACKGROUND_DELETE_FROM = 256
 #: Logs closed at once by :meth:`LogManager.close_async` (their fsyncs run in worker threads).
 CLOSE_CONCURRENCY = 8
 #: Partitions per topic: a bound on directories and open files one request can create.
@@ -115,6 +124,8 @@ class LogManager:
         #: Topics whose partitions are being created or deleted on a worker thread: no other
         #: creation or deletion of them may start meanwhile.
         self._busy: set[str] = set()
+        #: Background removals of deleted topics' files, each resolved when it ends.
+        self._removals: set[asyncio.Future[None]] = set()
         self.was_clean = False
         self._opened = False
         self._closed = False
@@ -379,11 +390,58 @@ class LogManager:
             StorageError: a rename or removal failed.
         """
         self._busy.add(topic)
-        fut = asyncio.get_running_loop().run_in_executor(
-            None, self._remove_files, topic, directories
-        )
-        fut.add_done_callback(lambda _: self._busy.discard(topic))
-        await asyncio.shield(fut)
+        loop = asyncio.get_running_loop()
+        if len(directories) <= BACKGROUND_DELETE_FROM:
+            fut = loop.run_in_executor(None, self._remove_files, topic, directories)
+            fut.add_done_callback(lambda _: self._busy.discard(topic))
+            await asyncio.shield(fut)
+            return
+        # Many directories take long to remove (seconds on a busy disk): once the marker is
+        # durable the deletion is done; the files go in the background, and the name is free
+        # again once they are gone.
+        try:
+            marker = await asyncio.shield(
+                loop.run_in_executor(
+                    None, mark_deleting, self.fs, self.data_dir, topic, directories
+                )
+            )
+        except OSError:
+            fut = loop.run_in_executor(None, self._remove_files, topic, directories)
+            fut.add_done_callback(lambda _: self._busy.discard(topic))
+            await asyncio.shield(fut)
+            return
+        done = loop.create_future()
+        self._removals.add(done)
+
+        def finished(ok: bool) -> None:
+            self._removals.discard(done)
+            if ok:  # else the name stays taken: the next open finishes the removal
+                self._busy.discard(topic)
+            if not done.done():
+                done.set_result(None)
+
+        def remove() -> None:
+            ok = True
+            try:
+                finish_deleting(self.fs, self.data_dir, marker, directories)
+            except OSError as exc:
+                ok = False
+                log.error(
+                    "removing the files of deleted topic %r failed: %s; the next start "
+                    "removes them (until then its name cannot be used again)",
+                    topic,
+                    exc,
+                )
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to tell
+                loop.call_soon_threadsafe(finished, ok)
+
+        # A daemon thread: a stop does not wait for it (the next open finishes its work).
+        threading.Thread(target=remove, name=f"tidewire-delete-{topic}", daemon=True).start()
+
+    async def wait_removals(self) -> None:
+        """Return once the files of every topic deleted so far are removed (or failed to be)."""
+        while self._removals:
+            await asyncio.wait(list(self._removals))
 
     def detach_topic(self, topic: str) -> tuple[list[int], list[str]]:
         """The first half of a deletion, on the owner thread: forget ``topic``'s logs and close
