@@ -211,7 +211,9 @@ class TopicConfig(msgspec.Struct, kw_only=True, omit_defaults=True):
     max_message_bytes: int | None = None
 
 
-class PartitionInfo(msgspec.Struct, kw_only=True):
+class PartitionInfo(msgspec.Struct, kw_only=True, gc=False):
+    # gc=False: numbers and a string only (no cycles possible); a metadata answer holds one per
+    # partition, and 10,000 tracked objects would make the collector scan the broker's heap.
     partition: int
     log_start_offset: int
     log_end_offset: int
