@@ -154,6 +154,19 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     _s("broker", "max_wait_ms", "int", "The longest a fetch may wait for data, ms (0..3,600,000)."),
     _s(
+        "broker",
+        "max_open_files",
+        "int",
+        "Log files kept open at once (0: a quarter of the descriptor limit, at most 10,000).",
+    ),
+    _s("broker", "max_partitions", "int", "Partitions of all topics together (>= 1)."),
+    _s(
+        "broker",
+        "fetch_max_bytes",
+        "int",
+        "The most data one fetch answer carries, bytes (1,024..1,073,741,824).",
+    ),
+    _s(
         "log",
         "fsync",
         "fsync",
@@ -178,6 +191,12 @@ SETTINGS: tuple[Setting, ...] = (
     _s("server", "max_connections", "int", "Client connections at once; more are closed."),
     _s("server", "max_frame_bytes", "int", "The longest protocol frame accepted, bytes."),
     _s("server", "max_in_flight", "int", "Requests per connection in flight before reads pause."),
+    _s(
+        "server",
+        "max_unsent_bytes",
+        "int",
+        "Per connection: bytes of fetch answers being read or unsent before fetches wait.",
+    ),
     _s("server", "idle_timeout_s", "float", "Close a connection silent for this long, seconds."),
     _s("server", "frame_timeout_s", "float", "Close a connection whose frame takes this long, s."),
     _s("server", "event_loop", "str", "auto (uvloop when installed), asyncio or uvloop."),

@@ -31,6 +31,7 @@ from tests.broker._support import (
 from tidewire.broker import Broker, FetchResult
 from tidewire.errors import (
     BackpressureError,
+    InvalidConfigError,
     LogClosedError,
     OffsetOutOfRangeError,
 )
@@ -453,3 +454,30 @@ def test_records_round_trip(tmp_path: Path) -> None:
             ]
 
     asyncio.run(main())
+
+
+def test_the_broker_caps_what_one_fetch_carries(tmp_path: Path) -> None:
+    """fetch_max_bytes bounds an answer whatever the fetch asks for; one batch larger than
+    the cap still goes, alone."""
+
+    async def main() -> None:
+        cfg = config(tmp_path, fetch_max_bytes=64 * 1024)
+        async with Broker(cfg) as broker:
+            broker.create_topic("t", 1)
+            for i in range(10):
+                await broker.produce("t", 0, batch([bytes([i]) * 16 * 1024]))
+            big = batch([b"b" * 100 * 1024])
+            await broker.produce("t", 0, big)
+            [r] = await broker.fetch([("t", 0, 0, 1 << 30)], max_bytes=1 << 30)
+            assert 0 < len(r.data) <= 64 * 1024
+            assert r.next_offset == 3
+            [r] = await broker.fetch([("t", 0, 10, 1 << 30)], max_bytes=1 << 30)
+            assert len(r.data) == len(big)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("value", [0, 1023, 2**30 + 1])
+def test_fetch_max_bytes_out_of_range_is_refused(tmp_path: Path, value: int) -> None:
+    with pytest.raises(InvalidConfigError, match=f"fetch_max_bytes={value:,} must be within"):
+        config(tmp_path, fetch_max_bytes=value)

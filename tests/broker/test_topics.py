@@ -298,3 +298,66 @@ def test_alter_config_applies_to_every_partition_and_persists(tmp_path: Path) ->
             assert broker.log("t", 3).config == changed
 
     asyncio.run(main())
+
+
+def test_the_partition_cap_refuses_creations_and_additions_beyond_it(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with Broker(config(tmp_path, max_partitions=10)) as broker:
+            await broker.create_topic_async("a", 6)
+            with pytest.raises(InvalidTopicError, match="5 more partitions would make 11, above"):
+                await broker.create_topic_async("b", 5)
+            with pytest.raises(InvalidTopicError, match="max_partitions=10"):
+                broker.alter_topic("a", partitions=11)
+            with pytest.raises(InvalidTopicError, match="5 more partitions would make 11"):
+                await broker.alter_topic_async("a", partitions=11)
+            await broker.alter_topic_async("a", partitions=10)
+            assert broker.topics() == {"a": 10}
+
+    asyncio.run(main())
+
+
+def test_large_creations_and_deletions_run_off_the_event_loop(tmp_path: Path) -> None:
+    """While a topic of 300 partitions is created and deleted, the loop keeps turning."""
+
+    async def main() -> None:
+        async with Broker(config(tmp_path)) as broker:
+            turns = 0
+            stop = asyncio.Event()
+
+            async def tick() -> None:
+                nonlocal turns
+                while not stop.is_set():
+                    turns += 1
+                    await asyncio.sleep(0)
+
+            ticker = asyncio.create_task(tick())
+            assert await broker.create_topic_async("wide", 300) == 300
+            created_turns = turns
+            assert broker.topics() == {"wide": 300}
+            assert broker.describe("wide")[299].partition == 299
+            await broker.delete_topic_async("wide")
+            assert broker.topics() == {}
+            with pytest.raises(TopicExistsError, match="being created or deleted"):
+                await broker.create_topic_async("wide", 2)  # its files are being removed
+            await broker.logs.wait_removals()
+            stop.set()
+            await ticker
+            assert created_turns > 10  # the loop ran while the files were made
+            assert turns > created_turns + 10  # ... and while they were removed
+            assert not [n for n in os.listdir(tmp_path / "data") if n.startswith("wide")]
+            assert await broker.create_topic_async("wide", 2) == 2
+
+    asyncio.run(main())
+
+
+def test_the_descriptor_limit_and_use_are_logged_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        async with Broker(config(tmp_path)) as broker:
+            assert broker.max_open_files >= 32
+
+    with caplog.at_level("INFO", logger="tidewire.broker"):
+        asyncio.run(main())
+    assert "descriptors: limit" in caplog.text
+    assert "log files keep at most" in caplog.text

@@ -4,7 +4,9 @@ bounds).
 
 Run as ``python -m tests.server._serve_process DATA_DIR SERVER_CONFIG_JSON``: the JSON object
 holds :class:`~tidewire.server.ServerConfig` fields. Topics are never created on a first
-publish (a mutated topic name must not create one). The first line on stdout is
+publish (a mutated topic name must not create one). With ``TIDEWIRE_TEST_NOFILE=N`` in the
+environment the process first sets its descriptor limit (soft and hard) to N, as
+``ulimit -n N`` would. The first line on stdout is
 ``listening on 127.0.0.1:PORT``; SIGTERM or SIGINT stops it cleanly. Warnings and errors go to
 stderr.
 """
@@ -14,12 +16,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import resource
 import signal
 import sys
 
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.server import ServerConfig, TcpServer
 
+#: The environment variable of a descriptor limit to run under.
+NOFILE_ENV = "TIDEWIRE_TEST_NOFILE"
 #: How long in-flight requests may take to finish at the end (s).
 STOP_GRACE_S = 5.0
 
@@ -40,6 +46,9 @@ async def serve(data_dir: str, server_config: ServerConfig) -> None:
 
 def main(argv: list[str]) -> None:
     data_dir, settings = argv
+    if os.environ.get(NOFILE_ENV):
+        limit = int(os.environ[NOFILE_ENV])
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
     config = ServerConfig(**{"host": "127.0.0.1", "port": 0, **json.loads(settings)})
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -34,6 +34,7 @@ from tidewire.errors import (
 )
 from tidewire.records import BatchBuilder, Codec, iter_batches, iter_records
 from tidewire.storage import FaultFS, FileSystem, FsyncPolicy, LogConfig, OsFileSystem, PartitionLog
+from tidewire.storage.filecache import CachedFileSystem
 from tidewire.storage.segment import PREFIX
 
 #: The clock every test starts at (ms since the epoch); record timestamps sit around it.
@@ -196,10 +197,12 @@ def policy(request: pytest.FixtureRequest) -> FsyncPolicy:
     return p
 
 
-@pytest.fixture(params=["osfs", "faultfs"])
+@pytest.fixture(params=["osfs", "faultfs", "osfs-2-open"])
 def h(request: pytest.FixtureRequest, tmp_path: Path, policy: FsyncPolicy) -> Harness:
     if request.param == "osfs":
         return Harness(OsFileSystem(), str(tmp_path / "topic-0"), policy)
+    if request.param == "osfs-2-open":  # two descriptors at most: closed and reopened always
+        return Harness(CachedFileSystem(OsFileSystem(), 2), str(tmp_path / "topic-0"), policy)
     return Harness(FaultFS(), "/data/topic-0", policy)
 
 

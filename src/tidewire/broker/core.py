@@ -42,6 +42,7 @@ from tidewire.errors import (
     InvalidConfigError,
     InvalidRequestError,
     InvalidTopicError,
+    LogExistsError,
     LogNotFoundError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
@@ -57,6 +58,7 @@ from tidewire.errors import (
 from tidewire.records import BatchHeader, iter_batches
 from tidewire.storage import FsyncPolicy, LogConfig, LogManager, PartitionLog
 from tidewire.storage.damage import Damage
+from tidewire.storage.filecache import open_descriptors, raise_descriptor_limit
 from tidewire.storage.fs import write_atomic
 from tidewire.storage.log import check_appendable
 from tidewire.storage.manager import MAX_PARTITION, validate_topic_name
@@ -81,6 +83,19 @@ MAX_RELEASED_WRITERS = 100_000
 #: Writer ids in one release, and partitions in one producer-state question.
 MAX_WRITERS_PER_RELEASE = 10_000
 MAX_PARTITIONS_PER_STATE = 10_000
+#: Partitions of all topics together, by default: each costs memory (its indexes, its state)
+#: and a directory; 100,000 is ten times what the benchmark measures (docs/storage.md).
+DEFAULT_MAX_PARTITIONS = 100_000
+#: Log files kept open at most when max_open_files is 0 (a quarter of the descriptor limit
+#: otherwise): enough for the active segment of 10,000 busy partitions.
+MAX_DEFAULT_OPEN_FILES = 10_000
+#: ... and at least: below that, reopening would be constant.
+MIN_OPEN_FILES = 32
+#: What one fetch answer carries at most by default: the clients' own default request size;
+#: larger answers buy little throughput, while each is held in memory whole until sent.
+DEFAULT_FETCH_MAX_BYTES = 16 * 1024 * 1024
+#: The highest fetch_max_bytes allowed: a frame's length is an int32.
+MAX_FETCH_MAX_BYTES = 1024 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +111,19 @@ class BrokerConfig:
         max_fetch_waiters: long-poll fetches waiting at once; more are refused with
             :class:`~tidewire.errors.BackpressureError`.
         max_wait_ms: the longest a fetch may wait for data.
+        fetch_max_bytes: the most data one fetch answer carries, whatever it asks for (one
+            batch larger than that is still sent whole, alone). Each answer is held in memory
+            whole until it is sent, so this bounds what one request can make the broker hold.
         producer_expiration_ms: an idempotent producer that has not written to a partition
             for this long is forgotten there (its next batch may start at any sequence).
         producer_snapshot_interval_ms: how often the state of idempotent producers is
             snapshotted (it is also snapshotted at a clean shutdown), which bounds how much
             of each log a start after a crash reads to rebuild it.
         groups: the consumer group coordinator's bounds.
+        max_open_files: log files (segments) kept open at once; idle ones are closed and
+            opened again when used. 0: a quarter of the descriptor limit, at most
+            :data:`MAX_DEFAULT_OPEN_FILES`.
+        max_partitions: partitions of all topics together; a creation beyond is refused.
     """
 
     data_dir: str
@@ -110,11 +132,20 @@ class BrokerConfig:
     log: LogConfig = field(default_factory=LogConfig)
     max_fetch_waiters: int = 10_000
     max_wait_ms: int = 30_000
+    fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES
     producer_expiration_ms: int = 7 * 24 * 3600 * 1000
     producer_snapshot_interval_ms: int = 60_000
     groups: GroupConfig = field(default_factory=GroupConfig)
+    max_open_files: int = 0
+    max_partitions: int = DEFAULT_MAX_PARTITIONS
 
     def __post_init__(self) -> None:
+        if self.max_open_files < 0:
+            raise InvalidConfigError(
+                f"max_open_files={self.max_open_files} must be >= 0 (0: from the descriptor limit)"
+            )
+        if self.max_partitions < 1:
+            raise InvalidConfigError(f"max_partitions={self.max_partitions} must be >= 1")
         if not 1 <= self.default_partitions <= MAX_PARTITION:
             raise InvalidConfigError(
                 f"default_partitions={self.default_partitions} must be within 1..{MAX_PARTITION:,}"
@@ -123,6 +154,11 @@ class BrokerConfig:
             raise InvalidConfigError("max_fetch_waiters must be >= 1")
         if not 0 <= self.max_wait_ms <= 3_600_000:
             raise InvalidConfigError(f"max_wait_ms={self.max_wait_ms} must be within 0..3,600,000")
+        if not 1024 <= self.fetch_max_bytes <= MAX_FETCH_MAX_BYTES:
+            raise InvalidConfigError(
+                f"fetch_max_bytes={self.fetch_max_bytes:,} must be within "
+                f"1,024..{MAX_FETCH_MAX_BYTES:,}"
+            )
         if self.producer_expiration_ms < 1:
             raise InvalidConfigError("producer_expiration_ms must be >= 1")
         if self.producer_snapshot_interval_ms < 1:
@@ -219,7 +255,14 @@ class Broker:
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.logs = LogManager(config.data_dir, default_config=config.log)
+        self.descriptors_before, self.descriptor_limit = raise_descriptor_limit()
+        #: The log files kept open at most (see BrokerConfig.max_open_files).
+        self.max_open_files = config.max_open_files or max(
+            MIN_OPEN_FILES, min(MAX_DEFAULT_OPEN_FILES, self.descriptor_limit // 4)
+        )
+        self.logs = LogManager(
+            config.data_dir, default_config=config.log, max_open_files=self.max_open_files
+        )
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
         self._n_waiters = 0
         self._closing = False
@@ -241,6 +284,18 @@ class Broker:
     async def start(self) -> None:
         """Open the data directory (recovering it) and start the background work."""
         self.logs.open()
+        raised = (
+            f" (raised from {self.descriptors_before:,})"
+            if self.descriptors_before < self.descriptor_limit
+            else ""
+        )
+        log.info(
+            "descriptors: limit %s%s, %s open; log files keep at most %s open",
+            f"{self.descriptor_limit:,}",
+            raised,
+            open_descriptors(),
+            f"{self.max_open_files:,}",
+        )
         try:
             self._load_producers()
             offsets = OffsetStore(self.logs)
@@ -309,9 +364,10 @@ class Broker:
 
     def topics(self) -> dict[str, int]:
         """Topic name -> partition count (the broker's internal topics left out)."""
+        logs = self.logs
         return {
-            name: len(parts)
-            for name, parts in self.logs.topics().items()
+            name: logs.partition_count(name)
+            for name in logs.topic_names()
             if not is_internal_topic(name)
         }
 
@@ -330,6 +386,38 @@ class Broker:
             TopicExistsError: it exists.
             StorageError: its directories cannot be created.
         """
+        n = self._check_new_topic(name, partitions)
+        try:
+            self.logs.create_topic(name, range(n), config or self.config.log)
+        except LogExistsError as exc:
+            raise TopicExistsError(exc.message) from None
+        log.info("created topic %s with %d partition(s)", name, n)
+        self._topics_changed()
+        return n
+
+    async def create_topic_async(
+        self, name: str, partitions: int | None = None, config: LogConfig | None = None
+    ) -> int:
+        """:meth:`create_topic`, with the file work (two fsyncs per partition, four more per
+        creation) on worker threads, so that no creation stalls the other clients. Raises what
+        :meth:`create_topic` raises."""
+        n = self._check_new_topic(name, partitions)
+        started = time.monotonic()
+        try:
+            await self.logs.create_topic_async(name, range(n), config or self.config.log)
+        except LogExistsError as exc:
+            raise TopicExistsError(exc.message) from None
+        log.info(
+            "created topic %s with %d partition(s) in %.2f s",
+            name,
+            n,
+            time.monotonic() - started,
+        )
+        self._topics_changed()
+        return n
+
+    def _check_new_topic(self, name: str, partitions: int | None) -> int:
+        """The partition count of a topic ``name`` about to be created, checked."""
         try:
             validate_topic_name(name)
         except InvalidConfigError as exc:
@@ -338,14 +426,18 @@ class Broker:
         n = self.config.default_partitions if partitions is None else partitions
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_PARTITION:
             raise InvalidTopicError(f"partitions={n!r} must be within 1..{MAX_PARTITION:,}")
-        if name in self.logs.topics():
+        if self.logs.partition_count(name):
             raise TopicExistsError(f"topic {name!r} exists already")
-        cfg = config or self.config.log
-        for p in range(n):
-            self.logs.create_log(name, p, cfg)
-        log.info("created topic %s with %d partition(s)", name, n)
-        self._topics_changed()
+        self._check_partition_cap(n)
         return n
+
+    def _check_partition_cap(self, more: int) -> None:
+        have = len(self.logs.logs)
+        if have + more > self.config.max_partitions:
+            raise InvalidTopicError(
+                f"{more:,} more partitions would make {have + more:,}, above "
+                f"max_partitions={self.config.max_partitions:,}"
+            )
 
     def ensure_topic(self, name: str) -> None:
         """Create ``name`` as a first publish would (the default partition count and log
@@ -376,6 +468,25 @@ class Broker:
             parts = self.logs.delete_topic(name)
         except LogNotFoundError:
             raise UnknownTopicError(f"topic {name!r} does not exist") from None
+        except LogExistsError as exc:  # being created or deleted
+            raise TopicExistsError(exc.message) from None
+        self._topic_deleted(name, parts)
+
+    async def delete_topic_async(self, name: str) -> None:
+        """:meth:`delete_topic`, with the file work on a worker thread. Raises what
+        :meth:`delete_topic` raises."""
+        _refuse_internal(name)
+        try:
+            # Gone for every reader and writer at once; the files follow on a worker thread.
+            parts, directories = self.logs.detach_topic(name)
+        except LogNotFoundError:
+            raise UnknownTopicError(f"topic {name!r} does not exist") from None
+        except LogExistsError as exc:
+            raise TopicExistsError(exc.message) from None
+        self._topic_deleted(name, parts)
+        await self.logs.remove_files_async(name, directories)
+
+    def _topic_deleted(self, name: str, parts: Sequence[int]) -> None:
         for p in parts:
             self._wake(name, p)
             self._producers.pop((name, p), None)
@@ -397,21 +508,49 @@ class Broker:
                 f"partitions={partitions} must be within {current}..{MAX_PARTITION:,}: "
                 "a topic can gain partitions but not lose them"
             )
+        if partitions is not None:
+            self._check_partition_cap(partitions - current)
         if config is not None:
             for p in range(current):
                 self.logs.set_config(name, p, config)
-        if partitions is not None:
+        if partitions is not None and partitions > current:
             cfg = config or self.log(name, 0).config
-            for p in range(current, partitions):
-                self.logs.create_log(name, p, cfg)
+            try:
+                self.logs.create_topic(name, range(current, partitions), cfg)
+            except LogExistsError as exc:
+                raise TopicExistsError(exc.message) from None
             self._topics_changed()
+
+    async def alter_topic_async(
+        self, name: str, *, partitions: int | None = None, config: LogConfig | None = None
+    ) -> None:
+        """:meth:`alter_topic`, with the new partitions' files made on worker threads. Raises
+        what :meth:`alter_topic` raises."""
+        current = self.partition_count(name)
+        if partitions is None or partitions <= current:
+            self.alter_topic(name, partitions=partitions, config=config)
+            return
+        _refuse_internal(name)
+        if partitions > MAX_PARTITION:
+            raise InvalidTopicError(
+                f"partitions={partitions} must be within {current}..{MAX_PARTITION:,}: "
+                "a topic can gain partitions but not lose them"
+            )
+        self._check_partition_cap(partitions - current)
+        self.alter_topic(name, config=config)  # the settings first, as alter_topic does
+        cfg = config or self.log(name, 0).config
+        try:
+            await self.logs.create_topic_async(name, range(current, partitions), cfg)
+        except LogExistsError as exc:
+            raise TopicExistsError(exc.message) from None
+        self._topics_changed()
 
     def partition_count(self, name: str) -> int:
         """Raises UnknownTopicError if ``name`` is not a topic."""
-        parts = self.logs.topics().get(name)
-        if not parts:
+        n = self.logs.partition_count(name)
+        if not n:
             raise UnknownTopicError(f"topic {name!r} does not exist")
-        return len(parts)
+        return n
 
     def log(self, topic: str, partition: int) -> PartitionLog:
         """The log of one partition.
@@ -1001,13 +1140,15 @@ class Broker:
             max_wait_ms: long-poll: how long to wait when less than ``min_bytes`` is there
                 (capped by the broker's ``max_wait_ms``).
             min_bytes: return at once when at least this much is there.
-            max_bytes: budget of the whole response (at least one batch is returned).
+            max_bytes: budget of the whole response (at least one batch is returned), at most
+                the broker's ``fetch_max_bytes``.
 
         Raises:
             UnknownTopicError, UnknownPartitionError, OffsetOutOfRangeError,
             PartitionCorruptError: for the first partition that fails.
             BackpressureError: too many fetches are waiting.
         """
+        max_bytes = min(max_bytes, self.config.fetch_max_bytes)
         results = self._read(wants, max_bytes)
         wait = min(max_wait_ms, self.config.max_wait_ms) / 1000
         if wait <= 0 or self._closing or sum(len(r.data) for r in results) >= min_bytes:

@@ -111,6 +111,16 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    max_open_files: Annotated[
+        int | None,
+        typer.Option(help="Log files kept open at once (0: from the descriptor limit)."),
+    ] = None,
+    max_partitions: Annotated[
+        int | None, typer.Option(help="Partitions of all topics together.")
+    ] = None,
+    fetch_max_bytes: Annotated[
+        int | None, typer.Option(help="The most data one fetch answer carries (bytes).")
+    ] = None,
     fsync: Annotated[
         FsyncPolicy | None,
         typer.Option(
@@ -198,6 +208,10 @@ def serve(
             help=_help("max_in_flight", "Requests per connection before reads pause."),
             show_default=False,
         ),
+    ] = None,
+    max_unsent_bytes: Annotated[
+        int | None,
+        typer.Option(help="Per connection: bytes of fetch answers unsent before fetches wait."),
     ] = None,
     idle_timeout_s: Annotated[
         float | None,
@@ -306,6 +320,9 @@ def serve(
         "auto_create_topics": auto_create_topics,
         "max_fetch_waiters": max_fetch_waiters,
         "max_wait_ms": max_wait_ms,
+        "max_open_files": max_open_files,
+        "max_partitions": max_partitions,
+        "fetch_max_bytes": fetch_max_bytes,
         "fsync": fsync,
         "flush_interval_ms": flush_interval_ms,
         "segment_bytes": segment_bytes,
@@ -319,6 +336,7 @@ def serve(
         "max_connections": max_connections,
         "max_frame_bytes": max_frame_bytes,
         "max_in_flight": max_in_flight,
+        "max_unsent_bytes": max_unsent_bytes,
         "idle_timeout_s": idle_timeout_s,
         "frame_timeout_s": frame_timeout_s,
         "drain_timeout_s": drain_timeout_s,

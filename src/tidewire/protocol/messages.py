@@ -254,7 +254,9 @@ class DamageInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     quarantined: str = ""
 
 
-class PartitionInfo(msgspec.Struct, kw_only=True):
+class PartitionInfo(msgspec.Struct, kw_only=True, gc=False):
+    # gc=False: numbers and a string only (no cycles possible); a metadata answer holds one per
+    # partition, and 10,000 tracked objects would make the collector scan the broker's heap.
     partition: int
     log_start_offset: int
     log_end_offset: int

@@ -260,7 +260,9 @@ async def metadata(b: Broker, s: ServerInfo, req: MetadataRequest, _: memoryview
 
 async def create_topic(b: Broker, s: ServerInfo, req: CreateTopicRequest, _: memoryview) -> Reply:
     try:
-        b.create_topic(req.name, req.partitions, _to_log_config(b.config.log, req.config))
+        await b.create_topic_async(
+            req.name, req.partitions, _to_log_config(b.config.log, req.config)
+        )
     except TidewireError as exc:
         return CreateTopicResponse(**_err(exc)), []
     return CreateTopicResponse(), []
@@ -268,7 +270,7 @@ async def create_topic(b: Broker, s: ServerInfo, req: CreateTopicRequest, _: mem
 
 async def delete_topic(b: Broker, s: ServerInfo, req: DeleteTopicRequest, _: memoryview) -> Reply:
     try:
-        b.delete_topic(req.name)
+        await b.delete_topic_async(req.name)
     except TidewireError as exc:
         return DeleteTopicResponse(**_err(exc)), []
     return DeleteTopicResponse(), []
@@ -291,7 +293,7 @@ async def alter_topic(b: Broker, s: ServerInfo, req: AlterTopicRequest, _: memor
     try:
         current = b.topic_config(req.name)
         changed = req.config != TopicConfig()
-        b.alter_topic(
+        await b.alter_topic_async(
             req.name,
             partitions=req.partitions,
             config=_to_log_config(current, req.config) if changed else None,

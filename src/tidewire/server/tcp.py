@@ -4,9 +4,19 @@ One :class:`TcpServer` accepts connections; each connection drives a sans-IO
 :class:`~tidewire.protocol.Connection` and runs one task per request (requests on one
 connection are answered in any order, matched by correlation id). Bounds:
 
-- ``max_connections``: beyond it a new connection is closed at once;
+- ``max_connections``: beyond it a new connection is closed at once. Each connection holds a
+  descriptor: at start the server checks that ``max_connections``, the broker's log files
+  (``max_open_files``) and :data:`RESERVED_DESCRIPTORS` fit under the descriptor limit. A
+  ``max_connections`` left at its default is lowered to fit (with a warning); one set
+  explicitly above it is refused, naming the numbers;
 - the connection's ``max_in_flight``: beyond it the socket is not read until a response is
   sent, so a client that pipelines without limit fills only its own buffers;
+- ``max_unsent_bytes``: the answers a connection's fetches may hold, written but not yet taken
+  by the client, plus those being read for it (each counted at its ``max_bytes``, capped by
+  the broker's ``fetch_max_bytes``); a fetch that would pass it waits until the client has
+  taken enough, and meanwhile (the write buffer being full) nothing more is read from it, as
+  push subscriptions wait for credit. So a client that pipelines big fetches and never reads
+  the answers costs the broker about this much, not its in-flight count times the answers;
 - ``max_frame_bytes``: a longer frame closes that connection (with an error frame);
 - ``idle_timeout_s``: a connection that sends nothing for that long is closed;
 - ``max_subscriptions``: push subscriptions one connection may hold (see ``push.py``); a
@@ -41,6 +51,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from tidewire.broker import Broker
+from tidewire.broker.core import DEFAULT_FETCH_MAX_BYTES
 from tidewire.errors import (
     InvalidConfigError,
     ProtocolError,
@@ -59,7 +70,7 @@ from tidewire.protocol import (
     Role,
 )
 from tidewire.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Buffer
-from tidewire.protocol.messages import ApiKey, SubscribeResponse
+from tidewire.protocol.messages import ApiKey, FetchRequest, SubscribeResponse
 from tidewire.server.handlers import HANDLERS, ServerInfo
 from tidewire.server.push import MAX_SUBSCRIPTIONS, PUSH_APIS, Subscriptions
 
@@ -92,6 +103,13 @@ def loop_factory(event_loop: str) -> tuple[str, Callable[[], asyncio.AbstractEve
     return "asyncio", asyncio.new_event_loop
 
 
+#: The default of max_connections.
+DEFAULT_MAX_CONNECTIONS = 10_000
+#: Descriptors kept for what is neither a client connection nor a log file: the standard
+#: streams, the event loop, listening sockets, checkpoint and index files being written,
+#: worker threads' files, the HTTP gateway's own connections beyond a handful (see http.md).
+RESERVED_DESCRIPTORS = 64
+
 #: SO_LINGER on, with a timeout of 0: closing the socket sends a RST and drops what is unsent.
 _LINGER_OFF = struct.pack("ii", 1, 0)
 #: The default of :attr:`ServerConfig.drain_timeout_s` (seconds): long-polls and streams are
@@ -117,12 +135,15 @@ class ServerConfig:
 
     host: str = "127.0.0.1"
     port: int = 7400
-    max_connections: int = 10_000
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_in_flight: int = 256
     idle_timeout_s: float = 600.0
     frame_timeout_s: float = 30.0
     max_subscriptions: int = MAX_SUBSCRIPTIONS
+    #: Per connection: bytes of fetch answers unsent or being read (see the module docstring).
+    #: Four answers of the default fetch_max_bytes: enough to keep a reading client's pipe full.
+    max_unsent_bytes: int = 4 * DEFAULT_FETCH_MAX_BYTES
     #: ``auto``: uvloop when it is installed, else asyncio's own loop; or ``asyncio``, ``uvloop``.
     event_loop: str = "auto"
     #: How long a drain (SIGTERM) lets requests in flight finish before cutting them (s;
@@ -147,6 +168,10 @@ class ServerConfig:
             f"max_frame_bytes={self.max_frame_bytes:,} must be within 1,024..2,147,483,647",
         )
         need(self.max_in_flight >= 1, f"max_in_flight={self.max_in_flight} must be >= 1")
+        need(
+            self.max_unsent_bytes >= 1024,
+            f"max_unsent_bytes={self.max_unsent_bytes:,} must be >= 1,024",
+        )
         need(
             self.max_subscriptions >= 0,
             f"max_subscriptions={self.max_subscriptions} must be >= 0",
@@ -181,6 +206,10 @@ class _ClientProtocol(asyncio.Protocol):
         self._frame_started: float | None = None  # loop time the pending frame began
         self._reset_timer: asyncio.TimerHandle | None = None  # armed once closing
         self._lost = False
+        #: Bytes of fetch answers being read (counted at their most), under max_unsent_bytes
+        #: together with the write buffer; fetches wait on ``_output_waiters`` beyond it.
+        self.reserved = 0
+        self._output_waiters: list[asyncio.Future[None]] = []
         #: Set while the socket's write buffer is below its high-water mark: push
         #: subscriptions send only then.
         self.writable = asyncio.Event()
@@ -199,7 +228,7 @@ class _ClientProtocol(asyncio.Protocol):
         # A stream transport (uvloop's is not a subclass of asyncio.Transport, but it has
         # every method of one).
         self.transport = cast(asyncio.Transport, transport)
-        if len(self.server.connections) >= self.server.config.max_connections:
+        if len(self.server.connections) >= self.server.max_connections:
             log.warning("refusing a connection: max_connections reached")
             self.transport.abort()
             return
@@ -233,6 +262,7 @@ class _ClientProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.write_paused = False
         self.writable.set()
+        self._wake_output_waiters()
         self._update_reading()
         self._process()
 
@@ -309,16 +339,53 @@ class _ClientProtocol(asyncio.Protocol):
             err: TidewireError = UnknownApiError(f"{name} is not implemented by this broker")
             self._write(self.conn.send_error(ev.correlation_id, err))
             return
+        size = 0
+        if isinstance(ev.body, FetchRequest):
+            size = max(min(ev.body.max_bytes, self.server.broker.config.fetch_max_bytes), 0)
+            await self._reserve_output(size)
         try:
             body, data = await handler(self.server.broker, self.server.info, ev.body, ev.data)
         except TidewireError as exc:
             self._write(self.conn.send_error(ev.correlation_id, exc))
             return
+        finally:
+            # The answer is in the write buffer from here on (counted there), or there is none.
+            self._release_output(size)
         if body is None:
             self.conn.discard(ev.correlation_id)
             self._after_response()
             return
         self._write(self.conn.send_response(ev.correlation_id, body, data))
+
+    def _unsent(self) -> int:
+        t = self.transport
+        buffered = t.get_write_buffer_size() if t is not None and not t.is_closing() else 0
+        return self.reserved + buffered
+
+    async def _reserve_output(self, size: int) -> None:
+        """Wait until an answer of ``size`` bytes fits under ``max_unsent_bytes`` (at once if
+        nothing is unsent: one answer always goes), then count it."""
+        bound = self.server.config.max_unsent_bytes
+        while (unsent := self._unsent()) > 0 and unsent + size > bound:
+            fut = asyncio.get_running_loop().create_future()
+            self._output_waiters.append(fut)
+            try:
+                await fut
+            finally:
+                if fut in self._output_waiters:
+                    self._output_waiters.remove(fut)
+        self.reserved += size
+
+    def _release_output(self, size: int) -> None:
+        if size:
+            self.reserved -= size
+            self._wake_output_waiters()
+
+    def _wake_output_waiters(self) -> None:
+        waiters, self._output_waiters = self._output_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
@@ -473,6 +540,34 @@ class TcpServer:
         #: Set whenever the last connection closes.
         self.all_closed = asyncio.Event()
 
+        #: max_connections as the descriptor limit allows (see :meth:`start`).
+        self.max_connections = self.config.max_connections
+
+    def _fit_connections(self) -> None:
+        """Check max_connections against the descriptor limit (see the module docstring).
+
+        Raises:
+            InvalidConfigError: it was set explicitly above what the limit allows.
+        """
+        limit = self.broker.descriptor_limit
+        files = self.broker.max_open_files
+        allowed = max(limit - files - RESERVED_DESCRIPTORS, 1)
+        wanted = self.config.max_connections
+        if wanted <= allowed:
+            return
+        why = (
+            f"the descriptor limit is {limit:,}, of which {files:,} are kept for log files "
+            f"(max_open_files) and {RESERVED_DESCRIPTORS} for the broker itself"
+        )
+        if wanted != DEFAULT_MAX_CONNECTIONS:
+            raise InvalidConfigError(
+                f"max_connections={wanted:,} needs as many descriptors, but {why}: at most "
+                f"{allowed:,} connections fit (raise the limit, ulimit -n, or lower "
+                "max_connections or max_open_files)"
+            )
+        log.warning("max_connections lowered from %s to %s: %s", f"{wanted:,}", f"{allowed:,}", why)
+        self.max_connections = allowed
+
     @property
     def port(self) -> int:
         """The port listened on (the real one when the configured port was 0)."""
@@ -481,7 +576,12 @@ class TcpServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
-        """Start listening."""
+        """Start listening.
+
+        Raises:
+            InvalidConfigError: max_connections does not fit under the descriptor limit.
+        """
+        self._fit_connections()
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: _ClientProtocol(self), self.config.host, self.config.port

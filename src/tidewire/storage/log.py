@@ -356,8 +356,10 @@ class PartitionLog:
                 seg.file.sync()
                 seg.synced_size = seg.size
         # A segment file created just before a crash may be adopted with its directory entry
-        # not yet durable: one directory sync makes everything recovered count.
-        self._sync_dir_now()
+        # not yet durable: one directory sync makes everything recovered count. (After a
+        # clean shutdown every entry was synced by the last flush.)
+        if not clean or report.scanned_segments or report.removed_files:
+            self._sync_dir_now()
         self._flushed = self.log_end_offset
         if self._flushed < recovery_point:
             report.below_recovery_point = recovery_point
@@ -1392,9 +1394,31 @@ class PartitionLog:
     # --- closing --------------------------------------------------------------------------------
 
     async def close_async(self) -> None:
-        """Wait for a running flush, flush everything, persist every index, close."""
+        """Wait for a running flush, flush everything and persist every index (in a worker
+        thread, so that many logs closing at once fsync in parallel), close.
+
+        Raises:
+            StorageError: the final flush failed (files are closed all the same).
+        """
         await self.wait_idle()
-        self.close()
+        if self._closed:
+            return
+        self._drain_writes()
+        if self._failed is None:
+            for seg in self._segments:
+                seg.sealed = True  # so the flush writes every segment's indexes
+            plan = self._flush_plan()
+            error: OSError | None = None
+            try:
+                await asyncio.to_thread(self._flush_io, plan)
+            except OSError as exc:
+                error = exc
+            self._flush_done(plan, error, report=False)
+            if error is not None:
+                self.close()
+                assert self._failed is not None
+                raise self._failed
+        self.close()  # what is left to flush: nothing, unless appended meanwhile
 
     async def wait_idle(self) -> None:
         """Return once no flush is running."""

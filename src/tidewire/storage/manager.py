@@ -12,6 +12,7 @@ Layout::
         00000000000000000000.index
         00000000000000000000.timeindex
       TOPIC-P.<hex>-delete/                a deleted partition awaiting removal
+      TOPIC.creating                       a topic creation under way (tidewire.storage.creation)
 
 Every metadata file is written atomically (temp, write, fsync, rename, fsync dir). On open,
 the clean-shutdown marker lets every log trust its intact indexes and skip the scan; it is
@@ -29,6 +30,7 @@ two brokers appending to one log would overwrite each other's acknowledged messa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -46,6 +48,13 @@ from tidewire.errors import (
     TidewireError,
 )
 from tidewire.storage.config import FsyncPolicy, LogConfig
+from tidewire.storage.creation import (
+    create_partitions,
+    finish_deleting,
+    mark_deleting,
+    remove_half_created,
+)
+from tidewire.storage.filecache import CachedFileSystem
 from tidewire.storage.fs import FileLock, FileSystem, LockHeldError, OsFileSystem, write_atomic
 from tidewire.storage.log import Clock, PartitionLog, describe_os_error, wall_clock_ms
 
@@ -62,6 +71,11 @@ LOG_CONFIG_FILE = "log.json"
 MAX_TOPIC_NAME = 200
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]+")
 _PARTITION_DIR_RE = re.compile(r"^([A-Za-z0-9._-]+)-(\d+)$")
+#: Topics of more partitions than this are deleted by a marker, their files removed in the
+#: background (see tidewire.storage.creation); smaller ones before the deletion returns.
+BACKGROUND_DELETE_FROM = 256
+#: Logs closed at once by :meth:`LogManager.close_async` (their fsyncs run in worker threads).
+CLOSE_CONCURRENCY = 8
 #: Partitions per topic: a bound on directories and open files one request can create.
 MAX_PARTITION = 100_000
 
@@ -91,6 +105,9 @@ class LogManager:
         clock: milliseconds since the epoch (retention, rolling by age).
         checkpoint_interval_ms: how often :meth:`run` rewrites the recovery checkpoint.
         retention_check_interval_ms: how often :meth:`run` applies retention.
+        max_open_files: keep at most this many of the logs' files open at once (see
+            :mod:`tidewire.storage.filecache`); ``None``: no bound (one descriptor per
+            segment).
     """
 
     def __init__(
@@ -102,9 +119,12 @@ class LogManager:
         clock: Clock = wall_clock_ms,
         checkpoint_interval_ms: int = 1000,
         retention_check_interval_ms: int = 60_000,
+        max_open_files: int | None = None,
     ) -> None:
         self.data_dir = data_dir.rstrip("/") or "/"
         self.fs: FileSystem = fs or OsFileSystem()
+        if max_open_files is not None:
+            self.fs = CachedFileSystem(self.fs, max_open_files)
         self.default_config = default_config or LogConfig()
         self.clock = clock
         self.checkpoint_interval_ms = checkpoint_interval_ms
@@ -115,6 +135,13 @@ class LogManager:
         self.offline: dict[tuple[str, int], str] = {}
         #: The recovery points of offline partitions, kept in the checkpoint as they were.
         self._offline_points: dict[str, int] = {}
+        #: topic -> its partitions: answers "which partitions" without scanning every log.
+        self._parts: dict[str, set[int]] = {}
+        #: Topics whose partitions are being created or deleted on a worker thread: no other
+        #: creation or deletion of them may start meanwhile.
+        self._busy: set[str] = set()
+        #: Background removals of deleted topics' files, each resolved when it ends.
+        self._removals: set[asyncio.Future[None]] = set()
         self.was_clean = False
         self._opened = False
         self._closed = False
@@ -142,6 +169,7 @@ class LogManager:
             names = [n for n in fs.listdir(d) if n != LOCK_FILE]
             self.was_clean = CLEAN_SHUTDOWN_FILE in names
             points = self._read_recovery_points() if RECOVERY_CHECKPOINT_FILE in names else {}
+            names = remove_half_created(fs, d, names)
             for name in names:
                 if name.endswith("-delete"):
                     fs.rmtree(f"{d}/{name}")
@@ -172,6 +200,7 @@ class LogManager:
                     clock=self.clock,
                 )
                 self.logs[(topic, partition)].on_truncate = self._after_truncate
+                self._parts.setdefault(topic, set()).add(partition)
             if self.was_clean:
                 fs.remove(f"{d}/{CLEAN_SHUTDOWN_FILE}")
             fs.sync_dir(d)
@@ -251,31 +280,109 @@ class LogManager:
             LogExistsError: it exists.
             StorageError: the directory or its files cannot be created.
         """
-        self._check_open()
-        validate_topic_name(topic)
         if isinstance(partition, bool) or not isinstance(partition, int):
             raise InvalidConfigError(f"partition must be an integer, got {partition!r}")
         if not 0 <= partition < MAX_PARTITION:
             raise InvalidConfigError(f"partition {partition} must be within 0..{MAX_PARTITION - 1}")
-        key = (topic, partition)
-        if key in self.logs or key in self.offline:
-            raise LogExistsError(f"log {topic}-{partition} exists already")
+        return self.create_topic(topic, range(partition, partition + 1), config)[0]
+
+    def _register(self, topic: str, logs: list[PartitionLog], partitions: range) -> None:
+        parts = self._parts.setdefault(topic, set())
+        for p, plog in zip(partitions, logs, strict=True):
+            plog.on_truncate = self._after_truncate
+            self.logs[(topic, p)] = plog
+            parts.add(p)
+
+    def _check_new_partitions(self, topic: str, partitions: range) -> None:
+        """Raise unless ``partitions`` of ``topic`` may be created now."""
+        self._check_open()
+        validate_topic_name(topic)
+        if not 0 <= partitions.start < partitions.stop <= MAX_PARTITION:
+            raise InvalidConfigError(
+                f"partitions {partitions.start}..{partitions.stop - 1} must be within "
+                f"0..{MAX_PARTITION - 1}"
+            )
+        if topic in self._busy:
+            raise LogExistsError(
+                f"topic {topic!r} is being created or deleted; try again once that is done"
+            )
+        taken = self._parts.get(topic, set()).intersection(partitions)
+        taken.update(p for t, p in self.offline if t == topic and p in partitions)
+        if taken:
+            raise LogExistsError(f"log {topic}-{min(taken)} exists already")
+
+    def create_topic(
+        self, topic: str, partitions: range, config: LogConfig | None = None
+    ) -> list[PartitionLog]:
+        """Create the logs of ``partitions`` of ``topic``, all or none (see
+        :mod:`tidewire.storage.creation`), on this thread. :meth:`create_topic_async` does the
+        file work on a worker thread.
+
+        Returns:
+            The new logs, in partition order.
+
+        Raises:
+            InvalidConfigError: a bad topic name or partition range.
+            LogExistsError: one of the logs exists, or the topic is being created or deleted.
+            StorageError: a file operation failed; none of the logs was created.
+        """
+        self._check_new_partitions(topic, partitions)
         cfg = config or self.default_config
-        directory = f"{self.data_dir}/{topic}-{partition}"
+        logs = self._create_files(topic, partitions, cfg)
+        self._register(topic, logs, partitions)
+        return logs
+
+    async def create_topic_async(
+        self, topic: str, partitions: range, config: LogConfig | None = None
+    ) -> list[PartitionLog]:
+        """:meth:`create_topic` with the file work on a worker thread, so the event loop goes
+        on serving meanwhile; the topic is registered, on the loop, once all its logs exist.
+        (A cancelled caller does not undo the creation: it is registered all the same.)
+
+        Raises:
+            What :meth:`create_topic` raises.
+        """
+        self._check_new_partitions(topic, partitions)
+        cfg = config or self.default_config
+        self._busy.add(topic)
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(None, self._create_files, topic, partitions, cfg)
+
+        def done(f: asyncio.Future[list[PartitionLog]]) -> None:
+            self._busy.discard(topic)
+            if f.cancelled() or f.exception() is not None:
+                return
+            if self._closed:  # the manager closed meanwhile: nothing would close these
+                for plog in f.result():
+                    plog.close()
+                return
+            self._register(topic, f.result(), partitions)
+
+        fut.add_done_callback(done)
+        return await asyncio.shield(fut)
+
+    def _create_files(self, topic: str, partitions: range, cfg: LogConfig) -> list[PartitionLog]:
+        first, last = partitions.start, partitions.stop - 1
+        what = f"partition {first}" if first == last else f"partitions {first}..{last}"
         try:
-            self.fs.makedirs(directory)
-            write_atomic(self.fs, f"{directory}/{LOG_CONFIG_FILE}", _config_json(cfg))
-            plog = PartitionLog.open(self.fs, directory, cfg, clock=self.clock)
-            try:
-                self.fs.sync_dir(self.data_dir)
-            except OSError:
-                plog.abandon()  # not registered: nothing else would close its files
-                raise
+            return create_partitions(
+                self.fs,
+                self.data_dir,
+                topic,
+                partitions,
+                cfg,
+                config_json=_config_json(cfg),
+                clock=self.clock,
+                config_file=LOG_CONFIG_FILE,
+            )
         except OSError as exc:
-            raise StorageError(f"cannot create log {directory}: {exc}") from exc
-        plog.on_truncate = self._after_truncate
-        self.logs[key] = plog
-        return plog
+            raise StorageError(
+                f"cannot create {what} of topic {topic!r}: {exc}; none of them was created"
+            ) from exc
+        except StorageError as exc:
+            raise StorageError(
+                f"cannot create {what} of topic {topic!r}: {exc.message}; none of them was created"
+            ) from exc
 
     def get_log(self, topic: str, partition: int) -> PartitionLog:
         """Return the log of ``topic``/``partition``.
@@ -290,11 +397,27 @@ class LogManager:
 
     def topics(self) -> dict[str, list[int]]:
         """Topic name -> sorted partition numbers."""
-        out: dict[str, list[int]] = {}
-        keys = sorted([*self.logs, *self.offline]) if self.offline else sorted(self.logs)
-        for topic, partition in keys:
-            out.setdefault(topic, []).append(partition)
-        return out
+        if not self.offline:
+            return {t: sorted(parts) for t, parts in sorted(self._parts.items())}
+        out: dict[str, set[int]] = {t: set(parts) for t, parts in self._parts.items()}
+        for topic, partition in self.offline:  # offline partitions are the topic's too
+            out.setdefault(topic, set()).add(partition)
+        return {t: sorted(parts) for t, parts in sorted(out.items())}
+
+    def topic_names(self) -> list[str]:
+        """Every topic's name, sorted."""
+        if not self.offline:
+            return sorted(self._parts)
+        return sorted(set(self._parts).union(t for t, _ in self.offline))
+
+    def partition_count(self, topic: str) -> int:
+        """How many partitions ``topic`` has (0: no such topic), without scanning the logs
+        (offline partitions included: they are rare)."""
+        parts = self._parts.get(topic)
+        n = len(parts) if parts is not None else 0
+        if self.offline:
+            n += sum(1 for t, _ in self.offline if t == topic)
+        return n
 
     def set_config(self, topic: str, partition: int, config: LogConfig) -> None:
         """Change a log's settings (persisted atomically; effective at once)."""
@@ -316,32 +439,123 @@ class LogManager:
             LogNotFoundError: the topic has no logs.
             StorageError: a rename or removal failed.
         """
+        parts, directories = self.detach_topic(topic)
+        self._remove_files(topic, directories)
+        return parts
+
+    async def delete_topic_async(self, topic: str) -> list[int]:
+        """:meth:`delete_topic` with the file work on a worker thread: the topic is gone for
+        readers and writers at once; its name can be used again once its files are gone.
+
+        Raises:
+            What :meth:`delete_topic` raises.
+        """
+        parts, directories = self.detach_topic(topic)
+        await self.remove_files_async(topic, directories)
+        return parts
+
+    async def remove_files_async(self, topic: str, directories: list[str]) -> None:
+        """Remove the directories :meth:`detach_topic` returned, on a worker thread; the
+        topic's name cannot be used again until they are gone.
+
+        Raises:
+            StorageError: a rename or removal failed.
+        """
+        self._busy.add(topic)
+        loop = asyncio.get_running_loop()
+        if len(directories) <= BACKGROUND_DELETE_FROM:
+            fut = loop.run_in_executor(None, self._remove_files, topic, directories)
+            fut.add_done_callback(lambda _: self._busy.discard(topic))
+            await asyncio.shield(fut)
+            return
+        # Many directories take long to remove (seconds on a busy disk): once the marker is
+        # durable the deletion is done; the files go in the background, and the name is free
+        # again once they are gone.
+        try:
+            marker = await asyncio.shield(
+                loop.run_in_executor(
+                    None, mark_deleting, self.fs, self.data_dir, topic, directories
+                )
+            )
+        except OSError:
+            fut = loop.run_in_executor(None, self._remove_files, topic, directories)
+            fut.add_done_callback(lambda _: self._busy.discard(topic))
+            await asyncio.shield(fut)
+            return
+        done = loop.create_future()
+        self._removals.add(done)
+
+        def finished(ok: bool) -> None:
+            self._removals.discard(done)
+            if ok:  # else the name stays taken: the next open finishes the removal
+                self._busy.discard(topic)
+            if not done.done():
+                done.set_result(None)
+
+        def remove() -> None:
+            ok = True
+            try:
+                finish_deleting(self.fs, self.data_dir, marker, directories)
+            except OSError as exc:
+                ok = False
+                log.error(
+                    "removing the files of deleted topic %r failed: %s; the next start "
+                    "removes them (until then its name cannot be used again)",
+                    topic,
+                    exc,
+                )
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to tell
+                loop.call_soon_threadsafe(finished, ok)
+
+        # A daemon thread: a stop does not wait for it (the next open finishes its work).
+        threading.Thread(target=remove, name=f"tidewire-delete-{topic}", daemon=True).start()
+
+    async def wait_removals(self) -> None:
+        """Return once the files of every topic deleted so far are removed (or failed to be)."""
+        while self._removals:
+            await asyncio.wait(list(self._removals))
+
+    def detach_topic(self, topic: str) -> tuple[list[int], list[str]]:
+        """The first half of a deletion, on the owner thread: forget ``topic``'s logs and close
+        them (without a flush: their data is being deleted). Returns its partitions and their
+        directories, for :meth:`remove_files_async`.
+
+        Raises:
+            LogNotFoundError: the topic has no logs.
+            LogExistsError: it is being created or deleted.
+        """
         self._check_open()
-        parts = sorted(p for t, p in self.logs if t == topic)
+        if topic in self._busy:
+            raise LogExistsError(
+                f"topic {topic!r} is being created or deleted; try again once that is done"
+            )
+        parts = sorted(self._parts.pop(topic, ()))
         offline = sorted(p for t, p in self.offline if t == topic)
         if not parts and not offline:
             raise LogNotFoundError(f"no logs for topic {topic!r}")
+        directories: list[str] = []
+        for p in parts:
+            plog = self.logs.pop((topic, p))
+            self._last_flush.pop((topic, p), None)
+            plog.abandon()
+            directories.append(plog.directory)
+        for p in offline:  # never opened: only their directories to remove
+            del self.offline[(topic, p)]
+            directories.append(f"{self.data_dir}/{topic}-{p}")
+        return sorted([*parts, *offline]), directories
+
+    def _remove_files(self, topic: str, directories: list[str]) -> None:
         doomed: list[str] = []
         try:
-            for p in offline:
-                del self.offline[(topic, p)]
-                directory = f"{self.data_dir}/{topic}-{p}"
+            for directory in directories:
                 gone = f"{directory}.{uuid.uuid4().hex}-delete"
                 self.fs.rename(directory, gone)
-                doomed.append(gone)
-            for p in parts:
-                plog = self.logs.pop((topic, p))
-                self._last_flush.pop((topic, p), None)
-                plog.abandon()
-                gone = f"{plog.directory}.{uuid.uuid4().hex}-delete"
-                self.fs.rename(plog.directory, gone)
                 doomed.append(gone)
             self.fs.sync_dir(self.data_dir)
             for path in doomed:
                 self.fs.rmtree(path)
         except OSError as exc:
             raise StorageError(f"deleting topic {topic!r} failed: {exc}") from exc
-        return sorted([*parts, *offline])
 
     def _check_open(self) -> None:
         if not self._opened or self._closed:
@@ -447,11 +661,18 @@ class LogManager:
         if self._closed or not self._opened:
             return
         errors: list[TidewireError] = []
-        for plog in self.logs.values():
-            try:
-                await plog.close_async()  # each log right after it goes idle
-            except TidewireError as exc:  # reported once for every log, by _finish_close
-                errors.append(exc)
+        # Each log right after it goes idle, CLOSE_CONCURRENCY at once: their final fsyncs and
+        # index writes run in worker threads, and a device takes them in parallel.
+        slots = asyncio.Semaphore(CLOSE_CONCURRENCY)
+
+        async def close_one(plog: PartitionLog) -> None:
+            async with slots:
+                try:
+                    await plog.close_async()
+                except TidewireError as exc:  # reported once for every log, by _finish_close
+                    errors.append(exc)
+
+        await asyncio.gather(*(close_one(plog) for plog in list(self.logs.values())))
         self._finish_close(errors)
 
     def close(self) -> None:

@@ -118,7 +118,9 @@ def topics_router(ctx: GatewayContext) -> APIRouter:
         """Create a topic with ``partitions`` partitions (the broker's default when absent)
         and ``config`` settings (the broker's defaults for those absent)."""
         req = parse_body(CreateTopicRequest, await request.body())
-        broker.create_topic(req.name, req.partitions, _log_config(broker.config.log, req.config))
+        await broker.create_topic_async(
+            req.name, req.partitions, _log_config(broker.config.log, req.config)
+        )
         return json_response(describe_topic(broker, req.name), 201)
 
     @router.get("", response_model=TopicList, responses=responses())
@@ -143,7 +145,8 @@ def topics_router(ctx: GatewayContext) -> APIRouter:
     )
     async def delete_topic(topic: str) -> Response:
         """Delete a topic and all its messages (never an internal topic of the broker's)."""
-        broker.delete_topic(topic)  # UnknownTopicError: 404; InternalTopicError: 422
+        # UnknownTopicError: 404; InternalTopicError: 422
+        await broker.delete_topic_async(topic)
         for forget in ctx.on_topic_deleted:
             forget(topic)
         return Response(status_code=204)

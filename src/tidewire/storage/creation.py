@@ -1,0 +1,266 @@
+"""Creating a topic's partition logs all or none.
+
+A topic of N partitions is N directories, and no file system renames N directories at once.
+So a creation is bracketed by a marker file in the data directory, ``TOPIC.creating``
+(JSON ``{"version": 1, "topic": ..., "first": P, "count": N}``), written durably before the
+first partition directory and removed, durably, after the last one is durable:
+
+1. write the marker (temp, fsync, rename, fsync the data directory);
+2. for each partition: make ``TOPIC-P/``, write and fsync its ``log.json``, create its first
+   segment and fsync the partition directory (these run on a few threads at once: the fsyncs
+   are the cost, and the device takes them in parallel);
+3. fsync the data directory (every ``TOPIC-P`` entry is durable), remove the marker, fsync
+   the data directory again.
+
+A failure at any step removes what was made and the marker, and reports the first error; a
+crash leaves the marker, and :func:`remove_half_created` (called when the data directory is
+opened) removes the partitions it names. Adding partitions to a topic works the same way with
+``first`` the first new partition, so a failed addition leaves the old ones alone.
+
+Deleting a large topic works the other way round: a marker ``TOPIC.deleting`` (JSON
+``{"version": 1, "topic": ..., "directories": [...]}``) is written durably, the deletion is then
+done as far as anyone can tell, and the directories are removed in the background
+(:func:`finish_deleting`); the next open finishes a removal a stop interrupted.
+
+A marker's name cannot be a partition directory's (those end in ``-`` and digits).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import threading
+from collections.abc import Callable
+
+from tidewire.storage.config import LogConfig
+from tidewire.storage.fs import FileSystem, write_atomic
+from tidewire.storage.log import Clock, PartitionLog
+
+__all__ = [
+    "CREATING_SUFFIX",
+    "DELETING_SUFFIX",
+    "create_partitions",
+    "finish_deleting",
+    "mark_deleting",
+    "remove_half_created",
+]
+
+log = logging.getLogger("tidewire.storage")
+
+CREATING_SUFFIX = ".creating"
+DELETING_SUFFIX = ".deleting"
+#: Partitions created on worker threads at once: each costs two fsyncs (its log.json and its
+#: directory), which a device serves in parallel; beyond about this many threads they queue.
+CREATE_THREADS = 8
+#: Fewer partitions than this are created on the calling thread (no pool to start).
+PARALLEL_FROM = 16
+
+
+def marker_path(data_dir: str, topic: str) -> str:
+    """The creation marker of ``topic``."""
+    return f"{data_dir}/{topic}{CREATING_SUFFIX}"
+
+
+def create_partitions(
+    fs: FileSystem,
+    data_dir: str,
+    topic: str,
+    partitions: range,
+    config: LogConfig,
+    *,
+    config_json: bytes,
+    clock: Clock,
+    config_file: str,
+) -> list[PartitionLog]:
+    """Create the logs of ``partitions`` of ``topic``, all or none. Blocking: call it on a
+    worker thread for many partitions.
+
+    Returns:
+        The open logs, in partition order.
+
+    Raises:
+        OSError, StorageError: the first failure; nothing of the creation is left (or, if
+            removing it failed too, the marker is, and the next open removes the rest).
+    """
+    marker = marker_path(data_dir, topic)
+    body = {"version": 1, "topic": topic, "first": partitions.start, "count": len(partitions)}
+    made: list[str] = []
+    opened: list[PartitionLog] = []
+    lock = threading.Lock()
+    failed = threading.Event()
+
+    def one(p: int) -> None:
+        if failed.is_set():
+            return  # another partition failed: the creation is being undone
+        directory = f"{data_dir}/{topic}-{p}"
+        with lock:
+            made.append(directory)
+        try:
+            fs.makedirs(directory)
+            f = fs.open(f"{directory}/{config_file}", create=True)
+            try:
+                f.truncate(0)
+                f.pwritev([config_json], 0)
+                f.sync()
+            finally:
+                f.close()
+            plog = PartitionLog.open(fs, directory, config, clock=clock)  # syncs the directory
+        except BaseException:
+            failed.set()
+            raise
+        with lock:
+            opened.append(plog)
+
+    try:
+        write_atomic(fs, marker, json.dumps(body).encode() + b"\n")
+        _run_all(one, partitions)
+        fs.sync_dir(data_dir)
+        fs.remove(marker)
+        fs.sync_dir(data_dir)
+    except BaseException as exc:
+        for plog in opened:
+            plog.abandon()
+        _undo(fs, data_dir, marker, made, exc)
+        raise
+    opened.sort(key=lambda plog: int(plog.directory.rsplit("-", 1)[1]))
+    return opened
+
+
+def _run_all(one: Callable[[int], None], partitions: range) -> None:
+    """``one(p)`` for every partition, on a few threads when there are many; raise the first
+    failure once every started call has ended."""
+    if len(partitions) < PARALLEL_FROM:
+        for p in partitions:
+            one(p)
+        return
+    with concurrent.futures.ThreadPoolExecutor(
+        CREATE_THREADS, thread_name_prefix="tidewire-create"
+    ) as pool:
+        futures = [pool.submit(one, p) for p in partitions]
+    for fut in futures:
+        exc = fut.exception()
+        if exc is not None:
+            raise exc
+
+
+def _undo(fs: FileSystem, data_dir: str, marker: str, made: list[str], why: BaseException) -> None:
+    """Remove the partition directories ``made`` and then the marker; if that fails, leave
+    the marker, so the next open removes what is left."""
+    try:
+        for directory in made:
+            if fs.exists(directory):
+                fs.rmtree(directory)
+        fs.sync_dir(data_dir)
+        for path in (marker + ".tmp", marker):
+            if fs.exists(path):
+                fs.remove(path)
+                fs.sync_dir(data_dir)
+    except OSError as exc:
+        log.error(
+            "undoing the failed creation under %s (%s) failed too: %s; the next start removes "
+            "what is left",
+            marker,
+            why,
+            exc,
+        )
+
+
+def mark_deleting(fs: FileSystem, data_dir: str, topic: str, directories: list[str]) -> str:
+    """Write, durably, the marker of ``topic``'s deletion; return its path. Blocking."""
+    marker = f"{data_dir}/{topic}{DELETING_SUFFIX}"
+    names = [d.rsplit("/", 1)[-1] for d in directories]
+    body = {"version": 1, "topic": topic, "directories": names}
+    write_atomic(fs, marker, json.dumps(body).encode() + b"\n")
+    return marker
+
+
+def finish_deleting(fs: FileSystem, data_dir: str, marker: str, directories: list[str]) -> None:
+    """Remove the directories of a deletion marked by :func:`mark_deleting`, then the marker.
+    Blocking.
+
+    Raises:
+        OSError: a removal failed (the marker stays: the next open finishes the work).
+    """
+    for directory in directories:
+        if fs.exists(directory):
+            fs.rmtree(directory)
+    fs.sync_dir(data_dir)
+    fs.remove(marker)
+    fs.sync_dir(data_dir)
+
+
+def _finish_deletion_at_open(
+    fs: FileSystem, data_dir: str, name: str, names: list[str]
+) -> set[str]:
+    path = f"{data_dir}/{name}"
+    try:
+        body = json.loads(fs.read_file(path))
+        topic, doomed = str(body["topic"]), [str(n) for n in body["directories"]]
+        if body.get("version") != 1 or f"{topic}{DELETING_SUFFIX}" != name:
+            raise ValueError("unknown layout")
+        if any(n.rsplit("-", 1)[0] != topic for n in doomed):
+            raise ValueError("a directory of another topic")
+    except (ValueError, KeyError, TypeError) as exc:
+        log.error("ignoring unreadable topic deletion marker %s: %s", path, exc)
+        return set()
+    present = set(names)
+    removed = [n for n in doomed if n in present]
+    finish_deleting(fs, data_dir, path, [f"{data_dir}/{n}" for n in removed])
+    log.info("finished deleting %d partition(s) of topic %r", len(removed), topic)
+    return {*removed, name}
+
+
+def remove_half_created(fs: FileSystem, data_dir: str, names: list[str]) -> list[str]:
+    """Remove the partitions of every creation a crash interrupted (the markers in ``names``,
+    the data directory's entries), then the markers; finish every interrupted deletion.
+
+    Returns:
+        ``names`` without the entries removed.
+
+    Raises:
+        OSError: a removal failed.
+    """
+    gone: set[str] = set()
+    for name in names:
+        if name.endswith(DELETING_SUFFIX):
+            gone |= _finish_deletion_at_open(fs, data_dir, name, names)
+            continue
+        if name.endswith(
+            (CREATING_SUFFIX + ".tmp", DELETING_SUFFIX + ".tmp")
+        ):  # a marker never completed: no partitions
+            fs.remove(f"{data_dir}/{name}")
+            gone.add(name)
+            continue
+        if not name.endswith(CREATING_SUFFIX):
+            continue
+        path = f"{data_dir}/{name}"
+        try:
+            body = json.loads(fs.read_file(path))
+            topic, first, count = str(body["topic"]), int(body["first"]), int(body["count"])
+            if body.get("version") != 1 or f"{topic}{CREATING_SUFFIX}" != name:
+                raise ValueError("unknown layout")
+        except (ValueError, KeyError, TypeError) as exc:
+            # Written atomically, so never torn; something else wrote it. Removing partitions
+            # on a guess could remove a real topic's data: leave both, and say so.
+            log.error("ignoring unreadable topic creation marker %s: %s", path, exc)
+            continue
+        doomed = {f"{topic}-{p}" for p in range(first, first + count)}
+        removed = [n for n in names if n in doomed]
+        for n in removed:
+            fs.rmtree(f"{data_dir}/{n}")
+        fs.sync_dir(data_dir)
+        fs.remove(path)
+        gone.update(removed)
+        gone.add(name)
+        log.warning(
+            "removed %d partition(s) of topic %r whose creation (partitions %d..%d) was "
+            "interrupted",
+            len(removed),
+            topic,
+            first,
+            first + count - 1,
+        )
+    if gone:
+        fs.sync_dir(data_dir)
+    return [n for n in names if n not in gone]

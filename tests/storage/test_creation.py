@@ -1,0 +1,224 @@
+"""Topic creation is all or none: under ENOSPC, EMFILE or a power cut at any operation of a
+creation, the topic has every partition or none, now and after a restart, and a retry works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tidewire.errors import LogExistsError, StorageError
+from tidewire.records import build_batch
+from tidewire.storage import FaultFS, FileSystem, LogManager, OsFileSystem
+from tidewire.storage.creation import CREATING_SUFFIX, PARALLEL_FROM, mark_deleting
+from tidewire.storage.fs import FileHandle, FileSystemWrapper
+from tidewire.storage.manager import BACKGROUND_DELETE_FROM
+
+T0 = 1_700_000_000_000
+N = 8
+
+
+def manager(fs: FileSystem, data_dir: str = "/data") -> LogManager:
+    return LogManager(data_dir, fs=fs, clock=lambda: T0).open()
+
+
+def partition_dirs(fs: FileSystem, data_dir: str, topic: str) -> list[str]:
+    return [n for n in fs.listdir(data_dir) if n.rsplit("-", 1)[0] == topic]
+
+
+def ops_of_one_creation(n: int) -> int:
+    fs = FaultFS()
+    mgr = manager(fs)
+    before = fs.ops
+    mgr.create_topic("t", range(n))
+    return fs.ops - before
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EMFILE, errno.EIO])
+def test_a_failure_at_any_operation_leaves_all_or_nothing(code: int) -> None:
+    total = ops_of_one_creation(N)
+    assert total > 3 * N  # a real sweep: every partition's operations are in it
+    for k in range(1, total + 1):
+        fs = FaultFS()
+        mgr = manager(fs)
+        mgr.create_topic("kept", range(2))
+        fs.failures[fs.ops + k] = code
+        failure = None
+        try:
+            mgr.create_topic("t", range(N))
+        except StorageError as exc:
+            failure = exc.message
+        if failure is not None:
+            assert "none of them was created" in failure
+            assert mgr.partition_count("t") == 0
+            assert "t" not in mgr.topics()
+            assert partition_dirs(fs, "/data", "t") == []
+            assert not [n for n in fs.listdir("/data") if CREATING_SUFFIX in n]
+            # A retry succeeds (the failure was once) and creates every partition.
+            mgr.create_topic("t", range(N))
+        assert mgr.topics() == {"kept": [0, 1], "t": list(range(N))}, k
+        mgr.get_log("t", N - 1).append(build_batch([b"v"], timestamp_ms=T0))
+        mgr.close()
+        again = manager(fs)
+        assert again.topics() == {"kept": [0, 1], "t": list(range(N))}, k
+        again.close()
+
+
+def test_a_power_cut_at_any_operation_leaves_all_or_nothing_after_restart() -> None:
+    total = ops_of_one_creation(N)
+    for k in range(1, total + 1):
+        fs = FaultFS()
+        mgr = manager(fs)
+        mgr.create_topic("kept", range(1))
+        fs.cut_at = fs.ops + k
+        with pytest.raises(StorageError):
+            mgr.create_topic("t", range(N))
+        survivor = fs.power_cut()
+        again = manager(survivor)
+        parts = again.topics().get("t", [])
+        assert parts in ([], list(range(N))), (k, parts)
+        assert again.topics()["kept"] == [0]
+        if not parts:
+            assert partition_dirs(survivor, "/data", "t") == []
+        assert not [n for n in survivor.listdir("/data") if CREATING_SUFFIX in n]
+        again.create_topic("t2", range(2))  # writable
+        again.close()
+
+
+def test_a_failed_addition_of_partitions_keeps_the_old_ones() -> None:
+    fs = FaultFS()
+    mgr = manager(fs)
+    mgr.create_topic("t", range(3))
+    mgr.get_log("t", 0).append(build_batch([b"old"], timestamp_ms=T0))
+    fs.fail_kinds["sync"] = errno.ENOSPC
+    with pytest.raises(StorageError):
+        mgr.create_topic("t", range(3, 10))
+    del fs.fail_kinds["sync"]
+    assert mgr.topics() == {"t": [0, 1, 2]}
+    assert sorted(partition_dirs(fs, "/data", "t")) == ["t-0", "t-1", "t-2"]
+    assert mgr.get_log("t", 0).read(0).data
+    mgr.create_topic("t", range(3, 10))
+    assert mgr.partition_count("t") == 10
+
+
+def test_an_interrupted_creation_is_removed_at_open_and_nothing_else() -> None:
+    fs = FaultFS()
+    mgr = manager(fs)
+    mgr.create_topic("t", range(4))
+    mgr.create_topic("u", range(2))
+    mgr.close()
+    # As a crash leaves it: the marker of adding partitions 2..5 of u, two of them made.
+    marker = {"version": 1, "topic": "u", "first": 2, "count": 4}
+    fs.set_contents(f"/data/u{CREATING_SUFFIX}", json.dumps(marker).encode())
+    for p in (2, 3):
+        fs.makedirs(f"/data/u-{p}")
+        fs.set_contents(f"/data/u-{p}/log.json", b"{}")
+    again = manager(fs)
+    assert again.topics() == {"t": [0, 1, 2, 3], "u": [0, 1]}
+    assert f"u{CREATING_SUFFIX}" not in fs.listdir("/data")
+
+
+def test_an_unreadable_marker_removes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    fs = FaultFS()
+    mgr = manager(fs)
+    mgr.create_topic("t", range(2))
+    mgr.close()
+    fs.set_contents(f"/data/t{CREATING_SUFFIX}", b"not json")
+    again = manager(fs)
+    assert again.topics() == {"t": [0, 1]}
+    assert "unreadable topic creation marker" in caplog.text
+
+
+class _EmfileAfter(FileSystemWrapper):
+    """The real file system, refusing to open files once ``budget`` opens were made."""
+
+    def __init__(self, budget: int) -> None:
+        super().__init__(OsFileSystem())
+        self.budget = budget
+
+    def open(self, path: str, *, create: bool = True) -> FileHandle:
+        if self.budget <= 0:
+            raise OSError(errno.EMFILE, "Too many open files", path)
+        self.budget -= 1
+        return super().open(path, create=create)
+
+
+def test_descriptors_running_out_on_a_real_disk(tmp_path: Path) -> None:
+    """Many partitions (created on worker threads) and EMFILE half-way: nothing is left."""
+    n = 4 * PARALLEL_FROM
+    fs = _EmfileAfter(budget=10**9)
+    mgr = manager(fs, str(tmp_path))
+    fs.budget = n  # each partition opens two files: half of them get made
+    with pytest.raises(StorageError, match="Too many open files"):
+        mgr.create_topic("t", range(n))
+    assert mgr.topics() == {}
+    assert partition_dirs(fs, str(tmp_path), "t") == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    fs.budget = 10**9
+    mgr.create_topic("t", range(n))
+    mgr.close()
+    assert manager(fs, str(tmp_path)).topics() == {"t": list(range(n))}
+
+
+def test_async_creation_reserves_the_name_until_done(tmp_path: Path) -> None:
+    async def main() -> None:
+        mgr = manager(OsFileSystem(), str(tmp_path))
+        creating = asyncio.ensure_future(mgr.create_topic_async("t", range(200)))
+        await asyncio.sleep(0)  # the creation runs on a worker thread now
+        with pytest.raises(LogExistsError, match="being created or deleted"):
+            mgr.create_topic("t", range(1))
+        logs = await creating
+        assert len(logs) == 200
+        assert mgr.partition_count("t") == 200
+        assert [p.directory for p in logs][:2] == [f"{tmp_path}/t-0", f"{tmp_path}/t-1"]
+        parts, dirs = mgr.detach_topic("t")
+        assert parts == list(range(200))
+        assert mgr.partition_count("t") == 0
+        removing = asyncio.ensure_future(mgr.remove_files_async("t", dirs))
+        await asyncio.sleep(0)
+        with pytest.raises(LogExistsError, match="being created or deleted"):
+            mgr.create_topic("t", range(1))
+        await removing
+        assert partition_dirs(mgr.fs, str(tmp_path), "t") == []
+        mgr.create_topic("t", range(1))
+        await mgr.close_async()
+
+    asyncio.run(main())
+
+
+def test_a_large_deletion_returns_once_marked_and_finishes_in_the_background(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        mgr = manager(OsFileSystem(), str(tmp_path))
+        mgr.create_topic("big", range(BACKGROUND_DELETE_FROM + 1))
+        mgr.create_topic("kept", range(1))
+        _, dirs = mgr.detach_topic("big")
+        await mgr.remove_files_async("big", dirs)
+        assert mgr.topics() == {"kept": [0]}
+        await mgr.wait_removals()
+        assert partition_dirs(mgr.fs, str(tmp_path), "big") == []
+        assert not [n for n in os.listdir(tmp_path) if n.startswith("big")]
+        mgr.create_topic("big", range(2))  # the name is free again
+        await mgr.close_async()
+
+    asyncio.run(main())
+
+
+def test_an_interrupted_deletion_is_finished_at_open(tmp_path: Path) -> None:
+    mgr = manager(OsFileSystem(), str(tmp_path))
+    mgr.create_topic("gone", range(3))
+    mgr.create_topic("kept", range(2))
+    dirs = [mgr.get_log("gone", p).directory for p in range(3)]
+    mgr.close()
+    mark_deleting(mgr.fs, str(tmp_path), "gone", dirs)  # as a stop right after the marker
+    again = manager(OsFileSystem(), str(tmp_path))
+    assert again.topics() == {"kept": [0, 1]}
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["kept-0", "kept-1", "recovery-point-offset-checkpoint"]
+    )
