@@ -135,7 +135,7 @@ def test_a_refused_publish_creates_no_topic(tmp_path: Path) -> None:
         assert httpx.put(url(eb, "/huge"), content=b"x" * 5000).status_code == 413
         r = httpx.put(url(eb, "/big"), content=b"x" * 2000)
         assert r.status_code == 413
-        assert "max_batch_bytes=1,000" in r.text
+        assert "max_message_bytes=1,000" in r.text
         assert httpx.get(url(eb)).json() == {}
         assert eb.broker.topics() == {}
         assert httpx.get(url(eb, "/big")).status_code == 404

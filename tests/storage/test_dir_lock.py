@@ -5,6 +5,7 @@ system (``flock``) and in :class:`FaultFS`."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -70,14 +71,19 @@ def test_a_failed_open_releases_the_lock(where: tuple[FileSystem, str]) -> None:
     first = LogManager(d, fs=fs).open()
     first.create_log("t", 0)
     first.close()
-    f = fs.open(f"{d}/t-0/log.json")
-    f.truncate(0)
-    f.pwritev([b"{not json"], 0)
-    f.close()
-    with pytest.raises(StorageError, match=r"log\.json"):
+    # A file where a partition's directory should be: opening that log fails, so the whole
+    # open does (an unreadable log.json no longer does: that partition goes offline).
+    if isinstance(fs, FaultFS):
+        fs.fail_kinds["sync_dir"] = errno.EIO
+    else:
+        Path(d, "t-1").write_text("not a partition directory")
+    with pytest.raises(StorageError, match=r"cannot open (log|data directory)"):
         LogManager(d, fs=fs).open()
-    fs.remove(f"{d}/t-0/log.json")  # repaired: the defaults apply
-    LogManager(d, fs=fs).open().close()
+    if isinstance(fs, FaultFS):
+        fs.fail_kinds.clear()
+    else:
+        Path(d, "t-1").unlink()
+    LogManager(d, fs=fs).open().close()  # the failed open left the lock free
 
 
 def test_the_lock_file_names_its_holder_while_held(tmp_path: Path) -> None:

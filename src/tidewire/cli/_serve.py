@@ -113,13 +113,26 @@ def serve(
     ] = None,
     max_open_files: Annotated[
         int | None,
-        typer.Option(help="Log files kept open at once (0: from the descriptor limit)."),
+        typer.Option(
+            help=_help(
+                "max_open_files", "Log files kept open at once (0: from the descriptor limit)."
+            ),
+            show_default=False,
+        ),
     ] = None,
     max_partitions: Annotated[
-        int | None, typer.Option(help="Partitions of all topics together.")
+        int | None,
+        typer.Option(
+            help=_help("max_partitions", "Partitions of all topics together."),
+            show_default=False,
+        ),
     ] = None,
     fetch_max_bytes: Annotated[
-        int | None, typer.Option(help="The most data one fetch answer carries (bytes).")
+        int | None,
+        typer.Option(
+            help=_help("fetch_max_bytes", "The most data one fetch answer carries (bytes)."),
+            show_default=False,
+        ),
     ] = None,
     fsync: Annotated[
         FsyncPolicy | None,
@@ -211,7 +224,13 @@ def serve(
     ] = None,
     max_unsent_bytes: Annotated[
         int | None,
-        typer.Option(help="Per connection: bytes of fetch answers unsent before fetches wait."),
+        typer.Option(
+            help=_help(
+                "max_unsent_bytes",
+                "Per connection: bytes of fetch answers unsent before fetches wait.",
+            ),
+            show_default=False,
+        ),
     ] = None,
     idle_timeout_s: Annotated[
         float | None,
@@ -229,7 +248,12 @@ def serve(
     ] = None,
     drain_timeout_s: Annotated[
         float | None,
-        typer.Option(help="At a stop, how long requests in flight may take to finish (s)."),
+        typer.Option(
+            help=_help(
+                "drain_timeout_s", "At a stop, how long requests in flight may take to finish (s)."
+            ),
+            show_default=False,
+        ),
     ] = None,
     event_loop: Annotated[
         str | None,
@@ -273,36 +297,84 @@ def serve(
         ),
     ] = None,
     http_msgbus_max_payload_bytes: Annotated[
-        int | None, typer.Option(help="The largest msgbus message (bytes; msgbus': 8,192).")
+        int | None,
+        typer.Option(
+            help=_help(
+                "http_msgbus_max_payload_bytes",
+                "The largest msgbus message (bytes; msgbus': 8,192).",
+            ),
+            show_default=False,
+        ),
     ] = None,
     http_msgbus_ttl_ms: Annotated[
         int | None,
-        typer.Option(help="A msgbus message expires unpopped after this (ms; 0: never)."),
+        typer.Option(
+            help=_help(
+                "http_msgbus_ttl_ms", "A msgbus message expires unpopped after this (ms; 0: never)."
+            ),
+            show_default=False,
+        ),
     ] = None,
     http_max_inflight_body_bytes: Annotated[
-        int | None, typer.Option(help="Bytes of HTTP request bodies in flight at once.")
+        int | None,
+        typer.Option(
+            help=_help(
+                "http_max_inflight_body_bytes", "Bytes of HTTP request bodies in flight at once."
+            ),
+            show_default=False,
+        ),
     ] = None,
     http_header_timeout_ms: Annotated[
-        int | None, typer.Option(help="A request's headers must arrive within this (ms).")
+        int | None,
+        typer.Option(
+            help=_help(
+                "http_header_timeout_ms", "A request's headers must arrive within this (ms)."
+            ),
+            show_default=False,
+        ),
     ] = None,
     http_body_timeout_ms: Annotated[
-        int | None, typer.Option(help="The longest silence in a request body (ms).")
+        int | None,
+        typer.Option(
+            help=_help("http_body_timeout_ms", "The longest silence in a request body (ms)."),
+            show_default=False,
+        ),
     ] = None,
     http_max_connections: Annotated[
-        int | None, typer.Option(help="HTTP connections per listener.")
+        int | None,
+        typer.Option(
+            help=_help("http_max_connections", "HTTP connections per listener."),
+            show_default=False,
+        ),
     ] = None,
     http_max_connections_per_source: Annotated[
-        int | None, typer.Option(help="HTTP connections from one client address.")
+        int | None,
+        typer.Option(
+            help=_help(
+                "http_max_connections_per_source", "HTTP connections from one client address."
+            ),
+            show_default=False,
+        ),
     ] = None,
     http_allowed_hosts: Annotated[
         str | None,
-        typer.Option(help="Host names the HTTP listeners answer to, comma-separated ('*': any)."),
+        typer.Option(
+            help=_help(
+                "http_allowed_hosts",
+                "Host names the HTTP listeners answer to, comma-separated ('*': any).",
+            ),
+            show_default=False,
+        ),
     ] = None,
     http_allowed_origins: Annotated[
         str | None,
         typer.Option(
-            help="Web origins whose pages may call the HTTP listeners, comma-separated "
-            "(same-origin, '*': any)."
+            help=_help(
+                "http_allowed_origins",
+                "Web origins whose pages may call the HTTP listeners, comma-separated "
+                "(same-origin, '*': any).",
+            ),
+            show_default=False,
         ),
     ] = None,
 ) -> None:

@@ -93,6 +93,8 @@ def ensure_topic(broker: Broker, topic: str, batch: bytes | None = None) -> None
         return
     limit = broker.config.log.max_batch_bytes
     if batch is not None and len(batch) > limit:
-        raise BatchTooLargeError(f"batch of {len(batch):,} bytes exceeds max_batch_bytes={limit:,}")
+        raise BatchTooLargeError(
+            f"batch of {len(batch):,} bytes exceeds max_message_bytes={limit:,}"
+        )
     with contextlib.suppress(TopicExistsError):
         broker.create_topic(topic, 1)
