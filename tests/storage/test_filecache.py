@@ -6,6 +6,10 @@ on another thread is never closed under it, and EMFILE below the bound makes roo
 from __future__ import annotations
 
 import errno
+import resource
+import subprocess
+import sys
+import textwrap
 import threading
 from pathlib import Path
 
@@ -14,9 +18,6 @@ import pytest
 from tidewire.storage import FaultFS, FileHandle, FileSystem, OsFileSystem
 from tidewire.storage.filecache import (
     CachedFileSystem,
-    descriptor_limit,
-    open_descriptors,
-    raise_descriptor_limit,
 )
 from tidewire.storage.fs import FileHandleWrapper, FileSystemWrapper
 
@@ -185,8 +186,25 @@ def test_a_renamed_directory_keeps_its_files_reachable(tmp_path: Path) -> None:
 
 
 def test_the_descriptor_limit_is_raised_to_the_hard_one() -> None:
-    before, after = raise_descriptor_limit()
-    assert after >= before
-    assert after == descriptor_limit()
-    n = open_descriptors()
-    assert n is None or 0 < n < after
+    # In a child process whose soft limit starts below its hard one, as a shell's ulimit -Sn
+    # leaves it: the broker's start raises it to the hard one.
+    code = textwrap.dedent(
+        """
+        import resource
+        from tidewire.storage.filecache import (
+            descriptor_limit, open_descriptors, raise_descriptor_limit,
+        )
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        before, after = raise_descriptor_limit()
+        print(before, after, descriptor_limit(), hard, open_descriptors())
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    before, after, now, hard = (int(x) for x in out[:4])
+    assert before == 256
+    assert after == now > 256
+    assert hard in (after, resource.RLIM_INFINITY)
+    assert out[4] == "None" or 0 < int(out[4]) < after
