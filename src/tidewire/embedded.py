@@ -37,6 +37,7 @@ from tidewire.broker import Broker, BrokerConfig, BrokerStats
 from tidewire.client import AsyncClient
 from tidewire.errors import InvalidConfigError
 from tidewire.server import ServerConfig, TcpServer
+from tidewire.server.descriptors import fit_broker_listeners
 from tidewire.server.drain import drain
 from tidewire.server.http import HttpConfig
 
@@ -120,6 +121,10 @@ class EmbeddedBroker:
         """Open the data directory, then start listening (TCP, then HTTP if configured)."""
         await self.broker.start()
         try:
+            # Every listener's connections under the descriptor limit (docs/configuration.md).
+            self.server_config, self.http_config = fit_broker_listeners(
+                self.broker, self.server_config, self.http_config
+            )
             if self.listen:
                 server = TcpServer(self.broker, self.server_config)
                 await server.start()

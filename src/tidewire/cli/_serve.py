@@ -25,6 +25,7 @@ from tidewire.config import (
 )
 from tidewire.errors import InvalidConfigError, StorageError, TidewireError
 from tidewire.server import TcpServer
+from tidewire.server.descriptors import fit_broker_listeners
 from tidewire.server.drain import drain
 from tidewire.server.tcp import loop_factory
 from tidewire.storage import FsyncPolicy
@@ -457,15 +458,21 @@ async def _serve(settings: Settings, loop_name: str) -> None:
         loop.add_signal_handler(sig, stop.set)
     broker = Broker(settings.broker)
     await broker.start()
-    server = TcpServer(broker, settings.server)
+    # Every listener's connections under the descriptor limit (docs/configuration.md).
+    try:
+        server_config, http_config = fit_broker_listeners(broker, settings.server, settings.http)
+    except InvalidConfigError:
+        await drain(broker, None, None, grace_s=0)
+        raise
+    server = TcpServer(broker, server_config)
     gateway = None
     try:
         await server.start()
-        if settings.http.enabled:
+        if http_config.enabled:
             # Imported here: FastAPI and uvicorn load only when HTTP is served.
             from tidewire.server.http.gateway import HttpGateway  # noqa: PLC0415
 
-            gateway = HttpGateway.for_broker(broker, settings.http)
+            gateway = HttpGateway.for_broker(broker, http_config)
             try:
                 await gateway.start()
             except OSError as exc:
