@@ -123,7 +123,7 @@ class EmbeddedBroker:
         try:
             # Every listener's connections under the descriptor limit (docs/configuration.md).
             self.server_config, self.http_config = fit_broker_listeners(
-                self.broker, self.server_config, self.http_config
+                self.broker, self.server_config, self.http_config, binary=self.listen
             )
             if self.listen:
                 server = TcpServer(self.broker, self.server_config)

@@ -172,3 +172,25 @@ def test_the_rule_for_explicit_and_default_caps() -> None:
             http_max_connections=1_000,
             http_listeners=1,
         )
+
+
+def test_http_alone_when_no_binary_listener_runs() -> None:
+    got = fit_listeners(
+        limit=1024,
+        max_open_files=256,
+        max_connections=0,
+        http_max_connections=1_000,
+        http_listeners=2,
+    )
+    assert (got.max_connections, got.http_max_connections) == (0, 352)
+    assert got.warning is not None
+    assert got.warning.startswith("http_max_connections=1,000 on 2 HTTP listeners need 2,000")
+    assert got.warning.endswith("; so http_max_connections=352 (per listener)")
+    with pytest.raises(InvalidConfigError, match=r"^http_max_connections=400 on 2 HTTP"):
+        fit_listeners(
+            limit=1024,
+            max_open_files=256,
+            max_connections=0,
+            http_max_connections=400,
+            http_listeners=2,
+        )

@@ -50,7 +50,7 @@ def fit_listeners(
     http_listeners: int,
 ) -> ConnectionBudget:
     """Fit ``max_connections`` plus ``http_listeners`` times ``http_max_connections`` under
-    ``limit`` (see the module docstring).
+    ``limit`` (see the module docstring). ``max_connections`` 0: no binary listener.
 
     Raises:
         InvalidConfigError: a value set explicitly does not fit, or nothing fits at all.
@@ -60,8 +60,9 @@ def fit_listeners(
     need = max_connections + n * http_max_connections
     if need <= left:
         return ConnectionBudget(max_connections, http_max_connections, None)
+    binary = f"max_connections={max_connections:,} and " if max_connections else ""
     why = (
-        f"max_connections={max_connections:,} and http_max_connections="
+        f"{binary}http_max_connections="
         f"{http_max_connections:,} on {n} HTTP listener{'s' if n != 1 else ''} need "
         f"{need:,} descriptors, but the descriptor limit is {limit:,}, of which "
         f"{max_open_files:,} are kept for log files (max_open_files) and "
@@ -82,22 +83,21 @@ def fit_listeners(
         tcp, http = left - n * http_max_connections, http_max_connections
     else:  # both defaults: each in proportion to its default
         tcp, http = max_connections * left // need, http_max_connections * left // need
-    if tcp < 1 or http < 1:
+    if (tcp < 1 and max_connections) or http < 1:
         raise refused
+    binary = f"max_connections={tcp:,} and " if max_connections else ""
     return ConnectionBudget(
-        tcp,
-        http,
-        f"{why}; so max_connections={tcp:,} and http_max_connections={http:,} (per listener)",
+        tcp, http, f"{why}; so {binary}http_max_connections={http:,} (per listener)"
     )
 
 
 def fit_broker_listeners(
-    broker: Broker, server: ServerConfig, http: HttpConfig
+    broker: Broker, server: ServerConfig, http: HttpConfig, *, binary: bool = True
 ) -> tuple[ServerConfig, HttpConfig]:
     """``server`` and ``http`` with their connection caps fitted under the started
     ``broker``'s descriptor limit (see :func:`fit_listeners`); the warning, if any, is logged.
     With no HTTP listener on, both are returned as they are (the binary listener checks its
-    own cap when it starts).
+    own cap when it starts). ``binary`` False: no binary listener runs, only HTTP counts.
 
     Raises:
         InvalidConfigError: a value set explicitly does not fit.
@@ -109,7 +109,7 @@ def fit_broker_listeners(
     budget = fit_listeners(
         limit=broker.descriptor_limit,
         max_open_files=broker.max_open_files,
-        max_connections=server.max_connections,
+        max_connections=server.max_connections if binary else 0,
         http_max_connections=http.http_max_connections,
         http_listeners=listeners,
     )
@@ -117,6 +117,6 @@ def fit_broker_listeners(
         return server, http
     log.warning("%s", budget.warning)
     return (
-        replace(server, max_connections=budget.max_connections),
+        replace(server, max_connections=budget.max_connections) if binary else server,
         replace(http, http_max_connections=budget.http_max_connections),
     )
