@@ -234,7 +234,7 @@ def test_a_refused_send_creates_no_stream(tmp_path: Path) -> None:
         assert r.status_code == 413
         r = send(eb, streamId="big", messageUuid="u1", message="x" * 2000)
         assert r.status_code == 413
-        assert "max_batch_bytes=1,000" in r.json()["error"]
+        assert "max_message_bytes=1,000" in r.json()["error"]
         assert send(eb, streamId="bad", messageUuid="u1").status_code == 400
         assert eb.broker.topics() == {}
         assert send(eb, streamId="big", messageUuid="u2", message="small").status_code == 200
