@@ -32,22 +32,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import os
 import random
-import re
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from tests.server._broker_proc import BrokerProcess, broker_process
 from tests.server._history import Ack, check_history
 from tests.server._hostile_clients import (
     HOSTILE_AT_ONCE,
@@ -135,69 +133,6 @@ class Scale:
 
 DEFAULT = Scale(producers=4, batches=80, hostile_jobs=220, overflow_bursts=1)
 HEAVY = Scale(producers=8, batches=200, hostile_jobs=1200, overflow_bursts=4)
-
-
-# --- the broker process ------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class BrokerProcess:
-    proc: subprocess.Popen[str]
-    port: int
-    log_path: Path
-
-    @property
-    def addr(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def rss_bytes(self) -> int:
-        """Resident memory (VmRSS) of the broker process."""
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        m = re.search(r"^VmRSS:\s+(\d+) kB$", status, re.MULTILINE)
-        assert m is not None, status
-        return int(m.group(1)) * 1024
-
-    def open_fds(self) -> int:
-        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
-
-
-@contextlib.contextmanager
-def broker_process(tmp_path: Path) -> Iterator[BrokerProcess]:
-    """A broker process on 127.0.0.1 and a free port, always stopped on the way out (SIGTERM
-    to its PID, then SIGKILL if it has not stopped within STARTUP_S). Its log (warnings and
-    errors) goes to ``tmp_path/broker.log``."""
-    log_path = tmp_path / "broker.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.server._serve_process",
-                str(tmp_path / "data"),
-                json.dumps(SERVER_SETTINGS),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            cwd=Path(__file__).parents[2],
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        )
-    assert proc.stdout is not None
-    try:
-        line = proc.stdout.readline()
-        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
-        if m is None:
-            pytest.fail(f"the broker did not start: {line!r}, log: {log_path.read_text()}")
-        yield BrokerProcess(proc, int(m.group(1)), log_path)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=STARTUP_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=STARTUP_S)
-        proc.stdout.close()
 
 
 @dataclass(slots=True)
@@ -361,7 +296,7 @@ def _run(tmp_path: Path, scale: Scale) -> None:
     print(f"seed {seed} (TIDEWIRE_HOSTILE_SEED={seed} replays its mutations)")
     good = GoodResults()
     stats = HostileStats(seed)
-    with broker_process(tmp_path) as broker:
+    with broker_process(tmp_path / "data", tmp_path / "broker.log", SERVER_SETTINGS) as broker:
         seen = asyncio.run(_attack(broker, scale, good, stats))
         assert broker.proc.poll() is None, "the broker died"
         broker.proc.send_signal(signal.SIGTERM)
