@@ -439,6 +439,17 @@ class Broker:
                 f"max_partitions={self.config.max_partitions:,}"
             )
 
+    def check_first_publish(self, data: bytes) -> None:
+        """Check ``data`` (record batches) as a first publish to a topic not yet created is
+        checked: against the settings a new topic gets, before anything is created, so that
+        a refused publish creates no topic.
+
+        Raises:
+            RecordBatchError: a malformed batch.
+            BatchTooLargeError: a batch over the new topic's ``max_batch_bytes``.
+        """
+        self._split(memoryview(data), self.config.log.max_batch_bytes)
+
     def ensure_topic(self, name: str) -> None:
         """Create ``name`` as a first publish would (the default partition count and log
         settings) if it does not exist.

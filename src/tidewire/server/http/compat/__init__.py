@@ -13,7 +13,7 @@ import contextlib
 import datetime as _dt
 
 from tidewire.broker import Broker
-from tidewire.errors import BatchTooLargeError, InvalidTopicError, TopicExistsError
+from tidewire.errors import InvalidTopicError, TopicExistsError
 from tidewire.storage.manager import MAX_TOPIC_NAME
 
 __all__ = ["ensure_topic", "name_of", "rfc3339", "topic_for"]
@@ -91,10 +91,7 @@ def ensure_topic(broker: Broker, topic: str, batch: bytes | None = None) -> None
     """
     if (topic, 0) in broker.logs.logs:
         return
-    limit = broker.config.log.max_batch_bytes
-    if batch is not None and len(batch) > limit:
-        raise BatchTooLargeError(
-            f"batch of {len(batch):,} bytes exceeds max_message_bytes={limit:,}"
-        )
+    if batch is not None:
+        broker.check_first_publish(batch)
     with contextlib.suppress(TopicExistsError):
         broker.create_topic(topic, 1)
