@@ -90,7 +90,7 @@ async def refused(host: str, port: int) -> bool:
     """Whether a new connection to ``host:port`` is refused."""
     try:
         _, writer = await asyncio.open_connection(host, port)
-    except ConnectionRefusedError:
+    except (ConnectionRefusedError, ConnectionResetError):  # reset: caught as it closed
         return True
     writer.close()
     return False
