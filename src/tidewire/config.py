@@ -39,12 +39,13 @@ import math
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from tidewire.broker import BrokerConfig
 from tidewire.errors import InvalidConfigError
+from tidewire.security.config import SecurityConfig, TlsConfig
 from tidewire.server import ServerConfig
 from tidewire.server.http import HttpConfig
 from tidewire.storage import FsyncPolicy, LogConfig
@@ -72,14 +73,16 @@ ENV_PREFIX = "TIDEWIRE_"
 #: commands' broker address, the config file's path, and the test scripts' interpreter.
 OTHER_ENV_VARS = frozenset({"TIDEWIRE_ADDR", "TIDEWIRE_CONFIG", "TIDEWIRE_PYTHON"})
 
-Section = Literal["broker", "log", "server", "http"]
+Section = Literal["broker", "log", "server", "http", "tls", "security"]
 Kind = Literal["int", "float", "bool", "str", "fsync"]
-SECTIONS: tuple[Section, ...] = ("broker", "log", "server", "http")
+SECTIONS: tuple[Section, ...] = ("broker", "log", "server", "http", "tls", "security")
 
 _BROKER_DEFAULTS = BrokerConfig(DEFAULT_DATA_DIR)
 _LOG_DEFAULTS = LogConfig()
 _SERVER_DEFAULTS = ServerConfig()
 _HTTP_DEFAULTS = HttpConfig()
+_TLS_DEFAULTS = TlsConfig()
+_SECURITY_DEFAULTS = SecurityConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +122,8 @@ class Setting:
             "log": _LOG_DEFAULTS,
             "server": _SERVER_DEFAULTS,
             "http": _HTTP_DEFAULTS,
+            "tls": _TLS_DEFAULTS,
+            "security": _SECURITY_DEFAULTS,
         }[self.section]
         return getattr(source, self.field)
 
@@ -242,6 +247,52 @@ SETTINGS: tuple[Setting, ...] = (
         "str",
         "Web origins whose pages may call the HTTP listeners, comma-separated; '*': any.",
     ),
+    _s("tls", "tls_cert_file", "str", "PEM certificate chain of every listener ('': no TLS)."),
+    _s("tls", "tls_key_file", "str", "PEM private key of tls_cert_file."),
+    _s("tls", "tls_ca_file", "str", "PEM CAs that client certificates are verified against."),
+    _s("tls", "tls_min_version", "str", "Oldest TLS version accepted: 1.2 or 1.3."),
+    _s("tls", "tls_client_auth", "str", "Client certificates: none, optional or required."),
+    _s("tls", "tls_principal_field", "str", "Certificate subject field naming the principal."),
+    _s("security", "authentication", "bool", "Require an authenticated principal everywhere."),
+    _s(
+        "security",
+        "allow_anonymous",
+        "bool",
+        "Allow a non-loopback listener with authentication off (warned at each start).",
+    ),
+    _s("security", "superusers", "str", "Principals allowed everything, comma-separated."),
+    _s(
+        "security",
+        "allow_plain_without_tls",
+        "bool",
+        "Accept SASL PLAIN (the key itself) on connections without TLS.",
+    ),
+    _s("security", "scram_iterations", "int", "PBKDF2 iterations of new SCRAM credentials."),
+    _s(
+        "security",
+        "auth_failures_per_minute",
+        "int",
+        "Failed logins per address and per principal a minute before refusing.",
+    ),
+    _s("security", "audit_retention_ms", "int", "Keep audit records this long, ms; -1: forever."),
+    _s(
+        "security",
+        "quota_produce_bytes_per_s",
+        "int",
+        "Default produce quota per principal, bytes/s (0: none).",
+    ),
+    _s(
+        "security",
+        "quota_fetch_bytes_per_s",
+        "int",
+        "Default fetch quota per principal, bytes/s (0: none).",
+    ),
+    _s(
+        "security",
+        "quota_requests_per_s",
+        "int",
+        "Default request quota per principal, requests/s (0: none).",
+    ),
 )
 _BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 
@@ -272,6 +323,8 @@ class Settings:
         broker: the broker's settings (with the default log settings of new topics).
         server: the TCP listener's settings.
         http: the HTTP gateway's settings.
+        tls: TLS of every listener.
+        security: authentication, authorization, audit and quotas.
         origins: for each key of :data:`SETTINGS`, where its value came from: ``"default"``,
             ``"FILE [section] key"``, ``"environment variable TIDEWIRE_KEY"`` or
             ``"flag --key"``.
@@ -284,6 +337,8 @@ class Settings:
     http: HttpConfig
     origins: Mapping[str, str]
     warnings: tuple[str, ...] = ()
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
 
     def value(self, key: str) -> object:
         """The value of one setting of :data:`SETTINGS` by its key."""
@@ -293,6 +348,10 @@ class Settings:
             return getattr(self.broker.log, field)
         if section == "http":
             return getattr(self.http, field)
+        if section == "tls":
+            return getattr(self.tls, field)
+        if section == "security":
+            return getattr(self.security, field)
         return getattr(self.broker if section == "broker" else self.server, field)
 
 
@@ -372,11 +431,19 @@ def load_settings(
         broker = BrokerConfig(**of("broker"), log=log)
         server = ServerConfig(**of("server"))
         http = HttpConfig(**of("http"))
+        tls = TlsConfig(**of("tls"))
+        security = SecurityConfig(**of("security"))
     except InvalidConfigError as exc:
         where = "; ".join(sorted({o for o in origins.values() if o != "default"})) or "defaults"
         raise InvalidConfigError(f"{where}: {exc.message}") from None
     return Settings(
-        broker=broker, server=server, http=http, origins=origins, warnings=tuple(warnings)
+        broker=broker,
+        server=server,
+        http=http,
+        origins=origins,
+        warnings=tuple(warnings),
+        tls=tls,
+        security=security,
     )
 
 
@@ -525,7 +592,7 @@ def _fsync(text: str, origin: str) -> FsyncPolicy:
 def _check_range(setting: Setting, value: Any, origin: str) -> None:
     """Check one value against its config class's own validation, with only it changed."""
     try:
-        if setting.kind == "str" and not str(value).strip():
+        if setting.kind == "str" and not str(value).strip() and setting.default != "":
             raise InvalidConfigError(f"{setting.key} must not be empty")
         if setting.kind == "float" and not math.isfinite(value):
             raise InvalidConfigError(f"{setting.key}={value} must be a finite number")
@@ -535,6 +602,10 @@ def _check_range(setting: Setting, value: Any, origin: str) -> None:
             replace(_BROKER_DEFAULTS, **{setting.field: value})
         elif setting.section == "http":
             replace(_HTTP_DEFAULTS, **{setting.field: value})
+        elif setting.section == "tls":
+            replace(_TLS_DEFAULTS, **{setting.field: value}, check_pairs=False)
+        elif setting.section == "security":
+            replace(_SECURITY_DEFAULTS, **{setting.field: value})
         else:
             replace(_SERVER_DEFAULTS, **{setting.field: value})
     except InvalidConfigError as exc:
@@ -565,6 +636,8 @@ _SECTION_HELP: dict[Section, str] = {
     "log": "Defaults of new topics' logs (a topic created with settings of its own keeps them).",
     "server": "The TCP listener of the binary protocol.",
     "http": "The HTTP gateway (REST API, health, OpenAPI spec); off while http_port = -1.",
+    "tls": "TLS of every listener (binary protocol, HTTP, compatibility); on once a cert is set.",
+    "security": "Authentication, authorization (ACLs), audit and quotas (docs/security.md).",
 }
 
 

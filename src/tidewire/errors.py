@@ -46,7 +46,13 @@ The tree::
     ├── GroupNotEmptyError            an operation that needs a group without members
     ├── InvalidGroupError             a bad group id, subscription, strategy or timeout
     ├── PartitionNotAssignedError     a commit for a partition the member does not own
-    └── GroupFullError                a group or the coordinator holds as many as allowed
+    ├── GroupFullError                a group or the coordinator holds as many as allowed
+    ├── AuthenticationFailedError     no credentials, wrong ones, or an expired or revoked key
+    ├── AuthorizationFailedError      the principal lacks the permission the request needs
+    ├── UnsupportedSaslMechanismError  a SASL mechanism the broker does not offer here
+    ├── TooManyAuthFailuresError      too many failed attempts from this address or principal
+    ├── UnknownPrincipalError         no such user, service account or API key
+    └── PrincipalExistsError          a principal of that name exists already
     └── ProtocolError                 a frame that breaks the binary protocol
         ├── FrameTooLargeError        a frame longer than the connection's limit
         ├── UnknownApiError           an API key the peer does not implement
@@ -504,3 +510,45 @@ class PartitionNotAssignedError(TidewireError):
 class GroupFullError(TidewireError):
     code = 89
     description = "the group, or the coordinator, holds as many members or groups as allowed"
+
+
+# --- security ---------------------------------------------------------------------------------
+
+
+class AuthenticationFailedError(TidewireError):
+    """No credentials where they are required, wrong ones, or an expired or revoked key. The
+    message never contains the key or anything derived from it."""
+
+    code = 100
+    description = "authentication failed"
+
+
+class AuthorizationFailedError(TidewireError):
+    """The authenticated principal lacks the permission the request needs; nothing changed."""
+
+    code = 101
+    description = "not authorized"
+
+
+class UnsupportedSaslMechanismError(TidewireError):
+    code = 102
+    description = "the SASL mechanism is not offered by the broker on this connection"
+
+
+class TooManyAuthFailuresError(TidewireError):
+    """Failed authentications from one address or for one principal went past the limit:
+    attempts are refused until the window passes (retriable, after a wait)."""
+
+    code = 103
+    retriable = True
+    description = "too many failed authentication attempts: wait and retry"
+
+
+class UnknownPrincipalError(TidewireError):
+    code = 104
+    description = "no such principal or API key"
+
+
+class PrincipalExistsError(TidewireError):
+    code = 105
+    description = "a principal of that name exists already"

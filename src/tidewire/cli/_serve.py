@@ -378,6 +378,136 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    tls_cert_file: Annotated[
+        str | None,
+        typer.Option(
+            help=_help(
+                "tls_cert_file", "PEM certificate chain of every listener (TLS on when set)."
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    tls_key_file: Annotated[
+        str | None,
+        typer.Option(
+            help=_help("tls_key_file", "PEM private key of --tls-cert-file."), show_default=False
+        ),
+    ] = None,
+    tls_ca_file: Annotated[
+        str | None,
+        typer.Option(
+            help=_help("tls_ca_file", "PEM CAs that client certificates are verified against."),
+            show_default=False,
+        ),
+    ] = None,
+    tls_min_version: Annotated[
+        str | None,
+        typer.Option(
+            help=_help("tls_min_version", "Oldest TLS version accepted: 1.2 or 1.3."),
+            show_default=False,
+        ),
+    ] = None,
+    tls_client_auth: Annotated[
+        str | None,
+        typer.Option(
+            help=_help(
+                "tls_client_auth", "Client certificates (mTLS): none, optional or required."
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    tls_principal_field: Annotated[
+        str | None,
+        typer.Option(
+            help=_help(
+                "tls_principal_field",
+                "Client certificate subject field naming the principal: CN or DN.",
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    authentication: Annotated[
+        bool | None,
+        typer.Option(
+            help=_help("authentication", "Require an authenticated principal on every listener."),
+            show_default=False,
+        ),
+    ] = None,
+    allow_anonymous: Annotated[
+        bool | None,
+        typer.Option(
+            help=_help(
+                "allow_anonymous",
+                "Allow non-loopback listeners without authentication, warned at each start.",
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    superusers: Annotated[
+        str | None,
+        typer.Option(
+            help=_help("superusers", "Principals allowed everything, comma-separated."),
+            show_default=False,
+        ),
+    ] = None,
+    allow_plain_without_tls: Annotated[
+        bool | None,
+        typer.Option(
+            help=_help("allow_plain_without_tls", "Accept SASL PLAIN on connections without TLS."),
+            show_default=False,
+        ),
+    ] = None,
+    scram_iterations: Annotated[
+        int | None,
+        typer.Option(
+            help=_help("scram_iterations", "PBKDF2 iterations of new SCRAM credentials."),
+            show_default=False,
+        ),
+    ] = None,
+    auth_failures_per_minute: Annotated[
+        int | None,
+        typer.Option(
+            help=_help(
+                "auth_failures_per_minute", "Failed logins per address and per principal a minute."
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    audit_retention_ms: Annotated[
+        int | None,
+        typer.Option(
+            help=_help("audit_retention_ms", "Keep audit records this long, ms (-1: forever)."),
+            show_default=False,
+        ),
+    ] = None,
+    quota_produce_bytes_per_s: Annotated[
+        int | None,
+        typer.Option(
+            help=_help(
+                "quota_produce_bytes_per_s",
+                "Default produce quota per principal, bytes/s (0: none).",
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    quota_fetch_bytes_per_s: Annotated[
+        int | None,
+        typer.Option(
+            help=_help(
+                "quota_fetch_bytes_per_s", "Default fetch quota per principal, bytes/s (0: none)."
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    quota_requests_per_s: Annotated[
+        int | None,
+        typer.Option(
+            help=_help(
+                "quota_requests_per_s", "Default request quota per principal, requests/s (0: none)."
+            ),
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT, then drain and stop cleanly: every listener
     stops accepting at once, long-polls and streams are answered, requests in flight get up
@@ -428,6 +558,22 @@ def serve(
         "http_max_connections_per_source": http_max_connections_per_source,
         "http_allowed_hosts": http_allowed_hosts,
         "http_allowed_origins": http_allowed_origins,
+        "tls_cert_file": tls_cert_file,
+        "tls_key_file": tls_key_file,
+        "tls_ca_file": tls_ca_file,
+        "tls_min_version": tls_min_version,
+        "tls_client_auth": tls_client_auth,
+        "tls_principal_field": tls_principal_field,
+        "authentication": authentication,
+        "allow_anonymous": allow_anonymous,
+        "superusers": superusers,
+        "allow_plain_without_tls": allow_plain_without_tls,
+        "scram_iterations": scram_iterations,
+        "auth_failures_per_minute": auth_failures_per_minute,
+        "audit_retention_ms": audit_retention_ms,
+        "quota_produce_bytes_per_s": quota_produce_bytes_per_s,
+        "quota_fetch_bytes_per_s": quota_fetch_bytes_per_s,
+        "quota_requests_per_s": quota_requests_per_s,
     }
     try:
         settings = load_settings(config, flags=flags)

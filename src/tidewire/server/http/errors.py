@@ -75,10 +75,16 @@ STATUS: dict[type[tw.TidewireError], int] = {
     tw.GroupFullError: 503,
     tw.StorageError: 503,
     tw.RequestTimedOutError: 504,
+    tw.AuthenticationFailedError: 401,
+    tw.UnsupportedSaslMechanismError: 401,
+    tw.AuthorizationFailedError: 403,
+    tw.TooManyAuthFailuresError: 429,
+    tw.UnknownPrincipalError: 404,
+    tw.PrincipalExistsError: 409,
 }
 
 #: Statuses whose answers say when to retry.
-_RETRY_AFTER_S = {503: "1"}
+_RETRY_AFTER_S = {503: "1", 429: "10"}
 
 _encode = msgspec.json.Encoder().encode
 
