@@ -84,9 +84,14 @@ def internal_config() -> LogConfig:
 TP = tuple[str, int]
 
 
+#: Every topic the broker keeps for itself: the offsets, the security state, the audit log.
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, "__security", "__audit"})
+
+
 def is_internal_topic(name: str) -> bool:
-    """Whether ``name`` is a topic the broker keeps for itself (clients may read it only)."""
-    return name == OFFSETS_TOPIC
+    """Whether ``name`` is a topic the broker keeps for itself (clients may read the offsets
+    only; ``__security`` and ``__audit`` not at all)."""
+    return name in INTERNAL_TOPICS
 
 
 class OffsetKey(msgspec.Struct, array_like=True, frozen=True):
