@@ -102,6 +102,10 @@ __all__ = [
     "ResetOffsetResult",
     "ResetOffsetsRequest",
     "ResetOffsetsResponse",
+    "SaslAuthenticateRequest",
+    "SaslAuthenticateResponse",
+    "SaslHandshakeRequest",
+    "SaslHandshakeResponse",
     "StorageProblem",
     "SubscribePartition",
     "SubscribeRequest",
@@ -110,6 +114,8 @@ __all__ = [
     "TopicDescription",
     "UnsubscribeRequest",
     "UnsubscribeResponse",
+    "WhoAmIRequest",
+    "WhoAmIResponse",
     "decode_body",
     "encode_body",
     "schema_for",
@@ -158,6 +164,9 @@ class ApiKey(enum.IntEnum):
     PRODUCER_STATE = 24
     RELEASE_WRITERS = 25
     REPAIR_TOPIC = 26
+    SASL_HANDSHAKE = 27
+    SASL_AUTHENTICATE = 28
+    WHOAMI = 29
 
 
 class Body(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -824,6 +833,58 @@ class PushBody(msgspec.Struct, kw_only=True, omit_defaults=True):
     damage_end: int = -1
 
 
+# --- authentication -----------------------------------------------------------------------------
+
+
+class SaslHandshakeRequest(Body, kw_only=True, omit_defaults=True):
+    """Choose the SASL mechanism of the authentication that follows (right after
+    API_VERSIONS): ``SCRAM-SHA-256``, ``SCRAM-SHA-512`` or ``PLAIN``."""
+
+    api_key = ApiKey.SASL_HANDSHAKE
+    mechanism: str
+
+
+class SaslHandshakeResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.SASL_HANDSHAKE
+    #: The mechanisms this connection may use (PLAIN only over TLS, unless allowed).
+    mechanisms: list[str] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
+class SaslAuthenticateRequest(Body, kw_only=True, omit_defaults=True):
+    """One SASL message of the chosen mechanism, client to server (SCRAM: client-first,
+    then client-final; PLAIN: ``\0<key id>\0<API key>`` or ``\0\0<API key>``)."""
+
+    api_key = ApiKey.SASL_AUTHENTICATE
+    auth_bytes: bytes
+
+
+class SaslAuthenticateResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.SASL_AUTHENTICATE
+    auth_bytes: bytes = b""
+    #: Set once the exchange succeeded: the principal the connection acts as from now on.
+    principal: str = ""
+    complete: bool = False
+    error_code: int = 0
+    error_message: str = ""
+
+
+class WhoAmIRequest(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.WHOAMI
+
+
+class WhoAmIResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.WHOAMI
+    principal: str = ""  # "": anonymous (authentication off)
+    kind: str = ""
+    roles: list[str] = msgspec.field(default_factory=list)
+    mechanism: str = ""  # SCRAM-SHA-256, SCRAM-SHA-512, PLAIN, certificate, or ""
+    tls: bool = False
+    authentication: bool = False  # whether the broker requires it
+    superuser: bool = False
+
+
 # --- the registry and the codec ------------------------------------------------------------
 
 _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
@@ -854,6 +915,9 @@ _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
     ApiKey.PRODUCER_STATE: (ProducerStateRequest, ProducerStateResponse),
     ApiKey.RELEASE_WRITERS: (ReleaseWritersRequest, ReleaseWritersResponse),
     ApiKey.REPAIR_TOPIC: (RepairTopicRequest, RepairTopicResponse),
+    ApiKey.SASL_HANDSHAKE: (SaslHandshakeRequest, SaslHandshakeResponse),
+    ApiKey.SASL_AUTHENTICATE: (SaslAuthenticateRequest, SaslAuthenticateResponse),
+    ApiKey.WHOAMI: (WhoAmIRequest, WhoAmIResponse),
 }
 #: (min, max) version of each API this code speaks. Version 0 is the first of each.
 _VERSIONS: dict[ApiKey, tuple[int, int]] = dict.fromkeys(_SCHEMAS, (0, 0))

@@ -1,0 +1,137 @@
+"""What each binary API needs, declared as data: the gate reads this table before a handler
+runs, and a test fails for an API without an entry.
+
+An entry is one of:
+
+- :data:`PUBLIC`: no authentication (API_VERSIONS and the SASL exchange itself);
+- :data:`AUTHENTICATED`: any authenticated principal; the handler shows only what the
+  principal may describe (LIST_TOPICS, LIST_GROUPS) or acts on the connection's own state
+  (CREDIT, UNSUBSCRIBE, WHOAMI);
+- a function from the decoded request to the permissions it needs, every one required:
+  ``[Need(ResourceType.TOPIC, Operation.WRITE, "orders"), ...]``.
+
+A need with ``if_missing`` applies only when that topic does not exist yet (the creation a
+first publish or a metadata request with auto_create makes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from tidewire.protocol.messages import ApiKey
+from tidewire.security.model import CLUSTER_NAME, Operation, ResourceType
+
+__all__ = ["API_NEEDS", "AUTHENTICATED", "PUBLIC", "Need", "Requirement"]
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """One permission: ``operation`` on the ``resource`` named ``name``."""
+
+    resource: ResourceType
+    operation: Operation
+    name: str = CLUSTER_NAME
+    #: Needed only when the topic ``name`` does not exist (auto-creation).
+    if_missing: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.operation} on {self.resource}:{self.name}"
+
+
+class _Marker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+PUBLIC: Final = _Marker("PUBLIC")
+AUTHENTICATED: Final = _Marker("AUTHENTICATED")
+Requirement = _Marker | Callable[[Any], list[Need]]
+
+_T, _G, _C = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER
+_O = Operation
+
+
+def _topics(op: Operation, names: Iterable[str]) -> list[Need]:
+    return [Need(_T, op, t) for t in dict.fromkeys(names)]
+
+
+def _produce(req: Any) -> list[Need]:
+    names = [p.topic for p in req.partitions]
+    return _topics(_O.WRITE, names) + [
+        Need(_T, _O.CREATE, t, if_missing=True) for t in dict.fromkeys(names)
+    ]
+
+
+def _metadata(req: Any) -> list[Need]:
+    if not req.topics:
+        return []  # every topic: the handler lists those the principal may describe
+    needs = _topics(_O.DESCRIBE, req.topics)
+    if req.auto_create:
+        needs += [Need(_T, _O.CREATE, t, if_missing=True) for t in dict.fromkeys(req.topics)]
+    return needs
+
+
+def _group(op: Operation) -> Callable[[Any], list[Need]]:
+    return lambda req: [Need(_G, op, req.group_id)]
+
+
+def _join(req: Any) -> list[Need]:
+    return [Need(_G, _O.READ, req.group_id), *_topics(_O.DESCRIBE, req.topics)]
+
+
+def _commit(req: Any) -> list[Need]:
+    return [Need(_G, _O.READ, req.group_id), *_topics(_O.READ, (p.topic for p in req.partitions))]
+
+
+def _offset_fetch(req: Any) -> list[Need]:
+    parts = req.partitions or []
+    return [Need(_G, _O.DESCRIBE, req.group_id), *_topics(_O.DESCRIBE, (p.topic for p in parts))]
+
+
+def _reset(req: Any) -> list[Need]:
+    return [Need(_G, _O.ALTER, req.group_id), Need(_T, _O.DESCRIBE, req.topic)]
+
+
+def _producer_state(req: Any) -> list[Need]:
+    return _topics(_O.WRITE, (p.topic for p in req.partitions))
+
+
+#: Every binary API's requirement (see the module docstring).
+API_NEEDS: dict[ApiKey, Requirement] = {
+    ApiKey.API_VERSIONS: PUBLIC,
+    ApiKey.SASL_HANDSHAKE: PUBLIC,
+    ApiKey.SASL_AUTHENTICATE: PUBLIC,
+    ApiKey.WHOAMI: AUTHENTICATED,
+    ApiKey.PING: lambda req: [Need(_C, _O.DESCRIBE)],
+    ApiKey.METADATA: _metadata,
+    ApiKey.CREATE_TOPIC: lambda req: [Need(_T, _O.CREATE, req.name)],
+    ApiKey.DELETE_TOPIC: lambda req: [Need(_T, _O.DELETE, req.name)],
+    ApiKey.LIST_TOPICS: AUTHENTICATED,
+    ApiKey.DESCRIBE_TOPIC: lambda req: [Need(_T, _O.DESCRIBE, req.name)],
+    ApiKey.ALTER_TOPIC: lambda req: [Need(_T, _O.ALTER, req.name)],
+    ApiKey.REPAIR_TOPIC: lambda req: [Need(_T, _O.ALTER, req.name), Need(_C, _O.ADMIN)],
+    ApiKey.PRODUCE: _produce,
+    ApiKey.FETCH: lambda req: _topics(_O.READ, (p.topic for p in req.partitions)),
+    ApiKey.LIST_OFFSETS: lambda req: _topics(_O.DESCRIBE, (p.topic for p in req.partitions)),
+    # Producer ids are the cluster's to hand out (Kafka: IdempotentWrite on the cluster).
+    ApiKey.INIT_PRODUCER_ID: lambda req: [Need(_C, _O.WRITE)],
+    ApiKey.PRODUCER_STATE: _producer_state,
+    ApiKey.RELEASE_WRITERS: lambda req: [Need(_C, _O.WRITE)],
+    ApiKey.JOIN_GROUP: _join,
+    ApiKey.HEARTBEAT: _group(_O.READ),
+    ApiKey.LEAVE_GROUP: _group(_O.READ),
+    ApiKey.OFFSET_COMMIT: _commit,
+    ApiKey.OFFSET_FETCH: _offset_fetch,
+    ApiKey.LIST_GROUPS: AUTHENTICATED,
+    ApiKey.DESCRIBE_GROUP: _group(_O.DESCRIBE),
+    ApiKey.DELETE_GROUP: _group(_O.DELETE),
+    ApiKey.RESET_OFFSETS: _reset,
+    ApiKey.SUBSCRIBE: lambda req: _topics(_O.READ, (p.topic for p in req.partitions)),
+    ApiKey.CREDIT: AUTHENTICATED,
+    ApiKey.UNSUBSCRIBE: AUTHENTICATED,
+}
