@@ -56,14 +56,24 @@ def test_exported_names() -> None:
 
 def test_async_client_methods() -> None:
     assert sorted(public_methods(AsyncClient)) == [
+        "add_acls",
+        "alter_acls",
+        "alter_principal",
         "alter_topic",
+        "clear_quota",
         "close",
         "commit_offsets",
         "committed_offsets",
+        "create_api_key",
+        "create_principal",
         "create_topic",
         "delete_group",
+        "delete_principal",
         "delete_topic",
+        "describe_acls",
         "describe_group",
+        "describe_principals",
+        "describe_quotas",
         "describe_topic",
         "fetch",
         "fetch_batches",
@@ -76,10 +86,14 @@ def test_async_client_methods() -> None:
         "produce_batch",
         "producer_state",
         "release_writers",
+        "remove_acls",
         "repair_topic",
         "reset_group_offsets",
+        "revoke_api_key",
         "server_version",
+        "set_quota",
         "storage_problems",
+        "whoami",
     ]
     for name, method in public_methods(AsyncClient).items():
         assert inspect.iscoroutinefunction(method), name

@@ -13,6 +13,7 @@ import msgspec
 from hypothesis import strategies as st
 
 from tidewire.protocol import NEED_DATA, PAUSED, Connection, ConnectionClosed
+from tidewire.protocol import messages as sec
 from tidewire.protocol.frames import Buffer
 from tidewire.protocol.messages import (
     AlterTopicRequest,
@@ -295,6 +296,64 @@ SAMPLES: dict[ApiKey, tuple[Body, Body]] = {
         ),
     ),
 }
+
+# Security administration.
+_KEY = sec.ApiKeyInfo(
+    id="0123456789ab", principal="alice", state="active", created_ms=1, description="ci"
+)
+_ACL = sec.AclEntry(
+    principal="role:ops",
+    resource_type="topic",
+    pattern="logs.",
+    pattern_type="prefix",
+    operation="write",
+)
+_ALICE = sec.PrincipalInfo(name="alice", roles=["producer"], created_ms=1, keys=[_KEY])
+_QUOTA = sec.QuotaEntry(principal="alice", produce_bytes_per_s=1024, requests_per_s=-1)
+SAMPLES.update(
+    {
+        ApiKey.CREATE_PRINCIPAL: (
+            sec.CreatePrincipalRequest(name="alice", kind="service", roles=["producer"]),
+            sec.CreatePrincipalResponse(principal=_ALICE),
+        ),
+        ApiKey.DELETE_PRINCIPAL: (
+            sec.DeletePrincipalRequest(name="alice"),
+            sec.DeletePrincipalResponse(keys_deleted=2, acls_deleted=1),
+        ),
+        ApiKey.DESCRIBE_PRINCIPALS: (
+            sec.DescribePrincipalsRequest(names=["alice"]),
+            sec.DescribePrincipalsResponse(principals=[_ALICE]),
+        ),
+        ApiKey.ALTER_PRINCIPAL: (
+            sec.AlterPrincipalRequest(name="alice", roles=["viewer"], description="x"),
+            sec.AlterPrincipalResponse(error_code=104, error_message="no principal named 'x'"),
+        ),
+        ApiKey.CREATE_API_KEY: (
+            sec.CreateApiKeyRequest(principal="alice", expires_ms=2, description="ci"),
+            sec.CreateApiKeyResponse(key=_KEY, secret_key="twk_0123456789ab_" + "A" * 43),
+        ),
+        ApiKey.REVOKE_API_KEY: (
+            sec.RevokeApiKeyRequest(key_id="0123456789ab", principal="alice"),
+            sec.RevokeApiKeyResponse(key=_KEY),
+        ),
+        ApiKey.ALTER_ACLS: (
+            sec.AlterAclsRequest(add=[_ACL], remove=[_ACL]),
+            sec.AlterAclsResponse(added=[_ACL]),
+        ),
+        ApiKey.DESCRIBE_ACLS: (
+            sec.DescribeAclsRequest(principal="role:ops", matching="logs.app"),
+            sec.DescribeAclsResponse(acls=[_ACL]),
+        ),
+        ApiKey.ALTER_QUOTAS: (
+            sec.AlterQuotasRequest(set_quotas=[_QUOTA], clear_quotas=["bob"]),
+            sec.AlterQuotasResponse(quotas=[_QUOTA]),
+        ),
+        ApiKey.DESCRIBE_QUOTAS: (
+            sec.DescribeQuotasRequest(principals=["alice"]),
+            sec.DescribeQuotasResponse(quotas=[_QUOTA], defaults=_QUOTA),
+        ),
+    }
+)
 
 #: Every schema, request and response, as (api key, response?, schema) for parametrizing.
 SCHEMAS: list[tuple[ApiKey, bool, type[Body]]] = [

@@ -56,6 +56,8 @@ from tidewire.errors import (
     UnknownTopicError,
 )
 from tidewire.records import BatchHeader, iter_batches
+from tidewire.security.config import SecurityConfig
+from tidewire.security.store import SecurityStore
 from tidewire.storage import FsyncPolicy, LogConfig, LogManager, PartitionLog
 from tidewire.storage.damage import Damage
 from tidewire.storage.filecache import open_descriptors, raise_descriptor_limit
@@ -253,8 +255,9 @@ class Broker:
         config: the broker's settings.
     """
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, *, security: SecurityConfig | None = None) -> None:
         self.config = config
+        self.security_config = security if security is not None else SecurityConfig()
         self.descriptors_before, self.descriptor_limit = raise_descriptor_limit()
         #: The log files kept open at most (see BrokerConfig.max_open_files).
         self.max_open_files = config.max_open_files or max(
@@ -300,6 +303,8 @@ class Broker:
             self._load_producers()
             offsets = OffsetStore(self.logs)
             offsets.load()
+            self.security = SecurityStore(self.logs, self.security_config)
+            self.security.load()
         except BaseException:
             self.logs.close()
             raise

@@ -53,7 +53,9 @@ from tidewire.protocol.messages import (
     TopicDescription,
 )
 from tidewire.records import BatchBuilder, Codec, Record, iter_batches, iter_records
+from tidewire.security.credentials import Credentials
 
+from ._security import AsyncSecurityAdmin, SecurityAdmin
 from ._transport import Transport, parse_addr
 
 __all__ = ["AsyncClient", "Client", "FetchedBatches", "FetchedRecords", "Message"]
@@ -96,7 +98,7 @@ def _raise(code: int, message: str) -> None:
         raise for_code(code)(message)
 
 
-class AsyncClient:
+class AsyncClient(AsyncSecurityAdmin):
     """An asyncio client for one broker.
 
     Args:
@@ -104,6 +106,7 @@ class AsyncClient:
         request_timeout_s: default timeout of each request.
         connect_timeout_s: how long opening the connection may take.
         max_in_flight: requests sent and not yet answered on the connection.
+        credentials: the API key (and SASL mechanism) to authenticate with (None: none).
 
     Use as ``async with AsyncClient("127.0.0.1:7400") as client``.
     """
@@ -115,7 +118,9 @@ class AsyncClient:
         request_timeout_s: float = 30.0,
         connect_timeout_s: float = 10.0,
         max_in_flight: int = 64,
+        credentials: Credentials | None = None,
     ) -> None:
+        self.credentials = credentials
         self._t = Transport(
             addr,
             request_timeout_s=request_timeout_s,
@@ -464,7 +469,7 @@ class AsyncClient:
         return list(body.results)
 
 
-class Client(BlockingTwin[AsyncClient]):
+class Client(BlockingTwin[AsyncClient], SecurityAdmin):
     """The blocking twin of :class:`AsyncClient`: the same methods, called without await.
 
     It runs an event loop in a thread of its own; use as ``with Client(addr) as client``.
@@ -477,12 +482,13 @@ class Client(BlockingTwin[AsyncClient]):
         request_timeout_s: float = 30.0,
         connect_timeout_s: float = 10.0,
         max_in_flight: int = 64,
+        credentials: Credentials | None = None,
     ) -> None:
         parse_addr(addr)  # a bad address fails here, before a thread is started
         self._start_loop("tidewire-client")
         try:
             self._async = self._run(
-                self._make(addr, request_timeout_s, connect_timeout_s, max_in_flight)
+                self._make(addr, request_timeout_s, connect_timeout_s, max_in_flight, credentials)
             )
         except BaseException:
             self._stop_loop()
@@ -490,13 +496,18 @@ class Client(BlockingTwin[AsyncClient]):
 
     @staticmethod
     async def _make(
-        addr: str, request_timeout_s: float, connect_timeout_s: float, max_in_flight: int
+        addr: str,
+        request_timeout_s: float,
+        connect_timeout_s: float,
+        max_in_flight: int,
+        credentials: Credentials | None,
     ) -> AsyncClient:
         return AsyncClient(
             addr,
             request_timeout_s=request_timeout_s,
             connect_timeout_s=connect_timeout_s,
             max_in_flight=max_in_flight,
+            credentials=credentials,
         )
 
     def ping(self) -> None:

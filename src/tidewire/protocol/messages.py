@@ -29,15 +29,27 @@ __all__ = [
     "RESET_LATEST",
     "RESET_OFFSET",
     "RESET_TIMESTAMP",
+    "AclEntry",
+    "AlterAclsRequest",
+    "AlterAclsResponse",
+    "AlterPrincipalRequest",
+    "AlterPrincipalResponse",
+    "AlterQuotasRequest",
+    "AlterQuotasResponse",
     "AlterTopicRequest",
     "AlterTopicResponse",
     "ApiKey",
+    "ApiKeyInfo",
     "ApiVersionRange",
     "ApiVersionsRequest",
     "ApiVersionsResponse",
     "Body",
     "CommitPartition",
     "CommittedOffset",
+    "CreateApiKeyRequest",
+    "CreateApiKeyResponse",
+    "CreatePrincipalRequest",
+    "CreatePrincipalResponse",
     "CreateTopicRequest",
     "CreateTopicResponse",
     "CreditRequest",
@@ -45,10 +57,18 @@ __all__ = [
     "DamageInfo",
     "DeleteGroupRequest",
     "DeleteGroupResponse",
+    "DeletePrincipalRequest",
+    "DeletePrincipalResponse",
     "DeleteTopicRequest",
     "DeleteTopicResponse",
+    "DescribeAclsRequest",
+    "DescribeAclsResponse",
     "DescribeGroupRequest",
     "DescribeGroupResponse",
+    "DescribePrincipalsRequest",
+    "DescribePrincipalsResponse",
+    "DescribeQuotasRequest",
+    "DescribeQuotasResponse",
     "DescribeTopicRequest",
     "DescribeTopicResponse",
     "ErrorBody",
@@ -86,6 +106,7 @@ __all__ = [
     "PartitionResult",
     "PingRequest",
     "PingResponse",
+    "PrincipalInfo",
     "ProducePartition",
     "ProducePartitionResult",
     "ProduceRequest",
@@ -94,6 +115,7 @@ __all__ = [
     "ProducerStateRequest",
     "ProducerStateResponse",
     "PushBody",
+    "QuotaEntry",
     "ReleaseWritersRequest",
     "ReleaseWritersResponse",
     "RepairResult",
@@ -102,6 +124,8 @@ __all__ = [
     "ResetOffsetResult",
     "ResetOffsetsRequest",
     "ResetOffsetsResponse",
+    "RevokeApiKeyRequest",
+    "RevokeApiKeyResponse",
     "SaslAuthenticateRequest",
     "SaslAuthenticateResponse",
     "SaslHandshakeRequest",
@@ -167,6 +191,16 @@ class ApiKey(enum.IntEnum):
     SASL_HANDSHAKE = 27
     SASL_AUTHENTICATE = 28
     WHOAMI = 29
+    CREATE_PRINCIPAL = 30
+    DELETE_PRINCIPAL = 31
+    DESCRIBE_PRINCIPALS = 32
+    ALTER_PRINCIPAL = 33
+    CREATE_API_KEY = 34
+    REVOKE_API_KEY = 35
+    ALTER_ACLS = 36
+    DESCRIBE_ACLS = 37
+    ALTER_QUOTAS = 39
+    DESCRIBE_QUOTAS = 40
 
 
 class Body(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -885,6 +919,223 @@ class WhoAmIResponse(Body, kw_only=True, omit_defaults=True):
     superuser: bool = False
 
 
+# --- security administration: principals, API keys, ACLs, quotas -----------------------------
+
+
+class ApiKeyInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """An API key as it is listed: never its secret nor its hash."""
+
+    id: str
+    principal: str
+    state: str  # "active", "expired" or "revoked"
+    created_ms: int
+    expires_ms: int = 0  # 0: never
+    revoked_ms: int = 0  # 0: not revoked
+    description: str = ""
+
+
+class PrincipalInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A principal with its API keys."""
+
+    name: str
+    kind: str = "user"  # "user" or "service"
+    roles: list[str] = msgspec.field(default_factory=list)
+    created_ms: int = 0
+    description: str = ""
+    keys: list[ApiKeyInfo] = msgspec.field(default_factory=list)
+
+
+class CreatePrincipalRequest(Body, kw_only=True, omit_defaults=True):
+    """Create a user or a service account (``kind`` ``"service"``) with roles."""
+
+    api_key = ApiKey.CREATE_PRINCIPAL
+    name: str
+    kind: str = "user"
+    roles: list[str] = msgspec.field(default_factory=list)
+    description: str = ""
+
+
+class CreatePrincipalResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.CREATE_PRINCIPAL
+    principal: PrincipalInfo | None = None
+    error_code: int = 0
+    error_message: str = ""
+
+
+class DeletePrincipalRequest(Body, kw_only=True, omit_defaults=True):
+    """Delete a principal with its keys, ACLs and quota."""
+
+    api_key = ApiKey.DELETE_PRINCIPAL
+    name: str
+
+
+class DeletePrincipalResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.DELETE_PRINCIPAL
+    #: What went with it.
+    keys_deleted: int = 0
+    acls_deleted: int = 0
+    error_code: int = 0
+    error_message: str = ""
+
+
+class DescribePrincipalsRequest(Body, kw_only=True, omit_defaults=True):
+    """The principals named (``None``: every one), each with its keys."""
+
+    api_key = ApiKey.DESCRIBE_PRINCIPALS
+    names: list[str] | None = None
+
+
+class DescribePrincipalsResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.DESCRIBE_PRINCIPALS
+    principals: list[PrincipalInfo] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
+class AlterPrincipalRequest(Body, kw_only=True, omit_defaults=True):
+    """Replace a principal's roles and/or description (``None``: leave as is)."""
+
+    api_key = ApiKey.ALTER_PRINCIPAL
+    name: str
+    roles: list[str] | None = None
+    description: str | None = None
+
+
+class AlterPrincipalResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.ALTER_PRINCIPAL
+    principal: PrincipalInfo | None = None
+    error_code: int = 0
+    error_message: str = ""
+
+
+class CreateApiKeyRequest(Body, kw_only=True, omit_defaults=True):
+    """A new API key for ``principal``; ``expires_ms`` is a time in ms since the epoch
+    (0: never)."""
+
+    api_key = ApiKey.CREATE_API_KEY
+    principal: str
+    expires_ms: int = 0
+    description: str = ""
+
+
+class CreateApiKeyResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.CREATE_API_KEY
+    key: ApiKeyInfo | None = None
+    #: The whole key (``twk_<id>_<secret>``): in this answer only, never again.
+    secret_key: str = ""
+    error_code: int = 0
+    error_message: str = ""
+
+
+class RevokeApiKeyRequest(Body, kw_only=True, omit_defaults=True):
+    """Revoke a key by id. With ``principal``, the key must be that principal's: a
+    principal revokes its own keys so, without the right to manage others'."""
+
+    api_key = ApiKey.REVOKE_API_KEY
+    key_id: str
+    principal: str = ""
+
+
+class RevokeApiKeyResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.REVOKE_API_KEY
+    key: ApiKeyInfo | None = None
+    error_code: int = 0
+    error_message: str = ""
+
+
+class AclEntry(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One ACL entry (see :mod:`tidewire.security.model`): ``principal`` is a name,
+    ``role:NAME`` or ``*``; ``resource_type`` topic, group, cluster, queue, exchange or
+    stream; ``pattern_type`` literal or prefix; ``operation`` read, write, create, delete,
+    describe, alter, admin or all; ``effect`` allow or deny."""
+
+    principal: str
+    resource_type: str
+    pattern: str
+    pattern_type: str = "literal"
+    operation: str
+    effect: str = "allow"
+
+
+class AlterAclsRequest(Body, kw_only=True, omit_defaults=True):
+    """Add and remove ACL entries (all are checked before any is changed)."""
+
+    api_key = ApiKey.ALTER_ACLS
+    add: list[AclEntry] = msgspec.field(default_factory=list)
+    remove: list[AclEntry] = msgspec.field(default_factory=list)
+
+
+class AlterAclsResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.ALTER_ACLS
+    #: The entries that were added (not present before) and removed (present before).
+    added: list[AclEntry] = msgspec.field(default_factory=list)
+    removed: list[AclEntry] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
+class DescribeAclsRequest(Body, kw_only=True, omit_defaults=True):
+    """The ACL entries that pass every filter given ("": any)."""
+
+    api_key = ApiKey.DESCRIBE_ACLS
+    principal: str = ""
+    resource_type: str = ""
+    #: The entry's pattern, exactly.
+    pattern: str = ""
+    pattern_type: str = ""
+    #: A resource name: entries whose pattern covers it (literal, prefix or ``*``).
+    matching: str = ""
+
+
+class DescribeAclsResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.DESCRIBE_ACLS
+    acls: list[AclEntry] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
+class QuotaEntry(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A principal's quotas: bytes or requests per second; 0 none, -1 the broker's
+    default. In a set request, ``None`` leaves a value as it is."""
+
+    principal: str
+    produce_bytes_per_s: int | None = None
+    fetch_bytes_per_s: int | None = None
+    requests_per_s: int | None = None
+
+
+class AlterQuotasRequest(Body, kw_only=True, omit_defaults=True):
+    """Set some principals' quotas, and clear others' (back to the broker's defaults)."""
+
+    api_key = ApiKey.ALTER_QUOTAS
+    set_quotas: list[QuotaEntry] = msgspec.field(default_factory=list)
+    clear_quotas: list[str] = msgspec.field(default_factory=list)
+
+
+class AlterQuotasResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.ALTER_QUOTAS
+    #: The quotas now in place of the principals set.
+    quotas: list[QuotaEntry] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
+class DescribeQuotasRequest(Body, kw_only=True, omit_defaults=True):
+    """The quotas of the principals named (``None``: every one with its own)."""
+
+    api_key = ApiKey.DESCRIBE_QUOTAS
+    principals: list[str] | None = None
+
+
+class DescribeQuotasResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.DESCRIBE_QUOTAS
+    quotas: list[QuotaEntry] = msgspec.field(default_factory=list)
+    #: The broker's defaults (principal ``*``), which -1 stands for.
+    defaults: QuotaEntry | None = None
+    error_code: int = 0
+    error_message: str = ""
+
+
 # --- the registry and the codec ------------------------------------------------------------
 
 _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
@@ -918,6 +1169,16 @@ _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
     ApiKey.SASL_HANDSHAKE: (SaslHandshakeRequest, SaslHandshakeResponse),
     ApiKey.SASL_AUTHENTICATE: (SaslAuthenticateRequest, SaslAuthenticateResponse),
     ApiKey.WHOAMI: (WhoAmIRequest, WhoAmIResponse),
+    ApiKey.CREATE_PRINCIPAL: (CreatePrincipalRequest, CreatePrincipalResponse),
+    ApiKey.DELETE_PRINCIPAL: (DeletePrincipalRequest, DeletePrincipalResponse),
+    ApiKey.DESCRIBE_PRINCIPALS: (DescribePrincipalsRequest, DescribePrincipalsResponse),
+    ApiKey.ALTER_PRINCIPAL: (AlterPrincipalRequest, AlterPrincipalResponse),
+    ApiKey.CREATE_API_KEY: (CreateApiKeyRequest, CreateApiKeyResponse),
+    ApiKey.REVOKE_API_KEY: (RevokeApiKeyRequest, RevokeApiKeyResponse),
+    ApiKey.ALTER_ACLS: (AlterAclsRequest, AlterAclsResponse),
+    ApiKey.DESCRIBE_ACLS: (DescribeAclsRequest, DescribeAclsResponse),
+    ApiKey.ALTER_QUOTAS: (AlterQuotasRequest, AlterQuotasResponse),
+    ApiKey.DESCRIBE_QUOTAS: (DescribeQuotasRequest, DescribeQuotasResponse),
 }
 #: (min, max) version of each API this code speaks. Version 0 is the first of each.
 _VERSIONS: dict[ApiKey, tuple[int, int]] = dict.fromkeys(_SCHEMAS, (0, 0))

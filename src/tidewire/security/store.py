@@ -114,6 +114,10 @@ class SecurityStore:
         #: Incremented by every change: the authorizer's caches compare it.
         self.version = 0
 
+    def now_ms(self) -> int:
+        """The store's clock: the time that key expiry is judged by."""
+        return self._clock()
+
     # --- loading ------------------------------------------------------------------------------
 
     def load(self) -> None:
@@ -203,6 +207,7 @@ class SecurityStore:
         if kind not in ("user", "service"):
             raise InvalidRequestError(f"principal kind {kind!r} must be user or service")
         roles = self._check_roles(roles)
+        _check_description(description)
         async with self._lock:
             if name in self.principals:
                 raise PrincipalExistsError(f"principal {name!r} exists already")
@@ -211,22 +216,49 @@ class SecurityStore:
                 kind=kind,
                 roles=roles,
                 created_ms=self._clock(),
-                description=description[:256],
+                description=description,
             )
             await self._write([(f"principal/{name}", _json.encode(p))])
         return p
 
+    def known_roles(self) -> set[str]:
+        """The built-in roles and those an ACL names (``role:NAME``)."""
+        named = {a.principal[5:] for a in self.acls if a.principal.startswith("role:")}
+        return set(BUILTIN_ROLES) | named
+
     def _check_roles(self, roles: Iterable[str]) -> tuple[str, ...]:
         out = tuple(dict.fromkeys(r.strip() for r in roles if r.strip()))
+        known = self.known_roles()
         for r in out:
             check_principal_name(r)
+            if r not in known:
+                raise InvalidRequestError(
+                    f"unknown role {r!r}: the built-in roles are "
+                    f"{', '.join(sorted(BUILTIN_ROLES))}; a role of your own exists once an "
+                    f"ACL names it (principal 'role:{r}')"
+                )
         return out
 
     async def set_roles(self, name: str, roles: Iterable[str]) -> Principal:
         """Raises: UnknownPrincipalError, InvalidRequestError."""
-        checked = self._check_roles(roles)
+        return await self.alter_principal(name, roles=roles)
+
+    async def alter_principal(
+        self, name: str, *, roles: Iterable[str] | None = None, description: str | None = None
+    ) -> Principal:
+        """Replace the roles and/or the description of a principal (None: leave as is).
+
+        Raises: UnknownPrincipalError, InvalidRequestError (an unknown role, a description
+        over 256 characters)."""
+        checked = None if roles is None else self._check_roles(roles)
+        if description is not None:
+            _check_description(description)
         async with self._lock:
-            p = msgspec.structs.replace(self.principal(name), roles=checked)
+            p = self.principal(name)
+            if checked is not None:
+                p = msgspec.structs.replace(p, roles=checked)
+            if description is not None:
+                p = msgspec.structs.replace(p, description=description)
             await self._write([(f"principal/{name}", _json.encode(p))])
         return p
 
@@ -253,6 +285,7 @@ class SecurityStore:
 
         Raises: UnknownPrincipalError, InvalidRequestError (an expiry in the past)."""
         self.principal(principal)
+        _check_description(description)
         now = self._clock()
         if expires_ms and expires_ms <= now:
             raise InvalidRequestError(f"expires_ms={expires_ms} is in the past (now {now})")
@@ -270,7 +303,7 @@ class SecurityStore:
             principal=principal,
             created_ms=now,
             expires_ms=expires_ms,
-            description=description[:256],
+            description=description,
             secret_hash=secret_hash,
             scram=scram,
         )
@@ -403,6 +436,17 @@ class SecurityStore:
             path,
         )
         return path
+
+
+#: Characters a principal's or a key's description may have.
+MAX_DESCRIPTION_CHARS = 256
+
+
+def _check_description(text: str) -> None:
+    if len(text) > MAX_DESCRIPTION_CHARS:
+        raise InvalidRequestError(
+            f"a description of {len(text):,} characters exceeds {MAX_DESCRIPTION_CHARS}"
+        )
 
 
 def _acl_key(a: Acl) -> str:

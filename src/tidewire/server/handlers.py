@@ -92,6 +92,7 @@ from tidewire.protocol.messages import (
     supported_versions,
 )
 from tidewire.server.push import PUSH_APIS
+from tidewire.server.security_admin import SECURITY_HANDLERS
 from tidewire.storage import LogConfig
 
 __all__ = ["HANDLERS", "Handler", "Reply", "ServerInfo"]
@@ -619,4 +620,5 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.DELETE_GROUP: delete_group,
     ApiKey.RESET_OFFSETS: reset_offsets,
     ApiKey.REPAIR_TOPIC: repair_topic,
+    **SECURITY_HANDLERS,
 }

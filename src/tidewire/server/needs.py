@@ -12,6 +12,10 @@ An entry is one of:
 
 A need with ``if_missing`` applies only when that topic does not exist yet (the creation a
 first publish or a metadata request with auto_create makes).
+
+A need with ``unless_principal`` does not apply when the request comes from that principal:
+a principal lists, creates and revokes its own API keys with authentication alone, while
+doing so for another needs alter (describe, to list) on the cluster.
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ class Need:
     name: str = CLUSTER_NAME
     #: Needed only when the topic ``name`` does not exist (auto-creation).
     if_missing: bool = False
+    #: Not needed when the requesting principal is this one ("": always needed).
+    unless_principal: str = ""
+
+    def applies_to(self, principal: str | None) -> bool:
+        """Whether this need applies to a request of ``principal`` (None: anonymous)."""
+        return not (self.unless_principal and principal == self.unless_principal)
 
     def __str__(self) -> str:
         return f"{self.operation} on {self.resource}:{self.name}"
@@ -101,6 +111,16 @@ def _producer_state(req: Any) -> list[Need]:
     return _topics(_O.WRITE, (p.topic for p in req.partitions))
 
 
+def _cluster(op: Operation) -> Callable[[Any], list[Need]]:
+    return lambda req: [Need(_C, op)]
+
+
+def _describe_principals(req: Any) -> list[Need]:
+    # Describing oneself alone (one's keys: ``tidewire key list ME``) needs no permission.
+    own = req.names[0] if req.names is not None and len(req.names) == 1 else ""
+    return [Need(_C, _O.DESCRIBE, unless_principal=own)]
+
+
 #: Every binary API's requirement (see the module docstring).
 API_NEEDS: dict[ApiKey, Requirement] = {
     ApiKey.API_VERSIONS: PUBLIC,
@@ -134,4 +154,17 @@ API_NEEDS: dict[ApiKey, Requirement] = {
     ApiKey.SUBSCRIBE: lambda req: _topics(_O.READ, (p.topic for p in req.partitions)),
     ApiKey.CREDIT: AUTHENTICATED,
     ApiKey.UNSUBSCRIBE: AUTHENTICATED,
+    # Security administration: changes need alter on the cluster, reading needs describe;
+    # a principal's own keys need authentication alone (the handler of REVOKE_API_KEY checks
+    # that the key is the named principal's).
+    ApiKey.CREATE_PRINCIPAL: _cluster(_O.ALTER),
+    ApiKey.DELETE_PRINCIPAL: _cluster(_O.ALTER),
+    ApiKey.DESCRIBE_PRINCIPALS: _describe_principals,
+    ApiKey.ALTER_PRINCIPAL: _cluster(_O.ALTER),
+    ApiKey.CREATE_API_KEY: lambda req: [Need(_C, _O.ALTER, unless_principal=req.principal)],
+    ApiKey.REVOKE_API_KEY: lambda req: [Need(_C, _O.ALTER, unless_principal=req.principal)],
+    ApiKey.ALTER_ACLS: _cluster(_O.ALTER),
+    ApiKey.DESCRIBE_ACLS: _cluster(_O.DESCRIBE),
+    ApiKey.ALTER_QUOTAS: _cluster(_O.ALTER),
+    ApiKey.DESCRIBE_QUOTAS: _cluster(_O.DESCRIBE),
 }
