@@ -10,6 +10,8 @@
   as a member of a consumer group).
 - ``tidewire group list | describe | reset | delete``: consumer groups, offsets and lag.
 - ``tidewire health``: ping a broker; exit code 0 when it answers.
+- ``tidewire user | key | acl | quota``: principals and their roles, API keys (shown once),
+  ACL entries and quotas (docs/security.md).
 - ``tidewire bench produce | consume``: the load generator (throughput and latency).
 - ``tidewire export TOPIC --to DIR``: copy a topic into partitioned Parquet with Spark,
   exactly once, continuously or ``--once``.
@@ -18,7 +20,8 @@
   ``tail --topic T --count N``, ``topic create --name``, ``publish --topic --payload``
   (docs/migrating.md).
 
-The client commands take ``--addr HOST:PORT`` (or ``TIDEWIRE_ADDR``). An error prints one
+The client commands take ``--addr HOST:PORT`` (or ``TIDEWIRE_ADDR``); the security
+administration commands take ``--api-key`` (or ``TIDEWIRE_API_KEY``). An error prints one
 line on stderr; exit codes: 0 success, 1 an error from the broker or the connection, 2 a
 usage or configuration error, 130 interrupted. The reference is docs/cli.md.
 """
@@ -31,6 +34,7 @@ import typer
 
 from tidewire import __version__
 
+from ._acl import acl_app
 from ._bench import bench_app
 from ._compat_000 import addr_defaults, consumer_app, tail
 from ._consume import consume
@@ -39,8 +43,10 @@ from ._group import group_app
 from ._health import health
 from ._msgbus_cli import register as register_msgbus_commands
 from ._publish import publish
+from ._quota import quota_app
 from ._serve import config_app, serve
 from ._topic import topic_app
+from ._user import key_app, user_app
 
 __all__ = ["app", "main"]
 
@@ -93,6 +99,10 @@ app.add_typer(group_app)
 app.command()(publish)
 app.command()(consume)
 app.command()(health)
+app.add_typer(user_app)
+app.add_typer(key_app)
+app.add_typer(acl_app)
+app.add_typer(quota_app)
 app.add_typer(consumer_app)
 app.command()(tail)
 app.add_typer(bench_app)

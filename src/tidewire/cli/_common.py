@@ -20,6 +20,7 @@ import typer
 from tidewire.client import AsyncClient
 from tidewire.client._transport import parse_addr
 from tidewire.errors import TidewireError
+from tidewire.security.credentials import Credentials
 
 __all__ = [
     "DEFAULT_ADDR",
@@ -27,7 +28,10 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_USAGE",
     "AddrOption",
+    "ApiKeyOption",
     "JsonOption",
+    "SaslMechanismOption",
+    "credentials",
     "echo_json",
     "fail",
     "run_client",
@@ -46,6 +50,29 @@ AddrOption = Annotated[
         "--addr",
         envvar="TIDEWIRE_ADDR",
         help="The broker, HOST:PORT.",
+        show_envvar=True,
+    ),
+]
+ApiKeyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        envvar="TIDEWIRE_API_KEY",
+        help="The API key to authenticate with (twk_...); prefer the environment variable, "
+        "which other users cannot see in the process list.",
+        show_envvar=True,
+        show_default=False,
+    ),
+]
+#: The default SASL mechanism.
+DEFAULT_MECHANISM = "SCRAM-SHA-256"
+SaslMechanismOption = Annotated[
+    str,
+    typer.Option(
+        "--sasl-mechanism",
+        envvar="TIDEWIRE_SASL_MECHANISM",
+        help="How the API key is presented: SCRAM-SHA-256 (the secret never crosses the "
+        "wire), SCRAM-SHA-512 or PLAIN (only over TLS, unless the broker allows it).",
         show_envvar=True,
     ),
 ]
@@ -75,12 +102,24 @@ def check_addr(addr: str) -> None:
         fail(f"--addr: {exc}", EXIT_USAGE)
 
 
+def credentials(api_key: str | None, mechanism: str = "SCRAM-SHA-256") -> Credentials | None:
+    """The credentials of ``--api-key`` and ``--sasl-mechanism`` (None without a key)."""
+    mechanism = mechanism.upper()
+    if mechanism not in ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"):
+        fail(
+            f"--sasl-mechanism {mechanism!r} must be SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN",
+            EXIT_USAGE,
+        )
+    return Credentials(api_key=api_key, mechanism=mechanism) if api_key else None
+
+
 def run_client(
     addr: str,
     body: Callable[[AsyncClient], Awaitable[T]],
     *,
     request_timeout_s: float = 30.0,
     connect_timeout_s: float = 10.0,
+    creds: Credentials | None = None,
 ) -> T:
     """Connect to ``addr``, run ``body`` with the client, close it, return what ``body``
     returned. An error from the broker or the connection prints one line on stderr and
@@ -89,7 +128,10 @@ def run_client(
 
     async def main() -> T:
         async with AsyncClient(
-            addr, request_timeout_s=request_timeout_s, connect_timeout_s=connect_timeout_s
+            addr,
+            request_timeout_s=request_timeout_s,
+            connect_timeout_s=connect_timeout_s,
+            credentials=creds,
         ) as client:
             return await body(client)
 
