@@ -369,3 +369,50 @@ def test_every_admin_api_declares_its_need() -> None:
     (need,) = API_NEEDS[ApiKey.DESCRIBE_PRINCIPALS](DescribePrincipalsRequest(names=["al"]))  # type: ignore[operator]
     assert not need.applies_to("al")
     assert need.applies_to("bob")
+
+
+class Recorder:
+    """Stands for the broker's audit log: keeps what the handlers record."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str, str, dict[str, str]]] = []
+
+    def event(
+        self, action: str, outcome: str, *, resource: str, reason: str, detail: dict[str, str]
+    ) -> None:
+        self.events.append((action, outcome, resource, reason, detail))
+
+
+def test_every_change_is_audited_without_the_key(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (b, s), AsyncClient(addr(s)) as c:
+            rec = Recorder()
+            b.audit = rec  # type: ignore[attr-defined]
+            await c.create_principal("alice", roles=["viewer"])
+            with pytest.raises(PrincipalExistsError):
+                await c.create_principal("alice")
+            info, whole = await c.create_api_key("alice")
+            await c.revoke_api_key(info.id)
+            await c.alter_acls(add=[ORDERS_READ], remove=[ORDERS_READ])
+            await c.set_quota("alice", requests_per_s=1)
+            await c.alter_principal("alice", roles=[])
+            await c.describe_principals()  # reads are not changes
+            await c.delete_principal("alice")
+            assert [(a, o, r) for a, o, r, _, _ in rec.events] == [
+                ("principal.create", "ok", "principal:alice"),
+                ("principal.create", "failed", "principal:alice"),
+                ("key.create", "ok", "principal:alice"),
+                ("key.revoke", "ok", f"key:{info.id}"),
+                ("acl.add", "ok", "topic:orders"),
+                ("acl.remove", "ok", "topic:orders"),
+                ("quota.alter", "ok", "principal:alice"),
+                ("principal.alter", "ok", "principal:alice"),
+                ("principal.delete", "ok", "principal:alice"),
+            ]
+            assert rec.events[1][3] == "principal 'alice' exists already"
+            assert rec.events[2][4] == {"key_id": info.id}
+            assert rec.events[4][4] == {"entry.0": "allow alice read on topic:orders"}
+            _, secret = parse_key(whole)
+            assert secret not in repr(rec.events)
+
+    asyncio.run(main())

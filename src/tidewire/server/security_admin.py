@@ -377,24 +377,37 @@ async def revoke_api_key(
 
 async def alter_acls(b: Broker, s: ServerInfo, req: AlterAclsRequest, _: memoryview) -> Reply:
     store = b.security
-    detail = {
-        **{f"add.{i}": parse_or_raw(e) for i, e in enumerate(req.add[:8])},
-        **{f"remove.{i}": parse_or_raw(e) for i, e in enumerate(req.remove[:8])},
-    }
-
-    async def run() -> dict[str, Any]:
+    try:
         _too_many("ACL entries", len(req.add) + len(req.remove))
         add = [parse_acl(e) for e in req.add]
         remove = [parse_acl(e) for e in req.remove]
-        added = await store.add_acls(add) if add else []
-        removed = await store.remove_acls(remove) if remove else []
-        return {
-            "added": [acl_entry(a) for a in added],
-            "removed": [acl_entry(a) for a in removed],
-        }
+    except TidewireError as exc:
+        action = "acl.add" if req.add else "acl.remove"
+        audit(b, action, "cluster", error=exc, detail=_acl_detail(req.add + req.remove))
+        return AlterAclsResponse(error_code=exc.code, error_message=exc.message), []
 
-    fields = await _change(b, "acl.alter", "cluster", run, detail)
+    async def do_add() -> dict[str, Any]:
+        return {"added": [acl_entry(a) for a in await store.add_acls(add)]}
+
+    async def do_remove() -> dict[str, Any]:
+        return {"removed": [acl_entry(a) for a in await store.remove_acls(remove)]}
+
+    fields: dict[str, Any] = {}
+    if add:
+        fields |= await _change(b, "acl.add", _acl_resources(add), do_add, _acl_detail(req.add))
+    if remove and "error_code" not in fields:
+        fields |= await _change(
+            b, "acl.remove", _acl_resources(remove), do_remove, _acl_detail(req.remove)
+        )
     return AlterAclsResponse(**fields), []
+
+
+def _acl_resources(acls: list[Acl]) -> str:
+    return ",".join(dict.fromkeys(f"{a.resource_type}:{a.pattern}" for a in acls))
+
+
+def _acl_detail(entries: list[AclEntry]) -> dict[str, str]:
+    return {f"entry.{i}": parse_or_raw(e) for i, e in enumerate(entries[:16])}
 
 
 def parse_or_raw(e: AclEntry) -> str:
