@@ -333,6 +333,15 @@ def test_unsupported_mechanism() -> None:
         derive_credential("MD5", "p", iterations=4096)
 
 
+def test_constructor_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="nonce must be non-empty printable ASCII without ','"):
+        ScramClient("SCRAM-SHA-256", "u", "p", nonce="a,b")
+    with pytest.raises(ValueError, match="nonce must be non-empty printable ASCII"):
+        ScramServer("SCRAM-SHA-256", lambda _: None, nonce="")
+    with pytest.raises(ValueError, match=r"iterations=100 is outside 4,096\.\.1,000,000"):
+        ScramServer("SCRAM-SHA-256", lambda _: None, iterations=100)
+
+
 def test_credential_validation() -> None:
     with pytest.raises(ValueError, match="iterations=1,000 is below the minimum 4,096"):
         derive_credential("SCRAM-SHA-256", PASSWORD, iterations=1000)

@@ -265,8 +265,15 @@ def _b64decode(value: str, attribute: str, what: str) -> bytes:
         raise _fail(f"malformed {what}: attribute {attribute} is not base64") from None
 
 
-def _new_nonce() -> str:
-    return secrets.token_urlsafe(NONCE_BYTES)
+def _own_nonce(nonce: str | None) -> str:
+    """The given nonce (tests), checked, or a fresh random one."""
+    if nonce is None:
+        return secrets.token_urlsafe(NONCE_BYTES)
+    try:
+        _check_nonce(nonce, "nonce")
+    except AuthenticationFailedError as e:
+        raise ValueError(e.message) from None
+    return nonce
 
 
 class _State(Enum):
@@ -337,11 +344,7 @@ class ScramClient(_Exchange):
         super().__init__(mechanism)
         self.username = username
         self._password = saslprep(password)
-        self._nonce = _new_nonce() if nonce is None else nonce
-        try:
-            _check_nonce(self._nonce, "client nonce")
-        except AuthenticationFailedError as e:
-            raise ValueError(e.message) from None
+        self._nonce = _own_nonce(nonce)
         self._first_bare = f"n={_escape(username)},r={self._nonce}"
         self._auth_message = b""
         self._server_key = b""
@@ -454,6 +457,7 @@ class ScramServer(_Exchange):
 
     Raises:
         UnsupportedSaslMechanismError: an unknown mechanism.
+        ValueError: ``iterations`` outside 4,096..1,000,000, or a bad ``nonce``.
     """
 
     _steps = _SERVER_STEPS
@@ -468,10 +472,14 @@ class ScramServer(_Exchange):
         nonce: str | None = None,
     ) -> None:
         super().__init__(mechanism)
+        if not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
+            raise ValueError(
+                f"iterations={iterations:,} is outside {MIN_ITERATIONS:,}..{MAX_ITERATIONS:,}"
+            )
         self._lookup = lookup
         self._secret = _PROCESS_SECRET if secret is None else secret
         self._iterations = iterations
-        self._server_nonce = _new_nonce() if nonce is None else nonce
+        self._server_nonce = _own_nonce(nonce)
         self._username: str | None = None
         self._known = False
         self._credential: ScramCredential | None = None
