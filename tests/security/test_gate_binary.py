@@ -3,18 +3,18 @@ revocation on open connections, rate-limited failures, private internal topics."
 
 from __future__ import annotations
 
-import logging
 import asyncio
 import functools
+import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tidewire.broker import Broker, BrokerConfig
-from tidewire.client import AsyncClient
+from tidewire.client import AsyncClient, Message
 from tidewire.errors import (
     AuthenticationFailedError,
     AuthorizationFailedError,
@@ -28,7 +28,6 @@ from tidewire.security.credentials import Credentials
 from tidewire.security.model import Acl, Effect, Operation, PatternType, ResourceType
 from tidewire.server import TcpServer
 from tidewire.server.tcp import ServerConfig
-
 
 
 def aio(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
@@ -89,13 +88,17 @@ async def test_without_credentials_every_api_but_the_handshake_is_refused(tmp_pa
 async def test_scram_authenticates_and_the_bootstrap_superuser_may_do_everything(
     tmp_path: Path, mechanism: str
 ) -> None:
-    async with secured(tmp_path) as (broker, _, addr):
-        async with client(addr, admin_key(broker), mechanism) as c:
-            await c.create_topic("orders", partitions=2)
-            await c.produce("orders", 0, [(None, b"v")])
-            assert await c.list_topics() == ["orders"]
-            me = await c.whoami()
-            assert me.principal == "admin" and me.superuser and me.mechanism == mechanism
+    async with (
+        secured(tmp_path) as (broker, _, addr),
+        client(addr, admin_key(broker), mechanism) as c,
+    ):
+        await c.create_topic("orders", partitions=2)
+        await c.produce("orders", 0, [Message(b"v")])
+        assert await c.list_topics() == ["orders"]
+        me = await c.whoami()
+        assert me.principal == "admin"
+        assert me.superuser
+        assert me.mechanism == mechanism
 
 
 @aio
@@ -107,7 +110,7 @@ async def test_a_principal_without_an_acl_is_refused_and_nothing_changes(tmp_pat
                 await c.create_topic("t", partitions=1)
             assert "t" not in broker.topics()
             with pytest.raises(AuthorizationFailedError, match="write topic:auto"):
-                await c.produce("auto", 0, [(None, b"v")])
+                await c.produce("auto", 0, [Message(b"v")])
             assert "auto" not in broker.topics()  # a refused first publish creates nothing
             await broker.security.add_acls(
                 [
@@ -121,7 +124,7 @@ async def test_a_principal_without_an_acl_is_refused_and_nothing_changes(tmp_pat
                 ]
             )
             await c.create_topic("app.t", partitions=1)  # the same connection: at once
-            await c.produce("app.t", 0, [(None, b"v")])
+            await c.produce("app.t", 0, [Message(b"v")])
             with pytest.raises(AuthorizationFailedError):
                 await c.create_topic("other", partitions=1)
 
@@ -151,9 +154,9 @@ async def test_deny_wins_over_a_role_and_an_allow(tmp_path: Path) -> None:
             ]
         )
         async with client(addr, key) as c:
-            await c.produce("logs", 0, [(None, b"v")])  # the producer role
+            await c.produce("logs", 0, [Message(b"v")])  # the producer role
             with pytest.raises(AuthorizationFailedError, match="bob may not write topic:pay"):
-                await c.produce("pay", 0, [(None, b"v")])
+                await c.produce("pay", 0, [Message(b"v")])
             with pytest.raises(AuthorizationFailedError):
                 await c.fetch("logs", 0, 0)  # producers do not read
 
@@ -198,25 +201,32 @@ async def test_removing_an_acl_applies_to_the_next_request(tmp_path: Path) -> No
             await admin.create_topic("t", partitions=1)
         key = await new_user(broker, "erin")
         acl = Acl(
-            principal="erin", resource_type=ResourceType.TOPIC, pattern="t", operation=Operation.WRITE
+            principal="erin",
+            resource_type=ResourceType.TOPIC,
+            pattern="t",
+            operation=Operation.WRITE,
         )
         await broker.security.add_acls([acl])
         async with client(addr, key) as c:
-            await c.produce("t", 0, [(None, b"v")])
+            await c.produce("t", 0, [Message(b"v")])
             await broker.security.remove_acls([acl])
             with pytest.raises(AuthorizationFailedError):
-                await c.produce("t", 0, [(None, b"v")])
+                await c.produce("t", 0, [Message(b"v")])
 
 
 @aio
 async def test_plain_needs_tls_unless_allowed(tmp_path: Path) -> None:
-    async with secured(tmp_path) as (broker, _, addr):
-        async with client(addr, admin_key(broker), "PLAIN") as c:
-            with pytest.raises(UnsupportedSaslMechanismError, match="needs TLS"):
-                await c.list_topics()
-    async with secured(tmp_path / "2", allow_plain_without_tls=True) as (broker, _, addr):
-        async with client(addr, admin_key(broker), "PLAIN") as c:
-            assert await c.list_topics() == []
+    async with (
+        secured(tmp_path) as (broker, _, addr),
+        client(addr, admin_key(broker), "PLAIN") as c,
+    ):
+        with pytest.raises(UnsupportedSaslMechanismError, match="needs TLS"):
+            await c.list_topics()
+    async with (
+        secured(tmp_path / "2", allow_plain_without_tls=True) as (broker, _, addr),
+        client(addr, admin_key(broker), "PLAIN") as c,
+    ):
+        assert await c.list_topics() == []
 
 
 @aio
@@ -238,7 +248,8 @@ async def test_wrong_keys_fail_then_are_rate_limited_and_never_logged(
         assert seen[-1] is TooManyAuthFailuresError
         assert broker.security.keys[key_id]  # still there
     secret = good.split("_", 2)[2]
-    assert secret not in caplog.text and "A" * 43 not in caplog.text
+    assert secret not in caplog.text
+    assert "A" * 43 not in caplog.text
     data = b"".join(p.read_bytes() for p in (tmp_path / "data").rglob("*") if p.is_file())
     assert secret.encode() not in data
 
@@ -255,7 +266,7 @@ async def test_private_internal_topics_are_not_readable_even_with_authentication
             with pytest.raises(AuthorizationFailedError, match="__security"):
                 await c.fetch("__security", 0, 0)
             with pytest.raises((InternalTopicError, AuthorizationFailedError)):
-                await c.produce("__security", 0, [(None, b"x")])
+                await c.produce("__security", 0, [Message(b"x")])
 
 
 @aio
@@ -269,4 +280,3 @@ async def test_state_survives_a_restart(tmp_path: Path) -> None:
             assert (await c.whoami()).principal == "hank"
             with pytest.raises(UnknownTopicError):
                 await c.fetch("missing", 0, 0)
-

@@ -51,8 +51,11 @@ from tidewire.protocol.messages import (
     StorageProblem,
     TopicConfig,
     TopicDescription,
+    WhoAmIRequest,
+    WhoAmIResponse,
 )
 from tidewire.records import BatchBuilder, Codec, Record, iter_batches, iter_records
+from tidewire.security.credentials import Credentials
 
 from ._transport import Transport, parse_addr
 
@@ -104,6 +107,7 @@ class AsyncClient:
         request_timeout_s: default timeout of each request.
         connect_timeout_s: how long opening the connection may take.
         max_in_flight: requests sent and not yet answered on the connection.
+        credentials: the API key to authenticate with (:class:`~tidewire.client.Credentials`).
 
     Use as ``async with AsyncClient("127.0.0.1:7400") as client``.
     """
@@ -115,12 +119,14 @@ class AsyncClient:
         request_timeout_s: float = 30.0,
         connect_timeout_s: float = 10.0,
         max_in_flight: int = 64,
+        credentials: Credentials | None = None,
     ) -> None:
         self._t = Transport(
             addr,
             request_timeout_s=request_timeout_s,
             connect_timeout_s=connect_timeout_s,
             max_in_flight=max_in_flight,
+            credentials=credentials,
         )
 
     async def __aenter__(self) -> AsyncClient:
@@ -139,6 +145,11 @@ class AsyncClient:
         return response
 
     # --- admin ----------------------------------------------------------------------------------
+
+    async def whoami(self) -> WhoAmIResponse:
+        """Who the broker takes this client for: principal, roles, mechanism, TLS."""
+        body: WhoAmIResponse = (await self._call(WhoAmIRequest())).body
+        return body
 
     async def ping(self) -> None:
         """Round trip to the broker. Raises ConnectionLostError if it is unreachable."""

@@ -39,8 +39,11 @@ from tidewire.errors import (
 from tidewire.security._logs import PRIVATE_TOPICS
 from tidewire.security.authorizer import Authorizer
 from tidewire.security.config import SecurityConfig
-from tidewire.security.keys import redact
+from tidewire.security.keys import parse_key, redact
 from tidewire.security.model import Operation, Principal, ResourceType
+from tidewire.security.quotas import QuotaLimits, Quotas
+from tidewire.security.ratelimit import FailureLimiter
+from tidewire.security.scram import ScramCredential, ScramServer
 from tidewire.server.needs import AUTHENTICATED, PUBLIC, Need, Requirement
 
 if TYPE_CHECKING:
@@ -115,9 +118,6 @@ class Gate:
     """Authentication and authorization for one broker (see the module docstring)."""
 
     def __init__(self, broker: Broker, config: SecurityConfig) -> None:
-        from tidewire.security.quotas import QuotaLimits, Quotas
-        from tidewire.security.ratelimit import FailureLimiter
-
         self.broker = broker
         self.config = config
         self.store = broker.security
@@ -131,6 +131,7 @@ class Gate:
             )
         )
         self._quota_version = -1
+        self._overridden: set[str] = set()
         self.denied = 0
         self.auth_failures = 0
 
@@ -279,8 +280,6 @@ class Gate:
             TooManyAuthFailuresError: this source failed too often lately.
             AuthenticationFailedError: a wrong, unknown, expired or revoked key.
         """
-        from tidewire.security.keys import parse_key
-
         key_id = ""
         try:
             key_id, _ = parse_key(key)
@@ -334,8 +333,6 @@ class Gate:
             UnsupportedSaslMechanismError: no SASL_HANDSHAKE first.
             TooManyAuthFailuresError, AuthenticationFailedError.
         """
-        from tidewire.security.scram import ScramCredential, ScramServer
-
         mechanism = session.sasl_mechanism
         if not mechanism:
             raise UnsupportedSaslMechanismError(
@@ -362,7 +359,12 @@ class Gate:
                 salt, iterations, stored, server = cred
                 return ScramCredential(mechanism, salt, iterations, stored, server)
 
-            server = ScramServer(mechanism, lookup)
+            server = ScramServer(
+                mechanism,
+                lookup,
+                secret=self.store.stand_in_secret,
+                iterations=self.config.scram_iterations,
+            )
             try:
                 reply = server.first(data)
             except AuthenticationFailedError as exc:
@@ -370,24 +372,25 @@ class Gate:
                 self._failed(session, None, exc)
                 session.sasl_mechanism = ""
                 raise
-            owner = self._owner(server.username)
+            owner = self._owner(server.username or "")
             self._check_not_blocked(session, owner)
             session.sasl = server
             return reply, False
         server = session.sasl
         session.sasl, session.sasl_mechanism = None, ""
-        owner = self._owner(server.username)
+        key_id = server.username or ""
+        owner = self._owner(key_id)
         try:
             reply = server.final(data)
         except AuthenticationFailedError as exc:
             self._failed(session, owner, exc)
             raise
-        principal = self.store.key_principal(server.username)
+        principal = self.store.key_principal(key_id)
         if principal is None:  # revoked between the two messages
-            exc = AuthenticationFailedError(f"API key id {server.username} is not usable")
-            self._failed(session, owner, exc)
-            raise exc
-        self._succeeded(session, principal, server.username, mechanism)
+            gone = AuthenticationFailedError(f"API key id {key_id} is not usable")
+            self._failed(session, owner, gone)
+            raise gone
+        self._succeeded(session, principal, key_id, mechanism)
         return reply, True
 
     def _owner(self, key_id: str) -> str | None:
@@ -397,15 +400,13 @@ class Gate:
     # --- quotas -------------------------------------------------------------------------------
 
     def _sync_quotas(self) -> None:
-        from tidewire.security.quotas import QuotaLimits
-
         if self._quota_version == self.store.version:
             return
         self._quota_version = self.store.version
         default = self.quotas.default
-        for name in list(self.quotas.overrides()):
-            if name not in self.store.quotas:
-                self.quotas.clear(name)
+        for name in self._overridden - set(self.store.quotas):
+            self.quotas.clear(name)
+        self._overridden = set(self.store.quotas)
         for name, rec in self.store.quotas.items():
             self.quotas.set(
                 name,
@@ -448,7 +449,7 @@ class Gate:
         audit = getattr(self.broker, "audit", None)
         if audit is None:
             return
-        from tidewire.security.audit import AuditEvent
+        from tidewire.security.audit import AuditEvent  # noqa: PLC0415 (optional part)
 
         audit.record(
             AuditEvent(

@@ -299,7 +299,7 @@ def _bearer(scope: Scope) -> str | None:
                 raise AuthenticationFailedError(
                     "the Authorization header must be 'Bearer <API key>'"
                 )
-            return token.strip()
+            return str(token.strip())
     return None
 
 
