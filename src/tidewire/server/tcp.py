@@ -135,7 +135,7 @@ DEFAULT_DRAIN_TIMEOUT_S = 10.0
 FINAL_CLOSE_S = 1.0
 
 #: APIs answered from the connection's session (see _ClientProtocol._authenticate).
-_SESSION_APIS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE, ApiKey.WHOAMI})
+SESSION_APIS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE, ApiKey.WHOAMI})
 
 _GOING_AWAY = "the broker is shutting down; retry on another broker or once it is back"
 
@@ -381,7 +381,7 @@ class _ClientProtocol(asyncio.Protocol):
         return True
 
     async def _handle(self, ev: RequestReceived) -> None:
-        if ev.api_key in _SESSION_APIS and await self._authenticate(ev):
+        if ev.api_key in SESSION_APIS and await self._authenticate(ev):
             return
         api = ApiKey(ev.api_key)
         try:
