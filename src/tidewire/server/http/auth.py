@@ -84,6 +84,34 @@ def _create_topic(r: RouteRequest) -> list[Need]:
     return [Need(_T, _O.CREATE, name)]
 
 
+def _body_topics(r: RouteRequest, *keys: str) -> list[str]:
+    """Topic names in the body: ``body[key]`` for each key, a string or a list of objects
+    with a ``topic`` (anything else: none; the route refuses the body itself)."""
+    out: list[str] = []
+    body = r.body if isinstance(r.body, dict) else {}
+    for key in keys:
+        value = body.get(key)
+        if isinstance(value, str):
+            out.append(value)
+        elif isinstance(value, list):
+            out += [
+                v["topic"] for v in value if isinstance(v, dict) and isinstance(v.get("topic"), str)
+            ]
+    return list(dict.fromkeys(out))
+
+
+def _commit(r: RouteRequest) -> list[Need]:
+    return [Need(_G, _O.READ, r.path["group"])] + [
+        Need(_T, _O.READ, t) for t in _body_topics(r, "offsets")
+    ]
+
+
+def _reset(r: RouteRequest) -> list[Need]:
+    return [Need(_G, _O.ALTER, r.path["group"])] + [
+        Need(_T, _O.DESCRIBE, t) for t in _body_topics(r, "topic")
+    ]
+
+
 def _cluster(op: Operation) -> Callable[[RouteRequest], list[Need]]:
     return lambda r: [Need(_C, op, CLUSTER_NAME)]
 
@@ -136,14 +164,12 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         ("POST", "/v1/topics/{topic}/messages:batch"): Route(_publish),
         ("GET", "/v1/topics/{topic}/messages"): Route(_topic(_O.READ)),
         ("GET", "/v1/topics/{topic}/partitions/{partition}/messages"): Route(_topic(_O.READ)),
-        ("GET", "/v1/topics/{topic}/events"): Route(_topic(_O.READ), interface="sse"),
+        ("GET", "/v1/topics/{topic}/stream"): Route(_topic(_O.READ), interface="sse"),
         ("WS", "/v1/topics/{topic}/stream"): Route(_topic(_O.READ), interface="websocket"),
         ("GET", "/v1/groups"): Route(AUTHENTICATED),
         ("GET", "/v1/groups/{group}"): Route(_group(_O.DESCRIBE)),
-        ("POST", "/v1/groups/{group}/offsets:reset"): Route(
-            lambda r: [Need(_G, _O.ALTER, r.path["group"])]
-        ),
-        ("DELETE", "/v1/groups/{group}"): Route(_group(_O.DELETE)),
+        ("POST", "/v1/groups/{group}/commit"): Route(_commit, body=True),
+        ("POST", "/v1/groups/{group}/reset"): Route(_reset, body=True),
     },
     "msgbus": {
         ("GET", "/"): Route(AUTHENTICATED, interface="msgbus"),
