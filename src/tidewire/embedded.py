@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from tidewire.broker import Broker, BrokerConfig, BrokerStats
 from tidewire.client import AsyncClient
 from tidewire.errors import InvalidConfigError
+from tidewire.security.config import SecurityConfig
 from tidewire.server import ServerConfig, TcpServer
 from tidewire.server.descriptors import fit_broker_listeners
 from tidewire.server.drain import drain
@@ -62,6 +63,7 @@ class EmbeddedBroker:
             :attr:`http_url`); None: no HTTP, unless ``http`` enables it.
         http: the HTTP gateway's settings (``http_port`` above overrides its own; its
             ``http_host`` defaults to ``host``).
+        security: authentication, authorization, audit and quotas (docs/security.md).
         **broker_settings: :class:`~tidewire.broker.BrokerConfig` fields (for example
             ``default_partitions=3``, ``log=LogConfig(fsync=FsyncPolicy.ALWAYS)``).
 
@@ -79,6 +81,7 @@ class EmbeddedBroker:
         server: ServerConfig | None = None,
         http_port: int | None = None,
         http: HttpConfig | None = None,
+        security: SecurityConfig | None = None,
         **broker_settings: Any,
     ) -> None:
         try:
@@ -91,7 +94,7 @@ class EmbeddedBroker:
             http_config = replace(http_config, http_port=http_port)
         self.http_config = http_config
         self.listen = listen
-        self.broker = Broker(self.config)
+        self.broker = Broker(self.config, security=security)
         self.server: TcpServer | None = None
         self.gateway: HttpGateway | None = None
 
@@ -179,6 +182,8 @@ class EmbeddedBroker:
             InvalidConfigError, StorageError, OSError: it could not start (raised here).
         """
         loop = asyncio.new_event_loop()
+        #: The background thread's loop (while running), for work on the broker from here.
+        self.loop = loop
         started = threading.Event()
         failure: list[BaseException] = []
         stop: asyncio.Event | None = None

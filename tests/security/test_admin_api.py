@@ -13,15 +13,19 @@ from pathlib import Path
 import pytest
 
 from tests.server._support import serve
+from tidewire.broker import Broker, BrokerConfig
 from tidewire.client import AsyncClient, Client
 from tidewire.errors import (
+    AuthorizationFailedError,
     InvalidRequestError,
     PrincipalExistsError,
     UnknownPrincipalError,
 )
 from tidewire.protocol.messages import AclEntry, ApiKey
+from tidewire.security.config import SecurityConfig
+from tidewire.security.credentials import Credentials
 from tidewire.security.keys import parse_key
-from tidewire.server import TcpServer
+from tidewire.server import ServerConfig, TcpServer
 from tidewire.server.needs import API_NEEDS, Need
 
 ORDERS_READ = AclEntry(principal="alice", resource_type="topic", pattern="orders", operation="read")
@@ -414,5 +418,45 @@ def test_every_change_is_audited_without_the_key(tmp_path: Path) -> None:
             assert rec.events[4][4] == {"entry.0": "allow alice read on topic:orders"}
             _, secret = parse_key(whole)
             assert secret not in repr(rec.events)
+
+    asyncio.run(main())
+
+
+def test_a_principal_manages_its_own_keys_without_a_permission(tmp_path: Path) -> None:
+    async def main() -> None:
+        config = SecurityConfig(authentication=True, superusers="admin")
+        broker = Broker(BrokerConfig(str(tmp_path / "data")), security=config)
+        await broker.start()
+        server = TcpServer(broker, ServerConfig(port=0))
+        await server.start()
+        try:
+            store = broker.security
+            await store.create_principal("self")
+            _, key = await store.create_key("self")
+            admin_key, _ = await store.create_key("admin")
+            async with AsyncClient(addr(server), credentials=Credentials(key)) as c:
+                info, whole = await c.create_api_key("self", description="mine")
+                assert (await store.verify_key(whole)).name == "self"
+                (me,) = await c.describe_principals(["self"])
+                assert len(me.keys) == 2
+                assert await c.revoke_api_key(info.id, principal="self")
+                with pytest.raises(UnknownPrincipalError, match="of principal 'self'"):
+                    await c.revoke_api_key(admin_key.id, principal="self")
+                version = store.version
+                for call in (
+                    c.create_api_key("admin"),
+                    c.revoke_api_key(admin_key.id),
+                    c.describe_principals(),
+                    c.describe_principals(["admin"]),
+                    c.create_principal("other"),
+                    c.describe_acls(),
+                ):
+                    with pytest.raises(AuthorizationFailedError):
+                        await call
+                assert store.version == version
+                assert store.key_principal(admin_key.id) is not None
+        finally:
+            await server.close()
+            await broker.close()
 
     asyncio.run(main())

@@ -49,6 +49,7 @@ from tidewire.protocol.messages import (
 )
 from tidewire.server.handlers import HANDLERS
 from tidewire.server.push import PUSH_APIS
+from tidewire.server.tcp import SESSION_APIS
 
 #: What this server answers: every API.
 SERVED = set(ApiKey)
@@ -62,7 +63,7 @@ def test_api_versions_lists_exactly_the_served_apis(tmp_path: Path) -> None:
             assert resp.server_version
             keys = [a.api_key for a in resp.apis]
             assert len(keys) == len(set(keys))
-            assert set(keys) == SERVED == set(HANDLERS) | PUSH_APIS
+            assert set(keys) == SERVED == set(HANDLERS) | PUSH_APIS | SESSION_APIS
             assert all((a.min_version, a.max_version) == (0, 0) for a in resp.apis)
 
     asyncio.run(main())

@@ -18,6 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from tidewire._tasks import cancel_and_wait
 from tidewire.broker.consumer_groups import ConsumerGroups
@@ -257,6 +258,7 @@ class Broker:
 
     def __init__(self, config: BrokerConfig, *, security: SecurityConfig | None = None) -> None:
         self.config = config
+        #: Authentication, authorization, audit and quota settings.
         self.security_config = security if security is not None else SecurityConfig()
         self.descriptors_before, self.descriptor_limit = raise_descriptor_limit()
         #: The log files kept open at most (see BrokerConfig.max_open_files).
@@ -266,6 +268,9 @@ class Broker:
         self.logs = LogManager(
             config.data_dir, default_config=config.log, max_open_files=self.max_open_files
         )
+        #: Principals, keys, ACLs and quotas (the __security log), loaded by start().
+        self.security = SecurityStore(self.logs, self.security_config)
+        self.bootstrap_key_file: Path | None = None
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
         self._n_waiters = 0
         self._closing = False
@@ -303,7 +308,6 @@ class Broker:
             self._load_producers()
             offsets = OffsetStore(self.logs)
             offsets.load()
-            self.security = SecurityStore(self.logs, self.security_config)
             self.security.load()
         except BaseException:
             self.logs.close()
@@ -317,6 +321,8 @@ class Broker:
         self._producer_task.add_done_callback(_log_task_failure)
         self._group_task = loop.create_task(self._group_upkeep(), name="group upkeep")
         self._group_task.add_done_callback(_log_task_failure)
+        # Where the first start with authentication on left the first superuser's key.
+        self.bootstrap_key_file = await self.security.bootstrap(Path(self.config.data_dir))
 
     @property
     def groups(self) -> ConsumerGroups:

@@ -24,6 +24,7 @@ from tidewire.config import (
     unknown_env_vars,
 )
 from tidewire.errors import InvalidConfigError, StorageError, TidewireError
+from tidewire.security.config import check_exposure
 from tidewire.server import TcpServer
 from tidewire.server.descriptors import fit_broker_listeners
 from tidewire.server.drain import drain
@@ -602,8 +603,18 @@ async def _serve(settings: Settings, loop_name: str) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    broker = Broker(settings.broker)
+    # Safe defaults: no open listener on the network without authentication, unless the
+    # operator says so (then warned at every start).
+    hosts = [settings.server.host] + ([settings.http.http_host] if settings.http.enabled else [])
+    for warning in check_exposure(hosts, settings.security):
+        log.warning("%s", warning)
+    broker = Broker(settings.broker, security=settings.security)
     await broker.start()
+    if broker.bootstrap_key_file is not None:
+        typer.echo(
+            f"created the first superuser; its API key is in {broker.bootstrap_key_file} "
+            "(take it, then delete the file)"
+        )
     # Every listener's connections under the descriptor limit (docs/configuration.md).
     try:
         server_config, http_config = fit_broker_listeners(broker, settings.server, settings.http)

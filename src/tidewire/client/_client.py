@@ -51,6 +51,8 @@ from tidewire.protocol.messages import (
     StorageProblem,
     TopicConfig,
     TopicDescription,
+    WhoAmIRequest,
+    WhoAmIResponse,
 )
 from tidewire.records import BatchBuilder, Codec, Record, iter_batches, iter_records
 from tidewire.security.credentials import Credentials
@@ -106,7 +108,7 @@ class AsyncClient(AsyncSecurityAdmin):
         request_timeout_s: default timeout of each request.
         connect_timeout_s: how long opening the connection may take.
         max_in_flight: requests sent and not yet answered on the connection.
-        credentials: the API key (and SASL mechanism) to authenticate with (None: none).
+        credentials: the API key to authenticate with (:class:`~tidewire.client.Credentials`).
 
     Use as ``async with AsyncClient("127.0.0.1:7400") as client``.
     """
@@ -120,12 +122,12 @@ class AsyncClient(AsyncSecurityAdmin):
         max_in_flight: int = 64,
         credentials: Credentials | None = None,
     ) -> None:
-        self.credentials = credentials
         self._t = Transport(
             addr,
             request_timeout_s=request_timeout_s,
             connect_timeout_s=connect_timeout_s,
             max_in_flight=max_in_flight,
+            credentials=credentials,
         )
 
     async def __aenter__(self) -> AsyncClient:
@@ -144,6 +146,11 @@ class AsyncClient(AsyncSecurityAdmin):
         return response
 
     # --- admin ----------------------------------------------------------------------------------
+
+    async def whoami(self) -> WhoAmIResponse:
+        """Who the broker takes this client for: principal, roles, mechanism, TLS."""
+        body: WhoAmIResponse = (await self._call(WhoAmIRequest())).body
+        return body
 
     async def ping(self) -> None:
         """Round trip to the broker. Raises ConnectionLostError if it is unreachable."""
@@ -509,6 +516,9 @@ class Client(BlockingTwin[AsyncClient], SecurityAdmin):
             max_in_flight=max_in_flight,
             credentials=credentials,
         )
+
+    def whoami(self) -> WhoAmIResponse:
+        return self._run(self._async.whoami())
 
     def ping(self) -> None:
         self._run(self._async.ping())

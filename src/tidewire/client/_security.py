@@ -1,5 +1,5 @@
-"""The clients' security administration: principals, API keys, ACLs, quotas and ``whoami``,
-as methods that :class:`~tidewire.client.AsyncClient` and its blocking twin inherit.
+"""The clients' security administration: principals, API keys, ACLs and quotas, as methods
+that :class:`~tidewire.client.AsyncClient` and its blocking twin inherit.
 
 Changes need alter on the cluster, reads describe, except that a principal lists, creates
 and revokes its own keys with authentication alone (docs/security.md).
@@ -27,8 +27,6 @@ from tidewire.protocol.messages import (
     PrincipalInfo,
     QuotaEntry,
     RevokeApiKeyRequest,
-    WhoAmIRequest,
-    WhoAmIResponse,
 )
 
 __all__ = ["AsyncSecurityAdmin", "SecurityAdmin"]
@@ -50,12 +48,6 @@ class AsyncSecurityAdmin:
 
     async def _ask(self, body: Any) -> Any:
         return _check((await self._call(body)).body)
-
-    async def whoami(self) -> WhoAmIResponse:
-        """Who this connection acts as: the principal ("" when anonymous), its kind and
-        roles, the mechanism it authenticated with, whether the connection is TLS and
-        whether the broker requires authentication."""
-        return (await self._call(WhoAmIRequest())).body  # type: ignore[no-any-return]
 
     async def create_principal(
         self,
@@ -223,9 +215,6 @@ class SecurityAdmin:
     @property
     def _sec(self) -> AsyncSecurityAdmin:
         return cast(AsyncSecurityAdmin, self._async)
-
-    def whoami(self) -> WhoAmIResponse:
-        return self._run(self._sec.whoami())
 
     def create_principal(
         self,

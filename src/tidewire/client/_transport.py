@@ -29,7 +29,14 @@ from tidewire.protocol import (
     Role,
 )
 from tidewire.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Buffer
-from tidewire.protocol.messages import Body
+from tidewire.protocol.messages import (
+    Body,
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+)
+from tidewire.security.credentials import Credentials
+from tidewire.security.scram import ScramClient
 
 __all__ = ["Transport", "parse_addr"]
 
@@ -63,6 +70,8 @@ class Transport:
         request_timeout_s: default timeout of a request, response included.
         max_in_flight: requests sent and not yet answered; more wait for a slot.
         max_frame_bytes: the largest response frame accepted.
+        credentials: an API key to authenticate each new connection with (SASL SCRAM or
+            PLAIN, right after it opens), or None.
     """
 
     def __init__(
@@ -73,8 +82,12 @@ class Transport:
         request_timeout_s: float = 30.0,
         max_in_flight: int = 64,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        credentials: Credentials | None = None,
     ) -> None:
         self.host, self.port = parse_addr(addr)
+        self.credentials = credentials
+        #: The principal the broker authenticated the current connection as ("": none).
+        self.principal = ""
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
         self.max_in_flight = max_in_flight
@@ -124,7 +137,64 @@ class Transport:
             self._reader_task = asyncio.get_running_loop().create_task(
                 self._read_loop(conn, reader), name=f"tidewire reader {self.host}:{self.port}"
             )
+            if self.credentials is not None:
+                try:
+                    await self._authenticate(conn, writer, self.credentials)
+                except BaseException:
+                    if self._conn is conn:
+                        self._conn = self._writer = None
+                    writer.close()
+                    raise
             return conn
+
+    async def _exchange(
+        self, conn: Connection, writer: asyncio.StreamWriter, body: Body
+    ) -> ResponseReceived:
+        """One request on ``conn`` before it is handed out (the authentication steps)."""
+        corr, buffers = conn.send_request(body, ())
+        fut: asyncio.Future[ResponseReceived] = asyncio.get_running_loop().create_future()
+        self._waiting[corr] = fut
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                writer.writelines(buffers)
+                await self._drain(writer)
+                response = await fut
+        except TimeoutError:
+            raise RequestTimedOutError(
+                f"no answer to {type(body).__name__} within {self.request_timeout_s:g} s"
+            ) from None
+        finally:
+            self._waiting.pop(corr, None)
+        if response.error is not None:
+            raise response.error
+        return response
+
+    async def _authenticate(
+        self, conn: Connection, writer: asyncio.StreamWriter, creds: Credentials
+    ) -> None:
+        """SASL right after the connection opens: SASL_HANDSHAKE, then SCRAM's two rounds
+        or PLAIN's one.
+
+        Raises:
+            AuthenticationFailedError, UnsupportedSaslMechanismError,
+            TooManyAuthFailuresError: the broker refused.
+        """
+        await self._exchange(conn, writer, SaslHandshakeRequest(mechanism=creds.mechanism))
+        if creds.mechanism == "PLAIN":
+            message = b"\0\0" + creds.api_key.encode()
+            r = await self._exchange(conn, writer, SaslAuthenticateRequest(auth_bytes=message))
+        else:
+            scram = ScramClient(creds.mechanism, creds.key_id, creds.secret)
+            r = await self._exchange(
+                conn, writer, SaslAuthenticateRequest(auth_bytes=scram.first())
+            )
+            assert isinstance(r.body, SaslAuthenticateResponse)
+            final = scram.final(r.body.auth_bytes)
+            r = await self._exchange(conn, writer, SaslAuthenticateRequest(auth_bytes=final))
+            assert isinstance(r.body, SaslAuthenticateResponse)
+            scram.verify(r.body.auth_bytes)  # the broker knows the key too: not an impostor
+        assert isinstance(r.body, SaslAuthenticateResponse)
+        self.principal = r.body.principal
 
     async def request(
         self,

@@ -458,6 +458,8 @@ class ProducePartitionResult(msgspec.Struct, kw_only=True, omit_defaults=True):
 class ProduceResponse(Body, kw_only=True, omit_defaults=True):
     api_key = ApiKey.PRODUCE
     results: list[ProducePartitionResult]
+    #: How long the broker held this answer back because the principal is over its quota.
+    throttle_time_ms: int = 0
 
 
 class FetchPartition(msgspec.Struct, array_like=True):
@@ -494,6 +496,8 @@ class FetchPartitionResult(msgspec.Struct, kw_only=True, omit_defaults=True):
 class FetchResponse(Body, kw_only=True, omit_defaults=True):
     api_key = ApiKey.FETCH
     partitions: list[FetchPartitionResult]
+    #: How long the broker held this answer back because the principal is over its quota.
+    throttle_time_ms: int = 0
 
 
 class ListOffsetsPartition(msgspec.Struct, array_like=True):

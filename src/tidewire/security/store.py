@@ -113,6 +113,10 @@ class SecurityStore:
         self._plog: PartitionLog | None = None
         #: Incremented by every change: the authorizer's caches compare it.
         self.version = 0
+        #: The key of SCRAM's stand-in credentials for unknown key ids, kept in the log (see
+        #: :meth:`ensure_secret`) so that an unknown id looks the same across restarts.
+        self.stand_in_secret = secrets.token_bytes(32)
+        self._secret_stored = False
 
     def now_ms(self) -> int:
         """The store's clock: the time that key expiry is judged by."""
@@ -157,6 +161,10 @@ class SecurityStore:
                     self.acls = {a for a in self.acls if _acl_key(a) != key}
                 else:
                     self.acls.add(msgspec.json.decode(value, type=Acl))
+            elif kind == "secret":
+                if value is not None and len(value) == 32:
+                    self.stand_in_secret = bytes(value)
+                    self._secret_stored = True
             elif kind == "quota":
                 if value is None:
                     self.quotas.pop(ident, None)
@@ -184,6 +192,11 @@ class SecurityStore:
         for key, value in items:
             self._apply(key, value)
         self._verified.clear()
+
+    async def ensure_secret(self) -> None:
+        """Store :attr:`stand_in_secret` in the log if it is not there yet."""
+        if not self._secret_stored:
+            await self._write([("secret/stand-in", self.stand_in_secret)])
 
     # --- principals ---------------------------------------------------------------------------
 
@@ -417,7 +430,10 @@ class SecurityStore:
         in ``superusers`` (``admin`` when none is), give it the admin role and a key, and
         write the key to ``DATA_DIR/bootstrap-admin.key`` (mode 0600) for the operator to
         take. Returns the file's path when it wrote one."""
-        if not self.config.authentication or self.principals:
+        if not self.config.authentication:
+            return None
+        await self.ensure_secret()
+        if self.principals:
             return None
         names = sorted(self.config.superuser_names) or ["admin"]
         name = names[0]

@@ -91,6 +91,8 @@ from tidewire.protocol.messages import (
     TopicDescription,
     supported_versions,
 )
+from tidewire.security.model import ResourceType
+from tidewire.server.gate import gate_for, names_allowed
 from tidewire.server.push import PUSH_APIS
 from tidewire.server.security_admin import SECURITY_HANDLERS
 from tidewire.storage import LogConfig
@@ -114,6 +116,12 @@ class ServerInfo:
 
 
 Handler = Callable[[Broker, ServerInfo, Any, memoryview], Awaitable[Reply]]
+
+
+def _visible(b: Broker, resource: ResourceType, names: list[str]) -> list[str]:
+    """The ``names`` the request's principal may describe (every one, authentication off;
+    never the broker's private topics)."""
+    return names_allowed(gate_for(b), resource, names)
 
 
 def _err(exc: TidewireError) -> dict[str, Any]:
@@ -245,7 +253,9 @@ async def repair_topic(b: Broker, s: ServerInfo, req: RepairTopicRequest, _: mem
 
 
 async def metadata(b: Broker, s: ServerInfo, req: MetadataRequest, _: memoryview) -> Reply:
-    names = sorted(b.topics()) if req.topics is None else req.topics
+    names = (
+        _visible(b, ResourceType.TOPIC, sorted(b.topics())) if req.topics is None else req.topics
+    )
     topics: list[TopicDescription] = []
     for name in names:
         try:
@@ -278,7 +288,7 @@ async def delete_topic(b: Broker, s: ServerInfo, req: DeleteTopicRequest, _: mem
 
 
 async def list_topics(b: Broker, s: ServerInfo, req: ListTopicsRequest, _: memoryview) -> Reply:
-    return ListTopicsResponse(topics=sorted(b.topics())), []
+    return ListTopicsResponse(topics=_visible(b, ResourceType.TOPIC, sorted(b.topics()))), []
 
 
 async def describe_topic(
@@ -515,9 +525,12 @@ async def offset_fetch(b: Broker, s: ServerInfo, req: OffsetFetchRequest, _: mem
 
 
 async def list_groups(b: Broker, s: ServerInfo, req: ListGroupsRequest, _: memoryview) -> Reply:
+    listed = b.groups.list_groups()
+    visible = set(_visible(b, ResourceType.GROUP, [g.group_id for g in listed]))
     groups = [
         GroupSummary(group_id=g.group_id, state=str(g.state), members=g.members)
-        for g in b.groups.list_groups()
+        for g in listed
+        if g.group_id in visible
     ]
     return ListGroupsResponse(groups=groups), []
 

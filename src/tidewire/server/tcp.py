@@ -70,8 +70,21 @@ from tidewire.protocol import (
     Role,
 )
 from tidewire.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Buffer
-from tidewire.protocol.messages import ApiKey, FetchRequest, SubscribeResponse
+from tidewire.protocol.messages import (
+    ApiKey,
+    FetchRequest,
+    FetchResponse,
+    ProduceResponse,
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+    SubscribeResponse,
+    WhoAmIResponse,
+)
+from tidewire.server.gate import CURRENT_SESSION, Session, gate_for, source_of
 from tidewire.server.handlers import HANDLERS, ServerInfo
+from tidewire.server.needs import API_NEEDS
 from tidewire.server.push import MAX_SUBSCRIPTIONS, PUSH_APIS, Subscriptions
 
 __all__ = ["EVENT_LOOPS", "ServerConfig", "TcpServer", "loop_factory"]
@@ -120,6 +133,9 @@ DEFAULT_DRAIN_TIMEOUT_S = 10.0
 #: before they are reset (seconds): their answers are written already, this is the kernel
 #: handing them over.
 FINAL_CLOSE_S = 1.0
+
+#: APIs answered from the connection's session (see _ClientProtocol._authenticate).
+SESSION_APIS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE, ApiKey.WHOAMI})
 
 _GOING_AWAY = "the broker is shutting down; retry on another broker or once it is back"
 
@@ -214,6 +230,7 @@ class _ClientProtocol(asyncio.Protocol):
         #: subscriptions send only then.
         self.writable = asyncio.Event()
         self.writable.set()
+        self.session = Session(source="unknown", interface="binary")
         self.subscriptions = Subscriptions(
             server.broker,
             self.conn,
@@ -228,6 +245,12 @@ class _ClientProtocol(asyncio.Protocol):
         # A stream transport (uvloop's is not a subclass of asyncio.Transport, but it has
         # every method of one).
         self.transport = cast(asyncio.Transport, transport)
+        self.session = Session(
+            source=source_of(transport.get_extra_info("peername")),
+            interface="binary",
+            tls=transport.get_extra_info("ssl_object") is not None,
+            cert_principal=getattr(self, "cert_principal", None),
+        )
         if len(self.server.connections) >= self.server.max_connections:
             log.warning("refusing a connection: max_connections reached")
             self.transport.abort()
@@ -321,7 +344,52 @@ class _ClientProtocol(asyncio.Protocol):
                 self.tasks.add(task)
                 task.add_done_callback(self._task_done)
 
+    async def _authenticate(self, ev: RequestReceived) -> bool:
+        """Answer the SASL exchange and WHOAMI, which act on the connection's session;
+        returns whether ``ev`` was one of them."""
+        gate = self.server.gate
+        body = ev.body
+        try:
+            if isinstance(body, SaslHandshakeRequest):
+                offered = gate.sasl_start(self.session, body.mechanism)
+                reply: object = SaslHandshakeResponse(mechanisms=offered)
+            elif isinstance(body, SaslAuthenticateRequest):
+                data, complete = await gate.sasl_step(self.session, body.auth_bytes)
+                reply = SaslAuthenticateResponse(
+                    auth_bytes=data,
+                    complete=complete,
+                    principal=self.session.principal_name if complete else "",
+                )
+            elif ev.api_key == ApiKey.WHOAMI:
+                principal = gate.principal(self.session)
+                reply = WhoAmIResponse(
+                    principal=principal.name if principal is not None else "",
+                    kind=principal.kind if principal is not None else "",
+                    roles=list(principal.roles) if principal is not None else [],
+                    mechanism=self.session.mechanism,
+                    tls=self.session.tls,
+                    authentication=gate.enabled,
+                    superuser=principal is not None
+                    and principal.name in gate.authorizer.superusers,
+                )
+            else:
+                return False
+        except TidewireError as exc:
+            self._write(self.conn.send_error(ev.correlation_id, exc))
+            return True
+        self._write(self.conn.send_response(ev.correlation_id, reply))  # type: ignore[arg-type]
+        return True
+
     async def _handle(self, ev: RequestReceived) -> None:
+        if ev.api_key in SESSION_APIS and await self._authenticate(ev):
+            return
+        api = ApiKey(ev.api_key)
+        try:
+            principal = self.server.gate.check(self.session, api.name, API_NEEDS.get(api), ev.body)
+        except TidewireError as exc:
+            self._write(self.conn.send_error(ev.correlation_id, exc))
+            return
+        CURRENT_SESSION.set(self.session)  # this task's own context: handlers may read it
         if ev.api_key in PUSH_APIS:
             try:
                 reply = self.subscriptions.handle(ev.api_key, ev.body)
@@ -351,6 +419,17 @@ class _ClientProtocol(asyncio.Protocol):
         finally:
             # The answer is in the write buffer from here on (counted there), or there is none.
             self._release_output(size)
+        if principal is not None:
+            delay = self.server.gate.throttle(
+                principal,
+                produced=len(ev.data) if api is ApiKey.PRODUCE else 0,
+                fetched=sum(len(d) for d in data) if api is ApiKey.FETCH else 0,
+            )
+            if delay > 0:
+                # Kafka's quota model: the answer waits, and says how long it waited.
+                if isinstance(body, (ProduceResponse, FetchResponse)):
+                    body.throttle_time_ms = int(delay * 1000)
+                await asyncio.sleep(delay)
         if body is None:
             self.conn.discard(ev.correlation_id)
             self._after_response()
@@ -542,6 +621,9 @@ class TcpServer:
 
         #: max_connections as the descriptor limit allows (see :meth:`start`).
         self.max_connections = self.config.max_connections
+        #: Authentication and authorization of every request (shared with the broker's
+        #: other listeners).
+        self.gate = gate_for(broker)
 
     def _fit_connections(self) -> None:
         """Check max_connections against the descriptor limit (see the module docstring).

@@ -193,7 +193,11 @@ class HttpGateway:
         if config.http_port != OFF:
             app = create_app(broker, config, closing=gateway.closing)
             gateway.add_app(
-                NATIVE, asgi_app(app), config.http_host, config.http_port, policy=NATIVE_POLICY
+                NATIVE,
+                _gated(asgi_app(app), broker, NATIVE, config),
+                config.http_host,
+                config.http_port,
+                policy=NATIVE_POLICY,
             )
         # The compatibility modes (docs/http-compat.md), each on its own port.
         if config.http_msgbus_port != OFF:
@@ -208,7 +212,11 @@ class HttpGateway:
                 closing=gateway.closing,
             )
             gateway.add_app(
-                MSGBUS, msgbus, config.http_host, config.http_msgbus_port, policy=MSGBUS_POLICY
+                MSGBUS,
+                _gated(msgbus, broker, MSGBUS, config),
+                config.http_host,
+                config.http_msgbus_port,
+                policy=MSGBUS_POLICY,
             )
         if config.http_ipubsub_port != OFF:
             from tidewire.server.http.compat.ipubsub import create_ipubsub_app  # noqa: PLC0415
@@ -217,7 +225,11 @@ class HttpGateway:
                 broker, max_body_bytes=config.http_max_body_bytes, closing=gateway.closing
             )
             gateway.add_app(
-                IPUBSUB, ipubsub, config.http_host, config.http_ipubsub_port, policy=IPUBSUB_POLICY
+                IPUBSUB,
+                _gated(ipubsub, broker, IPUBSUB, config),
+                config.http_host,
+                config.http_ipubsub_port,
+                policy=IPUBSUB_POLICY,
             )
         return gateway
 
@@ -445,6 +457,13 @@ class HttpGateway:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _gated(app: AsgiApp, broker: Broker, name: str, config: HttpConfig) -> AsgiApp:
+    """``app`` behind the gate, with the route table of listener ``name``."""
+    from tidewire.server.http.auth import ROUTE_NEEDS, HttpAuth  # noqa: PLC0415
+
+    return HttpAuth(app, broker, ROUTE_NEEDS[name], max_body_bytes=config.http_max_body_bytes)
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -1,0 +1,351 @@
+"""The HTTP side of the one gate: what every route needs, declared as data, and the ASGI
+middleware that checks it before any route runs.
+
+:data:`ROUTE_NEEDS` has one entry per route of every HTTP listener (the native API, its
+WebSocket and SSE streams, and the compatibility modes): ``(method, path template)`` to a
+:class:`Route` — the requirement (as in ``server/needs.py``: PUBLIC, AUTHENTICATED or a
+function to the permissions needed) and the interface it is audited under. The requirement's
+function gets a :class:`RouteRequest`: the path parameters, the query, and — for routes
+declared with ``body=True`` — the JSON body. A test enumerates every route of every listener
+and fails on one without an entry.
+
+Authentication over HTTP is ``Authorization: Bearer <API key>`` (or a client certificate
+when the listener asks for one). Refusals: 401 (``WWW-Authenticate: Bearer``) without valid
+credentials, 403 without the permission, 429 when the source failed too often; a WebSocket
+handshake is refused with the same statuses and error documents.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl
+
+from starlette.routing import compile_path
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tidewire.broker import Broker
+from tidewire.errors import (
+    AuthenticationFailedError,
+    InvalidRequestError,
+    TidewireError,
+    TooManyAuthFailuresError,
+)
+from tidewire.security.model import CLUSTER_NAME, Operation, ResourceType
+from tidewire.server.gate import CURRENT_SESSION, Gate, Session, gate_for, source_of
+from tidewire.server.http.compat import topic_for
+from tidewire.server.http.errors import error_body, status_of
+from tidewire.server.needs import AUTHENTICATED, PUBLIC, Need, Requirement
+
+__all__ = ["LISTENER_ROUTES", "ROUTE_NEEDS", "HttpAuth", "Route", "RouteRequest"]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRequest:
+    """What a route's requirement function reads resource names from."""
+
+    path: dict[str, str]
+    query: dict[str, str]
+    body: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    requirement: Requirement
+    interface: str = "http"
+    #: The requirement needs the JSON body (read, then handed on to the route unchanged).
+    body: bool = False
+
+
+_T, _G, _C = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER
+_O = Operation
+
+
+def _topic(op: Operation, *, param: str = "topic") -> Callable[[RouteRequest], list[Need]]:
+    return lambda r: [Need(_T, op, r.path[param])]
+
+
+def _publish(r: RouteRequest) -> list[Need]:
+    t = r.path["topic"]
+    return [Need(_T, _O.WRITE, t), Need(_T, _O.CREATE, t, if_missing=True)]
+
+
+def _group(op: Operation) -> Callable[[RouteRequest], list[Need]]:
+    return lambda r: [Need(_G, op, r.path["group"])]
+
+
+def _create_topic(r: RouteRequest) -> list[Need]:
+    name = r.body.get("name") if isinstance(r.body, dict) else None
+    if not isinstance(name, str) or not name:
+        raise InvalidRequestError("the body must be a JSON object with a topic 'name'")
+    return [Need(_T, _O.CREATE, name)]
+
+
+def _body_topics(r: RouteRequest, *keys: str) -> list[str]:
+    """Topic names in the body: ``body[key]`` for each key, a string or a list of objects
+    with a ``topic`` (anything else: none; the route refuses the body itself)."""
+    out: list[str] = []
+    body = r.body if isinstance(r.body, dict) else {}
+    for key in keys:
+        value = body.get(key)
+        if isinstance(value, str):
+            out.append(value)
+        elif isinstance(value, list):
+            out += [
+                v["topic"] for v in value if isinstance(v, dict) and isinstance(v.get("topic"), str)
+            ]
+    return list(dict.fromkeys(out))
+
+
+def _commit(r: RouteRequest) -> list[Need]:
+    return [Need(_G, _O.READ, r.path["group"])] + [
+        Need(_T, _O.READ, t) for t in _body_topics(r, "offsets")
+    ]
+
+
+def _reset(r: RouteRequest) -> list[Need]:
+    return [Need(_G, _O.ALTER, r.path["group"])] + [
+        Need(_T, _O.DESCRIBE, t) for t in _body_topics(r, "topic")
+    ]
+
+
+def _cluster(op: Operation) -> Callable[[RouteRequest], list[Need]]:
+    return lambda r: [Need(_C, op, CLUSTER_NAME)]
+
+
+def _compat(
+    prefix: str, op: Operation, name: Callable[[RouteRequest], str]
+) -> Callable[[RouteRequest], list[Need]]:
+    """A compatibility route's need, on the tidewire topic its name maps onto (so the ACLs of
+    ``msgbus.*`` or ``ipubsub.*`` topics govern them); writes may create it."""
+
+    def needs(r: RouteRequest) -> list[Need]:
+        raw = name(r)
+        if not raw:
+            return []  # the route answers 400 itself
+        try:
+            t = topic_for(prefix, raw)
+        except TidewireError:
+            return []  # likewise
+        out = [Need(_T, op, t)]
+        if op is _O.WRITE:
+            out.append(Need(_T, _O.CREATE, t, if_missing=True))
+        if op is _O.READ:
+            out.append(Need(_G, _O.READ, prefix.rstrip(".")))
+        return out
+
+    return needs
+
+
+def _ipubsub_send_stream(r: RouteRequest) -> str:
+    s = r.body.get("streamId") if isinstance(r.body, dict) else None
+    return s if isinstance(s, str) else ""
+
+
+#: Every route of every HTTP listener: (method, path template) -> Route. WebSocket routes
+#: use the method ``WS``.
+ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
+    "native": {
+        ("GET", "/openapi.json"): Route(PUBLIC),
+        ("GET", "/docs"): Route(PUBLIC),
+        ("GET", "/docs/oauth2-redirect"): Route(PUBLIC),
+        ("GET", "/healthz/live"): Route(PUBLIC),
+        ("GET", "/healthz/startup"): Route(PUBLIC),
+        ("GET", "/healthz/ready"): Route(PUBLIC),
+        ("GET", "/healthz/storage"): Route(_cluster(_O.DESCRIBE)),
+        ("GET", "/v1/topics"): Route(AUTHENTICATED),
+        ("POST", "/v1/topics"): Route(_create_topic, body=True),
+        ("GET", "/v1/topics/{topic}"): Route(_topic(_O.DESCRIBE)),
+        ("DELETE", "/v1/topics/{topic}"): Route(_topic(_O.DELETE)),
+        ("POST", "/v1/topics/{topic}/messages"): Route(_publish),
+        ("POST", "/v1/topics/{topic}/messages:batch"): Route(_publish),
+        ("GET", "/v1/topics/{topic}/messages"): Route(_topic(_O.READ)),
+        ("GET", "/v1/topics/{topic}/partitions/{partition}/messages"): Route(_topic(_O.READ)),
+        ("GET", "/v1/topics/{topic}/stream"): Route(_topic(_O.READ), interface="sse"),
+        ("WS", "/v1/topics/{topic}/stream"): Route(_topic(_O.READ), interface="websocket"),
+        ("GET", "/v1/groups"): Route(AUTHENTICATED),
+        ("GET", "/v1/groups/{group}"): Route(_group(_O.DESCRIBE)),
+        ("POST", "/v1/groups/{group}/commit"): Route(_commit, body=True),
+        ("POST", "/v1/groups/{group}/reset"): Route(_reset, body=True),
+    },
+    "msgbus": {
+        ("GET", "/"): Route(AUTHENTICATED, interface="msgbus"),
+        ("PUT", "/{topic:path}"): Route(
+            _compat("msgbus.", _O.WRITE, lambda r: r.path["topic"]), interface="msgbus"
+        ),
+        ("POST", "/{topic:path}"): Route(
+            _compat("msgbus.", _O.WRITE, lambda r: r.path["topic"]), interface="msgbus"
+        ),
+        ("GET", "/{topic:path}"): Route(
+            _compat("msgbus.", _O.READ, lambda r: r.path["topic"]), interface="msgbus"
+        ),
+        ("WS", "/{topic:path}"): Route(
+            _compat("msgbus.", _O.READ, lambda r: r.path["topic"]), interface="msgbus"
+        ),
+    },
+    "ipubsub": {
+        ("POST", "/api/v1/streams/send"): Route(
+            _compat("ipubsub.", _O.WRITE, _ipubsub_send_stream), interface="ipubsub", body=True
+        ),
+        ("GET", "/api/v1/streams/receive"): Route(
+            _compat("ipubsub.", _O.READ, lambda r: r.query.get("streamId", "")),
+            interface="ipubsub",
+        ),
+    },
+}
+
+#: The listener names of the gateway (gateway.NATIVE, MSGBUS, IPUBSUB) -> their table.
+LISTENER_ROUTES = ROUTE_NEEDS
+
+
+@dataclass(slots=True)
+class _Compiled:
+    method: str
+    template: str
+    regex: re.Pattern[str]
+    route: Route
+    convertors: dict[str, Any] = field(default_factory=dict)
+
+
+class HttpAuth:
+    """ASGI middleware: authenticate and authorize every request of one listener before
+    ``app`` sees it (see the module docstring).
+
+    Args:
+        app: the listener's app.
+        broker: whose gate decides.
+        routes: the listener's entry of :data:`ROUTE_NEEDS`.
+        max_body_bytes: the longest body read for a ``body=True`` route (the app refuses
+            longer ones itself).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        broker: Broker,
+        routes: dict[tuple[str, str], Route],
+        *,
+        max_body_bytes: int,
+    ) -> None:
+        self.app = app
+        self.gate: Gate = gate_for(broker)
+        self.max_body_bytes = max_body_bytes
+        self._routes: list[_Compiled] = []
+        for (method, template), route in routes.items():
+            regex, _, convertors = compile_path(template)
+            self._routes.append(_Compiled(method, template, regex, route, convertors))
+
+    def _match(self, method: str, path: str) -> tuple[_Compiled | None, dict[str, str]]:
+        if method == "HEAD":
+            method = "GET"
+        for c in self._routes:
+            if c.method != method:
+                continue
+            m = c.regex.match(path)
+            if m is not None:
+                return c, m.groupdict()
+        return None, {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        method = "WS" if kind == "websocket" else scope["method"]
+        compiled, params = self._match(method, scope["path"])
+        route = compiled.route if compiled is not None else Route(AUTHENTICATED)
+        action = f"{method} {compiled.template if compiled is not None else scope['path']}"
+        session = Session(
+            source=source_of(scope.get("client")),
+            interface=route.interface,
+            tls=scope.get("scheme") in ("https", "wss"),
+            cert_principal=scope.get("tidewire.cert_principal"),
+        )
+        try:
+            if route.requirement is not PUBLIC:
+                key = _bearer(scope)
+                if key is not None:
+                    await self.gate.authenticate_key(session, key)
+            body_bytes: bytes | None = None
+            body: Any = None
+            if route.body and kind == "http":
+                body_bytes, receive = await self._read_body(receive)
+                try:
+                    body = json.loads(body_bytes) if body_bytes else None
+                except ValueError:
+                    body = None  # the route answers 400 with its own message
+            request = RouteRequest(
+                params, dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"))), body
+            )
+            principal = self.gate.check(session, action, route.requirement, request)
+        except TidewireError as exc:
+            await _refuse(exc, scope, send)
+            return
+        scope.setdefault("state", {})["tidewire_principal"] = principal
+        CURRENT_SESSION.set(session)
+        await self.app(scope, receive, send)
+
+    async def _read_body(self, receive: Receive) -> tuple[bytes, Receive]:
+        """The whole body (up to one byte past the limit) and a ``receive`` that hands it
+        on to the app, then whatever follows."""
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more and size <= self.max_body_bytes:
+            message = await receive()
+            if message["type"] != "http.request":
+                pending: list[Message] = [message]
+                break
+            chunk = message.get("body", b"")
+            chunks.append(chunk)
+            size += len(chunk)
+            more = message.get("more_body", False)
+        else:
+            pending = []
+        data = b"".join(chunks)
+        replay: list[Message] = [{"type": "http.request", "body": data, "more_body": more}]
+        replay += pending
+
+        async def replayed() -> Message:
+            if replay:
+                return replay.pop(0)
+            return await receive()
+
+        return data, replayed
+
+
+def _bearer(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise AuthenticationFailedError(
+                    "the Authorization header must be 'Bearer <API key>'"
+                )
+            return str(token.strip())
+    return None
+
+
+async def _refuse(exc: TidewireError, scope: Scope, send: Send) -> None:
+    status = status_of(exc)
+    headers = [(b"content-type", b"application/json")]
+    if isinstance(exc, AuthenticationFailedError):
+        headers.append((b"www-authenticate", b'Bearer realm="tidewire"'))
+    if isinstance(exc, TooManyAuthFailuresError):
+        headers.append((b"retry-after", b"60"))
+    body = error_body(exc.code, type(exc).__name__, exc.message)
+    headers.append((b"content-length", str(len(body)).encode()))
+    if scope["type"] == "websocket":
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await send(
+                {"type": "websocket.http.response.start", "status": status, "headers": headers}
+            )
+            await send({"type": "websocket.http.response.body", "body": body})
+        else:
+            await send({"type": "websocket.close", "code": 1008, "reason": exc.message[:120]})
+        return
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
