@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.cli._support import Broker, run_cli
+from tests.cli._support import Broker, run_cli, serving
+from tidewire.broker import Broker as TwBroker
+from tidewire.broker import BrokerConfig
 from tidewire.cli._user import format_ms, parse_expires
+from tidewire.security.config import SecurityConfig
 from tidewire.security.credentials import Credentials
 from tidewire.security.keys import parse_key
 
@@ -215,3 +220,39 @@ def test_parse_expires() -> None:
     assert format_ms(4070908800000) == "2099-01-01T00:00:00Z"
     assert format_ms(0, "never") == "never"
     assert int(time.time() * 1000) < parse_expires("1m", int(time.time() * 1000)) + 1
+
+
+def test_with_authentication_on(tmp_path: Path) -> None:
+    """The commands authenticate with --api-key or TIDEWIRE_API_KEY; without, the broker
+    refuses them."""
+    data = tmp_path / "data"
+
+    async def bootstrap() -> None:  # the first start writes the superuser's key
+        config = SecurityConfig(authentication=True, superusers="admin")
+        async with TwBroker(BrokerConfig(str(data)), security=config):
+            pass
+
+    asyncio.run(bootstrap())
+    with serving(data, "--authentication", "--superusers", "admin") as (proc, port):
+        broker = Broker(proc, port)
+        admin_key = (data / "bootstrap-admin.key").read_text().strip()
+        r = broker.cli("user", "list")
+        assert r.exit_code == 1
+        assert r.stderr.startswith("error: ")
+        out = ok(broker, "user", "create", "ops", "--api-key", admin_key)
+        assert out == "created user ops (no roles)\n"
+        r = run_cli(
+            ["key", "create", "ops", "--json", "--addr", broker.addr],
+            env={"TIDEWIRE_API_KEY": admin_key, "TIDEWIRE_SASL_MECHANISM": "SCRAM-SHA-512"},
+        )
+        assert r.exit_code == 0, r.stderr
+        ops_key = json.loads(r.stdout)["api_key"]
+        # ops has no permission: it may list its own keys, not everyone's
+        own = json.loads(ok(broker, "key", "list", "ops", "--json", "--api-key", ops_key))
+        assert [k["principal"] for k in own] == ["ops"]
+        r = broker.cli("key", "list", "--api-key", ops_key)
+        assert r.exit_code == 1
+        assert r.stderr.startswith("error: ")
+        r = broker.cli("user", "list", "--api-key", "nonsense")
+        assert r.exit_code == 2
+        assert r.stderr.startswith("error: --api-key: malformed API key")

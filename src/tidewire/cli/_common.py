@@ -110,7 +110,12 @@ def credentials(api_key: str | None, mechanism: str = "SCRAM-SHA-256") -> Creden
             f"--sasl-mechanism {mechanism!r} must be SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN",
             EXIT_USAGE,
         )
-    return Credentials(api_key=api_key, mechanism=mechanism) if api_key else None
+    if not api_key:
+        return None
+    try:
+        return Credentials(api_key=api_key.strip(), mechanism=mechanism)
+    except TidewireError as exc:  # not an API key: the message does not repeat it
+        fail(f"--api-key: {exc.message}", EXIT_USAGE)
 
 
 def run_client(
