@@ -27,6 +27,7 @@ from tidewire.server.http.health import health_router
 from tidewire.server.http.idempotency import IdempotencyStore
 from tidewire.server.http.messages import messages_router
 from tidewire.server.http.publisher import Publisher
+from tidewire.server.http.security import security_router
 from tidewire.server.http.stream import stream_router
 from tidewire.server.http.topics import topics_router
 
@@ -54,6 +55,7 @@ def routers(ctx: GatewayContext) -> list[APIRouter]:
         groups_router(ctx),
         health_router(ctx),
         stream_router(ctx),
+        security_router(ctx),
     ]
 
 

@@ -116,6 +116,11 @@ def _cluster(op: Operation) -> Callable[[RouteRequest], list[Need]]:
     return lambda r: [Need(_C, op, CLUSTER_NAME)]
 
 
+def _own(op: Operation) -> Callable[[RouteRequest], list[Need]]:
+    """``op`` on the cluster, unless the principal in the path is the caller itself."""
+    return lambda r: [Need(_C, op, CLUSTER_NAME, unless_principal=r.path["name"])]
+
+
 def _compat(
     prefix: str, op: Operation, name: Callable[[RouteRequest], str]
 ) -> Callable[[RouteRequest], list[Need]]:
@@ -170,6 +175,25 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         ("GET", "/v1/groups/{group}"): Route(_group(_O.DESCRIBE)),
         ("POST", "/v1/groups/{group}/commit"): Route(_commit, body=True),
         ("POST", "/v1/groups/{group}/reset"): Route(_reset, body=True),
+        # Security administration: changes need alter on the cluster, reads describe; a
+        # principal's own keys need authentication alone (as the binary APIs 30-40).
+        ("GET", "/v1/principals"): Route(_cluster(_O.DESCRIBE)),
+        ("POST", "/v1/principals"): Route(_cluster(_O.ALTER)),
+        ("GET", "/v1/principals/{name}"): Route(_own(_O.DESCRIBE)),
+        ("PATCH", "/v1/principals/{name}"): Route(_cluster(_O.ALTER)),
+        ("DELETE", "/v1/principals/{name}"): Route(_cluster(_O.ALTER)),
+        ("GET", "/v1/principals/{name}/keys"): Route(_own(_O.DESCRIBE)),
+        ("POST", "/v1/principals/{name}/keys"): Route(_own(_O.ALTER)),
+        ("DELETE", "/v1/keys/{key_id}"): Route(
+            lambda r: [Need(_C, _O.ALTER, unless_principal=r.query.get("principal", ""))]
+        ),
+        ("GET", "/v1/acls"): Route(_cluster(_O.DESCRIBE)),
+        ("POST", "/v1/acls"): Route(_cluster(_O.ALTER)),
+        ("DELETE", "/v1/acls"): Route(_cluster(_O.ALTER)),
+        ("GET", "/v1/quotas"): Route(_cluster(_O.DESCRIBE)),
+        ("PUT", "/v1/quotas/{name}"): Route(_cluster(_O.ALTER)),
+        ("DELETE", "/v1/quotas/{name}"): Route(_cluster(_O.ALTER)),
+        ("GET", "/v1/whoami"): Route(AUTHENTICATED),
     },
     "msgbus": {
         ("GET", "/"): Route(AUTHENTICATED, interface="msgbus"),
