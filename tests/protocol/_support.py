@@ -85,6 +85,10 @@ from tidewire.protocol.messages import (
     ResetOffsetResult,
     ResetOffsetsRequest,
     ResetOffsetsResponse,
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
     StorageProblem,
     SubscribePartition,
     SubscribeRequest,
@@ -93,6 +97,8 @@ from tidewire.protocol.messages import (
     TopicDescription,
     UnsubscribeRequest,
     UnsubscribeResponse,
+    WhoAmIRequest,
+    WhoAmIResponse,
     schema_for,
     supported_versions,
 )
@@ -295,6 +301,25 @@ SAMPLES: dict[ApiKey, tuple[Body, Body]] = {
             ]
         ),
     ),
+    ApiKey.SASL_HANDSHAKE: (
+        SaslHandshakeRequest(mechanism="SCRAM-SHA-256"),
+        SaslHandshakeResponse(mechanisms=["SCRAM-SHA-256", "SCRAM-SHA-512"]),
+    ),
+    ApiKey.SASL_AUTHENTICATE: (
+        SaslAuthenticateRequest(auth_bytes=b"n,,n=0123456789ab,r=nonce"),
+        SaslAuthenticateResponse(auth_bytes=b"v=c2lnbmF0dXJl", principal="alice", complete=True),
+    ),
+    ApiKey.WHOAMI: (
+        WhoAmIRequest(),
+        WhoAmIResponse(
+            principal="alice",
+            kind="user",
+            roles=["producer"],
+            mechanism="SCRAM-SHA-256",
+            tls=True,
+            authentication=True,
+        ),
+    ),
 }
 
 # Security administration.
@@ -378,6 +403,8 @@ def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
         return st.booleans()
     if tp is str:
         return st.text(max_size=12)
+    if tp is bytes:
+        return st.binary(max_size=12)
     if tp is type(None):
         return st.none()
     origin = typing.get_origin(tp)

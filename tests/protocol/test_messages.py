@@ -42,7 +42,7 @@ SCHEMA_IDS = [f"{schema.__name__}" for _, _, schema in SCHEMAS]
 
 def builtins(body: msgspec.Struct) -> dict[str, Any]:
     """``body`` as the plain map that goes on the wire."""
-    out = msgspec.to_builtins(body)
+    out = msgspec.to_builtins(body, builtin_types=(bytes,))
     assert isinstance(out, dict)
     return out
 

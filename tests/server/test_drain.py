@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
@@ -190,8 +191,8 @@ def test_a_full_disk_at_the_stop_is_reported_once_and_leaves_no_marker(
     fs = FaultFS()
 
     class FullDiskBroker(Broker):
-        def __init__(self, config: BrokerConfig) -> None:
-            super().__init__(config)
+        def __init__(self, config: BrokerConfig, **kwargs: Any) -> None:
+            super().__init__(config, **kwargs)
             self.logs = LogManager(config.data_dir, default_config=config.log, fs=fs)
 
         async def start(self) -> None:

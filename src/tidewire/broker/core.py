@@ -308,6 +308,8 @@ class Broker:
             self._load_producers()
             offsets = OffsetStore(self.logs)
             offsets.load()
+            # Made here, as the offsets are: on the log manager the broker runs with.
+            self.security = SecurityStore(self.logs, self.security_config)
             self.security.load()
         except BaseException:
             self.logs.close()

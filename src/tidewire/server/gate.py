@@ -44,6 +44,7 @@ from tidewire.security.model import Operation, Principal, ResourceType
 from tidewire.security.quotas import QuotaLimits, Quotas
 from tidewire.security.ratelimit import FailureLimiter
 from tidewire.security.scram import ScramCredential, ScramServer
+from tidewire.security.store import SecurityStore
 from tidewire.server.needs import AUTHENTICATED, PUBLIC, Need, Requirement
 
 if TYPE_CHECKING:
@@ -120,8 +121,7 @@ class Gate:
     def __init__(self, broker: Broker, config: SecurityConfig) -> None:
         self.broker = broker
         self.config = config
-        self.store = broker.security
-        self.authorizer = Authorizer(self.store)
+        self._authorizer = Authorizer(broker.security)
         self.limiter = FailureLimiter(config.auth_failures_per_minute)
         self.quotas = Quotas(
             QuotaLimits(
@@ -134,6 +134,17 @@ class Gate:
         self._overridden: set[str] = set()
         self.denied = 0
         self.auth_failures = 0
+
+    @property
+    def store(self) -> SecurityStore:
+        """The broker's security state (made anew by each start)."""
+        return self.broker.security
+
+    @property
+    def authorizer(self) -> Authorizer:
+        if self._authorizer.store is not self.broker.security:
+            self._authorizer = Authorizer(self.broker.security)
+        return self._authorizer
 
     @property
     def enabled(self) -> bool:

@@ -96,6 +96,15 @@ def request_body(model: type[BaseModel]) -> dict[str, Any]:
     }
 
 
+#: Answers of the gate on every route that is not public.
+_GATE = {
+    401: "No valid credentials: a missing, malformed, unknown, expired or revoked API key "
+    "(authentication on).",
+    403: "The principal lacks the permission this route needs (ACLs); nothing changed.",
+    429: "Too many failed authentications from this address or for this principal.",
+}
+
+
 def add_body_schemas(app: FastAPI) -> None:
     """Make ``app``'s OpenAPI spec hold the schemas :func:`request_body` refers to."""
     generate = app.openapi
@@ -114,6 +123,25 @@ def add_body_schemas(app: FastAPI) -> None:
             schemas[name] = doc
         # Validation failures are answered 400 in the error shape, not FastAPI's 422.
         error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+        # The gate (server/http/auth.py): Bearer API keys on every route not declared public.
+        spec["components"].setdefault("securitySchemes", {})["bearerAuth"] = {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An API key (twk_...) from `tidewire key create`; required when "
+            "the broker runs with authentication on (docs/security.md).",
+        }
+        from tidewire.server.http.auth import ROUTE_NEEDS  # noqa: PLC0415 (imports this module)
+        from tidewire.server.needs import PUBLIC  # noqa: PLC0415
+
+        routes = ROUTE_NEEDS["native"]
+        for path, ops in spec.get("paths", {}).items():
+            for method, op in ops.items():
+                route = routes.get((method.upper(), path))
+                if route is None or route.requirement is not PUBLIC:
+                    op["security"] = [{"bearerAuth": []}]
+                    answers = op.setdefault("responses", {})
+                    for status, what in _GATE.items():
+                        answers.setdefault(str(status), {"description": what, "content": error})
         for ops in spec.get("paths", {}).values():
             for op in ops.values():
                 answers = op.setdefault("responses", {})
