@@ -73,6 +73,13 @@ def test_principals_keys_acls_quotas(client: httpx.Client) -> None:
     assert r.status_code == 200, r.text
     assert len(r.json()["changed"]) == 1
     assert client.get("/v1/acls").json() == {"acls": []}
+    client.post("/v1/acls", json={"acls": [ACL]})
+    r = client.delete("/v1/acls", params=ACL)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["changed"]) == 1
+    r = client.delete("/v1/acls", params={**ACL, "operation": "eat"})
+    assert r.status_code == 400
+    assert "operation" in error_of(r)["message"]
 
     r = client.put("/v1/quotas/alice", json={"requests_per_s": 10})
     assert r.status_code == 200, r.text

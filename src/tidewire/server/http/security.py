@@ -8,6 +8,7 @@ A created API key is in the answer that creates it, and never again.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -341,9 +342,14 @@ def security_router(ctx: GatewayContext) -> APIRouter:
         openapi_extra={"requestBody": request_body(AclChange)},
     )
     async def remove_acls(request: Request) -> Response:
-        """Remove ACL entries, given in the body as they were added; answers those that were
+        """Remove ACL entries, given in the body as they were added, or one entry given by
+        the query (``?principal=alice&resource_type=topic&pattern=orders&operation=read``,
+        with ``pattern_type`` and ``effect`` as in the body); answers those that were
         there."""
-        req = parse_body(AclChange, await request.body())
+        raw = await request.body()
+        if not raw.strip() and request.query_params:
+            raw = json.dumps({"acls": [dict(request.query_params)]}).encode()
+        req = parse_body(AclChange, raw)
         entries = [m.AclEntry(**a.model_dump()) for a in req.acls]
         body = await _run(admin.alter_acls(b, info, m.AlterAclsRequest(remove=entries), _E))
         return json_response({"changed": _doc(body.removed)})
