@@ -63,6 +63,7 @@ def test_async_client_methods() -> None:
         "create_topic",
         "delete_group",
         "delete_topic",
+        "describe_audit",
         "describe_group",
         "describe_topic",
         "fetch",

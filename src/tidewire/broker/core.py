@@ -56,6 +56,7 @@ from tidewire.errors import (
     UnknownTopicError,
 )
 from tidewire.records import BatchHeader, iter_batches
+from tidewire.security.audit import DEFAULT_RETENTION_MS, AuditLog
 from tidewire.storage import FsyncPolicy, LogConfig, LogManager, PartitionLog
 from tidewire.storage.damage import Damage
 from tidewire.storage.filecache import open_descriptors, raise_descriptor_limit
@@ -251,10 +252,16 @@ class Broker:
 
     Args:
         config: the broker's settings.
+        audit_retention_ms: how long the audit log keeps its records (-1: forever).
     """
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(
+        self, config: BrokerConfig, *, audit_retention_ms: int = DEFAULT_RETENTION_MS
+    ) -> None:
         self.config = config
+        self.audit_retention_ms = audit_retention_ms
+        #: The audit log (while the broker runs): who did what, allowed or denied.
+        self.audit: AuditLog | None = None
         self.descriptors_before, self.descriptor_limit = raise_descriptor_limit()
         #: The log files kept open at most (see BrokerConfig.max_open_files).
         self.max_open_files = config.max_open_files or max(
@@ -300,6 +307,8 @@ class Broker:
             self._load_producers()
             offsets = OffsetStore(self.logs)
             offsets.load()
+            self.audit = AuditLog(self.logs, self.audit_retention_ms)
+            self.audit.start()
         except BaseException:
             self.logs.close()
             raise
@@ -339,6 +348,9 @@ class Broker:
             if task is not None:
                 await cancel_and_wait(task)
         self._maintenance = self._producer_task = self._group_task = None
+        if self.audit is not None:
+            await self.audit.close()
+            self.audit = None
         if self._groups is not None:
             self._groups.coordinator.close()
             self._groups = None
