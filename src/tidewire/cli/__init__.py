@@ -10,6 +10,7 @@
   as a member of a consumer group).
 - ``tidewire group list | describe | reset | delete``: consumer groups, offsets and lag.
 - ``tidewire health``: ping a broker; exit code 0 when it answers.
+- ``tidewire audit``: the audit log (who did what, from where, allowed or denied).
 - ``tidewire bench produce | consume``: the load generator (throughput and latency).
 - ``tidewire export TOPIC --to DIR``: copy a topic into partitioned Parquet with Spark,
   exactly once, continuously or ``--once``.
@@ -31,6 +32,7 @@ import typer
 
 from tidewire import __version__
 
+from ._audit import audit
 from ._bench import bench_app
 from ._compat_000 import addr_defaults, consumer_app, tail
 from ._consume import consume
@@ -93,6 +95,7 @@ app.add_typer(group_app)
 app.command()(publish)
 app.command()(consume)
 app.command()(health)
+app.command()(audit)
 app.add_typer(consumer_app)
 app.command()(tail)
 app.add_typer(bench_app)
