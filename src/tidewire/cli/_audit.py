@@ -103,15 +103,15 @@ def audit(
     if not events:
         console.print("no audit events match", markup=False)
         return
-    table = Table(
-        "time (UTC)", "principal", "source", "via", "action", "resource", "outcome", "reason"
-    )
+    table = Table()
+    table.add_column("time (UTC)", no_wrap=True, min_width=19)
+    for name in ("principal", "source", "action", "resource", "outcome", "reason"):
+        table.add_column(name, overflow="fold")  # wrapped, never cut: an audit hides nothing
     for e in events:
         cells = (
-            format_time(e.time_ms),
+            format_time(e.time_ms)[:19].replace("T", " "),
             e.principal if e.principal is not None else "-",
-            e.source or "-",
-            e.interface,
+            f"{e.source or '-'} ({e.interface})",
             e.action,
             e.resource or "-",
             e.outcome,
