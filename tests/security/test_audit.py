@@ -152,11 +152,12 @@ def test_the_writer_writes_without_being_asked(tmp_path: Path) -> None:
             audit = AuditLog(logs, -1, flush_interval_s=0.01)
             audit.start()
             audit.record(event(1))
-            plog = logs.logs[(AUDIT_TOPIC, 0)]
             for _ in range(3000):  # the writer's interval is 10 ms; allow a slow machine
-                if plog.log_end_offset:
+                plog = logs.logs.get((AUDIT_TOPIC, 0))
+                if plog is not None and plog.log_end_offset:
                     break
                 await asyncio.sleep(0.01)
+            assert plog is not None
             assert plog.log_end_offset == 1
             await audit.close()
 
@@ -249,6 +250,11 @@ def test_queries_and_retention_over_many_segments(tmp_path: Path) -> None:
 def test_retention_is_the_brokers_setting(tmp_path: Path) -> None:
     async def main() -> None:
         async with Broker(BrokerConfig(str(tmp_path)), audit_retention_ms=7 * DAY) as broker:
+            assert (AUDIT_TOPIC, 0) not in broker.logs.logs  # made by the first event
+            assert broker.audit is not None
+            assert await broker.audit.query() == []
+            broker.audit.record(event())
+            assert await broker.audit.query() == [event()]
             assert broker.logs.logs[(AUDIT_TOPIC, 0)].config.retention_ms == 7 * DAY
         async with Broker(BrokerConfig(str(tmp_path)), audit_retention_ms=-1) as broker:
             assert broker.logs.logs[(AUDIT_TOPIC, 0)].config.retention_ms == -1

@@ -71,7 +71,7 @@ MAX_SUMMARIES = 1024
 #: texts may come from clients, and an event must stay small.
 MAX_FIELD_CHARS = 512
 #: Entries kept of an event's ``detail``.
-MAX_DETAIL_ENTRIES = 32
+MAX_DETAIL_ENTRIES = 16
 #: Events one query returns at most.
 MAX_QUERY_LIMIT = 10_000
 #: Records a query reads between two yields to the event loop.
@@ -257,12 +257,11 @@ class AuditLog:
     # --- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Open (or create) ``__audit`` and start the writer. Call in the event loop.
-
-        Raises:
-            StorageError: the log cannot be created.
-        """
-        self._plog = open_log(self._logs, AUDIT_TOPIC, self._config)
+        """Open ``__audit`` (giving it this log's settings) and start the writer. Call in
+        the event loop. A broker that never recorded an event has no ``__audit``: the first
+        write creates it."""
+        if (AUDIT_TOPIC, 0) in self._logs.logs:
+            self._plog = open_log(self._logs, AUDIT_TOPIC, self._config)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="audit writer")
         self._task.add_done_callback(_log_failure)
 
@@ -368,9 +367,11 @@ class AuditLog:
 
     async def _write_buffered(self) -> None:
         async with self._write_lock:
-            plog = self._plog
-            if plog is None or (not self._pending and not self._summaries):
+            if not self._pending and not self._summaries:
                 return
+            plog = self._plog
+            if plog is None:
+                plog = self._plog = open_log(self._logs, AUDIT_TOPIC, self._config)
             events, self._pending = self._pending, []
             summaries, self._summaries = self._summaries, {}
             events += [s.event(key) for key, s in summaries.items()]
@@ -382,7 +383,8 @@ class AuditLog:
                 ]
                 await plog.append_many_async(batches)
             except TidewireError:
-                # Put them back in front of what came meanwhile, in order.
+                # Put them back in front of what came meanwhile, in order, to be tried again
+                # (a write that failed part way may store some twice: better than none).
                 self._pending = events + self._pending
                 raise
             finally:
@@ -419,13 +421,13 @@ class AuditLog:
             raise InvalidRequestError(f"limit={limit:,} must be within 1..{MAX_QUERY_LIMIT:,}")
         if since_ms is not None and until_ms is not None and until_ms < since_ms:
             raise InvalidRequestError(f"until={until_ms} is before since={since_ms}")
-        plog = self._plog
-        if plog is None:
-            raise InvalidRequestError("the audit log is not open")
         try:
             await self.flush()
         except TidewireError as exc:
             log.error("audit: buffered events not written before a query: %s", exc)
+        plog = self._plog
+        if plog is None:  # nothing was ever recorded
+            return []
 
         def matches(e: AuditEvent) -> bool:
             return (
