@@ -602,7 +602,8 @@ async def _serve(settings: Settings, loop_name: str) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    broker = Broker(settings.broker, audit_retention_ms=settings.security.audit_retention_ms)
+    broker = Broker(settings.broker)
+    broker.audit_retention_ms = settings.security.audit_retention_ms
     await broker.start()
     # Every listener's connections under the descriptor limit (docs/configuration.md).
     try:

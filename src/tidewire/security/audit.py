@@ -259,7 +259,7 @@ class AuditLog:
     def start(self) -> None:
         """Open ``__audit`` (giving it this log's settings) and start the writer. Call in
         the event loop. A broker that never recorded an event has no ``__audit``: the first
-        write creates it."""
+        event creates it (see :meth:`record`)."""
         if (AUDIT_TOPIC, 0) in self._logs.logs:
             self._plog = open_log(self._logs, AUDIT_TOPIC, self._config)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="audit writer")
@@ -293,6 +293,8 @@ class AuditLog:
             log.debug("audit: event after close not written: %s", event.action)
             return
         self.recorded += 1
+        if self._plog is None:
+            self._open()
         if len(self._pending) + self._writing < self.max_pending:
             self._pending.append(event)
             if len(self._pending) >= FLUSH_EVENTS:
@@ -309,6 +311,17 @@ class AuditLog:
         else:
             summary.count += 1
             summary.last_ms = max(summary.last_ms, event.time_ms)
+
+    def _open(self) -> None:
+        """Create the log now, in the request that recorded the first event (once: a few
+        files), rather than later in the writer: so its files are open from a known point
+        on. A failure is logged; the writer tries again."""
+        try:
+            self._plog = open_log(self._logs, AUDIT_TOPIC, self._config)
+        except TidewireError as exc:
+            log.error(
+                "audit: creating %s failed (tried again at the next write): %s", AUDIT_TOPIC, exc
+            )
 
     def event(
         self,
