@@ -248,6 +248,7 @@ class AuditLog:
         self._write_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._open_failed = False
         #: Events recorded, counted into summaries, and lost (recorded after close, or
         #: when the log refused them at close), since start: for metrics and tests.
         self.recorded = 0
@@ -293,7 +294,7 @@ class AuditLog:
             log.debug("audit: event after close not written: %s", event.action)
             return
         self.recorded += 1
-        if self._plog is None:
+        if self._plog is None and not self._open_failed:
             self._open()
         if len(self._pending) + self._writing < self.max_pending:
             self._pending.append(event)
@@ -319,6 +320,7 @@ class AuditLog:
         try:
             self._plog = open_log(self._logs, AUDIT_TOPIC, self._config)
         except TidewireError as exc:
+            self._open_failed = True  # not again on every event: the writer retries
             log.error(
                 "audit: creating %s failed (tried again at the next write): %s", AUDIT_TOPIC, exc
             )
