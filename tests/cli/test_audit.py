@@ -4,8 +4,9 @@ their usage errors."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from tests.cli._support import Broker, run_cli
+from tests.cli._support import Broker, run_cli, serving
 
 
 def test_audit_table_and_json(broker: Broker) -> None:
@@ -73,3 +74,13 @@ def test_audit_usage_errors() -> None:
     assert "--until (2h) is before --since (1h)" in r.stderr
     r = run_cli(["audit", "--limit", "0"])
     assert r.exit_code == 2
+
+
+def test_serve_sets_the_audit_retention(tmp_path: Path) -> None:
+    day = 86_400_000
+    with serving(tmp_path / "data", "--audit-retention-ms", str(day)) as (_, port):
+        r = run_cli(["topic", "create", "t", "--addr", f"127.0.0.1:{port}"])
+        assert r.exit_code == 0, r.stderr
+        # the first event created the log, with the broker's setting
+        config = json.loads((tmp_path / "data" / "__audit-0" / "log.json").read_text())
+        assert config["retention_ms"] == day
