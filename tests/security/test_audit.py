@@ -5,6 +5,8 @@ stored, retention, and the admin APIs audited through the binary protocol."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import tracemalloc
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 from tests.server._support import serve
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.client import AsyncClient
-from tidewire.errors import InvalidRequestError, UnknownTopicError
+from tidewire.errors import InvalidRequestError, TidewireError, UnknownTopicError
 from tidewire.security._logs import AUDIT_TOPIC
 from tidewire.security.audit import (
     MAX_FIELD_CHARS,
@@ -25,6 +27,7 @@ from tidewire.security.audit import (
     redact,
 )
 from tidewire.storage import LogManager
+from tidewire.storage.faultfs import FaultFS
 
 T0 = 1_800_000_000_000
 HOUR = 3600 * 1000
@@ -383,5 +386,31 @@ def test_group_admin_apis_are_audited(tmp_path: Path) -> None:
                 ("DELETE_GROUP", "group:g", "ok"),
             ]
             assert got[1].detail == {"topic": "t", "to": "earliest", "dry_run": "true"}
+
+    asyncio.run(main())
+
+
+def test_failed_writes_keep_the_events_in_bounded_memory() -> None:
+    """A disk that refuses every write: the events stay buffered (as summaries beyond
+    max_pending) however often the write is tried, and nothing is counted twice."""
+    fs = FaultFS()
+
+    async def main() -> None:
+        async with LogManager("/data", fs=fs) as logs:
+            audit = AuditLog(logs, -1, max_pending=100)
+            audit.start()
+            audit.record(event(0))  # creates the log
+            fs.fail_kinds.update(write=errno.ENOSPC)
+            for i in range(1, 5000):
+                audit.record(event(i, principal=f"p{i % 2000}", outcome="failed"))
+            for _ in range(5):
+                with pytest.raises(TidewireError):
+                    await audit.flush()
+                assert audit.pending <= 100 + MAX_SUMMARIES + 1
+                kept = len(audit._pending) + sum(s.count for s in audit._summaries.values())
+                assert kept == 5000
+            fs.fail_kinds.clear()
+            with contextlib.suppress(TidewireError):  # the failed log may stay failed
+                await audit.close()
 
     asyncio.run(main())

@@ -74,6 +74,8 @@ MAX_FIELD_CHARS = 512
 MAX_DETAIL_ENTRIES = 16
 #: Events one query returns at most.
 MAX_QUERY_LIMIT = 10_000
+#: The longest wait between two tries of a write that keeps failing (seconds).
+MAX_RETRY_S = 10.0
 #: Records a query reads between two yields to the event loop.
 _YIELD_EVERY = 2000
 
@@ -313,6 +315,19 @@ class AuditLog:
             summary.count += 1
             summary.last_ms = max(summary.last_ms, event.time_ms)
 
+    def _restore(self, key: _Like, old: _Summary) -> None:
+        """Count the events of an unwritten summary again (after a failed write)."""
+        summary = self._summaries.get(key)
+        if summary is None and len(self._summaries) >= MAX_SUMMARIES and key != _OTHERS:
+            key = _OTHERS
+            summary = self._summaries.get(key)
+        if summary is None:
+            self._summaries[key] = old
+        else:
+            summary.count += old.count
+            summary.first = old.first
+            summary.last_ms = max(summary.last_ms, old.last_ms)
+
     def _open(self) -> None:
         """Create the log now, in the request that recorded the first event (once: a few
         files), rather than later in the writer: so its files are open from a known point
@@ -362,15 +377,24 @@ class AuditLog:
     # --- writing ----------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        delay = self.flush_interval_s
         while not self._closed:
             with contextlib.suppress(TimeoutError):  # the interval passed: write anyway
-                await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
+                await asyncio.wait_for(self._wake.wait(), delay)
             self._wake.clear()
             try:
                 await self._write_buffered()
             except TidewireError as exc:
-                # Kept in the buffer (still bounded) and tried again next time.
-                log.error("audit: writing %d event(s) failed: %s", self.pending, exc)
+                # Kept (still bounded) and tried again, less and less often.
+                delay = min(delay * 2, MAX_RETRY_S)
+                log.error(
+                    "audit: writing %d event(s) failed (next try in %.1f s): %s",
+                    self.pending,
+                    delay,
+                    exc,
+                )
+            else:
+                delay = self.flush_interval_s
 
     async def flush(self) -> None:
         """Write what is buffered now (what a query should see).
@@ -389,18 +413,29 @@ class AuditLog:
                 plog = self._plog = open_log(self._logs, AUDIT_TOPIC, self._config)
             events, self._pending = self._pending, []
             summaries, self._summaries = self._summaries, {}
-            events += [s.event(key) for key, s in summaries.items()]
+            written = events + [s.event(key) for key, s in summaries.items()]
             self._writing = len(events)
             try:
                 batches = [
-                    _batch(events[i : i + FLUSH_EVENTS])
-                    for i in range(0, len(events), FLUSH_EVENTS)
+                    _batch(written[i : i + FLUSH_EVENTS])
+                    for i in range(0, len(written), FLUSH_EVENTS)
                 ]
-                await plog.append_many_async(batches)
+                # One task per batch, queued in this turn (one write for all), so that when
+                # the write fails every batch's error is collected (append_many_async
+                # would leave the later ones unretrieved).
+                results = await asyncio.gather(
+                    *(plog.append_async(b) for b in batches), return_exceptions=True
+                )
+                for r in results:
+                    if isinstance(r, BaseException):
+                        raise r
             except TidewireError:
-                # Put them back in front of what came meanwhile, in order, to be tried again
-                # (a write that failed part way may store some twice: better than none).
+                # Put them back, in front of what came meanwhile, to be tried again (a write
+                # that failed part way may store some twice: better than none); summaries
+                # stay counters, so the memory stays bounded however often writes fail.
                 self._pending = events + self._pending
+                for key, old in summaries.items():
+                    self._restore(key, old)
                 raise
             finally:
                 self._writing = 0
