@@ -37,6 +37,7 @@ def test_configuration_md_has_every_setting(setting: Setting) -> None:
         "tidewire publish",
         "tidewire consume",
         "tidewire health",
+        "tidewire audit",
         "tidewire group list",
         "tidewire group describe",
         "tidewire group reset",

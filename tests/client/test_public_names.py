@@ -71,6 +71,7 @@ def test_async_client_methods() -> None:
         "delete_principal",
         "delete_topic",
         "describe_acls",
+        "describe_audit",
         "describe_group",
         "describe_principals",
         "describe_quotas",

@@ -21,6 +21,7 @@ from tidewire.protocol.messages import (
     ApiKey,
     ApiVersionsRequest,
     ApiVersionsResponse,
+    AuditEventBody,
     Body,
     CommitPartition,
     CommittedOffset,
@@ -32,6 +33,8 @@ from tidewire.protocol.messages import (
     DeleteGroupResponse,
     DeleteTopicRequest,
     DeleteTopicResponse,
+    DescribeAuditRequest,
+    DescribeAuditResponse,
     DescribeGroupRequest,
     DescribeGroupResponse,
     DescribeTopicRequest,
@@ -320,6 +323,24 @@ SAMPLES: dict[ApiKey, tuple[Body, Body]] = {
             authentication=True,
         ),
     ),
+    ApiKey.DESCRIBE_AUDIT: (
+        DescribeAuditRequest(since_ms=1_714_564_800_000, principal="alice", outcome="denied"),
+        DescribeAuditResponse(
+            events=[
+                AuditEventBody(
+                    time_ms=1_714_564_800_123,
+                    principal="alice",
+                    source="10.0.0.7:51234",
+                    interface="binary",
+                    action="PRODUCE",
+                    resource="topic:orders",
+                    outcome="denied",
+                    reason="no ACL allows write on topic:orders",
+                    detail={"partition": "0"},
+                )
+            ]
+        ),
+    ),
 }
 
 # Security administration.
@@ -412,6 +433,9 @@ def strategy_for(tp: Any) -> st.SearchStrategy[Any]:
         return st.one_of(*(strategy_for(arg) for arg in typing.get_args(tp)))
     if origin is list:
         return st.lists(strategy_for(typing.get_args(tp)[0]), max_size=3)
+    if origin is dict:
+        key, value = typing.get_args(tp)
+        return st.dictionaries(strategy_for(key), strategy_for(value), max_size=3)
     if isinstance(tp, type) and issubclass(tp, msgspec.Struct):
         return structs(tp)
     raise TypeError(f"no strategy for {tp!r}")

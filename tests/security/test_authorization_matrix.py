@@ -33,6 +33,7 @@ from tidewire.protocol.messages import (
     CreditRequest,
     DeleteGroupRequest,
     DeleteTopicRequest,
+    DescribeAuditRequest,
     DescribeGroupRequest,
     DescribeTopicRequest,
     FetchPartition,
@@ -138,6 +139,7 @@ SAMPLES: dict[ApiKey, Callable[[], tuple[Body, list[bytes]]]] = {
         [],
     ),
     ApiKey.CREDIT: lambda: (CreditRequest(subscription_id=1, credit_bytes=1), []),
+    ApiKey.DESCRIBE_AUDIT: lambda: (DescribeAuditRequest(limit=10), []),
     ApiKey.UNSUBSCRIBE: lambda: (UnsubscribeRequest(subscription_id=1), []),
     # Security administration (on another principal than the caller: a principal's own keys
     # need no permission, see test_admin_api).

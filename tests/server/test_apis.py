@@ -47,9 +47,9 @@ from tidewire.protocol.messages import (
     TopicConfig,
     decode_body,
 )
+from tidewire.server.gate import SESSION_APIS
 from tidewire.server.handlers import HANDLERS
 from tidewire.server.push import PUSH_APIS
-from tidewire.server.tcp import SESSION_APIS
 
 #: What this server answers: every API.
 SERVED = set(ApiKey)

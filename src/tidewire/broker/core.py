@@ -57,6 +57,7 @@ from tidewire.errors import (
     UnknownTopicError,
 )
 from tidewire.records import BatchHeader, iter_batches
+from tidewire.security.audit import AuditLog
 from tidewire.security.config import SecurityConfig
 from tidewire.security.store import SecurityStore
 from tidewire.storage import FsyncPolicy, LogConfig, LogManager, PartitionLog
@@ -254,12 +255,26 @@ class Broker:
 
     Args:
         config: the broker's settings.
+        audit_retention_ms: how long the audit log keeps its records (-1: forever).
     """
 
-    def __init__(self, config: BrokerConfig, *, security: SecurityConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        *,
+        security: SecurityConfig | None = None,
+        audit_retention_ms: int | None = None,
+    ) -> None:
         self.config = config
         #: Authentication, authorization, audit and quota settings.
         self.security_config = security if security is not None else SecurityConfig()
+        self.audit_retention_ms = (
+            audit_retention_ms
+            if audit_retention_ms is not None
+            else self.security_config.audit_retention_ms
+        )
+        #: The audit log (while the broker runs): who did what, allowed or denied.
+        self.audit: AuditLog | None = None
         self.descriptors_before, self.descriptor_limit = raise_descriptor_limit()
         #: The log files kept open at most (see BrokerConfig.max_open_files).
         self.max_open_files = config.max_open_files or max(
@@ -311,6 +326,8 @@ class Broker:
             # Made here, as the offsets are: on the log manager the broker runs with.
             self.security = SecurityStore(self.logs, self.security_config)
             self.security.load()
+            self.audit = AuditLog(self.logs, self.audit_retention_ms)
+            self.audit.start()
         except BaseException:
             self.logs.close()
             raise
@@ -352,6 +369,9 @@ class Broker:
             if task is not None:
                 await cancel_and_wait(task)
         self._maintenance = self._producer_task = self._group_task = None
+        if self.audit is not None:
+            await self.audit.close()
+            self.audit = None
         if self._groups is not None:
             self._groups.coordinator.close()
             self._groups = None

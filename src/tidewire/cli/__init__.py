@@ -12,6 +12,7 @@
 - ``tidewire health``: ping a broker; exit code 0 when it answers.
 - ``tidewire user | key | acl | quota``: principals and their roles, API keys (shown once),
   ACL entries and quotas (docs/security.md).
+- ``tidewire audit``: the audit log (who did what, from where, allowed or denied).
 - ``tidewire bench produce | consume``: the load generator (throughput and latency).
 - ``tidewire export TOPIC --to DIR``: copy a topic into partitioned Parquet with Spark,
   exactly once, continuously or ``--once``.
@@ -35,6 +36,7 @@ import typer
 from tidewire import __version__
 
 from ._acl import acl_app
+from ._audit import audit
 from ._bench import bench_app
 from ._compat_000 import addr_defaults, consumer_app, tail
 from ._consume import consume
@@ -103,6 +105,7 @@ app.add_typer(user_app)
 app.add_typer(key_app)
 app.add_typer(acl_app)
 app.add_typer(quota_app)
+app.command()(audit)
 app.add_typer(consumer_app)
 app.command()(tail)
 app.add_typer(bench_app)

@@ -20,10 +20,12 @@ from tidewire.protocol.messages import (
     ACKS_NONE,
     AlterTopicRequest,
     ApiVersionsRequest,
+    AuditEventBody,
     CommitPartition,
     CreateTopicRequest,
     DeleteGroupRequest,
     DeleteTopicRequest,
+    DescribeAuditRequest,
     DescribeGroupRequest,
     DescribeGroupResponse,
     DescribeTopicRequest,
@@ -475,6 +477,35 @@ class AsyncClient(AsyncSecurityAdmin):
         _raise(body.error_code, body.error_message)
         return list(body.results)
 
+    async def describe_audit(
+        self,
+        *,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        principal: str | None = None,
+        action: str | None = None,
+        outcome: str | None = None,
+        limit: int = 1000,
+    ) -> list[AuditEventBody]:
+        """The newest ``limit`` (1..10,000) audit events that match every filter given,
+        oldest first: at or after ``since_ms`` and before ``until_ms`` (ms since the epoch),
+        of ``principal`` (``""``: anonymous), with ``action`` and ``outcome``.
+
+        Raises:
+            InvalidRequestError: ``limit`` out of range, ``until_ms`` before ``since_ms``.
+        """
+        req = DescribeAuditRequest(
+            since_ms=since_ms,
+            until_ms=until_ms,
+            principal=principal,
+            action=action,
+            outcome=outcome,
+            limit=limit,
+        )
+        body = (await self._call(req)).body
+        _raise(body.error_code, body.error_message)
+        return list(body.events)
+
 
 class Client(BlockingTwin[AsyncClient], SecurityAdmin):
     """The blocking twin of :class:`AsyncClient`: the same methods, called without await.
@@ -647,5 +678,26 @@ class Client(BlockingTwin[AsyncClient], SecurityAdmin):
         return self._run(
             self._async.reset_group_offsets(
                 group_id, topic, to, value=value, partitions=partitions, dry_run=dry_run
+            )
+        )
+
+    def describe_audit(
+        self,
+        *,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        principal: str | None = None,
+        action: str | None = None,
+        outcome: str | None = None,
+        limit: int = 1000,
+    ) -> list[AuditEventBody]:
+        return self._run(
+            self._async.describe_audit(
+                since_ms=since_ms,
+                until_ms=until_ms,
+                principal=principal,
+                action=action,
+                outcome=outcome,
+                limit=limit,
             )
         )

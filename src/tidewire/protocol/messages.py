@@ -43,6 +43,7 @@ __all__ = [
     "ApiVersionRange",
     "ApiVersionsRequest",
     "ApiVersionsResponse",
+    "AuditEventBody",
     "Body",
     "CommitPartition",
     "CommittedOffset",
@@ -63,6 +64,8 @@ __all__ = [
     "DeleteTopicResponse",
     "DescribeAclsRequest",
     "DescribeAclsResponse",
+    "DescribeAuditRequest",
+    "DescribeAuditResponse",
     "DescribeGroupRequest",
     "DescribeGroupResponse",
     "DescribePrincipalsRequest",
@@ -201,6 +204,7 @@ class ApiKey(enum.IntEnum):
     DESCRIBE_ACLS = 37
     ALTER_QUOTAS = 39
     DESCRIBE_QUOTAS = 40
+    DESCRIBE_AUDIT = 38
 
 
 class Body(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -797,6 +801,42 @@ class ResetOffsetsResponse(Body, kw_only=True, omit_defaults=True):
     error_message: str = ""
 
 
+# --- the audit log -----------------------------------------------------------------------------
+
+
+class DescribeAuditRequest(Body, kw_only=True, omit_defaults=True):
+    """The newest ``limit`` audit events that match every filter given, oldest first."""
+
+    api_key = ApiKey.DESCRIBE_AUDIT
+    since_ms: int | None = None  # only events at or after this time (ms since the epoch)
+    until_ms: int | None = None  # only events before this time
+    principal: str | None = None  # only this principal's ("": anonymous ones)
+    action: str | None = None  # only this action (CREATE_TOPIC, authenticate, ...)
+    outcome: str | None = None  # only this outcome: allowed, denied, failed, ok
+    limit: int = 1000  # 1..10,000
+
+
+class AuditEventBody(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One audit event (docs/security.md, "Audit log")."""
+
+    time_ms: int
+    principal: str | None = None  # None: anonymous, or not known
+    source: str = ""  # the client's host:port
+    interface: str = ""  # binary, http, websocket, sse, msgbus, ipubsub, kafka, cli
+    action: str = ""
+    resource: str = ""  # topic:orders, group:g1, cluster, principal:alice; "": none
+    outcome: str = ""  # allowed, denied, failed, ok
+    reason: str = ""
+    detail: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class DescribeAuditResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.DESCRIBE_AUDIT
+    events: list[AuditEventBody] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
 # --- push delivery -------------------------------------------------------------------------
 
 
@@ -1183,6 +1223,7 @@ _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
     ApiKey.DESCRIBE_ACLS: (DescribeAclsRequest, DescribeAclsResponse),
     ApiKey.ALTER_QUOTAS: (AlterQuotasRequest, AlterQuotasResponse),
     ApiKey.DESCRIBE_QUOTAS: (DescribeQuotasRequest, DescribeQuotasResponse),
+    ApiKey.DESCRIBE_AUDIT: (DescribeAuditRequest, DescribeAuditResponse),
 }
 #: (min, max) version of each API this code speaks. Version 0 is the first of each.
 _VERSIONS: dict[ApiKey, tuple[int, int]] = dict.fromkeys(_SCHEMAS, (0, 0))

@@ -36,7 +36,9 @@ from tidewire.errors import (
     TooManyAuthFailuresError,
     UnsupportedSaslMechanismError,
 )
+from tidewire.protocol.messages import ApiKey
 from tidewire.security._logs import PRIVATE_TOPICS
+from tidewire.security.audit import Actor, AuditEvent, current_actor
 from tidewire.security.authorizer import Authorizer
 from tidewire.security.config import SecurityConfig
 from tidewire.security.keys import parse_key, redact
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CURRENT_SESSION",
+    "SESSION_APIS",
     "Gate",
     "Session",
     "gate_for",
@@ -66,6 +69,10 @@ log = logging.getLogger("tidewire.security")
 CURRENT_SESSION: contextvars.ContextVar[Session | None] = contextvars.ContextVar(
     "tidewire_session", default=None
 )
+
+#: APIs the listener answers from the connection's session, not through a handler: the
+#: SASL exchange and WHOAMI.
+SESSION_APIS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE, ApiKey.WHOAMI})
 
 PLAIN = "PLAIN"
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -410,6 +417,19 @@ class Gate:
         rec = self.store.keys.get(key_id)
         return rec.principal if rec is not None else None
 
+    def enter(self, session: Session, principal: Principal | None) -> None:
+        """Make ``session`` the current request's (in this task's context): handlers that
+        filter listings read it, and audit events name its principal, source and
+        interface."""
+        CURRENT_SESSION.set(session)
+        current_actor.set(
+            Actor(
+                principal=principal.name if principal is not None else None,
+                source=session.source,
+                interface=session.interface,
+            )
+        )
+
     # --- quotas -------------------------------------------------------------------------------
 
     def _sync_quotas(self) -> None:
@@ -462,8 +482,6 @@ class Gate:
         audit = getattr(self.broker, "audit", None)
         if audit is None:
             return
-        from tidewire.security.audit import AuditEvent  # noqa: PLC0415 (optional part)
-
         audit.record(
             AuditEvent(
                 time_ms=int(time.time() * 1000),

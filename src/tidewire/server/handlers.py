@@ -9,6 +9,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
+
 from tidewire import __version__
 from tidewire.broker import Broker, FetchResult
 from tidewire.broker.consumer_groups import ResetTo
@@ -27,6 +29,7 @@ from tidewire.protocol.messages import (
     ApiKey,
     ApiVersionsRequest,
     ApiVersionsResponse,
+    AuditEventBody,
     Body,
     CommittedOffset,
     CreateTopicRequest,
@@ -36,6 +39,8 @@ from tidewire.protocol.messages import (
     DeleteGroupResponse,
     DeleteTopicRequest,
     DeleteTopicResponse,
+    DescribeAuditRequest,
+    DescribeAuditResponse,
     DescribeGroupRequest,
     DescribeGroupResponse,
     DescribeTopicRequest,
@@ -92,7 +97,7 @@ from tidewire.protocol.messages import (
     supported_versions,
 )
 from tidewire.security.model import ResourceType
-from tidewire.server.gate import gate_for, names_allowed
+from tidewire.server.gate import SESSION_APIS, gate_for, names_allowed
 from tidewire.server.push import PUSH_APIS
 from tidewire.server.security_admin import SECURITY_HANDLERS
 from tidewire.storage import LogConfig
@@ -126,6 +131,20 @@ def _visible(b: Broker, resource: ResourceType, names: list[str]) -> list[str]:
 
 def _err(exc: TidewireError) -> dict[str, Any]:
     return {"error_code": exc.code, "error_message": exc.message}
+
+
+def _audit(
+    b: Broker,
+    action: str,
+    resource: str,
+    error: TidewireError | None = None,
+    detail: dict[str, str] | None = None,
+) -> None:
+    """Audit an administrative operation: ``ok``, or ``failed`` with ``error``'s message;
+    who and from where are the request's (``current_actor``, set by the gate)."""
+    if b.audit is not None:
+        outcome, reason = ("failed", error.message) if error is not None else ("ok", "")
+        b.audit.event(action, outcome, resource=resource, reason=reason, detail=detail)
 
 
 def _fetch_err(exc: TidewireError) -> dict[str, Any]:
@@ -202,7 +221,8 @@ async def api_versions(b: Broker, s: ServerInfo, req: ApiVersionsRequest, _: mem
     # Only what this server answers: an API the protocol defines but no handler serves yet
     # is left out, so a client can tell before it asks.
     # The push APIs are served by the connection itself (server/push.py).
-    apis = [a for a in supported_versions() if a.api_key in HANDLERS or a.api_key in PUSH_APIS]
+    served = HANDLERS.keys() | PUSH_APIS | SESSION_APIS
+    apis = [a for a in supported_versions() if a.api_key in served]
     return ApiVersionsResponse(server_version=__version__, apis=apis), []
 
 
@@ -229,10 +249,15 @@ async def ping(b: Broker, s: ServerInfo, req: PingRequest, _: memoryview) -> Rep
 
 
 async def repair_topic(b: Broker, s: ServerInfo, req: RepairTopicRequest, _: memoryview) -> Reply:
+    where = {"action": req.action} | (
+        {} if req.partition is None else {"partition": str(req.partition)}
+    )
     try:
         outcomes = b.repair(req.name, req.partition, req.action)
     except TidewireError as exc:
+        _audit(b, "REPAIR_TOPIC", f"topic:{req.name}", exc, where)
         return RepairTopicResponse(**_err(exc)), []
+    _audit(b, "REPAIR_TOPIC", f"topic:{req.name}", None, where)
     return RepairTopicResponse(
         results=[
             RepairResult(
@@ -275,7 +300,9 @@ async def create_topic(b: Broker, s: ServerInfo, req: CreateTopicRequest, _: mem
             req.name, req.partitions, _to_log_config(b.config.log, req.config)
         )
     except TidewireError as exc:
+        _audit(b, "CREATE_TOPIC", f"topic:{req.name}", exc)
         return CreateTopicResponse(**_err(exc)), []
+    _audit(b, "CREATE_TOPIC", f"topic:{req.name}")
     return CreateTopicResponse(), []
 
 
@@ -283,7 +310,9 @@ async def delete_topic(b: Broker, s: ServerInfo, req: DeleteTopicRequest, _: mem
     try:
         await b.delete_topic_async(req.name)
     except TidewireError as exc:
+        _audit(b, "DELETE_TOPIC", f"topic:{req.name}", exc)
         return DeleteTopicResponse(**_err(exc)), []
+    _audit(b, "DELETE_TOPIC", f"topic:{req.name}")
     return DeleteTopicResponse(), []
 
 
@@ -310,7 +339,9 @@ async def alter_topic(b: Broker, s: ServerInfo, req: AlterTopicRequest, _: memor
             config=_to_log_config(current, req.config) if changed else None,
         )
     except TidewireError as exc:
+        _audit(b, "ALTER_TOPIC", f"topic:{req.name}", exc)
         return AlterTopicResponse(**_err(exc)), []
+    _audit(b, "ALTER_TOPIC", f"topic:{req.name}")
     return AlterTopicResponse(), []
 
 
@@ -578,16 +609,21 @@ async def delete_group(b: Broker, s: ServerInfo, req: DeleteGroupRequest, _: mem
     try:
         await b.groups.delete(req.group_id)
     except TidewireError as exc:
+        _audit(b, "DELETE_GROUP", f"group:{req.group_id}", exc)
         return DeleteGroupResponse(**_err(exc)), []
+    _audit(b, "DELETE_GROUP", f"group:{req.group_id}")
     return DeleteGroupResponse(), []
 
 
 async def reset_offsets(b: Broker, s: ServerInfo, req: ResetOffsetsRequest, _: memoryview) -> Reply:
+    what = {"topic": req.topic, "to": req.to, "dry_run": str(req.dry_run).lower()}
     try:
         to = ResetTo(req.to)
     except ValueError:
         choices = ", ".join(t.value for t in ResetTo)
-        raise InvalidRequestError(f"reset to {req.to!r}: must be one of {choices}") from None
+        bad = InvalidRequestError(f"reset to {req.to!r}: must be one of {choices}")
+        _audit(b, "RESET_OFFSETS", f"group:{req.group_id}", bad, what)
+        raise bad from None
     try:
         got = await b.groups.reset(
             req.group_id,
@@ -598,7 +634,9 @@ async def reset_offsets(b: Broker, s: ServerInfo, req: ResetOffsetsRequest, _: m
             dry_run=req.dry_run,
         )
     except TidewireError as exc:
+        _audit(b, "RESET_OFFSETS", f"group:{req.group_id}", exc, what)
         return ResetOffsetsResponse(**_err(exc)), []
+    _audit(b, "RESET_OFFSETS", f"group:{req.group_id}", None, what)
     results = [
         ResetOffsetResult(
             topic=r.topic, partition=r.partition, previous=r.previous, offset=r.offset
@@ -606,6 +644,27 @@ async def reset_offsets(b: Broker, s: ServerInfo, req: ResetOffsetsRequest, _: m
         for r in got
     ]
     return ResetOffsetsResponse(results=results), []
+
+
+async def describe_audit(
+    b: Broker, s: ServerInfo, req: DescribeAuditRequest, _: memoryview
+) -> Reply:
+    try:
+        if b.audit is None:
+            raise InvalidRequestError("the broker is not running")
+        events = await b.audit.query(
+            since_ms=req.since_ms,
+            until_ms=req.until_ms,
+            principal=req.principal,
+            action=req.action,
+            outcome=req.outcome,
+            limit=req.limit,
+        )
+    except TidewireError as exc:
+        return DescribeAuditResponse(**_err(exc)), []
+    return DescribeAuditResponse(
+        events=[AuditEventBody(**msgspec.structs.asdict(e)) for e in events]
+    ), []
 
 
 HANDLERS: dict[int, Handler] = {
@@ -634,4 +693,5 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.RESET_OFFSETS: reset_offsets,
     ApiKey.REPAIR_TOPIC: repair_topic,
     **SECURITY_HANDLERS,
+    ApiKey.DESCRIBE_AUDIT: describe_audit,
 }

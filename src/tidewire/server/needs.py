@@ -167,4 +167,6 @@ API_NEEDS: dict[ApiKey, Requirement] = {
     ApiKey.DESCRIBE_ACLS: _cluster(_O.DESCRIBE),
     ApiKey.ALTER_QUOTAS: _cluster(_O.ALTER),
     ApiKey.DESCRIBE_QUOTAS: _cluster(_O.DESCRIBE),
+    # Who did what: for administrators (admin on the cluster), not every viewer.
+    ApiKey.DESCRIBE_AUDIT: _cluster(_O.ADMIN),
 }

@@ -82,7 +82,7 @@ from tidewire.protocol.messages import (
     SubscribeResponse,
     WhoAmIResponse,
 )
-from tidewire.server.gate import CURRENT_SESSION, Session, gate_for, source_of
+from tidewire.server.gate import SESSION_APIS, Session, gate_for, source_of
 from tidewire.server.handlers import HANDLERS, ServerInfo
 from tidewire.server.needs import API_NEEDS
 from tidewire.server.push import MAX_SUBSCRIPTIONS, PUSH_APIS, Subscriptions
@@ -134,8 +134,6 @@ DEFAULT_DRAIN_TIMEOUT_S = 10.0
 #: handing them over.
 FINAL_CLOSE_S = 1.0
 
-#: APIs answered from the connection's session (see _ClientProtocol._authenticate).
-SESSION_APIS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE, ApiKey.WHOAMI})
 
 _GOING_AWAY = "the broker is shutting down; retry on another broker or once it is back"
 
@@ -389,7 +387,7 @@ class _ClientProtocol(asyncio.Protocol):
         except TidewireError as exc:
             self._write(self.conn.send_error(ev.correlation_id, exc))
             return
-        CURRENT_SESSION.set(self.session)  # this task's own context: handlers may read it
+        self.server.gate.enter(self.session, principal)  # this task's own context
         if ev.api_key in PUSH_APIS:
             try:
                 reply = self.subscriptions.handle(ev.api_key, ev.body)

@@ -18,6 +18,7 @@ from starlette.types import ASGIApp
 from tidewire import __version__
 from tidewire.broker import Broker
 from tidewire.server.http._common import add_body_schemas
+from tidewire.server.http.audit import audit_router
 from tidewire.server.http.config import HttpConfig
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.errors import BodyLimit, install_error_handlers
@@ -56,6 +57,7 @@ def routers(ctx: GatewayContext) -> list[APIRouter]:
         health_router(ctx),
         stream_router(ctx),
         security_router(ctx),
+        audit_router(ctx),
     ]
 
 

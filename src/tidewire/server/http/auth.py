@@ -34,7 +34,7 @@ from tidewire.errors import (
     TooManyAuthFailuresError,
 )
 from tidewire.security.model import CLUSTER_NAME, Operation, ResourceType
-from tidewire.server.gate import CURRENT_SESSION, Gate, Session, gate_for, source_of
+from tidewire.server.gate import Gate, Session, gate_for, source_of
 from tidewire.server.http.compat import topic_for
 from tidewire.server.http.errors import error_body, status_of
 from tidewire.server.needs import AUTHENTICATED, PUBLIC, Need, Requirement
@@ -193,6 +193,7 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         ("PUT", "/v1/quotas/{name}"): Route(_cluster(_O.ALTER)),
         ("DELETE", "/v1/quotas/{name}"): Route(_cluster(_O.ALTER)),
         ("GET", "/v1/whoami"): Route(AUTHENTICATED),
+        ("GET", "/v1/audit"): Route(_cluster(_O.ADMIN)),
     },
     "msgbus": {
         ("GET", "/"): Route(AUTHENTICATED, interface="msgbus"),
@@ -308,7 +309,7 @@ class HttpAuth:
             await _refuse(exc, scope, send)
             return
         scope.setdefault("state", {})["tidewire_principal"] = principal
-        CURRENT_SESSION.set(session)
+        self.gate.enter(session, principal)
         await self.app(scope, receive, send)
 
     async def _read_body(self, receive: Receive) -> tuple[bytes, Receive]:

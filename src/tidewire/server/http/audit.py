@@ -1,0 +1,86 @@
+"""``/v1/audit``: read the audit log (who did what, from where, allowed or denied)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, Field
+from starlette.responses import Response
+
+from tidewire.errors import InvalidRequestError
+from tidewire.security.audit import MAX_QUERY_LIMIT
+from tidewire.server.http._common import json_response, responses
+from tidewire.server.http.context import GatewayContext
+
+__all__ = ["AuditEvent", "AuditPage", "audit_router"]
+
+#: Events answered unless ``limit`` says otherwise.
+DEFAULT_LIMIT = 1000
+
+Outcome = Literal["allowed", "denied", "failed", "ok"]
+
+
+class AuditEvent(BaseModel):
+    time_ms: int = Field(description="When, ms since the epoch.")
+    principal: str | None = Field(description="Who; null: anonymous, or not known.")
+    source: str = Field(description="The client's host:port; empty when not known.")
+    interface: str = Field(
+        description="binary, http, websocket, sse, msgbus, ipubsub, kafka or cli."
+    )
+    action: str = Field(
+        description="The API or route (CREATE_TOPIC, POST /v1/topics), or authenticate, "
+        "acl.add, key.create, key.revoke, ..."
+    )
+    resource: str = Field(description="topic:NAME, group:ID, cluster, principal:NAME; or empty.")
+    outcome: Outcome
+    reason: str = Field(description="Why, in a few words (never a secret).")
+    detail: dict[str, str] = Field(description="More, as text.")
+
+
+class AuditPage(BaseModel):
+    events: list[AuditEvent] = Field(description="The newest that match, oldest first.")
+
+
+def audit_router(ctx: GatewayContext) -> APIRouter:
+    """The audit log."""
+    router = APIRouter(prefix="/v1/audit", tags=["audit"])
+    broker = ctx.broker
+
+    @router.get("", response_model=AuditPage, responses=responses())
+    async def read_audit(
+        *,
+        since: Annotated[
+            int | None,
+            Query(ge=0, le=2**63 - 1, description="ms since the epoch: events at or after."),
+        ] = None,
+        until: Annotated[
+            int | None,
+            Query(ge=0, le=2**63 - 1, description="ms since the epoch: events before."),
+        ] = None,
+        principal: Annotated[
+            str | None,
+            Query(max_length=255, description="Only this principal's (empty: anonymous)."),
+        ] = None,
+        action: Annotated[str | None, Query(max_length=255, description="Only this action.")] = (
+            None
+        ),
+        outcome: Annotated[Outcome | None, Query(description="Only this outcome.")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_QUERY_LIMIT)] = DEFAULT_LIMIT,
+    ) -> Response:
+        """The newest ``limit`` audit events that match every filter given, oldest first:
+        authentications, administrative operations, ACL and key changes, and denials."""
+        if broker.audit is None:
+            raise InvalidRequestError("the broker is not running")
+        events = await broker.audit.query(
+            since_ms=since,
+            until_ms=until,
+            principal=principal,
+            action=action,
+            outcome=outcome,
+            limit=limit,
+        )
+        return json_response({"events": [msgspec.structs.asdict(e) for e in events]})
+
+    return router
