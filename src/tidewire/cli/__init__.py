@@ -18,8 +18,11 @@
   ``tail --topic T --count N``, ``topic create --name``, ``publish --topic --payload``
   (docs/migrating.md).
 
-The client commands take ``--addr HOST:PORT`` (or ``TIDEWIRE_ADDR``). An error prints one
-line on stderr; exit codes: 0 success, 1 an error from the broker or the connection, 2 a
+- ``tidewire certs init DIR``: a development CA, server and client certificates for TLS.
+
+The client commands take ``--addr HOST:PORT`` (or ``TIDEWIRE_ADDR``), and ``--tls``,
+``--tls-ca``, ``--tls-cert``, ``--tls-key``, ``--tls-server-name`` (``TIDEWIRE_TLS_*``).
+An error prints one line on stderr; exit codes: 0 success, 1 an error from the broker or the connection, 2 a
 usage or configuration error, 130 interrupted. The reference is docs/cli.md.
 """
 
@@ -32,6 +35,8 @@ import typer
 from tidewire import __version__
 
 from ._bench import bench_app
+from ._certs import certs_app
+from ._common import add_tls_options
 from ._compat_000 import addr_defaults, consumer_app, tail
 from ._consume import consume
 from ._export import export
@@ -98,6 +103,9 @@ app.command()(tail)
 app.add_typer(bench_app)
 app.command()(export)
 register_msgbus_commands(app)  # pub, sub, pull: msgbus' client (docs/migrating.md)
+app.add_typer(certs_app)
+# Last: every command registered above that takes --addr gets --tls, --tls-ca, ...
+add_tls_options(app)
 
 
 def main() -> None:

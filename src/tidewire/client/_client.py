@@ -53,6 +53,7 @@ from tidewire.protocol.messages import (
     TopicDescription,
 )
 from tidewire.records import BatchBuilder, Codec, Record, iter_batches, iter_records
+from tidewire.security.tls import TlsOptions
 
 from ._transport import Transport, parse_addr
 
@@ -104,6 +105,8 @@ class AsyncClient:
         request_timeout_s: default timeout of each request.
         connect_timeout_s: how long opening the connection may take.
         max_in_flight: requests sent and not yet answered on the connection.
+        tls: TLS to the broker: :class:`~tidewire.client.TlsOptions`, True (the system's
+            CAs), or None (plaintext).
 
     Use as ``async with AsyncClient("127.0.0.1:7400") as client``.
     """
@@ -115,12 +118,14 @@ class AsyncClient:
         request_timeout_s: float = 30.0,
         connect_timeout_s: float = 10.0,
         max_in_flight: int = 64,
+        tls: TlsOptions | bool | None = None,
     ) -> None:
         self._t = Transport(
             addr,
             request_timeout_s=request_timeout_s,
             connect_timeout_s=connect_timeout_s,
             max_in_flight=max_in_flight,
+            tls=tls,
         )
 
     async def __aenter__(self) -> AsyncClient:
@@ -477,12 +482,14 @@ class Client(BlockingTwin[AsyncClient]):
         request_timeout_s: float = 30.0,
         connect_timeout_s: float = 10.0,
         max_in_flight: int = 64,
+        tls: TlsOptions | bool | None = None,
     ) -> None:
         parse_addr(addr)  # a bad address fails here, before a thread is started
+        TlsOptions.of(tls)  # and a wrong tls type
         self._start_loop("tidewire-client")
         try:
             self._async = self._run(
-                self._make(addr, request_timeout_s, connect_timeout_s, max_in_flight)
+                self._make(addr, request_timeout_s, connect_timeout_s, max_in_flight, tls)
             )
         except BaseException:
             self._stop_loop()
@@ -490,13 +497,18 @@ class Client(BlockingTwin[AsyncClient]):
 
     @staticmethod
     async def _make(
-        addr: str, request_timeout_s: float, connect_timeout_s: float, max_in_flight: int
+        addr: str,
+        request_timeout_s: float,
+        connect_timeout_s: float,
+        max_in_flight: int,
+        tls: TlsOptions | bool | None,
     ) -> AsyncClient:
         return AsyncClient(
             addr,
             request_timeout_s=request_timeout_s,
             connect_timeout_s=connect_timeout_s,
             max_in_flight=max_in_flight,
+            tls=tls,
         )
 
     def ping(self) -> None:

@@ -45,6 +45,7 @@ import contextlib
 import logging
 import math
 import socket
+import ssl
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,6 +72,8 @@ from tidewire.protocol import (
 )
 from tidewire.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Buffer
 from tidewire.protocol.messages import ApiKey, FetchRequest, SubscribeResponse
+from tidewire.security.config import TlsConfig
+from tidewire.security.tls import HANDSHAKE_TIMEOUT_S, peer_principal, server_context
 from tidewire.server.handlers import HANDLERS, ServerInfo
 from tidewire.server.push import MAX_SUBSCRIPTIONS, PUSH_APIS, Subscriptions
 
@@ -198,6 +201,10 @@ class _ClientProtocol(asyncio.Protocol):
             Role.SERVER, max_frame_bytes=cfg.max_frame_bytes, max_in_flight=cfg.max_in_flight
         )
         self.transport: asyncio.Transport | None = None
+        #: Whether the connection is TLS, and the principal its verified client certificate
+        #: names (``tls_principal_field``; None: no certificate, or no TLS).
+        self.tls = False
+        self.cert_principal: str | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.paused = False  # reading paused: max_in_flight requests await their answer
         self.write_paused = False  # reading paused: the client does not read its answers
@@ -228,6 +235,10 @@ class _ClientProtocol(asyncio.Protocol):
         # A stream transport (uvloop's is not a subclass of asyncio.Transport, but it has
         # every method of one).
         self.transport = cast(asyncio.Transport, transport)
+        if self.server.ssl is not None:  # called once the handshake has succeeded
+            self.tls, self.cert_principal = peer_principal(
+                transport, self.server.tls_principal_field
+            )
         if len(self.server.connections) >= self.server.max_connections:
             log.warning("refusing a connection: max_connections reached")
             self.transport.abort()
@@ -525,11 +536,33 @@ class TcpServer:
     Args:
         broker: the broker requests go to (started by the caller).
         config: listener settings.
+        tls: TLS settings (on when ``tls.enabled``), or a server-side SSL context; None:
+            plaintext. A connection whose handshake fails (plaintext on this port, a client
+            certificate missing or not verified) is closed alone, within
+            :data:`~tidewire.security.tls.HANDSHAKE_TIMEOUT_S`.
+
+    Raises:
+        InvalidConfigError: a TLS file cannot be loaded (the message names it).
     """
 
-    def __init__(self, broker: Broker, config: ServerConfig | None = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        config: ServerConfig | None = None,
+        *,
+        tls: TlsConfig | ssl.SSLContext | None = None,
+    ) -> None:
         self.broker = broker
         self.config = config or ServerConfig()
+        #: The listener's SSL context (None: plaintext) and which certificate field names
+        #: a client's principal.
+        self.ssl: ssl.SSLContext | None = None
+        self.tls_principal_field = "CN"
+        if isinstance(tls, ssl.SSLContext):
+            self.ssl = tls
+        elif tls is not None and tls.enabled:
+            self.ssl = server_context(tls)
+            self.tls_principal_field = tls.tls_principal_field
         self.connections: set[_ClientProtocol] = set()
         self.info = ServerInfo(self.config.host, self.config.port)
         self._server: asyncio.Server | None = None
@@ -584,10 +617,14 @@ class TcpServer:
         self._fit_connections()
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _ClientProtocol(self), self.config.host, self.config.port
+            lambda: _ClientProtocol(self),
+            self.config.host,
+            self.config.port,
+            ssl=self.ssl,
+            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if self.ssl is not None else None,
         )
         self.info = ServerInfo(self.config.host, self.port)
-        log.info("listening on %s:%d", self.config.host, self.port)
+        log.info("listening on %s:%d%s", self.config.host, self.port, " (TLS)" if self.ssl else "")
 
     def stop_accepting(self) -> None:
         """Close the listening socket now: new connections are refused from here on."""

@@ -31,12 +31,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tidewire import errors as tw
+from tidewire.security.tls import peer_principal
 from tidewire.server.http.coalesce import CoalescingProtocol
 from tidewire.server.http.config import HttpConfig
 from tidewire.server.http.guard import ErrorStyle, Warner, raw_response
 
 __all__ = [
     "MAX_HEAD_BYTES",
+    "TLS_STATE",
     "ConnectionCaps",
     "GuardedProtocol",
     "ListenerLimits",
@@ -53,6 +55,11 @@ LINGER_S = 1.0
 #: Refused connections lingering at once at most; beyond, they are closed at once (a flood
 #: must not hold descriptors for the linger).
 MAX_LINGERING = 64
+
+#: Key of a TLS connection's ``(True, principal)`` in the ASGI ``state`` uvicorn copies into
+#: each request's scope; :class:`~tidewire.server.http.gateway.TlsScope` moves it to the
+#: scope's ``tidewire.tls`` and ``tidewire.cert_principal``.
+TLS_STATE = "tidewire.tls_peer"
 
 # Where a connection is in its current request.
 _NEW = 0  # opened, nothing received
@@ -153,13 +160,16 @@ class ListenerLimits:
         )
 
 
-def guarded_protocol(limits: ListenerLimits) -> type[GuardedProtocol]:
-    """The protocol class of one listener (for ``uvicorn.Config(http=...)``)."""
+def guarded_protocol(limits: ListenerLimits, principal_field: str = "CN") -> type[GuardedProtocol]:
+    """The protocol class of one listener (for ``uvicorn.Config(http=...)``);
+    ``principal_field`` (``CN`` or ``DN``) names the principal of a verified client
+    certificate on a TLS listener."""
 
     class ListenerProtocol(GuardedProtocol):
         pass
 
     ListenerProtocol.limits = limits
+    ListenerProtocol.principal_field = principal_field
     return ListenerProtocol
 
 
@@ -172,6 +182,7 @@ class GuardedProtocol(CoalescingProtocol):
     (see the module's docstring). Made per listener by :func:`guarded_protocol`."""
 
     limits: ClassVar[ListenerLimits]
+    principal_field: ClassVar[str] = "CN"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -196,6 +207,9 @@ class GuardedProtocol(CoalescingProtocol):
             self._refuse(transport, why)
             return
         self._source = source
+        tls, principal = peer_principal(transport, self.principal_field)
+        if tls:  # this connection's requests (and WebSocket) see it in their scope's state
+            self.app_state = {**self.app_state, TLS_STATE: (True, principal)}
         super().connection_made(transport)
         self._since = self.loop.time()
         self._arm(limits.header_timeout_s)
