@@ -22,8 +22,8 @@
 
 The client commands take ``--addr HOST:PORT`` (or ``TIDEWIRE_ADDR``), and ``--tls``,
 ``--tls-ca``, ``--tls-cert``, ``--tls-key``, ``--tls-server-name`` (``TIDEWIRE_TLS_*``).
-An error prints one line on stderr; exit codes: 0 success, 1 an error from the broker or the connection, 2 a
-usage or configuration error, 130 interrupted. The reference is docs/cli.md.
+An error prints one line on stderr; exit codes: 0 success, 1 an error from the broker or
+the connection, 2 a usage or configuration error, 130 interrupted. The reference is docs/cli.md.
 """
 
 from __future__ import annotations

@@ -122,4 +122,7 @@ def init(
     typer.echo(f"wrote {', '.join(files)} to {d} (valid {days} days; for development only)")
     typer.echo(f"serve with:   tidewire serve {' '.join(serve_flags)}")
     typer.echo(f"connect with: tidewire topic list {' '.join(client_flags)}")
-    typer.echo(f"HTTPS:        curl --cacert {d / 'ca.pem'} https://{host_list[0]}:7401/v1/health")
+    typer.echo(
+        f"HTTPS (serve --http-port 8080): curl --cacert {d / 'ca.pem'} "
+        f"https://{host_list[0]}:8080/healthz/live"
+    )
