@@ -42,6 +42,9 @@ READ_CHUNK = 256 * 1024
 #: First and largest pause before reconnecting after a failure (seconds).
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 5.0
+#: How long :meth:`Transport.close` waits for the connection to close (seconds): a TLS
+#: connection exchanges close_notify first; a broker that does not answer is not waited for.
+CLOSE_TIMEOUT_S = 1.0
 
 
 #: What an OpenSSL failure reason most often means, added to the error's message.
@@ -277,10 +280,18 @@ class Transport:
     async def close(self) -> None:
         """Close the connection; waiting requests fail with ConnectionLostError."""
         self._closed = True
+        writer = self._writer
         self._drop(ConnectionLostError("the client was closed"))
         task, self._reader_task = self._reader_task, None
         if task is not None:
             await cancel_and_wait(task)
+        if writer is not None:
+            # TLS says goodbye (close_notify) before the socket closes: wait for it, briefly,
+            # so that a loop stopped right after does not leave the socket open.
+            try:
+                await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT_S)
+            except (OSError, TimeoutError):
+                writer.transport.abort()
 
     @property
     def closed(self) -> bool:

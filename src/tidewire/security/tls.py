@@ -13,16 +13,19 @@ from __future__ import annotations
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from tidewire.errors import ConnectionLostError, InvalidConfigError
 from tidewire.security.config import TLS_VERSIONS, TlsConfig
 
 __all__ = [
+    "CERT_REQUIRED_MESSAGE",
     "HANDSHAKE_TIMEOUT_S",
     "TlsError",
     "TlsOptions",
-    "peer_principal",
+    "TlsPeer",
+    "listener_context",
+    "peer_of",
     "principal_from_peercert",
     "server_context",
 ]
@@ -31,6 +34,12 @@ __all__ = [
 #: short enough that a client that connects and sends nothing (or plaintext that never
 #: completes a hello) does not hold a descriptor for the asyncio default of a minute.
 HANDSHAKE_TIMEOUT_S = 10.0
+
+#: Why a connection without a client certificate is refused where one is required.
+CERT_REQUIRED_MESSAGE = (
+    "this broker requires a client certificate (mutual TLS): connect with a certificate "
+    "signed by a CA its tls_ca_file holds"
+)
 
 _VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
 _VERIFY = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
@@ -125,7 +134,7 @@ def _escape(value: str) -> str:
     """An attribute value escaped as RFC 4514 (section 2.4) asks."""
     out = []
     for i, ch in enumerate(value):
-        if ch in ',+"\\<>;=' or (ch == "#" and i == 0) or (ch == " " and i in (0, len(value) - 1)):
+        if ch in ',+"\\<>;' or (ch == "#" and i == 0) or (ch == " " and i in (0, len(value) - 1)):
             out.append("\\" + ch)
         elif ch == "\0":
             out.append("\\00")
@@ -164,12 +173,45 @@ def principal_from_peercert(peercert: Mapping[str, Any] | None, field: str = "CN
     return ",".join(reversed(rdns))
 
 
-def peer_principal(transport: Any, field: str = "CN") -> tuple[bool, str | None]:
-    """Whether an asyncio transport is TLS, and the principal of its verified client
-    certificate (see :func:`principal_from_peercert`)."""
+def listener_context(cfg: TlsConfig) -> tuple[ssl.SSLContext, bool]:
+    """The context a listener uses, and whether it must refuse connections without a client
+    certificate itself.
+
+    With ``tls_client_auth = required`` the handshake asks for a certificate and verifies
+    one that is sent (as ``optional``), and the listener refuses a connection that sent none
+    right after the handshake, saying why: asyncio closes a connection whose handshake fails
+    without sending the TLS alert, so a TLS 1.3 client (which completes its side of the
+    handshake before the server checks its certificate) would only see the connection
+    close.
+
+    Raises:
+        InvalidConfigError: as :func:`server_context`.
+    """
+    ctx = server_context(cfg)
+    if cfg.tls_client_auth != "required":
+        return ctx, False
+    ctx.verify_mode = ssl.CERT_OPTIONAL
+    return ctx, True
+
+
+class TlsPeer(NamedTuple):
+    """What a listener knows of a connection's TLS."""
+
+    tls: bool  # the connection is TLS
+    certified: bool  # the client sent a certificate, and it was verified
+    principal: str | None  # the principal it names (see principal_from_peercert)
+
+
+#: A connection without TLS.
+PLAINTEXT = TlsPeer(False, False, None)
+
+
+def peer_of(transport: Any, field: str = "CN") -> TlsPeer:
+    """The TLS of an asyncio transport whose handshake has completed."""
     if transport.get_extra_info("sslcontext") is None:
-        return False, None
-    return True, principal_from_peercert(transport.get_extra_info("peercert"), field)
+        return PLAINTEXT
+    cert = transport.get_extra_info("peercert")
+    return TlsPeer(True, bool(cert), principal_from_peercert(cert, field))
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,7 @@ from typing import cast
 from tidewire.broker import Broker
 from tidewire.broker.core import DEFAULT_FETCH_MAX_BYTES
 from tidewire.errors import (
+    AuthenticationFailedError,
     InvalidConfigError,
     ProtocolError,
     ShuttingDownError,
@@ -73,9 +74,15 @@ from tidewire.protocol import (
 from tidewire.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Buffer
 from tidewire.protocol.messages import ApiKey, FetchRequest, SubscribeResponse
 from tidewire.security.config import TlsConfig
-from tidewire.security.tls import HANDSHAKE_TIMEOUT_S, peer_principal, server_context
+from tidewire.security.tls import (
+    CERT_REQUIRED_MESSAGE,
+    HANDSHAKE_TIMEOUT_S,
+    listener_context,
+    peer_of,
+)
 from tidewire.server.handlers import HANDLERS, ServerInfo
 from tidewire.server.push import MAX_SUBSCRIPTIONS, PUSH_APIS, Subscriptions
+from tidewire.server.tls import tls_protocol_factory
 
 __all__ = ["EVENT_LOOPS", "ServerConfig", "TcpServer", "loop_factory"]
 
@@ -213,6 +220,7 @@ class _ClientProtocol(asyncio.Protocol):
         self._frame_started: float | None = None  # loop time the pending frame began
         self._reset_timer: asyncio.TimerHandle | None = None  # armed once closing
         self._lost = False
+        self._refused = False  # refused after the TLS handshake: nothing is read
         #: Bytes of fetch answers being read (counted at their most), under max_unsent_bytes
         #: together with the write buffer; fetches wait on ``_output_waiters`` beyond it.
         self.reserved = 0
@@ -236,9 +244,11 @@ class _ClientProtocol(asyncio.Protocol):
         # every method of one).
         self.transport = cast(asyncio.Transport, transport)
         if self.server.ssl is not None:  # called once the handshake has succeeded
-            self.tls, self.cert_principal = peer_principal(
-                transport, self.server.tls_principal_field
-            )
+            peer = peer_of(transport, self.server.tls_principal_field)
+            self.tls, self.cert_principal = peer.tls, peer.principal
+            if self.server.require_cert and not peer.certified:
+                self._refuse(AuthenticationFailedError(CERT_REQUIRED_MESSAGE))
+                return
         if len(self.server.connections) >= self.server.max_connections:
             log.warning("refusing a connection: max_connections reached")
             self.transport.abort()
@@ -249,7 +259,22 @@ class _ClientProtocol(asyncio.Protocol):
             return
         self._arm_timer()
 
+    def _refuse(self, exc: TidewireError) -> None:
+        """Say why (an error frame), read and drop what the client sends for up to
+        ``frame_timeout_s`` so its request does not reset the connection under the answer,
+        then close."""
+        self.closing = True
+        self._refused = True
+        assert self.transport is not None
+        log.info("refusing a connection: %s", exc.message)
+        self.transport.writelines(Connection.error_frame(exc))
+        self._reset_timer = asyncio.get_running_loop().call_later(
+            self.server.config.frame_timeout_s, self.transport.close
+        )
+
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
         try:
             self.conn.receive_data(data)
         except ProtocolError as exc:
@@ -259,9 +284,13 @@ class _ClientProtocol(asyncio.Protocol):
         self._arm_timer()
 
     def eof_received(self) -> bool:
+        if self._refused:
+            return False  # closes the connection
         self.conn.receive_data(b"")
         self._process()
-        return True  # keep the socket half-open until in-flight responses are written
+        # Keep the socket half-open until in-flight responses are written; TLS has no half
+        # close (asyncio warns at every True), its answers written are still flushed.
+        return not self.tls
 
     def pause_writing(self) -> None:
         # The client does not read what it is sent: take no new requests from it, so what
@@ -554,14 +583,16 @@ class TcpServer:
     ) -> None:
         self.broker = broker
         self.config = config or ServerConfig()
-        #: The listener's SSL context (None: plaintext) and which certificate field names
-        #: a client's principal.
+        #: The listener's SSL context (None: plaintext), which certificate field names a
+        #: client's principal, and whether a connection without a client certificate is
+        #: refused after the handshake (see ``listener_context``).
         self.ssl: ssl.SSLContext | None = None
         self.tls_principal_field = "CN"
+        self.require_cert = False
         if isinstance(tls, ssl.SSLContext):
             self.ssl = tls
         elif tls is not None and tls.enabled:
-            self.ssl = server_context(tls)
+            self.ssl, self.require_cert = listener_context(tls)
             self.tls_principal_field = tls.tls_principal_field
         self.connections: set[_ClientProtocol] = set()
         self.info = ServerInfo(self.config.host, self.config.port)
@@ -616,13 +647,12 @@ class TcpServer:
         """
         self._fit_connections()
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _ClientProtocol(self),
-            self.config.host,
-            self.config.port,
-            ssl=self.ssl,
-            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if self.ssl is not None else None,
-        )
+        factory: Callable[[], asyncio.BaseProtocol] = lambda: _ClientProtocol(self)  # noqa: E731
+        if self.ssl is not None:
+            factory = tls_protocol_factory(
+                factory, self.ssl, handshake_timeout_s=HANDSHAKE_TIMEOUT_S
+            )
+        self._server = await loop.create_server(factory, self.config.host, self.config.port)
         self.info = ServerInfo(self.config.host, self.port)
         log.info("listening on %s:%d%s", self.config.host, self.port, " (TLS)" if self.ssl else "")
 

@@ -51,7 +51,7 @@ from tidewire._tasks import cancel_and_wait
 from tidewire.broker import Broker
 from tidewire.errors import InvalidConfigError
 from tidewire.security.config import TlsConfig
-from tidewire.security.tls import server_context
+from tidewire.security.tls import HANDSHAKE_TIMEOUT_S, listener_context
 from tidewire.server.http.app import asgi_app, create_app
 from tidewire.server.http.config import OFF, HttpConfig
 from tidewire.server.http.guard import (
@@ -69,6 +69,7 @@ from tidewire.server.http.protocol import (
     ListenerLimits,
     guarded_protocol,
 )
+from tidewire.server.tls import tls_protocol_factory
 
 __all__ = ["IPUBSUB", "MSGBUS", "NATIVE", "HttpGateway", "TlsScope"]
 
@@ -212,10 +213,11 @@ class HttpGateway:
         #: names a principal.
         self.ssl: ssl.SSLContext | None = None
         self.tls_principal_field = "CN"
+        self.require_cert = False  # refused after the handshake (see listener_context)
         if isinstance(tls, ssl.SSLContext):
             self.ssl = tls
         elif tls is not None and tls.enabled:
-            self.ssl = server_context(tls)
+            self.ssl, self.require_cert = listener_context(tls)
             self.tls_principal_field = tls.tls_principal_field
         #: Connections open per listener and per client address (protocol.py).
         self.caps = ConnectionCaps(
@@ -348,6 +350,24 @@ class HttpGateway:
             await self.close()
             raise
 
+    def _protocol(self, listener: _Listener) -> Any:
+        """The protocol (factory) of ``listener``'s connections, under TLS if configured
+        (see :mod:`tidewire.server.tls`)."""
+        protocol = guarded_protocol(
+            ListenerLimits.of(
+                listener.name,
+                listener.style,
+                self.caps,
+                self.config,
+                None if listener.guard is None else listener.guard.screen,
+            ),
+            self.tls_principal_field,
+            require_cert=self.require_cert,
+        )
+        if self.ssl is None:
+            return protocol
+        return tls_protocol_factory(protocol, self.ssl, handshake_timeout_s=HANDSHAKE_TIMEOUT_S)
+
     async def _start_one(self, listener: _Listener) -> None:
         try:
             sock = _bind(listener.host, listener.port)
@@ -364,16 +384,7 @@ class HttpGateway:
             lifespan="off",  # the broker's lifecycle is the owner's, not the app's
             # httptools, one send() per answer (coalesce.py), with request deadlines and
             # connection caps (protocol.py)
-            http=guarded_protocol(
-                ListenerLimits.of(
-                    listener.name,
-                    listener.style,
-                    self.caps,
-                    self.config,
-                    None if listener.guard is None else listener.guard.screen,
-                ),
-                self.tls_principal_field,
-            ),
+            http=self._protocol(listener),
             ws="auto",
             log_config=None,
             access_log=False,
@@ -382,8 +393,6 @@ class HttpGateway:
             timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=max(int(self.grace_s), 1),
         )
-        config.load()
-        config.ssl = self.ssl  # the gateway's context: uvicorn's own takes file names only
         server = _Server(config)
         listener.server = server
         task = asyncio.get_running_loop().create_task(
