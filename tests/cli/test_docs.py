@@ -42,6 +42,7 @@ def test_configuration_md_has_every_setting(setting: Setting) -> None:
         "tidewire group reset",
         "tidewire group delete",
         "tidewire export",
+        "tidewire certs init",
     ],
 )
 def test_cli_md_has_every_command(command: str) -> None:
