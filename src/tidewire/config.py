@@ -71,7 +71,19 @@ DEFAULT_DATA_DIR = "./tidewire-data"
 ENV_PREFIX = "TIDEWIRE_"
 #: Environment variables with the prefix that are not ``serve`` settings: the client
 #: commands' broker address, the config file's path, and the test scripts' interpreter.
-OTHER_ENV_VARS = frozenset({"TIDEWIRE_ADDR", "TIDEWIRE_CONFIG", "TIDEWIRE_PYTHON"})
+OTHER_ENV_VARS = frozenset(
+    {
+        "TIDEWIRE_ADDR",
+        "TIDEWIRE_CONFIG",
+        "TIDEWIRE_PYTHON",
+        # the client commands' TLS options (--tls, --tls-ca, ...)
+        "TIDEWIRE_TLS",
+        "TIDEWIRE_TLS_CA",
+        "TIDEWIRE_TLS_CERT",
+        "TIDEWIRE_TLS_KEY",
+        "TIDEWIRE_TLS_SERVER_NAME",
+    }
+)
 
 Section = Literal["broker", "log", "server", "http", "tls", "security"]
 Kind = Literal["int", "float", "bool", "str", "fsync"]

@@ -15,7 +15,8 @@ program, in its own event loop or on a background thread::
             client.produce("events", 0, [Message(b"hello")])
 
 ``http_port=0`` also serves the HTTP API (docs/http.md) on a free port, at
-:attr:`EmbeddedBroker.http_url`.
+:attr:`EmbeddedBroker.http_url`. ``tls=TlsConfig(tls_cert_file=..., tls_key_file=...)`` puts
+every listener under TLS (docs/security.md).
 
 Leaving the ``async with`` (or the ``with``) drains like a SIGTERM to the server: every
 listener stops accepting at once, long-polls and streams are answered, in-flight requests
@@ -36,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 from tidewire.broker import Broker, BrokerConfig, BrokerStats
 from tidewire.client import AsyncClient
 from tidewire.errors import InvalidConfigError
-from tidewire.security.config import SecurityConfig
+from tidewire.security.config import SecurityConfig, TlsConfig
+from tidewire.security.tls import server_context
 from tidewire.server import ServerConfig, TcpServer
 from tidewire.server.descriptors import fit_broker_listeners
 from tidewire.server.drain import drain
@@ -64,11 +66,12 @@ class EmbeddedBroker:
         http: the HTTP gateway's settings (``http_port`` above overrides its own; its
             ``http_host`` defaults to ``host``).
         security: authentication, authorization, audit and quotas (docs/security.md).
+        tls: TLS of every listener (on when ``tls.enabled``; see docs/security.md).
         **broker_settings: :class:`~tidewire.broker.BrokerConfig` fields (for example
             ``default_partitions=3``, ``log=LogConfig(fsync=FsyncPolicy.ALWAYS)``).
 
     Raises:
-        InvalidConfigError: a setting out of its range.
+        InvalidConfigError: a setting out of its range, or a TLS file that cannot be loaded.
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class EmbeddedBroker:
         http_port: int | None = None,
         http: HttpConfig | None = None,
         security: SecurityConfig | None = None,
+        tls: TlsConfig | None = None,
         **broker_settings: Any,
     ) -> None:
         try:
@@ -94,6 +98,9 @@ class EmbeddedBroker:
             http_config = replace(http_config, http_port=http_port)
         self.http_config = http_config
         self.listen = listen
+        self.tls = tls if tls is not None else TlsConfig()
+        if self.tls.enabled:
+            server_context(self.tls)  # a file that cannot be loaded is reported now
         self.broker = Broker(self.config, security=security)
         self.server: TcpServer | None = None
         self.gateway: HttpGateway | None = None
@@ -111,14 +118,15 @@ class EmbeddedBroker:
 
     @property
     def http_url(self) -> str:
-        """``"http://HOST:PORT"`` of the HTTP API (once started).
+        """``"http://HOST:PORT"`` (``https://`` with TLS) of the HTTP API (once started).
 
         Raises:
             RuntimeError: the HTTP API is not served.
         """
         if self.gateway is None or "native" not in self.gateway.names:
             raise RuntimeError("the embedded broker does not serve the HTTP API")
-        return f"http://{self.http_config.http_host}:{self.gateway.port}"
+        scheme = "https" if self.tls.enabled else "http"
+        return f"{scheme}://{self.http_config.http_host}:{self.gateway.port}"
 
     async def start(self) -> None:
         """Open the data directory, then start listening (TCP, then HTTP if configured)."""
@@ -129,13 +137,13 @@ class EmbeddedBroker:
                 self.broker, self.server_config, self.http_config, binary=self.listen
             )
             if self.listen:
-                server = TcpServer(self.broker, self.server_config)
+                server = TcpServer(self.broker, self.server_config, tls=self.tls)
                 await server.start()
                 self.server = server
             if self.http_config.enabled:
                 from tidewire.server.http.gateway import HttpGateway  # noqa: PLC0415 (heavy)
 
-                gateway = HttpGateway.for_broker(self.broker, self.http_config)
+                gateway = HttpGateway.for_broker(self.broker, self.http_config, tls=self.tls)
                 await gateway.start()
                 self.gateway = gateway
         except BaseException:
@@ -170,7 +178,8 @@ class EmbeddedBroker:
         return replace(self.broker.stats)
 
     def client(self, **options: Any) -> AsyncClient:
-        """An :class:`~tidewire.client.AsyncClient` for this broker (``options``: its own)."""
+        """An :class:`~tidewire.client.AsyncClient` for this broker (``options``: its own;
+        with TLS, give it ``tls=TlsOptions(ca_file=...)``)."""
         return AsyncClient(self.addr, **options)
 
     @contextlib.contextmanager

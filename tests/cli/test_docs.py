@@ -57,6 +57,7 @@ def test_configuration_md_has_every_setting(setting: Setting) -> None:
         "tidewire quota set",
         "tidewire quota clear",
         "tidewire quota list",
+        "tidewire certs init",
     ],
 )
 def test_cli_md_has_every_command(command: str) -> None:

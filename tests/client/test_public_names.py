@@ -42,6 +42,7 @@ def test_exported_names() -> None:
         "RecordFuture",
         "RecordMetadata",
         "Subscriber",
+        "TlsOptions",
         "fnv1a_32",
     ]
     for name in ("AsyncClient", "Client", "FetchedBatches", "FetchedRecords", "Message"):

@@ -21,10 +21,13 @@
   ``tail --topic T --count N``, ``topic create --name``, ``publish --topic --payload``
   (docs/migrating.md).
 
-The client commands take ``--addr HOST:PORT`` (or ``TIDEWIRE_ADDR``); the security
-administration commands take ``--api-key`` (or ``TIDEWIRE_API_KEY``). An error prints one
-line on stderr; exit codes: 0 success, 1 an error from the broker or the connection, 2 a
-usage or configuration error, 130 interrupted. The reference is docs/cli.md.
+- ``tidewire certs init DIR``: a development CA, server and client certificates for TLS.
+
+The client commands take ``--addr HOST:PORT`` (or ``TIDEWIRE_ADDR``), ``--api-key`` (or
+``TIDEWIRE_API_KEY``) and ``--sasl-mechanism``, and ``--tls``, ``--tls-ca``, ``--tls-cert``,
+``--tls-key``, ``--tls-server-name`` (``TIDEWIRE_TLS_*``). An error prints one line on
+stderr; exit codes: 0 success, 1 an error from the broker or the connection, 2 a usage or
+configuration error, 130 interrupted. The reference is docs/cli.md.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from tidewire import __version__
 from ._acl import acl_app
 from ._audit import audit
 from ._bench import bench_app
+from ._certs import certs_app
+from ._common import add_tls_options
 from ._compat_000 import addr_defaults, consumer_app, tail
 from ._consume import consume
 from ._export import export
@@ -111,6 +116,9 @@ app.command()(tail)
 app.add_typer(bench_app)
 app.command()(export)
 register_msgbus_commands(app)  # pub, sub, pull: msgbus' client (docs/migrating.md)
+app.add_typer(certs_app)
+# Last: every command registered above that takes --addr gets --tls, --tls-ca, ...
+add_tls_options(app)
 
 
 def main() -> None:

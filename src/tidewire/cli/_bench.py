@@ -46,6 +46,7 @@ from ._common import (
     AddrOption,
     JsonOption,
     check_addr,
+    cli_tls,
     echo_json,
     fail,
 )
@@ -239,7 +240,7 @@ def produce(
 
 
 async def _ensure_topic(addr: str, topic: str, partitions: int) -> None:
-    async with AsyncClient(addr) as client:
+    async with AsyncClient(addr, tls=cli_tls()) as client:
         with contextlib.suppress(TopicExistsError):
             await client.create_topic(topic, partitions=partitions)
 
@@ -260,7 +261,10 @@ async def _produce(
     value = os.urandom(size // 2 + 1).hex().encode()[:size]
     latencies: list[float] = []
     sent = [0]
-    clients = [AsyncProducer(addr, **options) for _ in range(producers)]  # type: ignore[arg-type]
+    clients = [
+        AsyncProducer(addr, tls=cli_tls(), **options)  # type: ignore[arg-type]
+        for _ in range(producers)
+    ]
     try:
         for p in clients:  # connect, learn the topic, get a producer id: not timed
             await (await p.send(topic, value))
@@ -359,11 +363,13 @@ async def _consume(
     settings: dict[str, object],
     quiet: bool,
 ) -> BenchResult:
-    async with AsyncClient(addr) as client:
+    async with AsyncClient(addr, tls=cli_tls()) as client:
         n_parts = len((await client.describe_topic(topic)).partitions)
     latencies: list[float] = []
     got = size_sum = 0
-    async with AsyncConsumer(addr, max_bytes=max_bytes, max_partition_bytes=max_bytes) as consumer:
+    async with AsyncConsumer(
+        addr, max_bytes=max_bytes, max_partition_bytes=max_bytes, tls=cli_tls()
+    ) as consumer:
         await consumer.assign([(topic, p, start) for p in range(n_parts)])
         with _progress(messages, "consuming", quiet) as progress:
             task = progress.add_task("consume", total=messages)
@@ -477,8 +483,10 @@ def e2e(
                 settings,
                 show,
                 backlog,
+                tls,
             )
 
+    tls = cli_tls()
     try:
         result = run_fast(main())
     except TidewireError as exc:

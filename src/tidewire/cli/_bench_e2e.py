@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -38,7 +39,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tidewire._tasks import cancel_and_wait
-from tidewire.client import AsyncClient, AsyncGroupConsumer, AsyncProducer, RecordFuture
+from tidewire.client import (
+    AsyncClient,
+    AsyncGroupConsumer,
+    AsyncProducer,
+    RecordFuture,
+    TlsOptions,
+)
 from tidewire.errors import TidewireError
 from tidewire.server.tcp import loop_factory
 
@@ -173,6 +180,7 @@ async def _member(cfg: dict[str, Any]) -> None:
         session_timeout_ms=6_000,
         heartbeat_interval_ms=300,
         max_wait_ms=100,
+        tls=None if cfg.get("tls") is None else TlsOptions(**cfg["tls"]),
         on_assign=assigned,
     )
     stamp = struct.Struct("<q").unpack_from
@@ -368,11 +376,13 @@ async def run_e2e(
     settings: dict[str, object],
     progress: Any,
     backlog: bool = False,
+    tls: TlsOptions | None = None,
 ) -> E2EResult:
     """Run one end-to-end measurement (the topic must exist); ``progress(published,
     delivered)`` is called a few times a second. With ``backlog`` every message is published
-    before the group starts, and the figures are those of the group catching up."""
-    async with AsyncClient(addr) as client:
+    before the group starts, and the figures are those of the group catching up. ``tls``:
+    of every connection, the consumers' included."""
+    async with AsyncClient(addr, tls=tls) as client:
         ends = [p.log_end_offset for p in (await client.describe_topic(topic)).partitions]
     partitions = {(topic, p) for p in range(len(ends))}
     group = f"bench-e2e-{secrets.token_hex(4)}"
@@ -382,6 +392,7 @@ async def run_e2e(
         "group": group,
         "delivery": delivery,
         "credit_bytes": credit_bytes,
+        "tls": None if tls is None else dataclasses.asdict(tls),
     }
     members: list[_Member] = []
     filler = os.urandom(max(size - STAMP, 0) // 2 + 1).hex().encode()[: max(size - STAMP, 0)]
@@ -411,11 +422,11 @@ async def run_e2e(
 
     publishing: asyncio.Task[None] | None = None
     try:
-        async with AsyncProducer(addr, **producer_options) as producer:  # type: ignore[arg-type]
+        async with AsyncProducer(addr, tls=tls, **producer_options) as producer:  # type: ignore[arg-type]
             if backlog:
                 # Publish everything first; the new group starts where the topic ended
                 # before, and the clock starts when its members are told to go.
-                async with AsyncClient(addr) as client:
+                async with AsyncClient(addr, tls=tls) as client:
                     for p, end in enumerate(ends):
                         await client.reset_group_offsets(
                             group, topic, "offset", value=end, partitions=[p]

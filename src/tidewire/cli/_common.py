@@ -1,4 +1,5 @@
-"""What every client command shares: the broker address option, running a command against
+"""What every client command shares: the broker address option, the TLS options (added to
+every command that takes ``--addr`` by :func:`add_tls_options`), running a command against
 an :class:`~tidewire.client.AsyncClient`, turning errors into one line on stderr, JSON out.
 
 Exit codes: 0 success, 1 an error from the broker or the connection, 2 a usage error,
@@ -9,17 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import inspect
 import json
 import os
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Annotated, NoReturn, TypeVar
+from contextvars import ContextVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 
-from tidewire.client import AsyncClient
+from tidewire.client import AsyncClient, TlsOptions
 from tidewire.client._transport import parse_addr
-from tidewire.errors import TidewireError
+from tidewire.errors import InvalidConfigError, TidewireError
 from tidewire.security.credentials import Credentials
 
 __all__ = [
@@ -31,6 +35,8 @@ __all__ = [
     "ApiKeyOption",
     "JsonOption",
     "SaslMechanismOption",
+    "add_tls_options",
+    "cli_tls",
     "credentials",
     "echo_json",
     "fail",
@@ -82,6 +88,160 @@ JsonOption = Annotated[
 
 T = TypeVar("T")
 
+#: The TLS options of the command running (set by the wrapper :func:`add_tls_options` puts
+#: around it).
+_TLS: ContextVar[TlsOptions | None] = ContextVar("tidewire_cli_tls", default=None)
+
+
+def _tls_param(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+    )
+
+
+_TLS_PANEL = "TLS"
+#: The options every command with ``--addr`` takes (each with its environment variable).
+_TLS_PARAMS = (
+    _tls_param(
+        "tls",
+        Annotated[
+            bool,
+            typer.Option(
+                "--tls",
+                envvar="TIDEWIRE_TLS",
+                help="Connect with TLS, verifying the broker against the system's CAs "
+                "(implied by the other --tls-* options).",
+                show_envvar=True,
+                show_default=False,
+                rich_help_panel=_TLS_PANEL,
+            ),
+        ],
+        False,
+    ),
+    _tls_param(
+        "tls_ca",
+        Annotated[
+            str | None,
+            typer.Option(
+                "--tls-ca",
+                envvar="TIDEWIRE_TLS_CA",
+                help="PEM CA file the broker's certificate is verified against.",
+                show_envvar=True,
+                show_default=False,
+                rich_help_panel=_TLS_PANEL,
+            ),
+        ],
+        None,
+    ),
+    _tls_param(
+        "tls_cert",
+        Annotated[
+            str | None,
+            typer.Option(
+                "--tls-cert",
+                envvar="TIDEWIRE_TLS_CERT",
+                help="PEM client certificate, for a broker that asks for one (mTLS).",
+                show_envvar=True,
+                show_default=False,
+                rich_help_panel=_TLS_PANEL,
+            ),
+        ],
+        None,
+    ),
+    _tls_param(
+        "tls_key",
+        Annotated[
+            str | None,
+            typer.Option(
+                "--tls-key",
+                envvar="TIDEWIRE_TLS_KEY",
+                help="PEM private key of --tls-cert (default: in the --tls-cert file).",
+                show_envvar=True,
+                show_default=False,
+                rich_help_panel=_TLS_PANEL,
+            ),
+        ],
+        None,
+    ),
+    _tls_param(
+        "tls_server_name",
+        Annotated[
+            str | None,
+            typer.Option(
+                "--tls-server-name",
+                envvar="TIDEWIRE_TLS_SERVER_NAME",
+                help="Name the broker's certificate must carry (default: the --addr host).",
+                show_envvar=True,
+                show_default=False,
+                rich_help_panel=_TLS_PANEL,
+            ),
+        ],
+        None,
+    ),
+)
+_TLS_NAMES = tuple(p.name for p in _TLS_PARAMS)
+
+
+def cli_tls() -> TlsOptions | None:
+    """The TLS options given to the command running (None: plaintext)."""
+    return _TLS.get()
+
+
+def _tls_of(
+    tls: bool,
+    tls_ca: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_server_name: str | None,
+) -> TlsOptions | None:
+    if not (tls or tls_ca or tls_cert or tls_key or tls_server_name):
+        return None
+    options = TlsOptions(
+        ca_file=tls_ca or None,
+        cert_file=tls_cert or None,
+        key_file=tls_key or None,
+        server_hostname=tls_server_name or None,
+    )
+    options.context()  # a file that cannot be loaded is a usage error, named now
+    return options
+
+
+def _with_tls(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` with the TLS options added to its parameters; while it runs,
+    :func:`cli_tls` returns them."""
+    sig = inspect.signature(func, eval_str=True)
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        given = {name: kwargs.pop(name) for name in _TLS_NAMES}
+        try:
+            options = _tls_of(**given)
+        except InvalidConfigError as exc:
+            fail(exc.message, EXIT_USAGE)
+        token = _TLS.set(options)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            _TLS.reset(token)
+
+    command.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=[*sig.parameters.values(), *_TLS_PARAMS]
+    )
+    return command
+
+
+def add_tls_options(app: typer.Typer) -> None:
+    """Give every command of ``app`` (and of its sub-apps) that takes ``--addr`` the TLS
+    options ``--tls``, ``--tls-ca``, ``--tls-cert``, ``--tls-key`` and
+    ``--tls-server-name``; the command reads them with :func:`cli_tls`."""
+    for info in app.registered_commands:
+        callback = info.callback
+        if callback is not None and "addr" in inspect.signature(callback).parameters:
+            info.callback = _with_tls(callback)
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            add_tls_options(group.typer_instance)
+
 
 def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
     """Print ``error: message`` on stderr and exit with ``code``."""
@@ -131,12 +291,15 @@ def run_client(
     exits 1; Ctrl-C exits 130 after closing the connection."""
     check_addr(addr)
 
+    tls = cli_tls()
+
     async def main() -> T:
         async with AsyncClient(
             addr,
             request_timeout_s=request_timeout_s,
             connect_timeout_s=connect_timeout_s,
             credentials=creds,
+            tls=tls,
         ) as client:
             return await body(client)
 

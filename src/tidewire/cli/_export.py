@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from tidewire._extras import SparkMissingError, require_spark
+from tidewire.client import TlsOptions
 
 from ._common import (
     DEFAULT_ADDR,
@@ -19,6 +20,7 @@ from ._common import (
     AddrOption,
     JsonOption,
     check_addr,
+    cli_tls,
     echo_json,
     fail,
 )
@@ -109,8 +111,25 @@ def export(
         interval=interval,
         starting_offsets=starting_offsets,
         max_offsets_per_trigger=max_offsets_per_trigger,
+        extra_options=spark_tls_options(cli_tls()),
     )
     _run(spec, master, as_json)
+
+
+def spark_tls_options(tls: TlsOptions | None) -> dict[str, str]:
+    """The Spark source's options (docs/spark.md) for the command's TLS options."""
+    if tls is None:
+        return {}
+    options = {"tidewire.tls": "true"}
+    for name, value in (
+        ("tidewire.tls.ca", tls.ca_file),
+        ("tidewire.tls.cert", tls.cert_file),
+        ("tidewire.tls.key", tls.key_file),
+        ("tidewire.tls.server.name", tls.server_hostname),
+    ):
+        if value:
+            options[name] = value
+    return options
 
 
 def _run(spec: object, master: str, as_json: bool) -> None:

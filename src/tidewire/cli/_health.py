@@ -20,6 +20,7 @@ from ._common import (
     AddrOption,
     JsonOption,
     check_addr,
+    cli_tls,
     echo_json,
 )
 
@@ -92,7 +93,9 @@ async def _probe(addr: str, timeout_s: float) -> tuple[str, float, list[StorageP
     try:
         async with (
             asyncio.timeout(timeout_s),
-            AsyncClient(addr, request_timeout_s=timeout_s, connect_timeout_s=timeout_s) as client,
+            AsyncClient(
+                addr, request_timeout_s=timeout_s, connect_timeout_s=timeout_s, tls=cli_tls()
+            ) as client,
         ):
             version = await client.server_version()
             start = time.perf_counter()

@@ -38,6 +38,7 @@ from ._common import (
     AddrOption,
     JsonOption,
     check_addr,
+    cli_tls,
     echo_json,
     fail,
 )
@@ -241,7 +242,7 @@ def publish(
 
     progress: Progress | None = None
     with asyncio.Runner() as runner:
-        client = AsyncClient(addr)
+        client = AsyncClient(addr, tls=cli_tls())
         publisher = _Publisher(client, topic, partition)
         try:
             runner.run(publisher.start())

@@ -25,6 +25,7 @@ from tidewire.config import (
 )
 from tidewire.errors import InvalidConfigError, StorageError, TidewireError
 from tidewire.security.config import check_exposure
+from tidewire.security.tls import server_context
 from tidewire.server import TcpServer
 from tidewire.server.descriptors import fit_broker_listeners
 from tidewire.server.drain import drain
@@ -616,12 +617,15 @@ async def _serve(settings: Settings, loop_name: str) -> None:
             "(take it, then delete the file)"
         )
     # Every listener's connections under the descriptor limit (docs/configuration.md).
+    tls = settings.tls if settings.tls.enabled else None
     try:
         server_config, http_config = fit_broker_listeners(broker, settings.server, settings.http)
+        if tls is not None:
+            server_context(tls)  # a file that cannot be loaded is named before any listens
     except InvalidConfigError:
         await drain(broker, None, None, grace_s=0)
         raise
-    server = TcpServer(broker, server_config)
+    server = TcpServer(broker, server_config, tls=tls)
     gateway = None
     try:
         await server.start()
@@ -629,18 +633,24 @@ async def _serve(settings: Settings, loop_name: str) -> None:
             # Imported here: FastAPI and uvicorn load only when HTTP is served.
             from tidewire.server.http.gateway import HttpGateway  # noqa: PLC0415
 
-            gateway = HttpGateway.for_broker(broker, http_config)
+            gateway = HttpGateway.for_broker(broker, http_config, tls=tls)
             try:
                 await gateway.start()
             except OSError as exc:
                 raise InvalidConfigError(str(exc.strerror or exc)) from None
         # One line for people and scripts alike: where to connect.
-        typer.echo(f"tidewire {__version__} listening on {settings.server.host}:{server.port}")
+        typer.echo(
+            f"tidewire {__version__} listening on {settings.server.host}:{server.port}"
+            + (" (TLS)" if tls is not None else "")
+        )
         log.info("event loop: %s", loop_name)
         if gateway is not None:
             for name in gateway.names:
                 host, port = gateway.host_of(name), gateway.port_of(name)
-                typer.echo(f"tidewire {__version__} HTTP {name} listening on http://{host}:{port}")
+                scheme = "https" if tls is not None else "http"
+                typer.echo(
+                    f"tidewire {__version__} HTTP {name} listening on {scheme}://{host}:{port}"
+                )
         await stop.wait()
         stopping = loop.time()
     except BaseException:

@@ -13,6 +13,8 @@
 - :class:`AsyncSubscriber` and :class:`Subscriber`: push delivery: subscribe once to
   partitions from offsets, the broker sends batches as they are appended, within the credit
   the subscriber grants as records are taken; resumes from its position after a reconnect.
+- :class:`TlsOptions`: TLS to the broker (CA, client certificate, server name), taken by
+  every client as ``tls=`` (``True``: TLS with the system's CAs).
 - :func:`fnv1a_32`: the key hash that chooses a keyed message's partition.
 
 Public names::
@@ -22,6 +24,7 @@ Public names::
     AsyncConsumer, Consumer, ConsumerRecord, Gap
     AsyncGroupConsumer, GroupConsumer
     AsyncSubscriber, Subscriber
+    TlsOptions
     fnv1a_32
 """
 
@@ -35,6 +38,7 @@ from tidewire.client._producer import AsyncProducer
 from tidewire.client._producer_sync import Producer
 from tidewire.client._subscriber import AsyncSubscriber, Subscriber
 from tidewire.client.partitioner import fnv1a_32
+from tidewire.security.tls import TlsOptions
 
 __all__ = [
     "AsyncClient",
@@ -55,5 +59,6 @@ __all__ = [
     "RecordFuture",
     "RecordMetadata",
     "Subscriber",
+    "TlsOptions",
     "fnv1a_32",
 ]

@@ -58,6 +58,7 @@ from tidewire.protocol.messages import (
 )
 from tidewire.records import BatchBuilder, Codec, Record, iter_batches, iter_records
 from tidewire.security.credentials import Credentials
+from tidewire.security.tls import TlsOptions
 
 from ._security import AsyncSecurityAdmin, SecurityAdmin
 from ._transport import Transport, parse_addr
@@ -111,6 +112,8 @@ class AsyncClient(AsyncSecurityAdmin):
         connect_timeout_s: how long opening the connection may take.
         max_in_flight: requests sent and not yet answered on the connection.
         credentials: the API key to authenticate with (:class:`~tidewire.client.Credentials`).
+        tls: TLS to the broker: :class:`~tidewire.client.TlsOptions`, True (the system's
+            CAs), or None (plaintext).
 
     Use as ``async with AsyncClient("127.0.0.1:7400") as client``.
     """
@@ -123,6 +126,7 @@ class AsyncClient(AsyncSecurityAdmin):
         connect_timeout_s: float = 10.0,
         max_in_flight: int = 64,
         credentials: Credentials | None = None,
+        tls: TlsOptions | bool | None = None,
     ) -> None:
         self._t = Transport(
             addr,
@@ -130,6 +134,7 @@ class AsyncClient(AsyncSecurityAdmin):
             connect_timeout_s=connect_timeout_s,
             max_in_flight=max_in_flight,
             credentials=credentials,
+            tls=tls,
         )
 
     async def __aenter__(self) -> AsyncClient:
@@ -521,12 +526,21 @@ class Client(BlockingTwin[AsyncClient], SecurityAdmin):
         connect_timeout_s: float = 10.0,
         max_in_flight: int = 64,
         credentials: Credentials | None = None,
+        tls: TlsOptions | bool | None = None,
     ) -> None:
         parse_addr(addr)  # a bad address fails here, before a thread is started
+        TlsOptions.of(tls)  # and a wrong tls type
         self._start_loop("tidewire-client")
         try:
             self._async = self._run(
-                self._make(addr, request_timeout_s, connect_timeout_s, max_in_flight, credentials)
+                self._make(
+                    addr,
+                    request_timeout_s=request_timeout_s,
+                    connect_timeout_s=connect_timeout_s,
+                    max_in_flight=max_in_flight,
+                    credentials=credentials,
+                    tls=tls,
+                )
             )
         except BaseException:
             self._stop_loop()
@@ -535,10 +549,12 @@ class Client(BlockingTwin[AsyncClient], SecurityAdmin):
     @staticmethod
     async def _make(
         addr: str,
+        *,
         request_timeout_s: float,
         connect_timeout_s: float,
         max_in_flight: int,
         credentials: Credentials | None,
+        tls: TlsOptions | bool | None,
     ) -> AsyncClient:
         return AsyncClient(
             addr,
@@ -546,6 +562,7 @@ class Client(BlockingTwin[AsyncClient], SecurityAdmin):
             connect_timeout_s=connect_timeout_s,
             max_in_flight=max_in_flight,
             credentials=credentials,
+            tls=tls,
         )
 
     def whoami(self) -> WhoAmIResponse:

@@ -36,6 +36,7 @@ from tidewire.protocol.messages import (
     ListOffsetsRequest,
 )
 from tidewire.records import iter_batches, read_records
+from tidewire.security.tls import TlsOptions
 
 from ._settings import check_ints
 from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
@@ -180,6 +181,8 @@ class AsyncConsumer:
             raised.
         on_gap: with ``skip_damaged``, called with each :class:`Gap` instead of logging it
             (on the consumer's event loop; it must not block).
+        tls: TLS to the broker: :class:`~tidewire.client.TlsOptions`, True (the system's
+            CAs), or None (plaintext).
     """
 
     def __init__(
@@ -194,6 +197,7 @@ class AsyncConsumer:
         connect_timeout_ms: int = 10_000,
         skip_damaged: bool = False,
         on_gap: Callable[[Gap], None] | None = None,
+        tls: TlsOptions | bool | None = None,
     ) -> None:
         check_ints(
             ("max_wait_ms", max_wait_ms, 0),
@@ -218,6 +222,7 @@ class AsyncConsumer:
             request_timeout_s=request_timeout_ms / 1000,
             connect_timeout_s=connect_timeout_ms / 1000,
             max_in_flight=8,
+            tls=tls,
         )
         #: The offset of the next record handed out, per assigned partition.
         self._positions: dict[TP, int] = {}
@@ -511,6 +516,7 @@ class Consumer(BlockingReader[AsyncConsumer]):
         connect_timeout_ms: int = 10_000,
         skip_damaged: bool = False,
         on_gap: Callable[[Gap], None] | None = None,
+        tls: TlsOptions | bool | None = None,
     ) -> None:
         parse_addr(addr)
         options: dict[str, Any] = {
@@ -522,6 +528,7 @@ class Consumer(BlockingReader[AsyncConsumer]):
             "connect_timeout_ms": connect_timeout_ms,
             "skip_damaged": skip_damaged,
             "on_gap": on_gap,
+            "tls": tls,
         }
         self._local: deque[ConsumerRecord] = deque()
         self._start_loop("tidewire-consumer")

@@ -73,6 +73,7 @@ from tidewire.protocol.messages import (
     OffsetCommitRequest,
     OffsetFetchRequest,
 )
+from tidewire.security.tls import TlsOptions
 
 from ._consumer import (
     DEFAULT_MAX_RECORDS,
@@ -135,6 +136,8 @@ class AsyncGroupConsumer:
         request_timeout_ms, connect_timeout_ms: of each request.
         skip_damaged, on_gap: with pull, read past damaged ranges of the broker's logs,
             reporting each gap (as :class:`~tidewire.client.AsyncConsumer`; see :attr:`gaps`).
+        tls: TLS to the broker: :class:`~tidewire.client.TlsOptions`, True (the system's
+            CAs), or None (plaintext); the same for each of the member's connections.
     """
 
     def __init__(
@@ -165,6 +168,7 @@ class AsyncGroupConsumer:
         push_credit_bytes: int = DEFAULT_CREDIT_BYTES,
         skip_damaged: bool = False,
         on_gap: Callable[[Gap], None] | None = None,
+        tls: TlsOptions | bool | None = None,
     ) -> None:
         self.topics = sorted(set(topics))
         if delivery not in ("pull", "push"):
@@ -200,6 +204,7 @@ class AsyncGroupConsumer:
             request_timeout_s=request_timeout_ms / 1000,
             connect_timeout_s=connect_timeout_ms / 1000,
             max_in_flight=8,
+            tls=tls,
         )
         self.delivery = delivery
         self._inner: AsyncConsumer | AsyncSubscriber
@@ -209,6 +214,7 @@ class AsyncGroupConsumer:
                 credit_bytes=push_credit_bytes,
                 request_timeout_ms=request_timeout_ms,
                 connect_timeout_ms=connect_timeout_ms,
+                tls=tls,
             )
         else:
             self._inner = AsyncConsumer(
@@ -221,6 +227,7 @@ class AsyncGroupConsumer:
                 connect_timeout_ms=connect_timeout_ms,
                 skip_damaged=skip_damaged,
                 on_gap=on_gap,
+                tls=tls,
             )
         self._member_id = ""
         self._generation = -1

@@ -50,6 +50,7 @@ from tidewire.protocol.messages import (
     ProducerStateRequest,
     TopicDescription,
 )
+from tidewire.security.tls import TlsOptions
 
 from ._accumulator import (
     ROLLED,
@@ -174,6 +175,9 @@ class AsyncProducer:
             ``linger_ms``), unkeyed records rotate through the partitions every
             ``WRITER_STICKY_RECORDS``, a topic's partition count is read once, and a batch
             that cannot be delivered fails the producer (a new writer instance resumes).
+        tls: TLS to the broker: :class:`~tidewire.client.TlsOptions`, True (the system's
+            CAs), or None (plaintext). A failed handshake fails the sends with
+            :class:`~tidewire.security.tls.TlsError` (not retried).
 
     Raises:
         InvalidConfigError: an option out of its range.
@@ -200,6 +204,7 @@ class AsyncProducer:
         metadata_max_age_ms: int = 300_000,
         connect_timeout_ms: int = 10_000,
         writer_id: str | None = None,
+        tls: TlsOptions | bool | None = None,
     ) -> None:
         s = self._settings = ProducerSettings(
             linger_ms=linger_ms,
@@ -225,6 +230,7 @@ class AsyncProducer:
             request_timeout_s=s.request_timeout_ms / 1000,
             connect_timeout_s=s.connect_timeout_ms / 1000,
             max_in_flight=MAX_REQUESTS_IN_FLIGHT + 4,  # and metadata, producer id
+            tls=tls,
         )
         self._codec = s.codec
         self._acks = s.acks_value

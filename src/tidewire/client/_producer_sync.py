@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from tidewire.client._blocking import BlockingTwin
 from tidewire.errors import ProducerClosedError, TidewireError
+from tidewire.security.tls import TlsOptions
 
 from ._accumulator import Accumulator, BlockingRecordFuture, ProducerBatch
 from ._producer import _NEED_METADATA, AsyncProducer, Session
@@ -57,6 +58,7 @@ class Producer(BlockingTwin[AsyncProducer]):
         metadata_max_age_ms: int = 300_000,
         connect_timeout_ms: int = 10_000,
         writer_id: str | None = None,
+        tls: TlsOptions | bool | None = None,
     ) -> None:
         options: dict[str, Any] = {
             "linger_ms": linger_ms,
@@ -79,6 +81,8 @@ class Producer(BlockingTwin[AsyncProducer]):
         # Bad settings fail here, before a thread is started.
         parse_addr(addr)
         ProducerSettings(**options)
+        TlsOptions.of(tls)
+        options["tls"] = tls
         self._space = threading.Condition()
         self._start_loop("tidewire-producer")
         try:

@@ -44,6 +44,7 @@ from tidewire.protocol.messages import (
     UnsubscribeRequest,
     decode_body,
 )
+from tidewire.security.tls import TlsOptions
 
 from ._settings import check_ints
 from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
@@ -94,6 +95,8 @@ class AsyncSubscriber:
         max_lag_bytes: best effort: how far behind the end a partition may fall.
         request_timeout_ms: how long a request may take.
         connect_timeout_ms: how long opening the connection may take.
+        tls: TLS to the broker: :class:`~tidewire.client.TlsOptions`, True (the system's
+            CAs), or None (plaintext).
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class AsyncSubscriber:
         max_lag_bytes: int = 64 * 1024 * 1024,
         request_timeout_ms: int = 30_000,
         connect_timeout_ms: int = 10_000,
+        tls: TlsOptions | bool | None = None,
     ) -> None:
         check_ints(
             ("credit_bytes", credit_bytes, 1),
@@ -120,6 +124,7 @@ class AsyncSubscriber:
             request_timeout_s=request_timeout_ms / 1000,
             connect_timeout_s=connect_timeout_ms / 1000,
             max_in_flight=8,
+            tls=tls,
         )
         self._t.on_push = self._on_push
         self._t.on_lost = self._on_lost
@@ -386,6 +391,7 @@ class Subscriber(BlockingReader[AsyncSubscriber]):
         max_lag_bytes: int = 64 * 1024 * 1024,
         request_timeout_ms: int = 30_000,
         connect_timeout_ms: int = 10_000,
+        tls: TlsOptions | bool | None = None,
     ) -> None:
         parse_addr(addr)
         options: dict[str, Any] = {
@@ -394,6 +400,7 @@ class Subscriber(BlockingReader[AsyncSubscriber]):
             "max_lag_bytes": max_lag_bytes,
             "request_timeout_ms": request_timeout_ms,
             "connect_timeout_ms": connect_timeout_ms,
+            "tls": tls,
         }
         self._local: deque[ConsumerRecord] = deque()
         self._start_loop("tidewire-subscriber")

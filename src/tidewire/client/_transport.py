@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Callable, Sequence
 
 from tidewire._tasks import cancel_and_wait
@@ -37,6 +38,7 @@ from tidewire.protocol.messages import (
 )
 from tidewire.security.credentials import Credentials
 from tidewire.security.scram import ScramClient
+from tidewire.security.tls import TlsError, TlsOptions
 
 __all__ = ["Transport", "parse_addr"]
 
@@ -47,6 +49,20 @@ READ_CHUNK = 256 * 1024
 #: First and largest pause before reconnecting after a failure (seconds).
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 5.0
+#: How long :meth:`Transport.close` waits for the connection to close (seconds): a TLS
+#: connection exchanges close_notify first; a broker that does not answer is not waited for.
+CLOSE_TIMEOUT_S = 1.0
+
+
+#: What an OpenSSL failure reason most often means, added to the error's message.
+_TLS_HINTS = {
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED": " (the broker requires a client certificate)",
+    "SSLV3_ALERT_BAD_CERTIFICATE": " (the broker refused the client certificate)",
+    "TLSV1_ALERT_UNKNOWN_CA": " (the broker does not trust the client certificate's CA)",
+    "WRONG_VERSION_NUMBER": " (is the broker's port plaintext?)",
+    "TLSV1_ALERT_PROTOCOL_VERSION": " (no TLS version in common: see min_version)",
+    "UNSUPPORTED_PROTOCOL": " (no TLS version in common: see min_version)",
+}
 
 
 def parse_addr(addr: str) -> tuple[str, int]:
@@ -70,8 +86,13 @@ class Transport:
         request_timeout_s: default timeout of a request, response included.
         max_in_flight: requests sent and not yet answered; more wait for a slot.
         max_frame_bytes: the largest response frame accepted.
+        tls: TLS options, True (TLS, the system's CAs), or None/False (plaintext). A failed
+            handshake raises :class:`~tidewire.security.tls.TlsError` (not retriable), naming why.
         credentials: an API key to authenticate each new connection with (SASL SCRAM or
             PLAIN, right after it opens), or None.
+
+    Raises:
+        InvalidConfigError: a TLS file cannot be loaded.
     """
 
     def __init__(
@@ -82,9 +103,12 @@ class Transport:
         request_timeout_s: float = 30.0,
         max_in_flight: int = 64,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        tls: TlsOptions | bool | None = None,
         credentials: Credentials | None = None,
     ) -> None:
         self.host, self.port = parse_addr(addr)
+        self.tls = TlsOptions.of(tls)
+        self._ssl = self.tls.context() if self.tls is not None else None
         self.credentials = credentials
         #: The principal the broker authenticated the current connection as ("": none).
         self.principal = ""
@@ -116,9 +140,9 @@ class Transport:
             if self._backoff:
                 await asyncio.sleep(self._backoff)
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(self.host, self.port), self.connect_timeout_s
-                )
+                reader, writer = await asyncio.wait_for(self._open(), self.connect_timeout_s)
+            except ssl.SSLError as exc:  # a certificate or TLS setting: retrying cannot help
+                raise TlsError(self._tls_failure(exc)) from exc
             except (OSError, TimeoutError) as exc:
                 self._backoff = min(max(self._backoff * 2, BACKOFF_MIN_S), BACKOFF_MAX_S)
                 raise ConnectionLostError(
@@ -196,6 +220,25 @@ class Transport:
         assert isinstance(r.body, SaslAuthenticateResponse)
         self.principal = r.body.principal
 
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self._ssl is None:
+            return await asyncio.open_connection(self.host, self.port)
+        assert self.tls is not None
+        return await asyncio.open_connection(
+            self.host,
+            self.port,
+            ssl=self._ssl,
+            server_hostname=self.tls.server_hostname or self.host,
+            ssl_handshake_timeout=self.connect_timeout_s,
+        )
+
+    def _tls_failure(self, exc: ssl.SSLError) -> str:
+        why = getattr(exc, "verify_message", None) or exc.reason or str(exc)
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            why = f"certificate verify failed: {why}"
+        hint = _TLS_HINTS.get(exc.reason or "", "")
+        return f"TLS with {self.host}:{self.port} failed: {why}{hint}"
+
     async def request(
         self,
         body: Body,
@@ -262,6 +305,9 @@ class Transport:
                 if event is NEED_DATA:
                     try:
                         chunk = await reader.read(READ_CHUNK)
+                    except ssl.SSLError as exc:  # an alert: e.g. no client certificate
+                        error = TlsError(self._tls_failure(exc))
+                        return
                     except OSError as exc:
                         error = ConnectionLostError(f"reading from {self.host}:{self.port}: {exc}")
                         return
@@ -304,10 +350,18 @@ class Transport:
     async def close(self) -> None:
         """Close the connection; waiting requests fail with ConnectionLostError."""
         self._closed = True
+        writer = self._writer
         self._drop(ConnectionLostError("the client was closed"))
         task, self._reader_task = self._reader_task, None
         if task is not None:
             await cancel_and_wait(task)
+        if writer is not None:
+            # TLS says goodbye (close_notify) before the socket closes: wait for it, briefly,
+            # so that a loop stopped right after does not leave the socket open.
+            try:
+                await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT_S)
+            except (OSError, TimeoutError):
+                writer.transport.abort()
 
     @property
     def closed(self) -> bool:

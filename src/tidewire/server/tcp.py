@@ -45,6 +45,7 @@ import contextlib
 import logging
 import math
 import socket
+import ssl
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from typing import cast
 from tidewire.broker import Broker
 from tidewire.broker.core import DEFAULT_FETCH_MAX_BYTES
 from tidewire.errors import (
+    AuthenticationFailedError,
     InvalidConfigError,
     ProtocolError,
     ShuttingDownError,
@@ -82,10 +84,18 @@ from tidewire.protocol.messages import (
     SubscribeResponse,
     WhoAmIResponse,
 )
+from tidewire.security.config import TlsConfig
+from tidewire.security.tls import (
+    CERT_REQUIRED_MESSAGE,
+    HANDSHAKE_TIMEOUT_S,
+    listener_context,
+    peer_of,
+)
 from tidewire.server.gate import SESSION_APIS, Session, gate_for, source_of
 from tidewire.server.handlers import HANDLERS, ServerInfo
 from tidewire.server.needs import API_NEEDS
 from tidewire.server.push import MAX_SUBSCRIPTIONS, PUSH_APIS, Subscriptions
+from tidewire.server.tls import tls_protocol_factory
 
 __all__ = ["EVENT_LOOPS", "ServerConfig", "TcpServer", "loop_factory"]
 
@@ -212,6 +222,10 @@ class _ClientProtocol(asyncio.Protocol):
             Role.SERVER, max_frame_bytes=cfg.max_frame_bytes, max_in_flight=cfg.max_in_flight
         )
         self.transport: asyncio.Transport | None = None
+        #: Whether the connection is TLS, and the principal its verified client certificate
+        #: names (``tls_principal_field``; None: no certificate, or no TLS).
+        self.tls = False
+        self.cert_principal: str | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.paused = False  # reading paused: max_in_flight requests await their answer
         self.write_paused = False  # reading paused: the client does not read its answers
@@ -220,6 +234,7 @@ class _ClientProtocol(asyncio.Protocol):
         self._frame_started: float | None = None  # loop time the pending frame began
         self._reset_timer: asyncio.TimerHandle | None = None  # armed once closing
         self._lost = False
+        self._refused = False  # refused after the TLS handshake: nothing is read
         #: Bytes of fetch answers being read (counted at their most), under max_unsent_bytes
         #: together with the write buffer; fetches wait on ``_output_waiters`` beyond it.
         self.reserved = 0
@@ -243,6 +258,12 @@ class _ClientProtocol(asyncio.Protocol):
         # A stream transport (uvloop's is not a subclass of asyncio.Transport, but it has
         # every method of one).
         self.transport = cast(asyncio.Transport, transport)
+        if self.server.ssl is not None:  # called once the handshake has succeeded
+            peer = peer_of(transport, self.server.tls_principal_field)
+            self.tls, self.cert_principal = peer.tls, peer.principal
+            if self.server.require_cert and not peer.certified:
+                self._refuse(AuthenticationFailedError(CERT_REQUIRED_MESSAGE))
+                return
         self.session = Session(
             source=source_of(transport.get_extra_info("peername")),
             interface="binary",
@@ -259,7 +280,22 @@ class _ClientProtocol(asyncio.Protocol):
             return
         self._arm_timer()
 
+    def _refuse(self, exc: TidewireError) -> None:
+        """Say why (an error frame), read and drop what the client sends for up to
+        ``frame_timeout_s`` so its request does not reset the connection under the answer,
+        then close."""
+        self.closing = True
+        self._refused = True
+        assert self.transport is not None
+        log.info("refusing a connection: %s", exc.message)
+        self.transport.writelines(Connection.error_frame(exc))
+        self._reset_timer = asyncio.get_running_loop().call_later(
+            self.server.config.frame_timeout_s, self.transport.close
+        )
+
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return
         try:
             self.conn.receive_data(data)
         except ProtocolError as exc:
@@ -269,9 +305,13 @@ class _ClientProtocol(asyncio.Protocol):
         self._arm_timer()
 
     def eof_received(self) -> bool:
+        if self._refused:
+            return False  # closes the connection
         self.conn.receive_data(b"")
         self._process()
-        return True  # keep the socket half-open until in-flight responses are written
+        # Keep the socket half-open until in-flight responses are written; TLS has no half
+        # close (asyncio warns at every True), its answers written are still flushed.
+        return not self.tls
 
     def pause_writing(self) -> None:
         # The client does not read what it is sent: take no new requests from it, so what
@@ -602,11 +642,35 @@ class TcpServer:
     Args:
         broker: the broker requests go to (started by the caller).
         config: listener settings.
+        tls: TLS settings (on when ``tls.enabled``), or a server-side SSL context; None:
+            plaintext. A connection whose handshake fails (plaintext on this port, a client
+            certificate missing or not verified) is closed alone, within
+            :data:`~tidewire.security.tls.HANDSHAKE_TIMEOUT_S`.
+
+    Raises:
+        InvalidConfigError: a TLS file cannot be loaded (the message names it).
     """
 
-    def __init__(self, broker: Broker, config: ServerConfig | None = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        config: ServerConfig | None = None,
+        *,
+        tls: TlsConfig | ssl.SSLContext | None = None,
+    ) -> None:
         self.broker = broker
         self.config = config or ServerConfig()
+        #: The listener's SSL context (None: plaintext), which certificate field names a
+        #: client's principal, and whether a connection without a client certificate is
+        #: refused after the handshake (see ``listener_context``).
+        self.ssl: ssl.SSLContext | None = None
+        self.tls_principal_field = "CN"
+        self.require_cert = False
+        if isinstance(tls, ssl.SSLContext):
+            self.ssl = tls
+        elif tls is not None and tls.enabled:
+            self.ssl, self.require_cert = listener_context(tls)
+            self.tls_principal_field = tls.tls_principal_field
         self.connections: set[_ClientProtocol] = set()
         self.info = ServerInfo(self.config.host, self.config.port)
         self._server: asyncio.Server | None = None
@@ -663,11 +727,14 @@ class TcpServer:
         """
         self._fit_connections()
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _ClientProtocol(self), self.config.host, self.config.port
-        )
+        factory: Callable[[], asyncio.BaseProtocol] = lambda: _ClientProtocol(self)  # noqa: E731
+        if self.ssl is not None:
+            factory = tls_protocol_factory(
+                factory, self.ssl, handshake_timeout_s=HANDSHAKE_TIMEOUT_S
+            )
+        self._server = await loop.create_server(factory, self.config.host, self.config.port)
         self.info = ServerInfo(self.config.host, self.port)
-        log.info("listening on %s:%d", self.config.host, self.port)
+        log.info("listening on %s:%d%s", self.config.host, self.port, " (TLS)" if self.ssl else "")
 
     def stop_accepting(self) -> None:
         """Close the listening socket now: new connections are refused from here on."""

@@ -11,47 +11,51 @@ from __future__ import annotations
 import logging
 import threading
 
-from tidewire.client import Client
+from tidewire.client import Client, TlsOptions
 from tidewire.errors import TidewireError
 
 __all__ = ["client_for", "discard"]
 
 log = logging.getLogger("tidewire.spark")
 
-_clients: dict[tuple[tuple[str, ...], int], Client] = {}
+_clients: dict[tuple[tuple[str, ...], int, TlsOptions | None], Client] = {}
 _lock = threading.Lock()
 
 
-def client_for(servers: tuple[str, ...], request_timeout_ms: int) -> Client:
-    """This process's client for ``servers``: the first of them that answers a ping, tried
-    in order when the process first needs one.
+def client_for(
+    servers: tuple[str, ...], request_timeout_ms: int, tls: TlsOptions | None = None
+) -> Client:
+    """This process's client for ``servers`` (over ``tls``): the first of them that answers
+    a ping, tried in order when the process first needs one.
 
     Raises:
         ConnectionLostError, RequestTimedOutError: none of them answered (the last error,
             naming every address tried).
     """
-    key = (servers, request_timeout_ms)
+    key = (servers, request_timeout_ms, tls)
     with _lock:
         client = _clients.get(key)
         if client is None:
-            client = _connect(servers, request_timeout_ms / 1000)
+            client = _connect(servers, request_timeout_ms / 1000, tls)
             _clients[key] = client
         return client
 
 
-def discard(servers: tuple[str, ...], request_timeout_ms: int) -> None:
+def discard(
+    servers: tuple[str, ...], request_timeout_ms: int, tls: TlsOptions | None = None
+) -> None:
     """Close and forget the client for ``servers`` (the next :func:`client_for` connects
     again, to the first address that answers)."""
     with _lock:
-        client = _clients.pop((servers, request_timeout_ms), None)
+        client = _clients.pop((servers, request_timeout_ms, tls), None)
     if client is not None:
         client.close()
 
 
-def _connect(servers: tuple[str, ...], request_timeout_s: float) -> Client:
+def _connect(servers: tuple[str, ...], request_timeout_s: float, tls: TlsOptions | None) -> Client:
     failure: TidewireError | None = None
     for addr in servers:
-        client = Client(addr, request_timeout_s=request_timeout_s)
+        client = Client(addr, request_timeout_s=request_timeout_s, tls=tls)
         try:
             client.ping()
         except TidewireError as exc:

@@ -15,6 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from tidewire.client import TlsOptions
+from tidewire.errors import InvalidConfigError
+
 __all__ = [
     "EARLIEST",
     "LATEST",
@@ -30,6 +33,7 @@ __all__ = [
     "TopicPartition",
     "parse_bool",
     "read_options",
+    "tls_options",
 ]
 
 TopicPartition = tuple[str, int]
@@ -122,6 +126,7 @@ class ReadOptions:
     group_id: str | None
     fetch_max_bytes: int
     request_timeout_ms: int
+    tls: TlsOptions | None = None
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
@@ -342,4 +347,41 @@ def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         or DEFAULT_FETCH_MAX_BYTES,
         request_timeout_ms=_parse_int(options, "tidewire.request.timeout.ms", minimum=1)
         or DEFAULT_REQUEST_TIMEOUT_MS,
+        tls=tls_options(options),
     )
+
+
+#: The TLS options of the source and the sink, and the TlsOptions field each sets.
+TLS_OPTION_FIELDS = {
+    "tidewire.tls.ca": "ca_file",
+    "tidewire.tls.cert": "cert_file",
+    "tidewire.tls.key": "key_file",
+    "tidewire.tls.server.name": "server_hostname",
+}
+
+
+def tls_options(options: Mapping[str, str]) -> TlsOptions | None:
+    """``tidewire.tls`` (true: TLS with the system's CAs) and ``tidewire.tls.ca``,
+    ``.cert``, ``.key``, ``.server.name`` (any of them turns TLS on) as the client's
+    :class:`~tidewire.client.TlsOptions`; None: plaintext. The files are loaded here, on the
+    driver, so a wrong path fails the query at once (the executors need the same paths).
+
+    Raises:
+        ValueError: a malformed value, or a file that cannot be loaded (named).
+    """
+    on = parse_bool(options, "tidewire.tls", default=False)
+    given = {}
+    for name, field in TLS_OPTION_FIELDS.items():
+        value = _get(options, name)
+        if value is not None:
+            if not value.strip():
+                raise ValueError(f"option {name} is empty")
+            given[field] = value.strip()
+    if not on and not given:
+        return None
+    try:
+        tls = TlsOptions(**given)
+        tls.context()
+    except InvalidConfigError as exc:
+        raise ValueError(f"option tidewire.tls: {exc.message}") from None
+    return tls

@@ -31,8 +31,10 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from tidewire.client import TlsOptions
 from tidewire.client._settings import ACKS, COMPRESSION, MAX_WRITER_ID, ProducerSettings
 from tidewire.errors import InvalidConfigError
+from tidewire.spark._options import tls_options
 
 __all__ = ["WriteColumns", "WriteOptions", "write_columns", "write_options"]
 
@@ -52,6 +54,8 @@ class WriteOptions:
     max_request_bytes: int
     #: ``tidewire.writerId`` of a batch write: the name of a job that may run again.
     writer_id: str | None
+    #: ``tidewire.tls``, ``tidewire.tls.ca``, ...: TLS to the broker (None: plaintext).
+    tls: TlsOptions | None = None
 
     def producer_settings(self) -> dict[str, object]:
         """The keyword arguments of the producer each task writes with."""
@@ -152,6 +156,7 @@ def write_options(options: Mapping[str, str], *, streaming: bool) -> WriteOption
         ),
         max_request_bytes=_int(options, "tidewire.max.request.bytes", defaults.max_request_bytes),
         writer_id=writer_id,
+        tls=tls_options(options),
     )
     try:
         ProducerSettings(**opts.producer_settings(), writer_id="check")  # type: ignore[arg-type]

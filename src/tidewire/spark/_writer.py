@@ -116,6 +116,7 @@ def write_partition(
                 producer = Producer(
                     opts.server,
                     writer_id=writer_id,
+                    tls=opts.tls,
                     **opts.producer_settings(),  # type: ignore[arg-type]
                 )
             rows += _send_batch(producer, opts, cols, batch, last)
@@ -189,13 +190,13 @@ def _send_batch(
     return n
 
 
-def _release(server: str, writer_ids: Sequence[str]) -> None:
+def _release(opts: WriteOptions, writer_ids: Sequence[str]) -> None:
     """Tell the broker these writers are done (best effort: the broker forgets them after
     its producer expiration anyway)."""
     if not writer_ids:
         return
     try:
-        with Client(server) as client:
+        with Client(opts.server, tls=opts.tls) as client:
             for i in range(0, len(writer_ids), RELEASE_CHUNK):
                 client.release_writers(writer_ids[i : i + RELEASE_CHUNK])
     except (TidewireError, OSError) as exc:  # committing must not fail over a cleanup
@@ -234,13 +235,13 @@ class TidewireBatchWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         if self.release:
-            _release(self.opts.server, [self.writer_id(p) for p in range(len(messages))])
+            _release(self.opts, [self.writer_id(p) for p in range(len(messages))])
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         # What the tasks stored stays (a topic has no rollback). An unnamed job never runs
         # again, so its writers can go; a named one keeps them for its re-run.
         if self.release:
-            _release(self.opts.server, [self.writer_id(p) for p in range(len(messages))])
+            _release(self.opts, [self.writer_id(p) for p in range(len(messages))])
 
 
 class TidewireStreamWriter(DataSourceStreamArrowWriter):
@@ -276,7 +277,7 @@ class TidewireStreamWriter(DataSourceStreamArrowWriter):
         query = next((m.query_id for m in messages if isinstance(m, TidewireCommitMessage)), "")
         if query and batchId > 0:
             _release(
-                self.opts.server,
+                self.opts,
                 [f"s/{query}/{batchId - 1}/{p}" for p in range(len(messages))],
             )
 

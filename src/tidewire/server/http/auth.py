@@ -285,7 +285,7 @@ class HttpAuth:
         session = Session(
             source=source_of(scope.get("client")),
             interface=route.interface,
-            tls=scope.get("scheme") in ("https", "wss"),
+            tls=bool(scope.get("tidewire.tls")) or scope.get("scheme") in ("https", "wss"),
             cert_principal=scope.get("tidewire.cert_principal"),
         )
         try:

@@ -25,6 +25,11 @@ Every connection is served by :class:`~tidewire.server.http.protocol.GuardedProt
 (request deadlines, connection caps), and every request of the listeners ``for_broker`` makes
 passes :class:`~tidewire.server.http.guard.RequestGuard` first (allowed hosts and origins,
 content types, body limits and the gateway's body budget).
+
+TLS (``tls=``): every listener of the gateway speaks HTTPS (and WSS) with the same context.
+Each request's and WebSocket's ASGI scope carries ``scope["tidewire.tls"]`` (whether the
+connection is TLS) and ``scope["tidewire.cert_principal"]`` (the principal its verified client
+certificate names, or None), on plaintext listeners too (False, None).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +50,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from tidewire._tasks import cancel_and_wait
 from tidewire.broker import Broker
 from tidewire.errors import InvalidConfigError
+from tidewire.security.config import TlsConfig
+from tidewire.security.tls import HANDSHAKE_TIMEOUT_S, listener_context
 from tidewire.server.http.app import asgi_app, create_app
 from tidewire.server.http.config import OFF, HttpConfig
 from tidewire.server.http.guard import (
@@ -55,9 +63,15 @@ from tidewire.server.http.guard import (
     ListenerPolicy,
     RequestGuard,
 )
-from tidewire.server.http.protocol import ConnectionCaps, ListenerLimits, guarded_protocol
+from tidewire.server.http.protocol import (
+    TLS_STATE,
+    ConnectionCaps,
+    ListenerLimits,
+    guarded_protocol,
+)
+from tidewire.server.tls import tls_protocol_factory
 
-__all__ = ["IPUBSUB", "MSGBUS", "NATIVE", "HttpGateway"]
+__all__ = ["IPUBSUB", "MSGBUS", "NATIVE", "HttpGateway", "TlsScope"]
 
 log = logging.getLogger("tidewire.http")
 
@@ -125,6 +139,24 @@ class _Server(uvicorn.Server):
             await self.lifespan.shutdown()
 
 
+class TlsScope:
+    """ASGI middleware: sets ``scope["tidewire.tls"]`` and ``scope["tidewire.cert_principal"]``
+    from what the connection's protocol left in the scope's ``state`` (see
+    :data:`~tidewire.server.http.protocol.TLS_STATE`)."""
+
+    def __init__(self, app: AsgiApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        state = scope.get("state")
+        peer = state.pop(TLS_STATE, None) if state else None
+        if peer is None:
+            scope["tidewire.tls"], scope["tidewire.cert_principal"] = False, None
+        else:
+            scope["tidewire.tls"], scope["tidewire.cert_principal"] = peer
+        await self.app(scope, receive, send)
+
+
 class _DropCancelled(logging.Filter):
     """Drops uvicorn's "Exception in ASGI application" for a request the drain cancelled
     (the drain reports how many, once)."""
@@ -153,6 +185,11 @@ class HttpGateway:
         grace_s: how long :meth:`close` lets requests in flight finish (seconds).
         config: the limits every listener enforces (header and body timeouts, connection
             caps, the body budget, allowed hosts and origins); the defaults when None.
+        tls: TLS of every listener (on when ``tls.enabled``), or a server-side SSL context;
+            None: plaintext.
+
+    Raises:
+        InvalidConfigError: a TLS file cannot be loaded (the message names it).
 
     Use::
 
@@ -164,10 +201,24 @@ class HttpGateway:
     """
 
     def __init__(
-        self, *, grace_s: float = DEFAULT_GRACE_S, config: HttpConfig | None = None
+        self,
+        *,
+        grace_s: float = DEFAULT_GRACE_S,
+        config: HttpConfig | None = None,
+        tls: TlsConfig | ssl.SSLContext | None = None,
     ) -> None:
         self.grace_s = grace_s
         self.config = config if config is not None else HttpConfig()
+        #: The listeners' SSL context (None: plaintext), and which client certificate field
+        #: names a principal.
+        self.ssl: ssl.SSLContext | None = None
+        self.tls_principal_field = "CN"
+        self.require_cert = False  # refused after the handshake (see listener_context)
+        if isinstance(tls, ssl.SSLContext):
+            self.ssl = tls
+        elif tls is not None and tls.enabled:
+            self.ssl, self.require_cert = listener_context(tls)
+            self.tls_principal_field = tls.tls_principal_field
         #: Connections open per listener and per client address (protocol.py).
         self.caps = ConnectionCaps(
             self.config.http_max_connections, self.config.http_max_connections_per_source
@@ -180,16 +231,23 @@ class HttpGateway:
         self._started = False
 
     @classmethod
-    def for_broker(cls, broker: Broker, config: HttpConfig) -> HttpGateway:
+    def for_broker(
+        cls,
+        broker: Broker,
+        config: HttpConfig,
+        *,
+        tls: TlsConfig | ssl.SSLContext | None = None,
+    ) -> HttpGateway:
         """The listeners ``config`` asks for: the native API (``http_port``) and the
-        compatibility modes (``http_msgbus_port``, ``http_ipubsub_port``).
+        compatibility modes (``http_msgbus_port``, ``http_ipubsub_port``), all with ``tls``.
 
         Raises:
-            InvalidConfigError: no listener is configured, or one this build lacks.
+            InvalidConfigError: no listener is configured, or one this build lacks, or a
+                TLS file cannot be loaded.
         """
         if not config.enabled:
             raise InvalidConfigError("no HTTP listener is configured (http_port = -1)")
-        gateway = cls(config=config)
+        gateway = cls(config=config, tls=tls)
         if config.http_port != OFF:
             app = create_app(broker, config, closing=gateway.closing)
             gateway.add_app(
@@ -304,6 +362,24 @@ class HttpGateway:
             await self.close()
             raise
 
+    def _protocol(self, listener: _Listener) -> Any:
+        """The protocol (factory) of ``listener``'s connections, under TLS if configured
+        (see :mod:`tidewire.server.tls`)."""
+        protocol = guarded_protocol(
+            ListenerLimits.of(
+                listener.name,
+                listener.style,
+                self.caps,
+                self.config,
+                None if listener.guard is None else listener.guard.screen,
+            ),
+            self.tls_principal_field,
+            require_cert=self.require_cert,
+        )
+        if self.ssl is None:
+            return protocol
+        return tls_protocol_factory(protocol, self.ssl, handshake_timeout_s=HANDSHAKE_TIMEOUT_S)
+
     async def _start_one(self, listener: _Listener) -> None:
         try:
             sock = _bind(listener.host, listener.port)
@@ -315,20 +391,12 @@ class HttpGateway:
             ) from None
         listener.port = sock.getsockname()[1]
         config = uvicorn.Config(
-            listener.app,
+            TlsScope(listener.app),
             loop="none",  # the broker's loop, already running
             lifespan="off",  # the broker's lifecycle is the owner's, not the app's
             # httptools, one send() per answer (coalesce.py), with request deadlines and
             # connection caps (protocol.py)
-            http=guarded_protocol(
-                ListenerLimits.of(
-                    listener.name,
-                    listener.style,
-                    self.caps,
-                    self.config,
-                    None if listener.guard is None else listener.guard.screen,
-                )
-            ),
+            http=self._protocol(listener),
             ws="auto",
             log_config=None,
             access_log=False,
@@ -355,7 +423,13 @@ class HttpGateway:
             if task.done() and not task.cancelled() and task.exception() is not None:
                 raise OSError(f"HTTP listener {listener.name} failed: {task.exception()}")
             raise OSError(f"HTTP listener {listener.name} did not start in {START_TIMEOUT_S} s")
-        log.info("HTTP %s listening on %s:%d", listener.name, listener.host, listener.port)
+        log.info(
+            "HTTP %s listening on %s:%d%s",
+            listener.name,
+            listener.host,
+            listener.port,
+            " (TLS)" if self.ssl is not None else "",
+        )
 
     # --- draining (see the module docstring) ------------------------------------------------------
 

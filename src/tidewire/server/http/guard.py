@@ -114,6 +114,7 @@ IPUBSUB_POLICY = ListenerPolicy(ErrorStyle.IPUBSUB, frozenset({"POST"}), False)
 
 _encode = msgspec.json.Encoder().encode
 _PHRASE = {
+    401: b"Unauthorized",
     403: b"Forbidden",
     408: b"Request Timeout",
     413: b"Content Too Large",

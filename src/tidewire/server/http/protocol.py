@@ -31,12 +31,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tidewire import errors as tw
+from tidewire.security.tls import CERT_REQUIRED_MESSAGE, peer_of
 from tidewire.server.http.coalesce import CoalescingProtocol
 from tidewire.server.http.config import HttpConfig
 from tidewire.server.http.guard import ErrorStyle, Warner, raw_response
 
 __all__ = [
     "MAX_HEAD_BYTES",
+    "TLS_STATE",
     "ConnectionCaps",
     "GuardedProtocol",
     "ListenerLimits",
@@ -53,6 +55,11 @@ LINGER_S = 1.0
 #: Refused connections lingering at once at most; beyond, they are closed at once (a flood
 #: must not hold descriptors for the linger).
 MAX_LINGERING = 64
+
+#: Key of a TLS connection's ``(True, principal)`` in the ASGI ``state`` uvicorn copies into
+#: each request's scope; :class:`~tidewire.server.http.gateway.TlsScope` moves it to the
+#: scope's ``tidewire.tls`` and ``tidewire.cert_principal``.
+TLS_STATE = "tidewire.tls_peer"
 
 # Where a connection is in its current request.
 _NEW = 0  # opened, nothing received
@@ -153,13 +160,20 @@ class ListenerLimits:
         )
 
 
-def guarded_protocol(limits: ListenerLimits) -> type[GuardedProtocol]:
-    """The protocol class of one listener (for ``uvicorn.Config(http=...)``)."""
+def guarded_protocol(
+    limits: ListenerLimits, principal_field: str = "CN", *, require_cert: bool = False
+) -> type[GuardedProtocol]:
+    """The protocol class of one listener (for ``uvicorn.Config(http=...)``);
+    ``principal_field`` (``CN`` or ``DN``) names the principal of a verified client
+    certificate on a TLS listener; ``require_cert``: a TLS connection without one is
+    answered 401 and closed (see :func:`~tidewire.security.tls.listener_context`)."""
 
     class ListenerProtocol(GuardedProtocol):
         pass
 
     ListenerProtocol.limits = limits
+    ListenerProtocol.principal_field = principal_field
+    ListenerProtocol.require_cert = require_cert
     return ListenerProtocol
 
 
@@ -172,6 +186,8 @@ class GuardedProtocol(CoalescingProtocol):
     (see the module's docstring). Made per listener by :func:`guarded_protocol`."""
 
     limits: ClassVar[ListenerLimits]
+    principal_field: ClassVar[str] = "CN"
+    require_cert: ClassVar[bool] = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -188,14 +204,21 @@ class GuardedProtocol(CoalescingProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         limits = self.limits
+        tls = peer_of(transport, self.principal_field)
+        if self.require_cert and not tls.certified:  # see listener_context
+            err = tw.AuthenticationFailedError(CERT_REQUIRED_MESSAGE)
+            self._refuse(transport, err, 401, retry=False)
+            return
         peer = transport.get_extra_info("peername")
         source = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
         why = limits.caps.open(limits.name, source)
         if why is not None:
             limits.caps.warner.warn("connections", f"HTTP: a connection refused: {why}")
-            self._refuse(transport, why)
+            self._refuse(transport, tw.BackpressureError(why), 503, retry=True)
             return
         self._source = source
+        if tls.tls:  # this connection's requests (and WebSocket) see it in their scope's state
+            self.app_state = {**self.app_state, TLS_STATE: (True, tls.principal)}
         super().connection_made(transport)
         self._since = self.loop.time()
         self._arm(limits.header_timeout_s)
@@ -217,19 +240,22 @@ class GuardedProtocol(CoalescingProtocol):
         if source is not None:
             self.limits.caps.close(self.limits.name, source)
 
-    def _refuse(self, transport: asyncio.Transport, why: str) -> None:
-        """Answer 503 and close; read (and drop) what the client sends meanwhile, up to
-        :data:`LINGER_S`, so that its request does not reset the connection under the
+    def _refuse(
+        self, transport: asyncio.Transport, err: tw.TidewireError, status: int, *, retry: bool
+    ) -> None:
+        """Answer ``status`` and close; read (and drop) what the client sends meanwhile, up
+        to :data:`LINGER_S`, so that its request does not reset the connection under the
         answer."""
         caps = self.limits.caps
         self._refused = transport
-        transport.write(raw_response(self.limits.style, 503, tw.BackpressureError(why), retry=True))
-        if caps.lingering >= MAX_LINGERING or not transport.can_write_eof():
+        transport.write(raw_response(self.limits.style, status, err, retry=retry))
+        if caps.lingering >= MAX_LINGERING:
             transport.close()
             return
         caps.lingering += 1
         self._lingering = True
-        transport.write_eof()
+        if transport.can_write_eof():  # not over TLS, which has no half close
+            transport.write_eof()
         self._timer = self.loop.call_later(LINGER_S, transport.close)
 
     def eof_received(self) -> None:
