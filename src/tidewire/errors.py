@@ -69,6 +69,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "AuthenticationFailedError",
+    "AuthorizationFailedError",
     "BackpressureError",
     "BatchLengthError",
     "BatchTooLargeError",
@@ -99,6 +101,7 @@ __all__ = [
     "PartitionCorruptError",
     "PartitionNotAssignedError",
     "PartitionOfflineError",
+    "PrincipalExistsError",
     "ProducerClosedError",
     "ProducerFencedError",
     "ProtocolError",
@@ -109,6 +112,7 @@ __all__ = [
     "ShuttingDownError",
     "StorageError",
     "TidewireError",
+    "TooManyAuthFailuresError",
     "TooManyRequestsError",
     "TopicExistsError",
     "UnknownApiError",
@@ -116,8 +120,10 @@ __all__ = [
     "UnknownGroupError",
     "UnknownMemberError",
     "UnknownPartitionError",
+    "UnknownPrincipalError",
     "UnknownTopicError",
     "UnsupportedCompressionError",
+    "UnsupportedSaslMechanismError",
     "UnsupportedVersionError",
     "VarintError",
     "fetch_error",
