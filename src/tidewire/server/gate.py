@@ -222,8 +222,8 @@ class Gate:
                 self._deny(
                     session, principal, action, need, f"{need.name} is private to the broker"
                 )
-        if principal is None:  # authentication off
-            return None
+        if principal is None or not self.enabled:  # authentication off: no ACL applies
+            return principal
         for need in needs:
             if need.if_missing and self._topic_exists(need.name):
                 continue
