@@ -73,6 +73,7 @@ class ServedBroker:
     addr: str  # host:port of the tidewire protocol
     http: str | None  # host:port of the HTTP API, when it was asked for
     pid: int
+    data_dir: str = ""  # its data directory (the first superuser's key file is there)
 
 
 @contextlib.contextmanager
@@ -106,6 +107,7 @@ def serve(*flags: str, http: bool = False) -> Iterator[ServedBroker]:
                 f"127.0.0.1:{port}",
                 None if http_port is None else f"127.0.0.1:{http_port}",
                 proc.pid,
+                data,
             )
         finally:
             proc.send_signal(signal.SIGTERM)

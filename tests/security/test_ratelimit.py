@@ -135,3 +135,32 @@ def test_bad_arguments() -> None:
         FailureLimiter(0)
     with pytest.raises(ValueError, match="max_keys=0 must be >= 1"):
         FailureLimiter(5, max_keys=0)
+
+
+def test_attempts_under_way_count_as_failures(clock: FakeClock) -> None:
+    # A check that takes time (scrypt in a thread): attempts sent at once must not all pass
+    # the check before the first of them has failed.
+    limiter = FailureLimiter(5, clock=clock)
+    let_in = [limiter.begin("10.0.0.1", "alice") == 0.0 for _ in range(50)]
+    assert let_in.count(True) == 5
+    assert limiter.begin("10.0.0.2", "alice") > 0  # the principal's count too
+    for _ in range(5):
+        limiter.failed("10.0.0.1", "alice")  # each failed: counted before it ends
+        limiter.end("10.0.0.1", "alice")
+        assert limiter.blocked("10.0.0.1", "alice") == pytest.approx(12.0)
+    # Nothing under way is left behind.
+    assert limiter._pending_sources == {}
+    assert limiter._pending_principals == {}
+
+
+def test_an_attempt_that_succeeds_releases_its_place(clock: FakeClock) -> None:
+    limiter = FailureLimiter(2, clock=clock)
+    assert limiter.begin("10.0.0.1", "alice") == 0.0
+    assert limiter.begin("10.0.0.1", "alice") == 0.0
+    assert limiter.begin("10.0.0.1", "alice") > 0  # two under way: the limit
+    limiter.end("10.0.0.1", "alice")
+    limiter.succeeded("10.0.0.1", "alice")
+    assert limiter.begin("10.0.0.1", "bob") == 0.0  # a place again
+    limiter.end("10.0.0.1", "alice")
+    limiter.end("10.0.0.1", "bob")
+    assert limiter.blocked("10.0.0.1", "alice") == 0.0

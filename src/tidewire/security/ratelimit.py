@@ -14,6 +14,13 @@ likely their own typos, and should not lock them out after a later slip), but ne
 source's: an attacker holding one valid key must not be able to wipe its address's count
 between guesses at other principals.
 
+An attempt whose check takes time (a whole key verified with scrypt, tens of milliseconds
+in a thread) counts as a failure while it is under way (:meth:`FailureLimiter.begin` ..
+:meth:`FailureLimiter.end`): otherwise every attempt that arrives before the first failure
+is counted, however many an attacker pipelines on one connection or sends on many at once,
+would pass the check and cost its scrypt. So at most ``limit_per_minute`` such checks run
+per source, and per principal, however the attempts are sent.
+
 Memory is bounded: at most ``max_keys`` sources and ``max_keys`` principals are tracked;
 buckets that drained empty are dropped, and past the bound the least recently failed entry
 is forgotten first. Every call is O(1) (amortized).
@@ -106,6 +113,11 @@ class FailureLimiter:
         self._drain = limit_per_minute / WINDOW_SECONDS
         self._sources = _Buckets(self._drain, max_keys)
         self._principals = _Buckets(self._drain, max_keys)
+        #: Attempts under way (between begin and end), per source and per principal: each
+        #: holds at most ``limit_per_minute`` (begin refuses beyond), and an entry lives only
+        #: while its attempts do.
+        self._pending_sources: dict[str, int] = {}
+        self._pending_principals: dict[str, int] = {}
 
     def __len__(self) -> int:
         """Sources and principals tracked now (the limiter's memory, in entries)."""
@@ -120,13 +132,33 @@ class FailureLimiter:
             principal: the name the client authenticates as, or None when not yet known.
         """
         now = self._clock()
-        level = self._sources.level(source, now)
+        level = self._sources.level(source, now) + self._pending_sources.get(source, 0)
         if principal is not None:
-            level = max(level, self._principals.level(principal, now))
+            level = max(
+                level,
+                self._principals.level(principal, now) + self._pending_principals.get(principal, 0),
+            )
         # Allowed while the failure this attempt may add still fits in the bucket; else
         # wait until the fullest bucket drained that far.
         excess = level - (self.limit_per_minute - 1)
         return excess / self._drain if excess > _ROUNDING else 0.0
+
+    def begin(self, source: str, principal: str | None) -> float:
+        """Start an attempt whose check takes time: like :meth:`blocked`, and when that says
+        0.0 the attempt counts as a failure until :meth:`end` (call :meth:`failed` before
+        :meth:`end` when it failed, so the count never dips in between)."""
+        wait = self.blocked(source, principal)
+        if wait == 0.0:
+            self._pending_sources[source] = self._pending_sources.get(source, 0) + 1
+            if principal is not None:
+                self._pending_principals[principal] = self._pending_principals.get(principal, 0) + 1
+        return wait
+
+    def end(self, source: str, principal: str | None) -> None:
+        """The attempt :meth:`begin` let through is over."""
+        _release(self._pending_sources, source)
+        if principal is not None:
+            _release(self._pending_principals, principal)
 
     def failed(self, source: str, principal: str | None) -> None:
         """Count one failed authentication from ``source`` (and for ``principal``, when
@@ -143,3 +175,11 @@ class FailureLimiter:
         source's (see the module's docstring for why)."""
         if principal is not None:
             self._principals.forget(principal)
+
+
+def _release(pending: dict[str, int], key: str) -> None:
+    n = pending.get(key, 0) - 1
+    if n > 0:
+        pending[key] = n
+    else:
+        pending.pop(key, None)

@@ -270,8 +270,15 @@ class Gate:
 
     # --- authentication -----------------------------------------------------------------------
 
-    def _check_not_blocked(self, session: Session, principal: str | None) -> None:
-        wait = self.limiter.blocked(_host(session.source), principal)
+    def _check_not_blocked(
+        self, session: Session, principal: str | None, *, begin: bool = False
+    ) -> None:
+        """Raise TooManyAuthFailuresError (audited) when the limit is reached; with
+        ``begin``, an attempt let through counts as a failure until ``limiter.end``."""
+        host = _host(session.source)
+        wait = (
+            self.limiter.begin(host, principal) if begin else self.limiter.blocked(host, principal)
+        )
         if wait > 0:
             self.auth_rate_limited += 1
             self.audit(session, "authenticate", "", "denied", "rate limited", principal=principal)
@@ -315,12 +322,15 @@ class Gate:
             raise
         rec = self.store.keys.get(key_id)
         owner = rec.principal if rec is not None else None
-        self._check_not_blocked(session, owner)
+        # Counted as a failure while scrypt runs: attempts sent at once cannot all pass.
+        self._check_not_blocked(session, owner, begin=True)
         try:
             principal = await self.store.verify_key(key)
         except AuthenticationFailedError as exc:
             self._failed(session, owner, exc)
             raise
+        finally:
+            self.limiter.end(_host(session.source), owner)
         self._succeeded(session, principal, key_id, mechanism)
         return principal
 
