@@ -261,14 +261,16 @@ async def latency(b: Broker, s: Setup, n: int, rate: float) -> list[float]:
 
 
 async def connects(b: Broker, s: Setup, n: int) -> list[float]:
-    """Seconds from a new client to its first PING answered (connect, TLS, SASL), n times."""
+    """Seconds from a new client's first request to its answer (connect, TLS handshake,
+    SASL, PING), n times."""
     out = []
     for _ in range(n):
-        t0 = time.perf_counter()
-        async with AsyncClient(
-            b.served.addr, tls=b.tls, credentials=b.credentials(s.mechanism)
-        ) as c:
-            await c.ping()
+        # Made before the clock starts: a client builds its TLS context once, and every
+        # connection it opens (a reconnect too) reuses it.
+        client = AsyncClient(b.served.addr, tls=b.tls, credentials=b.credentials(s.mechanism))
+        async with client:
+            t0 = time.perf_counter()
+            await client.ping()
             out.append(time.perf_counter() - t0)
     return out
 
@@ -382,6 +384,9 @@ def report(
                 "msg_per_s": med(f.rates),
                 "mb_per_s": med(f.rates) * VALUE_BYTES / 1e6,
                 "throughput_ratio": med(f.rates) / med(base.rates),
+                # Each round's rate over plaintext's in the same round, then the median: the
+                # load of a shared machine drifts less within a round than across rounds.
+                "paired_ratio": med([x / y for x, y in zip(f.rates, base.rates, strict=True)]),
                 "broker_cpu_us_per_msg": med(f.cpu_us),
                 "broker_cpu_ratio": med(f.cpu_us) / med(base.cpu_us),
                 "p50_ms": med(f.p50_ms),
@@ -406,8 +411,10 @@ def report(
     tls_scram = next(r for r in rows if r["setup"] == "TLS + SCRAM-SHA-256")
     verdict = {
         "tls_scram_over_plaintext": tls_scram["throughput_ratio"],
+        "tls_scram_over_plaintext_paired": tls_scram["paired_ratio"],
+        "tls_scram_broker_cpu_ratio": tls_scram["broker_cpu_ratio"],
         "bar": BAR,
-        "meets_bar": tls_scram["throughput_ratio"] >= BAR,
+        "meets_bar": tls_scram["throughput_ratio"] >= BAR and tls_scram["paired_ratio"] >= BAR,
     }
     settings = {
         "rounds": args.rounds,
@@ -434,18 +441,20 @@ def report(
         f"{args.rate:,.0f} msg/s; medians of {args.rounds} rounds\n"
     )
     print(
-        f"{'setup':<27} {'msg/s':>9} {'MB/s':>7} {'ratio':>6} {'µs/msg':>7} {'cpu x':>6} "
-        f"{'p50 ms':>7} {'p99 ms':>7} {'p99 x':>6} {'connect ms':>11}"
+        f"{'setup':<27} {'msg/s':>9} {'MB/s':>7} {'ratio':>6} {'paired':>6} {'µs/msg':>7} "
+        f"{'cpu x':>6} {'p50 ms':>7} {'p99 ms':>7} {'p99 x':>6} {'connect ms':>11}"
     )
     for r in rows:
         print(
             f"{r['setup']:<27} {r['msg_per_s']:>9,.0f} {r['mb_per_s']:>7.1f} "
-            f"{r['throughput_ratio']:>6.2f} {r['broker_cpu_us_per_msg']:>7.1f} "
+            f"{r['throughput_ratio']:>6.2f} {r['paired_ratio']:>6.2f} "
+            f"{r['broker_cpu_us_per_msg']:>7.1f} "
             f"{r['broker_cpu_ratio']:>6.2f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} "
             f"{r['p99_ratio']:>6.2f} {r['connect_ms']:>11.2f}"
         )
     print(
-        "\n(ratio: throughput / plaintext's; µs/msg: the broker's CPU per message; "
+        "\n(ratio: median throughput / plaintext's; paired: the median of each round's ratio; "
+        "µs/msg: the broker's CPU per message; "
         "connect: a new client's connect + TLS + SASL + first PING)\n"
     )
     print(f"{'HTTP GET /v1/topics':<48} {'median ms':>10} {'p90 ms':>8} {'n':>5}")
@@ -456,7 +465,9 @@ def report(
         )
     ok = "meets" if verdict["meets_bar"] else "MISSES"
     print(
-        f"\nTLS + SCRAM-SHA-256 / plaintext throughput = {verdict['tls_scram_over_plaintext']:.2f} "
+        f"\nTLS + SCRAM-SHA-256 / plaintext: throughput {verdict['tls_scram_over_plaintext']:.2f}"
+        f" (paired {verdict['tls_scram_over_plaintext_paired']:.2f}), broker CPU per message "
+        f"{verdict['tls_scram_broker_cpu_ratio']:.2f}x "
         f"({ok} the bar of >= {BAR:.2f}: TLS costs at most 25%)"
     )
 

@@ -1,8 +1,9 @@
 """Attackers guessing API keys, in a process of their own (so their work does not share the
 test's event loop, nor the broker's).
 
-Run as ``python -m tests.security._auth_attacker SETTINGS_JSON``; prints one JSON object with
-what the broker answered. Settings:
+Run as ``python -m tests.security._auth_attacker SETTINGS_JSON OUTPUT_FILE``; writes one JSON
+object with what the broker answered to OUTPUT_FILE (a file, not stdout: with thousands of
+keys it is larger than a pipe holds). Settings:
 
 - ``addr``: the broker's ``host:port``; ``http``: its HTTP API's ``host:port`` (or null);
 - ``attempts``: wrong keys in all; ``connections``: how many connections share them;
@@ -141,8 +142,10 @@ async def attack(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> None:
-    (settings,) = argv
-    print(json.dumps(asyncio.run(attack(json.loads(settings)))), flush=True)
+    settings, output = argv
+    report = asyncio.run(attack(json.loads(settings)))
+    with open(output, "w") as f:
+        json.dump(report, f)
 
 
 if __name__ == "__main__":
