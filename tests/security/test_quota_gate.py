@@ -30,7 +30,8 @@ async def _produce(client: AsyncClient, data: bytes) -> tuple[int, float]:
     req = ProduceRequest(partitions=[ProducePartition("q", 0, len(data))])
     started = time.monotonic()
     response = await client._t.request(req, [data])
-    assert response is not None and isinstance(response.body, ProduceResponse)
+    assert response is not None
+    assert isinstance(response.body, ProduceResponse)
     assert not response.body.results[0].error_code
     return response.body.throttle_time_ms, time.monotonic() - started
 
