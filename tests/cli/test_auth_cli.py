@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -107,8 +108,9 @@ def keys(secured: tuple[Broker, str]) -> dict[str, str]:
 
 
 def test_topic_publish_consume_group_with_the_option_and_the_variable(
-    secured: tuple[Broker, str], keys: dict[str, str]
+    secured: tuple[Broker, str], keys: dict[str, str], caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     broker, _ = secured
     app = keys["app"]
     outputs: list[str] = []
@@ -138,8 +140,11 @@ def test_topic_publish_consume_group_with_the_option_and_the_variable(
     outputs.append(ok(r) + r.stderr)
     r = cli(broker, "tail", "--topic", "orders", "--count", "3", key=app)  # brokectl's spelling
     outputs.append(ok(r) + r.stderr)
+    r = cli(broker, "topic", "list", key=wrong(app))
+    outputs.append(r.stdout + r.stderr)
     for secret in (app, app.rpartition("_")[2], keys["admin"], keys["admin"].rpartition("_")[2]):
         assert all(secret not in out for out in outputs)
+        assert secret not in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from tidewire.client import (
     AsyncSubscriber,
     Consumer,
     Credentials,
+    GroupConsumer,
     Producer,
     Subscriber,
 )
@@ -252,7 +253,7 @@ async def test_async_consumer_reads_with_a_key_and_fails_without(tmp_path: Path)
             assert time.monotonic() - start < FAILS_WITHIN_S
 
 
-def test_blocking_consumer_and_subscriber_read_with_a_key(tmp_path: Path) -> None:
+def test_blocking_consumer_group_consumer_and_subscriber_read_with_a_key(tmp_path: Path) -> None:
     async def main() -> None:
         async with secured(tmp_path) as (broker, addr):
             await fill(broker, addr)
@@ -265,6 +266,18 @@ def test_blocking_consumer_and_subscriber_read_with_a_key(tmp_path: Path) -> Non
                 with Subscriber(addr, credentials=Credentials(key)) as s:
                     s.subscribe([("t", 0, 0)])
                     pushed = [r.value or b"" for r in s.poll(FAILS_WITHIN_S, max_records=2)]
+                with GroupConsumer(
+                    addr,
+                    "blocking",
+                    topics=["t"],
+                    auto_offset_reset="earliest",
+                    credentials=Credentials(key),
+                ) as g:
+                    grouped: list[bytes] = []
+                    deadline = time.monotonic() + FAILS_WITHIN_S
+                    while len(grouped) < 6 and time.monotonic() < deadline:
+                        grouped += [r.value or b"" for r in g.poll(1.0)]
+                assert sorted(grouped) == sorted(b"v%d" % i for i in range(6))
                 with Consumer(addr, credentials=Credentials(wrong_key(key))) as c:
                     c.assign([("t", 0, 0)])  # an offset: nothing asked of the broker yet
                     with pytest.raises(AuthenticationFailedError):
