@@ -206,3 +206,29 @@ def test_an_invalid_mechanism_or_key_is_a_usage_error(
     assert r.exit_code == 2
     assert r.stderr.startswith("error: --api-key: ")
     assert "nonsense" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("topic", "create"),
+        ("group", "list"),
+        ("publish",),
+        ("consume",),
+        ("health",),
+        ("audit",),
+        ("export",),
+        ("bench", "produce"),
+        ("bench", "consume"),
+        ("bench", "e2e"),
+        ("tail",),
+        ("consumer", "list"),
+        ("user", "list"),
+    ],
+    ids=" ".join,
+)
+def test_every_client_command_has_the_credential_options(command: tuple[str, ...]) -> None:
+    r = run_cli([*command, "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.stderr
+    for text in ("--api-key", "TIDEWIRE_API_KEY", "--sasl-mechanism"):
+        assert text in r.stdout, (command, text)
