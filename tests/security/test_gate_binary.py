@@ -27,6 +27,7 @@ from tidewire.security.config import SecurityConfig
 from tidewire.security.credentials import Credentials
 from tidewire.security.model import Acl, Effect, Operation, PatternType, ResourceType
 from tidewire.server import TcpServer
+from tidewire.server.gate import gate_for
 from tidewire.server.tcp import ServerConfig
 
 
@@ -246,6 +247,9 @@ async def test_wrong_keys_fail_then_are_rate_limited_and_never_logged(
                 seen.append(type(info.value))
         assert seen[0] is AuthenticationFailedError
         assert seen[-1] is TooManyAuthFailuresError
+        stats = gate_for(broker).stats()
+        assert stats["authentication_failures"] >= 3
+        assert stats["authentications_rate_limited"] >= 1
         assert broker.security.keys[key_id]  # still there
     secret = good.split("_", 2)[2]
     assert secret not in caplog.text

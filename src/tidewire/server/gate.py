@@ -139,8 +139,12 @@ class Gate:
         )
         self._quota_version = -1
         self._overridden: set[str] = set()
+        #: Counters for metrics: requests refused by ACLs, authentications that succeeded,
+        #: failed, and were refused by the failure limit.
         self.denied = 0
+        self.auth_ok = 0
         self.auth_failures = 0
+        self.auth_rate_limited = 0
 
     @property
     def store(self) -> SecurityStore:
@@ -222,8 +226,8 @@ class Gate:
                 self._deny(
                     session, principal, action, need, f"{need.name} is private to the broker"
                 )
-        if principal is None:  # authentication off
-            return None
+        if principal is None or not self.enabled:  # authentication off: no ACL applies
+            return principal
         for need in needs:
             if need.if_missing and self._topic_exists(need.name):
                 continue
@@ -269,6 +273,7 @@ class Gate:
     def _check_not_blocked(self, session: Session, principal: str | None) -> None:
         wait = self.limiter.blocked(_host(session.source), principal)
         if wait > 0:
+            self.auth_rate_limited += 1
             self.audit(session, "authenticate", "", "denied", "rate limited", principal=principal)
             raise TooManyAuthFailuresError(
                 f"too many failed authentications from {_host(session.source)}"
@@ -284,6 +289,7 @@ class Gate:
     def _succeeded(
         self, session: Session, principal: Principal, key_id: str, mechanism: str
     ) -> None:
+        self.auth_ok += 1
         self.limiter.succeeded(_host(session.source), principal.name)
         session.principal_name = principal.name
         session.key_id = key_id
@@ -465,6 +471,20 @@ class Gate:
         if fetched:
             delay = max(delay, self.quotas.record_fetch(name, fetched))
         return delay
+
+    def stats(self) -> dict[str, float]:
+        """The gate's counters (for metrics): authentications ok, failed and rate-limited,
+        requests denied, and seconds of quota throttling by kind."""
+        out: dict[str, float] = {
+            "authentications_ok": self.auth_ok,
+            "authentication_failures": self.auth_failures,
+            "authentications_rate_limited": self.auth_rate_limited,
+            "requests_denied": self.denied,
+        }
+        for (_, kind), seconds in self.quotas.throttle_seconds_total().items():
+            key = f"throttle_seconds_{kind}"
+            out[key] = out.get(key, 0.0) + seconds
+        return out
 
     # --- audit --------------------------------------------------------------------------------
 
