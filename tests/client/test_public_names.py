@@ -33,6 +33,7 @@ def test_exported_names() -> None:
         "Client",
         "Consumer",
         "ConsumerRecord",
+        "Credentials",
         "FetchedBatches",
         "FetchedRecords",
         "Gap",

@@ -15,6 +15,8 @@
   the subscriber grants as records are taken; resumes from its position after a reconnect.
 - :class:`TlsOptions`: TLS to the broker (CA, client certificate, server name), taken by
   every client as ``tls=`` (``True``: TLS with the system's CAs).
+- :class:`Credentials`: an API key (and the SASL mechanism to present it with), taken by
+  every client as ``credentials=``: each connection authenticates right after it opens.
 - :func:`fnv1a_32`: the key hash that chooses a keyed message's partition.
 
 Public names::
@@ -24,7 +26,7 @@ Public names::
     AsyncConsumer, Consumer, ConsumerRecord, Gap
     AsyncGroupConsumer, GroupConsumer
     AsyncSubscriber, Subscriber
-    TlsOptions
+    Credentials, TlsOptions
     fnv1a_32
 """
 
@@ -38,6 +40,7 @@ from tidewire.client._producer import AsyncProducer
 from tidewire.client._producer_sync import Producer
 from tidewire.client._subscriber import AsyncSubscriber, Subscriber
 from tidewire.client.partitioner import fnv1a_32
+from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
 __all__ = [
@@ -50,6 +53,7 @@ __all__ = [
     "Client",
     "Consumer",
     "ConsumerRecord",
+    "Credentials",
     "FetchedBatches",
     "FetchedRecords",
     "Gap",

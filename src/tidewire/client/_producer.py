@@ -50,6 +50,7 @@ from tidewire.protocol.messages import (
     ProducerStateRequest,
     TopicDescription,
 )
+from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
 from ._accumulator import (
@@ -178,6 +179,9 @@ class AsyncProducer:
         tls: TLS to the broker: :class:`~tidewire.client.TlsOptions`, True (the system's
             CAs), or None (plaintext). A failed handshake fails the sends with
             :class:`~tidewire.security.tls.TlsError` (not retried).
+        credentials: the API key to authenticate every connection with
+            (:class:`~tidewire.client.Credentials`), or None. A key the broker refuses fails
+            the sends with :class:`~tidewire.errors.AuthenticationFailedError` (not retried).
 
     Raises:
         InvalidConfigError: an option out of its range.
@@ -205,6 +209,7 @@ class AsyncProducer:
         connect_timeout_ms: int = 10_000,
         writer_id: str | None = None,
         tls: TlsOptions | bool | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         s = self._settings = ProducerSettings(
             linger_ms=linger_ms,
@@ -231,6 +236,7 @@ class AsyncProducer:
             connect_timeout_s=s.connect_timeout_ms / 1000,
             max_in_flight=MAX_REQUESTS_IN_FLIGHT + 4,  # and metadata, producer id
             tls=tls,
+            credentials=credentials,
         )
         self._codec = s.codec
         self._acks = s.acks_value
@@ -1000,6 +1006,12 @@ class AsyncProducer:
                 await asyncio.wait(list(self._tasks))
             for batch in list(self._flying):
                 self._give_up(batch, ProducerClosedError("the producer was closed"), in_flight=True)
+
+    @property
+    def throttle_time_ms_total(self) -> int:
+        """How long the broker held this producer's produce answers back in all (ms), because
+        its principal was over a quota (0: never throttled)."""
+        return self._transport.throttle_time_ms_total
 
     @property
     def closed(self) -> bool:

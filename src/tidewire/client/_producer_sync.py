@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from tidewire.client._blocking import BlockingTwin
 from tidewire.errors import ProducerClosedError, TidewireError
+from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
 from ._accumulator import Accumulator, BlockingRecordFuture, ProducerBatch
@@ -59,6 +60,7 @@ class Producer(BlockingTwin[AsyncProducer]):
         connect_timeout_ms: int = 10_000,
         writer_id: str | None = None,
         tls: TlsOptions | bool | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         options: dict[str, Any] = {
             "linger_ms": linger_ms,
@@ -83,6 +85,7 @@ class Producer(BlockingTwin[AsyncProducer]):
         ProducerSettings(**options)
         TlsOptions.of(tls)
         options["tls"] = tls
+        options["credentials"] = credentials
         self._space = threading.Condition()
         self._start_loop("tidewire-producer")
         try:
@@ -159,6 +162,11 @@ class Producer(BlockingTwin[AsyncProducer]):
                 raise p._no_partition(topic, None)
             self._run(p._load_topic(topic, p._metadata_wait_s(deadline - time.monotonic())))
             refreshed = True
+
+    @property
+    def throttle_time_ms_total(self) -> int:
+        """See :attr:`AsyncProducer.throttle_time_ms_total`."""
+        return self._async.throttle_time_ms_total
 
     @property
     def failure(self) -> TidewireError | None:
