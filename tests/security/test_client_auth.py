@@ -16,10 +16,21 @@ from typing import Any
 import pytest
 
 from tidewire.broker import Broker, BrokerConfig
-from tidewire.client import AsyncClient, AsyncProducer, Credentials, Producer
+from tidewire.client import (
+    AsyncClient,
+    AsyncConsumer,
+    AsyncGroupConsumer,
+    AsyncProducer,
+    AsyncSubscriber,
+    Consumer,
+    Credentials,
+    GroupConsumer,
+    Producer,
+    Subscriber,
+)
 from tidewire.errors import AuthenticationFailedError, AuthorizationFailedError
 from tidewire.security.config import SecurityConfig
-from tidewire.security.model import CLUSTER_NAME, Acl, Operation, ResourceType
+from tidewire.security.model import CLUSTER_NAME, Acl, Operation, QuotaRecord, ResourceType
 from tidewire.server import TcpServer
 from tidewire.server.tcp import ServerConfig
 
@@ -192,3 +203,175 @@ async def test_the_key_never_shows_in_the_producers_logs(
             assert secret not in caplog.text
             assert secret not in str(info.value)
             assert secret not in repr(Credentials(key))
+
+
+@aio
+async def test_a_revoked_key_fails_the_send_future_and_is_not_retried(tmp_path: Path) -> None:
+    async with secured(tmp_path) as (broker, addr):
+        key = await writer(broker)
+        async with AsyncProducer(addr, credentials=Credentials(key), linger_ms=0) as p:
+            assert await publish(p) == 0  # metadata and producer id known from here on
+            await broker.security.revoke_key(Credentials(key).key_id)
+            start = time.monotonic()
+            fut = await p.send("t", b"after", partition=0)
+            with pytest.raises(AuthenticationFailedError):
+                await fut
+            assert time.monotonic() - start < FAILS_WITHIN_S
+        assert broker.log("t", 0).log_end_offset == 1
+
+
+# -- readers ---------------------------------------------------------------------------------
+
+
+async def fill(broker: Broker, addr: str, n: int = 6) -> None:
+    """Messages v0.. on partition 0 of "t", published as the superuser."""
+    async with AsyncProducer(addr, credentials=Credentials(admin_key(broker)), linger_ms=0) as p:
+        for i in range(n):
+            await publish(p, b"v%d" % i)
+
+
+async def reader(broker: Broker, name: str = "reader") -> str:
+    """A key of a principal with the consumer role (read topics and groups)."""
+    return await new_user(broker, name, "consumer")
+
+
+@aio
+async def test_async_consumer_reads_with_a_key_and_fails_without(tmp_path: Path) -> None:
+    async with secured(tmp_path) as (broker, addr):
+        await fill(broker, addr)
+        key = await reader(broker)
+        async with AsyncConsumer(addr, credentials=Credentials(key)) as c:
+            await c.assign([("t", 0, "earliest")])
+            got = await c.poll(FAILS_WITHIN_S, max_records=6)
+        assert [r.value for r in got] == [b"v%d" % i for i in range(len(got))]
+        assert got
+        for creds in (None, Credentials(wrong_key(key))):
+            start = time.monotonic()
+            async with AsyncConsumer(addr, credentials=creds) as c:
+                with pytest.raises(AuthenticationFailedError):
+                    await c.assign([("t", 0, "earliest")])
+            assert time.monotonic() - start < FAILS_WITHIN_S
+
+
+def test_blocking_consumer_group_consumer_and_subscriber_read_with_a_key(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with secured(tmp_path) as (broker, addr):
+            await fill(broker, addr)
+            key = await reader(broker)
+
+            def read() -> tuple[list[bytes], list[bytes]]:
+                with Consumer(addr, credentials=Credentials(key)) as c:
+                    c.assign([("t", 0, 0)])
+                    pulled = [r.value or b"" for r in c.poll(FAILS_WITHIN_S, max_records=2)]
+                with Subscriber(addr, credentials=Credentials(key)) as s:
+                    s.subscribe([("t", 0, 0)])
+                    pushed = [r.value or b"" for r in s.poll(FAILS_WITHIN_S, max_records=2)]
+                with GroupConsumer(
+                    addr,
+                    "blocking",
+                    topics=["t"],
+                    auto_offset_reset="earliest",
+                    credentials=Credentials(key),
+                ) as g:
+                    grouped: list[bytes] = []
+                    deadline = time.monotonic() + FAILS_WITHIN_S
+                    while len(grouped) < 6 and time.monotonic() < deadline:
+                        grouped += [r.value or b"" for r in g.poll(1.0)]
+                assert sorted(grouped) == sorted(b"v%d" % i for i in range(6))
+                with Consumer(addr, credentials=Credentials(wrong_key(key))) as c:
+                    c.assign([("t", 0, 0)])  # an offset: nothing asked of the broker yet
+                    with pytest.raises(AuthenticationFailedError):
+                        c.poll(FAILS_WITHIN_S)
+                return pulled, pushed
+
+            pulled, pushed = await asyncio.to_thread(read)
+            assert pulled[0] == b"v0"
+            assert pushed[0] == b"v0"
+
+    asyncio.run(main())
+
+
+@aio
+async def test_async_subscriber_reads_with_a_key_and_fails_without(tmp_path: Path) -> None:
+    async with secured(tmp_path) as (broker, addr):
+        await fill(broker, addr)
+        key = await reader(broker)
+        async with AsyncSubscriber(addr, credentials=Credentials(key)) as s:
+            await s.subscribe([("t", 0, "earliest")])
+            got = await s.poll(FAILS_WITHIN_S)
+        assert got[0].value == b"v0"
+        start = time.monotonic()
+        async with AsyncSubscriber(addr, credentials=Credentials(wrong_key(key))) as s:
+            with pytest.raises(AuthenticationFailedError):
+                await s.subscribe([("t", 0, "earliest")])
+        assert time.monotonic() - start < FAILS_WITHIN_S
+
+
+@aio
+@pytest.mark.parametrize("delivery", ["pull", "push"])
+async def test_group_consumer_joins_and_reads_with_a_key(tmp_path: Path, delivery: str) -> None:
+    async with secured(tmp_path) as (broker, addr):
+        await fill(broker, addr)
+        key = await reader(broker)
+        async with AsyncGroupConsumer(
+            addr,
+            "g",
+            topics=["t"],
+            auto_offset_reset="earliest",
+            delivery=delivery,
+            credentials=Credentials(key),
+            session_timeout_ms=30_000,
+        ) as g:
+            got: list[bytes] = []
+            deadline = time.monotonic() + FAILS_WITHIN_S
+            while len(got) < 6 and time.monotonic() < deadline:
+                got += [r.value or b"" for r in await g.poll(1.0)]
+            await g.commit()
+        assert sorted(got) == sorted(b"v%d" % i for i in range(6))
+        async with AsyncClient(addr, credentials=Credentials(key)) as c:
+            assert (await c.committed_offsets("g", [("t", 0)]))[("t", 0)] == 6
+
+
+@aio
+async def test_group_consumer_with_a_wrong_key_fails_its_first_poll(tmp_path: Path) -> None:
+    async with secured(tmp_path) as (broker, addr):
+        key = await reader(broker)
+        start = time.monotonic()
+        async with AsyncGroupConsumer(
+            addr, "g", topics=["t"], credentials=Credentials(wrong_key(key))
+        ) as g:
+            with pytest.raises(AuthenticationFailedError):
+                await g.poll(FAILS_WITHIN_S)
+        assert time.monotonic() - start < FAILS_WITHIN_S
+
+
+# -- quotas ----------------------------------------------------------------------------------
+
+
+@aio
+async def test_throttle_time_is_summed_by_the_producer_and_the_consumer(tmp_path: Path) -> None:
+    async with secured(tmp_path) as (broker, addr):
+        key = await writer(broker)
+        # 1,000 bytes/s: one message of 11,500 bytes is 1.5 s over what the 10 s window
+        # lets through, so its answer is held back (and says so) for about that long.
+        await broker.security.set_quota(
+            QuotaRecord(principal="writer", produce_bytes_per_s=1000, fetch_bytes_per_s=1000)
+        )
+        async with AsyncProducer(addr, credentials=Credentials(key), linger_ms=0) as p:
+            assert p.throttle_time_ms_total == 0
+            await publish(p, b"x" * 11_500)
+            assert 500 < p.throttle_time_ms_total <= 5000
+        await broker.security.add_acls(
+            [
+                Acl(
+                    principal="writer",
+                    resource_type=ResourceType.TOPIC,
+                    pattern="t",
+                    operation=Operation.READ,
+                )
+            ]
+        )
+        async with AsyncConsumer(addr, credentials=Credentials(key)) as c:
+            await c.assign([("t", 0, 0)])
+            assert [r.offset for r in await c.poll(FAILS_WITHIN_S)] == [0]
+            assert 500 < c.throttle_time_ms_total <= 5000

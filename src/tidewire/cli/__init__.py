@@ -42,7 +42,7 @@ from ._acl import acl_app
 from ._audit import audit
 from ._bench import bench_app
 from ._certs import certs_app
-from ._common import add_tls_options
+from ._common import add_credential_options, add_tls_options
 from ._compat_000 import addr_defaults, consumer_app, tail
 from ._consume import consume
 from ._export import export
@@ -119,6 +119,8 @@ register_msgbus_commands(app)  # pub, sub, pull: msgbus' client (docs/migrating.
 app.add_typer(certs_app)
 # Last: every command registered above that takes --addr gets --tls, --tls-ca, ...
 add_tls_options(app)
+# ... and --api-key, --sasl-mechanism (the administration commands declare them themselves).
+add_credential_options(app)
 
 
 def main() -> None:

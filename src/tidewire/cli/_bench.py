@@ -46,6 +46,7 @@ from ._common import (
     AddrOption,
     JsonOption,
     check_addr,
+    cli_credentials,
     cli_tls,
     echo_json,
     fail,
@@ -240,7 +241,7 @@ def produce(
 
 
 async def _ensure_topic(addr: str, topic: str, partitions: int) -> None:
-    async with AsyncClient(addr, tls=cli_tls()) as client:
+    async with AsyncClient(addr, tls=cli_tls(), credentials=cli_credentials()) as client:
         with contextlib.suppress(TopicExistsError):
             await client.create_topic(topic, partitions=partitions)
 
@@ -262,7 +263,7 @@ async def _produce(
     latencies: list[float] = []
     sent = [0]
     clients = [
-        AsyncProducer(addr, tls=cli_tls(), **options)  # type: ignore[arg-type]
+        AsyncProducer(addr, tls=cli_tls(), credentials=cli_credentials(), **options)  # type: ignore[arg-type]
         for _ in range(producers)
     ]
     try:
@@ -363,12 +364,16 @@ async def _consume(
     settings: dict[str, object],
     quiet: bool,
 ) -> BenchResult:
-    async with AsyncClient(addr, tls=cli_tls()) as client:
+    async with AsyncClient(addr, tls=cli_tls(), credentials=cli_credentials()) as client:
         n_parts = len((await client.describe_topic(topic)).partitions)
     latencies: list[float] = []
     got = size_sum = 0
     async with AsyncConsumer(
-        addr, max_bytes=max_bytes, max_partition_bytes=max_bytes, tls=cli_tls()
+        addr,
+        max_bytes=max_bytes,
+        max_partition_bytes=max_bytes,
+        tls=cli_tls(),
+        credentials=cli_credentials(),
     ) as consumer:
         await consumer.assign([(topic, p, start) for p in range(n_parts)])
         with _progress(messages, "consuming", quiet) as progress:
@@ -484,9 +489,11 @@ def e2e(
                 show,
                 backlog,
                 tls,
+                credentials=creds,
             )
 
     tls = cli_tls()
+    creds = cli_credentials()
     try:
         result = run_fast(main())
     except TidewireError as exc:

@@ -43,6 +43,7 @@ from tidewire.client import (
     AsyncClient,
     AsyncGroupConsumer,
     AsyncProducer,
+    Credentials,
     RecordFuture,
     TlsOptions,
 )
@@ -181,6 +182,7 @@ async def _member(cfg: dict[str, Any]) -> None:
         heartbeat_interval_ms=300,
         max_wait_ms=100,
         tls=None if cfg.get("tls") is None else TlsOptions(**cfg["tls"]),
+        credentials=_member_credentials(cfg),
         on_assign=assigned,
     )
     stamp = struct.Struct("<q").unpack_from
@@ -306,7 +308,21 @@ class _Member:
         return ""
 
 
-async def _start_member(cfg: dict[str, Any]) -> _Member:
+#: How a member process is given the API key: in its environment, which (unlike its
+#: arguments) other users cannot read.
+_KEY_ENV = "TIDEWIRE_API_KEY"
+
+
+def _member_credentials(cfg: dict[str, Any]) -> Credentials | None:
+    key = os.environ.get(_KEY_ENV) if cfg.get("sasl_mechanism") else None
+    return None if not key else Credentials(key, cfg["sasl_mechanism"])
+
+
+async def _start_member(cfg: dict[str, Any], creds: Credentials | None = None) -> _Member:
+    env = dict(os.environ)
+    env.pop(_KEY_ENV, None)
+    if creds is not None:
+        env[_KEY_ENV] = creds.api_key
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -315,6 +331,7 @@ async def _start_member(cfg: dict[str, Any]) -> _Member:
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        env=env,
     )
     return _Member(proc)
 
@@ -377,12 +394,14 @@ async def run_e2e(
     progress: Any,
     backlog: bool = False,
     tls: TlsOptions | None = None,
+    credentials: Credentials | None = None,
 ) -> E2EResult:
     """Run one end-to-end measurement (the topic must exist); ``progress(published,
     delivered)`` is called a few times a second. With ``backlog`` every message is published
-    before the group starts, and the figures are those of the group catching up. ``tls``:
-    of every connection, the consumers' included."""
-    async with AsyncClient(addr, tls=tls) as client:
+    before the group starts, and the figures are those of the group catching up. ``tls``
+    and ``credentials``: of every connection, the consumers' included (their processes get
+    the key in their environment, not on their command line)."""
+    async with AsyncClient(addr, tls=tls, credentials=credentials) as client:
         ends = [p.log_end_offset for p in (await client.describe_topic(topic)).partitions]
     partitions = {(topic, p) for p in range(len(ends))}
     group = f"bench-e2e-{secrets.token_hex(4)}"
@@ -393,6 +412,7 @@ async def run_e2e(
         "delivery": delivery,
         "credit_bytes": credit_bytes,
         "tls": None if tls is None else dataclasses.asdict(tls),
+        "sasl_mechanism": None if credentials is None else credentials.mechanism,
     }
     members: list[_Member] = []
     filler = os.urandom(max(size - STAMP, 0) // 2 + 1).hex().encode()[: max(size - STAMP, 0)]
@@ -417,16 +437,21 @@ async def run_e2e(
 
     async def start_group() -> None:
         nonlocal members
-        members = [await _start_member(cfg) for _ in range(consumers)]
+        members = [await _start_member(cfg, credentials) for _ in range(consumers)]
         await _until_ready(members, partitions, timeout_s=30.0 + 2 * consumers)
 
     publishing: asyncio.Task[None] | None = None
     try:
-        async with AsyncProducer(addr, tls=tls, **producer_options) as producer:  # type: ignore[arg-type]
+        async with AsyncProducer(
+            addr,
+            tls=tls,
+            credentials=credentials,
+            **producer_options,  # type: ignore[arg-type]
+        ) as producer:
             if backlog:
                 # Publish everything first; the new group starts where the topic ended
                 # before, and the clock starts when its members are told to go.
-                async with AsyncClient(addr, tls=tls) as client:
+                async with AsyncClient(addr, tls=tls, credentials=credentials) as client:
                     for p, end in enumerate(ends):
                         await client.reset_group_offsets(
                             group, topic, "offset", value=end, partitions=[p]

@@ -1,5 +1,7 @@
 """What every client command shares: the broker address option, the TLS options (added to
-every command that takes ``--addr`` by :func:`add_tls_options`), running a command against
+every command that takes ``--addr`` by :func:`add_tls_options`), the credential options
+``--api-key`` and ``--sasl-mechanism`` (likewise, by :func:`add_credential_options`), running a
+command against
 an :class:`~tidewire.client.AsyncClient`, turning errors into one line on stderr, JSON out.
 
 Exit codes: 0 success, 1 an error from the broker or the connection, 2 a usage error,
@@ -35,7 +37,9 @@ __all__ = [
     "ApiKeyOption",
     "JsonOption",
     "SaslMechanismOption",
+    "add_credential_options",
     "add_tls_options",
+    "cli_credentials",
     "cli_tls",
     "credentials",
     "echo_json",
@@ -243,6 +247,59 @@ def add_tls_options(app: typer.Typer) -> None:
             add_tls_options(group.typer_instance)
 
 
+#: The credentials of the command running (set by the wrapper :func:`add_credential_options`
+#: puts around it).
+_CREDS: ContextVar[Credentials | None] = ContextVar("tidewire_cli_credentials", default=None)
+#: The options every client command takes to authenticate (each with its environment
+#: variable), unless it declares them itself.
+_CRED_PARAMS = (
+    _tls_param("api_key", ApiKeyOption, None),
+    _tls_param("sasl_mechanism", SaslMechanismOption, DEFAULT_MECHANISM),
+)
+
+
+def cli_credentials() -> Credentials | None:
+    """The credentials given to the command running (None: no ``--api-key``)."""
+    return _CREDS.get()
+
+
+def _with_credentials(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` with ``--api-key`` and ``--sasl-mechanism`` added to its parameters; while it
+    runs, :func:`cli_credentials` returns them."""
+    sig = inspect.signature(func, eval_str=True)
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        creds = credentials(kwargs.pop("api_key"), kwargs.pop("sasl_mechanism"))
+        token = _CREDS.set(creds)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            _CREDS.reset(token)
+
+    command.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=[*sig.parameters.values(), *_CRED_PARAMS]
+    )
+    return command
+
+
+def add_credential_options(app: typer.Typer) -> None:
+    """Give every command of ``app`` (and of its sub-apps) that takes ``--addr`` the options
+    ``--api-key`` (``TIDEWIRE_API_KEY``) and ``--sasl-mechanism``, unless it declares them
+    itself; the command reads them with :func:`cli_credentials`, and :func:`run_client`
+    authenticates with them."""
+    for info in app.registered_commands:
+        callback = info.callback
+        if callback is None:
+            continue
+        params = inspect.signature(callback).parameters
+        if "addr" in params and "api_key" not in params:
+            info.callback = _with_credentials(callback)
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            add_credential_options(group.typer_instance)
+
+
 def fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
     """Print ``error: message`` on stderr and exit with ``code``."""
     typer.echo(f"error: {message}", err=True)
@@ -287,9 +344,12 @@ def run_client(
     creds: Credentials | None = None,
 ) -> T:
     """Connect to ``addr``, run ``body`` with the client, close it, return what ``body``
-    returned. An error from the broker or the connection prints one line on stderr and
-    exits 1; Ctrl-C exits 130 after closing the connection."""
+    returned. ``creds``: the credentials to authenticate with (default: those of the
+    command's ``--api-key``). An error from the broker or the connection prints one line on
+    stderr and exits 1; Ctrl-C exits 130 after closing the connection."""
     check_addr(addr)
+    if creds is None:
+        creds = cli_credentials()
 
     tls = cli_tls()
 

@@ -42,6 +42,7 @@ from ._common import (
     DEFAULT_ADDR,
     EXIT_USAGE,
     AddrOption,
+    cli_credentials,
     cli_tls,
     fail,
     run_client,
@@ -413,6 +414,7 @@ def _consume_group(
             skip_damaged=skip_damaged,
             on_gap=_report_gap,
             tls=cli_tls(),
+            credentials=cli_credentials(),
         ) as consumer:
             while count is None or printed < count:
                 want = 500 if count is None else min(count - printed, 500)

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from tidewire._extras import SparkMissingError, require_spark
-from tidewire.client import TlsOptions
+from tidewire.client import Credentials, TlsOptions
 
 from ._common import (
     DEFAULT_ADDR,
@@ -20,6 +20,7 @@ from ._common import (
     AddrOption,
     JsonOption,
     check_addr,
+    cli_credentials,
     cli_tls,
     echo_json,
     fail,
@@ -111,9 +112,20 @@ def export(
         interval=interval,
         starting_offsets=starting_offsets,
         max_offsets_per_trigger=max_offsets_per_trigger,
-        extra_options=spark_tls_options(cli_tls()),
+        extra_options={
+            **spark_tls_options(cli_tls()),
+            **spark_credential_options(cli_credentials()),
+        },
     )
     _run(spec, master, as_json)
+
+
+def spark_credential_options(creds: Credentials | None) -> dict[str, str]:
+    """The Spark source's options (docs/spark.md) for the command's ``--api-key`` and
+    ``--sasl-mechanism``."""
+    if creds is None:
+        return {}
+    return {"tidewire.api.key": creds.api_key, "tidewire.sasl.mechanism": creds.mechanism}
 
 
 def spark_tls_options(tls: TlsOptions | None) -> dict[str, str]:

@@ -20,6 +20,7 @@ from ._common import (
     AddrOption,
     JsonOption,
     check_addr,
+    cli_credentials,
     cli_tls,
     echo_json,
 )
@@ -94,7 +95,11 @@ async def _probe(addr: str, timeout_s: float) -> tuple[str, float, list[StorageP
         async with (
             asyncio.timeout(timeout_s),
             AsyncClient(
-                addr, request_timeout_s=timeout_s, connect_timeout_s=timeout_s, tls=cli_tls()
+                addr,
+                request_timeout_s=timeout_s,
+                connect_timeout_s=timeout_s,
+                tls=cli_tls(),
+                credentials=cli_credentials(),
             ) as client,
         ):
             version = await client.server_version()

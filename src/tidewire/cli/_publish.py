@@ -38,6 +38,7 @@ from ._common import (
     AddrOption,
     JsonOption,
     check_addr,
+    cli_credentials,
     cli_tls,
     echo_json,
     fail,
@@ -242,7 +243,7 @@ def publish(
 
     progress: Progress | None = None
     with asyncio.Runner() as runner:
-        client = AsyncClient(addr, tls=cli_tls())
+        client = AsyncClient(addr, tls=cli_tls(), credentials=cli_credentials())
         publisher = _Publisher(client, topic, partition)
         try:
             runner.run(publisher.start())

@@ -147,6 +147,12 @@ class AsyncClient(AsyncSecurityAdmin):
         """Close the connection."""
         await self._t.close()
 
+    @property
+    def throttle_time_ms_total(self) -> int:
+        """How long the broker held this client's produce and fetch answers back in all
+        (ms), because its principal was over a quota (0: never throttled)."""
+        return self._t.throttle_time_ms_total
+
     async def _call(self, body: Any, data: Sequence[bytes] = ()) -> Any:
         response = await self._t.request(body, data)
         assert response is not None
@@ -564,6 +570,11 @@ class Client(BlockingTwin[AsyncClient], SecurityAdmin):
             credentials=credentials,
             tls=tls,
         )
+
+    @property
+    def throttle_time_ms_total(self) -> int:
+        """See :attr:`AsyncClient.throttle_time_ms_total`."""
+        return self._async.throttle_time_ms_total
 
     def whoami(self) -> WhoAmIResponse:
         return self._run(self._async.whoami())

@@ -36,6 +36,7 @@ from tidewire.protocol.messages import (
     ListOffsetsRequest,
 )
 from tidewire.records import iter_batches, read_records
+from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
 from ._settings import check_ints
@@ -183,6 +184,9 @@ class AsyncConsumer:
             (on the consumer's event loop; it must not block).
         tls: TLS to the broker: :class:`~tidewire.client.TlsOptions`, True (the system's
             CAs), or None (plaintext).
+        credentials: the API key to authenticate every connection with
+            (:class:`~tidewire.client.Credentials`), or None. A key the broker refuses raises
+            :class:`~tidewire.errors.AuthenticationFailedError` (not retried).
     """
 
     def __init__(
@@ -198,6 +202,7 @@ class AsyncConsumer:
         skip_damaged: bool = False,
         on_gap: Callable[[Gap], None] | None = None,
         tls: TlsOptions | bool | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         check_ints(
             ("max_wait_ms", max_wait_ms, 0),
@@ -223,6 +228,7 @@ class AsyncConsumer:
             connect_timeout_s=connect_timeout_ms / 1000,
             max_in_flight=8,
             tls=tls,
+            credentials=credentials,
         )
         #: The offset of the next record handed out, per assigned partition.
         self._positions: dict[TP, int] = {}
@@ -291,6 +297,12 @@ class AsyncConsumer:
             return self._positions[(topic, partition)]
         except KeyError:
             raise ValueError(f"{topic!r} partition {partition} is not assigned") from None
+
+    @property
+    def throttle_time_ms_total(self) -> int:
+        """How long the broker held this consumer's fetch answers back in all (ms), because
+        its principal was over a quota (0: never throttled)."""
+        return self._t.throttle_time_ms_total
 
     def assignment(self) -> list[tuple[str, int]]:
         """The assigned partitions."""
@@ -454,6 +466,8 @@ class _Reader(Protocol):
     ) -> list[ConsumerRecord]: ...
     def position(self, topic: str, partition: int) -> int: ...
     def assignment(self) -> list[tuple[str, int]]: ...
+    @property
+    def throttle_time_ms_total(self) -> int: ...
 
 
 R = TypeVar("R", bound=_Reader)
@@ -474,6 +488,11 @@ class BlockingReader(BlockingTwin[R]):
 
     def assignment(self) -> list[tuple[str, int]]:
         return self._async.assignment()
+
+    @property
+    def throttle_time_ms_total(self) -> int:
+        """See ``throttle_time_ms_total`` of the asyncio twin."""
+        return self._async.throttle_time_ms_total
 
     def poll(
         self, timeout_s: float | None = None, *, max_records: int = DEFAULT_MAX_RECORDS
@@ -517,6 +536,7 @@ class Consumer(BlockingReader[AsyncConsumer]):
         skip_damaged: bool = False,
         on_gap: Callable[[Gap], None] | None = None,
         tls: TlsOptions | bool | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         parse_addr(addr)
         options: dict[str, Any] = {
@@ -529,6 +549,7 @@ class Consumer(BlockingReader[AsyncConsumer]):
             "skip_damaged": skip_damaged,
             "on_gap": on_gap,
             "tls": tls,
+            "credentials": credentials,
         }
         self._local: deque[ConsumerRecord] = deque()
         self._start_loop("tidewire-consumer")

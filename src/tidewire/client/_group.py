@@ -73,6 +73,7 @@ from tidewire.protocol.messages import (
     OffsetCommitRequest,
     OffsetFetchRequest,
 )
+from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
 from ._consumer import (
@@ -138,6 +139,9 @@ class AsyncGroupConsumer:
             reporting each gap (as :class:`~tidewire.client.AsyncConsumer`; see :attr:`gaps`).
         tls: TLS to the broker: :class:`~tidewire.client.TlsOptions`, True (the system's
             CAs), or None (plaintext); the same for each of the member's connections.
+        credentials: the API key to authenticate every connection with
+            (:class:`~tidewire.client.Credentials`), or None. A key the broker refuses raises
+            :class:`~tidewire.errors.AuthenticationFailedError` (not retried).
     """
 
     def __init__(
@@ -169,6 +173,7 @@ class AsyncGroupConsumer:
         skip_damaged: bool = False,
         on_gap: Callable[[Gap], None] | None = None,
         tls: TlsOptions | bool | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self.topics = sorted(set(topics))
         if delivery not in ("pull", "push"):
@@ -205,6 +210,7 @@ class AsyncGroupConsumer:
             connect_timeout_s=connect_timeout_ms / 1000,
             max_in_flight=8,
             tls=tls,
+            credentials=credentials,
         )
         self.delivery = delivery
         self._inner: AsyncConsumer | AsyncSubscriber
@@ -215,6 +221,7 @@ class AsyncGroupConsumer:
                 request_timeout_ms=request_timeout_ms,
                 connect_timeout_ms=connect_timeout_ms,
                 tls=tls,
+                credentials=credentials,
             )
         else:
             self._inner = AsyncConsumer(
@@ -228,6 +235,7 @@ class AsyncGroupConsumer:
                 skip_damaged=skip_damaged,
                 on_gap=on_gap,
                 tls=tls,
+                credentials=credentials,
             )
         self._member_id = ""
         self._generation = -1
@@ -256,6 +264,12 @@ class AsyncGroupConsumer:
         await self.close()
 
     # --- state ------------------------------------------------------------------------------
+
+    @property
+    def throttle_time_ms_total(self) -> int:
+        """How long the broker held this member's fetch answers back in all (ms), because
+        its principal was over a quota (0: never throttled)."""
+        return self._coord.throttle_time_ms_total + self._inner.throttle_time_ms_total
 
     @property
     def member_id(self) -> str:

@@ -1008,5 +1008,11 @@ class AsyncProducer:
                 self._give_up(batch, ProducerClosedError("the producer was closed"), in_flight=True)
 
     @property
+    def throttle_time_ms_total(self) -> int:
+        """How long the broker held this producer's produce answers back in all (ms), because
+        its principal was over a quota (0: never throttled)."""
+        return self._transport.throttle_time_ms_total
+
+    @property
     def closed(self) -> bool:
         return self._closed

@@ -164,6 +164,11 @@ class Producer(BlockingTwin[AsyncProducer]):
             refreshed = True
 
     @property
+    def throttle_time_ms_total(self) -> int:
+        """See :attr:`AsyncProducer.throttle_time_ms_total`."""
+        return self._async.throttle_time_ms_total
+
+    @property
     def failure(self) -> TidewireError | None:
         """See :attr:`AsyncProducer.failure`."""
         return self._async.failure

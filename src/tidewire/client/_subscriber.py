@@ -44,6 +44,7 @@ from tidewire.protocol.messages import (
     UnsubscribeRequest,
     decode_body,
 )
+from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
 from ._settings import check_ints
@@ -97,6 +98,9 @@ class AsyncSubscriber:
         connect_timeout_ms: how long opening the connection may take.
         tls: TLS to the broker: :class:`~tidewire.client.TlsOptions`, True (the system's
             CAs), or None (plaintext).
+        credentials: the API key to authenticate every connection with
+            (:class:`~tidewire.client.Credentials`), or None. A key the broker refuses raises
+            :class:`~tidewire.errors.AuthenticationFailedError` (not retried).
     """
 
     def __init__(
@@ -109,6 +113,7 @@ class AsyncSubscriber:
         request_timeout_ms: int = 30_000,
         connect_timeout_ms: int = 10_000,
         tls: TlsOptions | bool | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         check_ints(
             ("credit_bytes", credit_bytes, 1),
@@ -125,6 +130,7 @@ class AsyncSubscriber:
             connect_timeout_s=connect_timeout_ms / 1000,
             max_in_flight=8,
             tls=tls,
+            credentials=credentials,
         )
         self._t.on_push = self._on_push
         self._t.on_lost = self._on_lost
@@ -233,6 +239,12 @@ class AsyncSubscriber:
         if topic is None:
             return sum(counts.values())
         return counts.get((topic, partition if partition is not None else 0), 0)
+
+    @property
+    def throttle_time_ms_total(self) -> int:
+        """How long the broker held this subscriber's fetch answers back in all (ms), because
+        its principal was over a quota (0: never throttled)."""
+        return self._t.throttle_time_ms_total
 
     def assignment(self) -> list[tuple[str, int]]:
         """The subscribed partitions."""
@@ -392,6 +404,7 @@ class Subscriber(BlockingReader[AsyncSubscriber]):
         request_timeout_ms: int = 30_000,
         connect_timeout_ms: int = 10_000,
         tls: TlsOptions | bool | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         parse_addr(addr)
         options: dict[str, Any] = {
@@ -401,6 +414,7 @@ class Subscriber(BlockingReader[AsyncSubscriber]):
             "request_timeout_ms": request_timeout_ms,
             "connect_timeout_ms": connect_timeout_ms,
             "tls": tls,
+            "credentials": credentials,
         }
         self._local: deque[ConsumerRecord] = deque()
         self._start_loop("tidewire-subscriber")

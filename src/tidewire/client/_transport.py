@@ -32,6 +32,8 @@ from tidewire.protocol import (
 from tidewire.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Buffer
 from tidewire.protocol.messages import (
     Body,
+    FetchResponse,
+    ProduceResponse,
     SaslAuthenticateRequest,
     SaslAuthenticateResponse,
     SaslHandshakeRequest,
@@ -112,6 +114,9 @@ class Transport:
         self.credentials = credentials
         #: The principal the broker authenticated the current connection as ("": none).
         self.principal = ""
+        #: How long the broker held produce and fetch answers back in all (ms), because the
+        #: principal was over its quota (``throttle_time_ms`` of each answer).
+        self.throttle_time_ms_total = 0
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
         self.max_in_flight = max_in_flight
@@ -288,6 +293,9 @@ class Transport:
                     conn.forget(corr)
         if response.error is not None:
             raise response.error
+        body = response.body
+        if type(body) is ProduceResponse or type(body) is FetchResponse:
+            self.throttle_time_ms_total += body.throttle_time_ms
         return response
 
     async def _drain(self, writer: asyncio.StreamWriter) -> None:

@@ -157,6 +157,8 @@ BUILTIN_ROLES: dict[str, tuple[tuple[ResourceType, Operation], ...]] = {
         *_every(_R.EXCHANGE, _O.WRITE, _O.DESCRIBE),
         *_every(_R.QUEUE, _O.WRITE, _O.DESCRIBE),
         *_every(_R.STREAM, _O.WRITE, _O.DESCRIBE),
+        # Producer ids (idempotent producers, the default) are the cluster's to hand out.
+        (_R.CLUSTER, _O.WRITE),
         (_R.CLUSTER, _O.DESCRIBE),
     ),
     "consumer": (

@@ -11,53 +11,70 @@ from __future__ import annotations
 import logging
 import threading
 
-from tidewire.client import Client, TlsOptions
-from tidewire.errors import TidewireError
+from tidewire.client import Client, Credentials, TlsOptions
+from tidewire.errors import AuthenticationFailedError, TidewireError
 
 __all__ = ["client_for", "discard"]
 
 log = logging.getLogger("tidewire.spark")
 
-_clients: dict[tuple[tuple[str, ...], int, TlsOptions | None], Client] = {}
+_Key = tuple[tuple[str, ...], int, TlsOptions | None, Credentials | None]
+_clients: dict[_Key, Client] = {}
 _lock = threading.Lock()
 
 
 def client_for(
-    servers: tuple[str, ...], request_timeout_ms: int, tls: TlsOptions | None = None
+    servers: tuple[str, ...],
+    request_timeout_ms: int,
+    tls: TlsOptions | None = None,
+    credentials: Credentials | None = None,
 ) -> Client:
-    """This process's client for ``servers`` (over ``tls``): the first of them that answers
-    a ping, tried in order when the process first needs one.
+    """This process's client for ``servers`` (over ``tls``, authenticated with
+    ``credentials``): the first of them that answers a ping, tried in order when the
+    process first needs one.
 
     Raises:
         ConnectionLostError, RequestTimedOutError: none of them answered (the last error,
             naming every address tried).
+        AuthenticationFailedError: the broker refused the key (not tried elsewhere).
     """
-    key = (servers, request_timeout_ms, tls)
+    key = (servers, request_timeout_ms, tls, credentials)
     with _lock:
         client = _clients.get(key)
         if client is None:
-            client = _connect(servers, request_timeout_ms / 1000, tls)
+            client = _connect(servers, request_timeout_ms / 1000, tls, credentials)
             _clients[key] = client
         return client
 
 
 def discard(
-    servers: tuple[str, ...], request_timeout_ms: int, tls: TlsOptions | None = None
+    servers: tuple[str, ...],
+    request_timeout_ms: int,
+    tls: TlsOptions | None = None,
+    credentials: Credentials | None = None,
 ) -> None:
     """Close and forget the client for ``servers`` (the next :func:`client_for` connects
     again, to the first address that answers)."""
     with _lock:
-        client = _clients.pop((servers, request_timeout_ms, tls), None)
+        client = _clients.pop((servers, request_timeout_ms, tls, credentials), None)
     if client is not None:
         client.close()
 
 
-def _connect(servers: tuple[str, ...], request_timeout_s: float, tls: TlsOptions | None) -> Client:
+def _connect(
+    servers: tuple[str, ...],
+    request_timeout_s: float,
+    tls: TlsOptions | None,
+    credentials: Credentials | None,
+) -> Client:
     failure: TidewireError | None = None
     for addr in servers:
-        client = Client(addr, request_timeout_s=request_timeout_s, tls=tls)
+        client = Client(addr, request_timeout_s=request_timeout_s, tls=tls, credentials=credentials)
         try:
             client.ping()
+        except AuthenticationFailedError:
+            client.close()
+            raise  # every broker of the cluster knows the same keys
         except TidewireError as exc:
             client.close()
             log.warning("tidewire broker %s did not answer: %s", addr, exc)

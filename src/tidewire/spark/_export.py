@@ -81,7 +81,8 @@ class ExportSpec:
     interval: str = "10 seconds"
     starting_offsets: str = "earliest"
     max_offsets_per_trigger: int | None = None
-    extra_options: Mapping[str, str] = field(default_factory=dict)
+    #: More options of the source (TLS, the API key): not in the repr, which may be logged.
+    extra_options: Mapping[str, str] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from tidewire.client import TlsOptions
-from tidewire.errors import InvalidConfigError
+from tidewire.client import Credentials, TlsOptions
+from tidewire.errors import InvalidConfigError, TidewireError
 
 __all__ = [
     "EARLIEST",
@@ -31,6 +31,7 @@ __all__ = [
     "Subscription",
     "TimestampSpec",
     "TopicPartition",
+    "credential_options",
     "parse_bool",
     "read_options",
     "tls_options",
@@ -127,6 +128,9 @@ class ReadOptions:
     fetch_max_bytes: int
     request_timeout_ms: int
     tls: TlsOptions | None = None
+    #: ``tidewire.api.key`` and ``tidewire.sasl.mechanism`` (None: no authentication). Its
+    #: repr shows the key id only.
+    credentials: Credentials | None = None
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
@@ -348,6 +352,7 @@ def read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
         request_timeout_ms=_parse_int(options, "tidewire.request.timeout.ms", minimum=1)
         or DEFAULT_REQUEST_TIMEOUT_MS,
         tls=tls_options(options),
+        credentials=credential_options(options),
     )
 
 
@@ -385,3 +390,28 @@ def tls_options(options: Mapping[str, str]) -> TlsOptions | None:
     except InvalidConfigError as exc:
         raise ValueError(f"option tidewire.tls: {exc.message}") from None
     return tls
+
+
+def credential_options(options: Mapping[str, str]) -> Credentials | None:
+    """``tidewire.api.key`` (an API key, ``twk_...``) and ``tidewire.sasl.mechanism``
+    (``SCRAM-SHA-256``, the default, ``SCRAM-SHA-512`` or ``PLAIN``) as the clients'
+    :class:`~tidewire.client.Credentials`; None without a key. The key is checked here, on
+    the driver, and never repeated in an error, a repr or a log.
+
+    Raises:
+        ValueError: not an API key, or an unknown mechanism.
+    """
+    key = _get(options, "tidewire.api.key")
+    mechanism = (_get(options, "tidewire.sasl.mechanism") or "SCRAM-SHA-256").strip().upper()
+    if key is None:
+        if _get(options, "tidewire.sasl.mechanism") is not None:
+            raise ValueError("option tidewire.sasl.mechanism needs tidewire.api.key")
+        return None
+    if not key.strip():
+        raise ValueError("option tidewire.api.key is empty")
+    try:
+        return Credentials(key.strip(), mechanism)
+    except TidewireError as exc:  # a malformed key: the message does not repeat it
+        raise ValueError(f"option tidewire.api.key: {exc.message}") from None
+    except ValueError as exc:
+        raise ValueError(f"option tidewire.sasl.mechanism: {exc}") from None

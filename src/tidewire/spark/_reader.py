@@ -71,7 +71,7 @@ class TidewireBatchReader(DataSourceReader):
             ValueError: an offset past a partition's end, or a start after its end.
         """
         opts = self.options
-        client = client_for(opts.servers, opts.request_timeout_ms, opts.tls)
+        client = client_for(opts.servers, opts.request_timeout_ms, opts.tls, opts.credentials)
         parts = current_partitions(client, opts)
         starts = resolve_offsets(client, opts.starting, parts)
         ends = resolve_offsets(client, opts.ending, parts)
@@ -117,7 +117,7 @@ def read_range(opts: ReadOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
         TidewireError: the broker refused, or stayed unreachable for every attempt.
         RecordBatchError: a stored batch is malformed.
     """
-    client = client_for(opts.servers, opts.request_timeout_ms, opts.tls)
+    client = client_for(opts.servers, opts.request_timeout_ms, opts.tls, opts.credentials)
     pos = r.start
     ahead: tuple[int, Future[FetchedBatches]] | None = None
     while pos < r.end:

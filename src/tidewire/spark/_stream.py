@@ -203,7 +203,8 @@ class TidewireStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Nothing to release: connections belong to the process (they are reused)."""
 
     def _client(self) -> Client:
-        return client_for(self.options.servers, self.options.request_timeout_ms, self.options.tls)
+        o = self.options
+        return client_for(o.servers, o.request_timeout_ms, o.tls, o.credentials)
 
     def _commit_progress(self, offsets: Offsets) -> None:
         """Commit ``offsets`` that are ahead of what the group has from this query (commits

@@ -31,10 +31,10 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from tidewire.client import TlsOptions
+from tidewire.client import Credentials, TlsOptions
 from tidewire.client._settings import ACKS, COMPRESSION, MAX_WRITER_ID, ProducerSettings
 from tidewire.errors import InvalidConfigError
-from tidewire.spark._options import tls_options
+from tidewire.spark._options import credential_options, tls_options
 
 __all__ = ["WriteColumns", "WriteOptions", "write_columns", "write_options"]
 
@@ -56,6 +56,8 @@ class WriteOptions:
     writer_id: str | None
     #: ``tidewire.tls``, ``tidewire.tls.ca``, ...: TLS to the broker (None: plaintext).
     tls: TlsOptions | None = None
+    #: ``tidewire.api.key`` and ``tidewire.sasl.mechanism`` (None: no authentication).
+    credentials: Credentials | None = None
 
     def producer_settings(self) -> dict[str, object]:
         """The keyword arguments of the producer each task writes with."""
@@ -157,6 +159,7 @@ def write_options(options: Mapping[str, str], *, streaming: bool) -> WriteOption
         max_request_bytes=_int(options, "tidewire.max.request.bytes", defaults.max_request_bytes),
         writer_id=writer_id,
         tls=tls_options(options),
+        credentials=credential_options(options),
     )
     try:
         ProducerSettings(**opts.producer_settings(), writer_id="check")  # type: ignore[arg-type]

@@ -117,6 +117,7 @@ def write_partition(
                     opts.server,
                     writer_id=writer_id,
                     tls=opts.tls,
+                    credentials=opts.credentials,
                     **opts.producer_settings(),  # type: ignore[arg-type]
                 )
             rows += _send_batch(producer, opts, cols, batch, last)
@@ -196,7 +197,7 @@ def _release(opts: WriteOptions, writer_ids: Sequence[str]) -> None:
     if not writer_ids:
         return
     try:
-        with Client(opts.server, tls=opts.tls) as client:
+        with Client(opts.server, tls=opts.tls, credentials=opts.credentials) as client:
             for i in range(0, len(writer_ids), RELEASE_CHUNK):
                 client.release_writers(writer_ids[i : i + RELEASE_CHUNK])
     except (TidewireError, OSError) as exc:  # committing must not fail over a cleanup

@@ -5,7 +5,8 @@ The app calls the broker core directly, in the broker's event loop (run it with
 and interactive docs at ``/docs``. Routes come in routers; :func:`routers` lists them, and a
 new family of routes (streaming, say) is one more entry there.
 
-The ``Authorization`` header is reserved for API keys: it is accepted and ignored for now.
+Every request passes the gate of ``server/http/auth.py`` first: with authentication on,
+``Authorization: Bearer <API key>`` (docs/security.md).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ DESCRIPTION = """\
 The native HTTP API of the tidewire broker: topics, publishing (one message or an atomic batch,
 with `Idempotency-Key` for retries that store once), reading (long-poll), consumer groups and
 health. Every error answers `{"error": {"code", "name", "message"}}` with the code of
-tidewire's error class. The `Authorization` header is reserved and ignored for now.
+tidewire's error class. With authentication on, every route but the health probes and this
+spec needs `Authorization: Bearer <API key>` (401 without, 403 without the permission).
 Bodies are JSON (`Content-Type: application/json`, 415 otherwise); a `Host` that is not the
 broker's is answered 421 and a page of another origin 403 (docs/http.md, Security and limits).
 """

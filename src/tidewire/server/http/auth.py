@@ -257,17 +257,24 @@ class HttpAuth:
         self.app = app
         self.gate: Gate = gate_for(broker)
         self.max_body_bytes = max_body_bytes
-        self._routes: list[_Compiled] = []
+        #: Per method: the routes without parameters by path, then the others in order.
+        self._exact: dict[tuple[str, str], _Compiled] = {}
+        self._routes: dict[str, list[_Compiled]] = {}
         for (method, template), route in routes.items():
             regex, _, convertors = compile_path(template)
-            self._routes.append(_Compiled(method, template, regex, route, convertors))
+            c = _Compiled(method, template, regex, route, convertors)
+            if "{" in template:
+                self._routes.setdefault(method, []).append(c)
+            else:
+                self._exact[method, template] = c
 
     def _match(self, method: str, path: str) -> tuple[_Compiled | None, dict[str, str]]:
         if method == "HEAD":
             method = "GET"
-        for c in self._routes:
-            if c.method != method:
-                continue
+        c = self._exact.get((method, path))
+        if c is not None:
+            return c, {}
+        for c in self._routes.get(method, ()):
             m = c.regex.match(path)
             if m is not None:
                 return c, m.groupdict()

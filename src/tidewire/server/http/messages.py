@@ -42,10 +42,6 @@ IdempotencyKey = Annotated[
         description="A retry with the same key (per topic) is stored once: see docs/http.md.",
     ),
 ]
-Authorization = Annotated[
-    str | None,
-    Header(alias="Authorization", description="Reserved for API keys; ignored for now."),
-]
 TopicPath = Annotated[str, Path(description="The topic.")]
 
 
@@ -66,7 +62,6 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
         request: Request,
         topic: TopicPath,
         idempotency_key: IdempotencyKey = None,
-        authorization: Authorization = None,
     ) -> Response:
         """Publish one message; answer its partition and offset."""
         body = await publisher.publish_one(topic, await request.body(), idempotency_key)
@@ -83,7 +78,6 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
         request: Request,
         topic: TopicPath,
         idempotency_key: IdempotencyKey = None,
-        authorization: Authorization = None,
     ) -> Response:
         """Publish several messages: those of one partition are stored as one batch, all or
         none; answer each message's partition and offset, in the order sent."""
@@ -122,7 +116,6 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
                 "listing each one skipped in gaps."
             ),
         ] = False,
-        authorization: Authorization = None,
     ) -> Response:
         """Messages of one partition from ``offset``; with ``wait_ms``, wait for the first
         one when there is none yet (answered as soon as one is published)."""
@@ -163,7 +156,6 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
         ] = 0,
         limit: Annotated[int, Query(ge=1, le=MAX_READ_LIMIT)] = DEFAULT_READ_LIMIT,
         encoding: Annotated[Literal["auto", "base64"], Query()] = "auto",
-        authorization: Authorization = None,
     ) -> Response:
         """Messages of every partition whose timestamp is at or after ``since`` (found by the
         time index), up to ``limit`` in all, ordered by timestamp; ``next_offsets`` says where
