@@ -34,7 +34,6 @@ import pytest
 
 from tests.security._auth_attacker import MODES
 from tidewire.client import AsyncClient, AsyncProducer, Credentials
-from tidewire.protocol.messages import AclEntry
 
 #: Starting and stopping the broker (s): generous, for a loaded 2-core machine.
 STARTUP_S = 60.0
@@ -123,13 +122,6 @@ async def provision(s: Served) -> tuple[AsyncClient, str]:
     admin = AsyncClient(s.addr, credentials=Credentials(s.admin_key()))
     await admin.create_topic(TOPIC, partitions=2)
     await admin.create_principal("writer", kind="service", roles=["producer"])
-    await admin.add_acls(
-        [
-            AclEntry(
-                principal="writer", resource_type="cluster", pattern="cluster", operation="write"
-            )
-        ]
-    )
     _, key = await admin.create_api_key("writer")
     return admin, key
 
