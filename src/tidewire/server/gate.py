@@ -387,6 +387,9 @@ class Gate:
             await self.authenticate_key(session, parts[2].decode(errors="replace"), PLAIN)
             return b"", True
         if session.sasl is None:
+            # A source over its limit is refused before any SCRAM work (parsing, the key's
+            # lookup, a stand-in's derivation): a flood of refused attempts costs little.
+            self._check_not_blocked(session, None)
 
             def lookup(username: str) -> ScramCredential | None:
                 cred = self.store.scram_credential(username, mechanism)
