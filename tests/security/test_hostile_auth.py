@@ -235,14 +235,14 @@ def p99(xs: list[float]) -> float:
     return s[min(int(0.99 * len(s)), len(s) - 1)]
 
 
-#: scrypt's working memory (N=2**14, r=8): 16 MiB per verification, in a thread of the
-#: default executor, whose allocator arena keeps it once freed: a bounded, one-time cost.
+#: scrypt's working memory (N=2**14, r=8): 16 MiB per verification, in one of the broker's
+#: hashing threads, whose allocator arena keeps it once freed: a bounded, one-time cost.
 SCRYPT_BYTES = 16 * 2**20
 
 
 def executor_threads() -> int:
-    """Threads of asyncio's default executor in the broker (where scrypt runs)."""
-    return min(32, (os.cpu_count() or 1) + 4)
+    """The broker's hashing threads (security/store.py), where scrypt runs."""
+    return 2
 
 
 def tally(report: dict[str, Any]) -> tuple[int, int]:

@@ -26,6 +26,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import msgspec
@@ -62,6 +63,11 @@ _VERIFIED_CACHE = 10_000
 BOOTSTRAP_KEY_FILE = "bootstrap-admin.key"
 
 _json = msgspec.json.Encoder()
+
+#: The threads that compute scrypt and PBKDF2: two at most, because scrypt takes 16 MiB per
+#: computation (kept by the allocator afterwards) and the event loop's default executor has
+#: up to 32 threads; the failed-login limit bounds how many wait their turn.
+_HASHING = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tidewire-hash")
 
 
 def _b64(data: bytes) -> str:
@@ -310,7 +316,7 @@ class SecurityStore:
                 m: scram_keys(m, secret, iterations) for m in SCRAM_MECHANISMS
             }
 
-        secret_hash, scram = await asyncio.get_running_loop().run_in_executor(None, derive)
+        secret_hash, scram = await asyncio.get_running_loop().run_in_executor(_HASHING, derive)
         rec = KeyRecord(
             id=key_id,
             principal=principal,
@@ -375,7 +381,7 @@ class SecurityStore:
             raise AuthenticationFailedError(f"unknown API key id {key_id}")
         if self._verified.get(digest) != key_id:
             ok = await asyncio.get_running_loop().run_in_executor(
-                None, verify_secret, secret, rec.secret_hash
+                _HASHING, verify_secret, secret, rec.secret_hash
             )
             if not ok:
                 raise AuthenticationFailedError(f"wrong secret for API key id {key_id}")
