@@ -169,10 +169,20 @@ class Transport:
             if self.credentials is not None:
                 try:
                     await self._authenticate(conn, writer, self.credentials)
-                except BaseException:
+                except BaseException as exc:
                     if self._conn is conn:
                         self._conn = self._writer = None
+                    task, self._reader_task = self._reader_task, None
                     writer.close()
+                    if not isinstance(exc, asyncio.CancelledError):
+                        # Closed for good before the error goes up: a loop stopped right
+                        # after (a command that exits) must not leave the socket open.
+                        if task is not None:
+                            await cancel_and_wait(task)
+                        try:
+                            await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT_S)
+                        except (OSError, TimeoutError):
+                            writer.transport.abort()
                     raise
             return conn
 
