@@ -346,7 +346,15 @@ class Gate:
 
         Raises:
             UnsupportedSaslMechanismError: not offered on this connection (PLAIN without TLS).
+            TooManyAuthFailuresError: the source is over its failed-authentication limit: it
+                is refused here, at the exchange's first request, at the least cost.
         """
+        try:
+            self._check_not_blocked(session, None)
+        except TooManyAuthFailuresError as exc:
+            # The SASL_AUTHENTICATE a client pipelines after it gets the same answer.
+            session.sasl_mechanism, session.sasl = "", exc
+            raise
         offered = self.mechanisms(session)
         if mechanism not in offered:
             why = (
@@ -370,6 +378,9 @@ class Gate:
             TooManyAuthFailuresError, AuthenticationFailedError.
         """
         mechanism = session.sasl_mechanism
+        if isinstance(session.sasl, TooManyAuthFailuresError):  # its handshake was refused
+            refused, session.sasl = session.sasl, None
+            raise TooManyAuthFailuresError(refused.message)
         if not mechanism:
             raise UnsupportedSaslMechanismError(
                 "SASL_AUTHENTICATE before SASL_HANDSHAKE: choose a mechanism first"
