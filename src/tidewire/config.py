@@ -286,6 +286,12 @@ SETTINGS: tuple[Setting, ...] = (
         "int",
         "Failed logins per address and per principal a minute before refusing.",
     ),
+    _s(
+        "security",
+        "auth_failure_delay_ms",
+        "int",
+        "Hold back the answer to a failed login this long, ms.",
+    ),
     _s("security", "audit_retention_ms", "int", "Keep audit records this long, ms; -1: forever."),
     _s(
         "security",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -235,7 +236,11 @@ async def test_wrong_keys_fail_then_are_rate_limited_and_never_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    async with secured(tmp_path, auth_failures_per_minute=3) as (broker, _, addr):
+    async with secured(tmp_path, auth_failures_per_minute=3, auth_failure_delay_ms=0) as (
+        broker,
+        _,
+        addr,
+    ):
         good = await new_user(broker, "frank", "viewer")
         key_id = Credentials(good).key_id
         wrong = f"twk_{key_id}_{'A' * 43}"
@@ -284,3 +289,23 @@ async def test_state_survives_a_restart(tmp_path: Path) -> None:
             assert (await c.whoami()).principal == "hank"
             with pytest.raises(UnknownTopicError):
                 await c.fetch("missing", 0, 0)
+
+
+@aio
+async def test_a_failed_authentication_is_answered_after_the_delay_only(tmp_path: Path) -> None:
+    async with secured(tmp_path, auth_failure_delay_ms=400) as (broker, _, addr):
+        good = await new_user(broker, "ivan", "viewer")
+        wrong = f"twk_{Credentials(good).key_id}_{'B' * 43}"
+        async with client(addr, good) as ok:
+            started = time.monotonic()
+            await ok.list_topics()
+            assert time.monotonic() - started < 0.4  # a success is not held back
+            async with client(addr, wrong) as c:
+                started = time.monotonic()
+                with pytest.raises(AuthenticationFailedError):
+                    await c.list_topics()
+                assert time.monotonic() - started >= 0.38
+                # The good connection is not held meanwhile.
+                started = time.monotonic()
+                await ok.list_topics()
+                assert time.monotonic() - started < 0.4

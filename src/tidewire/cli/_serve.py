@@ -475,6 +475,13 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    auth_failure_delay_ms: Annotated[
+        int | None,
+        typer.Option(
+            help=_help("auth_failure_delay_ms", "Hold back the answer to a failed login, ms."),
+            show_default=False,
+        ),
+    ] = None,
     audit_retention_ms: Annotated[
         int | None,
         typer.Option(
@@ -572,6 +579,7 @@ def serve(
         "allow_plain_without_tls": allow_plain_without_tls,
         "scram_iterations": scram_iterations,
         "auth_failures_per_minute": auth_failures_per_minute,
+        "auth_failure_delay_ms": auth_failure_delay_ms,
         "audit_retention_ms": audit_retention_ms,
         "quota_produce_bytes_per_s": quota_produce_bytes_per_s,
         "quota_fetch_bytes_per_s": quota_fetch_bytes_per_s,

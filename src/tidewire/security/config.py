@@ -109,6 +109,9 @@ class SecurityConfig:
         auth_failures_per_minute: failed authentications allowed per source address, and
             per principal, in a minute; beyond it attempts are refused (and audited) until
             the minute passes.
+        auth_failure_delay_ms: how long the answer to a failed (or refused) authentication
+            is held back (as Kafka's ``connection.failed.authentication.delay.ms``): a
+            guesser waits that long per attempt on each connection, at no CPU cost.
         audit_retention_ms: how long audit records are kept (-1: forever).
         quota_produce_bytes_per_s: default produce quota of every principal, bytes per
             second (0: none); a principal's own quota wins.
@@ -122,6 +125,7 @@ class SecurityConfig:
     allow_plain_without_tls: bool = False
     scram_iterations: int = 4096
     auth_failures_per_minute: int = 20
+    auth_failure_delay_ms: int = 1000
     audit_retention_ms: int = 30 * 24 * 3600 * 1000
     quota_produce_bytes_per_s: int = 0
     quota_fetch_bytes_per_s: int = 0
@@ -135,6 +139,10 @@ class SecurityConfig:
         _need(
             1 <= self.auth_failures_per_minute <= 1_000_000,
             f"auth_failures_per_minute={self.auth_failures_per_minute} must be within 1..1,000,000",
+        )
+        _need(
+            0 <= self.auth_failure_delay_ms <= 60_000,
+            f"auth_failure_delay_ms={self.auth_failure_delay_ms} must be within 0..60,000",
         )
         _need(
             self.audit_retention_ms == -1 or self.audit_retention_ms >= 60_000,

@@ -21,6 +21,7 @@ over HTTP, client certificates) goes through :meth:`Gate.authenticate_key` and
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import time
@@ -333,6 +334,16 @@ class Gate:
             self.limiter.end(_host(session.source), owner)
         self._succeeded(session, principal, key_id, mechanism)
         return principal
+
+    async def hold_back(self, exc: TidewireError) -> None:
+        """Wait ``auth_failure_delay_ms`` before the answer to a failed or refused
+        authentication goes out (Kafka's ``connection.failed.authentication.delay.ms``):
+        a guesser waits that long per attempt on each connection, and the broker spends
+        nothing meanwhile; the connection's other requests are not held."""
+        if isinstance(exc, (AuthenticationFailedError, TooManyAuthFailuresError)):
+            delay = self.config.auth_failure_delay_ms / 1000
+            if delay > 0:
+                await asyncio.sleep(delay)
 
     def mechanisms(self, session: Session) -> list[str]:
         """The SASL mechanisms ``session`` may use."""

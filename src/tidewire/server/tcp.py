@@ -413,6 +413,7 @@ class _ClientProtocol(asyncio.Protocol):
             else:
                 return False
         except TidewireError as exc:
+            await gate.hold_back(exc)
             self._write(self.conn.send_error(ev.correlation_id, exc))
             return True
         self._write(self.conn.send_response(ev.correlation_id, reply))  # type: ignore[arg-type]

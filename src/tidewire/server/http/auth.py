@@ -299,7 +299,11 @@ class HttpAuth:
             if route.requirement is not PUBLIC:
                 key = _bearer(scope)
                 if key is not None:
-                    await self.gate.authenticate_key(session, key)
+                    try:
+                        await self.gate.authenticate_key(session, key)
+                    except TidewireError as exc:
+                        await self.gate.hold_back(exc)
+                        raise
             body_bytes: bytes | None = None
             body: Any = None
             if route.body and kind == "http":
