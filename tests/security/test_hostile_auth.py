@@ -417,7 +417,7 @@ def test_ten_thousand_wrong_keys_from_fifty_connections(tmp_path: Path) -> None:
     # Good clients' p99 there, on the shared 2-core machine where the attacking process takes
     # a core of its own: 4.3 ms quiet and 46 ms under attack with the binary protocol's
     # attackers alone, 5.4 and 26 ms with Bearer's alone, 8.0 and 103 ms with all of them;
-    # the bound below (2x, or 250 ms more) catches a broker that stalls. With the default
+    # the bound below (2x, or 500 ms more) catches a broker that stalls. With the default
     # delay (1 s), 50 connections guess at 50 attempts a second at most, and the p99 stays
     # within 2x: test_with_the_failure_delay_guessing_does_not_slow_good_clients.
     asyncio.run(
@@ -427,6 +427,6 @@ def test_ten_thousand_wrong_keys_from_fifty_connections(tmp_path: Path) -> None:
             connections=50,
             seconds=3.0,
             p99_factor=2.0,
-            p99_slack_s=0.25,
+            p99_slack_s=0.5,
         )
     )
