@@ -29,8 +29,9 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 METADATA_BOUND_S = 2.0
 #: The watching client's 99th percentile round trip while metadata requests run (s). Unloaded
 #: it stays below 50 ms at 10,000 partitions; a loaded CI machine preempts the broker for
-#: longer than that.
-PING_P99_BOUND_S = 0.5
+#: longer than that (full runs on the 2-core machine measured 0.59-0.64 s at 10,000): the
+#: bound catches a loop held for a whole metadata answer, not the machine's load.
+PING_P99_BOUND_S = 1.0
 #: The longest single ping while a creation or deletion runs (s): those take many seconds on
 #: a slow disk, so a loop held by them would show here.
 PING_MAX_BOUND_S = 2.0
