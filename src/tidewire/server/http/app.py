@@ -22,6 +22,7 @@ from tidewire.server.http._common import add_body_schemas
 from tidewire.server.http.audit import audit_router
 from tidewire.server.http.config import HttpConfig
 from tidewire.server.http.context import GatewayContext
+from tidewire.server.http.dashboard_routes import dashboard_router
 from tidewire.server.http.errors import BodyLimit, install_error_handlers
 from tidewire.server.http.fastpath import PublishFastPath
 from tidewire.server.http.groups import groups_router
@@ -60,6 +61,7 @@ def routers(ctx: GatewayContext) -> list[APIRouter]:
         stream_router(ctx),
         security_router(ctx),
         audit_router(ctx),
+        dashboard_router(ctx),
     ]
 
 

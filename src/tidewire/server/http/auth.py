@@ -194,6 +194,9 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         ("DELETE", "/v1/quotas/{name}"): Route(_cluster(_O.ALTER)),
         ("GET", "/v1/whoami"): Route(AUTHENTICATED),
         ("GET", "/v1/audit"): Route(_cluster(_O.ADMIN)),
+        # The dashboard's static files: its data comes through the routes above.
+        ("GET", "/dashboard"): Route(PUBLIC),
+        ("GET", "/dashboard/{path}"): Route(PUBLIC),
     },
     "msgbus": {
         ("GET", "/"): Route(AUTHENTICATED, interface="msgbus"),

@@ -1,0 +1,90 @@
+// Calls to the broker's API: same origin, the session cookie, and X-CSRF-Token on every
+// call that may change something. Errors become ApiError with the status and the broker's
+// message, so a page can say what failed.
+
+export class ApiError extends Error {
+  constructor(status, message, what) {
+    super(message);
+    this.status = status;
+    this.what = what;
+  }
+}
+
+export const session = {
+  principal: null, csrf: null, authentication: null, permissions: null, expires_at: null,
+};
+
+export function setSession(doc) {
+  session.principal = doc.principal ?? null;
+  session.csrf = doc.csrf_token ?? null;
+  session.authentication = doc.authentication ?? true;
+  session.permissions = doc.permissions ?? null;
+  session.expires_at = doc.expires_at ?? null;
+}
+
+export function clearSession() {
+  setSession({ principal: null, csrf_token: null, authentication: session.authentication });
+}
+
+const SAFE = new Set(["GET", "HEAD"]);
+
+export async function api(method, path, body, opts = {}) {
+  const headers = { Accept: opts.accept || "application/json" };
+  if (!SAFE.has(method) && session.csrf) headers["X-CSRF-Token"] = session.csrf;
+  const init = { method, headers, credentials: "same-origin", cache: "no-store" };
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  const what = `${method} ${path.split("?")[0]}`;
+  let r;
+  try {
+    r = await fetch(path, init);
+  } catch (e) {
+    throw new ApiError(0, `the broker did not answer (${e.message})`, what);
+  }
+  if (opts.raw && r.ok) return r;
+  const text = await r.text();
+  let doc = null;
+  if (text) {
+    try { doc = JSON.parse(text); } catch { doc = null; }
+  }
+  if (!r.ok) {
+    const msg = doc && doc.error ? (doc.error.message || doc.error) : (text || r.statusText);
+    throw new ApiError(r.status, String(msg), what);
+  }
+  return doc;
+}
+
+export const get = (p, o) => api("GET", p, undefined, o);
+export const post = (p, b) => api("POST", p, b === undefined ? {} : b);
+export const patch = (p, b) => api("PATCH", p, b);
+export const del = (p, b) => api("DELETE", p, b);
+
+// What a refusal means, in words for the page.
+export function describeError(e) {
+  if (!(e instanceof ApiError)) return String(e && e.message ? e.message : e);
+  if (e.status === 401) return `${e.what}: not signed in or the session expired (${e.message})`;
+  if (e.status === 403) return `${e.what}: refused, no permission (${e.message})`;
+  if (e.status === 404 && /no route/.test(e.message)) {
+    return `${e.what}: this broker does not offer it (${e.message})`;
+  }
+  return `${e.what} failed (${e.status || "no answer"}): ${e.message}`;
+}
+
+// Whether the session may do `action` ("topics.create", ...): true unless the broker's
+// session document says otherwise. The UI only hides; the broker decides.
+export function can(action) {
+  const p = session.permissions;
+  if (!p || typeof p !== "object") return true;
+  if (action in p) return Boolean(p[action]);
+  const [area, op] = action.split(".");
+  const v = p[area];
+  if (v === undefined) return true;
+  if (typeof v === "boolean") return v;
+  if (Array.isArray(v)) return v.includes(op) || v.includes("all");
+  if (v && typeof v === "object" && op in v) return Boolean(v[op]);
+  return true;
+}
+
+export const enc = encodeURIComponent;
