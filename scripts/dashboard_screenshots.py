@@ -1,0 +1,149 @@
+"""Screenshots of every dashboard page (see scripts/dashboard-screenshots)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from playwright.sync_api import expect, sync_playwright
+
+from tidewire.embedded import EmbeddedBroker
+from tidewire.security.config import SecurityConfig
+from tidewire.security.model import Acl, Operation, ResourceType
+
+OUT = Path("docs/images/dashboard")
+CHROMIUM = "/usr/bin/chromium"
+
+#: File name -> (route, a selector shown once the page has drawn).
+PAGES = {
+    "overview": ("overview", "#health"),
+    "topics": ("topics", "#topic-list table"),
+    "topic": ("topic/orders", "#messages tbody tr"),
+    "live-tail": ("tail/orders", "#tail-rows tr"),
+    "groups": ("groups", "#group-list table"),
+    "group": ("group/billing", "#offsets"),
+    "metrics": ("metrics", "#charts"),
+    "settings": ("settings", "#settings"),
+    "audit": ("audit", "#audit table"),
+    "security": ("security", "#principals"),
+}
+
+
+def _run(eb: EmbeddedBroker, coro: Any) -> Any:
+    return asyncio.run_coroutine_threadsafe(coro, eb.loop).result(30)
+
+
+def sample_data(eb: EmbeddedBroker, c: httpx.Client) -> None:
+    for name, parts in (("orders", 3), ("payments", 2), ("audit-events", 1), ("clicks", 6)):
+        c.post("/v1/topics", json={"name": name, "partitions": parts}).raise_for_status()
+    for i in range(60):
+        c.post(
+            "/v1/topics/orders/messages",
+            json={
+                "key": f"customer-{i % 7}",
+                "value": f'{{"order": {1000 + i}, "total": {i * 3.5}}}',
+            },
+        ).raise_for_status()
+    c.post(
+        "/v1/topics/payments/messages:batch",
+        json={"messages": [{"key": f"p{i}", "value": f"paid {i}"} for i in range(25)]},
+    ).raise_for_status()
+    c.post(
+        "/v1/groups/billing/commit",
+        json={"offsets": [{"topic": "orders", "partition": p, "offset": 5} for p in range(3)]},
+    ).raise_for_status()
+    c.post(
+        "/v1/groups/analytics/commit",
+        json={"offsets": [{"topic": "payments", "partition": 0, "offset": 3}]},
+    ).raise_for_status()
+    store = eb.broker.security
+    _run(eb, store.create_principal("grafana", kind="service", roles=["viewer"]))
+    _run(eb, store.create_principal("checkout", kind="service"))
+    _run(
+        eb,
+        store.add_acls(
+            [
+                Acl(
+                    principal="checkout",
+                    resource_type=ResourceType.TOPIC,
+                    pattern="orders",
+                    operation=Operation.WRITE,
+                )
+            ]
+        ),
+    )
+    _run(eb, store.create_key("checkout"))
+
+
+def traffic(url: str, key: str, stop: threading.Event) -> None:
+    """A steady trickle of messages, so the charts and the live tail have something."""
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as c:
+        i = 0
+        while not stop.wait(0.2):
+            i += 1
+            c.post(
+                "/v1/topics/orders/messages",
+                json={"key": f"customer-{i % 7}", "value": f'{{"order": {2000 + i}}}'},
+            )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--warmup", type=float, default=45.0, help="seconds of traffic first")
+    args = ap.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as d:
+        eb = EmbeddedBroker(
+            f"{d}/data",
+            http_port=0,
+            security=SecurityConfig(authentication=True, superusers="admin"),
+        )
+        with eb.running() as running:
+            assert running.broker.bootstrap_key_file is not None
+            key = running.broker.bootstrap_key_file.read_text().strip()
+            url = running.http_url
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as c:
+                sample_data(running, c)
+            stop = threading.Event()
+            t = threading.Thread(target=traffic, args=(url, key, stop), daemon=True)
+            t.start()
+            try:
+                time.sleep(args.warmup)
+                shoot(url, key)
+            finally:
+                stop.set()
+                t.join()
+    print(f"wrote {len(PAGES) + 1} screenshots to {OUT}")
+
+
+def shoot(url: str, key: str) -> None:
+    expect.set_options(timeout=30_000)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.goto(f"{url}/dashboard#/login")
+        expect(page.locator("#api-key")).to_be_visible()
+        page.screenshot(path=str(OUT / "login.png"))
+        page.fill("#api-key", key)
+        page.click("#login")
+        expect(page.locator("#who")).to_contain_text("signed in")
+        for name, (route, ready) in PAGES.items():
+            page.goto(f"{url}/dashboard#/{route}")
+            expect(page.locator(ready).first).to_be_visible()
+            if name == "group":
+                page.select_option("#reset-to", "earliest")
+                page.click("#reset-dry-run")
+                expect(page.locator("#reset-result table")).to_be_visible()
+            page.wait_for_timeout(300)  # let the last chart settle before the picture
+            page.screenshot(path=str(OUT / f"{name}.png"))
+        browser.close()
+
+
+if __name__ == "__main__":
+    main()
