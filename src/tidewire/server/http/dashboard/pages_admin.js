@@ -1,7 +1,7 @@
 // The audit log, and users: principals with their keys, ACLs and quotas.
 
 import { can, del, enc, get, post } from "./api.js";
-import { clear, confirmDialog, fmtTime, h, note, table } from "./ui.js";
+import { clear, put, confirmDialog, fmtTime, h, note, table } from "./ui.js";
 import { refusal } from "./pages_topics.js";
 
 export async function auditPage(main) {
@@ -22,7 +22,7 @@ export async function auditPage(main) {
     if (outcome.value) qs.set("outcome", outcome.value);
     try {
       const doc = await get(`/v1/audit?${qs}`);
-      clear(list).append(table([
+      put(list, table([
         { title: "Time (UTC)", cell: (e) => fmtTime(e.time_ms) },
         { title: "Principal", cell: (e) => e.principal ?? "anonymous" },
         { title: "Source", cell: (e) => e.source },
@@ -34,7 +34,7 @@ export async function auditPage(main) {
         { title: "Reason", cell: (e) => e.reason },
       ], [...doc.events].reverse(), { empty: "no events match" }));
     } catch (e) {
-      clear(list).append(note("error", `Reading the audit log: ${refusal(e)}`));
+      put(list, note("error", `Reading the audit log: ${refusal(e)}`));
     }
   };
   form.addEventListener("submit", draw);
@@ -49,7 +49,7 @@ export async function securityPage(main) {
   const draw = async () => {
     const [principals, acls, quotas] = await Promise.all([
       get("/v1/principals"), get("/v1/acls"), get("/v1/quotas")]);
-    clear(body).append(
+    put(body, 
       h("div", { class: "card" }, h("h2", {}, "Principals"), table([
         { title: "Name", cell: (p) => p.name }, { title: "Kind", cell: (p) => p.kind },
         { title: "Roles", cell: (p) => p.roles.join(", ") || "–" },

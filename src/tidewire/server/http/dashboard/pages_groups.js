@@ -3,7 +3,7 @@
 
 import { can, enc, get, post } from "./api.js";
 import { lineChart } from "./chart.js";
-import { clear, confirmDialog, fmtNum, h, link, note, table } from "./ui.js";
+import { clear, put, confirmDialog, fmtNum, h, link, note, table } from "./ui.js";
 import { listPage, pager, refusal } from "./pages_topics.js";
 
 function totalLag(d) {
@@ -25,7 +25,7 @@ export async function groupsPage(main) {
     try {
       got = await listPage("/v1/groups", "groups", { ...state, match: (g) => g.group });
     } catch (e) {
-      clear(list).append(note("error", `Listing groups failed: ${e.message}`));
+      put(list, note("error", `Listing groups failed: ${e.message}`));
       return;
     }
     // A list without lag: ask each group of this page (at most one page of them).
@@ -33,7 +33,7 @@ export async function groupsPage(main) {
       try { g.lag = totalLag(await get(`/v1/groups/${enc(g.group)}`)); } catch { g.lag = null; }
     }));
     const onSort = (f) => { state.sort = state.sort === f ? `-${f}` : f; draw(); };
-    clear(list).append(table([
+    put(list, table([
       { title: "Group", sort: "group", cell: (g) => link(`#/group/${enc(g.group)}`, g.group) },
       { title: "State", sort: "state", cell: (g) => g.state },
       { title: "Members", sort: "members", num: 1, cell: (g) => g.members },

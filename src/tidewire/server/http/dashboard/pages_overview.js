@@ -3,7 +3,7 @@
 
 import { get } from "./api.js";
 import { lineChart } from "./chart.js";
-import { clear, fmtBytes, fmtDuration, fmtNum, h, note, table } from "./ui.js";
+import { clear, put, fmtBytes, fmtDuration, fmtNum, h, note, table } from "./ui.js";
 
 const REFRESH_MS = 5000;
 
@@ -59,7 +59,7 @@ export async function overviewPage(main) {
     const health = (r) => (r.ok ? r.value.status : (r.error.status === 503 ? "not ready" : "down"));
     const cls = (r) => (r.ok && r.value.status === "ok" ? "ok" : "bad");
     const count = (r, key) => (r.ok ? (r.value.total ?? r.value[key].length) : "–");
-    clear(body).append(
+    put(body, 
       h("div", { class: "cards", id: "health" },
         stat("Live", health(live), cls(live)),
         stat("Ready", health(ready), cls(ready)),
@@ -96,7 +96,7 @@ export async function metricsPage(main) {
   const draw = async () => {
     const rec = await get("/v1/metrics/recent");
     const lag = Object.entries(rec.group_lag || {});
-    clear(body).append(
+    put(body, 
       h("div", { class: "charts", id: "charts" },
         SERIES.map(([k, t, f]) => lineChart(t, (rec.series || {})[k] || [], f))),
       lag.length ? [h("h2", {}, "Consumer lag"), h("div", { class: "charts" },
@@ -125,7 +125,7 @@ export async function settingsPage(main) {
   const all = rows("", doc, []);
   const draw = () => {
     const q = filter.value.toLowerCase();
-    clear(body).append(table([
+    put(body, table([
       { title: "Setting", cell: (r) => r[0] },
       { title: "Value", cls: "val", cell: (r) => (r[1] === null ? "null" : String(r[1])) },
     ], all.filter((r) => !q || r[0].toLowerCase().includes(q)), { attrs: { id: "settings" } }));

@@ -5,7 +5,7 @@
 
 import { ApiError, api, can, del, enc, get, patch, post } from "./api.js";
 import {
-  clear, confirmDialog, download, fmtBytes, fmtMs, fmtNum, fmtTime, h, link, note, showError,
+  clear, put, confirmDialog, download, fmtBytes, fmtMs, fmtNum, fmtTime, h, link, note,
   table,
 } from "./ui.js";
 
@@ -57,11 +57,11 @@ export async function topicsPage(main) {
     try {
       got = await listPage("/v1/topics", "topics", { ...state, match: (t) => t.name });
     } catch (e) {
-      clear(list).append(note("error", `Listing topics failed: ${e.message}`));
+      put(list, note("error", `Listing topics failed: ${e.message}`));
       return;
     }
     const onSort = (f) => { state.sort = state.sort === f ? `-${f}` : f; draw(); };
-    clear(list).append(table([
+    put(list, table([
       { title: "Name", sort: "name", cell: (t) => link(`#/topic/${enc(t.name)}`, t.name) },
       { title: "Partitions", sort: "partitions", num: 1, cell: (t) => t.partitions },
       { title: "Messages", num: 1, cell: (t) => (t.messages === undefined ? "–" : fmtNum(t.messages)) },
@@ -251,7 +251,7 @@ function browser(topic, partitions) {
     draw();
   });
   const draw = () => {
-    clear(result).append(table([
+    put(result, table([
       { title: all, cell: (m) => {
         const i = messages.indexOf(m);
         const box = h("input", { type: "checkbox", checked: selected.has(i), "aria-label": "select" });
@@ -271,7 +271,7 @@ function browser(topic, partitions) {
   const chosen = () => messages.filter((_, i) => selected.has(i));
   const exportAs = (kind) => {
     const ms = chosen().length ? chosen() : messages;
-    if (!ms.length) { clear(status).append(note("error", "Nothing to export: read messages first.")); return; }
+    if (!ms.length) { put(status, note("error", "Nothing to export: read messages first.")); return; }
     if (kind === "json") download(`${topic}.json`, JSON.stringify(ms, null, 2), "application/json");
     else download(`${topic}.csv`, toCsv(ms), "text/csv");
   };

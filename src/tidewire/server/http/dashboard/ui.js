@@ -25,6 +25,13 @@ function append(el, children) {
   }
 }
 
+// Replace the children of `el` (arrays flattened, null and false left out).
+export function put(el, ...children) {
+  clear(el);
+  append(el, children);
+  return el;
+}
+
 export function clear(el) {
   while (el.firstChild) el.removeChild(el.firstChild);
   return el;
