@@ -72,19 +72,13 @@ export function describeError(e) {
   return `${e.what} failed (${e.status || "no answer"}): ${e.message}`;
 }
 
-// Whether the session may do `action` ("topics.create", ...): true unless the broker's
-// session document says otherwise. The UI only hides; the broker decides.
-export function can(action) {
+// Whether the session may do `what`, one of the summary GET /v1/session answers:
+// create_topics, alter_topics, delete_topics, publish, read_messages, alter_groups,
+// describe_cluster, alter_cluster, read_audit ("somewhere": on some resource of the kind).
+// True unless the summary says otherwise. The UI only hides; the broker decides.
+export function can(what) {
   const p = session.permissions;
-  if (!p || typeof p !== "object") return true;
-  if (action in p) return Boolean(p[action]);
-  const [area, op] = action.split(".");
-  const v = p[area];
-  if (v === undefined) return true;
-  if (typeof v === "boolean") return v;
-  if (Array.isArray(v)) return v.includes(op) || v.includes("all");
-  if (v && typeof v === "object" && op in v) return Boolean(v[op]);
-  return true;
+  return !(p && typeof p === "object" && p[what] === false);
 }
 
 export const enc = encodeURIComponent;

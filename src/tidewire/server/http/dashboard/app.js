@@ -14,13 +14,13 @@ const PAGES = {
   overview: { title: "Overview", render: overviewPage },
   topics: { title: "Topics", render: topicsPage },
   topic: { render: topicPage, nav: "topics" },
-  tail: { title: "Live tail", render: tailPage },
+  tail: { title: "Live tail", render: tailPage, needs: "read_messages" },
   groups: { title: "Consumer groups", render: groupsPage },
   group: { render: groupPage, nav: "groups" },
   metrics: { title: "Metrics", render: metricsPage },
-  settings: { title: "Settings", render: settingsPage },
-  audit: { title: "Audit log", render: auditPage, needs: "audit.read" },
-  security: { title: "Users & ACLs", render: securityPage, needs: "security.describe" },
+  settings: { title: "Settings", render: settingsPage, needs: "describe_cluster" },
+  audit: { title: "Audit log", render: auditPage, needs: "read_audit" },
+  security: { title: "Users & ACLs", render: securityPage, needs: "describe_cluster" },
   login: { render: loginPage },
 };
 

@@ -55,20 +55,20 @@ export async function securityPage(main) {
         { title: "Roles", cell: (p) => p.roles.join(", ") || "–" },
         { title: "Keys", cell: (p) => p.keys.map((k) => `${k.id} (${k.state})`).join(", ") || "–" },
         { title: "Created", cell: (p) => fmtTime(p.created_ms) },
-        { title: "", cell: (p) => (can("security.alter") ? h("button", {
+        { title: "", cell: (p) => (can("alter_cluster") ? h("button", {
           onclick: () => newKey(p.name) }, "New key") : null) },
       ], principals.principals, { attrs: { id: "principals" } }),
-      can("security.alter") ? principalForm() : null),
+      can("alter_cluster") ? principalForm() : null),
       h("div", { class: "card" }, h("h2", {}, "ACLs"), table([
         { title: "Principal", cell: (a) => a.principal },
         { title: "Resource", cell: (a) => `${a.resource_type}:${a.pattern}` +
           (a.pattern_type === "prefix" ? "*" : "") },
         { title: "Operation", cell: (a) => a.operation },
         { title: "Effect", cell: (a) => h("span", { class: a.effect === "deny" ? "bad" : "ok" }, a.effect) },
-        { title: "", cell: (a) => (can("security.alter") ? h("button", { class: "danger",
+        { title: "", cell: (a) => (can("alter_cluster") ? h("button", { class: "danger",
           onclick: () => removeAcl(a) }, "Remove") : null) },
       ], acls.acls, { empty: "no ACLs", attrs: { id: "acls" } }),
-      can("security.alter") ? aclForm() : null),
+      can("alter_cluster") ? aclForm() : null),
       h("div", { class: "card" }, h("h2", {}, "Quotas"), table([
         { title: "Principal", cell: (q) => q.principal },
         { title: "Produce bytes/s", num: 1, cell: (q) => q.produce_bytes_per_s },

@@ -74,7 +74,7 @@ export async function groupPage(main, group) {
   } catch (e) {
     chart.append(note("error", `Lag history (GET /v1/metrics/recent): ${e.message}`));
   }
-  if (can("groups.reset")) main.append(resetCard(group, d));
+  if (can("alter_groups")) main.append(resetCard(group, d));
 }
 
 function resetCard(group, d) {

@@ -1,7 +1,7 @@
 // Overview (health, uptime, throughput, connections, storage), metrics charts over the last
 // hour, and the settings in effect.
 
-import { get } from "./api.js";
+import { can, get } from "./api.js";
 import { lineChart } from "./chart.js";
 import { clear, put, fmtBytes, fmtDuration, fmtNum, h, note, table } from "./ui.js";
 
@@ -50,7 +50,9 @@ export async function overviewPage(main) {
   const draw = async () => {
     const [live, ready, startup, storage, recent, topics, groups] = await Promise.all([
       settle(get("/healthz/live")), settle(get("/healthz/ready")),
-      settle(get("/healthz/startup")), settle(get("/healthz/storage")),
+      settle(get("/healthz/startup")),
+      can("describe_cluster") ? settle(get("/healthz/storage"))
+        : { ok: false, error: { status: 403, message: "no permission to describe the cluster" } },
       settle(get("/v1/metrics/recent")), settle(get("/v1/topics?limit=1")),
       settle(get("/v1/groups?limit=1")),
     ]);
@@ -71,7 +73,7 @@ export async function overviewPage(main) {
         stat("Consumer groups", count(groups, "groups")),
         stat("Connections", fmtNum(latest(rec, "connections"))),
         stat("Disk used", fmtBytes(latest(rec, "disk_used_bytes")))),
-      problems([["Storage health (GET /healthz/storage)", storage],
+      problems([can("describe_cluster") ? ["Storage health (GET /healthz/storage)", storage] : ["", { ok: true }],
         ["Recent metrics (GET /v1/metrics/recent)", recent],
         ["Topics (GET /v1/topics)", topics], ["Groups (GET /v1/groups)", groups]]),
       storage.ok && storage.value.problems.length

@@ -67,8 +67,8 @@ export async function topicsPage(main) {
       { title: "Messages", num: 1, cell: (t) => (t.messages === undefined ? "–" : fmtNum(t.messages)) },
       { title: "Size", num: 1, cell: (t) => (t.size_bytes === undefined ? "–" : fmtBytes(t.size_bytes)) },
       { title: "", cell: (t) => [
-        link(`#/tail/${enc(t.name)}`, "tail"), " ",
-        can("topics.delete") ? h("button", { class: "danger", "data-delete": t.name,
+        can("read_messages") ? [link(`#/tail/${enc(t.name)}`, "tail"), " "] : null,
+        can("delete_topics") ? h("button", { class: "danger", "data-delete": t.name,
           onclick: () => remove(t.name) }, "Delete") : null] },
     ], got.items, { onSort, sorted: state.sort, empty: "no topics" }),
     pager(state, got.total, draw));
@@ -87,7 +87,7 @@ export async function topicsPage(main) {
     draw();
   };
   main.append(h("h1", {}, "Topics"),
-    can("topics.create") ? createForm(out, draw) : null, out,
+    can("create_topics") ? createForm(out, draw) : null, out,
     h("div", { class: "toolbar" }, h("label", {}, "Filter", filter)), list);
   await draw();
 }
@@ -144,8 +144,8 @@ export async function topicPage(main, name) {
         `retention ${fmtMs(t.config.retention_ms)}, ` +
         `${t.config.retention_bytes < 0 ? "no size limit" : fmtBytes(t.config.retention_bytes)}`)),
     configCard(name, t.config, out)));
-  main.append(browser(name, t.partitions.length));
-  if (can("messages.write")) main.append(produceCard(name, t.partitions.length));
+  if (can("read_messages")) main.append(browser(name, t.partitions.length));
+  if (can("publish")) main.append(produceCard(name, t.partitions.length));
 }
 
 function configCard(name, config, out) {
@@ -159,7 +159,7 @@ function configCard(name, config, out) {
   });
   const save = h("button", { class: "primary", type: "submit" }, "Save settings");
   const form = h("form", { class: "card", id: "alter-topic" }, h("h2", {}, "Settings"),
-    h("table", {}, h("tbody", {}, rows)), can("topics.alter") ? save : null);
+    h("table", {}, h("tbody", {}, rows)), can("alter_topics") ? save : null);
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     clear(out);
@@ -265,7 +265,8 @@ function browser(topic, partitions) {
       { title: "Value", cls: "val", cell: (m) => m.value ?? "null" },
       { title: "Headers", cls: "val", cell: (m) => (Object.keys(m.headers || {}).length
         ? JSON.stringify(m.headers) : "") },
-      { title: "", cell: (m) => h("button", { type: "button", onclick: () => copyTo(m) }, "Copy to…") },
+      { title: "", cell: (m) => (can("publish")
+        ? h("button", { type: "button", onclick: () => copyTo(m) }, "Copy to…") : null) },
     ], messages, { empty: "no messages here" }));
   };
   const chosen = () => messages.filter((_, i) => selected.has(i));
