@@ -21,7 +21,7 @@ def _fill(client: httpx.Client) -> None:
 
 def test_commit_then_list_and_describe_with_lag(client: httpx.Client) -> None:
     _fill(client)
-    assert client.get("/v1/groups").json() == {"groups": []}
+    assert client.get("/v1/groups").json() == {"groups": [], "total": 0, "next": None}
     r = client.post(
         "/v1/groups/billing/commit",
         json={"offsets": [{"topic": "t", "partition": 0, "offset": 1, "metadata": "m"}]},
@@ -32,7 +32,9 @@ def test_commit_then_list_and_describe_with_lag(client: httpx.Client) -> None:
         "offsets": [{"topic": "t", "partition": 0, "offset": 1, "metadata": "m"}],
     }
     assert client.get("/v1/groups").json() == {
-        "groups": [{"group": "billing", "state": "empty", "members": 0}]
+        "groups": [{"group": "billing", "state": "empty", "members": 0, "lag": 2}],
+        "total": 1,
+        "next": None,
     }
     d = client.get("/v1/groups/billing").json()
     assert d["group"] == "billing"

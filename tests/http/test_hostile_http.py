@@ -536,7 +536,7 @@ def test_cross_site_forms_and_text_bodies_are_refused(tmp_path: Path) -> None:
             r = client.post("/v1/topics", json={"name": "evil"}, headers=headers)
             assert r.status_code == 403, headers
             assert "http_allowed_origins" in error_of(r)["message"]
-        assert client.get("/v1/topics").json()["topics"] == [{"name": "t", "partitions": 1}]
+        assert [t["name"] for t in client.get("/v1/topics").json()["topics"]] == ["t"]
         # Same-origin pages, programs without Origin and JSON of every spelling work.
         own = str(client.base_url).rstrip("/")
         r = client.post("/v1/topics/t/messages", json={"value": "a"}, headers={"Origin": own})

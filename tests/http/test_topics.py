@@ -27,7 +27,12 @@ def test_create_list_describe_delete(client: httpx.Client) -> None:
 
     listed = client.get("/v1/topics").json()
     assert listed == {
-        "topics": [{"name": "a.b_c-1", "partitions": 2}, {"name": "orders", "partitions": 3}]
+        "topics": [
+            {"name": "a.b_c-1", "partitions": 2, "size_bytes": 0, "messages": 0},
+            {"name": "orders", "partitions": 3, "size_bytes": 0, "messages": 0},
+        ],
+        "total": 2,
+        "next": None,
     }
 
     client.post("/v1/topics/orders/messages", json={"value": "x", "partition": 1})
@@ -119,7 +124,11 @@ def test_internal_topics_are_refused(client: httpx.Client) -> None:
     r = client.post("/v1/topics", json={"name": "__mine"})
     assert r.status_code == 422
     assert "reserved" in error_of(r)["message"]
-    assert client.get("/v1/topics").json() == {"topics": []}  # nothing created
+    assert client.get("/v1/topics").json() == {
+        "topics": [],
+        "total": 0,
+        "next": None,
+    }  # nothing created
     # Once the broker has made it (the first commit), it still refuses to let it go.
     assert client.post("/v1/topics/t/messages", json={"value": "x"}).status_code == 201
     commit = {"offsets": [{"topic": "t", "partition": 0, "offset": 1}]}

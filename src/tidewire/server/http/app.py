@@ -31,6 +31,7 @@ from tidewire.server.http.idempotency import IdempotencyStore
 from tidewire.server.http.messages import messages_router
 from tidewire.server.http.publisher import Publisher
 from tidewire.server.http.security import security_router
+from tidewire.server.http.session_api import session_router
 from tidewire.server.http.stream import stream_router
 from tidewire.server.http.topics import topics_router
 
@@ -61,6 +62,7 @@ def routers(ctx: GatewayContext) -> list[APIRouter]:
         stream_router(ctx),
         security_router(ctx),
         audit_router(ctx),
+        session_router(ctx),
         dashboard_router(ctx),
     ]
 

@@ -10,9 +10,12 @@ declared with ``body=True`` — the JSON body. A test enumerates every route of 
 and fails on one without an entry.
 
 Authentication over HTTP is ``Authorization: Bearer <API key>`` (or a client certificate
-when the listener asks for one). Refusals: 401 (``WWW-Authenticate: Bearer``) without valid
-credentials, 403 without the permission, 429 when the source failed too often; a WebSocket
-handshake is refused with the same statuses and error documents.
+when the listener asks for one), or — without ``Authorization`` — a browser session's
+``tidewire_session`` cookie (``server/http/session.py``), whose POST, PUT, PATCH and DELETE
+requests must also carry its ``X-CSRF-Token`` (403 otherwise). Refusals: 401
+(``WWW-Authenticate: Bearer``) without valid credentials, 403 without the permission, 429
+when the source failed too often; a WebSocket handshake is refused with the same statuses
+and error documents.
 """
 
 from __future__ import annotations
@@ -37,6 +40,14 @@ from tidewire.security.model import CLUSTER_NAME, Operation, ResourceType
 from tidewire.server.gate import Gate, Session, gate_for, source_of
 from tidewire.server.http.compat import topic_for
 from tidewire.server.http.errors import error_body, status_of
+from tidewire.server.http.session import (
+    CSRF_HEADER,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_SESSION_IDLE_MS,
+    MUTATING,
+    cookie_token,
+    sessions_for,
+)
 from tidewire.server.needs import AUTHENTICATED, PUBLIC, Need, Requirement
 
 __all__ = ["LISTENER_ROUTES", "ROUTE_NEEDS", "HttpAuth", "Route", "RouteRequest"]
@@ -193,6 +204,10 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         ("PUT", "/v1/quotas/{name}"): Route(_cluster(_O.ALTER)),
         ("DELETE", "/v1/quotas/{name}"): Route(_cluster(_O.ALTER)),
         ("GET", "/v1/whoami"): Route(AUTHENTICATED),
+        # Browser sessions: the routes check the key or the cookie themselves (session_api.py).
+        ("POST", "/v1/session"): Route(PUBLIC),
+        ("GET", "/v1/session"): Route(PUBLIC),
+        ("DELETE", "/v1/session"): Route(PUBLIC),
         ("GET", "/v1/audit"): Route(_cluster(_O.ADMIN)),
         # The dashboard's static files: its data comes through the routes above.
         ("GET", "/dashboard"): Route(PUBLIC),
@@ -247,6 +262,7 @@ class HttpAuth:
         routes: the listener's entry of :data:`ROUTE_NEEDS`.
         max_body_bytes: the longest body read for a ``body=True`` route (the app refuses
             longer ones itself).
+        session_idle_ms, max_sessions: the browser sessions' settings (``HttpConfig``).
     """
 
     def __init__(
@@ -256,9 +272,12 @@ class HttpAuth:
         routes: dict[tuple[str, str], Route],
         *,
         max_body_bytes: int,
+        session_idle_ms: int = DEFAULT_SESSION_IDLE_MS,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
     ) -> None:
         self.app = app
         self.gate: Gate = gate_for(broker)
+        self.sessions = sessions_for(broker, idle_ms=session_idle_ms, max_sessions=max_sessions)
         self.max_body_bytes = max_body_bytes
         #: Per method: the routes without parameters by path, then the others in order.
         self._exact: dict[tuple[str, str], _Compiled] = {}
@@ -298,6 +317,7 @@ class HttpAuth:
             tls=bool(scope.get("tidewire.tls")) or scope.get("scheme") in ("https", "wss"),
             cert_principal=scope.get("tidewire.cert_principal"),
         )
+        cookie: str | None = None
         try:
             if route.requirement is not PUBLIC:
                 key = _bearer(scope)
@@ -307,6 +327,15 @@ class HttpAuth:
                     except TidewireError as exc:
                         await self.gate.hold_back(exc)
                         raise
+                elif self.gate.enabled:
+                    cookie = cookie_token(scope["headers"])
+                    if cookie is not None:
+                        browser = self.sessions.get(cookie)
+                        session.principal_name = browser.principal
+                        session.key_id = browser.key_id
+                        session.mechanism = "session"
+                        if method in MUTATING:
+                            browser.check_csrf(_header(scope, CSRF_HEADER.encode()))
             body_bytes: bytes | None = None
             body: Any = None
             if route.body and kind == "http":
@@ -320,6 +349,8 @@ class HttpAuth:
             )
             principal = self.gate.check(session, action, route.requirement, request)
         except TidewireError as exc:
+            if cookie is not None and isinstance(exc, AuthenticationFailedError):
+                self.sessions.end(cookie)  # its key was revoked, or its principal deleted
             await _refuse(exc, scope, send)
             return
         scope.setdefault("state", {})["tidewire_principal"] = principal
@@ -364,6 +395,13 @@ def _bearer(scope: Scope) -> str | None:
                     "the Authorization header must be 'Bearer <API key>'"
                 )
             return str(token.strip())
+    return None
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for k, v in scope["headers"]:
+        if k == name:
+            return str(v.decode("latin-1"))
     return None
 
 

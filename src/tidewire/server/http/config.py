@@ -16,8 +16,10 @@ __all__ = [
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_CONNECTIONS_PER_SOURCE",
     "DEFAULT_MAX_INFLIGHT_BODY_BYTES",
+    "DEFAULT_MAX_SESSIONS",
     "DEFAULT_MSGBUS_MAX_PAYLOAD_BYTES",
     "DEFAULT_MSGBUS_TTL_MS",
+    "DEFAULT_SESSION_IDLE_MS",
     "OFF",
     "SAME_ORIGIN",
     "HttpConfig",
@@ -60,6 +62,11 @@ DEFAULT_MAX_CONNECTIONS = 1_000
 #: cannot take every connection. Behind a reverse proxy (one address), raise it to
 #: ``http_max_connections``.
 DEFAULT_MAX_CONNECTIONS_PER_SOURCE = 100
+#: A browser session ends after this long idle, ms: a working day (8 hours).
+DEFAULT_SESSION_IDLE_MS = 8 * 3600 * 1000
+#: Browser sessions kept at once: each is a few hundred bytes, so 10,000 (far more browsers
+#: than an operations team has) stay within a few MB.
+DEFAULT_MAX_SESSIONS = 10_000
 #: Host names accepted in the ``Host`` header besides IP addresses (see :class:`HttpConfig`).
 DEFAULT_ALLOWED_HOSTS = "localhost"
 #: The keyword of ``http_allowed_origins`` for pages of the broker's own origin.
@@ -122,6 +129,10 @@ class HttpConfig:
             served itself (the ``Origin`` matches the ``Host``), ``*`` for any; a request
             from another page is answered 403. Requests without ``Origin`` (curl, clients)
             are not browsers' cross-site requests and pass.
+        http_session_idle_ms: a browser session (``/v1/session``) ends after this long
+            without a request, ms.
+        http_max_sessions: browser sessions kept at once; logging one more in ends the
+            least recently used.
 
     Raises:
         InvalidConfigError: a value out of its range.
@@ -141,6 +152,8 @@ class HttpConfig:
     http_max_connections_per_source: int = DEFAULT_MAX_CONNECTIONS_PER_SOURCE
     http_allowed_hosts: str = DEFAULT_ALLOWED_HOSTS
     http_allowed_origins: str = DEFAULT_ALLOWED_ORIGINS
+    http_session_idle_ms: int = DEFAULT_SESSION_IDLE_MS
+    http_max_sessions: int = DEFAULT_MAX_SESSIONS
 
     def __post_init__(self) -> None:
         if not self.http_host:
@@ -209,6 +222,18 @@ class HttpConfig:
                     f"http_allowed_origins: {origin!r} is not an origin such as "
                     f"'https://dash.example.com:8443' (nor {SAME_ORIGIN!r} or '*')"
                 )
+
+        # A minute at least (a page polls more often than that); a week at most, so a
+        # forgotten browser does not stay logged in for ever.
+        if not 60_000 <= self.http_session_idle_ms <= 7 * 24 * 3600 * 1000:
+            raise InvalidConfigError(
+                f"http_session_idle_ms={self.http_session_idle_ms:,} must be within "
+                "60,000..604,800,000 (ms: a minute to a week)"
+            )
+        if not 1 <= self.http_max_sessions <= 1_000_000:
+            raise InvalidConfigError(
+                f"http_max_sessions={self.http_max_sessions:,} must be within 1..1,000,000"
+            )
 
     @property
     def inflight_body_bytes(self) -> int:

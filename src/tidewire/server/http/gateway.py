@@ -537,7 +537,14 @@ def _gated(app: AsgiApp, broker: Broker, name: str, config: HttpConfig) -> AsgiA
     """``app`` behind the gate, with the route table of listener ``name``."""
     from tidewire.server.http.auth import ROUTE_NEEDS, HttpAuth  # noqa: PLC0415
 
-    return HttpAuth(app, broker, ROUTE_NEEDS[name], max_body_bytes=config.http_max_body_bytes)
+    return HttpAuth(
+        app,
+        broker,
+        ROUTE_NEEDS[name],
+        max_body_bytes=config.http_max_body_bytes,
+        session_idle_ms=config.http_session_idle_ms,
+        max_sessions=config.http_max_sessions,
+    )
 
 
 def _bind(host: str, port: int) -> socket.socket:

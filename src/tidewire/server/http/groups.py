@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
 from tidewire.broker.consumer_groups import ResetTo
 from tidewire.broker.groups import MAX_ID_CHARS
-from tidewire.errors import InvalidRequestError
+from tidewire.errors import InvalidRequestError, UnknownGroupError
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
+from tidewire.server.http._listing import (
+    DEFAULT_PAGE,
+    LimitParam,
+    OffsetParam,
+    QueryParam,
+    matching,
+    paged,
+)
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.models import (
     CommitRequest,
@@ -23,6 +31,8 @@ from tidewire.server.http.models import (
 
 __all__ = ["groups_router"]
 
+GroupSort = Literal["name", "-name", "state", "-state", "members", "-members", "lag", "-lag"]
+
 GroupPath = Annotated[str, Path(description="The group id.", min_length=1, max_length=MAX_ID_CHARS)]
 
 
@@ -31,17 +41,58 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
     router = APIRouter(prefix="/v1/groups", tags=["groups"])
     broker = ctx.broker
 
+    def total_lag(group: str) -> int:
+        try:
+            return sum(x.lag for x in broker.groups.describe(group).offsets if x.lag > 0)
+        except UnknownGroupError:  # gone since it was listed
+            return 0
+
     @router.get("", response_model=GroupList, responses=responses())
-    async def list_groups() -> Response:
-        """Every group with members or committed offsets: its state and member count."""
-        return json_response(
-            {
-                "groups": [
-                    {"group": g.group_id, "state": str(g.state), "members": g.members}
-                    for g in broker.groups.list_groups()
-                ]
-            }
+    async def list_groups(
+        *,
+        limit: LimitParam = DEFAULT_PAGE,
+        offset: OffsetParam = 0,
+        q: QueryParam = "",
+        sort: Annotated[
+            GroupSort,
+            Query(description="Sort key, '-' in front for descending; ties by name."),
+        ] = "name",
+    ) -> Response:
+        """The groups (with members or committed offsets) whose ids contain ``q``, sorted by
+        ``sort``, ``limit`` from ``offset``: each with its state, member count and total
+        lag; ``total`` counts those that match, ``next`` is the offset of the next page
+        (null on the last)."""
+        listed = {g.group_id: g for g in broker.groups.list_groups()}
+        lags: dict[str, int] = {}
+
+        def lag(group: str) -> int:
+            got = lags.get(group)
+            if got is None:
+                got = lags[group] = total_lag(group)
+            return got
+
+        page, total, after = paged(
+            matching(listed, q),
+            sort=sort,
+            keys={
+                "name": lambda g: g,
+                "state": lambda g: str(listed[g].state),
+                "members": lambda g: listed[g].members,
+                "lag": lag,
+            },
+            offset=offset,
+            limit=limit,
         )
+        items = [
+            {
+                "group": g,
+                "state": str(listed[g].state),
+                "members": listed[g].members,
+                "lag": lag(g),
+            }
+            for g in page
+        ]
+        return json_response({"groups": items, "total": total, "next": after})
 
     @router.get("/{group}", response_model=GroupDescription, responses=responses(404))
     async def describe_group(group: GroupPath) -> Response:

@@ -108,10 +108,17 @@ class CreateTopicRequest(_Strict):
 class TopicSummary(BaseModel):
     name: str
     partitions: int
+    size_bytes: int = Field(description="Bytes of its online partitions' logs.")
+    messages: int = Field(
+        description="End minus start offsets over its online partitions (compaction and "
+        "transaction markers make it an upper bound)."
+    )
 
 
 class TopicList(BaseModel):
     topics: list[TopicSummary]
+    total: int = Field(description="Topics that match the filter, over every page.")
+    next: int | None = Field(description="The offset of the next page; null: this is the last.")
 
 
 class DamageDescription(BaseModel):
@@ -247,10 +254,16 @@ class GroupSummary(BaseModel):
     group: str
     state: str
     members: int
+    lag: int = Field(
+        description="Messages behind over the partitions it committed offsets for (those "
+        "without a commit do not count)."
+    )
 
 
 class GroupList(BaseModel):
     groups: list[GroupSummary]
+    total: int = Field(description="Groups that match the filter, over every page.")
+    next: int | None = Field(description="The offset of the next page; null: this is the last.")
 
 
 class GroupMember(BaseModel):

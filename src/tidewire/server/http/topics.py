@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from tidewire.broker import Broker, PartitionStatus
 from tidewire.errors import UnknownTopicError
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
+from tidewire.server.http._listing import (
+    DEFAULT_PAGE,
+    LimitParam,
+    OffsetParam,
+    QueryParam,
+    matching,
+    paged,
+)
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.models import (
     CreateTopicRequest,
@@ -96,6 +104,24 @@ def describe_topic(broker: Broker, name: str) -> dict[str, Any]:
     }
 
 
+TopicSort = Literal[
+    "name", "-name", "partitions", "-partitions", "size", "-size", "messages", "-messages"
+]
+
+
+def topic_figures(broker: Broker, name: str) -> tuple[int, int]:
+    """A topic's size (bytes) and messages (end minus start offsets; an estimate where
+    compaction or transactions left gaps) over its online partitions."""
+    size = messages = 0
+    logs = broker.logs.logs
+    for p in range(broker.partition_count(name)):
+        plog = logs.get((name, p))
+        if plog is not None:
+            size += plog.size_bytes
+            messages += max(0, plog.log_end_offset - plog.log_start_offset)
+    return size, messages
+
+
 def _known(broker: Broker, name: str) -> None:
     """Raise UnknownTopicError unless ``name`` is a topic users may see."""
     if name not in broker.topics():
@@ -124,12 +150,47 @@ def topics_router(ctx: GatewayContext) -> APIRouter:
         return json_response(describe_topic(broker, req.name), 201)
 
     @router.get("", response_model=TopicList, responses=responses())
-    async def list_topics() -> Response:
-        """Every topic with its partition count, by name."""
+    async def list_topics(
+        *,
+        limit: LimitParam = DEFAULT_PAGE,
+        offset: OffsetParam = 0,
+        q: QueryParam = "",
+        sort: Annotated[
+            TopicSort,
+            Query(description="Sort key, '-' in front for descending; ties by name."),
+        ] = "name",
+    ) -> Response:
+        """The topics whose names contain ``q``, sorted by ``sort``, ``limit`` from
+        ``offset``: each with its partition count, size and messages; ``total`` counts
+        those that match, ``next`` is the offset of the next page (null on the last)."""
         topics = broker.topics()
-        return json_response(
-            {"topics": [{"name": n, "partitions": topics[n]} for n in sorted(topics)]}
+        figures: dict[str, tuple[int, int]] = {}
+
+        def figure(name: str) -> tuple[int, int]:
+            got = figures.get(name)
+            if got is None:
+                got = figures[name] = topic_figures(broker, name)
+            return got
+
+        page, total, after = paged(
+            matching(topics, q),
+            sort=sort,
+            keys={
+                "name": lambda n: n,
+                "partitions": lambda n: topics[n],
+                "size": lambda n: figure(n)[0],
+                "messages": lambda n: figure(n)[1],
+            },
+            offset=offset,
+            limit=limit,
         )
+        items = []
+        for n in page:
+            size, messages = figure(n)
+            items.append(
+                {"name": n, "partitions": topics[n], "size_bytes": size, "messages": messages}
+            )
+        return json_response({"topics": items, "total": total, "next": after})
 
     @router.get("/{topic}", response_model=TopicDescription, responses=responses(404))
     async def get_topic(topic: str) -> Response:
