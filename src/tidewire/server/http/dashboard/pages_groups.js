@@ -12,7 +12,7 @@ function totalLag(d) {
 }
 
 export async function groupsPage(main) {
-  const state = { q: "", sort: "group", offset: 0 };
+  const state = { q: "", sort: "name", offset: 0 };
   const filter = h("input", { placeholder: "filter by id", id: "group-filter" });
   const list = h("div", { id: "group-list" });
   let debounce = null;
@@ -34,10 +34,10 @@ export async function groupsPage(main) {
     }));
     const onSort = (f) => { state.sort = state.sort === f ? `-${f}` : f; draw(); };
     put(list, table([
-      { title: "Group", sort: "group", cell: (g) => link(`#/group/${enc(g.group)}`, g.group) },
+      { title: "Group", sort: "name", cell: (g) => link(`#/group/${enc(g.group)}`, g.group) },
       { title: "State", sort: "state", cell: (g) => g.state },
       { title: "Members", sort: "members", num: 1, cell: (g) => g.members },
-      { title: "Lag", num: 1, cell: (g) => (g.lag === null ? "–" : fmtNum(g.lag)) },
+      { title: "Lag", sort: "lag", num: 1, cell: (g) => (g.lag === null || g.lag < 0 ? "–" : fmtNum(g.lag)) },
     ], got.items, { onSort, sorted: state.sort, empty: "no consumer groups" }),
     pager(state, got.total, draw));
   };

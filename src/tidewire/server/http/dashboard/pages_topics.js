@@ -26,7 +26,8 @@ export async function listPage(path, key, { q, sort, offset, match }) {
   if (sort) {
     const desc = sort.startsWith("-");
     const f = desc ? sort.slice(1) : sort;
-    items = [...items].sort((a, b) => (a[f] < b[f] ? -1 : a[f] > b[f] ? 1 : 0) * (desc ? -1 : 1));
+    const v = (x) => (f === "name" ? match(x) : f === "size" ? x.size_bytes : x[f]);
+    items = [...items].sort((a, b) => (v(a) < v(b) ? -1 : v(a) > v(b) ? 1 : 0) * (desc ? -1 : 1));
   }
   return { items: items.slice(offset, offset + PAGE), total: items.length };
 }
@@ -64,8 +65,8 @@ export async function topicsPage(main) {
     put(list, table([
       { title: "Name", sort: "name", cell: (t) => link(`#/topic/${enc(t.name)}`, t.name) },
       { title: "Partitions", sort: "partitions", num: 1, cell: (t) => t.partitions },
-      { title: "Messages", num: 1, cell: (t) => (t.messages === undefined ? "–" : fmtNum(t.messages)) },
-      { title: "Size", num: 1, cell: (t) => (t.size_bytes === undefined ? "–" : fmtBytes(t.size_bytes)) },
+      { title: "Messages", sort: "messages", num: 1, cell: (t) => (t.messages === undefined ? "–" : fmtNum(t.messages)) },
+      { title: "Size", sort: "size", num: 1, cell: (t) => (t.size_bytes === undefined ? "–" : fmtBytes(t.size_bytes)) },
       { title: "", cell: (t) => [
         can("read_messages") ? [link(`#/tail/${enc(t.name)}`, "tail"), " "] : null,
         can("delete_topics") ? h("button", { class: "danger", "data-delete": t.name,
