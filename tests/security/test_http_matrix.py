@@ -35,6 +35,11 @@ SAMPLES: dict[tuple[str, str, str], tuple[str, dict[str, str], Any]] = {
     ("native", "POST", "/v1/topics"): ("/v1/topics", {}, {"name": "new", "partitions": 1}),
     ("native", "GET", "/v1/topics/{topic}"): (f"/v1/topics/{T}", {}, None),
     ("native", "DELETE", "/v1/topics/{topic}"): (f"/v1/topics/{T}", {}, None),
+    ("native", "PATCH", "/v1/topics/{topic}"): (
+        f"/v1/topics/{T}",
+        {},
+        {"config": {"retention_ms": 60_000}},
+    ),
     ("native", "POST", "/v1/topics/{topic}/messages"): (
         f"/v1/topics/{T}/messages",
         {},

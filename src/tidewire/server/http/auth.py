@@ -175,6 +175,7 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         ("POST", "/v1/topics"): Route(_create_topic, body=True),
         ("GET", "/v1/topics/{topic}"): Route(_topic(_O.DESCRIBE)),
         ("DELETE", "/v1/topics/{topic}"): Route(_topic(_O.DELETE)),
+        ("PATCH", "/v1/topics/{topic}"): Route(_topic(_O.ALTER)),
         ("POST", "/v1/topics/{topic}/messages"): Route(_publish),
         ("POST", "/v1/topics/{topic}/messages:batch"): Route(_publish),
         ("GET", "/v1/topics/{topic}/messages"): Route(_topic(_O.READ)),

@@ -105,6 +105,17 @@ class CreateTopicRequest(_Strict):
     config: TopicConfig | None = None
 
 
+class AlterTopicRequest(_Strict):
+    """What to change: settings left out keep their current values."""
+
+    partitions: Annotated[int, Field(ge=1, le=_MAX_P)] | None = Field(
+        default=None, description="The new partition count (more than now; never fewer)."
+    )
+    config: TopicConfig | None = Field(
+        default=None, description="The settings to change (the others stay as they are)."
+    )
+
+
 class TopicSummary(BaseModel):
     name: str
     partitions: int
