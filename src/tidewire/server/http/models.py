@@ -343,6 +343,8 @@ class ResetPartition(BaseModel):
     partition: int
     previous: int = Field(description="-1: nothing was committed.")
     offset: int
+    end_offset: int = Field(description="The partition's end (high watermark) now.")
+    lag: int = Field(description="Messages behind once at offset: end_offset - offset.")
 
 
 class ResetResult(BaseModel):
