@@ -171,6 +171,8 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         ("GET", "/healthz/startup"): Route(PUBLIC),
         ("GET", "/healthz/ready"): Route(PUBLIC),
         ("GET", "/healthz/storage"): Route(_cluster(_O.DESCRIBE)),
+        ("GET", "/healthz/listeners"): Route(_cluster(_O.DESCRIBE)),
+        ("GET", "/healthz/recovery"): Route(_cluster(_O.DESCRIBE)),
         ("GET", "/v1/topics"): Route(AUTHENTICATED),
         ("POST", "/v1/topics"): Route(_create_topic, body=True),
         ("GET", "/v1/topics/{topic}"): Route(_topic(_O.DESCRIBE)),
@@ -209,6 +211,7 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         ("POST", "/v1/session"): Route(PUBLIC),
         ("GET", "/v1/session"): Route(PUBLIC),
         ("DELETE", "/v1/session"): Route(PUBLIC),
+        ("GET", "/v1/settings"): Route(_cluster(_O.DESCRIBE)),
         ("GET", "/v1/audit"): Route(_cluster(_O.ADMIN)),
     },
     "msgbus": {
