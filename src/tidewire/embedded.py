@@ -43,6 +43,7 @@ from tidewire.server import ServerConfig, TcpServer
 from tidewire.server.descriptors import fit_broker_listeners
 from tidewire.server.drain import drain
 from tidewire.server.http import HttpConfig
+from tidewire.server.runtime import given_settings, listeners_of, record
 
 if TYPE_CHECKING:
     from tidewire.server.http.gateway import HttpGateway
@@ -146,6 +147,16 @@ class EmbeddedBroker:
                 gateway = HttpGateway.for_broker(self.broker, self.http_config, tls=self.tls)
                 await gateway.start()
                 self.gateway = gateway
+            settings = given_settings(
+                self.config,
+                self.server_config,
+                self.http_config,
+                self.tls,
+                self.broker.security_config,
+                origin="program (EmbeddedBroker)",
+            )
+            listeners = listeners_of(self.server, self.gateway, tls=self.tls.enabled)
+            record(self.broker, settings, listeners)
         except BaseException:
             await self.close()
             raise

@@ -88,8 +88,8 @@ def test_reset_like_the_cli(client: httpx.Client) -> None:
         "group": "g",
         "dry_run": True,
         "partitions": [
-            {"topic": "t", "partition": 0, "previous": 2, "offset": 0},
-            {"topic": "t", "partition": 1, "previous": -1, "offset": 0},
+            {"topic": "t", "partition": 0, "previous": 2, "offset": 0, "end_offset": 3, "lag": 3},
+            {"topic": "t", "partition": 1, "previous": -1, "offset": 0, "end_offset": 1, "lag": 1},
         ],
     }
     committed = {

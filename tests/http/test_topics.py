@@ -140,3 +140,36 @@ def test_internal_topics_are_refused(client: httpx.Client) -> None:
     assert r.status_code == 422
     assert error_of(r)["name"] == "InternalTopicError"
     assert client.delete("/v1/topics/never-was").status_code == 404
+
+
+def test_alter_topic_settings_and_partitions(client: httpx.Client) -> None:
+    assert client.post("/v1/topics", json={"name": "t", "partitions": 1}).status_code == 201
+    before = client.get("/v1/topics/t").json()["config"]
+    r = client.patch("/v1/topics/t", json={"config": {"retention_ms": 60_000}})
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["config"] == before | {"retention_ms": 60_000}
+    r = client.patch(
+        "/v1/topics/t", json={"partitions": 3, "config": {"retention_bytes": 1_000_000}}
+    )
+    assert r.status_code == 200, r.text
+    doc = client.get("/v1/topics/t").json()
+    assert len(doc["partitions"]) == 3
+    assert (doc["config"]["retention_ms"], doc["config"]["retention_bytes"]) == (
+        60_000,
+        1_000_000,
+    )
+    r = client.patch("/v1/topics/t", json={"config": {"segment_bytes": 10}})
+    assert r.status_code == 400
+    assert "config.segment_bytes" in error_of(r)["message"]
+    r = client.patch("/v1/topics/t", json={"config": {"colour": "red"}})
+    assert r.status_code == 400
+    assert "config.colour" in error_of(r)["message"]
+    r = client.patch("/v1/topics/t", json={"partitions": 2})
+    assert r.status_code == 422
+    assert "partitions=2 must be within 3.." in error_of(r)["message"]
+    r = client.patch("/v1/topics/t", json={})
+    assert r.status_code == 400
+    assert "nothing to change" in error_of(r)["message"]
+    assert client.patch("/v1/topics/nope", json={"partitions": 2}).status_code == 404
+    assert client.get("/v1/topics/t").json()["config"]["segment_bytes"] == before["segment_bytes"]

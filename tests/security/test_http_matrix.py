@@ -31,10 +31,17 @@ ACL = {"principal": "other", "resource_type": "topic", "pattern": "x", "operatio
 #: (listener, method, template) -> (path, query, JSON body): a request of every route.
 SAMPLES: dict[tuple[str, str, str], tuple[str, dict[str, str], Any]] = {
     ("native", "GET", "/healthz/storage"): ("/healthz/storage", {}, None),
+    ("native", "GET", "/healthz/listeners"): ("/healthz/listeners", {}, None),
+    ("native", "GET", "/healthz/recovery"): ("/healthz/recovery", {}, None),
     ("native", "GET", "/v1/topics"): ("/v1/topics", {}, None),
     ("native", "POST", "/v1/topics"): ("/v1/topics", {}, {"name": "new", "partitions": 1}),
     ("native", "GET", "/v1/topics/{topic}"): (f"/v1/topics/{T}", {}, None),
     ("native", "DELETE", "/v1/topics/{topic}"): (f"/v1/topics/{T}", {}, None),
+    ("native", "PATCH", "/v1/topics/{topic}"): (
+        f"/v1/topics/{T}",
+        {},
+        {"config": {"retention_ms": 60_000}},
+    ),
     ("native", "POST", "/v1/topics/{topic}/messages"): (
         f"/v1/topics/{T}/messages",
         {},
@@ -84,6 +91,7 @@ SAMPLES: dict[tuple[str, str, str], tuple[str, dict[str, str], Any]] = {
     ("native", "PUT", "/v1/quotas/{name}"): ("/v1/quotas/other", {}, {"requests_per_s": 5}),
     ("native", "DELETE", "/v1/quotas/{name}"): ("/v1/quotas/other", {}, None),
     ("native", "GET", "/v1/whoami"): ("/v1/whoami", {}, None),
+    ("native", "GET", "/v1/settings"): ("/v1/settings", {}, None),
     ("native", "GET", "/v1/audit"): ("/v1/audit", {}, None),
     ("msgbus", "GET", "/"): ("/", {}, None),
     ("msgbus", "PUT", "/{topic:path}"): ("/jobs", {}, "x"),

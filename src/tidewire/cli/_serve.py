@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -29,6 +30,7 @@ from tidewire.security.tls import server_context
 from tidewire.server import TcpServer
 from tidewire.server.descriptors import fit_broker_listeners
 from tidewire.server.drain import drain
+from tidewire.server.runtime import listeners_of, record
 from tidewire.server.tcp import loop_factory
 from tidewire.storage import FsyncPolicy
 
@@ -646,6 +648,9 @@ async def _serve(settings: Settings, loop_name: str) -> None:
                 await gateway.start()
             except OSError as exc:
                 raise InvalidConfigError(str(exc.strerror or exc)) from None
+        # The settings in effect: the listeners' as fitted under the descriptor limit.
+        in_effect = replace(settings, server=server_config, http=http_config)
+        record(broker, in_effect, listeners_of(server, gateway, tls=tls is not None))
         # One line for people and scripts alike: where to connect.
         typer.echo(
             f"tidewire {__version__} listening on {settings.server.host}:{server.port}"

@@ -32,6 +32,7 @@ from tidewire.server.http.messages import messages_router
 from tidewire.server.http.publisher import Publisher
 from tidewire.server.http.security import security_router
 from tidewire.server.http.session_api import session_router
+from tidewire.server.http.settings_api import settings_router
 from tidewire.server.http.stream import stream_router
 from tidewire.server.http.topics import topics_router
 
@@ -63,6 +64,7 @@ def routers(ctx: GatewayContext) -> list[APIRouter]:
         security_router(ctx),
         audit_router(ctx),
         session_router(ctx),
+        settings_router(ctx),
         dashboard_router(ctx),
     ]
 

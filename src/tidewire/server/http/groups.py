@@ -161,7 +161,8 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
         """Move the committed offsets of a group with no members for a topic (its
         ``partitions``, or all): to the oldest message, the end, an offset (clamped to each
         log's range) or the first message at or after a time; ``dry_run`` only says what
-        would change. The same operation as ``tidewire group reset``."""
+        would change (per partition: the offset before and after, the end offset and the
+        lag left). The same operation as ``tidewire group reset``."""
         req = parse_body(ResetRequest, await request.body())
         value = 0
         if req.to == "offset":
@@ -180,6 +181,7 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
             value=value,
             dry_run=req.dry_run,
         )
+        ends = {s.partition: s.high_watermark for s in broker.describe(req.topic)}
         return json_response(
             {
                 "group": group,
@@ -190,6 +192,8 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
                         "partition": r.partition,
                         "previous": r.previous,
                         "offset": r.offset,
+                        "end_offset": ends.get(r.partition, -1),
+                        "lag": max(0, ends.get(r.partition, r.offset) - r.offset),
                     }
                     for r in got
                 ],

@@ -11,8 +11,9 @@ from pydantic import BaseModel, Field
 
 from tidewire.errors import InvalidRequestError
 from tidewire.server.http.context import GatewayContext
+from tidewire.server.runtime import runtime_of
 
-__all__ = ["Health", "StorageHealth", "health_router"]
+__all__ = ["Health", "ListenersHealth", "RecoveryHealth", "StorageHealth", "health_router"]
 
 
 class Health(BaseModel):
@@ -47,6 +48,36 @@ class StorageHealth(BaseModel):
     problems_total: int
 
 
+class ListenerDoc(BaseModel):
+    name: str = Field(description="binary (the TCP protocol), native, msgbus or ipubsub.")
+    host: str
+    port: int
+    tls: bool
+
+
+class ListenersHealth(BaseModel):
+    """/healthz/listeners' answer."""
+
+    status: str = Field(
+        description="ok while serving, draining while shutting down, unknown when the broker "
+        "recorded no listeners (started neither by tidewire serve nor embedded)"
+    )
+    listeners: list[ListenerDoc]
+
+
+class RecoveryHealth(BaseModel):
+    """/healthz/recovery's answer: how the last start opened the data directory."""
+
+    status: str = Field(description="ok, or degraded when partitions are offline or damaged")
+    clean_shutdown: bool = Field(
+        description="Whether the last stop was clean (the logs' indexes were trusted); false: "
+        "the tails were scanned and repaired."
+    )
+    partitions: int = Field(description="Partitions opened (internal topics included).")
+    offline: int = Field(description="Partitions that could not be opened.")
+    damaged_ranges: int = Field(description="Damaged or quarantined ranges found.")
+
+
 _UNAVAILABLE: dict[int | str, dict[str, Any]] = {
     503: {"model": Health, "description": "Not (or no longer) ready."}
 }
@@ -61,7 +92,8 @@ def _running(ctx: GatewayContext) -> bool:
 
 
 def health_router(ctx: GatewayContext) -> APIRouter:
-    """``/healthz/live``, ``/healthz/ready``, ``/healthz/startup``, ``/healthz/storage``."""
+    """``/healthz/live``, ``/healthz/ready``, ``/healthz/startup``, ``/healthz/storage``,
+    ``/healthz/listeners``, ``/healthz/recovery``."""
     router = APIRouter(prefix="/healthz", tags=["health"])
 
     @router.get("/live", response_model=Health)
@@ -86,6 +118,30 @@ def health_router(ctx: GatewayContext) -> APIRouter:
             status="degraded" if problems else "ok",
             problems=[StorageProblemDoc(**asdict(p)) for p in problems[:MAX_PROBLEMS]],
             problems_total=len(problems),
+        )
+
+    @router.get("/listeners", response_model=ListenersHealth)
+    async def listeners() -> ListenersHealth:
+        """The listeners serving the broker (the binary protocol, the HTTP API and its
+        compatibility modes) with their addresses, bound ports and TLS."""
+        got = runtime_of(ctx.broker).listeners
+        status = "draining" if ctx.closing.is_set() else ("ok" if got else "unknown")
+        return ListenersHealth(status=status, listeners=[ListenerDoc(**asdict(x)) for x in got])
+
+    @router.get("/recovery", response_model=RecoveryHealth, responses=_UNAVAILABLE)
+    async def recovery() -> RecoveryHealth | JSONResponse:
+        """How the last start opened the data directory: after a clean stop or not, and
+        the partitions opened, offline and with damaged ranges (503 while starting)."""
+        if not _running(ctx):
+            return JSONResponse({"status": "starting", "detail": ""}, status_code=503)
+        logs = ctx.broker.logs
+        damaged = sum(len(plog.damage) for plog in logs.logs.values())
+        return RecoveryHealth(
+            status="degraded" if damaged or logs.offline else "ok",
+            clean_shutdown=logs.was_clean,
+            partitions=len(logs.logs),
+            offline=len(logs.offline),
+            damaged_ranges=damaged,
         )
 
     @router.get("/ready", response_model=Health, responses=_UNAVAILABLE)

@@ -105,6 +105,17 @@ class CreateTopicRequest(_Strict):
     config: TopicConfig | None = None
 
 
+class AlterTopicRequest(_Strict):
+    """What to change: settings left out keep their current values."""
+
+    partitions: Annotated[int, Field(ge=1, le=_MAX_P)] | None = Field(
+        default=None, description="The new partition count (more than now; never fewer)."
+    )
+    config: TopicConfig | None = Field(
+        default=None, description="The settings to change (the others stay as they are)."
+    )
+
+
 class TopicSummary(BaseModel):
     name: str
     partitions: int
@@ -332,6 +343,8 @@ class ResetPartition(BaseModel):
     partition: int
     previous: int = Field(description="-1: nothing was committed.")
     offset: int
+    end_offset: int = Field(description="The partition's end (high watermark) now.")
+    lag: int = Field(description="Messages behind once at offset: end_offset - offset.")
 
 
 class ResetResult(BaseModel):

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from tidewire.broker import Broker, PartitionStatus
-from tidewire.errors import UnknownTopicError
+from tidewire.errors import InvalidRequestError, TidewireError, UnknownTopicError
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
 from tidewire.server.http._listing import (
     DEFAULT_PAGE,
@@ -20,6 +20,7 @@ from tidewire.server.http._listing import (
 )
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.models import (
+    AlterTopicRequest,
     CreateTopicRequest,
     TopicConfig,
     TopicDescription,
@@ -122,6 +123,13 @@ def topic_figures(broker: Broker, name: str) -> tuple[int, int]:
     return size, messages
 
 
+def _audit(broker: Broker, topic: str, error: TidewireError | None) -> None:
+    """Audit an alteration (who and from where: the request's, set by the gate)."""
+    if broker.audit is not None:
+        outcome, reason = ("failed", error.message) if error is not None else ("ok", "")
+        broker.audit.event("ALTER_TOPIC", outcome, resource=f"topic:{topic}", reason=reason)
+
+
 def _known(broker: Broker, name: str) -> None:
     """Raise UnknownTopicError unless ``name`` is a topic users may see."""
     if name not in broker.topics():
@@ -196,6 +204,37 @@ def topics_router(ctx: GatewayContext) -> APIRouter:
     async def get_topic(topic: str) -> Response:
         """A topic's partitions (start, end and high-watermark offsets, size) and settings."""
         _known(broker, topic)
+        return json_response(describe_topic(broker, topic))
+
+    @router.patch(
+        "/{topic}",
+        response_model=TopicDescription,
+        responses=responses(404, 422),
+        openapi_extra={"requestBody": request_body(AlterTopicRequest)},
+    )
+    async def alter_topic(request: Request, topic: str) -> Response:
+        """Change a topic's settings (those in ``config``; the others keep their values) on
+        every partition, and/or add partitions (``partitions``: more than now). Answers the
+        topic's description. A value out of range: 400 naming the field; fewer partitions
+        than now, or an internal topic: 422. The same operation as ``tidewire topic
+        alter``."""
+        req = parse_body(AlterTopicRequest, await request.body())
+        if req.partitions is None and (req.config is None or not req.config.model_fields_set):
+            raise InvalidRequestError(
+                "nothing to change: give partitions or at least one setting in config"
+            )
+        _known(broker, topic)
+        try:
+            config = (
+                _log_config(broker.topic_config(topic), req.config)
+                if req.config is not None and req.config.model_fields_set
+                else None
+            )
+            await broker.alter_topic_async(topic, partitions=req.partitions, config=config)
+        except TidewireError as exc:
+            _audit(broker, topic, exc)
+            raise
+        _audit(broker, topic, None)
         return json_response(describe_topic(broker, topic))
 
     @router.delete(
