@@ -101,6 +101,7 @@ function resetCard(group, d) {
     { title: "Topic", cell: (p) => p.topic }, { title: "Partition", num: 1, cell: (p) => p.partition },
     { title: "Previous", num: 1, cell: (p) => (p.previous < 0 ? "none" : fmtNum(p.previous)) },
     { title: "New offset", num: 1, cell: (p) => fmtNum(p.offset) },
+    { title: "Lag after", num: 1, cell: (p) => (p.lag === undefined ? "–" : fmtNum(p.lag)) },
   ], r.partitions, { empty: "no partition would change" });
   const dry = h("button", { class: "primary", type: "submit", id: "reset-dry-run" }, "Dry run");
   const form = h("form", { class: "card", id: "reset" }, h("h2", {}, "Reset offsets"),

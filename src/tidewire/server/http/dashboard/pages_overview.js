@@ -110,28 +110,35 @@ export async function metricsPage(main) {
   return () => clearTimeout(timer);
 }
 
-function rows(prefix, value, out) {
-  if (value && typeof value === "object" && !Array.isArray(value)) {
-    for (const [k, v] of Object.entries(value)) rows(prefix ? `${prefix}.${k}` : k, v, out);
-  } else {
-    out.push([prefix, Array.isArray(value) ? value.join(", ") : value]);
-  }
-  return out;
+function shown(v) {
+  return v === null || v === undefined ? "–" : String(v);
 }
 
 export async function settingsPage(main) {
-  const filter = h("input", { placeholder: "filter", id: "settings-filter" });
+  const filter = h("input", { placeholder: "name, value or origin", id: "settings-filter" });
+  const changed = h("input", { type: "checkbox", id: "settings-changed" });
   const body = h("div");
-  main.append(h("h1", {}, "Settings in effect"), h("div", { class: "toolbar" }, filter), body);
+  main.append(h("h1", {}, "Settings in effect"),
+    h("div", { class: "toolbar" }, h("label", {}, "Filter", filter),
+      h("label", {}, "Only those not at their default", changed)), body);
   const doc = await get("/v1/settings");
-  const all = rows("", doc, []);
   const draw = () => {
     const q = filter.value.toLowerCase();
-    put(body, table([
-      { title: "Setting", cell: (r) => r[0] },
-      { title: "Value", cls: "val", cell: (r) => (r[1] === null ? "null" : String(r[1])) },
-    ], all.filter((r) => !q || r[0].toLowerCase().includes(q)), { attrs: { id: "settings" } }));
+    const rows = (doc.settings || []).filter((r) =>
+      (!changed.checked || r.origin !== "default") &&
+      (!q || [r.section, r.key, shown(r.value), r.origin].join(" ").toLowerCase().includes(q)));
+    put(body,
+      (doc.warnings || []).map((w) => note("error", w)),
+      doc.recorded === false ? note("error", "This broker did not record its settings.") : null,
+      table([
+        { title: "Section", cell: (r) => r.section },
+        { title: "Setting", cell: (r) => h("span", { title: r.help || "" }, r.key) },
+        { title: "Value", cls: "val", cell: (r) => shown(r.value) },
+        { title: "Default", cls: "val", cell: (r) => shown(r.default) },
+        { title: "From", cell: (r) => r.origin },
+      ], rows, { attrs: { id: "settings" }, empty: "no setting matches" }));
   };
   filter.addEventListener("input", draw);
+  changed.addEventListener("change", draw);
   draw();
 }

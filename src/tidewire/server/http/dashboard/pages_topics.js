@@ -144,12 +144,12 @@ export async function topicPage(main, name) {
       h("p", { class: "muted" }, `${fmtNum(totalMsgs)} messages, ${fmtBytes(totalSize)}; ` +
         `retention ${fmtMs(t.config.retention_ms)}, ` +
         `${t.config.retention_bytes < 0 ? "no size limit" : fmtBytes(t.config.retention_bytes)}`)),
-    configCard(name, t.config, out)));
+    configCard(name, t.config, t.partitions.length, out)));
   if (can("read_messages")) main.append(browser(name, t.partitions.length));
   if (can("publish")) main.append(produceCard(name, t.partitions.length));
 }
 
-function configCard(name, config, out) {
+function configCard(name, config, partitions, out) {
   const inputs = {};
   const rows = CONFIG_KEYS.map((k) => {
     inputs[k] = k === "fsync"
@@ -158,6 +158,9 @@ function configCard(name, config, out) {
       : h("input", { name: k, type: "number", value: String(config[k]) });
     return h("tr", {}, h("td", {}, k), h("td", {}, inputs[k]));
   });
+  const parts = h("input", { name: "partitions", type: "number", min: partitions,
+    value: String(partitions) });
+  rows.unshift(h("tr", {}, h("td", {}, "partitions (more only)"), h("td", {}, parts)));
   const save = h("button", { class: "primary", type: "submit" }, "Save settings");
   const form = h("form", { class: "card", id: "alter-topic" }, h("h2", {}, "Settings"),
     h("table", {}, h("tbody", {}, rows)), can("alter_topics") ? save : null);
@@ -169,11 +172,16 @@ function configCard(name, config, out) {
       const v = k === "fsync" ? inputs[k].value : Number(inputs[k].value);
       if (v !== config[k]) changed[k] = v;
     }
-    if (!Object.keys(changed).length) { out.append(note("success", "Nothing changed.")); return; }
+    const body = {};
+    if (Object.keys(changed).length) body.config = changed;
+    if (Number(parts.value) !== partitions) body.partitions = Number(parts.value);
+    if (!Object.keys(body).length) { out.append(note("success", "Nothing changed.")); return; }
     try {
-      await patch(`/v1/topics/${enc(name)}`, { config: changed });
+      await patch(`/v1/topics/${enc(name)}`, body);
       Object.assign(config, changed);
-      out.append(note("success", `Saved ${Object.keys(changed).join(", ")}.`));
+      const what = [...Object.keys(changed), ...(body.partitions ? ["partitions"] : [])];
+      out.append(note("success", `Saved ${what.join(", ")}.`));
+      if (body.partitions) location.reload();
     } catch (e) {
       out.append(note("error", `Altering ${name}: ${refusal(e)}`));
     }
