@@ -25,7 +25,7 @@ PAGES = {
     "overview": ("overview", "#health"),
     "topics": ("topics", "#topic-list table"),
     "topic": ("topic/orders", "#messages tbody tr"),
-    "live-tail": ("tail/orders", "#tail-rows tr"),
+    "live-tail": ("tail/orders", "#tail-rows tr:nth-child(8)"),
     "groups": ("groups", "#group-list table"),
     "group": ("group/billing", "#offsets"),
     "metrics": ("metrics", "#charts"),

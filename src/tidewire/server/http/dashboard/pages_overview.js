@@ -48,11 +48,13 @@ export async function overviewPage(main) {
   main.append(h("h1", {}, "Overview"), body);
   let timer = null;
   const draw = async () => {
-    const [live, ready, startup, storage, recent, topics, groups] = await Promise.all([
+    const cluster = (path) => (can("describe_cluster") ? settle(get(path))
+      : { ok: false, error: { status: 403, message: "no permission to describe the cluster" } });
+    const [live, ready, startup, storage, recovery, listeners, recent, topics, groups] =
+      await Promise.all([
       settle(get("/healthz/live")), settle(get("/healthz/ready")),
-      settle(get("/healthz/startup")),
-      can("describe_cluster") ? settle(get("/healthz/storage"))
-        : { ok: false, error: { status: 403, message: "no permission to describe the cluster" } },
+      settle(get("/healthz/startup")), cluster("/healthz/storage"),
+      cluster("/healthz/recovery"), cluster("/healthz/listeners"),
       settle(get("/v1/metrics/recent")), settle(get("/v1/topics?limit=1")),
       settle(get("/v1/groups?limit=1")),
     ]);
@@ -72,8 +74,19 @@ export async function overviewPage(main) {
         stat("Topics", count(topics, "topics")),
         stat("Consumer groups", count(groups, "groups")),
         stat("Connections", fmtNum(latest(rec, "connections"))),
-        stat("Disk used", fmtBytes(latest(rec, "disk_used_bytes")))),
-      problems([can("describe_cluster") ? ["Storage health (GET /healthz/storage)", storage] : ["", { ok: true }],
+        stat("Disk used", fmtBytes(latest(rec, "disk_used_bytes"))),
+        recovery.ok ? stat("Last start", recovery.value.clean_shutdown
+          ? "after a clean stop" : "logs scanned", recovery.value.status === "ok" ? "ok" : "warn")
+          : null,
+        recovery.ok ? stat("Partitions open", `${fmtNum(recovery.value.partitions)}` +
+          (recovery.value.offline ? ` (${recovery.value.offline} offline)` : "")) : null),
+      listeners.ok && listeners.value.listeners.length ? h("p", { class: "muted", id: "listeners" },
+        "Listening: ", listeners.value.listeners.map((l) =>
+          `${l.name} ${l.host}:${l.port}${l.tls ? " (TLS)" : ""}`).join(" · ")) : null,
+      problems([
+        ...(can("describe_cluster") ? [["Storage health (GET /healthz/storage)", storage],
+          ["Recovery (GET /healthz/recovery)", recovery],
+          ["Listeners (GET /healthz/listeners)", listeners]] : []),
         ["Recent metrics (GET /v1/metrics/recent)", recent],
         ["Topics (GET /v1/topics)", topics], ["Groups (GET /v1/groups)", groups]]),
       storage.ok && storage.value.problems.length

@@ -32,7 +32,7 @@ export async function tailPage(main, topic) {
       h("label", {}, "Value", fValue), h("label", {}, "Start from", from), pause, clearBtn, status),
     errors,
     h("table", {}, h("thead", {}, h("tr", {}, ["Partition", "Offset", "Time", "Key", "Value"]
-      .map((c) => h("th", {}, c)))), tbody));
+      .map((c, i) => h("th", { class: i < 2 ? "num" : "" }, c)))), tbody));
 
   let paused = false, seen = 0, shown = 0, held = [], ws = null, pending = 0, pendingBytes = 0;
   const matches = (m) => (!fKey.value || String(m.key ?? "").includes(fKey.value)) &&

@@ -237,8 +237,12 @@ function browser(topic, partitions) {
     }
     try {
       const page = await get(path);
+      // The broker filters by q where it can; the same test here keeps a broker that does
+      // not from showing what does not match.
+      const low = q.toLowerCase();
       messages = page.messages.filter((m) => !q ||
-        String(m.key ?? "").includes(q) || String(m.value ?? "").includes(q));
+        [m.key, m.value, ...Object.values(m.headers || {})]
+          .some((v) => String(v ?? "").toLowerCase().includes(low)));
       selected.clear();
       if (page.next_offset !== undefined) offset.value = "";
       status.append(h("span", { class: "muted" }, `${messages.length} message(s)` +
