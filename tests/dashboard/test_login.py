@@ -115,6 +115,18 @@ def test_a_viewer_sees_less_and_is_told_what_is_refused(
     p.goto(f"{auth_page.base}/dashboard#/topic/{TOPIC}")
     expect(p.locator("#messages tbody tr")).to_have_count(1)  # reading is allowed
     expect(p.locator("#produce")).to_have_count(0)
+    # The live tail's WebSocket is authenticated by the session cookie as well.
+    p.goto(f"{auth_page.base}/dashboard#/tail/{TOPIC}")
+    expect(p.locator("#tail-status[data-subscribed='1']")).to_be_visible()
+    eb, admin = auth_broker
+    with httpx.Client(base_url=eb.http_url, timeout=30) as c:
+        r = c.post(
+            f"/v1/topics/{TOPIC}/messages",
+            json={"value": "seen by the viewer"},
+            headers={"Authorization": f"Bearer {admin}"},
+        )
+        assert r.status_code == 201, r.text
+    expect(p.locator("#tail-rows tr").first).to_contain_text("seen by the viewer")
     # ...and what the broker refuses anyway is said, not swallowed.
     p.goto(f"{auth_page.base}/dashboard#/audit")
     expect(p.locator("#audit .msg.error")).to_contain_text(
