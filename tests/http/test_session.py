@@ -180,3 +180,19 @@ def test_the_cookie_opens_a_websocket_stream(tmp_path: Path) -> None:
         with pytest.raises(InvalidStatus) as refused:
             ws_client.connect(url, additional_headers={"Cookie": "tidewire_session=x"}).close()
         assert refused.value.response.status_code == 401
+
+
+def test_the_cookie_is_in_the_openapi_spec(client: httpx.Client) -> None:
+    spec = client.get("/openapi.json").json()
+    scheme = spec["components"]["securitySchemes"]["sessionCookie"]
+    assert (scheme["type"], scheme["in"], scheme["name"]) == (
+        "apiKey",
+        "cookie",
+        "tidewire_session",
+    )
+    assert {"sessionCookie": []} in spec["paths"]["/v1/topics"]["get"]["security"]
+    assert "security" not in spec["paths"]["/v1/session"]["post"]
+    login = spec["paths"]["/v1/session"]["post"]
+    assert login["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "LoginBody"
+    )
