@@ -259,6 +259,8 @@ SETTINGS: tuple[Setting, ...] = (
         "str",
         "Web origins whose pages may call the HTTP listeners, comma-separated; '*': any.",
     ),
+    _s("http", "http_session_idle_ms", "int", "A browser session ends after this idle, ms."),
+    _s("http", "http_max_sessions", "int", "Browser sessions kept at once (oldest ended first)."),
     _s("tls", "tls_cert_file", "str", "PEM certificate chain of every listener ('': no TLS)."),
     _s("tls", "tls_key_file", "str", "PEM private key of tls_cert_file."),
     _s("tls", "tls_ca_file", "str", "PEM CAs that client certificates are verified against."),

@@ -130,3 +130,17 @@ def test_a_page_at_a_thousand_topics(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_page_at_five_thousand_topics(tmp_path: Path) -> None:
     _thousands(tmp_path, 5000)
+
+
+def test_principals_page_and_filter(client: httpx.Client) -> None:
+    for name in ("carol", "alice", "bob", "alina"):
+        assert client.post("/v1/principals", json={"name": name}).status_code == 201
+    doc = client.get("/v1/principals", params={"limit": 2}).json()
+    assert [p["name"] for p in doc["principals"]] == ["alice", "alina"]
+    assert (doc["total"], doc["next"]) == (4, 2)
+    doc = client.get("/v1/principals", params={"limit": 2, "offset": 2}).json()
+    assert [p["name"] for p in doc["principals"]] == ["bob", "carol"]
+    assert doc["next"] is None
+    doc = client.get("/v1/principals", params={"q": "ALI"}).json()
+    assert [p["name"] for p in doc["principals"]] == ["alice", "alina"]
+    assert doc["principals"][0]["keys"] == []

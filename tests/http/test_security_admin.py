@@ -98,7 +98,7 @@ def test_principals_keys_acls_quotas(client: httpx.Client) -> None:
     assert client.get("/v1/quotas").json()["quotas"] == []
 
     assert client.delete("/v1/principals/alice").status_code == 204
-    assert client.get("/v1/principals").json() == {"principals": []}
+    assert client.get("/v1/principals").json() == {"principals": [], "total": 0, "next": None}
     assert client.delete("/v1/principals/alice").status_code == 404
 
     who = client.get("/v1/whoami").json()

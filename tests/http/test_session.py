@@ -7,6 +7,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+import websockets.sync.client as ws_client
+from websockets.exceptions import InvalidStatus
 
 from tests.http._support import error_of, served
 from tidewire.errors import AuthenticationFailedError
@@ -162,3 +164,35 @@ def test_store_idle_expiry_and_cap() -> None:
         store.get(t1)
     assert len(store) == 0
     assert not store.end(t3)
+
+
+def test_the_cookie_opens_a_websocket_stream(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with served(data, security=SECURITY) as (_, client):
+        admin = _admin(data)
+        assert client.post("/v1/topics", json={"name": "t"}, headers=admin).status_code == 201
+        key = admin["Authorization"].removeprefix("Bearer ")
+        assert client.post("/v1/session", json={"api_key": key}).status_code == 200
+        cookie = f"tidewire_session={client.cookies['tidewire_session']}"
+        url = str(client.base_url).replace("http://", "ws://") + "/v1/topics/t/stream"
+        with ws_client.connect(url, additional_headers={"Cookie": cookie}, open_timeout=30):
+            pass  # opened: the cookie authenticated the handshake
+        with pytest.raises(InvalidStatus) as refused:
+            ws_client.connect(url, additional_headers={"Cookie": "tidewire_session=x"}).close()
+        assert refused.value.response.status_code == 401
+
+
+def test_the_cookie_is_in_the_openapi_spec(client: httpx.Client) -> None:
+    spec = client.get("/openapi.json").json()
+    scheme = spec["components"]["securitySchemes"]["sessionCookie"]
+    assert (scheme["type"], scheme["in"], scheme["name"]) == (
+        "apiKey",
+        "cookie",
+        "tidewire_session",
+    )
+    assert {"sessionCookie": []} in spec["paths"]["/v1/topics"]["get"]["security"]
+    assert "security" not in spec["paths"]["/v1/session"]["post"]
+    login = spec["paths"]["/v1/session"]["post"]
+    assert login["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "LoginBody"
+    )

@@ -382,6 +382,25 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    http_session_idle_ms: Annotated[
+        int | None,
+        typer.Option(
+            help=_help(
+                "http_session_idle_ms", "A browser session (/v1/session) ends after this idle (ms)."
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    http_max_sessions: Annotated[
+        int | None,
+        typer.Option(
+            help=_help(
+                "http_max_sessions",
+                "Browser sessions kept at once; one more ends the least recently used.",
+            ),
+            show_default=False,
+        ),
+    ] = None,
     tls_cert_file: Annotated[
         str | None,
         typer.Option(
@@ -569,6 +588,8 @@ def serve(
         "http_max_connections_per_source": http_max_connections_per_source,
         "http_allowed_hosts": http_allowed_hosts,
         "http_allowed_origins": http_allowed_origins,
+        "http_session_idle_ms": http_session_idle_ms,
+        "http_max_sessions": http_max_sessions,
         "tls_cert_file": tls_cert_file,
         "tls_key_file": tls_key_file,
         "tls_ca_file": tls_ca_file,

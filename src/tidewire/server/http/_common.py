@@ -130,6 +130,13 @@ def add_body_schemas(app: FastAPI) -> None:
             "description": "An API key (twk_...) from `tidewire key create`; required when "
             "the broker runs with authentication on (docs/security.md).",
         }
+        spec["components"]["securitySchemes"]["sessionCookie"] = {
+            "type": "apiKey",
+            "in": "cookie",
+            "name": "tidewire_session",
+            "description": "A browser session from POST /v1/session; its POST, PUT, PATCH and "
+            "DELETE requests also need the header X-CSRF-Token (docs/http.md).",
+        }
         from tidewire.server.http.auth import ROUTE_NEEDS  # noqa: PLC0415 (imports this module)
         from tidewire.server.needs import PUBLIC  # noqa: PLC0415
 
@@ -138,7 +145,7 @@ def add_body_schemas(app: FastAPI) -> None:
             for method, op in ops.items():
                 route = routes.get((method.upper(), path))
                 if route is None or route.requirement is not PUBLIC:
-                    op["security"] = [{"bearerAuth": []}]
+                    op["security"] = [{"bearerAuth": []}, {"sessionCookie": []}]
                     answers = op.setdefault("responses", {})
                     for status, what in _GATE.items():
                         answers.setdefault(str(status), {"description": what, "content": error})

@@ -5,13 +5,17 @@ with long-poll; every partition from a time)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Literal
+import csv
+import io
+import json
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request
 from starlette.responses import Response
 
 from tidewire._tasks import cancel_and_wait
-from tidewire.errors import PartitionCorruptError, UnknownTopicError
+from tidewire.errors import InvalidRequestError, PartitionCorruptError, UnknownTopicError
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.idempotency import MAX_KEY_CHARS
@@ -33,6 +37,13 @@ MAX_READ_LIMIT = 10_000
 MAX_GAPS_PER_READ = 16
 #: Default of ``limit``.
 DEFAULT_READ_LIMIT = 100
+#: Records a filtered read (``q``, ``key``) looks at by default, and at most: a search of a
+#: large log is done page by page (``next_offset`` goes on), each bounded so one request never
+#: holds the event loop for long (100,000 small records: tens of ms of decoding).
+DEFAULT_MAX_SCAN = 10_000
+MAX_SCAN = 100_000
+#: The columns of a CSV export.
+CSV_COLUMNS = ("partition", "offset", "timestamp", "key", "value", "headers", "encoding")
 
 IdempotencyKey = Annotated[
     str | None,
@@ -116,34 +127,95 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
                 "listing each one skipped in gaps."
             ),
         ] = False,
+        from_timestamp: Annotated[
+            int | None,
+            Query(
+                ge=0,
+                le=2**63 - 1,
+                description="Start at the first message at or after this time (ms since the "
+                "epoch; found by the time index) instead of offset.",
+            ),
+        ] = None,
+        q: Annotated[
+            str | None,
+            Query(
+                min_length=1,
+                max_length=1024,
+                description="Only messages whose key or value (decoded as UTF-8, invalid "
+                "bytes replaced) contains this text, case-insensitively.",
+            ),
+        ] = None,
+        key: Annotated[
+            str | None,
+            Query(max_length=65_536, description="Only messages with exactly this key (UTF-8)."),
+        ] = None,
+        max_scan: Annotated[
+            int,
+            Query(
+                ge=1,
+                le=MAX_SCAN,
+                description="With q or key: records looked at, at most (the answer's scanned).",
+            ),
+        ] = DEFAULT_MAX_SCAN,
+        format: Annotated[
+            Literal["page", "json", "csv"],
+            Query(
+                description="page: this JSON page; json or csv: the same messages as a file "
+                "to save (Content-Disposition: attachment), a JSON array or CSV rows of "
+                + ", ".join(CSV_COLUMNS)
+                + "."
+            ),
+        ] = "page",
     ) -> Response:
-        """Messages of one partition from ``offset``; with ``wait_ms``, wait for the first
-        one when there is none yet (answered as soon as one is published)."""
+        """Messages of one partition from ``offset`` (or ``from_timestamp``); with
+        ``wait_ms``, wait for the first one when there is none yet (answered as soon as one
+        is published). With ``q`` or ``key``, only the messages that match, looking at up to
+        ``max_scan`` records (``scanned``; ``next_offset`` continues the search); no
+        long-poll then. ``format`` json or csv exports the messages as a file."""
+        if offset is not None and from_timestamp is not None:
+            raise InvalidRequestError("give offset or from_timestamp, not both")
         plog = broker.log(topic, partition)
-        start = plog.log_start_offset if offset is None else offset
-        gaps: list[dict[str, int]] = []
-        for _ in range(MAX_GAPS_PER_READ):
-            try:
-                recs, next_offset = read_partition(broker, topic, partition, start, limit=limit)
-                break
-            except PartitionCorruptError as exc:
-                if not skip_damaged or exc.damage_end <= start:
-                    raise
-                gaps.append({"start": max(exc.damage_start, start), "end": exc.damage_end})
-                start = exc.damage_end
+        if from_timestamp is not None:
+            start = broker.list_offset(topic, partition, from_timestamp)
         else:
-            recs, next_offset = [], start  # as many gaps as one read reports: go on from here
-        if not recs and wait_ms > 0:
-            recs, next_offset = await _long_poll(
-                ctx, topic, partition, offset=start, limit=limit, wait_ms=wait_ms
+            start = plog.log_start_offset if offset is None else offset
+        gaps: list[dict[str, int]] = []
+
+        def read_from(at: int, count: int) -> tuple[list[StoredRecord], int]:
+            for _ in range(MAX_GAPS_PER_READ):
+                try:
+                    return read_partition(broker, topic, partition, at, limit=count)
+                except PartitionCorruptError as exc:
+                    if not skip_damaged or exc.damage_end <= at:
+                        raise
+                    gaps.append({"start": max(exc.damage_start, at), "end": exc.damage_end})
+                    at = exc.damage_end
+            return [], at  # as many gaps as one read reports: go on from here
+
+        scanned: int | None = None
+        if q is None and key is None:
+            recs, next_offset = read_from(start, limit)
+            if not recs and wait_ms > 0 and not gaps:
+                recs, next_offset = await _long_poll(
+                    ctx, topic, partition, offset=start, limit=limit, wait_ms=wait_ms
+                )
+        else:
+            recs, next_offset, scanned = await _search(
+                read_from, start, limit=limit, max_scan=max_scan, q=q, key=key
             )
+        docs = [message_doc(r, encoding) for r in recs]
+        if format != "page":
+            name = f"{topic}-{partition}-{start}"
+            return _export(docs, format, name)
         doc: dict[str, object] = {
-            "messages": [message_doc(r, encoding) for r in recs],
+            "messages": docs,
             "next_offset": next_offset,
             "high_watermark": broker.high_watermark(topic, partition),
         }
         if gaps:
             doc["gaps"] = gaps
+        if scanned is not None:
+            doc["scanned"] = scanned
         return json_response(doc)
 
     @router.get("/messages", response_model=TimeRangePage, responses=responses(404))
@@ -181,6 +253,73 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
         )
 
     return router
+
+
+async def _search(
+    read_from: Callable[[int, int], tuple[list[StoredRecord], int]],
+    start: int,
+    *,
+    limit: int,
+    max_scan: int,
+    q: str | None,
+    key: str | None,
+) -> tuple[list[StoredRecord], int, int]:
+    """The first ``limit`` records from ``start`` that match ``q`` and ``key``, looking at
+    ``max_scan`` records at most: (matches, the offset after the last record looked at,
+    records looked at)."""
+    needle = q.casefold() if q is not None else None
+    key_bytes = key.encode() if key is not None else None
+    found: list[StoredRecord] = []
+    scanned = 0
+    at = start
+    while scanned < max_scan and len(found) < limit:
+        chunk, after = read_from(at, min(MAX_READ_LIMIT, max_scan - scanned))
+        if not chunk:
+            at = after
+            break
+        for r in chunk:
+            scanned += 1
+            at = r.offset + 1
+            if _matches(r, needle, key_bytes):
+                found.append(r)
+                if len(found) >= limit:
+                    break
+        await asyncio.sleep(0)  # a long scan lets the other requests run between chunks
+    return found, at, scanned
+
+
+def _matches(r: StoredRecord, needle: str | None, key: bytes | None) -> bool:
+    if key is not None and r.key != key:
+        return False
+    if needle is None:
+        return True
+    return any(
+        data is not None and needle in data.decode("utf-8", "replace").casefold()
+        for data in (r.key, r.value)
+    )
+
+
+def _export(docs: list[dict[str, Any]], format: str, name: str) -> Response:
+    """``docs`` as a file to save: a JSON array, or CSV with a header row (headers as a
+    JSON object)."""
+    if format == "json":
+        body = json.dumps(docs, ensure_ascii=False, indent=1).encode()
+        media = "application/json"
+    else:
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(CSV_COLUMNS)
+        for d in docs:
+            row = {**d, "headers": json.dumps(d["headers"], ensure_ascii=False)}
+            writer.writerow(["" if row[c] is None else row[c] for c in CSV_COLUMNS])
+        body = out.getvalue().encode()
+        media = "text/csv; charset=utf-8"
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+    return Response(
+        body,
+        media_type=media,
+        headers={"Content-Disposition": f'attachment; filename="{safe}.{format}"'},
+    )
 
 
 async def _long_poll(

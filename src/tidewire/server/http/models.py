@@ -249,6 +249,11 @@ class MessagePage(BaseModel):
         description="With skip_damaged=true: the damaged ranges read past (their records "
         "are lost); absent when there were none.",
     )
+    scanned: int | None = Field(
+        default=None,
+        description="With q or key: the records looked at (at most max_scan); next_offset "
+        "follows the last one, so a search goes on from there. Absent without a filter.",
+    )
 
 
 class TimeRangePage(BaseModel):

@@ -22,6 +22,14 @@ from tidewire.security.model import Principal
 from tidewire.server import security_admin as admin
 from tidewire.server.gate import CURRENT_SESSION, gate_for
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
+from tidewire.server.http._listing import (
+    DEFAULT_PAGE,
+    LimitParam,
+    OffsetParam,
+    QueryParam,
+    matching,
+    paged,
+)
 from tidewire.server.http.context import GatewayContext
 
 __all__ = ["security_router"]
@@ -57,6 +65,8 @@ class PrincipalDoc(BaseModel):
 
 class PrincipalList(BaseModel):
     principals: list[PrincipalDoc]
+    total: int = Field(description="Principals that match the filter, over every page.")
+    next: int | None = Field(description="The offset of the next page; null: this is the last.")
 
 
 class CreatePrincipalBody(_Strict):
@@ -178,10 +188,18 @@ def security_router(ctx: GatewayContext) -> APIRouter:
     info: Any = None  # handlers take a ServerInfo they do not read
 
     @router.get("/v1/principals", response_model=PrincipalList, responses=responses())
-    async def list_principals() -> Response:
-        """Every principal with its API keys (id, state, times, description)."""
+    async def list_principals(
+        *, limit: LimitParam = DEFAULT_PAGE, offset: OffsetParam = 0, q: QueryParam = ""
+    ) -> Response:
+        """The principals whose names contain ``q``, by name, ``limit`` from ``offset``, each
+        with its API keys (id, state, times, description); ``total`` counts those that
+        match, ``next`` is the offset of the next page (null on the last)."""
         body = await _run(admin.describe_principals(b, info, m.DescribePrincipalsRequest(), _E))
-        return json_response({"principals": _doc(body.principals)})
+        docs = {p["name"]: p for p in _doc(body.principals)}
+        page, total, after = paged(
+            matching(docs, q), sort="name", keys={"name": str}, offset=offset, limit=limit
+        )
+        return json_response({"principals": [docs[n] for n in page], "total": total, "next": after})
 
     @router.post(
         "/v1/principals",
