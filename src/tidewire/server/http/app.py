@@ -28,6 +28,7 @@ from tidewire.server.http.groups import groups_router
 from tidewire.server.http.health import health_router
 from tidewire.server.http.idempotency import IdempotencyStore
 from tidewire.server.http.messages import messages_router
+from tidewire.server.http.metrics_routes import metrics_router
 from tidewire.server.http.publisher import Publisher
 from tidewire.server.http.security import security_router
 from tidewire.server.http.stream import stream_router
@@ -60,6 +61,7 @@ def routers(ctx: GatewayContext) -> list[APIRouter]:
         stream_router(ctx),
         security_router(ctx),
         audit_router(ctx),
+        metrics_router(ctx),
     ]
 
 

@@ -194,6 +194,9 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         ("DELETE", "/v1/quotas/{name}"): Route(_cluster(_O.ALTER)),
         ("GET", "/v1/whoami"): Route(AUTHENTICATED),
         ("GET", "/v1/audit"): Route(_cluster(_O.ADMIN)),
+        # Metrics: a Prometheus scrape sends an API key of a principal allowed this.
+        ("GET", "/metrics"): Route(_cluster(_O.DESCRIBE)),
+        ("GET", "/v1/metrics/recent"): Route(_cluster(_O.DESCRIBE)),
     },
     "msgbus": {
         ("GET", "/"): Route(AUTHENTICATED, interface="msgbus"),
@@ -289,6 +292,8 @@ class HttpAuth:
         compiled, params = self._match(method, scope["path"])
         route = compiled.route if compiled is not None else Route(AUTHENTICATED)
         action = f"{method} {compiled.template if compiled is not None else scope['path']}"
+        if compiled is not None:
+            scope["tidewire.route"] = f"{method} {compiled.template}"  # metrics' label
         session = Session(
             source=source_of(scope.get("client")),
             interface=route.interface,

@@ -536,8 +536,10 @@ class HttpGateway:
 def _gated(app: AsgiApp, broker: Broker, name: str, config: HttpConfig) -> AsgiApp:
     """``app`` behind the gate, with the route table of listener ``name``."""
     from tidewire.server.http.auth import ROUTE_NEEDS, HttpAuth  # noqa: PLC0415
+    from tidewire.server.http.metrics_routes import HttpMetrics  # noqa: PLC0415
 
-    return HttpAuth(app, broker, ROUTE_NEEDS[name], max_body_bytes=config.http_max_body_bytes)
+    gated = HttpAuth(app, broker, ROUTE_NEEDS[name], max_body_bytes=config.http_max_body_bytes)
+    return HttpMetrics(gated, broker, "http" if name == NATIVE else f"http-{name}")
 
 
 def _bind(host: str, port: int) -> socket.socket:
