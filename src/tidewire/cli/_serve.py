@@ -380,6 +380,30 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    metrics_enabled: Annotated[
+        bool | None,
+        typer.Option(
+            help=_help("metrics_enabled", "Serve /metrics and the dashboard's recent samples."),
+            show_default=False,
+        ),
+    ] = None,
+    metrics_max_partition_series: Annotated[
+        int | None,
+        typer.Option(
+            help=_help(
+                "metrics_max_partition_series",
+                "Partitions with their own /metrics series (beyond: per-topic aggregates).",
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    metrics_sample_interval_s: Annotated[
+        float | None,
+        typer.Option(
+            help=_help("metrics_sample_interval_s", "Seconds between the dashboard's samples."),
+            show_default=False,
+        ),
+    ] = None,
     tls_cert_file: Annotated[
         str | None,
         typer.Option(
@@ -567,6 +591,9 @@ def serve(
         "http_max_connections_per_source": http_max_connections_per_source,
         "http_allowed_hosts": http_allowed_hosts,
         "http_allowed_origins": http_allowed_origins,
+        "metrics_enabled": metrics_enabled,
+        "metrics_max_partition_series": metrics_max_partition_series,
+        "metrics_sample_interval_s": metrics_sample_interval_s,
         "tls_cert_file": tls_cert_file,
         "tls_key_file": tls_key_file,
         "tls_ca_file": tls_ca_file,

@@ -18,6 +18,7 @@ from starlette.types import ASGIApp
 
 from tidewire import __version__
 from tidewire.broker import Broker
+from tidewire.observability.metrics import configure_metrics
 from tidewire.server.http._common import add_body_schemas
 from tidewire.server.http.audit import audit_router
 from tidewire.server.http.config import HttpConfig
@@ -89,6 +90,12 @@ def create_app(
     )
     ctx.on_topic_deleted.append(publisher.store.forget_topic)
     app.state.tidewire = ctx
+    configure_metrics(
+        broker,
+        enabled=config.metrics_enabled,
+        max_partition_series=config.metrics_max_partition_series,
+        sample_interval_s=config.metrics_sample_interval_s,
+    )
     install_error_handlers(app)
     for router in routers(ctx):
         app.include_router(router)
