@@ -93,6 +93,8 @@ SAMPLES: dict[tuple[str, str, str], tuple[str, dict[str, str], Any]] = {
     ("native", "GET", "/v1/whoami"): ("/v1/whoami", {}, None),
     ("native", "GET", "/v1/settings"): ("/v1/settings", {}, None),
     ("native", "GET", "/v1/audit"): ("/v1/audit", {}, None),
+    ("native", "GET", "/metrics"): ("/metrics", {}, None),
+    ("native", "GET", "/v1/metrics/recent"): ("/v1/metrics/recent", {}, None),
     ("msgbus", "GET", "/"): ("/", {}, None),
     ("msgbus", "PUT", "/{topic:path}"): ("/jobs", {}, "x"),
     ("msgbus", "POST", "/{topic:path}"): ("/jobs", {}, "x"),

@@ -775,7 +775,10 @@ class Broker:
             )
             self._visible_after_flush(topic, partition, plog, infos[-1].last_offset + 1, durable)
             self._wake(topic, partition)
-            self.stats.published += infos[-1].last_offset + 1 - infos[0].base_offset
+            n = infos[-1].last_offset + 1 - infos[0].base_offset
+            self.stats.published += n
+            plog.messages_in += n
+            plog.bytes_in += len(view)
             return ProduceResult(infos[0].base_offset, infos[-1].last_offset, plog.log_start_offset)
         return await self._produce_idempotent((topic, partition), plog, view, batches, durable)
 
@@ -820,7 +823,10 @@ class Broker:
                     state.forget(pid, [b for p, b in recorded if p == pid])
                 raise
             done.set_result(True)
-            self.stats.published += infos[-1].last_offset + 1 - infos[0].base_offset
+            n = infos[-1].last_offset + 1 - infos[0].base_offset
+            self.stats.published += n
+            plog.messages_in += n
+            plog.bytes_in += sum(len(a) for a in appends)
             self._visible_after_flush(*key, plog, infos[-1].last_offset + 1, durable)
             self._wake(*key)
             if infos[0].base_offset != places[plan.index(None)][0]:  # cannot happen: loud
@@ -1235,8 +1241,23 @@ class Broker:
         """Count the messages ``results`` hand over (from each wanted offset on)."""
         for (_, _, offset, _), r in zip(wants, results, strict=True):
             if r.next_offset > offset:
-                self.stats.delivered += r.next_offset - offset
+                self.count_delivered(r.topic, r.partition, r.next_offset - offset, len(r.data))
         return results
+
+    def count_delivered(self, topic: str, partition: int, messages: int, nbytes: int) -> None:
+        """Count ``messages`` (``nbytes`` of batches) of one partition handed to a reader
+        (``stats.delivered`` and the partition's counters; per fetch or push, never per
+        message)."""
+        self.stats.delivered += messages
+        plog = self.logs.logs.get((topic, partition))
+        if plog is not None:
+            plog.messages_out += messages
+            plog.bytes_out += nbytes
+
+    @property
+    def fetch_waiters(self) -> int:
+        """Long-poll fetches waiting for data now."""
+        return self._n_waiters
 
     def _read(
         self, wants: Sequence[tuple[str, int, int, int]], max_bytes: int

@@ -10,6 +10,7 @@
   as a member of a consumer group).
 - ``tidewire group list | describe | reset | delete``: consumer groups, offsets and lag.
 - ``tidewire health``: ping a broker; exit code 0 when it answers.
+- ``tidewire metrics``: a summary of the broker's ``/metrics`` (over its HTTP API).
 - ``tidewire user | key | acl | quota``: principals and their roles, API keys (shown once),
   ACL entries and quotas (docs/security.md).
 - ``tidewire audit``: the audit log (who did what, from where, allowed or denied).
@@ -48,6 +49,7 @@ from ._consume import consume
 from ._export import export
 from ._group import group_app
 from ._health import health
+from ._metrics import metrics
 from ._msgbus_cli import register as register_msgbus_commands
 from ._publish import publish
 from ._quota import quota_app
@@ -106,6 +108,7 @@ app.add_typer(group_app)
 app.command()(publish)
 app.command()(consume)
 app.command()(health)
+app.command()(metrics)
 app.add_typer(user_app)
 app.add_typer(key_app)
 app.add_typer(acl_app)

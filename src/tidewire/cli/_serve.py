@@ -391,6 +391,23 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    metrics_enabled: Annotated[
+        bool | None,
+        typer.Option(
+            help=_help("metrics_enabled", "Serve /metrics and the dashboard's recent samples."),
+            show_default=False,
+        ),
+    ] = None,
+    metrics_max_partition_series: Annotated[
+        int | None,
+        typer.Option(
+            help=_help(
+                "metrics_max_partition_series",
+                "Partitions with their own /metrics series (beyond: per-topic aggregates).",
+            ),
+            show_default=False,
+        ),
+    ] = None,
     http_max_sessions: Annotated[
         int | None,
         typer.Option(
@@ -398,6 +415,13 @@ def serve(
                 "http_max_sessions",
                 "Browser sessions kept at once; one more ends the least recently used.",
             ),
+            show_default=False,
+        ),
+    ] = None,
+    metrics_sample_interval_s: Annotated[
+        float | None,
+        typer.Option(
+            help=_help("metrics_sample_interval_s", "Seconds between the dashboard's samples."),
             show_default=False,
         ),
     ] = None,
@@ -590,6 +614,9 @@ def serve(
         "http_allowed_origins": http_allowed_origins,
         "http_session_idle_ms": http_session_idle_ms,
         "http_max_sessions": http_max_sessions,
+        "metrics_enabled": metrics_enabled,
+        "metrics_max_partition_series": metrics_max_partition_series,
+        "metrics_sample_interval_s": metrics_sample_interval_s,
         "tls_cert_file": tls_cert_file,
         "tls_key_file": tls_key_file,
         "tls_ca_file": tls_ca_file,

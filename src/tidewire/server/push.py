@@ -322,7 +322,7 @@ class Subscriptions:
         if size > sub.credit and sub.credit < sub.window:
             return _NO_CREDIT  # one batch larger than the credit: only with nothing in flight
         start, part.position = part.position, r.next_offset
-        self.broker.stats.delivered += max(r.next_offset - start, 0)
+        self.broker.count_delivered(part.topic, part.partition, max(r.next_offset - start, 0), size)
         sub.credit -= size
         stats = sub.stats
         stats.sent += size

@@ -47,6 +47,7 @@ import math
 import socket
 import ssl
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -62,6 +63,7 @@ from tidewire.errors import (
     UnknownApiError,
     UnknownError,
 )
+from tidewire.observability.metrics import metrics_for
 from tidewire.protocol import (
     NEED_DATA,
     PAUSED,
@@ -100,6 +102,9 @@ from tidewire.server.tls import tls_protocol_factory
 __all__ = ["EVENT_LOOPS", "ServerConfig", "TcpServer", "loop_factory"]
 
 log = logging.getLogger("tidewire.server")
+
+#: API key -> name, the label of request metrics.
+_API_NAMES = {int(k): k.name for k in ApiKey}
 
 #: The event loops ``tidewire serve`` can run on.
 EVENT_LOOPS = ("auto", "asyncio", "uvloop")
@@ -235,6 +240,9 @@ class _ClientProtocol(asyncio.Protocol):
         self._reset_timer: asyncio.TimerHandle | None = None  # armed once closing
         self._lost = False
         self._refused = False  # refused after the TLS handshake: nothing is read
+        #: Why the broker closed the connection (metrics); None: the peer closed it.
+        self.close_reason: str | None = None
+        self._counted = False  # counted as accepted (its close is counted too)
         #: Bytes of fetch answers being read (counted at their most), under max_unsent_bytes
         #: together with the write buffer; fetches wait on ``_output_waiters`` beyond it.
         self.reserved = 0
@@ -275,6 +283,9 @@ class _ClientProtocol(asyncio.Protocol):
             self.transport.abort()
             return
         self.server.connections.add(self)
+        if self.server.metrics.enabled:
+            self._counted = True
+            self.server.metrics.connection_accepted("binary")
         if self.server.draining:  # accepted just before the listener closed
             self.go_away()
             return
@@ -286,6 +297,7 @@ class _ClientProtocol(asyncio.Protocol):
         then close."""
         self.closing = True
         self._refused = True
+        self.close_reason = "refused"
         assert self.transport is not None
         log.info("refusing a connection: %s", exc.message)
         self.transport.writelines(Connection.error_frame(exc))
@@ -339,6 +351,9 @@ class _ClientProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self.server.connections.discard(self)
+        if self._counted:
+            reason = self.close_reason or ("error" if exc is not None else "peer")
+            self.server.metrics.connection_closed("binary", reason)
         if not self.server.connections:
             self.server.all_closed.set()
         if self._timer is not None:
@@ -420,32 +435,45 @@ class _ClientProtocol(asyncio.Protocol):
         return True
 
     async def _handle(self, ev: RequestReceived) -> None:
-        if ev.api_key in SESSION_APIS and await self._authenticate(ev):
+        metrics = self.server.metrics
+        if not metrics.enabled:
+            await self._answer(ev)
             return
+        started = time.perf_counter()
+        error = await self._answer(ev)
+        name = _API_NAMES.get(ev.api_key) or str(ev.api_key)
+        metrics.observe_request("binary", name, time.perf_counter() - started, error)
+
+    def _error(self, ev: RequestReceived, exc: TidewireError) -> int:
+        """Answer ``ev`` with ``exc``; its code (for metrics)."""
+        self._write(self.conn.send_error(ev.correlation_id, exc))
+        return exc.code
+
+    async def _answer(self, ev: RequestReceived) -> int:
+        """Handle one request; the error code it was answered with (0: none)."""
+        if ev.api_key in SESSION_APIS and await self._authenticate(ev):
+            return 0
         api = ApiKey(ev.api_key)
         try:
             principal = self.server.gate.check(self.session, api.name, API_NEEDS.get(api), ev.body)
         except TidewireError as exc:
-            self._write(self.conn.send_error(ev.correlation_id, exc))
-            return
+            return self._error(ev, exc)
         self.server.gate.enter(self.session, principal)  # this task's own context
         if ev.api_key in PUSH_APIS:
             try:
                 reply = self.subscriptions.handle(ev.api_key, ev.body)
             except TidewireError as exc:
-                self._write(self.conn.send_error(ev.correlation_id, exc))
-                return
+                return self._error(ev, exc)
             self._write(self.conn.send_response(ev.correlation_id, reply))
             if isinstance(reply, SubscribeResponse) and not reply.error_code:
                 # Only now: no push of it may reach the client before this answer.
                 self.subscriptions.start(reply.subscription_id)
-            return
+            return 0
         handler = HANDLERS.get(ev.api_key)
         if handler is None:
             name = ApiKey(ev.api_key).name
             err: TidewireError = UnknownApiError(f"{name} is not implemented by this broker")
-            self._write(self.conn.send_error(ev.correlation_id, err))
-            return
+            return self._error(ev, err)
         size = 0
         if isinstance(ev.body, FetchRequest):
             size = max(min(ev.body.max_bytes, self.server.broker.config.fetch_max_bytes), 0)
@@ -453,8 +481,7 @@ class _ClientProtocol(asyncio.Protocol):
         try:
             body, data = await handler(self.server.broker, self.server.info, ev.body, ev.data)
         except TidewireError as exc:
-            self._write(self.conn.send_error(ev.correlation_id, exc))
-            return
+            return self._error(ev, exc)
         finally:
             # The answer is in the write buffer from here on (counted there), or there is none.
             self._release_output(size)
@@ -472,8 +499,9 @@ class _ClientProtocol(asyncio.Protocol):
         if body is None:
             self.conn.discard(ev.correlation_id)
             self._after_response()
-            return
+            return 0
         self._write(self.conn.send_response(ev.correlation_id, body, data))
+        return 0
 
     def _unsent(self) -> int:
         t = self.transport
@@ -543,6 +571,7 @@ class _ClientProtocol(asyncio.Protocol):
         """Tell the client why, then close: the connection broke the protocol."""
         log.info("closing a connection: %s", exc)
         self.closing = True
+        self.close_reason = self.close_reason or "protocol"
         self.subscriptions.close()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.writelines(Connection.error_frame(exc))
@@ -561,6 +590,7 @@ class _ClientProtocol(asyncio.Protocol):
         if self.transport is None or self._lost or self.transport.is_closing():
             return
         self.closing = True
+        self.close_reason = self.close_reason or "shutdown"
         self.subscriptions.close()
         if self._timer is not None:
             self._timer.cancel()
@@ -634,6 +664,7 @@ class _ClientProtocol(asyncio.Protocol):
             self._arm_timer()
             return
         what = "a frame was left half-sent" if midframe else "the connection was idle"
+        self.close_reason = "timeout"
         self._fail(ProtocolError(f"{what} for too long; closing"))
 
 
@@ -687,6 +718,10 @@ class TcpServer:
         #: Authentication and authorization of every request (shared with the broker's
         #: other listeners).
         self.gate = gate_for(broker)
+        #: The broker's metrics (connections and requests are counted there).
+        self.metrics = metrics_for(broker)
+        self.metrics.tcp_servers.add(self)
+        self.metrics.security_stats = self.gate.stats
 
     def _fit_connections(self) -> None:
         """Check max_connections against the descriptor limit (see the module docstring).

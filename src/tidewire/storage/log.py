@@ -175,6 +175,35 @@ class _Write:
     future: asyncio.Future[None] | None = None
 
 
+#: Upper bounds of the fsync latency buckets of :class:`FlushStats`, seconds (from a local
+#: SSD's fraction of a millisecond to a stalled network disk's seconds).
+FLUSH_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+class FlushStats:
+    """Group commits of a data directory's logs, for metrics: one :meth:`observe` per flush
+    (never per batch). ``buckets[i]`` counts flushes that took at most ``FLUSH_BUCKETS[i]``
+    seconds (not cumulative; the last entry counts the slower ones)."""
+
+    __slots__ = ("batches", "buckets", "bytes", "count", "failures", "seconds")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.failures = 0
+        self.seconds = 0.0
+        self.batches = 0
+        self.bytes = 0
+        self.buckets = [0] * (len(FLUSH_BUCKETS) + 1)
+
+    def observe(self, seconds: float, batches: int, nbytes: int, *, failed: bool) -> None:
+        self.count += 1
+        self.failures += failed
+        self.seconds += seconds
+        self.batches += batches
+        self.bytes += nbytes
+        self.buckets[bisect_right(FLUSH_BUCKETS, seconds - 1e-12)] += 1
+
+
 @dataclass(slots=True)
 class _FlushPlan:
     target: int
@@ -229,6 +258,18 @@ class PartitionLog:
         self._writeback_seg: Segment | None = None
         self._writeback_end = 0
         self._writeback: concurrent.futures.Future[None] | None = None  # the request running
+        #: Counters for metrics, bumped once per batch or per request, never per record:
+        #: batches reserved at the end of the log (appended, rolled-back writes included),
+        #: and messages/bytes appended by producers and handed to readers (the broker counts
+        #: those, per produce and per fetch or push).
+        self.batches_appended = 0
+        self._batches_flushed = 0
+        self.messages_in = 0
+        self.bytes_in = 0
+        self.messages_out = 0
+        self.bytes_out = 0
+        #: Where flushes are accounted (the log manager's), or None.
+        self.flush_stats: FlushStats | None = None
 
     # --- opening and recovery -------------------------------------------------------------------
 
@@ -612,6 +653,7 @@ class PartitionLog:
             seg = self._roll()
         base = seg.next_offset
         position, buffers = seg.reserve(view, length, last_delta, max_ts, now)
+        self.batches_appended += 1
         return _Write(
             seg, position, buffers, AppendInfo(base, base + last_delta, size, max_ts), mark
         )
@@ -874,11 +916,19 @@ class PartitionLog:
                     self._fail_waiters(self._failed)
                     return
                 plan = self._flush_plan()
+                batches = self.batches_appended - self._batches_flushed
+                nbytes = sum(size - seg.synced_size for seg, size in plan.syncs)
+                self._batches_flushed = self.batches_appended
                 error: OSError | None = None
+                started = time.perf_counter()
                 try:
                     await asyncio.to_thread(self._flush_io, plan)
                 except OSError as exc:
                     error = exc
+                if self.flush_stats is not None:
+                    self.flush_stats.observe(
+                        time.perf_counter() - started, batches, nbytes, failed=error is not None
+                    )
                 self._flush_done(plan, error)
                 self._settle_waiters()
         finally:

@@ -56,7 +56,13 @@ from tidewire.storage.creation import (
 )
 from tidewire.storage.filecache import CachedFileSystem
 from tidewire.storage.fs import FileLock, FileSystem, LockHeldError, OsFileSystem, write_atomic
-from tidewire.storage.log import Clock, PartitionLog, describe_os_error, wall_clock_ms
+from tidewire.storage.log import (
+    Clock,
+    FlushStats,
+    PartitionLog,
+    describe_os_error,
+    wall_clock_ms,
+)
 
 __all__ = ["LogManager", "validate_topic_name"]
 
@@ -150,6 +156,9 @@ class LogManager:
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_taken = 0  # generation of the last snapshot taken
         self._checkpoint_written = 0  # generation of the snapshot on disk
+        #: Group commits of every log here (for metrics), and how long :meth:`open` took.
+        self.flush_stats = FlushStats()
+        self.open_seconds = 0.0
 
     # --- opening --------------------------------------------------------------------------------
 
@@ -164,6 +173,7 @@ class LogManager:
             StorageError: the directory or a log cannot be read.
         """
         fs, d = self.fs, self.data_dir
+        started = time.monotonic()
         self._lock_dir()
         try:
             names = [n for n in fs.listdir(d) if n != LOCK_FILE]
@@ -200,6 +210,7 @@ class LogManager:
                     clock=self.clock,
                 )
                 self.logs[(topic, partition)].on_truncate = self._after_truncate
+                self.logs[(topic, partition)].flush_stats = self.flush_stats
                 self._parts.setdefault(topic, set()).add(partition)
             if self.was_clean:
                 fs.remove(f"{d}/{CLEAN_SHUTDOWN_FILE}")
@@ -212,6 +223,7 @@ class LogManager:
                 raise StorageError(f"cannot open data directory {d}: {exc}") from exc
             raise
         self._opened = True
+        self.open_seconds = time.monotonic() - started
         if not names:
             how = "a new data directory"
         else:
@@ -290,6 +302,7 @@ class LogManager:
         parts = self._parts.setdefault(topic, set())
         for p, plog in zip(partitions, logs, strict=True):
             plog.on_truncate = self._after_truncate
+            plog.flush_stats = self.flush_stats
             self.logs[(topic, p)] = plog
             parts.add(p)
 

@@ -18,6 +18,7 @@ from starlette.types import ASGIApp
 
 from tidewire import __version__
 from tidewire.broker import Broker
+from tidewire.observability.metrics import configure_metrics
 from tidewire.server.http._common import add_body_schemas
 from tidewire.server.http.audit import audit_router
 from tidewire.server.http.config import HttpConfig
@@ -29,6 +30,7 @@ from tidewire.server.http.groups import groups_router
 from tidewire.server.http.health import health_router
 from tidewire.server.http.idempotency import IdempotencyStore
 from tidewire.server.http.messages import messages_router
+from tidewire.server.http.metrics_routes import metrics_router
 from tidewire.server.http.publisher import Publisher
 from tidewire.server.http.security import security_router
 from tidewire.server.http.session_api import session_router
@@ -66,6 +68,7 @@ def routers(ctx: GatewayContext) -> list[APIRouter]:
         session_router(ctx),
         settings_router(ctx),
         dashboard_router(ctx),
+        metrics_router(ctx),
     ]
 
 
@@ -93,6 +96,12 @@ def create_app(
     )
     ctx.on_topic_deleted.append(publisher.store.forget_topic)
     app.state.tidewire = ctx
+    configure_metrics(
+        broker,
+        enabled=config.metrics_enabled,
+        max_partition_series=config.metrics_max_partition_series,
+        sample_interval_s=config.metrics_sample_interval_s,
+    )
     install_error_handlers(app)
     for router in routers(ctx):
         app.include_router(router)

@@ -216,6 +216,9 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         # The dashboard's static files: its data comes through the routes above.
         ("GET", "/dashboard"): Route(PUBLIC),
         ("GET", "/dashboard/{path}"): Route(PUBLIC),
+        # Metrics: a Prometheus scrape sends an API key of a principal allowed this.
+        ("GET", "/metrics"): Route(_cluster(_O.DESCRIBE)),
+        ("GET", "/v1/metrics/recent"): Route(_cluster(_O.DESCRIBE)),
     },
     "msgbus": {
         ("GET", "/"): Route(AUTHENTICATED, interface="msgbus"),
@@ -315,6 +318,8 @@ class HttpAuth:
         compiled, params = self._match(method, scope["path"])
         route = compiled.route if compiled is not None else Route(AUTHENTICATED)
         action = f"{method} {compiled.template if compiled is not None else scope['path']}"
+        if compiled is not None:
+            scope["tidewire.route"] = f"{method} {compiled.template}"  # metrics' label
         session = Session(
             source=source_of(scope.get("client")),
             interface=route.interface,

@@ -133,6 +133,13 @@ class HttpConfig:
             without a request, ms.
         http_max_sessions: browser sessions kept at once; logging one more in ends the
             least recently used.
+        metrics_enabled: serve ``/metrics`` and ``/v1/metrics/recent`` and count requests
+            and connections for them (docs/observability.md); ``False``: neither.
+        metrics_max_partition_series: partitions (of topics, and of groups' committed
+            offsets) with series of their own in ``/metrics``; beyond it only per-topic and
+            per-group aggregates (a warning says so once).
+        metrics_sample_interval_s: seconds between the recent samples behind the
+            dashboard's charts (0.1..3,600; an hour of them is kept).
 
     Raises:
         InvalidConfigError: a value out of its range.
@@ -154,8 +161,20 @@ class HttpConfig:
     http_allowed_origins: str = DEFAULT_ALLOWED_ORIGINS
     http_session_idle_ms: int = DEFAULT_SESSION_IDLE_MS
     http_max_sessions: int = DEFAULT_MAX_SESSIONS
+    metrics_enabled: bool = True
+    metrics_max_partition_series: int = 10_000
+    metrics_sample_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
+        if self.metrics_max_partition_series < 0:
+            raise InvalidConfigError(
+                f"metrics_max_partition_series={self.metrics_max_partition_series:,} must be >= 0"
+            )
+        if not 0.1 <= self.metrics_sample_interval_s <= 3600:
+            raise InvalidConfigError(
+                f"metrics_sample_interval_s={self.metrics_sample_interval_s} must be within "
+                "0.1..3,600"
+            )
         if not self.http_host:
             raise InvalidConfigError("http_host must not be empty")
         for name in ("http_port", "http_msgbus_port", "http_ipubsub_port"):

@@ -536,8 +536,9 @@ class HttpGateway:
 def _gated(app: AsgiApp, broker: Broker, name: str, config: HttpConfig) -> AsgiApp:
     """``app`` behind the gate, with the route table of listener ``name``."""
     from tidewire.server.http.auth import ROUTE_NEEDS, HttpAuth  # noqa: PLC0415
+    from tidewire.server.http.metrics_routes import HttpMetrics  # noqa: PLC0415
 
-    return HttpAuth(
+    gated = HttpAuth(
         app,
         broker,
         ROUTE_NEEDS[name],
@@ -545,6 +546,7 @@ def _gated(app: AsgiApp, broker: Broker, name: str, config: HttpConfig) -> AsgiA
         session_idle_ms=config.http_session_idle_ms,
         max_sessions=config.http_max_sessions,
     )
+    return HttpMetrics(gated, broker, "http" if name == NATIVE else f"http-{name}")
 
 
 def _bind(host: str, port: int) -> socket.socket:
