@@ -85,6 +85,20 @@ PAGES = {
 }
 
 
+def test_every_page_loads_without_console_errors(api: httpx.Client, page: Page) -> None:
+    from playwright.sync_api import expect
+
+    for route, ready in PAGES.items():
+        p = page.go(route)
+        expect(p.locator(ready).first).to_be_visible()
+        expect(p.locator("#banner")).to_be_hidden()
+        assert p.locator(".msg.error").count() == 0, (
+            route,
+            p.locator(".msg.error").all_inner_texts(),
+        )
+    page.assert_clean()
+
+
 def test_create_and_delete_a_topic(api: httpx.Client, page: Page) -> None:
     from playwright.sync_api import expect
 
@@ -123,6 +137,30 @@ def test_alter_a_topic(api: httpx.Client, page: Page) -> None:
     doc = api.get(f"/v1/topics/{topic}").json()
     assert doc["config"]["retention_ms"] == 3_600_000
     assert len(doc["partitions"]) == 3
+    page.assert_clean()
+
+
+def _committed(api: httpx.Client) -> int:
+    offsets = api.get(f"/v1/groups/{GROUP}").json()["offsets"]
+    return int(next(o["committed"] for o in offsets if o["partition"] == 0))
+
+
+def test_reset_a_group_with_a_dry_run_first(api: httpx.Client, page: Page) -> None:
+    from playwright.sync_api import expect
+
+    assert _committed(api) == 2
+    p = page.go(f"group/{GROUP}")
+    p.select_option("#reset-to", "earliest")
+    p.click("#reset-dry-run")
+    result = p.locator("#reset-result")
+    expect(result.locator(".msg.success")).to_contain_text("Dry run")
+    expect(result.locator("tbody tr").first).to_contain_text("2")
+    assert _committed(api) == 2  # a dry run changes nothing
+    p.click("#reset-apply")
+    p.click("#confirm-ok")
+    expect(result.locator(".msg.success")).to_contain_text("Reset applied")
+    assert _committed(api) == 0
+    expect(p.locator("#reset-apply")).to_be_disabled()
     page.assert_clean()
 
 

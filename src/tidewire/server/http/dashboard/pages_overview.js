@@ -32,9 +32,13 @@ function latest(recent, name) {
 
 async function uptimeSeconds(recent) {
   if (recent && typeof recent.uptime_s === "number") return recent.uptime_s;
+  if (!can("describe_cluster")) return null;
   const r = await settle(get("/metrics", { accept: "text/plain", raw: true }));
   if (!r.ok) return null;
-  const m = /^process_start_time_seconds\s+(\S+)/m.exec(await r.value.text());
+  const text = await r.value.text();
+  const up = /^tidewire_uptime_seconds\s+(\S+)/m.exec(text);
+  if (up) return Number(up[1]);
+  const m = /^process_start_time_seconds\s+(\S+)/m.exec(text);
   return m ? Date.now() / 1000 - Number(m[1]) : null;
 }
 
