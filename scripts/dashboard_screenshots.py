@@ -16,6 +16,7 @@ from playwright.sync_api import expect, sync_playwright
 from tidewire.embedded import EmbeddedBroker
 from tidewire.security.config import SecurityConfig
 from tidewire.security.model import Acl, Operation, ResourceType
+from tidewire.server.http.config import HttpConfig
 
 OUT = Path("docs/images/dashboard")
 CHROMIUM = "/usr/bin/chromium"
@@ -95,13 +96,15 @@ def traffic(url: str, key: str, stop: threading.Event) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--warmup", type=float, default=45.0, help="seconds of traffic first")
+    ap.add_argument("--warmup", type=float, default=40.0, help="seconds of traffic first")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as d:
         eb = EmbeddedBroker(
             f"{d}/data",
             http_port=0,
+            # A sample a second: the charts have points after the short warm-up.
+            http=HttpConfig(metrics_sample_interval_s=1.0),
             security=SecurityConfig(authentication=True, superusers="admin"),
         )
         with eb.running() as running:

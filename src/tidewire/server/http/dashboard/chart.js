@@ -12,7 +12,7 @@ function el(tag, attrs, text) {
 }
 
 function clock(ts) {
-  return new Date(ts * 1000).toISOString().slice(11, 16);
+  return new Date(ts * 1000).toISOString().slice(11, 19);
 }
 
 export function lineChart(title, points, fmt = (v) => String(v)) {
