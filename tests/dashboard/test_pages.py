@@ -233,6 +233,15 @@ def test_browse_search_and_export_selected_messages(api: httpx.Client, page: Pag
         p.click("#export-json")
     doc = json.loads(_read(got.value))
     assert [(m["offset"], m["value"]) for m in doc] == [(1, 'item 1, "quoted"')]
+    # An exact key, searched by the broker; the broker's own file of the same read.
+    p.fill("#browse-key", "k2")
+    p.click("#browse-read")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("item 2")
+    with p.expect_download() as got:
+        p.click("#broker-export-csv")
+    parsed = list(csv.DictReader(io.StringIO(_read(got.value))))
+    assert [(m["offset"], m["key"]) for m in parsed] == [("2", "k2")]
     page.assert_clean()
 
 

@@ -210,6 +210,7 @@ function browser(topic, partitions) {
   const since = h("input", { id: "browse-since", type: "datetime-local", step: 1 });
   const limit = h("input", { id: "browse-limit", type: "number", min: 1, max: 10000, value: "100" });
   const search = h("input", { id: "browse-search", placeholder: "text in key or value" });
+  const exactKey = h("input", { id: "browse-key", placeholder: "any" });
   const result = h("div", { id: "messages" });
   const status = h("div");
   let messages = [];
@@ -227,6 +228,7 @@ function browser(topic, partitions) {
     const qs = new URLSearchParams({ limit: limit.value || "100" });
     const q = search.value.trim();
     if (q) qs.set("q", q);
+    if (exactKey.value !== "") qs.set("key", exactKey.value);
     let path;
     if (mode.value === "time") {
       qs.set("since", String(since.value ? new Date(`${since.value}Z`).getTime() : 0));
@@ -240,14 +242,26 @@ function browser(topic, partitions) {
       // The broker filters by q where it can; the same test here keeps a broker that does
       // not from showing what does not match.
       const low = q.toLowerCase();
-      messages = page.messages.filter((m) => !q ||
+      messages = page.messages.filter((m) => (!q ||
         [m.key, m.value, ...Object.values(m.headers || {})]
-          .some((v) => String(v ?? "").toLowerCase().includes(low)));
+          .some((v) => String(v ?? "").toLowerCase().includes(low))) &&
+        (exactKey.value === "" || m.key === exactKey.value));
       selected.clear();
       if (page.next_offset !== undefined) offset.value = "";
       status.append(h("span", { class: "muted" }, `${messages.length} message(s)` +
+        (page.scanned !== undefined ? ` of ${page.scanned} looked at` : "") +
         (page.next_offset !== undefined ? `; next offset ${page.next_offset}, ` +
           `high watermark ${page.high_watermark}` : "")));
+      if (mode.value === "offset") {
+        // The same read as a file made by the broker (the whole range, not only the ticked).
+        const file = (fmt) => {
+          const f = new URLSearchParams(qs);
+          f.set("format", fmt);
+          return h("a", { href: `${path.split("?")[0]}?${f}`, download: `${topic}.${fmt}`,
+            id: `broker-export-${fmt}` }, fmt.toUpperCase());
+        };
+        status.append(" · as a file from the broker: ", file("json"), " ", file("csv"));
+      }
       if (page.next_offset !== undefined && messages.length) {
         status.append(" ", h("button", { type: "button", id: "browse-more",
           onclick: () => { offset.value = String(page.next_offset); load(); } }, "Next page ›"));
@@ -315,6 +329,7 @@ function browser(topic, partitions) {
     h("label", {}, "Read by", mode), h("label", {}, "Partition", part),
     h("label", {}, "From offset", offset), h("label", {}, "From time (UTC)", since),
     h("label", {}, "Limit", limit), h("label", {}, "Search", search),
+    h("label", {}, "Key (exact)", exactKey),
     h("button", { class: "primary", type: "submit", id: "browse-read" }, "Read"),
     h("button", { type: "button", id: "export-json", onclick: () => exportAs("json") }, "Export JSON"),
     h("button", { type: "button", id: "export-csv", onclick: () => exportAs("csv") }, "Export CSV"));
