@@ -9,6 +9,7 @@ job sends an API key as a bearer token (``authorization: {credentials: <api key>
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -82,6 +83,10 @@ def _disabled() -> Response:
 def _start_sampler(ctx: GatewayContext, metrics: BrokerMetrics) -> RecentSamples:
     ring = samples_for(metrics)
     if metrics.enabled and not ring.running and not ctx.closing.is_set():
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # the app built outside a loop: started by the first request
+            return ring
         ring.start(ctx.closing)
     return ring
 
