@@ -17,6 +17,7 @@ from tidewire.embedded import EmbeddedBroker
 from tidewire.observability.metrics import configure_metrics, metrics_for
 from tidewire.records import iter_batches
 from tidewire.records.builder import BatchBuilder
+from tidewire.storage.config import FsyncPolicy, LogConfig
 
 TIMEOUT_S = 30.0
 
@@ -243,5 +244,32 @@ def test_metrics_disabled(tmp_path: Path) -> None:
                 assert "metrics_enabled" in r.text
             assert metrics_for(eb.broker) is m
             assert m.requests == 0
+
+    asyncio.run(main())
+
+
+def test_group_commits_are_measured(tmp_path: Path) -> None:
+    """Under fsync = always each acknowledged produce waited for a group commit that covered
+    its batch: the fsync histogram and the batches and bytes made durable say so."""
+
+    async def main() -> None:
+        log_config = LogConfig(fsync=FsyncPolicy.ALWAYS)
+        async with EmbeddedBroker(str(tmp_path / "data"), http_port=0, log=log_config) as eb:
+            sizes = 0
+            async with eb.client() as client:
+                await client.create_topic("durable", 1)
+                for i in range(3):
+                    data = batch(10, i * 10)
+                    sizes += len(data)
+                    await client.produce_batch("durable", 0, data)
+            async with httpx.AsyncClient(base_url=eb.http_url, timeout=TIMEOUT_S) as http:
+                got = samples((await http.get("/metrics")).text)
+            count = value(got, "tidewire_fsync_duration_seconds_count")
+            assert count >= 3
+            assert value(got, "tidewire_fsync_duration_seconds_bucket", le="+Inf") == count
+            assert value(got, "tidewire_fsync_duration_seconds_sum") > 0
+            assert value(got, "tidewire_fsync_batches_total") >= 3
+            assert value(got, "tidewire_fsync_bytes_total") >= sizes
+            assert value(got, "tidewire_fsync_failures_total") == 0
 
     asyncio.run(main())

@@ -4,11 +4,13 @@ routes behind the gate."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import websockets.sync.client as ws_client
 from prometheus_client.parser import text_string_to_metric_families
 
 from tidewire.embedded import EmbeddedBroker
@@ -164,3 +166,41 @@ def test_metrics_routes_need_cluster_describe(tmp_path: Path) -> None:
         }
         assert got["tidewire_requests_denied_total", ()] == 2  # nobody's two
         assert got["tidewire_authentications_total", (("result", "ok"),)] >= 6
+
+
+def test_stream_sessions_are_counted(tmp_path: Path) -> None:
+    """A WebSocket and an SSE stream open show in tidewire_http_streams_open; closed, the
+    gauge is back to 0."""
+
+    def streams(c: httpx.Client) -> dict[str, float]:
+        text = c.get("/metrics").text
+        return {
+            x.labels["kind"]: x.value
+            for f in text_string_to_metric_families(text)
+            for x in f.samples
+            if x.name == "tidewire_http_streams_open"
+        }
+
+    with (
+        EmbeddedBroker(str(tmp_path / "data"), http_port=0).running() as eb,
+        httpx.Client(base_url=eb.http_url, timeout=TIMEOUT_S) as c,
+    ):
+        assert c.post("/v1/topics", json={"name": "s", "partitions": 1}).status_code in (200, 201)
+        assert streams(c) == {"websocket": 0, "sse": 0}
+        ws_url = eb.http_url.replace("http://", "ws://") + "/v1/topics/s/stream"
+        with ws_client.connect(ws_url, open_timeout=30) as ws:
+            assert ws.protocol.state.name == "OPEN"
+            assert streams(c)["websocket"] == 1
+            with c.stream(
+                "GET",
+                "/v1/topics/s/stream",
+                params={"partition": 0},
+                headers={"Accept": "text/event-stream"},
+            ) as r:
+                assert r.status_code == 200
+                assert r.headers["content-type"].startswith("text/event-stream")
+                assert streams(c) == {"websocket": 1, "sse": 1}
+        deadline = time.monotonic() + TIMEOUT_S
+        while streams(c) != {"websocket": 0, "sse": 0}:  # the server sees the closes
+            assert time.monotonic() < deadline, streams(c)
+            time.sleep(0.05)
