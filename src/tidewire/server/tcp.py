@@ -62,6 +62,7 @@ from tidewire.errors import (
     UnknownApiError,
     UnknownError,
 )
+from tidewire.observability import tracing
 from tidewire.protocol import (
     NEED_DATA,
     PAUSED,
@@ -450,14 +451,26 @@ class _ClientProtocol(asyncio.Protocol):
         if isinstance(ev.body, FetchRequest):
             size = max(min(ev.body.max_bytes, self.server.broker.config.fetch_max_bytes), 0)
             await self._reserve_output(size)
+        t = tracing.tracer()  # None without an SDK: nothing more is done for tracing
+        span = (
+            None if t is None else tracing.request_span(t, api.name, ev.body, self.session.source)
+        )
         try:
             body, data = await handler(self.server.broker, self.server.info, ev.body, ev.data)
         except TidewireError as exc:
+            if span is not None:
+                tracing.end_span(span, exc)
             self._write(self.conn.send_error(ev.correlation_id, exc))
             return
+        except BaseException as exc:
+            if span is not None:
+                tracing.end_span(span, exc)
+            raise
         finally:
             # The answer is in the write buffer from here on (counted there), or there is none.
             self._release_output(size)
+        if span is not None:
+            tracing.end_request_span(span, ev.body, body, ev.data)
         if principal is not None:
             delay = self.server.gate.throttle(
                 principal,
