@@ -85,6 +85,12 @@ SAMPLES: dict[tuple[str, str, str], tuple[str, dict[str, str], Any]] = {
     ("native", "DELETE", "/v1/quotas/{name}"): ("/v1/quotas/other", {}, None),
     ("native", "GET", "/v1/whoami"): ("/v1/whoami", {}, None),
     ("native", "GET", "/v1/audit"): ("/v1/audit", {}, None),
+    ("native", "GET", "/v1/admin/log-levels"): ("/v1/admin/log-levels", {}, None),
+    ("native", "PUT", "/v1/admin/log-levels"): (
+        "/v1/admin/log-levels",
+        {},
+        {"logger": "tidewire.matrix", "level": "INFO"},
+    ),
     ("msgbus", "GET", "/"): ("/", {}, None),
     ("msgbus", "PUT", "/{topic:path}"): ("/jobs", {}, "x"),
     ("msgbus", "POST", "/{topic:path}"): ("/jobs", {}, "x"),

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import socket
@@ -62,7 +63,7 @@ from tidewire.errors import (
     UnknownApiError,
     UnknownError,
 )
-from tidewire.observability import tracing
+from tidewire.observability import logs, tracing
 from tidewire.protocol import (
     NEED_DATA,
     PAUSED,
@@ -101,6 +102,8 @@ from tidewire.server.tls import tls_protocol_factory
 __all__ = ["EVENT_LOOPS", "ServerConfig", "TcpServer", "loop_factory"]
 
 log = logging.getLogger("tidewire.server")
+#: Numbers the connections of the process, for log lines.
+_CONNECTION_IDS = itertools.count(1)
 
 #: The event loops ``tidewire serve`` can run on.
 EVENT_LOOPS = ("auto", "asyncio", "uvloop")
@@ -218,6 +221,8 @@ class _ClientProtocol(asyncio.Protocol):
 
     def __init__(self, server: TcpServer) -> None:
         self.server = server
+        #: The connection's id in log lines (``connection_id``).
+        self.log_id = f"c{next(_CONNECTION_IDS)}"
         cfg = server.config
         self.conn = Connection(
             Role.SERVER, max_frame_bytes=cfg.max_frame_bytes, max_in_flight=cfg.max_in_flight
@@ -430,6 +435,12 @@ class _ClientProtocol(asyncio.Protocol):
             self._write(self.conn.send_error(ev.correlation_id, exc))
             return
         self.server.gate.enter(self.session, principal)  # this task's own context
+        logs.bind_request(
+            self.log_id,
+            f"{self.log_id}-{ev.correlation_id}",
+            api.name,
+            principal.name if principal is not None else "",
+        )
         if ev.api_key in PUSH_APIS:
             try:
                 reply = self.subscriptions.handle(ev.api_key, ev.body)

@@ -194,6 +194,8 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         ("DELETE", "/v1/quotas/{name}"): Route(_cluster(_O.ALTER)),
         ("GET", "/v1/whoami"): Route(AUTHENTICATED),
         ("GET", "/v1/audit"): Route(_cluster(_O.ADMIN)),
+        ("GET", "/v1/admin/log-levels"): Route(_cluster(_O.DESCRIBE)),
+        ("PUT", "/v1/admin/log-levels"): Route(_cluster(_O.ALTER)),
     },
     "msgbus": {
         ("GET", "/"): Route(AUTHENTICATED, interface="msgbus"),
