@@ -25,6 +25,8 @@ failure.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Protocol
 
@@ -536,3 +538,36 @@ def record_receive(
         start_time=start_ns,
     )
     span.end()
+
+
+def setup_tracing(
+    *, enabled: bool, endpoint: str, env: Mapping[str, str] | None = None
+) -> TracerProvider | None:
+    """What ``tidewire serve`` does at start: install the SDK (:func:`configure_sdk`) when
+    ``tracing_enabled`` is set, an ``otlp_endpoint`` is given or the OTEL_* variables ask for
+    traces (:func:`wanted_by_env`); None (tracing stays a no-op) otherwise, or when
+    ``OTEL_SDK_DISABLED=true``.
+
+    Raises:
+        OtelMissingError: tracing is asked for and the ``otel`` extra is not installed.
+        ValueError: an unsupported ``OTEL_TRACES_EXPORTER``.
+    """
+    environ = os.environ if env is None else env
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    if not (enabled or endpoint or wanted_by_env(environ)):
+        return None
+    provider = configure_sdk(endpoint=endpoint or None, env=environ)
+    target = (
+        endpoint
+        or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        or "the OTLP default (http://localhost:4318)"
+    )
+    exporter = (environ.get("OTEL_TRACES_EXPORTER") or "otlp").split(",")[0].strip().lower()
+    logging.getLogger("tidewire").info(
+        "tracing: exporting spans (%s) to %s",
+        exporter,
+        "standard output" if exporter == "console" else target,
+    )
+    return provider

@@ -177,6 +177,14 @@ class ServerConfig:
     #: How long a drain (SIGTERM) lets requests in flight finish before cutting them (s;
     #: 0: at once). Every listener of the process drains within the same period.
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    #: ``tidewire serve``'s log lines: ``text`` or ``json`` (one object per line), from
+    #: ``log_level`` up (docs/tracing-and-logs.md).
+    log_format: str = "text"
+    log_level: str = "INFO"
+    #: Export traces through OpenTelemetry's SDK (the ``otel`` extra) to ``otlp_endpoint``
+    #: (else to OTEL_EXPORTER_OTLP_ENDPOINT); also on when OTEL_* variables ask for it.
+    tracing_enabled: bool = False
+    otlp_endpoint: str = ""
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -210,6 +218,18 @@ class ServerConfig:
                 math.isfinite(value) and value > 0,
                 f"{name}={value} must be a number of seconds > 0",
             )
+        need(
+            self.log_format in logs.FORMATS,
+            f"log_format={self.log_format!r} must be one of {', '.join(logs.FORMATS)}",
+        )
+        need(
+            self.log_level.upper() in logs.LEVELS[:-1],
+            f"log_level={self.log_level!r} must be one of {', '.join(logs.LEVELS[:-1])}",
+        )
+        need(
+            not self.otlp_endpoint or self.otlp_endpoint.startswith(("http://", "https://")),
+            f"otlp_endpoint={self.otlp_endpoint!r} must be an http:// or https:// URL",
+        )
         need(
             math.isfinite(self.drain_timeout_s) and 0 <= self.drain_timeout_s <= 3600,
             f"drain_timeout_s={self.drain_timeout_s} must be a number of seconds within 0..3600",
