@@ -32,6 +32,7 @@ from typing import Any, Final, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry import trace as _trace_api
 from opentelemetry.trace import (
     Link,
     NoOpTracerProvider,
@@ -70,6 +71,8 @@ TRACE_HEADERS: Final = ("traceparent", "tracestate")
 MAX_LINKS: Final = 128
 
 _override: TracerProvider | None = None
+#: Whether OpenTelemetry is told to load a provider by name (then the API does, on first use).
+_ENV_PROVIDER: Final = bool(os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"))
 #: (the provider last asked, its tidewire tracer or None for a no-op provider)
 _cache: tuple[object, Tracer | None] = (None, None)
 
@@ -88,7 +91,16 @@ def tracer() -> Tracer | None:
     Cheap enough to ask once per request or per send: a global read and an identity check
     once the provider has been seen.
     """
-    provider = _override if _override is not None else trace.get_tracer_provider()
+    provider = _override
+    if provider is None:
+        # OpenTelemetry's global, read directly: trace.get_tracer_provider() looks up an
+        # environment variable at every call (2 us, as much as a whole send), and the global
+        # is None until a provider is set (or loaded from OTEL_PYTHON_TRACER_PROVIDER).
+        provider = _trace_api._TRACER_PROVIDER
+        if provider is None:
+            if not _ENV_PROVIDER:
+                return None
+            provider = trace.get_tracer_provider()  # loads it, and sets the global
     cached = _cache
     if cached[0] is provider:
         return cached[1]
