@@ -27,7 +27,7 @@ def client(tmp_path: Path) -> Iterator[httpx.Client]:
 @pytest.fixture
 def restore_levels() -> Iterator[None]:
     """Put back the levels a test changes."""
-    names = ["", "tidewire", "tidewire.storage", "tidewire.server.http"]
+    names = ["", "tidewire", "tidewire.storage", "tidewire.http"]
     saved = {n: logging.getLogger(n or None).level for n in names}
     yield
     for n, level in saved.items():
@@ -112,7 +112,7 @@ def test_json_log_lines_carry_the_request_id(client: httpx.Client, restore_level
     out = io.StringIO()
     handler = logging.StreamHandler(out)
     handler.setFormatter(logs.JsonFormatter())
-    lg = logging.getLogger("tidewire.server.http")
+    lg = logging.getLogger("tidewire.http")
     lg.addHandler(handler)
     lg.setLevel(logging.INFO)
     try:
@@ -127,7 +127,7 @@ def test_json_log_lines_carry_the_request_id(client: httpx.Client, restore_level
     (line,) = out.getvalue().splitlines()
     doc = json.loads(line)
     assert doc["message"] == "log level of tidewire.storage set to WARNING"
-    assert (doc["level"], doc["logger"]) == ("INFO", "tidewire.server.http")
+    assert (doc["level"], doc["logger"]) == ("INFO", "tidewire.http")
     assert doc["request_id"] == "ops-7"
     assert doc["api"] == "PUT /v1/admin/log-levels"
     assert doc["ts"].endswith("Z")

@@ -14,7 +14,7 @@ from tidewire.server.http._common import json_response, responses
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.errors import error_response
 
-log = logging.getLogger("tidewire.server.http")
+log = logging.getLogger("tidewire.http")
 
 __all__ = ["LogLevel", "LogLevelChange", "LogLevels", "log_levels_router"]
 
