@@ -6,9 +6,13 @@ import contextvars
 import io
 import json
 import logging
+import re
+from pathlib import Path
 
 import pytest
 
+from tests.client._support import addr, run, serve
+from tidewire.client import AsyncClient
 from tidewire.observability import logs
 
 
@@ -93,3 +97,37 @@ def test_request_ids_a_log_line_may_carry() -> None:
     assert not logs.valid_request_id('{"x"}')
     assert not logs.valid_request_id("x" * 129)
     assert len(logs.new_request_id()) == 32
+
+
+def test_a_binary_request_s_log_lines_name_it(tmp_path: Path) -> None:
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logs.JsonFormatter())
+    lg = logging.getLogger("tidewire.broker")
+    saved = lg.level
+    lg.addHandler(handler)
+    lg.setLevel(logging.INFO)
+
+    async def main() -> None:
+        async with serve(tmp_path) as (_, server), AsyncClient(addr(server)) as client:
+            await client.create_topic("audited", 1)
+            await client.create_topic("second", 1)
+
+    try:
+        run(main())
+    finally:
+        lg.removeHandler(handler)
+        lg.setLevel(saved)
+    docs = [json.loads(line) for line in out.getvalue().splitlines()]
+    created = [d for d in docs if d["message"].startswith("created topic")]
+    assert [d["message"].split(" with ")[0] for d in created] == [
+        "created topic audited",
+        "created topic second",
+    ]
+    first, second = created
+    assert re.fullmatch(r"c\d+", first["connection_id"])
+    assert first["connection_id"] == second["connection_id"]  # one client connection
+    assert first["request_id"].startswith(first["connection_id"] + "-")
+    assert first["request_id"] != second["request_id"]
+    assert first["api"] == second["api"] == "CREATE_TOPIC"
+    assert "principal" not in first  # anonymous
