@@ -16,6 +16,7 @@ from opentelemetry.trace import SpanKind
 from tests.http._support import error_of, served
 from tests.observability._support import traced
 from tidewire.observability import logs
+from tidewire.security.config import SecurityConfig
 
 
 @pytest.fixture
@@ -131,3 +132,28 @@ def test_json_log_lines_carry_the_request_id(client: httpx.Client, restore_level
     assert doc["request_id"] == "ops-7"
     assert doc["api"] == "PUT /v1/admin/log-levels"
     assert doc["ts"].endswith("Z")
+
+
+def test_json_log_lines_name_the_principal(tmp_path: Path, restore_levels: None) -> None:
+    security = SecurityConfig(authentication=True, superusers="admin")
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logs.JsonFormatter())
+    lg = logging.getLogger("tidewire.http")
+    lg.addHandler(handler)
+    lg.setLevel(logging.INFO)
+    try:
+        with served(tmp_path / "data", security=security) as (_, client):
+            key = (tmp_path / "data" / "bootstrap-admin.key").read_text().strip()
+            r = client.put(
+                "/v1/admin/log-levels",
+                json={"logger": "tidewire.storage", "level": "ERROR"},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+            assert r.status_code == 200, r.text
+            assert client.get("/v1/admin/log-levels").status_code == 401
+    finally:
+        lg.removeHandler(handler)
+    (doc,) = [json.loads(line) for line in out.getvalue().splitlines() if "log level" in line]
+    assert doc["principal"] == "admin"
+    assert doc["request_id"] == r.headers["x-request-id"]

@@ -60,6 +60,8 @@ def test_produce_then_consume_leaves_linked_spans(tmp_path: Path) -> None:
                     (record,) = await consumer.poll(5.0)
                     with tracing.process_span(record) as processing:
                         assert processing is not None
+                    with tracing.process_span(record, group="g", link=True) as linked:
+                        assert linked is not None
             spans = exporter.get_finished_spans()
 
         # The producer: one send span, its context in the record's headers.
@@ -103,7 +105,10 @@ def test_produce_then_consume_leaves_linked_spans(tmp_path: Path) -> None:
         assert rattrs["messaging.batch.message_count"] == 1
         assert rattrs["messaging.destination.partition.id"] == "1"
         assert _linked(poll, send)
-        (process,) = named(spans, "process orders")
+        process, separate = named(spans, "process orders")
+        assert separate.parent is None  # a trace of its own, linked to the producer's
+        assert _linked(separate, send)
+        assert dict(separate.attributes or {})["messaging.consumer.group.name"] == "g"
         assert process.parent is not None
         assert process.parent.span_id == send.context.span_id
         assert process.context is not None

@@ -65,7 +65,9 @@ class RequestObservation:
         assert rid is not None
         method = scope.get("method", "")
         path = scope.get("path", "")
-        logs.bind_request("", rid, f"{method} {path}")
+        # The gate in front (auth.py) has named the principal by now.
+        principal = scope.get("state", {}).get("tidewire_principal")
+        logs.bind_request("", rid, f"{method} {path}", getattr(principal, "name", "") or "")
         echoed = (_HEADER_BYTES, rid.encode("latin-1"))
         status = 0
 
