@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tests.client._support import addr, in_thread, run, serve
@@ -203,3 +204,25 @@ def test_a_failed_request_names_its_error(tmp_path: Path) -> None:
         assert dict(f.attributes or {})["error.type"].endswith("Error")
 
     run(main())
+
+
+def test_a_sampled_out_send_still_carries_its_context(tmp_path: Path) -> None:
+    async def main() -> ConsumerRecord:
+        provider = TracerProvider(sampler=ALWAYS_OFF)
+        tracing.use_tracer_provider(provider)
+        try:
+            async with serve(tmp_path) as (_, server), AsyncClient(addr(server)) as client:
+                await client.create_topic("t", 1)
+                async with AsyncProducer(addr(server), linger_ms=0) as producer:
+                    await (await producer.send("t", b"v"))
+                async with AsyncConsumer(addr(server)) as consumer:
+                    await consumer.assign([("t", 0, "earliest")])
+                    (record,) = await consumer.poll(5.0)
+                    return record
+        finally:
+            tracing.use_tracer_provider(None)
+
+    record = run(main())
+    parent = _traceparent(record)
+    assert parent is not None
+    assert not int(parent[-2:], 16) & 0x01  # not sampled: downstream does not record it either

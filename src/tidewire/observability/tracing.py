@@ -495,16 +495,31 @@ def start_publish(
 ) -> tuple[Span, list[tuple[str, bytes | None]]]:
     """A "publish" span for one send (a child of the current span), and the record's
     headers with its trace context written in."""
-    attrs = messaging_attributes("publish", "send", topic, partition=partition)
-    attrs.update(server_attributes(server))
-    span = t.start_span(f"send {topic}", kind=SpanKind.PRODUCER, attributes=attrs)
+    key = (topic, partition, server)
+    got = _publish_specs.get(key)
+    if got is None:
+        attrs = messaging_attributes("publish", "send", topic, partition=partition)
+        attrs.update(server_attributes(server))
+        got = (f"send {topic}", attrs)
+        if len(_publish_specs) < _MAX_PUBLISH_SPECS:
+            _publish_specs[key] = got
+    span = t.start_span(got[0], kind=SpanKind.PRODUCER, attributes=got[1])
     return span, inject_headers(headers, trace.set_span_in_context(span))
+
+
+#: The name and attributes of publish spans, by (topic, partition, server): built once, as the
+#: SDK copies them into each span. Bounded: a program sending to more destinations than this
+#: builds the rest each time.
+_publish_specs: dict[tuple[str, int | None, str], tuple[str, dict[str, Any]]] = {}
+_MAX_PUBLISH_SPECS: Final = 1024
 
 
 def finish_publish(span: Span, future: Any, partition: int, index: int) -> None:
     """End ``span`` when ``future`` (its batch's: asyncio or concurrent) is done, naming the
     partition and the record's offset (``messaging.message.id``, ``partition:offset``) or
     the error that failed the batch."""
+    if not span.is_recording():  # sampled out: its context went into the headers, that is all
+        return
     span.set_attribute("messaging.destination.partition.id", str(partition))
 
     def done(fut: Any) -> None:
