@@ -97,6 +97,14 @@ def test_log_levels_at_run_time(client: httpx.Client, restore_levels: None) -> N
     listed = {d["logger"]: d for d in client.get("/v1/admin/log-levels").json()["loggers"]}
     assert listed["tidewire.storage"]["level"] == "DEBUG"
 
+    # any logger, a library's too
+    r = client.put("/v1/admin/log-levels", json={"logger": "tidewire-test.lib", "level": "ERROR"})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"logger": "tidewire-test.lib", "level": "ERROR", "effective_level": "ERROR"}
+    logging.getLogger("tidewire-test.lib").setLevel(logging.NOTSET)
+    r = client.put("/v1/admin/log-levels", json={"logger": "root", "level": "INFO"})
+    assert r.json()["logger"] == "root"
+
     r = client.put("/v1/admin/log-levels", json={"logger": "tidewire.storage", "level": "LOUD"})
     assert r.status_code == 422
     assert error_of(r)["message"] == (

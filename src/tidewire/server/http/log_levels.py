@@ -42,10 +42,12 @@ class LogLevelChange(BaseModel):
 
 
 def _doc(name: str) -> dict[str, str]:
-    for logger, level, effective in logs.levels():
-        if logger == name:
-            return {"logger": logger, "level": level, "effective_level": effective}
-    raise AssertionError(name)  # levels() lists every tidewire logger and root
+    lg = logging.getLogger(None if name == "root" else name)
+    return {
+        "logger": name,
+        "level": logging.getLevelName(lg.level),
+        "effective_level": logging.getLevelName(lg.getEffectiveLevel()),
+    }
 
 
 def log_levels_router(ctx: GatewayContext) -> APIRouter:
