@@ -97,6 +97,8 @@ def test_produce_then_consume_leaves_linked_spans(tmp_path: Path) -> None:
         assert all(
             dict(f.attributes or {})["messaging.operation.type"] == "receive" for f in fetches
         )
+        counts = [dict(f.attributes or {})["messaging.batch.message_count"] for f in fetches]
+        assert sum(counts) == 1  # the one record, in whichever fetch brought it
 
         # The consumer: a receive span linked to the send span; a process span its child.
         (poll,) = named(spans, "poll orders")

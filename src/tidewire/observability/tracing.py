@@ -424,15 +424,21 @@ def request_span(t: Tracer, api: str, body: object, peer: str) -> Span | None:
     return t.start_span(f"{name} {target}" if target else name, kind=kind, attributes=attrs)
 
 
-def end_request_span(span: Span, request: object, response: object, data: Any) -> None:
+def end_request_span(
+    span: Span, request: object, response: object, data: Any, response_data: Any = ()
+) -> None:
     """End a span of :func:`request_span` once its request was answered: a produce names
     the records it stored (``messaging.batch.message_count``) and links to the publish spans
     of the first record of each of its batches (their ``traceparent``; read from the batch
     headers and the first record only, never per message; compressed batches are not
-    opened); an answer with a partition's error sets ``error.type``."""
+    opened); a fetch names the records it returned (from ``response_data``'s batch headers);
+    an answer with a partition's error sets ``error.type``."""
     if span.is_recording():
-        if getattr(request, "api_key", None) == _PRODUCE_KEY and data:
+        key = getattr(request, "api_key", None)
+        if key == _PRODUCE_KEY and data:
             _describe_produce(span, data)
+        elif key == _FETCH_KEY:
+            span.set_attribute("messaging.batch.message_count", _count_fetched(response_data))
         for result in (
             getattr(response, "results", None) or getattr(response, "partitions", None) or ()
         ):
@@ -481,6 +487,22 @@ def _error_name(code: int) -> str:
 
 
 _PRODUCE_KEY: Final = 7  # ApiKey.PRODUCE (observability does not import the protocol)
+_FETCH_KEY: Final = 8  # ApiKey.FETCH
+
+
+def _count_fetched(buffers: Any) -> int:
+    """Records in a fetch answer's buffers of whole batches, from their headers."""
+    from tidewire.errors import RecordBatchError  # noqa: PLC0415 (only when tracing)
+    from tidewire.records.reader import iter_batches  # noqa: PLC0415
+
+    count = 0
+    for buf in buffers:
+        try:
+            for _, h in iter_batches(buf, verify=False):
+                count += h.records_count
+        except RecordBatchError:
+            continue
+    return count
 
 
 # --- the clients -----------------------------------------------------------------------------

@@ -501,7 +501,7 @@ class _ClientProtocol(asyncio.Protocol):
             # The answer is in the write buffer from here on (counted there), or there is none.
             self._release_output(size)
         if span is not None:
-            tracing.end_request_span(span, ev.body, body, ev.data)
+            tracing.end_request_span(span, ev.body, body, ev.data, data)
         if principal is not None:
             delay = self.server.gate.throttle(
                 principal,
