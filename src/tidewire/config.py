@@ -75,6 +75,8 @@ OTHER_ENV_VARS = frozenset(
     {
         "TIDEWIRE_ADDR",
         "TIDEWIRE_CONFIG",
+        # tidewire log-level's HTTP API
+        "TIDEWIRE_HTTP_URL",
         "TIDEWIRE_PYTHON",
         # the client commands' TLS options (--tls, --tls-ca, ...)
         "TIDEWIRE_TLS",
@@ -223,6 +225,15 @@ SETTINGS: tuple[Setting, ...] = (
         "float",
         "At a stop, how long requests in flight may take to finish, s (0..3,600).",
     ),
+    _s("server", "log_format", "str", "Log lines as text, or json (one object per line)."),
+    _s("server", "log_level", "str", "Log from this level: DEBUG, INFO, WARNING, ERROR, CRITICAL."),
+    _s(
+        "server",
+        "tracing_enabled",
+        "bool",
+        "Export OpenTelemetry traces over OTLP (needs tidewire[otel]).",
+    ),
+    _s("server", "otlp_endpoint", "str", "OTLP/HTTP endpoint of the traces (http://host:4318)."),
     _s("http", "http_host", "str", "Address the HTTP listeners bind."),
     _s("http", "http_port", "int", "Port of the HTTP API (-1: off, 0: any free port)."),
     _s("http", "http_max_body_bytes", "int", "The longest HTTP request body accepted, bytes."),

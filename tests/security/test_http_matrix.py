@@ -95,6 +95,12 @@ SAMPLES: dict[tuple[str, str, str], tuple[str, dict[str, str], Any]] = {
     ("native", "GET", "/v1/audit"): ("/v1/audit", {}, None),
     ("native", "GET", "/metrics"): ("/metrics", {}, None),
     ("native", "GET", "/v1/metrics/recent"): ("/v1/metrics/recent", {}, None),
+    ("native", "GET", "/v1/admin/log-levels"): ("/v1/admin/log-levels", {}, None),
+    ("native", "PUT", "/v1/admin/log-levels"): (
+        "/v1/admin/log-levels",
+        {},
+        {"logger": "tidewire.matrix", "level": "INFO"},
+    ),
     ("msgbus", "GET", "/"): ("/", {}, None),
     ("msgbus", "PUT", "/{topic:path}"): ("/jobs", {}, "x"),
     ("msgbus", "POST", "/{topic:path}"): ("/jobs", {}, "x"),

@@ -49,6 +49,7 @@ from ._consume import consume
 from ._export import export
 from ._group import group_app
 from ._health import health
+from ._log_level import log_level
 from ._metrics import metrics
 from ._msgbus_cli import register as register_msgbus_commands
 from ._publish import publish
@@ -114,6 +115,7 @@ app.add_typer(key_app)
 app.add_typer(acl_app)
 app.add_typer(quota_app)
 app.command()(audit)
+app.command(name="log-level")(log_level)
 app.add_typer(consumer_app)
 app.command()(tail)
 app.add_typer(bench_app)

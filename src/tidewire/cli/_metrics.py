@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from collections import defaultdict
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-import httpx
 import typer
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -46,18 +48,22 @@ def metrics(
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         fail(f"--http-url: {url!r} must be an http:// or https:// address", EXIT_USAGE)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    req = urllib.request.Request(url.rstrip("/") + "/metrics")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
     try:
-        r = httpx.get(url.rstrip("/") + "/metrics", headers=headers, timeout=timeout)
-    except httpx.HTTPError as exc:
-        fail(f"{url}: {exc}", EXIT_ERROR)
-    if r.status_code != 200:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            text = resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
         try:
-            message = r.json()["error"]["message"]
+            message = json.loads(raw)["error"]["message"]
         except (ValueError, KeyError, TypeError):
-            message = r.text[:200]
-        fail(f"{url}/metrics answered {r.status_code}: {message}", EXIT_ERROR)
-    summary = summarize(r.text)
+            message = raw[:200].decode("utf-8", "replace")
+        fail(f"{url}/metrics answered {exc.code}: {message}", EXIT_ERROR)
+    except (urllib.error.URLError, OSError) as exc:
+        fail(f"{url}: {getattr(exc, 'reason', exc)}", EXIT_ERROR)
+    summary = summarize(text)
     if as_json:
         echo_json(summary)
         return

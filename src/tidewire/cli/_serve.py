@@ -25,6 +25,8 @@ from tidewire.config import (
     unknown_env_vars,
 )
 from tidewire.errors import InvalidConfigError, StorageError, TidewireError
+from tidewire.observability.logs import configure_logging
+from tidewire.observability.tracing import setup_tracing
 from tidewire.security.config import check_exposure
 from tidewire.security.tls import server_context
 from tidewire.server import TcpServer
@@ -264,6 +266,38 @@ def serve(
         str | None,
         typer.Option(
             help=_help("event_loop", "auto (uvloop when installed), asyncio or uvloop."),
+            show_default=False,
+        ),
+    ] = None,
+    log_format: Annotated[
+        str | None,
+        typer.Option(
+            help=_help("log_format", "Log lines as text, or json (one object per line)."),
+            show_default=False,
+        ),
+    ] = None,
+    log_level: Annotated[
+        str | None,
+        typer.Option(
+            help=_help("log_level", "Log from this level: DEBUG, INFO, WARNING, ERROR, CRITICAL."),
+            show_default=False,
+        ),
+    ] = None,
+    tracing_enabled: Annotated[
+        bool | None,
+        typer.Option(
+            help=_help(
+                "tracing_enabled",
+                "Export OpenTelemetry traces over OTLP (needs tidewire[otel]); OTEL_* "
+                "variables (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_EXPORTER) turn it on too.",
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    otlp_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            help=_help("otlp_endpoint", "OTLP/HTTP endpoint of the traces (http://host:4318)."),
             show_default=False,
         ),
     ] = None,
@@ -598,6 +632,10 @@ def serve(
         "frame_timeout_s": frame_timeout_s,
         "drain_timeout_s": drain_timeout_s,
         "event_loop": event_loop,
+        "log_format": log_format,
+        "log_level": log_level,
+        "tracing_enabled": tracing_enabled,
+        "otlp_endpoint": otlp_endpoint,
         "http_host": http_host,
         "http_port": http_port,
         "http_max_body_bytes": http_max_body_bytes,
@@ -639,9 +677,13 @@ def serve(
         settings = load_settings(config, flags=flags)
     except InvalidConfigError as exc:
         fail(exc.message, EXIT_USAGE)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.server.log_format, settings.server.log_level)  # both checked
+    try:
+        setup_tracing(
+            enabled=settings.server.tracing_enabled, endpoint=settings.server.otlp_endpoint
+        )
+    except (ImportError, ValueError) as exc:
+        fail(str(exc), EXIT_USAGE)
     for name in unknown_env_vars():
         log.warning("ignoring environment variable %s: no setting of that name", name)
     for warning in settings.warnings:

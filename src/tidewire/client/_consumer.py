@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from tidewire.errors import (
     fetch_error,
     for_code,
 )
+from tidewire.observability import tracing as _tracing
+from tidewire.observability.tracing import tracer as _tracer
 from tidewire.protocol.frames import data_window
 from tidewire.protocol.messages import (
     FetchPartition,
@@ -218,6 +221,9 @@ class AsyncConsumer:
         self.max_partition_bytes = max_partition_bytes
         self.skip_damaged = skip_damaged
         self.on_gap = on_gap
+        #: The consumer group this consumer reads for (tracing names it), if any.
+        self.group_name: str | None = None
+        self._addr = addr
         #: The damaged ranges read past (``skip_damaged``), oldest first, at most MAX_GAPS.
         self.gaps: deque[Gap] = deque(maxlen=MAX_GAPS)
         #: How many damaged ranges were read past in all.
@@ -436,6 +442,8 @@ class AsyncConsumer:
             partitions=[FetchPartition(t, p, o, self.max_partition_bytes) for (t, p), o in wants],
         )
         timeout = self._t.request_timeout_s + self.max_wait_ms / 1000
+        t = _tracer()  # None without an OpenTelemetry SDK: nothing else is done for tracing
+        started = time.time_ns() if t is not None else 0
         response = await self._t.request(req, timeout_s=timeout)
         assert response is not None
         out: list[_Fetched] = []
@@ -451,6 +459,10 @@ class AsyncConsumer:
                 continue
             records, nxt = _parse(tp, offset, buf, start, pos)
             out.append(_Fetched(tp, offset, records, nxt))
+        if t is not None:
+            got = [r for f in out for r in f.records]
+            if got:
+                _tracing.record_receive(t, got, started, self._addr, self.group_name)
         return out
 
     async def _drop_fetch(self) -> None:

@@ -237,6 +237,7 @@ class AsyncGroupConsumer:
                 tls=tls,
                 credentials=credentials,
             )
+        self._inner.group_name = group_id
         self._member_id = ""
         self._generation = -1
         self._assigned: list[TP] = []

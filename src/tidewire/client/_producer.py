@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry.trace import Tracer
+
 from tidewire.errors import (
     BufferFullError,
     DuplicateSequenceError,
@@ -40,6 +42,8 @@ from tidewire.errors import (
     UnknownTopicError,
     for_code,
 )
+from tidewire.observability import tracing as _tracing
+from tidewire.observability.tracing import tracer as _tracer
 from tidewire.protocol.messages import (
     ACKS_NONE,
     GroupPartition,
@@ -230,6 +234,7 @@ class AsyncProducer:
             writer_id=writer_id,
         )
         self._writer = s.writer_id
+        self._addr = addr
         self._transport = Transport(
             addr,
             request_timeout_s=s.request_timeout_ms / 1000,
@@ -408,6 +413,9 @@ class AsyncProducer:
             TypeError: an argument of the wrong type.
         """
         acc = self._acc or self._bind()
+        t = _tracer()  # None without an OpenTelemetry SDK: nothing else is done for tracing
+        if t is not None:
+            return await self._send_traced(t, acc, topic, value, key, headers, partition, timestamp)
         got = self._append(acc, topic, value, key, headers, partition, timestamp)
         if type(got) is tuple:
             if self._wake.is_set():
@@ -428,6 +436,41 @@ class AsyncProducer:
                 )
             )
         )
+
+    async def _send_traced(  # noqa: PLR0917
+        self,
+        t: Tracer,
+        acc: Accumulator,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: list[tuple[str, bytes | None]] | None,
+        partition: int | None,
+        timestamp: int | None,
+    ) -> RecordFuture:
+        """:meth:`send` with a publish span, its context written into the headers."""
+        span, headers = _tracing.start_publish(t, topic, headers, partition, self._addr)
+        try:
+            got = self._append(acc, topic, value, key, headers, partition, timestamp)
+            if type(got) is tuple:
+                if self._wake.is_set():
+                    await asyncio.sleep(0)
+            else:
+                got = await self._send_slowly(
+                    acc,
+                    topic,
+                    value,
+                    key=key,
+                    headers=headers,
+                    partition=partition,
+                    timestamp=timestamp,
+                )
+        except BaseException as exc:
+            _tracing.end_span(span, exc)
+            raise
+        batch, index, ts = got
+        _tracing.finish_publish(span, batch.future, batch.state.partition, index)
+        return RecordFuture(batch, index, ts)
 
     async def _send_slowly(
         self,

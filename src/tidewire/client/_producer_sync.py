@@ -14,8 +14,12 @@ import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from opentelemetry.trace import Tracer
+
 from tidewire.client._blocking import BlockingTwin
 from tidewire.errors import ProducerClosedError, TidewireError
+from tidewire.observability import tracing as _tracing
+from tidewire.observability.tracing import tracer as _tracer
 from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
@@ -129,6 +133,9 @@ class Producer(BlockingTwin[AsyncProducer]):
         """See :meth:`AsyncProducer.send`; blocks (up to ``max_block_ms``) only when the
         buffer is full or the topic's metadata is not known yet."""
         p = self._async
+        t = _tracer()  # None without an OpenTelemetry SDK: nothing else is done for tracing
+        if t is not None:
+            return self._send_traced(t, topic, value, key, headers, partition, timestamp)
         got = p._append(self._acc, topic, value, key, headers, partition, timestamp)
         if type(got) is tuple:
             return BlockingRecordFuture(*got)
@@ -172,6 +179,32 @@ class Producer(BlockingTwin[AsyncProducer]):
     def failure(self) -> TidewireError | None:
         """See :attr:`AsyncProducer.failure`."""
         return self._async.failure
+
+    def _send_traced(  # noqa: PLR0917
+        self,
+        t: Tracer,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: list[tuple[str, bytes | None]] | None,
+        partition: int | None,
+        timestamp: int | None,
+    ) -> BlockingRecordFuture:
+        """:meth:`send` with a publish span, its context written into the headers."""
+        p = self._async
+        span, headers = _tracing.start_publish(t, topic, headers, partition, p._addr)
+        try:
+            got = p._append(self._acc, topic, value, key, headers, partition, timestamp)
+            if type(got) is not tuple:
+                got = self._send_slowly(
+                    topic, value, key=key, headers=headers, partition=partition, timestamp=timestamp
+                )
+        except BaseException as exc:
+            _tracing.end_span(span, exc)
+            raise
+        batch, index, ts = got
+        _tracing.finish_publish(span, batch.future, batch.state.partition, index)
+        return BlockingRecordFuture(batch, index, ts)
 
     def _send_slowly(
         self,

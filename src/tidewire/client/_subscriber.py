@@ -34,6 +34,8 @@ from tidewire.client._consumer import (
     resolve_positions,
 )
 from tidewire.errors import ConnectionLostError, TidewireError, fetch_error, for_code
+from tidewire.observability import tracing as _tracing
+from tidewire.observability.tracing import tracer as _tracer
 from tidewire.protocol import PushReceived
 from tidewire.protocol.frames import data_window
 from tidewire.protocol.messages import (
@@ -124,6 +126,9 @@ class AsyncSubscriber:
         self.credit_bytes = credit_bytes
         self.best_effort = best_effort
         self.max_lag_bytes = max_lag_bytes
+        #: The consumer group this subscriber reads for (tracing names it), if any.
+        self.group_name: str | None = None
+        self._addr = addr
         self._t = Transport(
             addr,
             request_timeout_s=request_timeout_ms / 1000,
@@ -270,6 +275,9 @@ class AsyncSubscriber:
         if size:
             buf, start = data_window(ev.data)
             records, _ = _parse(tp, body.offset, buf, start, start + size)
+            t = _tracer()  # None without an OpenTelemetry SDK
+            if t is not None and records:
+                _tracing.record_receive(t, records, None, self._addr, self.group_name)
         else:
             records = []
         self.stats.received += size

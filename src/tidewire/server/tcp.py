@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import socket
@@ -63,6 +64,7 @@ from tidewire.errors import (
     UnknownApiError,
     UnknownError,
 )
+from tidewire.observability import logs, tracing
 from tidewire.observability.metrics import metrics_for
 from tidewire.protocol import (
     NEED_DATA,
@@ -102,6 +104,8 @@ from tidewire.server.tls import tls_protocol_factory
 __all__ = ["EVENT_LOOPS", "ServerConfig", "TcpServer", "loop_factory"]
 
 log = logging.getLogger("tidewire.server")
+#: Numbers the connections of the process, for log lines.
+_CONNECTION_IDS = itertools.count(1)
 
 #: API key -> name, the label of request metrics.
 _API_NAMES = {int(k): k.name for k in ApiKey}
@@ -178,6 +182,14 @@ class ServerConfig:
     #: How long a drain (SIGTERM) lets requests in flight finish before cutting them (s;
     #: 0: at once). Every listener of the process drains within the same period.
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    #: ``tidewire serve``'s log lines: ``text`` or ``json`` (one object per line), from
+    #: ``log_level`` up (docs/observability.md).
+    log_format: str = "text"
+    log_level: str = "INFO"
+    #: Export traces through OpenTelemetry's SDK (the ``otel`` extra) to ``otlp_endpoint``
+    #: (else to OTEL_EXPORTER_OTLP_ENDPOINT); also on when OTEL_* variables ask for it.
+    tracing_enabled: bool = False
+    otlp_endpoint: str = ""
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -212,6 +224,18 @@ class ServerConfig:
                 f"{name}={value} must be a number of seconds > 0",
             )
         need(
+            self.log_format in logs.FORMATS,
+            f"log_format={self.log_format!r} must be one of {', '.join(logs.FORMATS)}",
+        )
+        need(
+            self.log_level.upper() in logs.LEVELS[:-1],
+            f"log_level={self.log_level!r} must be one of {', '.join(logs.LEVELS[:-1])}",
+        )
+        need(
+            not self.otlp_endpoint or self.otlp_endpoint.startswith(("http://", "https://")),
+            f"otlp_endpoint={self.otlp_endpoint!r} must be an http:// or https:// URL",
+        )
+        need(
             math.isfinite(self.drain_timeout_s) and 0 <= self.drain_timeout_s <= 3600,
             f"drain_timeout_s={self.drain_timeout_s} must be a number of seconds within 0..3600",
         )
@@ -222,6 +246,8 @@ class _ClientProtocol(asyncio.Protocol):
 
     def __init__(self, server: TcpServer) -> None:
         self.server = server
+        #: The connection's id in log lines (``connection_id``).
+        self.log_id = f"c{next(_CONNECTION_IDS)}"
         cfg = server.config
         self.conn = Connection(
             Role.SERVER, max_frame_bytes=cfg.max_frame_bytes, max_in_flight=cfg.max_in_flight
@@ -459,6 +485,12 @@ class _ClientProtocol(asyncio.Protocol):
         except TidewireError as exc:
             return self._error(ev, exc)
         self.server.gate.enter(self.session, principal)  # this task's own context
+        logs.bind_request(
+            self.log_id,
+            f"{self.log_id}-{ev.correlation_id}",
+            api.name,
+            principal.name if principal is not None else "",
+        )
         if ev.api_key in PUSH_APIS:
             try:
                 reply = self.subscriptions.handle(ev.api_key, ev.body)
@@ -478,13 +510,25 @@ class _ClientProtocol(asyncio.Protocol):
         if isinstance(ev.body, FetchRequest):
             size = max(min(ev.body.max_bytes, self.server.broker.config.fetch_max_bytes), 0)
             await self._reserve_output(size)
+        t = tracing.tracer()  # None without an SDK: nothing more is done for tracing
+        span = (
+            None if t is None else tracing.request_span(t, api.name, ev.body, self.session.source)
+        )
         try:
             body, data = await handler(self.server.broker, self.server.info, ev.body, ev.data)
         except TidewireError as exc:
+            if span is not None:
+                tracing.end_span(span, exc)
             return self._error(ev, exc)
+        except BaseException as exc:
+            if span is not None:
+                tracing.end_span(span, exc)
+            raise
         finally:
             # The answer is in the write buffer from here on (counted there), or there is none.
             self._release_output(size)
+        if span is not None:
+            tracing.end_request_span(span, ev.body, body, ev.data, data)
         if principal is not None:
             delay = self.server.gate.throttle(
                 principal,

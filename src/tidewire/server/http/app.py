@@ -29,8 +29,10 @@ from tidewire.server.http.fastpath import PublishFastPath
 from tidewire.server.http.groups import groups_router
 from tidewire.server.http.health import health_router
 from tidewire.server.http.idempotency import IdempotencyStore
+from tidewire.server.http.log_levels import log_levels_router
 from tidewire.server.http.messages import messages_router
 from tidewire.server.http.metrics_routes import metrics_router
+from tidewire.server.http.observe import RequestObservation
 from tidewire.server.http.publisher import Publisher
 from tidewire.server.http.security import security_router
 from tidewire.server.http.session_api import session_router
@@ -69,6 +71,7 @@ def routers(ctx: GatewayContext) -> list[APIRouter]:
         settings_router(ctx),
         dashboard_router(ctx),
         metrics_router(ctx),
+        log_levels_router(ctx),
     ]
 
 
@@ -113,7 +116,7 @@ def create_app(
 def asgi_app(app: FastAPI) -> ASGIApp:
     """What a listener serves for ``app`` (from :func:`create_app`): the app behind the
     publish fast path (see fastpath.py), which answers single publishes without the
-    framework's layers."""
+    framework's layers, both under the request id and span of each request (observe.py)."""
     ctx = app.state.tidewire
     assert isinstance(ctx, GatewayContext)
-    return PublishFastPath(app, ctx)
+    return RequestObservation(PublishFastPath(app, ctx))

@@ -219,6 +219,8 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         # Metrics: a Prometheus scrape sends an API key of a principal allowed this.
         ("GET", "/metrics"): Route(_cluster(_O.DESCRIBE)),
         ("GET", "/v1/metrics/recent"): Route(_cluster(_O.DESCRIBE)),
+        ("GET", "/v1/admin/log-levels"): Route(_cluster(_O.DESCRIBE)),
+        ("PUT", "/v1/admin/log-levels"): Route(_cluster(_O.ALTER)),
     },
     "msgbus": {
         ("GET", "/"): Route(AUTHENTICATED, interface="msgbus"),
