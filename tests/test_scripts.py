@@ -38,7 +38,7 @@ def serve(root: Path, *, check: bool = True) -> list[str]:
 
 def test_installs_once_then_only_when_pyproject_changes(tmp_path: Path) -> None:
     root = make_checkout(tmp_path)
-    install = "python -m pip install --quiet -e .[dev,spark]"
+    install = "python -m pip install --quiet -e .[dev,spark,otel]"
     assert serve(root) == [install, "tidewire serve --help"]
     assert serve(root) == ["tidewire serve --help"]  # installed: no pip run
     (root / "pyproject.toml").write_text('[project]\nname = "tidewire"\nversion = "2"\n')

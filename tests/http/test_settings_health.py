@@ -71,7 +71,10 @@ def test_listeners_and_recovery(tmp_path: Path) -> None:
         first = client.get("/healthz/recovery").json()
         assert first["status"] == "ok"
         assert (first["offline"], first["damaged_ranges"]) == (0, 0)
+        assert (first["last_start"], first["clean_shutdown"]) == ("new", False)
+        assert first["open_seconds"] >= 0
     with served(tmp_path / "data", http=http) as (_, client):
         doc = client.get("/healthz/recovery").json()
         assert doc["clean_shutdown"] is True  # the last stop drained
+        assert doc["last_start"] == "clean"
         assert doc["partitions"] >= 2

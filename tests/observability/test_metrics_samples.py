@@ -204,3 +204,31 @@ def test_stream_sessions_are_counted(tmp_path: Path) -> None:
         while streams(c) != {"websocket": 0, "sse": 0}:  # the server sees the closes
             assert time.monotonic() < deadline, streams(c)
             time.sleep(0.05)
+
+
+def test_http_reads_and_connections_are_counted(tmp_path: Path) -> None:
+    """Messages read over HTTP count as messages out (as a fetch's do), and an HTTP client's
+    keep-alive connection shows in tidewire_connections_open{interface="http"}."""
+
+    def scrape(c: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {
+            (x.name, tuple(sorted(x.labels.items()))): x.value
+            for f in text_string_to_metric_families(c.get("/metrics").text)
+            for x in f.samples
+        }
+
+    with (
+        EmbeddedBroker(str(tmp_path / "data"), http_port=0).running() as eb,
+        httpx.Client(base_url=eb.http_url, timeout=TIMEOUT_S) as c,
+    ):
+        assert c.post("/v1/topics", json={"name": "h", "partitions": 1}).status_code in (200, 201)
+        for i in range(5):
+            r = c.post("/v1/topics/h/messages", json={"value": f"m{i}", "partition": 0})
+            assert r.status_code == 201, r.text
+        page = c.get("/v1/topics/h/partitions/0/messages", params={"offset": 2}).json()
+        assert len(page["messages"]) == 3
+        got = scrape(c)
+        part = (("partition", "0"), ("topic", "h"))
+        assert got["tidewire_partition_messages_out_total", part] == 3
+        assert got["tidewire_partition_bytes_out_total", part] > 0
+        assert got["tidewire_connections_open", (("interface", "http"),)] >= 1

@@ -165,6 +165,8 @@ class BrokerMetrics:
         #: The binary listeners of the broker (their connections, requests in flight and
         #: push subscriptions are read at scrape time).
         self.tcp_servers: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: The HTTP gateways of the broker (their open connections, read at scrape time).
+        self.http_gateways: weakref.WeakSet[Any] = weakref.WeakSet()
         #: Requests answered (every interface): what the recent samples turn into a rate.
         self.requests = 0
         #: HTTP requests in flight, and WebSocket / SSE sessions open.
@@ -207,8 +209,15 @@ class BrokerMetrics:
 
     # --- read at scrape time ------------------------------------------------------------------
 
+    def http_connections_open(self) -> int:
+        return sum(g.connections() for g in list(self.http_gateways))
+
     def connections_open(self) -> int:
-        return sum(len(s.connections) for s in list(self.tcp_servers))
+        """Binary and HTTP connections open (a WebSocket or SSE session is one of the
+        latter)."""
+        return sum(len(s.connections) for s in list(self.tcp_servers)) + (
+            self.http_connections_open()
+        )
 
     def totals(self) -> Totals:
         """Broker-wide counters now (one pass over the partitions)."""
@@ -224,7 +233,7 @@ class BrokerMetrics:
             bytes_in,
             bytes_out,
             self.requests,
-            self.connections_open() + sum(self.streams_open.values()),
+            self.connections_open(),
             disk,
         )
 
@@ -579,6 +588,7 @@ class _BrokerCollector(Collector):
             "tidewire_connections_open", "Connections open, by interface.", ["interface"]
         )
         conns.add_metric(["binary"], sum(len(s.connections) for s in servers))
+        conns.add_metric(["http"], m.http_connections_open())
         yield conns
         inflight = _gauge(
             "tidewire_requests_in_flight", "Requests being handled, by interface.", ["interface"]

@@ -149,6 +149,9 @@ class LogManager:
         #: Background removals of deleted topics' files, each resolved when it ends.
         self._removals: set[asyncio.Future[None]] = set()
         self.was_clean = False
+        #: How the last :meth:`open` found the directory: "new" (nothing in it), "clean"
+        #: (after a clean shutdown) or "unclean" (the logs' tails were scanned).
+        self.last_start = "new"
         self._opened = False
         self._closed = False
         self._dir_lock: FileLock | None = None
@@ -224,6 +227,7 @@ class LogManager:
             raise
         self._opened = True
         self.open_seconds = time.monotonic() - started
+        self.last_start = "new" if not names else ("clean" if self.was_clean else "unclean")
         if not names:
             how = "a new data directory"
         else:

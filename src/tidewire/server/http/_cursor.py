@@ -302,9 +302,14 @@ class LogCursor:
                 )
             return None
         force = self.force_base64
+        before = len(part.pending)
         for rec in decode_records(self.topic, part.partition, r.data, part.position):
             part.pending.append((rec.offset, encode_message(rec, force_base64=force)))
         part.read_end = r.next_offset
+        if len(part.pending) > before:  # the metrics' messages and bytes out, once per read
+            self.broker.count_delivered(
+                self.topic, part.partition, len(part.pending) - before, len(r.data)
+            )
         if not part.pending:
             part.position = r.next_offset
             return None

@@ -248,6 +248,10 @@ class HttpGateway:
         if not config.enabled:
             raise InvalidConfigError("no HTTP listener is configured (http_port = -1)")
         gateway = cls(config=config, tls=tls)
+        # /metrics reads the open connections of every HTTP listener at scrape time.
+        from tidewire.observability.metrics import metrics_for  # noqa: PLC0415
+
+        metrics_for(broker).http_gateways.add(gateway)
         if config.http_port != OFF:
             app = create_app(broker, config, closing=gateway.closing)
             gateway.add_app(

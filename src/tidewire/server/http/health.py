@@ -73,6 +73,11 @@ class RecoveryHealth(BaseModel):
         description="Whether the last stop was clean (the logs' indexes were trusted); false: "
         "the tails were scanned and repaired."
     )
+    last_start: str = Field(
+        description="new (an empty data directory: nothing to recover), clean (after a clean "
+        "stop) or unclean (the logs' tails were scanned and repaired)."
+    )
+    open_seconds: float = Field(description="How long opening the data directory took, s.")
     partitions: int = Field(description="Partitions opened (internal topics included).")
     offline: int = Field(description="Partitions that could not be opened.")
     damaged_ranges: int = Field(description="Damaged or quarantined ranges found.")
@@ -139,6 +144,8 @@ def health_router(ctx: GatewayContext) -> APIRouter:
         return RecoveryHealth(
             status="degraded" if damaged or logs.offline else "ok",
             clean_shutdown=logs.was_clean,
+            last_start=logs.last_start,
+            open_seconds=round(logs.open_seconds, 6),
             partitions=len(logs.logs),
             offline=len(logs.offline),
             damaged_ranges=damaged,

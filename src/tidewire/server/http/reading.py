@@ -55,6 +55,8 @@ def read_partition(
             break
     if len(out) > limit:
         del out[limit:]
+    if out:  # the metrics' messages and bytes out, once per read (as fetch counts them)
+        broker.count_delivered(topic, partition, len(out), len(data))
     return out, out[-1].offset + 1 if out else offset
 
 

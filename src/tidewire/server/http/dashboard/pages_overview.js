@@ -79,8 +79,10 @@ export async function overviewPage(main) {
         stat("Consumer groups", count(groups, "groups")),
         stat("Connections", fmtNum(latest(rec, "connections"))),
         stat("Disk used", fmtBytes(latest(rec, "disk_used_bytes"))),
-        recovery.ok ? stat("Last start", recovery.value.clean_shutdown
-          ? "after a clean stop" : "logs scanned", recovery.value.status === "ok" ? "ok" : "warn")
+        recovery.ok ? stat("Last start", {
+          new: "new data directory", clean: "after a clean stop", unclean: "logs scanned",
+        }[recovery.value.last_start] || recovery.value.last_start,
+        recovery.value.status === "ok" ? "ok" : "warn")
           : null,
         recovery.ok ? stat("Partitions open", `${fmtNum(recovery.value.partitions)}` +
           (recovery.value.offline ? ` (${recovery.value.offline} offline)` : "")) : null),
