@@ -144,3 +144,38 @@ def test_principals_page_and_filter(client: httpx.Client) -> None:
     doc = client.get("/v1/principals", params={"q": "ALI"}).json()
     assert [p["name"] for p in doc["principals"]] == ["alice", "alina"]
     assert doc["principals"][0]["keys"] == []
+
+
+def test_lists_show_only_what_the_caller_may_describe(tmp_path: Path) -> None:
+    """With authentication on, GET /v1/topics and /v1/groups list only the topics and groups
+    the caller may describe (as the binary LIST_TOPICS / LIST_GROUPS do); an admin sees all."""
+    from tidewire.security.config import SecurityConfig
+
+    data = tmp_path / "data"
+    security = SecurityConfig(authentication=True, superusers="admin", auth_failure_delay_ms=0)
+    with served(data, security=security) as (_, client):
+        key = (data / "bootstrap-admin.key").read_text().strip()
+        admin = {"Authorization": f"Bearer {key}"}
+        for name in ("orders", "payments", "audit-trail"):
+            r = client.post("/v1/topics", json={"name": name}, headers=admin)
+            assert r.status_code == 201, r.text
+        assert client.post("/v1/principals", json={"name": "v"}, headers=admin).status_code == 201
+        viewer_key = client.post("/v1/principals/v/keys", headers=admin).json()["api_key"]
+        viewer = {"Authorization": f"Bearer {viewer_key}"}
+        acl = {
+            "principal": "v",
+            "resource_type": "topic",
+            "pattern": "orders",
+            "operation": "describe",
+        }
+        assert client.post("/v1/acls", json={"acls": [acl]}, headers=admin).status_code == 200
+        seen = client.get("/v1/topics", headers=viewer).json()
+        assert [t["name"] for t in seen["topics"]] == ["orders"]
+        assert seen["total"] == 1
+        everything = client.get("/v1/topics", headers=admin).json()
+        assert sorted(t["name"] for t in everything["topics"]) == [
+            "audit-trail",
+            "orders",
+            "payments",
+        ]
+        assert client.get("/v1/groups", headers=viewer).json()["groups"] == []

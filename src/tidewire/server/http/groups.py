@@ -10,6 +10,8 @@ from starlette.responses import Response
 from tidewire.broker.consumer_groups import ResetTo
 from tidewire.broker.groups import MAX_ID_CHARS
 from tidewire.errors import InvalidRequestError, UnknownGroupError
+from tidewire.security.model import ResourceType
+from tidewire.server.gate import gate_for, names_allowed
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
 from tidewire.server.http._listing import (
     DEFAULT_PAGE,
@@ -63,6 +65,9 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
         lag; ``total`` counts those that match, ``next`` is the offset of the next page
         (null on the last)."""
         listed = {g.group_id: g for g in broker.groups.list_groups()}
+        # Only what the caller may describe, as the binary protocol's LIST_GROUPS.
+        visible = set(names_allowed(gate_for(broker), ResourceType.GROUP, listed))
+        listed = {k: v for k, v in listed.items() if k in visible}
         lags: dict[str, int] = {}
 
         def lag(group: str) -> int:

@@ -9,6 +9,8 @@ from starlette.responses import Response
 
 from tidewire.broker import Broker, PartitionStatus
 from tidewire.errors import InvalidRequestError, TidewireError, UnknownTopicError
+from tidewire.security.model import ResourceType
+from tidewire.server.gate import gate_for, names_allowed
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
 from tidewire.server.http._listing import (
     DEFAULT_PAGE,
@@ -171,7 +173,9 @@ def topics_router(ctx: GatewayContext) -> APIRouter:
         """The topics whose names contain ``q``, sorted by ``sort``, ``limit`` from
         ``offset``: each with its partition count, size and messages; ``total`` counts
         those that match, ``next`` is the offset of the next page (null on the last)."""
-        topics = broker.topics()
+        # Only what the caller may describe, as the binary protocol's LIST_TOPICS.
+        every = broker.topics()
+        topics = {n: every[n] for n in names_allowed(gate_for(broker), ResourceType.TOPIC, every)}
         figures: dict[str, tuple[int, int]] = {}
 
         def figure(name: str) -> tuple[int, int]:
