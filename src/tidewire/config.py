@@ -273,6 +273,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("http", "http_session_idle_ms", "int", "A browser session ends after this idle, ms."),
     _s("http", "http_max_sessions", "int", "Browser sessions kept at once (oldest ended first)."),
     _s("http", "metrics_enabled", "bool", "Serve /metrics and the recent samples; count for them."),
+    _s("http", "metrics_port", "int", "A port serving only /metrics (-1: off, 0: any free port)."),
     _s(
         "http",
         "metrics_max_partition_series",

@@ -232,3 +232,21 @@ def test_http_reads_and_connections_are_counted(tmp_path: Path) -> None:
         assert got["tidewire_partition_messages_out_total", part] == 3
         assert got["tidewire_partition_bytes_out_total", part] > 0
         assert got["tidewire_connections_open", (("interface", "http"),)] >= 1
+
+
+def test_metrics_port_serves_only_metrics(tmp_path: Path) -> None:
+    """metrics_port: a listener of its own answering GET /metrics (the same figures), 404
+    for anything else; with the API port off it still serves."""
+    from tidewire.server.http.config import HttpConfig
+
+    http = HttpConfig(http_host="127.0.0.1", http_port=-1, metrics_port=0)
+    with EmbeddedBroker(str(tmp_path / "data"), http=http).running() as eb:
+        assert eb.gateway is not None
+        assert eb.gateway.names == ["metrics"]
+        base = f"http://127.0.0.1:{eb.gateway.port_of('metrics')}"
+        with httpx.Client(base_url=base, timeout=TIMEOUT_S) as c:
+            r = c.get("/metrics")
+            assert r.status_code == 200, r.text
+            names = {f.name for f in text_string_to_metric_families(r.text)}
+            assert "tidewire_connections_open" in names
+            assert c.get("/v1/topics").status_code == 404

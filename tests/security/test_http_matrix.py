@@ -101,6 +101,7 @@ SAMPLES: dict[tuple[str, str, str], tuple[str, dict[str, str], Any]] = {
         {},
         {"logger": "tidewire.matrix", "level": "INFO"},
     ),
+    ("metrics", "GET", "/metrics"): ("/metrics", {}, None),
     ("msgbus", "GET", "/"): ("/", {}, None),
     ("msgbus", "PUT", "/{topic:path}"): ("/jobs", {}, "x"),
     ("msgbus", "POST", "/{topic:path}"): ("/jobs", {}, "x"),
@@ -136,7 +137,11 @@ def broker(tmp_path: Path) -> Iterator[tuple[EmbeddedBroker, str]]:
     eb = EmbeddedBroker(
         str(tmp_path / "data"),
         http=HttpConfig(
-            http_host="127.0.0.1", http_port=0, http_msgbus_port=0, http_ipubsub_port=0
+            http_host="127.0.0.1",
+            http_port=0,
+            http_msgbus_port=0,
+            http_ipubsub_port=0,
+            metrics_port=0,
         ),
         security=SecurityConfig(authentication=True, superusers="admin"),
     )

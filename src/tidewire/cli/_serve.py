@@ -432,6 +432,13 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help=_help("metrics_port", "A port serving only /metrics (-1: off)."),
+            show_default=False,
+        ),
+    ] = None,
     metrics_max_partition_series: Annotated[
         int | None,
         typer.Option(
@@ -653,6 +660,7 @@ def serve(
         "http_session_idle_ms": http_session_idle_ms,
         "http_max_sessions": http_max_sessions,
         "metrics_enabled": metrics_enabled,
+        "metrics_port": metrics_port,
         "metrics_max_partition_series": metrics_max_partition_series,
         "metrics_sample_interval_s": metrics_sample_interval_s,
         "tls_cert_file": tls_cert_file,

@@ -222,6 +222,10 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         ("GET", "/v1/admin/log-levels"): Route(_cluster(_O.DESCRIBE)),
         ("PUT", "/v1/admin/log-levels"): Route(_cluster(_O.ALTER)),
     },
+    # metrics_port: a listener of its own for the scraper, behind the same gate.
+    "metrics": {
+        ("GET", "/metrics"): Route(_cluster(_O.DESCRIBE)),
+    },
     "msgbus": {
         ("GET", "/"): Route(AUTHENTICATED, interface="msgbus"),
         ("PUT", "/{topic:path}"): Route(

@@ -135,6 +135,9 @@ class HttpConfig:
             least recently used.
         metrics_enabled: serve ``/metrics`` and ``/v1/metrics/recent`` and count requests
             and connections for them (docs/observability.md); ``False``: neither.
+        metrics_port: a listener of its own serving only ``GET /metrics`` (behind the same
+            gate: with authentication on a scrape sends an API key), for a scraper kept off
+            the API's port; ``-1``: off, ``0``: any free port.
         metrics_max_partition_series: partitions (of topics, and of groups' committed
             offsets) with series of their own in ``/metrics``; beyond it only per-topic and
             per-group aggregates (a warning says so once).
@@ -162,6 +165,7 @@ class HttpConfig:
     http_session_idle_ms: int = DEFAULT_SESSION_IDLE_MS
     http_max_sessions: int = DEFAULT_MAX_SESSIONS
     metrics_enabled: bool = True
+    metrics_port: int = OFF
     metrics_max_partition_series: int = 10_000
     metrics_sample_interval_s: float = 5.0
 
@@ -177,7 +181,7 @@ class HttpConfig:
             )
         if not self.http_host:
             raise InvalidConfigError("http_host must not be empty")
-        for name in ("http_port", "http_msgbus_port", "http_ipubsub_port"):
+        for name in ("http_port", "http_msgbus_port", "http_ipubsub_port", "metrics_port"):
             value = getattr(self, name)
             if not _port_ok(value):
                 raise InvalidConfigError(
@@ -263,5 +267,5 @@ class HttpConfig:
     @property
     def enabled(self) -> bool:
         """Whether any HTTP listener is configured."""
-        ports = (self.http_port, self.http_msgbus_port, self.http_ipubsub_port)
+        ports = (self.http_port, self.http_msgbus_port, self.http_ipubsub_port, self.metrics_port)
         return any(p != OFF for p in ports)

@@ -80,6 +80,8 @@ NATIVE = "native"
 #: Names of the compatibility modes' listeners.
 MSGBUS = "msgbus"
 IPUBSUB = "ipubsub"
+#: Name of the listener of ``metrics_port`` (``GET /metrics`` only).
+METRICS = "metrics"
 #: How long :meth:`HttpGateway.close` lets requests in flight finish before cancelling them
 #: (seconds); long-polls are woken at once, so only real work is waited for.
 DEFAULT_GRACE_S = 10.0
@@ -259,6 +261,16 @@ class HttpGateway:
                 _gated(asgi_app(app), broker, NATIVE, config),
                 config.http_host,
                 config.http_port,
+                policy=NATIVE_POLICY,
+            )
+        if config.metrics_port != OFF:
+            from tidewire.server.http.metrics_routes import create_metrics_app  # noqa: PLC0415
+
+            gateway.add_app(
+                METRICS,
+                _gated(create_metrics_app(broker), broker, METRICS, config),
+                config.http_host,
+                config.metrics_port,
                 policy=NATIVE_POLICY,
             )
         # The compatibility modes (docs/http-compat.md), each on its own port.

@@ -25,7 +25,7 @@ from tidewire.server.gate import gate_for
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.errors import error_body
 
-__all__ = ["ROUTE_SCOPE_KEY", "HttpMetrics", "metrics_router"]
+__all__ = ["ROUTE_SCOPE_KEY", "HttpMetrics", "create_metrics_app", "metrics_router"]
 
 #: Where the gate (``auth.HttpAuth``) leaves the matched route, ``"<METHOD> <template>"``.
 ROUTE_SCOPE_KEY = "tidewire.route"
@@ -69,6 +69,25 @@ def metrics_router(ctx: GatewayContext) -> APIRouter:
         return JSONResponse(ring.snapshot())
 
     return router
+
+
+def create_metrics_app(broker: Broker) -> ASGIApp:
+    """The app of ``metrics_port``: ``GET /metrics`` alone, as on the API's port (the gate
+    in front of it is the same; docs/observability.md)."""
+    from starlette.applications import Starlette  # noqa: PLC0415
+    from starlette.routing import Route  # noqa: PLC0415
+
+    metrics = metrics_for(broker)
+    if metrics.security_stats is None:
+        metrics.security_stats = gate_for(broker).stats
+
+    async def scrape(request: Request) -> Response:
+        if not metrics.enabled:
+            return _disabled()
+        body, content_type = metrics.exposition(request.headers.get("accept"))
+        return Response(body, media_type=content_type)
+
+    return Starlette(routes=[Route("/metrics", scrape, methods=["GET"])])
 
 
 def _disabled() -> Response:
