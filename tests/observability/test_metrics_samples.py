@@ -166,6 +166,9 @@ def test_metrics_routes_need_cluster_describe(tmp_path: Path) -> None:
         }
         assert got["tidewire_requests_denied_total", ()] == 2  # nobody's two
         assert got["tidewire_authentications_total", (("result", "ok"),)] >= 6
+        # The two refusals went to the audit log (the store was changed directly, unaudited).
+        assert got["tidewire_audit_events_total", (("fate", "recorded"),)] == 2
+        assert got["tidewire_audit_events_total", (("fate", "lost"),)] == 0
 
 
 def test_stream_sessions_are_counted(tmp_path: Path) -> None:

@@ -654,3 +654,16 @@ class _BrokerCollector(Collector):
             if key.startswith("throttle_seconds_"):
                 throttle.add_metric([key.removeprefix("throttle_seconds_")], value)
         yield throttle
+        audit = b.audit
+        if audit is not None:
+            events = _counter(
+                "tidewire_audit_events",
+                "Audit events since start: recorded (taken by the audit log), summarized (of "
+                "those, over the buffer: counted into a summary record instead of one each), "
+                "lost (after close, or refused by the log at close).",
+                ["fate"],
+            )
+            events.add_metric(["recorded"], audit.recorded)
+            events.add_metric(["summarized"], audit.suppressed)
+            events.add_metric(["lost"], audit.lost)
+            yield events
