@@ -34,8 +34,11 @@ def _chromium() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
+    """One Chromium for the dashboard's tests, closed when they end: Playwright's sync API
+    runs an event loop in the main thread while it is open, and the tests after these call
+    asyncio.run, which refuses to start inside a running loop."""
     path = _chromium()
     from playwright.sync_api import sync_playwright
 
