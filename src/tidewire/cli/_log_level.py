@@ -110,6 +110,7 @@ def _request(
             status, raw = int(resp.status), resp.read()
     except urllib.error.HTTPError as exc:
         status, raw = exc.code, exc.read()
+        exc.close()  # its socket
     except (urllib.error.URLError, OSError) as exc:
         fail(f"cannot reach {url}: {getattr(exc, 'reason', exc)}")
     try:

@@ -56,6 +56,7 @@ def metrics(
             text = resp.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         raw = exc.read()
+        exc.close()  # its socket
         try:
             message = json.loads(raw)["error"]["message"]
         except (ValueError, KeyError, TypeError):
