@@ -52,7 +52,17 @@ The tree::
     ├── UnsupportedSaslMechanismError  a SASL mechanism the broker does not offer here
     ├── TooManyAuthFailuresError      too many failed attempts from this address or principal
     ├── UnknownPrincipalError         no such user, service account or API key
-    └── PrincipalExistsError          a principal of that name exists already
+    ├── PrincipalExistsError          a principal of that name exists already
+    ├── UnknownQueueError             no such queue
+    ├── UnknownExchangeError          no such exchange
+    ├── PreconditionFailedError       a declare that disagrees with what exists, or an
+    │                                 operation the object's state forbids
+    ├── QueueLockedError              an exclusive queue of another connection
+    ├── UnroutableError               a mandatory publish that no binding routes anywhere
+    ├── QueueFullError                a queue at max_length with overflow=reject-publish
+    │                                 (retriable, a subclass of BackpressureError)
+    ├── UnknownDeliveryTagError       a settle of a delivery this consumer does not hold
+    └── InvalidQueueError             a bad queue, exchange or binding name or argument
     └── ProtocolError                 a frame that breaks the binary protocol
         ├── FrameTooLargeError        a frame longer than the connection's limit
         ├── UnknownApiError           an API key the peer does not implement
@@ -89,6 +99,7 @@ __all__ = [
     "InvalidConfigError",
     "InvalidGroupError",
     "InvalidMagicError",
+    "InvalidQueueError",
     "InvalidRecordError",
     "InvalidRequestError",
     "InvalidTopicError",
@@ -101,10 +112,13 @@ __all__ = [
     "PartitionCorruptError",
     "PartitionNotAssignedError",
     "PartitionOfflineError",
+    "PreconditionFailedError",
     "PrincipalExistsError",
     "ProducerClosedError",
     "ProducerFencedError",
     "ProtocolError",
+    "QueueFullError",
+    "QueueLockedError",
     "RebalanceInProgressError",
     "RecordBatchError",
     "RecordCountError",
@@ -116,12 +130,16 @@ __all__ = [
     "TooManyRequestsError",
     "TopicExistsError",
     "UnknownApiError",
+    "UnknownDeliveryTagError",
     "UnknownError",
+    "UnknownExchangeError",
     "UnknownGroupError",
     "UnknownMemberError",
     "UnknownPartitionError",
     "UnknownPrincipalError",
+    "UnknownQueueError",
     "UnknownTopicError",
+    "UnroutableError",
     "UnsupportedCompressionError",
     "UnsupportedSaslMechanismError",
     "UnsupportedVersionError",
@@ -558,3 +576,61 @@ class UnknownPrincipalError(TidewireError):
 class PrincipalExistsError(TidewireError):
     code = 105
     description = "a principal of that name exists already"
+
+
+# --- queues and exchanges ------------------------------------------------------------------------
+
+
+class UnknownQueueError(TidewireError):
+    code = 110
+    description = "no such queue"
+
+
+class UnknownExchangeError(TidewireError):
+    code = 111
+    description = "no such exchange"
+
+
+class PreconditionFailedError(TidewireError):
+    """A declare whose settings differ from those of the queue or exchange of that name, or
+    an operation its state forbids (deleting a queue that is not empty with ``if_empty``)."""
+
+    code = 112
+    description = "the queue or exchange exists with other settings, or its state forbids this"
+
+
+class QueueLockedError(TidewireError):
+    """An exclusive queue, used from a connection other than the one that declared it."""
+
+    code = 113
+    description = "the queue is exclusive to another connection"
+
+
+class UnroutableError(TidewireError):
+    """A publish with ``mandatory`` that no binding routed to a queue or topic (and no
+    alternate exchange took): nothing was stored."""
+
+    code = 114
+    description = "a mandatory message that no binding routes"
+
+
+class QueueFullError(BackpressureError):
+    """A queue at its ``max_length`` or ``max_length_bytes`` with ``overflow=reject-publish``:
+    the publish is refused whole, nothing of it stored; retry once consumers caught up."""
+
+    code = 115
+    retriable = True
+    description = "a queue is at its length limit; retry once consumers caught up"
+
+
+class UnknownDeliveryTagError(TidewireError):
+    """An ack, nack or reject of a delivery tag this consumer (or connection) does not hold:
+    already settled, redelivered elsewhere after a timeout, or never given."""
+
+    code = 116
+    description = "no such delivery held by this consumer"
+
+
+class InvalidQueueError(TidewireError):
+    code = 117
+    description = "a queue, exchange or binding name or argument that is not allowed"
