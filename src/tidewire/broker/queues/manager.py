@@ -559,15 +559,21 @@ class QueueManager:
         q.add_getter(g)
         try:
             await asyncio.wait({fut}, timeout=wait_ms / 1000)
-        finally:
+        except asyncio.CancelledError:
             q.remove_getter(g)
-            if not fut.done():
-                fut.cancel()
-            elif asyncio.current_task() is not None and asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                late = fut.result()
-                tags = {e.tag for e in late.entries}
-                await q.requeue(q.release_owner_gets(owner, tags), durable=False)
-        return fut.result() if fut.done() and not fut.cancelled() else Delivery(q.name, "", (), b"")
+            if fut.done() and not fut.cancelled():  # handed out as the caller went: back
+                tags = {e.tag for e in fut.result().entries}
+                self._spawn(
+                    q.requeue(q.release_owner_gets(owner, tags), durable=False),
+                    f"requeue a cancelled get on {queue}",
+                )
+            fut.cancel()
+            raise
+        q.remove_getter(g)
+        if fut.done() and not fut.cancelled():
+            return fut.result()
+        fut.cancel()
+        return Delivery(q.name, "", (), b"")
 
     async def settle(
         self,
