@@ -108,10 +108,10 @@ def test_queue_matches_its_model(ops: list[tuple[Any, ...]], max_deliveries: int
         elif op == "time":
             now[0] += x
             done(q.tick())
-            for owner in held:  # what timed out is no longer held by its owner
+            for owner, entries in held.items():  # what timed out is not held by its owner
                 held[owner] = [
                     e
-                    for e in held[owner]
+                    for e in entries
                     if q.held.get(e.offset) is not None and q.held[e.offset].tag == e.tag
                 ]
         elif op == "purge":

@@ -242,11 +242,8 @@ class QueueManager:
             raise InvalidQueueError(f"exchange {name!r} is built in and cannot be deleted")
         if if_unused and self.router.has_bindings(name):
             raise PreconditionFailedError(f"exchange {name!r} has bindings (if_unused)")
-        bindings = self.router.bindings(exchange=name)
         self.router.remove_exchange(name)
-        if spec.durable:
-            for b in bindings:
-                await self.definitions.delete_binding(b)
+        if spec.durable:  # its bindings' tombstones go in the same batch
             await self.definitions.delete_exchange(name)
 
     async def declare_queue(
@@ -315,12 +312,8 @@ class QueueManager:
         for g in q._getters:
             if not g.future.done():  # type: ignore[attr-defined]
                 g.future.set_result(Delivery(q.name, "", (), b""))  # type: ignore[attr-defined]
-        bindings = self.router.remove_destination("queue", q.name)
-        if q.spec.durable:
-            for b in bindings:
-                ex = self.router.exchanges.get(b.exchange)
-                if ex is None or ex.durable:
-                    await self.definitions.delete_binding(b)
+        self.router.remove_destination("queue", q.name)
+        if q.spec.durable:  # the bindings to it go in the same batch
             await self.definitions.delete_queue(q.name)
             await self.broker.logs.delete_topic_async(queue_topic(q.name))
 
