@@ -11,6 +11,7 @@ so a burst of publishes reaches each consumer as few, large deliveries.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
@@ -18,7 +19,7 @@ import time
 import zlib
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from tidewire.broker.queues.definitions import DefinitionStore
 from tidewire.broker.queues.model import (
@@ -76,6 +77,46 @@ MAX_REPLAY = 100_000
 TICK_S = 0.01
 #: How often settled segments are given back and state logs compacted (seconds).
 UPKEEP_S = 1.0
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+_Method = Callable[Concatenate["QueueManager", P], Coroutine[Any, Any, R]]
+
+
+def _audited(action: str) -> Callable[[_Method[P, R]], _Method[P, R]]:
+    """Audit an administrative operation of the manager (``ok``, or ``failed`` with the
+    error's message), whichever interface asked: who and from where are the request's
+    (``current_actor``, set by the gate). A passive declare changes nothing: not audited."""
+
+    def wrap(fn: _Method[P, R]) -> _Method[P, R]:
+        async def audited(self: QueueManager, /, *args: P.args, **kwargs: P.kwargs) -> R:
+            if kwargs.get("passive"):
+                return await fn(self, *args, **kwargs)
+            resource = _resource(args[0] if args else kwargs.get("name"))
+            try:
+                out = await fn(self, *args, **kwargs)
+            except TidewireError as exc:
+                self._audit(action, resource, exc)
+                raise
+            self._audit(action, resource, None)
+            return out
+
+        functools.update_wrapper(audited, fn)  # the name and docstring stay fn's
+        return audited
+
+    return wrap
+
+
+def _resource(target: object) -> str:
+    """How an audit event names what an operation touched."""
+    if isinstance(target, ExchangeSpec):
+        return f"exchange:{target.name}"
+    if isinstance(target, QueueSpec):
+        return f"queue:{target.name}"
+    if isinstance(target, Binding):
+        return f"exchange:{target.exchange} -> {target.destination_kind}:{target.destination}"
+    return f"queue:{target}"
 
 
 def _now_ms() -> int:
@@ -174,6 +215,12 @@ class QueueManager:
             if (due is not None and due <= now) or q.spec.message_ttl_ms or q._ranges:
                 await q.tick()
 
+    def _audit(self, action: str, resource: str, error: TidewireError | None) -> None:
+        audit = self.broker.audit
+        if audit is not None:
+            outcome, reason = ("failed", error.message) if error is not None else ("ok", "")
+            audit.event(action, outcome, resource=resource, reason=reason)
+
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
@@ -199,6 +246,7 @@ class QueueManager:
             owner=owner,
         )
 
+    @_audited("EXCHANGE_DECLARE")
     async def declare_exchange(self, spec: ExchangeSpec, *, passive: bool = False) -> ExchangeSpec:
         """Make an exchange, or check the one of that name has these settings.
 
@@ -228,6 +276,7 @@ class QueueManager:
                 raise
         return spec
 
+    @_audited("EXCHANGE_DELETE")
     async def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
         """Delete an exchange and its bindings.
 
@@ -246,6 +295,7 @@ class QueueManager:
         if spec.durable:  # its bindings' tombstones go in the same batch
             await self.definitions.delete_exchange(name)
 
+    @_audited("QUEUE_DECLARE")
     async def declare_queue(
         self, spec: QueueSpec, *, owner: str = "", passive: bool = False
     ) -> QueueStatus:
@@ -282,6 +332,7 @@ class QueueManager:
             self._by_owner.setdefault(owner, set()).add(spec.name)
         return q.status()
 
+    @_audited("QUEUE_DELETE")
     async def delete_queue(
         self, name: str, *, if_empty: bool = False, if_unused: bool = False, owner: str = ""
     ) -> int:
@@ -317,6 +368,7 @@ class QueueManager:
             await self.definitions.delete_queue(q.name)
             await self.broker.logs.delete_topic_async(queue_topic(q.name))
 
+    @_audited("QUEUE_PURGE")
     async def purge_queue(self, name: str, *, owner: str = "") -> int:
         """Remove every ready message of a queue; return how many.
 
@@ -325,6 +377,7 @@ class QueueManager:
         """
         return await self._queue(name, owner).purge()
 
+    @_audited("QUEUE_BIND")
     async def bind(self, b: Binding) -> None:
         """Bind (idempotent).
 
@@ -341,6 +394,7 @@ class QueueManager:
                 self.router.remove_binding(b)
                 raise
 
+    @_audited("QUEUE_UNBIND")
     async def unbind(self, b: Binding) -> None:
         """Remove a binding (no error when there is none)."""
         durable = self._durable_binding(b)
@@ -672,6 +726,7 @@ class QueueManager:
             raise InvalidQueueError(f"max_messages={max_messages:,} must be within 1..{MAX_GET:,}")
         return self._queue(queue, None).browse(from_offset, max_messages)
 
+    @_audited("QUEUE_REPLAY")
     async def replay(
         self,
         queue: str,
