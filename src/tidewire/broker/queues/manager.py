@@ -11,6 +11,7 @@ so a burst of publishes reaches each consumer as few, large deliveries.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import json
@@ -72,9 +73,12 @@ MAX_PREFETCH = 65_536
 MAX_GET = 10_000
 #: Messages one replay moves at most (call again for more).
 MAX_REPLAY = 100_000
-#: How often the timers of every queue are looked at (seconds): the resolution of TTL, delay
-#: and visibility timeouts.
-TICK_S = 0.01
+#: The shortest sleep of the timer loop (seconds): timers due closer together are applied
+#: together.
+TICK_S = 0.005
+#: How often queues whose messages can expire are swept (seconds): an expired message is
+#: never delivered in any case; this is how soon it reaches the dead-letter exchange.
+TTL_SWEEP_S = 0.1
 #: How often settled segments are given back and state logs compacted (seconds).
 UPKEEP_S = 1.0
 
@@ -142,6 +146,7 @@ class QueueManager:
         self._scheduled = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ctags = itertools.count(1)
+        self._timer_added = asyncio.Event()
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -171,13 +176,28 @@ class QueueManager:
                 logs.delete_topic(topic)
 
     async def run(self) -> None:
-        """Until cancelled: apply timers, give back settled segments, compact state logs."""
-        last_upkeep = time.monotonic()
+        """Until cancelled: apply timers when due, give back settled segments and compact
+        state logs every :data:`UPKEEP_S`. It sleeps until the next timer (a new earlier
+        one wakes it), so a broker whose queues have nothing timed costs nothing between
+        upkeeps."""
+        loop = asyncio.get_running_loop()
+        last_upkeep = loop.time()
         while True:
-            await asyncio.sleep(TICK_S)
+            wait = UPKEEP_S - (loop.time() - last_upkeep)
+            now = self.clock()
+            for q in self._queues.values():
+                due = q.next_due()
+                if due is not None:
+                    wait = min(wait, (due - now) / 1000)
+                if q.spec.message_ttl_ms or q.has_expiring():
+                    wait = min(wait, TTL_SWEEP_S)
+            self._timer_added.clear()
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._timer_added.wait(), max(wait, TICK_S))
             await self.tick()
-            if time.monotonic() - last_upkeep >= UPKEEP_S:
-                last_upkeep = time.monotonic()
+            if loop.time() - last_upkeep >= UPKEEP_S:
+                last_upkeep = loop.time()
                 for q in list(self._queues.values()):
                     try:
                         await q.upkeep()
@@ -212,7 +232,7 @@ class QueueManager:
         now = self.clock()
         for q in list(self._queues.values()):
             due = q.next_due()
-            if (due is not None and due <= now) or q.spec.message_ttl_ms or q._ranges:
+            if (due is not None and due <= now) or q.spec.message_ttl_ms or q.has_expiring():
                 await q.tick()
 
     def _audit(self, action: str, resource: str, error: TidewireError | None) -> None:
@@ -243,6 +263,7 @@ class QueueManager:
             clock=self.clock,
             dead_letter=self._dead_letter,
             wake=self._wake,
+            timer_added=self._timer_added.set,
             owner=owner,
         )
 
