@@ -139,6 +139,7 @@ function declareForm(out, done) {
 
 export async function queuePage(main, name) {
   const info = h("div", { id: "queue-info" });
+  const details = h("div", { class: "row" });
   const out = h("div", { id: "queue-result" });
   const draw = async () => {
     const q = await get(`/v1/queues/${enc(name)}`);
@@ -151,20 +152,27 @@ export async function queuePage(main, name) {
       ["dead-letter routing key", q.dead_letter_routing_key || "–"],
       ["visibility timeout (ms)", q.visibility_timeout_ms || "–"],
     ];
-    const counts = [["ready", q.ready], ["unacked", q.unacked], ["delayed", q.delayed],
-      ["consumers", q.consumers], ...Object.entries(q.counters)];
-    put(info, h("div", { class: "cards" }, counts.map(([k, v]) => h("div", { class: "card stat" },
-      h("div", { class: "label" }, k.replace("_", " ")),
-      h("div", { class: "value", id: `queue-${k.replace("_", "-")}` }, fmtNum(v))))),
-    h("div", { class: "card" }, h("h2", {}, "Settings"), table([
-      { title: "Setting", cell: (r) => r[0] }, { title: "Value", cell: (r) => String(r[1]) },
-    ], settings)));
+    const id = (k) => `queue-${k.replaceAll("_", "-")}`;
+    put(info, h("div", { class: "cards" },
+      [["ready", q.ready], ["unacked", q.unacked], ["delayed", q.delayed],
+        ["consumers", q.consumers], ["bytes", fmtBytes(q.bytes)]].map(([k, v]) =>
+        h("div", { class: "card stat" }, h("div", { class: "label" }, k),
+          h("div", { class: "value", id: id(k) }, typeof v === "number" ? fmtNum(v) : v)))));
+    put(details,
+      h("div", { class: "card" }, h("h2", {}, "Counters since start"), table([
+        { title: "Fate", cell: (r) => r[0].replaceAll("_", " ") },
+        { title: "Messages", num: 1, cell: (r) => h("span", { id: id(r[0]) }, fmtNum(r[1])) },
+      ], Object.entries(q.counters))),
+      h("div", { class: "card" }, h("h2", {}, "Settings"), table([
+        { title: "Setting", cell: (r) => r[0] }, { title: "Value", cell: (r) => String(r[1]) },
+      ], settings)));
   };
   const browser = browseCard(name, out, draw);
-  main.append(h("h1", {}, `Queue ${name}`), info, publishForm(name, out, async () => {
-    await draw();
-    await browser.reload();
-  }), out, browser.el);
+  main.append(h("h1", {}, `Queue ${name}`), info, out, browser.el,
+    publishForm(name, out, async () => {
+      await draw();
+      await browser.reload();
+    }), details);
   await draw();
   await browser.reload();
 }
