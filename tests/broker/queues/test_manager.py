@@ -437,3 +437,21 @@ def test_settled_segments_go_and_the_state_log_is_compacted(
 
     run(tmp_path, first, clock)
     run(tmp_path, second, clock)
+
+
+def test_a_cancelled_long_poll_leaves_nothing_held(tmp_path: Path) -> None:
+    async def body(broker: Broker, clock: Clock) -> None:
+        qm = broker.queues
+        await qm.declare_queue(QueueSpec("work"))
+        waiting = asyncio.ensure_future(qm.get("work", owner="c", wait_ms=30_000))
+        await qm.wait_idle()
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await qm.publish("", "work", batch(b"x"))
+        await qm.wait_idle()
+        st = qm.describe_queue("work")
+        assert (st.ready, st.unacked) == (1, 0)
+        assert len((await qm.get("work", owner="d")).entries) == 1
+
+    run(tmp_path, body)

@@ -242,11 +242,8 @@ class QueueManager:
             raise InvalidQueueError(f"exchange {name!r} is built in and cannot be deleted")
         if if_unused and self.router.has_bindings(name):
             raise PreconditionFailedError(f"exchange {name!r} has bindings (if_unused)")
-        bindings = self.router.bindings(exchange=name)
         self.router.remove_exchange(name)
-        if spec.durable:
-            for b in bindings:
-                await self.definitions.delete_binding(b)
+        if spec.durable:  # its bindings' tombstones go in the same batch
             await self.definitions.delete_exchange(name)
 
     async def declare_queue(
@@ -315,12 +312,8 @@ class QueueManager:
         for g in q._getters:
             if not g.future.done():  # type: ignore[attr-defined]
                 g.future.set_result(Delivery(q.name, "", (), b""))  # type: ignore[attr-defined]
-        bindings = self.router.remove_destination("queue", q.name)
-        if q.spec.durable:
-            for b in bindings:
-                ex = self.router.exchanges.get(b.exchange)
-                if ex is None or ex.durable:
-                    await self.definitions.delete_binding(b)
+        self.router.remove_destination("queue", q.name)
+        if q.spec.durable:  # the bindings to it go in the same batch
             await self.definitions.delete_queue(q.name)
             await self.broker.logs.delete_topic_async(queue_topic(q.name))
 
@@ -559,15 +552,21 @@ class QueueManager:
         q.add_getter(g)
         try:
             await asyncio.wait({fut}, timeout=wait_ms / 1000)
-        finally:
+        except asyncio.CancelledError:
             q.remove_getter(g)
-            if not fut.done():
-                fut.cancel()
-            elif asyncio.current_task() is not None and asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                late = fut.result()
-                tags = {e.tag for e in late.entries}
-                await q.requeue(q.release_owner_gets(owner, tags), durable=False)
-        return fut.result() if fut.done() and not fut.cancelled() else Delivery(q.name, "", (), b"")
+            if fut.done() and not fut.cancelled():  # handed out as the caller went: back
+                tags = {e.tag for e in fut.result().entries}
+                self._spawn(
+                    q.requeue(q.release_owner_gets(owner, tags), durable=False),
+                    f"requeue a cancelled get on {queue}",
+                )
+            fut.cancel()
+            raise
+        q.remove_getter(g)
+        if fut.done() and not fut.cancelled():
+            return fut.result()
+        fut.cancel()
+        return Delivery(q.name, "", (), b"")
 
     async def settle(
         self,

@@ -409,6 +409,9 @@ class Queue:
                 break
 
     def _take_many(self, n: int, now: int) -> list[int]:
+        """Up to ``n`` ready messages (within :data:`MAX_DELIVERY_BYTES`), taken."""
+        if not self.requeued and not self._ranges and not self.spec.message_ttl_ms:
+            return self._take_fresh(n)
         out: list[int] = []
         budget = MAX_DELIVERY_BYTES
         while len(out) < n:
@@ -421,6 +424,28 @@ class Queue:
                 break
         return out
 
+    def _take_fresh(self, n: int) -> list[int]:
+        """:meth:`_take_many` when only fresh messages are ready and none can expire: a
+        walk over offsets with no lookups but the sets of exceptions."""
+        o = self.next_fresh
+        end = self.end
+        b = self._batch_of(o)
+        per = b.size / (b.last - b.base + 1) if b is not None else 1
+        n = min(n, max(int(MAX_DELIVERY_BYTES // max(per, 1)), 1))
+        settled, delayed, dying = self.settled, self.delayed, self.dying
+        out: list[int] = []
+        if not settled and not delayed and not dying:
+            stop = min(end, o + n)
+            out = list(range(o, stop))
+            self.next_fresh = stop
+            return out
+        while o < end and len(out) < n:
+            if o not in settled and o not in delayed and o not in dying:
+                out.append(o)
+            o += 1
+        self.next_fresh = o
+        return out
+
     def _hold(
         self, offsets: list[int], owner: str, consumer: Consumer | None, now: int, vt: int
     ) -> Delivery:
@@ -430,18 +455,21 @@ class Queue:
         deadline = now + vt if vt > 0 else 0
         seq = next(self._seq) & _TAG_MASK
         counts = self.counts
+        held = self.held
+        redelivered = 0
         for o in offsets:
-            count = counts.pop(o, 0) + 1
+            count = counts.pop(o, 0) + 1 if counts else 1
             tag = (o << TAG_BITS) | seq
-            self.held[o] = Held(o, tag, owner, consumer, count, deadline)
+            held[o] = Held(o, tag, owner, consumer, count, deadline)
             entries.append(DeliveryEntry(tag, o, count))
             if count > 1:
-                self.counters.redelivered += 1
+                redelivered += 1
             if deadline:
                 self._push_timer(deadline, _VISIBILITY, tag)
         if consumer is not None:
             consumer.held += len(offsets)
         self.counters.delivered += len(offsets)
+        self.counters.redelivered += redelivered
         return Delivery(
             self.name, consumer.tag if consumer else "", tuple(entries), self._read(offsets)
         )
@@ -560,11 +588,18 @@ class Queue:
     async def _settle(self, offsets: list[int], *, bytes_counted: bool = False) -> None:
         settled = self.settled
         floor = self.floor
+        gone = 0.0
+        b: Stored | None = None
+        per = 0.0
         for o in offsets:
             if o >= floor and o not in settled:
                 settled.add(o)
                 if not bytes_counted:
-                    self._bytes -= self._size_of(o)
+                    if b is None or not b.base <= o <= b.last:
+                        b = self._batch_of(o)
+                        per = b.size / (b.last - b.base + 1) if b is not None else 0.0
+                    gone += per
+        self._bytes -= gone
         self._advance_floor()
         if self.state is not None and offsets:
             await self.state.write([SETTLED, offsets])
