@@ -29,6 +29,8 @@ PAGES = {
     "live-tail": ("tail/orders", "#tail-rows tr:nth-child(8)"),
     "groups": ("groups", "#group-list table"),
     "group": ("group/billing", "#offsets"),
+    "queues": ("queues", "#queue-list table"),
+    "queue": ("queue/shipments.dead", "#dlq-table tbody tr"),
     "metrics": ("metrics", "#charts"),
     "settings": ("settings", "#settings"),
     "audit": ("audit", "#audit table"),
@@ -63,6 +65,7 @@ def sample_data(eb: EmbeddedBroker, c: httpx.Client) -> None:
         "/v1/groups/analytics/commit",
         json={"offsets": [{"topic": "payments", "partition": 0, "offset": 3}]},
     ).raise_for_status()
+    sample_queues(c)
     store = eb.broker.security
     _run(eb, store.create_principal("grafana", kind="service", roles=["viewer"]))
     _run(eb, store.create_principal("checkout", kind="service"))
@@ -80,6 +83,36 @@ def sample_data(eb: EmbeddedBroker, c: httpx.Client) -> None:
         ),
     )
     _run(eb, store.create_key("checkout"))
+
+
+def sample_queues(c: httpx.Client) -> None:
+    """A topic exchange routing into a work queue with a dead-letter queue, some of whose
+    messages were taken, some rejected."""
+    c.put("/v1/queues/shipments.dead", json={}).raise_for_status()
+    c.put(
+        "/v1/queues/shipments",
+        json={
+            "max_deliveries": 5,
+            "dead_letter_exchange": "amq.default",
+            "dead_letter_routing_key": "shipments.dead",
+        },
+    ).raise_for_status()
+    c.put("/v1/queues/emails", json={"message_ttl_ms": 3_600_000}).raise_for_status()
+    c.put("/v1/exchanges/events", json={"type": "topic"}).raise_for_status()
+    for queue, key in (("shipments", "order.*"), ("emails", "#")):
+        c.post(
+            "/v1/bindings", json={"exchange": "events", "destination": queue, "key": key}
+        ).raise_for_status()
+    c.post(
+        "/v1/exchanges/events/publish",
+        json={
+            "routing_key": "order.shipped",
+            "messages": [{"value": f'{{"shipment": {500 + i}}}'} for i in range(40)],
+        },
+    ).raise_for_status()
+    got = c.post("/v1/queues/shipments/get", json={"max_messages": 6}).json()["messages"]
+    c.post("/v1/queues/shipments/ack", json={"tags": [m["tag"] for m in got[:2]]})
+    c.post("/v1/queues/shipments/reject", json={"tags": [m["tag"] for m in got[2:5]]})
 
 
 def traffic(url: str, key: str, stop: threading.Event) -> None:

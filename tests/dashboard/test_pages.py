@@ -78,6 +78,7 @@ PAGES = {
     f"tail/{TOPIC}": "#tail-status[data-subscribed='1']",
     "groups": f"#group-list a[href='#/group/{GROUP}']",
     f"group/{GROUP}": "#offsets",
+    "queues": "#queue-list table",
     "metrics": "#charts",
     "settings": "#settings",
     "audit": "#audit table",

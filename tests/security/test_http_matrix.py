@@ -26,6 +26,7 @@ from tidewire.server.needs import AUTHENTICATED, PUBLIC
 
 HOST = {"Host": "127.0.0.1"}
 T, G = "matrix", "matrix-group"
+Q, X = "matrix-queue", "matrix-exchange"
 ACL = {"principal": "other", "resource_type": "topic", "pattern": "x", "operation": "read"}
 
 #: (listener, method, template) -> (path, query, JSON body): a request of every route.
@@ -60,6 +61,47 @@ SAMPLES: dict[tuple[str, str, str], tuple[str, dict[str, str], Any]] = {
     ),
     ("native", "GET", "/v1/topics/{topic}/stream"): (f"/v1/topics/{T}/stream", {}, None),
     ("native", "WS", "/v1/topics/{topic}/stream"): (f"/v1/topics/{T}/stream", {}, None),
+    ("native", "GET", "/v1/exchanges"): ("/v1/exchanges", {}, None),
+    ("native", "GET", "/v1/exchanges/{name}"): (f"/v1/exchanges/{X}", {}, None),
+    ("native", "PUT", "/v1/exchanges/{name}"): (f"/v1/exchanges/{X}", {}, {"type": "fanout"}),
+    ("native", "DELETE", "/v1/exchanges/{name}"): (f"/v1/exchanges/{X}", {}, None),
+    ("native", "POST", "/v1/exchanges/{name}/publish"): (
+        "/v1/exchanges/amq.default/publish",
+        {},
+        {"routing_key": Q, "messages": [{"value": "x"}]},
+    ),
+    ("native", "GET", "/v1/bindings"): ("/v1/bindings", {}, None),
+    ("native", "POST", "/v1/bindings"): (
+        "/v1/bindings",
+        {},
+        {"exchange": "amq.fanout", "destination": Q},
+    ),
+    ("native", "DELETE", "/v1/bindings"): (
+        "/v1/bindings",
+        {},
+        {"exchange": "amq.fanout", "destination": Q},
+    ),
+    ("native", "GET", "/v1/queues"): ("/v1/queues", {}, None),
+    ("native", "GET", "/v1/queues/{name}"): (f"/v1/queues/{Q}", {}, None),
+    ("native", "PUT", "/v1/queues/{name}"): (f"/v1/queues/{Q}", {}, {}),
+    ("native", "DELETE", "/v1/queues/{name}"): (f"/v1/queues/{Q}", {}, None),
+    ("native", "POST", "/v1/queues/{name}/purge"): (f"/v1/queues/{Q}/purge", {}, None),
+    ("native", "POST", "/v1/queues/{name}/get"): (f"/v1/queues/{Q}/get", {}, {}),
+    ("native", "POST", "/v1/queues/{name}/ack"): (f"/v1/queues/{Q}/ack", {}, {"tags": [1]}),
+    ("native", "POST", "/v1/queues/{name}/nack"): (f"/v1/queues/{Q}/nack", {}, {"tags": [1]}),
+    ("native", "POST", "/v1/queues/{name}/reject"): (
+        f"/v1/queues/{Q}/reject",
+        {},
+        {"tags": [1]},
+    ),
+    ("native", "GET", "/v1/queues/{name}/dlq"): (f"/v1/queues/{Q}/dlq", {}, None),
+    ("native", "POST", "/v1/queues/{name}/dlq/replay"): (
+        f"/v1/queues/{Q}/dlq/replay",
+        {},
+        {"all": True},
+    ),
+    ("native", "POST", "/v1/queues/{name}/dlq/purge"): (f"/v1/queues/{Q}/dlq/purge", {}, None),
+    ("native", "WS", "/v1/queues/{name}/ws"): (f"/v1/queues/{Q}/ws", {}, None),
     ("native", "GET", "/v1/groups"): ("/v1/groups", {}, None),
     ("native", "GET", "/v1/groups/{group}"): (f"/v1/groups/{G}", {}, None),
     ("native", "POST", "/v1/groups/{group}/commit"): (

@@ -42,6 +42,7 @@ from prometheus_client.registry import Collector
 
 from tidewire import __version__
 from tidewire.errors import InvalidConfigError, InvalidRequestError, TidewireError
+from tidewire.observability.queue_metrics import queue_families
 from tidewire.storage.log import FLUSH_BUCKETS
 
 if TYPE_CHECKING:
@@ -341,6 +342,7 @@ class _BrokerCollector(Collector):
         up.add_metric([], max(m.clock() - m.started, 0.0))
         yield up
         yield from self._partitions(b)
+        yield from self._queues(b)
         yield from self._groups(b)
         yield from self._storage(b)
         yield from self._server(b)
@@ -441,6 +443,15 @@ class _BrokerCollector(Collector):
                 f"{m.max_partition_series:,}",
             )
 
+    # --- queues (observability/queue_metrics.py)
+
+    def _queues(self, b: Broker) -> Iterator[Metric]:
+        got: list[tuple[int, int]] = []
+        yield from queue_families(b, self.m.max_partition_series, got)
+        for dropped, total in got:
+            if dropped:
+                self._note_dropped(self.m.series_dropped + dropped, total, "queues")
+
     # --- consumer groups
 
     def _groups(self, b: Broker) -> Iterator[Metric]:
@@ -497,7 +508,7 @@ class _BrokerCollector(Collector):
             self._note_dropped(self.m.series_dropped + dropped, shown + dropped, "group partitions")
         sd = _gauge(
             "tidewire_metrics_series_dropped",
-            "Partitions whose series were left out (over metrics_max_partition_series).",
+            "Partitions and queues whose series were left out (over metrics_max_partition_series).",
         )
         sd.add_metric([], self.m.series_dropped)
         yield from (committed, lag, lag_s, total, members, state, sd)

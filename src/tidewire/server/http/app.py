@@ -34,6 +34,9 @@ from tidewire.server.http.messages import messages_router
 from tidewire.server.http.metrics_routes import metrics_router
 from tidewire.server.http.observe import RequestObservation
 from tidewire.server.http.publisher import Publisher
+from tidewire.server.http.queue_messages import queue_messages_router
+from tidewire.server.http.queue_ws import queue_ws_router
+from tidewire.server.http.queues import queues_router
 from tidewire.server.http.security import security_router
 from tidewire.server.http.session_api import session_router
 from tidewire.server.http.settings_api import settings_router
@@ -44,12 +47,13 @@ __all__ = ["asgi_app", "create_app", "routers"]
 
 DESCRIPTION = """\
 The native HTTP API of the tidewire broker: topics, publishing (one message or an atomic batch,
-with `Idempotency-Key` for retries that store once), reading (long-poll), consumer groups and
-health. Every error answers `{"error": {"code", "name", "message"}}` with the code of
-tidewire's error class. With authentication on, every route but the health probes and this
-spec needs `Authorization: Bearer <API key>` (401 without, 403 without the permission).
-Bodies are JSON (`Content-Type: application/json`, 415 otherwise); a `Host` that is not the
-broker's is answered 421 and a page of another origin 403 (docs/http.md, Security and limits).
+with `Idempotency-Key` for retries that store once), reading (long-poll), consumer groups,
+exchanges and queues (publish, get, ack, dead letters) and health. Every error answers
+`{"error": {"code", "name", "message"}}` with the code of tidewire's error class. With
+authentication on, every route but the health probes and this spec needs
+`Authorization: Bearer <API key>` (401 without, 403 without the permission). Bodies are JSON
+(`Content-Type: application/json`, 415 otherwise); a `Host` that is not the broker's is
+answered 421 and a page of another origin 403 (docs/http.md, Security and limits).
 """
 
 
@@ -63,6 +67,9 @@ def routers(ctx: GatewayContext) -> list[APIRouter]:
         topics_router(ctx),
         messages_router(ctx),
         groups_router(ctx),
+        queues_router(ctx),
+        queue_messages_router(ctx),
+        queue_ws_router(ctx),
         health_router(ctx),
         stream_router(ctx),
         security_router(ctx),

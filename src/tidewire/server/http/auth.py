@@ -155,6 +155,40 @@ def _compat(
     return needs
 
 
+_Q, _X = ResourceType.QUEUE, ResourceType.EXCHANGE
+#: The name ACLs give the default exchange ("" to the broker; paths spell it so too).
+_DEFAULT_EXCHANGE_ACL = "amq.default"
+
+
+def _queue(op: Operation) -> Callable[[RouteRequest], list[Need]]:
+    return lambda r: [Need(_Q, op, r.path["name"])]
+
+
+def _exchange(op: Operation) -> Callable[[RouteRequest], list[Need]]:
+    return lambda r: [Need(_X, op, r.path["name"])]
+
+
+def _replay(r: RouteRequest) -> list[Need]:
+    # The targets are named by each message's x-death header: write on every queue.
+    return [Need(_Q, _O.READ, r.path["name"]), Need(_Q, _O.WRITE, "*")]
+
+
+def _binding(r: RouteRequest) -> list[Need]:
+    """Bind or unbind: write on the exchange, and read on the queue (or write on the topic
+    its messages would be stored in)."""
+    body = r.body if isinstance(r.body, dict) else {}
+    exchange, dest = body.get("exchange"), body.get("destination")
+    if not isinstance(exchange, str) or not isinstance(dest, str):
+        return []  # the route refuses the body (400) with its own message
+    kind = body.get("destination_kind", "queue")
+    out = [Need(_X, _O.WRITE, exchange or _DEFAULT_EXCHANGE_ACL)]
+    if kind == "topic":
+        out.append(Need(_T, _O.WRITE, dest))
+    else:
+        out.append(Need(_Q, _O.READ, dest))
+    return out
+
+
 def _ipubsub_send_stream(r: RouteRequest) -> str:
     s = r.body.get("streamId") if isinstance(r.body, dict) else None
     return s if isinstance(s, str) else ""
@@ -184,6 +218,28 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         ("GET", "/v1/topics/{topic}/partitions/{partition}/messages"): Route(_topic(_O.READ)),
         ("GET", "/v1/topics/{topic}/stream"): Route(_topic(_O.READ), interface="sse"),
         ("WS", "/v1/topics/{topic}/stream"): Route(_topic(_O.READ), interface="websocket"),
+        # Queues and exchanges (as the binary APIs 41-57): lists show what may be described.
+        ("GET", "/v1/exchanges"): Route(AUTHENTICATED),
+        ("GET", "/v1/exchanges/{name}"): Route(_exchange(_O.DESCRIBE)),
+        ("PUT", "/v1/exchanges/{name}"): Route(_exchange(_O.CREATE)),
+        ("DELETE", "/v1/exchanges/{name}"): Route(_exchange(_O.DELETE)),
+        ("POST", "/v1/exchanges/{name}/publish"): Route(_exchange(_O.WRITE)),
+        ("GET", "/v1/bindings"): Route(AUTHENTICATED),
+        ("POST", "/v1/bindings"): Route(_binding, body=True),
+        ("DELETE", "/v1/bindings"): Route(_binding, body=True),
+        ("GET", "/v1/queues"): Route(AUTHENTICATED),
+        ("GET", "/v1/queues/{name}"): Route(_queue(_O.DESCRIBE)),
+        ("PUT", "/v1/queues/{name}"): Route(_queue(_O.CREATE)),
+        ("DELETE", "/v1/queues/{name}"): Route(_queue(_O.DELETE)),
+        ("POST", "/v1/queues/{name}/purge"): Route(_queue(_O.DELETE)),
+        ("POST", "/v1/queues/{name}/get"): Route(_queue(_O.READ)),
+        ("POST", "/v1/queues/{name}/ack"): Route(_queue(_O.READ)),
+        ("POST", "/v1/queues/{name}/nack"): Route(_queue(_O.READ)),
+        ("POST", "/v1/queues/{name}/reject"): Route(_queue(_O.READ)),
+        ("GET", "/v1/queues/{name}/dlq"): Route(_queue(_O.READ)),
+        ("POST", "/v1/queues/{name}/dlq/replay"): Route(_replay),
+        ("POST", "/v1/queues/{name}/dlq/purge"): Route(_queue(_O.DELETE)),
+        ("WS", "/v1/queues/{name}/ws"): Route(_queue(_O.READ), interface="websocket"),
         ("GET", "/v1/groups"): Route(AUTHENTICATED),
         ("GET", "/v1/groups/{group}"): Route(_group(_O.DESCRIBE)),
         ("POST", "/v1/groups/{group}/commit"): Route(_commit, body=True),

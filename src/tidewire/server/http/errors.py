@@ -11,6 +11,10 @@ group, 409 exists already or a group in the way, 413 too large, 416 an offset ou
 422 a name or count that is not allowed, or an offset in a damaged range of the log (code 32;
 the error then carries ``"damaged_range": {"start": S, "end": E}``: reading can go on at E),
 503 the broker is busy or its disk refused (retry), or the partition is offline (code 37).
+Queues and exchanges: 404 no such queue or exchange, 409 declared already with other
+settings, a state that forbids it (not empty, in use) or a delivery tag not held, 422 a
+mandatory message no binding routes, 423 an exclusive queue of another connection, 429 a
+queue at its length limit (retry after Retry-After), 400 a name or setting not allowed.
 """
 
 from __future__ import annotations
@@ -81,10 +85,21 @@ STATUS: dict[type[tw.TidewireError], int] = {
     tw.TooManyAuthFailuresError: 429,
     tw.UnknownPrincipalError: 404,
     tw.PrincipalExistsError: 409,
+    tw.UnknownQueueError: 404,
+    tw.UnknownExchangeError: 404,
+    tw.PreconditionFailedError: 409,
+    tw.UnknownDeliveryTagError: 409,
+    tw.QueueLockedError: 423,
+    tw.UnroutableError: 422,
+    tw.InvalidQueueError: 400,
+    # A queue at its length limit: the publisher is asked to slow down (the broker is fine).
+    tw.QueueFullError: 429,
 }
 
 #: Statuses whose answers say when to retry.
 _RETRY_AFTER_S = {503: "1", 429: "10"}
+#: Backpressure (a busy broker, a full queue) says to retry soon, whatever its status.
+_BACKPRESSURE_RETRY_S = "1"
 
 _encode = msgspec.json.Encoder().encode
 
@@ -112,7 +127,12 @@ def _extra(exc: tw.TidewireError) -> dict[str, object]:
 def error_response(exc: tw.TidewireError, status: int | None = None) -> Response:
     """The answer to a tidewire error."""
     status = status_of(exc) if status is None else status
-    headers = {"Retry-After": _RETRY_AFTER_S[status]} if status in _RETRY_AFTER_S else None
+    retry = (
+        _BACKPRESSURE_RETRY_S
+        if isinstance(exc, tw.BackpressureError)
+        else _RETRY_AFTER_S.get(status)
+    )
+    headers = {"Retry-After": retry} if retry is not None else None
     return Response(
         error_body(exc.code, type(exc).__name__, exc.message, **_extra(exc)),
         status_code=status,

@@ -31,7 +31,7 @@ from tidewire.server.http.idempotency import INDEX_HEADER, KEY_HEADER, Idempoten
 from tidewire.server.http.models import PublishMessage, PublishRequest
 from tidewire.storage.manager import validate_topic_name
 
-__all__ = ["Publisher", "partition_for_key"]
+__all__ = ["Publisher", "partition_for_key", "payload_bytes"]
 
 #: FNV-1a, 32 bits: the tidewire clients' key partitioner (tidewire.client.partitioner), so a
 #: key published over HTTP lands where a client would put it. Restated here because the
@@ -234,7 +234,13 @@ def _canonical(m: PublishMessage) -> tuple[Any, ...]:
     return (m.key, m.value, headers, m.partition, m.timestamp)
 
 
-def _bytes(text: str | None, encoding: str, field: str) -> bytes | None:
+def payload_bytes(text: str | None, encoding: str, field: str) -> bytes | None:
+    """A key, value or header value of a request as bytes: UTF-8 text, or base64 with
+    ``encoding="base64"``.
+
+    Raises:
+        InvalidRequestError: not valid base64 (naming ``field``).
+    """
     if text is None:
         return None
     if encoding == "base64":
@@ -252,14 +258,14 @@ def _decode(msgs: Sequence[PublishMessage], encoding: str) -> list[_Ready]:
     for i, m in enumerate(msgs):
         where = "" if single else f"messages.{i}."
         headers = (
-            [(k, _bytes(v, encoding, f"{where}headers.{k}")) for k, v in m.headers.items()]
+            [(k, payload_bytes(v, encoding, f"{where}headers.{k}")) for k, v in m.headers.items()]
             if m.headers
             else []
         )
         out.append(
             (
-                _bytes(m.key, encoding, f"{where}key"),
-                _bytes(m.value, encoding, f"{where}value"),
+                payload_bytes(m.key, encoding, f"{where}key"),
+                payload_bytes(m.value, encoding, f"{where}value"),
                 headers,
                 now if m.timestamp is None else m.timestamp,
             )

@@ -1,6 +1,6 @@
 // The dashboard's entry: the session, the navigation and the hash router
-// (#/overview, #/topics, #/topic/NAME, #/tail/NAME, #/groups, #/group/ID, #/metrics,
-// #/settings, #/audit, #/security, #/login).
+// (#/overview, #/topics, #/topic/NAME, #/tail/NAME, #/groups, #/group/ID, #/queues,
+// #/queue/NAME, #/metrics, #/settings, #/audit, #/security, #/login).
 
 import { ApiError, api, can, clearSession, get, session, setSession } from "./api.js";
 import { clear, h, hideBanner, note, showError, showInfo } from "./ui.js";
@@ -8,6 +8,7 @@ import { overviewPage, metricsPage, settingsPage } from "./pages_overview.js";
 import { topicsPage, topicPage } from "./pages_topics.js";
 import { tailPage } from "./pages_tail.js";
 import { groupsPage, groupPage } from "./pages_groups.js";
+import { queuesPage, queuePage } from "./pages_queues.js";
 import { auditPage, securityPage } from "./pages_admin.js";
 
 const PAGES = {
@@ -17,6 +18,8 @@ const PAGES = {
   tail: { title: "Live tail", render: tailPage, needs: "read_messages" },
   groups: { title: "Consumer groups", render: groupsPage },
   group: { render: groupPage, nav: "groups" },
+  queues: { title: "Queues", render: queuesPage },
+  queue: { render: queuePage, nav: "queues" },
   metrics: { title: "Metrics", render: metricsPage },
   settings: { title: "Settings", render: settingsPage, needs: "describe_cluster" },
   audit: { title: "Audit log", render: auditPage, needs: "read_audit" },

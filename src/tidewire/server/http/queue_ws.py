@@ -1,0 +1,308 @@
+"""``/v1/queues/{name}/ws``: a queue consumed over a WebSocket, settled over the same socket.
+
+Query parameters: ``prefetch`` (messages delivered and not yet settled at most, default
+100, 1..10,000) and ``encoding=base64`` (always base64; else UTF-8 text where valid).
+
+The socket is one consumer, and one owner: what it holds is its own, and when it closes
+(or the gateway drains) every message it did not settle goes back to the queue, to be
+redelivered first. The server sends::
+
+    {"type": "subscribed", "queue": Q, "consumer_tag": C, "prefetch": N}
+    {"type": "message", "tag", "offset", "delivery_count", "redelivered", "routing_key",
+     "value", "headers", "timestamp", "encoding"}                  (one per frame)
+    {"type": "settled", "outcome", "tags", "up_to"}                (after each settle command)
+    {"type": "error", "error": {code, name, message}, "command": ...}
+
+and the client sends::
+
+    {"type": "ack" | "nack" | "reject", "tags": [..], "up_to": 0, "requeue": bool}
+
+``ack`` acknowledges; ``nack`` requeues (``requeue: false``: dead-letters); ``reject``
+dead-letters (``requeue: true``: requeues); ``up_to`` adds every tag up to it this socket
+holds. A settle of tags the socket does not hold answers an error frame (the others are
+settled) and the socket goes on. The manager's prefetch bounds what is outstanding: nothing
+more is delivered until the client settles, so a slow client never grows the broker's
+memory. Bad frames close the socket (close codes in :data:`QUEUE_CLOSE_CODES`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import json
+import logging
+import secrets
+from typing import Any
+
+import msgspec
+from fastapi import APIRouter, WebSocket
+from starlette.websockets import WebSocketDisconnect
+
+from tidewire._tasks import cancel_and_wait
+from tidewire.broker import Broker
+from tidewire.broker.queues.model import Delivery, SettleOutcome
+from tidewire.errors import (
+    InvalidRequestError,
+    QueueLockedError,
+    TidewireError,
+    UnknownQueueError,
+)
+from tidewire.server.http._params import encoding_param, error_frame, int_param
+from tidewire.server.http._queue_docs import delivered, message_doc
+from tidewire.server.http._ws_settings import CLOSE_CODES, MAX_COMMAND_BYTES
+from tidewire.server.http.context import GatewayContext
+
+__all__ = ["DEFAULT_PREFETCH", "MAX_PREFETCH", "QUEUE_CLOSE_CODES", "queue_ws_router"]
+
+log = logging.getLogger("tidewire.http")
+
+#: Messages outstanding per socket by default, and at most: the most one socket can make the
+#: broker hold for it (and send before the client says anything).
+DEFAULT_PREFETCH = 100
+MAX_PREFETCH = 10_000
+#: The most tags one settle command names (a command frame is 64 KiB at most anyway).
+MAX_TAGS = 10_000
+
+#: The stream's close codes, and the queue's own.
+QUEUE_CLOSE_CODES = CLOSE_CODES | {"locked": 4423}
+
+_OUTCOMES: dict[str, tuple[SettleOutcome, SettleOutcome]] = {
+    # kind: (outcome without requeue given, outcome with the other choice)
+    "ack": ("ack", "ack"),
+    "nack": ("requeue", "dead-letter"),
+    "reject": ("dead-letter", "requeue"),
+}
+
+_ids = itertools.count(1)
+
+
+class _Close(Exception):
+    def __init__(self, code: int, error: TidewireError | None = None) -> None:
+        super().__init__(code)
+        self.code = code
+        self.error = error
+
+
+class _Gone(Exception):
+    """The client went away."""
+
+
+def queue_ws_router(ctx: GatewayContext) -> APIRouter:
+    """The queue subscription over a WebSocket."""
+    router = APIRouter(tags=["queues"])
+
+    @router.websocket("/v1/queues/{name}/ws")
+    async def queue_ws(websocket: WebSocket, name: str) -> None:
+        await websocket.accept()
+        try:
+            params = websocket.query_params
+            prefetch = int_param(params, "prefetch", DEFAULT_PREFETCH, 1, MAX_PREFETCH)
+            force = encoding_param(params)
+        except TidewireError as exc:
+            await websocket.send_json(error_frame(exc))
+            await websocket.close(QUEUE_CLOSE_CODES["bad_request"], _reason(exc))
+            return
+        await QueueSocket(
+            ctx.broker, websocket, name, prefetch=prefetch, force_base64=force, closing=ctx.closing
+        ).run()
+
+    return router
+
+
+def _reason(exc: TidewireError) -> str:
+    return exc.message.encode()[:120].decode("utf-8", "ignore")
+
+
+class QueueSocket:
+    """One accepted WebSocket consuming ``queue`` until either side ends it."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        ws: WebSocket,
+        queue: str,
+        *,
+        prefetch: int,
+        force_base64: bool,
+        closing: asyncio.Event,
+    ) -> None:
+        self.broker = broker
+        self.ws = ws
+        self.queue = queue
+        self.prefetch = prefetch
+        self.force = force_base64
+        self.closing = closing
+        #: The owner of what this socket holds: unique while the broker runs.
+        self.owner = f"ws-{next(_ids)}-{secrets.token_hex(4)}"
+        #: Deliveries handed over by the manager, not yet sent: bounded by the prefetch
+        #: (the manager never has more than that outstanding for this consumer).
+        self.pending: collections.deque[Delivery] = collections.deque()
+        self.arrived = asyncio.Event()
+        self._send_lock = asyncio.Lock()
+
+    def _deliver(self, d: Delivery) -> None:
+        """The manager's callback (on the loop, never blocking)."""
+        self.pending.append(d)
+        self.arrived.set()
+
+    async def run(self) -> None:
+        manager = self.broker.queues
+        tasks: list[asyncio.Task[None]] = []
+        close: _Close | None = None
+        consuming = False
+        try:
+            try:
+                tag = manager.consume(
+                    self.queue, owner=self.owner, prefetch=self.prefetch, deliver=self._deliver
+                )
+                consuming = True
+                await self._send_obj(
+                    {
+                        "type": "subscribed",
+                        "queue": self.queue,
+                        "consumer_tag": tag,
+                        "prefetch": self.prefetch,
+                    }
+                )
+                tasks = [
+                    asyncio.create_task(self._sender(), name="queue ws sender"),
+                    asyncio.create_task(self._commands(), name="queue ws commands"),
+                    asyncio.create_task(self._drain(), name="queue ws drain"),
+                ]
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    t.result()
+            except UnknownQueueError as exc:
+                close = _Close(QUEUE_CLOSE_CODES["not_found"], exc)
+            except QueueLockedError as exc:
+                close = _Close(QUEUE_CLOSE_CODES["locked"], exc)
+            except _Close as exc:
+                close = exc
+            except _Gone:
+                pass
+            except TidewireError as exc:
+                close = _Close(QUEUE_CLOSE_CODES["internal"], exc)
+        finally:
+            for t in tasks:
+                await cancel_and_wait(t, ignore=(_Close, _Gone, TidewireError))
+            if consuming:
+                # Its consumer cancelled, what it held requeued (redelivered first).
+                manager.connection_closed(self.owner)
+        if close is not None:
+            await self._close(close)
+
+    async def _close(self, close: _Close) -> None:
+        try:
+            if close.error is not None:
+                await self._send_obj(error_frame(close.error))
+            reason = "" if close.error is None else _reason(close.error)
+            await self.ws.close(close.code, reason)
+        except (_Gone, WebSocketDisconnect, OSError, RuntimeError):
+            pass  # the client is gone already
+
+    async def _drain(self) -> None:
+        await self.closing.wait()
+        raise _Close(QUEUE_CLOSE_CODES["going_away"])
+
+    async def _send_text(self, text: str) -> None:
+        async with self._send_lock:
+            try:
+                await self.ws.send_text(text)
+            except (WebSocketDisconnect, OSError, RuntimeError):
+                raise _Gone from None
+
+    async def _send_obj(self, obj: Any) -> None:
+        await self._send_text(msgspec.json.encode(obj).decode())
+
+    async def _sender(self) -> None:
+        while True:
+            if not self.pending:
+                self.arrived.clear()
+                await self.arrived.wait()
+                continue
+            d = self.pending.popleft()
+            for entry, rec in delivered(d):
+                doc = {"type": "message", **message_doc(entry, rec, self.force)}
+                await self._send_text(msgspec.json.encode(doc).decode())
+
+    async def _commands(self) -> None:
+        while True:
+            msg = await self.ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                raise _Gone
+            text = msg.get("text")
+            if text is None:
+                raise _Close(
+                    QUEUE_CLOSE_CODES["unsupported_data"],
+                    InvalidRequestError("commands are JSON text frames"),
+                )
+            if len(text) > MAX_COMMAND_BYTES:
+                raise _Close(
+                    QUEUE_CLOSE_CODES["too_big"],
+                    InvalidRequestError(
+                        f"a command of {len(text):,} characters exceeds {MAX_COMMAND_BYTES:,}"
+                    ),
+                )
+            try:
+                cmd = json.loads(text)
+            except ValueError as exc:
+                raise _Close(
+                    QUEUE_CLOSE_CODES["invalid_payload"],
+                    InvalidRequestError(f"a command is not JSON: {exc}"),
+                ) from None
+            await self._settle(cmd)
+
+    async def _settle(self, cmd: Any) -> None:
+        kind = cmd.get("type") if isinstance(cmd, dict) else None
+        if kind not in _OUTCOMES:
+            raise _Close(
+                QUEUE_CLOSE_CODES["policy"],
+                InvalidRequestError(
+                    f"unknown command {kind!r}: commands are ack, nack and reject "
+                    '({"type": "ack", "tags": [..]})'
+                ),
+            )
+        assert isinstance(cmd, dict)
+        extra = set(cmd) - {"type", "tags", "up_to", "requeue"}
+        if extra:
+            raise _Close(
+                QUEUE_CLOSE_CODES["policy"],
+                InvalidRequestError(f"{kind} has unknown field(s) {sorted(extra)}"),
+            )
+        tags, up_to, requeue = cmd.get("tags", []), cmd.get("up_to", 0), cmd.get("requeue")
+        if (
+            not isinstance(tags, list)
+            or len(tags) > MAX_TAGS
+            or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in tags)
+        ):
+            raise _Close(
+                QUEUE_CLOSE_CODES["policy"],
+                InvalidRequestError(
+                    f"{kind} tags must be a list of at most {MAX_TAGS:,} integers >= 1"
+                ),
+            )
+        if isinstance(up_to, bool) or not isinstance(up_to, int) or up_to < 0:
+            raise _Close(
+                QUEUE_CLOSE_CODES["policy"],
+                InvalidRequestError(f"{kind} up_to={up_to!r} must be an integer >= 0"),
+            )
+        if requeue is not None and (not isinstance(requeue, bool) or kind == "ack"):
+            raise _Close(
+                QUEUE_CLOSE_CODES["policy"],
+                InvalidRequestError("requeue: true or false, for nack and reject only"),
+            )
+        if not tags and not up_to:
+            raise _Close(QUEUE_CLOSE_CODES["policy"], InvalidRequestError(f"{kind} names no tags"))
+        usual, other = _OUTCOMES[kind]
+        outcome = usual if requeue is None or requeue == (kind == "nack") else other
+        try:
+            await self.broker.queues.settle(
+                self.queue, tags, outcome, owner=self.owner, up_to=up_to
+            )
+        except TidewireError as exc:  # tags not held, a storage failure: not the end
+            frame = error_frame(exc)
+            frame["command"] = kind
+            await self._send_obj(frame)
+            return
+        await self._send_obj({"type": "settled", "outcome": outcome, "tags": tags, "up_to": up_to})
