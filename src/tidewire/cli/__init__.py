@@ -9,6 +9,10 @@
 - ``tidewire publish``, ``tidewire consume``: messages in and out (``consume --group G``
   as a member of a consumer group).
 - ``tidewire group list | describe | reset | delete``: consumer groups, offsets and lag.
+- ``tidewire exchange declare | delete | list``, ``tidewire queue declare | delete | purge |
+  list | describe``, ``tidewire bind | unbind``: queues and exchanges (docs/queues.md);
+  ``publish --exchange X --routing-key K`` publishes into them, ``consume --queue Q`` takes
+  and acknowledges their messages, ``tidewire dlq list | replay | purge``: dead letters.
 - ``tidewire health``: ping a broker; exit code 0 when it answers.
 - ``tidewire metrics``: a summary of the broker's ``/metrics`` (over its HTTP API).
 - ``tidewire user | key | acl | quota``: principals and their roles, API keys (shown once),
@@ -46,6 +50,7 @@ from ._certs import certs_app
 from ._common import add_credential_options, add_tls_options
 from ._compat_000 import addr_defaults, consumer_app, tail
 from ._consume import consume
+from ._dlq import dlq_app
 from ._export import export
 from ._group import group_app
 from ._health import health
@@ -53,6 +58,7 @@ from ._log_level import log_level
 from ._metrics import metrics
 from ._msgbus_cli import register as register_msgbus_commands
 from ._publish import publish
+from ._queues import bind, exchange_app, queue_app, unbind
 from ._quota import quota_app
 from ._serve import config_app, serve
 from ._topic import topic_app
@@ -108,6 +114,11 @@ app.add_typer(topic_app)
 app.add_typer(group_app)
 app.command()(publish)
 app.command()(consume)
+app.add_typer(exchange_app)
+app.add_typer(queue_app)
+app.command()(bind)
+app.command()(unbind)
+app.add_typer(dlq_app)
 app.command()(health)
 app.command()(metrics)
 app.add_typer(user_app)

@@ -1,4 +1,4 @@
-"""``tidewire consume``: print a topic's messages as they arrive.
+"""``tidewire consume``: print a topic's (or a queue's) messages as they arrive.
 
 Every partition (or the one ``--partition`` names) is read by a task of its own with
 long-poll fetches, into one bounded queue that the printer drains; so a quiet partition
@@ -15,6 +15,9 @@ With ``--group G`` the command is a member of consumer group ``G``
 from the group's committed offsets, and commits the position after the last message printed
 every 5 s and when it stops.
 
+With ``--queue Q`` it takes a queue's messages instead (:mod:`._queue_messages`): each is
+printed, then acknowledged (``--nack``: requeued, ``--reject``: dead-lettered).
+
 ``key``, ``value`` and header values are UTF-8 text, ``null`` when absent; one that is not
 valid UTF-8 is base64 instead, and a flag beside it says so: ``"key_base64": true``,
 ``"value_base64": true``, ``"value_base64": true`` inside a header.
@@ -23,7 +26,6 @@ valid UTF-8 is base64 instead, and a flag beside it says so: ``"key_base64": tru
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime as dt
 import enum
 import json
@@ -35,6 +37,7 @@ from typing import Annotated
 import typer
 
 from tidewire.client import AsyncClient, AsyncGroupConsumer, Gap
+from tidewire.client._queue_consumer import MAX_PREFETCH
 from tidewire.errors import PartitionCorruptError, TidewireError, UnknownPartitionError
 from tidewire.records import Record
 
@@ -47,6 +50,8 @@ from ._common import (
     fail,
     run_client,
 )
+from ._queue_messages import DEFAULT_PREFETCH, Settle, consume_queue
+from ._queue_messages import text_or_base64 as _text
 
 __all__ = ["consume", "parse_since", "record_doc"]
 
@@ -68,6 +73,10 @@ _RELATIVE = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d|w)\s*$")
 #: A bare integer: ms since the epoch (ISO-8601's basic dates are not taken: 20240501 is a
 #: timestamp in 1970, so write dates as 2024-05-01).
 _EPOCH_MS = re.compile(r"^\s*\d+\s*$")
+
+
+#: The --help panel of the options that apply to --queue.
+_QUEUE_PANEL = "Queues (--queue)"
 
 
 class Format(enum.StrEnum):
@@ -103,16 +112,6 @@ def parse_since(text: str, now_ms: int) -> int:
     if when.tzinfo is None:
         when = when.astimezone()  # local time, as a person typing a date means it
     return int(when.timestamp() * 1000)
-
-
-def _text(data: bytes | None) -> tuple[str | None, bool]:
-    """(UTF-8 text or base64, whether it is base64)."""
-    if data is None:
-        return None, False
-    try:
-        return data.decode("utf-8"), False
-    except UnicodeDecodeError:
-        return base64.b64encode(data).decode("ascii"), True
 
 
 def record_doc(topic: str, partition: int, rec: Record) -> dict[str, object]:
@@ -261,7 +260,9 @@ def _line(
 
 
 def consume(
-    topic: Annotated[str, typer.Argument(help="The topic.", show_default=False)],
+    topic: Annotated[
+        str | None, typer.Argument(metavar="TOPIC", help="The topic.", show_default=False)
+    ] = None,
     from_beginning: Annotated[
         bool,
         typer.Option("--from-beginning", help="Start at the oldest message.", show_default=False),
@@ -327,13 +328,95 @@ def consume(
             show_default=False,
         ),
     ] = False,
+    queue: Annotated[
+        str | None,
+        typer.Option(
+            "--queue",
+            "-q",
+            help="Take messages from this queue instead of a topic: each is printed, then "
+            "acknowledged (or --nack, --reject).",
+            show_default=False,
+            rich_help_panel=_QUEUE_PANEL,
+        ),
+    ] = None,
+    prefetch: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=MAX_PREFETCH,
+            help="--queue: messages delivered and not yet settled, at most.",
+            rich_help_panel=_QUEUE_PANEL,
+        ),
+    ] = DEFAULT_PREFETCH,
+    nack: Annotated[
+        bool,
+        typer.Option(
+            "--nack",
+            help="--queue: requeue each message after printing it instead of acking it (it "
+            "is delivered again, first; bound the run with --count).",
+            show_default=False,
+            rich_help_panel=_QUEUE_PANEL,
+        ),
+    ] = False,
+    reject: Annotated[
+        bool,
+        typer.Option(
+            "--reject",
+            help="--queue: reject each message after printing it: dead-lettered to the "
+            "queue's dead-letter exchange (dropped without one).",
+            show_default=False,
+            rich_help_panel=_QUEUE_PANEL,
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="The same as --format json.", show_default=False),
+    ] = False,
     addr: AddrOption = DEFAULT_ADDR,
 ) -> None:
     """Print a topic's messages: by default only new ones (it says so on stderr), from
-    every partition; --from-beginning, --offset or --since start earlier.
+    every partition; --from-beginning, --offset or --since start earlier. With --queue Q,
+    take a queue's messages instead, acknowledging each once printed.
 
     Stops after --count messages, when --timeout seconds pass without one, or on Ctrl-C.
     """
+    if as_json:
+        fmt = Format.JSON
+    if queue is not None:
+        if topic is not None:
+            fail("give a TOPIC or --queue, not both", EXIT_USAGE)
+        if group is not None or from_beginning or offset is not None or since is not None:
+            fail(
+                "a queue hands out its messages itself: no --group, --from-beginning, "
+                "--offset, --since with --queue",
+                EXIT_USAGE,
+            )
+        if partition is not None or skip_damaged:
+            fail("--partition and --skip-damaged are for topics, not --queue", EXIT_USAGE)
+        if nack and reject:
+            fail("give one of --nack, --reject", EXIT_USAGE)
+        settle = Settle.NACK if nack else Settle.REJECT if reject else Settle.ACK
+
+        async def queue_body(client: AsyncClient) -> int:
+            return await consume_queue(
+                client,
+                addr,
+                queue,
+                prefetch=prefetch,
+                count=count,
+                timeout_s=timeout,
+                settle=settle,
+                as_json=fmt is Format.JSON,
+                print_key=print_key,
+                separator=key_separator.encode(),
+            )
+
+        run_client(addr, queue_body)
+        return
+    if nack or reject:
+        fail("--nack and --reject settle queue messages: they need --queue", EXIT_USAGE)
+    if topic is None:
+        fail("give a TOPIC (or --queue Q)", EXIT_USAGE)
     if group is not None:
         if offset is not None or since is not None or partition is not None:
             fail(

@@ -9,6 +9,11 @@ Lines from stdin are grouped: messages wait in per-partition lists until the gro
 :data:`LINGER_S` (so a slow pipe such as ``tail -f`` still publishes promptly); then every
 partition's list goes as one batch, the partitions' requests concurrently. Reading happens
 outside the event loop, so Ctrl-C interrupts a read at once.
+
+With ``--exchange X`` the messages go through exchange ``X`` (``amq.default``: the default
+one) with ``--routing-key`` instead, into the queues (and topics) its bindings route them to;
+each request returns once the broker confirmed it (durable queues: fsynced). Lines from stdin
+are grouped the same way, at most :data:`EXCHANGE_GROUP_MAX_MESSAGES` a request.
 """
 
 from __future__ import annotations
@@ -43,8 +48,12 @@ from ._common import (
     echo_json,
     fail,
 )
+from ._queues import to_exchange
 
 __all__ = ["GROUP_MAX_BYTES", "GROUP_MAX_MESSAGES", "LINGER_S", "publish"]
+
+#: The --help panel of the options that apply to --exchange.
+_EXCHANGE_PANEL = "Exchanges (--exchange)"
 
 #: A group of stdin lines is sent once it holds this much data: large enough that a big file
 #: costs few round trips, far below the default max_batch_bytes (16 MiB) and frame limit.
@@ -160,6 +169,90 @@ class _Publisher:
         landing.last_offset = max(landing.last_offset, base + len(messages) - 1)
 
 
+#: Messages of one request through an exchange, at most (the client coalesces up to 1,000
+#: messages / 1 MiB into one request; a group of stdin lines is sent as one such request).
+EXCHANGE_GROUP_MAX_MESSAGES = 1000
+
+
+class _ExchangePublisher:
+    """Publishes through an exchange (``publish --exchange``): every message with the same
+    routing key, headers and flags; stdin lines grouped like :class:`_Publisher`'s, each
+    group one confirmed request."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        exchange: str,
+        routing_key: str,
+        headers: dict[str, str],
+        *,
+        mandatory: bool,
+        ttl_ms: int,
+        delay_ms: int,
+    ) -> None:
+        self.client = client
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.headers = headers
+        self.mandatory = mandatory
+        self.ttl_ms = ttl_ms
+        self.delay_ms = delay_ms
+        self.max_message_bytes = DEFAULT_MAX_LINE_BYTES
+        self.pending: list[bytes] = []
+        self.pending_bytes = 0
+        self.pending_since = 0.0
+        self.published = 0
+        self.unroutable = 0  # messages that went nowhere (not --mandatory: dropped)
+        self.queues: set[str] = set()
+        self.topics: list[tuple[str, int, int]] = []
+
+    async def start(self) -> None:
+        """Nothing to learn first: the broker routes."""
+
+    def add(self, message: Message) -> bool:
+        """Queue one message's value; return whether the group is full."""
+        if not self.pending:
+            self.pending_since = time.monotonic()
+        value = message.value or b""
+        self.pending.append(value)
+        self.pending_bytes += RECORD_OVERHEAD + len(value)
+        return (
+            self.pending_bytes >= GROUP_MAX_BYTES
+            or len(self.pending) >= EXCHANGE_GROUP_MAX_MESSAGES
+        )
+
+    def overdue(self) -> float | None:
+        """Seconds until the pending group must be sent (None: nothing pending)."""
+        if not self.pending:
+            return None
+        return max(0.0, self.pending_since + LINGER_S - time.monotonic())
+
+    async def flush(self) -> None:
+        """Publish the pending messages as one request; returns once the broker confirmed
+        them (stored in every queue they were routed to; durable queues: fsynced)."""
+        values, self.pending = self.pending, []
+        self.pending_bytes = 0
+        if not values:
+            return
+        result = await self.client.publish_batch(
+            self.exchange,
+            self.routing_key,
+            values,
+            headers=self.headers or None,
+            mandatory=self.mandatory,
+            ttl_ms=self.ttl_ms,
+            delay_ms=self.delay_ms,
+        )
+        self.published += len(values)
+        if result.unroutable:
+            self.unroutable += len(values)
+        self.queues.update(result.queues)
+        self.topics.extend((t, p, o) for t, p, o in result.topics)
+
+
+_Sink = _Publisher | _ExchangePublisher
+
+
 def _size(m: Message) -> int:
     return (
         RECORD_OVERHEAD
@@ -210,14 +303,84 @@ def publish(
     payload: Annotated[
         str | None, typer.Option("--payload", help="The message (another way to give MESSAGE).")
     ] = None,
+    exchange: Annotated[
+        str | None,
+        typer.Option(
+            "--exchange",
+            "-e",
+            help="Publish through this exchange into queues (amq.default: to the queue the "
+            "routing key names); then the one argument is the MESSAGE. Confirmed once "
+            "stored in every queue it was routed to.",
+            show_default=False,
+            rich_help_panel=_EXCHANGE_PANEL,
+        ),
+    ] = None,
+    routing_key: Annotated[
+        str,
+        typer.Option(
+            "--routing-key",
+            "-r",
+            help="--exchange: the routing key the exchange's bindings match.",
+            rich_help_panel=_EXCHANGE_PANEL,
+        ),
+    ] = "",
+    mandatory: Annotated[
+        bool,
+        typer.Option(
+            "--mandatory",
+            help="--exchange: fail if no binding routes the message (else it is dropped).",
+            show_default=False,
+            rich_help_panel=_EXCHANGE_PANEL,
+        ),
+    ] = False,
+    ttl_ms: Annotated[
+        int,
+        typer.Option(
+            "--ttl-ms",
+            min=0,
+            help="--exchange: expire the message after this long in a queue (ms; 0: the "
+            "queue's message_ttl_ms only).",
+            rich_help_panel=_EXCHANGE_PANEL,
+        ),
+    ] = 0,
+    delay_ms: Annotated[
+        int,
+        typer.Option(
+            "--delay-ms",
+            min=0,
+            help="--exchange: deliver the message only after this long (ms).",
+            rich_help_panel=_EXCHANGE_PANEL,
+        ),
+    ] = 0,
     addr: AddrOption = DEFAULT_ADDR,
     as_json: JsonOption = False,
 ) -> None:
     """Publish a message, or with '-' one message per line of stdin (grouped into batches).
 
-    Prints the partition and offset where the messages landed.
+    Prints the partition and offset where the messages landed. With --exchange X the
+    message goes through an exchange into queues instead of into a topic.
     """
     check_addr(addr)
+    if exchange is not None:
+        if topic_opt is not None:
+            fail("give --exchange or --topic, not both", EXIT_USAGE)
+        if message is not None:
+            fail(
+                "with --exchange give only the MESSAGE (the routing key is --routing-key)",
+                EXIT_USAGE,
+            )
+        if key is not None or key_separator is not None:
+            fail(
+                "--key and --key-separator are a topic message's key: with --exchange, "
+                "give --routing-key",
+                EXIT_USAGE,
+            )
+        if partition is not None:
+            fail("--partition is for topics: an exchange routes by --routing-key", EXIT_USAGE)
+        message = topic
+        topic = None
+    elif mandatory or ttl_ms or delay_ms or routing_key:
+        fail("--routing-key, --mandatory, --ttl-ms and --delay-ms need --exchange", EXIT_USAGE)
     if topic_opt is not None:  # brokectl's spelling: publish --topic T [--payload P | P]
         if message is not None:
             fail("give the topic once: TOPIC or --topic", EXIT_USAGE)
@@ -226,8 +389,8 @@ def publish(
         if message is not None:
             fail("give the message once: MESSAGE or --payload", EXIT_USAGE)
         message = payload
-    if topic is None:
-        fail("give a TOPIC (or --topic)", EXIT_USAGE)
+    if topic is None and exchange is None:
+        fail("give a TOPIC (or --topic, or --exchange)", EXIT_USAGE)
     if message is None:
         fail("give a MESSAGE, or '-' to read one message per line from stdin", EXIT_USAGE)
     from_stdin = message == "-"
@@ -244,7 +407,20 @@ def publish(
     progress: Progress | None = None
     with asyncio.Runner() as runner:
         client = AsyncClient(addr, tls=cli_tls(), credentials=cli_credentials())
-        publisher = _Publisher(client, topic, partition)
+        publisher: _Sink
+        if exchange is not None:
+            publisher = _ExchangePublisher(
+                client,
+                to_exchange(exchange),
+                routing_key,
+                {k: (v or b"").decode() for k, v in headers},
+                mandatory=mandatory,
+                ttl_ms=ttl_ms,
+                delay_ms=delay_ms,
+            )
+        else:
+            assert topic is not None
+            publisher = _Publisher(client, topic, partition)
         try:
             runner.run(publisher.start())
             if from_stdin:
@@ -273,7 +449,10 @@ def publish(
         finally:
             runner.run(client.close())
     _stop(progress)
-    _report(publisher, from_stdin=from_stdin, as_json=as_json)
+    if isinstance(publisher, _ExchangePublisher):
+        _report_exchange(publisher, exchange or "", from_stdin=from_stdin, as_json=as_json)
+    else:
+        _report(publisher, from_stdin=from_stdin, as_json=as_json)
 
 
 def _stop(progress: Progress | None) -> None:
@@ -291,14 +470,14 @@ def _parse_headers(items: list[str]) -> list[tuple[str, bytes | None]]:
     return headers
 
 
-def _publish_one(runner: asyncio.Runner, publisher: _Publisher, message: Message) -> None:
+def _publish_one(runner: asyncio.Runner, publisher: _Sink, message: Message) -> None:
     if publisher.add(message):
         runner.run(publisher.flush())
 
 
 def _publish_lines(
     runner: asyncio.Runner,
-    publisher: _Publisher,
+    publisher: _Sink,
     stream: BinaryIO,
     key: bytes | None,
     sep: bytes | None,
@@ -332,7 +511,7 @@ class _LineError(Exception):
     """A line of stdin that cannot be published."""
 
 
-def _lines(stream: BinaryIO, publisher: _Publisher) -> Iterator[bytes | None]:
+def _lines(stream: BinaryIO, publisher: _Sink) -> Iterator[bytes | None]:
     """The lines of ``stream`` without their line ending (``\\n`` or ``\\r\\n``); ``None``
     when the pending group is due and no more input is ready."""
     try:
@@ -396,4 +575,35 @@ def _report(publisher: _Publisher, *, from_stdin: bool, as_json: bool) -> None:
     for p, x in landed:
         typer.echo(
             f"  partition {p}: {x.messages:,} message(s), offsets {x.first_offset}..{x.last_offset}"
+        )
+
+
+def _report_exchange(
+    publisher: _ExchangePublisher, exchange: str, *, from_stdin: bool, as_json: bool
+) -> None:
+    queues = sorted(publisher.queues)
+    if as_json:
+        doc: dict[str, object] = {"exchange": exchange, "routing_key": publisher.routing_key}
+        if from_stdin:
+            doc["messages"] = publisher.published
+        doc["queues"] = queues
+        doc["topics"] = [{"topic": t, "partition": p, "offset": o} for t, p, o in publisher.topics]
+        doc["unroutable"] = publisher.unroutable if from_stdin else publisher.unroutable > 0
+        echo_json(doc)
+        return
+    what = f"{publisher.published:,} message(s)" if from_stdin else "published"
+    where = [f"queue {q}" for q in queues] + [
+        f"topic {t} partition {p} at offset {o}" for t, p, o in publisher.topics
+    ]
+    head = f"{what} to exchange {exchange} with routing key {publisher.routing_key!r}"
+    if from_stdin:
+        head = f"published {head}"
+    if where:
+        typer.echo(f"{head}: {', '.join(where)}")
+    if publisher.unroutable:
+        n = f"{publisher.unroutable:,} message(s)" if from_stdin else "the message"
+        typer.echo(
+            f"{head}: no binding routed {n}, dropped (--mandatory makes that an error)"
+            if not where
+            else f"no binding routed {n}, dropped (--mandatory makes that an error)"
         )
