@@ -13,9 +13,11 @@ import msgspec
 from hypothesis import strategies as st
 
 from tidewire.protocol import NEED_DATA, PAUSED, Connection, ConnectionClosed
+from tidewire.protocol import messages as q
 from tidewire.protocol import messages as sec
 from tidewire.protocol.frames import Buffer
 from tidewire.protocol.messages import (
+    PUSH_SCHEMAS,
     AlterTopicRequest,
     AlterTopicResponse,
     ApiKey,
@@ -401,10 +403,122 @@ SAMPLES.update(
     }
 )
 
+_QUEUE_INFO = q.QueueInfo(
+    name="orders",
+    max_deliveries=5,
+    overflow="drop-head",
+    dead_letter_exchange="",
+    ready=3,
+    unacked=2,
+    delayed=1,
+    bytes=420,
+    consumers=1,
+    counters=q.QueueCountersInfo(published=6, delivered=3, redelivered=1),
+)
+_ENTRIES = [q.DeliveryEntryInfo(7, 40, 1), q.DeliveryEntryInfo(8, 42, 3)]
+SAMPLES.update(
+    {
+        ApiKey.EXCHANGE_DECLARE: (
+            q.ExchangeDeclareRequest(name="events", type="topic", alternate_exchange="ae"),
+            q.ExchangeDeclareResponse(error_code=112, error_message="type differs"),
+        ),
+        ApiKey.EXCHANGE_DELETE: (
+            q.ExchangeDeleteRequest(name="events", if_unused=True),
+            q.ExchangeDeleteResponse(),
+        ),
+        ApiKey.QUEUE_DECLARE: (
+            q.QueueDeclareRequest(
+                name="orders",
+                durable=False,
+                exclusive=True,
+                max_length=10,
+                overflow="drop-head",
+                dead_letter_exchange="dlx",
+                dead_letter_routing_key="dead",
+                visibility_timeout_ms=30_000,
+            ),
+            q.QueueDeclareResponse(queue=_QUEUE_INFO),
+        ),
+        ApiKey.QUEUE_DELETE: (
+            q.QueueDeleteRequest(name="orders", if_empty=True, if_unused=True),
+            q.QueueDeleteResponse(messages=4),
+        ),
+        ApiKey.QUEUE_PURGE: (q.QueuePurgeRequest(name="orders"), q.QueuePurgeResponse(messages=3)),
+        ApiKey.QUEUE_BIND: (
+            q.QueueBindRequest(
+                exchange="h", destination="orders", arguments={"x-match": "any", "k": "v"}
+            ),
+            q.QueueBindResponse(),
+        ),
+        ApiKey.QUEUE_UNBIND: (
+            q.QueueUnbindRequest(
+                exchange="e", destination="t", destination_kind="topic", key="a.#"
+            ),
+            q.QueueUnbindResponse(error_code=111, error_message="no exchange named 'e'"),
+        ),
+        ApiKey.LIST_QUEUES: (q.ListQueuesRequest(), q.ListQueuesResponse(queues=[_QUEUE_INFO])),
+        ApiKey.LIST_EXCHANGES: (
+            q.ListExchangesRequest(),
+            q.ListExchangesResponse(
+                exchanges=[q.ExchangeInfo(name=""), q.ExchangeInfo(name="t", type="topic")],
+                bindings=[q.BindingInfo(exchange="t", destination="orders", key="*.eu")],
+            ),
+        ),
+        ApiKey.QUEUE_PUBLISH: (
+            q.QueuePublishRequest(
+                exchange="t",
+                routing_key="order.eu",
+                headers={"kind": "order"},
+                mandatory=True,
+                ttl_ms=60_000,
+                deliver_at_ms=1_700_000_000_000,
+                delay_ms=5,
+            ),
+            q.QueuePublishResponse(
+                queues=["orders", "audit"], topics=[q.TopicOffset("log", 0, 17)]
+            ),
+        ),
+        ApiKey.QUEUE_CONSUME: (
+            q.QueueConsumeRequest(queue="orders", prefetch=10, consumer_tag="c1"),
+            q.QueueConsumeResponse(consumer_tag="c1"),
+        ),
+        ApiKey.QUEUE_CANCEL: (
+            q.QueueCancelRequest(queue="orders", consumer_tag="c1"),
+            q.QueueCancelResponse(),
+        ),
+        ApiKey.QUEUE_GET: (
+            q.QueueGetRequest(
+                queue="orders", max_messages=5, wait_ms=100, visibility_timeout_ms=1000
+            ),
+            q.QueueGetResponse(entries=_ENTRIES),
+        ),
+        ApiKey.QUEUE_SETTLE: (
+            q.QueueSettleRequest(queue="orders", tags=[7, 9], up_to=5, outcome="requeue"),
+            q.QueueSettleResponse(error_code=116, error_message="unknown delivery tags: 9"),
+        ),
+        ApiKey.QUEUE_BROWSE: (
+            q.QueueBrowseRequest(queue="orders.dlq", from_offset=3, max_messages=10),
+            q.QueueBrowseResponse(entries=[q.DeliveryEntryInfo(0, 3, 1)]),
+        ),
+        ApiKey.QUEUE_REPLAY: (
+            q.QueueReplayRequest(queue="orders.dlq", offsets=[3, 4], to_offset=9),
+            q.QueueReplayResponse(messages=2),
+        ),
+    }
+)
+#: The body of each push-only API (QUEUE_DELIVER).
+PUSH_SAMPLES: dict[ApiKey, msgspec.Struct] = {
+    ApiKey.QUEUE_DELIVER: q.QueueDeliverBody(queue="orders", consumer_tag="c1", entries=_ENTRIES),
+}
+
+#: Every API a client requests (not the push-only ones).
+REQUESTED = [key for key in ApiKey if key not in PUSH_SCHEMAS]
+
 #: Every schema, request and response, as (api key, response?, schema) for parametrizing.
 SCHEMAS: list[tuple[ApiKey, bool, type[Body]]] = [
     (key, response, schema_for(key, 0, response=response))
     for key in ApiKey
+    if key not in PUSH_SCHEMAS
     for response in (False, True)
 ]
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.protocol._support import SAMPLES, SCHEMAS, structs
+from tests.protocol._support import PUSH_SAMPLES, SAMPLES, SCHEMAS, structs
 from tidewire.errors import (
     FrameTooLargeError,
     InvalidRequestError,
@@ -22,6 +22,7 @@ from tidewire.errors import (
     for_code,
 )
 from tidewire.protocol.messages import (
+    PUSH_SCHEMAS,
     ApiKey,
     ApiVersionRange,
     Body,
@@ -31,6 +32,7 @@ from tidewire.protocol.messages import (
     PingRequest,
     ProducePartition,
     ProduceRequest,
+    QueueDeliverBody,
     decode_body,
     encode_body,
     schema_for,
@@ -59,8 +61,9 @@ def refused(schema: type[msgspec.Struct], data: bytes) -> InvalidRequestError:
 
 
 def test_every_api_has_a_request_and_a_response_schema() -> None:
-    assert set(SAMPLES) == set(ApiKey)
-    for key in ApiKey:
+    assert set(SAMPLES) == set(ApiKey) - set(PUSH_SCHEMAS)
+    assert set(PUSH_SAMPLES) == set(PUSH_SCHEMAS)
+    for key in SAMPLES:
         request, response = SAMPLES[key]
         assert type(request) is schema_for(key, 0, response=False)
         assert type(response) is schema_for(key, 0, response=True)
@@ -75,6 +78,8 @@ def test_supported_versions_lists_every_api_key() -> None:
     for r in ranges:
         assert isinstance(r, ApiVersionRange)
         assert 0 <= r.min_version <= r.max_version
+        if r.api_key in PUSH_SCHEMAS:
+            continue
         for version in range(r.min_version, r.max_version + 1):
             for response in (False, True):
                 assert issubclass(schema_for(r.api_key, version, response=response), Body)
@@ -89,7 +94,34 @@ def test_schema_for_an_unknown_api(api_key: int, response: bool) -> None:
     assert f"unknown API key {api_key}" in str(info.value)
 
 
-@pytest.mark.parametrize("key", list(ApiKey), ids=[k.name for k in ApiKey])
+@pytest.mark.parametrize("key", list(PUSH_SCHEMAS), ids=[k.name for k in PUSH_SCHEMAS])
+@pytest.mark.parametrize("response", [False, True])
+def test_a_push_only_api_has_no_request_nor_response(key: ApiKey, response: bool) -> None:
+    with pytest.raises(
+        UnknownApiError, match=f"{key.name} \\({int(key)}\\) is pushed by the server"
+    ):
+        schema_for(key, 0, response=response)
+
+
+@pytest.mark.parametrize("key", list(PUSH_SCHEMAS), ids=[k.name for k in PUSH_SCHEMAS])
+def test_push_bodies_round_trip(key: ApiKey) -> None:
+    body = PUSH_SAMPLES[key]
+    encoded = encode_body(body)
+    assert decode_body(PUSH_SCHEMAS[key], encoded) == body
+    assert decode_body(PUSH_SCHEMAS[key], memoryview(encoded)) == body
+
+
+@settings(deadline=None, max_examples=40)
+@given(data=st.data())
+def test_queue_deliver_round_trips(data: st.DataObject) -> None:
+    body = data.draw(structs(QueueDeliverBody), label="body")
+    assert decode_body(QueueDeliverBody, encode_body(body)) == body
+
+
+_REQUESTED = [k for k in ApiKey if k not in PUSH_SCHEMAS]
+
+
+@pytest.mark.parametrize("key", _REQUESTED, ids=[k.name for k in _REQUESTED])
 def test_schema_for_an_unsupported_version(key: ApiKey) -> None:
     (supported,) = [r for r in supported_versions() if r.api_key == key]
     for version in (supported.max_version + 1, supported.min_version - 1, 2**15 - 1):

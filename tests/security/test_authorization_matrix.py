@@ -168,6 +168,32 @@ SAMPLES: dict[ApiKey, Callable[[], tuple[Body, list[bytes]]]] = {
     ApiKey.DESCRIBE_ACLS: lambda: (sec.DescribeAclsRequest(), []),
     ApiKey.ALTER_QUOTAS: lambda: (sec.AlterQuotasRequest(clear_quotas=["admin"]), []),
     ApiKey.DESCRIBE_QUOTAS: lambda: (sec.DescribeQuotasRequest(), []),
+    # Queues and exchanges.
+    ApiKey.EXCHANGE_DECLARE: lambda: (sec.ExchangeDeclareRequest(name="matrix-x"), []),
+    ApiKey.EXCHANGE_DELETE: lambda: (sec.ExchangeDeleteRequest(name="matrix-x"), []),
+    ApiKey.QUEUE_DECLARE: lambda: (sec.QueueDeclareRequest(name="matrix-q"), []),
+    ApiKey.QUEUE_DELETE: lambda: (sec.QueueDeleteRequest(name="matrix-q"), []),
+    ApiKey.QUEUE_PURGE: lambda: (sec.QueuePurgeRequest(name="matrix-q"), []),
+    ApiKey.QUEUE_BIND: lambda: (
+        sec.QueueBindRequest(exchange="matrix-x", destination="matrix-q", key="k"),
+        [],
+    ),
+    ApiKey.QUEUE_UNBIND: lambda: (
+        sec.QueueUnbindRequest(exchange="matrix-x", destination="matrix-q", key="k"),
+        [],
+    ),
+    ApiKey.LIST_QUEUES: lambda: (sec.ListQueuesRequest(), []),
+    ApiKey.LIST_EXCHANGES: lambda: (sec.ListExchangesRequest(), []),
+    ApiKey.QUEUE_PUBLISH: lambda: (
+        sec.QueuePublishRequest(exchange="", routing_key="matrix-q"),
+        [_batch()],
+    ),
+    ApiKey.QUEUE_CONSUME: lambda: (sec.QueueConsumeRequest(queue="matrix-q"), []),
+    ApiKey.QUEUE_CANCEL: lambda: (sec.QueueCancelRequest(queue="matrix-q", consumer_tag="c"), []),
+    ApiKey.QUEUE_GET: lambda: (sec.QueueGetRequest(queue="matrix-q"), []),
+    ApiKey.QUEUE_SETTLE: lambda: (sec.QueueSettleRequest(queue="matrix-q", tags=[1]), []),
+    ApiKey.QUEUE_BROWSE: lambda: (sec.QueueBrowseRequest(queue="matrix-q"), []),
+    ApiKey.QUEUE_REPLAY: lambda: (sec.QueueReplayRequest(queue="matrix-q"), []),
 }
 
 

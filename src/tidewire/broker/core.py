@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -36,6 +36,7 @@ from tidewire.broker.producers import (
     is_writer,
     writer_producer_id,
 )
+from tidewire.broker.queues.manager import QueueManager
 from tidewire.errors import (
     BackpressureError,
     BatchTooLargeError,
@@ -300,6 +301,10 @@ class Broker:
         self._released: OrderedDict[int, None] = OrderedDict()  # writers' producer ids
         self._groups: ConsumerGroups | None = None
         self._group_task: asyncio.Task[None] | None = None
+        self._queues: QueueManager | None = None
+        self._queue_task: asyncio.Task[None] | None = None
+        #: The clock queues use (ms since the epoch); tests set a fake one before start().
+        self.queue_clock: Callable[[], int] | None = None
         self.stats = BrokerStats()
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -328,6 +333,8 @@ class Broker:
             self.security.load()
             self.audit = AuditLog(self.logs, self.audit_retention_ms)
             self.audit.start()
+            queues = QueueManager(self, clock=self.queue_clock)
+            queues.load()
         except BaseException:
             self.logs.close()
             raise
@@ -340,6 +347,9 @@ class Broker:
         self._producer_task.add_done_callback(_log_task_failure)
         self._group_task = loop.create_task(self._group_upkeep(), name="group upkeep")
         self._group_task.add_done_callback(_log_task_failure)
+        self._queues = queues
+        self._queue_task = loop.create_task(queues.run(), name="queue timers")
+        self._queue_task.add_done_callback(_log_task_failure)
         # Where the first start with authentication on left the first superuser's key.
         self.bootstrap_key_file = await self.security.bootstrap(Path(self.config.data_dir))
 
@@ -354,6 +364,17 @@ class Broker:
             raise InvalidRequestError("the broker is not running")
         return self._groups
 
+    @property
+    def queues(self) -> QueueManager:
+        """The queues and exchanges (while the broker runs).
+
+        Raises:
+            InvalidRequestError: the broker is not running.
+        """
+        if self._queues is None:
+            raise InvalidRequestError("the broker is not running")
+        return self._queues
+
     async def _group_upkeep(self) -> None:
         """Until cancelled: expire group members' sessions and end overdue rebalances."""
         period = self.config.groups.check_interval_ms / 1000
@@ -365,10 +386,13 @@ class Broker:
     async def close(self) -> None:
         """Stop the background work, wake every waiting fetch, flush and close the logs."""
         self._closing = True  # a fetch woken from here on returns instead of waiting again
-        for task in (self._maintenance, self._producer_task, self._group_task):
+        for task in (self._maintenance, self._producer_task, self._group_task, self._queue_task):
             if task is not None:
                 await cancel_and_wait(task)
-        self._maintenance = self._producer_task = self._group_task = None
+        self._maintenance = self._producer_task = self._group_task = self._queue_task = None
+        if self._queues is not None:
+            await self._queues.close()
+            self._queues = None
         if self.audit is not None:
             await self.audit.close()
             self.audit = None
@@ -868,6 +892,15 @@ class Broker:
         task = asyncio.get_running_loop().create_task(flush_then_wake())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    def split_batches(self, view: memoryview) -> list[tuple[int, int, BatchHeader]]:
+        """Check every batch of ``view`` against the broker's ``max_batch_bytes``: each
+        batch's ``(start, end, header)``.
+
+        Raises:
+            RecordBatchError, BatchTooLargeError, InvalidRequestError (no batch).
+        """
+        return self._split(view, self.config.log.max_batch_bytes)
 
     @staticmethod
     def _split(view: memoryview, max_batch_bytes: int) -> list[tuple[int, int, BatchHeader]]:

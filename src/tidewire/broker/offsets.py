@@ -44,6 +44,8 @@ from tidewire.storage import FsyncPolicy, LogConfig, LogManager, PartitionLog
 __all__ = [
     "OFFSETS_PARTITIONS",
     "OFFSETS_TOPIC",
+    "QUEUE_DEFINITIONS_TOPIC",
+    "QUEUE_TOPIC_PREFIX",
     "Committed",
     "OffsetKey",
     "OffsetStore",
@@ -84,14 +86,21 @@ def internal_config() -> LogConfig:
 TP = tuple[str, int]
 
 
-#: Every topic the broker keeps for itself: the offsets, the security state, the audit log.
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, "__security", "__audit"})
+#: The durable exchanges, queues and bindings (see :mod:`tidewire.broker.queues.definitions`).
+QUEUE_DEFINITIONS_TOPIC = "__queue_definitions"
+#: A queue's own logs (its messages, its delivery state) are topics named with this prefix.
+QUEUE_TOPIC_PREFIX = "__queue."
+#: Every topic the broker keeps for itself: the offsets, the security state, the audit log,
+#: the queue definitions (and, by their prefix, the queues' logs).
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, "__security", "__audit", QUEUE_DEFINITIONS_TOPIC})
 
 
 def is_internal_topic(name: str) -> bool:
-    """Whether ``name`` is a topic the broker keeps for itself (clients may read the offsets
-    only; ``__security`` and ``__audit`` not at all)."""
-    return name in INTERNAL_TOPICS
+    """Whether ``name`` is a topic the broker keeps for itself: one of
+    :data:`INTERNAL_TOPICS`, or a queue's log (a name beginning :data:`QUEUE_TOPIC_PREFIX`).
+    Clients may not create, alter, delete or publish to any of them, nor see them in
+    listings; they may read them, except ``__security`` and ``__audit``."""
+    return name in INTERNAL_TOPICS or name.startswith(QUEUE_TOPIC_PREFIX)
 
 
 class OffsetKey(msgspec.Struct, array_like=True, frozen=True):

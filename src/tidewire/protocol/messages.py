@@ -25,6 +25,10 @@ __all__ = [
     "ACKS_NONE",
     "EARLIEST",
     "LATEST",
+    "OUTCOME_ACK",
+    "OUTCOME_DEAD_LETTER",
+    "OUTCOME_REQUEUE",
+    "PUSH_SCHEMAS",
     "RESET_EARLIEST",
     "RESET_LATEST",
     "RESET_OFFSET",
@@ -44,6 +48,7 @@ __all__ = [
     "ApiVersionsRequest",
     "ApiVersionsResponse",
     "AuditEventBody",
+    "BindingInfo",
     "Body",
     "CommitPartition",
     "CommittedOffset",
@@ -62,6 +67,7 @@ __all__ = [
     "DeletePrincipalResponse",
     "DeleteTopicRequest",
     "DeleteTopicResponse",
+    "DeliveryEntryInfo",
     "DescribeAclsRequest",
     "DescribeAclsResponse",
     "DescribeAuditRequest",
@@ -75,6 +81,11 @@ __all__ = [
     "DescribeTopicRequest",
     "DescribeTopicResponse",
     "ErrorBody",
+    "ExchangeDeclareRequest",
+    "ExchangeDeclareResponse",
+    "ExchangeDeleteRequest",
+    "ExchangeDeleteResponse",
+    "ExchangeInfo",
     "FetchPartition",
     "FetchPartitionResult",
     "FetchRequest",
@@ -91,12 +102,16 @@ __all__ = [
     "JoinGroupResponse",
     "LeaveGroupRequest",
     "LeaveGroupResponse",
+    "ListExchangesRequest",
+    "ListExchangesResponse",
     "ListGroupsRequest",
     "ListGroupsResponse",
     "ListOffsetsPartition",
     "ListOffsetsRequest",
     "ListOffsetsResponse",
     "ListOffsetsResult",
+    "ListQueuesRequest",
+    "ListQueuesResponse",
     "ListTopicsRequest",
     "ListTopicsResponse",
     "MetadataRequest",
@@ -118,6 +133,33 @@ __all__ = [
     "ProducerStateRequest",
     "ProducerStateResponse",
     "PushBody",
+    "QueueBindRequest",
+    "QueueBindResponse",
+    "QueueBrowseRequest",
+    "QueueBrowseResponse",
+    "QueueCancelRequest",
+    "QueueCancelResponse",
+    "QueueConsumeRequest",
+    "QueueConsumeResponse",
+    "QueueCountersInfo",
+    "QueueDeclareRequest",
+    "QueueDeclareResponse",
+    "QueueDeleteRequest",
+    "QueueDeleteResponse",
+    "QueueDeliverBody",
+    "QueueGetRequest",
+    "QueueGetResponse",
+    "QueueInfo",
+    "QueuePublishRequest",
+    "QueuePublishResponse",
+    "QueuePurgeRequest",
+    "QueuePurgeResponse",
+    "QueueReplayRequest",
+    "QueueReplayResponse",
+    "QueueSettleRequest",
+    "QueueSettleResponse",
+    "QueueUnbindRequest",
+    "QueueUnbindResponse",
     "QuotaEntry",
     "ReleaseWritersRequest",
     "ReleaseWritersResponse",
@@ -139,6 +181,7 @@ __all__ = [
     "SubscribeResponse",
     "TopicConfig",
     "TopicDescription",
+    "TopicOffset",
     "UnsubscribeRequest",
     "UnsubscribeResponse",
     "WhoAmIRequest",
@@ -205,6 +248,24 @@ class ApiKey(enum.IntEnum):
     ALTER_QUOTAS = 39
     DESCRIBE_QUOTAS = 40
     DESCRIBE_AUDIT = 38
+    EXCHANGE_DECLARE = 41
+    EXCHANGE_DELETE = 42
+    QUEUE_DECLARE = 43
+    QUEUE_DELETE = 44
+    QUEUE_PURGE = 45
+    QUEUE_BIND = 46
+    QUEUE_UNBIND = 47
+    LIST_QUEUES = 48
+    LIST_EXCHANGES = 49
+    QUEUE_PUBLISH = 50
+    QUEUE_CONSUME = 51
+    QUEUE_CANCEL = 52
+    QUEUE_GET = 53
+    QUEUE_SETTLE = 54
+    #: Pushed by the server only (a consumer's deliveries): never a request.
+    QUEUE_DELIVER = 55
+    QUEUE_BROWSE = 56
+    QUEUE_REPLAY = 57
 
 
 class Body(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -1180,6 +1241,404 @@ class DescribeQuotasResponse(Body, kw_only=True, omit_defaults=True):
     error_message: str = ""
 
 
+# --- queues and exchanges ------------------------------------------------------------------
+#
+# AMQP-style queues (docs/protocol.md, "Queues and exchanges"). A message is one record of a
+# record batch: key = routing key, value = body, headers = message headers. Messages travel
+# raw in the data section (QUEUE_PUBLISH requests; QUEUE_GET, QUEUE_BROWSE responses and
+# QUEUE_DELIVER pushes) as whole batches; ``entries`` name the records that belong to the
+# answer by offset, and every other record of those batches is to be skipped.
+
+
+class ExchangeDeclareRequest(Body, kw_only=True, omit_defaults=True):
+    """Declare an exchange (``type`` direct, fanout, topic or headers). Declaring one that
+    exists with equal settings does nothing; different ones: PreconditionFailedError.
+    ``passive``: only check that it exists (UnknownExchangeError)."""
+
+    api_key = ApiKey.EXCHANGE_DECLARE
+    name: str
+    type: str = "direct"
+    durable: bool = True
+    alternate_exchange: str = ""  # where messages that match no binding go ("": nowhere)
+    passive: bool = False
+
+
+class ExchangeDeclareResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.EXCHANGE_DECLARE
+    error_code: int = 0
+    error_message: str = ""
+
+
+class ExchangeDeleteRequest(Body, kw_only=True, omit_defaults=True):
+    """Delete an exchange and its bindings (``if_unused``: only when it has none)."""
+
+    api_key = ApiKey.EXCHANGE_DELETE
+    name: str
+    if_unused: bool = False
+
+
+class ExchangeDeleteResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.EXCHANGE_DELETE
+    error_code: int = 0
+    error_message: str = ""
+
+
+class QueueCountersInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Messages per fate since the broker started or the queue was made."""
+
+    published: int = 0
+    delivered: int = 0
+    acked: int = 0
+    redelivered: int = 0
+    dead_lettered: int = 0
+    expired: int = 0
+    dropped: int = 0
+    rejected_publishes: int = 0
+
+
+class QueueInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A queue: its settings (0: no limit), its messages now and its counters.
+
+    ``ready``: deliverable now; ``unacked``: delivered and not settled; ``delayed``: not due
+    yet; ``bytes``: stored bytes of all three; ``consumers``: consumers attached."""
+
+    name: str
+    durable: bool = True
+    exclusive: bool = False
+    auto_delete: bool = False
+    max_deliveries: int = 0
+    message_ttl_ms: int = 0
+    max_length: int = 0
+    max_length_bytes: int = 0
+    overflow: str = "reject-publish"
+    dead_letter_exchange: str | None = None  # None: no dead-lettering; "": the default one
+    dead_letter_routing_key: str = ""
+    visibility_timeout_ms: int = 0
+    ready: int = 0
+    unacked: int = 0
+    delayed: int = 0
+    bytes: int = 0
+    consumers: int = 0
+    counters: QueueCountersInfo = msgspec.field(default_factory=QueueCountersInfo)
+
+
+class QueueDeclareRequest(Body, kw_only=True, omit_defaults=True):
+    """Declare a queue (see :class:`QueueInfo` for the settings). Declaring one that exists
+    with equal settings returns it; different ones: PreconditionFailedError. ``passive``:
+    only describe it (UnknownQueueError when it does not exist)."""
+
+    api_key = ApiKey.QUEUE_DECLARE
+    name: str
+    durable: bool = True
+    exclusive: bool = False
+    auto_delete: bool = False
+    max_deliveries: int = 0
+    message_ttl_ms: int = 0
+    max_length: int = 0
+    max_length_bytes: int = 0
+    overflow: str = "reject-publish"  # or "drop-head"
+    dead_letter_exchange: str | None = None
+    dead_letter_routing_key: str = ""
+    visibility_timeout_ms: int = 0
+    passive: bool = False
+
+
+class QueueDeclareResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.QUEUE_DECLARE
+    queue: QueueInfo | None = None
+    error_code: int = 0
+    error_message: str = ""
+
+
+class QueueDeleteRequest(Body, kw_only=True, omit_defaults=True):
+    """Delete a queue with its messages (``if_empty``: only without messages;
+    ``if_unused``: only without consumers: else PreconditionFailedError)."""
+
+    api_key = ApiKey.QUEUE_DELETE
+    name: str
+    if_empty: bool = False
+    if_unused: bool = False
+
+
+class QueueDeleteResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.QUEUE_DELETE
+    messages: int = 0  # messages dropped with it
+    error_code: int = 0
+    error_message: str = ""
+
+
+class QueuePurgeRequest(Body, kw_only=True, omit_defaults=True):
+    """Remove a queue's ready messages (delivered ones stay with their consumers)."""
+
+    api_key = ApiKey.QUEUE_PURGE
+    name: str
+
+
+class QueuePurgeResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.QUEUE_PURGE
+    messages: int = 0  # messages removed
+    error_code: int = 0
+    error_message: str = ""
+
+
+class QueueBindRequest(Body, kw_only=True, omit_defaults=True):
+    """Bind ``exchange`` to a queue or a topic (``destination_kind``). ``key``: the binding
+    key (direct: equal to the routing key; topic: a pattern of words with ``*`` and ``#``;
+    fanout: ignored); ``arguments`` (headers exchange): ``x-match`` ``all`` or ``any`` and the
+    header values to match. Binding twice does nothing."""
+
+    api_key = ApiKey.QUEUE_BIND
+    exchange: str
+    destination: str
+    destination_kind: str = "queue"
+    key: str = ""
+    arguments: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class QueueBindResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.QUEUE_BIND
+    error_code: int = 0
+    error_message: str = ""
+
+
+class QueueUnbindRequest(Body, kw_only=True, omit_defaults=True):
+    """Remove a binding (one that does not exist: no error)."""
+
+    api_key = ApiKey.QUEUE_UNBIND
+    exchange: str
+    destination: str
+    destination_kind: str = "queue"
+    key: str = ""
+    arguments: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class QueueUnbindResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.QUEUE_UNBIND
+    error_code: int = 0
+    error_message: str = ""
+
+
+class ListQueuesRequest(Body, kw_only=True, omit_defaults=True):
+    """Every queue the principal may describe."""
+
+    api_key = ApiKey.LIST_QUEUES
+
+
+class ListQueuesResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.LIST_QUEUES
+    queues: list[QueueInfo] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
+class ExchangeInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """An exchange (the default exchange is ``""``)."""
+
+    name: str
+    type: str = "direct"
+    durable: bool = True
+    alternate_exchange: str = ""
+
+
+class BindingInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A binding from an exchange to a queue or a topic (see :class:`QueueBindRequest`)."""
+
+    exchange: str
+    destination: str
+    destination_kind: str = "queue"
+    key: str = ""
+    arguments: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class ListExchangesRequest(Body, kw_only=True, omit_defaults=True):
+    """Every exchange the principal may describe, and their bindings."""
+
+    api_key = ApiKey.LIST_EXCHANGES
+
+
+class ListExchangesResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.LIST_EXCHANGES
+    exchanges: list[ExchangeInfo] = msgspec.field(default_factory=list)
+    bindings: list[BindingInfo] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
+class QueuePublishRequest(Body, kw_only=True, omit_defaults=True):
+    """Publish the records of the batches in the data section (one or more whole batches)
+    to ``exchange``; every record shares the routing key, ``headers`` (what a headers
+    exchange matches; the records' own headers travel with them), TTL and delay. Answered
+    once stored in every queue it routes to (durable queues: fsynced).
+
+    ``mandatory``: refuse (UnroutableError) when no queue or topic takes it, instead of
+    dropping it. ``ttl_ms``: the messages expire that long after publishing (0: the queue's
+    TTL only). ``deliver_at_ms`` (ms since the epoch) or ``delay_ms`` (from now, by the
+    broker's clock): not delivered before then (0: at once; both: the later)."""
+
+    api_key = ApiKey.QUEUE_PUBLISH
+    exchange: str
+    routing_key: str = ""
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+    mandatory: bool = False
+    ttl_ms: int = 0
+    deliver_at_ms: int = 0
+    delay_ms: int = 0
+
+
+class TopicOffset(msgspec.Struct, array_like=True):
+    """``[topic, partition, base_offset]``: where a publish bound to a topic was stored."""
+
+    topic: str
+    partition: int
+    base_offset: int
+
+
+class QueuePublishResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.QUEUE_PUBLISH
+    queues: list[str] = msgspec.field(default_factory=list)
+    topics: list[TopicOffset] = msgspec.field(default_factory=list)
+    unroutable: bool = False  # routed nowhere (and dropped: not mandatory)
+    error_code: int = 0
+    error_message: str = ""
+
+
+class DeliveryEntryInfo(msgspec.Struct, array_like=True):
+    """``[tag, offset, delivery_count]``: one message of a delivery: its delivery tag (to
+    settle it with), its offset in the queue (the record's offset in the data section), and
+    how many times it has been delivered, this time included (1: the first)."""
+
+    tag: int
+    offset: int
+    delivery_count: int
+
+
+class QueueConsumeRequest(Body, kw_only=True, omit_defaults=True):
+    """Consume from a queue on this connection: the broker pushes QUEUE_DELIVER frames with
+    at most ``prefetch`` messages delivered and not settled at a time. ``consumer_tag``:
+    "" lets the broker choose one. The consumer ends with QUEUE_CANCEL or its connection;
+    what it has not settled then is delivered again."""
+
+    api_key = ApiKey.QUEUE_CONSUME
+    queue: str
+    prefetch: int = 100
+    consumer_tag: str = ""
+
+
+class QueueConsumeResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.QUEUE_CONSUME
+    consumer_tag: str = ""
+    error_code: int = 0
+    error_message: str = ""
+
+
+class QueueCancelRequest(Body, kw_only=True, omit_defaults=True):
+    """End a consumer of this connection; its unsettled messages are delivered again."""
+
+    api_key = ApiKey.QUEUE_CANCEL
+    queue: str
+    consumer_tag: str
+
+
+class QueueCancelResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.QUEUE_CANCEL
+    error_code: int = 0
+    error_message: str = ""
+
+
+class QueueGetRequest(Body, kw_only=True, omit_defaults=True):
+    """Take up to ``max_messages`` ready messages, waiting up to ``wait_ms`` for one. They
+    are held for this connection until settled, until it closes, or for
+    ``visibility_timeout_ms`` (None: the queue's setting)."""
+
+    api_key = ApiKey.QUEUE_GET
+    queue: str
+    max_messages: int = 1
+    wait_ms: int = 0
+    visibility_timeout_ms: int | None = None
+
+
+class QueueGetResponse(Body, kw_only=True, omit_defaults=True):
+    """The messages taken (none: the queue had none ready in time); their records are in
+    the data section's batches."""
+
+    api_key = ApiKey.QUEUE_GET
+    entries: list[DeliveryEntryInfo] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
+#: ``outcome`` of a settle request: done with the message.
+OUTCOME_ACK = "ack"
+#: ``outcome``: deliver it again (nack with requeue).
+OUTCOME_REQUEUE = "requeue"
+#: ``outcome``: dead-letter it, or drop it without a dead-letter exchange (reject, or nack
+#: without requeue).
+OUTCOME_DEAD_LETTER = "dead-letter"
+
+
+class QueueSettleRequest(Body, kw_only=True, omit_defaults=True):
+    """Settle deliveries this connection holds: ``tags``, and with ``up_to`` > 0 also every
+    tag up to it (the acknowledgement of many at once). Tags not held by this connection are
+    named in an UnknownDeliveryTagError; the others are settled anyway."""
+
+    api_key = ApiKey.QUEUE_SETTLE
+    queue: str
+    tags: list[int] = msgspec.field(default_factory=list)
+    up_to: int = 0
+    outcome: str = OUTCOME_ACK
+
+
+class QueueSettleResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.QUEUE_SETTLE
+    error_code: int = 0
+    error_message: str = ""
+
+
+class QueueDeliverBody(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The body of a PUSH frame with ``api_key`` QUEUE_DELIVER (correlation id 0): messages
+    for the consumer ``consumer_tag`` of ``queue``, their records in the data section."""
+
+    queue: str
+    consumer_tag: str
+    entries: list[DeliveryEntryInfo] = msgspec.field(default_factory=list)
+
+
+class QueueBrowseRequest(Body, kw_only=True, omit_defaults=True):
+    """Look at ready messages from ``from_offset`` on without taking them (dead-letter
+    queues): the entries' tags are 0."""
+
+    api_key = ApiKey.QUEUE_BROWSE
+    queue: str
+    from_offset: int = 0
+    max_messages: int = 100
+
+
+class QueueBrowseResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.QUEUE_BROWSE
+    entries: list[DeliveryEntryInfo] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
+class QueueReplayRequest(Body, kw_only=True, omit_defaults=True):
+    """Move dead letters back to the queue their newest ``x-death`` entry names: those at
+    ``offsets``, or the ready ones in ``[from_offset, to_offset)`` (``to_offset`` -1: to
+    the end)."""
+
+    api_key = ApiKey.QUEUE_REPLAY
+    queue: str
+    offsets: list[int] | None = None
+    from_offset: int = 0
+    to_offset: int = -1
+
+
+class QueueReplayResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.QUEUE_REPLAY
+    messages: int = 0  # how many moved
+    error_code: int = 0
+    error_message: str = ""
+
+
 # --- the registry and the codec ------------------------------------------------------------
 
 _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
@@ -1224,9 +1683,29 @@ _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
     ApiKey.ALTER_QUOTAS: (AlterQuotasRequest, AlterQuotasResponse),
     ApiKey.DESCRIBE_QUOTAS: (DescribeQuotasRequest, DescribeQuotasResponse),
     ApiKey.DESCRIBE_AUDIT: (DescribeAuditRequest, DescribeAuditResponse),
+    ApiKey.EXCHANGE_DECLARE: (ExchangeDeclareRequest, ExchangeDeclareResponse),
+    ApiKey.EXCHANGE_DELETE: (ExchangeDeleteRequest, ExchangeDeleteResponse),
+    ApiKey.QUEUE_DECLARE: (QueueDeclareRequest, QueueDeclareResponse),
+    ApiKey.QUEUE_DELETE: (QueueDeleteRequest, QueueDeleteResponse),
+    ApiKey.QUEUE_PURGE: (QueuePurgeRequest, QueuePurgeResponse),
+    ApiKey.QUEUE_BIND: (QueueBindRequest, QueueBindResponse),
+    ApiKey.QUEUE_UNBIND: (QueueUnbindRequest, QueueUnbindResponse),
+    ApiKey.LIST_QUEUES: (ListQueuesRequest, ListQueuesResponse),
+    ApiKey.LIST_EXCHANGES: (ListExchangesRequest, ListExchangesResponse),
+    ApiKey.QUEUE_PUBLISH: (QueuePublishRequest, QueuePublishResponse),
+    ApiKey.QUEUE_CONSUME: (QueueConsumeRequest, QueueConsumeResponse),
+    ApiKey.QUEUE_CANCEL: (QueueCancelRequest, QueueCancelResponse),
+    ApiKey.QUEUE_GET: (QueueGetRequest, QueueGetResponse),
+    ApiKey.QUEUE_SETTLE: (QueueSettleRequest, QueueSettleResponse),
+    ApiKey.QUEUE_BROWSE: (QueueBrowseRequest, QueueBrowseResponse),
+    ApiKey.QUEUE_REPLAY: (QueueReplayRequest, QueueReplayResponse),
 }
+#: APIs only the server sends, as PUSH frames, with the body schema of each: they have no
+#: request or response (a request for one is refused as an unknown API).
+PUSH_SCHEMAS: dict[ApiKey, type[msgspec.Struct]] = {ApiKey.QUEUE_DELIVER: QueueDeliverBody}
 #: (min, max) version of each API this code speaks. Version 0 is the first of each.
-_VERSIONS: dict[ApiKey, tuple[int, int]] = dict.fromkeys(_SCHEMAS, (0, 0))
+#: Push-only APIs are listed too, so a client can tell which pushes a server sends.
+_VERSIONS: dict[ApiKey, tuple[int, int]] = dict.fromkeys([*_SCHEMAS, *PUSH_SCHEMAS], (0, 0))
 
 _encoder = msgspec.msgpack.Encoder()
 _decoders: dict[type[Any], msgspec.msgpack.Decoder[Any]] = {}
@@ -1241,13 +1720,15 @@ def schema_for(api_key: int, version: int, *, response: bool) -> type[Body]:
     """The body schema of ``api_key`` at ``version``.
 
     Raises:
-        UnknownApiError: no such API.
+        UnknownApiError: no such API, or one the server only pushes (:data:`PUSH_SCHEMAS`).
         UnsupportedVersionError: ``version`` is outside the supported range.
     """
     try:
         key = ApiKey(api_key)
     except ValueError:
         raise UnknownApiError(f"unknown API key {api_key}") from None
+    if key in PUSH_SCHEMAS:
+        raise UnknownApiError(f"{key.name} ({int(key)}) is pushed by the server, never requested")
     lo, hi = _VERSIONS[key]
     if not lo <= version <= hi:
         raise UnsupportedVersionError(

@@ -5,8 +5,8 @@ An entry is one of:
 
 - :data:`PUBLIC`: no authentication (API_VERSIONS and the SASL exchange itself);
 - :data:`AUTHENTICATED`: any authenticated principal; the handler shows only what the
-  principal may describe (LIST_TOPICS, LIST_GROUPS) or acts on the connection's own state
-  (CREDIT, UNSUBSCRIBE, WHOAMI);
+  principal may describe (LIST_TOPICS, LIST_GROUPS, LIST_QUEUES, LIST_EXCHANGES) or acts on
+  the connection's own state (CREDIT, UNSUBSCRIBE, WHOAMI);
 - a function from the decoded request to the permissions it needs, every one required:
   ``[Need(ResourceType.TOPIC, Operation.WRITE, "orders"), ...]``.
 
@@ -27,7 +27,14 @@ from typing import Any, Final
 from tidewire.protocol.messages import ApiKey
 from tidewire.security.model import CLUSTER_NAME, Operation, ResourceType
 
-__all__ = ["API_NEEDS", "AUTHENTICATED", "PUBLIC", "Need", "Requirement"]
+__all__ = [
+    "API_NEEDS",
+    "AUTHENTICATED",
+    "DEFAULT_EXCHANGE_ACL_NAME",
+    "PUBLIC",
+    "Need",
+    "Requirement",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +70,11 @@ AUTHENTICATED: Final = _Marker("AUTHENTICATED")
 Requirement = _Marker | Callable[[Any], list[Need]]
 
 _T, _G, _C = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER
+_Q, _X = ResourceType.QUEUE, ResourceType.EXCHANGE
 _O = Operation
+#: The name ACLs give the default exchange ``""`` (an ACL pattern cannot be empty); the HTTP
+#: paths and the CLI spell it so too.
+DEFAULT_EXCHANGE_ACL_NAME = "amq.default"
 
 
 def _topics(op: Operation, names: Iterable[str]) -> list[Need]:
@@ -121,6 +132,35 @@ def _describe_principals(req: Any) -> list[Need]:
     return [Need(_C, _O.DESCRIBE, unless_principal=own)]
 
 
+def _exchange(name: str) -> str:
+    return name or DEFAULT_EXCHANGE_ACL_NAME
+
+
+def _declare(resource: ResourceType) -> Callable[[Any], list[Need]]:
+    # A passive declare only asks whether it exists: describe is enough.
+    return lambda req: [Need(resource, _O.DESCRIBE if req.passive else _O.CREATE, req.name)]
+
+
+def _queue(op: Operation) -> Callable[[Any], list[Need]]:
+    return lambda req: [Need(_Q, op, req.queue)]
+
+
+def _bind(req: Any) -> list[Need]:
+    # Messages of the exchange go to the destination: write on the exchange, and read on a
+    # queue (the binding makes it take them) or write on a topic (they are appended to it).
+    if req.destination_kind == "topic":
+        dest = Need(_T, _O.WRITE, req.destination)
+    else:
+        dest = Need(_Q, _O.READ, req.destination)
+    return [Need(_X, _O.WRITE, _exchange(req.exchange)), dest]
+
+
+def _replay(req: Any) -> list[Need]:
+    # The targets are named by the messages (their x-death header), not by the request:
+    # writing to every queue is asked for.
+    return [Need(_Q, _O.READ, req.queue), Need(_Q, _O.WRITE, "*")]
+
+
 #: Every binary API's requirement (see the module docstring).
 API_NEEDS: dict[ApiKey, Requirement] = {
     ApiKey.API_VERSIONS: PUBLIC,
@@ -169,4 +209,21 @@ API_NEEDS: dict[ApiKey, Requirement] = {
     ApiKey.DESCRIBE_QUOTAS: _cluster(_O.DESCRIBE),
     # Who did what: for administrators (admin on the cluster), not every viewer.
     ApiKey.DESCRIBE_AUDIT: _cluster(_O.ADMIN),
+    # Queues and exchanges. The listings show what the principal may describe.
+    ApiKey.EXCHANGE_DECLARE: _declare(_X),
+    ApiKey.EXCHANGE_DELETE: lambda req: [Need(_X, _O.DELETE, _exchange(req.name))],
+    ApiKey.QUEUE_DECLARE: _declare(_Q),
+    ApiKey.QUEUE_DELETE: lambda req: [Need(_Q, _O.DELETE, req.name)],
+    ApiKey.QUEUE_PURGE: lambda req: [Need(_Q, _O.DELETE, req.name)],
+    ApiKey.QUEUE_BIND: _bind,
+    ApiKey.QUEUE_UNBIND: _bind,
+    ApiKey.LIST_QUEUES: AUTHENTICATED,
+    ApiKey.LIST_EXCHANGES: AUTHENTICATED,
+    ApiKey.QUEUE_PUBLISH: lambda req: [Need(_X, _O.WRITE, _exchange(req.exchange))],
+    ApiKey.QUEUE_CONSUME: _queue(_O.READ),
+    ApiKey.QUEUE_CANCEL: _queue(_O.READ),
+    ApiKey.QUEUE_GET: _queue(_O.READ),
+    ApiKey.QUEUE_SETTLE: _queue(_O.READ),
+    ApiKey.QUEUE_BROWSE: _queue(_O.READ),
+    ApiKey.QUEUE_REPLAY: _replay,
 }

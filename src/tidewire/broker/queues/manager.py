@@ -1,0 +1,823 @@
+"""The queues and exchanges of one broker: declaring, binding, publishing through exchanges,
+consuming, settling, dead-lettering and replaying (:class:`QueueManager`, ``broker.queues``).
+
+Durable exchanges, queues and bindings are kept in ``__queue_definitions``
+(:class:`~.definitions.DefinitionStore`); a durable queue's messages and state in its own two
+logs (:mod:`.store`); routing is :class:`~.routing.Router`'s. Everything runs on the broker's
+event loop; deliveries are handed out in one pass per loop turn (:meth:`QueueManager._dispatch`),
+so a burst of publishes reaches each consumer as few, large deliveries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+import zlib
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from tidewire.broker.queues.definitions import DefinitionStore
+from tidewire.broker.queues.model import (
+    DEATH_HEADER,
+    DEFAULT_EXCHANGE,
+    OVERFLOW_POLICIES,
+    Binding,
+    Delivery,
+    ExchangeSpec,
+    PublishResult,
+    QueueSpec,
+    QueueStatus,
+    SettleOutcome,
+    check_name,
+)
+from tidewire.broker.queues.queue import Consumer, DeathReason, Queue
+from tidewire.broker.queues.routing import Router
+from tidewire.broker.queues.store import (
+    COUNTS,
+    QUEUE_TOPIC_PREFIX,
+    DurableMessages,
+    MemoryMessages,
+    StateLog,
+    open_logs,
+    queue_topic,
+)
+from tidewire.errors import (
+    InvalidQueueError,
+    PreconditionFailedError,
+    QueueLockedError,
+    TidewireError,
+    UnknownDeliveryTagError,
+    UnknownExchangeError,
+    UnknownQueueError,
+    UnknownTopicError,
+    UnroutableError,
+)
+from tidewire.records import BatchBuilder, BatchHeader
+
+if TYPE_CHECKING:
+    from tidewire.broker.core import Broker
+
+__all__ = ["MAX_PREFETCH", "QueueManager"]
+
+log = logging.getLogger("tidewire.broker.queues")
+
+#: The largest prefetch window a consumer may ask for: what it holds is kept in memory.
+MAX_PREFETCH = 65_536
+#: Messages one get may take at most.
+MAX_GET = 10_000
+#: Messages one replay moves at most (call again for more).
+MAX_REPLAY = 100_000
+#: How often the timers of every queue are looked at (seconds): the resolution of TTL, delay
+#: and visibility timeouts.
+TICK_S = 0.01
+#: How often settled segments are given back and state logs compacted (seconds).
+UPKEEP_S = 1.0
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class QueueManager:
+    """Every queue and exchange of ``broker`` (see the module docstring).
+
+    Args:
+        broker: the broker (its logs open).
+        clock: ms since the epoch; tests pass a fake one and call :meth:`tick`.
+    """
+
+    def __init__(self, broker: Broker, *, clock: Callable[[], int] | None = None) -> None:
+        self.broker = broker
+        self.clock = clock or _now_ms
+        self.definitions = DefinitionStore(broker.logs)
+        self._queues: dict[str, Queue] = {}
+        self.router = Router(lambda name: name in self._queues)
+        self._by_owner: dict[str, set[str]] = {}  # owner -> queues it consumes or gets from
+        self._dirty: set[Queue] = set()
+        self._scheduled = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ctags = itertools.count(1)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Read the durable definitions and rebuild every durable queue from its logs; delete
+        the logs of queues that no longer exist (a crash during a delete)."""
+        defs = self.definitions.load()
+        for e in defs.exchanges:
+            self.router.add_exchange(e)
+        for spec in defs.queues:
+            plog, slog = open_logs(self.broker.logs, spec.name)
+            q = self._new_queue(spec, DurableMessages(plog), StateLog(slog), "")
+            q.recover()
+            self._queues[spec.name] = q
+        for b in defs.bindings:
+            try:
+                self.router.add_binding(b)
+            except TidewireError as exc:
+                log.warning("binding %s not restored: %s", b, exc)
+        logs = self.broker.logs
+        for topic in logs.topic_names():
+            if (
+                topic.startswith(QUEUE_TOPIC_PREFIX)
+                and topic[len(QUEUE_TOPIC_PREFIX) :] not in self._queues
+            ):
+                log.info("deleting %s: its queue was deleted", topic)
+                logs.delete_topic(topic)
+
+    async def run(self) -> None:
+        """Until cancelled: apply timers, give back settled segments, compact state logs."""
+        last_upkeep = time.monotonic()
+        while True:
+            await asyncio.sleep(TICK_S)
+            await self.tick()
+            if time.monotonic() - last_upkeep >= UPKEEP_S:
+                last_upkeep = time.monotonic()
+                for q in list(self._queues.values()):
+                    try:
+                        await q.upkeep()
+                    except TidewireError as exc:
+                        log.warning("upkeep of queue %r failed: %s", q.name, exc)
+
+    async def close(self) -> None:
+        """Let dead-lettering under way end; record the delivery counts of what is held (so a
+        clean restart counts them, where a crash does not); answer waiting gets with nothing."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        for q in self._queues.values():
+            if q.state is not None and q.held:  # a clean stop counts the deliveries under way
+                try:
+                    await q.state.write([COUNTS, [[h.offset, h.count] for h in q.held.values()]])
+                except TidewireError as exc:
+                    log.warning("delivery counts of queue %r not saved: %s", q.name, exc)
+            for g in list(q._getters):
+                if not g.future.done():  # type: ignore[attr-defined]
+                    g.future.set_result(Delivery(q.name, "", (), b""))  # type: ignore[attr-defined]
+
+    async def wait_idle(self) -> None:
+        """Return once the work started in the background (dead-lettering, taking back what
+        a consumer or connection held) has ended, and deliveries were handed out."""
+        while self._tasks or self._scheduled:
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            await asyncio.sleep(0)
+
+    async def tick(self) -> None:
+        """Apply every queue's timers due by now (delays, visibility timeouts, TTL)."""
+        now = self.clock()
+        for q in list(self._queues.values()):
+            due = q.next_due()
+            if (due is not None and due <= now) or q.spec.message_ttl_ms or q._ranges:
+                await q.tick()
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s failed", task.get_name(), exc_info=task.exception())
+
+    # --- definitions ----------------------------------------------------------------------------
+
+    def _new_queue(
+        self, spec: QueueSpec, messages: Any, state: StateLog | None, owner: str
+    ) -> Queue:
+        return Queue(
+            spec,
+            messages,
+            state,
+            clock=self.clock,
+            dead_letter=self._dead_letter,
+            wake=self._wake,
+            owner=owner,
+        )
+
+    async def declare_exchange(self, spec: ExchangeSpec, *, passive: bool = False) -> ExchangeSpec:
+        """Make an exchange, or check the one of that name has these settings.
+
+        Raises:
+            UnknownExchangeError: ``passive`` and no such exchange.
+            PreconditionFailedError: it exists with other settings.
+            InvalidQueueError: a bad name or type.
+        """
+        existing = self.router.exchanges.get(spec.name)
+        if passive:
+            if existing is None:
+                raise UnknownExchangeError(f"no exchange {spec.name!r}")
+            return existing
+        if existing is not None:
+            if existing != spec:
+                raise PreconditionFailedError(
+                    f"exchange {spec.name!r} exists with other settings: {_diff(existing, spec)}"
+                )
+            return existing
+        check_name("exchange", spec.name)
+        self.router.add_exchange(spec)  # validates the type
+        if spec.durable:
+            try:
+                await self.definitions.put_exchange(spec)
+            except BaseException:
+                self.router.remove_exchange(spec.name)
+                raise
+        return spec
+
+    async def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
+        """Delete an exchange and its bindings.
+
+        Raises:
+            UnknownExchangeError, InvalidQueueError (a built-in one),
+            PreconditionFailedError (``if_unused`` and it has bindings).
+        """
+        spec = self.router.exchanges.get(name)
+        if spec is None:
+            raise UnknownExchangeError(f"no exchange {name!r}")
+        if name == DEFAULT_EXCHANGE or name.startswith("amq."):
+            raise InvalidQueueError(f"exchange {name!r} is built in and cannot be deleted")
+        if if_unused and self.router.has_bindings(name):
+            raise PreconditionFailedError(f"exchange {name!r} has bindings (if_unused)")
+        bindings = self.router.bindings(exchange=name)
+        self.router.remove_exchange(name)
+        if spec.durable:
+            for b in bindings:
+                await self.definitions.delete_binding(b)
+            await self.definitions.delete_exchange(name)
+
+    async def declare_queue(
+        self, spec: QueueSpec, *, owner: str = "", passive: bool = False
+    ) -> QueueStatus:
+        """Make a queue, or check the one of that name has these settings.
+
+        Raises:
+            UnknownQueueError: ``passive`` and no such queue.
+            PreconditionFailedError: it exists with other settings.
+            QueueLockedError: it is exclusive to another connection.
+            InvalidQueueError: a bad name or setting.
+        """
+        q = self._queues.get(spec.name)
+        if passive:
+            return self._queue(spec.name, owner).status()
+        if q is not None:
+            if q.spec != spec:
+                raise PreconditionFailedError(
+                    f"queue {spec.name!r} exists with other settings: {_diff(q.spec, spec)}"
+                )
+            self._check_owner(q, owner)
+            return q.status()
+        check_name("queue", spec.name)
+        _check_spec(spec)
+        if spec.durable:
+            await self.definitions.put_queue(spec)
+            if spec.name in self._queues:  # declared meanwhile
+                return await self.declare_queue(spec, owner=owner)
+            plog, slog = open_logs(self.broker.logs, spec.name)
+            q = self._new_queue(spec, DurableMessages(plog), StateLog(slog), owner)
+        else:
+            q = self._new_queue(spec, MemoryMessages(), None, owner)
+        self._queues[spec.name] = q
+        if spec.exclusive:
+            self._by_owner.setdefault(owner, set()).add(spec.name)
+        return q.status()
+
+    async def delete_queue(
+        self, name: str, *, if_empty: bool = False, if_unused: bool = False, owner: str = ""
+    ) -> int:
+        """Delete a queue, its messages and its bindings; return how many messages it held.
+
+        Raises:
+            UnknownQueueError, QueueLockedError,
+            PreconditionFailedError: ``if_empty`` and it holds messages, or ``if_unused``
+                and it has consumers.
+        """
+        q = self._queue(name, owner)
+        n = q.unsettled()
+        if if_empty and n:
+            raise PreconditionFailedError(f"queue {name!r} holds {n:,} messages (if_empty)")
+        if if_unused and q.consumers:
+            raise PreconditionFailedError(
+                f"queue {name!r} has {len(q.consumers)} consumers (if_unused)"
+            )
+        await self._drop_queue(q)
+        return n
+
+    async def _drop_queue(self, q: Queue) -> None:
+        if self._queues.get(q.name) is not q:
+            return
+        del self._queues[q.name]
+        self._dirty.discard(q)
+        q.consumers.clear()
+        for g in q._getters:
+            if not g.future.done():  # type: ignore[attr-defined]
+                g.future.set_result(Delivery(q.name, "", (), b""))  # type: ignore[attr-defined]
+        bindings = self.router.remove_destination("queue", q.name)
+        if q.spec.durable:
+            for b in bindings:
+                ex = self.router.exchanges.get(b.exchange)
+                if ex is None or ex.durable:
+                    await self.definitions.delete_binding(b)
+            await self.definitions.delete_queue(q.name)
+            await self.broker.logs.delete_topic_async(queue_topic(q.name))
+
+    async def purge_queue(self, name: str, *, owner: str = "") -> int:
+        """Remove every ready message of a queue; return how many.
+
+        Raises:
+            UnknownQueueError, QueueLockedError.
+        """
+        return await self._queue(name, owner).purge()
+
+    async def bind(self, b: Binding) -> None:
+        """Bind (idempotent).
+
+        Raises:
+            UnknownExchangeError, UnknownQueueError, UnknownTopicError, InvalidQueueError.
+        """
+        self._check_destination(b)
+        if not self.router.add_binding(b):
+            return
+        if self._durable_binding(b):
+            try:
+                await self.definitions.put_binding(b)
+            except BaseException:
+                self.router.remove_binding(b)
+                raise
+
+    async def unbind(self, b: Binding) -> None:
+        """Remove a binding (no error when there is none)."""
+        durable = self._durable_binding(b)
+        if self.router.remove_binding(b) and durable:
+            await self.definitions.delete_binding(b)
+
+    def _check_destination(self, b: Binding) -> None:
+        if b.destination_kind == "queue":
+            if b.destination not in self._queues:
+                raise UnknownQueueError(f"no queue {b.destination!r}")
+        elif b.destination_kind == "topic":
+            if b.destination not in self.broker.topics():
+                raise UnknownTopicError(f"no topic {b.destination!r}")
+        else:
+            raise InvalidQueueError(f"destination_kind {b.destination_kind!r}: 'queue' or 'topic'")
+
+    def _durable_binding(self, b: Binding) -> bool:
+        ex = self.router.exchanges.get(b.exchange)
+        if ex is None or not ex.durable:
+            return False
+        if b.destination_kind == "topic":
+            return True
+        q = self._queues.get(b.destination)
+        return q is not None and q.spec.durable
+
+    def exchanges(self) -> list[ExchangeSpec]:
+        """Every exchange, the default one included."""
+        return sorted(self.router.exchanges.values(), key=lambda e: e.name)
+
+    def bindings(
+        self, *, exchange: str | None = None, destination: str | None = None
+    ) -> list[Binding]:
+        """The bindings, of one exchange or to one destination."""
+        return self.router.bindings(exchange=exchange, destination=destination)
+
+    def queues(self) -> list[QueueStatus]:
+        """Every queue, by name."""
+        return [self._queues[n].status() for n in sorted(self._queues)]
+
+    def describe_queue(self, name: str) -> QueueStatus:
+        """One queue.
+
+        Raises:
+            UnknownQueueError.
+        """
+        return self._queue(name, None).status()
+
+    def _queue(self, name: str, owner: str | None) -> Queue:
+        q = self._queues.get(name)
+        if q is None:
+            raise UnknownQueueError(f"no queue {name!r}")
+        if owner is not None:
+            self._check_owner(q, owner)
+        return q
+
+    @staticmethod
+    def _check_owner(q: Queue, owner: str) -> None:
+        if q.spec.exclusive and q.owner != owner:
+            raise QueueLockedError(f"queue {q.name!r} is exclusive to another connection")
+
+    # --- publishing -----------------------------------------------------------------------------
+
+    async def publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        data: bytes | memoryview,
+        *,
+        headers: Mapping[str, str] | None = None,
+        mandatory: bool = False,
+        ttl_ms: int = 0,
+        deliver_at_ms: int = 0,
+        owner: str = "",
+    ) -> PublishResult:
+        """Route the batches in ``data`` through ``exchange`` and store them in every queue
+        and topic the route reaches; return once stored (durable queues: fsynced).
+
+        Raises:
+            UnknownExchangeError, UnroutableError (``mandatory``, no route), QueueFullError
+            (a queue at its limit under reject-publish: nothing is stored anywhere),
+            RecordBatchError, BatchTooLargeError, InvalidQueueError (a negative TTL).
+        """
+        if ttl_ms < 0 or deliver_at_ms < 0:
+            raise InvalidQueueError(
+                f"ttl_ms={ttl_ms} and deliver_at_ms={deliver_at_ms} must be >= 0"
+            )
+        view = memoryview(data)
+        checked = self.broker.split_batches(view)
+        route = self.router.route(exchange, routing_key, headers or {})
+        queues = [self._queues[n] for n in route.queues if n in self._queues]
+        if not queues and not route.topics:
+            if mandatory:
+                raise UnroutableError(
+                    f"exchange {exchange!r} routes {routing_key!r} nowhere (mandatory)"
+                )
+            return PublishResult(unroutable=True)
+        n = sum(h.records_count for _, _, h in checked)
+        for q in queues:
+            q.check_room(n, len(view))
+        pairs: list[tuple[memoryview, BatchHeader]] = [(view[s:e], h) for s, e, h in checked]
+        jobs: list[Coroutine[Any, Any, Any]] = [
+            q.publish(pairs, ttl_ms=ttl_ms, deliver_at_ms=deliver_at_ms) for q in queues
+        ]
+        jobs += [self._to_topic(t, routing_key, view) for t in route.topics]
+        results = await asyncio.gather(*jobs)
+        topics = tuple(r for r in results[len(queues) :])
+        return PublishResult(queues=tuple(q.name for q in queues), topics=topics)
+
+    async def _to_topic(
+        self, topic: str, routing_key: str, view: memoryview
+    ) -> tuple[str, int, int]:
+        """Append to a topic bound to an exchange: the partition is chosen by the routing key."""
+        parts = self.broker.partition_count(topic)
+        p = zlib.crc32(routing_key.encode()) % parts if parts > 1 else 0
+        r = await self.broker.produce(topic, p, view)
+        return (topic, p, r.base_offset)
+
+    # --- delivery -------------------------------------------------------------------------------
+
+    def _wake(self, q: Queue) -> None:
+        self._dirty.add(q)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._dispatch)
+
+    def _dispatch(self) -> None:
+        self._scheduled = False
+        dirty, self._dirty = self._dirty, set()
+        for q in dirty:
+            if self._queues.get(q.name) is q:
+                try:
+                    q.dispatch()
+                except TidewireError as exc:  # a read failed: try again on the next wake
+                    log.error("delivering from queue %r failed: %s", q.name, exc)
+
+    def consume(
+        self,
+        queue: str,
+        *,
+        owner: str,
+        prefetch: int,
+        deliver: Callable[[Delivery], None],
+        consumer_tag: str = "",
+    ) -> str:
+        """Start a push consumer; return its tag. ``deliver`` is called on the loop with at
+        most ``prefetch`` unsettled messages at any time.
+
+        Raises:
+            UnknownQueueError, QueueLockedError, InvalidQueueError (prefetch out of range),
+            PreconditionFailedError (a consumer tag in use).
+        """
+        q = self._queue(queue, owner)
+        if not 1 <= prefetch <= MAX_PREFETCH:
+            raise InvalidQueueError(f"prefetch={prefetch:,} must be within 1..{MAX_PREFETCH:,}")
+        tag = consumer_tag or f"ctag-{next(self._ctags)}"
+        if any(c.tag == tag for c in q.consumers):
+            raise PreconditionFailedError(f"consumer tag {tag!r} is in use on queue {queue!r}")
+        q.add_consumer(Consumer(tag, owner, prefetch, deliver))
+        self._by_owner.setdefault(owner, set()).add(queue)
+        return tag
+
+    def cancel(self, queue: str, consumer_tag: str) -> None:
+        """Stop a consumer; what it holds is taken back (redelivered first)."""
+        q = self._queues.get(queue)
+        if q is None:
+            return
+        for c in q.consumers:
+            if c.tag == consumer_tag:
+                self._spawn(self._remove_consumer(q, c), f"cancel {consumer_tag} on {queue}")
+                return
+
+    async def _remove_consumer(self, q: Queue, c: Consumer) -> None:
+        await q.remove_consumer(c)
+        if q.spec.auto_delete and q.had_consumers and not q.consumers:
+            await self._drop_queue(q)
+
+    async def get(
+        self,
+        queue: str,
+        *,
+        owner: str,
+        max_messages: int = 1,
+        wait_ms: int = 0,
+        visibility_timeout_ms: int | None = None,
+    ) -> Delivery:
+        """Take up to ``max_messages`` ready messages for ``owner``, waiting up to ``wait_ms``
+        for the first; held until settled, until ``visibility_timeout_ms`` passes (default:
+        the queue's), or until ``connection_closed(owner)``.
+
+        Raises:
+            UnknownQueueError, QueueLockedError, InvalidQueueError.
+        """
+        q = self._queue(queue, owner)
+        if not 1 <= max_messages <= MAX_GET:
+            raise InvalidQueueError(f"max_messages={max_messages:,} must be within 1..{MAX_GET:,}")
+        vt = (
+            q.spec.visibility_timeout_ms if visibility_timeout_ms is None else visibility_timeout_ms
+        )
+        if vt < 0 or wait_ms < 0:
+            raise InvalidQueueError(
+                f"visibility_timeout_ms={vt} and wait_ms={wait_ms} must be >= 0"
+            )
+        self._by_owner.setdefault(owner, set()).add(queue)
+        d = q.get_now(owner, max_messages, vt)
+        if d.entries or wait_ms <= 0:
+            return d
+        fut: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
+        g = q.new_getter(owner, max_messages, vt, fut)
+        q.add_getter(g)
+        try:
+            await asyncio.wait({fut}, timeout=wait_ms / 1000)
+        finally:
+            q.remove_getter(g)
+            if not fut.done():
+                fut.cancel()
+            elif asyncio.current_task() is not None and asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                late = fut.result()
+                tags = {e.tag for e in late.entries}
+                await q.requeue(q.release_owner_gets(owner, tags), durable=False)
+        return fut.result() if fut.done() and not fut.cancelled() else Delivery(q.name, "", (), b"")
+
+    async def settle(
+        self,
+        queue: str,
+        tags: Sequence[int],
+        outcome: SettleOutcome,
+        *,
+        owner: str,
+        up_to: int = 0,
+    ) -> None:
+        """Settle deliveries ``owner`` holds: ``ack``, ``requeue`` (redelivered first) or
+        ``dead-letter`` (reject / nack without requeue); return once recorded durably.
+
+        Raises:
+            UnknownQueueError; UnknownDeliveryTagError naming the tags ``owner`` does not
+            hold (the others are settled all the same); InvalidQueueError (a bad outcome).
+        """
+        q = self._queue(queue, None)
+        if outcome not in ("ack", "requeue", "dead-letter"):
+            raise InvalidQueueError(f"outcome {outcome!r}: 'ack', 'requeue' or 'dead-letter'")
+        found, unknown = q.find_held(tags, owner, up_to)
+        if outcome == "ack":
+            await q.ack(found)
+        elif outcome == "requeue":
+            await q.requeue(found)
+        else:
+            q.reject(found)
+        if unknown:
+            shown = ", ".join(str(t) for t in unknown[:5])
+            more = f" and {len(unknown) - 5:,} more" if len(unknown) > 5 else ""
+            raise UnknownDeliveryTagError(
+                f"{len(unknown):,} delivery tag(s) not held by this connection on queue "
+                f"{queue!r}: {shown}{more}"
+            )
+
+    def connection_closed(self, owner: str) -> None:
+        """``owner`` went: its consumers stop, what it holds is taken back, its exclusive
+        queues are deleted."""
+        names = self._by_owner.pop(owner, set())
+        for name in names:
+            q = self._queues.get(name)
+            if q is None:
+                continue
+            if q.spec.exclusive and q.owner == owner:
+                self._spawn(self._drop_queue(q), f"delete exclusive queue {name}")
+                continue
+            for c in [c for c in q.consumers if c.owner == owner]:
+                self._spawn(self._remove_consumer(q, c), f"cancel {c.tag} on {name}")
+            gets = q.release_owner_gets(owner)
+            if gets:
+                self._spawn(q.requeue(gets, durable=False), f"requeue gets on {name}")
+
+    # --- dead letters ---------------------------------------------------------------------------
+
+    def _dead_letter(self, q: Queue, pairs: list[tuple[int, int]], reason: DeathReason) -> None:
+        self._spawn(self._send_dead(q, pairs, reason), f"dead-letter from {q.name}")
+
+    async def _send_dead(self, q: Queue, pairs: list[tuple[int, int]], reason: DeathReason) -> None:
+        """Publish messages leaving ``q`` to its dead-letter exchange with ``x-death``, then
+        settle them; without a dead-letter exchange (or a route) they are dropped."""
+        offsets = [o for o, _ in pairs]
+        dlx = q.spec.dead_letter_exchange
+        sent = False
+        if dlx is not None:
+            try:
+                sent = await self._republish_dead(q, pairs, reason, dlx)
+            except TidewireError as exc:
+                log.warning(
+                    "dead letters of queue %r could not go to exchange %r (%s): dropped",
+                    q.name,
+                    dlx,
+                    exc,
+                )
+        await q.settle_dead(offsets, dead_lettered=sent)
+
+    async def _republish_dead(
+        self, q: Queue, pairs: list[tuple[int, int]], reason: DeathReason, dlx: str
+    ) -> bool:
+        now = self.clock()
+        by_key: dict[str, BatchBuilder] = {}
+        for o, count in pairs:
+            ts, key, value, headers = q.messages.record(o)
+            rk = key.decode(errors="replace") if key else ""
+            death = _Death(q.name, reason, rk, count, now)
+            out_key = q.spec.dead_letter_routing_key or rk
+            b = by_key.get(out_key)
+            if b is None:
+                b = by_key[out_key] = BatchBuilder()
+            b.append(value, timestamp_ms=ts, key=key, headers=_with_death(headers, death))
+        routed = False
+        for rk, b in by_key.items():
+            r = await self.publish(dlx, rk, b.build())
+            routed = routed or not r.unroutable
+        return routed
+
+    def browse(self, queue: str, *, from_offset: int = 0, max_messages: int = 100) -> Delivery:
+        """Ready messages of ``queue`` from ``from_offset``, without delivering them.
+
+        Raises:
+            UnknownQueueError, InvalidQueueError.
+        """
+        if not 1 <= max_messages <= MAX_GET:
+            raise InvalidQueueError(f"max_messages={max_messages:,} must be within 1..{MAX_GET:,}")
+        return self._queue(queue, None).browse(from_offset, max_messages)
+
+    async def replay(
+        self,
+        queue: str,
+        *,
+        offsets: Sequence[int] | None = None,
+        from_offset: int = 0,
+        to_offset: int | None = None,
+    ) -> int:
+        """Move dead letters back to the queue their newest ``x-death`` entry names (through
+        the default exchange, headers kept); return how many moved. Messages without
+        ``x-death``, or whose queue is gone, stay.
+
+        Raises:
+            UnknownQueueError.
+        """
+        q = self._queue(queue, None)
+        if offsets is None:
+            end = q.end if to_offset is None or to_offset < 0 else min(to_offset, q.end)
+            wanted = [o for o in q.ready_offsets(from_offset, MAX_REPLAY) if o < end]
+        else:
+            wanted = sorted(set(offsets))[:MAX_REPLAY]
+        taken = await q.take_for_replay(wanted)
+        moved: list[int] = []
+        stay: list[int] = []
+        batches: dict[str, tuple[BatchBuilder, list[int]]] = {}
+        for o in taken:
+            ts, key, value, headers = q.messages.record(o)
+            target = _death_queue(headers)
+            if target is None or target not in self._queues or target == queue:
+                stay.append(o)
+                continue
+            b, offs = batches.setdefault(target, (BatchBuilder(), []))
+            b.append(value, timestamp_ms=ts, key=key, headers=headers)
+            offs.append(o)
+        try:
+            for target, (b, offs) in batches.items():
+                try:
+                    await self.publish(DEFAULT_EXCHANGE, target, b.build())
+                except TidewireError as exc:
+                    log.warning("replay to queue %r failed: %s", target, exc)
+                    stay.extend(offs)
+                else:
+                    moved.extend(offs)
+        finally:
+            q.unmove(stay)
+            await q.settle_moved(moved)
+        return len(moved)
+
+
+@dataclass(frozen=True, slots=True)
+class _Death:
+    queue: str
+    reason: str
+    routing_key: str
+    delivery_count: int
+    time_ms: int
+
+
+def _with_death(
+    headers: tuple[tuple[str, bytes | None], ...], death: _Death
+) -> list[tuple[str, bytes | None]]:
+    """``headers`` with the ``x-death`` entry for ``(queue, reason)`` added or counted up
+    (newest first), and ``x-first-death-*`` set the first time."""
+    queue, reason, now = death.queue, death.reason, death.time_ms
+    deaths: list[dict[str, Any]] = []
+    out: list[tuple[str, bytes | None]] = []
+    for k, v in headers:
+        if k == DEATH_HEADER and v:
+            try:
+                parsed = json.loads(v)
+                if isinstance(parsed, list):
+                    deaths = [d for d in parsed if isinstance(d, dict)]
+            except ValueError:
+                pass
+        else:
+            out.append((k, v))
+    for i, old in enumerate(deaths):
+        if old.get("queue") == queue and old.get("reason") == reason:
+            d = deaths.pop(i)
+            d["count"] = int(d.get("count", 0)) + 1
+            d["time_ms"] = now
+            d["delivery_count"] = death.delivery_count
+            deaths.insert(0, d)
+            break
+    else:
+        deaths.insert(
+            0,
+            {
+                "queue": queue,
+                "reason": reason,
+                "count": 1,
+                "routing_key": death.routing_key,
+                "delivery_count": death.delivery_count,
+                "time_ms": now,
+            },
+        )
+    names = {k for k, _ in out}
+    if "x-first-death-queue" not in names:
+        out.append(("x-first-death-queue", queue.encode()))
+        out.append(("x-first-death-reason", reason.encode()))
+    out.append((DEATH_HEADER, json.dumps(deaths, separators=(",", ":")).encode()))
+    return out
+
+
+def _death_queue(headers: tuple[tuple[str, bytes | None], ...]) -> str | None:
+    """The queue named by the newest ``x-death`` entry, if any."""
+    for k, v in headers:
+        if k == DEATH_HEADER and v:
+            try:
+                deaths = json.loads(v)
+            except ValueError:
+                return None
+            if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
+                q = deaths[0].get("queue")
+                return q if isinstance(q, str) else None
+    return None
+
+
+def _check_spec(spec: QueueSpec) -> None:
+    """Refuse settings out of range, naming them."""
+    for f in (
+        "max_deliveries",
+        "message_ttl_ms",
+        "max_length",
+        "max_length_bytes",
+        "visibility_timeout_ms",
+    ):
+        v = getattr(spec, f)
+        if v < 0:
+            raise InvalidQueueError(f"{f}={v} must be >= 0 (0: none)")
+    if spec.overflow not in OVERFLOW_POLICIES:
+        raise InvalidQueueError(
+            f"overflow={spec.overflow!r}: one of {', '.join(OVERFLOW_POLICIES)}"
+        )
+    if spec.exclusive and spec.durable:
+        raise InvalidQueueError(f"queue {spec.name!r}: an exclusive queue cannot be durable")
+    if spec.dead_letter_exchange:
+        check_name("dead_letter_exchange", spec.dead_letter_exchange, reserved_ok=True)
+
+
+def _diff(old: object, new: object) -> str:
+    """The settings that differ, as ``name: old -> new``."""
+    out = []
+    for f in fields(old):  # type: ignore[arg-type]
+        a, b = getattr(old, f.name), getattr(new, f.name)
+        if a != b:
+            out.append(f"{f.name}: {a!r} -> {b!r}")
+    return ", ".join(out)
