@@ -10,7 +10,16 @@ import threading
 import pytest
 
 import tidewire.client
-from tidewire.client import AsyncClient, Client, FetchedRecords, Message
+from tidewire.client import (
+    AsyncClient,
+    AsyncQueueConsumer,
+    BlockingQueueMessage,
+    Client,
+    FetchedRecords,
+    Message,
+    QueueConsumer,
+    QueueMessage,
+)
 from tidewire.client import _client as impl
 
 
@@ -28,18 +37,26 @@ def test_exported_names() -> None:
         "AsyncConsumer",
         "AsyncGroupConsumer",
         "AsyncProducer",
+        "AsyncQueueConsumer",
         "AsyncSubscriber",
+        "BindingInfo",
+        "BlockingQueueMessage",
         "BlockingRecordFuture",
         "Client",
         "Consumer",
         "ConsumerRecord",
         "Credentials",
+        "ExchangeInfo",
         "FetchedBatches",
         "FetchedRecords",
         "Gap",
         "GroupConsumer",
         "Message",
         "Producer",
+        "PublishResult",
+        "QueueConsumer",
+        "QueueInfo",
+        "QueueMessage",
         "RecordFuture",
         "RecordMetadata",
         "Subscriber",
@@ -62,6 +79,8 @@ def test_async_client_methods() -> None:
         "alter_acls",
         "alter_principal",
         "alter_topic",
+        "bind",
+        "browse",
         "clear_quota",
         "close",
         "commit_offsets",
@@ -69,8 +88,12 @@ def test_async_client_methods() -> None:
         "create_api_key",
         "create_principal",
         "create_topic",
+        "declare_exchange",
+        "declare_queue",
+        "delete_exchange",
         "delete_group",
         "delete_principal",
+        "delete_queue",
         "delete_topic",
         "describe_acls",
         "describe_audit",
@@ -80,22 +103,31 @@ def test_async_client_methods() -> None:
         "describe_topic",
         "fetch",
         "fetch_batches",
+        "get",
         "group_lag",
+        "list_exchanges",
         "list_groups",
         "list_offset",
+        "list_queues",
         "list_topics",
         "ping",
         "produce",
         "produce_batch",
         "producer_state",
+        "publish",
+        "publish_batch",
+        "purge_queue",
         "release_writers",
         "remove_acls",
         "repair_topic",
+        "replay",
         "reset_group_offsets",
         "revoke_api_key",
         "server_version",
         "set_quota",
+        "settle",
         "storage_problems",
+        "unbind",
         "whoami",
     ]
     for name, method in public_methods(AsyncClient).items():
@@ -108,11 +140,34 @@ def test_client_is_the_blocking_twin() -> None:
     assert sorted(sync_methods) == sorted(async_methods)
     for name, method in sync_methods.items():
         assert not inspect.iscoroutinefunction(method), name
-        assert inspect.signature(method) == inspect.signature(async_methods[name]), name  # type: ignore[arg-type]
+        expected = inspect.signature(async_methods[name])  # type: ignore[arg-type]
+        if expected.return_annotation == "list[QueueMessage]":
+            # The twin's messages are settled without await.
+            expected = expected.replace(return_annotation="list[BlockingQueueMessage]")
+        assert inspect.signature(method) == expected, name
     assert inspect.iscoroutinefunction(AsyncClient.__aenter__)
     assert inspect.iscoroutinefunction(AsyncClient.__aexit__)
     assert not inspect.iscoroutinefunction(Client.__enter__)
     assert not inspect.iscoroutinefunction(Client.__exit__)
+
+
+def test_queue_consumer_is_the_blocking_twin() -> None:
+    assert inspect.signature(QueueConsumer.__init__) == inspect.signature(
+        AsyncQueueConsumer.__init__
+    )
+    assert list(inspect.signature(AsyncQueueConsumer.__init__).parameters)[1:3] == [
+        "addr",
+        "queue",
+    ]
+    for name in ("get", "ack_many", "close", "start"):
+        assert inspect.iscoroutinefunction(getattr(AsyncQueueConsumer, name)), name
+        assert not inspect.iscoroutinefunction(getattr(QueueConsumer, name)), name
+    for name in ("ack", "nack", "reject"):
+        assert inspect.iscoroutinefunction(getattr(QueueMessage, name)), name
+        assert not inspect.iscoroutinefunction(getattr(BlockingQueueMessage, name)), name
+        assert inspect.signature(getattr(QueueMessage, name)) == inspect.signature(
+            getattr(BlockingQueueMessage, name)
+        )
 
 
 def test_client_takes_the_same_settings() -> None:

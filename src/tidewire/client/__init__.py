@@ -13,6 +13,12 @@
 - :class:`AsyncSubscriber` and :class:`Subscriber`: push delivery: subscribe once to
   partitions from offsets, the broker sends batches as they are appended, within the credit
   the subscriber grants as records are taken; resumes from its position after a reconnect.
+- Queues and exchanges (AMQP-style): :class:`AsyncClient` and :class:`Client` declare,
+  bind, publish with confirms (:class:`PublishResult`), take (``get``), settle, browse and
+  replay; :class:`AsyncQueueConsumer` and :class:`QueueConsumer` consume a queue with a
+  prefetch bound, handing out :class:`QueueMessage` (:class:`BlockingQueueMessage`) to
+  ``ack``, ``nack`` or ``reject``; listings as :class:`QueueInfo`, :class:`ExchangeInfo`,
+  :class:`BindingInfo`.
 - :class:`TlsOptions`: TLS to the broker (CA, client certificate, server name), taken by
   every client as ``tls=`` (``True``: TLS with the system's CAs).
 - :class:`Credentials`: an API key (and the SASL mechanism to present it with), taken by
@@ -26,6 +32,8 @@ Public names::
     AsyncConsumer, Consumer, ConsumerRecord, Gap
     AsyncGroupConsumer, GroupConsumer
     AsyncSubscriber, Subscriber
+    AsyncQueueConsumer, QueueConsumer, QueueMessage, BlockingQueueMessage,
+    PublishResult, QueueInfo, ExchangeInfo, BindingInfo
     Credentials, TlsOptions
     fnv1a_32
 """
@@ -38,8 +46,12 @@ from tidewire.client._consumer import AsyncConsumer, Consumer, ConsumerRecord, G
 from tidewire.client._group import AsyncGroupConsumer, GroupConsumer
 from tidewire.client._producer import AsyncProducer
 from tidewire.client._producer_sync import Producer
+from tidewire.client._queue_consumer import AsyncQueueConsumer, QueueConsumer
+from tidewire.client._queue_messages import BlockingQueueMessage, QueueMessage
+from tidewire.client._queues import PublishResult
 from tidewire.client._subscriber import AsyncSubscriber, Subscriber
 from tidewire.client.partitioner import fnv1a_32
+from tidewire.protocol.messages import BindingInfo, ExchangeInfo, QueueInfo
 from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
@@ -48,18 +60,26 @@ __all__ = [
     "AsyncConsumer",
     "AsyncGroupConsumer",
     "AsyncProducer",
+    "AsyncQueueConsumer",
     "AsyncSubscriber",
+    "BindingInfo",
+    "BlockingQueueMessage",
     "BlockingRecordFuture",
     "Client",
     "Consumer",
     "ConsumerRecord",
     "Credentials",
+    "ExchangeInfo",
     "FetchedBatches",
     "FetchedRecords",
     "Gap",
     "GroupConsumer",
     "Message",
     "Producer",
+    "PublishResult",
+    "QueueConsumer",
+    "QueueInfo",
+    "QueueMessage",
     "RecordFuture",
     "RecordMetadata",
     "Subscriber",

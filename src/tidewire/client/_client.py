@@ -60,6 +60,7 @@ from tidewire.records import BatchBuilder, Codec, Record, iter_batches, iter_rec
 from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
+from ._queues import AsyncQueueAdmin, QueueAdmin
 from ._security import AsyncSecurityAdmin, SecurityAdmin
 from ._transport import Transport, parse_addr
 
@@ -103,7 +104,7 @@ def _raise(code: int, message: str) -> None:
         raise for_code(code)(message)
 
 
-class AsyncClient(AsyncSecurityAdmin):
+class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
     """An asyncio client for one broker.
 
     Args:
@@ -518,7 +519,7 @@ class AsyncClient(AsyncSecurityAdmin):
         return list(body.events)
 
 
-class Client(BlockingTwin[AsyncClient], SecurityAdmin):
+class Client(BlockingTwin[AsyncClient], SecurityAdmin, QueueAdmin):
     """The blocking twin of :class:`AsyncClient`: the same methods, called without await.
 
     It runs an event loop in a thread of its own; use as ``with Client(addr) as client``.
