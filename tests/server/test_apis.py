@@ -24,6 +24,7 @@ from tidewire.errors import (
 )
 from tidewire.protocol.frames import FLAG_ERROR, FrameType, encode_frame
 from tidewire.protocol.messages import (
+    PUSH_SCHEMAS,
     AlterTopicRequest,
     AlterTopicResponse,
     ApiKey,
@@ -50,6 +51,7 @@ from tidewire.protocol.messages import (
 from tidewire.server.gate import SESSION_APIS
 from tidewire.server.handlers import HANDLERS
 from tidewire.server.push import PUSH_APIS
+from tidewire.server.queue_handlers import QUEUE_APIS
 
 #: What this server answers: every API.
 SERVED = set(ApiKey)
@@ -63,7 +65,10 @@ def test_api_versions_lists_exactly_the_served_apis(tmp_path: Path) -> None:
             assert resp.server_version
             keys = [a.api_key for a in resp.apis]
             assert len(keys) == len(set(keys))
-            assert set(keys) == SERVED == set(HANDLERS) | PUSH_APIS | SESSION_APIS
+            assert set(keys) == SERVED
+            assert (
+                set(HANDLERS) | PUSH_APIS | SESSION_APIS | QUEUE_APIS | set(PUSH_SCHEMAS) == SERVED
+            )
             assert all((a.min_version, a.max_version) == (0, 0) for a in resp.apis)
 
     asyncio.run(main())

@@ -99,6 +99,7 @@ from tidewire.protocol.messages import (
 from tidewire.security.model import ResourceType
 from tidewire.server.gate import SESSION_APIS, gate_for, names_allowed
 from tidewire.server.push import PUSH_APIS
+from tidewire.server.queue_handlers import QUEUE_APIS
 from tidewire.server.security_admin import SECURITY_HANDLERS
 from tidewire.storage import LogConfig
 
@@ -221,7 +222,7 @@ async def api_versions(b: Broker, s: ServerInfo, req: ApiVersionsRequest, _: mem
     # Only what this server answers: an API the protocol defines but no handler serves yet
     # is left out, so a client can tell before it asks.
     # The push APIs are served by the connection itself (server/push.py).
-    served = HANDLERS.keys() | PUSH_APIS | SESSION_APIS
+    served = HANDLERS.keys() | PUSH_APIS | SESSION_APIS | QUEUE_APIS | {ApiKey.QUEUE_DELIVER}
     apis = [a for a in supported_versions() if a.api_key in served]
     return ApiVersionsResponse(server_version=__version__, apis=apis), []
 

@@ -99,6 +99,7 @@ from tidewire.server.gate import SESSION_APIS, Session, gate_for, source_of
 from tidewire.server.handlers import HANDLERS, ServerInfo
 from tidewire.server.needs import API_NEEDS
 from tidewire.server.push import MAX_SUBSCRIPTIONS, PUSH_APIS, Subscriptions
+from tidewire.server.queue_handlers import QUEUE_APIS, QueueSession
 from tidewire.server.tls import tls_protocol_factory
 
 __all__ = ["EVENT_LOOPS", "ServerConfig", "TcpServer", "loop_factory"]
@@ -285,6 +286,10 @@ class _ClientProtocol(asyncio.Protocol):
             self.writable,
             max_subscriptions=cfg.max_subscriptions,
         )
+        #: Its queue consumers and the messages it holds (owner: the connection's id).
+        self.queues = QueueSession(
+            server.broker, self.conn, self._write_push, self.writable, self.log_id
+        )
 
     # --- asyncio callbacks ------------------------------------------------------------------
 
@@ -389,6 +394,7 @@ class _ClientProtocol(asyncio.Protocol):
         for task in self.tasks:
             task.cancel()
         self.subscriptions.close()
+        self.queues.close()  # what it held is delivered again
 
     # --- requests ---------------------------------------------------------------------------
 
@@ -501,6 +507,13 @@ class _ClientProtocol(asyncio.Protocol):
                 # Only now: no push of it may reach the client before this answer.
                 self.subscriptions.start(reply.subscription_id)
             return 0
+        if ev.api_key in QUEUE_APIS:
+            try:
+                qbody, qdata = await self.queues.handle(ev.api_key, ev.body, ev.data)
+                self._write(self.conn.send_response(ev.correlation_id, qbody, qdata))
+            finally:
+                self.queues.answered(ev.api_key)  # a consumer's deliveries may go now
+            return int(getattr(qbody, "error_code", 0))
         handler = HANDLERS.get(ev.api_key)
         if handler is None:
             name = ApiKey(ev.api_key).name
@@ -703,8 +716,9 @@ class _ClientProtocol(asyncio.Protocol):
         self._timer = loop.call_at(deadline, self._timed_out, midframe)
 
     def _timed_out(self, midframe: bool) -> None:
-        if self.tasks or (self.subscriptions.subs and not midframe):
-            # Waiting on the broker (a long-poll, a subscription caught up) is not idleness.
+        if self.tasks or ((self.subscriptions.subs or self.queues.consumers) and not midframe):
+            # Waiting on the broker (a long-poll, a subscription caught up, a queue consumer
+            # waiting for messages) is not idleness.
             self._arm_timer()
             return
         what = "a frame was left half-sent" if midframe else "the connection was idle"
