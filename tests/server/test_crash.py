@@ -15,14 +15,9 @@ their offsets.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
-import re
 import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.server._broker_process import broker_process
 from tests.server._history import Ack, check_history
 from tidewire.client import AsyncClient
 from tidewire.errors import TidewireError
@@ -44,77 +40,8 @@ PARTITIONS = 3
 #: Batches of one lane (producer, partition) in flight at once.
 WINDOW = 3
 TOPIC = "crash"
-STARTUP_S = 30.0
 #: The whole test's bound: kills, restarts and the producers' catching up.
 DEADLINE_S = 300.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class _Server:
-    data_dir: Path
-    port: int
-    logs: Path
-    proc: subprocess.Popen[str] | None = None
-    starts: int = 0
-
-    def start(self) -> None:
-        self.starts += 1
-        log = open(self.logs / f"server-{self.starts}.log", "w")  # noqa: SIM115 - handed over
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tidewire",
-                "serve",
-                "--data-dir",
-                str(self.data_dir),
-                "--port",
-                str(self.port),
-                "--fsync",
-                "always",
-                "--partitions",
-                str(PARTITIONS),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        )
-        log.close()
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not re.search(r"listening on 127\.0\.0\.1:\d+", line):
-            self.stop(signal.SIGKILL)
-            text = (self.logs / f"server-{self.starts}.log").read_text()
-            pytest.fail(f"start {self.starts} failed: {line!r}\n{text[-3000:]}")
-
-    def stop(self, sig: int) -> int:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return 0
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(sig)
-        code = proc.wait(timeout=STARTUP_S)
-        assert proc.stdout is not None
-        proc.stdout.close()
-        return code
-
-
-@contextlib.contextmanager
-def _server(tmp_path: Path) -> Iterator[_Server]:
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    server = _Server(tmp_path / "data", _free_port(), logs)
-    try:
-        yield server
-    finally:
-        server.stop(signal.SIGKILL)
 
 
 @dataclass
@@ -199,7 +126,7 @@ def test_sigkill_under_idempotent_load_loses_and_duplicates_nothing(tmp_path: Pa
     stats = _Stats()
     lanes: list[_Lane] = []
 
-    with _server(tmp_path) as server:
+    with broker_process(tmp_path, "--partitions", str(PARTITIONS)) as server:
         server.start()
         addr = f"127.0.0.1:{server.port}"
 
