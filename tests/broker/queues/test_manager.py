@@ -455,3 +455,26 @@ def test_a_cancelled_long_poll_leaves_nothing_held(tmp_path: Path) -> None:
         assert len((await qm.get("work", owner="d")).entries) == 1
 
     run(tmp_path, body)
+
+
+def test_administrative_operations_are_audited(tmp_path: Path) -> None:
+    async def body(broker: Broker, clock: Clock) -> None:
+        qm = broker.queues
+        audit = broker.audit
+        assert audit is not None
+        await qm.declare_exchange(ExchangeSpec("ex", "direct"))
+        await qm.declare_queue(QueueSpec("q"))
+        await qm.declare_queue(QueueSpec("q"), passive=True)
+        await qm.bind(Binding("ex", "q", key="k"))
+        with pytest.raises(UnknownQueueError):
+            await qm.delete_queue("missing")
+        await qm.purge_queue("q")
+        events = [(e.action, e.resource, e.outcome) for e in await audit.query()]
+        assert ("EXCHANGE_DECLARE", "exchange:ex", "ok") in events
+        assert ("QUEUE_DECLARE", "queue:q", "ok") in events
+        assert ("QUEUE_BIND", "exchange:ex -> queue:q", "ok") in events
+        assert ("QUEUE_DELETE", "queue:missing", "failed") in events
+        assert ("QUEUE_PURGE", "queue:q", "ok") in events
+        assert [a for a, r, _ in events if r == "queue:q"].count("QUEUE_DECLARE") == 1
+
+    run(tmp_path, body)

@@ -121,6 +121,7 @@ class Queue:
         dead_letter: called with ``(offset, count)`` pairs leaving as dead letters.
         wake: called when deliveries may be possible (the manager schedules a dispatch).
         owner: the connection an exclusive queue belongs to.
+        timer_added: called when a timer due sooner than every other is set.
     """
 
     def __init__(
@@ -133,6 +134,7 @@ class Queue:
         dead_letter: DeadLetterHook,
         wake: Callable[[Queue], None],
         owner: str = "",
+        timer_added: Callable[[], None] = lambda: None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -142,6 +144,7 @@ class Queue:
         self.owner = owner
         self._dead_letter = dead_letter
         self._wake = wake
+        self._timer_added = timer_added
         self.counters = QueueCounters()
         self.consumers: list[Consumer] = []
         self.had_consumers = False
@@ -670,7 +673,14 @@ class Queue:
     # --- time -----------------------------------------------------------------------------------
 
     def _push_timer(self, due: int, kind: int, value: int) -> None:
-        heapq.heappush(self._timers, (due, next(self._timer_seq), kind, value))
+        timers = self._timers
+        if not timers or due < timers[0][0]:
+            self._timer_added()  # sooner than the loop planned to look
+        heapq.heappush(timers, (due, next(self._timer_seq), kind, value))
+
+    def has_expiring(self) -> bool:
+        """Whether messages published with a TTL of their own may be waiting."""
+        return any(r.expires_at_ms for r in self._ranges)
 
     async def tick(self) -> None:
         """Apply every timer due by now: delays ending, visibility timeouts, expiry at the
