@@ -177,10 +177,6 @@ def _err(exc: TidewireError) -> dict[str, Any]:
     return {"error_code": exc.code, "error_message": exc.message}
 
 
-def _xname(name: str) -> str:
-    return name or DEFAULT_EXCHANGE_ACL_NAME
-
-
 def _binding(req: QueueBindRequest | QueueUnbindRequest) -> Binding:
     if req.destination_kind not in ("queue", "topic"):
         raise InvalidQueueError(
@@ -307,20 +303,6 @@ class QueueSession:
 
     # --- the handlers ---------------------------------------------------------------------------
 
-    def _audit(
-        self,
-        action: str,
-        resource: str,
-        error: TidewireError | None = None,
-        detail: dict[str, str] | None = None,
-    ) -> None:
-        """Audit a change to queues or exchanges, as topics' are: ``ok``, or ``failed`` with
-        the error's message; who and from where are the request's."""
-        audit = self.broker.audit
-        if audit is not None:
-            outcome, reason = ("failed", error.message) if error is not None else ("ok", "")
-            audit.event(action, outcome, resource=resource, reason=reason, detail=detail)
-
     async def _exchange_declare(self, req: ExchangeDeclareRequest, _: memoryview) -> Reply:
         spec = ExchangeSpec(
             name=req.name,
@@ -331,20 +313,14 @@ class QueueSession:
         try:
             await self.broker.queues.declare_exchange(spec, passive=req.passive)
         except TidewireError as exc:
-            if not req.passive:
-                self._audit("EXCHANGE_DECLARE", f"exchange:{_xname(req.name)}", exc)
             return ExchangeDeclareResponse(**_err(exc)), []
-        if not req.passive:
-            self._audit("EXCHANGE_DECLARE", f"exchange:{_xname(req.name)}")
         return ExchangeDeclareResponse(), []
 
     async def _exchange_delete(self, req: ExchangeDeleteRequest, _: memoryview) -> Reply:
         try:
             await self.broker.queues.delete_exchange(req.name, if_unused=req.if_unused)
         except TidewireError as exc:
-            self._audit("EXCHANGE_DELETE", f"exchange:{_xname(req.name)}", exc)
             return ExchangeDeleteResponse(**_err(exc)), []
-        self._audit("EXCHANGE_DELETE", f"exchange:{_xname(req.name)}")
         return ExchangeDeleteResponse(), []
 
     async def _queue_declare(self, req: QueueDeclareRequest, _: memoryview) -> Reply:
@@ -367,11 +343,7 @@ class QueueSession:
                 spec, owner=self.owner, passive=req.passive
             )
         except TidewireError as exc:
-            if not req.passive:
-                self._audit("QUEUE_DECLARE", f"queue:{req.name}", exc)
             return QueueDeclareResponse(**_err(exc)), []
-        if not req.passive:
-            self._audit("QUEUE_DECLARE", f"queue:{req.name}")
         return QueueDeclareResponse(queue=queue_info(status)), []
 
     async def _queue_delete(self, req: QueueDeleteRequest, _: memoryview) -> Reply:
@@ -380,56 +352,28 @@ class QueueSession:
                 req.name, if_empty=req.if_empty, if_unused=req.if_unused, owner=self.owner
             )
         except TidewireError as exc:
-            self._audit("QUEUE_DELETE", f"queue:{req.name}", exc)
             return QueueDeleteResponse(**_err(exc)), []
-        self._audit("QUEUE_DELETE", f"queue:{req.name}")
         return QueueDeleteResponse(messages=n), []
 
     async def _queue_purge(self, req: QueuePurgeRequest, _: memoryview) -> Reply:
         try:
             n = await self.broker.queues.purge_queue(req.name, owner=self.owner)
         except TidewireError as exc:
-            self._audit("QUEUE_PURGE", f"queue:{req.name}", exc)
             return QueuePurgeResponse(**_err(exc)), []
-        self._audit("QUEUE_PURGE", f"queue:{req.name}")
         return QueuePurgeResponse(messages=n), []
 
     async def _bind(self, req: QueueBindRequest, _: memoryview) -> Reply:
         try:
             await self.broker.queues.bind(_binding(req))
         except TidewireError as exc:
-            self._audit(
-                "QUEUE_BIND",
-                f"exchange:{_xname(req.exchange)}",
-                exc,
-                {"destination": f"{req.destination_kind}:{req.destination}", "key": req.key},
-            )
             return QueueBindResponse(**_err(exc)), []
-        self._audit(
-            "QUEUE_BIND",
-            f"exchange:{_xname(req.exchange)}",
-            None,
-            {"destination": f"{req.destination_kind}:{req.destination}", "key": req.key},
-        )
         return QueueBindResponse(), []
 
     async def _unbind(self, req: QueueUnbindRequest, _: memoryview) -> Reply:
         try:
             await self.broker.queues.unbind(_binding(req))
         except TidewireError as exc:
-            self._audit(
-                "QUEUE_UNBIND",
-                f"exchange:{_xname(req.exchange)}",
-                exc,
-                {"destination": f"{req.destination_kind}:{req.destination}", "key": req.key},
-            )
             return QueueUnbindResponse(**_err(exc)), []
-        self._audit(
-            "QUEUE_UNBIND",
-            f"exchange:{_xname(req.exchange)}",
-            None,
-            {"destination": f"{req.destination_kind}:{req.destination}", "key": req.key},
-        )
         return QueueUnbindResponse(), []
 
     async def _list_queues(self, req: ListQueuesRequest, _: memoryview) -> Reply:
@@ -589,9 +533,7 @@ class QueueSession:
                 to_offset=None if req.to_offset < 0 else req.to_offset,
             )
         except TidewireError as exc:
-            self._audit("QUEUE_REPLAY", f"queue:{req.queue}", exc)
             return QueueReplayResponse(**_err(exc)), []
-        self._audit("QUEUE_REPLAY", f"queue:{req.queue}")
         return QueueReplayResponse(messages=n), []
 
 
