@@ -383,3 +383,35 @@ def test_a_long_poll_get_is_answered_by_a_publish(tmp_path: Path) -> None:
         assert answers, "the long-poll did not answer"
         assert answers[0].status_code == 200, answers[0].text
         assert [m["value"] for m in answers[0].json()["messages"]] == ["woken"]
+
+
+def test_headers_exchanges_and_bindings_to_topics(client: httpx.Client) -> None:
+    assert client.put("/v1/queues/invoices", json={}).status_code == 201
+    assert client.put("/v1/exchanges/by-kind", json={"type": "headers"}).status_code == 201
+    r = client.post(
+        "/v1/bindings",
+        json={
+            "exchange": "by-kind",
+            "destination": "invoices",
+            "arguments": {"x-match": "all", "kind": "invoice"},
+        },
+    )
+    assert r.status_code == 201, r.text
+    assert r.json()["bindings"][0]["arguments"] == {"kind": "invoice", "x-match": "all"}
+    got = publish(client, "by-kind", "", "inv 1", headers={"kind": "invoice"})
+    assert got["queues"] == ["invoices"]
+    assert publish(client, "by-kind", "", "other", headers={"kind": "receipt"})["unroutable"]
+    (m,) = get(client, "invoices")
+    assert m["headers"] == {"kind": "invoice"}  # routing headers are stored too
+
+    assert client.post("/v1/topics", json={"name": "audit", "partitions": 1}).status_code == 201
+    r = client.post(
+        "/v1/bindings",
+        json={"exchange": "amq.fanout", "destination": "audit", "destination_kind": "topic"},
+    )
+    assert r.status_code == 201, r.text
+    got = publish(client, "amq.fanout", "k", "to the log")
+    assert got["queues"] == []
+    assert [t["topic"] for t in got["topics"]] == ["audit"]
+    page = client.get("/v1/topics/audit/partitions/0/messages").json()
+    assert [(x["key"], x["value"]) for x in page["messages"]] == [("k", "to the log")]
