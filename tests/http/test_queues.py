@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -359,3 +360,58 @@ def test_the_openapi_spec_describes_the_queue_routes(client: httpx.Client) -> No
     assert "routing_key" in schemas["QueuePublishRequest"]["properties"]
     assert schemas["GetRequest"]["properties"]["visibility_timeout_ms"]["default"] == 30_000
     assert "counters" in schemas["QueueInfo"]["properties"]
+
+
+def test_a_long_poll_get_is_answered_by_a_publish(tmp_path: Path) -> None:
+    with served(tmp_path / "data") as (eb, c):
+        assert c.put("/v1/queues/poll", json={}).status_code == 201
+        answers: list[httpx.Response] = []
+
+        def wait() -> None:
+            with httpx.Client(base_url=eb.http_url, timeout=60) as other:
+                answers.append(other.post("/v1/queues/poll/get", json={"wait_ms": 25_000}))
+
+        t = threading.Thread(target=wait)
+        t.start()
+        # Publish once the get is being handled (the scrape counts itself too).
+        eventually(
+            lambda: 'tidewire_requests_in_flight{interface="http"} 2.0' in c.get("/metrics").text,
+            "the get in flight",
+        )
+        publish(c, "amq.default", "poll", "woken")
+        t.join(60)
+        assert answers, "the long-poll did not answer"
+        assert answers[0].status_code == 200, answers[0].text
+        assert [m["value"] for m in answers[0].json()["messages"]] == ["woken"]
+
+
+def test_headers_exchanges_and_bindings_to_topics(client: httpx.Client) -> None:
+    assert client.put("/v1/queues/invoices", json={}).status_code == 201
+    assert client.put("/v1/exchanges/by-kind", json={"type": "headers"}).status_code == 201
+    r = client.post(
+        "/v1/bindings",
+        json={
+            "exchange": "by-kind",
+            "destination": "invoices",
+            "arguments": {"x-match": "all", "kind": "invoice"},
+        },
+    )
+    assert r.status_code == 201, r.text
+    assert r.json()["bindings"][0]["arguments"] == {"kind": "invoice", "x-match": "all"}
+    got = publish(client, "by-kind", "", "inv 1", headers={"kind": "invoice"})
+    assert got["queues"] == ["invoices"]
+    assert publish(client, "by-kind", "", "other", headers={"kind": "receipt"})["unroutable"]
+    (m,) = get(client, "invoices")
+    assert m["headers"] == {"kind": "invoice"}  # routing headers are stored too
+
+    assert client.post("/v1/topics", json={"name": "audit", "partitions": 1}).status_code == 201
+    r = client.post(
+        "/v1/bindings",
+        json={"exchange": "amq.fanout", "destination": "audit", "destination_kind": "topic"},
+    )
+    assert r.status_code == 201, r.text
+    got = publish(client, "amq.fanout", "k", "to the log")
+    assert got["queues"] == []
+    assert [t["topic"] for t in got["topics"]] == ["audit"]
+    page = client.get("/v1/topics/audit/partitions/0/messages").json()
+    assert [(x["key"], x["value"]) for x in page["messages"]] == [("k", "to the log")]

@@ -5,6 +5,7 @@ unknown queues refused; and the queue metrics at /metrics."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -185,3 +186,46 @@ def test_queue_metrics(broker: tuple[EmbeddedBroker, httpx.Client]) -> None:
     names = [f.name for f in text_string_to_metric_families(om.text)]
     assert "tidewire_queue_messages" in names
     assert "tidewire_queue_messages_by_fate" in names
+
+
+def test_a_deleted_queue_closes_its_sockets(broker: tuple[EmbeddedBroker, httpx.Client]) -> None:
+    eb, c = broker
+    assert c.put("/v1/queues/brief", json={}).status_code == 201
+    with ws_client.connect(ws_url(eb, "/v1/queues/brief/ws"), open_timeout=30) as ws:
+        assert recv(ws)["type"] == "subscribed"
+        assert c.delete("/v1/queues/brief").status_code == 200
+        err = recv(ws)
+        assert err["type"] == "error"
+        assert err["error"]["name"] == "UnknownQueueError"
+        with pytest.raises(ConnectionClosed) as info:
+            ws.recv(timeout=TIMEOUT_S)
+        assert info.value.rcvd is not None
+        assert info.value.rcvd.code == 4404
+
+
+def test_a_draining_broker_closes_the_socket_and_keeps_what_it_held(tmp_path: Path) -> None:
+    eb = EmbeddedBroker(str(tmp_path / "data"), http_port=0)
+    running = eb.running()
+    running.__enter__()
+    stopping: threading.Thread | None = None
+    try:
+        with httpx.Client(base_url=eb.http_url, timeout=TIMEOUT_S) as c:
+            assert c.put("/v1/queues/held", json={}).status_code == 201
+            publish(c, "held", "in flight")
+        with ws_client.connect(ws_url(eb, "/v1/queues/held/ws"), open_timeout=30) as ws:
+            assert recv(ws)["type"] == "subscribed"
+            assert recv(ws)["value"] == "in flight"  # held, never settled
+            stopping = threading.Thread(target=running.__exit__, args=(None, None, None))
+            stopping.start()
+            with pytest.raises(ConnectionClosed) as info:
+                ws.recv(timeout=TIMEOUT_S)  # nothing more comes: the close
+            assert info.value.rcvd is not None
+            assert info.value.rcvd.code == 1001
+    finally:
+        if stopping is None:
+            running.__exit__(None, None, None)
+        else:
+            stopping.join(TIMEOUT_S)
+    with served(tmp_path / "data") as (_, c):
+        got = c.post("/v1/queues/held/get", json={}).json()["messages"]
+        assert [m["value"] for m in got] == ["in flight"]
