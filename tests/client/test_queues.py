@@ -264,3 +264,31 @@ def test_delayed_publish(tmp_path: Path) -> None:
             assert await c.get("later") == []
 
     run(main())
+
+
+def test_changes_to_queues_and_exchanges_are_audited(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (_, server), AsyncClient(addr(server)) as c:
+            await c.declare_exchange("x", "fanout")
+            await c.declare_queue("q")
+            await c.declare_queue("q", passive=True)  # only looks: not recorded
+            await c.bind("x", "q")
+            with pytest.raises(UnknownQueueError):
+                await c.purge_queue("nope")
+            await c.unbind("x", "q")
+            await c.delete_queue("q")
+            await c.delete_exchange("x")
+            got = [e for e in await c.describe_audit() if e.action != "authenticate"]
+            assert [(e.action, e.resource, e.outcome) for e in got] == [
+                ("EXCHANGE_DECLARE", "exchange:x", "ok"),
+                ("QUEUE_DECLARE", "queue:q", "ok"),
+                ("QUEUE_BIND", "exchange:x", "ok"),
+                ("QUEUE_PURGE", "queue:nope", "failed"),
+                ("QUEUE_UNBIND", "exchange:x", "ok"),
+                ("QUEUE_DELETE", "queue:q", "ok"),
+                ("EXCHANGE_DELETE", "exchange:x", "ok"),
+            ]
+            assert got[2].detail == {"destination": "queue:q", "key": ""}
+            assert "nope" in got[3].reason
+
+    run(main())

@@ -19,6 +19,7 @@ connection has written that answer (:meth:`QueueSession.answered`).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -80,17 +81,22 @@ from tidewire.protocol.messages import (
     TopicOffset,
     encode_body,
 )
+from tidewire.records import iter_batches
 from tidewire.security.model import ResourceType
 from tidewire.server.gate import gate_for, names_allowed
 from tidewire.server.needs import DEFAULT_EXCHANGE_ACL_NAME
 
-__all__ = ["QUEUE_APIS", "QueueSession", "queue_info"]
+__all__ = ["MAX_PUSH_BYTES", "QUEUE_APIS", "QueueSession", "queue_info", "split_delivery"]
 
 log = logging.getLogger("tidewire.server")
 
 #: Consumers one connection may have at once: each is a waiter on its queue and holds up to
 #: its prefetch of messages for this connection.
 MAX_CONSUMERS = 1024
+#: The most data one QUEUE_DELIVER frame carries (a larger single batch goes alone): a
+#: delivery of many messages is split on batch boundaries, so a frame stays far below the
+#: frame limit and the write buffer's high-water mark is passed by at most one such frame.
+MAX_PUSH_BYTES = 1024 * 1024
 
 Reply = tuple[Body, list[bytes]]
 _Handler = Callable[["QueueSession", Any, memoryview], Awaitable[Reply]]
@@ -140,8 +146,39 @@ def _entries(d: Delivery) -> list[DeliveryEntryInfo]:
     return [DeliveryEntryInfo(e.tag, e.offset, e.delivery_count) for e in d.entries]
 
 
+def split_delivery(
+    entries: list[DeliveryEntryInfo], data: bytes, max_bytes: int = MAX_PUSH_BYTES
+) -> list[tuple[list[DeliveryEntryInfo], memoryview]]:
+    """``data`` (whole batches) cut on batch boundaries into pieces of at most ``max_bytes``
+    (a larger single batch alone), each with the entries whose offsets it holds; pieces
+    holding no entry are left out."""
+    view = memoryview(data)
+    if len(data) <= max_bytes:
+        return [(entries, view)]
+    # (start, end, first offset, last offset) of each piece
+    pieces: list[list[int]] = []
+    for pos, h in iter_batches(data, verify=False):
+        end = pos + h.size
+        last = h.base_offset + h.last_offset_delta
+        if pieces and end - pieces[-1][0] <= max_bytes:
+            pieces[-1][1], pieces[-1][3] = end, last
+        else:
+            pieces.append([pos, end, h.base_offset, last])
+    firsts = [p[2] for p in pieces]
+    by_piece: list[list[DeliveryEntryInfo]] = [[] for _ in pieces]
+    for e in entries:
+        i = bisect.bisect_right(firsts, e.offset) - 1
+        if i >= 0 and e.offset <= pieces[i][3]:
+            by_piece[i].append(e)
+    return [(ents, view[p[0] : p[1]]) for p, ents in zip(pieces, by_piece, strict=True) if ents]
+
+
 def _err(exc: TidewireError) -> dict[str, Any]:
     return {"error_code": exc.code, "error_message": exc.message}
+
+
+def _xname(name: str) -> str:
+    return name or DEFAULT_EXCHANGE_ACL_NAME
 
 
 def _binding(req: QueueBindRequest | QueueUnbindRequest) -> Binding:
@@ -185,13 +222,14 @@ class QueueSession:
         self.owner = owner
         #: (queue, consumer tag) of this connection's consumers.
         self.consumers: set[tuple[str, str]] = set()
-        self._outbox: deque[Delivery] = deque()
+        #: Push frames waiting for the socket: (queue, consumer tag, entries, data).
+        self._outbox: deque[tuple[str, str, list[DeliveryEntryInfo], memoryview]] = deque()
         self._holding = 0  # QUEUE_CONSUME answers not yet written: deliveries wait
         self._flush_scheduled = False
         self._waiter: asyncio.Task[None] | None = None
         self._used = False  # whether the connection used queues at all
         self.closed = False
-        #: Push frames written, and the most deliveries that waited here at once.
+        #: Push frames written, and the most that waited here at once.
         self.pushed = 0
         self.peak_waiting = 0
 
@@ -218,7 +256,8 @@ class QueueSession:
         """The manager's deliver callback: never blocks."""
         if self.closed:
             return  # connection_closed takes them back
-        self._outbox.append(d)
+        for entries, data in split_delivery(_entries(d), d.data):
+            self._outbox.append((d.queue, d.consumer, entries, data))
         self.peak_waiting = max(self.peak_waiting, len(self._outbox))
         self._kick()
 
@@ -234,9 +273,9 @@ class QueueSession:
             return
         outbox = self._outbox
         while outbox and self.writable.is_set():
-            d = outbox.popleft()
-            body = QueueDeliverBody(queue=d.queue, consumer_tag=d.consumer, entries=_entries(d))
-            self._write(self.conn.send_push(0, ApiKey.QUEUE_DELIVER, encode_body(body), [d.data]))
+            queue, tag, entries, data = outbox.popleft()
+            body = QueueDeliverBody(queue=queue, consumer_tag=tag, entries=entries)
+            self._write(self.conn.send_push(0, ApiKey.QUEUE_DELIVER, encode_body(body), [data]))
             self.pushed += 1
         if outbox and self._waiter is None:
             self._waiter = asyncio.get_running_loop().create_task(
@@ -268,6 +307,20 @@ class QueueSession:
 
     # --- the handlers ---------------------------------------------------------------------------
 
+    def _audit(
+        self,
+        action: str,
+        resource: str,
+        error: TidewireError | None = None,
+        detail: dict[str, str] | None = None,
+    ) -> None:
+        """Audit a change to queues or exchanges, as topics' are: ``ok``, or ``failed`` with
+        the error's message; who and from where are the request's."""
+        audit = self.broker.audit
+        if audit is not None:
+            outcome, reason = ("failed", error.message) if error is not None else ("ok", "")
+            audit.event(action, outcome, resource=resource, reason=reason, detail=detail)
+
     async def _exchange_declare(self, req: ExchangeDeclareRequest, _: memoryview) -> Reply:
         spec = ExchangeSpec(
             name=req.name,
@@ -278,14 +331,20 @@ class QueueSession:
         try:
             await self.broker.queues.declare_exchange(spec, passive=req.passive)
         except TidewireError as exc:
+            if not req.passive:
+                self._audit("EXCHANGE_DECLARE", f"exchange:{_xname(req.name)}", exc)
             return ExchangeDeclareResponse(**_err(exc)), []
+        if not req.passive:
+            self._audit("EXCHANGE_DECLARE", f"exchange:{_xname(req.name)}")
         return ExchangeDeclareResponse(), []
 
     async def _exchange_delete(self, req: ExchangeDeleteRequest, _: memoryview) -> Reply:
         try:
             await self.broker.queues.delete_exchange(req.name, if_unused=req.if_unused)
         except TidewireError as exc:
+            self._audit("EXCHANGE_DELETE", f"exchange:{_xname(req.name)}", exc)
             return ExchangeDeleteResponse(**_err(exc)), []
+        self._audit("EXCHANGE_DELETE", f"exchange:{_xname(req.name)}")
         return ExchangeDeleteResponse(), []
 
     async def _queue_declare(self, req: QueueDeclareRequest, _: memoryview) -> Reply:
@@ -308,7 +367,11 @@ class QueueSession:
                 spec, owner=self.owner, passive=req.passive
             )
         except TidewireError as exc:
+            if not req.passive:
+                self._audit("QUEUE_DECLARE", f"queue:{req.name}", exc)
             return QueueDeclareResponse(**_err(exc)), []
+        if not req.passive:
+            self._audit("QUEUE_DECLARE", f"queue:{req.name}")
         return QueueDeclareResponse(queue=queue_info(status)), []
 
     async def _queue_delete(self, req: QueueDeleteRequest, _: memoryview) -> Reply:
@@ -317,28 +380,56 @@ class QueueSession:
                 req.name, if_empty=req.if_empty, if_unused=req.if_unused, owner=self.owner
             )
         except TidewireError as exc:
+            self._audit("QUEUE_DELETE", f"queue:{req.name}", exc)
             return QueueDeleteResponse(**_err(exc)), []
+        self._audit("QUEUE_DELETE", f"queue:{req.name}")
         return QueueDeleteResponse(messages=n), []
 
     async def _queue_purge(self, req: QueuePurgeRequest, _: memoryview) -> Reply:
         try:
             n = await self.broker.queues.purge_queue(req.name, owner=self.owner)
         except TidewireError as exc:
+            self._audit("QUEUE_PURGE", f"queue:{req.name}", exc)
             return QueuePurgeResponse(**_err(exc)), []
+        self._audit("QUEUE_PURGE", f"queue:{req.name}")
         return QueuePurgeResponse(messages=n), []
 
     async def _bind(self, req: QueueBindRequest, _: memoryview) -> Reply:
         try:
             await self.broker.queues.bind(_binding(req))
         except TidewireError as exc:
+            self._audit(
+                "QUEUE_BIND",
+                f"exchange:{_xname(req.exchange)}",
+                exc,
+                {"destination": f"{req.destination_kind}:{req.destination}", "key": req.key},
+            )
             return QueueBindResponse(**_err(exc)), []
+        self._audit(
+            "QUEUE_BIND",
+            f"exchange:{_xname(req.exchange)}",
+            None,
+            {"destination": f"{req.destination_kind}:{req.destination}", "key": req.key},
+        )
         return QueueBindResponse(), []
 
     async def _unbind(self, req: QueueUnbindRequest, _: memoryview) -> Reply:
         try:
             await self.broker.queues.unbind(_binding(req))
         except TidewireError as exc:
+            self._audit(
+                "QUEUE_UNBIND",
+                f"exchange:{_xname(req.exchange)}",
+                exc,
+                {"destination": f"{req.destination_kind}:{req.destination}", "key": req.key},
+            )
             return QueueUnbindResponse(**_err(exc)), []
+        self._audit(
+            "QUEUE_UNBIND",
+            f"exchange:{_xname(req.exchange)}",
+            None,
+            {"destination": f"{req.destination_kind}:{req.destination}", "key": req.key},
+        )
         return QueueUnbindResponse(), []
 
     async def _list_queues(self, req: ListQueuesRequest, _: memoryview) -> Reply:
@@ -498,7 +589,9 @@ class QueueSession:
                 to_offset=None if req.to_offset < 0 else req.to_offset,
             )
         except TidewireError as exc:
+            self._audit("QUEUE_REPLAY", f"queue:{req.queue}", exc)
             return QueueReplayResponse(**_err(exc)), []
+        self._audit("QUEUE_REPLAY", f"queue:{req.queue}")
         return QueueReplayResponse(messages=n), []
 
 
