@@ -422,6 +422,7 @@ def test_unknown_names_are_clear_errors(broker: Broker, argv: list[str]) -> None
         (["consume", "t", "--queue", "q"], "not both"),
         (["consume", "--queue", "q", "--group", "g"], "no --group"),
         (["consume", "t", "--nack"], "need --queue"),
+        (["consume", "t", "--prefetch", "5"], "need --queue"),
         (["dlq", "replay", "q"], "--offset N"),
         (["dlq", "replay", "q", "--all", "--offset", "3"], "--offset N"),
         (["dlq", "replay", "q", "--from", "5", "--to", "5"], "--to 5 must be above --from 5"),
