@@ -129,7 +129,11 @@ def check_queue_history(
         - ``phantom``: a delivered or dead-lettered value nobody published;
         - ``corrupt``: one offset delivered with two different values;
         - ``stored twice``: a value published once and delivered at two offsets;
-        - ``lost``: a confirmed value never acked (or, poison, never dead-lettered);
+        - ``lost``: a confirmed value never delivered (poison: never dead-lettered), or a
+          stored copy whose last delivery was not acked (poison: rejected) for good: not
+          settled, refused, or nacked, and not delivered again. An ack whose answer was lost
+          with its connection counts as an ack if the copy is not delivered again (the
+          broker may have recorded it before it went);
         - ``acked poison``, ``dead-lettered non-poison``, ``dead-lettered N times``,
           ``dead-letter reason``, ``dead-letter count``: the dead-letter queue holds other
           than exactly one copy of each stored poison message, for the expected reason;
@@ -284,9 +288,29 @@ def check_queue_history(
                 problems.append(f"acked poison: {value!r} was acked, not dead-lettered")
             if dead_count.get(value, 0) == 0:
                 problems.append(f"lost: poison {value!r} confirmed, never dead-lettered")
-        elif value not in acked_values:
-            how = "delivered, never acked" if value in offsets_of else "never delivered"
-            problems.append(f"lost: {value!r} confirmed, {how}")
+        elif value not in offsets_of:
+            problems.append(f"lost: {value!r} confirmed, never delivered")
+    # Every stored copy's last delivery settled it for good: acked (poison: rejected), with
+    # the broker's answer or with the answer lost with its connection (then the broker may
+    # have recorded it before it went: that copy is not delivered again, and cannot be
+    # told from one lost after its ack was sent; this is what at-least-once allows).
+    for offset, ds in sorted(deliveries.items()):
+        pos, last = ds[-1]
+        final: SettleOutcome = "dead-letter" if last.value in poison else "ack"
+        ss = settles.get(pos, [])
+        if any(s.outcome == final and s.result != "refused" for s in ss):
+            continue
+        how = (
+            "nacked"
+            if any(s.outcome == "requeue" and s.result == "confirmed" for s in ss)
+            else f"{ss[-1].outcome} {ss[-1].result}"
+            if ss
+            else "not settled"
+        )
+        problems.append(
+            f"lost: {last.value!r} at offset {offset}: its last delivery (to {last.consumer}, tag "
+            f"{last.tag}) was {how}, and it was not delivered again"
+        )
     expected_dead = 0
     for value in sorted(poison):
         copies = len(offsets_of.get(value, ())) or (1 if value in confirmed else 0)

@@ -73,6 +73,10 @@ def test_a_clean_history_has_no_problem() -> None:
     # and it is, here.
     stored = [*CLEAN, Delivered("c2", 9, 5, 1, b"u"), Settled("c2", 9, 5, "ack", "confirmed")]
     assert check_queue_history(stored) == []
+    # An ack whose answer was lost with the broker may have been recorded: the message is
+    # then not delivered again.
+    unanswered = _replace(ACK_A, Settled("c1", 1, 0, "ack", "connection-lost"))
+    assert check_queue_history(unanswered) == []
 
 
 ACK_A = Settled("c1", 1, 0, "ack", "confirmed")
@@ -105,7 +109,24 @@ REJECT_P = Settled("c2", 5, 4, "dead-letter", "confirmed")
             "stored twice: b'a' published once, delivered at offsets [0, 7]",
         ),
         # lost: confirmed, never acked / never delivered
-        (_without(ACK_A), "lost: b'a' confirmed, delivered, never acked"),
+        # lost: the last delivery of a stored copy not settled for good, and no other after it
+        (
+            _without(ACK_A),
+            "lost: b'a' at offset 0: its last delivery (to c1, tag 1) was not settled, and it "
+            "was not delivered again",
+        ),
+        (
+            _replace(ACK_A, Settled("c1", 1, 0, "requeue", "confirmed")),
+            "lost: b'a' at offset 0: its last delivery (to c1, tag 1) was nacked",
+        ),
+        (
+            _replace(ACK_A, Settled("c1", 1, 0, "ack", "refused")),
+            "lost: b'a' at offset 0: its last delivery (to c1, tag 1) was ack refused",
+        ),
+        (
+            [*_without(Settled("c2", 4, 3, "ack", "confirmed"))],
+            "lost: b'c' at offset 3: its last delivery (to c2, tag 4) was not settled",
+        ),
         (
             [Published(b"q", True), *CLEAN],
             "lost: b'q' confirmed, never delivered",

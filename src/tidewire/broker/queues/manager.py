@@ -241,10 +241,11 @@ class QueueManager:
             outcome, reason = ("failed", error.message) if error is not None else ("ok", "")
             audit.event(action, outcome, resource=resource, reason=reason)
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -668,7 +669,10 @@ class QueueManager:
         elif outcome == "requeue":
             await q.requeue(found)
         else:
-            q.reject(found)
+            # Answered once the dead letters are stored and their settlement is recorded,
+            # like an ack: a reject confirmed before that could come back after a crash.
+            # Shielded: a request given up on does not stop the dead-lettering half-way.
+            await asyncio.shield(q.reject(found))
         if unknown:
             shown = ", ".join(str(t) for t in unknown[:5])
             more = f" and {len(unknown) - 5:,} more" if len(unknown) > 5 else ""
@@ -696,8 +700,10 @@ class QueueManager:
 
     # --- dead letters ---------------------------------------------------------------------------
 
-    def _dead_letter(self, q: Queue, pairs: list[tuple[int, int]], reason: DeathReason) -> None:
-        self._spawn(self._send_dead(q, pairs, reason), f"dead-letter from {q.name}")
+    def _dead_letter(
+        self, q: Queue, pairs: list[tuple[int, int]], reason: DeathReason
+    ) -> asyncio.Task[None]:
+        return self._spawn(self._send_dead(q, pairs, reason), f"dead-letter from {q.name}")
 
     async def _send_dead(self, q: Queue, pairs: list[tuple[int, int]], reason: DeathReason) -> None:
         """Publish messages leaving ``q`` to its dead-letter exchange with ``x-death``, then

@@ -24,7 +24,7 @@ import bisect
 import heapq
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -63,8 +63,9 @@ _TAG_MASK = (1 << TAG_BITS) - 1
 
 DeathReason = Literal["rejected", "expired", "maxlen", "delivery_limit"]
 #: What the manager does with messages leaving a queue as dead letters: dead-letter (or
-#: drop) them, then call :meth:`Queue.settle_dead` with them.
-DeadLetterHook = Callable[["Queue", list[tuple[int, int]], DeathReason], None]
+#: drop) them, then call :meth:`Queue.settle_dead` with them; done once the awaitable it
+#: returns is.
+DeadLetterHook = Callable[["Queue", list[tuple[int, int]], DeathReason], Awaitable[None]]
 
 
 @dataclass(slots=True, eq=False)
@@ -569,14 +570,16 @@ class Queue:
             await self.state.write([COUNTS, [[o, c] for o, c in back]], durable=durable)
         self._wake(self)
 
-    def reject(self, hs: list[Held]) -> None:
-        """Settle ``hs`` as dead letters (reject, or nack without requeue)."""
+    def reject(self, hs: list[Held]) -> Awaitable[None]:
+        """Settle ``hs`` as dead letters (reject, or nack without requeue); the awaitable
+        is done once they are dead-lettered and settled (durably, in a durable queue)."""
         self._release(hs)
         for h in hs:
             self.dying.add(h.offset)
             self._bytes -= self._size_of(h.offset)
-        self._dead_letter(self, [(h.offset, h.count) for h in hs], "rejected")
+        done = self._dead_letter(self, [(h.offset, h.count) for h in hs], "rejected")
         self._wake(self)
+        return done
 
     async def settle_dead(self, offsets: list[int], *, dead_lettered: bool) -> None:
         """Messages that left as dead letters (or were dropped) are settled."""
