@@ -185,3 +185,18 @@ def test_queue_metrics(broker: tuple[EmbeddedBroker, httpx.Client]) -> None:
     names = [f.name for f in text_string_to_metric_families(om.text)]
     assert "tidewire_queue_messages" in names
     assert "tidewire_queue_messages_by_fate" in names
+
+
+def test_a_deleted_queue_closes_its_sockets(broker: tuple[EmbeddedBroker, httpx.Client]) -> None:
+    eb, c = broker
+    assert c.put("/v1/queues/brief", json={}).status_code == 201
+    with ws_client.connect(ws_url(eb, "/v1/queues/brief/ws"), open_timeout=30) as ws:
+        assert recv(ws)["type"] == "subscribed"
+        assert c.delete("/v1/queues/brief").status_code == 200
+        err = recv(ws)
+        assert err["type"] == "error"
+        assert err["error"]["name"] == "UnknownQueueError"
+        with pytest.raises(ConnectionClosed) as info:
+            ws.recv(timeout=TIMEOUT_S)
+        assert info.value.rcvd is not None
+        assert info.value.rcvd.code == 4404

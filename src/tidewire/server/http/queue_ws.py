@@ -22,7 +22,8 @@ dead-letters (``requeue: true``: requeues); ``up_to`` adds every tag up to it th
 holds. A settle of tags the socket does not hold answers an error frame (the others are
 settled) and the socket goes on. The manager's prefetch bounds what is outstanding: nothing
 more is delivered until the client settles, so a slow client never grows the broker's
-memory. Bad frames close the socket (close codes in :data:`QUEUE_CLOSE_CODES`).
+memory. Bad frames close the socket (close codes in :data:`QUEUE_CLOSE_CODES`); so does the
+queue's deletion (4404, noticed within :data:`QUEUE_CHECK_S`).
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ DEFAULT_PREFETCH = 100
 MAX_PREFETCH = 10_000
 #: The most tags one settle command names (a command frame is 64 KiB at most anyway).
 MAX_TAGS = 10_000
+#: How often an idle socket checks that its queue still exists (s): a deleted queue drops
+#: its consumers without a word, and the client is told (4404) at most this late.
+QUEUE_CHECK_S = 2.0
 
 #: The stream's close codes, and the queue's own.
 QUEUE_CLOSE_CODES = CLOSE_CODES | {"locked": 4423}
@@ -216,10 +220,15 @@ class QueueSocket:
         await self._send_text(msgspec.json.encode(obj).decode())
 
     async def _sender(self) -> None:
+        manager = self.broker.queues
         while True:
             if not self.pending:
                 self.arrived.clear()
-                await self.arrived.wait()
+                try:
+                    await asyncio.wait_for(self.arrived.wait(), QUEUE_CHECK_S)
+                except TimeoutError:
+                    # Idle: the queue may have been deleted (its consumers with it).
+                    manager.describe_queue(self.queue)  # UnknownQueueError: close 4404
                 continue
             d = self.pending.popleft()
             for entry, rec in delivered(d):
