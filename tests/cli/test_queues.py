@@ -422,6 +422,7 @@ def test_unknown_names_are_clear_errors(broker: Broker, argv: list[str]) -> None
         (["consume", "t", "--queue", "q"], "not both"),
         (["consume", "--queue", "q", "--group", "g"], "no --group"),
         (["consume", "t", "--nack"], "need --queue"),
+        (["consume", "t", "--prefetch", "5"], "need --queue"),
         (["dlq", "replay", "q"], "--offset N"),
         (["dlq", "replay", "q", "--all", "--offset", "3"], "--offset N"),
         (["dlq", "replay", "q", "--from", "5", "--to", "5"], "--to 5 must be above --from 5"),
@@ -430,3 +431,17 @@ def test_unknown_names_are_clear_errors(broker: Broker, argv: list[str]) -> None
 def test_usage_errors(broker: Broker, argv: list[str], message: str) -> None:
     err = failure(broker, *argv, code=2)
     assert message in err
+
+
+def test_passive_declares_only_check(broker: Broker) -> None:
+    ok(broker, "exchange", "declare", "x", "--type", "fanout")
+    assert ok(broker, "exchange", "declare", "x", "--passive") == "exchange 'x' exists\n"
+    assert "nope-x" in failure(broker, "exchange", "declare", "nope-x", "--passive")
+    ok(broker, "queue", "declare", "q", "--max-length", "10")
+    ok(broker, "publish", "-e", "amq.default", "-r", "q", "m")
+    # No settings compared: a passive declare of q with defaults is fine.
+    assert (
+        ok(broker, "queue", "declare", "q", "--passive") == "queue 'q' exists: 1 message(s) ready\n"
+    )
+    failure(broker, "queue", "declare", "nope", "--passive")
+    assert doc(broker, "queue", "list")[0]["max_length"] == 10  # type: ignore[index]

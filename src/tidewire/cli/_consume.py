@@ -340,14 +340,16 @@ def consume(
         ),
     ] = None,
     prefetch: Annotated[
-        int,
+        int | None,
         typer.Option(
             min=1,
             max=MAX_PREFETCH,
-            help="--queue: messages delivered and not yet settled, at most.",
+            help=f"--queue: messages delivered and not yet settled, at most.  "
+            f"[default: {DEFAULT_PREFETCH}]",
+            show_default=False,
             rich_help_panel=_QUEUE_PANEL,
         ),
-    ] = DEFAULT_PREFETCH,
+    ] = None,
     nack: Annotated[
         bool,
         typer.Option(
@@ -402,7 +404,7 @@ def consume(
                 client,
                 addr,
                 queue,
-                prefetch=prefetch,
+                prefetch=DEFAULT_PREFETCH if prefetch is None else prefetch,
                 count=count,
                 timeout_s=timeout,
                 settle=settle,
@@ -413,8 +415,8 @@ def consume(
 
         run_client(addr, queue_body)
         return
-    if nack or reject:
-        fail("--nack and --reject settle queue messages: they need --queue", EXIT_USAGE)
+    if nack or reject or prefetch is not None:
+        fail("--prefetch, --nack and --reject are for queues: they need --queue", EXIT_USAGE)
     if topic is None:
         fail("give a TOPIC (or --queue Q)", EXIT_USAGE)
     if group is not None:

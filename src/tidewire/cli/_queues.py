@@ -320,10 +320,10 @@ def queue_declare(
         ),
     ] = 0,
     max_length: Annotated[
-        int, typer.Option(min=0, help="Ready messages at most (0: no limit).")
+        int, typer.Option(min=0, help="Messages waiting (ready and delayed) at most (0: no limit).")
     ] = 0,
     max_length_bytes: Annotated[
-        int, typer.Option(min=0, help="Bytes of ready messages at most (0: no limit).")
+        int, typer.Option(min=0, help="Bytes of unsettled messages at most (0: no limit).")
     ] = 0,
     overflow: Annotated[
         Overflow,
