@@ -165,9 +165,10 @@ def _frame(ws: ClientConnection, timeout: float = PROMPT_S) -> dict[str, Any]:
     return doc
 
 
-def _subscribed(ws: ClientConnection, queue: str) -> None:
+def _subscribed(ws: ClientConnection, queue: str) -> dict[str, Any]:
     first = _frame(ws)
     assert (first["type"], first["queue"]) == ("subscribed", queue), first
+    return first
 
 
 def _messages(ws: ClientConnection, n: int) -> list[dict[str, Any]]:
@@ -219,7 +220,9 @@ def test_exchanges_route_into_queues_and_websockets_take_them(broker: Served) ->
     _declare_route_publish(broker)
     documented = _documented_frames()
     with _ws(_ws_url(broker, "billing")) as billing, _ws(_ws_url(broker, "live-feed")) as feed:
-        _subscribed(billing, "billing")
+        subscribed = _subscribed(billing, "billing")
+        assert set(subscribed) == documented["subscribed"]
+        assert subscribed["prefetch"] == 10
         _subscribed(feed, "live-feed")
         got = _messages(billing, 4)
         # The fanout message, then the direct exchange's "created" ones, in order.
