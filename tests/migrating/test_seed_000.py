@@ -27,6 +27,7 @@ from tests.migrating._support import (
     shell_commands,
     shell_with_tidewire,
     table_column,
+    tidewire_argv,
 )
 
 #: The bound on anything that should happen at once (s), generous for a loaded machine.
@@ -346,3 +347,65 @@ def test_the_benchmark_command(broker: Served) -> None:
     result = json.loads(done.stdout)
     assert (result["test"], result["messages"], result["size"]) == ("produce", 10_000, 1024)
     assert result["msg_per_s"] > 0
+
+
+def test_another_address_needs_authentication_or_allow_anonymous(tmp_path: Path) -> None:
+    """The page: on another address the broker starts only with --authentication, or with
+    --allow-anonymous."""
+    assert "`--authentication`, or with `--allow-anonymous`" in " ".join(SEED.split())
+    done = subprocess.run(
+        [*tidewire_argv("tidewire serve --host 0.0.0.0 --port 0"), "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=PROMPT_S * 2,
+        env=subprocess_env(),
+        check=False,
+    )
+    assert done.returncode != 0
+    said = " ".join(done.stderr.split())
+    assert "turn authentication on" in said, said
+    assert "allow_anonymous = true" in said, said
+
+
+def test_the_generated_key_of_the_authentication_wizard(tmp_path: Path) -> None:
+    """The quickstart's wizard, "a generated key": serve --authentication writes the first
+    superuser's key; the Go client's Authenticate is the clients' credentials=."""
+    (cell,) = [c for c in table_column(section("### Quickstart"), 1) if "--authentication" in c]
+    words = code_span(cell).split()
+    assert words[:2] == ["tidewire", "serve"]
+    args = [w.replace("9000", "0").replace(HTTP_PORT, "0") for w in words[2:]]
+    data = tmp_path / "data"
+    with serving("--data-dir", str(data), *args) as served:
+        key_file = data / "bootstrap-admin.key"
+        assert "DATA_DIR/bootstrap-admin.key" in cell
+        key = key_file.read_text().strip()
+        with httpx.Client(base_url=served.url, timeout=PROMPT_S) as http:
+            r = http.post("/v1/topics", json={"name": "orders"})
+            assert r.status_code == 401
+            r = http.post(
+                "/v1/topics", json={"name": "orders"}, headers={"Authorization": f"Bearer {key}"}
+            )
+            assert r.status_code == 201, r.text
+        (row,) = [c for c in table_column(section("### The Go client"), 1) if "Credentials" in c]
+        assert 'credentials=Credentials("my-api-key")' in row
+        program = f"""
+import asyncio
+from tidewire.client import AsyncProducer, Credentials
+
+async def main() -> None:
+    async with AsyncProducer({served.addr!r}, credentials=Credentials({key!r})) as producer:
+        meta = await (await producer.send("orders", b"paid"))
+        print(meta.offset)
+
+asyncio.run(main())
+"""
+        done = subprocess.run(
+            [sys.executable, "-c", program],
+            capture_output=True,
+            text=True,
+            timeout=PROMPT_S * 2,
+            env=subprocess_env(),
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "0\n"
