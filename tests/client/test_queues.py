@@ -188,7 +188,7 @@ def test_redelivery_after_the_consumers_connection_drops(tmp_path: Path) -> None
             await c.publish_batch("", "q", [b"x", b"y"])
             async with AsyncQueueConsumer(addr(server), "q", prefetch=10) as consumer:
                 taken = await _take(consumer, 2)
-                await taken[0].ack()
+                await taken[0].ack(wait=True)
                 # The broker drops the consumer's connection (as a network failure would).
                 for conn in list(server.connections):
                     if conn.queues.consumers:
@@ -298,5 +298,32 @@ def test_changes_to_queues_and_exchanges_are_audited(tmp_path: Path) -> None:
                 "queue:q",
             ]
             assert "nope" in got[3].reason
+
+    run(main())
+
+
+def test_acks_go_without_waiting_and_a_close_sends_them(tmp_path: Path) -> None:
+    """``ack()`` returns once the ack is on its way (coalesced with the others of the loop
+    turn), ``ack(wait=True)`` once the broker recorded it; closing the consumer sends what
+    was asked for first, and a later request of the same client goes after it."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server), AsyncClient(addr(server)) as c:
+            await c.declare_queue("q")
+            await c.publish_batch("", "q", [b"%d" % i for i in range(10)])
+            async with AsyncQueueConsumer(addr(server), "q", prefetch=10) as consumer:
+                taken = await _take(consumer, 10)
+                for m in taken[:9]:
+                    await m.ack()
+                assert broker.queues.describe_queue("q").counters.acked == 0  # not yet sent
+                await taken[9].nack()
+            status = broker.queues.describe_queue("q")
+            assert (status.counters.acked, status.ready, status.unacked) == (9, 1, 0)
+            (m,) = await c.get("q")
+            await m.nack()
+            (again,) = await c.get("q")  # the nack went first: the message is back
+            assert (again.value, again.delivery_count) == (b"9", m.delivery_count + 1)
+            await again.ack(wait=True)
+            assert broker.queues.describe_queue("q").counters.acked == 10
 
     run(main())

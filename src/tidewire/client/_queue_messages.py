@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,8 @@ __all__ = [
 
 #: Tags one QUEUE_SETTLE carries at most: a bound on a request's size (about 9 bytes a tag).
 MAX_SETTLE_TAGS = 10_000
+
+log = logging.getLogger("tidewire.client")
 
 
 @dataclass(slots=True, eq=False)
@@ -81,26 +84,36 @@ class QueueMessage:
                 return v
         return None
 
-    async def ack(self) -> None:
+    async def ack(self, *, wait: bool = False) -> None:
         """Done with it: it leaves the queue.
 
+        The ack goes with the others of this loop turn in one request. By default this
+        returns once it is on its way, as acks do in AMQP clients: a consumer loop is not
+        held up by a round trip and an fsync per message. If the ack is lost (the
+        connection breaks first), the message is delivered again: at least once.
+
+        Args:
+            wait: return only once the broker has recorded the ack durably, and raise
+                what it answered.
+
         Raises:
-            UnknownDeliveryTagError: it is no longer held here (settled already, taken back
-                after its visibility timeout, or its connection was lost: then it is
-                delivered again).
+            UnknownDeliveryTagError: it is no longer held here (settled already, or taken
+                over a connection since lost: it is delivered again); with ``wait``, also
+                when the broker no longer held it (taken back after its visibility timeout).
         """
-        await self._settle(OUTCOME_ACK)
+        await self._settle(OUTCOME_ACK, wait)
 
-    async def nack(self, *, requeue: bool = True) -> None:
+    async def nack(self, *, requeue: bool = True, wait: bool = False) -> None:
         """Give it back: delivered again (``requeue``), or dead-lettered (dropped when its
-        queue has no dead-letter exchange). Raises as :meth:`ack`."""
-        await self._settle(OUTCOME_REQUEUE if requeue else OUTCOME_DEAD_LETTER)
+        queue has no dead-letter exchange). ``wait`` and raises as :meth:`ack`."""
+        await self._settle(OUTCOME_REQUEUE if requeue else OUTCOME_DEAD_LETTER, wait)
 
-    async def reject(self) -> None:
-        """Refuse it: dead-lettered (= ``nack(requeue=False)``). Raises as :meth:`ack`."""
-        await self._settle(OUTCOME_DEAD_LETTER)
+    async def reject(self, *, wait: bool = False) -> None:
+        """Refuse it: dead-lettered (= ``nack(requeue=False)``). ``wait`` and raises as
+        :meth:`ack`."""
+        await self._settle(OUTCOME_DEAD_LETTER, wait)
 
-    async def _settle(self, outcome: str) -> None:
+    async def _settle(self, outcome: str, wait: bool) -> None:
         if self._settler is None:
             raise UnknownDeliveryTagError(
                 f"message at offset {self.offset} of {self.queue!r} was browsed, not taken: "
@@ -111,7 +124,7 @@ class QueueMessage:
                 f"delivery tag {self.delivery_tag} of {self.queue!r} was settled already "
                 f"({self.settled})"
             )
-        await self._settler.settle([self], outcome)
+        await self._settler.settle([self], outcome, wait=wait)
 
 
 @dataclass(slots=True, eq=False)
@@ -163,17 +176,17 @@ class BlockingQueueMessage:
         """See :meth:`QueueMessage.header`."""
         return self.message.header(name)
 
-    def ack(self) -> None:
+    def ack(self, *, wait: bool = False) -> None:
         """See :meth:`QueueMessage.ack`."""
-        self._run(self.message.ack())
+        self._run(self.message.ack(wait=wait))
 
-    def nack(self, *, requeue: bool = True) -> None:
+    def nack(self, *, requeue: bool = True, wait: bool = False) -> None:
         """See :meth:`QueueMessage.nack`."""
-        self._run(self.message.nack(requeue=requeue))
+        self._run(self.message.nack(requeue=requeue, wait=wait))
 
-    def reject(self) -> None:
+    def reject(self, *, wait: bool = False) -> None:
         """See :meth:`QueueMessage.reject`."""
-        self._run(self.message.reject())
+        self._run(self.message.reject(wait=wait))
 
 
 def decode_delivery(
@@ -249,13 +262,25 @@ class Settler:
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.requests = 0  # QUEUE_SETTLE requests sent (for tests and statistics)
+        transport.before_request.append(self._before_request)
+
+    async def _before_request(self) -> None:
+        """Settlements asked for without waiting go before any later request of the
+        client: a ``get`` after a ``nack`` finds the message back in the queue."""
+        if self._scheduled:
+            self._flush()
+            await asyncio.sleep(0)  # their requests are written before this one
 
     def connection_lost(self) -> None:
         """The transport's connection broke: what it held is the broker's again."""
         self.epoch += 1
 
-    async def settle(self, messages: Sequence[QueueMessage], outcome: str) -> None:
-        """Settle ``messages`` with ``outcome`` (ack, requeue, dead-letter).
+    async def settle(
+        self, messages: Sequence[QueueMessage], outcome: str, *, wait: bool = True
+    ) -> None:
+        """Settle ``messages`` with ``outcome`` (ack, requeue, dead-letter): sent with the
+        others of this loop turn; with ``wait``, return once the broker answered (its error
+        raised), else at once (an error the broker answers is logged).
 
         Raises:
             UnknownDeliveryTagError: one of them was taken over a connection since lost, or
@@ -275,15 +300,15 @@ class Settler:
             key = (m.queue, outcome)
             pending = self._pending.setdefault(key, _Pending())
             pending.messages.append(m)
-            if key not in mine:
+            if wait and key not in mine:
                 mine[key] = loop.create_future()
                 pending.waiters.append(mine[key])
             m.settled = outcome
-        if not mine:
-            return
-        if not self._scheduled:
+        if messages and not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
+        if not mine:
+            return
         if len(mine) == 1:
             (fut,) = mine.values()
             await fut
@@ -323,6 +348,14 @@ class Settler:
             for m in p.messages:
                 if m.settled == outcome:
                     m.settled = ""  # not settled: it may be tried again
+        if error is not None and not p.waiters:  # nobody waits to be told: say it here
+            log.warning(
+                "%s of %d message(s) of queue %r failed (they are delivered again): %s",
+                outcome,
+                len(p.messages),
+                queue,
+                error,
+            )
         for fut in p.waiters:
             if fut.done():
                 continue
@@ -332,6 +365,8 @@ class Settler:
                 fut.set_exception(error)
 
     async def close(self) -> None:
-        """Wait for the settlements under way."""
+        """Send the settlements asked for and wait for them (and those under way)."""
+        if self._scheduled:
+            self._flush()
         if self._tasks:
             await asyncio.wait(list(self._tasks))

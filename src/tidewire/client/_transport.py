@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from tidewire._tasks import cancel_and_wait
 from tidewire.errors import (
@@ -125,6 +125,9 @@ class Transport:
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self._waiting: dict[int, asyncio.Future[ResponseReceived]] = {}
+        #: Awaited before each request is sent: what must go ahead of it (settlements asked
+        #: for without waiting, so that a later request of the same client sees them done).
+        self.before_request: list[Callable[[], Awaitable[None]]] = []
         self._slots = asyncio.Semaphore(max_in_flight)
         self._connect_lock = asyncio.Lock()
         self._backoff = 0.0
@@ -270,6 +273,8 @@ class Transport:
             TidewireError: the broker refused the request as a whole (``response.error``).
         """
         timeout = self.request_timeout_s if timeout_s is None else timeout_s
+        for hook in self.before_request:
+            await hook()
         async with self._slots:
             conn = await self._connect()
             corr, buffers = conn.send_request(body, data)
