@@ -469,12 +469,15 @@ def test_administrative_operations_are_audited(tmp_path: Path) -> None:
         with pytest.raises(UnknownQueueError):
             await qm.delete_queue("missing")
         await qm.purge_queue("q")
+        await qm.declare_exchange(ExchangeSpec("gone", "fanout"))
+        await qm.delete_exchange("gone")
         events = [(e.action, e.resource, e.outcome) for e in await audit.query()]
         assert ("EXCHANGE_DECLARE", "exchange:ex", "ok") in events
         assert ("QUEUE_DECLARE", "queue:q", "ok") in events
         assert ("QUEUE_BIND", "exchange:ex -> queue:q", "ok") in events
         assert ("QUEUE_DELETE", "queue:missing", "failed") in events
         assert ("QUEUE_PURGE", "queue:q", "ok") in events
+        assert ("EXCHANGE_DELETE", "exchange:gone", "ok") in events
         assert [a for a, r, _ in events if r == "queue:q"].count("QUEUE_DECLARE") == 1
 
     run(tmp_path, body)

@@ -88,7 +88,7 @@ R = TypeVar("R")
 _Method = Callable[Concatenate["QueueManager", P], Coroutine[Any, Any, R]]
 
 
-def _audited(action: str) -> Callable[[_Method[P, R]], _Method[P, R]]:
+def _audited(action: str, kind: str = "queue") -> Callable[[_Method[P, R]], _Method[P, R]]:
     """Audit an administrative operation of the manager (``ok``, or ``failed`` with the
     error's message), whichever interface asked: who and from where are the request's
     (``current_actor``, set by the gate). A passive declare changes nothing: not audited."""
@@ -97,7 +97,7 @@ def _audited(action: str) -> Callable[[_Method[P, R]], _Method[P, R]]:
         async def audited(self: QueueManager, /, *args: P.args, **kwargs: P.kwargs) -> R:
             if kwargs.get("passive"):
                 return await fn(self, *args, **kwargs)
-            resource = _resource(args[0] if args else kwargs.get("name"))
+            resource = _resource(args[0] if args else kwargs.get("name"), kind)
             try:
                 out = await fn(self, *args, **kwargs)
             except TidewireError as exc:
@@ -112,15 +112,15 @@ def _audited(action: str) -> Callable[[_Method[P, R]], _Method[P, R]]:
     return wrap
 
 
-def _resource(target: object) -> str:
-    """How an audit event names what an operation touched."""
+def _resource(target: object, kind: str) -> str:
+    """How an audit event names what an operation touched (``kind``: of a plain name)."""
     if isinstance(target, ExchangeSpec):
         return f"exchange:{target.name}"
     if isinstance(target, QueueSpec):
         return f"queue:{target.name}"
     if isinstance(target, Binding):
         return f"exchange:{target.exchange} -> {target.destination_kind}:{target.destination}"
-    return f"queue:{target}"
+    return f"{kind}:{target}"
 
 
 def _now_ms() -> int:
@@ -298,7 +298,7 @@ class QueueManager:
                 raise
         return spec
 
-    @_audited("EXCHANGE_DELETE")
+    @_audited("EXCHANGE_DELETE", "exchange")
     async def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
         """Delete an exchange and its bindings.
 
