@@ -327,3 +327,23 @@ def test_acks_go_without_waiting_and_a_close_sends_them(tmp_path: Path) -> None:
             assert broker.queues.describe_queue("q").counters.acked == 10
 
     run(main())
+
+
+def test_deleting_its_queue_ends_a_consumer(tmp_path: Path) -> None:
+    """As AMQP's basic.cancel: the broker tells the consumer, whose iteration ends with
+    UnknownQueueError after the messages it had received."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (_, server), AsyncClient(addr(server)) as c:
+            await c.declare_queue("doomed")
+            await c.publish("", "doomed", b"last")
+            async with AsyncQueueConsumer(addr(server), "doomed", prefetch=5) as consumer:
+                (m,) = await _take(consumer, 1)
+                assert m.value == b"last"
+                assert await c.delete_queue("doomed") == 1
+                with pytest.raises(UnknownQueueError, match="deleted"):
+                    await asyncio.wait_for(consumer.get(), 10)
+                with pytest.raises(UnknownQueueError):
+                    await asyncio.wait_for(consumer.get(), 10)
+
+    run(main())

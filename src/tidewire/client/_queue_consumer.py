@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tidewire.client._blocking import BlockingTwin
-from tidewire.errors import ConnectionLostError, TidewireError, for_code
+from tidewire.errors import ConnectionLostError, TidewireError, UnknownQueueError, for_code
 from tidewire.protocol import PushReceived
 from tidewire.protocol.messages import (
     OUTCOME_ACK,
@@ -170,6 +170,11 @@ class AsyncQueueConsumer:
             return
         body: QueueDeliverBody = decode_body(QueueDeliverBody, ev.body)
         if body.queue != self.queue:
+            return
+        if body.cancelled:  # the queue was deleted: iteration ends with the error
+            self._consuming = False
+            self._errors.append(UnknownQueueError(f"queue {self.queue!r} was deleted"))
+            self._arrived.set()
             return
         try:
             messages = decode_delivery(body.queue, body.entries, ev.data, self._settler)

@@ -1601,6 +1601,9 @@ class QueueDeliverBody(msgspec.Struct, kw_only=True, omit_defaults=True):
     queue: str
     consumer_tag: str
     entries: list[DeliveryEntryInfo] = msgspec.field(default_factory=list)
+    #: The consumer has ended without asking (its queue was deleted): no entries, and no
+    #: more deliveries for it.
+    cancelled: bool = False
 
 
 class QueueBrowseRequest(Body, kw_only=True, omit_defaults=True):

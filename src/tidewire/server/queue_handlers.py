@@ -219,7 +219,8 @@ class QueueSession:
         #: (queue, consumer tag) of this connection's consumers.
         self.consumers: set[tuple[str, str]] = set()
         #: Push frames waiting for the socket: (queue, consumer tag, entries, data).
-        self._outbox: deque[tuple[str, str, list[DeliveryEntryInfo], memoryview]] = deque()
+        # (queue, consumer tag, entries, data); entries None: the consumer was cancelled.
+        self._outbox: deque[tuple[str, str, list[DeliveryEntryInfo] | None, memoryview]] = deque()
         self._holding = 0  # QUEUE_CONSUME answers not yet written: deliveries wait
         self._flush_scheduled = False
         self._waiter: asyncio.Task[None] | None = None
@@ -257,6 +258,14 @@ class QueueSession:
         self.peak_waiting = max(self.peak_waiting, len(self._outbox))
         self._kick()
 
+    def _cancelled(self, queue: str, tag: str) -> None:
+        """The manager ended a consumer of this connection (its queue was deleted): tell
+        the client, after the deliveries already on their way."""
+        self.consumers.discard((queue, tag))
+        if not self.closed:
+            self._outbox.append((queue, tag, None, memoryview(b"")))
+            self._kick()
+
     def _kick(self) -> None:
         if self._holding or self._flush_scheduled or not self._outbox or self.closed:
             return
@@ -270,7 +279,10 @@ class QueueSession:
         outbox = self._outbox
         while outbox and self.writable.is_set():
             queue, tag, entries, data = outbox.popleft()
-            body = QueueDeliverBody(queue=queue, consumer_tag=tag, entries=entries)
+            if entries is None:
+                body = QueueDeliverBody(queue=queue, consumer_tag=tag, cancelled=True)
+            else:
+                body = QueueDeliverBody(queue=queue, consumer_tag=tag, entries=entries)
             self._write(self.conn.send_push(0, ApiKey.QUEUE_DELIVER, encode_body(body), [data]))
             self.pushed += 1
         if outbox and self._waiter is None:
@@ -457,13 +469,16 @@ class QueueSession:
                     f"this connection has {len(self.consumers):,} consumers "
                     f"(at most {MAX_CONSUMERS:,})"
                 )
+            named: list[str] = []  # the tag, for the cancel callback (known once consuming)
             tag = self.broker.queues.consume(
                 req.queue,
                 owner=self.owner,
                 prefetch=req.prefetch,
                 deliver=self._deliver,
                 consumer_tag=req.consumer_tag,
+                cancelled=lambda: self._cancelled(req.queue, named[0]),
             )
+            named.append(tag)
         except TidewireError as exc:
             return QueueConsumeResponse(**_err(exc)), []
         self.consumers.add((req.queue, tag))

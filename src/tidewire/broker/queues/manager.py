@@ -381,7 +381,10 @@ class QueueManager:
             return
         del self._queues[q.name]
         self._dirty.discard(q)
-        q.consumers.clear()
+        consumers, q.consumers = q.consumers, []
+        for c in consumers:
+            if c.cancelled is not None:
+                c.cancelled()
         for g in q._getters:
             if not g.future.done():  # type: ignore[attr-defined]
                 g.future.set_result(Delivery(q.name, "", (), b""))  # type: ignore[attr-defined]
@@ -560,9 +563,11 @@ class QueueManager:
         prefetch: int,
         deliver: Callable[[Delivery], None],
         consumer_tag: str = "",
+        cancelled: Callable[[], None] | None = None,
     ) -> str:
         """Start a push consumer; return its tag. ``deliver`` is called on the loop with at
-        most ``prefetch`` unsettled messages at any time.
+        most ``prefetch`` unsettled messages at any time; ``cancelled`` if the consumer ends
+        without having asked (its queue was deleted), as AMQP's ``basic.cancel``.
 
         Raises:
             UnknownQueueError, QueueLockedError, InvalidQueueError (prefetch out of range),
@@ -574,7 +579,7 @@ class QueueManager:
         tag = consumer_tag or f"ctag-{next(self._ctags)}"
         if any(c.tag == tag for c in q.consumers):
             raise PreconditionFailedError(f"consumer tag {tag!r} is in use on queue {queue!r}")
-        q.add_consumer(Consumer(tag, owner, prefetch, deliver))
+        q.add_consumer(Consumer(tag, owner, prefetch, deliver, cancelled=cancelled))
         self._by_owner.setdefault(owner, set()).add(queue)
         return tag
 

@@ -77,6 +77,8 @@ class Consumer:
     prefetch: int
     deliver: Callable[[Delivery], None]
     held: int = 0
+    #: Called when the consumer ends without having asked (its queue was deleted).
+    cancelled: Callable[[], None] | None = None
 
 
 @dataclass(slots=True)
