@@ -86,3 +86,19 @@ def test_resealed_mutants_give_what_the_reference_gives() -> None:
             refused += 1
     assert accepted
     assert refused
+
+
+@pytest.mark.parametrize("codec", [Codec.NONE, Codec.ZSTD])
+def test_a_window_of_offsets(codec: Codec) -> None:
+    """With ``max_offset`` the reading stops after it: exactly the reference's records
+    from ``min_offset`` to ``max_offset``."""
+    b = BatchBuilder(codec=codec, base_offset=100)
+    for i in range(200):
+        b.append(b"v%d" % i, key=b"k", timestamp_ms=1_700_000_000_000 + i)
+    batch = b.build()
+    h = check_batch(batch)
+    for lo, hi in ((0, 99), (100, 100), (150, 160), (250, 299), (299, 10**6), (120, 110)):
+        got = read_records(batch, 0, h, Located, "t", 3, lo, LIMIT, max_offset=hi)
+        expected = reference(batch, lo)
+        assert isinstance(expected, list)
+        assert got == [r for r in expected if r.offset <= hi]

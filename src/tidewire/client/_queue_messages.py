@@ -27,7 +27,7 @@ from tidewire.protocol.messages import (
     DeliveryEntryInfo,
     QueueSettleRequest,
 )
-from tidewire.records import iter_batches, iter_records
+from tidewire.records import iter_batches, read_records
 
 from ._transport import Transport
 
@@ -210,27 +210,29 @@ def decode_delivery(
     buf, start = data_window(data)
     end = start + len(data)
     found: dict[int, QueueMessage] = {}
-    for pos, h in iter_batches(buf, verify=False, start=start, end=end):
+    for pos, h in iter_batches(buf, start=start, end=end):  # CRC-checked
         if h.base_offset + h.last_offset_delta < lo or h.base_offset > hi:
             continue
-        with memoryview(buf) as view:
-            batch = view[pos : pos + h.size]
-            for r in iter_records(batch):
-                e = wanted.get(r.offset)
-                if e is None:
-                    continue  # in the batch, not in this delivery
-                found[r.offset] = QueueMessage(
-                    queue=queue,
-                    offset=r.offset,
-                    delivery_tag=e.tag,
-                    delivery_count=e.delivery_count,
-                    routing_key=r.key.decode("utf-8", "replace") if r.key is not None else "",
-                    value=r.value if r.value is not None else b"",
-                    headers=[(k, v if v is not None else b"") for k, v in r.headers],
-                    timestamp_ms=r.timestamp,
-                    _settler=settler,
-                    _epoch=epoch,
-                )
+        # Only the records from lo to hi are decoded: a delivery often wants a few records
+        # of a large batch.
+        for _, _, offset, ts, key, value, headers in read_records(
+            buf, pos, h, tuple, queue, 0, lo, max_offset=hi
+        ):
+            e = wanted.get(offset)
+            if e is None:
+                continue  # in the batch, not in this delivery
+            found[offset] = QueueMessage(
+                queue=queue,
+                offset=offset,
+                delivery_tag=e.tag,
+                delivery_count=e.delivery_count,
+                routing_key=key.decode("utf-8", "replace") if key is not None else "",
+                value=value if value is not None else b"",
+                headers=[(k, v if v is not None else b"") for k, v in headers] if headers else [],
+                timestamp_ms=ts,
+                _settler=settler,
+                _epoch=epoch,
+            )
     missing = [o for o in wanted if o not in found]
     if missing:
         raise InvalidRecordError(

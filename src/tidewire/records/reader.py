@@ -139,11 +139,14 @@ def read_records(  # noqa: PLR0917 (a reader's hot loop: positional arguments co
     partition: int,
     min_offset: int = 0,
     decompression_limit: int = MAX_DECOMPRESSED_BYTES,
+    max_offset: int = 2**63 - 1,
 ) -> list[T]:
     """The records of the batch at ``buf[start:]`` whose header ``h`` was already checked
     (:func:`iter_batches` or :func:`check_batch`: sizes and CRC), as a list of
     ``factory`` tuples ``(topic, partition, offset, timestamp, key, value, headers)``;
-    records below ``min_offset`` are left out.
+    records below ``min_offset`` are left out, and the reading stops after ``max_offset``
+    (the records after it are neither decoded nor checked: a reader that wants part of a
+    batch, as a queue consumer handed a few of its records).
 
     The fast twin of :func:`iter_records` for consumers: one pass over ``bytes`` with the
     one- and two-byte varints decoded inline and no object per record but its tuple. It
@@ -244,6 +247,8 @@ def read_records(  # noqa: PLR0917 (a reader's hot loop: positional arguments co
                 break
             offset = base + delta
             if offset >= min_offset:
+                if offset > max_offset:
+                    return out
                 append(
                     _new_tuple(
                         factory,
