@@ -264,3 +264,39 @@ def test_delayed_publish(tmp_path: Path) -> None:
             assert await c.get("later") == []
 
     run(main())
+
+
+def test_changes_to_queues_and_exchanges_are_audited(tmp_path: Path) -> None:
+    # The queue manager records them; through the binary protocol, once each.
+    async def main() -> None:
+        async with serve(tmp_path) as (_, server), AsyncClient(addr(server)) as c:
+            await c.declare_exchange("x", "fanout")
+            await c.declare_queue("q")
+            await c.declare_queue("q", passive=True)  # only looks: not recorded
+            await c.bind("x", "q")
+            with pytest.raises(UnknownQueueError):
+                await c.purge_queue("nope")
+            await c.unbind("x", "q")
+            await c.delete_queue("q")
+            await c.delete_exchange("x")
+            got = [e for e in await c.describe_audit() if e.action != "authenticate"]
+            assert [(e.action, e.outcome) for e in got] == [
+                ("EXCHANGE_DECLARE", "ok"),
+                ("QUEUE_DECLARE", "ok"),
+                ("QUEUE_BIND", "ok"),
+                ("QUEUE_PURGE", "failed"),
+                ("QUEUE_UNBIND", "ok"),
+                ("QUEUE_DELETE", "ok"),
+                ("EXCHANGE_DELETE", "ok"),
+            ]
+            assert [e.resource for e in got[:6]] == [
+                "exchange:x",
+                "queue:q",
+                "exchange:x -> queue:q",
+                "queue:nope",
+                "exchange:x -> queue:q",
+                "queue:q",
+            ]
+            assert "nope" in got[3].reason
+
+    run(main())

@@ -214,7 +214,13 @@ async def _state(broker: Broker) -> Any:
         if (t, p) in broker.logs.logs
     }
     groups = sorted(g.group_id for g in broker.groups.list_groups())
-    return topics, ends, groups, broker.security.version
+    queues = sorted(
+        (q.spec.name, q.ready, q.unacked, q.consumers, q.counters.published)
+        for q in broker.queues.queues()
+    )
+    exchanges = sorted(x.name for x in broker.queues.exchanges())
+    bindings = sorted(map(repr, broker.queues.bindings()))
+    return topics, ends, groups, queues, exchanges, bindings, broker.security.version
 
 
 def _code(exc: BaseException | None) -> int:
@@ -251,6 +257,10 @@ def test_the_gate_refuses_without_credentials_and_without_the_permission_and_all
             admin = Credentials(broker.bootstrap_key_file.read_text().strip())
             async with AsyncClient(addr, credentials=admin) as c:
                 await c.create_topic(TOPIC, partitions=1)
+                await c.declare_exchange("matrix-x")
+                await c.declare_queue("matrix-q")
+                await c.bind("matrix-x", "matrix-q", "k")
+                await c.publish("", "matrix-q", b"ready")
             await broker.security.create_principal("nobody")
             _, key = await broker.security.create_key("nobody")
             body, data = SAMPLES[api]()

@@ -284,7 +284,11 @@ class Settler:
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
-        await asyncio.gather(*mine.values())
+        if len(mine) == 1:
+            (fut,) = mine.values()
+            await fut
+        else:
+            await asyncio.gather(*mine.values())
 
     def _flush(self) -> None:
         self._scheduled = False

@@ -140,6 +140,8 @@ class _Publisher:
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
+        if len(futs) == 1:  # the common case: no gathering future on top
+            return await futs[0]
         return _merge(await asyncio.gather(*futs))
 
     def _flush(self) -> None:

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tidewire.broker.offsets import QUEUE_DEFINITIONS_TOPIC, QUEUE_TOPIC_PREFIX
 from tidewire.errors import (
     AuthenticationFailedError,
     AuthorizationFailedError,
@@ -121,6 +122,17 @@ def source_of(peername: Any) -> str:
 
 def _host(source: str) -> str:
     return source.rpartition(":")[0] or source
+
+
+def is_private_topic(name: str) -> bool:
+    """Whether no client may touch topic ``name`` as a topic, even with authentication off:
+    the security state, the audit log, and the queues' logs and definitions (reached only
+    through the queue APIs, under the queue permissions)."""
+    return (
+        name in PRIVATE_TOPICS
+        or name == QUEUE_DEFINITIONS_TOPIC
+        or name.startswith(QUEUE_TOPIC_PREFIX)
+    )
 
 
 class Gate:
@@ -223,7 +235,7 @@ class Gate:
         assert callable(requirement)
         needs = requirement(request)
         for need in needs:
-            if need.resource is ResourceType.TOPIC and need.name in PRIVATE_TOPICS:
+            if need.resource is ResourceType.TOPIC and is_private_topic(need.name):
                 self._deny(
                     session, principal, action, need, f"{need.name} is private to the broker"
                 )
@@ -244,7 +256,7 @@ class Gate:
     ) -> bool:
         """Whether the session may ``op`` the resource (for listings that show only what
         the principal may describe). Never raises."""
-        if resource is ResourceType.TOPIC and name in PRIVATE_TOPICS:
+        if resource is ResourceType.TOPIC and is_private_topic(name):
             return False
         if session is None or not self.enabled:
             return True
@@ -575,5 +587,5 @@ def names_allowed(
     """The ``names`` the current request's principal may ``op`` (all when there is no gate)."""
     session = CURRENT_SESSION.get()
     if gate is None:
-        return [n for n in names if not (resource is ResourceType.TOPIC and n in PRIVATE_TOPICS)]
+        return [n for n in names if not (resource is ResourceType.TOPIC and is_private_topic(n))]
     return [n for n in names if gate.can(session, resource, n, op)]

@@ -19,6 +19,7 @@ connection has written that answer (:meth:`QueueSession.answered`).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -80,17 +81,22 @@ from tidewire.protocol.messages import (
     TopicOffset,
     encode_body,
 )
+from tidewire.records import iter_batches
 from tidewire.security.model import ResourceType
 from tidewire.server.gate import gate_for, names_allowed
 from tidewire.server.needs import DEFAULT_EXCHANGE_ACL_NAME
 
-__all__ = ["QUEUE_APIS", "QueueSession", "queue_info"]
+__all__ = ["MAX_PUSH_BYTES", "QUEUE_APIS", "QueueSession", "queue_info", "split_delivery"]
 
 log = logging.getLogger("tidewire.server")
 
 #: Consumers one connection may have at once: each is a waiter on its queue and holds up to
 #: its prefetch of messages for this connection.
 MAX_CONSUMERS = 1024
+#: The most data one QUEUE_DELIVER frame carries (a larger single batch goes alone): a
+#: delivery of many messages is split on batch boundaries, so a frame stays far below the
+#: frame limit and the write buffer's high-water mark is passed by at most one such frame.
+MAX_PUSH_BYTES = 1024 * 1024
 
 Reply = tuple[Body, list[bytes]]
 _Handler = Callable[["QueueSession", Any, memoryview], Awaitable[Reply]]
@@ -140,6 +146,33 @@ def _entries(d: Delivery) -> list[DeliveryEntryInfo]:
     return [DeliveryEntryInfo(e.tag, e.offset, e.delivery_count) for e in d.entries]
 
 
+def split_delivery(
+    entries: list[DeliveryEntryInfo], data: bytes, max_bytes: int = MAX_PUSH_BYTES
+) -> list[tuple[list[DeliveryEntryInfo], memoryview]]:
+    """``data`` (whole batches) cut on batch boundaries into pieces of at most ``max_bytes``
+    (a larger single batch alone), each with the entries whose offsets it holds; pieces
+    holding no entry are left out."""
+    view = memoryview(data)
+    if len(data) <= max_bytes:
+        return [(entries, view)]
+    # (start, end, first offset, last offset) of each piece
+    pieces: list[list[int]] = []
+    for pos, h in iter_batches(data, verify=False):
+        end = pos + h.size
+        last = h.base_offset + h.last_offset_delta
+        if pieces and end - pieces[-1][0] <= max_bytes:
+            pieces[-1][1], pieces[-1][3] = end, last
+        else:
+            pieces.append([pos, end, h.base_offset, last])
+    firsts = [p[2] for p in pieces]
+    by_piece: list[list[DeliveryEntryInfo]] = [[] for _ in pieces]
+    for e in entries:
+        i = bisect.bisect_right(firsts, e.offset) - 1
+        if i >= 0 and e.offset <= pieces[i][3]:
+            by_piece[i].append(e)
+    return [(ents, view[p[0] : p[1]]) for p, ents in zip(pieces, by_piece, strict=True) if ents]
+
+
 def _err(exc: TidewireError) -> dict[str, Any]:
     return {"error_code": exc.code, "error_message": exc.message}
 
@@ -185,13 +218,14 @@ class QueueSession:
         self.owner = owner
         #: (queue, consumer tag) of this connection's consumers.
         self.consumers: set[tuple[str, str]] = set()
-        self._outbox: deque[Delivery] = deque()
+        #: Push frames waiting for the socket: (queue, consumer tag, entries, data).
+        self._outbox: deque[tuple[str, str, list[DeliveryEntryInfo], memoryview]] = deque()
         self._holding = 0  # QUEUE_CONSUME answers not yet written: deliveries wait
         self._flush_scheduled = False
         self._waiter: asyncio.Task[None] | None = None
         self._used = False  # whether the connection used queues at all
         self.closed = False
-        #: Push frames written, and the most deliveries that waited here at once.
+        #: Push frames written, and the most that waited here at once.
         self.pushed = 0
         self.peak_waiting = 0
 
@@ -218,7 +252,8 @@ class QueueSession:
         """The manager's deliver callback: never blocks."""
         if self.closed:
             return  # connection_closed takes them back
-        self._outbox.append(d)
+        for entries, data in split_delivery(_entries(d), d.data):
+            self._outbox.append((d.queue, d.consumer, entries, data))
         self.peak_waiting = max(self.peak_waiting, len(self._outbox))
         self._kick()
 
@@ -234,9 +269,9 @@ class QueueSession:
             return
         outbox = self._outbox
         while outbox and self.writable.is_set():
-            d = outbox.popleft()
-            body = QueueDeliverBody(queue=d.queue, consumer_tag=d.consumer, entries=_entries(d))
-            self._write(self.conn.send_push(0, ApiKey.QUEUE_DELIVER, encode_body(body), [d.data]))
+            queue, tag, entries, data = outbox.popleft()
+            body = QueueDeliverBody(queue=queue, consumer_tag=tag, entries=entries)
+            self._write(self.conn.send_push(0, ApiKey.QUEUE_DELIVER, encode_body(body), [data]))
             self.pushed += 1
         if outbox and self._waiter is None:
             self._waiter = asyncio.get_running_loop().create_task(

@@ -437,3 +437,44 @@ def test_settled_segments_go_and_the_state_log_is_compacted(
 
     run(tmp_path, first, clock)
     run(tmp_path, second, clock)
+
+
+def test_a_cancelled_long_poll_leaves_nothing_held(tmp_path: Path) -> None:
+    async def body(broker: Broker, clock: Clock) -> None:
+        qm = broker.queues
+        await qm.declare_queue(QueueSpec("work"))
+        waiting = asyncio.ensure_future(qm.get("work", owner="c", wait_ms=30_000))
+        await qm.wait_idle()
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await qm.publish("", "work", batch(b"x"))
+        await qm.wait_idle()
+        st = qm.describe_queue("work")
+        assert (st.ready, st.unacked) == (1, 0)
+        assert len((await qm.get("work", owner="d")).entries) == 1
+
+    run(tmp_path, body)
+
+
+def test_administrative_operations_are_audited(tmp_path: Path) -> None:
+    async def body(broker: Broker, clock: Clock) -> None:
+        qm = broker.queues
+        audit = broker.audit
+        assert audit is not None
+        await qm.declare_exchange(ExchangeSpec("ex", "direct"))
+        await qm.declare_queue(QueueSpec("q"))
+        await qm.declare_queue(QueueSpec("q"), passive=True)
+        await qm.bind(Binding("ex", "q", key="k"))
+        with pytest.raises(UnknownQueueError):
+            await qm.delete_queue("missing")
+        await qm.purge_queue("q")
+        events = [(e.action, e.resource, e.outcome) for e in await audit.query()]
+        assert ("EXCHANGE_DECLARE", "exchange:ex", "ok") in events
+        assert ("QUEUE_DECLARE", "queue:q", "ok") in events
+        assert ("QUEUE_BIND", "exchange:ex -> queue:q", "ok") in events
+        assert ("QUEUE_DELETE", "queue:missing", "failed") in events
+        assert ("QUEUE_PURGE", "queue:q", "ok") in events
+        assert [a for a, r, _ in events if r == "queue:q"].count("QUEUE_DECLARE") == 1
+
+    run(tmp_path, body)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from tidewire.broker.queues.model import Binding, ExchangeSpec
 from tidewire.broker.queues.routing import (
+    MATCH_MODES,
     MAX_KEY_BYTES,
     TOPIC_CACHE_SIZE,
     Route,
@@ -400,3 +401,73 @@ def test_remove_exchange_and_destination() -> None:
     # Declared again: no binding comes back.
     r.add_exchange(ExchangeSpec("x", "topic"))
     assert r.route("x", "a.b", {}) == Route()
+
+
+PATTERN = st.lists(PATTERN_WORD, max_size=5).map(".".join)
+KEY = st.lists(WORD, max_size=5).map(".".join)
+
+
+@settings(max_examples=200)
+@given(
+    st.lists(st.tuples(st.booleans(), st.sampled_from(["q1", "q2", "q3"]), PATTERN), max_size=25),
+    st.lists(KEY, min_size=1, max_size=8),
+)
+def test_topic_exchange_routes_as_its_live_bindings_match(
+    ops: list[tuple[bool, str, str]], keys: list[str]
+) -> None:
+    """Bindings added and removed in any order, keys routed between the changes: the trie
+    and its cache answer as topic_matches over the live bindings does."""
+    r = make()
+    live: set[tuple[str, str]] = set()
+    for add, queue, pattern in ops:
+        b = q("amq.topic", queue, pattern)
+        if add:
+            assert r.add_binding(b) == ((queue, pattern) not in live)
+            live.add((queue, pattern))
+        else:
+            assert r.remove_binding(b) == ((queue, pattern) in live)
+            live.discard((queue, pattern))
+        for key in keys:
+            want = tuple(sorted({d for d, p in live if topic_matches(p, key)}))
+            assert r.route("amq.topic", key, {}) == Route(want), (key, live)
+    for queue, pattern in live:
+        assert r.remove_binding(q("amq.topic", queue, pattern))
+    trie = r._exchanges["amq.topic"].trie
+    assert (trie.children, trie.bindings) == ({}, {})  # pruned
+
+
+HEADERS = st.dictionaries(
+    st.sampled_from(["a", "b", "x-c"]), st.sampled_from(["1", "2"]), max_size=3
+)
+ARGUMENTS = st.tuples(st.sampled_from([None, *MATCH_MODES]), HEADERS).map(
+    lambda m: ((("x-match", m[0]),) if m[0] else ()) + tuple(m[1].items())
+)
+
+
+@settings(max_examples=200)
+@given(
+    st.lists(st.tuples(st.booleans(), st.sampled_from(["q1", "q2", "q3"]), ARGUMENTS), max_size=20),
+    st.lists(HEADERS, min_size=1, max_size=6),
+)
+def test_headers_exchange_routes_as_its_live_bindings_match(
+    ops: list[tuple[bool, str, tuple[tuple[str, str], ...]]], messages: list[dict[str, str]]
+) -> None:
+    """The headers exchange's index answers as headers_match over the live bindings, and
+    is empty again once they are all removed."""
+    r = make()
+    live: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    for add, queue, arguments in ops:
+        b = q("amq.headers", queue, arguments=arguments)
+        if add:
+            r.add_binding(b)
+            live.add((queue, arguments))
+        else:
+            r.remove_binding(b)
+            live.discard((queue, arguments))
+        for headers in messages:
+            want = tuple(sorted({d for d, a in live if headers_match(a, headers)}))
+            assert r.route("amq.headers", "", headers) == Route(want), (headers, live)
+    for queue, arguments in live:
+        assert r.remove_binding(q("amq.headers", queue, arguments=arguments))
+    ex = r._exchanges["amq.headers"]
+    assert (ex.headers, ex.by_pair, ex.always) == ({}, {}, {})

@@ -11,6 +11,8 @@ so a burst of publishes reaches each consumer as few, large deliveries.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -18,7 +20,7 @@ import time
 import zlib
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from tidewire.broker.queues.definitions import DefinitionStore
 from tidewire.broker.queues.model import (
@@ -71,11 +73,54 @@ MAX_PREFETCH = 65_536
 MAX_GET = 10_000
 #: Messages one replay moves at most (call again for more).
 MAX_REPLAY = 100_000
-#: How often the timers of every queue are looked at (seconds): the resolution of TTL, delay
-#: and visibility timeouts.
-TICK_S = 0.01
+#: The shortest sleep of the timer loop (seconds): timers due closer together are applied
+#: together.
+TICK_S = 0.005
+#: How often queues whose messages can expire are swept (seconds): an expired message is
+#: never delivered in any case; this is how soon it reaches the dead-letter exchange.
+TTL_SWEEP_S = 0.1
 #: How often settled segments are given back and state logs compacted (seconds).
 UPKEEP_S = 1.0
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+_Method = Callable[Concatenate["QueueManager", P], Coroutine[Any, Any, R]]
+
+
+def _audited(action: str) -> Callable[[_Method[P, R]], _Method[P, R]]:
+    """Audit an administrative operation of the manager (``ok``, or ``failed`` with the
+    error's message), whichever interface asked: who and from where are the request's
+    (``current_actor``, set by the gate). A passive declare changes nothing: not audited."""
+
+    def wrap(fn: _Method[P, R]) -> _Method[P, R]:
+        async def audited(self: QueueManager, /, *args: P.args, **kwargs: P.kwargs) -> R:
+            if kwargs.get("passive"):
+                return await fn(self, *args, **kwargs)
+            resource = _resource(args[0] if args else kwargs.get("name"))
+            try:
+                out = await fn(self, *args, **kwargs)
+            except TidewireError as exc:
+                self._audit(action, resource, exc)
+                raise
+            self._audit(action, resource, None)
+            return out
+
+        functools.update_wrapper(audited, fn)  # the name and docstring stay fn's
+        return audited
+
+    return wrap
+
+
+def _resource(target: object) -> str:
+    """How an audit event names what an operation touched."""
+    if isinstance(target, ExchangeSpec):
+        return f"exchange:{target.name}"
+    if isinstance(target, QueueSpec):
+        return f"queue:{target.name}"
+    if isinstance(target, Binding):
+        return f"exchange:{target.exchange} -> {target.destination_kind}:{target.destination}"
+    return f"queue:{target}"
 
 
 def _now_ms() -> int:
@@ -101,6 +146,7 @@ class QueueManager:
         self._scheduled = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ctags = itertools.count(1)
+        self._timer_added = asyncio.Event()
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -130,13 +176,28 @@ class QueueManager:
                 logs.delete_topic(topic)
 
     async def run(self) -> None:
-        """Until cancelled: apply timers, give back settled segments, compact state logs."""
-        last_upkeep = time.monotonic()
+        """Until cancelled: apply timers when due, give back settled segments and compact
+        state logs every :data:`UPKEEP_S`. It sleeps until the next timer (a new earlier
+        one wakes it), so a broker whose queues have nothing timed costs nothing between
+        upkeeps."""
+        loop = asyncio.get_running_loop()
+        last_upkeep = loop.time()
         while True:
-            await asyncio.sleep(TICK_S)
+            wait = UPKEEP_S - (loop.time() - last_upkeep)
+            now = self.clock()
+            for q in self._queues.values():
+                due = q.next_due()
+                if due is not None:
+                    wait = min(wait, (due - now) / 1000)
+                if q.spec.message_ttl_ms or q.has_expiring():
+                    wait = min(wait, TTL_SWEEP_S)
+            self._timer_added.clear()
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._timer_added.wait(), max(wait, TICK_S))
             await self.tick()
-            if time.monotonic() - last_upkeep >= UPKEEP_S:
-                last_upkeep = time.monotonic()
+            if loop.time() - last_upkeep >= UPKEEP_S:
+                last_upkeep = loop.time()
                 for q in list(self._queues.values()):
                     try:
                         await q.upkeep()
@@ -171,8 +232,14 @@ class QueueManager:
         now = self.clock()
         for q in list(self._queues.values()):
             due = q.next_due()
-            if (due is not None and due <= now) or q.spec.message_ttl_ms or q._ranges:
+            if (due is not None and due <= now) or q.spec.message_ttl_ms or q.has_expiring():
                 await q.tick()
+
+    def _audit(self, action: str, resource: str, error: TidewireError | None) -> None:
+        audit = self.broker.audit
+        if audit is not None:
+            outcome, reason = ("failed", error.message) if error is not None else ("ok", "")
+            audit.event(action, outcome, resource=resource, reason=reason)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -197,9 +264,11 @@ class QueueManager:
             clock=self.clock,
             dead_letter=self._dead_letter,
             wake=self._wake,
+            timer_added=self._timer_added.set,
             owner=owner,
         )
 
+    @_audited("EXCHANGE_DECLARE")
     async def declare_exchange(self, spec: ExchangeSpec, *, passive: bool = False) -> ExchangeSpec:
         """Make an exchange, or check the one of that name has these settings.
 
@@ -229,6 +298,7 @@ class QueueManager:
                 raise
         return spec
 
+    @_audited("EXCHANGE_DELETE")
     async def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
         """Delete an exchange and its bindings.
 
@@ -243,13 +313,11 @@ class QueueManager:
             raise InvalidQueueError(f"exchange {name!r} is built in and cannot be deleted")
         if if_unused and self.router.has_bindings(name):
             raise PreconditionFailedError(f"exchange {name!r} has bindings (if_unused)")
-        bindings = self.router.bindings(exchange=name)
         self.router.remove_exchange(name)
-        if spec.durable:
-            for b in bindings:
-                await self.definitions.delete_binding(b)
+        if spec.durable:  # its bindings' tombstones go in the same batch
             await self.definitions.delete_exchange(name)
 
+    @_audited("QUEUE_DECLARE")
     async def declare_queue(
         self, spec: QueueSpec, *, owner: str = "", passive: bool = False
     ) -> QueueStatus:
@@ -286,6 +354,7 @@ class QueueManager:
             self._by_owner.setdefault(owner, set()).add(spec.name)
         return q.status()
 
+    @_audited("QUEUE_DELETE")
     async def delete_queue(
         self, name: str, *, if_empty: bool = False, if_unused: bool = False, owner: str = ""
     ) -> int:
@@ -316,15 +385,12 @@ class QueueManager:
         for g in q._getters:
             if not g.future.done():  # type: ignore[attr-defined]
                 g.future.set_result(Delivery(q.name, "", (), b""))  # type: ignore[attr-defined]
-        bindings = self.router.remove_destination("queue", q.name)
-        if q.spec.durable:
-            for b in bindings:
-                ex = self.router.exchanges.get(b.exchange)
-                if ex is None or ex.durable:
-                    await self.definitions.delete_binding(b)
+        self.router.remove_destination("queue", q.name)
+        if q.spec.durable:  # the bindings to it go in the same batch
             await self.definitions.delete_queue(q.name)
             await self.broker.logs.delete_topic_async(queue_topic(q.name))
 
+    @_audited("QUEUE_PURGE")
     async def purge_queue(self, name: str, *, owner: str = "") -> int:
         """Remove every ready message of a queue; return how many.
 
@@ -333,6 +399,7 @@ class QueueManager:
         """
         return await self._queue(name, owner).purge()
 
+    @_audited("QUEUE_BIND")
     async def bind(self, b: Binding) -> None:
         """Bind (idempotent).
 
@@ -349,6 +416,7 @@ class QueueManager:
                 self.router.remove_binding(b)
                 raise
 
+    @_audited("QUEUE_UNBIND")
     async def unbind(self, b: Binding) -> None:
         """Remove a binding (no error when there is none)."""
         durable = self._durable_binding(b)
@@ -560,15 +628,21 @@ class QueueManager:
         q.add_getter(g)
         try:
             await asyncio.wait({fut}, timeout=wait_ms / 1000)
-        finally:
+        except asyncio.CancelledError:
             q.remove_getter(g)
-            if not fut.done():
-                fut.cancel()
-            elif asyncio.current_task() is not None and asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                late = fut.result()
-                tags = {e.tag for e in late.entries}
-                await q.requeue(q.release_owner_gets(owner, tags), durable=False)
-        return fut.result() if fut.done() and not fut.cancelled() else Delivery(q.name, "", (), b"")
+            if fut.done() and not fut.cancelled():  # handed out as the caller went: back
+                tags = {e.tag for e in fut.result().entries}
+                self._spawn(
+                    q.requeue(q.release_owner_gets(owner, tags), durable=False),
+                    f"requeue a cancelled get on {queue}",
+                )
+            fut.cancel()
+            raise
+        q.remove_getter(g)
+        if fut.done() and not fut.cancelled():
+            return fut.result()
+        fut.cancel()
+        return Delivery(q.name, "", (), b"")
 
     async def settle(
         self,
@@ -679,6 +753,7 @@ class QueueManager:
             raise InvalidQueueError(f"max_messages={max_messages:,} must be within 1..{MAX_GET:,}")
         return self._queue(queue, None).browse(from_offset, max_messages)
 
+    @_audited("QUEUE_REPLAY")
     async def replay(
         self,
         queue: str,

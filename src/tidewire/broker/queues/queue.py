@@ -122,6 +122,7 @@ class Queue:
         dead_letter: called with ``(offset, count)`` pairs leaving as dead letters.
         wake: called when deliveries may be possible (the manager schedules a dispatch).
         owner: the connection an exclusive queue belongs to.
+        timer_added: called when a timer due sooner than every other is set.
     """
 
     def __init__(
@@ -134,6 +135,7 @@ class Queue:
         dead_letter: DeadLetterHook,
         wake: Callable[[Queue], None],
         owner: str = "",
+        timer_added: Callable[[], None] = lambda: None,
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -143,6 +145,7 @@ class Queue:
         self.owner = owner
         self._dead_letter = dead_letter
         self._wake = wake
+        self._timer_added = timer_added
         self.counters = QueueCounters()
         self.consumers: list[Consumer] = []
         self.had_consumers = False
@@ -410,6 +413,9 @@ class Queue:
                 break
 
     def _take_many(self, n: int, now: int) -> list[int]:
+        """Up to ``n`` ready messages (within :data:`MAX_DELIVERY_BYTES`), taken."""
+        if not self.requeued and not self._ranges and not self.spec.message_ttl_ms:
+            return self._take_fresh(n)
         out: list[int] = []
         budget = MAX_DELIVERY_BYTES
         while len(out) < n:
@@ -422,6 +428,28 @@ class Queue:
                 break
         return out
 
+    def _take_fresh(self, n: int) -> list[int]:
+        """:meth:`_take_many` when only fresh messages are ready and none can expire: a
+        walk over offsets with no lookups but the sets of exceptions."""
+        o = self.next_fresh
+        end = self.end
+        b = self._batch_of(o)
+        per = b.size / (b.last - b.base + 1) if b is not None else 1
+        n = min(n, max(int(MAX_DELIVERY_BYTES // max(per, 1)), 1))
+        settled, delayed, dying = self.settled, self.delayed, self.dying
+        out: list[int] = []
+        if not settled and not delayed and not dying:
+            stop = min(end, o + n)
+            out = list(range(o, stop))
+            self.next_fresh = stop
+            return out
+        while o < end and len(out) < n:
+            if o not in settled and o not in delayed and o not in dying:
+                out.append(o)
+            o += 1
+        self.next_fresh = o
+        return out
+
     def _hold(
         self, offsets: list[int], owner: str, consumer: Consumer | None, now: int, vt: int
     ) -> Delivery:
@@ -431,18 +459,21 @@ class Queue:
         deadline = now + vt if vt > 0 else 0
         seq = next(self._seq) & _TAG_MASK
         counts = self.counts
+        held = self.held
+        redelivered = 0
         for o in offsets:
-            count = counts.pop(o, 0) + 1
+            count = counts.pop(o, 0) + 1 if counts else 1
             tag = (o << TAG_BITS) | seq
-            self.held[o] = Held(o, tag, owner, consumer, count, deadline)
+            held[o] = Held(o, tag, owner, consumer, count, deadline)
             entries.append(DeliveryEntry(tag, o, count))
             if count > 1:
-                self.counters.redelivered += 1
+                redelivered += 1
             if deadline:
                 self._push_timer(deadline, _VISIBILITY, tag)
         if consumer is not None:
             consumer.held += len(offsets)
         self.counters.delivered += len(offsets)
+        self.counters.redelivered += redelivered
         return Delivery(
             self.name, consumer.tag if consumer else "", tuple(entries), self._read(offsets)
         )
@@ -563,11 +594,18 @@ class Queue:
     async def _settle(self, offsets: list[int], *, bytes_counted: bool = False) -> None:
         settled = self.settled
         floor = self.floor
+        gone = 0.0
+        b: Stored | None = None
+        per = 0.0
         for o in offsets:
             if o >= floor and o not in settled:
                 settled.add(o)
                 if not bytes_counted:
-                    self._bytes -= self._size_of(o)
+                    if b is None or not b.base <= o <= b.last:
+                        b = self._batch_of(o)
+                        per = b.size / (b.last - b.base + 1) if b is not None else 0.0
+                    gone += per
+        self._bytes -= gone
         self._advance_floor()
         if self.state is not None and offsets:
             await self.state.write([SETTLED, offsets])
@@ -638,7 +676,14 @@ class Queue:
     # --- time -----------------------------------------------------------------------------------
 
     def _push_timer(self, due: int, kind: int, value: int) -> None:
-        heapq.heappush(self._timers, (due, next(self._timer_seq), kind, value))
+        timers = self._timers
+        if not timers or due < timers[0][0]:
+            self._timer_added()  # sooner than the loop planned to look
+        heapq.heappush(timers, (due, next(self._timer_seq), kind, value))
+
+    def has_expiring(self) -> bool:
+        """Whether messages published with a TTL of their own may be waiting."""
+        return any(r.expires_at_ms for r in self._ranges)
 
     async def tick(self) -> None:
         """Apply every timer due by now: delays ending, visibility timeouts, expiry at the

@@ -17,7 +17,8 @@ When no binding of an exchange matches, the message goes through its alternate e
 (and that one's, in turn), each exchange at most once. :meth:`Router.route` answers from
 per-exchange indexes: a dict per direct exchange, one precomputed answer per fanout
 exchange, a trie of patterns with a bounded cache of answers per topic exchange (both
-rebuilt only as bindings change), a scan of pre-parsed arguments per headers exchange.
+rebuilt only as bindings change), and per headers exchange its bindings indexed by a
+header (name, value) pair a matching message must have.
 """
 
 from __future__ import annotations
@@ -173,7 +174,17 @@ class _Node:
 class _Exchange:
     """An exchange, its bindings (in the order made) and its routing index."""
 
-    __slots__ = ("bindings", "by_key", "cache", "fanout", "headers", "spec", "trie")
+    __slots__ = (
+        "always",
+        "bindings",
+        "by_key",
+        "by_pair",
+        "cache",
+        "fanout",
+        "headers",
+        "spec",
+        "trie",
+    )
 
     def __init__(self, spec: ExchangeSpec) -> None:
         self.spec = spec
@@ -183,7 +194,12 @@ class _Exchange:
         self.cache: OrderedDict[str, Route] = OrderedDict()
         self.fanout: Route | None = None
         self.trie = _Node()  # topic
+        # headers: each binding's (any?, pairs); those matching every message ("all" of
+        # nothing); the others by a pair a matching message must have ("all": its first;
+        # "any": each), so a message is compared with the bindings of its own pairs only.
         self.headers: dict[Binding, tuple[bool, tuple[tuple[str, str], ...]]] = {}
+        self.always: dict[Binding, None] = {}
+        self.by_pair: dict[tuple[str, str], dict[Binding, None]] = {}
 
     def add(self, b: Binding) -> None:
         self.bindings[b] = None
@@ -200,7 +216,11 @@ class _Exchange:
             node.bindings[b] = None
             self.cache.clear()
         else:
-            self.headers[b] = _compiled(b.arguments)
+            any_, pairs = self.headers[b] = _compiled(b.arguments)
+            if not pairs and not any_:  # ("any" of nothing matches nothing: not indexed)
+                self.always[b] = None
+            for pair in pairs if any_ else pairs[:1]:
+                self.by_pair.setdefault(pair, {})[b] = None
 
     def remove(self, b: Binding) -> None:
         del self.bindings[b]
@@ -226,7 +246,13 @@ class _Exchange:
                 del path[i].children[words[i]]
             self.cache.clear()
         else:
-            del self.headers[b]
+            any_, pairs = self.headers.pop(b)
+            self.always.pop(b, None)
+            for pair in pairs if any_ else pairs[:1]:
+                same = self.by_pair[pair]
+                del same[b]
+                if not same:
+                    del self.by_pair[pair]
 
     def route(self, routing_key: str, headers: Mapping[str, str]) -> Route:
         t = self.spec.type
@@ -253,9 +279,16 @@ class _Exchange:
             if len(cache) > TOPIC_CACHE_SIZE:
                 cache.popitem(last=False)
             return r
-        return _route_of(
-            b for b, (any_, pairs) in self.headers.items() if _match_compiled(any_, pairs, headers)
-        )
+        found = list(self.always)
+        if self.by_pair:
+            for pair in headers.items():
+                candidates = self.by_pair.get(pair)
+                if candidates is not None:
+                    for b in candidates:
+                        any_, pairs = self.headers[b]
+                        if any_ or _match_compiled(False, pairs, headers):
+                            found.append(b)
+        return _route_of(found)
 
     def _topic_bindings(self, routing_key: str) -> list[Binding]:
         """The bindings whose pattern matches: a walk of the trie that visits each (node,

@@ -35,6 +35,7 @@ from typing import Any
 
 import msgspec
 
+from tidewire.broker.offsets import QUEUE_TOPIC_PREFIX
 from tidewire.errors import OffsetOutOfRangeError, PartitionCorruptError
 from tidewire.records import BatchBuilder, BatchHeader, iter_batches, iter_records
 from tidewire.storage import FsyncPolicy, LogConfig, LogManager, PartitionLog
@@ -50,8 +51,6 @@ __all__ = [
     "queue_topic",
 ]
 
-#: Topic of a durable queue's logs: the prefix and the queue's name.
-QUEUE_TOPIC_PREFIX = "__queue."
 #: Segment size of a message log: large enough that rolling is rare, small enough that
 #: settled messages are given back to the disk soon.
 MESSAGE_SEGMENT_BYTES = 64 * 1024 * 1024
