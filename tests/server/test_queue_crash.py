@@ -131,9 +131,9 @@ async def _settle(run: _Run, name: str, msg: QueueMessage) -> None:
     error: BaseException | None = None
     try:
         if poison:
-            await msg.reject()
+            await msg.reject(wait=True)
         else:
-            await msg.ack()
+            await msg.ack(wait=True)
     except TidewireError as exc:
         error = exc
     result = _result(error, msg, run, f"{name} settling offset {msg.offset}")

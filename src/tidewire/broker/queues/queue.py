@@ -169,6 +169,7 @@ class Queue:
         self._rr = 0
         self._getters: list[_Getter] = []
         self.dying: set[int] = set()  # leaving as dead letters: neither ready nor held
+        self._publishing: list[int] = []  # first offsets of publishes not yet confirmed
 
     # --- counts ---------------------------------------------------------------------------------
 
@@ -179,8 +180,21 @@ class Queue:
     def unsettled(self) -> int:
         return (self.end - self.floor) - len(self.settled)
 
+    @property
+    def visible_end(self) -> int:
+        """Offsets below this may be delivered: a publish's messages are not until it is
+        confirmed (stored durably, its TTL and delay recorded)."""
+        return self._publishing[0] if self._publishing else self.messages.end
+
     def ready_count(self) -> int:
-        return self.unsettled() - len(self.held) - len(self.delayed) - len(self.dying)
+        """Messages deliverable now."""
+        return (
+            self.unsettled()
+            - len(self.held)
+            - len(self.delayed)
+            - len(self.dying)
+            - (self.messages.end - self.visible_end)
+        )
 
     def status(self) -> QueueStatus:
         """The queue as described."""
@@ -262,7 +276,7 @@ class Queue:
         spec = self.spec
         if spec.overflow != "reject-publish":
             return
-        waiting = self.ready_count() + len(self.delayed)
+        waiting = self.unsettled() - len(self.held) - len(self.dying)  # publishes under way too
         if spec.max_length and waiting + messages > spec.max_length:
             self.counters.rejected_publishes += 1
             raise QueueFullError(
@@ -283,7 +297,21 @@ class Queue:
         ttl_ms: int = 0,
         deliver_at_ms: int = 0,
     ) -> list[Stored]:
-        """Store checked batches; return once durable (and their TTL and delay recorded)."""
+        """Store checked batches; return once durable (and their TTL and delay recorded).
+        They are delivered only from then on."""
+        first = self.messages.end  # the append reserves its offsets before its first wait
+        self._publishing.append(first)
+        try:
+            stored = await self._publish(batches, ttl_ms, deliver_at_ms)
+        finally:
+            self._publishing.remove(first)
+            self._wake(self)
+        self._overflow()
+        return stored
+
+    async def _publish(
+        self, batches: Sequence[tuple[memoryview, BatchHeader]], ttl_ms: int, deliver_at_ms: int
+    ) -> list[Stored]:
         stored = await self.messages.append(batches)
         now = self.clock()
         base, last = stored[0].base, stored[-1].last
@@ -306,8 +334,6 @@ class Queue:
             self._bytes += s.size
         n = last - base + 1
         self.counters.published += n
-        self._overflow()
-        self._wake(self)
         return stored
 
     def _overflow(self) -> None:
@@ -346,7 +372,7 @@ class Queue:
             found = o
             break
         if found is None:
-            end = self.end
+            end = self.visible_end
             delayed = self.delayed
             while self.next_fresh < end:
                 o = self.next_fresh
@@ -434,7 +460,7 @@ class Queue:
         """:meth:`_take_many` when only fresh messages are ready and none can expire: a
         walk over offsets with no lookups but the sets of exceptions."""
         o = self.next_fresh
-        end = self.end
+        end = self.visible_end
         b = self._batch_of(o)
         per = b.size / (b.last - b.base + 1) if b is not None else 1
         n = min(n, max(int(MAX_DELIVERY_BYTES // max(per, 1)), 1))
@@ -734,9 +760,10 @@ class Queue:
                 continue
             return o
         o = self.next_fresh
-        while o < self.end and (o in self.settled or o in self.delayed):
+        end = self.visible_end
+        while o < end and (o in self.settled or o in self.delayed):
             o += 1
-        return o if o < self.end else None
+        return o if o < end else None
 
     # --- browsing -------------------------------------------------------------------------------
 
@@ -745,7 +772,8 @@ class Queue:
         out: list[int] = []
         o = max(from_offset, self.floor)
         held, settled, delayed, dying = self.held, self.settled, self.delayed, self.dying
-        while o < self.end and len(out) < limit:
+        end = self.visible_end
+        while o < end and len(out) < limit:
             if o not in settled and o not in held and o not in delayed and o not in dying:
                 out.append(o)
             o += 1
