@@ -206,7 +206,8 @@ class Transport:
                 f"no answer to {type(body).__name__} within {self.request_timeout_s:g} s"
             ) from None
         finally:
-            self._waiting.pop(corr, None)
+            if self._waiting.get(corr) is fut:
+                del self._waiting[corr]
         if response.error is not None:
             raise response.error
         return response
@@ -297,7 +298,10 @@ class Transport:
                     f"no response to {type(body).__name__} within {timeout:g} s"
                 ) from None
             finally:
-                self._waiting.pop(corr, None)
+                # Only its own: after a reconnect the same correlation id may be a newer
+                # request's, whose answer would then be dropped and never come.
+                if self._waiting.get(corr) is fut:
+                    del self._waiting[corr]
                 answered = fut.done() and not fut.cancelled()
                 if answered:
                     # A failure _drop set while this request raised its own (a failed

@@ -481,3 +481,26 @@ def test_administrative_operations_are_audited(tmp_path: Path) -> None:
         assert [a for a, r, _ in events if r == "queue:q"].count("QUEUE_DECLARE") == 1
 
     run(tmp_path, body)
+
+
+def test_ack_up_to_follows_the_order_of_delivery(tmp_path: Path) -> None:
+    """As AMQP's ack ``multiple``: every delivery up to and including the tag's, in the order
+    they were handed out, not by offset (a redelivery of an older message comes later)."""
+
+    async def body(broker: Broker, clock: Clock) -> None:
+        qm = broker.queues
+        await qm.declare_queue(QueueSpec("work"))
+        await qm.publish("", "work", batch(b"0", b"1", b"2"))
+        first = await qm.get("work", owner="c", max_messages=3)
+        await qm.settle("work", [first.entries[0].tag], "requeue", owner="c")
+        again = await qm.get("work", owner="c")  # offset 0 again: delivered after 1 and 2
+        assert [e.offset for e in again.entries] == [0]
+        await qm.settle("work", [], "ack", owner="c", up_to=first.entries[2].tag)
+        st = qm.describe_queue("work")
+        assert (st.counters.acked, st.unacked) == (2, 1)
+        with pytest.raises(UnknownDeliveryTagError):
+            await qm.settle("work", [], "ack", owner="other", up_to=again.entries[0].tag)
+        await qm.settle("work", [], "ack", owner="c", up_to=again.entries[0].tag)
+        assert qm.describe_queue("work").counters.acked == 3
+
+    run(tmp_path, body)

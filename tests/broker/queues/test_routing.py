@@ -43,7 +43,7 @@ WORD = st.sampled_from(["a", "b", "c", "", "ab", "a*", "#x"])
 PATTERN_WORD = st.one_of(WORD, st.just("*"), st.just("#"))
 
 
-@settings(max_examples=1000)
+@settings(max_examples=1000, deadline=None)
 @given(st.lists(PATTERN_WORD, max_size=7), st.lists(WORD, max_size=7))
 def test_topic_matches_the_reference(pattern: list[str], key: list[str]) -> None:
     p, k = ".".join(pattern), ".".join(key)
@@ -51,7 +51,7 @@ def test_topic_matches_the_reference(pattern: list[str], key: list[str]) -> None
     assert topic_matches(p, k) == reference(words(p), words(k))
 
 
-@settings(max_examples=500)
+@settings(max_examples=500, deadline=None)
 @given(st.text(alphabet="ab.*#", max_size=12), st.text(alphabet="ab.*#", max_size=12))
 def test_topic_matches_the_reference_on_raw_text(pattern: str, key: str) -> None:
     assert topic_matches(pattern, key) == reference(words(pattern), words(key))
@@ -407,7 +407,7 @@ PATTERN = st.lists(PATTERN_WORD, max_size=5).map(".".join)
 KEY = st.lists(WORD, max_size=5).map(".".join)
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.tuples(st.booleans(), st.sampled_from(["q1", "q2", "q3"]), PATTERN), max_size=25),
     st.lists(KEY, min_size=1, max_size=8),
@@ -444,7 +444,7 @@ ARGUMENTS = st.tuples(st.sampled_from([None, *MATCH_MODES]), HEADERS).map(
 )
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.tuples(st.booleans(), st.sampled_from(["q1", "q2", "q3"]), ARGUMENTS), max_size=20),
     st.lists(HEADERS, min_size=1, max_size=6),

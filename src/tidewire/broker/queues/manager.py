@@ -147,6 +147,7 @@ class QueueManager:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ctags = itertools.count(1)
         self._timer_added = asyncio.Event()
+        self._declaring: dict[str, QueueSpec] = {}  # durable declares being stored
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -233,7 +234,10 @@ class QueueManager:
         for q in list(self._queues.values()):
             due = q.next_due()
             if (due is not None and due <= now) or q.spec.message_ttl_ms or q.has_expiring():
-                await q.tick()
+                try:
+                    await q.tick()
+                except TidewireError as exc:  # one queue's failing log stops no other's timers
+                    log.error("timers of queue %r: %s", q.name, exc)
 
     def _audit(self, action: str, resource: str, error: TidewireError | None) -> None:
         audit = self.broker.audit
@@ -342,8 +346,19 @@ class QueueManager:
         check_name("queue", spec.name)
         _check_spec(spec)
         if spec.durable:
-            await self.definitions.put_queue(spec)
-            if spec.name in self._queues:  # declared meanwhile
+            pending = self._declaring.get(spec.name)
+            if pending is not None and pending != spec:  # another declare is being stored
+                raise PreconditionFailedError(
+                    f"queue {spec.name!r} is being declared with other settings: "
+                    f"{_diff(pending, spec)}"
+                )
+            self._declaring[spec.name] = spec
+            try:
+                await self.definitions.put_queue(spec)
+            finally:
+                if self._declaring.get(spec.name) is spec:
+                    del self._declaring[spec.name]
+            if spec.name in self._queues:  # declared meanwhile (with these settings)
                 return await self.declare_queue(spec, owner=owner)
             plog, slog = open_logs(self.broker.logs, spec.name)
             q = self._new_queue(spec, DurableMessages(plog), StateLog(slog), owner)

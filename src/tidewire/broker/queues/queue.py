@@ -20,6 +20,7 @@ moving a fake clock).
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import heapq
 import itertools
@@ -44,7 +45,7 @@ from tidewire.broker.queues.store import (
     StateLog,
     Stored,
 )
-from tidewire.errors import QueueFullError
+from tidewire.errors import QueueFullError, TidewireError
 from tidewire.records import BatchHeader, iter_batches
 
 __all__ = ["MAX_DELIVERY_BYTES", "MAX_DELIVERY_MESSAGES", "Consumer", "Held", "Queue"]
@@ -92,6 +93,7 @@ class Held:
     consumer: Consumer | None
     count: int
     deadline_ms: int
+    seq: int  # deliveries of the queue in order: "ack up to" follows it
 
 
 @dataclass(slots=True)
@@ -200,7 +202,7 @@ class Queue:
         """The queue as described."""
         return QueueStatus(
             spec=self.spec,
-            ready=self.ready_count(),
+            ready=max(self.ready_count(), 0),  # a delayed publish under way counts twice
             unacked=len(self.held),
             delayed=len(self.delayed),
             bytes=max(int(self._bytes), 0),
@@ -301,15 +303,29 @@ class Queue:
         They are delivered only from then on."""
         first = self.messages.end  # the append reserves its offsets before its first wait
         self._publishing.append(first)
-        try:
-            stored = await self._publish(batches, ttl_ms, deliver_at_ms)
-        finally:
-            self._publishing.remove(first)
-            self._wake(self)
+        # Shielded: a publisher that goes away (its request cancelled with its connection)
+        # does not stop half-way a publish whose append is under way; its TTL and delay are
+        # recorded before its messages can be delivered, whatever happens to the caller.
+        inner = asyncio.ensure_future(self._publish(first, batches, ttl_ms, deliver_at_ms))
+        inner.add_done_callback(_seen)
+        stored = await asyncio.shield(inner)
         self._overflow()
         return stored
 
     async def _publish(
+        self,
+        first: int,
+        batches: Sequence[tuple[memoryview, BatchHeader]],
+        ttl_ms: int,
+        deliver_at_ms: int,
+    ) -> list[Stored]:
+        try:
+            return await self._store(batches, ttl_ms, deliver_at_ms)
+        finally:
+            self._publishing.remove(first)
+            self._wake(self)
+
+    async def _store(
         self, batches: Sequence[tuple[memoryview, BatchHeader]], ttl_ms: int, deliver_at_ms: int
     ) -> list[Stored]:
         stored = await self.messages.append(batches)
@@ -481,18 +497,26 @@ class Queue:
     def _hold(
         self, offsets: list[int], owner: str, consumer: Consumer | None, now: int, vt: int
     ) -> Delivery:
-        """Mark ``offsets`` held and build their delivery (data read from the log)."""
+        """Mark ``offsets`` held and build their delivery (data read from the log). If the
+        read fails, nothing is held: they are ready again (first), and the error goes up."""
         offsets.sort()
+        try:
+            data = self._read(offsets)
+        except TidewireError:
+            for o in offsets:
+                heapq.heappush(self.requeued, o)
+            raise
         entries = []
         deadline = now + vt if vt > 0 else 0
-        seq = next(self._seq) & _TAG_MASK
+        seq_full = next(self._seq)
+        seq = seq_full & _TAG_MASK
         counts = self.counts
         held = self.held
         redelivered = 0
         for o in offsets:
             count = counts.pop(o, 0) + 1 if counts else 1
             tag = (o << TAG_BITS) | seq
-            held[o] = Held(o, tag, owner, consumer, count, deadline)
+            held[o] = Held(o, tag, owner, consumer, count, deadline, seq_full)
             entries.append(DeliveryEntry(tag, o, count))
             if count > 1:
                 redelivered += 1
@@ -502,9 +526,7 @@ class Queue:
             consumer.held += len(offsets)
         self.counters.delivered += len(offsets)
         self.counters.redelivered += redelivered
-        return Delivery(
-            self.name, consumer.tag if consumer else "", tuple(entries), self._read(offsets)
-        )
+        return Delivery(self.name, consumer.tag if consumer else "", tuple(entries), data)
 
     def _read(self, offsets: Sequence[int]) -> bytes:
         """Whole batches covering ``offsets`` (ascending), each batch once."""
@@ -544,8 +566,9 @@ class Queue:
     def find_held(
         self, tags: Iterable[int], owner: str, up_to: int
     ) -> tuple[list[Held], list[int]]:
-        """The deliveries ``owner`` holds among ``tags`` (and every one with a tag <= ``up_to``),
-        and the tags it does not hold."""
+        """The deliveries ``owner`` holds among ``tags`` (and, with ``up_to``, every one it
+        was handed up to and including that tag's, in delivery order, as AMQP's ack
+        ``multiple``), and the tags it does not hold."""
         found: list[Held] = []
         unknown: list[int] = []
         held = self.held
@@ -558,21 +581,32 @@ class Queue:
                 seen.add(h.offset)
                 found.append(h)
         if up_to > 0:
-            for h in list(held.values()):
-                if h.tag <= up_to and h.owner == owner and h.offset not in seen:
-                    seen.add(h.offset)
-                    found.append(h)
+            top = held.get(up_to >> TAG_BITS)
+            if top is None or top.tag != up_to or top.owner != owner:
+                unknown.append(up_to)
+            else:
+                for h in list(held.values()):
+                    if h.seq <= top.seq and h.owner == owner and h.offset not in seen:
+                        seen.add(h.offset)
+                        found.append(h)
         return found, unknown
 
-    def _release(self, hs: Iterable[Held]) -> None:
+    def _release(self, hs: Iterable[Held]) -> list[Held]:
+        """Take ``hs`` out of the held set; those still held (a list computed before an
+        await may name one settled or taken back since): the ones to act on."""
+        out = []
+        held = self.held
         for h in hs:
-            del self.held[h.offset]
-            if h.consumer is not None:
-                h.consumer.held -= 1
+            if held.get(h.offset) is h:
+                del held[h.offset]
+                if h.consumer is not None:
+                    h.consumer.held -= 1
+                out.append(h)
+        return out
 
     async def ack(self, hs: list[Held]) -> None:
         """Settle ``hs`` as acknowledged; return once recorded durably."""
-        self._release(hs)
+        hs = self._release(hs)
         offsets = [h.offset for h in hs]
         self.counters.acked += len(offsets)
         await self._settle(offsets)
@@ -580,7 +614,7 @@ class Queue:
 
     async def requeue(self, hs: list[Held], *, durable: bool = True) -> None:
         """Take ``hs`` back: ready again (first), or dead letters past ``max_deliveries``."""
-        self._release(hs)
+        hs = self._release(hs)
         limit = self.spec.max_deliveries
         back: list[tuple[int, int]] = []
         dead: list[tuple[int, int]] = []
@@ -601,7 +635,7 @@ class Queue:
     def reject(self, hs: list[Held]) -> Awaitable[None]:
         """Settle ``hs`` as dead letters (reject, or nack without requeue); the awaitable
         is done once they are dead-lettered and settled (durably, in a durable queue)."""
-        self._release(hs)
+        hs = self._release(hs)
         for h in hs:
             self.dying.add(h.offset)
             self._bytes -= self._size_of(h.offset)
@@ -750,7 +784,10 @@ class Queue:
             o = self._peek()
             if o is None or not self._expired(o, now):
                 return
-            self._take(now)  # expires it (and any expired behind it up to a live one)
+            live = self._take(now)  # expires it (and any expired behind it up to a live one)
+            if live is not None:  # taken past the expired ones: ready again, first
+                heapq.heappush(self.requeued, live)
+                return
 
     def _peek(self) -> int | None:
         while self.requeued:
@@ -798,7 +835,8 @@ class Queue:
         for o in offsets:
             if o in self.dying:
                 self.dying.discard(o)
-                heapq.heappush(self.requeued, o)
+                if o < self.next_fresh:  # else the fresh walk still reaches it
+                    heapq.heappush(self.requeued, o)
         self._wake(self)
 
     async def settle_moved(self, offsets: list[int]) -> None:
@@ -856,3 +894,10 @@ class Queue:
 
 
 _DUE, _VISIBILITY = 0, 1
+
+
+def _seen(task: asyncio.Future[list[Stored]]) -> None:
+    """Retrieve a shielded publish's outcome, so that one whose caller went away does not
+    warn "exception was never retrieved" (its caller got the error, or was gone)."""
+    if not task.cancelled():
+        task.exception()
