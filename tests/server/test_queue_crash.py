@@ -61,8 +61,10 @@ LANES = 4
 CONSUMERS = 8
 PREFETCH = 20
 POISON = b"poison-"
-#: How long the consumers may take to finish after the last kill.
-DRAIN_S = 30.0
+#: How long the consumers may take to finish after the last kill: a consumer whose request
+#: was cut by a kill may wait out its request timeout (30 s) and its reconnection backoff
+#: (up to 5 s, twice) before it takes messages again; the backlog itself takes seconds.
+DRAIN_S = 120.0
 
 
 @dataclass(frozen=True)
