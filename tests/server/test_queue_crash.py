@@ -81,7 +81,7 @@ class Plan:
 
 
 SMALL = Plan(kills=3, backlog=1_000, per_publisher=400, deadline_s=150.0)
-FULL = Plan(kills=20, backlog=3_000, per_publisher=3_000, deadline_s=600.0)
+FULL = Plan(kills=20, backlog=1_500, per_publisher=1_000, deadline_s=600.0)
 
 
 @dataclass
