@@ -29,20 +29,20 @@ both:
 Measured on the 2-core development machine (shared with other work; RabbitMQ 3.10.8 on
 Erlang 25, Debian's packages, the harness's settings), medians of 3 reps [min-max]::
 
-    cd ../shared/bench && /tmp/peers/venv/bin/python /work/.../benchmarks/queues_peers.py \
+    /tmp/peers/venv/bin/python benchmarks/queues_peers.py \
         --peer rabbitmq --peer project-queue --tests publish,e2e,catchup --sizes 1024 \
         --reps 3 -n 20000 --limit 10 --rate 5000 --modes confirm_sync,confirm_async,consume
 
     1 KB, durable          tidewire                   RabbitMQ                 ratio
-    confirm_sync           708 msg/s [592-759]        661 msg/s [507-736]      1.07
-    confirm_async          27,911 [22,445-33,826]     3,001 [2,808-3,507]      9.3
-      broker CPU/msg       4.0 µs                     197 µs
-    e2e unthrottled        16,712 [16,131-21,491]     1,474 [1,455-2,203]      11.3
-      p50 / p99            241 / 421 ms (backlog)     782 / 1,084 ms
-    e2e paced 5,000/s      4,988 msg/s delivered      1,589 (falls behind)
-      p50 / p99            7.6 / 117 ms               765 / 1,188 ms
-    catch-up consume+ack   11,017 [10,036-16,790]     4,807 [4,522-5,362]      2.3
-    broker peak RSS        65-70 MB                   175-373 MB
+    confirm_sync           683 msg/s [637-767]        823 msg/s [784-876]      0.83
+    confirm_async          27,534 [24,338-27,837]     3,466 [3,306-3,512]      7.9
+      broker CPU/msg       5.5 µs                     182 µs
+    e2e unthrottled        21,375 [18,787-21,658]     2,235 [2,216-2,332]      9.6
+      p50 / p99            54 / 94 ms                 490 / 699 ms
+    e2e paced 5,000/s      4,987 msg/s delivered      2,131 (falls behind)
+      p50 / p99            17.9 / 87.6 ms             494 / 671 ms
+    catch-up consume+ack   30,759 [30,023-34,088]     6,180 [5,120-6,365]      5.0
+    broker peak RSS        66-71 MB                   169-370 MB
 
 RabbitMQ was run with the harness's defaults; on shared CPUs its scheduler busy-waiting
 costs it (``PEERS_RABBIT_ERL_ARGS="+sbwt none"`` is the harness's knob for that, not used
