@@ -262,29 +262,7 @@ class WsSession:
 
     async def _commands(self) -> None:
         while True:
-            msg = await self.ws.receive()
-            if msg["type"] == "websocket.disconnect":
-                raise _Gone
-            text = msg.get("text")
-            if text is None:
-                raise _Close(
-                    CLOSE_CODES["unsupported_data"],
-                    InvalidRequestError("commands are JSON text frames"),
-                )
-            if len(text) > MAX_COMMAND_BYTES:
-                raise _Close(
-                    CLOSE_CODES["too_big"],
-                    InvalidRequestError(
-                        f"a command of {len(text):,} characters exceeds {MAX_COMMAND_BYTES:,}"
-                    ),
-                )
-            try:
-                cmd = json.loads(text)
-            except ValueError as exc:
-                raise _Close(
-                    CLOSE_CODES["invalid_payload"],
-                    InvalidRequestError(f"a command is not JSON: {exc}"),
-                ) from None
+            cmd = await receive_command(self.ws)
             kind = cmd.get("type") if isinstance(cmd, dict) else None
             if kind == "credit":
                 self._grant(cmd)
@@ -448,6 +426,39 @@ class WsSession:
 
 class _Gone(Exception):
     """The client went away."""
+
+
+async def receive_command(ws: WebSocket) -> Any:
+    """The next command a client sends: a JSON text frame of at most
+    :data:`MAX_COMMAND_BYTES`, parsed (a topic stream's and a queue subscription's alike).
+
+    Raises:
+        _Gone: the client went away.
+        _Close: not text, too large, or not JSON (with the close code that says which).
+    """
+    msg = await ws.receive()
+    if msg["type"] == "websocket.disconnect":
+        raise _Gone
+    text = msg.get("text")
+    if text is None:
+        raise _Close(
+            CLOSE_CODES["unsupported_data"],
+            InvalidRequestError("commands are JSON text frames"),
+        )
+    if len(text) > MAX_COMMAND_BYTES:
+        raise _Close(
+            CLOSE_CODES["too_big"],
+            InvalidRequestError(
+                f"a command of {len(text):,} characters exceeds {MAX_COMMAND_BYTES:,}"
+            ),
+        )
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise _Close(
+            CLOSE_CODES["invalid_payload"],
+            InvalidRequestError(f"a command is not JSON: {exc}"),
+        ) from None
 
 
 def _array(items: list[bytes]) -> str:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-import json
 import logging
 import secrets
 from typing import Any
@@ -51,7 +50,8 @@ from tidewire.errors import (
 )
 from tidewire.server.http._params import encoding_param, error_frame, int_param
 from tidewire.server.http._queue_docs import delivered, message_doc
-from tidewire.server.http._ws_settings import CLOSE_CODES, MAX_COMMAND_BYTES
+from tidewire.server.http._ws_session import _Close, _Gone, receive_command
+from tidewire.server.http._ws_settings import CLOSE_CODES
 from tidewire.server.http.context import GatewayContext
 
 __all__ = ["DEFAULT_PREFETCH", "MAX_PREFETCH", "QUEUE_CLOSE_CODES", "queue_ws_router"]
@@ -79,17 +79,6 @@ _OUTCOMES: dict[str, tuple[SettleOutcome, SettleOutcome]] = {
 }
 
 _ids = itertools.count(1)
-
-
-class _Close(Exception):
-    def __init__(self, code: int, error: TidewireError | None = None) -> None:
-        super().__init__(code)
-        self.code = code
-        self.error = error
-
-
-class _Gone(Exception):
-    """The client went away."""
 
 
 def queue_ws_router(ctx: GatewayContext) -> APIRouter:
@@ -237,29 +226,7 @@ class QueueSocket:
 
     async def _commands(self) -> None:
         while True:
-            msg = await self.ws.receive()
-            if msg["type"] == "websocket.disconnect":
-                raise _Gone
-            text = msg.get("text")
-            if text is None:
-                raise _Close(
-                    QUEUE_CLOSE_CODES["unsupported_data"],
-                    InvalidRequestError("commands are JSON text frames"),
-                )
-            if len(text) > MAX_COMMAND_BYTES:
-                raise _Close(
-                    QUEUE_CLOSE_CODES["too_big"],
-                    InvalidRequestError(
-                        f"a command of {len(text):,} characters exceeds {MAX_COMMAND_BYTES:,}"
-                    ),
-                )
-            try:
-                cmd = json.loads(text)
-            except ValueError as exc:
-                raise _Close(
-                    QUEUE_CLOSE_CODES["invalid_payload"],
-                    InvalidRequestError(f"a command is not JSON: {exc}"),
-                ) from None
+            cmd = await receive_command(self.ws)
             await self._settle(cmd)
 
     async def _settle(self, cmd: Any) -> None:
