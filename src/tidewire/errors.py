@@ -62,7 +62,12 @@ The tree::
     ├── QueueFullError                a queue at max_length with overflow=reject-publish
     │                                 (retriable, a subclass of BackpressureError)
     ├── UnknownDeliveryTagError       a settle of a delivery this consumer does not hold
-    └── InvalidQueueError             a bad queue, exchange or binding name or argument
+    ├── InvalidQueueError             a bad queue, exchange or binding name or argument
+    ├── InvalidStreamError            a bad stream id, resume token, TTL or argument
+    ├── StreamFullError               a blocking send whose stream stayed full (retriable,
+    │                                 a subclass of BackpressureError)
+    └── TooManyStreamsError           a new stream beyond stream_max_count (retriable, a
+                                      subclass of BackpressureError)
     └── ProtocolError                 a frame that breaks the binary protocol
         ├── FrameTooLargeError        a frame longer than the connection's limit
         ├── UnknownApiError           an API key the peer does not implement
@@ -102,6 +107,7 @@ __all__ = [
     "InvalidQueueError",
     "InvalidRecordError",
     "InvalidRequestError",
+    "InvalidStreamError",
     "InvalidTopicError",
     "LogClosedError",
     "LogExistsError",
@@ -125,9 +131,11 @@ __all__ = [
     "RequestTimedOutError",
     "ShuttingDownError",
     "StorageError",
+    "StreamFullError",
     "TidewireError",
     "TooManyAuthFailuresError",
     "TooManyRequestsError",
+    "TooManyStreamsError",
     "TopicExistsError",
     "UnknownApiError",
     "UnknownDeliveryTagError",
@@ -634,3 +642,32 @@ class UnknownDeliveryTagError(TidewireError):
 class InvalidQueueError(TidewireError):
     code = 117
     description = "a queue, exchange or binding name or argument that is not allowed"
+
+
+# --- lightweight streams -------------------------------------------------------------------------
+
+
+class InvalidStreamError(TidewireError):
+    """A stream id, resume token, TTL or other argument of a stream operation that is not
+    allowed (the message names which and why)."""
+
+    code = 120
+    description = "a stream id, resume token or argument that is not allowed"
+
+
+class StreamFullError(BackpressureError):
+    """A blocking send whose stream stayed at its ``ring_size`` waiting messages (plus one per
+    receiver waiting) for the whole of ``block_ms``: nothing was stored; retry later."""
+
+    code = 121
+    retriable = True
+    description = "the stream's waiting messages are at its size; retry once receivers caught up"
+
+
+class TooManyStreamsError(BackpressureError):
+    """A send or receive that would create a stream beyond the broker's ``stream_max_count``:
+    nothing was stored; retry once idle streams have been forgotten."""
+
+    code = 122
+    retriable = True
+    description = "the broker holds as many streams as it may"
