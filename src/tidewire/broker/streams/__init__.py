@@ -1,0 +1,1 @@
+"""Lightweight streams: millions of streams multiplexed onto a few shared logs."""

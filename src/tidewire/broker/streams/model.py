@@ -1,0 +1,204 @@
+"""The value types of lightweight streams, shared by the broker core, the server and clients.
+
+A **stream** is named by any string of 1..:data:`MAX_STREAM_ID_CHARS` characters (no NUL) and
+exists while it holds messages or receivers. A message is either kept in memory only (in the
+stream's bounded ring) or **persistent**: written to one of the shared internal partition logs
+(``__streams``, the stream id hashed onto a partition) before the send is answered.
+
+A persistent message has a **position**: ``(offset << 16) | index``, where ``offset`` is the
+record of its partition log that holds it and ``index`` its place among that record's
+messages. Positions grow with every send to a stream, survive restarts, and are what a
+**resume token** encodes (:func:`encode_token`): reading from a token returns the stream's
+persistent messages at or after its position.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import struct
+import zlib
+
+import msgspec
+
+from tidewire.errors import InvalidStreamError
+
+__all__ = [
+    "FROM_END",
+    "FROM_START",
+    "MAX_STREAM_ID_CHARS",
+    "POSITION_BITS",
+    "SendItem",
+    "SendResult",
+    "StreamInfo",
+    "StreamMessage",
+    "StreamStats",
+    "check_stream_id",
+    "decode_token",
+    "encode_token",
+    "partition_of",
+    "position",
+    "split_position",
+]
+
+#: The longest stream id, in characters.
+MAX_STREAM_ID_CHARS = 1024
+#: Bits of a position that hold the index of a message within its record.
+POSITION_BITS = 16
+#: The token that reads a stream from its oldest retained persistent message.
+FROM_START = ""
+#: The token that reads only what is sent after the read began.
+FROM_END = "$"
+
+_TOKEN = struct.Struct(">BIq")  # version, crc32 of the stream id, position
+_TOKEN_VERSION = 1
+
+
+def check_stream_id(stream: str) -> str:
+    """``stream`` if it is a valid stream id.
+
+    Raises:
+        InvalidStreamError: empty, longer than :data:`MAX_STREAM_ID_CHARS`, not a string, or
+            holding a NUL character.
+    """
+    if not isinstance(stream, str) or not stream:
+        raise InvalidStreamError("a stream id must be a non-empty string")
+    if len(stream) > MAX_STREAM_ID_CHARS:
+        raise InvalidStreamError(
+            f"a stream id may have at most {MAX_STREAM_ID_CHARS:,} characters, not {len(stream):,}"
+        )
+    if "\x00" in stream:
+        raise InvalidStreamError("a stream id may not contain NUL characters")
+    return stream
+
+
+def partition_of(stream: str, partitions: int) -> int:
+    """The partition of ``__streams`` that holds ``stream``'s persistent messages."""
+    return zlib.crc32(stream.encode("utf-8", "surrogatepass")) % partitions
+
+
+def position(offset: int, index: int) -> int:
+    """The position of the ``index``-th message of the record at ``offset``."""
+    return (offset << POSITION_BITS) | index
+
+
+def split_position(pos: int) -> tuple[int, int]:
+    """``(offset, index)`` of a position."""
+    return pos >> POSITION_BITS, pos & ((1 << POSITION_BITS) - 1)
+
+
+def encode_token(stream: str, pos: int) -> str:
+    """The opaque resume token of position ``pos`` in ``stream`` (URL-safe, no padding)."""
+    crc = zlib.crc32(stream.encode("utf-8", "surrogatepass"))
+    raw = _TOKEN.pack(_TOKEN_VERSION, crc, pos)
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def decode_token(stream: str, token: str) -> int:
+    """The position a token of ``stream`` encodes.
+
+    :data:`FROM_START` and :data:`FROM_END` are not positions: callers handle them first.
+
+    Raises:
+        InvalidStreamError: not a token, or a token of another stream.
+    """
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        version, crc, pos = _TOKEN.unpack(raw)
+    except (binascii.Error, ValueError, struct.error):
+        raise InvalidStreamError(f"{token[:64]!r} is not a resume token") from None
+    if version != _TOKEN_VERSION or pos < 0:
+        raise InvalidStreamError(f"{token[:64]!r} is not a resume token of this broker")
+    if crc != zlib.crc32(stream.encode("utf-8", "surrogatepass")):
+        raise InvalidStreamError(f"the resume token {token[:64]!r} belongs to another stream")
+    return int(pos)
+
+
+class SendItem(msgspec.Struct, array_like=True, gc=False):
+    """One message to send: ``[stream, value, uuid, ttl_ms, persistent]``.
+
+    ``uuid``: deduplicates (a send whose uuid is among the stream's recent ones stores
+    nothing); empty: none. ``ttl_ms``: the message expires that long after the broker stored
+    it (0: the broker's ``stream_default_ttl_ms``). ``persistent``: written durably and
+    replayable by token, instead of in memory only.
+    """
+
+    stream: str
+    value: bytes
+    uuid: str = ""
+    ttl_ms: int = 0
+    persistent: bool = False
+
+
+class SendResult(msgspec.Struct, array_like=True, gc=False):
+    """The outcome of one :class:`SendItem`: ``[code, message, token]``.
+
+    ``code`` 0: stored; ``-1``: a duplicate (its uuid was sent before; nothing stored);
+    otherwise a tidewire error code with its ``message`` (nothing stored for this item).
+    ``token``: for a stored persistent message, the resume token of its position (reading
+    from it returns this message first)."""
+
+    code: int = 0
+    message: str = ""
+    token: str = ""
+
+
+class StreamMessage(msgspec.Struct, array_like=True, gc=False):
+    """A received message: ``[stream, value, uuid, timestamp_ms, expires_at_ms, token]``.
+
+    ``timestamp_ms``: when the broker stored it. ``token``: for a persistent message, the
+    resume token of the position after it (read from it to continue after this message);
+    empty for a message kept in memory only."""
+
+    stream: str
+    value: bytes
+    uuid: str
+    timestamp_ms: int
+    expires_at_ms: int
+    token: str = ""
+
+
+class StreamInfo(msgspec.Struct, kw_only=True, gc=False):
+    """What :meth:`StreamManager.describe` tells of one stream."""
+
+    stream: str
+    partition: int
+    #: Messages a receive (work-queue mode) would take now: in memory and persistent.
+    waiting: int
+    #: Persistent messages held for reading by token (taken or not, until they expire).
+    persistent: int
+    #: Messages kept in memory only.
+    in_memory: int
+    #: Receivers waiting on the stream now (work-queue and token reads).
+    receivers: int
+    #: The bound of waiting messages (``inMemoryStreamSize``), fixed by its first request.
+    ring_size: int
+    #: Token of the oldest persistent message held ("" when none).
+    first_token: str
+    #: Token of the position after the newest (reading from it waits for the next one).
+    end_token: str
+    #: Broker time of the oldest and newest message held (0: none).
+    oldest_ms: int
+    newest_ms: int
+
+
+class StreamStats(msgspec.Struct, kw_only=True, gc=False):
+    """Counts over every stream (for metrics and ``describe``)."""
+
+    streams: int = 0
+    in_memory_messages: int = 0
+    in_memory_bytes: int = 0
+    persistent_messages: int = 0
+    receivers: int = 0
+    sent_in_memory: int = 0
+    sent_persistent: int = 0
+    duplicates: int = 0
+    received: int = 0  # taken by work-queue receives
+    read: int = 0  # returned by token reads
+    expired: int = 0
+    dropped: int = 0  # pushed out of a full ring by a newer send
+    created: int = 0
+    evicted: int = 0
+    blocked_sends_timed_out: int = 0
+    #: Bytes of the shared partition logs on disk.
+    log_bytes: int = 0
