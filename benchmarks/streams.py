@@ -1,0 +1,831 @@
+"""Lightweight streams at scale: creation rate and memory per stream, eviction of idle
+streams, restart time, long-poll receive latency with many waiting receivers, and the disk
+space per-message TTL gives back.
+
+Usage::
+
+    python benchmarks/streams.py [--streams N] [--reps R] [--only create,evict,restart,
+        longpoll,ttl] [--value-bytes B] [--batch B] [--in-flight F] [--fsync POLICY]
+        [--idle-ms MS] [--http-receivers H] [--binary-receivers K] [--streams-per-receive S]
+        [--binary-connections C] [--sends M] [--send-rate R] [--ttl-segments G]
+        [--segment-bytes B] [--timeout S] [--json]
+
+    python benchmarks/streams.py --streams 20000 --http-receivers 500 \\
+        --binary-receivers 5000 --sends 200 --reps 1        # a quick run, ~1 minute
+
+Every part starts ``tidewire serve`` in a process of its own on free loopback ports over a
+scratch data directory (so the broker and this client do not share an interpreter) and
+stops it by its PID at the end (SIGTERM, then SIGKILL). Stream ids are 16 characters
+(``s-`` and 14 digits). Progress goes to stderr; ``--json`` prints the figures as one
+JSON object.
+
+- **create**: N streams, each created by one persistent message of ``--value-bytes``
+  through :meth:`client.streams.send_many` (requests of ``--batch`` items, ``--in-flight``
+  of them under way at once), at the broker's default fsync policy unless ``--fsync``:
+  streams per second from the first send to the last answer. The broker's resident
+  memory (``RssAnon``: its heap, not the page cache of the log files) once settled,
+  before and after: bytes per stream. A persistent message's value is in the log on disk,
+  not in the index, so that figure is all index; the in-memory bytes the broker accounts
+  for itself (``StreamStats.in_memory_bytes``) are subtracted anyway. Medians of ``--reps``
+  fresh brokers.
+- **evict**: one broker with ``stream_idle_ms`` = ``--idle-ms``; per rep, N in-memory
+  messages to N distinct streams, all taken with ``receive_many`` (1,000 streams per
+  request), then the time until the broker's idle eviction has forgotten them all
+  (``stats().streams`` 0) and its RSS then, against its baseline before the first rep
+  (CPython keeps freed memory for reuse: the later reps show whether it is reused).
+- **restart**: the last create rep's broker (N persistent streams) stopped with SIGTERM
+  and started again ``--reps`` times: seconds from the process's start to its first
+  successful request (``describe`` of the last stream created, which must answer with its
+  one persistent message: the index is rebuilt by then) and to ``stats()`` answering N
+  streams; its RSS after the rebuild.
+- **longpoll**: H streams each with one HTTP long-poll receiver
+  (``GET /v1/streams/{id}/messages?wait_ms=..``: httpx, one connection each) and K
+  streams waited on over the binary protocol (``receive_many`` of ``--streams-per-receive``
+  streams per request, over ``--binary-connections`` connections), all waiting at once
+  (the broker's ``stats().receivers`` says so before the clock starts); then ``--sends``
+  in-memory sends at ``--send-rate`` per second, each to a random stream that is not
+  holding an undelivered one, half to HTTP streams and half to binary ones: latency from
+  just before the send to the receiver having the message (one process, one clock);
+  p50/p99/max per kind. The receivers re-issue their request at once after each answer.
+  Medians of ``--reps`` rounds over the same receivers.
+- **ttl**: a broker with ``stream_segment_bytes`` = ``--segment-bytes``; persistent
+  messages of 1 KiB with a TTL of 3 s fill ``--ttl-segments`` segments of ``__streams``;
+  the bytes of the ``__streams`` partition directories on disk then, and once the messages
+  have expired and the broker has deleted the whole segments they held.
+
+Results on the 2-core development machine: ``benchmarks/results/streams.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tidewire.broker.streams.model import SendItem, StreamStats
+from tidewire.client import AsyncClient
+
+#: Requests of send_many/receive_many carry at most this many items (the client's own split).
+MAX_BATCH = 10_000
+#: Long-poll wait of the receivers, ms (they re-issue it when it ends with nothing).
+LONG_POLL_MS = 60_000
+#: Bytes of each message of the ttl part.
+TTL_VALUE_BYTES = 1024
+TTL_MS = 3000
+
+
+def progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def quantile(xs: Sequence[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(int(q * len(s)), len(s) - 1)] if s else 0.0
+
+
+def stream_id(prefix: str, i: int) -> str:
+    """A 16-character stream id."""
+    return f"{prefix}-{i:014d}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _proc_status(pid: int, name: str) -> int:
+    """A ``kB`` field of /proc/PID/status, in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(name + ":"):
+                return int(line.split()[1]) * 1024
+    raise SystemExit(f"/proc/{pid}/status has no {name}")
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+class Broker:
+    """``tidewire serve`` over ``data_dir``, started (and started again) on free ports;
+    stopped by its PID."""
+
+    def __init__(self, data_dir: Path, env: dict[str, str], flags: Sequence[str], http: bool):
+        self.data_dir = data_dir
+        self.env = env
+        self.flags = list(flags)
+        self.http = http
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.http_port = 0
+        self.started_at = 0.0
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> None:
+        """Start it; returns once its ports accept connections."""
+        self.port = _free_port()
+        extra = []
+        if self.http:
+            self.http_port = _free_port()
+            extra = ["--http-port", str(self.http_port)]
+        self.started_at = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                *("-m", "tidewire", "serve", "--data-dir", str(self.data_dir)),
+                *("--port", str(self.port), *extra, *self.flags),
+            ],
+            stdout=subprocess.DEVNULL,
+            env={**os.environ, **self.env},
+        )
+        deadline = time.monotonic() + 120
+        for p in (self.port, self.http_port if self.http else None):
+            while p is not None:
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", p)):
+                    break
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"the broker did not start (exit code {self.proc.poll()})")
+                time.sleep(0.01)
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def rss_anon(self) -> int:
+        return _proc_status(self.pid, "RssAnon")
+
+    def vm_rss(self) -> int:
+        return _proc_status(self.pid, "VmRSS")
+
+    async def settled_rss(self) -> int:
+        """RssAnon once it stops moving."""
+        last = self.rss_anon()
+        for _ in range(40):
+            await asyncio.sleep(0.25)
+            now = self.rss_anon()
+            if abs(now - last) < 256 * 1024:
+                return now
+            last = now
+        return last
+
+
+@contextlib.contextmanager
+def broker(env: dict[str, str] | None = None, *flags: str, http: bool = False) -> Iterator[Broker]:
+    with tempfile.TemporaryDirectory(prefix="tidewire-streams-bench-") as data:
+        b = Broker(Path(data) / "data", env or {}, flags, http)
+        b.start()
+        try:
+            yield b
+        finally:
+            b.stop()
+
+
+def stream_env(**settings: int) -> dict[str, str]:
+    """``TIDEWIRE_STREAM_*`` environment variables of ``serve`` settings."""
+    return {f"TIDEWIRE_{k.upper()}": str(v) for k, v in settings.items()}
+
+
+def fsync_flags(args: argparse.Namespace) -> list[str]:
+    return ["--fsync", args.fsync] if args.fsync else []
+
+
+async def send_all(
+    client: AsyncClient, items: Sequence[SendItem], batch: int, in_flight: int
+) -> None:
+    """``items`` through ``send_many`` in requests of ``batch``, ``in_flight`` at once;
+    every result must be "stored"."""
+    slots = asyncio.Semaphore(in_flight)
+    failures: list[str] = []
+
+    async def one(chunk: Sequence[SendItem]) -> None:
+        try:
+            results = await client.streams.send_many(chunk)
+        finally:
+            slots.release()
+        bad = [(it.stream, r.code, r.message) for it, r in zip(chunk, results, strict=True)]
+        bad = [b for b in bad if b[1] != 0]
+        if bad:
+            failures.append(f"{len(bad):,} of {len(chunk):,} sends failed, first: {bad[0]}")
+
+    tasks = []
+    for i in range(0, len(items), batch):
+        await slots.acquire()
+        if failures:
+            break
+        tasks.append(asyncio.create_task(one(items[i : i + batch])))
+    await asyncio.gather(*tasks)
+    if failures:
+        raise SystemExit(failures[0])
+
+
+# -- create --------------------------------------------------------------------------------
+
+
+@dataclass
+class Create:
+    streams: int
+    seconds: float
+    streams_per_s: float
+    rss_before: int
+    rss_after: int
+    vm_rss_after: int
+    in_memory_bytes: int
+    bytes_per_stream: float
+    log_bytes: int
+
+
+async def create(b: Broker, args: argparse.Namespace, prefix: str = "s") -> Create:
+    n = args.streams
+    value = b"v" * args.value_bytes
+    async with AsyncClient(b.addr, request_timeout_s=args.timeout) as client:
+        # Untimed: the connection, the __streams topic, every path once.
+        await client.streams.send("warm-up", value, persistent=True)
+        rss0 = await b.settled_rss()
+        items = [SendItem(stream_id(prefix, i), value, persistent=True) for i in range(n)]
+        start = time.perf_counter()
+        await send_all(client, items, args.batch, args.in_flight)
+        elapsed = time.perf_counter() - start
+        del items
+        rss1 = await b.settled_rss()
+        stats: StreamStats = await client.streams.stats()
+        if stats.streams < n or stats.persistent_messages < n:
+            raise SystemExit(
+                f"after {n:,} sends the broker holds {stats.streams:,} streams and "
+                f"{stats.persistent_messages:,} persistent messages"
+            )
+        info = await client.streams.describe(stream_id(prefix, n - 1))
+        if info is None or info.persistent != 1:
+            raise SystemExit(f"describe of the last stream created: {info}")
+    return Create(
+        n,
+        elapsed,
+        n / elapsed,
+        rss0,
+        rss1,
+        b.vm_rss(),
+        stats.in_memory_bytes,
+        (rss1 - rss0 - stats.in_memory_bytes) / n,
+        stats.log_bytes,
+    )
+
+
+# -- evict ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Evict:
+    streams: int
+    rss_baseline: int
+    rss_full: int
+    rss_taken: int
+    rss_evicted: int
+    in_memory_bytes_full: int
+    evict_s: float
+    streams_after: int
+    evicted: int
+    bytes_per_stream_full: float
+
+
+async def evict_round(
+    b: Broker, args: argparse.Namespace, client: AsyncClient, base: int, rep: int
+) -> Evict:
+    n = args.streams
+    ids = [stream_id(f"e{rep}", i) for i in range(n)]
+    value = b"v" * args.value_bytes
+    await send_all(client, [SendItem(s, value) for s in ids], args.batch, args.in_flight)
+    full = await b.settled_rss()
+    stats = await client.streams.stats()
+    in_mem = stats.in_memory_bytes
+    if stats.streams < n:
+        raise SystemExit(f"{n:,} in-memory sends, {stats.streams:,} streams")
+    taken = 0
+    slots = asyncio.Semaphore(args.in_flight)
+
+    async def take(chunk: list[str]) -> None:
+        nonlocal taken
+        async with slots:
+            got = await client.streams.receive_many(chunk, max_messages=len(chunk))
+        taken += len(got)
+
+    await asyncio.gather(*(take(ids[i : i + 1000]) for i in range(0, n, 1000)))
+    if taken != n:
+        raise SystemExit(f"{n:,} in-memory messages sent, {taken:,} taken")
+    taken_rss = await b.settled_rss()
+    start = time.perf_counter()
+    deadline = start + args.idle_ms / 1000 + args.timeout
+    evicted_before = stats.evicted
+    while (stats := await client.streams.stats()).streams > 0:
+        if time.perf_counter() > deadline:
+            raise SystemExit(
+                f"{stats.streams:,} streams left {time.perf_counter() - start:.0f} s after "
+                f"they were emptied (stream_idle_ms={args.idle_ms:,})"
+            )
+        await asyncio.sleep(0.1)
+    evict_s = time.perf_counter() - start
+    evicted = await b.settled_rss()
+    return Evict(
+        n,
+        base,
+        full,
+        taken_rss,
+        evicted,
+        in_mem,
+        evict_s,
+        stats.streams,
+        stats.evicted - evicted_before,
+        (full - base - in_mem) / n,
+    )
+
+
+async def evict(b: Broker, args: argparse.Namespace) -> list[Evict]:
+    out = []
+    async with AsyncClient(b.addr, request_timeout_s=args.timeout) as client:
+        # Untimed: every path once, then its own eviction.
+        await client.streams.send("warm-up", b"x")
+        await client.streams.receive("warm-up")
+        await asyncio.sleep(args.idle_ms / 1000 + 2)
+        base = await b.settled_rss()
+        for rep in range(1, args.reps + 1):
+            e = await evict_round(b, args, client, base, rep)
+            progress(
+                f"evict rep {rep}/{args.reps}: {e.streams:,} in-memory streams: RSS "
+                f"{mib(e.rss_baseline)} -> {mib(e.rss_full)} full ({e.bytes_per_stream_full:,.0f} "
+                f"B/stream beyond {e.in_memory_bytes_full / e.streams:,.0f} B of values) -> "
+                f"{mib(e.rss_taken)} taken -> {mib(e.rss_evicted)} evicted "
+                f"{e.evict_s:.1f} s after the last take ({e.evicted:,} evicted, "
+                f"{e.streams_after} left)"
+            )
+            out.append(e)
+    return out
+
+
+# -- restart -------------------------------------------------------------------------------
+
+
+@dataclass
+class Restart:
+    streams: int
+    ready_s: float
+    stats_s: float
+    listening_s: float
+    rss: int
+
+
+async def _first_answer(b: Broker, last: str, n: int) -> Restart:
+    async with AsyncClient(b.addr, request_timeout_s=120) as client:
+        listening = time.perf_counter() - b.started_at
+        info = await client.streams.describe(last)
+        ready = time.perf_counter() - b.started_at
+        if info is None or info.persistent != 1:
+            raise SystemExit(f"after a restart, describe({last!r}) = {info}")
+        stats = await client.streams.stats()
+        stats_s = time.perf_counter() - b.started_at
+        if stats.streams < n:
+            raise SystemExit(f"after a restart, {stats.streams:,} streams of {n:,}")
+    return Restart(n, ready, stats_s, listening, await b.settled_rss())
+
+
+def restart(b: Broker, args: argparse.Namespace) -> list[Restart]:
+    out = []
+    for rep in range(1, args.reps + 1):
+        b.stop()
+        b.start()
+        r = asyncio.run(_first_answer(b, stream_id("s", args.streams - 1), args.streams))
+        progress(
+            f"restart {rep}/{args.reps} with {r.streams:,} persistent streams: ports open "
+            f"{r.listening_s:.2f} s, first answer {r.ready_s:.2f} s, stats {r.stats_s:.2f} s "
+            f"after the process started; RSS {mib(r.rss)}"
+        )
+        out.append(r)
+    return out
+
+
+# -- longpoll ------------------------------------------------------------------------------
+
+
+@dataclass
+class Latency:
+    kind: str
+    receivers: int
+    sends: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+
+
+@dataclass
+class _Waiting:
+    """Sends whose message has not been received yet: stream -> send time (perf_counter)."""
+
+    sent_at: dict[str, float] = field(default_factory=dict)
+    http_lat: list[float] = field(default_factory=list)
+    bin_lat: list[float] = field(default_factory=list)
+    delivered: asyncio.Event = field(default_factory=asyncio.Event)
+    errors: list[str] = field(default_factory=list)
+
+    def got(self, stream: str, into: list[float]) -> None:
+        now = time.perf_counter()
+        t0 = self.sent_at.pop(stream, None)
+        if t0 is None:
+            self.errors.append(f"{stream}: a message nobody sent (or received twice)")
+            return
+        into.append((now - t0) * 1000)
+        if not self.sent_at:
+            self.delivered.set()
+
+
+def _http_count(body: Any) -> int:
+    """Messages in a long-poll answer (a list, or an object holding ``messages``)."""
+    if isinstance(body, dict):
+        body = body.get("messages", [])
+    if not isinstance(body, list):
+        raise SystemExit(f"a long-poll answer that is not a list of messages: {body!r:.200}")
+    return len(body)
+
+
+async def _http_receiver(http: Any, stream: str, w: _Waiting) -> None:
+    from urllib.parse import quote
+
+    path = f"/v1/streams/{quote(stream, safe='')}/messages"
+    params = {"wait_ms": str(LONG_POLL_MS), "max": "1"}
+    while True:
+        r = await http.get(path, params=params)
+        if r.status_code != 200:
+            w.errors.append(f"GET {path}: {r.status_code} {r.text[:200]}")
+            return
+        for _ in range(_http_count(r.json())):
+            w.got(stream, w.http_lat)
+
+
+async def _binary_receiver(client: AsyncClient, streams: list[str], w: _Waiting) -> None:
+    while True:
+        got = await client.streams.receive_many(
+            streams, max_messages=len(streams), wait_ms=LONG_POLL_MS
+        )
+        for m in got:
+            w.got(m.stream, w.bin_lat)
+
+
+async def longpoll(b: Broker, args: argparse.Namespace) -> list[tuple[Latency, Latency]]:
+    import httpx
+
+    h, k, per = args.http_receivers, args.binary_receivers, args.streams_per_receive
+    http_ids = [stream_id("h", i) for i in range(h)]
+    bin_ids = [stream_id("b", i) for i in range(k)]
+    w = _Waiting()
+    timeout_s = LONG_POLL_MS / 1000 + 60
+    # One httpx client per 100 receivers: a pool's cost grows with its connections.
+    https = [
+        httpx.AsyncClient(
+            base_url=b.url,
+            timeout=timeout_s,
+            limits=httpx.Limits(max_connections=100, max_keepalive_connections=100),
+        )
+        for _ in range(0, h, 100)
+    ]
+    requests = -(-k // per)
+    conns = [
+        AsyncClient(
+            b.addr,
+            request_timeout_s=timeout_s,
+            max_in_flight=-(-requests // args.binary_connections) + 1,
+        )
+        for _ in range(args.binary_connections)
+    ]
+    sender = AsyncClient(b.addr, request_timeout_s=args.timeout)
+    tasks: list[asyncio.Task[None]] = []
+    rounds = []
+    try:
+        for i, s in enumerate(http_ids):
+            tasks.append(asyncio.create_task(_http_receiver(https[i // 100], s, w)))
+            if i % 500 == 499:
+                await asyncio.sleep(0.01)  # let connections open, not all in one burst
+        for j, i in enumerate(range(0, k, per)):
+            conn = conns[j % len(conns)]
+            tasks.append(asyncio.create_task(_binary_receiver(conn, bin_ids[i : i + per], w)))
+        deadline = time.perf_counter() + args.timeout
+        while (stats := await sender.streams.stats()).receivers < h + k:
+            for t in tasks:
+                if t.done():
+                    t.result()
+            if w.errors:
+                raise SystemExit(w.errors[0])
+            if time.perf_counter() > deadline:
+                raise SystemExit(
+                    f"only {stats.receivers:,} of {h + k:,} receivers waiting after "
+                    f"{args.timeout:.0f} s"
+                )
+            await asyncio.sleep(0.5)
+        progress(
+            f"longpoll: {stats.receivers:,} receivers waiting ({h:,} HTTP, {k:,} streams over "
+            f"{requests:,} binary requests on {len(conns)} connections), broker RSS "
+            f"{mib(b.rss_anon())}"
+        )
+        for rep in range(1, args.reps + 1):
+            w.http_lat, w.bin_lat = [], []
+            await _paced_sends(sender, http_ids, bin_ids, w, args)
+            if w.errors:
+                raise SystemExit(w.errors[0])
+            lat = (
+                Latency("http", h, len(w.http_lat), *_pcts(w.http_lat)),
+                Latency("binary", k, len(w.bin_lat), *_pcts(w.bin_lat)),
+            )
+            for x in lat:
+                progress(
+                    f"longpoll rep {rep}/{args.reps} {x.kind} ({x.receivers:,} receivers, "
+                    f"{x.sends:,} sends): p50 {x.p50_ms:.2f} ms, p99 {x.p99_ms:.2f} ms, max "
+                    f"{x.max_ms:.2f} ms"
+                )
+            rounds.append(lat)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for c in [*conns, sender]:
+            await c.close()
+        for hc in https:
+            await hc.aclose()
+    return rounds
+
+
+def _pcts(xs: list[float]) -> tuple[float, float, float]:
+    return quantile(xs, 0.5), quantile(xs, 0.99), max(xs, default=0.0)
+
+
+async def _paced_sends(
+    sender: AsyncClient,
+    http_ids: list[str],
+    bin_ids: list[str],
+    w: _Waiting,
+    args: argparse.Namespace,
+) -> None:
+    """``--sends`` in-memory sends at ``--send-rate``/s, alternately to a random HTTP and a
+    random binary stream that holds no undelivered message; returns once all are received."""
+    rng = random.Random(1)
+    tasks: set[asyncio.Task[None]] = set()
+    w.delivered.clear()
+
+    async def send(stream: str) -> None:
+        w.sent_at[stream] = time.perf_counter()
+        await sender.streams.send(stream, b"x" * 64)
+
+    start = time.perf_counter()
+    for i in range(args.sends):
+        ids = http_ids if (i % 2 == 0 and http_ids) or not bin_ids else bin_ids
+        while (s := rng.choice(ids)) in w.sent_at:
+            pass
+        t = asyncio.create_task(send(s))
+        tasks.add(t)
+        t.add_done_callback(tasks.discard)
+        delay = start + (i + 1) / args.send_rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+    while tasks:
+        await asyncio.gather(*tasks)
+    if w.sent_at:
+        try:
+            await asyncio.wait_for(w.delivered.wait(), args.timeout)
+        except TimeoutError:
+            raise SystemExit(
+                f"{len(w.sent_at):,} sends not received {args.timeout:.0f} s later"
+            ) from None
+
+
+# -- ttl -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Ttl:
+    messages: int
+    segment_bytes: int
+    disk_before: int
+    disk_after: int
+    log_bytes_before: int
+    log_bytes_after: int
+    reclaim_s: float
+
+
+def streams_dirs(data_dir: Path) -> list[Path]:
+    return [p for p in data_dir.iterdir() if p.is_dir() and p.name.startswith("__streams-")]
+
+
+async def ttl(b: Broker, args: argparse.Namespace) -> Ttl:
+    n = args.ttl_segments * args.segment_bytes // TTL_VALUE_BYTES
+    value = b"t" * TTL_VALUE_BYTES
+    async with AsyncClient(b.addr, request_timeout_s=args.timeout) as client:
+        items = [
+            SendItem(stream_id("t", i % 1000), value, ttl_ms=TTL_MS, persistent=True)
+            for i in range(n)
+        ]
+        await send_all(client, items, 100, args.in_flight)
+        before = sum(dir_bytes(p) for p in streams_dirs(b.data_dir))
+        log_before = (await client.streams.stats()).log_bytes
+        progress(
+            f"ttl: {n:,} persistent messages of {TTL_VALUE_BYTES} B, TTL {TTL_MS} ms: "
+            f"__streams {before:,} B on disk ({log_before:,} B by the broker's count)"
+        )
+        start = time.perf_counter()
+        deadline = start + TTL_MS / 1000 + args.timeout
+        while True:
+            await asyncio.sleep(0.5)
+            now = sum(dir_bytes(p) for p in streams_dirs(b.data_dir))
+            if now < before // 4 or time.perf_counter() > deadline:
+                break
+        reclaim = time.perf_counter() - start
+        stats = await client.streams.stats()
+        if stats.persistent_messages:
+            raise SystemExit(f"{stats.persistent_messages:,} persistent messages after expiry")
+        return Ttl(n, args.segment_bytes, before, now, log_before, stats.log_bytes, reclaim)
+
+
+# -- main ----------------------------------------------------------------------------------
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+PARTS = ("create", "evict", "restart", "longpoll", "ttl")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--streams", type=int, default=1_000_000, help="streams (default 1000000)")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions; figures are medians")
+    ap.add_argument("--only", default=",".join(PARTS), help="parts to run, comma-separated")
+    ap.add_argument("--value-bytes", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=MAX_BATCH, help="items per send request")
+    ap.add_argument("--in-flight", type=int, default=4, help="send requests under way")
+    ap.add_argument("--fsync", default="", help="the broker's fsync policy (default: its own)")
+    ap.add_argument("--idle-ms", type=int, default=2000, help="evict: stream_idle_ms")
+    ap.add_argument("--http-receivers", type=int, default=10_000)
+    ap.add_argument("--binary-receivers", type=int, default=100_000)
+    ap.add_argument("--streams-per-receive", type=int, default=1000)
+    ap.add_argument("--binary-connections", type=int, default=4)
+    ap.add_argument("--sends", type=int, default=2000, help="longpoll: sends per rep")
+    ap.add_argument("--send-rate", type=float, default=500, help="longpoll: sends per second")
+    ap.add_argument("--ttl-segments", type=int, default=8)
+    ap.add_argument("--segment-bytes", type=int, default=1 << 20, help="ttl: segment size")
+    ap.add_argument("--timeout", type=float, default=300.0, help="bound of each wait, seconds")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = ap.parse_args()
+    parts = [p.strip() for p in args.only.split(",") if p.strip()]
+    for p in parts:
+        if p not in PARTS:
+            ap.error(f"--only: unknown part {p!r} (parts: {', '.join(PARTS)})")
+    for name in ("streams", "reps", "batch", "in_flight", "streams_per_receive"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
+    if args.batch > MAX_BATCH:
+        ap.error(f"--batch {args.batch:,} exceeds the {MAX_BATCH:,} items of one request")
+    figures: dict[str, Any] = {"streams": args.streams, "reps": args.reps, "fsync": args.fsync}
+
+    creates: list[Create] = []
+    if "create" in parts or "restart" in parts:
+        for rep in range(1, args.reps + 1):
+            last = rep == args.reps
+            cm = broker(None, *fsync_flags(args))
+            b = cm.__enter__()
+            try:
+                c = asyncio.run(create(b, args))
+                creates.append(c)
+                progress(
+                    f"create rep {rep}/{args.reps}: {c.streams:,} persistent streams in "
+                    f"{c.seconds:.2f} s = {c.streams_per_s:,.0f} streams/s; RSS "
+                    f"{mib(c.rss_before)} -> {mib(c.rss_after)} (VmRSS {mib(c.vm_rss_after)}): "
+                    f"{c.bytes_per_stream:,.0f} B/stream; log {c.log_bytes:,} B"
+                )
+                if last and "restart" in parts:
+                    rs = restart(b, args)
+                    figures["restart"] = {
+                        "ready_s": statistics.median(r.ready_s for r in rs),
+                        "stats_s": statistics.median(r.stats_s for r in rs),
+                        "rss": statistics.median(r.rss for r in rs),
+                        "runs": [asdict(r) for r in rs],
+                    }
+            finally:
+                cm.__exit__(None, None, None)
+        figures["create"] = {
+            "streams_per_s": statistics.median(c.streams_per_s for c in creates),
+            "bytes_per_stream": statistics.median(c.bytes_per_stream for c in creates),
+            "rss_after": statistics.median(c.rss_after for c in creates),
+            "runs": [asdict(c) for c in creates],
+        }
+    if "evict" in parts:
+        with broker(stream_env(stream_idle_ms=args.idle_ms)) as b:
+            es = asyncio.run(evict(b, args))
+        figures["evict"] = {
+            "bytes_per_stream_full": statistics.median(e.bytes_per_stream_full for e in es),
+            "evict_s": statistics.median(e.evict_s for e in es),
+            "rss_baseline": es[0].rss_baseline,
+            "rss_evicted": statistics.median(e.rss_evicted for e in es),
+            "runs": [asdict(e) for e in es],
+        }
+    if "longpoll" in parts:
+        flags = [
+            *("--http-max-connections", str(args.http_receivers + 100)),
+            *("--http-max-connections-per-source", str(args.http_receivers + 100)),
+        ]
+        with broker(None, *flags, http=True) as b:
+            rounds = asyncio.run(longpoll(b, args))
+        figures["longpoll"] = {
+            kind: {
+                "receivers": rounds[0][i].receivers,
+                "p50_ms": statistics.median(r[i].p50_ms for r in rounds),
+                "p99_ms": statistics.median(r[i].p99_ms for r in rounds),
+                "max_ms": statistics.median(r[i].max_ms for r in rounds),
+            }
+            for i, kind in enumerate(("http", "binary"))
+        }
+        figures["longpoll"]["runs"] = [[asdict(x) for x in r] for r in rounds]
+    if "ttl" in parts:
+        env = stream_env(stream_segment_bytes=args.segment_bytes)
+        with broker(env) as b:
+            t = asyncio.run(ttl(b, args))
+        progress(
+            f"ttl: __streams on disk {t.disk_before:,} B -> {t.disk_after:,} B "
+            f"{t.reclaim_s:.1f} s after the last send (broker's count {t.log_bytes_before:,} -> "
+            f"{t.log_bytes_after:,} B)"
+        )
+        figures["ttl"] = asdict(t)
+    report(figures, args)
+
+
+def report(f: dict[str, Any], args: argparse.Namespace) -> None:
+    if args.json:
+        print(json.dumps(f, indent=2))
+        return
+    lines = [f"lightweight streams, {args.streams:,} streams, medians of {args.reps}:"]
+    if "create" in f:
+        c = f["create"]
+        lines.append(
+            f"  create (1 persistent message each): {c['streams_per_s']:,.0f} streams/s "
+            f"(target >= 100,000); {c['bytes_per_stream']:,.0f} B/stream (target <= 600); "
+            f"RSS {mib(c['rss_after'])} (target <= 1 GiB)"
+        )
+    if "restart" in f:
+        r = f["restart"]
+        lines.append(
+            f"  restart: first answer {r['ready_s']:.2f} s after the process started "
+            f"(target <= 10 s); RSS {mib(r['rss'])}"
+        )
+    if "evict" in f:
+        e = f["evict"]
+        lines.append(
+            f"  evict: {e['bytes_per_stream_full']:,.0f} B/stream while full; all evicted "
+            f"{e['evict_s']:.1f} s after emptied (stream_idle_ms={args.idle_ms:,}); RSS "
+            f"{mib(e['rss_baseline'])} baseline -> {mib(e['rss_evicted'])} after eviction"
+        )
+    if "longpoll" in f:
+        for kind in ("http", "binary"):
+            x = f["longpoll"][kind]
+            lines.append(
+                f"  long-poll {kind}, {x['receivers']:,} receivers: p50 {x['p50_ms']:.2f} ms, "
+                f"p99 {x['p99_ms']:.2f} ms, max {x['max_ms']:.2f} ms (target <= 10 ms)"
+            )
+    if "ttl" in f:
+        t = f["ttl"]
+        lines.append(
+            f"  TTL reclaim: __streams {t['disk_before']:,} B -> {t['disk_after']:,} B on disk "
+            f"{t['reclaim_s']:.1f} s after the sends (TTL {TTL_MS} ms)"
+        )
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()
