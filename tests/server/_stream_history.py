@@ -62,8 +62,9 @@ class Taken:
 @dataclass(frozen=True, slots=True)
 class TakeLost:
     """A work-queue receive of ``streams`` (up to ``max_messages``) ended without an answer
-    (its connection went with a kill): the broker may have taken up to ``max_messages`` of
-    their messages for it (a take is at most once)."""
+    (its connection went with a kill, or it found no broker): the broker may have taken up
+    to ``max_messages`` of their messages for it (a take is at most once). A receiver has
+    one receive under way at a time."""
 
     receiver: str
     streams: tuple[str, ...]
@@ -110,10 +111,14 @@ def check_stream_history(events: Iterable[Event], *, readers_complete: bool = Tr
         - ``sent twice``: one value with two ``Sent`` events (the test's own bug);
         - ``taken twice``: a value returned by two work-queue receives;
         - ``stored twice``: a value at two positions (taken or read with two tokens);
-        - ``take order``: a stream's takes not in position order;
+        - ``take order``: one receiver's takes of a stream not in position order (the takes
+          of several receivers may be answered in another order than the broker made them:
+          each answer waits for its take record to be durable);
         - ``lost``: an acknowledged value never taken, beyond what the take requests lost
           with a kill can explain (each may have taken up to its ``max_messages``, of its
-          own streams only); or (``readers_complete``) one a reader of its stream never read;
+          own streams only; one per receiver between two kills: a receiver has one request
+          under way at a time, and its retries until the broker is back reach no broker);
+          or (``readers_complete``) one a reader of its stream never read;
         - ``read twice``: a reader got one value twice;
         - ``read order``: a reader's values of a stream not in send order, or its tokens not
           growing;
@@ -123,10 +128,12 @@ def check_stream_history(events: Iterable[Event], *, readers_complete: bool = Tr
     sent: dict[bytes, Sent] = {}
     order: dict[str, list[bytes]] = defaultdict(list)  # stream -> values in send order
     takes: dict[bytes, list[Taken]] = defaultdict(list)
-    takes_of: dict[str, list[Taken]] = defaultdict(list)
+    takes_of: dict[tuple[str, str], list[Taken]] = defaultdict(list)  # (receiver, stream)
     lost_takes: list[TakeLost] = []
     reads: dict[tuple[str, str], list[Read]] = defaultdict(list)  # (reader, stream)
     tokens_of: dict[bytes, set[str]] = defaultdict(set)
+    kills = 0
+    cut: set[tuple[str, int]] = set()
 
     for e in events:
         match e:
@@ -137,15 +144,20 @@ def check_stream_history(events: Iterable[Event], *, readers_complete: bool = Tr
                 order[e.stream].append(e.value)
             case Taken():
                 takes[e.value].append(e)
-                takes_of[e.stream].append(e)
+                takes_of[(e.receiver, e.stream)].append(e)
                 tokens_of[e.value].add(e.token)
             case TakeLost():
-                lost_takes.append(e)
+                # One request per receiver can be cut by a kill (each receiver has one under
+                # way at a time); its retries before the next kill found no broker or were
+                # answered.
+                if (e.receiver, kills) not in cut:
+                    cut.add((e.receiver, kills))
+                    lost_takes.append(e)
             case Read():
                 reads[(e.reader, e.stream)].append(e)
                 tokens_of[e.value].add(e.token)
             case Killed():
-                pass
+                kills += 1
 
     def known(stream: str, value: bytes, what: str) -> bool:
         s = sent.get(value)
@@ -183,7 +195,7 @@ def check_stream_history(events: Iterable[Event], *, readers_complete: bool = Tr
             problems.append(
                 f"stored twice: {value!r} of {sent[value].stream!r} at tokens {sorted(toks)}"
             )
-    for stream, ts in sorted(takes_of.items()):
+    for (receiver, stream), ts in sorted(takes_of.items()):
         last: tuple[int, bytes] | None = None
         for t in ts:
             p = pos(stream, t.token)
@@ -191,8 +203,8 @@ def check_stream_history(events: Iterable[Event], *, readers_complete: bool = Tr
                 continue
             if last is not None and p <= last[0] and t.value != last[1]:
                 problems.append(
-                    f"take order: {t.value!r} of {stream!r} (position {p}) taken after "
-                    f"{last[1]!r} (position {last[0]})"
+                    f"take order: {receiver} took {t.value!r} of {stream!r} (position {p}) "
+                    f"after {last[1]!r} (position {last[0]})"
                 )
             last = (p, t.value)
 

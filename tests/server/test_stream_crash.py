@@ -50,7 +50,9 @@ RECEIVERS = 3
 TAKE_MAX = 2
 WAIT_MS = 300
 #: Far above what a stream holds in this test: no send pushes an older message out of the
-#: work queue (the ring's bound applies to waiting messages, persistent ones too).
+#: work queue (the ring's bound applies to waiting messages, persistent ones too). Given on
+#: every request (the one that creates a stream fixes it) and as the broker's default (a
+#: stream rebuilt at a restart has the default).
 RING_SIZE = 100_000
 #: The client's bound of one request: a request cut by a kill fails with its connection at
 #: once; one sent to a broker that is starting waits for it.
@@ -101,7 +103,7 @@ async def _send(
         outcome: SendOutcome = "unknown"
         while time.monotonic() < deadline:
             try:
-                (result,) = await client.streams.send_many([item])
+                (result,) = await client.streams.send_many([item], ring_size=RING_SIZE)
             except TidewireError as exc:
                 if not exc.retriable:
                     run.errors.append(f"sending {value!r}: {exc!r}")
@@ -131,7 +133,7 @@ async def _receive(run: _Run, name: str, addr: str, streams: list[str]) -> None:
         while not run.finish.is_set():
             try:
                 got = await client.streams.receive_many(
-                    order, max_messages=TAKE_MAX, wait_ms=WAIT_MS
+                    order, max_messages=TAKE_MAX, wait_ms=WAIT_MS, ring_size=RING_SIZE
                 )
             except TidewireError as exc:
                 if not exc.retriable:
@@ -197,7 +199,7 @@ async def _load_and_kill(run: _Run, server: BrokerProcess, plan: Plan, seed: int
     workers.append(asyncio.create_task(_read(run, server.addr, streams), name="reader"))
     try:
         for k in range(1, plan.kills + 1):
-            await asyncio.sleep(rng.uniform(0.3, 1.0))
+            await asyncio.sleep(rng.uniform(0.2, 0.6))
             run.events.append(Killed(k))
             code = await asyncio.to_thread(server.stop, signal.SIGKILL)
             assert code == -signal.SIGKILL, server.log_tail()
