@@ -134,6 +134,7 @@ class Broker:
         self.port = 0
         self.http_port = 0
         self.started_at = 0.0
+        self.starts = 0
 
     @property
     def addr(self) -> str:
@@ -156,6 +157,8 @@ class Broker:
             self.http_port = _free_port()
             extra = ["--http-port", str(self.http_port)]
         self.started_at = time.perf_counter()
+        self.starts += 1
+        log = open(self.data_dir.parent / f"server-{self.starts}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -163,16 +166,25 @@ class Broker:
                 *("--port", str(self.port), *extra, *self.flags),
             ],
             stdout=subprocess.DEVNULL,
+            stderr=log,
             env={**os.environ, **self.env},
         )
+        log.close()
         deadline = time.monotonic() + 120
         for p in (self.port, self.http_port if self.http else None):
             while p is not None:
                 with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", p)):
                     break
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"the broker did not start (exit code {self.proc.poll()})")
+                    raise SystemExit(
+                        f"the broker did not start (exit code {self.proc.poll()}):\n"
+                        + self.log_tail()
+                    )
                 time.sleep(0.01)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        """The end of the latest start's stderr."""
+        return (self.data_dir.parent / f"server-{self.starts}.log").read_text()[-chars:]
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
@@ -538,7 +550,8 @@ async def longpoll(b: Broker, args: argparse.Namespace) -> list[tuple[Latency, L
             conn = conns[j % len(conns)]
             tasks.append(asyncio.create_task(_binary_receiver(conn, bin_ids[i : i + per], w)))
         deadline = time.perf_counter() + args.timeout
-        while (stats := await sender.streams.stats()).receivers < h + k:
+        # The broker counts waiting requests (a receive of many streams is one).
+        while (stats := await sender.streams.stats()).receivers < h + requests:
             for t in tasks:
                 if t.done():
                     t.result()
@@ -546,12 +559,12 @@ async def longpoll(b: Broker, args: argparse.Namespace) -> list[tuple[Latency, L
                 raise SystemExit(w.errors[0])
             if time.perf_counter() > deadline:
                 raise SystemExit(
-                    f"only {stats.receivers:,} of {h + k:,} receivers waiting after "
+                    f"only {stats.receivers:,} of {h + requests:,} receives waiting after "
                     f"{args.timeout:.0f} s"
                 )
             await asyncio.sleep(0.5)
         progress(
-            f"longpoll: {stats.receivers:,} receivers waiting ({h:,} HTTP, {k:,} streams over "
+            f"longpoll: {stats.receivers:,} receives waiting ({h:,} HTTP, {k:,} streams over "
             f"{requests:,} binary requests on {len(conns)} connections), broker RSS "
             f"{mib(b.rss_anon())}"
         )
@@ -694,8 +707,10 @@ def main() -> None:
     ap.add_argument("--idle-ms", type=int, default=2000, help="evict: stream_idle_ms")
     ap.add_argument("--http-receivers", type=int, default=10_000)
     ap.add_argument("--binary-receivers", type=int, default=100_000)
-    ap.add_argument("--streams-per-receive", type=int, default=1000)
-    ap.add_argument("--binary-connections", type=int, default=4)
+    ap.add_argument(
+        "--streams-per-receive", type=int, default=1, help="streams of one binary receive"
+    )
+    ap.add_argument("--binary-connections", type=int, default=20)
     ap.add_argument("--sends", type=int, default=2000, help="longpoll: sends per rep")
     ap.add_argument("--send-rate", type=float, default=500, help="longpoll: sends per second")
     ap.add_argument("--ttl-segments", type=int, default=8)
@@ -756,7 +771,9 @@ def main() -> None:
             "runs": [asdict(e) for e in es],
         }
     if "longpoll" in parts:
+        requests = -(-args.binary_receivers // args.streams_per_receive)
         flags = [
+            *("--max-in-flight", str(-(-requests // args.binary_connections) + 16)),
             *("--http-max-connections", str(args.http_receivers + 100)),
             *("--http-max-connections-per-source", str(args.http_receivers + 100)),
         ]
