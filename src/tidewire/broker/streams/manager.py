@@ -231,7 +231,7 @@ class StreamManager:
         self.partitions = cfg.stream_partitions
         self._logs: list[PartitionLog] = []
         self._always = False
-        self._record_cap = 0
+        self._record_cap = self.log_config().max_batch_bytes - _RECORD_SLACK
         self._streams: dict[str, _Stream] = {}
         self._wheel: dict[int, list[_Stream]] = {}
         self._wheel_at = 0  # buckets below this second have run
@@ -246,13 +246,14 @@ class StreamManager:
         self._releases = 0
         self._rr = 0
         self._closed = False
+        self._loaded = False
         self.draining = False
         self._stats = StreamStats()
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Open (or create) ``__streams`` and rebuild the index from it."""
+        """Rebuild the index from ``__streams`` (created by the first persistent message)."""
         logs = self.broker.logs
         existing = sorted(p for (t, p) in logs.logs if t == STREAMS_TOPIC)
         if existing:
@@ -264,6 +265,26 @@ class StreamManager:
                     self.partitions,
                 )
             self.partitions = len(existing)
+            self._open_logs()
+        self._pending_takes = [{} for _ in range(self.partitions)]
+        self._take_futs = [None] * self.partitions
+        self._loaded = True
+        now = self.clock()
+        self._wheel_at = now // 1000
+        t0 = time.perf_counter()
+        for p in range(len(self._logs)):
+            self._load_partition(p, now)
+        if self._streams:
+            log.info(
+                "streams: %s loaded from %s in %.2f s",
+                f"{len(self._streams):,}",
+                STREAMS_TOPIC,
+                time.perf_counter() - t0,
+            )
+
+    def _open_logs(self) -> None:
+        """Open the partitions of ``__streams``, creating the missing ones."""
+        logs = self.broker.logs
         cfg = self.log_config()
         self._record_cap = cfg.max_batch_bytes - _RECORD_SLACK
         self._always = cfg.fsync is FsyncPolicy.ALWAYS
@@ -276,20 +297,10 @@ class StreamManager:
                 self._record_cap = plog.config.max_batch_bytes - _RECORD_SLACK
             self._logs.append(plog)
             self._seg_exp.append({})
-            self._pending_takes.append({})
-            self._take_futs.append(None)
-        now = self.clock()
-        self._wheel_at = now // 1000
-        t0 = time.perf_counter()
-        for p in range(self.partitions):
-            self._load_partition(p, now)
-        if self._streams:
-            log.info(
-                "streams: %s loaded from %s in %.2f s",
-                f"{len(self._streams):,}",
-                STREAMS_TOPIC,
-                time.perf_counter() - t0,
-            )
+
+    def _end_position(self, p: int) -> int:
+        """The position the next message of partition ``p`` gets at the earliest."""
+        return self._logs[p].log_end_offset << POSITION_BITS if self._logs else 0
 
     def log_config(self) -> LogConfig:
         """The log settings of ``__streams``: the broker's fsync policy, no retention (the
@@ -393,7 +404,7 @@ class StreamManager:
                         f.set_result(None)
 
     def _check_open(self) -> None:
-        if self._closed or not self._logs:
+        if self._closed or not self._loaded:
             raise LogClosedError("the stream manager is closed")
 
     # --- sending --------------------------------------------------------------------------------
@@ -540,6 +551,8 @@ class StreamManager:
                 plist = recs.get(p)
                 size = len(value) + 3 * (len(sid) + len(uuid)) + 24
                 if plist is None:
+                    if not self._logs:
+                        self._open_logs()
                     plist = recs[p] = [[self._logs[p].log_end_offset, [], 0, 0]]
                     touched[p] = []
                 rec = plist[-1]
@@ -939,8 +952,7 @@ class StreamManager:
             if token == FROM_START:
                 starts[sid] = 0
             elif token == FROM_END:
-                p = partition_of(sid, self.partitions)
-                starts[sid] = self._logs[p].log_end_offset << POSITION_BITS
+                starts[sid] = self._end_position(partition_of(sid, self.partitions))
             else:
                 starts[sid] = decode_token(sid, token)
         loop = asyncio.get_running_loop()
@@ -1018,7 +1030,7 @@ class StreamManager:
         if live:  # the persistent ones' store times are in the log: read the two ends
             times.append(self._record(s.part, live[0][0] >> POSITION_BITS)[0])
             times.append(self._record(s.part, live[-1][0] >> POSITION_BITS)[0])
-        end = live[-1][0] + 1 if live else self._logs[s.part].log_end_offset << POSITION_BITS
+        end = live[-1][0] + 1 if live else self._end_position(s.part)
         return StreamInfo(
             stream=s.sid,
             partition=s.part,
