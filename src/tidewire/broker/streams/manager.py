@@ -802,8 +802,7 @@ class StreamManager:
                         if not s.waiters:
                             s.waiters = None
                     s.used = now_s
-                    if s.due == 0:
-                        self._schedule(s, now_s + self.idle_s)
+                    self._when_empty(s)
 
     def _streams_for(self, ids: Sequence[str], ring_size: int | None, now: int) -> list[_Stream]:
         streams = self._streams
@@ -865,7 +864,7 @@ class StreamManager:
                     self._note_take(s, s.cursor)
                 undo.append((s, old_cursor, s.cursor, mems))
                 self._room_freed(s)
-                self._after_change(s, now)
+                self._when_empty(s)
         if not out:
             return out
         try:
@@ -1015,6 +1014,7 @@ class StreamManager:
                         if not s.readers:
                             s.readers = None
                     s.used = now_s
+                    self._when_empty(s)
 
     def _read_now(self, starts: dict[str, int], k: int) -> list[StreamMessage]:
         now = self.clock()
@@ -1149,6 +1149,13 @@ class StreamManager:
         if expired:
             self._stats.expired += expired
             self._room_freed(s)
+
+    def _when_empty(self, s: _Stream) -> None:
+        """Put an empty ``s`` in the wheel for the end of its idle time (if not earlier)."""
+        if s.ents is None and not s.mem:
+            at = s.used + self.idle_s
+            if s.due == 0 or at < s.due:
+                self._schedule(s, at)
 
     def _after_change(self, s: _Stream, now: int) -> None:
         """Put ``s`` in the wheel at its next due second, or evict it when idle and empty."""
