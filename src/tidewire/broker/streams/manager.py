@@ -326,16 +326,20 @@ class StreamManager:
         now_s = now // 1000
         default_ring = self.default_ring
         window = self.dedup_window
+        wheel = self._wheel
+        bucket_s = -1
+        bucket: list[_Stream] = []
+        n_new = 0
         while offset < end:
             try:
                 r = plog.read(offset, _READ_CHUNK)
             except PartitionCorruptError as exc:  # never served: what it held is lost
                 if exc.damage_end <= offset:
-                    return
+                    break
                 offset = exc.damage_end
                 continue
             if not r.data:
-                return
+                break
             view = memoryview(r.data)
             for pos0, h in iter_batches(view, verify=False):
                 if h.last_offset < offset:
@@ -350,18 +354,35 @@ class StreamManager:
                             continue
                         base = rec.offset << POSITION_BITS
                         newest = 0
+                        last_exp = exp_s = -1
+                        n_live = 0
                         for i, (sid, uuid, exp, _value) in enumerate(entries):
-                            newest = max(newest, exp)
-                            if exp > now:
-                                s = streams.get(sid)
-                                if s is None:
-                                    s = streams[sid] = _Stream(sid, p, default_ring, now_s)
-                                    self._stats.created += 1
+                            if exp != last_exp:  # a send's entries mostly share one expiry
+                                last_exp = exp
+                                exp_s = -(-exp // 1000)
+                                if exp > newest:  # noqa: PLR1730 (max() costs a call)
+                                    newest = exp
+                            if exp <= now:
+                                continue
+                            n_live += 1
+                            s = streams.get(sid)
+                            if s is None:
+                                s = streams[sid] = _Stream(sid, p, default_ring, now_s)
+                                n_new += 1
+                            if s.ents is None:
+                                s.ents = (base | i, exp)
+                            else:
                                 _add_entry(s, base | i, exp)
-                                self._stats.persistent_messages += 1
-                                self._schedule(s, _ceil_s(exp))
-                                if uuid:
-                                    _remember(s, uuid, window)
+                            due = s.due
+                            if due == 0 or exp_s < due:
+                                s.due = exp_s
+                                if exp_s != bucket_s:
+                                    bucket_s = exp_s
+                                    bucket = wheel.setdefault(exp_s, [])
+                                bucket.append(s)
+                            if uuid:
+                                _remember(s, uuid, window)
+                        self._stats.persistent_messages += n_live
                         seg = bases[_segment_index(bases, rec.offset)]
                         if newest > seg_exp.get(seg, 0):
                             seg_exp[seg] = newest
@@ -375,6 +396,7 @@ class StreamManager:
                             if s is not None and pos > s.cursor:
                                 s.cursor = pos
             offset = r.next_offset
+        self._stats.created += n_new
 
     async def run(self) -> None:
         """Until cancelled: apply due timers and reclaim expired segments."""
@@ -489,6 +511,8 @@ class StreamManager:
         max_bytes = self.max_message_bytes
         window = self.dedup_window
         wheel = self._wheel
+        bucket_s = -1
+        bucket: list[_Stream] = []
         crc32 = _crc
         token = _token
         stop = len(items)
@@ -604,11 +628,10 @@ class StreamManager:
             due = s.due
             if due == 0 or exp_s < due:
                 s.due = exp_s
-                bucket = wheel.get(exp_s)
-                if bucket is None:
-                    wheel[exp_s] = [s]
-                else:
-                    bucket.append(s)
+                if exp_s != bucket_s:
+                    bucket_s = exp_s
+                    bucket = wheel.setdefault(exp_s, [])
+                bucket.append(s)
             if waiters and not drop_self:
                 _wake_first(waiters)
             k += 1
