@@ -18,6 +18,8 @@ from tidewire.broker.streams.model import (
     StreamMessage,
     decode_token,
     encode_token,
+    partition_of,
+    split_position,
 )
 from tidewire.errors import (
     BackpressureError,
@@ -26,6 +28,7 @@ from tidewire.errors import (
     StreamFullError,
     TooManyStreamsError,
 )
+from tidewire.storage import FsyncPolicy, LogConfig
 
 DAY = 86_400_000
 
@@ -459,5 +462,26 @@ def test_close_wakes_every_waiter(tmp_path: Path) -> None:
             assert await asyncio.wait_for(r, PROMPT_S) == []
             assert (await asyncio.wait_for(rd, PROMPT_S))[0] == []
             assert await st.receive(["z"], wait_ms=30_000) == []  # draining: no wait
+
+    asyncio.run(main())
+
+
+def test_under_fsync_always_reads_and_takes_wait_for_durability(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with streams_broker(tmp_path, log=LogConfig(fsync=FsyncPolicy.ALWAYS)) as (b, st):
+            reader = asyncio.create_task(st.read({"f": FROM_END}, wait_ms=30_000))
+            taker = asyncio.create_task(st.receive(["f"], wait_ms=30_000))
+            await until(lambda: st.stats().receivers == 2, "both wait")
+            res = await st.send([SendItem("f", b"durable", persistent=True)])
+            plog = b.logs.logs[(STREAMS_TOPIC, partition_of("f", st.partitions))]
+            record = split_position(decode_token("f", res[0].token))[0]
+            assert plog.flushed_offset > record  # answered once fsynced
+            msgs, _ = await asyncio.wait_for(reader, PROMPT_S)
+            assert values(msgs) == [b"durable"]
+            got = await asyncio.wait_for(taker, PROMPT_S)
+            assert values(got) == [b"durable"]
+            assert plog.flushed_offset == plog.log_end_offset  # the take record too
+        async with streams_broker(tmp_path, log=LogConfig(fsync=FsyncPolicy.ALWAYS)) as (_, st):
+            assert await st.receive(["f"]) == []
 
     asyncio.run(main())

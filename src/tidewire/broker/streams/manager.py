@@ -96,8 +96,11 @@ MAX_MESSAGES_PER_CALL = 10_000
 MAX_RING_SIZE = 1_000_000
 #: Streams one receive or read may name: each is looked at on every wake-up.
 MAX_STREAMS_PER_CALL = 10_000
-#: Decoded message records kept for receives and reads (a record holds up to 65,535 entries).
-RECORD_CACHE = 32
+#: Decoded message records kept for receives and reads (a record holds up to 65,535
+#: entries): at most this many, of at most :data:`RECORD_CACHE_BYTES` together. A record is
+#: put there as it is written, so receivers woken by a send do not decode it again.
+RECORD_CACHE = 256
+RECORD_CACHE_BYTES = 64 * 1024 * 1024
 #: How often the timers run with the real clock (seconds).
 TICK_S = 0.25
 #: Bytes read at a time while loading.
@@ -244,6 +247,8 @@ class StreamManager:
         self._takes_scheduled = False
         self._cache: OrderedDict[tuple[int, int], tuple[int, list[tuple[str, str, int, bytes]]]]
         self._cache = OrderedDict()
+        self._cache_sizes: dict[tuple[int, int], int] = {}
+        self._cache_bytes = 0
         self._n_waiters = 0
         self._n_readers = 0
         self._releases = 0
@@ -514,6 +519,7 @@ class StreamManager:
         bucket_s = -1
         bucket: list[_Stream] = []
         crc32 = _crc
+        always = self._always
         token = _token
         stop = len(items)
         k = start
@@ -614,7 +620,7 @@ class StreamManager:
                 if drop_self:
                     s.cursor = pos
                     self._note_take(s, pos)
-                if s.readers:
+                if always or s.readers:  # under fsync=always readers see it once durable
                     fresh.append(s)
             elif not drop_self:
                 if s.mem is None:
@@ -650,9 +656,10 @@ class StreamManager:
         failure: BaseException | None = None
         for p, plist in recs.items():
             plog = self._logs[p]
-            for n, (offset, entries, _size, newest) in enumerate(plist):
+            for n, (offset, entries, _estimate, newest) in enumerate(plist):
+                encoded = _encode(entries)
                 b = BatchBuilder()
-                b.append(_encode(entries), timestamp_ms=now, key=_KEY_MESSAGES)
+                b.append(encoded, timestamp_ms=now, key=_KEY_MESSAGES)
                 try:
                     info = plog.append(b.build())
                     if info.base_offset != offset:  # nothing else appends to __streams
@@ -663,6 +670,7 @@ class StreamManager:
                     del plist[n:]
                     break
                 ends[p] = offset + 1
+                self._remember_record(p, offset, (now, entries), len(encoded))
                 seg_exp = self._seg_exp[p]
                 seg = plog.segment_bases[-1]
                 if newest > seg_exp.get(seg, 0):
@@ -928,11 +936,27 @@ class StreamManager:
                 for rec in iter_records(memoryview(data)[pos0 : pos0 + h.size]):
                     if rec.offset == offset and rec.value is not None:
                         got = (rec.timestamp, _decode_entries(rec.value))
-                        self._cache[key] = got
-                        if len(self._cache) > RECORD_CACHE:
-                            self._cache.popitem(last=False)
+                        self._remember_record(p, offset, got, len(rec.value))
                         return got
         raise PartitionCorruptError(f"{STREAMS_TOPIC}-{p}: no message record at {offset}")
+
+    def _remember_record(
+        self,
+        p: int,
+        offset: int,
+        record: tuple[int, list[tuple[str, str, int, bytes]]],
+        size: int,
+    ) -> None:
+        cache, sizes = self._cache, self._cache_sizes
+        key = (p, offset)
+        cache[key] = record
+        sizes[key] = size
+        self._cache_bytes += size
+        while len(cache) > 1 and (
+            len(cache) > RECORD_CACHE or self._cache_bytes > RECORD_CACHE_BYTES
+        ):
+            old, _ = cache.popitem(last=False)
+            self._cache_bytes -= sizes.pop(old)
 
     def _note_take(self, s: _Stream, pos: int) -> None:
         """Queue a take record ``[s, pos]`` (written at the end of this loop turn)."""
