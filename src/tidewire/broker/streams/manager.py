@@ -115,6 +115,10 @@ _OK = SendResult()
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode_entries = msgspec.msgpack.Decoder(list[tuple[str, str, int, bytes]]).decode
+#: A record's entries left undecoded (a receive or read decodes only the one it returns).
+_decode_raw_entries = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
+_decode_entry = msgspec.msgpack.Decoder(tuple[str, str, int, bytes]).decode
+_Entries = list[Any]  # of (stream, uuid, expires_at_ms, value) tuples or their msgspec.Raw
 _decode_takes = msgspec.msgpack.Decoder(list[tuple[str, int]]).decode
 _crc = zlib.crc32
 _TOKEN_RAW = struct.Struct(">BIq").pack  # model's token: version 1, crc32 of the id, position
@@ -245,7 +249,7 @@ class StreamManager:
         self._pending_takes: list[dict[str, int]] = []
         self._take_futs: list[asyncio.Future[int] | None] = []
         self._takes_scheduled = False
-        self._cache: OrderedDict[tuple[int, int], tuple[int, list[tuple[str, str, int, bytes]]]]
+        self._cache: OrderedDict[tuple[int, int], tuple[int, _Entries]]
         self._cache = OrderedDict()
         self._cache_sizes: dict[tuple[int, int], int] = {}
         self._cache_bytes = 0
@@ -921,10 +925,13 @@ class StreamManager:
     def _message(self, s: _Stream, pos: int) -> StreamMessage:
         offset = pos >> POSITION_BITS
         ts, entries = self._record(s.part, offset)
-        sid, uuid, exp, value = entries[pos & MAX_ENTRIES_PER_RECORD]
+        entry = entries[pos & MAX_ENTRIES_PER_RECORD]
+        if type(entry) is msgspec.Raw:
+            entry = _decode_entry(entry)
+        sid, uuid, exp, value = entry
         return StreamMessage(sid, value, uuid, ts, exp, _token(_sid_crc(sid), pos + 1))
 
-    def _record(self, p: int, offset: int) -> tuple[int, list[tuple[str, str, int, bytes]]]:
+    def _record(self, p: int, offset: int) -> tuple[int, _Entries]:
         key = (p, offset)
         got = self._cache.get(key)
         if got is not None:
@@ -935,7 +942,7 @@ class StreamManager:
             if h.base_offset <= offset <= h.last_offset:
                 for rec in iter_records(memoryview(data)[pos0 : pos0 + h.size]):
                     if rec.offset == offset and rec.value is not None:
-                        got = (rec.timestamp, _decode_entries(rec.value))
+                        got = (rec.timestamp, _decode_raw_entries(rec.value))
                         self._remember_record(p, offset, got, len(rec.value))
                         return got
         raise PartitionCorruptError(f"{STREAMS_TOPIC}-{p}: no message record at {offset}")
@@ -944,7 +951,7 @@ class StreamManager:
         self,
         p: int,
         offset: int,
-        record: tuple[int, list[tuple[str, str, int, bytes]]],
+        record: tuple[int, _Entries],
         size: int,
     ) -> None:
         cache, sizes = self._cache, self._cache_sizes
