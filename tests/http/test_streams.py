@@ -5,6 +5,7 @@ input answered with specific 4xx errors, and the OpenAPI spec listing the routes
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -91,6 +92,29 @@ def test_long_poll_is_answered_promptly_on_a_send(
         r = waiting.result(timeout=TIMEOUT_S)
         assert time.monotonic() - t0 < PROMPT_S
     assert values(r) == ["go"]
+
+
+def test_an_abandoned_long_poll_takes_nothing(
+    broker: tuple[EmbeddedBroker, httpx.Client],
+) -> None:
+    eb, c = broker
+    host, port = eb.http_url.removeprefix("http://").split(":")
+    body = b'{"streams": ["gone"], "wait_ms": 25000}'
+    for request in [
+        b"GET /v1/streams/gone/messages?wait_ms=25000 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        b"POST /v1/streams/receive HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body),
+    ]:
+        with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as quitter:
+            quitter.sendall(request)
+            wait_for_receivers(c, "gone", 1)
+        # The client went away while its receive waited: the receive ends, taking nothing.
+        deadline = time.monotonic() + TIMEOUT_S
+        while c.get(path("gone")).json()["receivers"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert c.get(path("gone")).json()["receivers"] == 0
+        send(c, "gone", value="for someone else")
+        assert values(c.get(f"{path('gone')}/messages")) == ["for someone else"]
 
 
 def test_receive_from_many_streams_answers_on_any_of_them(
