@@ -13,31 +13,26 @@ request is), so one connection can have many waiting at once, up to its ``max_in
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from tidewire.broker.streams.model import check_stream_id
-from tidewire.errors import InvalidRequestError, InvalidStreamError, TidewireError
+from tidewire.errors import InvalidStreamError, TidewireError
 from tidewire.protocol.messages import (
     MAX_SEND_ITEMS,
     RING_SIZE_DEFAULT,
     ApiKey,
     Body,
-    SendItem,
-    SendResult,
     StreamDescribeRequest,
     StreamDescribeResponse,
-    StreamInfo,
     StreamListRequest,
     StreamListResponse,
-    StreamMessage,
     StreamReadRequest,
     StreamReadResponse,
     StreamReceiveRequest,
     StreamReceiveResponse,
     StreamSendRequest,
     StreamSendResponse,
-    StreamStats,
 )
 from tidewire.security.model import ResourceType
 from tidewire.server.gate import gate_for, names_allowed
@@ -57,42 +52,6 @@ MAX_RECEIVE_STREAMS = 10_000
 MAX_LIST_LIMIT = 10_000
 #: The most messages one receive or read answers: bounds the answer's size.
 MAX_MESSAGES = 10_000
-
-
-class _Streams(Protocol):
-    """What the handlers use of ``broker.streams`` (the StreamManager)."""
-
-    partitions: int
-
-    async def send(
-        self, items: Sequence[SendItem], *, ring_size: int | None = None, block_ms: int = 0
-    ) -> list[SendResult]: ...
-
-    async def receive(
-        self,
-        streams: Sequence[str],
-        *,
-        max_messages: int = 1,
-        wait_ms: int = 0,
-        ring_size: int | None = None,
-    ) -> list[StreamMessage]: ...
-
-    async def read(
-        self, positions: Mapping[str, str], *, max_messages: int = 100, wait_ms: int = 0
-    ) -> tuple[list[StreamMessage], dict[str, str]]: ...
-
-    def describe(self, stream: str) -> StreamInfo | None: ...
-
-    def list(self, *, prefix: str = "", after: str = "", limit: int = 1000) -> list[StreamInfo]: ...
-
-    def stats(self) -> StreamStats: ...
-
-
-def _manager(b: Broker) -> _Streams:
-    streams: _Streams | None = getattr(b, "streams", None)
-    if streams is None:
-        raise InvalidRequestError("streams are not available: the broker is not running")
-    return streams
 
 
 def _err(exc: TidewireError) -> dict[str, Any]:
@@ -136,7 +95,7 @@ async def stream_send(b: Broker, s: ServerInfo, req: StreamSendRequest, _: memor
             )
         ring_size = _ring_size(req.ring_size)
         block_ms = _non_negative("block_ms", req.block_ms)
-        results = await _manager(b).send(req.items, ring_size=ring_size, block_ms=block_ms)
+        results = await b.streams.send(req.items, ring_size=ring_size, block_ms=block_ms)
     except TidewireError as exc:
         return StreamSendResponse(**_err(exc)), []
     return StreamSendResponse(results=results), []
@@ -147,7 +106,7 @@ async def stream_receive(
 ) -> Reply:
     try:
         _stream_count(len(req.streams))
-        messages = await _manager(b).receive(
+        messages = await b.streams.receive(
             req.streams,
             max_messages=_bounded("max_messages", req.max_messages, 1, MAX_MESSAGES),
             wait_ms=_non_negative("wait_ms", req.wait_ms),
@@ -161,7 +120,7 @@ async def stream_receive(
 async def stream_read(b: Broker, s: ServerInfo, req: StreamReadRequest, _: memoryview) -> Reply:
     try:
         _stream_count(len(req.positions))
-        messages, tokens = await _manager(b).read(
+        messages, tokens = await b.streams.read(
             req.positions,
             max_messages=_bounded("max_messages", req.max_messages, 1, MAX_MESSAGES),
             wait_ms=_non_negative("wait_ms", req.wait_ms),
@@ -174,7 +133,7 @@ async def stream_read(b: Broker, s: ServerInfo, req: StreamReadRequest, _: memor
 async def stream_list(b: Broker, s: ServerInfo, req: StreamListRequest, _: memoryview) -> Reply:
     try:
         limit = _bounded("limit", req.limit, 1, MAX_LIST_LIMIT)
-        manager = _manager(b)
+        manager = b.streams
         page = manager.list(prefix=req.prefix, after=req.after, limit=limit)
     except TidewireError as exc:
         return StreamListResponse(**_err(exc)), []
@@ -193,7 +152,7 @@ async def stream_describe(
     b: Broker, s: ServerInfo, req: StreamDescribeRequest, _: memoryview
 ) -> Reply:
     try:
-        manager = _manager(b)
+        manager = b.streams
         if not req.stream:
             return StreamDescribeResponse(stats=manager.stats()), []
         return StreamDescribeResponse(info=manager.describe(check_stream_id(req.stream))), []

@@ -31,10 +31,11 @@ are indexed, take records set the cursors, uuids refill the dedup windows.
 from __future__ import annotations
 
 import asyncio
-import base64
+import binascii
 import contextlib
 import heapq
 import logging
+import struct
 import time
 import zlib
 from array import array
@@ -49,6 +50,7 @@ from tidewire.broker.offsets import STREAMS_TOPIC
 from tidewire.broker.streams.model import (
     FROM_END,
     FROM_START,
+    MAX_STREAM_ID_CHARS,
     POSITION_BITS,
     SendItem,
     SendResult,
@@ -94,8 +96,11 @@ MAX_MESSAGES_PER_CALL = 10_000
 MAX_RING_SIZE = 1_000_000
 #: Streams one receive or read may name: each is looked at on every wake-up.
 MAX_STREAMS_PER_CALL = 10_000
-#: Decoded message records kept for receives and reads (a record holds up to 65,535 entries).
-RECORD_CACHE = 32
+#: Decoded message records kept for receives and reads (a record holds up to 65,535
+#: entries): at most this many, of at most :data:`RECORD_CACHE_BYTES` together. A record is
+#: put there as it is written, so receivers woken by a send do not decode it again.
+RECORD_CACHE = 256
+RECORD_CACHE_BYTES = 64 * 1024 * 1024
 #: How often the timers run with the real clock (seconds).
 TICK_S = 0.25
 #: Bytes read at a time while loading.
@@ -110,10 +115,15 @@ _OK = SendResult()
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode_entries = msgspec.msgpack.Decoder(list[tuple[str, str, int, bytes]]).decode
+#: A record's entries left undecoded (a receive or read decodes only the one it returns).
+_decode_raw_entries = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
+_decode_entry = msgspec.msgpack.Decoder(tuple[str, str, int, bytes]).decode
+_Entries = list[Any]  # of (stream, uuid, expires_at_ms, value) tuples or their msgspec.Raw
 _decode_takes = msgspec.msgpack.Decoder(list[tuple[str, int]]).decode
-_b64 = base64.urlsafe_b64encode
 _crc = zlib.crc32
-_TOKEN_HEAD = b"\x01"  # model's token version 1, then crc32 and position (">BIq")
+_TOKEN_RAW = struct.Struct(">BIq").pack  # model's token: version 1, crc32 of the id, position
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+_b2a = binascii.b2a_base64
 
 
 def _now_ms() -> int:
@@ -122,8 +132,8 @@ def _now_ms() -> int:
 
 def _token(crc: int, pos: int) -> str:
     """:func:`~.model.encode_token` with the id's crc computed already."""
-    raw = _TOKEN_HEAD + crc.to_bytes(4, "big") + pos.to_bytes(8, "big", signed=True)
-    return _b64(raw).rstrip(b"=").decode("ascii")
+    # 13 bytes: 18 base64 characters and two of padding
+    return _b2a(_TOKEN_RAW(1, crc, pos), newline=False).translate(_URLSAFE)[:18].decode("ascii")
 
 
 def _sid_crc(sid: str) -> int:
@@ -231,7 +241,7 @@ class StreamManager:
         self.partitions = cfg.stream_partitions
         self._logs: list[PartitionLog] = []
         self._always = False
-        self._record_cap = 0
+        self._record_cap = self.log_config().max_batch_bytes - _RECORD_SLACK
         self._streams: dict[str, _Stream] = {}
         self._wheel: dict[int, list[_Stream]] = {}
         self._wheel_at = 0  # buckets below this second have run
@@ -239,20 +249,23 @@ class StreamManager:
         self._pending_takes: list[dict[str, int]] = []
         self._take_futs: list[asyncio.Future[int] | None] = []
         self._takes_scheduled = False
-        self._cache: OrderedDict[tuple[int, int], tuple[int, list[tuple[str, str, int, bytes]]]]
+        self._cache: OrderedDict[tuple[int, int], tuple[int, _Entries]]
         self._cache = OrderedDict()
+        self._cache_sizes: dict[tuple[int, int], int] = {}
+        self._cache_bytes = 0
         self._n_waiters = 0
         self._n_readers = 0
         self._releases = 0
         self._rr = 0
         self._closed = False
+        self._loaded = False
         self.draining = False
         self._stats = StreamStats()
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Open (or create) ``__streams`` and rebuild the index from it."""
+        """Rebuild the index from ``__streams`` (created by the first persistent message)."""
         logs = self.broker.logs
         existing = sorted(p for (t, p) in logs.logs if t == STREAMS_TOPIC)
         if existing:
@@ -264,6 +277,26 @@ class StreamManager:
                     self.partitions,
                 )
             self.partitions = len(existing)
+            self._open_logs()
+        self._pending_takes = [{} for _ in range(self.partitions)]
+        self._take_futs = [None] * self.partitions
+        self._loaded = True
+        now = self.clock()
+        self._wheel_at = now // 1000
+        t0 = time.perf_counter()
+        for p in range(len(self._logs)):
+            self._load_partition(p, now)
+        if self._streams:
+            log.info(
+                "streams: %s loaded from %s in %.2f s",
+                f"{len(self._streams):,}",
+                STREAMS_TOPIC,
+                time.perf_counter() - t0,
+            )
+
+    def _open_logs(self) -> None:
+        """Open the partitions of ``__streams``, creating the missing ones."""
+        logs = self.broker.logs
         cfg = self.log_config()
         self._record_cap = cfg.max_batch_bytes - _RECORD_SLACK
         self._always = cfg.fsync is FsyncPolicy.ALWAYS
@@ -276,20 +309,10 @@ class StreamManager:
                 self._record_cap = plog.config.max_batch_bytes - _RECORD_SLACK
             self._logs.append(plog)
             self._seg_exp.append({})
-            self._pending_takes.append({})
-            self._take_futs.append(None)
-        now = self.clock()
-        self._wheel_at = now // 1000
-        t0 = time.perf_counter()
-        for p in range(self.partitions):
-            self._load_partition(p, now)
-        if self._streams:
-            log.info(
-                "streams: %s loaded from %s in %.2f s",
-                f"{len(self._streams):,}",
-                STREAMS_TOPIC,
-                time.perf_counter() - t0,
-            )
+
+    def _end_position(self, p: int) -> int:
+        """The position the next message of partition ``p`` gets at the earliest."""
+        return self._logs[p].log_end_offset << POSITION_BITS if self._logs else 0
 
     def log_config(self) -> LogConfig:
         """The log settings of ``__streams``: the broker's fsync policy, no retention (the
@@ -312,16 +335,20 @@ class StreamManager:
         now_s = now // 1000
         default_ring = self.default_ring
         window = self.dedup_window
+        wheel = self._wheel
+        bucket_s = -1
+        bucket: list[_Stream] = []
+        n_new = 0
         while offset < end:
             try:
                 r = plog.read(offset, _READ_CHUNK)
             except PartitionCorruptError as exc:  # never served: what it held is lost
                 if exc.damage_end <= offset:
-                    return
+                    break
                 offset = exc.damage_end
                 continue
             if not r.data:
-                return
+                break
             view = memoryview(r.data)
             for pos0, h in iter_batches(view, verify=False):
                 if h.last_offset < offset:
@@ -336,18 +363,35 @@ class StreamManager:
                             continue
                         base = rec.offset << POSITION_BITS
                         newest = 0
+                        last_exp = exp_s = -1
+                        n_live = 0
                         for i, (sid, uuid, exp, _value) in enumerate(entries):
-                            newest = max(newest, exp)
-                            if exp > now:
-                                s = streams.get(sid)
-                                if s is None:
-                                    s = streams[sid] = _Stream(sid, p, default_ring, now_s)
-                                    self._stats.created += 1
+                            if exp != last_exp:  # a send's entries mostly share one expiry
+                                last_exp = exp
+                                exp_s = -(-exp // 1000)
+                                if exp > newest:  # noqa: PLR1730 (max() costs a call)
+                                    newest = exp
+                            if exp <= now:
+                                continue
+                            n_live += 1
+                            s = streams.get(sid)
+                            if s is None:
+                                s = streams[sid] = _Stream(sid, p, default_ring, now_s)
+                                n_new += 1
+                            if s.ents is None:
+                                s.ents = (base | i, exp)
+                            else:
                                 _add_entry(s, base | i, exp)
-                                self._stats.persistent_messages += 1
-                                self._schedule(s, _ceil_s(exp))
-                                if uuid:
-                                    _remember(s, uuid, window)
+                            due = s.due
+                            if due == 0 or exp_s < due:
+                                s.due = exp_s
+                                if exp_s != bucket_s:
+                                    bucket_s = exp_s
+                                    bucket = wheel.setdefault(exp_s, [])
+                                bucket.append(s)
+                            if uuid:
+                                _remember(s, uuid, window)
+                        self._stats.persistent_messages += n_live
                         seg = bases[_segment_index(bases, rec.offset)]
                         if newest > seg_exp.get(seg, 0):
                             seg_exp[seg] = newest
@@ -361,6 +405,7 @@ class StreamManager:
                             if s is not None and pos > s.cursor:
                                 s.cursor = pos
             offset = r.next_offset
+        self._stats.created += n_new
 
     async def run(self) -> None:
         """Until cancelled: apply due timers and reclaim expired segments."""
@@ -393,7 +438,7 @@ class StreamManager:
                         f.set_result(None)
 
     def _check_open(self) -> None:
-        if self._closed or not self._logs:
+        if self._closed or not self._loaded:
             raise LogClosedError("the stream manager is closed")
 
     # --- sending --------------------------------------------------------------------------------
@@ -467,50 +512,60 @@ class StreamManager:
         ring_default = self.default_ring if ring_size is None else ring_size
         stats = self._stats
         nparts = self.partitions
-        # per partition: records being built [(offset, entries, bytes, newest expiry)]
+        # per partition: records being built [offset, entries, bytes, newest expiry]
         recs: dict[int, list[list[Any]]] = {}
         touched: dict[int, list[_Stream]] = {}
         exps: dict[int, tuple[int, int]] = {}
         cap = self._record_cap
         max_bytes = self.max_message_bytes
         window = self.dedup_window
+        wheel = self._wheel
+        bucket_s = -1
+        bucket: list[_Stream] = []
+        crc32 = _crc
+        always = self._always
+        token = _token
         stop = len(items)
         k = start
+        n_persistent = 0
         while k < stop:
             it = items[k]
             sid = it.stream
-            s = streams.get(sid)
             value = it.value
-            try:
-                if s is None:
-                    check_stream_id(sid)
-                if len(value) > max_bytes:
-                    raise BatchTooLargeError(
-                        f"a stream message of {len(value):,} bytes exceeds "
-                        f"stream_max_message_bytes={max_bytes:,}"
-                    )
-                ttl = it.ttl_ms
-                got = exps.get(ttl)
-                if got is None:
-                    ttl_ms = ttl or self.default_ttl_ms
-                    if not 0 < ttl_ms <= self.max_ttl_ms:
-                        raise InvalidStreamError(
-                            f"ttl_ms={ttl:,} must be within 0..{self.max_ttl_ms:,} "
-                            "(stream_max_ttl_ms; 0: the default)"
+            ttl = it.ttl_ms
+            got = exps.get(ttl)
+            s = streams.get(sid)
+            crc = -1
+            if s is None or got is None or len(value) > max_bytes:
+                try:
+                    if s is None and (not sid or len(sid) > MAX_STREAM_ID_CHARS or "\x00" in sid):
+                        check_stream_id(sid)
+                    if len(value) > max_bytes:
+                        raise BatchTooLargeError(
+                            f"a stream message of {len(value):,} bytes exceeds "
+                            f"stream_max_message_bytes={max_bytes:,}"
                         )
-                    got = exps[ttl] = (now + ttl_ms, _ceil_s(now + ttl_ms))
-                if s is None:
-                    if len(streams) >= self.max_count:
-                        raise TooManyStreamsError(
-                            f"{len(streams):,} streams exist (stream_max_count="
-                            f"{self.max_count:,}); {sid[:200]!r} is not created"
-                        )
-                    s = streams[sid] = _Stream(sid, partition_of(sid, nparts), ring_default, now_s)
-                    stats.created += 1
-            except TidewireError as exc:
-                results[k] = _error(exc)
-                k += 1
-                continue
+                    if got is None:
+                        ttl_ms = ttl or self.default_ttl_ms
+                        if not 0 < ttl_ms <= self.max_ttl_ms:
+                            raise InvalidStreamError(
+                                f"ttl_ms={ttl:,} must be within 0..{self.max_ttl_ms:,} "
+                                "(stream_max_ttl_ms; 0: the default)"
+                            )
+                        got = exps[ttl] = (now + ttl_ms, _ceil_s(now + ttl_ms))
+                    if s is None:
+                        if len(streams) >= self.max_count:
+                            raise TooManyStreamsError(
+                                f"{len(streams):,} streams exist (stream_max_count="
+                                f"{self.max_count:,}); {sid[:200]!r} is not created"
+                            )
+                        crc = crc32(sid.encode("utf-8", "surrogatepass"))
+                        s = streams[sid] = _Stream(sid, crc % nparts, ring_default, now_s)
+                        stats.created += 1
+                except TidewireError as exc:
+                    results[k] = _error(exc)
+                    k += 1
+                    continue
             uuid = it.uuid
             if uuid:
                 u = s.uuids
@@ -519,7 +574,8 @@ class StreamManager:
                     stats.duplicates += 1
                     k += 1
                     continue
-            room = s.ring + (len(s.waiters) if s.waiters else 0)
+            waiters = s.waiters
+            room = s.ring + (len(waiters) if waiters else 0)
             # room 0: no message may wait, this one included (a persistent one is stored,
             # readable by token, but out of the work queue at once)
             drop_self = False
@@ -538,28 +594,37 @@ class StreamManager:
             if it.persistent:
                 p = s.part
                 plist = recs.get(p)
-                size = len(value) + 3 * (len(sid) + len(uuid)) + 24
                 if plist is None:
+                    if not self._logs:
+                        self._open_logs()
                     plist = recs[p] = [[self._logs[p].log_end_offset, [], 0, 0]]
                     touched[p] = []
                 rec = plist[-1]
-                if len(rec[1]) >= MAX_ENTRIES_PER_RECORD or (rec[1] and rec[2] + size > cap):
+                entries = rec[1]
+                size = len(value) + 3 * (len(sid) + len(uuid)) + 24
+                if len(entries) >= MAX_ENTRIES_PER_RECORD or (entries and rec[2] + size > cap):
                     rec = [rec[0] + 1, [], 0, 0]
                     plist.append(rec)
-                entries = rec[1]
+                    entries = rec[1]
                 pos = (rec[0] << POSITION_BITS) | len(entries)
                 entries.append((sid, uuid, exp, value))
                 rec[2] += size
-                rec[3] = max(rec[3], exp)
-                _add_entry(s, pos, exp)
+                if exp > rec[3]:  # noqa: PLR1730 (max() costs a call)
+                    rec[3] = exp
+                ents = s.ents
+                if ents is None:
+                    s.ents = (pos, exp)
+                else:
+                    _add_entry(s, pos, exp)
                 touched[p].append(s)
-                stats.persistent_messages += 1
-                stats.sent_persistent += 1
-                results[k] = SendResult(0, "", _token(_sid_crc(sid), pos))
+                n_persistent += 1
+                if crc < 0:
+                    crc = crc32(sid.encode("utf-8", "surrogatepass"))
+                results[k] = SendResult(0, "", token(crc, pos))
                 if drop_self:
                     s.cursor = pos
                     self._note_take(s, pos)
-                if s.readers:
+                if always or s.readers:  # under fsync=always readers see it once durable
                     fresh.append(s)
             elif not drop_self:
                 if s.mem is None:
@@ -570,11 +635,18 @@ class StreamManager:
                 stats.sent_in_memory += 1
                 stats.in_memory_messages += 1
                 stats.in_memory_bytes += len(value)
-            if s.due == 0 or exp_s < s.due:
-                self._schedule(s, exp_s)
-            if s.waiters and not drop_self:
-                _wake_first(s.waiters)
+            due = s.due
+            if due == 0 or exp_s < due:
+                s.due = exp_s
+                if exp_s != bucket_s:
+                    bucket_s = exp_s
+                    bucket = wheel.setdefault(exp_s, [])
+                bucket.append(s)
+            if waiters and not drop_self:
+                _wake_first(waiters)
             k += 1
+        stats.persistent_messages += n_persistent
+        stats.sent_persistent += n_persistent
         self._append(recs, touched, now, ends)
         return k
 
@@ -588,9 +660,10 @@ class StreamManager:
         failure: BaseException | None = None
         for p, plist in recs.items():
             plog = self._logs[p]
-            for n, (offset, entries, _size, newest) in enumerate(plist):
+            for n, (offset, entries, _estimate, newest) in enumerate(plist):
+                encoded = _encode(entries)
                 b = BatchBuilder()
-                b.append(_encode(entries), timestamp_ms=now, key=_KEY_MESSAGES)
+                b.append(encoded, timestamp_ms=now, key=_KEY_MESSAGES)
                 try:
                     info = plog.append(b.build())
                     if info.base_offset != offset:  # nothing else appends to __streams
@@ -601,6 +674,7 @@ class StreamManager:
                     del plist[n:]
                     break
                 ends[p] = offset + 1
+                self._remember_record(p, offset, (now, entries), len(encoded))
                 seg_exp = self._seg_exp[p]
                 seg = plog.segment_bases[-1]
                 if newest > seg_exp.get(seg, 0):
@@ -763,8 +837,7 @@ class StreamManager:
                         if not s.waiters:
                             s.waiters = None
                     s.used = now_s
-                    if s.due == 0:
-                        self._schedule(s, now_s + self.idle_s)
+                    self._when_empty(s)
 
     def _streams_for(self, ids: Sequence[str], ring_size: int | None, now: int) -> list[_Stream]:
         streams = self._streams
@@ -826,7 +899,7 @@ class StreamManager:
                     self._note_take(s, s.cursor)
                 undo.append((s, old_cursor, s.cursor, mems))
                 self._room_freed(s)
-                self._after_change(s, now)
+                self._when_empty(s)
         if not out:
             return out
         try:
@@ -852,10 +925,13 @@ class StreamManager:
     def _message(self, s: _Stream, pos: int) -> StreamMessage:
         offset = pos >> POSITION_BITS
         ts, entries = self._record(s.part, offset)
-        sid, uuid, exp, value = entries[pos & MAX_ENTRIES_PER_RECORD]
+        entry = entries[pos & MAX_ENTRIES_PER_RECORD]
+        if type(entry) is msgspec.Raw:
+            entry = _decode_entry(entry)
+        sid, uuid, exp, value = entry
         return StreamMessage(sid, value, uuid, ts, exp, _token(_sid_crc(sid), pos + 1))
 
-    def _record(self, p: int, offset: int) -> tuple[int, list[tuple[str, str, int, bytes]]]:
+    def _record(self, p: int, offset: int) -> tuple[int, _Entries]:
         key = (p, offset)
         got = self._cache.get(key)
         if got is not None:
@@ -866,12 +942,28 @@ class StreamManager:
             if h.base_offset <= offset <= h.last_offset:
                 for rec in iter_records(memoryview(data)[pos0 : pos0 + h.size]):
                     if rec.offset == offset and rec.value is not None:
-                        got = (rec.timestamp, _decode_entries(rec.value))
-                        self._cache[key] = got
-                        if len(self._cache) > RECORD_CACHE:
-                            self._cache.popitem(last=False)
+                        got = (rec.timestamp, _decode_raw_entries(rec.value))
+                        self._remember_record(p, offset, got, len(rec.value))
                         return got
         raise PartitionCorruptError(f"{STREAMS_TOPIC}-{p}: no message record at {offset}")
+
+    def _remember_record(
+        self,
+        p: int,
+        offset: int,
+        record: tuple[int, _Entries],
+        size: int,
+    ) -> None:
+        cache, sizes = self._cache, self._cache_sizes
+        key = (p, offset)
+        cache[key] = record
+        sizes[key] = size
+        self._cache_bytes += size
+        while len(cache) > 1 and (
+            len(cache) > RECORD_CACHE or self._cache_bytes > RECORD_CACHE_BYTES
+        ):
+            old, _ = cache.popitem(last=False)
+            self._cache_bytes -= sizes.pop(old)
 
     def _note_take(self, s: _Stream, pos: int) -> None:
         """Queue a take record ``[s, pos]`` (written at the end of this loop turn)."""
@@ -939,8 +1031,7 @@ class StreamManager:
             if token == FROM_START:
                 starts[sid] = 0
             elif token == FROM_END:
-                p = partition_of(sid, self.partitions)
-                starts[sid] = self._logs[p].log_end_offset << POSITION_BITS
+                starts[sid] = self._end_position(partition_of(sid, self.partitions))
             else:
                 starts[sid] = decode_token(sid, token)
         loop = asyncio.get_running_loop()
@@ -977,6 +1068,7 @@ class StreamManager:
                         if not s.readers:
                             s.readers = None
                     s.used = now_s
+                    self._when_empty(s)
 
     def _read_now(self, starts: dict[str, int], k: int) -> list[StreamMessage]:
         now = self.clock()
@@ -1018,7 +1110,7 @@ class StreamManager:
         if live:  # the persistent ones' store times are in the log: read the two ends
             times.append(self._record(s.part, live[0][0] >> POSITION_BITS)[0])
             times.append(self._record(s.part, live[-1][0] >> POSITION_BITS)[0])
-        end = live[-1][0] + 1 if live else self._logs[s.part].log_end_offset << POSITION_BITS
+        end = live[-1][0] + 1 if live else self._end_position(s.part)
         return StreamInfo(
             stream=s.sid,
             partition=s.part,
@@ -1111,6 +1203,13 @@ class StreamManager:
         if expired:
             self._stats.expired += expired
             self._room_freed(s)
+
+    def _when_empty(self, s: _Stream) -> None:
+        """Put an empty ``s`` in the wheel for the end of its idle time (if not earlier)."""
+        if s.ents is None and not s.mem:
+            at = s.used + self.idle_s
+            if s.due == 0 or at < s.due:
+                self._schedule(s, at)
 
     def _after_change(self, s: _Stream, now: int) -> None:
         """Put ``s`` in the wheel at its next due second, or evict it when idle and empty."""
