@@ -40,14 +40,15 @@ JSON object.
   streams; its RSS after the rebuild.
 - **longpoll**: H streams each with one HTTP long-poll receiver
   (``GET /v1/streams/{id}/messages?wait_ms=..``: httpx, one connection each) and K
-  streams waited on over the binary protocol (``receive_many`` of ``--streams-per-receive``
-  streams per request, over ``--binary-connections`` connections), all waiting at once
-  (the broker's ``stats().receivers`` says so before the clock starts); then ``--sends``
-  in-memory sends at ``--send-rate`` per second, each to a random stream that is not
-  holding an undelivered one, half to HTTP streams and half to binary ones: latency from
-  just before the send to the receiver having the message (one process, one clock);
-  p50/p99/max per kind. The receivers re-issue their request at once after each answer.
-  Medians of ``--reps`` rounds over the same receivers.
+  streams each with one binary-protocol receiver (``receive_many`` of
+  ``--streams-per-receive`` streams per request, 1 by default: K requests waiting at once,
+  over ``--binary-connections`` connections), all waiting at once (the broker's
+  ``stats().receivers``, which counts waiting requests, says so before the clock starts);
+  then ``--sends`` in-memory sends at ``--send-rate`` per second, each to a random stream
+  that is not holding an undelivered one, half to HTTP streams and half to binary ones:
+  latency from just before the send to the receiver having the message (one process, one
+  clock); p50/p99/max per kind. The receivers re-issue their request at once after each
+  answer. Medians of ``--reps`` rounds over the same receivers.
 - **ttl**: a broker with ``stream_segment_bytes`` = ``--segment-bytes``; persistent
   messages of 1 KiB with a TTL of 3 s fill ``--ttl-segments`` segments of ``__streams``;
   the bytes of the ``__streams`` partition directories on disk then, and once the messages
@@ -115,6 +116,13 @@ def _proc_status(pid: int, name: str) -> int:
             if line.startswith(name + ":"):
                 return int(line.split()[1]) * 1024
     raise SystemExit(f"/proc/{pid}/status has no {name}")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        parts = f.read().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def dir_bytes(path: Path) -> int:
@@ -278,6 +286,8 @@ class Create:
     in_memory_bytes: int
     bytes_per_stream: float
     log_bytes: int
+    broker_cpu_us_per_stream: float
+    client_cpu_us_per_stream: float
 
 
 async def create(b: Broker, args: argparse.Namespace, prefix: str = "s") -> Create:
@@ -288,9 +298,11 @@ async def create(b: Broker, args: argparse.Namespace, prefix: str = "s") -> Crea
         await client.streams.send("warm-up", value, persistent=True)
         rss0 = await b.settled_rss()
         items = [SendItem(stream_id(prefix, i), value, persistent=True) for i in range(n)]
+        cpu0, client0 = cpu_s(b.pid), time.process_time()
         start = time.perf_counter()
         await send_all(client, items, args.batch, args.in_flight)
         elapsed = time.perf_counter() - start
+        cpu, client_cpu = cpu_s(b.pid) - cpu0, time.process_time() - client0
         del items
         rss1 = await b.settled_rss()
         stats: StreamStats = await client.streams.stats()
@@ -312,6 +324,8 @@ async def create(b: Broker, args: argparse.Namespace, prefix: str = "s") -> Crea
         stats.in_memory_bytes,
         (rss1 - rss0 - stats.in_memory_bytes) / n,
         stats.log_bytes,
+        cpu / n * 1e6,
+        client_cpu / n * 1e6,
     )
 
 
@@ -742,7 +756,9 @@ def main() -> None:
                     f"create rep {rep}/{args.reps}: {c.streams:,} persistent streams in "
                     f"{c.seconds:.2f} s = {c.streams_per_s:,.0f} streams/s; RSS "
                     f"{mib(c.rss_before)} -> {mib(c.rss_after)} (VmRSS {mib(c.vm_rss_after)}): "
-                    f"{c.bytes_per_stream:,.0f} B/stream; log {c.log_bytes:,} B"
+                    f"{c.bytes_per_stream:,.0f} B/stream; log {c.log_bytes:,} B; CPU per stream: "
+                    f"broker {c.broker_cpu_us_per_stream:.1f} µs, client "
+                    f"{c.client_cpu_us_per_stream:.1f} µs"
                 )
                 if last and "restart" in parts:
                     rs = restart(b, args)
