@@ -39,7 +39,9 @@ JSON object.
   one persistent message: the index is rebuilt by then) and to ``stats()`` answering N
   streams; its RSS after the rebuild.
 - **longpoll**: H streams each with one HTTP long-poll receiver
-  (``GET /v1/streams/{id}/messages?wait_ms=..``: httpx, one connection each) and K
+  (``GET /v1/streams/{id}/messages?wait_ms=..``, one keep-alive connection each, the
+  requests written and the answers read by hand, or with ``--http-client httpx`` through
+  httpx, whose own cost per request then dominates this process's CPU) and K
   streams each with one binary-protocol receiver (``receive_many`` of
   ``--streams-per-receive`` streams per request, 1 by default: K requests waiting at once,
   over ``--binary-connections`` connections), all waiting at once (the broker's
@@ -517,6 +519,35 @@ async def _http_receiver(http: Any, stream: str, w: _Waiting) -> None:
             w.got(stream, w.http_lat)
 
 
+async def _raw_http_receiver(host: str, port: int, stream: str, w: _Waiting) -> None:
+    """The same long-poll as :func:`_http_receiver`, written and read by hand on one
+    keep-alive connection (HTTP/1.1, answers with a Content-Length): what the broker
+    answers, without an HTTP client library's own cost per request."""
+    from urllib.parse import quote
+
+    path = f"/v1/streams/{quote(stream, safe='')}/messages?wait_ms={LONG_POLL_MS}&max=1"
+    request = f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        while True:
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = head.split(b" ", 2)[1]
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, v = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(v)
+            body = await reader.readexactly(length)
+            if status != b"200":
+                w.errors.append(f"GET {path}: {status!r} {body[:200]!r}")
+                return
+            for _ in range(_http_count(json.loads(body))):
+                w.got(stream, w.http_lat)
+    finally:
+        writer.close()
+
+
 async def _binary_receiver(client: AsyncClient, streams: list[str], w: _Waiting) -> None:
     while True:
         got = await client.streams.receive_many(
@@ -541,7 +572,7 @@ async def longpoll(b: Broker, args: argparse.Namespace) -> list[tuple[Latency, L
             timeout=timeout_s,
             limits=httpx.Limits(max_connections=100, max_keepalive_connections=100),
         )
-        for _ in range(0, h, 100)
+        for _ in range(0, h if args.http_client == "httpx" else 0, 100)
     ]
     requests = -(-k // per)
     conns = [
@@ -557,7 +588,11 @@ async def longpoll(b: Broker, args: argparse.Namespace) -> list[tuple[Latency, L
     rounds = []
     try:
         for i, s in enumerate(http_ids):
-            tasks.append(asyncio.create_task(_http_receiver(https[i // 100], s, w)))
+            if args.http_client == "httpx":
+                receiver = _http_receiver(https[i // 100], s, w)
+            else:
+                receiver = _raw_http_receiver("127.0.0.1", b.http_port, s, w)
+            tasks.append(asyncio.create_task(receiver))
             if i % 500 == 499:
                 await asyncio.sleep(0.01)  # let connections open, not all in one burst
         for j, i in enumerate(range(0, k, per)):
@@ -584,7 +619,14 @@ async def longpoll(b: Broker, args: argparse.Namespace) -> list[tuple[Latency, L
         )
         for rep in range(1, args.reps + 1):
             w.http_lat, w.bin_lat = [], []
+            cpu0, client0, start = cpu_s(b.pid), time.process_time(), time.perf_counter()
             await _paced_sends(sender, http_ids, bin_ids, w, args)
+            elapsed = time.perf_counter() - start
+            progress(
+                f"longpoll rep {rep}/{args.reps}: {args.sends:,} sends in {elapsed:.1f} s; CPU "
+                f"busy: broker {(cpu_s(b.pid) - cpu0) / elapsed:.0%}, this client "
+                f"{(time.process_time() - client0) / elapsed:.0%}"
+            )
             if w.errors:
                 raise SystemExit(w.errors[0])
             lat = (
@@ -627,7 +669,6 @@ async def _paced_sends(
     w.delivered.clear()
 
     async def send(stream: str) -> None:
-        w.sent_at[stream] = time.perf_counter()
         await sender.streams.send(stream, b"x" * 64)
 
     start = time.perf_counter()
@@ -635,6 +676,7 @@ async def _paced_sends(
         ids = http_ids if (i % 2 == 0 and http_ids) or not bin_ids else bin_ids
         while (s := rng.choice(ids)) in w.sent_at:
             pass
+        w.sent_at[s] = time.perf_counter()
         t = asyncio.create_task(send(s))
         tasks.add(t)
         t.add_done_callback(tasks.discard)
@@ -720,13 +762,19 @@ def main() -> None:
     ap.add_argument("--fsync", default="", help="the broker's fsync policy (default: its own)")
     ap.add_argument("--idle-ms", type=int, default=2000, help="evict: stream_idle_ms")
     ap.add_argument("--http-receivers", type=int, default=10_000)
+    ap.add_argument(
+        "--http-client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="longpoll: HTTP written by hand on keep-alive connections, or httpx",
+    )
     ap.add_argument("--binary-receivers", type=int, default=100_000)
     ap.add_argument(
         "--streams-per-receive", type=int, default=1, help="streams of one binary receive"
     )
     ap.add_argument("--binary-connections", type=int, default=20)
-    ap.add_argument("--sends", type=int, default=2000, help="longpoll: sends per rep")
-    ap.add_argument("--send-rate", type=float, default=500, help="longpoll: sends per second")
+    ap.add_argument("--sends", type=int, default=1000, help="longpoll: sends per rep")
+    ap.add_argument("--send-rate", type=float, default=200, help="longpoll: sends per second")
     ap.add_argument("--ttl-segments", type=int, default=8)
     ap.add_argument("--segment-bytes", type=int, default=1 << 20, help="ttl: segment size")
     ap.add_argument("--timeout", type=float, default=300.0, help="bound of each wait, seconds")
