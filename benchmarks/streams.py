@@ -85,8 +85,11 @@ from tidewire.client import AsyncClient
 
 #: Requests of send_many/receive_many carry at most this many items (the client's own split).
 MAX_BATCH = 10_000
-#: Long-poll wait of the receivers, ms (they re-issue it when it ends with nothing).
-LONG_POLL_MS = 60_000
+#: Long-poll wait of the receivers, ms (they re-issue it when it ends with nothing): the
+#: broker's longest (stream_max_wait_ms), so that no wait started at the setup ends during
+#: the rounds (with 60 s, the 110,000 receives started together all ended and came again
+#: mid-round, and the broker spent seconds on them).
+LONG_POLL_MS = 300_000
 #: Bytes of each message of the ttl part.
 TTL_VALUE_BYTES = 1024
 TTL_MS = 3000
@@ -727,6 +730,8 @@ async def _paced_sends(
             await asyncio.sleep(delay)
     while tasks:
         await asyncio.gather(*tasks)
+    # The event may have been set while the sends went on (all delivered so far): again.
+    w.delivered.clear()
     if w.sent_at:
         try:
             await asyncio.wait_for(w.delivered.wait(), args.timeout)

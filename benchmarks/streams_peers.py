@@ -61,6 +61,8 @@ from tidewire.client import AsyncClient  # noqa: E402
 VALUE = b"v" * 64
 PIPELINE = 1000
 TIDEWIRE_CONNECTIONS = 8
+#: Long-poll wait of every receiver, seconds (tidewire's longest): none ends mid-round.
+WAIT_S = 300
 
 
 @dataclass
@@ -115,6 +117,7 @@ async def _paced(
             await asyncio.sleep(delay)
     while tasks:
         await asyncio.gather(*tasks)
+    done.clear()  # set while the sends went on, if all were delivered by then
     if sent_at:
         try:
             await asyncio.wait_for(done.wait(), args.timeout)
@@ -226,14 +229,14 @@ async def redis_variant(
 
     async def blpop(key: str) -> None:
         while True:
-            got = await rc.blpop([key], timeout=60)
+            got = await rc.blpop([key], timeout=WAIT_S)
             if got is not None:
                 clock.got(key)
 
     async def xread(key: str) -> None:
         last = "$"
         while True:
-            got = await rc.xread({key: last}, block=60_000)
+            got = await rc.xread({key: last}, block=WAIT_S * 1000)
             for _, entries in got or ():
                 for entry_id, _ in entries:
                     last = entry_id
@@ -319,13 +322,13 @@ async def tidewire_variant(
         clock = _Clock()
         per_conn = -(-args.receivers // TIDEWIRE_CONNECTIONS) + 1
         conns = [
-            AsyncClient(b.addr, request_timeout_s=args.timeout + 120, max_in_flight=per_conn)
+            AsyncClient(b.addr, request_timeout_s=WAIT_S + 60, max_in_flight=per_conn)
             for _ in range(TIDEWIRE_CONNECTIONS)
         ]
 
         async def recv(conn: AsyncClient, key: str) -> None:
             while True:
-                if await conn.streams.receive(key, wait_ms=60_000) is not None:
+                if await conn.streams.receive(key, wait_ms=WAIT_S * 1000) is not None:
                     clock.got(key)
 
         tasks = [asyncio.create_task(recv(conns[i % len(conns)], k)) for i, k in enumerate(keys)]
