@@ -247,7 +247,8 @@ class StreamManager:
         self._wheel_at = 0  # buckets below this second have run
         self._seg_exp: list[dict[int, int]] = []  # per partition: segment base -> newest expiry
         self._pending_takes: list[dict[str, int]] = []
-        self._take_futs: list[asyncio.Future[int] | None] = []
+        #: per partition: receives waiting for the next take record (its end offset)
+        self._take_futs: list[list[asyncio.Future[int]]] = []
         self._takes_scheduled = False
         self._cache: OrderedDict[tuple[int, int], tuple[int, _Entries]]
         self._cache = OrderedDict()
@@ -279,7 +280,7 @@ class StreamManager:
             self.partitions = len(existing)
             self._open_logs()
         self._pending_takes = [{} for _ in range(self.partitions)]
-        self._take_futs = [None] * self.partitions
+        self._take_futs = [[] for _ in range(self.partitions)]
         self._loaded = True
         now = self.clock()
         self._wheel_at = now // 1000
@@ -979,30 +980,30 @@ class StreamManager:
             if not pending:
                 continue
             self._pending_takes[p] = {}
-            fut = self._take_futs[p]
-            self._take_futs[p] = None
+            futs = self._take_futs[p]
+            self._take_futs[p] = []
             b = BatchBuilder()
             b.append(_encode(list(pending.items())), timestamp_ms=now, key=_KEY_TAKES)
             try:
                 info = self._logs[p].append(b.build())
-            except BaseException as exc:
-                if fut is not None and not fut.done():
-                    fut.set_exception(exc)
-                    fut.exception()  # retrieved: the receivers re-raise it
-                else:
-                    log.error("%s-%d: a take record failed: %s", STREAMS_TOPIC, p, exc)
+            except Exception as exc:
+                log.error("%s-%d: a take record failed: %s", STREAMS_TOPIC, p, exc)
+                for fut in futs:
+                    if not fut.done():
+                        fut.set_exception(exc)
                 continue
-            if fut is not None and not fut.done():
-                fut.set_result(info.last_offset + 1)
+            end = info.last_offset + 1
+            for fut in futs:
+                if not fut.done():
+                    fut.set_result(end)
 
     async def _takes_durable(self, parts: set[int]) -> None:
         loop = asyncio.get_running_loop()
         for p in parts:
             if self._pending_takes[p]:
-                fut = self._take_futs[p]
-                if fut is None:
-                    fut = self._take_futs[p] = loop.create_future()
-                end = await asyncio.shield(fut)
+                fut: asyncio.Future[int] = loop.create_future()
+                self._take_futs[p].append(fut)
+                end = await fut
             else:
                 end = self._logs[p].log_end_offset
             if self._always:
