@@ -457,10 +457,17 @@ def test_close_wakes_every_waiter(tmp_path: Path) -> None:
         async with streams_broker(tmp_path) as (broker, st):
             r = asyncio.create_task(st.receive(["z"], wait_ms=30_000))
             rd = asyncio.create_task(st.read({"z": FROM_END}, wait_ms=30_000))
+            blocked = asyncio.create_task(
+                st.send([SendItem("y", b"1")], ring_size=0, block_ms=30_000)
+            )
             await until(lambda: st.stats().receivers == 2, "both wait")
+            await asyncio.sleep(0.01)
+            assert not blocked.done()
             broker.begin_drain()
             assert await asyncio.wait_for(r, PROMPT_S) == []
             assert (await asyncio.wait_for(rd, PROMPT_S))[0] == []
+            res = await asyncio.wait_for(blocked, PROMPT_S)
+            assert res[0].code == StreamFullError.code
             assert await st.receive(["z"], wait_ms=30_000) == []  # draining: no wait
 
     asyncio.run(main())

@@ -744,12 +744,13 @@ class StreamManager:
     async def _wait_room(self, s: _Stream, deadline: float) -> bool:
         """Wait until ``s`` has room for one more waiting message; False at ``deadline``."""
         loop = asyncio.get_running_loop()
+        releases = self._releases
         while True:
             room = s.ring + (len(s.waiters) if s.waiters else 0)
             if room > 0 and self._waiting(s, self.clock()) < room:
                 return True
             left = deadline - loop.time()
-            if left <= 0 or self._closed:
+            if left <= 0 or self._closed or self.draining or releases != self._releases:
                 return False
             fut: asyncio.Future[None] = loop.create_future()
             if s.blocked is None:
@@ -1227,9 +1228,12 @@ class StreamManager:
             self._schedule(s, _ceil_s(nxt))
             return
         now_s = now // 1000
+        if s.waiters or s.readers or s.blocked:  # looked at again an idle time later
+            self._schedule(s, now_s + max(self.idle_s, 1))
+            return
         idle_end = s.used + self.idle_s
-        if s.waiters or s.readers or s.blocked or idle_end > now_s:
-            self._schedule(s, max(idle_end, now_s + 1))
+        if idle_end > now_s:
+            self._schedule(s, idle_end)
             return
         del self._streams[s.sid]
         self._stats.evicted += 1
