@@ -10,6 +10,7 @@ import pytest
 
 from tests.broker._support import PROMPT_S, T0
 from tests.broker.streams._support import FakeClock, streams_broker
+from tidewire.broker.streams import manager
 from tidewire.broker.streams.manager import STREAMS_TOPIC
 from tidewire.broker.streams.model import (
     FROM_END,
@@ -490,5 +491,44 @@ def test_under_fsync_always_reads_and_takes_wait_for_durability(tmp_path: Path) 
             assert plog.flushed_offset == plog.log_end_offset  # the take record too
         async with streams_broker(tmp_path, log=LogConfig(fsync=FsyncPolicy.ALWAYS)) as (_, st):
             assert await st.receive(["f"]) == []
+
+    asyncio.run(main())
+
+
+def test_a_send_splits_its_records_at_the_entry_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(manager, "MAX_ENTRIES_PER_RECORD", 3)
+
+    async def main() -> None:
+        async with streams_broker(tmp_path, stream_partitions=1) as (broker, st):
+            res = await st.send(
+                [SendItem(f"s{i % 2}", b"%d" % i, persistent=True) for i in range(8)]
+            )
+            records = [
+                split_position(decode_token(f"s{i % 2}", r.token)) for i, r in enumerate(res)
+            ]
+            assert records == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (2, 0), (2, 1)]
+            assert broker.logs.logs[(STREAMS_TOPIC, 0)].log_end_offset == 3
+            got = await st.receive(["s0", "s1"], max_messages=8)
+            assert sorted(values(got)) == [b"%d" % i for i in range(8)]
+        async with streams_broker(tmp_path, stream_partitions=1) as (_, st):
+            msgs, _ = await st.read({"s1": FROM_START})
+            assert values(msgs) == [b"1", b"3", b"5", b"7"]
+            assert await st.receive(["s0", "s1"]) == []
+
+    asyncio.run(main())
+
+
+def test_the_partition_count_is_fixed_when_the_log_is_created(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with streams_broker(tmp_path, stream_partitions=2) as (broker, st):
+            assert broker.topics() == {}  # nothing on disk before the first persistent message
+            await st.send([SendItem("a", b"1", persistent=True)])
+            assert broker.topics() == {}  # internal: not listed
+            assert sorted(broker.logs.topics()[STREAMS_TOPIC]) == [0, 1]
+        async with streams_broker(tmp_path, stream_partitions=8) as (_, st):
+            assert st.partitions == 2
+            assert values(await st.receive(["a"])) == [b"1"]
 
     asyncio.run(main())
