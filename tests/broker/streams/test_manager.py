@@ -26,6 +26,7 @@ from tidewire.errors import (
     BackpressureError,
     BatchTooLargeError,
     InvalidStreamError,
+    StorageError,
     StreamFullError,
     TooManyStreamsError,
 )
@@ -523,12 +524,41 @@ def test_a_send_splits_its_records_at_the_entry_bound(
 def test_the_partition_count_is_fixed_when_the_log_is_created(tmp_path: Path) -> None:
     async def main() -> None:
         async with streams_broker(tmp_path, stream_partitions=2) as (broker, st):
-            assert broker.topics() == {}  # nothing on disk before the first persistent message
+            await st.send([SendItem("m", b"in memory only")])
+            assert values(await st.receive(["m"])) == [b"in memory only"]
+            # in-memory messages never touch the disk: no log before a persistent message
+            assert STREAMS_TOPIC not in broker.logs.topics()
             await st.send([SendItem("a", b"1", persistent=True)])
             assert broker.topics() == {}  # internal: not listed
             assert sorted(broker.logs.topics()[STREAMS_TOPIC]) == [0, 1]
         async with streams_broker(tmp_path, stream_partitions=8) as (_, st):
             assert st.partitions == 2
             assert values(await st.receive(["a"])) == [b"1"]
+
+    asyncio.run(main())
+
+
+def test_a_failed_write_indexes_nothing_of_it(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with streams_broker(tmp_path, stream_partitions=1) as (broker, st):
+            await st.send([SendItem("w", b"before", persistent=True)])
+            plog = broker.logs.logs[(STREAMS_TOPIC, 0)]
+            real = plog.append
+
+            def failing(batch: object) -> object:
+                raise StorageError("disk full (simulated)")
+
+            plog.append = failing  # type: ignore[method-assign,assignment]
+            with pytest.raises(StorageError, match="disk full"):
+                await st.send(
+                    [
+                        SendItem("w", b"lost", persistent=True),
+                        SendItem("new", b"x", persistent=True),
+                    ]
+                )
+            plog.append = real  # type: ignore[method-assign]
+            assert values(await st.receive(["w", "new"], max_messages=5)) == [b"before"]
+            assert values((await st.read({"w": FROM_START, "new": FROM_START}))[0]) == [b"before"]
+            assert st.stats().persistent_messages == 1
 
     asyncio.run(main())

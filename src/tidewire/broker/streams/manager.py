@@ -515,7 +515,6 @@ class StreamManager:
         nparts = self.partitions
         # per partition: records being built [offset, entries, bytes, newest expiry]
         recs: dict[int, list[list[Any]]] = {}
-        touched: dict[int, list[_Stream]] = {}
         exps: dict[int, tuple[int, int]] = {}
         cap = self._record_cap
         max_bytes = self.max_message_bytes
@@ -599,7 +598,6 @@ class StreamManager:
                     if not self._logs:
                         self._open_logs()
                     plist = recs[p] = [[self._logs[p].log_end_offset, [], 0, 0]]
-                    touched[p] = []
                 rec = plist[-1]
                 entries = rec[1]
                 size = len(value) + 3 * (len(sid) + len(uuid)) + 24
@@ -617,7 +615,6 @@ class StreamManager:
                     s.ents = (pos, exp)
                 else:
                     _add_entry(s, pos, exp)
-                touched[p].append(s)
                 n_persistent += 1
                 if crc < 0:
                     crc = crc32(sid.encode("utf-8", "surrogatepass"))
@@ -648,13 +645,12 @@ class StreamManager:
             k += 1
         stats.persistent_messages += n_persistent
         stats.sent_persistent += n_persistent
-        self._append(recs, touched, now, ends)
+        self._append(recs, now, ends)
         return k
 
     def _append(
         self,
         recs: dict[int, list[list[Any]]],
-        touched: dict[int, list[_Stream]],
         now: int,
         ends: dict[int, int],
     ) -> None:
@@ -670,7 +666,11 @@ class StreamManager:
                     if info.base_offset != offset:  # nothing else appends to __streams
                         raise AssertionError(f"{plog.directory}: at {info.base_offset}")
                 except BaseException as exc:
-                    self._unindex(touched[p], offset << POSITION_BITS)
+                    failed = {e[0] for r in plist[n:] for e in r[1]}
+                    self._unindex(
+                        [s for sid in failed if (s := self._streams.get(sid)) is not None],
+                        offset << POSITION_BITS,
+                    )
                     failure = failure or exc
                     del plist[n:]
                     break
