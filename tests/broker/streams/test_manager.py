@@ -562,3 +562,42 @@ def test_a_failed_write_indexes_nothing_of_it(tmp_path: Path) -> None:
             assert st.stats().persistent_messages == 1
 
     asyncio.run(main())
+
+
+def test_a_restart_skips_expired_messages_and_keeps_ring_drops(tmp_path: Path) -> None:
+    async def main() -> None:
+        clock = FakeClock()
+        async with streams_broker(tmp_path, clock) as (_, st):
+            await st.send(
+                [
+                    SendItem("short", b"s", ttl_ms=1_000, persistent=True),
+                    SendItem("long", b"l", ttl_ms=60_000, persistent=True),
+                ]
+            )
+            await st.send(
+                [SendItem("ring", b"%d" % i, persistent=True) for i in range(3)], ring_size=1
+            )
+        clock.advance(1_000)
+        async with streams_broker(tmp_path, clock) as (_, st):
+            assert st.describe("short") is None  # expired while the broker was down
+            assert values(await st.receive(["short", "long"], max_messages=5)) == [b"l"]
+            # the ring pushed out 0 and 1: still out of the work queue, still readable
+            assert values(await st.receive(["ring"], max_messages=5)) == [b"2"]
+            assert values((await st.read({"ring": FROM_START}))[0]) == [b"0", b"1", b"2"]
+
+    asyncio.run(main())
+
+
+def test_a_read_of_many_streams_starves_none(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with streams_broker(tmp_path) as (_, st):
+            await st.send([SendItem("busy", b"%d" % i, persistent=True) for i in range(50)])
+            await st.send([SendItem("quiet", b"q", persistent=True)])
+            positions = {"busy": FROM_START, "quiet": FROM_START}
+            seen: list[str] = []
+            for _ in range(2):
+                msgs, positions = await st.read(positions, max_messages=5)
+                seen += [m.stream for m in msgs]
+            assert "quiet" in seen
+
+    asyncio.run(main())

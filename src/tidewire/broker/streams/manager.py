@@ -1065,9 +1065,13 @@ class StreamManager:
     def _read_now(self, starts: dict[str, int], k: int) -> list[StreamMessage]:
         now = self.clock()
         out: list[StreamMessage] = []
-        for sid, start in starts.items():
+        ids = list(starts)
+        first = self._rr % len(ids)  # a rotating first stream: none is starved by the others
+        self._rr += 1
+        for sid in ids[first:] + ids[:first]:
             if len(out) >= k:
                 break
+            start = starts[sid]
             s = self._streams.get(sid)
             if s is None or s.ents is None:
                 continue
