@@ -31,10 +31,11 @@ are indexed, take records set the cursors, uuids refill the dedup windows.
 from __future__ import annotations
 
 import asyncio
-import base64
+import binascii
 import contextlib
 import heapq
 import logging
+import struct
 import time
 import zlib
 from array import array
@@ -49,6 +50,7 @@ from tidewire.broker.offsets import STREAMS_TOPIC
 from tidewire.broker.streams.model import (
     FROM_END,
     FROM_START,
+    MAX_STREAM_ID_CHARS,
     POSITION_BITS,
     SendItem,
     SendResult,
@@ -94,8 +96,11 @@ MAX_MESSAGES_PER_CALL = 10_000
 MAX_RING_SIZE = 1_000_000
 #: Streams one receive or read may name: each is looked at on every wake-up.
 MAX_STREAMS_PER_CALL = 10_000
-#: Decoded message records kept for receives and reads (a record holds up to 65,535 entries).
-RECORD_CACHE = 32
+#: Decoded message records kept for receives and reads (a record holds up to 65,535
+#: entries): at most this many, of at most :data:`RECORD_CACHE_BYTES` together. A record is
+#: put there as it is written, so receivers woken by a send do not decode it again.
+RECORD_CACHE = 256
+RECORD_CACHE_BYTES = 64 * 1024 * 1024
 #: How often the timers run with the real clock (seconds).
 TICK_S = 0.25
 #: Bytes read at a time while loading.
@@ -110,10 +115,15 @@ _OK = SendResult()
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode_entries = msgspec.msgpack.Decoder(list[tuple[str, str, int, bytes]]).decode
+#: A record's entries left undecoded (a receive or read decodes only the one it returns).
+_decode_raw_entries = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
+_decode_entry = msgspec.msgpack.Decoder(tuple[str, str, int, bytes]).decode
+_Entries = list[Any]  # of (stream, uuid, expires_at_ms, value) tuples or their msgspec.Raw
 _decode_takes = msgspec.msgpack.Decoder(list[tuple[str, int]]).decode
-_b64 = base64.urlsafe_b64encode
 _crc = zlib.crc32
-_TOKEN_HEAD = b"\x01"  # model's token version 1, then crc32 and position (">BIq")
+_TOKEN_RAW = struct.Struct(">BIq").pack  # model's token: version 1, crc32 of the id, position
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+_b2a = binascii.b2a_base64
 
 
 def _now_ms() -> int:
@@ -122,51 +132,41 @@ def _now_ms() -> int:
 
 def _token(crc: int, pos: int) -> str:
     """:func:`~.model.encode_token` with the id's crc computed already."""
-    raw = _TOKEN_HEAD + crc.to_bytes(4, "big") + pos.to_bytes(8, "big", signed=True)
-    return _b64(raw).rstrip(b"=").decode("ascii")
+    # 13 bytes: 18 base64 characters and two of padding
+    return _b2a(_TOKEN_RAW(1, crc, pos), newline=False).translate(_URLSAFE)[:18].decode("ascii")
 
 
 def _sid_crc(sid: str) -> int:
     return _crc(sid.encode("utf-8", "surrogatepass"))
 
 
-class _Stream:
-    """One stream's index (see the module docstring)."""
+class _Stream(msgspec.Struct, gc=False):
+    """One stream's index (see the module docstring).
 
-    __slots__ = (
-        "blocked",
-        "cursor",
-        "due",
-        "ents",
-        "mem",
-        "part",
-        "readers",
-        "ring",
-        "sid",
-        "used",
-        "uuids",
-        "waiters",
-    )
+    A msgspec struct without GC tracking: a million of them cost the cyclic garbage
+    collector nothing (a full collection would otherwise walk every one), and they are made
+    in C. Nothing it holds refers back to it once its receivers are gone (their entries
+    are removed when they return), so it never sits in a reference cycle.
+    """
 
-    def __init__(self, sid: str, part: int, ring: int, now_s: int) -> None:
-        self.sid = sid
-        self.part = part
-        self.ring = ring
-        #: None, one (pos, expires_at_ms) tuple, or array('q') of interleaved pairs.
-        self.ents: tuple[int, int] | array[int] | None = None
-        #: Every persistent message at or below this position is taken.
-        self.cursor = -1
-        #: In-memory messages: (value, uuid, timestamp_ms, expires_at_ms, after) where
-        #: ``after`` is the newest persistent position of the stream when it was sent.
-        self.mem: deque[tuple[bytes, str, int, int, int]] | None = None
-        self.uuids: str | dict[str, None] | None = None
-        #: The second of the wheel bucket it sits in (0: none).
-        self.due = 0
-        #: The second it was last used (its idle time starts there).
-        self.used = now_s
-        self.waiters: dict[_Waiter, None] | None = None
-        self.readers: dict[_Waiter, None] | None = None
-        self.blocked: list[asyncio.Future[None]] | None = None
+    sid: str
+    part: int
+    ring: int
+    #: The second it was last used (its idle time starts there).
+    used: int
+    #: None, one (pos, expires_at_ms) tuple, or array('q') of interleaved pairs.
+    ents: tuple[int, int] | array[int] | None = None
+    #: Every persistent message at or below this position is taken.
+    cursor: int = -1
+    #: In-memory messages: (value, uuid, timestamp_ms, expires_at_ms, after) where
+    #: ``after`` is the newest persistent position of the stream when it was sent.
+    mem: deque[tuple[bytes, str, int, int, int]] | None = None
+    uuids: str | dict[str, None] | None = None
+    #: The second of the wheel bucket it sits in (0: none).
+    due: int = 0
+    waiters: dict[_Waiter, None] | None = None
+    readers: dict[_Waiter, None] | None = None
+    blocked: list[asyncio.Future[None]] | None = None
 
 
 class _Waiter:
@@ -237,10 +237,13 @@ class StreamManager:
         self._wheel_at = 0  # buckets below this second have run
         self._seg_exp: list[dict[int, int]] = []  # per partition: segment base -> newest expiry
         self._pending_takes: list[dict[str, int]] = []
-        self._take_futs: list[asyncio.Future[int] | None] = []
+        #: per partition: receives waiting for the next take record (its end offset)
+        self._take_futs: list[list[asyncio.Future[int]]] = []
         self._takes_scheduled = False
-        self._cache: OrderedDict[tuple[int, int], tuple[int, list[tuple[str, str, int, bytes]]]]
+        self._cache: OrderedDict[tuple[int, int], tuple[int, _Entries]]
         self._cache = OrderedDict()
+        self._cache_sizes: dict[tuple[int, int], int] = {}
+        self._cache_bytes = 0
         self._n_waiters = 0
         self._n_readers = 0
         self._releases = 0
@@ -267,7 +270,7 @@ class StreamManager:
             self.partitions = len(existing)
             self._open_logs()
         self._pending_takes = [{} for _ in range(self.partitions)]
-        self._take_futs = [None] * self.partitions
+        self._take_futs = [[] for _ in range(self.partitions)]
         self._loaded = True
         now = self.clock()
         self._wheel_at = now // 1000
@@ -323,16 +326,20 @@ class StreamManager:
         now_s = now // 1000
         default_ring = self.default_ring
         window = self.dedup_window
+        wheel = self._wheel
+        bucket_s = -1
+        bucket: list[_Stream] = []
+        n_new = 0
         while offset < end:
             try:
                 r = plog.read(offset, _READ_CHUNK)
             except PartitionCorruptError as exc:  # never served: what it held is lost
                 if exc.damage_end <= offset:
-                    return
+                    break
                 offset = exc.damage_end
                 continue
             if not r.data:
-                return
+                break
             view = memoryview(r.data)
             for pos0, h in iter_batches(view, verify=False):
                 if h.last_offset < offset:
@@ -347,18 +354,35 @@ class StreamManager:
                             continue
                         base = rec.offset << POSITION_BITS
                         newest = 0
+                        last_exp = exp_s = -1
+                        n_live = 0
                         for i, (sid, uuid, exp, _value) in enumerate(entries):
-                            newest = max(newest, exp)
-                            if exp > now:
-                                s = streams.get(sid)
-                                if s is None:
-                                    s = streams[sid] = _Stream(sid, p, default_ring, now_s)
-                                    self._stats.created += 1
+                            if exp != last_exp:  # a send's entries mostly share one expiry
+                                last_exp = exp
+                                exp_s = -(-exp // 1000)
+                                if exp > newest:  # noqa: PLR1730 (max() costs a call)
+                                    newest = exp
+                            if exp <= now:
+                                continue
+                            n_live += 1
+                            s = streams.get(sid)
+                            if s is None:
+                                s = streams[sid] = _Stream(sid, p, default_ring, now_s)
+                                n_new += 1
+                            if s.ents is None:
+                                s.ents = (base | i, exp)
+                            else:
                                 _add_entry(s, base | i, exp)
-                                self._stats.persistent_messages += 1
-                                self._schedule(s, _ceil_s(exp))
-                                if uuid:
-                                    _remember(s, uuid, window)
+                            due = s.due
+                            if due == 0 or exp_s < due:
+                                s.due = exp_s
+                                if exp_s != bucket_s:
+                                    bucket_s = exp_s
+                                    bucket = wheel.setdefault(exp_s, [])
+                                bucket.append(s)
+                            if uuid:
+                                _remember(s, uuid, window)
+                        self._stats.persistent_messages += n_live
                         seg = bases[_segment_index(bases, rec.offset)]
                         if newest > seg_exp.get(seg, 0):
                             seg_exp[seg] = newest
@@ -372,6 +396,7 @@ class StreamManager:
                             if s is not None and pos > s.cursor:
                                 s.cursor = pos
             offset = r.next_offset
+        self._stats.created += n_new
 
     async def run(self) -> None:
         """Until cancelled: apply due timers and reclaim expired segments."""
@@ -478,50 +503,59 @@ class StreamManager:
         ring_default = self.default_ring if ring_size is None else ring_size
         stats = self._stats
         nparts = self.partitions
-        # per partition: records being built [(offset, entries, bytes, newest expiry)]
+        # per partition: records being built [offset, entries, bytes, newest expiry]
         recs: dict[int, list[list[Any]]] = {}
-        touched: dict[int, list[_Stream]] = {}
         exps: dict[int, tuple[int, int]] = {}
         cap = self._record_cap
         max_bytes = self.max_message_bytes
         window = self.dedup_window
+        wheel = self._wheel
+        bucket_s = -1
+        bucket: list[_Stream] = []
+        crc32 = _crc
+        always = self._always
+        token = _token
         stop = len(items)
         k = start
+        n_persistent = 0
         while k < stop:
             it = items[k]
             sid = it.stream
-            s = streams.get(sid)
             value = it.value
-            try:
-                if s is None:
-                    check_stream_id(sid)
-                if len(value) > max_bytes:
-                    raise BatchTooLargeError(
-                        f"a stream message of {len(value):,} bytes exceeds "
-                        f"stream_max_message_bytes={max_bytes:,}"
-                    )
-                ttl = it.ttl_ms
-                got = exps.get(ttl)
-                if got is None:
-                    ttl_ms = ttl or self.default_ttl_ms
-                    if not 0 < ttl_ms <= self.max_ttl_ms:
-                        raise InvalidStreamError(
-                            f"ttl_ms={ttl:,} must be within 0..{self.max_ttl_ms:,} "
-                            "(stream_max_ttl_ms; 0: the default)"
+            ttl = it.ttl_ms
+            got = exps.get(ttl)
+            s = streams.get(sid)
+            crc = -1
+            if s is None or got is None or len(value) > max_bytes:
+                try:
+                    if s is None and (not sid or len(sid) > MAX_STREAM_ID_CHARS or "\x00" in sid):
+                        check_stream_id(sid)
+                    if len(value) > max_bytes:
+                        raise BatchTooLargeError(
+                            f"a stream message of {len(value):,} bytes exceeds "
+                            f"stream_max_message_bytes={max_bytes:,}"
                         )
-                    got = exps[ttl] = (now + ttl_ms, _ceil_s(now + ttl_ms))
-                if s is None:
-                    if len(streams) >= self.max_count:
-                        raise TooManyStreamsError(
-                            f"{len(streams):,} streams exist (stream_max_count="
-                            f"{self.max_count:,}); {sid[:200]!r} is not created"
-                        )
-                    s = streams[sid] = _Stream(sid, partition_of(sid, nparts), ring_default, now_s)
-                    stats.created += 1
-            except TidewireError as exc:
-                results[k] = _error(exc)
-                k += 1
-                continue
+                    if got is None:
+                        ttl_ms = ttl or self.default_ttl_ms
+                        if not 0 < ttl_ms <= self.max_ttl_ms:
+                            raise InvalidStreamError(
+                                f"ttl_ms={ttl:,} must be within 0..{self.max_ttl_ms:,} "
+                                "(stream_max_ttl_ms; 0: the default)"
+                            )
+                        got = exps[ttl] = (now + ttl_ms, _ceil_s(now + ttl_ms))
+                    if s is None:
+                        if len(streams) >= self.max_count:
+                            raise TooManyStreamsError(
+                                f"{len(streams):,} streams exist (stream_max_count="
+                                f"{self.max_count:,}); {sid[:200]!r} is not created"
+                            )
+                        crc = crc32(sid.encode("utf-8", "surrogatepass"))
+                        s = streams[sid] = _Stream(sid, crc % nparts, ring_default, now_s)
+                        stats.created += 1
+                except TidewireError as exc:
+                    results[k] = _error(exc)
+                    k += 1
+                    continue
             uuid = it.uuid
             if uuid:
                 u = s.uuids
@@ -530,7 +564,8 @@ class StreamManager:
                     stats.duplicates += 1
                     k += 1
                     continue
-            room = s.ring + (len(s.waiters) if s.waiters else 0)
+            waiters = s.waiters
+            room = s.ring + (len(waiters) if waiters else 0)
             # room 0: no message may wait, this one included (a persistent one is stored,
             # readable by token, but out of the work queue at once)
             drop_self = False
@@ -549,30 +584,35 @@ class StreamManager:
             if it.persistent:
                 p = s.part
                 plist = recs.get(p)
-                size = len(value) + 3 * (len(sid) + len(uuid)) + 24
                 if plist is None:
                     if not self._logs:
                         self._open_logs()
                     plist = recs[p] = [[self._logs[p].log_end_offset, [], 0, 0]]
-                    touched[p] = []
                 rec = plist[-1]
-                if len(rec[1]) >= MAX_ENTRIES_PER_RECORD or (rec[1] and rec[2] + size > cap):
+                entries = rec[1]
+                size = len(value) + 3 * (len(sid) + len(uuid)) + 24
+                if len(entries) >= MAX_ENTRIES_PER_RECORD or (entries and rec[2] + size > cap):
                     rec = [rec[0] + 1, [], 0, 0]
                     plist.append(rec)
-                entries = rec[1]
+                    entries = rec[1]
                 pos = (rec[0] << POSITION_BITS) | len(entries)
                 entries.append((sid, uuid, exp, value))
                 rec[2] += size
-                rec[3] = max(rec[3], exp)
-                _add_entry(s, pos, exp)
-                touched[p].append(s)
-                stats.persistent_messages += 1
-                stats.sent_persistent += 1
-                results[k] = SendResult(0, "", _token(_sid_crc(sid), pos))
+                if exp > rec[3]:  # noqa: PLR1730 (max() costs a call)
+                    rec[3] = exp
+                ents = s.ents
+                if ents is None:
+                    s.ents = (pos, exp)
+                else:
+                    _add_entry(s, pos, exp)
+                n_persistent += 1
+                if crc < 0:
+                    crc = crc32(sid.encode("utf-8", "surrogatepass"))
+                results[k] = SendResult(0, "", token(crc, pos))
                 if drop_self:
                     s.cursor = pos
                     self._note_take(s, pos)
-                if s.readers:
+                if always or s.readers:  # under fsync=always readers see it once durable
                     fresh.append(s)
             elif not drop_self:
                 if s.mem is None:
@@ -583,37 +623,49 @@ class StreamManager:
                 stats.sent_in_memory += 1
                 stats.in_memory_messages += 1
                 stats.in_memory_bytes += len(value)
-            if s.due == 0 or exp_s < s.due:
-                self._schedule(s, exp_s)
-            if s.waiters and not drop_self:
-                _wake_first(s.waiters)
+            due = s.due
+            if due == 0 or exp_s < due:
+                s.due = exp_s
+                if exp_s != bucket_s:
+                    bucket_s = exp_s
+                    bucket = wheel.setdefault(exp_s, [])
+                bucket.append(s)
+            if waiters and not drop_self:
+                _wake_first(waiters)
             k += 1
-        self._append(recs, touched, now, ends)
+        stats.persistent_messages += n_persistent
+        stats.sent_persistent += n_persistent
+        self._append(recs, now, ends)
         return k
 
     def _append(
         self,
         recs: dict[int, list[list[Any]]],
-        touched: dict[int, list[_Stream]],
         now: int,
         ends: dict[int, int],
     ) -> None:
         failure: BaseException | None = None
         for p, plist in recs.items():
             plog = self._logs[p]
-            for n, (offset, entries, _size, newest) in enumerate(plist):
+            for n, (offset, entries, _estimate, newest) in enumerate(plist):
+                encoded = _encode(entries)
                 b = BatchBuilder()
-                b.append(_encode(entries), timestamp_ms=now, key=_KEY_MESSAGES)
+                b.append(encoded, timestamp_ms=now, key=_KEY_MESSAGES)
                 try:
                     info = plog.append(b.build())
                     if info.base_offset != offset:  # nothing else appends to __streams
                         raise AssertionError(f"{plog.directory}: at {info.base_offset}")
                 except BaseException as exc:
-                    self._unindex(touched[p], offset << POSITION_BITS)
+                    failed = {e[0] for r in plist[n:] for e in r[1]}
+                    self._unindex(
+                        [s for sid in failed if (s := self._streams.get(sid)) is not None],
+                        offset << POSITION_BITS,
+                    )
                     failure = failure or exc
                     del plist[n:]
                     break
                 ends[p] = offset + 1
+                self._remember_record(p, offset, (now, entries), len(encoded))
                 seg_exp = self._seg_exp[p]
                 seg = plog.segment_bases[-1]
                 if newest > seg_exp.get(seg, 0):
@@ -623,7 +675,7 @@ class StreamManager:
 
     def _unindex(self, streams: list[_Stream], from_pos: int) -> None:
         """Forget the entries at or after ``from_pos`` of ``streams`` (their write failed)."""
-        for s in set(streams):
+        for s in {s.sid: s for s in streams}.values():
             pairs = _pairs(s.ents)
             keep = list(pairs[: 2 * _first_after(pairs, from_pos - 1)])
             self._stats.persistent_messages -= (len(pairs) - len(keep)) // 2
@@ -682,12 +734,13 @@ class StreamManager:
     async def _wait_room(self, s: _Stream, deadline: float) -> bool:
         """Wait until ``s`` has room for one more waiting message; False at ``deadline``."""
         loop = asyncio.get_running_loop()
+        releases = self._releases
         while True:
             room = s.ring + (len(s.waiters) if s.waiters else 0)
             if room > 0 and self._waiting(s, self.clock()) < room:
                 return True
             left = deadline - loop.time()
-            if left <= 0 or self._closed:
+            if left <= 0 or self._closed or self.draining or releases != self._releases:
                 return False
             fut: asyncio.Future[None] = loop.create_future()
             if s.blocked is None:
@@ -776,8 +829,7 @@ class StreamManager:
                         if not s.waiters:
                             s.waiters = None
                     s.used = now_s
-                    if s.due == 0:
-                        self._schedule(s, now_s + self.idle_s)
+                    self._when_empty(s)
 
     def _streams_for(self, ids: Sequence[str], ring_size: int | None, now: int) -> list[_Stream]:
         streams = self._streams
@@ -839,7 +891,7 @@ class StreamManager:
                     self._note_take(s, s.cursor)
                 undo.append((s, old_cursor, s.cursor, mems))
                 self._room_freed(s)
-                self._after_change(s, now)
+                self._when_empty(s)
         if not out:
             return out
         try:
@@ -865,10 +917,13 @@ class StreamManager:
     def _message(self, s: _Stream, pos: int) -> StreamMessage:
         offset = pos >> POSITION_BITS
         ts, entries = self._record(s.part, offset)
-        sid, uuid, exp, value = entries[pos & MAX_ENTRIES_PER_RECORD]
+        entry = entries[pos & MAX_ENTRIES_PER_RECORD]
+        if type(entry) is msgspec.Raw:
+            entry = _decode_entry(entry)
+        sid, uuid, exp, value = entry
         return StreamMessage(sid, value, uuid, ts, exp, _token(_sid_crc(sid), pos + 1))
 
-    def _record(self, p: int, offset: int) -> tuple[int, list[tuple[str, str, int, bytes]]]:
+    def _record(self, p: int, offset: int) -> tuple[int, _Entries]:
         key = (p, offset)
         got = self._cache.get(key)
         if got is not None:
@@ -879,12 +934,28 @@ class StreamManager:
             if h.base_offset <= offset <= h.last_offset:
                 for rec in iter_records(memoryview(data)[pos0 : pos0 + h.size]):
                     if rec.offset == offset and rec.value is not None:
-                        got = (rec.timestamp, _decode_entries(rec.value))
-                        self._cache[key] = got
-                        if len(self._cache) > RECORD_CACHE:
-                            self._cache.popitem(last=False)
+                        got = (rec.timestamp, _decode_raw_entries(rec.value))
+                        self._remember_record(p, offset, got, len(rec.value))
                         return got
         raise PartitionCorruptError(f"{STREAMS_TOPIC}-{p}: no message record at {offset}")
+
+    def _remember_record(
+        self,
+        p: int,
+        offset: int,
+        record: tuple[int, _Entries],
+        size: int,
+    ) -> None:
+        cache, sizes = self._cache, self._cache_sizes
+        key = (p, offset)
+        cache[key] = record
+        sizes[key] = size
+        self._cache_bytes += size
+        while len(cache) > 1 and (
+            len(cache) > RECORD_CACHE or self._cache_bytes > RECORD_CACHE_BYTES
+        ):
+            old, _ = cache.popitem(last=False)
+            self._cache_bytes -= sizes.pop(old)
 
     def _note_take(self, s: _Stream, pos: int) -> None:
         """Queue a take record ``[s, pos]`` (written at the end of this loop turn)."""
@@ -900,30 +971,30 @@ class StreamManager:
             if not pending:
                 continue
             self._pending_takes[p] = {}
-            fut = self._take_futs[p]
-            self._take_futs[p] = None
+            futs = self._take_futs[p]
+            self._take_futs[p] = []
             b = BatchBuilder()
             b.append(_encode(list(pending.items())), timestamp_ms=now, key=_KEY_TAKES)
             try:
                 info = self._logs[p].append(b.build())
-            except BaseException as exc:
-                if fut is not None and not fut.done():
-                    fut.set_exception(exc)
-                    fut.exception()  # retrieved: the receivers re-raise it
-                else:
-                    log.error("%s-%d: a take record failed: %s", STREAMS_TOPIC, p, exc)
+            except Exception as exc:
+                log.error("%s-%d: a take record failed: %s", STREAMS_TOPIC, p, exc)
+                for fut in futs:
+                    if not fut.done():
+                        fut.set_exception(exc)
                 continue
-            if fut is not None and not fut.done():
-                fut.set_result(info.last_offset + 1)
+            end = info.last_offset + 1
+            for fut in futs:
+                if not fut.done():
+                    fut.set_result(end)
 
     async def _takes_durable(self, parts: set[int]) -> None:
         loop = asyncio.get_running_loop()
         for p in parts:
             if self._pending_takes[p]:
-                fut = self._take_futs[p]
-                if fut is None:
-                    fut = self._take_futs[p] = loop.create_future()
-                end = await asyncio.shield(fut)
+                fut: asyncio.Future[int] = loop.create_future()
+                self._take_futs[p].append(fut)
+                end = await fut
             else:
                 end = self._logs[p].log_end_offset
             if self._always:
@@ -989,13 +1060,18 @@ class StreamManager:
                         if not s.readers:
                             s.readers = None
                     s.used = now_s
+                    self._when_empty(s)
 
     def _read_now(self, starts: dict[str, int], k: int) -> list[StreamMessage]:
         now = self.clock()
         out: list[StreamMessage] = []
-        for sid, start in starts.items():
+        ids = list(starts)
+        first = self._rr % len(ids)  # a rotating first stream: none is starved by the others
+        self._rr += 1
+        for sid in ids[first:] + ids[:first]:
             if len(out) >= k:
                 break
+            start = starts[sid]
             s = self._streams.get(sid)
             if s is None or s.ents is None:
                 continue
@@ -1124,6 +1200,13 @@ class StreamManager:
             self._stats.expired += expired
             self._room_freed(s)
 
+    def _when_empty(self, s: _Stream) -> None:
+        """Put an empty ``s`` in the wheel for the end of its idle time (if not earlier)."""
+        if s.ents is None and not s.mem:
+            at = s.used + self.idle_s
+            if s.due == 0 or at < s.due:
+                self._schedule(s, at)
+
     def _after_change(self, s: _Stream, now: int) -> None:
         """Put ``s`` in the wheel at its next due second, or evict it when idle and empty."""
         if s.due:
@@ -1139,9 +1222,12 @@ class StreamManager:
             self._schedule(s, _ceil_s(nxt))
             return
         now_s = now // 1000
+        if s.waiters or s.readers or s.blocked:  # looked at again an idle time later
+            self._schedule(s, now_s + max(self.idle_s, 1))
+            return
         idle_end = s.used + self.idle_s
-        if s.waiters or s.readers or s.blocked or idle_end > now_s:
-            self._schedule(s, max(idle_end, now_s + 1))
+        if idle_end > now_s:
+            self._schedule(s, idle_end)
             return
         del self._streams[s.sid]
         self._stats.evicted += 1
