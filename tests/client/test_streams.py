@@ -235,3 +235,19 @@ def test_bad_arguments_name_their_numbers(tmp_path: Path) -> None:
                 await c.streams.send_many([("only-a-stream",)])
 
     run(main())
+
+
+def test_sends_of_one_loop_turn_share_a_request(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server), AsyncClient(addr(server)) as c:
+            calls = [c.streams.send(f"many/{i}", b"v") for i in range(300)]
+            calls.append(c.streams.send("", b"bad"))
+            calls.append(c.streams.send("other-settings", b"v", block_ms=5))
+            outcomes = await asyncio.gather(*calls, return_exceptions=True)
+            assert all(getattr(r, "code", None) == 0 for r in outcomes[:300])
+            assert isinstance(outcomes[300], InvalidStreamError)  # only its own error
+            assert getattr(outcomes[301], "code", None) == 0
+            assert c.streams._coalescer.requests == 2  # one per settings, not one per call
+            assert broker.streams.stats().streams == 301
+
+    run(main())

@@ -118,9 +118,10 @@ def stream_send(
     if ttl_ms < 0 or block_ms < 0 or (ring_size is not None and ring_size < 0):
         fail("--ttl-ms, --block-ms and --ring-size must be >= 0", EXIT_USAGE)
     if value is not None:
-        values = [value.encode()]
+        # the argument's bytes as given (bytes that are not UTF-8 come surrogate-escaped)
+        values = [value.encode("utf-8", "surrogateescape")]
     else:
-        values = [line.rstrip("\n").encode() for line in sys.stdin]
+        values = [line.rstrip(b"\n") for line in sys.stdin.buffer]
     if uuid and len(values) > 1:
         fail(f"--uuid names one message, and stdin holds {len(values):,}", EXIT_USAGE)
     items = [SendItem(stream, v, uuid, ttl_ms, persistent) for v in values]
@@ -322,5 +323,6 @@ def stream_describe(
         return
     width = max(len(k) for k in doc)
     for k, v in doc.items():
-        shown = f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+        counted = isinstance(v, int) and not isinstance(v, bool) and not k.endswith("_ms")
+        shown = f"{v:,}" if counted else str(v)
         typer.echo(f"{k.replace('_', ' '):<{width}}  {shown}")

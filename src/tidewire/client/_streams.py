@@ -121,11 +121,88 @@ def _chunks(items: Iterable[SendItem | tuple[Any, ...]]) -> Iterator[list[SendIt
         yield chunk
 
 
+class _Gathering:
+    """The items of :meth:`AsyncStreams.send` calls of one loop turn with equal settings."""
+
+    __slots__ = ("futures", "items", "size")
+
+    def __init__(self) -> None:
+        self.items: list[SendItem] = []
+        self.futures: list[asyncio.Future[SendResult]] = []
+        self.size = 0
+
+
+class _Coalescer:
+    """Gathers the :meth:`AsyncStreams.send` calls of one loop turn with equal ``ring_size``
+    and ``block_ms`` into one STREAM_SEND (up to :data:`MAX_SEND_ITEMS` items and
+    :data:`MAX_SEND_BYTES`; more start another), so that many tasks sending one message
+    each cost a request per turn, not a request each."""
+
+    def __init__(self, streams: AsyncStreams) -> None:
+        self._streams = streams
+        self._open: dict[tuple[int, int], _Gathering] = {}
+        self._scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.requests = 0  # STREAM_SEND requests sent for send() calls (for tests)
+
+    def add(self, item: SendItem, ring: int, block_ms: int) -> asyncio.Future[SendResult]:
+        loop = asyncio.get_running_loop()
+        key = (ring, block_ms)
+        n = len(item.value) + len(item.stream) + len(item.uuid)
+        g = self._open.get(key)
+        if g is not None and g.size + n > MAX_SEND_BYTES:
+            self._start(key, self._open.pop(key))
+            g = None
+        if g is None:
+            g = self._open[key] = _Gathering()
+        fut: asyncio.Future[SendResult] = loop.create_future()
+        g.items.append(item)
+        g.futures.append(fut)
+        g.size += n
+        if len(g.items) >= MAX_SEND_ITEMS:
+            self._start(key, self._open.pop(key))
+        elif not self._scheduled:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+        return fut
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        groups, self._open = self._open, {}
+        for key, g in groups.items():
+            self._start(key, g)
+
+    def _start(self, key: tuple[int, int], g: _Gathering) -> None:
+        task = asyncio.get_running_loop().create_task(
+            self._request(key, g), name="tidewire stream send"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _request(self, key: tuple[int, int], g: _Gathering) -> None:
+        self.requests += 1
+        try:
+            results = await self._streams._send(g.items, *key)
+        except TidewireError as exc:
+            for fut in g.futures:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        except BaseException:
+            for fut in g.futures:
+                fut.cancel()
+            raise
+        for fut, result in zip(g.futures, results, strict=True):
+            if not fut.done():  # its caller may have stopped waiting
+                fut.set_result(result)
+
+
 class AsyncStreams:
     """The stream methods of an :class:`~tidewire.client.AsyncClient` (``client.streams``)."""
 
     def __init__(self, transport: Transport) -> None:
         self._t = transport
+        self._coalescer = _Coalescer(self)
 
     def _timeout(self, wait_ms: int) -> float:
         return self._t.request_timeout_s + max(wait_ms, 0) / 1000
@@ -150,7 +227,9 @@ class AsyncStreams:
         ring_size: int | None = None,
         block_ms: int = 0,
     ) -> SendResult:
-        """Send one message to ``stream`` (created by it if it does not exist).
+        """Send one message to ``stream`` (created by it if it does not exist). Calls made
+        in the same loop turn with equal ``ring_size`` and ``block_ms`` travel as one
+        request, each with its own result.
 
         Args:
             value: the message (a str is sent as UTF-8).
@@ -173,9 +252,8 @@ class AsyncStreams:
             StreamFullError: the ring stayed full for ``block_ms`` (retriable).
             TooManyStreamsError: the broker holds its maximum of streams (retriable).
         """
-        (result,) = await self._send(
-            [SendItem(stream, _value(value), uuid, ttl_ms, persistent)], _ring(ring_size), block_ms
-        )
+        item = SendItem(stream, _value(value), uuid, ttl_ms, persistent)
+        result = await self._coalescer.add(item, _ring(ring_size), block_ms)
         if result.code > 0:
             raise for_code(result.code)(result.message)
         return result
