@@ -411,11 +411,14 @@ def main() -> None:
         f"{args.streams:,} streams of one 64-byte message; {args.receivers:,} receivers "
         f"waiting; {version}"
     )
-    print(f"{'':44} {'RSS B/stream':>13} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    print(
+        f"{'':44} {'RSS B/stream':>13} {'own count':>10} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}"
+    )
     for m in [*rmem, *tmem]:
         x = lat[m.system]
         print(
-            f"{m.system:44} {m.rss_bytes_per_stream:13,.0f} {x['p50_ms']:8.2f} "
+            f"{m.system:44} {m.rss_bytes_per_stream:13,.0f} "
+            f"{m.accounted_bytes_per_stream:10,.0f} {x['p50_ms']:8.2f} "
             f"{x['p99_ms']:8.2f} {x['max_ms']:8.2f}"
         )
     for m in rmem:
