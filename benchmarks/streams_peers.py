@@ -222,18 +222,16 @@ async def redis_variant(
     # Latency: a receiver per key of its own, one connection each (BLPOP/XREAD block it).
     keys = [stream_id("w", i) for i in range(args.receivers)]
     clock = _Clock()
-    pool = aioredis.BlockingConnectionPool(
-        host="127.0.0.1", port=6379, max_connections=args.receivers + 10, timeout=None
-    )
-    rc = aioredis.Redis(connection_pool=pool)
+    # A client of one connection per receiver (a blocking command holds its connection).
+    rcs = [aioredis.Redis(host="127.0.0.1", port=6379, single_connection_client=True) for _ in keys]
 
-    async def blpop(key: str) -> None:
+    async def blpop(rc: Any, key: str) -> None:
         while True:
             got = await rc.blpop([key], timeout=WAIT_S)
             if got is not None:
                 clock.got(key)
 
-    async def xread(key: str) -> None:
+    async def xread(rc: Any, key: str) -> None:
         last = "$"
         while True:
             got = await rc.xread({key: last}, block=WAIT_S * 1000)
@@ -243,7 +241,7 @@ async def redis_variant(
                     clock.got(key)
 
     recv = blpop if kind == "list" else xread
-    tasks = [asyncio.create_task(recv(k)) for k in keys]
+    tasks = [asyncio.create_task(recv(rc, k)) for rc, k in zip(rcs, keys, strict=True)]
     blocked = 0
     for _ in range(600):
         await asyncio.sleep(0.1)
@@ -265,8 +263,8 @@ async def redis_variant(
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await rc.aclose()
-        await pool.disconnect()
+        for rc in rcs:
+            await rc.aclose()
         await r.aclose()
     return mem, lats
 
