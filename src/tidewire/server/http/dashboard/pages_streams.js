@@ -1,6 +1,6 @@
-// Lightweight streams: the broker-wide figures (from the stream manager's stats, through the
-// recent-samples ring) with charts over the last hour, the list of streams (prefix filter,
-// paged by id) and a form to send a test message. A stream's page: what describe tells of it,
+// Lightweight streams: the broker-wide figures (GET /v1/stats/streams) with charts over the
+// last hour (the recent-samples ring), the list of streams (prefix filter, paged by id) and a
+// form to send a test message. A stream's page: what describe tells of it,
 // sending to it, and reading its persistent messages from a resume token (fan-out: nothing is
 // taken, every reader sees every message).
 
@@ -13,7 +13,7 @@ const REFRESH_MS = 5000;
 const PAGE = 50;
 const READ_MAX = 50;
 
-// The figures of GET /v1/metrics/recent's "streams.now" shown as cards: [field, label, format].
+// The figures of GET /v1/stats/streams shown as cards: [field, label, format].
 const TOTALS = [
   ["streams", "Streams", fmtNum],
   ["persistent_messages", "Persistent messages", fmtNum],
@@ -30,7 +30,7 @@ const COUNTERS = [
   ["blocked_sends_timed_out", "Blocking sends timed out"],
   ["created", "Streams created"], ["evicted", "Streams evicted"],
 ];
-// Charts of "streams.series": [series, title, format].
+// Charts of GET /v1/metrics/recent's "stream_series": [series, title, format].
 const CHARTS = [
   ["streams", "Streams", fmtNum],
   ["persistent_messages", "Persistent messages", fmtNum],
@@ -39,6 +39,10 @@ const CHARTS = [
   ["read_per_s", "Read by token /s", fmtNum],
   ["receivers", "Receivers waiting", fmtNum],
 ];
+
+async function settle(promise) {
+  try { return { ok: true, value: await promise }; } catch (e) { return { ok: false, error: e }; }
+}
 
 function stat(label, value, id) {
   return h("div", { class: "card stat" }, h("div", { class: "label" }, label),
@@ -57,30 +61,30 @@ export async function streamsPage(main) {
     h("h2", {}, "Streams"), list.el);
   let timer = null;
   const drawTotals = async () => {
-    let rec;
-    try {
-      rec = await get("/v1/metrics/recent");
-    } catch (e) {
-      put(totals, note("error", `The streams' figures (GET /v1/metrics/recent): ${refusal(e)}`));
-      clear(charts);
-      return;
+    const [st, rec] = await Promise.all([settle(get("/v1/stats/streams")),
+      settle(get("/v1/metrics/recent"))]);
+    if (st.ok) {
+      const s = st.value;
+      put(totals,
+        h("div", { class: "cards" }, TOTALS.map(([k, label, f]) => stat(label, f(s[k]), idOf(k)))),
+        h("div", { class: "card" }, h("h2", {}, "Since the broker started"), table([
+          { title: "Counter", cell: (r) => r[1] },
+          { title: "", num: 1, cell: (r) => h("span", { id: idOf(r[0]) }, fmtNum(s[r[0]])) },
+        ], COUNTERS, { attrs: { id: "stream-counters" } })));
+    } else {
+      put(totals, note("error", `The streams' figures (GET /v1/stats/streams): ` +
+        refusal(st.error)));
     }
-    const s = rec.streams || {};
-    if (!s.now) {
-      put(totals, note("error", "This broker reports no figures for streams."));
-      clear(charts);
-      return;
+    if (rec.ok) {
+      const series = rec.value.stream_series || {};
+      put(charts, h("div", { class: "charts" },
+        CHARTS.map(([k, t, f]) => lineChart(t, series[k] || [], f))),
+      h("p", { class: "muted" }, `One sample every ${rec.value.interval_s} s; figures ` +
+        `refreshed every ${REFRESH_MS / 1000} s.`));
+    } else {
+      put(charts, note("error", `The streams' charts (GET /v1/metrics/recent): ` +
+        refusal(rec.error)));
     }
-    put(totals,
-      h("div", { class: "cards" }, TOTALS.map(([k, label, f]) => stat(label, f(s.now[k]), idOf(k)))),
-      h("div", { class: "card" }, h("h2", {}, "Since the broker started"), table([
-        { title: "Counter", cell: (r) => r[1] },
-        { title: "", num: 1, cell: (r) => h("span", { id: idOf(r[0]) }, fmtNum(s.now[r[0]])) },
-      ], COUNTERS, { attrs: { id: "stream-counters" } })));
-    put(charts, h("div", { class: "charts" },
-      CHARTS.map(([k, t, f]) => lineChart(t, (s.series || {})[k] || [], f))),
-    h("p", { class: "muted" }, `One sample every ${rec.interval_s} s; figures refreshed every ` +
-      `${REFRESH_MS / 1000} s.`));
   };
   const tick = async () => {
     await drawTotals();
@@ -98,8 +102,7 @@ function streamList() {
   const status = h("span", { class: "muted", id: "stream-page" });
   let starts = [""]; // the `after` of each page seen, to go back
   let page = 0;
-  let lastId = null;
-  let full = false;
+  let nextAfter = null; // where the next page starts; null: this is the last one
   const load = async () => {
     const qs = new URLSearchParams({ prefix: prefix.value, after: starts[page],
       limit: String(PAGE) });
@@ -111,10 +114,9 @@ function streamList() {
       return;
     }
     const items = doc.streams;
-    full = items.length >= PAGE;
-    lastId = items.length ? items[items.length - 1].stream : null;
+    nextAfter = doc.next_after ?? null;
     put(status, items.length ? `page ${page + 1}: ${fmtNum(items.length)} stream(s)` +
-      (full ? "" : " (the last page)") : "no streams here");
+      (nextAfter === null ? " (the last page)" : "") : "no streams here");
     put(rows, table([
       { title: "Stream", cls: "val", cell: (s) => link(`#/stream/${enc(s.stream)}`, s.stream) },
       { title: "Partition", num: 1, cell: (s) => s.partition },
@@ -130,15 +132,15 @@ function streamList() {
       rowAttrs: (s) => ({ "data-stream": s.stream, "data-waiting": s.waiting }),
     }));
     prev.disabled = page === 0;
-    next.disabled = !full;
+    next.disabled = nextAfter === null;
   };
   const restart = () => { starts = [""]; page = 0; return load(); };
   const prev = h("button", { type: "button", id: "stream-prev",
     onclick: () => { page -= 1; load(); } }, "‹ Previous");
   const next = h("button", { type: "button", id: "stream-next", onclick: () => {
-    if (!full || lastId === null) return;
+    if (nextAfter === null) return;
     starts = starts.slice(0, page + 1);
-    starts.push(lastId);
+    starts.push(nextAfter);
     page += 1;
     load();
   } }, "Next ›");
@@ -186,11 +188,8 @@ function sendForm(out, fixed, done) {
       out.append(note("error", `Sending to ${id}: ${refusal(e)}`));
       return;
     }
-    if (r.code === -1) {
+    if (r.status === "duplicate") {
       out.append(note("success", `Not stored: uuid ${body.uuid} was sent to ${id} before.`));
-    } else if (r.code) {
-      out.append(note("error", `Sending to ${id}: ${r.message} (error ${r.code})`));
-      return;
     } else {
       out.append(note("success", r.token ? `Sent to ${id}; its token is ${r.token}.`
         : `Sent to ${id} (in memory).`));
@@ -264,7 +263,8 @@ function readCard(stream) {
       { title: "Stored", cell: (m) => fmtTime(m.timestamp_ms) },
       { title: "Expires", cell: (m) => fmtTime(m.expires_at_ms) },
       { title: "Uuid", cls: "val", cell: (m) => m.uuid || "–" },
-      { title: "Value", cls: "val", cell: (m) => m.value ?? "null" },
+      { title: "Value", cls: "val", cell: (m) => (m.encoding === "base64"
+        ? h("span", { title: "not UTF-8 text: shown base64" }, `base64: ${m.value}`) : m.value) },
       { title: "Token after it", cls: "val", cell: (m) => m.token },
     ], doc.messages, { empty: "no messages", attrs: { id: "stream-read-table" } }));
   };
