@@ -194,6 +194,7 @@ function sendForm(out, fixed, done) {
       out.append(note("success", r.token ? `Sent to ${id}; its token is ${r.token}.`
         : `Sent to ${id} (in memory).`));
       value.value = "";
+      uuid.value = ""; // a uuid names one message: the next one needs its own
     }
     await done(r);
   });
