@@ -49,15 +49,23 @@ function stat(label, value, id) {
     h("div", { class: "value", id }, value));
 }
 
+// A table of [label, value] rows, without a heading row.
+function kvTable(id, rows, num) {
+  return h("table", { id }, h("tbody", {}, rows.map(([k, v]) =>
+    h("tr", {}, h("td", {}, k), h("td", { class: num ? "num" : "val" }, v)))));
+}
+
 const idOf = (field) => `stream-${field.replaceAll("_", "-")}`;
 
 export async function streamsPage(main) {
   const totals = h("div", { id: "stream-totals" });
+  const counters = h("div", { class: "card", id: "stream-counters-card" });
   const charts = h("div", { id: "stream-charts" });
   const out = h("div", { id: "stream-result" });
   const list = streamList();
-  main.append(h("h1", {}, "Streams"), totals, charts,
-    sendForm(out, "", () => Promise.all([drawTotals(), list.reload()])), out,
+  main.append(h("h1", {}, "Streams"), totals, charts, out,
+    h("div", { class: "row" },
+      sendForm(out, "", () => Promise.all([drawTotals(), list.reload()])), counters),
     h("h2", {}, "Streams"), list.el);
   let timer = null;
   const drawTotals = async () => {
@@ -65,15 +73,15 @@ export async function streamsPage(main) {
       settle(get("/v1/metrics/recent"))]);
     if (st.ok) {
       const s = st.value;
-      put(totals,
-        h("div", { class: "cards" }, TOTALS.map(([k, label, f]) => stat(label, f(s[k]), idOf(k)))),
-        h("div", { class: "card" }, h("h2", {}, "Since the broker started"), table([
-          { title: "Counter", cell: (r) => r[1] },
-          { title: "", num: 1, cell: (r) => h("span", { id: idOf(r[0]) }, fmtNum(s[r[0]])) },
-        ], COUNTERS, { attrs: { id: "stream-counters" } })));
+      counters.hidden = false;
+      put(totals, h("div", { class: "cards narrow" },
+        TOTALS.map(([k, label, f]) => stat(label, f(s[k]), idOf(k)))));
+      put(counters, h("h2", {}, "Since the broker started"), kvTable("stream-counters",
+        COUNTERS.map(([k, label]) => [label, h("span", { id: idOf(k) }, fmtNum(s[k]))]), true));
     } else {
       put(totals, note("error", `The streams' figures (GET /v1/stats/streams): ` +
         refusal(st.error)));
+      counters.hidden = true;
     }
     if (rec.ok) {
       const series = rec.value.stream_series || {};
@@ -210,6 +218,7 @@ export async function streamPage(main, stream) {
     try {
       s = await get(`/v1/streams/${enc(stream)}`);
     } catch (e) {
+      details.hidden = true;
       if (e.status === 404) {
         put(info, note("error", `There is no stream ${stream} now: it holds no message and ` +
           "nobody waits on it (a send creates it)."));
@@ -222,19 +231,19 @@ export async function streamPage(main, stream) {
     put(info, h("div", { class: "cards" },
       [["waiting", "Waiting (work queue)"], ["persistent", "Persistent"],
         ["in_memory", "In memory"], ["receivers", "Receivers"], ["ring_size", "Ring size"]]
-        .map(([k, label]) => stat(label, fmtNum(s[k]), id(k.replaceAll("_", "-"))))),
-    h("div", { class: "card" }, h("h2", {}, "Details"), table([
-      { title: "", cell: (r) => r[0] }, { title: "", cls: "val", cell: (r) => r[1] },
-    ], [
+        .map(([k, label]) => stat(label, fmtNum(s[k]), id(k.replaceAll("_", "-"))))));
+    details.hidden = false;
+    put(details, h("h2", {}, "Details"), kvTable("stream-details", [
       ["partition of __streams", String(s.partition)],
       ["oldest message", s.oldest_ms ? fmtTime(s.oldest_ms) : "–"],
       ["newest message", s.newest_ms ? fmtTime(s.newest_ms) : "–"],
       ["token of the oldest persistent message", s.first_token || "–"],
       ["token after the newest", s.end_token || "–"],
-    ], { attrs: { id: "stream-details" } })));
+    ]));
   };
-  main.append(h("h1", {}, `Stream ${stream}`), info, out,
-    sendForm(out, stream, async () => { await draw(); }), reader.el);
+  const details = h("div", { class: "card" });
+  main.append(h("h1", {}, `Stream ${stream}`), info, out, reader.el,
+    h("div", { class: "row" }, sendForm(out, stream, async () => { await draw(); }), details));
   await draw();
 }
 
