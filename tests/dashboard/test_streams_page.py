@@ -1,10 +1,13 @@
 """The dashboard's Streams pages in a real browser, on a broker without authentication: the
 streams' figures and charts, a test message sent from the page and seen in the list, the
 counters and the broker, a duplicate uuid, the list filtered by prefix and paged, a
-stream's describe, and reading it by token (nothing taken)."""
+stream's describe, and reading it by token (nothing taken); with authentication on, a
+principal that may read some streams sees those and is told what is refused."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -13,8 +16,9 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from tests.dashboard.conftest import TIMEOUT_MS, Page
+from tests.dashboard.conftest import TIMEOUT_MS, Page, open_page
 from tidewire.embedded import EmbeddedBroker
+from tidewire.security.model import Acl, Operation, PatternType, ResourceType
 
 
 @pytest.fixture
@@ -175,3 +179,70 @@ def test_a_stream_that_does_not_exist(page: Page) -> None:
         f"There is no stream {stream} now: it holds no message and nobody waits on it "
         "(a send creates it)."
     )
+
+
+def _run(eb: EmbeddedBroker, coro: Any) -> Any:
+    return asyncio.run_coroutine_threadsafe(coro, eb.loop).result(30)
+
+
+def test_a_reader_of_some_streams_sees_those_and_is_told_what_is_refused(
+    browser: Any, auth_broker: tuple[EmbeddedBroker, str]
+) -> None:
+    """``chat-app`` may describe and read the streams ``chat.*`` and nothing else: the list
+    shows only those, reading one works, and the figures and a send say they are refused."""
+    from playwright.sync_api import expect
+
+    eb, admin = auth_broker
+    with httpx.Client(
+        base_url=eb.http_url, headers={"Authorization": f"Bearer {admin}"}, timeout=30
+    ) as c:
+        send(
+            c,
+            [
+                {"stream": s, "value": f"to {s}", "persistent": True}
+                for s in ("chat.a", "chat.b", "billing.x")
+            ],
+        )
+    store = eb.broker.security
+    _run(eb, store.create_principal("chat-app"))
+    _run(
+        eb,
+        store.add_acls(
+            [
+                Acl(
+                    principal="chat-app",
+                    resource_type=ResourceType.STREAM,
+                    pattern="chat.",
+                    pattern_type=PatternType.PREFIX,
+                    operation=op,
+                )
+                for op in (Operation.DESCRIBE, Operation.READ)
+            ]
+        ),
+    )
+    _, key = _run(eb, store.create_key("chat-app"))
+    with contextlib.contextmanager(open_page)(browser, eb.http_url) as page:
+        p = page.go("streams")
+        p.fill("#api-key", key)
+        p.click("#login")
+        expect(p.locator("#who")).to_contain_text("signed in as chat-app")
+        p.goto(f"{page.base}/dashboard#/streams")
+        rows = p.locator("#stream-table tbody tr")
+        expect(rows).to_have_count(2)
+        expect(rows.first).to_have_attribute("data-stream", "chat.a")
+        expect(rows.last).to_have_attribute("data-stream", "chat.b")
+        expect(p.locator("#stream-totals .msg.error")).to_contain_text(
+            "The streams' figures (GET /v1/stats/streams): refused: no permission"
+        )
+        expect(p.locator("#stream-charts .msg.error")).to_contain_text("refused: no permission")
+        p.fill("#stream-send-stream", "chat.a")
+        p.fill("#stream-send-value", "not allowed")
+        p.click("#stream-send button[type=submit]")
+        expect(p.locator("#stream-result .msg.error")).to_contain_text(
+            "Sending to chat.a: refused: no permission"
+        )
+        rows.first.locator("a").click()
+        expect(p.locator("#stream-info-persistent")).to_have_text("1")
+        p.click("#stream-read button[type=submit]")
+        expect(p.locator("#stream-read-table tbody tr")).to_have_count(1)
+        expect(p.locator("#stream-read-table")).to_contain_text("to chat.a")
