@@ -31,10 +31,11 @@ are indexed, take records set the cursors, uuids refill the dedup windows.
 from __future__ import annotations
 
 import asyncio
-import base64
+import binascii
 import contextlib
 import heapq
 import logging
+import struct
 import time
 import zlib
 from array import array
@@ -49,6 +50,7 @@ from tidewire.broker.offsets import STREAMS_TOPIC
 from tidewire.broker.streams.model import (
     FROM_END,
     FROM_START,
+    MAX_STREAM_ID_CHARS,
     POSITION_BITS,
     SendItem,
     SendResult,
@@ -111,9 +113,10 @@ _OK = SendResult()
 _encode = msgspec.msgpack.Encoder().encode
 _decode_entries = msgspec.msgpack.Decoder(list[tuple[str, str, int, bytes]]).decode
 _decode_takes = msgspec.msgpack.Decoder(list[tuple[str, int]]).decode
-_b64 = base64.urlsafe_b64encode
 _crc = zlib.crc32
-_TOKEN_HEAD = b"\x01"  # model's token version 1, then crc32 and position (">BIq")
+_TOKEN_RAW = struct.Struct(">BIq").pack  # model's token: version 1, crc32 of the id, position
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+_b2a = binascii.b2a_base64
 
 
 def _now_ms() -> int:
@@ -122,8 +125,8 @@ def _now_ms() -> int:
 
 def _token(crc: int, pos: int) -> str:
     """:func:`~.model.encode_token` with the id's crc computed already."""
-    raw = _TOKEN_HEAD + crc.to_bytes(4, "big") + pos.to_bytes(8, "big", signed=True)
-    return _b64(raw).rstrip(b"=").decode("ascii")
+    # 13 bytes: 18 base64 characters and two of padding
+    return _b2a(_TOKEN_RAW(1, crc, pos), newline=False).translate(_URLSAFE)[:18].decode("ascii")
 
 
 def _sid_crc(sid: str) -> int:
@@ -231,7 +234,7 @@ class StreamManager:
         self.partitions = cfg.stream_partitions
         self._logs: list[PartitionLog] = []
         self._always = False
-        self._record_cap = 0
+        self._record_cap = self.log_config().max_batch_bytes - _RECORD_SLACK
         self._streams: dict[str, _Stream] = {}
         self._wheel: dict[int, list[_Stream]] = {}
         self._wheel_at = 0  # buckets below this second have run
@@ -246,13 +249,14 @@ class StreamManager:
         self._releases = 0
         self._rr = 0
         self._closed = False
+        self._loaded = False
         self.draining = False
         self._stats = StreamStats()
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     def load(self) -> None:
-        """Open (or create) ``__streams`` and rebuild the index from it."""
+        """Rebuild the index from ``__streams`` (created by the first persistent message)."""
         logs = self.broker.logs
         existing = sorted(p for (t, p) in logs.logs if t == STREAMS_TOPIC)
         if existing:
@@ -264,6 +268,26 @@ class StreamManager:
                     self.partitions,
                 )
             self.partitions = len(existing)
+            self._open_logs()
+        self._pending_takes = [{} for _ in range(self.partitions)]
+        self._take_futs = [None] * self.partitions
+        self._loaded = True
+        now = self.clock()
+        self._wheel_at = now // 1000
+        t0 = time.perf_counter()
+        for p in range(len(self._logs)):
+            self._load_partition(p, now)
+        if self._streams:
+            log.info(
+                "streams: %s loaded from %s in %.2f s",
+                f"{len(self._streams):,}",
+                STREAMS_TOPIC,
+                time.perf_counter() - t0,
+            )
+
+    def _open_logs(self) -> None:
+        """Open the partitions of ``__streams``, creating the missing ones."""
+        logs = self.broker.logs
         cfg = self.log_config()
         self._record_cap = cfg.max_batch_bytes - _RECORD_SLACK
         self._always = cfg.fsync is FsyncPolicy.ALWAYS
@@ -276,20 +300,10 @@ class StreamManager:
                 self._record_cap = plog.config.max_batch_bytes - _RECORD_SLACK
             self._logs.append(plog)
             self._seg_exp.append({})
-            self._pending_takes.append({})
-            self._take_futs.append(None)
-        now = self.clock()
-        self._wheel_at = now // 1000
-        t0 = time.perf_counter()
-        for p in range(self.partitions):
-            self._load_partition(p, now)
-        if self._streams:
-            log.info(
-                "streams: %s loaded from %s in %.2f s",
-                f"{len(self._streams):,}",
-                STREAMS_TOPIC,
-                time.perf_counter() - t0,
-            )
+
+    def _end_position(self, p: int) -> int:
+        """The position the next message of partition ``p`` gets at the earliest."""
+        return self._logs[p].log_end_offset << POSITION_BITS if self._logs else 0
 
     def log_config(self) -> LogConfig:
         """The log settings of ``__streams``: the broker's fsync policy, no retention (the
@@ -393,7 +407,7 @@ class StreamManager:
                         f.set_result(None)
 
     def _check_open(self) -> None:
-        if self._closed or not self._logs:
+        if self._closed or not self._loaded:
             raise LogClosedError("the stream manager is closed")
 
     # --- sending --------------------------------------------------------------------------------
@@ -467,50 +481,57 @@ class StreamManager:
         ring_default = self.default_ring if ring_size is None else ring_size
         stats = self._stats
         nparts = self.partitions
-        # per partition: records being built [(offset, entries, bytes, newest expiry)]
+        # per partition: records being built [offset, entries, bytes, newest expiry]
         recs: dict[int, list[list[Any]]] = {}
         touched: dict[int, list[_Stream]] = {}
         exps: dict[int, tuple[int, int]] = {}
         cap = self._record_cap
         max_bytes = self.max_message_bytes
         window = self.dedup_window
+        wheel = self._wheel
+        crc32 = _crc
+        token = _token
         stop = len(items)
         k = start
+        n_persistent = 0
         while k < stop:
             it = items[k]
             sid = it.stream
-            s = streams.get(sid)
             value = it.value
-            try:
-                if s is None:
-                    check_stream_id(sid)
-                if len(value) > max_bytes:
-                    raise BatchTooLargeError(
-                        f"a stream message of {len(value):,} bytes exceeds "
-                        f"stream_max_message_bytes={max_bytes:,}"
-                    )
-                ttl = it.ttl_ms
-                got = exps.get(ttl)
-                if got is None:
-                    ttl_ms = ttl or self.default_ttl_ms
-                    if not 0 < ttl_ms <= self.max_ttl_ms:
-                        raise InvalidStreamError(
-                            f"ttl_ms={ttl:,} must be within 0..{self.max_ttl_ms:,} "
-                            "(stream_max_ttl_ms; 0: the default)"
+            ttl = it.ttl_ms
+            got = exps.get(ttl)
+            s = streams.get(sid)
+            crc = -1
+            if s is None or got is None or len(value) > max_bytes:
+                try:
+                    if s is None and (not sid or len(sid) > MAX_STREAM_ID_CHARS or "\x00" in sid):
+                        check_stream_id(sid)
+                    if len(value) > max_bytes:
+                        raise BatchTooLargeError(
+                            f"a stream message of {len(value):,} bytes exceeds "
+                            f"stream_max_message_bytes={max_bytes:,}"
                         )
-                    got = exps[ttl] = (now + ttl_ms, _ceil_s(now + ttl_ms))
-                if s is None:
-                    if len(streams) >= self.max_count:
-                        raise TooManyStreamsError(
-                            f"{len(streams):,} streams exist (stream_max_count="
-                            f"{self.max_count:,}); {sid[:200]!r} is not created"
-                        )
-                    s = streams[sid] = _Stream(sid, partition_of(sid, nparts), ring_default, now_s)
-                    stats.created += 1
-            except TidewireError as exc:
-                results[k] = _error(exc)
-                k += 1
-                continue
+                    if got is None:
+                        ttl_ms = ttl or self.default_ttl_ms
+                        if not 0 < ttl_ms <= self.max_ttl_ms:
+                            raise InvalidStreamError(
+                                f"ttl_ms={ttl:,} must be within 0..{self.max_ttl_ms:,} "
+                                "(stream_max_ttl_ms; 0: the default)"
+                            )
+                        got = exps[ttl] = (now + ttl_ms, _ceil_s(now + ttl_ms))
+                    if s is None:
+                        if len(streams) >= self.max_count:
+                            raise TooManyStreamsError(
+                                f"{len(streams):,} streams exist (stream_max_count="
+                                f"{self.max_count:,}); {sid[:200]!r} is not created"
+                            )
+                        crc = crc32(sid.encode("utf-8", "surrogatepass"))
+                        s = streams[sid] = _Stream(sid, crc % nparts, ring_default, now_s)
+                        stats.created += 1
+                except TidewireError as exc:
+                    results[k] = _error(exc)
+                    k += 1
+                    continue
             uuid = it.uuid
             if uuid:
                 u = s.uuids
@@ -519,7 +540,8 @@ class StreamManager:
                     stats.duplicates += 1
                     k += 1
                     continue
-            room = s.ring + (len(s.waiters) if s.waiters else 0)
+            waiters = s.waiters
+            room = s.ring + (len(waiters) if waiters else 0)
             # room 0: no message may wait, this one included (a persistent one is stored,
             # readable by token, but out of the work queue at once)
             drop_self = False
@@ -538,24 +560,33 @@ class StreamManager:
             if it.persistent:
                 p = s.part
                 plist = recs.get(p)
-                size = len(value) + 3 * (len(sid) + len(uuid)) + 24
                 if plist is None:
+                    if not self._logs:
+                        self._open_logs()
                     plist = recs[p] = [[self._logs[p].log_end_offset, [], 0, 0]]
                     touched[p] = []
                 rec = plist[-1]
-                if len(rec[1]) >= MAX_ENTRIES_PER_RECORD or (rec[1] and rec[2] + size > cap):
+                entries = rec[1]
+                size = len(value) + 3 * (len(sid) + len(uuid)) + 24
+                if len(entries) >= MAX_ENTRIES_PER_RECORD or (entries and rec[2] + size > cap):
                     rec = [rec[0] + 1, [], 0, 0]
                     plist.append(rec)
-                entries = rec[1]
+                    entries = rec[1]
                 pos = (rec[0] << POSITION_BITS) | len(entries)
                 entries.append((sid, uuid, exp, value))
                 rec[2] += size
-                rec[3] = max(rec[3], exp)
-                _add_entry(s, pos, exp)
+                if exp > rec[3]:  # noqa: PLR1730 (max() costs a call)
+                    rec[3] = exp
+                ents = s.ents
+                if ents is None:
+                    s.ents = (pos, exp)
+                else:
+                    _add_entry(s, pos, exp)
                 touched[p].append(s)
-                stats.persistent_messages += 1
-                stats.sent_persistent += 1
-                results[k] = SendResult(0, "", _token(_sid_crc(sid), pos))
+                n_persistent += 1
+                if crc < 0:
+                    crc = crc32(sid.encode("utf-8", "surrogatepass"))
+                results[k] = SendResult(0, "", token(crc, pos))
                 if drop_self:
                     s.cursor = pos
                     self._note_take(s, pos)
@@ -570,11 +601,19 @@ class StreamManager:
                 stats.sent_in_memory += 1
                 stats.in_memory_messages += 1
                 stats.in_memory_bytes += len(value)
-            if s.due == 0 or exp_s < s.due:
-                self._schedule(s, exp_s)
-            if s.waiters and not drop_self:
-                _wake_first(s.waiters)
+            due = s.due
+            if due == 0 or exp_s < due:
+                s.due = exp_s
+                bucket = wheel.get(exp_s)
+                if bucket is None:
+                    wheel[exp_s] = [s]
+                else:
+                    bucket.append(s)
+            if waiters and not drop_self:
+                _wake_first(waiters)
             k += 1
+        stats.persistent_messages += n_persistent
+        stats.sent_persistent += n_persistent
         self._append(recs, touched, now, ends)
         return k
 
@@ -763,8 +802,7 @@ class StreamManager:
                         if not s.waiters:
                             s.waiters = None
                     s.used = now_s
-                    if s.due == 0:
-                        self._schedule(s, now_s + self.idle_s)
+                    self._when_empty(s)
 
     def _streams_for(self, ids: Sequence[str], ring_size: int | None, now: int) -> list[_Stream]:
         streams = self._streams
@@ -826,7 +864,7 @@ class StreamManager:
                     self._note_take(s, s.cursor)
                 undo.append((s, old_cursor, s.cursor, mems))
                 self._room_freed(s)
-                self._after_change(s, now)
+                self._when_empty(s)
         if not out:
             return out
         try:
@@ -939,8 +977,7 @@ class StreamManager:
             if token == FROM_START:
                 starts[sid] = 0
             elif token == FROM_END:
-                p = partition_of(sid, self.partitions)
-                starts[sid] = self._logs[p].log_end_offset << POSITION_BITS
+                starts[sid] = self._end_position(partition_of(sid, self.partitions))
             else:
                 starts[sid] = decode_token(sid, token)
         loop = asyncio.get_running_loop()
@@ -977,6 +1014,7 @@ class StreamManager:
                         if not s.readers:
                             s.readers = None
                     s.used = now_s
+                    self._when_empty(s)
 
     def _read_now(self, starts: dict[str, int], k: int) -> list[StreamMessage]:
         now = self.clock()
@@ -1018,7 +1056,7 @@ class StreamManager:
         if live:  # the persistent ones' store times are in the log: read the two ends
             times.append(self._record(s.part, live[0][0] >> POSITION_BITS)[0])
             times.append(self._record(s.part, live[-1][0] >> POSITION_BITS)[0])
-        end = live[-1][0] + 1 if live else self._logs[s.part].log_end_offset << POSITION_BITS
+        end = live[-1][0] + 1 if live else self._end_position(s.part)
         return StreamInfo(
             stream=s.sid,
             partition=s.part,
@@ -1111,6 +1149,13 @@ class StreamManager:
         if expired:
             self._stats.expired += expired
             self._room_freed(s)
+
+    def _when_empty(self, s: _Stream) -> None:
+        """Put an empty ``s`` in the wheel for the end of its idle time (if not earlier)."""
+        if s.ents is None and not s.mem:
+            at = s.used + self.idle_s
+            if s.due == 0 or at < s.due:
+                self._schedule(s, at)
 
     def _after_change(self, s: _Stream, now: int) -> None:
         """Put ``s`` in the wheel at its next due second, or evict it when idle and empty."""

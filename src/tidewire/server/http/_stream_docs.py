@@ -7,12 +7,10 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import Any
 
 import msgspec
 
-from tidewire.broker import Broker
 from tidewire.broker.streams.model import (
     SendItem,
     SendResult,
@@ -23,50 +21,7 @@ from tidewire.broker.streams.model import (
 from tidewire.errors import InvalidRequestError, for_code
 from tidewire.server.http.streams_models import StreamSendItem, StreamSendRequest
 
-__all__ = [
-    "Streams",
-    "info_doc",
-    "manager_of",
-    "message_doc",
-    "result_doc",
-    "send_item",
-    "stats_doc",
-]
-
-
-class Streams(Protocol):
-    """What the routes use of the broker's stream manager (``broker.streams``)."""
-
-    partitions: int
-
-    async def send(
-        self, items: Sequence[SendItem], *, ring_size: int | None = None, block_ms: int = 0
-    ) -> list[SendResult]: ...
-
-    async def receive(
-        self,
-        streams: Sequence[str],
-        *,
-        max_messages: int = 1,
-        wait_ms: int = 0,
-        ring_size: int | None = None,
-    ) -> list[StreamMessage]: ...
-
-    async def read(
-        self, positions: Mapping[str, str], *, max_messages: int = 100, wait_ms: int = 0
-    ) -> tuple[list[StreamMessage], dict[str, str]]: ...
-
-    def describe(self, stream: str) -> StreamInfo | None: ...
-
-    def list(self, *, prefix: str = "", after: str = "", limit: int = 1000) -> list[StreamInfo]: ...
-
-    def stats(self) -> StreamStats: ...
-
-
-def manager_of(broker: Broker) -> Streams:
-    """``broker.streams``."""
-    return cast(Streams, broker.streams)  # type: ignore[attr-defined]
-
+__all__ = ["DUPLICATE", "info_doc", "message_doc", "result_doc", "send_item", "stats_doc"]
 
 _json = msgspec.json.Encoder().encode
 #: SendResult.code of a message whose uuid was sent before (nothing stored).

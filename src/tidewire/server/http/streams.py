@@ -42,7 +42,6 @@ from tidewire.server.http._common import json_response, parse_body, request_body
 from tidewire.server.http._params import error_frame, int_param
 from tidewire.server.http._stream_docs import (
     info_doc,
-    manager_of,
     message_doc,
     result_doc,
     send_item,
@@ -176,7 +175,7 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
         """The streams that exist now (ids sorted, after ``after``, starting with
         ``prefix``) that the caller may describe, with their figures. Page on with
         ``after=next_after`` until it is null."""
-        infos = manager_of(broker).list(prefix=prefix, after=after, limit=limit)
+        infos = broker.streams.list(prefix=prefix, after=after, limit=limit)
         by_id = {i.stream: i for i in infos}
         shown = names_allowed(gate_for(broker), ResourceType.STREAM, by_id)
         return json_response(
@@ -189,7 +188,7 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
     @router.get("/v1/stats/streams", response_model=StreamStatsDoc, responses=stream_responses())
     async def stream_stats() -> Response:
         """Counts over every stream of the broker (as the tidewire_stream* metrics)."""
-        manager = manager_of(broker)
+        manager = broker.streams
         return json_response({**stats_doc(manager.stats()), "partitions": manager.partitions})
 
     @router.post(
@@ -205,9 +204,7 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
         persistent messages are durable per the broker's fsync policy before the answer."""
         req = parse_body(StreamSendBatchRequest, await request.body())
         items = [send_item(m.stream, m, f"items.{i}.") for i, m in enumerate(req.items)]
-        results = await manager_of(broker).send(
-            items, ring_size=req.ring_size, block_ms=req.block_ms
-        )
+        results = await broker.streams.send(items, ring_size=req.ring_size, block_ms=req.block_ms)
         return json_response({"results": [result_doc(r) for r in results]})
 
     @router.post(
@@ -221,7 +218,7 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
         taken by one receiver), waiting up to ``wait_ms`` for a first one: the answer comes
         as soon as any of them has a message; none: an empty list."""
         req = parse_body(ReceiveRequest, await request.body())
-        messages = await manager_of(broker).receive(
+        messages = await broker.streams.receive(
             req.streams,
             max_messages=req.max,
             wait_ms=waiting(req.wait_ms),
@@ -240,7 +237,7 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
         token, waiting up to ``wait_ms`` for a first one; ``tokens`` gives every stream's
         token to read on from (also for a stream that had nothing)."""
         req = parse_body(ReadRequest, await request.body())
-        messages, tokens = await manager_of(broker).read(
+        messages, tokens = await broker.streams.read(
             req.positions, max_messages=req.max, wait_ms=waiting(req.wait_ms)
         )
         return json_response({"messages": docs(messages, req.encoding), "tokens": tokens})
@@ -259,7 +256,7 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
         stream = _stream(stream)
         req = parse_body(StreamSendRequest, await request.body())
         item = send_item(stream, req, "")
-        (result,) = await manager_of(broker).send(
+        (result,) = await broker.streams.send(
             [item], ring_size=req.ring_size, block_ms=req.block_ms
         )
         doc = result_doc(result)
@@ -284,7 +281,7 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
         """Take up to ``max`` messages of the stream (work-queue: each message is taken by
         one receiver, in send order), waiting up to ``wait_ms`` for a first one; none came:
         200 with an empty list."""
-        messages = await manager_of(broker).receive(
+        messages = await broker.streams.receive(
             [_stream(stream)], max_messages=max, wait_ms=waiting(wait_ms), ring_size=ring_size
         )
         return json_response({"messages": docs(messages, encoding)})
@@ -307,7 +304,7 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
         up to ``wait_ms`` for a first one; ``token`` in the answer is where to read on
         (the same position when nothing came). Every reader reads every message."""
         stream = _stream(stream)
-        messages, tokens = await manager_of(broker).read(
+        messages, tokens = await broker.streams.read(
             {stream: token}, max_messages=max, wait_ms=waiting(wait_ms)
         )
         return json_response({"messages": docs(messages, encoding), "token": tokens[stream]})
@@ -362,7 +359,7 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
     async def describe(stream: StreamPath) -> Response:
         """The stream's figures now; 404 when it does not exist (it holds no message and
         nobody waits on it)."""
-        info = manager_of(broker).describe(_stream(stream))
+        info = broker.streams.describe(_stream(stream))
         if info is None:
             return error_response(
                 InvalidStreamError(
@@ -383,7 +380,7 @@ async def _sse_events(
     idle heartbeat; ends when the gateway drains (the client reconnects with its last id),
     or with an ``event: error`` when reading fails."""
     encode = msgspec.json.encode
-    manager = manager_of(ctx.broker)
+    manager = ctx.broker.streams
     yield b"retry: 1000\n: connected\n\n"
     while not ctx.closing.is_set():
         try:
