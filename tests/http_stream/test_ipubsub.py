@@ -4,7 +4,8 @@ streamId=user-notifications&timeoutSeconds=30``) and answered with its statuses 
 long-poll with 424 on timeout and the default timeout when none is given, each message
 received once, messageUuid deduplication, the circular buffer, blocking and synchronous
 sends, replay from the "DB" with resume tokens, per-message TTL (on a fake clock), and
-400/413 for bad requests."""
+400/413 for bad requests. The mode runs on tidewire's lightweight streams: a stream is the
+tidewire stream of the same id (no topic), writeToDB messages are its persistent ones."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ import pytest
 from tests.http_stream._support import PROMPT_S, gateway
 from tidewire.embedded import EmbeddedBroker
 from tidewire.server.http.compat.ipubsub import create_ipubsub_app
+from tidewire.server.http.config import HttpConfig
 from tidewire.server.http.gateway import HttpGateway
-from tidewire.storage import LogConfig
 
 #: The send request of iPubSub's API design document.
 DOCUMENTED_SEND = {
@@ -101,12 +102,16 @@ def test_each_message_is_received_once_and_uuids_deduplicate(tmp_path: Path) -> 
 
 
 def test_dedup_and_once_only_survive_a_restart(tmp_path: Path) -> None:
+    """Messages written to the DB (persistent stream messages) and their uuids survive a
+    restart, and one received before it is not received again; one kept in memory only
+    (writeToDB false) does not survive it."""
     with gateway(tmp_path, http_ipubsub_port=0) as eb:
-        send(eb, streamId="d", messageUuid="a", message=1)
-        send(eb, streamId="d", messageUuid="b", message=2)
+        send(eb, streamId="d", messageUuid="a", message=1, writeToDB=True)
+        send(eb, streamId="d", messageUuid="b", message=2, writeToDB=True)
+        send(eb, streamId="d", messageUuid="c", message="memory only")
         assert receive(eb, "d", timeoutSeconds=0).json()["message"] == 1
     with gateway(tmp_path, http_ipubsub_port=0) as eb:
-        send(eb, streamId="d", messageUuid="a", message="dup")
+        send(eb, streamId="d", messageUuid="a", message="dup", writeToDB=True)
         assert receive(eb, "d", timeoutSeconds=0).json()["message"] == 2
         assert receive(eb, "d", timeoutSeconds=0).status_code == 424
 
@@ -160,9 +165,11 @@ def test_per_message_ttl_on_a_fake_clock(tmp_path: Path) -> None:
     now = [1_800_000_000_000]
 
     async def main() -> list[int]:
-        async with EmbeddedBroker(str(tmp_path), listen=False) as eb:
+        eb = EmbeddedBroker(str(tmp_path), listen=False)
+        eb.broker.stream_clock = lambda: now[0]  # the stream manager's time
+        async with eb:
             gw = HttpGateway()
-            app = create_ipubsub_app(eb.broker, max_body_bytes=1 << 20, clock=lambda: now[0])
+            app = create_ipubsub_app(eb.broker, max_body_bytes=1 << 20)
             gw.add_app("ipubsub", app, "127.0.0.1", 0)
             async with gw, httpx.AsyncClient() as client:
                 url = f"http://127.0.0.1:{gw.port_of('ipubsub')}/api/v1/streams"
@@ -182,8 +189,10 @@ def test_per_message_ttl_on_a_fake_clock(tmp_path: Path) -> None:
                 second = await client.get(f"{url}/receive", params=q)
                 assert replay.json()["message"] == "long"
                 assert first.json()["message"] == "long"
-                retention = eb.broker.log("ipubsub.ttl", 0).config.retention_ms
-                assert retention >= 1_000_000  # raised to the longest TTL sent
+                eb.broker.streams.tick()  # the expired message leaves the index
+                info = eb.broker.streams.describe("ttl")
+                assert info is not None
+                assert info.persistent == 1  # "long" stays readable until it expires
                 return [first.status_code, second.status_code]
 
     assert asyncio.run(main()) == [200, 424]
@@ -226,20 +235,31 @@ def test_bad_receives(tmp_path: Path, params: dict[str, str], words: str) -> Non
 
 
 def test_a_refused_send_creates_no_stream(tmp_path: Path) -> None:
-    """A send refused with 413 (over the body limit, or a message over the new stream's
-    batch limit) or 400 leaves no stream behind."""
-    small = LogConfig(max_batch_bytes=1000)
-    with gateway(tmp_path, http_ipubsub_port=0, http_max_body_bytes=4096, log=small) as eb:
+    """A send refused with 413 (over the body limit, or a message over the broker's
+    stream_max_message_bytes) or 400 leaves no stream behind."""
+    eb = EmbeddedBroker(
+        str(tmp_path),
+        http=HttpConfig(http_port=0, http_ipubsub_port=0, http_max_body_bytes=4096),
+        stream_max_message_bytes=1000,
+    )
+    with eb.running():
         r = send(eb, streamId="huge", messageUuid="u1", message="x" * 5000)
         assert r.status_code == 413
         r = send(eb, streamId="big", messageUuid="u1", message="x" * 2000)
         assert r.status_code == 413
-        assert "max_message_bytes=1,000" in r.json()["error"]
+        assert "stream_max_message_bytes=1,000" in r.json()["error"]
         assert send(eb, streamId="bad", messageUuid="u1").status_code == 400
-        assert eb.broker.topics() == {}
+        assert streams_of(eb) == []
         assert send(eb, streamId="big", messageUuid="u2", message="small").status_code == 200
-        assert list(eb.broker.topics()) == ["ipubsub.big"]
+        assert streams_of(eb) == ["big"]
         got = receive(eb, "big", timeoutSeconds=0)
         assert (got.status_code, got.json()["message"]) == (200, "small")
-    topics = [p.name for p in tmp_path.iterdir() if p.is_dir() and p.name[:2] != "__"]
-    assert topics == ["ipubsub.big-0"]  # besides the offsets of the receive
+        assert eb.broker.topics() == {}  # streams are no topics
+    assert [p.name for p in tmp_path.iterdir() if p.is_dir() and p.name[:2] != "__"] == []
+
+
+def streams_of(eb: EmbeddedBroker) -> list[str]:
+    async def ids() -> list[str]:
+        return [i.stream for i in eb.broker.streams.list()]
+
+    return asyncio.run_coroutine_threadsafe(ids(), eb.loop).result(PROMPT_S)

@@ -27,6 +27,7 @@ from tidewire.server.needs import AUTHENTICATED, PUBLIC
 HOST = {"Host": "127.0.0.1"}
 T, G = "matrix", "matrix-group"
 Q, X = "matrix-queue", "matrix-exchange"
+S = "matrix-stream"
 ACL = {"principal": "other", "resource_type": "topic", "pattern": "x", "operation": "read"}
 
 #: (listener, method, template) -> (path, query, JSON body): a request of every route.
@@ -102,6 +103,24 @@ SAMPLES: dict[tuple[str, str, str], tuple[str, dict[str, str], Any]] = {
     ),
     ("native", "POST", "/v1/queues/{name}/dlq/purge"): (f"/v1/queues/{Q}/dlq/purge", {}, None),
     ("native", "WS", "/v1/queues/{name}/ws"): (f"/v1/queues/{Q}/ws", {}, None),
+    ("native", "GET", "/v1/streams"): ("/v1/streams", {}, None),
+    ("native", "GET", "/v1/stats/streams"): ("/v1/stats/streams", {}, None),
+    ("native", "POST", "/v1/streams/messages"): (
+        "/v1/streams/messages",
+        {},
+        {"items": [{"stream": S, "value": "x"}, {"stream": "matrix-stream-2", "value": "y"}]},
+    ),
+    ("native", "POST", "/v1/streams/receive"): ("/v1/streams/receive", {}, {"streams": [S]}),
+    ("native", "POST", "/v1/streams/read"): ("/v1/streams/read", {}, {"positions": {S: ""}}),
+    ("native", "POST", "/v1/streams/{stream}/messages"): (
+        f"/v1/streams/{S}/messages",
+        {},
+        {"value": "x"},
+    ),
+    ("native", "GET", "/v1/streams/{stream}/messages"): (f"/v1/streams/{S}/messages", {}, None),
+    ("native", "GET", "/v1/streams/{stream}/read"): (f"/v1/streams/{S}/read", {}, None),
+    ("native", "GET", "/v1/streams/{stream}/sse"): (f"/v1/streams/{S}/sse", {}, None),
+    ("native", "GET", "/v1/streams/{stream}"): (f"/v1/streams/{S}", {}, None),
     ("native", "GET", "/v1/groups"): ("/v1/groups", {}, None),
     ("native", "GET", "/v1/groups/{group}"): (f"/v1/groups/{G}", {}, None),
     ("native", "POST", "/v1/groups/{group}/commit"): (

@@ -37,6 +37,7 @@ from tidewire.broker.producers import (
     writer_producer_id,
 )
 from tidewire.broker.queues.manager import QueueManager
+from tidewire.broker.streams.manager import StreamManager
 from tidewire.errors import (
     BackpressureError,
     BatchTooLargeError,
@@ -129,6 +130,20 @@ class BrokerConfig:
             opened again when used. 0: a quarter of the descriptor limit, at most
             :data:`MAX_DEFAULT_OPEN_FILES`.
         max_partitions: partitions of all topics together; a creation beyond is refused.
+        stream_partitions: partitions of ``__streams``, the shared log of persistent stream
+            messages (fixed when it is first created).
+        stream_segment_bytes: segment size of ``__streams`` (expired segments are deleted
+            whole).
+        stream_default_ttl_ms: the TTL of a stream message sent without one.
+        stream_max_ttl_ms: the longest TTL a stream message may ask for.
+        stream_ring_size: messages that may wait in a stream for a receiver (beyond the
+            receivers waiting), unless its first request said otherwise.
+        stream_idle_ms: an empty stream nobody waits on is forgotten after this long.
+        stream_dedup_window: uuids remembered per stream for deduplication.
+        stream_max_count: streams at once; a send or receive creating more is refused.
+        stream_max_receivers: stream receives and reads waiting at once.
+        stream_max_wait_ms: the longest a stream receive, read or blocked send may wait.
+        stream_max_message_bytes: the largest stream message value.
     """
 
     data_dir: str
@@ -143,8 +158,20 @@ class BrokerConfig:
     groups: GroupConfig = field(default_factory=GroupConfig)
     max_open_files: int = 0
     max_partitions: int = DEFAULT_MAX_PARTITIONS
+    stream_partitions: int = 4
+    stream_segment_bytes: int = 16 * 1024 * 1024
+    stream_default_ttl_ms: int = 24 * 3600 * 1000
+    stream_max_ttl_ms: int = 30 * 24 * 3600 * 1000
+    stream_ring_size: int = 100
+    stream_idle_ms: int = 60_000
+    stream_dedup_window: int = 1_000
+    stream_max_count: int = 10_000_000
+    stream_max_receivers: int = 200_000
+    stream_max_wait_ms: int = 300_000
+    stream_max_message_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:
+        self._check_streams()
         if self.max_open_files < 0:
             raise InvalidConfigError(
                 f"max_open_files={self.max_open_files} must be >= 0 (0: from the descriptor limit)"
@@ -168,6 +195,24 @@ class BrokerConfig:
             raise InvalidConfigError("producer_expiration_ms must be >= 1")
         if self.producer_snapshot_interval_ms < 1:
             raise InvalidConfigError("producer_snapshot_interval_ms must be >= 1")
+
+    def _check_streams(self) -> None:
+        bounds = (
+            ("stream_partitions", self.stream_partitions, 1, 1024),
+            ("stream_segment_bytes", self.stream_segment_bytes, 1024, 1 << 30),
+            ("stream_max_ttl_ms", self.stream_max_ttl_ms, 1, 10 * 365 * 24 * 3600 * 1000),
+            ("stream_default_ttl_ms", self.stream_default_ttl_ms, 1, self.stream_max_ttl_ms),
+            ("stream_ring_size", self.stream_ring_size, 0, 1_000_000),
+            ("stream_idle_ms", self.stream_idle_ms, 0, 365 * 24 * 3600 * 1000),
+            ("stream_dedup_window", self.stream_dedup_window, 0, 1_000_000),
+            ("stream_max_count", self.stream_max_count, 1, 1 << 40),
+            ("stream_max_receivers", self.stream_max_receivers, 1, 100_000_000),
+            ("stream_max_wait_ms", self.stream_max_wait_ms, 0, 3_600_000),
+            ("stream_max_message_bytes", self.stream_max_message_bytes, 1, 256 * 1024 * 1024),
+        )
+        for name, value, lo, hi in bounds:
+            if not lo <= value <= hi:
+                raise InvalidConfigError(f"{name}={value:,} must be within {lo:,}..{hi:,}")
 
 
 @dataclass(slots=True)
@@ -305,6 +350,10 @@ class Broker:
         self._queue_task: asyncio.Task[None] | None = None
         #: The clock queues use (ms since the epoch); tests set a fake one before start().
         self.queue_clock: Callable[[], int] | None = None
+        self._streams: StreamManager | None = None
+        self._stream_task: asyncio.Task[None] | None = None
+        #: The clock streams use (ms since the epoch); tests set a fake one before start().
+        self.stream_clock: Callable[[], int] | None = None
         self.stats = BrokerStats()
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -335,6 +384,8 @@ class Broker:
             self.audit.start()
             queues = QueueManager(self, clock=self.queue_clock)
             queues.load()
+            streams = StreamManager(self, clock=self.stream_clock)
+            streams.load()
         except BaseException:
             self.logs.close()
             raise
@@ -350,6 +401,10 @@ class Broker:
         self._queues = queues
         self._queue_task = loop.create_task(queues.run(), name="queue timers")
         self._queue_task.add_done_callback(_log_task_failure)
+        self._streams = streams
+        if self.stream_clock is None:  # a fake clock's timers run when the test ticks
+            self._stream_task = loop.create_task(streams.run(), name="stream timers")
+            self._stream_task.add_done_callback(_log_task_failure)
         # Where the first start with authentication on left the first superuser's key.
         self.bootstrap_key_file = await self.security.bootstrap(Path(self.config.data_dir))
 
@@ -375,6 +430,17 @@ class Broker:
             raise InvalidRequestError("the broker is not running")
         return self._queues
 
+    @property
+    def streams(self) -> StreamManager:
+        """The lightweight streams (while the broker runs).
+
+        Raises:
+            InvalidRequestError: the broker is not running.
+        """
+        if self._streams is None:
+            raise InvalidRequestError("the broker is not running")
+        return self._streams
+
     async def _group_upkeep(self) -> None:
         """Until cancelled: expire group members' sessions and end overdue rebalances."""
         period = self.config.groups.check_interval_ms / 1000
@@ -386,10 +452,21 @@ class Broker:
     async def close(self) -> None:
         """Stop the background work, wake every waiting fetch, flush and close the logs."""
         self._closing = True  # a fetch woken from here on returns instead of waiting again
-        for task in (self._maintenance, self._producer_task, self._group_task, self._queue_task):
+        tasks = (
+            self._maintenance,
+            self._producer_task,
+            self._group_task,
+            self._queue_task,
+            self._stream_task,
+        )
+        for task in tasks:
             if task is not None:
                 await cancel_and_wait(task)
         self._maintenance = self._producer_task = self._group_task = self._queue_task = None
+        self._stream_task = None
+        if self._streams is not None:
+            await self._streams.close()
+            self._streams = None
         if self._queues is not None:
             await self._queues.close()
             self._queues = None
@@ -1380,6 +1457,8 @@ class Broker:
         """Make every fetch waiting now return at once with what it has (a listener that is
         shutting down answers its long-polls instead of dropping them)."""
         self._releases += 1
+        if self._streams is not None:
+            self._streams.release_waiters()
         for futs in list(self._waiters.values()):
             for fut in futs:
                 if not fut.done():
@@ -1391,6 +1470,8 @@ class Broker:
         join again (``RebalanceInProgressError``, retriable). Produce and the rest go on
         working until :meth:`close`."""
         self._closing = True
+        if self._streams is not None:
+            self._streams.draining = True
         self.release_waiters()
         if self._groups is not None:
             self._groups.coordinator.close()

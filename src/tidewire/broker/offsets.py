@@ -90,9 +90,13 @@ TP = tuple[str, int]
 QUEUE_DEFINITIONS_TOPIC = "__queue_definitions"
 #: A queue's own logs (its messages, its delivery state) are topics named with this prefix.
 QUEUE_TOPIC_PREFIX = "__queue."
+#: The shared log of persistent stream messages (see :mod:`tidewire.broker.streams`).
+STREAMS_TOPIC = "__streams"
 #: Every topic the broker keeps for itself: the offsets, the security state, the audit log,
-#: the queue definitions (and, by their prefix, the queues' logs).
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, "__security", "__audit", QUEUE_DEFINITIONS_TOPIC})
+#: the queue definitions, the streams' log (and, by their prefix, the queues' logs).
+INTERNAL_TOPICS = frozenset(
+    {OFFSETS_TOPIC, "__security", "__audit", QUEUE_DEFINITIONS_TOPIC, STREAMS_TOPIC}
+)
 
 
 def is_internal_topic(name: str) -> bool:

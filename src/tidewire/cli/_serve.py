@@ -134,6 +134,83 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    stream_partitions: Annotated[
+        int | None,
+        typer.Option(
+            help=_help(
+                "stream_partitions",
+                "Partitions of the streams' shared log (fixed at its creation).",
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    stream_segment_bytes: Annotated[
+        int | None,
+        typer.Option(
+            help=_help("stream_segment_bytes", "Segment size of the streams' log, bytes."),
+            show_default=False,
+        ),
+    ] = None,
+    stream_default_ttl_ms: Annotated[
+        int | None,
+        typer.Option(
+            help=_help("stream_default_ttl_ms", "TTL of a stream message sent without one, ms."),
+            show_default=False,
+        ),
+    ] = None,
+    stream_max_ttl_ms: Annotated[
+        int | None,
+        typer.Option(
+            help=_help("stream_max_ttl_ms", "The longest TTL of a stream message, ms."),
+            show_default=False,
+        ),
+    ] = None,
+    stream_ring_size: Annotated[
+        int | None,
+        typer.Option(
+            help=_help("stream_ring_size", "Messages that may wait in a stream (its ring)."),
+            show_default=False,
+        ),
+    ] = None,
+    stream_idle_ms: Annotated[
+        int | None,
+        typer.Option(
+            help=_help("stream_idle_ms", "Forget an empty, idle stream after this long, ms."),
+            show_default=False,
+        ),
+    ] = None,
+    stream_dedup_window: Annotated[
+        int | None,
+        typer.Option(
+            help=_help("stream_dedup_window", "Uuids remembered per stream for deduplication."),
+            show_default=False,
+        ),
+    ] = None,
+    stream_max_count: Annotated[
+        int | None,
+        typer.Option(help=_help("stream_max_count", "Streams at once."), show_default=False),
+    ] = None,
+    stream_max_receivers: Annotated[
+        int | None,
+        typer.Option(
+            help=_help("stream_max_receivers", "Stream receives and reads waiting at once."),
+            show_default=False,
+        ),
+    ] = None,
+    stream_max_wait_ms: Annotated[
+        int | None,
+        typer.Option(
+            help=_help("stream_max_wait_ms", "The longest a stream long-poll may wait, ms."),
+            show_default=False,
+        ),
+    ] = None,
+    stream_max_message_bytes: Annotated[
+        int | None,
+        typer.Option(
+            help=_help("stream_max_message_bytes", "The largest stream message value, bytes."),
+            show_default=False,
+        ),
+    ] = None,
     fetch_max_bytes: Annotated[
         int | None,
         typer.Option(
@@ -621,6 +698,17 @@ def serve(
         "max_open_files": max_open_files,
         "max_partitions": max_partitions,
         "fetch_max_bytes": fetch_max_bytes,
+        "stream_partitions": stream_partitions,
+        "stream_segment_bytes": stream_segment_bytes,
+        "stream_default_ttl_ms": stream_default_ttl_ms,
+        "stream_max_ttl_ms": stream_max_ttl_ms,
+        "stream_ring_size": stream_ring_size,
+        "stream_idle_ms": stream_idle_ms,
+        "stream_dedup_window": stream_dedup_window,
+        "stream_max_count": stream_max_count,
+        "stream_max_receivers": stream_max_receivers,
+        "stream_max_wait_ms": stream_max_wait_ms,
+        "stream_max_message_bytes": stream_max_message_bytes,
         "fsync": fsync,
         "flush_interval_ms": flush_interval_ms,
         "segment_bytes": segment_bytes,

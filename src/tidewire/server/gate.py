@@ -130,7 +130,7 @@ def is_private_topic(name: str) -> bool:
     through the queue APIs, under the queue permissions)."""
     return (
         name in PRIVATE_TOPICS
-        or name == QUEUE_DEFINITIONS_TOPIC
+        or name in {QUEUE_DEFINITIONS_TOPIC, "__streams"}
         or name.startswith(QUEUE_TOPIC_PREFIX)
     )
 

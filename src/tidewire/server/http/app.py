@@ -41,6 +41,7 @@ from tidewire.server.http.security import security_router
 from tidewire.server.http.session_api import session_router
 from tidewire.server.http.settings_api import settings_router
 from tidewire.server.http.stream import stream_router
+from tidewire.server.http.streams import streams_router
 from tidewire.server.http.topics import topics_router
 
 __all__ = ["asgi_app", "create_app", "routers"]
@@ -48,7 +49,8 @@ __all__ = ["asgi_app", "create_app", "routers"]
 DESCRIPTION = """\
 The native HTTP API of the tidewire broker: topics, publishing (one message or an atomic batch,
 with `Idempotency-Key` for retries that store once), reading (long-poll), consumer groups,
-exchanges and queues (publish, get, ack, dead letters) and health. Every error answers
+exchanges and queues (publish, get, ack, dead letters), lightweight streams (send, long-poll
+receive, read by resume token, SSE) and health. Every error answers
 `{"error": {"code", "name", "message"}}` with the code of tidewire's error class. With
 authentication on, every route but the health probes and this spec needs
 `Authorization: Bearer <API key>` (401 without, 403 without the permission). Bodies are JSON
@@ -70,6 +72,7 @@ def routers(ctx: GatewayContext) -> list[APIRouter]:
         queues_router(ctx),
         queue_messages_router(ctx),
         queue_ws_router(ctx),
+        streams_router(ctx),
         health_router(ctx),
         stream_router(ctx),
         security_router(ctx),

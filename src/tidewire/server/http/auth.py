@@ -68,6 +68,9 @@ class Route:
     interface: str = "http"
     #: The requirement needs the JSON body (read, then handed on to the route unchanged).
     body: bool = False
+    #: The path parameters may hold '/' (matched as ``{name:path}``; the template is the
+    #: OpenAPI spec's, without the converter).
+    slashes: bool = False
 
 
 _T, _G, _C = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER
@@ -135,7 +138,7 @@ def _compat(
     prefix: str, op: Operation, name: Callable[[RouteRequest], str]
 ) -> Callable[[RouteRequest], list[Need]]:
     """A compatibility route's need, on the tidewire topic its name maps onto (so the ACLs of
-    ``msgbus.*`` or ``ipubsub.*`` topics govern them); writes may create it."""
+    ``msgbus.*`` topics govern them); writes may create it."""
 
     def needs(r: RouteRequest) -> list[Need]:
         raw = name(r)
@@ -189,9 +192,38 @@ def _binding(r: RouteRequest) -> list[Need]:
     return out
 
 
-def _ipubsub_send_stream(r: RouteRequest) -> str:
+_S = ResourceType.STREAM
+
+
+def _stream(op: Operation) -> Callable[[RouteRequest], list[Need]]:
+    return lambda r: [Need(_S, op, r.path["stream"])]
+
+
+def _body_streams(r: RouteRequest, op: Operation, key: str) -> list[Need]:
+    """``op`` on every distinct stream the body names: ``body[key]`` a list of ids, a list of
+    objects with a ``stream``, or an object whose keys are ids (anything else names none: the
+    route refuses the body itself)."""
+    body = r.body if isinstance(r.body, dict) else {}
+    value = body.get(key)
+    names: list[str] = []
+    if isinstance(value, dict):
+        names = [k for k in value if isinstance(k, str)]
+    elif isinstance(value, list):
+        for v in value:
+            s = v.get("stream") if isinstance(v, dict) else v
+            if isinstance(s, str):
+                names.append(s)
+    return [Need(_S, op, s) for s in dict.fromkeys(names)]
+
+
+def _ipubsub_send_stream(r: RouteRequest) -> list[Need]:
     s = r.body.get("streamId") if isinstance(r.body, dict) else None
-    return s if isinstance(s, str) else ""
+    return [Need(_S, _O.WRITE, s)] if isinstance(s, str) and s else []
+
+
+def _ipubsub_receive_stream(r: RouteRequest) -> list[Need]:
+    s = r.query.get("streamId", "")
+    return [Need(_S, _O.READ, s)] if s else []
 
 
 #: Every route of every HTTP listener: (method, path template) -> Route. WebSocket routes
@@ -240,6 +272,25 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         ("POST", "/v1/queues/{name}/dlq/replay"): Route(_replay),
         ("POST", "/v1/queues/{name}/dlq/purge"): Route(_queue(_O.DELETE)),
         ("WS", "/v1/queues/{name}/ws"): Route(_queue(_O.READ), interface="websocket"),
+        # Lightweight streams (as the binary APIs 58-62): ACLs by stream id. A request naming
+        # several streams needs the permission on each; lists show what may be described.
+        ("GET", "/v1/streams"): Route(AUTHENTICATED),
+        ("GET", "/v1/stats/streams"): Route(_cluster(_O.DESCRIBE)),
+        ("POST", "/v1/streams/messages"): Route(
+            lambda r: _body_streams(r, _O.WRITE, "items"), body=True
+        ),
+        ("POST", "/v1/streams/receive"): Route(
+            lambda r: _body_streams(r, _O.READ, "streams"), body=True
+        ),
+        ("POST", "/v1/streams/read"): Route(
+            lambda r: _body_streams(r, _O.READ, "positions"), body=True
+        ),
+        # Longest suffixes first: the stream id in the path may hold '/'.
+        ("POST", "/v1/streams/{stream}/messages"): Route(_stream(_O.WRITE), slashes=True),
+        ("GET", "/v1/streams/{stream}/messages"): Route(_stream(_O.READ), slashes=True),
+        ("GET", "/v1/streams/{stream}/read"): Route(_stream(_O.READ), slashes=True),
+        ("GET", "/v1/streams/{stream}/sse"): Route(_stream(_O.READ), interface="sse", slashes=True),
+        ("GET", "/v1/streams/{stream}"): Route(_stream(_O.DESCRIBE), slashes=True),
         ("GET", "/v1/groups"): Route(AUTHENTICATED),
         ("GET", "/v1/groups/{group}"): Route(_group(_O.DESCRIBE)),
         ("POST", "/v1/groups/{group}/commit"): Route(_commit, body=True),
@@ -297,19 +348,20 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
             _compat("msgbus.", _O.READ, lambda r: r.path["topic"]), interface="msgbus"
         ),
     },
+    # iPubSub's streams are tidewire streams: ACLs by stream id (the streamId).
     "ipubsub": {
         ("POST", "/api/v1/streams/send"): Route(
-            _compat("ipubsub.", _O.WRITE, _ipubsub_send_stream), interface="ipubsub", body=True
+            _ipubsub_send_stream, interface="ipubsub", body=True
         ),
-        ("GET", "/api/v1/streams/receive"): Route(
-            _compat("ipubsub.", _O.READ, lambda r: r.query.get("streamId", "")),
-            interface="ipubsub",
-        ),
+        ("GET", "/api/v1/streams/receive"): Route(_ipubsub_receive_stream, interface="ipubsub"),
     },
 }
 
 #: The listener names of the gateway (gateway.NATIVE, MSGBUS, IPUBSUB) -> their table.
 LISTENER_ROUTES = ROUTE_NEEDS
+
+
+_SPAN = re.compile(r"\{(\w+)\}")
 
 
 @dataclass(slots=True)
@@ -352,7 +404,8 @@ class HttpAuth:
         self._exact: dict[tuple[str, str], _Compiled] = {}
         self._routes: dict[str, list[_Compiled]] = {}
         for (method, template), route in routes.items():
-            regex, _, convertors = compile_path(template)
+            pattern = _SPAN.sub(r"{\1:path}", template) if route.slashes else template
+            regex, _, convertors = compile_path(pattern)
             c = _Compiled(method, template, regex, route, convertors)
             if "{" in template:
                 self._routes.setdefault(method, []).append(c)

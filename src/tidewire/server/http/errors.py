@@ -15,6 +15,8 @@ Queues and exchanges: 404 no such queue or exchange, 409 declared already with o
 settings, a state that forbids it (not empty, in use) or a delivery tag not held, 422 a
 mandatory message no binding routes, 423 an exclusive queue of another connection, 429 a
 queue at its length limit (retry after Retry-After), 400 a name or setting not allowed.
+Streams: 400 a stream id, resume token, TTL or wait not allowed (code 120), 429 a blocking send
+that found no room (code 121), 503 too many streams or waiting receivers (retry).
 """
 
 from __future__ import annotations
@@ -94,6 +96,10 @@ STATUS: dict[type[tw.TidewireError], int] = {
     tw.InvalidQueueError: 400,
     # A queue at its length limit: the publisher is asked to slow down (the broker is fine).
     tw.QueueFullError: 429,
+    # Lightweight streams: a bad id, token, TTL or wait; a blocking send that found no room
+    # (the sender is asked to slow down, as a full queue); too many streams: busy (503).
+    tw.InvalidStreamError: 400,
+    tw.StreamFullError: 429,
 }
 
 #: Statuses whose answers say when to retry.

@@ -1,10 +1,11 @@
 """Compatibility modes: the HTTP APIs of other message buses, served on ports of their own
 (``http_msgbus_port``, ``http_ipubsub_port``) so their clients work unchanged against tidewire.
 
-Each maps its topics or streams onto tidewire topics of one partition under a prefix
-(``msgbus.`` and ``ipubsub.``; :func:`topic_for` escapes any name into a valid topic name),
-and its "receive once" semantics onto a consumer group whose committed offset advances as
-messages are taken (:mod:`._pop`). See docs/http-compat.md for what is and is not compatible.
+msgbus maps its topics onto tidewire topics of one partition under the prefix ``msgbus.``
+(:func:`topic_for` escapes any name into a valid topic name), and its "receive once" semantics
+onto a consumer group whose committed offset advances as messages are taken (:mod:`._pop`).
+iPubSub's streams are tidewire's lightweight streams of the same ids (``broker.streams``). See
+docs/http-compat.md for what is and is not compatible.
 """
 
 from __future__ import annotations

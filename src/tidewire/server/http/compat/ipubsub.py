@@ -3,36 +3,31 @@
 ``POST /api/v1/streams/send`` with ``{streamId, messageUuid, message, inMemoryStreamSize,
 blockingSendTimeoutSeconds, writeToDB, dbTTLSeconds}`` and ``GET /api/v1/streams/receive?
 streamId=&timeoutSeconds=&readFromDB=&dbResumeToken=``, with the semantics iPubSub's design
-documents, mapped onto the log:
+documents, on tidewire's lightweight streams (``broker.streams``, docs/streams.md): an
+iPubSub stream is the tidewire stream of the same id (ACLs by stream id), so native clients
+and the ``/v1/streams`` routes reach the same messages.
 
-- a stream is the tidewire topic ``ipubsub.STREAM`` (escaped by
-  :func:`~tidewire.server.http.compat.topic_for`) of one partition, created by the first send
-  or receive that names it; a message is one record (key: ``messageUuid``; value: the
-  ``message`` JSON; headers: whether it was written "to the DB" and when it expires);
+- a send is ``SendItem(streamId, the message's JSON, messageUuid, dbTTLSeconds * 1000,
+  persistent=writeToDB)``: a ``writeToDB`` message is written durably and can be replayed, the
+  others are kept in memory only; ``messageUuid`` deduplicates (a send whose uuid is among the
+  stream's recent ones answers ``200`` and stores nothing); ``dbTTLSeconds`` (default 86,400)
+  is each message's own expiry: an expired message is never answered;
+- ``inMemoryStreamSize`` (default 100, fixed by the first request of the stream) bounds the
+  messages waiting to be received: a send without ``blockingSendTimeoutSeconds`` pushes the
+  oldest waiting one out beyond it (circular buffer); with it, the send waits up to that long
+  for room (size plus the receivers waiting now, so size 0 is a synchronous hand-over) and
+  answers ``424`` if none came;
 - a receive (long-poll, ``timeoutSeconds`` default 30; ``424`` when nothing came) takes the
-  next message once: the consumer group ``ipubsub`` commits the offset after it before the
-  answer (:class:`~._pop.Popper`), so each message is received once, across restarts too;
-- ``inMemoryStreamSize`` (default 100, fixed by the first request of the stream in this
-  process) bounds the messages waiting to be received: a send without
-  ``blockingSendTimeoutSeconds`` drops the oldest waiting ones beyond it (circular buffer);
-  with it, the send waits up to that long for room (size plus the receivers waiting now, so
-  size 0 is a synchronous hand-over) and answers ``424`` if none came;
-- ``messageUuid`` deduplicates: a send whose uuid is among the stream's last
-  :data:`DEDUP_WINDOW` messages answers ``200`` and stores nothing;
-- ``writeToDB`` messages can also be replayed: ``readFromDB=true`` reads (without taking)
-  the first such message at or after ``dbResumeToken`` (empty: the stream's start) and
-  answers it with the ``dbResumeToken`` of the next one; ``dbTTLSeconds`` (default 86,400) is
-  each message's own expiry: an expired message is never answered, and the topic's retention
-  is raised to the longest TTL sent so its bytes stay until then and are removed after.
+  oldest waiting message once (work-queue): a ``writeToDB`` message's take is recorded durably
+  before the answer, so it is received once across restarts too;
+- ``readFromDB=true`` reads (without taking) the first ``writeToDB`` message at or after
+  ``dbResumeToken`` (empty: the stream's oldest) and answers it with the ``dbResumeToken`` of
+  the position after it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections import OrderedDict, deque
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -42,31 +37,22 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from tidewire.broker import Broker
+from tidewire.broker.streams.model import FROM_START, SendItem, StreamMessage
 from tidewire.errors import (
     BackpressureError,
     BatchTooLargeError,
     InvalidRequestError,
+    InvalidStreamError,
     LogFailedError,
     StorageError,
+    StreamFullError,
     TidewireError,
+    for_code,
 )
-from tidewire.records import BatchBuilder
-from tidewire.server.http._cursor import Record, decode_records, decode_token, encode_token
-from tidewire.server.http._params import wait_for_data_or
-from tidewire.server.http.compat import ensure_topic, rfc3339, topic_for
-from tidewire.server.http.compat._pop import Popper
+from tidewire.server.http.compat import rfc3339
 
-__all__ = ["DEDUP_WINDOW", "GROUP", "PREFIX", "create_ipubsub_app"]
+__all__ = ["DEFAULT_STREAM_SIZE", "create_ipubsub_app"]
 
-#: Prefix of the tidewire topics of iPubSub streams.
-PREFIX = "ipubsub."
-#: The consumer group whose committed offsets mark received messages.
-GROUP = "ipubsub"
-#: A resent ``messageUuid`` is recognised among this many latest messages of its stream.
-DEDUP_WINDOW = 1_000
-#: Streams whose state (buffer size, recent uuids) is kept in memory at most; an idle one
-#: beyond it is forgotten and rebuilt from its log when next used.
-MAX_STREAMS = 10_000
 #: iPubSub's defaults and bounds.
 DEFAULT_TIMEOUT_S = 30
 MAX_TIMEOUT_S = 3_600
@@ -74,29 +60,16 @@ DEFAULT_STREAM_SIZE = 100
 DEFAULT_TTL_S = 24 * 3600
 MAX_ID_CHARS = 255
 
-_H_DB = "ipubsub-db"
-_H_EXPIRES = "ipubsub-expires"
+_TIMEOUT = {"error": "long poll waiting timeout"}
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder()
 
 
-@dataclass(slots=True)
-class _Stream:
-    size: int
-    seen: set[str] = field(default_factory=set)
-    order: deque[str] = field(default_factory=deque)
-    receivers: int = 0
-    senders: int = 0
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def remember(self, uuid: str) -> None:
-        self.seen.add(uuid)
-        self.order.append(uuid)
-        while len(self.order) > DEDUP_WINDOW:
-            self.seen.discard(self.order.popleft())
-
-
 class _BadRequest(Exception):
+    pass
+
+
+class _TooLarge(Exception):
     pass
 
 
@@ -113,10 +86,6 @@ def _opt_int(body: dict[str, Any], name: str, default: int, low: int) -> int:
     return value
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 def _id(body: dict[str, Any], name: str) -> str:
     value = body.get(name)
     if not isinstance(value, str) or not 1 <= len(value) <= MAX_ID_CHARS:
@@ -127,53 +96,17 @@ def _id(body: dict[str, Any], name: str) -> str:
 
 
 def create_ipubsub_app(
-    broker: Broker,
-    *,
-    max_body_bytes: int,
-    closing: asyncio.Event | None = None,
-    clock: Callable[[], int] = _now_ms,
+    broker: Broker, *, max_body_bytes: int, closing: asyncio.Event | None = None
 ) -> Starlette:
     """The iPubSub-compatible app.
 
     Args:
-        broker: the running broker.
+        broker: the running broker (its stream manager stores and times the messages).
         max_body_bytes: the largest send request accepted (``413`` beyond it).
         closing: set when the gateway drains (long-polls answer at once).
-        clock: ms since the epoch: message timestamps and expiry.
     """
     stop = closing if closing is not None else asyncio.Event()
-    popper = Popper(broker, GROUP, stop)
-    streams: OrderedDict[str, _Stream] = OrderedDict()
-
-    def stream_of(topic: str, size: int) -> _Stream:
-        st = streams.get(topic)
-        if st is not None:
-            streams.move_to_end(topic)
-            return st
-        st = streams[topic] = _Stream(size)
-        end = broker.high_watermark(topic, 0)
-        pos = max(broker.list_offset(topic, 0, -2), end - DEDUP_WINDOW)
-        while pos < end:  # the latest uuids, from the log
-            r = broker.read_partition(topic, 0, pos, 1 << 20)
-            for rec in decode_records(topic, 0, r.data, pos):
-                if rec.key is not None:
-                    st.remember(rec.key.decode("utf-8", "replace"))
-            pos = r.next_offset
-        for name in [t for t, s in streams.items() if not s.receivers and not s.senders]:
-            if len(streams) <= MAX_STREAMS:
-                break
-            del streams[name]
-        return st
-
-    def on_taken(topic: str) -> None:
-        st = streams.get(topic)
-        if st is not None:
-            st.changed.set()
-
-    popper.on_taken = on_taken
-
-    def backlog(topic: str) -> int:
-        return broker.high_watermark(topic, 0) - popper.position(topic)
+    wait_step = broker.config.stream_max_wait_ms
 
     async def read_body(request: Request) -> dict[str, Any]:
         raw = bytearray()
@@ -201,79 +134,23 @@ def create_ipubsub_app(
             to_db = body.get("writeToDB", False)
             if not isinstance(to_db, bool):
                 raise _BadRequest("invalid request schema: writeToDB must be a boolean")
-            topic = topic_for(PREFIX, stream_id)
         except _BadRequest as exc:
             return _json(400, {"error": str(exc)})
         except _TooLarge as exc:
             return _json(413, {"error": str(exc)})
-        except TidewireError as exc:
-            return _json(400, {"error": exc.message})
-
-        def record(now: int) -> bytes:
-            batch = BatchBuilder()
-            batch.append(
-                _encode(body["message"]),
-                key=uuid.encode(),
-                timestamp_ms=now,
-                headers=[
-                    (_H_DB, b"1" if to_db else b"0"),
-                    (_H_EXPIRES, str(now + ttl * 1000).encode()),
-                ],
-            )
-            return batch.build()
-
+        item = SendItem(stream_id, _encode(body["message"]), uuid, ttl * 1000, to_db)
         try:
-            data = record(clock())
-            ensure_topic(broker, topic, data)  # a message refused creates no stream
-            st = stream_of(topic, size)
-            if uuid in st.seen:
-                return _json(200, {})  # sent before: stored once
-            if blocking > 0:
-                if not await wait_for_room(topic, st, blocking):
-                    return _json(424, {"error": "stream is full: blocking send timeout"})
-                if uuid in st.seen:  # the same uuid sent again while this one waited
-                    return _json(200, {})
-                data = record(clock())  # its time is when it is stored, not when it came
-            await broker.produce(topic, 0, data)
-            st.remember(uuid)
-            if to_db:
-                keep_for(topic, ttl * 1000)
-            if blocking <= 0:
-                await drop_oldest(topic, st)
+            (result,) = await broker.streams.send([item], ring_size=size, block_ms=blocking * 1000)
         except TidewireError as exc:
             return _server_error(exc)
-        return _json(200, {})
-
-    async def wait_for_room(topic: str, st: _Stream, timeout_s: int) -> bool:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        st.senders += 1
-        try:
-            while backlog(topic) >= st.size + st.receivers:
-                left = deadline - loop.time()
-                if left <= 0 or stop.is_set():
-                    return False
-                st.changed.clear()
-                try:
-                    await asyncio.wait_for(st.changed.wait(), left)
-                except TimeoutError:
-                    return False
-            return True
-        finally:
-            st.senders -= 1
-
-    async def drop_oldest(topic: str, st: _Stream) -> None:
-        """Circular buffer: keep at most ``size`` messages waiting (plus one per receiver
-        waiting now, which takes it at once)."""
-        async with popper.exclusive(topic):
-            excess = backlog(topic) - (st.size + st.receivers)
-            if excess > 0:
-                await popper.commit(topic, popper.position(topic) + excess)
-
-    def keep_for(topic: str, ttl_ms: int) -> None:
-        cfg = broker.log(topic, 0).config
-        if 0 <= cfg.retention_ms < ttl_ms:
-            broker.alter_topic(topic, config=replace(cfg, retention_ms=ttl_ms))
+        if result.code in (0, -1):  # stored, or sent before (stored once)
+            return _json(200, {})
+        if result.code == StreamFullError.code:
+            return _json(424, {"error": "stream is full: blocking send timeout"})
+        error = for_code(result.code)(result.message)
+        if isinstance(error, InvalidStreamError):
+            return _json(400, {"error": error.message})
+        return _server_error(error)
 
     async def receive(request: Request) -> Response:
         q = request.query_params
@@ -291,43 +168,45 @@ def create_ipubsub_app(
         if from_db not in ("true", "false", ""):
             return _json(400, {"error": "invalid readFromDB: true or false"})
         try:
-            topic = topic_for(PREFIX, stream_id)
-            ensure_topic(broker, topic)
             if from_db == "true":
-                return await replay(topic, q.get("dbResumeToken", ""), timeout)
-            st = stream_of(topic, DEFAULT_STREAM_SIZE)
-            st.receivers += 1
-            st.changed.set()  # a blocked sender may hand its message over now
-            try:
-                rec = await popper.pop(topic, timeout, _alive_at(clock()))
-            finally:
-                st.receivers -= 1
-        except InvalidRequestError as exc:
+                token = q.get("dbResumeToken", "") or FROM_START
+                message = await replay(stream_id, token, timeout * 1000)
+            else:
+                message = await take(stream_id, timeout * 1000)
+        except (InvalidStreamError, InvalidRequestError) as exc:
             return _json(400, {"error": exc.message})
         except TidewireError as exc:
             return _server_error(exc)
-        if rec is None:
-            return _json(424, {"error": "long poll waiting timeout"})
-        return _json(200, _answer(rec, with_token=_header(rec, _H_DB) == b"1"))
+        if message is None:
+            return _json(424, _TIMEOUT)
+        return _json(200, _answer(message))
 
-    async def replay(topic: str, token: str, timeout_s: int) -> Response:
-        pos = decode_token(token, topic).get(0, 0) if token else 0
-        start = broker.list_offset(topic, 0, -2)
-        pos = max(pos, start)
+    async def take(stream_id: str, timeout_ms: int) -> StreamMessage | None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        deadline = loop.time() + timeout_ms / 1000
+        manager = broker.streams
         while True:
-            r = broker.read_partition(topic, 0, pos, 1 << 20)
-            for rec in decode_records(topic, 0, r.data, pos) if r.data else []:
-                if _header(rec, _H_DB) == b"1" and _alive_at(clock())(rec):
-                    return _json(200, _answer(rec, with_token=True))
-            if r.data:
-                pos = r.next_offset
-                continue
-            left = deadline - loop.time()
-            if left <= 0 or stop.is_set():
-                return _json(424, {"error": "long poll waiting timeout"})
-            await wait_for_data_or(broker, [(topic, 0)], left, stop)
+            left = 0 if stop.is_set() else max(0, int((deadline - loop.time()) * 1000))
+            got = await manager.receive([stream_id], wait_ms=min(left, wait_step))
+            if got:
+                return got[0]
+            if left <= wait_step or stop.is_set():
+                return None
+
+    async def replay(stream_id: str, token: str, timeout_ms: int) -> StreamMessage | None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        manager = broker.streams
+        while True:
+            left = 0 if stop.is_set() else max(0, int((deadline - loop.time()) * 1000))
+            got, tokens = await manager.read(
+                {stream_id: token}, max_messages=1, wait_ms=min(left, wait_step)
+            )
+            if got:
+                return got[0]
+            if left <= wait_step or stop.is_set():
+                return None
+            token = tokens.get(stream_id, token)
 
     routes = [
         Route("/api/v1/streams/send", send, methods=["POST"]),
@@ -336,38 +215,23 @@ def create_ipubsub_app(
     return Starlette(routes=routes)
 
 
-class _TooLarge(Exception):
-    pass
-
-
-def _header(rec: Record, name: str) -> bytes | None:
-    for key, value in rec.headers:
-        if key == name:
-            return value
-    return None
-
-
-def _alive_at(now_ms: int) -> Callable[[Record], bool]:
-    def alive(rec: Record) -> bool:
-        expires = _header(rec, _H_EXPIRES)
-        return expires is None or int(expires) > now_ms
-
-    return alive
-
-
-def _answer(rec: Record, *, with_token: bool) -> dict[str, Any]:
+def _answer(m: StreamMessage) -> dict[str, Any]:
+    try:
+        message = _decode.decode(m.value) if m.value else None
+    except msgspec.DecodeError:  # sent natively, not as JSON: handed over as text
+        message = m.value.decode("utf-8", "replace")
     out: dict[str, Any] = {
-        "messageUuid": (rec.key or b"").decode("utf-8", "replace"),
-        "message": _decode.decode(rec.value) if rec.value else None,
-        "timestamp": rfc3339(rec.timestamp),
+        "messageUuid": m.uuid,
+        "message": message,
+        "timestamp": rfc3339(m.timestamp_ms),
     }
-    if with_token:
-        out["dbResumeToken"] = encode_token(rec.topic, [(0, rec.offset + 1)])
+    if m.token:  # written to the DB: replayable from the position after it
+        out["dbResumeToken"] = m.token
     return out
 
 
 def _server_error(exc: TidewireError) -> Response:
     status = 503 if isinstance(exc, (StorageError, LogFailedError, BackpressureError)) else 500
-    if isinstance(exc, BatchTooLargeError):  # over the topic's max_batch_bytes
+    if isinstance(exc, BatchTooLargeError):  # over stream_max_message_bytes
         status = 413
     return _json(status, {"error": exc.message})

@@ -1,0 +1,1346 @@
+"""The lightweight streams of one broker (:class:`StreamManager`, ``broker.streams``).
+
+Storage. Persistent messages live in the internal topic ``__streams`` (a few partitions,
+fixed at its creation; a stream's partition is :func:`~.model.partition_of` its id). One send
+request appends one record per partition it touches: key ``b"m"``, value the msgpack list of
+its entries ``[stream, uuid, expires_at_ms, value]`` (encoded and decoded whole by msgspec);
+the i-th entry of the record at offset ``o`` has position ``position(o, i)``. What work-queue
+receivers took (or a full ring pushed out) is a **take record**: key ``b"t"``, value the
+msgpack list of ``[stream, pos]`` (every persistent message of ``stream`` at or below ``pos``
+is taken); take records of one loop turn are written together and a receive answers once its
+take record is as durable as the broker's fsync policy promises. In-memory messages never
+touch the disk.
+
+The index. Per stream one small slotted object (:class:`_Stream`): its persistent entries
+(``None``, one ``(pos, expires)`` tuple, or an ``array('q')`` of interleaved pairs sorted by
+position), the take cursor, the in-memory ring (a deque, only when there is one), recent
+uuids (``None``, one string, or an insertion-ordered dict), the ring size and two timer
+fields. A timer wheel of one-second buckets holds each stream at the second something is due
+for it (its earliest expiry, or the end of its idle time when it is empty): a tick costs what
+is due, never a walk over every stream. Persistent values are not kept in memory: a receive
+or read decodes them from the log (a few recently decoded records are cached).
+
+Reclaim. Per partition the newest expiry of each segment's messages is known; whole segments
+at the head of the log whose messages have all expired are deleted. A long-lived message
+keeps its segment and every later one, as time-based retention does in Kafka.
+
+Recovery. At start every partition is read from its start: entries that have not expired
+are indexed, take records set the cursors, uuids refill the dedup windows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import binascii
+import contextlib
+import heapq
+import logging
+import struct
+import time
+import zlib
+from array import array
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from tidewire.broker.offsets import STREAMS_TOPIC
+from tidewire.broker.streams.model import (
+    FROM_END,
+    FROM_START,
+    MAX_STREAM_ID_CHARS,
+    POSITION_BITS,
+    SendItem,
+    SendResult,
+    StreamInfo,
+    StreamMessage,
+    StreamStats,
+    check_stream_id,
+    decode_token,
+    encode_token,
+    partition_of,
+)
+from tidewire.errors import (
+    BackpressureError,
+    BatchTooLargeError,
+    InvalidStreamError,
+    LogClosedError,
+    PartitionCorruptError,
+    StreamFullError,
+    TidewireError,
+    TooManyStreamsError,
+)
+from tidewire.records import BatchBuilder, iter_batches, iter_records
+from tidewire.storage import FsyncPolicy, LogConfig, PartitionLog
+
+if TYPE_CHECKING:
+    from tidewire.broker.core import Broker
+
+__all__ = [
+    "MAX_ENTRIES_PER_RECORD",
+    "MAX_MESSAGES_PER_CALL",
+    "MAX_RING_SIZE",
+    "STREAMS_TOPIC",
+    "StreamManager",
+]
+
+log = logging.getLogger("tidewire.broker.streams")
+
+#: Entries of one message record: the index of an entry has 16 bits of a position.
+MAX_ENTRIES_PER_RECORD = (1 << POSITION_BITS) - 1
+#: Messages one receive or read returns at most (each answer is held in memory whole).
+MAX_MESSAGES_PER_CALL = 10_000
+#: The largest ring: a ring's messages are held in memory.
+MAX_RING_SIZE = 1_000_000
+#: Streams one receive or read may name: each is looked at on every wake-up.
+MAX_STREAMS_PER_CALL = 10_000
+#: Decoded message records kept for receives and reads (a record holds up to 65,535
+#: entries): at most this many, of at most :data:`RECORD_CACHE_BYTES` together. A record is
+#: put there as it is written, so receivers woken by a send do not decode it again.
+RECORD_CACHE = 256
+RECORD_CACHE_BYTES = 64 * 1024 * 1024
+#: How often the timers run with the real clock (seconds).
+TICK_S = 0.25
+#: Bytes read at a time while loading.
+_READ_CHUNK = 4 * 1024 * 1024
+#: Bytes a record of entries leaves free below the log's largest batch (its framing).
+_RECORD_SLACK = 4096
+
+_KEY_MESSAGES = b"m"
+_KEY_TAKES = b"t"
+_DUPLICATE = SendResult(-1, "duplicate", "")
+_OK = SendResult()
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode_entries = msgspec.msgpack.Decoder(list[tuple[str, str, int, bytes]]).decode
+#: A record's entries left undecoded (a receive or read decodes only the one it returns).
+_decode_raw_entries = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
+_decode_entry = msgspec.msgpack.Decoder(tuple[str, str, int, bytes]).decode
+_Entries = list[Any]  # of (stream, uuid, expires_at_ms, value) tuples or their msgspec.Raw
+_decode_takes = msgspec.msgpack.Decoder(list[tuple[str, int]]).decode
+_crc = zlib.crc32
+_TOKEN_RAW = struct.Struct(">BIq").pack  # model's token: version 1, crc32 of the id, position
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
+_b2a = binascii.b2a_base64
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _token(crc: int, pos: int) -> str:
+    """:func:`~.model.encode_token` with the id's crc computed already."""
+    # 13 bytes: 18 base64 characters and two of padding
+    return _b2a(_TOKEN_RAW(1, crc, pos), newline=False).translate(_URLSAFE)[:18].decode("ascii")
+
+
+def _sid_crc(sid: str) -> int:
+    return _crc(sid.encode("utf-8", "surrogatepass"))
+
+
+class _Stream:
+    """One stream's index (see the module docstring)."""
+
+    __slots__ = (
+        "blocked",
+        "cursor",
+        "due",
+        "ents",
+        "mem",
+        "part",
+        "readers",
+        "ring",
+        "sid",
+        "used",
+        "uuids",
+        "waiters",
+    )
+
+    def __init__(self, sid: str, part: int, ring: int, now_s: int) -> None:
+        self.sid = sid
+        self.part = part
+        self.ring = ring
+        #: None, one (pos, expires_at_ms) tuple, or array('q') of interleaved pairs.
+        self.ents: tuple[int, int] | array[int] | None = None
+        #: Every persistent message at or below this position is taken.
+        self.cursor = -1
+        #: In-memory messages: (value, uuid, timestamp_ms, expires_at_ms, after) where
+        #: ``after`` is the newest persistent position of the stream when it was sent.
+        self.mem: deque[tuple[bytes, str, int, int, int]] | None = None
+        self.uuids: str | dict[str, None] | None = None
+        #: The second of the wheel bucket it sits in (0: none).
+        self.due = 0
+        #: The second it was last used (its idle time starts there).
+        self.used = now_s
+        self.waiters: dict[_Waiter, None] | None = None
+        self.readers: dict[_Waiter, None] | None = None
+        self.blocked: list[asyncio.Future[None]] | None = None
+
+
+class _Waiter:
+    __slots__ = ("fut", "woken")
+
+    def __init__(self, fut: asyncio.Future[None]) -> None:
+        self.fut = fut
+        self.woken = False
+
+
+def _pairs(ents: tuple[int, int] | array[int] | None) -> Sequence[int]:
+    if ents is None:
+        return ()
+    return ents
+
+
+def _first_after(ents: Sequence[int], pos: int) -> int:
+    """Index (of pairs) of the first entry with position > ``pos``."""
+    lo, hi = 0, len(ents) // 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ents[2 * mid] <= pos:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _pack(pairs: Sequence[int]) -> tuple[int, int] | array[int] | None:
+    if not pairs:
+        return None
+    if len(pairs) == 2:
+        return (pairs[0], pairs[1])
+    return array("q", pairs)
+
+
+def _ceil_s(ms: int) -> int:
+    return -(-ms // 1000)
+
+
+class StreamManager:
+    """Every stream of ``broker`` (see the module docstring).
+
+    Args:
+        broker: the broker (its logs open).
+        clock: ms since the epoch; tests pass a fake one and call :meth:`tick`.
+    """
+
+    def __init__(self, broker: Broker, *, clock: Callable[[], int] | None = None) -> None:
+        self.broker = broker
+        self.clock: Callable[[], int] = clock or _now_ms
+        cfg = broker.config
+        self.default_ttl_ms = cfg.stream_default_ttl_ms
+        self.max_ttl_ms = cfg.stream_max_ttl_ms
+        self.default_ring = cfg.stream_ring_size
+        self.idle_s = _ceil_s(cfg.stream_idle_ms)
+        self.dedup_window = cfg.stream_dedup_window
+        self.max_count = cfg.stream_max_count
+        self.max_receivers = cfg.stream_max_receivers
+        self.max_wait_ms = cfg.stream_max_wait_ms
+        self.max_message_bytes = cfg.stream_max_message_bytes
+        self.partitions = cfg.stream_partitions
+        self._logs: list[PartitionLog] = []
+        self._always = False
+        self._record_cap = self.log_config().max_batch_bytes - _RECORD_SLACK
+        self._streams: dict[str, _Stream] = {}
+        self._wheel: dict[int, list[_Stream]] = {}
+        self._wheel_at = 0  # buckets below this second have run
+        self._seg_exp: list[dict[int, int]] = []  # per partition: segment base -> newest expiry
+        self._pending_takes: list[dict[str, int]] = []
+        self._take_futs: list[asyncio.Future[int] | None] = []
+        self._takes_scheduled = False
+        self._cache: OrderedDict[tuple[int, int], tuple[int, _Entries]]
+        self._cache = OrderedDict()
+        self._cache_sizes: dict[tuple[int, int], int] = {}
+        self._cache_bytes = 0
+        self._n_waiters = 0
+        self._n_readers = 0
+        self._releases = 0
+        self._rr = 0
+        self._closed = False
+        self._loaded = False
+        self.draining = False
+        self._stats = StreamStats()
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Rebuild the index from ``__streams`` (created by the first persistent message)."""
+        logs = self.broker.logs
+        existing = sorted(p for (t, p) in logs.logs if t == STREAMS_TOPIC)
+        if existing:
+            if len(existing) != self.partitions:
+                log.warning(
+                    "%s has %d partitions; stream_partitions=%d is ignored (fixed at creation)",
+                    STREAMS_TOPIC,
+                    len(existing),
+                    self.partitions,
+                )
+            self.partitions = len(existing)
+            self._open_logs()
+        self._pending_takes = [{} for _ in range(self.partitions)]
+        self._take_futs = [None] * self.partitions
+        self._loaded = True
+        now = self.clock()
+        self._wheel_at = now // 1000
+        t0 = time.perf_counter()
+        for p in range(len(self._logs)):
+            self._load_partition(p, now)
+        if self._streams:
+            log.info(
+                "streams: %s loaded from %s in %.2f s",
+                f"{len(self._streams):,}",
+                STREAMS_TOPIC,
+                time.perf_counter() - t0,
+            )
+
+    def _open_logs(self) -> None:
+        """Open the partitions of ``__streams``, creating the missing ones."""
+        logs = self.broker.logs
+        cfg = self.log_config()
+        self._record_cap = cfg.max_batch_bytes - _RECORD_SLACK
+        self._always = cfg.fsync is FsyncPolicy.ALWAYS
+        for p in range(self.partitions):
+            plog = logs.logs.get((STREAMS_TOPIC, p))
+            if plog is None:
+                plog = logs.create_log(STREAMS_TOPIC, p, cfg)
+            else:
+                self._always = plog.config.fsync is FsyncPolicy.ALWAYS
+                self._record_cap = plog.config.max_batch_bytes - _RECORD_SLACK
+            self._logs.append(plog)
+            self._seg_exp.append({})
+
+    def _end_position(self, p: int) -> int:
+        """The position the next message of partition ``p`` gets at the earliest."""
+        return self._logs[p].log_end_offset << POSITION_BITS if self._logs else 0
+
+    def log_config(self) -> LogConfig:
+        """The log settings of ``__streams``: the broker's fsync policy, no retention (the
+        manager deletes whole expired segments), ``stream_segment_bytes`` segments."""
+        base = self.broker.config.log
+        return replace(
+            base,
+            retention_ms=-1,
+            retention_bytes=-1,
+            segment_bytes=self.broker.config.stream_segment_bytes,
+            max_batch_bytes=max(base.max_batch_bytes, self.max_message_bytes + 256 * 1024),
+        )
+
+    def _load_partition(self, p: int, now: int) -> None:
+        plog = self._logs[p]
+        streams = self._streams
+        bases = plog.segment_bases
+        seg_exp = self._seg_exp[p]
+        offset, end = plog.log_start_offset, plog.log_end_offset
+        now_s = now // 1000
+        default_ring = self.default_ring
+        window = self.dedup_window
+        wheel = self._wheel
+        bucket_s = -1
+        bucket: list[_Stream] = []
+        n_new = 0
+        while offset < end:
+            try:
+                r = plog.read(offset, _READ_CHUNK)
+            except PartitionCorruptError as exc:  # never served: what it held is lost
+                if exc.damage_end <= offset:
+                    break
+                offset = exc.damage_end
+                continue
+            if not r.data:
+                break
+            view = memoryview(r.data)
+            for pos0, h in iter_batches(view, verify=False):
+                if h.last_offset < offset:
+                    continue
+                for rec in iter_records(view[pos0 : pos0 + h.size]):
+                    if rec.value is None or rec.offset < offset:
+                        continue
+                    if rec.key == _KEY_MESSAGES:
+                        try:
+                            entries = _decode_entries(rec.value)
+                        except msgspec.DecodeError:
+                            continue
+                        base = rec.offset << POSITION_BITS
+                        newest = 0
+                        last_exp = exp_s = -1
+                        n_live = 0
+                        for i, (sid, uuid, exp, _value) in enumerate(entries):
+                            if exp != last_exp:  # a send's entries mostly share one expiry
+                                last_exp = exp
+                                exp_s = -(-exp // 1000)
+                                if exp > newest:  # noqa: PLR1730 (max() costs a call)
+                                    newest = exp
+                            if exp <= now:
+                                continue
+                            n_live += 1
+                            s = streams.get(sid)
+                            if s is None:
+                                s = streams[sid] = _Stream(sid, p, default_ring, now_s)
+                                n_new += 1
+                            if s.ents is None:
+                                s.ents = (base | i, exp)
+                            else:
+                                _add_entry(s, base | i, exp)
+                            due = s.due
+                            if due == 0 or exp_s < due:
+                                s.due = exp_s
+                                if exp_s != bucket_s:
+                                    bucket_s = exp_s
+                                    bucket = wheel.setdefault(exp_s, [])
+                                bucket.append(s)
+                            if uuid:
+                                _remember(s, uuid, window)
+                        self._stats.persistent_messages += n_live
+                        seg = bases[_segment_index(bases, rec.offset)]
+                        if newest > seg_exp.get(seg, 0):
+                            seg_exp[seg] = newest
+                    elif rec.key == _KEY_TAKES:
+                        try:
+                            takes = _decode_takes(rec.value)
+                        except msgspec.DecodeError:
+                            continue
+                        for sid, pos in takes:
+                            s = streams.get(sid)
+                            if s is not None and pos > s.cursor:
+                                s.cursor = pos
+            offset = r.next_offset
+        self._stats.created += n_new
+
+    async def run(self) -> None:
+        """Until cancelled: apply due timers and reclaim expired segments."""
+        while True:
+            await asyncio.sleep(TICK_S)
+            self.tick()
+
+    async def close(self) -> None:
+        """Wake every waiter (they return nothing) and write the takes still pending."""
+        self._closed = True
+        self._wake_everyone()
+        if any(self._pending_takes):
+            self._write_takes()
+
+    def release_waiters(self) -> None:
+        """Make every receive and read waiting now return at once with what it has."""
+        self._releases += 1
+        self._wake_everyone()
+
+    def _wake_everyone(self) -> None:
+        for s in self._streams.values():
+            for group in (s.waiters, s.readers):
+                if group:
+                    for w in group:
+                        if not w.fut.done():
+                            w.fut.set_result(None)
+            if s.blocked:
+                for f in s.blocked:
+                    if not f.done():
+                        f.set_result(None)
+
+    def _check_open(self) -> None:
+        if self._closed or not self._loaded:
+            raise LogClosedError("the stream manager is closed")
+
+    # --- sending --------------------------------------------------------------------------------
+
+    async def send(
+        self, items: Sequence[SendItem], *, ring_size: int | None = None, block_ms: int = 0
+    ) -> list[SendResult]:
+        """Store ``items`` (one result each, in order; see the module docstring).
+
+        Raises:
+            InvalidStreamError: ``ring_size`` or ``block_ms`` out of range.
+            StorageError, LogFailedError: the log failed (nothing more is stored).
+        """
+        self._check_open()
+        self._check_ring(ring_size)
+        if not 0 <= block_ms <= self.max_wait_ms:
+            raise InvalidStreamError(
+                f"block_ms={block_ms:,} must be within 0..{self.max_wait_ms:,} (stream_max_wait_ms)"
+            )
+        n = len(items)
+        results: list[SendResult] = [_OK] * n
+        ends: dict[int, int] = {}
+        fresh: list[_Stream] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + block_ms / 1000
+        i = 0
+        while i < n:
+            i = self._store(
+                items, i, results, ring_size=ring_size, block=block_ms > 0, ends=ends, fresh=fresh
+            )
+            if i < n:  # items[i]'s stream is full and the send may wait for room
+                s = self._streams.get(items[i].stream)
+                if s is not None and not await self._wait_room(s, deadline):
+                    if self._closed:
+                        raise LogClosedError("the stream manager is closed")
+                    results[i] = _error(
+                        StreamFullError(
+                            f"stream {s.sid[:200]!r} holds {self._waiting(s, self.clock()):,} "
+                            f"waiting messages (ring_size={s.ring:,}) and none was taken "
+                            f"within block_ms={block_ms:,}"
+                        )
+                    )
+                    self._stats.blocked_sends_timed_out += 1
+                    i += 1
+        if ends:
+            if self._always:
+                for p, end in ends.items():
+                    await self._logs[p].wait_durable(end)
+            for s in fresh:
+                if s.readers:
+                    for w in list(s.readers):
+                        _wake(w)
+        return results
+
+    def _store(
+        self,
+        items: Sequence[SendItem],
+        start: int,
+        results: list[SendResult],
+        *,
+        ring_size: int | None,
+        block: bool,
+        ends: dict[int, int],
+        fresh: list[_Stream],
+    ) -> int:
+        """Store ``items[start:]`` up to the first that must wait for room (its index, or
+        ``len(items)``); everything is written before this returns."""
+        now = self.clock()
+        now_s = now // 1000
+        streams = self._streams
+        ring_default = self.default_ring if ring_size is None else ring_size
+        stats = self._stats
+        nparts = self.partitions
+        # per partition: records being built [offset, entries, bytes, newest expiry]
+        recs: dict[int, list[list[Any]]] = {}
+        touched: dict[int, list[_Stream]] = {}
+        exps: dict[int, tuple[int, int]] = {}
+        cap = self._record_cap
+        max_bytes = self.max_message_bytes
+        window = self.dedup_window
+        wheel = self._wheel
+        bucket_s = -1
+        bucket: list[_Stream] = []
+        crc32 = _crc
+        always = self._always
+        token = _token
+        stop = len(items)
+        k = start
+        n_persistent = 0
+        while k < stop:
+            it = items[k]
+            sid = it.stream
+            value = it.value
+            ttl = it.ttl_ms
+            got = exps.get(ttl)
+            s = streams.get(sid)
+            crc = -1
+            if s is None or got is None or len(value) > max_bytes:
+                try:
+                    if s is None and (not sid or len(sid) > MAX_STREAM_ID_CHARS or "\x00" in sid):
+                        check_stream_id(sid)
+                    if len(value) > max_bytes:
+                        raise BatchTooLargeError(
+                            f"a stream message of {len(value):,} bytes exceeds "
+                            f"stream_max_message_bytes={max_bytes:,}"
+                        )
+                    if got is None:
+                        ttl_ms = ttl or self.default_ttl_ms
+                        if not 0 < ttl_ms <= self.max_ttl_ms:
+                            raise InvalidStreamError(
+                                f"ttl_ms={ttl:,} must be within 0..{self.max_ttl_ms:,} "
+                                "(stream_max_ttl_ms; 0: the default)"
+                            )
+                        got = exps[ttl] = (now + ttl_ms, _ceil_s(now + ttl_ms))
+                    if s is None:
+                        if len(streams) >= self.max_count:
+                            raise TooManyStreamsError(
+                                f"{len(streams):,} streams exist (stream_max_count="
+                                f"{self.max_count:,}); {sid[:200]!r} is not created"
+                            )
+                        crc = crc32(sid.encode("utf-8", "surrogatepass"))
+                        s = streams[sid] = _Stream(sid, crc % nparts, ring_default, now_s)
+                        stats.created += 1
+                except TidewireError as exc:
+                    results[k] = _error(exc)
+                    k += 1
+                    continue
+            uuid = it.uuid
+            if uuid:
+                u = s.uuids
+                if u is not None and (u == uuid if type(u) is str else uuid in u):
+                    results[k] = _DUPLICATE
+                    stats.duplicates += 1
+                    k += 1
+                    continue
+            waiters = s.waiters
+            room = s.ring + (len(waiters) if waiters else 0)
+            # room 0: no message may wait, this one included (a persistent one is stored,
+            # readable by token, but out of the work queue at once)
+            drop_self = False
+            if room <= 0 or ((s.mem or s.ents is not None) and self._waiting(s, now) >= room):
+                if block:
+                    break
+                if room <= 0:
+                    drop_self = True
+                    stats.dropped += 1
+                else:
+                    self._drop_oldest(s, now)
+            if uuid:
+                _remember(s, uuid, window)
+            exp, exp_s = got
+            s.used = now_s
+            if it.persistent:
+                p = s.part
+                plist = recs.get(p)
+                if plist is None:
+                    if not self._logs:
+                        self._open_logs()
+                    plist = recs[p] = [[self._logs[p].log_end_offset, [], 0, 0]]
+                    touched[p] = []
+                rec = plist[-1]
+                entries = rec[1]
+                size = len(value) + 3 * (len(sid) + len(uuid)) + 24
+                if len(entries) >= MAX_ENTRIES_PER_RECORD or (entries and rec[2] + size > cap):
+                    rec = [rec[0] + 1, [], 0, 0]
+                    plist.append(rec)
+                    entries = rec[1]
+                pos = (rec[0] << POSITION_BITS) | len(entries)
+                entries.append((sid, uuid, exp, value))
+                rec[2] += size
+                if exp > rec[3]:  # noqa: PLR1730 (max() costs a call)
+                    rec[3] = exp
+                ents = s.ents
+                if ents is None:
+                    s.ents = (pos, exp)
+                else:
+                    _add_entry(s, pos, exp)
+                touched[p].append(s)
+                n_persistent += 1
+                if crc < 0:
+                    crc = crc32(sid.encode("utf-8", "surrogatepass"))
+                results[k] = SendResult(0, "", token(crc, pos))
+                if drop_self:
+                    s.cursor = pos
+                    self._note_take(s, pos)
+                if always or s.readers:  # under fsync=always readers see it once durable
+                    fresh.append(s)
+            elif not drop_self:
+                if s.mem is None:
+                    s.mem = deque()
+                ents = s.ents
+                after = -1 if ents is None else ents[-2]
+                s.mem.append((value, uuid, now, exp, after))
+                stats.sent_in_memory += 1
+                stats.in_memory_messages += 1
+                stats.in_memory_bytes += len(value)
+            due = s.due
+            if due == 0 or exp_s < due:
+                s.due = exp_s
+                if exp_s != bucket_s:
+                    bucket_s = exp_s
+                    bucket = wheel.setdefault(exp_s, [])
+                bucket.append(s)
+            if waiters and not drop_self:
+                _wake_first(waiters)
+            k += 1
+        stats.persistent_messages += n_persistent
+        stats.sent_persistent += n_persistent
+        self._append(recs, touched, now, ends)
+        return k
+
+    def _append(
+        self,
+        recs: dict[int, list[list[Any]]],
+        touched: dict[int, list[_Stream]],
+        now: int,
+        ends: dict[int, int],
+    ) -> None:
+        failure: BaseException | None = None
+        for p, plist in recs.items():
+            plog = self._logs[p]
+            for n, (offset, entries, _estimate, newest) in enumerate(plist):
+                encoded = _encode(entries)
+                b = BatchBuilder()
+                b.append(encoded, timestamp_ms=now, key=_KEY_MESSAGES)
+                try:
+                    info = plog.append(b.build())
+                    if info.base_offset != offset:  # nothing else appends to __streams
+                        raise AssertionError(f"{plog.directory}: at {info.base_offset}")
+                except BaseException as exc:
+                    self._unindex(touched[p], offset << POSITION_BITS)
+                    failure = failure or exc
+                    del plist[n:]
+                    break
+                ends[p] = offset + 1
+                self._remember_record(p, offset, (now, entries), len(encoded))
+                seg_exp = self._seg_exp[p]
+                seg = plog.segment_bases[-1]
+                if newest > seg_exp.get(seg, 0):
+                    seg_exp[seg] = newest
+        if failure is not None:
+            raise failure
+
+    def _unindex(self, streams: list[_Stream], from_pos: int) -> None:
+        """Forget the entries at or after ``from_pos`` of ``streams`` (their write failed)."""
+        for s in set(streams):
+            pairs = _pairs(s.ents)
+            keep = list(pairs[: 2 * _first_after(pairs, from_pos - 1)])
+            self._stats.persistent_messages -= (len(pairs) - len(keep)) // 2
+            s.ents = _pack(keep)
+
+    def _waiting(self, s: _Stream, now: int) -> int:
+        """Messages of ``s`` a receive would take (expired ones not counted)."""
+        n = 0
+        if s.mem:
+            n = sum(1 for m in s.mem if m[3] > now)
+        ents = s.ents
+        if ents is not None:
+            i = _first_after(ents, s.cursor)
+            n += sum(1 for j in range(2 * i + 1, len(ents), 2) if ents[j] > now)
+        return n
+
+    def _head(self, s: _Stream, now: int) -> tuple[int, int]:
+        """The oldest waiting message of ``s``: ``(1, pos)`` persistent, ``(0, 0)`` the
+        ring's head, ``(-1, 0)`` none (expired messages passed over and dropped)."""
+        mem = s.mem
+        while mem and mem[0][3] <= now:
+            self._forget_mem(mem.popleft())
+            self._stats.expired += 1
+        pos = -1
+        ents = s.ents
+        if ents is not None:
+            j = _first_after(ents, s.cursor)
+            while 2 * j < len(ents):
+                if ents[2 * j + 1] > now:
+                    pos = ents[2 * j]
+                    break
+                j += 1
+        if pos >= 0 and (not mem or pos <= mem[0][4]):
+            return 1, pos
+        if mem:
+            return 0, 0
+        return -1, 0
+
+    def _forget_mem(self, m: tuple[bytes, str, int, int, int]) -> None:
+        self._stats.in_memory_messages -= 1
+        self._stats.in_memory_bytes -= len(m[0])
+
+    def _drop_oldest(self, s: _Stream, now: int) -> bool:
+        kind, pos = self._head(s, now)
+        if kind < 0:
+            return False
+        self._stats.dropped += 1
+        if kind == 0:
+            assert s.mem is not None
+            self._forget_mem(s.mem.popleft())
+        else:
+            s.cursor = pos
+            self._note_take(s, pos)
+        return True
+
+    async def _wait_room(self, s: _Stream, deadline: float) -> bool:
+        """Wait until ``s`` has room for one more waiting message; False at ``deadline``."""
+        loop = asyncio.get_running_loop()
+        while True:
+            room = s.ring + (len(s.waiters) if s.waiters else 0)
+            if room > 0 and self._waiting(s, self.clock()) < room:
+                return True
+            left = deadline - loop.time()
+            if left <= 0 or self._closed:
+                return False
+            fut: asyncio.Future[None] = loop.create_future()
+            if s.blocked is None:
+                s.blocked = []
+            s.blocked.append(fut)
+            handle = loop.call_later(left, _resolve, fut)
+            try:
+                await fut
+            finally:
+                handle.cancel()
+                if s.blocked is not None:
+                    with contextlib.suppress(ValueError):
+                        s.blocked.remove(fut)
+                    if not s.blocked:
+                        s.blocked = None
+
+    def _room_freed(self, s: _Stream) -> None:
+        if s.blocked:
+            for f in s.blocked:
+                if not f.done():
+                    f.set_result(None)
+
+    # --- receiving (work queue) -----------------------------------------------------------------
+
+    async def receive(
+        self,
+        streams: Sequence[str],
+        *,
+        max_messages: int = 1,
+        wait_ms: int = 0,
+        ring_size: int | None = None,
+    ) -> list[StreamMessage]:
+        """Take the oldest waiting messages of ``streams`` (up to ``max_messages`` in all),
+        waiting up to ``wait_ms`` for one; ``[]`` when none came.
+
+        Raises:
+            InvalidStreamError: a bad id, a duplicated id, a bound out of range.
+            TooManyStreamsError: a stream would be created beyond ``stream_max_count``.
+            BackpressureError: ``stream_max_receivers`` receivers wait already.
+            StorageError: the take record could not be written.
+        """
+        self._check_open()
+        self._check_call(streams, max_messages, wait_ms)
+        self._check_ring(ring_size)
+        now = self.clock()
+        ss = self._streams_for(streams, ring_size, now)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        releases = self._releases
+        while True:
+            out = await self._take(ss, max_messages, now)
+            if out:
+                return out
+            left = deadline - loop.time()
+            if left <= 0 or self._closed or self.draining or releases != self._releases:
+                return []
+            if self._n_waiters + self._n_readers >= self.max_receivers:
+                raise BackpressureError(
+                    f"{self._n_waiters + self._n_readers:,} stream receivers wait already "
+                    f"(stream_max_receivers={self.max_receivers:,})"
+                )
+            w = _Waiter(loop.create_future())
+            for s in ss:
+                if s.waiters is None:
+                    s.waiters = {}
+                s.waiters[w] = None
+                self._room_freed(s)  # a blocked send (ring 0: a hand-over) may go now
+            self._n_waiters += 1
+            handle = loop.call_later(left, _resolve, w.fut)
+            try:
+                await w.fut
+            except asyncio.CancelledError:
+                if w.woken:  # a message woke it: let another receiver have it
+                    for s in ss:
+                        if s.waiters:
+                            _wake_first(s.waiters)
+                raise
+            finally:
+                handle.cancel()
+                self._n_waiters -= 1
+                now = self.clock()
+                now_s = now // 1000
+                for s in ss:
+                    if s.waiters is not None:
+                        s.waiters.pop(w, None)
+                        if not s.waiters:
+                            s.waiters = None
+                    s.used = now_s
+                    self._when_empty(s)
+
+    def _streams_for(self, ids: Sequence[str], ring_size: int | None, now: int) -> list[_Stream]:
+        streams = self._streams
+        now_s = now // 1000
+        out = []
+        missing = [sid for sid in ids if sid not in streams]
+        if missing and len(streams) + len(missing) > self.max_count:
+            raise TooManyStreamsError(
+                f"{len(streams):,} streams exist (stream_max_count={self.max_count:,}); "
+                f"{len(missing):,} more are not created"
+            )
+        ring = self.default_ring if ring_size is None else ring_size
+        for sid in ids:
+            s = streams.get(sid)
+            if s is None:
+                s = streams[sid] = _Stream(sid, partition_of(sid, self.partitions), ring, now_s)
+                self._stats.created += 1
+                self._schedule(s, now_s + self.idle_s)
+            s.used = now_s
+            out.append(s)
+        return out
+
+    async def _take(self, ss: list[_Stream], k: int, now: int) -> list[StreamMessage]:
+        """Take up to ``k`` messages of ``ss`` (starting at a rotating stream, for fairness)
+        and return once their take records are durable. Cancelled before that: nothing is
+        taken (the messages are put back at the head)."""
+        out: list[StreamMessage] = []
+        undo: list[tuple[_Stream, int, int, list[tuple[bytes, str, int, int, int]]]] = []
+        n = len(ss)
+        first = self._rr % n if n > 1 else 0
+        self._rr += 1
+        parts: set[int] = set()
+        for j in range(n):
+            if len(out) >= k:
+                break
+            s = ss[(first + j) % n]
+            old_cursor = s.cursor
+            mems: list[tuple[bytes, str, int, int, int]] = []
+            took = False
+            while len(out) < k:
+                kind, pos = self._head(s, now)
+                if kind < 0:
+                    break
+                took = True
+                if kind == 0:
+                    assert s.mem is not None
+                    m = s.mem.popleft()
+                    self._forget_mem(m)
+                    mems.append(m)
+                    out.append(StreamMessage(s.sid, m[0], m[1], m[2], m[3], ""))
+                else:
+                    s.cursor = pos
+                    out.append(self._message(s, pos))
+                    parts.add(s.part)
+            if took:
+                if s.mem is not None and not s.mem:
+                    s.mem = None
+                if s.cursor != old_cursor:
+                    self._note_take(s, s.cursor)
+                undo.append((s, old_cursor, s.cursor, mems))
+                self._room_freed(s)
+                self._when_empty(s)
+        if not out:
+            return out
+        try:
+            if parts:
+                await self._takes_durable(parts)
+        except BaseException:
+            for s, old_cursor, new_cursor, mems in undo:
+                if s.cursor == new_cursor:
+                    s.cursor = old_cursor
+                if mems:
+                    if s.mem is None:
+                        s.mem = deque()
+                    s.mem.extendleft(reversed(mems))
+                    for m in mems:
+                        self._stats.in_memory_messages += 1
+                        self._stats.in_memory_bytes += len(m[0])
+                if s.waiters:
+                    _wake_first(s.waiters)
+            raise
+        self._stats.received += len(out)
+        return out
+
+    def _message(self, s: _Stream, pos: int) -> StreamMessage:
+        offset = pos >> POSITION_BITS
+        ts, entries = self._record(s.part, offset)
+        entry = entries[pos & MAX_ENTRIES_PER_RECORD]
+        if type(entry) is msgspec.Raw:
+            entry = _decode_entry(entry)
+        sid, uuid, exp, value = entry
+        return StreamMessage(sid, value, uuid, ts, exp, _token(_sid_crc(sid), pos + 1))
+
+    def _record(self, p: int, offset: int) -> tuple[int, _Entries]:
+        key = (p, offset)
+        got = self._cache.get(key)
+        if got is not None:
+            self._cache.move_to_end(key)
+            return got
+        data = self._logs[p].read(offset, 1).data
+        for pos0, h in iter_batches(data, verify=False):
+            if h.base_offset <= offset <= h.last_offset:
+                for rec in iter_records(memoryview(data)[pos0 : pos0 + h.size]):
+                    if rec.offset == offset and rec.value is not None:
+                        got = (rec.timestamp, _decode_raw_entries(rec.value))
+                        self._remember_record(p, offset, got, len(rec.value))
+                        return got
+        raise PartitionCorruptError(f"{STREAMS_TOPIC}-{p}: no message record at {offset}")
+
+    def _remember_record(
+        self,
+        p: int,
+        offset: int,
+        record: tuple[int, _Entries],
+        size: int,
+    ) -> None:
+        cache, sizes = self._cache, self._cache_sizes
+        key = (p, offset)
+        cache[key] = record
+        sizes[key] = size
+        self._cache_bytes += size
+        while len(cache) > 1 and (
+            len(cache) > RECORD_CACHE or self._cache_bytes > RECORD_CACHE_BYTES
+        ):
+            old, _ = cache.popitem(last=False)
+            self._cache_bytes -= sizes.pop(old)
+
+    def _note_take(self, s: _Stream, pos: int) -> None:
+        """Queue a take record ``[s, pos]`` (written at the end of this loop turn)."""
+        self._pending_takes[s.part][s.sid] = pos
+        if not self._takes_scheduled:
+            self._takes_scheduled = True
+            asyncio.get_running_loop().call_soon(self._write_takes)
+
+    def _write_takes(self) -> None:
+        self._takes_scheduled = False
+        now = self.clock()
+        for p, pending in enumerate(self._pending_takes):
+            if not pending:
+                continue
+            self._pending_takes[p] = {}
+            fut = self._take_futs[p]
+            self._take_futs[p] = None
+            b = BatchBuilder()
+            b.append(_encode(list(pending.items())), timestamp_ms=now, key=_KEY_TAKES)
+            try:
+                info = self._logs[p].append(b.build())
+            except BaseException as exc:
+                if fut is not None and not fut.done():
+                    fut.set_exception(exc)
+                    fut.exception()  # retrieved: the receivers re-raise it
+                else:
+                    log.error("%s-%d: a take record failed: %s", STREAMS_TOPIC, p, exc)
+                continue
+            if fut is not None and not fut.done():
+                fut.set_result(info.last_offset + 1)
+
+    async def _takes_durable(self, parts: set[int]) -> None:
+        loop = asyncio.get_running_loop()
+        for p in parts:
+            if self._pending_takes[p]:
+                fut = self._take_futs[p]
+                if fut is None:
+                    fut = self._take_futs[p] = loop.create_future()
+                end = await asyncio.shield(fut)
+            else:
+                end = self._logs[p].log_end_offset
+            if self._always:
+                await self._logs[p].wait_durable(end)
+
+    # --- reading (fan-out) ----------------------------------------------------------------------
+
+    async def read(
+        self, positions: Mapping[str, str], *, max_messages: int = 100, wait_ms: int = 0
+    ) -> tuple[list[StreamMessage], dict[str, str]]:
+        """The persistent messages of each stream at or after its token (see the module
+        docstring), up to ``max_messages`` in all, waiting up to ``wait_ms`` for one; and
+        for every stream asked, the token to read it from next.
+
+        Raises:
+            InvalidStreamError: a bad id or token, a bound out of range.
+            BackpressureError: ``stream_max_receivers`` receivers wait already.
+        """
+        self._check_open()
+        ids = list(positions)
+        self._check_call(ids, max_messages, wait_ms)
+        starts: dict[str, int] = {}
+        for sid in ids:
+            check_stream_id(sid)
+            token = positions[sid]
+            if token == FROM_START:
+                starts[sid] = 0
+            elif token == FROM_END:
+                starts[sid] = self._end_position(partition_of(sid, self.partitions))
+            else:
+                starts[sid] = decode_token(sid, token)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        releases = self._releases
+        while True:
+            out = self._read_now(starts, max_messages)
+            left = deadline - loop.time()
+            if out or left <= 0 or self._closed or self.draining or releases != self._releases:
+                self._stats.read += len(out)
+                return out, {sid: encode_token(sid, pos) for sid, pos in starts.items()}
+            if self._n_waiters + self._n_readers >= self.max_receivers:
+                raise BackpressureError(
+                    f"{self._n_waiters + self._n_readers:,} stream receivers wait already "
+                    f"(stream_max_receivers={self.max_receivers:,})"
+                )
+            ss = self._streams_for(ids, None, self.clock())
+            w = _Waiter(loop.create_future())
+            for s in ss:
+                if s.readers is None:
+                    s.readers = {}
+                s.readers[w] = None
+            self._n_readers += 1
+            handle = loop.call_later(left, _resolve, w.fut)
+            try:
+                await w.fut
+            finally:
+                handle.cancel()
+                self._n_readers -= 1
+                now_s = self.clock() // 1000
+                for s in ss:
+                    if s.readers is not None:
+                        s.readers.pop(w, None)
+                        if not s.readers:
+                            s.readers = None
+                    s.used = now_s
+                    self._when_empty(s)
+
+    def _read_now(self, starts: dict[str, int], k: int) -> list[StreamMessage]:
+        now = self.clock()
+        out: list[StreamMessage] = []
+        for sid, start in starts.items():
+            if len(out) >= k:
+                break
+            s = self._streams.get(sid)
+            if s is None or s.ents is None:
+                continue
+            ents = s.ents
+            limit = self._logs[s.part].flushed_offset << POSITION_BITS if self._always else 1 << 62
+            j = _first_after(ents, start - 1)
+            while 2 * j < len(ents) and len(out) < k:
+                pos = ents[2 * j]
+                if pos >= limit:
+                    break
+                if ents[2 * j + 1] > now:
+                    out.append(self._message(s, pos))
+                starts[sid] = pos + 1
+                j += 1
+        return out
+
+    # --- describing -----------------------------------------------------------------------------
+
+    def describe(self, stream: str) -> StreamInfo | None:
+        """What ``stream`` holds now; None: no such stream."""
+        s = self._streams.get(stream)
+        if s is None:
+            return None
+        return self._info(s, self.clock())
+
+    def _info(self, s: _Stream, now: int) -> StreamInfo:
+        pairs = _pairs(s.ents)
+        live = [(pairs[j], pairs[j + 1]) for j in range(0, len(pairs), 2) if pairs[j + 1] > now]
+        mem = [m for m in s.mem or () if m[3] > now]
+        crc = _sid_crc(s.sid)
+        times = [m[2] for m in mem]
+        if live:  # the persistent ones' store times are in the log: read the two ends
+            times.append(self._record(s.part, live[0][0] >> POSITION_BITS)[0])
+            times.append(self._record(s.part, live[-1][0] >> POSITION_BITS)[0])
+        end = live[-1][0] + 1 if live else self._end_position(s.part)
+        return StreamInfo(
+            stream=s.sid,
+            partition=s.part,
+            waiting=self._waiting(s, now),
+            persistent=len(live),
+            in_memory=len(mem),
+            receivers=len(s.waiters or ()) + len(s.readers or ()),
+            ring_size=s.ring,
+            first_token=_token(crc, live[0][0]) if live else "",
+            end_token=_token(crc, end),
+            oldest_ms=min(times) if times else 0,
+            newest_ms=max(times) if times else 0,
+        )
+
+    def list(self, *, prefix: str = "", after: str = "", limit: int = 1000) -> list[StreamInfo]:
+        """The streams whose ids start with ``prefix``, sorted, after ``after``, at most
+        ``limit`` (1..10,000)."""
+        if not 1 <= limit <= MAX_MESSAGES_PER_CALL:
+            raise InvalidStreamError(f"limit={limit:,} must be within 1..{MAX_MESSAGES_PER_CALL:,}")
+        ids = heapq.nsmallest(
+            limit, (sid for sid in self._streams if sid > after and sid.startswith(prefix))
+        )
+        now = self.clock()
+        return [self._info(self._streams[sid], now) for sid in ids]
+
+    def stats(self) -> StreamStats:
+        """Counts over every stream."""
+        st = self._stats
+        return replace_stats(
+            st,
+            streams=len(self._streams),
+            receivers=self._n_waiters + self._n_readers,
+            log_bytes=sum(plog.size_bytes for plog in self._logs if not plog.closed),
+        )
+
+    # --- timers ---------------------------------------------------------------------------------
+
+    def _schedule(self, s: _Stream, at_s: int) -> None:
+        s.due = at_s
+        bucket = self._wheel.get(at_s)
+        if bucket is None:
+            self._wheel[at_s] = [s]
+        else:
+            bucket.append(s)
+
+    def tick(self) -> None:
+        """Apply every timer due now: expire messages, evict idle empty streams, reclaim
+        segments whose messages have all expired."""
+        now = self.clock()
+        now_s = now // 1000
+        wheel = self._wheel
+        if now_s - self._wheel_at > len(wheel):
+            due = sorted(sec for sec in wheel if sec <= now_s)
+        else:
+            due = [sec for sec in range(self._wheel_at, now_s + 1) if sec in wheel]
+        self._wheel_at = now_s + 1
+        for sec in due:
+            for s in wheel.pop(sec):
+                if s.due == sec and self._streams.get(s.sid) is s:
+                    s.due = 0
+                    self._expire(s, now)
+                    self._after_change(s, now)
+        self._reclaim(now)
+
+    def _expire(self, s: _Stream, now: int) -> None:
+        expired = 0
+        if s.mem:
+            keep = [m for m in s.mem if m[3] > now]
+            if len(keep) < len(s.mem):
+                for m in s.mem:
+                    if m[3] <= now:
+                        self._forget_mem(m)
+                expired += len(s.mem) - len(keep)
+                s.mem = deque(keep) if keep else None
+            elif not keep:
+                s.mem = None
+        ents = s.ents
+        if ents is not None:
+            pairs: list[int] = []
+            gone = 0
+            for j in range(0, len(ents), 2):
+                if ents[j + 1] > now:
+                    pairs += (ents[j], ents[j + 1])
+                else:
+                    gone += 1
+            if gone:
+                s.ents = _pack(pairs)
+                self._stats.persistent_messages -= gone
+                expired += gone
+        if expired:
+            self._stats.expired += expired
+            self._room_freed(s)
+
+    def _when_empty(self, s: _Stream) -> None:
+        """Put an empty ``s`` in the wheel for the end of its idle time (if not earlier)."""
+        if s.ents is None and not s.mem:
+            at = s.used + self.idle_s
+            if s.due == 0 or at < s.due:
+                self._schedule(s, at)
+
+    def _after_change(self, s: _Stream, now: int) -> None:
+        """Put ``s`` in the wheel at its next due second, or evict it when idle and empty."""
+        if s.due:
+            return
+        nxt = 0
+        ents = s.ents
+        if ents is not None:
+            nxt = min(ents[j] for j in range(1, len(ents), 2))
+        if s.mem:
+            m = min(m[3] for m in s.mem)
+            nxt = m if not nxt else min(nxt, m)
+        if nxt:
+            self._schedule(s, _ceil_s(nxt))
+            return
+        now_s = now // 1000
+        idle_end = s.used + self.idle_s
+        if s.waiters or s.readers or s.blocked or idle_end > now_s:
+            self._schedule(s, max(idle_end, now_s + 1))
+            return
+        del self._streams[s.sid]
+        self._stats.evicted += 1
+
+    def _reclaim(self, now: int) -> None:
+        for p, plog in enumerate(self._logs):
+            if plog.closed:
+                continue
+            bases = plog.segment_bases
+            seg_exp = self._seg_exp[p]
+            upto = 0
+            for j in range(len(bases) - 1):  # the active segment stays
+                if seg_exp.get(bases[j], 0) > now:
+                    break
+                upto = bases[j + 1]
+            if upto:
+                for base in plog.delete_before(upto):
+                    seg_exp.pop(base, None)
+                log.debug("%s-%d: segments below %d reclaimed", STREAMS_TOPIC, p, upto)
+
+    # --- checks ---------------------------------------------------------------------------------
+
+    def _check_call(self, streams: Sequence[str], max_messages: int, wait_ms: int) -> None:
+        if not streams:
+            raise InvalidStreamError("name at least one stream")
+        if len(streams) > MAX_STREAMS_PER_CALL:
+            raise InvalidStreamError(
+                f"{len(streams):,} streams in one call exceed {MAX_STREAMS_PER_CALL:,}"
+            )
+        seen: set[str] = set()
+        for sid in streams:
+            check_stream_id(sid)
+            if sid in seen:
+                raise InvalidStreamError(f"stream {sid[:200]!r} is named twice")
+            seen.add(sid)
+        if not 1 <= max_messages <= MAX_MESSAGES_PER_CALL:
+            raise InvalidStreamError(
+                f"max_messages={max_messages:,} must be within 1..{MAX_MESSAGES_PER_CALL:,}"
+            )
+        if not 0 <= wait_ms <= self.max_wait_ms:
+            raise InvalidStreamError(
+                f"wait_ms={wait_ms:,} must be within 0..{self.max_wait_ms:,} (stream_max_wait_ms)"
+            )
+
+    @staticmethod
+    def _check_ring(ring_size: int | None) -> None:
+        if ring_size is not None and not 0 <= ring_size <= MAX_RING_SIZE:
+            raise InvalidStreamError(f"ring_size={ring_size:,} must be within 0..{MAX_RING_SIZE:,}")
+
+
+def replace_stats(st: StreamStats, **changes: int) -> StreamStats:
+    """A copy of ``st`` with ``changes``."""
+    return msgspec.structs.replace(st, **changes)
+
+
+def _add_entry(s: _Stream, pos: int, exp: int) -> None:
+    ents = s.ents
+    if ents is None:
+        s.ents = (pos, exp)
+    elif type(ents) is tuple:
+        s.ents = array("q", (ents[0], ents[1], pos, exp))
+    else:
+        assert isinstance(ents, array)
+        ents.append(pos)
+        ents.append(exp)
+
+
+def _remember(s: _Stream, uuid: str, window: int) -> None:
+    u = s.uuids
+    if u is None:
+        s.uuids = uuid
+    elif type(u) is str:
+        if window > 1:
+            s.uuids = {u: None, uuid: None}
+        else:
+            s.uuids = uuid
+    else:
+        assert isinstance(u, dict)
+        u[uuid] = None
+        if len(u) > window:
+            del u[next(iter(u))]
+
+
+def _segment_index(bases: list[int], offset: int) -> int:
+    lo, hi = 0, len(bases)
+    while lo + 1 < hi:
+        mid = (lo + hi) // 2
+        if bases[mid] <= offset:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _wake(w: _Waiter) -> None:
+    if not w.fut.done():
+        w.woken = True
+        w.fut.set_result(None)
+
+
+def _wake_first(waiters: dict[_Waiter, None]) -> None:
+    """Wake the longest waiting receiver that is not woken yet."""
+    for w in waiters:
+        if not w.woken and not w.fut.done():
+            _wake(w)
+            return
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _error(exc: TidewireError) -> SendResult:
+    return SendResult(exc.code, exc.message, "")

@@ -1,0 +1,115 @@
+"""``/v1/streams`` with authentication on: the gate checks each route's declared stream
+permission (by stream id, literal or prefix) before it runs; a request naming several
+streams is refused when one of them is not allowed, naming it; lists show only the streams
+the caller may describe."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.http._support import error_of
+from tidewire.embedded import EmbeddedBroker
+from tidewire.security.config import SecurityConfig
+from tidewire.security.model import Acl, Operation, PatternType, ResourceType
+from tidewire.server.http.config import HttpConfig
+
+HOST = {"Host": "127.0.0.1"}
+
+
+@contextlib.contextmanager
+def secured(tmp_path: Path) -> Iterator[tuple[EmbeddedBroker, str]]:
+    eb = EmbeddedBroker(
+        str(tmp_path / "data"),
+        http=HttpConfig(http_host="127.0.0.1", http_port=0),
+        security=SecurityConfig(authentication=True, superusers="admin"),
+    )
+    with eb.running() as running:
+        assert running.broker.bootstrap_key_file is not None
+        yield running, running.broker.bootstrap_key_file.read_text().strip()
+
+
+def run(eb: EmbeddedBroker, coro: Any) -> Any:
+    return asyncio.run_coroutine_threadsafe(coro, eb.loop).result(30)
+
+
+def client(eb: EmbeddedBroker, key: str) -> httpx.Client:
+    return httpx.Client(
+        base_url=eb.http_url, headers={"Authorization": f"Bearer {key}", **HOST}, timeout=30
+    )
+
+
+def test_stream_acls_are_checked_at_the_gate(tmp_path: Path) -> None:
+    with secured(tmp_path) as (eb, admin_key):
+        store = eb.broker.security
+        run(eb, store.create_principal("app"))
+        _, key = run(eb, store.create_key("app"))
+        run(
+            eb,
+            store.add_acls(
+                [
+                    Acl(
+                        principal="app",
+                        resource_type=ResourceType.STREAM,
+                        pattern="app.",
+                        pattern_type=PatternType.PREFIX,
+                        operation=op,
+                    )
+                    for op in (Operation.WRITE, Operation.READ, Operation.DESCRIBE)
+                ]
+            ),
+        )
+        with client(eb, admin_key) as admin, client(eb, key) as app:
+            # Without credentials: 401.
+            r = httpx.get(f"{eb.http_url}/v1/streams/app.x/messages", headers=HOST)
+            assert r.status_code == 401
+            # Its own streams: let through.
+            r = app.post("/v1/streams/app.x/messages", json={"value": "mine"})
+            assert r.status_code == 200, r.text
+            # Another's: refused with 403 naming the stream, and nothing stored.
+            r = app.post("/v1/streams/secret/messages", json={"value": "no"})
+            assert r.status_code == 403
+            assert "secret" in error_of(r)["message"]
+            assert admin.get("/v1/streams/secret").status_code == 404
+            admin.post("/v1/streams/secret/messages", json={"value": "s", "persistent": True})
+            for method, url, kwargs in [
+                ("GET", "/v1/streams/secret/messages", {}),
+                ("GET", "/v1/streams/secret/read", {}),
+                ("GET", "/v1/streams/secret", {}),
+                ("GET", "/v1/streams/secret/sse", {"headers": {"Accept": "text/event-stream"}}),
+                ("POST", "/v1/streams/receive", {"json": {"streams": ["app.x", "secret"]}}),
+                ("POST", "/v1/streams/read", {"json": {"positions": {"app.x": "", "secret": ""}}}),
+                (
+                    "POST",
+                    "/v1/streams/messages",
+                    {
+                        "json": {
+                            "items": [
+                                {"stream": "app.y", "value": "1"},
+                                {"stream": "secret", "value": "2"},
+                            ]
+                        }
+                    },
+                ),
+            ]:
+                r = app.request(method, url, **kwargs)
+                assert r.status_code == 403, (method, url, r.text)
+                assert "secret" in error_of(r)["message"], (method, url)
+            # Nothing was taken or stored by the refused requests.
+            assert admin.get("/v1/streams/secret").json()["waiting"] == 1
+            assert admin.get("/v1/streams/app.y").status_code == 404
+            r = app.post("/v1/streams/receive", json={"streams": ["app.x"]})
+            assert [m["value"] for m in r.json()["messages"]] == ["mine"]
+            # Lists show what the caller may describe; the counts need the cluster's.
+            app.post("/v1/streams/app.z/messages", json={"value": "z"})
+            listed = [s["stream"] for s in app.get("/v1/streams").json()["streams"]]
+            assert listed == ["app.x", "app.z"]  # app.x: empty, not idle long enough yet
+            every = [s["stream"] for s in admin.get("/v1/streams").json()["streams"]]
+            assert every == ["app.x", "app.z", "secret"]
+            assert app.get("/v1/stats/streams").status_code == 403
+            assert admin.get("/v1/stats/streams").status_code == 200
