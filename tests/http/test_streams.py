@@ -5,6 +5,9 @@ input answered with specific 4xx errors, and the OpenAPI spec listing the routes
 
 from __future__ import annotations
 
+import asyncio
+import json
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +20,7 @@ import pytest
 
 from tests.http._support import TIMEOUT_S, error_of, served
 from tidewire.embedded import EmbeddedBroker
+from tidewire.server.http.config import HttpConfig
 
 #: A long-poll answered "promptly" on a loaded 2-core CI machine: far below its wait.
 PROMPT_S = 5.0
@@ -91,6 +95,29 @@ def test_long_poll_is_answered_promptly_on_a_send(
         r = waiting.result(timeout=TIMEOUT_S)
         assert time.monotonic() - t0 < PROMPT_S
     assert values(r) == ["go"]
+
+
+def test_an_abandoned_long_poll_takes_nothing(
+    broker: tuple[EmbeddedBroker, httpx.Client],
+) -> None:
+    eb, c = broker
+    host, port = eb.http_url.removeprefix("http://").split(":")
+    body = b'{"streams": ["gone"], "wait_ms": 25000}'
+    for request in [
+        b"GET /v1/streams/gone/messages?wait_ms=25000 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        b"POST /v1/streams/receive HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body),
+    ]:
+        with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as quitter:
+            quitter.sendall(request)
+            wait_for_receivers(c, "gone", 1)
+        # The client went away while its receive waited: the receive ends, taking nothing.
+        deadline = time.monotonic() + TIMEOUT_S
+        while c.get(path("gone")).json()["receivers"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert c.get(path("gone")).json()["receivers"] == 0
+        send(c, "gone", value="for someone else")
+        assert values(c.get(f"{path('gone')}/messages")) == ["for someone else"]
 
 
 def test_receive_from_many_streams_answers_on_any_of_them(
@@ -334,3 +361,66 @@ def test_the_openapi_spec_lists_the_routes(broker: tuple[EmbeddedBroker, httpx.C
         assert "400" in op["responses"], route
     schemas = spec["components"]["schemas"]
     assert {"StreamSendBatchRequest", "ReceiveRequest", "ReadRequest"} <= set(schemas)
+
+
+async def _long_poll(port: int, stream: str) -> list[str]:
+    """One long-polling receive over a connection of its own (plain HTTP/1.1: an HTTP client
+    library's pool is what a test of thousands of connections would measure)."""
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        w.write(
+            f"GET /v1/streams/{stream}/messages?wait_ms=60000 HTTP/1.1\r\n"
+            "Host: 127.0.0.1\r\n\r\n".encode()
+        )
+        head = (await r.readuntil(b"\r\n\r\n")).decode("latin-1")
+        assert head.startswith("HTTP/1.1 200"), head
+        (size,) = (
+            int(line.split(":")[1])
+            for line in head.split("\r\n")
+            if line.lower().startswith("content-length:")
+        )
+        doc = json.loads(await r.readexactly(size))
+        return [m["value"] for m in doc["messages"]]
+    finally:
+        w.close()
+
+
+def _many_long_polls(eb: EmbeddedBroker, n: int) -> float:
+    """``n`` long-polling receivers, one per stream, all waiting; then one batch send to
+    every stream. Returns the seconds from the send to the last receiver's answer."""
+    port = int(eb.http_url.rsplit(":", 1)[1])
+
+    async def main() -> float:
+        polls = [asyncio.ensure_future(_long_poll(port, f"many-{i}")) for i in range(n)]
+        async with httpx.AsyncClient(base_url=eb.http_url, timeout=TIMEOUT_S) as client:
+            deadline = time.monotonic() + TIMEOUT_S
+            while (await client.get("/v1/stats/streams")).json()["receivers"] < n:
+                assert time.monotonic() < deadline, "the receivers never all waited"
+                await asyncio.sleep(0.05)
+            items = [{"stream": f"many-{i}", "value": str(i)} for i in range(n)]
+            t0 = time.monotonic()
+            r = await client.post("/v1/streams/messages", json={"items": items})
+            assert {x["status"] for x in r.json()["results"]} == {"stored"}
+            answers = await asyncio.gather(*polls)
+            took = time.monotonic() - t0
+        assert answers == [[str(i)] for i in range(n)]
+        return took
+
+    return asyncio.run(main())
+
+
+def test_many_concurrent_long_polls_are_each_answered(
+    broker: tuple[EmbeddedBroker, httpx.Client],
+) -> None:
+    eb, _ = broker
+    assert _many_long_polls(eb, 50) < PROMPT_S
+
+
+@pytest.mark.slow
+def test_two_thousand_concurrent_long_polls(tmp_path: Path) -> None:
+    conns = {"http_max_connections": 3000, "http_max_connections_per_source": 3000}
+    with served(tmp_path, http=HttpConfig(http_host="127.0.0.1", http_port=0, **conns)) as (
+        eb,
+        _,
+    ):
+        assert _many_long_polls(eb, 2000) < PROMPT_S * 4

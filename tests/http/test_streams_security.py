@@ -71,6 +71,12 @@ def test_stream_acls_are_checked_at_the_gate(tmp_path: Path) -> None:
             # Its own streams: let through.
             r = app.post("/v1/streams/app.x/messages", json={"value": "mine"})
             assert r.status_code == 200, r.text
+            # Ids with '/' are checked whole (percent-encoded or not in the path).
+            r = app.post("/v1/streams/app.%2Fdeep/x/messages", json={"value": "deep"})
+            assert r.status_code == 200, r.text
+            r = app.get("/v1/streams/sec%2Fret/read")
+            assert r.status_code == 403
+            assert "sec/ret" in error_of(r)["message"]
             # Another's: refused with 403 naming the stream, and nothing stored.
             r = app.post("/v1/streams/secret/messages", json={"value": "no"})
             assert r.status_code == 403
@@ -108,8 +114,9 @@ def test_stream_acls_are_checked_at_the_gate(tmp_path: Path) -> None:
             # Lists show what the caller may describe; the counts need the cluster's.
             app.post("/v1/streams/app.z/messages", json={"value": "z"})
             listed = [s["stream"] for s in app.get("/v1/streams").json()["streams"]]
-            assert listed == ["app.x", "app.z"]  # app.x: empty, not idle long enough yet
+            # app.x: empty, but not idle long enough yet to be forgotten.
+            assert listed == ["app./deep/x", "app.x", "app.z"]
             every = [s["stream"] for s in admin.get("/v1/streams").json()["streams"]]
-            assert every == ["app.x", "app.z", "secret"]
+            assert every == ["app./deep/x", "app.x", "app.z", "secret"]
             assert app.get("/v1/stats/streams").status_code == 403
             assert admin.get("/v1/stats/streams").status_code == 200

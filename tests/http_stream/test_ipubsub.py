@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -263,3 +264,33 @@ def streams_of(eb: EmbeddedBroker) -> list[str]:
         return [i.stream for i in eb.broker.streams.list()]
 
     return asyncio.run_coroutine_threadsafe(ids(), eb.loop).result(PROMPT_S)
+
+
+def test_an_abandoned_receive_takes_nothing(tmp_path: Path) -> None:
+    """A receiver that goes away while it waits takes nothing: the next message stays for
+    the next receiver."""
+    with gateway(tmp_path, http_ipubsub_port=0) as eb:
+        assert eb.gateway is not None
+        port = eb.gateway.port_of("ipubsub")
+        with socket.create_connection(("127.0.0.1", port), timeout=PROMPT_S) as quitter:
+            quitter.sendall(
+                b"GET /api/v1/streams/receive?streamId=left&timeoutSeconds=30 HTTP/1.1\r\n"
+                b"Host: 127.0.0.1\r\n\r\n"
+            )
+            until_receivers(eb, "left", 1)
+        until_receivers(eb, "left", 0)
+        assert send(eb, streamId="left", messageUuid="u", message="kept").status_code == 200
+        assert receive(eb, "left", timeoutSeconds=0).json()["message"] == "kept"
+
+
+def until_receivers(eb: EmbeddedBroker, stream: str, n: int) -> None:
+    async def receivers() -> int:
+        info = eb.broker.streams.describe(stream)
+        return 0 if info is None else info.receivers
+
+    deadline = time.monotonic() + PROMPT_S
+    while time.monotonic() < deadline:
+        if asyncio.run_coroutine_threadsafe(receivers(), eb.loop).result(PROMPT_S) == n:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"never {n} receivers on {stream!r}")

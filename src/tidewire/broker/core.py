@@ -402,9 +402,8 @@ class Broker:
         self._queue_task = loop.create_task(queues.run(), name="queue timers")
         self._queue_task.add_done_callback(_log_task_failure)
         self._streams = streams
-        if self.stream_clock is None:  # a fake clock's timers run when the test ticks
-            self._stream_task = loop.create_task(streams.run(), name="stream timers")
-            self._stream_task.add_done_callback(_log_task_failure)
+        self._stream_task = loop.create_task(streams.run(), name="stream timers")
+        self._stream_task.add_done_callback(_log_task_failure)
         # Where the first start with authentication on left the first superuser's key.
         self.bootstrap_key_file = await self.security.bootstrap(Path(self.config.data_dir))
 

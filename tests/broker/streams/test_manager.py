@@ -10,6 +10,7 @@ import pytest
 
 from tests.broker._support import PROMPT_S, T0
 from tests.broker.streams._support import FakeClock, streams_broker
+from tidewire.broker.streams import manager
 from tidewire.broker.streams.manager import STREAMS_TOPIC
 from tidewire.broker.streams.model import (
     FROM_END,
@@ -25,6 +26,7 @@ from tidewire.errors import (
     BackpressureError,
     BatchTooLargeError,
     InvalidStreamError,
+    StorageError,
     StreamFullError,
     TooManyStreamsError,
 )
@@ -457,10 +459,17 @@ def test_close_wakes_every_waiter(tmp_path: Path) -> None:
         async with streams_broker(tmp_path) as (broker, st):
             r = asyncio.create_task(st.receive(["z"], wait_ms=30_000))
             rd = asyncio.create_task(st.read({"z": FROM_END}, wait_ms=30_000))
+            blocked = asyncio.create_task(
+                st.send([SendItem("y", b"1")], ring_size=0, block_ms=30_000)
+            )
             await until(lambda: st.stats().receivers == 2, "both wait")
+            await asyncio.sleep(0.01)
+            assert not blocked.done()
             broker.begin_drain()
             assert await asyncio.wait_for(r, PROMPT_S) == []
             assert (await asyncio.wait_for(rd, PROMPT_S))[0] == []
+            res = await asyncio.wait_for(blocked, PROMPT_S)
+            assert res[0].code == StreamFullError.code
             assert await st.receive(["z"], wait_ms=30_000) == []  # draining: no wait
 
     asyncio.run(main())
@@ -483,5 +492,112 @@ def test_under_fsync_always_reads_and_takes_wait_for_durability(tmp_path: Path) 
             assert plog.flushed_offset == plog.log_end_offset  # the take record too
         async with streams_broker(tmp_path, log=LogConfig(fsync=FsyncPolicy.ALWAYS)) as (_, st):
             assert await st.receive(["f"]) == []
+
+    asyncio.run(main())
+
+
+def test_a_send_splits_its_records_at_the_entry_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(manager, "MAX_ENTRIES_PER_RECORD", 3)
+
+    async def main() -> None:
+        async with streams_broker(tmp_path, stream_partitions=1) as (broker, st):
+            res = await st.send(
+                [SendItem(f"s{i % 2}", b"%d" % i, persistent=True) for i in range(8)]
+            )
+            records = [
+                split_position(decode_token(f"s{i % 2}", r.token)) for i, r in enumerate(res)
+            ]
+            assert records == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (2, 0), (2, 1)]
+            assert broker.logs.logs[(STREAMS_TOPIC, 0)].log_end_offset == 3
+            got = await st.receive(["s0", "s1"], max_messages=8)
+            assert sorted(values(got)) == [b"%d" % i for i in range(8)]
+        async with streams_broker(tmp_path, stream_partitions=1) as (_, st):
+            msgs, _ = await st.read({"s1": FROM_START})
+            assert values(msgs) == [b"1", b"3", b"5", b"7"]
+            assert await st.receive(["s0", "s1"]) == []
+
+    asyncio.run(main())
+
+
+def test_the_partition_count_is_fixed_when_the_log_is_created(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with streams_broker(tmp_path, stream_partitions=2) as (broker, st):
+            await st.send([SendItem("m", b"in memory only")])
+            assert values(await st.receive(["m"])) == [b"in memory only"]
+            # in-memory messages never touch the disk: no log before a persistent message
+            assert STREAMS_TOPIC not in broker.logs.topics()
+            await st.send([SendItem("a", b"1", persistent=True)])
+            assert broker.topics() == {}  # internal: not listed
+            assert sorted(broker.logs.topics()[STREAMS_TOPIC]) == [0, 1]
+        async with streams_broker(tmp_path, stream_partitions=8) as (_, st):
+            assert st.partitions == 2
+            assert values(await st.receive(["a"])) == [b"1"]
+
+    asyncio.run(main())
+
+
+def test_a_failed_write_indexes_nothing_of_it(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with streams_broker(tmp_path, stream_partitions=1) as (broker, st):
+            await st.send([SendItem("w", b"before", persistent=True)])
+            plog = broker.logs.logs[(STREAMS_TOPIC, 0)]
+            real = plog.append
+
+            def failing(batch: object) -> object:
+                raise StorageError("disk full (simulated)")
+
+            plog.append = failing  # type: ignore[method-assign,assignment]
+            with pytest.raises(StorageError, match="disk full"):
+                await st.send(
+                    [
+                        SendItem("w", b"lost", persistent=True),
+                        SendItem("new", b"x", persistent=True),
+                    ]
+                )
+            plog.append = real  # type: ignore[method-assign]
+            assert values(await st.receive(["w", "new"], max_messages=5)) == [b"before"]
+            assert values((await st.read({"w": FROM_START, "new": FROM_START}))[0]) == [b"before"]
+            assert st.stats().persistent_messages == 1
+
+    asyncio.run(main())
+
+
+def test_a_restart_skips_expired_messages_and_keeps_ring_drops(tmp_path: Path) -> None:
+    async def main() -> None:
+        clock = FakeClock()
+        async with streams_broker(tmp_path, clock) as (_, st):
+            await st.send(
+                [
+                    SendItem("short", b"s", ttl_ms=1_000, persistent=True),
+                    SendItem("long", b"l", ttl_ms=60_000, persistent=True),
+                ]
+            )
+            await st.send(
+                [SendItem("ring", b"%d" % i, persistent=True) for i in range(3)], ring_size=1
+            )
+        clock.advance(1_000)
+        async with streams_broker(tmp_path, clock) as (_, st):
+            assert st.describe("short") is None  # expired while the broker was down
+            assert values(await st.receive(["short", "long"], max_messages=5)) == [b"l"]
+            # the ring pushed out 0 and 1: still out of the work queue, still readable
+            assert values(await st.receive(["ring"], max_messages=5)) == [b"2"]
+            assert values((await st.read({"ring": FROM_START}))[0]) == [b"0", b"1", b"2"]
+
+    asyncio.run(main())
+
+
+def test_a_read_of_many_streams_starves_none(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with streams_broker(tmp_path) as (_, st):
+            await st.send([SendItem("busy", b"%d" % i, persistent=True) for i in range(50)])
+            await st.send([SendItem("quiet", b"q", persistent=True)])
+            positions = {"busy": FROM_START, "quiet": FROM_START}
+            seen: list[str] = []
+            for _ in range(2):
+                msgs, positions = await st.read(positions, max_messages=5)
+                seen += [m.stream for m in msgs]
+            assert "quiet" in seen
 
     asyncio.run(main())

@@ -140,43 +140,33 @@ def _sid_crc(sid: str) -> int:
     return _crc(sid.encode("utf-8", "surrogatepass"))
 
 
-class _Stream:
-    """One stream's index (see the module docstring)."""
+class _Stream(msgspec.Struct, gc=False):
+    """One stream's index (see the module docstring).
 
-    __slots__ = (
-        "blocked",
-        "cursor",
-        "due",
-        "ents",
-        "mem",
-        "part",
-        "readers",
-        "ring",
-        "sid",
-        "used",
-        "uuids",
-        "waiters",
-    )
+    A msgspec struct without GC tracking: a million of them cost the cyclic garbage
+    collector nothing (a full collection would otherwise walk every one), and they are made
+    in C. Nothing it holds refers back to it once its receivers are gone (their entries
+    are removed when they return), so it never sits in a reference cycle.
+    """
 
-    def __init__(self, sid: str, part: int, ring: int, now_s: int) -> None:
-        self.sid = sid
-        self.part = part
-        self.ring = ring
-        #: None, one (pos, expires_at_ms) tuple, or array('q') of interleaved pairs.
-        self.ents: tuple[int, int] | array[int] | None = None
-        #: Every persistent message at or below this position is taken.
-        self.cursor = -1
-        #: In-memory messages: (value, uuid, timestamp_ms, expires_at_ms, after) where
-        #: ``after`` is the newest persistent position of the stream when it was sent.
-        self.mem: deque[tuple[bytes, str, int, int, int]] | None = None
-        self.uuids: str | dict[str, None] | None = None
-        #: The second of the wheel bucket it sits in (0: none).
-        self.due = 0
-        #: The second it was last used (its idle time starts there).
-        self.used = now_s
-        self.waiters: dict[_Waiter, None] | None = None
-        self.readers: dict[_Waiter, None] | None = None
-        self.blocked: list[asyncio.Future[None]] | None = None
+    sid: str
+    part: int
+    ring: int
+    #: The second it was last used (its idle time starts there).
+    used: int
+    #: None, one (pos, expires_at_ms) tuple, or array('q') of interleaved pairs.
+    ents: tuple[int, int] | array[int] | None = None
+    #: Every persistent message at or below this position is taken.
+    cursor: int = -1
+    #: In-memory messages: (value, uuid, timestamp_ms, expires_at_ms, after) where
+    #: ``after`` is the newest persistent position of the stream when it was sent.
+    mem: deque[tuple[bytes, str, int, int, int]] | None = None
+    uuids: str | dict[str, None] | None = None
+    #: The second of the wheel bucket it sits in (0: none).
+    due: int = 0
+    waiters: dict[_Waiter, None] | None = None
+    readers: dict[_Waiter, None] | None = None
+    blocked: list[asyncio.Future[None]] | None = None
 
 
 class _Waiter:
@@ -247,7 +237,8 @@ class StreamManager:
         self._wheel_at = 0  # buckets below this second have run
         self._seg_exp: list[dict[int, int]] = []  # per partition: segment base -> newest expiry
         self._pending_takes: list[dict[str, int]] = []
-        self._take_futs: list[asyncio.Future[int] | None] = []
+        #: per partition: receives waiting for the next take record (its end offset)
+        self._take_futs: list[list[asyncio.Future[int]]] = []
         self._takes_scheduled = False
         self._cache: OrderedDict[tuple[int, int], tuple[int, _Entries]]
         self._cache = OrderedDict()
@@ -279,7 +270,7 @@ class StreamManager:
             self.partitions = len(existing)
             self._open_logs()
         self._pending_takes = [{} for _ in range(self.partitions)]
-        self._take_futs = [None] * self.partitions
+        self._take_futs = [[] for _ in range(self.partitions)]
         self._loaded = True
         now = self.clock()
         self._wheel_at = now // 1000
@@ -514,7 +505,6 @@ class StreamManager:
         nparts = self.partitions
         # per partition: records being built [offset, entries, bytes, newest expiry]
         recs: dict[int, list[list[Any]]] = {}
-        touched: dict[int, list[_Stream]] = {}
         exps: dict[int, tuple[int, int]] = {}
         cap = self._record_cap
         max_bytes = self.max_message_bytes
@@ -598,7 +588,6 @@ class StreamManager:
                     if not self._logs:
                         self._open_logs()
                     plist = recs[p] = [[self._logs[p].log_end_offset, [], 0, 0]]
-                    touched[p] = []
                 rec = plist[-1]
                 entries = rec[1]
                 size = len(value) + 3 * (len(sid) + len(uuid)) + 24
@@ -616,7 +605,6 @@ class StreamManager:
                     s.ents = (pos, exp)
                 else:
                     _add_entry(s, pos, exp)
-                touched[p].append(s)
                 n_persistent += 1
                 if crc < 0:
                     crc = crc32(sid.encode("utf-8", "surrogatepass"))
@@ -647,13 +635,12 @@ class StreamManager:
             k += 1
         stats.persistent_messages += n_persistent
         stats.sent_persistent += n_persistent
-        self._append(recs, touched, now, ends)
+        self._append(recs, now, ends)
         return k
 
     def _append(
         self,
         recs: dict[int, list[list[Any]]],
-        touched: dict[int, list[_Stream]],
         now: int,
         ends: dict[int, int],
     ) -> None:
@@ -669,7 +656,11 @@ class StreamManager:
                     if info.base_offset != offset:  # nothing else appends to __streams
                         raise AssertionError(f"{plog.directory}: at {info.base_offset}")
                 except BaseException as exc:
-                    self._unindex(touched[p], offset << POSITION_BITS)
+                    failed = {e[0] for r in plist[n:] for e in r[1]}
+                    self._unindex(
+                        [s for sid in failed if (s := self._streams.get(sid)) is not None],
+                        offset << POSITION_BITS,
+                    )
                     failure = failure or exc
                     del plist[n:]
                     break
@@ -684,7 +675,7 @@ class StreamManager:
 
     def _unindex(self, streams: list[_Stream], from_pos: int) -> None:
         """Forget the entries at or after ``from_pos`` of ``streams`` (their write failed)."""
-        for s in set(streams):
+        for s in {s.sid: s for s in streams}.values():
             pairs = _pairs(s.ents)
             keep = list(pairs[: 2 * _first_after(pairs, from_pos - 1)])
             self._stats.persistent_messages -= (len(pairs) - len(keep)) // 2
@@ -743,12 +734,13 @@ class StreamManager:
     async def _wait_room(self, s: _Stream, deadline: float) -> bool:
         """Wait until ``s`` has room for one more waiting message; False at ``deadline``."""
         loop = asyncio.get_running_loop()
+        releases = self._releases
         while True:
             room = s.ring + (len(s.waiters) if s.waiters else 0)
             if room > 0 and self._waiting(s, self.clock()) < room:
                 return True
             left = deadline - loop.time()
-            if left <= 0 or self._closed:
+            if left <= 0 or self._closed or self.draining or releases != self._releases:
                 return False
             fut: asyncio.Future[None] = loop.create_future()
             if s.blocked is None:
@@ -979,30 +971,30 @@ class StreamManager:
             if not pending:
                 continue
             self._pending_takes[p] = {}
-            fut = self._take_futs[p]
-            self._take_futs[p] = None
+            futs = self._take_futs[p]
+            self._take_futs[p] = []
             b = BatchBuilder()
             b.append(_encode(list(pending.items())), timestamp_ms=now, key=_KEY_TAKES)
             try:
                 info = self._logs[p].append(b.build())
-            except BaseException as exc:
-                if fut is not None and not fut.done():
-                    fut.set_exception(exc)
-                    fut.exception()  # retrieved: the receivers re-raise it
-                else:
-                    log.error("%s-%d: a take record failed: %s", STREAMS_TOPIC, p, exc)
+            except Exception as exc:
+                log.error("%s-%d: a take record failed: %s", STREAMS_TOPIC, p, exc)
+                for fut in futs:
+                    if not fut.done():
+                        fut.set_exception(exc)
                 continue
-            if fut is not None and not fut.done():
-                fut.set_result(info.last_offset + 1)
+            end = info.last_offset + 1
+            for fut in futs:
+                if not fut.done():
+                    fut.set_result(end)
 
     async def _takes_durable(self, parts: set[int]) -> None:
         loop = asyncio.get_running_loop()
         for p in parts:
             if self._pending_takes[p]:
-                fut = self._take_futs[p]
-                if fut is None:
-                    fut = self._take_futs[p] = loop.create_future()
-                end = await asyncio.shield(fut)
+                fut: asyncio.Future[int] = loop.create_future()
+                self._take_futs[p].append(fut)
+                end = await fut
             else:
                 end = self._logs[p].log_end_offset
             if self._always:
@@ -1073,9 +1065,13 @@ class StreamManager:
     def _read_now(self, starts: dict[str, int], k: int) -> list[StreamMessage]:
         now = self.clock()
         out: list[StreamMessage] = []
-        for sid, start in starts.items():
+        ids = list(starts)
+        first = self._rr % len(ids)  # a rotating first stream: none is starved by the others
+        self._rr += 1
+        for sid in ids[first:] + ids[:first]:
             if len(out) >= k:
                 break
+            start = starts[sid]
             s = self._streams.get(sid)
             if s is None or s.ents is None:
                 continue
@@ -1226,9 +1222,12 @@ class StreamManager:
             self._schedule(s, _ceil_s(nxt))
             return
         now_s = now // 1000
+        if s.waiters or s.readers or s.blocked:  # looked at again an idle time later
+            self._schedule(s, now_s + max(self.idle_s, 1))
+            return
         idle_end = s.used + self.idle_s
-        if s.waiters or s.readers or s.blocked or idle_end > now_s:
-            self._schedule(s, max(idle_end, now_s + 1))
+        if idle_end > now_s:
+            self._schedule(s, idle_end)
             return
         del self._streams[s.sid]
         self._stats.evicted += 1

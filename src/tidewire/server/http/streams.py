@@ -13,20 +13,25 @@ clients resolve them away) and, for describe only, one that ends with ``/message
 ``POST /v1/streams/messages`` (send), ``POST /v1/streams/receive``, ``POST /v1/streams/read``
 and ``GET /v1/streams?prefix=`` (describe).
 
-Long-polls await the manager directly (no task or timer of their own per request); when the
-gateway drains they answer at once with what they have.
+Long-polls await the manager (no timer or polling of their own); a waiting work-queue receive
+also watches its connection, so a client that goes away takes nothing (one task for the
+receive and one for the watch, only while it waits). When the gateway drains they answer at
+once with what they have.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Coroutine
 from typing import Annotated, Any, Literal
 
 import msgspec
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.responses import Response
+from starlette.types import Receive
 
+from tidewire._tasks import cancel_and_wait
 from tidewire.broker.streams.model import (
     FROM_END,
     FROM_START,
@@ -67,7 +72,7 @@ from tidewire.server.http.streams_models import (
     StreamTokenResult,
 )
 
-__all__ = ["SSE_MESSAGES_PER_READ", "stream_responses", "streams_router"]
+__all__ = ["SSE_MESSAGES_PER_READ", "stream_responses", "streams_router", "take_unless_gone"]
 
 #: Messages one SSE read takes from the manager at most (written as one chunk): large for
 #: throughput, small enough that a slow client holds at most this many in the buffers.
@@ -126,6 +131,30 @@ TokenQuery = Annotated[
         "answer (a message's token, or the answer's token).",
     ),
 ]
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def take_unless_gone(
+    receive: Receive, taking: Coroutine[Any, Any, list[StreamMessage]]
+) -> list[StreamMessage]:
+    """The messages of a waiting work-queue receive (``taking``), unless the client
+    disconnects first: then the receive is cancelled, which takes nothing (a message sent
+    meanwhile stays for another receiver), and the answer is empty (nobody reads it).
+
+    ``receive``: the request's ASGI channel, its body read already."""
+    take = asyncio.ensure_future(taking)
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait((take, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await cancel_and_wait(gone)
+        if not take.done():
+            await cancel_and_wait(take)
+    return [] if take.cancelled() else take.result()
 
 
 def _stream(stream: str) -> str:
@@ -218,12 +247,11 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
         taken by one receiver), waiting up to ``wait_ms`` for a first one: the answer comes
         as soon as any of them has a message; none: an empty list."""
         req = parse_body(ReceiveRequest, await request.body())
-        messages = await broker.streams.receive(
-            req.streams,
-            max_messages=req.max,
-            wait_ms=waiting(req.wait_ms),
-            ring_size=req.ring_size,
+        wait_ms = waiting(req.wait_ms)
+        taking = broker.streams.receive(
+            req.streams, max_messages=req.max, wait_ms=wait_ms, ring_size=req.ring_size
         )
+        messages = await (take_unless_gone(request.receive, taking) if wait_ms else taking)
         return json_response({"messages": docs(messages, req.encoding)})
 
     @router.post(
@@ -270,7 +298,9 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
         responses=stream_responses(),
     )
     async def receive_one(
+        request: Request,
         stream: StreamPath,
+        *,
         wait_ms: WaitQuery = 0,
         max: Annotated[
             int, Query(ge=1, le=MAX_RECEIVE_MESSAGES, description="Messages at most.")
@@ -281,9 +311,11 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
         """Take up to ``max`` messages of the stream (work-queue: each message is taken by
         one receiver, in send order), waiting up to ``wait_ms`` for a first one; none came:
         200 with an empty list."""
-        messages = await broker.streams.receive(
-            [_stream(stream)], max_messages=max, wait_ms=waiting(wait_ms), ring_size=ring_size
+        wait_ms = waiting(wait_ms)
+        taking = broker.streams.receive(
+            [_stream(stream)], max_messages=max, wait_ms=wait_ms, ring_size=ring_size
         )
+        messages = await (take_unless_gone(request.receive, taking) if wait_ms else taking)
         return json_response({"messages": docs(messages, encoding)})
 
     @router.get(

@@ -50,6 +50,7 @@ from tidewire.errors import (
     for_code,
 )
 from tidewire.server.http.compat import rfc3339
+from tidewire.server.http.streams import take_unless_gone
 
 __all__ = ["DEFAULT_STREAM_SIZE", "create_ipubsub_app"]
 
@@ -172,7 +173,7 @@ def create_ipubsub_app(
                 token = q.get("dbResumeToken", "") or FROM_START
                 message = await replay(stream_id, token, timeout * 1000)
             else:
-                message = await take(stream_id, timeout * 1000)
+                message = await take(request, stream_id, timeout * 1000)
         except (InvalidStreamError, InvalidRequestError) as exc:
             return _json(400, {"error": exc.message})
         except TidewireError as exc:
@@ -181,13 +182,15 @@ def create_ipubsub_app(
             return _json(424, _TIMEOUT)
         return _json(200, _answer(message))
 
-    async def take(stream_id: str, timeout_ms: int) -> StreamMessage | None:
+    async def take(request: Request, stream_id: str, timeout_ms: int) -> StreamMessage | None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
         manager = broker.streams
         while True:
             left = 0 if stop.is_set() else max(0, int((deadline - loop.time()) * 1000))
-            got = await manager.receive([stream_id], wait_ms=min(left, wait_step))
+            taking = manager.receive([stream_id], wait_ms=min(left, wait_step))
+            # A client gone while it waits takes nothing.
+            got = await (take_unless_gone(request.receive, taking) if left else taking)
             if got:
                 return got[0]
             if left <= wait_step or stop.is_set():
