@@ -26,6 +26,7 @@ from tidewire.errors import (
     BackpressureError,
     BatchTooLargeError,
     InvalidStreamError,
+    PartitionCorruptError,
     StorageError,
     StreamFullError,
     TooManyStreamsError,
@@ -599,5 +600,31 @@ def test_a_read_of_many_streams_starves_none(tmp_path: Path) -> None:
                 msgs, positions = await st.read(positions, max_messages=5)
                 seen += [m.stream for m in msgs]
             assert "quiet" in seen
+
+    asyncio.run(main())
+
+
+def test_a_receive_that_fails_takes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def main() -> None:
+        async with streams_broker(tmp_path) as (_, st):
+            await st.send(
+                [
+                    SendItem("f", b"m1"),
+                    SendItem("f", b"p1", persistent=True),
+                    SendItem("g", b"m2"),
+                ]
+            )
+
+            def unreadable(p: int, offset: int) -> object:
+                raise PartitionCorruptError("unreadable (simulated)")
+
+            with monkeypatch.context() as m:
+                m.setattr(st, "_record", unreadable)
+                with pytest.raises(PartitionCorruptError, match="simulated"):
+                    await st.receive(["f", "g"], max_messages=10)
+            got = await st.receive(["f", "g"], max_messages=10)
+            assert sorted(values(got)) == [b"m1", b"m2", b"p1"]
 
     asyncio.run(main())

@@ -854,65 +854,67 @@ class StreamManager:
 
     async def _take(self, ss: list[_Stream], k: int, now: int) -> list[StreamMessage]:
         """Take up to ``k`` messages of ``ss`` (starting at a rotating stream, for fairness)
-        and return once their take records are durable. Cancelled before that: nothing is
-        taken (the messages are put back at the head)."""
+        and return once their take records are durable. Cancelled or failed before that:
+        nothing is taken (the messages are put back at the head)."""
         out: list[StreamMessage] = []
-        undo: list[tuple[_Stream, int, int, list[tuple[bytes, str, int, int, int]]]] = []
+        # per stream taken from: [stream, cursor before, cursor after, in-memory messages]
+        undo: list[list[Any]] = []
         n = len(ss)
         first = self._rr % n if n > 1 else 0
         self._rr += 1
         parts: set[int] = set()
-        for j in range(n):
-            if len(out) >= k:
-                break
-            s = ss[(first + j) % n]
-            old_cursor = s.cursor
-            mems: list[tuple[bytes, str, int, int, int]] = []
-            took = False
-            while len(out) < k:
-                kind, pos = self._head(s, now)
-                if kind < 0:
+        try:
+            for j in range(n):
+                if len(out) >= k:
                     break
-                took = True
-                if kind == 0:
-                    assert s.mem is not None
-                    m = s.mem.popleft()
-                    self._forget_mem(m)
-                    mems.append(m)
-                    out.append(StreamMessage(s.sid, m[0], m[1], m[2], m[3], ""))
-                else:
-                    s.cursor = pos
-                    out.append(self._message(s, pos))
-                    parts.add(s.part)
-            if took:
+                s = ss[(first + j) % n]
+                mems: list[tuple[bytes, str, int, int, int]] = []
+                step = [s, s.cursor, s.cursor, mems]
+                while len(out) < k:
+                    kind, pos = self._head(s, now)
+                    if kind < 0:
+                        break
+                    if not mems and step[2] == step[1]:
+                        undo.append(step)
+                    if kind == 0:
+                        assert s.mem is not None
+                        m = s.mem.popleft()
+                        self._forget_mem(m)
+                        mems.append(m)
+                        out.append(StreamMessage(s.sid, m[0], m[1], m[2], m[3], ""))
+                    else:
+                        out.append(self._message(s, pos))  # before the take: it may fail
+                        s.cursor = step[2] = pos
+                        parts.add(s.part)
+            for s, old_cursor, new_cursor, _mems in undo:
                 if s.mem is not None and not s.mem:
                     s.mem = None
-                if s.cursor != old_cursor:
-                    self._note_take(s, s.cursor)
-                undo.append((s, old_cursor, s.cursor, mems))
+                if new_cursor != old_cursor:
+                    self._note_take(s, new_cursor)
                 self._room_freed(s)
                 self._when_empty(s)
-        if not out:
-            return out
-        try:
             if parts:
                 await self._takes_durable(parts)
         except BaseException:
-            for s, old_cursor, new_cursor, mems in undo:
-                if s.cursor == new_cursor:
-                    s.cursor = old_cursor
-                if mems:
-                    if s.mem is None:
-                        s.mem = deque()
-                    s.mem.extendleft(reversed(mems))
-                    for m in mems:
-                        self._stats.in_memory_messages += 1
-                        self._stats.in_memory_bytes += len(m[0])
-                if s.waiters:
-                    _wake_first(s.waiters)
+            self._put_back(undo)
             raise
         self._stats.received += len(out)
         return out
+
+    def _put_back(self, undo: list[list[Any]]) -> None:
+        """Undo the takes of a receive that did not answer (see :meth:`_take`)."""
+        for s, old_cursor, new_cursor, mems in undo:
+            if s.cursor == new_cursor:  # nobody took later messages meanwhile
+                s.cursor = old_cursor
+            if mems:
+                if s.mem is None:
+                    s.mem = deque()
+                s.mem.extendleft(reversed(mems))
+                for m in mems:
+                    self._stats.in_memory_messages += 1
+                    self._stats.in_memory_bytes += len(m[0])
+            if s.waiters:
+                _wake_first(s.waiters)
 
     def _message(self, s: _Stream, pos: int) -> StreamMessage:
         offset = pos >> POSITION_BITS
