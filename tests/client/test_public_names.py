@@ -33,11 +33,14 @@ def public_methods(cls: type) -> dict[str, object]:
 
 def test_exported_names() -> None:
     assert tidewire.client.__all__ == [
+        "FROM_END",
+        "FROM_START",
         "AsyncClient",
         "AsyncConsumer",
         "AsyncGroupConsumer",
         "AsyncProducer",
         "AsyncQueueConsumer",
+        "AsyncStreams",
         "AsyncSubscriber",
         "BindingInfo",
         "BlockingQueueMessage",
@@ -59,6 +62,12 @@ def test_exported_names() -> None:
         "QueueMessage",
         "RecordFuture",
         "RecordMetadata",
+        "SendItem",
+        "SendResult",
+        "StreamInfo",
+        "StreamMessage",
+        "StreamStats",
+        "Streams",
         "Subscriber",
         "TlsOptions",
         "fnv1a_32",
@@ -187,3 +196,32 @@ def test_a_refused_client_leaves_no_thread() -> None:
             loop.call_soon_threadsafe(loop.stop)
             thread.join()
             loop.close()
+
+
+def test_the_blocking_streams_have_every_method_of_the_async_ones() -> None:
+    from tidewire.client import AsyncStreams, Streams
+
+    async_methods = public_methods(AsyncStreams)
+    blocking = public_methods(Streams)
+    assert (
+        sorted(async_methods)
+        == sorted(blocking)
+        == [
+            "describe",
+            "list",
+            "read",
+            "receive",
+            "receive_many",
+            "send",
+            "send_many",
+            "stats",
+            "subscribe",
+        ]
+    )
+    for name, method in async_methods.items():
+        a = inspect.signature(method)  # type: ignore[arg-type]
+        b = inspect.signature(blocking[name])  # type: ignore[arg-type]
+        assert list(a.parameters) == list(b.parameters), name
+        assert [p.default for p in a.parameters.values()] == [
+            p.default for p in b.parameters.values()
+        ], name

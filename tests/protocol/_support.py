@@ -110,6 +110,24 @@ from tidewire.protocol.messages import (
 
 # --- sample bodies --------------------------------------------------------------------------------
 
+_STREAM_MESSAGES = [
+    q.StreamMessage("a", b"one", "", 1_700_000_000_000, 1_700_086_400_000),
+    q.StreamMessage("b", b"two", "u-2", 1_700_000_000_001, 1_700_000_005_001, "AQAAAAAAAAAA"),
+]
+_STREAM_INFO = q.StreamInfo(
+    stream="user/42",
+    partition=3,
+    waiting=2,
+    persistent=1,
+    in_memory=1,
+    receivers=0,
+    ring_size=100,
+    first_token="AQ",
+    end_token="AR",
+    oldest_ms=1_700_000_000_000,
+    newest_ms=1_700_000_000_001,
+)
+
 _CONFIG = TopicConfig(retention_ms=86_400_000, segment_bytes=1 << 20, fsync="always")
 _DESCRIPTION = TopicDescription(
     name="orders",
@@ -503,6 +521,44 @@ SAMPLES.update(
         ApiKey.QUEUE_REPLAY: (
             q.QueueReplayRequest(queue="orders.dlq", offsets=[3, 4], to_offset=9),
             q.QueueReplayResponse(messages=2),
+        ),
+        ApiKey.STREAM_SEND: (
+            q.StreamSendRequest(
+                items=[
+                    q.SendItem("user/42", b"hello"),
+                    q.SendItem("user/43", b"\x00\xff", uuid="u-1", ttl_ms=5_000, persistent=True),
+                ],
+                ring_size=0,
+                block_ms=250,
+            ),
+            q.StreamSendResponse(
+                results=[
+                    q.SendResult(),
+                    q.SendResult(-1, "duplicate", ""),
+                    q.SendResult(121, "stream user/44 is full", ""),
+                    q.SendResult(0, "", "AQAAAAAAAAAAAAAAAQ"),
+                ]
+            ),
+        ),
+        ApiKey.STREAM_RECEIVE: (
+            q.StreamReceiveRequest(
+                streams=["a", "b"], max_messages=10, wait_ms=30_000, ring_size=5
+            ),
+            q.StreamReceiveResponse(messages=_STREAM_MESSAGES),
+        ),
+        ApiKey.STREAM_READ: (
+            q.StreamReadRequest(positions={"a": "", "b": "$", "c": "AQAAAAAA"}, wait_ms=100),
+            q.StreamReadResponse(messages=_STREAM_MESSAGES, tokens={"a": "AQ", "b": "AR"}),
+        ),
+        ApiKey.STREAM_LIST: (
+            q.StreamListRequest(prefix="user/", after="user/4", limit=2),
+            q.StreamListResponse(streams=[_STREAM_INFO], partitions=4, last="user/42"),
+        ),
+        ApiKey.STREAM_DESCRIBE: (
+            q.StreamDescribeRequest(stream="user/42"),
+            q.StreamDescribeResponse(
+                info=_STREAM_INFO, stats=q.StreamStats(streams=3, persistent_messages=7)
+            ),
         ),
     }
 )

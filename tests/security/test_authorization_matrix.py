@@ -194,6 +194,17 @@ SAMPLES: dict[ApiKey, Callable[[], tuple[Body, list[bytes]]]] = {
     ApiKey.QUEUE_SETTLE: lambda: (sec.QueueSettleRequest(queue="matrix-q", tags=[1]), []),
     ApiKey.QUEUE_BROWSE: lambda: (sec.QueueBrowseRequest(queue="matrix-q"), []),
     ApiKey.QUEUE_REPLAY: lambda: (sec.QueueReplayRequest(queue="matrix-q"), []),
+    # Lightweight streams (by stream id).
+    ApiKey.STREAM_SEND: lambda: (
+        sec.StreamSendRequest(
+            items=[sec.SendItem("matrix-s", b"v"), sec.SendItem("matrix-t", b"w")]
+        ),
+        [],
+    ),
+    ApiKey.STREAM_RECEIVE: lambda: (sec.StreamReceiveRequest(streams=["matrix-s", "matrix-t"]), []),
+    ApiKey.STREAM_READ: lambda: (sec.StreamReadRequest(positions={"matrix-s": ""}), []),
+    ApiKey.STREAM_LIST: lambda: (sec.StreamListRequest(), []),
+    ApiKey.STREAM_DESCRIBE: lambda: (sec.StreamDescribeRequest(stream="matrix-s"), []),
 }
 
 

@@ -13,6 +13,8 @@
   list | describe``, ``tidewire bind | unbind``: queues and exchanges (docs/queues.md);
   ``publish --exchange X --routing-key K`` publishes into them, ``consume --queue Q`` takes
   and acknowledges their messages, ``tidewire dlq list | replay | purge``: dead letters.
+- ``tidewire stream send | receive | read | list | describe``: lightweight streams
+  (docs/streams.md): send, take (work queue), read by resume token (fan-out).
 - ``tidewire health``: ping a broker; exit code 0 when it answers.
 - ``tidewire metrics``: a summary of the broker's ``/metrics`` (over its HTTP API).
 - ``tidewire user | key | acl | quota``: principals and their roles, API keys (shown once),
@@ -61,6 +63,7 @@ from ._publish import publish
 from ._queues import bind, exchange_app, queue_app, unbind
 from ._quota import quota_app
 from ._serve import config_app, serve
+from ._stream import stream_app
 from ._topic import topic_app
 from ._user import key_app, user_app
 
@@ -119,6 +122,7 @@ app.add_typer(queue_app)
 app.command()(bind)
 app.command()(unbind)
 app.add_typer(dlq_app)
+app.add_typer(stream_app)
 app.command()(health)
 app.command()(metrics)
 app.add_typer(user_app)

@@ -19,6 +19,10 @@
   prefetch bound, handing out :class:`QueueMessage` (:class:`BlockingQueueMessage`) to
   ``ack``, ``nack`` or ``reject``; listings as :class:`QueueInfo`, :class:`ExchangeInfo`,
   :class:`BindingInfo`.
+- Lightweight streams: ``client.streams`` of :class:`AsyncClient` (:class:`AsyncStreams`)
+  and of :class:`Client` (:class:`Streams`): send (:class:`SendItem`, :class:`SendResult`),
+  work-queue receive, fan-out read and subscribe by resume token (:data:`FROM_START`,
+  :data:`FROM_END`) of :class:`StreamMessage`; :class:`StreamInfo`, :class:`StreamStats`.
 - :class:`TlsOptions`: TLS to the broker (CA, client certificate, server name), taken by
   every client as ``tls=`` (``True``: TLS with the system's CAs).
 - :class:`Credentials`: an API key (and the SASL mechanism to present it with), taken by
@@ -34,6 +38,8 @@ Public names::
     AsyncSubscriber, Subscriber
     AsyncQueueConsumer, QueueConsumer, QueueMessage, BlockingQueueMessage,
     PublishResult, QueueInfo, ExchangeInfo, BindingInfo
+    AsyncStreams, Streams, SendItem, SendResult, StreamMessage, StreamInfo, StreamStats,
+    FROM_START, FROM_END
     Credentials, TlsOptions
     fnv1a_32
 """
@@ -49,18 +55,29 @@ from tidewire.client._producer_sync import Producer
 from tidewire.client._queue_consumer import AsyncQueueConsumer, QueueConsumer
 from tidewire.client._queue_messages import BlockingQueueMessage, QueueMessage
 from tidewire.client._queues import PublishResult
+from tidewire.client._streams import FROM_END, FROM_START, AsyncStreams, Streams
 from tidewire.client._subscriber import AsyncSubscriber, Subscriber
 from tidewire.client.partitioner import fnv1a_32
 from tidewire.protocol.messages import BindingInfo, ExchangeInfo, QueueInfo
+from tidewire.protocol.streams import (
+    SendItem,
+    SendResult,
+    StreamInfo,
+    StreamMessage,
+    StreamStats,
+)
 from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
 __all__ = [
+    "FROM_END",
+    "FROM_START",
     "AsyncClient",
     "AsyncConsumer",
     "AsyncGroupConsumer",
     "AsyncProducer",
     "AsyncQueueConsumer",
+    "AsyncStreams",
     "AsyncSubscriber",
     "BindingInfo",
     "BlockingQueueMessage",
@@ -82,6 +99,12 @@ __all__ = [
     "QueueMessage",
     "RecordFuture",
     "RecordMetadata",
+    "SendItem",
+    "SendResult",
+    "StreamInfo",
+    "StreamMessage",
+    "StreamStats",
+    "Streams",
     "Subscriber",
     "TlsOptions",
     "fnv1a_32",

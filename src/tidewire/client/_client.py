@@ -62,6 +62,7 @@ from tidewire.security.tls import TlsOptions
 
 from ._queues import AsyncQueueAdmin, QueueAdmin
 from ._security import AsyncSecurityAdmin, SecurityAdmin
+from ._streams import AsyncStreams, Streams
 from ._transport import Transport, parse_addr
 
 __all__ = ["AsyncClient", "Client", "FetchedBatches", "FetchedRecords", "Message"]
@@ -137,6 +138,8 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
             credentials=credentials,
             tls=tls,
         )
+        #: Lightweight streams: send, receive, read, subscribe (:class:`AsyncStreams`).
+        self.streams = AsyncStreams(self._t)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -552,6 +555,8 @@ class Client(BlockingTwin[AsyncClient], SecurityAdmin, QueueAdmin):
         except BaseException:
             self._stop_loop()
             raise
+        #: Lightweight streams, blocking (:class:`Streams`).
+        self.streams = Streams(self._async.streams, self._run)
 
     @staticmethod
     async def _make(

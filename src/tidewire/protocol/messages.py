@@ -18,6 +18,13 @@ from typing import Any, ClassVar
 import msgspec
 
 from tidewire.errors import InvalidRequestError, UnknownApiError, UnsupportedVersionError
+from tidewire.protocol.streams import (
+    SendItem,
+    SendResult,
+    StreamInfo,
+    StreamMessage,
+    StreamStats,
+)
 
 __all__ = [
     "ACKS_DURABLE",
@@ -25,6 +32,7 @@ __all__ = [
     "ACKS_NONE",
     "EARLIEST",
     "LATEST",
+    "MAX_SEND_ITEMS",
     "OUTCOME_ACK",
     "OUTCOME_DEAD_LETTER",
     "OUTCOME_REQUEUE",
@@ -33,6 +41,7 @@ __all__ = [
     "RESET_LATEST",
     "RESET_OFFSET",
     "RESET_TIMESTAMP",
+    "RING_SIZE_DEFAULT",
     "AclEntry",
     "AlterAclsRequest",
     "AlterAclsResponse",
@@ -175,7 +184,22 @@ __all__ = [
     "SaslAuthenticateResponse",
     "SaslHandshakeRequest",
     "SaslHandshakeResponse",
+    "SendItem",
+    "SendResult",
     "StorageProblem",
+    "StreamDescribeRequest",
+    "StreamDescribeResponse",
+    "StreamInfo",
+    "StreamListRequest",
+    "StreamListResponse",
+    "StreamMessage",
+    "StreamReadRequest",
+    "StreamReadResponse",
+    "StreamReceiveRequest",
+    "StreamReceiveResponse",
+    "StreamSendRequest",
+    "StreamSendResponse",
+    "StreamStats",
     "SubscribePartition",
     "SubscribeRequest",
     "SubscribeResponse",
@@ -266,6 +290,11 @@ class ApiKey(enum.IntEnum):
     QUEUE_DELIVER = 55
     QUEUE_BROWSE = 56
     QUEUE_REPLAY = 57
+    STREAM_SEND = 58
+    STREAM_RECEIVE = 59
+    STREAM_READ = 60
+    STREAM_LIST = 61
+    STREAM_DESCRIBE = 62
 
 
 class Body(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -1642,6 +1671,117 @@ class QueueReplayResponse(Body, kw_only=True, omit_defaults=True):
     error_message: str = ""
 
 
+# --- lightweight streams -------------------------------------------------------------------
+# Values travel in the body (msgpack bin inside array_like items), not the data section:
+# a stream message is small and has no record of its own. The value types are those of
+# tidewire.protocol.streams (tidewire.broker.streams.model names the same classes).
+
+#: The most items one STREAM_SEND carries: clients split larger sends (and so keep each
+#: request's decode and the broker's work per request bounded).
+MAX_SEND_ITEMS = 10_000
+#: ``ring_size`` of a request: the broker's ``stream_ring_size``.
+RING_SIZE_DEFAULT = -1
+
+
+class StreamSendRequest(Body, kw_only=True, omit_defaults=True):
+    """Send ``items`` (each to its own stream). ``ring_size``: the ring bound of a stream this
+    request creates (-1: the broker's default); ``block_ms``: how long a send to a full ring
+    waits for room (0: push the oldest waiting message out)."""
+
+    api_key = ApiKey.STREAM_SEND
+    items: list[SendItem] = msgspec.field(default_factory=list)
+    ring_size: int = RING_SIZE_DEFAULT
+    block_ms: int = 0
+
+
+class StreamSendResponse(Body, kw_only=True, omit_defaults=True):
+    """One result per item, in order (per-item errors there); ``error_code``: the request
+    as a whole failed (no results)."""
+
+    api_key = ApiKey.STREAM_SEND
+    results: list[SendResult] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
+class StreamReceiveRequest(Body, kw_only=True, omit_defaults=True):
+    """Take (work-queue mode) up to ``max_messages`` of the oldest waiting messages of
+    ``streams``, waiting up to ``wait_ms`` for the first."""
+
+    api_key = ApiKey.STREAM_RECEIVE
+    streams: list[str] = msgspec.field(default_factory=list)
+    max_messages: int = 1
+    wait_ms: int = 0
+    ring_size: int = RING_SIZE_DEFAULT
+
+
+class StreamReceiveResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.STREAM_RECEIVE
+    messages: list[StreamMessage] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
+class StreamReadRequest(Body, kw_only=True, omit_defaults=True):
+    """Read (fan-out mode) the persistent messages of each stream from its token
+    (``""``: from the oldest, ``"$"``: only newer ones), waiting up to ``wait_ms``."""
+
+    api_key = ApiKey.STREAM_READ
+    positions: dict[str, str] = msgspec.field(default_factory=dict)
+    max_messages: int = 100
+    wait_ms: int = 0
+
+
+class StreamReadResponse(Body, kw_only=True, omit_defaults=True):
+    """The messages read and, for every stream asked, the token to read it from next."""
+
+    api_key = ApiKey.STREAM_READ
+    messages: list[StreamMessage] = msgspec.field(default_factory=list)
+    tokens: dict[str, str] = msgspec.field(default_factory=dict)
+    error_code: int = 0
+    error_message: str = ""
+
+
+class StreamListRequest(Body, kw_only=True, omit_defaults=True):
+    """Streams whose ids start with ``prefix``, sorted, after ``after``, at most ``limit``."""
+
+    api_key = ApiKey.STREAM_LIST
+    prefix: str = ""
+    after: str = ""
+    limit: int = 1000
+
+
+class StreamListResponse(Body, kw_only=True, omit_defaults=True):
+    """The streams the principal may describe; ``partitions``: of the shared logs;
+    ``last``: the last id the broker looked at (the ``after`` of the next page; "" when
+    there are no more)."""
+
+    api_key = ApiKey.STREAM_LIST
+    streams: list[StreamInfo] = msgspec.field(default_factory=list)
+    partitions: int = 0
+    last: str = ""
+    error_code: int = 0
+    error_message: str = ""
+
+
+class StreamDescribeRequest(Body, kw_only=True, omit_defaults=True):
+    """One stream (``info``), or with ``stream`` "" the counts over every stream
+    (``stats``, which needs describe on the cluster)."""
+
+    api_key = ApiKey.STREAM_DESCRIBE
+    stream: str = ""
+
+
+class StreamDescribeResponse(Body, kw_only=True, omit_defaults=True):
+    """``info`` None: no such stream now."""
+
+    api_key = ApiKey.STREAM_DESCRIBE
+    info: StreamInfo | None = None
+    stats: StreamStats | None = None
+    error_code: int = 0
+    error_message: str = ""
+
+
 # --- the registry and the codec ------------------------------------------------------------
 
 _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
@@ -1702,6 +1842,11 @@ _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
     ApiKey.QUEUE_SETTLE: (QueueSettleRequest, QueueSettleResponse),
     ApiKey.QUEUE_BROWSE: (QueueBrowseRequest, QueueBrowseResponse),
     ApiKey.QUEUE_REPLAY: (QueueReplayRequest, QueueReplayResponse),
+    ApiKey.STREAM_SEND: (StreamSendRequest, StreamSendResponse),
+    ApiKey.STREAM_RECEIVE: (StreamReceiveRequest, StreamReceiveResponse),
+    ApiKey.STREAM_READ: (StreamReadRequest, StreamReadResponse),
+    ApiKey.STREAM_LIST: (StreamListRequest, StreamListResponse),
+    ApiKey.STREAM_DESCRIBE: (StreamDescribeRequest, StreamDescribeResponse),
 }
 #: APIs only the server sends, as PUSH frames, with the body schema of each: they have no
 #: request or response (a request for one is refused as an unknown API).

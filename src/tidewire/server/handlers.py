@@ -101,6 +101,7 @@ from tidewire.server.gate import SESSION_APIS, gate_for, names_allowed
 from tidewire.server.push import PUSH_APIS
 from tidewire.server.queue_handlers import QUEUE_APIS
 from tidewire.server.security_admin import SECURITY_HANDLERS
+from tidewire.server.stream_handlers import STREAM_HANDLERS
 from tidewire.storage import LogConfig
 
 __all__ = ["HANDLERS", "Handler", "Reply", "ServerInfo"]
@@ -695,4 +696,5 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.REPAIR_TOPIC: repair_topic,
     **SECURITY_HANDLERS,
     ApiKey.DESCRIBE_AUDIT: describe_audit,
+    **STREAM_HANDLERS,
 }

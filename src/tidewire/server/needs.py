@@ -5,7 +5,8 @@ An entry is one of:
 
 - :data:`PUBLIC`: no authentication (API_VERSIONS and the SASL exchange itself);
 - :data:`AUTHENTICATED`: any authenticated principal; the handler shows only what the
-  principal may describe (LIST_TOPICS, LIST_GROUPS, LIST_QUEUES, LIST_EXCHANGES) or acts on
+  principal may describe (LIST_TOPICS, LIST_GROUPS, LIST_QUEUES, LIST_EXCHANGES,
+  STREAM_LIST) or acts on
   the connection's own state (CREDIT, UNSUBSCRIBE, WHOAMI);
 - a function from the decoded request to the permissions it needs, every one required:
   ``[Need(ResourceType.TOPIC, Operation.WRITE, "orders"), ...]``.
@@ -70,7 +71,7 @@ AUTHENTICATED: Final = _Marker("AUTHENTICATED")
 Requirement = _Marker | Callable[[Any], list[Need]]
 
 _T, _G, _C = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER
-_Q, _X = ResourceType.QUEUE, ResourceType.EXCHANGE
+_Q, _X, _S = ResourceType.QUEUE, ResourceType.EXCHANGE, ResourceType.STREAM
 _O = Operation
 #: The name ACLs give the default exchange ``""`` (an ACL pattern cannot be empty); the HTTP
 #: paths and the CLI spell it so too.
@@ -161,6 +162,15 @@ def _replay(req: Any) -> list[Need]:
     return [Need(_Q, _O.READ, req.queue), Need(_Q, _O.WRITE, "*")]
 
 
+def _streams(op: Operation, names: Iterable[str]) -> list[Need]:
+    return [Need(_S, op, s) for s in dict.fromkeys(names)]
+
+
+def _stream_describe(req: Any) -> list[Need]:
+    # No stream named: the counts over every stream, which are the cluster's.
+    return [Need(_S, _O.DESCRIBE, req.stream)] if req.stream else [Need(_C, _O.DESCRIBE)]
+
+
 #: Every binary API's requirement (see the module docstring).
 API_NEEDS: dict[ApiKey, Requirement] = {
     ApiKey.API_VERSIONS: PUBLIC,
@@ -226,4 +236,10 @@ API_NEEDS: dict[ApiKey, Requirement] = {
     ApiKey.QUEUE_SETTLE: _queue(_O.READ),
     ApiKey.QUEUE_BROWSE: _queue(_O.READ),
     ApiKey.QUEUE_REPLAY: _replay,
+    # Lightweight streams, by stream id: one stream denied denies the whole request.
+    ApiKey.STREAM_SEND: lambda req: _streams(_O.WRITE, (i.stream for i in req.items)),
+    ApiKey.STREAM_RECEIVE: lambda req: _streams(_O.READ, req.streams),
+    ApiKey.STREAM_READ: lambda req: _streams(_O.READ, req.positions),
+    ApiKey.STREAM_LIST: AUTHENTICATED,
+    ApiKey.STREAM_DESCRIBE: _stream_describe,
 }
