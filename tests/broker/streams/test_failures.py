@@ -286,3 +286,23 @@ def test_close_goes_on_after_a_background_task_died(tmp_path: Path) -> None:
         assert plog.closed  # the rest of the shutdown ran
 
     asyncio.run(main())
+
+
+def test_a_ring_size_survives_a_restart(tmp_path: Path) -> None:
+    async def main() -> None:
+        clock = FakeClock()
+        async with streams_broker(tmp_path, clock) as (_, st):
+            await st.send([SendItem("r", b"1", persistent=True)], ring_size=2)
+            await st.send([SendItem("r", b"2", persistent=True)])  # fixed already: still 2
+            await st.send([SendItem("z", b"z", persistent=True)], ring_size=0)
+            # a stream forgotten (expired, evicted) and created again has its new ring
+            await st.send([SendItem("e", b"old", ttl_ms=1_000, persistent=True)], ring_size=5)
+            clock.advance(120_000)
+            st.tick()
+            assert st.describe("e") is None
+            await st.send([SendItem("e", b"new", persistent=True)])
+        async with streams_broker(tmp_path, clock) as (_, st):
+            rings = {sid: st.describe(sid).ring_size for sid in "rze"}  # type: ignore[union-attr]
+            assert rings == {"r": 2, "z": 0, "e": st.default_ring}
+
+    asyncio.run(main())

@@ -4,7 +4,9 @@ Storage. Persistent messages live in the internal topic ``__streams`` (a few par
 fixed at its creation; a stream's partition is :func:`~.model.partition_of` its id). One send
 request appends one record per partition it touches: key ``b"m"``, value the msgpack list of
 its entries ``[stream, uuid, expires_at_ms, value]`` (encoded and decoded whole by msgspec);
-the i-th entry of the record at offset ``o`` has position ``position(o, i)``. What work-queue
+the i-th entry of the record at offset ``o`` has position ``position(o, i)``; a header
+``rings`` maps its streams whose ring size is not the default to theirs (restored at start
+from a stream's oldest live message: a stream is forgotten only once all expired). What work-queue
 receivers took (or a full ring pushed out) is a **take record**: key ``b"t"``, value the
 msgpack list of ``[stream, pos]`` (every persistent message of ``stream`` at or below ``pos``
 is taken); take records of one loop turn are written together and a receive answers once its
@@ -121,6 +123,9 @@ _decode_raw_entries = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
 _decode_entry = msgspec.msgpack.Decoder(tuple[str, str, int, bytes]).decode
 _Entries = list[Any]  # of (stream, uuid, expires_at_ms, value) tuples or their msgspec.Raw
 _decode_takes = msgspec.msgpack.Decoder(list[tuple[str, int]]).decode
+#: A message record's header: the ring sizes of its streams that have not the default one.
+_HEADER_RINGS = "rings"
+_decode_rings = msgspec.msgpack.Decoder(dict[str, int]).decode
 _crc = zlib.crc32
 _TOKEN_RAW = struct.Struct(">BIq").pack  # model's token: version 1, crc32 of the id, position
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
@@ -357,6 +362,7 @@ class StreamManager:
                             entries = _decode_entries(rec.value)
                         except msgspec.DecodeError:
                             continue
+                        rings = _rings(rec.headers) if rec.headers else None
                         base = rec.offset << POSITION_BITS
                         newest = 0
                         last_exp = exp_s = -1
@@ -372,7 +378,8 @@ class StreamManager:
                             n_live += 1
                             s = streams.get(sid)
                             if s is None:
-                                s = streams[sid] = _Stream(sid, p, default_ring, now_s)
+                                ring = rings.get(sid, default_ring) if rings else default_ring
+                                s = streams[sid] = _Stream(sid, p, ring, now_s)
                                 n_new += 1
                             if s.ents is None:
                                 s.ents = (base | i, exp)
@@ -544,7 +551,8 @@ class StreamManager:
         now = self.clock()
         now_s = now // 1000
         streams = self._streams
-        ring_default = self.default_ring if ring_size is None else ring_size
+        default_ring = self.default_ring
+        ring_default = default_ring if ring_size is None else ring_size
         stats = self._stats
         nparts = self.partitions
         # per partition: records being built [offset, entries, bytes, newest expiry]
@@ -640,17 +648,21 @@ class StreamManager:
                 if plist is None:
                     if not self._logs:
                         self._open_logs()
-                    plist = recs[p] = [[self._logs[p].log_end_offset, [], 0, 0, []]]
+                    plist = recs[p] = [[self._logs[p].log_end_offset, [], 0, 0, [], None]]
                 rec = plist[-1]
                 entries = rec[1]
                 size = len(value) + 3 * (len(sid) + len(uuid)) + 24
                 if len(entries) >= MAX_ENTRIES_PER_RECORD or (entries and rec[2] + size > cap):
-                    rec = [rec[0] + 1, [], 0, 0, []]
+                    rec = [rec[0] + 1, [], 0, 0, [], None]
                     plist.append(rec)
                     entries = rec[1]
                 pos = (rec[0] << POSITION_BITS) | len(entries)
                 entries.append((sid, uuid, exp, value))
                 rec[4].append(k)
+                if s.ring != default_ring:  # the ring size is kept for a restart
+                    if rec[5] is None:
+                        rec[5] = {}
+                    rec[5][sid] = s.ring
                 rec[2] += size
                 if exp > rec[3]:  # noqa: PLR1730 (max() costs a call)
                     rec[3] = exp
@@ -722,15 +734,17 @@ class StreamManager:
         failures: list[BaseException],
     ) -> set[int]:
         """Write the records ``recs`` (per partition: [offset, entries, size estimate,
-        newest expiry, item indices]). Returns the partitions where a write failed: their
-        unwritten entries are unindexed and their items answered with the error."""
+        newest expiry, item indices, ring sizes other than the default by stream]).
+        Returns the partitions where a write failed: their unwritten entries are unindexed
+        and their items answered with the error."""
         failed: set[int] = set()
         for p, plist in recs.items():
             plog = self._logs[p]
-            for n, (offset, entries, _estimate, newest, _idx) in enumerate(plist):
+            for n, (offset, entries, _estimate, newest, _idx, rings) in enumerate(plist):
                 encoded = _encode(entries)
                 b = BatchBuilder()
-                b.append(encoded, timestamp_ms=now, key=_KEY_MESSAGES)
+                headers = ((_HEADER_RINGS, _encode(rings)),) if rings else ()
+                b.append(encoded, timestamp_ms=now, key=_KEY_MESSAGES, headers=headers)
                 try:
                     info = plog.append(b.build())
                     if info.base_offset != offset:  # nothing else appends to __streams
@@ -1459,6 +1473,17 @@ def _remember(s: _Stream, uuid: str, window: int) -> None:
         u[uuid] = None
         if len(u) > window:
             del u[next(iter(u))]
+
+
+def _rings(headers: tuple[tuple[str, bytes | None], ...]) -> dict[str, int] | None:
+    """The ring sizes a message record's headers carry (None: none, or unreadable)."""
+    for key, value in headers:
+        if key == _HEADER_RINGS and value is not None:
+            try:
+                return _decode_rings(value)
+            except msgspec.DecodeError:
+                return None
+    return None
 
 
 def _segment_index(bases: list[int], offset: int) -> int:
