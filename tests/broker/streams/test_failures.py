@@ -17,7 +17,7 @@ from tests.broker._support import PROMPT_S
 from tests.broker.streams._support import FakeClock, streams_broker
 from tidewire.broker.streams.manager import STREAMS_TOPIC
 from tidewire.broker.streams.model import FROM_END, SendItem, StreamMessage, partition_of
-from tidewire.errors import StorageError
+from tidewire.errors import ShuttingDownError, StorageError
 from tidewire.storage import FsyncPolicy, LogConfig, PartitionLog
 
 
@@ -304,5 +304,46 @@ def test_a_ring_size_survives_a_restart(tmp_path: Path) -> None:
         async with streams_broker(tmp_path, clock) as (_, st):
             rings = {sid: st.describe(sid).ring_size for sid in "rze"}  # type: ignore[union-attr]
             assert rings == {"r": 2, "z": 0, "e": st.default_ring}
+
+    asyncio.run(main())
+
+
+def test_a_receiver_of_many_streams_gives_room_for_one_message(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with streams_broker(tmp_path) as (_, st):
+            ids = ["m0", "m1", "m2"]
+            w = asyncio.create_task(st.receive(ids, wait_ms=30_000, ring_size=0))
+            await asyncio.sleep(0)
+            # ring 0: one receiver, one waiting message; the others are out at once
+            await st.send([SendItem(sid, sid.encode()) for sid in ids], ring_size=0)
+            assert st.stats().dropped == 2
+            assert values(await asyncio.wait_for(w, PROMPT_S)) == [b"m0"]
+            assert [st.describe(sid).waiting for sid in ids] == [0, 0, 0]  # type: ignore[union-attr]
+            # a receiver of one stream still hands over, the newest message kept
+            w2 = asyncio.create_task(st.receive(["m0"], wait_ms=30_000))
+            await asyncio.sleep(0)
+            await st.send([SendItem("m0", b"a"), SendItem("m0", b"b")])
+            assert values(await asyncio.wait_for(w2, PROMPT_S)) == [b"b"]
+
+    asyncio.run(main())
+
+
+def test_a_drain_ends_a_blocked_send_with_a_retriable_error(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with streams_broker(tmp_path) as (_, st):
+            await st.send([SendItem("full", b"1")], ring_size=1)
+            blocked = asyncio.create_task(
+                st.send([SendItem("free", b"ok"), SendItem("full", b"2")], block_ms=30_000)
+            )
+            await asyncio.sleep(0)
+            assert not blocked.done()
+            st.release_waiters()
+            res = await asyncio.wait_for(blocked, PROMPT_S)
+            assert res[0].code == 0
+            assert res[1].code == ShuttingDownError.code
+            assert "shutting down" in res[1].message
+            assert "block_ms=30,000" in res[1].message
+            assert st.stats().blocked_sends_timed_out == 0
+            assert st.describe("full").waiting == 1  # type: ignore[union-attr]
 
     asyncio.run(main())

@@ -27,6 +27,7 @@ from tidewire.errors import (
     BatchTooLargeError,
     InvalidStreamError,
     PartitionCorruptError,
+    ShuttingDownError,
     StorageError,
     StreamFullError,
     TooManyStreamsError,
@@ -471,7 +472,7 @@ def test_close_wakes_every_waiter(tmp_path: Path) -> None:
             assert await asyncio.wait_for(r, PROMPT_S) == []
             assert (await asyncio.wait_for(rd, PROMPT_S))[0] == []
             res = await asyncio.wait_for(blocked, PROMPT_S)
-            assert res[0].code == StreamFullError.code
+            assert res[0].code == ShuttingDownError.code  # retriable, not a full stream
             assert await st.receive(["z"], wait_ms=30_000) == []  # draining: no wait
 
     asyncio.run(main())

@@ -70,6 +70,7 @@ from tidewire.errors import (
     InvalidStreamError,
     LogClosedError,
     PartitionCorruptError,
+    ShuttingDownError,
     StorageError,
     StreamFullError,
     TidewireError,
@@ -176,11 +177,13 @@ class _Stream(msgspec.Struct, gc=False):
 
 
 class _Waiter:
-    __slots__ = ("fut", "woken")
+    __slots__ = ("by", "fut", "woken")
 
     def __init__(self, fut: asyncio.Future[None]) -> None:
         self.fut = fut
         self.woken = False
+        #: the stream whose message woke it ("": none, or woken to return)
+        self.by = ""
 
 
 def _pairs(ents: tuple[int, int] | array[int] | None) -> Sequence[int]:
@@ -477,6 +480,7 @@ class StreamManager:
         failures: list[BaseException] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + block_ms / 1000
+        releases = self._releases
         i = 0
         while i < n:
             i = self._store(
@@ -494,6 +498,17 @@ class StreamManager:
                 if s is not None and not await self._wait_room(s, deadline):
                     if self._closed:
                         raise LogClosedError("the stream manager is closed")
+                    if self.draining or releases != self._releases:
+                        # not a full stream: its wait was cut short (retriable elsewhere)
+                        results[i] = _error(
+                            ShuttingDownError(
+                                f"the broker is shutting down: stream {s.sid[:200]!r} had no "
+                                f"room (ring_size={s.ring:,}) and the send no longer waits "
+                                f"for it (block_ms={block_ms:,}); nothing of it was stored"
+                            )
+                        )
+                        i += 1
+                        continue
                     results[i] = _error(
                         StreamFullError(
                             f"stream {s.sid[:200]!r} holds {self._waiting(s, self.clock()):,} "
@@ -624,13 +639,23 @@ class StreamManager:
                     k += 1
                     continue
             waiters = s.waiters
-            room = s.ring + (len(waiters) if waiters else 0)
+            room = s.ring
             # room 0: no message may wait, this one included (a persistent one is stored,
             # readable by token, but out of the work queue at once)
+            if waiters:
+                waiting = 0
+                if s.mem or s.ents is not None:
+                    waiting = self._waiting(s, now) - drops.get(sid, 0)
+                if waiting >= room:  # the receivers waiting for this stream give room
+                    room += _receivers(waiters, sid, waiting - room + 1)
+                full = room <= 0 or waiting >= room
+            else:
+                full = room <= 0 or bool(
+                    (s.mem or s.ents is not None)
+                    and self._waiting(s, now) - drops.get(sid, 0) >= room
+                )
             drop_self = False
-            if room <= 0 or (
-                (s.mem or s.ents is not None) and self._waiting(s, now) - drops.get(sid, 0) >= room
-            ):
+            if full:
                 if block:
                     break
                 if room <= 0:
@@ -702,7 +727,7 @@ class StreamManager:
                     bucket = wheel.setdefault(exp_s, {})
                 bucket[sid] = s
             if waiters and not drop_self:
-                _wake_first(waiters)
+                _wake_first(waiters, sid)
             k += 1
         stats.persistent_messages += n_persistent
         stats.sent_persistent += n_persistent
@@ -839,8 +864,11 @@ class StreamManager:
         loop = asyncio.get_running_loop()
         releases = self._releases
         while True:
-            room = s.ring + (len(s.waiters) if s.waiters else 0)
-            if room > 0 and self._waiting(s, self.clock()) < room:
+            waiting = self._waiting(s, self.clock())
+            room = s.ring
+            if s.waiters and waiting >= room:
+                room += _receivers(s.waiters, s.sid, waiting - room + 1)
+            if room > 0 and waiting < room:
                 return True
             left = deadline - loop.time()
             if left <= 0 or self._closed or self.draining or releases != self._releases:
@@ -919,7 +947,7 @@ class StreamManager:
                 if w.woken:  # a message woke it: let another receiver have it
                     for s in ss:
                         if s.waiters:
-                            _wake_first(s.waiters)
+                            _wake_first(s.waiters, s.sid)
                 raise
             finally:
                 handle.cancel()
@@ -1008,7 +1036,7 @@ class StreamManager:
         # a receiver woken for one stream may have taken from another: pass the wake on
         for s in ss:
             if s.waiters and self._head(s, now)[0] >= 0:
-                _wake_first(s.waiters)
+                _wake_first(s.waiters, s.sid)
         if parts:
             # every partition's future is registered before any is awaited, so no failure
             # of one goes unseen while another is awaited
@@ -1071,7 +1099,7 @@ class StreamManager:
                     self._stats.in_memory_messages += 1
                     self._stats.in_memory_bytes += len(m[0])
             if s.waiters:
-                _wake_first(s.waiters)
+                _wake_first(s.waiters, s.sid)
 
     def _message(self, s: _Stream, pos: int) -> StreamMessage:
         offset = pos >> POSITION_BITS
@@ -1510,12 +1538,26 @@ def _wake_readers(fresh: list[_Stream]) -> None:
                 _wake(w)
 
 
-def _wake_first(waiters: dict[_Waiter, None]) -> None:
-    """Wake the longest waiting receiver that is not woken yet."""
+def _wake_first(waiters: dict[_Waiter, None], sid: str) -> None:
+    """Wake the longest waiting receiver that is not woken yet, for stream ``sid``."""
     for w in waiters:
         if not w.woken and not w.fut.done():
             _wake(w)
+            w.by = sid
             return
+
+
+def _receivers(waiters: dict[_Waiter, None], sid: str, upto: int) -> int:
+    """The receivers of ``waiters`` that give stream ``sid`` room (up to ``upto``): those
+    not woken yet and those woken for ``sid``. A receiver of many streams woken for another
+    stream gives this one none (it takes one message, not one per stream)."""
+    n = 0
+    for w in waiters:
+        if not w.woken or w.by == sid:
+            n += 1
+            if n >= upto:
+                break
+    return n
 
 
 def _consume_result(task: asyncio.Task[Any]) -> None:
