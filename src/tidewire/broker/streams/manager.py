@@ -456,9 +456,16 @@ class StreamManager:
     # --- sending --------------------------------------------------------------------------------
 
     async def send(
-        self, items: Sequence[SendItem], *, ring_size: int | None = None, block_ms: int = 0
+        self,
+        items: Sequence[SendItem],
+        *,
+        ring_size: int | None = None,
+        block_ms: int = 0,
+        tokens: bool = True,
     ) -> list[SendResult]:
-        """Store ``items`` (one result each, in order; see the module docstring).
+        """Store ``items`` (one result each, in order; see the module docstring). With
+        ``tokens`` False a persistent item's result carries no token (it costs a string per
+        item to make and to answer: a sender that does not read by token need not ask).
 
         Raises:
             InvalidStreamError: ``ring_size`` or ``block_ms`` out of range.
@@ -489,6 +496,7 @@ class StreamManager:
                 results,
                 ring_size=ring_size,
                 block=block_ms > 0,
+                tokens=tokens,
                 ends=ends,
                 fresh=fresh,
                 failures=failures,
@@ -556,6 +564,7 @@ class StreamManager:
         *,
         ring_size: int | None,
         block: bool,
+        tokens: bool = True,
         ends: dict[int, int],
         fresh: list[_Stream],
         failures: list[BaseException],
@@ -697,9 +706,10 @@ class StreamManager:
                 else:
                     _add_entry(s, pos, exp)
                 n_persistent += 1
-                if crc < 0:
-                    crc = crc32(sid.encode("utf-8", "surrogatepass"))
-                results[k] = SendResult(0, "", token(crc, pos))
+                if tokens:
+                    if crc < 0:
+                        crc = crc32(sid.encode("utf-8", "surrogatepass"))
+                    results[k] = SendResult(0, "", token(crc, pos))
                 if drop_self:
                     drop_selves.append((s, pos))
                 if always or s.readers:  # under fsync=always readers see it once durable
