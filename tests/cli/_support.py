@@ -129,3 +129,13 @@ def closed_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def failure(broker: Broker, *args: str, code: int = 1) -> str:
+    """Run a command that must fail; return its one-line error."""
+    result = broker.cli(*args)
+    assert result.exit_code == code, (args, result.stdout, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), result.stderr
+    return lines[0]

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.cli._support import Broker
+from tests.cli._support import Broker, failure
 
 
 def ok(broker: Broker, *args: str, input: str | None = None) -> str:
@@ -25,16 +25,6 @@ def describe(broker: Broker, queue: str) -> dict[str, object]:
     d = doc(broker, "queue", "describe", queue)
     assert isinstance(d, dict)
     return d
-
-
-def failure(broker: Broker, *args: str, code: int = 1) -> str:
-    """Run a command that must fail; return its one-line error."""
-    result = broker.cli(*args)
-    assert result.exit_code == code, (args, result.stdout, result.stderr)
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: "), result.stderr
-    return lines[0]
 
 
 def test_queue_declare_every_setting_json(broker: Broker) -> None:

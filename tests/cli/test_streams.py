@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 
-from tests.cli._support import Broker
+from tests.cli._support import Broker, failure
 
 
 def ok(broker: Broker, *args: str, input: str | None = None) -> str:
@@ -20,15 +20,6 @@ def doc(broker: Broker, *args: str, input: str | None = None) -> dict[str, objec
     d = json.loads(ok(broker, *args, "--json", input=input))
     assert isinstance(d, dict)
     return d
-
-
-def failure(broker: Broker, *args: str, code: int = 1) -> str:
-    result = broker.cli(*args)
-    assert result.exit_code == code, (args, result.stdout, result.stderr)
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: "), result.stderr
-    return lines[0]
 
 
 def test_send_and_receive(broker: Broker) -> None:

@@ -26,6 +26,9 @@ from tidewire.client import AsyncClient, Client, FetchedRecords
 from tidewire.protocol import NEED_DATA, Connection, ConnectionClosed, RequestReceived, Role
 from tidewire.protocol.messages import PingResponse
 from tidewire.records import Record
+from tidewire.security.config import SecurityConfig
+from tidewire.security.credentials import Credentials
+from tidewire.security.model import Acl
 from tidewire.server import ServerConfig, TcpServer
 
 #: The two clients every conformance test runs against.
@@ -293,3 +296,27 @@ def deaf_listener() -> Iterator[int]:
         sock.bind(("127.0.0.1", 0))
         sock.listen(8)
         yield int(sock.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def secured(
+    tmp_path: Path, bob_acls: tuple[Acl, ...] = ()
+) -> AsyncIterator[tuple[Broker, str, Credentials, Credentials]]:
+    """A broker with authentication on and a listener: the broker, its address, the first
+    superuser's credentials and those of the user bob, who holds ``bob_acls`` only."""
+    config = SecurityConfig(authentication=True, superusers="admin")
+    broker = Broker(BrokerConfig(str(tmp_path / "data")), security=config)
+    await broker.start()
+    server = TcpServer(broker, ServerConfig(port=0))
+    await server.start()
+    try:
+        assert broker.bootstrap_key_file is not None
+        admin = Credentials(broker.bootstrap_key_file.read_text().strip())
+        await broker.security.create_principal("bob")
+        _, key = await broker.security.create_key("bob")
+        if bob_acls:
+            await broker.security.add_acls(bob_acls)
+        yield broker, f"127.0.0.1:{server.port}", admin, Credentials(key)
+    finally:
+        await server.close(grace_s=0)
+        await broker.close()

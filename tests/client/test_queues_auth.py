@@ -5,41 +5,14 @@ tests/security/test_authorization_matrix.py.)"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.client._support import run
-from tidewire.broker import Broker, BrokerConfig
+from tests.client._support import run, secured
 from tidewire.client import AsyncClient, AsyncQueueConsumer
 from tidewire.errors import AuthorizationFailedError
-from tidewire.security.config import SecurityConfig
-from tidewire.security.credentials import Credentials
 from tidewire.security.model import Acl, Operation, PatternType, ResourceType
-from tidewire.server import TcpServer
-from tidewire.server.tcp import ServerConfig
-
-
-@asynccontextmanager
-async def secured(tmp_path: Path) -> AsyncIterator[tuple[Broker, str, Credentials, Credentials]]:
-    """A broker with authentication, its address, the admin's and bob's credentials (bob
-    holds no permission yet)."""
-    config = SecurityConfig(authentication=True, superusers="admin")
-    broker = Broker(BrokerConfig(str(tmp_path / "data")), security=config)
-    await broker.start()
-    server = TcpServer(broker, ServerConfig(port=0))
-    await server.start()
-    try:
-        assert broker.bootstrap_key_file is not None
-        admin = Credentials(broker.bootstrap_key_file.read_text().strip())
-        await broker.security.create_principal("bob")
-        _, key = await broker.security.create_key("bob")
-        yield broker, f"127.0.0.1:{server.port}", admin, Credentials(key)
-    finally:
-        await server.close(grace_s=0)
-        await broker.close()
 
 
 def _acl(resource: ResourceType, pattern: str, op: Operation, *, prefix: bool = False) -> Acl:

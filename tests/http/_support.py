@@ -3,6 +3,7 @@ embedded mode), and a synchronous httpx client for it."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import Any
 import httpx
 
 from tidewire.embedded import EmbeddedBroker
+from tidewire.security.config import SecurityConfig
+from tidewire.server.http.config import HttpConfig
 
 #: Timeout of every test request (seconds): generous for a loaded CI machine.
 TIMEOUT_S = 30.0
@@ -62,3 +65,25 @@ def read_all(client: httpx.Client, topic: str, partition: int) -> list[dict[str,
         if not page["messages"]:
             return out
         offset = page["next_offset"]
+
+
+#: The Host header of requests to 127.0.0.1 (one the gateway allows).
+HOST = {"Host": "127.0.0.1"}
+
+
+@contextlib.contextmanager
+def secured(tmp_path: Path) -> Iterator[tuple[EmbeddedBroker, str]]:
+    """A broker with authentication on and the HTTP API, and the first superuser's key."""
+    eb = EmbeddedBroker(
+        str(tmp_path / "data"),
+        http=HttpConfig(http_host="127.0.0.1", http_port=0),
+        security=SecurityConfig(authentication=True, superusers="admin"),
+    )
+    with eb.running() as running:
+        assert running.broker.bootstrap_key_file is not None
+        yield running, running.broker.bootstrap_key_file.read_text().strip()
+
+
+def run(eb: EmbeddedBroker, coro: Any) -> Any:
+    """Run ``coro`` on the embedded broker's loop and return its result."""
+    return asyncio.run_coroutine_threadsafe(coro, eb.loop).result(30)

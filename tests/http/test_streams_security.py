@@ -5,37 +5,13 @@ the caller may describe."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 
-from tests.http._support import error_of
+from tests.http._support import HOST, error_of, run, secured
 from tidewire.embedded import EmbeddedBroker
-from tidewire.security.config import SecurityConfig
 from tidewire.security.model import Acl, Operation, PatternType, ResourceType
-from tidewire.server.http.config import HttpConfig
-
-HOST = {"Host": "127.0.0.1"}
-
-
-@contextlib.contextmanager
-def secured(tmp_path: Path) -> Iterator[tuple[EmbeddedBroker, str]]:
-    eb = EmbeddedBroker(
-        str(tmp_path / "data"),
-        http=HttpConfig(http_host="127.0.0.1", http_port=0),
-        security=SecurityConfig(authentication=True, superusers="admin"),
-    )
-    with eb.running() as running:
-        assert running.broker.bootstrap_key_file is not None
-        yield running, running.broker.bootstrap_key_file.read_text().strip()
-
-
-def run(eb: EmbeddedBroker, coro: Any) -> Any:
-    return asyncio.run_coroutine_threadsafe(coro, eb.loop).result(30)
 
 
 def client(eb: EmbeddedBroker, key: str) -> httpx.Client:
