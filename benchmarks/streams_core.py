@@ -1,6 +1,6 @@
 """In-process figures of the stream core (a script, not a test)::
 
-    PYTHONPATH=src python -m tests.broker.streams.measure [STREAMS]
+    PYTHONPATH=src python benchmarks/streams_core.py [STREAMS]
 
 - send: STREAMS new streams, each given one 64-byte persistent message, by ``send()`` calls
   of 10,000 items (as a client's ``send_many`` makes them): wall time and CPU microseconds
