@@ -205,7 +205,10 @@ async def redis_variant(
     import redis.asyncio as aioredis
 
     name = f"redis {kind}" + (f" (stream-node-max-bytes {node_bytes})" if node_bytes else "")
-    r = aioredis.Redis(host="127.0.0.1", port=6379)
+    # redis-py (5.x and later) closes a connection whose answer takes longer than its
+    # socket_timeout, 5 s by default, and its default Retry then opens a new one and sends
+    # the command again: a FLUSHALL of 1,000,000 keys takes longer than that.
+    r = aioredis.Redis(host="127.0.0.1", port=6379, socket_timeout=args.timeout)
     await r.flushall()
     await r.config_set("stream-node-max-bytes", str(node_bytes or 4096))
     await asyncio.sleep(0.5)
@@ -237,8 +240,17 @@ async def redis_variant(
     # Latency: a receiver per key of its own, one connection each (BLPOP/XREAD block it).
     keys = [stream_id("w", i) for i in range(args.receivers)]
     clock = _Clock()
-    # A client of one connection per receiver (a blocking command holds its connection).
-    rcs = [aioredis.Redis(host="127.0.0.1", port=6379, single_connection_client=True) for _ in keys]
+    # A client of one connection per receiver (a blocking command holds its connection),
+    # without a socket timeout: the server ends each wait itself after WAIT_S. With the
+    # default one (5 s), every BLPOP/XREAD was cut after 5 s, its connection closed and a
+    # new one opened to send it again (Redis counted a new connection per receiver every
+    # ~5 s, and never all of them blocked at once).
+    rcs = [
+        aioredis.Redis(
+            host="127.0.0.1", port=6379, single_connection_client=True, socket_timeout=None
+        )
+        for _ in keys
+    ]
 
     async def blpop(rc: Any, key: str) -> None:
         while True:
@@ -272,8 +284,15 @@ async def redis_variant(
         else:
             await r.xadd(key, {"v": VALUE})
 
+    opened0 = (await r.info("stats"))["total_connections_received"]
     try:
         lats = await _rounds(name, args.receivers, send, keys, clock, args=args)
+        opened = (await r.info("stats"))["total_connections_received"] - opened0
+        blocked = (await r.info("clients"))["blocked_clients"]
+        progress(
+            f"{name}: {opened:,} connections opened during the rounds (the sender's pool), "
+            f"{blocked:,} receivers blocked after them"
+        )
     finally:
         for t in tasks:
             t.cancel()
