@@ -106,7 +106,15 @@ TTL_MS = 3000
 
 
 def progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    """``msg`` on stderr, after the machine's load average (1 and 5 minutes) at the time:
+    on a shared machine, a figure means little without it."""
+    one, five, _ = os.getloadavg()
+    print(f"[load {one:.2f} {five:.2f}] {msg}", file=sys.stderr, flush=True)
+
+
+def load1() -> float:
+    """The machine's load average over the last minute."""
+    return round(os.getloadavg()[0], 2)
 
 
 def quantile(xs: Sequence[float], q: float) -> float:
@@ -304,6 +312,8 @@ class Create:
     log_bytes: int
     broker_cpu_us_per_stream: float
     client_cpu_us_per_stream: float
+    #: The machine's 1-minute load average when the figure was taken.
+    load: float = field(default_factory=load1)
 
 
 async def create(b: Broker, args: argparse.Namespace, prefix: str = "s") -> Create:
@@ -360,6 +370,8 @@ class Evict:
     streams_after: int
     evicted: int
     bytes_per_stream_full: float
+    #: The machine's 1-minute load average when the figure was taken.
+    load: float = field(default_factory=load1)
 
 
 async def evict_round(
@@ -447,6 +459,8 @@ class Restart:
     rss: int
     #: What the broker's log says the rebuild of the index took (-1: no such line).
     load_s: float = -1.0
+    #: The machine's 1-minute load average when the figure was taken.
+    load: float = field(default_factory=load1)
 
 
 async def _first_answer(b: Broker, last: str, n: int) -> Restart:
@@ -492,6 +506,8 @@ class Latency:
     p50_ms: float
     p99_ms: float
     max_ms: float
+    #: The machine's 1-minute load average when the figure was taken.
+    load: float = field(default_factory=load1)
 
 
 @dataclass
@@ -768,6 +784,8 @@ class Ttl:
     log_bytes_before: int
     log_bytes_after: int
     reclaim_s: float
+    #: The machine's 1-minute load average when the figure was taken.
+    load: float = field(default_factory=load1)
 
 
 def streams_dirs(data_dir: Path) -> list[Path]:

@@ -55,7 +55,7 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,15 @@ if str(PEERS_DIR) not in sys.path:
 if str(_HERE) not in sys.path:
     sys.path.insert(0, str(_HERE))
 
-from streams import Broker, broker, progress, quantile, send_all, stream_id  # noqa: E402
+from streams import (  # noqa: E402
+    Broker,
+    broker,
+    load1,
+    progress,
+    quantile,
+    send_all,
+    stream_id,
+)
 from tidewire.broker.streams.model import SendItem  # noqa: E402
 from tidewire.client import AsyncClient  # noqa: E402
 
@@ -84,6 +92,8 @@ class Memory:
     rss_bytes_per_stream: float
     accounted_bytes_per_stream: float  # Redis used_memory; tidewire: the same as RSS
     sample_key_bytes: int  # Redis MEMORY USAGE of one key (0: tidewire)
+    #: The machine's 1-minute load average when the figure was taken.
+    load: float = field(default_factory=load1)
 
 
 @dataclass
@@ -94,6 +104,8 @@ class Latency:
     p50_ms: float
     p99_ms: float
     max_ms: float
+    #: The machine's 1-minute load average when the figure was taken.
+    load: float = field(default_factory=load1)
 
 
 def _rss(pid: int, name: str = "VmRSS") -> int:
