@@ -127,6 +127,13 @@ async def _paced(
     returns once every one is received."""
     rng = random.Random(2)
     tasks: set[asyncio.Task[Any]] = set()
+    failed: list[BaseException] = []
+
+    def finished(t: asyncio.Task[Any]) -> None:
+        tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            failed.append(t.exception())  # type: ignore[arg-type]
+
     done.clear()
     start = time.perf_counter()
     for i in range(args.sends):
@@ -135,12 +142,16 @@ async def _paced(
         sent_at[k] = time.perf_counter()
         t = asyncio.create_task(send(k))
         tasks.add(t)
-        t.add_done_callback(tasks.discard)
+        t.add_done_callback(finished)
+        if failed:
+            raise SystemExit(f"a send failed: {failed[0]!r}")
         delay = start + (i + 1) / args.send_rate - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
     while tasks:
-        await asyncio.gather(*tasks)
+        await asyncio.gather(*tasks, return_exceptions=True)
+    if failed:
+        raise SystemExit(f"{len(failed):,} sends failed, the first: {failed[0]!r}")
     done.clear()  # set while the sends went on, if all were delivered by then
     if sent_at:
         try:
@@ -220,7 +231,11 @@ async def redis_variant(
     # redis-py (5.x and later) closes a connection whose answer takes longer than its
     # socket_timeout, 5 s by default, and its default Retry then opens a new one and sends
     # the command again: a FLUSHALL of 1,000,000 keys takes longer than that.
-    r = aioredis.Redis(host="127.0.0.1", port=6379, socket_timeout=args.timeout)
+    # Its pool opens a connection per send under way, up to max_connections (100 by
+    # default, then MaxConnectionsError): as many as the sends of a round.
+    r = aioredis.Redis(
+        host="127.0.0.1", port=6379, socket_timeout=args.timeout, max_connections=args.sends
+    )
     await r.flushall()
     await r.config_set("stream-node-max-bytes", str(node_bytes or 4096))
     await asyncio.sleep(0.5)
@@ -301,9 +316,11 @@ async def redis_variant(
         lats = await _rounds(name, args.receivers, send, keys, clock, args=args)
         opened = (await r.info("stats"))["total_connections_received"] - opened0
         blocked = (await r.info("clients"))["blocked_clients"]
+        delayed = (await r.info("persistence"))["aof_delayed_fsync"]
         progress(
             f"{name}: {opened:,} connections opened during the rounds (the sender's pool), "
-            f"{blocked:,} receivers blocked after them"
+            f"{blocked:,} receivers blocked after them; AOF fsyncs that held writes back "
+            f"so far (aof_delayed_fsync): {delayed:,}"
         )
     finally:
         for t in tasks:
