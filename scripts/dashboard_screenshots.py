@@ -31,6 +31,8 @@ PAGES = {
     "group": ("group/billing", "#offsets"),
     "queues": ("queues", "#queue-list table"),
     "queue": ("queue/shipments.dead", "#dlq-table tbody tr"),
+    "streams": ("streams", "#stream-table tbody tr"),
+    "stream": ("stream/chat.room-7", "#stream-info .cards"),
     "metrics": ("metrics", "#charts"),
     "settings": ("settings", "#settings"),
     "audit": ("audit", "#audit table"),
@@ -66,6 +68,7 @@ def sample_data(eb: EmbeddedBroker, c: httpx.Client) -> None:
         json={"offsets": [{"topic": "payments", "partition": 0, "offset": 3}]},
     ).raise_for_status()
     sample_queues(c)
+    sample_streams(c)
     store = eb.broker.security
     _run(eb, store.create_principal("grafana", kind="service", roles=["viewer"]))
     _run(eb, store.create_principal("checkout", kind="service"))
@@ -115,6 +118,24 @@ def sample_queues(c: httpx.Client) -> None:
     c.post("/v1/queues/shipments/reject", json={"tags": [m["tag"] for m in got[2:5]]})
 
 
+def sample_streams(c: httpx.Client) -> None:
+    """Chat rooms and devices: persistent messages, some in memory, some taken."""
+    items: list[dict[str, Any]] = []
+    for room in range(12):
+        for i in range(room % 4 + 1):
+            items.append(
+                {
+                    "stream": f"chat.room-{room}",
+                    "value": f'{{"from": "user-{i}", "text": "hello {i}"}}',
+                    "persistent": True,
+                }
+            )
+    for device in range(30):
+        items.append({"stream": f"device.{device:04}", "value": f"reading {device}"})
+    c.post("/v1/streams/messages", json={"items": items}).raise_for_status()
+    c.get("/v1/streams/device.0001/messages", params={"wait_ms": 0}).raise_for_status()
+
+
 def traffic(url: str, key: str, stop: threading.Event) -> None:
     """A steady trickle of messages, so the charts and the live tail have something."""
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as c:
@@ -125,11 +146,26 @@ def traffic(url: str, key: str, stop: threading.Event) -> None:
                 "/v1/topics/orders/messages",
                 json={"key": f"customer-{i % 7}", "value": f'{{"order": {2000 + i}}}'},
             )
+            c.post(
+                f"/v1/streams/chat.room-{i % 12}/messages",
+                json={
+                    "value": f'{{"from": "user-{i % 5}", "text": "message {i}"}}',
+                    "persistent": True,
+                },
+            )
+            if i % 3 == 0:
+                c.get(f"/v1/streams/chat.room-{i % 12}/messages", params={"wait_ms": 0})
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--warmup", type=float, default=40.0, help="seconds of traffic first")
+    ap.add_argument(
+        "--pages",
+        nargs="+",
+        choices=sorted(PAGES),
+        help="only these pages (default: every page, and the sign-in page)",
+    )
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as d:
@@ -151,31 +187,38 @@ def main() -> None:
             t.start()
             try:
                 time.sleep(args.warmup)
-                shoot(url, key)
+                shoot(url, key, args.pages or list(PAGES), login=not args.pages)
             finally:
                 stop.set()
                 t.join()
-    print(f"wrote {len(PAGES) + 1} screenshots to {OUT}")
+    shot = len(args.pages) if args.pages else len(PAGES) + 1
+    print(f"wrote {shot} screenshots to {OUT}")
 
 
-def shoot(url: str, key: str) -> None:
+def shoot(url: str, key: str, pages: list[str], *, login: bool) -> None:
     expect.set_options(timeout=30_000)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1280, "height": 800})
         page.goto(f"{url}/dashboard#/login")
         expect(page.locator("#api-key")).to_be_visible()
-        page.screenshot(path=str(OUT / "login.png"))
+        if login:
+            page.screenshot(path=str(OUT / "login.png"))
         page.fill("#api-key", key)
         page.click("#login")
         expect(page.locator("#who")).to_contain_text("signed in")
-        for name, (route, ready) in PAGES.items():
+        for name in pages:
+            route, ready = PAGES[name]
             page.goto(f"{url}/dashboard#/{route}")
             expect(page.locator(ready).first).to_be_visible()
             if name == "group":
                 page.select_option("#reset-to", "earliest")
                 page.click("#reset-dry-run")
                 expect(page.locator("#reset-result table")).to_be_visible()
+            if name == "stream":
+                page.click("#stream-read button[type=submit]")
+                expect(page.locator("#stream-read-table tbody tr").first).to_be_visible()
+                page.evaluate("window.scrollTo(0, 0)")
             page.wait_for_timeout(300)  # let the last chart settle before the picture
             page.screenshot(path=str(OUT / f"{name}.png"))
         browser.close()

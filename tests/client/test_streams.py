@@ -109,6 +109,22 @@ def test_send_many_cuts_requests_and_returns_a_result_per_item(tmp_path: Path, k
     run(main())
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_send_many_without_tokens(tmp_path: Path, kind: str) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (_, server), connect(kind, server) as c:
+            s = Streams(c)
+            items = [SendItem(f"t/{i}", b"v", persistent=True) for i in range(3)]
+            bare = await s.send_many(items, tokens=False)
+            assert [(r.code, r.token) for r in bare] == [(0, "")] * 3
+            full = await s.send_many(items)
+            assert all(r.code == 0 and r.token for r in full)
+            msgs, _ = await s.read({"t/1": FROM_START})
+            assert [m.value for m in msgs] == [b"v", b"v"]  # both stored, only tokens differ
+
+    run(main())
+
+
 def test_send_many_has_several_requests_in_flight(tmp_path: Path) -> None:
     async def main() -> None:
         async with serve(tmp_path) as (_, server), AsyncClient(addr(server)) as c:
@@ -116,13 +132,13 @@ def test_send_many_has_several_requests_in_flight(tmp_path: Path) -> None:
             in_flight = most = 0
             inner = c.streams._send
 
-            async def tracked(items: list[SendItem], ring: int, block: int) -> Any:
+            async def tracked(items: list[SendItem], ring: int, block: int, tokens: bool) -> Any:
                 nonlocal in_flight, most
                 sizes.append(len(items))
                 in_flight += 1
                 most = max(most, in_flight)
                 try:
-                    return await inner(items, ring, block)
+                    return await inner(items, ring, block, tokens)
                 finally:
                     in_flight -= 1
 

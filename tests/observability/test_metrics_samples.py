@@ -107,7 +107,7 @@ def test_recent_route_shape(tmp_path: Path) -> None:
             r = await http.get("/v1/metrics/recent")
             assert r.status_code == 200, r.text
             doc = r.json()
-            assert set(doc) == {"interval_s", "now", "series", "group_lag"}
+            assert set(doc) == {"interval_s", "now", "series", "group_lag", "stream_series"}
             assert doc["interval_s"] == 5.0
             assert set(doc["series"]) == set(SERIES)
             # The sampler started with the gateway and took its first sample.

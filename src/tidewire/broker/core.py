@@ -460,7 +460,9 @@ class Broker:
         )
         for task in tasks:
             if task is not None:
-                await cancel_and_wait(task)
+                # a task that failed was logged when it ended (_log_task_failure): the rest
+                # of the shutdown goes on
+                await cancel_and_wait(task, ignore=(Exception,))
         self._maintenance = self._producer_task = self._group_task = self._queue_task = None
         self._stream_task = None
         if self._streams is not None:

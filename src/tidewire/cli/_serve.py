@@ -5,6 +5,7 @@ default configuration file."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from dataclasses import replace
@@ -850,6 +851,12 @@ async def _serve(settings: Settings, loop_name: str) -> None:
                 typer.echo(
                     f"tidewire {__version__} HTTP {name} listening on {scheme}://{host}:{port}"
                 )
+        # What start-up made (modules, the loaded stream index and its dicts) lives until
+        # the end: moved out of the collector's generations, a full collection no longer
+        # walks it (with 1,000,000 streams loaded, 100 ms of event-loop pause per full
+        # collection before, under 1 ms after; docs/streams-storage.md).
+        gc.collect()
+        gc.freeze()
         await stop.wait()
         stopping = loop.time()
     except BaseException:

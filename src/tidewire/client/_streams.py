@@ -207,8 +207,10 @@ class AsyncStreams:
     def _timeout(self, wait_ms: int) -> float:
         return self._t.request_timeout_s + max(wait_ms, 0) / 1000
 
-    async def _send(self, items: list[SendItem], ring_size: int, block_ms: int) -> list[SendResult]:
-        req = StreamSendRequest(items=items, ring_size=ring_size, block_ms=block_ms)
+    async def _send(
+        self, items: list[SendItem], ring_size: int, block_ms: int, tokens: bool = True
+    ) -> list[SendResult]:
+        req = StreamSendRequest(items=items, ring_size=ring_size, block_ms=block_ms, tokens=tokens)
         response = await self._t.request(req, timeout_s=self._timeout(block_ms))
         assert response is not None
         results: list[SendResult] = _check(response.body).results
@@ -264,6 +266,7 @@ class AsyncStreams:
         *,
         ring_size: int | None = None,
         block_ms: int = 0,
+        tokens: bool = True,
     ) -> list[SendResult]:
         """Send many messages, each to its own stream, and return one result per item, in
         order (per-item errors are in the results, as ``code`` and ``message``; nothing is
@@ -274,6 +277,8 @@ class AsyncStreams:
                 persistent])``. They are sent as requests of at most 10,000 items (and
                 :data:`MAX_SEND_BYTES`), :data:`SEND_PIPELINE` of them in flight at once.
             ring_size, block_ms: as for :meth:`send`, for every item.
+            tokens: False: the results of persistent items carry no ``token`` (the broker
+                makes and sends none: a sender that never reads by token saves that work).
 
         Raises:
             TidewireError: a request failed as a whole (the log failed, the connection was
@@ -286,7 +291,7 @@ class AsyncStreams:
             for chunk in _chunks(items):
                 if len(pending) >= SEND_PIPELINE:
                     out += await pending.pop(0)
-                pending.append(asyncio.ensure_future(self._send(chunk, ring, block_ms)))
+                pending.append(asyncio.ensure_future(self._send(chunk, ring, block_ms, tokens)))
             while pending:
                 out += await pending.pop(0)
         finally:
@@ -496,11 +501,12 @@ class Streams:
         *,
         ring_size: int | None = None,
         block_ms: int = 0,
+        tokens: bool = True,
     ) -> list[SendResult]:
         """See :meth:`AsyncStreams.send_many` (``items`` are read in this thread)."""
         batch = [_item(x) for x in items]
         results: list[SendResult] = self._run(
-            self._async.send_many(batch, ring_size=ring_size, block_ms=block_ms)
+            self._async.send_many(batch, ring_size=ring_size, block_ms=block_ms, tokens=tokens)
         )
         return results
 

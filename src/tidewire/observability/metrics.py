@@ -5,7 +5,8 @@ brokers in one process keep apart).
 Most figures are read from the broker's own state when ``/metrics`` is scraped, by
 :class:`_BrokerCollector`: the logs' offsets, sizes and per-partition counters (bumped once
 per produce or fetch, never per message), the groups' committed offsets, the group commits of
-the storage, the push subscriptions, the gate's counters. What cannot be read later is
+the storage, the push subscriptions, the gate's counters, the queues'
+(queue_metrics.py) and the streams' (stream_metrics.py) figures. What cannot be read later is
 counted as it happens, once per request: the request latency histogram, errors by code,
 connections accepted and closed. So the produce hot path pays no per-message work for them.
 
@@ -43,6 +44,7 @@ from prometheus_client.registry import Collector
 from tidewire import __version__
 from tidewire.errors import InvalidConfigError, InvalidRequestError, TidewireError
 from tidewire.observability.queue_metrics import queue_families
+from tidewire.observability.stream_metrics import stream_families
 from tidewire.storage.log import FLUSH_BUCKETS
 
 if TYPE_CHECKING:
@@ -343,6 +345,7 @@ class _BrokerCollector(Collector):
         yield up
         yield from self._partitions(b)
         yield from self._queues(b)
+        yield from stream_families(b)  # observability/stream_metrics.py
         yield from self._groups(b)
         yield from self._storage(b)
         yield from self._server(b)

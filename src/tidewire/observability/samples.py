@@ -11,7 +11,13 @@ connections open, disk used, and the total lag of each consumer group (the
      "series": {"messages_in_per_s": [[ts, value], ...], "bytes_in_per_s": [...],
                 "bytes_out_per_s": [...], "requests_per_s": [...], "connections": [...],
                 "disk_used_bytes": [...]},
-     "group_lag": {"<group>": [[ts, lag], ...]}}
+     "group_lag": {"<group>": [[ts, lag], ...]},
+     "stream_series": {"streams": [...], "in_memory_messages": [...],
+                       "persistent_messages": [...], "receivers": [...], "sent_per_s": [...],
+                       "taken_per_s": [...], "read_per_s": [...], "log_bytes": [...]}}
+
+The lightweight streams' series (:data:`STREAM_SERIES`) come from ``broker.streams.stats()``
+(no points while the broker has no stream manager).
 
 Timestamps are seconds since the epoch; the clock is injected (tests drive :meth:`sample`
 themselves instead of sleeping).
@@ -25,12 +31,24 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tidewire.errors import InvalidConfigError
+from tidewire.errors import InvalidConfigError, InvalidRequestError
 from tidewire.observability.metrics import BrokerMetrics, Totals
+from tidewire.observability.stream_metrics import stream_stats
 
-__all__ = ["DEFAULT_INTERVAL_S", "MAX_GROUPS", "POINTS", "SERIES", "RecentSamples", "samples_for"]
+if TYPE_CHECKING:
+    from tidewire.broker.streams.model import StreamStats
+
+__all__ = [
+    "DEFAULT_INTERVAL_S",
+    "MAX_GROUPS",
+    "POINTS",
+    "SERIES",
+    "STREAM_SERIES",
+    "RecentSamples",
+    "samples_for",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +67,19 @@ SERIES = (
     "requests_per_s",
     "connections",
     "disk_used_bytes",
+)
+#: The lightweight streams' series (from ``broker.streams.stats()``), in the order of the
+#: answer: streams, messages held, receivers waiting, messages stored by sends, taken by
+#: work-queue receives and returned by token reads per second, bytes of their logs.
+STREAM_SERIES = (
+    "streams",
+    "in_memory_messages",
+    "persistent_messages",
+    "receivers",
+    "sent_per_s",
+    "taken_per_s",
+    "read_per_s",
+    "log_bytes",
 )
 
 Point = tuple[float, float]
@@ -82,7 +113,11 @@ class RecentSamples:
         self.clock = clock
         self.series: dict[str, deque[Point]] = {k: deque(maxlen=points) for k in SERIES}
         self.group_lag: dict[str, deque[Point]] = {}
+        self.stream_series: dict[str, deque[Point]] = {
+            k: deque(maxlen=points) for k in STREAM_SERIES
+        }
         self._last: tuple[float, Totals] | None = None
+        self._last_streams: tuple[float, StreamStats] | None = None
         self._task: asyncio.Task[None] | None = None
 
     def sample(self) -> None:
@@ -111,6 +146,7 @@ class RecentSamples:
             if ring is None:
                 ring = self.group_lag[group] = deque(maxlen=self.points)
             ring.append((now, float(lag)))
+        self._sample_streams(now)
         # Groups not sampled for a whole hour are forgotten; the others stay bounded.
         horizon = now - self.interval_s * self.points
         for group in [g for g, r in self.group_lag.items() if not r or r[-1][0] < horizon]:
@@ -119,6 +155,42 @@ class RecentSamples:
             keep = sorted(self.group_lag, key=lambda g: self.group_lag[g][-1][0], reverse=True)
             for group in keep[2 * MAX_GROUPS :]:
                 del self.group_lag[group]
+
+    def _stream_stats(self) -> StreamStats | None:
+        try:
+            return stream_stats(self.metrics.broker)
+        except InvalidRequestError:  # the broker is gone
+            return None
+
+    def _sample_streams(self, now: float) -> None:
+        st = self._stream_stats()
+        last = self._last_streams
+        self._last_streams = None if st is None else (now, st)
+        if st is None:
+            return
+        ring = self.stream_series
+        if last is not None and now > last[0]:
+            dt = now - last[0]
+            prev = last[1]
+            for key, cur, old in (
+                (
+                    "sent_per_s",
+                    st.sent_in_memory + st.sent_persistent,
+                    prev.sent_in_memory + prev.sent_persistent,
+                ),
+                ("taken_per_s", st.received, prev.received),
+                ("read_per_s", st.read, prev.read),
+            ):
+                # Counters restart from zero with a new stream manager.
+                ring[key].append((now, max(cur - old, 0) / dt))
+        for key, value in (
+            ("streams", st.streams),
+            ("in_memory_messages", st.in_memory_messages),
+            ("persistent_messages", st.persistent_messages),
+            ("receivers", st.receivers),
+            ("log_bytes", st.log_bytes),
+        ):
+            ring[key].append((now, float(value)))
 
     def snapshot(self) -> dict[str, Any]:
         """The answer of ``GET /v1/metrics/recent`` (see the module docstring)."""
@@ -129,6 +201,7 @@ class RecentSamples:
             "group_lag": {
                 g: [[t, v] for t, v in ring] for g, ring in sorted(self.group_lag.items())
             },
+            "stream_series": {k: [[t, v] for t, v in self.stream_series[k]] for k in STREAM_SERIES},
         }
 
     # --- the sampling task ----------------------------------------------------------------------

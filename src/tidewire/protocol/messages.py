@@ -1686,12 +1686,15 @@ RING_SIZE_DEFAULT = -1
 class StreamSendRequest(Body, kw_only=True, omit_defaults=True):
     """Send ``items`` (each to its own stream). ``ring_size``: the ring bound of a stream this
     request creates (-1: the broker's default); ``block_ms``: how long a send to a full ring
-    waits for room (0: push the oldest waiting message out)."""
+    waits for room (0: push the oldest waiting message out); ``tokens``: whether results of
+    persistent items carry their resume token."""
 
     api_key = ApiKey.STREAM_SEND
     items: list[SendItem] = msgspec.field(default_factory=list)
     ring_size: int = RING_SIZE_DEFAULT
     block_ms: int = 0
+    #: False: persistent items' results carry no token (smaller and cheaper answers)
+    tokens: bool = True
 
 
 class StreamSendResponse(Body, kw_only=True, omit_defaults=True):

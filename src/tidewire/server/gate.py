@@ -49,7 +49,7 @@ from tidewire.security.quotas import QuotaLimits, Quotas
 from tidewire.security.ratelimit import FailureLimiter
 from tidewire.security.scram import ScramCredential, ScramServer
 from tidewire.security.store import SecurityStore
-from tidewire.server.needs import AUTHENTICATED, PUBLIC, Need, Requirement
+from tidewire.server.needs import AUTHENTICATED, PUBLIC, Need, Requirement, StreamNeeds
 
 if TYPE_CHECKING:
     from tidewire.broker import Broker
@@ -233,6 +233,8 @@ class Gate:
         if requirement is AUTHENTICATED:
             return principal
         assert callable(requirement)
+        if isinstance(requirement, StreamNeeds) and (principal is None or not self.enabled):
+            return principal  # no ACL applies and it names no private topic
         needs = requirement(request)
         for need in needs:
             if need.resource is ResourceType.TOPIC and is_private_topic(need.name):

@@ -95,7 +95,9 @@ async def stream_send(b: Broker, s: ServerInfo, req: StreamSendRequest, _: memor
             )
         ring_size = _ring_size(req.ring_size)
         block_ms = _non_negative("block_ms", req.block_ms)
-        results = await b.streams.send(req.items, ring_size=ring_size, block_ms=block_ms)
+        results = await b.streams.send(
+            req.items, ring_size=ring_size, block_ms=block_ms, tokens=req.tokens
+        )
     except TidewireError as exc:
         return StreamSendResponse(**_err(exc)), []
     return StreamSendResponse(results=results), []

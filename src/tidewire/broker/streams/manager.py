@@ -4,7 +4,9 @@ Storage. Persistent messages live in the internal topic ``__streams`` (a few par
 fixed at its creation; a stream's partition is :func:`~.model.partition_of` its id). One send
 request appends one record per partition it touches: key ``b"m"``, value the msgpack list of
 its entries ``[stream, uuid, expires_at_ms, value]`` (encoded and decoded whole by msgspec);
-the i-th entry of the record at offset ``o`` has position ``position(o, i)``. What work-queue
+the i-th entry of the record at offset ``o`` has position ``position(o, i)``; a header
+``rings`` maps its streams whose ring size is not the default to theirs (restored at start
+from a stream's oldest live message: a stream is forgotten only once all expired). What work-queue
 receivers took (or a full ring pushed out) is a **take record**: key ``b"t"``, value the
 msgpack list of ``[stream, pos]`` (every persistent message of ``stream`` at or below ``pos``
 is taken); take records of one loop turn are written together and a receive answers once its
@@ -68,6 +70,8 @@ from tidewire.errors import (
     InvalidStreamError,
     LogClosedError,
     PartitionCorruptError,
+    ShuttingDownError,
+    StorageError,
     StreamFullError,
     TidewireError,
     TooManyStreamsError,
@@ -120,6 +124,9 @@ _decode_raw_entries = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
 _decode_entry = msgspec.msgpack.Decoder(tuple[str, str, int, bytes]).decode
 _Entries = list[Any]  # of (stream, uuid, expires_at_ms, value) tuples or their msgspec.Raw
 _decode_takes = msgspec.msgpack.Decoder(list[tuple[str, int]]).decode
+#: A message record's header: the ring sizes of its streams that have not the default one.
+_HEADER_RINGS = "rings"
+_decode_rings = msgspec.msgpack.Decoder(dict[str, int]).decode
 _crc = zlib.crc32
 _TOKEN_RAW = struct.Struct(">BIq").pack  # model's token: version 1, crc32 of the id, position
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
@@ -170,11 +177,13 @@ class _Stream(msgspec.Struct, gc=False):
 
 
 class _Waiter:
-    __slots__ = ("fut", "woken")
+    __slots__ = ("by", "fut", "woken")
 
     def __init__(self, fut: asyncio.Future[None]) -> None:
         self.fut = fut
         self.woken = False
+        #: the stream whose message woke it ("": none, or woken to return)
+        self.by = ""
 
 
 def _pairs(ents: tuple[int, int] | array[int] | None) -> Sequence[int]:
@@ -233,13 +242,17 @@ class StreamManager:
         self._always = False
         self._record_cap = self.log_config().max_batch_bytes - _RECORD_SLACK
         self._streams: dict[str, _Stream] = {}
-        self._wheel: dict[int, list[_Stream]] = {}
+        #: second -> the streams due then (by id: a stream sits in one bucket at most, so an
+        #: evicted or rescheduled stream is referenced by no other bucket)
+        self._wheel: dict[int, dict[str, _Stream]] = {}
         self._wheel_at = 0  # buckets below this second have run
         self._seg_exp: list[dict[int, int]] = []  # per partition: segment base -> newest expiry
         self._pending_takes: list[dict[str, int]] = []
         #: per partition: receives waiting for the next take record (its end offset)
         self._take_futs: list[list[asyncio.Future[int]]] = []
         self._takes_scheduled = False
+        #: writes whose request was cancelled, finishing on their own
+        self._background: set[asyncio.Task[Any]] = set()
         self._cache: OrderedDict[tuple[int, int], tuple[int, _Entries]]
         self._cache = OrderedDict()
         self._cache_sizes: dict[tuple[int, int], int] = {}
@@ -328,7 +341,7 @@ class StreamManager:
         window = self.dedup_window
         wheel = self._wheel
         bucket_s = -1
-        bucket: list[_Stream] = []
+        bucket: dict[str, _Stream] = {}
         n_new = 0
         while offset < end:
             try:
@@ -352,6 +365,7 @@ class StreamManager:
                             entries = _decode_entries(rec.value)
                         except msgspec.DecodeError:
                             continue
+                        rings = _rings(rec.headers) if rec.headers else None
                         base = rec.offset << POSITION_BITS
                         newest = 0
                         last_exp = exp_s = -1
@@ -367,7 +381,8 @@ class StreamManager:
                             n_live += 1
                             s = streams.get(sid)
                             if s is None:
-                                s = streams[sid] = _Stream(sid, p, default_ring, now_s)
+                                ring = rings.get(sid, default_ring) if rings else default_ring
+                                s = streams[sid] = _Stream(sid, p, ring, now_s)
                                 n_new += 1
                             if s.ents is None:
                                 s.ents = (base | i, exp)
@@ -375,12 +390,14 @@ class StreamManager:
                                 _add_entry(s, base | i, exp)
                             due = s.due
                             if due == 0 or exp_s < due:
+                                if due:
+                                    wheel[due].pop(sid, None)
                                 s.due = exp_s
                                 if exp_s != bucket_s:
                                     bucket_s = exp_s
-                                    bucket = wheel.setdefault(exp_s, [])
-                                bucket.append(s)
-                            if uuid:
+                                    bucket = wheel.setdefault(exp_s, {})
+                                bucket[sid] = s
+                            if uuid and window:
                                 _remember(s, uuid, window)
                         self._stats.persistent_messages += n_live
                         seg = bases[_segment_index(bases, rec.offset)]
@@ -399,10 +416,14 @@ class StreamManager:
         self._stats.created += n_new
 
     async def run(self) -> None:
-        """Until cancelled: apply due timers and reclaim expired segments."""
+        """Until cancelled: apply due timers and reclaim expired segments (a failing tick is
+        logged and the next one runs as usual)."""
         while True:
             await asyncio.sleep(TICK_S)
-            self.tick()
+            try:
+                self.tick()
+            except Exception:
+                log.exception("stream timers failed (tried again in %.2f s)", TICK_S)
 
     async def close(self) -> None:
         """Wake every waiter (they return nothing) and write the takes still pending."""
@@ -435,13 +456,23 @@ class StreamManager:
     # --- sending --------------------------------------------------------------------------------
 
     async def send(
-        self, items: Sequence[SendItem], *, ring_size: int | None = None, block_ms: int = 0
+        self,
+        items: Sequence[SendItem],
+        *,
+        ring_size: int | None = None,
+        block_ms: int = 0,
+        tokens: bool = True,
     ) -> list[SendResult]:
-        """Store ``items`` (one result each, in order; see the module docstring).
+        """Store ``items`` (one result each, in order; see the module docstring). With
+        ``tokens`` False a persistent item's result carries no token (it costs a string per
+        item to make and to answer: a sender that does not read by token need not ask).
 
         Raises:
             InvalidStreamError: ``ring_size`` or ``block_ms`` out of range.
-            StorageError, LogFailedError: the log failed (nothing more is stored).
+            StorageError, LogFailedError: the log failed and nothing of the request was
+                stored. When some items were stored (other partitions, in-memory ones), each
+                item whose record failed gets the error as its result instead; its uuid is
+                not remembered (a retry is stored) and it pushed no waiting message out.
         """
         self._check_open()
         self._check_ring(ring_size)
@@ -453,18 +484,39 @@ class StreamManager:
         results: list[SendResult] = [_OK] * n
         ends: dict[int, int] = {}
         fresh: list[_Stream] = []
+        failures: list[BaseException] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + block_ms / 1000
+        releases = self._releases
         i = 0
         while i < n:
             i = self._store(
-                items, i, results, ring_size=ring_size, block=block_ms > 0, ends=ends, fresh=fresh
+                items,
+                i,
+                results,
+                ring_size=ring_size,
+                block=block_ms > 0,
+                tokens=tokens,
+                ends=ends,
+                fresh=fresh,
+                failures=failures,
             )
             if i < n:  # items[i]'s stream is full and the send may wait for room
                 s = self._streams.get(items[i].stream)
                 if s is not None and not await self._wait_room(s, deadline):
                     if self._closed:
                         raise LogClosedError("the stream manager is closed")
+                    if self.draining or releases != self._releases:
+                        # not a full stream: its wait was cut short (retriable elsewhere)
+                        results[i] = _error(
+                            ShuttingDownError(
+                                f"the broker is shutting down: stream {s.sid[:200]!r} had no "
+                                f"room (ring_size={s.ring:,}) and the send no longer waits "
+                                f"for it (block_ms={block_ms:,}); nothing of it was stored"
+                            )
+                        )
+                        i += 1
+                        continue
                     results[i] = _error(
                         StreamFullError(
                             f"stream {s.sid[:200]!r} holds {self._waiting(s, self.clock()):,} "
@@ -474,15 +526,35 @@ class StreamManager:
                     )
                     self._stats.blocked_sends_timed_out += 1
                     i += 1
+        if failures and not any(r.code == 0 for r in results):
+            raise failures[0]  # nothing stored: the request failed as a whole
         if ends:
             if self._always:
-                for p, end in ends.items():
-                    await self._logs[p].wait_durable(end)
-            for s in fresh:
-                if s.readers:
-                    for w in list(s.readers):
-                        _wake(w)
+                # readers are woken once the records are durable, whatever happens to
+                # this send (its client may be gone, the task cancelled)
+                durable = loop.create_task(self._durable_then_wake(ends, fresh))
+                try:
+                    await asyncio.shield(durable)
+                except asyncio.CancelledError:
+                    self._background.add(durable)
+                    durable.add_done_callback(self._background_done)
+                    raise
+            else:
+                _wake_readers(fresh)
         return results
+
+    async def _durable_then_wake(self, ends: dict[int, int], fresh: list[_Stream]) -> None:
+        """Wait until each partition is durable up to ``ends``; then wake the readers of
+        ``fresh`` (also when an fsync failed: they read what is durable)."""
+        try:
+            for p, end in ends.items():
+                await self._logs[p].wait_durable(end)
+        finally:
+            _wake_readers(fresh)
+
+    def _background_done(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        _consume_result(task)
 
     def _store(
         self,
@@ -492,15 +564,19 @@ class StreamManager:
         *,
         ring_size: int | None,
         block: bool,
+        tokens: bool = True,
         ends: dict[int, int],
         fresh: list[_Stream],
+        failures: list[BaseException],
     ) -> int:
         """Store ``items[start:]`` up to the first that must wait for room (its index, or
-        ``len(items)``); everything is written before this returns."""
+        ``len(items)``); everything is written before this returns. An item whose record
+        could not be written gets an error result (the failure is added to ``failures``)."""
         now = self.clock()
         now_s = now // 1000
         streams = self._streams
-        ring_default = self.default_ring if ring_size is None else ring_size
+        default_ring = self.default_ring
+        ring_default = default_ring if ring_size is None else ring_size
         stats = self._stats
         nparts = self.partitions
         # per partition: records being built [offset, entries, bytes, newest expiry]
@@ -511,13 +587,18 @@ class StreamManager:
         window = self.dedup_window
         wheel = self._wheel
         bucket_s = -1
-        bucket: list[_Stream] = []
+        bucket: dict[str, _Stream] = {}
         crc32 = _crc
         always = self._always
         token = _token
         stop = len(items)
         k = start
         n_persistent = 0
+        #: (stream, uuid) -> (stream, item): remembered once the item is stored
+        new_uuids: dict[tuple[str, str], tuple[_Stream, int]] = {}
+        drops: dict[str, int] = {}  # stream -> waiting messages to push out
+        dropping: dict[str, _Stream] = {}
+        drop_selves: list[tuple[_Stream, int]] = []  # persistent, out of the queue at once
         while k < stop:
             it = items[k]
             sid = it.stream
@@ -559,26 +640,40 @@ class StreamManager:
             uuid = it.uuid
             if uuid:
                 u = s.uuids
-                if u is not None and (u == uuid if type(u) is str else uuid in u):
+                if (u is not None and (u == uuid if type(u) is str else uuid in u)) or (
+                    window and (sid, uuid) in new_uuids
+                ):
                     results[k] = _DUPLICATE
                     stats.duplicates += 1
                     k += 1
                     continue
             waiters = s.waiters
-            room = s.ring + (len(waiters) if waiters else 0)
+            room = s.ring
             # room 0: no message may wait, this one included (a persistent one is stored,
             # readable by token, but out of the work queue at once)
+            if waiters:
+                waiting = 0
+                if s.mem or s.ents is not None:
+                    waiting = self._waiting(s, now) - drops.get(sid, 0)
+                if waiting >= room:  # the receivers waiting for this stream give room
+                    room += _receivers(waiters, sid, waiting - room + 1)
+                full = room <= 0 or waiting >= room
+            else:
+                full = room <= 0 or bool(
+                    (s.mem or s.ents is not None)
+                    and self._waiting(s, now) - drops.get(sid, 0) >= room
+                )
             drop_self = False
-            if room <= 0 or ((s.mem or s.ents is not None) and self._waiting(s, now) >= room):
+            if full:
                 if block:
                     break
                 if room <= 0:
                     drop_self = True
-                    stats.dropped += 1
-                else:
-                    self._drop_oldest(s, now)
-            if uuid:
-                _remember(s, uuid, window)
+                else:  # pushed out once the request's records are written
+                    drops[sid] = drops.get(sid, 0) + 1
+                    dropping[sid] = s
+            if uuid and window:
+                new_uuids[sid, uuid] = (s, k)
             exp, exp_s = got
             s.used = now_s
             if it.persistent:
@@ -587,16 +682,21 @@ class StreamManager:
                 if plist is None:
                     if not self._logs:
                         self._open_logs()
-                    plist = recs[p] = [[self._logs[p].log_end_offset, [], 0, 0]]
+                    plist = recs[p] = [[self._logs[p].log_end_offset, [], 0, 0, [], None]]
                 rec = plist[-1]
                 entries = rec[1]
                 size = len(value) + 3 * (len(sid) + len(uuid)) + 24
                 if len(entries) >= MAX_ENTRIES_PER_RECORD or (entries and rec[2] + size > cap):
-                    rec = [rec[0] + 1, [], 0, 0]
+                    rec = [rec[0] + 1, [], 0, 0, [], None]
                     plist.append(rec)
                     entries = rec[1]
                 pos = (rec[0] << POSITION_BITS) | len(entries)
                 entries.append((sid, uuid, exp, value))
+                rec[4].append(k)
+                if s.ring != default_ring:  # the ring size is kept for a restart
+                    if rec[5] is None:
+                        rec[5] = {}
+                    rec[5][sid] = s.ring
                 rec[2] += size
                 if exp > rec[3]:  # noqa: PLR1730 (max() costs a call)
                     rec[3] = exp
@@ -606,15 +706,17 @@ class StreamManager:
                 else:
                     _add_entry(s, pos, exp)
                 n_persistent += 1
-                if crc < 0:
-                    crc = crc32(sid.encode("utf-8", "surrogatepass"))
-                results[k] = SendResult(0, "", token(crc, pos))
+                if tokens:
+                    if crc < 0:
+                        crc = crc32(sid.encode("utf-8", "surrogatepass"))
+                    results[k] = SendResult(0, "", token(crc, pos))
                 if drop_self:
-                    s.cursor = pos
-                    self._note_take(s, pos)
+                    drop_selves.append((s, pos))
                 if always or s.readers:  # under fsync=always readers see it once durable
                     fresh.append(s)
-            elif not drop_self:
+            elif drop_self:
+                stats.dropped += 1
+            else:
                 if s.mem is None:
                     s.mem = deque()
                 ents = s.ents
@@ -625,17 +727,37 @@ class StreamManager:
                 stats.in_memory_bytes += len(value)
             due = s.due
             if due == 0 or exp_s < due:
+                if due:
+                    old = wheel.get(due)
+                    if old is not None:
+                        old.pop(sid, None)
                 s.due = exp_s
                 if exp_s != bucket_s:
                     bucket_s = exp_s
-                    bucket = wheel.setdefault(exp_s, [])
-                bucket.append(s)
+                    bucket = wheel.setdefault(exp_s, {})
+                bucket[sid] = s
             if waiters and not drop_self:
-                _wake_first(waiters)
+                _wake_first(waiters, sid)
             k += 1
         stats.persistent_messages += n_persistent
         stats.sent_persistent += n_persistent
-        self._append(recs, now, ends)
+        failed = self._append(recs, now, ends, results, failures)
+        # what depended on the records being written: the uuids remembered, the take of a
+        # message no room was left for, the oldest waiting messages pushed out
+        for (_, uuid), (s, j) in new_uuids.items():
+            if results[j].code == 0:
+                _remember(s, uuid, window)
+        for s, pos in drop_selves:
+            if s.part not in failed and pos > s.cursor:
+                s.cursor = pos
+                self._note_take(s, pos)
+                stats.dropped += 1
+        for sid, n in drops.items():
+            s = dropping[sid]
+            if s.part in failed:  # (its in-memory messages may exceed the ring a while)
+                continue
+            for _ in range(n):
+                self._drop_oldest(s, now)
         return k
 
     def _append(
@@ -643,25 +765,42 @@ class StreamManager:
         recs: dict[int, list[list[Any]]],
         now: int,
         ends: dict[int, int],
-    ) -> None:
-        failure: BaseException | None = None
+        results: list[SendResult],
+        failures: list[BaseException],
+    ) -> set[int]:
+        """Write the records ``recs`` (per partition: [offset, entries, size estimate,
+        newest expiry, item indices, ring sizes other than the default by stream]).
+        Returns the partitions where a write failed: their unwritten entries are unindexed
+        and their items answered with the error."""
+        failed: set[int] = set()
         for p, plist in recs.items():
             plog = self._logs[p]
-            for n, (offset, entries, _estimate, newest) in enumerate(plist):
+            for n, (offset, entries, _estimate, newest, _idx, rings) in enumerate(plist):
                 encoded = _encode(entries)
                 b = BatchBuilder()
-                b.append(encoded, timestamp_ms=now, key=_KEY_MESSAGES)
+                headers = ((_HEADER_RINGS, _encode(rings)),) if rings else ()
+                b.append(encoded, timestamp_ms=now, key=_KEY_MESSAGES, headers=headers)
                 try:
                     info = plog.append(b.build())
                     if info.base_offset != offset:  # nothing else appends to __streams
                         raise AssertionError(f"{plog.directory}: at {info.base_offset}")
-                except BaseException as exc:
-                    failed = {e[0] for r in plist[n:] for e in r[1]}
+                except Exception as exc:
+                    log.error("%s-%d: a message record failed: %s", STREAMS_TOPIC, p, exc)
+                    gone = {e[0] for r in plist[n:] for e in r[1]}
                     self._unindex(
-                        [s for sid in failed if (s := self._streams.get(sid)) is not None],
+                        [s for sid in gone if (s := self._streams.get(sid)) is not None],
                         offset << POSITION_BITS,
                     )
-                    failure = failure or exc
+                    err = exc if isinstance(exc, TidewireError) else StorageError(str(exc))
+                    answer = _error(err)
+                    n_failed = 0
+                    for r in plist[n:]:
+                        for j in r[4]:
+                            results[j] = answer
+                        n_failed += len(r[4])
+                    self._stats.sent_persistent -= n_failed
+                    failures.append(exc)
+                    failed.add(p)
                     del plist[n:]
                     break
                 ends[p] = offset + 1
@@ -670,8 +809,7 @@ class StreamManager:
                 seg = plog.segment_bases[-1]
                 if newest > seg_exp.get(seg, 0):
                     seg_exp[seg] = newest
-        if failure is not None:
-            raise failure
+        return failed
 
     def _unindex(self, streams: list[_Stream], from_pos: int) -> None:
         """Forget the entries at or after ``from_pos`` of ``streams`` (their write failed)."""
@@ -736,8 +874,11 @@ class StreamManager:
         loop = asyncio.get_running_loop()
         releases = self._releases
         while True:
-            room = s.ring + (len(s.waiters) if s.waiters else 0)
-            if room > 0 and self._waiting(s, self.clock()) < room:
+            waiting = self._waiting(s, self.clock())
+            room = s.ring
+            if s.waiters and waiting >= room:
+                room += _receivers(s.waiters, s.sid, waiting - room + 1)
+            if room > 0 and waiting < room:
                 return True
             left = deadline - loop.time()
             if left <= 0 or self._closed or self.draining or releases != self._releases:
@@ -816,7 +957,7 @@ class StreamManager:
                 if w.woken:  # a message woke it: let another receiver have it
                     for s in ss:
                         if s.waiters:
-                            _wake_first(s.waiters)
+                            _wake_first(s.waiters, s.sid)
                 raise
             finally:
                 handle.cancel()
@@ -854,8 +995,14 @@ class StreamManager:
 
     async def _take(self, ss: list[_Stream], k: int, now: int) -> list[StreamMessage]:
         """Take up to ``k`` messages of ``ss`` (starting at a rotating stream, for fairness)
-        and return once their take records are durable. Cancelled or failed before that:
-        nothing is taken (the messages are put back at the head)."""
+        and return once their take records are durable.
+
+        Once a take record is queued the take is committed: cancelled while it is written,
+        the receive gives back only the in-memory messages it took (the persistent ones are
+        taken, as the record says; at most once). Failed before the record is queued (an
+        unreadable message), or because a take record could not be written, the messages
+        whose take is not recorded are put back at the head and the error is raised.
+        """
         out: list[StreamMessage] = []
         # per stream taken from: [stream, cursor before, cursor after, in-memory messages]
         undo: list[list[Any]] = []
@@ -886,26 +1033,74 @@ class StreamManager:
                         out.append(self._message(s, pos))  # before the take: it may fail
                         s.cursor = step[2] = pos
                         parts.add(s.part)
-            for s, old_cursor, new_cursor, _mems in undo:
-                if s.mem is not None and not s.mem:
-                    s.mem = None
-                if new_cursor != old_cursor:
-                    self._note_take(s, new_cursor)
-                self._room_freed(s)
-                self._when_empty(s)
-            if parts:
-                await self._takes_durable(parts)
         except BaseException:
-            self._put_back(undo)
+            self._put_back(undo, None)
             raise
+        for s, old_cursor, new_cursor, _mems in undo:
+            if s.mem is not None and not s.mem:
+                s.mem = None
+            if new_cursor != old_cursor:
+                self._note_take(s, new_cursor)
+            self._room_freed(s)
+            self._when_empty(s)
+        # a receiver woken for one stream may have taken from another: pass the wake on
+        for s in ss:
+            if s.waiters and self._head(s, now)[0] >= 0:
+                _wake_first(s.waiters, s.sid)
+        if parts:
+            # every partition's future is registered before any is awaited, so no failure
+            # of one goes unseen while another is awaited
+            loop = asyncio.get_running_loop()
+            futs: dict[int, asyncio.Future[int]] = {}
+            for p in parts:
+                if self._pending_takes[p]:
+                    fut: asyncio.Future[int] = loop.create_future()
+                    self._take_futs[p].append(fut)
+                    futs[p] = fut
+            durable = loop.create_task(self._takes_durable(parts, futs))
+            try:
+                unwritten, failure = await asyncio.shield(durable)
+            except asyncio.CancelledError:
+                # committed: the take records are written whatever happens to this receive
+                self._background.add(durable)
+                durable.add_done_callback(self._background_done)
+                self._put_back(undo, set())
+                raise
+            if failure is not None:
+                self._put_back(undo, unwritten)
+                raise failure
         self._stats.received += len(out)
         return out
 
-    def _put_back(self, undo: list[list[Any]]) -> None:
-        """Undo the takes of a receive that did not answer (see :meth:`_take`)."""
+    async def _takes_durable(
+        self, parts: set[int], futs: dict[int, asyncio.Future[int]]
+    ) -> tuple[set[int], BaseException | None]:
+        """Wait until the take records of ``parts`` are durable. Returns the partitions
+        whose take record was not written and the first failure (None: all durable)."""
+        unwritten: set[int] = set()
+        failure: BaseException | None = None
+        for p in parts:
+            fut = futs.get(p)
+            try:
+                end = await fut if fut is not None else self._logs[p].log_end_offset
+            except Exception as exc:  # the write failed: raised to the receiver
+                unwritten.add(p)
+                failure = failure or exc
+                continue
+            if self._always:
+                try:
+                    await self._logs[p].wait_durable(end)
+                except Exception as exc:  # written, maybe not durable: raised to the receiver
+                    failure = failure or exc
+        return unwritten, failure
+
+    def _put_back(self, undo: list[list[Any]], parts: set[int] | None) -> None:
+        """Undo the takes of a receive that does not answer: its in-memory messages, and
+        its persistent ones of ``parts`` (None: every partition) whose take is not
+        recorded."""
         for s, old_cursor, new_cursor, mems in undo:
-            if s.cursor == new_cursor:  # nobody took later messages meanwhile
-                s.cursor = old_cursor
+            if (parts is None or s.part in parts) and s.cursor == new_cursor:
+                s.cursor = old_cursor  # (unless somebody took later messages meanwhile)
             if mems:
                 if s.mem is None:
                     s.mem = deque()
@@ -914,7 +1109,7 @@ class StreamManager:
                     self._stats.in_memory_messages += 1
                     self._stats.in_memory_bytes += len(m[0])
             if s.waiters:
-                _wake_first(s.waiters)
+                _wake_first(s.waiters, s.sid)
 
     def _message(self, s: _Stream, pos: int) -> StreamMessage:
         offset = pos >> POSITION_BITS
@@ -989,18 +1184,6 @@ class StreamManager:
             for fut in futs:
                 if not fut.done():
                     fut.set_result(end)
-
-    async def _takes_durable(self, parts: set[int]) -> None:
-        loop = asyncio.get_running_loop()
-        for p in parts:
-            if self._pending_takes[p]:
-                fut: asyncio.Future[int] = loop.create_future()
-                self._take_futs[p].append(fut)
-                end = await fut
-            else:
-                end = self._logs[p].log_end_offset
-            if self._always:
-                await self._logs[p].wait_durable(end)
 
     # --- reading (fan-out) ----------------------------------------------------------------------
 
@@ -1147,12 +1330,22 @@ class StreamManager:
     # --- timers ---------------------------------------------------------------------------------
 
     def _schedule(self, s: _Stream, at_s: int) -> None:
+        """Put ``s`` in the bucket of second ``at_s`` (moved out of the one it was in; a
+        second the wheel has passed already means the next tick)."""
+        at_s = max(at_s, self._wheel_at)
+        wheel = self._wheel
+        if s.due:
+            old = wheel.get(s.due)
+            if old is not None:
+                old.pop(s.sid, None)
+                if not old:
+                    del wheel[s.due]
         s.due = at_s
-        bucket = self._wheel.get(at_s)
+        bucket = wheel.get(at_s)
         if bucket is None:
-            self._wheel[at_s] = [s]
+            wheel[at_s] = {s.sid: s}
         else:
-            bucket.append(s)
+            bucket[s.sid] = s
 
     def tick(self) -> None:
         """Apply every timer due now: expire messages, evict idle empty streams, reclaim
@@ -1166,7 +1359,7 @@ class StreamManager:
             due = [sec for sec in range(self._wheel_at, now_s + 1) if sec in wheel]
         self._wheel_at = now_s + 1
         for sec in due:
-            for s in wheel.pop(sec):
+            for s in wheel.pop(sec).values():
                 if s.due == sec and self._streams.get(s.sid) is s:
                     s.due = 0
                     self._expire(s, now)
@@ -1246,7 +1439,14 @@ class StreamManager:
                     break
                 upto = bases[j + 1]
             if upto:
-                for base in plog.delete_before(upto):
+                try:
+                    deleted = plog.delete_before(upto)
+                except Exception as exc:  # the segments stay; tried again at the next tick
+                    log.error(
+                        "%s-%d: segments below %d not reclaimed: %s", STREAMS_TOPIC, p, upto, exc
+                    )
+                    continue
+                for base in deleted:
                     seg_exp.pop(base, None)
                 log.debug("%s-%d: segments below %d reclaimed", STREAMS_TOPIC, p, upto)
 
@@ -1313,6 +1513,17 @@ def _remember(s: _Stream, uuid: str, window: int) -> None:
             del u[next(iter(u))]
 
 
+def _rings(headers: tuple[tuple[str, bytes | None], ...]) -> dict[str, int] | None:
+    """The ring sizes a message record's headers carry (None: none, or unreadable)."""
+    for key, value in headers:
+        if key == _HEADER_RINGS and value is not None:
+            try:
+                return _decode_rings(value)
+            except msgspec.DecodeError:
+                return None
+    return None
+
+
 def _segment_index(bases: list[int], offset: int) -> int:
     lo, hi = 0, len(bases)
     while lo + 1 < hi:
@@ -1330,12 +1541,39 @@ def _wake(w: _Waiter) -> None:
         w.fut.set_result(None)
 
 
-def _wake_first(waiters: dict[_Waiter, None]) -> None:
-    """Wake the longest waiting receiver that is not woken yet."""
+def _wake_readers(fresh: list[_Stream]) -> None:
+    for s in fresh:
+        if s.readers:
+            for w in list(s.readers):
+                _wake(w)
+
+
+def _wake_first(waiters: dict[_Waiter, None], sid: str) -> None:
+    """Wake the longest waiting receiver that is not woken yet, for stream ``sid``."""
     for w in waiters:
         if not w.woken and not w.fut.done():
             _wake(w)
+            w.by = sid
             return
+
+
+def _receivers(waiters: dict[_Waiter, None], sid: str, upto: int) -> int:
+    """The receivers of ``waiters`` that give stream ``sid`` room (up to ``upto``): those
+    not woken yet and those woken for ``sid``. A receiver of many streams woken for another
+    stream gives this one none (it takes one message, not one per stream)."""
+    n = 0
+    for w in waiters:
+        if not w.woken or w.by == sid:
+            n += 1
+            if n >= upto:
+                break
+    return n
+
+
+def _consume_result(task: asyncio.Task[Any]) -> None:
+    """Retrieve a shielded task's outcome nobody awaits any more (its failure is logged)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("a write of a cancelled request failed: %s", task.exception())
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

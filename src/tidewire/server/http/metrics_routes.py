@@ -62,7 +62,9 @@ def metrics_router(ctx: GatewayContext) -> APIRouter:
     async def recent() -> Response:
         """The last hour of broker-wide samples (every ``interval_s``): messages, bytes in
         and out and requests per second, connections, disk used, and each consumer group's
-        total lag (the 50 largest), as ``[[unix seconds, value], ...]``."""
+        total lag (the 50 largest), as ``[[unix seconds, value], ...]``; ``stream_series``:
+        the lightweight streams' (streams, messages held, receivers, sent, taken and read
+        per second, log bytes)."""
         if not metrics.enabled:
             return _disabled()
         ring = _start_sampler(ctx, metrics)

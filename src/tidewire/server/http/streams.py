@@ -142,8 +142,9 @@ async def take_unless_gone(
     receive: Receive, taking: Coroutine[Any, Any, list[StreamMessage]]
 ) -> list[StreamMessage]:
     """The messages of a waiting work-queue receive (``taking``), unless the client
-    disconnects first: then the receive is cancelled, which takes nothing (a message sent
-    meanwhile stays for another receiver), and the answer is empty (nobody reads it).
+    disconnects first: then the receive is cancelled, which takes nothing if it took nothing
+    yet (a message sent meanwhile stays for another receiver; one it had taken, its take
+    recorded, stays taken), and the answer is empty (nobody reads it).
 
     ``receive``: the request's ASGI channel, its body read already."""
     take = asyncio.ensure_future(taking)

@@ -44,6 +44,7 @@ from tidewire.errors import (
     InvalidRequestError,
     InvalidStreamError,
     LogFailedError,
+    ShuttingDownError,
     StorageError,
     StreamFullError,
     TidewireError,
@@ -234,7 +235,8 @@ def _answer(m: StreamMessage) -> dict[str, Any]:
 
 
 def _server_error(exc: TidewireError) -> Response:
-    status = 503 if isinstance(exc, (StorageError, LogFailedError, BackpressureError)) else 500
+    unavailable = (StorageError, LogFailedError, BackpressureError, ShuttingDownError)
+    status = 503 if isinstance(exc, unavailable) else 500
     if isinstance(exc, BatchTooLargeError):  # over stream_max_message_bytes
         status = 413
     return _json(status, {"error": exc.message})

@@ -1,6 +1,6 @@
 // The dashboard's entry: the session, the navigation and the hash router
 // (#/overview, #/topics, #/topic/NAME, #/tail/NAME, #/groups, #/group/ID, #/queues,
-// #/queue/NAME, #/metrics, #/settings, #/audit, #/security, #/login).
+// #/queue/NAME, #/streams, #/stream/ID, #/metrics, #/settings, #/audit, #/security, #/login).
 
 import { ApiError, api, can, clearSession, get, session, setSession } from "./api.js";
 import { clear, h, hideBanner, note, showError, showInfo } from "./ui.js";
@@ -9,6 +9,7 @@ import { topicsPage, topicPage } from "./pages_topics.js";
 import { tailPage } from "./pages_tail.js";
 import { groupsPage, groupPage } from "./pages_groups.js";
 import { queuesPage, queuePage } from "./pages_queues.js";
+import { streamsPage, streamPage } from "./pages_streams.js";
 import { auditPage, securityPage } from "./pages_admin.js";
 
 const PAGES = {
@@ -20,6 +21,8 @@ const PAGES = {
   group: { render: groupPage, nav: "groups" },
   queues: { title: "Queues", render: queuesPage },
   queue: { render: queuePage, nav: "queues" },
+  streams: { title: "Streams", render: streamsPage },
+  stream: { render: streamPage, nav: "streams" },
   metrics: { title: "Metrics", render: metricsPage },
   settings: { title: "Settings", render: settingsPage, needs: "describe_cluster" },
   audit: { title: "Audit log", render: auditPage, needs: "read_audit" },
