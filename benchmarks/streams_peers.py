@@ -30,18 +30,22 @@ with one persistent message each, and tidewire streams with one in-memory messag
 
 The ratios are Redis / tidewire (above 1: tidewire uses less memory, or answers sooner);
 the memory ratio takes Redis's own ``used_memory`` count (its RSS does not fall after the
-``FLUSHALL`` between variants) against tidewire's ``RssAnon``. Measured on the 2-core
-development machine (``--no-latency``; details in ``benchmarks/results/streams.md``)::
+``FLUSHALL`` between variants) against tidewire's ``RssAnon``. One untimed round of sends
+comes before the timed ones. The Redis receivers' clients have no socket timeout (redis-py's
+default of 5 s cut every blocking wait and sent the command again on a new connection).
+Measured on the 2-core development machine, 1,000,000 keys/streams, 1,000 receivers,
+medians of the 6 rounds of 2 runs, load 1.1-1.9 (details in
+``benchmarks/results/streams.md``)::
 
-    1,000,000 keys/streams, one 64 B message each     bytes per stream   Redis / tidewire
-    Redis 7.0.15 stream key, defaults                 4,344 (RSS 4,487)   9.3x
-    Redis stream key, stream-node-max-bytes 512         760               1.6x
-    Redis list per key                                  264               0.57x
-    tidewire stream, one persistent message             467 (RssAnon)
-    tidewire stream, one in-memory message            1,213 (RssAnon)
+    one 64 B message each             bytes/stream    p50 ms   p99 ms   max ms
+    Redis 7.0.15 stream key, defaults  4,344 (8.8x)    0.78     6.29     18.4
+    Redis stream, node-max-bytes 512     760 (1.5x)    0.52     2.10      7.3
+    Redis list per key                   264 (0.53x)   0.48     3.17      8.6
+    tidewire, one persistent message     495           0.80     3.28      9.7
+    tidewire, one in-memory message    1,238           0.81     5.28     12.3
 
-The receive-latency part ran at 2,000 streams held, and failed to set up its 1,000 Redis
-receivers with 1,000,000 keys held (their connections were opened again and again).
+Latency Redis / tidewire persistent: list p50 0.60x, p99 0.97x; stream 0.98x, 1.92x;
+stream (node 512) 0.66x, 0.64x.
 """
 
 from __future__ import annotations
