@@ -30,18 +30,22 @@ with one persistent message each, and tidewire streams with one in-memory messag
 
 The ratios are Redis / tidewire (above 1: tidewire uses less memory, or answers sooner);
 the memory ratio takes Redis's own ``used_memory`` count (its RSS does not fall after the
-``FLUSHALL`` between variants) against tidewire's ``RssAnon``. Measured on the 2-core
-development machine (``--no-latency``; details in ``benchmarks/results/streams.md``)::
+``FLUSHALL`` between variants) against tidewire's ``RssAnon``. One untimed round of sends
+comes before the timed ones. The Redis receivers' clients have no socket timeout (redis-py's
+default of 5 s cut every blocking wait and sent the command again on a new connection).
+Measured on the 2-core development machine, 1,000,000 keys/streams, 1,000 receivers,
+medians of the 6 rounds of 2 runs, load 1.1-1.9 (details in
+``benchmarks/results/streams.md``)::
 
-    1,000,000 keys/streams, one 64 B message each     bytes per stream   Redis / tidewire
-    Redis 7.0.15 stream key, defaults                 4,344 (RSS 4,487)   9.3x
-    Redis stream key, stream-node-max-bytes 512         760               1.6x
-    Redis list per key                                  264               0.57x
-    tidewire stream, one persistent message             467 (RssAnon)
-    tidewire stream, one in-memory message            1,213 (RssAnon)
+    one 64 B message each             bytes/stream    p50 ms   p99 ms   max ms
+    Redis 7.0.15 stream key, defaults  4,344 (8.8x)    0.78     6.29     18.4
+    Redis stream, node-max-bytes 512     760 (1.5x)    0.52     2.10      7.3
+    Redis list per key                   264 (0.53x)   0.48     3.17      8.6
+    tidewire, one persistent message     495           0.80     3.28      9.7
+    tidewire, one in-memory message    1,238           0.81     5.28     12.3
 
-The receive-latency part ran at 2,000 streams held, and failed to set up its 1,000 Redis
-receivers with 1,000,000 keys held (their connections were opened again and again).
+Latency Redis / tidewire persistent: list p50 0.60x, p99 0.97x; stream 0.98x, 1.92x;
+stream (node 512) 0.66x, 0.64x.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +70,15 @@ if str(PEERS_DIR) not in sys.path:
 if str(_HERE) not in sys.path:
     sys.path.insert(0, str(_HERE))
 
-from streams import Broker, broker, progress, quantile, send_all, stream_id  # noqa: E402
+from streams import (  # noqa: E402
+    Broker,
+    broker,
+    load1,
+    progress,
+    quantile,
+    send_all,
+    stream_id,
+)
 from tidewire.broker.streams.model import SendItem  # noqa: E402
 from tidewire.client import AsyncClient  # noqa: E402
 
@@ -84,6 +96,8 @@ class Memory:
     rss_bytes_per_stream: float
     accounted_bytes_per_stream: float  # Redis used_memory; tidewire: the same as RSS
     sample_key_bytes: int  # Redis MEMORY USAGE of one key (0: tidewire)
+    #: The machine's 1-minute load average when the figure was taken.
+    load: float = field(default_factory=load1)
 
 
 @dataclass
@@ -94,6 +108,8 @@ class Latency:
     p50_ms: float
     p99_ms: float
     max_ms: float
+    #: The machine's 1-minute load average when the figure was taken.
+    load: float = field(default_factory=load1)
 
 
 def _rss(pid: int, name: str = "VmRSS") -> int:
@@ -115,6 +131,13 @@ async def _paced(
     returns once every one is received."""
     rng = random.Random(2)
     tasks: set[asyncio.Task[Any]] = set()
+    failed: list[BaseException] = []
+
+    def finished(t: asyncio.Task[Any]) -> None:
+        tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            failed.append(t.exception())  # type: ignore[arg-type]
+
     done.clear()
     start = time.perf_counter()
     for i in range(args.sends):
@@ -123,12 +146,16 @@ async def _paced(
         sent_at[k] = time.perf_counter()
         t = asyncio.create_task(send(k))
         tasks.add(t)
-        t.add_done_callback(tasks.discard)
+        t.add_done_callback(finished)
+        if failed:
+            raise SystemExit(f"a send failed: {failed[0]!r}")
         delay = start + (i + 1) / args.send_rate - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
     while tasks:
-        await asyncio.gather(*tasks)
+        await asyncio.gather(*tasks, return_exceptions=True)
+    if failed:
+        raise SystemExit(f"{len(failed):,} sends failed, the first: {failed[0]!r}")
     done.clear()  # set while the sends went on, if all were delivered by then
     if sent_at:
         try:
@@ -164,6 +191,10 @@ async def _rounds(
     args: argparse.Namespace,
 ) -> list[Latency]:
     out = []
+    # One round untimed first: Redis's sender opens its pool's connections in it (the first
+    # timed round's p99 was 45-250 ms against 2-6 ms in the later ones), and every system
+    # gets the same.
+    await _paced(send, keys, clock.sent_at, clock.done, args)
     for rep in range(1, args.reps + 1):
         clock.lat = []
         await _paced(send, keys, clock.sent_at, clock.done, args)
@@ -205,7 +236,14 @@ async def redis_variant(
     import redis.asyncio as aioredis
 
     name = f"redis {kind}" + (f" (stream-node-max-bytes {node_bytes})" if node_bytes else "")
-    r = aioredis.Redis(host="127.0.0.1", port=6379)
+    # redis-py (5.x and later) closes a connection whose answer takes longer than its
+    # socket_timeout, 5 s by default, and its default Retry then opens a new one and sends
+    # the command again: a FLUSHALL of 1,000,000 keys takes longer than that.
+    # Its pool opens a connection per send under way, up to max_connections (100 by
+    # default, then MaxConnectionsError): as many as the sends of a round.
+    r = aioredis.Redis(
+        host="127.0.0.1", port=6379, socket_timeout=args.timeout, max_connections=args.sends
+    )
     await r.flushall()
     await r.config_set("stream-node-max-bytes", str(node_bytes or 4096))
     await asyncio.sleep(0.5)
@@ -237,8 +275,17 @@ async def redis_variant(
     # Latency: a receiver per key of its own, one connection each (BLPOP/XREAD block it).
     keys = [stream_id("w", i) for i in range(args.receivers)]
     clock = _Clock()
-    # A client of one connection per receiver (a blocking command holds its connection).
-    rcs = [aioredis.Redis(host="127.0.0.1", port=6379, single_connection_client=True) for _ in keys]
+    # A client of one connection per receiver (a blocking command holds its connection),
+    # without a socket timeout: the server ends each wait itself after WAIT_S. With the
+    # default one (5 s), every BLPOP/XREAD was cut after 5 s, its connection closed and a
+    # new one opened to send it again (Redis counted a new connection per receiver every
+    # ~5 s, and never all of them blocked at once).
+    rcs = [
+        aioredis.Redis(
+            host="127.0.0.1", port=6379, single_connection_client=True, socket_timeout=None
+        )
+        for _ in keys
+    ]
 
     async def blpop(rc: Any, key: str) -> None:
         while True:
@@ -272,8 +319,17 @@ async def redis_variant(
         else:
             await r.xadd(key, {"v": VALUE})
 
+    opened0 = (await r.info("stats"))["total_connections_received"]
     try:
         lats = await _rounds(name, args.receivers, send, keys, clock, args=args)
+        opened = (await r.info("stats"))["total_connections_received"] - opened0
+        blocked = (await r.info("clients"))["blocked_clients"]
+        delayed = (await r.info("persistence"))["aof_delayed_fsync"]
+        progress(
+            f"{name}: {opened:,} connections opened during the rounds (the sender's pool), "
+            f"{blocked:,} receivers blocked after them; AOF fsyncs that held writes back "
+            f"so far (aof_delayed_fsync): {delayed:,}"
+        )
     finally:
         for t in tasks:
             t.cancel()
@@ -424,6 +480,15 @@ def main() -> None:
         "latency_p99_ratio_to_tidewire": {
             m.system: lat[m.system]["p99_ms"] / lat[tp]["p99_ms"] for m in rmem
         },
+        # Redis / tidewire for each Redis variant, each tidewire one and each figure (above
+        # 1: tidewire answers sooner).
+        "latency_ratios": {
+            m.system: {
+                t.system: {q: lat[m.system][q] / lat[t.system][q] for q in lat[t.system]}
+                for t in tmem
+            }
+            for m in rmem
+        },
         "runs": [[asdict(x) for x in ls] for ls in [*rlat, *tlat]],
     }
     if args.json:
@@ -444,9 +509,13 @@ def main() -> None:
             f"{x['p99_ms']:8.2f} {x['max_ms']:8.2f}"
         )
     for m in rmem:
-        print(
-            f"{m.system} / {tp}: memory {mem_ratio[m.system]:.1f}x, p50 {p50_ratio[m.system]:.2f}x"
-        )
+        print(f"{m.system} / {tp}: memory {mem_ratio[m.system]:.1f}x")
+        for t in tmem:
+            r = figures["latency_ratios"][m.system][t.system]  # type: ignore[index]
+            print(
+                f"{m.system} / {t.system}: latency p50 {r['p50_ms']:.2f}x, "
+                f"p99 {r['p99_ms']:.2f}x, max {r['max_ms']:.2f}x"
+            )
 
 
 if __name__ == "__main__":
