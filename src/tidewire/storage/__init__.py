@@ -17,7 +17,13 @@ from tidewire.storage.config import FsyncPolicy, LogConfig
 from tidewire.storage.damage import Damage
 from tidewire.storage.faultfs import FaultFS, PowerCut
 from tidewire.storage.fs import FileHandle, FileSystem, OsFileSystem, write_atomic
-from tidewire.storage.log import AppendInfo, PartitionLog, ReadResult, RecoveryReport
+from tidewire.storage.log import (
+    AppendInfo,
+    PartitionLog,
+    ReadResult,
+    RecoveryReport,
+    intact_records,
+)
 from tidewire.storage.manager import LogManager, validate_topic_name
 from tidewire.storage.segment import BadBatch
 
@@ -36,6 +42,7 @@ __all__ = [
     "PowerCut",
     "ReadResult",
     "RecoveryReport",
+    "intact_records",
     "validate_topic_name",
     "write_atomic",
 ]

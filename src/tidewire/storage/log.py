@@ -40,7 +40,7 @@ import os
 import time
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from tidewire.errors import (
@@ -55,7 +55,7 @@ from tidewire.errors import (
     StorageError,
     TidewireError,
 )
-from tidewire.records import iter_batches, iter_records
+from tidewire.records import Record, iter_batches, iter_records
 from tidewire.records.batch import LOG_OVERHEAD, BatchHeader, check_batch, check_whole_batch
 from tidewire.storage.config import FsyncPolicy, LogConfig
 from tidewire.storage.damage import (
@@ -1614,3 +1614,32 @@ def _describe_flush_error(error: OSError) -> str:
     if isinstance(error, FlushIOError):
         return f"{error.step}: {describe_os_error(error.error)}"
     return describe_os_error(error)
+
+
+#: Bytes :func:`intact_records` reads at a time.
+_INTACT_CHUNK = 4 * 1024 * 1024
+
+
+def intact_records(plog: PartitionLog) -> Iterator[Record]:
+    """Every record of ``plog`` with a value, from its start to its end, in offset order;
+    damaged ranges (never served) are skipped. For the broker's internal logs, which are
+    read through at start."""
+    offset, end = plog.log_start_offset, plog.log_end_offset
+    while offset < end:
+        try:
+            r = plog.read(offset, _INTACT_CHUNK)
+        except PartitionCorruptError as exc:  # never served: what it held is lost
+            if exc.damage_end <= offset:
+                return
+            offset = exc.damage_end
+            continue
+        if not r.data:
+            return
+        view = memoryview(r.data)
+        for pos, h in iter_batches(view, verify=False):
+            if h.last_offset < offset:
+                continue
+            for rec in iter_records(view[pos : pos + h.size]):
+                if rec.value is not None and rec.offset >= offset:
+                    yield rec
+        offset = r.next_offset

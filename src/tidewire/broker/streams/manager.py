@@ -77,7 +77,7 @@ from tidewire.errors import (
     TooManyStreamsError,
 )
 from tidewire.records import BatchBuilder, iter_batches, iter_records
-from tidewire.storage import FsyncPolicy, LogConfig, PartitionLog
+from tidewire.storage import FsyncPolicy, LogConfig, PartitionLog, intact_records
 
 if TYPE_CHECKING:
     from tidewire.broker.core import Broker
@@ -107,8 +107,6 @@ RECORD_CACHE = 256
 RECORD_CACHE_BYTES = 64 * 1024 * 1024
 #: How often the timers run with the real clock (seconds).
 TICK_S = 0.25
-#: Bytes read at a time while loading.
-_READ_CHUNK = 4 * 1024 * 1024
 #: Bytes a record of entries leaves free below the log's largest batch (its framing).
 _RECORD_SLACK = 4096
 
@@ -335,7 +333,6 @@ class StreamManager:
         streams = self._streams
         bases = plog.segment_bases
         seg_exp = self._seg_exp[p]
-        offset, end = plog.log_start_offset, plog.log_end_offset
         now_s = now // 1000
         default_ring = self.default_ring
         window = self.dedup_window
@@ -343,76 +340,61 @@ class StreamManager:
         bucket_s = -1
         bucket: dict[str, _Stream] = {}
         n_new = 0
-        while offset < end:
-            try:
-                r = plog.read(offset, _READ_CHUNK)
-            except PartitionCorruptError as exc:  # never served: what it held is lost
-                if exc.damage_end <= offset:
-                    break
-                offset = exc.damage_end
-                continue
-            if not r.data:
-                break
-            view = memoryview(r.data)
-            for pos0, h in iter_batches(view, verify=False):
-                if h.last_offset < offset:
+        for rec in intact_records(plog):
+            value = rec.value
+            assert value is not None  # intact_records yields records with a value
+            if rec.key == _KEY_MESSAGES:
+                try:
+                    entries = _decode_entries(value)
+                except msgspec.DecodeError:
                     continue
-                for rec in iter_records(view[pos0 : pos0 + h.size]):
-                    if rec.value is None or rec.offset < offset:
+                rings = _rings(rec.headers) if rec.headers else None
+                base = rec.offset << POSITION_BITS
+                newest = 0
+                last_exp = exp_s = -1
+                n_live = 0
+                for i, (sid, uuid, exp, _value) in enumerate(entries):
+                    if exp != last_exp:  # a send's entries mostly share one expiry
+                        last_exp = exp
+                        exp_s = -(-exp // 1000)
+                        if exp > newest:  # noqa: PLR1730 (max() costs a call)
+                            newest = exp
+                    if exp <= now:
                         continue
-                    if rec.key == _KEY_MESSAGES:
-                        try:
-                            entries = _decode_entries(rec.value)
-                        except msgspec.DecodeError:
-                            continue
-                        rings = _rings(rec.headers) if rec.headers else None
-                        base = rec.offset << POSITION_BITS
-                        newest = 0
-                        last_exp = exp_s = -1
-                        n_live = 0
-                        for i, (sid, uuid, exp, _value) in enumerate(entries):
-                            if exp != last_exp:  # a send's entries mostly share one expiry
-                                last_exp = exp
-                                exp_s = -(-exp // 1000)
-                                if exp > newest:  # noqa: PLR1730 (max() costs a call)
-                                    newest = exp
-                            if exp <= now:
-                                continue
-                            n_live += 1
-                            s = streams.get(sid)
-                            if s is None:
-                                ring = rings.get(sid, default_ring) if rings else default_ring
-                                s = streams[sid] = _Stream(sid, p, ring, now_s)
-                                n_new += 1
-                            if s.ents is None:
-                                s.ents = (base | i, exp)
-                            else:
-                                _add_entry(s, base | i, exp)
-                            due = s.due
-                            if due == 0 or exp_s < due:
-                                if due:
-                                    wheel[due].pop(sid, None)
-                                s.due = exp_s
-                                if exp_s != bucket_s:
-                                    bucket_s = exp_s
-                                    bucket = wheel.setdefault(exp_s, {})
-                                bucket[sid] = s
-                            if uuid and window:
-                                _remember(s, uuid, window)
-                        self._stats.persistent_messages += n_live
-                        seg = bases[_segment_index(bases, rec.offset)]
-                        if newest > seg_exp.get(seg, 0):
-                            seg_exp[seg] = newest
-                    elif rec.key == _KEY_TAKES:
-                        try:
-                            takes = _decode_takes(rec.value)
-                        except msgspec.DecodeError:
-                            continue
-                        for sid, pos in takes:
-                            s = streams.get(sid)
-                            if s is not None and pos > s.cursor:
-                                s.cursor = pos
-            offset = r.next_offset
+                    n_live += 1
+                    s = streams.get(sid)
+                    if s is None:
+                        ring = rings.get(sid, default_ring) if rings else default_ring
+                        s = streams[sid] = _Stream(sid, p, ring, now_s)
+                        n_new += 1
+                    if s.ents is None:
+                        s.ents = (base | i, exp)
+                    else:
+                        _add_entry(s, base | i, exp)
+                    due = s.due
+                    if due == 0 or exp_s < due:
+                        if due:
+                            wheel[due].pop(sid, None)
+                        s.due = exp_s
+                        if exp_s != bucket_s:
+                            bucket_s = exp_s
+                            bucket = wheel.setdefault(exp_s, {})
+                        bucket[sid] = s
+                    if uuid and window:
+                        _remember(s, uuid, window)
+                self._stats.persistent_messages += n_live
+                seg = bases[_segment_index(bases, rec.offset)]
+                if newest > seg_exp.get(seg, 0):
+                    seg_exp[seg] = newest
+            elif rec.key == _KEY_TAKES:
+                try:
+                    takes = _decode_takes(value)
+                except msgspec.DecodeError:
+                    continue
+                for sid, pos in takes:
+                    s = streams.get(sid)
+                    if s is not None and pos > s.cursor:
+                        s.cursor = pos
         self._stats.created += n_new
 
     async def run(self) -> None:
