@@ -16,6 +16,7 @@ from tests.cli._support import Broker, run_cli, serving
 from tidewire.broker import Broker as TwBroker
 from tidewire.broker import BrokerConfig
 from tidewire.security.config import SecurityConfig
+from tidewire.security.keys import parse_key
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +67,8 @@ def refused(r: Result, *secrets: str) -> None:
 
 
 def wrong(key: str) -> str:
-    prefix, _, secret = key.rpartition("_")
-    return f"{prefix}_{'A' if secret[0] != 'A' else 'B'}{secret[1:]}"
+    key_id, secret = parse_key(key)
+    return f"twk_{key_id}_{'A' if secret[0] != 'A' else 'B'}{secret[1:]}"
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +143,7 @@ def test_topic_publish_consume_group_with_the_option_and_the_variable(
     outputs.append(ok(r) + r.stderr)
     r = cli(broker, "topic", "list", key=wrong(app))
     outputs.append(r.stdout + r.stderr)
-    for secret in (app, app.rpartition("_")[2], keys["admin"], keys["admin"].rpartition("_")[2]):
+    for secret in (app, parse_key(app)[1], keys["admin"], parse_key(keys["admin"])[1]):
         assert all(secret not in out for out in outputs)
         assert secret not in caplog.text
 
@@ -167,8 +168,8 @@ def test_a_wrong_or_missing_key_is_one_line_and_exit_1(
 ) -> None:
     broker, _ = secured
     bad = wrong(keys["app"])
-    refused(cli(broker, *args, key=bad), bad, bad.rpartition("_")[2])
-    refused(cli(broker, *args, env_key=bad), bad, bad.rpartition("_")[2])
+    refused(cli(broker, *args, key=bad), bad, parse_key(bad)[1])
+    refused(cli(broker, *args, env_key=bad), bad, parse_key(bad)[1])
     refused(cli(broker, *args))
 
 

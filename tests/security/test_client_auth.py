@@ -30,6 +30,7 @@ from tidewire.client import (
 )
 from tidewire.errors import AuthenticationFailedError, AuthorizationFailedError
 from tidewire.security.config import SecurityConfig
+from tidewire.security.keys import parse_key
 from tidewire.security.model import CLUSTER_NAME, Acl, Operation, QuotaRecord, ResourceType
 from tidewire.server import TcpServer
 from tidewire.server.tcp import ServerConfig
@@ -99,8 +100,8 @@ async def writer(broker: Broker, name: str = "writer") -> str:
 
 def wrong_key(key: str) -> str:
     """The same key id with another secret."""
-    prefix, _, secret = key.rpartition("_")
-    return f"{prefix}_{'A' if secret[0] != 'A' else 'B'}{secret[1:]}"
+    key_id, secret = parse_key(key)
+    return f"twk_{key_id}_{'A' if secret[0] != 'A' else 'B'}{secret[1:]}"
 
 
 async def publish(p: AsyncProducer, value: bytes = b"v", partition: int = 0) -> int:
@@ -199,7 +200,7 @@ async def test_the_key_never_shows_in_the_producers_logs(
         async with AsyncProducer(addr, credentials=Credentials(bad)) as p:
             with pytest.raises(AuthenticationFailedError) as info:
                 await (await p.send("t", b"v", partition=0))
-        for secret in (key, bad, key.rpartition("_")[2], bad.rpartition("_")[2]):
+        for secret in (key, bad, parse_key(key)[1], parse_key(bad)[1]):
             assert secret not in caplog.text
             assert secret not in str(info.value)
             assert secret not in repr(Credentials(key))

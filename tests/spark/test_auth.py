@@ -10,6 +10,7 @@ import pytest
 
 from tidewire.embedded import EmbeddedBroker
 from tidewire.security.config import SecurityConfig
+from tidewire.security.keys import parse_key
 from tidewire.spark._options import read_options
 
 
@@ -40,7 +41,7 @@ def test_write_and_read_with_an_api_key(spark: Any, auth_broker: Any) -> None:
     loaded = reader(**{"tidewire.api.key": key})
     got = sorted(bytes(r.value) for r in loaded.select("value").collect())
     assert got == sorted(v for _, v in rows)
-    secret = key.rpartition("_")[2]
+    secret = parse_key(key)[1]
     assert secret not in loaded._jdf.queryExecution().toString()
     opts = read_options(
         {"tidewire.servers": eb.addr, "subscribe": "t", "tidewire.api.key": key}, streaming=False
