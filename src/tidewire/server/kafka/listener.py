@@ -58,6 +58,7 @@ from tidewire.protocol.kafka import (
 )
 from tidewire.protocol.kafka.schema import layout
 from tidewire.security.config import TlsConfig
+from tidewire.security.model import Principal
 from tidewire.security.tls import HANDSHAKE_TIMEOUT_S, listener_context, peer_of
 from tidewire.server.gate import Session, gate_for, source_of
 from tidewire.server.kafka.context import KafkaContext
@@ -113,8 +114,9 @@ def _api_versions_refusal(header: RequestHeader) -> bytes:
 
 def _evaluate(
     ctx: KafkaContext, action: str, requirement: Requirement, body: dict[str, Any]
-) -> frozenset[Need]:
-    """The needs of ``requirement`` the gate refuses, each asked alone (audited there).
+) -> tuple[Principal | None, frozenset[Need]]:
+    """The session's principal and the needs of ``requirement`` the gate refuses, each
+    asked alone (audited there).
 
     Raises:
         AuthenticationFailedError: authentication is on and the session has no (valid)
@@ -122,18 +124,23 @@ def _evaluate(
     """
     gate, session = ctx.gate, ctx.session
     if requirement is PUBLIC:
-        return frozenset()
+        return None, frozenset()
     principal = gate.principal(session)
     gate.enter(session, principal)
     if requirement is AUTHENTICATED or not callable(requirement):
-        return frozenset()
+        return principal, frozenset()
     denied: set[Need] = set()
     for need in requirement(body):
         try:
             gate.check(session, action, lambda _body, n=need: [n], body)
         except AuthorizationFailedError:
             denied.add(need)
-    return frozenset(denied)
+    return principal, frozenset(denied)
+
+
+def _records_bytes(topics: list[dict[str, Any]], parts: str) -> int:
+    """Bytes of ``records`` in a Produce request's or a Fetch response's topics."""
+    return sum(len(p["records"] or b"") for t in topics for p in t[parts])
 
 
 class _Connection:
@@ -350,11 +357,27 @@ class _Connection:
         try:
             if requirement is None:  # a handler without a declaration: nobody may use it
                 raise AuthorizationFailedError(f"{name} declares no permission")
-            ctx.denied = _evaluate(ctx, name, requirement, body)
+            principal, ctx.denied = _evaluate(ctx, name, requirement, body)
         except (AuthenticationFailedError, AuthorizationFailedError) as exc:
             log.info("closing a Kafka connection from %s: %s", self.session.source, exc.message)
             raise _Close from None
         out = await handler(ctx, header.api_version, body)
+        if principal is not None:
+            # Kafka's quota model: the answer waits, and says how long it waited.
+            key = header.api_key
+            delay = ctx.gate.throttle(
+                principal,
+                produced=_records_bytes(body["topic_data"], "partition_data")
+                if key == ApiKey.PRODUCE
+                else 0,
+                fetched=_records_bytes(out["responses"], "partitions")
+                if key == ApiKey.FETCH and out is not None
+                else 0,
+            )
+            if delay > 0:
+                if out is not None:
+                    out["throttle_time_ms"] = int(delay * 1000)
+                await asyncio.sleep(delay)
         if out is None:
             return None
         return encode_response(header, out)
