@@ -170,20 +170,23 @@ class _Connection:
 
     async def run(self) -> None:
         if self.server.require_cert and not self.certified:
-            log.info("closing a Kafka connection from %s: no client certificate", self.session)
+            log.info(
+                "closing a Kafka connection from %s: no client certificate", self.session.source
+            )
             self.writer.transport.abort()
             return
-        answering = asyncio.get_running_loop().create_task(self._answer_loop())
-        self.reading = asyncio.get_running_loop().create_task(self._read_loop())
+        loop = asyncio.get_running_loop()
+        answering = loop.create_task(self._answer_loop())
+        self.reading = loop.create_task(self._read_loop())
         try:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(self.reading)
+            # Ends when the peer closes, a frame is refused, or a drain stops the reading
+            # (the reading task cancelled: waited for, not awaited, so that is no error).
+            await asyncio.wait([self.reading])
         finally:
             if not self.reading.done():
                 self.reading.cancel()
             self.pending.put_nowait(None)  # answer what is in flight, then stop
-            with contextlib.suppress(asyncio.CancelledError):
-                await answering
+            await asyncio.wait([answering])
             for task in list(self.tasks):
                 task.cancel()
             self._close()
