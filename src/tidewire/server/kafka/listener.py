@@ -63,7 +63,7 @@ from tidewire.security.tls import HANDSHAKE_TIMEOUT_S, listener_context, peer_of
 from tidewire.server.gate import Session, gate_for, source_of
 from tidewire.server.kafka.context import KafkaContext
 from tidewire.server.kafka.dispatch import registry
-from tidewire.server.kafka.handlers import CLOSE_AFTER, RAW_SASL, sasl_step
+from tidewire.server.kafka.sasl import CLOSE_AFTER, RAW_SASL, sasl_step
 from tidewire.server.needs import AUTHENTICATED, PUBLIC, Need, Requirement
 from tidewire.server.tcp import _WILDCARDS, FINAL_CLOSE_S, ServerConfig
 from tidewire.server.tls import tls_protocol_factory
