@@ -1,6 +1,6 @@
 """The Kafka data APIs over the broker core: ApiVersions, Metadata, Produce, Fetch,
-ListOffsets, InitProducerId, DescribeCluster and the SASL exchange; the admin APIs are in
-:mod:`.admin`. :data:`DATA_HANDLERS` maps each API key to its handler.
+ListOffsets, InitProducerId and DescribeCluster; the admin APIs are in :mod:`.admin`, the SASL
+exchange in :mod:`.sasl`. :data:`DATA_HANDLERS` maps each of them to its handler.
 
 Each handler takes the decoded request body and returns the response body (dicts, see
 :mod:`tidewire.protocol.kafka`); the codec drops the fields the request's version lacks, so
