@@ -319,6 +319,8 @@ class KafkaGroupCoordinator:
             if member_id:
                 return JoinResult(E.UNKNOWN_MEMBER_ID, member_id)
             if len(self._groups) >= cfg.max_groups:
+                self._forget_empty()
+            if len(self._groups) >= cfg.max_groups:
                 return JoinResult(E.GROUP_MAX_SIZE_REACHED, member_id)
             group = self._groups[group_id] = _Group(group_id)
         if group.state is KafkaGroupState.DEAD:
@@ -668,8 +670,13 @@ class KafkaGroupCoordinator:
                         self._remove(group, group.members[mid], E.UNKNOWN_MEMBER_ID)
                 group.unsynced.clear()
                 self._after_removal(group, now, "members did not sync")
+        self._forget_empty()
+
+    def _forget_empty(self) -> None:
+        """Drop the groups without members or pending ids: they keep nothing the offsets
+        log does not (a join creates them again)."""
+        for group in list(self._groups.values()):
             if group.state is KafkaGroupState.EMPTY and not group.pending and not group.members:
-                # an empty group keeps nothing the offsets log does not: forget it
                 del self._groups[group.group_id]
 
     def next_deadline(self) -> float:
