@@ -363,6 +363,7 @@ class KafkaGroupCoordinator:
             list(protocols),
             now + session_timeout_ms,
         )
+        self._schedule(member.heartbeat_deadline)
         if not group.members:
             group.protocol_type = protocol_type
         group.members[member_id] = member
@@ -394,7 +395,7 @@ class KafkaGroupCoordinator:
         ):
             # Kafka answers such a join with the current generation, without a rebalance
             # (a member that lost the answer to its join and asks again).
-            member.heartbeat_deadline = now + member.session_timeout_ms
+            self._touch(member, now)
             return self._join_result(group, member)
         member.protocols = list(protocols)
         if member.join is not None and not member.join.done():
@@ -444,7 +445,7 @@ class KafkaGroupCoordinator:
         if state is KafkaGroupState.PREPARING_REBALANCE:
             return SyncResult(E.REBALANCE_IN_PROGRESS)
         group.unsynced.discard(member_id)
-        member.heartbeat_deadline = now + member.session_timeout_ms
+        self._touch(member, now)
         if state is KafkaGroupState.STABLE:
             return self._sync_result(group, member)
         # CompletingRebalance
@@ -490,7 +491,7 @@ class KafkaGroupCoordinator:
             return E.ILLEGAL_GENERATION
         if group.state is KafkaGroupState.EMPTY:
             return E.UNKNOWN_MEMBER_ID
-        member.heartbeat_deadline = self._clock() + member.session_timeout_ms
+        self._touch(member, self._clock())
         if group.state is KafkaGroupState.PREPARING_REBALANCE:
             return E.REBALANCE_IN_PROGRESS
         return E.NONE
@@ -566,7 +567,7 @@ class KafkaGroupCoordinator:
             return E.ILLEGAL_GENERATION
         if group.state is KafkaGroupState.COMPLETING_REBALANCE:
             return E.REBALANCE_IN_PROGRESS
-        member.heartbeat_deadline = self._clock() + member.session_timeout_ms
+        self._touch(member, self._clock())
         return E.NONE
 
     def delete(self, group_id: str) -> GroupError:
@@ -707,6 +708,11 @@ class KafkaGroupCoordinator:
                     pass
             self.tick()
 
+    def _touch(self, member: _Member, now: float) -> None:
+        """The member was heard from: its session runs from ``now``."""
+        member.heartbeat_deadline = now + member.session_timeout_ms
+        self._schedule(member.heartbeat_deadline)
+
     def _schedule(self, deadline: float) -> None:
         """A new deadline: make sure the timer task wakes up for it."""
         if not self._timer or self._closed:
@@ -835,7 +841,7 @@ class KafkaGroupCoordinator:
         self._schedule(group.sync_deadline)
         for m in group.members.values():
             m.assignment = b""
-            m.heartbeat_deadline = now + m.session_timeout_ms
+            self._touch(m, now)
             assert m.join is not None
             m.join.set_result(self._join_result(group, m))
 
