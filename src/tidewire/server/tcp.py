@@ -155,6 +155,9 @@ DEFAULT_DRAIN_TIMEOUT_S = 10.0
 FINAL_CLOSE_S = 1.0
 
 
+#: Addresses that bind every interface: never one a client can be sent to.
+_WILDCARDS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
 _GOING_AWAY = "the broker is shutting down; retry on another broker or once it is back"
 
 
@@ -191,6 +194,14 @@ class ServerConfig:
     #: (else to OTEL_EXPORTER_OTLP_ENDPOINT); also on when OTEL_* variables ask for it.
     tracing_enabled: bool = False
     otlp_endpoint: str = ""
+    #: Kafka's wire protocol (server/kafka/): its port (-1: off, 0: any free), the address
+    #: it binds ("": ``host``'s), and the address Metadata tells clients to connect to
+    #: ("": the bound address, or this machine's name when that is a wildcard; 0: the
+    #: bound port). The other bounds above apply to its connections too.
+    kafka_port: int = -1
+    kafka_host: str = ""
+    kafka_advertised_host: str = ""
+    kafka_advertised_port: int = 0
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -203,6 +214,20 @@ class ServerConfig:
             f"event_loop={self.event_loop!r} must be one of {', '.join(EVENT_LOOPS)}",
         )
         need(0 <= self.port <= 65535, f"port={self.port} must be within 0..65535 (0: any free)")
+        need(
+            -1 <= self.kafka_port <= 65535,
+            f"kafka_port={self.kafka_port} must be within -1..65535 (-1: off, 0: any free)",
+        )
+        need(
+            0 <= self.kafka_advertised_port <= 65535,
+            f"kafka_advertised_port={self.kafka_advertised_port} must be within 0..65535 "
+            "(0: the port it binds)",
+        )
+        need(
+            self.kafka_advertised_host.strip() not in _WILDCARDS - {""},
+            f"kafka_advertised_host={self.kafka_advertised_host!r} is not an address a "
+            "client can connect to: give this machine's name or address",
+        )
         need(self.max_connections >= 1, f"max_connections={self.max_connections} must be >= 1")
         # frame_length is an int32; below 1 KiB not even an admin request fits.
         need(

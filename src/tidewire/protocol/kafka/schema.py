@@ -116,7 +116,8 @@ def _default(kind: str, array: bool, nullable: bool, text: str | None) -> Any:
         return float(text) if text is not None else 0.0
     if kind == "struct":
         return None if nullable else {}
-    return int(text, 0) if text is not None else 0
+    # Kafka's JSON writes most defaults as strings ("-1") and a few as numbers (-1).
+    return int(text, 0) if isinstance(text, str) else int(text or 0)
 
 
 def _layout(fields: tuple[Any, ...], version: int, flexible: bool) -> Layout:
