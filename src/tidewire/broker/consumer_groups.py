@@ -3,6 +3,10 @@
 :class:`~tidewire.broker.offsets.OffsetStore`), and the views and changes an operator makes:
 list, describe with lag, delete, reset.
 
+Kafka clients' groups (:mod:`tidewire.broker.kafka_groups`, :attr:`ConsumerGroups.kafka`)
+live beside tidewire's: a group id is used by one protocol or the other while it has
+members, both commit into the same offsets log, and the views here show both.
+
 ``Broker.groups`` is the one instance; it exists while the broker runs.
 """
 
@@ -14,6 +18,13 @@ from dataclasses import dataclass
 
 from tidewire.broker.assignors import TopicPartition
 from tidewire.broker.groups import GroupCoordinator, GroupState, MemberInfo
+from tidewire.broker.kafka_groups import (
+    KafkaGroupConfig,
+    KafkaGroupCoordinator,
+    KafkaGroupState,
+    decode_assignment,
+    decode_subscription,
+)
 from tidewire.broker.offsets import Committed, OffsetStore
 from tidewire.errors import (
     GroupNotEmptyError,
@@ -94,6 +105,8 @@ class ConsumerGroups:
         topics: topic -> partition count, internal topics left out.
         list_offset: ``(topic, partition, timestamp)`` -> offset, as ``Broker.list_offset``
             (-2 earliest, -1 the high watermark, else the first offset at or after a time).
+        kafka: the coordinator of Kafka clients' groups (one with ``kafka_config`` is made
+            when not given).
     """
 
     def __init__(
@@ -102,11 +115,53 @@ class ConsumerGroups:
         offsets: OffsetStore,
         topics: Callable[[], Mapping[str, int]],
         list_offset: Callable[[str, int, int], int],
+        *,
+        kafka: KafkaGroupCoordinator | None = None,
+        kafka_config: KafkaGroupConfig | None = None,
     ) -> None:
         self.coordinator = coordinator
         self.offsets = offsets
         self._topics = topics
         self._list_offset = list_offset
+        self.kafka = kafka or KafkaGroupCoordinator(kafka_config)
+        # a group id belongs to one protocol while it has members
+        self.kafka.foreign = coordinator.has_members
+        coordinator.foreign = self.kafka.has_members
+
+    def has_members(self, group_id: str) -> bool:
+        """Whether tidewire or Kafka clients are members of ``group_id``."""
+        return self.coordinator.has_members(group_id) or self.kafka.has_members(group_id)
+
+    def _members_of(self, group_id: str) -> list[MemberInfo]:
+        return self.coordinator.members(group_id) or self._kafka_members(group_id)
+
+    def _kafka_members(self, group_id: str) -> list[MemberInfo]:
+        """Kafka members as tidewire shows members: a ``consumer`` protocol member's
+        subscribed topics and assigned partitions are read from its metadata."""
+        d = self.kafka.describe(group_id)
+        if d is None:
+            return []
+        consumer = d.protocol_type == "consumer"
+        return [
+            MemberInfo(
+                m.member_id,
+                m.group_instance_id or "",
+                m.client_id,
+                decode_subscription(m.subscription) if consumer else (),
+                "",
+                decode_assignment(m.assignment) if consumer else [],
+            )
+            for m in sorted(d.members, key=lambda m: m.member_id)
+        ]
+
+    def _state(self, group_id: str) -> tuple[GroupState, int, str]:
+        """(state, generation, strategy or Kafka protocol name) of either protocol."""
+        if not self.coordinator.has_members(group_id):
+            d = self.kafka.describe(group_id)
+            if d is not None:
+                return _KAFKA_STATES[d.state], d.generation, d.protocol_name
+        state, generation, strategy = self.coordinator.state(group_id)
+        return state, generation, "" if strategy is None else str(strategy)
 
     # --- offsets ----------------------------------------------------------------------------------
 
@@ -147,6 +202,19 @@ class ConsumerGroups:
         self.coordinator.check_commit(group_id, member_id, generation, list(offsets))
         await self.offsets.commit(group_id, offsets)
 
+    async def commit_checked(
+        self, group_id: str, offsets: Mapping[TopicPartition, tuple[int, str]]
+    ) -> None:
+        """Store ``offsets`` whose committer the caller has checked already (Kafka's
+        OffsetCommit, fenced by :meth:`KafkaGroupCoordinator.check_commit`, partitions and
+        metadata checked per partition); returns once they are fsynced.
+
+        Raises:
+            StorageError, LogFailedError, BackpressureError: the offsets log refused.
+        """
+        if offsets:
+            await self.offsets.commit(group_id, offsets)
+
     def committed(
         self, group_id: str, partitions: Sequence[TopicPartition] | None = None
     ) -> dict[TopicPartition, Committed]:
@@ -162,9 +230,10 @@ class ConsumerGroups:
     def list_groups(self) -> list[GroupListing]:
         """Every group with members or committed offsets."""
         out = []
-        for g in sorted(set(self.coordinator.group_ids()) | self.offsets.groups()):
-            state, _, _ = self.coordinator.state(g)
-            out.append(GroupListing(g, state, len(self.coordinator.members(g))))
+        names = set(self.coordinator.group_ids()) | set(self.kafka.group_ids())
+        for g in sorted(names | self.offsets.groups()):
+            state, _, _ = self._state(g)
+            out.append(GroupListing(g, state, len(self._members_of(g))))
         return out
 
     def describe(self, group_id: str) -> GroupDescription:
@@ -175,11 +244,11 @@ class ConsumerGroups:
         Raises:
             UnknownGroupError: no members and no committed offsets.
         """
-        members = self.coordinator.members(group_id)
+        members = self._members_of(group_id)
         committed = self.offsets.get(group_id)
-        if not members and not committed:
+        if not members and not committed and not self.kafka.exists(group_id):
             raise UnknownGroupError(f"group {group_id!r} does not exist")
-        state, generation, strategy = self.coordinator.state(group_id)
+        state, generation, strategy = self._state(group_id)
         topics = self._topics()
         names = {t for t, _ in committed} | {t for m in members for t, _ in m.assignment}
         lags: list[PartitionLag] = []
@@ -192,9 +261,7 @@ class ConsumerGroups:
                 off = -1 if c is None else c.offset
                 lag = -1 if c is None or end < 0 else max(end - off, 0)
                 lags.append(PartitionLag(topic, p, off, end, lag, "" if c is None else c.metadata))
-        return GroupDescription(
-            group_id, state, generation, "" if strategy is None else str(strategy), members, lags
-        )
+        return GroupDescription(group_id, state, generation, strategy, members, lags)
 
     async def delete(self, group_id: str) -> None:
         """Forget a group at rest and its committed offsets (durably).
@@ -203,11 +270,15 @@ class ConsumerGroups:
             GroupNotEmptyError: it has members.
             UnknownGroupError: it does not exist.
         """
-        if self.coordinator.has_members(group_id):
+        if self.has_members(group_id):
             raise GroupNotEmptyError(
-                f"group {group_id!r} has {len(self.coordinator.members(group_id))} member(s)"
+                f"group {group_id!r} has {len(self._members_of(group_id))} member(s)"
             )
+        known = self.kafka.exists(group_id)
+        self.kafka.delete(group_id)
         if group_id not in self.offsets.groups():
+            if known:
+                return
             raise UnknownGroupError(f"group {group_id!r} does not exist")
         await self.offsets.delete(group_id)
 
@@ -233,9 +304,9 @@ class ConsumerGroups:
         """
         if not group_id:
             raise InvalidRequestError("a reset needs a group id")
-        if self.coordinator.has_members(group_id):
+        if self.has_members(group_id):
             raise GroupNotEmptyError(
-                f"group {group_id!r} has {len(self.coordinator.members(group_id))} member(s): "
+                f"group {group_id!r} has {len(self._members_of(group_id))} member(s): "
                 "stop its consumers before resetting its offsets"
             )
         if to in (ResetTo.OFFSET, ResetTo.TIMESTAMP) and value < 0:
@@ -265,6 +336,16 @@ class ConsumerGroups:
                 group_id, {(r.topic, r.partition): (r.offset, "") for r in out}
             )
         return out
+
+
+#: How tidewire's views show the states of Kafka groups.
+_KAFKA_STATES = {
+    KafkaGroupState.EMPTY: GroupState.EMPTY,
+    KafkaGroupState.DEAD: GroupState.EMPTY,
+    KafkaGroupState.PREPARING_REBALANCE: GroupState.REBALANCING,
+    KafkaGroupState.COMPLETING_REBALANCE: GroupState.REBALANCING,
+    KafkaGroupState.STABLE: GroupState.STABLE,
+}
 
 
 def _check_partition(topics: Mapping[str, int], topic: str, partition: int) -> None:

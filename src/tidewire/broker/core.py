@@ -23,6 +23,7 @@ from pathlib import Path
 from tidewire._tasks import cancel_and_wait
 from tidewire.broker.consumer_groups import ConsumerGroups
 from tidewire.broker.groups import GroupConfig, GroupCoordinator
+from tidewire.broker.kafka_groups import KafkaGroupConfig, KafkaGroupCoordinator
 from tidewire.broker.offsets import OffsetStore, is_internal_topic
 from tidewire.broker.producers import (
     MAX_EPOCH,
@@ -126,6 +127,7 @@ class BrokerConfig:
             snapshotted (it is also snapshotted at a clean shutdown), which bounds how much
             of each log a start after a crash reads to rebuild it.
         groups: the consumer group coordinator's bounds.
+        kafka_groups: the bounds and initial rebalance delay of Kafka clients' groups.
         max_open_files: log files (segments) kept open at once; idle ones are closed and
             opened again when used. 0: a quarter of the descriptor limit, at most
             :data:`MAX_DEFAULT_OPEN_FILES`.
@@ -156,6 +158,7 @@ class BrokerConfig:
     producer_expiration_ms: int = 7 * 24 * 3600 * 1000
     producer_snapshot_interval_ms: int = 60_000
     groups: GroupConfig = field(default_factory=GroupConfig)
+    kafka_groups: KafkaGroupConfig = field(default_factory=KafkaGroupConfig)
     max_open_files: int = 0
     max_partitions: int = DEFAULT_MAX_PARTITIONS
     stream_partitions: int = 4
@@ -390,7 +393,13 @@ class Broker:
             self.logs.close()
             raise
         coordinator = GroupCoordinator(self.topics, self.config.groups)
-        self._groups = ConsumerGroups(coordinator, offsets, self.topics, self.list_offset)
+        self._groups = ConsumerGroups(
+            coordinator,
+            offsets,
+            self.topics,
+            self.list_offset,
+            kafka_config=self.config.kafka_groups,
+        )
         loop = asyncio.get_running_loop()
         self._maintenance = loop.create_task(self.logs.run(), name="log maintenance")
         self._maintenance.add_done_callback(_log_task_failure)
@@ -417,6 +426,16 @@ class Broker:
         if self._groups is None:
             raise InvalidRequestError("the broker is not running")
         return self._groups
+
+    @property
+    def kafka_groups(self) -> KafkaGroupCoordinator:
+        """The groups of Kafka clients (Kafka's classic group protocol; while the broker
+        runs). Their committed offsets are in :attr:`groups`' offsets log.
+
+        Raises:
+            InvalidRequestError: the broker is not running.
+        """
+        return self.groups.kafka
 
     @property
     def queues(self) -> QueueManager:
@@ -476,6 +495,7 @@ class Broker:
             self.audit = None
         if self._groups is not None:
             self._groups.coordinator.close()
+            await self._groups.kafka.close()
             self._groups = None
         if self._background:  # fsyncs that make acks=leader batches visible: let them end
             await asyncio.gather(*self._background, return_exceptions=True)
@@ -1476,6 +1496,7 @@ class Broker:
         self.release_waiters()
         if self._groups is not None:
             self._groups.coordinator.close()
+            self._groups.kafka.release_waiters()
 
     def _wake(self, topic: str, partition: int) -> None:
         for fut in self._waiters.pop((topic, partition), ()):

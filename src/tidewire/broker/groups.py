@@ -186,6 +186,9 @@ class GroupCoordinator:
         self._topics = topics
         self._clock = clock
         self._groups: dict[str, _Group] = {}
+        #: Whether a group id is in use by Kafka clients (their protocol's coordinator has
+        #: members in it): a tidewire member may not join it.
+        self.foreign: Callable[[str], bool] = lambda _: False
 
     # --- membership ---------------------------------------------------------------------------
 
@@ -208,7 +211,8 @@ class GroupCoordinator:
 
         Raises:
             InvalidGroupError: a bad id, strategy, pattern or timeout.
-            InconsistentGroupProtocolError: the group's members use another strategy.
+            InconsistentGroupProtocolError: the group's members use another strategy, or
+                Kafka clients use the group.
             UnknownMemberError: ``member_id`` is not in the group (or was replaced or
                 removed while this join waited).
             GroupFullError: ``max_members`` or ``max_groups`` reached.
@@ -226,6 +230,11 @@ class GroupCoordinator:
         )
         now = self._clock()
         group = self._groups.get(group_id)
+        if group is None and self.foreign(group_id):
+            raise InconsistentGroupProtocolError(
+                f"group {group_id!r} is in use by Kafka clients (Kafka's group protocol); "
+                "tidewire members cannot join it"
+            )
         if group is None:
             if len(self._groups) >= self.config.max_groups:
                 raise GroupFullError(
@@ -328,6 +337,11 @@ class GroupCoordinator:
         """
         group = self._groups.get(group_id)
         if not member_id and generation < 0:
+            if self.foreign(group_id):
+                raise GroupNotEmptyError(
+                    f"group {group_id!r} has Kafka members: only they may commit, with "
+                    "their member id and generation"
+                )
             if group is not None and group.members:
                 raise GroupNotEmptyError(
                     f"group {group_id!r} has {len(group.members)} member(s): only they may "
