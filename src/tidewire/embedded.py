@@ -15,8 +15,10 @@ program, in its own event loop or on a background thread::
             client.produce("events", 0, [Message(b"hello")])
 
 ``http_port=0`` also serves the HTTP API (docs/http.md) on a free port, at
-:attr:`EmbeddedBroker.http_url`. ``tls=TlsConfig(tls_cert_file=..., tls_key_file=...)`` puts
-every listener under TLS (docs/security.md).
+:attr:`EmbeddedBroker.http_url`; ``kafka_port=0`` serves Kafka's wire protocol (docs/kafka.md)
+on a free port, at :attr:`EmbeddedBroker.kafka_bootstrap`.
+``tls=TlsConfig(tls_cert_file=..., tls_key_file=...)`` puts every listener under TLS
+(docs/security.md).
 
 Leaving the ``async with`` (or the ``with``) drains like a SIGTERM to the server: every
 listener stops accepting at once, long-polls and streams are answered, in-flight requests
@@ -43,6 +45,7 @@ from tidewire.server import ServerConfig, TcpServer
 from tidewire.server.descriptors import fit_broker_listeners
 from tidewire.server.drain import drain
 from tidewire.server.http import HttpConfig
+from tidewire.server.kafka.listener import KafkaServer
 from tidewire.server.runtime import given_settings, listeners_of, record
 
 if TYPE_CHECKING:
@@ -66,6 +69,9 @@ class EmbeddedBroker:
             :attr:`http_url`); None: no HTTP, unless ``http`` enables it.
         http: the HTTP gateway's settings (``http_port`` above overrides its own; its
             ``http_host`` defaults to ``host``).
+        kafka_port: serve Kafka's wire protocol on this port too (0: a free one; see
+            :attr:`kafka_bootstrap`); None: as ``server`` says (``kafka_port``, off by
+            default). It binds ``server.kafka_host``, else ``host``.
         security: authentication, authorization, audit and quotas (docs/security.md).
         tls: TLS of every listener (on when ``tls.enabled``; see docs/security.md).
         **broker_settings: :class:`~tidewire.broker.BrokerConfig` fields (for example
@@ -85,6 +91,7 @@ class EmbeddedBroker:
         server: ServerConfig | None = None,
         http_port: int | None = None,
         http: HttpConfig | None = None,
+        kafka_port: int | None = None,
         security: SecurityConfig | None = None,
         tls: TlsConfig | None = None,
         **broker_settings: Any,
@@ -94,6 +101,8 @@ class EmbeddedBroker:
         except TypeError as exc:
             raise InvalidConfigError(f"not a broker setting: {exc}") from None
         self.server_config = replace(server or ServerConfig(), host=host, port=port)
+        if kafka_port is not None:
+            self.server_config = replace(self.server_config, kafka_port=kafka_port)
         http_config = http or HttpConfig(http_host=host)
         if http_port is not None:
             http_config = replace(http_config, http_port=http_port)
@@ -105,6 +114,7 @@ class EmbeddedBroker:
         self.broker = Broker(self.config, security=security)
         self.server: TcpServer | None = None
         self.gateway: HttpGateway | None = None
+        self.kafka: KafkaServer | None = None
 
     @property
     def addr(self) -> str:
@@ -116,6 +126,18 @@ class EmbeddedBroker:
         if self.server is None:
             raise RuntimeError("the embedded broker is not listening")
         return f"{self.server_config.host}:{self.server.port}"
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """``"HOST:PORT"`` of the Kafka listener (once started): a Kafka client's
+        ``bootstrap.servers``.
+
+        Raises:
+            RuntimeError: Kafka's protocol is not served.
+        """
+        if self.kafka is None:
+            raise RuntimeError("the embedded broker does not serve Kafka's protocol")
+        return f"{self.kafka.advertised_host}:{self.kafka.advertised_port}"
 
     @property
     def http_url(self) -> str:
@@ -141,6 +163,10 @@ class EmbeddedBroker:
                 server = TcpServer(self.broker, self.server_config, tls=self.tls)
                 await server.start()
                 self.server = server
+            if self.server_config.kafka_port != -1:
+                kafka = KafkaServer(self.broker, self.server_config, tls=self.tls)
+                await kafka.start()
+                self.kafka = kafka
             if self.http_config.enabled:
                 from tidewire.server.http.gateway import HttpGateway  # noqa: PLC0415 (heavy)
 
@@ -155,7 +181,9 @@ class EmbeddedBroker:
                 self.broker.security_config,
                 origin="program (EmbeddedBroker)",
             )
-            listeners = listeners_of(self.server, self.gateway, tls=self.tls.enabled)
+            listeners = listeners_of(
+                self.server, self.gateway, tls=self.tls.enabled, kafka=self.kafka
+            )
             record(self.broker, settings, listeners)
         except BaseException:
             await self.close()
@@ -172,7 +200,10 @@ class EmbeddedBroker:
         """
         gateway, self.gateway = self.gateway, None
         server, self.server = self.server, None
-        await drain(self.broker, server, gateway, grace_s=self.server_config.drain_timeout_s)
+        kafka, self.kafka = self.kafka, None
+        await drain(
+            self.broker, server, gateway, grace_s=self.server_config.drain_timeout_s, kafka=kafka
+        )
 
     async def __aenter__(self) -> EmbeddedBroker:
         await self.start()

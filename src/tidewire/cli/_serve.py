@@ -379,6 +379,41 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    kafka_port: Annotated[
+        int | None,
+        typer.Option(
+            help=_help(
+                "kafka_port", "Port of Kafka's wire protocol (-1: off; 0: any free; Kafka: 9092)."
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    kafka_host: Annotated[
+        str | None,
+        typer.Option(
+            help=_help("kafka_host", "Address the Kafka listener binds (empty: --host's)."),
+            show_default=False,
+        ),
+    ] = None,
+    kafka_advertised_host: Annotated[
+        str | None,
+        typer.Option(
+            help=_help(
+                "kafka_advertised_host",
+                "Host Kafka clients are told to connect to (empty: the bound one).",
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    kafka_advertised_port: Annotated[
+        int | None,
+        typer.Option(
+            help=_help(
+                "kafka_advertised_port", "Port Kafka clients are told to connect to (0: bound)."
+            ),
+            show_default=False,
+        ),
+    ] = None,
     http_host: Annotated[
         str | None,
         typer.Option(
@@ -732,6 +767,10 @@ def serve(
         "log_level": log_level,
         "tracing_enabled": tracing_enabled,
         "otlp_endpoint": otlp_endpoint,
+        "kafka_port": kafka_port,
+        "kafka_host": kafka_host,
+        "kafka_advertised_host": kafka_advertised_host,
+        "kafka_advertised_port": kafka_advertised_port,
         "http_host": http_host,
         "http_port": http_port,
         "http_max_body_bytes": http_max_body_bytes,
@@ -824,8 +863,20 @@ async def _serve(settings: Settings, loop_name: str) -> None:
         raise
     server = TcpServer(broker, server_config, tls=tls)
     gateway = None
+    kafka = None
     try:
         await server.start()
+        if server_config.kafka_port != -1:
+            from tidewire.server.kafka.listener import KafkaServer  # noqa: PLC0415
+
+            kafka = KafkaServer(broker, server_config, tls=tls)
+            try:
+                await kafka.start()
+            except OSError as exc:
+                raise InvalidConfigError(
+                    f"cannot listen for Kafka on {kafka.host}:{server_config.kafka_port}: "
+                    f"{exc.strerror or exc}"
+                ) from None
         if http_config.enabled:
             # Imported here: FastAPI and uvicorn load only when HTTP is served.
             from tidewire.server.http.gateway import HttpGateway  # noqa: PLC0415
@@ -837,13 +888,19 @@ async def _serve(settings: Settings, loop_name: str) -> None:
                 raise InvalidConfigError(str(exc.strerror or exc)) from None
         # The settings in effect: the listeners' as fitted under the descriptor limit.
         in_effect = replace(settings, server=server_config, http=http_config)
-        record(broker, in_effect, listeners_of(server, gateway, tls=tls is not None))
+        record(broker, in_effect, listeners_of(server, gateway, tls=tls is not None, kafka=kafka))
         # One line for people and scripts alike: where to connect.
         typer.echo(
             f"tidewire {__version__} listening on {settings.server.host}:{server.port}"
             + (" (TLS)" if tls is not None else "")
         )
         log.info("event loop: %s", loop_name)
+        if kafka is not None:
+            typer.echo(
+                f"tidewire {__version__} Kafka listening on {kafka.host}:{kafka.port}, "
+                f"advertised as {kafka.advertised_host}:{kafka.advertised_port}"
+                + (" (TLS)" if tls is not None else "")
+            )
         if gateway is not None:
             for name in gateway.names:
                 host, port = gateway.host_of(name), gateway.port_of(name)
@@ -860,10 +917,12 @@ async def _serve(settings: Settings, loop_name: str) -> None:
         await stop.wait()
         stopping = loop.time()
     except BaseException:
-        await drain(broker, server, gateway, grace_s=0)
+        await drain(broker, server, gateway, grace_s=0, kafka=kafka)
         raise
     try:
-        report = await drain(broker, server, gateway, grace_s=settings.server.drain_timeout_s)
+        report = await drain(
+            broker, server, gateway, grace_s=settings.server.drain_timeout_s, kafka=kafka
+        )
     except StorageError as exc:  # one line for all: the cause, and what the next start does
         log.error("stopped in %.2f s, but %s", loop.time() - stopping, exc.message)
         raise typer.Exit(EXIT_ERROR) from None

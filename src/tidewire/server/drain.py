@@ -4,10 +4,11 @@ process stops at once, then the broker flushes and closes.
 In order, with nothing awaited before step 2 is done:
 
 1. every listener closes its listening socket (the binary protocol's, the HTTP API's, the
-   compatibility modes'): new connections are refused from this moment;
+   compatibility modes', Kafka's): new connections are refused from this moment;
 2. every wait ends: long-poll fetches (binary and HTTP) answer at once with what they have,
    push subscriptions, SSE and WebSocket streams end (WebSockets with 1001, going away),
-   members waiting in a group join are told to join again; a binary connection with nothing
+   members waiting in a group join are told to join again; a Kafka connection reads no
+   more requests and closes once those in flight are answered; a binary connection with nothing
    in flight gets a ``ShuttingDownError`` error frame and closes, an idle HTTP keep-alive
    connection closes;
 3. the requests in flight finish, up to ``drain_timeout_s`` in all; a new request on a binary
@@ -34,6 +35,7 @@ from tidewire.server.tcp import TcpServer
 
 if TYPE_CHECKING:
     from tidewire.server.http.gateway import HttpGateway
+    from tidewire.server.kafka.listener import KafkaServer
 
 __all__ = ["DrainReport", "drain"]
 
@@ -64,6 +66,7 @@ async def drain(
     gateway: HttpGateway | None,
     *,
     grace_s: float,
+    kafka: KafkaServer | None = None,
 ) -> DrainReport:
     """Drain the listeners and close the broker (see the module docstring).
 
@@ -71,6 +74,8 @@ async def drain(
         broker: the broker, closed at the end.
         server: the binary-protocol listener, if any.
         gateway: the HTTP listeners, if any.
+        kafka: the Kafka listener, if any (its connections stop reading requests and close
+            once the requests in flight are answered).
         grace_s: how long requests in flight may take to finish (seconds).
 
     Raises:
@@ -86,16 +91,22 @@ async def drain(
             server.stop_accepting()
         if gateway is not None:
             gateway.stop_accepting()
+        if kafka is not None:
+            kafka.stop_accepting()
         broker.begin_drain()
         tcp_conns = len(server.connections) if server is not None else 0
         http_conns = gateway.connections() if gateway is not None else 0
-        in_flight = (server.in_flight() if server is not None else 0) + (
-            gateway.in_flight() if gateway is not None else 0
+        in_flight = (
+            (server.in_flight() if server is not None else 0)
+            + (gateway.in_flight() if gateway is not None else 0)
+            + (kafka.in_flight() if kafka is not None else 0)
         )
         if server is not None:
             server.begin_drain()
         if gateway is not None:
             gateway.begin_drain()
+        if kafka is not None:
+            kafka.begin_drain()
         log.info(
             "draining: listeners closed; %d binary and %d HTTP connection(s), %d request(s) in "
             "flight, up to %g s for them",
@@ -110,6 +121,8 @@ async def drain(
             waits.append(server.wait_in_flight(deadline))
         if gateway is not None:
             waits.append(gateway.wait_in_flight(deadline))
+        if kafka is not None:
+            waits.append(kafka.wait_in_flight(deadline))
         left = sum(await asyncio.gather(*waits))
         if left:
             log.warning(
@@ -123,6 +136,8 @@ async def drain(
             cut += await gateway.finish()
         if server is not None:
             cut += await server.finish()
+        if kafka is not None:
+            cut += await kafka.finish()
         refused = server.drain_refused if server is not None else 0
         log.info(
             "listeners drained in %.2f s: %d request(s) answered 'shutting down', %d cut",

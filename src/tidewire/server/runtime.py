@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from tidewire.server import ServerConfig
     from tidewire.server.http import HttpConfig
     from tidewire.server.http.gateway import HttpGateway
+    from tidewire.server.kafka.listener import KafkaServer
     from tidewire.server.tcp import TcpServer
 
 __all__ = ["Listener", "Runtime", "given_settings", "listeners_of", "record", "runtime_of"]
@@ -30,8 +31,8 @@ class Listener:
     """One listening socket.
 
     Attributes:
-        name: ``binary`` (the TCP protocol), or the HTTP listener's name (``native``,
-            ``msgbus``, ``ipubsub``).
+        name: ``binary`` (the TCP protocol), ``kafka`` (Kafka's wire protocol), or the HTTP
+            listener's name (``native``, ``msgbus``, ``ipubsub``).
         host: the address it binds.
         port: the port it is bound to.
         tls: whether it speaks TLS.
@@ -65,12 +66,19 @@ def record(broker: Broker, settings: Settings, listeners: list[Listener]) -> Non
 
 
 def listeners_of(
-    server: TcpServer | None, gateway: HttpGateway | None, *, tls: bool
+    server: TcpServer | None,
+    gateway: HttpGateway | None,
+    *,
+    tls: bool,
+    kafka: KafkaServer | None = None,
 ) -> list[Listener]:
-    """The listeners of a TCP server and an HTTP gateway (either may be None)."""
+    """The listeners of a TCP server, an HTTP gateway and a Kafka listener (each may be
+    None)."""
     out: list[Listener] = []
     if server is not None:
         out.append(Listener("binary", server.config.host, server.port, tls))
+    if kafka is not None:
+        out.append(Listener("kafka", kafka.host, kafka.port, tls))
     if gateway is not None:
         for name in gateway.names:
             out.append(Listener(name, gateway.host_of(name), gateway.port_of(name), tls))
