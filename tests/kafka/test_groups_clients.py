@@ -16,8 +16,9 @@ import pytest
 
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.broker.kafka_groups import KafkaGroupConfig
+from tidewire.client import Client
 from tidewire.server.kafka.listener import KafkaServer
-from tidewire.server.tcp import ServerConfig
+from tidewire.server.tcp import ServerConfig, TcpServer
 
 kafka = pytest.importorskip("kafka")
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -36,6 +37,7 @@ class Running:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.broker: Broker
         self.server: KafkaServer
+        self.tcp: TcpServer
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(WITHIN_S)
@@ -51,11 +53,15 @@ class Running:
         )
         self.broker = Broker(cfg)
         await self.broker.start()
-        self.server = KafkaServer(self.broker, ServerConfig(host="127.0.0.1", kafka_port=0))
+        listen = ServerConfig(host="127.0.0.1", port=0, kafka_port=0)
+        self.server = KafkaServer(self.broker, listen)
         await self.server.start()
+        self.tcp = TcpServer(self.broker, listen)  # tidewire's own protocol, for its views
+        await self.tcp.start()
 
     async def _stop(self) -> None:
         await self.server.close(grace_s=1.0)
+        await self.tcp.close(grace_s=1.0)
         await self.broker.close()
 
     def stop(self) -> None:
@@ -213,6 +219,15 @@ def test_kafka_python_commit_and_resume(running: Running) -> None:
             rest.extend(rec.value for rec in recs)
     assert rest == [b"v%d" % i for i in range(10, 20)]
     assert again.committed(tp) == 10
+    # tidewire's own clients (and so the CLI) see the Kafka group, its member and its lag
+    with Client(f"127.0.0.1:{r.tcp.port}") as tw:
+        d = tw.describe_group("resume")
+        assert (d.state, d.strategy) == ("stable", "range")
+        assert [[(a.topic, a.partition) for a in m.assignment] for m in d.members] == [[("log", 0)]]
+        assert [(o.committed, o.end_offset, o.lag, o.metadata) for o in d.offsets] == [
+            (10, 20, 10, "after ten")
+        ]
+        assert [(g.group_id, g.members) for g in tw.list_groups()] == [("resume", 1)]
     again.close()
 
 

@@ -491,3 +491,46 @@ def test_consumer_protocol_decoders() -> None:
     assert decode_subscription(b"\x00") == ()
     assert decode_assignment(assignment({"t": [2, 0], "u": [1]})) == [("t", 0), ("t", 2), ("u", 1)]
     assert decode_assignment(b"\x00\x00\x7f\xff\xff\xff") == []
+
+
+def test_the_timer_wakes_for_a_shorter_session_that_joins_later() -> None:
+    async def main() -> None:
+        c = KafkaGroupCoordinator(KafkaGroupConfig(initial_rebalance_delay_ms=0))
+        try:
+            slow = await join(
+                c,
+                require_known_member_id=False,
+                session_timeout_ms=60_000,
+                rebalance_timeout_ms=30_000,
+            )
+            await c.sync("g", member_id=slow.member_id, generation=1, assignments={})
+            # the timer now sleeps until the 60 s session; a member with 300 ms joins
+            fast = join(
+                c,
+                require_known_member_id=False,
+                session_timeout_ms=300,
+                rebalance_timeout_ms=30_000,
+            )
+            await settle()
+            again = await join(
+                c, slow.member_id, session_timeout_ms=60_000, rebalance_timeout_ms=30_000
+            )
+            new = await fast
+            assert again.generation == new.generation == 2
+            await asyncio.gather(
+                c.sync("g", member_id=new.member_id, generation=2),
+                c.sync("g", member_id=again.member_id, generation=2, assignments={}),
+            )
+            # the fast member never heartbeats: gone after ~300 ms, long before any other
+            # deadline (60 s, 30 s) would wake the timer
+            for _ in range(60):
+                d = c.describe("g")
+                assert d is not None
+                if len(d.members) == 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert [m.member_id for m in c.describe("g").members] == [slow.member_id]  # type: ignore[union-attr]
+        finally:
+            await c.close()
+
+    run(main())

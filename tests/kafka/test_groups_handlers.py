@@ -15,8 +15,9 @@ from typing import Any, TypeVar
 import pytest
 
 from tidewire.broker import Broker, BrokerConfig
+from tidewire.broker.consumer_groups import ResetTo
 from tidewire.broker.kafka_groups import KafkaGroupConfig
-from tidewire.errors import InconsistentGroupProtocolError
+from tidewire.errors import GroupNotEmptyError, InconsistentGroupProtocolError
 from tidewire.protocol.kafka import (
     ApiKey,
     ErrorCode,
@@ -404,6 +405,13 @@ def test_a_group_id_belongs_to_one_protocol(tmp_path: Path) -> None:
         await one_member_group(k)
         with pytest.raises(InconsistentGroupProtocolError, match="Kafka"):
             await b.groups.coordinator.join("g", topics=["t"])
+        # tidewire's administration treats the Kafka members as members
+        with pytest.raises(GroupNotEmptyError):
+            await b.groups.commit("g", {("t", 0): (1, "")})
+        with pytest.raises(GroupNotEmptyError):
+            await b.groups.delete("g")
+        with pytest.raises(GroupNotEmptyError):
+            await b.groups.reset("g", "t", ResetTo.EARLIEST)
 
     run(tmp_path, test)
 

@@ -319,6 +319,8 @@ class KafkaGroupCoordinator:
             if member_id:
                 return JoinResult(E.UNKNOWN_MEMBER_ID, member_id)
             if len(self._groups) >= cfg.max_groups:
+                self._forget_empty()
+            if len(self._groups) >= cfg.max_groups:
                 return JoinResult(E.GROUP_MAX_SIZE_REACHED, member_id)
             group = self._groups[group_id] = _Group(group_id)
         if group.state is KafkaGroupState.DEAD:
@@ -361,6 +363,7 @@ class KafkaGroupCoordinator:
             list(protocols),
             now + session_timeout_ms,
         )
+        self._schedule(member.heartbeat_deadline)
         if not group.members:
             group.protocol_type = protocol_type
         group.members[member_id] = member
@@ -392,7 +395,7 @@ class KafkaGroupCoordinator:
         ):
             # Kafka answers such a join with the current generation, without a rebalance
             # (a member that lost the answer to its join and asks again).
-            member.heartbeat_deadline = now + member.session_timeout_ms
+            self._touch(member, now)
             return self._join_result(group, member)
         member.protocols = list(protocols)
         if member.join is not None and not member.join.done():
@@ -442,7 +445,7 @@ class KafkaGroupCoordinator:
         if state is KafkaGroupState.PREPARING_REBALANCE:
             return SyncResult(E.REBALANCE_IN_PROGRESS)
         group.unsynced.discard(member_id)
-        member.heartbeat_deadline = now + member.session_timeout_ms
+        self._touch(member, now)
         if state is KafkaGroupState.STABLE:
             return self._sync_result(group, member)
         # CompletingRebalance
@@ -488,7 +491,7 @@ class KafkaGroupCoordinator:
             return E.ILLEGAL_GENERATION
         if group.state is KafkaGroupState.EMPTY:
             return E.UNKNOWN_MEMBER_ID
-        member.heartbeat_deadline = self._clock() + member.session_timeout_ms
+        self._touch(member, self._clock())
         if group.state is KafkaGroupState.PREPARING_REBALANCE:
             return E.REBALANCE_IN_PROGRESS
         return E.NONE
@@ -564,7 +567,7 @@ class KafkaGroupCoordinator:
             return E.ILLEGAL_GENERATION
         if group.state is KafkaGroupState.COMPLETING_REBALANCE:
             return E.REBALANCE_IN_PROGRESS
-        member.heartbeat_deadline = self._clock() + member.session_timeout_ms
+        self._touch(member, self._clock())
         return E.NONE
 
     def delete(self, group_id: str) -> GroupError:
@@ -668,8 +671,13 @@ class KafkaGroupCoordinator:
                         self._remove(group, group.members[mid], E.UNKNOWN_MEMBER_ID)
                 group.unsynced.clear()
                 self._after_removal(group, now, "members did not sync")
+        self._forget_empty()
+
+    def _forget_empty(self) -> None:
+        """Drop the groups without members or pending ids: they keep nothing the offsets
+        log does not (a join creates them again)."""
+        for group in list(self._groups.values()):
             if group.state is KafkaGroupState.EMPTY and not group.pending and not group.members:
-                # an empty group keeps nothing the offsets log does not: forget it
                 del self._groups[group.group_id]
 
     def next_deadline(self) -> float:
@@ -699,6 +707,11 @@ class KafkaGroupCoordinator:
                 except TimeoutError:
                     pass
             self.tick()
+
+    def _touch(self, member: _Member, now: float) -> None:
+        """The member was heard from: its session runs from ``now``."""
+        member.heartbeat_deadline = now + member.session_timeout_ms
+        self._schedule(member.heartbeat_deadline)
 
     def _schedule(self, deadline: float) -> None:
         """A new deadline: make sure the timer task wakes up for it."""
@@ -828,7 +841,7 @@ class KafkaGroupCoordinator:
         self._schedule(group.sync_deadline)
         for m in group.members.values():
             m.assignment = b""
-            m.heartbeat_deadline = now + m.session_timeout_ms
+            self._touch(m, now)
             assert m.join is not None
             m.join.set_result(self._join_result(group, m))
 
