@@ -22,7 +22,9 @@ topic each time:
 
 Each figure is the median of the rounds: messages/s, MB/s (10^6 bytes of values), and the
 broker's CPU per message (its utime + stime from ``/proc/PID/stat`` over the timed part,
-in microseconds of CPU per message; 1,000 us/msg is one core busy at 1,000 msg/s). Progress
+in microseconds of CPU per message: 10 us/msg is one core busy at 100,000 msg/s), and the
+benchmark process's own CPU per message (the client: ``time.process_time``, every thread,
+librdkafka's included). Progress
 goes to stderr; the table (or with ``--json`` a JSON document) to stdout.
 """
 
@@ -66,13 +68,14 @@ def cpu_seconds(pid: int) -> float:
 
 def measure(pid: int, n: int, fn: Callable[[], float]) -> dict[str, float]:
     """Run ``fn`` (which returns its own timed seconds) and the broker's CPU meanwhile."""
-    cpu0 = cpu_seconds(pid)
+    cpu0, own0 = cpu_seconds(pid), time.process_time()
     elapsed = fn()
-    cpu = cpu_seconds(pid) - cpu0
+    cpu, own = cpu_seconds(pid) - cpu0, time.process_time() - own0
     return {
         "msg_per_s": n / elapsed,
         "mb_per_s": n * VALUE_BYTES / elapsed / 1e6,
         "broker_cpu_us_per_msg": cpu / n * 1e6,
+        "client_cpu_us_per_msg": own / n * 1e6,
         "seconds": elapsed,
     }
 
@@ -209,7 +212,8 @@ def run_policy(fsync: str, args: argparse.Namespace) -> dict[str, dict[str, floa
                 log(
                     f"fsync={fsync} round {r + 1}/{args.rounds} {name}: "
                     f"{m['msg_per_s']:,.0f} msg/s, {m['mb_per_s']:.1f} MB/s, "
-                    f"{m['broker_cpu_us_per_msg']:.1f} us broker CPU/msg"
+                    f"{m['broker_cpu_us_per_msg']:.1f} us broker CPU/msg, "
+                    f"{m['client_cpu_us_per_msg']:.1f} us client CPU/msg"
                 )
     return {
         name: {key: statistics.median(m[key] for m in ms) for key in ms[0]}
@@ -242,12 +246,15 @@ def main() -> None:
         f"{args.messages:,} messages of {VALUE_BYTES} B, {args.partitions} partitions, "
         f"medians of {args.rounds}"
     )
-    print(f"{'fsync':<9} {'phase':<18} {'msg/s':>10} {'MB/s':>7} {'broker CPU us/msg':>18}")
+    print(
+        f"{'fsync':<9} {'phase':<18} {'msg/s':>10} {'MB/s':>7} {'broker CPU us/msg':>18} "
+        f"{'client CPU us/msg':>18}"
+    )
     for fsync, phases in results.items():
         for name, m in phases.items():
             print(
                 f"{fsync:<9} {name:<18} {m['msg_per_s']:>10,.0f} {m['mb_per_s']:>7.1f} "
-                f"{m['broker_cpu_us_per_msg']:>18.1f}"
+                f"{m['broker_cpu_us_per_msg']:>18.1f} {m['client_cpu_us_per_msg']:>18.1f}"
             )
 
 
