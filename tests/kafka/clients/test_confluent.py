@@ -260,7 +260,13 @@ def test_automatic_topic_creation_through_metadata(running: Running) -> None:
     assert running.on_loop(lambda: "not.created" not in running.broker.topics())
 
 
-def test_idempotent_producer_survives_cut_connections(proxied: tuple[Running, Proxy]) -> None:
+@pytest.mark.parametrize(
+    ("count", "cut_every"),
+    [(1_500, 300), pytest.param(30_000, 1_000, marks=pytest.mark.slow, id="30000-1000")],
+)
+def test_idempotent_producer_survives_cut_connections(
+    proxied: tuple[Running, Proxy], count: int, cut_every: int
+) -> None:
     r, proxy = proxied
     r.create_topic("exact", 2)
     bootstrap = f"127.0.0.1:{proxy.port}"
@@ -274,7 +280,7 @@ def test_idempotent_producer_survives_cut_connections(proxied: tuple[Running, Pr
             **FAST,
         }
     )
-    sent = messages(1_500, "exact")
+    sent = messages(count, "exact")
     placed: list[Got] = []
     errors: list[Any] = []
 
@@ -286,12 +292,12 @@ def test_idempotent_producer_survives_cut_connections(proxied: tuple[Running, Pr
 
     for i, s in enumerate(sent):
         p.produce("exact", key=s.key, value=s.value, on_delivery=report)
-        if i % 300 == 150:
+        if i % cut_every == cut_every // 2:
             p.poll(0)
             proxy.cut()  # mid-stream: batches in flight are retried on a new connection
     assert p.flush(WITHIN_S) == 0
     assert errors == []
-    assert proxy.cuts == 5
+    assert proxy.cuts == count // cut_every
     assert proxy.connections > 1
     c = ck.Consumer({**consumer_conf(r, "exact-check"), "bootstrap.servers": bootstrap})
     try:
