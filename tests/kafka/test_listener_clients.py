@@ -169,3 +169,53 @@ def test_confluent_kafka_with_scram(tmp_path: Path) -> None:
             bad.poll(0.2)
         assert errors
         assert errors[0].code() == confluent_kafka.KafkaError._AUTHENTICATION
+
+
+def test_librdkafka_idempotent_producer_through_cut_connections(tmp_path: Path) -> None:
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    n = 5_000
+    with EmbeddedBroker(str(tmp_path / "d"), kafka_port=0).running() as eb:
+        eb.broker.create_topic("idem", 2)
+        kafka_server = eb.kafka
+        assert kafka_server is not None
+
+        def cut() -> None:  # on the broker's loop: every Kafka connection reset at once
+            for c in list(kafka_server.connections):
+                c.writer.transport.abort()
+
+        producer = Producer(
+            {
+                "bootstrap.servers": eb.kafka_bootstrap,
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                "batch.num.messages": 100,
+            }
+        )
+        for i in range(n):
+            producer.produce("idem", key=b"%d" % (i % 10), value=b"%d" % i)
+            if i % 1_500 == 700:
+                eb.loop.call_soon_threadsafe(cut)
+            producer.poll(0)
+        assert producer.flush(WAIT_S) == 0
+        consumer = Consumer(
+            {
+                "bootstrap.servers": eb.kafka_bootstrap,
+                "group.id": "unused",
+                "enable.auto.commit": False,
+            }
+        )
+        consumer.assign([TopicPartition("idem", p, 0) for p in range(2)])
+        values: list[int] = []
+        deadline = time.monotonic() + WAIT_S
+        ends = sum(eb.broker.high_watermark("idem", p) for p in range(2))
+        while len(values) < ends and time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is not None and m.error() is None:
+                values.append(int(m.value()))
+        consumer.close()
+        assert ends == n  # nothing stored twice
+        assert sorted(values) == list(range(n))
+        for key in range(10):  # each key's order kept
+            mine = [v for v in values if v % 10 == key]
+            assert mine == sorted(mine)

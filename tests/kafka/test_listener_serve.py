@@ -52,3 +52,15 @@ def test_serve_with_a_kafka_port_and_sigterm(tmp_path: Path) -> None:
     finally:
         stop(proc)
     assert (tmp_path / "d" / ".clean-shutdown").exists()
+
+
+def test_a_kafka_listener_on_the_network_needs_authentication(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tidewire.cli import app
+
+    args = ["serve", "--data-dir", str(tmp_path), "--port", "0", "--kafka-port", "0"]
+    result = CliRunner().invoke(app, [*args, "--kafka-host", "0.0.0.0"])
+    assert result.exit_code != 0
+    assert "0.0.0.0" in result.output
+    assert "authentication" in result.output

@@ -129,3 +129,13 @@ async def test_transactions_and_bad_acks_are_refused(tmp_path: Path) -> None:
 def test_the_magic_byte_is_where_the_test_puts_it() -> None:
     # base offset (8), batch length (4), partition leader epoch (4), then magic.
     assert struct.unpack_from(">b", batch([b"a"]), 16) == (2,)
+
+
+def test_schema_defaults_written_as_json_numbers_are_read() -> None:
+    # InitProducerIdResponse.ProducerId's default is -1 as a number in Kafka's JSON (most
+    # defaults are strings); its layout used to raise TypeError.
+    from tidewire.protocol.kafka.schema import layout
+
+    lay = layout(ApiKey.INIT_PRODUCER_ID, "response", 1)
+    assert lay is not None
+    assert {f.name: f.default for f in lay.fields}["producer_id"] == -1

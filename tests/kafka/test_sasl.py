@@ -183,3 +183,33 @@ async def test_acls_per_topic_and_private_topics(tmp_path: Path) -> None:
             {"topics": [{"name": "new", "num_partitions": 1, "replication_factor": 1}]},
         )
         assert created["topics"][0]["error_code"] == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+
+
+@aio
+async def test_a_produce_over_the_quota_is_answered_late_saying_so(tmp_path: Path) -> None:
+    quota = SecurityConfig(
+        authentication=True,
+        superusers="admin",
+        auth_failure_delay_ms=0,
+        quota_produce_bytes_per_s=10_000,
+    )
+    async with kafka_broker(tmp_path, security=quota) as (b, k), wire(k.port) as w:
+        key = await _user(b, "alice")
+        await b.security.add_acls(
+            [
+                Acl(
+                    principal="alice",
+                    resource_type=ResourceType.TOPIC,
+                    pattern="q",
+                    operation=Operation.ALL,
+                )
+            ]
+        )
+        await _scram(w, key)
+        small = await w.call(ApiKey.PRODUCE, 7, produce_body("q", 0, batch([b"x"])))
+        assert small["throttle_time_ms"] == 0
+        # About 125 KB against 10,000 B/s over an 11 s window (11 samples of 1 s, as
+        # Kafka): about 1.5 s late.
+        big = await w.call(ApiKey.PRODUCE, 7, produce_body("q", 0, batch([b"y" * 125_000])))
+        assert big["responses"][0]["partition_responses"][0]["error_code"] == 0
+        assert big["throttle_time_ms"] > 0

@@ -843,6 +843,8 @@ async def _serve(settings: Settings, loop_name: str) -> None:
     # Safe defaults: no open listener on the network without authentication, unless the
     # operator says so (then warned at every start).
     hosts = [settings.server.host] + ([settings.http.http_host] if settings.http.enabled else [])
+    if settings.server.kafka_port != -1:
+        hosts.append(settings.server.kafka_host or settings.server.host)
     for warning in check_exposure(hosts, settings.security):
         log.warning("%s", warning)
     broker = Broker(settings.broker, security=settings.security)

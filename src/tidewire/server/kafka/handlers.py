@@ -1,6 +1,6 @@
 """The Kafka data APIs over the broker core: ApiVersions, Metadata, Produce, Fetch,
-ListOffsets, InitProducerId, DescribeCluster and the SASL exchange; the admin APIs are in
-:mod:`.admin`. :data:`DATA_HANDLERS` maps each API key to its handler.
+ListOffsets, InitProducerId and DescribeCluster; the admin APIs are in :mod:`.admin`, the SASL
+exchange in :mod:`.sasl`. :data:`DATA_HANDLERS` maps each of them to its handler.
 
 Each handler takes the decoded request body and returns the response body (dicts, see
 :mod:`tidewire.protocol.kafka`); the codec drops the fields the request's version lacks, so
@@ -28,7 +28,6 @@ import uuid
 from typing import Any
 
 from tidewire.errors import (
-    AuthenticationFailedError,
     BackpressureError,
     InvalidRequestError,
     OffsetOutOfRangeError,
@@ -41,6 +40,7 @@ from tidewire.security.model import Operation, ResourceType
 from tidewire.server.kafka.admin import ADMIN_HANDLERS
 from tidewire.server.kafka.context import KafkaContext, KafkaHandler
 from tidewire.server.kafka.errors import error_code
+from tidewire.server.kafka.sasl import sasl_authenticate, sasl_handshake
 from tidewire.server.needs import Need
 
 __all__ = ["DATA_HANDLERS", "topic_id"]
@@ -451,76 +451,6 @@ async def init_producer_id(ctx: KafkaContext, version: int, body: dict[str, Any]
             code = ErrorCode.INVALID_PRODUCER_ID_MAPPING
         return out | {"error_code": code, "producer_id": -1, "producer_epoch": -1}
     return out | {"producer_id": pid, "producer_epoch": epoch}
-
-
-# --- SASL -----------------------------------------------------------------------------------
-
-#: ``session.extra`` keys the listener reads after a SASL answer: the client continues
-#: with raw SASL tokens (SaslHandshake v0), or the connection closes (a failed exchange).
-RAW_SASL = "kafka_raw_sasl"
-CLOSE_AFTER = "kafka_close_after"
-
-
-async def sasl_handshake(ctx: KafkaContext, version: int, body: dict[str, Any]) -> dict[str, Any]:
-    gate, session = ctx.gate, ctx.session
-    try:
-        offered = gate.sasl_start(session, body["mechanism"])
-    except TidewireError as exc:
-        await gate.hold_back(exc)
-        log.info("SASL handshake refused for %s: %s", session.source, exc.message)
-        return {"error_code": error_code(exc), "mechanisms": gate.mechanisms(session)}
-    # v0: the tokens follow framed by a size alone, not as SaslAuthenticate requests.
-    session.extra[RAW_SASL] = version == 0
-    return {"error_code": ErrorCode.NONE, "mechanisms": offered}
-
-
-def plain_message(data: bytes) -> bytes:
-    """A PLAIN message as the gate reads it (its password the whole API key): Kafka clients
-    may also give the key's id as username and its secret as password, as for SCRAM."""
-    parts = data.split(b"\0")
-    if len(parts) == 3 and parts[1] and parts[2] and not parts[2].startswith(b"twk_"):
-        return b"\0".join((parts[0], parts[1], b"twk_" + parts[1] + b"_" + parts[2]))
-    return data
-
-
-async def sasl_step(ctx: KafkaContext, data: bytes) -> tuple[bytes, bool]:
-    """One SASL token through the gate (PLAIN's rewritten by :func:`plain_message`).
-
-    Raises:
-        TidewireError: the exchange failed (audited; answered after the gate's delay).
-    """
-    session = ctx.session
-    if session.sasl_mechanism == "PLAIN":
-        data = plain_message(data)
-    try:
-        return await ctx.gate.sasl_step(session, data)
-    except TidewireError as exc:
-        await ctx.gate.hold_back(exc)
-        raise
-
-
-async def sasl_authenticate(
-    ctx: KafkaContext, version: int, body: dict[str, Any]
-) -> dict[str, Any]:
-    try:
-        reply, _ = await sasl_step(ctx, bytes(body["auth_bytes"]))
-    except TidewireError as exc:
-        ctx.session.extra[CLOSE_AFTER] = True  # as Kafka: a failed exchange ends the connection
-        message = exc.message
-        if not isinstance(exc, AuthenticationFailedError):
-            message = f"authentication failed: {message}"
-        return {
-            "error_code": error_code(exc),
-            "error_message": message,
-            "auth_bytes": b"",
-            "session_lifetime_ms": 0,
-        }
-    return {
-        "error_code": ErrorCode.NONE,
-        "error_message": None,
-        "auth_bytes": reply,
-        "session_lifetime_ms": 0,
-    }
 
 
 #: The handler of each data, admin and SASL API.

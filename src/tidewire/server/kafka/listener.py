@@ -58,11 +58,12 @@ from tidewire.protocol.kafka import (
 )
 from tidewire.protocol.kafka.schema import layout
 from tidewire.security.config import TlsConfig
+from tidewire.security.model import Principal
 from tidewire.security.tls import HANDSHAKE_TIMEOUT_S, listener_context, peer_of
 from tidewire.server.gate import Session, gate_for, source_of
 from tidewire.server.kafka.context import KafkaContext
 from tidewire.server.kafka.dispatch import registry
-from tidewire.server.kafka.handlers import CLOSE_AFTER, RAW_SASL, sasl_step
+from tidewire.server.kafka.sasl import CLOSE_AFTER, RAW_SASL, sasl_step
 from tidewire.server.needs import AUTHENTICATED, PUBLIC, Need, Requirement
 from tidewire.server.tcp import _WILDCARDS, FINAL_CLOSE_S, ServerConfig
 from tidewire.server.tls import tls_protocol_factory
@@ -113,8 +114,9 @@ def _api_versions_refusal(header: RequestHeader) -> bytes:
 
 def _evaluate(
     ctx: KafkaContext, action: str, requirement: Requirement, body: dict[str, Any]
-) -> frozenset[Need]:
-    """The needs of ``requirement`` the gate refuses, each asked alone (audited there).
+) -> tuple[Principal | None, frozenset[Need]]:
+    """The session's principal and the needs of ``requirement`` the gate refuses, each
+    asked alone (audited there).
 
     Raises:
         AuthenticationFailedError: authentication is on and the session has no (valid)
@@ -122,18 +124,23 @@ def _evaluate(
     """
     gate, session = ctx.gate, ctx.session
     if requirement is PUBLIC:
-        return frozenset()
+        return None, frozenset()
     principal = gate.principal(session)
     gate.enter(session, principal)
     if requirement is AUTHENTICATED or not callable(requirement):
-        return frozenset()
+        return principal, frozenset()
     denied: set[Need] = set()
     for need in requirement(body):
         try:
             gate.check(session, action, lambda _body, n=need: [n], body)
         except AuthorizationFailedError:
             denied.add(need)
-    return frozenset(denied)
+    return principal, frozenset(denied)
+
+
+def _records_bytes(topics: list[dict[str, Any]], parts: str) -> int:
+    """Bytes of ``records`` in a Produce request's or a Fetch response's topics."""
+    return sum(len(p["records"] or b"") for t in topics for p in t[parts])
 
 
 class _Connection:
@@ -163,20 +170,23 @@ class _Connection:
 
     async def run(self) -> None:
         if self.server.require_cert and not self.certified:
-            log.info("closing a Kafka connection from %s: no client certificate", self.session)
+            log.info(
+                "closing a Kafka connection from %s: no client certificate", self.session.source
+            )
             self.writer.transport.abort()
             return
-        answering = asyncio.get_running_loop().create_task(self._answer_loop())
-        self.reading = asyncio.get_running_loop().create_task(self._read_loop())
+        loop = asyncio.get_running_loop()
+        answering = loop.create_task(self._answer_loop())
+        self.reading = loop.create_task(self._read_loop())
         try:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(self.reading)
+            # Ends when the peer closes, a frame is refused, or a drain stops the reading
+            # (the reading task cancelled: waited for, not awaited, so that is no error).
+            await asyncio.wait([self.reading])
         finally:
             if not self.reading.done():
                 self.reading.cancel()
             self.pending.put_nowait(None)  # answer what is in flight, then stop
-            with contextlib.suppress(asyncio.CancelledError):
-                await answering
+            await asyncio.wait([answering])
             for task in list(self.tasks):
                 task.cancel()
             self._close()
@@ -350,11 +360,27 @@ class _Connection:
         try:
             if requirement is None:  # a handler without a declaration: nobody may use it
                 raise AuthorizationFailedError(f"{name} declares no permission")
-            ctx.denied = _evaluate(ctx, name, requirement, body)
+            principal, ctx.denied = _evaluate(ctx, name, requirement, body)
         except (AuthenticationFailedError, AuthorizationFailedError) as exc:
             log.info("closing a Kafka connection from %s: %s", self.session.source, exc.message)
             raise _Close from None
         out = await handler(ctx, header.api_version, body)
+        if principal is not None:
+            # Kafka's quota model: the answer waits, and says how long it waited.
+            key = header.api_key
+            delay = ctx.gate.throttle(
+                principal,
+                produced=_records_bytes(body["topic_data"], "partition_data")
+                if key == ApiKey.PRODUCE
+                else 0,
+                fetched=_records_bytes(out["responses"], "partitions")
+                if key == ApiKey.FETCH and out is not None
+                else 0,
+            )
+            if delay > 0:
+                if out is not None:
+                    out["throttle_time_ms"] = int(delay * 1000)
+                await asyncio.sleep(delay)
         if out is None:
             return None
         return encode_response(header, out)
