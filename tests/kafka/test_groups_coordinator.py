@@ -9,6 +9,7 @@ import struct
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from tidewire.broker.kafka_consumer_protocol import decode_assignment, decode_subscription
 from tidewire.broker.kafka_groups import (
     TRANSITIONS,
     GroupError,
@@ -17,8 +18,6 @@ from tidewire.broker.kafka_groups import (
     KafkaGroupCoordinator,
     KafkaGroupState,
     SyncResult,
-    decode_assignment,
-    decode_subscription,
 )
 
 T = TypeVar("T")

@@ -18,13 +18,8 @@ from dataclasses import dataclass
 
 from tidewire.broker.assignors import TopicPartition
 from tidewire.broker.groups import GroupCoordinator, GroupState, MemberInfo
-from tidewire.broker.kafka_groups import (
-    KafkaGroupConfig,
-    KafkaGroupCoordinator,
-    KafkaGroupState,
-    decode_assignment,
-    decode_subscription,
-)
+from tidewire.broker.kafka_consumer_protocol import decode_assignment, decode_subscription
+from tidewire.broker.kafka_groups import KafkaGroupConfig, KafkaGroupCoordinator, KafkaGroupState
 from tidewire.broker.offsets import Committed, OffsetStore
 from tidewire.errors import (
     GroupNotEmptyError,

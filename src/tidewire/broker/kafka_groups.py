@@ -49,7 +49,6 @@ import asyncio
 import enum
 import logging
 import math
-import struct
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -66,8 +65,6 @@ __all__ = [
     "KafkaGroupState",
     "KafkaMemberDescription",
     "SyncResult",
-    "decode_assignment",
-    "decode_subscription",
 ]
 
 log = logging.getLogger("tidewire.broker.kafka_groups")
@@ -895,60 +892,3 @@ class KafkaGroupCoordinator:
 def _log_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("the Kafka group timer task failed", exc_info=task.exception())
-
-
-# --- the consumer protocol's metadata, for tidewire's own views of Kafka groups --------------
-
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
-
-
-class _Reader:
-    def __init__(self, data: bytes) -> None:
-        self.data, self.pos = data, 0
-
-    def take(self, s: struct.Struct) -> int:
-        (v,) = s.unpack_from(self.data, self.pos)
-        self.pos += s.size
-        return int(v)
-
-    def string(self) -> str:
-        n = self.take(_I16)
-        if n < 0 or self.pos + n > len(self.data):
-            raise ValueError("bad string")
-        v = self.data[self.pos : self.pos + n].decode()
-        self.pos += n
-        return v
-
-    def count(self) -> int:
-        n = self.take(_I32)
-        if n < 0 or n > len(self.data):
-            raise ValueError("bad array length")
-        return n
-
-
-def decode_subscription(metadata: bytes) -> tuple[str, ...]:
-    """The topics of a ``consumer`` protocol member's subscription (Kafka's
-    ConsumerProtocolSubscription, any version: they all begin version, topics); () when it
-    is not one."""
-    try:
-        r = _Reader(metadata)
-        r.take(_I16)
-        return tuple(sorted(r.string() for _ in range(r.count())))
-    except (ValueError, struct.error, UnicodeDecodeError):
-        return ()
-
-
-def decode_assignment(assignment: bytes) -> list[tuple[str, int]]:
-    """The partitions of a ``consumer`` protocol assignment (Kafka's
-    ConsumerProtocolAssignment, any version); [] when it is not one."""
-    try:
-        r = _Reader(assignment)
-        r.take(_I16)
-        out: list[tuple[str, int]] = []
-        for _ in range(r.count()):
-            topic = r.string()
-            out.extend((topic, r.take(_I32)) for _ in range(r.count()))
-        return sorted(out)
-    except (ValueError, struct.error, UnicodeDecodeError):
-        return []
