@@ -14,9 +14,9 @@ from tidewire.records import BatchBuilder, BatchHeader, Codec, Record, crc32c, v
 from tidewire.records.batch import ATTRIBUTES_OFFSET, BATCH_OVERHEAD, CRC_OFFSET, HEADER
 from tidewire.records.compression import compress
 
-#: The codecs tidewire reads and writes (snappy is refused).
-SUPPORTED_CODECS = (Codec.NONE, Codec.GZIP, Codec.LZ4, Codec.ZSTD)
-COMPRESSED_CODECS = (Codec.GZIP, Codec.LZ4, Codec.ZSTD)
+#: The codecs tidewire reads and writes: all of Kafka's.
+SUPPORTED_CODECS = (Codec.NONE, Codec.GZIP, Codec.SNAPPY, Codec.LZ4, Codec.ZSTD)
+COMPRESSED_CODECS = (Codec.GZIP, Codec.SNAPPY, Codec.LZ4, Codec.ZSTD)
 
 INT16 = (-(2**15), 2**15 - 1)
 INT32 = (-(2**31), 2**31 - 1)

@@ -7,6 +7,7 @@ import gzip
 import struct
 from typing import Any
 
+import aiokafka.codec
 import lz4.frame
 import pytest
 import zstandard
@@ -219,10 +220,10 @@ def test_section_ends_inside_a_varint() -> None:
 # --- compression --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("codec_id", [2, 5, 6, 7])
+@pytest.mark.parametrize("codec_id", [5, 6, 7])
 def test_unsupported_codec(codec_id: int) -> None:
     batch = reseal(patch_header(batch_of(), attributes=codec_id))
-    name = "snappy" if codec_id == 2 else f"id {codec_id}"
+    name = f"id {codec_id}"
     for decode in (parse_header, decode_batch):
         with pytest.raises(UnsupportedCompressionError, match=name):
             decode(batch)
@@ -232,7 +233,8 @@ def test_unsupported_codec(codec_id: int) -> None:
 def test_decompression_bomb(codec: Codec) -> None:
     batch = batch_of(4, codec, value_size=256 * 1024)  # 1 MiB of runs of one byte
     inflated = len(uncompressed_section(batch))
-    assert len(batch) * 50 < inflated  # a real bomb: tiny on the wire
+    # a real bomb: tiny on the wire (snappy's format caps its ratio near 21:1)
+    assert len(batch) * (15 if codec is Codec.SNAPPY else 50) < inflated
     limit = 64 * 1024
     with pytest.raises(DecompressionLimitError, match=f"{limit:,} bytes"):
         decode_batch(batch, decompression_limit=limit)
@@ -257,6 +259,8 @@ def _foreign_stream(codec: Codec, data: bytes) -> bytes:
         return gzip.compress(data)
     if codec is Codec.LZ4:
         return bytes(lz4.frame.compress(data))
+    if codec is Codec.SNAPPY:
+        return aiokafka.codec.snappy_encode(data)  # kafka-python's xerial framing, on cramjam
     return bytes(zstandard.ZstdCompressor().compress(data))
 
 

@@ -17,7 +17,6 @@ from tests.records._batches import (
     raw_batch,
     raw_record,
 )
-from tidewire.errors import UnsupportedCompressionError
 from tidewire.records import (
     BATCH_OVERHEAD,
     BatchBuilder,
@@ -143,9 +142,14 @@ def test_empty_batch(codec: Codec) -> None:
         assert len(batch) == BATCH_OVERHEAD
 
 
-def test_snappy_builder_is_refused() -> None:
-    with pytest.raises(UnsupportedCompressionError, match="snappy"):
-        BatchBuilder(codec=Codec.SNAPPY)
+def test_snappy_builder_writes_xerial_framing() -> None:
+    # Kafka's Java client writes snappy in snappy-java's (xerial) framing and every Kafka
+    # consumer reads it, so that is what the builder writes too.
+    b = BatchBuilder(codec=Codec.SNAPPY)
+    b.append(b"v" * 100_000, key=b"k", timestamp_ms=1)
+    batch = b.build()
+    assert b"\x82SNAPPY\x00\x00\x00\x00\x01\x00\x00\x00\x01" in batch
+    assert decode_batch(batch)[1][0].value == b"v" * 100_000
 
 
 @settings(deadline=None)

@@ -199,7 +199,7 @@ def produce(
     partitions: PartitionsOption = 1,
     rate: RateOption = 0,
     compression: Annotated[
-        str, typer.Option("--compression", help="none, gzip, lz4 or zstd.")
+        str, typer.Option("--compression", help="none, gzip, snappy, lz4 or zstd.")
     ] = "none",
     addr: AddrOption = DEFAULT_ADDR,
     as_json: JsonOption = False,

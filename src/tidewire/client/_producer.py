@@ -157,7 +157,7 @@ class AsyncProducer:
             0: never wait for room (a send that finds the buffer full raises at once); the
             first send to a topic still looks its metadata up, within
             ``request_timeout_ms``.
-        compression: ``"none"``, ``"gzip"``, ``"lz4"`` or ``"zstd"``, per batch.
+        compression: ``"none"``, ``"gzip"``, ``"snappy"``, ``"lz4"`` or ``"zstd"``, per batch.
         acks: ``"durable"`` (answered once stored under the topic's fsync policy, fsynced),
             ``"leader"`` (once written), ``"none"`` (no answer: offsets are -1, errors lost).
         idempotence: each batch stored once however often it is resent (needs a broker that

@@ -13,7 +13,13 @@ __all__ = ["ACKS", "COMPRESSION", "MAX_IDEMPOTENT_IN_FLIGHT", "ProducerSettings"
 #: ``acks`` names and their wire values.
 ACKS = {"none": ACKS_NONE, "leader": ACKS_LEADER, "durable": ACKS_DURABLE}
 #: ``compression`` names and their codecs.
-COMPRESSION = {"none": Codec.NONE, "gzip": Codec.GZIP, "lz4": Codec.LZ4, "zstd": Codec.ZSTD}
+COMPRESSION = {
+    "none": Codec.NONE,
+    "gzip": Codec.GZIP,
+    "snappy": Codec.SNAPPY,
+    "lz4": Codec.LZ4,
+    "zstd": Codec.ZSTD,
+}
 #: The broker remembers the last 5 batches of each producer per partition: an idempotent
 #: producer may have no more in flight, or a resend could be too old to recognise.
 MAX_IDEMPOTENT_IN_FLIGHT = 5

@@ -1,9 +1,24 @@
 """Per-batch compression codecs of RecordBatch v2 (pure, no I/O).
 
 The codec id sits in the low three bits of the batch attributes, as in Kafka: 0 none,
-1 gzip, 2 snappy, 3 lz4 (LZ4 frame format), 4 zstd. Snappy is not implemented by tidewire; a
-batch that names it, or an id above 4, is refused with
+1 gzip, 2 snappy, 3 lz4 (LZ4 frame format), 4 zstd. An id above 4 is refused with
 :class:`~tidewire.errors.UnsupportedCompressionError`.
+
+Snappy comes in two forms in Kafka batches, and both are read:
+
+- raw snappy (one block: a varint of the uncompressed length, then the compressed data), what
+  librdkafka writes;
+- the xerial framing of snappy-java, what Kafka's Java client and kafka-python write, and
+  what tidewire writes so that every Kafka consumer can read it::
+
+      magic      8 bytes  b"\x82SNAPPY\x00"
+      version    int32    1
+      compat     int32    1
+      then, until the end:
+      length     int32    the size of the next block
+      block      length bytes of raw snappy (at most 32 KiB uncompressed each)
+
+Every int is big-endian.
 
 Decompression is bounded: a batch that inflates past ``limit`` bytes is refused with
 :class:`~tidewire.errors.DecompressionLimitError` before more than ``limit + 1`` bytes are
@@ -14,8 +29,10 @@ from __future__ import annotations
 
 import enum
 import io
+import struct
 import zlib
 
+import cramjam
 import lz4.frame
 import zstandard
 
@@ -35,6 +52,14 @@ MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer around the deflate stream
 _ZSTD_LEVEL = 3  # zstd's own default: fast, and better ratios than lz4
 
+#: The xerial (snappy-java) stream header: magic, then version 1 and compatible version 1.
+XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER = struct.Struct(">8sii")  # magic, version, compatible version
+_XERIAL_BLOCK = struct.Struct(">i")  # length of the compressed block that follows
+#: Uncompressed bytes per xerial block: snappy-java's default (SnappyOutputStream), the
+#: block size Kafka's Java client and kafka-python write.
+XERIAL_BLOCK_BYTES = 32 * 1024
+
 
 class Codec(enum.IntEnum):
     """Compression codec ids, as stored in the low 3 bits of the batch attributes."""
@@ -46,7 +71,7 @@ class Codec(enum.IntEnum):
     ZSTD = 4
 
 
-SUPPORTED = frozenset({Codec.NONE, Codec.GZIP, Codec.LZ4, Codec.ZSTD})
+SUPPORTED = frozenset(Codec)
 
 
 def check_codec(codec_id: int) -> Codec:
@@ -69,6 +94,8 @@ def compress(codec: Codec, data: bytes | bytearray | memoryview) -> bytes:
     if codec is Codec.GZIP:
         c = zlib.compressobj(wbits=_GZIP_WBITS)
         return c.compress(data) + c.flush()
+    if codec is Codec.SNAPPY:
+        return _snappy_xerial(data)
     if codec is Codec.LZ4:
         return bytes(lz4.frame.compress(bytes(data)))
     if codec is Codec.ZSTD:
@@ -97,6 +124,8 @@ def decompress(
     if codec is Codec.NONE:
         return data
     name = codec.name.lower()
+    if codec is Codec.SNAPPY:
+        return _unsnappy(data, limit)
     try:
         if codec is Codec.GZIP:
             d = zlib.decompressobj(wbits=_GZIP_WBITS)
@@ -137,3 +166,52 @@ def _check_limit(produced: int, limit: int, name: str) -> None:
         raise DecompressionLimitError(
             f"{name} batch decompresses to more than {limit:,} bytes (the decompression limit)"
         )
+
+
+def _snappy_xerial(data: bytes | bytearray | memoryview) -> bytes:
+    """Snappy in the xerial framing, blocks of :data:`XERIAL_BLOCK_BYTES` (as Kafka's Java
+    client writes it: librdkafka, kafka-python and the Java client all read this form)."""
+    view = memoryview(data).cast("B")
+    parts = [_XERIAL_HEADER.pack(XERIAL_MAGIC, 1, 1)]
+    for start in range(0, len(view), XERIAL_BLOCK_BYTES):
+        block = bytes(cramjam.snappy.compress_raw(view[start : start + XERIAL_BLOCK_BYTES]))
+        parts.append(_XERIAL_BLOCK.pack(len(block)))
+        parts.append(block)
+    return b"".join(parts)
+
+
+def _unsnappy(data: bytes | memoryview, limit: int) -> bytes:
+    """Decompress raw or xerial-framed snappy, refusing output past ``limit`` bytes.
+
+    Each raw block declares its uncompressed length up front; the limit is checked against
+    the declared lengths before anything is inflated, and the library checks that a block
+    inflates to exactly what it declared.
+    """
+    view = memoryview(data).cast("B")
+    try:
+        if len(view) < _XERIAL_HEADER.size or bytes(view[:8]) != XERIAL_MAGIC:
+            _check_limit(cramjam.snappy.decompress_raw_len(view), limit, "snappy")
+            return bytes(cramjam.snappy.decompress_raw(view))
+        blocks = []
+        total = 0
+        pos = _XERIAL_HEADER.size
+        while pos < len(view):
+            if len(view) - pos < _XERIAL_BLOCK.size:
+                raise InvalidRecordError(
+                    f"xerial snappy stream ends inside a block length at byte {pos} of {len(view)}"
+                )
+            (size,) = _XERIAL_BLOCK.unpack_from(view, pos)
+            pos += _XERIAL_BLOCK.size
+            if size < 0 or size > len(view) - pos:
+                raise InvalidRecordError(
+                    f"xerial snappy block of {size} bytes at byte {pos} overruns the "
+                    f"{len(view)}-byte stream"
+                )
+            block = view[pos : pos + size]
+            pos += size
+            total += cramjam.snappy.decompress_raw_len(block)
+            _check_limit(total, limit, "snappy")
+            blocks.append(block)
+        return b"".join(bytes(cramjam.snappy.decompress_raw(b)) for b in blocks)
+    except cramjam.DecompressionError as exc:
+        raise InvalidRecordError(f"snappy stream is malformed: {exc}") from None
