@@ -21,8 +21,9 @@ const CARDS = [
 
 const idOf = (field) => `kafka-${field.replaceAll("_", "-")}`;
 const fmtMs = (ms) => (ms === null || ms === undefined ? "–" : `${fmtNum(ms)} ms`);
-const pairs = (obj) => Object.entries(obj || {}).sort((a, b) => b[1] - a[1])
-  .map(([k, n]) => `${k} ${fmtNum(n)}`).join(", ") || "–";
+// "name: count, ..." with the largest first; `prefix` before each name (v for versions).
+const pairs = (obj, prefix = "") => Object.entries(obj || {}).sort((a, b) => b[1] - a[1])
+  .map(([k, n]) => `${prefix}${k}: ${fmtNum(n)}`).join(", ") || "–";
 
 function stat(label, value, id) {
   return h("div", { class: "card stat" }, h("div", { class: "label" }, label),
@@ -70,7 +71,7 @@ export async function kafkaPage(main) {
       { title: "Requests /s", num: 1, cell: (a) => fmtNum(rate(a)) },
       { title: "Errors", num: 1, cell: (a) => fmtNum(a.errors) },
       { title: "Errors by name", cls: "val", cell: (a) => pairs(a.errors_by) },
-      { title: "Versions", cls: "val", cell: (a) => pairs(a.versions) },
+      { title: "Versions", cls: "val", cell: (a) => pairs(a.versions, "v") },
       { title: "Mean", num: 1, cell: (a) => fmtMs(a.mean_ms) },
       { title: "p50 ≤", num: 1, cell: (a) => fmtMs(a.p50_ms) },
       { title: "p99 ≤", num: 1, cell: (a) => fmtMs(a.p99_ms) },
