@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 __all__ = [
     "KAFKA_BUCKETS",
     "KafkaListenerStats",
+    "api_name",
     "kafka_families",
     "kafka_metric_families",
     "kafka_stats_doc",
@@ -86,11 +87,19 @@ def api_name(api_key: int) -> str:
     return _API_NAMES.get(api_key, OTHER)
 
 
+def _labels(api_key: int) -> tuple[str, ...]:
+    rng = valid_versions(api_key)
+    return () if rng is None else tuple(str(v) for v in range(rng[1] + 1))
+
+
+#: The version labels of each API: its schema's versions (a few dozen strings, made once so
+#: that a request costs a lookup, not a parse).
+_VERSION_LABELS = {key: _labels(key) for key in _API_NAMES}
+
+
 def _version_label(api_key: int, version: int) -> str:
-    rng = valid_versions(api_key) if api_key in _API_NAMES else None
-    if rng is None or not rng[0] <= version <= rng[1]:
-        return OTHER
-    return str(version)
+    labels = _VERSION_LABELS.get(api_key, ())
+    return labels[version] if 0 <= version < len(labels) else OTHER
 
 
 @dataclass(slots=True)
