@@ -14,6 +14,8 @@ import httpx
 from playwright.sync_api import expect, sync_playwright
 
 from tidewire.embedded import EmbeddedBroker
+from tidewire.observability.kafka_metrics import kafka_stats_for
+from tidewire.protocol.kafka import ApiKey, ErrorCode
 from tidewire.security.config import SecurityConfig
 from tidewire.security.model import Acl, Operation, ResourceType
 from tidewire.server.http.config import HttpConfig
@@ -33,11 +35,43 @@ PAGES = {
     "queue": ("queue/shipments.dead", "#dlq-table tbody tr"),
     "streams": ("streams", "#stream-table tbody tr"),
     "stream": ("stream/chat.room-7", "#stream-info .cards"),
+    "kafka": ("kafka", "#kafka-api-table tr[data-api=fetch]"),
     "metrics": ("metrics", "#charts"),
     "settings": ("settings", "#settings"),
     "audit": ("audit", "#audit table"),
     "security": ("security", "#principals"),
 }
+
+
+async def kafka_traffic(eb: EmbeddedBroker, seconds: float) -> None:
+    """What a Kafka listener with a few clients would report, fed to the broker's Kafka
+    recorder for ``seconds`` (the picture shows the page, not a listener's speed)."""
+    st = kafka_stats_for(eb.broker)
+    st.listening("0.0.0.0", 9092)
+    for _ in range(6):
+        st.connection_opened()
+    st.authentication(True, "SCRAM-SHA-256")
+    st.authentication(False, "PLAIN")
+    st.request(ApiKey.API_VERSIONS, 3, 0.0001, ErrorCode.UNSUPPORTED_VERSION)
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        i += 1
+        st.request(ApiKey.API_VERSIONS, 2, 0.0001, 0)
+        st.request(ApiKey.METADATA, 8, 0.0004, 0)
+        for _ in range(40):
+            st.request(ApiKey.PRODUCE, 7, 0.0008 + (i % 7) * 0.0004, 0)
+            st.bytes_in(1100)
+            st.bytes_out(60)
+        for _ in range(12):
+            st.request(ApiKey.FETCH, 11, 0.002 if i % 5 else 0.45, 0)
+            st.bytes_out(16_000)
+        st.request(ApiKey.HEARTBEAT, 3, 0.0002, 0)
+        st.request(ApiKey.OFFSET_COMMIT, 7, 0.003, 0)
+        if i % 20 == 0:
+            st.request(ApiKey.PRODUCE, 7, 0.0005, ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+            st.request(ApiKey.JOIN_GROUP, 5, 0.002, ErrorCode.MEMBER_ID_REQUIRED)
+        await asyncio.sleep(0.1)
 
 
 def _run(eb: EmbeddedBroker, coro: Any) -> Any:
@@ -185,11 +219,15 @@ def main() -> None:
             stop = threading.Event()
             t = threading.Thread(target=traffic, args=(url, key, stop), daemon=True)
             t.start()
+            kafka = asyncio.run_coroutine_threadsafe(
+                kafka_traffic(running, args.warmup + 120), running.loop
+            )
             try:
                 time.sleep(args.warmup)
                 shoot(url, key, args.pages or list(PAGES), login=not args.pages)
             finally:
                 stop.set()
+                kafka.cancel()
                 t.join()
     shot = len(args.pages) if args.pages else len(PAGES) + 1
     print(f"wrote {shot} screenshots to {OUT}")
@@ -219,6 +257,10 @@ def shoot(url: str, key: str, pages: list[str], *, login: bool) -> None:
                 page.click("#stream-read button[type=submit]")
                 expect(page.locator("#stream-read-table tbody tr").first).to_be_visible()
                 page.evaluate("window.scrollTo(0, 0)")
+            if name == "kafka":  # a second refresh: the rates are the change between two
+                expect(
+                    page.locator("#kafka-api-table tr[data-api=fetch] td").nth(2)
+                ).not_to_have_text("\u2013")  # the dash of "no rate yet"
             page.wait_for_timeout(300)  # let the last chart settle before the picture
             page.screenshot(path=str(OUT / f"{name}.png"))
         browser.close()

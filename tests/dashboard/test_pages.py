@@ -79,6 +79,7 @@ PAGES = {
     "groups": f"#group-list a[href='#/group/{GROUP}']",
     f"group/{GROUP}": "#offsets",
     "queues": "#queue-list table",
+    "kafka": "#kafka-api-table",
     "metrics": "#charts",
     "settings": "#settings",
     "audit": "#audit table",

@@ -105,6 +105,7 @@ SAMPLES: dict[tuple[str, str, str], tuple[str, dict[str, str], Any]] = {
     ("native", "WS", "/v1/queues/{name}/ws"): (f"/v1/queues/{Q}/ws", {}, None),
     ("native", "GET", "/v1/streams"): ("/v1/streams", {}, None),
     ("native", "GET", "/v1/stats/streams"): ("/v1/stats/streams", {}, None),
+    ("native", "GET", "/v1/stats/kafka"): ("/v1/stats/kafka", {}, None),
     ("native", "POST", "/v1/streams/messages"): (
         "/v1/streams/messages",
         {},

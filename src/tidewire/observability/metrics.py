@@ -43,6 +43,7 @@ from prometheus_client.registry import Collector
 
 from tidewire import __version__
 from tidewire.errors import InvalidConfigError, InvalidRequestError, TidewireError
+from tidewire.observability.kafka_metrics import kafka_families
 from tidewire.observability.queue_metrics import queue_families
 from tidewire.observability.stream_metrics import stream_families
 from tidewire.storage.log import FLUSH_BUCKETS
@@ -346,6 +347,7 @@ class _BrokerCollector(Collector):
         yield from self._partitions(b)
         yield from self._queues(b)
         yield from stream_families(b)  # observability/stream_metrics.py
+        yield from kafka_families(b)  # observability/kafka_metrics.py
         yield from self._groups(b)
         yield from self._storage(b)
         yield from self._server(b)

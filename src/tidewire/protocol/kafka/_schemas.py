@@ -486,7 +486,7 @@ SCHEMAS: dict[tuple[int, str], Any] = {
     (22, 'response'): ('InitProducerIdResponse', '0-5', '2+', (
         ('throttle_time_ms', 'int32', '0+', 'none', -1, 'none', None, None),
         ('error_code', 'int16', '0+', 'none', -1, 'none', None, None),
-        ('producer_id', 'int64', '0+', 'none', -1, 'none', -1, None),
+        ('producer_id', 'int64', '0+', 'none', -1, 'none', '-1', None),
         ('producer_epoch', 'int16', '0+', 'none', -1, 'none', None, None),
     )),
     (32, 'request'): ('DescribeConfigsRequest', '0-4', '4+', (

@@ -29,6 +29,7 @@ from tidewire.server.http.fastpath import PublishFastPath
 from tidewire.server.http.groups import groups_router
 from tidewire.server.http.health import health_router
 from tidewire.server.http.idempotency import IdempotencyStore
+from tidewire.server.http.kafka_stats import kafka_stats_router
 from tidewire.server.http.log_levels import log_levels_router
 from tidewire.server.http.messages import messages_router
 from tidewire.server.http.metrics_routes import metrics_router
@@ -73,6 +74,7 @@ def routers(ctx: GatewayContext) -> list[APIRouter]:
         queue_messages_router(ctx),
         queue_ws_router(ctx),
         streams_router(ctx),
+        kafka_stats_router(ctx),
         health_router(ctx),
         stream_router(ctx),
         security_router(ctx),

@@ -276,6 +276,8 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         # several streams needs the permission on each; lists show what may be described.
         ("GET", "/v1/streams"): Route(AUTHENTICATED),
         ("GET", "/v1/stats/streams"): Route(_cluster(_O.DESCRIBE)),
+        # The Kafka listener's figures (as the tidewire_kafka_* metrics).
+        ("GET", "/v1/stats/kafka"): Route(_cluster(_O.DESCRIBE)),
         ("POST", "/v1/streams/messages"): Route(
             lambda r: _body_streams(r, _O.WRITE, "items"), body=True
         ),

@@ -1,6 +1,6 @@
 // The dashboard's entry: the session, the navigation and the hash router
 // (#/overview, #/topics, #/topic/NAME, #/tail/NAME, #/groups, #/group/ID, #/queues,
-// #/queue/NAME, #/streams, #/stream/ID, #/metrics, #/settings, #/audit, #/security, #/login).
+// #/queue/NAME, #/streams, #/stream/ID, #/kafka, #/metrics, #/settings, #/audit, #/security, #/login).
 
 import { ApiError, api, can, clearSession, get, session, setSession } from "./api.js";
 import { clear, h, hideBanner, note, showError, showInfo } from "./ui.js";
@@ -10,6 +10,7 @@ import { tailPage } from "./pages_tail.js";
 import { groupsPage, groupPage } from "./pages_groups.js";
 import { queuesPage, queuePage } from "./pages_queues.js";
 import { streamsPage, streamPage } from "./pages_streams.js";
+import { kafkaPage } from "./pages_kafka.js";
 import { auditPage, securityPage } from "./pages_admin.js";
 
 const PAGES = {
@@ -23,6 +24,7 @@ const PAGES = {
   queue: { render: queuePage, nav: "queues" },
   streams: { title: "Streams", render: streamsPage },
   stream: { render: streamPage, nav: "streams" },
+  kafka: { title: "Kafka", render: kafkaPage },
   metrics: { title: "Metrics", render: metricsPage },
   settings: { title: "Settings", render: settingsPage, needs: "describe_cluster" },
   audit: { title: "Audit log", render: auditPage, needs: "read_audit" },
