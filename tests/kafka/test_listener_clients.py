@@ -131,7 +131,15 @@ def test_confluent_kafka_with_scram(tmp_path: Path) -> None:
                         resource_type=ResourceType.TOPIC,
                         pattern="sec",
                         operation=Operation.ALL,
-                    )
+                    ),
+                    # The consumer names a group (librdkafka asks for its coordinator even
+                    # with assign()); without READ on it Kafka and tidewire refuse that.
+                    Acl(
+                        principal="app",
+                        resource_type=ResourceType.GROUP,
+                        pattern="unused",
+                        operation=Operation.READ,
+                    ),
                 ]
             )
             eb.broker.create_topic("sec", 1)

@@ -116,15 +116,18 @@ def test_create_topic_and_partitions_through_the_admin_client(running: Running) 
     assert info.value.args[0].code() == ck.KafkaError.TOPIC_ALREADY_EXISTS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="CreateTopics is advertised up to v3 only (Kafka 2.3's range in "
-    "protocol.kafka SUPPORTED): librdkafka needs v4 (KIP-464) for a NewTopic without "
-    "replication_factor, its default, and refuses it client-side with _UNSUPPORTED_FEATURE",
-)
 def test_create_topic_with_the_default_replication_factor(running: Running) -> None:
-    futures = admin(running).create_topics([NewTopic("plain", num_partitions=1)])
+    """CreateTopics v4 (KIP-464): librdkafka's NewTopic without a replication factor, or
+    without a partition count, asks for the broker's defaults (-1)."""
+    a = admin(running)  # kept: the futures fail if the client is destroyed first
+    futures = a.create_topics([NewTopic("plain", num_partitions=1), NewTopic("defaults")])
     assert futures["plain"].result(WITHIN_S) is None
+    assert futures["defaults"].result(WITHIN_S) is None
+    topics = running.on_loop(lambda: running.broker.topics())
+    assert topics["plain"] == 1
+    assert topics["defaults"] == running.on_loop(
+        lambda: running.broker.config.default_partitions
+    )
 
 
 @pytest.mark.parametrize("codec", CODECS)

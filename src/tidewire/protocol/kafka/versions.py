@@ -59,7 +59,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ApiKey.LIST_GROUPS: (0, 2),
     ApiKey.SASL_HANDSHAKE: (0, 1),
     ApiKey.API_VERSIONS: (0, 2),
-    ApiKey.CREATE_TOPICS: (0, 3),
+    ApiKey.CREATE_TOPICS: (0, 4),
     ApiKey.DELETE_TOPICS: (0, 3),
     ApiKey.INIT_PRODUCER_ID: (0, 1),
     ApiKey.DESCRIBE_CONFIGS: (0, 2),

@@ -41,12 +41,14 @@ import contextlib
 import logging
 import socket
 import ssl
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from tidewire.broker import Broker
 from tidewire.errors import AuthenticationFailedError, AuthorizationFailedError, TidewireError
+from tidewire.observability.kafka_metrics import kafka_stats_for
 from tidewire.protocol.kafka import (
     SUPPORTED,
     ApiKey,
@@ -232,6 +234,7 @@ class _Connection:
                     cfg.frame_timeout_s,
                 )
                 return
+            self.server.stats.bytes_in(4 + size)
             if self.session.extra.get(RAW_SASL):
                 if not await self._raw_sasl(frame):
                     return
@@ -303,6 +306,9 @@ class _Connection:
             data: bytes | None = _api_versions_refusal(header)
         else:
             data = _error_only(header, ErrorCode.UNSUPPORTED_VERSION)
+        self.server.stats.request(
+            header.api_key, header.api_version, 0.0, ErrorCode.UNSUPPORTED_VERSION
+        )
         if data is None:
             log.info(
                 "closing a Kafka connection from %s: API %s version %d is not served",
@@ -331,7 +337,9 @@ class _Connection:
             return False
         if complete:
             self.session.extra[RAW_SASL] = False
-        self.writer.write(len(reply).to_bytes(4, "big") + reply)
+        data = len(reply).to_bytes(4, "big") + reply
+        self.writer.write(data)
+        self.server.stats.bytes_out(len(data))
         await self.writer.drain()
         return True
 
@@ -355,6 +363,7 @@ class _Connection:
         handler: Any,
         requirement: Requirement | None,
     ) -> bytes | None:
+        started = time.perf_counter()
         ctx = self._context(header)
         name = ApiKey(header.api_key).name
         try:
@@ -381,6 +390,10 @@ class _Connection:
                 if out is not None:
                     out["throttle_time_ms"] = int(delay * 1000)
                 await asyncio.sleep(delay)
+        error = 0 if out is None else out.get("error_code", 0)
+        self.server.stats.request(
+            header.api_key, header.api_version, time.perf_counter() - started, error
+        )
         if out is None:
             return None
         return encode_response(header, out)
@@ -404,6 +417,7 @@ class _Connection:
                     return
                 if data is not None:
                     self.writer.write(data)
+                    self.server.stats.bytes_out(len(data))
                     await self.writer.drain()
             except ConnectionError:
                 self.stop_reading()
@@ -445,6 +459,8 @@ class KafkaServer:
             self.ssl, self.require_cert = listener_context(tls)
             self.tls_principal_field = tls.tls_principal_field
         self.gate = gate_for(broker)
+        #: What /metrics, /v1/stats/kafka and the dashboard show of this listener.
+        self.stats = kafka_stats_for(broker)
         self.cluster_id = cluster_id_of(broker)
         self.host = config.kafka_host or config.host
         self.connections: set[_Connection] = set()
@@ -487,6 +503,7 @@ class KafkaServer:
             make = tls_protocol_factory(factory, self.ssl, handshake_timeout_s=HANDSHAKE_TIMEOUT_S)
         port = max(self.config.kafka_port, 0)
         self._server = await loop.create_server(make, self.host, port)
+        self.stats.listening(self.host, self.port)
         log.info(
             "Kafka listener on %s:%d%s, advertised as %s:%d",
             self.host,
@@ -503,12 +520,14 @@ class KafkaServer:
             return
         conn = _Connection(self, reader, writer)
         self.connections.add(conn)
+        self.stats.connection_opened()
         task = asyncio.get_running_loop().create_task(conn.run())
         self._handlers.add(task)
 
         def done(t: asyncio.Task[None]) -> None:
             self._handlers.discard(t)
             self.connections.discard(conn)
+            self.stats.connection_closed()
             if not t.cancelled() and t.exception() is not None:
                 log.error("a Kafka connection failed", exc_info=t.exception())
 
@@ -518,6 +537,7 @@ class KafkaServer:
         """Close the listening socket: new connections are refused from here on."""
         if self._server is not None:
             self._server.close()
+            self.stats.stopped()
 
     def in_flight(self) -> int:
         """Requests being handled, on every connection."""

@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from tidewire.errors import AuthenticationFailedError, TidewireError
+from tidewire.observability.kafka_metrics import kafka_stats_for
 from tidewire.protocol.kafka import ErrorCode
 from tidewire.server.kafka.context import KafkaContext
 from tidewire.server.kafka.errors import error_code
@@ -61,13 +62,19 @@ async def sasl_step(ctx: KafkaContext, data: bytes) -> tuple[bytes, bool]:
         TidewireError: the exchange failed (audited; answered after the gate's delay).
     """
     session = ctx.session
-    if session.sasl_mechanism == "PLAIN":
+    mechanism = session.sasl_mechanism
+    if mechanism == "PLAIN":
         data = plain_message(data)
+    stats = kafka_stats_for(ctx.broker)
     try:
-        return await ctx.gate.sasl_step(session, data)
+        reply, complete = await ctx.gate.sasl_step(session, data)
     except TidewireError as exc:
+        stats.authentication(False, mechanism)
         await ctx.gate.hold_back(exc)
         raise
+    if complete:
+        stats.authentication(True, mechanism)
+    return reply, complete
 
 
 async def sasl_authenticate(
