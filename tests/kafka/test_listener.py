@@ -20,6 +20,7 @@ from tests.kafka._support import (
     until,
     wire,
 )
+from tidewire.observability.kafka_metrics import kafka_stats_for
 from tidewire.protocol.kafka import SUPPORTED, ApiKey, ErrorCode, RequestHeader, encode_request
 from tidewire.server.kafka.dispatch import registry
 from tidewire.server.tcp import ServerConfig
@@ -153,3 +154,28 @@ async def test_metadata_advertises_the_configured_address(tmp_path: Path) -> Non
     async with kafka_broker(tmp_path) as (_, k), wire(k.port) as w:
         got = await w.call(ApiKey.METADATA, 8, {"topics": None})
         assert (got["brokers"][0]["host"], got["brokers"][0]["port"]) == ("127.0.0.1", k.port)
+
+
+@aio
+async def test_the_listener_reports_to_its_recorder(tmp_path: Path) -> None:
+    """What /metrics, /v1/stats/kafka and the dashboard show moves with real traffic:
+    connections, bytes, requests by API and version, and the refused versions."""
+    async with kafka_broker(tmp_path) as (broker, k):
+        stats = kafka_stats_for(broker)
+        assert (stats.host, stats.port) == (k.host, k.port)
+        async with wire(k.port) as w:
+            await until(lambda: stats.connections == 1)
+            assert (await w.call(ApiKey.API_VERSIONS, 2, {}))["error_code"] == 0
+            assert (await w.call(ApiKey.METADATA, 8, {"topics": []}))["brokers"]
+            got = await w.call(ApiKey.INIT_PRODUCER_ID, 2, {"transactional_id": None})
+            assert got["error_code"] == ErrorCode.UNSUPPORTED_VERSION
+        await until(lambda: stats.connections == 0)
+        assert stats.accepted == 1
+        assert stats.requests[("api_versions", "2")] == 1
+        assert stats.requests[("metadata", "8")] == 1
+        assert stats.errors[("init_producer_id", "unsupported_version")] == 1
+        assert stats.received_bytes > 0
+        assert stats.sent_bytes > stats.received_bytes  # the answers are the longer
+        latency = stats.latency("metadata")
+        assert latency is not None
+        assert latency[2] == 1
