@@ -3,7 +3,8 @@ clients notice.
 
 Usage::
 
-    python benchmarks/partitions_bench.py [--partitions N] [--topics T] [--nofile L] [--json]
+    python benchmarks/partitions_bench.py [--partitions N] [--topics T] [--idle-s S]
+        [--nofile L] [--json]
 
 It starts ``tidewire serve`` (``--fsync interval``, the default) in a process of its own on a
 free port over a temporary data directory, with the descriptor limit ``--nofile`` if given
@@ -15,6 +16,9 @@ during that step):
 * ``produce``: one small message to every partition, 200 requests in flight (messages/s);
 * ``metadata``: one metadata request for every topic (ms), after T topics of one partition more
   were created (``--topics``, default 1,000: with the big one, N + T partitions);
+* ``idle``: after one message more to each of the T topics, the broker's CPU over
+  ``--idle-s`` seconds (default 10) with no client doing anything (user + system time from
+  /proc; % of one core);
 * ``rss``, ``fds``: the broker's resident memory (VmRSS) and open descriptors then;
 * ``restart``: SIGTERM, then a start over the same data directory until the port accepts
   connections and a metadata request is answered (s);
@@ -74,6 +78,11 @@ class Broker:
 
     def fds(self) -> int:
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def cpu_s(self) -> float:
+        """CPU seconds the broker has used (user + system)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
@@ -155,7 +164,7 @@ async def metadata(client: AsyncClient) -> int:
     return sum(len(t.partitions) for t in body.body.topics)
 
 
-async def measure_running(broker: Broker, n: int, topics: int) -> dict[str, Any]:
+async def measure_running(broker: Broker, n: int, topics: int, idle_s: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with AsyncClient(broker.addr) as client:
         say(f"creating a topic of {n:,} partitions ...")
@@ -197,6 +206,28 @@ async def measure_running(broker: Broker, n: int, topics: int) -> dict[str, Any]
         }
         say(f"  {took:.2f} s; pings {pings}")
 
+        async def one_each() -> None:
+            for start in range(0, topics, IN_FLIGHT):
+                await asyncio.gather(
+                    *(
+                        client.produce(f"small-{i}", 0, [Message(b"x" * 100)])
+                        for i in range(start, min(start + IN_FLIGHT, topics))
+                    )
+                )
+
+        await one_each()
+        say(f"idle for {idle_s:g} s with one message in each of {n + topics:,} partitions ...")
+        await asyncio.sleep(1)  # the last interval flushes and a checkpoint
+        cpu, started = broker.cpu_s(), time.perf_counter()
+        await asyncio.sleep(idle_s)
+        used = broker.cpu_s() - cpu
+        out["idle"] = {
+            "s": round(time.perf_counter() - started, 2),
+            "cpu_s": round(used, 3),
+            "cpu_percent": round(100 * used / (time.perf_counter() - started), 2),
+        }
+        say(f"  {used:.2f} CPU seconds: {out['idle']['cpu_percent']}% of a core")
+
         say("metadata for every topic ...")
         parts, took, pings = await watched(broker.addr, lambda: metadata(client))
         out["metadata"] = {"partitions": parts, "ms": round(took * 1000, 1), "ping": pings}
@@ -225,6 +256,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--partitions", type=int, default=10_000)
     ap.add_argument("--topics", type=int, default=1_000)
+    ap.add_argument("--idle-s", type=float, default=10.0, help="seconds of the idle step")
     ap.add_argument("--nofile", type=int, default=None, help="descriptor limit of the broker")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
@@ -233,7 +265,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tidewire-partitions-") as data:
         port = _free_port()
         with serve(data, port, args.nofile) as broker:
-            result.update(asyncio.run(measure_running(broker, n, args.topics)))
+            result.update(asyncio.run(measure_running(broker, n, args.topics, args.idle_s)))
             say("stopping ...")
             started = time.perf_counter()
             stop(broker.proc)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tidewire._tasks import cancel_and_wait
+from tidewire._tasks import cancel_and_wait, wait_event
 
 
 def test_the_task_is_stopped_and_its_cancellation_not_raised() -> None:
@@ -59,5 +59,35 @@ def test_listed_errors_of_the_task_are_ignored() -> None:
         await asyncio.sleep(0)
         await cancel_and_wait(inner, ignore=(ValueError,))
         assert inner.done()
+
+    asyncio.run(main())
+
+
+def test_wait_event_keeps_a_cancel_that_arrives_as_the_event_is_set() -> None:
+    """A loop around wait_event, cancelled in the loop turn its event is set, stops (with
+    asyncio.wait_for the cancel was lost there and a broker's background loop never ended)."""
+
+    async def main() -> None:
+        event = asyncio.Event()
+        rounds = 0
+
+        async def loop() -> None:
+            nonlocal rounds
+            while True:
+                event.clear()
+                await wait_event(event, 10)
+                rounds += 1
+
+        task = asyncio.create_task(loop())
+        await asyncio.sleep(0)
+        event.set()
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=5)
+        assert task in done, f"still running after {rounds} rounds"
+        assert task.cancelled()
+        event.clear()
+        assert not await wait_event(event, 0.01)  # a timeout is False
+        event.set()
+        assert await wait_event(event, 0.01)
 
     asyncio.run(main())

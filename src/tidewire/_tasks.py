@@ -1,11 +1,11 @@
-"""Cancelling a task from another one, correctly."""
+"""Cancelling a task from another one, and waiting on an event with a timeout, correctly."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-__all__ = ["cancel_and_wait"]
+__all__ = ["cancel_and_wait", "wait_event"]
 
 
 async def cancel_and_wait(
@@ -30,3 +30,18 @@ async def cancel_and_wait(
             raise
     except ignore:
         pass
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait until ``event`` is set or ``timeout_s`` has passed; whether it was set.
+
+    Not ``asyncio.wait_for(event.wait(), ...)``: in Python 3.11 that returns normally when a
+    cancellation arrives in the same loop turn as the event is set, so the cancellation is
+    lost and a loop around it, cancelled to stop, runs on forever.
+    """
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True

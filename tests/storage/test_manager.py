@@ -477,17 +477,20 @@ def test_flush_due_flushes_interval_logs_on_their_schedule(env: Env) -> None:
     assert fast.flushed_offset == 0
     assert tick(500.1) == 1
     assert (fast.flushed_offset, slow.flushed_offset, never.flushed_offset) == (2, 0, 0)
-    assert tick(500.25) == 0  # nothing new to flush (the schedule still moves on)
+    assert tick(500.25) == 0  # nothing new to flush
     fast.append(batch())
-    assert tick(500.3) == 0
-    assert tick(500.35) == 1
+    assert tick(500.3) == 1  # its last flush was 0.2 s ago: due at once
     assert fast.flushed_offset == 3
+    fast.append(batch())
+    assert tick(500.35) == 0  # flushed 0.05 s ago
+    assert tick(500.45) == 1
+    assert fast.flushed_offset == 4
     assert tick(501.0) == 1  # slow is due
     assert (slow.flushed_offset, never.flushed_offset) == (2, 0)
     fast.append(batch())
     slow.append(batch())
     assert tick(502.0) == 2
-    assert (fast.flushed_offset, slow.flushed_offset, never.flushed_offset) == (4, 3, 0)
+    assert (fast.flushed_offset, slow.flushed_offset, never.flushed_offset) == (5, 3, 0)
     mgr.close()
     assert never.flushed_offset == 2  # only the close flushes a never log
 

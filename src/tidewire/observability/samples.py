@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tidewire._tasks import wait_event
 from tidewire.errors import InvalidConfigError, InvalidRequestError
 from tidewire.observability.metrics import BrokerMetrics, Totals
 from tidewire.observability.stream_metrics import stream_stats
@@ -228,8 +229,7 @@ class RecentSamples:
     async def _run(self, stop: asyncio.Event) -> None:
         self.sample()
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.interval_s)
+            await wait_event(stop, self.interval_s)
             if stop.is_set():
                 return
             try:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import contextvars
 import logging
 import re
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from tidewire._tasks import wait_event
 from tidewire.errors import InvalidRequestError, TidewireError
 from tidewire.records import BatchBuilder
 from tidewire.security._logs import AUDIT_TOPIC, StoredRecord, audit_config, open_log, read_log
@@ -379,8 +379,7 @@ class AuditLog:
     async def _run(self) -> None:
         delay = self.flush_interval_s
         while not self._closed:
-            with contextlib.suppress(TimeoutError):  # the interval passed: write anyway
-                await asyncio.wait_for(self._wake.wait(), delay)
+            await wait_event(self._wake, delay)  # or the interval passed: write anyway
             self._wake.clear()
             try:
                 await self._write_buffered()

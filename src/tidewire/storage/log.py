@@ -243,6 +243,10 @@ class PartitionLog:
         self.damage_found = 0
         self._failed: TidewireError | None = None
         self._closed = False
+        #: Called on the first append after :attr:`unflushed_marked` was cleared: how the log
+        #: manager learns which logs have something to flush without walking them all.
+        self.on_unflushed: Callable[[], None] | None = None
+        self.unflushed_marked = False
         self._dir_dirty = False
         self._flushing = False
         self._truncations = 0  # bumped by truncate_to: flush plans made before are stale
@@ -654,6 +658,9 @@ class PartitionLog:
         base = seg.next_offset
         position, buffers = seg.reserve(view, length, last_delta, max_ts, now)
         self.batches_appended += 1
+        if not self.unflushed_marked and self.on_unflushed is not None:
+            self.unflushed_marked = True
+            self.on_unflushed()
         return _Write(
             seg, position, buffers, AppendInfo(base, base + last_delta, size, max_ts), mark
         )

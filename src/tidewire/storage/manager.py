@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ import threading
 import time
 import uuid
 
+from tidewire._tasks import wait_event
 from tidewire.errors import (
     DataDirLockedError,
     InvalidConfigError,
@@ -156,6 +158,12 @@ class LogManager:
         self._closed = False
         self._dir_lock: FileLock | None = None
         self._last_flush: dict[tuple[str, int], float] = {}
+        #: Logs appended to since the manager last found them flushed: the only ones
+        #: :meth:`flush_due` looks at, so an idle broker's cost does not grow with its
+        #: partitions. Set when :meth:`run` should look again before its next deadline.
+        self._unflushed: set[tuple[str, int]] = set()
+        self._wake: asyncio.Event | None = None
+        self._checkpoint_last: bytes = b""
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_taken = 0  # generation of the last snapshot taken
         self._checkpoint_written = 0  # generation of the snapshot on disk
@@ -307,6 +315,9 @@ class LogManager:
         for p, plog in zip(partitions, logs, strict=True):
             plog.on_truncate = self._after_truncate
             plog.flush_stats = self.flush_stats
+            plog.on_unflushed = functools.partial(self._mark_unflushed, (topic, p))
+            if plog.flushed_offset < plog.log_end_offset:
+                self._mark_unflushed((topic, p))
             self.logs[(topic, p)] = plog
             parts.add(p)
 
@@ -444,6 +455,8 @@ class LogManager:
         except OSError as exc:
             raise StorageError(f"cannot write {plog.directory}/{LOG_CONFIG_FILE}: {exc}") from exc
         plog.config = config
+        if plog.flushed_offset < plog.log_end_offset:  # e.g. now under the interval policy
+            self._mark_unflushed((topic, partition))
 
     def delete_topic(self, topic: str) -> list[int]:
         """Delete every partition log of ``topic``: each directory is renamed atomically to a
@@ -580,31 +593,67 @@ class LogManager:
 
     # --- background work ------------------------------------------------------------------------
 
+    def _mark_unflushed(self, key: tuple[str, int]) -> None:
+        self._unflushed.add(key)
+        if self._wake is not None:
+            self._wake.set()
+
+    def _settled(self, key: tuple[str, int], plog: PartitionLog | None) -> bool:
+        """Whether ``key`` has nothing left for :meth:`flush_due`; if so it leaves the
+        unflushed set (its next append puts it back)."""
+        if plog is None or plog.failed is not None or plog.config.fsync is not FsyncPolicy.INTERVAL:
+            pass  # gone, failed, or flushed by its own policy: nothing for the manager to do
+        elif plog.flushed_offset < plog.log_end_offset:
+            return False
+        self._unflushed.discard(key)
+        if plog is not None:
+            plog.unflushed_marked = False
+        return True
+
     async def flush_due(self, now_monotonic: float | None = None) -> int:
         """Flush every ``interval`` log whose ``flush_interval_ms`` has passed since its last
-        flush and that has unflushed data. Returns how many were flushed."""
+        flush and that has unflushed data. Returns how many were flushed.
+
+        Only the logs appended to since they were last found flushed are looked at."""
         now = time.monotonic() if now_monotonic is None else now_monotonic
         due: list[PartitionLog] = []
-        for key, plog in self.logs.items():
-            cfg = plog.config
-            if cfg.fsync is not FsyncPolicy.INTERVAL or plog.failed is not None:
+        keys: list[tuple[str, int]] = []
+        for key in list(self._unflushed):
+            plog = self.logs.get(key)
+            if self._settled(key, plog):
                 continue
+            assert plog is not None
             last = self._last_flush.setdefault(key, now)
-            if now - last >= cfg.flush_interval_ms / 1000:
+            if now - last >= plog.config.flush_interval_ms / 1000:
                 self._last_flush[key] = now
-                if plog.flushed_offset < plog.log_end_offset:
-                    due.append(plog)
+                due.append(plog)
+                keys.append(key)
         results = await asyncio.gather(*(p.flush_async() for p in due), return_exceptions=True)
         for plog, res in zip(due, results, strict=True):
             if isinstance(res, TidewireError):
                 log.error("interval flush of %s failed: %s", plog.directory, res)
             elif isinstance(res, BaseException):
                 raise res
+        for key in keys:  # appends made while flushing keep their log in the set
+            self._settled(key, self.logs.get(key))
         return len(due)
+
+    def _next_flush_in(self, now: float) -> float | None:
+        """Seconds until the earliest interval flush is due (None: none is pending)."""
+        soonest: float | None = None
+        for key in self._unflushed:
+            plog = self.logs.get(key)
+            if plog is None:
+                return 0.0  # let flush_due drop it
+            last = self._last_flush.get(key, now)
+            wait = last + plog.config.flush_interval_ms / 1000 - now
+            soonest = wait if soonest is None else min(soonest, wait)
+        return soonest
 
     def write_recovery_checkpoint(self) -> None:
         """Record every log's flushed offset (atomically)."""
         self._write_checkpoint(*self._checkpoint_snapshot())
+        self._checkpoint_last = b""  # the periodic write compares with what it wrote last
 
     def _after_truncate(self, plog: PartitionLog) -> None:
         # Truncation is rare: rewrite the checkpoint at once (as Kafka does) so its recovery
@@ -649,19 +698,40 @@ class LogManager:
 
     async def run(self, *, tick_ms: int = 10) -> None:
         """Run the background work until cancelled: interval flushes, the recovery
-        checkpoint, retention. Start it under a TaskGroup or keep a reference to its task."""
+        checkpoint, retention. Start it under a TaskGroup or keep a reference to its task.
+
+        It sleeps until the next thing is due: the earliest interval flush of a log with
+        unflushed data (at most every ``tick_ms``), the checkpoint, retention. An append to a
+        log with nothing pending wakes it, so an idle broker costs nothing per partition."""
+        self._wake = wake = asyncio.Event()
         last_checkpoint = last_retention = time.monotonic()
         while True:
-            await asyncio.sleep(tick_ms / 1000)
+            now = time.monotonic()
+            until = min(
+                last_checkpoint + self.checkpoint_interval_ms / 1000,
+                last_retention + self.retention_check_interval_ms / 1000,
+            )
+            flush_in = self._next_flush_in(now)
+            if flush_in is not None:
+                until = min(until, now + max(flush_in, tick_ms / 1000))
+            wake.clear()
+            if until > now:
+                if flush_in is None:  # an append may make a flush due sooner
+                    await wait_event(wake, until - now)
+                else:
+                    await asyncio.sleep(until - now)
             now = time.monotonic()
             await self.flush_due(now)
             if (now - last_checkpoint) * 1000 >= self.checkpoint_interval_ms:
                 last_checkpoint = now
-                try:
-                    # Snapshot on the loop, write in a thread: the loop owns the logs' state.
-                    await asyncio.to_thread(self._write_checkpoint, *self._checkpoint_snapshot())
-                except OSError as exc:
-                    log.error("writing the recovery checkpoint failed: %s", exc)
+                data, generation = self._checkpoint_snapshot()
+                if data != self._checkpoint_last:  # unchanged points need no rewrite
+                    try:
+                        # Snapshot on the loop, write in a thread: the loop owns the logs.
+                        await asyncio.to_thread(self._write_checkpoint, data, generation)
+                        self._checkpoint_last = data
+                    except OSError as exc:
+                        log.error("writing the recovery checkpoint failed: %s", exc)
             if (now - last_retention) * 1000 >= self.retention_check_interval_ms:
                 last_retention = now
                 self.apply_retention()

@@ -11,7 +11,6 @@ so a burst of publishes reaches each consumer as few, large deliveries.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
 import json
@@ -22,6 +21,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
+from tidewire._tasks import wait_event
 from tidewire.broker.queues.definitions import DefinitionStore
 from tidewire.broker.queues.model import (
     DEATH_HEADER,
@@ -194,8 +194,7 @@ class QueueManager:
                     wait = min(wait, TTL_SWEEP_S)
             self._timer_added.clear()
             if wait > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._timer_added.wait(), max(wait, TICK_S))
+                await wait_event(self._timer_added, max(wait, TICK_S))
             await self.tick()
             if loop.time() - last_upkeep >= UPKEEP_S:
                 last_upkeep = loop.time()

@@ -39,7 +39,7 @@ import msgspec
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 
-from tidewire._tasks import cancel_and_wait
+from tidewire._tasks import cancel_and_wait, wait_event
 from tidewire.broker import Broker
 from tidewire.broker.queues.model import Delivery, SettleOutcome
 from tidewire.errors import (
@@ -213,9 +213,7 @@ class QueueSocket:
         while True:
             if not self.pending:
                 self.arrived.clear()
-                try:
-                    await asyncio.wait_for(self.arrived.wait(), QUEUE_CHECK_S)
-                except TimeoutError:
+                if not await wait_event(self.arrived, QUEUE_CHECK_S):
                     # Idle: the queue may have been deleted (its consumers with it).
                     manager.describe_queue(self.queue)  # UnknownQueueError: close 4404
                 continue
