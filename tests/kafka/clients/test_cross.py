@@ -1,13 +1,11 @@
 """One data model across protocols: what confluent-kafka produces through the Kafka listener,
-tidewire's own client and the Spark source read with the same offsets, timestamps, keys,
-values and headers; what tidewire's client produces, aiokafka reads the same way."""
+tidewire's own client reads with the same offsets, timestamps, keys, values and headers (the
+Spark source too: tests/spark/test_kafka_cross.py); what tidewire's client produces, aiokafka
+reads the same way."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
-from typing import Any
 
 import aiokafka
 import pytest
@@ -81,50 +79,6 @@ def test_tidewire_client_to_aiokafka(running: Running, codec: str) -> None:
         assert sorted(got) == sorted(placed)
 
     asyncio.run(main())
-
-
-@pytest.fixture(scope="module")
-def spark_session() -> Any:
-    """A local SparkSession set up as tests/spark's (getOrCreate: the same one when the Spark
-    tests run in this session too)."""
-    pytest.importorskip("pyspark")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("tidewire-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "1g")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    return session  # not stopped: tests/spark may share it (getOrCreate)
-
-
-@pytest.mark.spark
-@pytest.mark.slow
-def test_confluent_kafka_to_the_spark_source(running: Running, spark_session: Any) -> None:
-    from tests.spark._support import rows_of
-
-    running.create_topic("k2s", 2)
-    sent = messages(30, "spark")
-    placed = confluent_produce(running, "k2s", sent, **{"compression.type": "snappy"})
-    df = (
-        spark_session.read.format("tidewire")
-        .option("tidewire.servers", running.tidewire_addr)
-        .option("subscribe", "k2s")
-        .option("includeHeaders", "true")
-        .load()
-    )
-    rows = rows_of(df)
-    assert rows == sorted(
-        ("k2s", g.partition, g.offset, g.key, g.value, g.timestamp, 0, list(g.headers))
-        for g in placed
-    )
 
 
 def test_tidewire_client_sync_reads_what_kafka_clients_wrote(running: Running) -> None:
