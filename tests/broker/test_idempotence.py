@@ -406,3 +406,26 @@ def test_an_epoch_bump_fences_the_old_instance_across_a_restart(tmp_path: Path) 
 
     asyncio.run(before())
     asyncio.run(after())
+
+
+def test_a_cancelled_wait_keeps_the_batch_remembered(tmp_path: Path) -> None:
+    """A produce whose caller is cancelled while it waits for its fsync (a connection reset)
+    was claimed and is written all the same; the producer's retry of that batch is answered
+    with its offsets, not stored a second time."""
+
+    async def main() -> None:
+        async with Broker(config(tmp_path, log=LogConfig(fsync=FsyncPolicy.ALWAYS))) as b:
+            b.create_topic("t")
+            pid, epoch = await b.init_producer_id(-1, -1)
+            x = pbatch(pid, epoch, 0, [b"x"])
+            task = asyncio.create_task(b.produce("t", 0, x))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            retry = await b.produce("t", 0, x)
+            assert (retry.base_offset, retry.last_offset) == (0, 0)
+            assert [r.value for r in await read_all(b, "t", 0)] == [b"x"]
+
+    asyncio.run(main())

@@ -5,11 +5,13 @@ per partition, unknown partitions, transactions refused."""
 
 from __future__ import annotations
 
+import socket
 import struct
 from pathlib import Path
 from typing import Any
 
 from tests.kafka._support import (
+    Wire,
     aio,
     batch,
     fetch_body,
@@ -19,6 +21,7 @@ from tests.kafka._support import (
     wire,
 )
 from tidewire.protocol.kafka import ApiKey, ErrorCode
+from tidewire.storage import FsyncPolicy, LogConfig
 
 
 def _part(answer: dict[str, Any]) -> dict[str, Any]:
@@ -139,3 +142,107 @@ def test_schema_defaults_written_as_json_numbers_are_read() -> None:
     lay = layout(ApiKey.INIT_PRODUCER_ID, "response", 1)
     assert lay is not None
     assert {f.name: f.default for f in lay.fields}["producer_id"] == -1
+
+
+def _two_partition_body(parts: list[tuple[int, bytes]]) -> dict[str, Any]:
+    return {
+        "transactional_id": None,
+        "acks": -1,
+        "timeout_ms": 10_000,
+        "topic_data": [
+            {"name": "t", "partition_data": [{"index": i, "records": r} for i, r in parts]}
+        ],
+    }
+
+
+@aio
+async def test_pipelined_produces_are_appended_in_request_order(tmp_path: Path) -> None:
+    """Request 1 writes partitions 0 and 1, request 2 (sent before request 1 is answered)
+    partition 1 again: under fsync=always request 1 waits for its fsync on partition 0
+    while request 2 is read, yet partition 1 holds request 1's batch first. With an
+    idempotent producer an inversion would answer DUPLICATE_SEQUENCE_NUMBER for sequence 0
+    and lose that acknowledged batch."""
+    for idempotent in (False, True):
+        async with (
+            kafka_broker(tmp_path / str(idempotent), log=LogConfig(fsync=FsyncPolicy.ALWAYS)) as (
+                b,
+                k,
+            ),
+            wire(k.port) as w,
+        ):
+            await b.create_topic_async("t", 2)
+            pid = epoch = -1
+            if idempotent:
+                got = await w.call(
+                    ApiKey.INIT_PRODUCER_ID,
+                    1,
+                    {"transactional_id": None, "transaction_timeout_ms": 1000},
+                )
+                pid, epoch = got["producer_id"], got["producer_epoch"]
+
+            def mk(
+                value: bytes, seq: int, pid: int = pid, epoch: int = epoch, idem: bool = idempotent
+            ) -> bytes:
+                return batch(
+                    [value],
+                    producer_id=pid,
+                    producer_epoch=epoch,
+                    base_sequence=seq if idem else -1,
+                )
+
+            await w.send(
+                ApiKey.PRODUCE, 7, _two_partition_body([(0, mk(b"a0", 0)), (1, mk(b"b0", 0))])
+            )
+            await w.send(ApiKey.PRODUCE, 7, _two_partition_body([(1, mk(b"b1", 1))]))
+            answers = [(await w.receive(ApiKey.PRODUCE, 7))[1] for _ in range(2)]
+            placed = [
+                (p["index"], p["error_code"], p["base_offset"])
+                for a in answers
+                for t in a["responses"]
+                for p in t["partition_responses"]
+            ]
+            assert placed == [(0, 0, 0), (1, 0, 0), (1, 0, 1)], idempotent
+            f = await w.call(ApiKey.FETCH, 11, fetch_body("t", 1, 0))
+            assert values_of(f["responses"][0]["partitions"][0]["records"]) == [b"b0", b"b1"]
+
+
+@aio
+async def test_a_reset_connection_with_produces_in_flight_stores_each_batch_once(
+    tmp_path: Path,
+) -> None:
+    """An idempotent producer pipelines five batches and its connection is reset (RST)
+    while they wait for their fsync; it sends all five again on a new connection: each is
+    stored once (the cancelled waits must not make the broker forget what it stored)."""
+    async with kafka_broker(tmp_path, log=LogConfig(fsync=FsyncPolicy.ALWAYS)) as (b, k):
+        await b.create_topic_async("t", 1)
+        w = await Wire.connect(k.port)
+        got = await w.call(
+            ApiKey.INIT_PRODUCER_ID, 1, {"transactional_id": None, "transaction_timeout_ms": 1000}
+        )
+        pid, epoch = got["producer_id"], got["producer_epoch"]
+        batches = [
+            batch([b"m%d" % i], producer_id=pid, producer_epoch=epoch, base_sequence=i)
+            for i in range(5)
+        ]
+        for x in batches:
+            await w.send(ApiKey.PRODUCE, 7, produce_body("t", 0, x))
+        sock = w.writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        w.writer.transport.abort()
+        async with wire(k.port) as again:
+            for x in batches:
+                answer = await again.call(ApiKey.PRODUCE, 7, produce_body("t", 0, x))
+                [part] = answer["responses"][0]["partition_responses"]
+                assert part["error_code"] == ErrorCode.NONE
+            f = await again.call(ApiKey.FETCH, 11, fetch_body("t", 0, 0))
+            records = f["responses"][0]["partitions"][0]["records"]
+            assert values_of(records) == [b"m%d" % i for i in range(5)]
+
+
+@aio
+async def test_a_failed_acks0_produce_closes_the_connection(tmp_path: Path) -> None:
+    """acks=0 gets no answer, so a failure (here: an unknown topic with auto-creation off)
+    closes the connection, as in Kafka: the producer notices and refreshes its metadata."""
+    async with kafka_broker(tmp_path, auto_create_topics=False) as (_, k), wire(k.port) as w:
+        await w.send(ApiKey.PRODUCE, 7, produce_body("nowhere", 0, batch([b"x"]), acks=0))
+        assert await w.closed()

@@ -939,6 +939,12 @@ class Broker:
         if appends:
             try:
                 infos = await plog.append_many_async(appends, durable=durable, checked=headers)
+            except asyncio.CancelledError:
+                # The batches were claimed and queued before the first wait: they are written
+                # whatever becomes of this wait (a write that fails fails the log), so they stay
+                # remembered, and a retry is answered with their offsets, not stored again.
+                done.set_result(True)
+                raise
             except BaseException:
                 done.set_result(False)
                 for pid in {pid for pid, _ in recorded}:

@@ -23,10 +23,12 @@ Differences from Kafka, by design (docs/kafka.md):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from typing import Any
 
+from tidewire.broker import ProduceResult
 from tidewire.errors import (
     BackpressureError,
     InvalidRequestError,
@@ -42,6 +44,10 @@ from tidewire.server.kafka.context import KafkaContext, KafkaHandler
 from tidewire.server.kafka.errors import error_code
 from tidewire.server.kafka.sasl import sasl_authenticate, sasl_handshake
 from tidewire.server.needs import Need
+
+#: Set on the session when an acks=0 Produce failed somewhere: the listener then closes the
+#: connection, as Kafka does (the producer reads no answer that could tell it).
+ACKS0_FAILED = "kafka_acks0_failed"
 
 __all__ = ["DATA_HANDLERS", "topic_id"]
 
@@ -69,7 +75,15 @@ def _topic_allowed(ctx: KafkaContext, op: Operation, name: str) -> bool:
 
 
 def _partition_error(index: int, code: ErrorCode, message: str = "") -> dict[str, Any]:
-    return {"index": index, "partition_index": index, "error_code": code, "error_message": message}
+    # base_offset -1 (Kafka's INVALID_OFFSET), not the schema's 0: a client that completes a
+    # failed batch with the answer's offset must not report offset 0.
+    return {
+        "index": index,
+        "partition_index": index,
+        "error_code": code,
+        "error_message": message,
+        "base_offset": -1,
+    }
 
 
 # --- ApiVersions, DescribeCluster ---------------------------------------------------------
@@ -231,14 +245,25 @@ async def produce(ctx: KafkaContext, version: int, body: dict[str, Any]) -> dict
             ErrorCode.INVALID_REQUEST,
             "transactions are not supported by this broker (docs/kafka.md)",
         )
-    responses = []
+    # Every partition's append is started here, before this handler first waits: each task's
+    # first step claims its offsets, and tasks run in the order they are made, so the
+    # appends of a connection's requests keep the requests' order even though a request's
+    # handler runs while an earlier one waits for its fsync (Kafka handles one request of a
+    # connection at a time, and clients rely on that order: an idempotent producer with 5
+    # requests in flight would otherwise see its sequences out of order). The appends are
+    # shielded: once claimed a batch is written, and cancelling its producer's wait (a
+    # connection reset, a drain) must not make the broker forget that it was stored, or the
+    # producer's retry would be stored twice.
+    loop = asyncio.get_running_loop()
+    responses: list[dict[str, Any]] = []
+    waits: list[tuple[list[dict[str, Any]], int, int, asyncio.Task[ProduceResult]]] = []
     for topic in body["topic_data"]:
         name = topic["name"]
         allowed = _topic_allowed(ctx, Operation.WRITE, name) and (
             name in b.topics()
             or ctx.allowed(Need(ResourceType.TOPIC, Operation.CREATE, name, if_missing=True))
         )
-        parts = []
+        parts: list[dict[str, Any]] = []
         for part in topic["partition_data"]:
             index, records = part["index"], part["records"]
             if refuse is not None:
@@ -252,23 +277,33 @@ async def produce(ctx: KafkaContext, version: int, body: dict[str, Any]) -> dict
                     _partition_error(index, ErrorCode.CORRUPT_MESSAGE, "no records to append")
                 )
                 continue
-            try:
-                r = await b.produce(name, index, records, durable=durable)
-            except TidewireError as exc:
-                parts.append(_partition_error(index, error_code(exc), exc.message))
-                continue
-            parts.append(
-                {
-                    "index": index,
-                    "error_code": ErrorCode.NONE,
-                    "base_offset": r.base_offset,
-                    "log_append_time_ms": _NONE,
-                    "log_start_offset": r.log_start_offset,
-                    "error_message": None,
-                }
-            )
+            task = loop.create_task(b.produce(name, index, records, durable=durable))
+            waits.append((parts, len(parts), index, task))
+            parts.append({})  # filled below, in the request's order
         responses.append({"name": name, "partition_responses": parts})
+    if waits:
+        await asyncio.shield(asyncio.wait([t for *_, t in waits]))
+    for parts, at, index, task in waits:
+        exc = task.exception()
+        if isinstance(exc, TidewireError):
+            parts[at] = _partition_error(index, error_code(exc), exc.message)
+        elif exc is not None:
+            raise exc
+        else:
+            r = task.result()
+            parts[at] = {
+                "index": index,
+                "error_code": ErrorCode.NONE,
+                "base_offset": r.base_offset,
+                "log_append_time_ms": _NONE,
+                "log_start_offset": r.log_start_offset,
+                "error_message": None,
+            }
     if acks == 0:
+        if any(p["error_code"] for t in responses for p in t["partition_responses"]):
+            # Kafka closes the connection of an acks=0 producer whose request failed: it
+            # has no answer to read, and the reconnect makes it refresh its metadata.
+            ctx.session.extra[ACKS0_FAILED] = True
         return None
     return {"responses": responses, "throttle_time_ms": 0}
 

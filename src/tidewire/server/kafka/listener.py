@@ -65,6 +65,7 @@ from tidewire.security.tls import HANDSHAKE_TIMEOUT_S, listener_context, peer_of
 from tidewire.server.gate import Session, gate_for, source_of
 from tidewire.server.kafka.context import KafkaContext
 from tidewire.server.kafka.dispatch import registry
+from tidewire.server.kafka.handlers import ACKS0_FAILED
 from tidewire.server.kafka.sasl import CLOSE_AFTER, RAW_SASL, sasl_step
 from tidewire.server.needs import AUTHENTICATED, PUBLIC, Need, Requirement
 from tidewire.server.tcp import _WILDCARDS, FINAL_CLOSE_S, ServerConfig
@@ -374,6 +375,12 @@ class _Connection:
             log.info("closing a Kafka connection from %s: %s", self.session.source, exc.message)
             raise _Close from None
         out = await handler(ctx, header.api_version, body)
+        if self.session.extra.pop(ACKS0_FAILED, False):
+            log.info(
+                "closing a Kafka connection from %s: an acks=0 produce failed",
+                self.session.source,
+            )
+            raise _Close
         if principal is not None:
             # Kafka's quota model: the answer waits, and says how long it waited.
             key = header.api_key
