@@ -6,6 +6,7 @@ connections nor the requests behind it on its own, the idle timeout, and the dra
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 from pathlib import Path
 
@@ -179,3 +180,30 @@ async def test_the_listener_reports_to_its_recorder(tmp_path: Path) -> None:
         latency = stats.latency("metadata")
         assert latency is not None
         assert latency[2] == 1
+
+
+@aio
+async def test_a_client_that_never_reads_its_answers_is_cut(tmp_path: Path) -> None:
+    """Pipelined fetches whose answers the client never reads: the broker holds at most
+    max_unsent_bytes of them and closes the connection after the idle timeout, instead of
+    keeping it and its answers in memory forever."""
+    config = ServerConfig(
+        port=0, kafka_port=0, idle_timeout_s=1, frame_timeout_s=1, max_unsent_bytes=2 << 20
+    )
+    async with kafka_broker(tmp_path, server=config) as (b, k):
+        await b.create_topic_async("t", 1)
+        for _ in range(20):
+            await b.produce("t", 0, batch([bytes(500_000)]))
+        reader, writer = await asyncio.open_connection("127.0.0.1", k.port)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        w = Wire(reader, writer)
+        body = fetch_body("t", 0, 0)
+        body["max_bytes"] = 16 << 20
+        body["topics"][0]["partitions"][0]["partition_max_bytes"] = 16 << 20
+        for _ in range(4):
+            await w.send(ApiKey.FETCH, 11, body)
+        await until(lambda: any(c.unsent for c in k.connections))
+        assert all(c.unsent <= config.max_unsent_bytes for c in k.connections)
+        await until(lambda: not k.connections, timeout_s=30)
+        writer.close()

@@ -213,3 +213,15 @@ async def test_a_produce_over_the_quota_is_answered_late_saying_so(tmp_path: Pat
         big = await w.call(ApiKey.PRODUCE, 7, produce_body("q", 0, batch([b"y" * 125_000])))
         assert big["responses"][0]["partition_responses"][0]["error_code"] == 0
         assert big["throttle_time_ms"] > 0
+
+
+@aio
+async def test_an_authenticated_connection_cannot_authenticate_again(tmp_path: Path) -> None:
+    """session_lifetime_ms is 0, so clients never re-authenticate (KIP-368): a second
+    handshake on an authenticated connection, which could only change its principal, is
+    refused with ILLEGAL_SASL_STATE and the connection stays who it was."""
+    async with kafka_broker(tmp_path, security=SECURE) as (b, k), wire(k.port) as w:
+        await _scram(w, await _user(b, "alice"))
+        again = await w.call(ApiKey.SASL_HANDSHAKE, 1, {"mechanism": "SCRAM-SHA-256"})
+        assert again["error_code"] == ErrorCode.ILLEGAL_SASL_STATE
+        assert (await w.call(ApiKey.API_VERSIONS, 2, {}))["error_code"] == 0

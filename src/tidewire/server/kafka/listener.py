@@ -160,6 +160,13 @@ class _Connection:
         #: (``slots``): beyond, the connection is not read until an answer is sent.
         self.pending: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue()
         self.slots = asyncio.Semaphore(cfg.max_in_flight)
+        #: Bytes of Fetch answers this connection may be holding (each charged at its most
+        #: when read, released once written out), under ``max_unsent_bytes``: a client that
+        #: pipelines fetches but does not read its answers stops being read instead of
+        #: making the broker hold them all (as the binary listener does).
+        self.unsent = 0
+        self.unsent_freed = asyncio.Event()
+        self.costs: dict[asyncio.Task[bytes | None], int] = {}
         self.tasks: set[asyncio.Task[bytes | None]] = set()
         peer = peer_of(writer.transport, server.tls_principal_field)
         self.session = Session(
@@ -288,9 +295,14 @@ class _Connection:
             )
             return False
         await self.slots.acquire()
+        cost = 0
+        if key == ApiKey.FETCH:
+            cost = await self._charge(body)
         task = asyncio.get_running_loop().create_task(
             self._handle(header, body, handlers[key], needs.get(key))
         )
+        if cost:
+            self.costs[task] = cost
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         self.pending.put_nowait(task)
@@ -300,6 +312,18 @@ class _Connection:
             await self.pending.join()
             return not self.session.extra.pop(CLOSE_AFTER, False)
         return True
+
+    async def _charge(self, body: dict[str, Any]) -> int:
+        """Wait until a Fetch's answer fits under ``max_unsent_bytes``; its charge."""
+        limit = self.server.config.max_unsent_bytes
+        fetch_max = self.server.broker.config.fetch_max_bytes
+        asked = body["max_bytes"]
+        cost = min(asked if asked > 0 else fetch_max, fetch_max, limit)
+        while self.unsent and self.unsent + cost > limit:
+            self.unsent_freed.clear()
+            await self.unsent_freed.wait()
+        self.unsent += cost
+        return cost
 
     async def _unsupported(self, header: RequestHeader) -> bool:
         name = ApiKey(header.api_key).name if header.api_key in SUPPORTED else header.api_key
@@ -425,14 +449,29 @@ class _Connection:
                 if data is not None:
                     self.writer.write(data)
                     self.server.stats.bytes_out(len(data))
-                    await self.writer.drain()
+                    # A peer that stops reading is cut after the idle timeout, not waited
+                    # for forever with its answers in memory.
+                    await asyncio.wait_for(self.writer.drain(), self.server.config.idle_timeout_s)
             except ConnectionError:
                 self.stop_reading()
+                return
+            except TimeoutError:
+                log.info(
+                    "closing a Kafka connection from %s: its answers unread for %g s",
+                    self.session.source,
+                    self.server.config.idle_timeout_s,
+                )
+                self.stop_reading()
+                self.writer.transport.abort()
                 return
             finally:
                 self.pending.task_done()
                 if task is not None:
                     self.slots.release()
+                    cost = self.costs.pop(task, 0)
+                    if cost:
+                        self.unsent -= cost
+                        self.unsent_freed.set()
 
 
 class KafkaServer:

@@ -35,6 +35,10 @@ CLOSE_AFTER = "kafka_close_after"
 
 async def sasl_handshake(ctx: KafkaContext, version: int, body: dict[str, Any]) -> dict[str, Any]:
     gate, session = ctx.gate, ctx.session
+    if session.authenticated:
+        # The broker answers session_lifetime_ms 0, so clients never re-authenticate
+        # (KIP-368); a second exchange could only be an attempt to change principal.
+        return {"error_code": ErrorCode.ILLEGAL_SASL_STATE, "mechanisms": []}
     try:
         offered = gate.sasl_start(session, body["mechanism"])
     except TidewireError as exc:
