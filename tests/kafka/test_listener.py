@@ -6,6 +6,7 @@ connections nor the requests behind it on its own, the idle timeout, and the dra
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import struct
 from pathlib import Path
@@ -207,3 +208,14 @@ async def test_a_client_that_never_reads_its_answers_is_cut(tmp_path: Path) -> N
         assert all(c.unsent <= config.max_unsent_bytes for c in k.connections)
         await until(lambda: not k.connections, timeout_s=30)
         writer.close()
+
+
+def test_the_documented_versions_are_the_advertised_ones() -> None:
+    """docs/kafka.md's table of APIs and versions is SUPPORTED, row for row."""
+    text = (Path(__file__).parents[2] / "docs" / "kafka.md").read_text()
+    rows = re.findall(r"^\| (\w+) \| (\d+) \| (\d+)–(\d+) \|$", text, re.MULTILINE)
+    documented = {int(key): (int(lo), int(hi)) for _, key, lo, hi in rows}
+    assert documented == SUPPORTED
+    assert {name for name, *_ in rows} == {
+        k.name.title().replace("_", "") for k in ApiKey if k in SUPPORTED
+    }
