@@ -213,7 +213,7 @@ async def test_a_client_that_never_reads_its_answers_is_cut(tmp_path: Path) -> N
 def test_the_documented_versions_are_the_advertised_ones() -> None:
     """docs/kafka.md's table of APIs and versions is SUPPORTED, row for row."""
     text = (Path(__file__).parents[2] / "docs" / "kafka.md").read_text()
-    rows = re.findall(r"^\| (\w+) \| (\d+) \| (\d+)–(\d+) \|$", text, re.MULTILINE)
+    rows = re.findall(r"^\| (\w+) \| (\d+) \| (\d+)\u2013(\d+) \|$", text, re.MULTILINE)
     documented = {int(key): (int(lo), int(hi)) for _, key, lo, hi in rows}
     assert documented == SUPPORTED
     assert {name for name, *_ in rows} == {
