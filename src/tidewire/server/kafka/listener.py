@@ -57,6 +57,7 @@ from tidewire.protocol.kafka import (
     RequestHeader,
     decode_request,
     encode_response,
+    encode_response_parts,
 )
 from tidewire.protocol.kafka.schema import layout
 from tidewire.security.config import TlsConfig
@@ -94,7 +95,11 @@ class _Close(Exception):
     """Internal: close the connection (the reason is logged where raised)."""
 
 
-async def _ready(data: bytes) -> bytes | None:
+#: An answer: one frame, or a frame in parts (see encode_response_parts).
+_Answer = bytes | list[bytes | bytearray | memoryview]
+
+
+async def _ready(data: bytes) -> _Answer | None:
     return data
 
 
@@ -157,9 +162,9 @@ class _Connection:
         cfg = server.config
         #: Answers being made, in the requests' order (None: stop); at most max_in_flight
         #: (``slots``): beyond, the connection is not read until an answer is sent.
-        self.pending: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue()
+        self.pending: asyncio.Queue[asyncio.Task[_Answer | None] | None] = asyncio.Queue()
         self.slots = asyncio.Semaphore(cfg.max_in_flight)
-        self.tasks: set[asyncio.Task[bytes | None]] = set()
+        self.tasks: set[asyncio.Task[_Answer | None]] = set()
         peer = peer_of(writer.transport, server.tls_principal_field)
         self.session = Session(
             source=source_of(writer.get_extra_info("peername")),
@@ -362,7 +367,7 @@ class _Connection:
         body: dict[str, Any],
         handler: Any,
         requirement: Requirement | None,
-    ) -> bytes | None:
+    ) -> _Answer | None:
         started = time.perf_counter()
         ctx = self._context(header)
         name = ApiKey(header.api_key).name
@@ -396,6 +401,9 @@ class _Connection:
         )
         if out is None:
             return None
+        if header.api_key == ApiKey.FETCH:
+            # The records go to the socket as the log returned them, not copied into a frame.
+            return encode_response_parts(header, out)
         return encode_response(header, out)
 
     async def _answer_loop(self) -> None:
@@ -415,7 +423,11 @@ class _Connection:
                     self.stop_reading()
                     self.writer.transport.abort()
                     return
-                if data is not None:
+                if isinstance(data, list):
+                    self.writer.writelines(data)
+                    self.server.stats.bytes_out(sum(len(p) for p in data))
+                    await self.writer.drain()
+                elif data is not None:
                     self.writer.write(data)
                     self.server.stats.bytes_out(len(data))
                     await self.writer.drain()
