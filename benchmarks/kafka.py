@@ -12,10 +12,11 @@ process of its own (see ``producer_bench.serve``), then, ``--rounds`` times (3),
 topic each time:
 
 - **kafka produce**: a confluent-kafka ``Producer``, ``acks=all``, N messages of 1 KB
-  (``linger.ms=5``, 1 MB batches, no compression), timed from the first ``produce`` to the
-  end of ``flush()``;
+  (``linger.ms=5``, 1 MB batches, no compression, delivery reports for failures only), timed
+  from the first ``produce`` to the end of ``flush()``;
 - **kafka catch-up**: a confluent-kafka ``Consumer`` assigned every partition from the
-  beginning (no group) reads the N messages back;
+  beginning (no group) reads the N messages back, ``consume()`` asking for at most 10,000 at
+  a time;
 - **tidewire produce**: tidewire's ``AsyncProducer``, ``acks="durable"`` (the broker's
   answer waits for the fsync policy, as ``acks=all`` does), the same N messages;
 - **tidewire catch-up**: tidewire's ``AsyncConsumer`` reads them back.
