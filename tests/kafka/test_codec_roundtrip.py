@@ -17,7 +17,9 @@ from tidewire.protocol.kafka import (
     decode_response,
     encode_request,
     encode_response,
+    encode_response_parts,
 )
+from tidewire.protocol.kafka.codec import BY_REFERENCE
 from tidewire.protocol.kafka.schema import layout
 
 VERSIONS = all_versions()
@@ -41,6 +43,7 @@ def _round_trip(api: int, kind: str, version: int, data: st.DataObject) -> None:
         header = RequestHeader(api, version, cid, None)
         frame = encode_response(header, want)
         assert int.from_bytes(frame[:4], "big", signed=True) == len(frame) - 4
+        assert b"".join(encode_response_parts(header, want)) == frame
         got_cid, got = decode_response(api, version, frame[4:])
         assert got_cid == cid
         again = encode_response(header, got)
@@ -99,3 +102,28 @@ def test_fields_outside_the_version_are_not_written() -> None:
     old = encode_response(RequestHeader(0, 0, 1, None), body)
     assert decode_response(0, 0, old[4:])[1]["throttle_time_ms"] == 0
     assert decode_response(0, 4, encode_response(header, body)[4:])[1]["throttle_time_ms"] == 5
+
+
+@pytest.mark.parametrize("version", range(4, 17))
+def test_fetch_answer_in_parts_keeps_large_records_by_reference(version: int) -> None:
+    big = [bytes([i]) * (BY_REFERENCE + i) for i in range(3)]
+    small = b"s" * (BY_REFERENCE - 1)
+    partitions = [
+        {"partition_index": i, "high_watermark": 9, "records": r}
+        for i, r in enumerate([big[0], small, None, big[1], big[2]])
+    ]
+    body = {"responses": [{"topic": "t", "partitions": partitions}]}
+    header = RequestHeader(1, version, 77, None)
+    parts = encode_response_parts(header, body)
+    frame = encode_response(header, body)
+    assert b"".join(parts) == frame
+    assert int.from_bytes(frame[:4], "big", signed=True) == len(frame) - 4
+    # each large value is a part of its own, the very object given; the small one is copied
+    kept = [p for p in parts if any(p is b for b in big)]
+    assert len(kept) == 3
+    assert not any(p is small for p in parts)
+    assert len(parts) == 7  # header, big, between, big, between, big, trailer
+    _, got = decode_response(1, version, frame[4:])
+    got_records = [p["records"] for p in got["responses"][0]["partitions"]]
+    assert got_records[:2] == [big[0], small]
+    assert got_records[3:] == big[1:]

@@ -123,11 +123,9 @@ def test_create_topic_with_the_default_replication_factor(running: Running) -> N
     futures = a.create_topics([NewTopic("plain", num_partitions=1), NewTopic("defaults")])
     assert futures["plain"].result(WITHIN_S) is None
     assert futures["defaults"].result(WITHIN_S) is None
-    topics = running.on_loop(lambda: running.broker.topics())
+    topics = running.on_loop(running.broker.topics)
     assert topics["plain"] == 1
-    assert topics["defaults"] == running.on_loop(
-        lambda: running.broker.config.default_partitions
-    )
+    assert topics["defaults"] == running.on_loop(lambda: running.broker.config.default_partitions)
 
 
 @pytest.mark.parametrize("codec", CODECS)

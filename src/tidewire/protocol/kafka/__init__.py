@@ -12,6 +12,7 @@ from tidewire.protocol.kafka.codec import (
     decode_response,
     encode_request,
     encode_response,
+    encode_response_parts,
 )
 from tidewire.protocol.kafka.errors import ErrorCode, KafkaCodecError
 from tidewire.protocol.kafka.versions import SUPPORTED, ApiKey
@@ -27,4 +28,5 @@ __all__ = [
     "decode_response",
     "encode_request",
     "encode_response",
+    "encode_response_parts",
 ]

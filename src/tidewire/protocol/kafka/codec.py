@@ -205,6 +205,18 @@ def _bad(f: FieldSpec, value: Any, why: str) -> KafkaCodecError:
     )
 
 
+#: ``bytes``/``records`` values this long or longer are parts of their own in
+#: :func:`encode_response_parts` (shorter ones cost less to copy than a part does).
+BY_REFERENCE = 64 * 1024
+
+
+class _Parts(bytearray):
+    """A frame being written by :func:`encode_response_parts`: the bytes since the last
+    part, and ``parts``, what came before."""
+
+    parts: list[bytes | bytearray | memoryview]
+
+
 def _write_length(out: bytearray, n: int, compact: bool, wide: bool) -> None:
     if compact:
         _uvarint(out, n + 1)
@@ -243,7 +255,12 @@ def _write_value(out: bytearray, f: FieldSpec, v: Any, compact: bool) -> None:
             _write_length(out, -1, compact, wide=True)
             return
         _write_length(out, len(v), compact, wide=True)
-        out += v
+        if len(v) >= BY_REFERENCE and isinstance(out, _Parts):
+            out.parts.append(bytearray(out))  # what precedes, then ``v`` itself, not copied
+            out.parts.append(v)
+            out.clear()
+        else:
+            out += v
     elif kind == "uuid":
         out += (v if isinstance(v, uuid.UUID) else uuid.UUID(str(v))).bytes
     else:
@@ -376,6 +393,38 @@ def encode_response(
     Raises:
         KafkaCodecError: INVALID_REQUEST when a value does not fit its field.
     """
+    out = bytearray(4)
+    _write_response(out, header, body, version)
+    _I32.pack_into(out, 0, len(out) - 4)
+    return bytes(out)
+
+
+def encode_response_parts(
+    header: RequestHeader, body: dict[str, Any], version: int | None = None
+) -> list[bytes | bytearray | memoryview]:
+    """:func:`encode_response`'s frame as consecutive parts, for a transport's
+    ``writelines``: each ``bytes`` or ``records`` value of :data:`BY_REFERENCE` bytes or
+    more is a part of its own, the caller's object itself, not copied (most of a Fetch
+    answer is its records: copying them into one frame twice cost about as much CPU as
+    reading them from the log). The values must not change until the parts are written.
+
+    Raises:
+        KafkaCodecError: what :func:`encode_response` raises.
+    """
+    out = _Parts(4)
+    out.parts = []
+    _write_response(out, header, body, version)
+    parts = out.parts
+    parts.append(out)
+    first = parts[0]
+    assert isinstance(first, bytearray)
+    _I32.pack_into(first, 0, sum(len(p) for p in parts) - 4)
+    return parts
+
+
+def _write_response(
+    out: bytearray, header: RequestHeader, body: dict[str, Any], version: int | None
+) -> None:
     v = header.api_version if version is None else version
     lay = layout(header.api_key, "response", v)
     if lay is None:
@@ -384,13 +433,10 @@ def encode_response(
             ErrorCode.UNSUPPORTED_VERSION,
             header,
         )
-    out = bytearray(4)
     out += _I32.pack(header.correlation_id)
     if _response_flexible(header.api_key, v):
         out.append(0)  # response header v1: no tagged fields
     _write_struct(out, lay, body)
-    _I32.pack_into(out, 0, len(out) - 4)
-    return bytes(out)
 
 
 def encode_request(header: RequestHeader, body: dict[str, Any]) -> bytes:

@@ -57,6 +57,7 @@ from tidewire.protocol.kafka import (
     RequestHeader,
     decode_request,
     encode_response,
+    encode_response_parts,
 )
 from tidewire.protocol.kafka.schema import layout
 from tidewire.security.config import TlsConfig
@@ -95,7 +96,11 @@ class _Close(Exception):
     """Internal: close the connection (the reason is logged where raised)."""
 
 
-async def _ready(data: bytes) -> bytes | None:
+#: An answer: one frame, or a frame in parts (see encode_response_parts).
+_Answer = bytes | list[bytes | bytearray | memoryview]
+
+
+async def _ready(data: bytes) -> _Answer | None:
     return data
 
 
@@ -158,7 +163,7 @@ class _Connection:
         cfg = server.config
         #: Answers being made, in the requests' order (None: stop); at most max_in_flight
         #: (``slots``): beyond, the connection is not read until an answer is sent.
-        self.pending: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue()
+        self.pending: asyncio.Queue[asyncio.Task[_Answer | None] | None] = asyncio.Queue()
         self.slots = asyncio.Semaphore(cfg.max_in_flight)
         #: Bytes of Fetch answers this connection may be holding (each charged at its most
         #: when read, released once written out), under ``max_unsent_bytes``: a client that
@@ -166,8 +171,8 @@ class _Connection:
         #: making the broker hold them all (as the binary listener does).
         self.unsent = 0
         self.unsent_freed = asyncio.Event()
-        self.costs: dict[asyncio.Task[bytes | None], int] = {}
-        self.tasks: set[asyncio.Task[bytes | None]] = set()
+        self.costs: dict[asyncio.Task[_Answer | None], int] = {}
+        self.tasks: set[asyncio.Task[_Answer | None]] = set()
         peer = peer_of(writer.transport, server.tls_principal_field)
         self.session = Session(
             source=source_of(writer.get_extra_info("peername")),
@@ -387,7 +392,7 @@ class _Connection:
         body: dict[str, Any],
         handler: Any,
         requirement: Requirement | None,
-    ) -> bytes | None:
+    ) -> _Answer | None:
         started = time.perf_counter()
         ctx = self._context(header)
         name = ApiKey(header.api_key).name
@@ -427,6 +432,9 @@ class _Connection:
         )
         if out is None:
             return None
+        if header.api_key == ApiKey.FETCH:
+            # The records go to the socket as the log returned them, not copied into a frame.
+            return encode_response_parts(header, out)
         return encode_response(header, out)
 
     async def _answer_loop(self) -> None:
@@ -447,8 +455,12 @@ class _Connection:
                     self.writer.transport.abort()
                     return
                 if data is not None:
-                    self.writer.write(data)
-                    self.server.stats.bytes_out(len(data))
+                    if isinstance(data, list):  # a Fetch answer: the log's bytes, uncopied
+                        self.writer.writelines(data)
+                        self.server.stats.bytes_out(sum(len(p) for p in data))
+                    else:
+                        self.writer.write(data)
+                        self.server.stats.bytes_out(len(data))
                     # A peer that stops reading is cut after the idle timeout, not waited
                     # for forever with its answers in memory.
                     await asyncio.wait_for(self.writer.drain(), self.server.config.idle_timeout_s)
