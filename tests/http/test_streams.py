@@ -424,3 +424,15 @@ def test_two_thousand_concurrent_long_polls(tmp_path: Path) -> None:
         _,
     ):
         assert _many_long_polls(eb, 2000) < PROMPT_S * 4
+
+
+def test_a_stream_id_with_a_line_break_is_routed(
+    broker: tuple[EmbeddedBroker, httpx.Client],
+) -> None:
+    """A stream id is any string but NUL: one holding a line break is named in the path
+    (percent-encoded) and reaches its route, not "no route" (404)."""
+    _, c = broker
+    stream = "two\nlines"
+    assert send(c, stream, value="hi").status_code == 200
+    assert values(c.get(f"{path(stream)}/messages")) == ["hi"]
+    assert c.get(f"{path(stream)}/read").status_code == 200

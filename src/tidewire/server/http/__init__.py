@@ -11,6 +11,7 @@ their modules, and only a broker that serves HTTP pays for them)::
 
 from __future__ import annotations
 
+import tidewire.server.http._paths  # noqa: F401  (before any route is compiled)
 from tidewire.server.http.config import HttpConfig
 
 __all__ = ["HttpConfig"]
