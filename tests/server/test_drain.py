@@ -193,7 +193,14 @@ def test_a_full_disk_at_the_stop_is_reported_once_and_leaves_no_marker(
     class FullDiskBroker(Broker):
         def __init__(self, config: BrokerConfig, **kwargs: Any) -> None:
             super().__init__(config, **kwargs)
-            self.logs = LogManager(config.data_dir, default_config=config.log, fs=fs)
+            # No periodic checkpoint (every second by default) may land between the fault
+            # and the stop: the stop path's own report is what is checked.
+            self.logs = LogManager(
+                config.data_dir,
+                default_config=config.log,
+                fs=fs,
+                checkpoint_interval_ms=3_600_000,
+            )
 
         async def start(self) -> None:
             await super().start()
