@@ -239,6 +239,21 @@ class _Group:
     sync_deadline: float = math.inf
 
 
+def _member_of(
+    group: _Group, member_id: str, instance_id: str | None, generation: int
+) -> tuple[_Member | None, GroupError]:
+    """The member a SyncGroup, Heartbeat or OffsetCommit names, or None with the error to
+    answer: an unknown member, a fenced static instance, a stale generation."""
+    member = group.members.get(member_id)
+    if member is None:
+        return None, GroupError.UNKNOWN_MEMBER_ID
+    if instance_id and member.instance_id != instance_id:
+        return None, GroupError.FENCED_INSTANCE_ID
+    if generation != group.generation:
+        return None, GroupError.ILLEGAL_GENERATION
+    return member, GroupError.NONE
+
+
 def _monotonic_ms() -> float:
     return time.monotonic() * 1000
 
@@ -424,13 +439,9 @@ class KafkaGroupCoordinator:
             return SyncResult(E.UNKNOWN_MEMBER_ID)
         if group.state is KafkaGroupState.DEAD:
             return SyncResult(E.COORDINATOR_NOT_AVAILABLE)
-        member = group.members.get(member_id)
+        member, error = _member_of(group, member_id, group_instance_id, generation)
         if member is None:
-            return SyncResult(E.UNKNOWN_MEMBER_ID)
-        if group_instance_id and member.instance_id != group_instance_id:
-            return SyncResult(E.FENCED_INSTANCE_ID)
-        if generation != group.generation:
-            return SyncResult(E.ILLEGAL_GENERATION)
+            return SyncResult(error)
         if (protocol_type and protocol_type != group.protocol_type) or (
             protocol_name and protocol_name != group.protocol_name
         ):
@@ -479,13 +490,9 @@ class KafkaGroupCoordinator:
             return E.UNKNOWN_MEMBER_ID
         if group.state is KafkaGroupState.DEAD:
             return E.COORDINATOR_NOT_AVAILABLE
-        member = group.members.get(member_id)
+        member, error = _member_of(group, member_id, group_instance_id, generation)
         if member is None:
-            return E.UNKNOWN_MEMBER_ID
-        if group_instance_id and member.instance_id != group_instance_id:
-            return E.FENCED_INSTANCE_ID
-        if generation != group.generation:
-            return E.ILLEGAL_GENERATION
+            return error
         if group.state is KafkaGroupState.EMPTY:
             return E.UNKNOWN_MEMBER_ID
         self._touch(member, self._clock())
@@ -555,13 +562,9 @@ class KafkaGroupCoordinator:
             return E.COORDINATOR_NOT_AVAILABLE
         if generation < 0 and group.state is KafkaGroupState.EMPTY:
             return E.NONE
-        member = group.members.get(member_id)
+        member, error = _member_of(group, member_id, group_instance_id, generation)
         if member is None:
-            return E.UNKNOWN_MEMBER_ID
-        if group_instance_id and member.instance_id != group_instance_id:
-            return E.FENCED_INSTANCE_ID
-        if generation != group.generation:
-            return E.ILLEGAL_GENERATION
+            return error
         if group.state is KafkaGroupState.COMPLETING_REBALANCE:
             return E.REBALANCE_IN_PROGRESS
         self._touch(member, self._clock())
