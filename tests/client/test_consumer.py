@@ -161,7 +161,11 @@ def test_consumer_is_the_blocking_twin() -> None:
         }
 
     a, s = public(AsyncConsumer), public(Consumer)
-    assert sorted(a) == sorted(s) == ["assign", "assignment", "close", "poll", "position", "seek"]
+    assert (
+        sorted(a)
+        == sorted(s)
+        == ["assign", "assignment", "close", "poll", "poll_batch", "position", "seek"]
+    )
     for name in a:
         assert a[name] == s[name], name
     assert inspect.signature(AsyncConsumer.__init__) == inspect.signature(Consumer.__init__)

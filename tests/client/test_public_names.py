@@ -46,6 +46,7 @@ def test_exported_names() -> None:
         "BlockingQueueMessage",
         "BlockingRecordFuture",
         "Client",
+        "ConsumedBatch",
         "Consumer",
         "ConsumerRecord",
         "Credentials",

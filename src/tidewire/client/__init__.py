@@ -7,7 +7,8 @@
   publishing with a future per message (:class:`RecordFuture`, :class:`BlockingRecordFuture`)
   resolving to :class:`RecordMetadata`.
 - :class:`AsyncConsumer` and :class:`Consumer`: read assigned partitions from an offset,
-  as :class:`ConsumerRecord` objects, with long-poll and prefetch.
+  as :class:`ConsumerRecord` objects, with long-poll and prefetch; ``poll_batch`` hands out
+  a :class:`ConsumedBatch` (columns, and a ``pyarrow.RecordBatch`` by ``to_arrow()``).
 - :class:`AsyncGroupConsumer` and :class:`GroupConsumer`: members of a consumer group:
   partitions assigned by the broker, committed offsets, seek, pause / resume, callbacks.
 - :class:`AsyncSubscriber` and :class:`Subscriber`: push delivery: subscribe once to
@@ -33,7 +34,7 @@ Public names::
 
     AsyncClient, Client, Message, FetchedRecords, FetchedBatches
     AsyncProducer, Producer, RecordMetadata, RecordFuture, BlockingRecordFuture
-    AsyncConsumer, Consumer, ConsumerRecord, Gap
+    AsyncConsumer, Consumer, ConsumerRecord, ConsumedBatch, Gap
     AsyncGroupConsumer, GroupConsumer
     AsyncSubscriber, Subscriber
     AsyncQueueConsumer, QueueConsumer, QueueMessage, BlockingQueueMessage,
@@ -47,6 +48,7 @@ Public names::
 from __future__ import annotations
 
 from tidewire.client._accumulator import BlockingRecordFuture, RecordFuture, RecordMetadata
+from tidewire.client._batch import ConsumedBatch
 from tidewire.client._client import AsyncClient, Client, FetchedBatches, FetchedRecords, Message
 from tidewire.client._consumer import AsyncConsumer, Consumer, ConsumerRecord, Gap
 from tidewire.client._group import AsyncGroupConsumer, GroupConsumer
@@ -83,6 +85,7 @@ __all__ = [
     "BlockingQueueMessage",
     "BlockingRecordFuture",
     "Client",
+    "ConsumedBatch",
     "Consumer",
     "ConsumerRecord",
     "Credentials",

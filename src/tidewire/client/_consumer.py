@@ -25,6 +25,7 @@ from tidewire.client._blocking import BlockingTwin
 from tidewire.errors import (
     ConnectionLostError,
     PartitionCorruptError,
+    RecordBatchError,
     TidewireError,
     fetch_error,
     for_code,
@@ -38,14 +39,15 @@ from tidewire.protocol.messages import (
     ListOffsetsPartition,
     ListOffsetsRequest,
 )
-from tidewire.records import iter_batches, read_records
+from tidewire.records import BatchHeader, iter_batches, read_records
 from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
+from ._batch import ConsumedBatch, Segment, read_columns, segment_of, segment_of_records
 from ._settings import check_ints
 from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
 
-__all__ = ["AsyncConsumer", "Consumer", "ConsumerRecord", "Gap", "Offset"]
+__all__ = ["AsyncConsumer", "ConsumedBatch", "Consumer", "ConsumerRecord", "Gap", "Offset"]
 
 log = logging.getLogger("tidewire.client")
 
@@ -58,6 +60,9 @@ Offset = int | str | datetime
 _EARLIEST, _LATEST = -2, -1
 #: Records handed out by one ``poll`` at most, by default.
 DEFAULT_MAX_RECORDS = 500
+#: Records handed out by one ``poll_batch`` at most, by default (a batch's columns are
+#: lists: 100,000 records of 1 KiB are about 110 MB held by the caller at once at most).
+DEFAULT_MAX_BATCH_RECORDS = 100_000
 
 
 class ConsumerRecord(NamedTuple):
@@ -92,13 +97,30 @@ class Gap(NamedTuple):
 
 @dataclass(slots=True)
 class _Fetched:
-    """One fetch's answer for one partition."""
+    """One fetch's answer for one partition: its stored batches (checked, not decoded yet),
+    or its records already decoded (when tracing needs them at once)."""
 
     tp: TP
     offset: int  # the offset it was asked for
-    records: list[ConsumerRecord]
+    buf: bytes
+    batches: list[tuple[int, BatchHeader]]
     next_offset: int
     error: TidewireError | None = None
+    records: list[ConsumerRecord] | None = None
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """Fetched stored batches of one partition, decoded one at a time as they are handed
+    out: a batch's records are made just before they are needed, so the memory they take is
+    freed and reused batch by batch instead of a whole response's worth at once."""
+
+    tp: TP
+    offset: int  # records below it are skipped (the fetch asked for it)
+    buf: bytes
+    batches: list[tuple[int, BatchHeader]]
+    next: int = 0  # the index of the next batch to decode
+    at: int = 0  # the offset after the batches decoded so far (where to fetch again)
 
 
 def _parse(
@@ -113,6 +135,20 @@ def _parse(
         # A batch may start before the offset asked for: its records below it are skipped.
         out += read_records(buf, pos, h, ConsumerRecord, topic, partition, offset)
         nxt = max(nxt, h.next_offset)
+    return out, nxt
+
+
+def _stored(
+    offset: int, buf: bytes, start: int, end: int
+) -> tuple[list[tuple[int, BatchHeader]], int]:
+    """The stored batches in ``buf[start:end]`` holding records at or after ``offset`` (each
+    CRC-checked), and the offset after the last."""
+    out: list[tuple[int, BatchHeader]] = []
+    nxt = offset
+    for pos, h in iter_batches(buf, start=start, end=end):
+        if h.next_offset > offset:
+            out.append((pos, h))
+            nxt = max(nxt, h.next_offset)
     return out, nxt
 
 
@@ -240,7 +276,9 @@ class AsyncConsumer:
         self._positions: dict[TP, int] = {}
         #: Where the next fetch starts: after the records buffered.
         self._fetch_at: dict[TP, int] = {}
+        #: Records made and not handed out yet, then stored batches not decoded yet.
         self._buffer: deque[ConsumerRecord] = deque()
+        self._chunks: deque[_Chunk] = deque()
         self._fetch: asyncio.Task[list[_Fetched]] | None = None
         self._backoff = 0.0
         self._closed = False
@@ -274,6 +312,7 @@ class AsyncConsumer:
         resolved = await self._resolve(wanted)
         await self._drop_fetch()
         self._buffer.clear()
+        self._chunks.clear()
         self._positions = dict(resolved)
         self._fetch_at = dict(resolved)
 
@@ -290,6 +329,7 @@ class AsyncConsumer:
         self._positions[tp] = self._fetch_at[tp] = where
         if any(r.topic == topic and r.partition == partition for r in self._buffer):
             self._buffer = deque(r for r in self._buffer if (r.topic, r.partition) != tp)
+        self._chunks = deque(c for c in self._chunks if c.tp != tp)
         # A fetch on its way for this partition asked for the old offset: its answer for it
         # is dropped when it comes (its offset no longer matches).
 
@@ -328,38 +368,181 @@ class AsyncConsumer:
         Raises:
             OffsetOutOfRangeError, UnknownTopicError, UnknownPartitionError, ...: a
             partition's fetch failed (the position is left as it was).
+            RecordBatchError: a stored batch is malformed (the records before it were
+            handed out; the position is left before it).
         """
-        if not self._positions:
-            raise ValueError("no partitions are assigned: call assign() first")
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout_s is None else loop.time() + timeout_s
-        while not self._buffer:
-            remaining = None if deadline is None else deadline - loop.time()
-            if remaining is not None and remaining <= 0:
-                return []
-            await self._fill(remaining)
+        if not await self._wait(timeout_s):
+            return []
         out: list[ConsumerRecord] = []
         buf, positions = self._buffer, self._positions
-        while buf and len(out) < max_records:
-            r = buf.popleft()
-            positions[(r.topic, r.partition)] = r.offset + 1
-            out.append(r)
+        while len(out) < max_records:
+            if not buf:
+                try:
+                    if not self._decode_next():
+                        break
+                except RecordBatchError:
+                    if out:
+                        break  # the error comes again at the next fetch from there
+                    raise
+            take = min(len(buf), max_records - len(out))
+            if take == len(buf):
+                got = list(buf)
+                buf.clear()
+            else:
+                got = [buf.popleft() for _ in range(take)]
+            for r in got:  # the last record of each partition sets its position
+                positions[r[0], r[1]] = r[2] + 1
+            out += got
         self._start_fetch()  # prefetch while these are processed
         return out
+
+    async def poll_batch(
+        self, timeout_s: float | None = None, *, max_records: int = DEFAULT_MAX_BATCH_RECORDS
+    ) -> ConsumedBatch:
+        """Return the records available as one :class:`ConsumedBatch` (columns, and Arrow
+        through :meth:`ConsumedBatch.to_arrow`), waiting up to ``timeout_s`` (None: until
+        some arrive) for the first; an empty batch when none came in time.
+
+        The records and the positions are those :meth:`poll` would hand out (partition by
+        partition, offsets ascending; each partition's position moves past its last
+        record), decoded into columns without an object per record: the fastest way to
+        read. It may be mixed with :meth:`poll` and iteration.
+
+        Args:
+            timeout_s: the longest wait for the first records (s).
+            max_records: the most records in the batch (at least 1).
+
+        Raises:
+            as :meth:`poll`.
+        """
+        if max_records < 1:
+            raise ValueError(f"max_records={max_records} must be at least 1")
+        if not await self._wait(timeout_s):
+            return ConsumedBatch([])
+        segments: list[Segment] = []
+        n = 0
+        buf = self._buffer
+        if buf:  # records already made (by poll or iteration): they come first
+            take = min(len(buf), max_records)
+            segments = segment_of_records([buf.popleft() for _ in range(take)])
+            n = take
+        while n < max_records:
+            got = self._next_stored()
+            if got is None:
+                break
+            chunk, pos, h = got
+            topic, partition = chunk.tp
+            try:
+                columns = read_columns(chunk.buf, pos, h, chunk.offset)
+            except RecordBatchError:
+                self._damaged(chunk)
+                if n:
+                    break  # the error comes again at the next fetch from there
+                raise
+            chunk.at = h.next_offset
+            count = len(columns[0])
+            if not count:
+                continue
+            if n + count > max_records:  # the rest of this batch waits, as records
+                keep = max_records - n
+                rest = columns[0][keep:], *(c[keep:] for c in columns[1:])
+                columns = columns[0][:keep], *(c[:keep] for c in columns[1:])  # type: ignore[assignment]
+                new = tuple.__new__
+                buf.extend(
+                    new(ConsumerRecord, (topic, partition, *row)) for row in zip(*rest, strict=True)
+                )
+                count = keep
+            last = segments[-1] if segments else None
+            if (
+                last is not None
+                and last.partition == partition
+                and last.topic == topic
+                and last.timestamp_type == h.timestamp_type == 0
+            ):
+                last.extend(columns)
+            else:
+                segments.append(segment_of(topic, partition, h, columns))
+            n += count
+        positions = self._positions
+        for s in segments:
+            positions[s.topic, s.partition] = s.offsets[-1] + 1
+        self._start_fetch()  # prefetch while these are processed
+        return ConsumedBatch(segments)
 
     def __aiter__(self) -> AsyncConsumer:
         return self
 
     async def __anext__(self) -> ConsumerRecord:
+        buf = self._buffer
+        while not buf:
+            await self._wait(None)
+            self._decode_next()
+        r = buf.popleft()
+        self._positions[r[0], r[1]] = r[2] + 1
+        return r
+
+    async def _wait(self, timeout_s: float | None) -> bool:
+        """Wait up to ``timeout_s`` (None: for ever) for records to hand out; whether some
+        are there (made, or stored batches to decode)."""
+        if self._buffer or self._chunks:
+            return True
         if not self._positions:
             raise ValueError("no partitions are assigned: call assign() first")
-        while not self._buffer:
-            await self._fill(None)
-        r = self._buffer.popleft()
-        self._positions[(r.topic, r.partition)] = r.offset + 1
-        if not self._buffer:
-            self._start_fetch()
-        return r
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while not self._buffer and not self._chunks:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return False
+            await self._fill(remaining)
+        return True
+
+    def _next_stored(self) -> tuple[_Chunk, int, BatchHeader] | None:
+        """The next stored batch to decode (taken from the chunks), or None."""
+        chunks = self._chunks
+        while chunks:
+            chunk = chunks[0]
+            if chunk.next < len(chunk.batches):
+                pos, h = chunk.batches[chunk.next]
+                chunk.next += 1
+                return chunk, pos, h
+            chunks.popleft()
+        if self._fetch is None:
+            self._start_fetch()  # everything fetched was handed out: fetch ahead
+        return None
+
+    def _decode_next(self) -> bool:
+        """Make the records of the next stored batch that has any; whether one had.
+
+        Raises:
+            RecordBatchError: the batch is malformed (its partition is fetched again from
+            the batch on).
+        """
+        buf = self._buffer
+        while not buf:
+            got = self._next_stored()
+            if got is None:
+                return False
+            chunk, pos, h = got
+            topic, partition = chunk.tp
+            try:
+                buf += read_records(
+                    chunk.buf, pos, h, ConsumerRecord, topic, partition, chunk.offset
+                )
+            except RecordBatchError:
+                self._damaged(chunk)
+                raise
+            chunk.at = h.next_offset
+        return True
+
+    def _damaged(self, chunk: _Chunk) -> None:
+        """A stored batch of ``chunk`` did not decode: drop what is left of its partition's
+        fetched batches and fetch it again from that batch on (the error comes again then,
+        the records before it having been handed out)."""
+        tp = chunk.tp
+        self._chunks = deque(c for c in self._chunks if c.tp != tp)
+        if tp in self._fetch_at:
+            self._fetch_at[tp] = chunk.at
 
     async def _fill(self, timeout_s: float | None) -> None:
         """Wait up to ``timeout_s`` for the fetch on its way (starting one) and buffer what
@@ -388,11 +571,14 @@ class AsyncConsumer:
                     continue
                 error = error or f.error
                 continue
-            self._buffer.extend(f.records)
+            if f.records is not None:
+                self._buffer.extend(f.records)
+            elif f.batches:
+                self._chunks.append(_Chunk(f.tp, f.offset, f.buf, f.batches, at=f.offset))
             self._fetch_at[f.tp] = f.next_offset
-        if error is not None and not self._buffer:
+        if error is not None and not self._buffer and not self._chunks:
             raise error
-        if self._buffer:
+        if self._buffer or self._chunks:
             # The next fetch goes out now, from after what is buffered, so the broker reads
             # and sends it while these records are handed out (memory: two responses).
             self._start_fetch()
@@ -430,7 +616,9 @@ class AsyncConsumer:
                 err.message,
             )
         self._fetch_at[tp] = err.damage_end
-        if not any((r.topic, r.partition) == tp for r in self._buffer):
+        if not any((r.topic, r.partition) == tp for r in self._buffer) and not any(
+            c.tp == tp for c in self._chunks
+        ):
             self._positions[tp] = err.damage_end
         return True
 
@@ -455,12 +643,16 @@ class AsyncConsumer:
                 err = fetch_error(
                     result.error_code, result.error_message, result.damage_start, result.damage_end
                 )
-                out.append(_Fetched(tp, offset, [], offset, err))
+                out.append(_Fetched(tp, offset, buf, [], offset, err))
                 continue
-            records, nxt = _parse(tp, offset, buf, start, pos)
-            out.append(_Fetched(tp, offset, records, nxt))
+            if t is not None:  # the receive span names the records: decode them now
+                records, nxt = _parse(tp, offset, buf, start, pos)
+                out.append(_Fetched(tp, offset, buf, [], nxt, records=records))
+            else:
+                batches, nxt = _stored(offset, buf, start, pos)
+                out.append(_Fetched(tp, offset, buf, batches, nxt))
         if t is not None:
-            got = [r for f in out for r in f.records]
+            got = [r for f in out for r in f.records or ()]
             if got:
                 _tracing.record_receive(t, got, started, self._addr, self.group_name)
         return out
@@ -578,6 +770,18 @@ class Consumer(BlockingReader[AsyncConsumer]):
     def assign(self, positions: Iterable[tuple[str, int, Offset]]) -> None:
         self._local.clear()
         self._run(self._async.assign(list(positions)))
+
+    def poll_batch(
+        self, timeout_s: float | None = None, *, max_records: int = DEFAULT_MAX_BATCH_RECORDS
+    ) -> ConsumedBatch:
+        """See :meth:`AsyncConsumer.poll_batch`."""
+        if max_records < 1:
+            raise ValueError(f"max_records={max_records} must be at least 1")
+        local = self._local
+        if local:  # handed over by the loop for iteration: they come first
+            take = min(len(local), max_records)
+            return ConsumedBatch(segment_of_records([local.popleft() for _ in range(take)]))
+        return self._run(self._async.poll_batch(timeout_s, max_records=max_records))
 
     @property
     def gaps(self) -> list[Gap]:

@@ -1,0 +1,260 @@
+"""Records a batch at a time: :class:`ConsumedBatch`, what ``poll_batch`` of
+:class:`~tidewire.client.AsyncConsumer` and :class:`~tidewire.client.Consumer` returns.
+
+A consumed batch holds its records as columns (one list per field, per run of records of
+one partition), decoded straight from the fetched record batches by
+:func:`tidewire.records.read_columns`: no object per record unless one is asked for (by
+iterating). Its columns feed Arrow (:meth:`ConsumedBatch.to_arrow`) without a Python loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from typing import TYPE_CHECKING, Any
+
+import tidewire.records as _records
+from tidewire.records import MAX_DECOMPRESSED_BYTES, BatchHeader, read_records
+from tidewire.records.batch import TimestampType
+
+from ._arrow import arrow_schema, columns_to_arrow, pyarrow_module
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from ._consumer import ConsumerRecord
+
+__all__ = ["ConsumedBatch", "Segment", "read_columns"]
+
+Header = tuple[str, bytes | None]
+Columns = tuple[
+    list[int], list[int], list[bytes | None], list[bytes | None], list[tuple[Header, ...]]
+]
+
+
+def _read_columns_via_records(  # noqa: PLR0917 (read_columns' signature)
+    buf: bytes,
+    start: int,
+    h: BatchHeader,
+    min_offset: int = 0,
+    decompression_limit: int = MAX_DECOMPRESSED_BYTES,
+    max_offset: int = 2**63 - 1,
+) -> Columns:
+    """``read_columns`` through :func:`read_records` (for a records package without it)."""
+    rows = read_records(buf, start, h, tuple, "", 0, min_offset, decompression_limit, max_offset)
+    if not rows:
+        return [], [], [], [], []
+    _, _, offsets, timestamps, keys, values, headers = zip(*rows, strict=True)
+    return list(offsets), list(timestamps), list(keys), list(values), list(headers)
+
+
+#: The records of one checked batch as five columns (offsets, timestamps, keys, values,
+#: headers): :func:`tidewire.records.read_columns`.
+read_columns: Callable[..., Columns] = getattr(_records, "read_columns", _read_columns_via_records)
+
+
+@dataclass(slots=True)
+class Segment:
+    """A run of records of one partition, in offset order, as columns of equal length."""
+
+    topic: str
+    partition: int
+    offsets: list[int]
+    timestamps: list[int]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+    headers: list[tuple[Header, ...]]
+    #: ``TimestampType`` of the stored batches (0: create time, 1: log append time).
+    timestamp_type: int = 0
+    #: With log append time: the batch's max timestamp, every record's time in Arrow.
+    append_time: int = -1
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def take(self, n: int) -> Segment:
+        """Split off the first ``n`` records (they are removed from this one)."""
+        head = Segment(
+            self.topic,
+            self.partition,
+            self.offsets[:n],
+            self.timestamps[:n],
+            self.keys[:n],
+            self.values[:n],
+            self.headers[:n],
+            self.timestamp_type,
+            self.append_time,
+        )
+        for column in (self.offsets, self.timestamps, self.keys, self.values, self.headers):
+            del column[:n]
+        return head
+
+    def extend(self, columns: Columns) -> None:
+        offsets, timestamps, keys, values, headers = columns
+        self.offsets += offsets
+        self.timestamps += timestamps
+        self.keys += keys
+        self.values += values
+        self.headers += headers
+
+
+def segment_of(topic: str, partition: int, h: BatchHeader, columns: Columns) -> Segment:
+    """A segment of one stored batch's decoded columns."""
+    log_append = h.timestamp_type == TimestampType.LOG_APPEND_TIME
+    return Segment(
+        topic,
+        partition,
+        *columns,
+        timestamp_type=int(h.timestamp_type),
+        append_time=h.max_timestamp if log_append else -1,
+    )
+
+
+def segment_of_records(records: Sequence[ConsumerRecord]) -> list[Segment]:
+    """Records already made (one partition after another) as segments."""
+    out: list[Segment] = []
+    for r in records:
+        if not out or out[-1].partition != r.partition or out[-1].topic != r.topic:
+            out.append(Segment(r.topic, r.partition, [], [], [], [], []))
+        s = out[-1]
+        s.offsets.append(r.offset)
+        s.timestamps.append(r.timestamp)
+        s.keys.append(r.key)
+        s.values.append(r.value)
+        s.headers.append(r.headers)
+    return out
+
+
+class ConsumedBatch:
+    """The records one ``poll_batch`` handed out, as columns.
+
+    ``len(batch)`` is the record count; iterating yields :class:`ConsumerRecord` objects in
+    the order ``poll`` would have handed them out (partition by partition, offsets
+    ascending); the columns :attr:`offsets`, :attr:`timestamps`, :attr:`keys`,
+    :attr:`values`, :attr:`headers`, :attr:`topics` and :attr:`partitions` are lists of one
+    entry per record, in the same order. :meth:`to_arrow` converts it all to a
+    ``pyarrow.RecordBatch``. A batch is a snapshot: handing it out moved the consumer's
+    positions past its records, as ``poll`` does.
+    """
+
+    __slots__ = ("_cache", "_segments", "_size")
+
+    def __init__(self, segments: list[Segment]) -> None:
+        self._segments = [s for s in segments if len(s)]
+        self._size = sum(len(s) for s in self._segments)
+        self._cache: dict[str, list[Any]] = {}
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __bool__(self) -> bool:
+        return self._size > 0
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{s.topic}/{s.partition}: {len(s)}" for s in self._segments)
+        return f"ConsumedBatch({self._size} records; {parts})"
+
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        from ._consumer import ConsumerRecord  # noqa: PLC0415 (the module imports this one)
+
+        new = tuple.__new__
+        for s in self._segments:
+            topic, partition = s.topic, s.partition
+            for offset, ts, key, value, headers in zip(
+                s.offsets, s.timestamps, s.keys, s.values, s.headers, strict=True
+            ):
+                yield new(ConsumerRecord, (topic, partition, offset, ts, key, value, headers))
+
+    @property
+    def segments(self) -> list[Segment]:
+        """The runs of records of one partition each, in order (the columns are theirs,
+        concatenated)."""
+        return list(self._segments)
+
+    def _column(self, name: str) -> list[Any]:
+        got = self._cache.get(name)
+        if got is None:
+            segments = self._segments
+            if len(segments) == 1:
+                got = list(getattr(segments[0], name))
+            else:
+                got = list(chain.from_iterable(getattr(s, name) for s in segments))
+            self._cache[name] = got
+        return got
+
+    @property
+    def offsets(self) -> list[int]:
+        """Each record's offset."""
+        return self._column("offsets")
+
+    @property
+    def timestamps(self) -> list[int]:
+        """Each record's timestamp (ms since the epoch), as ``ConsumerRecord.timestamp``."""
+        return self._column("timestamps")
+
+    @property
+    def keys(self) -> list[bytes | None]:
+        """Each record's key."""
+        return self._column("keys")
+
+    @property
+    def values(self) -> list[bytes | None]:
+        """Each record's value."""
+        return self._column("values")
+
+    @property
+    def headers(self) -> list[tuple[Header, ...]]:
+        """Each record's headers, ``(key, value)`` pairs."""
+        return self._column("headers")
+
+    @property
+    def topics(self) -> list[str]:
+        """Each record's topic."""
+        got = self._cache.get("topics")
+        if got is None:
+            got = self._cache["topics"] = [s.topic for s in self._segments for _ in s.offsets]
+        return got
+
+    @property
+    def partitions(self) -> list[int]:
+        """Each record's partition."""
+        got = self._cache.get("partitions")
+        if got is None:
+            got = self._cache["partitions"] = [
+                s.partition for s in self._segments for _ in s.offsets
+            ]
+        return got
+
+    def to_arrow(self, *, include_headers: bool = False) -> pa.RecordBatch:
+        """The records as one ``pyarrow.RecordBatch`` with the columns of Spark's Kafka
+        source (and of tidewire's Spark source): ``key``, ``value`` (binary), ``topic``
+        (string), ``partition`` (int32), ``offset`` (int64), ``timestamp``
+        (``timestamp[us, UTC]``), ``timestampType`` (int32: 0 create time, 1 log append
+        time, when every record's time is its batch's), and with ``include_headers`` a
+        ``headers`` column (``list<struct<key: string, value: binary>>``).
+
+        Raises:
+            ImportError: pyarrow is not installed (``pip install 'tidewire[spark]'``).
+        """
+        pa = pyarrow_module()
+        batches = [
+            columns_to_arrow(
+                s.topic,
+                s.partition,
+                s.timestamp_type,
+                s.offsets,
+                s.timestamps if s.append_time < 0 else [s.append_time] * len(s),
+                s.keys,
+                s.values,
+                s.headers if include_headers else None,
+            )
+            for s in self._segments
+        ]
+        if len(batches) == 1:
+            return batches[0]
+        schema = arrow_schema(include_headers)
+        if not batches:
+            return pa.RecordBatch.from_pylist([], schema=schema)
+        table = pa.Table.from_batches(batches, schema=schema).combine_chunks()
+        return table.to_batches()[0]

@@ -1,0 +1,225 @@
+"""``poll_batch`` and :class:`ConsumedBatch` against a real broker on port 0, both twins:
+the same records and positions as ``poll``, columns, a limit that splits a stored batch,
+mixing with ``poll`` and iteration, a malformed stored batch, and the Arrow conversion
+(the schema the Spark source uses; a clear error without pyarrow)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.client._producer_support import consuming
+from tests.client._support import PROMPT_S, T0, addr, run, serve
+from tidewire.broker import Broker
+from tidewire.client import ConsumedBatch, ConsumerRecord, _arrow
+from tidewire.errors import InvalidRecordError
+from tidewire.records import BatchBuilder
+from tidewire.records.batch import ATTRIBUTES_OFFSET, CRC_OFFSET, crc32c
+
+
+async def put(
+    broker: Broker,
+    topic: str,
+    partition: int,
+    values: list[bytes],
+    ts: int = T0,
+    *,
+    keyed: bool = True,
+) -> None:
+    """Store ``values`` as one batch, record ``i`` at time ``ts + i``."""
+    b = BatchBuilder()
+    for i, v in enumerate(values):
+        if keyed:
+            b.append(v, key=b"k" + v, headers=[("i", b"%d" % i)], timestamp_ms=ts + i)
+        else:
+            b.append(v, timestamp_ms=ts + i)
+    await broker.produce(topic, partition, b.build())
+
+
+def columns_of(batch: ConsumedBatch) -> list[tuple[object, ...]]:
+    return list(
+        zip(
+            batch.topics,
+            batch.partitions,
+            batch.offsets,
+            batch.timestamps,
+            batch.keys,
+            batch.values,
+            batch.headers,
+            strict=True,
+        )
+    )
+
+
+def test_poll_batch_hands_out_what_poll_would(kind: str, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 2)
+            await put(broker, "t", 0, [b"a0", b"a1", b"a2"])
+            await put(broker, "t", 0, [b"a3"])
+            await put(broker, "t", 1, [b"b0", b"b1"])
+            positions = [("t", 0, 1), ("t", 1, "earliest")]  # 1: inside the first batch
+            async with consuming(kind, addr(server), max_wait_ms=50) as ref:
+                await ref.assign(positions)
+                expected: list[ConsumerRecord] = []
+                while len(expected) < 5:
+                    expected += await ref.poll(PROMPT_S)
+            async with consuming(kind, addr(server), max_wait_ms=50) as c:
+                await c.assign(positions)
+                got: list[ConsumerRecord] = []
+                while len(got) < 5:
+                    batch = await c.poll_batch(PROMPT_S)
+                    assert isinstance(batch, ConsumedBatch)
+                    assert len(columns_of(batch)) == len(batch)
+                    assert columns_of(batch) == [tuple(r) for r in batch]
+                    got += list(batch)
+                assert sorted(got) == sorted(expected)
+                assert len(got) == 5
+                r = next(r for r in got if r.value == b"a2")
+                assert (r.topic, r.partition, r.offset, r.timestamp) == ("t", 0, 2, T0 + 2)
+                assert (r.key, r.headers) == (b"ka2", (("i", b"2"),))
+                assert isinstance(r, ConsumerRecord)
+                assert (c.position("t", 0), c.position("t", 1)) == (4, 2)
+                empty = await c.poll_batch(0.05)
+                assert len(empty) == 0
+                assert not empty
+                assert list(empty) == []
+
+    run(main())
+
+
+def test_a_limit_splits_a_stored_batch_and_mixes_with_poll(kind: str, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 1)
+            await put(broker, "t", 0, [b"%d" % i for i in range(10)])
+            async with consuming(kind, addr(server), max_wait_ms=50) as c:
+                with pytest.raises(ValueError, match="assign"):
+                    await c.poll_batch(0)
+                await c.assign([("t", 0, 0)])
+                with pytest.raises(ValueError, match="max_records=0 must be at least 1"):
+                    await c.poll_batch(0, max_records=0)
+                first = await c.poll_batch(PROMPT_S, max_records=4)
+                assert first.values == [b"0", b"1", b"2", b"3"]
+                assert first.offsets == [0, 1, 2, 3]
+                assert c.position("t", 0) == 4
+                # The rest of the stored batch, through poll, then the batch API again.
+                assert [r.value for r in await c.poll(PROMPT_S, max_records=2)] == [b"4", b"5"]
+                assert c.position("t", 0) == 6
+                rest = await c.poll_batch(PROMPT_S)
+                assert rest.values == [b"6", b"7", b"8", b"9"]
+                assert c.position("t", 0) == 10
+                # Records one iteration step made ready come first in the next batch.
+                await put(broker, "t", 0, [b"x", b"y", b"z"])
+                assert [r.value for r in await c.take(1)] == [b"x"]
+                tail = await c.poll_batch(PROMPT_S)
+                assert tail.values == [b"y", b"z"]
+                assert c.position("t", 0) == 13
+
+    run(main())
+
+
+def _malformed(value: bytes) -> bytes:
+    """A batch of one record whose CRC is right but whose record declares a header it does
+    not hold (the broker checks sizes and CRC only; the reader finds the fault)."""
+    b = BatchBuilder()
+    b.append(value, timestamp_ms=T0)
+    batch = bytearray(b.build())
+    assert batch[-1] == 0  # the header count of the last record
+    batch[-1] = 2  # one header (zigzag varint)
+    crc = crc32c(memoryview(batch)[ATTRIBUTES_OFFSET:])
+    batch[CRC_OFFSET : CRC_OFFSET + 4] = crc.to_bytes(4, "big")
+    return bytes(batch)
+
+
+@pytest.mark.parametrize("api", ["poll_batch", "poll"])
+def test_a_malformed_stored_batch_fails_after_the_records_before_it(
+    kind: str, api: str, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 1)
+            await put(broker, "t", 0, [b"a", b"b"], keyed=False)
+            await broker.produce("t", 0, _malformed(b"bad"))
+            await put(broker, "t", 0, [b"after"], keyed=False)
+            async with consuming(kind, addr(server), max_wait_ms=50) as c:
+                await c.assign([("t", 0, 0)])
+                read = getattr(c, api)
+                first = await read(PROMPT_S)
+                assert [r.value for r in first] == [b"a", b"b"]
+                assert c.position("t", 0) == 2
+                for _ in range(2):  # the same error each time, the position kept
+                    with pytest.raises(InvalidRecordError, match="header"):
+                        await read(PROMPT_S)
+                    assert c.position("t", 0) == 2
+                await c.seek("t", 0, 3)  # past it, as an application may choose to
+                assert [r.value for r in await read(PROMPT_S)] == [b"after"]
+
+    run(main())
+
+
+def test_to_arrow_has_the_spark_sources_schema(kind: str, tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 2)
+            await put(broker, "t", 0, [b"a0", b"a1"])
+            await put(broker, "t", 1, [b"b0"])
+            async with consuming(kind, addr(server), max_wait_ms=50) as c:
+                await c.assign([("t", 0, 0), ("t", 1, 0)])
+                batch = ConsumedBatch([])
+                while len(batch) < 3:
+                    more = await c.poll_batch(PROMPT_S)
+                    batch = ConsumedBatch(batch.segments + more.segments)
+                table = batch.to_arrow()
+                assert isinstance(table, pa.RecordBatch)
+                assert table.num_rows == 3
+                assert table.schema == _arrow.arrow_schema(False)
+                rows = sorted(table.to_pylist(), key=lambda r: (r["partition"], r["offset"]))
+                assert [(r["topic"], r["partition"], r["offset"]) for r in rows] == [
+                    ("t", 0, 0),
+                    ("t", 0, 1),
+                    ("t", 1, 0),
+                ]
+                assert [(r["key"], r["value"], r["timestampType"]) for r in rows] == [
+                    (b"ka0", b"a0", 0),
+                    (b"ka1", b"a1", 0),
+                    (b"kb0", b"b0", 0),
+                ]
+                assert [int(r["timestamp"].timestamp() * 1000) for r in rows] == [
+                    T0,
+                    T0 + 1,
+                    T0,
+                ]
+                with_headers = batch.to_arrow(include_headers=True)
+                assert with_headers.schema == _arrow.arrow_schema(True)
+                assert sorted(
+                    (r["partition"], r["offset"], r["headers"]) for r in with_headers.to_pylist()
+                ) == [
+                    (0, 0, [{"key": "i", "value": b"0"}]),
+                    (0, 1, [{"key": "i", "value": b"1"}]),
+                    (1, 0, [{"key": "i", "value": b"0"}]),
+                ]
+                empty = ConsumedBatch([]).to_arrow()
+                assert (empty.num_rows, empty.schema) == (0, _arrow.arrow_schema(False))
+
+    run(main())
+
+
+def test_the_arrow_schema_is_the_spark_sources() -> None:
+    pytest.importorskip("pyspark")
+    from tidewire.spark._schema import arrow_schema
+
+    for headers in (False, True):
+        assert _arrow.arrow_schema(headers) == arrow_schema(headers)
+
+
+def test_to_arrow_without_pyarrow_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_arrow, "_cache", {})
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.compute", None)
+    with pytest.raises(ImportError, match=r"pip install 'tidewire\[spark\]'"):
+        ConsumedBatch([]).to_arrow()
