@@ -106,7 +106,7 @@ class _Fetched:
     batches: list[tuple[int, BatchHeader]]
     next_offset: int
     error: TidewireError | None = None
-    records: list[ConsumerRecord] | None = None
+    records: list[ConsumerRecord] | None = None  # made already (tracing needs them)
 
 
 @dataclass(slots=True)
@@ -121,6 +121,7 @@ class _Chunk:
     batches: list[tuple[int, BatchHeader]]
     next: int = 0  # the index of the next batch to decode
     at: int = 0  # the offset after the batches decoded so far (where to fetch again)
+    records: list[ConsumerRecord] | None = None  # made already (tracing needed them)
 
 
 def _parse(
@@ -276,9 +277,13 @@ class AsyncConsumer:
         self._positions: dict[TP, int] = {}
         #: Where the next fetch starts: after the records buffered.
         self._fetch_at: dict[TP, int] = {}
-        #: Records made and not handed out yet, then stored batches not decoded yet.
+        #: Records made and not handed out yet (of one partition at a time), then stored
+        #: batches not decoded yet.
         self._buffer: deque[ConsumerRecord] = deque()
         self._chunks: deque[_Chunk] = deque()
+        #: The last record iteration handed out, whose position is not written yet: one
+        #: attribute store per record instead of a dict update (:meth:`_settle`).
+        self._last: ConsumerRecord | None = None
         self._fetch: asyncio.Task[list[_Fetched]] | None = None
         self._backoff = 0.0
         self._closed = False
@@ -313,6 +318,7 @@ class AsyncConsumer:
         await self._drop_fetch()
         self._buffer.clear()
         self._chunks.clear()
+        self._last = None
         self._positions = dict(resolved)
         self._fetch_at = dict(resolved)
 
@@ -326,9 +332,11 @@ class AsyncConsumer:
         if tp not in self._positions:
             raise ValueError(f"{topic!r} partition {partition} is not assigned")
         ((_, where),) = await self._resolve([(topic, partition, offset)])
+        self._settle()
         self._positions[tp] = self._fetch_at[tp] = where
-        if any(r.topic == topic and r.partition == partition for r in self._buffer):
-            self._buffer = deque(r for r in self._buffer if (r.topic, r.partition) != tp)
+        buf = self._buffer
+        if buf and (buf[0].topic, buf[0].partition) == tp:  # one partition's records
+            buf.clear()
         self._chunks = deque(c for c in self._chunks if c.tp != tp)
         # A fetch on its way for this partition asked for the old offset: its answer for it
         # is dropped when it comes (its offset no longer matches).
@@ -339,6 +347,7 @@ class AsyncConsumer:
         Raises:
             ValueError: the partition is not assigned.
         """
+        self._settle()
         try:
             return self._positions[(topic, partition)]
         except KeyError:
@@ -373,6 +382,7 @@ class AsyncConsumer:
         """
         if not await self._wait(timeout_s):
             return []
+        self._settle()
         out: list[ConsumerRecord] = []
         buf, positions = self._buffer, self._positions
         while len(out) < max_records:
@@ -390,8 +400,8 @@ class AsyncConsumer:
                 buf.clear()
             else:
                 got = [buf.popleft() for _ in range(take)]
-            for r in got:  # the last record of each partition sets its position
-                positions[r[0], r[1]] = r[2] + 1
+            r = got[-1]  # the buffer holds one partition's records: the last sets it
+            positions[r[0], r[1]] = r[2] + 1
             out += got
         self._start_fetch()  # prefetch while these are processed
         return out
@@ -419,6 +429,7 @@ class AsyncConsumer:
             raise ValueError(f"max_records={max_records} must be at least 1")
         if not await self._wait(timeout_s):
             return ConsumedBatch([])
+        self._settle()
         segments: list[Segment] = []
         n = 0
         buf = self._buffer
@@ -431,6 +442,7 @@ class AsyncConsumer:
             if got is None:
                 break
             chunk, pos, h = got
+            chunk.records = None  # decoded here instead
             topic, partition = chunk.tp
             try:
                 columns = read_columns(chunk.buf, pos, h, chunk.offset)
@@ -477,9 +489,16 @@ class AsyncConsumer:
         while not buf:
             await self._wait(None)
             self._decode_next()
-        r = buf.popleft()
-        self._positions[r[0], r[1]] = r[2] + 1
+        r = self._last = buf.popleft()  # its position is written by _settle
         return r
+
+    def _settle(self) -> None:
+        """Write the position of the last record iteration handed out (before anything
+        reads or writes positions, or the buffer moves to another partition)."""
+        r = self._last
+        if r is not None:
+            self._last = None
+            self._positions[r[0], r[1]] = r[2] + 1
 
     async def _wait(self, timeout_s: float | None) -> bool:
         """Wait up to ``timeout_s`` (None: for ever) for records to hand out; whether some
@@ -520,10 +539,17 @@ class AsyncConsumer:
         """
         buf = self._buffer
         while not buf:
+            self._settle()
             got = self._next_stored()
             if got is None:
                 return False
             chunk, pos, h = got
+            if chunk.records is not None:  # made already (none taken yet): all at once
+                buf += chunk.records
+                chunk.records = None
+                chunk.next = len(chunk.batches)
+                chunk.at = chunk.batches[-1][1].next_offset
+                continue
             topic, partition = chunk.tp
             try:
                 buf += read_records(
@@ -571,10 +597,9 @@ class AsyncConsumer:
                     continue
                 error = error or f.error
                 continue
-            if f.records is not None:
-                self._buffer.extend(f.records)
-            elif f.batches:
-                self._chunks.append(_Chunk(f.tp, f.offset, f.buf, f.batches, at=f.offset))
+            if f.batches:
+                chunk = _Chunk(f.tp, f.offset, f.buf, f.batches, at=f.offset, records=f.records)
+                self._chunks.append(chunk)
             self._fetch_at[f.tp] = f.next_offset
         if error is not None and not self._buffer and not self._chunks:
             raise error
@@ -616,6 +641,7 @@ class AsyncConsumer:
                 err.message,
             )
         self._fetch_at[tp] = err.damage_end
+        self._settle()
         if not any((r.topic, r.partition) == tp for r in self._buffer) and not any(
             c.tp == tp for c in self._chunks
         ):
@@ -645,12 +671,11 @@ class AsyncConsumer:
                 )
                 out.append(_Fetched(tp, offset, buf, [], offset, err))
                 continue
-            if t is not None:  # the receive span names the records: decode them now
-                records, nxt = _parse(tp, offset, buf, start, pos)
-                out.append(_Fetched(tp, offset, buf, [], nxt, records=records))
-            else:
-                batches, nxt = _stored(offset, buf, start, pos)
-                out.append(_Fetched(tp, offset, buf, batches, nxt))
+            batches, nxt = _stored(offset, buf, start, pos)
+            records = None
+            if t is not None and batches:  # the receive span names the records: make them
+                records, _ = _parse(tp, offset, buf, start, pos)
+            out.append(_Fetched(tp, offset, buf, batches, nxt, records=records))
         if t is not None:
             got = [r for f in out for r in f.records or ()]
             if got:
