@@ -8,9 +8,10 @@ their records in one of two ways:
   varints; every field of every record of the response is then decoded at once by Arrow
   compute functions over the bytes, and keys and values are cut out of the buffer by Arrow
   (a ``binary_view`` array over it, cast to ``binary``): no Python object per record;
-- the record loop (anything else): :func:`tidewire.records.read_records`, the consumers'
-  decoder, whose rows are split into one list per column, each turned into an Arrow array
-  in C.
+- the record loop (anything else): :func:`tidewire.records.read_columns`, the decoder of
+  the consumers' ``poll_batch``, gives one list per column, and the conversion
+  ``ConsumedBatch.to_arrow`` uses (:func:`tidewire.client._arrow.columns_to_arrow`) turns
+  each into an Arrow array in C.
 
 The vectorized path checks what it relies on and leaves any batch it does not take to the
 loop; read_records hands anything malformed to the reference decoder, which names the
@@ -25,17 +26,16 @@ from typing import NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tidewire.records import BatchHeader, iter_batches, read_records
+from tidewire.client._arrow import columns_to_arrow
+from tidewire.client._batch import read_columns
+from tidewire.records import BatchHeader, iter_batches
 from tidewire.records.batch import TimestampType
-from tidewire.spark._schema import HEADER_ARROW_TYPE, arrow_schema
 from tidewire.spark._vectorized import fast_rows, i64
 
 __all__ = ["Decoded", "decode_fetch"]
 
 #: Attribute bit 5: a control batch (transaction markers in Kafka's format): no user records.
 _CONTROL_BIT = 0x20
-_TIMESTAMP = pa.timestamp("us", tz="UTC")
-_US_PER_MS = 1000
 
 Header = tuple[str, bytes | None]
 
@@ -125,21 +125,18 @@ def decode_fetch(
 def _to_arrow(
     cols: _Columns, topic: str, partition: int, timestamp_type: int
 ) -> pa.RecordBatch | None:
-    n = len(cols.offsets)
-    if not n:
+    if not cols.offsets:
         return None
-    arrays = [
-        pa.array(cols.keys, pa.binary()),
-        pa.array(cols.values, pa.binary()),
-        pa.repeat(pa.scalar(topic, pa.string()), n),
-        pa.repeat(pa.scalar(partition, pa.int32()), n),
-        pa.array(cols.offsets, pa.int64()),
-        pc.multiply(pa.array(cols.timestamps, pa.int64()), _US_PER_MS).cast(_TIMESTAMP),
-        pa.repeat(pa.scalar(timestamp_type, pa.int32()), n),
-    ]
-    if cols.headers is not None:
-        arrays.append(pa.array(cols.headers, HEADER_ARROW_TYPE))
-    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(cols.headers is not None))
+    return columns_to_arrow(
+        topic,
+        partition,
+        timestamp_type,
+        cols.offsets,
+        cols.timestamps,
+        cols.keys,
+        cols.values,
+        cols.headers,
+    )
 
 
 def _decode_batch(buf: bytes, start: int, h: BatchHeader, cols: _Columns) -> None:
@@ -148,10 +145,7 @@ def _decode_batch(buf: bytes, start: int, h: BatchHeader, cols: _Columns) -> Non
     Raises:
         RecordBatchError: the records are malformed (nothing is appended then).
     """
-    records = read_records(buf, start, h, tuple, "", 0)
-    if not records:
-        return
-    _, _, offsets, timestamps, keys, values, headers = zip(*records, strict=True)
+    offsets, timestamps, keys, values, headers = read_columns(buf, start, h)
     cols.offsets += offsets
     cols.timestamps += timestamps
     cols.keys += keys
