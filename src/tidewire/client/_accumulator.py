@@ -28,7 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from tidewire.errors import BatchTooLargeError
 from tidewire.records import varint
@@ -223,53 +223,61 @@ def _metadata(batch: ProducerBatch, index: int, timestamp: int, base: int) -> Re
     return RecordMetadata(s.topic, s.partition, base + index if base >= 0 else -1, timestamp)
 
 
-class RecordFuture:
+class RecordFuture(tuple[ProducerBatch, int, int]):
     """The outcome of one :meth:`AsyncProducer.send`: ``await`` it for the
-    :class:`RecordMetadata`, or for the error that failed its batch."""
+    :class:`RecordMetadata`, or for the error that failed its batch.
 
-    __slots__ = ("_batch", "_index", "_timestamp")
+    One future per *batch* is resolved when the broker answers; a message's future is its
+    batch, its index in the batch and its timestamp, read when asked for. It is a tuple (the
+    cheapest object Python makes: ``send`` makes one per message); treat it as opaque.
+    """
 
-    def __init__(self, batch: ProducerBatch, index: int, timestamp: int) -> None:
-        self._batch = batch
-        self._index = index
-        self._timestamp = timestamp
+    __slots__ = ()
+
+    def __new__(cls, batch: ProducerBatch, index: int, timestamp: int) -> Self:
+        return tuple.__new__(cls, (batch, index, timestamp))
+
+    def __repr__(self) -> str:
+        return f"RecordFuture({self[0]!r}, index={self[1]}, done={self.done()})"
 
     def __await__(self) -> Generator[Any, None, RecordMetadata]:
-        fut = self._batch.future
+        batch, index, timestamp = self
+        fut = batch.future
         assert isinstance(fut, asyncio.Future)
         base = yield from fut.__await__()
-        return _metadata(self._batch, self._index, self._timestamp, base)
+        return _metadata(batch, index, timestamp, base)
 
     def done(self) -> bool:
-        return self._batch.future.done()
+        return self[0].future.done()
 
     def result(self) -> RecordMetadata:
         """The metadata, once done (raises the batch's error; ``InvalidStateError`` before)."""
-        base = self._batch.future.result()
-        return _metadata(self._batch, self._index, self._timestamp, base)
+        batch, index, timestamp = self
+        return _metadata(batch, index, timestamp, batch.future.result())
 
     def exception(self) -> BaseException | None:
         """The batch's error once done, or None."""
-        return self._batch.future.exception()
+        return self[0].future.exception()
 
     def add_done_callback(self, fn: Callable[[RecordFuture], object]) -> None:
         """Call ``fn(self)`` once the batch is answered (on the producer's event loop)."""
-        self._batch.future.add_done_callback(lambda _: fn(self))
+        self[0].future.add_done_callback(lambda _: fn(self))
 
 
-class BlockingRecordFuture:
+class BlockingRecordFuture(tuple[ProducerBatch, int, int]):
     """The outcome of one :meth:`Producer.send`, like a ``concurrent.futures.Future``:
-    :meth:`result` blocks until the batch is answered."""
+    :meth:`result` blocks until the batch is answered. A tuple, as :class:`RecordFuture`."""
 
-    __slots__ = ("_batch", "_index", "_timestamp")
+    __slots__ = ()
 
-    def __init__(self, batch: ProducerBatch, index: int, timestamp: int) -> None:
-        self._batch = batch
-        self._index = index
-        self._timestamp = timestamp
+    def __new__(cls, batch: ProducerBatch, index: int, timestamp: int) -> Self:
+        return tuple.__new__(cls, (batch, index, timestamp))
+
+    def __repr__(self) -> str:
+        return f"BlockingRecordFuture({self[0]!r}, index={self[1]}, done={self.done()})"
 
     def done(self) -> bool:
-        return self._batch.future.done()
+        return self[0].future.done()
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
         """Wait up to ``timeout`` seconds (None: for ever) for the metadata.
@@ -278,19 +286,19 @@ class BlockingRecordFuture:
             TimeoutError: not answered in time.
             TidewireError: the error that failed the message's batch.
         """
-        fut = self._batch.future
+        batch, index, timestamp = self
+        fut = batch.future
         assert isinstance(fut, concurrent.futures.Future)
-        base = fut.result(timeout)
-        return _metadata(self._batch, self._index, self._timestamp, base)
+        return _metadata(batch, index, timestamp, fut.result(timeout))
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        fut = self._batch.future
+        fut = self[0].future
         assert isinstance(fut, concurrent.futures.Future)
         return fut.exception(timeout)
 
     def add_done_callback(self, fn: Callable[[BlockingRecordFuture], object]) -> None:
         """Call ``fn(self)`` once the batch is answered (on the producer's thread)."""
-        self._batch.future.add_done_callback(lambda _: fn(self))
+        self[0].future.add_done_callback(lambda _: fn(self))
 
 
 def encode_headers(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
@@ -410,12 +418,11 @@ class Accumulator:
         # instead of helper calls, min() or max(), and the lock taken only where another
         # thread may append too.
         if value is None:
-            tail: tuple[bytes, ...] = (_NULL, headers)
+            vlen, value = _NULL, b""
             payload = 2 + len(headers)  # attributes, null value
         else:
             n = len(value)
             vlen = _VARINT[n] if n < _VARINT_LIMIT else varint.encode(n)
-            tail = (vlen, value, headers)
             payload = 1 + len(vlen) + n + len(headers)
         if key is None:
             klen = _NULL
@@ -451,11 +458,11 @@ class Accumulator:
             od = _VARINT[index] if index < _VARINT_LIMIT else varint.encode(index)
             body = payload + len(tsd) + len(od)
             lenv = _VARINT[body] if body < _VARINT_LIMIT else varint.encode(body)
-            parts = batch.parts
-            parts += (lenv, _ATTRS, tsd, od, klen)
-            if key is not None:
-                parts.append(key)
-            parts += tail
+            # One extend per record (an empty value part for a null value joins to nothing).
+            if key is None:
+                batch.parts += (lenv, _ATTRS, tsd, od, _NULL, vlen, value, headers)
+            else:
+                batch.parts += (lenv, _ATTRS, tsd, od, klen, key, vlen, value, headers)
             size = body + len(lenv)
             batch.size += size
             self.used += size

@@ -74,6 +74,8 @@ from .partitioner import fnv1a_32
 __all__ = ["AsyncProducer", "Session"]
 
 log = logging.getLogger("tidewire.producer")
+#: Makes a message's future from ``(batch, index, timestamp)`` in C (no ``__new__`` call).
+_new_tuple = tuple.__new__
 
 #: Produce requests in flight at once (all partitions together): enough to keep a broker's
 #: group commits full, few enough that a lost connection has a bounded amount to resend.
@@ -422,7 +424,7 @@ class AsyncProducer:
                 # A batch is ready: let the sender ship it now. A caller that sends in a
                 # tight loop would otherwise fill the whole buffer before anything leaves.
                 await asyncio.sleep(0)
-            return RecordFuture(*got)
+            return _new_tuple(RecordFuture, got)
         return RecordFuture(
             *(
                 await self._send_slowly(

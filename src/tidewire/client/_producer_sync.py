@@ -24,7 +24,7 @@ from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
 from ._accumulator import Accumulator, BlockingRecordFuture, ProducerBatch
-from ._producer import _NEED_METADATA, AsyncProducer, Session
+from ._producer import _NEED_METADATA, AsyncProducer, Session, _new_tuple
 from ._settings import ProducerSettings
 from ._transport import parse_addr
 
@@ -138,7 +138,7 @@ class Producer(BlockingTwin[AsyncProducer]):
             return self._send_traced(t, topic, value, key, headers, partition, timestamp)
         got = p._append(self._acc, topic, value, key, headers, partition, timestamp)
         if type(got) is tuple:
-            return BlockingRecordFuture(*got)
+            return _new_tuple(BlockingRecordFuture, got)
         return BlockingRecordFuture(
             *self._send_slowly(
                 topic, value, key=key, headers=headers, partition=partition, timestamp=timestamp
