@@ -9,13 +9,12 @@ iterating). Its columns feed Arrow (:meth:`ConsumedBatch.to_arrow`) without a Py
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
-import tidewire.records as _records
-from tidewire.records import MAX_DECOMPRESSED_BYTES, BatchHeader, read_records
+from tidewire.records import BatchHeader, Columns
 from tidewire.records.batch import TimestampType
 
 from ._arrow import arrow_schema, columns_to_arrow, pyarrow_module
@@ -25,33 +24,9 @@ if TYPE_CHECKING:
 
     from ._consumer import ConsumerRecord
 
-__all__ = ["ConsumedBatch", "Segment", "read_columns"]
+__all__ = ["ConsumedBatch", "Segment"]
 
 Header = tuple[str, bytes | None]
-Columns = tuple[
-    list[int], list[int], list[bytes | None], list[bytes | None], list[tuple[Header, ...]]
-]
-
-
-def _read_columns_via_records(  # noqa: PLR0917 (read_columns' signature)
-    buf: bytes,
-    start: int,
-    h: BatchHeader,
-    min_offset: int = 0,
-    decompression_limit: int = MAX_DECOMPRESSED_BYTES,
-    max_offset: int = 2**63 - 1,
-) -> Columns:
-    """``read_columns`` through :func:`read_records` (for a records package without it)."""
-    rows = read_records(buf, start, h, tuple, "", 0, min_offset, decompression_limit, max_offset)
-    if not rows:
-        return [], [], [], [], []
-    _, _, offsets, timestamps, keys, values, headers = zip(*rows, strict=True)
-    return list(offsets), list(timestamps), list(keys), list(values), list(headers)
-
-
-#: The records of one checked batch as five columns (offsets, timestamps, keys, values,
-#: headers): :func:`tidewire.records.read_columns`.
-read_columns: Callable[..., Columns] = getattr(_records, "read_columns", _read_columns_via_records)
 
 
 @dataclass(slots=True)

@@ -39,11 +39,11 @@ from tidewire.protocol.messages import (
     ListOffsetsPartition,
     ListOffsetsRequest,
 )
-from tidewire.records import BatchHeader, iter_batches, read_records
+from tidewire.records import BatchHeader, iter_batches, read_columns, read_records
 from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
-from ._batch import ConsumedBatch, Segment, read_columns, segment_of, segment_of_records
+from ._batch import ConsumedBatch, Segment, segment_of, segment_of_records
 from ._settings import check_ints
 from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
 

@@ -27,8 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tidewire.client._arrow import columns_to_arrow
-from tidewire.client._batch import read_columns
-from tidewire.records import BatchHeader, iter_batches
+from tidewire.records import BatchHeader, iter_batches, read_columns
 from tidewire.records.batch import TimestampType
 from tidewire.spark._vectorized import fast_rows, i64
 
