@@ -4,7 +4,7 @@ producer with a consumer group live.
 Usage::
 
     python benchmarks/client_speed.py [--tests catchup,produce,live] [--messages N]
-        [--produce-messages N] [--live-messages N] [--partitions P] [--reps R]
+        [--produce-messages N] [--live-messages N] [--partitions P] [--batch-bytes B] [--reps R]
         [--loop uvloop|asyncio] [--json]
 
 Each test starts its own broker (``python -m tidewire serve`` in a process of its own, on a
@@ -18,8 +18,9 @@ of the broker's process (``/proc/<pid>/stat``) for the broker side.
   through ``async for record in AsyncConsumer`` (``record.value`` touched), and a batch at a
   time through ``AsyncConsumer.poll_batch`` (when the client has it).
 - ``produce``: ``--produce-messages`` sends of 1 KiB, one ``await producer.send(...)`` each,
-  acks="durable", timed from the first send to the end of ``flush()``; against a broker with
-  ``fsync=always`` and with ``fsync=interval``.
+  acks="durable" (``--batch-bytes``: the producer's batch size, else its default), timed from
+  the first send to the end of ``flush()``; against a broker with ``fsync=always`` and with
+  ``fsync=interval``.
 - ``live``: a producer (this process) and a group of 2 members (a process each, push
   delivery: ``tidewire bench e2e``'s members) at once, unpaced, ``--live-messages``:
   messages/s delivered to the group.
@@ -159,9 +160,10 @@ def catchup(args: argparse.Namespace) -> dict[str, Any]:
 # --- produce -----------------------------------------------------------------------------------
 
 
-async def _produce(addr: str, topic: str, n: int) -> tuple[float, float]:
+async def _produce(addr: str, topic: str, n: int, batch_bytes: int | None) -> tuple[float, float]:
     value = _value()
-    async with AsyncProducer(addr, acks="durable") as producer:
+    options = {} if batch_bytes is None else {"batch_bytes": batch_bytes}
+    async with AsyncProducer(addr, acks="durable", **options) as producer:
         await (await producer.send(topic, value))  # connect, metadata, producer id
         cpu0, t0 = time.process_time(), time.perf_counter()
         fut = None
@@ -183,7 +185,7 @@ def produce(args: argparse.Namespace) -> dict[str, Any]:
         with serve(*_quiet, "--fsync", fsync, "--partitions", str(args.partitions)) as b:
             for rep in range(args.reps):
                 cpu_b = _cpu_of(b.pid)
-                elapsed, cpu = run(_produce(b.addr, f"produce-{rep}", n))
+                elapsed, cpu = run(_produce(b.addr, f"produce-{rep}", n, args.batch_bytes))
                 broker_cpu = _cpu_of(b.pid) - cpu_b
                 runs.append(
                     {
@@ -259,6 +261,9 @@ def main() -> None:
     ap.add_argument("--produce-messages", type=int, default=500_000)
     ap.add_argument("--live-messages", type=int, default=500_000)
     ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument(
+        "--batch-bytes", type=int, help="the producer's batch_bytes in produce (default: its own)"
+    )
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -272,6 +277,7 @@ def main() -> None:
         "loop": args.loop,
         "value_bytes": VALUE_BYTES,
         "partitions": args.partitions,
+        "produce_batch_bytes": args.batch_bytes or "default",
         "reps": args.reps,
     }
     for t in tests:
