@@ -5,13 +5,14 @@ mixing with ``poll`` and iteration, a malformed stored batch, and the Arrow conv
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.client._producer_support import consuming
-from tests.client._support import PROMPT_S, T0, addr, run, serve
+from tests.client._support import PROMPT_S, T0, addr, run, serve, until_waiting
 from tidewire.broker import Broker
 from tidewire.client import ConsumedBatch, ConsumerRecord, _arrow
 from tidewire.errors import InvalidRecordError
@@ -223,3 +224,28 @@ def test_to_arrow_without_pyarrow_says_how_to_install_it(monkeypatch: pytest.Mon
     monkeypatch.setitem(sys.modules, "pyarrow.compute", None)
     with pytest.raises(ImportError, match=r"pip install 'tidewire\[spark\]'"):
         ConsumedBatch([]).to_arrow()
+
+
+@pytest.mark.parametrize("api", ["poll_batch", "poll"])
+def test_after_everything_was_handed_out_a_poll_waits_for_more(
+    kind: str, api: str, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 1)
+            await put(broker, "t", 0, [b"a", b"b"])
+            async with consuming(kind, addr(server), max_wait_ms=30_000) as c:
+                await c.assign([("t", 0, 0)])
+                read = getattr(c, api)
+                # Exactly what is there: the limit is reached at the end of the stored batch.
+                assert [r.value for r in await read(PROMPT_S, max_records=2)] == [b"a", b"b"]
+                # Nothing is left: the next call waits on the broker's long-poll for more.
+                waiting = asyncio.ensure_future(read(PROMPT_S * 2))
+                await until_waiting(broker, 1)
+                assert not waiting.done()
+                await put(broker, "t", 0, [b"c"])
+                got = await asyncio.wait_for(waiting, PROMPT_S)
+                assert [r.value for r in got] == [b"c"]
+                assert c.position("t", 0) == 3
+
+    run(main())

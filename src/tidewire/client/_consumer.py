@@ -380,8 +380,18 @@ class AsyncConsumer:
             RecordBatchError: a stored batch is malformed (the records before it were
             handed out; the position is left before it).
         """
-        if not await self._wait(timeout_s):
-            return []
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while True:
+            if not await self._wait(None if deadline is None else deadline - loop.time()):
+                return []
+            out = self._take_records(max_records)
+            if out:
+                return out
+
+    def _take_records(self, max_records: int) -> list[ConsumerRecord]:
+        """Hand out up to ``max_records`` of the records buffered or fetched (decoding the
+        stored batches they are in), moving the positions past them."""
         self._settle()
         out: list[ConsumerRecord] = []
         buf, positions = self._buffer, self._positions
@@ -427,8 +437,17 @@ class AsyncConsumer:
         """
         if max_records < 1:
             raise ValueError(f"max_records={max_records} must be at least 1")
-        if not await self._wait(timeout_s):
-            return ConsumedBatch([])
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while True:
+            if not await self._wait(None if deadline is None else deadline - loop.time()):
+                return ConsumedBatch([])
+            batch = self._take_batch(max_records)
+            if batch:
+                return batch
+
+    def _take_batch(self, max_records: int) -> ConsumedBatch:
+        """:meth:`_take_records` as columns."""
         self._settle()
         segments: list[Segment] = []
         n = 0
@@ -524,6 +543,8 @@ class AsyncConsumer:
             if chunk.next < len(chunk.batches):
                 pos, h = chunk.batches[chunk.next]
                 chunk.next += 1
+                if chunk.next == len(chunk.batches):
+                    chunks.popleft()  # taken: nothing is left of it to wait for
                 return chunk, pos, h
             chunks.popleft()
         if self._fetch is None:
@@ -549,6 +570,8 @@ class AsyncConsumer:
                 chunk.records = None
                 chunk.next = len(chunk.batches)
                 chunk.at = chunk.batches[-1][1].next_offset
+                if self._chunks and self._chunks[0] is chunk:
+                    self._chunks.popleft()
                 continue
             topic, partition = chunk.tp
             try:
