@@ -48,24 +48,8 @@ class Segment:
     def __len__(self) -> int:
         return len(self.offsets)
 
-    def take(self, n: int) -> Segment:
-        """Split off the first ``n`` records (they are removed from this one)."""
-        head = Segment(
-            self.topic,
-            self.partition,
-            self.offsets[:n],
-            self.timestamps[:n],
-            self.keys[:n],
-            self.values[:n],
-            self.headers[:n],
-            self.timestamp_type,
-            self.append_time,
-        )
-        for column in (self.offsets, self.timestamps, self.keys, self.values, self.headers):
-            del column[:n]
-        return head
-
     def extend(self, columns: Columns) -> None:
+        """Append the records of another stored batch of the same partition."""
         offsets, timestamps, keys, values, headers = columns
         self.offsets += offsets
         self.timestamps += timestamps
