@@ -21,6 +21,7 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.list cimport PyList_Append
 from cpython.long cimport PyLong_FromLongLong
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
@@ -45,17 +46,50 @@ from tidewire.records.compression import MAX_DECOMPRESSED_BYTES, Codec, check_co
 
 cdef extern from *:
     """
-    /* tuple.__new__(cls, items) without a Python-level call: the records' NamedTuple. */
-    static PyObject* tw_subtuple(PyObject* cls, PyObject* items) {
-        PyObject* args = PyTuple_Pack(1, items);
+    /* A record of the factory type (a tuple subclass such as a NamedTuple) holding the 7
+       items, each reference stolen. On CPython before 3.14 this is what tuple.__new__(cls,
+       items) does after building a tuple of the items (allocate the subtype, fill it),
+       without that tuple; elsewhere it goes through tuple.__new__. */
+    static PyObject* tw_record(PyObject* cls, PyObject* a, PyObject* b, PyObject* c,
+                               PyObject* d, PyObject* e, PyObject* f, PyObject* g) {
         PyObject* made;
+    #if PY_VERSION_HEX < 0x030E0000 && !defined(PYPY_VERSION)
+        PyTypeObject* t = (PyTypeObject*)cls;
+        if (t == &PyTuple_Type) {
+            made = PyTuple_New(7);
+        } else {
+            made = t->tp_alloc(t, 7);
+        }
+        if (made == NULL) goto fail;
+        PyTuple_SET_ITEM(made, 0, a); PyTuple_SET_ITEM(made, 1, b);
+        PyTuple_SET_ITEM(made, 2, c); PyTuple_SET_ITEM(made, 3, d);
+        PyTuple_SET_ITEM(made, 4, e); PyTuple_SET_ITEM(made, 5, f);
+        PyTuple_SET_ITEM(made, 6, g);
+        return made;
+    #else
+        PyObject* items = PyTuple_New(7);
+        PyObject* args;
+        if (items == NULL) goto fail;
+        PyTuple_SET_ITEM(items, 0, a); PyTuple_SET_ITEM(items, 1, b);
+        PyTuple_SET_ITEM(items, 2, c); PyTuple_SET_ITEM(items, 3, d);
+        PyTuple_SET_ITEM(items, 4, e); PyTuple_SET_ITEM(items, 5, f);
+        PyTuple_SET_ITEM(items, 6, g);
+        if ((PyTypeObject*)cls == &PyTuple_Type) return items;
+        args = PyTuple_Pack(1, items);
+        Py_DECREF(items);
         if (args == NULL) return NULL;
         made = PyTuple_Type.tp_new((PyTypeObject*)cls, args, NULL);
         Py_DECREF(args);
         return made;
+    #endif
+    fail:
+        Py_DECREF(a); Py_DECREF(b); Py_DECREF(c); Py_DECREF(d);
+        Py_DECREF(e); Py_DECREF(f); Py_DECREF(g);
+        return NULL;
     }
     """
-    object tw_subtuple(object cls, object items)
+    object tw_record(object cls, PyObject* a, PyObject* b, PyObject* c, PyObject* d,
+                     PyObject* e, PyObject* f, PyObject* g)
     int __builtin_add_overflow(int64_t, int64_t, int64_t*) nogil
     int __builtin_sub_overflow(int64_t, int64_t, int64_t*) nogil
 
@@ -163,7 +197,6 @@ cdef int _scan(const uint8_t* p, Py_ssize_t pos, Py_ssize_t end, int64_t base, i
     cdef int64_t prev = -1
     cdef Py_ssize_t rec_end
     cdef int bad = 0
-    cdef bint plain = factory is _TUPLE
     for i in range(count):
         if pos >= end:
             return MALFORMED
@@ -206,24 +239,20 @@ cdef int _scan(const uint8_t* p, Py_ssize_t pos, Py_ssize_t end, int64_t base, i
             PyList_Append(values, value)
             PyList_Append(headers, hdrs)
             continue
-        row = PyTuple_New(7)
-        Py_INCREF(topic)
-        PyTuple_SET_ITEM(row, 0, topic)
-        Py_INCREF(partition)
-        PyTuple_SET_ITEM(row, 1, partition)
         o = PyLong_FromLongLong(offset)
-        Py_INCREF(o)
-        PyTuple_SET_ITEM(row, 2, o)
         t = PyLong_FromLongLong(ts)
+        # tw_record steals one reference to each item: give it its own.
+        Py_INCREF(topic)
+        Py_INCREF(partition)
+        Py_INCREF(o)
         Py_INCREF(t)
-        PyTuple_SET_ITEM(row, 3, t)
         Py_INCREF(key)
-        PyTuple_SET_ITEM(row, 4, key)
         Py_INCREF(value)
-        PyTuple_SET_ITEM(row, 5, value)
         Py_INCREF(hdrs)
-        PyTuple_SET_ITEM(row, 6, hdrs)
-        PyList_Append(rows, row if plain else tw_subtuple(factory, row))
+        PyList_Append(rows, tw_record(
+            factory, <PyObject*>topic, <PyObject*>partition, <PyObject*>o, <PyObject*>t,
+            <PyObject*>key, <PyObject*>value, <PyObject*>hdrs
+        ))
     if pos != end:
         return MALFORMED
     return DONE
@@ -301,8 +330,8 @@ cdef object _pure(object buf, object start, object h, object factory, object top
 def read_records(buf, start, h, factory, topic, partition, min_offset=0,
                  decompression_limit=MAX_DECOMPRESSED_BYTES, max_offset=2**63 - 1):
     """See :func:`tidewire.records.reader.read_records` (the same contract)."""
-    if factory is None:
-        raise TypeError("read_records() needs a factory type (a tuple subclass), not None")
+    if not (isinstance(factory, type) and issubclass(factory, tuple)):
+        tuple.__new__(factory, ())  # raises tuple.__new__'s own TypeError
     return _read(buf, start, h, factory, topic, partition, min_offset, decompression_limit,
                  max_offset)
 
@@ -491,18 +520,20 @@ cdef class BatchBuilder:
         if self._built is not None:
             return self._built
         cdef Py_ssize_t count = self._count
-        section = PyBytes_FromStringAndSize(self._buf, self._len) if self._len else b""
+        cdef const char* records = self._buf
+        cdef Py_ssize_t size = self._len
+        cdef char* dst
+        cdef unsigned long crc
+        section = None
         if self._codec is not Codec.NONE:
-            section = compress(self._codec, section)
+            section = compress(self._codec, PyBytes_FromStringAndSize(self._buf, self._len))
+            records = PyBytes_AS_STRING(section)
+            size = PyBytes_GET_SIZE(section)
         first = self._first_ts if self._first_ts is not None else -1
         attributes = int(self._codec) | (0x08 if self._timestamp_type else 0)
-        length = _OVERHEAD + len(section) - LOG_OVERHEAD
-        buf = bytearray(_OVERHEAD + len(section))
-        HEADER.pack_into(
-            buf,
-            0,
+        header = HEADER.pack(
             self._base_offset,
-            length,
+            _OVERHEAD + size - LOG_OVERHEAD,
             self._leader_epoch,
             MAGIC,
             0,  # crc, filled in below
@@ -515,11 +546,20 @@ cdef class BatchBuilder:
             self._sequence,
             count,
         )
-        buf[_OVERHEAD:] = section
-        crc = crc32c(memoryview(buf)[_ATTRIBUTES:])
-        buf[_CRC : _CRC + 4] = crc.to_bytes(4, "big")
-        self._built = bytes(buf)
+        # One copy of the records, into the batch's own bytes object, which nothing else
+        # holds yet: the CRC is written into it once computed.
+        out = PyBytes_FromStringAndSize(NULL, _OVERHEAD + size)
+        dst = PyBytes_AS_STRING(out)
+        memcpy(dst, PyBytes_AS_STRING(header), _OVERHEAD)
+        if size:
+            memcpy(dst + _OVERHEAD, records, size)
+        crc = crc32c(memoryview(out)[_ATTRIBUTES:])
+        dst[_CRC] = <char>((crc >> 24) & 0xFF)
+        dst[_CRC + 1] = <char>((crc >> 16) & 0xFF)
+        dst[_CRC + 2] = <char>((crc >> 8) & 0xFF)
+        dst[_CRC + 3] = <char>(crc & 0xFF)
+        self._built = out
         PyMem_Free(self._buf)
         self._buf = NULL
         self._cap = 0
-        return self._built
+        return out
