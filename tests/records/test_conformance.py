@@ -5,8 +5,10 @@ and message, from damaged ones; and the choice between them (``TIDEWIRE_PURE_PYT
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -268,3 +270,19 @@ def test_this_process_uses_what_it_reports() -> None:
         assert _impl.read_records.__module__ == "tidewire.records._speedups"
     else:
         assert _impl.read_records is reader.read_records
+
+
+def test_the_compiled_source_does_no_io() -> None:
+    """The Cython source's imports (which test_purity's Python parser cannot read): only
+    tidewire.records, tidewire.errors and C declarations, nothing of test_purity's list."""
+    from tests.test_purity import FORBIDDEN_MODULES
+
+    source = (Path(reader.__file__).parent / "_speedups.pyx").read_text("utf-8")
+    modules = re.findall(r"^(?:from|import|cimport)\s+([\w.]+)", source, re.MULTILINE)
+    assert modules
+    for module in modules:
+        assert module.split(".")[0] not in FORBIDDEN_MODULES, module
+        assert module.split(".")[0] in {"cpython", "libc"} or module.startswith(
+            ("tidewire.records", "tidewire.errors")
+        ), module
+    assert not re.search(r"\bopen\(|__import__|import_module", source)
