@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -286,3 +287,29 @@ def test_the_compiled_source_does_no_io() -> None:
             ("tidewire.records", "tidewire.errors")
         ), module
     assert not re.search(r"\bopen\(|__import__|import_module", source)
+
+
+def test_a_failed_build_fails_again(compiled: SimpleNamespace) -> None:
+    """A header field out of range (here the producer id) fails build() with struct's error,
+    again on the next call: the records are not lost to the first attempt."""
+    messages = []
+    for impl in (compiled, PURE):
+        b = impl.BatchBuilder(producer_id=2**64)
+        b.append(b"v", timestamp_ms=1)
+        for _ in range(2):
+            with pytest.raises(struct.error) as info:
+                b.build()
+            messages.append(str(info.value))
+    assert len(set(messages)) == 1
+
+
+@pytest.mark.parametrize("codec", [_batches.Codec.NONE, _batches.Codec.ZSTD])
+def test_large_batches_grow_in_place(compiled: SimpleNamespace, codec: _batches.Codec) -> None:
+    """Records past the first buffer's size (4 KiB) and then past many doublings."""
+    out = []
+    for impl in (compiled, PURE):
+        b = impl.BatchBuilder(codec=codec)
+        for i in range(300):
+            b.append(bytes([i % 251]) * (i * 37 % 9000), key=b"k" * (i % 3), timestamp_ms=i)
+        out.append((b.size_in_bytes, b.build()))
+    assert out[0] == out[1]
