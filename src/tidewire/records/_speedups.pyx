@@ -20,8 +20,9 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_Append
 from cpython.long cimport PyLong_FromLongLong
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_CLEAR, Py_DECREF, Py_INCREF, Py_XDECREF
+from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int64_t, uint8_t, uint64_t
@@ -89,7 +90,6 @@ cdef extern from *:
     """
     object tw_record(object cls, PyObject* a, PyObject* b, PyObject* c, PyObject* d,
                      PyObject* e, PyObject* f, PyObject* g)
-    int _PyBytes_Resize(PyObject** obj, Py_ssize_t size) except -1
     int __builtin_add_overflow(int64_t, int64_t, int64_t*) nogil
     int __builtin_sub_overflow(int64_t, int64_t, int64_t*) nogil
 
@@ -375,15 +375,12 @@ cdef class BatchBuilder:
 
     cdef object _codec, _producer_id, _producer_epoch, _sequence, _leader_epoch
     cdef object _timestamp_type, _base_offset, _first_ts, _max_ts, _built
-    # The batch being built: a bytes object only this builder holds (so it may be written
-    # and resized in place), the header's 61 bytes first, then the records; ``_len`` counts
-    # the records' bytes, ``_cap`` what the object holds after the header.
-    cdef PyObject* _data
+    cdef char* _buf
     cdef Py_ssize_t _len, _cap, _count
     cdef bint _closed
 
     def __cinit__(self):
-        self._data = NULL
+        self._buf = NULL
         self._len = 0
         self._cap = 0
         self._count = 0
@@ -404,7 +401,7 @@ cdef class BatchBuilder:
         self._built = None
 
     def __dealloc__(self):
-        Py_XDECREF(self._data)
+        PyMem_Free(self._buf)
 
     def __len__(self):
         """Number of records appended so far."""
@@ -417,21 +414,14 @@ cdef class BatchBuilder:
 
     cdef int _reserve(self, Py_ssize_t more) except -1:
         cdef Py_ssize_t cap = self._cap
+        cdef char* grown
         if self._len + more <= cap:
             return 0
         cap = max(cap * 2, self._len + more, 4096)
-        if self._data == NULL:
-            fresh = PyBytes_FromStringAndSize(NULL, _OVERHEAD + cap)
-            Py_INCREF(fresh)
-            self._data = <PyObject*>fresh
-        else:
-            # On failure _PyBytes_Resize frees the object and leaves NULL: the builder is
-            # empty again, and the MemoryError says so.
-            try:
-                _PyBytes_Resize(&self._data, _OVERHEAD + cap)
-            except MemoryError:
-                self._len = self._cap = self._count = 0
-                raise
+        grown = <char*>PyMem_Realloc(self._buf, cap)
+        if grown == NULL:
+            raise MemoryError()
+        self._buf = grown
         self._cap = cap
         return 0
 
@@ -491,7 +481,7 @@ cdef class BatchBuilder:
                 + hlen
             )
             self._reserve(body + 10)
-            out = PyBytes_AS_STRING(<object>self._data) + _OVERHEAD + self._len
+            out = self._buf + self._len
             at = _put_varint(out, body)
             out[at] = 0  # record attributes: unused, always 0
             at += 1
@@ -530,22 +520,17 @@ cdef class BatchBuilder:
         if self._built is not None:
             return self._built
         cdef Py_ssize_t count = self._count
+        cdef const char* records = self._buf
         cdef Py_ssize_t size = self._len
         cdef char* dst
         cdef unsigned long crc
-        if self._data == NULL:
-            self._reserve(1)
         section = None
         if self._codec is not Codec.NONE:
-            section = compress(
-                self._codec,
-                PyBytes_FromStringAndSize(PyBytes_AS_STRING(<object>self._data) + _OVERHEAD, size),
-            )
+            section = compress(self._codec, PyBytes_FromStringAndSize(self._buf, self._len))
+            records = PyBytes_AS_STRING(section)
             size = PyBytes_GET_SIZE(section)
         first = self._first_ts if self._first_ts is not None else -1
         attributes = int(self._codec) | (0x08 if self._timestamp_type else 0)
-        # Packed before the records move, so a field out of range (struct.error) leaves the
-        # builder as it was, and build() raises it again, as the pure builder does.
         header = HEADER.pack(
             self._base_offset,
             _OVERHEAD + size - LOG_OVERHEAD,
@@ -561,25 +546,20 @@ cdef class BatchBuilder:
             self._sequence,
             count,
         )
-        if section is None:
-            # The records stay where append wrote them: the object is cut to size and the
-            # header written in front of them.
-            if _OVERHEAD + size < PyBytes_GET_SIZE(<object>self._data):
-                _PyBytes_Resize(&self._data, _OVERHEAD + size)
-            out = <object>self._data
-            Py_DECREF(out)  # the builder's own reference passes to ``out``
-            self._data = NULL
-        else:
-            out = PyBytes_FromStringAndSize(NULL, _OVERHEAD + size)
-            memcpy(PyBytes_AS_STRING(out) + _OVERHEAD, PyBytes_AS_STRING(section), size)
+        # One copy of the records, into the batch's own bytes object, which nothing else
+        # holds yet: the CRC is written into it once computed.
+        out = PyBytes_FromStringAndSize(NULL, _OVERHEAD + size)
         dst = PyBytes_AS_STRING(out)
         memcpy(dst, PyBytes_AS_STRING(header), _OVERHEAD)
+        if size:
+            memcpy(dst + _OVERHEAD, records, size)
         crc = crc32c(memoryview(out)[_ATTRIBUTES:])
         dst[_CRC] = <char>((crc >> 24) & 0xFF)
         dst[_CRC + 1] = <char>((crc >> 16) & 0xFF)
         dst[_CRC + 2] = <char>((crc >> 8) & 0xFF)
         dst[_CRC + 3] = <char>(crc & 0xFF)
         self._built = out
-        Py_CLEAR(self._data)
+        PyMem_Free(self._buf)
+        self._buf = NULL
         self._cap = 0
         return out
