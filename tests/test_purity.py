@@ -36,6 +36,9 @@ FORBIDDEN_MODULES = frozenset(
     }
 )
 FORBIDDEN_CALLS = frozenset({"open", "__import__", "import_module"})
+#: Files allowed one of the forbidden imports, and why: records/_impl.py reads
+#: TIDEWIRE_PURE_PYTHON from os.environ once, at import, to choose the implementation.
+ALLOWED = {"records/_impl.py": {"imports os"}}
 
 
 def imported_modules(tree: ast.AST, package: str) -> list[tuple[int, str]]:
@@ -112,6 +115,7 @@ def test_package_does_no_io(package: str) -> None:
         v
         for f, pkg in files.items()
         for v in violations(f.read_text("utf-8"), str(f.relative_to(SRC)), pkg)
+        if v.split(": ", 1)[1] not in ALLOWED.get(str(f.relative_to(SRC)), set())
     ]
     assert found == []
 

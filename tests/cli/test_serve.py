@@ -15,12 +15,14 @@ from tests.cli._support import STARTUP_S, popen_serve, serving, stop
 from tidewire import __version__
 from tidewire.cli import app
 from tidewire.client import Client, Message
+from tidewire.records import IMPLEMENTATION
 
 
 def test_version() -> None:
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0
-    assert result.output.strip() == f"tidewire {__version__}"
+    assert result.output.strip() == f"tidewire {__version__} (record codec: {IMPLEMENTATION})"
+    assert IMPLEMENTATION in {"compiled", "python"}
 
 
 def test_serve_then_sigterm_drains_cleanly(tmp_path: Path) -> None:

@@ -83,7 +83,9 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"tidewire {__version__}")
+        from tidewire.records import IMPLEMENTATION  # noqa: PLC0415 (only for --version)
+
+        typer.echo(f"tidewire {__version__} (record codec: {IMPLEMENTATION})")
         raise typer.Exit
 
 
@@ -93,7 +95,10 @@ def _root(
     version: Annotated[
         bool,
         typer.Option(
-            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+            "--version",
+            callback=_version,
+            is_eager=True,
+            help="Print the version, and which record codec runs (compiled or python), and exit.",
         ),
     ] = False,
     addr: Annotated[

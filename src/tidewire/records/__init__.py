@@ -9,10 +9,16 @@ Public names::
     read_columns                   the same, into columns: offsets, timestamps, keys, ...
     iter_batches, BatchDecoder     walk concatenated batches; decode a byte stream incrementally
     Codec                          compression codecs (none, gzip, lz4, zstd)
+    IMPLEMENTATION                 "compiled" or "python": which read_records, read_columns
+                                   and BatchBuilder run (see _impl.py; TIDEWIRE_PURE_PYTHON=1
+                                   forces "python")
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from tidewire.records._impl import IMPLEMENTATION
 from tidewire.records.batch import (
     BATCH_OVERHEAD,
     LOG_OVERHEAD,
@@ -25,7 +31,7 @@ from tidewire.records.batch import (
     peek_base_offset,
     peek_batch_size,
 )
-from tidewire.records.builder import BatchBuilder, Header, build_batch
+from tidewire.records.builder import Header, build_batch
 from tidewire.records.compression import MAX_DECOMPRESSED_BYTES, Codec
 from tidewire.records.reader import (
     BatchDecoder,
@@ -34,12 +40,19 @@ from tidewire.records.reader import (
     decode_batch,
     iter_batches,
     iter_records,
-    read_columns,
-    read_records,
 )
+
+# The hot loops come from the implementation _impl chose; type checkers see the pure ones,
+# whose signatures the compiled ones share.
+if TYPE_CHECKING:
+    from tidewire.records.builder import BatchBuilder
+    from tidewire.records.reader import read_columns, read_records
+else:
+    from tidewire.records._impl import BatchBuilder, read_columns, read_records
 
 __all__ = [
     "BATCH_OVERHEAD",
+    "IMPLEMENTATION",
     "LOG_OVERHEAD",
     "MAX_BATCH_BYTES",
     "MAX_DECOMPRESSED_BYTES",

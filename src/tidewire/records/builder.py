@@ -37,6 +37,18 @@ def _encode_bytes(data: bytes | None) -> bytes:
     return _NULL if data is None else _enc(len(data)) + data
 
 
+def _encode_headers(headers: Sequence[Header]) -> bytes:
+    """The headers part of a record: a count, then each key and value (the compiled builder
+    calls this too, so both fail alike on a malformed header)."""
+    hparts = [_enc(len(headers))]
+    for hk, hv in headers:
+        kb = hk.encode()
+        hparts.append(_enc(len(kb)))
+        hparts.append(kb)
+        hparts.append(_encode_bytes(hv))
+    return b"".join(hparts)
+
+
 class BatchBuilder:
     """Accumulates records and produces one RecordBatch v2.
 
@@ -128,16 +140,7 @@ class BatchBuilder:
         elif timestamp_ms > self._max_ts:
             self._max_ts = timestamp_ms
         delta = len(self._parts)
-        if headers:
-            hparts = [_enc(len(headers))]
-            for hk, hv in headers:
-                kb = hk.encode()
-                hparts.append(_enc(len(kb)))
-                hparts.append(kb)
-                hparts.append(_encode_bytes(hv))
-            hbytes = b"".join(hparts)
-        else:
-            hbytes = _ZERO
+        hbytes = _encode_headers(headers) if headers else _ZERO
         body = b"".join(
             (
                 b"\x00",  # record attributes: unused, always 0

@@ -33,8 +33,7 @@ import msgspec
 
 from tidewire.broker import Broker
 from tidewire.errors import InvalidRequestError, OffsetOutOfRangeError
-from tidewire.records import iter_batches
-from tidewire.records.reader import read_records
+from tidewire.records import iter_batches, read_records
 
 __all__ = [
     "READ_BYTES",

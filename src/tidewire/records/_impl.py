@@ -1,0 +1,55 @@
+"""Which implementation of the per-record hot loops runs: the compiled one
+(``tidewire.records._speedups``, built from ``_speedups.pyx`` by ``pip install``) or the
+pure-Python one (reader.py, builder.py). Pure, no I/O: the environment is read once, at import.
+
+The compiled module is used unless it is missing (no C compiler at install time, or a source
+checkout that was not built) or ``TIDEWIRE_PURE_PYTHON`` is ``1``, ``true`` or ``yes``. Both
+pass the same conformance suite (tests/records) and return the same records and errors.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from typing import Final
+
+from tidewire.records import builder as _pure_builder
+from tidewire.records import reader as _pure_reader
+
+__all__ = [
+    "COMPILED",
+    "IMPLEMENTATION",
+    "PURE_PYTHON_ENV",
+    "BatchBuilder",
+    "read_columns",
+    "read_records",
+]
+
+#: The environment variable that forces the pure-Python implementation.
+PURE_PYTHON_ENV: Final = "TIDEWIRE_PURE_PYTHON"
+
+
+def _compiled() -> ModuleType | None:
+    if os.environ.get(PURE_PYTHON_ENV, "").strip().lower() in {"1", "true", "yes"}:
+        return None
+    try:
+        from tidewire.records import _speedups  # type: ignore[attr-defined]  # noqa: PLC0415
+    except ImportError:
+        return None
+    return _speedups  # type: ignore[no-any-return]
+
+
+#: The compiled module, or None when the pure-Python implementation runs.
+COMPILED: Final = _compiled()
+#: ``"compiled"`` or ``"python"``: the implementation that runs.
+IMPLEMENTATION: Final = "python" if COMPILED is None else "compiled"
+
+BatchBuilder: type[_pure_builder.BatchBuilder]
+if COMPILED is None:
+    BatchBuilder = _pure_builder.BatchBuilder
+    read_records = _pure_reader.read_records
+    read_columns = _pure_reader.read_columns
+else:
+    BatchBuilder = COMPILED.BatchBuilder
+    read_records = COMPILED.read_records
+    read_columns = COMPILED.read_columns

@@ -1,0 +1,565 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The compiled twin of the per-record hot loops (pure, no I/O): ``read_records`` and
+``read_columns`` (reader.py's), and ``BatchBuilder`` (builder.py's), with the same signatures,
+results and errors.
+
+Built by ``pip install`` when a C compiler is there (setup.py; optional, the pure modules are
+the fallback) and chosen by :mod:`tidewire.records._impl`. The conformance suite in
+tests/records runs every test against both implementations.
+
+How the readers stay exactly as strict as the reference: the loop decodes each record with
+the checks of :func:`tidewire.records.reader.iter_records` (varint widths and overflow,
+lengths within the record, offset deltas rising, header keys UTF-8, no byte left over), and at
+the first thing wrong it stops and asks the reference reader to raise its error, so the error
+class and message are the reference's by construction. Values that do not fit in 64 bits
+(offsets or timestamps past the int64 range, which Python ints hold) are handed to the pure
+reader whole.
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_Append
+from cpython.long cimport PyLong_FromLongLong
+from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.string cimport memcpy
+
+from tidewire.errors import InvalidRecordError
+from tidewire.records import reader as _pure_reader
+from tidewire.records.builder import _encode_headers as _pure_encode_headers
+from tidewire.records import varint as _pure_varint
+from tidewire.records.batch import (
+    ATTRIBUTES_OFFSET,
+    BATCH_OVERHEAD,
+    CRC_OFFSET,
+    HEADER,
+    LOG_OVERHEAD,
+    MAGIC,
+    TimestampType,
+    crc32c,
+)
+from tidewire.records.compression import MAX_DECOMPRESSED_BYTES, Codec, check_codec, compress, decompress
+
+cdef extern from *:
+    """
+    /* A record of the factory type (a tuple subclass such as a NamedTuple) holding the 7
+       items, each reference stolen. On CPython before 3.14 this is what tuple.__new__(cls,
+       items) does after building a tuple of the items (allocate the subtype, fill it),
+       without that tuple; elsewhere it goes through tuple.__new__. */
+    static PyObject* tw_record(PyObject* cls, PyObject* a, PyObject* b, PyObject* c,
+                               PyObject* d, PyObject* e, PyObject* f, PyObject* g) {
+        PyObject* made;
+    #if PY_VERSION_HEX < 0x030E0000 && !defined(PYPY_VERSION)
+        PyTypeObject* t = (PyTypeObject*)cls;
+        if (t == &PyTuple_Type) {
+            made = PyTuple_New(7);
+        } else {
+            made = t->tp_alloc(t, 7);
+        }
+        if (made == NULL) goto fail;
+        PyTuple_SET_ITEM(made, 0, a); PyTuple_SET_ITEM(made, 1, b);
+        PyTuple_SET_ITEM(made, 2, c); PyTuple_SET_ITEM(made, 3, d);
+        PyTuple_SET_ITEM(made, 4, e); PyTuple_SET_ITEM(made, 5, f);
+        PyTuple_SET_ITEM(made, 6, g);
+        return made;
+    #else
+        PyObject* items = PyTuple_New(7);
+        PyObject* args;
+        if (items == NULL) goto fail;
+        PyTuple_SET_ITEM(items, 0, a); PyTuple_SET_ITEM(items, 1, b);
+        PyTuple_SET_ITEM(items, 2, c); PyTuple_SET_ITEM(items, 3, d);
+        PyTuple_SET_ITEM(items, 4, e); PyTuple_SET_ITEM(items, 5, f);
+        PyTuple_SET_ITEM(items, 6, g);
+        if ((PyTypeObject*)cls == &PyTuple_Type) return items;
+        args = PyTuple_Pack(1, items);
+        Py_DECREF(items);
+        if (args == NULL) return NULL;
+        made = PyTuple_Type.tp_new((PyTypeObject*)cls, args, NULL);
+        Py_DECREF(args);
+        return made;
+    #endif
+    fail:
+        Py_DECREF(a); Py_DECREF(b); Py_DECREF(c); Py_DECREF(d);
+        Py_DECREF(e); Py_DECREF(f); Py_DECREF(g);
+        return NULL;
+    }
+    """
+    object tw_record(object cls, PyObject* a, PyObject* b, PyObject* c, PyObject* d,
+                     PyObject* e, PyObject* f, PyObject* g)
+    int __builtin_add_overflow(int64_t, int64_t, int64_t*) nogil
+    int __builtin_sub_overflow(int64_t, int64_t, int64_t*) nogil
+
+__all__ = ["BatchBuilder", "read_columns", "read_records"]
+
+cdef Py_ssize_t _OVERHEAD = BATCH_OVERHEAD
+cdef Py_ssize_t _ATTRIBUTES = ATTRIBUTES_OFFSET
+cdef Py_ssize_t _CRC = CRC_OFFSET
+cdef object _TUPLE = tuple
+cdef object _EMPTY = ()
+
+# What the scan loop hands back.
+cdef enum:
+    DONE = 0        # every record read (or the window ended): the result is complete
+    MALFORMED = 1   # something the reference reader refuses: it names the fault
+    TOO_WIDE = 2    # an offset or timestamp past 64 bits: the pure reader takes the batch
+
+
+cdef inline int _varint(const uint8_t* p, Py_ssize_t* pos, Py_ssize_t end, bint wide,
+                        int64_t* out) noexcept nogil:
+    """One zigzag varint at p[pos[0]:end]: 0 and the value, or -1 for what varint.decode
+    refuses (too long for its width, overflowing it) or input ending inside it."""
+    cdef Py_ssize_t i = pos[0]
+    cdef Py_ssize_t start = i
+    cdef Py_ssize_t limit = 10 if wide else 5
+    cdef uint64_t r = 0
+    cdef uint64_t b
+    cdef int shift = 0
+    while True:
+        if i >= end:
+            return -1
+        b = p[i]
+        i += 1
+        if shift == 63 and (b & 0x7F) > 1:
+            return -1  # the 10th byte of a 64-bit varint holds one bit at most
+        r |= (b & 0x7F) << shift
+        if b < 0x80:
+            break
+        shift += 7
+        if i - start >= limit:
+            return -1
+    if not wide and r > <uint64_t>0xFFFFFFFFU:
+        return -1  # zigzag maps the int32 range exactly onto 0..2**32-1
+    out[0] = <int64_t>((r >> 1) ^ (~(r & 1) + 1))
+    pos[0] = i
+    return 0
+
+
+cdef inline object _field(const uint8_t* p, Py_ssize_t* pos, Py_ssize_t rec_end, int* bad):
+    """A key, value or header value: bytes, or None for length -1; sets bad[0] on a fault."""
+    cdef int64_t n
+    if _varint(p, pos, rec_end, False, &n) < 0 or n < -1 or n > rec_end - pos[0]:
+        bad[0] = 1
+        return None
+    if n == -1:
+        return None
+    cdef Py_ssize_t at = pos[0]
+    pos[0] = at + <Py_ssize_t>n
+    return PyBytes_FromStringAndSize(<const char*>p + at, <Py_ssize_t>n)
+
+
+cdef object _headers(const uint8_t* p, Py_ssize_t* pos, Py_ssize_t rec_end, int* bad):
+    """A record's headers as a tuple of (str, bytes | None); sets bad[0] on a fault."""
+    cdef int64_t count
+    cdef int64_t j
+    cdef int64_t n
+    cdef Py_ssize_t at
+    if _varint(p, pos, rec_end, False, &count) < 0 or count < 0 or count > rec_end - pos[0]:
+        bad[0] = 1
+        return None
+    if count == 0:
+        return _EMPTY
+    out = PyTuple_New(<Py_ssize_t>count)
+    for j in range(count):
+        if _varint(p, pos, rec_end, False, &n) < 0 or n < 0 or n > rec_end - pos[0]:
+            bad[0] = 1  # a null key (-1) is refused too
+            return None
+        at = pos[0]
+        pos[0] = at + <Py_ssize_t>n
+        try:
+            name = PyUnicode_DecodeUTF8(<const char*>p + at, <Py_ssize_t>n, NULL)
+        except UnicodeDecodeError:
+            bad[0] = 1
+            return None
+        value = _field(p, pos, rec_end, bad)
+        if bad[0]:
+            return None
+        pair = PyTuple_New(2)
+        Py_INCREF(name)
+        PyTuple_SET_ITEM(pair, 0, name)
+        Py_INCREF(value)
+        PyTuple_SET_ITEM(pair, 1, value)
+        Py_INCREF(pair)
+        PyTuple_SET_ITEM(out, j, pair)
+    return out
+
+
+cdef int _scan(const uint8_t* p, Py_ssize_t pos, Py_ssize_t end, int64_t base, int64_t first_ts,
+               int64_t last_delta, int64_t count, int64_t lo, int64_t hi, object factory,
+               object topic, object partition, list rows, list offsets, list timestamps,
+               list keys, list values, list headers) except -1:
+    """Decode the records of p[pos:end] into ``rows`` (factory tuples) or, when ``rows`` is
+    None, into the five column lists. Returns DONE, MALFORMED or TOO_WIDE."""
+    cdef int64_t i, length, ts_delta, delta, offset, ts
+    cdef int64_t prev = -1
+    cdef Py_ssize_t rec_end
+    cdef int bad = 0
+    for i in range(count):
+        if pos >= end:
+            return MALFORMED
+        if _varint(p, &pos, end, False, &length) < 0 or length < 6 or length > end - pos:
+            return MALFORMED
+        rec_end = pos + <Py_ssize_t>length
+        pos += 1  # record attributes (unused)
+        if _varint(p, &pos, rec_end, True, &ts_delta) < 0:
+            return MALFORMED
+        if _varint(p, &pos, rec_end, False, &delta) < 0 or delta <= prev or delta > last_delta:
+            return MALFORMED
+        prev = delta
+        key = _field(p, &pos, rec_end, &bad)
+        if bad:
+            return MALFORMED
+        value = _field(p, &pos, rec_end, &bad)
+        if bad:
+            return MALFORMED
+        if pos < rec_end and p[pos] == 0:
+            hdrs = _EMPTY
+            pos += 1
+        else:
+            hdrs = _headers(p, &pos, rec_end, &bad)
+            if bad:
+                return MALFORMED
+        if pos != rec_end:
+            return MALFORMED
+        if __builtin_add_overflow(base, delta, &offset) or __builtin_add_overflow(
+            first_ts, ts_delta, &ts
+        ):
+            return TOO_WIDE
+        if offset < lo:
+            continue
+        if offset > hi:
+            return DONE
+        if rows is None:
+            PyList_Append(offsets, PyLong_FromLongLong(offset))
+            PyList_Append(timestamps, PyLong_FromLongLong(ts))
+            PyList_Append(keys, key)
+            PyList_Append(values, value)
+            PyList_Append(headers, hdrs)
+            continue
+        o = PyLong_FromLongLong(offset)
+        t = PyLong_FromLongLong(ts)
+        # tw_record steals one reference to each item: give it its own.
+        Py_INCREF(topic)
+        Py_INCREF(partition)
+        Py_INCREF(o)
+        Py_INCREF(t)
+        Py_INCREF(key)
+        Py_INCREF(value)
+        Py_INCREF(hdrs)
+        PyList_Append(rows, tw_record(
+            factory, <PyObject*>topic, <PyObject*>partition, <PyObject*>o, <PyObject*>t,
+            <PyObject*>key, <PyObject*>value, <PyObject*>hdrs
+        ))
+    if pos != end:
+        return MALFORMED
+    return DONE
+
+
+cdef object _read(object buf, object start, object h, object factory, object topic,
+                  object partition, object min_offset, object decompression_limit,
+                  object max_offset):
+    """read_records (``factory`` given) or read_columns (``factory`` None)."""
+    cdef Py_buffer view
+    cdef Py_ssize_t pos, end, size
+    cdef int64_t lo, hi, base, first_ts, last_delta, count
+    cdef int status
+    cdef list rows = None
+    cdef list offsets = None, timestamps = None, keys = None, values = None, headers = None
+    try:
+        lo = min_offset
+        hi = max_offset
+        base = h.base_offset
+        first_ts = h.first_timestamp
+        last_delta = h.last_offset_delta
+        count = h.records_count
+    except OverflowError:
+        return _pure(buf, start, h, factory, topic, partition, min_offset,
+                     decompression_limit, max_offset)
+    size = h.size
+    if h.codec:
+        section = memoryview(buf)[start : start + size][_OVERHEAD:]
+        data = bytes(decompress(h.codec, section, decompression_limit))
+        pos = 0
+        end = PyBytes_GET_SIZE(data)
+    else:
+        data = buf
+        pos = start + _OVERHEAD
+        end = start + size
+    if factory is None:
+        offsets, timestamps, keys, values, headers = [], [], [], [], []
+    else:
+        rows = []
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        if pos < 0 or end > view.len:
+            status = MALFORMED
+        else:
+            status = _scan(<const uint8_t*>view.buf, pos, end, base, first_ts, last_delta,
+                           count, lo, hi, factory, topic, partition, rows, offsets,
+                           timestamps, keys, values, headers)
+    finally:
+        PyBuffer_Release(&view)
+    if status == DONE:
+        if factory is None:
+            return (offsets, timestamps, keys, values, headers)
+        return rows
+    if status == TOO_WIDE:
+        return _pure(buf, start, h, factory, topic, partition, min_offset,
+                     decompression_limit, max_offset)
+    # Malformed: the reference reader names the fault.
+    for _ in _pure_reader.iter_records(
+        memoryview(buf)[start : start + size], decompression_limit=decompression_limit
+    ):
+        pass
+    raise InvalidRecordError("the batch's records are malformed")
+
+
+cdef object _pure(object buf, object start, object h, object factory, object topic,
+                  object partition, object min_offset, object decompression_limit,
+                  object max_offset):
+    if factory is None:
+        return _pure_reader.read_columns(buf, start, h, min_offset, decompression_limit,
+                                         max_offset)
+    return _pure_reader.read_records(buf, start, h, factory, topic, partition, min_offset,
+                                     decompression_limit, max_offset)
+
+
+def read_records(buf, start, h, factory, topic, partition, min_offset=0,
+                 decompression_limit=MAX_DECOMPRESSED_BYTES, max_offset=2**63 - 1):
+    """See :func:`tidewire.records.reader.read_records` (the same contract)."""
+    if not (isinstance(factory, type) and issubclass(factory, tuple)):
+        tuple.__new__(factory, ())  # raises tuple.__new__'s own TypeError
+    return _read(buf, start, h, factory, topic, partition, min_offset, decompression_limit,
+                 max_offset)
+
+
+def read_columns(buf, start, h, min_offset=0, decompression_limit=MAX_DECOMPRESSED_BYTES,
+                 max_offset=2**63 - 1):
+    """See :func:`tidewire.records.reader.read_columns` (the same contract)."""
+    return _read(buf, start, h, None, None, None, min_offset, decompression_limit, max_offset)
+
+
+# ---------------------------------------------------------------------------------------
+# Building
+
+cdef inline Py_ssize_t _put_varint(char* out, int64_t value) noexcept nogil:
+    """Write the zigzag varint of ``value`` at ``out``; returns its size (10 at most)."""
+    cdef uint64_t n = (<uint64_t>value << 1) ^ <uint64_t>(value >> 63)
+    cdef Py_ssize_t i = 0
+    while n >= 0x80:
+        out[i] = <char>((n & 0x7F) | 0x80)
+        n >>= 7
+        i += 1
+    out[i] = <char>n
+    return i + 1
+
+
+cdef inline Py_ssize_t _varint_size(int64_t value) noexcept nogil:
+    cdef uint64_t n = (<uint64_t>value << 1) ^ <uint64_t>(value >> 63)
+    cdef Py_ssize_t i = 1
+    while n >= 0x80:
+        n >>= 7
+        i += 1
+    return i
+
+
+cdef class BatchBuilder:
+    """See :class:`tidewire.records.builder.BatchBuilder` (the same API and bytes).
+
+    The records are encoded into one growing buffer as they are appended; :meth:`build`
+    compresses it once, writes the header and the CRC-32C.
+    """
+
+    cdef object _codec, _producer_id, _producer_epoch, _sequence, _leader_epoch
+    cdef object _timestamp_type, _base_offset, _first_ts, _max_ts, _built
+    cdef char* _buf
+    cdef Py_ssize_t _len, _cap, _count
+    cdef bint _closed
+
+    def __cinit__(self):
+        self._buf = NULL
+        self._len = 0
+        self._cap = 0
+        self._count = 0
+        self._closed = False
+
+    def __init__(self, *, codec=Codec.NONE, producer_id=-1, producer_epoch=-1,
+                 base_sequence=-1, partition_leader_epoch=-1,
+                 timestamp_type=TimestampType.CREATE_TIME, base_offset=0):
+        self._codec = check_codec(codec)
+        self._producer_id = producer_id
+        self._producer_epoch = producer_epoch
+        self._sequence = base_sequence
+        self._leader_epoch = partition_leader_epoch
+        self._timestamp_type = timestamp_type
+        self._base_offset = base_offset
+        self._first_ts = None
+        self._max_ts = -1
+        self._built = None
+
+    def __dealloc__(self):
+        PyMem_Free(self._buf)
+
+    def __len__(self):
+        """Number of records appended so far."""
+        return self._count
+
+    @property
+    def size_in_bytes(self):
+        """Size of the batch so far, before compression (exact for ``Codec.NONE``)."""
+        return _OVERHEAD + self._len
+
+    cdef int _reserve(self, Py_ssize_t more) except -1:
+        cdef Py_ssize_t cap = self._cap
+        cdef char* grown
+        if self._len + more <= cap:
+            return 0
+        cap = max(cap * 2, self._len + more, 4096)
+        grown = <char*>PyMem_Realloc(self._buf, cap)
+        if grown == NULL:
+            raise MemoryError()
+        self._buf = grown
+        self._cap = cap
+        return 0
+
+    def append(self, value, *, timestamp_ms, key=None, headers=()):
+        """Append one record; returns its offset delta within the batch.
+
+        Raises:
+            RuntimeError: the batch was already built.
+        """
+        cdef Py_buffer kview, vview
+        cdef bint has_key = False, has_value = False
+        cdef Py_ssize_t body, klen = -1, vlen = -1, hlen = 0, at
+        cdef int64_t ts, first, tsd = 0
+        cdef bint wide_delta = False
+        cdef char* out
+        if self._closed:
+            raise RuntimeError("append() after build(): start a new BatchBuilder")
+        first_obj = self._first_ts
+        if first_obj is None:
+            first_obj = self._first_ts = self._max_ts = timestamp_ms
+        elif timestamp_ms > self._max_ts:
+            self._max_ts = timestamp_ms
+        cdef Py_ssize_t delta = self._count
+        # The timestamp delta in C when both ends fit in 64 bits; otherwise as varint.encode
+        # does it (which refuses a delta past 64 bits with its ValueError).
+        tsd_bytes = None
+        try:
+            ts = timestamp_ms
+            first = first_obj
+            if __builtin_sub_overflow(ts, first, &tsd):
+                wide_delta = True
+        except (OverflowError, TypeError):
+            wide_delta = True
+        if wide_delta:
+            tsd_bytes = _pure_varint.encode(timestamp_ms - first_obj)
+        if headers:
+            hbytes = _pure_encode_headers(headers)
+            hlen = PyBytes_GET_SIZE(hbytes)
+        else:
+            hbytes = None
+            hlen = 1
+        if key is not None:
+            PyObject_GetBuffer(key, &kview, PyBUF_SIMPLE)
+            has_key = True
+        try:
+            if value is not None:
+                PyObject_GetBuffer(value, &vview, PyBUF_SIMPLE)
+                has_value = True
+            klen = kview.len if has_key else -1
+            vlen = vview.len if has_value else -1
+            body = (
+                1
+                + (PyBytes_GET_SIZE(tsd_bytes) if wide_delta else _varint_size(tsd))
+                + _varint_size(delta)
+                + _varint_size(klen) + (klen if klen > 0 else 0)
+                + _varint_size(vlen) + (vlen if vlen > 0 else 0)
+                + hlen
+            )
+            self._reserve(body + 10)
+            out = self._buf + self._len
+            at = _put_varint(out, body)
+            out[at] = 0  # record attributes: unused, always 0
+            at += 1
+            if wide_delta:
+                memcpy(out + at, PyBytes_AS_STRING(tsd_bytes), PyBytes_GET_SIZE(tsd_bytes))
+                at += PyBytes_GET_SIZE(tsd_bytes)
+            else:
+                at += _put_varint(out + at, tsd)
+            at += _put_varint(out + at, delta)
+            at += _put_varint(out + at, klen)
+            if klen > 0:
+                memcpy(out + at, kview.buf, klen)
+                at += klen
+            at += _put_varint(out + at, vlen)
+            if vlen > 0:
+                memcpy(out + at, vview.buf, vlen)
+                at += vlen
+            if hbytes is None:
+                out[at] = 0
+                at += 1
+            else:
+                memcpy(out + at, PyBytes_AS_STRING(hbytes), hlen)
+                at += hlen
+        finally:
+            if has_key:
+                PyBuffer_Release(&kview)
+            if has_value:
+                PyBuffer_Release(&vview)
+        self._len += at
+        self._count += 1
+        return delta
+
+    def build(self):
+        """Close the batch and return its bytes (header, compressed records, CRC)."""
+        self._closed = True
+        if self._built is not None:
+            return self._built
+        cdef Py_ssize_t count = self._count
+        cdef const char* records = self._buf
+        cdef Py_ssize_t size = self._len
+        cdef char* dst
+        cdef unsigned long crc
+        section = None
+        if self._codec is not Codec.NONE:
+            section = compress(self._codec, PyBytes_FromStringAndSize(self._buf, self._len))
+            records = PyBytes_AS_STRING(section)
+            size = PyBytes_GET_SIZE(section)
+        first = self._first_ts if self._first_ts is not None else -1
+        attributes = int(self._codec) | (0x08 if self._timestamp_type else 0)
+        header = HEADER.pack(
+            self._base_offset,
+            _OVERHEAD + size - LOG_OVERHEAD,
+            self._leader_epoch,
+            MAGIC,
+            0,  # crc, filled in below
+            attributes,
+            max(count - 1, 0),
+            first,
+            self._max_ts if count else -1,
+            self._producer_id,
+            self._producer_epoch,
+            self._sequence,
+            count,
+        )
+        # One copy of the records, into the batch's own bytes object, which nothing else
+        # holds yet: the CRC is written into it once computed.
+        out = PyBytes_FromStringAndSize(NULL, _OVERHEAD + size)
+        dst = PyBytes_AS_STRING(out)
+        memcpy(dst, PyBytes_AS_STRING(header), _OVERHEAD)
+        if size:
+            memcpy(dst + _OVERHEAD, records, size)
+        crc = crc32c(memoryview(out)[_ATTRIBUTES:])
+        dst[_CRC] = <char>((crc >> 24) & 0xFF)
+        dst[_CRC + 1] = <char>((crc >> 16) & 0xFF)
+        dst[_CRC + 2] = <char>((crc >> 8) & 0xFF)
+        dst[_CRC + 3] = <char>(crc & 0xFF)
+        self._built = out
+        PyMem_Free(self._buf)
+        self._buf = NULL
+        self._cap = 0
+        return out
