@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import errno
+import functools
 import logging
 import os
 import time
@@ -950,9 +951,9 @@ class PartitionLog:
         await self.wait_durable(target)
 
     def _start_flush(self) -> None:
-        """Start a group commit of everything written so far in a worker thread; the thread
-        hands the result straight back to the loop (:meth:`_flush_finished`), which settles
-        the waiters and starts the next commit if more wait."""
+        """Start a group commit of everything written so far in a worker thread;
+        :meth:`_flush_finished` takes its result back on the loop, settles the waiters and
+        starts the next commit if more wait."""
         loop = asyncio.get_running_loop()
         if self._failed is not None:
             self._fail_waiters(self._failed)
@@ -963,52 +964,46 @@ class PartitionLog:
             batches = self.batches_appended - self._batches_flushed
             nbytes = sum(size - seg.synced_size for seg, size in plan.syncs)
             self._batches_flushed = self.batches_appended
-            # The loop's default executor (as asyncio.to_thread uses; tests install a stepped
-            # one); the job hands its result back itself, so its asyncio future is not awaited.
-            loop.run_in_executor(None, self._flush_in_thread, loop, plan, batches, nbytes)
+            # The loop's default executor, as asyncio.to_thread uses (tests install a stepped
+            # one); its future's callback is the whole way back: no task to wake in between.
+            job = loop.run_in_executor(None, self._timed_flush_io, plan)
+            job.add_done_callback(functools.partial(self._flush_finished, plan, batches, nbytes))
         except Exception as exc:  # a bug: reported, and the waiters fail instead of hanging
             log.error("starting the flush of %s failed", self.directory, exc_info=exc)
             self._flushing = False
             self._fail_waiters(StorageError(f"flush failed to start: {exc!r}"))
             self._flush_over()
 
-    def _flush_in_thread(
-        self, loop: asyncio.AbstractEventLoop, plan: _FlushPlan, batches: int, nbytes: int
-    ) -> None:
-        """In a worker thread: the blocking part of a flush, then its result to the loop."""
+    def _timed_flush_io(self, plan: _FlushPlan) -> tuple[OSError | None, float]:
+        """In a worker thread: :meth:`_flush_io`; its error (if any) and how long it took."""
         started = time.perf_counter()
-        error: BaseException | None = None
         try:
             self._flush_io(plan)
-        except BaseException as exc:  # handed to the owner thread, which reports it
-            error = exc
-        seconds = time.perf_counter() - started
-        try:
-            loop.call_soon_threadsafe(self._flush_finished, plan, error, seconds, batches, nbytes)
-        except RuntimeError:  # the loop is closed: nothing waits for this flush any more
-            log.debug("flush of %s finished after its event loop closed", self.directory)
+        except OSError as exc:
+            return exc, time.perf_counter() - started
+        return None, time.perf_counter() - started
 
     def _flush_finished(
         self,
         plan: _FlushPlan,
-        error: BaseException | None,
-        seconds: float,
         batches: int,
         nbytes: int,
+        job: asyncio.Future[tuple[OSError | None, float]],
     ) -> None:
         """On the owner thread: account for a finished group commit, settle its waiters, let
         readers see what it made durable, and start the next one if appends wait."""
         try:
-            if error is not None and not isinstance(error, OSError):
-                log.error("flush of %s failed", self.directory, exc_info=error)
+            failure = job.exception() if not job.cancelled() else asyncio.CancelledError()
+            if failure is not None:  # not an OSError: a bug, reported
+                log.error("flush of %s failed", self.directory, exc_info=failure)
                 self._flushing = False
-                self._fail_waiters(StorageError(f"flush task failed: {error!r}"))
+                self._fail_waiters(StorageError(f"flush task failed: {failure!r}"))
                 return
-            os_error = error if isinstance(error, OSError) else None
+            error, seconds = job.result()
             if self.flush_stats is not None:
-                self.flush_stats.observe(seconds, batches, nbytes, failed=os_error is not None)
+                self.flush_stats.observe(seconds, batches, nbytes, failed=error is not None)
             before = self._flushed
-            self._flush_done(plan, os_error)
+            self._flush_done(plan, error)
             self._settle_waiters()
             if (
                 self._flushed > before
