@@ -347,3 +347,29 @@ def test_blocking_client_closes_its_loop_and_thread(tmp_path: Path) -> None:
             client.close()  # again: a no-op
 
     run(main())
+
+
+def test_a_connect_cancelled_at_any_step_leaves_no_socket_open(tmp_path: Path) -> None:
+    """Cancelling a request while its connection opens, one loop step later each time, so one
+    of the cancellations lands just as the connection is made: a socket dropped there would be
+    collected unclosed (a ResourceWarning, an error in this suite)."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (_, server):
+            for steps in range(40):
+                c = AsyncClient(addr(server))
+                try:
+                    ping = asyncio.ensure_future(c.ping())
+                    for _ in range(steps):
+                        await asyncio.sleep(0)
+                    ping.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await ping
+                finally:
+                    await c.close()
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always", ResourceWarning)
+                    gc.collect()
+                assert not [w for w in caught if issubclass(w.category, ResourceWarning)], steps
+
+    run(main())

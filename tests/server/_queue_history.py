@@ -38,8 +38,10 @@ __all__ = [
 
 #: How a settlement ended: the broker answered it (``confirmed``: recorded durably), the
 #: connection went before an answer (``connection-lost``: it may or may not have been
-#: recorded), or the broker answered with an error (``refused``, e.g. an unknown tag).
-SettleResult = Literal["confirmed", "connection-lost", "refused"]
+#: recorded), the consumer was stopped while it waited for the answer (``abandoned``: sent,
+#: so likewise either), or the broker answered with an error (``refused``, e.g. an unknown
+#: tag).
+SettleResult = Literal["confirmed", "connection-lost", "abandoned", "refused"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +245,9 @@ def check_queue_history(
                     prev,
                     d,
                     outcome=confirmed_outcome(ppos),
-                    lost=any(s.result == "connection-lost" for s in settles.get(ppos, ())),
+                    lost=any(
+                        s.result in ("connection-lost", "abandoned") for s in settles.get(ppos, ())
+                    ),
                     killed=between(kills, ppos, pos),
                     closed=between(closes.get(prev.consumer, []), ppos, pos),
                     visibility_timeout_ms=visibility_timeout_ms,

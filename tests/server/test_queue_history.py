@@ -77,6 +77,11 @@ def test_a_clean_history_has_no_problem() -> None:
     # then not delivered again.
     unanswered = _replace(ACK_A, Settled("c1", 1, 0, "ack", "connection-lost"))
     assert check_queue_history(unanswered) == []
+    # So may an ack whose consumer was stopped while it waited for the answer.
+    abandoned = _replace(ACK_A, Settled("c1", 1, 0, "ack", "abandoned"))
+    assert check_queue_history(abandoned) == []
+    # Without any settlement, the copy had to come again.
+    assert check_queue_history(_without(ACK_A))[0].startswith("lost: b'a' at offset 0")
 
 
 ACK_A = Settled("c1", 1, 0, "ack", "confirmed")

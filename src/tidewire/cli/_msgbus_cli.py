@@ -86,7 +86,8 @@ def _request(method: str, url: str, data: bytes | None = None) -> tuple[int, byt
         with urllib.request.urlopen(req, timeout=_TIMEOUT_S) as resp:
             return int(resp.status), resp.read()
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+        with exc:  # its socket, closed now rather than whenever it is collected
+            return exc.code, exc.read()
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         fail(f"cannot reach {url}: {reason}")

@@ -148,7 +148,11 @@ class Transport:
             if self._backoff:
                 await asyncio.sleep(self._backoff)
             try:
-                reader, writer = await asyncio.wait_for(self._open(), self.connect_timeout_s)
+                # asyncio.timeout, not wait_for: in Python 3.11 a wait_for cancelled just as
+                # the connection opened drops the (reader, writer) it got, and the socket
+                # leaks; here the cancellation lands inside open_connection, which closes it.
+                async with asyncio.timeout(self.connect_timeout_s):
+                    reader, writer = await self._open()
             except ssl.SSLError as exc:  # a certificate or TLS setting: retrying cannot help
                 raise TlsError(self._tls_failure(exc)) from exc
             except (OSError, TimeoutError) as exc:

@@ -6,6 +6,7 @@ Public names::
     check_batch, parse_header      the broker's cheap per-batch check (header, sizes, CRC-32C)
     decode_batch, iter_records     full record-level validation and lazy reading
     read_records                   the same validation, fast, into a list (consumers)
+    read_columns                   the same, into columns: offsets, timestamps, keys, ...
     iter_batches, BatchDecoder     walk concatenated batches; decode a byte stream incrementally
     Codec                          compression codecs (none, gzip, lz4, zstd)
 """
@@ -28,10 +29,12 @@ from tidewire.records.builder import BatchBuilder, Header, build_batch
 from tidewire.records.compression import MAX_DECOMPRESSED_BYTES, Codec
 from tidewire.records.reader import (
     BatchDecoder,
+    Columns,
     Record,
     decode_batch,
     iter_batches,
     iter_records,
+    read_columns,
     read_records,
 )
 
@@ -44,6 +47,7 @@ __all__ = [
     "BatchDecoder",
     "BatchHeader",
     "Codec",
+    "Columns",
     "Header",
     "Record",
     "TimestampType",
@@ -56,5 +60,6 @@ __all__ = [
     "parse_header",
     "peek_base_offset",
     "peek_batch_size",
+    "read_columns",
     "read_records",
 ]

@@ -29,14 +29,25 @@ from tidewire.records.varint import decode as _dv
 
 __all__ = [
     "BatchDecoder",
+    "Columns",
     "Record",
     "decode_batch",
     "iter_batches",
     "iter_records",
+    "read_columns",
     "read_records",
 ]
 
 T = TypeVar("T", bound=tuple[Any, ...])
+
+#: What :func:`read_columns` returns: offsets, timestamps, keys, values, headers.
+Columns = tuple[
+    list[int],
+    list[int],
+    list[bytes | None],
+    list[bytes | None],
+    list[tuple[tuple[str, bytes | None], ...]],
+]
 _new_tuple = tuple.__new__
 
 
@@ -258,6 +269,140 @@ def read_records(  # noqa: PLR0917 (a reader's hot loop: positional arguments co
         else:
             if pos == end:
                 return out
+    except (IndexError, RecordBatchError):
+        pass
+    # Malformed: the reference reader names the fault.
+    for _ in iter_records(
+        memoryview(buf)[start : start + h.size], decompression_limit=decompression_limit
+    ):
+        pass
+    raise InvalidRecordError("the batch's records are malformed")  # pragma: no cover
+
+
+def read_columns(  # noqa: PLR0917 (the same positional parameters as read_records)
+    buf: bytes,
+    start: int,
+    h: BatchHeader,
+    min_offset: int = 0,
+    decompression_limit: int = MAX_DECOMPRESSED_BYTES,
+    max_offset: int = 2**63 - 1,
+) -> Columns:
+    """The records of the batch at ``buf[start:]`` as columns: ``(offsets, timestamps, keys,
+    values, headers)``, five lists of equal length with one entry per record (``headers``
+    holds each record's tuple of ``(key, value)`` pairs).
+
+    The columnar twin of :func:`read_records`, for batch readers (a consumer's
+    ``poll_batch``, Arrow conversion): the same checks, the same ``min_offset`` /
+    ``max_offset`` window, the same errors, and no tuple per record.
+
+    Raises:
+        RecordBatchError: any malformed input (a subclass naming the fault).
+    """
+    if h.codec:
+        view = memoryview(buf)[start : start + h.size]
+        data = bytes(decompress(h.codec, view[BATCH_OVERHEAD:], decompression_limit))
+        pos, end = 0, len(data)
+    else:
+        data = buf
+        pos, end = start + BATCH_OVERHEAD, start + h.size
+    base, first_ts, last_delta = h.base_offset, h.first_timestamp, h.last_offset_delta
+    offsets: list[int] = []
+    timestamps: list[int] = []
+    keys: list[bytes | None] = []
+    values: list[bytes | None] = []
+    headers_col: list[tuple[tuple[str, bytes | None], ...]] = []
+    columns = (offsets, timestamps, keys, values, headers_col)
+    prev = -1
+    try:
+        for _ in range(h.records_count):
+            if pos >= end:
+                break
+            # Each varint: one byte (the common case), two bytes, or the general decoder.
+            b = data[pos]
+            if b < 0x80:
+                length = (b >> 1) ^ -(b & 1)
+                pos += 1
+            elif data[pos + 1] < 0x80:
+                n = (b & 0x7F) | (data[pos + 1] << 7)
+                length = (n >> 1) ^ -(n & 1)
+                pos += 2
+            else:
+                length, pos = _dv(data, pos)
+            if length < 6 or pos + length > end:
+                break
+            rec_end = pos + length
+            b = data[pos + 1]  # after the attributes byte: the timestamp delta
+            if b < 0x80:
+                ts_delta = (b >> 1) ^ -(b & 1)
+                pos += 2
+            elif data[pos + 2] < 0x80:
+                n = (b & 0x7F) | (data[pos + 2] << 7)
+                ts_delta = (n >> 1) ^ -(n & 1)
+                pos += 3
+            else:
+                ts_delta, pos = _dv(data, pos + 1, wide=True)
+            b = data[pos]
+            if b < 0x80:
+                delta = (b >> 1) ^ -(b & 1)
+                pos += 1
+            elif data[pos + 1] < 0x80:  # a batch of more than 63 records
+                n = (b & 0x7F) | (data[pos + 1] << 7)
+                delta = (n >> 1) ^ -(n & 1)
+                pos += 2
+            else:
+                delta, pos = _dv(data, pos)
+            if delta <= prev or delta > last_delta:
+                break
+            prev = delta
+            b = data[pos]
+            if b == 1:  # -1: a null key
+                key = None
+                pos += 1
+            else:
+                n, pos = _dv(data, pos)
+                if n < -1 or pos + n > rec_end:
+                    break
+                if n == -1:
+                    key = None
+                else:
+                    key = data[pos : pos + n]
+                    pos += n
+            b = data[pos]
+            if b < 0x80:
+                n = (b >> 1) ^ -(b & 1)
+                pos += 1
+            elif data[pos + 1] < 0x80:
+                n = (b & 0x7F) | (data[pos + 1] << 7)
+                n = (n >> 1) ^ -(n & 1)
+                pos += 2
+            else:
+                n, pos = _dv(data, pos)
+            if n < -1 or pos + n > rec_end:
+                break
+            if n == -1:
+                value = None
+            else:
+                value = data[pos : pos + n]
+                pos += n
+            if data[pos] == 0:
+                headers: tuple[tuple[str, bytes | None], ...] = ()
+                pos += 1
+            else:
+                headers, pos = _headers(data, pos, rec_end)
+            if pos != rec_end:
+                break
+            offset = base + delta
+            if offset >= min_offset:
+                if offset > max_offset:
+                    return columns
+                offsets.append(offset)
+                timestamps.append(first_ts + ts_delta)
+                keys.append(key)
+                values.append(value)
+                headers_col.append(headers)
+        else:
+            if pos == end:
+                return columns
     except (IndexError, RecordBatchError):
         pass
     # Malformed: the reference reader names the fault.
