@@ -174,6 +174,28 @@ def test_long_poll_wakes_on_a_produce_to_one_of_its_partitions(tmp_path: Path) -
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("policy", [FsyncPolicy.ALWAYS, FsyncPolicy.INTERVAL])
+def test_a_long_poll_is_answered_with_the_producer_not_after_it(
+    tmp_path: Path, policy: FsyncPolicy
+) -> None:
+    """The log wakes a waiting fetch in the step that makes the batch visible (under
+    ``always``: the one that takes the fsync back), in the same turn as the producer's own
+    answer, not in turns after the producer resumed."""
+
+    async def main() -> None:
+        async with Broker(config(tmp_path, log=LogConfig(fsync=policy))) as broker:
+            broker.create_topic("t")
+            fetch = asyncio.create_task(broker.fetch([("t", 0, 0, ALL)], max_wait_ms=LONG_POLL_MS))
+            await settle()
+            assert not fetch.done()
+            await broker.produce("t", 0, batch([b"now"]))
+            await asyncio.sleep(0)  # one turn: the fetch was woken with the producer
+            assert fetch.done()
+            assert [values(r.data) for r in fetch.result()] == [[(0, b"now")]]
+
+    asyncio.run(main())
+
+
 def test_long_poll_waits_for_min_bytes(tmp_path: Path) -> None:
     async def main() -> None:
         async with Broker(config(tmp_path)) as broker:

@@ -13,6 +13,7 @@ other policies everything written.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -1352,12 +1353,10 @@ class Broker:
             fut: asyncio.Future[None] = loop.create_future()
             keys = {(t, p) for t, p, _, _ in wants}
             for key in keys:
-                self._waiters.setdefault(key, set()).add(fut)
+                self._add_waiter(key, fut)
             self._n_waiters += 1
             try:
-                await asyncio.wait_for(asyncio.shield(fut), max(deadline - loop.time(), 0))
-            except TimeoutError:
-                pass
+                await _woken_or_timeout(fut, max(deadline - loop.time(), 0))
             finally:
                 self._n_waiters -= 1
                 for key in keys:
@@ -1465,12 +1464,10 @@ class Broker:
             )
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         for key in keys:
-            self._waiters.setdefault(key, set()).add(fut)
+            self._add_waiter(key, fut)
         self._n_waiters += 1
         try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout_s)
-        except TimeoutError:
-            pass
+            await _woken_or_timeout(fut, timeout_s)
         finally:
             self._n_waiters -= 1
             for key in keys:
@@ -1504,10 +1501,21 @@ class Broker:
             self._groups.coordinator.close()
             self._groups.kafka.release_waiters()
 
+    def _add_waiter(self, key: tuple[str, int], fut: asyncio.Future[None]) -> None:
+        """Make ``fut`` one of the waiters of partition ``key``; the partition's log wakes
+        them itself (:attr:`PartitionLog.on_visible`) as soon as readers may see more: under
+        ``always`` in the step that takes back the fsync, before the producers resume."""
+        self._waiters.setdefault(key, set()).add(fut)
+        plog = self.logs.logs.get(key)
+        if plog is not None and plog.on_visible is None:
+            plog.on_visible = functools.partial(self._wake, *key)
+
     def _wake(self, topic: str, partition: int) -> None:
-        for fut in self._waiters.pop((topic, partition), ()):
-            if not fut.done():
-                fut.set_result(None)
+        waiters = self._waiters.pop((topic, partition), None)
+        if waiters:
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
 
     # --- offsets --------------------------------------------------------------------------------
 
@@ -1574,6 +1582,25 @@ def _refuse_reserved(topic: str) -> None:
             f"topic {topic!r} cannot be created: names beginning with "
             f"{RESERVED_TOPIC_PREFIX!r} are reserved for the broker's internal topics"
         )
+
+
+async def _woken_or_timeout(fut: asyncio.Future[None], timeout_s: float | None) -> None:
+    """Wait until ``fut`` is resolved (a wake-up) or ``timeout_s`` passes, whichever comes
+    first. A timer resolves the future itself: no ``wait_for``/``shield`` pair, whose two
+    extra futures cost two more turns of the loop between a wake-up and the reader."""
+    timer = None
+    if timeout_s is not None:
+        timer = asyncio.get_running_loop().call_later(timeout_s, _resolve, fut)
+    try:
+        await fut
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _high_watermark(plog: PartitionLog) -> int:

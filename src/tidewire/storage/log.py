@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import errno
+import functools
 import logging
 import os
 import time
@@ -252,7 +253,13 @@ class PartitionLog:
         self._truncations = 0  # bumped by truncate_to: flush plans made before are stale
         self._deferred_close: list[Segment] = []
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
-        self._flush_task: asyncio.Task[None] | None = None
+        #: Set while a group commit runs in a worker thread (resolved when it is taken back).
+        self._flush_running: asyncio.Future[None] | None = None
+        #: Called on the owner thread when what readers may see grows: after a write under
+        #: ``interval`` and ``never``, after an fsync under ``always`` (the broker wakes the
+        #: long-polls and push subscriptions of this partition from here, in the same step
+        #: that settles the appends' own waiters, not one loop turn after their producers).
+        self.on_visible: Callable[[], None] | None = None
         #: Called after :meth:`truncate_to` (the log manager rewrites the recovery checkpoint).
         self.on_truncate: Callable[[PartitionLog], None] | None = None
         self._pending: list[_Write] = []
@@ -722,8 +729,11 @@ class PartitionLog:
                 if fut is not None and not fut.done():
                     fut.set_result(None)
             i = j
-        if self.config.fsync is not _ALWAYS and (self._writeback is None or self._writeback.done()):
-            self._maybe_start_writeback()
+        if self.config.fsync is not _ALWAYS:
+            if self.on_visible is not None:
+                self.on_visible()
+            if self._writeback is None or self._writeback.done():
+                self._maybe_start_writeback()
 
     def _maybe_start_writeback(self) -> None:
         """Once :data:`WRITEBACK_BYTES` of the active segment are written since the last
@@ -812,9 +822,16 @@ class PartitionLog:
         write = self._queue(batch)
         fut = write.future
         assert fut is not None
-        await fut
-        if always:
-            await self.wait_durable(write.info.last_offset + 1)
+        # Registered now, so that the fsync starts right after this turn's writes.
+        durable_fut = self._durable_future(write.info.last_offset + 1) if always else None
+        try:
+            await fut
+        except BaseException:
+            if durable_fut is not None:
+                durable_fut.cancel()
+            raise
+        if durable_fut is not None:
+            await durable_fut
         return write.info
 
     async def append_many_async(
@@ -848,11 +865,20 @@ class PartitionLog:
             writes = [self._queue(b) for b in batches]
         else:
             writes = [self._queue(b, h) for b, h in zip(batches, checked, strict=True)]
-        for w in writes:
-            assert w.future is not None
-            await w.future
-        if always and writes:
-            await self.wait_durable(writes[-1].info.last_offset + 1)
+        # Registered now, so that the fsync starts right after this turn's writes.
+        durable_fut = (
+            self._durable_future(writes[-1].info.last_offset + 1) if always and writes else None
+        )
+        try:
+            for w in writes:
+                assert w.future is not None
+                await w.future
+        except BaseException:
+            if durable_fut is not None:
+                durable_fut.cancel()
+            raise
+        if durable_fut is not None:
+            await durable_fut
         return [w.info for w in writes]
 
     def _queue(
@@ -867,11 +893,18 @@ class PartitionLog:
         pending.append(write)
         self._pending_bytes += write.info.size
         if self._pending_bytes >= MAX_BYTES_PER_WRITE or len(pending) >= MAX_BATCHES_PER_WRITE:
-            self._drain_writes()
+            self._end_of_turn()
         elif not self._drain_scheduled:
             self._drain_scheduled = True
-            loop.call_soon(self._drain_writes)
+            loop.call_soon(self._end_of_turn)
         return write
+
+    def _end_of_turn(self) -> None:
+        """Write what this turn of the loop queued, then start the group commit its
+        appends wait for at once (not one turn later, when their callers resume)."""
+        self._drain_writes()
+        if self._waiters and self._flush_running is None and not self._closed:
+            self._start_flush()
 
     # --- flushing -------------------------------------------------------------------------------
 
@@ -887,14 +920,20 @@ class PartitionLog:
         self._check_open()
         if self._failed is not None:
             raise self._failed
+        await self._durable_future(offset)
+
+    def _durable_future(self, offset: int) -> asyncio.Future[None]:
+        """A future resolved once every offset below ``offset`` is on stable storage. A group
+        commit starts at once when none runs and no write is queued for the end of this turn
+        (else at the end of the turn, after the write), or right after the running one."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._flushed >= offset:
+            fut.set_result(None)
+            return fut
         self._waiters.append((offset, fut))
-        if self._flush_task is None:
-            self._flush_task = asyncio.get_running_loop().create_task(
-                self._flush_loop(), name=f"flush {self.directory}"
-            )
-            self._flush_task.add_done_callback(self._flush_task_done)
-        await fut
+        if self._flush_running is None and not self._drain_scheduled:
+            self._start_flush()
+        return fut
 
     async def flush_async(self) -> None:
         """Flush everything appended so far, in a worker thread.
@@ -911,37 +950,78 @@ class PartitionLog:
             )
         await self.wait_durable(target)
 
-    def _flush_task_done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("flush task of %s failed", self.directory, exc_info=task.exception())
-            self._fail_waiters(StorageError(f"flush task failed: {task.exception()!r}"))
-
-    async def _flush_loop(self) -> None:
+    def _start_flush(self) -> None:
+        """Start a group commit of everything written so far in a worker thread;
+        :meth:`_flush_finished` takes its result back on the loop, settles the waiters and
+        starts the next commit if more wait."""
+        loop = asyncio.get_running_loop()
+        if self._failed is not None:
+            self._fail_waiters(self._failed)
+            return
+        self._flush_running = loop.create_future()
         try:
-            while self._waiters:
-                if self._failed is not None:
-                    self._fail_waiters(self._failed)
-                    return
-                plan = self._flush_plan()
-                batches = self.batches_appended - self._batches_flushed
-                nbytes = sum(size - seg.synced_size for seg, size in plan.syncs)
-                self._batches_flushed = self.batches_appended
-                error: OSError | None = None
-                started = time.perf_counter()
-                try:
-                    await asyncio.to_thread(self._flush_io, plan)
-                except OSError as exc:
-                    error = exc
-                if self.flush_stats is not None:
-                    self.flush_stats.observe(
-                        time.perf_counter() - started, batches, nbytes, failed=error is not None
-                    )
-                self._flush_done(plan, error)
-                self._settle_waiters()
+            plan = self._flush_plan()
+            batches = self.batches_appended - self._batches_flushed
+            nbytes = sum(size - seg.synced_size for seg, size in plan.syncs)
+            self._batches_flushed = self.batches_appended
+            # The loop's default executor, as asyncio.to_thread uses (tests install a stepped
+            # one); its future's callback is the whole way back: no task to wake in between.
+            job = loop.run_in_executor(None, self._timed_flush_io, plan)
+            job.add_done_callback(functools.partial(self._flush_finished, plan, batches, nbytes))
+        except Exception as exc:  # a bug: reported, and the waiters fail instead of hanging
+            log.error("starting the flush of %s failed", self.directory, exc_info=exc)
+            self._flushing = False
+            self._fail_waiters(StorageError(f"flush failed to start: {exc!r}"))
+            self._flush_over()
+
+    def _timed_flush_io(self, plan: _FlushPlan) -> tuple[OSError | None, float]:
+        """In a worker thread: :meth:`_flush_io`; its error (if any) and how long it took."""
+        started = time.perf_counter()
+        try:
+            self._flush_io(plan)
+        except OSError as exc:
+            return exc, time.perf_counter() - started
+        return None, time.perf_counter() - started
+
+    def _flush_finished(
+        self,
+        plan: _FlushPlan,
+        batches: int,
+        nbytes: int,
+        job: asyncio.Future[tuple[OSError | None, float]],
+    ) -> None:
+        """On the owner thread: account for a finished group commit, settle its waiters, let
+        readers see what it made durable, and start the next one if appends wait."""
+        try:
+            failure = job.exception() if not job.cancelled() else asyncio.CancelledError()
+            if failure is not None:  # not an OSError: a bug, reported
+                log.error("flush of %s failed", self.directory, exc_info=failure)
+                self._flushing = False
+                self._fail_waiters(StorageError(f"flush task failed: {failure!r}"))
+                return
+            error, seconds = job.result()
+            if self.flush_stats is not None:
+                self.flush_stats.observe(seconds, batches, nbytes, failed=error is not None)
+            before = self._flushed
+            self._flush_done(plan, error)
+            self._settle_waiters()
+            if (
+                self._flushed > before
+                and self.on_visible is not None
+                and self.config.fsync is _ALWAYS
+            ):
+                self.on_visible()
         finally:
-            # Cleared here, in the same step as the last check of the waiters, so a waiter
-            # added later always starts a new task.
-            self._flush_task = None
+            self._flush_over()
+
+    def _flush_over(self) -> None:
+        """A flush ended: the next one starts if appends wait, else the log is idle."""
+        done = self._flush_running
+        self._flush_running = None
+        if self._waiters and not self._closed:
+            self._start_flush()
+        if done is not None and not done.done():
+            done.set_result(None)
 
     def _settle_waiters(self) -> None:
         if self._failed is not None:
@@ -1479,8 +1559,8 @@ class PartitionLog:
 
     async def wait_idle(self) -> None:
         """Return once no flush is running."""
-        while (task := self._flush_task) is not None:
-            await asyncio.wait([task])
+        while (running := self._flush_running) is not None:
+            await asyncio.wait([running])
 
     def close(self) -> None:
         """Flush everything (unless the log failed or is corrupt), persist the indexes of
