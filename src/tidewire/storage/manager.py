@@ -30,6 +30,7 @@ two brokers appending to one log would overwrite each other's acknowledged messa
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import json
@@ -84,6 +85,11 @@ _PARTITION_DIR_RE = re.compile(r"^([A-Za-z0-9._-]+)-(\d+)$")
 BACKGROUND_DELETE_FROM = 256
 #: Logs closed at once by :meth:`LogManager.close_async` (their fsyncs run in worker threads).
 CLOSE_CONCURRENCY = 8
+#: Logs opened (recovered) at once on worker threads at a start: their reads and fsyncs wait
+#: on the device, which serves several at once; beyond about this many they queue.
+OPEN_THREADS = 8
+#: Fewer logs than this are opened on the calling thread (no pool to start).
+PARALLEL_OPEN_FROM = 64
 #: Partitions per topic: a bound on directories and open files one request can create.
 MAX_PARTITION = 100_000
 
@@ -191,38 +197,29 @@ class LogManager:
             self.was_clean = CLEAN_SHUTDOWN_FILE in names
             points = self._read_recovery_points() if RECOVERY_CHECKPOINT_FILE in names else {}
             names = remove_half_created(fs, d, names)
+            found: list[tuple[str, int, str]] = []
             for name in names:
                 if name.endswith("-delete"):
                     fs.rmtree(f"{d}/{name}")
                     continue
                 m = _PARTITION_DIR_RE.match(name)
-                if m is None:
-                    continue
-                topic, partition = m.group(1), int(m.group(2))
-                try:
-                    config = self._read_config(f"{d}/{name}")
-                except StorageError as exc:
-                    self.offline[(topic, partition)] = exc.message
+                if m is not None:
+                    found.append((m.group(1), int(m.group(2)), name))
+            for (topic, partition, name), opened in zip(
+                found, self._open_logs(found, points), strict=True
+            ):
+                if isinstance(opened, StorageError):  # an unreadable log.json
+                    self.offline[(topic, partition)] = opened.message
                     if name in points:
                         self._offline_points[name] = points[name]
                     log.error(
                         "partition %s-%d is offline: %s; the other partitions serve",
                         topic,
                         partition,
-                        exc.message,
+                        opened.message,
                     )
                     continue
-                self.logs[(topic, partition)] = PartitionLog.open(
-                    fs,
-                    f"{d}/{name}",
-                    config,
-                    clean=self.was_clean,
-                    recovery_point=points.get(name, 0),
-                    clock=self.clock,
-                )
-                self.logs[(topic, partition)].on_truncate = self._after_truncate
-                self.logs[(topic, partition)].flush_stats = self.flush_stats
-                self._parts.setdefault(topic, set()).add(partition)
+                self._register(topic, [opened], range(partition, partition + 1))
             if self.was_clean:
                 fs.remove(f"{d}/{CLEAN_SHUTDOWN_FILE}")
             fs.sync_dir(d)
@@ -242,6 +239,65 @@ class LogManager:
             how = "after a clean shutdown" if self.was_clean else "after an unclean stop"
         log.info("opened %s (%s): %d log(s)", d, how, len(self.logs))
         return self
+
+    def _open_logs(
+        self, found: list[tuple[str, int, str]], points: dict[str, int]
+    ) -> list[PartitionLog | StorageError]:
+        """Open the logs ``found`` (topic, partition, directory name), on OPEN_THREADS
+        threads when there are many: a recovery's reads and fsyncs wait on the device, which
+        serves several at once. Each result is the open log, or the error that makes its
+        partition offline (an unreadable ``log.json``).
+
+        Raises:
+            StorageError, OSError: the first log that failed otherwise, once every open has
+                ended (the logs opened meanwhile are abandoned).
+        """
+        d = self.data_dir
+
+        def one(name: str) -> PartitionLog | StorageError:
+            try:
+                config = self._read_config(f"{d}/{name}")
+            except StorageError as exc:
+                return exc
+            return PartitionLog.open(
+                self.fs,
+                f"{d}/{name}",
+                config,
+                clean=self.was_clean,
+                recovery_point=points.get(name, 0),
+                clock=self.clock,
+            )
+
+        if len(found) < PARALLEL_OPEN_FROM:
+            out: list[PartitionLog | StorageError] = []
+            try:
+                for _, _, name in found:
+                    out.append(one(name))
+            except BaseException:
+                for opened in out:
+                    if isinstance(opened, PartitionLog):
+                        opened.abandon()
+                raise
+            return out
+        with concurrent.futures.ThreadPoolExecutor(
+            OPEN_THREADS, thread_name_prefix="tidewire-open"
+        ) as pool:
+            futures = [pool.submit(one, name) for _, _, name in found]
+            concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+            for fut in futures:  # after a failure, the opens not started yet are not needed
+                fut.cancel()
+        failed = next(
+            (f.exception() for f in futures if not f.cancelled() and f.exception() is not None),
+            None,
+        )
+        if failed is not None:
+            for fut in futures:
+                if not fut.cancelled() and fut.exception() is None:
+                    opened = fut.result()
+                    if isinstance(opened, PartitionLog):
+                        opened.abandon()
+            raise failed
+        return [f.result() for f in futures]
 
     def _lock_dir(self) -> None:
         """Create the directory and take its lock, or refuse naming who holds it."""
