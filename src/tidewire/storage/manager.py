@@ -170,6 +170,11 @@ class LogManager:
         self._unflushed: set[tuple[str, int]] = set()
         self._wake: asyncio.Event | None = None
         self._checkpoint_last: bytes = b""
+        #: Bumped whenever a log is added or dropped; with every log's flushed offset, what
+        #: the checkpoint last written was made from: unchanged, no snapshot is taken (a
+        #: snapshot of 10,000 logs, sorted and encoded, costs ~20 ms of the loop every second).
+        self._generation = 0
+        self._checkpoint_state: tuple[int, list[int]] | None = None
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_taken = 0  # generation of the last snapshot taken
         self._checkpoint_written = 0  # generation of the snapshot on disk
@@ -367,6 +372,7 @@ class LogManager:
         return self.create_topic(topic, range(partition, partition + 1), config)[0]
 
     def _register(self, topic: str, logs: list[PartitionLog], partitions: range) -> None:
+        self._generation += 1
         parts = self._parts.setdefault(topic, set())
         for p, plog in zip(partitions, logs, strict=True):
             plog.on_truncate = self._after_truncate
@@ -619,6 +625,7 @@ class LogManager:
         offline = sorted(p for t, p in self.offline if t == topic)
         if not parts and not offline:
             raise LogNotFoundError(f"no logs for topic {topic!r}")
+        self._generation += 1
         directories: list[str] = []
         for p in parts:
             plog = self.logs.pop((topic, p))
@@ -710,6 +717,7 @@ class LogManager:
         """Record every log's flushed offset (atomically)."""
         self._write_checkpoint(*self._checkpoint_snapshot())
         self._checkpoint_last = b""  # the periodic write compares with what it wrote last
+        self._checkpoint_state = None
 
     def _after_truncate(self, plog: PartitionLog) -> None:
         # Truncation is rare: rewrite the checkpoint at once (as Kafka does) so its recovery
@@ -780,14 +788,19 @@ class LogManager:
             await self.flush_due(now)
             if (now - last_checkpoint) * 1000 >= self.checkpoint_interval_ms:
                 last_checkpoint = now
-                data, generation = self._checkpoint_snapshot()
-                if data != self._checkpoint_last:  # unchanged points need no rewrite
-                    try:
-                        # Snapshot on the loop, write in a thread: the loop owns the logs.
-                        await asyncio.to_thread(self._write_checkpoint, data, generation)
-                        self._checkpoint_last = data
-                    except OSError as exc:
-                        log.error("writing the recovery checkpoint failed: %s", exc)
+                state = (self._generation, [plog.flushed_offset for plog in self.logs.values()])
+                if state != self._checkpoint_state:
+                    data, generation = self._checkpoint_snapshot()
+                    if data != self._checkpoint_last:  # unchanged points need no rewrite
+                        try:
+                            # Snapshot on the loop, write in a thread: the loop owns the logs.
+                            await asyncio.to_thread(self._write_checkpoint, data, generation)
+                            self._checkpoint_last = data
+                            self._checkpoint_state = state
+                        except OSError as exc:
+                            log.error("writing the recovery checkpoint failed: %s", exc)
+                    else:
+                        self._checkpoint_state = state
             if (now - last_retention) * 1000 >= self.retention_check_interval_ms:
                 last_retention = now
                 self.apply_retention()
