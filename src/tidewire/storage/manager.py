@@ -52,6 +52,8 @@ from tidewire.errors import (
 )
 from tidewire.storage.config import FsyncPolicy, LogConfig
 from tidewire.storage.creation import (
+    Creation,
+    create_many,
     create_partitions,
     finish_deleting,
     mark_deleting,
@@ -90,6 +92,9 @@ CLOSE_CONCURRENCY = 8
 OPEN_THREADS = 8
 #: Fewer logs than this are opened on the calling thread (no pool to start).
 PARALLEL_OPEN_FROM = 64
+#: Topic creations made together at most (see :meth:`LogManager.create_topic_async`): their
+#: markers and partitions share the threads and the data directory's fsyncs.
+CREATE_BATCH = 256
 #: Partitions per topic: a bound on directories and open files one request can create.
 MAX_PARTITION = 100_000
 
@@ -156,6 +161,9 @@ class LogManager:
         self._busy: set[str] = set()
         #: Background removals of deleted topics' files, each resolved when it ends.
         self._removals: set[asyncio.Future[None]] = set()
+        #: Creations waiting for the one running (made together once it ends), and its task.
+        self._to_create: list[tuple[Creation, asyncio.Future[list[PartitionLog]]]] = []
+        self._creator: asyncio.Task[None] | None = None
         self.was_clean = False
         #: How the last :meth:`open` found the directory: "new" (nothing in it), "clean"
         #: (after a clean shutdown) or "unclean" (the logs' tails were scanned).
@@ -425,8 +433,10 @@ class LogManager:
     async def create_topic_async(
         self, topic: str, partitions: range, config: LogConfig | None = None
     ) -> list[PartitionLog]:
-        """:meth:`create_topic` with the file work on a worker thread, so the event loop goes
+        """:meth:`create_topic` with the file work on worker threads, so the event loop goes
         on serving meanwhile; the topic is registered, on the loop, once all its logs exist.
+        Creations requested while others run are made together, each all or none, sharing
+        the data directory's fsyncs (see :func:`~tidewire.storage.creation.create_many`).
         (A cancelled caller does not undo the creation: it is registered all the same.)
 
         Raises:
@@ -436,24 +446,59 @@ class LogManager:
         cfg = config or self.default_config
         self._busy.add(topic)
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(None, self._create_files, topic, partitions, cfg)
-
-        def done(f: asyncio.Future[list[PartitionLog]]) -> None:
-            self._busy.discard(topic)
-            if f.cancelled() or f.exception() is not None:
-                return
-            if self._closed:  # the manager closed meanwhile: nothing would close these
-                for plog in f.result():
-                    plog.close()
-                return
-            self._register(topic, f.result(), partitions)
-
-        fut.add_done_callback(done)
+        fut: asyncio.Future[list[PartitionLog]] = loop.create_future()
+        # Retrieved here so that a cancelled caller's failure is not reported as unhandled.
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._to_create.append((Creation(topic, partitions, cfg, _config_json(cfg)), fut))
+        if self._creator is None:
+            self._creator = loop.create_task(self._create_queued(), name="topic creation")
+            self._creator.add_done_callback(_log_creator_failure)
         return await asyncio.shield(fut)
 
+    async def _create_queued(self) -> None:
+        """Create the queued topics, up to CREATE_BATCH at a time, until none is left."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self._to_create:
+                batch = self._to_create[:CREATE_BATCH]
+                del self._to_create[:CREATE_BATCH]
+                try:
+                    results = await loop.run_in_executor(
+                        None,
+                        functools.partial(
+                            create_many,
+                            self.fs,
+                            self.data_dir,
+                            [c for c, _ in batch],
+                            clock=self.clock,
+                            config_file=LOG_CONFIG_FILE,
+                        ),
+                    )
+                except BaseException as exc:  # not a creation's failure: a bug or a stop
+                    for c, fut in batch:
+                        self._busy.discard(c.topic)
+                        if fut.done():
+                            continue
+                        if isinstance(exc, asyncio.CancelledError):
+                            fut.cancel()
+                        else:
+                            fut.set_exception(_creation_error(c, exc))
+                    raise
+                for (c, fut), result in zip(batch, results, strict=True):
+                    self._busy.discard(c.topic)
+                    if isinstance(result, BaseException):
+                        fut.set_exception(_creation_error(c, result))
+                        continue
+                    if self._closed:  # the manager closed meanwhile: nothing would close these
+                        for plog in result:
+                            plog.close()
+                    else:
+                        self._register(c.topic, result, c.partitions)
+                    fut.set_result(result)
+        finally:
+            self._creator = None
+
     def _create_files(self, topic: str, partitions: range, cfg: LogConfig) -> list[PartitionLog]:
-        first, last = partitions.start, partitions.stop - 1
-        what = f"partition {first}" if first == last else f"partitions {first}..{last}"
         try:
             return create_partitions(
                 self.fs,
@@ -465,14 +510,8 @@ class LogManager:
                 clock=self.clock,
                 config_file=LOG_CONFIG_FILE,
             )
-        except OSError as exc:
-            raise StorageError(
-                f"cannot create {what} of topic {topic!r}: {exc}; none of them was created"
-            ) from exc
-        except StorageError as exc:
-            raise StorageError(
-                f"cannot create {what} of topic {topic!r}: {exc.message}; none of them was created"
-            ) from exc
+        except (OSError, StorageError) as exc:
+            raise _creation_error(Creation(topic, partitions, cfg, b""), exc) from exc
 
     def get_log(self, topic: str, partition: int) -> PartitionLog:
         """Return the log of ``topic``/``partition``.
@@ -913,6 +952,29 @@ def _key(name: str) -> tuple[str, int]:
     """``TOPIC-P`` -> (TOPIC, P)."""
     topic, _, partition = name.rpartition("-")
     return topic, int(partition)
+
+
+def _log_creator_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("topic creation failed", exc_info=task.exception())
+
+
+def _creation_error(c: Creation, exc: BaseException) -> BaseException:
+    """The error a failed creation reports: a StorageError naming the partitions for a file
+    system's failure; anything else as it is."""
+    first, last = c.partitions.start, c.partitions.stop - 1
+    what = f"partition {first}" if first == last else f"partitions {first}..{last}"
+    if isinstance(exc, StorageError):
+        why = exc.message
+    elif isinstance(exc, OSError):
+        why = str(exc)
+    else:
+        return exc
+    err = StorageError(
+        f"cannot create {what} of topic {c.topic!r}: {why}; none of them was created"
+    )
+    err.__cause__ = exc
+    return err
 
 
 def _config_json(cfg: LogConfig) -> bytes:
