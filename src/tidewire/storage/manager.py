@@ -92,6 +92,9 @@ CLOSE_CONCURRENCY = 8
 OPEN_THREADS = 8
 #: Fewer logs than this are opened on the calling thread (no pool to start).
 PARALLEL_OPEN_FROM = 64
+#: Distinct ``log.json`` contents kept parsed while the logs are opened (a bound: each is
+#: a few hundred bytes, and a data directory holds few distinct settings).
+MAX_CACHED_CONFIGS = 1024
 #: Topic creations made together at most (see :meth:`LogManager.create_topic_async`): their
 #: markers and partitions share the threads and the data directory's fsyncs.
 CREATE_BATCH = 256
@@ -154,6 +157,8 @@ class LogManager:
         self.offline: dict[tuple[str, int], str] = {}
         #: The recovery points of offline partitions, kept in the checkpoint as they were.
         self._offline_points: dict[str, int] = {}
+        #: ``log.json`` contents -> their settings, while opening (see _read_config).
+        self._configs: dict[bytes, LogConfig] = {}
         #: topic -> its partitions: answers "which partitions" without scanning every log.
         self._parts: dict[str, set[int]] = {}
         #: Topics whose partitions are being created or deleted on a worker thread: no other
@@ -243,6 +248,7 @@ class LogManager:
             if isinstance(exc, OSError | StorageError):  # StorageError: a log failed to open
                 raise StorageError(f"cannot open data directory {d}: {exc}") from exc
             raise
+        self._configs.clear()
         self._opened = True
         self.open_seconds = time.monotonic() - started
         self.last_start = "new" if not names else ("clean" if self.was_clean else "unclean")
@@ -354,12 +360,22 @@ class LogManager:
 
     def _read_config(self, directory: str) -> LogConfig:
         path = f"{directory}/{LOG_CONFIG_FILE}"
-        if not self.fs.exists(path):
-            return self.default_config
         try:
-            return LogConfig.from_dict(json.loads(self.fs.read_file(path)))
+            raw = self.fs.read_file(path)
+        except FileNotFoundError:
+            return self.default_config
+        # Most logs share a few settings: parsed once each (a tenth of a restart's CPU).
+        config = self._configs.get(raw)
+        if config is not None:
+            return config
+        try:
+            config = LogConfig.from_dict(json.loads(raw))
         except (ValueError, TypeError, AttributeError, InvalidConfigError) as exc:
             raise StorageError(f"log configuration {path} is unreadable: {exc}") from exc
+        if len(self._configs) >= MAX_CACHED_CONFIGS:
+            self._configs.clear()
+        self._configs[raw] = config
+        return config
 
     # --- logs -----------------------------------------------------------------------------------
 
