@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tidewire.errors import StorageError
-from tidewire.records import build_batch, iter_batches, iter_records
+from tidewire.records import BatchBuilder, build_batch, iter_batches, iter_records
 from tidewire.storage import FsyncPolicy, LogConfig, LogManager
 from tidewire.storage.faultfs import FaultFS
 from tidewire.storage.manager import PARALLEL_OPEN_FROM
@@ -191,3 +191,41 @@ def test_hundreds_of_partitions_reopen_intact_after_sigkill(tmp_path: Path) -> N
 def test_ten_thousand_partitions_reopen_intact_after_sigkill(tmp_path: Path) -> None:
     took = _kill_and_reopen(tmp_path, topics=2, per_topic=5_000)
     assert took < 60, f"reopening 10,000 partitions took {took:.1f} s"  # generous: 10 s here
+
+
+def _idempotent_batch(tag: str) -> bytes:
+    b = BatchBuilder(producer_id=7, producer_epoch=0, base_sequence=0)
+    b.append(tag.encode(), timestamp_ms=T0)
+    return b.build()
+
+
+def test_the_recovery_scan_says_from_where_it_saw_no_producer() -> None:
+    """What lets a restart skip re-reading logs for producer state: set only by a scan of
+    the log's end, and only past the last batch of an idempotent producer."""
+    cfg = LogConfig(segment_bytes=1024)
+    fs = FaultFS()
+    m = LogManager("/data", fs=fs, default_config=cfg, clock=lambda: T0).open()
+    plain, mixed = m.create_log("plain", 0), m.create_log("mixed", 0)
+    mixed.append(_idempotent_batch("first"))
+    for i in range(40):  # several segments of 1 KB
+        plain.append(batch(f"p{i:03d}" * 10))
+        mixed.append(batch(f"m{i:03d}" * 10))
+    plain.flush()  # the sealed segments' indexes are written: the next open trusts them
+    mixed.flush()
+    m.write_recovery_checkpoint()
+    m.abandon()
+    m = LogManager("/data", fs=fs, default_config=cfg, clock=lambda: T0).open()
+    plain, mixed = m.get_log("plain", 0), m.get_log("mixed", 0)
+    assert plain.segment_count > 2
+    # Only the active segment is scanned (the sealed ones are trusted): from its base.
+    assert plain.scanned_without_producers_from == plain.segment_bases[-1]
+    assert mixed.scanned_without_producers_from == mixed.segment_bases[-1]
+    mixed.append(_idempotent_batch("last"))
+    m.abandon()
+    m = LogManager("/data", fs=fs, default_config=cfg, clock=lambda: T0).open()
+    assert m.get_log("mixed", 0).scanned_without_producers_from is None
+    m.close()
+    m = LogManager("/data", fs=fs, default_config=cfg, clock=lambda: T0).open()
+    assert m.was_clean  # nothing scanned: nothing known
+    assert m.get_log("plain", 0).scanned_without_producers_from is None
+    m.close()

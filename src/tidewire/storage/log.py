@@ -274,6 +274,10 @@ class PartitionLog:
         self.bytes_out = 0
         #: Where flushes are accounted (the log manager's), or None.
         self.flush_stats: FlushStats | None = None
+        #: As the last open found the log (for rebuilding producer state right after it): from
+        #: this offset on its recovery scan read every batch and none had a producer id;
+        #: None if it did not scan the log's end.
+        self.scanned_without_producers_from: int | None = None
 
     # --- opening and recovery -------------------------------------------------------------------
 
@@ -428,6 +432,13 @@ class PartitionLog:
                 self._flushed,
                 recovery_point,
             )
+        # The first offset from which the scan read every batch to the end and found none of
+        # an idempotent producer: rebuilding producer state need not read them again.
+        self.scanned_without_producers_from = None
+        for seg in reversed(self._segments):
+            if seg.scan_saw_producers is not False:
+                break
+            self.scanned_without_producers_from = seg.base_offset
         active = self._segments[-1]
         active.sealed = False
         if active.size > 0:
