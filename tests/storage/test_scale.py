@@ -6,6 +6,8 @@ ones; a broker killed with SIGKILL holding hundreds of partitions reopens with e
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -20,7 +22,7 @@ from tidewire.errors import StorageError
 from tidewire.records import BatchBuilder, build_batch, iter_batches, iter_records
 from tidewire.storage import FsyncPolicy, LogConfig, LogManager
 from tidewire.storage.faultfs import FaultFS
-from tidewire.storage.manager import PARALLEL_OPEN_FROM
+from tidewire.storage.manager import PARALLEL_OPEN_FROM, RECOVERY_CHECKPOINT_FILE
 
 T0 = 1_700_000_000_000
 INTERVAL = LogConfig(fsync=FsyncPolicy.INTERVAL, flush_interval_ms=1)
@@ -229,3 +231,37 @@ def test_the_recovery_scan_says_from_where_it_saw_no_producer() -> None:
     assert m.was_clean  # nothing scanned: nothing known
     assert m.get_log("plain", 0).scanned_without_producers_from is None
     m.close()
+
+
+def test_the_background_checkpoint_follows_every_kind_of_flush() -> None:
+    """The loop looks at the logs only after a counted flush (or every few rounds, which
+    catches a blocking flush()), and then records the new flushed offsets."""
+    fs = FaultFS()
+    never = LogConfig(fsync=FsyncPolicy.NEVER)
+
+    async def checkpoint_says(want: int) -> None:
+        async with asyncio.timeout(10):
+            while True:
+                path = f"/data/{RECOVERY_CHECKPOINT_FILE}"
+                if fs.exists(path) and json.loads(fs.read_file(path))["logs"].get("t-0") == want:
+                    return
+                await asyncio.sleep(0.005)  # the loop writes every 5 ms here
+
+    async def main() -> None:
+        m = LogManager("/data", fs=fs, default_config=never, checkpoint_interval_ms=5).open()
+        plog = m.create_log("t", 0)
+        task = asyncio.create_task(m.run(tick_ms=1))
+        try:
+            plog.append(batch("a"))
+            await plog.flush_async()  # counted in flush_stats
+            await checkpoint_says(1)
+            plog.append(batch("b"))
+            plog.flush()  # blocking: not counted; a full look finds it
+            await checkpoint_says(2)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        m.close()
+
+    asyncio.run(main())

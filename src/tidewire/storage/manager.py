@@ -92,6 +92,9 @@ CLOSE_CONCURRENCY = 8
 OPEN_THREADS = 8
 #: Fewer logs than this are opened on the calling thread (no pool to start).
 PARALLEL_OPEN_FROM = 64
+#: Every this many checkpoint rounds the logs' flushed offsets are compared with the last
+#: checkpoint's even if no flush was counted meanwhile.
+CHECKPOINT_FULL_LOOK_EVERY = 10
 #: Distinct ``log.json`` contents kept parsed while the logs are opened (a bound: each is
 #: a few hundred bytes, and a data directory holds few distinct settings).
 MAX_CACHED_CONFIGS = 1024
@@ -802,6 +805,24 @@ class LogManager:
             write_atomic(self.fs, f"{self.data_dir}/{RECOVERY_CHECKPOINT_FILE}", data)
             self._checkpoint_written = generation
 
+    async def _checkpoint_if_changed(self) -> bool:
+        """Write the recovery checkpoint if a log was added or dropped or a flushed offset
+        moved since the last one; return whether the one on disk is up to date."""
+        state = (self._generation, [plog.flushed_offset for plog in self.logs.values()])
+        if state == self._checkpoint_state:
+            return True
+        data, generation = self._checkpoint_snapshot()
+        if data != self._checkpoint_last:  # unchanged points need no rewrite
+            try:
+                # Snapshot on the loop, write in a thread: the loop owns the logs.
+                await asyncio.to_thread(self._write_checkpoint, data, generation)
+            except OSError as exc:
+                log.error("writing the recovery checkpoint failed: %s", exc)
+                return False
+            self._checkpoint_last = data
+        self._checkpoint_state = state
+        return True
+
     def apply_retention(self, now_ms: int | None = None) -> dict[tuple[str, int], list[int]]:
         """Apply every log's retention. Returns the deleted segment bases per log."""
         out: dict[tuple[str, int], list[int]] = {}
@@ -824,6 +845,8 @@ class LogManager:
         log with nothing pending wakes it, so an idle broker costs nothing per partition."""
         self._wake = wake = asyncio.Event()
         last_checkpoint = last_retention = time.monotonic()
+        rounds = 0
+        seen_flushes: tuple[int, int] | None = None
         while True:
             now = time.monotonic()
             until = min(
@@ -843,19 +866,14 @@ class LogManager:
             await self.flush_due(now)
             if (now - last_checkpoint) * 1000 >= self.checkpoint_interval_ms:
                 last_checkpoint = now
-                state = (self._generation, [plog.flushed_offset for plog in self.logs.values()])
-                if state != self._checkpoint_state:
-                    data, generation = self._checkpoint_snapshot()
-                    if data != self._checkpoint_last:  # unchanged points need no rewrite
-                        try:
-                            # Snapshot on the loop, write in a thread: the loop owns the logs.
-                            await asyncio.to_thread(self._write_checkpoint, data, generation)
-                            self._checkpoint_last = data
-                            self._checkpoint_state = state
-                        except OSError as exc:
-                            log.error("writing the recovery checkpoint failed: %s", exc)
-                    else:
-                        self._checkpoint_state = state
+                rounds += 1
+                # Flushed offsets move by flushes, which the logs count in flush_stats (but
+                # for a blocking flush(), which a full look every few rounds catches; a
+                # truncation rewrites the checkpoint itself): no flush, no look at the logs.
+                flushes = (self._generation, self.flush_stats.count)
+                look = flushes != seen_flushes or not rounds % CHECKPOINT_FULL_LOOK_EVERY
+                if look and await self._checkpoint_if_changed():
+                    seen_flushes = flushes
             if (now - last_retention) * 1000 >= self.retention_check_interval_ms:
                 last_retention = now
                 self.apply_retention()
