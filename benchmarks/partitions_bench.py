@@ -1,28 +1,32 @@
-"""Many partitions: what a topic of 10,000 partitions costs the broker, and whether the other
-clients notice.
+"""Many partitions: what 10,000 partitions cost the broker, as one topic of 10,000 and as
+10,000 topics of one, and whether the other clients notice.
 
 Usage::
 
-    python benchmarks/partitions_bench.py [--partitions N] [--topics T] [--idle-s S]
-        [--nofile L] [--json]
+    python benchmarks/partitions_bench.py [--partitions N] [--shape wide|topics|both]
+        [--messages M] [--idle-s S] [--nofile L] [--json]
 
-It starts ``tidewire serve`` (``--fsync interval``, the default) in a process of its own on a
-free port over a temporary data directory, with the descriptor limit ``--nofile`` if given
-(soft and hard, as ``ulimit -n`` sets them), and measures, while a second client pings the
-broker every 5 ms on a connection of its own (the "ping" figures: p50/p99/max of those pings
-during that step):
+For each shape (``--shape``, default both: "wide", one topic of N partitions; "topics", N
+topics of one partition), it starts ``tidewire serve`` (``--fsync interval``, the default) in a
+process of its own on a free port over a new temporary data directory, with the descriptor
+limit ``--nofile`` if given (soft and hard, as ``ulimit -n`` sets them), and measures, while a
+second client pings the broker every 5 ms on a connection of its own (the "ping" figures:
+p50/p99/max of those pings during that step):
 
-* ``create``: creating one topic of N partitions (partitions/s);
-* ``produce``: one small message to every partition, 200 requests in flight (messages/s);
-* ``metadata``: one metadata request for every topic (ms), after T topics of one partition more
-  were created (``--topics``, default 1,000: with the big one, N + T partitions);
-* ``idle``: after one message more to each of the T topics, the broker's CPU over
-  ``--idle-s`` seconds (default 10) with no client doing anything (user + system time from
-  /proc; % of one core);
+* ``create``: creating the N partitions (partitions/s; the topics 50 requests at a time);
+* ``produce``: one 100-byte message to every partition, 200 requests in flight, each
+  acknowledged after its fsync (``acks=durable``, the client's default: messages/s);
+* ``publish``: M more messages (``--messages``, default 200,000) of 1 KB, 10 to a request,
+  round robin over every partition, 200 requests in flight, ``acks=leader`` (written, not
+  yet synced) and then as many ``acks=durable`` (messages/s and MB/s each);
+* ``idle``: the broker's CPU over ``--idle-s`` seconds (default 10) with no client doing
+  anything, one second after the last publish (user + system time from /proc; % of a core);
+* ``metadata``: one metadata request for every topic (ms);
 * ``rss``, ``fds``: the broker's resident memory (VmRSS) and open descriptors then;
-* ``restart``: SIGTERM, then a start over the same data directory until the port accepts
-  connections and a metadata request is answered (s);
-* ``delete``: deleting the big topic (s).
+* ``restart``: SIGKILL, then a start over the same data directory until the port accepts
+  connections and a metadata request is answered (s), then every partition's end offset
+  checked against the messages acknowledged to it (``lost`` counts the ones missing);
+* ``delete`` (wide only): deleting the topic (s).
 
 Progress goes to stderr; ``--json`` prints one JSON object instead of the table.
 """
@@ -46,7 +50,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tidewire.client import AsyncClient, Message
-from tidewire.protocol.messages import MetadataRequest
+from tidewire.protocol.messages import ACKS_DURABLE, ACKS_LEADER, MetadataRequest
 
 T = TypeVar("T")
 #: Pings of the watching client: one every this many seconds.
@@ -164,11 +168,45 @@ async def metadata(client: AsyncClient) -> int:
     return sum(len(t.partitions) for t in body.body.topics)
 
 
-async def measure_running(broker: Broker, n: int, topics: int, idle_s: float) -> dict[str, Any]:
+async def create_all(client: AsyncClient, shape: str, n: int) -> None:
+    if shape == "wide":
+        await client.create_topic("wide", n)
+        return
+    for start in range(0, n, 50):
+        await asyncio.gather(
+            *(client.create_topic(f"t-{i}", 1) for i in range(start, min(start + 50, n)))
+        )
+
+
+def partitions_of(shape: str, n: int) -> list[tuple[str, int]]:
+    return [("wide", p) for p in range(n)] if shape == "wide" else [(f"t-{i}", 0) for i in range(n)]
+
+
+async def publish(
+    client: AsyncClient, parts: list[tuple[str, int]], messages: int, acks: int
+) -> dict[tuple[str, int], int]:
+    """``messages`` of 1 KB, 10 to a request, round robin; the messages each partition got."""
+    batch = [Message(b"x" * 1024) for _ in range(10)]
+    sent: dict[tuple[str, int], int] = {}
+    requests = messages // len(batch)
+    for start in range(0, requests, IN_FLIGHT):
+        targets = [parts[i % len(parts)] for i in range(start, min(start + IN_FLIGHT, requests))]
+        await asyncio.gather(*(client.produce(t, p, batch, acks=acks) for t, p in targets))
+        for key in targets:
+            sent[key] = sent.get(key, 0) + len(batch)
+    return sent
+
+
+async def measure_running(
+    broker: Broker, shape: str, n: int, messages: int, idle_s: float
+) -> tuple[dict[str, Any], dict[tuple[str, int], int]]:
     out: dict[str, Any] = {}
+    parts = partitions_of(shape, n)
+    expected = dict.fromkeys(parts, 0)
     async with AsyncClient(broker.addr) as client:
-        say(f"creating a topic of {n:,} partitions ...")
-        _, took, pings = await watched(broker.addr, lambda: client.create_topic("wide", n))
+        what = f"a topic of {n:,} partitions" if shape == "wide" else f"{n:,} topics of one"
+        say(f"[{shape}] creating {what} ...")
+        _, took, pings = await watched(broker.addr, lambda: create_all(client, shape, n))
         out["create"] = {"s": round(took, 3), "partitions_per_s": round(n / took), "ping": pings}
         say(f"  {took:.2f} s: {n / took:,.0f} partitions/s; pings {pings}")
 
@@ -176,48 +214,40 @@ async def measure_running(broker: Broker, n: int, topics: int, idle_s: float) ->
             for start in range(0, n, IN_FLIGHT):
                 await asyncio.gather(
                     *(
-                        client.produce("wide", p, [Message(b"x" * 100)])
-                        for p in range(start, min(start + IN_FLIGHT, n))
+                        client.produce(t, p, [Message(b"x" * 100)])
+                        for t, p in parts[start : start + IN_FLIGHT]
                     )
                 )
 
-        say(f"one message to each of {n:,} partitions ...")
+        say(f"[{shape}] one message to each of {n:,} partitions, acks=durable ...")
         _, took, pings = await watched(broker.addr, produce_all)
+        for key in parts:
+            expected[key] += 1
         out["produce"] = {"s": round(took, 3), "messages_per_s": round(n / took), "ping": pings}
         say(f"  {took:.2f} s: {n / took:,.0f} messages/s; pings {pings}")
 
-        say(f"creating {topics:,} topics of one partition ...")
+        for name, acks in (("leader", ACKS_LEADER), ("durable", ACKS_DURABLE)):
+            say(f"[{shape}] publishing {messages:,} messages of 1 KB over them, acks={name} ...")
+            cpu = broker.cpu_s()
+            sent, took, pings = await watched(
+                broker.addr, lambda acks=acks: publish(client, parts, messages, acks)
+            )
+            used = broker.cpu_s() - cpu
+            total = sum(sent.values())
+            for key, k in sent.items():
+                expected[key] += k
+            out[f"publish_{name}"] = {
+                "messages": total,
+                "s": round(took, 3),
+                "messages_per_s": round(total / took),
+                "mb_per_s": round(total * 1024 / took / 1e6, 1),
+                "broker_cpu_us_per_message": round(used / total * 1e6, 1),
+                "ping": pings,
+            }
+            say(f"  {took:.2f} s: {total / took:,.0f} messages/s; pings {pings}")
 
-        async def create_small() -> None:
-            for start in range(0, topics, 50):
-                await asyncio.gather(
-                    *(
-                        client.create_topic(f"small-{i}", 1)
-                        for i in range(start, min(start + 50, topics))
-                    )
-                )
-
-        _, took, pings = await watched(broker.addr, create_small)
-        out["create_small"] = {
-            "topics": topics,
-            "s": round(took, 3),
-            "topics_per_s": round(topics / took) if topics else 0,
-            "ping": pings,
-        }
-        say(f"  {took:.2f} s; pings {pings}")
-
-        async def one_each() -> None:
-            for start in range(0, topics, IN_FLIGHT):
-                await asyncio.gather(
-                    *(
-                        client.produce(f"small-{i}", 0, [Message(b"x" * 100)])
-                        for i in range(start, min(start + IN_FLIGHT, topics))
-                    )
-                )
-
-        await one_each()
-        say(f"idle for {idle_s:g} s with one message in each of {n + topics:,} partitions ...")
         await asyncio.sleep(1)  # the last interval flushes and a checkpoint
+        say(f"[{shape}] idle for {idle_s:g} s with data in each of {n:,} partitions ...")
         cpu, started = broker.cpu_s(), time.perf_counter()
         await asyncio.sleep(idle_s)
         used = broker.cpu_s() - cpu
@@ -228,49 +258,57 @@ async def measure_running(broker: Broker, n: int, topics: int, idle_s: float) ->
         }
         say(f"  {used:.2f} CPU seconds: {out['idle']['cpu_percent']}% of a core")
 
-        say("metadata for every topic ...")
-        parts, took, pings = await watched(broker.addr, lambda: metadata(client))
-        out["metadata"] = {"partitions": parts, "ms": round(took * 1000, 1), "ping": pings}
-        say(f"  {parts:,} partitions described in {took * 1000:.1f} ms; pings {pings}")
-        await asyncio.sleep(1)  # a checkpoint and a flush round: steady state
+        say(f"[{shape}] metadata for every topic ...")
+        described, took, pings = await watched(broker.addr, lambda: metadata(client))
+        out["metadata"] = {"partitions": described, "ms": round(took * 1000, 1), "ping": pings}
+        say(f"  {described:,} partitions described in {took * 1000:.1f} ms; pings {pings}")
+        await asyncio.sleep(1.5)  # a checkpoint and a flush round: steady state
         out["rss_mib"] = round(broker.rss_mib(), 1)
         out["fds"] = broker.fds()
         say(f"broker: {out['rss_mib']} MiB resident, {out['fds']} descriptors open")
-    return out
+    return out, expected
 
 
-async def measure_restarted(broker: Broker, n: int) -> dict[str, Any]:
+async def check_data(broker: Broker, expected: dict[tuple[str, int], int]) -> dict[str, Any]:
+    """Every partition's end offset against the messages acknowledged to it."""
+    lost = 0
+    async with AsyncClient(broker.addr) as client:
+        items = list(expected.items())
+        for start in range(0, len(items), IN_FLIGHT):
+            chunk = items[start : start + IN_FLIGHT]
+            ends = await asyncio.gather(*(client.list_offset(t, p, -1) for (t, p), _ in chunk))
+            lost += sum(max(0, want - end) for (_, want), end in zip(chunk, ends, strict=True))
+    return {"partitions_checked": len(expected), "lost": lost}
+
+
+async def measure_restarted(broker: Broker, shape: str, n: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with AsyncClient(broker.addr) as client:
         await metadata(client)
         out["rss_mib_after_restart"] = round(broker.rss_mib(), 1)
         out["fds_after_restart"] = broker.fds()
-        say(f"deleting the topic of {n:,} partitions ...")
-        _, took, pings = await watched(broker.addr, lambda: client.delete_topic("wide"))
-        out["delete"] = {"s": round(took, 3), "ping": pings}
-        say(f"  {took:.2f} s; pings {pings}")
+        if shape == "wide":
+            say(f"[{shape}] deleting the topic of {n:,} partitions ...")
+            _, took, pings = await watched(broker.addr, lambda: client.delete_topic("wide"))
+            out["delete"] = {"s": round(took, 3), "ping": pings}
+            say(f"  {took:.2f} s; pings {pings}")
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--partitions", type=int, default=10_000)
-    ap.add_argument("--topics", type=int, default=1_000)
-    ap.add_argument("--idle-s", type=float, default=10.0, help="seconds of the idle step")
-    ap.add_argument("--nofile", type=int, default=None, help="descriptor limit of the broker")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    args = ap.parse_args()
+def run_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
     n = args.partitions
-    result: dict[str, Any] = {"partitions": n, "topics": args.topics, "nofile": args.nofile}
+    result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="tidewire-partitions-") as data:
         port = _free_port()
         with serve(data, port, args.nofile) as broker:
-            result.update(asyncio.run(measure_running(broker, n, args.topics, args.idle_s)))
-            say("stopping ...")
-            started = time.perf_counter()
-            stop(broker.proc)
-            result["stop_s"] = round(time.perf_counter() - started, 2)
-        say("restarting ...")
+            running, expected = asyncio.run(
+                measure_running(broker, shape, n, args.messages, args.idle_s)
+            )
+            result.update(running)
+            say(f"[{shape}] SIGKILL ...")
+            broker.proc.kill()
+            broker.proc.wait()
+        say(f"[{shape}] restarting ...")
         started = time.perf_counter()
         with serve(data, port, args.nofile) as broker:
 
@@ -279,15 +317,41 @@ def main() -> None:
                     await metadata(client)
 
             asyncio.run(first_answer())
-            result["restart_s"] = round(time.perf_counter() - started, 2)
-            say(f"  answering after {result['restart_s']} s")
-            result.update(asyncio.run(measure_restarted(broker, n)))
+            result["restart_after_kill_s"] = round(time.perf_counter() - started, 2)
+            say(f"  answering after {result['restart_after_kill_s']} s")
+            result["data_after_restart"] = asyncio.run(check_data(broker, expected))
+            say(f"  {result['data_after_restart']}")
+            result.update(asyncio.run(measure_restarted(broker, shape, n)))
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--partitions", type=int, default=10_000)
+    ap.add_argument("--shape", choices=("wide", "topics", "both"), default="both")
+    ap.add_argument(
+        "--messages", type=int, default=200_000, help="1 KB messages of each publish step"
+    )
+    ap.add_argument("--idle-s", type=float, default=10.0, help="seconds of the idle step")
+    ap.add_argument("--nofile", type=int, default=None, help="descriptor limit of the broker")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args()
+    if args.partitions < 1 or args.messages < 10:
+        ap.error(
+            f"--partitions={args.partitions} must be >= 1 and --messages={args.messages} >= 10"
+        )
+    shapes = ("wide", "topics") if args.shape == "both" else (args.shape,)
+    result: dict[str, Any] = {"partitions": args.partitions, "nofile": args.nofile}
+    for shape in shapes:
+        result[shape] = run_shape(shape, args)
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"partitions_bench: {n:,} partitions + {args.topics:,} topics of one")
-    for key, value in result.items():
-        print(f"  {key}: {value}")
+    print(f"partitions_bench: {args.partitions:,} partitions")
+    for shape in shapes:
+        print(f"  {shape}:")
+        for key, value in result[shape].items():
+            print(f"    {key}: {value}")
 
 
 if __name__ == "__main__":

@@ -222,3 +222,57 @@ def test_an_interrupted_deletion_is_finished_at_open(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == sorted(
         [".lock", "kept-0", "kept-1", "recovery-point-offset-checkpoint"]
     )
+
+
+class _FailingTopic(FileSystemWrapper):
+    """Counts the data directory's fsyncs; fails every makedirs of one topic's partitions."""
+
+    def __init__(self, inner: FileSystem, data_dir: str, doomed: str) -> None:
+        super().__init__(inner)
+        self.data_dir, self.doomed = data_dir, doomed
+        self.data_dir_syncs = 0
+
+    def makedirs(self, path: str) -> None:
+        if os.path.basename(path).rsplit("-", 1)[0] == self.doomed:
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        super().makedirs(path)
+
+    def sync_dir(self, path: str) -> None:
+        if os.path.normpath(path) == os.path.normpath(self.data_dir):
+            self.data_dir_syncs += 1
+        super().sync_dir(path)
+
+
+@pytest.mark.parametrize("n", [3, 40])  # on the calling thread, and on the worker threads
+def test_concurrent_creations_are_made_together_each_all_or_none(n: int) -> None:
+    inner = FaultFS()
+    fs = _FailingTopic(inner, "/data", doomed="t7")
+
+    async def main() -> None:
+        mgr = manager(fs)
+        mgr.create_topic("first", range(1))  # the data directory's fsyncs of one creation
+        fs.data_dir_syncs = 0
+        results = await asyncio.gather(
+            *(mgr.create_topic_async(f"t{i}", range(i % 3 + 1)) for i in range(n)),
+            return_exceptions=True,
+        )
+        for i, result in enumerate(results):
+            if i == 7:
+                assert isinstance(result, StorageError)
+                assert "partitions 0..1 of topic 't7'" in result.message
+                assert "No space left on device" in result.message
+            else:
+                assert isinstance(result, list), (i, result)
+                assert len(result) == i % 3 + 1
+        # The first creation alone, then all the others together: 3 + 3 fsyncs of the
+        # data directory, and one for the failed creation's undoing of its marker.
+        assert fs.data_dir_syncs <= 6 + 2 * (n > 7), fs.data_dir_syncs
+        want = {f"t{i}": list(range(i % 3 + 1)) for i in range(n) if i != 7}
+        assert mgr.topics() == {"first": [0], **want}
+        assert not [name for name in fs.listdir("/data") if name.endswith(CREATING_SUFFIX)]
+        await mgr.close_async()
+        again = manager(inner.power_cut())  # every creation answered is durable
+        assert again.topics() == {"first": [0], **want}
+        again.close()
+
+    asyncio.run(main())

@@ -1227,8 +1227,10 @@ class Broker:
         now = int(time.time() * 1000)
         for key, plog in self.logs.logs.items():
             state, start = self._read_snapshot(plog)
-            for h in _headers_from(plog, start):
-                state.observe(h, h.max_timestamp if h.max_timestamp > 0 else now)
+            unseen = plog.scanned_without_producers_from
+            if unseen is None or start < unseen:  # else the open's scan saw no producer there
+                for h in _headers_from(plog, start):
+                    state.observe(h, h.max_timestamp if h.max_timestamp > 0 else now)
             state.changed = True  # written again at the next snapshot
             self._producers[key] = state
             for pid, entry in state.entries.items():

@@ -394,11 +394,12 @@ class GroupCoordinator:
     def topics_changed(self) -> None:
         """Rebalance every stable group whose subscriptions now resolve to other topics or
         partition counts (a topic was created, deleted or given more partitions)."""
+        stable = [g for g in self._groups.values() if g.state is GroupState.STABLE]
+        if not stable:  # every topic creation lands here: no walk over the topics for nothing
+            return
         now = self._clock()
         topics = self._topics()
-        for group in self._groups.values():
-            if group.state is not GroupState.STABLE:
-                continue
+        for group in stable:
             subs = self._resolve(group, topics)
             counts = {t: topics[t] for ts in subs.values() for t in ts}
             if subs != group.subscribed or counts != group.partitions:

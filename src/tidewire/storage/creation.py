@@ -31,7 +31,9 @@ import concurrent.futures
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
 from tidewire.storage.config import LogConfig
 from tidewire.storage.fs import FileSystem, write_atomic
@@ -40,6 +42,8 @@ from tidewire.storage.log import Clock, PartitionLog
 __all__ = [
     "CREATING_SUFFIX",
     "DELETING_SUFFIX",
+    "Creation",
+    "create_many",
     "create_partitions",
     "finish_deleting",
     "mark_deleting",
@@ -47,12 +51,15 @@ __all__ = [
 ]
 
 log = logging.getLogger("tidewire.storage")
+T = TypeVar("T")
 
 CREATING_SUFFIX = ".creating"
 DELETING_SUFFIX = ".deleting"
 #: Partitions created on worker threads at once: each costs two fsyncs (its log.json and its
-#: directory), which a device serves in parallel; beyond about this many threads they queue.
-CREATE_THREADS = 8
+#: directory), which the file system's journal commits together when many wait at once
+#: (2,000 partitions on the shared reference disk: 278 a second on 8 threads, 469 on 32,
+#: medians of 3 side by side).
+CREATE_THREADS = 32
 #: Fewer partitions than this are created on the calling thread (no pool to start).
 PARALLEL_FROM = 16
 
@@ -60,6 +67,16 @@ PARALLEL_FROM = 16
 def marker_path(data_dir: str, topic: str) -> str:
     """The creation marker of ``topic``."""
     return f"{data_dir}/{topic}{CREATING_SUFFIX}"
+
+
+@dataclass(frozen=True, slots=True)
+class Creation:
+    """The partitions of one topic to create, all or none."""
+
+    topic: str
+    partitions: range
+    config: LogConfig
+    config_json: bytes
 
 
 def create_partitions(
@@ -83,61 +100,138 @@ def create_partitions(
         OSError, StorageError: the first failure; nothing of the creation is left (or, if
             removing it failed too, the marker is, and the next open removes the rest).
     """
-    marker = marker_path(data_dir, topic)
-    body = {"version": 1, "topic": topic, "first": partitions.start, "count": len(partitions)}
-    made: list[str] = []
-    opened: list[PartitionLog] = []
-    lock = threading.Lock()
-    failed = threading.Event()
+    (result,) = create_many(
+        fs,
+        data_dir,
+        [Creation(topic, partitions, config, config_json)],
+        clock=clock,
+        config_file=config_file,
+    )
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
-    def one(p: int) -> None:
-        if failed.is_set():
-            return  # another partition failed: the creation is being undone
-        directory = f"{data_dir}/{topic}-{p}"
+
+def create_many(
+    fs: FileSystem,
+    data_dir: str,
+    creations: list[Creation],
+    *,
+    clock: Clock,
+    config_file: str,
+) -> list[list[PartitionLog] | BaseException]:
+    """Create several topics' partitions at once, each topic all or none, as
+    :func:`create_partitions` does for one: their markers, partitions and removals run on the
+    same threads, and the data directory's three fsyncs are shared by all of them (10,000
+    topics of one partition, created 50 at a time, cost three fsyncs each rather than six).
+    Blocking.
+
+    Returns:
+        For each creation, in order: its open logs in partition order, or the first failure
+        (OSError, StorageError) that undid it. A failure of a step they share (an fsync of
+        the data directory) undoes every one of them.
+    """
+    lock = threading.Lock()
+    made: list[list[str]] = [[] for _ in creations]
+    opened: list[list[PartitionLog]] = [[] for _ in creations]
+    failures: list[BaseException | None] = [None] * len(creations)
+    markers = [marker_path(data_dir, c.topic) for c in creations]
+
+    def fail(i: int, exc: BaseException) -> None:
         with lock:
-            made.append(directory)
+            if failures[i] is None:
+                failures[i] = exc
+
+    def mark(i: int) -> None:
+        c = creations[i]
+        body = {"version": 1, "topic": c.topic, "first": c.partitions.start}
+        body["count"] = len(c.partitions)
+        try:  # write_atomic's steps, with the directory's fsync shared by every marker
+            tmp = markers[i] + ".tmp"
+            f = fs.open(tmp, create=True)
+            try:
+                f.truncate(0)
+                f.pwritev([json.dumps(body).encode() + b"\n"], 0)
+                f.sync()
+            finally:
+                f.close()
+            fs.rename(tmp, markers[i])
+        except BaseException as exc:
+            fail(i, exc)
+            raise
+
+    def one(job: tuple[int, int]) -> None:
+        i, p = job
+        if failures[i] is not None:
+            return  # another partition failed: the creation is being undone
+        c = creations[i]
+        directory = f"{data_dir}/{c.topic}-{p}"
+        with lock:
+            made[i].append(directory)
         try:
             fs.makedirs(directory)
             f = fs.open(f"{directory}/{config_file}", create=True)
             try:
                 f.truncate(0)
-                f.pwritev([config_json], 0)
+                f.pwritev([c.config_json], 0)
                 f.sync()
             finally:
                 f.close()
-            plog = PartitionLog.open(fs, directory, config, clock=clock)  # syncs the directory
-        except BaseException:
-            failed.set()
+            plog = PartitionLog.open(fs, directory, c.config, clock=clock)  # syncs the directory
+        except BaseException as exc:
+            fail(i, exc)
             raise
         with lock:
-            opened.append(plog)
+            opened[i].append(plog)
 
-    try:
-        write_atomic(fs, marker, json.dumps(body).encode() + b"\n")
-        _run_all(one, partitions)
-        fs.sync_dir(data_dir)
-        fs.remove(marker)
-        fs.sync_dir(data_dir)
-    except BaseException as exc:
-        for plog in opened:
+    def undo(i: int, why: BaseException) -> None:
+        for plog in opened[i]:
             plog.abandon()
-        _undo(fs, data_dir, marker, made, exc)
-        raise
-    opened.sort(key=lambda plog: int(plog.directory.rsplit("-", 1)[1]))
-    return opened
+        opened[i] = []
+        _undo(fs, data_dir, markers[i], made[i], why)
+
+    everything = range(len(creations))
+    try:
+        _run_all(mark, everything, ignore_failures=True)
+        fs.sync_dir(data_dir)
+        live = [i for i in everything if failures[i] is None]
+        _run_all(one, [(i, p) for i in live for p in creations[i].partitions], ignore_failures=True)
+        fs.sync_dir(data_dir)
+        done = [i for i in live if failures[i] is None]
+        for i in done:
+            fs.remove(markers[i])
+        fs.sync_dir(data_dir)
+    except BaseException as exc:  # a shared step failed: every creation is undone
+        for i in everything:
+            fail(i, exc)
+    out: list[list[PartitionLog] | BaseException] = []
+    for i in everything:
+        failure = failures[i]
+        if failure is not None:
+            undo(i, failure)
+            out.append(failure)
+        else:
+            out.append(sorted(opened[i], key=lambda plog: int(plog.directory.rsplit("-", 1)[1])))
+    return out
 
 
-def _run_all(one: Callable[[int], None], partitions: range) -> None:
-    """``one(p)`` for every partition, on a few threads when there are many; raise the first
-    failure once every started call has ended."""
-    if len(partitions) < PARALLEL_FROM:
-        for p in partitions:
-            one(p)
+def _run_all(one: Callable[[T], None], jobs: Sequence[T], *, ignore_failures: bool = False) -> None:
+    """``one(job)`` for every job, on a few threads when there are many; raise the first
+    failure once every started call has ended (``ignore_failures``: ``one`` records them)."""
+    if len(jobs) < PARALLEL_FROM:
+        for job in jobs:
+            try:
+                one(job)
+            except BaseException:
+                if not ignore_failures:
+                    raise
         return
     with concurrent.futures.ThreadPoolExecutor(
         CREATE_THREADS, thread_name_prefix="tidewire-create"
     ) as pool:
-        futures = [pool.submit(one, p) for p in partitions]
+        futures = [pool.submit(one, job) for job in jobs]
+    if ignore_failures:
+        return
     for fut in futures:
         exc = fut.exception()
         if exc is not None:

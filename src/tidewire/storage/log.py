@@ -281,6 +281,10 @@ class PartitionLog:
         self.bytes_out = 0
         #: Where flushes are accounted (the log manager's), or None.
         self.flush_stats: FlushStats | None = None
+        #: As the last open found the log (for rebuilding producer state right after it): from
+        #: this offset on its recovery scan read every batch and none had a producer id;
+        #: None if it did not scan the log's end.
+        self.scanned_without_producers_from: int | None = None
 
     # --- opening and recovery -------------------------------------------------------------------
 
@@ -401,16 +405,30 @@ class PartitionLog:
         self._load_damage_file()
         if report.damage:
             self._save_damage_file()  # what this scan found, before anything trusts a seal
+        # Everything below the recovery point was synced, files and directory, by a flush
+        # before the checkpoint recorded it: a log found ending there needs no sync at all
+        # (at a restart of 10,000 logs, 20,000 fsyncs fewer). A tail past it does.
+        covered = (
+            0 < self.log_end_offset <= recovery_point
+            and not report.damage
+            and not report.removed_files
+            and report.truncated_from_offset is None
+        )
         for seg in self._segments:
             if seg.synced_size < seg.size:
                 # What a crashed process left in the page cache is on disk only once synced:
                 # sync it before anything recovered is counted as flushed.
-                seg.file.sync()
+                if not covered:
+                    seg.file.sync()
                 seg.synced_size = seg.size
         # A segment file created just before a crash may be adopted with its directory entry
         # not yet durable: one directory sync makes everything recovered count. (After a
-        # clean shutdown every entry was synced by the last flush.)
-        if not clean or report.scanned_segments or report.removed_files:
+        # clean shutdown every entry was synced by the last flush.) A covered log's entries
+        # are durable but for an empty segment rolled after that flush: its next flush syncs
+        # the directory.
+        if covered:
+            self._dir_dirty = True
+        elif not clean or report.scanned_segments or report.removed_files:
             self._sync_dir_now()
         self._flushed = self.log_end_offset
         if self._flushed < recovery_point:
@@ -421,6 +439,13 @@ class PartitionLog:
                 self._flushed,
                 recovery_point,
             )
+        # The first offset from which the scan read every batch to the end and found none of
+        # an idempotent producer: rebuilding producer state need not read them again.
+        self.scanned_without_producers_from = None
+        for seg in reversed(self._segments):
+            if seg.scan_saw_producers is not False:
+                break
+            self.scanned_without_producers_from = seg.base_offset
         active = self._segments[-1]
         active.sealed = False
         if active.size > 0:

@@ -30,6 +30,7 @@ two brokers appending to one log would overwrite each other's acknowledged messa
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import json
@@ -51,6 +52,8 @@ from tidewire.errors import (
 )
 from tidewire.storage.config import FsyncPolicy, LogConfig
 from tidewire.storage.creation import (
+    Creation,
+    create_many,
     create_partitions,
     finish_deleting,
     mark_deleting,
@@ -84,6 +87,20 @@ _PARTITION_DIR_RE = re.compile(r"^([A-Za-z0-9._-]+)-(\d+)$")
 BACKGROUND_DELETE_FROM = 256
 #: Logs closed at once by :meth:`LogManager.close_async` (their fsyncs run in worker threads).
 CLOSE_CONCURRENCY = 8
+#: Logs opened (recovered) at once on worker threads at a start: their reads and fsyncs wait
+#: on the device, which serves several at once; beyond about this many they queue.
+OPEN_THREADS = 8
+#: Fewer logs than this are opened on the calling thread (no pool to start).
+PARALLEL_OPEN_FROM = 64
+#: Every this many checkpoint rounds the logs' flushed offsets are compared with the last
+#: checkpoint's even if no flush was counted meanwhile.
+CHECKPOINT_FULL_LOOK_EVERY = 10
+#: Distinct ``log.json`` contents kept parsed while the logs are opened (a bound: each is
+#: a few hundred bytes, and a data directory holds few distinct settings).
+MAX_CACHED_CONFIGS = 1024
+#: Topic creations made together at most (see :meth:`LogManager.create_topic_async`): their
+#: markers and partitions share the threads and the data directory's fsyncs.
+CREATE_BATCH = 256
 #: Partitions per topic: a bound on directories and open files one request can create.
 MAX_PARTITION = 100_000
 
@@ -143,6 +160,8 @@ class LogManager:
         self.offline: dict[tuple[str, int], str] = {}
         #: The recovery points of offline partitions, kept in the checkpoint as they were.
         self._offline_points: dict[str, int] = {}
+        #: ``log.json`` contents -> their settings, while opening (see _read_config).
+        self._configs: dict[bytes, LogConfig] = {}
         #: topic -> its partitions: answers "which partitions" without scanning every log.
         self._parts: dict[str, set[int]] = {}
         #: Topics whose partitions are being created or deleted on a worker thread: no other
@@ -150,6 +169,9 @@ class LogManager:
         self._busy: set[str] = set()
         #: Background removals of deleted topics' files, each resolved when it ends.
         self._removals: set[asyncio.Future[None]] = set()
+        #: Creations waiting for the one running (made together once it ends), and its task.
+        self._to_create: list[tuple[Creation, asyncio.Future[list[PartitionLog]]]] = []
+        self._creator: asyncio.Task[None] | None = None
         self.was_clean = False
         #: How the last :meth:`open` found the directory: "new" (nothing in it), "clean"
         #: (after a clean shutdown) or "unclean" (the logs' tails were scanned).
@@ -164,6 +186,11 @@ class LogManager:
         self._unflushed: set[tuple[str, int]] = set()
         self._wake: asyncio.Event | None = None
         self._checkpoint_last: bytes = b""
+        #: Bumped whenever a log is added or dropped; with every log's flushed offset, what
+        #: the checkpoint last written was made from: unchanged, no snapshot is taken (a
+        #: snapshot of 10,000 logs, sorted and encoded, costs ~20 ms of the loop every second).
+        self._generation = 0
+        self._checkpoint_state: tuple[int, list[int]] | None = None
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_taken = 0  # generation of the last snapshot taken
         self._checkpoint_written = 0  # generation of the snapshot on disk
@@ -191,38 +218,29 @@ class LogManager:
             self.was_clean = CLEAN_SHUTDOWN_FILE in names
             points = self._read_recovery_points() if RECOVERY_CHECKPOINT_FILE in names else {}
             names = remove_half_created(fs, d, names)
+            found: list[tuple[str, int, str]] = []
             for name in names:
                 if name.endswith("-delete"):
                     fs.rmtree(f"{d}/{name}")
                     continue
                 m = _PARTITION_DIR_RE.match(name)
-                if m is None:
-                    continue
-                topic, partition = m.group(1), int(m.group(2))
-                try:
-                    config = self._read_config(f"{d}/{name}")
-                except StorageError as exc:
-                    self.offline[(topic, partition)] = exc.message
+                if m is not None:
+                    found.append((m.group(1), int(m.group(2)), name))
+            for (topic, partition, name), opened in zip(
+                found, self._open_logs(found, points), strict=True
+            ):
+                if isinstance(opened, StorageError):  # an unreadable log.json
+                    self.offline[(topic, partition)] = opened.message
                     if name in points:
                         self._offline_points[name] = points[name]
                     log.error(
                         "partition %s-%d is offline: %s; the other partitions serve",
                         topic,
                         partition,
-                        exc.message,
+                        opened.message,
                     )
                     continue
-                self.logs[(topic, partition)] = PartitionLog.open(
-                    fs,
-                    f"{d}/{name}",
-                    config,
-                    clean=self.was_clean,
-                    recovery_point=points.get(name, 0),
-                    clock=self.clock,
-                )
-                self.logs[(topic, partition)].on_truncate = self._after_truncate
-                self.logs[(topic, partition)].flush_stats = self.flush_stats
-                self._parts.setdefault(topic, set()).add(partition)
+                self._register(topic, [opened], range(partition, partition + 1))
             if self.was_clean:
                 fs.remove(f"{d}/{CLEAN_SHUTDOWN_FILE}")
             fs.sync_dir(d)
@@ -233,6 +251,7 @@ class LogManager:
             if isinstance(exc, OSError | StorageError):  # StorageError: a log failed to open
                 raise StorageError(f"cannot open data directory {d}: {exc}") from exc
             raise
+        self._configs.clear()
         self._opened = True
         self.open_seconds = time.monotonic() - started
         self.last_start = "new" if not names else ("clean" if self.was_clean else "unclean")
@@ -242,6 +261,65 @@ class LogManager:
             how = "after a clean shutdown" if self.was_clean else "after an unclean stop"
         log.info("opened %s (%s): %d log(s)", d, how, len(self.logs))
         return self
+
+    def _open_logs(
+        self, found: list[tuple[str, int, str]], points: dict[str, int]
+    ) -> list[PartitionLog | StorageError]:
+        """Open the logs ``found`` (topic, partition, directory name), on OPEN_THREADS
+        threads when there are many: a recovery's reads and fsyncs wait on the device, which
+        serves several at once. Each result is the open log, or the error that makes its
+        partition offline (an unreadable ``log.json``).
+
+        Raises:
+            StorageError, OSError: the first log that failed otherwise, once every open has
+                ended (the logs opened meanwhile are abandoned).
+        """
+        d = self.data_dir
+
+        def one(name: str) -> PartitionLog | StorageError:
+            try:
+                config = self._read_config(f"{d}/{name}")
+            except StorageError as exc:
+                return exc
+            return PartitionLog.open(
+                self.fs,
+                f"{d}/{name}",
+                config,
+                clean=self.was_clean,
+                recovery_point=points.get(name, 0),
+                clock=self.clock,
+            )
+
+        if len(found) < PARALLEL_OPEN_FROM:
+            out: list[PartitionLog | StorageError] = []
+            try:
+                for _, _, name in found:
+                    out.append(one(name))
+            except BaseException:
+                for opened in out:
+                    if isinstance(opened, PartitionLog):
+                        opened.abandon()
+                raise
+            return out
+        with concurrent.futures.ThreadPoolExecutor(
+            OPEN_THREADS, thread_name_prefix="tidewire-open"
+        ) as pool:
+            futures = [pool.submit(one, name) for _, _, name in found]
+            concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+            for fut in futures:  # after a failure, the opens not started yet are not needed
+                fut.cancel()
+        failed = next(
+            (f.exception() for f in futures if not f.cancelled() and f.exception() is not None),
+            None,
+        )
+        if failed is not None:
+            for fut in futures:
+                if not fut.cancelled() and fut.exception() is None:
+                    opened = fut.result()
+                    if isinstance(opened, PartitionLog):
+                        opened.abandon()
+            raise failed
+        return [f.result() for f in futures]
 
     def _lock_dir(self) -> None:
         """Create the directory and take its lock, or refuse naming who holds it."""
@@ -285,12 +363,22 @@ class LogManager:
 
     def _read_config(self, directory: str) -> LogConfig:
         path = f"{directory}/{LOG_CONFIG_FILE}"
-        if not self.fs.exists(path):
-            return self.default_config
         try:
-            return LogConfig.from_dict(json.loads(self.fs.read_file(path)))
+            raw = self.fs.read_file(path)
+        except FileNotFoundError:
+            return self.default_config
+        # Most logs share a few settings: parsed once each (a tenth of a restart's CPU).
+        config = self._configs.get(raw)
+        if config is not None:
+            return config
+        try:
+            config = LogConfig.from_dict(json.loads(raw))
         except (ValueError, TypeError, AttributeError, InvalidConfigError) as exc:
             raise StorageError(f"log configuration {path} is unreadable: {exc}") from exc
+        if len(self._configs) >= MAX_CACHED_CONFIGS:
+            self._configs.clear()
+        self._configs[raw] = config
+        return config
 
     # --- logs -----------------------------------------------------------------------------------
 
@@ -311,6 +399,7 @@ class LogManager:
         return self.create_topic(topic, range(partition, partition + 1), config)[0]
 
     def _register(self, topic: str, logs: list[PartitionLog], partitions: range) -> None:
+        self._generation += 1
         parts = self._parts.setdefault(topic, set())
         for p, plog in zip(partitions, logs, strict=True):
             plog.on_truncate = self._after_truncate
@@ -363,8 +452,10 @@ class LogManager:
     async def create_topic_async(
         self, topic: str, partitions: range, config: LogConfig | None = None
     ) -> list[PartitionLog]:
-        """:meth:`create_topic` with the file work on a worker thread, so the event loop goes
+        """:meth:`create_topic` with the file work on worker threads, so the event loop goes
         on serving meanwhile; the topic is registered, on the loop, once all its logs exist.
+        Creations requested while others run are made together, each all or none, sharing
+        the data directory's fsyncs (see :func:`~tidewire.storage.creation.create_many`).
         (A cancelled caller does not undo the creation: it is registered all the same.)
 
         Raises:
@@ -374,24 +465,59 @@ class LogManager:
         cfg = config or self.default_config
         self._busy.add(topic)
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(None, self._create_files, topic, partitions, cfg)
-
-        def done(f: asyncio.Future[list[PartitionLog]]) -> None:
-            self._busy.discard(topic)
-            if f.cancelled() or f.exception() is not None:
-                return
-            if self._closed:  # the manager closed meanwhile: nothing would close these
-                for plog in f.result():
-                    plog.close()
-                return
-            self._register(topic, f.result(), partitions)
-
-        fut.add_done_callback(done)
+        fut: asyncio.Future[list[PartitionLog]] = loop.create_future()
+        # Retrieved here so that a cancelled caller's failure is not reported as unhandled.
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._to_create.append((Creation(topic, partitions, cfg, _config_json(cfg)), fut))
+        if self._creator is None:
+            self._creator = loop.create_task(self._create_queued(), name="topic creation")
+            self._creator.add_done_callback(_log_creator_failure)
         return await asyncio.shield(fut)
 
+    async def _create_queued(self) -> None:
+        """Create the queued topics, up to CREATE_BATCH at a time, until none is left."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self._to_create:
+                batch = self._to_create[:CREATE_BATCH]
+                del self._to_create[:CREATE_BATCH]
+                try:
+                    results = await loop.run_in_executor(
+                        None,
+                        functools.partial(
+                            create_many,
+                            self.fs,
+                            self.data_dir,
+                            [c for c, _ in batch],
+                            clock=self.clock,
+                            config_file=LOG_CONFIG_FILE,
+                        ),
+                    )
+                except BaseException as exc:  # not a creation's failure: a bug or a stop
+                    for c, fut in batch:
+                        self._busy.discard(c.topic)
+                        if fut.done():
+                            continue
+                        if isinstance(exc, asyncio.CancelledError):
+                            fut.cancel()
+                        else:
+                            fut.set_exception(_creation_error(c, exc))
+                    raise
+                for (c, fut), result in zip(batch, results, strict=True):
+                    self._busy.discard(c.topic)
+                    if isinstance(result, BaseException):
+                        fut.set_exception(_creation_error(c, result))
+                        continue
+                    if self._closed:  # the manager closed meanwhile: nothing would close these
+                        for plog in result:
+                            plog.close()
+                    else:
+                        self._register(c.topic, result, c.partitions)
+                    fut.set_result(result)
+        finally:
+            self._creator = None
+
     def _create_files(self, topic: str, partitions: range, cfg: LogConfig) -> list[PartitionLog]:
-        first, last = partitions.start, partitions.stop - 1
-        what = f"partition {first}" if first == last else f"partitions {first}..{last}"
         try:
             return create_partitions(
                 self.fs,
@@ -403,14 +529,8 @@ class LogManager:
                 clock=self.clock,
                 config_file=LOG_CONFIG_FILE,
             )
-        except OSError as exc:
-            raise StorageError(
-                f"cannot create {what} of topic {topic!r}: {exc}; none of them was created"
-            ) from exc
-        except StorageError as exc:
-            raise StorageError(
-                f"cannot create {what} of topic {topic!r}: {exc.message}; none of them was created"
-            ) from exc
+        except (OSError, StorageError) as exc:
+            raise _creation_error(Creation(topic, partitions, cfg, b""), exc) from exc
 
     def get_log(self, topic: str, partition: int) -> PartitionLog:
         """Return the log of ``topic``/``partition``.
@@ -563,6 +683,7 @@ class LogManager:
         offline = sorted(p for t, p in self.offline if t == topic)
         if not parts and not offline:
             raise LogNotFoundError(f"no logs for topic {topic!r}")
+        self._generation += 1
         directories: list[str] = []
         for p in parts:
             plog = self.logs.pop((topic, p))
@@ -654,6 +775,7 @@ class LogManager:
         """Record every log's flushed offset (atomically)."""
         self._write_checkpoint(*self._checkpoint_snapshot())
         self._checkpoint_last = b""  # the periodic write compares with what it wrote last
+        self._checkpoint_state = None
 
     def _after_truncate(self, plog: PartitionLog) -> None:
         # Truncation is rare: rewrite the checkpoint at once (as Kafka does) so its recovery
@@ -683,6 +805,24 @@ class LogManager:
             write_atomic(self.fs, f"{self.data_dir}/{RECOVERY_CHECKPOINT_FILE}", data)
             self._checkpoint_written = generation
 
+    async def _checkpoint_if_changed(self) -> bool:
+        """Write the recovery checkpoint if a log was added or dropped or a flushed offset
+        moved since the last one; return whether the one on disk is up to date."""
+        state = (self._generation, [plog.flushed_offset for plog in self.logs.values()])
+        if state == self._checkpoint_state:
+            return True
+        data, generation = self._checkpoint_snapshot()
+        if data != self._checkpoint_last:  # unchanged points need no rewrite
+            try:
+                # Snapshot on the loop, write in a thread: the loop owns the logs.
+                await asyncio.to_thread(self._write_checkpoint, data, generation)
+            except OSError as exc:
+                log.error("writing the recovery checkpoint failed: %s", exc)
+                return False
+            self._checkpoint_last = data
+        self._checkpoint_state = state
+        return True
+
     def apply_retention(self, now_ms: int | None = None) -> dict[tuple[str, int], list[int]]:
         """Apply every log's retention. Returns the deleted segment bases per log."""
         out: dict[tuple[str, int], list[int]] = {}
@@ -705,6 +845,8 @@ class LogManager:
         log with nothing pending wakes it, so an idle broker costs nothing per partition."""
         self._wake = wake = asyncio.Event()
         last_checkpoint = last_retention = time.monotonic()
+        rounds = 0
+        seen_flushes: tuple[int, int] | None = None
         while True:
             now = time.monotonic()
             until = min(
@@ -724,14 +866,14 @@ class LogManager:
             await self.flush_due(now)
             if (now - last_checkpoint) * 1000 >= self.checkpoint_interval_ms:
                 last_checkpoint = now
-                data, generation = self._checkpoint_snapshot()
-                if data != self._checkpoint_last:  # unchanged points need no rewrite
-                    try:
-                        # Snapshot on the loop, write in a thread: the loop owns the logs.
-                        await asyncio.to_thread(self._write_checkpoint, data, generation)
-                        self._checkpoint_last = data
-                    except OSError as exc:
-                        log.error("writing the recovery checkpoint failed: %s", exc)
+                rounds += 1
+                # Flushed offsets move by flushes, which the logs count in flush_stats (but
+                # for a blocking flush(), which a full look every few rounds catches; a
+                # truncation rewrites the checkpoint itself): no flush, no look at the logs.
+                flushes = (self._generation, self.flush_stats.count)
+                look = flushes != seen_flushes or not rounds % CHECKPOINT_FULL_LOOK_EVERY
+                if look and await self._checkpoint_if_changed():
+                    seen_flushes = flushes
             if (now - last_retention) * 1000 >= self.retention_check_interval_ms:
                 last_retention = now
                 self.apply_retention()
@@ -844,6 +986,29 @@ def _key(name: str) -> tuple[str, int]:
     """``TOPIC-P`` -> (TOPIC, P)."""
     topic, _, partition = name.rpartition("-")
     return topic, int(partition)
+
+
+def _log_creator_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("topic creation failed", exc_info=task.exception())
+
+
+def _creation_error(c: Creation, exc: BaseException) -> BaseException:
+    """The error a failed creation reports: a StorageError naming the partitions for a file
+    system's failure; anything else as it is."""
+    first, last = c.partitions.start, c.partitions.stop - 1
+    what = f"partition {first}" if first == last else f"partitions {first}..{last}"
+    if isinstance(exc, StorageError):
+        why = exc.message
+    elif isinstance(exc, OSError):
+        why = str(exc)
+    else:
+        return exc
+    err = StorageError(
+        f"cannot create {what} of topic {c.topic!r}: {why}; none of them was created"
+    )
+    err.__cause__ = exc
+    return err
 
 
 def _config_json(cfg: LogConfig) -> bytes:

@@ -121,6 +121,9 @@ class Segment:
         self.max_timestamp = -1
         self.created_ms = -1
         self.sealed = False
+        #: Whether the last :meth:`scan` read a batch of an idempotent producer (None: the
+        #: segment was not scanned since it was opened).
+        self.scan_saw_producers: bool | None = None
         self.seal_persisted = False
         self.index = OffsetIndex(base_offset)
         self.timeindex = TimeIndex(base_offset)
@@ -288,6 +291,7 @@ class Segment:
         self.size = 0
         self.next_offset = self.base_offset
         self.max_timestamp = -1
+        self.scan_saw_producers = False
         file_size = self.file.size()
         damages: list[tuple[BadBatch, int, int | None]] = []
         chunk = b""
@@ -322,6 +326,8 @@ class Segment:
                         bad = exc.bad
             if bad is None:
                 self._track(pos, h.base_offset, h.last_offset, h.max_timestamp, h.size)
+                if h.producer_id >= 0:
+                    self.scan_saw_producers = True
                 pos += h.size
                 continue
             if bad.offset >= resync_below:
