@@ -12,6 +12,10 @@ first partition directory and removed, durably, after the last one is durable:
 3. fsync the data directory (every ``TOPIC-P`` entry is durable), remove the marker, fsync
    the data directory again.
 
+Several creations can be made at once (:func:`create_many`, which the log manager uses for
+creations requested while another runs): each keeps its own marker and stays all or none, and
+the three fsyncs of the data directory are shared by all of them.
+
 A failure at any step removes what was made and the marker, and reports the first error; a
 crash leaves the marker, and :func:`remove_half_created` (called when the data directory is
 opened) removes the partitions it names. Adding partitions to a topic works the same way with
