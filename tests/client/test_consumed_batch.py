@@ -210,14 +210,6 @@ def test_to_arrow_has_the_spark_sources_schema(kind: str, tmp_path: Path) -> Non
     run(main())
 
 
-def test_the_arrow_schema_is_the_spark_sources() -> None:
-    pytest.importorskip("pyspark")
-    from tidewire.spark._schema import arrow_schema
-
-    for headers in (False, True):
-        assert _arrow.arrow_schema(headers) == arrow_schema(headers)
-
-
 def test_to_arrow_without_pyarrow_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_arrow, "_cache", {})
     monkeypatch.setitem(sys.modules, "pyarrow", None)

@@ -159,124 +159,21 @@ def read_records(  # noqa: PLR0917 (a reader's hot loop: positional arguments co
     (the records after it are neither decoded nor checked: a reader that wants part of a
     batch, as a queue consumer handed a few of its records).
 
-    The fast twin of :func:`iter_records` for consumers: one pass over ``bytes`` with the
-    one- and two-byte varints decoded inline and no object per record but its tuple. It
-    accepts exactly what :func:`iter_records` accepts; for anything else it raises the same
-    error (it asks :func:`iter_records` for it).
+    The fast twin of :func:`iter_records` for consumers: :func:`read_columns` (one pass over
+    ``bytes`` with the one- and two-byte varints decoded inline) with the columns zipped into
+    one tuple per record. It accepts exactly what :func:`iter_records` accepts; for anything
+    else it raises the same error (it asks :func:`iter_records` for it).
 
     Raises:
         RecordBatchError: any malformed input (a subclass naming the fault).
     """
-    if h.codec:
-        view = memoryview(buf)[start : start + h.size]
-        data = bytes(decompress(h.codec, view[BATCH_OVERHEAD:], decompression_limit))
-        pos, end = 0, len(data)
-    else:
-        data = buf
-        pos, end = start + BATCH_OVERHEAD, start + h.size
-    base, first_ts, last_delta = h.base_offset, h.first_timestamp, h.last_offset_delta
-    out: list[T] = []
-    append = out.append
-    prev = -1
-    try:
-        for _ in range(h.records_count):
-            if pos >= end:
-                break
-            # Each varint: one byte (the common case), two bytes, or the general decoder.
-            b = data[pos]
-            if b < 0x80:
-                length = (b >> 1) ^ -(b & 1)
-                pos += 1
-            elif data[pos + 1] < 0x80:
-                n = (b & 0x7F) | (data[pos + 1] << 7)
-                length = (n >> 1) ^ -(n & 1)
-                pos += 2
-            else:
-                length, pos = _dv(data, pos)
-            if length < 6 or pos + length > end:
-                break
-            rec_end = pos + length
-            b = data[pos + 1]  # after the attributes byte: the timestamp delta
-            if b < 0x80:
-                ts_delta = (b >> 1) ^ -(b & 1)
-                pos += 2
-            elif data[pos + 2] < 0x80:
-                n = (b & 0x7F) | (data[pos + 2] << 7)
-                ts_delta = (n >> 1) ^ -(n & 1)
-                pos += 3
-            else:
-                ts_delta, pos = _dv(data, pos + 1, wide=True)
-            b = data[pos]
-            if b < 0x80:
-                delta = (b >> 1) ^ -(b & 1)
-                pos += 1
-            elif data[pos + 1] < 0x80:  # a batch of more than 63 records
-                n = (b & 0x7F) | (data[pos + 1] << 7)
-                delta = (n >> 1) ^ -(n & 1)
-                pos += 2
-            else:
-                delta, pos = _dv(data, pos)
-            if delta <= prev or delta > last_delta:
-                break
-            prev = delta
-            b = data[pos]
-            if b == 1:  # -1: a null key
-                key = None
-                pos += 1
-            else:
-                n, pos = _dv(data, pos)
-                if n < -1 or pos + n > rec_end:
-                    break
-                if n == -1:
-                    key = None
-                else:
-                    key = data[pos : pos + n]
-                    pos += n
-            b = data[pos]
-            if b < 0x80:
-                n = (b >> 1) ^ -(b & 1)
-                pos += 1
-            elif data[pos + 1] < 0x80:
-                n = (b & 0x7F) | (data[pos + 1] << 7)
-                n = (n >> 1) ^ -(n & 1)
-                pos += 2
-            else:
-                n, pos = _dv(data, pos)
-            if n < -1 or pos + n > rec_end:
-                break
-            if n == -1:
-                value = None
-            else:
-                value = data[pos : pos + n]
-                pos += n
-            if data[pos] == 0:
-                headers: tuple[tuple[str, bytes | None], ...] = ()
-                pos += 1
-            else:
-                headers, pos = _headers(data, pos, rec_end)
-            if pos != rec_end:
-                break
-            offset = base + delta
-            if offset >= min_offset:
-                if offset > max_offset:
-                    return out
-                append(
-                    _new_tuple(
-                        factory,
-                        (topic, partition, offset, first_ts + ts_delta, key, value, headers),
-                    )
-                )
-        else:
-            if pos == end:
-                return out
-    except (IndexError, RecordBatchError):
-        pass
-    # Malformed: the reference reader names the fault.
-    for _ in iter_records(
-        memoryview(buf)[start : start + h.size], decompression_limit=decompression_limit
-    ):
-        pass
-    raise InvalidRecordError("the batch's records are malformed")  # pragma: no cover
+    offsets, timestamps, keys, values, headers = read_columns(
+        buf, start, h, min_offset, decompression_limit, max_offset
+    )
+    return [
+        _new_tuple(factory, (topic, partition, *row))
+        for row in zip(offsets, timestamps, keys, values, headers, strict=True)
+    ]
 
 
 def read_columns(  # noqa: PLR0917 (the same positional parameters as read_records)

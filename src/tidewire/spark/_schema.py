@@ -15,7 +15,7 @@ the format name::
 Spark accepts Arrow record batches from a Python source only when their schema equals the
 one it derives from the Spark schema: ``timestamp[us, tz=UTC]``, ``binary`` (not
 ``large_binary``), ``string``, every field nullable, and the list's item field named
-``element``. :func:`arrow_schema` builds exactly that.
+``element``. :func:`arrow_schema` is exactly that.
 """
 
 from __future__ import annotations
@@ -32,24 +32,12 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from tidewire.client import _arrow
+
 __all__ = ["HEADER_ARROW_TYPE", "arrow_schema", "spark_schema"]
 
-#: The Arrow type of one header: ``struct<key: string, value: binary>``.
-HEADER_STRUCT = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
 #: The Arrow type of the ``headers`` column (the item field is named as Spark names it).
-HEADER_ARROW_TYPE = pa.list_(pa.field("element", HEADER_STRUCT))
-
-_BASE_ARROW_FIELDS = [
-    pa.field("key", pa.binary()),
-    pa.field("value", pa.binary()),
-    pa.field("topic", pa.string()),
-    pa.field("partition", pa.int32()),
-    pa.field("offset", pa.int64()),
-    pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-    pa.field("timestampType", pa.int32()),
-]
-_ARROW = pa.schema(_BASE_ARROW_FIELDS)
-_ARROW_WITH_HEADERS = pa.schema([*_BASE_ARROW_FIELDS, pa.field("headers", HEADER_ARROW_TYPE)])
+HEADER_ARROW_TYPE = _arrow.arrow_schema(True).field("headers").type
 
 
 def spark_schema(include_headers: bool = False) -> StructType:
@@ -71,5 +59,6 @@ def spark_schema(include_headers: bool = False) -> StructType:
 
 def arrow_schema(include_headers: bool = False) -> pa.Schema:
     """The Arrow schema of the record batches ``read()`` yields: equal to the one Spark
-    derives from :func:`spark_schema`."""
-    return _ARROW_WITH_HEADERS if include_headers else _ARROW
+    derives from :func:`spark_schema` (tests/spark/test_source.py holds it so). It is the
+    clients' (``ConsumedBatch.to_arrow``), defined once in :mod:`tidewire.client._arrow`."""
+    return _arrow.arrow_schema(include_headers)
