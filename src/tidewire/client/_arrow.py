@@ -6,9 +6,10 @@ The columns are those of Spark's Kafka source (``key``, ``value``, ``topic``,
 ``partition``, ``offset``, ``timestamp``, ``timestampType``, and ``headers`` when asked
 for), with exactly the Arrow types Spark derives from its schema: ``binary``, ``string``,
 ``int32``, ``int64``, ``timestamp[us, tz=UTC]``, and ``list<element: struct<key: string,
-value: binary>>``: the schema of the Spark source too (:mod:`tidewire.spark._schema` returns
-this one; tests/spark/test_source.py holds it equal to the one Spark derives). pyarrow is optional (``pip install 'tidewire[spark]'``): it is imported on first
-use, and its absence is a clear :class:`ImportError`.
+value: binary>>``: the schema of the Spark source too (:mod:`tidewire.spark._schema`
+returns this one; tests/spark/test_source.py holds it equal to the one Spark derives).
+pyarrow is optional (``pip install 'tidewire[spark]'``): it is imported on first use, and its
+absence is a clear :class:`ImportError`.
 """
 
 from __future__ import annotations
