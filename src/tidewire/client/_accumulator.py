@@ -32,15 +32,7 @@ from typing import Any, Self
 
 from tidewire.errors import BatchTooLargeError
 from tidewire.records import varint
-from tidewire.records.batch import (
-    ATTRIBUTES_OFFSET,
-    BATCH_OVERHEAD,
-    CRC_OFFSET,
-    HEADER,
-    LOG_OVERHEAD,
-    MAGIC,
-    crc32c,
-)
+from tidewire.records.batch import BATCH_OVERHEAD, seal_batch
 from tidewire.records.compression import Codec, compress
 
 __all__ = [
@@ -187,29 +179,17 @@ class ProducerBatch:
         section = b"".join(self.parts)
         if codec is not Codec.NONE:
             section = compress(codec, section)
-        buf = bytearray(BATCH_OVERHEAD + len(section))
-        HEADER.pack_into(
-            buf,
-            0,
-            0,  # base offset: the broker's
-            BATCH_OVERHEAD + len(section) - LOG_OVERHEAD,
-            -1,  # partition leader epoch
-            MAGIC,
-            0,  # crc, below
-            int(codec),
-            self.count - 1,
-            self.first_ts,
-            self.max_ts,
-            producer_id if self.base_sequence >= 0 else -1,
-            producer_epoch if self.base_sequence >= 0 else -1,
-            self.base_sequence,
-            self.count,
+        idempotent = self.base_sequence >= 0
+        self.data = seal_batch(
+            section,
+            codec=codec,
+            count=self.count,
+            first_timestamp=self.first_ts,
+            max_timestamp=self.max_ts,
+            producer_id=producer_id if idempotent else -1,
+            producer_epoch=producer_epoch if idempotent else -1,
+            base_sequence=self.base_sequence,
         )
-        buf[BATCH_OVERHEAD:] = section
-        buf[CRC_OFFSET : CRC_OFFSET + 4] = crc32c(memoryview(buf)[ATTRIBUTES_OFFSET:]).to_bytes(
-            4, "big"
-        )
-        self.data = bytes(buf)
         self.parts = []  # the bytes are all that is sent from now on
         return self.data
 

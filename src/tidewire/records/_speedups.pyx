@@ -16,11 +16,12 @@ class and message are the reference's by construction. Values that do not fit in
 reader whole.
 """
 
-from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_READ, PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_Append
 from cpython.long cimport PyLong_FromLongLong
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
@@ -33,14 +34,9 @@ from tidewire.records import reader as _pure_reader
 from tidewire.records.builder import _encode_headers as _pure_encode_headers
 from tidewire.records import varint as _pure_varint
 from tidewire.records.batch import (
-    ATTRIBUTES_OFFSET,
     BATCH_OVERHEAD,
-    CRC_OFFSET,
-    HEADER,
-    LOG_OVERHEAD,
-    MAGIC,
     TimestampType,
-    crc32c,
+    seal_batch,
 )
 from tidewire.records.compression import MAX_DECOMPRESSED_BYTES, Codec, check_codec, compress, decompress
 
@@ -96,8 +92,6 @@ cdef extern from *:
 __all__ = ["BatchBuilder", "read_columns", "read_records"]
 
 cdef Py_ssize_t _OVERHEAD = BATCH_OVERHEAD
-cdef Py_ssize_t _ATTRIBUTES = ATTRIBUTES_OFFSET
-cdef Py_ssize_t _CRC = CRC_OFFSET
 cdef object _TUPLE = tuple
 cdef object _EMPTY = ()
 
@@ -520,44 +514,25 @@ cdef class BatchBuilder:
         if self._built is not None:
             return self._built
         cdef Py_ssize_t count = self._count
-        cdef const char* records = self._buf
-        cdef Py_ssize_t size = self._len
-        cdef char* dst
-        cdef unsigned long crc
-        section = None
+        # A view of the records where they were encoded: seal_batch copies them once, into
+        # the batch's bytes (the uncompressed case), and computes the CRC over them.
+        section = PyMemoryView_FromMemory(self._buf, self._len, PyBUF_READ)
         if self._codec is not Codec.NONE:
-            section = compress(self._codec, PyBytes_FromStringAndSize(self._buf, self._len))
-            records = PyBytes_AS_STRING(section)
-            size = PyBytes_GET_SIZE(section)
-        first = self._first_ts if self._first_ts is not None else -1
-        attributes = int(self._codec) | (0x08 if self._timestamp_type else 0)
-        header = HEADER.pack(
-            self._base_offset,
-            _OVERHEAD + size - LOG_OVERHEAD,
-            self._leader_epoch,
-            MAGIC,
-            0,  # crc, filled in below
-            attributes,
-            max(count - 1, 0),
-            first,
-            self._max_ts if count else -1,
-            self._producer_id,
-            self._producer_epoch,
-            self._sequence,
-            count,
+            section = compress(self._codec, bytes(section))
+        out = seal_batch(
+            section,
+            codec=self._codec,
+            count=count,
+            first_timestamp=self._first_ts if self._first_ts is not None else -1,
+            max_timestamp=self._max_ts if count else -1,
+            producer_id=self._producer_id,
+            producer_epoch=self._producer_epoch,
+            base_sequence=self._sequence,
+            timestamp_type=self._timestamp_type,
+            base_offset=self._base_offset,
+            partition_leader_epoch=self._leader_epoch,
         )
-        # One copy of the records, into the batch's own bytes object, which nothing else
-        # holds yet: the CRC is written into it once computed.
-        out = PyBytes_FromStringAndSize(NULL, _OVERHEAD + size)
-        dst = PyBytes_AS_STRING(out)
-        memcpy(dst, PyBytes_AS_STRING(header), _OVERHEAD)
-        if size:
-            memcpy(dst + _OVERHEAD, records, size)
-        crc = crc32c(memoryview(out)[_ATTRIBUTES:])
-        dst[_CRC] = <char>((crc >> 24) & 0xFF)
-        dst[_CRC + 1] = <char>((crc >> 16) & 0xFF)
-        dst[_CRC + 2] = <char>((crc >> 8) & 0xFF)
-        dst[_CRC + 3] = <char>(crc & 0xFF)
+        section = None  # the view, before the memory under it is freed
         self._built = out
         PyMem_Free(self._buf)
         self._buf = NULL

@@ -54,6 +54,7 @@ __all__ = [
     "parse_header",
     "peek_base_offset",
     "peek_batch_size",
+    "seal_batch",
 ]
 
 #: The whole batch header as one struct, a format character per field (see module docstring).
@@ -116,6 +117,44 @@ _TIMESTAMP_TYPE_BIT = 0x08
 def crc32c(data: bytes | bytearray | memoryview) -> int:
     """CRC-32C (Castagnoli) of ``data``, hardware-accelerated where the CPU allows."""
     return int(_crc32c.crc32c(data))
+
+
+def seal_batch(
+    section: bytes,
+    *,
+    codec: int,
+    count: int,
+    first_timestamp: int,
+    max_timestamp: int,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    timestamp_type: int = 0,
+    base_offset: int = 0,
+    partition_leader_epoch: int = -1,
+) -> bytes:
+    """A whole batch: the header over ``section`` (the records, already compressed with
+    ``codec``), its CRC-32C, and the section, with one copy of the section. The length and
+    the last offset delta are derived from the section's size and ``count``."""
+    header = HEADER.pack(
+        base_offset,
+        BATCH_OVERHEAD + len(section) - LOG_OVERHEAD,
+        partition_leader_epoch,
+        MAGIC,
+        0,  # crc, computed below over what follows it
+        int(codec) | (_TIMESTAMP_TYPE_BIT if timestamp_type else 0),
+        max(count - 1, 0),
+        first_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        count,
+    )
+    crc = _crc32c.crc32c(section, _crc32c.crc32c(header[ATTRIBUTES_OFFSET:]))
+    return b"".join(
+        (header[:CRC_OFFSET], crc.to_bytes(4, "big"), header[ATTRIBUTES_OFFSET:], section)
+    )
 
 
 class TimestampType:

@@ -11,16 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from tidewire.records import varint
-from tidewire.records.batch import (
-    ATTRIBUTES_OFFSET,
-    BATCH_OVERHEAD,
-    CRC_OFFSET,
-    HEADER,
-    LOG_OVERHEAD,
-    MAGIC,
-    TimestampType,
-    crc32c,
-)
+from tidewire.records.batch import BATCH_OVERHEAD, TimestampType, seal_batch
 from tidewire.records.compression import Codec, check_codec, compress
 
 __all__ = ["BatchBuilder", "Header", "build_batch"]
@@ -163,31 +154,19 @@ class BatchBuilder:
         section = b"".join(self._parts)
         if self._codec is not Codec.NONE:
             section = compress(self._codec, section)
-        first = self._first_ts if self._first_ts is not None else -1
-        attributes = int(self._codec) | (0x08 if self._timestamp_type else 0)
-        length = BATCH_OVERHEAD + len(section) - LOG_OVERHEAD
-        buf = bytearray(BATCH_OVERHEAD + len(section))
-        HEADER.pack_into(
-            buf,
-            0,
-            self._base_offset,
-            length,
-            self._leader_epoch,
-            MAGIC,
-            0,  # crc, filled in below
-            attributes,
-            max(count - 1, 0),
-            first,
-            self._max_ts if count else -1,
-            self._producer_id,
-            self._producer_epoch,
-            self._sequence,
-            count,
+        return seal_batch(
+            section,
+            codec=self._codec,
+            count=count,
+            first_timestamp=self._first_ts if self._first_ts is not None else -1,
+            max_timestamp=self._max_ts if count else -1,
+            producer_id=self._producer_id,
+            producer_epoch=self._producer_epoch,
+            base_sequence=self._sequence,
+            timestamp_type=self._timestamp_type,
+            base_offset=self._base_offset,
+            partition_leader_epoch=self._leader_epoch,
         )
-        buf[BATCH_OVERHEAD:] = section
-        crc = crc32c(memoryview(buf)[ATTRIBUTES_OFFSET:])
-        buf[CRC_OFFSET : CRC_OFFSET + 4] = crc.to_bytes(4, "big")
-        return bytes(buf)
 
 
 def build_batch(
