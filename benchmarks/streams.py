@@ -108,6 +108,29 @@ LONG_POLL_MS = 300_000
 #: Bytes of each message of the ttl part.
 TTL_VALUE_BYTES = 1024
 TTL_MS = 3000
+#: An answer slower than this (ms) is the issue's bound for a long-poll receiver.
+SLOW_MS = 10.0
+#: A stall of the machine itself, as the probe sees it: a 1 ms sleep that ends this many ms
+#: late. The probe reports every wake-up over 2 ms late; 5 ms is what attributes a slow answer.
+MACHINE_STALL_MS = 5.0
+
+#: The probe of the machine's own stalls, run in a process of its own beside the broker and
+#: this client: it sleeps 1 ms at a time and does nothing else, so a wake-up that comes late
+#: is time the machine (the hypervisor's scheduling of this VM's vCPUs, or the kernel) took
+#: from every process, not work of tidewire's. One line per wake-up over 2 ms late:
+#: "<perf_counter before the sleep> <perf_counter after it>" (CLOCK_MONOTONIC: the same clock
+#: in every process of the machine).
+PROBE = """
+import sys, time
+out = sys.stdout
+while True:
+    t0 = time.perf_counter()
+    time.sleep(0.001)
+    t1 = time.perf_counter()
+    if t1 - t0 > 0.003:
+        out.write(f"{t0:.6f} {t1:.6f}\\n")
+        out.flush()
+"""
 
 
 def progress(msg: str) -> None:
@@ -152,6 +175,51 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         parts = f.read().rsplit(")", 1)[1].split()
     return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def steal_ticks() -> tuple[int, int]:
+    """The machine's stolen and total CPU time so far (``/proc/stat``, clock ticks): time
+    the hypervisor ran something else while this VM's vCPUs had work."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return fields[7], sum(fields[:8])
+
+
+class MachineProbe:
+    """:data:`PROBE` in a process of its own while a round runs: the machine's stalls over
+    it (intervals on the perf_counter clock) and the share of CPU time stolen from the VM."""
+
+    def __init__(self) -> None:
+        self.stalls: list[tuple[float, float]] = []
+        self.steal_pct = 0.0
+        self._proc: subprocess.Popen[str] | None = None
+        self._steal0 = (0, 0)
+
+    def __enter__(self) -> MachineProbe:
+        self._steal0 = steal_ticks()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", PROBE], stdout=subprocess.PIPE, text=True
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        steal, total = steal_ticks()
+        ds, dt = steal - self._steal0[0], total - self._steal0[1]
+        self.steal_pct = 100 * ds / dt if dt else 0.0
+        assert self._proc is not None
+        self._proc.terminate()
+        out, _ = self._proc.communicate(timeout=30)
+        self.stalls = [(float(a), float(b)) for a, b in (line.split() for line in out.splitlines())]
+
+    def longest_ms(self) -> float:
+        """The longest stall: how late the latest wake-up came beyond its 1 ms."""
+        return max(((b - a) * 1000 - 1 for a, b in self.stalls), default=0.0)
+
+    def count(self, over_ms: float) -> int:
+        return sum((b - a) * 1000 - 1 > over_ms for a, b in self.stalls)
+
+    def stalled_during(self, t0: float, t1: float, over_ms: float) -> bool:
+        """Whether a stall longer than ``over_ms`` overlaps ``[t0, t1]``."""
+        return any(b > t0 and a < t1 and (b - a) * 1000 - 1 > over_ms for a, b in self.stalls)
 
 
 def dir_bytes(path: Path) -> int:
@@ -511,6 +579,14 @@ class Latency:
     p50_ms: float
     p99_ms: float
     max_ms: float
+    #: Answers slower than SLOW_MS.
+    slow: int = 0
+    #: Of those, the ones during which the machine probe saw a stall over MACHINE_STALL_MS.
+    slow_in_machine_stall: int = 0
+    #: The round's machine probe: stalls over MACHINE_STALL_MS, the longest, CPU stolen.
+    machine_stalls: int = 0
+    machine_longest_ms: float = 0.0
+    steal_pct: float = 0.0
     #: The machine's 1-minute load average when the figure was taken.
     load: float = field(default_factory=load1)
 
@@ -524,6 +600,8 @@ class _Waiting:
     bin_lat: list[float] = field(default_factory=list)
     delivered: asyncio.Event = field(default_factory=asyncio.Event)
     errors: list[str] = field(default_factory=list)
+    #: Answers slower than SLOW_MS: (the list they were counted in, send time, receipt time).
+    slow: list[tuple[list[float], float, float]] = field(default_factory=list)
 
     def got(self, stream: str, into: list[float]) -> None:
         now = time.perf_counter()
@@ -532,6 +610,8 @@ class _Waiting:
             self.errors.append(f"{stream}: a message nobody sent (or received twice)")
             return
         into.append((now - t0) * 1000)
+        if into[-1] > SLOW_MS:
+            self.slow.append((into, t0, now))
         if not self.sent_at:
             self.delivered.set()
 
@@ -597,7 +677,7 @@ async def _binary_receiver(client: AsyncClient, streams: list[str], w: _Waiting)
             w.got(m.stream, w.bin_lat)
 
 
-async def longpoll(b: Broker, args: argparse.Namespace) -> list[tuple[Latency, Latency]]:
+async def longpoll(b: Broker, args: argparse.Namespace) -> list[tuple[Latency, ...]]:
     import httpx
 
     h, k, per = args.http_receivers, args.binary_receivers, args.streams_per_receive
@@ -625,7 +705,7 @@ async def longpoll(b: Broker, args: argparse.Namespace) -> list[tuple[Latency, L
     ]
     sender = AsyncClient(b.addr, request_timeout_s=args.timeout)
     tasks: list[asyncio.Task[None]] = []
-    rounds = []
+    rounds: list[tuple[Latency, ...]] = []
     pauses = _GcPauses()
     try:
         # The binary connections first, then the HTTP receivers 500 at a time, each batch
@@ -660,29 +740,55 @@ async def longpoll(b: Broker, args: argparse.Namespace) -> list[tuple[Latency, L
         gc.disable()
         pauses = _GcPauses()
         gc.callbacks.append(pauses.callback)
+        # The machine alone, everything waiting and nothing sent: its own stalls.
+        with MachineProbe() as idle:
+            await asyncio.sleep(args.sends / args.send_rate)
+        progress(
+            f"longpoll: the machine with nothing sent, {args.sends / args.send_rate:.0f} s: "
+            f"{idle.count(MACHINE_STALL_MS)} stalls over {MACHINE_STALL_MS:.0f} ms of an idle "
+            f"1 ms sleeper, the longest {idle.longest_ms():.1f} ms; {idle.steal_pct:.1f}% of "
+            "the CPU time stolen by the hypervisor"
+        )
         for rep in range(1, args.reps + 1):
-            w.http_lat, w.bin_lat = [], []
+            w.http_lat, w.bin_lat, w.slow = [], [], []
             pauses.longest_ms = 0.0
             cpu0, client0, start = cpu_s(b.pid), time.process_time(), time.perf_counter()
-            await _paced_sends(sender, http_ids, bin_ids, w, args)
+            with MachineProbe() as probe:
+                await _paced_sends(sender, http_ids, bin_ids, w, args)
             elapsed = time.perf_counter() - start
             progress(
                 f"longpoll rep {rep}/{args.reps}: {args.sends:,} sends in {elapsed:.1f} s; CPU "
                 f"busy: broker {(cpu_s(b.pid) - cpu0) / elapsed:.0%}, this client "
                 f"{(time.process_time() - client0) / elapsed:.0%} (its longest GC pause "
-                f"{pauses.longest_ms:.1f} ms)"
+                f"{pauses.longest_ms:.1f} ms); the machine: {probe.count(MACHINE_STALL_MS)} "
+                f"stalls over {MACHINE_STALL_MS:.0f} ms, the longest {probe.longest_ms():.1f} ms, "
+                f"{probe.steal_pct:.1f}% stolen"
             )
             if w.errors:
                 raise SystemExit(w.errors[0])
-            lat = (
-                Latency("http", h, len(w.http_lat), *_pcts(w.http_lat)),
-                Latency("binary", k, len(w.bin_lat), *_pcts(w.bin_lat)),
+            lat = tuple(
+                Latency(
+                    kind,
+                    n,
+                    len(xs),
+                    *_pcts(xs),
+                    slow=sum(into is xs for into, _, _ in w.slow),
+                    slow_in_machine_stall=sum(
+                        into is xs and probe.stalled_during(t0, t1, MACHINE_STALL_MS)
+                        for into, t0, t1 in w.slow
+                    ),
+                    machine_stalls=probe.count(MACHINE_STALL_MS),
+                    machine_longest_ms=probe.longest_ms(),
+                    steal_pct=probe.steal_pct,
+                )
+                for kind, n, xs in (("http", h, w.http_lat), ("binary", k, w.bin_lat))
             )
             for x in lat:
                 progress(
                     f"longpoll rep {rep}/{args.reps} {x.kind} ({x.receivers:,} receivers, "
                     f"{x.sends:,} sends): p50 {x.p50_ms:.2f} ms, p99 {x.p99_ms:.2f} ms, max "
-                    f"{x.max_ms:.2f} ms"
+                    f"{x.max_ms:.2f} ms; {x.slow} over {SLOW_MS:.0f} ms, "
+                    f"{x.slow_in_machine_stall} of them while the machine stalled"
                 )
             rounds.append(lat)
     finally:
@@ -946,6 +1052,9 @@ def main() -> None:
                 "p50_ms": statistics.median(r[i].p50_ms for r in rounds),
                 "p99_ms": statistics.median(r[i].p99_ms for r in rounds),
                 "max_ms": statistics.median(r[i].max_ms for r in rounds),
+                "slow": sum(r[i].slow for r in rounds),
+                "slow_in_machine_stall": sum(r[i].slow_in_machine_stall for r in rounds),
+                "sends": sum(r[i].sends for r in rounds),
             }
             for i, kind in enumerate(("http", "binary"))
         }
@@ -993,7 +1102,9 @@ def report(f: dict[str, Any], args: argparse.Namespace) -> None:
             x = f["longpoll"][kind]
             lines.append(
                 f"  long-poll {kind}, {x['receivers']:,} receivers: p50 {x['p50_ms']:.2f} ms, "
-                f"p99 {x['p99_ms']:.2f} ms, max {x['max_ms']:.2f} ms (target <= 10 ms)"
+                f"p99 {x['p99_ms']:.2f} ms, max {x['max_ms']:.2f} ms (target <= 10 ms); "
+                f"{x['slow']} of {x['sends']:,} answers over {SLOW_MS:.0f} ms, "
+                f"{x['slow_in_machine_stall']} of them while the machine itself stalled"
             )
     if "ttl" in f:
         t = f["ttl"]
