@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from tidewire._memory import give_back_in_thread
 from tidewire.broker.offsets import STREAMS_TOPIC
 from tidewire.broker.streams.model import (
     FROM_END,
@@ -107,6 +108,9 @@ RECORD_CACHE = 256
 RECORD_CACHE_BYTES = 64 * 1024 * 1024
 #: How often the timers run with the real clock (seconds).
 TICK_S = 0.25
+#: Streams forgotten (and at least as many as remain) after which the index's table is made
+#: anew and freed memory is given back to the system: about 120 MiB of in-memory streams.
+GIVE_BACK_AFTER = 100_000
 #: Bytes a record of entries leaves free below the log's largest batch (its framing).
 _RECORD_SLACK = 4096
 
@@ -240,6 +244,8 @@ class StreamManager:
         self._always = False
         self._record_cap = self.log_config().max_batch_bytes - _RECORD_SLACK
         self._streams: dict[str, _Stream] = {}
+        #: streams evicted since memory was last given back to the system
+        self._evicted_kept = 0
         #: second -> the streams due then (by id: a stream sits in one bucket at most, so an
         #: evicted or rescheduled stream is referenced by no other bucket)
         self._wheel: dict[int, dict[str, _Stream]] = {}
@@ -1347,6 +1353,16 @@ class StreamManager:
                     self._expire(s, now)
                     self._after_change(s, now)
         self._reclaim(now)
+        if self._evicted_kept >= GIVE_BACK_AFTER and self._evicted_kept >= len(self._streams):
+            self._give_back()
+
+    def _give_back(self) -> None:
+        """After most streams were forgotten: the index's table (a dict never shrinks when
+        entries are deleted) made anew at its current size, and the C heap's free pages
+        returned to the system (see :mod:`tidewire._memory`)."""
+        n, self._evicted_kept = self._evicted_kept, 0
+        self._streams = dict(self._streams)
+        give_back_in_thread(f"{n:,} streams forgotten, {len(self._streams):,} left")
 
     def _expire(self, s: _Stream, now: int) -> None:
         expired = 0
@@ -1408,6 +1424,7 @@ class StreamManager:
             return
         del self._streams[s.sid]
         self._stats.evicted += 1
+        self._evicted_kept += 1
 
     def _reclaim(self, now: int) -> None:
         for p, plog in enumerate(self._logs):
