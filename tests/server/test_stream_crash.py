@@ -59,6 +59,8 @@ RING_SIZE = 100_000
 REQUEST_TIMEOUT_S = 10.0
 #: How long the receivers and the reader may take to finish after the clean restart.
 DRAIN_S = 60.0
+#: How long a broker's life may take to acknowledge its first message per stream.
+PROGRESS_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,19 @@ async def _send(
             run.acked.add(value)
         else:
             return
+
+
+async def _progress(run: _Run, acked: int, k: int, deadline: float) -> None:
+    """Until ``acked`` messages are acknowledged in all (bounded by PROGRESS_S and the
+    test's deadline)."""
+    bound = min(deadline, time.monotonic() + PROGRESS_S)
+    while len(run.acked) < acked:
+        if time.monotonic() > bound:
+            raise AssertionError(
+                f"{len(run.acked)} of {acked} messages acknowledged {PROGRESS_S:.0f} s before "
+                f"kill {k}: the senders made no progress; errors: {run.errors[:5]}"
+            )
+        await asyncio.sleep(0.02)
 
 
 async def _receive(run: _Run, name: str, addr: str, streams: list[str]) -> None:
@@ -199,6 +214,10 @@ async def _load_and_kill(run: _Run, server: BrokerProcess, plan: Plan, seed: int
     workers.append(asyncio.create_task(_read(run, server.addr, streams), name="reader"))
     try:
         for k in range(1, plan.kills + 1):
+            # Each broker life first acknowledges a message per stream (on a loaded machine a
+            # fixed pause could end before the clients were back: 20 kills, 24 messages),
+            # then runs a random while longer, so that the kill hits work in flight.
+            await _progress(run, len(run.acked) + plan.streams, k, deadline)
             await asyncio.sleep(rng.uniform(0.2, 0.6))
             run.events.append(Killed(k))
             code = await asyncio.to_thread(server.stop, signal.SIGKILL)
