@@ -21,9 +21,9 @@ of the broker's process (``/proc/<pid>/stat``) for the broker side.
   acks="durable" (``--batch-bytes``: the producer's batch size, else its default), timed from
   the first send to the end of ``flush()``; against a broker with ``fsync=always`` and with
   ``fsync=interval``.
-- ``live``: a producer (this process) and a group of 2 members (a process each, push
-  delivery: ``tidewire bench e2e``'s members) at once, unpaced, ``--live-messages``:
-  messages/s delivered to the group.
+- ``live``: a producer (this process; linger_ms=1, ``--batch-bytes`` or its default) and a
+  group of 2 members (a process each, push delivery: ``tidewire bench e2e``'s members) at
+  once, unpaced, ``--live-messages``: messages/s delivered to the group.
 
 Progress goes to stderr; the result is a table on stdout, or one JSON object with ``--json``.
 Set ``TIDEWIRE_PURE_PYTHON=1`` to measure the pure-Python record codec.
@@ -223,7 +223,9 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
                 2,
                 "push",
                 1024 * 1024,
-                {"acks": "durable", "batch_bytes": 256 * 1024, "linger_ms": 1},
+                # The producer's own batch_bytes unless --batch-bytes says otherwise.
+                {"acks": "durable", "linger_ms": 1}
+                | ({} if args.batch_bytes is None else {"batch_bytes": args.batch_bytes}),
                 0,
                 10.0,
                 {},
@@ -262,7 +264,9 @@ def main() -> None:
     ap.add_argument("--live-messages", type=int, default=500_000)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument(
-        "--batch-bytes", type=int, help="the producer's batch_bytes in produce (default: its own)"
+        "--batch-bytes",
+        type=int,
+        help="the producer's batch_bytes in produce and live (default: its own)",
     )
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")

@@ -5,7 +5,7 @@ Usage::
     python benchmarks/producer_bench.py [--messages N] [--fsync always|interval|never]
         [--partitions P] [--acks durable|leader|none] [--no-idempotence] [--sync]
         [--compression none|gzip|lz4|zstd] [--batch-bytes B] [--linger-ms MS]
-        [--rate R] [--addr HOST:PORT]
+        [--keys K] [--rate R] [--addr HOST:PORT]
 
 Without ``--addr`` it starts a broker (``python -m tidewire serve``) in a process of its own
 on a free port over a temporary data directory, so the broker and the producer do not share a
@@ -126,13 +126,20 @@ def broker(fsync: str, partitions: int) -> Iterator[str]:
 
 
 def options(args: argparse.Namespace) -> dict[str, object]:
-    return {
+    out: dict[str, object] = {
         "acks": args.acks,
         "idempotence": args.idempotence,
         "compression": args.compression,
         "linger_ms": args.linger_ms,
-        "batch_bytes": args.batch_bytes,
     }
+    if args.batch_bytes is not None:  # else the producer's default
+        out["batch_bytes"] = args.batch_bytes
+    return out
+
+
+def _keys(args: argparse.Namespace) -> list[bytes | None]:
+    """The keys the sends cycle through: ``--keys`` distinct ones, or one None (unkeyed)."""
+    return [f"key-{i}".encode() for i in range(args.keys)] if args.keys else [None]
 
 
 async def run_async(addr: str, args: argparse.Namespace) -> tuple[float, list[float]]:
@@ -144,8 +151,10 @@ async def run_async(addr: str, args: argparse.Namespace) -> tuple[float, list[fl
         if args.rate:
             fut = await _paced_async(producer, value, args, latencies)
         else:
-            for _ in range(args.messages):
-                fut = await producer.send(args.topic, value)
+            keys = _keys(args)
+            n_keys = len(keys)
+            for i in range(args.messages):
+                fut = await producer.send(args.topic, value, key=keys[i % n_keys])
         await producer.flush()
         elapsed = time.perf_counter() - start
         await fut  # the last one: raises if it failed
@@ -176,6 +185,8 @@ def run_sync(addr: str, args: argparse.Namespace) -> tuple[float, list[float]]:
     clock = time.perf_counter
     with Producer(addr, **options(args)) as producer:  # type: ignore[arg-type]
         producer.send(args.topic, value).result(30)
+        keys = _keys(args)
+        n_keys = len(keys)
         start = clock()
         sent = 0
         while sent < args.messages:
@@ -184,7 +195,7 @@ def run_sync(addr: str, args: argparse.Namespace) -> tuple[float, list[float]]:
                 due = args.messages
             while sent < due:
                 t0 = clock()
-                fut = producer.send(args.topic, value)
+                fut = producer.send(args.topic, value, key=keys[sent % n_keys])
                 if args.rate:
                     fut.add_done_callback(lambda _, t0=t0: latencies.append(clock() - t0))
                 sent += 1
@@ -205,7 +216,14 @@ def main() -> None:
     ap.add_argument("--no-idempotence", dest="idempotence", action="store_false")
     ap.add_argument("--compression", choices=["none", "gzip", "lz4", "zstd"], default="none")
     ap.add_argument("--linger-ms", type=int, default=5)
-    ap.add_argument("--batch-bytes", type=int, default=64 * 1024)
+    ap.add_argument("--batch-bytes", type=int, help="the producer's batch_bytes (default: its own)")
+    ap.add_argument(
+        "--keys",
+        type=int,
+        default=0,
+        help="key the sends with this many distinct keys in turn (0: unkeyed, sticky "
+        "partition); not with --rate on AsyncProducer",
+    )
     ap.add_argument("--sync", action="store_true", help="the blocking Producer")
     ap.add_argument(
         "--rate", type=float, default=0, help="pace sends at this many msg/s; print latencies"
@@ -226,7 +244,8 @@ def main() -> None:
     print(
         f"{'Producer' if args.sync else 'AsyncProducer'} fsync={args.fsync} acks={args.acks} "
         f"idempotence={args.idempotence} compression={args.compression} "
-        f"partitions={args.partitions} batch_bytes={args.batch_bytes:,} "
+        f"partitions={args.partitions} batch_bytes={args.batch_bytes or 'default'} "
+        f"keys={args.keys} "
         f"linger_ms={args.linger_ms}{event_loop_note()}: {args.messages:,} x {VALUE_BYTES} B "
         f"in {elapsed:.2f} s = {rate:,.0f} msg/s, {rate * VALUE_BYTES / 1e6:,.1f} MB/s"
         + (f"; paced at {args.rate:,.0f} msg/s: {percentiles(latencies)}" if args.rate else "")

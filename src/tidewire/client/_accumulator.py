@@ -32,7 +32,7 @@ from typing import Any, Self
 
 from tidewire.errors import BatchTooLargeError
 from tidewire.records import varint
-from tidewire.records.batch import BATCH_OVERHEAD, seal_batch
+from tidewire.records.batch import BATCH_OVERHEAD, seal_batch, seal_batch_in_place
 from tidewire.records.compression import Codec, compress
 
 __all__ = [
@@ -55,6 +55,10 @@ _VARINT_LIMIT = len(_VARINT)
 _NULL = varint.encode(-1)
 _ZERO = _VARINT[0]
 _ATTRS = b"\x00"  # record attributes: unused, always 0
+#: The first part of every batch: room for its header, written in place when it is built.
+_HEADER_ROOM = bytes(BATCH_OVERHEAD)
+#: Joins byte strings into one new bytearray (a batch's header is then written into it).
+_join_mutable = bytearray().join
 #: What :meth:`Accumulator.append` returns when it closed a full batch without opening another.
 ROLLED = -2
 
@@ -156,12 +160,13 @@ class ProducerBatch:
         self.created = now
         self.no = state.next_batch_no
         state.next_batch_no += 1
-        self.parts: list[bytes] = []
+        #: The encoded records, after room for the header: joined once into the batch.
+        self.parts: list[bytes] = [_HEADER_ROOM]
         self.count = 0
         self.size = BATCH_OVERHEAD
         self.first_ts = -1
         self.max_ts = -1
-        self.data: bytes | None = None  # built at its first send, then sent as it is
+        self.data: bytes | bytearray | None = None  # built at its first send, then sent as it is
         self.base_sequence = -1
         self.attempts = 0
         self.retry_at = 0.0
@@ -172,24 +177,38 @@ class ProducerBatch:
         """Whether it was sent at least once (its bytes, and sequences, are fixed)."""
         return self.data is not None
 
-    def build(self, codec: Codec, producer_id: int, producer_epoch: int) -> bytes:
-        """Encode the batch (once): header, compressed records, CRC-32C."""
+    def build(self, codec: Codec, producer_id: int, producer_epoch: int) -> bytes | bytearray:
+        """Encode the batch (once): header, compressed records, CRC-32C. Uncompressed, the
+        records are joined once, after room for the header, which is then written in place
+        (one copy of the records, where joining them and sealing the section made two)."""
         if self.data is not None:
             return self.data
-        section = b"".join(self.parts)
-        if codec is not Codec.NONE:
-            section = compress(codec, section)
         idempotent = self.base_sequence >= 0
-        self.data = seal_batch(
-            section,
-            codec=codec,
-            count=self.count,
-            first_timestamp=self.first_ts,
-            max_timestamp=self.max_ts,
-            producer_id=producer_id if idempotent else -1,
-            producer_epoch=producer_epoch if idempotent else -1,
-            base_sequence=self.base_sequence,
-        )
+        pid = producer_id if idempotent else -1
+        epoch = producer_epoch if idempotent else -1
+        if codec is Codec.NONE:
+            self.data = seal_batch_in_place(
+                _join_mutable(self.parts),
+                codec=codec,
+                count=self.count,
+                first_timestamp=self.first_ts,
+                max_timestamp=self.max_ts,
+                producer_id=pid,
+                producer_epoch=epoch,
+                base_sequence=self.base_sequence,
+            )
+        else:
+            self.parts[0] = b""  # no header room in what is compressed
+            self.data = seal_batch(
+                compress(codec, b"".join(self.parts)),
+                codec=codec,
+                count=self.count,
+                first_timestamp=self.first_ts,
+                max_timestamp=self.max_ts,
+                producer_id=pid,
+                producer_epoch=epoch,
+                base_sequence=self.base_sequence,
+            )
         self.parts = []  # the bytes are all that is sent from now on
         return self.data
 

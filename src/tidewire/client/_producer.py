@@ -67,7 +67,7 @@ from ._accumulator import (
     RecordFuture,
     encode_headers,
 )
-from ._settings import MAX_BATCH_BYTES, ProducerSettings
+from ._settings import DEFAULT_BATCH_BYTES, MAX_BATCH_BYTES, ProducerSettings
 from ._transport import Transport
 from .partitioner import fnv1a_32
 
@@ -199,7 +199,7 @@ class AsyncProducer:
         addr: str = "127.0.0.1:7400",
         *,
         linger_ms: int = 5,
-        batch_bytes: int = 64 * 1024,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
         buffer_bytes: int = 32 * 1024 * 1024,
         max_block_ms: int = 60_000,
         compression: str = "none",

@@ -25,7 +25,7 @@ from tidewire.security.tls import TlsOptions
 
 from ._accumulator import Accumulator, BlockingRecordFuture, ProducerBatch
 from ._producer import _NEED_METADATA, AsyncProducer, Session, _new_tuple
-from ._settings import ProducerSettings
+from ._settings import DEFAULT_BATCH_BYTES, ProducerSettings
 from ._transport import parse_addr
 
 __all__ = ["Producer"]
@@ -48,7 +48,7 @@ class Producer(BlockingTwin[AsyncProducer]):
         addr: str = "127.0.0.1:7400",
         *,
         linger_ms: int = 5,
-        batch_bytes: int = 64 * 1024,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
         buffer_bytes: int = 32 * 1024 * 1024,
         max_block_ms: int = 60_000,
         compression: str = "none",

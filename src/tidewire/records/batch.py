@@ -55,6 +55,7 @@ __all__ = [
     "peek_base_offset",
     "peek_batch_size",
     "seal_batch",
+    "seal_batch_in_place",
 ]
 
 #: The whole batch header as one struct, a format character per field (see module docstring).
@@ -119,6 +120,37 @@ def crc32c(data: bytes | bytearray | memoryview) -> int:
     return int(_crc32c.crc32c(data))
 
 
+def _pack_header(  # noqa: PLR0917 (one caller shape: seal_batch and seal_batch_in_place)
+    records_bytes: int,
+    codec: int,
+    count: int,
+    first_timestamp: int,
+    max_timestamp: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    timestamp_type: int,
+    base_offset: int,
+    partition_leader_epoch: int,
+) -> bytes:
+    """The header of a batch whose records section has ``records_bytes``, its CRC zero."""
+    return HEADER.pack(
+        base_offset,
+        BATCH_OVERHEAD + records_bytes - LOG_OVERHEAD,
+        partition_leader_epoch,
+        MAGIC,
+        0,  # crc, computed by the caller over what follows it
+        int(codec) | (_TIMESTAMP_TYPE_BIT if timestamp_type else 0),
+        max(count - 1, 0),
+        first_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        count,
+    )
+
+
 def seal_batch(
     section: bytes,
     *,
@@ -136,25 +168,63 @@ def seal_batch(
     """A whole batch: the header over ``section`` (the records, already compressed with
     ``codec``), its CRC-32C, and the section, with one copy of the section. The length and
     the last offset delta are derived from the section's size and ``count``."""
-    header = HEADER.pack(
-        base_offset,
-        BATCH_OVERHEAD + len(section) - LOG_OVERHEAD,
-        partition_leader_epoch,
-        MAGIC,
-        0,  # crc, computed below over what follows it
-        int(codec) | (_TIMESTAMP_TYPE_BIT if timestamp_type else 0),
-        max(count - 1, 0),
+    header = _pack_header(
+        len(section),
+        codec,
+        count,
         first_timestamp,
         max_timestamp,
         producer_id,
         producer_epoch,
         base_sequence,
-        count,
+        timestamp_type,
+        base_offset,
+        partition_leader_epoch,
     )
     crc = _crc32c.crc32c(section, _crc32c.crc32c(header[ATTRIBUTES_OFFSET:]))
     return b"".join(
         (header[:CRC_OFFSET], crc.to_bytes(4, "big"), header[ATTRIBUTES_OFFSET:], section)
     )
+
+
+def seal_batch_in_place(
+    buf: bytearray,
+    *,
+    codec: int,
+    count: int,
+    first_timestamp: int,
+    max_timestamp: int,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+) -> bytearray:
+    """:func:`seal_batch` for a section already in ``buf[BATCH_OVERHEAD:]`` (the first
+    ``BATCH_OVERHEAD`` bytes are room for the header): the header and its CRC-32C are
+    written there, the section is not copied. Returns ``buf``, then a whole batch, the same
+    bytes as :func:`seal_batch` gives for that section.
+
+    Raises:
+        ValueError: ``buf`` is shorter than a header.
+    """
+    if len(buf) < BATCH_OVERHEAD:
+        raise ValueError(f"a batch of {len(buf)} bytes has no room for its 61-byte header")
+    buf[:BATCH_OVERHEAD] = _pack_header(
+        len(buf) - BATCH_OVERHEAD,
+        codec,
+        count,
+        first_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        0,
+        0,
+        -1,
+    )
+    with memoryview(buf) as view:
+        crc = _crc32c.crc32c(view[ATTRIBUTES_OFFSET:])
+    buf[CRC_OFFSET:ATTRIBUTES_OFFSET] = crc.to_bytes(4, "big")
+    return buf
 
 
 class TimestampType:
