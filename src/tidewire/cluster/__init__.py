@@ -1,0 +1,1 @@
+"""The cluster layer: metadata and leadership through etcd (see :mod:`tidewire.cluster.etcd`)."""

@@ -1,0 +1,288 @@
+"""The cluster's metadata in etcd, and a node's local copy of it.
+
+Keys, under ``/tidewire/<cluster id>/`` (values are JSON):
+
+- ``nodes/<node id>``: a node's addresses, on the node's lease: it goes when the node does;
+- ``topics/<name>``: a topic's partition count and settings;
+- ``partitions/<topic>/<partition>``: its replicas, leader, leader epoch and in-sync replicas;
+- ``controller``: the election of the one node that places replicas and moves leadership.
+
+Every change is a compare-and-swap transaction: a topic is created only if it does not exist, a
+partition's state changes only from the version (``mod_revision``) the writer read, and a
+controller's writes also compare its election key (the fencing token, see
+:mod:`tidewire.cluster.etcd`). :class:`MetadataCache` reads everything once and then follows a
+watch from the revision of that read, so a node's view is etcd's at some revision, never a mix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from tidewire.cluster.etcd import (
+    Compare,
+    EtcdClient,
+    EtcdError,
+    EtcdUnavailableError,
+    KeyValue,
+    LeaderKey,
+    Op,
+    WatchCompactedError,
+)
+
+__all__ = [
+    "Fence",
+    "MetadataCache",
+    "MetadataStore",
+    "NodeInfo",
+    "PartitionState",
+    "TopicInfo",
+]
+
+log = logging.getLogger("tidewire.cluster")
+
+#: No leader (a partition whose in-sync replicas are all gone, with unclean election off).
+NO_LEADER = -1
+
+
+class NodeInfo(msgspec.Struct, frozen=True):
+    node_id: int
+    host: str
+    port: int
+    http_port: int = -1
+    kafka_port: int = -1
+
+
+class TopicInfo(msgspec.Struct, frozen=True):
+    name: str
+    partitions: int
+    replication_factor: int
+    config: dict[str, str] = {}
+
+
+class PartitionState(msgspec.Struct, frozen=True):
+    replicas: tuple[int, ...]
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A controller's fencing token: its election key and the revision it was won at."""
+
+    key: bytes
+    rev: int
+
+    @classmethod
+    def of(cls, leader: LeaderKey) -> Fence:
+        return cls(leader.key, leader.rev)
+
+    def compare(self) -> Compare:
+        return Compare.create_revision(self.key, "=", self.rev)
+
+
+_enc = msgspec.json.Encoder()
+
+
+class MetadataStore:
+    """Reads and compare-and-swap writes of the metadata of cluster ``cluster_id``."""
+
+    def __init__(self, etcd: EtcdClient, cluster_id: str) -> None:
+        if not cluster_id or "/" in cluster_id:
+            raise ValueError(f"a cluster id is a non-empty name without '/', not {cluster_id!r}")
+        self.etcd = etcd
+        self.root = f"/tidewire/{cluster_id}/"
+
+    def node_key(self, node_id: int) -> str:
+        return f"{self.root}nodes/{node_id}"
+
+    def topic_key(self, name: str) -> str:
+        return f"{self.root}topics/{name}"
+
+    def partition_key(self, topic: str, partition: int) -> str:
+        return f"{self.root}partitions/{topic}/{partition}"
+
+    @property
+    def controller_election(self) -> str:
+        return f"{self.root}controller"
+
+    async def register(self, node: NodeInfo, lease: int) -> None:
+        """Put the node's addresses on its lease. Refused while another live node holds the
+        same id (its key exists on another lease)."""
+        key = self.node_key(node.node_id)
+        r = await self.etcd.txn(
+            [Compare.create_revision(key, "=", 0)],
+            [Op.put(key, _enc.encode(node), lease)],
+            [Op.get(key)],
+        )
+        if not r.succeeded:
+            held = r.responses[0][0] if r.responses and r.responses[0] else None
+            if held is None or held.lease != lease:
+                raise EtcdError(
+                    f"node id {node.node_id} is registered already by a live node "
+                    f"({held.value.decode(errors='replace') if held else '?'}): each node of a "
+                    "cluster needs its own --node-id"
+                )
+            await self.etcd.put(key, _enc.encode(node), lease=lease)
+
+    async def create_topic(
+        self, topic: TopicInfo, assignment: Sequence[Sequence[int]], fence: Fence | None
+    ) -> bool:
+        """Create the topic and its partitions' states (first replica leads, all in sync) at
+        once; False when it exists already."""
+        if len(assignment) != topic.partitions:
+            raise ValueError(f"{len(assignment)} replica sets for {topic.partitions} partitions")
+        ops = [Op.put(self.topic_key(topic.name), _enc.encode(topic))]
+        for p, replicas in enumerate(assignment):
+            state = PartitionState(tuple(replicas), replicas[0], 0, tuple(replicas))
+            ops.append(Op.put(self.partition_key(topic.name, p), _enc.encode(state)))
+        compares = [Compare.create_revision(self.topic_key(topic.name), "=", 0)]
+        if fence is not None:
+            compares.append(fence.compare())
+        return (await self.etcd.txn(compares, ops)).succeeded
+
+    async def set_partition(
+        self,
+        topic: str,
+        partition: int,
+        state: PartitionState,
+        expect_version: int,
+        fence: Fence | None = None,
+    ) -> bool:
+        """Replace a partition's state if it is still at ``expect_version`` (the
+        ``mod_revision`` the writer read) and, for a controller, its fence still holds."""
+        key = self.partition_key(topic, partition)
+        compares = [Compare.mod_revision(key, "=", expect_version)]
+        if fence is not None:
+            compares.append(fence.compare())
+        return (await self.etcd.txn(compares, [Op.put(key, _enc.encode(state))])).succeeded
+
+    async def delete_topic(self, name: str, fence: Fence | None) -> bool:
+        compares = [Compare.create_revision(self.topic_key(name), ">", 0)]
+        if fence is not None:
+            compares.append(fence.compare())
+        ops = [
+            Op.delete(self.topic_key(name)),
+            Op.delete(f"{self.root}partitions/{name}/", prefix=True),
+        ]
+        return (await self.etcd.txn(compares, ops)).succeeded
+
+
+@dataclass
+class _Versioned:
+    value: object
+    version: int
+
+
+class MetadataCache:
+    """A node's copy of the metadata: read at one revision, then kept current by a watch.
+
+    ``on_change(kind, key, value)`` is called for each change applied (``kind`` one of
+    ``node``, ``topic``, ``partition``; ``value`` None for a deletion). While etcd cannot be
+    reached the copy stays as it was (data keeps flowing on current leaders) and the watch is
+    resumed from the next revision, or everything is read anew after a compaction.
+    """
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        on_change: Callable[[str, str, object | None], None] | None = None,
+        *,
+        retry_s: float = 0.5,
+    ) -> None:
+        self.store = store
+        self.on_change = on_change
+        self.retry_s = retry_s
+        self.nodes: dict[int, NodeInfo] = {}
+        self.topics: dict[str, TopicInfo] = {}
+        self._partitions: dict[tuple[str, int], _Versioned] = {}
+        self.revision = 0
+        self.changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def partition(self, topic: str, partition: int) -> tuple[PartitionState, int] | None:
+        """The partition's state and its version, None when unknown."""
+        v = self._partitions.get((topic, partition))
+        return None if v is None else (v.value, v.version)  # type: ignore[return-value]
+
+    def partitions(self) -> dict[tuple[str, int], tuple[PartitionState, int]]:
+        return {k: (v.value, v.version) for k, v in self._partitions.items()}  # type: ignore[misc]
+
+    async def load(self) -> None:
+        kvs, rev = await self.store.etcd.range(self.store.root, prefix=True)
+        self.nodes.clear()
+        self.topics.clear()
+        self._partitions.clear()
+        for kv in kvs:
+            self._apply(kv, deleted=False)
+        self.revision = rev
+        self.changed.set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._follow(), name="metadata watch")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> None:
+        """Until ``predicate()`` holds over the copy (checked after each change)."""
+        async with asyncio.timeout(timeout_s):
+            while not predicate():
+                self.changed.clear()
+                await self.changed.wait()
+
+    async def _follow(self) -> None:
+        while True:
+            try:
+                async for events in self.store.etcd.watch(
+                    self.store.root, prefix=True, start_revision=self.revision + 1
+                ):
+                    for e in events:
+                        self._apply(e.kv, deleted=e.type == "DELETE")
+                        self.revision = max(self.revision, e.kv.mod_revision)
+                    self.changed.set()
+            except WatchCompactedError:
+                log.info("metadata watch compacted: reading it anew")
+                with contextlib.suppress(EtcdUnavailableError):
+                    await self.load()
+                continue
+            except EtcdUnavailableError as exc:
+                log.warning("metadata watch interrupted (%s); resuming", exc)
+            await asyncio.sleep(self.retry_s)
+
+    def _apply(self, kv: KeyValue, *, deleted: bool) -> None:
+        rel = kv.key.decode()[len(self.store.root) :]
+        kind, _, rest = rel.partition("/")
+        value: object | None = None
+        if kind == "nodes":
+            nid = int(rest)
+            if deleted:
+                self.nodes.pop(nid, None)
+            else:
+                value = self.nodes[nid] = msgspec.json.decode(kv.value, type=NodeInfo)
+        elif kind == "topics":
+            if deleted:
+                self.topics.pop(rest, None)
+            else:
+                value = self.topics[rest] = msgspec.json.decode(kv.value, type=TopicInfo)
+        elif kind == "partitions":
+            topic, _, p = rest.rpartition("/")
+            key = (topic, int(p))
+            if deleted:
+                self._partitions.pop(key, None)
+            else:
+                value = msgspec.json.decode(kv.value, type=PartitionState)
+                self._partitions[key] = _Versioned(value, kv.mod_revision)
+        else:
+            return  # the controller's election keys and anything newer
+        if self.on_change is not None:
+            self.on_change(kind[:-1], rest, value)

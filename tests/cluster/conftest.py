@@ -1,0 +1,3 @@
+from tests.cluster._etcd import etcd
+
+__all__ = ["etcd"]

@@ -1,0 +1,86 @@
+"""The fault-injection proxy itself: it forwards, delays in order, blackholes (writes succeed,
+nothing arrives), refuses, cuts current connections with a reset, and heals."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tests.cluster._proxy import Proxy
+
+
+async def _echo_server() -> tuple[asyncio.Server, int]:
+    async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while data := await r.read(65536):
+                w.write(data)
+                await w.drain()
+        except ConnectionError:
+            pass
+        finally:
+            w.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+async def _closed(r: asyncio.StreamReader) -> bool:
+    """Whether the connection ends (reset or closed) within 5 s."""
+    try:
+        return await asyncio.wait_for(r.read(10), 5) == b""
+    except ConnectionError:
+        return True
+
+
+def test_forward_delay_blackhole_refuse_cut_heal() -> None:
+    async def main() -> None:
+        server, port = await _echo_server()
+        proxy = await Proxy("127.0.0.1", port).start()
+        try:
+            r, w = await asyncio.open_connection("127.0.0.1", proxy.port)
+            w.write(b"hello")
+            assert await asyncio.wait_for(r.readexactly(5), 5) == b"hello"
+
+            proxy.delay_s = 0.2
+            t0 = time.monotonic()
+            for part in (b"a", b"b", b"c"):
+                w.write(part)
+            got = b""
+            while len(got) < 3:
+                got += await asyncio.wait_for(r.read(3), 5)
+            assert got == b"abc"
+            assert time.monotonic() - t0 >= 0.2
+
+            proxy.heal()
+            proxy.blackhole()
+            w.write(b"lost")
+            await w.drain()  # the write itself succeeds
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(r.read(10), 0.5)
+
+            proxy.heal()
+            w.write(b"again")
+            assert await asyncio.wait_for(r.readexactly(5), 5) == b"again"
+
+            proxy.cut()
+            assert await _closed(r), "a cut connection is reset"
+            w.close()
+
+            proxy.refuse()
+            r2, w2 = await asyncio.open_connection("127.0.0.1", proxy.port)
+            assert await _closed(r2)  # closed at once
+            w2.close()
+
+            proxy.heal()
+            r3, w3 = await asyncio.open_connection("127.0.0.1", proxy.port)
+            w3.write(b"back")
+            assert await asyncio.wait_for(r3.readexactly(4), 5) == b"back"
+            w3.close()
+        finally:
+            await proxy.close()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(main())
