@@ -62,6 +62,7 @@ from tidewire.broker.streams.model import (
     check_stream_id,
     decode_token,
     encode_token,
+    encode_tokens,
     partition_of,
 )
 from tidewire.errors import (
@@ -572,10 +573,22 @@ class StreamManager:
         bucket: dict[str, _Stream] = {}
         crc32 = _crc
         always = self._always
-        token = _token
         stop = len(items)
         k = start
         n_persistent = 0
+        n_created = 0
+        max_count = self.max_count
+        # per partition: the record entries are added to (plist[-1] of recs), None before
+        # the partition's first
+        open_recs: list[list[Any] | None] = [None] * nparts
+        # the new stream that holds one persistent message and nothing else takes the fast
+        # path below: its object is made whole at once (an item it does not fit goes on
+        # to the general path, which handles every case)
+        fast = default_ring > 0 and ring_default == default_ring
+        # what each token encodes: made together once the items are stored
+        tok_k: list[int] = []
+        tok_crc: list[int] = []
+        tok_pos: list[int] = []
         #: (stream, uuid) -> (stream, item): remembered once the item is stored
         new_uuids: dict[tuple[str, str], tuple[_Stream, int]] = {}
         drops: dict[str, int] = {}  # stream -> waiting messages to push out
@@ -589,6 +602,48 @@ class StreamManager:
             got = exps.get(ttl)
             s = streams.get(sid)
             crc = -1
+            if (
+                s is None
+                and fast
+                and got is not None
+                and it.persistent
+                and not it.uuid
+                and len(value) <= max_bytes
+                and 0 < len(sid) <= MAX_STREAM_ID_CHARS
+                and "\x00" not in sid
+                and len(streams) < max_count
+            ):
+                crc = crc32(sid.encode("utf-8", "surrogatepass"))
+                p = crc % nparts
+                rec = open_recs[p]
+                size = len(value) + 3 * len(sid) + 24
+                if rec is not None:
+                    entries = rec[1]
+                    if len(entries) < MAX_ENTRIES_PER_RECORD and rec[2] + size <= cap:
+                        exp, exp_s = got
+                        pos = (rec[0] << POSITION_BITS) | len(entries)
+                        entries.append((sid, "", exp, value))
+                        rec[4].append(k)
+                        rec[2] += size
+                        if exp > rec[3]:  # noqa: PLR1730 (max() costs a call)
+                            rec[3] = exp
+                        s = streams[sid] = _Stream(
+                            sid, p, ring_default, now_s, (pos, exp), -1, None, None, exp_s
+                        )
+                        if exp_s != bucket_s:
+                            bucket_s = exp_s
+                            bucket = wheel.setdefault(exp_s, {})
+                        bucket[sid] = s
+                        n_created += 1
+                        n_persistent += 1
+                        if tokens:
+                            tok_k.append(k)
+                            tok_crc.append(crc)
+                            tok_pos.append(pos)
+                        if always:  # under fsync=always readers see it once durable
+                            fresh.append(s)
+                        k += 1
+                        continue
             if s is None or got is None or len(value) > max_bytes:
                 try:
                     if s is None and (not sid or len(sid) > MAX_STREAM_ID_CHARS or "\x00" in sid):
@@ -612,9 +667,10 @@ class StreamManager:
                                 f"{len(streams):,} streams exist (stream_max_count="
                                 f"{self.max_count:,}); {sid[:200]!r} is not created"
                             )
-                        crc = crc32(sid.encode("utf-8", "surrogatepass"))
+                        if crc < 0:
+                            crc = crc32(sid.encode("utf-8", "surrogatepass"))
                         s = streams[sid] = _Stream(sid, crc % nparts, ring_default, now_s)
-                        stats.created += 1
+                        n_created += 1
                 except TidewireError as exc:
                     results[k] = _error(exc)
                     k += 1
@@ -665,11 +721,12 @@ class StreamManager:
                     if not self._logs:
                         self._open_logs()
                     plist = recs[p] = [[self._logs[p].log_end_offset, [], 0, 0, [], None]]
+                    open_recs[p] = plist[-1]
                 rec = plist[-1]
                 entries = rec[1]
                 size = len(value) + 3 * (len(sid) + len(uuid)) + 24
                 if len(entries) >= MAX_ENTRIES_PER_RECORD or (entries and rec[2] + size > cap):
-                    rec = [rec[0] + 1, [], 0, 0, [], None]
+                    rec = open_recs[p] = [rec[0] + 1, [], 0, 0, [], None]
                     plist.append(rec)
                     entries = rec[1]
                 pos = (rec[0] << POSITION_BITS) | len(entries)
@@ -691,7 +748,9 @@ class StreamManager:
                 if tokens:
                     if crc < 0:
                         crc = crc32(sid.encode("utf-8", "surrogatepass"))
-                    results[k] = SendResult(0, "", token(crc, pos))
+                    tok_k.append(k)
+                    tok_crc.append(crc)
+                    tok_pos.append(pos)
                 if drop_self:
                     drop_selves.append((s, pos))
                 if always or s.readers:  # under fsync=always readers see it once durable
@@ -723,6 +782,14 @@ class StreamManager:
             k += 1
         stats.persistent_messages += n_persistent
         stats.sent_persistent += n_persistent
+        stats.created += n_created
+        if tok_k:
+            toks = encode_tokens(tok_crc, tok_pos)
+            if len(tok_k) == k - start:  # every item stored here has a token
+                results[start:k] = [SendResult(0, "", t) for t in toks]
+            else:
+                for j, t in zip(tok_k, toks, strict=True):
+                    results[j] = SendResult(0, "", t)
         failed = self._append(recs, now, ends, results, failures)
         # what depended on the records being written: the uuids remembered, the take of a
         # message no room was left for, the oldest waiting messages pushed out

@@ -18,6 +18,7 @@ import base64
 import binascii
 import struct
 import zlib
+from collections.abc import Sequence
 
 from tidewire.errors import InvalidStreamError
 
@@ -44,6 +45,7 @@ __all__ = [
     "check_stream_id",
     "decode_token",
     "encode_token",
+    "encode_tokens",
     "partition_of",
     "position",
     "split_position",
@@ -60,6 +62,12 @@ FROM_END = "$"
 
 _TOKEN = struct.Struct(">BIq")  # version, crc32 of the stream id, position
 _TOKEN_VERSION = 1
+#: A token's bytes padded to 15, a multiple of 3: base64 turns each into 20 characters of
+#: its own, the first 18 of which are its token (the last of them holds 2 bits of the token
+#: and 4 zero bits, as base64's own padding would).
+_TOKEN_STRIDE = 15
+_TOKEN_CHARS = 18
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 
 def check_stream_id(stream: str) -> str:
@@ -100,6 +108,34 @@ def encode_token(stream: str, pos: int) -> str:
     crc = zlib.crc32(stream.encode("utf-8", "surrogatepass"))
     raw = _TOKEN.pack(_TOKEN_VERSION, crc, pos)
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def encode_tokens(crcs: Sequence[int], positions: Sequence[int]) -> list[str]:
+    """The tokens of many positions at once: ``[encode_token(s, pos) ...]`` given each
+    stream's ``zlib.crc32`` of its UTF-8 id (``surrogatepass``) in ``crcs``.
+
+    A send answers a token per persistent message; made one by one they cost a struct, a
+    base64 and two string copies each. Here the bytes of every token are laid out in one
+    buffer by strided slice assignments and encoded by one base64 call; what is left per
+    token is the slice of its characters.
+    """
+    n = len(crcs)
+    if n != len(positions):
+        raise ValueError(f"{n:,} crcs for {len(positions):,} positions")
+    if n == 0:
+        return []
+    stride = _TOKEN_STRIDE
+    buf = bytearray(stride * n)
+    buf[0::stride] = bytes((_TOKEN_VERSION,)) * n
+    raw = struct.pack(f">{n}I", *crcs)
+    for j in range(4):
+        buf[1 + j :: stride] = raw[j::4]
+    raw = struct.pack(f">{n}q", *positions)
+    for j in range(8):
+        buf[5 + j :: stride] = raw[j::8]
+    text = binascii.b2a_base64(buf, newline=False).translate(_URLSAFE).decode("ascii")
+    width = stride // 3 * 4
+    return [text[i : i + _TOKEN_CHARS] for i in range(0, width * n, width)]
 
 
 def decode_token(stream: str, token: str) -> int:
