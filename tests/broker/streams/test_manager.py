@@ -722,3 +722,17 @@ def test_new_streams_and_every_other_kind_of_item_interleave_in_one_send(
             assert await st.receive(names) == []
 
     asyncio.run(main())
+
+
+def test_new_persistent_streams_stop_at_the_stream_limit(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with streams_broker(tmp_path, stream_max_count=4) as (_, st):
+            await st.send([SendItem("a", b"a", persistent=True)])
+            res = await st.send([SendItem(f"s{i}", b"x", persistent=True) for i in range(5)])
+            assert [r.code for r in res] == [0, 0, 0] + [TooManyStreamsError.code] * 2
+            assert "4 streams exist (stream_max_count=4); 's3' is not created" in res[3].message
+            assert [r.token != "" for r in res] == [True, True, True, False, False]
+            assert st.stats().streams == st.stats().created == 4
+            assert (await st.send([SendItem("a", b"b", persistent=True)]))[0].code == 0
+
+    asyncio.run(main())

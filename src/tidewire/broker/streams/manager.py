@@ -54,6 +54,8 @@ from tidewire.broker.streams.model import (
     FROM_START,
     MAX_STREAM_ID_CHARS,
     POSITION_BITS,
+    TOKEN_CHARS,
+    TOKEN_WIDTH,
     SendItem,
     SendResult,
     StreamInfo,
@@ -62,8 +64,8 @@ from tidewire.broker.streams.model import (
     check_stream_id,
     decode_token,
     encode_token,
-    encode_tokens,
     partition_of,
+    token_block,
 )
 from tidewire.errors import (
     BackpressureError,
@@ -562,7 +564,8 @@ class StreamManager:
         ring_default = default_ring if ring_size is None else ring_size
         stats = self._stats
         nparts = self.partitions
-        # per partition: records being built [offset, entries, bytes, newest expiry]
+        # per partition: records being built [position of the first entry, entries,
+        # bytes, newest expiry, item indices, ring sizes other than the default]
         recs: dict[int, list[list[Any]]] = {}
         exps: dict[int, tuple[int, int]] = {}
         cap = self._record_cap
@@ -577,7 +580,8 @@ class StreamManager:
         k = start
         n_persistent = 0
         n_created = 0
-        max_count = self.max_count
+        # streams this call may create (nothing else creates or forgets one meanwhile)
+        room_new = self.max_count - len(streams)
         # per partition: the record entries are added to (plist[-1] of recs), None before
         # the partition's first
         open_recs: list[list[Any] | None] = [None] * nparts
@@ -611,7 +615,7 @@ class StreamManager:
                 and len(value) <= max_bytes
                 and 0 < len(sid) <= MAX_STREAM_ID_CHARS
                 and "\x00" not in sid
-                and len(streams) < max_count
+                and n_created < room_new
             ):
                 crc = crc32(sid.encode("utf-8", "surrogatepass"))
                 p = crc % nparts
@@ -621,7 +625,7 @@ class StreamManager:
                     entries = rec[1]
                     if len(entries) < MAX_ENTRIES_PER_RECORD and rec[2] + size <= cap:
                         exp, exp_s = got
-                        pos = (rec[0] << POSITION_BITS) | len(entries)
+                        pos = rec[0] | len(entries)
                         entries.append((sid, "", exp, value))
                         rec[4].append(k)
                         rec[2] += size
@@ -662,7 +666,7 @@ class StreamManager:
                             )
                         got = exps[ttl] = (now + ttl_ms, _ceil_s(now + ttl_ms))
                     if s is None:
-                        if len(streams) >= self.max_count:
+                        if n_created >= room_new:
                             raise TooManyStreamsError(
                                 f"{len(streams):,} streams exist (stream_max_count="
                                 f"{self.max_count:,}); {sid[:200]!r} is not created"
@@ -720,16 +724,17 @@ class StreamManager:
                 if plist is None:
                     if not self._logs:
                         self._open_logs()
-                    plist = recs[p] = [[self._logs[p].log_end_offset, [], 0, 0, [], None]]
+                    base = self._logs[p].log_end_offset << POSITION_BITS
+                    plist = recs[p] = [[base, [], 0, 0, [], None]]
                     open_recs[p] = plist[-1]
                 rec = plist[-1]
                 entries = rec[1]
                 size = len(value) + 3 * (len(sid) + len(uuid)) + 24
                 if len(entries) >= MAX_ENTRIES_PER_RECORD or (entries and rec[2] + size > cap):
-                    rec = open_recs[p] = [rec[0] + 1, [], 0, 0, [], None]
+                    rec = open_recs[p] = [rec[0] + (1 << POSITION_BITS), [], 0, 0, [], None]
                     plist.append(rec)
                     entries = rec[1]
-                pos = (rec[0] << POSITION_BITS) | len(entries)
+                pos = rec[0] | len(entries)
                 entries.append((sid, uuid, exp, value))
                 rec[4].append(k)
                 if s.ring != default_ring:  # the ring size is kept for a restart
@@ -784,12 +789,17 @@ class StreamManager:
         stats.sent_persistent += n_persistent
         stats.created += n_created
         if tok_k:
-            toks = encode_tokens(tok_crc, tok_pos)
+            text = token_block(tok_crc, tok_pos)
+            width = TOKEN_WIDTH
+            chars = TOKEN_CHARS
             if len(tok_k) == k - start:  # every item stored here has a token
-                results[start:k] = [SendResult(0, "", t) for t in toks]
+                results[start:k] = [
+                    SendResult(0, "", text[i : i + chars])
+                    for i in range(0, width * k - width * start, width)
+                ]
             else:
-                for j, t in zip(tok_k, toks, strict=True):
-                    results[j] = SendResult(0, "", t)
+                for n, j in enumerate(tok_k):
+                    results[j] = SendResult(0, "", text[n * width : n * width + chars])
         failed = self._append(recs, now, ends, results, failures)
         # what depended on the records being written: the uuids remembered, the take of a
         # message no room was left for, the oldest waiting messages pushed out
@@ -817,14 +827,16 @@ class StreamManager:
         results: list[SendResult],
         failures: list[BaseException],
     ) -> set[int]:
-        """Write the records ``recs`` (per partition: [offset, entries, size estimate,
-        newest expiry, item indices, ring sizes other than the default by stream]).
+        """Write the records ``recs`` (per partition: [position of the first entry, entries,
+        size estimate, newest expiry, item indices, ring sizes other than the default by
+        stream]).
         Returns the partitions where a write failed: their unwritten entries are unindexed
         and their items answered with the error."""
         failed: set[int] = set()
         for p, plist in recs.items():
             plog = self._logs[p]
-            for n, (offset, entries, _estimate, newest, _idx, rings) in enumerate(plist):
+            for n, (base, entries, _estimate, newest, _idx, rings) in enumerate(plist):
+                offset = base >> POSITION_BITS
                 encoded = _encode(entries)
                 b = BatchBuilder()
                 headers = ((_HEADER_RINGS, _encode(rings)),) if rings else ()

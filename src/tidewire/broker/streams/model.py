@@ -37,6 +37,8 @@ __all__ = [
     "FROM_START",
     "MAX_STREAM_ID_CHARS",
     "POSITION_BITS",
+    "TOKEN_CHARS",
+    "TOKEN_WIDTH",
     "SendItem",
     "SendResult",
     "StreamInfo",
@@ -49,6 +51,7 @@ __all__ = [
     "partition_of",
     "position",
     "split_position",
+    "token_block",
 ]
 
 #: The longest stream id, in characters.
@@ -66,7 +69,10 @@ _TOKEN_VERSION = 1
 #: its own, the first 18 of which are its token (the last of them holds 2 bits of the token
 #: and 4 zero bits, as base64's own padding would).
 _TOKEN_STRIDE = 15
-_TOKEN_CHARS = 18
+#: Characters of a resume token.
+TOKEN_CHARS = 18
+#: Characters from one token to the next in a :func:`token_block`.
+TOKEN_WIDTH = _TOKEN_STRIDE // 3 * 4
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 
@@ -110,20 +116,23 @@ def encode_token(stream: str, pos: int) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
 
-def encode_tokens(crcs: Sequence[int], positions: Sequence[int]) -> list[str]:
-    """The tokens of many positions at once: ``[encode_token(s, pos) ...]`` given each
-    stream's ``zlib.crc32`` of its UTF-8 id (``surrogatepass``) in ``crcs``.
+def token_block(crcs: Sequence[int], positions: Sequence[int]) -> str:
+    """The tokens of many positions at once, in one string: the ``i``-th token
+    (``encode_token`` of a stream whose ``zlib.crc32`` of its UTF-8 id, ``surrogatepass``,
+    is ``crcs[i]`` and of ``positions[i]``) is its :data:`TOKEN_CHARS` characters at
+    ``i * TOKEN_WIDTH``.
 
     A send answers a token per persistent message; made one by one they cost a struct, a
     base64 and two string copies each. Here the bytes of every token are laid out in one
     buffer by strided slice assignments and encoded by one base64 call; what is left per
     token is the slice of its characters.
+
+    Raises:
+        ValueError: not as many crcs as positions.
     """
     n = len(crcs)
     if n != len(positions):
         raise ValueError(f"{n:,} crcs for {len(positions):,} positions")
-    if n == 0:
-        return []
     stride = _TOKEN_STRIDE
     buf = bytearray(stride * n)
     buf[0::stride] = bytes((_TOKEN_VERSION,)) * n
@@ -133,9 +142,18 @@ def encode_tokens(crcs: Sequence[int], positions: Sequence[int]) -> list[str]:
     raw = struct.pack(f">{n}q", *positions)
     for j in range(8):
         buf[5 + j :: stride] = raw[j::8]
-    text = binascii.b2a_base64(buf, newline=False).translate(_URLSAFE).decode("ascii")
-    width = stride // 3 * 4
-    return [text[i : i + _TOKEN_CHARS] for i in range(0, width * n, width)]
+    return binascii.b2a_base64(buf, newline=False).translate(_URLSAFE).decode("ascii")
+
+
+def encode_tokens(crcs: Sequence[int], positions: Sequence[int]) -> list[str]:
+    """``[encode_token(stream, pos) ...]`` given each stream's crc (see :func:`token_block`).
+
+    Raises:
+        ValueError: not as many crcs as positions.
+    """
+    text = token_block(crcs, positions)
+    w, c = TOKEN_WIDTH, TOKEN_CHARS
+    return [text[i : i + c] for i in range(0, len(text), w)]
 
 
 def decode_token(stream: str, token: str) -> int:
