@@ -19,8 +19,13 @@ position), the take cursor, the in-memory ring (a deque, only when there is one)
 uuids (``None``, one string, or an insertion-ordered dict), the ring size and two timer
 fields. A timer wheel of one-second buckets holds each stream at the second something is due
 for it (its earliest expiry, or the end of its idle time when it is empty): a tick costs what
-is due, never a walk over every stream. Persistent values are not kept in memory: a receive
-or read decodes them from the log (a few recently decoded records are cached).
+is due, never a walk over every stream. A bucket is a dict by stream id, so a stream moved to
+an earlier second leaves it; the streams a send creates with one persistent message go into a
+plain list of that send's instead (a list slot instead of a dict entry: created by the
+million, and until their message expires they can only move earlier, when the tick skips
+them in the list as it skips a stream due at another second). Persistent values are not
+kept in memory: a receive or read decodes them from the log (a few recently decoded records
+are cached).
 
 Reclaim. Per partition the newest expiry of each segment's messages is known; whole segments
 at the head of the log whose messages have all expired are deleted. A long-lived message
@@ -247,6 +252,9 @@ class StreamManager:
         #: evicted or rescheduled stream is referenced by no other bucket)
         self._wheel: dict[int, dict[str, _Stream]] = {}
         self._wheel_at = 0  # buckets below this second have run
+        #: second -> lists of streams created due then (see the module docstring); a
+        #: stream there may have moved to an earlier second since (its ``due`` says)
+        self._cohorts: dict[int, list[list[_Stream]]] = {}
         self._seg_exp: list[dict[int, int]] = []  # per partition: segment base -> newest expiry
         self._pending_takes: list[dict[str, int]] = []
         #: per partition: receives waiting for the next take record (its end offset)
@@ -593,6 +601,10 @@ class StreamManager:
         tok_k: list[int] = []
         tok_crc: list[int] = []
         tok_pos: list[int] = []
+        # this call's lists of new streams in the timer wheel, by second
+        cohorts: dict[int, list[_Stream]] = {}
+        cohort_s = -1
+        cohort: list[_Stream] = []
         #: (stream, uuid) -> (stream, item): remembered once the item is stored
         new_uuids: dict[tuple[str, str], tuple[_Stream, int]] = {}
         drops: dict[str, int] = {}  # stream -> waiting messages to push out
@@ -634,10 +646,14 @@ class StreamManager:
                         s = streams[sid] = _Stream(
                             sid, p, ring_default, now_s, (pos, exp), -1, None, None, exp_s
                         )
-                        if exp_s != bucket_s:
-                            bucket_s = exp_s
-                            bucket = wheel.setdefault(exp_s, {})
-                        bucket[sid] = s
+                        if exp_s != cohort_s:
+                            cohort_s = exp_s
+                            if exp_s in cohorts:
+                                cohort = cohorts[exp_s]
+                            else:
+                                cohort = cohorts[exp_s] = []
+                                self._cohorts.setdefault(exp_s, []).append(cohort)
+                        cohort.append(s)
                         n_created += 1
                         n_persistent += 1
                         if tokens:
@@ -1413,18 +1429,27 @@ class StreamManager:
         segments whose messages have all expired."""
         now = self.clock()
         now_s = now // 1000
-        wheel = self._wheel
-        if now_s - self._wheel_at > len(wheel):
-            due = sorted(sec for sec in wheel if sec <= now_s)
+        wheel, cohorts = self._wheel, self._cohorts
+        if now_s - self._wheel_at > len(wheel) + len(cohorts):
+            due = sorted({sec for sec in (*wheel, *cohorts) if sec <= now_s})
         else:
-            due = [sec for sec in range(self._wheel_at, now_s + 1) if sec in wheel]
+            due = [
+                sec for sec in range(self._wheel_at, now_s + 1) if sec in wheel or sec in cohorts
+            ]
         self._wheel_at = now_s + 1
+        streams = self._streams
         for sec in due:
-            for s in wheel.pop(sec).values():
-                if s.due == sec and self._streams.get(s.sid) is s:
-                    s.due = 0
-                    self._expire(s, now)
-                    self._after_change(s, now)
+            bucket = wheel.pop(sec, None)
+            groups = cohorts.pop(sec, [])
+            if bucket is not None:
+                groups.append(list(bucket.values()))
+            for group in groups:
+                for s in group:
+                    # a stream may have moved to an earlier second since (and be gone)
+                    if s.due == sec and streams.get(s.sid) is s:
+                        s.due = 0
+                        self._expire(s, now)
+                        self._after_change(s, now)
         self._reclaim(now)
 
     def _expire(self, s: _Stream, now: int) -> None:
