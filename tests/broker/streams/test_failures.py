@@ -347,3 +347,42 @@ def test_a_drain_ends_a_blocked_send_with_a_retriable_error(tmp_path: Path) -> N
             assert st.describe("full").waiting == 1  # type: ignore[union-attr]
 
     asyncio.run(main())
+
+
+def test_new_streams_moved_to_an_earlier_second_are_evicted_and_let_go(tmp_path: Path) -> None:
+    # Streams created with one persistent message wait in their send's list of the wheel;
+    # one given a message that expires sooner moves out to that earlier second, runs there,
+    # and is forgotten when empty and idle: the list it still sits in must not run it again
+    # nor keep it.
+    async def main() -> None:
+        clock = FakeClock()
+        async with streams_broker(tmp_path, clock, stream_idle_ms=1_000) as (_, st):
+            n = 500
+            res = await st.send(
+                [SendItem(f"s{i}", b"x", ttl_ms=60_000, persistent=True) for i in range(n)]
+            )
+            assert all(r.code == 0 for r in res)
+            objs = [st._streams[f"s{i}"] for i in range(n)]
+            in_lists = sum(len(g) for gs in st._cohorts.values() for g in gs)
+            assert in_lists >= n - st.partitions  # all but each partition's first
+            await st.send(
+                [SendItem(f"s{i}", b"y", ttl_ms=2_000, persistent=True) for i in range(n)]
+            )
+            clock.advance(2_000)
+            st.tick()
+            assert st.stats().expired == n
+            assert st.stats().streams == n
+            clock.advance(58_000)
+            st.tick()
+            assert st.stats().expired == 2 * n
+            clock.advance(2_000)
+            st.tick()
+            gc.collect()
+            assert st.stats().streams == 0
+            assert st.stats().evicted == n
+            held = [i for i in range(n) if sys.getrefcount(objs[i]) > 2]  # list + arg
+            assert held == []
+            assert st._wheel == {}
+            assert st._cohorts == {}
+
+    asyncio.run(main())

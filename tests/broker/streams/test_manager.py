@@ -4,6 +4,8 @@ blocking sends, restarts, TTL expiry and reclaim on a fake clock, idle eviction,
 from __future__ import annotations
 
 import asyncio
+import random
+import zlib
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from tidewire.broker.streams.model import (
     StreamMessage,
     decode_token,
     encode_token,
+    encode_tokens,
     partition_of,
     split_position,
 )
@@ -628,5 +631,108 @@ def test_a_receive_that_fails_takes_nothing(
                     await st.receive(["f", "g"], max_messages=10)
             got = await st.receive(["f", "g"], max_messages=10)
             assert sorted(values(got)) == [b"m1", b"m2", b"p1"]
+
+    asyncio.run(main())
+
+
+def test_tokens_made_together_are_those_made_one_by_one() -> None:
+    rng = random.Random(13)
+    ids = ["s", "device-00000001/inbox", "é\U0001f600", "\udc80 lone surrogate", "x" * 1024]
+    ids += [f"stream-{rng.randrange(10**9)}" for _ in range(200)]
+    positions = [0, 1, (1 << 16) - 1, 1 << 16, (1 << 63) - 1]
+    positions += [rng.randrange(1 << 62) for _ in range(len(ids) - len(positions))]
+    crcs = [zlib.crc32(sid.encode("utf-8", "surrogatepass")) for sid in ids]
+    assert encode_tokens(crcs, positions) == [
+        encode_token(sid, pos) for sid, pos in zip(ids, positions, strict=True)
+    ]
+    for sid, pos, token in zip(ids, positions, encode_tokens(crcs, positions), strict=True):
+        assert decode_token(sid, token) == pos
+    assert encode_tokens([], []) == []
+    with pytest.raises(ValueError, match="2 crcs for 1 positions"):
+        encode_tokens([1, 2], [3])
+
+
+def test_new_streams_and_every_other_kind_of_item_interleave_in_one_send(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # New streams holding one persistent message are stored by a path of their own; the
+    # items around them (existing streams, uuids, in-memory, other TTLs, refused ones, a
+    # full record) by the general one: positions, tokens, results, timers and the index
+    # must not tell them apart.
+    monkeypatch.setattr(manager, "MAX_ENTRIES_PER_RECORD", 3)
+    clock = FakeClock()
+
+    async def main() -> None:
+        async with streams_broker(
+            tmp_path, clock, stream_partitions=1, stream_max_message_bytes=100
+        ) as (broker, st):
+            await st.send([SendItem("old", b"o0", persistent=True)])  # offset 0
+            items = [
+                SendItem("n0", b"0", persistent=True),
+                SendItem("n1", b"1", persistent=True),
+                SendItem("n2", b"2", persistent=True),
+                SendItem("n3", b"3", persistent=True, ttl_ms=5_000),  # a new record
+                SendItem("n6", b"6", persistent=True, ttl_ms=5_000),
+                SendItem("old", b"o1", persistent=True),
+                SendItem("u", b"u", uuid="id-1", persistent=True),
+                SendItem("mem", b"m"),
+                SendItem("n4", b"4", persistent=True),
+                SendItem("big", b"x" * 101, persistent=True),
+                SendItem("n0", b"0b", persistent=True),  # made by this send already
+                SendItem("n5", b"5", persistent=True),
+                SendItem("u", b"u", uuid="id-1", persistent=True),
+                SendItem("n8", b"8", persistent=True),
+            ]
+            res = await st.send(items)
+            codes = [r.code for r in res]
+            assert codes == [0] * 9 + [BatchTooLargeError.code, 0, 0, -1, 0]
+            stored = [(i, it) for i, it in enumerate(items) if it.persistent and res[i].code == 0]
+            # records at offsets 1..4 of three entries (the last: two), in the items' order
+            got = [split_position(decode_token(it.stream, res[i].token)) for i, it in stored]
+            assert got == [(o, j) for o in (1, 2, 3, 4) for j in range(3)][:11]
+            assert res[7].token == ""  # in memory
+            assert broker.logs.logs[(STREAMS_TOPIC, 0)].log_end_offset == 5
+            assert st.stats().streams == 11  # "big" was refused before it was made
+            assert st.stats().created == 11
+            assert st.stats().persistent_messages == 12
+            bare = await st.send([SendItem("n7", b"7", persistent=True)], tokens=False)
+            assert bare[0].code == 0
+            assert bare[0].token == ""
+            clock.advance(5_000)  # the two of 5 s expire, nothing else
+            st.tick()
+            assert st.stats().expired == 2  # by the timers: each stream was scheduled
+            assert st.stats().persistent_messages == 11
+            waiting = {
+                sid: values((await st.read({sid: FROM_START}))[0])
+                for sid in ("n0", "n3", "n6", "n7", "old")
+            }
+            assert waiting == {
+                "n0": [b"0", b"0b"],
+                "n3": [],
+                "n6": [],
+                "n7": [b"7"],
+                "old": [b"o0", b"o1"],
+            }
+            names = ["n1", "n2", "n4", "n5", "n8", "u", "mem"]
+            taken = await st.receive(names, max_messages=10)
+            assert sorted(values(taken)) == [b"1", b"2", b"4", b"5", b"8", b"m", b"u"]
+        async with streams_broker(tmp_path, clock, stream_partitions=1) as (_, st):
+            msgs, _ = await st.read({"n0": FROM_START, "n5": res[11].token})
+            assert sorted(values(msgs)) == [b"0", b"0b", b"5"]
+            assert await st.receive(names) == []
+
+    asyncio.run(main())
+
+
+def test_new_persistent_streams_stop_at_the_stream_limit(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with streams_broker(tmp_path, stream_max_count=4) as (_, st):
+            await st.send([SendItem("a", b"a", persistent=True)])
+            res = await st.send([SendItem(f"s{i}", b"x", persistent=True) for i in range(5)])
+            assert [r.code for r in res] == [0, 0, 0] + [TooManyStreamsError.code] * 2
+            assert "4 streams exist (stream_max_count=4); 's3' is not created" in res[3].message
+            assert [r.token != "" for r in res] == [True, True, True, False, False]
+            assert st.stats().streams == st.stats().created == 4
+            assert (await st.send([SendItem("a", b"b", persistent=True)]))[0].code == 0
 
     asyncio.run(main())

@@ -19,8 +19,13 @@ position), the take cursor, the in-memory ring (a deque, only when there is one)
 uuids (``None``, one string, or an insertion-ordered dict), the ring size and two timer
 fields. A timer wheel of one-second buckets holds each stream at the second something is due
 for it (its earliest expiry, or the end of its idle time when it is empty): a tick costs what
-is due, never a walk over every stream. Persistent values are not kept in memory: a receive
-or read decodes them from the log (a few recently decoded records are cached).
+is due, never a walk over every stream. A bucket is a dict by stream id, so a stream moved to
+an earlier second leaves it; the streams a send creates with one persistent message go into a
+plain list of that send's instead (a list slot instead of a dict entry: created by the
+million, and until their message expires they can only move earlier, when the tick skips
+them in the list as it skips a stream due at another second). Persistent values are not
+kept in memory: a receive or read decodes them from the log (a few recently decoded records
+are cached).
 
 Reclaim. Per partition the newest expiry of each segment's messages is known; whole segments
 at the head of the log whose messages have all expired are deleted. A long-lived message
@@ -55,6 +60,8 @@ from tidewire.broker.streams.model import (
     FROM_START,
     MAX_STREAM_ID_CHARS,
     POSITION_BITS,
+    TOKEN_CHARS,
+    TOKEN_WIDTH,
     SendItem,
     SendResult,
     StreamInfo,
@@ -64,6 +71,7 @@ from tidewire.broker.streams.model import (
     decode_token,
     encode_token,
     partition_of,
+    token_block,
 )
 from tidewire.errors import (
     BackpressureError,
@@ -250,6 +258,9 @@ class StreamManager:
         #: evicted or rescheduled stream is referenced by no other bucket)
         self._wheel: dict[int, dict[str, _Stream]] = {}
         self._wheel_at = 0  # buckets below this second have run
+        #: second -> lists of streams created due then (see the module docstring); a
+        #: stream there may have moved to an earlier second since (its ``due`` says)
+        self._cohorts: dict[int, list[list[_Stream]]] = {}
         self._seg_exp: list[dict[int, int]] = []  # per partition: segment base -> newest expiry
         self._pending_takes: list[dict[str, int]] = []
         #: per partition: receives waiting for the next take record (its end offset)
@@ -567,7 +578,8 @@ class StreamManager:
         ring_default = default_ring if ring_size is None else ring_size
         stats = self._stats
         nparts = self.partitions
-        # per partition: records being built [offset, entries, bytes, newest expiry]
+        # per partition: records being built [position of the first entry, entries,
+        # bytes, newest expiry, item indices, ring sizes other than the default]
         recs: dict[int, list[list[Any]]] = {}
         exps: dict[int, tuple[int, int]] = {}
         cap = self._record_cap
@@ -578,10 +590,27 @@ class StreamManager:
         bucket: dict[str, _Stream] = {}
         crc32 = _crc
         always = self._always
-        token = _token
         stop = len(items)
         k = start
         n_persistent = 0
+        n_created = 0
+        # streams this call may create (nothing else creates or forgets one meanwhile)
+        room_new = self.max_count - len(streams)
+        # per partition: the record entries are added to (plist[-1] of recs), None before
+        # the partition's first
+        open_recs: list[list[Any] | None] = [None] * nparts
+        # the new stream that holds one persistent message and nothing else takes the fast
+        # path below: its object is made whole at once (an item it does not fit goes on
+        # to the general path, which handles every case)
+        fast = default_ring > 0 and ring_default == default_ring
+        # what each token encodes: made together once the items are stored
+        tok_k: list[int] = []
+        tok_crc: list[int] = []
+        tok_pos: list[int] = []
+        # this call's lists of new streams in the timer wheel, by second
+        cohorts: dict[int, list[_Stream]] = {}
+        cohort_s = -1
+        cohort: list[_Stream] = []
         #: (stream, uuid) -> (stream, item): remembered once the item is stored
         new_uuids: dict[tuple[str, str], tuple[_Stream, int]] = {}
         drops: dict[str, int] = {}  # stream -> waiting messages to push out
@@ -595,6 +624,52 @@ class StreamManager:
             got = exps.get(ttl)
             s = streams.get(sid)
             crc = -1
+            if (
+                s is None
+                and fast
+                and got is not None
+                and it.persistent
+                and not it.uuid
+                and len(value) <= max_bytes
+                and 0 < len(sid) <= MAX_STREAM_ID_CHARS
+                and "\x00" not in sid
+                and n_created < room_new
+            ):
+                crc = crc32(sid.encode("utf-8", "surrogatepass"))
+                p = crc % nparts
+                rec = open_recs[p]
+                size = len(value) + 3 * len(sid) + 24
+                if rec is not None:
+                    entries = rec[1]
+                    if len(entries) < MAX_ENTRIES_PER_RECORD and rec[2] + size <= cap:
+                        exp, exp_s = got
+                        pos = rec[0] | len(entries)
+                        entries.append((sid, "", exp, value))
+                        rec[4].append(k)
+                        rec[2] += size
+                        if exp > rec[3]:  # noqa: PLR1730 (max() costs a call)
+                            rec[3] = exp
+                        s = streams[sid] = _Stream(
+                            sid, p, ring_default, now_s, (pos, exp), -1, None, None, exp_s
+                        )
+                        if exp_s != cohort_s:
+                            cohort_s = exp_s
+                            if exp_s in cohorts:
+                                cohort = cohorts[exp_s]
+                            else:
+                                cohort = cohorts[exp_s] = []
+                                self._cohorts.setdefault(exp_s, []).append(cohort)
+                        cohort.append(s)
+                        n_created += 1
+                        n_persistent += 1
+                        if tokens:
+                            tok_k.append(k)
+                            tok_crc.append(crc)
+                            tok_pos.append(pos)
+                        if always:  # under fsync=always readers see it once durable
+                            fresh.append(s)
+                        k += 1
+                        continue
             if s is None or got is None or len(value) > max_bytes:
                 try:
                     if s is None and (not sid or len(sid) > MAX_STREAM_ID_CHARS or "\x00" in sid):
@@ -613,14 +688,15 @@ class StreamManager:
                             )
                         got = exps[ttl] = (now + ttl_ms, _ceil_s(now + ttl_ms))
                     if s is None:
-                        if len(streams) >= self.max_count:
+                        if n_created >= room_new:
                             raise TooManyStreamsError(
                                 f"{len(streams):,} streams exist (stream_max_count="
                                 f"{self.max_count:,}); {sid[:200]!r} is not created"
                             )
-                        crc = crc32(sid.encode("utf-8", "surrogatepass"))
+                        if crc < 0:
+                            crc = crc32(sid.encode("utf-8", "surrogatepass"))
                         s = streams[sid] = _Stream(sid, crc % nparts, ring_default, now_s)
-                        stats.created += 1
+                        n_created += 1
                 except TidewireError as exc:
                     results[k] = _error(exc)
                     k += 1
@@ -670,15 +746,17 @@ class StreamManager:
                 if plist is None:
                     if not self._logs:
                         self._open_logs()
-                    plist = recs[p] = [[self._logs[p].log_end_offset, [], 0, 0, [], None]]
+                    base = self._logs[p].log_end_offset << POSITION_BITS
+                    plist = recs[p] = [[base, [], 0, 0, [], None]]
+                    open_recs[p] = plist[-1]
                 rec = plist[-1]
                 entries = rec[1]
                 size = len(value) + 3 * (len(sid) + len(uuid)) + 24
                 if len(entries) >= MAX_ENTRIES_PER_RECORD or (entries and rec[2] + size > cap):
-                    rec = [rec[0] + 1, [], 0, 0, [], None]
+                    rec = open_recs[p] = [rec[0] + (1 << POSITION_BITS), [], 0, 0, [], None]
                     plist.append(rec)
                     entries = rec[1]
-                pos = (rec[0] << POSITION_BITS) | len(entries)
+                pos = rec[0] | len(entries)
                 entries.append((sid, uuid, exp, value))
                 rec[4].append(k)
                 if s.ring != default_ring:  # the ring size is kept for a restart
@@ -697,7 +775,9 @@ class StreamManager:
                 if tokens:
                     if crc < 0:
                         crc = crc32(sid.encode("utf-8", "surrogatepass"))
-                    results[k] = SendResult(0, "", token(crc, pos))
+                    tok_k.append(k)
+                    tok_crc.append(crc)
+                    tok_pos.append(pos)
                 if drop_self:
                     drop_selves.append((s, pos))
                 if always or s.readers:  # under fsync=always readers see it once durable
@@ -729,6 +809,19 @@ class StreamManager:
             k += 1
         stats.persistent_messages += n_persistent
         stats.sent_persistent += n_persistent
+        stats.created += n_created
+        if tok_k:
+            text = token_block(tok_crc, tok_pos)
+            width = TOKEN_WIDTH
+            chars = TOKEN_CHARS
+            if len(tok_k) == k - start:  # every item stored here has a token
+                results[start:k] = [
+                    SendResult(0, "", text[i : i + chars])
+                    for i in range(0, width * k - width * start, width)
+                ]
+            else:
+                for n, j in enumerate(tok_k):
+                    results[j] = SendResult(0, "", text[n * width : n * width + chars])
         failed = self._append(recs, now, ends, results, failures)
         # what depended on the records being written: the uuids remembered, the take of a
         # message no room was left for, the oldest waiting messages pushed out
@@ -756,14 +849,16 @@ class StreamManager:
         results: list[SendResult],
         failures: list[BaseException],
     ) -> set[int]:
-        """Write the records ``recs`` (per partition: [offset, entries, size estimate,
-        newest expiry, item indices, ring sizes other than the default by stream]).
+        """Write the records ``recs`` (per partition: [position of the first entry, entries,
+        size estimate, newest expiry, item indices, ring sizes other than the default by
+        stream]).
         Returns the partitions where a write failed: their unwritten entries are unindexed
         and their items answered with the error."""
         failed: set[int] = set()
         for p, plist in recs.items():
             plog = self._logs[p]
-            for n, (offset, entries, _estimate, newest, _idx, rings) in enumerate(plist):
+            for n, (base, entries, _estimate, newest, _idx, rings) in enumerate(plist):
+                offset = base >> POSITION_BITS
                 encoded = _encode(entries)
                 b = BatchBuilder()
                 headers = ((_HEADER_RINGS, _encode(rings)),) if rings else ()
@@ -1340,18 +1435,27 @@ class StreamManager:
         segments whose messages have all expired."""
         now = self.clock()
         now_s = now // 1000
-        wheel = self._wheel
-        if now_s - self._wheel_at > len(wheel):
-            due = sorted(sec for sec in wheel if sec <= now_s)
+        wheel, cohorts = self._wheel, self._cohorts
+        if now_s - self._wheel_at > len(wheel) + len(cohorts):
+            due = sorted({sec for sec in (*wheel, *cohorts) if sec <= now_s})
         else:
-            due = [sec for sec in range(self._wheel_at, now_s + 1) if sec in wheel]
+            due = [
+                sec for sec in range(self._wheel_at, now_s + 1) if sec in wheel or sec in cohorts
+            ]
         self._wheel_at = now_s + 1
+        streams = self._streams
         for sec in due:
-            for s in wheel.pop(sec).values():
-                if s.due == sec and self._streams.get(s.sid) is s:
-                    s.due = 0
-                    self._expire(s, now)
-                    self._after_change(s, now)
+            bucket = wheel.pop(sec, None)
+            groups = cohorts.pop(sec, [])
+            if bucket is not None:
+                groups.append(list(bucket.values()))
+            for group in groups:
+                for s in group:
+                    # a stream may have moved to an earlier second since (and be gone)
+                    if s.due == sec and streams.get(s.sid) is s:
+                        s.due = 0
+                        self._expire(s, now)
+                        self._after_change(s, now)
         self._reclaim(now)
         if self._evicted_kept >= GIVE_BACK_AFTER and self._evicted_kept >= len(self._streams):
             self._give_back()
