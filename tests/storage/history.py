@@ -22,6 +22,7 @@ from typing import Any
 
 from tidewire.records import BatchBuilder, iter_batches, iter_records
 from tidewire.storage import FaultFS, PartitionLog
+from tidewire.storage.flusher import set_flush_executor
 
 __all__ = [
     "History",
@@ -185,6 +186,14 @@ def record_appends(log: PartitionLog, history: History) -> None:
 
     log._reserve = reserve  # type: ignore[method-assign]
     log._write_failed = write_failed  # type: ignore[method-assign]
+
+
+def install_executor(executor: concurrent.futures.Executor) -> None:
+    """Make ``executor`` run this event loop's disk jobs: the logs' group commits (the
+    flusher's seam) and what goes through ``asyncio.to_thread`` (checkpoints)."""
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(executor)
+    set_flush_executor(loop, executor)
 
 
 class SteppedExecutor(concurrent.futures.ThreadPoolExecutor):

@@ -24,6 +24,7 @@ from tests.storage.history import (
     History,
     SteppedExecutor,
     check_recovered,
+    install_executor,
     make_batch,
     read_all,
     record_appends,
@@ -381,7 +382,7 @@ def test_failed_fsync_fails_the_whole_group(code: int, threaded: bool, how: str)
 
     async def main() -> None:
         if not threaded:
-            asyncio.get_running_loop().set_default_executor(SteppedExecutor())
+            install_executor(SteppedExecutor())
         async with asyncio.TaskGroup() as tg:  # one group commit, acknowledged
             for i in range(3):
                 tg.create_task(append(f"acked{i}"))
@@ -432,7 +433,7 @@ def test_failed_interval_flush_stops_the_log_and_marks_the_shutdown_unclean() ->
     record_appends(log, history)
 
     async def main() -> None:
-        asyncio.get_running_loop().set_default_executor(SteppedExecutor())
+        install_executor(SteppedExecutor())
         for i in range(3):
             await log.append_async(batch(f"a{i}"))
         assert await mgr.flush_due(0.0) == 0  # starts the interval clock
@@ -565,7 +566,7 @@ def flush_after_a_roll(
             history.acked.add(base)
 
     async def main() -> None:
-        asyncio.get_running_loop().set_default_executor(SteppedExecutor())
+        install_executor(SteppedExecutor())
         for b in BATCHES[:k]:
             history.acked.add((await log.append_async(b)).base_offset)
         rolled = log.append(BATCHES[k])

@@ -33,6 +33,7 @@ from tests.storage.history import (
     SteppedExecutor,
     check_recovered,
     clone,
+    install_executor,
     make_batch,
     read_all,
     record_appends,
@@ -156,7 +157,7 @@ async def _drive(
 ) -> Outcome:
     if not threaded:
         executor = SteppedExecutor(random.Random(f"turns-{seed}"))
-        asyncio.get_running_loop().set_default_executor(executor)
+        install_executor(executor)
     out = Outcome()
     try:
         log = PartitionLog.open(fs, DIR, config(policy))
@@ -445,7 +446,7 @@ async def _drive_manager(fs: FaultFS, seed: int, threaded: bool) -> ManagerOutco
     recovery checkpoint written every few ticks."""
     if not threaded:
         executor = SteppedExecutor(random.Random(f"turns-{seed}"))
-        asyncio.get_running_loop().set_default_executor(executor)
+        install_executor(executor)
     rng = random.Random(seed)
     out = ManagerOutcome()
     cfg = config(FsyncPolicy.INTERVAL)

@@ -1,8 +1,9 @@
 """The latency path of an append: the group commit starts in the loop turn that writes the
 batch (not turns later, when the appender resumes), its result comes back to the loop without
-an intermediate task, and the log tells readers (``PartitionLog.on_visible``) as soon as they
-may see more: under ``always`` once an fsync covers the batch, in the step that settles the
-appends, before their callers resume; under ``interval`` and ``never`` once it is written."""
+an intermediate task or future, and the log tells readers (``PartitionLog.on_visible``) as
+soon as they may see more: under ``always`` once an fsync covers the batch, in the step that
+settles the appends, before their callers resume; under ``interval`` and ``never`` once it is
+written."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import errno
 
 import pytest
 
-from tests.storage.history import SteppedExecutor, make_batch
+from tests.storage.history import SteppedExecutor, install_executor, make_batch
 from tidewire.errors import LogFailedError, StorageError
 from tidewire.storage import FaultFS, FsyncPolicy, LogConfig, PartitionLog
 
@@ -53,14 +54,16 @@ def test_readers_are_told_once_they_may_see_the_batch(policy: FsyncPolicy) -> No
 
 def test_a_lone_durable_append_waits_only_for_its_fsync() -> None:
     """With the fsync itself taking no time (run on the loop by a stepped executor at once),
-    a lone append under ``always`` is acknowledged within four turns of the loop: the turn
-    that writes it and starts the fsync, the executor future's completion, its callback that
-    settles the waiters, the appender's resumption (it took six when the fsync started only
-    once the appender resumed, in a task of its own).
+    a lone append under ``always`` is acknowledged within three turns of the loop: the turn
+    that writes it and starts the fsync, the flush job's own callback that settles the
+    waiters (handed back with ``call_soon_threadsafe``: no executor future whose completion
+    takes a turn of its own), the appender's resumption. It took six when the fsync started
+    only once the appender resumed, in a task of its own, and four through
+    ``run_in_executor``.
     """
 
     async def run() -> int:
-        asyncio.get_running_loop().set_default_executor(SteppedExecutor(None))
+        install_executor(SteppedExecutor(None))
         log = _open(FaultFS(), FsyncPolicy.ALWAYS)
         await log.append_async(make_batch([b"warm-up"]))
         task = asyncio.create_task(log.append_async(make_batch([b"lone"])))
@@ -74,7 +77,7 @@ def test_a_lone_durable_append_waits_only_for_its_fsync() -> None:
         await log.close_async()
         return turns
 
-    assert asyncio.run(run()) <= 4
+    assert asyncio.run(run()) <= 3
 
 
 def test_a_failed_fsync_fails_the_waiting_appends_and_later_ones() -> None:

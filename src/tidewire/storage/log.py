@@ -67,6 +67,7 @@ from tidewire.storage.damage import (
     read_damage_file,
     write_damage_file,
 )
+from tidewire.storage.flusher import run_flush_job
 from tidewire.storage.fs import FileHandle, FileSystem, write_atomic
 from tidewire.storage.segment import (
     BadBatch,
@@ -989,15 +990,28 @@ class PartitionLog:
             batches = self.batches_appended - self._batches_flushed
             nbytes = sum(size - seg.synced_size for seg, size in plan.syncs)
             self._batches_flushed = self.batches_appended
-            # The loop's default executor, as asyncio.to_thread uses (tests install a stepped
-            # one); its future's callback is the whole way back: no task to wake in between.
-            job = loop.run_in_executor(None, self._timed_flush_io, plan)
-            job.add_done_callback(functools.partial(self._flush_finished, plan, batches, nbytes))
+            # A flusher thread (tests install a stepped executor); the job's own
+            # call_soon_threadsafe is the whole way back: one loop wake-up, no future.
+            run_flush_job(loop, functools.partial(self._flush_job, loop, plan, batches, nbytes))
         except Exception as exc:  # a bug: reported, and the waiters fail instead of hanging
             log.error("starting the flush of %s failed", self.directory, exc_info=exc)
             self._flushing = False
             self._fail_waiters(StorageError(f"flush failed to start: {exc!r}"))
             self._flush_over()
+
+    def _flush_job(
+        self, loop: asyncio.AbstractEventLoop, plan: _FlushPlan, batches: int, nbytes: int
+    ) -> None:
+        """In a flusher thread: the group commit, then its result handed to the loop."""
+        outcome: tuple[OSError | None, float] | Exception
+        try:
+            outcome = self._timed_flush_io(plan)
+        except Exception as exc:  # not an OSError: a bug, handed to the loop to report
+            outcome = exc
+        try:
+            loop.call_soon_threadsafe(self._flush_finished, plan, batches, nbytes, outcome)
+        except RuntimeError:  # the loop is closed: nobody waits for this flush any more
+            log.warning("flush of %s finished after its event loop closed", self.directory)
 
     def _timed_flush_io(self, plan: _FlushPlan) -> tuple[OSError | None, float]:
         """In a worker thread: :meth:`_flush_io`; its error (if any) and how long it took."""
@@ -1013,18 +1027,17 @@ class PartitionLog:
         plan: _FlushPlan,
         batches: int,
         nbytes: int,
-        job: asyncio.Future[tuple[OSError | None, float]],
+        outcome: tuple[OSError | None, float] | Exception,
     ) -> None:
         """On the owner thread: account for a finished group commit, settle its waiters, let
         readers see what it made durable, and start the next one if appends wait."""
         try:
-            failure = job.exception() if not job.cancelled() else asyncio.CancelledError()
-            if failure is not None:  # not an OSError: a bug, reported
-                log.error("flush of %s failed", self.directory, exc_info=failure)
+            if isinstance(outcome, Exception):  # not an OSError: a bug, reported
+                log.error("flush of %s failed", self.directory, exc_info=outcome)
                 self._flushing = False
-                self._fail_waiters(StorageError(f"flush task failed: {failure!r}"))
+                self._fail_waiters(StorageError(f"flush task failed: {outcome!r}"))
                 return
-            error, seconds = job.result()
+            error, seconds = outcome
             if self.flush_stats is not None:
                 self.flush_stats.observe(seconds, batches, nbytes, failed=error is not None)
             before = self._flushed
