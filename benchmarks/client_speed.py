@@ -14,11 +14,12 @@ Every figure is the median of ``--reps`` runs (3 by default); the CPU cost per m
 CPU time (user + system) divided by the messages: of this process for the client side, and
 of the broker's process (``/proc/<pid>/stat``) for the broker side.
 
-- ``catchup``: ``--messages`` stored values of 1 KiB (filled untimed with ``send_values``),
-  then read from ``"earliest"`` of every partition, ``--reps`` times each: record by record
-  through ``async for record in AsyncConsumer`` (``record.value`` touched), and a batch at a
-  time through ``AsyncConsumer.poll_batch`` (when the client has it); ``--max-partition-bytes``:
-  the consumer's fetch size per partition, else its default.
+- ``catchup``: ``--messages`` stored values of 1 KiB (filled untimed with ``send_values``,
+  then written back to disk with ``os.sync()``), then read from ``"earliest"`` of every
+  partition, ``--reps`` times each: record by record through ``async for record in
+  AsyncConsumer`` (``record.value`` touched), and a batch at a time through
+  ``AsyncConsumer.poll_batch`` (when the client has it); ``--max-partition-bytes``: the
+  consumer's fetch size per partition, else its default.
 - ``produce``: ``--produce-messages`` sends of 1 KiB, one ``await producer.send(...)`` each,
   acks="durable" (``--batch-bytes``: the producer's batch size, else its default), timed from
   the first send to the end of ``flush()``; against a broker with ``fsync=always`` and with
@@ -145,6 +146,9 @@ def catchup(args: argparse.Namespace) -> dict[str, Any]:
     with serve(*_quiet, "--fsync", "interval", "--partitions", str(parts)) as b:
         _note(f"catchup: storing {n:,} messages of {VALUE_BYTES} B")
         run(_fill(b.addr, "catchup", n))
+        # The fill's GiB of dirty pages is written back now, untimed: otherwise the kernel's
+        # writeback threads take CPU from the catch-up runs that follow (the first ones most).
+        os.sync()
         readers: list[tuple[str, Any]] = [("consumer_records", _read_records)]
         if hasattr(AsyncConsumer, "poll_batch"):
             readers.append(("consumer_poll_batch", _read_batches))
