@@ -83,6 +83,7 @@ def main() -> None:
     ) as b:
         print(f"storing {args.messages:,} messages", file=sys.stderr, flush=True)
         asyncio.run(_fill(b.addr, TOPIC, args.messages))
+        os.sync()  # the fill written back now, not by the kernel during the timed reads
         for rnd in range(args.rounds):
             for tree in args.tree:
                 has_batch = (

@@ -4,7 +4,8 @@ producer with a consumer group live.
 Usage::
 
     python benchmarks/client_speed.py [--tests catchup,produce,live] [--messages N]
-        [--produce-messages N] [--live-messages N] [--partitions P] [--batch-bytes B] [--reps R]
+        [--produce-messages N] [--live-messages N] [--partitions P] [--batch-bytes B]
+        [--max-partition-bytes B] [--reps R]
         [--loop uvloop|asyncio] [--json]
 
 Each test starts its own broker (``python -m tidewire serve`` in a process of its own, on a
@@ -13,10 +14,12 @@ Every figure is the median of ``--reps`` runs (3 by default); the CPU cost per m
 CPU time (user + system) divided by the messages: of this process for the client side, and
 of the broker's process (``/proc/<pid>/stat``) for the broker side.
 
-- ``catchup``: ``--messages`` stored values of 1 KiB (filled untimed with ``send_values``),
-  then read from ``"earliest"`` of every partition, ``--reps`` times each: record by record
-  through ``async for record in AsyncConsumer`` (``record.value`` touched), and a batch at a
-  time through ``AsyncConsumer.poll_batch`` (when the client has it).
+- ``catchup``: ``--messages`` stored values of 1 KiB (filled untimed with ``send_values``,
+  then written back to disk with ``os.sync()``), then read from ``"earliest"`` of every
+  partition, ``--reps`` times each: record by record through ``async for record in
+  AsyncConsumer`` (``record.value`` touched), and a batch at a time through
+  ``AsyncConsumer.poll_batch`` (when the client has it); ``--max-partition-bytes``: the
+  consumer's fetch size per partition, else its default.
 - ``produce``: ``--produce-messages`` sends of 1 KiB, one ``await producer.send(...)`` each,
   acks="durable" (``--batch-bytes``: the producer's batch size, else its default), timed from
   the first send to the end of ``flush()``; against a broker with ``fsync=always`` and with
@@ -105,8 +108,10 @@ async def _fill(addr: str, topic: str, n: int) -> None:
             raise p.failure
 
 
-async def _read_records(addr: str, topic: str, partitions: int, n: int) -> tuple[float, float]:
-    async with AsyncConsumer(addr) as consumer:
+async def _read_records(
+    addr: str, topic: str, partitions: int, n: int, options: dict[str, int]
+) -> tuple[float, float]:
+    async with AsyncConsumer(addr, **options) as consumer:
         await consumer.assign([(topic, p, "earliest") for p in range(partitions)])
         got = size = 0
         cpu0, t0 = time.process_time(), time.perf_counter()
@@ -118,8 +123,10 @@ async def _read_records(addr: str, topic: str, partitions: int, n: int) -> tuple
         return time.perf_counter() - t0, time.process_time() - cpu0
 
 
-async def _read_batches(addr: str, topic: str, partitions: int, n: int) -> tuple[float, float]:
-    async with AsyncConsumer(addr) as consumer:
+async def _read_batches(
+    addr: str, topic: str, partitions: int, n: int, options: dict[str, int]
+) -> tuple[float, float]:
+    async with AsyncConsumer(addr, **options) as consumer:
         await consumer.assign([(topic, p, "earliest") for p in range(partitions)])
         got = 0
         cpu0, t0 = time.process_time(), time.perf_counter()
@@ -132,10 +139,16 @@ async def _read_batches(addr: str, topic: str, partitions: int, n: int) -> tuple
 def catchup(args: argparse.Namespace) -> dict[str, Any]:
     run = _runner(args.loop)
     n, parts = args.messages, args.partitions
+    options: dict[str, int] = {}
+    if args.max_partition_bytes is not None:
+        options["max_partition_bytes"] = args.max_partition_bytes
     out: dict[str, Any] = {}
     with serve(*_quiet, "--fsync", "interval", "--partitions", str(parts)) as b:
         _note(f"catchup: storing {n:,} messages of {VALUE_BYTES} B")
         run(_fill(b.addr, "catchup", n))
+        # The fill's GiB of dirty pages is written back now, untimed: otherwise the kernel's
+        # writeback threads take CPU from the catch-up runs that follow (the first ones most).
+        os.sync()
         readers: list[tuple[str, Any]] = [("consumer_records", _read_records)]
         if hasattr(AsyncConsumer, "poll_batch"):
             readers.append(("consumer_poll_batch", _read_batches))
@@ -143,7 +156,7 @@ def catchup(args: argparse.Namespace) -> dict[str, Any]:
             runs = []
             for rep in range(args.reps):
                 cpu_b = _cpu_of(b.pid)
-                elapsed, cpu = run(reader(b.addr, "catchup", parts, n))
+                elapsed, cpu = run(reader(b.addr, "catchup", parts, n, options))
                 broker_cpu = _cpu_of(b.pid) - cpu_b
                 runs.append(
                     {
@@ -267,6 +280,11 @@ def main() -> None:
         "--batch-bytes",
         type=int,
         help="the producer's batch_bytes in produce and live (default: its own)",
+    )
+    ap.add_argument(
+        "--max-partition-bytes",
+        type=int,
+        help="the consumer's max_partition_bytes in catchup (default: its own)",
     )
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop")

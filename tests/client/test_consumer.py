@@ -169,3 +169,34 @@ def test_consumer_is_the_blocking_twin() -> None:
     for name in a:
         assert a[name] == s[name], name
     assert inspect.signature(AsyncConsumer.__init__) == inspect.signature(Consumer.__init__)
+
+
+def test_the_next_fetch_is_on_its_way_while_records_are_handed_out(tmp_path: Path) -> None:
+    """Catch-up overlaps the broker's work with the consumer's: once a fetch's records are
+    there, the next fetch's request is already written (before the first of them is handed
+    out by iteration, before poll and poll_batch return), not when the buffer runs dry."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 1)
+            await put(broker, "t", 0, [b"%d" % i for i in range(10)])
+            for how in ("iterate", "poll", "poll_batch"):
+                async with AsyncConsumer(addr(server), max_wait_ms=5_000) as c:
+                    await c.assign([("t", 0, "earliest")])
+                    if how == "iterate":
+                        assert (await anext(aiter(c))).value == b"0"
+                        assert len(c._buffer) == 9  # still to hand out, and meanwhile:
+                    elif how == "poll":
+                        assert len(await c.poll(PROMPT_S, max_records=4)) == 4
+                    else:
+                        assert len(await c.poll_batch(PROMPT_S, max_records=4)) == 4
+                    assert len(c._t._waiting) == 1  # the next fetch waits on the broker
+                    await put(broker, "t", 0, [b"late"])  # and brings it
+                    got: list[ConsumerRecord] = []
+                    for _ in range(3):  # the rest of the first fetch, then the second
+                        got += await c.poll(PROMPT_S)
+                        if got and got[-1].value == b"late":
+                            break
+                    assert values(got)[-1] == b"late", how
+
+    run(main())

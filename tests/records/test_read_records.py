@@ -123,3 +123,25 @@ def test_a_window_of_offsets(codec: Codec) -> None:
         assert isinstance(expected, list)
         assert got == [r for r in expected if r.offset <= hi]
         assert columns(batch, lo, max_offset=hi) == got
+
+
+@pytest.mark.parametrize("codec", [Codec.NONE, Codec.GZIP])
+def test_a_bytearray_buffer_gives_the_same_records_keys_and_values_as_bytes(codec: Codec) -> None:
+    """Consumers read fetch answers received in place (a ``bytearray`` of the frame's own):
+    the records are the same, and keys, values and header values are ``bytes``."""
+    b = BatchBuilder(base_offset=40, codec=codec)
+    for i in range(20):
+        key = b"k%d" % i if i % 2 else None
+        b.append(b"v" * i, timestamp_ms=1_000 + i, key=key, headers=[("h", b"x%d" % i)])
+    batch = b.build()
+    pad = b"\x81" * 7
+    buf = bytearray(pad + batch + pad)
+    h = check_batch(buf, len(pad))
+    rows = read_records(buf, len(pad), h, Located, "t", 3, 45, LIMIT)
+    assert rows == fast(batch, 45, pad)
+    cols = read_columns(buf, len(pad), h, 45, LIMIT)
+    assert [Located("t", 3, *r) for r in zip(*cols, strict=True)] == rows
+    for r in rows:
+        assert r.key is None or type(r.key) is bytes
+        assert type(r.value) is bytes
+        assert all(type(v) is bytes for _, v in r.headers)

@@ -32,7 +32,7 @@ from tidewire.errors import (
 )
 from tidewire.observability import tracing as _tracing
 from tidewire.observability.tracing import tracer as _tracer
-from tidewire.protocol.frames import data_window
+from tidewire.protocol.frames import frame_data_window
 from tidewire.protocol.messages import (
     FetchPartition,
     FetchRequest,
@@ -60,6 +60,11 @@ Offset = int | str | datetime
 _EARLIEST, _LATEST = -2, -1
 #: Records handed out by one ``poll`` at most, by default.
 DEFAULT_MAX_RECORDS = 500
+#: The most data of one fetch for one partition, by default: 4 MiB, so that a consumer
+#: catching up on a few partitions fills a fetch (``max_bytes``, 16 MiB by default) with few
+#: partitions. Fewer, larger answers cost the consumer 10-20% less CPU a message than 1 MiB
+#: (1 KiB records, 4 partitions); memory stays bound by ``max_bytes`` and one fetch ahead.
+DEFAULT_MAX_PARTITION_BYTES = 4 * 1024 * 1024
 #: Records handed out by one ``poll_batch`` at most, by default (a batch's columns are
 #: lists: 100,000 records of 1 KiB are about 110 MB held by the caller at once at most).
 DEFAULT_MAX_BATCH_RECORDS = 100_000
@@ -102,7 +107,7 @@ class _Fetched:
 
     tp: TP
     offset: int  # the offset it was asked for
-    buf: bytes
+    buf: bytes | bytearray
     batches: list[tuple[int, BatchHeader]]
     next_offset: int
     error: TidewireError | None = None
@@ -117,7 +122,7 @@ class _Chunk:
 
     tp: TP
     offset: int  # records below it are skipped (the fetch asked for it)
-    buf: bytes
+    buf: bytes | bytearray
     batches: list[tuple[int, BatchHeader]]
     next: int = 0  # the index of the next batch to decode
     at: int = 0  # the offset after the batches decoded so far (where to fetch again)
@@ -125,7 +130,7 @@ class _Chunk:
 
 
 def _parse(
-    tp: TP, offset: int, buf: bytes, start: int, end: int
+    tp: TP, offset: int, buf: bytes | bytearray, start: int, end: int
 ) -> tuple[list[ConsumerRecord], int]:
     """The records of the batches in ``buf[start:end]`` (read straight from a frame's bytes:
     indexing and slicing bytes is what read_records is fast at)."""
@@ -140,7 +145,7 @@ def _parse(
 
 
 def _stored(
-    offset: int, buf: bytes, start: int, end: int
+    offset: int, buf: bytes | bytearray, start: int, end: int
 ) -> tuple[list[tuple[int, BatchHeader]], int]:
     """The stored batches in ``buf[start:end]`` holding records at or after ``offset`` (each
     CRC-checked), and the offset after the last."""
@@ -212,7 +217,7 @@ class AsyncConsumer:
         min_bytes: the least data a fetch returns with before ``max_wait_ms``.
         max_bytes: the most data of one fetch, all partitions together (at least one batch
             is returned even when larger).
-        max_partition_bytes: the most data of one fetch for one partition.
+        max_partition_bytes: the most data of one fetch for one partition (4 MiB).
         request_timeout_ms: how long a request may take, on top of its long-poll.
         connect_timeout_ms: how long opening the connection may take.
         skip_damaged: when a position lies in a damaged range of the broker's log
@@ -236,7 +241,7 @@ class AsyncConsumer:
         max_wait_ms: int = 500,
         min_bytes: int = 1,
         max_bytes: int = 16 * 1024 * 1024,
-        max_partition_bytes: int = 1024 * 1024,
+        max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES,
         request_timeout_ms: int = 30_000,
         connect_timeout_ms: int = 10_000,
         skip_damaged: bool = False,
@@ -285,6 +290,8 @@ class AsyncConsumer:
         #: attribute store per record instead of a dict update (:meth:`_settle`).
         self._last: ConsumerRecord | None = None
         self._fetch: asyncio.Task[list[_Fetched]] | None = None
+        #: The fetch started has not run yet (its request is not written).
+        self._fetch_unsent = False
         self._backoff = 0.0
         self._closed = False
 
@@ -387,6 +394,7 @@ class AsyncConsumer:
                 return []
             out = self._take_records(max_records)
             if out:
+                await self._send_ahead()
                 return out
 
     def _take_records(self, max_records: int) -> list[ConsumerRecord]:
@@ -444,6 +452,7 @@ class AsyncConsumer:
                 return ConsumedBatch([])
             batch = self._take_batch(max_records)
             if batch:
+                await self._send_ahead()
                 return batch
 
     def _take_batch(self, max_records: int) -> ConsumedBatch:
@@ -630,12 +639,24 @@ class AsyncConsumer:
             # The next fetch goes out now, from after what is buffered, so the broker reads
             # and sends it while these records are handed out (memory: two responses).
             self._start_fetch()
+            await self._send_ahead()
+
+    async def _send_ahead(self) -> None:
+        """Let a fetch just started send its request before records are handed out.
+
+        A task runs only when the loop gets control, and handing out buffered records never
+        gives it back: without this turn the request would leave only once the buffer ran
+        dry, and the broker would sit idle while the consumer works (and the other way
+        round). One loop turn per fetch."""
+        if self._fetch_unsent:
+            await asyncio.sleep(0)
 
     def _start_fetch(self) -> asyncio.Task[list[_Fetched]]:
         if self._closed:
             raise ConnectionLostError("the consumer is closed")
         if self._fetch is None:
             wants = list(self._fetch_at.items())
+            self._fetch_unsent = True
             self._fetch = asyncio.get_running_loop().create_task(
                 self._fetch_once(wants), name="tidewire consumer fetch"
             )
@@ -672,6 +693,7 @@ class AsyncConsumer:
         return True
 
     async def _fetch_once(self, wants: list[tuple[TP, int]]) -> list[_Fetched]:
+        self._fetch_unsent = False  # the request is written in this step
         req = FetchRequest(
             max_wait_ms=self.max_wait_ms,
             min_bytes=self.min_bytes,
@@ -684,7 +706,8 @@ class AsyncConsumer:
         response = await self._t.request(req, timeout_s=timeout)
         assert response is not None
         out: list[_Fetched] = []
-        buf, pos = data_window(response.data)
+        # A large answer was read into a buffer of its own: records are read from it in place.
+        buf, pos = frame_data_window(response.data)
         for (tp, offset), result in zip(wants, response.body.partitions, strict=True):
             start = pos
             pos += result.size
@@ -707,6 +730,7 @@ class AsyncConsumer:
 
     async def _drop_fetch(self) -> None:
         task, self._fetch = self._fetch, None
+        self._fetch_unsent = False
         if task is not None:
             await cancel_and_wait(task, ignore=(TidewireError,))
 
@@ -782,7 +806,7 @@ class Consumer(BlockingReader[AsyncConsumer]):
         max_wait_ms: int = 500,
         min_bytes: int = 1,
         max_bytes: int = 16 * 1024 * 1024,
-        max_partition_bytes: int = 1024 * 1024,
+        max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES,
         request_timeout_ms: int = 30_000,
         connect_timeout_ms: int = 10_000,
         skip_damaged: bool = False,

@@ -77,6 +77,7 @@ from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
 from ._consumer import (
+    DEFAULT_MAX_PARTITION_BYTES,
     DEFAULT_MAX_RECORDS,
     AsyncConsumer,
     BlockingReader,
@@ -165,7 +166,7 @@ class AsyncGroupConsumer:
         max_wait_ms: int = 500,
         min_bytes: int = 1,
         max_bytes: int = 16 * 1024 * 1024,
-        max_partition_bytes: int = 1024 * 1024,
+        max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES,
         request_timeout_ms: int = 30_000,
         connect_timeout_ms: int = 10_000,
         delivery: str = "pull",

@@ -1,10 +1,13 @@
 """The client side of one TCP connection: requests out, responses matched back to their
 callers by correlation id, over a sans-IO :class:`~tidewire.protocol.Connection`.
 
-One reader task per connection hands each response to the future of the request that asked
-for it. Requests wait for a free in-flight slot rather than fail, every request has a timeout,
-and a broken connection fails every request waiting on it with a retriable error; the next
-request opens a new connection, after a backoff that doubles up to a cap.
+The socket is read through an ``asyncio.BufferedProtocol``: the event loop reads straight into
+the frame decoder's buffers (a large frame, such as a fetch response, into a buffer of its own
+exact size: no copy of its bytes in user space), and each response is handed to the future of
+the request that asked for it in the same callback, without a reader task. Requests wait for a
+free in-flight slot rather than fail, every request has a timeout, and a broken connection
+fails every request waiting on it with a retriable error; the next request opens a new
+connection, after a backoff that doubles up to a cap.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
+from typing import cast
 
-from tidewire._tasks import cancel_and_wait
 from tidewire.errors import (
     ConnectionLostError,
     ProtocolError,
@@ -29,7 +32,7 @@ from tidewire.protocol import (
     ResponseReceived,
     Role,
 )
-from tidewire.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Buffer
+from tidewire.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Buffer, BufferedFrameDecoder
 from tidewire.protocol.messages import (
     Body,
     FetchResponse,
@@ -46,8 +49,6 @@ __all__ = ["Transport", "parse_addr"]
 
 log = logging.getLogger("tidewire.client")
 
-#: Bytes read from the socket at a time.
-READ_CHUNK = 256 * 1024
 #: First and largest pause before reconnecting after a failure (seconds).
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 5.0
@@ -77,6 +78,109 @@ def parse_addr(addr: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"address {addr!r} must be HOST:PORT with a port in 1..65535")
     return host.strip("[]"), int(port)
+
+
+class _Link(asyncio.BufferedProtocol):
+    """One open connection: the loop reads into its decoder's buffers and it hands what was
+    read to its :class:`Transport` (:meth:`Transport._received`); writes go out through it,
+    with a wait while the socket's write buffer is over its high-water mark."""
+
+    def __init__(self, owner: Transport, decoder: BufferedFrameDecoder) -> None:
+        self.owner = owner
+        self.decoder = decoder
+        self.conn: Connection | None = None  # set once the connection is open
+        self.transport: asyncio.Transport | None = None
+        self._paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.lost: TidewireError | None = None
+
+    # --- asyncio.BufferedProtocol -----------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses; they have its methods.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.decoder.buffer_updated(nbytes)
+        if self.conn is not None:
+            self.owner._received(self)
+
+    def eof_received(self) -> bool:
+        if self.conn is not None:
+            self.conn.receive_data(b"")
+            self.owner._received(self)
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if isinstance(exc, ssl.SSLError):  # an alert: e.g. no client certificate
+            self.lost = TlsError(self.owner._tls_failure(exc))
+        elif exc is not None:
+            self.lost = ConnectionLostError(
+                f"reading from {self.owner.host}:{self.owner.port}: {exc}"
+            )
+        else:
+            self.lost = ConnectionLostError(
+                f"{self.owner.host}:{self.owner.port} closed the connection"
+            )
+        if not self._closed.done():
+            self._closed.set_result(None)
+        self._wake_writers()
+        self.owner._link_lost(self, self.lost)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake_writers()
+
+    # --- writing ----------------------------------------------------------------------------
+
+    def write(self, buffers: list[Buffer]) -> None:
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.writelines(buffers)
+
+    async def drain(self) -> None:
+        """Wait while the write buffer is over its high-water mark.
+
+        Raises:
+            ConnectionResetError: the connection is closed or lost.
+        """
+        while True:
+            t = self.transport
+            if self.lost is not None or t is None or t.is_closing():
+                raise ConnectionResetError("the connection is closed")
+            if not self._paused:
+                return
+            fut = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(fut)
+            try:
+                await fut
+            finally:
+                if fut in self._drain_waiters:
+                    self._drain_waiters.remove(fut)
+
+    def _wake_writers(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._closed)
 
 
 class Transport:
@@ -122,8 +226,7 @@ class Transport:
         self.max_in_flight = max_in_flight
         self.max_frame_bytes = max_frame_bytes
         self._conn: Connection | None = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task[None] | None = None
+        self._link: _Link | None = None
         self._waiting: dict[int, asyncio.Future[ResponseReceived]] = {}
         #: Awaited before each request is sent: what must go ahead of it (settlements asked
         #: for without waiting, so that a later request of the same client sees them done).
@@ -132,7 +235,7 @@ class Transport:
         self._connect_lock = asyncio.Lock()
         self._backoff = 0.0
         self._closed = False
-        #: Called with every push frame, from the reader task (None: pushes are logged and
+        #: Called with every push frame, from the loop's read callback (None: pushes are logged and
         #: dropped). It must not block.
         self.on_push: Callable[[PushReceived], None] | None = None
         #: Called when a connection is lost (not when the transport is closed): push
@@ -149,10 +252,10 @@ class Transport:
                 await asyncio.sleep(self._backoff)
             try:
                 # asyncio.timeout, not wait_for: in Python 3.11 a wait_for cancelled just as
-                # the connection opened drops the (reader, writer) it got, and the socket
-                # leaks; here the cancellation lands inside open_connection, which closes it.
+                # the connection opened drops what it got, and the socket leaks; here the
+                # cancellation lands inside create_connection, which closes it.
                 async with asyncio.timeout(self.connect_timeout_s):
-                    reader, writer = await self._open()
+                    link = await self._open()
             except ssl.SSLError as exc:  # a certificate or TLS setting: retrying cannot help
                 raise TlsError(self._tls_failure(exc)) from exc
             except (OSError, TimeoutError) as exc:
@@ -161,49 +264,42 @@ class Transport:
                     f"cannot connect to {self.host}:{self.port}: {exc or 'timed out'}"
                 ) from exc
             if self.closed:  # close() ran while connecting
-                writer.close()
+                link.close()
                 raise ConnectionLostError("the client is closed")
+            if link.lost is not None:  # closed by the broker at once (e.g. refused)
+                self._backoff = min(max(self._backoff * 2, BACKOFF_MIN_S), BACKOFF_MAX_S)
+                raise link.lost
             self._backoff = 0.0
-            conn = Connection(
-                Role.CLIENT,
-                max_frame_bytes=self.max_frame_bytes,
-                max_in_flight=self.max_in_flight,
-            )
-            self._conn, self._writer = conn, writer
-            self._reader_task = asyncio.get_running_loop().create_task(
-                self._read_loop(conn, reader), name=f"tidewire reader {self.host}:{self.port}"
-            )
+            conn = link.conn
+            assert conn is not None
+            self._conn, self._link = conn, link
+            self._received(link)  # anything that came while connecting
             if self.credentials is not None:
                 try:
-                    await self._authenticate(conn, writer, self.credentials)
+                    await self._authenticate(conn, link, self.credentials)
                 except BaseException as exc:
                     if self._conn is conn:
-                        self._conn = self._writer = None
-                    task, self._reader_task = self._reader_task, None
-                    writer.close()
+                        self._conn = self._link = None
+                    link.close()
                     if not isinstance(exc, asyncio.CancelledError):
                         # Closed for good before the error goes up: a loop stopped right
                         # after (a command that exits) must not leave the socket open.
-                        if task is not None:
-                            await cancel_and_wait(task)
                         try:
-                            await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT_S)
+                            await asyncio.wait_for(link.wait_closed(), CLOSE_TIMEOUT_S)
                         except (OSError, TimeoutError):
-                            writer.transport.abort()
+                            link.abort()
                     raise
             return conn
 
-    async def _exchange(
-        self, conn: Connection, writer: asyncio.StreamWriter, body: Body
-    ) -> ResponseReceived:
+    async def _exchange(self, conn: Connection, link: _Link, body: Body) -> ResponseReceived:
         """One request on ``conn`` before it is handed out (the authentication steps)."""
         corr, buffers = conn.send_request(body, ())
         fut: asyncio.Future[ResponseReceived] = asyncio.get_running_loop().create_future()
         self._waiting[corr] = fut
         try:
             async with asyncio.timeout(self.request_timeout_s):
-                writer.writelines(buffers)
-                await self._drain(writer)
+                link.write(buffers)
+                await self._drain(link)
                 response = await fut
         except TimeoutError:
             raise RequestTimedOutError(
@@ -216,9 +312,7 @@ class Transport:
             raise response.error
         return response
 
-    async def _authenticate(
-        self, conn: Connection, writer: asyncio.StreamWriter, creds: Credentials
-    ) -> None:
+    async def _authenticate(self, conn: Connection, link: _Link, creds: Credentials) -> None:
         """SASL right after the connection opens: SASL_HANDSHAKE, then SCRAM's two rounds
         or PLAIN's one.
 
@@ -226,34 +320,39 @@ class Transport:
             AuthenticationFailedError, UnsupportedSaslMechanismError,
             TooManyAuthFailuresError: the broker refused.
         """
-        await self._exchange(conn, writer, SaslHandshakeRequest(mechanism=creds.mechanism))
+        await self._exchange(conn, link, SaslHandshakeRequest(mechanism=creds.mechanism))
         if creds.mechanism == "PLAIN":
             message = b"\0\0" + creds.api_key.encode()
-            r = await self._exchange(conn, writer, SaslAuthenticateRequest(auth_bytes=message))
+            r = await self._exchange(conn, link, SaslAuthenticateRequest(auth_bytes=message))
         else:
             scram = ScramClient(creds.mechanism, creds.key_id, creds.secret)
-            r = await self._exchange(
-                conn, writer, SaslAuthenticateRequest(auth_bytes=scram.first())
-            )
+            r = await self._exchange(conn, link, SaslAuthenticateRequest(auth_bytes=scram.first()))
             assert isinstance(r.body, SaslAuthenticateResponse)
             final = scram.final(r.body.auth_bytes)
-            r = await self._exchange(conn, writer, SaslAuthenticateRequest(auth_bytes=final))
+            r = await self._exchange(conn, link, SaslAuthenticateRequest(auth_bytes=final))
             assert isinstance(r.body, SaslAuthenticateResponse)
             scram.verify(r.body.auth_bytes)  # the broker knows the key too: not an impostor
         assert isinstance(r.body, SaslAuthenticateResponse)
         self.principal = r.body.principal
 
-    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _open(self) -> _Link:
+        decoder = BufferedFrameDecoder(max_frame_bytes=self.max_frame_bytes)
+        link = _Link(self, decoder)
+        link.conn = Connection(Role.CLIENT, max_in_flight=self.max_in_flight, decoder=decoder)
+        loop = asyncio.get_running_loop()
         if self._ssl is None:
-            return await asyncio.open_connection(self.host, self.port)
+            await loop.create_connection(lambda: link, self.host, self.port)
+            return link
         assert self.tls is not None
-        return await asyncio.open_connection(
+        await loop.create_connection(
+            lambda: link,
             self.host,
             self.port,
             ssl=self._ssl,
             server_hostname=self.tls.server_hostname or self.host,
             ssl_handshake_timeout=self.connect_timeout_s,
         )
+        return link
 
     def _tls_failure(self, exc: ssl.SSLError) -> str:
         why = getattr(exc, "verify_message", None) or exc.reason or str(exc)
@@ -283,19 +382,19 @@ class Transport:
         async with self._slots:
             conn = await self._connect()
             corr, buffers = conn.send_request(body, data)
-            writer = self._writer
-            assert writer is not None
+            link = self._link
+            assert link is not None
             if not expect_response:
                 conn.forget(corr, expect_response=False)
-                writer.writelines(buffers)
-                await self._drain(writer)
+                link.write(buffers)
+                await self._drain(link)
                 return None
             fut: asyncio.Future[ResponseReceived] = asyncio.get_running_loop().create_future()
             self._waiting[corr] = fut
             try:
                 async with asyncio.timeout(timeout):  # sending counts against it too
-                    writer.writelines(buffers)
-                    await self._drain(writer)
+                    link.write(buffers)
+                    await self._drain(link)
                     response = await fut
             except TimeoutError:
                 raise RequestTimedOutError(
@@ -321,35 +420,31 @@ class Transport:
             self.throttle_time_ms_total += body.throttle_time_ms
         return response
 
-    async def _drain(self, writer: asyncio.StreamWriter) -> None:
+    async def _drain(self, link: _Link) -> None:
         try:
-            await writer.drain()
-        except (OSError, RuntimeError) as exc:  # RuntimeError: the transport is closing
+            await link.drain()
+        except OSError as exc:
             self._drop(ConnectionLostError(f"writing to {self.host}:{self.port} failed: {exc}"))
             raise ConnectionLostError(f"writing to {self.host}:{self.port} failed: {exc}") from exc
 
-    async def _read_loop(self, conn: Connection, reader: asyncio.StreamReader) -> None:
+    def _received(self, link: _Link) -> None:
+        """Hand the events of what ``link`` read to their requests (a callback of the loop's
+        read: no task, no extra loop turn)."""
+        conn = link.conn
+        if link is not self._link or conn is not self._conn or conn is None:
+            return  # still connecting (handled once it is set), or an old connection
         error: TidewireError = ConnectionLostError(f"{self.host}:{self.port} closed the connection")
         try:
             while True:
                 event = conn.next_event()
                 if event is NEED_DATA:
-                    try:
-                        chunk = await reader.read(READ_CHUNK)
-                    except ssl.SSLError as exc:  # an alert: e.g. no client certificate
-                        error = TlsError(self._tls_failure(exc))
-                        return
-                    except OSError as exc:
-                        error = ConnectionLostError(f"reading from {self.host}:{self.port}: {exc}")
-                        return
-                    conn.receive_data(chunk)
-                    continue
-                if isinstance(event, ConnectionClosed):
                     return
+                if isinstance(event, ConnectionClosed):
+                    break
                 if isinstance(event, ResponseReceived):
                     if event.correlation_id == -1 and event.error is not None:
                         error = event.error  # the broker is closing the connection: why
-                        return
+                        break
                     fut = self._waiting.get(event.correlation_id)
                     if fut is not None and not fut.done():
                         fut.set_result(event)
@@ -360,39 +455,39 @@ class Transport:
                         log.debug("push frame for subscription %d ignored", event.subscription_id)
         except ProtocolError as exc:
             error = exc
-        finally:
-            if self._conn is conn:
-                self._drop(error)
+        if self._conn is conn:
+            self._drop(error)
+
+    def _link_lost(self, link: _Link, error: TidewireError) -> None:
+        if link is self._link:
+            self._drop(error)
 
     def _drop(self, error: TidewireError) -> None:
         """Forget the connection and fail every request waiting on it."""
-        writer, self._writer, self._conn = self._writer, None, None
-        if writer is not None:
-            writer.close()
+        link, self._link, self._conn = self._link, None, None
+        if link is not None:
+            link.close()
         for fut in self._waiting.values():
             if not fut.done():
                 # As it is: a retriable loss, or the broker's reason (e.g. FrameTooLargeError,
                 # which resending would only repeat).
                 fut.set_exception(error)
         self._waiting.clear()
-        if writer is not None and not self._closed and self.on_lost is not None:
+        if link is not None and not self._closed and self.on_lost is not None:
             self.on_lost(error)
 
     async def close(self) -> None:
         """Close the connection; waiting requests fail with ConnectionLostError."""
         self._closed = True
-        writer = self._writer
+        link = self._link
         self._drop(ConnectionLostError("the client was closed"))
-        task, self._reader_task = self._reader_task, None
-        if task is not None:
-            await cancel_and_wait(task)
-        if writer is not None:
+        if link is not None:
             # TLS says goodbye (close_notify) before the socket closes: wait for it, briefly,
             # so that a loop stopped right after does not leave the socket open.
             try:
-                await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT_S)
+                await asyncio.wait_for(link.wait_closed(), CLOSE_TIMEOUT_S)
             except (OSError, TimeoutError):
-                writer.transport.abort()
+                link.abort()
 
     @property
     def closed(self) -> bool:

@@ -161,6 +161,9 @@ class Connection:
         max_frame_bytes: the largest frame accepted from the peer.
         max_in_flight: requests awaiting a response at once (server: before it pauses;
             client: before :meth:`send_request` refuses with ``TooManyRequestsError``).
+        decoder: the frame decoder to use (one of its own by default); a
+            :class:`~tidewire.protocol.frames.BufferedFrameDecoder` lets the socket read into
+            it (its ``get_buffer`` / ``buffer_updated``), with ``max_frame_bytes`` its own.
     """
 
     def __init__(
@@ -169,11 +172,12 @@ class Connection:
         *,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        decoder: FrameDecoder | None = None,
     ) -> None:
         self.role = role
         self.state = State.OPEN
         self.max_in_flight = max_in_flight
-        self._decoder = FrameDecoder(max_frame_bytes=max_frame_bytes)
+        self._decoder = decoder or FrameDecoder(max_frame_bytes=max_frame_bytes)
         self._eof = False
         self._ids = itertools.count(1)
         #: client: correlation id -> (api key, version) of requests awaiting a response;

@@ -32,11 +32,13 @@ __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "FLAG_ERROR",
     "FRAME_HEADER",
+    "BufferedFrameDecoder",
     "Frame",
     "FrameDecoder",
     "FrameType",
     "data_window",
     "encode_frame",
+    "frame_data_window",
 ]
 
 #: The whole fixed header as one struct, a format character per field (see the docstring).
@@ -127,6 +129,46 @@ def data_window(data: Buffer) -> tuple[bytes, int]:
     return bytes(data), 0
 
 
+def _frame_length(buf: bytearray, start: int, avail: int, max_frame_bytes: int) -> int:
+    """The length field of the frame at ``buf[start:]`` once its header (``avail`` bytes of
+    it are there) is checked; -1 while too little of the header is there to check it.
+
+    Raises:
+        FrameTooLargeError: the frame exceeds ``max_frame_bytes`` (known from 4 bytes on).
+        ProtocolError: an impossible length, frame type, flag or body length.
+    """
+    if avail < 4:
+        return -1
+    length = int.from_bytes(buf[start : start + 4], "big", signed=True)
+    if length < _COUNTED_HEADER:
+        raise ProtocolError(f"frame length {length} is below the header's 14 bytes")
+    if length + 4 > max_frame_bytes:
+        raise FrameTooLargeError(
+            f"frame of {length + 4:,} bytes exceeds max_frame_bytes={max_frame_bytes:,}"
+        )
+    if avail < FRAME_HEADER.size:
+        return -1
+    _, ftype, flags, _, _, _, body_len = FRAME_HEADER.unpack_from(buf, start)
+    if ftype > FrameType.PUSH:
+        raise ProtocolError(f"unknown frame type {ftype}")
+    if flags & ~_KNOWN_FLAGS or (flags & FLAG_ERROR and ftype != FrameType.RESPONSE):
+        raise ProtocolError(f"frame flags {flags:#04x} are not valid here")
+    if body_len < 0 or body_len > length - _COUNTED_HEADER:
+        raise ProtocolError(f"body length {body_len} does not fit in a frame of length {length}")
+    return length
+
+
+def frame_data_window(data: Buffer) -> tuple[bytes | bytearray, int]:
+    """:func:`data_window`, except that a frame received in place
+    (:class:`BufferedFrameDecoder`: a ``bytearray`` of its own, never written again once
+    whole) is returned as that ``bytearray`` rather than copied. For readers that take any
+    buffer (the record readers)."""
+    if isinstance(data, memoryview) and type(data.obj) is bytearray and data.contiguous:
+        whole = data.obj
+        return whole, len(whole) - data.nbytes
+    return data_window(data)
+
+
 class FrameDecoder:
     """Incremental decoder of a byte stream of frames.
 
@@ -193,28 +235,12 @@ class FrameDecoder:
             return self._frame(b"".join(large))
         buf, start = self._buf, self._start
         avail = len(buf) - start
-        if avail < 4:
+        try:
+            length = _frame_length(buf, start, avail, self._max)
+        except ProtocolError as exc:
+            self._fail(exc)
+        if length < 0:
             return None
-        length = int.from_bytes(buf[start : start + 4], "big", signed=True)
-        if length < _COUNTED_HEADER:
-            self._fail(ProtocolError(f"frame length {length} is below the header's 14 bytes"))
-        if length + 4 > self._max:
-            self._fail(
-                FrameTooLargeError(
-                    f"frame of {length + 4:,} bytes exceeds max_frame_bytes={self._max:,}"
-                )
-            )
-        if avail < FRAME_HEADER.size:
-            return None
-        _, ftype, flags, _, _, _, body_len = FRAME_HEADER.unpack_from(buf, start)
-        if ftype > FrameType.PUSH:
-            self._fail(ProtocolError(f"unknown frame type {ftype}"))
-        if flags & ~_KNOWN_FLAGS or (flags & FLAG_ERROR and ftype != FrameType.RESPONSE):
-            self._fail(ProtocolError(f"frame flags {flags:#04x} are not valid here"))
-        if body_len < 0 or body_len > length - _COUNTED_HEADER:
-            self._fail(
-                ProtocolError(f"body length {body_len} does not fit in a frame of length {length}")
-            )
         end = start + 4 + length
         if len(buf) < end:
             if length + 4 >= LARGE_FRAME_BYTES:
@@ -234,7 +260,7 @@ class FrameDecoder:
         return self._frame(frame_bytes)
 
     @staticmethod
-    def _frame(frame_bytes: bytes) -> Frame:
+    def _frame(frame_bytes: bytes | bytearray) -> Frame:
         """The frame in ``frame_bytes`` (whole, its header checked); the views are its own:
         the decoder never writes to these bytes again."""
         _, ftype, flags, api_key, version, corr, body_len = FRAME_HEADER.unpack_from(frame_bytes)
@@ -253,3 +279,135 @@ class FrameDecoder:
     def _fail(self, exc: ProtocolError) -> NoReturn:
         self._error = exc
         raise exc
+
+
+#: Bytes of the buffer a :class:`BufferedFrameDecoder` receives headers and small frames in:
+#: every frame below LARGE_FRAME_BYTES fits, so it is never grown.
+HEAD_BYTES = LARGE_FRAME_BYTES
+
+
+class BufferedFrameDecoder(FrameDecoder):
+    """A :class:`FrameDecoder` the socket can read into directly (``asyncio.BufferedProtocol``):
+    :meth:`get_buffer` says where the next bytes go, :meth:`buffer_updated` how many came.
+
+    Headers and frames below ``LARGE_FRAME_BYTES`` are received into one preallocated buffer
+    and copied out once per frame, as :class:`FrameDecoder` does. A frame of
+    ``LARGE_FRAME_BYTES`` or more (a fetch response, a push of records) gets a ``bytearray``
+    of its exact size as soon as its header is there, and the rest of it is read straight into
+    that: no copy of its bytes in user space at all, nor a join of pieces. Its views are over
+    that ``bytearray`` (:func:`frame_data_window` finds it), which is never written again.
+    :meth:`receive_data` works too (a copy into the same buffers), so the two ways of feeding
+    it give the same frames.
+
+    Args:
+        max_frame_bytes: the largest frame accepted (whole frame, header included).
+    """
+
+    def __init__(self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        super().__init__(max_frame_bytes=max_frame_bytes)
+        self._head = bytearray(HEAD_BYTES)
+        self._end = 0  # head[_start:_end] holds bytes received and not yet framed
+        self._frame_buf: bytearray | None = None  # a large frame being received in place
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet returned in a frame."""
+        return self._end - self._start + self._filled
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next bytes read from the socket go (write into it, then call
+        :meth:`buffer_updated`). Never empty; never beyond the frame being received in
+        place, so the bytes of the next frame are not written into it.
+
+        Args:
+            sizehint: ignored (the buffer is what the frame being received needs).
+        """
+        if self._error is not None:
+            raise self._error
+        frame = self._frame_buf
+        if frame is not None and self._filled < len(frame):
+            return memoryview(frame)[self._filled :]
+        head, start, end = self._head, self._start, self._end
+        if start == end:
+            self._start = self._end = start = end = 0
+        elif start and len(head) - end < len(head) // 4:
+            head[: end - start] = head[start:end]  # room at the end: move what is left up
+            self._start, self._end = 0, end - start
+            end -= start
+        if end == len(head):
+            # Only when frames are fed faster than they are taken (receive_data of many at
+            # once): the head holds whole frames, and grows for more.
+            head.extend(bytes(HEAD_BYTES))
+        return memoryview(head)[end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """``nbytes`` were written at the start of the last :meth:`get_buffer`'s view."""
+        frame = self._frame_buf
+        if frame is not None and self._filled < len(frame):
+            self._filled += nbytes
+        else:
+            self._end += nbytes
+
+    def receive_data(self, data: Buffer) -> None:
+        """Add bytes from the stream (copied into the buffers :meth:`get_buffer` hands out)."""
+        if self._error is not None:
+            raise self._error
+        with memoryview(data) as src:
+            at = 0
+            while at < len(src):
+                if self._frame_buf is None:
+                    # A large frame whose header is there moves out of the head first.
+                    self._promote()
+                with self.get_buffer() as dst:
+                    n = min(len(dst), len(src) - at)
+                    dst[:n] = src[at : at + n]
+                self.buffer_updated(n)
+                at += n
+
+    def next_frame(self) -> Frame | None:
+        """Return the next complete frame, or ``None`` if more data is needed.
+
+        Raises:
+            FrameTooLargeError, ProtocolError: as :meth:`FrameDecoder.next_frame`.
+        """
+        if self._error is not None:
+            raise self._error
+        frame = self._frame_buf
+        if frame is not None:
+            if self._filled < len(frame):
+                return None
+            self._frame_buf, self._filled = None, 0
+            return self._frame(frame)
+        head, start = self._head, self._start
+        try:
+            length = _frame_length(head, start, self._end - start, self._max)
+        except ProtocolError as exc:
+            self._fail(exc)
+        if length < 0:
+            return None
+        end = start + 4 + length
+        if end > self._end:
+            self._promote()
+            return None
+        with memoryview(head) as whole:
+            frame_bytes = bytes(whole[start:end])
+        self._start = end
+        return self._frame(frame_bytes)
+
+    def _promote(self) -> None:
+        """A large frame whose header is there moves to a buffer of its own (what of it is
+        there already is copied once); the rest of it is then read straight into that."""
+        head, start, end = self._head, self._start, self._end
+        try:
+            length = _frame_length(head, start, end - start, self._max)
+        except ProtocolError as exc:
+            self._fail(exc)
+        if length < 0 or length + 4 < LARGE_FRAME_BYTES or start + 4 + length <= end:
+            if start:  # a small frame, or a header, at the end of the head: move it up
+                head[: end - start] = head[start:end]
+                self._start, self._end = 0, end - start
+            return
+        frame = bytearray(length + 4)
+        frame[: end - start] = head[start:end]
+        self._frame_buf, self._filled = frame, end - start
+        self._start = self._end = 0

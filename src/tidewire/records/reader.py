@@ -142,7 +142,7 @@ def _records(h: BatchHeader, buf: memoryview) -> Iterator[Record]:
 
 
 def read_records(  # noqa: PLR0917 (a reader's hot loop: positional arguments cost least)
-    buf: bytes,
+    buf: bytes | bytearray,
     start: int,
     h: BatchHeader,
     factory: type[T],
@@ -177,7 +177,7 @@ def read_records(  # noqa: PLR0917 (a reader's hot loop: positional arguments co
 
 
 def read_columns(  # noqa: PLR0917 (the same positional parameters as read_records)
-    buf: bytes,
+    buf: bytes | bytearray,
     start: int,
     h: BatchHeader,
     min_offset: int = 0,
@@ -199,6 +199,11 @@ def read_columns(  # noqa: PLR0917 (the same positional parameters as read_recor
         view = memoryview(buf)[start : start + h.size]
         data = bytes(decompress(h.codec, view[BATCH_OVERHEAD:], decompression_limit))
         pos, end = 0, len(data)
+    elif type(buf) is not bytes:
+        # Keys and values are slices: of bytes, so that they are bytes (a copy of the batch,
+        # not of the whole buffer).
+        data = bytes(memoryview(buf)[start : start + h.size])
+        pos, end = BATCH_OVERHEAD, h.size
     else:
         data = buf
         pos, end = start + BATCH_OVERHEAD, start + h.size
