@@ -5,6 +5,7 @@ and a time; iteration and poll; the long-poll woken by new data; seek; a lost co
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -169,6 +170,35 @@ def test_consumer_is_the_blocking_twin() -> None:
     for name in a:
         assert a[name] == s[name], name
     assert inspect.signature(AsyncConsumer.__init__) == inspect.signature(Consumer.__init__)
+
+
+def test_a_seek_does_not_wait_for_the_long_poll_on_its_way(tmp_path: Path) -> None:
+    """Caught up, the consumer's next fetch waits on the broker (a long-poll of max_wait_ms);
+    a seek back drops it, so the next poll answers from the new position at once, for each
+    way of reading."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 1)
+            await put(broker, "t", 0, [b"%d" % i for i in range(5)])
+            for how in ("poll", "poll_batch"):
+                async with AsyncConsumer(addr(server), max_wait_ms=30_000) as c:
+                    await c.assign([("t", 0, "earliest")])
+                    got = (
+                        await c.poll(PROMPT_S)
+                        if how == "poll"
+                        else list(await c.poll_batch(PROMPT_S))
+                    )
+                    assert values(got) == [b"%d" % i for i in range(5)]
+                    assert len(c._t._waiting) == 1  # the long-poll at the log's end
+                    await c.seek("t", 0, 2)
+                    assert not c._t._waiting
+                    t0 = time.monotonic()
+                    again = await c.poll(PROMPT_S)
+                    assert values(again) == [b"2", b"3", b"4"], how
+                    assert time.monotonic() - t0 < PROMPT_S
+
+    run(main())
 
 
 def test_the_next_fetch_is_on_its_way_while_records_are_handed_out(tmp_path: Path) -> None:

@@ -345,8 +345,10 @@ class AsyncConsumer:
         if buf and (buf[0].topic, buf[0].partition) == tp:  # one partition's records
             buf.clear()
         self._chunks = deque(c for c in self._chunks if c.tp != tp)
-        # A fetch on its way for this partition asked for the old offset: its answer for it
-        # is dropped when it comes (its offset no longer matches).
+        # A fetch on its way asked for the old offset, and at the log's end it is a long-poll
+        # that would hold the next poll for up to max_wait_ms: dropped (what it would bring
+        # of other partitions is fetched again from their unchanged fetch positions).
+        await self._drop_fetch()
 
     def position(self, topic: str, partition: int) -> int:
         """The offset of the next record this consumer hands out for the partition.
