@@ -50,27 +50,28 @@ JSON object.
   that is not holding an undelivered one, half to HTTP streams and half to binary ones:
   latency from just before the send to the receiver having the message (one process, one
   clock); p50/p99/max per kind. The receivers re-issue their request at once after each
-  answer. Medians of ``--reps`` rounds over the same receivers.
+  answer. Medians of ``--reps`` rounds over the same receivers. Beside each round (and once
+  with nothing sent) runs a probe of the machine itself, a process that only sleeps 1 ms at
+  a time: its late wake-ups are stalls of the machine, and each answer over 10 ms is
+  checked against them (with the CPU time the hypervisor stole, from ``/proc/stat``).
 - **ttl**: a broker with ``stream_segment_bytes`` = ``--segment-bytes``; persistent
   messages of 1 KiB with a TTL of 3 s fill ``--ttl-segments`` segments of ``__streams``;
   the bytes of the ``__streams`` partition directories on disk then, and once the messages
   have expired and the broker has deleted the whole segments they held.
 
-Measured on the 2-core development machine, shared with other work (load average 1.6 to
-4.7 over the run; details, the load with each figure, what still falls short and the
-commands: ``benchmarks/results/streams.md``), medians of 3, with the broker's gc.freeze()
-after its start, the cheaper gate with authentication off, and the timer wheel's fix::
+Measured on the 2-core development machine with nothing else running (load average 0.7 to
+1.2; details, earlier runs, what still falls short and the commands:
+``benchmarks/results/streams.md``), medians of 3::
 
-    create 1,000,000 persistent streams: 112,338 streams/s (load 1.6-1.8; 109,005 in a
-        run at load 0.9-1.4, 89,253 in one at load 3.6-4.1); the broker's CPU 7.3-8.2 µs
-        per stream; 496 B/stream; broker RSS 515 MiB
-    restart with 1,000,000: first answer 4.0 s after the process started (index 2.7 s)
-    eviction: 1,000,000 emptied streams forgotten 1.6 s after stream_idle_ms; RSS after
-        eviction 651-668 MiB in each of 3 rounds (no longer growing by ~208 MiB a round)
-    long-poll, 10,000 HTTP + 100,000 binary receivers waiting (load 4.4-4.7): HTTP p50
-        1.5 ms, p99 5.6 ms, max 11.7 ms; binary p50 1.2 ms, p99 4.5 ms, max 10.6 ms
-        (p99 under 10 ms in all 9 rounds of 3 runs, the max over it in 5 of 9)
-    TTL reclaim: __streams 8,671,960 B -> 415,776 B on disk 3.5 s after the last send
+    create 1,000,000 persistent streams: 214,287 streams/s (213,306-252,381); the broker's
+        CPU 3.9-4.6 µs per stream; 468 B/stream; broker RSS 490 MiB
+    restart with 1,000,000: first answer 3.9 s after the process started (index 2.3-2.8 s)
+    eviction: 1,000,000 emptied streams forgotten 1.3 s after stream_idle_ms; RSS 1,222 MiB
+        full -> 89-101 MiB after eviction (baseline 43 MiB)
+    long-poll, 10,000 HTTP + 100,000 binary receivers waiting: HTTP p50 1.1 ms, p99 2.9 ms;
+        binary p50 0.8 ms, p99 2.4 ms; 4 of 3,000 answers over 10 ms (max 17.3 ms), none
+        while the machine probe saw a stall
+    TTL reclaim: __streams 8,668,488 B -> 415,776 B on disk 3.5 s after the last send
 """
 
 from __future__ import annotations
