@@ -186,29 +186,20 @@ class ProducerBatch:
         idempotent = self.base_sequence >= 0
         pid = producer_id if idempotent else -1
         epoch = producer_epoch if idempotent else -1
+        header = {
+            "codec": codec,
+            "count": self.count,
+            "first_timestamp": self.first_ts,
+            "max_timestamp": self.max_ts,
+            "producer_id": pid,
+            "producer_epoch": epoch,
+            "base_sequence": self.base_sequence,
+        }
         if codec is Codec.NONE:
-            self.data = seal_batch_in_place(
-                _join_mutable(self.parts),
-                codec=codec,
-                count=self.count,
-                first_timestamp=self.first_ts,
-                max_timestamp=self.max_ts,
-                producer_id=pid,
-                producer_epoch=epoch,
-                base_sequence=self.base_sequence,
-            )
+            self.data = seal_batch_in_place(_join_mutable(self.parts), **header)
         else:
             self.parts[0] = b""  # no header room in what is compressed
-            self.data = seal_batch(
-                compress(codec, b"".join(self.parts)),
-                codec=codec,
-                count=self.count,
-                first_timestamp=self.first_ts,
-                max_timestamp=self.max_ts,
-                producer_id=pid,
-                producer_epoch=epoch,
-                base_sequence=self.base_sequence,
-            )
+            self.data = seal_batch(compress(codec, b"".join(self.parts)), **header)
         self.parts = []  # the bytes are all that is sent from now on
         return self.data
 

@@ -93,6 +93,15 @@ def _key(k: str | bytes) -> bytes:
     return k.encode() if isinstance(k, str) else k
 
 
+def _key_range(key: str | bytes, prefix: bool) -> dict[str, Any]:
+    """The ``key`` (and ``range_end`` for every key under it as a prefix) of a request."""
+    k = _key(key)
+    body: dict[str, Any] = {"key": _b64(k)}
+    if prefix:
+        body["range_end"] = _b64(prefix_end(k))
+    return body
+
+
 def prefix_end(prefix: bytes) -> bytes:
     """The end of the range of every key starting with ``prefix`` (etcd's ``range_end``):
     the prefix with its last byte below 0xff incremented, the rest dropped."""
@@ -306,10 +315,7 @@ class EtcdClient:
         self, key: str | bytes, *, prefix: bool = False, revision: int = 0
     ) -> tuple[list[KeyValue], int]:
         """The key (or every key under the prefix) and the store's revision of the read."""
-        k = _key(key)
-        body: dict[str, Any] = {"key": _b64(k)}
-        if prefix:
-            body["range_end"] = _b64(prefix_end(k))
+        body = _key_range(key, prefix)
         if revision:
             body["revision"] = str(revision)
         doc = await self._post("/v3/kv/range", body)
@@ -325,11 +331,7 @@ class EtcdClient:
 
     async def delete(self, key: str | bytes, *, prefix: bool = False) -> int:
         """How many keys were deleted."""
-        k = _key(key)
-        body: dict[str, Any] = {"key": _b64(k)}
-        if prefix:
-            body["range_end"] = _b64(prefix_end(k))
-        doc = await self._post("/v3/kv/deleterange", body)
+        doc = await self._post("/v3/kv/deleterange", _key_range(key, prefix))
         return int(doc.get("deleted", 0))
 
     async def txn(
@@ -385,9 +387,7 @@ class EtcdClient:
         the start revision is gone, :class:`EtcdUnavailableError` when the stream breaks
         (the caller resumes from the last revision it saw + 1)."""
         k = _key(key)
-        req: dict[str, Any] = {"key": _b64(k)}
-        if prefix:
-            req["range_end"] = _b64(prefix_end(k))
+        req = _key_range(k, prefix)
         if start_revision:
             req["start_revision"] = str(start_revision)
         base = self.endpoints[0]
