@@ -79,6 +79,10 @@ async def cluster(
         nodes = [_Node(c, store, i) for i in range(1, n + 1)]
         for node in nodes:
             await node.start()
+        # Each copy read the store when its node started: the nodes after it reach it
+        # through its watch.
+        for node in nodes:
+            await node.cache.wait_for(lambda cache=node.cache: len(cache.nodes) == n, WAIT_S)
         try:
             yield c, store, nodes
         finally:
