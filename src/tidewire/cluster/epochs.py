@@ -115,9 +115,7 @@ def truncation_point(
     epoch, end = leader_answer
     if (epoch, end) == UNDEFINED:
         return 0 if len(follower) else follower_end
-    if epoch == follower.latest:
-        return min(end, follower_end)
+    # The follower's own end of the epoch the leader answered with (for the follower's latest
+    # epoch: its log end), cut at the leader's end of it.
     own_epoch, own_end = follower.end_offset(epoch, follower_end)
-    if own_epoch != epoch:
-        return min(own_end, end) if own_epoch >= 0 else 0
-    return min(own_end, end)
+    return min(own_end, end) if own_epoch >= 0 else 0

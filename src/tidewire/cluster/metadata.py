@@ -174,12 +174,6 @@ class MetadataStore:
         return (await self.etcd.txn(compares, ops)).succeeded
 
 
-@dataclass
-class _Versioned:
-    value: object
-    version: int
-
-
 class MetadataCache:
     """A node's copy of the metadata: read at one revision, then kept current by a watch.
 
@@ -201,18 +195,18 @@ class MetadataCache:
         self.retry_s = retry_s
         self.nodes: dict[int, NodeInfo] = {}
         self.topics: dict[str, TopicInfo] = {}
-        self._partitions: dict[tuple[str, int], _Versioned] = {}
+        #: (topic, partition) -> its state and version (the key's mod_revision)
+        self._partitions: dict[tuple[str, int], tuple[PartitionState, int]] = {}
         self.revision = 0
         self.changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     def partition(self, topic: str, partition: int) -> tuple[PartitionState, int] | None:
         """The partition's state and its version, None when unknown."""
-        v = self._partitions.get((topic, partition))
-        return None if v is None else (v.value, v.version)  # type: ignore[return-value]
+        return self._partitions.get((topic, partition))
 
     def partitions(self) -> dict[tuple[str, int], tuple[PartitionState, int]]:
-        return {k: (v.value, v.version) for k, v in self._partitions.items()}  # type: ignore[misc]
+        return dict(self._partitions)
 
     async def load(self) -> None:
         kvs, rev = await self.store.etcd.range(self.store.root, prefix=True)
@@ -280,8 +274,9 @@ class MetadataCache:
             if deleted:
                 self._partitions.pop(key, None)
             else:
-                value = msgspec.json.decode(kv.value, type=PartitionState)
-                self._partitions[key] = _Versioned(value, kv.mod_revision)
+                state = msgspec.json.decode(kv.value, type=PartitionState)
+                self._partitions[key] = (state, kv.mod_revision)
+                value = state
         else:
             return  # the controller's election keys and anything newer
         if self.on_change is not None:
