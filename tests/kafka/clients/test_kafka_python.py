@@ -5,6 +5,7 @@ for times, an idempotent producer whose connections are cut, SASL/SCRAM and ACLs
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 import time
 from typing import Any
@@ -23,6 +24,7 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 
 import kafka
 
+log_name = "tidewire.broker.kafka_groups"
 FAST = {"request_timeout_ms": 20_000, "metadata_max_age_ms": 1_000, "reconnect_backoff_ms": 20}
 
 
@@ -148,7 +150,15 @@ class Member(threading.Thread):
         assert self.error is None, self.error
 
 
-def test_group_of_three_rebalances_once_when_one_leaves(running: Running) -> None:
+def test_group_of_three_rebalances_once_when_one_leaves(
+    running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The leave starts one rebalance and the broker removes nobody. kafka-python may start
+    another itself: a heartbeat it sent before its join was answered comes back with
+    REBALANCE_IN_PROGRESS or ILLEGAL_GENERATION after the join, and it rejoins (the Java
+    client checks the generation first). On a loaded machine that happens; such a rebalance
+    shows in the broker's log as the member's own rejoin, and is allowed here, nothing else."""
+    caplog.set_level(logging.INFO, logger="tidewire.broker.kafka_groups")
     running.create_topic("orders", 3)
     members = [Member(running, "workers", "orders") for _ in range(3)]
     for m in members:
@@ -165,6 +175,7 @@ def test_group_of_three_rebalances_once_when_one_leaves(running: Running) -> Non
         assert d is not None
         generation = d.generation
         before = [m.assigns for m in members]
+        caplog.clear()
         members[2].leave()
         wait_until(
             "the 2 members left own all 3 partitions",
@@ -173,8 +184,13 @@ def test_group_of_three_rebalances_once_when_one_leaves(running: Running) -> Non
         time.sleep(0.5)  # an extra rebalance would show within this
         d = running.on_loop(lambda: running.broker.kafka_groups.describe("workers"))
         assert d is not None
-        assert d.generation == generation + 1
-        assert [members[i].assigns - before[i] for i in range(2)] == [1, 1]
+        said = [r.getMessage() for r in caplog.records if r.name == log_name]
+        why = [m.split("preparing a rebalance (", 1)[1] for m in said if "preparing" in m]
+        assert not [m for m in said if "removed" in m], said
+        assert why[:1] == ["members left)"], said
+        assert all(w.startswith("member ") and w.endswith(" rejoined)") for w in why[1:]), said
+        assert d.generation == generation + len(why), said
+        assert all(members[i].assigns - before[i] >= 1 for i in range(2))
     finally:
         for m in members:
             if m.is_alive():
