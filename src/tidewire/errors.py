@@ -95,6 +95,7 @@ __all__ = [
     "DataDirLockedError",
     "DecompressionLimitError",
     "DuplicateSequenceError",
+    "FencedLeaderEpochError",
     "FrameTooLargeError",
     "GroupFullError",
     "GroupNotEmptyError",
@@ -113,6 +114,8 @@ __all__ = [
     "LogExistsError",
     "LogFailedError",
     "LogNotFoundError",
+    "NotEnoughReplicasError",
+    "NotLeaderError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "PartitionCorruptError",
@@ -128,6 +131,7 @@ __all__ = [
     "RebalanceInProgressError",
     "RecordBatchError",
     "RecordCountError",
+    "ReplicaAppendError",
     "RequestTimedOutError",
     "ShuttingDownError",
     "StorageError",
@@ -142,6 +146,7 @@ __all__ = [
     "UnknownError",
     "UnknownExchangeError",
     "UnknownGroupError",
+    "UnknownLeaderEpochError",
     "UnknownMemberError",
     "UnknownPartitionError",
     "UnknownPrincipalError",
@@ -671,3 +676,66 @@ class TooManyStreamsError(BackpressureError):
     code = 122
     retriable = True
     description = "the broker holds as many streams as it may"
+
+
+# --- the cluster ---------------------------------------------------------------------------------
+
+
+class NotLeaderError(TidewireError):
+    """A produce or fetch sent to a node that does not lead the partition (a follower, or a
+    former leader): nothing was stored. Refresh the metadata and send it to the leader, which
+    the message names when this node knows it (also as ``leader_id``, ``leader_host`` and
+    ``leader_port``; -1 and "" when unknown)."""
+
+    code = 130
+    retriable = True
+    description = "this node does not lead the partition; ask the metadata for its leader"
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        leader_id: int = -1,
+        leader_host: str = "",
+        leader_port: int = -1,
+    ) -> None:
+        super().__init__(message)
+        self.leader_id = leader_id
+        self.leader_host = leader_host
+        self.leader_port = leader_port
+
+
+class NotEnoughReplicasError(TidewireError):
+    """An ``acks=all`` produce to a partition whose in-sync replicas are fewer than its
+    ``min_insync_replicas``: refused before anything was stored; retry once a replica is back
+    in sync."""
+
+    code = 131
+    retriable = True
+    description = "fewer in-sync replicas than min_insync_replicas; nothing was stored"
+
+
+class FencedLeaderEpochError(TidewireError):
+    """A replica fetch that names a leader epoch older than the partition's current one: the
+    follower has missed a leadership change and must learn it from the metadata first."""
+
+    code = 132
+    retriable = True
+    description = "the leader epoch given is older than the partition's current one"
+
+
+class UnknownLeaderEpochError(TidewireError):
+    """A replica fetch that names a leader epoch newer than the one this node knows: this node
+    has not yet learned the change the sender has; retry."""
+
+    code = 133
+    retriable = True
+    description = "the leader epoch given is newer than the one this node knows"
+
+
+class ReplicaAppendError(TidewireError):
+    """Batches copied from a leader that do not continue this replica's log (a base offset
+    other than its end, or a leader epoch lower than its last batch's): nothing was stored."""
+
+    code = 134
+    description = "copied batches do not continue this replica's log"

@@ -125,6 +125,7 @@ __all__ = [
     "ListTopicsResponse",
     "MetadataRequest",
     "MetadataResponse",
+    "NodeAddress",
     "OffsetCommitRequest",
     "OffsetCommitResponse",
     "OffsetFetchRequest",
@@ -403,6 +404,13 @@ class PartitionInfo(msgspec.Struct, kw_only=True, gc=False):
     error_message: str = ""
     damage: list[DamageInfo] = msgspec.field(default_factory=list)
     offline: str = ""  # why the partition could not be opened; empty when it serves
+    # In a cluster (empty or -1 from a single node, which leads everything it holds): the node
+    # leading the partition (-1: none now, the partition is offline), its leader epoch, every
+    # replica and the in-sync ones.
+    leader: int = -1
+    leader_epoch: int = -1
+    replicas: list[int] = msgspec.field(default_factory=list)
+    isr: list[int] = msgspec.field(default_factory=list)
 
 
 class RepairTopicRequest(Body, kw_only=True, omit_defaults=True):
@@ -455,12 +463,26 @@ class MetadataRequest(Body, kw_only=True, omit_defaults=True):
     auto_create: bool = False
 
 
+class NodeAddress(msgspec.Struct, kw_only=True):
+    """A node of a cluster and where clients reach it (its advertised address)."""
+
+    node_id: int
+    host: str
+    port: int
+
+
 class MetadataResponse(Body, kw_only=True, omit_defaults=True):
+    """``broker_id``/``host``/``port``: the node that answers. In a cluster, ``nodes`` lists
+    every live node and ``controller`` the one placing replicas (-1: none now); a single node
+    leaves both empty."""
+
     api_key = ApiKey.METADATA
     broker_id: int
     host: str
     port: int
     topics: list[TopicDescription]
+    nodes: list[NodeAddress] = msgspec.field(default_factory=list)
+    controller: int = -1
 
 
 class CreateTopicRequest(Body, kw_only=True, omit_defaults=True):
