@@ -23,6 +23,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from tests.http._support import served
+from tidewire.security.config import SecurityConfig
 
 #: Examples per operation and mode: 12 operations, positive and negative, ~250 requests.
 EXAMPLES = 10
@@ -37,7 +38,15 @@ CHECKS = [
 @pytest.fixture(scope="module")
 def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data: Path = tmp_path_factory.mktemp("fuzz")
-    with served(data, default_partitions=2, max_wait_ms=50) as (_, client):
+    # Generated requests carry made-up credentials: a failed authentication is answered at
+    # once here, not after the anti-guessing delay (1 s by default), which would be most of
+    # the run's time.
+    with served(
+        data,
+        default_partitions=2,
+        max_wait_ms=50,
+        security=SecurityConfig(auth_failure_delay_ms=0),
+    ) as (_, client):
         # Something to find: a topic, messages, a group.
         client.post("/v1/topics", json={"name": "t", "partitions": 2})
         client.post("/v1/topics/t/messages", json={"value": "x", "partition": 0})
