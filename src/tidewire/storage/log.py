@@ -1087,18 +1087,17 @@ class PartitionLog:
                     stopped,
                 )
             for base, epoch in starts:
-                if epoch < h.latest or (len(h) and base < list(h)[-1][1]):
+                if epoch < 0:
+                    continue
+                try:
+                    h.assign(epoch, base)
+                except ValueError as exc:  # epochs going down: written so, or not ours
                     log.warning(
-                        "%s: batch at offset %d has leader epoch %d after epoch %d; "
-                        "left out of its epoch history",
+                        "%s: the batch at offset %d is left out of the epoch history: %s",
                         self.directory,
                         base,
-                        epoch,
-                        h.latest,
+                        exc,
                     )
-                    continue
-                if epoch >= 0:
-                    h.assign(epoch, base)
         h.truncate_before(self.log_start_offset)
         return h
 
