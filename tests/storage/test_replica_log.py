@@ -24,6 +24,7 @@ from tidewire.errors import (
 from tidewire.records import BatchBuilder, iter_batches
 from tidewire.storage import FaultFS, FileSystem, FsyncPolicy, LogConfig, OsFileSystem, PartitionLog
 from tidewire.storage.epochs import UNDEFINED, EpochHistory
+from tidewire.storage.fs import write_atomic
 from tidewire.storage.log import EPOCH_FILE
 from tidewire.storage.segment import PREFIX
 
@@ -502,3 +503,26 @@ def test_power_cut_at_every_operation_keeps_epochs_verifiable() -> None:
             history = [(e, b) for b, e in _first_of_each_epoch(data)]
             assert list(plog.epoch_history()) == history, where
             plog.close()
+
+
+def test_an_unreadable_epoch_file_loses_nothing(fs_dir: tuple[FileSystem, str]) -> None:
+    """Every batch is accepted, appends go on with the last batch's epoch, and the file is
+    written again."""
+    fs, d = fs_dir
+    plog = leader_with_epochs(fs, d, [(1, 3), (4, 2)])
+    plog.set_leader_epoch(6)  # set but no batch of it yet
+    data = read_all(plog)
+    plog.abandon()
+    write_atomic(fs, f"{d}/{EPOCH_FILE}", b"garbage")
+    plog = open_log(fs, d)
+    assert not plog.report.damage
+    assert read_all(plog) == data
+    assert plog.leader_epoch == 4
+    plog.append(batch(1))
+    assert epochs_of(read_all(plog))[-1] == (5, 4)
+    plog.set_leader_epoch(6)
+    plog.abandon()
+    plog = open_log(fs, d)
+    assert plog.leader_epoch == 6
+    assert list(plog.epoch_history()) == [(1, 0), (4, 3)]
+    plog.close()
