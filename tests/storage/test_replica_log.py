@@ -8,6 +8,7 @@ OffsetForLeaderEpoch).
 from __future__ import annotations
 
 import asyncio
+import errno
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from tidewire.errors import (
     CorruptBatchError,
     RecordBatchError,
     ReplicaAppendError,
+    StorageError,
     TidewireError,
 )
 from tidewire.records import BatchBuilder, iter_batches
@@ -526,3 +528,56 @@ def test_an_unreadable_epoch_file_loses_nothing(fs_dir: tuple[FileSystem, str]) 
     assert plog.leader_epoch == 6
     assert list(plog.epoch_history()) == [(1, 0), (4, 3)]
     plog.close()
+
+
+def test_a_segment_made_active_again_takes_the_epoch(fs_dir: tuple[FileSystem, str]) -> None:
+    """Truncation back into an older segment: what is appended there carries (and verifies
+    with) the log's epoch, not the one that segment had when it was rolled."""
+    fs, d = fs_dir
+    cfg = config(segment_bytes=1024)
+    plog = leader_with_epochs(fs, d, [(1, 30), (2, 30)], cfg=cfg)
+    assert plog.segment_count > 3
+    plog.set_leader_epoch(3)
+    plog.truncate_to(5)
+    assert plog.segment_count == 1
+    plog.append(batch(1))
+    plog.append_replica(_replica_batch(plog.log_end_offset, 4, 1))
+    assert epochs_of(plog.read(5).data) == [(5, 3), (6, 4)]
+    assert not plog.damage
+    plog.abandon()
+    plog = open_log(fs, d, cfg=cfg)
+    assert epochs_of(read_all(plog))[-2:] == [(5, 3), (6, 4)]
+    assert list(plog.epoch_history()) == [(1, 0), (3, 5), (4, 6)]
+    plog.close()
+
+
+def test_a_failed_replica_write_is_undone_whole() -> None:
+    fs = FaultFS()
+    cfg = config(segment_bytes=1024)
+    leader = leader_with_epochs(fs, "/leader", [(1, 10), (2, 25)], cfg=cfg)
+    data = read_all(leader)
+    follower = open_log(fs, "/follower", cfg=cfg)
+    follower.append_replica(data[: _cut(data, 8)])
+    before = (follower.log_end_offset, follower.size_bytes, list(follower.epoch_history()))
+    rest = data[_cut(data, 8) :]
+    fs.fail_kinds["write"] = errno.EIO
+    with pytest.raises(StorageError):
+        follower.append_replica(rest)
+
+    async def go() -> None:
+        with pytest.raises(StorageError):
+            await follower.append_replica_async(rest)
+
+    asyncio.run(go())
+    del fs.fail_kinds["write"]
+    assert (follower.log_end_offset, follower.size_bytes, list(follower.epoch_history())) == before
+    follower.append_replica(rest)
+    assert read_all(follower) == data
+    assert list(follower.epoch_history()) == list(leader.epoch_history())
+    leader.close()
+    follower.close()
+
+
+def _cut(data: bytes, n: int) -> int:
+    """The byte position of the ``n``-th batch of ``data``."""
+    return [pos for pos, _ in iter_batches(data)][n]

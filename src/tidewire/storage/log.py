@@ -741,6 +741,7 @@ class PartitionLog:
         del self._bases[nseg:]
         active = self._segments[-1]
         active.rollback(mark)
+        active.leader_epoch = self._leader_epoch  # it may be an older segment, active again
         try:
             for seg in dropped:
                 self._drop_segment(seg)
@@ -1718,6 +1719,8 @@ class PartitionLog:
                 seg.synced_size = seg.size
             self._remove_seal_files(seg)
             seg.sealed = False
+            # Active again, it stamps and accepts the log's epoch, not the one it was rolled in.
+            seg.leader_epoch = self._leader_epoch
             self._sync_dir_now()
         except OSError as exc:
             self._failed = StorageError(f"truncation of {self.directory} failed: {exc}")
