@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tidewire.errors import (
+    BackpressureError,
     CorruptBatchError,
     RecordBatchError,
     ReplicaAppendError,
@@ -581,3 +582,20 @@ def test_a_failed_replica_write_is_undone_whole() -> None:
 def _cut(data: bytes, n: int) -> int:
     """The byte position of the ``n``-th batch of ``data``."""
     return [pos for pos, _ in iter_batches(data)][n]
+
+
+def test_replica_append_backpressure(fs_dir: tuple[FileSystem, str]) -> None:
+    fs, d = fs_dir
+    leader = leader_with_epochs(fs, f"{d}/leader", [(1, 5)])
+    follower = open_log(fs, f"{d}/follower", cfg=config(max_pending_appends=4))
+
+    async def go() -> None:
+        with pytest.raises(BackpressureError, match="5 more exceed max_pending_appends=4"):
+            await follower.append_replica_async(read_all(leader), durable=True)
+        assert follower.log_end_offset == 0
+        await follower.append_replica_async(read_all(leader))  # not waiting for an fsync
+
+    asyncio.run(go())
+    assert follower.log_end_offset == 5
+    leader.close()
+    follower.close()
