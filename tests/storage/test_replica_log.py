@@ -599,3 +599,23 @@ def test_replica_append_backpressure(fs_dir: tuple[FileSystem, str]) -> None:
     assert follower.log_end_offset == 5
     leader.close()
     follower.close()
+
+
+def test_history_walks_past_a_damaged_range(tmp_path: Path) -> None:
+    """A flipped bit in the length of a batch in the middle of an epoch: the walk jumps over
+    the damaged range (instead of following the wrong length) and the history is the same."""
+    fs, d = OsFileSystem(), str(tmp_path)
+    plog = leader_with_epochs(fs, d, [(1, 4), (2, 4), (3, 4)])
+    kept = list(plog.epoch_history())
+    data = read_all(plog)
+    plog.close()
+    pos = _cut(data, 5)  # the second batch of epoch 2
+    path = f"{d}/{0:020d}.log"
+    raw = bytearray(fs.read_file(path))
+    raw[pos + 10] ^= 0x01  # batch_length, outside the CRC
+    with open(path, "r+b") as f:
+        f.write(raw)
+    plog = open_log(fs, d, recovery_point=12)  # scanned, the flip found below the point
+    assert [(x.start, x.end) for x in plog.damage] == [(5, 6)]
+    assert list(plog.epoch_history()) == kept
+    plog.close()
