@@ -314,11 +314,16 @@ def test_replica_fetch_answers_fenced_unknown_epoch_and_divergence(tmp_path: Pat
                 assert ok.error_code == 0
                 assert ok.data_bytes > 0
                 assert ok.leader_epoch == 3
-            # A node that does not lead answers NotLeader; a single node refuses it whole.
+            # A node not told of epoch 3 yet answers UnknownLeaderEpoch (the asker retries);
+            # one that follows in it answers NotLeader; a single node refuses it whole.
             async with AsyncClient(n2.addr) as c:
                 req = ReplicaFetchRequest(
                     node_id=1, max_wait_ms=0, partitions=[ReplicaFetchPartition(T, 0, 0, 3)]
                 )
+                got = await c._t.request(req)
+                assert got is not None
+                assert got.body.partitions[0].error_code == 133
+                await n2.rep.become_follower(T, 0, epoch=3, leader=1, leader_address=n1.address)
                 got = await c._t.request(req)
                 assert got is not None
                 assert got.body.partitions[0].error_code == 130

@@ -185,7 +185,7 @@ class ReplicaManager:
         self._unfollow(key)
         if led is not None:
             hw = led.state.high_watermark
-            self._fail_waiters(led, None)
+            self._fail_waiters(led)
         else:
             hw = self._learned_hw.pop(key, plog.log_start_offset)
         end = local_end(plog)
@@ -235,7 +235,7 @@ class ReplicaManager:
         self._leaders[key] = (leader, host, port)
         if led is not None:
             self._learned_hw[key] = led.state.high_watermark
-            self._fail_waiters(led, self._not_leader(key))
+            self._fail_waiters(led)
         old = self._followed.get(key)
         if old is not None and (old.epoch, old.leader, old.address) == (
             epoch,
@@ -275,7 +275,7 @@ class ReplicaManager:
         self._leaders.pop(key, None)
         self._learned_hw.pop(key, None)
         if led is not None:
-            self._fail_waiters(led, NotLeaderError(f"{topic}/{partition} is no longer led here"))
+            self._fail_waiters(led)
         self._unfollow(key)
 
     def _unfollow(self, key: Key) -> None:
@@ -451,6 +451,14 @@ class ReplicaManager:
             try:
                 led = self._led.get(key)
                 if led is None:
+                    known = self.leader_epoch(p.topic, p.partition)
+                    if p.leader_epoch > known:
+                        # Elected here in an epoch this node has not been told of yet: the
+                        # follower retries (NotLeader would park it until its next role change).
+                        raise UnknownLeaderEpochError(
+                            f"{p.topic}/{p.partition}: leader epoch {p.leader_epoch} is newer "
+                            f"than {known}, the one this node knows"
+                        )
                     raise self._not_leader(key)
                 if p.leader_epoch < led.epoch:
                     raise FencedLeaderEpochError(
@@ -563,7 +571,7 @@ class ReplicaManager:
             led.state.isr_refused()
         self._wake_replicated(key, led)
 
-    def _fail_waiters(self, led: _Led, exc: BaseException | None) -> None:
+    def _fail_waiters(self, led: _Led) -> None:
         """Wake the produces waiting on ``led`` (they re-check and raise NotLeaderError)."""
         for _, fut in led.waiters:
             if not fut.done():
@@ -621,7 +629,7 @@ class ReplicaManager:
             return
         self._closed = True
         for led in self._led.values():
-            self._fail_waiters(led, None)
+            self._fail_waiters(led)
         self._led.clear()
         fetchers = list(self._fetchers.values())
         self._fetchers.clear()
