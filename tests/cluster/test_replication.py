@@ -22,6 +22,7 @@ from tidewire.errors import (
     InvalidRequestError,
     NotEnoughReplicasError,
     NotLeaderError,
+    RequestTimedOutError,
 )
 from tidewire.protocol.messages import (
     ACKS_LEADER,
@@ -183,6 +184,8 @@ def test_a_stopped_follower_holds_acks_all_until_it_is_dropped_from_the_isr(
                 await until(lambda: n2.end() == 2, "node 2 copies the second record")
                 await asyncio.sleep(0.3)  # node 2 fetched again: it holds it; node 3 never will
                 assert not pending.done()
+                with pytest.raises(RequestTimedOutError):
+                    await n1.rep.wait_replicated(T, 0, 2, 0.05)
                 # Consumers do not see it: not on every in-sync replica.
                 got = await c.fetch(T, 0, 0)
                 assert got.high_watermark == 1

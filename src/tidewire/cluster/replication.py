@@ -38,7 +38,6 @@ from tidewire.cluster.replica_state import PartitionLeader
 from tidewire.errors import (
     FencedLeaderEpochError,
     InvalidRequestError,
-    NotEnoughReplicasError,
     NotLeaderError,
     RequestTimedOutError,
     TidewireError,
@@ -365,13 +364,15 @@ class ReplicaManager:
         self, topic: str, partition: int, end_offset: int, timeout_s: float
     ) -> None:
         """Wait until every in-sync replica holds the partition below ``end_offset`` (the
-        high watermark passed it).
+        high watermark passed it). The ISR is the one etcd holds: a follower dropped from it
+        meanwhile (lag) no longer counts. ``min_insync_replicas`` is checked before the
+        append (:meth:`PartitionLeader.can_append_acks_all`), not again here: what was
+        stored is never answered with "nothing stored".
 
         Raises:
             NotLeaderError: this node stopped leading it meanwhile (or never did).
-            NotEnoughReplicasError: the ISR is below ``min_insync_replicas`` and the records
-                are not on enough replicas.
-            RequestTimedOutError: not replicated within ``timeout_s``.
+            RequestTimedOutError: not replicated within ``timeout_s`` (the records are stored
+                on this leader and may still be replicated).
         """
         key = (topic, partition)
         loop = asyncio.get_running_loop()
@@ -384,13 +385,6 @@ class ReplicaManager:
             led.state.appended(local_end(plog))
             if led.state.replicated(end_offset):
                 return
-            if not led.state.can_append_acks_all():
-                raise NotEnoughReplicasError(
-                    f"{topic}/{partition}: {len(led.state.isr)} in-sync replicas, "
-                    f"min_insync_replicas is {led.state.min_insync}; the records below "
-                    f"{end_offset} are stored on this leader but not acknowledged by enough "
-                    "replicas"
-                )
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise RequestTimedOutError(
@@ -546,7 +540,7 @@ class ReplicaManager:
             led.seen_hw = hw
             self.broker._wake(*key)  # consumers' long polls: more is visible
         for end, fut in list(led.waiters):
-            if (hw >= end or not led.state.can_append_acks_all()) and not fut.done():
+            if hw >= end and not fut.done():
                 fut.set_result(None)
 
     async def _propose(self, key: Key, led: _Led, isr: frozenset[int]) -> None:
