@@ -32,6 +32,7 @@ from tidewire.protocol.messages import (
 )
 from tidewire.records import BatchBuilder
 from tidewire.server import ServerConfig, TcpServer
+from tidewire.storage import FsyncPolicy, LogConfig
 
 T = "orders"
 LAG_MS = 10_000
@@ -56,6 +57,7 @@ class Node:
         self.clock = clock
         self.proposals = proposals
         self.min_insync = 1
+        self.log_config: LogConfig | None = None
 
     async def start(self) -> None:
         self.broker = Broker(BrokerConfig(data_dir=str(self.dir), auto_create_topics=False))
@@ -79,7 +81,7 @@ class Node:
         )
         self.broker.replication = self.rep
         if T not in self.broker.topics():
-            self.broker.create_topic(T, partitions=1)
+            self.broker.create_topic(T, partitions=1, config=self.log_config)
 
     async def stop(self) -> None:
         await self.server.close()
@@ -102,10 +104,14 @@ class Node:
 
 
 @contextlib.asynccontextmanager
-async def cluster(tmp_path: Path, n: int = 3) -> AsyncIterator[tuple[list[Node], list[object]]]:
+async def cluster(
+    tmp_path: Path, n: int = 3, log_config: LogConfig | None = None
+) -> AsyncIterator[tuple[list[Node], list[object]]]:
     clock = FakeClock()
     proposals: list[object] = []
     nodes = [Node(i + 1, tmp_path, clock, proposals) for i in range(n)]
+    for node in nodes:
+        node.log_config = log_config
     try:
         for node in nodes:
             await node.start()
@@ -166,6 +172,24 @@ def test_acks_all_is_answered_once_every_follower_has_the_records(tmp_path: Path
                 assert got.high_watermark == 10
             await until(lambda: n2.end() == n3.end() == 10, "followers at 10")
             assert n1.all_bytes() == n2.all_bytes() == n3.all_bytes()
+
+    asyncio.run(main())
+
+
+def test_under_fsync_always_acks_all_waits_for_the_followers_fsync(tmp_path: Path) -> None:
+    async def main() -> None:
+        config = LogConfig(fsync=FsyncPolicy.ALWAYS)
+        async with cluster(tmp_path, log_config=config) as (nodes, _):
+            n1, n2, n3 = nodes
+            await lead(nodes, n1, 0)
+            async with AsyncClient(n1.addr) as c:
+                for i in range(3):
+                    assert await bounded(c.produce(T, 0, msgs(b"d%d" % i))) == i
+                    # Answered: on both followers' disks (their durable offsets counted).
+                    assert n2.broker.log(T, 0).flushed_offset >= i + 1
+                    assert n3.broker.log(T, 0).flushed_offset >= i + 1
+                got = await c.fetch(T, 0, 0)
+                assert got.high_watermark == 3
 
     asyncio.run(main())
 
