@@ -197,6 +197,8 @@ class MetadataCache:
         self.topics: dict[str, TopicInfo] = {}
         #: (topic, partition) -> its state and version (the key's mod_revision)
         self._partitions: dict[tuple[str, int], tuple[PartitionState, int]] = {}
+        #: the controller election's candidates: key -> (create revision, node id)
+        self._candidates: dict[str, tuple[int, int]] = {}
         self.revision = 0
         self.changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -208,11 +210,20 @@ class MetadataCache:
     def partitions(self) -> dict[tuple[str, int], tuple[PartitionState, int]]:
         return dict(self._partitions)
 
+    @property
+    def controller(self) -> int:
+        """The node that is the controller, as this copy knows it (-1: none). An etcd
+        election's leader is its candidate key of the lowest create revision."""
+        if not self._candidates:
+            return -1
+        return min(self._candidates.values())[1]
+
     async def load(self) -> None:
         kvs, rev = await self.store.etcd.range(self.store.root, prefix=True)
         self.nodes.clear()
         self.topics.clear()
         self._partitions.clear()
+        self._candidates.clear()
         for kv in kvs:
             self._apply(kv, deleted=False)
         self.revision = rev
@@ -277,7 +288,16 @@ class MetadataCache:
                 state = msgspec.json.decode(kv.value, type=PartitionState)
                 self._partitions[key] = (state, kv.mod_revision)
                 value = state
+        elif kind == "controller":
+            if deleted:
+                self._candidates.pop(rest, None)
+            else:
+                try:
+                    self._candidates[rest] = (kv.create_revision, int(kv.value))
+                except ValueError:
+                    log.warning("controller candidate %s names no node: %r", rest, kv.value)
+            return
         else:
-            return  # the controller's election keys and anything newer
+            return  # anything newer
         if self.on_change is not None:
             self.on_change(kind[:-1], rest, value)
