@@ -8,12 +8,14 @@ METADATA from the node's copy, and a node that loses its lease stops leading."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import pytest
 
+from tests.cli._support import run_cli
 from tests.cluster._etcd import EtcdServer
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.client._transport import Transport
@@ -194,6 +196,24 @@ def test_topics_are_created_through_etcd_and_every_replica_gets_its_log(
                             ("127.0.0.1", leader.server.port),
                         )
             assert {p.leader for p in topic.partitions} == {1, 2, 3}  # spread
+            # The CLI's view, through any node (the first address does not answer).
+            dead = "127.0.0.1:1"
+            out = await asyncio.to_thread(
+                run_cli, ["cluster", "status", "--json", "--addr", f"{dead},{c.addr}"]
+            )
+            assert out.exit_code == 0, out.output
+            doc = json.loads(out.stdout)
+            assert doc["controller"] == meta.controller
+            assert [n["node_id"] for n in doc["nodes"]] == [1, 2, 3]
+            assert len(doc["partitions"]) == 3
+            assert doc["under_replicated"] == 0
+            assert doc["offline"] == 0
+            out = await asyncio.to_thread(run_cli, ["cluster", "nodes", "--addr", a.addr])
+            assert out.exit_code == 0, out.output
+            assert out.stdout.splitlines()[meta.controller - 1].endswith("controller")
+            out = await asyncio.to_thread(run_cli, ["cluster", "status", "--addr", b.addr])
+            assert out.stdout.startswith("nodes: 3, controller: ")
+            assert len(out.stdout.splitlines()) == 1 + 3 + 1 + 3
             listed = await call(c.addr, ListTopicsRequest())
             assert listed.topics == ["orders"]  # type: ignore[attr-defined]
             # A name no node created: an error, not a topic made on the spot.
@@ -322,5 +342,17 @@ def test_a_node_that_loses_its_lease_stops_leading_and_registers_again(
             # Registered again, and (alone, so in sync) leading again.
             await node.wait_reconciled(lambda: a.replicas.roles.get(("t", 0)) is not None, WAIT_S)
             assert a.replicas.roles["t", 0][0] == "leader"
+
+    asyncio.run(main())
+
+
+def test_cluster_status_of_a_single_node_says_so(tmp_path: Path) -> None:
+    async def main() -> None:
+        broker = Broker(BrokerConfig(data_dir=str(tmp_path / "d")))
+        async with broker, TcpServer(broker, ServerConfig(host="127.0.0.1", port=0)) as s:
+            addr = f"127.0.0.1:{s.port}"
+            out = await asyncio.to_thread(run_cli, ["cluster", "status", "--addr", addr])
+            assert out.exit_code == 1
+            assert "is a single node (started without --cluster)" in out.output
 
     asyncio.run(main())
