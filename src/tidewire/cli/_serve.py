@@ -1022,6 +1022,11 @@ async def _serve(settings: Settings, loop_name: str, node_options: NodeOptions |
             + (" (TLS)" if tls is not None else "")
         )
         log.info("event loop: %s", loop_name)
+        if node is not None:
+            typer.echo(
+                f"tidewire {__version__} node {node.node_id} of cluster at "
+                f"{node.store.root}, advertised as {node.info.host}:{node.info.port}"
+            )
         if kafka is not None:
             typer.echo(
                 f"tidewire {__version__} Kafka listening on {kafka.host}:{kafka.port}, "
@@ -1093,10 +1098,6 @@ async def _join(
         min_insync_replicas=options.min_insync_replicas,
     )
     await node.start()
-    typer.echo(
-        f"tidewire {__version__} node {options.node_id} of cluster {options.cluster_id!r}, "
-        f"advertised as {advertise[0]}:{advertise[1]}"
-    )
     return node
 
 
