@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -356,3 +357,35 @@ def test_cluster_status_of_a_single_node_says_so(tmp_path: Path) -> None:
             assert "is a single node (started without --cluster)" in out.output
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--node-id", "1"], "--node-id and --advertise go with --cluster"),
+        (["--cluster", "etcd://127.0.0.1:2379"], "--cluster needs --node-id"),
+        (["--cluster", "http://127.0.0.1:2379", "--node-id", "1"], "expected etcd://HOST:PORT"),
+        (
+            ["--cluster", "etcd://127.0.0.1:2379", "--node-id", "1", "--advertise", "nope"],
+            "--advertise 'nope': expected HOST:PORT",
+        ),
+    ],
+)
+def test_serve_refuses_bad_cluster_flags(tmp_path: Path, args: list[str], message: str) -> None:
+    out = run_cli(["serve", "--data-dir", str(tmp_path), "--port", "0", *args])
+    assert out.exit_code == 2, out.output
+    assert message in out.output
+
+
+def test_serve_without_etcd_says_so(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = run_cli(
+        [
+            *("serve", "--data-dir", str(tmp_path), "--port", "0"),
+            *("--cluster", f"etcd://127.0.0.1:{port}", "--node-id", "1"),
+        ]
+    )
+    assert out.exit_code == 1, out.output
+    assert "no etcd endpoint answered" in out.output
