@@ -364,6 +364,10 @@ async def describe_topic(
 
 async def alter_topic(b: Broker, s: ServerInfo, req: AlterTopicRequest, _: memoryview) -> Reply:
     try:
+        if cluster_node(b) is not None:  # one node's change would leave the replicas unlike
+            raise InvalidRequestError(
+                f"topic {req.name!r} cannot be altered in a cluster yet (docs/cluster.md)"
+            )
         current = b.topic_config(req.name)
         changed = req.config != TopicConfig()
         await b.alter_topic_async(
