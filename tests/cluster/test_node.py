@@ -21,8 +21,8 @@ from tests.cluster._etcd import EtcdServer
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.client._transport import Transport
 from tidewire.cluster import cluster_node
-from tidewire.cluster.etcd import EtcdError
-from tidewire.cluster.metadata import PartitionState
+from tidewire.cluster.etcd import EtcdClient, EtcdError
+from tidewire.cluster.metadata import MetadataStore, NodeInfo, PartitionState
 from tidewire.cluster.node import ClusterNode, parse_cluster_url
 from tidewire.errors import (
     InvalidConfigError,
@@ -393,3 +393,18 @@ def test_serve_without_etcd_says_so(tmp_path: Path) -> None:
     )
     assert out.exit_code == 1, out.output
     assert "no etcd endpoint answered" in out.output
+
+
+def test_a_node_restarted_after_a_crash_waits_for_its_old_lease(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    async def main() -> None:
+        # The crashed process's registration: on a lease nobody renews any more.
+        async with EtcdClient([etcd.endpoint]) as c:
+            lease = await c.grant(2)
+            await MetadataStore(c, "t").register(NodeInfo(1, "127.0.0.1", 1), lease)
+        async with cluster(tmp_path, etcd, 1) as (a,):
+            assert a.node is not None
+            assert a.node.cache.nodes[1].port == a.server.port
+
+    asyncio.run(main())

@@ -39,6 +39,7 @@ __all__ = [
     "Fence",
     "MetadataCache",
     "MetadataStore",
+    "NodeIdTakenError",
     "NodeInfo",
     "PartitionState",
     "TopicInfo",
@@ -48,6 +49,10 @@ log = logging.getLogger("tidewire.cluster")
 
 #: No leader (a partition whose in-sync replicas are all gone, with unclean election off).
 NO_LEADER = -1
+
+
+class NodeIdTakenError(EtcdError):
+    """A node registering under an id that a live node's lease holds."""
 
 
 class NodeInfo(msgspec.Struct, frozen=True):
@@ -124,7 +129,7 @@ class MetadataStore:
         if not r.succeeded:
             held = r.responses[0][0] if r.responses and r.responses[0] else None
             if held is None or held.lease != lease:
-                raise EtcdError(
+                raise NodeIdTakenError(
                     f"node id {node.node_id} is registered already by a live node "
                     f"({held.value.decode(errors='replace') if held else '?'}): each node of a "
                     "cluster needs its own --node-id"

@@ -42,6 +42,7 @@ from tidewire.cluster.metadata import (
     NO_LEADER,
     MetadataCache,
     MetadataStore,
+    NodeIdTakenError,
     NodeInfo,
     PartitionState,
     TopicInfo,
@@ -237,7 +238,7 @@ class ClusterNode:
         attach_node(self.broker, self)
         try:
             await self.lease.start()
-            await self.store.register(self.info, self.lease.id)
+            await self._register()
             await self.cache.load()
             self.cache.start()
             if self.replication is None:
@@ -268,6 +269,22 @@ class ClusterNode:
             self.info.port,
             self.store.root,
         )
+
+    async def _register(self) -> None:
+        """Register on the lease. A node restarted right after a crash finds its id still
+        held by its former lease until that expires: it waits up to a session timeout (and
+        a second) before it gives up, so only a live twin is refused."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.session_timeout_s + 1
+        while True:
+            try:
+                await self.store.register(self.info, self.lease.id)
+                return
+            except NodeIdTakenError:
+                if loop.time() >= deadline:
+                    raise
+                log.info("node id %d still held by a lease; waiting for it to expire", self.node_id)
+            await asyncio.sleep(REGISTER_BACKOFF_S[0])
 
     async def close(self) -> None:
         """Stop reconciling, stop the replicas, leave the election and the cluster (the
@@ -305,7 +322,13 @@ class ClusterNode:
                 await self._rejoin()
                 continue
             self._dirty.clear()
-            done = await self._reconcile()
+            try:
+                done = await self._reconcile()
+            except Exception:  # logged, and tried again: the node must not stop following
+                log.exception(
+                    "node %d: reconcile pass failed; again in %.0f s", self.node_id, RETRY_S
+                )
+                done = False
             self._passed.set()
             lost = asyncio.ensure_future(self.lease.lost.wait())
             dirty = asyncio.ensure_future(self._dirty.wait())
