@@ -957,7 +957,9 @@ def _host_port(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-async def _serve(settings: Settings, loop_name: str, node_options: NodeOptions | None) -> None:
+async def _serve(
+    settings: Settings, loop_name: str, node_options: NodeOptions | None = None
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
