@@ -20,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tidewire._tasks import cancel_and_wait
 from tidewire.broker.consumer_groups import ConsumerGroups
@@ -49,6 +50,7 @@ from tidewire.errors import (
     InvalidTopicError,
     LogExistsError,
     LogNotFoundError,
+    NotEnoughReplicasError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     PartitionCorruptError,
@@ -70,6 +72,9 @@ from tidewire.storage.filecache import open_descriptors, raise_descriptor_limit
 from tidewire.storage.fs import write_atomic
 from tidewire.storage.log import check_appendable
 from tidewire.storage.manager import MAX_PARTITION, validate_topic_name
+
+if TYPE_CHECKING:
+    from tidewire.cluster.replication import ReplicaManager
 
 __all__ = [
     "Broker",
@@ -359,6 +364,9 @@ class Broker:
         #: The clock streams use (ms since the epoch); tests set a fake one before start().
         self.stream_clock: Callable[[], int] | None = None
         self.stats = BrokerStats()
+        #: Replication (cluster mode: set by the node layer before serving); None on a single
+        #: node, where this node leads everything it holds and nothing waits for replicas.
+        self.replication: ReplicaManager | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -471,6 +479,8 @@ class Broker:
     async def close(self) -> None:
         """Stop the background work, wake every waiting fetch, flush and close the logs."""
         self._closing = True  # a fetch woken from here on returns instead of waiting again
+        if self.replication is not None:
+            await self.replication.close()
         tasks = (
             self._maintenance,
             self._producer_task,
@@ -876,6 +886,8 @@ class Broker:
         """
         _refuse_internal(topic)
         view = memoryview(data)
+        if self.replication is not None:
+            return await self._produce_replicated(topic, partition, view, durable)
         plog = self.logs.logs.get((topic, partition))
         if (
             plog is None
@@ -904,6 +916,54 @@ class Broker:
             plog.bytes_in += len(view)
             return ProduceResult(infos[0].base_offset, infos[-1].last_offset, plog.log_start_offset)
         return await self._produce_idempotent((topic, partition), plog, view, batches, durable)
+
+    async def _produce_replicated(
+        self, topic: str, partition: int, view: memoryview, durable: bool | None
+    ) -> ProduceResult:
+        """Produce in cluster mode: only on the partition's leader (no auto-creation: the
+        node layer creates topics through the cluster metadata); ``acks=all`` (``durable``
+        None or True) is refused while the ISR is below ``min_insync_replicas`` and answered
+        once every in-sync replica holds the batches; ``acks=leader`` after the local append.
+
+        Raises:
+            NotLeaderError: this node does not lead the partition (nothing stored).
+            NotEnoughReplicasError: acks=all and too few in-sync replicas (nothing stored).
+            RequestTimedOutError: stored here, not replicated in time.
+            What :meth:`produce` raises.
+        """
+        rep = self.replication
+        assert rep is not None
+        leader = rep.check_leader(topic, partition)
+        if durable is not False and not leader.can_append_acks_all():
+            raise NotEnoughReplicasError(
+                f"{topic}/{partition}: {len(leader.isr)} in-sync replicas "
+                f"{sorted(leader.isr)}, min_insync_replicas is {leader.min_insync}; "
+                "nothing was stored"
+            )
+        plog = self.log(topic, partition)
+        batches = self._split(view, plog.config.max_batch_bytes)
+        if all(h.producer_id < 0 for _, _, h in batches):
+            infos = await plog.append_many_async(
+                [view[start:end] for start, end, _ in batches],
+                durable=durable,
+                checked=[h for _, _, h in batches],
+            )
+            self._visible_after_flush(topic, partition, plog, infos[-1].last_offset + 1, durable)
+            self._wake(topic, partition)
+            n = infos[-1].last_offset + 1 - infos[0].base_offset
+            self.stats.published += n
+            plog.messages_in += n
+            plog.bytes_in += len(view)
+            result = ProduceResult(
+                infos[0].base_offset, infos[-1].last_offset, plog.log_start_offset
+            )
+        else:
+            result = await self._produce_idempotent(
+                (topic, partition), plog, view, batches, durable
+            )
+        if durable is not False:
+            await rep.wait_replicated(topic, partition, result.last_offset + 1, rep.ack_timeout_s)
+        return result
 
     async def _produce_idempotent(
         self,
@@ -1404,7 +1464,11 @@ class Broker:
         budget = max_bytes
         for topic, partition, offset, part_max in wants:
             plog = self.log(topic, partition)
-            hw = _high_watermark(plog)
+            hw = (
+                _high_watermark(plog)
+                if self.replication is None
+                else self.replication.high_watermark(topic, partition)
+            )
             limit = max(min(part_max, budget), 1)
             r = plog.read(offset, limit, max_offset=hw)
             if budget < max_bytes and len(r.data) > budget:  # only the first data may exceed
@@ -1437,11 +1501,18 @@ class Broker:
             UnknownTopicError, UnknownPartitionError: no such partition.
         """
         plog = self.log(topic, partition)
-        hw = _high_watermark(plog)
+        hw = (
+            _high_watermark(plog)
+            if self.replication is None
+            else self.replication.high_watermark(topic, partition)
+        )
         return max(plog.bytes_after(offset) - plog.bytes_after(hw), 0)
 
     def high_watermark(self, topic: str, partition: int) -> int:
-        """The offset below which records are visible to readers."""
+        """The offset below which records are visible to readers (in cluster mode: the
+        replicated one, below which every in-sync replica holds them)."""
+        if self.replication is not None:
+            return self.replication.high_watermark(topic, partition)
         return _high_watermark(self.log(topic, partition))
 
     async def wait_for_data(
@@ -1525,7 +1596,11 @@ class Broker:
         """``-2``: the log start; ``-1``: the high watermark; else the first offset whose
         record timestamp is at or after ``timestamp`` (ms), or the high watermark if none."""
         plog = self.log(topic, partition)
-        hw = _high_watermark(plog)
+        hw = (
+            _high_watermark(plog)
+            if self.replication is None
+            else self.replication.high_watermark(topic, partition)
+        )
         if timestamp == -2:
             return plog.log_start_offset
         if timestamp == -1:

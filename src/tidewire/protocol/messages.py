@@ -176,6 +176,10 @@ __all__ = [
     "RepairResult",
     "RepairTopicRequest",
     "RepairTopicResponse",
+    "ReplicaFetchPartition",
+    "ReplicaFetchRequest",
+    "ReplicaFetchResponse",
+    "ReplicaFetchResult",
     "ResetOffsetResult",
     "ResetOffsetsRequest",
     "ResetOffsetsResponse",
@@ -296,6 +300,7 @@ class ApiKey(enum.IntEnum):
     STREAM_READ = 60
     STREAM_LIST = 61
     STREAM_DESCRIBE = 62
+    REPLICA_FETCH = 63
 
 
 class Body(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -1810,6 +1815,56 @@ class StreamDescribeResponse(Body, kw_only=True, omit_defaults=True):
     error_message: str = ""
 
 
+# --- replication (between the nodes of a cluster) ---------------------------------------------
+
+
+class ReplicaFetchPartition(msgspec.Struct, array_like=True):
+    """One partition a follower copies: from ``offset`` (its log end), in the leader epoch it
+    knows, with the epoch of its last batch (the leader answers a divergence from it) and its
+    fsynced end (counted under ``fsync=always``)."""
+
+    topic: str
+    partition: int
+    offset: int
+    leader_epoch: int
+    last_fetched_epoch: int = -1
+    durable_offset: int = -1
+
+
+class ReplicaFetchRequest(Body, kw_only=True, omit_defaults=True):
+    """A follower node copying the leader's log of every partition it follows from it."""
+
+    api_key = ApiKey.REPLICA_FETCH
+    node_id: int
+    max_wait_ms: int = 500
+    min_bytes: int = 1
+    max_bytes: int = 16 * 1024 * 1024
+    partitions: list[ReplicaFetchPartition]
+
+
+class ReplicaFetchResult(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One partition's answer; its batches (exactly as the leader's log holds them) are the
+    next ``data_bytes`` bytes of the data section. ``diverging_epoch``/``diverging_end_offset``
+    (not -1): the follower's log diverges from the leader's; it truncates to the smaller of
+    ``diverging_end_offset`` and its own end and fetches again from there."""
+
+    topic: str
+    partition: int
+    error_code: int = 0
+    error_message: str = ""
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    leader_epoch: int = -1
+    diverging_epoch: int = -1
+    diverging_end_offset: int = -1
+    data_bytes: int = 0
+
+
+class ReplicaFetchResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.REPLICA_FETCH
+    partitions: list[ReplicaFetchResult]
+
+
 # --- the registry and the codec ------------------------------------------------------------
 
 _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
@@ -1875,6 +1930,7 @@ _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
     ApiKey.STREAM_READ: (StreamReadRequest, StreamReadResponse),
     ApiKey.STREAM_LIST: (StreamListRequest, StreamListResponse),
     ApiKey.STREAM_DESCRIBE: (StreamDescribeRequest, StreamDescribeResponse),
+    ApiKey.REPLICA_FETCH: (ReplicaFetchRequest, ReplicaFetchResponse),
 }
 #: APIs only the server sends, as PUSH frames, with the body schema of each: they have no
 #: request or response (a request for one is refused as an unknown API).

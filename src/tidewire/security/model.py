@@ -46,6 +46,9 @@ class Operation(enum.StrEnum):
     DESCRIBE = "describe"
     ALTER = "alter"
     ADMIN = "admin"
+    #: What nodes of a cluster do to each other (copying a leader's log: REPLICA_FETCH); on
+    #: the cluster resource, granted to the nodes' own identity (Kafka's ClusterAction).
+    CLUSTER_ACTION = "cluster_action"
     #: Every operation (in an ACL only).
     ALL = "all"
 

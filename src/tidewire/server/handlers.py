@@ -103,6 +103,7 @@ from tidewire.security.model import ResourceType
 from tidewire.server.gate import SESSION_APIS, gate_for, names_allowed
 from tidewire.server.push import PUSH_APIS
 from tidewire.server.queue_handlers import QUEUE_APIS
+from tidewire.server.replica_handlers import REPLICA_HANDLERS
 from tidewire.server.security_admin import SECURITY_HANDLERS
 from tidewire.server.stream_handlers import STREAM_HANDLERS
 from tidewire.storage import LogConfig
@@ -746,4 +747,5 @@ HANDLERS: dict[int, Handler] = {
     **SECURITY_HANDLERS,
     ApiKey.DESCRIBE_AUDIT: describe_audit,
     **STREAM_HANDLERS,
+    **REPLICA_HANDLERS,
 }

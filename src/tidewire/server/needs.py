@@ -255,4 +255,6 @@ API_NEEDS: dict[ApiKey, Requirement] = {
     ApiKey.STREAM_READ: StreamNeeds(_O.READ, lambda req: req.positions),
     ApiKey.STREAM_LIST: AUTHENTICATED,
     ApiKey.STREAM_DESCRIBE: _stream_describe,
+    # A follower node copying a leader's log: the nodes' own identity only.
+    ApiKey.REPLICA_FETCH: _cluster(_O.CLUSTER_ACTION),
 }

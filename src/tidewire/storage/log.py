@@ -53,6 +53,7 @@ from tidewire.errors import (
     PartitionCorruptError,
     RecordBatchError,
     RecordCountError,
+    ReplicaAppendError,
     StorageError,
     TidewireError,
 )
@@ -67,9 +68,11 @@ from tidewire.storage.damage import (
     read_damage_file,
     write_damage_file,
 )
+from tidewire.storage.epochs import EpochHistory
 from tidewire.storage.flusher import run_flush_job
 from tidewire.storage.fs import FileHandle, FileSystem, write_atomic
 from tidewire.storage.segment import (
+    PREFIX,
     BadBatch,
     CorruptBatchFound,
     Segment,
@@ -79,6 +82,7 @@ from tidewire.storage.segment import (
 
 __all__ = [
     "DAMAGE_FILE",
+    "EPOCH_FILE",
     "AppendInfo",
     "Damage",
     "PartitionLog",
@@ -99,6 +103,13 @@ MAX_BYTES_PER_WRITE = 4 * 1024 * 1024
 WRITEBACK_BYTES = 8 * 1024 * 1024
 #: Default byte budget of one read.
 DEFAULT_READ_BYTES = 1024 * 1024
+#: The file holding a replicated log's leader epoch (absent while it is 0, as on a single
+#: node): the largest epoch its batches may carry, written before any batch of a new epoch.
+EPOCH_FILE = "leader-epoch"
+_EPOCH_FILE_HEADER = "tidewire leader epoch v1\n"
+#: The epoch bound used when :data:`EPOCH_FILE` cannot be read: any epoch a batch header can
+#: hold (the batches are kept; only the check of their epoch field is lost).
+_ANY_EPOCH = (1 << 31) - 1
 
 Clock = Callable[[], int]
 
@@ -286,6 +297,17 @@ class PartitionLog:
         #: this offset on its recovery scan read every batch and none had a producer id;
         #: None if it did not scan the log's end.
         self.scanned_without_producers_from: int | None = None
+        #: The epoch stamped on appended batches and the largest one a batch may carry (every
+        #: segment's bound; the active one's stamp); persisted in :data:`EPOCH_FILE` when > 0.
+        self._leader_epoch = 0
+        #: The leader-epoch history, built on the first :meth:`epoch_history` (cluster code
+        #: only: a single node never reads the headers for it). Local appends are not recorded
+        #: one by one: every batch appended from offset :attr:`_epoch_mark` on was stamped
+        #: :attr:`_leader_epoch`, which :meth:`_history_current` records when the history is
+        #: read or before anything else changes it (set_leader_epoch, a replica append, a
+        #: truncation): the append path does no epoch work.
+        self._history: EpochHistory | None = None
+        self._epoch_mark = 0
 
     # --- opening and recovery -------------------------------------------------------------------
 
@@ -337,6 +359,8 @@ class PartitionLog:
             if orphan:
                 fs.remove(f"{d}/{n}")
                 report.removed_files.append(n)
+        if EPOCH_FILE in names:  # a replicated log: the epochs its batches may carry
+            self._leader_epoch = self._read_epoch_file()
         if not bases:
             self._new_segment(0)
             self._sync_dir_now()
@@ -348,6 +372,7 @@ class PartitionLog:
                 base,
                 fs.open(f"{d}/{segment_name(base)}.log", create=False),
                 index_interval_bytes=self.config.index_interval_bytes,
+                leader_epoch=self._leader_epoch,
             )
             self._segments.append(seg)
             self._bases.append(base)
@@ -706,6 +731,8 @@ class PartitionLog:
         )
         assert write.mark is not None, "a failed pwritev starts at a marked batch"
         nseg, mark = write.mark
+        # Batches it recorded may be the ones undone: rebuilt from the files when next asked.
+        self._history = None
         dropped = self._segments[nseg:]
         del self._segments[nseg:]
         del self._bases[nseg:]
@@ -811,7 +838,12 @@ class PartitionLog:
                 )
             raise err from exc
         seg = Segment(
-            self.fs, self.directory, base, f, index_interval_bytes=self.config.index_interval_bytes
+            self.fs,
+            self.directory,
+            base,
+            f,
+            index_interval_bytes=self.config.index_interval_bytes,
+            leader_epoch=self._leader_epoch,
         )
         self._segments.append(seg)
         self._bases.append(base)
@@ -931,6 +963,282 @@ class PartitionLog:
         self._drain_writes()
         if self._waiters and self._flush_running is None and not self._closed:
             self._start_flush()
+
+    # --- leader epochs and replica appends ------------------------------------------------------
+
+    @property
+    def leader_epoch(self) -> int:
+        """The leader epoch stamped on batches appended with :meth:`append` and
+        :meth:`append_many_async` (their ``partition_leader_epoch``, outside the CRC), and the
+        largest epoch a stored batch may carry. 0 on a single node; raised by
+        :meth:`set_leader_epoch` and by replica appends of batches of a later epoch."""
+        return self._leader_epoch
+
+    def set_leader_epoch(self, epoch: int) -> None:
+        """Stamp batches appended from now on with ``epoch`` (this replica leads the partition
+        in that epoch). The first batch appended in it enters the epoch history.
+
+        A new epoch is written to :data:`EPOCH_FILE` (fsynced, on the calling thread: once
+        per leadership change) before any batch carries it, so that recovery accepts it.
+
+        Raises:
+            ValueError: ``epoch`` is below :attr:`leader_epoch` (epochs only go up).
+            StorageError: the epoch could not be persisted (nothing changed).
+            LogClosedError, LogFailedError: the log refuses writes.
+        """
+        if epoch < self._leader_epoch:
+            raise ValueError(
+                f"leader epoch {epoch} is below {self.directory}'s epoch {self._leader_epoch}: "
+                "epochs only go up"
+            )
+        self._check_writable()
+        if epoch == self._leader_epoch:
+            return
+        self._history_current()  # what was appended so far carries the previous epoch
+        self._raise_epoch(epoch)
+
+    def _raise_epoch(self, epoch: int) -> None:
+        """Persist ``epoch`` as the log's epoch, then stamp and accept it."""
+        path = f"{self.directory}/{EPOCH_FILE}"
+        try:
+            write_atomic(self.fs, path, f"{_EPOCH_FILE_HEADER}{epoch}\n".encode())
+        except OSError as exc:
+            raise StorageError(
+                f"cannot record leader epoch {epoch} of {self.directory} in {path}: {exc}"
+            ) from exc
+        self._leader_epoch = epoch
+        self._segments[-1].leader_epoch = epoch  # later segments are created with it
+
+    def _read_epoch_file(self) -> int:
+        path = f"{self.directory}/{EPOCH_FILE}"
+        try:
+            text = self.fs.read_file(path).decode("ascii")
+            header, value, rest = text.split("\n", 2)
+            if f"{header}\n" != _EPOCH_FILE_HEADER or rest or not 0 <= int(value) <= _ANY_EPOCH:
+                raise ValueError(f"unexpected content {text[:80]!r}")
+            return int(value)
+        except (OSError, ValueError) as exc:
+            log.error(
+                "cannot read the leader epoch of %s from %s (%s): batches of any epoch are "
+                "accepted",
+                self.directory,
+                path,
+                exc,
+            )
+            return _ANY_EPOCH
+
+    def epoch_history(self) -> EpochHistory:
+        """The log's leader-epoch history: ``(epoch, first offset)`` of each epoch its batches
+        carry (a copy: call again for the current one).
+
+        Built on the first call from the batch headers of every segment (for a segment whose
+        first and last batch share their epoch, those two headers only); then kept current by
+        appends, replica appends, :meth:`truncate_to` and retention. Only cluster code calls
+        it: a single node never pays the walk.
+
+        Raises:
+            StorageError: a read failed.
+            LogClosedError: the log is closed.
+        """
+        return EpochHistory(self._history_current())
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetForLeaderEpoch: ``(the largest epoch <= epoch the log holds, the
+        first offset after that epoch's batches)``, the latest epoch's end being the log end;
+        :data:`~tidewire.storage.epochs.UNDEFINED` ``(-1, -1)`` when ``epoch`` is older than
+        every epoch held.
+
+        Raises:
+            What :meth:`epoch_history` raises.
+        """
+        return self._history_current().end_offset(epoch, self.log_end_offset)
+
+    def _history_current(self) -> EpochHistory:
+        """The history, built if needed, with the local appends since :attr:`_epoch_mark`
+        recorded (they were all stamped :attr:`_leader_epoch`)."""
+        self._check_open()
+        h = self._history
+        if h is None:
+            h = self._history = self._build_history()
+        elif self.log_end_offset > self._epoch_mark:
+            h.assign(self._leader_epoch, self._epoch_mark)
+        self._epoch_mark = self.log_end_offset
+        return h
+
+    def _build_history(self) -> EpochHistory:
+        """The history from the segments' batch headers."""
+        self._drain_writes()
+        h = EpochHistory()
+        for seg in self._segments:
+            gaps = {
+                d.position: (d.end_position, d.end)
+                for d in self._damage
+                if d.path == seg.log_path and d.end_position > d.position
+            }
+            try:
+                starts, stopped = seg.epoch_starts(gaps)
+            except OSError as exc:
+                raise StorageError(f"read of {seg.log_path} failed: {exc}") from exc
+            if stopped is not None:
+                log.warning(
+                    "the leader-epoch history of %s skips the rest of %s: %s",
+                    self.directory,
+                    seg.log_path,
+                    stopped,
+                )
+            for base, epoch in starts:
+                if epoch < h.latest or (len(h) and base < list(h)[-1][1]):
+                    log.warning(
+                        "%s: batch at offset %d has leader epoch %d after epoch %d; "
+                        "left out of its epoch history",
+                        self.directory,
+                        base,
+                        epoch,
+                        h.latest,
+                    )
+                    continue
+                if epoch >= 0:
+                    h.assign(epoch, base)
+        h.truncate_before(self.log_start_offset)
+        return h
+
+    def _check_replica(
+        self, data: bytes | bytearray | memoryview
+    ) -> tuple[list[tuple[memoryview, BatchHeader]], int]:
+        """Check that ``data`` is whole batches continuing the log (offsets from its end,
+        epochs not below its last batch's). Returns each batch with its header and the
+        largest epoch.
+
+        Raises:
+            ReplicaAppendError, RecordBatchError: see :meth:`append_replica`.
+        """
+        view = memoryview(data)
+        expect = self.log_end_offset
+        prev = self._history_current().latest
+        batches: list[tuple[memoryview, BatchHeader]] = []
+        pos = 0
+        while pos < len(view):
+            h = check_appendable(view, pos)
+            epoch = h.partition_leader_epoch
+            if h.base_offset != expect:
+                raise ReplicaAppendError(
+                    f"copied batch {len(batches) + 1} starts at offset {h.base_offset} but "
+                    f"{self.directory} continues at {expect}; nothing of the "
+                    f"{len(view):,} bytes was stored"
+                )
+            if epoch < max(prev, 0):
+                raise ReplicaAppendError(
+                    f"copied batch {len(batches) + 1} at offset {h.base_offset} has leader "
+                    f"epoch {epoch}, below {max(prev, 0)} of the batch before it in "
+                    f"{self.directory}; nothing of the {len(view):,} bytes was stored"
+                )
+            batches.append((view[pos : pos + h.size], h))
+            expect, prev = h.next_offset, epoch
+            pos += h.size
+        return batches, prev
+
+    def _replica_writes(self, data: bytes | bytearray | memoryview, *, queue: bool) -> list[_Write]:
+        """Check ``data``, raise the epoch if it carries a later one, and account for its
+        batches at the end of the log with their own prefix (base offset and epoch kept);
+        ``queue``: queue their writes for the end of the loop's turn."""
+        self._check_writable()
+        batches, top = self._check_replica(data)
+        if top > self._leader_epoch:
+            self._raise_epoch(top)
+        h = self._history
+        assert h is not None  # built by the check
+        writes: list[_Write] = []
+        loop = asyncio.get_running_loop() if queue else None
+        for view, hdr in batches:
+            write = self._reserve(view, hdr)
+            # The batch's own prefix: the leader's base offset (equal to ours, checked) and
+            # epoch, instead of this log's stamp.
+            write.buffers = (
+                PREFIX.pack(hdr.base_offset, hdr.batch_length, hdr.partition_leader_epoch),
+                write.buffers[1],
+            )
+            h.assign(hdr.partition_leader_epoch, hdr.base_offset)
+            if loop is not None:
+                # Queued as :meth:`_queue` does, but no write is issued before every batch is
+                # reserved: a failed write rolls the log back, and the batches after it would
+                # be reserved at offsets other than their own.
+                write.future = loop.create_future()
+                self._pending.append(write)
+                self._pending_bytes += write.info.size
+            writes.append(write)
+        self._epoch_mark = self.log_end_offset
+        if loop is not None and writes:
+            if (
+                self._pending_bytes >= MAX_BYTES_PER_WRITE
+                or len(self._pending) >= MAX_BATCHES_PER_WRITE
+            ):
+                self._end_of_turn()
+            elif not self._drain_scheduled:
+                self._drain_scheduled = True
+                loop.call_soon(self._end_of_turn)
+        return writes
+
+    def append_replica(self, data: bytes | bytearray | memoryview) -> list[AppendInfo]:
+        """Append batches copied from the leader's log, as its :meth:`read` returned them,
+        writing them to the OS before returning (see :meth:`append_replica_async`).
+
+        Raises:
+            What :meth:`append_replica_async` raises but ``BackpressureError``.
+        """
+        self._drain_writes()
+        writes = self._replica_writes(data, queue=False)
+        for write in writes:
+            try:
+                write.seg.file.pwritev(write.buffers, write.position)
+            except OSError as exc:
+                err = self._write_failed(writes[0], exc)  # undoes every batch of ``data``
+                raise err from exc
+        return [w.info for w in writes]
+
+    async def append_replica_async(
+        self, data: bytes | bytearray | memoryview, *, durable: bool | None = None
+    ) -> list[AppendInfo]:
+        """Append whole batches copied from the leader's log (as its :meth:`read` returned
+        them) at consecutive offsets, stored as they are: base offsets and leader epochs kept.
+        Each batch is CRC-checked as any append; its base offset must be the log end at that
+        point and its epoch at least the previous batch's. All batches are checked before
+        anything is stored. A batch of an epoch above :attr:`leader_epoch` raises it
+        (persisted first, as :meth:`set_leader_epoch` does).
+
+        Returns once all are as durable as :meth:`append_many_async` promises (``durable``
+        as there); :attr:`flushed_offset` tells how far the log is durable.
+
+        Raises:
+            ReplicaAppendError: a batch does not continue the log (base offset or epoch);
+                nothing of ``data`` is stored.
+            RecordBatchError: a batch is malformed or fails its CRC; nothing is stored.
+            BackpressureError: too many appends await their fsync; nothing is stored.
+            StorageError: a write, the fsync or persisting the epoch failed.
+            LogClosedError, LogFailedError: the log refuses writes.
+        """
+        always = self.config.fsync is _ALWAYS if durable is None else durable
+        if always:
+            waiting = len(self._waiters) + len(self._pending)
+            if waiting >= self.config.max_pending_appends:
+                raise BackpressureError(
+                    f"{waiting:,} appends await their write or fsync on {self.directory} "
+                    f"(max_pending_appends={self.config.max_pending_appends:,})"
+                )
+        writes = self._replica_writes(data, queue=True)
+        if not writes:
+            return []
+        durable_fut = self._durable_future(writes[-1].info.last_offset + 1) if always else None
+        try:
+            for w in writes:
+                assert w.future is not None
+                await w.future
+        except BaseException:
+            if durable_fut is not None:
+                durable_fut.cancel()
+            raise
+        if durable_fut is not None:
+            await durable_fut
+        return [w.info for w in writes]
 
     # --- flushing -------------------------------------------------------------------------------
 
@@ -1337,6 +1645,8 @@ class PartitionLog:
             )
         if offset >= self.log_end_offset:
             return self.log_end_offset
+        if self._history is not None:
+            self._history_current()  # record the epoch of what was appended before the cut
         cut_at = self.damage_at(offset)
         if cut_at is not None:
             offset = cut_at.start  # inside a damaged range: cut where it starts
@@ -1390,6 +1700,9 @@ class PartitionLog:
             raise self._failed from exc
         end = self.log_end_offset
         self._flushed = min(self._flushed, end)
+        if self._history is not None:
+            self._history.truncate_to(end)
+            self._epoch_mark = end
         kept = [d for d in self._damage if d.start < end]
         if len(kept) != len(self._damage):
             self._damage = kept
@@ -1532,6 +1845,8 @@ class PartitionLog:
             del self._bases[0]
             deleted.append(seg.base_offset)
         if deleted:
+            if self._history is not None:
+                self._history.truncate_before(self.log_start_offset)
             kept = [d for d in self._damage if d.end > self.log_start_offset]
             if len(kept) != len(self._damage):
                 self._damage = kept

@@ -5,6 +5,12 @@ Files are named by the segment's base offset in 20 digits, as Kafka names them:
 with only the first 16 bytes rewritten (base offset, length, leader epoch: all outside the
 CRC). Every batch served by :meth:`Segment.read` is checked first: header, CRC-32C, offset
 continuity and leader epoch, so a flipped bit anywhere in a batch is never served.
+
+Leader epochs: :attr:`Segment.leader_epoch` is both the epoch stamped on the batches appended
+through :meth:`Segment.reserve` and the largest epoch a stored batch may carry (the field is
+outside the CRC: the bound is what catches a flipped bit there). A single node stamps and
+accepts 0 only; a replicated log raises it with each new leader epoch
+(:meth:`tidewire.storage.log.PartitionLog.set_leader_epoch`).
 """
 
 from __future__ import annotations
@@ -44,6 +50,11 @@ _CRC_START = _VERIFY.size  # attributes: where the CRC-covered region starts
 _LAST_DELTA = struct.Struct(">i")
 _LAST_DELTA_AT = _CRC_START + 2  # after the 2-byte attributes
 _MAGIC_AT = 16  # base_offset (8), batch_length (4), partition_leader_epoch (4)
+#: The header fields the epoch walk reads: the prefix, magic, crc, attributes, last delta.
+_EPOCH_WALK = struct.Struct(">qiibIhi")
+#: Bytes read at a time by the epoch walk: one read covers the headers of many small batches;
+#: a batch larger than this costs one read of its header.
+EPOCH_WALK_BYTES = 64 * 1024
 #: The 16 bytes the broker writes in front of each stored batch.
 PREFIX = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch
 
@@ -97,6 +108,8 @@ class Segment:
         created_ms: clock time of the first append (for rolling by age; -1 when empty).
         sealed: no more appends; its indexes are persisted once it is synced.
         synced_size: bytes known to be on stable storage.
+        leader_epoch: the epoch stamped on batches appended with :meth:`reserve`, and the
+            largest epoch a stored batch may carry.
     """
 
     def __init__(
@@ -413,6 +426,73 @@ class Segment:
         except CorruptBatchFound:
             return None
         return int(base)
+
+    def epoch_starts(
+        self, gaps: dict[int, tuple[int, int]] | None = None
+    ) -> tuple[list[tuple[int, int]], str | None]:
+        """The first batch of each leader epoch in the segment, from the batch headers only
+        (no CRC check, no record read): ``(base offset, epoch)`` pairs in offset order.
+
+        When the first and the last batch carry the same epoch (the usual case: epochs change
+        rarely) only those two headers are read. Else every header is read, many per
+        :data:`EPOCH_WALK_BYTES` read.
+
+        Args:
+            gaps: damaged ranges of this segment as ``{position: (end_position,
+                end_offset)}``: the walk jumps over them.
+
+        Returns:
+            ``(starts, stopped)``: ``stopped`` says why the walk ended before the end of the
+            segment (a header inconsistent with the one before it and no known damage there),
+            else ``None``; ``starts`` then covers the batches before that point.
+        """
+        if self.size == 0:
+            return [], None
+        if not gaps:
+            try:
+                found = self.locate(self.next_offset - 1, self.size)
+            except CorruptBatchFound:
+                found = None
+            if found is not None:
+                first = self.file.pread(_EPOCH_WALK.size, 0)
+                last = self.file.pread(_EPOCH_WALK.size, found[0])
+                if len(first) == len(last) == _EPOCH_WALK.size:
+                    base, _, epoch, *_ = _EPOCH_WALK.unpack(first)
+                    if epoch == _EPOCH_WALK.unpack(last)[2] and base == self.base_offset:
+                        return [(base, epoch)], None
+        return self._walk_epochs(gaps or {})
+
+    def _walk_epochs(
+        self, gaps: dict[int, tuple[int, int]]
+    ) -> tuple[list[tuple[int, int]], str | None]:
+        starts: list[tuple[int, int]] = []
+        last_epoch: int | None = None
+        pos, expect = 0, self.base_offset
+        window, window_at = b"", 0
+        while pos < self.size:
+            gap = gaps.get(pos)
+            if gap is not None:
+                pos, expect = gap
+                continue
+            rel = pos - window_at
+            if rel + _EPOCH_WALK.size > len(window):
+                window_at, rel = pos, 0
+                window = self.file.pread(min(EPOCH_WALK_BYTES, self.size - pos), pos)
+                if len(window) < _EPOCH_WALK.size:
+                    return starts, f"a batch header at byte {pos:,} is cut off"
+            base, length, epoch, magic, _, _, last_delta = _EPOCH_WALK.unpack_from(window, rel)
+            size = length + LOG_OVERHEAD
+            if base != expect or magic != 2 or size < BATCH_OVERHEAD or last_delta < 0:
+                return starts, (
+                    f"the batch header at byte {pos:,} does not follow the one before it "
+                    f"(base offset {base}, expected {expect})"
+                )
+            if epoch != last_epoch:
+                starts.append((base, epoch))
+                last_epoch = epoch
+            expect = base + last_delta + 1
+            pos += size
+        return starts, None
 
     def load_seal(self, file_size: int) -> bool:
         """Load the persisted indexes; return ``True`` if both are intact and describe a

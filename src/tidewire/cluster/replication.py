@@ -1,0 +1,640 @@
+"""Replication: which partitions this node leads or follows, and the answers the broker asks
+of it — am I the leader of this partition, and up to where is it replicated (its high
+watermark).
+
+The node layer (:mod:`tidewire.cluster.node`) decides the roles from etcd and calls
+:meth:`ReplicaManager.become_leader`, :meth:`~ReplicaManager.become_follower` and
+:meth:`~ReplicaManager.stop_replica`; the broker (``broker.replication``, None on a single
+node) asks :meth:`~ReplicaManager.check_leader` before a produce,
+:meth:`~ReplicaManager.wait_replicated` before answering an ``acks=all`` one, and
+:meth:`~ReplicaManager.high_watermark` for what readers may see.
+
+- **Leader side.** Followers copy the log with REPLICA_FETCH (:meth:`ReplicaManager.replica_fetch`):
+  each fetch names the follower's log end (and, under ``fsync=always``, its fsynced end), which
+  is what :class:`~tidewire.cluster.replica_state.PartitionLeader` counts for the high
+  watermark and the ISR. A fetch whose last batch's epoch diverges from the leader's history is
+  answered with the leader's end of that epoch (KIP-101) and no data. ISR changes are
+  proposed through ``propose_isr`` (etcd: the node layer's compare-and-swap) and count only
+  once it took them; a 1 s timer also proposes laggards out, so a follower that stops
+  fetching is dropped after ``lag_max_ms``.
+- **Follower side.** One :class:`~tidewire.cluster.fetcher.LeaderFetcher` per leader node
+  copies every partition this node follows from it (:mod:`tidewire.cluster.fetcher`).
+
+Partitions the manager does not know (the broker's internal topics, which every node keeps
+for itself) are read with the local high watermark, as on a single node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from tidewire.cluster.fetcher import Connect, FollowedPartition, LeaderFetcher, default_connect
+from tidewire.cluster.replica_state import PartitionLeader
+from tidewire.errors import (
+    FencedLeaderEpochError,
+    InvalidRequestError,
+    NotEnoughReplicasError,
+    NotLeaderError,
+    RequestTimedOutError,
+    TidewireError,
+    UnknownLeaderEpochError,
+)
+from tidewire.protocol.messages import ReplicaFetchRequest, ReplicaFetchResult
+from tidewire.storage import FsyncPolicy, PartitionLog
+
+if TYPE_CHECKING:
+    from tidewire.broker import Broker
+
+__all__ = ["ProposeIsr", "ReplicaManager"]
+
+log = logging.getLogger(__name__)
+
+#: ``propose_isr(topic, partition, leader_epoch, isr)``: ask etcd to hold ``isr``; True when it
+#: took it.
+ProposeIsr = Callable[[str, int, int, tuple[int, ...]], Awaitable[bool]]
+
+Key = tuple[str, int]
+
+#: How often the leader checks its followers' lag (seconds, at most).
+LAG_CHECK_S = 1.0
+
+
+def local_end(plog: PartitionLog) -> int:
+    """This node's own end of a partition as replication counts it: the fsynced end under
+    ``fsync=always`` (an acknowledged record is on every in-sync replica's disk), else the
+    log end."""
+    if plog.config.fsync is FsyncPolicy.ALWAYS:
+        return plog.flushed_offset
+    return plog.log_end_offset
+
+
+class _Led:
+    """A partition this node leads: its epoch and the leader's bookkeeping."""
+
+    __slots__ = ("epoch", "seen_hw", "state", "waiters")
+
+    def __init__(self, epoch: int, state: PartitionLeader) -> None:
+        self.epoch = epoch
+        self.state = state
+        #: produces waiting for their records to be replicated: (end offset, future)
+        self.waiters: list[tuple[int, asyncio.Future[None]]] = []
+        #: the high watermark consumers were last woken for
+        self.seen_hw = state.high_watermark
+
+
+class ReplicaManager:
+    """This node's replicas: the partitions it leads and those it follows.
+
+    Args:
+        broker: the broker whose logs are replicated (``broker.replication`` is set to this).
+        node_id: this node's id.
+        lag_max_ms: a follower that has not caught up with the leader's log end for this long
+            is proposed out of the ISR.
+        min_insync: ``min_insync_replicas`` (``become_leader`` may give a topic's own).
+        clock: monotonic seconds (tests give a fake one).
+        propose_isr: asks etcd to hold an ISR (see :data:`ProposeIsr`); None: ISR changes take
+            effect at once, locally (no cluster metadata to keep in step: tests).
+        connect: opens a protocol connection to a leader (see
+            :data:`~tidewire.cluster.fetcher.Connect`); default: a plaintext client transport.
+        advertise: this node's address, named in the answers of partitions it leads.
+        ack_timeout_s: how long an ``acks=all`` produce waits for its replicas.
+        fetch_max_wait_ms: a follower's long poll.
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        node_id: int,
+        *,
+        lag_max_ms: int = 10_000,
+        min_insync: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+        propose_isr: ProposeIsr | None = None,
+        connect: Connect | None = None,
+        advertise: tuple[str, int] = ("", -1),
+        ack_timeout_s: float = 30.0,
+        fetch_max_wait_ms: int = 500,
+    ) -> None:
+        if lag_max_ms <= 0:
+            raise ValueError(f"lag_max_ms must be positive, not {lag_max_ms}")
+        if min_insync < 1:
+            raise ValueError(f"min_insync must be at least 1, not {min_insync}")
+        self.broker = broker
+        self.node_id = node_id
+        self.lag_max_s = lag_max_ms / 1000
+        self.min_insync = min_insync
+        self.clock = clock
+        self.propose_isr = propose_isr
+        self.connect: Connect = connect if connect is not None else default_connect
+        self.advertise = advertise
+        self.ack_timeout_s = ack_timeout_s
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self._led: dict[Key, _Led] = {}
+        #: partitions followed here -> their fetch state
+        self._followed: dict[Key, FollowedPartition] = {}
+        #: the leader of each partition as last told: (node id, host, port)
+        self._leaders: dict[Key, tuple[int, str, int]] = {}
+        #: the high watermark each followed partition last learned from its leader
+        self._learned_hw: dict[Key, int] = {}
+        self._fetchers: dict[int, LeaderFetcher] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._lag_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # --- roles (called by the node layer) ------------------------------------------------------
+
+    async def become_leader(
+        self,
+        topic: str,
+        partition: int,
+        *,
+        epoch: int,
+        replicas: tuple[int, ...] | list[int],
+        isr: tuple[int, ...] | list[int],
+        min_insync: int | None = None,
+    ) -> None:
+        """Lead ``topic``/``partition`` in leader ``epoch``: batches appended from now on carry
+        it, followers copy from here. The same epoch again updates the replicas and the ISR
+        (etcd's) without starting over.
+
+        Raises:
+            ValueError: ``epoch`` below the log's, or this node not in ``isr``.
+            UnknownTopicError, UnknownPartitionError: no local log (create it first).
+        """
+        key = (topic, partition)
+        plog = self.broker.log(topic, partition)
+        self._check_open()
+        led = self._led.get(key)
+        if led is not None and led.epoch == epoch and tuple(replicas) == led.state.replicas:
+            led.state.isr_committed(isr)
+            if min_insync is not None:
+                led.state.min_insync = min_insync
+            self._progress(key, led)
+            return
+        if epoch > plog.leader_epoch:
+            plog.set_leader_epoch(epoch)
+        elif epoch < plog.leader_epoch:
+            raise ValueError(
+                f"{topic}/{partition}: leader epoch {epoch} is below the log's {plog.leader_epoch}"
+            )
+        self._unfollow(key)
+        if led is not None:
+            hw = led.state.high_watermark
+            self._fail_waiters(led, None)
+        else:
+            hw = self._learned_hw.pop(key, plog.log_start_offset)
+        end = local_end(plog)
+        state = PartitionLeader(
+            self.node_id,
+            replicas,
+            isr,
+            log_end=end,
+            epoch_start=plog.log_end_offset,
+            high_watermark=max(hw, plog.log_start_offset),
+            clock=self.clock,
+            lag_max_s=self.lag_max_s,
+            min_insync=min_insync if min_insync is not None else self.min_insync,
+        )
+        self._led[key] = _Led(epoch, state)
+        self._leaders[key] = (self.node_id, *self.advertise)
+        self._ensure_lag_task()
+        self.broker._wake(topic, partition)
+
+    async def become_follower(
+        self,
+        topic: str,
+        partition: int,
+        *,
+        epoch: int,
+        leader: int,
+        leader_address: tuple[str, int],
+    ) -> None:
+        """Follow ``leader`` (at ``leader_address``) in leader ``epoch``: its fetcher first
+        truncates this log where it diverges from the leader's (KIP-101), then copies it.
+        A partition this node led stops being led: produces waiting for their replicas get
+        NotLeaderError.
+
+        Raises:
+            ValueError: ``leader`` is this node.
+            UnknownTopicError, UnknownPartitionError: no local log (create it first).
+        """
+        if leader == self.node_id:
+            raise ValueError(f"node {leader} cannot follow itself; call become_leader")
+        key = (topic, partition)
+        plog = self.broker.log(topic, partition)
+        self._check_open()
+        if epoch > plog.leader_epoch:
+            plog.set_leader_epoch(epoch)
+        led = self._led.pop(key, None)
+        host, port = leader_address
+        self._leaders[key] = (leader, host, port)
+        if led is not None:
+            self._learned_hw[key] = led.state.high_watermark
+            self._fail_waiters(led, self._not_leader(key))
+        old = self._followed.get(key)
+        if old is not None and (old.epoch, old.leader, old.address) == (
+            epoch,
+            leader,
+            (host, port),
+        ):
+            if old.paused:  # told again: the fetcher tries it again
+                old.paused = False
+                fetcher = self._fetchers.get(leader)
+                if fetcher is not None:
+                    fetcher.add(old)
+            return
+        self._unfollow(key)
+        state = FollowedPartition(
+            topic, partition, epoch=epoch, leader=leader, address=(host, port)
+        )
+        self._followed[key] = state
+        fetcher = self._fetchers.get(leader)
+        if fetcher is not None and fetcher.address != (host, port):
+            await fetcher.close()
+            fetcher = None
+            del self._fetchers[leader]
+        if fetcher is None:
+            fetcher = LeaderFetcher(self, leader, (host, port))
+            self._fetchers[leader] = fetcher
+            for k, f in self._followed.items():
+                if f.leader == leader and k != key:
+                    fetcher.add(f)
+        fetcher.add(state)
+        self.broker._wake(topic, partition)
+
+    async def stop_replica(self, topic: str, partition: int) -> None:
+        """This node is no longer a replica of ``topic``/``partition``: stop leading or
+        following it (the log itself stays; deleting it is the node layer's)."""
+        key = (topic, partition)
+        led = self._led.pop(key, None)
+        self._leaders.pop(key, None)
+        self._learned_hw.pop(key, None)
+        if led is not None:
+            self._fail_waiters(led, NotLeaderError(f"{topic}/{partition} is no longer led here"))
+        self._unfollow(key)
+
+    def _unfollow(self, key: Key) -> None:
+        state = self._followed.pop(key, None)
+        if state is None:
+            return
+        fetcher = self._fetchers.get(state.leader)
+        if fetcher is not None:
+            fetcher.remove(key)
+            if not fetcher.partitions:
+                del self._fetchers[state.leader]
+                self._spawn(fetcher.close())
+
+    # --- what the broker asks ------------------------------------------------------------------
+
+    def leader_of(self, topic: str, partition: int) -> tuple[int, str, int] | None:
+        """The leader of a partition as this node was last told: ``(node id, host, port)``
+        (this node's own advertised address when it leads), None when unknown."""
+        return self._leaders.get((topic, partition))
+
+    def leads(self, topic: str, partition: int) -> bool:
+        """Whether this node leads the partition now."""
+        return (topic, partition) in self._led
+
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        """The leader epoch this node knows for the partition (-1: not a replica here)."""
+        key = (topic, partition)
+        led = self._led.get(key)
+        if led is not None:
+            return led.epoch
+        f = self._followed.get(key)
+        return f.epoch if f is not None else -1
+
+    def check_leader(self, topic: str, partition: int) -> PartitionLeader:
+        """This node's bookkeeping of a partition it leads.
+
+        Raises:
+            NotLeaderError: it does not lead it (naming the leader when known).
+            UnknownTopicError, UnknownPartitionError: no such partition here and no leader
+                known (the topic does not exist as far as this node knows).
+        """
+        led = self._led.get((topic, partition))
+        if led is not None:
+            return led.state
+        if (topic, partition) not in self._leaders:
+            self.broker.log(topic, partition)  # raises for a partition that is not there
+        raise self._not_leader((topic, partition))
+
+    def _not_leader(self, key: Key) -> NotLeaderError:
+        topic, partition = key
+        known = self._leaders.get(key)
+        if known is None or known[0] == self.node_id:
+            return NotLeaderError(
+                f"node {self.node_id} does not lead partition {partition} of topic {topic!r} "
+                "and does not know its leader"
+            )
+        leader, host, port = known
+        return NotLeaderError(
+            f"node {self.node_id} does not lead partition {partition} of topic {topic!r}: "
+            f"node {leader} at {host}:{port} does",
+            leader_id=leader,
+            leader_host=host,
+            leader_port=port,
+        )
+
+    def high_watermark(self, topic: str, partition: int) -> int:
+        """The offset below which readers see the partition: the replicated high watermark
+        where this node leads, what the leader last said where it follows (at most its own
+        end), the local one for a partition that is not replicated (internal topics).
+
+        Raises:
+            UnknownTopicError, UnknownPartitionError, PartitionOfflineError: no such log here.
+        """
+        key = (topic, partition)
+        plog = self.broker.log(topic, partition)
+        led = self._led.get(key)
+        if led is not None:
+            end = local_end(plog)
+            if end != led.state.log_end:
+                led.state.appended(end)
+            return led.state.high_watermark
+        if key in self._followed or key in self._learned_hw:
+            return min(self._learned_hw.get(key, plog.log_start_offset), local_end(plog))
+        return local_end(plog)
+
+    async def wait_replicated(
+        self, topic: str, partition: int, end_offset: int, timeout_s: float
+    ) -> None:
+        """Wait until every in-sync replica holds the partition below ``end_offset`` (the
+        high watermark passed it).
+
+        Raises:
+            NotLeaderError: this node stopped leading it meanwhile (or never did).
+            NotEnoughReplicasError: the ISR is below ``min_insync_replicas`` and the records
+                are not on enough replicas.
+            RequestTimedOutError: not replicated within ``timeout_s``.
+        """
+        key = (topic, partition)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            led = self._led.get(key)
+            if led is None:
+                raise self._not_leader(key)
+            plog = self.broker.log(topic, partition)
+            led.state.appended(local_end(plog))
+            if led.state.replicated(end_offset):
+                return
+            if not led.state.can_append_acks_all():
+                raise NotEnoughReplicasError(
+                    f"{topic}/{partition}: {len(led.state.isr)} in-sync replicas, "
+                    f"min_insync_replicas is {led.state.min_insync}; the records below "
+                    f"{end_offset} are stored on this leader but not acknowledged by enough "
+                    "replicas"
+                )
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise RequestTimedOutError(
+                    f"{topic}/{partition}: the records below {end_offset} were not replicated "
+                    f"within {timeout_s:g} s (high watermark {led.state.high_watermark}, "
+                    f"ISR {sorted(led.state.isr)})"
+                )
+            fut: asyncio.Future[None] = loop.create_future()
+            led.waiters.append((end_offset, fut))
+            timer = loop.call_later(remaining, _resolve, fut, None)
+            try:
+                await fut
+            finally:
+                timer.cancel()
+                with contextlib.suppress(ValueError):
+                    led.waiters.remove((end_offset, fut))
+
+    # --- the leader side of REPLICA_FETCH ------------------------------------------------------
+
+    async def replica_fetch(
+        self, request: ReplicaFetchRequest
+    ) -> tuple[list[ReplicaFetchResult], list[bytes]]:
+        """Answer a follower's REPLICA_FETCH: per partition the leader's batches from the
+        follower's offset to the log end (not limited by the high watermark), the high
+        watermark, or an error (NotLeader, FencedLeaderEpoch, UnknownLeaderEpoch) or the
+        divergence the follower must truncate at. Waits up to ``max_wait_ms`` when there is
+        nothing to copy. Counts each follower's offset for the high watermark and the ISR.
+        """
+        keys = [(p.topic, p.partition) for p in request.partitions]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(request.max_wait_ms, 0) / 1000
+        max_bytes = max(min(request.max_bytes, self.broker.config.fetch_max_bytes), 1)
+        first = True
+        while True:
+            results, data = self._replica_read(request, max_bytes, count=first)
+            first = False
+            got = sum(len(d) for d in data)
+            if (
+                got >= request.min_bytes
+                or any(r.error_code or r.diverging_end_offset >= 0 for r in results)
+                or self._closed
+                or self.broker._closing
+            ):
+                return results, data
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return results, data
+            await self.broker.wait_for_data(keys, remaining)
+
+    def _replica_read(
+        self, request: ReplicaFetchRequest, max_bytes: int, *, count: bool
+    ) -> tuple[list[ReplicaFetchResult], list[bytes]]:
+        results: list[ReplicaFetchResult] = []
+        buffers: list[bytes] = []
+        budget = max_bytes
+        for p in request.partitions:
+            key = (p.topic, p.partition)
+            try:
+                led = self._led.get(key)
+                if led is None:
+                    raise self._not_leader(key)
+                if p.leader_epoch < led.epoch:
+                    raise FencedLeaderEpochError(
+                        f"{p.topic}/{p.partition}: leader epoch {p.leader_epoch} is older than "
+                        f"the current {led.epoch}"
+                    )
+                if p.leader_epoch > led.epoch:
+                    raise UnknownLeaderEpochError(
+                        f"{p.topic}/{p.partition}: leader epoch {p.leader_epoch} is newer than "
+                        f"{led.epoch}, the one this node leads in"
+                    )
+                plog = self.broker.log(p.topic, p.partition)
+                if p.last_fetched_epoch >= 0 and p.offset > 0:
+                    epoch, end = plog.end_offset_for_epoch(p.last_fetched_epoch)
+                    if epoch != p.last_fetched_epoch or end < p.offset:
+                        results.append(
+                            ReplicaFetchResult(
+                                topic=p.topic,
+                                partition=p.partition,
+                                high_watermark=led.state.high_watermark,
+                                log_start_offset=plog.log_start_offset,
+                                leader_epoch=led.epoch,
+                                diverging_epoch=epoch,
+                                # UNDEFINED (the follower's epoch predates all of this log's):
+                                # it keeps nothing of it.
+                                diverging_end_offset=max(end, 0),
+                            )
+                        )
+                        continue
+                if count:
+                    fsync_always = plog.config.fsync is FsyncPolicy.ALWAYS
+                    held = p.durable_offset if fsync_always and p.durable_offset >= 0 else p.offset
+                    try:
+                        led.state.appended(local_end(plog))
+                        led.state.fetched(request.node_id, held)
+                    except ValueError as exc:
+                        raise InvalidRequestError(f"{p.topic}/{p.partition}: {exc}") from None
+                    self._progress(key, led)
+                chunk = b""
+                if p.offset < plog.log_end_offset:
+                    r = plog.read(p.offset, max(budget, 1), max_offset=plog.log_end_offset)
+                    if budget < max_bytes and len(r.data) > budget:  # only the first may exceed
+                        chunk = b""
+                    else:
+                        chunk = bytes(r.data)
+                    budget = max(budget - len(chunk), 0)
+            except TidewireError as exc:
+                results.append(
+                    ReplicaFetchResult(
+                        topic=p.topic,
+                        partition=p.partition,
+                        error_code=exc.code,
+                        error_message=exc.message,
+                        leader_epoch=self.leader_epoch(p.topic, p.partition),
+                    )
+                )
+                continue
+            results.append(
+                ReplicaFetchResult(
+                    topic=p.topic,
+                    partition=p.partition,
+                    high_watermark=led.state.high_watermark,
+                    log_start_offset=plog.log_start_offset,
+                    leader_epoch=led.epoch,
+                    data_bytes=len(chunk),
+                )
+            )
+            if chunk:
+                buffers.append(chunk)
+        return results, buffers
+
+    # --- the high watermark and the ISR --------------------------------------------------------
+
+    def _progress(self, key: Key, led: _Led) -> None:
+        """After the follower offsets or the ISR changed: wake what the high watermark
+        releases, and propose an ISR change if one is due."""
+        self._wake_replicated(key, led)
+        want = led.state.proposed_isr()
+        if want is not None:
+            self._spawn(self._propose(key, led, want))
+
+    def _wake_replicated(self, key: Key, led: _Led) -> None:
+        hw = led.state.high_watermark
+        if led.seen_hw != hw:
+            led.seen_hw = hw
+            self.broker._wake(*key)  # consumers' long polls: more is visible
+        for end, fut in list(led.waiters):
+            if (hw >= end or not led.state.can_append_acks_all()) and not fut.done():
+                fut.set_result(None)
+
+    async def _propose(self, key: Key, led: _Led, isr: frozenset[int]) -> None:
+        topic, partition = key
+        ordered = tuple(sorted(isr))
+        if self.propose_isr is None:
+            took = True
+        else:
+            try:
+                took = await self.propose_isr(topic, partition, led.epoch, ordered)
+            except Exception:  # etcd unreachable and the like: try again later
+                log.warning(
+                    "proposing ISR %s of %s/%s failed", ordered, topic, partition, exc_info=True
+                )
+                took = False
+        if self._led.get(key) is not led:
+            return  # no longer led (in this epoch) meanwhile
+        if took:
+            log.info("%s/%s: ISR now %s", topic, partition, list(ordered))
+            led.state.isr_committed(isr)
+        else:
+            led.state.isr_refused()
+        self._wake_replicated(key, led)
+
+    def _fail_waiters(self, led: _Led, exc: BaseException | None) -> None:
+        """Wake the produces waiting on ``led`` (they re-check and raise NotLeaderError)."""
+        for _, fut in led.waiters:
+            if not fut.done():
+                fut.set_result(None)
+        led.waiters.clear()
+
+    def _ensure_lag_task(self) -> None:
+        if self._lag_task is None or self._lag_task.done():
+            self._lag_task = asyncio.get_running_loop().create_task(
+                self._check_lag(), name="replication-lag"
+            )
+
+    async def _check_lag(self) -> None:
+        """Every second (or half ``lag_max_ms``): propose laggards out of each led ISR, so a
+        follower that stopped fetching is dropped even though no fetch reports it."""
+        period = min(LAG_CHECK_S, self.lag_max_s / 2)
+        while not self._closed and self._led:
+            await asyncio.sleep(period)
+            for key, led in list(self._led.items()):
+                try:
+                    led.state.appended(local_end(self.broker.log(*key)))
+                except TidewireError:
+                    continue
+                self._progress(key, led)
+
+    # --- the follower side (called by the fetchers) --------------------------------------------
+
+    def learned(self, key: Key, high_watermark: int) -> None:
+        """A followed partition's leader answered with ``high_watermark``."""
+        if key in self._followed and self._learned_hw.get(key, -1) < high_watermark:
+            self._learned_hw[key] = high_watermark
+            self.broker._wake(*key)
+
+    def following(self, key: Key) -> FollowedPartition | None:
+        return self._followed.get(key)
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        async def run() -> None:
+            await coro
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the replica manager is closed")
+
+    async def close(self) -> None:
+        """Stop every fetcher and timer; produces waiting for replicas get NotLeaderError.
+        Closing twice is harmless."""
+        if self._closed:
+            return
+        self._closed = True
+        for led in self._led.values():
+            self._fail_waiters(led, None)
+        self._led.clear()
+        fetchers = list(self._fetchers.values())
+        self._fetchers.clear()
+        self._followed.clear()
+        for f in fetchers:
+            await f.close()
+        tasks = [t for t in (self._lag_task, *self._background) if t is not None]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _resolve(fut: asyncio.Future[None], value: None) -> None:
+    if not fut.done():
+        fut.set_result(value)
