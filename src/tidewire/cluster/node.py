@@ -156,7 +156,7 @@ def config_of(info: TopicInfo, base: LogConfig) -> LogConfig:
     return LogConfig.from_dict(values)
 
 
-#: What was last applied to a local replica: ("leader", epoch, replicas),
+#: What was last applied to a local replica: ("leader", epoch, replicas, isr),
 #: ("follower", epoch, leader, host, port) or ("offline", epoch).
 _Role = tuple[object, ...]
 
@@ -250,6 +250,7 @@ class ClusterNode:
                     lag_max_ms=self.replica_lag_max_ms,
                     min_insync=self.min_insync_replicas,
                     propose_isr=self.propose_isr,
+                    advertise=(self.info.host, self.info.port),
                 )
                 self.broker.replication = manager
                 self.replication = manager
@@ -441,7 +442,7 @@ class ClusterNode:
                     )
                 elif key in self._applied:  # offline: nobody leads, this node included
                     await replication.stop_replica(*key)
-            except TidewireError as exc:
+            except (TidewireError, ValueError) as exc:  # ValueError: an epoch below the log's
                 log.warning("partition %s/%d: cannot take its role %s yet: %s", *key, role[0], exc)
                 done = False
                 continue
@@ -452,8 +453,8 @@ class ClusterNode:
     def _role_of(self, state: PartitionState) -> _Role | None:
         if state.leader == NO_LEADER:
             return ("offline", state.leader_epoch)
-        if state.leader == self.node_id:
-            return ("leader", state.leader_epoch, state.replicas)
+        if state.leader == self.node_id:  # the ISR too: the controller may shrink it
+            return ("leader", state.leader_epoch, state.replicas, state.isr)
         node = self.cache.nodes.get(state.leader)
         if node is None:
             return None
