@@ -2,7 +2,8 @@
 register, a topic of replication factor 3 is placed with a log on every node, the leader's
 process is killed (SIGKILL) and the controller moves the leadership to an in-sync follower
 at the next epoch within the session timeout and a margin; acks=all produce through the new
-leader is answered."""
+leader is answered. About 7 s: the one test of real node processes, kept in the default
+tier."""
 
 from __future__ import annotations
 
@@ -26,10 +27,6 @@ from tidewire.protocol.messages import (
     MetadataRequest,
     MetadataResponse,
 )
-
-pytest.importorskip("tidewire.cluster.replication", reason="needs the replica manager")
-
-pytestmark = pytest.mark.slow
 
 SESSION_S = 2
 #: Leadership moves within the session timeout and this margin (a loaded 2-core machine).
