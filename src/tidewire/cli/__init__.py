@@ -29,6 +29,8 @@
   (docs/migrating.md).
 
 - ``tidewire certs init DIR``: a development CA, server and client certificates for TLS.
+- ``tidewire cluster status | nodes``: a cluster's nodes, controller and partition leaders,
+  as any of its nodes answers (docs/cluster.md); ``serve --cluster etcd://...`` runs a node.
 
 The client commands take ``--addr HOST:PORT`` (or ``TIDEWIRE_ADDR``), ``--api-key`` (or
 ``TIDEWIRE_API_KEY``) and ``--sasl-mechanism``, and ``--tls``, ``--tls-ca``, ``--tls-cert``,
@@ -49,6 +51,7 @@ from ._acl import acl_app
 from ._audit import audit
 from ._bench import bench_app
 from ._certs import certs_app
+from ._cluster import cluster_app
 from ._common import add_credential_options, add_tls_options
 from ._compat_000 import addr_defaults, consumer_app, tail
 from ._consume import consume
@@ -142,6 +145,7 @@ app.add_typer(bench_app)
 app.command()(export)
 register_msgbus_commands(app)  # pub, sub, pull: msgbus' client (docs/migrating.md)
 app.add_typer(certs_app)
+app.add_typer(cluster_app)
 # Last: every command registered above that takes --addr gets --tls, --tls-ca, ...
 add_tls_options(app)
 # ... and --api-key, --sasl-mechanism (the administration commands declare them themselves).

@@ -8,9 +8,9 @@ import asyncio
 import gc
 import logging
 import signal
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -38,6 +38,15 @@ from tidewire.server.tcp import loop_factory
 from tidewire.storage import FsyncPolicy
 
 from ._common import EXIT_ERROR, EXIT_USAGE, echo_json, fail
+
+if TYPE_CHECKING:
+    from tidewire.cluster.node import ClusterNode
+    from tidewire.server.http.gateway import HttpGateway
+    from tidewire.server.kafka.listener import KafkaServer
+
+#: Kept in step with tidewire.cluster.node (not imported: etcd's client loads only for a
+#: cluster).
+DEFAULT_SESSION_TIMEOUT_S = 6
 
 __all__ = ["config_app", "serve"]
 
@@ -716,6 +725,74 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            "--cluster",
+            help="Run as a node of the cluster whose metadata is in this etcd: "
+            "etcd://HOST:PORT[,HOST:PORT...] (docs/cluster.md). Without it: a single node.",
+            show_default=False,
+        ),
+    ] = None,
+    node_id: Annotated[
+        int | None,
+        typer.Option(
+            "--node-id",
+            min=0,
+            help="This node's id in the cluster (unique among its live nodes; with --cluster).",
+            show_default=False,
+        ),
+    ] = None,
+    advertise: Annotated[
+        str | None,
+        typer.Option(
+            "--advertise",
+            help="HOST:PORT where other nodes and clients reach this node (with --cluster; "
+            "default: --host and the bound port).",
+            show_default=False,
+        ),
+    ] = None,
+    cluster_id: Annotated[
+        str,
+        typer.Option(
+            "--cluster-id", help="The cluster's name in etcd (several can share one etcd)."
+        ),
+    ] = "default",
+    session_timeout: Annotated[
+        int,
+        typer.Option(
+            "--session-timeout",
+            min=2,
+            help="Seconds without contact with etcd after which this node is presumed gone "
+            "and its partitions are led by others (its etcd lease).",
+        ),
+    ] = DEFAULT_SESSION_TIMEOUT_S,
+    default_replication_factor: Annotated[
+        int,
+        typer.Option(
+            "--default-replication-factor",
+            min=1,
+            help="Copies of each partition of a topic created without a count (at most the "
+            "live nodes).",
+        ),
+    ] = 3,
+    min_insync_replicas: Annotated[
+        int,
+        typer.Option(
+            "--min-insync-replicas",
+            min=1,
+            help="Fewest in-sync replicas (the leader included) with which acks=all "
+            "produce is accepted.",
+        ),
+    ] = 1,
+    replica_lag_max_ms: Annotated[
+        int,
+        typer.Option(
+            "--replica-lag-max-ms",
+            min=1,
+            help="A follower that has not caught up for this long leaves the ISR (ms).",
+        ),
+    ] = 10_000,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT, then drain and stop cleanly: every listener
     stops accepting at once, long-polls and streams are answered, requests in flight get up
@@ -813,6 +890,30 @@ def serve(
         settings = load_settings(config, flags=flags)
     except InvalidConfigError as exc:
         fail(exc.message, EXIT_USAGE)
+    node: NodeOptions | None = None
+    if cluster is None:
+        if node_id is not None or advertise is not None:
+            fail("--node-id and --advertise go with --cluster etcd://HOST:PORT", EXIT_USAGE)
+    else:
+        if node_id is None:
+            fail("--cluster needs --node-id N (unique among the cluster's nodes)", EXIT_USAGE)
+        from tidewire.cluster.node import parse_cluster_url  # noqa: PLC0415 (clusters only)
+
+        try:
+            node = NodeOptions(
+                node_id=node_id,
+                etcd=parse_cluster_url(cluster),
+                advertise=None if advertise is None else _host_port(advertise),
+                cluster_id=cluster_id,
+                session_timeout_s=session_timeout,
+                default_replication_factor=default_replication_factor,
+                min_insync_replicas=min_insync_replicas,
+                replica_lag_max_ms=replica_lag_max_ms,
+            )
+        except InvalidConfigError as exc:
+            fail(exc.message, EXIT_USAGE)
+        # Topics are created through etcd: a first publish to an unknown topic is refused.
+        settings = replace(settings, broker=replace(settings.broker, auto_create_topics=False))
     configure_logging(settings.server.log_format, settings.server.log_level)  # both checked
     try:
         setup_tracing(
@@ -828,14 +929,37 @@ def serve(
     name, factory = loop_factory(server.event_loop)  # the setting was checked: cannot fail
     try:
         with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(_serve(settings, name))
+            runner.run(_serve(settings, name, node))
     except TidewireError as exc:
         fail(exc.message)
     except OSError as exc:
         fail(f"cannot listen on {server.host}:{server.port}: {exc.strerror}")
 
 
-async def _serve(settings: Settings, loop_name: str) -> None:
+@dataclass(frozen=True)
+class NodeOptions:
+    """The cluster flags of ``serve`` (see :class:`~tidewire.cluster.node.ClusterNode`)."""
+
+    node_id: int
+    etcd: list[str]
+    advertise: tuple[str, int] | None
+    cluster_id: str
+    session_timeout_s: int
+    default_replication_factor: int
+    min_insync_replicas: int
+    replica_lag_max_ms: int
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, colon, port = text.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidConfigError(f"--advertise {text!r}: expected HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+async def _serve(
+    settings: Settings, loop_name: str, node_options: NodeOptions | None = None
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -866,6 +990,7 @@ async def _serve(settings: Settings, loop_name: str) -> None:
     server = TcpServer(broker, server_config, tls=tls)
     gateway = None
     kafka = None
+    node: ClusterNode | None = None
     try:
         await server.start()
         if server_config.kafka_port != -1:
@@ -888,6 +1013,8 @@ async def _serve(settings: Settings, loop_name: str) -> None:
                 await gateway.start()
             except OSError as exc:
                 raise InvalidConfigError(str(exc.strerror or exc)) from None
+        if node_options is not None:
+            node = await _join(broker, node_options, settings, server.port, gateway, kafka)
         # The settings in effect: the listeners' as fitted under the descriptor limit.
         in_effect = replace(settings, server=server_config, http=http_config)
         record(broker, in_effect, listeners_of(server, gateway, tls=tls is not None, kafka=kafka))
@@ -897,6 +1024,11 @@ async def _serve(settings: Settings, loop_name: str) -> None:
             + (" (TLS)" if tls is not None else "")
         )
         log.info("event loop: %s", loop_name)
+        if node is not None:
+            typer.echo(
+                f"tidewire {__version__} node {node.node_id} of cluster at "
+                f"{node.store.root}, advertised as {node.info.host}:{node.info.port}"
+            )
         if kafka is not None:
             typer.echo(
                 f"tidewire {__version__} Kafka listening on {kafka.host}:{kafka.port}, "
@@ -918,7 +1050,11 @@ async def _serve(settings: Settings, loop_name: str) -> None:
         gc.freeze()
         await stop.wait()
         stopping = loop.time()
+        if node is not None:  # leave the cluster first: the others take over at once
+            await node.close()
     except BaseException:
+        if node is not None:
+            await node.close()
         await drain(broker, server, gateway, grace_s=0, kafka=kafka)
         raise
     try:
@@ -929,6 +1065,42 @@ async def _serve(settings: Settings, loop_name: str) -> None:
         log.error("stopped in %.2f s, but %s", loop.time() - stopping, exc.message)
         raise typer.Exit(EXIT_ERROR) from None
     log.info("stopped cleanly in %.2f s", report.seconds)
+
+
+async def _join(
+    broker: Broker,
+    options: NodeOptions,
+    settings: Settings,
+    port: int,
+    gateway: HttpGateway | None,
+    kafka: KafkaServer | None,
+) -> ClusterNode:
+    """Start ``broker`` as a node of its cluster (registered, following the metadata)."""
+    from tidewire.cluster.node import ClusterNode  # noqa: PLC0415 (etcd's client: clusters only)
+
+    advertise = options.advertise
+    if advertise is None:
+        host = settings.server.host
+        if host in ("0.0.0.0", "::", ""):
+            raise InvalidConfigError(
+                f"--host {host!r} is no address others can reach: give --advertise HOST:PORT"
+            )
+        advertise = (host, port)
+    node = ClusterNode(
+        broker,
+        options.node_id,
+        options.etcd,
+        advertise=advertise,
+        http_port=gateway.port_of(gateway.names[0]) if gateway is not None else -1,
+        cluster_id=options.cluster_id,
+        kafka_port=kafka.port if kafka is not None else -1,
+        session_timeout_s=options.session_timeout_s,
+        default_replication_factor=options.default_replication_factor,
+        replica_lag_max_ms=options.replica_lag_max_ms,
+        min_insync_replicas=options.min_insync_replicas,
+    )
+    await node.start()
+    return node
 
 
 @config_app.command("init")

@@ -39,6 +39,7 @@ __all__ = [
     "Fence",
     "MetadataCache",
     "MetadataStore",
+    "NodeIdTakenError",
     "NodeInfo",
     "PartitionState",
     "TopicInfo",
@@ -48,6 +49,10 @@ log = logging.getLogger("tidewire.cluster")
 
 #: No leader (a partition whose in-sync replicas are all gone, with unclean election off).
 NO_LEADER = -1
+
+
+class NodeIdTakenError(EtcdError):
+    """A node registering under an id that a live node's lease holds."""
 
 
 class NodeInfo(msgspec.Struct, frozen=True):
@@ -124,7 +129,7 @@ class MetadataStore:
         if not r.succeeded:
             held = r.responses[0][0] if r.responses and r.responses[0] else None
             if held is None or held.lease != lease:
-                raise EtcdError(
+                raise NodeIdTakenError(
                     f"node id {node.node_id} is registered already by a live node "
                     f"({held.value.decode(errors='replace') if held else '?'}): each node of a "
                     "cluster needs its own --node-id"
@@ -197,6 +202,8 @@ class MetadataCache:
         self.topics: dict[str, TopicInfo] = {}
         #: (topic, partition) -> its state and version (the key's mod_revision)
         self._partitions: dict[tuple[str, int], tuple[PartitionState, int]] = {}
+        #: the controller election's candidates: key -> (create revision, node id)
+        self._candidates: dict[str, tuple[int, int]] = {}
         self.revision = 0
         self.changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -208,11 +215,20 @@ class MetadataCache:
     def partitions(self) -> dict[tuple[str, int], tuple[PartitionState, int]]:
         return dict(self._partitions)
 
+    @property
+    def controller(self) -> int:
+        """The node that is the controller, as this copy knows it (-1: none). An etcd
+        election's leader is its candidate key of the lowest create revision."""
+        if not self._candidates:
+            return -1
+        return min(self._candidates.values())[1]
+
     async def load(self) -> None:
         kvs, rev = await self.store.etcd.range(self.store.root, prefix=True)
         self.nodes.clear()
         self.topics.clear()
         self._partitions.clear()
+        self._candidates.clear()
         for kv in kvs:
             self._apply(kv, deleted=False)
         self.revision = rev
@@ -277,7 +293,16 @@ class MetadataCache:
                 state = msgspec.json.decode(kv.value, type=PartitionState)
                 self._partitions[key] = (state, kv.mod_revision)
                 value = state
+        elif kind == "controller":
+            if deleted:
+                self._candidates.pop(rest, None)
+            else:
+                try:
+                    self._candidates[rest] = (kv.create_revision, int(kv.value))
+                except ValueError:
+                    log.warning("controller candidate %s names no node: %r", rest, kv.value)
+            return
         else:
-            return  # the controller's election keys and anything newer
+            return  # anything newer
         if self.on_change is not None:
             self.on_change(kind[:-1], rest, value)

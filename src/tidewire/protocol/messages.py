@@ -495,6 +495,9 @@ class CreateTopicRequest(Body, kw_only=True, omit_defaults=True):
     name: str
     partitions: int | None = None
     config: TopicConfig = msgspec.field(default_factory=TopicConfig)
+    #: In a cluster: copies of each partition (None: the node's default, at most the live
+    #: nodes). A single node holds one copy and ignores it.
+    replication_factor: int | None = None
 
 
 class CreateTopicResponse(Body, kw_only=True, omit_defaults=True):

@@ -15,6 +15,7 @@ import msgspec
 from tidewire import __version__
 from tidewire.broker import Broker, FetchResult
 from tidewire.broker.consumer_groups import ResetTo
+from tidewire.cluster import cluster_node
 from tidewire.errors import (
     BackpressureError,
     InvalidRequestError,
@@ -283,6 +284,14 @@ async def repair_topic(b: Broker, s: ServerInfo, req: RepairTopicRequest, _: mem
 
 
 async def metadata(b: Broker, s: ServerInfo, req: MetadataRequest, _: memoryview) -> Reply:
+    node = cluster_node(b)
+    if node is not None:  # a cluster: from the node's copy of the metadata
+        meta = node.metadata(
+            req.topics,
+            lambda names: _visible(b, ResourceType.TOPIC, names),
+            auto_create=req.auto_create,
+        )
+        return meta, []
     names = (
         _visible(b, ResourceType.TOPIC, sorted(b.topics())) if req.topics is None else req.topics
     )
@@ -300,10 +309,13 @@ async def metadata(b: Broker, s: ServerInfo, req: MetadataRequest, _: memoryview
 
 
 async def create_topic(b: Broker, s: ServerInfo, req: CreateTopicRequest, _: memoryview) -> Reply:
+    node = cluster_node(b)
     try:
-        await b.create_topic_async(
-            req.name, req.partitions, _to_log_config(b.config.log, req.config)
-        )
+        config = _to_log_config(b.config.log, req.config)
+        if node is not None:  # a cluster: through etcd, replicas over the live nodes
+            await node.create_topic(req.name, req.partitions, config, req.replication_factor)
+        else:
+            await b.create_topic_async(req.name, req.partitions, config)
     except TidewireError as exc:
         _audit(b, "CREATE_TOPIC", f"topic:{req.name}", exc)
         return CreateTopicResponse(**_err(exc)), []
@@ -312,8 +324,12 @@ async def create_topic(b: Broker, s: ServerInfo, req: CreateTopicRequest, _: mem
 
 
 async def delete_topic(b: Broker, s: ServerInfo, req: DeleteTopicRequest, _: memoryview) -> Reply:
+    node = cluster_node(b)
     try:
-        await b.delete_topic_async(req.name)
+        if node is not None:  # a cluster: through etcd
+            await node.delete_topic(req.name)
+        else:
+            await b.delete_topic_async(req.name)
     except TidewireError as exc:
         _audit(b, "DELETE_TOPIC", f"topic:{req.name}", exc)
         return DeleteTopicResponse(**_err(exc)), []
@@ -322,12 +338,25 @@ async def delete_topic(b: Broker, s: ServerInfo, req: DeleteTopicRequest, _: mem
 
 
 async def list_topics(b: Broker, s: ServerInfo, req: ListTopicsRequest, _: memoryview) -> Reply:
+    node = cluster_node(b)
+    if node is not None:  # a cluster: every topic, not only those replicated here
+        return ListTopicsResponse(
+            topics=_visible(b, ResourceType.TOPIC, sorted(node.cache.topics))
+        ), []
     return ListTopicsResponse(topics=_visible(b, ResourceType.TOPIC, sorted(b.topics()))), []
 
 
 async def describe_topic(
     b: Broker, s: ServerInfo, req: DescribeTopicRequest, _: memoryview
 ) -> Reply:
+    node = cluster_node(b)
+    if node is not None:  # a cluster: from the node's copy of the metadata
+        (topic,) = node.metadata([req.name], lambda names: names).topics
+        if topic.error_code:
+            return DescribeTopicResponse(
+                error_code=topic.error_code, error_message=topic.error_message
+            ), []
+        return DescribeTopicResponse(topic=topic), []
     try:
         return DescribeTopicResponse(topic=_describe(b, req.name)), []
     except TidewireError as exc:
@@ -336,6 +365,10 @@ async def describe_topic(
 
 async def alter_topic(b: Broker, s: ServerInfo, req: AlterTopicRequest, _: memoryview) -> Reply:
     try:
+        if cluster_node(b) is not None:  # one node's change would leave the replicas unlike
+            raise InvalidRequestError(
+                f"topic {req.name!r} cannot be altered in a cluster yet (docs/cluster.md)"
+            )
         current = b.topic_config(req.name)
         changed = req.config != TopicConfig()
         await b.alter_topic_async(

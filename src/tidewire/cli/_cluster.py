@@ -1,0 +1,163 @@
+"""``tidewire cluster status | nodes``: a cluster as one of its nodes sees it (its METADATA
+answer: the live nodes, the controller, each partition's leader, epoch, replicas and ISR)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import msgspec
+import typer
+
+from tidewire.client._transport import Transport, parse_addr
+from tidewire.errors import TidewireError
+from tidewire.protocol.messages import MetadataRequest, MetadataResponse
+
+from ._common import (
+    DEFAULT_ADDR,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    JsonOption,
+    cli_credentials,
+    cli_tls,
+    echo_json,
+    fail,
+)
+
+__all__ = ["cluster_app"]
+
+cluster_app = typer.Typer(
+    name="cluster",
+    help="A cluster's nodes, controller and partition leaders (docs/cluster.md).",
+    no_args_is_help=True,
+)
+
+ClusterAddrOption = Annotated[
+    str,
+    typer.Option(
+        "--addr",
+        envvar="TIDEWIRE_ADDR",
+        help="Any node of the cluster, HOST:PORT; several comma-separated are tried in turn.",
+        show_envvar=True,
+    ),
+]
+
+
+def _metadata(addr: str, timeout_s: float) -> MetadataResponse:  # noqa: RET503 (fail exits)
+    """The METADATA answer of the first of ``addr``'s nodes that gives one."""
+    addrs = [a.strip() for a in addr.split(",") if a.strip()]
+    for a in addrs:
+        try:
+            parse_addr(a)
+        except ValueError as exc:
+            fail(f"--addr: {exc}", EXIT_USAGE)
+    creds, tls = cli_credentials(), cli_tls()
+
+    async def ask(a: str) -> MetadataResponse:
+        t = Transport(
+            a,
+            connect_timeout_s=timeout_s,
+            request_timeout_s=timeout_s,
+            tls=tls,
+            credentials=creds,
+        )
+        try:
+            response = await t.request(MetadataRequest())
+        finally:
+            await t.close()
+        assert response is not None
+        body = response.body
+        assert isinstance(body, MetadataResponse)
+        return body
+
+    errors = []
+    for a in addrs:
+        try:
+            meta = asyncio.run(ask(a))
+        except KeyboardInterrupt:
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except TidewireError as exc:
+            errors.append(f"{a}: {exc.message}")
+            continue
+        if not meta.nodes:
+            fail(f"{a} is a single node (started without --cluster), not a cluster's")
+        return meta
+    fail("no node answered: " + "; ".join(errors))
+
+
+TimeoutOption = Annotated[
+    float, typer.Option("--timeout", min=0.001, help="Give up on a node after this long (s).")
+]
+
+
+@cluster_app.command("nodes")
+def nodes(
+    addr: ClusterAddrOption = DEFAULT_ADDR,
+    timeout: TimeoutOption = 10.0,
+    as_json: JsonOption = False,
+) -> None:
+    """The live nodes (those registered in etcd) and where they are reached; the controller
+    is marked."""
+    meta = _metadata(addr, timeout)
+    if as_json:
+        echo_json(
+            {
+                "controller": meta.controller,
+                "nodes": [msgspec.to_builtins(n) for n in meta.nodes],
+            }
+        )
+        return
+    for n in meta.nodes:
+        mark = "  controller" if n.node_id == meta.controller else ""
+        typer.echo(f"{n.node_id}  {n.host}:{n.port}{mark}")
+
+
+@cluster_app.command("status")
+def status(
+    addr: ClusterAddrOption = DEFAULT_ADDR,
+    timeout: TimeoutOption = 10.0,
+    as_json: JsonOption = False,
+) -> None:
+    """The controller, the live nodes, and every partition with its leader, leader epoch,
+    replicas and in-sync replicas; counts of under-replicated partitions (fewer in sync than
+    replicas) and offline ones (no leader)."""
+    meta = _metadata(addr, timeout)
+    parts = [(t.name, p) for t in meta.topics for p in t.partitions]
+    under = sum(1 for _, p in parts if len(p.isr) < len(p.replicas))
+    offline = sum(1 for _, p in parts if p.leader == -1)
+    if as_json:
+        echo_json(
+            {
+                "controller": meta.controller,
+                "nodes": [msgspec.to_builtins(n) for n in meta.nodes],
+                "partitions": [
+                    {
+                        "topic": name,
+                        "partition": p.partition,
+                        "leader": p.leader,
+                        "leader_epoch": p.leader_epoch,
+                        "replicas": p.replicas,
+                        "isr": p.isr,
+                    }
+                    for name, p in parts
+                ],
+                "under_replicated": under,
+                "offline": offline,
+            }
+        )
+        return
+    controller = meta.controller if meta.controller != -1 else "none"
+    typer.echo(
+        f"nodes: {len(meta.nodes)}, controller: {controller}, partitions: {len(parts)}, "
+        f"under-replicated: {under}, offline: {offline}"
+    )
+    for n in meta.nodes:
+        typer.echo(f"  node {n.node_id}  {n.host}:{n.port}")
+    if parts:
+        typer.echo(f"{'TOPIC':<24} {'PART':>4} {'LEADER':>6} {'EPOCH':>5}  REPLICAS  ISR")
+    for name, p in parts:
+        leader = "-" if p.leader == -1 else str(p.leader)
+        typer.echo(
+            f"{name:<24} {p.partition:>4} {leader:>6} {p.leader_epoch:>5}  "
+            f"{','.join(map(str, p.replicas))}  {','.join(map(str, p.isr))}"
+        )

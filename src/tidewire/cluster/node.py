@@ -1,0 +1,728 @@
+"""A broker as a node of a cluster: its registration in etcd, its copy of the metadata, its
+part in the controller's election, and the roles of its replicas.
+
+:class:`ClusterNode` ties the pieces together:
+
+- it registers the node's addresses under a lease of ``session_timeout_s`` (a node id is
+  taken by one live node at a time), follows the metadata (:class:`MetadataCache`) and
+  campaigns to be the controller (:class:`Controller`);
+- a reconcile task makes the local replicas match the metadata: for every partition this
+  node is a replica of, the local log exists (made with the topic's settings from etcd) and
+  the replica manager (:mod:`tidewire.cluster.replication`) is told to lead it or to follow
+  its leader; a topic deleted from etcd is deleted here. It acts only on changes (leader,
+  leader epoch, replica set, the leader's address);
+- topics are created and deleted through etcd (any node: replicas placed by
+  :func:`~tidewire.cluster.controller.assign` over the live nodes), and METADATA answers from
+  the node's copy: every live node, the controller, and each partition's leader and ISR;
+- a leader changes its partition's ISR with :meth:`ClusterNode.propose_isr`, a
+  compare-and-swap on the version it read (Kafka's AlterPartition);
+- when its lease is lost (etcd unreachable for longer than the session timeout, or a pause
+  past it), the node stops leading: the others presume it gone and elect new leaders. It then
+  registers again, on a new lease, as soon as etcd answers.
+
+The request handlers reach the node through :func:`tidewire.cluster.cluster_node`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+import msgspec
+
+from tidewire.broker.offsets import is_internal_topic
+from tidewire.cluster import attach_node, detach_node
+from tidewire.cluster.controller import Controller, assign
+from tidewire.cluster.etcd import EtcdClient, EtcdError, Lease
+from tidewire.cluster.metadata import (
+    NO_LEADER,
+    MetadataCache,
+    MetadataStore,
+    NodeIdTakenError,
+    NodeInfo,
+    PartitionState,
+    TopicInfo,
+)
+from tidewire.errors import (
+    InternalTopicError,
+    InvalidConfigError,
+    InvalidTopicError,
+    RequestTimedOutError,
+    TidewireError,
+    TopicExistsError,
+    UnknownTopicError,
+)
+from tidewire.protocol.messages import (
+    DamageInfo,
+    MetadataResponse,
+    NodeAddress,
+    PartitionInfo,
+    TopicConfig,
+    TopicDescription,
+)
+from tidewire.storage import LogConfig
+from tidewire.storage.manager import validate_topic_name
+
+if TYPE_CHECKING:
+    from tidewire.broker import Broker
+
+__all__ = [
+    "DEFAULT_SESSION_TIMEOUT_S",
+    "ClusterNode",
+    "Replicas",
+    "parse_cluster_url",
+]
+
+log = logging.getLogger("tidewire.cluster.node")
+
+#: A node's lease: gone this long after its last renewal, the node is presumed dead and its
+#: partitions are led by others (Kafka's broker session timeout is 9 s; etcd renews every
+#: third of it).
+DEFAULT_SESSION_TIMEOUT_S = 6
+#: The most partitions of a topic created here (the broker's own bound).
+MAX_PARTITIONS = 100_000
+#: How long a CREATE_TOPIC or DELETE_TOPIC waits for this node's copy (and logs) to follow
+#: etcd before it answers with a timeout (the change is made in etcd all the same).
+ADMIN_WAIT_S = 30.0
+#: After a reconcile step failed (a log that could not be made, a leader whose address is not
+#: known yet), the next pass comes this soon even without a change.
+RETRY_S = 1.0
+#: Re-registering after a lost lease: waits between attempts, doubling up to the cap.
+REGISTER_BACKOFF_S = (0.2, 2.0)
+
+
+class Replicas(Protocol):
+    """What the node needs of the replica manager (:class:`~tidewire.cluster.replication.
+    ReplicaManager`)."""
+
+    async def become_leader(
+        self,
+        topic: str,
+        partition: int,
+        *,
+        epoch: int,
+        replicas: tuple[int, ...],
+        isr: tuple[int, ...],
+    ) -> None: ...
+
+    async def become_follower(
+        self,
+        topic: str,
+        partition: int,
+        *,
+        epoch: int,
+        leader: int,
+        leader_address: tuple[str, int],
+    ) -> None: ...
+
+    async def stop_replica(self, topic: str, partition: int) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def parse_cluster_url(url: str) -> list[str]:
+    """``etcd://HOST:PORT[,HOST:PORT...]`` -> the etcd client URLs (``http://HOST:PORT``).
+
+    Raises:
+        InvalidConfigError: not of that form.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme != "etcd" or not rest:
+        raise InvalidConfigError(f"--cluster {url!r}: expected etcd://HOST:PORT[,HOST:PORT...]")
+    out = []
+    for part in rest.rstrip("/").split(","):
+        host, colon, port = part.strip().rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidConfigError(f"--cluster {url!r}: {part!r} is not HOST:PORT")
+        out.append(f"http://{host}:{int(port)}")
+    return out
+
+
+def config_to_strings(cfg: LogConfig) -> dict[str, str]:
+    """A topic's settings as etcd keeps them (:attr:`TopicInfo.config`)."""
+    return {k: str(v) for k, v in cfg.to_dict().items()}
+
+
+def config_of(info: TopicInfo, base: LogConfig) -> LogConfig:
+    """The settings of a topic of the metadata: ``base`` with what its entry names."""
+    values = base.to_dict()
+    for k, v in info.config.items():
+        if k in values:
+            values[k] = v if k == "fsync" else int(v)
+    return LogConfig.from_dict(values)
+
+
+#: What was last applied to a local replica: ("leader", epoch, replicas, isr),
+#: ("follower", epoch, leader, host, port) or ("offline", epoch).
+_Role = tuple[object, ...]
+
+
+class ClusterNode:
+    """``broker`` as node ``node_id`` of the cluster whose metadata is in etcd.
+
+    Args:
+        broker: the started broker.
+        node_id: this node's id (unique among the live nodes).
+        etcd_endpoints: etcd's client URLs (``http://HOST:PORT``).
+        advertise: where other nodes and clients reach this node's protocol listener.
+        http_port: its HTTP API's port (-1: none), for the node list.
+        cluster_id: the cluster's name (its keys live under ``/tidewire/<cluster_id>/``).
+        kafka_port: its Kafka listener's port (-1: none).
+        session_timeout_s: the lease's TTL (s).
+        default_replication_factor: replicas of a topic created without a count (at most the
+            live nodes).
+        replica_lag_max_ms, min_insync_replicas: the replica manager's settings.
+        replication: the replica manager (default: a
+            :class:`~tidewire.cluster.replication.ReplicaManager` of ``broker``).
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        node_id: int,
+        etcd_endpoints: Sequence[str],
+        *,
+        advertise: tuple[str, int],
+        http_port: int = -1,
+        cluster_id: str = "default",
+        kafka_port: int = -1,
+        session_timeout_s: int = DEFAULT_SESSION_TIMEOUT_S,
+        default_replication_factor: int = 3,
+        replica_lag_max_ms: int = 10_000,
+        min_insync_replicas: int = 1,
+        replication: Replicas | None = None,
+    ) -> None:
+        if node_id < 0:
+            raise InvalidConfigError(f"--node-id {node_id}: a node id is >= 0")
+        if session_timeout_s < 2:
+            raise InvalidConfigError(f"--session-timeout {session_timeout_s}: at least 2 s")
+        if default_replication_factor < 1:
+            raise InvalidConfigError(
+                f"--default-replication-factor {default_replication_factor}: at least 1"
+            )
+        self.broker = broker
+        self.node_id = node_id
+        self.info = NodeInfo(node_id, advertise[0], advertise[1], http_port, kafka_port)
+        self.session_timeout_s = session_timeout_s
+        self.default_replication_factor = default_replication_factor
+        self.replica_lag_max_ms = replica_lag_max_ms
+        self.min_insync_replicas = min_insync_replicas
+        # Requests bounded well below the session, so a renewal can be tried again in time.
+        self.etcd = EtcdClient(etcd_endpoints, timeout_s=max(1.0, session_timeout_s / 3))
+        self.store = MetadataStore(self.etcd, cluster_id)
+        self.cache = MetadataCache(self.store, on_change=self._changed, retry_s=0.2)
+        self.lease = Lease(self.etcd, ttl_s=session_timeout_s)
+        self.controller: Controller | None = None
+        self.replication: Replicas | None = replication
+        self._applied: dict[tuple[str, int], _Role] = {}
+        self._seen_topics: set[str] = set()
+        self._dirty = asyncio.Event()
+        #: set after each reconcile pass: admin requests wait on it for their local effect
+        self._passed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.started = False
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Register, load the metadata, campaign, and start reconciling.
+
+        Raises:
+            EtcdError: the node id is taken by a live node, or etcd refused.
+            EtcdUnavailableError: no etcd endpoint answered.
+        """
+        attach_node(self.broker, self)
+        try:
+            await self.lease.start()
+            await self._register()
+            await self.cache.load()
+            self.cache.start()
+            if self.replication is None:
+                from tidewire.cluster.replication import ReplicaManager  # noqa: PLC0415
+
+                manager = ReplicaManager(
+                    self.broker,
+                    self.node_id,
+                    lag_max_ms=self.replica_lag_max_ms,
+                    min_insync=self.min_insync_replicas,
+                    propose_isr=self.propose_isr,
+                    advertise=(self.info.host, self.info.port),
+                )
+                self.broker.replication = manager
+                self.replication = manager
+            self.controller = self._controller()
+            self.controller.start()
+        except BaseException:
+            await self.close()
+            raise
+        self._dirty.set()
+        self._task = asyncio.create_task(self._run(), name=f"cluster node {self.node_id}")
+        self._task.add_done_callback(_log_failure)
+        self.started = True
+        log.info(
+            "node %d registered as %s:%d in cluster %s",
+            self.node_id,
+            self.info.host,
+            self.info.port,
+            self.store.root,
+        )
+
+    async def _register(self) -> None:
+        """Register on the lease. A node restarted right after a crash finds its id still
+        held by its former lease until that expires: it waits up to a session timeout (and
+        a second) before it gives up, so only a live twin is refused."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.session_timeout_s + 1
+        while True:
+            try:
+                await self.store.register(self.info, self.lease.id)
+                return
+            except NodeIdTakenError:
+                if loop.time() >= deadline:
+                    raise
+                log.info("node id %d still held by a lease; waiting for it to expire", self.node_id)
+            await asyncio.sleep(REGISTER_BACKOFF_S[0])
+
+    async def close(self) -> None:
+        """Stop reconciling, stop the replicas, leave the election and the cluster (the
+        lease is revoked: the others see this node gone at once)."""
+        self.started = False
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self.controller is not None:
+            await self.controller.close()
+        if self.replication is not None:
+            await self.replication.close()
+        await self.cache.close()
+        await self.lease.close()
+        await self.etcd.close()
+        detach_node(self.broker)
+
+    def _controller(self) -> Controller:
+        cache = self.cache
+
+        def unclean(topic: str) -> bool:
+            info = cache.topics.get(topic)
+            return info is not None and info.config.get("unclean_leader_election") == "true"
+
+        return Controller(self.store, cache, self.node_id, self.lease, unclean=unclean)
+
+    def _changed(self, kind: str, key: str, value: object | None) -> None:
+        self._dirty.set()
+
+    async def _run(self) -> None:
+        while True:
+            if self.lease.lost.is_set():
+                await self._rejoin()
+                continue
+            self._dirty.clear()
+            try:
+                done = await self._reconcile()
+            except Exception:  # logged, and tried again: the node must not stop following
+                log.exception(
+                    "node %d: reconcile pass failed; again in %.0f s", self.node_id, RETRY_S
+                )
+                done = False
+            self._passed.set()
+            lost = asyncio.ensure_future(self.lease.lost.wait())
+            dirty = asyncio.ensure_future(self._dirty.wait())
+            try:
+                await asyncio.wait(
+                    {lost, dirty},
+                    timeout=None if done else RETRY_S,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                lost.cancel()
+                dirty.cancel()
+
+    async def _rejoin(self) -> None:
+        """The lease is lost: stop leading (the others presume this node gone), then register
+        again on a new lease once etcd answers."""
+        log.warning(
+            "node %d lost its etcd lease: it stops leading its partitions and registers again",
+            self.node_id,
+        )
+        assert self.replication is not None
+        for key, role in sorted(self._applied.items()):
+            if role[0] == "leader":
+                with contextlib.suppress(TidewireError):
+                    await self.replication.stop_replica(*key)
+                del self._applied[key]
+        if self.controller is not None:
+            await self.controller.close()
+        old = self.lease
+        await old.close(revoke=False)
+        delay = REGISTER_BACKOFF_S[0]
+        while True:
+            lease = Lease(self.etcd, ttl_s=self.session_timeout_s)
+            try:
+                # After an etcd restart the old lease may still be alive: it holds this
+                # node's id, so it goes first.
+                await self.etcd.revoke(old.id)
+                await lease.start()
+                await self.store.register(self.info, lease.id)
+                break
+            except EtcdError as exc:
+                log.warning("node %d cannot register again yet: %s", self.node_id, exc)
+                await lease.close()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, REGISTER_BACKOFF_S[1])
+        self.lease = lease
+        self.controller = self._controller()
+        self.controller.start()
+        self._dirty.set()
+        log.info("node %d registered again", self.node_id)
+
+    # --- reconcile ------------------------------------------------------------------------------
+
+    async def _reconcile(self) -> bool:
+        """One pass making the local replicas match the metadata; False when something is
+        left for the next pass."""
+        replication = self.replication
+        assert replication is not None
+        cache = self.cache
+        topics = dict(cache.topics)
+        done = True
+        # Topics deleted from etcd: their replicas stop, their logs go.
+        for name in sorted(self._seen_topics - topics.keys()):
+            for key in [k for k in self._applied if k[0] == name]:
+                await replication.stop_replica(*key)
+                del self._applied[key]
+            if self.broker.logs.partition_count(name):
+                try:
+                    await self.broker.delete_topic_async(name)
+                except TidewireError as exc:
+                    log.warning("topic %s deleted in etcd, not here yet: %s", name, exc)
+                    done = False
+                    continue
+            self._seen_topics.discard(name)
+        self._seen_topics.update(topics)
+        wanted: dict[tuple[str, int], PartitionState] = {
+            key: state
+            for key, (state, _) in cache.partitions().items()
+            if self.node_id in state.replicas and key[0] in topics
+        }
+        # Replicas moved away from this node (its topic still there).
+        for key in sorted(self._applied.keys() - wanted.keys()):
+            await replication.stop_replica(*key)
+            del self._applied[key]
+        for key, state in sorted(wanted.items()):
+            role = self._role_of(state)
+            if role is None:
+                done = False  # the leader's address is not known yet
+                continue
+            if self._applied.get(key) == role:
+                continue
+            try:
+                await self._ensure_log(key[0], key[1], topics[key[0]])
+                if role[0] == "leader":
+                    await replication.become_leader(
+                        key[0],
+                        key[1],
+                        epoch=state.leader_epoch,
+                        replicas=state.replicas,
+                        isr=state.isr,
+                    )
+                elif role[0] == "follower":
+                    node = cache.nodes[state.leader]
+                    await replication.become_follower(
+                        key[0],
+                        key[1],
+                        epoch=state.leader_epoch,
+                        leader=state.leader,
+                        leader_address=(node.host, node.port),
+                    )
+                elif key in self._applied:  # offline: nobody leads, this node included
+                    await replication.stop_replica(*key)
+            except (TidewireError, ValueError) as exc:  # ValueError: an epoch below the log's
+                log.warning("partition %s/%d: cannot take its role %s yet: %s", *key, role[0], exc)
+                done = False
+                continue
+            log.info("partition %s/%d: %s at epoch %d", *key, role[0], state.leader_epoch)
+            self._applied[key] = role
+        return done
+
+    def _role_of(self, state: PartitionState) -> _Role | None:
+        if state.leader == NO_LEADER:
+            return ("offline", state.leader_epoch)
+        if state.leader == self.node_id:  # the ISR too: the controller may shrink it
+            return ("leader", state.leader_epoch, state.replicas, state.isr)
+        node = self.cache.nodes.get(state.leader)
+        if node is None:
+            return None
+        return ("follower", state.leader_epoch, state.leader, node.host, node.port)
+
+    async def _ensure_log(self, topic: str, partition: int, info: TopicInfo) -> None:
+        """Make the local log of a partition this node replicates, with its topic's
+        settings, unless it exists."""
+        logs = self.broker.logs
+        if (topic, partition) in logs.logs or (topic, partition) in logs.offline:
+            return
+        cfg = config_of(info, self.broker.config.log)
+        if not logs.partition_count(topic) and all(
+            self.node_id in s.replicas
+            for p in range(info.partitions)
+            if (got := self.cache.partition(topic, p)) is not None
+            for s in (got[0],)
+        ):
+            # Every partition is replicated here: the topic is made as a single node makes it.
+            await self.broker.create_topic_async(topic, info.partitions, cfg)
+            return
+        await logs.create_topic_async(topic, range(partition, partition + 1), cfg)
+
+    async def wait_reconciled(self, predicate: Callable[[], bool], timeout_s: float) -> None:
+        """Until ``predicate()`` holds after a reconcile pass."""
+        async with asyncio.timeout(timeout_s):
+            while True:
+                self._passed.clear()
+                self._dirty.set()
+                await self._passed.wait()
+                if predicate():
+                    return
+
+    # --- ISR changes by a leader ----------------------------------------------------------------
+
+    async def propose_isr(
+        self, topic: str, partition: int, epoch: int, isr: tuple[int, ...]
+    ) -> bool:
+        """Replace the ISR of a partition this node leads at ``epoch``: a compare-and-swap
+        on the version read, refused when the partition changed meanwhile or is no longer
+        this node's at that epoch. Returns whether etcd took it (never raises: an etcd that
+        does not answer is a refusal; the leader proposes again later)."""
+        if self.lease.lost.is_set():
+            return False
+        key = self.store.partition_key(topic, partition)
+        try:
+            kv = await self.etcd.get(key)
+            if kv is None:
+                return False
+            state = msgspec.json.decode(kv.value, type=PartitionState)
+            if state.leader != self.node_id or state.leader_epoch != epoch:
+                return False
+            if not set(isr) <= set(state.replicas) or self.node_id not in isr:
+                log.warning(
+                    "partition %s/%d: ISR %s refused: not its replicas", topic, partition, isr
+                )
+                return False
+            new = PartitionState(state.replicas, state.leader, epoch, tuple(isr))
+            ok = await self.store.set_partition(topic, partition, new, kv.mod_revision)
+        except EtcdError as exc:
+            log.warning("partition %s/%d: ISR %s not proposed: %s", topic, partition, isr, exc)
+            return False
+        if ok:
+            log.info("partition %s/%d: ISR now %s", topic, partition, list(isr))
+        return ok
+
+    # --- administration -------------------------------------------------------------------------
+
+    def _check_started(self) -> None:
+        if not self.started:
+            raise RequestTimedOutError(
+                f"node {self.node_id} is joining its cluster; try again in a moment"
+            )
+
+    async def create_topic(
+        self,
+        name: str,
+        partitions: int | None,
+        config: LogConfig,
+        replication_factor: int | None = None,
+    ) -> int:
+        """Create a topic in the cluster: replicas placed over the live nodes, the first of
+        each set leading at epoch 0, all in sync. Answered once this node's copy has it (and
+        its local replicas exist).
+
+        Returns:
+            The partition count.
+
+        Raises:
+            InvalidTopicError: a bad name or partition count, or more replicas than live nodes.
+            InternalTopicError: a name reserved for the broker.
+            TopicExistsError: it exists.
+            RequestTimedOutError: etcd did not answer, or this node did not follow in time.
+        """
+        self._check_started()
+        try:
+            validate_topic_name(name)
+        except InvalidConfigError as exc:
+            raise InvalidTopicError(exc.message) from None
+        if is_internal_topic(name) or name.startswith("__"):
+            raise InternalTopicError(
+                f"topic {name!r} cannot be created: names beginning with '__' are reserved "
+                "for the broker's internal topics"
+            )
+        n = self.broker.config.default_partitions if partitions is None else partitions
+        if not 1 <= n <= MAX_PARTITIONS:
+            raise InvalidTopicError(f"partitions={n} must be within 1..{MAX_PARTITIONS:,}")
+        live = sorted(self.cache.nodes)
+        rf = (
+            min(self.default_replication_factor, len(live))
+            if replication_factor is None
+            else replication_factor
+        )
+        try:
+            placement = assign(n, rf, live, random.randrange(max(1, len(live))))
+        except ValueError as exc:
+            raise InvalidTopicError(str(exc)) from None
+        topic = TopicInfo(name, n, rf, config_to_strings(config))
+        try:
+            created = await self.store.create_topic(topic, placement, None)
+        except EtcdError as exc:
+            raise RequestTimedOutError(f"topic {name!r} not created: {exc}") from None
+        if not created:
+            raise TopicExistsError(f"topic {name!r} exists already")
+        log.info("created topic %s: %d partition(s), replicas %s", name, n, placement)
+        here = [(name, p) for p, replicas in enumerate(placement) if self.node_id in replicas]
+        await self._await_local(
+            f"topic {name!r} was created in the cluster, but node {self.node_id} did not",
+            lambda: all(k in self._applied for k in here) and name in self._seen_topics,
+        )
+        return n
+
+    async def delete_topic(self, name: str) -> None:
+        """Delete a topic from the cluster; answered once this node's copy and logs are rid
+        of it (the other nodes delete theirs as their copies see it).
+
+        Raises:
+            UnknownTopicError, InvalidTopicError (an internal topic), RequestTimedOutError.
+        """
+        self._check_started()
+        if is_internal_topic(name):
+            raise InternalTopicError(f"topic {name!r} is internal to the broker")
+        try:
+            deleted = await self.store.delete_topic(name, None)
+        except EtcdError as exc:
+            raise RequestTimedOutError(f"topic {name!r} not deleted: {exc}") from None
+        if not deleted:
+            raise UnknownTopicError(f"topic {name!r} does not exist")
+        log.info("deleted topic %s", name)
+        await self._await_local(
+            f"topic {name!r} was deleted in the cluster, but node {self.node_id} did not",
+            lambda: name not in self._seen_topics and not self.broker.logs.partition_count(name),
+        )
+
+    async def _await_local(self, what: str, predicate: Callable[[], bool]) -> None:
+        try:
+            await self.wait_reconciled(predicate, ADMIN_WAIT_S)
+        except TimeoutError:
+            raise RequestTimedOutError(f"{what} within {ADMIN_WAIT_S:.0f} s") from None
+
+    # --- metadata -------------------------------------------------------------------------------
+
+    def metadata(
+        self,
+        names: list[str] | None,
+        visible: Callable[[list[str]], list[str]],
+        *,
+        auto_create: bool = False,
+    ) -> MetadataResponse:
+        """The METADATA answer: the topics (``None``: every one ``visible`` leaves), each
+        partition's leader, epoch, replicas and ISR (and its offsets where it is replicated
+        here), every live node and the controller."""
+        cache = self.cache
+        if names is None:
+            names = visible(sorted(cache.topics))
+        topics = []
+        for name in names:
+            info = cache.topics.get(name)
+            if info is None:
+                reason = " (in a cluster, create it first: tidewire topic create)" * auto_create
+                exc = UnknownTopicError(f"topic {name!r} does not exist{reason}")
+                topics.append(
+                    TopicDescription(
+                        name=name,
+                        partitions=[],
+                        config=TopicConfig(),
+                        error_code=exc.code,
+                        error_message=exc.message,
+                    )
+                )
+                continue
+            parts = [self._partition_info(name, p) for p in range(info.partitions)]
+            cfg = config_of(info, self.broker.config.log)
+            topics.append(
+                TopicDescription(
+                    name=name,
+                    partitions=parts,
+                    config=TopicConfig(
+                        retention_ms=cfg.retention_ms,
+                        retention_bytes=cfg.retention_bytes,
+                        segment_bytes=cfg.segment_bytes,
+                        segment_ms=cfg.segment_ms,
+                        fsync=str(cfg.fsync),
+                        flush_interval_ms=cfg.flush_interval_ms,
+                        max_message_bytes=cfg.max_batch_bytes,
+                    ),
+                )
+            )
+        return MetadataResponse(
+            broker_id=self.node_id,
+            host=self.info.host,
+            port=self.info.port,
+            topics=topics,
+            nodes=[
+                NodeAddress(node_id=n.node_id, host=n.host, port=n.port)
+                for _, n in sorted(cache.nodes.items())
+            ],
+            controller=cache.controller,
+        )
+
+    def _partition_info(self, topic: str, p: int) -> PartitionInfo:
+        got = self.cache.partition(topic, p)
+        state = got[0] if got is not None else PartitionState((), NO_LEADER, -1, ())
+        logs = self.broker.logs
+        plog = logs.logs.get((topic, p))
+        if plog is None:
+            offline = logs.offline.get((topic, p), "")
+            return PartitionInfo(
+                partition=p,
+                log_start_offset=-1,
+                log_end_offset=-1,
+                high_watermark=-1,
+                size_bytes=0,
+                offline=offline,
+                leader=state.leader,
+                leader_epoch=state.leader_epoch,
+                replicas=list(state.replicas),
+                isr=list(state.isr),
+            )
+        try:
+            hw = self.broker.high_watermark(topic, p)
+        except TidewireError:
+            hw = -1  # not led here: the leader knows it
+        return PartitionInfo(
+            partition=p,
+            log_start_offset=plog.log_start_offset,
+            log_end_offset=plog.log_end_offset,
+            high_watermark=hw,
+            size_bytes=plog.size_bytes,
+            damage=[
+                DamageInfo(
+                    start=d.start,
+                    end=d.end,
+                    size_bytes=d.size,
+                    file=d.path,
+                    position=d.position,
+                    reason=d.reason,
+                    quarantined=d.quarantined or "",
+                )
+                for d in plog.damage
+            ],
+            leader=state.leader,
+            leader_epoch=state.leader_epoch,
+            replicas=list(state.replicas),
+            isr=list(state.isr),
+        )
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("cluster node task failed", exc_info=task.exception())
