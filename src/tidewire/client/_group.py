@@ -87,7 +87,7 @@ from ._consumer import (
 )
 from ._settings import check_ints
 from ._subscriber import DEFAULT_CREDIT_BYTES, AsyncSubscriber
-from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
+from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Addresses, Transport, parse_addrs
 
 __all__ = ["AsyncGroupConsumer", "GroupConsumer", "PartitionsCallback"]
 
@@ -112,7 +112,8 @@ class AsyncGroupConsumer:
     ``async for record in c`` or ``await c.poll(timeout_s)``.
 
     Args:
-        addr: ``"HOST:PORT"`` of the broker.
+        addr: ``"HOST:PORT"`` of the broker, or of several nodes of a cluster
+            (``"H1:P1,H2:P2"`` or a list): the first that answers is used.
         group_id: the group.
         topics: topics to consume.
         pattern: a regular expression; topics whose whole name matches are consumed too,
@@ -147,7 +148,7 @@ class AsyncGroupConsumer:
 
     def __init__(
         self,
-        addr: str,
+        addr: Addresses,
         group_id: str,
         *,
         topics: Iterable[str] = (),
@@ -697,8 +698,8 @@ class GroupConsumer(BlockingReader[AsyncGroupConsumer]):
     _closed_error = ConnectionLostError
     _closed_message = "the group consumer is closed"
 
-    def __init__(self, addr: str, group_id: str, **options: Any) -> None:
-        parse_addr(addr)
+    def __init__(self, addr: Addresses, group_id: str, **options: Any) -> None:
+        parse_addrs(addr)
         self._local: deque[ConsumerRecord] = deque()
         self._start_loop("tidewire-group-consumer")
         try:
@@ -708,7 +709,7 @@ class GroupConsumer(BlockingReader[AsyncGroupConsumer]):
             raise
 
     @staticmethod
-    async def _make(addr: str, group_id: str, options: dict[str, Any]) -> AsyncGroupConsumer:
+    async def _make(addr: Addresses, group_id: str, options: dict[str, Any]) -> AsyncGroupConsumer:
         return AsyncGroupConsumer(addr, group_id, **options)
 
     def _unhanded(self, tps: set[TP] | None = None) -> dict[TP, int]:
