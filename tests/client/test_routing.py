@@ -30,7 +30,7 @@ from tests.client._support import (
 from tidewire.broker import Broker
 from tidewire.client import AsyncClient, AsyncConsumer, AsyncProducer, Client, Message, Producer
 from tidewire.client._transport import parse_addrs
-from tidewire.errors import ConnectionLostError, NotLeaderError
+from tidewire.errors import ConnectionLostError, NotLeaderError, ShuttingDownError
 from tidewire.server import TcpServer
 
 TOPIC = "t"
@@ -90,7 +90,7 @@ def test_parse_addrs_takes_a_comma_list_or_a_sequence() -> None:
 
 def test_a_bootstrap_list_skips_an_address_that_refuses(tmp_path: Path) -> None:
     async def main() -> None:
-        async with serve(tmp_path) as (broker, server):
+        async with serve(tmp_path) as (_broker, server):
             with refusing_port() as port:
                 dead = f"127.0.0.1:{port}"
                 async with AsyncClient(f"{dead},{addr(server)}") as client:
@@ -105,7 +105,7 @@ def test_a_bootstrap_list_skips_an_address_that_refuses(tmp_path: Path) -> None:
 
 def test_the_blocking_client_takes_a_bootstrap_list(tmp_path: Path) -> None:
     async def main() -> None:
-        async with serve(tmp_path) as (broker, server):
+        async with serve(tmp_path) as (_broker, server):
             with refusing_port() as port:
                 dead = f"127.0.0.1:{port}"
 
@@ -136,7 +136,8 @@ def test_the_producer_sends_each_partition_to_its_leader(
                 assert all(f.result().offset >= 0 for f in futs)
             assert values((await stored(b1, TOPIC, 0))[1]) == [b"p0"] * 5
             assert values((await stored(b2, TOPIC, 1))[1]) == [b"p1"] * 5
-            assert (await stored(b1, TOPIC, 1))[1] == [] and (await stored(b2, TOPIC, 0))[1] == []
+            assert (await stored(b1, TOPIC, 1))[1] == []
+            assert (await stored(b2, TOPIC, 0))[1] == []
             assert cluster.refused == {}  # nothing went to the wrong node
             assert cluster.asked[1, "METADATA"] == 0  # the bootstrap node answered it
 
@@ -147,7 +148,7 @@ def test_the_consumer_fetches_each_partition_from_its_leader(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def main() -> None:
-        async with two_brokers(tmp_path, monkeypatch) as (cluster, b1, b2):
+        async with two_brokers(tmp_path, monkeypatch) as (cluster, _b1, _b2):
             async with AsyncClient(cluster.addr(1)) as client:
                 # The client learns the cluster from node 1's refusal of partition 1.
                 await client.produce(TOPIC, 0, [Message(b"a0"), Message(b"b0")])
@@ -163,7 +164,8 @@ def test_the_consumer_fetches_each_partition_from_its_leader(
                     if len(seen) == 3:
                         break
                 assert sorted(seen) == [(0, b"a0"), (0, b"b0"), (1, b"a1")]
-                assert consumer.position(TOPIC, 0) == 2 and consumer.position(TOPIC, 1) == 1
+                assert consumer.position(TOPIC, 0) == 2
+                assert consumer.position(TOPIC, 1) == 1
 
     run(main())
 
@@ -175,27 +177,232 @@ def test_a_moved_leader_is_found_by_a_refresh(
     the clients refresh and go on at node 2, the consumer from the same offset."""
 
     async def main() -> None:
-        async with two_brokers(tmp_path, monkeypatch) as (cluster, b1, b2):
+        async with (
+            two_brokers(tmp_path, monkeypatch) as (cluster, _b1, b2),
+            AsyncProducer(cluster.addr(1), linger_ms=0, idempotence=False) as producer,
+            AsyncConsumer(cluster.addr(1), max_wait_ms=50) as consumer,
+        ):
+            await (await producer.send(TOPIC, b"before", partition=0))
+            await consumer.assign([(TOPIC, 0, 0)])
+            assert values(await consumer.poll(PROMPT_S)) == [b"before"]
+            cluster.leaders[TOPIC, 0] = 2
+            # Node 2's log of partition 0 continues where node 1's ended (a replica).
+            async with AsyncClient(cluster.addr(2)) as other:
+                assert await other.produce(TOPIC, 0, [Message(b"before")]) == 0
+            meta = await (await producer.send(TOPIC, b"after", partition=0))
+            assert cluster.refused[1] >= 1
+            assert values((await stored(b2, TOPIC, 0))[1])[-1] == b"after"
+            assert meta.offset == len((await stored(b2, TOPIC, 0))[1]) - 1
+            got: list[bytes] = []
+            for _ in range(20):
+                got += values(await consumer.poll(PROMPT_S))
+                if got:
+                    break
+            assert got == [b"after"]  # read on from offset 1, now at node 2
+
+    run(main())
+
+
+# --- failover -------------------------------------------------------------------------------------
+
+
+def test_clients_fail_over_when_the_leaders_node_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 1 leads; its server stops and node 2 takes over: the idempotent producer's sends
+    are all stored once and in order, the consumer reads on from its position."""
+
+    async def main() -> None:
+        async with one_broker_two_nodes(tmp_path, monkeypatch) as (cluster, b, s1, _s2):
+            boot = [cluster.addr(1), cluster.addr(2)]
             async with (
-                AsyncProducer(cluster.addr(1), linger_ms=0, idempotence=False) as producer,
-                AsyncConsumer(cluster.addr(1), max_wait_ms=50) as consumer,
+                AsyncProducer(boot, linger_ms=0, request_timeout_ms=2000) as producer,
+                AsyncConsumer(boot, max_wait_ms=50, request_timeout_ms=2000) as consumer,
             ):
-                await (await producer.send(TOPIC, b"before", partition=0))
+                first = [await producer.send(TOPIC, b"a%d" % i, partition=0) for i in range(5)]
+                await producer.flush(PROMPT_S)
                 await consumer.assign([(TOPIC, 0, 0)])
-                assert values(await consumer.poll(PROMPT_S)) == [b"before"]
-                cluster.leaders[TOPIC, 0] = 2
-                # Node 2's log of partition 0 continues where node 1's ended (a replica).
-                async with AsyncClient(cluster.addr(2)) as other:
-                    assert await other.produce(TOPIC, 0, [Message(b"before")]) == 0
-                meta = await (await producer.send(TOPIC, b"after", partition=0))
-                assert cluster.refused[1] >= 1
-                assert values((await stored(b2, TOPIC, 0))[1])[-1] == b"after"
-                assert meta.offset == len((await stored(b2, TOPIC, 0))[1]) - 1
                 got: list[bytes] = []
                 for _ in range(20):
                     got += values(await consumer.poll(PROMPT_S))
-                    if got:
+                    if len(got) == 5:
                         break
-                assert got == [b"after"]  # read on from offset 1, now at node 2
+                cluster.leaders = {(TOPIC, 0): 2, (TOPIC, 1): 2}
+                cluster.down.add(1)
+                await s1.close(grace_s=0)
+                later = [await producer.send(TOPIC, b"b%d" % i, partition=0) for i in range(5)]
+                await producer.flush(PROMPT_S * 2)
+                assert [f.result().offset for f in first + later] == list(range(10))
+                for _ in range(40):
+                    got += values(await consumer.poll(PROMPT_S))
+                    if len(got) == 10:
+                        break
+                want = [b"a%d" % i for i in range(5)] + [b"b%d" % i for i in range(5)]
+                assert got == want
+                assert values((await stored(b, TOPIC, 0))[1]) == want
+                assert cluster.asked[2, "PRODUCE"] >= 1
+                assert cluster.asked[2, "FETCH"] >= 1
+
+    run(main())
+
+
+@contextlib.asynccontextmanager
+async def storing_then_cut(
+    cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch, node: int
+) -> AsyncIterator[asyncio.Event]:
+    """Node ``node`` stores the first produce it gets and never answers it; set the event
+    yielded (after stopping the node's server) to let the handler return."""
+    from tidewire.protocol.messages import ApiKey
+    from tidewire.server.handlers import HANDLERS
+
+    release = asyncio.Event()
+    inner = HANDLERS[ApiKey.PRODUCE]
+    cut = False
+
+    async def produce(b, s, req, data):  # type: ignore[no-untyped-def]
+        nonlocal cut
+        reply = await inner(b, s, req, data)
+        if cluster.servers[node].port == s.port and not cut:
+            cut = True
+            await release.wait()  # stored; the answer is lost with the connection
+        return reply
+
+    monkeypatch.setitem(HANDLERS, ApiKey.PRODUCE, produce)
+    try:
+        yield release
+    finally:
+        release.set()
+
+
+async def _stored_count(b: Broker, n: int) -> None:
+    async with asyncio.timeout(PROMPT_S):
+        while len((await stored(b, TOPIC, 0))[1]) < n:
+            await asyncio.sleep(0.01)
+
+
+def test_an_idempotent_retry_after_a_lost_answer_is_stored_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def main() -> None:
+        async with (
+            one_broker_two_nodes(tmp_path, monkeypatch) as (cluster, b, s1, _s2),
+            storing_then_cut(cluster, monkeypatch, 1) as release,
+            AsyncProducer(cluster.addr(1), linger_ms=0, request_timeout_ms=5000) as producer,
+        ):
+            fut = await producer.send(TOPIC, b"once", partition=0)
+            await _stored_count(b, 1)  # stored by node 1, not answered
+            cluster.leaders = {(TOPIC, 0): 2, (TOPIC, 1): 2}
+            cluster.down.add(1)
+            await s1.close(grace_s=0)
+            release.set()
+            async with asyncio.timeout(PROMPT_S * 2):
+                await fut  # resent to node 2 with the same sequence: a duplicate
+            await (await producer.send(TOPIC, b"next", partition=0))
+            assert values((await stored(b, TOPIC, 0))[1]) == [b"once", b"next"]
+            assert cluster.asked[2, "PRODUCE"] >= 2
+
+    run(main())
+
+
+def test_a_plain_produce_is_not_resent_after_a_lost_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AsyncClient.produce is not idempotent: a connection lost after the batch was sent
+    raises (the batch may be stored, as here) instead of storing it twice."""
+
+    async def main() -> None:
+        async with (
+            one_broker_two_nodes(tmp_path, monkeypatch) as (cluster, b, s1, _s2),
+            storing_then_cut(cluster, monkeypatch, 1) as release,
+            AsyncClient([cluster.addr(1), cluster.addr(2)]) as client,
+        ):
+            await client.describe_topic(TOPIC, auto_create=True)  # learns the cluster
+            task = asyncio.create_task(client.produce(TOPIC, 0, [Message(b"v")]))
+            await _stored_count(b, 1)
+            cluster.down.add(1)
+            await s1.close(grace_s=0)
+            release.set()
+            # The connection's end: lost, or the node's goodbye (it is shutting down).
+            with pytest.raises((ConnectionLostError, ShuttingDownError)):
+                await asyncio.wait_for(task, PROMPT_S)
+            assert values((await stored(b, TOPIC, 0))[1]) == [b"v"]
+            # The next request finds the new leader.
+            cluster.leaders[TOPIC, 0] = 2
+            assert await client.produce(TOPIC, 0, [Message(b"w")]) == 1
+
+    run(main())
+
+
+def test_not_leader_is_raised_once_the_request_timeout_is_spent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition whose leader never shows up: the retries stop at request_timeout_s."""
+
+    async def main() -> None:
+        async with two_brokers(tmp_path, monkeypatch) as (cluster, b1, _b2):
+            cluster.leaders[TOPIC, 0] = 3  # a node nobody can reach: never leads here
+            async with AsyncClient(cluster.addr(1), request_timeout_s=0.3) as client:
+                with pytest.raises(NotLeaderError):
+                    await client.produce(TOPIC, 0, [Message(b"v")])
+            assert cluster.refused[1] >= 2  # retried after a refresh
+            assert (await stored(b1, TOPIC, 0))[1] == []
+
+    run(main())
+
+
+# --- blocking facades -----------------------------------------------------------------------------
+
+
+def test_the_blocking_producer_routes_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        async with two_brokers(tmp_path, monkeypatch) as (cluster, b1, b2):
+
+            def work() -> None:
+                with Producer(cluster.addr(1), linger_ms=0) as producer:
+                    for i in range(4):
+                        producer.send(TOPIC, b"%d" % i, partition=i % 2)
+                    producer.flush(PROMPT_S)
+
+            await in_thread(work)
+            assert values((await stored(b1, TOPIC, 0))[1]) == [b"0", b"2"]
+            assert values((await stored(b2, TOPIC, 1))[1]) == [b"1", b"3"]
+            assert cluster.refused == {}
+
+    run(main())
+
+
+# --- a single node --------------------------------------------------------------------------------
+
+
+def test_a_single_node_gets_no_request_it_did_not_get_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No leaders in a single node's metadata: one connection, no METADATA from the plain
+    client and the consumer, one per topic from the producer (as before)."""
+
+    async def main() -> None:
+        cluster = FakeCluster(monkeypatch)  # no nodes: it only counts requests
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic(TOPIC, 2)
+            async with AsyncClient(addr(server)) as client:
+                await client.produce(TOPIC, 1, [Message(b"c")])
+                await client.fetch(TOPIC, 1, 0)
+                await client.list_offset(TOPIC, 1, -1)
+                assert not client._router.clustered
+            async with AsyncProducer(addr(server), linger_ms=0) as producer:
+                await (await producer.send(TOPIC, b"p", partition=0))
+                await (await producer.send(TOPIC, b"q", partition=1))
+                assert not producer._router.clustered
+                assert not producer._router._links
+            async with AsyncConsumer(addr(server), max_wait_ms=0) as consumer:
+                await consumer.assign([(TOPIC, 0, "earliest"), (TOPIC, 1, 0)])
+                got: list[bytes] = []
+                for _ in range(20):
+                    got += values(await consumer.poll(PROMPT_S))
+                    if len(got) == 3:
+                        break
+                assert sorted(got) == [b"c", b"p", b"q"]
+                assert not consumer._router.clustered
+        assert cluster.asked[-1, "METADATA"] == 1  # the producer's, for its one topic
 
     run(main())

@@ -993,7 +993,7 @@ class AsyncProducer:
             # retry below goes to it (an idempotent batch with the same sequence numbers,
             # which a leader that has it already answers as a duplicate).
             router.forget(batch.state.topic, batch.state.partition)
-            router.refresh_soon(self._topics)
+            router.refresh_soon({*self._topics, batch.state.topic})
             if isinstance(exc, PartitionOfflineError):
                 retriable = True  # an election is under way
         now = time.monotonic()

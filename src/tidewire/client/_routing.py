@@ -30,6 +30,7 @@ from tidewire.errors import (
     NotLeaderError,
     PartitionOfflineError,
     RequestTimedOutError,
+    ShuttingDownError,
     TidewireError,
 )
 from tidewire.protocol.messages import MetadataRequest, MetadataResponse
@@ -37,6 +38,10 @@ from tidewire.protocol.messages import MetadataRequest, MetadataResponse
 from ._transport import Transport
 
 __all__ = ["Router", "backoff_s", "call_routed", "leader_lost"]
+
+#: A request's connection was lost, or its node went silent or is shutting down: the node
+#: may have handled it or not.
+_LOSS = (ConnectionLostError, RequestTimedOutError, ShuttingDownError)
 
 T = TypeVar("T")
 
@@ -60,12 +65,10 @@ def leader_lost(exc: BaseException, clustered: bool) -> bool:
     """Whether ``exc`` means the request went to a node that does not (or no longer) lead
     its partition, so that the metadata should be refreshed before a retry: NotLeaderError
     always (only a cluster answers it); in a cluster also a partition without a leader and
-    a lost or silent connection (the leader's node may be gone)."""
+    a lost or silent connection, or a node shutting down (the leader's node may be gone)."""
     if isinstance(exc, NotLeaderError):
         return True
-    return clustered and isinstance(
-        exc, PartitionOfflineError | ConnectionLostError | RequestTimedOutError
-    )
+    return clustered and isinstance(exc, (PartitionOfflineError, *_LOSS))
 
 
 class Router:
@@ -167,7 +170,7 @@ class Router:
                 transport = self._connect(f"{host}:{port}")  # for this question only
             try:
                 response = await transport.request(request)
-            except (ConnectionLostError, RequestTimedOutError) as exc:
+            except _LOSS as exc:
                 failure = exc
                 continue
             finally:
@@ -233,7 +236,7 @@ async def call_routed(
             return await send(transport)
         except TidewireError as exc:
             lost = leader_lost(exc, router.clustered)
-            if isinstance(exc, ConnectionLostError | RequestTimedOutError) and not resend_on_loss:
+            if isinstance(exc, _LOSS) and not resend_on_loss:
                 raise
             if not lost and not isinstance(exc, NotEnoughReplicasError):
                 raise
@@ -248,5 +251,5 @@ async def call_routed(
             await asyncio.sleep(min(backoff_s(attempt), max(deadline - now, 0.0)))
             if lost:
                 # No node answering is not final: the next attempt tells, within the deadline.
-                with contextlib.suppress(ConnectionLostError, RequestTimedOutError):
+                with contextlib.suppress(*_LOSS):
                     await router.refresh([topic])
