@@ -28,7 +28,15 @@ from tests.client._support import (
     serve,
 )
 from tidewire.broker import Broker
-from tidewire.client import AsyncClient, AsyncConsumer, AsyncProducer, Client, Message, Producer
+from tidewire.client import (
+    AsyncClient,
+    AsyncConsumer,
+    AsyncGroupConsumer,
+    AsyncProducer,
+    Client,
+    Message,
+    Producer,
+)
 from tidewire.client._transport import parse_addrs
 from tidewire.errors import ConnectionLostError, NotLeaderError, ShuttingDownError
 from tidewire.server import TcpServer
@@ -199,6 +207,34 @@ def test_a_moved_leader_is_found_by_a_refresh(
                 if got:
                     break
             assert got == [b"after"]  # read on from offset 1, now at node 2
+
+    run(main())
+
+
+def test_a_group_member_fetches_from_the_leaders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group's own requests stay on the bootstrap node (1); the fetches go to each
+    partition's leader, and "earliest" is looked up there too."""
+
+    async def main() -> None:
+        async with two_brokers(tmp_path, monkeypatch) as (cluster, b1, b2):
+            async with AsyncClient(cluster.addr(2)) as client:
+                await client.describe_topic(TOPIC, auto_create=True)  # learns the cluster
+                await client.produce(TOPIC, 0, [Message(b"x0")])
+                await client.produce(TOPIC, 1, [Message(b"x1"), Message(b"y1")])
+            assert len((await stored(b1, TOPIC, 0))[1]) == 1
+            assert len((await stored(b2, TOPIC, 1))[1]) == 2
+            async with AsyncGroupConsumer(
+                cluster.addr(1), "g", topics=[TOPIC], auto_offset_reset="earliest", max_wait_ms=50
+            ) as member:
+                got: list[tuple[int, bytes]] = []
+                for _ in range(40):
+                    got += [(r.partition, r.value) for r in await member.poll(PROMPT_S)]
+                    if len(got) == 3:
+                        break
+                assert sorted(got) == [(0, b"x0"), (1, b"x1"), (1, b"y1")]
+            assert cluster.asked[2, "FETCH"] >= 1
 
     run(main())
 

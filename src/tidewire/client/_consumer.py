@@ -754,7 +754,9 @@ class AsyncConsumer:
     async def _fetch_routed(self, wants: list[tuple[TP, int]]) -> list[_Fetched]:
         """A cluster: refresh the leaders first when one was lost, then fetch from each
         leader node at once (one request per node) and put the answers together; a node that
-        cannot be reached fails its partitions only."""
+        cannot be reached fails its partitions only (they are fetched again once the metadata
+        names their new leader). Each request long-polls on its node: a round ends when every
+        node has answered."""
         self._fetch_unsent = False
         router = self._router
         if self._stale:
@@ -770,9 +772,11 @@ class AsyncConsumer:
         )
         out: list[_Fetched] = []
         for part, answer in zip(parts, answers, strict=True):
-            if isinstance(answer, TidewireError):
+            if isinstance(answer, TidewireError) and leader_lost(answer, True):
                 out += [_Fetched(tp, offset, b"", [], offset, answer) for tp, offset in part]
             elif isinstance(answer, BaseException):
+                # Anything else fails the whole fetch, as one request would (a retriable
+                # error is retried after a backoff, from the same positions).
                 raise answer
             else:
                 out += answer

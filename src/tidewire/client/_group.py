@@ -54,6 +54,7 @@ from tidewire._tasks import cancel_and_wait
 from tidewire.errors import (
     ConnectionLostError,
     IllegalGenerationError,
+    NotLeaderError,
     PartitionNotAssignedError,
     RebalanceInProgressError,
     TidewireError,
@@ -473,6 +474,7 @@ class AsyncGroupConsumer:
         """Positions as offsets: ints as they are, the rest looked up with LIST_OFFSETS."""
         out: dict[TP, int] = {}
         lookups: list[ListOffsetsPartition] = []
+        looked_up: list[tuple[str, int, Offset]] = []  # the positions of ``lookups``
         for topic, partition, offset in wanted:
             if isinstance(offset, bool):
                 raise TypeError("offset must be an int, 'earliest', 'latest' or a datetime")
@@ -483,18 +485,32 @@ class AsyncGroupConsumer:
             elif offset in ("earliest", "latest"):
                 ts = EARLIEST if offset == "earliest" else LATEST
                 lookups.append(ListOffsetsPartition(topic, partition, ts))
+                looked_up.append((topic, partition, offset))
             elif isinstance(offset, datetime):
                 ts = max(int(offset.timestamp() * 1000), 0)
                 lookups.append(ListOffsetsPartition(topic, partition, ts))
+                looked_up.append((topic, partition, offset))
             else:
                 raise ValueError(f"offset {offset!r}: an int, 'earliest', 'latest' or a datetime")
-        if lookups:
-            response = await self._coord.request(ListOffsetsRequest(partitions=lookups))
-            assert response is not None
-            for result in response.body.results:
-                if result.error_code:
-                    raise for_code(result.error_code)(result.error_message)
-                out[(result.topic, result.partition)] = int(result.offset)
+        if not lookups:
+            return out
+        inner = self._inner
+        if isinstance(inner, AsyncConsumer) and inner._router.clustered:
+            # A cluster: each lookup at its partition's leader, as the consumer's fetches.
+            out.update(await inner._resolve(looked_up))
+            return out
+        response = await self._coord.request(ListOffsetsRequest(partitions=lookups))
+        assert response is not None
+        for result in response.body.results:
+            if result.error_code:
+                exc = for_code(result.error_code)(result.error_message)
+                if isinstance(exc, NotLeaderError) and isinstance(inner, AsyncConsumer):
+                    # A cluster this member did not know of yet: its consumer finds the
+                    # leaders (and learns the cluster) for the lookups.
+                    out.update(await inner._resolve(looked_up))
+                    return out
+                raise exc
+            out[(result.topic, result.partition)] = int(result.offset)
         return out
 
     async def _reassign_inner(self) -> None:
