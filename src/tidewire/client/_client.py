@@ -61,9 +61,10 @@ from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
 from ._queues import AsyncQueueAdmin, QueueAdmin
+from ._routing import Router, call_routed
 from ._security import AsyncSecurityAdmin, SecurityAdmin
 from ._streams import AsyncStreams, Streams
-from ._transport import Transport, parse_addr
+from ._transport import Addresses, Transport, parse_addrs
 
 __all__ = ["AsyncClient", "Client", "FetchedBatches", "FetchedRecords", "Message"]
 
@@ -109,7 +110,8 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
     """An asyncio client for one broker.
 
     Args:
-        addr: ``"HOST:PORT"`` of the broker.
+        addr: ``"HOST:PORT"`` of the broker, or of several nodes of a cluster
+            (``"H1:P1,H2:P2"`` or a list): the first that answers is used.
         request_timeout_s: default timeout of each request.
         connect_timeout_s: how long opening the connection may take.
         max_in_flight: requests sent and not yet answered on the connection.
@@ -122,7 +124,7 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
 
     def __init__(
         self,
-        addr: str = "127.0.0.1:7400",
+        addr: Addresses = "127.0.0.1:7400",
         *,
         request_timeout_s: float = 30.0,
         connect_timeout_s: float = 10.0,
@@ -130,14 +132,19 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
         credentials: Credentials | None = None,
         tls: TlsOptions | bool | None = None,
     ) -> None:
-        self._t = Transport(
-            addr,
-            request_timeout_s=request_timeout_s,
-            connect_timeout_s=connect_timeout_s,
-            max_in_flight=max_in_flight,
-            credentials=credentials,
-            tls=tls,
-        )
+        def connect(address: Addresses) -> Transport:
+            return Transport(
+                address,
+                request_timeout_s=request_timeout_s,
+                connect_timeout_s=connect_timeout_s,
+                max_in_flight=max_in_flight,
+                credentials=credentials,
+                tls=tls,
+            )
+
+        self._t = connect(addr)
+        #: Where produce, fetch and offset lookups go: each partition's leader in a cluster.
+        self._router = Router(self._t, connect)
         #: Lightweight streams: send, receive, read, subscribe (:class:`AsyncStreams`).
         self.streams = AsyncStreams(self._t)
 
@@ -148,14 +155,15 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
         await self.close()
 
     async def close(self) -> None:
-        """Close the connection."""
+        """Close the connections."""
+        await self._router.close()
         await self._t.close()
 
     @property
     def throttle_time_ms_total(self) -> int:
         """How long the broker held this client's produce and fetch answers back in all
         (ms), because its principal was over a quota (0: never throttled)."""
-        return self._t.throttle_time_ms_total
+        return self._router.throttle_time_ms_total
 
     async def _call(self, body: Any, data: Sequence[bytes] = ()) -> Any:
         response = await self._t.request(body, data)
@@ -236,6 +244,7 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
         """
         if auto_create:
             meta = (await self._call(MetadataRequest(topics=[name], auto_create=True))).body
+            await self._router.learn(meta, self._t)
             (desc,) = meta.topics
             _raise(desc.error_code, desc.error_message)
             return desc  # type: ignore[no-any-return]
@@ -286,14 +295,31 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
     async def produce_batch(
         self, topic: str, partition: int, batch: bytes, *, acks: int = ACKS_DURABLE
     ) -> int:
-        """Send a built record batch (or several, concatenated); return the base offset."""
+        """Send a built record batch (or several, concatenated); return the base offset.
+
+        In a cluster it goes to the partition's leader; refused with NotLeaderError or
+        NotEnoughReplicasError (nothing stored), it is sent again after a metadata refresh,
+        for up to ``request_timeout_s``. A lost connection is not retried (the batch may
+        have been stored): it raises ConnectionLostError.
+        """
         req = ProduceRequest(acks=acks, partitions=[ProducePartition(topic, partition, len(batch))])
-        response = await self._t.request(req, [batch], expect_response=acks != ACKS_NONE)
-        if response is None:
-            return -1
-        (result,) = response.body.results
-        _raise(result.error_code, result.error_message)
-        return int(result.base_offset)
+
+        async def send(t: Transport) -> int:
+            response = await t.request(req, [batch], expect_response=acks != ACKS_NONE)
+            if response is None:
+                return -1
+            (result,) = response.body.results
+            _raise(result.error_code, result.error_message)
+            return int(result.base_offset)
+
+        return await call_routed(
+            self._router,
+            topic,
+            partition,
+            send,
+            timeout_s=self._t.request_timeout_s,
+            resend_on_loss=False,
+        )
 
     async def fetch(
         self,
@@ -344,26 +370,45 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
             partitions=[FetchPartition(topic, partition, offset, max_bytes)],
         )
         timeout = self._t.request_timeout_s + max_wait_ms / 1000
-        response = await self._t.request(req, timeout_s=timeout)
-        assert response is not None
-        (result,) = response.body.partitions
-        if result.error_code:
-            raise fetch_error(
-                result.error_code, result.error_message, result.damage_start, result.damage_end
+
+        async def send(t: Transport) -> FetchedBatches:
+            response = await t.request(req, timeout_s=timeout)
+            assert response is not None
+            (result,) = response.body.partitions
+            if result.error_code:
+                raise fetch_error(
+                    result.error_code, result.error_message, result.damage_start, result.damage_end
+                )
+            return FetchedBatches(
+                bytes(response.data[: result.size]),
+                int(result.high_watermark),
+                int(result.log_start_offset),
             )
-        return FetchedBatches(
-            bytes(response.data[: result.size]),
-            int(result.high_watermark),
-            int(result.log_start_offset),
+
+        return await call_routed(
+            self._router, topic, partition, send, timeout_s=timeout, resend_on_loss=True
         )
 
     async def list_offset(self, topic: str, partition: int, timestamp: int) -> int:
         """-2: earliest, -1: latest (high watermark), else the first offset at or after the
         timestamp (ms)."""
         req = ListOffsetsRequest(partitions=[ListOffsetsPartition(topic, partition, timestamp)])
-        (result,) = (await self._call(req)).body.results
-        _raise(result.error_code, result.error_message)
-        return int(result.offset)
+
+        async def send(t: Transport) -> int:
+            response = await t.request(req)
+            assert response is not None
+            (result,) = response.body.results
+            _raise(result.error_code, result.error_message)
+            return int(result.offset)
+
+        return await call_routed(
+            self._router,
+            topic,
+            partition,
+            send,
+            timeout_s=self._t.request_timeout_s,
+            resend_on_loss=True,
+        )
 
     # --- writers ----------------------------------------------------------------------------------
 
@@ -530,7 +575,7 @@ class Client(BlockingTwin[AsyncClient], SecurityAdmin, QueueAdmin):
 
     def __init__(
         self,
-        addr: str = "127.0.0.1:7400",
+        addr: Addresses = "127.0.0.1:7400",
         *,
         request_timeout_s: float = 30.0,
         connect_timeout_s: float = 10.0,
@@ -538,7 +583,7 @@ class Client(BlockingTwin[AsyncClient], SecurityAdmin, QueueAdmin):
         credentials: Credentials | None = None,
         tls: TlsOptions | bool | None = None,
     ) -> None:
-        parse_addr(addr)  # a bad address fails here, before a thread is started
+        parse_addrs(addr)  # a bad address fails here, before a thread is started
         TlsOptions.of(tls)  # and a wrong tls type
         self._start_loop("tidewire-client")
         try:
@@ -560,7 +605,7 @@ class Client(BlockingTwin[AsyncClient], SecurityAdmin, QueueAdmin):
 
     @staticmethod
     async def _make(
-        addr: str,
+        addr: Addresses,
         *,
         request_timeout_s: float,
         connect_timeout_s: float,

@@ -24,6 +24,7 @@ from tidewire._tasks import cancel_and_wait
 from tidewire.client._blocking import BlockingTwin
 from tidewire.errors import (
     ConnectionLostError,
+    NotLeaderError,
     PartitionCorruptError,
     RecordBatchError,
     TidewireError,
@@ -44,8 +45,9 @@ from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
 from ._batch import ConsumedBatch, Segment, segment_of, segment_of_records
+from ._routing import Router, backoff_s, call_routed, leader_lost
 from ._settings import check_ints
-from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
+from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Addresses, Transport, parse_addrs
 
 __all__ = ["AsyncConsumer", "ConsumedBatch", "Consumer", "ConsumerRecord", "Gap", "Offset"]
 
@@ -212,7 +214,8 @@ class AsyncConsumer:
     ``await consumer.poll(timeout_s)``).
 
     Args:
-        addr: ``"HOST:PORT"`` of the broker.
+        addr: ``"HOST:PORT"`` of the broker, or of several nodes of a cluster
+            (``"H1:P1,H2:P2"`` or a list): the first that answers is used.
         max_wait_ms: how long a fetch waits on the broker for ``min_bytes`` (long-poll).
         min_bytes: the least data a fetch returns with before ``max_wait_ms``.
         max_bytes: the most data of one fetch, all partitions together (at least one batch
@@ -236,7 +239,7 @@ class AsyncConsumer:
 
     def __init__(
         self,
-        addr: str = "127.0.0.1:7400",
+        addr: Addresses = "127.0.0.1:7400",
         *,
         max_wait_ms: int = 500,
         min_bytes: int = 1,
@@ -265,19 +268,30 @@ class AsyncConsumer:
         self.on_gap = on_gap
         #: The consumer group this consumer reads for (tracing names it), if any.
         self.group_name: str | None = None
-        self._addr = addr
+        self._addr = addr if isinstance(addr, str) else ",".join(addr)
         #: The damaged ranges read past (``skip_damaged``), oldest first, at most MAX_GAPS.
         self.gaps: deque[Gap] = deque(maxlen=MAX_GAPS)
         #: How many damaged ranges were read past in all.
         self.gaps_total = 0
-        self._t = Transport(
-            addr,
-            request_timeout_s=request_timeout_ms / 1000,
-            connect_timeout_s=connect_timeout_ms / 1000,
-            max_in_flight=8,
-            tls=tls,
-            credentials=credentials,
-        )
+
+        def connect(address: Addresses) -> Transport:
+            return Transport(
+                address,
+                request_timeout_s=request_timeout_ms / 1000,
+                connect_timeout_s=connect_timeout_ms / 1000,
+                max_in_flight=8,
+                tls=tls,
+                credentials=credentials,
+            )
+
+        self._t = connect(addr)
+        #: Each partition's leader in a cluster (its fetches go there).
+        self._router = Router(self._t, connect)
+        #: A fetch met a partition whose leader was lost: the next one refreshes the
+        #: metadata first.
+        self._stale = False
+        #: Fetches in a row that met a lost leader (their backoff grows with it).
+        self._lost_attempts = 0
         #: The offset of the next record handed out, per assigned partition.
         self._positions: dict[TP, int] = {}
         #: Where the next fetch starts: after the records buffered.
@@ -305,6 +319,7 @@ class AsyncConsumer:
         """Stop fetching and close the connection."""
         self._closed = True
         await self._drop_fetch()
+        await self._router.close()
         await self._t.close()
 
     # --- positions ----------------------------------------------------------------------------
@@ -366,14 +381,36 @@ class AsyncConsumer:
     def throttle_time_ms_total(self) -> int:
         """How long the broker held this consumer's fetch answers back in all (ms), because
         its principal was over a quota (0: never throttled)."""
-        return self._t.throttle_time_ms_total
+        return self._router.throttle_time_ms_total
 
     def assignment(self) -> list[tuple[str, int]]:
         """The assigned partitions."""
         return list(self._positions)
 
     async def _resolve(self, wanted: list[tuple[str, int, Offset]]) -> list[tuple[TP, int]]:
-        return await resolve_positions(self._t, wanted)
+        """Resolve positions: in one request to the one node, or in a cluster each at its
+        partition's leader (learning the cluster from the first NotLeaderError)."""
+        router = self._router
+        if not router.clustered:
+            try:
+                return await resolve_positions(self._t, wanted)
+            except NotLeaderError:
+                await router.refresh({topic for topic, _, _ in wanted})
+                if not router.clustered:
+                    raise
+        out: list[tuple[TP, int]] = []
+        timeout_s = self._t.request_timeout_s
+        for topic, partition, offset in wanted:
+
+            async def send(
+                t: Transport, w: tuple[str, int, Offset] = (topic, partition, offset)
+            ) -> list[tuple[TP, int]]:
+                return await resolve_positions(t, [w])
+
+            out += await call_routed(
+                router, topic, partition, send, timeout_s=timeout_s, resend_on_loss=True
+            )
+        return out
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -618,16 +655,25 @@ class AsyncConsumer:
             if not exc.retriable:
                 raise
             # The connection broke or a request timed out: reconnect, resume from positions.
+            if self._router.clustered:
+                self._stale = True  # the node may be gone: where do its partitions live now?
             self._backoff = min(max(self._backoff * 2, BACKOFF_MIN_S), BACKOFF_MAX_S)
             await asyncio.sleep(self._backoff)
             return
         self._backoff = 0.0
         error: TidewireError | None = None
+        lost = False
         for f in results:
             if self._fetch_at.get(f.tp) != f.offset:
                 continue  # sought elsewhere meanwhile, or no longer assigned
             if f.error is not None:
                 if self._skip(f.tp, f.offset, f.error):
+                    continue
+                if leader_lost(f.error, self._router.clustered):
+                    # Not this partition's leader (any more), or its node is gone: the next
+                    # fetch asks the metadata where it is and reads on from the same offset.
+                    self._router.forget(*f.tp)
+                    self._stale = lost = True
                     continue
                 error = error or f.error
                 continue
@@ -637,6 +683,12 @@ class AsyncConsumer:
             self._fetch_at[f.tp] = f.next_offset
         if error is not None and not self._buffer and not self._chunks:
             raise error
+        if lost:
+            self._lost_attempts += 1
+            if not self._buffer and not self._chunks:  # give the cluster time to elect
+                await asyncio.sleep(backoff_s(self._lost_attempts))
+        else:
+            self._lost_attempts = 0
         if self._buffer or self._chunks:
             # The next fetch goes out now, from after what is buffered, so the broker reads
             # and sends it while these records are handed out (memory: two responses).
@@ -695,6 +747,44 @@ class AsyncConsumer:
         return True
 
     async def _fetch_once(self, wants: list[tuple[TP, int]]) -> list[_Fetched]:
+        if self._stale or self._router.clustered:
+            return await self._fetch_routed(wants)
+        return await self._fetch_from(self._t, wants)
+
+    async def _fetch_routed(self, wants: list[tuple[TP, int]]) -> list[_Fetched]:
+        """A cluster: refresh the leaders first when one was lost, then fetch from each
+        leader node at once (one request per node) and put the answers together; a node that
+        cannot be reached fails its partitions only (they are fetched again once the metadata
+        names their new leader). Each request long-polls on its node: a round ends when every
+        node has answered."""
+        self._fetch_unsent = False
+        router = self._router
+        if self._stale:
+            await router.refresh({topic for (topic, _), _ in wants})
+            self._stale = False
+        groups: dict[int, list[tuple[TP, int]]] = {}
+        for want in wants:
+            groups.setdefault(router.leader(*want[0]), []).append(want)
+        parts = list(groups.values())
+        answers = await asyncio.gather(
+            *(self._fetch_from(router.transport_for(*part[0][0]), part) for part in parts),
+            return_exceptions=True,
+        )
+        out: list[_Fetched] = []
+        for part, answer in zip(parts, answers, strict=True):
+            if isinstance(answer, TidewireError) and leader_lost(answer, True):
+                out += [_Fetched(tp, offset, b"", [], offset, answer) for tp, offset in part]
+            elif isinstance(answer, BaseException):
+                # Anything else fails the whole fetch, as one request would (a retriable
+                # error is retried after a backoff, from the same positions).
+                raise answer
+            else:
+                out += answer
+        return out
+
+    async def _fetch_from(
+        self, transport: Transport, wants: list[tuple[TP, int]]
+    ) -> list[_Fetched]:
         self._fetch_unsent = False  # the request is written in this step
         req = FetchRequest(
             max_wait_ms=self.max_wait_ms,
@@ -705,7 +795,7 @@ class AsyncConsumer:
         timeout = self._t.request_timeout_s + self.max_wait_ms / 1000
         t = _tracer()  # None without an OpenTelemetry SDK: nothing else is done for tracing
         started = time.time_ns() if t is not None else 0
-        response = await self._t.request(req, timeout_s=timeout)
+        response = await transport.request(req, timeout_s=timeout)
         assert response is not None
         out: list[_Fetched] = []
         # A large answer was read into a buffer of its own: records are read from it in place.
@@ -803,7 +893,7 @@ class Consumer(BlockingReader[AsyncConsumer]):
 
     def __init__(
         self,
-        addr: str = "127.0.0.1:7400",
+        addr: Addresses = "127.0.0.1:7400",
         *,
         max_wait_ms: int = 500,
         min_bytes: int = 1,
@@ -816,7 +906,7 @@ class Consumer(BlockingReader[AsyncConsumer]):
         tls: TlsOptions | bool | None = None,
         credentials: Credentials | None = None,
     ) -> None:
-        parse_addr(addr)
+        parse_addrs(addr)
         options: dict[str, Any] = {
             "max_wait_ms": max_wait_ms,
             "min_bytes": min_bytes,
@@ -838,7 +928,7 @@ class Consumer(BlockingReader[AsyncConsumer]):
             raise
 
     @staticmethod
-    async def _make(addr: str, options: dict[str, Any]) -> AsyncConsumer:
+    async def _make(addr: Addresses, options: dict[str, Any]) -> AsyncConsumer:
         return AsyncConsumer(addr, **options)
 
     def assign(self, positions: Iterable[tuple[str, int, Offset]]) -> None:

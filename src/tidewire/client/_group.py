@@ -54,6 +54,7 @@ from tidewire._tasks import cancel_and_wait
 from tidewire.errors import (
     ConnectionLostError,
     IllegalGenerationError,
+    NotLeaderError,
     PartitionNotAssignedError,
     RebalanceInProgressError,
     TidewireError,
@@ -87,7 +88,7 @@ from ._consumer import (
 )
 from ._settings import check_ints
 from ._subscriber import DEFAULT_CREDIT_BYTES, AsyncSubscriber
-from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
+from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Addresses, Transport, parse_addrs
 
 __all__ = ["AsyncGroupConsumer", "GroupConsumer", "PartitionsCallback"]
 
@@ -112,7 +113,8 @@ class AsyncGroupConsumer:
     ``async for record in c`` or ``await c.poll(timeout_s)``.
 
     Args:
-        addr: ``"HOST:PORT"`` of the broker.
+        addr: ``"HOST:PORT"`` of the broker, or of several nodes of a cluster
+            (``"H1:P1,H2:P2"`` or a list): the first that answers is used.
         group_id: the group.
         topics: topics to consume.
         pattern: a regular expression; topics whose whole name matches are consumed too,
@@ -147,7 +149,7 @@ class AsyncGroupConsumer:
 
     def __init__(
         self,
-        addr: str,
+        addr: Addresses,
         group_id: str,
         *,
         topics: Iterable[str] = (),
@@ -472,6 +474,7 @@ class AsyncGroupConsumer:
         """Positions as offsets: ints as they are, the rest looked up with LIST_OFFSETS."""
         out: dict[TP, int] = {}
         lookups: list[ListOffsetsPartition] = []
+        looked_up: list[tuple[str, int, Offset]] = []  # the positions of ``lookups``
         for topic, partition, offset in wanted:
             if isinstance(offset, bool):
                 raise TypeError("offset must be an int, 'earliest', 'latest' or a datetime")
@@ -482,18 +485,32 @@ class AsyncGroupConsumer:
             elif offset in ("earliest", "latest"):
                 ts = EARLIEST if offset == "earliest" else LATEST
                 lookups.append(ListOffsetsPartition(topic, partition, ts))
+                looked_up.append((topic, partition, offset))
             elif isinstance(offset, datetime):
                 ts = max(int(offset.timestamp() * 1000), 0)
                 lookups.append(ListOffsetsPartition(topic, partition, ts))
+                looked_up.append((topic, partition, offset))
             else:
                 raise ValueError(f"offset {offset!r}: an int, 'earliest', 'latest' or a datetime")
-        if lookups:
-            response = await self._coord.request(ListOffsetsRequest(partitions=lookups))
-            assert response is not None
-            for result in response.body.results:
-                if result.error_code:
-                    raise for_code(result.error_code)(result.error_message)
-                out[(result.topic, result.partition)] = int(result.offset)
+        if not lookups:
+            return out
+        inner = self._inner
+        if isinstance(inner, AsyncConsumer) and inner._router.clustered:
+            # A cluster: each lookup at its partition's leader, as the consumer's fetches.
+            out.update(await inner._resolve(looked_up))
+            return out
+        response = await self._coord.request(ListOffsetsRequest(partitions=lookups))
+        assert response is not None
+        for result in response.body.results:
+            if result.error_code:
+                exc = for_code(result.error_code)(result.error_message)
+                if isinstance(exc, NotLeaderError) and isinstance(inner, AsyncConsumer):
+                    # A cluster this member did not know of yet: its consumer finds the
+                    # leaders (and learns the cluster) for the lookups.
+                    out.update(await inner._resolve(looked_up))
+                    return out
+                raise exc
+            out[(result.topic, result.partition)] = int(result.offset)
         return out
 
     async def _reassign_inner(self) -> None:
@@ -697,8 +714,8 @@ class GroupConsumer(BlockingReader[AsyncGroupConsumer]):
     _closed_error = ConnectionLostError
     _closed_message = "the group consumer is closed"
 
-    def __init__(self, addr: str, group_id: str, **options: Any) -> None:
-        parse_addr(addr)
+    def __init__(self, addr: Addresses, group_id: str, **options: Any) -> None:
+        parse_addrs(addr)
         self._local: deque[ConsumerRecord] = deque()
         self._start_loop("tidewire-group-consumer")
         try:
@@ -708,7 +725,7 @@ class GroupConsumer(BlockingReader[AsyncGroupConsumer]):
             raise
 
     @staticmethod
-    async def _make(addr: str, group_id: str, options: dict[str, Any]) -> AsyncGroupConsumer:
+    async def _make(addr: Addresses, group_id: str, options: dict[str, Any]) -> AsyncGroupConsumer:
         return AsyncGroupConsumer(addr, group_id, **options)
 
     def _unhanded(self, tps: set[TP] | None = None) -> dict[TP, int]:

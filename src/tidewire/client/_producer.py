@@ -33,6 +33,7 @@ from tidewire.errors import (
     BufferFullError,
     DuplicateSequenceError,
     OutOfOrderSequenceError,
+    PartitionOfflineError,
     ProducerClosedError,
     ProducerFencedError,
     RequestTimedOutError,
@@ -67,8 +68,9 @@ from ._accumulator import (
     RecordFuture,
     encode_headers,
 )
+from ._routing import Router, leader_lost
 from ._settings import DEFAULT_BATCH_BYTES, MAX_BATCH_BYTES, ProducerSettings
-from ._transport import Transport
+from ._transport import Addresses, Transport
 from .partitioner import fnv1a_32
 
 __all__ = ["AsyncProducer", "Session"]
@@ -148,7 +150,8 @@ class AsyncProducer:
     :class:`RecordMetadata`.
 
     Args:
-        addr: ``"HOST:PORT"`` of the broker.
+        addr: ``"HOST:PORT"`` of the broker, or of several nodes of a cluster
+            (``"H1:P1,H2:P2"`` or a list): the first that answers is used.
         linger_ms: how long a partition's open batch waits for more messages before it is
             sent (0: send as soon as the sender runs).
         batch_bytes: a batch is sent once it reaches this size (bytes, before compression),
@@ -196,7 +199,7 @@ class AsyncProducer:
 
     def __init__(
         self,
-        addr: str = "127.0.0.1:7400",
+        addr: Addresses = "127.0.0.1:7400",
         *,
         linger_ms: int = 5,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
@@ -236,15 +239,21 @@ class AsyncProducer:
             writer_id=writer_id,
         )
         self._writer = s.writer_id
-        self._addr = addr
-        self._transport = Transport(
-            addr,
-            request_timeout_s=s.request_timeout_ms / 1000,
-            connect_timeout_s=s.connect_timeout_ms / 1000,
-            max_in_flight=MAX_REQUESTS_IN_FLIGHT + 4,  # and metadata, producer id
-            tls=tls,
-            credentials=credentials,
-        )
+        self._addr = addr if isinstance(addr, str) else ",".join(addr)
+
+        def connect(address: Addresses) -> Transport:
+            return Transport(
+                address,
+                request_timeout_s=s.request_timeout_ms / 1000,
+                connect_timeout_s=s.connect_timeout_ms / 1000,
+                max_in_flight=MAX_REQUESTS_IN_FLIGHT + 4,  # and metadata, producer id
+                tls=tls,
+                credentials=credentials,
+            )
+
+        self._transport = connect(addr)
+        #: Each partition's leader in a cluster (its produce requests go there).
+        self._router = Router(self._transport, connect)
         self._codec = s.codec
         self._acks = s.acks_value
         self._idempotent = s.idempotence
@@ -692,9 +701,10 @@ class AsyncProducer:
         return remaining_s if s.max_block_ms else s.request_timeout_ms / 1000
 
     async def _describe(self, topics: list[str]) -> dict[str, TopicDescription]:
-        response = await self._transport.request(MetadataRequest(topics=topics))
-        assert response is not None
-        return {t.name: t for t in response.body.topics}
+        """The topics' metadata, and in a cluster their partitions' leaders (learned by the
+        router: any node answers, the bootstrap connection's first)."""
+        meta = await self._router.refresh(topics)
+        return {t.name: t for t in meta.topics}
 
     async def _learn_stored(self, desc: TopicDescription) -> None:
         """A writer: ask what earlier instances stored in each partition of the topic, and
@@ -885,10 +895,24 @@ class AsyncProducer:
         for batch in batches:
             batch.build(self._codec, self.producer_id, self.producer_epoch)
             self._flying.add(batch)
-        self._requests += 1
-        self._spawn(self._produce(batches), "tidewire produce")
+        router = self._router
+        if not router.clustered:  # one node: one connection, the request as drained
+            self._requests += 1
+            self._spawn(self._produce(batches, self._transport), "tidewire produce")
+            return
+        # A cluster: a request per leader node, each holding that node's partitions.
+        by_node: dict[int, list[ProducerBatch]] = {}
+        for batch in batches:
+            by_node.setdefault(router.leader(batch.state.topic, batch.state.partition), []).append(
+                batch
+            )
+        for group in by_node.values():
+            first = group[0].state
+            transport = router.transport_for(first.topic, first.partition)
+            self._requests += 1
+            self._spawn(self._produce(group, transport), "tidewire produce")
 
-    async def _produce(self, batches: list[ProducerBatch]) -> None:
+    async def _produce(self, batches: list[ProducerBatch], transport: Transport) -> None:
         data = [b.data or b"" for b in batches]
         req = ProduceRequest(
             acks=self._acks,
@@ -899,9 +923,7 @@ class AsyncProducer:
             ],
         )
         try:
-            response = await self._transport.request(
-                req, data, expect_response=self._acks != ACKS_NONE
-            )
+            response = await transport.request(req, data, expect_response=self._acks != ACKS_NONE)
         except TidewireError as exc:
             for batch in batches:
                 self._failed(batch, exc)
@@ -965,6 +987,15 @@ class AsyncProducer:
                 return
         if isinstance(exc, UnknownTopicError | UnknownPartitionError):
             self._topics.pop(batch.state.topic, None)
+        router = self._router
+        if leader_lost(exc, router.clustered):
+            # The partition's leader moved or is gone: ask the metadata for the new one; the
+            # retry below goes to it (an idempotent batch with the same sequence numbers,
+            # which a leader that has it already answers as a duplicate).
+            router.forget(batch.state.topic, batch.state.partition)
+            router.refresh_soon({*self._topics, batch.state.topic})
+            if isinstance(exc, PartitionOfflineError):
+                retriable = True  # an election is under way
         now = time.monotonic()
         if (
             retriable
@@ -1044,6 +1075,7 @@ class AsyncProducer:
                         log.warning("close: produce requests still unanswered after %g s", bound)
         finally:
             self._closed = True
+            await self._router.close()
             await self._transport.close()  # fails whatever is still in flight
             for task in list(self._tasks):
                 task.cancel()
@@ -1056,7 +1088,7 @@ class AsyncProducer:
     def throttle_time_ms_total(self) -> int:
         """How long the broker held this producer's produce answers back in all (ms), because
         its principal was over a quota (0: never throttled)."""
-        return self._transport.throttle_time_ms_total
+        return self._router.throttle_time_ms_total
 
     @property
     def closed(self) -> bool:

@@ -26,7 +26,7 @@ from tidewire.security.tls import TlsOptions
 from ._accumulator import Accumulator, BlockingRecordFuture, ProducerBatch
 from ._producer import _NEED_METADATA, AsyncProducer, Session, _new_tuple
 from ._settings import DEFAULT_BATCH_BYTES, ProducerSettings
-from ._transport import parse_addr
+from ._transport import Addresses, parse_addrs
 
 __all__ = ["Producer"]
 
@@ -45,7 +45,7 @@ class Producer(BlockingTwin[AsyncProducer]):
 
     def __init__(
         self,
-        addr: str = "127.0.0.1:7400",
+        addr: Addresses = "127.0.0.1:7400",
         *,
         linger_ms: int = 5,
         batch_bytes: int = DEFAULT_BATCH_BYTES,
@@ -85,7 +85,7 @@ class Producer(BlockingTwin[AsyncProducer]):
             "writer_id": writer_id,
         }
         # Bad settings fail here, before a thread is started.
-        parse_addr(addr)
+        parse_addrs(addr)
         ProducerSettings(**options)
         TlsOptions.of(tls)
         options["tls"] = tls
@@ -98,7 +98,9 @@ class Producer(BlockingTwin[AsyncProducer]):
             self._stop_loop()
             raise
 
-    async def _make(self, addr: str, options: dict[str, Any]) -> tuple[AsyncProducer, Accumulator]:
+    async def _make(
+        self, addr: Addresses, options: dict[str, Any]
+    ) -> tuple[AsyncProducer, Accumulator]:
         producer = AsyncProducer(addr, **options)
         producer._on_space.append(self._space)
         return producer, producer._bind(blocking=True)

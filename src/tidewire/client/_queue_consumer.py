@@ -36,7 +36,7 @@ from tidewire.security.tls import TlsOptions
 
 from ._queue_messages import BlockingQueueMessage, QueueMessage, Settler, decode_delivery
 from ._settings import check_ints
-from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
+from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Addresses, Transport, parse_addrs
 
 __all__ = ["AsyncQueueConsumer", "QueueConsumer"]
 
@@ -51,7 +51,8 @@ class AsyncQueueConsumer:
     msg in consumer: ...; await msg.ack()`` (or ``await consumer.get(timeout_s)``).
 
     Args:
-        addr: ``"HOST:PORT"`` of the broker.
+        addr: ``"HOST:PORT"`` of the broker, or of several nodes of a cluster
+            (``"H1:P1,H2:P2"`` or a list): the first that answers is used.
         queue: the queue to consume.
         prefetch: messages delivered and not settled at most (1..65,535).
         consumer_tag: the consumer's name ("": the broker chooses one).
@@ -68,7 +69,7 @@ class AsyncQueueConsumer:
 
     def __init__(
         self,
-        addr: str,
+        addr: Addresses,
         queue: str,
         *,
         prefetch: int = 100,
@@ -264,7 +265,7 @@ class QueueConsumer(BlockingTwin[AsyncQueueConsumer]):
 
     def __init__(
         self,
-        addr: str,
+        addr: Addresses,
         queue: str,
         *,
         prefetch: int = 100,
@@ -274,7 +275,7 @@ class QueueConsumer(BlockingTwin[AsyncQueueConsumer]):
         tls: TlsOptions | bool | None = None,
         credentials: Credentials | None = None,
     ) -> None:
-        parse_addr(addr)
+        parse_addrs(addr)
         if not 1 <= prefetch <= MAX_PREFETCH:
             raise ValueError(f"prefetch={prefetch} must be within 1..{MAX_PREFETCH:,}")
         options: dict[str, Any] = {
@@ -293,7 +294,7 @@ class QueueConsumer(BlockingTwin[AsyncQueueConsumer]):
             raise
 
     @staticmethod
-    async def _make(addr: str, queue: str, options: dict[str, Any]) -> AsyncQueueConsumer:
+    async def _make(addr: Addresses, queue: str, options: dict[str, Any]) -> AsyncQueueConsumer:
         return AsyncQueueConsumer(addr, queue, **options)
 
     @property

@@ -50,7 +50,7 @@ from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
 from ._settings import check_ints
-from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Transport, parse_addr
+from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Addresses, Transport, parse_addrs
 
 __all__ = ["AsyncSubscriber", "Subscriber"]
 
@@ -91,7 +91,8 @@ class AsyncSubscriber:
     0, "earliest")])`` and ``async for record in sub`` (or ``await sub.poll(timeout_s)``).
 
     Args:
-        addr: ``"HOST:PORT"`` of the broker.
+        addr: ``"HOST:PORT"`` of the broker, or of several nodes of a cluster
+            (``"H1:P1,H2:P2"`` or a list): the first that answers is used.
         credit_bytes: the window: the most bytes of batches the broker sends before this
             subscriber gives them back (a single larger batch is sent alone). >= 1.
         best_effort: let the broker skip ahead (counting drops) rather than lag.
@@ -107,7 +108,7 @@ class AsyncSubscriber:
 
     def __init__(
         self,
-        addr: str = "127.0.0.1:7400",
+        addr: Addresses = "127.0.0.1:7400",
         *,
         credit_bytes: int = DEFAULT_CREDIT_BYTES,
         best_effort: bool = False,
@@ -128,7 +129,7 @@ class AsyncSubscriber:
         self.max_lag_bytes = max_lag_bytes
         #: The consumer group this subscriber reads for (tracing names it), if any.
         self.group_name: str | None = None
-        self._addr = addr
+        self._addr = addr if isinstance(addr, str) else ",".join(addr)
         self._t = Transport(
             addr,
             request_timeout_s=request_timeout_ms / 1000,
@@ -404,7 +405,7 @@ class Subscriber(BlockingReader[AsyncSubscriber]):
 
     def __init__(
         self,
-        addr: str = "127.0.0.1:7400",
+        addr: Addresses = "127.0.0.1:7400",
         *,
         credit_bytes: int = DEFAULT_CREDIT_BYTES,
         best_effort: bool = False,
@@ -414,7 +415,7 @@ class Subscriber(BlockingReader[AsyncSubscriber]):
         tls: TlsOptions | bool | None = None,
         credentials: Credentials | None = None,
     ) -> None:
-        parse_addr(addr)
+        parse_addrs(addr)
         options: dict[str, Any] = {
             "credit_bytes": credit_bytes,
             "best_effort": best_effort,
@@ -433,7 +434,7 @@ class Subscriber(BlockingReader[AsyncSubscriber]):
             raise
 
     @staticmethod
-    async def _make(addr: str, options: dict[str, Any]) -> AsyncSubscriber:
+    async def _make(addr: Addresses, options: dict[str, Any]) -> AsyncSubscriber:
         return AsyncSubscriber(addr, **options)
 
     def subscribe(self, positions: Iterable[tuple[str, int, Offset]]) -> None:

@@ -45,7 +45,7 @@ from tidewire.security.credentials import Credentials
 from tidewire.security.scram import ScramClient
 from tidewire.security.tls import TlsError, TlsOptions
 
-__all__ = ["Transport", "parse_addr"]
+__all__ = ["Addresses", "Transport", "parse_addr", "parse_addrs"]
 
 log = logging.getLogger("tidewire.client")
 
@@ -78,6 +78,29 @@ def parse_addr(addr: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"address {addr!r} must be HOST:PORT with a port in 1..65535")
     return host.strip("[]"), int(port)
+
+
+#: What every client takes as its broker's address: ``"HOST:PORT"``, several of them separated
+#: by commas (``"h1:7400,h2:7400"``: the bootstrap list of a cluster), or a list of them.
+Addresses = str | Sequence[str]
+
+
+def parse_addrs(addr: Addresses) -> list[tuple[str, int]]:
+    """``"H1:P1,H2:P2"`` (or ``["H1:P1", "H2:P2"]``) -> ``[(h1, p1), (h2, p2)]``, in order,
+    without repeats.
+
+    Raises:
+        ValueError: an empty list, or an address not of the form ``HOST:PORT``.
+    """
+    parts = addr.split(",") if isinstance(addr, str) else [str(a) for a in addr]
+    out: list[tuple[str, int]] = []
+    for part in parts:
+        hp = parse_addr(part.strip())
+        if hp not in out:
+            out.append(hp)
+    if not out:
+        raise ValueError(f"address {addr!r} names no HOST:PORT")
+    return out
 
 
 class _Link(asyncio.BufferedProtocol):
@@ -186,8 +209,12 @@ class _Link(asyncio.BufferedProtocol):
 class Transport:
     """A connection to one broker, opened on first use and reopened after a failure.
 
+    Given several addresses (a cluster's bootstrap list), it connects to the first that
+    answers, trying them in turn from the one after the last that failed; ``host`` and
+    ``port`` are the address it uses now.
+
     Args:
-        addr: ``"HOST:PORT"``.
+        addr: ``"HOST:PORT"``, or several (see :data:`Addresses`).
         connect_timeout_s: how long opening the connection may take.
         request_timeout_s: default timeout of a request, response included.
         max_in_flight: requests sent and not yet answered; more wait for a slot.
@@ -203,7 +230,7 @@ class Transport:
 
     def __init__(
         self,
-        addr: str,
+        addr: Addresses,
         *,
         connect_timeout_s: float = 10.0,
         request_timeout_s: float = 30.0,
@@ -212,7 +239,8 @@ class Transport:
         tls: TlsOptions | bool | None = None,
         credentials: Credentials | None = None,
     ) -> None:
-        self.host, self.port = parse_addr(addr)
+        self.addresses = parse_addrs(addr)
+        self.host, self.port = self.addresses[0]
         self.tls = TlsOptions.of(tls)
         self._ssl = self.tls.context() if self.tls is not None else None
         self.credentials = credentials
@@ -251,11 +279,7 @@ class Transport:
             if self._backoff:
                 await asyncio.sleep(self._backoff)
             try:
-                # asyncio.timeout, not wait_for: in Python 3.11 a wait_for cancelled just as
-                # the connection opened drops what it got, and the socket leaks; here the
-                # cancellation lands inside create_connection, which closes it.
-                async with asyncio.timeout(self.connect_timeout_s):
-                    link = await self._open()
+                link = await self._open_any()
             except ssl.SSLError as exc:  # a certificate or TLS setting: retrying cannot help
                 raise TlsError(self._tls_failure(exc)) from exc
             except (OSError, TimeoutError) as exc:
@@ -334,6 +358,38 @@ class Transport:
             scram.verify(r.body.auth_bytes)  # the broker knows the key too: not an impostor
         assert isinstance(r.body, SaslAuthenticateResponse)
         self.principal = r.body.principal
+
+    async def _open_any(self) -> _Link:
+        """Open a connection to the current address or, when it cannot be reached, to the
+        next ones in turn (each within ``connect_timeout_s``); the one that answered becomes
+        the current address.
+
+        Raises:
+            OSError, TimeoutError: the last address's failure, when none could be reached.
+            ssl.SSLError: a TLS handshake failed (not retried with the next address).
+        """
+        count = len(self.addresses)
+        start = self.addresses.index((self.host, self.port))
+        for i in range(count):
+            self.host, self.port = self.addresses[(start + i) % count]
+            try:
+                # asyncio.timeout, not wait_for: in Python 3.11 a wait_for cancelled just as
+                # the connection opened drops what it got, and the socket leaks; here the
+                # cancellation lands inside create_connection, which closes it.
+                async with asyncio.timeout(self.connect_timeout_s):
+                    return await self._open()
+            except ssl.SSLError:
+                raise
+            except (OSError, TimeoutError) as exc:
+                if i == count - 1:
+                    raise
+                log.info(
+                    "cannot connect to %s:%d (%s), trying the next address",
+                    self.host,
+                    self.port,
+                    exc or "timed out",
+                )
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     async def _open(self) -> _Link:
         decoder = BufferedFrameDecoder(max_frame_bytes=self.max_frame_bytes)

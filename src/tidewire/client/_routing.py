@@ -1,0 +1,255 @@
+"""Which node a partition's produce and fetch requests go to.
+
+A cluster's METADATA answer names every node (``nodes``) and each partition's leader; a
+:class:`Router` keeps that map and a connection per leader node, opened on first use and
+closed once the node leads nothing the client has asked about. A single node names no nodes
+and no leaders: the router then stays *unclustered* and every request goes to the client's
+one connection, exactly as before; the clients test :attr:`Router.clustered` (one attribute)
+before doing any routing work, so a single node costs nothing more.
+
+When a request meets a node that no longer leads its partition (:class:`NotLeaderError`), a
+partition without a leader (:class:`PartitionOfflineError`, in a cluster) or a lost
+connection to a leader, the client forgets that leader, refreshes the metadata
+(:meth:`Router.refresh`: the bootstrap connection first, then every other node it knows, in
+turn) and retries after :func:`backoff_s` -- what it retries is each client's decision (see
+docs/clients.md, "Clusters").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
+
+from tidewire.errors import (
+    ConnectionLostError,
+    NotEnoughReplicasError,
+    NotLeaderError,
+    PartitionOfflineError,
+    RequestTimedOutError,
+    ShuttingDownError,
+    TidewireError,
+)
+from tidewire.protocol.messages import MetadataRequest, MetadataResponse
+
+from ._transport import Transport
+
+__all__ = ["Router", "backoff_s", "call_routed", "leader_lost"]
+
+#: A request's connection was lost, or its node went silent or is shutting down: the node
+#: may have handled it or not.
+_LOSS = (ConnectionLostError, RequestTimedOutError, ShuttingDownError)
+
+T = TypeVar("T")
+
+#: The first pause before a request is retried on a partition's new leader (s): long enough
+#: for the cluster to elect one after a node is lost, short enough not to be noticed when a
+#: client's metadata was merely stale.
+RETRY_BACKOFF_MIN_S = 0.05
+#: The longest pause between two such retries (s).
+RETRY_BACKOFF_MAX_S = 1.0
+
+
+def backoff_s(attempt: int) -> float:
+    """The pause before retry number ``attempt`` (1, 2, ...): 50 ms doubling per attempt up
+    to 1 s, times a random factor in [0.5, 1] so that clients that lost the same leader do
+    not all come back at the same instant."""
+    base = min(RETRY_BACKOFF_MIN_S * 2 ** max(attempt - 1, 0), RETRY_BACKOFF_MAX_S)
+    return float(base * (0.5 + random.random() / 2))
+
+
+def leader_lost(exc: BaseException, clustered: bool) -> bool:
+    """Whether ``exc`` means the request went to a node that does not (or no longer) lead
+    its partition, so that the metadata should be refreshed before a retry: NotLeaderError
+    always (only a cluster answers it); in a cluster also a partition without a leader and
+    a lost or silent connection, or a node shutting down (the leader's node may be gone)."""
+    if isinstance(exc, NotLeaderError):
+        return True
+    return clustered and isinstance(exc, (PartitionOfflineError, *_LOSS))
+
+
+class Router:
+    """The leaders of the partitions a client uses, and a connection per leader node.
+
+    Args:
+        bootstrap: the client's own connection (to the address, or the first of the
+            bootstrap list, that answers); unrouted requests and metadata go to it.
+        connect: makes the connection to a node from its ``"HOST:PORT"`` (with the client's
+            timeouts, TLS and credentials).
+    """
+
+    def __init__(self, bootstrap: Transport, connect: Callable[[str], Transport]) -> None:
+        self.bootstrap = bootstrap
+        self._connect = connect
+        #: Whether a METADATA answer named the cluster's nodes: only then are requests
+        #: routed (a single node's answer names none).
+        self.clustered = False
+        self._leaders: dict[tuple[str, int], int] = {}
+        self._nodes: dict[int, tuple[str, int]] = {}
+        self._links: dict[int, Transport] = {}  # open connections to nodes, by node id
+        self._bootstrap_node = -1  # the node the bootstrap connection reached last
+        self._throttled_closed_ms = 0  # throttle time of connections closed since
+        self._refresh: asyncio.Task[None] | None = None
+
+    @property
+    def throttle_time_ms_total(self) -> int:
+        """Throttle time of every connection together (see
+        :attr:`Transport.throttle_time_ms_total`)."""
+        total = self.bootstrap.throttle_time_ms_total + self._throttled_closed_ms
+        return total + sum(t.throttle_time_ms_total for t in self._links.values())
+
+    def leader(self, topic: str, partition: int) -> int:
+        """The leader's node id as last learned (-1: not known)."""
+        return self._leaders.get((topic, partition), -1)
+
+    def transport_for(self, topic: str, partition: int) -> Transport:
+        """The connection to the partition's leader; the bootstrap connection when its
+        leader is not known (or is the node that connection reached)."""
+        node = self._leaders.get((topic, partition), -1)
+        if node < 0 or node == self._bootstrap_node:
+            return self.bootstrap
+        link = self._links.get(node)
+        if link is None:
+            address = self._nodes.get(node)
+            if address is None:
+                return self.bootstrap
+            host, port = address
+            link = self._links[node] = self._connect(f"{host}:{port}")
+        return link
+
+    def forget(self, topic: str, partition: int) -> None:
+        """The partition's leader is no longer known (until the next refresh)."""
+        self._leaders.pop((topic, partition), None)
+
+    async def learn(self, meta: MetadataResponse, via: Transport) -> None:
+        """Take the nodes and leaders of a METADATA answer that came over ``via``; close the
+        connections to nodes that lead nothing known any more. A single node's answer (no
+        ``nodes``) changes nothing."""
+        if not meta.nodes:
+            return
+        self.clustered = True
+        self._nodes = {n.node_id: (n.host, n.port) for n in meta.nodes}
+        if via is self.bootstrap:
+            self._bootstrap_node = meta.broker_id
+        for desc in meta.topics:
+            if desc.error_code:
+                continue
+            for p in desc.partitions:
+                if p.leader >= 0:
+                    self._leaders[desc.name, p.partition] = p.leader
+                else:
+                    self._leaders.pop((desc.name, p.partition), None)
+        leading = set(self._leaders.values())
+        for node in [n for n in self._links if n not in leading or n == self._bootstrap_node]:
+            link = self._links.pop(node)
+            self._throttled_closed_ms += link.throttle_time_ms_total
+            await link.close()
+
+    async def refresh(self, topics: Iterable[str]) -> MetadataResponse:
+        """Ask for the metadata of ``topics`` (without creating any) and learn it: of the
+        bootstrap connection (which itself tries every bootstrap address), then of each other
+        node known, until one answers.
+
+        Raises:
+            ConnectionLostError, RequestTimedOutError: no node answered (the last failure).
+            TidewireError: the broker refused the request.
+        """
+        request = MetadataRequest(topics=sorted(set(topics)))
+        others = [node for node in sorted(self._nodes) if node != self._bootstrap_node]
+        failure: TidewireError | None = None
+        for node in [-1, *others]:
+            if node < 0:
+                transport = self.bootstrap
+            elif node in self._links:
+                transport = self._links[node]
+            else:
+                host, port = self._nodes[node]
+                transport = self._connect(f"{host}:{port}")  # for this question only
+            try:
+                response = await transport.request(request)
+            except _LOSS as exc:
+                failure = exc
+                continue
+            finally:
+                if node >= 0 and transport is not self._links.get(node):
+                    await transport.close()
+            assert response is not None
+            body: MetadataResponse = response.body
+            await self.learn(body, transport)
+            return body
+        assert failure is not None
+        raise failure
+
+    def refresh_soon(self, topics: Iterable[str]) -> None:
+        """Start a refresh in the background unless one is running (what it fails with is
+        dropped: the next failed request asks again)."""
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.get_running_loop().create_task(
+                self._refresh_quietly(list(topics)), name="tidewire metadata refresh"
+            )
+
+    async def _refresh_quietly(self, topics: list[str]) -> None:
+        with contextlib.suppress(TidewireError):  # the next request that fails asks again
+            await self.refresh(topics)
+
+    async def close(self) -> None:
+        """Close the connections to the nodes (not the bootstrap connection, its owner's)."""
+        task, self._refresh = self._refresh, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+        links, self._links = list(self._links.values()), {}
+        for link in links:
+            self._throttled_closed_ms += link.throttle_time_ms_total
+            await link.close()
+
+
+async def call_routed(
+    router: Router,
+    topic: str,
+    partition: int,
+    send: Callable[[Transport], Awaitable[T]],
+    *,
+    timeout_s: float,
+    resend_on_loss: bool,
+) -> T:
+    """``send`` the request for ``topic``/``partition`` to its leader; when the leader is
+    lost (:func:`leader_lost`), or the partition's in-sync replicas are too few
+    (:class:`NotEnoughReplicasError`, nothing stored), refresh the metadata, back off and send
+    it again, for up to ``timeout_s`` after the first failure.
+
+    Args:
+        resend_on_loss: whether a request whose connection was lost may be sent again (not a
+            produce that is not idempotent: it may have been stored).
+
+    Raises:
+        TidewireError: what the last attempt failed with.
+    """
+    deadline = 0.0
+    attempt = 0
+    while True:
+        transport = router.transport_for(topic, partition) if router.clustered else router.bootstrap
+        try:
+            return await send(transport)
+        except TidewireError as exc:
+            lost = leader_lost(exc, router.clustered)
+            if isinstance(exc, _LOSS) and not resend_on_loss:
+                raise
+            if not lost and not isinstance(exc, NotEnoughReplicasError):
+                raise
+            now = time.monotonic()
+            attempt += 1
+            if attempt == 1:
+                deadline = now + timeout_s
+            if now >= deadline:
+                raise
+            if lost:
+                router.forget(topic, partition)
+            await asyncio.sleep(min(backoff_s(attempt), max(deadline - now, 0.0)))
+            if lost:
+                # No node answering is not final: the next attempt tells, within the deadline.
+                with contextlib.suppress(*_LOSS):
+                    await router.refresh([topic])
