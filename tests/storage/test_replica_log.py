@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tidewire.errors import (
+    BackpressureError,
     CorruptBatchError,
     RecordBatchError,
     ReplicaAppendError,
@@ -581,3 +582,40 @@ def test_a_failed_replica_write_is_undone_whole() -> None:
 def _cut(data: bytes, n: int) -> int:
     """The byte position of the ``n``-th batch of ``data``."""
     return [pos for pos, _ in iter_batches(data)][n]
+
+
+def test_replica_append_backpressure(fs_dir: tuple[FileSystem, str]) -> None:
+    fs, d = fs_dir
+    leader = leader_with_epochs(fs, f"{d}/leader", [(1, 5)])
+    follower = open_log(fs, f"{d}/follower", cfg=config(max_pending_appends=4))
+
+    async def go() -> None:
+        with pytest.raises(BackpressureError, match="5 more exceed max_pending_appends=4"):
+            await follower.append_replica_async(read_all(leader), durable=True)
+        assert follower.log_end_offset == 0
+        await follower.append_replica_async(read_all(leader))  # not waiting for an fsync
+
+    asyncio.run(go())
+    assert follower.log_end_offset == 5
+    leader.close()
+    follower.close()
+
+
+def test_history_walks_past_a_damaged_range(tmp_path: Path) -> None:
+    """A flipped bit in the length of a batch in the middle of an epoch: the walk jumps over
+    the damaged range (instead of following the wrong length) and the history is the same."""
+    fs, d = OsFileSystem(), str(tmp_path)
+    plog = leader_with_epochs(fs, d, [(1, 4), (2, 4), (3, 4)])
+    kept = list(plog.epoch_history())
+    data = read_all(plog)
+    plog.close()
+    pos = _cut(data, 5)  # the second batch of epoch 2
+    path = f"{d}/{0:020d}.log"
+    raw = bytearray(fs.read_file(path))
+    raw[pos + 10] ^= 0x01  # batch_length, outside the CRC
+    with open(path, "r+b") as f:
+        f.write(raw)
+    plog = open_log(fs, d, recovery_point=12)  # scanned, the flip found below the point
+    assert [(x.start, x.end) for x in plog.damage] == [(5, 6)]
+    assert list(plog.epoch_history()) == kept
+    plog.close()

@@ -1162,12 +1162,22 @@ class PartitionLog:
             pos += h.size
         return batches, prev
 
-    def _replica_writes(self, data: bytes | bytearray | memoryview, *, queue: bool) -> list[_Write]:
+    def _replica_writes(
+        self, data: bytes | bytearray | memoryview, *, queue: bool, always: bool = False
+    ) -> list[_Write]:
         """Check ``data``, raise the epoch if it carries a later one, and account for its
         batches at the end of the log with their own prefix (base offset and epoch kept);
-        ``queue``: queue their writes for the end of the loop's turn."""
+        ``queue``: queue their writes for the end of the loop's turn; ``always``: they will
+        wait for an fsync (refused when too many do, as :meth:`append_many_async` does)."""
         self._check_writable()
         batches, top = self._check_replica(data)
+        waiting = len(self._waiters) + len(self._pending)
+        if always and waiting + len(batches) > self.config.max_pending_appends:
+            raise BackpressureError(
+                f"{waiting:,} appends await their write or fsync on {self.directory}; "
+                f"{len(batches)} more exceed max_pending_appends="
+                f"{self.config.max_pending_appends:,}"
+            )
         if top > self._leader_epoch:
             self._raise_epoch(top)
         h = self._history
@@ -1242,14 +1252,7 @@ class PartitionLog:
             LogClosedError, LogFailedError: the log refuses writes.
         """
         always = self.config.fsync is _ALWAYS if durable is None else durable
-        if always:
-            waiting = len(self._waiters) + len(self._pending)
-            if waiting >= self.config.max_pending_appends:
-                raise BackpressureError(
-                    f"{waiting:,} appends await their write or fsync on {self.directory} "
-                    f"(max_pending_appends={self.config.max_pending_appends:,})"
-                )
-        writes = self._replica_writes(data, queue=True)
+        writes = self._replica_writes(data, queue=True, always=always)
         if not writes:
             return []
         durable_fut = self._durable_future(writes[-1].info.last_offset + 1) if always else None
