@@ -309,9 +309,14 @@ def test_leadership_moves_when_a_node_goes_and_isr_changes_are_fenced(
             third = others[1]
             assert third.node is not None
             await third.node.wait_reconciled(
-                lambda: (third.replicas.roles.get(("t", 0)) or ("",))[0] == "follower", WAIT_S
+                lambda: (third.replicas.roles.get(("t", 0)) or ("", -1))[1] == 1, WAIT_S
             )
-            assert third.replicas.roles["t", 0][1:3] == (1, follower)
+            assert third.replicas.roles["t", 0] == (
+                "follower",
+                1,
+                follower,
+                ("127.0.0.1", new.server.port),
+            )
 
     asyncio.run(main())
 
