@@ -81,6 +81,9 @@ class Recorder:
         self.roles.pop((topic, partition), None)
         self.calls.append(("stop", topic, partition))
 
+    def following(self, key: tuple[str, int]) -> None:
+        return None  # never paused: nothing fetches here
+
     async def close(self) -> None:
         self.closed = True
 
