@@ -257,6 +257,8 @@ def test_replication_factor_below_the_node_count_places_logs_only_on_replicas(
                 await a.node.create_topic("u", 1, a.broker.config.log, replication_factor=4)
             for m in members:
                 assert m.node is not None
+                cache = m.node.cache  # each copy sees the topic through its watch
+                await cache.wait_for(lambda c=cache: len(c.partitions()) == 3, WAIT_S)
                 mine = {
                     ("t", p)
                     for (t, p), (s, _) in m.node.cache.partitions().items()
