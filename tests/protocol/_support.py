@@ -560,6 +560,32 @@ SAMPLES.update(
                 info=_STREAM_INFO, stats=q.StreamStats(streams=3, persistent_messages=7)
             ),
         ),
+        ApiKey.REPLICA_FETCH: (
+            q.ReplicaFetchRequest(
+                node_id=2,
+                max_wait_ms=500,
+                partitions=[
+                    q.ReplicaFetchPartition("orders", 0, 120, 3, 2, 100),
+                    q.ReplicaFetchPartition("orders", 1, 0, 3),
+                ],
+            ),
+            q.ReplicaFetchResponse(
+                partitions=[
+                    q.ReplicaFetchResult(
+                        topic="orders",
+                        partition=0,
+                        high_watermark=118,
+                        log_start_offset=0,
+                        leader_epoch=3,
+                        diverging_epoch=2,
+                        diverging_end_offset=110,
+                    ),
+                    q.ReplicaFetchResult(
+                        topic="orders", partition=1, error_code=132, error_message="fenced"
+                    ),
+                ]
+            ),
+        ),
     }
 )
 #: The body of each push-only API (QUEUE_DELIVER).

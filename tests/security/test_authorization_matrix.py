@@ -205,6 +205,13 @@ SAMPLES: dict[ApiKey, Callable[[], tuple[Body, list[bytes]]]] = {
     ApiKey.STREAM_READ: lambda: (sec.StreamReadRequest(positions={"matrix-s": ""}), []),
     ApiKey.STREAM_LIST: lambda: (sec.StreamListRequest(), []),
     ApiKey.STREAM_DESCRIBE: lambda: (sec.StreamDescribeRequest(stream="matrix-s"), []),
+    # Between cluster nodes (a single node refuses it once the gate let it through).
+    ApiKey.REPLICA_FETCH: lambda: (
+        sec.ReplicaFetchRequest(
+            node_id=2, max_wait_ms=0, partitions=[sec.ReplicaFetchPartition(TOPIC, 0, 0, 0)]
+        ),
+        [],
+    ),
 }
 
 

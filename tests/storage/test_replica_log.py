@@ -8,16 +8,26 @@ OffsetForLeaderEpoch).
 from __future__ import annotations
 
 import asyncio
+import errno
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tidewire.errors import CorruptBatchError, RecordBatchError, ReplicaAppendError
+from tidewire.errors import (
+    BackpressureError,
+    CorruptBatchError,
+    RecordBatchError,
+    ReplicaAppendError,
+    StorageError,
+    TidewireError,
+)
 from tidewire.records import BatchBuilder, iter_batches
 from tidewire.storage import FaultFS, FileSystem, FsyncPolicy, LogConfig, OsFileSystem, PartitionLog
 from tidewire.storage.epochs import UNDEFINED, EpochHistory
+from tidewire.storage.fs import write_atomic
 from tidewire.storage.log import EPOCH_FILE
 from tidewire.storage.segment import PREFIX
 
@@ -438,4 +448,174 @@ def test_empty_log(fs_dir: tuple[FileSystem, str]) -> None:
     plog = open_log(fs, d)
     assert plog.end_offset_for_epoch(0) == UNDEFINED
     assert isinstance(plog.epoch_history(), EpochHistory)
+    plog.close()
+
+
+# --- crashes --------------------------------------------------------------------------------------
+
+
+def _replica_batch(base: int, epoch: int, tag: int) -> bytes:
+    data = bytearray(batch(1, tag))
+    data[: PREFIX.size] = PREFIX.pack(base, len(data) - 12, epoch)
+    return bytes(data)
+
+
+def _epoch_scenario(fs: FaultFS, flushed: list[int]) -> None:
+    """Appends, epoch changes and replica appends, each step flushed; ``flushed`` gets the
+    log end each flush made durable. Stops at the first failure (the power cut)."""
+    try:
+        plog = open_log(fs, "/p", cfg=config(segment_bytes=1024))
+        for step in range(8):
+            if step in {2, 5}:
+                plog.set_leader_epoch(plog.leader_epoch + 2)
+            if step in {3, 6}:
+                end = plog.log_end_offset
+                plog.append_replica(
+                    _replica_batch(end, plog.leader_epoch + 1, step)
+                    + _replica_batch(end + 1, plog.leader_epoch + 1, step + 100)
+                )
+            else:
+                plog.append(batch(1, step))
+                plog.append(batch(2, step))
+            plog.flush()
+            flushed.append(plog.log_end_offset)
+        plog.close()
+    except (OSError, TidewireError):
+        pass
+
+
+def test_power_cut_at_every_operation_keeps_epochs_verifiable() -> None:
+    """A new epoch is durable before any batch carrying it: wherever power is cut, recovery
+    finds no damage, keeps what was flushed and rebuilds a history that matches the batches."""
+    dry = FaultFS()
+    _epoch_scenario(dry, [])
+    for cut_at in range(1, dry.ops + 2):
+        for mode in ("lose", "torn"):
+            fs = FaultFS()
+            fs.cut_at = cut_at
+            flushed: list[int] = []
+            _epoch_scenario(fs, flushed)
+            survivor = fs.power_cut(random.Random(cut_at), mode=mode)
+            where = f"cut_at={cut_at}/{dry.ops} mode={mode}"
+            plog = open_log(survivor, "/p", cfg=config(segment_bytes=1024))
+            assert not plog.report.damage, where
+            assert plog.log_end_offset >= (flushed[-1] if flushed else 0), where
+            data = read_all(plog)
+            assert [e for _, e in epochs_of(data)] == sorted(e for _, e in epochs_of(data)), where
+            assert all(e <= plog.leader_epoch for _, e in epochs_of(data)), where
+            history = [(e, b) for b, e in _first_of_each_epoch(data)]
+            assert list(plog.epoch_history()) == history, where
+            plog.close()
+
+
+def test_an_unreadable_epoch_file_loses_nothing(fs_dir: tuple[FileSystem, str]) -> None:
+    """Every batch is accepted, appends go on with the last batch's epoch, and the file is
+    written again."""
+    fs, d = fs_dir
+    plog = leader_with_epochs(fs, d, [(1, 3), (4, 2)])
+    plog.set_leader_epoch(6)  # set but no batch of it yet
+    data = read_all(plog)
+    plog.abandon()
+    write_atomic(fs, f"{d}/{EPOCH_FILE}", b"garbage")
+    plog = open_log(fs, d)
+    assert not plog.report.damage
+    assert read_all(plog) == data
+    assert plog.leader_epoch == 4
+    plog.append(batch(1))
+    assert epochs_of(read_all(plog))[-1] == (5, 4)
+    plog.set_leader_epoch(6)
+    plog.abandon()
+    plog = open_log(fs, d)
+    assert plog.leader_epoch == 6
+    assert list(plog.epoch_history()) == [(1, 0), (4, 3)]
+    plog.close()
+
+
+def test_a_segment_made_active_again_takes_the_epoch(fs_dir: tuple[FileSystem, str]) -> None:
+    """Truncation back into an older segment: what is appended there carries (and verifies
+    with) the log's epoch, not the one that segment had when it was rolled."""
+    fs, d = fs_dir
+    cfg = config(segment_bytes=1024)
+    plog = leader_with_epochs(fs, d, [(1, 30), (2, 30)], cfg=cfg)
+    assert plog.segment_count > 3
+    plog.set_leader_epoch(3)
+    plog.truncate_to(5)
+    assert plog.segment_count == 1
+    plog.append(batch(1))
+    plog.append_replica(_replica_batch(plog.log_end_offset, 4, 1))
+    assert epochs_of(plog.read(5).data) == [(5, 3), (6, 4)]
+    assert not plog.damage
+    plog.abandon()
+    plog = open_log(fs, d, cfg=cfg)
+    assert epochs_of(read_all(plog))[-2:] == [(5, 3), (6, 4)]
+    assert list(plog.epoch_history()) == [(1, 0), (3, 5), (4, 6)]
+    plog.close()
+
+
+def test_a_failed_replica_write_is_undone_whole() -> None:
+    fs = FaultFS()
+    cfg = config(segment_bytes=1024)
+    leader = leader_with_epochs(fs, "/leader", [(1, 10), (2, 25)], cfg=cfg)
+    data = read_all(leader)
+    follower = open_log(fs, "/follower", cfg=cfg)
+    follower.append_replica(data[: _cut(data, 8)])
+    before = (follower.log_end_offset, follower.size_bytes, list(follower.epoch_history()))
+    rest = data[_cut(data, 8) :]
+    fs.fail_kinds["write"] = errno.EIO
+    with pytest.raises(StorageError):
+        follower.append_replica(rest)
+
+    async def go() -> None:
+        with pytest.raises(StorageError):
+            await follower.append_replica_async(rest)
+
+    asyncio.run(go())
+    del fs.fail_kinds["write"]
+    assert (follower.log_end_offset, follower.size_bytes, list(follower.epoch_history())) == before
+    follower.append_replica(rest)
+    assert read_all(follower) == data
+    assert list(follower.epoch_history()) == list(leader.epoch_history())
+    leader.close()
+    follower.close()
+
+
+def _cut(data: bytes, n: int) -> int:
+    """The byte position of the ``n``-th batch of ``data``."""
+    return [pos for pos, _ in iter_batches(data)][n]
+
+
+def test_replica_append_backpressure(fs_dir: tuple[FileSystem, str]) -> None:
+    fs, d = fs_dir
+    leader = leader_with_epochs(fs, f"{d}/leader", [(1, 5)])
+    follower = open_log(fs, f"{d}/follower", cfg=config(max_pending_appends=4))
+
+    async def go() -> None:
+        with pytest.raises(BackpressureError, match="5 more exceed max_pending_appends=4"):
+            await follower.append_replica_async(read_all(leader), durable=True)
+        assert follower.log_end_offset == 0
+        await follower.append_replica_async(read_all(leader))  # not waiting for an fsync
+
+    asyncio.run(go())
+    assert follower.log_end_offset == 5
+    leader.close()
+    follower.close()
+
+
+def test_history_walks_past_a_damaged_range(tmp_path: Path) -> None:
+    """A flipped bit in the length of a batch in the middle of an epoch: the walk jumps over
+    the damaged range (instead of following the wrong length) and the history is the same."""
+    fs, d = OsFileSystem(), str(tmp_path)
+    plog = leader_with_epochs(fs, d, [(1, 4), (2, 4), (3, 4)])
+    kept = list(plog.epoch_history())
+    data = read_all(plog)
+    plog.close()
+    pos = _cut(data, 5)  # the second batch of epoch 2
+    path = f"{d}/{0:020d}.log"
+    raw = bytearray(fs.read_file(path))
+    raw[pos + 10] ^= 0x01  # batch_length, outside the CRC
+    with open(path, "r+b") as f:
+        f.write(raw)
+    plog = open_log(fs, d, recovery_point=12)  # scanned, the flip found below the point
+    assert [(x.start, x.end) for x in plog.damage] == [(5, 6)]
+    assert list(plog.epoch_history()) == kept
     plog.close()

@@ -205,7 +205,14 @@ class LeaderFetcher:
             s, asked = entry
             if m.following(s.key) is not s:
                 continue  # the role changed while the fetch was out: its answer is stale
-            await self._apply(s, asked, r, chunk)
+            try:
+                await self._apply(s, asked, r, chunk)
+            except TidewireError as exc:  # this partition's log refused: the others go on
+                s.failures += 1
+                s.retry_at = asyncio.get_running_loop().time() + _backoff(s.failures)
+                log.warning(
+                    "%s/%s: cannot apply the leader's answer: %s", s.topic, s.partition, exc
+                )
         self.rounds += 1
 
     async def _apply(
@@ -244,10 +251,13 @@ class LeaderFetcher:
                     r.diverging_end_offset,
                 )
                 plog.truncate_to(cut)
-            else:
-                # Nothing to cut, yet the leader sees a divergence: fetch with no last epoch
-                # claim would loop; cut at least the last epoch's batches the leader lacks.
-                plog.truncate_to(min(cut, r.diverging_end_offset))
+            elif r.diverging_end_offset < plog.log_end_offset:
+                # The leader lacks this log's last epoch and its own end of it is past the
+                # leader's: cut at the leader's end.
+                plog.truncate_to(r.diverging_end_offset)
+            else:  # nothing to cut, yet a divergence: do not spin on it
+                s.failures += 1
+                s.retry_at = asyncio.get_running_loop().time() + _backoff(s.failures)
             return
         if len(chunk) and asked.offset == plog.log_end_offset:
             await plog.append_replica_async(chunk)

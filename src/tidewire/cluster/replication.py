@@ -38,7 +38,6 @@ from tidewire.cluster.replica_state import PartitionLeader
 from tidewire.errors import (
     FencedLeaderEpochError,
     InvalidRequestError,
-    NotEnoughReplicasError,
     NotLeaderError,
     RequestTimedOutError,
     TidewireError,
@@ -185,7 +184,7 @@ class ReplicaManager:
         self._unfollow(key)
         if led is not None:
             hw = led.state.high_watermark
-            self._fail_waiters(led, None)
+            self._fail_waiters(led)
         else:
             hw = self._learned_hw.pop(key, plog.log_start_offset)
         end = local_end(plog)
@@ -235,7 +234,7 @@ class ReplicaManager:
         self._leaders[key] = (leader, host, port)
         if led is not None:
             self._learned_hw[key] = led.state.high_watermark
-            self._fail_waiters(led, self._not_leader(key))
+            self._fail_waiters(led)
         old = self._followed.get(key)
         if old is not None and (old.epoch, old.leader, old.address) == (
             epoch,
@@ -275,7 +274,7 @@ class ReplicaManager:
         self._leaders.pop(key, None)
         self._learned_hw.pop(key, None)
         if led is not None:
-            self._fail_waiters(led, NotLeaderError(f"{topic}/{partition} is no longer led here"))
+            self._fail_waiters(led)
         self._unfollow(key)
 
     def _unfollow(self, key: Key) -> None:
@@ -365,13 +364,15 @@ class ReplicaManager:
         self, topic: str, partition: int, end_offset: int, timeout_s: float
     ) -> None:
         """Wait until every in-sync replica holds the partition below ``end_offset`` (the
-        high watermark passed it).
+        high watermark passed it). The ISR is the one etcd holds: a follower dropped from it
+        meanwhile (lag) no longer counts. ``min_insync_replicas`` is checked before the
+        append (:meth:`PartitionLeader.can_append_acks_all`), not again here: what was
+        stored is never answered with "nothing stored".
 
         Raises:
             NotLeaderError: this node stopped leading it meanwhile (or never did).
-            NotEnoughReplicasError: the ISR is below ``min_insync_replicas`` and the records
-                are not on enough replicas.
-            RequestTimedOutError: not replicated within ``timeout_s``.
+            RequestTimedOutError: not replicated within ``timeout_s`` (the records are stored
+                on this leader and may still be replicated).
         """
         key = (topic, partition)
         loop = asyncio.get_running_loop()
@@ -384,13 +385,6 @@ class ReplicaManager:
             led.state.appended(local_end(plog))
             if led.state.replicated(end_offset):
                 return
-            if not led.state.can_append_acks_all():
-                raise NotEnoughReplicasError(
-                    f"{topic}/{partition}: {len(led.state.isr)} in-sync replicas, "
-                    f"min_insync_replicas is {led.state.min_insync}; the records below "
-                    f"{end_offset} are stored on this leader but not acknowledged by enough "
-                    "replicas"
-                )
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise RequestTimedOutError(
@@ -451,6 +445,14 @@ class ReplicaManager:
             try:
                 led = self._led.get(key)
                 if led is None:
+                    known = self.leader_epoch(p.topic, p.partition)
+                    if p.leader_epoch > known:
+                        # Elected here in an epoch this node has not been told of yet: the
+                        # follower retries (NotLeader would park it until its next role change).
+                        raise UnknownLeaderEpochError(
+                            f"{p.topic}/{p.partition}: leader epoch {p.leader_epoch} is newer "
+                            f"than {known}, the one this node knows"
+                        )
                     raise self._not_leader(key)
                 if p.leader_epoch < led.epoch:
                     raise FencedLeaderEpochError(
@@ -538,7 +540,7 @@ class ReplicaManager:
             led.seen_hw = hw
             self.broker._wake(*key)  # consumers' long polls: more is visible
         for end, fut in list(led.waiters):
-            if (hw >= end or not led.state.can_append_acks_all()) and not fut.done():
+            if hw >= end and not fut.done():
                 fut.set_result(None)
 
     async def _propose(self, key: Key, led: _Led, isr: frozenset[int]) -> None:
@@ -563,7 +565,7 @@ class ReplicaManager:
             led.state.isr_refused()
         self._wake_replicated(key, led)
 
-    def _fail_waiters(self, led: _Led, exc: BaseException | None) -> None:
+    def _fail_waiters(self, led: _Led) -> None:
         """Wake the produces waiting on ``led`` (they re-check and raise NotLeaderError)."""
         for _, fut in led.waiters:
             if not fut.done():
@@ -621,7 +623,7 @@ class ReplicaManager:
             return
         self._closed = True
         for led in self._led.values():
-            self._fail_waiters(led, None)
+            self._fail_waiters(led)
         self._led.clear()
         fetchers = list(self._fetchers.values())
         self._fetchers.clear()

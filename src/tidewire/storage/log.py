@@ -38,6 +38,7 @@ import errno
 import functools
 import logging
 import os
+import struct
 import time
 from bisect import bisect_right
 from collections import deque
@@ -477,6 +478,8 @@ class PartitionLog:
         if active.size > 0:
             # Its age for rolling counts from this open: the creation time is not persisted.
             active.created_ms = self.clock()
+        if self._leader_epoch == _ANY_EPOCH:
+            self._recover_epoch()
 
     def _cut_torn_tail(self, i: int, bad: BadBatch, file_size: int) -> None:
         """Truncate segment ``i`` at the bad batch and drop every later segment."""
@@ -738,6 +741,7 @@ class PartitionLog:
         del self._bases[nseg:]
         active = self._segments[-1]
         active.rollback(mark)
+        active.leader_epoch = self._leader_epoch  # it may be an older segment, active again
         try:
             for seg in dropped:
                 self._drop_segment(seg)
@@ -1009,6 +1013,28 @@ class PartitionLog:
         self._leader_epoch = epoch
         self._segments[-1].leader_epoch = epoch  # later segments are created with it
 
+    def _recover_epoch(self) -> None:
+        """The epoch file was unreadable (every epoch was accepted by the scan): go on with
+        the epoch of the last batch, and write it down again."""
+        epoch = 0
+        for seg in reversed(self._segments):
+            if seg.size == 0:
+                continue
+            try:
+                found = seg.locate(seg.next_offset - 1, seg.size)
+                if found is not None:
+                    epoch = max(PREFIX.unpack(seg.file.pread(PREFIX.size, found[0]))[2], 0)
+            except (CorruptBatchFound, OSError, struct.error) as exc:
+                log.error("cannot read the last batch of %s: %s", self.directory, exc)
+            break
+        self._leader_epoch = 0
+        try:
+            self._raise_epoch(epoch)
+        except StorageError as exc:
+            log.error("%s", exc.message)  # the next open finds the file unreadable again
+            self._leader_epoch = self._segments[-1].leader_epoch = epoch
+        log.warning("%s goes on with leader epoch %d, its last batch's", self.directory, epoch)
+
     def _read_epoch_file(self) -> int:
         path = f"{self.directory}/{EPOCH_FILE}"
         try:
@@ -1087,18 +1113,17 @@ class PartitionLog:
                     stopped,
                 )
             for base, epoch in starts:
-                if epoch < h.latest or (len(h) and base < list(h)[-1][1]):
+                if epoch < 0:
+                    continue
+                try:
+                    h.assign(epoch, base)
+                except ValueError as exc:  # epochs going down: written so, or not ours
                     log.warning(
-                        "%s: batch at offset %d has leader epoch %d after epoch %d; "
-                        "left out of its epoch history",
+                        "%s: the batch at offset %d is left out of the epoch history: %s",
                         self.directory,
                         base,
-                        epoch,
-                        h.latest,
+                        exc,
                     )
-                    continue
-                if epoch >= 0:
-                    h.assign(epoch, base)
         h.truncate_before(self.log_start_offset)
         return h
 
@@ -1137,12 +1162,22 @@ class PartitionLog:
             pos += h.size
         return batches, prev
 
-    def _replica_writes(self, data: bytes | bytearray | memoryview, *, queue: bool) -> list[_Write]:
+    def _replica_writes(
+        self, data: bytes | bytearray | memoryview, *, queue: bool, always: bool = False
+    ) -> list[_Write]:
         """Check ``data``, raise the epoch if it carries a later one, and account for its
         batches at the end of the log with their own prefix (base offset and epoch kept);
-        ``queue``: queue their writes for the end of the loop's turn."""
+        ``queue``: queue their writes for the end of the loop's turn; ``always``: they will
+        wait for an fsync (refused when too many do, as :meth:`append_many_async` does)."""
         self._check_writable()
         batches, top = self._check_replica(data)
+        waiting = len(self._waiters) + len(self._pending)
+        if always and waiting + len(batches) > self.config.max_pending_appends:
+            raise BackpressureError(
+                f"{waiting:,} appends await their write or fsync on {self.directory}; "
+                f"{len(batches)} more exceed max_pending_appends="
+                f"{self.config.max_pending_appends:,}"
+            )
         if top > self._leader_epoch:
             self._raise_epoch(top)
         h = self._history
@@ -1217,14 +1252,7 @@ class PartitionLog:
             LogClosedError, LogFailedError: the log refuses writes.
         """
         always = self.config.fsync is _ALWAYS if durable is None else durable
-        if always:
-            waiting = len(self._waiters) + len(self._pending)
-            if waiting >= self.config.max_pending_appends:
-                raise BackpressureError(
-                    f"{waiting:,} appends await their write or fsync on {self.directory} "
-                    f"(max_pending_appends={self.config.max_pending_appends:,})"
-                )
-        writes = self._replica_writes(data, queue=True)
+        writes = self._replica_writes(data, queue=True, always=always)
         if not writes:
             return []
         durable_fut = self._durable_future(writes[-1].info.last_offset + 1) if always else None
@@ -1694,6 +1722,8 @@ class PartitionLog:
                 seg.synced_size = seg.size
             self._remove_seal_files(seg)
             seg.sealed = False
+            # Active again, it stamps and accepts the log's epoch, not the one it was rolled in.
+            seg.leader_epoch = self._leader_epoch
             self._sync_dir_now()
         except OSError as exc:
             self._failed = StorageError(f"truncation of {self.directory} failed: {exc}")
