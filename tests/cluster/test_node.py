@@ -81,6 +81,9 @@ class Recorder:
         self.roles.pop((topic, partition), None)
         self.calls.append(("stop", topic, partition))
 
+    def following(self, key: tuple[str, int]) -> None:
+        return None  # never paused: nothing fetches here
+
     async def close(self) -> None:
         self.closed = True
 
@@ -254,6 +257,8 @@ def test_replication_factor_below_the_node_count_places_logs_only_on_replicas(
                 await a.node.create_topic("u", 1, a.broker.config.log, replication_factor=4)
             for m in members:
                 assert m.node is not None
+                cache = m.node.cache  # each copy sees the topic through its watch
+                await cache.wait_for(lambda c=cache: len(c.partitions()) == 3, WAIT_S)
                 mine = {
                     ("t", p)
                     for (t, p), (s, _) in m.node.cache.partitions().items()
@@ -309,9 +314,14 @@ def test_leadership_moves_when_a_node_goes_and_isr_changes_are_fenced(
             third = others[1]
             assert third.node is not None
             await third.node.wait_reconciled(
-                lambda: (third.replicas.roles.get(("t", 0)) or ("",))[0] == "follower", WAIT_S
+                lambda: (third.replicas.roles.get(("t", 0)) or ("", -1))[1] == 1, WAIT_S
             )
-            assert third.replicas.roles["t", 0][1:3] == (1, follower)
+            assert third.replicas.roles["t", 0] == (
+                "follower",
+                1,
+                follower,
+                ("127.0.0.1", new.server.port),
+            )
 
     asyncio.run(main())
 

@@ -110,6 +110,14 @@ def test_three_node_processes_fail_over(tmp_path: Path, etcd: EtcdServer) -> Non
             # acks=all through the first leader.
             async with AsyncClient(addr[old], request_timeout_s=WAIT_S) as c:
                 assert await c.produce("orders", 0, [Message(b"a")], acks=ACKS_DURABLE) == 0
+            # Failover needs an in-sync follower: wait until both are (they may have left the
+            # ISR while their logs were being made on a loaded machine, and rejoin caught up).
+
+            async def in_sync() -> bool | None:
+                (q,) = (await metadata(addr[old])).topics[0].partitions
+                return True if len(q.isr) == 3 else None
+
+            await until("every replica in sync", in_sync, WAIT_S)
             os.kill(procs[old][0].pid, signal.SIGKILL)
             killed = time.monotonic()
             survivor = next(n for n in (1, 2, 3) if n != old)

@@ -103,6 +103,22 @@ def test_a_follower_rejoins_only_from_this_epochs_start() -> None:
     assert p.proposed_isr() == {1, 2}
 
 
+def test_a_follower_that_stopped_fetching_at_the_end_is_not_taken_back_in() -> None:
+    c = Clock()
+    p = leader(c)
+    p.appended(10)
+    p.fetched(2, 10)
+    p.fetched(3, 10)
+    c.now += 11
+    p.fetched(2, 10)  # 3 stopped fetching (at the end: nothing new was written)
+    out = p.proposed_isr()
+    assert out == {1, 2}
+    p.isr_committed(out)
+    assert p.proposed_isr() is None  # not back in: it does not fetch
+    p.fetched(3, 10)
+    assert p.proposed_isr() == {1, 2, 3}
+
+
 def test_acks_all_is_refused_below_min_insync() -> None:
     c = Clock()
     p = leader(c)

@@ -38,6 +38,7 @@ from tidewire.broker.offsets import is_internal_topic
 from tidewire.cluster import attach_node, detach_node
 from tidewire.cluster.controller import Controller, assign
 from tidewire.cluster.etcd import EtcdClient, EtcdError, Lease
+from tidewire.cluster.fetcher import FollowedPartition
 from tidewire.cluster.metadata import (
     NO_LEADER,
     MetadataCache,
@@ -120,6 +121,8 @@ class Replicas(Protocol):
     ) -> None: ...
 
     async def stop_replica(self, topic: str, partition: int) -> None: ...
+
+    def following(self, key: tuple[str, int]) -> FollowedPartition | None: ...
 
     async def close(self) -> None: ...
 
@@ -420,7 +423,12 @@ class ClusterNode:
                 done = False  # the leader's address is not known yet
                 continue
             if self._applied.get(key) == role:
-                continue
+                followed = replication.following(key) if role[0] == "follower" else None
+                if followed is None or not followed.paused:
+                    continue
+                # Its leader refused the fetch (NotLeader: e.g. asked before it took the
+                # lead): told again, the fetcher tries again. Retried each pass until it takes.
+                done = False
             try:
                 await self._ensure_log(key[0], key[1], topics[key[0]])
                 if role[0] == "leader":

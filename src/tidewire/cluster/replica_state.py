@@ -32,6 +32,8 @@ class FollowerInfo:
     log_end: int = 0
     #: the last time its log end reached the leader's log end (monotonic seconds)
     caught_up_at: float = 0.0
+    #: the last time it fetched (monotonic seconds)
+    fetched_at: float = 0.0
 
 
 class PartitionLeader:
@@ -74,7 +76,7 @@ class PartitionLeader:
         self.min_insync = min_insync
         now = clock()
         # Followers start as caught up now: each gets lag_max_s to show up.
-        self.followers = {r: FollowerInfo(0, now) for r in self.replicas if r != node_id}
+        self.followers = {r: FollowerInfo(0, now, now) for r in self.replicas if r != node_id}
         #: an ISR change proposed to etcd and not yet answered
         self.pending_isr: frozenset[int] | None = None
 
@@ -96,6 +98,7 @@ class PartitionLeader:
         if f is None:
             raise ValueError(f"node {follower} is not a follower of this partition")
         f.log_end = min(log_end, self.log_end)
+        f.fetched_at = self.clock()
         if f.log_end >= self.log_end:
             f.caught_up_at = self.clock()
         self._advance()
@@ -123,7 +126,12 @@ class PartitionLeader:
             if r in self.isr:
                 if now - f.caught_up_at <= self.lag_max_s:
                     want.add(r)
-            elif f.log_end >= max(self.high_watermark, self.epoch_start):
+            elif (
+                f.log_end >= max(self.high_watermark, self.epoch_start)
+                and now - f.fetched_at <= self.lag_max_s
+            ):
+                # Fetching still: a follower that stopped at the end (gone, or its fetcher
+                # paused) would otherwise be taken in again at once and out again, forever.
                 want.add(r)
         if want == self.isr:
             return None
