@@ -46,9 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from tidewire.client import AsyncClient, AsyncProducer
+from tidewire.client._transport import Transport
 from tidewire.errors import TidewireError
 from tidewire.protocol.messages import CreateTopicRequest, MetadataRequest, MetadataResponse
-from tidewire.client._transport import Transport
 
 SIZE = 1024
 NODES = 3
@@ -161,7 +161,8 @@ async def metadata(cluster: Cluster) -> MetadataResponse:
         t = Transport(f"127.0.0.1:{port}", request_timeout_s=5, connect_timeout_s=2)
         try:
             r = await t.request(MetadataRequest())
-            assert r is not None and isinstance(r.body, MetadataResponse)
+            assert r is not None
+            assert isinstance(r.body, MetadataResponse)
             return r.body
         except (TidewireError, OSError) as exc:
             last = exc
@@ -182,7 +183,7 @@ async def until(what: str, probe: Any, timeout_s: float = 60.0) -> Any:
 
 async def create(cluster: Cluster, name: str, partitions: int, rf: int) -> None:
     async with AsyncClient(cluster.addrs) as c:
-        r = await c._call(  # noqa: SLF001 -- the replication factor, not in create_topic
+        r = await c._call(
             CreateTopicRequest(name=name, partitions=partitions, replication_factor=rf)
         )
         if getattr(r.body, "error_code", 0):
