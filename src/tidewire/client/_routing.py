@@ -238,7 +238,9 @@ async def call_routed(
             lost = leader_lost(exc, router.clustered)
             if isinstance(exc, _LOSS) and not resend_on_loss:
                 raise
-            if not lost and not isinstance(exc, NotEnoughReplicasError):
+            # Too few in-sync replicas is worth waiting out in a cluster only (a single node
+            # answers as before: at once).
+            if not lost and not (router.clustered and isinstance(exc, NotEnoughReplicasError)):
                 raise
             now = time.monotonic()
             attempt += 1
