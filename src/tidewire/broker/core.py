@@ -903,19 +903,32 @@ class Broker:
             plog = self.log(topic, partition)
             batches = self._split(view, plog.config.max_batch_bytes)
         if all(h.producer_id < 0 for _, _, h in batches):
-            infos = await plog.append_many_async(
-                [view[start:end] for start, end, _ in batches],
-                durable=durable,
-                checked=[h for _, _, h in batches],
-            )
-            self._visible_after_flush(topic, partition, plog, infos[-1].last_offset + 1, durable)
-            self._wake(topic, partition)
-            n = infos[-1].last_offset + 1 - infos[0].base_offset
-            self.stats.published += n
-            plog.messages_in += n
-            plog.bytes_in += len(view)
-            return ProduceResult(infos[0].base_offset, infos[-1].last_offset, plog.log_start_offset)
+            return await self._append_plain(topic, partition, plog, view, batches, durable=durable)
         return await self._produce_idempotent((topic, partition), plog, view, batches, durable)
+
+    async def _append_plain(
+        self,
+        topic: str,
+        partition: int,
+        plog: PartitionLog,
+        view: memoryview,
+        batches: list[tuple[int, int, BatchHeader]],
+        *,
+        durable: bool | None,
+    ) -> ProduceResult:
+        """Append batches of which none carries a producer id, as they are."""
+        infos = await plog.append_many_async(
+            [view[start:end] for start, end, _ in batches],
+            durable=durable,
+            checked=[h for _, _, h in batches],
+        )
+        self._visible_after_flush(topic, partition, plog, infos[-1].last_offset + 1, durable)
+        self._wake(topic, partition)
+        n = infos[-1].last_offset + 1 - infos[0].base_offset
+        self.stats.published += n
+        plog.messages_in += n
+        plog.bytes_in += len(view)
+        return ProduceResult(infos[0].base_offset, infos[-1].last_offset, plog.log_start_offset)
 
     async def _produce_replicated(
         self, topic: str, partition: int, view: memoryview, durable: bool | None
@@ -943,19 +956,8 @@ class Broker:
         plog = self.log(topic, partition)
         batches = self._split(view, plog.config.max_batch_bytes)
         if all(h.producer_id < 0 for _, _, h in batches):
-            infos = await plog.append_many_async(
-                [view[start:end] for start, end, _ in batches],
-                durable=durable,
-                checked=[h for _, _, h in batches],
-            )
-            self._visible_after_flush(topic, partition, plog, infos[-1].last_offset + 1, durable)
-            self._wake(topic, partition)
-            n = infos[-1].last_offset + 1 - infos[0].base_offset
-            self.stats.published += n
-            plog.messages_in += n
-            plog.bytes_in += len(view)
-            result = ProduceResult(
-                infos[0].base_offset, infos[-1].last_offset, plog.log_start_offset
+            result = await self._append_plain(
+                topic, partition, plog, view, batches, durable=durable
             )
         else:
             result = await self._produce_idempotent(

@@ -927,6 +927,10 @@ class PartitionLog:
             writes = [self._queue(b) for b in batches]
         else:
             writes = [self._queue(b, h) for b, h in zip(batches, checked, strict=True)]
+        return await self._settle(writes, always=always)
+
+    async def _settle(self, writes: list[_Write], *, always: bool) -> list[AppendInfo]:
+        """Wait until queued ``writes`` are written (and fsynced when ``always``)."""
         # Registered now, so that the fsync starts right after this turn's writes.
         durable_fut = (
             self._durable_future(writes[-1].info.last_offset + 1) if always and writes else None
@@ -1253,20 +1257,7 @@ class PartitionLog:
         """
         always = self.config.fsync is _ALWAYS if durable is None else durable
         writes = self._replica_writes(data, queue=True, always=always)
-        if not writes:
-            return []
-        durable_fut = self._durable_future(writes[-1].info.last_offset + 1) if always else None
-        try:
-            for w in writes:
-                assert w.future is not None
-                await w.future
-        except BaseException:
-            if durable_fut is not None:
-                durable_fut.cancel()
-            raise
-        if durable_fut is not None:
-            await durable_fut
-        return [w.info for w in writes]
+        return await self._settle(writes, always=always)
 
     # --- flushing -------------------------------------------------------------------------------
 
