@@ -153,6 +153,20 @@ def test_bad_addr_and_unreachable_broker() -> None:
     assert "Traceback" not in down.output
 
 
+def test_addr_takes_a_bootstrap_list(broker: Broker) -> None:
+    """Several nodes, comma-separated: a node that is down is skipped, a malformed one is a
+    usage error naming it."""
+    assert broker.cli("topic", "create", "t").exit_code == 0
+    down = f"127.0.0.1:{closed_port()}"
+    result = run_cli(["topic", "list", "--addr", f"{down},{broker.addr}"])
+    assert (result.exit_code, result.stdout) == (0, "t\n")
+    bad = run_cli(["topic", "list", "--addr", f"{broker.addr},localhost"])
+    assert bad.exit_code == 2
+    assert bad.stderr == (
+        "error: --addr: address 'localhost' must be HOST:PORT with a port in 1..65535\n"
+    )
+
+
 def test_addr_from_environment(broker: Broker) -> None:
     assert broker.cli("topic", "create", "t").exit_code == 0
     result = run_cli(["topic", "list"], env={"TIDEWIRE_ADDR": broker.addr})

@@ -24,7 +24,7 @@ from typing import Annotated, Any, NoReturn, TypeVar
 import typer
 
 from tidewire.client import AsyncClient, TlsOptions
-from tidewire.client._transport import parse_addr
+from tidewire.client._transport import parse_addrs
 from tidewire.errors import InvalidConfigError, TidewireError
 from tidewire.security.credentials import Credentials
 
@@ -59,7 +59,7 @@ AddrOption = Annotated[
     typer.Option(
         "--addr",
         envvar="TIDEWIRE_ADDR",
-        help="The broker, HOST:PORT.",
+        help="The broker, HOST:PORT; a cluster: several nodes, comma-separated.",
         show_envvar=True,
     ),
 ]
@@ -312,9 +312,10 @@ def echo_json(doc: object) -> None:
 
 
 def check_addr(addr: str) -> None:
-    """Exit with a usage error unless ``addr`` is ``HOST:PORT``."""
+    """Exit with a usage error unless ``addr`` is ``HOST:PORT``, or several of them separated
+    by commas (a cluster's bootstrap list: the client asks them in turn)."""
     try:
-        parse_addr(addr)
+        parse_addrs(addr)
     except ValueError as exc:
         fail(f"--addr: {exc}", EXIT_USAGE)
 
