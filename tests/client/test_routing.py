@@ -39,6 +39,7 @@ from tidewire.client import (
 )
 from tidewire.client._transport import parse_addrs
 from tidewire.errors import ConnectionLostError, NotLeaderError, ShuttingDownError
+from tidewire.protocol.messages import MetadataRequest
 from tidewire.server import TcpServer
 
 TOPIC = "t"
@@ -440,5 +441,39 @@ def test_a_single_node_gets_no_request_it_did_not_get_before(
                 assert sorted(got) == [b"c", b"p", b"q"]
                 assert not consumer._router.clustered
         assert cluster.asked[-1, "METADATA"] == 1  # the producer's, for its one topic
+
+    run(main())
+
+
+def test_a_lost_leaders_node_is_tried_again_at_the_callers_pace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the metadata still names a dead node as leader, each failed connect doubles its
+    transport's reconnect backoff (towards seconds); forgetting the leader resets it, so the
+    first retry after a failover is held only by the client's own pacing (at most 250 ms)."""
+    from tidewire.client._routing import RETRY_BACKOFF_MAX_S, Router
+    from tidewire.client._transport import Transport
+
+    async def main() -> None:
+        with refusing_port() as dead:
+            async with (
+                broker_at(tmp_path) as b,
+                listening(b) as s,
+            ):
+                boot = Transport(addr(s), connect_timeout_s=1, request_timeout_s=1)
+                router = Router(boot, lambda a: Transport(a, connect_timeout_s=1))
+                router.clustered = True
+                router._nodes = {1: ("127.0.0.1", dead)}
+                router._leaders[TOPIC, 0] = 1
+                link = router.transport_for(TOPIC, 0)
+                assert link is not boot
+                for _ in range(4):  # backoffs 0, 0.05, 0.1, 0.2 s before them
+                    with pytest.raises(ConnectionLostError):
+                        await link.request(MetadataRequest())
+                assert link._backoff > RETRY_BACKOFF_MAX_S
+                router.forget(TOPIC, 0)
+                assert link._backoff == 0
+                await router.close()
+                await boot.close()
 
     run(main())

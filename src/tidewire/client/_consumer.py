@@ -45,7 +45,7 @@ from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
 from ._batch import ConsumedBatch, Segment, segment_of, segment_of_records
-from ._routing import Router, backoff_s, call_routed, leader_lost
+from ._routing import RETRY_BACKOFF_MAX_S, Router, backoff_s, call_routed, leader_lost
 from ._settings import check_ints
 from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Addresses, Transport, parse_addrs
 
@@ -655,9 +655,12 @@ class AsyncConsumer:
             if not exc.retriable:
                 raise
             # The connection broke or a request timed out: reconnect, resume from positions.
+            self._backoff = min(max(self._backoff * 2, BACKOFF_MIN_S), BACKOFF_MAX_S)
             if self._router.clustered:
                 self._stale = True  # the node may be gone: where do its partitions live now?
-            self._backoff = min(max(self._backoff * 2, BACKOFF_MIN_S), BACKOFF_MAX_S)
+                # A new leader is elected within a session timeout: poll for it at the
+                # routing pace, not at the single node's reconnect backoff (up to seconds).
+                self._backoff = min(self._backoff, RETRY_BACKOFF_MAX_S)
             await asyncio.sleep(self._backoff)
             return
         self._backoff = 0.0

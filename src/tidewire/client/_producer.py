@@ -68,7 +68,7 @@ from ._accumulator import (
     RecordFuture,
     encode_headers,
 )
-from ._routing import Router, leader_lost
+from ._routing import Router, backoff_s, leader_lost
 from ._settings import DEFAULT_BATCH_BYTES, MAX_BATCH_BYTES, ProducerSettings
 from ._transport import Addresses, Transport
 from .partitioner import fnv1a_32
@@ -988,7 +988,8 @@ class AsyncProducer:
         if isinstance(exc, UnknownTopicError | UnknownPartitionError):
             self._topics.pop(batch.state.topic, None)
         router = self._router
-        if leader_lost(exc, router.clustered):
+        lost = leader_lost(exc, router.clustered)
+        if lost:
             # The partition's leader moved or is gone: ask the metadata for the new one; the
             # retry below goes to it (an idempotent batch with the same sequence numbers,
             # which a leader that has it already answers as a duplicate).
@@ -1005,7 +1006,10 @@ class AsyncProducer:
             and self._session in (Session.DISABLED, Session.READY)
         ):
             self._flying.discard(batch)
-            self._acc.retry(batch, now + self._backoff(batch.attempts))
+            delay = self._backoff(batch.attempts)
+            if lost:  # poll for the new leader at the routing pace, not the slower backoff
+                delay = min(delay, backoff_s(batch.attempts))
+            self._acc.retry(batch, now + delay)
             log.debug("retrying %r after %s", batch, exc)
         else:
             self._give_up(batch, exc, in_flight=True)

@@ -553,3 +553,8 @@ class Transport:
     @property
     def connected(self) -> bool:
         return self._conn is not None
+
+    def reconnect_now(self) -> None:
+        """The next request connects without waiting out the backoff of failed connects: for a
+        caller that paces its own retries (a cluster client polling for a new leader)."""
+        self._backoff = 0.0
