@@ -61,6 +61,8 @@ class NodeInfo(msgspec.Struct, frozen=True):
     port: int
     http_port: int = -1
     kafka_port: int = -1
+    #: The host Kafka clients are told to reach this node's Kafka listener at ("": ``host``).
+    kafka_host: str = ""
 
 
 class TopicInfo(msgspec.Struct, frozen=True):

@@ -174,7 +174,8 @@ class ClusterNode:
         advertise: where other nodes and clients reach this node's protocol listener.
         http_port: its HTTP API's port (-1: none), for the node list.
         cluster_id: the cluster's name (its keys live under ``/tidewire/<cluster_id>/``).
-        kafka_port: its Kafka listener's port (-1: none).
+        kafka_port: its Kafka listener's advertised port (-1: none).
+        kafka_host: its Kafka listener's advertised host ("": the ``advertise`` host).
         session_timeout_s: the lease's TTL (s).
         default_replication_factor: replicas of a topic created without a count (at most the
             live nodes).
@@ -193,6 +194,7 @@ class ClusterNode:
         http_port: int = -1,
         cluster_id: str = "default",
         kafka_port: int = -1,
+        kafka_host: str = "",
         session_timeout_s: int = DEFAULT_SESSION_TIMEOUT_S,
         default_replication_factor: int = 3,
         replica_lag_max_ms: int = 10_000,
@@ -209,13 +211,14 @@ class ClusterNode:
             )
         self.broker = broker
         self.node_id = node_id
-        self.info = NodeInfo(node_id, advertise[0], advertise[1], http_port, kafka_port)
+        self.info = NodeInfo(node_id, advertise[0], advertise[1], http_port, kafka_port, kafka_host)
         self.session_timeout_s = session_timeout_s
         self.default_replication_factor = default_replication_factor
         self.replica_lag_max_ms = replica_lag_max_ms
         self.min_insync_replicas = min_insync_replicas
         # Requests bounded well below the session, so a renewal can be tried again in time.
         self.etcd = EtcdClient(etcd_endpoints, timeout_s=max(1.0, session_timeout_s / 3))
+        self.cluster_id = cluster_id
         self.store = MetadataStore(self.etcd, cluster_id)
         self.cache = MetadataCache(self.store, on_change=self._changed, retry_s=0.2)
         self.lease = Lease(self.etcd, ttl_s=session_timeout_s)
@@ -624,6 +627,10 @@ class ClusterNode:
             raise RequestTimedOutError(f"{what} within {ADMIN_WAIT_S:.0f} s") from None
 
     # --- metadata -------------------------------------------------------------------------------
+
+    def live_nodes(self) -> list[NodeInfo]:
+        """The nodes registered now (this one included), by id."""
+        return [n for _, n in sorted(self.cache.nodes.items())]
 
     def metadata(
         self,

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from tidewire.cluster import cluster_node
 from tidewire.errors import InvalidConfigError, TidewireError
 from tidewire.protocol.kafka import ApiKey, ErrorCode
 from tidewire.security.model import Operation, ResourceType
@@ -153,6 +154,18 @@ def _partitions_of(ctx: KafkaContext, t: dict[str, Any]) -> int:
     """The partition count a CreateTopics entry asks for, checked (InvalidConfigError-like
     problems are raised as a (code, message) through ``_Refused``)."""
     n, rf, assignments = t["num_partitions"], t["replication_factor"], t["assignments"]
+    if cluster_node(ctx.broker) is not None:
+        if assignments:
+            raise _Refused(
+                ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                "a cluster places replicas itself: give num_partitions and replication_factor",
+            )
+        if rf == 0 or rf < -1:
+            raise _Refused(
+                ErrorCode.INVALID_REPLICATION_FACTOR,
+                f"replication factor {rf} must be at least 1 (or -1 for the default)",
+            )
+        rf = -1  # the cluster checks it against its live nodes
     if assignments:
         if n != -1 or rf != -1:
             raise _Refused(
@@ -197,6 +210,8 @@ class _Refused(Exception):
 
 
 async def create_topics(ctx: KafkaContext, version: int, body: dict[str, Any]) -> dict[str, Any]:
+    from tidewire.server.kafka.handlers import topic_exists  # noqa: PLC0415 (it imports this)
+
     b = ctx.broker
     results = []
     names = [t["name"] for t in body["topics"]]
@@ -220,14 +235,22 @@ async def create_topics(ctx: KafkaContext, version: int, body: dict[str, Any]) -
                 )
             n = _partitions_of(ctx, t)
             config = to_log_config(b.config.log, t["configs"])
+            node = cluster_node(b)
+            # One node: 1. A cluster: as asked (-1: the cluster's default, whatever it is).
+            rf = 1 if node is None else t["replication_factor"]
             if body["validate_only"]:
                 validate_topic_name(name)
-                if name in b.topics():
+                if topic_exists(ctx, name):
                     raise _Refused(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} exists")
+            elif node is not None:  # through the cluster's metadata
+                await node.create_topic(name, n, config, None if rf == -1 else rf)
+                _audit(ctx, "CREATE_TOPIC", name)
+                info = node.cache.topics.get(name)
+                rf = info.replication_factor if info is not None else rf
             else:
                 await b.create_topic_async(name, n, config)
                 _audit(ctx, "CREATE_TOPIC", name)
-            out.update(num_partitions=n, replication_factor=1)
+            out.update(num_partitions=n, replication_factor=rf)
         except _Refused as exc:
             out.update(error_code=exc.code, error_message=exc.message)
         except TidewireError as exc:
@@ -241,10 +264,13 @@ async def create_topics(ctx: KafkaContext, version: int, body: dict[str, Any]) -
 
 
 async def delete_topics(ctx: KafkaContext, version: int, body: dict[str, Any]) -> dict[str, Any]:
-    from tidewire.server.kafka.handlers import topic_id  # noqa: PLC0415 (it imports this)
+    from tidewire.server.kafka.handlers import (  # noqa: PLC0415 (it imports this)
+        topic_id,
+        topic_names,
+    )
 
     b = ctx.broker
-    by_id = {topic_id(n): n for n in b.topics()}
+    by_id = {topic_id(n): n for n in topic_names(ctx)}
     asked: list[tuple[str | None, Any]] = [(n, None) for n in body["topic_names"]]
     asked += [(t["name"], t["topic_id"]) for t in body["topics"]]
     responses = []
@@ -265,7 +291,11 @@ async def delete_topics(ctx: KafkaContext, version: int, body: dict[str, Any]) -
             out["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
             continue
         try:
-            await b.delete_topic_async(name)
+            node = cluster_node(b)
+            if node is None:
+                await b.delete_topic_async(name)
+            else:  # through the cluster's metadata
+                await node.delete_topic(name)
         except TidewireError as exc:
             _audit(ctx, "DELETE_TOPIC", name, exc)
             out.update(error_code=error_code(exc), error_message=exc.message)
@@ -293,6 +323,11 @@ async def create_partitions(
                 raise _Refused(ErrorCode.INVALID_REQUEST, f"topic {name!r} is named twice")
             if not _topic_allowed(ctx, Operation.ALTER, name):
                 raise _Refused(ErrorCode.TOPIC_AUTHORIZATION_FAILED, "")
+            if cluster_node(b) is not None:
+                raise _Refused(
+                    ErrorCode.INVALID_REQUEST,
+                    f"topic {name!r} cannot gain partitions in a cluster yet (docs/cluster.md)",
+                )
             current = b.partition_count(name)
             if count <= current:
                 raise _Refused(

@@ -26,15 +26,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tidewire.broker import ProduceResult
+from tidewire.broker.offsets import is_internal_topic
+from tidewire.cluster import cluster_node
 from tidewire.errors import (
     BackpressureError,
     InvalidRequestError,
     OffsetOutOfRangeError,
     TidewireError,
     TopicExistsError,
+    UnknownTopicError,
 )
 from tidewire.protocol.kafka import SUPPORTED, ApiKey, ErrorCode
 from tidewire.records import iter_batches, iter_records
@@ -44,6 +47,9 @@ from tidewire.server.kafka.context import KafkaContext, KafkaHandler
 from tidewire.server.kafka.errors import error_code
 from tidewire.server.kafka.sasl import sasl_authenticate, sasl_handshake
 from tidewire.server.needs import Need
+
+if TYPE_CHECKING:
+    from tidewire.cluster.node import ClusterNode
 
 #: Set on the session when an acks=0 Produce failed somewhere: the listener then closes the
 #: connection, as Kafka does (the producer reads no answer that could tell it).
@@ -106,7 +112,45 @@ async def api_versions(ctx: KafkaContext, version: int, body: dict[str, Any]) ->
 
 
 def _brokers(ctx: KafkaContext) -> list[dict[str, Any]]:
-    return [{"node_id": ctx.node_id, "broker_id": ctx.node_id, "host": ctx.host, "port": ctx.port}]
+    """This node, or in a cluster every live node with a Kafka listener (its advertised
+    Kafka address, registered in the cluster metadata)."""
+    node = cluster_node(ctx.broker)
+    if node is None:
+        return [
+            {"node_id": ctx.node_id, "broker_id": ctx.node_id, "host": ctx.host, "port": ctx.port}
+        ]
+    out = []
+    for n in node.live_nodes():
+        if n.node_id == node.node_id:
+            host, port = ctx.host, ctx.port
+        elif n.kafka_port >= 0:
+            host, port = n.kafka_host or n.host, n.kafka_port
+        else:
+            continue  # no Kafka listener there: clients cannot be sent to it
+        out.append({"node_id": n.node_id, "broker_id": n.node_id, "host": host, "port": port})
+    return out
+
+
+def _controller_id(ctx: KafkaContext) -> int:
+    node = cluster_node(ctx.broker)
+    return ctx.node_id if node is None else node.cache.controller
+
+
+def topic_exists(ctx: KafkaContext, name: str) -> bool:
+    """Whether topic ``name`` exists (in a cluster: anywhere in the cluster)."""
+    node = cluster_node(ctx.broker)
+    if node is None:
+        return name in ctx.broker.topics()
+    return name in node.cache.topics and not is_internal_topic(name)
+
+
+def topic_names(ctx: KafkaContext) -> set[str]:
+    """The topics that exist: this broker's, or in a cluster every topic of the cluster (not
+    only those with a replica on this node)."""
+    node = cluster_node(ctx.broker)
+    if node is None:
+        return set(ctx.broker.topics())
+    return {n for n in node.cache.topics if not is_internal_topic(n)}
 
 
 async def describe_cluster(ctx: KafkaContext, version: int, body: dict[str, Any]) -> dict[str, Any]:
@@ -116,7 +160,7 @@ async def describe_cluster(ctx: KafkaContext, version: int, body: dict[str, Any]
         "error_message": None,
         "endpoint_type": body.get("endpoint_type", 1),
         "cluster_id": ctx.cluster_id,
-        "controller_id": ctx.node_id,
+        "controller_id": _controller_id(ctx),
         "brokers": _brokers(ctx),
         "cluster_authorized_operations": _NO_OPERATIONS,
     }
@@ -133,6 +177,9 @@ async def describe_cluster(ctx: KafkaContext, version: int, body: dict[str, Any]
 
 
 def _topic_metadata(ctx: KafkaContext, name: str) -> dict[str, Any]:
+    node = cluster_node(ctx.broker)
+    if node is not None:
+        return _cluster_topic_metadata(ctx, node, name)
     partitions = []
     for s in ctx.broker.describe(name):
         offline = s.offline is not None
@@ -145,6 +192,40 @@ def _topic_metadata(ctx: KafkaContext, name: str) -> dict[str, Any]:
                 "replica_nodes": [ctx.node_id],
                 "isr_nodes": [] if offline else [ctx.node_id],
                 "offline_replicas": [ctx.node_id] if offline else [],
+            }
+        )
+    return {
+        "error_code": ErrorCode.NONE,
+        "name": name,
+        "is_internal": False,
+        "partitions": partitions,
+        "topic_authorized_operations": _NO_OPERATIONS,
+        "topic_id": topic_id(name),
+    }
+
+
+def _cluster_topic_metadata(ctx: KafkaContext, node: ClusterNode, name: str) -> dict[str, Any]:
+    """A topic of a cluster as its metadata in etcd has it: each partition's leader, replicas
+    and in-sync replicas. Leader epochs are not given (-1), as on a single node: clients then
+    skip their epoch validation (OffsetForLeaderEpoch is not served)."""
+    info = node.cache.topics.get(name)
+    if info is None:
+        raise UnknownTopicError(f"topic {name!r} does not exist")
+    partitions = []
+    for p in range(info.partitions):
+        got = node.cache.partition(name, p)
+        replicas = list(got[0].replicas) if got is not None else []
+        leader = got[0].leader if got is not None else -1
+        isr = list(got[0].isr) if got is not None else []
+        partitions.append(
+            {
+                "error_code": ErrorCode.LEADER_NOT_AVAILABLE if leader < 0 else ErrorCode.NONE,
+                "partition_index": p,
+                "leader_id": leader if leader >= 0 else -1,
+                "leader_epoch": -1,
+                "replica_nodes": replicas,
+                "isr_nodes": isr,
+                "offline_replicas": [],
             }
         )
     return {
@@ -176,7 +257,11 @@ async def _auto_create(ctx: KafkaContext, name: str) -> ErrorCode:
     if not ctx.allowed(Need(ResourceType.TOPIC, Operation.CREATE, name, if_missing=True)):
         return ErrorCode.TOPIC_AUTHORIZATION_FAILED
     try:
-        await b.create_topic_async(name)
+        node = cluster_node(b)
+        if node is None:
+            await b.create_topic_async(name)
+        else:  # through the cluster's metadata, with the cluster's defaults
+            await node.create_topic(name, None, b.config.log)
     except TopicExistsError:
         pass  # made meanwhile by another request
     except TidewireError as exc:
@@ -185,9 +270,8 @@ async def _auto_create(ctx: KafkaContext, name: str) -> ErrorCode:
 
 
 async def metadata(ctx: KafkaContext, version: int, body: dict[str, Any]) -> dict[str, Any]:
-    b = ctx.broker
     requested = body["topics"]
-    existing = b.topics()
+    existing = topic_names(ctx)
     topics: list[dict[str, Any]] = []
     if requested is None or (version == 0 and not requested):  # v0: empty means every topic
         for name in sorted(existing):
@@ -215,7 +299,7 @@ async def metadata(ctx: KafkaContext, version: int, body: dict[str, Any]) -> dic
         "throttle_time_ms": 0,
         "brokers": _brokers(ctx),
         "cluster_id": ctx.cluster_id,
-        "controller_id": ctx.node_id,
+        "controller_id": _controller_id(ctx),
         "topics": topics,
         "cluster_authorized_operations": _NO_OPERATIONS,
     }
@@ -260,7 +344,7 @@ async def produce(ctx: KafkaContext, version: int, body: dict[str, Any]) -> dict
     for topic in body["topic_data"]:
         name = topic["name"]
         allowed = _topic_allowed(ctx, Operation.WRITE, name) and (
-            name in b.topics()
+            topic_exists(ctx, name)
             or ctx.allowed(Need(ResourceType.TOPIC, Operation.CREATE, name, if_missing=True))
         )
         parts: list[dict[str, Any]] = []

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import logging
 import socket
 import ssl
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from tidewire.broker import Broker
+from tidewire.cluster import cluster_node
 from tidewire.errors import AuthenticationFailedError, AuthorizationFailedError, TidewireError
 from tidewire.observability.kafka_metrics import kafka_stats_for
 from tidewire.protocol.kafka import (
@@ -82,6 +84,13 @@ _BEFORE_AUTH = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SAS
 NODE_ID = 0
 #: Read buffer of a connection's stream (frames longer than it are read in parts).
 _READ_LIMIT = 64 * 1024
+
+
+@functools.cache
+def kafka_cluster_id(name: str) -> str:
+    """The cluster id the Kafka listeners of the nodes of cluster ``name`` all answer."""
+    raw = uuid.uuid5(uuid.NAMESPACE_URL, f"tidewire-cluster:{name}").bytes
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
 def cluster_id_of(broker: Broker) -> str:
@@ -375,15 +384,16 @@ class _Connection:
 
     def _context(self, header: RequestHeader) -> KafkaContext:
         s = self.server
+        node = cluster_node(s.broker)
         return KafkaContext(
             broker=s.broker,
             gate=s.gate,
             session=self.session,
             header=header,
-            node_id=NODE_ID,
+            node_id=NODE_ID if node is None else node.node_id,
             host=s.advertised_host,
             port=s.advertised_port,
-            cluster_id=s.cluster_id,
+            cluster_id=s.cluster_id if node is None else kafka_cluster_id(node.cluster_id),
         )
 
     async def _handle(

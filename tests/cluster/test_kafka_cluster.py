@@ -1,0 +1,157 @@
+"""Kafka clients against a cluster: three real ``tidewire serve --cluster --kafka-port``
+processes over a real etcd, driven by librdkafka (confluent-kafka). Metadata from any node names
+every node's Kafka listener and each partition's leader, replicas and in-sync replicas; a topic
+created through the Kafka admin API is placed over the nodes with its replication factor;
+produce (acks=all) goes to each partition's leader and everything reads back; a node that does
+not lead a partition answers NOT_LEADER_OR_FOLLOWER. About 10 s."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import pytest
+
+from tests.cli._support import start_serve, stop
+from tests.cluster._etcd import EtcdServer
+from tests.kafka._support import batch, produce_body, wire
+from tidewire.protocol.kafka import ApiKey, ErrorCode
+from tidewire.client._transport import Transport
+from tidewire.protocol.messages import MetadataRequest, MetadataResponse
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+admin_mod = pytest.importorskip("confluent_kafka.admin")
+
+WAIT_S = 30.0
+NODES = (1, 2, 3)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _metadata(addr: str) -> MetadataResponse:
+    t = Transport(addr, request_timeout_s=5, connect_timeout_s=2)
+    try:
+        reply = await t.request(MetadataRequest())
+    finally:
+        await t.close()
+    assert reply is not None
+    body: MetadataResponse = reply.body
+    return body
+
+
+def _until(what: str, probe, timeout_s: float = WAIT_S):  # type: ignore[no-untyped-def]
+    import time
+
+    end = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < end:
+        try:
+            got = probe()
+            if got:
+                return got
+        except Exception as exc:  # noqa: BLE001 (the last one is reported)
+            last = exc
+        time.sleep(0.1)
+    pytest.fail(f"{what}: not within {timeout_s} s (last error: {last!r})")
+
+
+def test_kafka_clients_are_routed_to_each_partitions_leader(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    cluster = f"etcd://127.0.0.1:{etcd.client_port}"
+    kafka = {n: _free_port() for n in NODES}
+    procs = {}
+    try:
+        for n in NODES:
+            procs[n] = start_serve(
+                tmp_path / f"node{n}",
+                *("--node-id", str(n), "--cluster", cluster, "--fsync", "always"),
+                *("--session-timeout", "3", "--kafka-port", str(kafka[n])),
+            )
+        native = {n: f"127.0.0.1:{port}" for n, (_, port) in procs.items()}
+        _until(
+            "3 nodes registered",
+            lambda: len(asyncio.run(_metadata(native[1])).nodes) == 3,
+        )
+        bootstrap = ",".join(f"127.0.0.1:{kafka[n]}" for n in NODES)
+        admin = admin_mod.AdminClient({"bootstrap.servers": bootstrap})
+        fut = admin.create_topics(
+            [admin_mod.NewTopic("events", num_partitions=3, replication_factor=3)]
+        )["events"]
+        fut.result(WAIT_S)
+
+        # Any node's Kafka Metadata names the three listeners and the cluster's leaders.
+        md = admin.list_topics("events", timeout=WAIT_S)
+        assert {b.id: b.port for b in md.brokers.values()} == kafka
+        meta = asyncio.run(_metadata(native[2]))
+        (topic,) = [t for t in meta.topics if t.name == "events"]
+        leaders = {p.partition: p.leader for p in topic.partitions}
+        for p in md.topics["events"].partitions.values():
+            assert p.leader == leaders[p.id]
+            assert sorted(p.replicas) == [1, 2, 3]
+        assert len(set(leaders.values())) == 3  # one partition led by each node
+
+        def in_sync() -> bool:
+            m = asyncio.run(_metadata(native[1]))
+            (t,) = [t for t in m.topics if t.name == "events"]
+            return all(len(p.isr) == 3 for p in t.partitions)
+
+        _until("every replica in sync", in_sync)
+        producer = confluent_kafka.Producer(
+            {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True}
+        )
+        acked: list[tuple[int, int]] = []
+        errors: list[object] = []
+
+        def report(err, msg) -> None:  # type: ignore[no-untyped-def]
+            if err is not None:
+                errors.append(err)
+            else:
+                acked.append((msg.partition(), msg.offset()))
+
+        for i in range(300):
+            producer.produce("events", b"v%d" % i, partition=i % 3, on_delivery=report)
+        assert producer.flush(WAIT_S) == 0
+        assert errors == []
+        assert sorted(acked) == [(p, o) for p in range(3) for o in range(100)]
+
+        consumer = confluent_kafka.Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "unused",
+                "enable.auto.commit": False,
+            }
+        )
+        try:
+            consumer.assign([confluent_kafka.TopicPartition("events", p, 0) for p in range(3)])
+            got: dict[int, list[bytes]] = {0: [], 1: [], 2: []}
+            for _ in range(300):
+                m = consumer.poll(1.0)
+                if m is not None and m.error() is None:
+                    got[m.partition()].append(m.value())
+                if sum(map(len, got.values())) == 300:
+                    break
+            for p in range(3):
+                assert got[p] == [b"v%d" % i for i in range(p, 300, 3)]
+        finally:
+            consumer.close()
+
+        # A node that does not lead partition 0 refuses to store it: NOT_LEADER_OR_FOLLOWER,
+        # which every Kafka client answers by refreshing its metadata and sending again.
+        follower = next(n for n in NODES if n != leaders[0])
+
+        async def produce_to_follower() -> dict:  # type: ignore[type-arg]
+            async with wire(kafka[follower]) as w:
+                return await w.call(ApiKey.PRODUCE, 7, produce_body("events", 0, batch([b"x"])))
+
+        answer = asyncio.run(produce_to_follower())
+        (part,) = answer["responses"][0]["partition_responses"]
+        assert part["error_code"] == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    finally:
+        for proc, _ in procs.values():
+            stop(proc)
