@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,8 @@ import pytest
 from tests.cli._support import start_serve, stop
 from tests.cluster._etcd import EtcdServer
 from tests.kafka._support import batch, produce_body, wire
-from tidewire.protocol.kafka import ApiKey, ErrorCode
 from tidewire.client._transport import Transport
+from tidewire.protocol.kafka import ApiKey, ErrorCode
 from tidewire.protocol.messages import MetadataRequest, MetadataResponse
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -45,8 +46,6 @@ async def _metadata(addr: str) -> MetadataResponse:
 
 
 def _until(what: str, probe, timeout_s: float = WAIT_S):  # type: ignore[no-untyped-def]
-    import time
-
     end = time.monotonic() + timeout_s
     last: object = None
     while time.monotonic() < end:
@@ -54,7 +53,7 @@ def _until(what: str, probe, timeout_s: float = WAIT_S):  # type: ignore[no-unty
             got = probe()
             if got:
                 return got
-        except Exception as exc:  # noqa: BLE001 (the last one is reported)
+        except Exception as exc:
             last = exc
         time.sleep(0.1)
     pytest.fail(f"{what}: not within {timeout_s} s (last error: {last!r})")
