@@ -1,10 +1,11 @@
-"""A three-node cluster on this machine: acks=all throughput with 3 replicas against 1, and
-failover time from the leader's SIGKILL to the first produce the new leader acknowledges.
+"""A three-node cluster on this machine: acks=all throughput with 3 replicas against 1,
+failover time from the leader's SIGKILL to the first produce the new leader acknowledges, and
+two nodes against one under a C client.
 
 Usage::
 
     python benchmarks/cluster.py [--messages 50000] [--reps 3] [--fsync always]
-        [--session-timeout 3] [--json]
+        [--session-timeout 3] [--scale-messages 300000] [--json]
 
 It starts etcd (Debian's ``etcd-server``: the ``etcd`` on PATH) and three ``tidewire serve
 --cluster`` processes on free loopback ports over a temporary directory, then for each rep
@@ -21,6 +22,14 @@ It starts etcd (Debian's ``etcd-server``: the ``etcd`` on PATH) and three ``tide
   the time from the kill to the first acknowledgement of a send made after it (the client
   retries every 20 ms and refreshes the metadata on each error). The node is then started
   again on its data and the rep waits until it is back in sync.
+
+* ``scale`` (skipped with ``--scale-messages 0``): two more clusters on the same etcd, of one
+  node and of two, each node with a Kafka listener; a new topic of 4 partitions with one
+  replica (so each of two nodes leads half of them); ``kcat`` (librdkafka, a C client, so that
+  the client's CPU stays small beside the brokers') publishes ``--scale-messages`` 1 KB lines
+  with acks=all; messages/s over kcat's run, after checking that every message was stored.
+  The ratio is two nodes over one: the aggregate capacity two broker processes get out of the
+  machine's two cores.
 
 Progress goes to stderr; ``--json`` prints one JSON object (every rep and the medians) instead
 of the table. The nodes run the ``tidewire`` this Python imports (``PYTHONPATH`` is passed on).
@@ -81,26 +90,21 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
 
 
 @dataclass
-class Cluster:
-    root: Path
-    fsync: str
-    session_s: int
-    etcd: subprocess.Popen[bytes] | None = None
-    etcd_port: int = 0
-    ports: dict[int, int] = field(default_factory=dict)
-    procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+class Etcd:
+    """One etcd member on free loopback ports; several clusters can share it (each under its
+    own ``--cluster-id``)."""
 
-    @property
-    def addrs(self) -> str:
-        return ",".join(f"127.0.0.1:{p}" for p in self.ports.values())
+    root: Path
+    proc: subprocess.Popen[bytes] | None = None
+    port: int = 0
 
     def start(self) -> None:
         etcd = shutil.which("etcd")
         if etcd is None:
             raise SystemExit("etcd is missing: apt-get install etcd-server")
-        client, peer, *nodes = free_ports(2 + NODES)
-        self.etcd_port = client
-        self.etcd = subprocess.Popen(
+        client, peer = free_ports(2)
+        self.port = client
+        self.proc = subprocess.Popen(
             [
                 etcd,
                 *("--name", "bench", "--data-dir", str(self.root / "etcd")),
@@ -113,24 +117,60 @@ class Cluster:
             stdout=subprocess.DEVNULL,
             stderr=open(self.root / "etcd.log", "wb"),  # noqa: SIM115
         )
-        wait_port(client, self.etcd, "etcd")
-        for n, port in enumerate(nodes, start=1):
-            self.ports[n] = port
+        wait_port(client, self.proc, "etcd")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(20)
+
+
+@dataclass
+class Cluster:
+    """``nodes`` ``tidewire serve --cluster`` processes (each with a Kafka listener when
+    ``kafka``) under cluster id ``name`` in ``etcd``."""
+
+    root: Path
+    fsync: str
+    session_s: int
+    etcd: Etcd
+    name: str = "bench"
+    nodes: int = NODES
+    kafka: bool = False
+    ports: dict[int, int] = field(default_factory=dict)
+    kafka_ports: dict[int, int] = field(default_factory=dict)
+    procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def addrs(self) -> str:
+        return ",".join(f"127.0.0.1:{p}" for p in self.ports.values())
+
+    @property
+    def kafka_addrs(self) -> str:
+        return ",".join(f"127.0.0.1:{p}" for p in self.kafka_ports.values())
+
+    def start(self) -> None:
+        for n in range(1, self.nodes + 1):
+            self.ports[n], self.kafka_ports[n] = free_ports(2)
             self.start_node(n)
 
     def start_node(self, n: int) -> None:
         port = self.ports[n]
+        kafka = ("--kafka-port", str(self.kafka_ports[n])) if self.kafka else ()
         self.procs[n] = subprocess.Popen(
             [
                 sys.executable,
-                *("-m", "tidewire", "serve", "--data-dir", str(self.root / f"node{n}")),
+                *("-m", "tidewire", "serve"),
+                *("--data-dir", str(self.root / f"{self.name}-node{n}")),
                 *("--host", "127.0.0.1", "--port", str(port), "--node-id", str(n)),
-                *("--cluster", f"etcd://127.0.0.1:{self.etcd_port}"),
+                *("--cluster", f"etcd://127.0.0.1:{self.etcd.port}", "--cluster-id", self.name),
                 *("--advertise", f"127.0.0.1:{port}", "--fsync", self.fsync),
                 *("--session-timeout", str(self.session_s)),
+                *("--default-replication-factor", str(min(self.nodes, 3))),
+                *kafka,
             ],
             stdout=subprocess.DEVNULL,
-            stderr=open(self.root / f"node{n}.log", "ab"),  # noqa: SIM115
+            stderr=open(self.root / f"{self.name}-node{n}.log", "ab"),  # noqa: SIM115
             env=os.environ.copy(),
         )
         wait_port(port, self.procs[n], f"node {n}")
@@ -150,9 +190,6 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait()
-        if self.etcd is not None:
-            self.etcd.terminate()
-            self.etcd.wait(20)
 
 
 async def metadata(cluster: Cluster) -> MetadataResponse:
@@ -256,20 +293,88 @@ async def failover(cluster: Cluster, topic: str) -> float:
     async def back_in_sync() -> bool:
         meta = await metadata(cluster)
         return all(
-            len(p.isr) == NODES for t in meta.topics for p in t.partitions if t.name == topic
+            len(p.isr) == cluster.nodes
+            for t in meta.topics
+            for p in t.partitions
+            if t.name == topic
         )
 
     await until(f"node {leader} back in sync", back_in_sync, 120)
     return took
 
 
+async def stored(cluster: Cluster, topic: str) -> int:
+    """Messages stored in ``topic``: each partition's end offset on its leader."""
+    ends: dict[int, int] = {}
+    for port in cluster.ports.values():
+        t = Transport(f"127.0.0.1:{port}", request_timeout_s=5, connect_timeout_s=2)
+        try:
+            r = await t.request(MetadataRequest(topics=[topic]))
+        finally:
+            await t.close()
+        assert r is not None
+        for desc in r.body.topics:
+            for p in desc.partitions:
+                ends[p.partition] = max(ends.get(p.partition, 0), p.log_end_offset)
+    return sum(ends.values())
+
+
+def write_lines(path: Path, n: int) -> None:
+    """``n`` lines of ``SIZE - 1`` characters and a newline: kcat's input, one message each."""
+    line = b"x" * (SIZE - 1) + b"\n"
+    with path.open("wb") as f:
+        for _ in range(n // 1000):
+            f.write(line * 1000)
+        f.write(line * (n % 1000))
+
+
+async def kcat_throughput(cluster: Cluster, topic: str, lines: Path, n: int) -> float:
+    """kcat (librdkafka, a C client) publishes the ``n`` lines of ``lines`` to ``topic``
+    through the nodes' Kafka listeners, acks=all: messages/s over kcat's whole run (its start
+    and metadata included), after checking that every one was stored."""
+    kcat = shutil.which("kcat")
+    if kcat is None:
+        raise SystemExit("kcat is missing: apt-get install kcat")
+    before = await stored(cluster, topic)
+    t0 = time.perf_counter()
+    with lines.open("rb") as f:
+        proc = await asyncio.create_subprocess_exec(
+            kcat,
+            *("-P", "-b", cluster.kafka_addrs, "-t", topic),
+            *("-X", "acks=all", "-X", "linger.ms=5", "-X", "enable.idempotence=false"),
+            *("-X", "queue.buffering.max.messages=500000"),
+            stdin=f,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await proc.communicate()
+    took = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"kcat failed ({proc.returncode}): {err.decode()[-500:]}")
+    got = await stored(cluster, topic) - before
+    if got != n:
+        raise SystemExit(f"kcat: {got} of {n} messages stored: {err.decode()[-500:]}")
+    return n / took
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="tidewire-cluster-bench-"))
-    cluster = Cluster(root, args.fsync, args.session_timeout)
+    etcd = Etcd(root)
+    cluster = Cluster(root, args.fsync, args.session_timeout, etcd)
+    scale = [
+        Cluster(root, args.fsync, args.session_timeout, etcd, name=f"n{k}", nodes=k, kafka=True)
+        for k in ((1, 2) if args.scale_messages else ())
+    ]
+    lines = root / "lines"
     reps: list[dict[str, float]] = []
     try:
-        cluster.start()
-        await until("3 nodes registered", lambda: _nodes(cluster))
+        etcd.start()
+        for c in (cluster, *scale):
+            c.start()
+        for c in (cluster, *scale):
+            await until(f"{c.nodes} node(s) of {c.name} registered", lambda c=c: _nodes(c))
+        if scale:
+            write_lines(lines, args.scale_messages)
         for rep in range(1, args.reps + 1):
             row: dict[str, float] = {}
             for rf in (1, 3):
@@ -278,17 +383,28 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 row[f"rf{rf}_msg_s"] = await throughput(cluster, topic, args.messages)
                 log(f"rep {rep}: RF={rf} acks=all {row[f'rf{rf}_msg_s']:,.0f} msg/s")
             row["ratio"] = row["rf3_msg_s"] / row["rf1_msg_s"]
+            for c in scale:
+                topic = f"scale-{rep}"
+                await create(c, topic, 4, 1)
+                key = f"kcat_{c.nodes}_nodes_msg_s"
+                row[key] = await kcat_throughput(c, topic, lines, args.scale_messages)
+                log(f"rep {rep}: kcat into {c.nodes} node(s) {row[key]:,.0f} msg/s")
+            if scale:
+                row["scale"] = row["kcat_2_nodes_msg_s"] / row["kcat_1_nodes_msg_s"]
             topic = f"fo-{rep}"
             await create(cluster, topic, 1, 3)
             row["failover_s"] = await failover(cluster, topic)
             log(f"rep {rep}: failover {row['failover_s']:.2f} s")
             reps.append(row)
     finally:
-        cluster.stop()
+        for c in (cluster, *scale):
+            c.stop()
+        etcd.stop()
         shutil.rmtree(root, ignore_errors=True)
     medians = {k: statistics.median(r[k] for r in reps) for k in reps[0]}
     return {
         "messages": args.messages,
+        "scale_messages": args.scale_messages,
         "size": SIZE,
         "fsync": args.fsync,
         "session_timeout_s": args.session_timeout,
@@ -298,7 +414,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _nodes(cluster: Cluster) -> bool:
-    return len((await metadata(cluster)).nodes) == NODES
+    return len((await metadata(cluster)).nodes) == cluster.nodes
 
 
 def main() -> None:
@@ -307,6 +423,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--fsync", default="always", choices=["always", "interval", "never"])
     ap.add_argument("--session-timeout", type=int, default=3)
+    ap.add_argument(
+        "--scale-messages",
+        type=int,
+        default=300_000,
+        help="messages kcat publishes into one node and into two (0: skip that comparison)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     out = asyncio.run(run(args))
@@ -317,6 +439,10 @@ def main() -> None:
     print(f"3 nodes, 1 KB messages, fsync={args.fsync}, medians of {args.reps}:")
     print(f"  acks=all RF=1: {m['rf1_msg_s']:>10,.0f} msg/s")
     print(f"  acks=all RF=3: {m['rf3_msg_s']:>10,.0f} msg/s  (ratio {m['ratio']:.2f})")
+    if "scale" in m:
+        print(f"  kcat, acks=all, 4 partitions RF=1, {args.scale_messages:,} messages:")
+        print(f"    into 1 node:  {m['kcat_1_nodes_msg_s']:>10,.0f} msg/s")
+        print(f"    into 2 nodes: {m['kcat_2_nodes_msg_s']:>10,.0f} msg/s  (x{m['scale']:.2f})")
     print(
         f"  failover, leader SIGKILL -> first ack: {m['failover_s']:.2f} s "
         f"(session timeout {args.session_timeout} s)"
