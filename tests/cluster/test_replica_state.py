@@ -119,6 +119,22 @@ def test_a_follower_that_stopped_fetching_at_the_end_is_not_taken_back_in() -> N
     assert p.proposed_isr() == {1, 2, 3}
 
 
+def test_a_follower_the_controller_removed_comes_back_only_after_a_new_fetch() -> None:
+    """The controller drops a node that left the cluster; its last fetch, a moment ago, was at
+    the log end. The leader must not propose it back on that fetch (a tug of war with the
+    controller until the node returns), only on one made after the removal."""
+    c = Clock()
+    p = leader(c)
+    p.appended(10)
+    p.fetched(2, 10)
+    p.fetched(3, 10)
+    p.isr_committed((1, 2))  # the controller's change: node 3 left the cluster
+    c.now += 0.01
+    assert p.proposed_isr() is None
+    p.fetched(3, 10)  # back, and caught up
+    assert p.proposed_isr() == frozenset({1, 2, 3})
+
+
 def test_acks_all_is_refused_below_min_insync() -> None:
     c = Clock()
     p = leader(c)

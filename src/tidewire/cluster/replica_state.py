@@ -104,8 +104,16 @@ class PartitionLeader:
         self._advance()
 
     def isr_committed(self, isr: Iterable[int]) -> None:
-        """etcd took an ISR change (this leader's, or the controller's)."""
-        self.isr = frozenset(isr)
+        """etcd took an ISR change (this leader's, or the controller's). A follower it
+        removes comes back only after a fetch made since: the controller removes a node that
+        left the cluster, whose last fetches may still look recent here, and taking it back
+        on those would undo the removal at once, again and again until it returns."""
+        new = frozenset(isr)
+        for r in self.isr - new:
+            f = self.followers.get(r)
+            if f is not None:
+                f.fetched_at = float("-inf")
+        self.isr = new
         self.pending_isr = None
         self._advance()
 
