@@ -65,7 +65,7 @@ async def _until(what: str, probe, timeout_s: float = WAIT_S):  # type: ignore[n
             got = await probe()
             if got:
                 return got
-        except Exception as exc:  # noqa: BLE001 (the last one is reported)
+        except Exception as exc:
             last = exc
         await asyncio.sleep(0.1)
     pytest.fail(f"{what}: not within {timeout_s} s (last error: {last!r})")
@@ -99,7 +99,7 @@ def test_a_rolling_restart_loses_and_refuses_nothing(tmp_path: Path, etcd: EtcdS
                 for a in addrs:
                     try:
                         meta = await _metadata(a)
-                    except Exception:  # noqa: BLE001 (a node restarting: ask another)
+                    except Exception:
                         continue
                     (topic,) = [x for x in meta.topics if x.name == TOPIC] or [None]
                     return topic is not None and all(
