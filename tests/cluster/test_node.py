@@ -51,6 +51,7 @@ class Recorder:
     def __init__(self) -> None:
         self.roles: dict[tuple[str, int], tuple[object, ...]] = {}
         self.calls: list[tuple[object, ...]] = []
+        self.min_insync: dict[tuple[str, int], int | None] = {}
         self.closed = False
 
     async def become_leader(
@@ -61,9 +62,11 @@ class Recorder:
         epoch: int,
         replicas: tuple[int, ...],
         isr: tuple[int, ...],
+        min_insync: int | None = None,
     ) -> None:
         self.roles[topic, partition] = ("leader", epoch)
         self.calls.append(("leader", topic, partition, epoch))
+        self.min_insync[topic, partition] = min_insync
 
     async def become_follower(
         self,
@@ -269,6 +272,59 @@ def test_replication_factor_below_the_node_count_places_logs_only_on_replicas(
                 )
                 assert len(mine) == 2
                 assert set(user_logs(m)) == mine
+
+    asyncio.run(main())
+
+
+def test_a_topics_own_min_insync_and_unclean_election_reach_its_leaders(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """The topic's settings live in etcd with it: each partition's leader gets the topic's
+    min_insync_replicas (else the node's default, at most the replication factor), METADATA
+    and the controller see them; a value above the replication factor is refused."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, 3) as members:
+            a = members[0]
+            assert a.node is not None
+            log_cfg = a.broker.config.log
+            await a.node.create_topic(
+                "strict", 2, log_cfg, 3, min_insync_replicas=3, unclean_leader_election=True
+            )
+            await a.node.create_topic("plain", 1, log_cfg, 2)
+            with pytest.raises(
+                InvalidConfigError, match=r"min_insync_replicas=3 must be within 1\.\.2"
+            ):
+                await a.node.create_topic("bad", 1, log_cfg, 2, min_insync_replicas=3)
+            for m in members:
+                assert m.node is not None
+                await m.node.cache.wait_for(
+                    lambda c=m.node.cache: "plain" in c.topics and "strict" in c.topics, WAIT_S
+                )
+            led = {}
+            for m in members:
+                assert m.node is not None
+                node = m.node
+                await node.wait_reconciled(
+                    lambda m=m, node=node: all(
+                        m.replicas.roles.get(k, ("?",))[0] in ("leader", "follower")
+                        for k, (s, _) in node.cache.partitions().items()
+                        if m.id in s.replicas
+                    ),
+                    WAIT_S,
+                )
+                for k, v in m.replicas.min_insync.items():
+                    if m.replicas.roles.get(k, ("?",))[0] == "leader":
+                        led[k] = v
+            assert led == {("strict", 0): 3, ("strict", 1): 3, ("plain", 0): 1}
+            assert a.node._controller().unclean("strict")  # type: ignore[attr-defined]
+            meta = await call(a.addr, MetadataRequest(topics=["strict", "plain"]))
+            assert isinstance(meta, MetadataResponse)
+            got = {
+                t.name: (t.replication_factor, t.min_insync_replicas, t.unclean_leader_election)
+                for t in meta.topics
+            }
+            assert got == {"strict": (3, 3, True), "plain": (2, 1, False)}
 
     asyncio.run(main())
 

@@ -88,6 +88,31 @@ def create(
     fsync: Fsync = None,
     flush_interval_ms: FlushIntervalMs = None,
     max_message_bytes: MaxMessageBytes = None,
+    replication_factor: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="In a cluster: copies of each partition (default: the nodes' "
+            "--default-replication-factor, at most the live nodes).",
+        ),
+    ] = None,
+    min_insync_replicas: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="In a cluster: in-sync replicas an acks=all produce needs, "
+            "1..replication factor (default: the nodes' --min-insync-replicas).",
+        ),
+    ] = None,
+    unclean_leader_election: Annotated[
+        bool | None,
+        typer.Option(
+            "--unclean-leader-election/--no-unclean-leader-election",
+            help="In a cluster: whether a replica outside the ISR may lead when none in it "
+            "is left, losing what only the lost replicas held (default: no).",
+            show_default=False,
+        ),
+    ] = None,
     addr: AddrOption = DEFAULT_ADDR,
     as_json: JsonOption = False,
 ) -> None:
@@ -108,7 +133,14 @@ def create(
     )
 
     async def body(client: AsyncClient) -> TopicDescription:
-        await client.create_topic(name, partitions, config)
+        await client.create_topic(
+            name,
+            partitions,
+            config,
+            replication_factor=replication_factor,
+            min_insync_replicas=min_insync_replicas,
+            unclean_leader_election=unclean_leader_election,
+        )
         return await client.describe_topic(name)
 
     desc = run_client(addr, body)
@@ -163,9 +195,12 @@ def describe(name: NameArg, addr: AddrOption = DEFAULT_ADDR, as_json: JsonOption
         for d in p.damage:
             console.print(_damage_line(p.partition, d))
     settings = Table("setting", "value")
-    for key, value in msgspec.structs.asdict(desc.config).items():
+    for key, value in (msgspec.structs.asdict(desc.config) | _cluster_settings(desc)).items():
         if value is not None:
-            settings.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
+            shown = str(value).lower() if isinstance(value, bool) else None
+            if shown is None:
+                shown = f"{value:,}" if isinstance(value, int) else str(value)
+            settings.add_row(key, shown)
     console.print(settings)
 
 
@@ -318,4 +353,15 @@ def _describe_doc(desc: TopicDescription) -> dict[str, object]:
             for p in desc.partitions
         ],
         "config": msgspec.structs.asdict(desc.config),
+    } | _cluster_settings(desc)
+
+
+def _cluster_settings(desc: TopicDescription) -> dict[str, object]:
+    """A cluster's topic settings (none on a single node)."""
+    if not desc.replication_factor:
+        return {}
+    return {
+        "replication_factor": desc.replication_factor,
+        "min_insync_replicas": desc.min_insync_replicas,
+        "unclean_leader_election": desc.unclean_leader_election,
     }

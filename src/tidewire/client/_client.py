@@ -210,16 +210,32 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
         )
 
     async def create_topic(
-        self, name: str, partitions: int | None = None, config: TopicConfig | None = None
+        self,
+        name: str,
+        partitions: int | None = None,
+        config: TopicConfig | None = None,
+        *,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+        unclean_leader_election: bool | None = None,
     ) -> None:
-        """Create a topic (``partitions=None``: the broker's default).
+        """Create a topic (``partitions=None``: the broker's default). The keyword settings
+        are a cluster's (docs/cluster.md): copies of each partition, in-sync replicas an
+        acks=all produce needs, and whether a replica outside the ISR may be elected.
 
         Raises:
             TopicExistsError, InvalidTopicError, InvalidConfigError.
         """
         body = (
             await self._call(
-                CreateTopicRequest(name=name, partitions=partitions, config=config or TopicConfig())
+                CreateTopicRequest(
+                    name=name,
+                    partitions=partitions,
+                    config=config or TopicConfig(),
+                    replication_factor=replication_factor,
+                    min_insync_replicas=min_insync_replicas,
+                    unclean_leader_election=unclean_leader_election,
+                )
             )
         ).body
         _raise(body.error_code, body.error_message)
@@ -645,9 +661,25 @@ class Client(BlockingTwin[AsyncClient], SecurityAdmin, QueueAdmin):
         return self._run(self._async.server_version())
 
     def create_topic(
-        self, name: str, partitions: int | None = None, config: TopicConfig | None = None
+        self,
+        name: str,
+        partitions: int | None = None,
+        config: TopicConfig | None = None,
+        *,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+        unclean_leader_election: bool | None = None,
     ) -> None:
-        self._run(self._async.create_topic(name, partitions, config))
+        self._run(
+            self._async.create_topic(
+                name,
+                partitions,
+                config,
+                replication_factor=replication_factor,
+                min_insync_replicas=min_insync_replicas,
+                unclean_leader_election=unclean_leader_election,
+            )
+        )
 
     def delete_topic(self, name: str) -> None:
         self._run(self._async.delete_topic(name))

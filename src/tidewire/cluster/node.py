@@ -84,6 +84,9 @@ log = logging.getLogger("tidewire.cluster.node")
 #: partitions are led by others (Kafka's broker session timeout is 9 s; etcd renews every
 #: third of it).
 DEFAULT_SESSION_TIMEOUT_S = 6
+#: Keys of a topic's cluster settings in its config in etcd (beside the log settings).
+MIN_INSYNC_KEY = "min_insync_replicas"
+UNCLEAN_KEY = "unclean_leader_election"
 #: The most partitions of a topic created here (the broker's own bound).
 MAX_PARTITIONS = 100_000
 #: How long a CREATE_TOPIC or DELETE_TOPIC waits for this node's copy (and logs) to follow
@@ -108,6 +111,7 @@ class Replicas(Protocol):
         epoch: int,
         replicas: tuple[int, ...],
         isr: tuple[int, ...],
+        min_insync: int | None = None,
     ) -> None: ...
 
     async def become_follower(
@@ -316,7 +320,7 @@ class ClusterNode:
 
         def unclean(topic: str) -> bool:
             info = cache.topics.get(topic)
-            return info is not None and info.config.get("unclean_leader_election") == "true"
+            return info is not None and info.config.get(UNCLEAN_KEY) == "true"
 
         return Controller(self.store, cache, self.node_id, self.lease, unclean=unclean)
 
@@ -441,6 +445,7 @@ class ClusterNode:
                         epoch=state.leader_epoch,
                         replicas=state.replicas,
                         isr=state.isr,
+                        min_insync=self.min_insync_of(topics[key[0]]),
                     )
                 elif role[0] == "follower":
                     node = cache.nodes[state.leader]
@@ -546,16 +551,23 @@ class ClusterNode:
         partitions: int | None,
         config: LogConfig,
         replication_factor: int | None = None,
+        *,
+        min_insync_replicas: int | None = None,
+        unclean_leader_election: bool | None = None,
     ) -> int:
         """Create a topic in the cluster: replicas placed over the live nodes, the first of
         each set leading at epoch 0, all in sync. Answered once this node's copy has it (and
-        its local replicas exist).
+        its local replicas exist). ``min_insync_replicas`` (None: this node's
+        ``--min-insync-replicas``, at most the replication factor) and
+        ``unclean_leader_election`` are kept with the topic in etcd: every leader of its
+        partitions applies them.
 
         Returns:
             The partition count.
 
         Raises:
             InvalidTopicError: a bad name or partition count, or more replicas than live nodes.
+            InvalidConfigError: ``min_insync_replicas`` outside 1..replication factor.
             InternalTopicError: a name reserved for the broker.
             TopicExistsError: it exists.
             RequestTimedOutError: etcd did not answer, or this node did not follow in time.
@@ -583,7 +595,17 @@ class ClusterNode:
             placement = assign(n, rf, live, random.randrange(max(1, len(live))))
         except ValueError as exc:
             raise InvalidTopicError(str(exc)) from None
-        topic = TopicInfo(name, n, rf, config_to_strings(config))
+        strings = config_to_strings(config)
+        if min_insync_replicas is not None:
+            if not 1 <= min_insync_replicas <= rf:
+                raise InvalidConfigError(
+                    f"min_insync_replicas={min_insync_replicas} must be within 1..{rf} (the "
+                    "replication factor): acks=all could never be answered"
+                )
+            strings[MIN_INSYNC_KEY] = str(min_insync_replicas)
+        if unclean_leader_election is not None:
+            strings[UNCLEAN_KEY] = "true" if unclean_leader_election else "false"
+        topic = TopicInfo(name, n, rf, strings)
         try:
             created = await self.store.create_topic(topic, placement, None)
         except EtcdError as exc:
@@ -628,6 +650,15 @@ class ClusterNode:
 
     # --- metadata -------------------------------------------------------------------------------
 
+    def min_insync_of(self, info: TopicInfo) -> int:
+        """The in-sync replicas acks=all needs in ``info``'s partitions: the topic's own
+        setting, else this node's ``--min-insync-replicas`` (at most the replication factor,
+        so that a topic of fewer replicas than the default stays writable)."""
+        own = info.config.get(MIN_INSYNC_KEY)
+        if own is not None:
+            return int(own)
+        return max(1, min(self.min_insync_replicas, info.replication_factor))
+
     def live_nodes(self) -> list[NodeInfo]:
         """The nodes registered now (this one included), by id."""
         return [n for _, n in sorted(self.cache.nodes.items())]
@@ -667,6 +698,9 @@ class ClusterNode:
                 TopicDescription(
                     name=name,
                     partitions=parts,
+                    replication_factor=info.replication_factor,
+                    min_insync_replicas=self.min_insync_of(info),
+                    unclean_leader_election=info.config.get(UNCLEAN_KEY) == "true",
                     config=TopicConfig(
                         retention_ms=cfg.retention_ms,
                         retention_bytes=cfg.retention_bytes,

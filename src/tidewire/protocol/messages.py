@@ -458,6 +458,11 @@ class TopicDescription(msgspec.Struct, kw_only=True):
     config: TopicConfig
     error_code: int = 0
     error_message: str = ""
+    #: In a cluster (0 on a single node): copies of each partition, the in-sync replicas
+    #: acks=all needs, and whether unclean leader election is allowed.
+    replication_factor: int = 0
+    min_insync_replicas: int = 0
+    unclean_leader_election: bool = False
 
 
 class MetadataRequest(Body, kw_only=True, omit_defaults=True):
@@ -498,6 +503,12 @@ class CreateTopicRequest(Body, kw_only=True, omit_defaults=True):
     #: In a cluster: copies of each partition (None: the node's default, at most the live
     #: nodes). A single node holds one copy and ignores it.
     replication_factor: int | None = None
+    #: In a cluster: in-sync replicas an acks=all produce needs (None: the node's
+    #: ``--min-insync-replicas``), 1..replication_factor. A single node refuses above 1.
+    min_insync_replicas: int | None = None
+    #: In a cluster: whether a replica outside the ISR may be elected when no in-sync one is
+    #: left (losing what only the lost ones held). A single node refuses True.
+    unclean_leader_election: bool | None = None
 
 
 class CreateTopicResponse(Body, kw_only=True, omit_defaults=True):

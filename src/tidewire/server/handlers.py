@@ -18,6 +18,7 @@ from tidewire.broker.consumer_groups import ResetTo
 from tidewire.cluster import cluster_node
 from tidewire.errors import (
     BackpressureError,
+    InvalidConfigError,
     InvalidRequestError,
     PartitionCorruptError,
     TidewireError,
@@ -313,8 +314,20 @@ async def create_topic(b: Broker, s: ServerInfo, req: CreateTopicRequest, _: mem
     try:
         config = _to_log_config(b.config.log, req.config)
         if node is not None:  # a cluster: through etcd, replicas over the live nodes
-            await node.create_topic(req.name, req.partitions, config, req.replication_factor)
+            await node.create_topic(
+                req.name,
+                req.partitions,
+                config,
+                req.replication_factor,
+                min_insync_replicas=req.min_insync_replicas,
+                unclean_leader_election=req.unclean_leader_election,
+            )
         else:
+            if req.min_insync_replicas not in (None, 1) or req.unclean_leader_election:
+                raise InvalidConfigError(
+                    "min_insync_replicas above 1 and unclean_leader_election are settings of "
+                    "a cluster's topics (docs/cluster.md); a single node holds one copy"
+                )
             await b.create_topic_async(req.name, req.partitions, config)
     except TidewireError as exc:
         _audit(b, "CREATE_TOPIC", f"topic:{req.name}", exc)
