@@ -83,6 +83,19 @@ def test_kafka_clients_are_routed_to_each_partitions_leader(
             [admin_mod.NewTopic("events", num_partitions=3, replication_factor=3)]
         )["events"]
         fut.result(WAIT_S)
+        strict = admin_mod.NewTopic(
+            "strict",
+            num_partitions=1,
+            replication_factor=3,
+            config={"min.insync.replicas": "3", "unclean.leader.election.enable": "true"},
+        )
+        admin.create_topics([strict])["strict"].result(WAIT_S)
+        settings = {
+            t.name: (t.replication_factor, t.min_insync_replicas, t.unclean_leader_election)
+            for t in asyncio.run(_metadata(native[3])).topics
+        }
+        assert settings["strict"] == (3, 3, True)
+        assert settings["events"][0] == 3
 
         # Any node's Kafka Metadata names the three listeners and the cluster's leaders.
         md = admin.list_topics("events", timeout=WAIT_S)

@@ -93,6 +93,34 @@ TOPIC_CONFIGS: dict[str, Callable[[dict[str, Any], str], None]] = {
 }
 
 
+def _cluster_configs(
+    configs: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], int | None, bool | None]:
+    """A cluster's CreateTopics configs: the others, ``min.insync.replicas`` and
+    ``unclean.leader.election.enable`` (None where not given).
+
+    Raises:
+        InvalidConfigError: a value of either that is not a number or a boolean.
+    """
+    rest, min_insync, unclean = [], None, None
+    for c in configs:
+        name, value = c["name"], c["value"]
+        if name == "min.insync.replicas" and value is not None:
+            try:
+                min_insync = int(value)
+            except ValueError:
+                raise InvalidConfigError(f"min.insync.replicas={value!r} is not a number") from None
+        elif name == "unclean.leader.election.enable" and value is not None:
+            if value.lower() not in ("true", "false"):
+                raise InvalidConfigError(
+                    f"unclean.leader.election.enable={value!r} must be true or false"
+                )
+            unclean = value.lower() == "true"
+        elif name not in ("min.insync.replicas", "unclean.leader.election.enable"):
+            rest.append(c)
+    return rest, min_insync, unclean
+
+
 def to_log_config(base: LogConfig, configs: list[dict[str, Any]]) -> LogConfig:
     """``base`` with Kafka topic configs (``[{"name", "value"}]``) applied.
 
@@ -234,8 +262,11 @@ async def create_topics(ctx: KafkaContext, version: int, body: dict[str, Any]) -
                     ErrorCode.TOPIC_AUTHORIZATION_FAILED, f"creating {name!r} is not allowed"
                 )
             n = _partitions_of(ctx, t)
-            config = to_log_config(b.config.log, t["configs"])
             node = cluster_node(b)
+            configs, min_insync, unclean = t["configs"], None, None
+            if node is not None:  # a cluster's own settings, kept with the topic in etcd
+                configs, min_insync, unclean = _cluster_configs(configs)
+            config = to_log_config(b.config.log, configs)
             # One node: 1. A cluster: as asked (-1: the cluster's default, whatever it is).
             rf = 1 if node is None else t["replication_factor"]
             if body["validate_only"]:
@@ -243,7 +274,14 @@ async def create_topics(ctx: KafkaContext, version: int, body: dict[str, Any]) -
                 if topic_exists(ctx, name):
                     raise _Refused(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} exists")
             elif node is not None:  # through the cluster's metadata
-                await node.create_topic(name, n, config, None if rf == -1 else rf)
+                await node.create_topic(
+                    name,
+                    n,
+                    config,
+                    None if rf == -1 else rf,
+                    min_insync_replicas=min_insync,
+                    unclean_leader_election=unclean,
+                )
                 _audit(ctx, "CREATE_TOPIC", name)
                 info = node.cache.topics.get(name)
                 rf = info.replication_factor if info is not None else rf
