@@ -329,6 +329,57 @@ def test_a_topics_own_min_insync_and_unclean_election_reach_its_leaders(
     asyncio.run(main())
 
 
+def test_a_replica_of_an_earlier_topic_of_the_same_name_is_deleted_and_made_again(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """Each replica's directory holds the id of the topic incarnation it belongs to (etcd's).
+    A log whose id differs (the topic was deleted and created again while its node was away)
+    is deleted and made anew, empty, to be copied from the leader, never mixed with the new
+    topic; a log without an id file is taken as the current one."""
+    from tidewire.cluster.node import TOPIC_ID_FILE  # noqa: PLC0415
+    from tidewire.records import BatchBuilder  # noqa: PLC0415
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, 2) as (a, b):
+            assert a.node is not None and b.node is not None
+            await a.node.create_topic("t", 1, a.broker.config.log, replication_factor=2)
+            node_b = b.node
+            await node_b.wait_reconciled(lambda: ("t", 0) in node_b._applied, WAIT_S)
+            topic_id = node_b.cache.topics["t"].topic_id
+            assert len(topic_id) == 32
+            plog = b.broker.logs.logs["t", 0]
+            id_file = Path(plog.directory) / TOPIC_ID_FILE
+            assert id_file.read_text() == topic_id
+            builder = BatchBuilder()
+            builder.append(b"old incarnation", timestamp_ms=1)
+            plog.append(builder.build())
+            assert plog.log_end_offset == 1
+
+            # No id file (a log made before ids): adopted, kept.
+            id_file.unlink()
+            node_b._verified.clear()
+            node_b._dirty.set()
+            await node_b.wait_reconciled(lambda: id_file.exists(), WAIT_S)
+            assert b.broker.logs.logs["t", 0] is plog
+            assert id_file.read_text() == topic_id
+
+            # Another incarnation's id: deleted, made again empty, with the right id.
+            id_file.write_text("0" * 32)
+            node_b._verified.clear()
+            node_b._dirty.set()
+
+            def remade() -> bool:
+                new = b.broker.logs.logs.get(("t", 0))
+                return new is not None and new is not plog and ("t", 0) in node_b._applied
+
+            await node_b.wait_reconciled(remade, WAIT_S)
+            new = b.broker.logs.logs["t", 0]
+            assert new.log_end_offset == 0
+            assert (Path(new.directory) / TOPIC_ID_FILE).read_text() == topic_id
+
+    asyncio.run(main())
+
+
 def test_leadership_moves_when_a_node_goes_and_isr_changes_are_fenced(
     tmp_path: Path, etcd: EtcdServer
 ) -> None:

@@ -70,6 +70,9 @@ class TopicInfo(msgspec.Struct, frozen=True):
     partitions: int
     replication_factor: int
     config: dict[str, str] = {}
+    #: This incarnation of the topic (a random id made at its creation; "" for a topic made
+    #: before ids): a replica's log of an earlier topic of the same name is not this one's.
+    topic_id: str = ""
 
 
 class PartitionState(msgspec.Struct, frozen=True):

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -66,6 +67,7 @@ from tidewire.protocol.messages import (
     TopicDescription,
 )
 from tidewire.storage import LogConfig
+from tidewire.storage.fs import write_atomic
 from tidewire.storage.manager import validate_topic_name
 
 if TYPE_CHECKING:
@@ -84,6 +86,9 @@ log = logging.getLogger("tidewire.cluster.node")
 #: partitions are led by others (Kafka's broker session timeout is 9 s; etcd renews every
 #: third of it).
 DEFAULT_SESSION_TIMEOUT_S = 6
+#: In each partition directory of a cluster's topic: the incarnation id of the topic it is
+#: a replica of (:attr:`~tidewire.cluster.metadata.TopicInfo.topic_id`).
+TOPIC_ID_FILE = "topic-id"
 #: Keys of a topic's cluster settings in its config in etcd (beside the log settings).
 MIN_INSYNC_KEY = "min_insync_replicas"
 UNCLEAN_KEY = "unclean_leader_election"
@@ -230,6 +235,8 @@ class ClusterNode:
         self.replication: Replicas | None = replication
         self._applied: dict[tuple[str, int], _Role] = {}
         self._seen_topics: set[str] = set()
+        #: Topics whose local logs were checked to be of the incarnation etcd names.
+        self._verified: dict[str, str] = {}
         self._dirty = asyncio.Event()
         #: set after each reconcile pass: admin requests wait on it for their local effect
         self._passed = asyncio.Event()
@@ -414,6 +421,11 @@ class ClusterNode:
                     done = False
                     continue
             self._seen_topics.discard(name)
+            self._verified.pop(name, None)
+        for name, info in sorted(topics.items()):
+            checked = not info.topic_id or self._verified.get(name) == info.topic_id
+            if not checked and not await self._check_incarnation(name, info):
+                done = False
         self._seen_topics.update(topics)
         wanted: dict[tuple[str, int], PartitionState] = {
             key: state
@@ -476,12 +488,62 @@ class ClusterNode:
             return None
         return ("follower", state.leader_epoch, state.leader, node.host, node.port)
 
+    async def _check_incarnation(self, name: str, info: TopicInfo) -> bool:
+        """Whether the local logs of topic ``name`` (if any) are of the incarnation etcd
+        names; the logs of an earlier topic of that name (deleted and made again while this
+        node was away) are deleted, so that this node copies the new one from its leader
+        instead of mixing the two. A log without an id file (made before topic ids) is taken
+        as this incarnation's. False: something is left for the next pass."""
+        logs = self.broker.logs
+        fs = logs.fs
+        stale = False
+        for (topic, _), plog in list(logs.logs.items()):
+            if topic != name:
+                continue
+            path = f"{plog.directory}/{TOPIC_ID_FILE}"
+            try:
+                held = fs.read_file(path).decode().strip() if fs.exists(path) else ""
+                if not held:
+                    await asyncio.to_thread(write_atomic, fs, path, info.topic_id.encode())
+            except OSError as exc:
+                log.warning("%s: topic id not checked: %s", plog.directory, exc)
+                return False
+            stale = stale or (held not in ("", info.topic_id))
+        if stale:
+            log.warning(
+                "topic %s: the logs here are of an earlier topic of that name (deleted and "
+                "created again while this node was away); deleting them to copy the new one",
+                name,
+            )
+            assert self.replication is not None
+            for key in [k for k in self._applied if k[0] == name]:
+                await self.replication.stop_replica(*key)
+                del self._applied[key]
+            try:
+                await self.broker.delete_topic_async(name)
+            except TidewireError as exc:
+                log.warning("topic %s: the earlier logs are not deleted yet: %s", name, exc)
+                return False
+        self._verified[name] = info.topic_id
+        return True
+
     async def _ensure_log(self, topic: str, partition: int, info: TopicInfo) -> None:
         """Make the local log of a partition this node replicates, with its topic's
-        settings, unless it exists."""
+        settings and incarnation id, unless it exists."""
         logs = self.broker.logs
         if (topic, partition) in logs.logs or (topic, partition) in logs.offline:
             return
+        try:
+            await self._make_log(topic, partition, info)
+        finally:
+            if info.topic_id:  # the id of what was made (the checks above took care of the rest)
+                for (t, _), plog in list(logs.logs.items()):
+                    path = f"{plog.directory}/{TOPIC_ID_FILE}"
+                    if t == topic and not logs.fs.exists(path):
+                        await asyncio.to_thread(write_atomic, logs.fs, path, info.topic_id.encode())
+
+    async def _make_log(self, topic: str, partition: int, info: TopicInfo) -> None:
+        logs = self.broker.logs
         cfg = config_of(info, self.broker.config.log)
         if not logs.partition_count(topic) and all(
             self.node_id in s.replicas
@@ -605,7 +667,7 @@ class ClusterNode:
             strings[MIN_INSYNC_KEY] = str(min_insync_replicas)
         if unclean_leader_election is not None:
             strings[UNCLEAN_KEY] = "true" if unclean_leader_election else "false"
-        topic = TopicInfo(name, n, rf, strings)
+        topic = TopicInfo(name, n, rf, strings, uuid.uuid4().hex)
         try:
             created = await self.store.create_topic(topic, placement, None)
         except EtcdError as exc:
