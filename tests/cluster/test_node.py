@@ -336,12 +336,13 @@ def test_a_replica_of_an_earlier_topic_of_the_same_name_is_deleted_and_made_agai
     A log whose id differs (the topic was deleted and created again while its node was away)
     is deleted and made anew, empty, to be copied from the leader, never mixed with the new
     topic; a log without an id file is taken as the current one."""
-    from tidewire.cluster.node import TOPIC_ID_FILE  # noqa: PLC0415
-    from tidewire.records import BatchBuilder  # noqa: PLC0415
+    from tidewire.cluster.node import TOPIC_ID_FILE
+    from tidewire.records import BatchBuilder
 
     async def main() -> None:
         async with cluster(tmp_path, etcd, 2) as (a, b):
-            assert a.node is not None and b.node is not None
+            assert a.node is not None
+            assert b.node is not None
             await a.node.create_topic("t", 1, a.broker.config.log, replication_factor=2)
             node_b = b.node
             await node_b.wait_reconciled(lambda: ("t", 0) in node_b._applied, WAIT_S)
@@ -359,7 +360,7 @@ def test_a_replica_of_an_earlier_topic_of_the_same_name_is_deleted_and_made_agai
             id_file.unlink()
             node_b._verified.clear()
             node_b._dirty.set()
-            await node_b.wait_reconciled(lambda: id_file.exists(), WAIT_S)
+            await node_b.wait_reconciled(id_file.exists, WAIT_S)
             assert b.broker.logs.logs["t", 0] is plog
             assert id_file.read_text() == topic_id
 
