@@ -17,6 +17,8 @@ __all__ = ["add_body_schemas", "json_response", "parse_body", "request_body", "r
 M = TypeVar("M", bound=BaseModel)
 
 _WHAT = {
+    307: "In a cluster: another node leads the partition (or holds it, for a read); Location "
+    "names the same request on its HTTP listener (docs/cluster.md).",
     400: "A malformed request: bad JSON, a missing field or one of the wrong type (named).",
     404: "No such topic, partition or group.",
     409: "It exists already, or the group's state does not allow it.",
@@ -25,7 +27,8 @@ _WHAT = {
     422: "A topic name, partition count or group id that is not allowed; or an offset in a "
     "damaged range of the partition's log (code 32: damaged_range says where to go on).",
     503: "The broker is busy (backpressure) or its storage refused; retry after Retry-After. "
-    "Or the partition is offline (code 37).",
+    "Or the partition is offline (code 37); in a cluster, its leader is not known now or too "
+    "few replicas are in sync.",
 }
 #: Answers any route may give, from the checks in front of the app (guard.py, protocol.py).
 _GUARD = {

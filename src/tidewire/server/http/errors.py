@@ -31,6 +31,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tidewire import errors as tw
+from tidewire.server.http.cluster import leader_location
 
 __all__ = [
     "STATUS",
@@ -100,6 +101,10 @@ STATUS: dict[type[tw.TidewireError], int] = {
     # (the sender is asked to slow down, as a full queue); too many streams: busy (503).
     tw.InvalidStreamError: 400,
     tw.StreamFullError: 429,
+    # A cluster's: another node leads the partition (redirected there when its HTTP address
+    # is known, see tidewire.server.http.cluster), or too few in-sync replicas for now.
+    tw.NotLeaderError: 503,
+    tw.NotEnoughReplicasError: 503,
 }
 
 #: Statuses whose answers say when to retry.
@@ -144,6 +149,16 @@ def error_response(exc: tw.TidewireError, status: int | None = None) -> Response
         status_code=status,
         media_type="application/json",
         headers=headers,
+    )
+
+
+def redirect_response(exc: tw.NotLeaderError, location: str) -> Response:
+    """307 to ``location`` (the partition's leader), with the error document as its body."""
+    return Response(
+        error_body(exc.code, type(exc).__name__, exc.message, leader_id=exc.leader_id),
+        status_code=307,
+        media_type="application/json",
+        headers={"Location": location},
     )
 
 
@@ -192,6 +207,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_tidewire(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, tw.TidewireError)
+        if isinstance(exc, tw.NotLeaderError):
+            ctx = getattr(request.app.state, "tidewire", None)
+            url = request.url
+            target = url.path + (f"?{url.query}" if url.query else "")
+            where = None if ctx is None else leader_location(ctx.broker, exc, url.scheme, target)
+            if where is not None:
+                return redirect_response(exc, where)
         if status_of(exc) >= 500:
             log.warning("%s %s: %s", request.method, request.url.path, exc.message)
         return error_response(exc)

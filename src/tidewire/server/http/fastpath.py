@@ -15,7 +15,14 @@ import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tidewire.errors import BatchTooLargeError, InvalidRequestError, TidewireError, UnknownError
+from tidewire.errors import (
+    BatchTooLargeError,
+    InvalidRequestError,
+    NotLeaderError,
+    TidewireError,
+    UnknownError,
+)
+from tidewire.server.http.cluster import leader_location
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.errors import error_body, status_of
 from tidewire.server.http.idempotency import MAX_KEY_CHARS
@@ -73,6 +80,14 @@ class PublishFastPath:
                 return  # the client went away
             answer = await self.ctx.publisher.publish_one(topic, body, key)
         except TidewireError as exc:
+            if isinstance(exc, NotLeaderError):
+                where = leader_location(self.ctx.broker, exc, scope["scheme"], _target(scope))
+                if where is not None:
+                    body = error_body(
+                        exc.code, type(exc).__name__, exc.message, leader_id=exc.leader_id
+                    )
+                    await _send(send, 307, body, [(b"location", where.encode())])
+                    return
             status = status_of(exc)
             await _send(send, status, error_body(exc.code, type(exc).__name__, exc.message))
             return
@@ -104,13 +119,22 @@ def _too_large(limit: int) -> TidewireError:
     return BatchTooLargeError(f"the request body exceeds http_max_body_bytes={limit:,}")
 
 
-async def _send(send: Send, status: int, body: bytes) -> None:
+def _target(scope: Scope) -> str:
+    """The request's path and query, as sent."""
+    query: bytes = scope.get("query_string", b"")
+    path: str = scope["path"]
+    return path + ("?" + query.decode("latin-1") if query else "")
+
+
+async def _send(
+    send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
     headers = _RETRY if status == 503 else _JSON
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [*headers, (b"content-length", str(len(body)).encode())],
+            "headers": [*headers, *(extra or ()), (b"content-length", str(len(body)).encode())],
         }
     )
     await send({"type": "http.response.body", "body": body})

@@ -17,6 +17,7 @@ from starlette.responses import Response
 from tidewire._tasks import cancel_and_wait
 from tidewire.errors import InvalidRequestError, PartitionCorruptError, UnknownTopicError
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
+from tidewire.server.http.cluster import require_replica
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.idempotency import MAX_KEY_CHARS
 from tidewire.server.http.models import (
@@ -66,7 +67,7 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
         "/messages",
         status_code=201,
         response_model=PublishResult,
-        responses=responses(404, 409, 413, 422),
+        responses=responses(307, 404, 409, 413, 422),
         openapi_extra={"requestBody": request_body(PublishRequest)},
     )
     async def publish(
@@ -82,7 +83,7 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
         "/messages:batch",
         status_code=201,
         response_model=BatchPublishResult,
-        responses=responses(404, 409, 413, 422),
+        responses=responses(307, 404, 409, 413, 422),
         openapi_extra={"requestBody": request_body(BatchPublishRequest)},
     )
     async def publish_batch(
@@ -99,7 +100,7 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
     @router.get(
         "/partitions/{partition}/messages",
         response_model=MessagePage,
-        responses=responses(404, 416, 422),
+        responses=responses(307, 404, 416, 422),
     )
     async def read(
         *,
@@ -174,6 +175,7 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
         long-poll then. ``format`` json or csv exports the messages as a file."""
         if offset is not None and from_timestamp is not None:
             raise InvalidRequestError("give offset or from_timestamp, not both")
+        require_replica(broker, topic, partition)  # a cluster: else redirected to the leader
         plog = broker.log(topic, partition)
         if from_timestamp is not None:
             start = broker.list_offset(topic, partition, from_timestamp)

@@ -25,6 +25,7 @@ from tidewire.errors import (
     UnknownTopicError,
 )
 from tidewire.records import BatchBuilder
+from tidewire.server.http import cluster
 from tidewire.server.http._common import parse_body
 from tidewire.server.http.errors import IdempotencyKeyReusedError
 from tidewire.server.http.idempotency import INDEX_HEADER, KEY_HEADER, IdempotencyStore, KeyEntry
@@ -81,6 +82,9 @@ class Publisher:
             InvalidTopicError: a name that is not allowed, or an internal topic.
         """
         broker = self.broker
+        in_cluster = cluster.partition_count(broker, topic)
+        if in_cluster is not None:
+            return in_cluster
         if (topic, 0) in broker.logs.logs:
             return self.partitions(topic)
         if not broker.config.auto_create_topics:
@@ -103,6 +107,10 @@ class Publisher:
             return msg.partition
         if key is not None:
             return partition_for_key(key, n)
+        if self.broker.replication is not None:  # a cluster: where it arrived, if led here
+            led = cluster.led_here(self.broker, topic, n)
+            if led:
+                return led[next(self._round_robin) % len(led)]
         return next(self._round_robin) % n
 
     async def publish_one(self, topic: str, body: bytes, idempotency_key: str | None) -> bytes:
@@ -207,6 +215,7 @@ class Publisher:
         extra: list[tuple[str, bytes | None]] = []
         if idempotency_key is not None:
             extra.append((KEY_HEADER, idempotency_key.encode()))
+        cluster.require_leader(self.broker, topic, groups.keys() - done.keys())
         for p, indices in groups.items():
             if p in done:
                 continue

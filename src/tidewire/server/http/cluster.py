@@ -1,0 +1,127 @@
+"""The HTTP API on a node of a cluster: a request for a partition this node cannot answer is
+redirected to the node that can (docs/cluster.md, "The HTTP API in a cluster").
+
+- A publish goes to the leader of the partition it lands in: a node that does not lead it
+  answers ``307 Temporary Redirect`` to the same path and query on the leader's HTTP listener
+  (which every node registers with the cluster), so a client that follows redirects (curl
+  ``-L``, httpx ``follow_redirects=True``, requests by default) sends the same body there.
+  Messages without a key or a partition go to a partition this node leads, when it leads one,
+  so that they are stored where they arrived.
+- A read of a partition is answered by any node that holds a replica of it (below the high
+  watermark its leader last gave it, as every in-sync replica holds); a node that holds none
+  redirects to the partition's leader.
+- When the leader's HTTP address is not known (no leader now, or it has no HTTP listener) the
+  answer is ``503`` with ``Retry-After``, as for any retriable error.
+
+A single node (no cluster) never takes any of these paths.
+"""
+
+from __future__ import annotations
+
+from tidewire.broker import Broker
+from tidewire.cluster import cluster_node
+from tidewire.errors import InvalidRequestError, NotLeaderError, UnknownTopicError
+
+__all__ = [
+    "leader_location",
+    "led_here",
+    "partition_count",
+    "require_leader",
+    "require_replica",
+]
+
+
+def partition_count(broker: Broker, topic: str) -> int | None:
+    """In a cluster: the partition count of ``topic`` from the cluster's metadata (whether or
+    not this node holds a replica of it). None on a single node.
+
+    Raises:
+        UnknownTopicError: the cluster has no such topic (a cluster does not create topics on
+            first publish).
+    """
+    node = cluster_node(broker)
+    if node is None:
+        return None
+    info = node.cache.topics.get(topic)
+    if info is None:
+        raise UnknownTopicError(
+            f"topic {topic!r} does not exist (in a cluster, create it first: tidewire topic create)"
+        )
+    return info.partitions
+
+
+def led_here(broker: Broker, topic: str, n: int) -> list[int]:
+    """The partitions of ``topic`` (of ``n``) this node leads (every one on a single node)."""
+    rep = broker.replication
+    if rep is None:
+        return list(range(n))
+    return [p for p in range(n) if rep.leads(topic, p)]
+
+
+def require_leader(broker: Broker, topic: str, partitions: set[int]) -> None:
+    """Before storing anything: refuse a publish whose messages go to ``partitions`` unless
+    this node leads them all, naming the leader when one other node leads them all (the
+    request can then be sent there whole).
+
+    Raises:
+        NotLeaderError: this node does not lead them (with the leader's id when known).
+        InvalidRequestError: they are led by several nodes.
+    """
+    rep = broker.replication
+    if rep is None:
+        return
+    elsewhere = {p: rep.leader_of(topic, p) for p in partitions if not rep.leads(topic, p)}
+    if not elsewhere:
+        return
+    leaders = {None if v is None else v[0] for v in elsewhere.values()}
+    if len(leaders) == 1 and len(elsewhere) == len(partitions) and None not in leaders:
+        rep.check_leader(topic, min(elsewhere))  # raises NotLeaderError, naming the leader
+    raise InvalidRequestError(
+        f"the messages go to partitions {sorted(partitions)} of topic {topic!r}, led by "
+        "different nodes (or one without a leader now); publish each partition's messages to "
+        "its leader (give each message its partition), or publish them one by one"
+    )
+
+
+def require_replica(broker: Broker, topic: str, partition: int) -> None:
+    """Before a read: in a cluster, refuse a partition of which this node holds no replica,
+    naming its leader.
+
+    Raises:
+        NotLeaderError: no replica here (with the leader's id when known).
+        UnknownTopicError: the cluster has no such topic.
+    """
+    node = cluster_node(broker)
+    if node is None or (topic, partition) in broker.logs.logs:
+        return
+    n = partition_count(broker, topic)
+    if n is None or partition >= n:
+        return  # the read answers "no such partition" itself
+    got = node.cache.partition(topic, partition)
+    leader = got[0].leader if got is not None else -1
+    info = node.cache.nodes.get(leader)
+    if info is None:
+        raise NotLeaderError(
+            f"node {node.node_id} holds no replica of partition {partition} of topic "
+            f"{topic!r}, which has no leader now"
+        )
+    raise NotLeaderError(
+        f"node {node.node_id} holds no replica of partition {partition} of topic {topic!r}: "
+        f"node {leader} at {info.host}:{info.port} leads it",
+        leader_id=leader,
+        leader_host=info.host,
+        leader_port=info.port,
+    )
+
+
+def leader_location(broker: Broker, exc: NotLeaderError, scheme: str, target: str) -> str | None:
+    """The URL to redirect a request for ``target`` (its path and query) to: the same on the
+    HTTP listener of the leader ``exc`` names; None when it is not known."""
+    node = cluster_node(broker)
+    if node is None or exc.leader_id < 0:
+        return None
+    info = node.cache.nodes.get(exc.leader_id)
+    if info is None or info.http_port < 0 or info.node_id == node.node_id:
+        return None
+    host = f"[{info.host}]" if ":" in info.host else info.host
+    return f"{scheme}://{host}:{info.http_port}{target}"

@@ -1,0 +1,169 @@
+"""The HTTP API on a cluster: three real ``tidewire serve --cluster --http-port`` processes.
+A publish sent to a node that does not lead its partition is redirected (307) to the leader's
+HTTP listener and stored there once; an unkeyed message is stored in a partition of the node
+it arrived at; a read is answered by any node holding a replica, and redirected by one that
+holds none; a batch whose partitions have different leaders is refused before anything is
+stored. About 8 s."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.cli._support import popen_serve, stop
+from tests.cluster._etcd import EtcdServer
+from tidewire.client._transport import Transport
+from tidewire.protocol.messages import (
+    CreateTopicRequest,
+    MetadataRequest,
+    MetadataResponse,
+)
+
+NODES = (1, 2, 3)
+WAIT_S = 30.0
+
+
+def _start(data: Path, cluster: str, n: int) -> tuple[subprocess.Popen[str], int, int]:
+    proc = popen_serve(
+        *("--data-dir", str(data), "--port", "0", "--http-port", "0", "--node-id", str(n)),
+        *("--cluster", cluster, "--session-timeout", "3"),
+    )
+    assert proc.stdout is not None
+    native = http = None
+    for _ in range(5):
+        line = proc.stdout.readline()
+        if m := re.search(r"listening on 127\.0\.0\.1:(\d+)", line):
+            native = native or int(m.group(1))
+        if m := re.search(r"HTTP native listening on http://127\.0\.0\.1:(\d+)", line):
+            http = int(m.group(1))
+        if native and http:
+            return proc, native, http
+    stop(proc)
+    pytest.fail(f"node {n} did not start")
+
+
+async def _call(addr: str, body: object) -> object:
+    t = Transport(addr, request_timeout_s=WAIT_S, connect_timeout_s=2)
+    try:
+        reply = await t.request(body)  # type: ignore[arg-type]
+    finally:
+        await t.close()
+    assert reply is not None
+    return reply.body
+
+
+def _until(what: str, probe, timeout_s: float = WAIT_S):  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        with __import__("contextlib").suppress(Exception):
+            got = probe()
+            if got:
+                return got
+        time.sleep(0.1)
+    pytest.fail(f"{what}: not within {timeout_s} s")
+
+
+def test_the_http_api_redirects_to_each_partitions_leader(tmp_path: Path, etcd: EtcdServer) -> None:
+    cluster = f"etcd://127.0.0.1:{etcd.client_port}"
+    procs, native, http = {}, {}, {}
+    try:
+        for n in NODES:
+            procs[n], native[n], http[n] = _start(tmp_path / f"node{n}", cluster, n)
+        addr = {n: f"127.0.0.1:{native[n]}" for n in NODES}
+
+        def meta() -> MetadataResponse:
+            got = asyncio.run(_call(addr[1], MetadataRequest()))
+            assert isinstance(got, MetadataResponse)
+            return got
+
+        _until("3 nodes registered", lambda: len(meta().nodes) == 3)
+        for name, rf in (("r3", 3), ("r1", 1)):
+            answer = asyncio.run(
+                _call(addr[1], CreateTopicRequest(name=name, partitions=3, replication_factor=rf))
+            )
+            assert getattr(answer, "error_code", 0) == 0, answer
+
+        def leaders(name: str) -> dict[int, int]:
+            (t,) = [t for t in meta().topics if t.name == name]
+            return {p.partition: p.leader for p in t.partitions}
+
+        _until("leaders", lambda: all(v > 0 for v in leaders("r3").values()))
+
+        def everywhere() -> bool:  # every node's copy of the metadata has both topics
+            return all(
+                {"r1", "r3"}
+                <= {t.name for t in asyncio.run(_call(addr[n], MetadataRequest())).topics}  # type: ignore[attr-defined]
+                for n in NODES
+            )
+
+        _until("both topics on every node", everywhere)
+        lead3, lead1 = leaders("r3"), leaders("r1")
+        url = {n: f"http://127.0.0.1:{http[n]}" for n in NODES}
+        with httpx.Client(timeout=WAIT_S) as web:
+            # A partition led elsewhere: 307 to the leader's HTTP listener, same path.
+            p = 0
+            other = next(n for n in NODES if n != lead3[p])
+            r = web.post(f"{url[other]}/v1/topics/r3/messages", json={"value": "a", "partition": p})
+            assert r.status_code == 307, r.text
+            assert r.headers["location"] == f"{url[lead3[p]]}/v1/topics/r3/messages"
+            assert r.json()["error"]["name"] == "NotLeaderError"
+            r = web.post(
+                f"{url[other]}/v1/topics/r3/messages",
+                json={"value": "a", "partition": p},
+                follow_redirects=True,
+            )
+            assert r.status_code == 201, r.text
+            assert r.json() == {"partition": p, "offset": 0}
+            # Unkeyed, no partition: stored where it arrived (a partition this node leads).
+            for n in NODES:
+                r = web.post(f"{url[n]}/v1/topics/r3/messages", json={"value": f"from {n}"})
+                assert r.status_code == 201, r.text
+                assert lead3[r.json()["partition"]] == n
+            # Reads: any replica answers; a node without one redirects to the leader.
+            follower = next(n for n in NODES if n != lead3[0])
+            r = web.get(f"{url[follower]}/v1/topics/r3/partitions/0/messages?offset=0")
+            assert r.status_code == 200, r.text
+            assert [m["value"] for m in r.json()["messages"]][:1] == ["a"]
+            r = web.post(
+                f"{url[lead1[1]]}/v1/topics/r1/messages", json={"value": "b", "partition": 1}
+            )
+            assert r.status_code == 201, r.text
+            stranger = next(n for n in NODES if n != lead1[1])
+            r = web.get(f"{url[stranger]}/v1/topics/r1/partitions/1/messages?offset=0")
+            assert r.status_code == 307, r.text
+            assert r.headers["location"] == (
+                f"{url[lead1[1]]}/v1/topics/r1/partitions/1/messages?offset=0"
+            )
+            r = web.get(
+                f"{url[stranger]}/v1/topics/r1/partitions/1/messages?offset=0",
+                follow_redirects=True,
+            )
+            assert [m["value"] for m in r.json()["messages"]] == ["b"]
+            # A batch over partitions of different leaders: refused, nothing stored.
+            if len(set(lead3.values())) > 1:
+                r = web.post(
+                    f"{url[1]}/v1/topics/r3/messages:batch",
+                    json={"messages": [{"value": "x", "partition": p} for p in range(3)]},
+                )
+                assert r.status_code == 400, r.text
+                assert "led by different nodes" in r.json()["error"]["message"]
+            # Unknown topic in the cluster: 404 naming the way out.
+            r = web.post(f"{url[1]}/v1/topics/nope/messages", json={"value": "x"})
+            assert r.status_code == 404
+            assert "create it first" in r.json()["error"]["message"]
+        counts = {
+            p.partition: p.log_end_offset
+            for t in asyncio.run(_call(addr[lead3[0]], MetadataRequest(topics=["r3"]))).topics  # type: ignore[attr-defined]
+            for p in t.partitions
+            if p.partition == 0
+        }
+        assert counts[0] >= 1  # the redirected message once (and any unkeyed that landed there)
+    finally:
+        for proc in procs.values():
+            stop(proc)
