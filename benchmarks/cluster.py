@@ -56,7 +56,7 @@ from typing import Any
 
 from tidewire.client import AsyncClient, AsyncProducer
 from tidewire.client._transport import Transport
-from tidewire.errors import TidewireError
+from tidewire.errors import TidewireError, for_code
 from tidewire.protocol.messages import CreateTopicRequest, MetadataRequest, MetadataResponse
 
 SIZE = 1024
@@ -219,12 +219,18 @@ async def until(what: str, probe: Any, timeout_s: float = 60.0) -> Any:
 
 
 async def create(cluster: Cluster, name: str, partitions: int, rf: int) -> None:
+    deadline = time.monotonic() + START_S
     async with AsyncClient(cluster.addrs) as c:
-        r = await c._call(
-            CreateTopicRequest(name=name, partitions=partitions, replication_factor=rf)
-        )
-        if getattr(r.body, "error_code", 0):
-            raise SystemExit(f"create {name}: {r.body.error_message}")
+        while True:  # a node just restarted answers "joining its cluster" for a moment
+            r = await c._call(
+                CreateTopicRequest(name=name, partitions=partitions, replication_factor=rf)
+            )
+            code = getattr(r.body, "error_code", 0)
+            if not code:
+                break
+            if not for_code(code).retriable or time.monotonic() > deadline:
+                raise SystemExit(f"create {name}: {r.body.error_message}")
+            await asyncio.sleep(0.2)
 
     async def in_sync() -> bool:
         meta = await metadata(cluster)
