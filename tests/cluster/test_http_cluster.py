@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -18,7 +17,7 @@ import pytest
 
 from tests.cli._support import popen_serve, stop
 from tests.cluster._etcd import EtcdServer
-from tidewire.client._transport import Transport
+from tests.cluster._nodes import call, wait_until
 from tidewire.protocol.messages import (
     CreateTopicRequest,
     MetadataRequest,
@@ -48,27 +47,6 @@ def _start(data: Path, cluster: str, n: int) -> tuple[subprocess.Popen[str], int
     pytest.fail(f"node {n} did not start")
 
 
-async def _call(addr: str, body: object) -> object:
-    t = Transport(addr, request_timeout_s=WAIT_S, connect_timeout_s=2)
-    try:
-        reply = await t.request(body)  # type: ignore[arg-type]
-    finally:
-        await t.close()
-    assert reply is not None
-    return reply.body
-
-
-def _until(what: str, probe, timeout_s: float = WAIT_S):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        with __import__("contextlib").suppress(Exception):
-            got = probe()
-            if got:
-                return got
-        time.sleep(0.1)
-    pytest.fail(f"{what}: not within {timeout_s} s")
-
-
 def test_the_http_api_redirects_to_each_partitions_leader(tmp_path: Path, etcd: EtcdServer) -> None:
     cluster = f"etcd://127.0.0.1:{etcd.client_port}"
     procs, native, http = {}, {}, {}
@@ -78,14 +56,14 @@ def test_the_http_api_redirects_to_each_partitions_leader(tmp_path: Path, etcd: 
         addr = {n: f"127.0.0.1:{native[n]}" for n in NODES}
 
         def meta() -> MetadataResponse:
-            got = asyncio.run(_call(addr[1], MetadataRequest()))
+            got = asyncio.run(call(addr[1], MetadataRequest()))
             assert isinstance(got, MetadataResponse)
             return got
 
-        _until("3 nodes registered", lambda: len(meta().nodes) == 3)
+        wait_until("3 nodes registered", lambda: len(meta().nodes) == 3, WAIT_S)
         for name, rf in (("r3", 3), ("r1", 1)):
             answer = asyncio.run(
-                _call(addr[1], CreateTopicRequest(name=name, partitions=3, replication_factor=rf))
+                call(addr[1], CreateTopicRequest(name=name, partitions=3, replication_factor=rf))
             )
             assert getattr(answer, "error_code", 0) == 0, answer
 
@@ -93,16 +71,16 @@ def test_the_http_api_redirects_to_each_partitions_leader(tmp_path: Path, etcd: 
             (t,) = [t for t in meta().topics if t.name == name]
             return {p.partition: p.leader for p in t.partitions}
 
-        _until("leaders", lambda: all(v > 0 for v in leaders("r3").values()))
+        wait_until("leaders", lambda: all(v > 0 for v in leaders("r3").values()), WAIT_S)
 
         def everywhere() -> bool:  # every node's copy of the metadata has both topics
             return all(
                 {"r1", "r3"}
-                <= {t.name for t in asyncio.run(_call(addr[n], MetadataRequest())).topics}  # type: ignore[attr-defined]
+                <= {t.name for t in asyncio.run(call(addr[n], MetadataRequest())).topics}  # type: ignore[attr-defined]
                 for n in NODES
             )
 
-        _until("both topics on every node", everywhere)
+        wait_until("both topics on every node", everywhere, WAIT_S)
         lead3, lead1 = leaders("r3"), leaders("r1")
         url = {n: f"http://127.0.0.1:{http[n]}" for n in NODES}
         with httpx.Client(timeout=WAIT_S) as web:
@@ -159,7 +137,7 @@ def test_the_http_api_redirects_to_each_partitions_leader(tmp_path: Path, etcd: 
             assert "create it first" in r.json()["error"]["message"]
         counts = {
             p.partition: p.log_end_offset
-            for t in asyncio.run(_call(addr[lead3[0]], MetadataRequest(topics=["r3"]))).topics  # type: ignore[attr-defined]
+            for t in asyncio.run(call(addr[lead3[0]], MetadataRequest(topics=["r3"]))).topics  # type: ignore[attr-defined]
             for p in t.partitions
             if p.partition == 0
         }

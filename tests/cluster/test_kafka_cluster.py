@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.cli._support import start_serve, stop
 from tests.cluster._etcd import EtcdServer
+from tests.cluster._nodes import node_metadata, wait_until
 from tests.kafka._support import batch, produce_body, wire
-from tidewire.client._transport import Transport
 from tidewire.protocol.kafka import ApiKey, ErrorCode
-from tidewire.protocol.messages import MetadataRequest, MetadataResponse
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 admin_mod = pytest.importorskip("confluent_kafka.admin")
@@ -32,31 +30,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-async def _metadata(addr: str) -> MetadataResponse:
-    t = Transport(addr, request_timeout_s=5, connect_timeout_s=2)
-    try:
-        reply = await t.request(MetadataRequest())
-    finally:
-        await t.close()
-    assert reply is not None
-    body: MetadataResponse = reply.body
-    return body
-
-
-def _until(what: str, probe, timeout_s: float = WAIT_S):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < end:
-        try:
-            got = probe()
-            if got:
-                return got
-        except Exception as exc:
-            last = exc
-        time.sleep(0.1)
-    pytest.fail(f"{what}: not within {timeout_s} s (last error: {last!r})")
 
 
 def test_kafka_clients_are_routed_to_each_partitions_leader(
@@ -73,9 +46,10 @@ def test_kafka_clients_are_routed_to_each_partitions_leader(
                 *("--session-timeout", "3", "--kafka-port", str(kafka[n])),
             )
         native = {n: f"127.0.0.1:{port}" for n, (_, port) in procs.items()}
-        _until(
+        wait_until(
             "3 nodes registered",
-            lambda: len(asyncio.run(_metadata(native[1])).nodes) == 3,
+            lambda: len(asyncio.run(node_metadata(native[1])).nodes) == 3,
+            WAIT_S,
         )
         bootstrap = ",".join(f"127.0.0.1:{kafka[n]}" for n in NODES)
         admin = admin_mod.AdminClient({"bootstrap.servers": bootstrap})
@@ -92,7 +66,7 @@ def test_kafka_clients_are_routed_to_each_partitions_leader(
         admin.create_topics([strict])["strict"].result(WAIT_S)
         settings = {
             t.name: (t.replication_factor, t.min_insync_replicas, t.unclean_leader_election)
-            for t in asyncio.run(_metadata(native[3])).topics
+            for t in asyncio.run(node_metadata(native[3])).topics
         }
         assert settings["strict"] == (3, 3, True)
         assert settings["events"][0] == 3
@@ -100,7 +74,7 @@ def test_kafka_clients_are_routed_to_each_partitions_leader(
         # Any node's Kafka Metadata names the three listeners and the cluster's leaders.
         md = admin.list_topics("events", timeout=WAIT_S)
         assert {b.id: b.port for b in md.brokers.values()} == kafka
-        meta = asyncio.run(_metadata(native[2]))
+        meta = asyncio.run(node_metadata(native[2]))
         (topic,) = [t for t in meta.topics if t.name == "events"]
         leaders = {p.partition: p.leader for p in topic.partitions}
         for p in md.topics["events"].partitions.values():
@@ -109,11 +83,11 @@ def test_kafka_clients_are_routed_to_each_partitions_leader(
         assert len(set(leaders.values())) == 3  # one partition led by each node
 
         def in_sync() -> bool:
-            m = asyncio.run(_metadata(native[1]))
+            m = asyncio.run(node_metadata(native[1]))
             (t,) = [t for t in m.topics if t.name == "events"]
             return all(len(p.isr) == 3 for p in t.partitions)
 
-        _until("every replica in sync", in_sync)
+        wait_until("every replica in sync", in_sync, WAIT_S)
         producer = confluent_kafka.Producer(
             {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True}
         )

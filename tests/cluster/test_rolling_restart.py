@@ -19,9 +19,10 @@ import pytest
 
 from tests.cli._support import popen_serve, stop
 from tests.cluster._etcd import EtcdServer
+from tests.cluster._nodes import node_metadata, until
 from tidewire.client import AsyncConsumer, AsyncProducer
 from tidewire.client._transport import Transport
-from tidewire.protocol.messages import CreateTopicRequest, MetadataRequest, MetadataResponse
+from tidewire.protocol.messages import CreateTopicRequest
 
 NODES = (1, 2, 3)
 WAIT_S = 60.0
@@ -46,31 +47,6 @@ def _start(data: Path, port: int, cluster: str, n: int) -> tuple[subprocess.Pope
     return proc, int(m.group(1))
 
 
-async def _metadata(addr: str) -> MetadataResponse:
-    t = Transport(addr, request_timeout_s=5, connect_timeout_s=2)
-    try:
-        reply = await t.request(MetadataRequest())
-    finally:
-        await t.close()
-    assert reply is not None
-    body: MetadataResponse = reply.body
-    return body
-
-
-async def _until(what: str, probe, timeout_s: float = WAIT_S):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < end:
-        try:
-            got = await probe()
-            if got:
-                return got
-        except Exception as exc:
-            last = exc
-        await asyncio.sleep(0.1)
-    pytest.fail(f"{what}: not within {timeout_s} s (last error: {last!r})")
-
-
 def test_a_rolling_restart_loses_and_refuses_nothing(tmp_path: Path, etcd: EtcdServer) -> None:
     cluster = f"etcd://127.0.0.1:{etcd.client_port}"
     procs: dict[int, subprocess.Popen[str]] = {}
@@ -82,9 +58,9 @@ def test_a_rolling_restart_loses_and_refuses_nothing(tmp_path: Path, etcd: EtcdS
 
         async def main() -> None:
             async def registered(n: int = 3) -> bool:
-                return len((await _metadata(addrs[0])).nodes) == n
+                return len((await node_metadata(addrs[0])).nodes) == n
 
-            await _until("3 nodes registered", registered)
+            await until("3 nodes registered", registered, WAIT_S)
             t = Transport(addrs[0], request_timeout_s=WAIT_S)
             try:
                 reply = await t.request(
@@ -98,7 +74,7 @@ def test_a_rolling_restart_loses_and_refuses_nothing(tmp_path: Path, etcd: EtcdS
             async def in_sync() -> bool:
                 for a in addrs:
                     try:
-                        meta = await _metadata(a)
+                        meta = await node_metadata(a)
                     except Exception:
                         continue
                     (topic,) = [x for x in meta.topics if x.name == TOPIC] or [None]
@@ -107,7 +83,7 @@ def test_a_rolling_restart_loses_and_refuses_nothing(tmp_path: Path, etcd: EtcdS
                     )
                 return False
 
-            await _until("every replica in sync", in_sync)
+            await until("every replica in sync", in_sync, WAIT_S)
             sent: list[tuple[bytes, asyncio.Future]] = []  # type: ignore[type-arg]
             stop_sending = asyncio.Event()
             async with AsyncProducer(
@@ -130,7 +106,7 @@ def test_a_rolling_restart_loses_and_refuses_nothing(tmp_path: Path, etcd: EtcdS
                     procs[n].wait(WAIT_S)
                     stop(procs[n])
                     procs[n], _ = _start(tmp_path / f"node{n}", ports[n], cluster, n)
-                    await _until(f"node {n} back in sync", in_sync)
+                    await until(f"node {n} back in sync", in_sync, WAIT_S)
                 await asyncio.sleep(0.5)
                 stop_sending.set()
                 await loader

@@ -194,14 +194,7 @@ def _topic_metadata(ctx: KafkaContext, name: str) -> dict[str, Any]:
                 "offline_replicas": [ctx.node_id] if offline else [],
             }
         )
-    return {
-        "error_code": ErrorCode.NONE,
-        "name": name,
-        "is_internal": False,
-        "partitions": partitions,
-        "topic_authorized_operations": _NO_OPERATIONS,
-        "topic_id": topic_id(name),
-    }
+    return _topic_doc(name, partitions)
 
 
 def _cluster_topic_metadata(ctx: KafkaContext, node: ClusterNode, name: str) -> dict[str, Any]:
@@ -228,8 +221,14 @@ def _cluster_topic_metadata(ctx: KafkaContext, node: ClusterNode, name: str) -> 
                 "offline_replicas": [],
             }
         )
+    return _topic_doc(name, partitions)
+
+
+def _topic_doc(
+    name: str, partitions: list[dict[str, Any]], code: ErrorCode = ErrorCode.NONE
+) -> dict[str, Any]:
     return {
-        "error_code": ErrorCode.NONE,
+        "error_code": code,
         "name": name,
         "is_internal": False,
         "partitions": partitions,
@@ -239,14 +238,7 @@ def _cluster_topic_metadata(ctx: KafkaContext, node: ClusterNode, name: str) -> 
 
 
 def _topic_error(name: str, code: ErrorCode) -> dict[str, Any]:
-    return {
-        "error_code": code,
-        "name": name,
-        "is_internal": False,
-        "partitions": [],
-        "topic_authorized_operations": _NO_OPERATIONS,
-        "topic_id": topic_id(name),
-    }
+    return _topic_doc(name, [], code)
 
 
 async def _auto_create(ctx: KafkaContext, name: str) -> ErrorCode:
