@@ -34,6 +34,7 @@ from tidewire.protocol.messages import (
     MetadataResponse,
     PartitionInfo,
 )
+from tidewire.errors import RecordBatchError
 from tidewire.records.reader import iter_batches, iter_records
 
 T = TypeVar("T")
@@ -196,8 +197,11 @@ class Cluster:
         """Wait until the partition has a leader, every replica is in its ISR and every node's
         log ends where the leader's does; return the leader's view."""
 
+        seen: dict[int, PartitionInfo | None] = {}
+
         async def probe() -> PartitionInfo | None:
             infos = {n: await partition_info(self.addr(n), partition) for n in self.nodes}
+            seen.update(infos)
             lead = {i.leader for i in infos.values() if i is not None}
             if len(lead) != 1 or -1 in lead:
                 return None
@@ -210,7 +214,16 @@ class Cluster:
                 return None
             return p
 
-        return await until(f"partition {partition} settled", probe, timeout_s)
+        try:
+            return await until(f"partition {partition} settled", probe, timeout_s)
+        except pytest.fail.Exception as exc:
+            views = "; ".join(
+                f"node {n}: leader {i.leader} epoch {i.leader_epoch} isr {i.isr} "
+                f"end {i.log_end_offset} hw {i.high_watermark} damage {len(i.damage)}"
+                for n, i in seen.items()
+                if i is not None
+            )
+            pytest.fail(f"{exc}; last views: {views}")
 
     async def leader(self, partition: int = 0, timeout_s: float = WAIT_S) -> PartitionInfo:
         """The partition's leader as a live node sees it, once there is one."""
@@ -245,14 +258,16 @@ class Cluster:
 
 def read_log(directory: Path) -> list[tuple[int, bytes]]:
     """Every ``(offset, value)`` of the segment files of one partition's directory, read from
-    the files as they are (no recovery), up to the first batch that does not check out."""
+    the files as they are (no recovery): a batch whose CRC does not check out is left out (its
+    offsets are missing), a torn or zeroed tail ends its segment."""
     out: list[tuple[int, bytes]] = []
     for seg in sorted(directory.glob("*.log")):
         data = seg.read_bytes()
-        with contextlib.suppress(Exception):  # a torn or zeroed tail ends the segment
-            for pos, h in iter_batches(data):
-                for rec in iter_records(memoryview(data)[pos : pos + h.size]):
-                    out.append((rec.offset, rec.value or b""))
+        with contextlib.suppress(RecordBatchError):  # a torn or zeroed tail ends the segment
+            for pos, h in iter_batches(data, verify=False):
+                with contextlib.suppress(RecordBatchError):
+                    for rec in iter_records(memoryview(data)[pos : pos + h.size]):
+                        out.append((rec.offset, rec.value or b""))
     return out
 
 

@@ -17,7 +17,6 @@ asserted only when ``IDEMPOTENT_ACROSS_FAILOVER`` is on (producer state is not r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -27,7 +26,6 @@ import pytest
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._history import LeaderSeen, check_cluster_history
 from tests.cluster._workload import (
-    SESSION_S,
     TOPIC,
     WAIT_S,
     Cluster,
@@ -35,6 +33,8 @@ from tests.cluster._workload import (
     replicas_on_disk,
 )
 from tidewire.protocol.messages import PartitionInfo
+from tidewire.records.batch import BATCH_OVERHEAD
+from tidewire.records.reader import iter_batches
 
 #: Switch on once a follower keeps its leader's producer state: then a batch an idempotent
 #: producer resends across a failover must be stored once and its sequences go on at the new
@@ -172,4 +172,62 @@ def test_all_nodes_killed_10_times(tmp_path: Path, etcd: EtcdServer) -> None:
     scenario(tmp_path, etcd, kill_all, 10)
 
 
-_ = (contextlib, SESSION_S, TOPIC)
+def flip_bit(segment: Path, batch: int = 0) -> int:
+    """Flip one bit inside the records of the ``batch``-th batch of ``segment`` (covered by its
+    CRC); return the file position flipped."""
+    data = bytearray(segment.read_bytes())
+    positions = [pos for pos, _ in iter_batches(data)]
+    pos = positions[batch] + BATCH_OVERHEAD + 2
+    data[pos] ^= 0x10
+    segment.write_bytes(bytes(data))
+    return pos
+
+
+async def run_bit_flip(cluster: Cluster) -> None:
+    for n in cluster.nodes:
+        cluster.start(n)
+    await cluster.create_topic()
+    await cluster.settled()
+    w = Workload(cluster)
+    task = asyncio.create_task(w.run())
+    try:
+        await w.acked_at_least(150)  # several segments of 4 KiB
+        before = await cluster.settled()
+        w.events.append(LeaderSeen(0, before.leader_epoch, before.leader))
+        victim = next(n for n in cluster.nodes if n != before.leader)
+        cluster.terminate(victim)
+        segments = sorted((cluster.data_dir(victim) / f"{TOPIC}-0").glob("*.log"))
+        assert len(segments) >= 2, segments  # the first one is sealed
+        flip_bit(segments[0], batch=1)
+        cluster.start(victim)
+        await w.acked_at_least(ACKS_PER_ROUND)
+    finally:
+        w.stop.set()
+        await asyncio.wait_for(task, WAIT_S * 2)
+    final = await cluster.settled()
+    w.events.append(LeaderSeen(0, final.leader_epoch, final.leader))
+    for n in cluster.nodes:
+        cluster.terminate(n)
+    replicas = replicas_on_disk(cluster)
+    problems = check_cluster_history(
+        sent=w.sent,
+        acks=w.acks,
+        events=w.events,
+        replicas=replicas,
+        leaders={0: final.leader},
+        isr={0: final.isr},
+        high_watermarks={0: final.high_watermark},
+        orders=w.orders,
+    )
+    assert not problems, "\n".join(problems[:30])
+
+
+def test_sealed_segment_bit_flipped_on_a_replica(tmp_path: Path, etcd: EtcdServer) -> None:
+    """A follower stopped, one bit of its first (sealed) segment flipped, started again: it
+    ends in sync with the leader's records at every offset (the damage found and repaired
+    from the leader), never serving the flipped record."""
+    cluster = Cluster(tmp_path, etcd, extra=("--segment-bytes", "4096"))
+    try:
+        asyncio.run(run_bit_flip(cluster))
+    finally:
+        cluster.stop_all()
