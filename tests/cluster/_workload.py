@@ -21,20 +21,24 @@ from typing import TypeVar
 
 import pytest
 
-from tests.cli._support import STARTUP_S, tidewire_cmd, subprocess_env
+from tests.cli._support import STARTUP_S, subprocess_env, tidewire_cmd
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._history import Ack, LeaderSeen, Poll
 from tidewire.client import AsyncClient, AsyncProducer
-from tidewire.client._transport import Transport
 from tidewire.client._accumulator import RecordFuture
-from tidewire.errors import OutOfOrderSequenceError, ProducerFencedError, TidewireError
+from tidewire.client._transport import Transport
+from tidewire.errors import (
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+    RecordBatchError,
+    TidewireError,
+)
 from tidewire.protocol.messages import (
     CreateTopicRequest,
     MetadataRequest,
     MetadataResponse,
     PartitionInfo,
 )
-from tidewire.errors import RecordBatchError
 from tidewire.records.reader import iter_batches, iter_records
 
 T = TypeVar("T")
@@ -167,10 +171,8 @@ class Cluster:
             return
         os.kill(proc.pid, signal.SIGCONT)
         os.kill(proc.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=STARTUP_S)
-        except subprocess.TimeoutExpired:
-            pass
         self.kill(n)
 
     def stop_all(self) -> None:
