@@ -229,6 +229,22 @@ class ReplicaManager:
         self._check_open()
         if epoch > plog.leader_epoch:
             plog.set_leader_epoch(epoch)
+        if plog.damage:
+            # A damaged range (bytes that failed their CRC, found by recovery or a read) is
+            # never served, and the fetcher copies only past the log end: kept, it would stay a
+            # hole in a replica that counts as in sync. Cut the log where the first range
+            # starts; the fetcher copies everything from there again from the leader.
+            start = min(d.start for d in plog.damage)
+            end, removed, _ = plog.truncate_at_damage(start)
+            log.warning(
+                "partition %s/%d: damaged from offset %d: %d offsets cut, copied again from "
+                "leader %d",
+                topic,
+                partition,
+                end,
+                removed,
+                leader,
+            )
         led = self._led.pop(key, None)
         host, port = leader_address
         self._leaders[key] = (leader, host, port)
