@@ -158,10 +158,17 @@ async def open_producer(addr: str, topic: str) -> AsyncProducer:
     return p
 
 
-async def publish_paced(addr: str, topic: str, rate: int, seconds: float) -> int:
+async def publish_paced(addr: str, topic: str, rate: int, seconds: float) -> dict[str, Any]:
+    """Publish ``rate * seconds`` messages paced; the count, and the acknowledgements'
+    latencies (``send`` to the future done, ns) and the batches they went in, to tell the
+    produce path's share of publish-to-delivery from the consumer's."""
     p = await open_producer(addr, topic)
     out: deque[Any] = deque()
     n = int(rate * seconds)
+    acks: list[int] = []
+    batches, last = 0, None
+    clock = time.monotonic_ns
+    cpu0 = time.process_time()
     try:
         start = time.perf_counter()
         for i in range(n):
@@ -169,14 +176,21 @@ async def publish_paced(addr: str, topic: str, rate: int, seconds: float) -> int
             wait = due - time.perf_counter()
             if wait > 0:
                 await asyncio.sleep(wait)
-            out.append(await p.send(topic, payload_of(time.monotonic_ns())))
+            stamp = clock()
+            fut = await p.send(topic, payload_of(stamp))
+            fut.add_done_callback(lambda _f, s=stamp: acks.append(clock() - s))
+            if fut[0] is not last:  # one partition: a message's batch is new or the last one
+                batches, last = batches + 1, fut[0]
+            out.append(fut)
             while len(out) >= WINDOW:
                 await out.popleft()
         while out:
             await out.popleft()
     finally:
         await p.close()
-    return n
+    acks.sort()
+    cpu_us = (time.process_time() - cpu0) / n * 1e6
+    return {"sent": n, "acks": acks, "batches": batches, "producer_cpu_us_per_msg": cpu_us}
 
 
 async def publish_one_at_a_time(addr: str, topic: str, seconds: float) -> dict[str, float]:
@@ -234,8 +248,9 @@ def e2e(  # noqa: PLR0917 (a benchmark's case: every setting is positional)
         if consumer.stdout.readline().strip() != b"ready":
             raise SystemExit("the consumer did not start")
         cpu0, t0 = broker.cpu_s(), time.perf_counter()
-        sent = run_async(publish_paced(broker.addr, topic, rate, seconds))
+        published = run_async(publish_paced(broker.addr, topic, rate, seconds))
         cpu1, elapsed = broker.cpu_s(), time.perf_counter() - t0
+        sent, acks = published["sent"], published["acks"]
         out, _ = consumer.communicate(timeout=seconds + DRAIN_S + 30)
     finally:
         if consumer.poll() is None:
@@ -251,6 +266,10 @@ def e2e(  # noqa: PLR0917 (a benchmark's case: every setting is positional)
         "p999_ms": quantile(latencies, 0.999) / 1e6,
         "max_ms": latencies[-1] / 1e6 if latencies else float("nan"),
         "broker_cpu_us_per_msg": (cpu1 - cpu0) / sent * 1e6,
+        "ack_p50_ms": quantile(acks, 0.5) / 1e6,
+        "ack_p99_ms": quantile(acks, 0.99) / 1e6,
+        "msgs_per_batch": sent / max(published["batches"], 1),
+        "producer_cpu_us_per_msg": published["producer_cpu_us_per_msg"],
     }
 
 
@@ -328,6 +347,8 @@ def main() -> None:
                 f"{name:22} p50 {m['p50_ms']:.3f} ms  p99 {m['p99_ms']:.3f} ms  "
                 f"p99.9 {m['p999_ms']:.3f} ms  max {m['max_ms']:.3f} ms  "
                 f"broker {m['broker_cpu_us_per_msg']:.0f} CPU-us/msg  "
+                f"ack p50 {m['ack_p50_ms']:.3f} ms  p99 {m['ack_p99_ms']:.3f} ms  "
+                f"{m['msgs_per_batch']:.2f} msg/batch  "
                 f"({m['received']:.0f}/{m['sent']:.0f} received)"
             )
         else:
