@@ -3,7 +3,8 @@
 Usage::
 
     python benchmarks/latency.py [--rate 5000] [--seconds 5] [--reps 3]
-        [--fsync always,interval] [--consumers pull,push] [--one-s 5] [--json]
+        [--fsync always,interval] [--consumers pull,push] [--one-s 5]
+        [--max-in-flight N] [--json]
 
 It starts ``tidewire serve`` in a process of its own on a free port over a temporary data
 directory, and for each rep (the outer loop, so slow drifts of the machine hit every case
@@ -150,8 +151,15 @@ async def make_topic(addr: str, topic: str, fsync: str) -> None:
         await admin.create_topic(topic, partitions=1, config=TopicConfig(fsync=fsync))
 
 
+#: The producer's ``max_in_flight_per_partition`` (``--max-in-flight``; None: its default).
+MAX_IN_FLIGHT: int | None = None
+
+
 async def open_producer(addr: str, topic: str) -> AsyncProducer:
-    p = AsyncProducer(addr, acks="durable", linger_ms=0)
+    options: dict[str, Any] = {}
+    if MAX_IN_FLIGHT is not None:
+        options["max_in_flight_per_partition"] = MAX_IN_FLIGHT
+    p = AsyncProducer(addr, acks="durable", linger_ms=0, **options)
     await p.__aenter__()
     # A first message opens the connection and gets the producer id before the clock starts.
     await (await p.send(topic, payload_of(time.monotonic_ns())))
@@ -293,6 +301,11 @@ def main() -> None:
     ap.add_argument(
         "--one-s", type=float, default=5.0, help="length of the one-at-a-time run (0: none)"
     )
+    ap.add_argument(
+        "--max-in-flight",
+        type=int,
+        help="the producer's max_in_flight_per_partition (default: the producer's default)",
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--role", default="bench", help=argparse.SUPPRESS)
     ap.add_argument("--addr", help=argparse.SUPPRESS)
@@ -300,6 +313,8 @@ def main() -> None:
     ap.add_argument("--expect", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--limit-s", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global MAX_IN_FLIGHT  # noqa: PLW0603 (a setting of this benchmark's run)
+    MAX_IN_FLIGHT = args.max_in_flight
     if args.role == "consumer":
         run_async(consume(args.addr, args.topic, args.consumers, args.expect, args.limit_s))
         return
