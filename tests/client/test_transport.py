@@ -388,16 +388,16 @@ def test_request_soon_answers_times_out_and_fails_with_the_connection() -> None:
             t = Transport(fake.addr)
             got: list[object] = []
             # No connection yet: nothing is sent, the caller takes the task path.
-            assert not t.request_soon(PingRequest(), (), got.append, PROMPT_S)
+            assert None is t.request_soon(PingRequest(), (), got.append, PROMPT_S)
             await t.request(PingRequest())  # opens it
 
-            assert t.request_soon(PingRequest(), (), got.append, PROMPT_S)
+            assert None is not t.request_soon(PingRequest(), (), got.append, PROMPT_S)
             await _until(lambda: len(got) == 1)
             assert isinstance(got[0], ResponseReceived)
             assert isinstance(got[0].body, PingResponse)
 
             fake.hold = 1  # unanswered: the callback gets the timeout, once
-            assert t.request_soon(PingRequest(), (), got.append, TINY_TIMEOUT_S)
+            assert None is not t.request_soon(PingRequest(), (), got.append, TINY_TIMEOUT_S)
             await _until(lambda: len(got) == 2)
             assert type(got[1]) is RequestTimedOutError
             fake.release()  # the late answer is dropped; the connection goes on
@@ -405,12 +405,12 @@ def test_request_soon_answers_times_out_and_fails_with_the_connection() -> None:
             assert len(got) == 2
 
             fake.hold = 1  # in flight when the transport closes: told so
-            assert t.request_soon(PingRequest(), (), got.append, PROMPT_S)
+            assert None is not t.request_soon(PingRequest(), (), got.append, PROMPT_S)
             await _until(lambda: fake.held == 1)
             await t.close()
             assert len(got) == 3
             assert type(got[2]) is ConnectionLostError
-            assert not t.request_soon(PingRequest(), (), got.append, PROMPT_S)
+            assert None is t.request_soon(PingRequest(), (), got.append, PROMPT_S)
             assert fake.connections == 1
 
     run(main())
@@ -427,8 +427,8 @@ def test_a_failing_answer_callback_does_not_stop_the_other_answers() -> None:
                 raise RuntimeError("a bug in the caller")
 
             fake.hold = 2  # both answers then arrive in one read
-            assert t.request_soon(PingRequest(), (), broken, PROMPT_S)
-            assert t.request_soon(PingRequest(), (), got.append, PROMPT_S)
+            assert None is not t.request_soon(PingRequest(), (), broken, PROMPT_S)
+            assert None is not t.request_soon(PingRequest(), (), got.append, PROMPT_S)
             await _until(lambda: fake.held == 2)
             fake.release()
             await _until(lambda: len(got) == 1)

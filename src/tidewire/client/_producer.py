@@ -909,6 +909,7 @@ class AsyncProducer:
                     lambda got: self._answered_soon(batches, got),
                     self._settings.request_timeout_ms / 1000,
                 )
+                is not None
             ):
                 # Written in this step, answered from the read callback: no task, and the
                 # batches are settled in the turn their answer is read (a lone message's

@@ -409,7 +409,9 @@ class Transport:
     async def _open(self) -> _Link:
         decoder = BufferedFrameDecoder(max_frame_bytes=self.max_frame_bytes)
         link = _Link(self, decoder)
-        link.conn = Connection(Role.CLIENT, max_in_flight=self.max_in_flight, decoder=decoder)
+        # Room for max_in_flight requests of each kind: those of request(), which take a
+        # slot, and those of request_soon(), which refuses more than that many.
+        link.conn = Connection(Role.CLIENT, max_in_flight=2 * self.max_in_flight, decoder=decoder)
         loop = asyncio.get_running_loop()
         if self._ssl is None:
             await loop.create_connection(lambda: link, self.host, self.port)
@@ -493,37 +495,50 @@ class Transport:
 
     def request_soon(
         self, body: Body, data: Sequence[Buffer], on_answer: Answered, timeout_s: float
-    ) -> bool:
+    ) -> int | None:
         """Write one request now, from the caller's own step, if nothing has to be waited
         for first; ``on_answer`` is then called with its response (or with the
         ``TidewireError`` that ended it: lost connection, no answer within ``timeout_s``)
-        from the loop's read callback. Returns False, having sent nothing, when the request
+        from the loop's read callback. Returns its correlation id (for :meth:`forget_soon`),
+        or None, having sent nothing, when the request
         must go through :meth:`request` instead: no open connection, a ``before_request``
-        hook, or a write buffer over its high-water mark.
+        hook, a write buffer over its high-water mark, or ``max_in_flight`` requests of its
+        own unanswered (it takes no slot of :meth:`request`'s: the connection has room for
+        that many of each).
 
-        What it saves a producer on the latency path of a lone message: the task that
-        :meth:`request` needs (created in one loop turn, run in the next) and the turn in
-        which that task resumes after the read callback set its response. Takes no slot
-        of ``max_in_flight``: the caller bounds its own requests below it.
+        What it saves a producer or consumer on the latency path of a lone message: the task
+        that :meth:`request` needs (created in one loop turn, run in the next) and the turn
+        in which that task resumes after the read callback set its response.
         """
         conn, link = self._conn, self._link
         if (
             conn is None
             or link is None
+            or len(self._answers) >= self.max_in_flight
             or self.before_request
             or link._paused
             or link.lost is not None
             or link.transport is None
             or link.transport.is_closing()
         ):
-            return False
+            return None
         corr, buffers = conn.send_request(body, data)
         timer = asyncio.get_running_loop().call_later(
             timeout_s, self._expire, corr, conn, type(body).__name__, timeout_s
         )
         self._answers[corr] = (on_answer, timer)
         link.write(buffers)
-        return True
+        return corr
+
+    def forget_soon(self, corr: int) -> None:
+        """Stop waiting for a :meth:`request_soon` request (its callback is not called; a
+        late answer is dropped), as a cancelled :meth:`request` does."""
+        got = self._answers.pop(corr, None)
+        if got is None:
+            return
+        got[1].cancel()
+        if self._conn is not None:
+            self._conn.forget(corr)
 
     def _expire(self, corr: int, conn: Connection, name: str, timeout_s: float) -> None:
         """A :meth:`request_soon` request got no answer in time: free its place, drop its
@@ -567,7 +582,9 @@ class Transport:
                     elif (got := self._answers.pop(event.correlation_id, None)) is not None:
                         got[1].cancel()
                         body = event.body
-                        if event.error is None and type(body) is ProduceResponse:
+                        if event.error is None and (
+                            type(body) is ProduceResponse or type(body) is FetchResponse
+                        ):
                             self.throttle_time_ms_total += body.throttle_time_ms
                         _answer(got[0], event)
                 elif isinstance(event, PushReceived):
