@@ -3,7 +3,8 @@
 Usage::
 
     python benchmarks/latency.py [--rate 5000] [--seconds 5] [--reps 3]
-        [--fsync always,interval] [--consumers pull,push] [--one-s 5] [--json]
+        [--fsync always,interval] [--consumers pull,push] [--one-s 5]
+        [--max-in-flight N] [--json]
 
 It starts ``tidewire serve`` in a process of its own on a free port over a temporary data
 directory, and for each rep (the outer loop, so slow drifts of the machine hit every case
@@ -150,18 +151,32 @@ async def make_topic(addr: str, topic: str, fsync: str) -> None:
         await admin.create_topic(topic, partitions=1, config=TopicConfig(fsync=fsync))
 
 
+#: The producer's ``max_in_flight_per_partition`` (``--max-in-flight``; None: its default).
+MAX_IN_FLIGHT: int | None = None
+
+
 async def open_producer(addr: str, topic: str) -> AsyncProducer:
-    p = AsyncProducer(addr, acks="durable", linger_ms=0)
+    options: dict[str, Any] = {}
+    if MAX_IN_FLIGHT is not None:
+        options["max_in_flight_per_partition"] = MAX_IN_FLIGHT
+    p = AsyncProducer(addr, acks="durable", linger_ms=0, **options)
     await p.__aenter__()
     # A first message opens the connection and gets the producer id before the clock starts.
     await (await p.send(topic, payload_of(time.monotonic_ns())))
     return p
 
 
-async def publish_paced(addr: str, topic: str, rate: int, seconds: float) -> int:
+async def publish_paced(addr: str, topic: str, rate: int, seconds: float) -> dict[str, Any]:
+    """Publish ``rate * seconds`` messages paced; the count, and the acknowledgements'
+    latencies (``send`` to the future done, ns) and the batches they went in, to tell the
+    produce path's share of publish-to-delivery from the consumer's."""
     p = await open_producer(addr, topic)
     out: deque[Any] = deque()
     n = int(rate * seconds)
+    acks: list[int] = []
+    batches, last = 0, None
+    clock = time.monotonic_ns
+    cpu0 = time.process_time()
     try:
         start = time.perf_counter()
         for i in range(n):
@@ -169,14 +184,21 @@ async def publish_paced(addr: str, topic: str, rate: int, seconds: float) -> int
             wait = due - time.perf_counter()
             if wait > 0:
                 await asyncio.sleep(wait)
-            out.append(await p.send(topic, payload_of(time.monotonic_ns())))
+            stamp = clock()
+            fut = await p.send(topic, payload_of(stamp))
+            fut.add_done_callback(lambda _f, s=stamp: acks.append(clock() - s))
+            if fut[0] is not last:  # one partition: a message's batch is new or the last one
+                batches, last = batches + 1, fut[0]
+            out.append(fut)
             while len(out) >= WINDOW:
                 await out.popleft()
         while out:
             await out.popleft()
     finally:
         await p.close()
-    return n
+    acks.sort()
+    cpu_us = (time.process_time() - cpu0) / n * 1e6
+    return {"sent": n, "acks": acks, "batches": batches, "producer_cpu_us_per_msg": cpu_us}
 
 
 async def publish_one_at_a_time(addr: str, topic: str, seconds: float) -> dict[str, float]:
@@ -234,8 +256,9 @@ def e2e(  # noqa: PLR0917 (a benchmark's case: every setting is positional)
         if consumer.stdout.readline().strip() != b"ready":
             raise SystemExit("the consumer did not start")
         cpu0, t0 = broker.cpu_s(), time.perf_counter()
-        sent = run_async(publish_paced(broker.addr, topic, rate, seconds))
+        published = run_async(publish_paced(broker.addr, topic, rate, seconds))
         cpu1, elapsed = broker.cpu_s(), time.perf_counter() - t0
+        sent, acks = published["sent"], published["acks"]
         out, _ = consumer.communicate(timeout=seconds + DRAIN_S + 30)
     finally:
         if consumer.poll() is None:
@@ -251,6 +274,10 @@ def e2e(  # noqa: PLR0917 (a benchmark's case: every setting is positional)
         "p999_ms": quantile(latencies, 0.999) / 1e6,
         "max_ms": latencies[-1] / 1e6 if latencies else float("nan"),
         "broker_cpu_us_per_msg": (cpu1 - cpu0) / sent * 1e6,
+        "ack_p50_ms": quantile(acks, 0.5) / 1e6,
+        "ack_p99_ms": quantile(acks, 0.99) / 1e6,
+        "msgs_per_batch": sent / max(published["batches"], 1),
+        "producer_cpu_us_per_msg": published["producer_cpu_us_per_msg"],
     }
 
 
@@ -274,6 +301,11 @@ def main() -> None:
     ap.add_argument(
         "--one-s", type=float, default=5.0, help="length of the one-at-a-time run (0: none)"
     )
+    ap.add_argument(
+        "--max-in-flight",
+        type=int,
+        help="the producer's max_in_flight_per_partition (default: the producer's default)",
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--role", default="bench", help=argparse.SUPPRESS)
     ap.add_argument("--addr", help=argparse.SUPPRESS)
@@ -281,6 +313,8 @@ def main() -> None:
     ap.add_argument("--expect", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--limit-s", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global MAX_IN_FLIGHT  # noqa: PLW0603 (a setting of this benchmark's run)
+    MAX_IN_FLIGHT = args.max_in_flight
     if args.role == "consumer":
         run_async(consume(args.addr, args.topic, args.consumers, args.expect, args.limit_s))
         return
@@ -328,6 +362,8 @@ def main() -> None:
                 f"{name:22} p50 {m['p50_ms']:.3f} ms  p99 {m['p99_ms']:.3f} ms  "
                 f"p99.9 {m['p999_ms']:.3f} ms  max {m['max_ms']:.3f} ms  "
                 f"broker {m['broker_cpu_us_per_msg']:.0f} CPU-us/msg  "
+                f"ack p50 {m['ack_p50_ms']:.3f} ms  p99 {m['ack_p99_ms']:.3f} ms  "
+                f"{m['msgs_per_batch']:.2f} msg/batch  "
                 f"({m['received']:.0f}/{m['sent']:.0f} received)"
             )
         else:

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/latency_stages.py [--seconds 5] [--fsync always] [--json]
+    python benchmarks/latency_stages.py [--seconds 5] [--fsync always] [--rate 0] [--json]
 
 It starts ``tidewire serve`` with timestamps (``time.perf_counter_ns``) taken by thin wrappers
 around the steps a produce request crosses (the bytes received, the request's task, the
@@ -11,6 +11,9 @@ starts the group commit, the worker thread running it, the fsync's end, the loop
 back, the answer written), publishes one message at a time for ``--seconds`` from this
 process (each ``send`` awaited, ``acks="durable"``, ``linger_ms=0``), stops the broker (which
 writes its timestamps to a file at exit), and prints the p50 and p90 of every stage.
+``--rate N`` publishes paced at N msg/s instead (``latency.py``'s paced producer, up to 1,000
+futures outstanding): then the stages also show the waits of a batch that arrives while its
+log's previous group commit is still running, and the acknowledgements' p50/p99 are printed.
 
 The wrappers reach into private methods of the broker (``tidewire.server.tcp``,
 ``tidewire.storage.log``): the benchmark follows the code, it is not an API. The broker runs
@@ -154,6 +157,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=5.0, help="length of the run")
     ap.add_argument("--fsync", default="always", help="the topic's fsync policy")
+    ap.add_argument(
+        "--rate", type=int, default=0, help="publish paced at this rate (0: one at a time)"
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--role", default="bench", help=argparse.SUPPRESS)
     ap.add_argument("--marks", help=argparse.SUPPRESS)
@@ -180,11 +186,24 @@ def main() -> None:
                     raise SystemExit(f"the broker did not start; see {log}")
                 time.sleep(0.02)
             broker = latency.Broker(proc, f"127.0.0.1:{int(m.group(1))}")
-            say(f"one message at a time for {args.seconds} s, fsync={args.fsync}")
             latency.run_async(latency.make_topic(broker.addr, "stages", args.fsync))
-            r = latency.run_async(
-                latency.publish_one_at_a_time(broker.addr, "stages", args.seconds)
-            )
+            if args.rate > 0:
+                say(f"{args.rate:,} msg/s paced for {args.seconds} s, fsync={args.fsync}")
+                paced = latency.run_async(
+                    latency.publish_paced(broker.addr, "stages", args.rate, args.seconds)
+                )
+                acks = paced["acks"]
+                r = {
+                    "messages": paced["sent"],
+                    "ack_p50_us": latency.quantile(acks, 0.5) / 1000,
+                    "ack_p99_us": latency.quantile(acks, 0.99) / 1000,
+                    "msgs_per_batch": paced["sent"] / max(paced["batches"], 1),
+                }
+            else:
+                say(f"one message at a time for {args.seconds} s, fsync={args.fsync}")
+                r = latency.run_async(
+                    latency.publish_one_at_a_time(broker.addr, "stages", args.seconds)
+                )
         finally:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -193,10 +212,17 @@ def main() -> None:
     if args.json:
         print(json.dumps(result))
         return
-    print(
-        f"{r['messages']:,} messages one at a time, round trip p50 {r['rtt_p50_us']:.0f} us "
-        f"(broker stages, us)"
-    )
+    if args.rate > 0:
+        print(
+            f"{r['messages']:,} messages at {args.rate:,} msg/s, "
+            f"{r['msgs_per_batch']:.2f} a batch, "
+            f"ack p50 {r['ack_p50_us']:.0f} us p99 {r['ack_p99_us']:.0f} us (broker stages, us)"
+        )
+    else:
+        print(
+            f"{r['messages']:,} messages one at a time, round trip p50 {r['rtt_p50_us']:.0f} us "
+            f"(broker stages, us)"
+        )
     for name, v in result["stages"].items():
         print(f"{name:46} p50 {v['p50_us']:8.1f}  p90 {v['p90_us']:8.1f}")
 

@@ -190,9 +190,11 @@ def test_a_seek_does_not_wait_for_the_long_poll_on_its_way(tmp_path: Path) -> No
                         else list(await c.poll_batch(PROMPT_S))
                     )
                     assert values(got) == [b"%d" % i for i in range(5)]
-                    assert len(c._t._waiting) == 1  # the long-poll at the log's end
+                    # The long-poll at the log's end (sent by request or request_soon).
+                    assert len(c._t._waiting) + len(c._t._answers) == 1
                     await c.seek("t", 0, 2)
                     assert not c._t._waiting
+                    assert not c._t._answers
                     t0 = time.monotonic()
                     again = await c.poll(PROMPT_S)
                     assert values(again) == [b"2", b"3", b"4"], how
@@ -220,7 +222,8 @@ def test_the_next_fetch_is_on_its_way_while_records_are_handed_out(tmp_path: Pat
                         assert len(await c.poll(PROMPT_S, max_records=4)) == 4
                     else:
                         assert len(await c.poll_batch(PROMPT_S, max_records=4)) == 4
-                    assert len(c._t._waiting) == 1  # the next fetch waits on the broker
+                    # The next fetch waits on the broker (sent by request or request_soon).
+                    assert len(c._t._waiting) + len(c._t._answers) == 1
                     await put(broker, "t", 0, [b"late"])  # and brings it
                     got: list[ConsumerRecord] = []
                     for _ in range(3):  # the rest of the first fetch, then the second
@@ -228,5 +231,31 @@ def test_the_next_fetch_is_on_its_way_while_records_are_handed_out(tmp_path: Pat
                         if got and got[-1].value == b"late":
                             break
                     assert values(got)[-1] == b"late", how
+
+    run(main())
+
+
+def test_a_connected_consumer_fetches_without_a_task(tmp_path: Path) -> None:
+    """Once connected to a single node, a fetch is written at once and its answer read into
+    a future from the read callback (Transport.request_soon), not by a task per fetch: the
+    records reach a waiting poll one loop turn sooner. A long-poll dropped by a seek is
+    forgotten by the transport too."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 1)
+            await put(broker, "t", 0, [b"a"])
+            async with AsyncConsumer(addr(server), max_wait_ms=5_000) as c:
+                await c.assign([("t", 0, "earliest")])
+                assert values(await c.poll(PROMPT_S)) == [b"a"]  # connects (a task)
+                fetch = c._fetch
+                assert fetch is not None
+                assert not isinstance(fetch, asyncio.Task)
+                assert len(c._t._answers) == 1
+                await put(broker, "t", 0, [b"b"])
+                assert values(await c.poll(PROMPT_S)) == [b"b"]
+                await c.seek("t", 0, 0)
+                assert not c._t._answers
+                assert values(await c.poll(PROMPT_S)) == [b"a", b"b"]
 
     run(main())

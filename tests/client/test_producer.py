@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -561,5 +562,45 @@ def test_blocking_producer_from_many_threads(tmp_path: Path) -> None:
             assert sorted(o for per in offsets for o in per) == list(range(800))
             for per in offsets:
                 assert per == sorted(per)
+
+    run(main())
+
+
+# --- the latency path ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("idempotence", [False, True])
+def test_a_connected_producer_sends_and_settles_without_a_task_per_request(
+    tmp_path: Path, idempotence: bool
+) -> None:
+    """Once connected, each produce request is written by the sender's own step and its
+    batches settled from the read callback (Transport.request_soon): no task per request,
+    which cost a lone message two loop turns. Offsets and order are as before."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 1)
+            async with AsyncProducer(addr(server), linger_ms=0, idempotence=idempotence) as p:
+                await (await p.send("t", b"first"))  # opens the connection (a task)
+                tasked = 0
+                produce = p._produce
+
+                async def counted(*args: Any) -> None:
+                    nonlocal tasked
+                    tasked += 1
+                    await produce(*args)
+
+                p._produce = counted  # type: ignore[method-assign]
+                offsets = [(await (await p.send("t", b"m%d" % i))).offset for i in range(20)]
+                assert offsets == list(range(1, 21))
+                assert tasked == 0
+                futs = [await p.send("t", b"n%d" % i) for i in range(50)]  # several in flight
+                assert [(await f).offset for f in futs] == list(range(21, 71))
+                assert tasked == 0
+            _, records = await stored(broker, "t", 0)
+            expected = (
+                [b"first"] + [b"m%d" % i for i in range(20)] + [b"n%d" % i for i in range(50)]
+            )
+            assert [r.value for r in records] == expected
 
     run(main())

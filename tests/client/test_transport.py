@@ -15,6 +15,7 @@ import gc
 import itertools
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,12 +37,15 @@ from tests.client._support import (
     until_waiting,
 )
 from tidewire.client import AsyncClient, Client, Message
+from tidewire.client._transport import Transport
 from tidewire.errors import (
     ConnectionLostError,
     RequestTimedOutError,
     ShuttingDownError,
     TidewireError,
 )
+from tidewire.protocol import ResponseReceived
+from tidewire.protocol.messages import PingRequest, PingResponse
 
 
 def assert_retriable(exc: pytest.ExceptionInfo[TidewireError], cls: type[TidewireError]) -> None:
@@ -373,3 +377,71 @@ def test_a_connect_cancelled_at_any_step_leaves_no_socket_open(tmp_path: Path) -
                 assert not [w for w in caught if issubclass(w.category, ResourceWarning)], steps
 
     run(main())
+
+
+# --- request_soon: written in the caller's step, answered from the read callback ----------------
+
+
+def test_request_soon_answers_times_out_and_fails_with_the_connection() -> None:
+    async def main() -> None:
+        async with FakeBroker() as fake:
+            t = Transport(fake.addr)
+            got: list[object] = []
+            # No connection yet: nothing is sent, the caller takes the task path.
+            assert None is t.request_soon(PingRequest(), (), got.append, PROMPT_S)
+            await t.request(PingRequest())  # opens it
+
+            assert None is not t.request_soon(PingRequest(), (), got.append, PROMPT_S)
+            await _until(lambda: len(got) == 1)
+            assert isinstance(got[0], ResponseReceived)
+            assert isinstance(got[0].body, PingResponse)
+
+            fake.hold = 1  # unanswered: the callback gets the timeout, once
+            assert None is not t.request_soon(PingRequest(), (), got.append, TINY_TIMEOUT_S)
+            await _until(lambda: len(got) == 2)
+            assert type(got[1]) is RequestTimedOutError
+            fake.release()  # the late answer is dropped; the connection goes on
+            await asyncio.wait_for(t.request(PingRequest()), PROMPT_S)
+            assert len(got) == 2
+
+            fake.hold = 1  # in flight when the transport closes: told so
+            assert None is not t.request_soon(PingRequest(), (), got.append, PROMPT_S)
+            await _until(lambda: fake.held == 1)
+            await t.close()
+            assert len(got) == 3
+            assert type(got[2]) is ConnectionLostError
+            assert None is t.request_soon(PingRequest(), (), got.append, PROMPT_S)
+            assert fake.connections == 1
+
+    run(main())
+
+
+def test_a_failing_answer_callback_does_not_stop_the_other_answers() -> None:
+    async def main() -> None:
+        async with FakeBroker() as fake:
+            t = Transport(fake.addr)
+            await t.request(PingRequest())
+            got: list[object] = []
+
+            def broken(_: object) -> None:
+                raise RuntimeError("a bug in the caller")
+
+            fake.hold = 2  # both answers then arrive in one read
+            assert None is not t.request_soon(PingRequest(), (), broken, PROMPT_S)
+            assert None is not t.request_soon(PingRequest(), (), got.append, PROMPT_S)
+            await _until(lambda: fake.held == 2)
+            fake.release()
+            await _until(lambda: len(got) == 1)
+            assert isinstance(got[0], ResponseReceived)
+            await asyncio.wait_for(t.request(PingRequest()), PROMPT_S)  # still connected
+            await t.close()
+
+    run(main())
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    """Return once ``done()``, polling (bounded by PROMPT_S)."""
+    deadline = time.monotonic() + PROMPT_S
+    while not done():
+        assert time.monotonic() < deadline, "not within PROMPT_S"
+        await asyncio.sleep(0.005)

@@ -33,6 +33,7 @@ from tidewire.errors import (
 )
 from tidewire.observability import tracing as _tracing
 from tidewire.observability.tracing import tracer as _tracer
+from tidewire.protocol.connection import ResponseReceived
 from tidewire.protocol.frames import frame_data_window
 from tidewire.protocol.messages import (
     FetchPartition,
@@ -303,7 +304,8 @@ class AsyncConsumer:
         #: The last record iteration handed out, whose position is not written yet: one
         #: attribute store per record instead of a dict update (:meth:`_settle`).
         self._last: ConsumerRecord | None = None
-        self._fetch: asyncio.Task[list[_Fetched]] | None = None
+        self._fetch: asyncio.Future[list[_Fetched]] | None = None
+        self._fetch_corr = 0  # the correlation id of a fetch sent by Transport.request_soon
         #: The fetch started has not run yet (its request is not written).
         self._fetch_unsent = False
         self._backoff = 0.0
@@ -708,15 +710,27 @@ class AsyncConsumer:
         if self._fetch_unsent:
             await asyncio.sleep(0)
 
-    def _start_fetch(self) -> asyncio.Task[list[_Fetched]]:
+    def _start_fetch(self) -> asyncio.Future[list[_Fetched]]:
         if self._closed:
             raise ConnectionLostError("the consumer is closed")
         if self._fetch is None:
             wants = list(self._fetch_at.items())
+            loop = asyncio.get_running_loop()
+            if not self._stale and not self._router.clustered and _tracer() is None:
+                # One node, connected: the request is written now and its answer read into
+                # this future from the read callback (no task: the records reach a waiting
+                # poll one loop turn sooner). Otherwise the task below.
+                fut: asyncio.Future[list[_Fetched]] = loop.create_future()
+                req, timeout = self._fetch_request(wants)
+                corr = self._t.request_soon(
+                    req, (), lambda got: _fetched_soon(fut, wants, got), timeout
+                )
+                if corr is not None:
+                    self._fetch_unsent = False
+                    self._fetch, self._fetch_corr = fut, corr
+                    return fut
             self._fetch_unsent = True
-            self._fetch = asyncio.get_running_loop().create_task(
-                self._fetch_once(wants), name="tidewire consumer fetch"
-            )
+            self._fetch = loop.create_task(self._fetch_once(wants), name="tidewire consumer fetch")
         return self._fetch
 
     def _skip(self, tp: TP, offset: int, err: TidewireError) -> bool:
@@ -789,45 +803,81 @@ class AsyncConsumer:
         self, transport: Transport, wants: list[tuple[TP, int]]
     ) -> list[_Fetched]:
         self._fetch_unsent = False  # the request is written in this step
-        req = FetchRequest(
-            max_wait_ms=self.max_wait_ms,
-            min_bytes=self.min_bytes,
-            max_bytes=self.max_bytes,
-            partitions=[FetchPartition(t, p, o, self.max_partition_bytes) for (t, p), o in wants],
-        )
-        timeout = self._t.request_timeout_s + self.max_wait_ms / 1000
+        req, timeout = self._fetch_request(wants)
         t = _tracer()  # None without an OpenTelemetry SDK: nothing else is done for tracing
         started = time.time_ns() if t is not None else 0
         response = await transport.request(req, timeout_s=timeout)
         assert response is not None
-        out: list[_Fetched] = []
-        # A large answer was read into a buffer of its own: records are read from it in place.
-        buf, pos = frame_data_window(response.data)
-        for (tp, offset), result in zip(wants, response.body.partitions, strict=True):
-            start = pos
-            pos += result.size
-            if result.error_code:
-                err = fetch_error(
-                    result.error_code, result.error_message, result.damage_start, result.damage_end
-                )
-                out.append(_Fetched(tp, offset, buf, [], offset, err))
-                continue
-            batches, nxt = _stored(offset, buf, start, pos)
-            records = None
-            if t is not None and batches:  # the receive span names the records: make them
-                records, _ = _parse(tp, offset, buf, start, pos)
-            out.append(_Fetched(tp, offset, buf, batches, nxt, records=records))
+        out = _fetch_results(wants, response, t is not None)
         if t is not None:
             got = [r for f in out for r in f.records or ()]
             if got:
                 _tracing.record_receive(t, got, started, self._addr, self.group_name)
         return out
 
+    def _fetch_request(self, wants: list[tuple[TP, int]]) -> tuple[FetchRequest, float]:
+        """The fetch request for ``wants``, and how long its answer may take."""
+        req = FetchRequest(
+            max_wait_ms=self.max_wait_ms,
+            min_bytes=self.min_bytes,
+            max_bytes=self.max_bytes,
+            partitions=[FetchPartition(t, p, o, self.max_partition_bytes) for (t, p), o in wants],
+        )
+        return req, self._t.request_timeout_s + self.max_wait_ms / 1000
+
     async def _drop_fetch(self) -> None:
         task, self._fetch = self._fetch, None
         self._fetch_unsent = False
-        if task is not None:
+        if isinstance(task, asyncio.Task):
             await cancel_and_wait(task, ignore=(TidewireError,))
+        elif task is not None:  # sent by request_soon: its answer, when it comes, is dropped
+            task.cancel()
+            self._t.forget_soon(self._fetch_corr)
+
+
+def _fetch_results(
+    wants: list[tuple[TP, int]], response: ResponseReceived, make_records: bool
+) -> list[_Fetched]:
+    """What a fetch answer brought for each partition asked for (records made only when
+    ``make_records``: a tracing span names them)."""
+    out: list[_Fetched] = []
+    # A large answer was read into a buffer of its own: records are read from it in place.
+    buf, pos = frame_data_window(response.data)
+    for (tp, offset), result in zip(wants, response.body.partitions, strict=True):
+        start = pos
+        pos += result.size
+        if result.error_code:
+            err = fetch_error(
+                result.error_code, result.error_message, result.damage_start, result.damage_end
+            )
+            out.append(_Fetched(tp, offset, buf, [], offset, err))
+            continue
+        batches, nxt = _stored(offset, buf, start, pos)
+        records = None
+        if make_records and batches:
+            records, _ = _parse(tp, offset, buf, start, pos)
+        out.append(_Fetched(tp, offset, buf, batches, nxt, records=records))
+    return out
+
+
+def _fetched_soon(
+    fut: asyncio.Future[list[_Fetched]],
+    wants: list[tuple[TP, int]],
+    got: ResponseReceived | TidewireError,
+) -> None:
+    """The answer to a fetch sent by ``request_soon`` (from the read callback) into ``fut``,
+    as the fetch task would have returned or raised it."""
+    if fut.done():  # dropped meanwhile (seek, assign, close)
+        return
+    if isinstance(got, TidewireError):
+        fut.set_exception(got)
+    elif got.error is not None:
+        fut.set_exception(got.error)
+    else:
+        try:
+            fut.set_result(_fetch_results(wants, got, False))
+        except Exception as exc:  # a bug or a malformed answer: the poll raises it
+            fut.set_exception(exc)
 
 
 class _Reader(Protocol):

@@ -45,6 +45,7 @@ from tidewire.errors import (
 )
 from tidewire.observability import tracing as _tracing
 from tidewire.observability.tracing import tracer as _tracer
+from tidewire.protocol.connection import ResponseReceived
 from tidewire.protocol.messages import (
     ACKS_NONE,
     GroupPartition,
@@ -52,6 +53,7 @@ from tidewire.protocol.messages import (
     MetadataRequest,
     ProducePartition,
     ProduceRequest,
+    ProduceResponse,
     ProducerStateRequest,
     TopicDescription,
 )
@@ -273,6 +275,7 @@ class AsyncProducer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._flying: set[ProducerBatch] = set()
         self._requests = 0  # produce requests in flight
+        self._slow = 0  # of which sent by a task (Transport.request), not request_soon
         self._closing = False  # no more sends
         self._aborting = False  # no more retries
         self._closed = False
@@ -898,6 +901,22 @@ class AsyncProducer:
         router = self._router
         if not router.clustered:  # one node: one connection, the request as drained
             self._requests += 1
+            if (
+                self._acks != ACKS_NONE
+                and not self._slow
+                and self._transport.request_soon(
+                    *self._request_of(batches),
+                    lambda got: self._answered_soon(batches, got),
+                    self._settings.request_timeout_ms / 1000,
+                )
+                is not None
+            ):
+                # Written in this step, answered from the read callback: no task, and the
+                # batches are settled in the turn their answer is read (a lone message's
+                # latency). Only while no request of the task path is on its way, which
+                # could otherwise be overtaken (a partition's batches go in order).
+                return
+            self._slow += 1  # counted from here: the task writes its request a turn later
             self._spawn(self._produce(batches, self._transport), "tidewire produce")
             return
         # A cluster: a request per leader node, each holding that node's partitions.
@@ -910,9 +929,12 @@ class AsyncProducer:
             first = group[0].state
             transport = router.transport_for(first.topic, first.partition)
             self._requests += 1
+            self._slow += 1
             self._spawn(self._produce(group, transport), "tidewire produce")
 
-    async def _produce(self, batches: list[ProducerBatch], transport: Transport) -> None:
+    def _request_of(
+        self, batches: list[ProducerBatch]
+    ) -> tuple[ProduceRequest, list[bytes | bytearray]]:
         data = [b.data or b"" for b in batches]
         req = ProduceRequest(
             acks=self._acks,
@@ -922,6 +944,32 @@ class AsyncProducer:
                 for b, d in zip(batches, data, strict=True)
             ],
         )
+        return req, data
+
+    def _answered_soon(
+        self, batches: list[ProducerBatch], got: ResponseReceived | TidewireError
+    ) -> None:
+        """The answer to a request sent by ``request_soon`` (from the read callback)."""
+        self._requests -= 1
+        self._wake.set()
+        if isinstance(got, TidewireError) or got.error is not None:
+            if self._closed:
+                return  # the connection closed under it: close() fails them as closed
+            exc = got if isinstance(got, TidewireError) else got.error
+            assert exc is not None
+            for batch in batches:
+                self._failed(batch, exc)
+            return
+        try:
+            self._answered(batches, got)
+        except Exception as exc:  # a bug: its batches fail with it, the transport logs it
+            for batch in batches:
+                if batch in self._flying:
+                    self._give_up(batch, exc, in_flight=True)
+            raise
+
+    async def _produce(self, batches: list[ProducerBatch], transport: Transport) -> None:
+        req, data = self._request_of(batches)
         try:
             response = await transport.request(req, data, expect_response=self._acks != ACKS_NONE)
         except TidewireError as exc:
@@ -933,12 +981,17 @@ class AsyncProducer:
                 self._give_up(batch, exc, in_flight=True)
             raise
         finally:
+            self._slow -= 1
             self._requests -= 1
             self._wake.set()
         if response is None:  # acks=none
             for batch in batches:
                 self._stored(batch, -1)
             return
+        self._answered(batches, response)
+
+    def _answered(self, batches: list[ProducerBatch], response: ResponseReceived) -> None:
+        assert isinstance(response.body, ProduceResponse)
         for batch, result in zip(batches, response.body.results, strict=True):
             if result.error_code:
                 self._failed(batch, for_code(result.error_code)(result.error_message))

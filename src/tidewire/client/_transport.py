@@ -49,6 +49,19 @@ __all__ = ["Addresses", "Transport", "parse_addr", "parse_addrs"]
 
 log = logging.getLogger("tidewire.client")
 
+#: The callback of a :meth:`Transport.request_soon` request: its response, or what ended it.
+Answered = Callable[["ResponseReceived | TidewireError"], None]
+
+
+def _answer(on_answer: Answered, got: ResponseReceived | TidewireError) -> None:
+    """Call a request's callback from the read path; a bug in it is logged, not raised
+    into the loop's read callback (the other answers read with it must still go out)."""
+    try:
+        on_answer(got)
+    except Exception:
+        log.exception("a request's answer callback failed")
+
+
 #: First and largest pause before reconnecting after a failure (seconds).
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 5.0
@@ -256,6 +269,8 @@ class Transport:
         self._conn: Connection | None = None
         self._link: _Link | None = None
         self._waiting: dict[int, asyncio.Future[ResponseReceived]] = {}
+        #: Requests sent by :meth:`request_soon`: their callback and timeout, by correlation id.
+        self._answers: dict[int, tuple[Answered, asyncio.TimerHandle]] = {}
         #: Awaited before each request is sent: what must go ahead of it (settlements asked
         #: for without waiting, so that a later request of the same client sees them done).
         self.before_request: list[Callable[[], Awaitable[None]]] = []
@@ -394,7 +409,9 @@ class Transport:
     async def _open(self) -> _Link:
         decoder = BufferedFrameDecoder(max_frame_bytes=self.max_frame_bytes)
         link = _Link(self, decoder)
-        link.conn = Connection(Role.CLIENT, max_in_flight=self.max_in_flight, decoder=decoder)
+        # Room for max_in_flight requests of each kind: those of request(), which take a
+        # slot, and those of request_soon(), which refuses more than that many.
+        link.conn = Connection(Role.CLIENT, max_in_flight=2 * self.max_in_flight, decoder=decoder)
         loop = asyncio.get_running_loop()
         if self._ssl is None:
             await loop.create_connection(lambda: link, self.host, self.port)
@@ -476,6 +493,63 @@ class Transport:
             self.throttle_time_ms_total += body.throttle_time_ms
         return response
 
+    def request_soon(
+        self, body: Body, data: Sequence[Buffer], on_answer: Answered, timeout_s: float
+    ) -> int | None:
+        """Write one request now, from the caller's own step, if nothing has to be waited
+        for first; ``on_answer`` is then called with its response (or with the
+        ``TidewireError`` that ended it: lost connection, no answer within ``timeout_s``)
+        from the loop's read callback. Returns its correlation id (for :meth:`forget_soon`),
+        or None, having sent nothing, when the request
+        must go through :meth:`request` instead: no open connection, a ``before_request``
+        hook, a write buffer over its high-water mark, or ``max_in_flight`` requests of its
+        own unanswered (it takes no slot of :meth:`request`'s: the connection has room for
+        that many of each).
+
+        What it saves a producer or consumer on the latency path of a lone message: the task
+        that :meth:`request` needs (created in one loop turn, run in the next) and the turn
+        in which that task resumes after the read callback set its response.
+        """
+        conn, link = self._conn, self._link
+        if (
+            conn is None
+            or link is None
+            or len(self._answers) >= self.max_in_flight
+            or self.before_request
+            or link._paused
+            or link.lost is not None
+            or link.transport is None
+            or link.transport.is_closing()
+        ):
+            return None
+        corr, buffers = conn.send_request(body, data)
+        timer = asyncio.get_running_loop().call_later(
+            timeout_s, self._expire, corr, conn, type(body).__name__, timeout_s
+        )
+        self._answers[corr] = (on_answer, timer)
+        link.write(buffers)
+        return corr
+
+    def forget_soon(self, corr: int) -> None:
+        """Stop waiting for a :meth:`request_soon` request (its callback is not called; a
+        late answer is dropped), as a cancelled :meth:`request` does."""
+        got = self._answers.pop(corr, None)
+        if got is None:
+            return
+        got[1].cancel()
+        if self._conn is not None:
+            self._conn.forget(corr)
+
+    def _expire(self, corr: int, conn: Connection, name: str, timeout_s: float) -> None:
+        """A :meth:`request_soon` request got no answer in time: free its place, drop its
+        late response, tell its caller."""
+        got = self._answers.pop(corr, None)
+        if got is None:
+            return
+        if self._conn is conn:
+            conn.forget(corr)
+        _answer(got[0], RequestTimedOutError(f"no response to {name} within {timeout_s:g} s"))
+
     async def _drain(self, link: _Link) -> None:
         try:
             await link.drain()
@@ -502,8 +576,17 @@ class Transport:
                         error = event.error  # the broker is closing the connection: why
                         break
                     fut = self._waiting.get(event.correlation_id)
-                    if fut is not None and not fut.done():
-                        fut.set_result(event)
+                    if fut is not None:
+                        if not fut.done():
+                            fut.set_result(event)
+                    elif (got := self._answers.pop(event.correlation_id, None)) is not None:
+                        got[1].cancel()
+                        body = event.body
+                        if event.error is None and (
+                            type(body) is ProduceResponse or type(body) is FetchResponse
+                        ):
+                            self.throttle_time_ms_total += body.throttle_time_ms
+                        _answer(got[0], event)
                 elif isinstance(event, PushReceived):
                     if self.on_push is not None:
                         self.on_push(event)
@@ -529,6 +612,10 @@ class Transport:
                 # which resending would only repeat).
                 fut.set_exception(error)
         self._waiting.clear()
+        answers, self._answers = self._answers, {}
+        for on_answer, timer in answers.values():
+            timer.cancel()
+            _answer(on_answer, error)
         if link is not None and not self._closed and self.on_lost is not None:
             self.on_lost(error)
 
