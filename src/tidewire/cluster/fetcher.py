@@ -7,7 +7,9 @@ Each round names, per partition, the follower's log end (where to copy from), it
 end (which the leader counts under ``fsync=always``), the leader epoch it follows in and the
 epoch of its own last batch. The answer's batches are appended exactly as the leader holds
 them (:meth:`~tidewire.storage.log.PartitionLog.append_replica_async`); a divergence answer
-(KIP-101) truncates the log first (:func:`~tidewire.cluster.epochs.truncation_point`).
+(KIP-101) truncates the log first (:func:`~tidewire.cluster.epochs.truncation_point`). The
+broker's idempotent-producer state follows both (``Broker.replica_appended`` and
+``replica_truncated``), so a follower promoted to leader knows every producer's sequences.
 
 Errors: a lost connection is reopened with capped exponential backoff; a partition answered
 with FencedLeaderEpoch or NotLeader is paused until the node layer names its leader again
@@ -251,16 +253,28 @@ class LeaderFetcher:
                     r.diverging_end_offset,
                 )
                 plog.truncate_to(cut)
+                m.broker.replica_truncated(s.topic, s.partition, cut)
             elif r.diverging_end_offset < plog.log_end_offset:
                 # The leader lacks this log's last epoch and its own end of it is past the
                 # leader's: cut at the leader's end.
                 plog.truncate_to(r.diverging_end_offset)
+                m.broker.replica_truncated(s.topic, s.partition, r.diverging_end_offset)
             else:  # nothing to cut, yet a divergence: do not spin on it
                 s.failures += 1
                 s.retry_at = asyncio.get_running_loop().time() + _backoff(s.failures)
             return
         if len(chunk) and asked.offset == plog.log_end_offset:
-            await plog.append_replica_async(chunk)
+            # The producer state learns the batches before their append is awaited (it is
+            # queued in the same step), so no produce taken in between, after a promotion,
+            # misses them; an append that fails is forgotten again.
+            m.broker.replica_appended(s.topic, s.partition, chunk)
+            try:
+                await plog.append_replica_async(chunk)
+            except asyncio.CancelledError:
+                raise  # the writes were queued: they are stored, as the state says
+            except BaseException:
+                m.broker.replica_truncated(s.topic, s.partition, plog.log_end_offset)
+                raise
         m.learned(s.key, r.high_watermark)
 
 

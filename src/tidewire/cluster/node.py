@@ -239,6 +239,8 @@ class ClusterNode:
             EtcdUnavailableError: no etcd endpoint answered.
         """
         attach_node(self.broker, self)
+        # Producer ids from this node's own range: unique across the cluster.
+        self.broker.use_producer_id_range(self.node_id)
         try:
             await self.lease.start()
             await self._register()
