@@ -8,7 +8,7 @@ import asyncio
 import gc
 import logging
 import signal
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -40,6 +40,7 @@ from tidewire.storage import FsyncPolicy
 from ._common import EXIT_ERROR, EXIT_USAGE, echo_json, fail
 
 if TYPE_CHECKING:
+    from tidewire.cluster.fetcher import Connect
     from tidewire.cluster.node import ClusterNode
     from tidewire.server.http.gateway import HttpGateway
     from tidewire.server.kafka.listener import KafkaServer
@@ -793,6 +794,25 @@ def serve(
             help="A follower that has not caught up for this long leaves the ISR (ms).",
         ),
     ] = 10_000,
+    node_api_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--node-api-key-file",
+            help="File holding the API key this node authenticates to its partitions' "
+            "leaders with (with --cluster and authentication on): a principal allowed "
+            "cluster_action on the cluster (docs/cluster.md, Security).",
+            show_default=False,
+        ),
+    ] = None,
+    node_tls_ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--node-tls-ca-file",
+            help="PEM CAs the leaders' certificates are verified against when this node's "
+            "listener uses TLS (with --cluster; default: --tls-ca-file, else the system's).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT, then drain and stop cleanly: every listener
     stops accepting at once, long-polls and streams are answered, requests in flight get up
@@ -892,8 +912,17 @@ def serve(
         fail(exc.message, EXIT_USAGE)
     node: NodeOptions | None = None
     if cluster is None:
-        if node_id is not None or advertise is not None:
-            fail("--node-id and --advertise go with --cluster etcd://HOST:PORT", EXIT_USAGE)
+        if (
+            node_id is not None
+            or advertise is not None
+            or node_api_key_file is not None
+            or node_tls_ca_file is not None
+        ):
+            fail(
+                "--node-id, --advertise, --node-api-key-file and --node-tls-ca-file go with "
+                "--cluster etcd://HOST:PORT",
+                EXIT_USAGE,
+            )
     else:
         if node_id is None:
             fail("--cluster needs --node-id N (unique among the cluster's nodes)", EXIT_USAGE)
@@ -909,6 +938,8 @@ def serve(
                 default_replication_factor=default_replication_factor,
                 min_insync_replicas=min_insync_replicas,
                 replica_lag_max_ms=replica_lag_max_ms,
+                api_key=None if node_api_key_file is None else _read_node_key(node_api_key_file),
+                tls_ca_file=None if node_tls_ca_file is None else str(node_tls_ca_file),
             )
         except InvalidConfigError as exc:
             fail(exc.message, EXIT_USAGE)
@@ -948,6 +979,54 @@ class NodeOptions:
     default_replication_factor: int
     min_insync_replicas: int
     replica_lag_max_ms: int
+    #: the key this node authenticates to leaders with (None: none); never logged
+    api_key: str | None = field(default=None, repr=False)
+    tls_ca_file: str | None = None
+
+
+def _read_node_key(path: Path) -> str:
+    """The API key in ``path`` (surrounding blanks stripped).
+
+    Raises:
+        InvalidConfigError: unreadable, or not an API key (the message does not repeat it).
+    """
+    from tidewire.security.credentials import Credentials  # noqa: PLC0415
+
+    try:
+        key = path.read_text().strip()
+    except OSError as exc:
+        raise InvalidConfigError(f"--node-api-key-file {path}: {exc.strerror}") from None
+    try:
+        Credentials(key)
+    except TidewireError:
+        raise InvalidConfigError(
+            f"--node-api-key-file {path}: not a tidewire API key (twk_<id>_<secret>)"
+        ) from None
+    return key
+
+
+def _replica_connect(options: NodeOptions, settings: Settings) -> Connect:
+    """How this node connects to its partitions' leaders: over TLS when its own listener
+    uses TLS (every node of a cluster is configured alike), with the leader's certificate
+    verified against ``--node-tls-ca-file`` (default: ``--tls-ca-file``), and this node's
+    certificate presented as a client certificate when listeners ask for one; authenticated
+    with ``--node-api-key-file`` when given."""
+    from tidewire.cluster.fetcher import node_connect  # noqa: PLC0415
+    from tidewire.security.credentials import Credentials  # noqa: PLC0415
+    from tidewire.security.tls import TlsOptions  # noqa: PLC0415
+
+    t = settings.tls
+    tls = None
+    if t.enabled:
+        mtls = t.tls_client_auth != "none"
+        tls = TlsOptions(
+            ca_file=options.tls_ca_file or t.tls_ca_file or None,
+            cert_file=t.tls_cert_file if mtls else None,
+            key_file=(t.tls_key_file or None) if mtls else None,
+            min_version=t.tls_min_version,
+        )
+    credentials = None if options.api_key is None else Credentials(options.api_key)
+    return node_connect(tls=tls, credentials=credentials)
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -1098,6 +1177,7 @@ async def _join(
         default_replication_factor=options.default_replication_factor,
         replica_lag_max_ms=options.replica_lag_max_ms,
         min_insync_replicas=options.min_insync_replicas,
+        replica_connect=_replica_connect(options, settings),
     )
     await node.start()
     return node

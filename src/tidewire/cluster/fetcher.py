@@ -31,6 +31,8 @@ from tidewire._tasks import cancel_and_wait
 from tidewire.client._transport import Transport
 from tidewire.cluster.epochs import truncation_point
 from tidewire.errors import (
+    AuthenticationFailedError,
+    AuthorizationFailedError,
     FencedLeaderEpochError,
     NotLeaderError,
     TidewireError,
@@ -43,8 +45,17 @@ from tidewire.protocol.messages import (
 
 if TYPE_CHECKING:
     from tidewire.cluster.replication import ReplicaManager
+    from tidewire.security.credentials import Credentials
+    from tidewire.security.tls import TlsOptions
 
-__all__ = ["Connect", "FollowedPartition", "LeaderFetcher", "ReplicaLink", "default_connect"]
+__all__ = [
+    "Connect",
+    "FollowedPartition",
+    "LeaderFetcher",
+    "ReplicaLink",
+    "default_connect",
+    "node_connect",
+]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +84,27 @@ Connect = Callable[[str, int], ReplicaLink]
 def default_connect(host: str, port: int) -> ReplicaLink:
     """A plaintext, unauthenticated client transport to ``host:port``."""
     return Transport(f"{host}:{port}", connect_timeout_s=5.0, request_timeout_s=30.0)
+
+
+def node_connect(
+    *, tls: TlsOptions | None = None, credentials: Credentials | None = None
+) -> Connect:
+    """Opens links to leaders as this node's own identity: over TLS when ``tls`` is given
+    (the leader's certificate verified against its CA, a client certificate presented if
+    it names one), authenticated with ``credentials`` (SCRAM by default, as any client) when
+    given. The leader's gate then checks ``cluster_action`` on the cluster for
+    REPLICA_FETCH."""
+
+    def connect(host: str, port: int) -> ReplicaLink:
+        return Transport(
+            f"{host}:{port}",
+            connect_timeout_s=5.0,
+            request_timeout_s=30.0,
+            tls=tls,
+            credentials=credentials,
+        )
+
+    return connect
 
 
 @dataclass
@@ -154,6 +186,23 @@ class LeaderFetcher:
             except Exception as exc:  # connection lost, timeout, the leader refused it all
                 self._failures += 1
                 delay = _backoff(self._failures)
+                if isinstance(exc, AuthenticationFailedError | AuthorizationFailedError):
+                    # Not transient: the operator has to act. Said loudly on the first
+                    # refusal, then again now and then while it lasts.
+                    if self._failures == 1 or self._failures % 50 == 0:
+                        log.error(
+                            "node %d cannot copy from leader node %d at %s:%d: %s. A node "
+                            "authenticates to its leaders with --node-api-key-file (or a "
+                            "client certificate), as a principal allowed cluster_action on the "
+                            'cluster (docs/cluster.md, "Security")',
+                            self.manager.node_id,
+                            self.leader,
+                            *self.address,
+                            exc,
+                        )
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), delay)
+                    continue
                 log.info(
                     "replica fetch from node %d at %s:%d failed (%s); again in %.2f s",
                     self.leader,
