@@ -30,6 +30,7 @@ from tidewire.server import ServerConfig, TcpServer
 T = "orders"
 NODE = "tidewire-node"  # the node principal: allowed cluster_action
 WEAK = "some-service"  # a principal without it
+CERT_NODE = "node-by-cert"  # a client certificate's CN: no principal, an ACL by name
 
 
 async def _until(check: object, what: str, timeout_s: float = 20.0) -> None:
@@ -42,16 +43,27 @@ async def _until(check: object, what: str, timeout_s: float = 20.0) -> None:
 
 
 @contextlib.asynccontextmanager
-async def two_nodes(tmp_path: Path, key_of: str) -> AsyncIterator[tuple[Broker, Broker, str]]:
-    """Node 1 leads ``orders``/0, node 2 follows it authenticated with a key of
-    ``key_of``; yields both brokers and the admin key of node 1."""
+async def two_nodes(
+    tmp_path: Path, key_of: str | None, cert_cn: str | None = None
+) -> AsyncIterator[tuple[Broker, Broker, str]]:
+    """Node 1 leads ``orders``/0, node 2 follows it authenticated with a key of ``key_of``
+    or with a client certificate of CN ``cert_cn`` (listeners then take client
+    certificates); yields both brokers and the admin key of node 1."""
     ca = make_ca()
     write_pem(tmp_path / "ca.pem", ca.cert_pem)
     server = issue(ca, "127.0.0.1", hosts=("127.0.0.1",))
     write_pem(tmp_path / "server.pem", server.cert_pem)
     write_key(tmp_path / "server.key", server.key_pem)
+    mtls = {}
+    if cert_cn is not None:
+        node_cert = issue(ca, cert_cn, client=True)
+        write_pem(tmp_path / "node.pem", node_cert.cert_pem)
+        write_key(tmp_path / "node.key", node_cert.key_pem)
+        mtls = {"tls_ca_file": str(tmp_path / "ca.pem"), "tls_client_auth": "optional"}
     tls = TlsConfig(
-        tls_cert_file=str(tmp_path / "server.pem"), tls_key_file=str(tmp_path / "server.key")
+        tls_cert_file=str(tmp_path / "server.pem"),
+        tls_key_file=str(tmp_path / "server.key"),
+        **mtls,
     )
     security = SecurityConfig(authentication=True, scram_iterations=4096)
     brokers: list[Broker] = []
@@ -75,18 +87,27 @@ async def two_nodes(tmp_path: Path, key_of: str) -> AsyncIterator[tuple[Broker, 
             await b.security.add_acls(
                 [
                     Acl(
-                        principal=NODE,
+                        principal=who,
                         resource_type=ResourceType.CLUSTER,
                         pattern="cluster",
                         operation=Operation.CLUSTER_ACTION,
                     )
+                    for who in (NODE, CERT_NODE)
                 ]
             )
-        rec, key = await brokers[0].security.create_key(key_of)
-        await brokers[1].security._write([(f"key/{rec.id}", msgspec.json.encode(rec))])
+        credentials = None
+        if key_of is not None:
+            rec, key = await brokers[0].security.create_key(key_of)
+            await brokers[1].security._write([(f"key/{rec.id}", msgspec.json.encode(rec))])
+            credentials = Credentials(key)
         admin = (tmp_path / "node1" / "bootstrap-admin.key").read_text().strip()
         connect = node_connect(
-            tls=TlsOptions(ca_file=str(tmp_path / "ca.pem")), credentials=Credentials(key)
+            tls=TlsOptions(
+                ca_file=str(tmp_path / "ca.pem"),
+                cert_file=None if cert_cn is None else str(tmp_path / "node.pem"),
+                key_file=None if cert_cn is None else str(tmp_path / "node.key"),
+            ),
+            credentials=credentials,
         )
         reps = []
         for n, (b, s) in enumerate(zip(brokers, servers, strict=True), start=1):
@@ -134,6 +155,15 @@ def test_a_node_principal_with_cluster_action_replicates_over_tls(tmp_path: Path
     asyncio.run(main())
 
 
+def test_a_node_client_certificate_named_in_an_acl_replicates(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with two_nodes(tmp_path, None, cert_cn=CERT_NODE) as (leader, follower, admin):
+            await _produce(leader, admin, _port(leader))
+            await _until(lambda: follower.log(T, 0).log_end_offset == 2, "the follower copied both")
+
+    asyncio.run(main())
+
+
 def test_a_principal_without_cluster_action_is_refused_replica_fetch(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -152,3 +182,21 @@ def test_a_principal_without_cluster_action_is_refused_replica_fetch(
     assert "node 2 cannot copy from leader node 1" in line
     assert f"{WEAK} may not cluster_action" in line
     assert "twk_" not in line
+
+
+def test_a_node_without_credentials_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        with caplog.at_level(logging.ERROR, logger="tidewire.cluster.fetcher"):
+            async with two_nodes(tmp_path, None) as (leader, follower, admin):
+                await _produce(leader, admin, _port(leader))
+                await _until(
+                    lambda: any("cannot copy" in r.getMessage() for r in caplog.records),
+                    "the refusal logged",
+                )
+                assert follower.log(T, 0).log_end_offset == 0
+
+    asyncio.run(main())
+    line = next(r.getMessage() for r in caplog.records if "cannot copy" in r.getMessage())
+    assert "authentication required" in line

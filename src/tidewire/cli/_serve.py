@@ -813,6 +813,24 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    node_tls_cert_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--node-tls-cert-file",
+            help="PEM client certificate (with its key, or --node-tls-key-file) this node "
+            "presents to its leaders (with --cluster, TLS on): its subject names the node's "
+            "principal where listeners take client certificates.",
+            show_default=False,
+        ),
+    ] = None,
+    node_tls_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--node-tls-key-file",
+            help="PEM private key of --node-tls-cert-file.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT, then drain and stop cleanly: every listener
     stops accepting at once, long-polls and streams are answered, requests in flight get up
@@ -917,10 +935,11 @@ def serve(
             or advertise is not None
             or node_api_key_file is not None
             or node_tls_ca_file is not None
+            or node_tls_cert_file is not None
+            or node_tls_key_file is not None
         ):
             fail(
-                "--node-id, --advertise, --node-api-key-file and --node-tls-ca-file go with "
-                "--cluster etcd://HOST:PORT",
+                "--node-id, --advertise and the --node-* flags go with --cluster etcd://HOST:PORT",
                 EXIT_USAGE,
             )
     else:
@@ -940,6 +959,8 @@ def serve(
                 replica_lag_max_ms=replica_lag_max_ms,
                 api_key=None if node_api_key_file is None else _read_node_key(node_api_key_file),
                 tls_ca_file=None if node_tls_ca_file is None else str(node_tls_ca_file),
+                tls_cert_file=None if node_tls_cert_file is None else str(node_tls_cert_file),
+                tls_key_file=None if node_tls_key_file is None else str(node_tls_key_file),
             )
         except InvalidConfigError as exc:
             fail(exc.message, EXIT_USAGE)
@@ -982,6 +1003,8 @@ class NodeOptions:
     #: the key this node authenticates to leaders with (None: none); never logged
     api_key: str | None = field(default=None, repr=False)
     tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
 
 def _read_node_key(path: Path) -> str:
@@ -1008,9 +1031,13 @@ def _read_node_key(path: Path) -> str:
 def _replica_connect(options: NodeOptions, settings: Settings) -> Connect:
     """How this node connects to its partitions' leaders: over TLS when its own listener
     uses TLS (every node of a cluster is configured alike), with the leader's certificate
-    verified against ``--node-tls-ca-file`` (default: ``--tls-ca-file``), and this node's
-    certificate presented as a client certificate when listeners ask for one; authenticated
-    with ``--node-api-key-file`` when given."""
+    verified against ``--node-tls-ca-file`` (default: ``--tls-ca-file``), presenting
+    ``--node-tls-cert-file`` as a client certificate when given; authenticated with
+    ``--node-api-key-file`` when given.
+
+    Raises:
+        InvalidConfigError: --node-tls-* without TLS on the listener, or a key without cert.
+    """
     from tidewire.cluster.fetcher import node_connect  # noqa: PLC0415
     from tidewire.security.credentials import Credentials  # noqa: PLC0415
     from tidewire.security.tls import TlsOptions  # noqa: PLC0415
@@ -1018,12 +1045,16 @@ def _replica_connect(options: NodeOptions, settings: Settings) -> Connect:
     t = settings.tls
     tls = None
     if t.enabled:
-        mtls = t.tls_client_auth != "none"
         tls = TlsOptions(
             ca_file=options.tls_ca_file or t.tls_ca_file or None,
-            cert_file=t.tls_cert_file if mtls else None,
-            key_file=(t.tls_key_file or None) if mtls else None,
+            cert_file=options.tls_cert_file,
+            key_file=options.tls_key_file,
             min_version=t.tls_min_version,
+        )
+    elif options.tls_ca_file or options.tls_cert_file or options.tls_key_file:
+        raise InvalidConfigError(
+            "--node-tls-* set, but this node's listener does not use TLS (--tls-cert-file): "
+            "nodes speak TLS to each other when their listeners do"
         )
     credentials = None if options.api_key is None else Credentials(options.api_key)
     return node_connect(tls=tls, credentials=credentials)
