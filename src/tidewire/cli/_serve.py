@@ -939,7 +939,7 @@ def serve(
             or node_tls_key_file is not None
         ):
             fail(
-                "--node-id, --advertise and the --node-* flags go with --cluster etcd://HOST:PORT",
+                "--node-id and --advertise go with --cluster etcd://HOST:PORT (so do --node-*)",
                 EXIT_USAGE,
             )
     else:
