@@ -1083,6 +1083,13 @@ async def _serve(
         log.warning("%s", warning)
     broker = Broker(settings.broker, security=settings.security)
     await broker.start()
+    if node_options is not None:
+        # Before any listener opens: no producer id is handed out from outside the node's range.
+        try:
+            broker.use_producer_id_range(node_options.node_id)
+        except InvalidConfigError:
+            await drain(broker, None, None, grace_s=0)
+            raise
     if broker.bootstrap_key_file is not None:
         typer.echo(
             f"created the first superuser; its API key is in {broker.bootstrap_key_file} "
