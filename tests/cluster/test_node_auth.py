@@ -12,16 +12,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
 import pytest
 
+from tests.cli._support import popen_serve, run_cli, stop
+from tests.cluster._etcd import EtcdServer
+from tests.cluster.test_node_process import until as node_until
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.client import AsyncClient, Credentials, Message, TlsOptions
 from tidewire.cluster.fetcher import node_connect
 from tidewire.cluster.replication import ReplicaManager
+from tidewire.protocol.messages import ACKS_DURABLE, CreateTopicRequest, MetadataRequest
 from tidewire.security.certs import issue, make_ca, write_key, write_pem
 from tidewire.security.config import SecurityConfig, TlsConfig
 from tidewire.security.model import Acl, Operation, ResourceType
@@ -200,3 +206,117 @@ def test_a_node_without_credentials_is_refused(
     asyncio.run(main())
     line = next(r.getMessage() for r in caplog.records if "cannot copy" in r.getMessage())
     assert "authentication required" in line
+
+
+# --- real processes ------------------------------------------------------------------------------
+
+
+def _start_secured(data_dir: Path, *args: str) -> tuple[subprocess.Popen[str], int]:
+    """``tidewire serve`` with authentication on: its first line names the bootstrap key
+    file, a later one the port."""
+    proc = popen_serve("--data-dir", str(data_dir), "--port", "0", *args)
+    assert proc.stdout is not None
+    for _ in range(5):  # bounded: the listening line comes among the first few
+        line = proc.stdout.readline()
+        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+        if m is not None:
+            return proc, int(m.group(1))
+        if not line:
+            break
+    stop(proc)
+    pytest.fail(f"serve did not start: {line!r}")
+
+
+def test_serve_cluster_with_authentication_and_mtls_replicates(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """Two ``tidewire serve --cluster`` processes with authentication and TLS on, each node
+    presenting ``--node-tls-cert-file`` (CN tidewire-node) to its leader: once each node
+    allows that principal ``cluster_action``, an acks=all produce with min_insync 2 (which
+    needs the follower's copy) is answered."""
+    ca = make_ca()
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    write_pem(pki / "ca.pem", ca.cert_pem)
+    for name, cert in (
+        ("server", issue(ca, "127.0.0.1", hosts=("127.0.0.1",))),
+        ("node", issue(ca, "tidewire-node", client=True)),
+    ):
+        write_pem(pki / f"{name}.pem", cert.cert_pem)
+        write_key(pki / f"{name}.key", cert.key_pem)
+    cluster = f"etcd://127.0.0.1:{etcd.client_port}"
+    ca_file = str(pki / "ca.pem")
+    procs = {}
+    try:
+        for n in (1, 2):
+            procs[n] = _start_secured(
+                tmp_path / f"node{n}",
+                *("--node-id", str(n), "--cluster", cluster, "--session-timeout", "2"),
+                *("--min-insync-replicas", "2", "--authentication"),
+                *("--tls-cert-file", str(pki / "server.pem")),
+                *("--tls-key-file", str(pki / "server.key")),
+                *("--tls-ca-file", ca_file, "--tls-client-auth", "optional"),
+                *("--node-tls-cert-file", str(pki / "node.pem")),
+                *("--node-tls-key-file", str(pki / "node.key")),
+            )
+        addr = {n: f"127.0.0.1:{port}" for n, (_, port) in procs.items()}
+        admin = {
+            n: (tmp_path / f"node{n}" / "bootstrap-admin.key").read_text().strip() for n in (1, 2)
+        }
+        for n in (1, 2):  # each node keeps its own ACLs
+            out = run_cli(
+                [
+                    *("acl", "add", "--addr", addr[n], "--tls-ca", ca_file),
+                    *("--api-key", admin[n], "--cluster", "--principal", "tidewire-node"),
+                    *("--operation", "cluster_action"),
+                ]
+            )
+            assert out.exit_code == 0, out.output
+
+        def client(n: int) -> AsyncClient:
+            return AsyncClient(
+                addr[n],
+                credentials=Credentials(admin[n]),
+                tls=TlsOptions(ca_file=ca_file),
+                request_timeout_s=30,
+            )
+
+        async def main() -> None:
+            async def both_registered() -> bool | None:
+                async with client(1) as c:
+                    meta = await c._t.request(MetadataRequest())
+                return True if len(meta.body.nodes) == 2 else None
+
+            await node_until("2 nodes registered", both_registered, 30)
+            async with client(1) as c:
+                reply = await c._t.request(
+                    CreateTopicRequest(name=T, partitions=1, replication_factor=2)
+                )
+                assert reply.body.error_code == 0, reply.body
+
+            async def leader() -> int | None:
+                async with client(1) as c:
+                    meta = (await c._t.request(MetadataRequest(topics=[T]))).body
+                if not meta.topics or not meta.topics[0].partitions:
+                    return None
+                (p,) = meta.topics[0].partitions
+                return p.leader if p.leader >= 0 and len(p.isr) == 2 else None
+
+            lead = await node_until("topic placed, both in sync", leader, 30)
+
+            async def produced() -> int | None:
+                async with client(lead) as c:
+                    return await c.produce(T, 0, [Message(b"x")], acks=ACKS_DURABLE)
+
+            assert await node_until("acks=all answered", produced, 30) == 0
+            # Answered with the follower in the ISR (a follower refused by the leader would
+            # have been dropped from it first, after --replica-lag-max-ms).
+            async with client(lead) as c:
+                meta = (await c._t.request(MetadataRequest(topics=[T]))).body
+            (p,) = meta.topics[0].partitions
+            assert sorted(p.isr) == [1, 2]
+
+        asyncio.run(main())
+    finally:
+        for proc, _ in procs.values():
+            stop(proc)
