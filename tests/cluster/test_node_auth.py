@@ -320,3 +320,24 @@ def test_serve_cluster_with_authentication_and_mtls_replicates(
     finally:
         for proc, _ in procs.values():
             stop(proc)
+
+
+def test_serve_refuses_bad_node_credential_flags(tmp_path: Path, etcd: EtcdServer) -> None:
+    cluster = f"etcd://127.0.0.1:{etcd.client_port}"
+    bad = tmp_path / "bad.key"
+    bad.write_text("not a key\n")
+    base = ["serve", "--data-dir", str(tmp_path / "d"), "--port", "0", "--node-id", "1"]
+    out = run_cli([*base, "--cluster", cluster, "--node-api-key-file", str(bad)])
+    assert out.exit_code == 2, out.output
+    assert "not a tidewire API key" in out.output
+    assert "not a key" not in out.output
+    out = run_cli([*base, "--cluster", cluster, "--node-api-key-file", str(tmp_path / "none")])
+    assert out.exit_code == 2, out.output
+    assert "--node-api-key-file" in out.output
+    out = run_cli(["serve", "--data-dir", str(tmp_path / "d"), "--node-api-key-file", str(bad)])
+    assert out.exit_code == 2, out.output
+    assert "go with --cluster" in out.output
+    # TLS to the leaders follows the listener's: --node-tls-* without it is refused.
+    out = run_cli([*base, "--cluster", cluster, "--node-tls-ca-file", str(bad)])
+    assert out.exit_code != 0, out.output
+    assert "listener does not use TLS" in out.output
