@@ -141,6 +141,33 @@ def test_a_cut_follower_forgets_the_batches_it_lost(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_a_duplicate_is_answered_only_once_replicated(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path) as (nodes, _):
+            n1, n2, n3 = nodes
+            await lead(nodes, n1, 0)
+            await bounded(n1.broker.produce(T, 0, _idem(0, b"a")))
+            await until_in_process(lambda: n2.end() == n3.end() == 1, "followers at 1")
+            await n3.rep.stop_replica(T, 0)  # node 3 stops copying; still in the ISR
+            # Stored on the leader (acks=leader), then sent again with acks=all: a duplicate,
+            # answered with its offset only once every in-sync replica holds it.
+            await n1.broker.produce(T, 0, _idem(1, b"b"), durable=False)
+            pending = asyncio.ensure_future(n1.broker.produce(T, 0, _idem(1, b"b")))
+            await until_in_process(lambda: n2.end() == 2, "node 2 copies it")
+            for _ in range(20):
+                await asyncio.sleep(0.01)
+            assert not pending.done()
+            assert n1.broker.high_watermark(T, 0) == 1
+            # Node 3 follows again and copies it: the duplicate is answered, stored once.
+            await n3.rep.become_follower(T, 0, epoch=0, leader=1, leader_address=n1.address)
+            got = await bounded(pending)
+            assert (got.base_offset, got.last_offset) == (1, 1)  # type: ignore[attr-defined]
+            assert n1.broker.high_watermark(T, 0) == 2
+            assert n1.end() == n3.end() == 2
+
+    asyncio.run(main())
+
+
 def test_cluster_nodes_hand_out_producer_ids_from_disjoint_ranges(tmp_path: Path) -> None:
     async def main() -> None:
         b1 = Broker(BrokerConfig(data_dir=str(tmp_path / "n1")))
