@@ -29,6 +29,7 @@ from tidewire.broker.kafka_groups import KafkaGroupConfig, KafkaGroupCoordinator
 from tidewire.broker.offsets import OffsetStore, is_internal_topic
 from tidewire.broker.producers import (
     MAX_EPOCH,
+    NODE_ID_SHIFT,
     PRODUCER_IDS_FILE,
     SNAPSHOT_FILE,
     PartitionProducers,
@@ -37,6 +38,7 @@ from tidewire.broker.producers import (
     decode_snapshot,
     encode_snapshot,
     is_writer,
+    node_id_floor,
     writer_producer_id,
 )
 from tidewire.broker.queues.manager import QueueManager
@@ -1115,7 +1117,8 @@ class Broker:
                 raise InvalidRequestError("a writer_id comes without producer_id and epoch")
             return await self._init_writer(ids, writer_id)
         if producer_id >= 0:
-            if not ids.issued(producer_id):
+            # Known from a log (a replica copied its batches) counts as handed out too.
+            if not ids.issued(producer_id) and producer_id not in self._epochs:
                 raise InvalidRequestError(f"producer id {producer_id} was never handed out")
             newest = self._epochs.get(producer_id, -1)
             if producer_epoch < newest:
@@ -1270,6 +1273,52 @@ class Broker:
         for pid in old:
             self._epochs.pop(pid, None)
         return old
+
+    def use_producer_id_range(self, node_id: int) -> None:
+        """As cluster node ``node_id``: hand out producer ids only from the node's own range
+        (:func:`~tidewire.broker.producers.node_id_floor`), so that no two nodes hand out one
+        id, and accept ids of the other nodes' ranges (a producer renews its epoch at any
+        node). Called by the node layer once the broker is started.
+
+        Raises:
+            InvalidConfigError: a node id too large for a range of its own.
+        """
+        try:
+            floor = node_id_floor(node_id)
+        except ValueError as exc:
+            raise InvalidConfigError(str(exc)) from None
+        end = floor + (1 << NODE_ID_SHIFT)
+        ids = self._ids
+        if ids is None:
+            raise InvalidRequestError("the broker is not running")
+        seen = max((pid for pid in self._epochs if floor <= pid < end), default=-1)
+        ids.use_range(floor, end, seen)
+
+    def replica_appended(self, topic: str, partition: int, data: bytes | memoryview) -> None:
+        """Batches copied from the leader (whole batches, as the fetcher appends them) are
+        being stored in this replica: take their producer ids into the partition's producer
+        state and the newest epochs, as the leader did when it stored them. A follower that
+        becomes leader then answers an idempotent batch sent again with its original offsets,
+        continues the sequences and fences older epochs, as its predecessor would have.
+
+        Called before the append is awaited (no produce can come in between); if the append
+        fails, :meth:`replica_truncated` rebuilds the state from the log.
+        """
+        state: PartitionProducers | None = None
+        now = int(time.time() * 1000)
+        for _, h in iter_batches(data, verify=False):
+            if h.producer_id < 0:
+                continue
+            if state is None:
+                state = self._producers.setdefault((topic, partition), PartitionProducers())
+            state.observe(h, h.max_timestamp if h.max_timestamp > 0 else now)
+            if h.producer_epoch > self._epochs.get(h.producer_id, -1):
+                self._epochs[h.producer_id] = h.producer_epoch
+
+    def replica_truncated(self, topic: str, partition: int, end: int) -> None:
+        """This replica's log was cut at ``end`` (it diverged from the leader, or an append
+        of copied batches failed): rebuild the partition's producer state from the log."""
+        self._forget_producers_above(topic, partition, end)
 
     def _forget_producers_above(self, topic: str, partition: int, end: int) -> None:
         """Rebuild one partition's producer state from its log after it was cut at ``end``

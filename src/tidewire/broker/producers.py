@@ -36,7 +36,9 @@ from tidewire.storage.fs import FileSystem, write_atomic
 
 __all__ = [
     "KEEP_BATCHES",
+    "MAX_NODE_ID",
     "MAX_WRITER_ID",
+    "NODE_ID_SHIFT",
     "SEQ_MOD",
     "WRITER_PID_BASE",
     "PartitionProducers",
@@ -46,6 +48,7 @@ __all__ = [
     "decode_snapshot",
     "encode_snapshot",
     "is_writer",
+    "node_id_floor",
     "writer_producer_id",
 ]
 
@@ -61,6 +64,11 @@ ID_BLOCK = 1000
 SNAPSHOT_FILE = "producers.snapshot"
 #: Name of the file in the data directory that holds the next free block of producer ids.
 PRODUCER_IDS_FILE = "producer_ids"
+#: In a cluster, node ``n`` hands out producer ids from ``n << NODE_ID_SHIFT`` on (see
+#: :func:`node_id_floor`): 2**40 ids per node, for node ids below 2**22.
+NODE_ID_SHIFT = 40
+#: The largest node id whose range of producer ids stays below :data:`WRITER_PID_BASE`.
+MAX_NODE_ID = (1 << (62 - NODE_ID_SHIFT)) - 1
 #: Writers' producer ids lie in [2**62, 2**63): derived from the writer id by a 62-bit hash.
 #: Ids handed out one by one count up from 0 and never get there.
 WRITER_PID_BASE = 1 << 62
@@ -86,6 +94,26 @@ def writer_producer_id(writer_id: str) -> int:
         )
     digest = hashlib.blake2b(raw, digest_size=8, person=b"tidewire.writer").digest()
     return WRITER_PID_BASE | (int.from_bytes(digest, "big") >> 2)
+
+
+def node_id_floor(node_id: int) -> int:
+    """The first producer id cluster node ``node_id`` hands out: each node counts up in a range
+    of its own, ``[node_id << 40, (node_id + 1) << 40)``, so no two nodes hand out one id.
+
+    Why ranges and not blocks reserved in etcd: a node hands out ids with no round trip to
+    etcd (a producer starts while etcd is slow or away, as on a single node), a range cannot
+    be lost or reserved twice by a compare-and-swap race, and 2**40 ids per node is more than
+    a node hands out in its life (a million a second for 12 days). Node ids are unique among
+    the live nodes (a lease in etcd), and a node id keeps its data directory, so its counter
+    (on disk, in blocks) goes on where it stopped. Writers' ids (>= 2**62) are outside every
+    range.
+
+    Raises:
+        ValueError: a node id outside ``0..MAX_NODE_ID``.
+    """
+    if not 0 <= node_id <= MAX_NODE_ID:
+        raise ValueError(f"a node id is 0..{MAX_NODE_ID:,} (producer id ranges), not {node_id}")
+    return node_id << NODE_ID_SHIFT
 
 
 def is_writer(producer_id: int) -> bool:
@@ -436,6 +464,20 @@ class ProducerIds:
                 raise ValueError(f"{path} is unreadable: {exc}") from None
         self._next = max(self._reserved, seen + 1)
         self._block_end = self._next  # nothing reserved for this run yet
+        #: This node's range of ids (cluster mode, :meth:`use_range`); a single node's is all.
+        self.floor = 0
+        self._range_end: int | None = None
+
+    def use_range(self, floor: int, end: int, seen: int) -> None:
+        """Hand out ids in ``[floor, end)`` only (a cluster node's range,
+        :func:`node_id_floor`), going on after ``seen`` (the largest id of the range found in
+        the logs, -1: none) and after the block reserved on disk if that lies in the range.
+        Ids outside the range (other nodes') count as issued (:meth:`issued`): they were
+        handed out by the node whose range holds them."""
+        self.floor, self._range_end = floor, end
+        start = self._reserved if floor <= self._reserved < end else floor
+        self._next = max(start, seen + 1, floor)
+        self._block_end = self._next  # the next take reserves a block in the range
 
     def next_needs_reserve(self) -> bool:
         """Whether :meth:`take` must reserve a new block on disk first."""
@@ -453,7 +495,15 @@ class ProducerIds:
     def reserve(self) -> None:
         """Reserve the next block on disk (blocking I/O: run it off the event loop)."""
         end = self._block_end if self._next < self._block_end else self._next + ID_BLOCK
-        self._reserved = max(self._reserved, end)
+        if self._range_end is not None:
+            # Where this node goes on after a restart (a value left from another range is
+            # overwritten: it is ignored at load anyway).
+            end = min(end, self._range_end)
+            if self._next >= end:
+                raise OSError(f"this node's producer ids [{self.floor}, {end}) are used up")
+            self._reserved = end
+        else:
+            self._reserved = max(self._reserved, end)
         self._write()
         self._block_end = end
 
@@ -483,5 +533,8 @@ class ProducerIds:
         return pid
 
     def issued(self, pid: int) -> bool:
-        """Whether ``pid`` may have been handed out by this data directory."""
+        """Whether ``pid`` may have been handed out by this data directory (in a cluster: by
+        this node, or by another node, whose range holds it)."""
+        if self._range_end is not None and not self.floor <= pid < self._range_end:
+            return 0 <= pid < WRITER_PID_BASE
         return 0 <= pid < self._next

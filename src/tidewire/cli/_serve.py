@@ -8,7 +8,7 @@ import asyncio
 import gc
 import logging
 import signal
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -40,6 +40,7 @@ from tidewire.storage import FsyncPolicy
 from ._common import EXIT_ERROR, EXIT_USAGE, echo_json, fail
 
 if TYPE_CHECKING:
+    from tidewire.cluster.fetcher import Connect
     from tidewire.cluster.node import ClusterNode
     from tidewire.server.http.gateway import HttpGateway
     from tidewire.server.kafka.listener import KafkaServer
@@ -793,6 +794,43 @@ def serve(
             help="A follower that has not caught up for this long leaves the ISR (ms).",
         ),
     ] = 10_000,
+    node_api_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--node-api-key-file",
+            help="File holding the API key this node authenticates to its partitions' "
+            "leaders with (with --cluster and authentication on): a principal allowed "
+            "cluster_action on the cluster (docs/cluster.md, Security).",
+            show_default=False,
+        ),
+    ] = None,
+    node_tls_ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--node-tls-ca-file",
+            help="PEM CAs the leaders' certificates are verified against when this node's "
+            "listener uses TLS (with --cluster; default: --tls-ca-file, else the system's).",
+            show_default=False,
+        ),
+    ] = None,
+    node_tls_cert_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--node-tls-cert-file",
+            help="PEM client certificate (with its key, or --node-tls-key-file) this node "
+            "presents to its leaders (with --cluster, TLS on): its subject names the node's "
+            "principal where listeners take client certificates.",
+            show_default=False,
+        ),
+    ] = None,
+    node_tls_key_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--node-tls-key-file",
+            help="PEM private key of --node-tls-cert-file.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run a broker until SIGTERM or SIGINT, then drain and stop cleanly: every listener
     stops accepting at once, long-polls and streams are answered, requests in flight get up
@@ -892,8 +930,18 @@ def serve(
         fail(exc.message, EXIT_USAGE)
     node: NodeOptions | None = None
     if cluster is None:
-        if node_id is not None or advertise is not None:
-            fail("--node-id and --advertise go with --cluster etcd://HOST:PORT", EXIT_USAGE)
+        if (
+            node_id is not None
+            or advertise is not None
+            or node_api_key_file is not None
+            or node_tls_ca_file is not None
+            or node_tls_cert_file is not None
+            or node_tls_key_file is not None
+        ):
+            fail(
+                "--node-id and --advertise go with --cluster etcd://HOST:PORT (so do --node-*)",
+                EXIT_USAGE,
+            )
     else:
         if node_id is None:
             fail("--cluster needs --node-id N (unique among the cluster's nodes)", EXIT_USAGE)
@@ -909,6 +957,10 @@ def serve(
                 default_replication_factor=default_replication_factor,
                 min_insync_replicas=min_insync_replicas,
                 replica_lag_max_ms=replica_lag_max_ms,
+                api_key=None if node_api_key_file is None else _read_node_key(node_api_key_file),
+                tls_ca_file=None if node_tls_ca_file is None else str(node_tls_ca_file),
+                tls_cert_file=None if node_tls_cert_file is None else str(node_tls_cert_file),
+                tls_key_file=None if node_tls_key_file is None else str(node_tls_key_file),
             )
         except InvalidConfigError as exc:
             fail(exc.message, EXIT_USAGE)
@@ -948,6 +1000,64 @@ class NodeOptions:
     default_replication_factor: int
     min_insync_replicas: int
     replica_lag_max_ms: int
+    #: the key this node authenticates to leaders with (None: none); never logged
+    api_key: str | None = field(default=None, repr=False)
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+
+
+def _read_node_key(path: Path) -> str:
+    """The API key in ``path`` (surrounding blanks stripped).
+
+    Raises:
+        InvalidConfigError: unreadable, or not an API key (the message does not repeat it).
+    """
+    from tidewire.security.credentials import Credentials  # noqa: PLC0415
+
+    try:
+        key = path.read_text().strip()
+    except OSError as exc:
+        raise InvalidConfigError(f"--node-api-key-file {path}: {exc.strerror}") from None
+    try:
+        Credentials(key)
+    except TidewireError:
+        raise InvalidConfigError(
+            f"--node-api-key-file {path}: not a tidewire API key (twk_<id>_<secret>)"
+        ) from None
+    return key
+
+
+def _replica_connect(options: NodeOptions, settings: Settings) -> Connect:
+    """How this node connects to its partitions' leaders: over TLS when its own listener
+    uses TLS (every node of a cluster is configured alike), with the leader's certificate
+    verified against ``--node-tls-ca-file`` (default: ``--tls-ca-file``), presenting
+    ``--node-tls-cert-file`` as a client certificate when given; authenticated with
+    ``--node-api-key-file`` when given.
+
+    Raises:
+        InvalidConfigError: --node-tls-* without TLS on the listener, or a key without cert.
+    """
+    from tidewire.cluster.fetcher import node_connect  # noqa: PLC0415
+    from tidewire.security.credentials import Credentials  # noqa: PLC0415
+    from tidewire.security.tls import TlsOptions  # noqa: PLC0415
+
+    t = settings.tls
+    tls = None
+    if t.enabled:
+        tls = TlsOptions(
+            ca_file=options.tls_ca_file or t.tls_ca_file or None,
+            cert_file=options.tls_cert_file,
+            key_file=options.tls_key_file,
+            min_version=t.tls_min_version,
+        )
+    elif options.tls_ca_file or options.tls_cert_file or options.tls_key_file:
+        raise InvalidConfigError(
+            "--node-tls-* set, but this node's listener does not use TLS (--tls-cert-file): "
+            "nodes speak TLS to each other when their listeners do"
+        )
+    credentials = None if options.api_key is None else Credentials(options.api_key)
+    return node_connect(tls=tls, credentials=credentials)
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -973,6 +1083,13 @@ async def _serve(
         log.warning("%s", warning)
     broker = Broker(settings.broker, security=settings.security)
     await broker.start()
+    if node_options is not None:
+        # Before any listener opens: no producer id is handed out from outside the node's range.
+        try:
+            broker.use_producer_id_range(node_options.node_id)
+        except InvalidConfigError:
+            await drain(broker, None, None, grace_s=0)
+            raise
     if broker.bootstrap_key_file is not None:
         typer.echo(
             f"created the first superuser; its API key is in {broker.bootstrap_key_file} "
@@ -1099,6 +1216,7 @@ async def _join(
         default_replication_factor=options.default_replication_factor,
         replica_lag_max_ms=options.replica_lag_max_ms,
         min_insync_replicas=options.min_insync_replicas,
+        replica_connect=_replica_connect(options, settings),
     )
     await node.start()
     return node

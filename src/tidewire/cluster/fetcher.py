@@ -7,7 +7,9 @@ Each round names, per partition, the follower's log end (where to copy from), it
 end (which the leader counts under ``fsync=always``), the leader epoch it follows in and the
 epoch of its own last batch. The answer's batches are appended exactly as the leader holds
 them (:meth:`~tidewire.storage.log.PartitionLog.append_replica_async`); a divergence answer
-(KIP-101) truncates the log first (:func:`~tidewire.cluster.epochs.truncation_point`).
+(KIP-101) truncates the log first (:func:`~tidewire.cluster.epochs.truncation_point`). The
+broker's idempotent-producer state follows both (``Broker.replica_appended`` and
+``replica_truncated``), so a follower promoted to leader knows every producer's sequences.
 
 Errors: a lost connection is reopened with capped exponential backoff; a partition answered
 with FencedLeaderEpoch or NotLeader is paused until the node layer names its leader again
@@ -29,6 +31,8 @@ from tidewire._tasks import cancel_and_wait
 from tidewire.client._transport import Transport
 from tidewire.cluster.epochs import truncation_point
 from tidewire.errors import (
+    AuthenticationFailedError,
+    AuthorizationFailedError,
     FencedLeaderEpochError,
     NotLeaderError,
     TidewireError,
@@ -41,8 +45,17 @@ from tidewire.protocol.messages import (
 
 if TYPE_CHECKING:
     from tidewire.cluster.replication import ReplicaManager
+    from tidewire.security.credentials import Credentials
+    from tidewire.security.tls import TlsOptions
 
-__all__ = ["Connect", "FollowedPartition", "LeaderFetcher", "ReplicaLink", "default_connect"]
+__all__ = [
+    "Connect",
+    "FollowedPartition",
+    "LeaderFetcher",
+    "ReplicaLink",
+    "default_connect",
+    "node_connect",
+]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +84,27 @@ Connect = Callable[[str, int], ReplicaLink]
 def default_connect(host: str, port: int) -> ReplicaLink:
     """A plaintext, unauthenticated client transport to ``host:port``."""
     return Transport(f"{host}:{port}", connect_timeout_s=5.0, request_timeout_s=30.0)
+
+
+def node_connect(
+    *, tls: TlsOptions | None = None, credentials: Credentials | None = None
+) -> Connect:
+    """Opens links to leaders as this node's own identity: over TLS when ``tls`` is given
+    (the leader's certificate verified against its CA, a client certificate presented if
+    it names one), authenticated with ``credentials`` (SCRAM by default, as any client) when
+    given. The leader's gate then checks ``cluster_action`` on the cluster for
+    REPLICA_FETCH."""
+
+    def connect(host: str, port: int) -> ReplicaLink:
+        return Transport(
+            f"{host}:{port}",
+            connect_timeout_s=5.0,
+            request_timeout_s=30.0,
+            tls=tls,
+            credentials=credentials,
+        )
+
+    return connect
 
 
 @dataclass
@@ -152,6 +186,23 @@ class LeaderFetcher:
             except Exception as exc:  # connection lost, timeout, the leader refused it all
                 self._failures += 1
                 delay = _backoff(self._failures)
+                if isinstance(exc, AuthenticationFailedError | AuthorizationFailedError):
+                    # Not transient: the operator has to act. Said loudly on the first
+                    # refusal, then again now and then while it lasts.
+                    if self._failures == 1 or self._failures % 50 == 0:
+                        log.error(
+                            "node %d cannot copy from leader node %d at %s:%d: %s. A node "
+                            "authenticates to its leaders with --node-api-key-file (or a "
+                            "client certificate), as a principal allowed cluster_action on the "
+                            'cluster (docs/cluster.md, "Security")',
+                            self.manager.node_id,
+                            self.leader,
+                            *self.address,
+                            exc,
+                        )
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), delay)
+                    continue
                 log.info(
                     "replica fetch from node %d at %s:%d failed (%s); again in %.2f s",
                     self.leader,
@@ -251,16 +302,28 @@ class LeaderFetcher:
                     r.diverging_end_offset,
                 )
                 plog.truncate_to(cut)
+                m.broker.replica_truncated(s.topic, s.partition, cut)
             elif r.diverging_end_offset < plog.log_end_offset:
                 # The leader lacks this log's last epoch and its own end of it is past the
                 # leader's: cut at the leader's end.
                 plog.truncate_to(r.diverging_end_offset)
+                m.broker.replica_truncated(s.topic, s.partition, r.diverging_end_offset)
             else:  # nothing to cut, yet a divergence: do not spin on it
                 s.failures += 1
                 s.retry_at = asyncio.get_running_loop().time() + _backoff(s.failures)
             return
         if len(chunk) and asked.offset == plog.log_end_offset:
-            await plog.append_replica_async(chunk)
+            # The producer state learns the batches before their append is awaited (it is
+            # queued in the same step), so no produce taken in between, after a promotion,
+            # misses them; an append that fails is forgotten again.
+            m.broker.replica_appended(s.topic, s.partition, chunk)
+            try:
+                await plog.append_replica_async(chunk)
+            except asyncio.CancelledError:
+                raise  # the writes were queued: they are stored, as the state says
+            except BaseException:
+                m.broker.replica_truncated(s.topic, s.partition, plog.log_end_offset)
+                raise
         m.learned(s.key, r.high_watermark)
 
 

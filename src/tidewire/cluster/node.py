@@ -39,7 +39,7 @@ from tidewire.broker.offsets import is_internal_topic
 from tidewire.cluster import attach_node, detach_node
 from tidewire.cluster.controller import Controller, assign
 from tidewire.cluster.etcd import EtcdClient, EtcdError, Lease
-from tidewire.cluster.fetcher import FollowedPartition
+from tidewire.cluster.fetcher import Connect, FollowedPartition
 from tidewire.cluster.metadata import (
     NO_LEADER,
     MetadataCache,
@@ -191,6 +191,9 @@ class ClusterNode:
         replica_lag_max_ms, min_insync_replicas: the replica manager's settings.
         replication: the replica manager (default: a
             :class:`~tidewire.cluster.replication.ReplicaManager` of ``broker``).
+        replica_connect: how the default replica manager connects to leaders (see
+            :func:`~tidewire.cluster.fetcher.node_connect`: TLS and the node's credentials
+            when security is on); None: plaintext, unauthenticated.
     """
 
     def __init__(
@@ -209,6 +212,7 @@ class ClusterNode:
         replica_lag_max_ms: int = 10_000,
         min_insync_replicas: int = 1,
         replication: Replicas | None = None,
+        replica_connect: Connect | None = None,
     ) -> None:
         if node_id < 0:
             raise InvalidConfigError(f"--node-id {node_id}: a node id is >= 0")
@@ -233,6 +237,7 @@ class ClusterNode:
         self.lease = Lease(self.etcd, ttl_s=session_timeout_s)
         self.controller: Controller | None = None
         self.replication: Replicas | None = replication
+        self.replica_connect = replica_connect
         self._applied: dict[tuple[str, int], _Role] = {}
         self._seen_topics: set[str] = set()
         #: Topics whose local logs were checked to be of the incarnation etcd names.
@@ -253,6 +258,8 @@ class ClusterNode:
             EtcdUnavailableError: no etcd endpoint answered.
         """
         attach_node(self.broker, self)
+        # Producer ids from this node's own range: unique across the cluster.
+        self.broker.use_producer_id_range(self.node_id)
         try:
             await self.lease.start()
             await self._register()
@@ -268,6 +275,7 @@ class ClusterNode:
                     min_insync=self.min_insync_replicas,
                     propose_isr=self.propose_isr,
                     advertise=(self.info.host, self.info.port),
+                    connect=self.replica_connect,
                 )
                 self.broker.replication = manager
                 self.replication = manager
