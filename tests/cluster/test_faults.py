@@ -41,7 +41,7 @@ from tidewire.records.reader import iter_batches
 #: leader, and any duplicate or producer failed for good (OutOfOrderSequenceError,
 #: ProducerFencedError) fails the test. Off: they are counted and the test xfails on them
 #: (after every other check passed).
-IDEMPOTENT_ACROSS_FAILOVER = False
+IDEMPOTENT_ACROSS_FAILOVER = True
 
 #: Acknowledgements awaited between two faults (the load goes on across each).
 ACKS_PER_ROUND = 20

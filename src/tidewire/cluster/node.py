@@ -742,7 +742,14 @@ class ClusterNode:
     ) -> MetadataResponse:
         """The METADATA answer: the topics (``None``: every one ``visible`` leaves), each
         partition's leader, epoch, replicas and ISR (and its offsets where it is replicated
-        here), every live node and the controller."""
+        here), every live node and the controller.
+
+        Raises:
+            RequestTimedOutError: the node is still joining (its copy of the metadata is not
+                loaded yet: it would answer that no topic exists); retriable, and a client
+                asks another node.
+        """
+        self._check_started()
         cache = self.cache
         if names is None:
             names = visible(sorted(cache.topics))

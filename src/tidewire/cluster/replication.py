@@ -33,6 +33,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from tidewire.cluster import cluster_node
 from tidewire.cluster.fetcher import Connect, FollowedPartition, LeaderFetcher, default_connect
 from tidewire.cluster.replica_state import PartitionLeader
 from tidewire.errors import (
@@ -42,6 +43,8 @@ from tidewire.errors import (
     RequestTimedOutError,
     TidewireError,
     UnknownLeaderEpochError,
+    UnknownPartitionError,
+    UnknownTopicError,
 )
 from tidewire.protocol.messages import ReplicaFetchRequest, ReplicaFetchResult
 from tidewire.storage import FsyncPolicy, PartitionLog
@@ -336,7 +339,15 @@ class ReplicaManager:
         if led is not None:
             return led.state
         if (topic, partition) not in self._leaders:
-            self.broker.log(topic, partition)  # raises for a partition that is not there
+            try:
+                self.broker.log(topic, partition)  # raises for a partition that is not there
+            except (UnknownTopicError, UnknownPartitionError):
+                # Unless the cluster has it: this node has not taken its role yet (or holds
+                # no replica), which a client retries elsewhere, not a topic that is missing.
+                node = cluster_node(self.broker)
+                info = None if node is None else node.cache.topics.get(topic)
+                if info is None or not 0 <= partition < info.partitions:
+                    raise
         raise self._not_leader((topic, partition))
 
     def _not_leader(self, key: Key) -> NotLeaderError:
