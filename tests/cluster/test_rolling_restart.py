@@ -47,11 +47,6 @@ def _start(data: Path, port: int, cluster: str, n: int) -> tuple[subprocess.Pope
     return proc, int(m.group(1))
 
 
-@pytest.mark.xfail(
-    reason="open defect: the producer's first batch is answered UnknownTopicError by a node of "
-    "the cluster (the topic exists and every replica is in sync); not diagnosed yet",
-    strict=False,
-)
 def test_a_rolling_restart_loses_and_refuses_nothing(tmp_path: Path, etcd: EtcdServer) -> None:
     cluster = f"etcd://127.0.0.1:{etcd.client_port}"
     procs: dict[int, subprocess.Popen[str]] = {}

@@ -33,7 +33,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from tidewire.cluster import cluster_node
 from tidewire.cluster.fetcher import Connect, FollowedPartition, LeaderFetcher, default_connect
 from tidewire.cluster.replica_state import PartitionLeader
 from tidewire.errors import (
@@ -331,23 +330,24 @@ class ReplicaManager:
         """This node's bookkeeping of a partition it leads.
 
         Raises:
-            NotLeaderError: it does not lead it (naming the leader when known).
-            UnknownTopicError, UnknownPartitionError: no such partition here and no leader
-                known (the topic does not exist as far as this node knows).
+            NotLeaderError: it does not lead it (naming the leader when known), or has no
+                role for it yet (another node's metadata may name it before its own does).
         """
         led = self._led.get((topic, partition))
         if led is not None:
             return led.state
         if (topic, partition) not in self._leaders:
             try:
-                self.broker.log(topic, partition)  # raises for a partition that is not there
+                self.broker.log(topic, partition)
             except (UnknownTopicError, UnknownPartitionError):
-                # Unless the cluster has it: this node has not taken its role yet (or holds
-                # no replica), which a client retries elsewhere, not a topic that is missing.
-                node = cluster_node(self.broker)
-                info = None if node is None else node.cache.topics.get(topic)
-                if info is None or not 0 <= partition < info.partitions:
-                    raise
+                # Not here: a client sent it where another node's metadata names this one the
+                # leader, before this node saw the topic (or its role) in its own copy. A
+                # retriable answer: the client asks the metadata again (where a topic that
+                # does not exist is said so) and sends it again.
+                raise NotLeaderError(
+                    f"node {self.node_id} does not lead partition {partition} of topic "
+                    f"{topic!r}: it has not taken a role for it (yet)"
+                ) from None
         raise self._not_leader((topic, partition))
 
     def _not_leader(self, key: Key) -> NotLeaderError:
