@@ -64,10 +64,19 @@ def test_kafka_clients_are_routed_to_each_partitions_leader(
             config={"min.insync.replicas": "3", "unclean.leader.election.enable": "true"},
         )
         admin.create_topics([strict])["strict"].result(WAIT_S)
-        settings = {
-            t.name: (t.replication_factor, t.min_insync_replicas, t.unclean_leader_election)
-            for t in asyncio.run(node_metadata(native[3])).topics
-        }
+
+        def settings_of() -> dict[str, tuple[int, int, bool]]:
+            # Another node learns a new topic from its copy of the metadata a moment later.
+            return {
+                t.name: (t.replication_factor, t.min_insync_replicas, t.unclean_leader_election)
+                for t in asyncio.run(node_metadata(native[3])).topics
+            }
+
+        settings = wait_until(
+            "both topics on node 3",
+            lambda: (s := settings_of()).keys() >= {"strict", "events"} and s,
+            WAIT_S,
+        )
         assert settings["strict"] == (3, 3, True)
         assert settings["events"][0] == 3
 
