@@ -751,8 +751,8 @@ class ClusterNode:
         partition's leader, epoch, replicas and ISR (and its offsets where it is replicated
         here), every live node and the controller."""
         cache = self.cache
-        if names is None:
-            names = visible(sorted(cache.topics))
+        if names is None:  # the broker's own topics are listed only by name, as on one node
+            names = visible(sorted(t for t in cache.topics if not is_internal_topic(t)))
         topics = []
         for name in names:
             info = cache.topics.get(name)
