@@ -181,6 +181,11 @@ def test_only_the_coordinator_answers_for_a_group_and_its_offsets_are_replicated
                 await consumer.commit({(TOPIC, 0): 7, (TOPIC, 1): 3})
             committed = coord.broker.groups.committed(GROUP)
             assert {tp: x.offset for tp, x in committed.items()} == {(TOPIC, 0): 7, (TOPIC, 1): 3}
+            # AsyncClient's group calls find the coordinator too.
+            async with AsyncClient(others[0].addr) as admin:
+                got = await admin.committed_offsets(GROUP)
+                assert got == {(TOPIC, 0): 7, (TOPIC, 1): 3}
+                assert (await admin.describe_group(GROUP)).group_id == GROUP
             # Every replica holds the commit in its log (acknowledged once replicated).
             p = partition_for(GROUP)
             ends = {n.id: n.broker.log(OFFSETS_TOPIC, p).log_end_offset for n in nodes}
