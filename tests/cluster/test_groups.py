@@ -10,6 +10,8 @@ bounded; nothing asserts on how long something took.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli._support import start_serve, stop
 from tests.cluster._etcd import EtcdServer
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.broker.offsets import OFFSETS_PARTITIONS, OFFSETS_TOPIC, partition_for
@@ -310,3 +313,124 @@ def test_a_group_carries_on_at_a_new_coordinator_with_its_committed_offsets(
                         await asyncio.gather(*tasks, return_exceptions=True)
 
     asyncio.run(main())
+
+
+def test_a_group_carries_on_when_its_coordinator_process_is_killed(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """Three real ``tidewire serve --cluster`` processes: the coordinator's is SIGKILLed (its
+    lease expires: no clean hand-over), the group's commit is kept, its members go on."""
+    cluster_url = f"etcd://127.0.0.1:{etcd.client_port}"
+    procs = {}
+    try:
+        for n in (1, 2, 3):
+            procs[n] = start_serve(
+                tmp_path / f"node{n}",
+                *("--node-id", str(n), "--cluster", cluster_url),
+                *("--session-timeout", "2", "--fsync", "always"),
+            )
+        addr = {n: f"127.0.0.1:{port}" for n, (_, port) in procs.items()}
+        addrs = ",".join(addr.values())
+
+        async def main() -> None:
+            async def offsets_leader(client: AsyncClient) -> int:
+                async def probe() -> int | None:
+                    meta = await client._router.refresh([OFFSETS_TOPIC])
+                    (desc,) = meta.topics
+                    if desc.error_code or not desc.partitions:
+                        return None
+                    leader = desc.partitions[partition_for(GROUP)].leader
+                    return leader if leader >= 0 else None
+
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + WAIT_S
+                while (got := await probe()) is None:
+                    assert loop.time() < deadline, "no coordinator elected"
+                    await asyncio.sleep(0.1)
+                return got
+
+            async def registered() -> bool:
+                async with AsyncClient(addr[1]) as c:
+                    return len((await c._router.refresh([])).nodes) == 3
+
+            for _ in range(300):
+                if await registered():
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("3 nodes did not register")
+            async with AsyncClient(addrs, request_timeout_s=WAIT_S) as client:
+                await client.create_topic(TOPIC, partitions=2)
+                sent: set[tuple[int, bytes]] = set()
+
+                async def produce(first: int, count: int) -> None:
+                    for i in range(first, first + count):
+                        for attempt in range(100):  # until the new leaders are elected
+                            try:
+                                await client.produce(TOPIC, i % 2, [Message(f"m{i}".encode())])
+                                break
+                            except TidewireError:
+                                if attempt == 99:
+                                    raise
+                                await asyncio.sleep(0.2)
+                        sent.add((i % 2, f"m{i}".encode()))
+
+                for _ in range(100):  # every node has made its replicas
+                    try:
+                        await produce(0, 20)
+                        break
+                    except TidewireError:
+                        await asyncio.sleep(0.2)
+                consumers = [
+                    AsyncGroupConsumer(
+                        addrs,
+                        GROUP,
+                        topics=[TOPIC],
+                        enable_auto_commit=False,
+                        auto_offset_reset="earliest",
+                        session_timeout_ms=6_000,
+                        heartbeat_interval_ms=300,
+                    )
+                    for _ in range(2)
+                ]
+                got: list[tuple[int, int, bytes]] = []
+
+                async def run(c: AsyncGroupConsumer) -> None:
+                    while True:
+                        for r in await c.poll(0.1):
+                            got.append((r.partition, r.offset, r.value or b""))
+
+                async with AsyncExitStack() as stack:
+                    for c in consumers:
+                        await stack.enter_async_context(c)
+                    tasks = [asyncio.create_task(run(c)) for c in consumers]
+                    try:
+                        await until(lambda: {(p, v) for p, _, v in got} >= sent, "20 read", 60)
+                        await until(lambda: all(c.assignment() for c in consumers), "assigned")
+                        for c in consumers:
+                            await c.commit()  # positions: 10 and 10
+                        before = await client.committed_offsets(GROUP)
+                        assert before == {(TOPIC, 0): 10, (TOPIC, 1): 10}, before
+                        old = await offsets_leader(client)
+                        os.kill(procs[old][0].pid, signal.SIGKILL)
+                        for _ in range(300):
+                            if await offsets_leader(client) != old:
+                                break
+                            await asyncio.sleep(0.1)
+                        else:
+                            raise AssertionError("the coordinator did not move")
+                        assert await client.committed_offsets(GROUP) == before
+                        mark = len(got)
+                        await produce(20, 10)
+                        await until(lambda: {(p, v) for p, _, v in got} >= sent, "30 read", 60)
+                        for p, offset, _ in got[mark:]:
+                            assert offset >= before[(TOPIC, p)], (p, offset, before)
+                    finally:
+                        for t in tasks:
+                            t.cancel()
+                        await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run(main())
+    finally:
+        for proc, _ in procs.values():
+            stop(proc)
