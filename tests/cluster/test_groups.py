@@ -212,7 +212,14 @@ def test_a_group_carries_on_at_a_new_coordinator_with_its_committed_offsets(
                     for i in range(first, first + count):
                         p = i % 2
                         value = f"m{i}".encode()
-                        await client.produce(TOPIC, p, [Message(value=value)])
+                        for attempt in range(100):  # a lost leader: sent again (a set: dupes ok)
+                            try:
+                                await client.produce(TOPIC, p, [Message(value=value)])
+                                break
+                            except TidewireError:
+                                if attempt == 99:
+                                    raise
+                                await asyncio.sleep(0.2)
                         sent.add((p, value))
 
                 await produce(0, 40)
