@@ -198,6 +198,7 @@ def test_only_the_coordinator_answers_for_a_group_and_its_offsets_are_replicated
     asyncio.run(main())
 
 
+@pytest.mark.slow  # passes in ~5 s, but stuck in about 2 runs of 5 on the loaded box (open)
 def test_a_group_carries_on_at_a_new_coordinator_with_its_committed_offsets(
     tmp_path: Path, etcd: EtcdServer
 ) -> None:
@@ -321,7 +322,11 @@ def test_a_group_carries_on_at_a_new_coordinator_with_its_committed_offsets(
                             t.cancel()
                         await asyncio.gather(*tasks, return_exceptions=True)
 
-    asyncio.run(main())
+    async def bounded() -> None:
+        async with asyncio.timeout(120):  # a failure rather than a hang
+            await main()
+
+    asyncio.run(bounded())
 
 
 @pytest.mark.slow  # ~8 s alone; once seen stuck when run after the in-process tests
