@@ -114,6 +114,7 @@ __all__ = [
     "LogExistsError",
     "LogFailedError",
     "LogNotFoundError",
+    "NotCoordinatorError",
     "NotEnoughReplicasError",
     "NotLeaderError",
     "OffsetOutOfRangeError",
@@ -703,6 +704,19 @@ class NotLeaderError(TidewireError):
         self.leader_id = leader_id
         self.leader_host = leader_host
         self.leader_port = leader_port
+
+
+class NotCoordinatorError(NotLeaderError):
+    """A consumer-group request sent to a node of a cluster that is not the group's
+    coordinator: the coordinator is the leader of the partition of ``__consumer_offsets``
+    that holds the group (its partition is the CRC-32 of the group id modulo the topic's
+    partition count). Nothing was changed. Refresh the metadata of ``__consumer_offsets`` and
+    send it to that partition's leader; a subclass of :class:`NotLeaderError`, so a client
+    that routes by leaders handles it alike."""
+
+    code = 139
+    retriable = True
+    description = "this node is not the group's coordinator; ask the metadata of __consumer_offsets"
 
 
 class NotEnoughReplicasError(TidewireError):

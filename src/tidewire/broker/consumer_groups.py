@@ -123,6 +123,25 @@ class ConsumerGroups:
         self.kafka.foreign = coordinator.has_members
         coordinator.foreign = self.kafka.has_members
 
+    # --- the cluster ------------------------------------------------------------------------------
+
+    def check_coordinator(self, group_id: str) -> None:
+        """Raise :class:`~tidewire.errors.NotCoordinatorError` unless this node coordinates
+        ``group_id`` (always so on a single node): in a cluster, the leader of the group's
+        partition of the offsets topic does, once it has read that partition."""
+        self.offsets.check_coordinator(group_id)
+
+    def take_over(self, partition: int) -> None:
+        """This node now leads ``partition`` of the offsets topic: load it, serve its groups
+        (their members join again here; nothing of their membership is replicated)."""
+        self.offsets.take_over(partition)
+
+    def give_up(self, partition: int) -> None:
+        """This node no longer leads ``partition`` of the offsets topic: forget its groups'
+        offsets and members (whose next request learns to find the coordinator again)."""
+        self.offsets.give_up(partition)
+        self.coordinator.forget(self.offsets.serves)
+
     def has_members(self, group_id: str) -> bool:
         """Whether tidewire or Kafka clients are members of ``group_id``."""
         return self.coordinator.has_members(group_id) or self.kafka.has_members(group_id)

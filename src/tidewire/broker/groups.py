@@ -50,6 +50,7 @@ from tidewire.errors import (
     IllegalGenerationError,
     InconsistentGroupProtocolError,
     InvalidGroupError,
+    NotCoordinatorError,
     PartitionNotAssignedError,
     RebalanceInProgressError,
     UnknownMemberError,
@@ -414,6 +415,29 @@ class GroupCoordinator:
                     m.joining.set_exception(
                         RebalanceInProgressError("the broker is shutting down; join again")
                     )
+
+    def forget(self, keep: Callable[[str], bool]) -> list[str]:
+        """Drop every group for which ``keep(group_id)`` is false, with its members (this node
+        stopped coordinating them, in a cluster): their waiting joins fail with
+        :class:`NotCoordinatorError`, and their next request is answered so too, which sends
+        them to the new coordinator.
+
+        Returns:
+            The group ids dropped.
+        """
+        dropped = [g for g in self._groups if not keep(g)]
+        for group_id in dropped:
+            group = self._groups.pop(group_id)
+            for m in group.members.values():
+                if m.waiting():
+                    assert m.joining is not None
+                    m.joining.set_exception(
+                        NotCoordinatorError(
+                            f"group {group_id!r}: this node stopped coordinating it; "
+                            "find its coordinator again"
+                        )
+                    )
+        return dropped
 
     # --- queries ------------------------------------------------------------------------------
 

@@ -24,6 +24,15 @@ copy. A crash in between leaves the old segments and all or part of the copy: ev
 them is a value the key had, in log order, so the last one still wins. Tombstones need no
 copy: the values they delete are in the same or earlier segments. So the log, and the time a
 start takes to read it, stay proportional to the live offsets, not to the commits ever made.
+
+**In a cluster** (:meth:`OffsetStore.replicate`) the topic is replicated like any other
+(created through etcd by the node layer), and a partition's groups are served only by its
+leader, their *coordinator*. The store then serves only the partitions it was told to
+(:meth:`OffsetStore.take_over`: it forgets what it held of that partition and reads its log
+again, which replication has kept up to date), and forgets those it gives up
+(:meth:`OffsetStore.give_up`). A commit is appended on the leader and acknowledged once every
+in-sync replica holds it (each fsynced: the topic is ``fsync=always``), so it survives the
+leader's loss: the next leader is one of them. Its in-memory state changes only then.
 """
 
 from __future__ import annotations
@@ -32,12 +41,18 @@ import asyncio
 import logging
 import time
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import msgspec
 
-from tidewire.errors import OffsetOutOfRangeError, PartitionCorruptError, RecordBatchError
+from tidewire.errors import (
+    NotCoordinatorError,
+    OffsetOutOfRangeError,
+    PartitionCorruptError,
+    RecordBatchError,
+)
 from tidewire.records import BatchBuilder, iter_batches, iter_records
 from tidewire.storage import FsyncPolicy, LogConfig, LogManager, PartitionLog
 
@@ -50,7 +65,9 @@ __all__ = [
     "OffsetKey",
     "OffsetStore",
     "OffsetValue",
+    "OffsetsReplication",
     "is_internal_topic",
+    "partition_for",
 ]
 
 log = logging.getLogger("tidewire.broker")
@@ -141,6 +158,22 @@ def partition_for(group: str) -> int:
     return zlib.crc32(group.encode()) % OFFSETS_PARTITIONS
 
 
+class OffsetsReplication(Protocol):
+    """What the store asks of the cluster layer for a partition of :data:`OFFSETS_TOPIC`."""
+
+    def check_leader(self, partition: int) -> None:
+        """Raise :class:`NotCoordinatorError` unless this node leads ``partition`` now."""
+
+    def appended(self, partition: int) -> None:
+        """Records were appended to ``partition``: wake its followers' waiting fetches."""
+
+    def wait_replicated(self, partition: int, end: int) -> Awaitable[None]:
+        """Until every in-sync replica holds the partition's records below ``end``.
+
+        Raises:
+            NotLeaderError, RequestTimedOutError: not replicated (in time)."""
+
+
 class OffsetStore:
     """Every group's committed offsets, in memory, backed by :data:`OFFSETS_TOPIC`.
 
@@ -162,6 +195,73 @@ class OffsetStore:
         #: Damaged ranges of the internal topic skipped while loading, as
         #: ``(partition, first offset, end offset)`` (for health and metrics).
         self.damage_skipped: list[tuple[int, int, int]] = []
+        #: In a cluster: how commits are replicated, and the partitions this node serves
+        #: (leads, with their state loaded); None on a single node, which serves them all.
+        self._replication: OffsetsReplication | None = None
+        self._serving: set[int] | None = None
+
+    # --- the cluster ----------------------------------------------------------------------------
+
+    def replicate(self, replication: OffsetsReplication) -> None:
+        """Run as a node of a cluster: from now on no partition is served until
+        :meth:`take_over` is called for it (what was loaded from the local logs at start is
+        forgotten: only the partition's leader knows it is up to date)."""
+        self._replication = replication
+        self._serving = set()
+        self._offsets.clear()
+
+    def standalone(self) -> None:
+        """Serve every partition again, as a single node (the node left its cluster)."""
+        self._replication = None
+        self._serving = None
+
+    @property
+    def clustered(self) -> bool:
+        """Whether the store runs as a node of a cluster."""
+        return self._serving is not None
+
+    def serves(self, group: str) -> bool:
+        """Whether this node is ``group``'s coordinator (always, on a single node)."""
+        return self._serving is None or partition_for(group) in self._serving
+
+    def check_coordinator(self, group: str) -> None:
+        """Raise :class:`NotCoordinatorError` unless this node is ``group``'s coordinator."""
+        if self._serving is not None and partition_for(group) not in self._serving:
+            raise NotCoordinatorError(
+                f"group {group!r}: this node does not coordinate it now (its coordinator is "
+                f"the leader of {OFFSETS_TOPIC} partition {partition_for(group)})"
+            )
+
+    def take_over(self, p: int) -> None:
+        """This node now leads partition ``p``: read its committed offsets from the local log
+        (replicated up to the moment it took the lead) and serve its groups."""
+        if self._serving is None:
+            return
+        self._forget_partition(p)
+        plog = self._logs.logs.get((OFFSETS_TOPIC, p))
+        if plog is not None:
+            self._load_partition(plog, p)
+        self._serving.add(p)
+        log.info("%s partition %d: coordinating its groups", OFFSETS_TOPIC, p)
+
+    def give_up(self, p: int) -> list[str]:
+        """This node no longer leads partition ``p``: forget its groups' offsets.
+
+        Returns:
+            The groups of ``p`` it held.
+        """
+        if self._serving is None or p not in self._serving:
+            return []
+        self._serving.discard(p)
+        groups = self._forget_partition(p)
+        log.info("%s partition %d: no longer coordinating its groups", OFFSETS_TOPIC, p)
+        return groups
+
+    def _forget_partition(self, p: int) -> list[str]:
+        groups = [g for g in self._offsets if partition_for(g) == p]
+        for g in groups:
+            del self._offsets[g]
+        return groups
 
     def load(self) -> None:
         """Read the internal topic through, when it exists: the last value per key wins, a
@@ -200,6 +300,8 @@ class OffsetStore:
         """
         key = (OFFSETS_TOPIC, partition_for(group))
         plog = self._logs.logs.get(key)
+        if plog is None and self._serving is not None:  # the node layer makes it
+            raise NotCoordinatorError(f"{OFFSETS_TOPIC} partition {key[1]} is not here")
         if plog is None:
             for p in range(OFFSETS_PARTITIONS):
                 if (OFFSETS_TOPIC, p) not in self._logs.logs:
@@ -317,6 +419,7 @@ class OffsetStore:
         if not items:
             return
         p = partition_for(group)
+        self.check_coordinator(group)
         while (compacting := self._compacting.get(p)) is not None:
             await compacting.wait()
         builder = BatchBuilder()
@@ -330,7 +433,15 @@ class OffsetStore:
         plog = self._log_for(group)
         self._writing[p] = self._writing.get(p, 0) + 1
         try:
+            replication = self._replication
+            if replication is not None:
+                replication.check_leader(p)
             (info,) = await plog.append_many_async([builder.build()], durable=True)
+            if replication is not None:
+                replication.appended(p)
+                await replication.wait_replicated(p, info.last_offset + 1)
+                if self._serving is not None and p not in self._serving:
+                    return  # given up meanwhile: the new coordinator read it from the log
             for i, (tp, v) in enumerate(items):
                 self._set(group, tp, v, info.base_offset + i)
         finally:

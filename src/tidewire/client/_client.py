@@ -61,7 +61,7 @@ from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
 from ._queues import AsyncQueueAdmin, QueueAdmin
-from ._routing import Router, call_routed
+from ._routing import OFFSETS_TOPIC, Router, call_routed, coordinator_partition
 from ._security import AsyncSecurityAdmin, SecurityAdmin
 from ._streams import AsyncStreams, Streams
 from ._transport import Addresses, Transport, parse_addrs
@@ -169,6 +169,26 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
         response = await self._t.request(body, data)
         assert response is not None
         return response
+
+    async def _call_group(self, group_id: str, body: Any) -> Any:
+        """A request about ``group_id``: to the group's coordinator in a cluster (the leader
+        of its partition of ``__consumer_offsets``), found again on NotCoordinatorError for
+        up to the request timeout; on a single node, :meth:`_call`. A lost connection is not
+        retried (a delete or reset may have been done)."""
+
+        async def send(transport: Transport) -> Any:
+            response = await transport.request(body)
+            assert response is not None
+            return response
+
+        return await call_routed(
+            self._router,
+            OFFSETS_TOPIC,
+            coordinator_partition(group_id),
+            send,
+            timeout_s=self._t.request_timeout_s,
+            resend_on_loss=False,
+        )
 
     # --- admin ----------------------------------------------------------------------------------
 
@@ -472,7 +492,7 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
     async def describe_group(self, group_id: str) -> DescribeGroupResponse:
         """State, generation, members with their assignment, and every partition's
         committed offset, end offset and lag. Raises UnknownGroupError."""
-        body = (await self._call(DescribeGroupRequest(group_id=group_id))).body
+        body = (await self._call_group(group_id, DescribeGroupRequest(group_id=group_id))).body
         _raise(body.error_code, body.error_message)
         return body  # type: ignore[no-any-return]
 
@@ -492,7 +512,7 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
             if partitions is None
             else [GroupPartition(t, p) for t, p in partitions],
         )
-        body = (await self._call(req)).body
+        body = (await self._call_group(group_id, req)).body
         return {(o.topic, o.partition): int(o.offset) for o in body.offsets}
 
     async def commit_offsets(self, group_id: str, offsets: Mapping[tuple[str, int], int]) -> None:
@@ -510,7 +530,7 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
             group_id=group_id,
             partitions=[CommitPartition(t, p, o) for (t, p), o in sorted(offsets.items())],
         )
-        for r in (await self._call(req)).body.results:
+        for r in (await self._call_group(group_id, req)).body.results:
             _raise(r.error_code, r.error_message)
 
     async def delete_group(self, group_id: str) -> None:
@@ -519,7 +539,7 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
         Raises:
             GroupNotEmptyError, UnknownGroupError.
         """
-        body = (await self._call(DeleteGroupRequest(group_id=group_id))).body
+        body = (await self._call_group(group_id, DeleteGroupRequest(group_id=group_id))).body
         _raise(body.error_code, body.error_message)
 
     async def reset_group_offsets(
@@ -549,7 +569,7 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
             partitions=None if partitions is None else list(partitions),
             dry_run=dry_run,
         )
-        body = (await self._call(req)).body
+        body = (await self._call_group(group_id, req)).body
         _raise(body.error_code, body.error_message)
         return list(body.results)
 

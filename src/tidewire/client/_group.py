@@ -54,6 +54,7 @@ from tidewire._tasks import cancel_and_wait
 from tidewire.errors import (
     ConnectionLostError,
     IllegalGenerationError,
+    NotCoordinatorError,
     NotLeaderError,
     PartitionNotAssignedError,
     RebalanceInProgressError,
@@ -64,6 +65,7 @@ from tidewire.errors import (
 from tidewire.protocol.messages import (
     EARLIEST,
     LATEST,
+    Body,
     CommitPartition,
     GroupPartition,
     HeartbeatRequest,
@@ -86,6 +88,7 @@ from ._consumer import (
     Gap,
     Offset,
 )
+from ._routing import OFFSETS_TOPIC, Router, call_routed, coordinator_partition
 from ._settings import check_ints
 from ._subscriber import DEFAULT_CREDIT_BYTES, AsyncSubscriber
 from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Addresses, Transport, parse_addrs
@@ -207,14 +210,22 @@ class AsyncGroupConsumer:
         self.auto_offset_reset = auto_offset_reset
         self.on_assign = on_assign
         self.on_revoke = on_revoke
-        self._coord = Transport(
-            addr,
-            request_timeout_s=request_timeout_ms / 1000,
-            connect_timeout_s=connect_timeout_ms / 1000,
-            max_in_flight=8,
-            tls=tls,
-            credentials=credentials,
-        )
+
+        def connect(address: Addresses) -> Transport:
+            return Transport(
+                address,
+                request_timeout_s=request_timeout_ms / 1000,
+                connect_timeout_s=connect_timeout_ms / 1000,
+                max_in_flight=8,
+                tls=tls,
+                credentials=credentials,
+            )
+
+        self._coord = connect(addr)
+        #: In a cluster, the group's requests go to its coordinator: the leader of the
+        #: group's partition of ``__consumer_offsets`` (a single node: to ``_coord``).
+        self._coord_router = Router(self._coord, connect)
+        self._coord_partition = coordinator_partition(group_id)
         self.delivery = delivery
         self._inner: AsyncConsumer | AsyncSubscriber
         if delivery == "push":
@@ -273,7 +284,7 @@ class AsyncGroupConsumer:
     def throttle_time_ms_total(self) -> int:
         """How long the broker held this member's fetch answers back in all (ms), because
         its principal was over a quota (0: never throttled)."""
-        return self._coord.throttle_time_ms_total + self._inner.throttle_time_ms_total
+        return self._coord_router.throttle_time_ms_total + self._inner.throttle_time_ms_total
 
     @property
     def member_id(self) -> str:
@@ -427,15 +438,13 @@ class AsyncGroupConsumer:
             )
             timeout = (self.rebalance_timeout_ms / 1000) + self._coord.request_timeout_s
             try:
-                response = await self._coord.request(req, timeout_s=timeout)
+                body = await self._group_request(req, timeout_s=timeout)
             except TidewireError as exc:
                 if not exc.retriable:
                     raise
                 backoff = min(max(backoff * 2, BACKOFF_MIN_S), BACKOFF_MAX_S)
                 await asyncio.sleep(backoff)
                 continue
-            assert response is not None
-            body = response.body
             if body.error_code == UnknownMemberError.code:
                 self._member_id = ""
                 self._fenced = True
@@ -455,9 +464,8 @@ class AsyncGroupConsumer:
         req = OffsetFetchRequest(
             group_id=self.group_id, partitions=[GroupPartition(t, p) for t, p in partitions]
         )
-        response = await self._coord.request(req)
-        assert response is not None
-        committed = {(o.topic, o.partition): int(o.offset) for o in response.body.offsets}
+        body = await self._group_request(req)
+        committed = {(o.topic, o.partition): int(o.offset) for o in body.offsets}
         resolve: list[tuple[str, int, Offset]] = []
         out: dict[TP, int] = {}
         for tp in partitions:
@@ -535,19 +543,46 @@ class AsyncGroupConsumer:
                 group_id=self.group_id, member_id=self._member_id, generation=generation
             )
             try:
-                response = await self._coord.request(req)
+                body = await self._group_request(req)
             except TidewireError as exc:
                 log.debug("heartbeat of group %s failed: %s", self.group_id, exc)
                 continue
-            assert response is not None
-            code = response.body.error_code
+            code = body.error_code
             if code and generation == self._generation:
-                log.info("group %s: %s", self.group_id, response.body.error_message)
+                log.info("group %s: %s", self.group_id, body.error_message)
                 self._rejoin = True
                 if code == UnknownMemberError.code:
                     self._member_id = ""
                 if code in _FENCED:
                     self._fenced = True
+
+    async def _group_request(self, req: Body, *, timeout_s: float | None = None) -> Any:
+        """Send a group request to the group's coordinator and return the response's body.
+
+        On a single node this is one request on ``_coord``. In a cluster the request goes to
+        the leader of the group's partition of ``__consumer_offsets``; a node that is not
+        (any more) the coordinator (:class:`NotCoordinatorError`, as a whole or in a join's
+        answer) or a lost connection sends it again to the coordinator found in the metadata,
+        after the routing's backoff, for up to the request timeout (see
+        :func:`~tidewire.client._routing.call_routed`).
+        """
+
+        async def send(transport: Transport) -> Any:
+            response = await transport.request(req, timeout_s=timeout_s)
+            assert response is not None
+            body = response.body
+            if getattr(body, "error_code", 0) == NotCoordinatorError.code:
+                raise NotCoordinatorError(body.error_message)
+            return body
+
+        return await call_routed(
+            self._coord_router,
+            OFFSETS_TOPIC,
+            self._coord_partition,
+            send,
+            timeout_s=self._coord.request_timeout_s,
+            resend_on_loss=True,
+        )
 
     # --- commits ----------------------------------------------------------------------------
 
@@ -573,9 +608,8 @@ class AsyncGroupConsumer:
             generation=self._generation,
             partitions=[CommitPartition(t, p, o) for (t, p), o in sorted(todo.items())],
         )
-        response = await self._coord.request(req)
-        assert response is not None
-        for r in response.body.results:
+        body = await self._group_request(req)
+        for r in body.results:
             if r.error_code:
                 if r.error_code in _FENCED:
                     self._rejoin = self._fenced = True
@@ -688,11 +722,12 @@ class AsyncGroupConsumer:
                     await _call(self.on_revoke, list(self._assigned))
                 if not self.group_instance_id:
                     with contextlib.suppress(TidewireError):
-                        await self._coord.request(
+                        await self._group_request(
                             LeaveGroupRequest(group_id=self.group_id, member_id=self._member_id)
                         )
         finally:
             await self._inner.close()
+            await self._coord_router.close()
             await self._coord.close()
 
 

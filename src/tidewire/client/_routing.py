@@ -7,6 +7,11 @@ and no leaders: the router then stays *unclustered* and every request goes to th
 one connection, exactly as before; the clients test :attr:`Router.clustered` (one attribute)
 before doing any routing work, so a single node costs nothing more.
 
+Consumer-group requests are routed the same way, to the group's *coordinator*: the leader of
+the group's partition of ``__consumer_offsets`` (:func:`coordinator_partition`); a node that is
+not the coordinator answers :class:`~tidewire.errors.NotCoordinatorError`, a kind of
+:class:`NotLeaderError`.
+
 When a request meets a node that no longer leads its partition (:class:`NotLeaderError`), a
 partition without a leader (:class:`PartitionOfflineError`, in a cluster) or a lost
 connection to a leader, the client forgets that leader, refreshes the metadata
@@ -21,6 +26,7 @@ import asyncio
 import contextlib
 import random
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
@@ -37,7 +43,28 @@ from tidewire.protocol.messages import MetadataRequest, MetadataResponse
 
 from ._transport import Transport
 
-__all__ = ["Router", "backoff_s", "call_routed", "leader_lost"]
+__all__ = [
+    "OFFSETS_PARTITIONS",
+    "OFFSETS_TOPIC",
+    "Router",
+    "backoff_s",
+    "call_routed",
+    "coordinator_partition",
+    "leader_lost",
+]
+
+#: The broker's topic of committed offsets: in a cluster, a group's coordinator is the leader
+#: of the group's partition of it (the broker's ``tidewire.broker.offsets``; the client does
+#: not import the broker, and a test pins that both agree).
+OFFSETS_TOPIC = "__consumer_offsets"
+#: Its partition count (fixed, because a group's partition is derived from it).
+OFFSETS_PARTITIONS = 8
+
+
+def coordinator_partition(group_id: str) -> int:
+    """The partition of :data:`OFFSETS_TOPIC` whose leader coordinates ``group_id``."""
+    return zlib.crc32(group_id.encode()) % OFFSETS_PARTITIONS
+
 
 #: A request's connection was lost, or its node went silent or is shutting down: the node
 #: may have handled it or not.

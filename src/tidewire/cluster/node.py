@@ -18,7 +18,13 @@ part in the controller's election, and the roles of its replicas.
   compare-and-swap on the version it read (Kafka's AlterPartition);
 - when its lease is lost (etcd unreachable for longer than the session timeout, or a pause
   past it), the node stops leading: the others presume it gone and elect new leaders. It then
-  registers again, on a new lease, as soon as etcd answers.
+  registers again, on a new lease, as soon as etcd answers;
+- the consumer groups' committed offsets are the replicated topic ``__consumer_offsets``
+  (created through etcd on first use: the first METADATA asking for it, which is how clients
+  find a group's coordinator; :meth:`ClusterNode.ensure_offsets_topic`). A group's coordinator
+  is the leader of its partition: the reconcile pass tells the broker's groups to take over
+  a partition it now leads (loading its offsets from the local, replicated log) and to give
+  up one it no longer leads (:class:`_OffsetsReplication` replicates their commits).
 
 The request handlers reach the node through :func:`tidewire.cluster.cluster_node`.
 """
@@ -35,7 +41,12 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
-from tidewire.broker.offsets import is_internal_topic
+from tidewire.broker.offsets import (
+    OFFSETS_PARTITIONS,
+    OFFSETS_TOPIC,
+    internal_config,
+    is_internal_topic,
+)
 from tidewire.cluster import attach_node, detach_node
 from tidewire.cluster.controller import Controller, assign
 from tidewire.cluster.etcd import EtcdClient, EtcdError, Lease
@@ -53,6 +64,9 @@ from tidewire.errors import (
     InternalTopicError,
     InvalidConfigError,
     InvalidTopicError,
+    NotCoordinatorError,
+    NotEnoughReplicasError,
+    NotLeaderError,
     RequestTimedOutError,
     TidewireError,
     TopicExistsError,
@@ -102,6 +116,41 @@ ADMIN_WAIT_S = 30.0
 RETRY_S = 1.0
 #: Re-registering after a lost lease: waits between attempts, doubling up to the cap.
 REGISTER_BACKOFF_S = (0.2, 2.0)
+
+
+class _OffsetsReplication:
+    """How the offsets store of a node's broker replicates its commits: appended only by the
+    leader of the group's partition of ``__consumer_offsets`` (its ``acks=all`` rules: refused
+    below ``min_insync_replicas``) and acknowledged once every in-sync replica holds it."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    def check_leader(self, partition: int) -> None:
+        rep = self._broker.replication
+        try:
+            if rep is None:
+                raise NotLeaderError("no replication")
+            leader = rep.check_leader(OFFSETS_TOPIC, partition)
+        except NotLeaderError as exc:
+            raise NotCoordinatorError(
+                f"{OFFSETS_TOPIC} partition {partition} is not led here: {exc.message}"
+            ) from None
+        if not leader.can_append_acks_all():
+            raise NotEnoughReplicasError(
+                f"{OFFSETS_TOPIC}/{partition}: {len(leader.isr)} in-sync replicas "
+                f"{sorted(leader.isr)}, min_insync_replicas is {leader.min_insync}; "
+                "the commit was not stored"
+            )
+
+    def appended(self, partition: int) -> None:
+        self._broker._wake(OFFSETS_TOPIC, partition)
+
+    async def wait_replicated(self, partition: int, end: int) -> None:
+        rep = self._broker.replication
+        if rep is None:
+            raise NotCoordinatorError(f"{OFFSETS_TOPIC} partition {partition} is not led here")
+        await rep.wait_replicated(OFFSETS_TOPIC, partition, end, rep.ack_timeout_s)
 
 
 class Replicas(Protocol):
@@ -246,6 +295,7 @@ class ClusterNode:
         #: set after each reconcile pass: admin requests wait on it for their local effect
         self._passed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._offsets_task: asyncio.Task[None] | None = None
         self.started = False
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -281,6 +331,8 @@ class ClusterNode:
                 self.replication = manager
             self.controller = self._controller()
             self.controller.start()
+            # From now on the groups are served where their offsets partition is led.
+            self.broker.groups.offsets.replicate(_OffsetsReplication(self.broker))
         except BaseException:
             await self.close()
             raise
@@ -316,6 +368,11 @@ class ClusterNode:
         """Stop reconciling, stop the replicas, leave the election and the cluster (the
         lease is revoked: the others see this node gone at once)."""
         self.started = False
+        if self._offsets_task is not None:
+            self._offsets_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._offsets_task
+            self._offsets_task = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -378,6 +435,7 @@ class ClusterNode:
         assert self.replication is not None
         for key, role in sorted(self._applied.items()):
             if role[0] == "leader":
+                self._offsets_role(key, leading=False)
                 with contextlib.suppress(TidewireError):
                     await self.replication.stop_replica(*key)
                 del self._applied[key]
@@ -419,6 +477,7 @@ class ClusterNode:
         # Topics deleted from etcd: their replicas stop, their logs go.
         for name in sorted(self._seen_topics - topics.keys()):
             for key in [k for k in self._applied if k[0] == name]:
+                self._offsets_role(key, leading=False)
                 await replication.stop_replica(*key)
                 del self._applied[key]
             if self.broker.logs.partition_count(name):
@@ -442,6 +501,7 @@ class ClusterNode:
         }
         # Replicas moved away from this node (its topic still there).
         for key in sorted(self._applied.keys() - wanted.keys()):
+            self._offsets_role(key, leading=False)
             await replication.stop_replica(*key)
             del self._applied[key]
         for key, state in sorted(wanted.items()):
@@ -458,6 +518,11 @@ class ClusterNode:
                 done = False
             try:
                 await self._ensure_log(key[0], key[1], topics[key[0]])
+                # Before another role is taken (a follower's copy of the log may be cut); an
+                # ISR change of the same leadership keeps the groups where they are.
+                same_lead = _same_leadership(self._applied.get(key), role)
+                if not same_lead:
+                    self._offsets_role(key, leading=False)
                 if role[0] == "leader":
                     await replication.become_leader(
                         key[0],
@@ -484,7 +549,19 @@ class ClusterNode:
                 continue
             log.info("partition %s/%d: %s at epoch %d", *key, role[0], state.leader_epoch)
             self._applied[key] = role
+            if not same_lead:
+                self._offsets_role(key, leading=role[0] == "leader")
         return done
+
+    def _offsets_role(self, key: tuple[str, int], *, leading: bool) -> None:
+        """Tell the broker's groups that this node now leads a partition of the offsets
+        topic (they load it and serve its groups) or no longer does (they forget them)."""
+        if key[0] != OFFSETS_TOPIC:
+            return
+        if leading:
+            self.broker.groups.take_over(key[1])
+        else:
+            self.broker.groups.give_up(key[1])
 
     def _role_of(self, state: PartitionState) -> _Role | None:
         if state.leader == NO_LEADER:
@@ -553,6 +630,9 @@ class ClusterNode:
     async def _make_log(self, topic: str, partition: int, info: TopicInfo) -> None:
         logs = self.broker.logs
         cfg = config_of(info, self.broker.config.log)
+        if is_internal_topic(topic):  # made as the broker makes its own: by the log manager
+            await logs.create_topic_async(topic, range(partition, partition + 1), cfg)
+            return
         if not logs.partition_count(topic) and all(
             self.node_id in s.replicas
             for p in range(info.partitions)
@@ -712,6 +792,41 @@ class ClusterNode:
             lambda: name not in self._seen_topics and not self.broker.logs.partition_count(name),
         )
 
+    async def ensure_offsets_topic(self) -> None:
+        """Create ``__consumer_offsets`` through etcd unless it exists: the broker's
+        partition count and settings (``fsync=always``, no retention), replicated on
+        ``min(default_replication_factor, live nodes)`` nodes. Made on first use rather than
+        at start, so that the nodes of a cluster being started are all there to hold it.
+        Several nodes may try at once: etcd's compare-and-swap keeps the first.
+
+        Raises:
+            RequestTimedOutError: etcd did not answer.
+        """
+        if OFFSETS_TOPIC in self.cache.topics:
+            return
+        live = sorted(self.cache.nodes)
+        if not live:
+            return
+        rf = min(self.default_replication_factor, len(live))
+        placement = assign(OFFSETS_PARTITIONS, rf, live, random.randrange(len(live)))
+        topic = TopicInfo(
+            OFFSETS_TOPIC, OFFSETS_PARTITIONS, rf, config_to_strings(internal_config())
+        )
+        try:
+            created = await self.store.create_topic(topic, placement, None)
+        except EtcdError as exc:
+            raise RequestTimedOutError(f"{OFFSETS_TOPIC} not created: {exc}") from None
+        if created:
+            log.info("created %s: replicas %s", OFFSETS_TOPIC, placement)
+
+    def _offsets_topic_soon(self) -> None:
+        """Start :meth:`ensure_offsets_topic` in the background unless it runs already."""
+        if self._offsets_task is None or self._offsets_task.done():
+            self._offsets_task = asyncio.create_task(
+                self.ensure_offsets_topic(), name=f"node {self.node_id}: {OFFSETS_TOPIC}"
+            )
+            self._offsets_task.add_done_callback(_log_failure)
+
     async def _await_local(self, what: str, predicate: Callable[[], bool]) -> None:
         try:
             await self.wait_reconciled(predicate, ADMIN_WAIT_S)
@@ -751,11 +866,14 @@ class ClusterNode:
         """
         self._check_started()
         cache = self.cache
-        if names is None:
-            names = visible(sorted(cache.topics))
+        if names is None:  # the broker's own topics are listed only by name, as on one node
+            names = visible(sorted(t for t in cache.topics if not is_internal_topic(t)))
         topics = []
         for name in names:
             info = cache.topics.get(name)
+            if info is None and name == OFFSETS_TOPIC and self.started:
+                # A client looks for a group's coordinator: the topic is made on first use.
+                self._offsets_topic_soon()
             if info is None:
                 reason = " (in a cluster, create it first: tidewire topic create)" * auto_create
                 exc = UnknownTopicError(f"topic {name!r} does not exist{reason}")
@@ -847,6 +965,11 @@ class ClusterNode:
             replicas=list(state.replicas),
             isr=list(state.isr),
         )
+
+
+def _same_leadership(before: _Role | None, after: _Role) -> bool:
+    """Whether both roles lead at the same epoch (only the replicas or the ISR changed)."""
+    return before is not None and before[0] == after[0] == "leader" and before[1] == after[1]
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

@@ -548,9 +548,13 @@ async def release_writers(
 
 
 # --- consumer groups (handlers in this section only call ``b.groups``) ----------------------
+# In a cluster only a group's coordinator answers for it: elsewhere the request is refused as
+# a whole with NotCoordinatorError (``b.groups.check_coordinator``, nothing to do on a single
+# node), and the client asks the metadata where the coordinator is.
 
 
 async def join_group(b: Broker, s: ServerInfo, req: JoinGroupRequest, _: memoryview) -> Reply:
+    b.groups.check_coordinator(req.group_id)
     try:
         r = await b.groups.coordinator.join(
             req.group_id,
@@ -575,6 +579,7 @@ async def join_group(b: Broker, s: ServerInfo, req: JoinGroupRequest, _: memoryv
 
 
 async def heartbeat(b: Broker, s: ServerInfo, req: HeartbeatRequest, _: memoryview) -> Reply:
+    b.groups.check_coordinator(req.group_id)
     try:
         b.groups.coordinator.heartbeat(req.group_id, req.member_id, req.generation)
     except TidewireError as exc:
@@ -583,6 +588,7 @@ async def heartbeat(b: Broker, s: ServerInfo, req: HeartbeatRequest, _: memoryvi
 
 
 async def leave_group(b: Broker, s: ServerInfo, req: LeaveGroupRequest, _: memoryview) -> Reply:
+    b.groups.check_coordinator(req.group_id)
     try:
         b.groups.coordinator.leave(req.group_id, req.member_id)
     except TidewireError as exc:
@@ -591,6 +597,7 @@ async def leave_group(b: Broker, s: ServerInfo, req: LeaveGroupRequest, _: memor
 
 
 async def offset_commit(b: Broker, s: ServerInfo, req: OffsetCommitRequest, _: memoryview) -> Reply:
+    b.groups.check_coordinator(req.group_id)
     offsets: dict[tuple[str, int], tuple[int, str]] = {}
     for p in req.partitions:
         if (p.topic, p.partition) in offsets:
@@ -608,6 +615,7 @@ async def offset_commit(b: Broker, s: ServerInfo, req: OffsetCommitRequest, _: m
 
 
 async def offset_fetch(b: Broker, s: ServerInfo, req: OffsetFetchRequest, _: memoryview) -> Reply:
+    b.groups.check_coordinator(req.group_id)
     wanted = None if req.partitions is None else [(p.topic, p.partition) for p in req.partitions]
     got = b.groups.committed(req.group_id, wanted)
     out: list[CommittedOffset] = []
@@ -634,6 +642,7 @@ async def list_groups(b: Broker, s: ServerInfo, req: ListGroupsRequest, _: memor
 async def describe_group(
     b: Broker, s: ServerInfo, req: DescribeGroupRequest, _: memoryview
 ) -> Reply:
+    b.groups.check_coordinator(req.group_id)
     try:
         d = b.groups.describe(req.group_id)
     except TidewireError as exc:
@@ -671,6 +680,7 @@ async def describe_group(
 
 
 async def delete_group(b: Broker, s: ServerInfo, req: DeleteGroupRequest, _: memoryview) -> Reply:
+    b.groups.check_coordinator(req.group_id)
     try:
         await b.groups.delete(req.group_id)
     except TidewireError as exc:
@@ -681,6 +691,7 @@ async def delete_group(b: Broker, s: ServerInfo, req: DeleteGroupRequest, _: mem
 
 
 async def reset_offsets(b: Broker, s: ServerInfo, req: ResetOffsetsRequest, _: memoryview) -> Reply:
+    b.groups.check_coordinator(req.group_id)
     what = {"topic": req.topic, "to": req.to, "dry_run": str(req.dry_run).lower()}
     try:
         to = ResetTo(req.to)
