@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from tests.cli._support import start_serve, stop
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._nodes import node_metadata, wait_until
 from tests.kafka._support import batch, produce_body, wire
+from tidewire.client import AsyncClient
 from tidewire.protocol.kafka import ApiKey, ErrorCode
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -135,6 +137,36 @@ def test_kafka_clients_are_routed_to_each_partitions_leader(
                 assert got[p] == [b"v%d" % i for i in range(p, 300, 3)]
         finally:
             consumer.close()
+
+        # A Kafka consumer group: FindCoordinator from any node names the leader of the
+        # group's offsets partition, whose commits are replicated; tidewire's own client
+        # reads them back from the coordinator too.
+        member = confluent_kafka.Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": "billing",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        try:
+            member.subscribe(["events"])
+            seen = 0
+            deadline = time.monotonic() + WAIT_S
+            while seen < 300 and time.monotonic() < deadline:
+                m = member.poll(1.0)
+                if m is not None and m.error() is None:
+                    seen += 1
+            assert seen == 300
+            member.commit(asynchronous=False)
+        finally:
+            member.close()
+
+        async def committed() -> dict[tuple[str, int], int]:
+            async with AsyncClient(",".join(native.values()), request_timeout_s=WAIT_S) as c:
+                return await c.committed_offsets("billing")
+
+        assert asyncio.run(committed()) == {("events", p): 100 for p in range(3)}
 
         # A node that does not lead partition 0 refuses to store it: NOT_LEADER_OR_FOLLOWER,
         # which every Kafka client answers by refreshing its metadata and sending again.

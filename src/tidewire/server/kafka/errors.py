@@ -27,6 +27,7 @@ from tidewire.errors import (
     InvalidTopicError,
     LogClosedError,
     LogFailedError,
+    NotCoordinatorError,
     NotEnoughReplicasError,
     NotLeaderError,
     OffsetOutOfRangeError,
@@ -64,6 +65,7 @@ _CODES: tuple[tuple[type[TidewireError], ErrorCode], ...] = (
     (OffsetOutOfRangeError, ErrorCode.OFFSET_OUT_OF_RANGE),
     # A cluster's answers (retriable in every Kafka client: it refreshes its metadata, or
     # waits for the in-sync replicas to come back, and sends again).
+    (NotCoordinatorError, ErrorCode.NOT_COORDINATOR),  # a NotLeaderError: before it
     (NotLeaderError, ErrorCode.NOT_LEADER_OR_FOLLOWER),
     (NotEnoughReplicasError, ErrorCode.NOT_ENOUGH_REPLICAS),
     (FencedLeaderEpochError, ErrorCode.FENCED_LEADER_EPOCH),

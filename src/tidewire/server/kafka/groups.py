@@ -15,6 +15,8 @@ from typing import Any
 
 from tidewire.broker.consumer_groups import MAX_METADATA_CHARS
 from tidewire.broker.kafka_groups import GroupError, KafkaGroupState
+from tidewire.broker.offsets import OFFSETS_TOPIC, partition_for
+from tidewire.cluster import cluster_node
 from tidewire.errors import (
     BackpressureError,
     GroupNotEmptyError,
@@ -53,6 +55,31 @@ def _client_host(ctx: KafkaContext) -> str:
 # --- FindCoordinator ----------------------------------------------------------------------------
 
 
+async def _coordinator(ctx: KafkaContext, group: str) -> tuple[int, str, int] | None:
+    """The node that coordinates ``group`` and its Kafka address: this node on a single node;
+    in a cluster the leader of the group's partition of the offsets topic (made on first use),
+    None while it has no leader (or no Kafka listener)."""
+    node = cluster_node(ctx.broker)
+    if node is None:
+        return ctx.node_id, ctx.host, ctx.port
+    if OFFSETS_TOPIC not in node.cache.topics:
+        await node.ensure_offsets_topic()
+    got = node.cache.partition(OFFSETS_TOPIC, partition_for(group))
+    leader = got[0].leader if got is not None else -1
+    if leader == node.node_id:
+        return ctx.node_id, ctx.host, ctx.port
+    info = node.cache.nodes.get(leader)
+    if info is None or info.kafka_port < 0:
+        return None
+    return leader, info.kafka_host or info.host, info.kafka_port
+
+
+def _not_here(ctx: KafkaContext, group: str) -> bool:
+    """In a cluster: whether another node coordinates ``group`` (NOT_COORDINATOR, which every
+    Kafka client answers by finding the coordinator again)."""
+    return not ctx.broker.groups.offsets.serves(group)
+
+
 async def find_coordinator(ctx: KafkaContext, version: int, body: Body) -> Body:
     key_type = body["key_type"]
     keys = list(body["coordinator_keys"]) if version >= 4 else [body["key"]]
@@ -75,6 +102,16 @@ async def find_coordinator(ctx: KafkaContext, version: int, body: Body) -> Body:
         elif not _group_allowed(ctx, Operation.DESCRIBE, key):
             error = ErrorCode.GROUP_AUTHORIZATION_FAILED
             message = f"not authorized to describe group {key!r}"
+        else:
+            try:
+                where = await _coordinator(ctx, key)
+            except TidewireError as exc:
+                where, message = None, exc.message
+            if where is None:
+                error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+                message = message or f"group {key!r} has no coordinator now; ask again"
+            else:
+                entry.update(node_id=where[0], host=where[1], port=where[2])
         if error is not ErrorCode.NONE:
             entry.update(node_id=-1, host="", port=-1, error_code=int(error), error_message=message)
         coordinators.append(entry)
@@ -97,6 +134,8 @@ async def join_group(ctx: KafkaContext, version: int, body: Body) -> Body:
     group = body["group_id"]
     if not _group_allowed(ctx, Operation.READ, group):
         r_error, r = ErrorCode.GROUP_AUTHORIZATION_FAILED, None
+    elif _not_here(ctx, group):
+        r_error, r = ErrorCode.NOT_COORDINATOR, None
     else:
         r = await ctx.broker.kafka_groups.join(
             group,
@@ -151,6 +190,12 @@ async def sync_group(ctx: KafkaContext, version: int, body: Body) -> Body:
             "error_code": int(ErrorCode.GROUP_AUTHORIZATION_FAILED),
             "assignment": b"",
         }
+    if _not_here(ctx, group):
+        return {
+            "throttle_time_ms": 0,
+            "error_code": int(ErrorCode.NOT_COORDINATOR),
+            "assignment": b"",
+        }
     r = await ctx.broker.kafka_groups.sync(
         group,
         member_id=body["member_id"],
@@ -173,6 +218,8 @@ async def heartbeat(ctx: KafkaContext, version: int, body: Body) -> Body:
     group = body["group_id"]
     if not _group_allowed(ctx, Operation.READ, group):
         return {"throttle_time_ms": 0, "error_code": int(ErrorCode.GROUP_AUTHORIZATION_FAILED)}
+    if _not_here(ctx, group):
+        return {"throttle_time_ms": 0, "error_code": int(ErrorCode.NOT_COORDINATOR)}
     error = ctx.broker.kafka_groups.heartbeat(
         group,
         member_id=body["member_id"],
@@ -194,6 +241,8 @@ async def leave_group(ctx: KafkaContext, version: int, body: Body) -> Body:
             "error_code": int(ErrorCode.GROUP_AUTHORIZATION_FAILED),
             "members": [],
         }
+    if _not_here(ctx, group):
+        return {"throttle_time_ms": 0, "error_code": int(ErrorCode.NOT_COORDINATOR), "members": []}
     errors = ctx.broker.kafka_groups.leave(group, leaving)
     members = [
         {"member_id": m, "group_instance_id": i, "error_code": _code(e)}
@@ -216,7 +265,12 @@ def _storage_error(exc: TidewireError) -> ErrorCode:
 
 async def offset_commit(ctx: KafkaContext, version: int, body: Body) -> Body:
     group = body["group_id"]
-    topics = ctx.broker.topics()
+    node = cluster_node(ctx.broker)
+    topics = (
+        ctx.broker.topics()
+        if node is None
+        else {name: info.partitions for name, info in node.cache.topics.items()}
+    )
     errors: dict[tuple[str, int], int] = {}
     order: list[tuple[str, int]] = []
     wanted: dict[tuple[str, int], tuple[int, str]] = {}
@@ -237,6 +291,8 @@ async def offset_commit(ctx: KafkaContext, version: int, body: Body) -> Body:
     group_error: int = 0
     if not _group_allowed(ctx, Operation.READ, group):
         group_error = int(ErrorCode.GROUP_AUTHORIZATION_FAILED)
+    elif _not_here(ctx, group):
+        group_error = int(ErrorCode.NOT_COORDINATOR)
     else:
         fenced = ctx.broker.kafka_groups.check_commit(
             group,
@@ -272,6 +328,8 @@ def _fetch_group(ctx: KafkaContext, group: str, topics: list[Body] | None) -> Bo
             "topics": [],
             "error_code": int(ErrorCode.GROUP_AUTHORIZATION_FAILED),
         }
+    if _not_here(ctx, group):
+        return {"group_id": group, "topics": [], "error_code": int(ErrorCode.NOT_COORDINATOR)}
     committed = ctx.broker.groups.committed(group)
     wanted: list[tuple[str, int]]
     if topics is None:
