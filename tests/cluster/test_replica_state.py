@@ -135,6 +135,45 @@ def test_a_follower_the_controller_removed_comes_back_only_after_a_new_fetch() -
     assert p.proposed_isr() == frozenset({1, 2, 3})
 
 
+def test_a_follower_whose_log_end_goes_back_below_the_high_watermark_leaves_at_once() -> None:
+    """Cut at a damaged range, it lacks offsets below the high watermark: out of the ISR
+    without waiting for the lag timeout, back in once it holds the high watermark again."""
+    c = Clock()
+    p = leader(c)
+    p.appended(10)
+    p.fetched(2, 10)
+    p.fetched(3, 10)
+    assert p.high_watermark == 10
+    assert p.proposed_isr() is None
+    p.fetched(3, 4)  # its log was cut at offset 4
+    assert p.proposed_isr() == {1, 2}
+    p.isr_committed({1, 2})
+    p.appended(12)
+    p.fetched(2, 12)
+    assert p.high_watermark == 12
+    p.fetched(3, 8)  # copying again: still lacks offsets
+    assert p.proposed_isr() is None
+    p.fetched(3, 12)
+    assert p.proposed_isr() == {1, 2, 3}
+
+
+def test_a_newcomer_below_the_high_watermark_is_not_lost() -> None:
+    """Taken in at the high watermark, it may be behind it when etcd takes it (the high
+    watermark moved on without it): its log end never went back, so it stays in."""
+    c = Clock()
+    p = leader(c, isr=(1, 2))
+    p.appended(10)
+    p.fetched(2, 10)
+    p.fetched(3, 10)
+    assert p.proposed_isr() == {1, 2, 3}
+    p.appended(20)
+    p.fetched(2, 20)
+    assert p.high_watermark == 20
+    p.isr_committed({1, 2, 3})
+    p.fetched(3, 15)
+    assert p.proposed_isr() is None
+
+
 def test_acks_all_is_refused_below_min_insync() -> None:
     c = Clock()
     p = leader(c)

@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 
 from tidewire.broker import Broker, BrokerConfig
-from tidewire.client import AsyncClient, Message
+from tidewire.client import AsyncClient, AsyncProducer, Message
 from tidewire.cluster.replication import ReplicaManager
 from tidewire.errors import (
     InvalidRequestError,
     NotEnoughReplicasError,
     NotLeaderError,
+    PartitionCorruptError,
     RequestTimedOutError,
 )
 from tidewire.protocol.messages import (
@@ -30,7 +31,8 @@ from tidewire.protocol.messages import (
     ReplicaFetchRequest,
     ReplicaFetchResponse,
 )
-from tidewire.records import BatchBuilder
+from tidewire.records import BatchBuilder, iter_batches
+from tidewire.records.batch import BATCH_OVERHEAD
 from tidewire.server import ServerConfig, TcpServer
 from tidewire.storage import FsyncPolicy, LogConfig
 
@@ -308,6 +310,91 @@ def test_a_restarted_follower_catches_up(tmp_path: Path) -> None:
                 await until(lambda: n3.end() == 5, "node 3 catches up")
                 await until(lambda: n1.rep.high_watermark(T, 0) == 5, "high watermark at 5")
             assert n1.all_bytes() == n2.all_bytes() == n3.all_bytes()
+
+    asyncio.run(main())
+
+
+def flip_bit(segment: Path, batch: int) -> None:
+    """Flip one bit inside the records of the ``batch``-th batch of ``segment`` (covered by
+    its CRC; the file size and the segment's seal stay as they were)."""
+    data = bytearray(segment.read_bytes())
+    pos = [p for p, _ in iter_batches(data)][batch] + BATCH_OVERHEAD + 2
+    data[pos] ^= 0x10
+    segment.write_bytes(bytes(data))
+
+
+def every_batch(node: Node) -> bytes:
+    """The node's whole log, batch after batch (across segments, wherever they roll)."""
+    plog = node.broker.log(T, 0)
+    out, at = bytearray(), plog.log_start_offset
+    for _ in range(10_000):
+        if at >= plog.log_end_offset:
+            break
+        r = plog.read(at, 1024 * 1024)
+        out += r.data
+        at = r.next_offset
+    return bytes(out)
+
+
+async def produce_idempotent(leader: Node, count: int) -> None:
+    """``count`` one-record batches from an idempotent producer (its state is replicated, so
+    the followers snapshot it at a clean stop and do not read their logs again at a start)."""
+    async with AsyncProducer(leader.addr, linger_ms=0) as producer:
+        for i in range(count):
+            await bounded(await producer.send(T, b"r%03d-" % i + b"x" * 100, partition=0))
+
+
+def test_a_follower_restarted_with_a_bit_flipped_in_a_sealed_segment_copies_it_again(
+    tmp_path: Path,
+) -> None:
+    """A sealed segment found intact at the open is trusted unread, and a follower's producer
+    state comes from its snapshot: the follower's own check finds the flipped bit, the log is
+    cut there and copied again, and it ends holding the leader's bytes."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, log_config=LogConfig(segment_bytes=1024)) as (nodes, _):
+            n1, n3 = nodes[0], nodes[2]
+            await lead(nodes, n1, 0)
+            await produce_idempotent(n1, 30)
+            await until(lambda: n3.end() == n1.end() == 30, "node 3 at 30")
+            await n3.stop()
+            segments = sorted((n3.dir / f"{T}-0").glob("*.log"))
+            assert len(segments) >= 2, segments  # the first one is sealed
+            flip_bit(segments[0], batch=1)
+            await n3.start()
+            assert not n3.broker.log(T, 0).damage  # not found by the open
+            await n3.rep.become_follower(T, 0, epoch=0, leader=1, leader_address=n1.address)
+            await until(lambda: (T, 0) in n3.rep._checked, "node 3's own log checked")
+            await until(
+                lambda: n3.end() == 30 and not n3.broker.log(T, 0).damage,
+                "node 3 cut at the damage and caught up",
+            )
+            assert every_batch(n3) == every_batch(n1)
+
+    asyncio.run(main())
+
+
+def test_damage_a_read_finds_on_a_follower_is_copied_again(tmp_path: Path) -> None:
+    """Damage found while following (here by a read of the follower's log) is repaired from
+    the leader at the next fetch, not left as a hole below the log end the follower
+    reports."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, log_config=LogConfig(segment_bytes=1024)) as (nodes, _):
+            n1, n3 = nodes[0], nodes[2]
+            await lead(nodes, n1, 0)
+            await produce_idempotent(n1, 20)
+            await until(lambda: n3.end() == n1.end() == 20, "node 3 at 20")
+            plog = n3.broker.log(T, 0)
+            await until(lambda: (T, 0) in n3.rep._checked, "node 3's own log checked")
+            flip_bit(sorted((n3.dir / f"{T}-0").glob("*.log"))[0], batch=1)
+            with pytest.raises(PartitionCorruptError):
+                plog.read(1, 1024)  # the read finds the flipped bit and records the range
+            await produce_idempotent(n1, 2)  # a fetch round answered with data
+            await until(
+                lambda: n3.end() == 22 and not plog.damage, "node 3 cut at the damage, caught up"
+            )
+            assert every_batch(n3) == every_batch(n1)
 
     asyncio.run(main())
 

@@ -10,6 +10,9 @@ them (:meth:`~tidewire.storage.log.PartitionLog.append_replica_async`); a diverg
 (KIP-101) truncates the log first (:func:`~tidewire.cluster.epochs.truncation_point`). The
 broker's idempotent-producer state follows both (``Broker.replica_appended`` and
 ``replica_truncated``), so a follower promoted to leader knows every producer's sequences.
+Before each round a followed partition's own log is checked: what it held before following
+is CRC-checked a little at a time, and a damaged range, whenever found, is cut with all
+after it so the round copies it again (``ReplicaManager.check_replica``).
 
 Errors: a lost connection is reopened with capped exponential backoff; a partition answered
 with FencedLeaderEpoch or NotLeader is paused until the node layer names its leader again
@@ -64,6 +67,9 @@ BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 2.0
 #: Extra time the request may take beyond the long poll before it counts as lost.
 REQUEST_MARGIN_S = 10.0
+#: Bytes of their own logs the followed partitions of one round CRC-check together at most
+#: (see ``ReplicaManager.check_replica``), so a restart's check does not hold up copying.
+CHECK_BYTES_PER_ROUND = 4 * 1024 * 1024
 
 
 class ReplicaLink(Protocol):
@@ -217,12 +223,22 @@ class LeaderFetcher:
         m = self.manager
         parts: list[ReplicaFetchPartition] = []
         sent: list[FollowedPartition] = []
+        budget = CHECK_BYTES_PER_ROUND
         for s in wanted:
             try:
                 plog = m.broker.log(s.topic, s.partition)
             except TidewireError as exc:
                 log.warning("cannot follow %s/%s: %s", s.topic, s.partition, exc)
                 s.paused = True
+                continue
+            try:
+                # The log is checked and cut at any damaged range first: the offset asked
+                # for (the log end) then never lies past a hole.
+                budget -= m.check_replica(s.topic, s.partition, plog, max(budget, 0))
+            except TidewireError as exc:
+                s.failures += 1
+                s.retry_at = asyncio.get_running_loop().time() + _backoff(s.failures)
+                log.warning("%s/%s: cannot check the log: %s", s.topic, s.partition, exc)
                 continue
             parts.append(
                 ReplicaFetchPartition(

@@ -10,10 +10,12 @@ the ISR changes it proposes through etcd (:mod:`tidewire.cluster.metadata`).
   included); it never goes back while this leader leads. Consumers read below it, and an
   ``acks=all`` produce is answered once it passes the produce's last offset.
 - A follower whose log end has not reached the leader's for ``replica_lag_max_ms`` is proposed
-  out of the ISR; one that reaches the high watermark (and this epoch's start) is proposed
-  back in. A change counts only once etcd took it (:meth:`PartitionLeader.isr_committed`):
-  until then a shrink does not advance the high watermark past the laggard, and an expansion
-  does not count the newcomer (Kafka's AlterPartition rule: the ISR used for the high
+  out of the ISR, and so at once is one whose log end went back below the high watermark (it
+  lost offsets every in-sync replica is counted to hold: its log was cut at a damaged range);
+  one that reaches the high watermark (and this epoch's start) is proposed back in. A change
+  counts only once etcd took it (:meth:`PartitionLeader.isr_committed`): until then a shrink
+  does not advance the high watermark past the laggard, and an expansion does not count the
+  newcomer (Kafka's AlterPartition rule: the ISR used for the high
   watermark is always one etcd holds).
 - While the ISR is smaller than ``min_insync_replicas``, ``acks=all`` produces are refused
   (NOT_ENOUGH_REPLICAS) rather than acknowledged with fewer copies.
@@ -34,6 +36,10 @@ class FollowerInfo:
     caught_up_at: float = 0.0
     #: the last time it fetched (monotonic seconds)
     fetched_at: float = 0.0
+    #: its log end went back below the high watermark (its log was cut at a damaged range,
+    #: or it lost a tail): it lacks offsets counted as in every in-sync replica, so it is not
+    #: in sync until it holds the high watermark again
+    lost: bool = False
 
 
 class PartitionLeader:
@@ -97,7 +103,12 @@ class PartitionLeader:
         f = self.followers.get(follower)
         if f is None:
             raise ValueError(f"node {follower} is not a follower of this partition")
-        f.log_end = min(log_end, self.log_end)
+        end = min(log_end, self.log_end)
+        if end < f.log_end and end < self.high_watermark:
+            f.lost = True
+        elif end >= self.high_watermark:
+            f.lost = False
+        f.log_end = end
         f.fetched_at = self.clock()
         if f.log_end >= self.log_end:
             f.caught_up_at = self.clock()
@@ -132,7 +143,7 @@ class PartitionLeader:
         want = {self.node_id}
         for r, f in self.followers.items():
             if r in self.isr:
-                if now - f.caught_up_at <= self.lag_max_s:
+                if now - f.caught_up_at <= self.lag_max_s and not f.lost:
                     want.add(r)
             elif (
                 f.log_end >= max(self.high_watermark, self.epoch_start)

@@ -39,6 +39,7 @@ from tidewire.errors import (
     FencedLeaderEpochError,
     InvalidRequestError,
     NotLeaderError,
+    PartitionCorruptError,
     RequestTimedOutError,
     TidewireError,
     UnknownLeaderEpochError,
@@ -63,6 +64,10 @@ Key = tuple[str, int]
 
 #: How often the leader checks its followers' lag (seconds, at most).
 LAG_CHECK_S = 1.0
+
+#: Bytes of its own log a follower CRC-checks at most per read while checking it (see
+#: :meth:`ReplicaManager.check_replica`).
+CHECK_READ_BYTES = 1024 * 1024
 
 
 def local_end(plog: PartitionLog) -> int:
@@ -142,6 +147,11 @@ class ReplicaManager:
         self._leaders: dict[Key, tuple[int, str, int]] = {}
         #: the high watermark each followed partition last learned from its leader
         self._learned_hw: dict[Key, int] = {}
+        #: followed partitions whose own log is still to be CRC-checked, from the first offset
+        #: up to the second (the log end when this process began following it)
+        self._unchecked: dict[Key, tuple[int, int]] = {}
+        #: partitions whose own log was checked since this process started
+        self._checked: set[Key] = set()
         self._fetchers: dict[int, LeaderFetcher] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._lag_task: asyncio.Task[None] | None = None
@@ -231,22 +241,11 @@ class ReplicaManager:
         self._check_open()
         if epoch > plog.leader_epoch:
             plog.set_leader_epoch(epoch)
-        if plog.damage:
-            # A damaged range (bytes that failed their CRC, found by recovery or a read) is
-            # never served, and the fetcher copies only past the log end: kept, it would stay a
-            # hole in a replica that counts as in sync. Cut the log where the first range
-            # starts; the fetcher copies everything from there again from the leader.
-            start = min(d.start for d in plog.damage)
-            end, removed, _ = plog.truncate_at_damage(start)
-            log.warning(
-                "partition %s/%d: damaged from offset %d: %d offsets cut, copied again from "
-                "leader %d",
-                topic,
-                partition,
-                end,
-                removed,
-                leader,
-            )
+        if key not in self._checked and key not in self._unchecked:
+            # What the log holds now is CRC-checked by the fetcher, a little each round
+            # (check_replica): sealed segments found intact at the open were trusted unread.
+            self._unchecked[key] = (plog.log_start_offset, plog.log_end_offset)
+        self._cut_at_damage(topic, partition, plog, leader)
         led = self._led.pop(key, None)
         host, port = leader_address
         self._leaders[key] = (leader, host, port)
@@ -291,9 +290,75 @@ class ReplicaManager:
         led = self._led.pop(key, None)
         self._leaders.pop(key, None)
         self._learned_hw.pop(key, None)
+        self._unchecked.pop(key, None)
+        self._checked.discard(key)
         if led is not None:
             self._fail_waiters(led)
         self._unfollow(key)
+
+    def check_replica(self, topic: str, partition: int, plog: PartitionLog, budget: int) -> int:
+        """Before a fetch of a followed partition: CRC-check up to ``budget`` more bytes of
+        what its log held when this node began following it, then cut the log at its first
+        damaged range, if it has one, so the fetch copies everything from there again.
+
+        Why here: a damaged range is never served and the fetcher copies only past the log
+        end, so a range left in place is a hole in a replica that reports its whole log end
+        and counts as in sync. Damage can be found at any time: by the open's scan, by a read
+        (sealed segments found intact at the open are trusted without being read, and
+        nothing else reads a follower's log), or by this check. Each fetch round repairs what
+        is known by then, whoever found it. Appended copies are CRC-checked as they are
+        stored, so only what the log held before following needs the check, once per
+        process.
+
+        Returns:
+            The bytes read (to share one budget among the partitions of a round).
+
+        Raises:
+            TidewireError: the read or the cut failed (StorageError): not fetched this round.
+        """
+        key = (topic, partition)
+        read = 0
+        todo = self._unchecked.get(key)
+        if todo is not None:
+            at, until = max(todo[0], plog.log_start_offset), min(todo[1], plog.log_end_offset)
+            while at < until and read < budget:
+                try:
+                    r = plog.read(at, min(budget - read, CHECK_READ_BYTES), max_offset=until)
+                except PartitionCorruptError as exc:
+                    # Recorded in plog.damage by the read: cut below; what lies past the
+                    # range is cut with it, so the check ends there.
+                    until = min(until, max(exc.damage_start, at))
+                    break
+                if not r.data or r.next_offset <= at:
+                    at = until  # nothing more to read below ``until``
+                    break
+                read += len(r.data)
+                at = r.next_offset
+            if at >= until:
+                del self._unchecked[key]
+                self._checked.add(key)
+            else:
+                self._unchecked[key] = (at, until)
+        leader = self._leaders.get(key, (-1, "", -1))[0]
+        self._cut_at_damage(topic, partition, plog, leader)
+        return read
+
+    def _cut_at_damage(self, topic: str, partition: int, plog: PartitionLog, leader: int) -> None:
+        """Cut a followed partition's log where its first damaged range starts (none: do
+        nothing), and rebuild its producer state from what is left."""
+        starts = [d.start for d in plog.damage if d.start >= plog.log_start_offset]
+        if not starts:
+            return
+        end, removed, _ = plog.truncate_at_damage(min(starts))
+        self.broker.replica_truncated(topic, partition, end)
+        log.warning(
+            "partition %s/%d: damaged from offset %d: %d offsets cut, copied again from leader %d",
+            topic,
+            partition,
+            end,
+            removed,
+            leader,
+        )
 
     def _unfollow(self, key: Key) -> None:
         state = self._followed.pop(key, None)
