@@ -48,7 +48,14 @@ from tidewire.security.tls import TlsOptions
 from ._batch import ConsumedBatch, Segment, segment_of, segment_of_records
 from ._routing import RETRY_BACKOFF_MAX_S, Router, backoff_s, call_routed, leader_lost
 from ._settings import check_ints
-from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Addresses, Transport, parse_addrs
+from ._transport import (
+    BACKOFF_MAX_S,
+    BACKOFF_MIN_S,
+    Addresses,
+    Transport,
+    consumer_connect,
+    parse_addrs,
+)
 
 __all__ = ["AsyncConsumer", "ConsumedBatch", "Consumer", "ConsumerRecord", "Gap", "Offset"]
 
@@ -275,15 +282,7 @@ class AsyncConsumer:
         #: How many damaged ranges were read past in all.
         self.gaps_total = 0
 
-        def connect(address: Addresses) -> Transport:
-            return Transport(
-                address,
-                request_timeout_s=request_timeout_ms / 1000,
-                connect_timeout_s=connect_timeout_ms / 1000,
-                max_in_flight=8,
-                tls=tls,
-                credentials=credentials,
-            )
+        connect = consumer_connect(request_timeout_ms, connect_timeout_ms, tls, credentials)
 
         self._t = connect(addr)
         #: Each partition's leader in a cluster (its fetches go there).

@@ -91,7 +91,14 @@ from ._consumer import (
 from ._routing import OFFSETS_TOPIC, Router, call_routed, coordinator_partition
 from ._settings import check_ints
 from ._subscriber import DEFAULT_CREDIT_BYTES, AsyncSubscriber
-from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Addresses, Transport, parse_addrs
+from ._transport import (
+    BACKOFF_MAX_S,
+    BACKOFF_MIN_S,
+    Addresses,
+    Transport,
+    consumer_connect,
+    parse_addrs,
+)
 
 __all__ = ["AsyncGroupConsumer", "GroupConsumer", "PartitionsCallback"]
 
@@ -211,15 +218,7 @@ class AsyncGroupConsumer:
         self.on_assign = on_assign
         self.on_revoke = on_revoke
 
-        def connect(address: Addresses) -> Transport:
-            return Transport(
-                address,
-                request_timeout_s=request_timeout_ms / 1000,
-                connect_timeout_s=connect_timeout_ms / 1000,
-                max_in_flight=8,
-                tls=tls,
-                credentials=credentials,
-            )
+        connect = consumer_connect(request_timeout_ms, connect_timeout_ms, tls, credentials)
 
         self._coord = connect(addr)
         #: In a cluster, the group's requests go to its coordinator: the leader of the

@@ -98,6 +98,28 @@ def parse_addr(addr: str) -> tuple[str, int]:
 Addresses = str | Sequence[str]
 
 
+def consumer_connect(
+    request_timeout_ms: int,
+    connect_timeout_ms: int,
+    tls: TlsOptions | bool | None,
+    credentials: Credentials | None,
+) -> Callable[[Addresses], Transport]:
+    """How a consumer opens its connections (to its bootstrap address, and in a cluster to
+    each leader or coordinator): its timeouts, TLS and credentials, 8 requests in flight."""
+
+    def connect(address: Addresses) -> Transport:
+        return Transport(
+            address,
+            request_timeout_s=request_timeout_ms / 1000,
+            connect_timeout_s=connect_timeout_ms / 1000,
+            max_in_flight=8,
+            tls=tls,
+            credentials=credentials,
+        )
+
+    return connect
+
+
 def parse_addrs(addr: Addresses) -> list[tuple[str, int]]:
     """``"H1:P1,H2:P2"`` (or ``["H1:P1", "H2:P2"]``) -> ``[(h1, p1), (h2, p2)]``, in order,
     without repeats.
