@@ -80,7 +80,7 @@ from tidewire.protocol.messages import (
     TopicConfig,
     TopicDescription,
 )
-from tidewire.storage import LogConfig
+from tidewire.storage import LogConfig, PartitionLog
 from tidewire.storage.fs import write_atomic
 from tidewire.storage.manager import validate_topic_name
 
@@ -573,28 +573,29 @@ class ClusterNode:
             return None
         return ("follower", state.leader_epoch, state.leader, node.host, node.port)
 
+    def _local_logs(self, name: str, info: TopicInfo) -> list[PartitionLog]:
+        """This node's open logs of topic ``name``, among etcd's partitions of it (looked up
+        one by one: the broker may hold thousands of other logs)."""
+        logs = self.broker.logs.logs
+        return [plog for p in range(info.partitions) if (plog := logs.get((name, p))) is not None]
+
     async def _check_incarnation(self, name: str, info: TopicInfo) -> bool:
         """Whether the local logs of topic ``name`` (if any) are of the incarnation etcd
         names; the logs of an earlier topic of that name (deleted and made again while this
         node was away) are deleted, so that this node copies the new one from its leader
         instead of mixing the two. A log without an id file (made before topic ids) is taken
         as this incarnation's. False: something is left for the next pass."""
-        logs = self.broker.logs
-        fs = logs.fs
-        stale = False
-        for (topic, _), plog in list(logs.logs.items()):
-            if topic != name:
-                continue
+        fs = self.broker.logs.fs
+        held: set[str] = set()
+        for plog in self._local_logs(name, info):
             path = f"{plog.directory}/{TOPIC_ID_FILE}"
             try:
-                held = fs.read_file(path).decode().strip() if fs.exists(path) else ""
-                if not held:
-                    await asyncio.to_thread(write_atomic, fs, path, info.topic_id.encode())
+                if fs.exists(path):
+                    held.add(fs.read_file(path).decode().strip())
             except OSError as exc:
                 log.warning("%s: topic id not checked: %s", plog.directory, exc)
                 return False
-            stale = stale or (held not in ("", info.topic_id))
-        if stale:
+        if held - {"", info.topic_id}:
             log.warning(
                 "topic %s: the logs here are of an earlier topic of that name (deleted and "
                 "created again while this node was away); deleting them to copy the new one",
@@ -609,8 +610,21 @@ class ClusterNode:
             except TidewireError as exc:
                 log.warning("topic %s: the earlier logs are not deleted yet: %s", name, exc)
                 return False
+        try:
+            await self._write_ids(name, info)
+        except OSError as exc:
+            log.warning("topic %s: topic id not written: %s", name, exc)
+            return False
         self._verified[name] = info.topic_id
         return True
+
+    async def _write_ids(self, name: str, info: TopicInfo) -> None:
+        """Write the incarnation id into each local log of ``name`` that has none."""
+        fs = self.broker.logs.fs
+        for plog in self._local_logs(name, info):
+            path = f"{plog.directory}/{TOPIC_ID_FILE}"
+            if not fs.exists(path):
+                await asyncio.to_thread(write_atomic, fs, path, info.topic_id.encode())
 
     async def _ensure_log(self, topic: str, partition: int, info: TopicInfo) -> None:
         """Make the local log of a partition this node replicates, with its topic's
@@ -621,11 +635,8 @@ class ClusterNode:
         try:
             await self._make_log(topic, partition, info)
         finally:
-            if info.topic_id:  # the id of what was made (the checks above took care of the rest)
-                for (t, _), plog in list(logs.logs.items()):
-                    path = f"{plog.directory}/{TOPIC_ID_FILE}"
-                    if t == topic and not logs.fs.exists(path):
-                        await asyncio.to_thread(write_atomic, logs.fs, path, info.topic_id.encode())
+            if info.topic_id:
+                await self._write_ids(topic, info)
 
     async def _make_log(self, topic: str, partition: int, info: TopicInfo) -> None:
         logs = self.broker.logs
@@ -692,7 +703,8 @@ class ClusterNode:
     def _check_started(self) -> None:
         if not self.started:
             raise RequestTimedOutError(
-                f"node {self.node_id} is joining its cluster; try again in a moment"
+                f"node {self.node_id} is joining or leaving its cluster; try again in a "
+                "moment (or another node)"
             )
 
     async def create_topic(
@@ -948,18 +960,7 @@ class ClusterNode:
             log_end_offset=plog.log_end_offset,
             high_watermark=hw,
             size_bytes=plog.size_bytes,
-            damage=[
-                DamageInfo(
-                    start=d.start,
-                    end=d.end,
-                    size_bytes=d.size,
-                    file=d.path,
-                    position=d.position,
-                    reason=d.reason,
-                    quarantined=d.quarantined or "",
-                )
-                for d in plog.damage
-            ],
+            damage=[DamageInfo.of(d) for d in plog.damage],
             leader=state.leader,
             leader_epoch=state.leader_epoch,
             replicas=list(state.replicas),

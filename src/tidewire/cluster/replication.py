@@ -410,8 +410,9 @@ class ReplicaManager:
                 # retriable answer: the client asks the metadata again (where a topic that
                 # does not exist is said so) and sends it again.
                 raise NotLeaderError(
-                    f"node {self.node_id} does not lead partition {partition} of topic "
-                    f"{topic!r}: it has not taken a role for it (yet)"
+                    f"node {self.node_id} holds no partition {partition} of topic {topic!r}: "
+                    "it has not seen it in the cluster's metadata yet, or the topic does not "
+                    "exist (see METADATA)"
                 ) from None
         raise self._not_leader((topic, partition))
 

@@ -13,7 +13,7 @@ validation). Per-partition results carry their own ``error_code``/``error_messag
 from __future__ import annotations
 
 import enum
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 
@@ -232,6 +232,9 @@ LATEST = -1
 #: ``timestamp`` of a list-offsets request: the log start offset.
 EARLIEST = -2
 
+if TYPE_CHECKING:
+    from tidewire.storage.damage import Damage
+
 
 class ApiKey(enum.IntEnum):
     """API keys of the binary protocol."""
@@ -395,6 +398,19 @@ class DamageInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     position: int
     reason: str
     quarantined: str = ""
+
+    @classmethod
+    def of(cls, d: Damage) -> DamageInfo:
+        """The wire form of a damaged range the storage found."""
+        return cls(
+            start=d.start,
+            end=d.end,
+            size_bytes=d.size,
+            file=d.path,
+            position=d.position,
+            reason=d.reason,
+            quarantined=d.quarantined or "",
+        )
 
 
 class PartitionInfo(msgspec.Struct, kw_only=True, gc=False):

@@ -203,18 +203,7 @@ def _describe(broker: Broker, name: str) -> TopicDescription:
             log_end_offset=s.log_end_offset,
             high_watermark=s.high_watermark,
             size_bytes=s.size_bytes,
-            damage=[
-                DamageInfo(
-                    start=d.start,
-                    end=d.end,
-                    size_bytes=d.size,
-                    file=d.path,
-                    position=d.position,
-                    reason=d.reason,
-                    quarantined=d.quarantined or "",
-                )
-                for d in s.damage
-            ],
+            damage=[DamageInfo.of(d) for d in s.damage],
             offline=s.offline or "",
         )
         for s in broker.describe(name)
