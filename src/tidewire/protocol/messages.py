@@ -13,7 +13,7 @@ validation). Per-partition results carry their own ``error_code``/``error_messag
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import msgspec
 
@@ -232,8 +232,31 @@ LATEST = -1
 #: ``timestamp`` of a list-offsets request: the log start offset.
 EARLIEST = -2
 
-if TYPE_CHECKING:
-    from tidewire.storage.damage import Damage
+
+class _Damage(Protocol):
+    """What ``DamageInfo.of`` reads of a damaged range the storage found (the storage's
+    ``Damage``, described here so the protocol imports nothing of the storage)."""
+
+    @property
+    def start(self) -> int: ...
+
+    @property
+    def end(self) -> int: ...
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def position(self) -> int: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def quarantined(self) -> str | None: ...
+
+    @property
+    def size(self) -> int: ...
 
 
 class ApiKey(enum.IntEnum):
@@ -400,7 +423,7 @@ class DamageInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     quarantined: str = ""
 
     @classmethod
-    def of(cls, d: Damage) -> DamageInfo:
+    def of(cls, d: _Damage) -> DamageInfo:
         """The wire form of a damaged range the storage found."""
         return cls(
             start=d.start,
