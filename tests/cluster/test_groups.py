@@ -189,6 +189,19 @@ def test_only_the_coordinator_answers_for_a_group_and_its_offsets_are_replicated
                 got = await admin.committed_offsets(GROUP)
                 assert got == {(TOPIC, 0): 7, (TOPIC, 1): 3}
                 assert (await admin.describe_group(GROUP)).group_id == GROUP
+                # A group another node coordinates: each node lists only its own groups,
+                # the client's list is the cluster's.
+                elsewhere = next(
+                    g
+                    for g in (f"audit-{i}" for i in range(1000))
+                    if coordinator(nodes, g) is not coord
+                )
+                await admin.commit_offsets(elsewhere, {(TOPIC, 0): 2})
+                assert GROUP not in {g.group_id for g in others[0].broker.groups.list_groups()}
+                for node in nodes:
+                    async with AsyncClient(node.addr) as lister:
+                        listed = {g.group_id for g in await lister.list_groups()}
+                    assert {GROUP, elsewhere} <= listed, (node.id, listed)
             # Every replica holds the commit in its log (acknowledged once replicated).
             p = partition_for(GROUP)
             ends = {n.id: n.broker.log(OFFSETS_TOPIC, p).log_end_offset for n in nodes}

@@ -486,8 +486,16 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
     # --- consumer groups ------------------------------------------------------------------------
 
     async def list_groups(self) -> list[GroupSummary]:
-        """Every group with members or committed offsets: id, state, member count."""
-        return list((await self._call(ListGroupsRequest())).body.groups)
+        """Every group with members or committed offsets: id, state, member count. In a
+        cluster, of every node (each lists the groups it coordinates)."""
+        listed: dict[str, GroupSummary] = {}
+        for body in await self._router.ask_every_node(ListGroupsRequest()):
+            for g in body.groups:
+                # A coordinator that moved a moment ago may be listed by both nodes: the
+                # one with members is the one serving the group.
+                if g.group_id not in listed or g.members > listed[g.group_id].members:
+                    listed[g.group_id] = g
+        return [listed[g] for g in sorted(listed)]
 
     async def describe_group(self, group_id: str) -> DescribeGroupResponse:
         """State, generation, members with their assignment, and every partition's

@@ -28,7 +28,7 @@ import random
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tidewire.errors import (
     ConnectionLostError,
@@ -218,6 +218,39 @@ class Router:
             return body
         assert failure is not None
         raise failure
+
+    async def ask_every_node(self, request: Any) -> list[Any]:
+        """The answers of every node of the cluster to ``request`` (a request each node
+        answers for its own share, such as LIST_GROUPS: a node lists the groups it
+        coordinates), after a metadata refresh names the nodes; on a single node, its one
+        answer.
+
+        Raises:
+            ConnectionLostError, RequestTimedOutError: a node did not answer (a partial
+                answer would look whole).
+        """
+        await self.refresh([])
+        if not self.clustered:
+            response = await self.bootstrap.request(request)
+            assert response is not None
+            return [response.body]
+        answers = []
+        for node in sorted(self._nodes):
+            if node == self._bootstrap_node:
+                transport = self.bootstrap
+            elif node in self._links:
+                transport = self._links[node]
+            else:
+                host, port = self._nodes[node]
+                transport = self._connect(f"{host}:{port}")  # for this question only
+            try:
+                response = await transport.request(request)
+            finally:
+                if transport is not self.bootstrap and transport is not self._links.get(node):
+                    await transport.close()
+            assert response is not None
+            answers.append(response.body)
+        return answers
 
     def refresh_soon(self, topics: Iterable[str]) -> None:
         """Start a refresh in the background unless one is running (what it fails with is
