@@ -20,6 +20,7 @@ from tidewire.client import AsyncClient, AsyncProducer, Message
 from tidewire.cluster.replication import ReplicaManager
 from tidewire.errors import (
     InvalidRequestError,
+    NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotLeaderError,
     PartitionCorruptError,
@@ -256,6 +257,39 @@ def test_acks_all_is_refused_while_the_isr_is_below_min_insync(tmp_path: Path) -
                 assert n1.end() == 0  # nothing stored
                 # acks=leader does not ask for replicas.
                 assert await c.produce(T, 0, msgs(b"y"), acks=ACKS_LEADER) == 0
+
+    asyncio.run(main())
+
+
+def test_acks_all_is_answered_not_enough_replicas_when_the_isr_shrank_below_min_insync(
+    tmp_path: Path,
+) -> None:
+    """Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND: taken with 3 in sync (min_insync 2), both
+    followers stop and are dropped; the high watermark then passes the batch with the leader
+    alone in the ISR, so the producer hears it has fewer copies than it asked for. The batch
+    is stored all the same."""
+
+    async def main() -> None:
+        async with cluster(tmp_path) as (nodes, proposals):
+            n1, n2, n3 = nodes
+            await n1.rep.become_leader(
+                T, 0, epoch=0, replicas=(1, 2, 3), isr=(1, 2, 3), min_insync=2
+            )
+            for node in (n2, n3):
+                await node.rep.become_follower(T, 0, epoch=0, leader=1, leader_address=n1.address)
+            async with AsyncClient(n1.addr) as c:
+                assert await bounded(c.produce(T, 0, msgs(b"first"))) == 0
+                await n2.rep.stop_replica(T, 0)
+                await n3.rep.stop_replica(T, 0)
+                pending = asyncio.ensure_future(c.produce(T, 0, msgs(b"second")))
+                await until(lambda: n1.end() == 2, "the leader stores the second record")
+                n1.clock.now += LAG_MS / 1000 + 1  # both followers lag: out of the ISR
+                with pytest.raises(NotEnoughReplicasAfterAppendError):
+                    await bounded(pending)
+                assert (1, T, 0, 0, (1,)) in proposals
+                got = await c.fetch(T, 0, 0)
+                assert got.high_watermark == 2
+                assert [r.value for r in got.records] == [b"first", b"second"]
 
     asyncio.run(main())
 

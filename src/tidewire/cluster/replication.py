@@ -38,6 +38,7 @@ from tidewire.cluster.replica_state import PartitionLeader
 from tidewire.errors import (
     FencedLeaderEpochError,
     InvalidRequestError,
+    NotEnoughReplicasAfterAppendError,
     NotLeaderError,
     PartitionCorruptError,
     RequestTimedOutError,
@@ -459,11 +460,14 @@ class ReplicaManager:
         """Wait until every in-sync replica holds the partition below ``end_offset`` (the
         high watermark passed it). The ISR is the one etcd holds: a follower dropped from it
         meanwhile (lag) no longer counts. ``min_insync_replicas`` is checked before the
-        append (:meth:`PartitionLeader.can_append_acks_all`), not again here: what was
-        stored is never answered with "nothing stored".
+        append (:meth:`PartitionLeader.can_append_acks_all`, "nothing stored") and again
+        when the high watermark passes the batch (Kafka's rule): an ISR that shrank below
+        it meanwhile means fewer copies than the producer asked for.
 
         Raises:
             NotLeaderError: this node stopped leading it meanwhile (or never did).
+            NotEnoughReplicasAfterAppendError: replicated to every in-sync replica, but the
+                ISR (etcd's) was below ``min_insync_replicas`` then (the records are stored).
             RequestTimedOutError: not replicated within ``timeout_s`` (the records are stored
                 on this leader and may still be replicated).
         """
@@ -477,6 +481,12 @@ class ReplicaManager:
             plog = self.broker.log(topic, partition)
             led.state.appended(local_end(plog))
             if led.state.replicated(end_offset):
+                if not led.state.can_append_acks_all():
+                    raise NotEnoughReplicasAfterAppendError(
+                        f"{topic}/{partition}: the records below {end_offset} are stored and "
+                        f"held by the in-sync replicas {sorted(led.state.isr)}, fewer than "
+                        f"min_insync_replicas {led.state.min_insync}"
+                    )
                 return
             remaining = deadline - loop.time()
             if remaining <= 0:
