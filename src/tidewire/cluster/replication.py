@@ -568,6 +568,19 @@ class ReplicaManager:
                         f"{led.epoch}, the one this node leads in"
                     )
                 plog = self.broker.log(p.topic, p.partition)
+                if p.offset < plog.log_start_offset:
+                    # Retention here deleted what the follower would copy next: it starts
+                    # its log over at this one's start (answered without data or error).
+                    results.append(
+                        ReplicaFetchResult(
+                            topic=p.topic,
+                            partition=p.partition,
+                            high_watermark=led.state.high_watermark,
+                            log_start_offset=plog.log_start_offset,
+                            leader_epoch=led.epoch,
+                        )
+                    )
+                    continue
                 if p.last_fetched_epoch >= 0 and p.offset > 0:
                     epoch, end = plog.end_offset_for_epoch(p.last_fetched_epoch)
                     if epoch != p.last_fetched_epoch or end < p.offset:
