@@ -291,6 +291,8 @@ class ClusterNode:
         self._seen_topics: set[str] = set()
         #: Topics whose local logs were checked to be of the incarnation etcd names.
         self._verified: dict[str, str] = {}
+        #: logs of topics etcd does not know were looked for (once, at the first pass)
+        self._orphans_checked = False
         self._dirty = asyncio.Event()
         #: set after each reconcile pass: admin requests wait on it for their local effect
         self._passed = asyncio.Event()
@@ -474,6 +476,9 @@ class ClusterNode:
         cache = self.cache
         topics = dict(cache.topics)
         done = True
+        if not self._orphans_checked:
+            self._orphans_checked = await self._delete_orphans(topics)
+            done = done and self._orphans_checked
         # Topics deleted from etcd: their replicas stop, their logs go.
         for name in sorted(self._seen_topics - topics.keys()):
             for key in [k for k in self._applied if k[0] == name]:
@@ -552,6 +557,40 @@ class ClusterNode:
             if not same_lead:
                 self._offsets_role(key, leading=role[0] == "leader")
         return done
+
+    async def _delete_orphans(self, topics: dict[str, TopicInfo]) -> bool:
+        """At the first pass after the metadata is loaded: delete the logs of topics that
+        etcd does not know, made in this cluster (they carry a topic id) and deleted while
+        this node was away, so they are not kept or served for ever. A topic's logs without
+        an id (made by a single node, before this data directory joined a cluster) and
+        internal topics stay. False: a deletion failed (tried again at the next pass)."""
+        fs = self.broker.logs.fs
+        ok = True
+        for name, parts in self.broker.logs.topics().items():
+            if name in topics or is_internal_topic(name) or name.startswith("__"):
+                continue
+            data_dir = self.broker.logs.data_dir
+            try:
+                ids = [p for p in parts if fs.exists(f"{data_dir}/{name}-{p}/{TOPIC_ID_FILE}")]
+            except OSError as exc:
+                log.warning("topic %s: not checked for deletion: %s", name, exc)
+                ok = False
+                continue
+            if not ids:
+                continue
+            log.warning(
+                "topic %s: deleting its logs here (partitions %s): the cluster does not know "
+                "the topic (deleted while node %d was away)",
+                name,
+                ",".join(map(str, parts)),
+                self.node_id,
+            )
+            try:
+                await self.broker.delete_topic_async(name)
+            except TidewireError as exc:
+                log.warning("topic %s: its logs are not deleted yet: %s", name, exc)
+                ok = False
+        return ok
 
     def _offsets_role(self, key: tuple[str, int], *, leading: bool) -> None:
         """Tell the broker's groups that this node now leads a partition of the offsets
