@@ -51,6 +51,7 @@ from tidewire.cluster import attach_node, detach_node
 from tidewire.cluster.controller import Controller, assign
 from tidewire.cluster.etcd import EtcdClient, EtcdError, Lease
 from tidewire.cluster.fetcher import Connect, FollowedPartition
+from tidewire.cluster.lost_tail import LostTails
 from tidewire.cluster.metadata import (
     NO_LEADER,
     MetadataCache,
@@ -284,6 +285,8 @@ class ClusterNode:
         self.store = MetadataStore(self.etcd, cluster_id)
         self.cache = MetadataCache(self.store, on_change=self._changed, retry_s=0.2)
         self.lease = Lease(self.etcd, ttl_s=session_timeout_s)
+        #: replicas that may have lost their unflushed tail (see cluster/lost_tail.py)
+        self.lost_tails = LostTails(self.store, node_id)
         self.controller: Controller | None = None
         self.replication: Replicas | None = replication
         self.replica_connect = replica_connect
@@ -314,6 +317,10 @@ class ClusterNode:
         self.broker.use_producer_id_range(self.node_id)
         try:
             await self.lease.start()
+            # Before registering: the controller must see the marks when it sees the node.
+            await self.lost_tails.load_and_mark(
+                self.broker, clean=self.broker.logs.was_clean, id_file=TOPIC_ID_FILE
+            )
             await self._register()
             await self.cache.load()
             self.cache.start()
@@ -328,6 +335,7 @@ class ClusterNode:
                     propose_isr=self.propose_isr,
                     advertise=(self.info.host, self.info.port),
                     connect=self.replica_connect,
+                    lost_tails=self.lost_tails,
                 )
                 self.broker.replication = manager
                 self.replication = manager
@@ -511,6 +519,9 @@ class ClusterNode:
             del self._applied[key]
         for key, state in sorted(wanted.items()):
             role = self._role_of(state)
+            got = cache.partition(*key)
+            if role and role[0] == "leader" and self.lost_tails.voids(key, got[1] if got else 0):
+                role = ("offline", state.leader_epoch)  # named before its tail was lost
             if role is None:
                 done = False  # the leader's address is not known yet
                 continue

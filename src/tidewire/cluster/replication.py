@@ -52,6 +52,7 @@ from tidewire.storage import FsyncPolicy, PartitionLog
 
 if TYPE_CHECKING:
     from tidewire.broker import Broker
+    from tidewire.cluster.lost_tail import LostTails
 
 __all__ = ["ProposeIsr", "ReplicaManager"]
 
@@ -111,6 +112,8 @@ class ReplicaManager:
         advertise: this node's address, named in the answers of partitions it leads.
         ack_timeout_s: how long an ``acks=all`` produce waits for its replicas.
         fetch_max_wait_ms: a follower's long poll.
+        lost_tails: this node's lost-tail marks (:mod:`tidewire.cluster.lost_tail`): a mark
+            is deleted once its replica caught up with a leader, or leads.
     """
 
     def __init__(
@@ -126,6 +129,7 @@ class ReplicaManager:
         advertise: tuple[str, int] = ("", -1),
         ack_timeout_s: float = 30.0,
         fetch_max_wait_ms: int = 500,
+        lost_tails: LostTails | None = None,
     ) -> None:
         if lag_max_ms <= 0:
             raise ValueError(f"lag_max_ms must be positive, not {lag_max_ms}")
@@ -141,6 +145,7 @@ class ReplicaManager:
         self.advertise = advertise
         self.ack_timeout_s = ack_timeout_s
         self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.lost_tails = lost_tails
         self._led: dict[Key, _Led] = {}
         #: partitions followed here -> their fetch state
         self._followed: dict[Key, FollowedPartition] = {}
@@ -214,6 +219,9 @@ class ReplicaManager:
         )
         self._led[key] = _Led(epoch, state)
         self._leaders[key] = (self.node_id, *self.advertise)
+        if self.lost_tails is not None:
+            # Elected knowing the mark (only unclean election does): its log is the truth now.
+            self.lost_tails.clear_soon(key)
         self._ensure_lag_task()
         self.broker._wake(topic, partition)
 
@@ -714,6 +722,15 @@ class ReplicaManager:
         if key in self._followed and self._learned_hw.get(key, -1) < high_watermark:
             self._learned_hw[key] = high_watermark
             self.broker._wake(*key)
+        tails = self.lost_tails
+        followed = self._followed.get(key)
+        if tails is not None and key in tails.marks and followed is not None:
+            # Caught up: the leader counts this replica as holding everything below the start
+            # of its epoch (all that earlier leaders had acknowledged), and so it does.
+            plog = self.broker.log(*key)
+            start = next((s for e, s in plog.epoch_history() if e == followed.epoch), None)
+            if start is not None and start <= high_watermark <= plog.log_end_offset:
+                tails.clear_soon(key)
 
     def following(self, key: Key) -> FollowedPartition | None:
         return self._followed.get(key)
