@@ -115,6 +115,7 @@ __all__ = [
     "LogFailedError",
     "LogNotFoundError",
     "NotCoordinatorError",
+    "NotEnoughReplicasAfterAppendError",
     "NotEnoughReplicasError",
     "NotLeaderError",
     "OffsetOutOfRangeError",
@@ -727,6 +728,20 @@ class NotEnoughReplicasError(TidewireError):
     code = 131
     retriable = True
     description = "fewer in-sync replicas than min_insync_replicas; nothing was stored"
+
+
+class NotEnoughReplicasAfterAppendError(TidewireError):
+    """An ``acks=all`` produce whose batch was stored and replicated to every in-sync
+    replica, but the ISR had shrunk below ``min_insync_replicas`` by then (Kafka's
+    ``NOT_ENOUGH_REPLICAS_AFTER_APPEND``): the batch has fewer copies than asked for. It is
+    stored (an idempotent producer's retry is answered with its original offsets; another
+    producer's retry stores it again)."""
+
+    code = 135
+    retriable = True
+    description = (
+        "stored, but the in-sync replicas fell below min_insync_replicas before it was replicated"
+    )
 
 
 class FencedLeaderEpochError(TidewireError):

@@ -14,6 +14,7 @@ import pytest
 from tests.cluster._etcd import EtcdServer
 from tidewire.cluster.controller import Controller, assign, elect
 from tidewire.cluster.etcd import EtcdClient, EtcdError, Lease
+from tidewire.cluster.lost_tail import LostTail
 from tidewire.cluster.metadata import (
     NO_LEADER,
     Fence,
@@ -88,6 +89,44 @@ async def cluster(
         finally:
             for node in nodes:
                 await node.stop()
+
+
+def test_elect_never_names_a_replica_that_may_have_lost_its_tail_while_another_can_lead() -> None:
+    """A lost-tail mark (the node restarted after an unclean shutdown under fsync=interval):
+    another live in-sync replica leads first; with none, the partition stays offline unless
+    unclean election is on, which then prefers an unmarked replica, else the marked one
+    holding the most."""
+    lost1 = {1: LostTail(end=40, topic_id="", revision=10)}
+    s = PartitionState((1, 2, 3), NO_LEADER, 5, (1, 2))
+    # Node 2 (in sync, unmarked) leads, though node 1 comes first.
+    assert elect(s, {1, 2, 3}, unclean=False, lost=lost1, version=20) == PartitionState(
+        (1, 2, 3), 2, 6, (1, 2)
+    )
+    # The last in-sync replica is the marked one: offline (its ISR kept), node 3 out of it.
+    last = PartitionState((1, 2, 3), NO_LEADER, 5, (1,))
+    assert elect(last, {1, 2, 3}, unclean=False, lost=lost1, version=20) is None
+    assert elect(last, {1, 2, 3}, unclean=False, version=20) == PartitionState(
+        (1, 2, 3), 1, 6, (1,)
+    )  # unmarked: it had everything, it leads
+    # Unclean: an unmarked live replica first; else the marked one holding the most.
+    assert elect(last, {1, 3}, unclean=True, lost=lost1, version=20) == PartitionState(
+        (1, 2, 3), 3, 6, (3,)
+    )
+    both = {1: LostTail(40, "", 10), 3: LostTail(55, "", 11)}
+    assert elect(last, {1, 3}, unclean=True, lost=both, version=20) == PartitionState(
+        (1, 2, 3), 3, 6, (3,)
+    )
+    # A leader marked after it was named (restarted within its session) is replaced...
+    led = PartitionState((1, 2, 3), 1, 5, (1, 2, 3))
+    assert elect(led, {1, 2, 3}, unclean=False, lost=lost1, version=9) == PartitionState(
+        (1, 2, 3), 2, 6, (1, 2, 3)
+    )
+    # ... and one named after the mark (knowingly) stays.
+    assert elect(led, {1, 2, 3}, unclean=False, lost=lost1, version=11) is None
+    alone = PartitionState((1, 2, 3), 1, 5, (1,))
+    assert elect(alone, {1, 2, 3}, unclean=False, lost=lost1, version=9) == PartitionState(
+        (1, 2, 3), NO_LEADER, 6, (1,)
+    )
 
 
 def test_a_node_id_is_registered_once(etcd: EtcdServer) -> None:

@@ -20,6 +20,7 @@ from tidewire.client import AsyncClient, AsyncProducer, Message
 from tidewire.cluster.replication import ReplicaManager
 from tidewire.errors import (
     InvalidRequestError,
+    NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotLeaderError,
     PartitionCorruptError,
@@ -260,6 +261,39 @@ def test_acks_all_is_refused_while_the_isr_is_below_min_insync(tmp_path: Path) -
     asyncio.run(main())
 
 
+def test_acks_all_is_answered_not_enough_replicas_when_the_isr_shrank_below_min_insync(
+    tmp_path: Path,
+) -> None:
+    """Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND: taken with 3 in sync (min_insync 2), both
+    followers stop and are dropped; the high watermark then passes the batch with the leader
+    alone in the ISR, so the producer hears it has fewer copies than it asked for. The batch
+    is stored all the same."""
+
+    async def main() -> None:
+        async with cluster(tmp_path) as (nodes, proposals):
+            n1, n2, n3 = nodes
+            await n1.rep.become_leader(
+                T, 0, epoch=0, replicas=(1, 2, 3), isr=(1, 2, 3), min_insync=2
+            )
+            for node in (n2, n3):
+                await node.rep.become_follower(T, 0, epoch=0, leader=1, leader_address=n1.address)
+            async with AsyncClient(n1.addr) as c:
+                assert await bounded(c.produce(T, 0, msgs(b"first"))) == 0
+                await n2.rep.stop_replica(T, 0)
+                await n3.rep.stop_replica(T, 0)
+                pending = asyncio.ensure_future(c.produce(T, 0, msgs(b"second")))
+                await until(lambda: n1.end() == 2, "the leader stores the second record")
+                n1.clock.now += LAG_MS / 1000 + 1  # both followers lag: out of the ISR
+                with pytest.raises(NotEnoughReplicasAfterAppendError):
+                    await bounded(pending)
+                assert (1, T, 0, 0, (1,)) in proposals
+                got = await c.fetch(T, 0, 0)
+                assert got.high_watermark == 2
+                assert [r.value for r in got.records] == [b"first", b"second"]
+
+    asyncio.run(main())
+
+
 def test_a_new_leader_makes_the_old_one_drop_its_unreplicated_tail(tmp_path: Path) -> None:
     async def main() -> None:
         async with cluster(tmp_path) as (nodes, _):
@@ -453,3 +487,42 @@ def _batch(value: bytes) -> bytes:
     b = BatchBuilder()
     b.append(value, timestamp_ms=1_700_000_000_000)
     return b.build()
+
+
+def test_a_follower_behind_the_leaders_log_start_starts_its_log_over_there(
+    tmp_path: Path,
+) -> None:
+    """Retention on the leader deleted what a follower (away meanwhile) would copy next: the
+    follower deletes its log, starts it at the leader's log start and catches up from there,
+    instead of asking for offsets that no longer exist, forever."""
+
+    async def main() -> None:
+        config = LogConfig(segment_bytes=1024)  # a segment per two records or so
+        async with cluster(tmp_path, log_config=config) as (nodes, _):
+            n1, n2, n3 = nodes
+            # Node 3 is away (not following) while the leader writes and deletes.
+            await n1.rep.become_leader(T, 0, epoch=0, replicas=(1, 2, 3), isr=(1, 2))
+            await n2.rep.become_follower(T, 0, epoch=0, leader=1, leader_address=n1.address)
+            async with AsyncClient(n1.addr) as c:
+                await bounded(c.produce(T, 0, msgs(b"early")))
+                await until(lambda: n2.end() == 1, "node 2 at 1")
+                for i in range(10):
+                    await bounded(c.produce(T, 0, msgs(b"r%d-" % i + b"x" * 400)))
+            leader_log = n1.broker.log(T, 0)
+            assert leader_log.segment_count > 3
+            n1.broker.log(T, 0).delete_before(8)  # what retention does
+            start = leader_log.log_start_offset
+            assert start > n3.end() == 0
+            await n3.rep.become_follower(T, 0, epoch=0, leader=1, leader_address=n1.address)
+            await until(lambda: n3.end() == n1.end(), "node 3 catches up from the log start")
+            follower_log = n3.broker.log(T, 0)
+            assert follower_log.log_start_offset == start
+
+            def tail(plog: object) -> bytes:
+                assert hasattr(plog, "read")
+                return bytes(plog.read(start, 1 << 20, max_offset=plog.log_end_offset).data)
+
+            assert tail(follower_log) == tail(leader_log)
+            assert n1.rep.high_watermark(T, 0) == n1.end()
+
+    asyncio.run(main())

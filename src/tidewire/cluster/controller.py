@@ -9,6 +9,12 @@ Rules (Kafka's, without unclean election unless a topic enables it):
   its ISR keeps who had everything, so the first of them to come back leads again; with
   ``unclean_leader_election`` on for the topic, the first live replica leads instead (what it
   lacks is lost: the operator chose availability);
+- a replica that may have lost its unflushed tail (its node restarted after an unclean
+  shutdown under ``fsync=interval``/``never`` and has not caught up since: a *lost-tail mark*
+  in etcd, :mod:`tidewire.cluster.lost_tail`) is never elected while an unmarked in-sync
+  replica is alive; with none the partition stays offline, unless unclean election is on
+  (then an unmarked live replica leads, else the marked one holding the most); a leader
+  marked after it was named is replaced;
 - a follower's node that is gone leaves the ISR (the leader would drop it after
   ``replica_lag_max_ms`` anyway; the controller does not wait);
 - every write compares the partition's version and the controller's fence, so a controller that
@@ -23,9 +29,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tidewire.cluster.etcd import EtcdError, Lease
+from tidewire.cluster.lost_tail import LostTail, marks_of, read_lost_tails
 from tidewire.cluster.metadata import (
     NO_LEADER,
     Fence,
@@ -63,21 +70,46 @@ def assign(
     ]
 
 
-def elect(state: PartitionState, live: set[int], *, unclean: bool) -> PartitionState | None:
-    """The partition's next state given the live nodes, or None when nothing changes."""
+def elect(
+    state: PartitionState,
+    live: set[int],
+    *,
+    unclean: bool,
+    lost: Mapping[int, LostTail] | None = None,
+    version: int = 0,
+) -> PartitionState | None:
+    """The partition's next state given the live nodes, or None when nothing changes.
+
+    Args:
+        lost: the replicas that may have lost their unflushed tail (restarted after an
+            unclean shutdown, not caught up since): node -> its mark
+            (:mod:`tidewire.cluster.lost_tail`). Never elected while an unmarked in-sync
+            replica is alive; only by unclean election when none is.
+        version: the partition's version (etcd's mod revision): a leader marked after it
+            was named (it restarted within its session) no longer leads.
+    """
+    lost = lost or {}
     isr = tuple(r for r in state.isr if r in live)
-    if state.leader != NO_LEADER and state.leader in live:
+    voided = state.leader in lost and lost[state.leader].revision > version
+    if state.leader != NO_LEADER and state.leader in live and not voided:
         if isr == state.isr or not isr:
             return None
         return PartitionState(state.replicas, state.leader, state.leader_epoch, isr)
-    in_sync = [r for r in state.replicas if r in isr]
+    in_sync = [r for r in state.replicas if r in isr and r not in lost]
     if in_sync:
         leader = in_sync[0]
         return PartitionState(state.replicas, leader, state.leader_epoch + 1, isr)
     if unclean:
         alive = [r for r in state.replicas if r in live]
-        if alive:
-            return PartitionState(state.replicas, alive[0], state.leader_epoch + 1, (alive[0],))
+        sound = [r for r in alive if r not in lost]
+        if sound:
+            leader = sound[0]
+        elif alive:  # the marked one holding the most
+            leader = max(alive, key=lambda r: (lost[r].end, -alive.index(r)))
+        else:
+            leader = NO_LEADER
+        if leader != NO_LEADER:
+            return PartitionState(state.replicas, leader, state.leader_epoch + 1, (leader,))
     if state.leader == NO_LEADER:
         return None  # offline already: the ISR keeps who had everything
     return PartitionState(state.replicas, NO_LEADER, state.leader_epoch + 1, state.isr)
@@ -149,9 +181,14 @@ class Controller:
 
     async def _lead(self) -> None:
         while not self.lease.lost.is_set():
+            seen = self.cache.revision
             if not await self.reconcile():
                 log.warning("node %d: no longer the controller", self.node_id)
                 return
+            # A change that came while the pass awaited etcd is not waited for (its event
+            # may be cleared by now: the copy's event is shared): another pass at once.
+            if self.cache.revision != seen:
+                continue
             self.cache.changed.clear()
             lost = asyncio.ensure_future(self.lease.lost.wait())
             changed = asyncio.ensure_future(self.cache.changed.wait())
@@ -167,8 +204,15 @@ class Controller:
         if fence is None:
             return False
         live = set(self.cache.nodes)
+        try:
+            marks = await read_lost_tails(self.store)
+        except EtcdError as exc:
+            log.warning("lost-tail marks not read (%s); next pass", exc)
+            return True
         for (topic, p), (state, version) in sorted(self.cache.partitions().items()):
-            new = elect(state, live, unclean=self.unclean(topic))
+            info = self.cache.topics.get(topic)
+            lost = marks_of(marks, (topic, p), info.topic_id if info is not None else "")
+            new = elect(state, live, unclean=self.unclean(topic), lost=lost, version=version)
             if new is None:
                 continue
             try:

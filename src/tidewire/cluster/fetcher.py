@@ -14,6 +14,10 @@ Before each round a followed partition's own log is checked: what it held before
 is CRC-checked a little at a time, and a damaged range, whenever found, is cut with all
 after it so the round copies it again (``ReplicaManager.check_replica``).
 
+A follower whose log end is below the leader's log start (the leader's retention deleted
+what it would copy next) deletes its log and starts it over at the leader's log start
+(Kafka's ``truncateFullyAndStartAt``).
+
 Errors: a lost connection is reopened with capped exponential backoff; a partition answered
 with FencedLeaderEpoch or NotLeader is paused until the node layer names its leader again
 (``become_follower``); UnknownLeaderEpoch (the leader has not learned its election yet) and
@@ -300,6 +304,23 @@ class LeaderFetcher:
             return
         s.failures = 0
         plog = m.broker.log(s.topic, s.partition)
+        if asked.offset < r.log_start_offset and not len(chunk):
+            # The leader's retention deleted the offsets this log would copy next: nothing
+            # below its log start can be copied any more, so this log starts over there.
+            log.info(
+                "%s/%s: log end %d is below leader %d's log start %d: deleting this log and "
+                "copying from %d",
+                s.topic,
+                s.partition,
+                asked.offset,
+                s.leader,
+                r.log_start_offset,
+                r.log_start_offset,
+            )
+            plog.truncate_fully_and_start_at(r.log_start_offset)
+            m.broker.replica_truncated(s.topic, s.partition, r.log_start_offset)
+            m.learned(s.key, r.high_watermark)
+            return
         if r.diverging_end_offset >= 0:
             cut = truncation_point(
                 plog.epoch_history(),

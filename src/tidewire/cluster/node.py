@@ -51,6 +51,7 @@ from tidewire.cluster import attach_node, detach_node
 from tidewire.cluster.controller import Controller, assign
 from tidewire.cluster.etcd import EtcdClient, EtcdError, Lease
 from tidewire.cluster.fetcher import Connect, FollowedPartition
+from tidewire.cluster.lost_tail import LostTails
 from tidewire.cluster.metadata import (
     NO_LEADER,
     MetadataCache,
@@ -284,6 +285,8 @@ class ClusterNode:
         self.store = MetadataStore(self.etcd, cluster_id)
         self.cache = MetadataCache(self.store, on_change=self._changed, retry_s=0.2)
         self.lease = Lease(self.etcd, ttl_s=session_timeout_s)
+        #: replicas that may have lost their unflushed tail (see cluster/lost_tail.py)
+        self.lost_tails = LostTails(self.store, node_id)
         self.controller: Controller | None = None
         self.replication: Replicas | None = replication
         self.replica_connect = replica_connect
@@ -291,6 +294,8 @@ class ClusterNode:
         self._seen_topics: set[str] = set()
         #: Topics whose local logs were checked to be of the incarnation etcd names.
         self._verified: dict[str, str] = {}
+        #: logs of topics etcd does not know were looked for (once, at the first pass)
+        self._orphans_checked = False
         self._dirty = asyncio.Event()
         #: set after each reconcile pass: admin requests wait on it for their local effect
         self._passed = asyncio.Event()
@@ -312,6 +317,10 @@ class ClusterNode:
         self.broker.use_producer_id_range(self.node_id)
         try:
             await self.lease.start()
+            # Before registering: the controller must see the marks when it sees the node.
+            await self.lost_tails.load_and_mark(
+                self.broker, clean=self.broker.logs.was_clean, id_file=TOPIC_ID_FILE
+            )
             await self._register()
             await self.cache.load()
             self.cache.start()
@@ -326,6 +335,7 @@ class ClusterNode:
                     propose_isr=self.propose_isr,
                     advertise=(self.info.host, self.info.port),
                     connect=self.replica_connect,
+                    lost_tails=self.lost_tails,
                 )
                 self.broker.replication = manager
                 self.replication = manager
@@ -474,6 +484,9 @@ class ClusterNode:
         cache = self.cache
         topics = dict(cache.topics)
         done = True
+        if not self._orphans_checked:
+            self._orphans_checked = await self._delete_orphans(topics)
+            done = done and self._orphans_checked
         # Topics deleted from etcd: their replicas stop, their logs go.
         for name in sorted(self._seen_topics - topics.keys()):
             for key in [k for k in self._applied if k[0] == name]:
@@ -506,6 +519,9 @@ class ClusterNode:
             del self._applied[key]
         for key, state in sorted(wanted.items()):
             role = self._role_of(state)
+            got = cache.partition(*key)
+            if role and role[0] == "leader" and self.lost_tails.voids(key, got[1] if got else 0):
+                role = ("offline", state.leader_epoch)  # named before its tail was lost
             if role is None:
                 done = False  # the leader's address is not known yet
                 continue
@@ -552,6 +568,40 @@ class ClusterNode:
             if not same_lead:
                 self._offsets_role(key, leading=role[0] == "leader")
         return done
+
+    async def _delete_orphans(self, topics: dict[str, TopicInfo]) -> bool:
+        """At the first pass after the metadata is loaded: delete the logs of topics that
+        etcd does not know, made in this cluster (they carry a topic id) and deleted while
+        this node was away, so they are not kept or served for ever. A topic's logs without
+        an id (made by a single node, before this data directory joined a cluster) and
+        internal topics stay. False: a deletion failed (tried again at the next pass)."""
+        fs = self.broker.logs.fs
+        ok = True
+        for name, parts in self.broker.logs.topics().items():
+            if name in topics or is_internal_topic(name) or name.startswith("__"):
+                continue
+            data_dir = self.broker.logs.data_dir
+            try:
+                ids = [p for p in parts if fs.exists(f"{data_dir}/{name}-{p}/{TOPIC_ID_FILE}")]
+            except OSError as exc:
+                log.warning("topic %s: not checked for deletion: %s", name, exc)
+                ok = False
+                continue
+            if not ids:
+                continue
+            log.warning(
+                "topic %s: deleting its logs here (partitions %s): the cluster does not know "
+                "the topic (deleted while node %d was away)",
+                name,
+                ",".join(map(str, parts)),
+                self.node_id,
+            )
+            try:
+                await self.broker.delete_topic_async(name)
+            except TidewireError as exc:
+                log.warning("topic %s: its logs are not deleted yet: %s", name, exc)
+                ok = False
+        return ok
 
     def _offsets_role(self, key: tuple[str, int], *, leading: bool) -> None:
         """Tell the broker's groups that this node now leads a partition of the offsets

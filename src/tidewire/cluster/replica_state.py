@@ -81,8 +81,14 @@ class PartitionLeader:
         self.lag_max_s = lag_max_s
         self.min_insync = min_insync
         now = clock()
-        # Followers start as caught up now: each gets lag_max_s to show up.
-        self.followers = {r: FollowerInfo(0, now, now) for r in self.replicas if r != node_id}
+        # In-sync followers start as caught up now: each gets lag_max_s to show up. One out of
+        # the ISR has fetched never, as far as this leader knows: it comes in only after a
+        # fetch (else, at offset 0 of an empty log, it would be taken in before it did).
+        self.followers = {
+            r: FollowerInfo(0, now, now if r in self.isr else float("-inf"))
+            for r in self.replicas
+            if r != node_id
+        }
         #: an ISR change proposed to etcd and not yet answered
         self.pending_isr: frozenset[int] | None = None
 

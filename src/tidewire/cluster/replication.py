@@ -38,6 +38,7 @@ from tidewire.cluster.replica_state import PartitionLeader
 from tidewire.errors import (
     FencedLeaderEpochError,
     InvalidRequestError,
+    NotEnoughReplicasAfterAppendError,
     NotLeaderError,
     PartitionCorruptError,
     RequestTimedOutError,
@@ -51,6 +52,7 @@ from tidewire.storage import FsyncPolicy, PartitionLog
 
 if TYPE_CHECKING:
     from tidewire.broker import Broker
+    from tidewire.cluster.lost_tail import LostTails
 
 __all__ = ["ProposeIsr", "ReplicaManager"]
 
@@ -110,6 +112,8 @@ class ReplicaManager:
         advertise: this node's address, named in the answers of partitions it leads.
         ack_timeout_s: how long an ``acks=all`` produce waits for its replicas.
         fetch_max_wait_ms: a follower's long poll.
+        lost_tails: this node's lost-tail marks (:mod:`tidewire.cluster.lost_tail`): a mark
+            is deleted once its replica caught up with a leader, or leads.
     """
 
     def __init__(
@@ -125,6 +129,7 @@ class ReplicaManager:
         advertise: tuple[str, int] = ("", -1),
         ack_timeout_s: float = 30.0,
         fetch_max_wait_ms: int = 500,
+        lost_tails: LostTails | None = None,
     ) -> None:
         if lag_max_ms <= 0:
             raise ValueError(f"lag_max_ms must be positive, not {lag_max_ms}")
@@ -140,6 +145,7 @@ class ReplicaManager:
         self.advertise = advertise
         self.ack_timeout_s = ack_timeout_s
         self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.lost_tails = lost_tails
         self._led: dict[Key, _Led] = {}
         #: partitions followed here -> their fetch state
         self._followed: dict[Key, FollowedPartition] = {}
@@ -213,6 +219,9 @@ class ReplicaManager:
         )
         self._led[key] = _Led(epoch, state)
         self._leaders[key] = (self.node_id, *self.advertise)
+        if self.lost_tails is not None:
+            # Elected knowing the mark (only unclean election does): its log is the truth now.
+            self.lost_tails.clear_soon(key)
         self._ensure_lag_task()
         self.broker._wake(topic, partition)
 
@@ -459,11 +468,14 @@ class ReplicaManager:
         """Wait until every in-sync replica holds the partition below ``end_offset`` (the
         high watermark passed it). The ISR is the one etcd holds: a follower dropped from it
         meanwhile (lag) no longer counts. ``min_insync_replicas`` is checked before the
-        append (:meth:`PartitionLeader.can_append_acks_all`), not again here: what was
-        stored is never answered with "nothing stored".
+        append (:meth:`PartitionLeader.can_append_acks_all`, "nothing stored") and again
+        when the high watermark passes the batch (Kafka's rule): an ISR that shrank below
+        it meanwhile means fewer copies than the producer asked for.
 
         Raises:
             NotLeaderError: this node stopped leading it meanwhile (or never did).
+            NotEnoughReplicasAfterAppendError: replicated to every in-sync replica, but the
+                ISR (etcd's) was below ``min_insync_replicas`` then (the records are stored).
             RequestTimedOutError: not replicated within ``timeout_s`` (the records are stored
                 on this leader and may still be replicated).
         """
@@ -477,6 +489,12 @@ class ReplicaManager:
             plog = self.broker.log(topic, partition)
             led.state.appended(local_end(plog))
             if led.state.replicated(end_offset):
+                if not led.state.can_append_acks_all():
+                    raise NotEnoughReplicasAfterAppendError(
+                        f"{topic}/{partition}: the records below {end_offset} are stored and "
+                        f"held by the in-sync replicas {sorted(led.state.isr)}, fewer than "
+                        f"min_insync_replicas {led.state.min_insync}"
+                    )
                 return
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -558,6 +576,19 @@ class ReplicaManager:
                         f"{led.epoch}, the one this node leads in"
                     )
                 plog = self.broker.log(p.topic, p.partition)
+                if p.offset < plog.log_start_offset:
+                    # Retention here deleted what the follower would copy next: it starts
+                    # its log over at this one's start (answered without data or error).
+                    results.append(
+                        ReplicaFetchResult(
+                            topic=p.topic,
+                            partition=p.partition,
+                            high_watermark=led.state.high_watermark,
+                            log_start_offset=plog.log_start_offset,
+                            leader_epoch=led.epoch,
+                        )
+                    )
+                    continue
                 if p.last_fetched_epoch >= 0 and p.offset > 0:
                     epoch, end = plog.end_offset_for_epoch(p.last_fetched_epoch)
                     if epoch != p.last_fetched_epoch or end < p.offset:
@@ -691,6 +722,15 @@ class ReplicaManager:
         if key in self._followed and self._learned_hw.get(key, -1) < high_watermark:
             self._learned_hw[key] = high_watermark
             self.broker._wake(*key)
+        tails = self.lost_tails
+        followed = self._followed.get(key)
+        if tails is not None and key in tails.marks and followed is not None:
+            # Caught up: the leader counts this replica as holding everything below the start
+            # of its epoch (all that earlier leaders had acknowledged), and so it does.
+            plog = self.broker.log(*key)
+            start = next((s for e, s in plog.epoch_history() if e == followed.epoch), None)
+            if start is not None and start <= high_watermark <= plog.log_end_offset:
+                tails.clear_soon(key)
 
     def following(self, key: Key) -> FollowedPartition | None:
         return self._followed.get(key)

@@ -1742,6 +1742,51 @@ class PartitionLog:
                 raise self._failed from exc
         return end
 
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Delete every segment and go on as an empty log starting at ``offset`` (Kafka's
+        ``truncateFullyAndStartAt``): what a follower does whose log end lies below its
+        leader's log start (retention there deleted what it would copy next), so it copies
+        from the leader's log start instead of asking for offsets that no longer exist.
+
+        Raises:
+            OffsetOutOfRangeError: ``offset`` is negative.
+            StorageError: a file operation failed (the log is failed then: reopen it).
+        """
+        self._check_open()
+        self._drain_writes()
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"cannot start {self.directory} at {offset}")
+        self._truncations += 1
+        try:
+            for seg in self._segments:
+                self._drop_segment(seg)
+            self._segments.clear()
+            self._bases.clear()
+            self._new_segment(offset)
+            self._sync_dir_now()
+        except (OSError, StorageError) as exc:
+            self._failed = StorageError(
+                f"{self.directory} could not start over at offset {offset}: {exc}"
+            )
+            raise self._failed from exc
+        self._flushed = offset
+        self._history = None  # rebuilt from the batches copied from now on
+        self._epoch_mark = offset
+        if self._damage:
+            self._damage = []
+            self._save_damage_file()
+        self._settle_waiters()
+        if self.on_truncate is not None:
+            try:
+                self.on_truncate(self)
+            except OSError as exc:
+                self._failed = StorageError(
+                    f"{self.directory} started over at {offset} but its recovery point could "
+                    f"not be set ({exc}); reopen it before writing"
+                )
+                raise self._failed from exc
+        log.info("%s deleted its segments and starts over at offset %d", self.directory, offset)
+
     # --- repairing damage ----------------------------------------------------------------------
 
     def _damage_starting(self, start: int) -> Damage:

@@ -28,6 +28,7 @@ from tidewire.errors import (
     LogClosedError,
     LogFailedError,
     NotCoordinatorError,
+    NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotLeaderError,
     OffsetOutOfRangeError,
@@ -68,6 +69,7 @@ _CODES: tuple[tuple[type[TidewireError], ErrorCode], ...] = (
     (NotCoordinatorError, ErrorCode.NOT_COORDINATOR),  # a NotLeaderError: before it
     (NotLeaderError, ErrorCode.NOT_LEADER_OR_FOLLOWER),
     (NotEnoughReplicasError, ErrorCode.NOT_ENOUGH_REPLICAS),
+    (NotEnoughReplicasAfterAppendError, ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND),
     (FencedLeaderEpochError, ErrorCode.FENCED_LEADER_EPOCH),
     (UnknownLeaderEpochError, ErrorCode.UNKNOWN_LEADER_EPOCH),
     (UnknownTopicError, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
