@@ -263,20 +263,21 @@ def test_serve_cluster_with_authentication_and_mtls_replicates(
         admin = {
             n: (tmp_path / f"node{n}" / "bootstrap-admin.key").read_text().strip() for n in (1, 2)
         }
-        for n in (1, 2):  # each node keeps its own ACLs
-            out = run_cli(
-                [
-                    *("acl", "add", "--addr", addr[n], "--tls-ca", ca_file),
-                    *("--api-key", admin[n], "--cluster", "--principal", "tidewire-node"),
-                    *("--operation", "cluster_action"),
-                ]
-            )
-            assert out.exit_code == 0, out.output
+        # The first security change makes node 1's state the cluster's (__security,
+        # replicated): node 2 copies it, node 1's admin then holds on both.
+        out = run_cli(
+            [
+                *("acl", "add", "--addr", addr[1], "--tls-ca", ca_file),
+                *("--api-key", admin[1], "--cluster", "--principal", "tidewire-node"),
+                *("--operation", "cluster_action"),
+            ]
+        )
+        assert out.exit_code == 0, out.output
 
         def client(n: int) -> AsyncClient:
             return AsyncClient(
                 addr[n],
-                credentials=Credentials(admin[n]),
+                credentials=Credentials(admin[1]),
                 tls=TlsOptions(ca_file=ca_file),
                 request_timeout_s=30,
             )

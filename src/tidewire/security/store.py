@@ -70,6 +70,8 @@ _VERIFIED_CACHE = 10_000
 BOOTSTRAP_KEY_FILE = "bootstrap-admin.key"
 
 _json = msgspec.json.Encoder()
+#: The file a cluster's node keeps each replica's topic incarnation id in.
+_TOPIC_ID_FILE = "topic-id"
 
 #: The threads that compute scrypt and PBKDF2: two at most, because scrypt takes 16 MiB per
 #: computation (kept by the allocator afterwards) and the event loop's default executor has
@@ -505,12 +507,20 @@ class SecurityStore:
 
     # --- the first start ----------------------------------------------------------------------
 
+    def _replica_of_a_cluster(self) -> bool:
+        """Whether the local ``__security`` is a replica of a cluster's (its directory holds
+        the cluster's incarnation id, ``tidewire.cluster.node.TOPIC_ID_FILE``): it is then
+        written by its leader only, never by this node on its own at start, which would make
+        it differ from the leader's log at offsets the leader also uses."""
+        plog = self._logs.logs.get((SECURITY_TOPIC, 0))
+        return plog is not None and self._logs.fs.exists(f"{plog.directory}/{_TOPIC_ID_FILE}")
+
     async def bootstrap(self, data_dir: Path) -> Path | None:
         """With authentication on and no principal at all: create the first superuser named
         in ``superusers`` (``admin`` when none is), give it the admin role and a key, and
         write the key to ``DATA_DIR/bootstrap-admin.key`` (mode 0600) for the operator to
         take. Returns the file's path when it wrote one."""
-        if not self.config.authentication:
+        if not self.config.authentication or self._replica_of_a_cluster():
             return None
         await self.ensure_secret()
         if self.principals:
