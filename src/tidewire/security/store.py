@@ -251,14 +251,18 @@ class SecurityStore:
         return True
 
     async def _write(self, entries: Iterable[tuple[str, bytes | None]]) -> None:
-        """Append ``entries`` (key, value) as one batch, fsynced, then apply them."""
+        """Append ``entries`` (key, value) as one batch, fsynced, then apply them (in a
+        cluster: on the leader of ``__security``, answered once its in-sync replicas hold
+        them)."""
         items = list(entries)
-        if not items:
-            return
         replication = self._replication
         if replication is not None:
+            # Even a change that changes nothing: made on this node, it makes __security
+            # exist in the cluster (with this node's state), or is answered NotLeader.
             plog = await replication.leader_log()
-        else:
+        if not items:
+            return
+        if replication is None:
             if self._plog is None:
                 self._plog = open_log(self._logs, SECURITY_TOPIC, security_config())
             plog = self._plog
