@@ -26,9 +26,9 @@ import pytest
 from tests.cli._support import popen_serve, run_cli, stop
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._nodes import wait_until
-from tidewire.client import AsyncClient, Credentials, TlsOptions
+from tidewire.client import AsyncClient, Credentials, Message, TlsOptions
 from tidewire.errors import AuthenticationFailedError, AuthorizationFailedError, TidewireError
-from tidewire.protocol.messages import CreateTopicRequest, MetadataRequest
+from tidewire.protocol.messages import ACKS_DURABLE, CreateTopicRequest, MetadataRequest
 from tidewire.security.certs import issue, make_ca, write_key, write_pem
 
 T = "orders"
@@ -70,19 +70,31 @@ class Cluster:
         self.tmp_path = tmp_path
         self.procs: dict[int, subprocess.Popen[str]] = {}
         self.addr: dict[int, str] = {}
-        cluster = f"etcd://127.0.0.1:{etcd.client_port}"
-        self.args = [
-            *("--cluster", cluster, "--session-timeout", "2"),
-            *("--min-insync-replicas", "2", "--authentication"),
+        #: authentication and TLS, as every node and the single node before the cluster have
+        self.secured = [
+            "--authentication",
             *("--tls-cert-file", str(pki / "server.pem")),
             *("--tls-key-file", str(pki / "server.key")),
             *("--tls-ca-file", self.ca_file, "--tls-client-auth", "optional"),
+        ]
+        self.cluster = [
+            *("--cluster", f"etcd://127.0.0.1:{etcd.client_port}", "--session-timeout", "2"),
+            *("--min-insync-replicas", "2"),
+        ]
+        #: how a node authenticates to its leaders: the certificate (CN tidewire-node)
+        self.identity = [
             *("--node-tls-cert-file", str(pki / "node.pem")),
             *("--node-tls-key-file", str(pki / "node.key")),
         ]
 
-    def start(self, n: int) -> None:
-        proc, port = _start(self.tmp_path / f"node{n}", "--node-id", str(n), *self.args)
+    def start(self, n: int, *, cluster: bool = True) -> None:
+        """Node n (``cluster=False``: node n's data directory served as a single node)."""
+        args = (
+            [*self.secured, *self.cluster, "--node-id", str(n), *self.identity]
+            if cluster
+            else self.secured
+        )
+        proc, port = _start(self.tmp_path / f"node{n}", *args)
         self.procs[n] = proc
         self.addr[n] = f"127.0.0.1:{port}"
 
@@ -125,6 +137,27 @@ def _describe(c: Cluster, n: int, key: str) -> str:
     return asyncio.run(main())
 
 
+def _node_count(c: Cluster, admin: str) -> int:
+    async def count() -> int:
+        async with c.client(1, admin) as client:
+            return len((await client._t.request(MetadataRequest())).body.nodes)
+
+    return asyncio.run(count())
+
+
+def _create_topic(c: Cluster, admin: str) -> None:
+    """Topic T, one partition on the three nodes."""
+
+    async def create() -> None:
+        async with c.client(1, admin) as client:
+            reply = await client._t.request(
+                CreateTopicRequest(name=T, partitions=1, replication_factor=3)
+            )
+            assert reply.body.error_code == 0, reply.body
+
+    asyncio.run(create())
+
+
 def _until(what: str, probe: Callable[[], bool]) -> None:
     wait_until(what, lambda: True if probe() else None, WAIT_S)
 
@@ -157,14 +190,7 @@ def test_users_keys_and_acls_replicate_and_survive_the_leader(
         own2 = c.bootstrap_key(2)
         assert own2 != admin
 
-        def registered() -> bool:
-            async def count() -> int:
-                async with c.client(1, admin) as client:
-                    return len((await client._t.request(MetadataRequest())).body.nodes)
-
-            return asyncio.run(count()) == 3
-
-        _until("3 nodes registered", registered)
+        _until("3 nodes registered", lambda: _node_count(c, admin) == 3)
         # The first change: __security is created with node 1 leading, RF 3; min_insync 2
         # makes it wait for a follower's copy (the grant it carries lets the copy through).
         code, out = c.cli(
@@ -175,14 +201,7 @@ def test_users_keys_and_acls_replicate_and_survive_the_leader(
         )
         assert code == 0, out
 
-        async def create_topic() -> None:
-            async with c.client(1, admin) as client:
-                reply = await client._t.request(
-                    CreateTopicRequest(name=T, partitions=1, replication_factor=3)
-                )
-                assert reply.body.error_code == 0, reply.body
-
-        asyncio.run(create_topic())
+        _create_topic(c, admin)
 
         # Node 1's admin now holds on every node; node 2's own bootstrap admin is gone.
         for n in (2, 3):
@@ -235,5 +254,65 @@ def test_users_keys_and_acls_replicate_and_survive_the_leader(
         # Node 1 restarted copies what changed while it was away.
         c.start(1)
         _until("node 1 caught up", lambda: _describe(c, 1, second) == "denied")
+    finally:
+        c.stop_all()
+
+
+@pytest.mark.slow
+def test_a_node_key_prepared_before_the_cluster_forms_replicates_the_state(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """The procedure of docs/cluster.md for nodes identified by a key: node 1, served alone
+    first, makes the node principal, its key and the grant; every node then starts in the
+    cluster with that key file; the grant repeated on node 1 (it changes nothing) makes node
+    1's state the cluster's, which the others copy authenticated with the key, after which
+    an acks=all produce (min_insync 2) is answered."""
+    c = Cluster(tmp_path, etcd)
+    try:
+        c.start(1, cluster=False)
+        admin = c.bootstrap_key(1)
+        for args in (
+            ("user", "create", "tidewire-node", "--service"),
+            ("acl", "add", "--cluster", "--principal", "tidewire-node", "-o", "cluster_action"),
+        ):
+            code, out = c.cli(1, admin, *args)
+            assert code == 0, out
+        code, out = c.cli(1, admin, "key", "create", "tidewire-node", "--json")
+        assert code == 0, out
+        node_key = tmp_path / "node.key"
+        node_key.write_text(json.loads(out)["api_key"] + "\n")
+        stop(c.procs.pop(1))
+
+        c.identity = ["--node-api-key-file", str(node_key)]
+        for n in (1, 2, 3):
+            c.start(n)
+        _until("3 nodes registered", lambda: _node_count(c, admin) == 3)
+        code, out = c.cli(
+            1,
+            admin,
+            "acl",
+            "add",
+            "--cluster",
+            "--principal",
+            "tidewire-node",
+            *("-o", "cluster_action"),
+        )
+        assert code == 0, out
+        assert "added 0" in out, out  # it existed: nothing changed but the state's home
+        _create_topic(c, admin)
+        for n in (2, 3):
+            _until(f"node 1's admin on node {n}", lambda n=n: _describe(c, n, admin) == "ok")
+
+        async def produce() -> int:
+            async with c.client(1, admin) as client:
+                return await client.produce(T, 0, [Message(b"x")], acks=ACKS_DURABLE)
+
+        def produced() -> bool:
+            try:
+                return asyncio.run(produce()) >= 0
+            except TidewireError:
+                return False
+
+        _until("an acks=all produce answered", produced)
     finally:
         c.stop_all()
