@@ -29,10 +29,72 @@ from tests.cluster._nodes import wait_until
 from tidewire.client import AsyncClient, Credentials, Message, TlsOptions
 from tidewire.errors import AuthenticationFailedError, AuthorizationFailedError, TidewireError
 from tidewire.protocol.messages import ACKS_DURABLE, CreateTopicRequest, MetadataRequest
+from tidewire.security._logs import SECURITY_TOPIC, open_log, security_config
 from tidewire.security.certs import issue, make_ca, write_key, write_pem
+from tidewire.security.config import SecurityConfig
+from tidewire.security.model import Acl, Operation, ResourceType
+from tidewire.security.store import SecurityStore
+from tidewire.storage import LogManager
 
 T = "orders"
 WAIT_S = 60.0
+
+
+# --- in process: a replica's store follows what it copies ------------------------------------
+
+
+def test_a_replica_store_applies_copied_records_and_replays_after_a_cut(tmp_path: Path) -> None:
+    """What a follower does with ``__security`` (``Broker.replica_appended`` and
+    ``replica_truncated`` call these): the records copied from the leader's log, applied as
+    they come, give the leader's state; a cut of the log undoes what was above it."""
+
+    async def main() -> None:
+        config = SecurityConfig(authentication=True, scram_iterations=4096)
+        async with (
+            LogManager(str(tmp_path / "leader")) as leader_logs,
+            LogManager(str(tmp_path / "follower")) as follower_logs,
+        ):
+            leader = SecurityStore(leader_logs, config)
+            await leader.create_principal("alice")
+            _, key = await leader.create_key("alice")
+            acl = Acl(
+                principal="alice",
+                resource_type=ResourceType.TOPIC,
+                pattern=T,
+                operation=Operation.DESCRIBE,
+            )
+            await leader.add_acls([acl])
+            cut = leader_logs.get_log(SECURITY_TOPIC, 0).log_end_offset
+            await leader.remove_acls([acl])
+            await leader.delete_principal("alice")
+
+            follower = SecurityStore(follower_logs, config)
+            plog = open_log(follower_logs, SECURITY_TOPIC, security_config())
+            source = leader_logs.get_log(SECURITY_TOPIC, 0)
+            offset = 0
+            states = []
+            while offset < source.log_end_offset:  # bounded: each read moves on
+                r = source.read(offset, 1)  # one batch at a time, as small fetches do
+                follower.replica_appended(r.data)
+                await plog.append_replica_async(r.data)
+                states.append(("alice" in follower.principals, acl in follower.acls))
+                offset = r.next_offset
+            # principal, key, ACL added, ACL removed, principal deleted
+            expected = [(True, False), (True, False), (True, True), (True, False), (False, False)]
+            assert states == expected, states
+            assert follower.principals.keys() == leader.principals.keys()
+            assert follower.keys == leader.keys
+            # The leader changed: the copy is cut below the removal and the deletion.
+            plog.truncate_to(cut)
+            follower.reload()
+            assert "alice" in follower.principals
+            assert acl in follower.acls
+            assert (await follower.verify_key(key)).name == "alice"
+
+    asyncio.run(main())
+
+
+# --- real processes ------------------------------------------------------------------------------
 
 
 def _start(data_dir: Path, *args: str) -> tuple[subprocess.Popen[str], int]:
