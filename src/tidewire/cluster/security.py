@@ -6,18 +6,22 @@ internal topic, kept in etcd like ``__consumer_offsets``:
 
 - **Made by the first change.** The first security change made on any node (a principal,
   a key, an ACL, a quota) creates the topic through etcd when it does not exist yet, on
-  ``min(default_replication_factor, live nodes)`` nodes with the node that made the change
-  first, so that it leads at epoch 0 and its own state (its bootstrap admin, the grant it
-  was just asked for) becomes the cluster's. The id of that incarnation is written into
-  the node's local log before the compare-and-swap, so its reconcile pass adopts the log.
+  every live node (each node authenticates, so each holds a copy; the log is small), the
+  node that made the change first, so that it leads at epoch 0 and its own state (its
+  bootstrap admin, the grant it was just asked for) becomes the cluster's. The id of that
+  incarnation is written into the node's local log before the compare-and-swap, so its
+  reconcile pass adopts the log.
 - **Every other node's own state is replaced.** A local ``__security`` that is not of the
   cluster's incarnation (no id file, or another id: the node's own bootstrap admin, or
   another cluster's) is deleted and copied from the leader instead, because two logs that
   were written apart cannot be merged record by record. The node logs it.
 - **Changes are made on the leader.** A change asked of another node is answered
-  ``NotLeaderError`` naming the leader (the client asks it there); the leader stores it
-  (refused below ``min_insync_replicas``), applies it, and answers once every in-sync
-  replica holds it.
+  ``NotLeaderError`` naming the leader (the client asks it there; the HTTP API redirects
+  there); the leader stores it (refused below ``min_insync_replicas``), applies it, and
+  answers once every in-sync replica holds it.
+- **A node that is not a replica** (it joined after the topic was made) holds no security
+  state at all (its own is deleted as above), so it authenticates nobody until
+  ``__security`` is reassigned to include it: it fails closed.
 - **Every replica applies what it copies** (``Broker.replica_appended``), and replays its
   log when the log is cut (``Broker.replica_truncated``), so a key made on one node
   authenticates on all of them and an ACL removed on one refuses on all.
@@ -114,7 +118,7 @@ class ClusterSecurity:
         live = sorted(node.cache.nodes)
         if node.node_id not in live:
             raise RequestTimedOutError(f"node {node.node_id} is not registered in its cluster")
-        rf = min(node.default_replication_factor, len(live))
+        rf = len(live)  # each node authenticates: each holds a copy
         first = live.index(node.node_id)
         (replicas,) = assign(1, rf, live, first)
         topic_id = uuid.uuid4().hex
