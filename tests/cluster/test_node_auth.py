@@ -231,9 +231,10 @@ def test_serve_cluster_with_authentication_and_mtls_replicates(
     tmp_path: Path, etcd: EtcdServer
 ) -> None:
     """Two ``tidewire serve --cluster`` processes with authentication and TLS on, each node
-    presenting ``--node-tls-cert-file`` (CN tidewire-node) to its leader: once each node
-    allows that principal ``cluster_action``, an acks=all produce with min_insync 2 (which
-    needs the follower's copy) is answered."""
+    presenting ``--node-tls-cert-file`` (CN tidewire-node) to its leader: once node 1 allows
+    that principal ``cluster_action`` (the grant is replicated to node 2 with the rest of
+    node 1's security state), an acks=all produce with min_insync 2 (which needs the
+    follower's copy) is answered."""
     ca = make_ca()
     pki = tmp_path / "pki"
     pki.mkdir()
