@@ -121,6 +121,11 @@ class ClusterSecurity:
         rf = len(live)  # each node authenticates: each holds a copy
         first = live.index(node.node_id)
         (replicas,) = assign(1, rf, live, first)
+        try:  # made meanwhile (this node's copy of the metadata lags): nothing to do here
+            if await node.etcd.get(node.store.topic_key(SECURITY_TOPIC)) is not None:
+                return
+        except EtcdError as exc:
+            raise RequestTimedOutError(f"{SECURITY_TOPIC} not created: {exc}") from None
         topic_id = uuid.uuid4().hex
         cfg = security_config()
         plog = open_log(node.broker.logs, SECURITY_TOPIC, cfg)
