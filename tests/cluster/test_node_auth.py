@@ -231,9 +231,10 @@ def test_serve_cluster_with_authentication_and_mtls_replicates(
     tmp_path: Path, etcd: EtcdServer
 ) -> None:
     """Two ``tidewire serve --cluster`` processes with authentication and TLS on, each node
-    presenting ``--node-tls-cert-file`` (CN tidewire-node) to its leader: once each node
-    allows that principal ``cluster_action``, an acks=all produce with min_insync 2 (which
-    needs the follower's copy) is answered."""
+    presenting ``--node-tls-cert-file`` (CN tidewire-node) to its leader: once node 1 allows
+    that principal ``cluster_action`` (the grant is replicated to node 2 with the rest of
+    node 1's security state), an acks=all produce with min_insync 2 (which needs the
+    follower's copy) is answered."""
     ca = make_ca()
     pki = tmp_path / "pki"
     pki.mkdir()
@@ -263,20 +264,21 @@ def test_serve_cluster_with_authentication_and_mtls_replicates(
         admin = {
             n: (tmp_path / f"node{n}" / "bootstrap-admin.key").read_text().strip() for n in (1, 2)
         }
-        for n in (1, 2):  # each node keeps its own ACLs
-            out = run_cli(
-                [
-                    *("acl", "add", "--addr", addr[n], "--tls-ca", ca_file),
-                    *("--api-key", admin[n], "--cluster", "--principal", "tidewire-node"),
-                    *("--operation", "cluster_action"),
-                ]
-            )
-            assert out.exit_code == 0, out.output
+        # The first security change makes node 1's state the cluster's (__security,
+        # replicated): node 2 copies it, node 1's admin then holds on both.
+        out = run_cli(
+            [
+                *("acl", "add", "--addr", addr[1], "--tls-ca", ca_file),
+                *("--api-key", admin[1], "--cluster", "--principal", "tidewire-node"),
+                *("--operation", "cluster_action"),
+            ]
+        )
+        assert out.exit_code == 0, out.output
 
         def client(n: int) -> AsyncClient:
             return AsyncClient(
                 addr[n],
-                credentials=Credentials(admin[n]),
+                credentials=Credentials(admin[1]),
                 tls=TlsOptions(ca_file=ca_file),
                 request_timeout_s=30,
             )

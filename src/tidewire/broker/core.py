@@ -65,6 +65,7 @@ from tidewire.errors import (
     UnknownTopicError,
 )
 from tidewire.records import BatchHeader, iter_batches
+from tidewire.security._logs import SECURITY_TOPIC
 from tidewire.security.audit import AuditLog
 from tidewire.security.config import SecurityConfig
 from tidewire.security.store import SecurityStore
@@ -1304,6 +1305,8 @@ class Broker:
         Called before the append is awaited (no produce can come in between); if the append
         fails, :meth:`replica_truncated` rebuilds the state from the log.
         """
+        if topic == SECURITY_TOPIC:  # users, keys, ACLs: applied on every replica
+            self.security.replica_appended(data)
         state: PartitionProducers | None = None
         now = int(time.time() * 1000)
         for _, h in iter_batches(data, verify=False):
@@ -1319,6 +1322,8 @@ class Broker:
         """This replica's log was cut at ``end`` (it diverged from the leader, or an append
         of copied batches failed): rebuild the partition's producer state from the log."""
         self._forget_producers_above(topic, partition, end)
+        if topic == SECURITY_TOPIC:
+            self.security.reload()
 
     def _forget_producers_above(self, topic: str, partition: int, end: int) -> None:
         """Rebuild one partition's producer state from its log after it was cut at ``end``

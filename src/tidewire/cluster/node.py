@@ -61,6 +61,7 @@ from tidewire.cluster.metadata import (
     PartitionState,
     TopicInfo,
 )
+from tidewire.cluster.security import ClusterSecurity, check_security_incarnation
 from tidewire.errors import (
     InternalTopicError,
     InvalidConfigError,
@@ -81,6 +82,7 @@ from tidewire.protocol.messages import (
     TopicConfig,
     TopicDescription,
 )
+from tidewire.security._logs import SECURITY_TOPIC
 from tidewire.storage import LogConfig, PartitionLog
 from tidewire.storage.fs import write_atomic
 from tidewire.storage.manager import validate_topic_name
@@ -343,6 +345,8 @@ class ClusterNode:
             self.controller.start()
             # From now on the groups are served where their offsets partition is led.
             self.broker.groups.offsets.replicate(_OffsetsReplication(self.broker))
+            # And security changes are made on the leader of __security, replicated.
+            self.broker.security.replicate(ClusterSecurity(self))
         except BaseException:
             await self.close()
             raise
@@ -395,6 +399,7 @@ class ClusterNode:
         await self.cache.close()
         await self.lease.close()
         await self.etcd.close()
+        self.broker.security.replicate(None)
         detach_node(self.broker)
 
     def _controller(self) -> Controller:
@@ -635,6 +640,8 @@ class ClusterNode:
         node was away) are deleted, so that this node copies the new one from its leader
         instead of mixing the two. A log without an id file (made before topic ids) is taken
         as this incarnation's. False: something is left for the next pass."""
+        if name == SECURITY_TOPIC:  # a node's own security state is never adopted
+            return await check_security_incarnation(self, info)
         fs = self.broker.logs.fs
         held: set[str] = set()
         for plog in self._local_logs(name, info):

@@ -12,6 +12,12 @@ log says and recovers like any other log. The last record for an entity wins:
 
 Changes take effect at once, everywhere: the gate asks the store on every request, so a
 revoked key or a removed ACL refuses an open connection's next request.
+
+In a cluster ``__security`` is a replicated partition (:mod:`tidewire.cluster.security`):
+changes are written on its leader only and acknowledged once every in-sync replica holds
+them (:class:`SecurityReplication`); every other node applies the records as it copies them
+(:meth:`SecurityStore.replica_appended`) and replays its log again when it is cut
+(:meth:`SecurityStore.reload`), so a key made on one node authenticates on all of them.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Protocol
 
 import msgspec
 
@@ -37,7 +44,7 @@ from tidewire.errors import (
     PrincipalExistsError,
     UnknownPrincipalError,
 )
-from tidewire.records import BatchBuilder
+from tidewire.records import BatchBuilder, iter_batches, iter_records
 from tidewire.security._logs import SECURITY_TOPIC, open_log, read_log, security_config
 from tidewire.security.config import SecurityConfig
 from tidewire.security.keys import hash_secret, new_key, parse_key, verify_secret
@@ -51,7 +58,7 @@ from tidewire.security.model import (
 )
 from tidewire.storage import LogManager, PartitionLog
 
-__all__ = ["SCRAM_MECHANISMS", "SecurityStore", "scram_keys"]
+__all__ = ["SCRAM_MECHANISMS", "SecurityReplication", "SecurityStore", "scram_keys"]
 
 log = logging.getLogger("tidewire.security")
 
@@ -63,6 +70,8 @@ _VERIFIED_CACHE = 10_000
 BOOTSTRAP_KEY_FILE = "bootstrap-admin.key"
 
 _json = msgspec.json.Encoder()
+#: The file a cluster's node keeps each replica's topic incarnation id in.
+_TOPIC_ID_FILE = "topic-id"
 
 #: The threads that compute scrypt and PBKDF2: two at most, because scrypt takes 16 MiB per
 #: computation (kept by the allocator afterwards) and the event loop's default executor has
@@ -90,6 +99,30 @@ def scram_keys(
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+class SecurityReplication(Protocol):
+    """How a store of a cluster's node writes: on the leader of ``__security`` only, and
+    acknowledged once every in-sync replica holds the change."""
+
+    async def leader_log(self) -> PartitionLog:
+        """The local log of ``__security`` once this node leads it (it is created in the
+        cluster first when it does not exist yet).
+
+        Raises:
+            NotLeaderError: another node leads it (named in the error).
+            NotEnoughReplicasError: fewer in-sync replicas than ``min_insync_replicas``.
+            RequestTimedOutError: the cluster did not answer in time.
+        """
+        ...
+
+    async def wait_replicated(self, end: int) -> None:
+        """Until every in-sync replica holds ``__security`` below ``end``.
+
+        Raises:
+            NotLeaderError, RequestTimedOutError.
+        """
+        ...
 
 
 class SecurityStore:
@@ -123,6 +156,12 @@ class SecurityStore:
         #: :meth:`ensure_secret`) so that an unknown id looks the same across restarts.
         self.stand_in_secret = secrets.token_bytes(32)
         self._secret_stored = False
+        #: Set by a node of a cluster: changes go through the leader of ``__security``.
+        self._replication: SecurityReplication | None = None
+
+    def replicate(self, replication: SecurityReplication | None) -> None:
+        """Write through ``replication`` from now on (None: a single node's own log)."""
+        self._replication = replication
 
     def now_ms(self) -> int:
         """The store's clock: the time that key expiry is judged by."""
@@ -148,6 +187,34 @@ class SecurityStore:
             len(self.keys),
             len(self.acls),
         )
+
+    def reload(self) -> None:
+        """Forget the state and replay the local ``__security`` again: its log was cut (a
+        replica that diverged from its leader), replaced or deleted, so what was applied
+        from the records above the cut no longer holds."""
+        self.principals = {}
+        self.keys = {}
+        self.acls = set()
+        self.quotas = {}
+        self._verified.clear()
+        self._secret_stored = False
+        self._plog = None
+        self.version += 1
+        self.load()
+
+    def replica_appended(self, data: bytes | memoryview) -> None:
+        """Records copied from the leader of ``__security`` (whole batches, as a follower
+        stores them): apply them as the leader did. A change is seen here as soon as it is
+        copied; a cut that removes it afterwards replays the log (:meth:`reload`)."""
+        view = memoryview(data)
+        bad = 0
+        for pos, h in iter_batches(view, verify=False):
+            for rec in iter_records(view[pos : pos + h.size]):
+                if rec.key is None or not self._apply(rec.key.decode(errors="replace"), rec.value):
+                    bad += 1
+        if bad:
+            log.warning("%s: %d undecodable copied record(s) skipped", SECURITY_TOPIC, bad)
+        self._verified.clear()
 
     def _apply(self, key: str, value: bytes | None) -> bool:
         kind, _, ident = key.partition("/")
@@ -184,20 +251,33 @@ class SecurityStore:
         return True
 
     async def _write(self, entries: Iterable[tuple[str, bytes | None]]) -> None:
-        """Append ``entries`` (key, value) as one batch, fsynced, then apply them."""
+        """Append ``entries`` (key, value) as one batch, fsynced, then apply them (in a
+        cluster: on the leader of ``__security``, answered once its in-sync replicas hold
+        them)."""
         items = list(entries)
+        replication = self._replication
+        if replication is not None:
+            # Even a change that changes nothing: made on this node, it makes __security
+            # exist in the cluster (with this node's state), or is answered NotLeader.
+            plog = await replication.leader_log()
         if not items:
             return
-        if self._plog is None:
-            self._plog = open_log(self._logs, SECURITY_TOPIC, security_config())
+        if replication is None:
+            if self._plog is None:
+                self._plog = open_log(self._logs, SECURITY_TOPIC, security_config())
+            plog = self._plog
         builder = BatchBuilder()
         now = self._clock()
         for key, value in items:
             builder.append(value, key=key.encode(), timestamp_ms=now)
-        await self._plog.append_many_async([builder.build()], durable=True)
+        (info,) = await plog.append_many_async([builder.build()], durable=True)
+        # Applied at once, as the followers apply what they copy: a change stored here but
+        # not acknowledged (replicas too slow) is in force here as it is on them.
         for key, value in items:
             self._apply(key, value)
         self._verified.clear()
+        if replication is not None:
+            await replication.wait_replicated(info.last_offset + 1)
 
     async def ensure_secret(self) -> None:
         """Store :attr:`stand_in_secret` in the log if it is not there yet."""
@@ -431,12 +511,20 @@ class SecurityStore:
 
     # --- the first start ----------------------------------------------------------------------
 
+    def _replica_of_a_cluster(self) -> bool:
+        """Whether the local ``__security`` is a replica of a cluster's (its directory holds
+        the cluster's incarnation id, ``tidewire.cluster.node.TOPIC_ID_FILE``): it is then
+        written by its leader only, never by this node on its own at start, which would make
+        it differ from the leader's log at offsets the leader also uses."""
+        plog = self._logs.logs.get((SECURITY_TOPIC, 0))
+        return plog is not None and self._logs.fs.exists(f"{plog.directory}/{_TOPIC_ID_FILE}")
+
     async def bootstrap(self, data_dir: Path) -> Path | None:
         """With authentication on and no principal at all: create the first superuser named
         in ``superusers`` (``admin`` when none is), give it the admin role and a key, and
         write the key to ``DATA_DIR/bootstrap-admin.key`` (mode 0600) for the operator to
         take. Returns the file's path when it wrote one."""
-        if not self.config.authentication:
+        if not self.config.authentication or self._replica_of_a_cluster():
             return None
         await self.ensure_secret()
         if self.principals:

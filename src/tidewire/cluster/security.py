@@ -1,0 +1,187 @@
+"""Users, keys, ACLs and quotas of a cluster: ``__security`` as a replicated partition.
+
+On a single node the security store (:class:`~tidewire.security.store.SecurityStore`) is
+the node's own log ``__security``. In a cluster that log is one partition of a replicated
+internal topic, kept in etcd like ``__consumer_offsets``:
+
+- **Made by the first change.** The first security change made on any node (a principal,
+  a key, an ACL, a quota) creates the topic through etcd when it does not exist yet, on
+  every live node (each node authenticates, so each holds a copy; the log is small), the
+  node that made the change first, so that it leads at epoch 0 and its own state (its
+  bootstrap admin, the grant it was just asked for) becomes the cluster's. The id of that
+  incarnation is written into the node's local log before the compare-and-swap, so its
+  reconcile pass adopts the log.
+- **Every other node's own state is replaced.** A local ``__security`` that is not of the
+  cluster's incarnation (no id file, or another id: the node's own bootstrap admin, or
+  another cluster's) is deleted and copied from the leader instead, because two logs that
+  were written apart cannot be merged record by record. The node logs it.
+- **Changes are made on the leader.** A change asked of another node is answered
+  ``NotLeaderError`` naming the leader (the client asks it there; the HTTP API redirects
+  there); the leader stores it (refused below ``min_insync_replicas``), applies it, and
+  answers once every in-sync replica holds it.
+- **A node that is not a replica** (it joined after the topic was made) holds no security
+  state at all (its own is deleted as above), so it authenticates nobody until
+  ``__security`` is reassigned to include it: it fails closed.
+- **Every replica applies what it copies** (``Broker.replica_appended``), and replays its
+  log when the log is cut (``Broker.replica_truncated``), so a key made on one node
+  authenticates on all of them and an ACL removed on one refuses on all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import TYPE_CHECKING
+
+from tidewire.cluster.controller import assign
+from tidewire.cluster.etcd import EtcdError
+from tidewire.cluster.metadata import TopicInfo
+from tidewire.errors import (
+    NotEnoughReplicasError,
+    NotLeaderError,
+    RequestTimedOutError,
+    TidewireError,
+)
+from tidewire.security._logs import SECURITY_TOPIC, open_log, security_config
+from tidewire.storage import PartitionLog
+from tidewire.storage.fs import write_atomic
+
+if TYPE_CHECKING:
+    from tidewire.cluster.node import ClusterNode
+
+__all__ = ["ClusterSecurity", "check_security_incarnation"]
+
+log = logging.getLogger("tidewire.cluster.security")
+
+_KEY = (SECURITY_TOPIC, 0)
+
+
+class ClusterSecurity:
+    """How the security store of ``node``'s broker writes in the cluster (see the module
+    docstring); a :class:`~tidewire.security.store.SecurityReplication`."""
+
+    def __init__(self, node: ClusterNode) -> None:
+        self._node = node
+
+    async def leader_log(self) -> PartitionLog:
+        node = self._node
+        node._check_started()
+        if SECURITY_TOPIC not in node.cache.topics:
+            await self.ensure_topic()
+        rep = node.broker.replication
+        if rep is None:
+            raise RequestTimedOutError(f"node {node.node_id} does not replicate yet")
+        try:
+            leader = rep.check_leader(*_KEY)
+        except NotLeaderError:
+            # Just created here, or the leadership is moving: let the reconcile pass catch up
+            # with etcd once, then answer with what holds.
+            await node._await_local(
+                f"{SECURITY_TOPIC} is in the cluster, but node {node.node_id} has no role for it",
+                lambda: _KEY in node._applied,
+            )
+            try:
+                leader = rep.check_leader(*_KEY)
+            except NotLeaderError as exc:
+                raise NotLeaderError(
+                    "security changes (principals, keys, ACLs, quotas) are made on the leader "
+                    f"of {SECURITY_TOPIC}: {exc.message}",
+                    leader_id=exc.leader_id,
+                    leader_host=exc.leader_host,
+                    leader_port=exc.leader_port,
+                ) from None
+        if not leader.can_append_acks_all():
+            raise NotEnoughReplicasError(
+                f"{SECURITY_TOPIC}: {len(leader.isr)} in-sync replica(s) {sorted(leader.isr)}, "
+                f"min_insync_replicas is {leader.min_insync}; the change was not stored"
+            )
+        return node.broker.logs.get_log(*_KEY)
+
+    async def wait_replicated(self, end: int) -> None:
+        broker = self._node.broker
+        rep = broker.replication
+        if rep is None:
+            raise NotLeaderError(f"{SECURITY_TOPIC} is not led here")
+        broker._wake(*_KEY)  # followers waiting in a fetch take it at once
+        await rep.wait_replicated(SECURITY_TOPIC, 0, end, rep.ack_timeout_s)
+
+    async def ensure_topic(self) -> None:
+        """Create ``__security`` through etcd, this node first in its replicas (its leader at
+        epoch 0) and its local log adopted as the cluster's; another node that got there
+        first wins the compare-and-swap, and this node's log is then replaced by a copy.
+
+        Raises:
+            RequestTimedOutError: etcd did not answer.
+        """
+        node = self._node
+        live = sorted(node.cache.nodes)
+        if node.node_id not in live:
+            raise RequestTimedOutError(f"node {node.node_id} is not registered in its cluster")
+        rf = len(live)  # each node authenticates: each holds a copy
+        first = live.index(node.node_id)
+        (replicas,) = assign(1, rf, live, first)
+        try:  # made meanwhile (this node's copy of the metadata lags): nothing to do here
+            if await node.etcd.get(node.store.topic_key(SECURITY_TOPIC)) is not None:
+                return
+        except EtcdError as exc:
+            raise RequestTimedOutError(f"{SECURITY_TOPIC} not created: {exc}") from None
+        topic_id = uuid.uuid4().hex
+        cfg = security_config()
+        plog = open_log(node.broker.logs, SECURITY_TOPIC, cfg)
+        from tidewire.cluster.node import TOPIC_ID_FILE, config_to_strings  # noqa: PLC0415
+
+        fs = node.broker.logs.fs
+        await asyncio.to_thread(
+            write_atomic, fs, f"{plog.directory}/{TOPIC_ID_FILE}", topic_id.encode()
+        )
+        info = TopicInfo(SECURITY_TOPIC, 1, rf, config_to_strings(cfg), topic_id)
+        try:
+            created = await node.store.create_topic(info, [replicas], None)
+        except EtcdError as exc:
+            raise RequestTimedOutError(f"{SECURITY_TOPIC} not created: {exc}") from None
+        if created:
+            log.info(
+                "created %s: replicas %s; the security state of node %d is the cluster's",
+                SECURITY_TOPIC,
+                list(replicas),
+                node.node_id,
+            )
+
+
+async def check_security_incarnation(node: ClusterNode, info: TopicInfo) -> bool:
+    """The incarnation check of ``__security`` (see the module docstring): a local log of
+    another incarnation, or with no id at all, is this node's own state and is replaced by a
+    copy of the cluster's. False: something is left for the next pass."""
+    from tidewire.cluster.node import TOPIC_ID_FILE  # noqa: PLC0415
+
+    logs = node.broker.logs
+    plog = logs.logs.get(_KEY)
+    if plog is not None:
+        path = f"{plog.directory}/{TOPIC_ID_FILE}"
+        try:
+            held = logs.fs.read_file(path).decode().strip() if logs.fs.exists(path) else ""
+        except OSError as exc:
+            log.warning("%s: topic id not checked: %s", plog.directory, exc)
+            return False
+        if held != info.topic_id:
+            log.warning(
+                "node %d: the security state here (principals, keys, ACLs, quotas: %d "
+                "record(s)) is not the cluster's; it is deleted and copied from the leader of "
+                "%s instead",
+                node.node_id,
+                plog.log_end_offset - plog.log_start_offset,
+                SECURITY_TOPIC,
+            )
+            if _KEY in node._applied and node.replication is not None:
+                await node.replication.stop_replica(*_KEY)
+                del node._applied[_KEY]
+            try:
+                await logs.delete_topic_async(SECURITY_TOPIC)
+            except TidewireError as exc:
+                log.warning("%s: the local log is not deleted yet: %s", SECURITY_TOPIC, exc)
+                return False
+            finally:
+                node.broker.security.reload()
+    node._verified[SECURITY_TOPIC] = info.topic_id
+    return True
