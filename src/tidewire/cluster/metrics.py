@@ -201,7 +201,8 @@ class PartitionRow:
     holds none; on a follower, the high watermark its leader last gave it).
     ``follower_lag`` (where this node leads): records each other replica lacks of the
     leader's log end, as of its last fetch. ``lag`` (where this node follows): records its
-    replica lacks of the high watermark its leader last gave it.
+    replica lacks of the high watermark its leader last gave it (-1: not following, or no
+    answer from the leader yet; the fetch error counters tell why).
     """
 
     topic: str
@@ -274,9 +275,9 @@ def partition_rows(node: ClusterNode) -> list[PartitionRow]:
                     r: max(leader.log_end - f.log_end, 0)
                     for r, f in sorted(leader.followers.items())
                 }
-            elif key in followed:
-                hw = min(followed[key], end) if followed[key] >= 0 else -1
-                lag = max(followed[key] - end, 0) if followed[key] >= 0 else 0
+            elif followed.get(key, -1) >= 0:  # not known before the leader's first answer
+                hw = min(followed[key], end)
+                lag = max(followed[key] - end, 0)
         rows.append(
             PartitionRow(
                 topic,
