@@ -145,6 +145,9 @@ class Controller:
         self.campaign_timeout_s = campaign_timeout_s
         self.fence: Fence | None = None
         self.leading = asyncio.Event()
+        #: Called with (before, after) for each partition state etcd took from this
+        #: controller (the node's metrics count elections there).
+        self.on_written: Callable[[PartitionState, PartitionState], None] | None = None
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -221,6 +224,8 @@ class Controller:
                 log.warning("partition %s/%d not updated (%s); next pass", topic, p, exc)
                 continue
             if ok:
+                if self.on_written is not None:
+                    self.on_written(state, new)
                 log.info(
                     "partition %s/%d: leader %d epoch %d isr %s (was leader %d, isr %s)",
                     topic,

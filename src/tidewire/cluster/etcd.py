@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 import httpx
 
+from tidewire.cluster.metrics import EtcdStats
 from tidewire.errors import TidewireError
 
 __all__ = [
@@ -260,6 +261,8 @@ class EtcdClient:
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self.timeout_s = timeout_s
         self._http = httpx.AsyncClient(timeout=timeout_s)
+        #: Requests, failures and latency by op (the node's metrics).
+        self.stats = EtcdStats()
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -273,6 +276,16 @@ class EtcdClient:
     # --- plumbing ----------------------------------------------------------------------------
 
     async def _post(self, path: str, body: dict[str, Any], timeout_s: float | None = None) -> Any:
+        started = time.monotonic()
+        ok = False
+        try:
+            got = await self._post_any(path, body, timeout_s)
+            ok = True
+            return got
+        finally:
+            self.stats.observe(path, time.monotonic() - started, ok=ok)
+
+    async def _post_any(self, path: str, body: dict[str, Any], timeout_s: float | None) -> Any:
         last: Exception | None = None
         for i, base in enumerate(list(self.endpoints)):
             try:
@@ -480,6 +493,7 @@ class Lease:
             try:
                 ttl = await self.client.keepalive_once(self.id)
             except EtcdError as exc:
+                self.client.stats.keepalive_failures += 1
                 if self.clock() < expires:
                     log.warning("etcd lease %d not renewed (will retry): %s", self.id, exc)
                     continue

@@ -50,7 +50,7 @@ from tidewire.broker.offsets import (
 from tidewire.cluster import attach_node, detach_node
 from tidewire.cluster.controller import Controller, assign
 from tidewire.cluster.etcd import EtcdClient, EtcdError, Lease
-from tidewire.cluster.fetcher import Connect, FollowedPartition
+from tidewire.cluster.fetcher import Connect, FollowedPartition, default_connect
 from tidewire.cluster.lost_tail import LostTails
 from tidewire.cluster.metadata import (
     NO_LEADER,
@@ -61,6 +61,7 @@ from tidewire.cluster.metadata import (
     PartitionState,
     TopicInfo,
 )
+from tidewire.cluster.metrics import ClusterStats, counting_connect
 from tidewire.cluster.security import ClusterSecurity, check_security_incarnation
 from tidewire.errors import (
     InternalTopicError,
@@ -292,6 +293,8 @@ class ClusterNode:
         self.controller: Controller | None = None
         self.replication: Replicas | None = replication
         self.replica_connect = replica_connect
+        #: Elections, ISR changes, replica fetches, lease losses (cluster/metrics.py).
+        self.stats = ClusterStats()
         self._applied: dict[tuple[str, int], _Role] = {}
         self._seen_topics: set[str] = set()
         #: Topics whose local logs were checked to be of the incarnation etcd names.
@@ -336,7 +339,7 @@ class ClusterNode:
                     min_insync=self.min_insync_replicas,
                     propose_isr=self.propose_isr,
                     advertise=(self.info.host, self.info.port),
-                    connect=self.replica_connect,
+                    connect=counting_connect(self.replica_connect or default_connect, self.stats),
                     lost_tails=self.lost_tails,
                 )
                 self.broker.replication = manager
@@ -409,7 +412,9 @@ class ClusterNode:
             info = cache.topics.get(topic)
             return info is not None and info.config.get(UNCLEAN_KEY) == "true"
 
-        return Controller(self.store, cache, self.node_id, self.lease, unclean=unclean)
+        controller = Controller(self.store, cache, self.node_id, self.lease, unclean=unclean)
+        controller.on_written = self.stats.controller_wrote
+        return controller
 
     def _changed(self, kind: str, key: str, value: object | None) -> None:
         self._dirty.set()
@@ -448,6 +453,7 @@ class ClusterNode:
             self.node_id,
         )
         assert self.replication is not None
+        self.stats.lease_losses += 1
         for key, role in sorted(self._applied.items()):
             if role[0] == "leader":
                 self._offsets_role(key, leading=False)
@@ -752,6 +758,7 @@ class ClusterNode:
             log.warning("partition %s/%d: ISR %s not proposed: %s", topic, partition, isr, exc)
             return False
         if ok:
+            self.stats.isr_changed(state.isr, tuple(isr))
             log.info("partition %s/%d: ISR now %s", topic, partition, list(isr))
         return ok
 

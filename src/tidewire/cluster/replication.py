@@ -735,6 +735,17 @@ class ReplicaManager:
     def following(self, key: Key) -> FollowedPartition | None:
         return self._followed.get(key)
 
+    # --- read by the metrics and the status routes (cluster/metrics.py) ----------------------
+
+    def led_states(self) -> dict[Key, PartitionLeader]:
+        """The partitions this node leads now, and the leader's view of each."""
+        return {key: led.state for key, led in self._led.items()}
+
+    def followed_high_watermarks(self) -> dict[Key, int]:
+        """The partitions this node follows now, and the high watermark each one's leader
+        last gave (-1: none yet)."""
+        return {key: self._learned_hw.get(key, -1) for key in self._followed}
+
     # --- lifecycle -----------------------------------------------------------------------------
 
     def _spawn(self, coro: Awaitable[Any]) -> None:

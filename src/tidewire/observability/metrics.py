@@ -6,7 +6,8 @@ Most figures are read from the broker's own state when ``/metrics`` is scraped, 
 :class:`_BrokerCollector`: the logs' offsets, sizes and per-partition counters (bumped once
 per produce or fetch, never per message), the groups' committed offsets, the group commits of
 the storage, the push subscriptions, the gate's counters, the queues'
-(queue_metrics.py) and the streams' (stream_metrics.py) figures. What cannot be read later is
+(queue_metrics.py) and the streams' (stream_metrics.py) figures, and in a cluster the node's
+(cluster/metrics.py). What cannot be read later is
 counted as it happens, once per request: the request latency histogram, errors by code,
 connections accepted and closed. So the produce hot path pays no per-message work for them.
 
@@ -42,6 +43,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from tidewire import __version__
+from tidewire.cluster.metrics import cluster_families
 from tidewire.errors import InvalidConfigError, InvalidRequestError, TidewireError
 from tidewire.observability.kafka_metrics import kafka_families
 from tidewire.observability.queue_metrics import queue_families
@@ -352,6 +354,7 @@ class _BrokerCollector(Collector):
         yield from self._storage(b)
         yield from self._server(b)
         yield from self._security(b)
+        yield from cluster_families(b, m.max_partition_series)  # cluster/metrics.py
 
     # --- topics and partitions
 

@@ -21,6 +21,7 @@ from tidewire.broker import Broker
 from tidewire.observability.metrics import configure_metrics
 from tidewire.server.http._common import add_body_schemas
 from tidewire.server.http.audit import audit_router
+from tidewire.server.http.cluster_routes import cluster_router
 from tidewire.server.http.config import HttpConfig
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.dashboard_routes import dashboard_router
@@ -75,6 +76,7 @@ def routers(ctx: GatewayContext) -> list[APIRouter]:
         queue_ws_router(ctx),
         streams_router(ctx),
         kafka_stats_router(ctx),
+        cluster_router(ctx),
         health_router(ctx),
         stream_router(ctx),
         security_router(ctx),

@@ -278,6 +278,9 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         ("GET", "/v1/stats/streams"): Route(_cluster(_O.DESCRIBE)),
         # The Kafka listener's figures (as the tidewire_kafka_* metrics).
         ("GET", "/v1/stats/kafka"): Route(_cluster(_O.DESCRIBE)),
+        # A cluster's status and partitions (as the tidewire_cluster_* metrics).
+        ("GET", "/v1/cluster"): Route(_cluster(_O.DESCRIBE)),
+        ("GET", "/v1/cluster/partitions"): Route(_cluster(_O.DESCRIBE)),
         ("POST", "/v1/streams/messages"): Route(
             lambda r: _body_streams(r, _O.WRITE, "items"), body=True
         ),

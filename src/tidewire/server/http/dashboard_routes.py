@@ -8,7 +8,9 @@ images and connections; no inline script; no framing), so a message value render
 can never run as code there.
 
 The files are read once, when the router is built: an answer is a dictionary lookup, and a
-name that is not one of them (``..`` included) is a 404.
+name that is not one of them (``..`` included) is a 404. On a node of a cluster the page names
+the node in its ``tidewire-cluster`` meta tag (:data:`CLUSTER_META`), which is how the page
+knows to list its Cluster page without asking ``/v1/cluster`` (a 404 on a single node).
 """
 
 from __future__ import annotations
@@ -18,9 +20,16 @@ from pathlib import Path
 from fastapi import APIRouter, HTTPException
 from starlette.responses import Response
 
+from tidewire.cluster import cluster_node
 from tidewire.server.http.context import GatewayContext
 
-__all__ = ["CONTENT_SECURITY_POLICY", "DASHBOARD_DIR", "dashboard_files", "dashboard_router"]
+__all__ = [
+    "CLUSTER_META",
+    "CONTENT_SECURITY_POLICY",
+    "DASHBOARD_DIR",
+    "dashboard_files",
+    "dashboard_router",
+]
 
 #: Where the dashboard's files are (inside the package, so the wheel carries them).
 DASHBOARD_DIR = Path(__file__).parent / "dashboard"
@@ -32,6 +41,9 @@ CONTENT_SECURITY_POLICY = (
     "connect-src 'self'; font-src 'self'; base-uri 'none'; form-action 'self'; "
     "frame-ancestors 'none'"
 )
+
+#: The meta tag of index.html that a cluster node fills with its node id.
+CLUSTER_META = b'<meta name="tidewire-cluster" content="">'
 
 _TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -66,7 +78,7 @@ def dashboard_files(directory: Path = DASHBOARD_DIR) -> dict[str, tuple[bytes, s
 
 def dashboard_router(ctx: GatewayContext) -> APIRouter:
     """``GET /dashboard`` (the page) and ``GET /dashboard/{path}`` (its scripts and style)."""
-    del ctx  # the files are the same for every gateway
+    broker = ctx.broker
     router = APIRouter(tags=["dashboard"])
     files = dashboard_files()
 
@@ -80,7 +92,12 @@ def dashboard_router(ctx: GatewayContext) -> APIRouter:
     @router.get("/dashboard", response_class=Response)
     async def dashboard() -> Response:
         """The operations console (a web page; see docs/dashboard.md)."""
-        return answer("index.html")
+        node = cluster_node(broker)  # asked per request: a node joins after the app is made
+        if node is None:
+            return answer("index.html")
+        body, ctype = files["index.html"]
+        filled = CLUSTER_META.replace(b'""', f'"{node.node_id}"'.encode())
+        return Response(body.replace(CLUSTER_META, filled), media_type=ctype, headers=_HEADERS)
 
     @router.get("/dashboard/{path}", response_class=Response, responses={404: {}})
     async def dashboard_file(path: str) -> Response:

@@ -1,6 +1,7 @@
 // The dashboard's entry: the session, the navigation and the hash router
 // (#/overview, #/topics, #/topic/NAME, #/tail/NAME, #/groups, #/group/ID, #/queues,
-// #/queue/NAME, #/streams, #/stream/ID, #/kafka, #/metrics, #/settings, #/audit, #/security, #/login).
+// #/queue/NAME, #/streams, #/stream/ID, #/kafka, #/cluster, #/metrics, #/settings, #/audit,
+// #/security, #/login). The Cluster page is listed only on a node of a cluster.
 
 import { ApiError, api, can, clearSession, get, session, setSession } from "./api.js";
 import { clear, h, hideBanner, note, showError, showInfo } from "./ui.js";
@@ -11,6 +12,7 @@ import { groupsPage, groupPage } from "./pages_groups.js";
 import { queuesPage, queuePage } from "./pages_queues.js";
 import { streamsPage, streamPage } from "./pages_streams.js";
 import { kafkaPage } from "./pages_kafka.js";
+import { clusterPage } from "./pages_cluster.js";
 import { auditPage, securityPage } from "./pages_admin.js";
 
 const PAGES = {
@@ -25,6 +27,7 @@ const PAGES = {
   streams: { title: "Streams", render: streamsPage },
   stream: { render: streamPage, nav: "streams" },
   kafka: { title: "Kafka", render: kafkaPage },
+  cluster: { title: "Cluster", render: clusterPage, needs: "describe_cluster", cluster: true },
   metrics: { title: "Metrics", render: metricsPage },
   settings: { title: "Settings", render: settingsPage, needs: "describe_cluster" },
   audit: { title: "Audit log", render: auditPage, needs: "read_audit" },
@@ -34,6 +37,9 @@ const PAGES = {
 
 let cleanup = null;
 let sessionKnown = false;
+// Whether the broker is a node of a cluster: the page's tidewire-cluster meta tag names the
+// node (empty on a single node, where GET /v1/cluster is a 404).
+const inCluster = Boolean(document.querySelector('meta[name="tidewire-cluster"]')?.content);
 
 function route() {
   const raw = location.hash.replace(/^#\/?/, "");
@@ -45,7 +51,7 @@ function renderNav(active) {
   const nav = clear(document.getElementById("nav"));
   if (session.authentication && !session.principal) return;
   for (const [name, p] of Object.entries(PAGES)) {
-    if (!p.title || (p.needs && !can(p.needs))) continue;
+    if (!p.title || (p.needs && !can(p.needs)) || (p.cluster && !inCluster)) continue;
     nav.append(h("a", { href: `#/${name}`, class: name === active ? "active" : "",
       id: `nav-${name}` }, p.title));
   }
@@ -136,7 +142,7 @@ async function show() {
   } catch (e) {
     if (e instanceof ApiError && e.status === 401 && session.authentication) {
       clearSession();
-      location.hash = "#/login";
+          location.hash = "#/login";
       return;
     }
     showError(e);

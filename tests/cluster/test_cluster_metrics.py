@@ -1,0 +1,295 @@
+"""A cluster's metrics and its HTTP status routes, on three in-process nodes (broker, TCP
+server, :class:`ClusterNode` with its real replica manager) in one event loop, against the
+real etcd of the ``etcd`` fixture: the figures are read as ``/metrics`` exports them and as
+``GET /v1/cluster`` and ``GET /v1/cluster/partitions`` answer (the app driven in-process).
+
+A follower stopped makes its partitions under-replicated on their leaders, a topic of one
+replica on it offline on the controller; back, it catches up and the leaders take it into
+their ISR again. Every wait is bounded; nothing asserts on how long something took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.cluster._etcd import EtcdServer
+from tidewire.broker import Broker, BrokerConfig
+from tidewire.client import AsyncClient, Message
+from tidewire.cluster.etcd import EtcdClient, EtcdError
+from tidewire.cluster.metadata import NO_LEADER, PartitionState
+from tidewire.cluster.metrics import ETCD_BUCKETS, ClusterStats, EtcdStats
+from tidewire.cluster.node import ClusterNode
+from tidewire.observability.metrics import metrics_for
+from tidewire.server import TcpServer
+from tidewire.server.http.app import create_app
+from tidewire.server.http.config import HttpConfig
+from tidewire.server.tcp import ServerConfig
+
+WAIT_S = 30.0
+
+
+class Node:
+    """One node; :meth:`stop` leaves the cluster (lease revoked), :meth:`start` comes back on
+    the same data directory."""
+
+    def __init__(self, tmp: Path, etcd: EtcdServer, node_id: int) -> None:
+        self.id = node_id
+        self.data = str(tmp / f"node{node_id}")
+        self.etcd = etcd
+        self.stopped = True
+        self.broker: Broker
+        self.server: TcpServer
+        self.node: ClusterNode
+
+    async def start(self) -> None:
+        self.broker = Broker(BrokerConfig(data_dir=self.data, auto_create_topics=False))
+        await self.broker.start()
+        self.server = TcpServer(self.broker, ServerConfig(host="127.0.0.1", port=0))
+        await self.server.start()
+        self.node = ClusterNode(
+            self.broker,
+            self.id,
+            [self.etcd.endpoint],
+            advertise=("127.0.0.1", self.server.port),
+            cluster_id="metrics",
+            session_timeout_s=3,
+            default_replication_factor=3,
+            min_insync_replicas=2,
+        )
+        await self.node.start()
+        self.stopped = False
+
+    async def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        await self.server.close()
+        await self.node.close()
+        await self.broker.close()
+
+    @property
+    def addr(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """A sample of this node's ``/metrics`` (None: not exported)."""
+        return metrics_for(self.broker).registry.get_sample_value(name, labels)
+
+    async def get(self, route: str) -> Any:
+        app = create_app(self.broker, HttpConfig())
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            r = await c.get(route)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+@asynccontextmanager
+async def cluster(tmp: Path, etcd: EtcdServer) -> AsyncIterator[list[Node]]:
+    nodes = [Node(tmp, etcd, i) for i in (1, 2, 3)]
+    async with AsyncExitStack() as stack:
+        for n in nodes:
+            stack.push_async_callback(n.stop)
+            await n.start()
+        for n in nodes:
+            await n.node.cache.wait_for(lambda c=n.node.cache: len(c.nodes) == 3, WAIT_S)
+        yield nodes
+
+
+async def until(check: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not check():
+        if loop.time() > deadline:
+            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
+        await asyncio.sleep(0.05)
+
+
+def leader_of(node: Node, topic: str, partition: int) -> int:
+    got = node.node.cache.partition(topic, partition)
+    assert got is not None
+    return got[0].leader
+
+
+def caught_up(nodes: list[Node], topic: str, partitions: int) -> bool:
+    """Every leader of ``topic`` exports a lag of 0 for each of its followers."""
+    for p in range(partitions):
+        (leader,) = [n for n in nodes if n.id == leader_of(n, topic, p)]
+        for r in (n.id for n in nodes if n is not leader):
+            lag = leader.metric(
+                "tidewire_cluster_follower_lag_records",
+                topic=topic,
+                partition=str(p),
+                replica=str(r),
+            )
+            if lag != 0:
+                return False
+    return True
+
+
+def total(nodes: list[Node], name: str) -> float:
+    return sum(n.metric(name) or 0.0 for n in nodes if not n.stopped)
+
+
+def test_metrics_and_status_follow_a_follower_that_goes_and_comes_back(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes:
+            one = nodes[0]
+            async with AsyncClient(",".join(n.addr for n in nodes)) as client:
+                await client.create_topic("t", partitions=3, replication_factor=3)
+                await client.create_topic("solo", partitions=1, replication_factor=1)
+                for p in range(3):
+                    await client.produce("t", p, [Message(b"x" * 100) for _ in range(10)])
+            live = [n for n in nodes if not n.stopped]
+            await until(lambda: total(live, "tidewire_cluster_partitions_led") == 4, "led")
+            await until(lambda: caught_up(nodes, "t", 3), "followers caught up")
+            assert total(nodes, "tidewire_cluster_is_controller") == 1
+            assert total(nodes, "tidewire_cluster_under_replicated_partitions") == 0
+            assert total(nodes, "tidewire_cluster_under_min_isr_partitions") == 0
+            (controller,) = [n for n in nodes if n.metric("tidewire_cluster_is_controller") == 1]
+            assert controller.metric("tidewire_cluster_offline_partitions") == 0
+            others = [n for n in nodes if n is not controller]
+            assert all(n.metric("tidewire_cluster_offline_partitions") is None for n in others)
+            assert one.metric("tidewire_cluster_nodes_live") == 3
+            # The followers fetched the 3 x 1,000 bytes of values (and more: batch headers).
+            assert total(nodes, "tidewire_cluster_replica_fetch_requests_total") > 0
+            assert total(nodes, "tidewire_cluster_replica_fetch_bytes_total") > 2 * 3_000
+            assert (one.metric("tidewire_cluster_etcd_requests_total", op="txn") or 0) > 0
+            assert one.metric(
+                "tidewire_cluster_etcd_request_duration_seconds_count", op="txn"
+            ) == one.metric("tidewire_cluster_etcd_requests_total", op="txn")
+            assert one.metric("tidewire_cluster_lease_keepalive_failures_total") == 0
+
+            status = await one.get("/v1/cluster")
+            assert status["node_id"] == 1
+            assert status["controller"] == controller.id
+            assert [(n["node_id"], n["live"], n["port"]) for n in status["nodes"]] == [
+                (n.id, True, n.server.port) for n in nodes
+            ]
+            assert status["partitions"] == {
+                "total": 4,
+                "offline": 0,
+                "under_replicated": 0,
+                "under_min_isr": 0,
+                "led_here": sum(
+                    leader_of(one, t, p) == 1
+                    for t, p in (("t", 0), ("t", 1), ("t", 2), ("solo", 0))
+                ),
+                "led_here_under_replicated": 0,
+                "led_here_under_min_isr": 0,
+            }
+            rows = (await one.get("/v1/cluster/partitions?topic=t"))["partitions"]
+            assert [(r["partition"], sorted(r["isr"]), r["state"]) for r in rows] == [
+                (p, [1, 2, 3], "online") for p in range(3)
+            ]
+            for r in rows:  # node 1 holds a replica of each: its end is the leader's
+                assert r["log_end_offset"] == 10
+                if r["leader"] == 1:
+                    assert r["high_watermark"] == 10
+                    assert r["follower_lag"] == {str(x): 0 for x in (1, 2, 3) if x != 1}
+                    assert r["lag"] is None
+                else:
+                    assert r["follower_lag"] == {}
+                    assert r["lag"] == 0
+
+            # A node that is not the controller goes: the partitions it held are
+            # under-replicated on their (new) leaders; the one-replica topic it held is
+            # offline, on the controller.
+            solo = leader_of(one, "solo", 0)
+            gone = next(n for n in others if n.id == solo) if solo != controller.id else others[0]
+            await gone.stop()
+            live = [n for n in nodes if not n.stopped]
+            await until(
+                lambda: total(live, "tidewire_cluster_under_replicated_partitions") == 3,
+                "the 3 partitions of t under-replicated on their leaders",
+            )
+            assert total(live, "tidewire_cluster_under_min_isr_partitions") == 0  # 2 of 3
+            assert total(live, "tidewire_cluster_partitions_led") == 3 + (solo != gone.id)
+            offline = 1 if solo == gone.id else 0
+            await until(
+                lambda: controller.metric("tidewire_cluster_offline_partitions") == offline,
+                "offline on the controller",
+            )
+            # gone led one partition of t: the controller named another leader.
+            assert (controller.metric("tidewire_cluster_leader_elections_total") or 0) >= 1
+            assert (controller.metric("tidewire_cluster_partitions_offlined_total") or 0) >= offline
+            status = await controller.get("/v1/cluster")
+            assert {n["node_id"]: n["live"] for n in status["nodes"]} == {
+                n.id: n is not gone for n in nodes
+            }
+            # An offline partition keeps in its ISR who had everything: not under-replicated.
+            assert status["partitions"]["under_replicated"] == 3
+            assert status["partitions"]["offline"] == offline
+            under = await controller.get("/v1/cluster/partitions?state=under_replicated")
+            assert {(r["topic"], r["partition"]) for r in under["partitions"]} >= {
+                ("t", 0),
+                ("t", 1),
+                ("t", 2),
+            }
+            assert all(gone.id not in r["isr"] for r in under["partitions"] if r["topic"] == "t")
+
+            # Back: it catches up, and each leader takes it into its ISR again.
+            expands = total(live, "tidewire_cluster_isr_expands_total")
+            await gone.start()
+            live = [n for n in nodes if not n.stopped]
+            await until(
+                lambda: total(live, "tidewire_cluster_under_replicated_partitions") == 0,
+                "every partition fully in sync again",
+            )
+            assert total(live, "tidewire_cluster_isr_expands_total") >= expands + 3
+            await until(
+                lambda: controller.metric("tidewire_cluster_offline_partitions") == 0,
+                "nothing offline",
+            )
+
+    asyncio.run(main())
+
+
+def test_the_counters_count_what_they_name() -> None:
+    st = ClusterStats()
+    st.isr_changed((1, 2, 3), (1, 2))
+    st.isr_changed((1, 2), (1, 2, 3))
+    st.isr_changed((1, 2), (1, 3))  # one out, one in
+    assert (st.isr_shrinks, st.isr_expands) == (2, 2)
+    before = PartitionState((1, 2, 3), 1, 0, (1, 2))
+    st.controller_wrote(before, PartitionState((1, 2, 3), 1, 0, (1,)))  # ISR only
+    st.controller_wrote(before, PartitionState((1, 2, 3), 2, 1, (2,)))  # clean
+    st.controller_wrote(before, PartitionState((1, 2, 3), 3, 1, (3,)))  # unclean
+    st.controller_wrote(before, PartitionState((1, 2, 3), NO_LEADER, 1, (1, 2)))
+    assert (st.leader_elections, st.unclean_elections, st.partitions_offlined) == (2, 1, 1)
+
+    es = EtcdStats()
+    es.observe("/v3/kv/range", 0.002, ok=True)
+    es.observe("/v3/kv/range", 60.0, ok=False)
+    es.observe("/v3/lease/keepalive", 0.0001, ok=True)
+    assert es.requests == {"range": 2, "keepalive": 1}
+    assert es.errors == {"range": 1}
+    h = es.latency["range"]
+    assert h.count == 2
+    assert h.buckets[ETCD_BUCKETS.index(0.0025)] == 1
+    assert h.buckets[-1] == 1  # +Inf
+
+
+def test_an_etcd_that_does_not_answer_counts_as_errors() -> None:
+    async def main() -> None:
+        with socket.socket() as s:  # a port nothing listens on
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        async with EtcdClient([f"http://127.0.0.1:{port}"], timeout_s=2) as client:
+            for _ in range(2):
+                with pytest.raises(EtcdError):
+                    await client.get("k")
+            assert client.stats.requests == {"range": 2}
+            assert client.stats.errors == {"range": 2}
+
+    asyncio.run(main())

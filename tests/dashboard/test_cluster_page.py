@@ -1,0 +1,136 @@
+"""The dashboard's Cluster page in a real browser, on three real ``tidewire serve --cluster
+--http-port`` processes and etcd: listed only on a node of a cluster, it shows the
+controller, the live nodes and every partition; when a node is killed, the page shows it gone
+and its partitions under-replicated among those that need attention. On a single node the
+page is not listed (the default tier's check; the cluster one, ~13 s, is in the slow tier).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.cli._support import popen_serve, stop
+from tests.cluster._etcd import EtcdServer, etcd
+from tests.cluster._nodes import call, wait_until
+from tests.dashboard.conftest import TIMEOUT_MS, Page, open_page
+from tidewire.protocol.messages import CreateTopicRequest
+
+__all__ = ["etcd"]  # the real-etcd fixture, used here too
+
+NODES = (1, 2, 3)
+#: Generous for a loaded 2-core machine: a killed node's lease (3 s) runs out, then the page
+#: refreshes (every 3 s).
+WAIT_MS = 45_000
+
+
+def _expect() -> Any:
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=TIMEOUT_MS)
+    return expect
+
+
+def _start(data: Path, cluster: str, n: int) -> tuple[subprocess.Popen[str], int, int]:
+    """Node ``n``: its process, binary port and HTTP port."""
+    proc = popen_serve(
+        *("--data-dir", str(data), "--port", "0", "--http-port", "0", "--node-id", str(n)),
+        *("--cluster", cluster, "--session-timeout", "3"),
+    )
+    assert proc.stdout is not None
+    native = http = None
+    for _ in range(5):
+        line = proc.stdout.readline()
+        if m := re.search(r"listening on 127\.0\.0\.1:(\d+)", line):
+            native = native or int(m.group(1))
+        if m := re.search(r"HTTP native listening on http://127\.0\.0\.1:(\d+)", line):
+            http = int(m.group(1))
+        if native and http:
+            return proc, native, http
+    stop(proc)
+    pytest.fail(f"node {n} did not start")
+
+
+@pytest.fixture
+def nodes(
+    tmp_path: Path, etcd: EtcdServer
+) -> Iterator[dict[int, tuple[subprocess.Popen[str], str]]]:
+    """Three nodes (process, HTTP base URL), always stopped; a topic of 2 partitions, each
+    on every node."""
+    cluster = f"etcd://127.0.0.1:{etcd.client_port}"
+    procs: dict[int, tuple[subprocess.Popen[str], str]] = {}
+    addr = ""
+    try:
+        for n in NODES:
+            proc, native, port = _start(tmp_path / f"node{n}", cluster, n)
+            procs[n] = (proc, f"http://127.0.0.1:{port}")
+            addr = addr or f"127.0.0.1:{native}"
+        with httpx.Client(base_url=procs[1][1], timeout=30) as c:
+
+            def registered() -> bool:
+                r = c.get("/v1/cluster")
+                return r.status_code == 200 and sum(x["live"] for x in r.json()["nodes"]) == 3
+
+            wait_until("3 nodes registered", registered, 30)
+        # Through the binary protocol (CREATE_TOPIC goes through etcd); replicated on every
+        # node: the default replication factor (3) over 3 nodes.
+        # (In a thread of its own: Playwright's loop runs in this one.)
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(
+                asyncio.run, call(addr, CreateTopicRequest(name="orders", partitions=2))
+            ).result(60)
+        assert getattr(answer, "error_code", 0) == 0, answer
+        yield procs
+    finally:
+        for proc, _ in procs.values():
+            stop(proc)
+
+
+@pytest.mark.slow  # ~13 s: three nodes start, and a killed one's lease runs out
+def test_the_cluster_page_follows_a_node_that_goes(
+    browser: Any, nodes: dict[int, tuple[subprocess.Popen[str], str]]
+) -> None:
+    expect = _expect()
+    for page in open_page(browser, nodes[1][1]):
+        p = page.go("cluster")
+        expect(p.locator("#nav-cluster")).to_be_visible()
+        expect(p.locator("#cluster-nodes-live")).to_have_text("3")
+        expect(p.locator("#cluster-total")).to_have_text("2")
+        for n in NODES:
+            expect(p.locator(f"#cluster-node-table tr[data-node='{n}']")).to_have_attribute(
+                "data-live", "true"
+            )
+        expect(p.locator("#cluster-controller")).to_contain_text("node ")
+        rows = p.locator("#cluster-partition-table tr[data-topic=orders]")
+        expect(rows).to_have_count(2)
+        expect(p.locator("#cluster-attention-table")).to_contain_text("none: every partition")
+
+        # Node 3 is killed: once its lease runs out it is gone, and both partitions are
+        # under-replicated (they had a replica on it).
+        stop(nodes[3][0])
+        expect(p.locator("#cluster-node-table tr[data-node='3']")).to_have_attribute(
+            "data-live", "false", timeout=WAIT_MS
+        )
+        attention = p.locator("#cluster-attention-table tr[data-topic=orders]")
+        expect(attention).to_have_count(2, timeout=WAIT_MS)
+        for i in range(2):
+            expect(attention.nth(i)).to_have_attribute("data-state", "under_replicated")
+            expect(attention.nth(i)).not_to_have_attribute("data-isr", re.compile("3"))
+        expect(p.locator("#cluster-under-replicated")).to_have_text("2")
+        page.assert_clean()
+
+
+def test_a_single_node_lists_no_cluster_page(page: Page) -> None:
+    expect = _expect()
+    p = page.go("overview")
+    expect(p.locator("#nav-kafka")).to_be_visible()
+    expect(p.locator("#nav-cluster")).to_have_count(0)
+    page.assert_clean()
