@@ -131,6 +131,39 @@ def test_the_http_api_redirects_to_each_partitions_leader(tmp_path: Path, etcd: 
                 )
                 assert r.status_code == 400, r.text
                 assert "led by different nodes" in r.json()["error"]["message"]
+            # Topics made and deleted over HTTP go through etcd: every node knows them.
+            r = web.post(
+                f"{url[2]}/v1/topics",
+                json={"name": "web", "partitions": 2, "replication_factor": 3},
+            )
+            assert r.status_code == 201, r.text
+            made = r.json()
+            assert made["replication_factor"] == 3
+            assert [len(p["replicas"]) for p in made["partitions"]] == [3, 3]
+            wait_until(
+                "the HTTP topic on every node",
+                lambda: all(
+                    "web" in {t.name for t in asyncio.run(call(addr[n], MetadataRequest())).topics}  # type: ignore[attr-defined]
+                    for n in NODES
+                ),
+                WAIT_S,
+            )
+            # A topic described by a node holding only some of its replicas: every partition.
+            described = web.get(f"{url[stranger]}/v1/topics/r1").json()
+            assert [p["partition"] for p in described["partitions"]] == [0, 1, 2]
+            assert {p["leader"] for p in described["partitions"]} == set(lead1.values())
+            assert described["replication_factor"] == 1
+            r = web.delete(f"{url[3]}/v1/topics/web")
+            assert r.status_code == 204, r.text
+            wait_until(
+                "the HTTP topic gone from every node",
+                lambda: all(
+                    "web"
+                    not in {t.name for t in asyncio.run(call(addr[n], MetadataRequest())).topics}  # type: ignore[attr-defined]
+                    for n in NODES
+                ),
+                WAIT_S,
+            )
             # Unknown topic in the cluster: 404 naming the way out.
             r = web.post(f"{url[1]}/v1/topics/nope/messages", json={"value": "x"})
             assert r.status_code == 404

@@ -173,3 +173,20 @@ def test_alter_topic_settings_and_partitions(client: httpx.Client) -> None:
     assert "nothing to change" in error_of(r)["message"]
     assert client.patch("/v1/topics/nope", json={"partitions": 2}).status_code == 404
     assert client.get("/v1/topics/t").json()["config"]["segment_bytes"] == before["segment_bytes"]
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [{"replication_factor": 3}, {"min_insync_replicas": 2}, {"unclean_leader_election": True}],
+)
+def test_a_single_node_refuses_a_cluster_s_settings(client: httpx.Client, setting: dict) -> None:
+    r = client.post("/v1/topics", json={"name": "solo", **setting})
+    assert r.status_code == 400, r.text
+    assert "a single node holds one copy" in r.json()["error"]["message"]
+    assert client.get("/v1/topics/solo").status_code == 404
+    # Their neutral values are accepted: one copy, one in sync.
+    r = client.post(
+        "/v1/topics", json={"name": "solo", "replication_factor": 1, "min_insync_replicas": 1}
+    )
+    assert r.status_code == 201, r.text
+    assert "replication_factor" not in r.json()

@@ -103,6 +103,21 @@ class CreateTopicRequest(_Strict):
         default=None, description="Partition count (the broker's default_partitions if absent)."
     )
     config: TopicConfig | None = None
+    replication_factor: Annotated[int, Field(ge=1, le=100)] | None = Field(
+        default=None,
+        description="In a cluster: copies of each partition (the nodes' default if absent). "
+        "Refused above 1 on a single node.",
+    )
+    min_insync_replicas: Annotated[int, Field(ge=1, le=100)] | None = Field(
+        default=None,
+        description="In a cluster: in-sync replicas acks=all needs (the nodes' default, at "
+        "most the replication factor, if absent). Refused above 1 on a single node.",
+    )
+    unclean_leader_election: bool | None = Field(
+        default=None,
+        description="In a cluster: let a replica out of sync lead when no in-sync one is "
+        "left (what it lacks is lost). Refused on a single node.",
+    )
 
 
 class AlterTopicRequest(_Strict):
@@ -161,12 +176,33 @@ class PartitionDescription(BaseModel):
         description="Why the partition could not be opened (absent when it serves); its "
         "requests are answered 503 with code 37.",
     )
+    leader: int | None = Field(
+        default=None,
+        description="In a cluster (absent on a single node): the node leading the partition "
+        "(-1: none now, offline). Offsets and size are this node's replica's; -1 where the "
+        "node holds no replica.",
+    )
+    leader_epoch: int | None = Field(default=None, description="In a cluster: the leader epoch.")
+    replicas: list[int] | None = Field(
+        default=None, description="In a cluster: the nodes holding a replica."
+    )
+    isr: list[int] | None = Field(default=None, description="In a cluster: the in-sync replicas.")
 
 
 class TopicDescription(BaseModel):
     name: str
     partitions: list[PartitionDescription]
     config: TopicConfig
+    replication_factor: int | None = Field(
+        default=None,
+        description="In a cluster (absent on a single node): copies of each partition.",
+    )
+    min_insync_replicas: int | None = Field(
+        default=None, description="In a cluster: the in-sync replicas acks=all needs."
+    )
+    unclean_leader_election: bool | None = Field(
+        default=None, description="In a cluster: whether a replica out of sync may lead."
+    )
 
 
 # --- publish -------------------------------------------------------------------------------------

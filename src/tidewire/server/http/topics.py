@@ -8,7 +8,14 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from tidewire.broker import Broker, PartitionStatus
-from tidewire.errors import InvalidRequestError, TidewireError, UnknownTopicError
+from tidewire.cluster import cluster_node
+from tidewire.errors import (
+    InvalidConfigError,
+    InvalidRequestError,
+    TidewireError,
+    UnknownTopicError,
+    for_code,
+)
 from tidewire.security.model import ResourceType
 from tidewire.server.gate import gate_for, names_allowed
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
@@ -84,11 +91,56 @@ def _problems(s: PartitionStatus) -> dict[str, Any]:
 
 
 def describe_topic(broker: Broker, name: str) -> dict[str, Any]:
-    """The TopicDescription document of ``name``.
+    """The TopicDescription document of ``name``: in a cluster, of every partition (from the
+    node's copy of the metadata, with the offsets of the replicas held here).
 
     Raises:
         UnknownTopicError: no such topic.
     """
+    node = cluster_node(broker)
+    if node is not None:
+        from tidewire.cluster.node import config_of  # noqa: PLC0415 (a cluster's only)
+
+        (topic,) = node.metadata([name], lambda names: names).topics
+        if topic.error_code:
+            raise for_code(topic.error_code)(topic.error_message)
+        cluster_parts = []
+        for p in topic.partitions:
+            doc: dict[str, Any] = {
+                "partition": p.partition,
+                "start_offset": p.log_start_offset,
+                "end_offset": p.log_end_offset,
+                "high_watermark": p.high_watermark,
+                "size_bytes": p.size_bytes,
+                "leader": p.leader,
+                "leader_epoch": p.leader_epoch,
+                "replicas": list(p.replicas),
+                "isr": list(p.isr),
+            }
+            if p.damage:
+                doc["damage"] = [
+                    {
+                        "start": d.start,
+                        "end": d.end,
+                        "size_bytes": d.size_bytes,
+                        "file": d.file,
+                        "position": d.position,
+                        "reason": d.reason,
+                        "quarantined": d.quarantined or None,
+                    }
+                    for d in p.damage
+                ]
+            if p.offline:
+                doc["offline"] = p.offline
+            cluster_parts.append(doc)
+        return {
+            "name": name,
+            "partitions": cluster_parts,
+            "config": _config_doc(config_of(node.cache.topics[name], broker.config.log)),
+            "replication_factor": topic.replication_factor,
+            "min_insync_replicas": topic.min_insync_replicas,
+            "unclean_leader_election": topic.unclean_leader_election,
+        }
     parts = [
         {
             "partition": s.partition,
@@ -133,7 +185,13 @@ def _audit(broker: Broker, topic: str, error: TidewireError | None) -> None:
 
 
 def _known(broker: Broker, name: str) -> None:
-    """Raise UnknownTopicError unless ``name`` is a topic users may see."""
+    """Raise UnknownTopicError unless ``name`` is a topic users may see (in a cluster: one
+    etcd knows, wherever its replicas are)."""
+    node = cluster_node(broker)
+    if node is not None:
+        if name not in node.cache.topics:
+            raise UnknownTopicError(f"topic {name!r} does not exist")
+        return
     if name not in broker.topics():
         raise UnknownTopicError(f"topic {name!r} does not exist")
 
@@ -154,9 +212,29 @@ def topics_router(ctx: GatewayContext) -> APIRouter:
         """Create a topic with ``partitions`` partitions (the broker's default when absent)
         and ``config`` settings (the broker's defaults for those absent)."""
         req = parse_body(CreateTopicRequest, await request.body())
-        await broker.create_topic_async(
-            req.name, req.partitions, _log_config(broker.config.log, req.config)
-        )
+        config = _log_config(broker.config.log, req.config)
+        node = cluster_node(broker)
+        if node is not None:  # a cluster: through etcd, replicas over the live nodes
+            await node.create_topic(
+                req.name,
+                req.partitions,
+                config,
+                req.replication_factor,
+                min_insync_replicas=req.min_insync_replicas,
+                unclean_leader_election=req.unclean_leader_election,
+            )
+        else:
+            if (
+                req.replication_factor not in (None, 1)
+                or req.min_insync_replicas not in (None, 1)
+                or req.unclean_leader_election
+            ):
+                raise InvalidConfigError(
+                    "replication_factor and min_insync_replicas above 1 and "
+                    "unclean_leader_election are settings of a cluster's topics "
+                    "(docs/cluster.md); a single node holds one copy"
+                )
+            await broker.create_topic_async(req.name, req.partitions, config)
         return json_response(describe_topic(broker, req.name), 201)
 
     @router.get("", response_model=TopicList, responses=responses())
@@ -250,7 +328,11 @@ def topics_router(ctx: GatewayContext) -> APIRouter:
     async def delete_topic(topic: str) -> Response:
         """Delete a topic and all its messages (never an internal topic of the broker's)."""
         # UnknownTopicError: 404; InternalTopicError: 422
-        await broker.delete_topic_async(topic)
+        node = cluster_node(broker)
+        if node is not None:  # a cluster: through etcd, every replica goes
+            await node.delete_topic(topic)
+        else:
+            await broker.delete_topic_async(topic)
         for forget in ctx.on_topic_deleted:
             forget(topic)
         return Response(status_code=204)
