@@ -148,6 +148,12 @@ def test_the_http_api_redirects_to_each_partitions_leader(tmp_path: Path, etcd: 
                 ),
                 WAIT_S,
             )
+            listed = web.get(f"{url[1]}/v1/topics").json()
+            assert {t["name"]: t["partitions"] for t in listed["topics"]} == {
+                "r1": 3,
+                "r3": 3,
+                "web": 2,
+            }
             # A topic described by a node holding only some of its replicas: every partition.
             described = web.get(f"{url[stranger]}/v1/topics/r1").json()
             assert [p["partition"] for p in described["partitions"]] == [0, 1, 2]

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from tidewire.broker import Broker, PartitionStatus
+from tidewire.broker.offsets import is_internal_topic
 from tidewire.cluster import cluster_node
 from tidewire.errors import (
     InvalidConfigError,
@@ -250,9 +251,15 @@ def topics_router(ctx: GatewayContext) -> APIRouter:
     ) -> Response:
         """The topics whose names contain ``q``, sorted by ``sort``, ``limit`` from
         ``offset``: each with its partition count, size and messages; ``total`` counts
-        those that match, ``next`` is the offset of the next page (null on the last)."""
+        those that match, ``next`` is the offset of the next page (null on the last). In a
+        cluster: every topic of the cluster, size and messages of the replicas held here."""
         # Only what the caller may describe, as the binary protocol's LIST_TOPICS.
-        every = broker.topics()
+        node = cluster_node(broker)
+        every = (
+            broker.topics()
+            if node is None  # a cluster: every topic etcd knows, wherever its replicas are
+            else {n: t.partitions for n, t in node.cache.topics.items() if not is_internal_topic(n)}
+        )
         topics = {n: every[n] for n in names_allowed(gate_for(broker), ResourceType.TOPIC, every)}
         figures: dict[str, tuple[int, int]] = {}
 
