@@ -35,7 +35,13 @@ from tidewire.client import AsyncClient
 from tidewire.client._client import Message
 from tidewire.client._transport import Transport
 from tidewire.cluster.etcd import EtcdClient
-from tidewire.cluster.lost_tail import lost_tail_prefix
+from tidewire.cluster.lost_tail import (
+    BOOT_ID_FILE,
+    KERNEL_BOOT_ID,
+    kernel_boot_id,
+    lost_tail_prefix,
+    same_boot,
+)
 from tidewire.cluster.metadata import MetadataStore, TopicInfo
 from tidewire.cluster.node import UNCLEAN_KEY
 from tidewire.errors import TidewireError
@@ -46,6 +52,7 @@ from tidewire.protocol.messages import (
     MetadataResponse,
     PartitionInfo,
 )
+from tidewire.storage.fs import OsFileSystem
 
 SESSION_S = 2
 WAIT_S = 40.0
@@ -226,6 +233,9 @@ def test_the_last_in_sync_replica_that_lost_its_tail_is_not_elected(
         # The crash: the leader's segment comes back as it was after a1 (a2.. were not synced).
         with open(last_segment(tmp_path / f"node{leader}"), "r+b") as f:
             f.truncate(size_after_a1)
+        # ... and the machine came back with another boot (a process SIGKILLed on the boot
+        # still running loses nothing: its writes are in the page cache).
+        (tmp_path / f"node{leader}" / BOOT_ID_FILE).write_text("a-boot-before-the-crash\n")
 
         async with EtcdClient([etcd.endpoint], timeout_s=5) as c:
             store = MetadataStore(c, "default")
@@ -270,6 +280,10 @@ def test_the_last_in_sync_replica_that_lost_its_tail_is_not_elected(
                 return True if f1 in nodes else None
 
             await until("the follower registered", f1_seen)
+            # SIGKILLed on this boot, it lost nothing: not marked.
+            kvs, _ = await c.range(lost_tail_prefix(store), prefix=True)
+            keys = {kv.key.decode()[len(lost_tail_prefix(store)) :] for kv in kvs}
+            assert keys == {f"{leader}/t/0"}, keys
             deadline = time.monotonic() + OFFLINE_WATCH_S
             while time.monotonic() < deadline:
                 q = await part(leader)
@@ -318,3 +332,19 @@ def test_the_last_in_sync_replica_that_lost_its_tail_is_not_elected(
     finally:
         for proc in procs.values():
             stop(proc)  # type: ignore[arg-type]
+
+
+def test_a_node_tells_a_process_death_from_a_machine_crash_by_the_boot_id(tmp_path: Path) -> None:
+    fs = OsFileSystem()
+    d = str(tmp_path)
+    assert not same_boot(fs, d, "boot-1")  # a new data directory: nothing known
+    assert (tmp_path / BOOT_ID_FILE).read_text() == "boot-1\n"
+    assert same_boot(fs, d, "boot-1")  # the process died, the machine did not
+    assert not same_boot(fs, d, "boot-2")  # the machine restarted in between
+    assert same_boot(fs, d, "boot-2")
+    assert not same_boot(fs, d, "")  # a system that does not tell: take the worst
+    (tmp_path / BOOT_ID_FILE).write_bytes(b"\xff\xfe")
+    assert not same_boot(fs, d, "boot-2")  # unreadable: another boot, and rewritten
+    assert same_boot(fs, d, "boot-2")
+    assert kernel_boot_id() == Path(KERNEL_BOOT_ID).read_text().strip()
+    assert kernel_boot_id(str(tmp_path / "missing")) == ""

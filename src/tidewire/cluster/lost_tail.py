@@ -2,16 +2,24 @@
 
 Under ``fsync=interval`` (or ``never``) an ``acks=all`` produce is answered once every in-sync
 replica has *written* the batch, not synced it. A node that stops without a clean shutdown
-(SIGKILL, a crash, a power cut) loses what the OS had not written to disk yet: its log comes
+(a kernel crash, a power cut) loses what the OS had not written to disk yet: its log comes
 back shorter, and the records it lost may have been acknowledged. Elected leader, such a
 replica would make the others cut their copies of those records (divergence, KIP-101) and lose
 them for good.
 
-So a node that starts after an unclean shutdown *marks* each of its replicated logs whose
-fsync policy is not ``always`` in etcd, before it registers: ``<root>lost-tail/<node>/<topic>/
-<partition>`` holding the log's recovered end and its topic's incarnation id. Marks have no
-lease: they outlive the node (a clean restart later does not bring back what was lost). The
-rule (Kafka keeps such a broker out of the eligible leader replicas, KIP-966):
+A process that dies (SIGKILL, an exception, the OOM killer) loses nothing it wrote: the log's
+appends go to the kernel with ``pwritev`` at once, and the page cache outlives the process.
+Only the machine going down (a kernel crash, a power cut) loses the unflushed tail. So a node
+tells the two apart by the kernel's boot id (``/proc/sys/kernel/random/boot_id``), kept in
+``.boot-id`` in its data directory at every start (:func:`same_boot`): an unclean shutdown on
+the boot still running lost nothing.
+
+So a node that starts after an unclean shutdown of an earlier boot *marks* each of its
+replicated logs whose fsync policy is not ``always`` in etcd, before it registers:
+``<root>lost-tail/<node>/<topic>/<partition>`` holding the log's recovered end and its topic's
+incarnation id. Marks have no lease: they outlive the node (a clean restart later does not
+bring back what was lost). The rule (Kafka keeps such a broker out of the eligible leader
+replicas, KIP-966):
 
 - the controller never elects a marked replica while the partition has an unmarked in-sync
   replica alive; with none, the partition stays offline (its ISR kept), unless the topic
@@ -36,12 +44,21 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from tidewire.storage import FsyncPolicy
+from tidewire.storage.fs import FileSystem, write_atomic
 
 if TYPE_CHECKING:
     from tidewire.broker import Broker
     from tidewire.cluster.metadata import MetadataStore
 
-__all__ = ["LostTail", "LostTails", "lost_tail_prefix", "read_lost_tails"]
+__all__ = [
+    "BOOT_ID_FILE",
+    "LostTail",
+    "LostTails",
+    "kernel_boot_id",
+    "lost_tail_prefix",
+    "read_lost_tails",
+    "same_boot",
+]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +120,42 @@ def marks_of(
         for n, m in marks.get(key, {}).items()
         if not m.topic_id or not topic_id or m.topic_id == topic_id
     }
+
+
+#: The file in a node's data directory holding the kernel's boot id of its last start.
+BOOT_ID_FILE = ".boot-id"
+#: Where Linux tells its boot id (a new random UUID at every boot).
+KERNEL_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def kernel_boot_id(path: str = KERNEL_BOOT_ID) -> str:
+    """The running kernel's boot id; empty where the system does not tell it."""
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip()
+    except (OSError, ValueError):
+        return ""
+
+
+def same_boot(fs: FileSystem, data_dir: str, current: str) -> bool:
+    """Whether the data directory's last start was on the boot still running (``current``,
+    :func:`kernel_boot_id`), so its page cache, and with it everything its logs wrote, is still
+    there; then records ``current`` for the next start. False when either boot id is
+    unknown (the unflushed tail may be lost).
+
+    Raises:
+        OSError: the boot id could not be recorded (the node does not start: its next
+            start could not tell).
+    """
+    path = f"{data_dir}/{BOOT_ID_FILE}"
+    try:
+        previous = fs.read_file(path).decode().strip() if fs.exists(path) else ""
+    except (OSError, UnicodeDecodeError) as exc:
+        log.warning("%s unreadable (%s): taken as another boot", path, exc)
+        previous = ""
+    if current and previous != current:
+        write_atomic(fs, path, current.encode() + b"\n")
+    return bool(current) and previous == current
 
 
 class LostTails:

@@ -51,7 +51,7 @@ from tidewire.cluster import attach_node, detach_node
 from tidewire.cluster.controller import Controller, assign
 from tidewire.cluster.etcd import EtcdClient, EtcdError, Lease
 from tidewire.cluster.fetcher import Connect, FollowedPartition, default_connect
-from tidewire.cluster.lost_tail import LostTails
+from tidewire.cluster.lost_tail import LostTails, kernel_boot_id, same_boot
 from tidewire.cluster.metadata import (
     NO_LEADER,
     MetadataCache,
@@ -323,8 +323,11 @@ class ClusterNode:
         try:
             await self.lease.start()
             # Before registering: the controller must see the marks when it sees the node.
+            # A process that died on the boot still running lost nothing it wrote.
+            logs = self.broker.logs
+            survived = await asyncio.to_thread(same_boot, logs.fs, logs.data_dir, kernel_boot_id())
             await self.lost_tails.load_and_mark(
-                self.broker, clean=self.broker.logs.was_clean, id_file=TOPIC_ID_FILE
+                self.broker, clean=logs.was_clean or survived, id_file=TOPIC_ID_FILE
             )
             await self._register()
             await self.cache.load()
