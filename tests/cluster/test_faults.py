@@ -32,7 +32,15 @@ from tests.cluster._workload import (
     Workload,
     replicas_on_disk,
 )
-from tidewire.protocol.messages import PartitionInfo
+from tests.server._support import batch
+from tidewire.client._transport import Transport
+from tidewire.errors import TidewireError
+from tidewire.protocol.messages import (
+    PartitionInfo,
+    ProducePartition,
+    ProduceRequest,
+    ProduceResponse,
+)
 from tidewire.records.batch import BATCH_OVERHEAD
 from tidewire.records.reader import iter_batches
 
@@ -83,7 +91,7 @@ async def run_faults(cluster: Cluster, fault: Fault, rounds: int) -> None:
         cluster.terminate(n)
     replicas = replicas_on_disk(cluster)
     problems = check_cluster_history(
-        sent=w.sent,
+        sent=w.sent + cluster.probes,
         acks=w.acks,
         events=w.events,
         replicas=replicas,
@@ -137,8 +145,45 @@ async def kill_all(cluster: Cluster, p: PartitionInfo) -> None:
     await cluster.leader()
 
 
-def scenario(tmp_path: Path, etcd: EtcdServer, fault: Fault, rounds: int) -> None:
-    cluster = Cluster(tmp_path, etcd)
+async def partition_leader(cluster: Cluster, p: PartitionInfo) -> None:
+    """Cut the leader off from its peers and from etcd (the test's clients still reach it),
+    wait for a new leader among the others, check the isolated one holds no acknowledgement
+    the others lack (the history checker then checks none is lost), heal."""
+    cluster.isolate(p.leader)
+    try:
+        value = f"isolated-{len(cluster.probes)}".encode()
+        cluster.probes.append(value)
+        error = await produce_directly(cluster.addr(p.leader), value)
+        assert error, f"node {p.leader}, cut off, acknowledged {value!r} with acks=all"
+        await cluster.new_leader(p.leader, p.leader_epoch)
+    finally:
+        cluster.rejoin(p.leader)
+
+
+async def produce_directly(addr: str, value: bytes) -> str:
+    """Send ``value`` (acks=all) to the node at ``addr`` itself, no routing nor retry; return
+    why it was not acknowledged ("" when it was)."""
+    data = batch([value])
+    t = Transport(addr, request_timeout_s=15, connect_timeout_s=5)
+    try:
+        reply = await t.request(
+            ProduceRequest(timeout_ms=3000, partitions=[ProducePartition(TOPIC, 0, len(data))]),
+            [data],
+        )
+    except (TidewireError, OSError, TimeoutError) as exc:
+        return repr(exc)
+    finally:
+        await t.close()
+    assert reply is not None
+    assert isinstance(reply.body, ProduceResponse)
+    (result,) = reply.body.results
+    return f"error {result.error_code}: {result.error_message}" if result.error_code else ""
+
+
+def scenario(
+    tmp_path: Path, etcd: EtcdServer, fault: Fault, rounds: int, *, proxied: bool = False
+) -> None:
+    cluster = Cluster(tmp_path, etcd, proxied=proxied)
     try:
         asyncio.run(run_faults(cluster, fault, rounds))
     finally:
@@ -161,6 +206,15 @@ def test_leader_stopped_past_its_session(tmp_path: Path, etcd: EtcdServer) -> No
 @pytest.mark.slow
 def test_leader_stopped_20_times(tmp_path: Path, etcd: EtcdServer) -> None:
     scenario(tmp_path, etcd, stop_leader, 20)
+
+
+def test_leader_partitioned(tmp_path: Path, etcd: EtcdServer) -> None:
+    scenario(tmp_path, etcd, partition_leader, 2, proxied=True)
+
+
+@pytest.mark.slow
+def test_leader_partitioned_20_times(tmp_path: Path, etcd: EtcdServer) -> None:
+    scenario(tmp_path, etcd, partition_leader, 20, proxied=True)
 
 
 def test_all_nodes_killed(tmp_path: Path, etcd: EtcdServer) -> None:

@@ -437,7 +437,7 @@ class ClusterNode:
             if role[0] == "leader":
                 self._offsets_role(key, leading=False)
                 with contextlib.suppress(TidewireError):
-                    await self.replication.stop_replica(*key)
+                    await self.replication.stop_replica(*key, keep_high_watermark=True)
                 del self._applied[key]
         if self.controller is not None:
             await self.controller.close()
@@ -542,7 +542,7 @@ class ClusterNode:
                         leader_address=(node.host, node.port),
                     )
                 elif key in self._applied:  # offline: nobody leads, this node included
-                    await replication.stop_replica(*key)
+                    await replication.stop_replica(*key, keep_high_watermark=True)
             except (TidewireError, ValueError) as exc:  # ValueError: an epoch below the log's
                 log.warning("partition %s/%d: cannot take its role %s yet: %s", *key, role[0], exc)
                 done = False

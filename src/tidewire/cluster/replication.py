@@ -283,13 +283,25 @@ class ReplicaManager:
         fetcher.add(state)
         self.broker._wake(topic, partition)
 
-    async def stop_replica(self, topic: str, partition: int) -> None:
+    async def stop_replica(
+        self, topic: str, partition: int, *, keep_high_watermark: bool = False
+    ) -> None:
         """This node is no longer a replica of ``topic``/``partition``: stop leading or
-        following it (the log itself stays; deleting it is the node layer's)."""
+        following it (the log itself stays; deleting it is the node layer's).
+
+        ``keep_high_watermark``: the log stays without a role for a while (the lease is lost,
+        or the partition is offline): readers still see it only below the high watermark
+        known last. Read up to its end, it would serve records never committed, which the
+        next leader's history replaces (a leader cut off from its peers appended them)."""
         key = (topic, partition)
         led = self._led.pop(key, None)
         self._leaders.pop(key, None)
-        self._learned_hw.pop(key, None)
+        hw = self._learned_hw.pop(key, None)
+        if led is not None:
+            hw = led.state.high_watermark
+        if keep_high_watermark:
+            plog = self.broker.log(topic, partition)
+            self._learned_hw[key] = plog.log_start_offset if hw is None else hw
         self._unchecked.pop(key, None)
         self._checked.discard(key)
         if led is not None:
