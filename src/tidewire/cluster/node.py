@@ -178,7 +178,9 @@ class Replicas(Protocol):
         leader_address: tuple[str, int],
     ) -> None: ...
 
-    async def stop_replica(self, topic: str, partition: int) -> None: ...
+    async def stop_replica(
+        self, topic: str, partition: int, *, keep_high_watermark: bool = False
+    ) -> None: ...
 
     def following(self, key: tuple[str, int]) -> FollowedPartition | None: ...
 
@@ -324,6 +326,7 @@ class ClusterNode:
                     lag_max_ms=self.replica_lag_max_ms,
                     min_insync=self.min_insync_replicas,
                     propose_isr=self.propose_isr,
+                    resign=self.resign,
                     advertise=(self.info.host, self.info.port),
                     connect=self.replica_connect,
                 )
@@ -696,6 +699,43 @@ class ClusterNode:
             return False
         if ok:
             log.info("partition %s/%d: ISR now %s", topic, partition, list(isr))
+        return ok
+
+    async def resign(self, topic: str, partition: int, epoch: int) -> bool:
+        """Hand a partition this node leads at ``epoch`` to the first other in-sync replica
+        that is alive, at the next epoch, and leave its ISR (this node's log has a damaged
+        range, which that replica holds intact): a compare-and-swap like
+        :meth:`propose_isr`. Returns whether etcd took it (False: no such replica, the
+        partition changed, or etcd did not answer)."""
+        if self.lease.lost.is_set():
+            return False
+        key = self.store.partition_key(topic, partition)
+        try:
+            kv = await self.etcd.get(key)
+            if kv is None:
+                return False
+            state = msgspec.json.decode(kv.value, type=PartitionState)
+            if state.leader != self.node_id or state.leader_epoch != epoch:
+                return False
+            live = set(self.cache.nodes)
+            isr = tuple(r for r in state.isr if r != self.node_id)
+            heirs = [r for r in state.replicas if r in isr and r in live]
+            if not heirs:
+                return False
+            new = PartitionState(state.replicas, heirs[0], epoch + 1, isr)
+            ok = await self.store.set_partition(topic, partition, new, kv.mod_revision)
+        except EtcdError as exc:
+            log.warning("partition %s/%d: not handed over: %s", topic, partition, exc)
+            return False
+        if ok:
+            log.info(
+                "partition %s/%d: handed to node %d at epoch %d (ISR %s)",
+                topic,
+                partition,
+                heirs[0],
+                epoch + 1,
+                list(isr),
+            )
         return ok
 
     # --- administration -------------------------------------------------------------------------
