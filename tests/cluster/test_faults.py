@@ -397,6 +397,8 @@ async def run_damaged_leader(cluster: Cluster) -> None:
         # Served intact once the partition moved: every offset read, none twice differing
         # (the history checker compares each with the replicas).
         assert read >= settled.high_watermark - settled.log_start_offset
+        # Known damaged now, the leader hands the partition over (its next lag check).
+        await cluster.new_leader(before.leader, settled.leader_epoch)
         again = await cluster.settled()
         assert again.leader != before.leader
         assert await scan(cluster, w, "c3", again.high_watermark) == (
