@@ -7,7 +7,20 @@ polling), each history judged by ``check_cluster_history``:
   at once): a new leader takes over; after SIGCONT every replica holds the same records;
 - all three nodes SIGKILLed at once and restarted: nothing acknowledged is lost;
 - a bit flipped in a stopped replica's sealed segment: detected on restart, the replica does
-  not serve it and ends with the leader's records.
+  not serve it and ends with the leader's records;
+- the same on the leader (stopped last, alone in its ISR, so it leads again): it refuses the
+  flipped offset, hands the partition to an in-sync replica and copies the range again;
+- the leader partitioned from its peers and from etcd, then healed. The arrangement
+  (``Cluster(proxied=True)``): each node advertises the address of a proxy in front of it,
+  so its peers' replica fetches and the clients' requests reach it through that proxy, and
+  it reaches etcd through a proxy of its own. Isolating node N blackholes N's etcd proxy and,
+  on N's inbound proxy, every connection opened by another process (the peers) while the
+  test's own connections still go through: the cut-off leader still gets produces, which it
+  must not acknowledge (a produce sent straight to it is checked) and a new leader is
+  elected. N's own outgoing connections to its peers are not cut (as a leader it opens none);
+  healing resets the connections whose bytes were dropped, as TCP would have;
+- the etcd member SIGKILLed under load and restarted within the nodes' session:
+  acknowledgements go on during the outage and leadership does not change.
 
 The default tier runs each fault a few times (about a minute in all); ``-m slow`` runs the
 issue's counts. Duplicates from idempotent producers across a failover are counted apart and
