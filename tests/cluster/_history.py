@@ -170,10 +170,10 @@ def check_cluster_history(
     # No committed offset above the high watermark.
     for e in events:
         if isinstance(e, Committed):
-            hw = high_watermarks.get(e.partition)
-            if hw is not None and e.offset > hw:
+            top = high_watermarks.get(e.partition)
+            if top is not None and e.offset > top:
                 problems.append(
                     f"group {e.group} committed {e.partition}/{e.offset}, above the high "
-                    f"watermark {hw}"
+                    f"watermark {top}"
                 )
     return problems

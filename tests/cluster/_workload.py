@@ -24,6 +24,7 @@ import pytest
 from tests.cli._support import STARTUP_S, subprocess_env, tidewire_cmd
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._history import Ack, LeaderSeen, Poll
+from tests.cluster._proxy import Proxy, ProxyHost
 from tidewire.client import AsyncClient, AsyncProducer
 from tidewire.client._accumulator import RecordFuture
 from tidewire.client._transport import Transport
@@ -96,7 +97,12 @@ async def partition_info(addr: str, partition: int = 0) -> PartitionInfo | None:
 @dataclass
 class Cluster:
     """Three node processes over ``etcd``, each with its data directory under ``root`` and a
-    fixed port; its stderr (the log) appended to ``root/nodeN.log``."""
+    fixed port; its stderr (the log) appended to ``root/nodeN.log``.
+
+    ``proxied``: each node advertises the address of a proxy in front of it (``inbound[n]``:
+    its peers' fetches and the clients' requests come through it) and reaches etcd through a
+    proxy of its own (``to_etcd[n]``), both on :attr:`host`'s thread; :meth:`isolate` cuts a
+    node off from its peers and from etcd (its clients still reach it)."""
 
     root: Path
     etcd: EtcdServer
@@ -104,13 +110,45 @@ class Cluster:
     nodes: tuple[int, ...] = (1, 2, 3)
     ports: dict[int, int] = field(default_factory=dict)
     procs: dict[int, subprocess.Popen[str]] = field(default_factory=dict)
+    proxied: bool = False
+    session_s: int = SESSION_S
+    host: ProxyHost | None = None
+    inbound: dict[int, Proxy] = field(default_factory=dict)
+    to_etcd: dict[int, Proxy] = field(default_factory=dict)
+    #: Values a test sent past the workload (never acknowledged, so they may be lost).
+    probes: list[bytes] = field(default_factory=list)
 
     def addr(self, n: int) -> str:
+        """Node ``n``'s own listener (not through its proxy)."""
         return f"127.0.0.1:{self.ports[n]}"
+
+    def advertised(self, n: int) -> str:
+        """Where peers and clients reach node ``n``: its proxy when proxied."""
+        return self.inbound[n].address if self.proxied else self.addr(n)
 
     @property
     def bootstrap(self) -> str:
-        return ",".join(self.addr(n) for n in self.nodes)
+        return ",".join(self.advertised(n) for n in self.nodes)
+
+    def _proxies(self, n: int) -> None:
+        if self.host is None:
+            self.host = ProxyHost()
+        if n not in self.inbound:
+            self.inbound[n] = self.host.add("127.0.0.1", self.ports[n])
+            self.to_etcd[n] = self.host.add("127.0.0.1", self.etcd.client_port)
+
+    def isolate(self, n: int) -> None:
+        """Cut node ``n`` off from its peers (nothing they send it arrives, nor its answers)
+        and from etcd; the test's own clients still reach it."""
+        assert self.host is not None
+        self.host.do(self.inbound[n].isolate)
+        self.host.do(self.to_etcd[n].blackhole)
+
+    def rejoin(self, n: int) -> None:
+        """Heal :meth:`isolate` (the connections that lost bytes are reset)."""
+        assert self.host is not None
+        self.host.do(self.inbound[n].rejoin)
+        self.host.do(self.to_etcd[n].rejoin)
 
     def data_dir(self, n: int) -> Path:
         return self.root / f"node{n}"
@@ -120,13 +158,19 @@ class Cluster:
         port = self.ports.setdefault(n, free_port())
         log = open(self.root / f"node{n}.log", "a")  # noqa: SIM115 (the child's)
         cluster = f"etcd://127.0.0.1:{self.etcd.client_port}"
+        routes: tuple[str, ...] = ()
+        if self.proxied:
+            self._proxies(n)
+            cluster = f"etcd://{self.to_etcd[n].address}"
+            routes = ("--advertise", self.inbound[n].address)
         proc = subprocess.Popen(
             tidewire_cmd(
                 "serve",
                 *("--data-dir", str(self.data_dir(n)), "--port", str(port)),
                 *("--node-id", str(n), "--cluster", cluster),
-                *("--session-timeout", str(SESSION_S), "--fsync", "always"),
+                *("--session-timeout", str(self.session_s), "--fsync", "always"),
                 *("--min-insync-replicas", "2", "--http-port", "-1"),
+                *routes,
                 *self.extra,
             ),
             stdout=subprocess.PIPE,
@@ -178,6 +222,9 @@ class Cluster:
     def stop_all(self) -> None:
         for n in self.nodes:
             self.kill(n)
+        if self.host is not None:
+            self.host.close()
+            self.host = None
 
     async def create_topic(self, partitions: int = 1) -> None:
         async def registered() -> MetadataResponse | None:

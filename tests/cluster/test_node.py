@@ -80,7 +80,9 @@ class Recorder:
         self.roles[topic, partition] = ("follower", epoch, leader, leader_address)
         self.calls.append(("follower", topic, partition, epoch, leader))
 
-    async def stop_replica(self, topic: str, partition: int) -> None:
+    async def stop_replica(
+        self, topic: str, partition: int, *, keep_high_watermark: bool = False
+    ) -> None:
         self.roles.pop((topic, partition), None)
         self.calls.append(("stop", topic, partition))
 

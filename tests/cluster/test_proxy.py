@@ -4,6 +4,7 @@ nothing arrives), refuses, cuts current connections with a reset, and heals."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 
 import pytest
@@ -78,6 +79,59 @@ def test_forward_delay_blackhole_refuse_cut_heal() -> None:
             w3.write(b"back")
             assert await asyncio.wait_for(r3.readexactly(4), 5) == b"back"
             w3.close()
+        finally:
+            await proxy.close()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(main())
+
+
+_FOREIGN = """
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), 5)
+s.settimeout(float(sys.argv[2]))
+s.sendall(b"ping")
+try:
+    print(s.recv(10).decode() or "closed")
+except TimeoutError:
+    print("timeout")
+except ConnectionError:
+    print("reset")
+"""
+
+
+def test_isolate_passes_own_connections_and_rejoin_resets_starved_ones() -> None:
+    """``isolate()`` starves another process's connection while this process's still echoes;
+    ``rejoin()`` resets the connection whose bytes were thrown away."""
+
+    async def foreign(port: int, wait_s: float) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _FOREIGN, str(port), str(wait_s), stdout=asyncio.subprocess.PIPE
+        )
+
+    async def main() -> None:
+        server, port = await _echo_server()
+        proxy = await Proxy("127.0.0.1", port).start()
+        try:
+            r, w = await asyncio.open_connection("127.0.0.1", proxy.port)
+            proxy.isolate()
+            w.write(b"mine")
+            assert await asyncio.wait_for(r.readexactly(4), 5) == b"mine"
+            starved = await foreign(proxy.port, 1.0)
+            out, _ = await asyncio.wait_for(starved.communicate(), 30)
+            assert out.decode().strip() == "timeout"
+            cut = await foreign(proxy.port, 30.0)
+            for _ in range(300):  # until its bytes were thrown away
+                if proxy._dropped:
+                    break
+                await asyncio.sleep(0.05)
+            proxy.rejoin()
+            out, _ = await asyncio.wait_for(cut.communicate(), 30)
+            assert out.decode().strip() in ("reset", "closed")
+            w.write(b"still")
+            assert await asyncio.wait_for(r.readexactly(5), 5) == b"still"
+            w.close()
         finally:
             await proxy.close()
             server.close()

@@ -182,7 +182,9 @@ class Replicas(Protocol):
         leader_address: tuple[str, int],
     ) -> None: ...
 
-    async def stop_replica(self, topic: str, partition: int) -> None: ...
+    async def stop_replica(
+        self, topic: str, partition: int, *, keep_high_watermark: bool = False
+    ) -> None: ...
 
     def following(self, key: tuple[str, int]) -> FollowedPartition | None: ...
 
@@ -341,6 +343,7 @@ class ClusterNode:
                     lag_max_ms=self.replica_lag_max_ms,
                     min_insync=self.min_insync_replicas,
                     propose_isr=self.propose_isr,
+                    resign=self.resign,
                     advertise=(self.info.host, self.info.port),
                     connect=counting_connect(self.replica_connect or default_connect, self.stats),
                     lost_tails=self.lost_tails,
@@ -461,7 +464,7 @@ class ClusterNode:
             if role[0] == "leader":
                 self._offsets_role(key, leading=False)
                 with contextlib.suppress(TidewireError):
-                    await self.replication.stop_replica(*key)
+                    await self.replication.stop_replica(*key, keep_high_watermark=True)
                 del self._applied[key]
         if self.controller is not None:
             await self.controller.close()
@@ -572,7 +575,7 @@ class ClusterNode:
                         leader_address=(node.host, node.port),
                     )
                 elif key in self._applied:  # offline: nobody leads, this node included
-                    await replication.stop_replica(*key)
+                    await replication.stop_replica(*key, keep_high_watermark=True)
             except (TidewireError, ValueError) as exc:  # ValueError: an epoch below the log's
                 log.warning("partition %s/%d: cannot take its role %s yet: %s", *key, role[0], exc)
                 done = False
@@ -763,6 +766,43 @@ class ClusterNode:
         if ok:
             self.stats.isr_changed(state.isr, tuple(isr))
             log.info("partition %s/%d: ISR now %s", topic, partition, list(isr))
+        return ok
+
+    async def resign(self, topic: str, partition: int, epoch: int) -> bool:
+        """Hand a partition this node leads at ``epoch`` to the first other in-sync replica
+        that is alive, at the next epoch, and leave its ISR (this node's log has a damaged
+        range, which that replica holds intact): a compare-and-swap like
+        :meth:`propose_isr`. Returns whether etcd took it (False: no such replica, the
+        partition changed, or etcd did not answer)."""
+        if self.lease.lost.is_set():
+            return False
+        key = self.store.partition_key(topic, partition)
+        try:
+            kv = await self.etcd.get(key)
+            if kv is None:
+                return False
+            state = msgspec.json.decode(kv.value, type=PartitionState)
+            if state.leader != self.node_id or state.leader_epoch != epoch:
+                return False
+            live = set(self.cache.nodes)
+            isr = tuple(r for r in state.isr if r != self.node_id)
+            heirs = [r for r in state.replicas if r in isr and r in live]
+            if not heirs:
+                return False
+            new = PartitionState(state.replicas, heirs[0], epoch + 1, isr)
+            ok = await self.store.set_partition(topic, partition, new, kv.mod_revision)
+        except EtcdError as exc:
+            log.warning("partition %s/%d: not handed over: %s", topic, partition, exc)
+            return False
+        if ok:
+            log.info(
+                "partition %s/%d: handed to node %d at epoch %d (ISR %s)",
+                topic,
+                partition,
+                heirs[0],
+                epoch + 1,
+                list(isr),
+            )
         return ok
 
     # --- administration -------------------------------------------------------------------------

@@ -62,6 +62,10 @@ log = logging.getLogger(__name__)
 #: took it.
 ProposeIsr = Callable[[str, int, int, tuple[int, ...]], Awaitable[bool]]
 
+#: ``resign(topic, partition, leader_epoch)``: hand a led partition to another in-sync
+#: replica and leave its ISR (this node's log has a damaged range); True when etcd took it.
+Resign = Callable[[str, int, int], Awaitable[bool]]
+
 Key = tuple[str, int]
 
 #: How often the leader checks its followers' lag (seconds, at most).
@@ -125,6 +129,7 @@ class ReplicaManager:
         min_insync: int = 1,
         clock: Callable[[], float] = time.monotonic,
         propose_isr: ProposeIsr | None = None,
+        resign: Resign | None = None,
         connect: Connect | None = None,
         advertise: tuple[str, int] = ("", -1),
         ack_timeout_s: float = 30.0,
@@ -141,6 +146,9 @@ class ReplicaManager:
         self.min_insync = min_insync
         self.clock = clock
         self.propose_isr = propose_isr
+        self.resign = resign
+        #: (partition, epoch) already handed over, not asked again in that epoch.
+        self._resigned: set[tuple[Key, int]] = set()
         self.connect: Connect = connect if connect is not None else default_connect
         self.advertise = advertise
         self.ack_timeout_s = ack_timeout_s
@@ -292,13 +300,25 @@ class ReplicaManager:
         fetcher.add(state)
         self.broker._wake(topic, partition)
 
-    async def stop_replica(self, topic: str, partition: int) -> None:
+    async def stop_replica(
+        self, topic: str, partition: int, *, keep_high_watermark: bool = False
+    ) -> None:
         """This node is no longer a replica of ``topic``/``partition``: stop leading or
-        following it (the log itself stays; deleting it is the node layer's)."""
+        following it (the log itself stays; deleting it is the node layer's).
+
+        ``keep_high_watermark``: the log stays without a role for a while (the lease is lost,
+        or the partition is offline): readers still see it only below the high watermark
+        known last. Read up to its end, it would serve records never committed, which the
+        next leader's history replaces (a leader cut off from its peers appended them)."""
         key = (topic, partition)
         led = self._led.pop(key, None)
         self._leaders.pop(key, None)
-        self._learned_hw.pop(key, None)
+        hw = self._learned_hw.pop(key, None)
+        if led is not None:
+            hw = led.state.high_watermark
+        if keep_high_watermark:
+            plog = self.broker.log(topic, partition)
+            self._learned_hw[key] = plog.log_start_offset if hw is None else hw
         self._unchecked.pop(key, None)
         self._checked.discard(key)
         if led is not None:
@@ -710,10 +730,45 @@ class ReplicaManager:
             await asyncio.sleep(period)
             for key, led in list(self._led.items()):
                 try:
-                    led.state.appended(local_end(self.broker.log(*key)))
+                    plog = self.broker.log(*key)
+                    led.state.appended(local_end(plog))
                 except TidewireError:
                     continue
                 self._progress(key, led)
+                self._resign_if_damaged(key, led, plog)
+
+    def _resign_if_damaged(self, key: Key, led: _Led, plog: PartitionLog) -> None:
+        """A led log with a damaged range (found by a read or the open's scan) does not serve
+        it: records every in-sync follower holds intact. Leadership goes to one of them and
+        this node leaves the ISR; following, it cuts its log at the damage and copies the
+        rest again (:meth:`_cut_at_damage`), then rejoins the ISR. Alone in the ISR, it
+        stays leader (no replica holds more), the range unserved."""
+        if self.resign is None or (key, led.epoch) in self._resigned:
+            return
+        if not any(d.start >= plog.log_start_offset for d in plog.damage):
+            return
+        if not led.state.isr - {self.node_id}:
+            return
+        self._resigned.add((key, led.epoch))
+        topic, partition = key
+        log.warning(
+            "partition %s/%d: this leader's log has a damaged range; handing the partition "
+            "to an in-sync replica to copy it again from there",
+            topic,
+            partition,
+        )
+
+        async def resign() -> None:
+            assert self.resign is not None
+            try:
+                took = await self.resign(topic, partition, led.epoch)
+            except Exception:  # etcd unreachable and the like: asked again next round
+                log.warning("resigning %s/%s failed", topic, partition, exc_info=True)
+                took = False
+            if not took:
+                self._resigned.discard((key, led.epoch))
+
+        self._spawn(resign())
 
     # --- the follower side (called by the fetchers) --------------------------------------------
 
