@@ -187,20 +187,15 @@ class MetadataStore:
         return (await self.etcd.txn(compares, [Op.put(key, _enc.encode(state))])).succeeded
 
     async def start_reassignments(
-        self,
-        topic: TopicInfo,
-        topic_version: int,
-        targets: Mapping[int, Sequence[int]],
+        self, topic: str, topic_version: int, targets: Mapping[int, Sequence[int]]
     ) -> int | None:
-        """Write the target replica sets of partitions of ``topic`` (and the topic's entry,
-        e.g. a new replication factor), if the topic is still at ``topic_version`` and none of
-        these partitions is being moved already. Returns the revision written at, None when
-        refused."""
-        tkey = self.topic_key(topic.name)
-        compares = [Compare.mod_revision(tkey, "=", topic_version)]
-        ops = [Op.put(tkey, _enc.encode(topic))]
+        """Write the target replica sets of partitions of ``topic`` if the topic is still at
+        ``topic_version`` and none of these partitions is being moved already. Returns the
+        revision written at, None when refused."""
+        compares = [Compare.mod_revision(self.topic_key(topic), "=", topic_version)]
+        ops = []
         for p, target in sorted(targets.items()):
-            rkey = self.reassign_key(topic.name, p)
+            rkey = self.reassign_key(topic, p)
             compares.append(Compare.create_revision(rkey, "=", 0))
             ops.append(Op.put(rkey, _enc.encode(Reassignment(tuple(target)))))
         r = await self.etcd.txn(compares, ops)
@@ -213,14 +208,22 @@ class MetadataStore:
         state: PartitionState,
         expect_version: int,
         fence: Fence | None,
+        *,
+        new_topic: tuple[TopicInfo, int] | None = None,
     ) -> bool:
         """The last change of a move: the partition's state (on its target replicas) and the
-        end of its reassignment, at once; compared as :meth:`set_partition` compares."""
+        end of its reassignment, at once; compared as :meth:`set_partition` compares. With
+        ``new_topic`` (an entry and the version it replaces), the topic's entry too (its
+        replication factor once every partition has that many replicas)."""
         key = self.partition_key(topic, partition)
         compares = [Compare.mod_revision(key, "=", expect_version)]
         if fence is not None:
             compares.append(fence.compare())
         ops = [Op.put(key, _enc.encode(state)), Op.delete(self.reassign_key(topic, partition))]
+        if new_topic is not None:
+            info, version = new_topic
+            compares.append(Compare.mod_revision(self.topic_key(topic), "=", version))
+            ops.append(Op.put(self.topic_key(topic), _enc.encode(info)))
         return (await self.etcd.txn(compares, ops)).succeeded
 
     async def alter_topic(
@@ -275,6 +278,8 @@ class MetadataCache:
         self.retry_s = retry_s
         self.nodes: dict[int, NodeInfo] = {}
         self.topics: dict[str, TopicInfo] = {}
+        #: topic -> the version (mod_revision) of its entry
+        self.topic_versions: dict[str, int] = {}
         #: (topic, partition) -> its state and version (the key's mod_revision)
         self._partitions: dict[tuple[str, int], tuple[PartitionState, int]] = {}
         #: (topic, partition) -> the target replicas of a move under way
@@ -304,6 +309,7 @@ class MetadataCache:
         kvs, rev = await self.store.etcd.range(self.store.root, prefix=True)
         self.nodes.clear()
         self.topics.clear()
+        self.topic_versions.clear()
         self._partitions.clear()
         self.reassignments.clear()
         self._candidates.clear()
@@ -360,8 +366,10 @@ class MetadataCache:
         elif kind == "topics":
             if deleted:
                 self.topics.pop(rest, None)
+                self.topic_versions.pop(rest, None)
             else:
                 value = self.topics[rest] = msgspec.json.decode(kv.value, type=TopicInfo)
+                self.topic_versions[rest] = kv.mod_revision
         elif kind == "partitions":
             topic, _, p = rest.rpartition("/")
             key = (topic, int(p))

@@ -124,7 +124,9 @@ async def reconcile_reassignments(store: MetadataStore, cache: MetadataCache, fe
         new, final = nxt
         try:
             if final:
-                ok = await store.finish_reassignment(topic, p, new, version, fence)
+                ok = await store.finish_reassignment(
+                    topic, p, new, version, fence, new_topic=_new_rf(cache, topic, p, new)
+                )
             else:
                 ok = await store.set_partition(topic, p, new, version, fence)
         except EtcdError as exc:
@@ -146,6 +148,28 @@ async def reconcile_reassignments(store: MetadataStore, cache: MetadataCache, fe
         if held is None or held.create_revision != fence.rev:
             return False
     return True
+
+
+def _new_rf(
+    cache: MetadataCache, topic: str, partition: int, new: PartitionState
+) -> tuple[TopicInfo, int] | None:
+    """The topic's entry with its new replication factor, once every partition (``new`` for
+    ``partition``) has that many replicas and no other move is under way; else None."""
+    info = cache.topics.get(topic)
+    version = cache.topic_versions.get(topic)
+    if info is None or version is None:
+        return None
+    if any(t == topic and p != partition for t, p in cache.reassignments):
+        return None
+    sizes = {len(new.replicas)}
+    for p in range(info.partitions):
+        got = cache.partition(topic, p)
+        if p != partition and got is not None:
+            sizes.add(len(got[0].replicas))
+    if len(sizes) != 1 or info.replication_factor in sizes:
+        return None
+    rf = sizes.pop()
+    return TopicInfo(info.name, info.partitions, rf, info.config, info.topic_id), version
 
 
 def plan_replication(
@@ -261,14 +285,9 @@ async def reassign(
         }
         if replication_factor is not None:
             plan = plan_replication(states, replication_factor, live)
-            new_rf = replication_factor
         else:
             assert targets is not None
             plan = {p: tuple(t) for p, t in targets.items()}
-            sizes = {len(t) for p, t in plan.items()} | {
-                len(s.replicas) for p, s in states.items() if p not in plan
-            }
-            new_rf = max(sizes) if sizes else info.replication_factor
         min_insync = node.min_insync_of(info)
         for p, target in plan.items():
             if p not in states:
@@ -292,9 +311,8 @@ async def reassign(
                 raise InvalidRequestError(f"partition {p} of {topic!r} is being moved already")
         if not plan:
             return status(node, topic)
-        new_info = TopicInfo(info.name, info.partitions, new_rf, info.config, info.topic_id)
         try:
-            rev = await node.store.start_reassignments(new_info, version, plan)
+            rev = await node.store.start_reassignments(topic, version, plan)
         except EtcdError as exc:
             raise RequestTimedOutError(f"reassignment of {topic!r} not started: {exc}") from None
         if rev is not None:
