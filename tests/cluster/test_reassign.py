@@ -11,19 +11,29 @@ changes settings on every replica. Every wait is bounded; nothing asserts on dur
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.cli._support import Result, run_cli
 from tests.cluster._etcd import EtcdServer
 from tests.cluster.test_groups import WAIT_S, Node, cluster, until
+from tests.cluster.test_node import call
+from tests.cluster.test_node import cluster as recorded_cluster
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.client import AsyncClient, AsyncConsumer, AsyncProducer
 from tidewire.cluster.metadata import NO_LEADER, PartitionState
 from tidewire.cluster.reassign import plan_replication, step
 from tidewire.errors import InvalidConfigError, InvalidRequestError
-from tidewire.protocol.messages import TopicConfig
+from tidewire.protocol.messages import (
+    AlterReplicationRequest,
+    AlterReplicationResponse,
+    CreateTopicRequest,
+    PartitionReplicas,
+    TopicConfig,
+)
 from tidewire.server import TcpServer
 from tidewire.server.tcp import ServerConfig
 
@@ -69,7 +79,8 @@ def test_a_replication_factor_is_planned_on_the_least_loaded_nodes() -> None:
 
 
 def _settled(nodes: list[Node], rf: int) -> bool:
-    """Every node's copy: no move under way, each partition on ``rf`` replicas all in sync."""
+    """Every node's copy: no move under way, each partition on ``rf`` replicas all in sync,
+    and each node holding (and serving in its role) exactly the partitions it replicates."""
     for n in nodes:
         cache = n.cluster.cache
         info = cache.topics.get(TOPIC)
@@ -78,6 +89,11 @@ def _settled(nodes: list[Node], rf: int) -> bool:
         for p in range(info.partitions):
             got = cache.partition(TOPIC, p)
             if got is None or len(got[0].replicas) != rf or set(got[0].isr) != set(got[0].replicas):
+                return False
+            # Each node has taken its role: a replica's log is there, no one else's.
+            if (n.id in got[0].replicas) != ((TOPIC, p) in n.cluster._applied):
+                return False
+            if (n.id in got[0].replicas) != ((TOPIC, p) in n.broker.logs.logs):
                 return False
     return True
 
@@ -126,8 +142,6 @@ def test_replication_factor_1_to_3_to_2_and_a_leader_moved_away_under_load(
                 old = state[0].leader
                 others = [i for i in state[0].replicas if i != old]
                 await client.alter_replication(TOPIC, replicas={0: others})
-                with pytest.raises(InvalidRequestError):  # one move at a time
-                    await client.alter_replication(TOPIC, replicas={0: [old, *others]})
                 await until(
                     lambda: all(
                         (got := n.cluster.cache.partition(TOPIC, 0)) is not None
@@ -244,6 +258,77 @@ def test_alter_adds_partitions_that_clients_use_and_changes_settings_everywhere(
     asyncio.run(main())
 
 
+def test_a_move_waits_for_its_new_replicas_to_be_in_sync_and_one_at_a_time(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """With replica managers that only record their roles, no follower ever joins the ISR:
+    the move stays in its first step (replica set grown, new replicas following)."""
+
+    async def main() -> None:
+        async with recorded_cluster(tmp_path, etcd, 3) as members:
+            a = members[0]
+            reply = await call(
+                a.addr, CreateTopicRequest(name=TOPIC, partitions=1, replication_factor=1)
+            )
+            assert reply.error_code == 0, reply  # type: ignore[attr-defined]
+            assert a.node is not None
+            got = a.node.cache.partition(TOPIC, 0)
+            assert got is not None
+            (old,) = got[0].replicas
+            new = [m.id for m in members if m.id != old]
+            body = await call(
+                a.addr,
+                AlterReplicationRequest(
+                    topic=TOPIC, assignments=[PartitionReplicas(partition=0, replicas=new)]
+                ),
+            )
+            assert isinstance(body, AlterReplicationResponse), body
+            assert body.error_code == 0, body
+            assert body.partitions[0].target == new
+            for m in members:
+                assert m.node is not None
+                await m.node.wait_reconciled(
+                    lambda m=m: all(
+                        m.replicas.roles.get((TOPIC, 0), ("",))[0] == "follower"
+                        for m in members
+                        if m.id in new
+                    ),
+                    WAIT_S,
+                )
+            state = a.node.cache.partition(TOPIC, 0)
+            assert state is not None
+            assert state[0].replicas == (*new, old)
+            assert state[0].isr == (old,)
+            assert state[0].leader == old
+            # One move at a time.
+            again = await call(
+                a.addr,
+                AlterReplicationRequest(
+                    topic=TOPIC, assignments=[PartitionReplicas(partition=0, replicas=[old])]
+                ),
+            )
+            assert again.error_code == InvalidRequestError.code, again  # type: ignore[attr-defined]
+            assert "being moved" in again.error_message  # type: ignore[attr-defined]
+            # Bad targets: unknown nodes, repeats, an unknown partition.
+            for p, bad, why in (
+                (0, [99], "not live nodes"),
+                (0, [new[0], new[0]], "repeat"),
+                (5, [new[0]], "no partition 5"),
+            ):
+                r = await call(
+                    a.addr,
+                    AlterReplicationRequest(
+                        topic=TOPIC, assignments=[PartitionReplicas(partition=p, replicas=bad)]
+                    ),
+                )
+                assert r.error_code == InvalidRequestError.code, r  # type: ignore[attr-defined]
+                assert why in r.error_message  # type: ignore[attr-defined]
+            status = await call(a.addr, AlterReplicationRequest(topic=TOPIC))
+            assert status.partitions[0].target == new  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+
+
 def test_a_single_node_refuses_to_alter_replication(tmp_path: Path) -> None:
     async def main() -> None:
         broker = Broker(BrokerConfig(data_dir=str(tmp_path)))
@@ -257,5 +342,56 @@ def test_a_single_node_refuses_to_alter_replication(tmp_path: Path) -> None:
                         await client.alter_replication(TOPIC, replication_factor=2)
             finally:
                 await server.close()
+
+    asyncio.run(main())
+
+
+def test_the_cli_reassigns_shows_the_status_and_alters(tmp_path: Path, etcd: EtcdServer) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes:
+            addr = ",".join(n.addr for n in nodes)
+            async with AsyncClient(addr) as client:
+                await client.create_topic(TOPIC, 1, replication_factor=1)
+            await until(lambda: _settled(nodes, 1), "the topic on 1 replica")
+            got = nodes[0].cluster.cache.partition(TOPIC, 0)
+            assert got is not None
+            old = got[0].leader
+            new = next(n.id for n in nodes if n.id != old)
+
+            def cli(*args: str) -> Result:
+                return run_cli(["topic", *args, "--addr", addr])
+
+            r = await asyncio.to_thread(
+                cli, "reassign", TOPIC, "--partition", "0", "--replicas", str(new), "--wait"
+            )
+            assert r.exit_code == 0, r.output
+            r = await asyncio.to_thread(cli, "reassign", TOPIC, "--status", "--json")
+            assert r.exit_code == 0, r.output
+            doc = json.loads(r.stdout)
+            assert doc["in_progress"] == 0
+            assert doc["partitions"][0]["replicas"] == [new]
+            assert doc["partitions"][0]["leader"] == new
+            r = await asyncio.to_thread(
+                cli, "reassign", TOPIC, "--replication-factor", "2", "--wait", "--json"
+            )
+            assert r.exit_code == 0, r.output
+            assert len(json.loads(r.stdout)["partitions"][0]["replicas"]) == 2
+            # Usage errors: exit 2, nothing changed.
+            for bad in (
+                ["--partition", "0"],
+                ["--partition", "0", "--replicas", "1", "--replication-factor", "2"],
+                [],
+            ):
+                r = await asyncio.to_thread(cli, "reassign", TOPIC, *bad)
+                assert r.exit_code == 2, (bad, r.output)
+            r = await asyncio.to_thread(
+                cli, "alter", TOPIC, "--min-insync-replicas", "2", "--unclean-leader-election"
+            )
+            assert r.exit_code == 0, r.output
+            async with AsyncClient(addr) as client:
+                desc = await client.describe_topic(TOPIC)
+            assert desc.min_insync_replicas == 2
+            assert desc.unclean_leader_election
+            assert desc.replication_factor == 2
 
     asyncio.run(main())
