@@ -208,22 +208,32 @@ class MetadataStore:
         state: PartitionState,
         expect_version: int,
         fence: Fence | None,
-        *,
-        new_topic: tuple[TopicInfo, int] | None = None,
     ) -> bool:
         """The last change of a move: the partition's state (on its target replicas) and the
-        end of its reassignment, at once; compared as :meth:`set_partition` compares. With
-        ``new_topic`` (an entry and the version it replaces), the topic's entry too (its
-        replication factor once every partition has that many replicas)."""
+        end of its reassignment, at once; compared as :meth:`set_partition` compares."""
         key = self.partition_key(topic, partition)
         compares = [Compare.mod_revision(key, "=", expect_version)]
         if fence is not None:
             compares.append(fence.compare())
         ops = [Op.put(key, _enc.encode(state)), Op.delete(self.reassign_key(topic, partition))]
-        if new_topic is not None:
-            info, version = new_topic
-            compares.append(Compare.mod_revision(self.topic_key(topic), "=", version))
-            ops.append(Op.put(self.topic_key(topic), _enc.encode(info)))
+        return (await self.etcd.txn(compares, ops)).succeeded
+
+    async def set_replication_factor(
+        self,
+        topic: TopicInfo,
+        topic_version: int,
+        partition_versions: Mapping[int, int],
+        fence: Fence | None,
+    ) -> bool:
+        """Write a topic's entry (its replication factor, once every partition has that many
+        replicas) if the entry and each of its partitions are still at the versions the
+        writer read them at (so that the count it saw is etcd's)."""
+        compares = [Compare.mod_revision(self.topic_key(topic.name), "=", topic_version)]
+        for p, version in sorted(partition_versions.items()):
+            compares.append(Compare.mod_revision(self.partition_key(topic.name, p), "=", version))
+        if fence is not None:
+            compares.append(fence.compare())
+        ops = [Op.put(self.topic_key(topic.name), _enc.encode(topic))]
         return (await self.etcd.txn(compares, ops)).succeeded
 
     async def alter_topic(

@@ -124,9 +124,7 @@ async def reconcile_reassignments(store: MetadataStore, cache: MetadataCache, fe
         new, final = nxt
         try:
             if final:
-                ok = await store.finish_reassignment(
-                    topic, p, new, version, fence, new_topic=_new_rf(cache, topic, p, new)
-                )
+                ok = await store.finish_reassignment(topic, p, new, version, fence)
             else:
                 ok = await store.set_partition(topic, p, new, version, fence)
         except EtcdError as exc:
@@ -147,29 +145,42 @@ async def reconcile_reassignments(store: MetadataStore, cache: MetadataCache, fe
         held = await store.etcd.get(fence.key)
         if held is None or held.create_revision != fence.rev:
             return False
+    # A topic's replication factor follows its moves once they are all done. Compared on
+    # every partition's version: a copy that is behind writes nothing (the next pass does).
+    for info, version, versions in _replication_factors(cache):
+        try:
+            ok = await store.set_replication_factor(info, version, versions, fence)
+        except EtcdError as exc:
+            log.warning("topic %s: replication factor not updated (%s)", info.name, exc)
+            continue
+        if ok:
+            log.info("topic %s: replication factor now %d", info.name, info.replication_factor)
     return True
 
 
-def _new_rf(
-    cache: MetadataCache, topic: str, partition: int, new: PartitionState
-) -> tuple[TopicInfo, int] | None:
-    """The topic's entry with its new replication factor, once every partition (``new`` for
-    ``partition``) has that many replicas and no other move is under way; else None."""
-    info = cache.topics.get(topic)
-    version = cache.topic_versions.get(topic)
-    if info is None or version is None:
-        return None
-    if any(t == topic and p != partition for t, p in cache.reassignments):
-        return None
-    sizes = {len(new.replicas)}
-    for p in range(info.partitions):
-        got = cache.partition(topic, p)
-        if p != partition and got is not None:
+def _replication_factors(cache: MetadataCache) -> list[tuple[TopicInfo, int, dict[int, int]]]:
+    """Topics whose entry names another replication factor than every one of their
+    partitions has (a move changed it), with no move under way: each with its new entry,
+    its version and its partitions' versions."""
+    moving = {t for t, _ in cache.reassignments}
+    out = []
+    for name, info in sorted(cache.topics.items()):
+        version = cache.topic_versions.get(name)
+        if name in moving or version is None:
+            continue
+        sizes, versions = set(), {}
+        for p in range(info.partitions):
+            got = cache.partition(name, p)
+            if got is None:
+                break
             sizes.add(len(got[0].replicas))
-    if len(sizes) != 1 or info.replication_factor in sizes:
-        return None
-    rf = sizes.pop()
-    return TopicInfo(info.name, info.partitions, rf, info.config, info.topic_id), version
+            versions[p] = got[1]
+        else:
+            if len(sizes) == 1 and info.replication_factor not in sizes:
+                rf = sizes.pop()
+                new = TopicInfo(info.name, info.partitions, rf, info.config, info.topic_id)
+                out.append((new, version, versions))
+    return out
 
 
 def plan_replication(
