@@ -586,6 +586,26 @@ SAMPLES.update(
                 ]
             ),
         ),
+        ApiKey.ALTER_REPLICATION: (
+            q.AlterReplicationRequest(
+                topic="orders",
+                assignments=[q.PartitionReplicas(partition=0, replicas=[2, 3])],
+                min_insync_replicas=2,
+                unclean_leader_election=False,
+            ),
+            q.AlterReplicationResponse(
+                partitions=[
+                    q.PartitionReplication(
+                        partition=0,
+                        replicas=[2, 3, 1],
+                        isr=[1],
+                        leader=1,
+                        leader_epoch=4,
+                        target=[2, 3],
+                    )
+                ]
+            ),
+        ),
     }
 )
 #: The body of each push-only API (QUEUE_DELIVER).

@@ -212,6 +212,11 @@ SAMPLES: dict[ApiKey, Callable[[], tuple[Body, list[bytes]]]] = {
         ),
         [],
     ),
+    # A cluster topic's replication (a single node refuses it once the gate let it through).
+    ApiKey.ALTER_REPLICATION: lambda: (
+        sec.AlterReplicationRequest(topic=TOPIC, replication_factor=2),
+        [],
+    ),
 }
 
 

@@ -1519,7 +1519,14 @@ class Broker:
         out: list[FetchResult] = []
         budget = max_bytes
         for topic, partition, offset, part_max in wants:
-            plog = self.log(topic, partition)
+            try:
+                plog = self.log(topic, partition)
+            except (UnknownTopicError, UnknownPartitionError):
+                if self.replication is not None:
+                    # A cluster node that is no replica (any more: the partition was moved
+                    # away): NotLeaderError, retriable, so the reader asks the metadata again.
+                    self.replication.check_leader(topic, partition)
+                raise
             hw = (
                 _high_watermark(plog)
                 if self.replication is None

@@ -1,7 +1,9 @@
-"""``tidewire topic``: create, list, describe, alter, repair and delete topics."""
+"""``tidewire topic``: create, list, describe, alter, reassign, repair and delete topics."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Annotated
 
 import msgspec
@@ -10,11 +12,18 @@ from rich.console import Console
 from rich.table import Table
 
 from tidewire.client import AsyncClient
-from tidewire.protocol.messages import DamageInfo, RepairResult, TopicConfig, TopicDescription
+from tidewire.protocol.messages import (
+    DamageInfo,
+    PartitionReplication,
+    RepairResult,
+    TopicConfig,
+    TopicDescription,
+)
 from tidewire.storage import FsyncPolicy
 
 from ._common import (
     DEFAULT_ADDR,
+    EXIT_ERROR,
     EXIT_USAGE,
     AddrOption,
     JsonOption,
@@ -26,7 +35,7 @@ from ._common import (
 __all__ = ["topic_app"]
 
 topic_app = typer.Typer(
-    name="topic", help="Create, list, describe, alter, repair and delete topics."
+    name="topic", help="Create, list, describe, alter, reassign, repair and delete topics."
 )
 
 NameArg = Annotated[str, typer.Argument(help="The topic.", show_default=False)]
@@ -217,10 +226,23 @@ def alter(
     fsync: Fsync = None,
     flush_interval_ms: FlushIntervalMs = None,
     max_message_bytes: MaxMessageBytes = None,
+    min_insync_replicas: Annotated[
+        int | None,
+        typer.Option(help="In a cluster: in-sync replicas an acks=all produce needs."),
+    ] = None,
+    unclean_leader_election: Annotated[
+        bool | None,
+        typer.Option(
+            "--unclean-leader-election/--no-unclean-leader-election",
+            help="In a cluster: whether a replica outside the ISR may be elected.",
+            show_default=False,
+        ),
+    ] = None,
     addr: AddrOption = DEFAULT_ADDR,
     as_json: JsonOption = False,
 ) -> None:
-    """Add partitions and/or change settings of a topic; what is not given stays."""
+    """Add partitions and/or change settings of a topic; what is not given stays. In a
+    cluster the change goes through etcd and every replica applies it."""
     config = _topic_config(
         retention_ms,
         retention_bytes,
@@ -230,11 +252,19 @@ def alter(
         flush_interval_ms,
         max_message_bytes,
     )
-    if partitions is None and config == TopicConfig():
+    cluster_settings = min_insync_replicas is not None or unclean_leader_election is not None
+    if partitions is None and config == TopicConfig() and not cluster_settings:
         fail("nothing to change: give --partitions or a setting (see --help)", EXIT_USAGE)
 
     async def body(client: AsyncClient) -> TopicDescription:
-        await client.alter_topic(name, partitions=partitions, config=config)
+        if partitions is not None or config != TopicConfig():
+            await client.alter_topic(name, partitions=partitions, config=config)
+        if cluster_settings:
+            await client.alter_replication(
+                name,
+                min_insync_replicas=min_insync_replicas,
+                unclean_leader_election=unclean_leader_election,
+            )
         return await client.describe_topic(name)
 
     desc = run_client(addr, body)
@@ -242,6 +272,103 @@ def alter(
         echo_json(_describe_doc(desc))
     else:
         typer.echo(f"altered topic {name!r}: {len(desc.partitions)} partition(s)")
+
+
+def _node_ids(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        fail(f"--replicas {text!r}: node ids separated by commas, e.g. 2,3,1", EXIT_USAGE)
+    if not ids:
+        fail("--replicas: at least one node id", EXIT_USAGE)
+    return ids
+
+
+def _moves_doc(name: str, moves: list[PartitionReplication]) -> dict[str, object]:
+    return {
+        "topic": name,
+        "in_progress": sum(1 for m in moves if m.target),
+        "partitions": [msgspec.to_builtins(m) for m in moves],
+    }
+
+
+@topic_app.command("reassign")
+def reassign(
+    name: NameArg,
+    partition: Annotated[
+        list[int] | None,
+        typer.Option(help="The partition to move (repeat with --replicas for several)."),
+    ] = None,
+    replicas: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Its new replicas, node ids in order (the first leads), e.g. 2,3,1; one "
+            "--replicas per --partition."
+        ),
+    ] = None,
+    replication_factor: Annotated[
+        int | None,
+        typer.Option(help="Give every partition this many replicas (moves as needed)."),
+    ] = None,
+    status: Annotated[
+        bool, typer.Option("--status", help="Only show the moves under way.", show_default=False)
+    ] = False,
+    wait: Annotated[
+        bool,
+        typer.Option("--wait", help="Return once every move has ended.", show_default=False),
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="Bound of --wait (seconds).")] = 300.0,
+    addr: AddrOption = DEFAULT_ADDR,
+    as_json: JsonOption = False,
+) -> None:
+    """Move a cluster topic's partitions to other nodes (docs/cluster.md, "Reassigning
+    partitions"): new replicas copy the log and join the ISR, then the leader moves if it
+    is not among them and the replicas left delete their logs. Nothing acknowledged is lost.
+    """
+    parts, sets = partition or [], replicas or []
+    if len(parts) != len(sets):
+        fail("give one --replicas for each --partition", EXIT_USAGE)
+    if status and (parts or replication_factor is not None):
+        fail("--status changes nothing: leave out --partition and --replication-factor", EXIT_USAGE)
+    if not status and not parts and replication_factor is None:
+        fail("give --partition P --replicas IDS, --replication-factor N or --status", EXIT_USAGE)
+    if parts and replication_factor is not None:
+        fail("give either --partition/--replicas or --replication-factor", EXIT_USAGE)
+    targets = {p: _node_ids(r) for p, r in zip(parts, sets, strict=True)}
+    if len(targets) != len(parts):
+        fail("a partition is named twice", EXIT_USAGE)
+
+    async def body(client: AsyncClient) -> list[PartitionReplication]:
+        moves = await client.alter_replication(
+            name, replicas=targets or None, replication_factor=replication_factor
+        )
+        deadline = time.monotonic() + timeout
+        while wait and any(m.target for m in moves):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+            moves = await client.alter_replication(name)
+        return moves
+
+    moves = run_client(addr, body, request_timeout_s=max(30.0, timeout if wait else 30.0))
+    if as_json:
+        echo_json(_moves_doc(name, moves))
+    else:
+        table = Table(title=f"topic {name}")
+        for col in ("partition", "replicas", "isr", "leader", "epoch", "moving to"):
+            table.add_column(col)
+        for m in moves:
+            table.add_row(
+                str(m.partition),
+                ",".join(map(str, m.replicas)),
+                ",".join(map(str, m.isr)),
+                str(m.leader),
+                str(m.leader_epoch),
+                ",".join(map(str, m.target)) or "-",
+            )
+        Console().print(table)
+    if wait and any(m.target for m in moves):
+        fail(f"moves still under way after {timeout:.0f} s (see --status)", EXIT_ERROR)
 
 
 def _damage_line(partition: int, d: DamageInfo) -> str:

@@ -18,6 +18,7 @@ from tidewire.errors import fetch_error, for_code
 from tidewire.protocol.messages import (
     ACKS_DURABLE,
     ACKS_NONE,
+    AlterReplicationRequest,
     AlterTopicRequest,
     ApiVersionsRequest,
     AuditEventBody,
@@ -41,6 +42,8 @@ from tidewire.protocol.messages import (
     MetadataRequest,
     OffsetCommitRequest,
     OffsetFetchRequest,
+    PartitionReplicas,
+    PartitionReplication,
     PingRequest,
     ProducePartition,
     ProduceRequest,
@@ -296,6 +299,39 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
         req = AlterTopicRequest(name=name, partitions=partitions, config=config or TopicConfig())
         body = (await self._call(req)).body
         _raise(body.error_code, body.error_message)
+
+    async def alter_replication(
+        self,
+        topic: str,
+        *,
+        replicas: Mapping[int, Sequence[int]] | None = None,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+        unclean_leader_election: bool | None = None,
+    ) -> list[PartitionReplication]:
+        """Change the replication of a cluster's topic (docs/cluster.md, "Reassigning
+        partitions"): move partitions to the replica sets ``replicas`` (partition -> node
+        ids, the first its preferred leader) or to ``replication_factor`` replicas each,
+        and/or set its ``min_insync_replicas`` or ``unclean_leader_election``. Returns each
+        partition, with the target of a move under way; with nothing to change, only that.
+
+        Raises:
+            UnknownTopicError, InvalidRequestError (a single node, unknown nodes, a move under
+            way), InvalidConfigError, RequestTimedOutError.
+        """
+        req = AlterReplicationRequest(
+            topic=topic,
+            assignments=[
+                PartitionReplicas(partition=p, replicas=list(r))
+                for p, r in sorted((replicas or {}).items())
+            ],
+            replication_factor=replication_factor,
+            min_insync_replicas=min_insync_replicas,
+            unclean_leader_election=unclean_leader_election,
+        )
+        body = (await self._call(req)).body
+        _raise(body.error_code, body.error_message)
+        return list(body.partitions)
 
     # --- produce and fetch ----------------------------------------------------------------------
 
@@ -722,6 +758,25 @@ class Client(BlockingTwin[AsyncClient], SecurityAdmin, QueueAdmin):
         self, name: str, *, partitions: int | None = None, config: TopicConfig | None = None
     ) -> None:
         self._run(self._async.alter_topic(name, partitions=partitions, config=config))
+
+    def alter_replication(
+        self,
+        topic: str,
+        *,
+        replicas: Mapping[int, Sequence[int]] | None = None,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+        unclean_leader_election: bool | None = None,
+    ) -> list[PartitionReplication]:
+        return self._run(
+            self._async.alter_replication(
+                topic,
+                replicas=replicas,
+                replication_factor=replication_factor,
+                min_insync_replicas=min_insync_replicas,
+                unclean_leader_election=unclean_leader_election,
+            )
+        )
 
     def produce(
         self,

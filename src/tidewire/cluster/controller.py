@@ -40,6 +40,7 @@ from tidewire.cluster.metadata import (
     MetadataStore,
     PartitionState,
 )
+from tidewire.cluster.reassign import reconcile_reassignments
 
 __all__ = ["Controller", "assign", "elect"]
 
@@ -241,4 +242,4 @@ class Controller:
             held = await self.store.etcd.get(fence.key)
             if held is None or held.create_revision != fence.rev:
                 return False
-        return True
+        return await reconcile_reassignments(self.store, self.cache, fence)

@@ -5,6 +5,8 @@ Keys, under ``/tidewire/<cluster id>/`` (values are JSON):
 - ``nodes/<node id>``: a node's addresses, on the node's lease: it goes when the node does;
 - ``topics/<name>``: a topic's partition count and settings;
 - ``partitions/<topic>/<partition>``: its replicas, leader, leader epoch and in-sync replicas;
+- ``reassign/<topic>/<partition>``: a partition's target replica set while it is being moved
+  (:mod:`tidewire.cluster.reassign`); deleted, with the partition's last change, when done;
 - ``controller``: the election of the one node that places replicas and moves leadership.
 
 Every change is a compare-and-swap transaction: a topic is created only if it does not exist, a
@@ -19,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -42,6 +44,7 @@ __all__ = [
     "NodeIdTakenError",
     "NodeInfo",
     "PartitionState",
+    "Reassignment",
     "TopicInfo",
 ]
 
@@ -82,6 +85,13 @@ class PartitionState(msgspec.Struct, frozen=True):
     isr: tuple[int, ...]
 
 
+class Reassignment(msgspec.Struct, frozen=True):
+    """A partition being moved: the replica set it is to end with (its first is the
+    preferred leader)."""
+
+    target: tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class Fence:
     """A controller's fencing token: its election key and the revision it was won at."""
@@ -117,6 +127,9 @@ class MetadataStore:
 
     def partition_key(self, topic: str, partition: int) -> str:
         return f"{self.root}partitions/{topic}/{partition}"
+
+    def reassign_key(self, topic: str, partition: int) -> str:
+        return f"{self.root}reassign/{topic}/{partition}"
 
     @property
     def controller_election(self) -> str:
@@ -173,6 +186,75 @@ class MetadataStore:
             compares.append(fence.compare())
         return (await self.etcd.txn(compares, [Op.put(key, _enc.encode(state))])).succeeded
 
+    async def start_reassignments(
+        self, topic: str, topic_version: int, targets: Mapping[int, Sequence[int]]
+    ) -> int | None:
+        """Write the target replica sets of partitions of ``topic`` if the topic is still at
+        ``topic_version`` and none of these partitions is being moved already. Returns the
+        revision written at, None when refused."""
+        compares = [Compare.mod_revision(self.topic_key(topic), "=", topic_version)]
+        ops = []
+        for p, target in sorted(targets.items()):
+            rkey = self.reassign_key(topic, p)
+            compares.append(Compare.create_revision(rkey, "=", 0))
+            ops.append(Op.put(rkey, _enc.encode(Reassignment(tuple(target)))))
+        r = await self.etcd.txn(compares, ops)
+        return r.revision if r.succeeded else None
+
+    async def finish_reassignment(
+        self,
+        topic: str,
+        partition: int,
+        state: PartitionState,
+        expect_version: int,
+        fence: Fence | None,
+    ) -> bool:
+        """The last change of a move: the partition's state (on its target replicas) and the
+        end of its reassignment, at once; compared as :meth:`set_partition` compares."""
+        key = self.partition_key(topic, partition)
+        compares = [Compare.mod_revision(key, "=", expect_version)]
+        if fence is not None:
+            compares.append(fence.compare())
+        ops = [Op.put(key, _enc.encode(state)), Op.delete(self.reassign_key(topic, partition))]
+        return (await self.etcd.txn(compares, ops)).succeeded
+
+    async def set_replication_factor(
+        self,
+        topic: TopicInfo,
+        topic_version: int,
+        partition_versions: Mapping[int, int],
+        fence: Fence | None,
+    ) -> bool:
+        """Write a topic's entry (its replication factor, once every partition has that many
+        replicas) if the entry and each of its partitions are still at the versions the
+        writer read them at (so that the count it saw is etcd's)."""
+        compares = [Compare.mod_revision(self.topic_key(topic.name), "=", topic_version)]
+        for p, version in sorted(partition_versions.items()):
+            compares.append(Compare.mod_revision(self.partition_key(topic.name, p), "=", version))
+        if fence is not None:
+            compares.append(fence.compare())
+        ops = [Op.put(self.topic_key(topic.name), _enc.encode(topic))]
+        return (await self.etcd.txn(compares, ops)).succeeded
+
+    async def alter_topic(
+        self,
+        topic: TopicInfo,
+        topic_version: int,
+        new_partitions: Mapping[int, Sequence[int]],
+    ) -> bool:
+        """Replace a topic's entry (settings, partition count) if it is still at
+        ``topic_version``, creating the states of its new partitions (first replica leads at
+        epoch 0, all in sync); False when the topic changed meanwhile."""
+        tkey = self.topic_key(topic.name)
+        compares = [Compare.mod_revision(tkey, "=", topic_version)]
+        ops = [Op.put(tkey, _enc.encode(topic))]
+        for p, replicas in sorted(new_partitions.items()):
+            pkey = self.partition_key(topic.name, p)
+            compares.append(Compare.create_revision(pkey, "=", 0))
+            state = PartitionState(tuple(replicas), replicas[0], 0, tuple(replicas))
+            ops.append(Op.put(pkey, _enc.encode(state)))
+        return (await self.etcd.txn(compares, ops)).succeeded
+
     async def delete_topic(self, name: str, fence: Fence | None) -> bool:
         compares = [Compare.create_revision(self.topic_key(name), ">", 0)]
         if fence is not None:
@@ -180,6 +262,7 @@ class MetadataStore:
         ops = [
             Op.delete(self.topic_key(name)),
             Op.delete(f"{self.root}partitions/{name}/", prefix=True),
+            Op.delete(f"{self.root}reassign/{name}/", prefix=True),
         ]
         return (await self.etcd.txn(compares, ops)).succeeded
 
@@ -205,8 +288,12 @@ class MetadataCache:
         self.retry_s = retry_s
         self.nodes: dict[int, NodeInfo] = {}
         self.topics: dict[str, TopicInfo] = {}
+        #: topic -> the version (mod_revision) of its entry
+        self.topic_versions: dict[str, int] = {}
         #: (topic, partition) -> its state and version (the key's mod_revision)
         self._partitions: dict[tuple[str, int], tuple[PartitionState, int]] = {}
+        #: (topic, partition) -> the target replicas of a move under way
+        self.reassignments: dict[tuple[str, int], tuple[int, ...]] = {}
         #: the controller election's candidates: key -> (create revision, node id)
         self._candidates: dict[str, tuple[int, int]] = {}
         self.revision = 0
@@ -232,7 +319,9 @@ class MetadataCache:
         kvs, rev = await self.store.etcd.range(self.store.root, prefix=True)
         self.nodes.clear()
         self.topics.clear()
+        self.topic_versions.clear()
         self._partitions.clear()
+        self.reassignments.clear()
         self._candidates.clear()
         for kv in kvs:
             self._apply(kv, deleted=False)
@@ -287,8 +376,10 @@ class MetadataCache:
         elif kind == "topics":
             if deleted:
                 self.topics.pop(rest, None)
+                self.topic_versions.pop(rest, None)
             else:
                 value = self.topics[rest] = msgspec.json.decode(kv.value, type=TopicInfo)
+                self.topic_versions[rest] = kv.mod_revision
         elif kind == "partitions":
             topic, _, p = rest.rpartition("/")
             key = (topic, int(p))
@@ -298,6 +389,16 @@ class MetadataCache:
                 state = msgspec.json.decode(kv.value, type=PartitionState)
                 self._partitions[key] = (state, kv.mod_revision)
                 value = state
+        elif kind == "reassign":
+            topic, _, p = rest.rpartition("/")
+            if deleted:
+                self.reassignments.pop((topic, int(p)), None)
+            else:
+                r = msgspec.json.decode(kv.value, type=Reassignment)
+                self.reassignments[(topic, int(p))] = r.target
+            if self.on_change is not None:
+                self.on_change("reassignment", rest, None if deleted else r)
+            return
         elif kind == "controller":
             if deleted:
                 self._candidates.pop(rest, None)

@@ -47,7 +47,7 @@ from tidewire.broker.offsets import (
     internal_config,
     is_internal_topic,
 )
-from tidewire.cluster import attach_node, detach_node
+from tidewire.cluster import attach_node, detach_node, reassign
 from tidewire.cluster.controller import Controller, assign
 from tidewire.cluster.etcd import EtcdClient, EtcdError, Lease
 from tidewire.cluster.fetcher import Connect, FollowedPartition, default_connect
@@ -534,11 +534,17 @@ class ClusterNode:
             self._offsets_role(key, leading=False)
             await replication.stop_replica(*key)
             del self._applied[key]
+        # Their logs go (also of moves made while this node was down); settings follow etcd's.
+        for name, info in sorted(topics.items()):
+            if not await reassign.sync_local(self, name, info):
+                done = False
         for key, state in sorted(wanted.items()):
             role = self._role_of(state)
             got = cache.partition(*key)
             if role and role[0] == "leader" and self.lost_tails.voids(key, got[1] if got else 0):
                 role = ("offline", state.leader_epoch)  # named before its tail was lost
+            if role is not None and role[0] == "leader":  # a changed min_insync is applied too
+                role = (*role, self.min_insync_of(topics[key[0]]))
             if role is None:
                 done = False  # the leader's address is not known yet
                 continue

@@ -49,6 +49,8 @@ __all__ = [
     "AlterPrincipalResponse",
     "AlterQuotasRequest",
     "AlterQuotasResponse",
+    "AlterReplicationRequest",
+    "AlterReplicationResponse",
     "AlterTopicRequest",
     "AlterTopicResponse",
     "ApiKey",
@@ -131,6 +133,8 @@ __all__ = [
     "OffsetFetchRequest",
     "OffsetFetchResponse",
     "PartitionInfo",
+    "PartitionReplicas",
+    "PartitionReplication",
     "PartitionResult",
     "PingRequest",
     "PingResponse",
@@ -327,6 +331,7 @@ class ApiKey(enum.IntEnum):
     STREAM_LIST = 61
     STREAM_DESCRIBE = 62
     REPLICA_FETCH = 63
+    ALTER_REPLICATION = 64
 
 
 class Body(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -1915,6 +1920,50 @@ class ReplicaFetchResponse(Body, kw_only=True, omit_defaults=True):
     partitions: list[ReplicaFetchResult]
 
 
+# --- a cluster topic's replication ----------------------------------------------------------
+
+
+class PartitionReplicas(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A partition's replicas (the first is its preferred leader)."""
+
+    partition: int
+    replicas: list[int]
+
+
+class PartitionReplication(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A partition of a cluster's topic: replicas, ISR, leader and leader epoch, and the
+    target replica set of a move under way (empty: none)."""
+
+    partition: int
+    replicas: list[int]
+    isr: list[int]
+    leader: int
+    leader_epoch: int
+    target: list[int] = msgspec.field(default_factory=list)
+
+
+class AlterReplicationRequest(Body, kw_only=True, omit_defaults=True):
+    """Change the replication of a cluster's topic: move partitions to other replica sets
+    (``assignments``) or to ``replication_factor`` replicas each (not both), and/or set its
+    ``min_insync_replicas`` or ``unclean_leader_election``. Nothing given: only the answer
+    (the reassignment status). Refused on a single node."""
+
+    api_key = ApiKey.ALTER_REPLICATION
+    topic: str
+    assignments: list[PartitionReplicas] = msgspec.field(default_factory=list)
+    replication_factor: int | None = None
+    min_insync_replicas: int | None = None
+    unclean_leader_election: bool | None = None
+
+
+class AlterReplicationResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.ALTER_REPLICATION
+    #: Each partition after the request (moves started, not finished: see ``target``).
+    partitions: list[PartitionReplication] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
 # --- the registry and the codec ------------------------------------------------------------
 
 _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
@@ -1981,6 +2030,7 @@ _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
     ApiKey.STREAM_LIST: (StreamListRequest, StreamListResponse),
     ApiKey.STREAM_DESCRIBE: (StreamDescribeRequest, StreamDescribeResponse),
     ApiKey.REPLICA_FETCH: (ReplicaFetchRequest, ReplicaFetchResponse),
+    ApiKey.ALTER_REPLICATION: (AlterReplicationRequest, AlterReplicationResponse),
 }
 #: APIs only the server sends, as PUSH frames, with the body schema of each: they have no
 #: request or response (a request for one is refused as an unknown API).

@@ -101,6 +101,7 @@ from tidewire.protocol.messages import (
     supported_versions,
 )
 from tidewire.security.model import ResourceType
+from tidewire.server.cluster_admin import CLUSTER_ADMIN_HANDLERS, cluster_alter_topic
 from tidewire.server.gate import SESSION_APIS, gate_for, names_allowed
 from tidewire.server.push import PUSH_APIS
 from tidewire.server.queue_handlers import QUEUE_APIS
@@ -367,10 +368,11 @@ async def describe_topic(
 
 async def alter_topic(b: Broker, s: ServerInfo, req: AlterTopicRequest, _: memoryview) -> Reply:
     try:
-        if cluster_node(b) is not None:  # one node's change would leave the replicas unlike
-            raise InvalidRequestError(
-                f"topic {req.name!r} cannot be altered in a cluster yet (docs/cluster.md)"
-            )
+        node = cluster_node(b)
+        if node is not None:  # through etcd: every replica follows
+            await cluster_alter_topic(node, req.name, req.partitions, req.config, _to_log_config)
+            _audit(b, "ALTER_TOPIC", f"topic:{req.name}")
+            return AlterTopicResponse(), []
         current = b.topic_config(req.name)
         changed = req.config != TopicConfig()
         await b.alter_topic_async(
@@ -761,4 +763,5 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.DESCRIBE_AUDIT: describe_audit,
     **STREAM_HANDLERS,
     **REPLICA_HANDLERS,
+    **CLUSTER_ADMIN_HANDLERS,
 }

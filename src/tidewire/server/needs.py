@@ -257,4 +257,14 @@ API_NEEDS: dict[ApiKey, Requirement] = {
     ApiKey.STREAM_DESCRIBE: _stream_describe,
     # A follower node copying a leader's log: the nodes' own identity only.
     ApiKey.REPLICA_FETCH: _cluster(_O.CLUSTER_ACTION),
+    # A cluster topic's replicas and settings (Kafka: ALTER on the cluster to reassign);
+    # only the status asked: describe on the topic.
+    ApiKey.ALTER_REPLICATION: lambda req: (
+        [Need(_T, _O.ALTER, req.topic), Need(_C, _O.ALTER)]
+        if req.assignments
+        or req.replication_factor is not None
+        or req.min_insync_replicas is not None
+        or req.unclean_leader_election is not None
+        else [Need(_T, _O.DESCRIBE, req.topic)]
+    ),
 }

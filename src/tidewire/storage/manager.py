@@ -695,6 +695,39 @@ class LogManager:
             directories.append(f"{self.data_dir}/{topic}-{p}")
         return sorted([*parts, *offline]), directories
 
+    async def delete_partition_async(self, topic: str, partition: int) -> None:
+        """Delete one partition log of ``topic`` (a replica moved to other nodes): forgotten
+        at once, its directory renamed to a ``-delete`` name and removed on a worker thread.
+        Nothing happens when it is not here.
+
+        Raises:
+            LogExistsError: the topic is being created or deleted.
+            StorageError: a rename or removal failed.
+        """
+        self._check_open()
+        if topic in self._busy:
+            raise LogExistsError(
+                f"topic {topic!r} is being created or deleted; try again once that is done"
+            )
+        key = (topic, partition)
+        if key in self.offline:
+            del self.offline[key]
+            directory = f"{self.data_dir}/{topic}-{partition}"
+        else:
+            plog = self.logs.pop(key, None)
+            if plog is None:
+                return
+            parts = self._parts.get(topic, set())
+            parts.discard(partition)
+            if not parts:
+                self._parts.pop(topic, None)
+            self._last_flush.pop(key, None)
+            self._unflushed.discard(key)
+            plog.abandon()
+            directory = plog.directory
+        self._generation += 1
+        await asyncio.to_thread(self._remove_files, topic, [directory])
+
     def _remove_files(self, topic: str, directories: list[str]) -> None:
         doomed: list[str] = []
         try:
