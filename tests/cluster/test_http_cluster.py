@@ -159,6 +159,18 @@ def test_the_http_api_redirects_to_each_partitions_leader(tmp_path: Path, etcd: 
             assert [p["partition"] for p in described["partitions"]] == [0, 1, 2]
             assert {p["leader"] for p in described["partitions"]} == set(lead1.values())
             assert described["replication_factor"] == 1
+            # Altered over HTTP through etcd too: more partitions, other cluster settings.
+            r = web.patch(
+                f"{url[3]}/v1/topics/web",
+                json={"partitions": 3, "min_insync_replicas": 2, "config": {"retention_ms": 9000}},
+            )
+            assert r.status_code == 200, r.text
+            altered = r.json()
+            assert len(altered["partitions"]) == 3
+            assert altered["min_insync_replicas"] == 2
+            assert altered["config"]["retention_ms"] == 9000
+            r = web.patch(f"{url[1]}/v1/topics/web", json={"min_insync_replicas": 4})
+            assert r.status_code == 400, r.text  # above the replication factor
             r = web.delete(f"{url[3]}/v1/topics/web")
             assert r.status_code == 204, r.text
             wait_until(

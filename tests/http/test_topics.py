@@ -190,3 +190,10 @@ def test_a_single_node_refuses_a_cluster_s_settings(client: httpx.Client, settin
     )
     assert r.status_code == 201, r.text
     assert "replication_factor" not in r.json()
+
+
+def test_a_single_node_refuses_to_alter_a_cluster_s_settings(client: httpx.Client) -> None:
+    assert client.post("/v1/topics", json={"name": "solo"}).status_code == 201
+    r = client.patch("/v1/topics/solo", json={"min_insync_replicas": 2})
+    assert r.status_code == 400, r.text
+    assert "a single node holds one copy" in r.json()["error"]["message"]

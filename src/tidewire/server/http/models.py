@@ -129,6 +129,13 @@ class AlterTopicRequest(_Strict):
     config: TopicConfig | None = Field(
         default=None, description="The settings to change (the others stay as they are)."
     )
+    min_insync_replicas: Annotated[int, Field(ge=1, le=100)] | None = Field(
+        default=None,
+        description="In a cluster: in-sync replicas acks=all needs (1..replication factor).",
+    )
+    unclean_leader_election: bool | None = Field(
+        default=None, description="In a cluster: let a replica out of sync lead."
+    )
 
 
 class TopicSummary(BaseModel):

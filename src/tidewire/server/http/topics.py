@@ -308,11 +308,45 @@ def topics_router(ctx: GatewayContext) -> APIRouter:
         than now, or an internal topic: 422. The same operation as ``tidewire topic
         alter``."""
         req = parse_body(AlterTopicRequest, await request.body())
-        if req.partitions is None and (req.config is None or not req.config.model_fields_set):
+        cluster_settings = req.min_insync_replicas, req.unclean_leader_election
+        if (
+            req.partitions is None
+            and (req.config is None or not req.config.model_fields_set)
+            and cluster_settings == (None, None)
+        ):
             raise InvalidRequestError(
                 "nothing to change: give partitions or at least one setting in config"
             )
         _known(broker, topic)
+        node = cluster_node(broker)
+        if node is not None:  # through etcd: every replica follows
+            from tidewire.cluster.node import config_of  # noqa: PLC0415 (a cluster's only)
+            from tidewire.cluster.reassign import alter_topic  # noqa: PLC0415
+
+            try:
+                config = (
+                    _log_config(config_of(node.cache.topics[topic], broker.config.log), req.config)
+                    if req.config is not None and req.config.model_fields_set
+                    else None
+                )
+                await alter_topic(
+                    node,
+                    topic,
+                    partitions=req.partitions,
+                    config=config,
+                    min_insync_replicas=req.min_insync_replicas,
+                    unclean_leader_election=req.unclean_leader_election,
+                )
+            except TidewireError as exc:
+                _audit(broker, topic, exc)
+                raise
+            _audit(broker, topic, None)
+            return json_response(describe_topic(broker, topic))
+        if cluster_settings != (None, None):
+            raise InvalidConfigError(
+                "min_insync_replicas and unclean_leader_election are settings of a cluster's "
+                "topics (docs/cluster.md); a single node holds one copy"
+            )
         try:
             config = (
                 _log_config(broker.topic_config(topic), req.config)
