@@ -316,6 +316,14 @@ def test_users_keys_and_acls_replicate_and_survive_the_leader(
         # Node 1 restarted copies what changed while it was away.
         c.start(1)
         _until("node 1 caught up", lambda: _describe(c, 1, second) == "denied")
+
+        # A node that joins later is made a replica of __security by its leader: it copies
+        # the cluster's state (its own bootstrap admin goes) and authenticates like the rest.
+        c.start(4)
+        own4 = c.bootstrap_key(4)
+        _until("node 4 holds the cluster's keys", lambda: _describe(c, 4, second) == "denied")
+        assert _describe(c, 4, admin) == "ok"
+        assert _describe(c, 4, own4) == "unauthenticated"
     finally:
         c.stop_all()
 

@@ -62,7 +62,11 @@ from tidewire.cluster.metadata import (
     TopicInfo,
 )
 from tidewire.cluster.metrics import ClusterStats, counting_connect
-from tidewire.cluster.security import ClusterSecurity, check_security_incarnation
+from tidewire.cluster.security import (
+    ClusterSecurity,
+    check_security_incarnation,
+    include_new_nodes,
+)
 from tidewire.errors import (
     InternalTopicError,
     InvalidConfigError,
@@ -590,6 +594,8 @@ class ClusterNode:
             self._applied[key] = role
             if not same_lead:
                 self._offsets_role(key, leading=role[0] == "leader")
+        if not await include_new_nodes(self):  # nodes that joined get the security state
+            done = False
         return done
 
     async def _delete_orphans(self, topics: dict[str, TopicInfo]) -> bool:

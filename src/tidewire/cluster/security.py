@@ -19,9 +19,10 @@ internal topic, kept in etcd like ``__consumer_offsets``:
   ``NotLeaderError`` naming the leader (the client asks it there; the HTTP API redirects
   there); the leader stores it (refused below ``min_insync_replicas``), applies it, and
   answers once every in-sync replica holds it.
-- **A node that is not a replica** (it joined after the topic was made) holds no security
-  state at all (its own is deleted as above), so it authenticates nobody until
-  ``__security`` is reassigned to include it: it fails closed.
+- **A node that joins later** becomes a replica: the leader moves the topic onto every
+  live node that is not one yet (:func:`include_new_nodes`, a reassignment). Until its copy
+  is made, such a node holds no security state at all (its own is deleted as above), so it
+  authenticates nobody: it fails closed.
 - **Every replica applies what it copies** (``Broker.replica_appended``), and replays its
   log when the log is cut (``Broker.replica_truncated``), so a key made on one node
   authenticates on all of them and an ACL removed on one refuses on all.
@@ -50,7 +51,7 @@ from tidewire.storage.fs import write_atomic
 if TYPE_CHECKING:
     from tidewire.cluster.node import ClusterNode
 
-__all__ = ["ClusterSecurity", "check_security_incarnation"]
+__all__ = ["ClusterSecurity", "check_security_incarnation", "include_new_nodes"]
 
 log = logging.getLogger("tidewire.cluster.security")
 
@@ -147,6 +148,43 @@ class ClusterSecurity:
                 list(replicas),
                 node.node_id,
             )
+
+
+async def include_new_nodes(node: ClusterNode) -> bool:
+    """On the leader of ``__security``: start moving it onto every live node that is not a
+    replica yet (one that joined after it was made), so that every node holds the security
+    state and authenticates (a reassignment: the controller adds the replicas, they copy
+    the log and join the ISR; :mod:`tidewire.cluster.reassign`). Nodes that are gone stay
+    replicas (they come back, or an operator takes them out). False: to be tried again at
+    the next pass (etcd did not answer, or the topic changed meanwhile).
+    """
+    got = node.cache.partition(*_KEY)
+    if got is None or SECURITY_TOPIC not in node.cache.topics:
+        return True
+    state = got[0]
+    if state.leader != node.node_id or _KEY in node.cache.reassignments:
+        return True
+    missing = sorted(set(node.cache.nodes) - set(state.replicas))
+    if not missing:
+        return True
+    from tidewire.cluster.reassign import _read_topic  # noqa: PLC0415 (imports node)
+
+    target = (*state.replicas, *missing)
+    try:
+        _, version = await _read_topic(node, SECURITY_TOPIC)
+        rev = await node.store.start_reassignments(SECURITY_TOPIC, version, {0: target})
+    except (EtcdError, TidewireError) as exc:
+        log.warning("%s not moved onto nodes %s yet: %s", SECURITY_TOPIC, missing, exc)
+        return False
+    if rev is None:
+        return False
+    log.info(
+        "%s: replicas %s -> %s (every node holds the security state)",
+        SECURITY_TOPIC,
+        list(state.replicas),
+        list(target),
+    )
+    return True
 
 
 async def check_security_incarnation(node: ClusterNode, info: TopicInfo) -> bool:
