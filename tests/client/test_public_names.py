@@ -88,6 +88,7 @@ def test_async_client_methods() -> None:
         "add_acls",
         "alter_acls",
         "alter_principal",
+        "alter_replication",
         "alter_topic",
         "bind",
         "browse",

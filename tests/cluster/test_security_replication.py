@@ -27,8 +27,19 @@ from tests.cli._support import popen_serve, run_cli, stop
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._nodes import wait_until
 from tidewire.client import AsyncClient, Credentials, Message, TlsOptions
-from tidewire.errors import AuthenticationFailedError, AuthorizationFailedError, TidewireError
-from tidewire.protocol.messages import ACKS_DURABLE, CreateTopicRequest, MetadataRequest
+from tidewire.errors import (
+    AuthenticationFailedError,
+    AuthorizationFailedError,
+    NotLeaderError,
+    TidewireError,
+)
+from tidewire.protocol.messages import (
+    ACKS_DURABLE,
+    AclEntry,
+    AlterAclsRequest,
+    CreateTopicRequest,
+    MetadataRequest,
+)
 from tidewire.security._logs import SECURITY_TOPIC, open_log, security_config
 from tidewire.security.certs import issue, make_ca, write_key, write_pem
 from tidewire.security.config import SecurityConfig
@@ -281,14 +292,26 @@ def test_users_keys_and_acls_replicate_and_survive_the_leader(
         for n in (2, 3):
             _until(f"alice allowed on node {n}", lambda n=n: _describe(c, n, alice) == "ok")
 
-        # Changes are made on the leader: a follower names it.
-        code, out = c.cli(2, admin, "acl", "remove", "-p", "alice", "--topic", T, "-o", "describe")
-        assert code != 0
-        assert "leader of __security" in out, out
-        assert "node 1 at" in out, out
+        # Changes are made on the leader: a follower asked names it ...
+        async def ask_follower() -> tuple[int, str]:
+            async with c.client(2, admin) as client:
+                entry = AclEntry(
+                    principal="alice",
+                    resource_type="topic",
+                    pattern=T,
+                    operation="describe",
+                )
+                body = (await client._t.request(AlterAclsRequest(remove=[entry]))).body
+                return body.error_code, body.error_message
 
-        # An ACL removed on the leader refuses on the others.
-        code, out = c.cli(1, admin, "acl", "remove", "-p", "alice", "--topic", T, "-o", "describe")
+        code, message = asyncio.run(ask_follower())
+        assert code == NotLeaderError.code, message
+        assert "leader of __security" in message, message
+        assert "node 1 at" in message, message
+
+        # ... and the CLI (the client) sends it there itself: an ACL removed through node 2
+        # is removed on the leader, and refuses on the others.
+        code, out = c.cli(2, admin, "acl", "remove", "-p", "alice", "--topic", T, "-o", "describe")
         assert code == 0, out
         assert out.startswith("removed 1 ACL entry"), out
         for n in (2, 3):

@@ -122,6 +122,8 @@ SAMPLES: dict[tuple[str, str, str], tuple[str, dict[str, str], Any]] = {
     ("native", "GET", "/v1/streams/{stream}/read"): (f"/v1/streams/{S}/read", {}, None),
     ("native", "GET", "/v1/streams/{stream}/sse"): (f"/v1/streams/{S}/sse", {}, None),
     ("native", "GET", "/v1/streams/{stream}"): (f"/v1/streams/{S}", {}, None),
+    ("native", "GET", "/v1/cluster"): ("/v1/cluster", {}, None),
+    ("native", "GET", "/v1/cluster/partitions"): ("/v1/cluster/partitions", {}, None),
     ("native", "GET", "/v1/groups"): ("/v1/groups", {}, None),
     ("native", "GET", "/v1/groups/{group}"): (f"/v1/groups/{G}", {}, None),
     ("native", "POST", "/v1/groups/{group}/commit"): (

@@ -219,6 +219,40 @@ class Router:
         assert failure is not None
         raise failure
 
+    async def ask_nodes_until(self, request: Any, done: Callable[[Any], bool]) -> Any | None:
+        """Ask the cluster's nodes in turn (after a metadata refresh names them) until one's
+        answer is ``done``: that answer's body, or None when no node's was (on a single
+        node: its answer, done or not). For a request that only one node carries out and
+        the others refuse without changing anything (a security change, made on the leader
+        of ``__security``, whose location the metadata keeps private).
+
+        Raises:
+            ConnectionLostError, RequestTimedOutError: a node did not answer (it may have
+                carried the request out: not sent elsewhere).
+        """
+        await self.refresh([])
+        if not self.clustered:
+            response = await self.bootstrap.request(request)
+            assert response is not None
+            return response.body
+        for node in sorted(self._nodes):
+            if node == self._bootstrap_node:
+                transport = self.bootstrap
+            elif node in self._links:
+                transport = self._links[node]
+            else:
+                host, port = self._nodes[node]
+                transport = self._connect(f"{host}:{port}")  # for this question only
+            try:
+                response = await transport.request(request)
+            finally:
+                if transport is not self.bootstrap and transport is not self._links.get(node):
+                    await transport.close()
+            assert response is not None
+            if done(response.body):
+                return response.body
+        return None
+
     async def ask_every_node(self, request: Any) -> list[Any]:
         """The answers of every node of the cluster to ``request`` (a request each node
         answers for its own share, such as LIST_GROUPS: a node lists the groups it
