@@ -168,12 +168,16 @@ def test_addr_takes_a_bootstrap_list(broker: Broker) -> None:
 
 
 def test_cluster_settings_are_refused_by_a_single_node(broker: Broker) -> None:
-    for flag in (("--min-insync-replicas", "2"), ("--unclean-leader-election",)):
+    for flag in (
+        ("--replication-factor", "3"),
+        ("--min-insync-replicas", "2"),
+        ("--unclean-leader-election",),
+    ):
         result = broker.cli("topic", "create", "t", *flag)
         assert result.exit_code == 1
         assert result.stderr.startswith(
-            "error: min_insync_replicas above 1 and unclean_leader_election are settings of "
-            "a cluster's topics"
+            "error: a replication factor or min_insync_replicas above 1 and "
+            "unclean_leader_election are settings of a cluster's topics"
         )
     ok = broker.cli("topic", "create", "t", "--min-insync-replicas", "1", "--json")
     assert ok.exit_code == 0, ok.output

@@ -230,28 +230,10 @@ class Router:
             ConnectionLostError, RequestTimedOutError: a node did not answer (it may have
                 carried the request out: not sent elsewhere).
         """
-        await self.refresh([])
+        answers = await self._ask_nodes(request, until=done)
         if not self.clustered:
-            response = await self.bootstrap.request(request)
-            assert response is not None
-            return response.body
-        for node in sorted(self._nodes):
-            if node == self._bootstrap_node:
-                transport = self.bootstrap
-            elif node in self._links:
-                transport = self._links[node]
-            else:
-                host, port = self._nodes[node]
-                transport = self._connect(f"{host}:{port}")  # for this question only
-            try:
-                response = await transport.request(request)
-            finally:
-                if transport is not self.bootstrap and transport is not self._links.get(node):
-                    await transport.close()
-            assert response is not None
-            if done(response.body):
-                return response.body
-        return None
+            return answers[0]
+        return answers[-1] if answers and done(answers[-1]) else None
 
     async def ask_every_node(self, request: Any) -> list[Any]:
         """The answers of every node of the cluster to ``request`` (a request each node
@@ -263,6 +245,14 @@ class Router:
             ConnectionLostError, RequestTimedOutError: a node did not answer (a partial
                 answer would look whole).
         """
+        return await self._ask_nodes(request)
+
+    async def _ask_nodes(
+        self, request: Any, until: Callable[[Any], bool] | None = None
+    ) -> list[Any]:
+        """The answers' bodies of the cluster's nodes to ``request``, asked in turn after a
+        metadata refresh names them, up to the first that is ``until`` (every node: None);
+        on a single node, its one answer. A node that does not answer raises."""
         await self.refresh([])
         if not self.clustered:
             response = await self.bootstrap.request(request)
@@ -284,6 +274,8 @@ class Router:
                     await transport.close()
             assert response is not None
             answers.append(response.body)
+            if until is not None and until(response.body):
+                break
         return answers
 
     def refresh_soon(self, topics: Iterable[str]) -> None:

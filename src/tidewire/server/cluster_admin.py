@@ -9,7 +9,12 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from tidewire.cluster import cluster_node, reassign
-from tidewire.errors import InvalidRequestError, TidewireError, UnknownTopicError
+from tidewire.errors import (
+    InvalidConfigError,
+    InvalidRequestError,
+    TidewireError,
+    UnknownTopicError,
+)
 from tidewire.protocol.messages import (
     AlterReplicationRequest,
     AlterReplicationResponse,
@@ -25,9 +30,50 @@ if TYPE_CHECKING:
     from tidewire.cluster.node import ClusterNode
     from tidewire.server.handlers import ServerInfo
 
-__all__ = ["CLUSTER_ADMIN_HANDLERS", "cluster_alter_topic"]
+__all__ = ["CLUSTER_ADMIN_HANDLERS", "cluster_alter_topic", "create_topic"]
 
 Reply = tuple[Body | None, list[bytes]]
+
+
+async def create_topic(
+    broker: Broker,
+    name: str,
+    partitions: int | None,
+    config: LogConfig,
+    replication_factor: int | None = None,
+    *,
+    min_insync_replicas: int | None = None,
+    unclean_leader_election: bool | None = None,
+) -> None:
+    """Create a topic where it belongs, for every interface (CREATE_TOPIC, ``POST
+    /v1/topics``): in a cluster through etcd, its replicas over the live nodes; on a single
+    node in its own logs, where the cluster's settings above one copy are refused.
+
+    Raises:
+        InvalidConfigError: a cluster's setting on a single node; what
+            :meth:`ClusterNode.create_topic` or :meth:`Broker.create_topic_async` raise.
+    """
+    node = cluster_node(broker)
+    if node is not None:
+        await node.create_topic(
+            name,
+            partitions,
+            config,
+            replication_factor,
+            min_insync_replicas=min_insync_replicas,
+            unclean_leader_election=unclean_leader_election,
+        )
+        return
+    if (
+        replication_factor not in (None, 1)
+        or min_insync_replicas not in (None, 1)
+        or unclean_leader_election
+    ):
+        raise InvalidConfigError(
+            "a replication factor or min_insync_replicas above 1 and unclean_leader_election "
+            "are settings of a cluster's topics (docs/cluster.md); a single node holds one copy"
+        )
+    await broker.create_topic_async(name, partitions, config)
 
 
 def _wire(moves: list[reassign.PartitionMove]) -> list[PartitionReplication]:

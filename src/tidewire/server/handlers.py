@@ -18,7 +18,6 @@ from tidewire.broker.consumer_groups import ResetTo
 from tidewire.cluster import cluster_node
 from tidewire.errors import (
     BackpressureError,
-    InvalidConfigError,
     InvalidRequestError,
     PartitionCorruptError,
     TidewireError,
@@ -102,6 +101,7 @@ from tidewire.protocol.messages import (
 )
 from tidewire.security.model import ResourceType
 from tidewire.server.cluster_admin import CLUSTER_ADMIN_HANDLERS, cluster_alter_topic
+from tidewire.server.cluster_admin import create_topic as create_topic_where_it_belongs
 from tidewire.server.gate import SESSION_APIS, gate_for, names_allowed
 from tidewire.server.push import PUSH_APIS
 from tidewire.server.queue_handlers import QUEUE_APIS
@@ -300,25 +300,16 @@ async def metadata(b: Broker, s: ServerInfo, req: MetadataRequest, _: memoryview
 
 
 async def create_topic(b: Broker, s: ServerInfo, req: CreateTopicRequest, _: memoryview) -> Reply:
-    node = cluster_node(b)
     try:
-        config = _to_log_config(b.config.log, req.config)
-        if node is not None:  # a cluster: through etcd, replicas over the live nodes
-            await node.create_topic(
-                req.name,
-                req.partitions,
-                config,
-                req.replication_factor,
-                min_insync_replicas=req.min_insync_replicas,
-                unclean_leader_election=req.unclean_leader_election,
-            )
-        else:
-            if req.min_insync_replicas not in (None, 1) or req.unclean_leader_election:
-                raise InvalidConfigError(
-                    "min_insync_replicas above 1 and unclean_leader_election are settings of "
-                    "a cluster's topics (docs/cluster.md); a single node holds one copy"
-                )
-            await b.create_topic_async(req.name, req.partitions, config)
+        await create_topic_where_it_belongs(
+            b,
+            req.name,
+            req.partitions,
+            _to_log_config(b.config.log, req.config),
+            req.replication_factor,
+            min_insync_replicas=req.min_insync_replicas,
+            unclean_leader_election=req.unclean_leader_election,
+        )
     except TidewireError as exc:
         _audit(b, "CREATE_TOPIC", f"topic:{req.name}", exc)
         return CreateTopicResponse(**_err(exc)), []

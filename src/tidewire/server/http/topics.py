@@ -18,6 +18,7 @@ from tidewire.errors import (
     for_code,
 )
 from tidewire.security.model import ResourceType
+from tidewire.server.cluster_admin import create_topic as create_topic_where_it_belongs
 from tidewire.server.gate import gate_for, names_allowed
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
 from tidewire.server.http._listing import (
@@ -213,29 +214,15 @@ def topics_router(ctx: GatewayContext) -> APIRouter:
         """Create a topic with ``partitions`` partitions (the broker's default when absent)
         and ``config`` settings (the broker's defaults for those absent)."""
         req = parse_body(CreateTopicRequest, await request.body())
-        config = _log_config(broker.config.log, req.config)
-        node = cluster_node(broker)
-        if node is not None:  # a cluster: through etcd, replicas over the live nodes
-            await node.create_topic(
-                req.name,
-                req.partitions,
-                config,
-                req.replication_factor,
-                min_insync_replicas=req.min_insync_replicas,
-                unclean_leader_election=req.unclean_leader_election,
-            )
-        else:
-            if (
-                req.replication_factor not in (None, 1)
-                or req.min_insync_replicas not in (None, 1)
-                or req.unclean_leader_election
-            ):
-                raise InvalidConfigError(
-                    "replication_factor and min_insync_replicas above 1 and "
-                    "unclean_leader_election are settings of a cluster's topics "
-                    "(docs/cluster.md); a single node holds one copy"
-                )
-            await broker.create_topic_async(req.name, req.partitions, config)
+        await create_topic_where_it_belongs(
+            broker,
+            req.name,
+            req.partitions,
+            _log_config(broker.config.log, req.config),
+            req.replication_factor,
+            min_insync_replicas=req.min_insync_replicas,
+            unclean_leader_election=req.unclean_leader_election,
+        )
         return json_response(describe_topic(broker, req.name), 201)
 
     @router.get("", response_model=TopicList, responses=responses())
