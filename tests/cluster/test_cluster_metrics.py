@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -21,63 +20,21 @@ import httpx
 import pytest
 
 from tests.cluster._etcd import EtcdServer
-from tidewire.broker import Broker, BrokerConfig
+from tests.cluster._inprocess import InProcessNode, in_process_cluster, until
 from tidewire.client import AsyncClient, Message
 from tidewire.cluster.etcd import EtcdClient, EtcdError
 from tidewire.cluster.metadata import NO_LEADER, PartitionState
 from tidewire.cluster.metrics import ETCD_BUCKETS, ClusterStats, EtcdStats
-from tidewire.cluster.node import ClusterNode
 from tidewire.observability.metrics import metrics_for
-from tidewire.server import TcpServer
 from tidewire.server.http.app import create_app
 from tidewire.server.http.config import HttpConfig
-from tidewire.server.tcp import ServerConfig
-
-WAIT_S = 30.0
 
 
-class Node:
-    """One node; :meth:`stop` leaves the cluster (lease revoked), :meth:`start` comes back on
-    the same data directory."""
+class Node(InProcessNode):
+    """An in-process node that reads its own metrics and status routes."""
 
     def __init__(self, tmp: Path, etcd: EtcdServer, node_id: int) -> None:
-        self.id = node_id
-        self.data = str(tmp / f"node{node_id}")
-        self.etcd = etcd
-        self.stopped = True
-        self.broker: Broker
-        self.server: TcpServer
-        self.node: ClusterNode
-
-    async def start(self) -> None:
-        self.broker = Broker(BrokerConfig(data_dir=self.data, auto_create_topics=False))
-        await self.broker.start()
-        self.server = TcpServer(self.broker, ServerConfig(host="127.0.0.1", port=0))
-        await self.server.start()
-        self.node = ClusterNode(
-            self.broker,
-            self.id,
-            [self.etcd.endpoint],
-            advertise=("127.0.0.1", self.server.port),
-            cluster_id="metrics",
-            session_timeout_s=3,
-            default_replication_factor=3,
-            min_insync_replicas=2,
-        )
-        await self.node.start()
-        self.stopped = False
-
-    async def stop(self) -> None:
-        if self.stopped:
-            return
-        self.stopped = True
-        await self.server.close()
-        await self.node.close()
-        await self.broker.close()
-
-    @property
-    def addr(self) -> str:
-        return f"127.0.0.1:{self.server.port}"
+        super().__init__(tmp, etcd, node_id, cluster_id="metrics")
 
     def metric(self, name: str, **labels: str) -> float | None:
         """A sample of this node's ``/metrics`` (None: not exported)."""
@@ -92,29 +49,12 @@ class Node:
         return r.json()
 
 
-@asynccontextmanager
-async def cluster(tmp: Path, etcd: EtcdServer) -> AsyncIterator[list[Node]]:
-    nodes = [Node(tmp, etcd, i) for i in (1, 2, 3)]
-    async with AsyncExitStack() as stack:
-        for n in nodes:
-            stack.push_async_callback(n.stop)
-            await n.start()
-        for n in nodes:
-            await n.node.cache.wait_for(lambda c=n.node.cache: len(c.nodes) == 3, WAIT_S)
-        yield nodes
-
-
-async def until(check: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
-        await asyncio.sleep(0.05)
+def cluster(tmp: Path, etcd: EtcdServer) -> AbstractAsyncContextManager[list[Node]]:
+    return in_process_cluster(lambda i: Node(tmp, etcd, i))
 
 
 def leader_of(node: Node, topic: str, partition: int) -> int:
-    got = node.node.cache.partition(topic, partition)
+    got = node.cluster.cache.partition(topic, partition)
     assert got is not None
     return got[0].leader
 

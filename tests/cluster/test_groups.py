@@ -13,100 +13,37 @@ import asyncio
 import os
 import signal
 import zlib
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from pathlib import Path
 
 import pytest
 
 from tests.cli._support import start_serve, stop
 from tests.cluster._etcd import EtcdServer
+from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, until
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.broker.offsets import OFFSETS_PARTITIONS, OFFSETS_TOPIC, partition_for
 from tidewire.client import AsyncClient, AsyncGroupConsumer, Message
 from tidewire.client._routing import OFFSETS_PARTITIONS as CLIENT_OFFSETS_PARTITIONS
 from tidewire.client._routing import coordinator_partition
 from tidewire.client._transport import Transport
-from tidewire.cluster.node import ClusterNode
 from tidewire.errors import NotCoordinatorError, NotLeaderError, TidewireError
 from tidewire.protocol.messages import OffsetFetchRequest
-from tidewire.server import TcpServer
-from tidewire.server.tcp import ServerConfig
 
-WAIT_S = 30.0
 TOPIC = "orders"
 GROUP = "billing"
 
 
-class Node:
-    """One node of the cluster, stopped by :meth:`stop` (as its process would be killed:
-    the others see its lease go)."""
+class Node(InProcessNode):
+    """One node of the cluster (see :class:`InProcessNode`)."""
 
     def __init__(self, tmp: Path, etcd: EtcdServer, node_id: int) -> None:
-        self.id = node_id
-        self.broker = Broker(
-            BrokerConfig(data_dir=str(tmp / f"node{node_id}"), auto_create_topics=False)
-        )
-        self.server = TcpServer(self.broker, ServerConfig(host="127.0.0.1", port=0))
-        self.etcd = etcd
-        self.node: ClusterNode | None = None
-        self.stopped = False
-
-    async def start(self) -> None:
-        await self.broker.start()
-        await self.server.start()
-        self.node = ClusterNode(
-            self.broker,
-            self.id,
-            [self.etcd.endpoint],
-            advertise=("127.0.0.1", self.server.port),
-            cluster_id="groups",
-            session_timeout_s=3,
-            default_replication_factor=3,
-            min_insync_replicas=2,
-        )
-        await self.node.start()
-
-    async def stop(self) -> None:
-        if self.stopped:
-            return
-        self.stopped = True
-        await self.server.close()
-        if self.node is not None:
-            await self.node.close()
-        await self.broker.close()
-
-    @property
-    def cluster(self) -> ClusterNode:
-        assert self.node is not None
-        return self.node
-
-    @property
-    def addr(self) -> str:
-        return f"127.0.0.1:{self.server.port}"
+        super().__init__(tmp, etcd, node_id, cluster_id="groups")
 
 
-@asynccontextmanager
-async def cluster(tmp: Path, etcd: EtcdServer, n: int = 3) -> AsyncIterator[list[Node]]:
-    nodes = [Node(tmp, etcd, i) for i in range(1, n + 1)]
-    async with AsyncExitStack() as stack:
-        for node in nodes:
-            stack.push_async_callback(node.stop)
-            await node.start()
-        for node in nodes:
-            await node.cluster.cache.wait_for(
-                lambda c=node.cluster.cache: len(c.nodes) == n, WAIT_S
-            )
-        yield nodes
-
-
-async def until(check: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
-        await asyncio.sleep(0.05)
+def cluster(tmp: Path, etcd: EtcdServer, n: int = 3) -> AbstractAsyncContextManager[list[Node]]:
+    return in_process_cluster(lambda i: Node(tmp, etcd, i), n)
 
 
 def coordinator(nodes: list[Node], group: str) -> Node:

@@ -13,22 +13,19 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
 
 from tests.cli._support import Result, run_cli
 from tests.cluster._etcd import EtcdServer
-from tests.cluster.test_groups import WAIT_S, until
-from tests.cluster.test_groups import Node as GroupsNode
+from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, until
 from tests.cluster.test_node import call
 from tests.cluster.test_node import cluster as recorded_cluster
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.client import AsyncClient, AsyncConsumer, AsyncProducer
 from tidewire.cluster.metadata import NO_LEADER, PartitionState
-from tidewire.cluster.node import ClusterNode
 from tidewire.cluster.reassign import plan_replication, step
 from tidewire.errors import InvalidConfigError, InvalidRequestError
 from tidewire.protocol.messages import (
@@ -47,37 +44,15 @@ TOPIC = "moves"
 SESSION_S = 10
 
 
-class Node(GroupsNode):
-    """test_groups' in-process node, with a longer session."""
+class Node(InProcessNode):
+    """An in-process node with a longer session."""
 
-    async def start(self) -> None:
-        await self.broker.start()
-        await self.server.start()
-        self.node = ClusterNode(
-            self.broker,
-            self.id,
-            [self.etcd.endpoint],
-            advertise=("127.0.0.1", self.server.port),
-            cluster_id="moves",
-            session_timeout_s=SESSION_S,
-            default_replication_factor=3,
-            min_insync_replicas=2,
-        )
-        await self.node.start()
+    def __init__(self, tmp: Path, etcd: EtcdServer, node_id: int) -> None:
+        super().__init__(tmp, etcd, node_id, cluster_id="moves", session_s=SESSION_S)
 
 
-@asynccontextmanager
-async def cluster(tmp: Path, etcd: EtcdServer, n: int = 3) -> AsyncIterator[list[Node]]:
-    nodes = [Node(tmp, etcd, i) for i in range(1, n + 1)]
-    async with AsyncExitStack() as stack:
-        for node in nodes:
-            stack.push_async_callback(node.stop)
-            await node.start()
-        for node in nodes:
-            await node.cluster.cache.wait_for(
-                lambda c=node.cluster.cache: len(c.nodes) == n, WAIT_S
-            )
-        yield nodes
+def cluster(tmp: Path, etcd: EtcdServer, n: int = 3) -> AbstractAsyncContextManager[list[Node]]:
+    return in_process_cluster(lambda i: Node(tmp, etcd, i), n)
 
 
 # --- the rules -----------------------------------------------------------------------------
