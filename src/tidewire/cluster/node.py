@@ -748,6 +748,25 @@ class ClusterNode:
 
     # --- ISR changes by a leader ----------------------------------------------------------------
 
+    async def _led_at(
+        self, topic: str, partition: int, epoch: int
+    ) -> tuple[PartitionState, int] | None:
+        """The partition's state as etcd holds it and its version, if this node still leads
+        it at ``epoch`` and holds its lease (None otherwise).
+
+        Raises:
+            EtcdError: etcd did not answer.
+        """
+        if self.lease.lost.is_set():
+            return None
+        kv = await self.etcd.get(self.store.partition_key(topic, partition))
+        if kv is None:
+            return None
+        state = msgspec.json.decode(kv.value, type=PartitionState)
+        if state.leader != self.node_id or state.leader_epoch != epoch:
+            return None
+        return state, kv.mod_revision
+
     async def propose_isr(
         self, topic: str, partition: int, epoch: int, isr: tuple[int, ...]
     ) -> bool:
@@ -755,23 +774,18 @@ class ClusterNode:
         on the version read, refused when the partition changed meanwhile or is no longer
         this node's at that epoch. Returns whether etcd took it (never raises: an etcd that
         does not answer is a refusal; the leader proposes again later)."""
-        if self.lease.lost.is_set():
-            return False
-        key = self.store.partition_key(topic, partition)
         try:
-            kv = await self.etcd.get(key)
-            if kv is None:
+            got = await self._led_at(topic, partition, epoch)
+            if got is None:
                 return False
-            state = msgspec.json.decode(kv.value, type=PartitionState)
-            if state.leader != self.node_id or state.leader_epoch != epoch:
-                return False
+            state, version = got
             if not set(isr) <= set(state.replicas) or self.node_id not in isr:
                 log.warning(
                     "partition %s/%d: ISR %s refused: not its replicas", topic, partition, isr
                 )
                 return False
             new = PartitionState(state.replicas, state.leader, epoch, tuple(isr))
-            ok = await self.store.set_partition(topic, partition, new, kv.mod_revision)
+            ok = await self.store.set_partition(topic, partition, new, version)
         except EtcdError as exc:
             log.warning("partition %s/%d: ISR %s not proposed: %s", topic, partition, isr, exc)
             return False
@@ -786,23 +800,18 @@ class ClusterNode:
         range, which that replica holds intact): a compare-and-swap like
         :meth:`propose_isr`. Returns whether etcd took it (False: no such replica, the
         partition changed, or etcd did not answer)."""
-        if self.lease.lost.is_set():
-            return False
-        key = self.store.partition_key(topic, partition)
         try:
-            kv = await self.etcd.get(key)
-            if kv is None:
+            got = await self._led_at(topic, partition, epoch)
+            if got is None:
                 return False
-            state = msgspec.json.decode(kv.value, type=PartitionState)
-            if state.leader != self.node_id or state.leader_epoch != epoch:
-                return False
+            state, version = got
             live = set(self.cache.nodes)
             isr = tuple(r for r in state.isr if r != self.node_id)
             heirs = [r for r in state.replicas if r in isr and r in live]
             if not heirs:
                 return False
             new = PartitionState(state.replicas, heirs[0], epoch + 1, isr)
-            ok = await self.store.set_partition(topic, partition, new, kv.mod_revision)
+            ok = await self.store.set_partition(topic, partition, new, version)
         except EtcdError as exc:
             log.warning("partition %s/%d: not handed over: %s", topic, partition, exc)
             return False
