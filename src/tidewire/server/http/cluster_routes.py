@@ -17,7 +17,7 @@ is not a cluster. (The redirects of publishes and reads are :mod:`.cluster`'s.)
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
@@ -26,7 +26,7 @@ from starlette.responses import Response
 from tidewire.cluster import cluster_node
 from tidewire.cluster.metrics import ClusterSummary, PartitionRow, cluster_summary, partition_rows
 from tidewire.errors import InvalidRequestError
-from tidewire.server.http._common import json_response
+from tidewire.server.http._common import json_response, responses
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.errors import error_response
 from tidewire.server.http.models import ErrorBody
@@ -184,7 +184,8 @@ def _not_a_cluster() -> Response:
     )
 
 
-_ANSWERS: dict[int | str, dict[str, object]] = {
+_ANSWERS: dict[int | str, dict[str, Any]] = {
+    **responses(),  # 400 (a bad query parameter) and 503
     403: {"model": ErrorBody, "description": "Without describe on the cluster."},
     404: {"model": ErrorBody, "description": "The broker is a single node, not a cluster."},
 }
