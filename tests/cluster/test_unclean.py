@@ -31,6 +31,8 @@ import pytest
 
 from tests.cli._support import start_serve, stop
 from tests.cluster._etcd import EtcdServer
+from tests.cluster._nodes import node_metadata as metadata
+from tests.cluster._workload import until as _until
 from tidewire.client import AsyncClient
 from tidewire.client._client import Message
 from tidewire.client._transport import Transport
@@ -44,12 +46,9 @@ from tidewire.cluster.lost_tail import (
 )
 from tidewire.cluster.metadata import MetadataStore, TopicInfo
 from tidewire.cluster.node import UNCLEAN_KEY
-from tidewire.errors import TidewireError
 from tidewire.protocol.messages import (
     ACKS_DURABLE,
     CreateTopicRequest,
-    MetadataRequest,
-    MetadataResponse,
     PartitionInfo,
 )
 from tidewire.storage.fs import OsFileSystem
@@ -61,29 +60,8 @@ WAIT_S = 40.0
 OFFLINE_WATCH_S = 3.0
 
 
-async def metadata(addr: str) -> MetadataResponse:
-    t = Transport(addr, request_timeout_s=5, connect_timeout_s=5)
-    try:
-        response = await t.request(MetadataRequest())
-    finally:
-        await t.close()
-    assert response is not None
-    assert isinstance(response.body, MetadataResponse)
-    return response.body
-
-
 async def until(what: str, probe, timeout_s: float = WAIT_S):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            got = await probe()
-        except (TidewireError, OSError) as exc:
-            got, last = None, exc
-        if got is not None:
-            return got
-        await asyncio.sleep(0.1)
-    pytest.fail(f"{what}: not within {timeout_s} s (last error: {last})")
+    return await _until(what, probe, timeout_s)
 
 
 def last_segment(data_dir: Path) -> Path:

@@ -1729,18 +1729,22 @@ class PartitionLog:
             self._damage = kept
             self._save_damage_file()
         self._settle_waiters()
-        if self.on_truncate is not None:
-            # A recovery point above the new end would make a later torn tail look like
-            # corruption: the owner lowers it now, before anything is appended again.
-            try:
-                self.on_truncate(self)
-            except OSError as exc:
-                self._failed = StorageError(
-                    f"{self.directory} was truncated to {end} but its recovery point could not "
-                    f"be lowered ({exc}); reopen it before writing"
-                )
-                raise self._failed from exc
+        self._tell_truncated(
+            f"{self.directory} was truncated to {end} but its recovery point could not be lowered"
+        )
         return end
+
+    def _tell_truncated(self, failure: str) -> None:
+        """Tell the owner (``on_truncate``) that the log was cut. A recovery point above the
+        new end would make a later torn tail look like corruption: the owner lowers it now,
+        before anything is appended again; if it cannot, the log fails with ``failure``."""
+        if self.on_truncate is None:
+            return
+        try:
+            self.on_truncate(self)
+        except OSError as exc:
+            self._failed = StorageError(f"{failure} ({exc}); reopen it before writing")
+            raise self._failed from exc
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete every segment and go on as an empty log starting at ``offset`` (Kafka's
@@ -1776,15 +1780,9 @@ class PartitionLog:
             self._damage = []
             self._save_damage_file()
         self._settle_waiters()
-        if self.on_truncate is not None:
-            try:
-                self.on_truncate(self)
-            except OSError as exc:
-                self._failed = StorageError(
-                    f"{self.directory} started over at {offset} but its recovery point could "
-                    f"not be set ({exc}); reopen it before writing"
-                )
-                raise self._failed from exc
+        self._tell_truncated(
+            f"{self.directory} started over at {offset} but its recovery point could not be set"
+        )
         log.info("%s deleted its segments and starts over at offset %d", self.directory, offset)
 
     # --- repairing damage ----------------------------------------------------------------------
