@@ -96,7 +96,9 @@ def test_the_client_certificate_principal_is_in_the_scope(
         assert got == {"tls": True, "principal": cert}
 
         def ws() -> dict[str, Any]:
-            with connect(f"wss://127.0.0.1:{port}/", ssl=verify(pki, cert)) as conn:
+            with connect(
+                f"wss://127.0.0.1:{port}/", ssl=verify(pki, cert), open_timeout=PROMPT_S
+            ) as conn:
                 return dict(json.loads(conn.recv(PROMPT_S)))
 
         assert await asyncio.to_thread(ws) == {"tls": True, "principal": cert}

@@ -137,7 +137,7 @@ def test_sigterm_answers_every_wait_at_once_and_stops_calmly(tmp_path: Path) -> 
                 ):
                     assert line, "the SSE stream ended before it was connected"
                 ws_url = url.replace("http://", "ws://") + "/v1/topics/t/stream?from=latest"
-                async with ws_connect(ws_url) as ws:
+                async with ws_connect(ws_url, open_timeout=PROMPT_S) as ws:
                     assert '"subscribed"' in str(await asyncio.wait_for(ws.recv(), PROMPT_S))
                     # A request on another connection answered: the long-poll was read first.
                     probe_r, probe_w = await http_request(url, "/healthz/live")
