@@ -8,12 +8,17 @@ stored. About 8 s."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from websockets.sync.client import connect as ws_connect
 
 from tests.cli._support import popen_serve, stop
 from tests.cluster._etcd import EtcdServer
@@ -196,3 +201,140 @@ def test_the_http_api_redirects_to_each_partitions_leader(tmp_path: Path, etcd: 
     finally:
         for proc in procs.values():
             stop(proc)
+
+
+def _sse_messages(web: httpx.Client, url: str, n: int) -> list[dict[str, Any]]:
+    """The first ``n`` message events of an SSE stream at ``url`` (bounded: the read timeout
+    of ``web`` ends a stream that stalls)."""
+    out: list[dict[str, Any]] = []
+    with web.stream("GET", url, headers={"Accept": "text/event-stream"}) as r:
+        assert r.status_code == 200, r.read()
+        event = ""
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                event = line[len("event: ") :]
+            elif line.startswith("data: "):
+                assert event == "message", line
+                out.append(json.loads(line[len("data: ") :]))
+                if len(out) == n:
+                    return out
+    raise AssertionError(f"the stream ended after {len(out)} of {n} messages")
+
+
+def test_streams_reads_and_groups_answer_from_any_node(tmp_path: Path, etcd: EtcdServer) -> None:
+    """A topic of 3 partitions, one replica each, on 3 nodes (so each node holds at most one
+    of them): SSE and WebSocket streams opened on one node carry the messages of partitions
+    led by the others; the read over every partition answers them all on any node; a group's
+    commit, description and listing work through any node."""
+    cluster = f"etcd://127.0.0.1:{etcd.client_port}"
+    procs, native, http = {}, {}, {}
+    try:
+        for n in NODES:
+            procs[n], native[n], http[n] = _start(tmp_path / f"node{n}", cluster, n)
+        addr = {n: f"127.0.0.1:{native[n]}" for n in NODES}
+
+        def meta(n: int = 1) -> MetadataResponse:
+            got = asyncio.run(call(addr[n], MetadataRequest()))
+            assert isinstance(got, MetadataResponse)
+            return got
+
+        wait_until("3 nodes registered", lambda: len(meta().nodes) == 3, WAIT_S)
+        answer = asyncio.run(
+            call(addr[1], CreateTopicRequest(name="t", partitions=3, replication_factor=1))
+        )
+        assert getattr(answer, "error_code", 0) == 0, answer
+
+        def leaders() -> dict[int, int]:
+            got: dict[int, int] = {}
+            for n in NODES:
+                for t in meta(n).topics:
+                    if t.name == "t":
+                        got.update({p.partition: p.leader for p in t.partitions})
+            return got
+
+        wait_until(
+            "every node knows the leaders",
+            lambda: all(
+                any(
+                    t.name == "t" and all(p.leader > 0 for p in t.partitions)
+                    for t in meta(n).topics
+                )
+                for n in NODES
+            ),
+            WAIT_S,
+        )
+        lead = leaders()
+        url = {n: f"http://127.0.0.1:{http[n]}" for n in NODES}
+        with httpx.Client(timeout=WAIT_S, follow_redirects=True) as web:
+            for p in range(3):
+                r = _until_ok(
+                    lambda p=p: web.post(
+                        f"{url[1]}/v1/topics/t/messages", json={"value": f"v{p}", "partition": p}
+                    )
+                )
+                assert r.status_code == 201, r.text
+            expected = {(p, f"v{p}") for p in range(3)}
+            # The read over every partition, on each node: the others' partitions from their
+            # leaders.
+            for n in NODES:
+                r = web.get(f"{url[n]}/v1/topics/t/messages?since=0", follow_redirects=False)
+                assert r.status_code == 200, r.text
+                got = {(m["partition"], m["value"]) for m in r.json()["messages"]}
+                assert got == expected, (n, got)
+                assert r.json()["next_offsets"] == {"0": 1, "1": 1, "2": 1}
+            # An SSE stream on a node that leads one partition (or none) carries all three;
+            # a message published after it opened arrives too (the remote long poll).
+            n = lead[0]
+            events = _sse_messages(web, f"{url[n]}/v1/topics/t/stream?from=earliest", 3)
+            assert {(m["partition"], m["value"]) for m in events} == expected
+            # ... and resumes from the last event's position (the others' from their leaders).
+            # WebSocket, on another node: everything, then what is published meanwhile.
+            m = lead[1]
+            ws_base = url[m].replace("http://", "ws://")
+            with ws_connect(
+                f"{ws_base}/v1/topics/t/stream?from=earliest", open_timeout=WAIT_S
+            ) as ws:
+                assert json.loads(ws.recv(timeout=WAIT_S))["type"] == "subscribed"
+                seen: set[tuple[int, str]] = set()
+                while len(seen) < 3:
+                    msg = json.loads(ws.recv(timeout=WAIT_S))
+                    seen.add((msg["partition"], msg["value"]))
+                assert seen == expected
+                other = next(p for p in range(3) if lead[p] != m)
+                r = web.post(
+                    f"{url[m]}/v1/topics/t/messages", json={"value": "late", "partition": other}
+                )
+                assert r.status_code == 201, r.text
+                msg = json.loads(ws.recv(timeout=WAIT_S))
+                assert (msg["partition"], msg["value"]) == (other, "late")
+            # A consumer group over HTTP through every node: redirected to its coordinator.
+            redirected = 0
+            for i, n in enumerate(NODES):
+                body = {"offsets": [{"topic": "t", "partition": 0, "offset": i + 1}]}
+                r = _until_ok(
+                    lambda n=n, body=body: web.post(f"{url[n]}/v1/groups/g/commit", json=body)
+                )
+                assert r.status_code == 200, r.text
+                redirected += bool(r.history)
+                d = web.get(f"{url[n]}/v1/groups/g")
+                assert d.status_code == 200, d.text
+                assert [o["committed"] for o in d.json()["offsets"]] == [i + 1]
+            assert redirected == 2  # every node but the coordinator sent it there
+            for n in NODES:
+                listed = web.get(f"{url[n]}/v1/groups", follow_redirects=False)
+                assert listed.status_code == 200, listed.text
+                assert [g["group"] for g in listed.json()["groups"]] == ["g"]
+    finally:
+        for proc in procs.values():
+            stop(proc)
+
+
+def _until_ok(send: Callable[[], httpx.Response]) -> httpx.Response:
+    """``send()`` again while it answers 503 (a cluster making its offsets topic on first
+    use), for up to WAIT_S."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        r = send()
+        if r.status_code != 503 or time.monotonic() > deadline:
+            return r
+        time.sleep(0.1)

@@ -38,7 +38,7 @@ from tidewire.errors import (
     UnknownPartitionError,
     UnknownTopicError,
 )
-from tidewire.server.http._cursor import LogCursor
+from tidewire.server.http._cursor import StartAt
 from tidewire.server.http._params import error_frame, partitions_param, wait_for_data_or
 from tidewire.server.http._ws_settings import (
     CLOSE_CODES,
@@ -51,6 +51,7 @@ from tidewire.server.http._ws_settings import (
     ROUND_BYTES,
     WsSettings,
 )
+from tidewire.server.http.peers import close_cursor, make_cursor, resolve_start, wake_events
 
 __all__ = ["WsSession"]
 
@@ -82,7 +83,8 @@ class WsSession:
         self.ws = ws
         self.topic = topic
         self.s = settings
-        self.cursor = LogCursor(broker, topic, {}, force_base64=settings.force_base64)
+        # In a cluster, partitions held elsewhere are fetched from their leaders (peers.py).
+        self.cursor = make_cursor(broker, topic, force_base64=settings.force_base64)
         self.credit = settings.credit
         self.credit_bytes = settings.credit_bytes
         self.window_bytes = settings.credit_bytes
@@ -122,6 +124,7 @@ class WsSession:
             if self.s.group and self.member_id:
                 with contextlib.suppress(UnknownMemberError, InvalidRequestError):
                     self.broker.groups.coordinator.leave(self.s.group, self.member_id)
+            await close_cursor(self.cursor)
         if close is not None:
             await self._close(close)
 
@@ -132,7 +135,7 @@ class WsSession:
             else:
                 parts = partitions_param(self.broker, self.topic, self.s.partitions)
                 self.cursor.assign(
-                    {p: self.s.start.resolve(self.broker, self.topic, p) for p in parts}
+                    {p: await resolve_start(self.cursor, self.s.start, p) for p in parts}
                 )
         except (UnknownTopicError, UnknownPartitionError) as exc:
             raise _Close(CLOSE_CODES["not_found"], exc) from None
@@ -256,7 +259,13 @@ class WsSession:
         return frames, blocked, failed
 
     async def _wait_for_data(self) -> None:
-        await wait_for_data_or(self.broker, self.cursor.waiting_keys(), RECHECK_S, self.changed)
+        await wait_for_data_or(
+            self.broker,
+            self.cursor.waiting_keys(),
+            RECHECK_S,
+            self.changed,
+            *wake_events(self.cursor),
+        )
 
     # --- commands -------------------------------------------------------------------------------
 
@@ -385,9 +394,9 @@ class WsSession:
                 continue
             c = committed.get((self.topic, p))
             if c is None:
-                positions[p] = self.s.start.resolve(self.broker, self.topic, p)
+                positions[p] = await resolve_start(self.cursor, self.s.start, p)
             else:
-                start = self.broker.list_offset(self.topic, p, -2)
+                start = await resolve_start(self.cursor, StartAt("earliest"), p)
                 positions[p] = max(c.offset, start)
         self.cursor.assign(positions)
 

@@ -127,6 +127,9 @@ class Publisher:
         n = self._partitions_for_publish(topic)
         ((key, value, headers, ts),) = _decode((req,), req.encoding)
         p = self.choose(req, key, n, topic)
+        rep = self.broker.replication
+        if rep is not None and not rep.leads(topic, p):  # a cluster: name its leader
+            cluster.require_leader(self.broker, topic, {p})
         builder = BatchBuilder()
         builder.append(value, timestamp_ms=ts, key=key, headers=headers)
         result = await self.broker.produce(topic, p, builder.build())
