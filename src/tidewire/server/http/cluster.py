@@ -183,10 +183,10 @@ async def require_coordinator(broker: Broker, group: str) -> None:
     got = node.cache.partition(OFFSETS_TOPIC, p)
     leader = -1 if got is None else got[0].leader
     info = node.cache.nodes.get(leader)
-    if info is None:
+    if info is None or leader == node.node_id:  # none now, or named here and not taken up yet
         raise NotCoordinatorError(
             f"group {group!r}: its coordinator, the leader of {OFFSETS_TOPIC} partition {p}, "
-            "is not known now"
+            "is not ready now (retry)"
         )
     raise NotCoordinatorError(
         f"group {group!r} is coordinated by node {leader} at {info.host}:{info.port} (the "
