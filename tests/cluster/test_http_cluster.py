@@ -29,6 +29,7 @@ from tidewire.protocol.messages import (
     CreateTopicRequest,
     MetadataRequest,
     MetadataResponse,
+    OffsetFetchRequest,
 )
 
 NODES = (1, 2, 3)
@@ -310,22 +311,44 @@ def _reads_streams_groups_from_any_node(addr: dict[int, str], url: dict[int, str
         # A consumer group over HTTP through every node: redirected to its coordinator.
         # (Of a topic every node holds: the coordinator describes the end offsets of the
         # partitions it holds a replica of.)
-        redirected = 0
+        redirected = []
         for i, n in enumerate(NODES):
             body = {"offsets": [{"topic": "g3", "partition": 0, "offset": i + 1}]}
             r = _until_ok(
                 lambda n=n, body=body: web.post(f"{url[n]}/v1/groups/g/commit", json=body)
             )
             assert r.status_code == 200, r.text
-            redirected += bool(r.history)
+            if r.history:
+                redirected.append(n)
             d = web.get(f"{url[n]}/v1/groups/g")
             assert d.status_code == 200, d.text
             assert [o["committed"] for o in d.json()["offsets"]] == [i + 1]
-        assert redirected == 2  # every node but the coordinator sent it there
+        assert len(redirected) == 2  # every node but the coordinator sent it there
+        (coordinator,) = set(NODES) - set(redirected)
         for n in NODES:
             listed = web.get(f"{url[n]}/v1/groups", follow_redirects=False)
             assert listed.status_code == 200, listed.text
             assert [g["group"] for g in listed.json()["groups"]] == ["g"]
+        # A WebSocket member of the group on a node that does not coordinate it: it joins,
+        # is given the partition (the only member) from the committed offset 3, and commits,
+        # through the coordinator. (A topic every node holds: a coordinator assigns the
+        # partitions of the topics it holds, see docs/cluster.md.)
+        for i in range(5):
+            r = web.post(f"{url[1]}/v1/topics/g3/messages", json={"value": f"m{i}"})
+            assert r.status_code == 201, r.text
+        n = redirected[0]
+        ws_base = url[n].replace("http://", "ws://")
+        with ws_connect(f"{ws_base}/v1/topics/g3/stream?group=g", open_timeout=WAIT_S) as ws:
+            hello = json.loads(ws.recv(timeout=WAIT_S))
+            assert hello["type"] == "subscribed", hello
+            assert hello["partitions"] == [{"partition": 0, "offset": 3}]
+            values = [json.loads(ws.recv(timeout=WAIT_S))["value"] for _ in range(2)]
+            assert values == ["m3", "m4"]
+            ws.send(json.dumps({"type": "commit"}))
+            done = json.loads(ws.recv(timeout=WAIT_S))
+            assert done == {"type": "committed", "offsets": [{"partition": 0, "offset": 5}]}
+        got = asyncio.run(call(addr[coordinator], OffsetFetchRequest(group_id="g")))
+        assert [(o.topic, o.partition, o.offset) for o in got.offsets] == [("g3", 0, 5)]  # type: ignore[attr-defined]
 
 
 def _until_ok(send: Callable[[], httpx.Response]) -> httpx.Response:
