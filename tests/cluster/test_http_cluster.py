@@ -10,6 +10,7 @@ Idempotency-Key retried through every node is stored once. About 12 s (3 node st
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import subprocess
@@ -36,31 +37,34 @@ NODES = (1, 2, 3)
 WAIT_S = 30.0
 
 
-def _start(data: Path, cluster: str, n: int) -> tuple[subprocess.Popen[str], int, int]:
+def _start(data: Path, cluster: str, n: int) -> tuple[subprocess.Popen[str], int, int, int]:
+    """Node ``n``: its process, protocol port, HTTP port and msgbus port."""
     proc = popen_serve(
         *("--data-dir", str(data), "--port", "0", "--http-port", "0", "--node-id", str(n)),
-        *("--cluster", cluster, "--session-timeout", "3"),
+        *("--http-msgbus-port", "0", "--cluster", cluster, "--session-timeout", "3"),
     )
     assert proc.stdout is not None
-    native = http = None
-    for _ in range(5):
+    native = http = msgbus = None
+    for _ in range(8):
         line = proc.stdout.readline()
         if m := re.search(r"listening on 127\.0\.0\.1:(\d+)", line):
             native = native or int(m.group(1))
         if m := re.search(r"HTTP native listening on http://127\.0\.0\.1:(\d+)", line):
             http = int(m.group(1))
-        if native and http:
-            return proc, native, http
+        if m := re.search(r"HTTP msgbus listening on http://127\.0\.0\.1:(\d+)", line):
+            msgbus = int(m.group(1))
+        if native and http and msgbus:
+            return proc, native, http, msgbus
     stop(proc)
     pytest.fail(f"node {n} did not start")
 
 
 def test_the_http_api_answers_from_any_node(tmp_path: Path, etcd: EtcdServer) -> None:
     cluster = f"etcd://127.0.0.1:{etcd.client_port}"
-    procs, native, http = {}, {}, {}
+    procs, native, http, msgbus = {}, {}, {}, {}
     try:
         for n in NODES:
-            procs[n], native[n], http[n] = _start(tmp_path / f"node{n}", cluster, n)
+            procs[n], native[n], http[n], msgbus[n] = _start(tmp_path / f"node{n}", cluster, n)
         addr = {n: f"127.0.0.1:{native[n]}" for n in NODES}
 
         def meta() -> MetadataResponse:
@@ -195,6 +199,7 @@ def test_the_http_api_answers_from_any_node(tmp_path: Path, etcd: EtcdServer) ->
             assert r.status_code == 404
             assert "create it first" in r.json()["error"]["message"]
         _reads_streams_groups_from_any_node(addr, url)
+        _msgbus_from_any_node(addr, {n: f"127.0.0.1:{msgbus[n]}" for n in NODES})
         counts = {
             p.partition: p.log_end_offset
             for t in asyncio.run(call(addr[lead3[0]], MetadataRequest(topics=["r3"]))).topics  # type: ignore[attr-defined]
@@ -349,6 +354,52 @@ def _reads_streams_groups_from_any_node(addr: dict[int, str], url: dict[int, str
             assert done == {"type": "committed", "offsets": [{"partition": 0, "offset": 5}]}
         got = asyncio.run(call(addr[coordinator], OffsetFetchRequest(group_id="g")))
         assert [(o.topic, o.partition, o.offset) for o in got.offsets] == [("g3", 0, 5)]  # type: ignore[attr-defined]
+
+
+def _msgbus_from_any_node(addr: dict[int, str], bus: dict[int, str]) -> None:
+    """The msgbus mode on a cluster: a topic made on first publish through etcd (one
+    replica); a subscriber on a node without it gets what is published through a third node
+    (forwarded to the leader); pops are taken on the leader, refused (503) elsewhere."""
+    with httpx.Client(timeout=WAIT_S) as web:
+        r = web.post(f"http://{bus[1]}/news", content=b"first")
+        assert r.status_code == 202, r.text
+        assert r.text.endswith("with sequence 1")
+        wait_until(
+            "every node knows msgbus.news",
+            lambda: all(
+                any(
+                    t.name == "msgbus.news" and t.partitions[0].leader > 0
+                    for t in asyncio.run(call(addr[n], MetadataRequest())).topics
+                )  # type: ignore[attr-defined]
+                for n in NODES
+            ),
+            WAIT_S,
+        )
+        (desc,) = [
+            t
+            for t in asyncio.run(call(addr[1], MetadataRequest())).topics  # type: ignore[attr-defined]
+            if t.name == "msgbus.news"
+        ]
+        leader = desc.partitions[0].leader
+        others = [n for n in NODES if n != leader]
+        replicas = set(desc.partitions[0].replicas)
+        # A subscriber on a node that does not lead the topic (it reads from the leader), a
+        # publish through the other one (forwarded to the leader).
+        sub_node = next((n for n in others if n not in replicas), others[0])
+        pub_node = next(n for n in others if n != sub_node)
+        with ws_connect(f"ws://{bus[sub_node]}/news", open_timeout=WAIT_S) as ws:
+            r = web.put(f"http://{bus[pub_node]}/news", content=b"second")
+            assert r.status_code == 202, r.text
+            assert r.text.endswith("with sequence 2")
+            got = json.loads(ws.recv(timeout=WAIT_S))
+            assert base64.b64decode(got["payload"]) == b"second"
+            assert got["id"] == 1
+        r = web.get(f"http://{bus[pub_node]}/news")
+        assert r.status_code == 503, r.text
+        assert f"node {leader}" in r.text
+        popped = [web.get(f"http://{bus[leader]}/news") for _ in range(3)]
+        assert [p.status_code for p in popped] == [200, 200, 404]
+        assert [base64.b64decode(p.json()["payload"]) for p in popped[:2]] == [b"first", b"second"]
 
 
 def _until_ok(send: Callable[[], httpx.Response]) -> httpx.Response:

@@ -36,10 +36,13 @@ from tidewire.client._transport import Transport
 from tidewire.cluster import cluster_node
 from tidewire.errors import OffsetOutOfRangeError, TidewireError, fetch_error, for_code
 from tidewire.protocol.messages import (
+    ACKS_DURABLE,
     FetchPartition,
     FetchRequest,
     ListOffsetsPartition,
     ListOffsetsRequest,
+    ProducePartition,
+    ProduceRequest,
 )
 from tidewire.server.http._cursor import (
     READ_BYTES,
@@ -160,6 +163,37 @@ class PeerClient:
             int(result.high_watermark),
             int(result.log_start_offset),
         )
+
+    async def produce(self, topic: str, partition: int, batch: bytes) -> int:
+        """Store one record batch in ``topic``/``partition`` through its leader (durable acks:
+        in a cluster, answered once every in-sync replica holds it); its base offset.
+
+        A lost connection is not retried (the batch may have been stored): it raises.
+
+        Raises:
+            NotLeaderError, NotEnoughReplicasError: no leader took it within the timeout.
+            TidewireError: what the leader refused it with.
+        """
+        req = ProduceRequest(
+            acks=ACKS_DURABLE, partitions=[ProducePartition(topic, partition, len(batch))]
+        )
+        timeout = self._bootstrap.request_timeout_s
+        if not self._router.clustered:
+            with contextlib.suppress(TidewireError):
+                await self._router.refresh([topic])
+
+        async def send(t: Transport) -> Any:
+            response = await t.request(req, [batch], timeout_s=timeout)
+            assert response is not None
+            (result,) = response.body.results
+            if result.error_code:
+                raise for_code(result.error_code)(result.error_message)
+            return int(result.base_offset)
+
+        got: int = await call_routed(
+            self._router, topic, partition, send, timeout_s=self.timeout_s, resend_on_loss=False
+        )
+        return got
 
     async def list_offset(self, topic: str, partition: int, timestamp: int) -> int:
         """As :meth:`Broker.list_offset`, answered by the partition's leader: -2 the log
