@@ -25,13 +25,20 @@ from websockets.sync.client import connect as ws_connect
 
 from tests.cli._support import popen_serve, stop
 from tests.cluster._etcd import EtcdServer
+from tests.cluster._inprocess import InProcessNode, in_process_cluster, until
 from tests.cluster._nodes import call, wait_until
+from tidewire.cluster.metadata import PartitionState
+from tidewire.errors import NotLeaderError
 from tidewire.protocol.messages import (
     CreateTopicRequest,
     MetadataRequest,
     MetadataResponse,
     OffsetFetchRequest,
 )
+from tidewire.server.http.idempotency import IdempotencyStore
+from tidewire.server.http.models import PublishMessage
+from tidewire.server.http.publisher import Publisher
+from tidewire.storage import LogConfig
 
 NODES = (1, 2, 3)
 WAIT_S = 30.0
@@ -411,3 +418,58 @@ def _until_ok(send: Callable[[], httpx.Response]) -> httpx.Response:
         if r.status_code != 503 or time.monotonic() > deadline:
             return r
         time.sleep(0.1)
+
+
+class _Node(InProcessNode):
+    """An in-process node with a session long enough for a loaded machine (its stop revokes
+    its lease: the others see it gone at once)."""
+
+    def __init__(self, tmp: Path, etcd: EtcdServer, node_id: int) -> None:
+        super().__init__(tmp, etcd, node_id, cluster_id="http-keys", session_s=10)
+
+
+def test_an_idempotency_key_is_found_by_a_new_leader(tmp_path: Path, etcd: EtcdServer) -> None:
+    """A publish with an Idempotency-Key stored on a partition's leader, then retried on the
+    node that leads it next, is answered with the first offsets and stored once, also when
+    that node had read the topic's keys back before (as a follower, for another request):
+    a new leader reads its partitions' keys back once per leader epoch. In-process nodes, the
+    gateway's publisher of each (no HTTP listener needed). About 5 s."""
+
+    async def main() -> None:
+        async with in_process_cluster(lambda i: _Node(tmp_path, etcd, i)) as nodes:
+            first = nodes[0].cluster
+            await first.create_topic("k", 1, LogConfig(), 3)
+
+            def state() -> PartitionState | None:
+                got = first.cache.partition("k", 0)
+                return None if got is None else got[0]
+
+            await until(
+                lambda: (s := state()) is not None and len(s.isr) == 3, "the ISR is complete"
+            )
+            by_id = {n.id: n for n in nodes}
+            publishers = {n.id: Publisher(n.broker, IdempotencyStore(n.broker)) for n in nodes}
+            leader = by_id[state().leader]  # type: ignore[union-attr]
+            await until(lambda: leader.broker.replication.leads("k", 0), "the leader leads")  # type: ignore[union-attr]
+            msg = [PublishMessage(value="once")]
+            # The followers read the topic's keys back for a request of their own (refused:
+            # they do not lead it) before the key below is stored.
+            for n in nodes:
+                if n is not leader:
+                    with pytest.raises(NotLeaderError):
+                        await publishers[n.id].publish("k", msg, "utf-8", "other")
+            stored = await publishers[leader.id].publish("k", msg, "utf-8", "the-key")
+            # Every in-sync replica holds it once it is answered (min_insync 2, acks all).
+            await leader.stop()
+            rest = [n for n in nodes if n is not leader]
+            await until(
+                lambda: any(n.broker.replication.leads("k", 0) for n in rest),  # type: ignore[union-attr]
+                "a new leader",
+            )
+            (new,) = [n for n in rest if n.broker.replication.leads("k", 0)]  # type: ignore[union-attr]
+            again = await publishers[new.id].publish("k", msg, "utf-8", "the-key")
+            assert again == stored
+            plog = new.broker.log("k", 0)
+            assert plog.log_end_offset == stored[0][1] + 1  # stored once
+
+    asyncio.run(asyncio.wait_for(main(), 120))
