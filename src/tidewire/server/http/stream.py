@@ -120,6 +120,10 @@ def stream_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> A
             404: {"description": "unknown topic or partition"},
             406: {"description": "neither an SSE request nor a WebSocket upgrade"},
             416: {"description": "a resume position no longer in the log"},
+            503: {
+                "description": "in a cluster: a partition held by another node whose leader "
+                "did not answer (retry)"
+            },
         },
     )
     async def stream_sse(
