@@ -262,9 +262,10 @@ def _check_pop_here(broker: Broker, topic: str) -> None:
     info = node.cache.nodes.get(leader)
     if got is None:
         raise UnknownTopicError(f"topic {topic!r} does not exist")
-    where = f"node {leader} at {info.host}:{info.port}" if info else "no node now"
+    where = f"node {leader}, host {info.host}" if info else "no node now"
     raise NotLeaderError(
-        f"pops of {topic!r} are taken on the leader of its partition ({where}): pop there"
+        f"pops of {topic!r} are taken on the leader of its partition ({where}): pop on that "
+        "node's msgbus listener"
     )
 
 
