@@ -14,6 +14,7 @@ from tidewire.errors import (
     TidewireError,
     UnknownPartitionError,
 )
+from tidewire.server.http.cluster import topic_partition_count
 
 __all__ = [
     "encoding_param",
@@ -70,7 +71,7 @@ def encoding_param(params: Any) -> bool:
 
 
 def partitions_param(broker: Broker, topic: str, text: str | None) -> list[int]:
-    n = broker.partition_count(topic)
+    n = topic_partition_count(broker, topic)  # a cluster's: also of partitions held elsewhere
     if text is None or text == "":
         return list(range(n))
     out: list[int] = []

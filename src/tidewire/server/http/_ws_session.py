@@ -27,19 +27,23 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from tidewire._tasks import cancel_and_wait
 from tidewire.broker import Broker
 from tidewire.errors import (
+    ConnectionLostError,
     GroupFullError,
     IllegalGenerationError,
     InconsistentGroupProtocolError,
     InvalidRequestError,
+    NotCoordinatorError,
     OffsetOutOfRangeError,
     RebalanceInProgressError,
+    RequestTimedOutError,
     TidewireError,
     UnknownMemberError,
     UnknownPartitionError,
     UnknownTopicError,
 )
-from tidewire.server.http._cursor import LogCursor
+from tidewire.server.http._cursor import StartAt
 from tidewire.server.http._params import error_frame, partitions_param, wait_for_data_or
+from tidewire.server.http._ws_group import GroupLink
 from tidewire.server.http._ws_settings import (
     CLOSE_CODES,
     HEARTBEAT_S,
@@ -51,10 +55,21 @@ from tidewire.server.http._ws_settings import (
     ROUND_BYTES,
     WsSettings,
 )
+from tidewire.server.http.peers import (
+    ClusterCursor,
+    close_cursor,
+    make_cursor,
+    resolve_start,
+    wake_events,
+)
 
 __all__ = ["WsSession"]
 
 log = logging.getLogger("tidewire.http")
+
+#: What leaving a group on another node may fail with besides not being a member: the member
+#: is then removed when its session runs out.
+_LEAVING = (NotCoordinatorError, ConnectionLostError, RequestTimedOutError)
 
 
 class _Close(Exception):
@@ -82,7 +97,11 @@ class WsSession:
         self.ws = ws
         self.topic = topic
         self.s = settings
-        self.cursor = LogCursor(broker, topic, {}, force_base64=settings.force_base64)
+        # In a cluster, partitions held elsewhere are fetched from their leaders (peers.py).
+        self.cursor = make_cursor(broker, topic, force_base64=settings.force_base64)
+        # Its group's coordinator, here or (in a cluster) on another node.
+        peer = self.cursor.peer if isinstance(self.cursor, ClusterCursor) else None
+        self.group = GroupLink(broker, settings.group, peer)
         self.credit = settings.credit
         self.credit_bytes = settings.credit_bytes
         self.window_bytes = settings.credit_bytes
@@ -120,8 +139,10 @@ class WsSession:
             for t in tasks:
                 await cancel_and_wait(t, ignore=(_Close, _Gone, TidewireError))
             if self.s.group and self.member_id:
-                with contextlib.suppress(UnknownMemberError, InvalidRequestError):
-                    self.broker.groups.coordinator.leave(self.s.group, self.member_id)
+                with contextlib.suppress(UnknownMemberError, InvalidRequestError, *_LEAVING):
+                    await self.group.leave(self.member_id)
+            await self.group.close()
+            await close_cursor(self.cursor)
         if close is not None:
             await self._close(close)
 
@@ -132,7 +153,7 @@ class WsSession:
             else:
                 parts = partitions_param(self.broker, self.topic, self.s.partitions)
                 self.cursor.assign(
-                    {p: self.s.start.resolve(self.broker, self.topic, p) for p in parts}
+                    {p: await resolve_start(self.cursor, self.s.start, p) for p in parts}
                 )
         except (UnknownTopicError, UnknownPartitionError) as exc:
             raise _Close(CLOSE_CODES["not_found"], exc) from None
@@ -256,7 +277,13 @@ class WsSession:
         return frames, blocked, failed
 
     async def _wait_for_data(self) -> None:
-        await wait_for_data_or(self.broker, self.cursor.waiting_keys(), RECHECK_S, self.changed)
+        await wait_for_data_or(
+            self.broker,
+            self.cursor.waiting_keys(),
+            RECHECK_S,
+            self.changed,
+            *wake_events(self.cursor),
+        )
 
     # --- commands -------------------------------------------------------------------------------
 
@@ -327,9 +354,8 @@ class WsSession:
             await self._send_obj({"type": "committed", "offsets": []})
             return
         try:
-            await self.broker.groups.commit(
-                self.s.group,
-                {(self.topic, p): (off, "") for p, off in offsets.items()},
+            await self.group.commit(
+                {(self.topic, p): off for p, off in offsets.items()},
                 member_id=self.member_id,
                 generation=self.generation,
             )
@@ -366,18 +392,15 @@ class WsSession:
     # --- group membership -----------------------------------------------------------------------
 
     async def _join(self) -> None:
-        coord = self.broker.groups.coordinator
-        res = await coord.join(
-            self.s.group,
+        self.member_id, self.generation, assignment = await self.group.join(
             member_id=self.member_id,
             client_id="http-websocket",
             topics=[self.topic],
             session_timeout_ms=self.s.session_timeout_ms,
             rebalance_timeout_ms=max(self.s.session_timeout_ms, 1_000),
         )
-        self.member_id, self.generation = res.member_id, res.generation
-        mine = [p for t, p in res.assignment if t == self.topic]
-        committed = self.broker.groups.committed(self.s.group, [(self.topic, p) for p in mine])
+        mine = [p for t, p in assignment if t == self.topic]
+        committed = await self.group.committed([(self.topic, p) for p in mine])
         positions: dict[int, int] = {}
         for p in mine:
             if p in self.cursor.parts:
@@ -385,23 +408,24 @@ class WsSession:
                 continue
             c = committed.get((self.topic, p))
             if c is None:
-                positions[p] = self.s.start.resolve(self.broker, self.topic, p)
+                positions[p] = await resolve_start(self.cursor, self.s.start, p)
             else:
-                start = self.broker.list_offset(self.topic, p, -2)
-                positions[p] = max(c.offset, start)
+                start = await resolve_start(self.cursor, StartAt("earliest"), p)
+                positions[p] = max(c, start)
         self.cursor.assign(positions)
 
     async def _membership(self) -> None:
-        coord = self.broker.groups.coordinator
         while True:
             await asyncio.sleep(HEARTBEAT_S)
             try:
-                coord.heartbeat(self.s.group, self.member_id, self.generation)
+                await self.group.heartbeat(self.member_id, self.generation)
                 continue
             except RebalanceInProgressError:
                 pass
-            except (UnknownMemberError, IllegalGenerationError):
-                self.member_id = ""  # removed (a session that ran out): join as a new member
+            except (UnknownMemberError, IllegalGenerationError, NotCoordinatorError):
+                # Removed (a session that ran out), or its coordinator moved (a new one may
+                # not know the member): join as a new member.
+                self.member_id = ""
             self.rebalancing = True
             self.changed.set()
             try:
@@ -410,7 +434,7 @@ class WsSession:
                 raise _Close(CLOSE_CODES["conflict"], exc) from None
             except RebalanceInProgressError:
                 continue  # replaced by a newer join or the broker is stopping: try again
-            except UnknownMemberError:
+            except (UnknownMemberError, NotCoordinatorError):
                 self.member_id = ""
                 continue
             await self._send_obj(

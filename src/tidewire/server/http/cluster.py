@@ -10,6 +10,9 @@ redirected to the node that can (docs/cluster.md, "The HTTP API in a cluster").
 - A read of a partition is answered by any node that holds a replica of it (below the high
   watermark its leader last gave it, as every in-sync replica holds); a node that holds none
   redirects to the partition's leader.
+- A request about a consumer group (describe, commit, reset) goes to its coordinator, the
+  leader of the group's partition of ``__consumer_offsets``: another node redirects it there
+  the same way.
 - When the leader's HTTP address is not known (no leader now, or it has no HTTP listener) the
   answer is ``503`` with ``Retry-After``, as for any retriable error.
 
@@ -19,15 +22,23 @@ A single node (no cluster) never takes any of these paths.
 from __future__ import annotations
 
 from tidewire.broker import Broker
+from tidewire.client._routing import OFFSETS_TOPIC, coordinator_partition
 from tidewire.cluster import cluster_node
-from tidewire.errors import InvalidRequestError, NotLeaderError, UnknownTopicError
+from tidewire.errors import (
+    InvalidRequestError,
+    NotCoordinatorError,
+    NotLeaderError,
+    UnknownTopicError,
+)
 
 __all__ = [
     "leader_location",
     "led_here",
     "partition_count",
+    "require_coordinator",
     "require_leader",
     "require_replica",
+    "topic_partition_count",
 ]
 
 
@@ -50,6 +61,17 @@ def partition_count(broker: Broker, topic: str) -> int | None:
     return info.partitions
 
 
+def topic_partition_count(broker: Broker, topic: str) -> int:
+    """The partition count of ``topic``: the cluster's (whatever replicas this node holds),
+    or the broker's own on a single node.
+
+    Raises:
+        UnknownTopicError: no such topic.
+    """
+    n = partition_count(broker, topic)
+    return broker.partition_count(topic) if n is None else n
+
+
 def led_here(broker: Broker, topic: str, n: int) -> list[int]:
     """The partitions of ``topic`` (of ``n``) this node leads (every one on a single node)."""
     rep = broker.replication
@@ -70,17 +92,41 @@ def require_leader(broker: Broker, topic: str, partitions: set[int]) -> None:
     rep = broker.replication
     if rep is None:
         return
-    elsewhere = {p: rep.leader_of(topic, p) for p in partitions if not rep.leads(topic, p)}
+    elsewhere = {p: _leader(broker, topic, p) for p in partitions if not rep.leads(topic, p)}
     if not elsewhere:
         return
-    leaders = {None if v is None else v[0] for v in elsewhere.values()}
-    if len(leaders) == 1 and len(elsewhere) == len(partitions) and None not in leaders:
-        rep.check_leader(topic, min(elsewhere))  # raises NotLeaderError, naming the leader
+    leaders = set(elsewhere.values())
+    if len(leaders) == 1 and len(elsewhere) == len(partitions) and -1 not in leaders:
+        (leader,) = leaders
+        node = cluster_node(broker)
+        info = None if node is None else node.cache.nodes.get(leader)
+        if info is None or node is None or leader == node.node_id:  # not (yet) a role here
+            rep.check_leader(topic, min(elsewhere))  # raises NotLeaderError as it knows it
+        else:
+            raise NotLeaderError(
+                f"node {leader} at {info.host}:{info.port} leads partition {min(elsewhere)} "
+                f"of topic {topic!r}, not this node",
+                leader_id=leader,
+                leader_host=info.host,
+                leader_port=info.port,
+            )
     raise InvalidRequestError(
         f"the messages go to partitions {sorted(partitions)} of topic {topic!r}, led by "
         "different nodes (or one without a leader now); publish each partition's messages to "
         "its leader (give each message its partition), or publish them one by one"
     )
+
+
+def _leader(broker: Broker, topic: str, partition: int) -> int:
+    """The partition's leader as this node knows it: as its replica was told, or (no replica
+    here) from its copy of the cluster's metadata; -1 when it has none now."""
+    rep = broker.replication
+    known = None if rep is None else rep.leader_of(topic, partition)
+    if known is not None:
+        return known[0]
+    node = cluster_node(broker)
+    got = None if node is None else node.cache.partition(topic, partition)
+    return -1 if got is None else got[0].leader
 
 
 def require_replica(broker: Broker, topic: str, partition: int) -> None:
@@ -108,6 +154,43 @@ def require_replica(broker: Broker, topic: str, partition: int) -> None:
     raise NotLeaderError(
         f"node {node.node_id} holds no replica of partition {partition} of topic {topic!r}: "
         f"node {leader} at {info.host}:{info.port} leads it",
+        leader_id=leader,
+        leader_host=info.host,
+        leader_port=info.port,
+    )
+
+
+async def require_coordinator(broker: Broker, group: str) -> None:
+    """Before a request about consumer group ``group``: in a cluster, refuse it unless this
+    node is the group's coordinator (the leader of its partition of ``__consumer_offsets``),
+    naming the coordinator, so that the HTTP API redirects the request there. The offsets
+    topic is created through etcd on first use (as for a client looking for a coordinator).
+
+    Raises:
+        NotCoordinatorError: another node coordinates it (with its id when known; without,
+            while it has no leader or the new offsets topic is not known here yet: 503).
+        RequestTimedOutError: etcd did not answer while the offsets topic was made.
+    """
+    node = cluster_node(broker)
+    rep = broker.replication
+    if node is None or rep is None:
+        return
+    p = coordinator_partition(group)
+    if rep.leads(OFFSETS_TOPIC, p):
+        return
+    if OFFSETS_TOPIC not in node.cache.topics:
+        await node.ensure_offsets_topic()  # made on first use, as for the other clients
+    got = node.cache.partition(OFFSETS_TOPIC, p)
+    leader = -1 if got is None else got[0].leader
+    info = node.cache.nodes.get(leader)
+    if info is None or leader == node.node_id:  # none now, or named here and not taken up yet
+        raise NotCoordinatorError(
+            f"group {group!r}: its coordinator, the leader of {OFFSETS_TOPIC} partition {p}, "
+            "is not ready now (retry)"
+        )
+    raise NotCoordinatorError(
+        f"group {group!r} is coordinated by node {leader} at {info.host}:{info.port} (the "
+        f"leader of {OFFSETS_TOPIC} partition {p}), not by node {node.node_id}",
         leader_id=leader,
         leader_host=info.host,
         leader_port=info.port,

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
+from tidewire.broker import Broker
 from tidewire.broker.consumer_groups import ResetTo
 from tidewire.broker.groups import MAX_ID_CHARS
+from tidewire.cluster import cluster_node
 from tidewire.errors import InvalidRequestError, UnknownGroupError
+from tidewire.protocol.messages import DescribeGroupRequest, GroupSummary, ListGroupsRequest
 from tidewire.security.model import ResourceType
 from tidewire.server.gate import gate_for, names_allowed
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
@@ -21,6 +25,7 @@ from tidewire.server.http._listing import (
     matching,
     paged,
 )
+from tidewire.server.http.cluster import require_coordinator
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.models import (
     CommitRequest,
@@ -30,6 +35,7 @@ from tidewire.server.http.models import (
     ResetRequest,
     ResetResult,
 )
+from tidewire.server.http.peers import PeerClient
 
 __all__ = ["groups_router"]
 
@@ -64,6 +70,11 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
         ``sort``, ``limit`` from ``offset``: each with its state, member count and total
         lag; ``total`` counts those that match, ``next`` is the offset of the next page
         (null on the last)."""
+        node = cluster_node(broker)
+        if node is not None:
+            return await _list_cluster_groups(
+                broker, PeerClient(node), limit=limit, offset=offset, q=q, sort=sort
+            )
         listed = {g.group_id: g for g in broker.groups.list_groups()}
         # Only what the caller may describe, as the binary protocol's LIST_GROUPS.
         visible = set(names_allowed(gate_for(broker), ResourceType.GROUP, listed))
@@ -76,33 +87,14 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
                 got = lags[group] = total_lag(group)
             return got
 
-        page, total, after = paged(
-            matching(listed, q),
-            sort=sort,
-            keys={
-                "name": lambda g: g,
-                "state": lambda g: str(listed[g].state),
-                "members": lambda g: listed[g].members,
-                "lag": lag,
-            },
-            offset=offset,
-            limit=limit,
-        )
-        items = [
-            {
-                "group": g,
-                "state": str(listed[g].state),
-                "members": listed[g].members,
-                "lag": lag(g),
-            }
-            for g in page
-        ]
-        return json_response({"groups": items, "total": total, "next": after})
+        return _group_page(listed, lag, limit=limit, offset=offset, q=q, sort=sort)
 
-    @router.get("/{group}", response_model=GroupDescription, responses=responses(404))
+    @router.get("/{group}", response_model=GroupDescription, responses=responses(307, 404))
     async def describe_group(group: GroupPath) -> Response:
         """A group's state, members with their partitions, and per partition the committed
-        offset, the end offset and the lag."""
+        offset, the end offset and the lag. In a cluster, answered by the group's
+        coordinator (another node redirects there)."""
+        await require_coordinator(broker, group)
         d = broker.groups.describe(group)
         return json_response(
             {
@@ -138,13 +130,15 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
     @router.post(
         "/{group}/commit",
         response_model=CommitResult,
-        responses=responses(404, 409),
+        responses=responses(307, 404, 409),
         openapi_extra={"requestBody": request_body(CommitRequest)},
     )
     async def commit(request: Request, group: GroupPath) -> Response:
         """Commit offsets (the next offset to read, per partition) durably: from outside the
         group (no ``member_id``) when it has no members, or as a member of its current
-        generation for partitions assigned to it."""
+        generation for partitions assigned to it. In a cluster, made by the group's
+        coordinator (another node redirects there)."""
+        await require_coordinator(broker, group)
         req = parse_body(CommitRequest, await request.body())
         offsets: dict[tuple[str, int], tuple[int, str]] = {}
         for c in req.offsets:
@@ -159,7 +153,7 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
     @router.post(
         "/{group}/reset",
         response_model=ResetResult,
-        responses=responses(404, 409),
+        responses=responses(307, 404, 409),
         openapi_extra={"requestBody": request_body(ResetRequest)},
     )
     async def reset(request: Request, group: GroupPath) -> Response:
@@ -167,7 +161,9 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
         ``partitions``, or all): to the oldest message, the end, an offset (clamped to each
         log's range) or the first message at or after a time; ``dry_run`` only says what
         would change (per partition: the offset before and after, the end offset and the
-        lag left). The same operation as ``tidewire group reset``."""
+        lag left). The same operation as ``tidewire group reset``. In a cluster, made by the
+        group's coordinator (another node redirects there)."""
+        await require_coordinator(broker, group)
         req = parse_body(ResetRequest, await request.body())
         value = 0
         if req.to == "offset":
@@ -206,3 +202,71 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
         )
 
     return router
+
+
+def _group_page(
+    listed: Mapping[str, Any],
+    lag: Callable[[str], int],
+    *,
+    limit: int,
+    offset: int,
+    q: str,
+    sort: str,
+) -> Response:
+    """One page of the GroupList document over ``listed`` (group id -> a summary with its
+    ``state`` and ``members``)."""
+    page, total, after = paged(
+        matching(listed, q), sort=sort, keys=_sort_keys(listed, lag), offset=offset, limit=limit
+    )
+    items = [
+        {
+            "group": g,
+            "state": str(listed[g].state),
+            "members": listed[g].members,
+            "lag": lag(g),
+        }
+        for g in page
+    ]
+    return json_response({"groups": items, "total": total, "next": after})
+
+
+def _sort_keys(listed: Mapping[str, Any], lag: Callable[[str], int]) -> dict[str, Any]:
+    return {
+        "name": lambda g: g,
+        "state": lambda g: str(listed[g].state),
+        "members": lambda g: listed[g].members,
+        "lag": lag,
+    }
+
+
+async def _list_cluster_groups(
+    broker: Broker, peer: PeerClient, *, limit: int, offset: int, q: str, sort: str
+) -> Response:
+    """GET /v1/groups on a node of a cluster: the groups of every node (each lists those it
+    coordinates, as ``tidewire group list`` asks them), the lag of each listed from its
+    coordinator. Asked as this node (peers.py), so only what the caller may describe is kept
+    here, as on a single node."""
+    try:
+        listed: dict[str, GroupSummary] = {}
+        for body in await peer.ask_every_node(ListGroupsRequest()):
+            for g in body.groups:
+                # A coordinator that moved a moment ago may be listed by both nodes: the one
+                # with members is the one serving the group.
+                if g.group_id not in listed or g.members > listed[g.group_id].members:
+                    listed[g.group_id] = g
+        visible = set(names_allowed(gate_for(broker), ResourceType.GROUP, listed))
+        listed = {k: v for k, v in listed.items() if k in visible}
+        lags: dict[str, int] = {}
+        matched = matching(listed, q)
+        # The lags the page needs (every match's when sorted by lag), asked up front: the
+        # page is made by a synchronous sort.
+        wanted = matched if sort in ("lag", "-lag") else None
+        if wanted is None:
+            keys = _sort_keys(listed, lambda g: 0)
+            wanted, _, _ = paged(matched, sort=sort, keys=keys, offset=offset, limit=limit)
+        for g in wanted:
+            d = await peer.group_request(g, DescribeGroupRequest(group_id=g))
+            lags[g] = 0 if d.error_code else sum(x.lag for x in d.offsets if x.lag > 0)
+    finally:
+        await peer.close()
+    return _group_page(listed, lambda g: lags.get(g, 0), limit=limit, offset=offset, q=q, sort=sort)

@@ -13,6 +13,15 @@ under a key carries the record header :data:`KEY_HEADER` (and, in a batch, its i
 request in :data:`INDEX_HEADER`), and the first keyed publish to a topic after a start reads
 back the last :data:`KEY_TTL_S` of that topic's partitions (by the time index) to remember
 them again. A key found that way is matched by key only (its messages cannot be compared).
+
+In a cluster a keyed publish is stored by the leader of its partitions (another node
+redirects it there, see :mod:`.cluster`; a message without a key or a partition goes to the
+partition of the Idempotency-Key's hash, so that a retry sent to any node reaches the same
+leader), and the keys are that leader's: records replicate with their headers, so a node
+that becomes a partition's leader reads back the last :data:`KEY_TTL_S` of it before it
+stores a keyed publish there, once per leader epoch, after its high watermark has reached
+the log end it had then (what the former leader acknowledged is in its log by the election
+rules; until then keyed publishes are refused with a retriable error).
 """
 
 from __future__ import annotations
@@ -26,7 +35,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from tidewire.broker import Broker
-from tidewire.errors import TidewireError, UnknownTopicError
+from tidewire.errors import NotEnoughReplicasError, TidewireError, UnknownTopicError
+from tidewire.server.http.cluster import partition_count
 from tidewire.server.http.reading import StoredRecord, read_partition
 
 __all__ = [
@@ -52,6 +62,10 @@ MAX_KEY_CHARS = 255
 KEY_HEADER = "idempotency-key"
 #: The record header that carries a message's index in a keyed batch publish.
 INDEX_HEADER = "idempotency-index"
+#: How long a keyed publish waits, on a node that has just taken over a partition, for the
+#: high watermark to reach the log end (s): the followers' next fetch moves it; a partition
+#: below min_insync_replicas refuses the publish anyway.
+TAKE_OVER_WAIT_S = 5.0
 #: Bytes of one partition read at a time while remembering keys after a start.
 _SCAN_CHUNK = 1024 * 1024
 
@@ -107,6 +121,9 @@ class IdempotencyStore:
         self._entries: OrderedDict[tuple[str, str], KeyEntry] = OrderedDict()
         self._held: dict[tuple[str, str], _Held] = {}  # keys whose requests run or wait
         self._recovered: dict[str, asyncio.Future[None]] = {}
+        #: In a cluster: (topic, partition) -> the leader epoch it was read back in, and the
+        #: reading (done once it has been).
+        self._led: dict[tuple[str, int], tuple[int, asyncio.Future[None]]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -138,6 +155,8 @@ class IdempotencyStore:
         for k in [k for k in self._entries if k[0] == topic]:
             del self._entries[k]
         self._recovered.pop(topic, None)
+        for led in [led for led in self._led if led[0] == topic]:
+            del self._led[led]
 
     def _expire(self) -> None:
         cutoff = self.clock() - self.ttl_s
@@ -149,7 +168,11 @@ class IdempotencyStore:
             del entries[k]
 
     async def _recover(self, topic: str) -> None:
-        """Once per topic and process: remember the keys stored in the last ``ttl_s``."""
+        """Once per topic and process: remember the keys stored in the last ``ttl_s``; in a
+        cluster, of each partition led here, once per leader epoch."""
+        if self.broker.replication is not None:
+            await self._recover_led(topic)
+            return
         fut = self._recovered.get(topic)
         if fut is None:
             fut = self._recovered[topic] = asyncio.get_running_loop().create_future()
@@ -165,20 +188,81 @@ class IdempotencyStore:
             await asyncio.shield(fut)
 
     async def _scan(self, topic: str) -> None:
+        for p in range(self.broker.partition_count(topic)):
+            await self._scan_partition(topic, p)
+
+    async def _scan_partition(self, topic: str, p: int) -> None:
         broker = self.broker
         since = int((self.wall_clock() - self.ttl_s) * 1000)
-        for p in range(broker.partition_count(topic)):
-            offset = broker.list_offset(topic, p, since)
-            end = broker.high_watermark(topic, p)
-            while offset < end:
-                recs, offset = read_partition(
-                    broker, topic, p, offset, limit=1 << 30, max_bytes=_SCAN_CHUNK
+        offset = broker.list_offset(topic, p, since)
+        end = broker.high_watermark(topic, p)
+        while offset < end:
+            recs, offset = read_partition(
+                broker, topic, p, offset, limit=1 << 30, max_bytes=_SCAN_CHUNK
+            )
+            if not recs:
+                break
+            for rec in recs:
+                self._remember(topic, p, rec)
+            await asyncio.sleep(0)  # let requests run between chunks
+
+    async def _recover_led(self, topic: str) -> None:
+        """A cluster's :meth:`_recover`: read back each partition of ``topic`` this node
+        leads, once per leader epoch (what the other leaders stored under a key is in the
+        replicated log).
+
+        Raises:
+            NotEnoughReplicasError: the high watermark of a partition just taken over has
+                not reached its log end yet (retriable: nothing is stored meanwhile).
+        """
+        rep = self.broker.replication
+        assert rep is not None
+        try:
+            n = partition_count(self.broker, topic) or 0
+        except UnknownTopicError:
+            return  # refused by the publish itself
+        for p in range(n):
+            t = topic
+            plog = self.broker.logs.logs.get((t, p))
+            if plog is None or not rep.leads(t, p):
+                continue
+            epoch = rep.leader_epoch(t, p)
+            known = self._led.get((t, p))
+            if known is not None and known[0] == epoch:
+                if not known[1].done():
+                    await asyncio.shield(known[1])
+                continue
+            fut = asyncio.get_running_loop().create_future()
+            self._led[(t, p)] = (epoch, fut)
+            try:
+                await self._committed(t, p, plog.log_end_offset)
+                await self._scan_partition(t, p)
+            except BaseException:
+                del self._led[(t, p)]  # read again by the next keyed publish
+                raise
+            finally:
+                fut.set_result(None)
+
+    async def _committed(self, topic: str, partition: int, end: int) -> None:
+        """Wait (up to :data:`TAKE_OVER_WAIT_S`) until the high watermark of a partition this
+        node now leads reaches ``end``, the log end it had when it took over.
+
+        Raises:
+            NotEnoughReplicasError: it did not.
+        """
+        broker = self.broker
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + TAKE_OVER_WAIT_S
+        while broker.high_watermark(topic, partition) < end:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise NotEnoughReplicasError(
+                    f"partition {partition} of {topic!r} was taken over by this node and its "
+                    f"high watermark {broker.high_watermark(topic, partition)} has not reached "
+                    f"the log end {end} yet: a publish with an Idempotency-Key waits for that "
+                    "(retry)"
                 )
-                if not recs:
-                    break
-                for rec in recs:
-                    self._remember(topic, p, rec)
-                await asyncio.sleep(0)  # let requests run between chunks
+            await broker.wait_for_data([(topic, partition)], left)
 
     def _remember(self, topic: str, partition: int, rec: StoredRecord) -> None:
         key = index = None

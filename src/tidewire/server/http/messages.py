@@ -15,9 +15,10 @@ from fastapi import APIRouter, Header, Path, Query, Request
 from starlette.responses import Response
 
 from tidewire._tasks import cancel_and_wait
+from tidewire.cluster import cluster_node
 from tidewire.errors import InvalidRequestError, PartitionCorruptError, UnknownTopicError
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
-from tidewire.server.http.cluster import require_replica
+from tidewire.server.http.cluster import require_replica, topic_partition_count
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.idempotency import MAX_KEY_CHARS
 from tidewire.server.http.models import (
@@ -28,7 +29,8 @@ from tidewire.server.http.models import (
     PublishResult,
     TimeRangePage,
 )
-from tidewire.server.http.reading import StoredRecord, message_doc, read_partition
+from tidewire.server.http.peers import PeerClient
+from tidewire.server.http.reading import StoredRecord, message_doc, read_partition, read_remote
 
 __all__ = ["MAX_READ_LIMIT", "messages_router"]
 
@@ -233,15 +235,27 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
     ) -> Response:
         """Messages of every partition whose timestamp is at or after ``since`` (found by the
         time index), up to ``limit`` in all, ordered by timestamp; ``next_offsets`` says where
-        each partition continues."""
-        if topic not in broker.topics():
+        each partition continues. In a cluster any node answers: partitions it holds no
+        replica of are read from their leaders."""
+        node = cluster_node(broker)
+        if node is None and topic not in broker.topics():
             raise UnknownTopicError(f"topic {topic!r} does not exist")
         recs: list[StoredRecord] = []
         starts: dict[int, int] = {}
-        for p in range(broker.partition_count(topic)):
-            starts[p] = broker.list_offset(topic, p, since)
-            got, _ = read_partition(broker, topic, p, starts[p], limit=limit)
-            recs += got
+        peer: PeerClient | None = None
+        try:
+            for p in range(topic_partition_count(broker, topic)):
+                if node is None or (topic, p) in broker.logs.logs:
+                    starts[p] = broker.list_offset(topic, p, since)
+                    got, _ = read_partition(broker, topic, p, starts[p], limit=limit)
+                else:  # a cluster's partition held elsewhere: from its leader
+                    peer = peer or PeerClient(node)
+                    starts[p] = await peer.list_offset(topic, p, since)
+                    got = await read_remote(peer, topic, p, starts[p], limit=limit)
+                recs += got
+        finally:
+            if peer is not None:
+                await peer.close()
         recs.sort(key=lambda r: (r.timestamp, r.partition, r.offset))
         del recs[limit:]
         next_offsets = dict(starts)

@@ -98,7 +98,17 @@ class Publisher:
             raise InvalidTopicError(exc.message) from None
         return broker.config.default_partitions
 
-    def choose(self, msg: PublishMessage, key: bytes | None, n: int, topic: str) -> int:
+    def choose(
+        self,
+        msg: PublishMessage,
+        key: bytes | None,
+        n: int,
+        topic: str,
+        idempotency_key: str | None = None,
+    ) -> int:
+        """The partition of one message: its own, its key's, else (in a cluster, with an
+        Idempotency-Key) the Idempotency-Key's, so that a retry sent to another node goes to
+        the same partition; else one led here, round robin."""
         if msg.partition is not None:
             if msg.partition >= n:
                 raise UnknownPartitionError(
@@ -107,6 +117,8 @@ class Publisher:
             return msg.partition
         if key is not None:
             return partition_for_key(key, n)
+        if self.broker.replication is not None and idempotency_key is not None:
+            return partition_for_key(idempotency_key.encode(), n)
         if self.broker.replication is not None:  # a cluster: where it arrived, if led here
             led = cluster.led_here(self.broker, topic, n)
             if led:
@@ -127,6 +139,9 @@ class Publisher:
         n = self._partitions_for_publish(topic)
         ((key, value, headers, ts),) = _decode((req,), req.encoding)
         p = self.choose(req, key, n, topic)
+        rep = self.broker.replication
+        if rep is not None and not rep.leads(topic, p):  # a cluster: name its leader
+            cluster.require_leader(self.broker, topic, {p})
         builder = BatchBuilder()
         builder.append(value, timestamp_ms=ts, key=key, headers=headers)
         result = await self.broker.produce(topic, p, builder.build())
@@ -158,7 +173,13 @@ class Publisher:
         fingerprint = hash((encoding, tuple(_canonical(m) for m in msgs)))
         async with self.store.hold(topic, idempotency_key) as entry:
             placement = self._placement(
-                entry, fingerprint=fingerprint, msgs=msgs, ready=ready, n=n, topic=topic
+                entry,
+                fingerprint=fingerprint,
+                msgs=msgs,
+                ready=ready,
+                n=n,
+                topic=topic,
+                key=idempotency_key,
             )
             try:
                 return await self._store(topic, ready, placement, entry.done, idempotency_key)
@@ -176,12 +197,13 @@ class Publisher:
         ready: list[_Ready],
         n: int,
         topic: str,
+        key: str,
     ) -> list[int]:
         """The partitions of ``msgs`` under ``entry``: as its first request chose them."""
         if entry.placement is None:  # the key's first request
             entry.fingerprint = fingerprint
             entry.placement = [
-                self.choose(m, r[0], n, topic) for m, r in zip(msgs, ready, strict=True)
+                self.choose(m, r[0], n, topic, key) for m, r in zip(msgs, ready, strict=True)
             ]
             return entry.placement
         if entry.fingerprint is not None and entry.fingerprint != fingerprint:
@@ -196,7 +218,7 @@ class Publisher:
             )
         for i, p in enumerate(entry.placement):
             if p < 0:  # a partition the first attempt did not store: choose now
-                entry.placement[i] = self.choose(msgs[i], ready[i][0], n, topic)
+                entry.placement[i] = self.choose(msgs[i], ready[i][0], n, topic, key)
         entry.fingerprint = fingerprint
         return entry.placement
 

@@ -4,12 +4,15 @@ the records before the offset asked for left out; a record as the Message JSON d
 from __future__ import annotations
 
 import base64
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tidewire.broker import Broker
 from tidewire.records import iter_batches, read_records
 
-__all__ = ["DEFAULT_READ_BYTES", "StoredRecord", "message_doc", "read_partition"]
+if TYPE_CHECKING:
+    from tidewire.server.http.peers import PeerClient
+
+__all__ = ["DEFAULT_READ_BYTES", "StoredRecord", "message_doc", "read_partition", "read_remote"]
 
 #: Bytes of batches read per request: enough for thousands of small messages, small enough
 #: that one read never holds the loop for long.
@@ -58,6 +61,36 @@ def read_partition(
     if out:  # the metrics' messages and bytes out, once per read (as fetch counts them)
         broker.count_delivered(topic, partition, len(out), len(data))
     return out, out[-1].offset + 1 if out else offset
+
+
+async def read_remote(
+    peer: PeerClient,
+    topic: str,
+    partition: int,
+    offset: int,
+    *,
+    limit: int,
+    max_bytes: int = DEFAULT_READ_BYTES,
+) -> list[StoredRecord]:
+    """As :func:`read_partition`, for a partition of a cluster that this node holds no
+    replica of: up to ``limit`` records from ``offset`` on, fetched from its leader (below
+    its high watermark) through this node's ``peer`` client.
+
+    Raises:
+        UnknownTopicError, UnknownPartitionError, OffsetOutOfRangeError,
+        PartitionCorruptError: as the leader answers; NotLeaderError, ConnectionLostError:
+        no leader answered in time.
+    """
+    got = await peer.fetch(topic, partition, offset, max_bytes=max_bytes)
+    out: list[StoredRecord] = []
+    for start, h in iter_batches(got.data, verify=False):  # the leader's log checked them
+        if h.last_offset < offset:
+            continue
+        out += read_records(got.data, start, h, StoredRecord, topic, partition, offset)
+        if len(out) >= limit:
+            break
+    del out[limit:]
+    return out
 
 
 def _text(data: bytes | None) -> str | None:

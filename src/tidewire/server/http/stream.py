@@ -47,6 +47,7 @@ from tidewire.errors import (
 )
 from tidewire.server.http._cursor import (
     LogCursor,
+    StartAt,
     decode_token,
     encode_token,
     parse_from,
@@ -60,8 +61,16 @@ from tidewire.server.http._params import (
 )
 from tidewire.server.http._ws_session import WsSession
 from tidewire.server.http._ws_settings import CLOSE_CODES, WsSettings
+from tidewire.server.http.cluster import topic_partition_count
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.errors import error_response, status_of
+from tidewire.server.http.peers import (
+    close_cursor,
+    make_cursor,
+    offset_bounds,
+    resolve_start,
+    wake_events,
+)
 
 __all__ = ["CLOSE_CODES", "HEARTBEAT_S", "stream_router"]
 
@@ -91,7 +100,7 @@ def stream_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> A
         await websocket.accept()
         try:
             settings = WsSettings.from_params(websocket.query_params)
-            broker.partition_count(topic)  # an unknown topic fails here
+            topic_partition_count(broker, topic)  # an unknown topic fails here
         except TidewireError as exc:
             code = "not_found" if status_of(exc) == 404 else "bad_request"
             await websocket.send_json(error_frame(exc))
@@ -111,6 +120,10 @@ def stream_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> A
             404: {"description": "unknown topic or partition"},
             406: {"description": "neither an SSE request nor a WebSocket upgrade"},
             416: {"description": "a resume position no longer in the log"},
+            503: {
+                "description": "in a cluster: a partition held by another node whose leader "
+                "did not answer (retry)"
+            },
         },
     )
     async def stream_sse(
@@ -148,8 +161,8 @@ def stream_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> A
             return error_response(exc, 406)
         params = request.query_params
         try:
-            cursor = _sse_cursor(broker, topic, request)
             heartbeat = int_param(params, "heartbeat_ms", int(heartbeat_s * 1000), 10, 300_000)
+            cursor = await _sse_cursor(broker, topic, request)
         except TidewireError as exc:
             return error_response(exc)
         return StreamingResponse(
@@ -161,30 +174,37 @@ def stream_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> A
     return router
 
 
-def _sse_cursor(broker: Broker, topic: str, request: Request) -> LogCursor:
+async def _sse_cursor(broker: Broker, topic: str, request: Request) -> LogCursor:
+    """The cursor of an SSE stream at the positions its request asks for (in a cluster,
+    those of partitions without a replica here asked of their leaders)."""
     params = request.query_params
     force = encoding_param(params)
     parts = partitions_param(broker, topic, params.get("partitions"))
     token = request.headers.get("last-event-id") or params.get("last_event_id")
-    if token:
-        saved = decode_token(token, topic)
+    saved = decode_token(token, topic) if token else None
+    start_at = parse_from(params.get("from"))
+    cursor = make_cursor(broker, topic, force_base64=force)
+    try:
         positions: dict[int, int] = {}
         for p in parts:
-            if p not in saved:  # a partition added since the token: from its start
-                positions[p] = broker.list_offset(topic, p, -2)
+            if saved is None:
+                positions[p] = await resolve_start(cursor, start_at, p)
                 continue
-            start, end = broker.list_offset(topic, p, -2), broker.high_watermark(topic, p)
+            if p not in saved:  # a partition added since the token: from its start
+                positions[p] = await resolve_start(cursor, StartAt("earliest"), p)
+                continue
+            start, end = await offset_bounds(cursor, p)
             if not start <= saved[p] <= end:
                 raise OffsetOutOfRangeError(
                     f"the resume token's offset {saved[p]} of partition {p} is outside the "
                     f"log's {start}..{end}"
                 )
             positions[p] = saved[p]
-        return LogCursor(broker, topic, positions, force_base64=force)
-    start_at = parse_from(params.get("from"))
-    return LogCursor(
-        broker, topic, {p: start_at.resolve(broker, topic, p) for p in parts}, force_base64=force
-    )
+    except BaseException:
+        await close_cursor(cursor)
+        raise
+    cursor.assign(positions)
+    return cursor
 
 
 async def _sse_events(
@@ -193,6 +213,16 @@ async def _sse_events(
     """The event stream: messages with resume tokens; keepalives while idle; an
     ``event: error`` and the end when a partition can no longer be read; the end when the
     gateway drains (the client reconnects elsewhere with its last id)."""
+    try:
+        async for chunk in _sse_chunks(broker, cursor, heartbeat_s, closing):
+            yield chunk
+    finally:
+        await close_cursor(cursor)
+
+
+async def _sse_chunks(
+    broker: Broker, cursor: LogCursor, heartbeat_s: float, closing: asyncio.Event
+) -> AsyncIterator[bytes]:
     topic = cursor.topic
     yield b"retry: 1000\n: connected\n\n"
     loop = asyncio.get_running_loop()
@@ -224,4 +254,4 @@ async def _sse_events(
             yield b": keepalive\n\n"
             last_sent = loop.time()
             continue
-        await wait_for_data_or(broker, cursor.waiting_keys(), wait, closing)
+        await wait_for_data_or(broker, cursor.waiting_keys(), wait, closing, *wake_events(cursor))

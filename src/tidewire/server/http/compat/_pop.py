@@ -5,7 +5,10 @@ is committed), commits the offset after it (fsynced) and only then returns it, s
 handed out once, even across restarts, and a failed commit hands nothing out. Pops of one
 topic are served one at a time, in the order they arrived; a pop may wait (long-poll) for the
 next append. If the answer then never reaches the client the message is gone for it: taking
-is at most once on the network, exactly once in the log.
+is at most once on the network, exactly once in the log. In a cluster the group's offsets
+are kept by its coordinator, here or on another node (:class:`~.._ws_group.GroupLink`); the
+msgbus mode takes pops only on the leader of the topic's partition, so one node serializes
+them.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from tidewire.broker import Broker
 from tidewire.server.http._cursor import Record, decode_records
 from tidewire.server.http._params import wait_for_data_or
+from tidewire.server.http._ws_group import GroupLink
 
 __all__ = ["Popper"]
 
@@ -49,15 +53,17 @@ class Popper:
         #: Called with the topic after each commit (a taker made room).
         self.on_taken: Callable[[str], None] | None = None
 
-    def position(self, topic: str) -> int:
+    async def position(self, topic: str, link: GroupLink | None = None) -> int:
         """The next offset to take (the committed offset, at least the log start)."""
-        c = self.broker.groups.committed(self.group, [(topic, 0)]).get((topic, 0))
+        link = link or GroupLink(self.broker, self.group)
+        c = (await link.committed([(topic, 0)])).get((topic, 0))
         start = self.broker.list_offset(topic, 0, -2)
-        return start if c is None else max(c.offset, start)
+        return start if c is None else max(c, start)
 
-    async def commit(self, topic: str, offset: int) -> None:
+    async def commit(self, topic: str, offset: int, link: GroupLink | None = None) -> None:
         """Mark everything before ``offset`` taken (durably)."""
-        await self.broker.groups.commit(self.group, {(topic, 0): (offset, "")})
+        link = link or GroupLink(self.broker, self.group)
+        await link.commit({(topic, 0): offset}, member_id="", generation=-1)
         if self.on_taken is not None:
             self.on_taken(topic)
 
@@ -95,7 +101,12 @@ class Popper:
         deadline = loop.time() + wait_s
         while True:
             async with self.exclusive(topic):
-                rec = await self._take(topic, accept)
+                # The group's coordinator: here, or in a cluster perhaps another node.
+                link = GroupLink(self.broker, self.group)
+                try:
+                    rec = await self._take(topic, accept, link)
+                finally:
+                    await link.close()
             if rec is not None:
                 return rec
             left = deadline - loop.time()
@@ -103,15 +114,17 @@ class Popper:
                 return None
             await wait_for_data_or(self.broker, [(topic, 0)], left, self.closing)
 
-    async def _take(self, topic: str, accept: Callable[[Record], bool]) -> Record | None:
+    async def _take(
+        self, topic: str, accept: Callable[[Record], bool], link: GroupLink
+    ) -> Record | None:
         while True:
-            pos = self.position(topic)
+            pos = await self.position(topic, link)
             r = self.broker.read_partition(topic, 0, pos, _READ_BYTES)
             if not r.data:
                 return None
             records = decode_records(topic, 0, r.data, pos)
             for rec in records:
                 if accept(rec):
-                    await self.commit(topic, rec.offset + 1)
+                    await self.commit(topic, rec.offset + 1, link)
                     return rec
-            await self.commit(topic, r.next_offset)  # nothing acceptable here: passed over
+            await self.commit(topic, r.next_offset, link)  # nothing acceptable: passed over

@@ -40,12 +40,15 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from tidewire._tasks import cancel_and_wait
 from tidewire.broker import Broker
+from tidewire.cluster import cluster_node
 from tidewire.errors import (
     BackpressureError,
     BatchTooLargeError,
     LogFailedError,
+    NotLeaderError,
     StorageError,
     TidewireError,
+    TopicExistsError,
     UnknownTopicError,
 )
 from tidewire.records import BatchBuilder, iter_batches
@@ -53,6 +56,7 @@ from tidewire.server.http._cursor import Record, decode_records
 from tidewire.server.http._params import wait_for_data_or
 from tidewire.server.http.compat import ensure_topic, name_of, rfc3339, topic_for
 from tidewire.server.http.compat._pop import Popper
+from tidewire.server.http.peers import PeerClient
 
 __all__ = ["GROUP", "PREFIX", "create_msgbus_app"]
 
@@ -64,6 +68,9 @@ GROUP = "msgbus"
 NO_EXPIRY = "0001-01-01T00:00:00Z"
 #: Bytes read from the log per step of a subscription.
 _READ_BYTES = 256 * 1024
+#: How long a leader holds a remote subscription's fetch (ms): also how late a subscriber
+#: that went away, or a drain, is noticed on a node without a replica of the topic.
+_REMOTE_WAIT_MS = 1_000
 
 _encode = msgspec.json.Encoder().encode
 
@@ -130,12 +137,15 @@ def create_msgbus_app(
             batch = BatchBuilder()
             batch.append(bytes(body), timestamp_ms=int(time.time() * 1000))
             data = batch.build()
-            ensure_topic(broker, topic, data)  # a refused message creates no topic
-            result = await broker.produce(topic, 0, data)
+            if cluster_node(broker) is None:
+                ensure_topic(broker, topic, data)  # a refused message creates no topic
+                seq = (await broker.produce(topic, 0, data)).last_offset + 1
+            else:
+                seq = await _publish_in_cluster(broker, topic, data) + 1
         except TidewireError as exc:
             return _error(exc)
         return PlainTextResponse(
-            f"message successfully published to {name} with sequence {result.last_offset + 1}",
+            f"message successfully published to {name} with sequence {seq}",
             status_code=202,
         )
 
@@ -145,6 +155,7 @@ def create_msgbus_app(
             return await list_topics(request)
         try:
             topic = topic_for(PREFIX, name)
+            _check_pop_here(broker, topic)
             alive = _alive(ttl_ms)
             rec = await popper.pop(topic, accept=alive) if topic in broker.topics() else None
         except TidewireError as exc:
@@ -160,6 +171,19 @@ def create_msgbus_app(
         except TidewireError as exc:
             await websocket.close(1008, exc.message[:120])
             return
+        node = cluster_node(broker)
+        if node is not None:
+            try:
+                await _ensure_in_cluster(broker, topic)
+            except TidewireError as exc:
+                await websocket.close(1011, exc.message[:120])
+                return
+            rep = broker.replication
+            if rep is None or not rep.leads(topic, 0):
+                # Led elsewhere: from the leader, whose high watermark says what "from now
+                # on" is (a follower's may lag behind it).
+                await _subscribe_remote(websocket, PeerClient(node), topic, message, stop)
+                return
         ensure_topic(broker, topic)  # msgbus creates a topic a subscriber names
         # The subscription starts before the handshake is answered: whatever is published
         # once the client holds its answer reaches it.
@@ -190,6 +214,96 @@ def create_msgbus_app(
         WebSocketRoute("/{topic:path}", subscribe),
     ]
     return Starlette(routes=routes)
+
+
+async def _ensure_in_cluster(broker: Broker, topic: str, batch: bytes | None = None) -> None:
+    """In a cluster: create ``topic`` (one partition) through etcd unless the cluster has it,
+    as msgbus creates a topic on first use (``batch``, the publish about to be stored, is
+    checked against the new topic's limits first, so a refused one creates nothing)."""
+    node = cluster_node(broker)
+    assert node is not None
+    if topic in node.cache.topics:
+        return
+    if batch is not None:
+        broker.check_first_publish(batch)
+    with contextlib.suppress(TopicExistsError):
+        await node.create_topic(topic, 1, broker.config.log)
+
+
+async def _publish_in_cluster(broker: Broker, topic: str, batch: bytes) -> int:
+    """Store a publish in a cluster: on the leader of the topic's partition, here or through
+    this node's routed client; its offset."""
+    await _ensure_in_cluster(broker, topic, batch)
+    rep = broker.replication
+    if rep is not None and rep.leads(topic, 0):
+        return (await broker.produce(topic, 0, batch)).base_offset
+    node = cluster_node(broker)
+    assert node is not None
+    peer = PeerClient(node)
+    try:
+        return await peer.produce(topic, 0, batch)
+    finally:
+        await peer.close()
+
+
+def _check_pop_here(broker: Broker, topic: str) -> None:
+    """In a cluster, pops of a topic are taken by the leader of its partition (one node
+    serializes them, so a message is taken once): elsewhere, refuse naming it.
+
+    Raises:
+        NotLeaderError: another node (or none now) leads it.
+    """
+    rep = broker.replication
+    node = cluster_node(broker)
+    if rep is None or node is None or rep.leads(topic, 0):
+        return
+    got = node.cache.partition(topic, 0)
+    leader = -1 if got is None else got[0].leader
+    info = node.cache.nodes.get(leader)
+    if got is None:
+        raise UnknownTopicError(f"topic {topic!r} does not exist")
+    where = f"node {leader}, host {info.host}" if info else "no node now"
+    raise NotLeaderError(
+        f"pops of {topic!r} are taken on the leader of its partition ({where}): pop on that "
+        "node's msgbus listener"
+    )
+
+
+async def _subscribe_remote(
+    websocket: WebSocket,
+    peer: PeerClient,
+    topic: str,
+    message: Callable[[Record], bytes],
+    stop: asyncio.Event,
+) -> None:
+    """A subscription on a node of a cluster that does not lead the topic's partition: every
+    message published from now on, fetched from the leader (long-polled) through this node's
+    routed client."""
+    try:
+        try:
+            position = await peer.list_offset(topic, 0, -1)
+        except TidewireError as exc:
+            await websocket.close(1011, exc.message[:120])
+            return
+        await websocket.accept()
+        reader = asyncio.create_task(_until_disconnect(websocket))
+        try:
+            while not reader.done() and not stop.is_set():
+                got = await peer.fetch(
+                    topic, 0, position, max_bytes=_READ_BYTES, max_wait_ms=_REMOTE_WAIT_MS
+                )
+                for rec in decode_records(topic, 0, got.data, position):
+                    await websocket.send_text(message(rec).decode())
+                    position = rec.offset + 1
+        except (WebSocketDisconnect, OSError, RuntimeError, TidewireError):
+            pass
+        finally:
+            await cancel_and_wait(reader)
+        if stop.is_set():
+            with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):
+                await websocket.close(1001)
+    finally:
+        await peer.close()
 
 
 async def _until_disconnect(websocket: WebSocket) -> None:
@@ -224,6 +338,6 @@ def _error(exc: TidewireError) -> Response:
     status = 404 if isinstance(exc, UnknownTopicError) else 400
     if isinstance(exc, BatchTooLargeError):  # over the topic's max_batch_bytes
         status = 413
-    if isinstance(exc, (StorageError, LogFailedError, BackpressureError)):
-        status = 503
+    if isinstance(exc, (StorageError, LogFailedError, BackpressureError, NotLeaderError)):
+        status = 503  # NotLeaderError: a cluster's leader (or a group's coordinator) elsewhere
     return PlainTextResponse(exc.message, status_code=status)

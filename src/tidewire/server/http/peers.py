@@ -1,0 +1,365 @@
+"""The HTTP API on a node of a cluster, for what spans partitions this node holds no replica
+of: its internal routed client (:class:`PeerClient`) and the stream cursor that reads those
+partitions through it (:class:`ClusterCursor`); docs/cluster.md, "The HTTP API in a cluster".
+
+- A :class:`PeerClient` sends the protocol's FETCH, LIST_OFFSETS and LIST_GROUPS to other
+  nodes with the client's leader routing (:mod:`tidewire.client._routing`: each partition's
+  request to its leader, refreshed and retried on ``NotLeaderError`` or a lost node), as this
+  node's own identity: the connections are made by the node's ``replica_connect`` (its TLS
+  and ``--node-api-key-file``), as its replica fetchers' are. The request was checked at this
+  node's gate (the HTTP caller's permissions); the leader's gate checks the node principal's.
+  One client belongs to one request or stream, which closes it: connections live as long as
+  what uses them, never beyond.
+- A :class:`ClusterCursor` is a :class:`~._cursor.LogCursor` whose partitions held here are
+  read from the local replica (below its high watermark, as any read on this node), and the
+  others from their leaders: one FETCH in flight per such partition at most, of at most
+  :data:`~._cursor.READ_BYTES`, started only once what the previous one brought has been
+  delivered, so what a stream holds stays the local cursor's bound and the client's credit
+  still decides what is sent. The leader long-polls the fetch; its answer sets
+  :attr:`ClusterCursor.arrived`, which the streams wait on besides the local wake-ups.
+
+A single node never makes either: its streams use a plain :class:`~._cursor.LogCursor`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tidewire._tasks import cancel_and_wait
+from tidewire.client._routing import OFFSETS_TOPIC, Router, call_routed, coordinator_partition
+from tidewire.client._transport import Transport
+from tidewire.cluster import cluster_node
+from tidewire.errors import OffsetOutOfRangeError, TidewireError, fetch_error, for_code
+from tidewire.protocol.messages import (
+    ACKS_DURABLE,
+    FetchPartition,
+    FetchRequest,
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    ProducePartition,
+    ProduceRequest,
+)
+from tidewire.server.http._cursor import (
+    READ_BYTES,
+    LogCursor,
+    Part,
+    StartAt,
+    decode_records,
+    encode_message,
+)
+
+if TYPE_CHECKING:
+    from tidewire.broker import Broker
+    from tidewire.cluster.node import ClusterNode
+
+__all__ = [
+    "FETCH_WAIT_MS",
+    "ClusterCursor",
+    "Fetched",
+    "PeerClient",
+    "close_cursor",
+    "make_cursor",
+    "offset_bounds",
+    "resolve_start",
+    "wake_events",
+]
+
+log = logging.getLogger("tidewire.http")
+
+#: How long a leader holds a stream's fetch of a caught-up partition (ms): long enough that an
+#: idle stream costs a request every few seconds per remote partition, short enough that a
+#: leader that moved is noticed within that time even when nothing fails.
+FETCH_WAIT_MS = 5_000
+#: How long a request to another node is retried on a partition's new leader (s): a cluster
+#: elects one within its session timeout (6 s by default); beyond that the stream reports the
+#: error and the client resumes (with its resume token) when it can.
+PEER_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """A fetch's answer: whole batches from the offset asked for, the leader's high watermark
+    and log start."""
+
+    data: bytes
+    high_watermark: int
+    log_start_offset: int
+
+
+class PeerClient:
+    """This node's routed client to the other nodes (see the module docstring).
+
+    Args:
+        node: the cluster node this gateway runs in.
+        timeout_s: how long a request is retried on a partition's new leader.
+    """
+
+    def __init__(self, node: ClusterNode, *, timeout_s: float = PEER_TIMEOUT_S) -> None:
+        raw = node.replica_connect
+
+        def connect(address: str) -> Transport:
+            host, _, port = address.rpartition(":")
+            if raw is None:
+                return Transport(address, connect_timeout_s=5.0, request_timeout_s=timeout_s)
+            link = raw(host.strip("[]"), int(port))
+            if not isinstance(link, Transport):  # a node's replica_connect makes Transports
+                raise TypeError(f"replica_connect made a {type(link).__name__}, not a Transport")
+            return link
+
+        self.timeout_s = timeout_s
+        self._bootstrap = connect(f"{node.info.host}:{node.info.port}")
+        self._router = Router(self._bootstrap, connect)
+
+    async def close(self) -> None:
+        """Close every connection this client opened."""
+        await self._router.close()
+        await self._bootstrap.close()
+
+    async def _routed(self, topic: str, partition: int, request: Any, timeout_s: float) -> Any:
+        if not self._router.clustered:
+            with contextlib.suppress(TidewireError):  # the routed call retries by itself
+                await self._router.refresh([topic])
+
+        async def send(t: Transport) -> Any:
+            response = await t.request(request, timeout_s=timeout_s)
+            assert response is not None
+            return response
+
+        return await call_routed(
+            self._router, topic, partition, send, timeout_s=self.timeout_s, resend_on_loss=True
+        )
+
+    async def fetch(
+        self, topic: str, partition: int, offset: int, *, max_bytes: int, max_wait_ms: int = 0
+    ) -> Fetched:
+        """The batches of ``topic``/``partition`` from ``offset`` on, below the leader's high
+        watermark (long-polled up to ``max_wait_ms`` when there are none yet).
+
+        Raises:
+            OffsetOutOfRangeError, UnknownTopicError, UnknownPartitionError,
+            PartitionCorruptError: as the leader answers them.
+            NotLeaderError, ConnectionLostError, ...: no leader answered within the timeout.
+        """
+        req = FetchRequest(
+            max_wait_ms=max_wait_ms,
+            max_bytes=max_bytes,
+            partitions=[FetchPartition(topic, partition, offset, max_bytes)],
+        )
+        response = await self._routed(
+            topic, partition, req, self._bootstrap.request_timeout_s + max_wait_ms / 1000
+        )
+        (result,) = response.body.partitions
+        if result.error_code:
+            raise fetch_error(
+                result.error_code, result.error_message, result.damage_start, result.damage_end
+            )
+        return Fetched(
+            bytes(response.data[: result.size]),
+            int(result.high_watermark),
+            int(result.log_start_offset),
+        )
+
+    async def produce(self, topic: str, partition: int, batch: bytes) -> int:
+        """Store one record batch in ``topic``/``partition`` through its leader (durable acks:
+        in a cluster, answered once every in-sync replica holds it); its base offset.
+
+        A lost connection is not retried (the batch may have been stored): it raises.
+
+        Raises:
+            NotLeaderError, NotEnoughReplicasError: no leader took it within the timeout.
+            TidewireError: what the leader refused it with.
+        """
+        req = ProduceRequest(
+            acks=ACKS_DURABLE, partitions=[ProducePartition(topic, partition, len(batch))]
+        )
+        timeout = self._bootstrap.request_timeout_s
+        if not self._router.clustered:
+            with contextlib.suppress(TidewireError):
+                await self._router.refresh([topic])
+
+        async def send(t: Transport) -> Any:
+            response = await t.request(req, [batch], timeout_s=timeout)
+            assert response is not None
+            (result,) = response.body.results
+            if result.error_code:
+                raise for_code(result.error_code)(result.error_message)
+            return int(result.base_offset)
+
+        got: int = await call_routed(
+            self._router, topic, partition, send, timeout_s=self.timeout_s, resend_on_loss=False
+        )
+        return got
+
+    async def list_offset(self, topic: str, partition: int, timestamp: int) -> int:
+        """As :meth:`Broker.list_offset`, answered by the partition's leader: -2 the log
+        start, -1 the high watermark, else the first offset at or after ``timestamp`` (ms)."""
+        req = ListOffsetsRequest(partitions=[ListOffsetsPartition(topic, partition, timestamp)])
+        response = await self._routed(topic, partition, req, self._bootstrap.request_timeout_s)
+        (result,) = response.body.results
+        if result.error_code:
+            raise for_code(result.error_code)(result.error_message)
+        return int(result.offset)
+
+    async def group_request(self, group: str, request: Any) -> Any:
+        """``request`` about consumer group ``group``, answered by its coordinator (the leader
+        of its partition of ``__consumer_offsets``, found again on NotCoordinatorError): the
+        answer's body."""
+        p = coordinator_partition(group)
+        response = await self._routed(OFFSETS_TOPIC, p, request, self._bootstrap.request_timeout_s)
+        return response.body
+
+    async def ask_every_node(self, request: Any) -> list[Any]:
+        """The answer bodies of every node of the cluster to ``request`` (this one included).
+
+        Raises:
+            ConnectionLostError, RequestTimedOutError: a node did not answer.
+        """
+        return await self._router.ask_every_node(request)
+
+
+# --- reading a topic on any node ---------------------------------------------------------------
+
+
+def _holds(broker: Broker, topic: str, partition: int) -> bool:
+    return (topic, partition) in broker.logs.logs
+
+
+class ClusterCursor(LogCursor):
+    """A :class:`LogCursor` over every partition of a topic in a cluster: those without a
+    replica here are fetched from their leaders through ``peer`` (see the module docstring).
+    Call :meth:`close` when the stream ends."""
+
+    def __init__(
+        self, broker: Broker, peer: PeerClient, topic: str, *, force_base64: bool = False
+    ) -> None:
+        super().__init__(broker, topic, {}, force_base64=force_base64)
+        self.peer = peer
+        #: Set whenever a fetch from another node answered (data, nothing, or an error).
+        self.arrived = asyncio.Event()
+        self._fetches: dict[int, asyncio.Task[None]] = {}
+        self._dropped: set[asyncio.Task[None]] = set()  # of partitions no longer assigned
+        self._failed: dict[int, TidewireError] = {}
+
+    def remote(self, partition: int) -> bool:
+        """Whether the partition is read from its leader (no replica of it here)."""
+        return not _holds(self.broker, self.topic, partition)
+
+    def assign(self, positions: dict[int, int]) -> None:
+        super().assign(positions)
+        for p in [p for p in self._fetches if p not in self.parts]:
+            task = self._fetches.pop(p)
+            task.cancel()  # its answer is not wanted; reaped by close()
+            self._dropped.add(task)
+            self._failed.pop(p, None)
+
+    def peek(self, part: Part) -> tuple[int, bytes] | None:
+        if not self.remote(part.partition):
+            return super().peek(part)
+        if part.pending:
+            return part.pending[0]
+        failed = self._failed.pop(part.partition, None)
+        if failed is not None:
+            raise failed
+        part.position = max(part.position, part.read_end)
+        task = self._fetches.get(part.partition)
+        if task is None or task.done():
+            self._fetches[part.partition] = asyncio.get_running_loop().create_task(
+                self._fetch(part, part.position), name=f"http fetch {self.topic}/{part.partition}"
+            )
+        return None
+
+    async def _fetch(self, part: Part, position: int) -> None:
+        """One fetch of ``part`` from its leader: its records join ``pending`` (or its error
+        is kept for the next :meth:`peek`); then :attr:`arrived` is set."""
+        try:
+            got = await self.peer.fetch(
+                self.topic,
+                part.partition,
+                position,
+                max_bytes=READ_BYTES,
+                max_wait_ms=FETCH_WAIT_MS,
+            )
+            if self.parts.get(part.partition) is not part or part.position != position:
+                return  # reassigned meanwhile: what was fetched is not wanted
+            if not got.data and position < got.log_start_offset:
+                raise OffsetOutOfRangeError(
+                    f"offset {position} of {self.topic!r} partition {part.partition} was "
+                    f"removed by retention; the log starts at {got.log_start_offset}"
+                )
+            force = self.force_base64
+            for rec in decode_records(self.topic, part.partition, got.data, position):
+                part.pending.append((rec.offset, encode_message(rec, force_base64=force)))
+            if part.pending:
+                part.read_end = part.pending[-1][0] + 1
+        except TidewireError as exc:
+            self._failed[part.partition] = exc
+        finally:
+            self.arrived.set()
+
+    def waiting_keys(self) -> Sequence[tuple[str, int]]:
+        return [(self.topic, p) for p in self.parts if not self.remote(p)]
+
+    async def close(self) -> None:
+        """Stop the fetches in flight and close the client's connections."""
+        tasks = [*self._fetches.values(), *self._dropped]
+        self._fetches, self._dropped = {}, set()
+        for t in tasks:
+            await cancel_and_wait(t)
+        await self.peer.close()
+
+
+def make_cursor(broker: Broker, topic: str, *, force_base64: bool = False) -> LogCursor:
+    """An empty cursor over ``topic`` for a stream: a :class:`ClusterCursor` on a node of a
+    cluster, else a plain :class:`LogCursor`. Close it with :func:`close_cursor`."""
+    node = cluster_node(broker)
+    if node is None:
+        return LogCursor(broker, topic, {}, force_base64=force_base64)
+    return ClusterCursor(broker, PeerClient(node), topic, force_base64=force_base64)
+
+
+async def close_cursor(cursor: LogCursor) -> None:
+    """Close what :func:`make_cursor` made (nothing to do for a single node's)."""
+    if isinstance(cursor, ClusterCursor):
+        await cursor.close()
+
+
+def wake_events(cursor: LogCursor) -> tuple[asyncio.Event, ...]:
+    """What a caught-up stream waits on besides the local wake-ups: a remote fetch's answer."""
+    if isinstance(cursor, ClusterCursor):
+        cursor.arrived.clear()
+        return (cursor.arrived,)
+    return ()
+
+
+async def resolve_start(cursor: LogCursor, start: StartAt, partition: int) -> int:
+    """The offset ``start`` means in ``partition`` now, asked of its leader when the
+    partition has no replica here."""
+    if not isinstance(cursor, ClusterCursor) or not cursor.remote(partition):
+        return start.resolve(cursor.broker, cursor.topic, partition)
+    peer, topic = cursor.peer, cursor.topic
+    if start.kind == "earliest":
+        return await peer.list_offset(topic, partition, -2)
+    if start.kind == "latest":
+        return await peer.list_offset(topic, partition, -1)
+    if start.kind == "timestamp":
+        return await peer.list_offset(topic, partition, start.value)
+    low = await peer.list_offset(topic, partition, -2)
+    high = await peer.list_offset(topic, partition, -1)
+    return min(max(start.value, low), high)
+
+
+async def offset_bounds(cursor: LogCursor, partition: int) -> tuple[int, int]:
+    """The log start and the high watermark of ``partition`` (from its leader when it has no
+    replica here)."""
+    if not isinstance(cursor, ClusterCursor) or not cursor.remote(partition):
+        b, t = cursor.broker, cursor.topic
+        return b.list_offset(t, partition, -2), b.high_watermark(t, partition)
+    return (
+        await cursor.peer.list_offset(cursor.topic, partition, -2),
+        await cursor.peer.list_offset(cursor.topic, partition, -1),
+    )
