@@ -537,6 +537,15 @@ class StreamManager:
         if replication is None:  # a single node serves every local partition again
             self.load()
 
+    def serves(self, stream: str) -> bool:
+        """Whether requests for ``stream`` are served here (always on a single node; in a
+        cluster, when this node leads its partition)."""
+        rep = self._rep
+        if rep is None:
+            return True
+        n = rep.partition_count()
+        return n is not None and partition_of(stream, n) in self._led
+
     @property
     def led_partitions(self) -> frozenset[int]:
         """The partitions of ``__streams`` this node serves in a cluster."""
