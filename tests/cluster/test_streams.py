@@ -16,7 +16,11 @@ from pathlib import Path
 
 import httpx
 import msgspec
+import pytest
 
+from tests.broker._support import PROMPT_S
+from tests.broker.streams._support import streams_broker
+from tests.broker.streams.test_manager import until as until_true
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import InProcessNode, in_process_cluster, until
 from tidewire.broker.offsets import STREAMS_TOPIC
@@ -25,7 +29,7 @@ from tidewire.client import AsyncClient
 from tidewire.client._streams import STREAMS_TOPIC as CLIENT_STREAMS_TOPIC
 from tidewire.client._streams import stream_partition
 from tidewire.client._transport import Transport
-from tidewire.errors import NotLeaderError
+from tidewire.errors import NotEnoughReplicasError, NotLeaderError, TidewireError
 from tidewire.protocol.messages import SendItem, StreamReceiveRequest, StreamSendRequest
 from tidewire.server.http.compat.ipubsub import create_ipubsub_app
 
@@ -197,3 +201,130 @@ async def _ipubsub_from_any_node(tmp_path: Path, etcd: EtcdServer) -> None:
                 )
                 assert got.status_code == 200
                 assert got.json()["message"] == s
+
+
+# --- the stream manager's cluster mode, over a fake replication --------------------------------
+
+
+class FakeReplication:
+    """What a node's :class:`ClusterStreams` answers, set by the test: 4 partitions led
+    elsewhere (node 9) unless taken over, a high watermark per partition (default: all),
+    ISRs too small where asked, and the replication waits it was asked for."""
+
+    def __init__(self) -> None:
+        self.hw: dict[int, int] = {}
+        self.short: set[int] = set()
+        self.waited: list[tuple[int, int]] = []
+        self.appends = 0
+
+    def partition_count(self) -> int | None:
+        return 4
+
+    async def ensure_topic(self) -> None:
+        return None
+
+    def not_leader(self, partition: int) -> NotLeaderError:
+        return NotLeaderError(f"node 9 leads {STREAMS_TOPIC}/{partition}", leader_id=9)
+
+    def isr_error(self, partition: int) -> TidewireError | None:
+        return NotEnoughReplicasError("too few in sync") if partition in self.short else None
+
+    def high_watermark(self, partition: int) -> int:
+        return self.hw.get(partition, 1 << 40)
+
+    async def wait_replicated(self, partition: int, end: int) -> None:
+        self.waited.append((partition, end))
+
+    def appended(self, partition: int) -> None:
+        self.appends += 1
+
+
+def _one_per_partition() -> dict[int, str]:
+    """A stream id of each of the 4 partitions."""
+    out: dict[int, str] = {}
+    i = 0
+    while len(out) < 4:
+        out.setdefault(partition_of(f"s{i}", 4), f"s{i}")
+        i += 1
+    return out
+
+
+def test_a_node_serves_only_the_partitions_it_leads(tmp_path: Path) -> None:
+    async def main() -> None:
+        ids = _one_per_partition()
+        async with streams_broker(tmp_path, stream_partitions=4) as (_, st):
+            await st.send([SendItem(sid, b"before", "", 0, True) for sid in ids.values()])
+            fake = FakeReplication()
+            st.replicate(fake)  # what the single node indexed is forgotten
+            with pytest.raises(NotLeaderError, match="node 9"):
+                await st.receive([ids[0]])
+            st.take_over(0)  # indexed again from the log
+            assert st.led_partitions == {0}
+            got = await st.receive([ids[0]])
+            assert [m.value for m in got] == [b"before"]
+            assert fake.waited, "the take record waited for the replicas"
+            results = await st.send(
+                [SendItem(ids[0], b"here", "", 0, True), SendItem(ids[1], b"elsewhere")]
+            )
+            assert results[0].code == 0
+            assert results[1].code == NotLeaderError.code
+            assert "node 9" in results[1].message
+            with pytest.raises(NotLeaderError):
+                st.describe(ids[1])
+            assert st.describe(ids[0]) is not None
+
+    asyncio.run(main())
+
+
+def test_giving_a_partition_up_answers_its_waiters_not_leader(tmp_path: Path) -> None:
+    async def main() -> None:
+        ids = _one_per_partition()
+        async with streams_broker(tmp_path, stream_partitions=4) as (_, st):
+            await st.send([SendItem(sid, b"x", "", 0, True) for sid in ids.values()])
+            st.replicate(FakeReplication())
+            st.take_over(1)
+            await st.receive([ids[1]])  # the one message: now the stream is empty
+            waiting = asyncio.create_task(st.receive([ids[1]], wait_ms=60_000))
+            reading = asyncio.create_task(st.read({ids[1]: "$"}, wait_ms=60_000))
+            await until_true(lambda: st.stats().receivers == 2, "both wait")
+            st.give_up(1)
+            for task in (waiting, reading):
+                with pytest.raises(NotLeaderError):
+                    await asyncio.wait_for(task, PROMPT_S)
+            assert st.stats().streams == 0  # its streams are forgotten here
+            st.take_over(1)  # back: the take is in the log, the message is not given again
+            assert await st.receive([ids[1]]) == []
+
+    asyncio.run(main())
+
+
+def test_reads_see_what_the_in_sync_replicas_hold_and_writes_need_enough(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        ids = _one_per_partition()
+        async with streams_broker(tmp_path, stream_partitions=4) as (_, st):
+            await st.send([SendItem(sid, b"x", "", 0, True) for sid in ids.values()])
+            fake = FakeReplication()
+            st.replicate(fake)
+            st.take_over(2)
+            end = st.broker.logs.get_log(STREAMS_TOPIC, 2).log_end_offset
+            fake.hw[2] = end  # what follows is not on the replicas yet
+            (sent,) = await st.send([SendItem(ids[2], b"new", "", 0, True)])
+            assert sent.code == 0
+            assert (2, end + 1) in fake.waited
+            got, _ = await st.read({ids[2]: ""})
+            assert [m.value for m in got] == [b"x"]
+            fake.hw[2] = end + 1
+            got, _ = await st.read({ids[2]: ""})
+            assert [m.value for m in got] == [b"x", b"new"]
+            fake.short.add(2)  # below min_insync: persistent writes refused, nothing stored
+            refused, kept = await st.send(
+                [SendItem(ids[2], b"p", "", 0, True), SendItem(ids[2], b"m", "", 0, False)]
+            )
+            assert refused.code == NotEnoughReplicasError.code
+            assert kept.code == 0  # in memory: nothing to replicate
+            with pytest.raises(NotEnoughReplicasError):
+                await st.receive([ids[2]])
+
+    asyncio.run(main())
