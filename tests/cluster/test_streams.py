@@ -105,6 +105,11 @@ async def _served_by_owners(tmp_path: Path, etcd: EtcdServer) -> None:
         await until(lambda: all(serving(nodes, s) for s in STREAMS), "owners serve")
         owners = {owner_id(nodes, s) for s in STREAMS}
         assert len(owners) >= 2, owners  # the streams are spread over several nodes
+        # Listed and counted over every node (each lists the streams it owns).
+        listed = [i.stream for i in await c2.streams.list("sensor-")]
+        assert listed == sorted(STREAMS)
+        assert [i.stream for i in await c2.streams.list("sensor-", limit=5)] == listed[:5]
+        assert (await c2.streams.stats()).persistent_messages == 2 * len(STREAMS)
 
         # Each node refuses a stream it does not own, naming the owner; nothing stored.
         foreign = next(s for s in STREAMS if owner_id(nodes, s) != nodes[2].id)

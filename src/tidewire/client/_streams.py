@@ -626,7 +626,10 @@ class AsyncStreams:
 
     async def list(self, prefix: str = "", *, limit: int = 1000) -> list[StreamInfo]:
         """The streams whose ids start with ``prefix`` (at most ``limit``, sorted by id)
-        that this client may describe; asked for page by page."""
+        that this client may describe; asked for page by page (in a cluster, of every node:
+        each lists the streams it owns)."""
+        if self._router is not None:
+            return await _list_every_node(self._router, prefix, limit)
         out: list[StreamInfo] = []
         after = ""
         while len(out) < limit:
@@ -659,11 +662,43 @@ class AsyncStreams:
         return await self._call_owners([stream], 0, call, lambda _: True, lambda a: a[0])
 
     async def stats(self) -> StreamStats:
-        """Counts over every stream (needs describe on the cluster)."""
+        """Counts over every stream (needs describe on the cluster; in a cluster, the sums
+        over every node)."""
+        if self._router is not None:
+            bodies = await self._router.ask_every_node(StreamDescribeRequest())
+            every = [_check(b).stats or StreamStats() for b in bodies]
+            fields = StreamStats.__struct_fields__
+            return StreamStats(**{f: sum(getattr(s, f) for s in every) for f in fields})
         response = await self._t.request(StreamDescribeRequest())
         assert response is not None
         stats: StreamStats | None = _check(response.body).stats
         return stats if stats is not None else StreamStats()
+
+
+async def _list_every_node(router: Router, prefix: str, limit: int) -> list[StreamInfo]:
+    """:meth:`list` over every node (one node: its pages, as before): each round asks
+    every node for the page after ``after`` and keeps what lies at or below the
+    smallest id a node with more ended its page at (below it, every node has answered
+    all it holds)."""
+    out: list[StreamInfo] = []
+    after = ""
+    while len(out) < limit:
+        want = min(limit - len(out), 1000)
+        req = StreamListRequest(prefix=prefix, after=after, limit=want)
+        bodies = [_check(b) for b in await router.ask_every_node(req)]
+        merged = sorted((i for b in bodies for i in b.streams), key=lambda i: i.stream)
+        ends = [b.last for b in bodies if b.last]
+        cutoff = min(ends) if ends else None
+        eligible = [i for i in merged if cutoff is None or i.stream <= cutoff]
+        take = eligible[:want]
+        out += take
+        if len(take) < len(eligible):
+            after = take[-1].stream
+        elif cutoff is None:
+            break
+        else:
+            after = cutoff
+    return out[:limit]
 
 
 def _retriable(exc: TidewireError) -> bool:
