@@ -10,6 +10,10 @@ bounded; nothing asserts on how long something took.
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import signal
+import subprocess
 from collections.abc import Awaitable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -21,8 +25,10 @@ import pytest
 from tests.broker._support import PROMPT_S
 from tests.broker.streams._support import streams_broker
 from tests.broker.streams.test_manager import until as until_true
+from tests.cli._support import popen_serve, stop
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import InProcessNode, in_process_cluster, until
+from tests.cluster._nodes import call, node_metadata, wait_until
 from tidewire.broker.offsets import STREAMS_TOPIC
 from tidewire.broker.streams.model import partition_of
 from tidewire.client import AsyncClient
@@ -30,7 +36,13 @@ from tidewire.client._streams import STREAMS_TOPIC as CLIENT_STREAMS_TOPIC
 from tidewire.client._streams import stream_partition
 from tidewire.client._transport import Transport
 from tidewire.errors import NotEnoughReplicasError, NotLeaderError, TidewireError
-from tidewire.protocol.messages import SendItem, StreamReceiveRequest, StreamSendRequest
+from tidewire.protocol.messages import (
+    MetadataRequest,
+    MetadataResponse,
+    SendItem,
+    StreamReceiveRequest,
+    StreamSendRequest,
+)
 from tidewire.server.http.compat.ipubsub import create_ipubsub_app
 
 #: The most one test may take, bounded (it takes seconds).
@@ -333,3 +345,104 @@ def test_reads_see_what_the_in_sync_replicas_hold_and_writes_need_enough(
                 await st.receive([ids[2]])
 
     asyncio.run(main())
+
+
+# --- real processes: the owner SIGKILLed -------------------------------------------------------
+
+
+def _serve(data: Path, cluster: str, n: int) -> tuple[subprocess.Popen[str], int, int]:
+    """Node ``n`` as a ``tidewire serve --cluster`` process with an iPubSub port: the
+    process, its protocol port and its iPubSub port."""
+    proc = popen_serve(
+        *("--data-dir", str(data), "--port", "0", "--http-ipubsub-port", "0"),
+        *("--node-id", str(n), "--cluster", cluster, "--session-timeout", "3"),
+        *("--min-insync-replicas", "2"),
+    )
+    assert proc.stdout is not None
+    native = ipubsub = None
+    for _ in range(6):
+        line = proc.stdout.readline()
+        if m := re.search(r"tidewire \S+ listening on 127\.0\.0\.1:(\d+)", line):
+            native = int(m.group(1))
+        if m := re.search(r"HTTP ipubsub listening on http://127\.0\.0\.1:(\d+)", line):
+            ipubsub = int(m.group(1))
+        if native and ipubsub:
+            return proc, native, ipubsub
+    stop(proc)
+    pytest.fail(f"node {n} did not start")
+
+
+def _owners(addr: str) -> dict[int, int]:
+    """Partition of ``__streams`` -> its leader, as the node at ``addr`` says (empty: not
+    made yet)."""
+    meta = asyncio.run(call(addr, MetadataRequest(topics=[STREAMS_TOPIC]), 5.0))
+    assert isinstance(meta, MetadataResponse)
+    (t,) = meta.topics
+    return {p.partition: p.leader for p in t.partitions}
+
+
+@pytest.mark.slow  # three processes started and one killed past its session: about 15 s
+def test_the_owner_killed_its_streams_go_on_at_the_new_one(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    cluster_url = f"etcd://127.0.0.1:{etcd.client_port}"
+    procs: dict[int, subprocess.Popen[str]] = {}
+    try:
+        native, ipubsub = {}, {}
+        for n in (1, 2, 3):
+            procs[n], native[n], ipubsub[n] = _serve(tmp_path / f"n{n}", cluster_url, n)
+        addr = {n: f"127.0.0.1:{native[n]}" for n in procs}
+        wait_until("3 nodes", lambda: len(asyncio.run(node_metadata(addr[1])).nodes) == 3, 30)
+
+        async def send_and_take() -> None:
+            async with AsyncClient(addr[1]) as c1, AsyncClient(addr[2]) as c2:
+                items = [(s, f'"{s}/{i}"', f"{s}-{i}", 0, True) for i in range(2) for s in STREAMS]
+                results = await c1.streams.send_many(items)
+                assert [r.code for r in results] == [0] * len(items), results
+                for s in STREAMS:  # the first of each taken through node 2
+                    got = await c2.streams.receive(s, wait_ms=5_000)
+                    assert got is not None, s
+                    assert got.value == f'"{s}/0"'.encode()
+
+        asyncio.run(send_and_take())
+        owners = _owners(addr[3])
+        victim = owners[partition_of(STREAMS[0], len(owners))]
+        survivor = next(n for n in procs if n != victim)
+        os.kill(procs[victim].pid, signal.SIGKILL)
+        procs[victim].wait(timeout=30)
+        wait_until(
+            "new owners",
+            lambda: (
+                victim not in _owners(addr[survivor]).values()
+                and -1 not in _owners(addr[survivor]).values()
+            ),
+            30,
+        )
+        # The rest taken through the iPubSub mode of a surviving node (forwarded): each
+        # stream's second message, once; the first is not handed out again.
+        with httpx.Client(base_url=f"http://127.0.0.1:{ipubsub[survivor]}", timeout=30) as http:
+            for s in STREAMS:
+                got = wait_until(
+                    f"{s} served",
+                    lambda s=s: (
+                        r
+                        if (
+                            r := http.get(
+                                "/api/v1/streams/receive",
+                                params={"streamId": s, "timeoutSeconds": 2},
+                            )
+                        ).status_code
+                        in (200, 424)
+                        else None
+                    ),
+                    30,
+                )
+                assert got.status_code == 200, (s, got.text)
+                assert got.json()["message"] == f"{s}/1"
+                again = http.get(
+                    "/api/v1/streams/receive", params={"streamId": s, "timeoutSeconds": 0}
+                )
+                assert again.status_code == 424, (s, again.text)
+    finally:
+        for proc in procs.values():
+            stop(proc)

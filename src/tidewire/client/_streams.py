@@ -250,11 +250,6 @@ class AsyncStreams:
     def _timeout(self, wait_ms: int) -> float:
         return self._t.request_timeout_s + max(wait_ms, 0) / 1000
 
-    async def close(self) -> None:
-        """Close the connections to a cluster's nodes (not the client's own connection)."""
-        if self._router is not None:
-            await self._router.close()
-
     # --- routing in a cluster -------------------------------------------------------------------
 
     def _clustered(self) -> bool:

@@ -46,6 +46,7 @@ from tidewire.errors import (
 )
 
 if TYPE_CHECKING:
+    from tidewire.client._routing import Router
     from tidewire.client._streams import AsyncStreams
     from tidewire.client._transport import Transport
     from tidewire.cluster.node import ClusterNode
@@ -67,6 +68,7 @@ class ClusterStreams:
         self._node = node
         self._creating: asyncio.Task[None] | None = None
         self._forward: AsyncStreams | None = None
+        self._forward_router: Router | None = None
         self._forward_links: list[Transport] = []
 
     # --- StreamsReplication ---------------------------------------------------------------------
@@ -184,7 +186,8 @@ class ClusterStreams:
                 return transport
 
             bootstrap = link(f"{node.info.host}:{node.info.port}")
-            self._forward = AsyncStreams(bootstrap, Router(bootstrap, link))
+            self._forward_router = Router(bootstrap, link)
+            self._forward = AsyncStreams(bootstrap, self._forward_router)
         return self._forward
 
     async def close(self) -> None:
@@ -199,9 +202,9 @@ class ClusterStreams:
             streams = self._node.broker.streams
             for p in sorted(streams.led_partitions):
                 streams.give_up(p)
-        forward, self._forward = self._forward, None
-        if forward is not None:
-            await forward.close()
+        router, self._forward_router, self._forward = self._forward_router, None, None
+        if router is not None:
+            await router.close()
         links, self._forward_links = self._forward_links, []
         for transport in links:
             await transport.close()
