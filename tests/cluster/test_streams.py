@@ -17,6 +17,7 @@ import subprocess
 from collections.abc import Awaitable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import msgspec
@@ -43,7 +44,9 @@ from tidewire.protocol.messages import (
     StreamReceiveRequest,
     StreamSendRequest,
 )
+from tidewire.server.http.app import create_app
 from tidewire.server.http.compat.ipubsub import create_ipubsub_app
+from tidewire.server.http.config import HttpConfig
 
 #: The most one test may take, bounded (it takes seconds).
 TEST_S = 120.0
@@ -172,11 +175,13 @@ async def _served_by_owners(tmp_path: Path, etcd: EtcdServer) -> None:
                 assert [m.value for m in read] == [f"{s}/{i}".encode() for i in range(2)]
 
 
-def test_the_ipubsub_mode_answers_from_any_node(tmp_path: Path, etcd: EtcdServer) -> None:
-    run(_ipubsub_from_any_node(tmp_path, etcd))
+def test_the_http_routes_and_the_ipubsub_mode_answer_from_any_node(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    run(_http_from_any_node(tmp_path, etcd))
 
 
-async def _ipubsub_from_any_node(tmp_path: Path, etcd: EtcdServer) -> None:
+async def _http_from_any_node(tmp_path: Path, etcd: EtcdServer) -> None:
     async with cluster(tmp_path, etcd) as nodes:
         async with AsyncClient(nodes[0].addr) as c1:
             await c1.streams.send_many([(s, f'"{s}"', f"u-{s}", 0, True) for s in STREAMS])
@@ -218,6 +223,21 @@ async def _ipubsub_from_any_node(tmp_path: Path, etcd: EtcdServer) -> None:
                 )
                 assert got.status_code == 200
                 assert got.json()["message"] == s
+        # The native routes too: sent, described and read through node 3.
+        native = httpx.ASGITransport(app=create_app(nodes[2].broker, HttpConfig()))
+        async with httpx.AsyncClient(transport=native, base_url="http://node3") as http:
+            s = foreign[0]
+            where = "/v1/streams/" + quote(s, safe="")
+            sent = await http.post(
+                f"{where}/messages", json={"value": "native", "persistent": True}
+            )
+            assert sent.status_code == 200, sent.text
+            described = await http.get(where)
+            assert described.status_code == 200, described.text
+            assert described.json()["persistent"] >= 2
+            read = await http.get(f"{where}/read", params={"token": ""})
+            assert read.status_code == 200, read.text
+            assert read.json()["messages"][-1]["value"] == "native"
 
 
 # --- the stream manager's cluster mode, over a fake replication --------------------------------
