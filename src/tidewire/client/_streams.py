@@ -336,12 +336,13 @@ class AsyncStreams:
         owners refuse, for up to the request timeout (then their refusals are the results).
         A lost connection is raised (its items may be stored)."""
         deadline = time.monotonic() + self._t.request_timeout_s
-        attempt = 0
+        rounds = 0
         todo = [k for k, r in enumerate(results) if r is None or r.code in _REROUTE]
         if len(todo) < len(items):
-            attempt = 1  # a node refused some: look at the metadata first
+            rounds = 1  # a node refused some: look at the metadata first
         while todo:
             groups: dict[int, tuple[Transport, list[int]]] = {}
+            attempt = rounds  # (the pause and the look at the metadata: once a round)
             for k in todo:
                 t = await self._owner_of(items[k].stream, attempt)
                 attempt = 0
@@ -372,7 +373,7 @@ class AsyncStreams:
             todo = retry
             if time.monotonic() >= deadline:
                 break
-            attempt = len(todo) and 1
+            rounds += 1
         out: list[SendResult] = []
         for result in results:
             assert result is not None

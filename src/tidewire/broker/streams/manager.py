@@ -343,7 +343,15 @@ class StreamManager:
         """Rebuild the index from ``__streams`` (created by the first persistent message)."""
         logs = self.broker.logs
         existing = sorted(p for (t, p) in logs.logs if t == STREAMS_TOPIC)
-        if existing:
+        if existing and existing != list(range(len(existing))):
+            # A cluster node's replicas of some partitions (a single node makes them all):
+            # opened as they are, none made here; in the cluster the node serves those it
+            # leads (see replicate()).
+            self.partitions = existing[-1] + 1
+            self._seg_exp = [{} for _ in range(self.partitions)]
+            for p in existing:
+                self._logs[p] = logs.logs[(STREAMS_TOPIC, p)]
+        elif existing:
             if len(existing) != self.partitions:
                 log.warning(
                     "%s has %d partitions; stream_partitions=%d is ignored (fixed at creation)",
