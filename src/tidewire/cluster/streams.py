@@ -69,7 +69,7 @@ class ClusterStreams:
         self._creating: asyncio.Task[None] | None = None
         self._forward: AsyncStreams | None = None
         self._forward_router: Router | None = None
-        self._forward_links: list[Transport] = []
+        self._forward_bootstrap: Transport | None = None
 
     # --- StreamsReplication ---------------------------------------------------------------------
 
@@ -179,13 +179,11 @@ class ClusterStreams:
             node = self._node
             connect = node.replica_connect or default_connect
 
-            def link(address: object) -> Transport:
+            def link(address: object) -> Transport:  # the router closes what it opens
                 host, _, port = str(address).rpartition(":")
-                transport = cast("Transport", connect(host, int(port)))
-                self._forward_links.append(transport)
-                return transport
+                return cast("Transport", connect(host, int(port)))
 
-            bootstrap = link(f"{node.info.host}:{node.info.port}")
+            bootstrap = self._forward_bootstrap = link(f"{node.info.host}:{node.info.port}")
             self._forward_router = Router(bootstrap, link)
             self._forward = AsyncStreams(bootstrap, self._forward_router)
         return self._forward
@@ -205,9 +203,9 @@ class ClusterStreams:
         router, self._forward_router, self._forward = self._forward_router, None, None
         if router is not None:
             await router.close()
-        links, self._forward_links = self._forward_links, []
-        for transport in links:
-            await transport.close()
+        bootstrap, self._forward_bootstrap = self._forward_bootstrap, None
+        if bootstrap is not None:
+            await bootstrap.close()
 
 
 def streams_role(node: ClusterNode, partition: int, *, leading: bool) -> None:
