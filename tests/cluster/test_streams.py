@@ -248,6 +248,39 @@ async def _http_from_any_node(tmp_path: Path, etcd: EtcdServer) -> None:
             assert read.json()["messages"][-1]["value"] == "native"
 
 
+def test_a_waiting_receive_follows_its_stream_to_the_new_owner(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    run(_receive_follows(tmp_path, etcd))
+
+
+async def _receive_follows(tmp_path: Path, etcd: EtcdServer) -> None:
+    async with cluster(tmp_path, etcd) as nodes:
+        s = STREAMS[0]
+        async with AsyncClient(",".join(n.addr for n in nodes)) as c:
+            await c.streams.send(s, "first", persistent=True)
+            await until(lambda: serving(nodes, s), "the owner serves")
+            owner = next(n for n in nodes if n.id == owner_id(nodes, s))
+            got = await c.streams.receive(s, wait_ms=5_000)
+            assert got is not None
+            assert got.value == b"first"
+            waiting = asyncio.create_task(c.streams.receive(s, wait_ms=60_000))
+            await until(lambda: owner.broker.streams.stats().receivers == 1, "it waits")
+            # The owner hands the partition to another in-sync replica (its node stays up):
+            # the receive waiting there is answered NotLeader and asks the new owner.
+            p = partition_of(s, owner.cluster.cache.topics[STREAMS_TOPIC].partitions)
+            got_state = owner.cluster.cache.partition(STREAMS_TOPIC, p)
+            assert got_state is not None
+            assert await owner.cluster.resign(STREAMS_TOPIC, p, got_state[0].leader_epoch)
+            await until(lambda: owner_id(nodes, s) != owner.id and serving(nodes, s), "a new owner")
+            successor = next(n for n in nodes if n.id == owner_id(nodes, s))
+            await until(lambda: successor.broker.streams.stats().receivers == 1, "it waits there")
+            await c.streams.send(s, "second", persistent=True)
+            got = await asyncio.wait_for(waiting, 30)
+            assert got is not None
+            assert got.value == b"second"
+
+
 # --- the stream manager's cluster mode, over a fake replication --------------------------------
 
 

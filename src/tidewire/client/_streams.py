@@ -543,12 +543,14 @@ class AsyncStreams:
             return list(_check(response.body).messages)
 
         if not self._clustered():
+            t0 = time.monotonic()
             try:
                 return await call(self._t, names, wait_ms)
             except NotLeaderError:
                 if self._router is None:
                     raise
                 # a cluster, and the node asked does not own them: nothing was taken
+                wait_ms = max(0, wait_ms - int((time.monotonic() - t0) * 1000))
 
         def merge(answers: list[list[StreamMessage]]) -> list[StreamMessage]:
             return [m for a in answers for m in a]
@@ -582,11 +584,13 @@ class AsyncStreams:
             return list(body.messages), dict(body.tokens)
 
         if not self._clustered():
+            t0 = time.monotonic()
             try:
                 return await call(self._t, list(asked), wait_ms)
             except NotLeaderError:
                 if self._router is None:
                     raise
+                wait_ms = max(0, wait_ms - int((time.monotonic() - t0) * 1000))
 
         def merge(answers: list[Answer]) -> Answer:
             tokens = dict(asked)
