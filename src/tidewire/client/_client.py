@@ -150,7 +150,7 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
         #: Where produce, fetch and offset lookups go: each partition's leader in a cluster.
         self._router = Router(self._t, connect)
         #: Lightweight streams: send, receive, read, subscribe (:class:`AsyncStreams`).
-        self.streams = AsyncStreams(self._t)
+        self.streams = AsyncStreams(self._t, self._router)
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -14,15 +14,34 @@
   :meth:`AsyncStreams.subscribe`, which loops long-poll reads and, when the connection is
   lost or the broker restarts, reads again from the tokens it holds (misses and repeats
   nothing).
+
+In a cluster a stream is served by its *owner*, the leader of its partition of
+:data:`STREAMS_TOPIC` (:func:`stream_partition`); other nodes answer NotLeaderError. The
+client learns that from the first refusal (a single node never refuses, so it costs nothing
+there), then asks the metadata for the owners and sends each stream's requests to its owner,
+again after a failover (NotLeaderError, NotEnoughReplicasError: retried with backoff for up
+to the request timeout). A send's items go to their owners in parallel; a receive or read
+naming streams of several owners asks each in turn, without waiting first, then with long
+polls of :data:`SPREAD_SLICE_MS` each, so it answers within that of a message arriving
+anywhere (a receive never has two nodes' requests out at once: what it takes is returned).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+import zlib
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from tidewire.errors import ConnectionLostError, RequestTimedOutError, TidewireError, for_code
+from tidewire.errors import (
+    ConnectionLostError,
+    NotEnoughReplicasError,
+    NotLeaderError,
+    RequestTimedOutError,
+    TidewireError,
+    for_code,
+)
 from tidewire.protocol.messages import (
     MAX_SEND_ITEMS,
     RING_SIZE_DEFAULT,
@@ -38,6 +57,7 @@ from tidewire.protocol.messages import (
     StreamStats,
 )
 
+from ._routing import Router, backoff_s
 from ._transport import Transport
 
 __all__ = [
@@ -46,8 +66,11 @@ __all__ = [
     "FROM_START",
     "MAX_SEND_BYTES",
     "SEND_PIPELINE",
+    "SPREAD_SLICE_MS",
+    "STREAMS_TOPIC",
     "AsyncStreams",
     "Streams",
+    "stream_partition",
 ]
 
 T = TypeVar("T")
@@ -69,6 +92,22 @@ SEND_PIPELINE = 4
 MAX_RETRY_BACKOFF_S = 2.0
 #: A subscription's first pause after a failure, s (doubled up to the bound above).
 FIRST_RETRY_BACKOFF_S = 0.05
+#: The broker's topic of persistent stream messages: in a cluster a stream's owner is the
+#: leader of its partition (the broker's ``tidewire.broker.offsets``; the client does not
+#: import the broker, and a test pins that both agree).
+STREAMS_TOPIC = "__streams"
+#: In a cluster, the long poll one owner gets in turn when a receive or read names streams
+#: of several owners (ms): a message arriving at any of them is answered within about this
+#: times the owners asked.
+SPREAD_SLICE_MS = 100
+#: Per-item or per-request refusals after which a cluster's request goes to the stream's
+#: owner again (nothing was stored or taken).
+_REROUTE = (NotLeaderError.code, NotEnoughReplicasError.code)
+
+
+def stream_partition(stream: str, partitions: int) -> int:
+    """The partition of :data:`STREAMS_TOPIC` that holds ``stream`` (its owner's)."""
+    return zlib.crc32(stream.encode("utf-8", "surrogatepass")) % partitions
 
 
 def _check(body: Any) -> Any:
@@ -200,23 +239,188 @@ class _Coalescer:
 class AsyncStreams:
     """The stream methods of an :class:`~tidewire.client.AsyncClient` (``client.streams``)."""
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport, router: Router | None = None) -> None:
         self._t = transport
         self._coalescer = _Coalescer(self)
+        #: routes to each stream's owner in a cluster (None: every request to ``transport``)
+        self._router = router
+        #: partitions of the cluster's STREAMS_TOPIC, once learned (0: not yet)
+        self._partitions = 0
 
     def _timeout(self, wait_ms: int) -> float:
         return self._t.request_timeout_s + max(wait_ms, 0) / 1000
 
-    async def _send(
-        self, items: list[SendItem], ring_size: int, block_ms: int, tokens: bool = True
+    # --- routing in a cluster -------------------------------------------------------------------
+
+    def _clustered(self) -> bool:
+        return self._router is not None and self._router.clustered
+
+    async def _learn(self) -> None:
+        """Ask the metadata for :data:`STREAMS_TOPIC`: its partition count and leaders (the
+        node asked makes the topic when it does not exist yet: asked again later)."""
+        assert self._router is not None
+        try:
+            meta = await self._router.refresh([STREAMS_TOPIC])
+        except (ConnectionLostError, RequestTimedOutError):
+            return  # no node answered: the next attempt asks again
+        for desc in meta.topics:
+            if desc.name == STREAMS_TOPIC and not desc.error_code and desc.partitions:
+                self._partitions = len(desc.partitions)
+
+    async def _owner_of(self, stream: str, attempt: int) -> Transport:
+        """The connection to ``stream``'s owner (the client's own while unknown); from the
+        second attempt on, after a pause and a look at the metadata."""
+        assert self._router is not None
+        if attempt:
+            await asyncio.sleep(backoff_s(attempt))
+        if attempt or not self._partitions:
+            await self._learn()
+        if not self._partitions:
+            return self._t
+        return self._router.transport_for(STREAMS_TOPIC, stream_partition(stream, self._partitions))
+
+    def _forget(self, streams: Iterable[str]) -> None:
+        if self._router is not None and self._partitions:
+            for p in {stream_partition(s, self._partitions) for s in streams}:
+                self._router.forget(STREAMS_TOPIC, p)
+
+    async def _by_owner(
+        self, streams: Iterable[str], attempt: int
+    ) -> list[tuple[Transport, list[str]]]:
+        """``streams`` grouped by their owners' connections (see :meth:`_owner_of`)."""
+        groups: dict[int, tuple[Transport, list[str]]] = {}
+        for stream in streams:
+            t = await self._owner_of(stream, attempt)
+            attempt = 0  # paused and learned once per call
+            groups.setdefault(id(t), (t, []))[1].append(stream)
+        return list(groups.values())
+
+    async def _send_to(
+        self,
+        transport: Transport,
+        items: list[SendItem],
+        ring_size: int,
+        block_ms: int,
+        tokens: bool,
     ) -> list[SendResult]:
         req = StreamSendRequest(items=items, ring_size=ring_size, block_ms=block_ms, tokens=tokens)
-        response = await self._t.request(req, timeout_s=self._timeout(block_ms))
+        response = await transport.request(req, timeout_s=self._timeout(block_ms))
         assert response is not None
         results: list[SendResult] = _check(response.body).results
         if len(results) != len(items):
             raise TidewireError(f"{len(results):,} results for {len(items):,} items sent")
         return results
+
+    async def _send(
+        self, items: list[SendItem], ring_size: int, block_ms: int, tokens: bool = True
+    ) -> list[SendResult]:
+        if not self._clustered():
+            results = await self._send_to(self._t, items, ring_size, block_ms, tokens)
+            if self._router is None or not any(r.code in _REROUTE for r in results):
+                return results
+            first: list[SendResult | None] = list(results)  # a cluster: some go elsewhere
+        else:
+            first = [None] * len(items)
+        return await self._send_routed(items, first, ring_size, block_ms, tokens)
+
+    async def _send_routed(
+        self,
+        items: list[SendItem],
+        results: list[SendResult | None],
+        ring_size: int,
+        block_ms: int,
+        tokens: bool,
+    ) -> list[SendResult]:
+        """Send each item still without a result, or refused by a node that does not own
+        its stream, to its owner, the owners' parts in parallel; again after a pause while
+        owners refuse, for up to the request timeout (then their refusals are the results).
+        A lost connection is raised (its items may be stored)."""
+        deadline = time.monotonic() + self._t.request_timeout_s
+        rounds = 0
+        todo = [k for k, r in enumerate(results) if r is None or r.code in _REROUTE]
+        if len(todo) < len(items):
+            rounds = 1  # a node refused some: look at the metadata first
+        while todo:
+            groups: dict[int, tuple[Transport, list[int]]] = {}
+            attempt = rounds  # (the pause and the look at the metadata: once a round)
+            for k in todo:
+                t = await self._owner_of(items[k].stream, attempt)
+                attempt = 0
+                groups.setdefault(id(t), (t, []))[1].append(k)
+            parts = list(groups.values())
+            answers = await asyncio.gather(
+                *(
+                    self._send_to(t, [items[k] for k in ks], ring_size, block_ms, tokens)
+                    for t, ks in parts
+                ),
+                return_exceptions=True,
+            )
+            retry: list[int] = []
+            for (_, ks), answer in zip(parts, answers, strict=True):
+                if isinstance(answer, BaseException):
+                    if not isinstance(answer, NotLeaderError | NotEnoughReplicasError):
+                        raise answer
+                    refusal = SendResult(answer.code, answer.message, "")
+                    for k in ks:
+                        results[k] = refusal
+                    retry += ks
+                    continue
+                for k, r in zip(ks, answer, strict=True):
+                    results[k] = r
+                    if r.code in _REROUTE:
+                        retry.append(k)
+            self._forget(items[k].stream for k in retry)
+            todo = retry
+            if time.monotonic() >= deadline:
+                break
+            rounds += 1
+        out: list[SendResult] = []
+        for result in results:
+            assert result is not None
+            out.append(result)
+        return out
+
+    async def _call_owners(
+        self,
+        streams: list[str],
+        wait_ms: int,
+        call: Callable[[Transport, list[str], int], Coroutine[Any, Any, T]],
+        got_any: Callable[[T], bool],
+        merge: Callable[[list[T]], T],
+    ) -> T:
+        """``call(transport, streams, wait_ms)`` at ``streams``' owners (see the module
+        docstring): one owner, one call; several, in turn, first without waiting, then
+        with long polls of :data:`SPREAD_SLICE_MS` until ``wait_ms`` is over, up to the
+        first round whose answers hold something (``got_any``), merged. Refused by a node
+        that does not own a stream (nothing taken), it asks again after a pause, for up to
+        the request timeout; anything else is raised."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait_ms / 1000
+        retry_until = time.monotonic() + self._t.request_timeout_s
+        attempt = 0
+        while True:
+            left = max(0, int((until - loop.time()) * 1000))
+            try:
+                owners = await self._by_owner(streams, attempt)
+                if len(owners) == 1:
+                    return await call(owners[0][0], owners[0][1], left)
+                slice_ms = 0
+                while True:
+                    answers = []
+                    for t, part in owners:
+                        answer = await call(t, part, slice_ms)
+                        answers.append(answer)
+                        if got_any(answer):
+                            return merge(answers)
+                    left = max(0, int((until - loop.time()) * 1000))
+                    if left <= 0:
+                        return merge(answers)
+                    slice_ms = min(left, SPREAD_SLICE_MS)
+            except (NotLeaderError, NotEnoughReplicasError):
+                attempt += 1
+                if time.monotonic() >= retry_until:
+                    raise
+                self._forget(streams)
 
     async def send(
         self,
@@ -327,15 +531,31 @@ class AsyncStreams:
         """Take up to ``max_messages`` waiting messages of any of ``streams`` (oldest first
         per stream), in one request that returns as soon as any of them has one, or with
         ``[]`` after ``wait_ms``. Raises as :meth:`receive`."""
-        req = StreamReceiveRequest(
-            streams=_streams(streams),
-            max_messages=max_messages,
-            wait_ms=wait_ms,
-            ring_size=_ring(ring_size),
-        )
-        response = await self._t.request(req, timeout_s=self._timeout(wait_ms))
-        assert response is not None
-        return list(_check(response.body).messages)
+        names = _streams(streams)
+        ring = _ring(ring_size)
+
+        async def call(t: Transport, part: list[str], wait: int) -> list[StreamMessage]:
+            req = StreamReceiveRequest(
+                streams=part, max_messages=max_messages, wait_ms=wait, ring_size=ring
+            )
+            response = await t.request(req, timeout_s=self._timeout(wait))
+            assert response is not None
+            return list(_check(response.body).messages)
+
+        if not self._clustered():
+            t0 = time.monotonic()
+            try:
+                return await call(self._t, names, wait_ms)
+            except NotLeaderError:
+                if self._router is None:
+                    raise
+                # a cluster, and the node asked does not own them: nothing was taken
+                wait_ms = max(0, wait_ms - int((time.monotonic() - t0) * 1000))
+
+        def merge(answers: list[list[StreamMessage]]) -> list[StreamMessage]:
+            return [m for a in answers for m in a]
+
+        return await self._call_owners(names, wait_ms, call, bool, merge)
 
     async def read(
         self, positions: Mapping[str, str], *, max_messages: int = 100, wait_ms: int = 0
@@ -351,13 +571,36 @@ class AsyncStreams:
         Raises:
             InvalidStreamError: a bad stream id or token (a token of another stream).
         """
-        req = StreamReadRequest(
-            positions=dict(positions), max_messages=max_messages, wait_ms=wait_ms
-        )
-        response = await self._t.request(req, timeout_s=self._timeout(wait_ms))
-        assert response is not None
-        body = _check(response.body)
-        return list(body.messages), dict(body.tokens)
+        asked = dict(positions)
+        Answer = tuple[list[StreamMessage], dict[str, str]]
+
+        async def call(t: Transport, part: list[str], wait: int) -> Answer:
+            req = StreamReadRequest(
+                positions={s: asked[s] for s in part}, max_messages=max_messages, wait_ms=wait
+            )
+            response = await t.request(req, timeout_s=self._timeout(wait))
+            assert response is not None
+            body = _check(response.body)
+            return list(body.messages), dict(body.tokens)
+
+        if not self._clustered():
+            t0 = time.monotonic()
+            try:
+                return await call(self._t, list(asked), wait_ms)
+            except NotLeaderError:
+                if self._router is None:
+                    raise
+                wait_ms = max(0, wait_ms - int((time.monotonic() - t0) * 1000))
+
+        def merge(answers: list[Answer]) -> Answer:
+            tokens = dict(asked)
+            messages: list[StreamMessage] = []
+            for got, toks in answers:
+                messages += got
+                tokens.update(toks)
+            return messages, tokens
+
+        return await self._call_owners(list(asked), wait_ms, call, lambda a: bool(a[0]), merge)
 
     def subscribe(
         self,
@@ -383,7 +626,10 @@ class AsyncStreams:
 
     async def list(self, prefix: str = "", *, limit: int = 1000) -> list[StreamInfo]:
         """The streams whose ids start with ``prefix`` (at most ``limit``, sorted by id)
-        that this client may describe; asked for page by page."""
+        that this client may describe; asked for page by page (in a cluster, of every node:
+        each lists the streams it owns)."""
+        if self._router is not None:
+            return await _list_every_node(self._router, prefix, limit)
         out: list[StreamInfo] = []
         after = ""
         while len(out) < limit:
@@ -398,19 +644,61 @@ class AsyncStreams:
         return out[:limit]
 
     async def describe(self, stream: str) -> StreamInfo | None:
-        """What the broker holds of ``stream`` now; None when it does not exist (never
-        sent to, or forgotten when empty and idle)."""
-        response = await self._t.request(StreamDescribeRequest(stream=stream))
-        assert response is not None
-        info: StreamInfo | None = _check(response.body).info
-        return info
+        """What the broker holds of ``stream`` now (in a cluster: its owner); None when it
+        does not exist (never sent to, or forgotten when empty and idle)."""
+
+        async def call(t: Transport, part: list[str], wait: int) -> StreamInfo | None:
+            response = await t.request(StreamDescribeRequest(stream=stream))
+            assert response is not None
+            info: StreamInfo | None = _check(response.body).info
+            return info
+
+        if not self._clustered():
+            try:
+                return await call(self._t, [stream], 0)
+            except NotLeaderError:
+                if self._router is None:
+                    raise
+        return await self._call_owners([stream], 0, call, lambda _: True, lambda a: a[0])
 
     async def stats(self) -> StreamStats:
-        """Counts over every stream (needs describe on the cluster)."""
+        """Counts over every stream (needs describe on the cluster; in a cluster, the sums
+        over every node)."""
+        if self._router is not None:
+            bodies = await self._router.ask_every_node(StreamDescribeRequest())
+            every = [_check(b).stats or StreamStats() for b in bodies]
+            fields = StreamStats.__struct_fields__
+            return StreamStats(**{f: sum(getattr(s, f) for s in every) for f in fields})
         response = await self._t.request(StreamDescribeRequest())
         assert response is not None
         stats: StreamStats | None = _check(response.body).stats
         return stats if stats is not None else StreamStats()
+
+
+async def _list_every_node(router: Router, prefix: str, limit: int) -> list[StreamInfo]:
+    """:meth:`list` over every node (one node: its pages, as before): each round asks
+    every node for the page after ``after`` and keeps what lies at or below the
+    smallest id a node with more ended its page at (below it, every node has answered
+    all it holds)."""
+    out: list[StreamInfo] = []
+    after = ""
+    while len(out) < limit:
+        want = min(limit - len(out), 1000)
+        req = StreamListRequest(prefix=prefix, after=after, limit=want)
+        bodies = [_check(b) for b in await router.ask_every_node(req)]
+        merged = sorted((i for b in bodies for i in b.streams), key=lambda i: i.stream)
+        ends = [b.last for b in bodies if b.last]
+        cutoff = min(ends) if ends else None
+        eligible = [i for i in merged if cutoff is None or i.stream <= cutoff]
+        take = eligible[:want]
+        out += take
+        if len(take) < len(eligible):
+            after = take[-1].stream
+        elif cutoff is None:
+            break
+        else:
+            after = cutoff
+    return out[:limit]
 
 
 def _retriable(exc: TidewireError) -> bool:

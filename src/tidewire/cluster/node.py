@@ -44,6 +44,7 @@ import msgspec
 from tidewire.broker.offsets import (
     OFFSETS_PARTITIONS,
     OFFSETS_TOPIC,
+    STREAMS_TOPIC,
     internal_config,
     is_internal_topic,
 )
@@ -67,6 +68,7 @@ from tidewire.cluster.security import (
     check_security_incarnation,
     include_new_nodes,
 )
+from tidewire.cluster.streams import ClusterStreams, streams_role
 from tidewire.errors import (
     InternalTopicError,
     InvalidConfigError,
@@ -312,6 +314,8 @@ class ClusterNode:
         self._passed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._offsets_task: asyncio.Task[None] | None = None
+        #: lightweight streams: served where their partition of __streams is led
+        self.stream_owners = ClusterStreams(self)
         self.started = False
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -360,6 +364,7 @@ class ClusterNode:
             self.broker.groups.offsets.replicate(_OffsetsReplication(self.broker))
             # And security changes are made on the leader of __security, replicated.
             self.broker.security.replicate(ClusterSecurity(self))
+            self.broker.streams.replicate(self.stream_owners)
         except BaseException:
             await self.close()
             raise
@@ -395,6 +400,7 @@ class ClusterNode:
         """Stop reconciling, stop the replicas, leave the election and the cluster (the
         lease is revoked: the others see this node gone at once)."""
         self.started = False
+        await self.stream_owners.close()
         if self._offsets_task is not None:
             self._offsets_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -634,7 +640,11 @@ class ClusterNode:
 
     def _offsets_role(self, key: tuple[str, int], *, leading: bool) -> None:
         """Tell the broker's groups that this node now leads a partition of the offsets
-        topic (they load it and serve its groups) or no longer does (they forget them)."""
+        topic (they load it and serve its groups) or no longer does (they forget them); the
+        same for the streams of a partition of ``__streams``."""
+        if key[0] == STREAMS_TOPIC:
+            streams_role(self, key[1], leading=leading)
+            return
         if key[0] != OFFSETS_TOPIC:
             return
         if leading:
@@ -1014,6 +1024,8 @@ class ClusterNode:
             if info is None and name == OFFSETS_TOPIC and self.started:
                 # A client looks for a group's coordinator: the topic is made on first use.
                 self._offsets_topic_soon()
+            if info is None and name == STREAMS_TOPIC and self.started:
+                self.stream_owners.topic_soon()  # a client looks for a stream's owner
             if info is None:
                 reason = " (in a cluster, create it first: tidewire topic create)" * auto_create
                 exc = UnknownTopicError(f"topic {name!r} does not exist{reason}")

@@ -89,10 +89,15 @@ def _produce(req: Any) -> list[Need]:
     ]
 
 
+#: Whose leaders stream clients route by in a cluster (a stream's owner leads its partition):
+#: its METADATA is open to every client; its records stay private (see server/gate.py).
+_STREAMS_TOPIC: Final = "__streams"
+
+
 def _metadata(req: Any) -> list[Need]:
     if not req.topics:
         return []  # every topic: the handler lists those the principal may describe
-    needs = _topics(_O.DESCRIBE, req.topics)
+    needs = _topics(_O.DESCRIBE, [t for t in req.topics if t != _STREAMS_TOPIC])
     if req.auto_create:
         needs += [Need(_T, _O.CREATE, t, if_missing=True) for t in dict.fromkeys(req.topics)]
     return needs

@@ -33,6 +33,17 @@ keeps its segment and every later one, as time-based retention does in Kafka.
 
 Recovery. At start every partition is read from its start: entries that have not expired
 are indexed, take records set the cursors, uuids refill the dedup windows.
+
+In a cluster (:meth:`StreamManager.replicate`, given a :class:`StreamsReplication` by the
+node layer) ``__streams`` is a replicated topic and a stream's **owner** is the leader of its
+partition: the manager serves only the partitions this node leads. :meth:`~StreamManager.
+take_over` indexes a partition from the local replica as recovery does (the new leader's log
+is the partition's history); :meth:`~StreamManager.give_up` forgets its streams (their
+in-memory messages with them) and answers the requests waiting on them with a retriable
+:class:`NotLeaderError`. Any request naming a stream led elsewhere is refused the same way
+(a send's items one by one). Persistent sends and take records are answered once every
+in-sync replica holds them (refused below ``min_insync_replicas``), and reads see only what
+is below the partition's high watermark.
 """
 
 from __future__ import annotations
@@ -49,7 +60,7 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
@@ -78,6 +89,7 @@ from tidewire.errors import (
     BatchTooLargeError,
     InvalidStreamError,
     LogClosedError,
+    NotLeaderError,
     PartitionCorruptError,
     ShuttingDownError,
     StorageError,
@@ -97,6 +109,7 @@ __all__ = [
     "MAX_RING_SIZE",
     "STREAMS_TOPIC",
     "StreamManager",
+    "StreamsReplication",
 ]
 
 log = logging.getLogger("tidewire.broker.streams")
@@ -141,6 +154,42 @@ _crc = zlib.crc32
 _TOKEN_RAW = struct.Struct(">BIq").pack  # model's token: version 1, crc32 of the id, position
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
 _b2a = binascii.b2a_base64
+
+
+class StreamsReplication(Protocol):
+    """How the partitions of ``__streams`` replicate in a cluster (the node layer's
+    :class:`~tidewire.cluster.streams.ClusterStreams`); see :meth:`StreamManager.replicate`."""
+
+    def partition_count(self) -> int | None:
+        """The partitions of the cluster's ``__streams`` (None: not created yet)."""
+        ...
+
+    async def ensure_topic(self) -> None:
+        """Create ``__streams`` in the cluster unless it exists (raises
+        RequestTimedOutError when the cluster's store does not answer)."""
+        ...
+
+    def not_leader(self, partition: int) -> NotLeaderError:
+        """The error that names the partition's leader (as this node knows it)."""
+        ...
+
+    def isr_error(self, partition: int) -> TidewireError | None:
+        """NotEnoughReplicasError while the partition's ISR is below its
+        ``min_insync_replicas`` (None: writes may go on)."""
+        ...
+
+    def high_watermark(self, partition: int) -> int:
+        """The offset below which every in-sync replica holds the partition."""
+        ...
+
+    async def wait_replicated(self, partition: int, end: int) -> None:
+        """Until every in-sync replica holds the partition below ``end`` (raises what
+        :meth:`~tidewire.cluster.replication.ReplicaManager.wait_replicated` raises)."""
+        ...
+
+    def appended(self, partition: int) -> None:
+        """Records were appended: the followers waiting in a fetch take them at once."""
+        ...
 
 
 def _now_ms() -> int:
@@ -248,8 +297,15 @@ class StreamManager:
         self.max_wait_ms = cfg.stream_max_wait_ms
         self.max_message_bytes = cfg.stream_max_message_bytes
         self.partitions = cfg.stream_partitions
-        self._logs: list[PartitionLog] = []
+        #: by partition: every one on a single node, those led here in a cluster
+        self._logs: dict[int, PartitionLog] = {}
         self._always = False
+        #: In a cluster (see :meth:`replicate`): how the partitions replicate, the ones this
+        #: node leads and serves, and a count bumped whenever one is given up (a request
+        #: that waited looks again at what it holds).
+        self._rep: StreamsReplication | None = None
+        self._led: set[int] = set()
+        self._given_up = 0
         self._record_cap = self.log_config().max_batch_bytes - _RECORD_SLACK
         self._streams: dict[str, _Stream] = {}
         #: streams evicted since memory was last given back to the system
@@ -287,7 +343,15 @@ class StreamManager:
         """Rebuild the index from ``__streams`` (created by the first persistent message)."""
         logs = self.broker.logs
         existing = sorted(p for (t, p) in logs.logs if t == STREAMS_TOPIC)
-        if existing:
+        if existing and existing != list(range(len(existing))):
+            # A cluster node's replicas of some partitions (a single node makes them all):
+            # opened as they are, none made here; in the cluster the node serves those it
+            # leads (see replicate()).
+            self.partitions = existing[-1] + 1
+            self._seg_exp = [{} for _ in range(self.partitions)]
+            for p in existing:
+                self._logs[p] = logs.logs[(STREAMS_TOPIC, p)]
+        elif existing:
             if len(existing) != self.partitions:
                 log.warning(
                     "%s has %d partitions; stream_partitions=%d is ignored (fixed at creation)",
@@ -303,7 +367,7 @@ class StreamManager:
         now = self.clock()
         self._wheel_at = now // 1000
         t0 = time.perf_counter()
-        for p in range(len(self._logs)):
+        for p in sorted(self._logs):
             self._load_partition(p, now)
         if self._streams:
             log.info(
@@ -326,12 +390,13 @@ class StreamManager:
             else:
                 self._always = plog.config.fsync is FsyncPolicy.ALWAYS
                 self._record_cap = plog.config.max_batch_bytes - _RECORD_SLACK
-            self._logs.append(plog)
+            self._logs[p] = plog
             self._seg_exp.append({})
 
     def _end_position(self, p: int) -> int:
         """The position the next message of partition ``p`` gets at the earliest."""
-        return self._logs[p].log_end_offset << POSITION_BITS if self._logs else 0
+        plog = self._logs.get(p)
+        return plog.log_end_offset << POSITION_BITS if plog is not None else 0
 
     def log_config(self) -> LogConfig:
         """The log settings of ``__streams``: the broker's fsync policy, no retention (the
@@ -452,6 +517,297 @@ class StreamManager:
         if self._closed or not self._loaded:
             raise LogClosedError("the stream manager is closed")
 
+    # --- in a cluster ---------------------------------------------------------------------------
+
+    def replicate(self, replication: StreamsReplication | None) -> None:
+        """Run as a node of a cluster (None: as a single node again): from now on no
+        partition is served until :meth:`take_over` is called for it. What :meth:`load`
+        indexed at start is forgotten: only a partition's leader knows it is current."""
+        for p in sorted(self._led):
+            self.give_up(p)
+        self._rep = replication
+        self._led = set()
+        self._given_up += 1
+        self._wake_everyone()
+        self._streams.clear()
+        self._wheel.clear()
+        self._cohorts.clear()
+        self._cache.clear()
+        self._cache_sizes.clear()
+        self._cache_bytes = 0
+        self._logs = {}
+        self._seg_exp = [{} for _ in range(self.partitions)]
+        self._pending_takes = [{} for _ in range(self.partitions)]
+        self._take_futs = [[] for _ in range(self.partitions)]
+        self._stats = replace_stats(
+            self._stats, persistent_messages=0, in_memory_messages=0, in_memory_bytes=0
+        )
+        if replication is None:  # a single node serves every local partition again
+            self.load()
+
+    def serves(self, stream: str) -> bool:
+        """Whether requests for ``stream`` are served here (always on a single node; in a
+        cluster, when this node leads its partition)."""
+        rep = self._rep
+        if rep is None:
+            return True
+        n = rep.partition_count()
+        return n is not None and partition_of(stream, n) in self._led
+
+    @property
+    def led_partitions(self) -> frozenset[int]:
+        """The partitions of ``__streams`` this node serves in a cluster."""
+        return frozenset(self._led)
+
+    def take_over(self, p: int) -> None:
+        """This node now leads partition ``p`` of ``__streams``: index its streams from the
+        local replica (as recovery does) and serve them."""
+        rep = self._rep
+        if rep is None:
+            return
+        n = rep.partition_count()
+        if n is None or not 0 <= p < n:
+            log.warning(
+                "%s partition %d: not in the cluster's metadata; not served", STREAMS_TOPIC, p
+            )
+            return
+        self._resize(n)
+        if p in self._led:
+            self.give_up(p)
+        plog = self.broker.logs.logs.get((STREAMS_TOPIC, p))
+        if plog is None:
+            log.warning("%s partition %d: no local log; not served", STREAMS_TOPIC, p)
+            return
+        self._logs[p] = plog
+        self._always = plog.config.fsync is FsyncPolicy.ALWAYS
+        self._record_cap = plog.config.max_batch_bytes - _RECORD_SLACK
+        before = len(self._streams)
+        t0 = time.perf_counter()
+        self._load_partition(p, self.clock())
+        self._led.add(p)
+        log.info(
+            "%s partition %d: serving its streams (%s indexed in %.2f s)",
+            STREAMS_TOPIC,
+            p,
+            f"{len(self._streams) - before:,}",
+            time.perf_counter() - t0,
+        )
+
+    def give_up(self, p: int) -> None:
+        """This node no longer leads partition ``p``: forget its streams (in-memory messages
+        included: they live on their owner only), answer the receives, reads and blocked
+        sends waiting on them with a retriable NotLeaderError, and fail the take records
+        not written yet."""
+        if self._rep is None or p not in self._led:
+            return
+        self._led.discard(p)
+        self._given_up += 1
+        stats = self._stats
+        gone = [s for s in self._streams.values() if s.part == p]
+        for s in gone:
+            del self._streams[s.sid]
+            for group in (s.waiters, s.readers):
+                if group:
+                    for w in group:
+                        _resolve(w.fut)
+            for f in s.blocked or ():
+                _resolve(f)
+            stats.persistent_messages -= len(_pairs(s.ents)) // 2
+            for m in s.mem or ():
+                self._forget_mem(m)
+            if s.due:
+                bucket = self._wheel.get(s.due)
+                if bucket is not None:
+                    bucket.pop(s.sid, None)
+                    if not bucket:
+                        del self._wheel[s.due]
+        self._pending_takes[p] = {}
+        futs, self._take_futs[p] = self._take_futs[p], []
+        for fut in futs:
+            if not fut.done():
+                fut.set_exception(self._not_leader(p))
+        for key in [k for k in self._cache if k[0] == p]:
+            del self._cache[key]
+            self._cache_bytes -= self._cache_sizes.pop(key)
+        self._logs.pop(p, None)
+        self._seg_exp[p] = {}
+        log.info(
+            "%s partition %d: no longer served here (%s streams forgotten)",
+            STREAMS_TOPIC,
+            p,
+            f"{len(gone):,}",
+        )
+
+    def _resize(self, n: int) -> None:
+        """The cluster's ``__streams`` has ``n`` partitions (fixed at its creation)."""
+        if n == self.partitions:
+            return
+        self.partitions = n
+        for lists in (self._seg_exp, self._pending_takes, self._take_futs):
+            while len(lists) < n:
+                lists.append(type(lists[0])() if lists else {})  # type: ignore[arg-type]
+
+    def _not_leader(self, p: int) -> NotLeaderError:
+        if self._rep is None:
+            return NotLeaderError(f"{STREAMS_TOPIC} partition {p} is not served here")
+        return self._rep.not_leader(p)
+
+    async def _owned(self, ids: Sequence[str], *, write: bool) -> None:
+        """:meth:`_check_owned`, creating ``__streams`` in the cluster first if need be."""
+        assert self._rep is not None
+        if self._rep.partition_count() is None:
+            await self._rep.ensure_topic()
+        self._check_owned(ids, write=write)
+
+    def _check_owned(self, ids: Sequence[str], *, write: bool = False) -> None:
+        """Raise unless this node owns every stream of ``ids`` (and, ``write``, may write
+        their partitions).
+
+        Raises:
+            NotLeaderError: a stream's partition is led elsewhere (or ``__streams`` is not
+                made yet): retriable, the client asks the owner.
+            NotEnoughReplicasError: ``write`` and a partition's ISR below its minimum.
+        """
+        rep = self._rep
+        assert rep is not None
+        n = rep.partition_count()
+        if n is None:
+            raise NotLeaderError(f"{STREAMS_TOPIC} is being created in the cluster; try again")
+        self._resize(n)
+        seen: set[int] = set()
+        for sid in ids:
+            p = partition_of(sid, n)
+            if p in seen:
+                continue
+            seen.add(p)
+            if p not in self._led:
+                exc = rep.not_leader(p)
+                raise NotLeaderError(
+                    f"stream {sid[:200]!r} is owned by the leader of {STREAMS_TOPIC} partition "
+                    f"{p}: {exc.message}",
+                    leader_id=exc.leader_id,
+                    leader_host=exc.leader_host,
+                    leader_port=exc.leader_port,
+                )
+            if write and (err := rep.isr_error(p)) is not None:
+                raise err
+
+    async def _send_in_cluster(
+        self,
+        items: Sequence[SendItem],
+        *,
+        ring_size: int | None,
+        block_ms: int,
+        tokens: bool,
+    ) -> list[SendResult]:
+        """:meth:`send` on a node of a cluster: the items of streams owned here are stored
+        (persistent ones only while their partition's ISR is large enough); the others are
+        answered NotLeaderError (or NotEnoughReplicasError) each, nothing of them stored."""
+        rep = self._rep
+        assert rep is not None
+        if rep.partition_count() is None:
+            await rep.ensure_topic()
+        n = rep.partition_count()
+        if n is None:
+            raise NotLeaderError(f"{STREAMS_TOPIC} is being created in the cluster; try again")
+        self._resize(n)
+        results: list[SendResult] = [_OK] * len(items)
+        keep: list[int] = []
+        refusals: dict[int, tuple[SendResult | None, SendResult | None]] = {}
+        for k, it in enumerate(items):
+            p = partition_of(it.stream, n) if isinstance(it.stream, str) else 0
+            got = refusals.get(p)
+            if got is None:
+                if p in self._led:
+                    isr = rep.isr_error(p)
+                    got = (None, None if isr is None else _error(isr))
+                else:
+                    got = (_error(rep.not_leader(p)), None)
+                refusals[p] = got
+            if got[0] is not None:
+                results[k] = got[0]
+            elif it.persistent and got[1] is not None:
+                results[k] = got[1]
+            else:
+                keep.append(k)
+        if len(keep) == len(items):
+            return await self._send_here(
+                items, ring_size=ring_size, block_ms=block_ms, tokens=tokens
+            )
+        if keep:
+            stored = await self._send_here(
+                [items[k] for k in keep], ring_size=ring_size, block_ms=block_ms, tokens=tokens
+            )
+            for k, r in zip(keep, stored, strict=True):
+                results[k] = r
+        return results
+
+    def _refuse_moved(
+        self, items: Sequence[SendItem], start: int, results: list[SendResult]
+    ) -> None:
+        """Answer ``items[start:]`` NotLeaderError: a partition was given up while the send
+        waited for room, and nothing of them was stored."""
+        for k in range(start, len(items)):
+            p = partition_of(items[k].stream, self.partitions)
+            if p in self._led:
+                exc: NotLeaderError = NotLeaderError(
+                    f"a partition of {STREAMS_TOPIC} moved while the send waited for room; "
+                    "nothing of it from this item on was stored: send it again"
+                )
+            else:
+                exc = self._not_leader(p)
+            results[k] = _error(exc)
+
+    async def _replicated(
+        self,
+        ends: dict[int, int],
+        fresh: list[_Stream],
+        items: Sequence[SendItem],
+        results: list[SendResult],
+    ) -> None:
+        """In a cluster: wait until the in-sync replicas hold the records written (each
+        partition up to ``ends``), then wake the readers of ``fresh``; a persistent item of a
+        partition that failed gets the failure as its result (it is stored here, maybe not
+        on the replicas: NotLeaderError, RequestTimedOutError,
+        NotEnoughReplicasAfterAppendError)."""
+        durable = asyncio.get_running_loop().create_task(self._replicated_then_wake(ends, fresh))
+        try:
+            failures = await asyncio.shield(durable)
+        except asyncio.CancelledError:
+            self._background.add(durable)
+            durable.add_done_callback(self._background_done)
+            raise
+        if failures:
+            n = self.partitions
+            for k, it in enumerate(items):
+                if it.persistent and results[k].code == 0:
+                    exc = failures.get(partition_of(it.stream, n))
+                    if exc is not None:
+                        results[k] = _error(exc)
+
+    async def _replicated_then_wake(
+        self, ends: dict[int, int], fresh: list[_Stream]
+    ) -> dict[int, TidewireError]:
+        rep = self._rep
+        assert rep is not None
+        failures: dict[int, TidewireError] = {}
+        try:
+            for p, end in ends.items():
+                try:
+                    plog = self._logs.get(p)
+                    if plog is None:
+                        raise self._not_leader(p)
+                    if self._always:
+                        await plog.wait_durable(end)
+                    await rep.wait_replicated(p, end)
+                except TidewireError as exc:
+                    failures[p] = exc
+                except Exception as exc:  # an fsync failed: the item is not acknowledged
+                    failures[p] = StorageError(f"{STREAMS_TOPIC}-{p}: {exc}")
+        finally:
+            _wake_readers(fresh)
+        return failures
+
     # --- sending --------------------------------------------------------------------------------
 
     async def send(
@@ -474,6 +830,21 @@ class StreamManager:
                 not remembered (a retry is stored) and it pushed no waiting message out.
         """
         self._check_open()
+        if self._rep is not None:
+            return await self._send_in_cluster(
+                items, ring_size=ring_size, block_ms=block_ms, tokens=tokens
+            )
+        return await self._send_here(items, ring_size=ring_size, block_ms=block_ms, tokens=tokens)
+
+    async def _send_here(
+        self,
+        items: Sequence[SendItem],
+        *,
+        ring_size: int | None,
+        block_ms: int,
+        tokens: bool,
+    ) -> list[SendResult]:
+        """:meth:`send` of items whose streams this broker serves."""
         self._check_ring(ring_size)
         if not 0 <= block_ms <= self.max_wait_ms:
             raise InvalidStreamError(
@@ -487,6 +858,7 @@ class StreamManager:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + block_ms / 1000
         releases = self._releases
+        given_up = self._given_up
         i = 0
         while i < n:
             i = self._store(
@@ -505,6 +877,11 @@ class StreamManager:
                 if s is not None and not await self._wait_room(s, deadline):
                     if self._closed:
                         raise LogClosedError("the stream manager is closed")
+                    if given_up != self._given_up and self._rep is not None:
+                        # a partition was given up while this send waited: what is left
+                        # goes to its new owner (nothing of it was stored here)
+                        self._refuse_moved(items, i, results)
+                        break
                     if self.draining or releases != self._releases:
                         # not a full stream: its wait was cut short (retriable elsewhere)
                         results[i] = _error(
@@ -528,7 +905,9 @@ class StreamManager:
         if failures and not any(r.code == 0 for r in results):
             raise failures[0]  # nothing stored: the request failed as a whole
         if ends:
-            if self._always:
+            if self._rep is not None:
+                await self._replicated(ends, fresh, items, results)
+            elif self._always:
                 # readers are woken once the records are durable, whatever happens to
                 # this send (its client may be gone, the task cancelled)
                 durable = loop.create_task(self._durable_then_wake(ends, fresh))
@@ -589,7 +968,7 @@ class StreamManager:
         bucket_s = -1
         bucket: dict[str, _Stream] = {}
         crc32 = _crc
-        always = self._always
+        always = self._always or self._rep is not None
         stop = len(items)
         k = start
         n_persistent = 0
@@ -887,6 +1266,8 @@ class StreamManager:
                     del plist[n:]
                     break
                 ends[p] = offset + 1
+                if self._rep is not None:
+                    self._rep.appended(p)
                 self._remember_record(p, offset, (now, entries), len(encoded))
                 seg_exp = self._seg_exp[p]
                 seg = plog.segment_bases[-1]
@@ -956,7 +1337,10 @@ class StreamManager:
         """Wait until ``s`` has room for one more waiting message; False at ``deadline``."""
         loop = asyncio.get_running_loop()
         releases = self._releases
+        given_up = self._given_up
         while True:
+            if given_up != self._given_up:
+                return False  # its partition may have moved: the send looks again
             waiting = self._waiting(s, self.clock())
             room = s.ring
             if s.waiters and waiting >= room:
@@ -1010,12 +1394,19 @@ class StreamManager:
         self._check_open()
         self._check_call(streams, max_messages, wait_ms)
         self._check_ring(ring_size)
+        if self._rep is not None:
+            await self._owned(streams, write=True)
         now = self.clock()
         ss = self._streams_for(streams, ring_size, now)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         releases = self._releases
+        given_up = self._given_up
         while True:
+            if given_up != self._given_up:  # a partition was given up meanwhile
+                self._check_owned(streams)
+                ss = self._streams_for(streams, ring_size, self.clock())
+                given_up = self._given_up
             out = await self._take(ss, max_messages, now)
             if out:
                 return out
@@ -1166,17 +1557,22 @@ class StreamManager:
         failure: BaseException | None = None
         for p in parts:
             fut = futs.get(p)
+            plog = self._logs.get(p)
             try:
-                end = await fut if fut is not None else self._logs[p].log_end_offset
+                if plog is None:  # given up (a cluster's partition moved)
+                    raise self._not_leader(p)
+                end = await fut if fut is not None else plog.log_end_offset
             except Exception as exc:  # the write failed: raised to the receiver
                 unwritten.add(p)
                 failure = failure or exc
                 continue
-            if self._always:
-                try:
-                    await self._logs[p].wait_durable(end)
-                except Exception as exc:  # written, maybe not durable: raised to the receiver
-                    failure = failure or exc
+            try:
+                if self._always:
+                    await plog.wait_durable(end)
+                if self._rep is not None:
+                    await self._rep.wait_replicated(p, end)
+            except Exception as exc:  # written, maybe not durable: raised to the receiver
+                failure = failure or exc
         return unwritten, failure
 
     def _put_back(self, undo: list[list[Any]], parts: set[int] | None) -> None:
@@ -1258,7 +1654,12 @@ class StreamManager:
             b = BatchBuilder()
             b.append(_encode(list(pending.items())), timestamp_ms=now, key=_KEY_TAKES)
             try:
-                info = self._logs[p].append(b.build())
+                plog = self._logs.get(p)
+                if plog is None:  # given up (a cluster's partition moved)
+                    raise self._not_leader(p)
+                info = plog.append(b.build())
+                if self._rep is not None:
+                    self._rep.appended(p)
             except Exception as exc:
                 log.error("%s-%d: a take record failed: %s", STREAMS_TOPIC, p, exc)
                 for fut in futs:
@@ -1286,6 +1687,8 @@ class StreamManager:
         self._check_open()
         ids = list(positions)
         self._check_call(ids, max_messages, wait_ms)
+        if self._rep is not None:
+            await self._owned(ids, write=False)
         starts: dict[str, int] = {}
         for sid in ids:
             check_stream_id(sid)
@@ -1299,7 +1702,11 @@ class StreamManager:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         releases = self._releases
+        given_up = self._given_up
         while True:
+            if given_up != self._given_up:  # a partition was given up meanwhile
+                self._check_owned(ids)
+                given_up = self._given_up
             out = self._read_now(starts, max_messages)
             left = deadline - loop.time()
             if out or left <= 0 or self._closed or self.draining or releases != self._releases:
@@ -1347,7 +1754,12 @@ class StreamManager:
             if s is None or s.ents is None:
                 continue
             ents = s.ents
-            limit = self._logs[s.part].flushed_offset << POSITION_BITS if self._always else 1 << 62
+            if self._rep is not None:  # what every in-sync replica holds
+                limit = self._rep.high_watermark(s.part) << POSITION_BITS
+            elif self._always:
+                limit = self._logs[s.part].flushed_offset << POSITION_BITS
+            else:
+                limit = 1 << 62
             j = _first_after(ents, start - 1)
             while 2 * j < len(ents) and len(out) < k:
                 pos = ents[2 * j]
@@ -1362,7 +1774,15 @@ class StreamManager:
     # --- describing -----------------------------------------------------------------------------
 
     def describe(self, stream: str) -> StreamInfo | None:
-        """What ``stream`` holds now; None: no such stream."""
+        """What ``stream`` holds now; None: no such stream.
+
+        Raises:
+            NotLeaderError: in a cluster, its partition is not led here.
+        """
+        if self._rep is not None:
+            if self._rep.partition_count() is None:
+                return None  # no stream was ever used in the cluster
+            self._check_owned([stream])
         s = self._streams.get(stream)
         if s is None:
             return None
@@ -1410,7 +1830,7 @@ class StreamManager:
             st,
             streams=len(self._streams),
             receivers=self._n_waiters + self._n_readers,
-            log_bytes=sum(plog.size_bytes for plog in self._logs if not plog.closed),
+            log_bytes=sum(plog.size_bytes for plog in self._logs.values() if not plog.closed),
         )
 
     # --- timers ---------------------------------------------------------------------------------
@@ -1536,7 +1956,7 @@ class StreamManager:
         self._evicted_kept += 1
 
     def _reclaim(self, now: int) -> None:
-        for p, plog in enumerate(self._logs):
+        for p, plog in self._logs.items():
             if plog.closed:
                 continue
             bases = plog.segment_bases

@@ -17,6 +17,11 @@ Long-polls await the manager (no timer or polling of their own); a waiting work-
 also watches its connection, so a client that goes away takes nothing (one task for the
 receive and one for the watch, only while it waits). When the gateway drains they answer at
 once with what they have.
+
+**In a cluster** any node answers every route of one stream, of several, and SSE: what the
+stream's owner (the leader of its partition of ``__streams``) serves is forwarded to it
+(:mod:`tidewire.server.http.streams_owner`). The list and the counts are the answering
+node's: the streams it owns.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from tidewire.broker.streams.model import (
 from tidewire.errors import InvalidRequestError, InvalidStreamError, TidewireError, for_code
 from tidewire.security.model import ResourceType
 from tidewire.server.gate import gate_for, names_allowed
+from tidewire.server.http import streams_owner
 from tidewire.server.http._common import json_response, parse_body, request_body
 from tidewire.server.http._params import error_frame, int_param
 from tidewire.server.http._stream_docs import (
@@ -234,7 +240,9 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
         persistent messages are durable per the broker's fsync policy before the answer."""
         req = parse_body(StreamSendBatchRequest, await request.body())
         items = [send_item(m.stream, m, f"items.{i}.") for i, m in enumerate(req.items)]
-        results = await broker.streams.send(items, ring_size=req.ring_size, block_ms=req.block_ms)
+        results = await streams_owner.send(
+            broker, items, ring_size=req.ring_size, block_ms=req.block_ms
+        )
         return json_response({"results": [result_doc(r) for r in results]})
 
     @router.post(
@@ -249,8 +257,8 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
         as soon as any of them has a message; none: an empty list."""
         req = parse_body(ReceiveRequest, await request.body())
         wait_ms = waiting(req.wait_ms)
-        taking = broker.streams.receive(
-            req.streams, max_messages=req.max, wait_ms=wait_ms, ring_size=req.ring_size
+        taking = streams_owner.receive(
+            broker, req.streams, max_messages=req.max, wait_ms=wait_ms, ring_size=req.ring_size
         )
         messages = await (take_unless_gone(request.receive, taking) if wait_ms else taking)
         return json_response({"messages": docs(messages, req.encoding)})
@@ -266,8 +274,8 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
         token, waiting up to ``wait_ms`` for a first one; ``tokens`` gives every stream's
         token to read on from (also for a stream that had nothing)."""
         req = parse_body(ReadRequest, await request.body())
-        messages, tokens = await broker.streams.read(
-            req.positions, max_messages=req.max, wait_ms=waiting(req.wait_ms)
+        messages, tokens = await streams_owner.read(
+            broker, req.positions, max_messages=req.max, wait_ms=waiting(req.wait_ms)
         )
         return json_response({"messages": docs(messages, req.encoding), "tokens": tokens})
 
@@ -285,8 +293,8 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
         stream = _stream(stream)
         req = parse_body(StreamSendRequest, await request.body())
         item = send_item(stream, req, "")
-        (result,) = await broker.streams.send(
-            [item], ring_size=req.ring_size, block_ms=req.block_ms
+        (result,) = await streams_owner.send(
+            broker, [item], ring_size=req.ring_size, block_ms=req.block_ms
         )
         doc = result_doc(result)
         if doc["status"] == "error":
@@ -313,8 +321,8 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
         one receiver, in send order), waiting up to ``wait_ms`` for a first one; none came:
         200 with an empty list."""
         wait_ms = waiting(wait_ms)
-        taking = broker.streams.receive(
-            [_stream(stream)], max_messages=max, wait_ms=wait_ms, ring_size=ring_size
+        taking = streams_owner.receive(
+            broker, [_stream(stream)], max_messages=max, wait_ms=wait_ms, ring_size=ring_size
         )
         messages = await (take_unless_gone(request.receive, taking) if wait_ms else taking)
         return json_response({"messages": docs(messages, encoding)})
@@ -337,8 +345,8 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
         up to ``wait_ms`` for a first one; ``token`` in the answer is where to read on
         (the same position when nothing came). Every reader reads every message."""
         stream = _stream(stream)
-        messages, tokens = await broker.streams.read(
-            {stream: token}, max_messages=max, wait_ms=waiting(wait_ms)
+        messages, tokens = await streams_owner.read(
+            broker, {stream: token}, max_messages=max, wait_ms=waiting(wait_ms)
         )
         return json_response({"messages": docs(messages, encoding), "token": tokens[stream]})
 
@@ -392,7 +400,7 @@ def streams_router(ctx: GatewayContext, *, heartbeat_s: float = HEARTBEAT_S) -> 
     async def describe(stream: StreamPath) -> Response:
         """The stream's figures now; 404 when it does not exist (it holds no message and
         nobody waits on it)."""
-        info = broker.streams.describe(_stream(stream))
+        info = await streams_owner.describe(broker, _stream(stream))
         if info is None:
             return error_response(
                 InvalidStreamError(
@@ -413,12 +421,12 @@ async def _sse_events(
     idle heartbeat; ends when the gateway drains (the client reconnects with its last id),
     or with an ``event: error`` when reading fails."""
     encode = msgspec.json.encode
-    manager = ctx.broker.streams
+    broker = ctx.broker
     yield b"retry: 1000\n: connected\n\n"
     while not ctx.closing.is_set():
         try:
-            messages, tokens = await manager.read(
-                {stream: token}, max_messages=SSE_MESSAGES_PER_READ, wait_ms=heartbeat_ms
+            messages, tokens = await streams_owner.read(
+                broker, {stream: token}, max_messages=SSE_MESSAGES_PER_READ, wait_ms=heartbeat_ms
             )
         except TidewireError as exc:
             yield b"event: error\ndata: %s\n\n" % encode(error_frame(exc))

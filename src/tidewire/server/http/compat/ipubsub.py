@@ -20,6 +20,9 @@ and the ``/v1/streams`` routes reach the same messages.
 - a receive (long-poll, ``timeoutSeconds`` default 30; ``424`` when nothing came) takes the
   oldest waiting message once (work-queue): a ``writeToDB`` message's take is recorded durably
   before the answer, so it is received once across restarts too;
+- in a cluster any node answers: a stream owned by another node (the leader of its
+  partition of ``__streams``) is forwarded there, as iPubSub's nodes forward to the owning
+  node (:mod:`tidewire.server.http.streams_owner`);
 - ``readFromDB=true`` reads (without taking) the first ``writeToDB`` message at or after
   ``dbResumeToken`` (empty: the stream's oldest) and answers it with the ``dbResumeToken`` of
   the position after it.
@@ -50,6 +53,7 @@ from tidewire.errors import (
     TidewireError,
     for_code,
 )
+from tidewire.server.http import streams_owner
 from tidewire.server.http.compat import rfc3339
 from tidewire.server.http.streams import take_unless_gone
 
@@ -142,7 +146,9 @@ def create_ipubsub_app(
             return _json(413, {"error": str(exc)})
         item = SendItem(stream_id, _encode(body["message"]), uuid, ttl * 1000, to_db)
         try:
-            (result,) = await broker.streams.send([item], ring_size=size, block_ms=blocking * 1000)
+            (result,) = await streams_owner.send(
+                broker, [item], ring_size=size, block_ms=blocking * 1000
+            )
         except TidewireError as exc:
             return _server_error(exc)
         if result.code in (0, -1):  # stored, or sent before (stored once)
@@ -186,10 +192,9 @@ def create_ipubsub_app(
     async def take(request: Request, stream_id: str, timeout_ms: int) -> StreamMessage | None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
-        manager = broker.streams
         while True:
             left = 0 if stop.is_set() else max(0, int((deadline - loop.time()) * 1000))
-            taking = manager.receive([stream_id], wait_ms=min(left, wait_step))
+            taking = streams_owner.receive(broker, [stream_id], wait_ms=min(left, wait_step))
             # A client gone while it waits takes nothing.
             got = await (take_unless_gone(request.receive, taking) if left else taking)
             if got:
@@ -200,11 +205,10 @@ def create_ipubsub_app(
     async def replay(stream_id: str, token: str, timeout_ms: int) -> StreamMessage | None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
-        manager = broker.streams
         while True:
             left = 0 if stop.is_set() else max(0, int((deadline - loop.time()) * 1000))
-            got, tokens = await manager.read(
-                {stream_id: token}, max_messages=1, wait_ms=min(left, wait_step)
+            got, tokens = await streams_owner.read(
+                broker, {stream_id: token}, max_messages=1, wait_ms=min(left, wait_step)
             )
             if got:
                 return got[0]
