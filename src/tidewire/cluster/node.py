@@ -62,6 +62,7 @@ from tidewire.cluster.metadata import (
     TopicInfo,
 )
 from tidewire.cluster.metrics import ClusterStats, counting_connect
+from tidewire.cluster.queues import ClusterQueues, queue_of
 from tidewire.cluster.security import (
     ClusterSecurity,
     check_security_incarnation,
@@ -312,6 +313,8 @@ class ClusterNode:
         self._passed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._offsets_task: asyncio.Task[None] | None = None
+        #: The queues' side of the node (cluster/queues.py), from start.
+        self.queues: ClusterQueues | None = None
         self.started = False
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -360,6 +363,9 @@ class ClusterNode:
             self.broker.groups.offsets.replicate(_OffsetsReplication(self.broker))
             # And security changes are made on the leader of __security, replicated.
             self.broker.security.replicate(ClusterSecurity(self))
+            # Queues: definitions replicated, each durable queue served by its owner.
+            self.queues = ClusterQueues(self)
+            self.broker.queues.replicate(self.queues)
         except BaseException:
             await self.close()
             raise
@@ -413,6 +419,9 @@ class ClusterNode:
         await self.lease.close()
         await self.etcd.close()
         self.broker.security.replicate(None)
+        if self.queues is not None:
+            self.broker.queues.replicate(None)
+            await self.queues.close()
         detach_node(self.broker)
 
     def _controller(self) -> Controller:
@@ -635,6 +644,9 @@ class ClusterNode:
     def _offsets_role(self, key: tuple[str, int], *, leading: bool) -> None:
         """Tell the broker's groups that this node now leads a partition of the offsets
         topic (they load it and serve its groups) or no longer does (they forget them)."""
+        if (queue := queue_of(key[0])) is not None:  # a durable queue's owner serves it
+            self.broker.queues.cluster_role(queue, leading=leading)
+            return
         if key[0] != OFFSETS_TOPIC:
             return
         if leading:
