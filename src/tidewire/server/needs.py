@@ -89,10 +89,17 @@ def _produce(req: Any) -> list[Need]:
     ]
 
 
+#: A durable queue's topic (the broker's ``QUEUE_TOPIC_PREFIX``): its leader is the queue's
+#: owner in a cluster, which a client may look up with the right to describe the queue.
+_QUEUE_TOPIC = "__queue."
+
+
 def _metadata(req: Any) -> list[Need]:
     if not req.topics:
         return []  # every topic: the handler lists those the principal may describe
-    needs = _topics(_O.DESCRIBE, req.topics)
+    queues = [t for t in req.topics if t.startswith(_QUEUE_TOPIC)]
+    needs = _topics(_O.DESCRIBE, [t for t in req.topics if not t.startswith(_QUEUE_TOPIC)])
+    needs += [Need(_Q, _O.DESCRIBE, t[len(_QUEUE_TOPIC) :]) for t in dict.fromkeys(queues)]
     if req.auto_create:
         needs += [Need(_T, _O.CREATE, t, if_missing=True) for t in dict.fromkeys(req.topics)]
     return needs

@@ -251,14 +251,21 @@ class QueueManager:
         self._sync_owned(name)
 
     def definitions_copied(self, data: bytes | memoryview) -> None:
-        """A follower of ``__queue_definitions`` copied ``data``: apply it."""
+        """A follower of ``__queue_definitions`` copied ``data``: apply it (what cannot be
+        applied is logged: the copy goes on)."""
         self.definitions.apply_copied(data)
-        self._sync_definitions()
+        try:
+            self._sync_definitions()
+        except TidewireError as exc:
+            log.error("queue definitions copied from the leader not all applied: %s", exc)
 
     def definitions_truncated(self) -> None:
         """A follower's ``__queue_definitions`` was cut: read it again."""
         self.definitions.reload()
-        self._sync_definitions()
+        try:
+            self._sync_definitions()
+        except TidewireError as exc:
+            log.error("queue definitions read again not all applied: %s", exc)
 
     def _sync_definitions(self) -> None:
         """Make the router and the cluster's queues match the definitions in memory (a
@@ -268,7 +275,8 @@ class QueueManager:
         defs = self.definitions.definitions()
         exchanges = {e.name: e for e in defs.exchanges}
         for name, e in list(self.router.exchanges.items()):
-            if e.durable and name not in exchanges:
+            builtin = name == DEFAULT_EXCHANGE or name.startswith("amq.")
+            if e.durable and name not in exchanges and not builtin:
                 self.router.remove_exchange(name)
         for e in defs.exchanges:
             if self.router.exchanges.get(e.name) != e:

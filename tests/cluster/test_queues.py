@@ -1,0 +1,196 @@
+"""Queues in a cluster: definitions replicated on every node, each durable queue served by its
+owner (the leader of both partitions of ``__queue.<name>``), clients routed to it, and a new
+owner carrying on when the old one's node goes.
+
+Three in-process nodes (broker, TCP server, :class:`ClusterNode` with its real replica
+manager) in one event loop, against the real etcd of the ``etcd`` fixture. Every wait is
+bounded; nothing asserts on how long something took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+
+from tests.cluster._etcd import EtcdServer
+from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, until
+from tidewire.broker.queues.definitions import DEFINITIONS_TOPIC
+from tidewire.broker.queues.store import queue_topic
+from tidewire.client import AsyncClient
+from tidewire.client._queue_consumer import AsyncQueueConsumer
+from tidewire.client._queue_messages import QueueMessage
+from tidewire.cluster.metadata import PartitionState
+from tidewire.cluster.queues import follow_owner
+from tidewire.errors import NotLeaderError
+
+
+class Node(InProcessNode):
+    """One node of the cluster (see :class:`InProcessNode`)."""
+
+    def __init__(self, tmp: Path, etcd: EtcdServer, node_id: int) -> None:
+        super().__init__(tmp, etcd, node_id, cluster_id="queues")
+
+
+def cluster(tmp: Path, etcd: EtcdServer, n: int = 3) -> AbstractAsyncContextManager[list[Node]]:
+    return in_process_cluster(lambda i: Node(tmp, etcd, i), n)
+
+
+def serving(nodes: list[Node], queue: str) -> list[Node]:
+    """The live nodes serving ``queue`` now (at most one, once settled)."""
+    return [
+        n
+        for n in nodes
+        if not n.stopped and any(q.spec.name == queue for q in n.broker.queues._queues.values())
+    ]
+
+
+def knows(nodes: list[Node], queue: str) -> Callable[[], bool]:
+    """Whether every live node knows durable queue ``queue`` (its definition replicated)."""
+    return lambda: all(
+        queue in {q.spec.name for q in n.broker.queues.queues()} for n in nodes if not n.stopped
+    )
+
+
+async def take(consumer: AsyncQueueConsumer, n: int) -> list[QueueMessage]:
+    """``n`` messages from ``consumer`` (bounded: fails after WAIT_S)."""
+    out: list[QueueMessage] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while len(out) < n:
+        assert loop.time() < deadline, f"got {len(out)} of {n} messages within {WAIT_S:.0f} s"
+        msg = await consumer.get(timeout_s=1.0)
+        if msg is not None:
+            out.append(msg)
+    return out
+
+
+def test_the_state_partition_follows_the_owner() -> None:
+    topic = queue_topic("jobs")
+    owner = PartitionState((1, 2, 3), 2, 5, (1, 2, 3))
+    state = PartitionState((1, 2, 3), 1, 4, (1, 2, 3))
+    moved = follow_owner(topic, 1, state, owner, {1, 2, 3})
+    assert moved == PartitionState((1, 2, 3), 2, 5, (1, 2, 3))
+    # Not moved: the owner already leads it, is not in its ISR, is gone, or not a queue.
+    assert follow_owner(topic, 1, moved, owner, {1, 2, 3}) is None
+    assert follow_owner(topic, 1, PartitionState((1, 2, 3), 1, 4, (1, 3)), owner, {1, 2, 3}) is None
+    assert follow_owner(topic, 1, state, owner, {1, 3}) is None
+    assert follow_owner("orders", 1, state, owner, {1, 2, 3}) is None
+    assert follow_owner(topic, 0, state, owner, {1, 2, 3}) is None
+
+
+def test_declare_publish_consume_on_three_nodes_and_the_owner_stopped(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes:
+            n1, n2, n3 = nodes
+            async with AsyncClient(n1.addr) as c1, AsyncClient(n2.addr) as c2:
+                await c1.declare_queue("jobs", durable=True)
+                await until(knows(nodes, "jobs"), "every node knows the queue")
+                await until(lambda: len(serving(nodes, "jobs")) == 1, "an owner serves it")
+                (owner,) = serving(nodes, "jobs")
+                # __queue_definitions is on every node.
+                for n in nodes:
+                    assert (DEFINITIONS_TOPIC, 0) in n.broker.logs.logs
+                # A node that is not the owner answers NotLeaderError naming it.
+                other = next(n for n in nodes if n is not owner)
+                try:
+                    other.broker.queues.describe_queue("jobs")
+                except NotLeaderError as exc:
+                    assert exc.leader_id == owner.id
+                else:
+                    raise AssertionError("a non-owner described the queue")
+
+                # Published through node 2 (routed to the owner), each confirmed.
+                for i in range(20):
+                    await c2.publish("", "jobs", f"m{i}")
+                # Consumed through node 3 first (routed to the owner); 10 acked, the rest held.
+                addrs = [n3.addr, n1.addr, n2.addr]
+                async with AsyncQueueConsumer(addrs, "jobs", prefetch=15) as consumer:
+                    got = await take(consumer, 15)
+                    acked = got[:10]
+                    await consumer.ack_many(acked)
+                    acked_values = {m.value for m in acked}
+                    assert len(acked_values) == 10
+
+                    status = owner.broker.queues.describe_queue("jobs")
+                    assert status.unacked + status.ready == 10
+
+                    await owner.stop()
+                    await until(lambda: len(serving(nodes, "jobs")) == 1, "a new owner")
+                    (new_owner,) = serving(nodes, "jobs")
+                    assert new_owner is not owner
+
+                    # The consumer follows the new owner: what it held comes again, and
+                    # what was never delivered; nothing acknowledged comes again.
+                    rest = await take(consumer, 10)
+                    values = {m.value for m in rest}
+                    assert not values & acked_values
+                    assert values | acked_values == {f"m{i}".encode() for i in range(20)}
+                    await consumer.ack_many(rest)
+                    assert await consumer.get(timeout_s=0.3) is None
+
+                # Publishing goes on at the new owner.
+                live = next(n for n in nodes if not n.stopped)
+                async with AsyncClient(live.addr) as c:
+                    await c.publish("", "jobs", "after")
+                    msgs = await c.get("jobs", wait_ms=5000)
+                    assert [m.value for m in msgs] == [b"after"]
+                    await msgs[0].ack()
+
+    asyncio.run(main())
+
+
+def test_dead_letters_and_an_exchange_reach_queues_of_other_owners(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes:
+            n1, n2, n3 = nodes
+            async with AsyncClient(n1.addr) as c1, AsyncClient(n3.addr) as c3:
+                await c1.declare_exchange("dlx", "direct", durable=True)
+                await c1.declare_exchange("all", "fanout", durable=True)
+                await c1.declare_queue("dead", durable=True)
+                await c1.bind("dlx", "dead", "work")
+                await c1.declare_queue("work", durable=True, dead_letter_exchange="dlx")
+                names = [f"q{i}" for i in range(4)]
+                for q in names:
+                    await c1.declare_queue(q, durable=True)
+                    await c1.bind("all", q)
+                for q in ["dead", "work", *names]:
+                    await until(knows(nodes, q), f"every node knows {q}")
+                    await until(lambda q=q: len(serving(nodes, q)) == 1, f"{q} is served")
+
+                # A fanout publish through node 3 reaches every queue, whoever owns it.
+                result = await c3.publish("all", "", "fan")
+                assert sorted(result.queues) == names
+                for q in names:
+                    msgs = await c3.get(q, wait_ms=5000)
+                    assert [m.value for m in msgs] == [b"fan"], q
+                    await msgs[0].ack()
+
+                # A rejected message of "work" reaches "dead" through the exchange "dlx".
+                await c3.publish("", "work", "bad")
+                (msg,) = await c3.get("work", wait_ms=5000)
+                await msg.reject()
+                dead = await c3.get("dead", wait_ms=10_000)
+                assert [m.value for m in dead] == [b"bad"]
+                assert dict(dead[0].headers).get("x-first-death-queue") == b"work"
+                await dead[0].ack()
+
+                # The definitions are changed on their leader only; the client finds it.
+                await c3.delete_queue("q0")
+                await until(
+                    lambda: not any(
+                        "q0" in {q.spec.name for q in n.broker.queues.queues()} for n in nodes
+                    ),
+                    "every node forgot q0",
+                )
+                await until(
+                    lambda: all(queue_topic("q0") not in n.cluster.cache.topics for n in nodes),
+                    "its topic is deleted",
+                )
+
+    asyncio.run(main())
