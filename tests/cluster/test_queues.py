@@ -10,10 +10,17 @@ bounded; nothing asserts on how long something took.
 from __future__ import annotations
 
 import asyncio
+import re
+import subprocess
+import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
+import httpx
+import pytest
+
+from tests.cli._support import popen_serve, stop
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, until
 from tidewire.broker.queues.definitions import DEFINITIONS_TOPIC
@@ -96,12 +103,9 @@ def test_declare_publish_consume_on_three_nodes_and_the_owner_stopped(
                     assert (DEFINITIONS_TOPIC, 0) in n.broker.logs.logs
                 # A node that is not the owner answers NotLeaderError naming it.
                 other = next(n for n in nodes if n is not owner)
-                try:
+                with pytest.raises(NotLeaderError) as refused:
                     other.broker.queues.describe_queue("jobs")
-                except NotLeaderError as exc:
-                    assert exc.leader_id == owner.id
-                else:
-                    raise AssertionError("a non-owner described the queue")
+                assert refused.value.leader_id == owner.id
 
                 # Published through node 2 (routed to the owner), each confirmed.
                 for i in range(20):
@@ -148,7 +152,7 @@ def test_dead_letters_and_an_exchange_reach_queues_of_other_owners(
 ) -> None:
     async def main() -> None:
         async with cluster(tmp_path, etcd) as nodes:
-            n1, n2, n3 = nodes
+            n1, _, n3 = nodes
             async with AsyncClient(n1.addr) as c1, AsyncClient(n3.addr) as c3:
                 await c1.declare_exchange("dlx", "direct", durable=True)
                 await c1.declare_exchange("all", "fanout", durable=True)
@@ -183,8 +187,10 @@ def test_dead_letters_and_an_exchange_reach_queues_of_other_owners(
                 # The definitions are changed on their leader only; the client finds it.
                 await c3.delete_queue("q0")
                 await until(
-                    lambda: not any(
-                        "q0" in {q.spec.name for q in n.broker.queues.queues()} for n in nodes
+                    lambda: (
+                        not any(
+                            "q0" in {q.spec.name for q in n.broker.queues.queues()} for n in nodes
+                        )
                     ),
                     "every node forgot q0",
                 )
@@ -194,3 +200,118 @@ def test_dead_letters_and_an_exchange_reach_queues_of_other_owners(
                 )
 
     asyncio.run(main())
+
+
+def _serve(data: Path, cluster: str, n: int) -> tuple[subprocess.Popen[str], int, int]:
+    """Node ``n`` as a ``tidewire serve`` process: (process, native port, HTTP port)."""
+    proc = popen_serve(
+        *("--data-dir", str(data), "--port", "0", "--http-port", "0", "--node-id", str(n)),
+        *("--cluster", cluster, "--session-timeout", "3"),
+    )
+    assert proc.stdout is not None
+    native = http = None
+    for _ in range(5):
+        line = proc.stdout.readline()
+        if m := re.search(r"listening on 127\.0\.0\.1:(\d+)", line):
+            native = native or int(m.group(1))
+        if m := re.search(r"HTTP native listening on http://127\.0\.0\.1:(\d+)", line):
+            http = int(m.group(1))
+        if native and http:
+            return proc, native, http
+    stop(proc)
+    pytest.fail(f"node {n} did not start")
+
+
+def _eventually(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        assert time.monotonic() < deadline, f"not within {WAIT_S:.0f} s: {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow  # three serve processes (the default tier has the in-process tests above)
+def test_http_routes_redirect_to_the_owner_and_a_killed_owner_is_replaced(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    cluster_url = f"etcd://{etcd.endpoint.removeprefix('http://')}"
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        http: list[int] = []
+        for n in (1, 2, 3):
+            proc, _, port = _serve(tmp_path / f"n{n}", cluster_url, n)
+            procs.append(proc)
+            http.append(port)
+        urls = [f"http://127.0.0.1:{p}" for p in http]
+        follow = httpx.Client(follow_redirects=True, timeout=WAIT_S)
+        plain = httpx.Client(follow_redirects=False, timeout=WAIT_S)
+
+        def live_nodes() -> bool:
+            r = plain.get(f"{urls[0]}/v1/cluster")
+            return r.status_code == 200 and len(r.json().get("nodes", [])) == 3
+
+        _eventually(live_nodes, "three nodes registered")
+        r = follow.put(f"{urls[0]}/v1/queues/jobs", json={})
+        assert r.status_code in (200, 201), r.text
+
+        def owner() -> int | None:
+            """The index of the live node that serves the queue (200, not a 307)."""
+            for i, url in enumerate(urls):
+                if procs[i].poll() is not None:
+                    continue
+                try:
+                    r = plain.get(f"{url}/v1/queues/jobs")
+                except httpx.TransportError:
+                    continue
+                if r.status_code == 200:
+                    return i
+            return None
+
+        _eventually(lambda: owner() is not None, "an owner serves the queue")
+        first = owner()
+        assert first is not None
+        other = (first + 1) % 3
+        r = plain.get(f"{urls[other]}/v1/queues/jobs")
+        assert r.status_code == 307, r.text
+        assert r.headers["location"] == f"{urls[first]}/v1/queues/jobs"
+
+        # Published through a non-owner (redirected), taken and acked through another.
+        body = {"routing_key": "jobs", "messages": [{"value": f"m{i}"} for i in range(6)]}
+        r = follow.post(f"{urls[other]}/v1/exchanges/amq.default/publish", json=body)
+        assert r.status_code == 200, r.text
+        third = (first + 2) % 3
+        r = follow.post(f"{urls[third]}/v1/queues/jobs/get", json={"max_messages": 3})
+        assert r.status_code == 200, r.text
+        got = r.json()["messages"]
+        assert [m["value"] for m in got] == ["m0", "m1", "m2"]
+        r = follow.post(f"{urls[third]}/v1/queues/jobs/ack", json={"tags": [got[0]["tag"]]})
+        assert r.status_code == 200, r.text
+
+        # The owner killed: another node serves the queue; what was acked is gone, what was
+        # held comes again, nothing confirmed is lost.
+        procs[first].kill()
+        procs[first].wait(timeout=WAIT_S)
+        _eventually(lambda: owner() not in (None, first), "a new owner serves the queue")
+        new = owner()
+        assert new is not None
+
+        values: list[str] = []
+
+        def drained() -> bool:
+            r = follow.post(
+                f"{urls[new]}/v1/queues/jobs/get", json={"max_messages": 10, "wait_ms": 200}
+            )
+            if r.status_code != 200:
+                return False
+            msgs = r.json()["messages"]
+            values.extend(m["value"] for m in msgs)
+            if msgs:
+                tags = [m["tag"] for m in msgs]
+                assert follow.post(f"{urls[new]}/v1/queues/jobs/ack", json={"tags": tags})
+            return sorted(values) == [f"m{i}" for i in range(1, 6)]
+
+        _eventually(drained, f"m1..m5 delivered again by the new owner (got {values})")
+        follow.close()
+        plain.close()
+    finally:
+        for proc in procs:
+            stop(proc)
