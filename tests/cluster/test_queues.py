@@ -202,6 +202,35 @@ def test_dead_letters_and_an_exchange_reach_queues_of_other_owners(
     asyncio.run(main())
 
 
+def test_a_node_that_joins_later_learns_the_definitions(tmp_path: Path, etcd: EtcdServer) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, n=2) as nodes:
+            async with AsyncClient(nodes[0].addr) as c:
+                await c.declare_exchange("events", "topic", durable=True)
+                await c.declare_queue("audit", durable=True)
+                await c.bind("events", "audit", "user.#")
+            late = Node(tmp_path, etcd, 3)
+            try:
+                await late.start()
+                await until(knows([late], "audit"), "the late node knows the queue")
+                await until(
+                    lambda: "events" in late.broker.queues.router.exchanges,
+                    "the late node knows the exchange",
+                )
+                bound = late.broker.queues.bindings(exchange="events")
+                assert [(b.destination, b.key) for b in bound] == [("audit", "user.#")]
+                # A publish through it reaches the queue (forwarded to its owner).
+                async with AsyncClient(late.addr) as c3:
+                    result = await c3.publish("events", "user.created", "hello")
+                    assert result.queues == ("audit",)
+                    msgs = await c3.get("audit", wait_ms=5000)
+                    assert [m.value for m in msgs] == [b"hello"]
+            finally:
+                await late.stop()
+
+    asyncio.run(main())
+
+
 def _serve(data: Path, cluster: str, n: int) -> tuple[subprocess.Popen[str], int, int]:
     """Node ``n`` as a ``tidewire serve`` process: (process, native port, HTTP port)."""
     proc = popen_serve(

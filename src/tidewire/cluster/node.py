@@ -44,6 +44,7 @@ import msgspec
 from tidewire.broker.offsets import (
     OFFSETS_PARTITIONS,
     OFFSETS_TOPIC,
+    QUEUE_DEFINITIONS_TOPIC,
     internal_config,
     is_internal_topic,
 )
@@ -62,7 +63,12 @@ from tidewire.cluster.metadata import (
     TopicInfo,
 )
 from tidewire.cluster.metrics import ClusterStats, counting_connect
-from tidewire.cluster.queues import ClusterQueues, queue_of
+from tidewire.cluster.queues import (
+    ClusterQueues,
+    check_definitions_incarnation,
+    queue_of,
+)
+from tidewire.cluster.queues import include_new_nodes as include_queue_definitions
 from tidewire.cluster.security import (
     ClusterSecurity,
     check_security_incarnation,
@@ -605,6 +611,8 @@ class ClusterNode:
                 self._offsets_role(key, leading=role[0] == "leader")
         if not await include_new_nodes(self):  # nodes that joined get the security state
             done = False
+        if not await include_queue_definitions(self):  # and the queue definitions
+            done = False
         return done
 
     async def _delete_orphans(self, topics: dict[str, TopicInfo]) -> bool:
@@ -678,6 +686,8 @@ class ClusterNode:
         as this incarnation's. False: something is left for the next pass."""
         if name == SECURITY_TOPIC:  # a node's own security state is never adopted
             return await check_security_incarnation(self, info)
+        if name == QUEUE_DEFINITIONS_TOPIC:  # nor its own queue definitions
+            return await check_definitions_incarnation(self, info)
         fs = self.broker.logs.fs
         held: set[str] = set()
         for plog in self._local_logs(name, info):
