@@ -31,6 +31,8 @@ from tidewire.client._queue_messages import QueueMessage
 from tidewire.cluster.metadata import PartitionState
 from tidewire.cluster.queues import follow_owner
 from tidewire.errors import NotLeaderError
+from tidewire.records import BatchBuilder
+from tidewire.storage import LogConfig
 
 
 class Node(InProcessNode):
@@ -227,6 +229,50 @@ def test_a_node_that_joins_later_learns_the_definitions(tmp_path: Path, etcd: Et
                     assert [m.value for m in msgs] == [b"hello"]
             finally:
                 await late.stop()
+
+    asyncio.run(main())
+
+
+def test_followers_give_back_the_segments_their_leader_gave_back(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """What a queue's owner deletes below its oldest unsettled message, its replicas delete
+    too (shown on a plain topic with small segments: the rule is the fetcher's)."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes:
+            await nodes[0].cluster.create_topic("small", 1, LogConfig(segment_bytes=1024), 3)
+            got = nodes[0].cluster.cache.partition("small", 0)
+            assert got is not None
+            (leader,) = [n for n in nodes if n.id == got[0].leader]
+            followers = [n for n in nodes if n is not leader]
+            await until(
+                lambda: all(("small", 0) in n.broker.logs.logs for n in nodes), "replicas made"
+            )
+            for i in range(40):
+                b = BatchBuilder()
+                b.append(b"x" * 200, timestamp_ms=1 + i)
+                await leader.broker.produce("small", 0, b.build())
+            plog = leader.broker.logs.get_log("small", 0)
+            end = plog.log_end_offset
+            await until(
+                lambda: all(
+                    f.broker.logs.get_log("small", 0).log_end_offset == end for f in followers
+                ),
+                "the followers copied everything",
+            )
+            plog.delete_before(30)
+            start = plog.log_start_offset
+            assert start > 0
+            b = BatchBuilder()
+            b.append(b"y", timestamp_ms=99)
+            await leader.broker.produce("small", 0, b.build())  # a fetch answer carries it
+            await until(
+                lambda: all(
+                    f.broker.logs.get_log("small", 0).log_start_offset == start for f in followers
+                ),
+                "the followers' logs start where the leader's does",
+            )
 
     asyncio.run(main())
 
