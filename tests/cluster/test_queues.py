@@ -30,7 +30,7 @@ from tidewire.client._queue_consumer import AsyncQueueConsumer
 from tidewire.client._queue_messages import QueueMessage
 from tidewire.cluster.metadata import PartitionState
 from tidewire.cluster.queues import follow_owner
-from tidewire.errors import NotLeaderError
+from tidewire.errors import NotLeaderError, TidewireError
 from tidewire.records import BatchBuilder
 from tidewire.storage import LogConfig
 
@@ -145,6 +145,51 @@ def test_declare_publish_consume_on_three_nodes_and_the_owner_stopped(
                     msgs = await c.get("jobs", wait_ms=5000)
                     assert [m.value for m in msgs] == [b"after"]
                     await msgs[0].ack()
+
+    asyncio.run(main())
+
+
+def test_confirmed_publishes_survive_the_owner_stopped_under_load(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes, AsyncClient([n.addr for n in nodes]) as c:
+            await c.declare_queue("load", durable=True)
+            await until(lambda: len(serving(nodes, "load")) == 1, "an owner serves it")
+            (owner,) = serving(nodes, "load")
+            confirmed: set[bytes] = set()
+            stop_at = 40  # the owner is stopped once this many are confirmed
+
+            async def publisher() -> None:
+                for i in range(120):
+                    value = f"p{i}".encode()
+                    for _ in range(100):  # bounded: retried while the owner moves
+                        try:
+                            await c.publish("", "load", value)
+                        except TidewireError as exc:
+                            if not exc.retriable:
+                                raise
+                            await asyncio.sleep(0.1)
+                            continue
+                        confirmed.add(value)
+                        break
+                    else:
+                        raise AssertionError(f"{value!r} never confirmed")
+
+            task = asyncio.create_task(publisher())
+            await until(lambda: len(confirmed) >= stop_at, "publishes confirmed")
+            await owner.stop()
+            await asyncio.wait_for(task, WAIT_S)
+            await until(lambda: len(serving(nodes, "load")) == 1, "a new owner")
+
+            received: set[bytes] = set()
+            for _ in range(200):  # bounded
+                msgs = await c.get("load", max_messages=100, wait_ms=200)
+                if not msgs:
+                    break
+                received.update(m.value for m in msgs)
+                await c.settle("load", [m.delivery_tag for m in msgs], "ack")
+            assert confirmed <= received, sorted(confirmed - received)
 
     asyncio.run(main())
 

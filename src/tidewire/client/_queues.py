@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -41,7 +41,7 @@ from tidewire.protocol.messages import (
 from tidewire.records import BatchBuilder
 
 from ._queue_messages import BlockingQueueMessage, QueueMessage, Settler, decode_delivery
-from ._routing import Router, backoff_s, call_routed
+from ._routing import Router, backoff_s, call_routed, leader_lost
 from ._transport import Transport
 
 __all__ = [
@@ -186,14 +186,7 @@ class _Publisher:
         try:
             if self._router is not None and not exchange and routing_key:
                 # The default exchange routes to one queue: to its owner in a cluster.
-                body = await call_routed(
-                    self._router,
-                    QUEUE_TOPIC_PREFIX + routing_key,
-                    0,
-                    send,
-                    timeout_s=self._t.request_timeout_s,
-                    resend_on_loss=False,
-                )
+                body = await _to_owner(self._router, routing_key, send, self._t.request_timeout_s)
             else:
                 body = await send(self._t)
         except TidewireError as exc:
@@ -213,6 +206,23 @@ class _Publisher:
         for fut in group.waiters:
             if not fut.done():
                 fut.set_result(result)
+
+
+async def _to_owner(
+    router: Router, queue: str, send: Callable[[Transport], Awaitable[T]], timeout_s: float
+) -> T:
+    """``send`` the request for ``queue`` to its owner (see :func:`call_routed`: found again
+    on NotLeaderError). A request whose connection was lost is not sent again (it may have
+    been carried out), but the owner is forgotten and looked up again, so the caller's retry
+    goes to the new one."""
+    topic = QUEUE_TOPIC_PREFIX + queue
+    try:
+        return await call_routed(router, topic, 0, send, timeout_s=timeout_s, resend_on_loss=False)
+    except TidewireError as exc:
+        if leader_lost(exc, router.clustered):
+            router.forget(topic, 0)
+            router.refresh_soon([topic])
+        raise
 
 
 def _merge(results: Sequence[PublishResult]) -> PublishResult:
@@ -292,14 +302,7 @@ class AsyncQueueAdmin:
             _check(response.body)
             return response
 
-        response = await call_routed(
-            self._router,
-            QUEUE_TOPIC_PREFIX + queue,
-            0,
-            send,
-            timeout_s=self._t.request_timeout_s,
-            resend_on_loss=False,
-        )
+        response = await _to_owner(self._router, queue, send, self._t.request_timeout_s)
         return response, used[-1]
 
     async def _qdefine(self, body: Any) -> Any:

@@ -93,6 +93,10 @@ TICK_S = 0.005
 TTL_SWEEP_S = 0.1
 #: How often settled segments are given back and state logs compacted (seconds).
 UPKEEP_S = 1.0
+#: A queue's logs made as replicas of a cluster's topic carry this file (the cluster node's
+#: ``TOPIC_ID_FILE``): they are kept at start even when this node's copy of the definitions
+#: does not name the queue yet (it may lag); the cluster deletes them with the topic.
+_CLUSTER_ID_FILE = "topic-id"
 
 
 P = ParamSpec("P")
@@ -218,6 +222,7 @@ class QueueManager:
             if (
                 topic.startswith(QUEUE_TOPIC_PREFIX)
                 and topic[len(QUEUE_TOPIC_PREFIX) :] not in self._queues
+                and not logs.fs.exists(f"{logs.data_dir}/{topic}-0/{_CLUSTER_ID_FILE}")
             ):
                 log.info("deleting %s: its queue was deleted", topic)
                 logs.delete_topic(topic)
