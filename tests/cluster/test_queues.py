@@ -149,6 +149,44 @@ def test_declare_publish_consume_on_three_nodes_and_the_owner_stopped(
     asyncio.run(main())
 
 
+def test_a_live_owner_that_hands_the_queue_over_moves_its_consumer(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """The owner stays up but stops leading the queue's partition 0: the controller moves
+    partition 1 after it, the new owner serves the queue, and the consumer, told it was
+    cancelled, consumes there."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes, AsyncClient([n.addr for n in nodes]) as c:
+            await c.declare_queue("moving", durable=True)
+            await until(lambda: len(serving(nodes, "moving")) == 1, "an owner serves it")
+            (owner,) = serving(nodes, "moving")
+            for i in range(4):
+                await c.publish("", "moving", f"a{i}")
+            # Connected to the owner first: the consumer learns of the cluster only when
+            # the queue moves.
+            addrs = [owner.addr, *(n.addr for n in nodes if n is not owner)]
+            async with AsyncQueueConsumer(addrs, "moving", prefetch=10) as consumer:
+                first = await take(consumer, 4)
+                assert first[0].value == b"a0"
+                await consumer.ack_many(first[:1])  # the others stay held
+                topic = queue_topic("moving")
+                got = owner.cluster.cache.partition(topic, 0)
+                assert got is not None
+                assert await owner.cluster.resign(topic, 0, got[0].leader_epoch)
+                await until(lambda: serving(nodes, "moving") not in ([], [owner]), "another owner")
+                (new_owner,) = serving(nodes, "moving")
+                for p in (0, 1):  # it leads both partitions
+                    state = new_owner.cluster.cache.partition(topic, p)
+                    assert state is not None
+                    assert state[0].leader == new_owner.id
+                rest = await take(consumer, 3)
+                assert {m.value for m in rest} == {b"a1", b"a2", b"a3"}
+                await consumer.ack_many(rest)
+
+    asyncio.run(main())
+
+
 def test_confirmed_publishes_survive_the_owner_stopped_under_load(
     tmp_path: Path, etcd: EtcdServer
 ) -> None:

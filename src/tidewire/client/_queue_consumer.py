@@ -127,6 +127,7 @@ class AsyncQueueConsumer:
         self._errors: list[TidewireError] = []
         self._consuming = False
         self._lost = False
+        self._cancelled = False  # told by the broker that the consumer was cancelled
         self._backoff = 0.0
         self._closed = False
         #: How many times the consumer was made again after a lost connection.
@@ -236,16 +237,11 @@ class AsyncQueueConsumer:
         body: QueueDeliverBody = decode_body(QueueDeliverBody, ev.body)
         if body.queue != self.queue:
             return
-        if body.cancelled and self._router.clustered:
-            # The owner gave the queue up (or it was deleted): consumed again where it is
-            # served now (UnknownQueueError then if it is gone).
+        if body.cancelled:
+            # The queue was deleted (iteration ends with the error), or in a cluster its
+            # owner gave it up: :meth:`get` tells which and consumes again where it is now.
             self._consuming = False
-            self._buffer.clear()
-            self._arrived.set()
-            return
-        if body.cancelled:  # the queue was deleted: iteration ends with the error
-            self._consuming = False
-            self._errors.append(UnknownQueueError(f"queue {self.queue!r} was deleted"))
+            self._cancelled = True
             self._arrived.set()
             return
         try:
@@ -280,6 +276,12 @@ class AsyncQueueConsumer:
                 return self._buffer.popleft()
             if self._errors:
                 raise self._errors.pop(0)
+            if self._cancelled:
+                self._cancelled = False
+                await self._follow_owner()
+                if not self._router.clustered:
+                    raise UnknownQueueError(f"queue {self.queue!r} was deleted")
+                self._buffer.clear()  # delivered again by the new owner
             if self._lost or not self._consuming:
                 await self._reconsume()
                 continue

@@ -883,7 +883,11 @@ class QueueManager:
                 return
 
     async def _remove_consumer(self, q: Queue, c: Consumer) -> None:
-        await q.remove_consumer(c)
+        try:
+            await q.remove_consumer(c)
+        except NotLeaderError as exc:  # a cluster's queue moving: its next owner redelivers
+            log.info("consumer %s of queue %r removed as the queue moved: %s", c.tag, q.name, exc)
+            return
         if q.spec.auto_delete and q.had_consumers and not q.consumers:
             await self._drop_queue(q)
 
