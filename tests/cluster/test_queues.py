@@ -30,7 +30,7 @@ from tidewire.client._queue_consumer import AsyncQueueConsumer
 from tidewire.client._queue_messages import QueueMessage
 from tidewire.cluster.metadata import PartitionState
 from tidewire.cluster.queues import follow_owner
-from tidewire.errors import NotLeaderError, TidewireError
+from tidewire.errors import NotEnoughReplicasError, NotLeaderError, TidewireError
 from tidewire.records import BatchBuilder
 from tidewire.storage import LogConfig
 
@@ -183,6 +183,38 @@ def test_a_live_owner_that_hands_the_queue_over_moves_its_consumer(
                 rest = await take(consumer, 3)
                 assert {m.value for m in rest} == {b"a1", b"a2", b"a3"}
                 await consumer.ack_many(rest)
+
+    asyncio.run(main())
+
+
+def test_an_owner_below_min_insync_refuses_publishes_and_acks(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes, AsyncClient([n.addr for n in nodes]) as c:
+            await c.declare_queue("few", durable=True)
+            await until(lambda: len(serving(nodes, "few")) == 1, "an owner serves it")
+            (owner,) = serving(nodes, "few")
+            await c.publish("", "few", "kept")
+            held = (await owner.broker.queues.get("few", owner="x")).entries[0]
+            for n in nodes:
+                if n is not owner:
+                    await n.stop()
+            topic = queue_topic("few")
+
+            def alone() -> bool:
+                got = owner.cluster.cache.partition(topic, 0)
+                return got is not None and got[0].isr == (owner.id,)
+
+            await until(alone, "the owner alone in the ISR")
+            b = BatchBuilder()
+            b.append(b"refused", timestamp_ms=1)
+            with pytest.raises(NotEnoughReplicasError):  # min_insync_replicas is 2
+                await owner.broker.queues.publish("", "few", b.build())
+            with pytest.raises(NotEnoughReplicasError):
+                await owner.broker.queues.settle("few", [held.tag], "ack", owner="x")
+            status = owner.broker.queues.describe_queue("few")
+            assert (status.ready, status.unacked) == (0, 1)  # nothing stored
 
     asyncio.run(main())
 

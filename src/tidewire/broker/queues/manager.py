@@ -961,6 +961,10 @@ class QueueManager:
         q = self._queue(queue, None)
         if outcome not in ("ack", "requeue", "dead-letter"):
             raise InvalidQueueError(f"outcome {outcome!r}: 'ack', 'requeue' or 'dead-letter'")
+        if q.state is not None and q.state.replication is not None:
+            # In a cluster: refused (too few in-sync replicas, or no longer led here) before
+            # anything changes, so that what is held stays held.
+            q.state.replication.check_leader()
         found, unknown = q.find_held(tags, owner, up_to)
         if outcome == "ack":
             await q.ack(found)
