@@ -889,6 +889,17 @@ class QueueManager:
             log.info("consumer %s of queue %r removed as the queue moved: %s", c.tag, q.name, exc)
             return
         if q.spec.auto_delete and q.had_consumers and not q.consumers:
+            if self._cluster is not None and q.spec.durable:
+                try:  # deleted through the definitions' leader, as any delete
+                    await self._delete_clustered(q.name, if_empty=False, if_unused=False)
+                except NotLeaderError as exc:
+                    log.warning(
+                        "queue %r (auto_delete) kept: in a cluster it is deleted only where "
+                        "its owner is also the leader of the definitions: %s",
+                        q.name,
+                        exc.message,
+                    )
+                return
             await self._drop_queue(q)
 
     async def get(
