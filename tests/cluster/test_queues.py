@@ -202,11 +202,12 @@ def test_an_owner_below_min_insync_refuses_publishes_and_acks(
                     await n.stop()
             topic = queue_topic("few")
 
-            def alone() -> bool:
-                got = owner.cluster.cache.partition(topic, 0)
-                return got is not None and got[0].isr == (owner.id,)
+            def alone() -> bool:  # as the owner's replica manager sees both partitions
+                rep = owner.broker.replication
+                assert rep is not None
+                return not any(rep.check_leader(topic, p).can_append_acks_all() for p in (0, 1))
 
-            await until(alone, "the owner alone in the ISR")
+            await until(alone, "the owner alone in the ISR of both partitions")
             b = BatchBuilder()
             b.append(b"refused", timestamp_ms=1)
             with pytest.raises(NotEnoughReplicasError):  # min_insync_replicas is 2
