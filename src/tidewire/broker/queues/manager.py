@@ -1028,6 +1028,18 @@ class QueueManager:
             try:
                 sent = await self._republish_dead(q, pairs, reason, dlx)
             except TidewireError as exc:
+                if self._cluster is not None and exc.retriable and self._queues.get(q.name) is q:
+                    # A queue of the exchange is served by a node not reached now (moving,
+                    # or too few in-sync replicas there): kept, not dropped; tried again.
+                    log.warning(
+                        "dead letters of queue %r kept: exchange %r did not take them (%s); "
+                        "they leave again when next due",
+                        q.name,
+                        dlx,
+                        exc,
+                    )
+                    q.undie(pairs)
+                    return
                 log.warning(
                     "dead letters of queue %r could not go to exchange %r (%s): dropped",
                     q.name,
