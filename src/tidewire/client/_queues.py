@@ -251,7 +251,7 @@ class AsyncQueueAdmin:
     _t: Transport
     _router: Router
     _queue_publisher: _Publisher | None = None
-    _queue_settlers: dict[int, Settler] | None = None
+    _queue_settlers: dict[Transport, Settler] | None = None
 
     def _publisher(self) -> _Publisher:
         if self._queue_publisher is None:
@@ -264,9 +264,12 @@ class AsyncQueueAdmin:
         t = self._t if transport is None else transport
         if self._queue_settlers is None:
             self._queue_settlers = {}
-        settler = self._queue_settlers.get(id(t))
+        settlers = self._queue_settlers
+        settler = settlers.get(t)
         if settler is None:
-            settler = self._queue_settlers[id(t)] = Settler(t)
+            for gone in [k for k in settlers if k.closed]:  # connections to former owners
+                del settlers[gone]
+            settler = settlers[t] = Settler(t)
             previous = t.on_lost
 
             def lost(error: TidewireError) -> None:
