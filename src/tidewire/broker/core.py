@@ -26,7 +26,7 @@ from tidewire._tasks import cancel_and_wait
 from tidewire.broker.consumer_groups import ConsumerGroups
 from tidewire.broker.groups import GroupConfig, GroupCoordinator
 from tidewire.broker.kafka_groups import KafkaGroupConfig, KafkaGroupCoordinator
-from tidewire.broker.offsets import OffsetStore, is_internal_topic
+from tidewire.broker.offsets import QUEUE_DEFINITIONS_TOPIC, OffsetStore, is_internal_topic
 from tidewire.broker.producers import (
     MAX_EPOCH,
     NODE_ID_SHIFT,
@@ -1307,6 +1307,8 @@ class Broker:
         """
         if topic == SECURITY_TOPIC:  # users, keys, ACLs: applied on every replica
             self.security.replica_appended(data)
+        elif topic == QUEUE_DEFINITIONS_TOPIC and self._queues is not None:  # idem
+            self._queues.definitions_copied(data)
         state: PartitionProducers | None = None
         now = int(time.time() * 1000)
         for _, h in iter_batches(data, verify=False):
@@ -1324,6 +1326,8 @@ class Broker:
         self._forget_producers_above(topic, partition, end)
         if topic == SECURITY_TOPIC:
             self.security.reload()
+        elif topic == QUEUE_DEFINITIONS_TOPIC and self._queues is not None:
+            self._queues.definitions_truncated()
 
     def _forget_producers_above(self, topic: str, partition: int, end: int) -> None:
         """Rebuild one partition's producer state from its log after it was cut at ``end``

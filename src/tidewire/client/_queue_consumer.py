@@ -10,6 +10,11 @@ A lost connection is reopened (with backoff) and the consumer made again. The br
 back what the lost connection held, unsettled, and delivers it again (``redelivered``): the
 messages buffered here are dropped, and settling one handed out before the loss raises
 :class:`~tidewire.errors.UnknownDeliveryTagError` (it comes again).
+
+In a cluster the consumer's connection goes to the queue's owner (the leader of partition 0
+of ``__queue.<name>``, found through the metadata; found again on NotLeaderError, a lost
+connection, or the owner telling the consumer it was cancelled because it gave the queue up):
+what the old owner had delivered and was not settled is delivered again by the new one.
 """
 
 from __future__ import annotations
@@ -21,7 +26,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tidewire.client._blocking import BlockingTwin
-from tidewire.errors import ConnectionLostError, TidewireError, UnknownQueueError, for_code
+from tidewire.errors import (
+    ConnectionLostError,
+    NotLeaderError,
+    TidewireError,
+    UnknownQueueError,
+    for_code,
+)
 from tidewire.protocol import PushReceived
 from tidewire.protocol.messages import (
     OUTCOME_ACK,
@@ -35,6 +46,8 @@ from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
 from ._queue_messages import BlockingQueueMessage, QueueMessage, Settler, decode_delivery
+from ._queues import QUEUE_TOPIC_PREFIX
+from ._routing import Router, backoff_s
 from ._settings import check_ints
 from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Addresses, Transport, parse_addrs
 
@@ -90,14 +103,22 @@ class AsyncQueueConsumer:
         self._wanted_tag = consumer_tag
         #: The broker's name for this consumer on the current connection ("": none yet).
         self.consumer_tag = ""
-        self._t = Transport(
-            addr,
-            request_timeout_s=request_timeout_ms / 1000,
-            connect_timeout_s=connect_timeout_ms / 1000,
-            max_in_flight=16,
-            tls=tls,
-            credentials=credentials,
-        )
+
+        def connect(address: Addresses) -> Transport:
+            return Transport(
+                address,
+                request_timeout_s=request_timeout_ms / 1000,
+                connect_timeout_s=connect_timeout_ms / 1000,
+                max_in_flight=16,
+                tls=tls,
+                credentials=credentials,
+            )
+
+        self._connect = connect
+        self._t = self._bootstrap = connect(addr)
+        #: The cluster's metadata, asked over the bootstrap connection: where the owner is.
+        self._router = Router(self._bootstrap, connect)
+        self._owner: tuple[str, int] | None = None  # the owner self._t goes to (a cluster)
         self._t.on_push = self._on_push
         self._t.on_lost = self._on_lost
         self._settler = Settler(self._t)
@@ -106,6 +127,7 @@ class AsyncQueueConsumer:
         self._errors: list[TidewireError] = []
         self._consuming = False
         self._lost = False
+        self._cancelled = False  # told by the broker that the consumer was cancelled
         self._backoff = 0.0
         self._closed = False
         #: How many times the consumer was made again after a lost connection.
@@ -132,6 +154,46 @@ class AsyncQueueConsumer:
             await self._consume()
 
     async def _consume(self) -> None:
+        """Consume; a NotLeaderError (the owner is elsewhere, or moving) sends it to the
+        owner, for up to the request timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._t.request_timeout_s
+        attempt = 0
+        while True:
+            try:
+                await self._consume_once()
+                return
+            except NotLeaderError:
+                attempt += 1
+                if loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(backoff_s(attempt))
+                await self._follow_owner()
+
+    async def _follow_owner(self) -> None:
+        """In a cluster: connect to the queue's owner as the metadata names it now (the
+        old connection closed: the old owner takes back what it held)."""
+        topic = QUEUE_TOPIC_PREFIX + self.queue
+        with contextlib.suppress(TidewireError):  # the next attempt tells
+            await self._router.refresh([topic])
+        if not self._router.clustered:
+            return
+        node = self._router.leader(topic, 0)
+        address = self._router._nodes.get(node)  # the router's own map
+        if address is None or address == self._owner:
+            return
+        old = self._t
+        self._owner = address
+        self._t = self._connect(f"{address[0]}:{address[1]}")
+        self._t.on_push = self._on_push
+        self._t.on_lost = self._on_lost
+        self._settler = Settler(self._t)
+        self._buffer.clear()
+        if old is not self._bootstrap:
+            with contextlib.suppress(TidewireError):
+                await old.close()
+
+    async def _consume_once(self) -> None:
         self._lost = False
         self._consuming = True  # deliveries may arrive before the answer is read
         req = QueueConsumeRequest(
@@ -162,7 +224,10 @@ class AsyncQueueConsumer:
                 )
         self._consuming = False
         self._buffer.clear()
-        await self._t.close()
+        await self._router.close()
+        if self._t is not self._bootstrap:
+            await self._t.close()
+        await self._bootstrap.close()
 
     # --- receiving ----------------------------------------------------------------------------
 
@@ -172,9 +237,11 @@ class AsyncQueueConsumer:
         body: QueueDeliverBody = decode_body(QueueDeliverBody, ev.body)
         if body.queue != self.queue:
             return
-        if body.cancelled:  # the queue was deleted: iteration ends with the error
+        if body.cancelled:
+            # The queue was deleted (iteration ends with the error), or in a cluster its
+            # owner gave it up: :meth:`get` tells which and consumes again where it is now.
             self._consuming = False
-            self._errors.append(UnknownQueueError(f"queue {self.queue!r} was deleted"))
+            self._cancelled = True
             self._arrived.set()
             return
         try:
@@ -209,6 +276,12 @@ class AsyncQueueConsumer:
                 return self._buffer.popleft()
             if self._errors:
                 raise self._errors.pop(0)
+            if self._cancelled:
+                self._cancelled = False
+                await self._follow_owner()
+                if not self._router.clustered:
+                    raise UnknownQueueError(f"queue {self.queue!r} was deleted")
+                self._buffer.clear()  # delivered again by the new owner
             if self._lost or not self._consuming:
                 await self._reconsume()
                 continue
@@ -225,6 +298,8 @@ class AsyncQueueConsumer:
             self._backoff = min(max(self._backoff * 2, BACKOFF_MIN_S), BACKOFF_MAX_S)
             await asyncio.sleep(self._backoff)
         was_lost = self._lost
+        if self._router.clustered:
+            await self._follow_owner()
         try:
             await self._consume()
         except TidewireError as exc:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from tidewire.errors import TidewireError, for_code
+from tidewire.errors import NotLeaderError, TidewireError, for_code
 from tidewire.protocol.messages import (
     BindingInfo,
     ExchangeDeclareRequest,
@@ -41,6 +41,7 @@ from tidewire.protocol.messages import (
 from tidewire.records import BatchBuilder
 
 from ._queue_messages import BlockingQueueMessage, QueueMessage, Settler, decode_delivery
+from ._routing import Router, backoff_s, call_routed, leader_lost
 from ._transport import Transport
 
 __all__ = [
@@ -60,6 +61,9 @@ MAX_PUBLISH_MESSAGES = 1000
 MAX_PUBLISH_BYTES = 1024 * 1024
 
 _OUTCOMES = {"ack", "requeue", "dead-letter"}
+#: A durable queue's topic in a cluster (the broker's ``QUEUE_TOPIC_PREFIX``): its owner
+#: leads partition 0.
+QUEUE_TOPIC_PREFIX = "__queue."
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +106,9 @@ class _Group:
 class _Publisher:
     """Gathers the publishes of one loop turn into one request per settings."""
 
-    def __init__(self, transport: Transport) -> None:
+    def __init__(self, transport: Transport, router: Router | None = None) -> None:
         self._t = transport
+        self._router = router
         self._open: dict[_PublishKey, _Group] = {}
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -171,10 +176,19 @@ class _Publisher:
             delay_ms=delay_ms,
         )
         self.requests += 1
-        try:
-            response = await self._t.request(req, [group.builder.build()])
+        data = [group.builder.build()]
+
+        async def send(transport: Transport) -> Any:
+            response = await transport.request(req, data)
             assert response is not None
-            body = _check(response.body)
+            return _check(response.body)
+
+        try:
+            if self._router is not None and not exchange and routing_key:
+                # The default exchange routes to one queue: to its owner in a cluster.
+                body = await _to_owner(self._router, routing_key, send, self._t.request_timeout_s)
+            else:
+                body = await send(self._t)
         except TidewireError as exc:
             for fut in group.waiters:
                 if not fut.done():
@@ -192,6 +206,23 @@ class _Publisher:
         for fut in group.waiters:
             if not fut.done():
                 fut.set_result(result)
+
+
+async def _to_owner(
+    router: Router, queue: str, send: Callable[[Transport], Awaitable[T]], timeout_s: float
+) -> T:
+    """``send`` the request for ``queue`` to its owner (see :func:`call_routed`: found again
+    on NotLeaderError). A request whose connection was lost is not sent again (it may have
+    been carried out), but the owner is forgotten and looked up again, so the caller's retry
+    goes to the new one."""
+    topic = QUEUE_TOPIC_PREFIX + queue
+    try:
+        return await call_routed(router, topic, 0, send, timeout_s=timeout_s, resend_on_loss=False)
+    except TidewireError as exc:
+        if leader_lost(exc, router.clustered):
+            router.forget(topic, 0)
+            router.refresh_soon([topic])
+        raise
 
 
 def _merge(results: Sequence[PublishResult]) -> PublishResult:
@@ -218,31 +249,86 @@ class AsyncQueueAdmin:
     """The queue and exchange methods of :class:`~tidewire.client.AsyncClient`."""
 
     _t: Transport
+    _router: Router
     _queue_publisher: _Publisher | None = None
-    _queue_settler: Settler | None = None
+    _queue_settlers: dict[Transport, Settler] | None = None
 
     def _publisher(self) -> _Publisher:
         if self._queue_publisher is None:
-            self._queue_publisher = _Publisher(self._t)
+            self._queue_publisher = _Publisher(self._t, self._router)
         return self._queue_publisher
 
-    def _settler(self) -> Settler:
-        if self._queue_settler is None:
-            settler = self._queue_settler = Settler(self._t)
-            previous = self._t.on_lost
+    def _settler(self, transport: Transport | None = None) -> Settler:
+        """The settler of the deliveries got over ``transport`` (default: the client's own
+        connection): a delivery is settled over the connection that got it."""
+        t = self._t if transport is None else transport
+        if self._queue_settlers is None:
+            self._queue_settlers = {}
+        settlers = self._queue_settlers
+        settler = settlers.get(t)
+        if settler is None:
+            for gone in [k for k in settlers if k.closed]:  # connections to former owners
+                del settlers[gone]
+            settler = settlers[t] = Settler(t)
+            previous = t.on_lost
 
             def lost(error: TidewireError) -> None:
                 settler.connection_lost()
                 if previous is not None:
                     previous(error)
 
-            self._t.on_lost = lost
-        return self._queue_settler
+            t.on_lost = lost
+        return settler
 
     async def _qcall(self, body: Any, data: Sequence[bytes] = ()) -> Any:
         response = await self._t.request(body, data)
         assert response is not None
         return response
+
+    async def _qowner(
+        self, queue: str, body: Any, data: Sequence[bytes] = ()
+    ) -> tuple[Any, Transport]:
+        """A request about ``queue``, to its owner in a cluster (the leader of partition 0
+        of its topic; found again on NotLeaderError for up to the request timeout); on a
+        single node, to the node. A lost connection is not retried (it may have been carried
+        out). Returns the response and the connection that answered it.
+
+        Raises:
+            TidewireError: the answer's error.
+        """
+        used: list[Transport] = []
+
+        async def send(transport: Transport) -> Any:
+            used.append(transport)
+            response = await transport.request(body, data)
+            assert response is not None
+            _check(response.body)
+            return response
+
+        response = await _to_owner(self._router, queue, send, self._t.request_timeout_s)
+        return response, used[-1]
+
+    async def _qdefine(self, body: Any) -> Any:
+        """A change of exchanges, queues or bindings, answered by the node that can make it:
+        in a cluster the leader of ``__queue_definitions`` (the others refuse it with
+        NotLeaderError, changing nothing; the nodes are asked in turn for up to the request
+        timeout); on a single node, the node. Returns the answer's body (its error raised).
+        """
+        response = await self._t.request(body)
+        assert response is not None
+        answer = response.body
+        deadline = time.monotonic() + self._t.request_timeout_s
+        attempt = 0
+        while answer.error_code == NotLeaderError.code and time.monotonic() < deadline:
+            attempt += 1
+            got = await self._router.ask_nodes_until(
+                body, lambda b: b.error_code != NotLeaderError.code
+            )
+            if got is not None:
+                answer = got
+                break
+            await asyncio.sleep(backoff_s(attempt))  # the leadership is moving
+        return _check(answer)
 
     async def declare_exchange(
         self,
@@ -263,7 +349,7 @@ class AsyncQueueAdmin:
         req = ExchangeDeclareRequest(
             name=name, type=type, durable=durable, alternate_exchange=alternate_exchange
         )
-        _check((await self._qcall(req)).body)
+        await self._qdefine(req)
 
     async def delete_exchange(self, name: str, *, if_unused: bool = False) -> None:
         """Delete an exchange and its bindings (``if_unused``: only if it has none).
@@ -271,7 +357,7 @@ class AsyncQueueAdmin:
         Raises:
             UnknownExchangeError; PreconditionFailedError (``if_unused`` and bound).
         """
-        _check((await self._qcall(ExchangeDeleteRequest(name=name, if_unused=if_unused))).body)
+        await self._qdefine(ExchangeDeleteRequest(name=name, if_unused=if_unused))
 
     async def declare_queue(
         self,
@@ -327,7 +413,10 @@ class AsyncQueueAdmin:
             visibility_timeout_ms=visibility_timeout_ms,
             passive=passive,
         )
-        info = _check((await self._qcall(req)).body).queue
+        if passive:  # described by its owner in a cluster
+            info = (await self._qowner(name, req))[0].body.queue
+        else:
+            info = (await self._qdefine(req)).queue
         assert isinstance(info, QueueInfo)
         return info
 
@@ -341,11 +430,12 @@ class AsyncQueueAdmin:
             ``if_unused`` with consumers).
         """
         req = QueueDeleteRequest(name=name, if_empty=if_empty, if_unused=if_unused)
-        return int(_check((await self._qcall(req)).body).messages)
+        return int((await self._qdefine(req)).messages)
 
     async def purge_queue(self, name: str) -> int:
         """Remove a queue's ready messages; returns how many. Raises UnknownQueueError."""
-        return int(_check((await self._qcall(QueuePurgeRequest(name=name))).body).messages)
+        response, _ = await self._qowner(name, QueuePurgeRequest(name=name))
+        return int(response.body.messages)
 
     async def bind(
         self,
@@ -371,7 +461,7 @@ class AsyncQueueAdmin:
             key=key,
             arguments=dict(arguments or {}),
         )
-        _check((await self._qcall(req)).body)
+        await self._qdefine(req)
 
     async def unbind(
         self,
@@ -390,7 +480,7 @@ class AsyncQueueAdmin:
             key=key,
             arguments=dict(arguments or {}),
         )
-        _check((await self._qcall(req)).body)
+        await self._qdefine(req)
 
     async def list_queues(self) -> list[QueueInfo]:
         """Every queue this client may describe, with its counts."""
@@ -493,10 +583,9 @@ class AsyncQueueAdmin:
             wait_ms=wait_ms,
             visibility_timeout_ms=visibility_timeout_ms,
         )
-        settler = self._settler()
-        response = await self._qcall(req)
-        body = _check(response.body)
-        return decode_delivery(queue, body.entries, response.data, settler)
+        response, transport = await self._qowner(queue, req)
+        settler = self._settler(transport)
+        return decode_delivery(queue, response.body.entries, response.data, settler)
 
     async def settle(
         self, queue: str, tags: Sequence[int], outcome: str, *, up_to: int = 0
@@ -511,7 +600,7 @@ class AsyncQueueAdmin:
         if outcome not in _OUTCOMES:
             raise ValueError(f"outcome={outcome!r} must be one of ack, requeue, dead-letter")
         req = QueueSettleRequest(queue=queue, tags=list(tags), up_to=up_to, outcome=outcome)
-        _check((await self._qcall(req)).body)
+        await self._qowner(queue, req)
 
     async def browse(
         self, queue: str, *, from_offset: int = 0, max_messages: int = 100
@@ -519,9 +608,8 @@ class AsyncQueueAdmin:
         """Look at ready messages from ``from_offset`` on without taking them (a dead-letter
         queue's, typically); they cannot be settled. Raises UnknownQueueError."""
         req = QueueBrowseRequest(queue=queue, from_offset=from_offset, max_messages=max_messages)
-        response = await self._qcall(req)
-        body = _check(response.body)
-        return decode_delivery(queue, body.entries, response.data, None)
+        response, _ = await self._qowner(queue, req)
+        return decode_delivery(queue, response.body.entries, response.data, None)
 
     async def replay(
         self,
@@ -540,7 +628,7 @@ class AsyncQueueAdmin:
             from_offset=from_offset,
             to_offset=-1 if to_offset is None else to_offset,
         )
-        return int(_check((await self._qcall(req)).body).messages)
+        return int((await self._qowner(queue, req))[0].body.messages)
 
 
 class QueueAdmin:

@@ -40,6 +40,7 @@ from tidewire.cluster.metadata import (
     MetadataStore,
     PartitionState,
 )
+from tidewire.cluster.queues import follow_owner
 from tidewire.cluster.reassign import reconcile_reassignments
 
 __all__ = ["Controller", "assign", "elect"]
@@ -213,10 +214,16 @@ class Controller:
         except EtcdError as exc:
             log.warning("lost-tail marks not read (%s); next pass", exc)
             return True
-        for (topic, p), (state, version) in sorted(self.cache.partitions().items()):
+        partitions = self.cache.partitions()
+        decided: dict[tuple[str, int], PartitionState] = {}
+        for (topic, p), (state, version) in sorted(partitions.items()):
             info = self.cache.topics.get(topic)
             lost = marks_of(marks, (topic, p), info.topic_id if info is not None else "")
             new = elect(state, live, unclean=self.unclean(topic), lost=lost, version=version)
+            # A queue's state partition is led by the queue's owner (cluster/queues.py).
+            if p == 1 and (owner := decided.get((topic, 0))) is not None:
+                new = follow_owner(topic, p, new or state, owner, set(live) - set(lost)) or new
+            decided[(topic, p)] = new or state
             if new is None:
                 continue
             try:

@@ -321,6 +321,13 @@ class LeaderFetcher:
             m.broker.replica_truncated(s.topic, s.partition, r.log_start_offset)
             m.learned(s.key, r.high_watermark)
             return
+        if plog.log_start_offset < r.log_start_offset <= plog.log_end_offset:
+            # The leader deleted below its log start (retention, or a queue's settled
+            # messages): so does this replica, whole segments only (Kafka's follower does).
+            try:
+                plog.delete_before(r.log_start_offset)
+            except TidewireError as exc:  # tried again at the next answer
+                log.warning("%s/%s: segments not deleted: %s", s.topic, s.partition, exc)
         if r.diverging_end_offset >= 0:
             cut = truncation_point(
                 plog.epoch_history(),

@@ -45,6 +45,7 @@ from tidewire.broker.offsets import (
     OFFSETS_PARTITIONS,
     OFFSETS_TOPIC,
     STREAMS_TOPIC,
+    QUEUE_DEFINITIONS_TOPIC,
     internal_config,
     is_internal_topic,
 )
@@ -63,6 +64,12 @@ from tidewire.cluster.metadata import (
     TopicInfo,
 )
 from tidewire.cluster.metrics import ClusterStats, counting_connect
+from tidewire.cluster.queues import (
+    ClusterQueues,
+    check_definitions_incarnation,
+    queue_of,
+)
+from tidewire.cluster.queues import include_new_nodes as include_queue_definitions
 from tidewire.cluster.security import (
     ClusterSecurity,
     check_security_incarnation,
@@ -316,6 +323,8 @@ class ClusterNode:
         self._offsets_task: asyncio.Task[None] | None = None
         #: lightweight streams: served where their partition of __streams is led
         self.stream_owners = ClusterStreams(self)
+        #: The queues' side of the node (cluster/queues.py), from start.
+        self.queues: ClusterQueues | None = None
         self.started = False
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -365,6 +374,9 @@ class ClusterNode:
             # And security changes are made on the leader of __security, replicated.
             self.broker.security.replicate(ClusterSecurity(self))
             self.broker.streams.replicate(self.stream_owners)
+            # Queues: definitions replicated, each durable queue served by its owner.
+            self.queues = ClusterQueues(self)
+            self.broker.queues.replicate(self.queues)
         except BaseException:
             await self.close()
             raise
@@ -419,6 +431,9 @@ class ClusterNode:
         await self.lease.close()
         await self.etcd.close()
         self.broker.security.replicate(None)
+        if self.queues is not None:
+            self.broker.queues.replicate(None)
+            await self.queues.close()
         detach_node(self.broker)
 
     def _controller(self) -> Controller:
@@ -602,6 +617,8 @@ class ClusterNode:
                 self._offsets_role(key, leading=role[0] == "leader")
         if not await include_new_nodes(self):  # nodes that joined get the security state
             done = False
+        if not await include_queue_definitions(self):  # and the queue definitions
+            done = False
         return done
 
     async def _delete_orphans(self, topics: dict[str, TopicInfo]) -> bool:
@@ -641,9 +658,12 @@ class ClusterNode:
     def _offsets_role(self, key: tuple[str, int], *, leading: bool) -> None:
         """Tell the broker's groups that this node now leads a partition of the offsets
         topic (they load it and serve its groups) or no longer does (they forget them); the
-        same for the streams of a partition of ``__streams``."""
+        same for the streams of a partition of ``__streams`` and for a durable queue."""
         if key[0] == STREAMS_TOPIC:
             streams_role(self, key[1], leading=leading)
+            return
+        if (queue := queue_of(key[0])) is not None:  # a durable queue's owner serves it
+            self.broker.queues.cluster_role(queue, leading=leading)
             return
         if key[0] != OFFSETS_TOPIC:
             return
@@ -676,6 +696,8 @@ class ClusterNode:
         as this incarnation's. False: something is left for the next pass."""
         if name == SECURITY_TOPIC:  # a node's own security state is never adopted
             return await check_security_incarnation(self, info)
+        if name == QUEUE_DEFINITIONS_TOPIC:  # nor its own queue definitions
+            return await check_definitions_incarnation(self, info)
         fs = self.broker.logs.fs
         held: set[str] = set()
         for plog in self._local_logs(name, info):

@@ -93,11 +93,20 @@ def _produce(req: Any) -> list[Need]:
 #: its METADATA is open to every client; its records stay private (see server/gate.py).
 _STREAMS_TOPIC: Final = "__streams"
 
+#: A durable queue's topic (the broker's ``QUEUE_TOPIC_PREFIX``): its leader is the queue's
+#: owner in a cluster, which a client may look up with the right to describe the queue.
+_QUEUE_TOPIC = "__queue."
+
 
 def _metadata(req: Any) -> list[Need]:
     if not req.topics:
         return []  # every topic: the handler lists those the principal may describe
-    needs = _topics(_O.DESCRIBE, [t for t in req.topics if t != _STREAMS_TOPIC])
+    queues = [t for t in req.topics if t.startswith(_QUEUE_TOPIC)]
+    needs = _topics(
+        _O.DESCRIBE,
+        [t for t in req.topics if t != _STREAMS_TOPIC and not t.startswith(_QUEUE_TOPIC)],
+    )
+    needs += [Need(_Q, _O.DESCRIBE, t[len(_QUEUE_TOPIC) :]) for t in dict.fromkeys(queues)]
     if req.auto_create:
         needs += [Need(_T, _O.CREATE, t, if_missing=True) for t in dict.fromkeys(req.topics)]
     return needs

@@ -22,6 +22,11 @@ holds :data:`COMPACT_SEGMENTS` segments and is :data:`COMPACT_RATIO` times large
 live entries, the store lets the writes in flight finish, holds new ones back, appends every
 live entry again, fsyncs, and deletes the whole segments before that copy. A crash in between
 leaves values each key had, in log order, so the last one still wins.
+
+**In a cluster** (:meth:`DefinitionStore.replicate`) the topic is replicated on every node
+(:mod:`tidewire.cluster.queues`): a change is written only on its leader and acknowledged once
+every in-sync replica holds it; every other replica applies the records it copies
+(:meth:`DefinitionStore.apply_copied`), so every node knows every exchange, queue and binding.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, Protocol
 
 import msgspec
 
@@ -48,6 +53,7 @@ __all__ = [
     "SEGMENT_BYTES",
     "DefinitionStore",
     "Definitions",
+    "DefinitionsReplication",
     "definitions_config",
 ]
 
@@ -108,6 +114,21 @@ _value_decoders: dict[type, msgspec.msgpack.Decoder[_Value]] = {
 }
 
 
+class DefinitionsReplication(Protocol):
+    """How the definitions are written in a cluster (:mod:`tidewire.cluster.queues`)."""
+
+    async def check_leader(self) -> None:
+        """Before a write: this node leads the topic (made through etcd by the first
+        change) with at least ``min_insync_replicas`` in-sync replicas.
+
+        Raises:
+            NotLeaderError (naming the leader), NotEnoughReplicasError, RequestTimedOutError.
+        """
+
+    async def wait_replicated(self, end: int) -> None:
+        """After a write: until every in-sync replica holds the topic below ``end``."""
+
+
 def _binding_key(b: Binding) -> _BindingKey:
     return _BindingKey(b.exchange, b.destination, b.destination_kind, b.key, b.arguments)
 
@@ -160,6 +181,33 @@ class DefinitionStore:
         self.compactions = 0
         #: Damaged ranges skipped while loading, as ``(first offset, end offset)``.
         self.damage_skipped: list[tuple[int, int]] = []
+        self._replication: DefinitionsReplication | None = None
+
+    def replicate(self, replication: DefinitionsReplication | None) -> None:
+        """Write through ``replication`` from now on (None: as a single node again)."""
+        self._replication = replication
+
+    def apply_copied(self, data: bytes | memoryview) -> None:
+        """Apply whole batches a follower copied from the leader (as :meth:`load` applies
+        the log; undecodable records skipped)."""
+        view = memoryview(data)
+        self._loaded = True
+        for pos, h in iter_batches(view, verify=False):
+            try:
+                records = list(iter_records(view[pos : pos + h.size]))
+            except RecordBatchError as exc:
+                log.error(
+                    "%s: copied batch at %d skipped: %s", DEFINITIONS_TOPIC, h.base_offset, exc
+                )
+                continue
+            for rec in records:
+                self._apply(rec.key, rec.value, rec.offset)
+
+    def reload(self) -> Definitions:
+        """Forget what is in memory and read the log again (a follower's log was cut)."""
+        self._entries.clear()
+        self._loaded = False
+        return self.load()
 
     # --- reading --------------------------------------------------------------------------------
 
@@ -347,10 +395,15 @@ class DefinitionStore:
                 key=_encoder.encode(k),
                 timestamp_ms=now,
             )
+        rep = self._replication
+        if rep is not None:
+            await rep.check_leader()
         plog = self._log()
         self._writing += 1
         try:
             (info,) = await plog.append_many_async([builder.build()], durable=True)
+            if rep is not None:
+                await rep.wait_replicated(info.last_offset + 1)
             for i, (k, v) in enumerate(entries):
                 self._set(k, v, info.base_offset + i)
         finally:

@@ -6,6 +6,16 @@ Durable exchanges, queues and bindings are kept in ``__queue_definitions``
 logs (:mod:`.store`); routing is :class:`~.routing.Router`'s. Everything runs on the broker's
 event loop; deliveries are handed out in one pass per loop turn (:meth:`QueueManager._dispatch`),
 so a burst of publishes reaches each consumer as few, large deliveries.
+
+**In a cluster** (:meth:`QueueManager.replicate`, :mod:`tidewire.cluster.queues`) the durable
+definitions are replicated on every node (changed on the leader of ``__queue_definitions``),
+and a durable queue is served by its *owner* only: the node leading both partitions of its
+topic ``__queue.Q``. The owner loads the queue from its replicas when it takes over
+(:meth:`QueueManager.cluster_role`) and forgets it when it gives up (its consumers are told
+the consumer was cancelled; what they held is delivered again by the next owner). Another
+node answers a queue operation with NotLeaderError naming the owner, and forwards to the
+owners the parts of an exchange's publish that reach queues it does not serve. Transient
+queues stay the node's own.
 """
 
 from __future__ import annotations
@@ -19,10 +29,10 @@ import time
 import zlib
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from tidewire._tasks import wait_event
-from tidewire.broker.queues.definitions import DefinitionStore
+from tidewire.broker.queues.definitions import DefinitionsReplication, DefinitionStore
 from tidewire.broker.queues.model import (
     DEATH_HEADER,
     DEFAULT_EXCHANGE,
@@ -43,12 +53,14 @@ from tidewire.broker.queues.store import (
     QUEUE_TOPIC_PREFIX,
     DurableMessages,
     MemoryMessages,
+    QueueReplication,
     StateLog,
     open_logs,
     queue_topic,
 )
 from tidewire.errors import (
     InvalidQueueError,
+    NotLeaderError,
     PreconditionFailedError,
     QueueLockedError,
     TidewireError,
@@ -63,7 +75,7 @@ from tidewire.records import BatchBuilder, BatchHeader
 if TYPE_CHECKING:
     from tidewire.broker.core import Broker
 
-__all__ = ["MAX_PREFETCH", "QueueManager"]
+__all__ = ["MAX_PREFETCH", "QueueCluster", "QueueManager"]
 
 log = logging.getLogger("tidewire.broker.queues")
 
@@ -81,6 +93,10 @@ TICK_S = 0.005
 TTL_SWEEP_S = 0.1
 #: How often settled segments are given back and state logs compacted (seconds).
 UPKEEP_S = 1.0
+#: A queue's logs made as replicas of a cluster's topic carry this file (the cluster node's
+#: ``TOPIC_ID_FILE``): they are kept at start even when this node's copy of the definitions
+#: does not name the queue yet (it may lag); the cluster deletes them with the topic.
+_CLUSTER_ID_FILE = "topic-id"
 
 
 P = ParamSpec("P")
@@ -127,6 +143,36 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class QueueCluster(Protocol):
+    """What the queues need of the cluster (:class:`tidewire.cluster.queues.ClusterQueues`)."""
+
+    def definitions(self) -> DefinitionsReplication:
+        """How ``__queue_definitions`` is written."""
+        ...
+
+    def log_replication(self, topic: str, partition: int) -> QueueReplication:
+        """How one partition of a queue's topic is written."""
+        ...
+
+    def owns(self, name: str) -> bool:
+        """Whether this node leads both partitions of durable queue ``name``'s topic."""
+        ...
+
+    def not_owner(self, name: str) -> NotLeaderError:
+        """The error a queue operation gets on a node that does not serve ``name``."""
+        ...
+
+    async def create_queue_topic(self, name: str) -> None:
+        """Create ``__queue.<name>`` through etcd (nothing when it exists)."""
+
+    async def delete_queue_topic(self, name: str) -> None:
+        """Delete ``__queue.<name>`` through etcd (nothing when it does not exist)."""
+
+    async def forward(self, queue: str, data: bytes, *, ttl_ms: int, deliver_at_ms: int) -> None:
+        """Publish ``data`` to durable queue ``queue`` on its owner (through the default
+        exchange); return once the owner confirmed it."""
+
+
 class QueueManager:
     """Every queue and exchange of ``broker`` (see the module docstring).
 
@@ -140,7 +186,7 @@ class QueueManager:
         self.clock = clock or _now_ms
         self.definitions = DefinitionStore(broker.logs)
         self._queues: dict[str, Queue] = {}
-        self.router = Router(lambda name: name in self._queues)
+        self.router = Router(lambda name: name in self._queues or name in self._specs)
         self._by_owner: dict[str, set[str]] = {}  # owner -> queues it consumes or gets from
         self._dirty: set[Queue] = set()
         self._scheduled = False
@@ -148,6 +194,10 @@ class QueueManager:
         self._ctags = itertools.count(1)
         self._timer_added = asyncio.Event()
         self._declaring: dict[str, QueueSpec] = {}  # durable declares being stored
+        #: In a cluster: how the queues replicate, and every durable queue of the cluster
+        #: (served here or not).
+        self._cluster: QueueCluster | None = None
+        self._specs: dict[str, QueueSpec] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -172,9 +222,139 @@ class QueueManager:
             if (
                 topic.startswith(QUEUE_TOPIC_PREFIX)
                 and topic[len(QUEUE_TOPIC_PREFIX) :] not in self._queues
+                and not logs.fs.exists(f"{logs.data_dir}/{topic}-0/{_CLUSTER_ID_FILE}")
             ):
                 log.info("deleting %s: its queue was deleted", topic)
                 logs.delete_topic(topic)
+
+    # --- in a cluster ---------------------------------------------------------------------------
+
+    def replicate(self, cluster: QueueCluster | None) -> None:
+        """Serve the durable queues as a node of a cluster (see the module docstring): the
+        ones loaded from the local logs at start are forgotten until this node owns them
+        (:meth:`cluster_role`). None: back to a single node's behaviour (at close)."""
+        self._cluster = cluster
+        self.definitions.replicate(None if cluster is None else cluster.definitions())
+        if cluster is None:
+            self._specs.clear()
+            return
+        self._specs = {s.name: s for s in self.definitions.definitions().queues}
+        for q in [q for q in self._queues.values() if q.spec.durable]:
+            self._forget(q)
+        for name in sorted(self._specs):
+            self._sync_owned(name)
+
+    def cluster_role(self, name: str, *, leading: bool) -> None:
+        """This node started (``leading``) or stopped leading a partition of durable queue
+        ``name``'s topic: it takes the queue over once it leads both and knows the queue,
+        and gives it up as soon as it stops leading either."""
+        q = self._queues.get(name)
+        if not leading:
+            if q is not None and q.spec.durable:
+                self._forget(q)
+            return
+        self._sync_owned(name)
+
+    def definitions_copied(self, data: bytes | memoryview) -> None:
+        """A follower of ``__queue_definitions`` copied ``data``: apply it (what cannot be
+        applied is logged: the copy goes on)."""
+        self.definitions.apply_copied(data)
+        try:
+            self._sync_definitions()
+        except TidewireError as exc:
+            log.error("queue definitions copied from the leader not all applied: %s", exc)
+
+    def definitions_truncated(self) -> None:
+        """A follower's ``__queue_definitions`` was cut: read it again."""
+        self.definitions.reload()
+        try:
+            self._sync_definitions()
+        except TidewireError as exc:
+            log.error("queue definitions read again not all applied: %s", exc)
+
+    def _sync_definitions(self) -> None:
+        """Make the router and the cluster's queues match the definitions in memory (a
+        follower's copy changed)."""
+        if self._cluster is None:
+            return
+        defs = self.definitions.definitions()
+        exchanges = {e.name: e for e in defs.exchanges}
+        for name, e in list(self.router.exchanges.items()):
+            builtin = name == DEFAULT_EXCHANGE or name.startswith("amq.")
+            if e.durable and name not in exchanges and not builtin:
+                self.router.remove_exchange(name)
+        for e in defs.exchanges:
+            if self.router.exchanges.get(e.name) != e:
+                if e.name in self.router.exchanges:
+                    self.router.remove_exchange(e.name)
+                self.router.add_exchange(e)
+        specs = {q.name: q for q in defs.queues}
+        for name in [n for n in self._specs if n not in specs]:
+            del self._specs[name]
+            q = self._queues.get(name)
+            if q is not None and q.spec.durable:
+                self._forget(q, deleted=True)
+            self.router.remove_destination("queue", name)
+        for name, spec in specs.items():
+            if self._specs.get(name) != spec:
+                self._specs[name] = spec
+                self._sync_owned(name)
+        wanted = set(defs.bindings)
+        for b in self.router.bindings():
+            if b not in wanted and self._durable_binding(b):
+                self.router.remove_binding(b)
+        for b in defs.bindings:
+            try:
+                self.router.add_binding(b)
+            except TidewireError as exc:
+                log.warning("binding %s not applied: %s", b, exc)
+
+    def _sync_owned(self, name: str) -> None:
+        """Take durable queue ``name`` over when this node owns it and knows it (loaded from
+        the local replicas of its logs, which hold everything acknowledged)."""
+        cluster = self._cluster
+        spec = self._specs.get(name)
+        if cluster is None or spec is None or name in self._queues or not cluster.owns(name):
+            return
+        topic = queue_topic(name)
+        plog = self.broker.logs.logs.get((topic, 0))
+        slog = self.broker.logs.logs.get((topic, 1))
+        if plog is None or slog is None:
+            return  # its logs are being made: the next role change brings it here
+        q = self._new_queue(
+            spec,
+            DurableMessages(plog, cluster.log_replication(topic, 0)),
+            StateLog(slog, cluster.log_replication(topic, 1)),
+            "",
+        )
+        q.recover()
+        self._queues[name] = q
+        log.info("queue %r served here (%d unsettled)", name, q.unsettled())
+        self._wake(q)
+
+    def _forget(self, q: Queue, *, deleted: bool = False) -> None:
+        """Stop serving ``q`` here (another node owns it now, or it was deleted): its
+        consumers are told they were cancelled, waiting gets answered with nothing; what they
+        held is not settled, so the next owner delivers it again."""
+        if self._queues.get(q.name) is not q:
+            return
+        del self._queues[q.name]
+        self._dirty.discard(q)
+        consumers, q.consumers = q.consumers, []
+        for c in consumers:
+            if c.cancelled is not None:
+                c.cancelled()
+        for g in q._getters:
+            if not g.future.done():  # type: ignore[attr-defined]
+                g.future.set_result(Delivery(q.name, "", (), b""))  # type: ignore[attr-defined]
+        q.held.clear()
+        log.info("queue %r %s", q.name, "deleted" if deleted else "no longer served here")
+
+    async def _definitions_leader(self) -> None:
+        """In a cluster: refuse a change of the durable definitions on a node that is not
+        the leader of ``__queue_definitions`` before anything changes here."""
+        if self._cluster is not None:
+            await self._cluster.definitions().check_leader()
 
     async def run(self) -> None:
         """Until cancelled: apply timers when due, give back settled segments and compact
@@ -292,6 +472,8 @@ class QueueManager:
                 )
             return existing
         check_name("exchange", spec.name)
+        if spec.durable:
+            await self._definitions_leader()
         self.router.add_exchange(spec)  # validates the type
         if spec.durable:
             try:
@@ -316,6 +498,8 @@ class QueueManager:
             raise InvalidQueueError(f"exchange {name!r} is built in and cannot be deleted")
         if if_unused and self.router.has_bindings(name):
             raise PreconditionFailedError(f"exchange {name!r} has bindings (if_unused)")
+        if spec.durable:
+            await self._definitions_leader()
         self.router.remove_exchange(name)
         if spec.durable:  # its bindings' tombstones go in the same batch
             await self.definitions.delete_exchange(name)
@@ -335,6 +519,8 @@ class QueueManager:
         q = self._queues.get(spec.name)
         if passive:
             return self._queue(spec.name, owner).status()
+        if self._cluster is not None and spec.durable:
+            return await self._declare_clustered(spec)
         if q is not None:
             if q.spec != spec:
                 raise PreconditionFailedError(
@@ -368,6 +554,32 @@ class QueueManager:
             self._by_owner.setdefault(owner, set()).add(spec.name)
         return q.status()
 
+    async def _declare_clustered(self, spec: QueueSpec) -> QueueStatus:
+        """Declare a durable queue in a cluster (on the leader of the definitions): its topic
+        is made through etcd, then its definition stored. Answered with its status where it
+        is served here; elsewhere with its settings and no counts (the owner has them)."""
+        known = self._specs.get(spec.name)
+        if known is None:
+            check_name("queue", spec.name)
+            _check_spec(spec)
+            if spec.name in self._queues:  # a transient queue of that name on this node
+                raise PreconditionFailedError(
+                    f"queue {spec.name!r} exists with other settings: "
+                    f"{_diff(self._queues[spec.name].spec, spec)}"
+                )
+            assert self._cluster is not None
+            await self._definitions_leader()
+            await self._cluster.create_queue_topic(spec.name)
+            await self.definitions.put_queue(spec)
+            known = self._specs.setdefault(spec.name, spec)
+            self._sync_owned(spec.name)
+        if known != spec:
+            raise PreconditionFailedError(
+                f"queue {spec.name!r} exists with other settings: {_diff(known, spec)}"
+            )
+        q = self._queues.get(spec.name)
+        return q.status() if q is not None else _unserved(spec)
+
     @_audited("QUEUE_DELETE")
     async def delete_queue(
         self, name: str, *, if_empty: bool = False, if_unused: bool = False, owner: str = ""
@@ -379,6 +591,8 @@ class QueueManager:
             PreconditionFailedError: ``if_empty`` and it holds messages, or ``if_unused``
                 and it has consumers.
         """
+        if self._cluster is not None and name in self._specs:
+            return await self._delete_clustered(name, if_empty=if_empty, if_unused=if_unused)
         q = self._queue(name, owner)
         n = q.unsettled()
         if if_empty and n:
@@ -388,6 +602,34 @@ class QueueManager:
                 f"queue {name!r} has {len(q.consumers)} consumers (if_unused)"
             )
         await self._drop_queue(q)
+        return n
+
+    async def _delete_clustered(self, name: str, *, if_empty: bool, if_unused: bool) -> int:
+        """Delete a durable queue in a cluster, on the leader of the definitions: its
+        definition (and bindings) first, then its topic through etcd; its owner forgets it
+        as the deletion reaches it. ``if_empty`` / ``if_unused`` are checked only where
+        the queue is served (the definitions' leader is its owner)."""
+        await self._definitions_leader()
+        q = self._queues.get(name)
+        n = q.unsettled() if q is not None else 0
+        if (if_empty or if_unused) and q is None:
+            raise PreconditionFailedError(
+                f"queue {name!r} is served by another node: if_empty / if_unused cannot be "
+                "checked on the leader of the definitions"
+            )
+        if q is not None and if_empty and n:
+            raise PreconditionFailedError(f"queue {name!r} holds {n:,} messages (if_empty)")
+        if q is not None and if_unused and q.consumers:
+            raise PreconditionFailedError(
+                f"queue {name!r} has {len(q.consumers)} consumers (if_unused)"
+            )
+        await self.definitions.delete_queue(name)
+        self._specs.pop(name, None)
+        self.router.remove_destination("queue", name)
+        if q is not None:
+            self._forget(q, deleted=True)
+        assert self._cluster is not None
+        await self._cluster.delete_queue_topic(name)
         return n
 
     async def _drop_queue(self, q: Queue) -> None:
@@ -424,6 +666,8 @@ class QueueManager:
             UnknownExchangeError, UnknownQueueError, UnknownTopicError, InvalidQueueError.
         """
         self._check_destination(b)
+        if self._durable_binding(b) and b not in self.router.bindings(exchange=b.exchange):
+            await self._definitions_leader()
         if not self.router.add_binding(b):
             return
         if self._durable_binding(b):
@@ -437,12 +681,14 @@ class QueueManager:
     async def unbind(self, b: Binding) -> None:
         """Remove a binding (no error when there is none)."""
         durable = self._durable_binding(b)
+        if durable and b in self.router.bindings(exchange=b.exchange):
+            await self._definitions_leader()
         if self.router.remove_binding(b) and durable:
             await self.definitions.delete_binding(b)
 
     def _check_destination(self, b: Binding) -> None:
         if b.destination_kind == "queue":
-            if b.destination not in self._queues:
+            if b.destination not in self._queues and b.destination not in self._specs:
                 raise UnknownQueueError(f"no queue {b.destination!r}")
         elif b.destination_kind == "topic":
             if b.destination not in self.broker.topics():
@@ -457,7 +703,7 @@ class QueueManager:
         if b.destination_kind == "topic":
             return True
         q = self._queues.get(b.destination)
-        return q is not None and q.spec.durable
+        return (q is not None and q.spec.durable) or b.destination in self._specs
 
     def exchanges(self) -> list[ExchangeSpec]:
         """Every exchange, the default one included."""
@@ -470,8 +716,13 @@ class QueueManager:
         return self.router.bindings(exchange=exchange, destination=destination)
 
     def queues(self) -> list[QueueStatus]:
-        """Every queue, by name."""
-        return [self._queues[n].status() for n in sorted(self._queues)]
+        """Every queue, by name (in a cluster, the durable queues other nodes serve too:
+        their settings, with no counts)."""
+        out = {n: q.status() for n, q in self._queues.items()}
+        for n, spec in self._specs.items():
+            if n not in out:
+                out[n] = _unserved(spec)
+        return [out[n] for n in sorted(out)]
 
     def describe_queue(self, name: str) -> QueueStatus:
         """One queue.
@@ -484,6 +735,8 @@ class QueueManager:
     def _queue(self, name: str, owner: str | None) -> Queue:
         q = self._queues.get(name)
         if q is None:
+            if self._cluster is not None and name in self._specs:
+                raise self._cluster.not_owner(name)
             raise UnknownQueueError(f"no queue {name!r}")
         if owner is not None:
             self._check_owner(q, owner)
@@ -507,9 +760,15 @@ class QueueManager:
         ttl_ms: int = 0,
         deliver_at_ms: int = 0,
         owner: str = "",
+        forward: bool = False,
     ) -> PublishResult:
         """Route the batches in ``data`` through ``exchange`` and store them in every queue
         and topic the route reaches; return once stored (durable queues: fsynced).
+
+        In a cluster, the parts for durable queues served by other nodes are forwarded to
+        their owners (confirmed once every owner confirmed), except a publish through the
+        default exchange to one such queue, answered NotLeaderError naming its owner (the
+        client sends it there) unless ``forward`` (the broker's own publishes).
 
         Raises:
             UnknownExchangeError, UnroutableError (``mandatory``, no route), QueueFullError
@@ -524,7 +783,15 @@ class QueueManager:
         checked = self.broker.split_batches(view)
         route = self.router.route(exchange, routing_key, headers or {})
         queues = [self._queues[n] for n in route.queues if n in self._queues]
-        if not queues and not route.topics:
+        remote: list[str] = []
+        if self._cluster is not None:
+            remote = [n for n in route.queues if n not in self._queues and n in self._specs]
+            # Through the default exchange to one queue served elsewhere: the client goes
+            # there itself.
+            alone = len(remote) == 1 and not queues and not route.topics
+            if alone and not forward and exchange == DEFAULT_EXCHANGE:
+                raise self._cluster.not_owner(remote[0])
+        if not queues and not route.topics and not remote:
             if mandatory:
                 raise UnroutableError(
                     f"exchange {exchange!r} routes {routing_key!r} nowhere (mandatory)"
@@ -538,9 +805,17 @@ class QueueManager:
             q.publish(pairs, ttl_ms=ttl_ms, deliver_at_ms=deliver_at_ms) for q in queues
         ]
         jobs += [self._to_topic(t, routing_key, view) for t in route.topics]
+        if remote:
+            assert self._cluster is not None
+            raw = bytes(view)
+            jobs += [
+                self._cluster.forward(n, raw, ttl_ms=ttl_ms, deliver_at_ms=deliver_at_ms)
+                for n in remote
+            ]
         results = await asyncio.gather(*jobs)
-        topics = tuple(r for r in results[len(queues) :])
-        return PublishResult(queues=tuple(q.name for q in queues), topics=topics)
+        topics = tuple(r for r in results[len(queues) : len(queues) + len(route.topics)])
+        names = tuple(q.name for q in queues) + tuple(remote)
+        return PublishResult(queues=names, topics=topics)
 
     async def _to_topic(
         self, topic: str, routing_key: str, view: memoryview
@@ -608,8 +883,23 @@ class QueueManager:
                 return
 
     async def _remove_consumer(self, q: Queue, c: Consumer) -> None:
-        await q.remove_consumer(c)
+        try:
+            await q.remove_consumer(c)
+        except NotLeaderError as exc:  # a cluster's queue moving: its next owner redelivers
+            log.info("consumer %s of queue %r removed as the queue moved: %s", c.tag, q.name, exc)
+            return
         if q.spec.auto_delete and q.had_consumers and not q.consumers:
+            if self._cluster is not None and q.spec.durable:
+                try:  # deleted through the definitions' leader, as any delete
+                    await self._delete_clustered(q.name, if_empty=False, if_unused=False)
+                except NotLeaderError as exc:
+                    log.warning(
+                        "queue %r (auto_delete) kept: in a cluster it is deleted only where "
+                        "its owner is also the leader of the definitions: %s",
+                        q.name,
+                        exc.message,
+                    )
+                return
             await self._drop_queue(q)
 
     async def get(
@@ -682,6 +972,10 @@ class QueueManager:
         q = self._queue(queue, None)
         if outcome not in ("ack", "requeue", "dead-letter"):
             raise InvalidQueueError(f"outcome {outcome!r}: 'ack', 'requeue' or 'dead-letter'")
+        if q.state is not None and q.state.replication is not None:
+            # In a cluster: refused (too few in-sync replicas, or no longer led here) before
+            # anything changes, so that what is held stays held.
+            q.state.replication.check_leader()
         found, unknown = q.find_held(tags, owner, up_to)
         if outcome == "ack":
             await q.ack(found)
@@ -734,6 +1028,18 @@ class QueueManager:
             try:
                 sent = await self._republish_dead(q, pairs, reason, dlx)
             except TidewireError as exc:
+                if self._cluster is not None and exc.retriable and self._queues.get(q.name) is q:
+                    # A queue of the exchange is served by a node not reached now (moving,
+                    # or too few in-sync replicas there): kept, not dropped; tried again.
+                    log.warning(
+                        "dead letters of queue %r kept: exchange %r did not take them (%s); "
+                        "they leave again when next due",
+                        q.name,
+                        dlx,
+                        exc,
+                    )
+                    q.undie(pairs)
+                    return
                 log.warning(
                     "dead letters of queue %r could not go to exchange %r (%s): dropped",
                     q.name,
@@ -758,7 +1064,7 @@ class QueueManager:
             b.append(value, timestamp_ms=ts, key=key, headers=_with_death(headers, death))
         routed = False
         for rk, b in by_key.items():
-            r = await self.publish(dlx, rk, b.build())
+            r = await self.publish(dlx, rk, b.build(), forward=True)
             routed = routed or not r.unroutable
         return routed
 
@@ -801,7 +1107,8 @@ class QueueManager:
         for o in taken:
             ts, key, value, headers = q.messages.record(o)
             target = _death_queue(headers)
-            if target is None or target not in self._queues or target == queue:
+            known = target is not None and (target in self._queues or target in self._specs)
+            if target is None or not known or target == queue:
                 stay.append(o)
                 continue
             b, offs = batches.setdefault(target, (BatchBuilder(), []))
@@ -810,7 +1117,7 @@ class QueueManager:
         try:
             for target, (b, offs) in batches.items():
                 try:
-                    await self.publish(DEFAULT_EXCHANGE, target, b.build())
+                    await self.publish(DEFAULT_EXCHANGE, target, b.build(), forward=True)
                 except TidewireError as exc:
                     log.warning("replay to queue %r failed: %s", target, exc)
                     stay.extend(offs)
@@ -889,6 +1196,11 @@ def _death_queue(headers: tuple[tuple[str, bytes | None], ...]) -> str | None:
                 q = deaths[0].get("queue")
                 return q if isinstance(q, str) else None
     return None
+
+
+def _unserved(spec: QueueSpec) -> QueueStatus:
+    """A durable queue another node of the cluster serves: its settings, no counts."""
+    return QueueStatus(spec=spec, ready=0, unacked=0, delayed=0, bytes=0, consumers=0)
 
 
 def _check_spec(spec: QueueSpec) -> None:

@@ -839,6 +839,16 @@ class Queue:
                     heapq.heappush(self.requeued, o)
         self._wake(self)
 
+    def undie(self, pairs: list[tuple[int, int]]) -> None:
+        """Messages that were leaving as dead letters (``(offset, delivery count)``) stay:
+        ready again (first), their counts kept, to leave again when next due (their
+        dead-letter exchange's queues could not be reached now)."""
+        for o, c in pairs:
+            if o in self.dying:
+                self.counts[o] = c
+                self._bytes += self._size_of(o)
+        self.unmove([o for o, _ in pairs])
+
     async def settle_moved(self, offsets: list[int]) -> None:
         for o in offsets:
             self.dying.discard(o)

@@ -22,6 +22,10 @@ A **durable** queue ``Q`` owns the internal topic ``__queue.Q`` of two partition
 Both logs use ``fsync=always``: a publish is confirmed, and a settle answered, only once
 fsynced. A **transient** queue keeps its batches in memory (:class:`MemoryMessages`) and has no
 state log.
+
+**In a cluster** (:class:`QueueReplication`, :mod:`tidewire.cluster.queues`) both logs are the
+two partitions of a replicated topic: an append is made only where this node leads the
+partition with enough in-sync replicas, and returns once every in-sync replica holds it.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import struct
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -46,6 +50,7 @@ __all__ = [
     "DurableMessages",
     "MemoryMessages",
     "MessageLog",
+    "QueueReplication",
     "StateLog",
     "Stored",
     "queue_topic",
@@ -66,6 +71,26 @@ SETTLED, COUNTS, PROPS, SNAPSHOT = 0, 1, 2, 3
 _BASE_OFFSET = struct.Struct(">q")  # a batch's first 8 bytes
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(list)
+
+
+class QueueReplication(Protocol):
+    """How one of a durable queue's logs replicates in a cluster (one per partition:
+    :mod:`tidewire.cluster.queues`)."""
+
+    def check_leader(self) -> None:
+        """Before an append: this node leads the partition with at least
+        ``min_insync_replicas`` in-sync replicas.
+
+        Raises:
+            NotLeaderError, NotEnoughReplicasError: nothing is appended.
+        """
+
+    async def wait_replicated(self, end: int) -> None:
+        """After an append: until every in-sync replica holds the partition below ``end``.
+
+        Raises:
+            NotLeaderError, NotEnoughReplicasAfterAppendError, RequestTimedOutError.
+        """
 
 
 def queue_topic(name: str) -> str:
@@ -151,10 +176,12 @@ class MessageLog:
 
 
 class DurableMessages(MessageLog):
-    """Messages in a partition log (``fsync=always``)."""
+    """Messages in a partition log (``fsync=always``); replicated when ``replication`` is
+    given (appended on the leader, returned once every in-sync replica holds them)."""
 
-    def __init__(self, plog: PartitionLog) -> None:
+    def __init__(self, plog: PartitionLog, replication: QueueReplication | None = None) -> None:
         self.plog = plog
+        self.replication = replication
 
     @property
     def start(self) -> int:
@@ -165,9 +192,14 @@ class DurableMessages(MessageLog):
         return self.plog.log_end_offset
 
     async def append(self, batches: Sequence[tuple[memoryview, BatchHeader]]) -> list[Stored]:
+        rep = self.replication
+        if rep is not None:
+            rep.check_leader()
         infos = await self.plog.append_many_async(
             [v for v, _ in batches], durable=True, checked=[h for _, h in batches]
         )
+        if rep is not None and infos:
+            await rep.wait_replicated(infos[-1].last_offset + 1)
         return [Stored(i.base_offset, i.last_offset, i.max_timestamp, i.size) for i in infos]
 
     def read(self, offset: int, max_bytes: int) -> bytes:
@@ -257,19 +289,27 @@ class MemoryMessages(MessageLog):
 
 
 class StateLog:
-    """A durable queue's state log (see the module docstring)."""
+    """A durable queue's state log (see the module docstring); replicated when
+    ``replication`` is given (a write returns once every in-sync replica holds it)."""
 
-    def __init__(self, plog: PartitionLog) -> None:
+    def __init__(self, plog: PartitionLog, replication: QueueReplication | None = None) -> None:
         self.plog = plog
+        self.replication = replication
 
     async def write(self, *entries: list[object], durable: bool = True) -> None:
         """Append ``entries`` as one batch (one record each); return once fsynced unless
-        ``durable`` is False (then once written)."""
+        ``durable`` is False (then once written). Replicated: once every in-sync replica
+        holds it, in any case."""
         b = BatchBuilder()
         now = time.time_ns() // 1_000_000
         for e in entries:
             b.append(_encoder.encode(e), timestamp_ms=now)
-        await self.plog.append_async(b.build(), durable=durable)
+        rep = self.replication
+        if rep is not None:
+            rep.check_leader()
+        info = await self.plog.append_async(b.build(), durable=durable)
+        if rep is not None:
+            await rep.wait_replicated(info.last_offset + 1)
 
     async def wait_durable(self) -> None:
         """Return once everything appended so far is fsynced."""

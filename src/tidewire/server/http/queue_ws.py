@@ -133,6 +133,9 @@ class QueueSocket:
         self.pending: collections.deque[Delivery] = collections.deque()
         self.arrived = asyncio.Event()
         self._send_lock = asyncio.Lock()
+        #: Set when the manager ends the consumer (its queue deleted, or in a cluster served
+        #: by another node now): the socket closes with the reason.
+        self._ended = asyncio.Event()
 
     def _deliver(self, d: Delivery) -> None:
         """The manager's callback (on the loop, never blocking)."""
@@ -147,7 +150,11 @@ class QueueSocket:
         try:
             try:
                 tag = manager.consume(
-                    self.queue, owner=self.owner, prefetch=self.prefetch, deliver=self._deliver
+                    self.queue,
+                    owner=self.owner,
+                    prefetch=self.prefetch,
+                    deliver=self._deliver,
+                    cancelled=self._ended.set,
                 )
                 consuming = True
                 await self._send_obj(
@@ -162,6 +169,7 @@ class QueueSocket:
                     asyncio.create_task(self._sender(), name="queue ws sender"),
                     asyncio.create_task(self._commands(), name="queue ws commands"),
                     asyncio.create_task(self._drain(), name="queue ws drain"),
+                    asyncio.create_task(self._watch_end(), name="queue ws end"),
                 ]
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 for t in done:
@@ -184,6 +192,19 @@ class QueueSocket:
                 manager.connection_closed(self.owner)
         if close is not None:
             await self._close(close)
+
+    async def _watch_end(self) -> None:
+        """Until the manager ends the consumer: then close, saying why (the queue is gone:
+        UnknownQueueError; in a cluster another node serves it now: NotLeaderError naming
+        it, and the client opens the socket there)."""
+        await self._ended.wait()
+        try:
+            self.broker.queues.describe_queue(self.queue)
+        except UnknownQueueError:
+            raise
+        except TidewireError as exc:
+            raise _Close(QUEUE_CLOSE_CODES["going_away"], exc) from None
+        raise UnknownQueueError(f"queue {self.queue!r} ended its consumers")
 
     async def _close(self, close: _Close) -> None:
         try:

@@ -66,12 +66,18 @@ _WHAT = {
     429: "A queue at its max_length or max_length_bytes with overflow reject-publish: "
     "nothing was stored; retry after Retry-After.",
     503: "The broker is busy or its storage refused; retry after Retry-After.",
+    307: "In a cluster: another node serves this: the queue's owner, or for a change of "
+    "exchanges, queues and bindings the leader of __queue_definitions; Location names the "
+    'same request on its HTTP listener (docs/queues.md, "Queues in a cluster").',
 }
 
 
 def queue_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI documentation of the error answers of a queue route (400 and 503 always)."""
-    return {s: {"model": ErrorBody, "description": _WHAT[s]} for s in sorted({400, 503, *statuses})}
+    """OpenAPI documentation of the error answers of a queue route (400 and 503 always; 307
+    too: in a cluster, another node may serve it)."""
+    return {
+        s: {"model": ErrorBody, "description": _WHAT[s]} for s in sorted({307, 400, 503, *statuses})
+    }
 
 
 NamePath = Annotated[

@@ -1,0 +1,426 @@
+"""Queues and exchanges of a cluster: replicated definitions, and an owner per durable queue.
+
+- **Definitions** (exchanges, queues, bindings) are ``__queue_definitions``, one partition of
+  an internal topic replicated on every live node (each node routes publishes through the
+  exchanges, so each holds a copy; the log is small), made through etcd by the first change,
+  this node first in its replicas so that it leads at epoch 0 and its local log (its own
+  definitions) becomes the cluster's, as ``__security`` is made
+  (:mod:`tidewire.cluster.security`). A change is made on the leader only (another node
+  answers NotLeaderError naming it: clients ask the nodes in turn, the HTTP API redirects),
+  refused below ``min_insync_replicas`` and answered once every in-sync replica holds it;
+  every replica applies what it copies (``Broker.replica_appended``).
+- **A durable queue** ``Q`` has the topic ``__queue.Q`` of two partitions (0: its messages,
+  1: its delivery state; :mod:`tidewire.broker.queues.store`), created through etcd when the
+  queue is declared (on ``min(default replication factor, live nodes)`` nodes, both
+  partitions on the same replicas in the same order, so the same node is elected for both)
+  and deleted through etcd when it is deleted. Its **owner** is the leader of partition 0; the
+  controller moves the leadership of partition 1 to it whenever they differ and it is an
+  in-sync replica of partition 1 (:func:`follow_owner`), so the owner leads both. The node
+  leading both loads the queue from its replicas (:meth:`QueueManager.cluster_role`) and
+  serves it; it gives the queue up as soon as it stops leading either (its consumers are
+  told they were cancelled, and what they held is delivered again by the next owner: at
+  least once). Publishes are confirmed, and acks and settles answered, once every in-sync
+  replica holds them (refused below ``min_insync_replicas``).
+- **Other nodes** answer a queue operation with NotLeaderError naming the owner (the Python
+  client routes to the leader of ``__queue.Q`` partition 0); a publish through an exchange
+  whose bindings reach queues served elsewhere is forwarded, part by part, to their owners
+  through the default exchange (:meth:`ClusterQueues.forward`), and confirmed once every part
+  is. Dead letters and replays take the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from tidewire.broker.queues.definitions import DEFINITIONS_TOPIC, definitions_config
+from tidewire.broker.queues.model import DEFAULT_EXCHANGE
+from tidewire.broker.queues.store import QUEUE_TOPIC_PREFIX, message_config, queue_topic
+from tidewire.cluster.etcd import EtcdError
+from tidewire.cluster.fetcher import ReplicaLink, default_connect
+from tidewire.cluster.metadata import PartitionState, TopicInfo
+from tidewire.errors import (
+    NotEnoughReplicasError,
+    NotLeaderError,
+    RequestTimedOutError,
+    TidewireError,
+    for_code,
+)
+from tidewire.protocol.messages import QueuePublishRequest
+from tidewire.storage.fs import write_atomic
+
+if TYPE_CHECKING:
+    from tidewire.cluster.node import ClusterNode
+
+__all__ = ["FORWARD_TIMEOUT_S", "ClusterQueues", "follow_owner", "queue_of"]
+
+log = logging.getLogger("tidewire.cluster.queues")
+
+_DEFS = (DEFINITIONS_TOPIC, 0)
+#: How long a forwarded publish keeps looking for the queue's owner (a failover under way
+#: names a new one within the session timeout) before the publish fails.
+FORWARD_TIMEOUT_S = 30.0
+#: Pause between two attempts of a forward whose owner moved or was not known.
+_FORWARD_RETRY_S = 0.2
+
+
+def queue_of(topic: str) -> str | None:
+    """The durable queue whose topic ``topic`` is, or None."""
+    return topic[len(QUEUE_TOPIC_PREFIX) :] if topic.startswith(QUEUE_TOPIC_PREFIX) else None
+
+
+def follow_owner(
+    topic: str, partition: int, state: PartitionState, owner: PartitionState | None, live: set[int]
+) -> PartitionState | None:
+    """The controller's rule for a queue's state partition (1): led by its owner, the leader
+    of partition 0 (``owner``), when that node is live and in partition 1's ISR, at the next
+    epoch. None: nothing to change."""
+    if partition != 1 or queue_of(topic) is None or owner is None:
+        return None
+    lead = owner.leader
+    if lead == state.leader or lead not in live or lead not in state.isr:
+        return None
+    return PartitionState(state.replicas, lead, state.leader_epoch + 1, state.isr)
+
+
+class _Partition:
+    """One partition of a queue's topic as the queue's log writes it: on its leader, with
+    ``acks=all`` rules."""
+
+    def __init__(self, node: ClusterNode, topic: str, partition: int) -> None:
+        self._node = node
+        self._key = (topic, partition)
+
+    def check_leader(self) -> None:
+        rep = self._node.broker.replication
+        if rep is None:
+            raise NotLeaderError(f"node {self._node.node_id} does not replicate yet")
+        leader = rep.check_leader(*self._key)
+        if not leader.can_append_acks_all():
+            raise NotEnoughReplicasError(
+                f"{self._key[0]}/{self._key[1]}: {len(leader.isr)} in-sync replica(s) "
+                f"{sorted(leader.isr)}, min_insync_replicas is {leader.min_insync}; "
+                "nothing was stored"
+            )
+
+    async def wait_replicated(self, end: int) -> None:
+        broker = self._node.broker
+        rep = broker.replication
+        if rep is None:
+            raise NotLeaderError(f"{self._key[0]} is not led here")
+        broker._wake(*self._key)  # followers waiting in a fetch take it at once
+        await rep.wait_replicated(self._key[0], self._key[1], end, rep.ack_timeout_s)
+
+
+class _Definitions:
+    """``__queue_definitions`` as the definition store writes it in the cluster."""
+
+    def __init__(self, node: ClusterNode, queues: ClusterQueues) -> None:
+        self._node = node
+        self._queues = queues
+
+    async def check_leader(self) -> None:
+        node = self._node
+        node._check_started()
+        if DEFINITIONS_TOPIC not in node.cache.topics:
+            await self._queues.ensure_definitions_topic()
+        rep = node.broker.replication
+        if rep is None:
+            raise RequestTimedOutError(f"node {node.node_id} does not replicate yet")
+        try:
+            leader = rep.check_leader(*_DEFS)
+        except NotLeaderError:
+            # Just created here, or the leadership is moving: let the reconcile pass catch
+            # up with etcd once, then answer with what holds.
+            await node._await_local(
+                f"{DEFINITIONS_TOPIC} is in the cluster, but node {node.node_id} has no role "
+                "for it",
+                lambda: _DEFS in node._applied,
+            )
+            try:
+                leader = rep.check_leader(*_DEFS)
+            except NotLeaderError as exc:
+                raise NotLeaderError(
+                    "exchanges, queues and bindings are declared and deleted on the leader of "
+                    f"{DEFINITIONS_TOPIC}: {exc.message}",
+                    leader_id=exc.leader_id,
+                    leader_host=exc.leader_host,
+                    leader_port=exc.leader_port,
+                ) from None
+        if not leader.can_append_acks_all():
+            raise NotEnoughReplicasError(
+                f"{DEFINITIONS_TOPIC}: {len(leader.isr)} in-sync replica(s) "
+                f"{sorted(leader.isr)}, min_insync_replicas is {leader.min_insync}; the change "
+                "was not stored"
+            )
+
+    async def wait_replicated(self, end: int) -> None:
+        await _Partition(self._node, *_DEFS).wait_replicated(end)
+
+
+class ClusterQueues:
+    """The queues' side of cluster node ``node`` (see the module docstring); a
+    :class:`~tidewire.broker.queues.manager.QueueCluster`."""
+
+    def __init__(self, node: ClusterNode) -> None:
+        self._node = node
+        self._definitions = _Definitions(node, self)
+        self._links: dict[tuple[str, int], ReplicaLink] = {}
+
+    def definitions(self) -> _Definitions:
+        return self._definitions
+
+    def log_replication(self, topic: str, partition: int) -> _Partition:
+        return _Partition(self._node, topic, partition)
+
+    def owns(self, name: str) -> bool:
+        rep = self._node.broker.replication
+        if rep is None:
+            return False
+        topic = queue_topic(name)
+        try:
+            rep.check_leader(topic, 0)
+            rep.check_leader(topic, 1)
+        except NotLeaderError:
+            return False
+        return True
+
+    def not_owner(self, name: str) -> NotLeaderError:
+        node = self._node
+        topic = queue_topic(name)
+        got = node.cache.partition(topic, 0)
+        leader = got[0].leader if got is not None else -1
+        info = node.cache.nodes.get(leader)
+        if leader == node.node_id or info is None:
+            return NotLeaderError(
+                f"queue {name!r} is not served by node {node.node_id} yet (its owner, the "
+                f"leader of {topic} partition 0, is taking it over or not known); try again"
+            )
+        return NotLeaderError(
+            f"queue {name!r} is served by its owner, node {leader} at {info.host}:{info.port} "
+            f"(the leader of {topic} partition 0), not by node {node.node_id}",
+            leader_id=leader,
+            leader_host=info.host,
+            leader_port=info.port,
+        )
+
+    # --- topics through etcd --------------------------------------------------------------------
+
+    async def ensure_definitions_topic(self) -> None:
+        """Create ``__queue_definitions`` through etcd on every live node, this node first
+        (its leader at epoch 0) and its local log adopted as the cluster's; another node that
+        got there first wins the compare-and-swap.
+
+        Raises:
+            RequestTimedOutError: etcd did not answer.
+        """
+        node = self._node
+        live = sorted(node.cache.nodes)
+        if node.node_id not in live:
+            raise RequestTimedOutError(f"node {node.node_id} is not registered in its cluster")
+        from tidewire.cluster.controller import assign  # noqa: PLC0415 (imports this module)
+
+        (replicas,) = assign(1, len(live), live, live.index(node.node_id))
+        try:
+            if await node.etcd.get(node.store.topic_key(DEFINITIONS_TOPIC)) is not None:
+                return
+        except EtcdError as exc:
+            raise RequestTimedOutError(f"{DEFINITIONS_TOPIC} not created: {exc}") from None
+        from tidewire.cluster.node import TOPIC_ID_FILE, config_to_strings  # noqa: PLC0415
+
+        topic_id = uuid.uuid4().hex
+        cfg = definitions_config()
+        logs = node.broker.logs
+        plog = logs.logs.get(_DEFS)
+        if plog is None:
+            plog = logs.create_log(DEFINITIONS_TOPIC, 0, cfg)
+        await asyncio.to_thread(
+            write_atomic, logs.fs, f"{plog.directory}/{TOPIC_ID_FILE}", topic_id.encode()
+        )
+        info = TopicInfo(DEFINITIONS_TOPIC, 1, len(live), config_to_strings(cfg), topic_id)
+        try:
+            created = await node.store.create_topic(info, [replicas], None)
+        except EtcdError as exc:
+            raise RequestTimedOutError(f"{DEFINITIONS_TOPIC} not created: {exc}") from None
+        if created:
+            log.info("created %s: replicas %s", DEFINITIONS_TOPIC, list(replicas))
+
+    async def create_queue_topic(self, name: str) -> None:
+        """Create ``__queue.<name>`` through etcd (see the module docstring); answered once
+        this node's copy of the metadata has it. Nothing when it exists.
+
+        Raises:
+            InvalidTopicError: no live node; RequestTimedOutError: etcd did not answer.
+        """
+        node = self._node
+        topic = queue_topic(name)
+        if topic in node.cache.topics:
+            return
+        live = sorted(node.cache.nodes)
+        rf = min(node.default_replication_factor, len(live))
+        from tidewire.cluster.controller import assign  # noqa: PLC0415 (imports this module)
+
+        (replicas,) = assign(1, rf, live, random.randrange(max(1, len(live))))
+        from tidewire.cluster.node import config_to_strings  # noqa: PLC0415
+
+        info = TopicInfo(topic, 2, rf, config_to_strings(message_config()), uuid.uuid4().hex)
+        try:
+            created = await node.store.create_topic(info, [replicas, list(replicas)], None)
+        except EtcdError as exc:
+            raise RequestTimedOutError(f"{topic} not created: {exc}") from None
+        if created:
+            log.info("queue %r: created %s on replicas %s", name, topic, replicas)
+        await node._await_local(
+            f"{topic} was created in the cluster, but node {node.node_id} did not see it",
+            lambda: topic in node._seen_topics,
+        )
+
+    async def delete_queue_topic(self, name: str) -> None:
+        """Delete ``__queue.<name>`` through etcd (every replica deletes its logs as its copy
+        of the metadata sees it). Nothing when it does not exist.
+
+        Raises:
+            RequestTimedOutError: etcd did not answer.
+        """
+        node = self._node
+        topic = queue_topic(name)
+        try:
+            deleted = await node.store.delete_topic(topic, None)
+        except EtcdError as exc:
+            raise RequestTimedOutError(f"{topic} not deleted: {exc}") from None
+        if deleted:
+            log.info("queue %r: deleted %s", name, topic)
+
+    # --- forwarding -----------------------------------------------------------------------------
+
+    async def forward(self, queue: str, data: bytes, *, ttl_ms: int, deliver_at_ms: int) -> None:
+        """Publish ``data`` (checked record batches) to durable queue ``queue`` on its owner
+        through the default exchange, as this node (its TLS and credentials, as its replica
+        fetchers connect); return once the owner confirmed it. Sent again while the owner
+        moves, for up to :data:`FORWARD_TIMEOUT_S` (a publish whose connection was lost may
+        then be stored twice: queues deliver at least once).
+
+        Raises:
+            TidewireError: the owner refused it (not retriable), or none took it in time.
+        """
+        node = self._node
+        topic = queue_topic(queue)
+        deadline = time.monotonic() + FORWARD_TIMEOUT_S
+        request = QueuePublishRequest(
+            exchange=DEFAULT_EXCHANGE,
+            routing_key=queue,
+            mandatory=True,
+            ttl_ms=ttl_ms,
+            deliver_at_ms=deliver_at_ms,
+        )
+        while True:
+            failure: TidewireError
+            got = node.cache.partition(topic, 0)
+            leader = got[0].leader if got is not None else -1
+            address = node.cache.nodes.get(leader)
+            if leader == node.node_id or address is None:
+                failure = self.not_owner(queue)
+            else:
+                key = (address.host, address.port)
+                link = self._links.get(key)
+                if link is None:
+                    connect = node.replica_connect or default_connect
+                    link = self._links[key] = connect(*key)
+                try:
+                    response = await link.request(request, [data])
+                    body = response.body
+                    if not body.error_code:
+                        return
+                    failure = for_code(body.error_code)(body.error_message)
+                except TidewireError as exc:
+                    failure = exc
+                if not failure.retriable:
+                    raise failure
+            if time.monotonic() >= deadline:
+                raise failure
+            await asyncio.sleep(_FORWARD_RETRY_S)
+
+    async def close(self) -> None:
+        """Close the connections made for forwarding."""
+        links, self._links = list(self._links.values()), {}
+        for link in links:
+            try:
+                await link.close()
+            except TidewireError as exc:
+                log.debug("forwarding link not closed cleanly: %s", exc)
+
+
+async def include_new_nodes(node: ClusterNode) -> bool:
+    """On the leader of ``__queue_definitions``: start moving it onto every live node that is
+    not a replica yet (one that joined after it was made), so that every node knows every
+    queue (a reassignment, as for ``__security``: :func:`tidewire.cluster.security.
+    include_new_nodes`). False: to be tried again at the next pass."""
+    got = node.cache.partition(*_DEFS)
+    if got is None or DEFINITIONS_TOPIC not in node.cache.topics:
+        return True
+    state = got[0]
+    if state.leader != node.node_id or _DEFS in node.cache.reassignments:
+        return True
+    missing = sorted(set(node.cache.nodes) - set(state.replicas))
+    if not missing:
+        return True
+    from tidewire.cluster.reassign import _read_topic  # noqa: PLC0415 (imports node)
+
+    target = (*state.replicas, *missing)
+    try:
+        _, version = await _read_topic(node, DEFINITIONS_TOPIC)
+        rev = await node.store.start_reassignments(DEFINITIONS_TOPIC, version, {0: target})
+    except (EtcdError, TidewireError) as exc:
+        log.warning("%s not moved onto nodes %s yet: %s", DEFINITIONS_TOPIC, missing, exc)
+        return False
+    if rev is None:
+        return False
+    log.info(
+        "%s: replicas %s -> %s (every node knows the queues)",
+        DEFINITIONS_TOPIC,
+        list(state.replicas),
+        list(target),
+    )
+    return True
+
+
+async def check_definitions_incarnation(node: ClusterNode, info: TopicInfo) -> bool:
+    """A local ``__queue_definitions`` that is not of the cluster's incarnation (no id file,
+    or another id: the node's own definitions from before it joined) is deleted and copied
+    from the leader instead, as ``__security`` is (two logs written apart cannot be merged
+    record by record). False: something is left for the next pass."""
+    from tidewire.cluster.node import TOPIC_ID_FILE  # noqa: PLC0415
+
+    logs = node.broker.logs
+    plog = logs.logs.get(_DEFS)
+    if plog is not None:
+        path = f"{plog.directory}/{TOPIC_ID_FILE}"
+        try:
+            held = logs.fs.read_file(path).decode().strip() if logs.fs.exists(path) else ""
+        except OSError as exc:
+            log.warning("%s: topic id not checked: %s", plog.directory, exc)
+            return False
+        if held != info.topic_id:
+            log.warning(
+                "node %d: the queue definitions here (%d record(s)) are not the cluster's; "
+                "they are deleted and copied from the leader of %s instead",
+                node.node_id,
+                plog.log_end_offset - plog.log_start_offset,
+                DEFINITIONS_TOPIC,
+            )
+            if _DEFS in node._applied and node.replication is not None:
+                await node.replication.stop_replica(*_DEFS)
+                del node._applied[_DEFS]
+            try:
+                await logs.delete_topic_async(DEFINITIONS_TOPIC)
+            except TidewireError as exc:
+                log.warning("%s: the local log is not deleted yet: %s", DEFINITIONS_TOPIC, exc)
+                return False
+            finally:
+                node.broker.queues.definitions_truncated()
+    node._verified[DEFINITIONS_TOPIC] = info.topic_id
+    return True

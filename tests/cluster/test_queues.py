@@ -1,0 +1,508 @@
+"""Queues in a cluster: definitions replicated on every node, each durable queue served by its
+owner (the leader of both partitions of ``__queue.<name>``), clients routed to it, and a new
+owner carrying on when the old one's node goes.
+
+Three in-process nodes (broker, TCP server, :class:`ClusterNode` with its real replica
+manager) in one event loop, against the real etcd of the ``etcd`` fixture. Every wait is
+bounded; nothing asserts on how long something took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.cli._support import popen_serve, stop
+from tests.cluster._etcd import EtcdServer
+from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, until
+from tidewire.broker.queues.definitions import DEFINITIONS_TOPIC
+from tidewire.broker.queues.store import queue_topic
+from tidewire.client import AsyncClient
+from tidewire.client._queue_consumer import AsyncQueueConsumer
+from tidewire.client._queue_messages import QueueMessage
+from tidewire.cluster.metadata import PartitionState
+from tidewire.cluster.queues import follow_owner
+from tidewire.errors import NotEnoughReplicasError, NotLeaderError, TidewireError
+from tidewire.records import BatchBuilder
+from tidewire.storage import LogConfig
+
+
+class Node(InProcessNode):
+    """One node of the cluster (see :class:`InProcessNode`)."""
+
+    def __init__(self, tmp: Path, etcd: EtcdServer, node_id: int) -> None:
+        super().__init__(tmp, etcd, node_id, cluster_id="queues")
+
+
+def cluster(tmp: Path, etcd: EtcdServer, n: int = 3) -> AbstractAsyncContextManager[list[Node]]:
+    return in_process_cluster(lambda i: Node(tmp, etcd, i), n)
+
+
+def serving(nodes: list[Node], queue: str) -> list[Node]:
+    """The live nodes serving ``queue`` now (at most one, once settled)."""
+    return [
+        n
+        for n in nodes
+        if not n.stopped and any(q.spec.name == queue for q in n.broker.queues._queues.values())
+    ]
+
+
+def knows(nodes: list[Node], queue: str) -> Callable[[], bool]:
+    """Whether every live node knows durable queue ``queue`` (its definition replicated)."""
+    return lambda: all(
+        queue in {q.spec.name for q in n.broker.queues.queues()} for n in nodes if not n.stopped
+    )
+
+
+async def take(consumer: AsyncQueueConsumer, n: int) -> list[QueueMessage]:
+    """``n`` messages from ``consumer`` (bounded: fails after WAIT_S)."""
+    out: list[QueueMessage] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while len(out) < n:
+        assert loop.time() < deadline, f"got {len(out)} of {n} messages within {WAIT_S:.0f} s"
+        msg = await consumer.get(timeout_s=1.0)
+        if msg is not None:
+            out.append(msg)
+    return out
+
+
+def test_the_state_partition_follows_the_owner() -> None:
+    topic = queue_topic("jobs")
+    owner = PartitionState((1, 2, 3), 2, 5, (1, 2, 3))
+    state = PartitionState((1, 2, 3), 1, 4, (1, 2, 3))
+    moved = follow_owner(topic, 1, state, owner, {1, 2, 3})
+    assert moved == PartitionState((1, 2, 3), 2, 5, (1, 2, 3))
+    # Not moved: the owner already leads it, is not in its ISR, is gone, or not a queue.
+    assert follow_owner(topic, 1, moved, owner, {1, 2, 3}) is None
+    assert follow_owner(topic, 1, PartitionState((1, 2, 3), 1, 4, (1, 3)), owner, {1, 2, 3}) is None
+    assert follow_owner(topic, 1, state, owner, {1, 3}) is None
+    assert follow_owner("orders", 1, state, owner, {1, 2, 3}) is None
+    assert follow_owner(topic, 0, state, owner, {1, 2, 3}) is None
+
+
+def test_declare_publish_consume_on_three_nodes_and_the_owner_stopped(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes:
+            n1, n2, n3 = nodes
+            async with AsyncClient(n1.addr) as c1, AsyncClient(n2.addr) as c2:
+                await c1.declare_queue("jobs", durable=True)
+                await until(knows(nodes, "jobs"), "every node knows the queue")
+                await until(lambda: len(serving(nodes, "jobs")) == 1, "an owner serves it")
+                (owner,) = serving(nodes, "jobs")
+                # __queue_definitions is on every node.
+                for n in nodes:
+                    assert (DEFINITIONS_TOPIC, 0) in n.broker.logs.logs
+                # A node that is not the owner answers NotLeaderError naming it.
+                other = next(n for n in nodes if n is not owner)
+                with pytest.raises(NotLeaderError) as refused:
+                    other.broker.queues.describe_queue("jobs")
+                assert refused.value.leader_id == owner.id
+
+                # Published through node 2 (routed to the owner), each confirmed.
+                for i in range(20):
+                    await c2.publish("", "jobs", f"m{i}")
+                # Consumed through node 3 first (routed to the owner); 10 acked, the rest held.
+                addrs = [n3.addr, n1.addr, n2.addr]
+                async with AsyncQueueConsumer(addrs, "jobs", prefetch=15) as consumer:
+                    got = await take(consumer, 15)
+                    acked = got[:10]
+                    await consumer.ack_many(acked)
+                    acked_values = {m.value for m in acked}
+                    assert len(acked_values) == 10
+
+                    status = owner.broker.queues.describe_queue("jobs")
+                    assert status.unacked + status.ready == 10
+
+                    await owner.stop()
+                    await until(lambda: len(serving(nodes, "jobs")) == 1, "a new owner")
+                    (new_owner,) = serving(nodes, "jobs")
+                    assert new_owner is not owner
+
+                    # The consumer follows the new owner: what it held comes again, and
+                    # what was never delivered; nothing acknowledged comes again.
+                    rest = await take(consumer, 10)
+                    values = {m.value for m in rest}
+                    assert not values & acked_values
+                    assert values | acked_values == {f"m{i}".encode() for i in range(20)}
+                    await consumer.ack_many(rest)
+                    assert await consumer.get(timeout_s=0.3) is None
+
+                # Publishing goes on at the new owner.
+                live = next(n for n in nodes if not n.stopped)
+                async with AsyncClient(live.addr) as c:
+                    await c.publish("", "jobs", "after")
+                    msgs = await c.get("jobs", wait_ms=5000)
+                    assert [m.value for m in msgs] == [b"after"]
+                    await msgs[0].ack()
+
+    asyncio.run(main())
+
+
+def test_a_live_owner_that_hands_the_queue_over_moves_its_consumer(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """The owner stays up but stops leading the queue's partition 0: the controller moves
+    partition 1 after it, the new owner serves the queue, and the consumer, told it was
+    cancelled, consumes there."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes, AsyncClient([n.addr for n in nodes]) as c:
+            await c.declare_queue("moving", durable=True)
+            await until(lambda: len(serving(nodes, "moving")) == 1, "an owner serves it")
+            (owner,) = serving(nodes, "moving")
+            for i in range(4):
+                await c.publish("", "moving", f"a{i}")
+            # Connected to the owner first: the consumer learns of the cluster only when
+            # the queue moves.
+            addrs = [owner.addr, *(n.addr for n in nodes if n is not owner)]
+            async with AsyncQueueConsumer(addrs, "moving", prefetch=10) as consumer:
+                first = await take(consumer, 4)
+                assert first[0].value == b"a0"
+                await consumer.ack_many(first[:1])  # the others stay held
+                topic = queue_topic("moving")
+                got = owner.cluster.cache.partition(topic, 0)
+                assert got is not None
+                assert await owner.cluster.resign(topic, 0, got[0].leader_epoch)
+                await until(lambda: serving(nodes, "moving") not in ([], [owner]), "another owner")
+                (new_owner,) = serving(nodes, "moving")
+                for p in (0, 1):  # it leads both partitions
+                    state = new_owner.cluster.cache.partition(topic, p)
+                    assert state is not None
+                    assert state[0].leader == new_owner.id
+                rest = await take(consumer, 3)
+                assert {m.value for m in rest} == {b"a1", b"a2", b"a3"}
+                await consumer.ack_many(rest)
+
+    asyncio.run(main())
+
+
+def test_an_owner_below_min_insync_refuses_publishes_and_acks(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes, AsyncClient([n.addr for n in nodes]) as c:
+            await c.declare_queue("few", durable=True)
+            await until(lambda: len(serving(nodes, "few")) == 1, "an owner serves it")
+            (owner,) = serving(nodes, "few")
+            await c.publish("", "few", "kept")
+            held = (await owner.broker.queues.get("few", owner="x")).entries[0]
+            for n in nodes:
+                if n is not owner:
+                    await n.stop()
+            topic = queue_topic("few")
+
+            def alone() -> bool:  # as the owner's replica manager sees both partitions
+                rep = owner.broker.replication
+                assert rep is not None
+                return not any(rep.check_leader(topic, p).can_append_acks_all() for p in (0, 1))
+
+            await until(alone, "the owner alone in the ISR of both partitions")
+            b = BatchBuilder()
+            b.append(b"refused", timestamp_ms=1)
+            with pytest.raises(NotEnoughReplicasError):  # min_insync_replicas is 2
+                await owner.broker.queues.publish("", "few", b.build())
+            with pytest.raises(NotEnoughReplicasError):
+                await owner.broker.queues.settle("few", [held.tag], "ack", owner="x")
+            status = owner.broker.queues.describe_queue("few")
+            assert (status.ready, status.unacked) == (0, 1)  # nothing stored
+
+    asyncio.run(main())
+
+
+def test_confirmed_publishes_survive_the_owner_stopped_under_load(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes, AsyncClient([n.addr for n in nodes]) as c:
+            await c.declare_queue("load", durable=True)
+            await until(lambda: len(serving(nodes, "load")) == 1, "an owner serves it")
+            (owner,) = serving(nodes, "load")
+            confirmed: set[bytes] = set()
+            stop_at = 40  # the owner is stopped once this many are confirmed
+
+            async def publisher() -> None:
+                for i in range(120):
+                    value = f"p{i}".encode()
+                    for _ in range(100):  # bounded: retried while the owner moves
+                        try:
+                            await c.publish("", "load", value)
+                        except TidewireError as exc:
+                            if not exc.retriable:
+                                raise
+                            await asyncio.sleep(0.1)
+                            continue
+                        confirmed.add(value)
+                        break
+                    else:
+                        raise AssertionError(f"{value!r} never confirmed")
+
+            task = asyncio.create_task(publisher())
+            await until(lambda: len(confirmed) >= stop_at, "publishes confirmed")
+            await owner.stop()
+            await asyncio.wait_for(task, WAIT_S)
+            await until(lambda: len(serving(nodes, "load")) == 1, "a new owner")
+
+            received: set[bytes] = set()
+            for _ in range(200):  # bounded
+                msgs = await c.get("load", max_messages=100, wait_ms=200)
+                if not msgs:
+                    break
+                received.update(m.value for m in msgs)
+                await c.settle("load", [m.delivery_tag for m in msgs], "ack")
+            assert confirmed <= received, sorted(confirmed - received)
+
+    asyncio.run(main())
+
+
+def test_dead_letters_and_an_exchange_reach_queues_of_other_owners(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes:
+            n1, _, n3 = nodes
+            async with AsyncClient(n1.addr) as c1, AsyncClient(n3.addr) as c3:
+                await c1.declare_exchange("dlx", "direct", durable=True)
+                await c1.declare_exchange("all", "fanout", durable=True)
+                await c1.declare_queue("dead", durable=True)
+                await c1.bind("dlx", "dead", "work")
+                await c1.declare_queue("work", durable=True, dead_letter_exchange="dlx")
+                names = [f"q{i}" for i in range(4)]
+                for q in names:
+                    await c1.declare_queue(q, durable=True)
+                    await c1.bind("all", q)
+                for q in ["dead", "work", *names]:
+                    await until(knows(nodes, q), f"every node knows {q}")
+                    await until(lambda q=q: len(serving(nodes, q)) == 1, f"{q} is served")
+
+                # A fanout publish through node 3 reaches every queue, whoever owns it.
+                result = await c3.publish("all", "", "fan")
+                assert sorted(result.queues) == names
+                for q in names:
+                    msgs = await c3.get(q, wait_ms=5000)
+                    assert [m.value for m in msgs] == [b"fan"], q
+                    await msgs[0].ack()
+
+                # A rejected message of "work" reaches "dead" through the exchange "dlx".
+                await c3.publish("", "work", "bad")
+                (msg,) = await c3.get("work", wait_ms=5000)
+                await msg.reject()
+                dead = await c3.get("dead", wait_ms=10_000)
+                assert [m.value for m in dead] == [b"bad"]
+                assert dict(dead[0].headers).get("x-first-death-queue") == b"work"
+                await dead[0].ack()
+
+                # The definitions are changed on their leader only; the client finds it.
+                await c3.delete_queue("q0")
+                await until(
+                    lambda: (
+                        not any(
+                            "q0" in {q.spec.name for q in n.broker.queues.queues()} for n in nodes
+                        )
+                    ),
+                    "every node forgot q0",
+                )
+                await until(
+                    lambda: all(queue_topic("q0") not in n.cluster.cache.topics for n in nodes),
+                    "its topic is deleted",
+                )
+
+    asyncio.run(main())
+
+
+def test_a_node_that_joins_later_learns_the_definitions(tmp_path: Path, etcd: EtcdServer) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, n=2) as nodes:
+            async with AsyncClient(nodes[0].addr) as c:
+                await c.declare_exchange("events", "topic", durable=True)
+                await c.declare_queue("audit", durable=True)
+                await c.bind("events", "audit", "user.#")
+            late = Node(tmp_path, etcd, 3)
+            try:
+                await late.start()
+                await until(knows([late], "audit"), "the late node knows the queue")
+                await until(
+                    lambda: "events" in late.broker.queues.router.exchanges,
+                    "the late node knows the exchange",
+                )
+                bound = late.broker.queues.bindings(exchange="events")
+                assert [(b.destination, b.key) for b in bound] == [("audit", "user.#")]
+                # A publish through it reaches the queue (forwarded to its owner).
+                async with AsyncClient(late.addr) as c3:
+                    result = await c3.publish("events", "user.created", "hello")
+                    assert result.queues == ("audit",)
+                    msgs = await c3.get("audit", wait_ms=5000)
+                    assert [m.value for m in msgs] == [b"hello"]
+            finally:
+                await late.stop()
+
+    asyncio.run(main())
+
+
+def test_followers_give_back_the_segments_their_leader_gave_back(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """What a queue's owner deletes below its oldest unsettled message, its replicas delete
+    too (shown on a plain topic with small segments: the rule is the fetcher's)."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes:
+            await nodes[0].cluster.create_topic("small", 1, LogConfig(segment_bytes=1024), 3)
+            got = nodes[0].cluster.cache.partition("small", 0)
+            assert got is not None
+            (leader,) = [n for n in nodes if n.id == got[0].leader]
+            followers = [n for n in nodes if n is not leader]
+            await until(
+                lambda: all(("small", 0) in n.broker.logs.logs for n in nodes), "replicas made"
+            )
+            for i in range(40):
+                b = BatchBuilder()
+                b.append(b"x" * 200, timestamp_ms=1 + i)
+                await leader.broker.produce("small", 0, b.build())
+            plog = leader.broker.logs.get_log("small", 0)
+            end = plog.log_end_offset
+            await until(
+                lambda: all(
+                    f.broker.logs.get_log("small", 0).log_end_offset == end for f in followers
+                ),
+                "the followers copied everything",
+            )
+            plog.delete_before(30)
+            start = plog.log_start_offset
+            assert start > 0
+            b = BatchBuilder()
+            b.append(b"y", timestamp_ms=99)
+            await leader.broker.produce("small", 0, b.build())  # a fetch answer carries it
+            await until(
+                lambda: all(
+                    f.broker.logs.get_log("small", 0).log_start_offset == start for f in followers
+                ),
+                "the followers' logs start where the leader's does",
+            )
+
+    asyncio.run(main())
+
+
+def _serve(data: Path, cluster: str, n: int) -> tuple[subprocess.Popen[str], int, int]:
+    """Node ``n`` as a ``tidewire serve`` process: (process, native port, HTTP port)."""
+    proc = popen_serve(
+        *("--data-dir", str(data), "--port", "0", "--http-port", "0", "--node-id", str(n)),
+        *("--cluster", cluster, "--session-timeout", "3"),
+    )
+    assert proc.stdout is not None
+    native = http = None
+    for _ in range(5):
+        line = proc.stdout.readline()
+        if m := re.search(r"listening on 127\.0\.0\.1:(\d+)", line):
+            native = native or int(m.group(1))
+        if m := re.search(r"HTTP native listening on http://127\.0\.0\.1:(\d+)", line):
+            http = int(m.group(1))
+        if native and http:
+            return proc, native, http
+    stop(proc)
+    pytest.fail(f"node {n} did not start")
+
+
+def _eventually(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        assert time.monotonic() < deadline, f"not within {WAIT_S:.0f} s: {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow  # three serve processes (the default tier has the in-process tests above)
+def test_http_routes_redirect_to_the_owner_and_a_killed_owner_is_replaced(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    cluster_url = f"etcd://{etcd.endpoint.removeprefix('http://')}"
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        http: list[int] = []
+        for n in (1, 2, 3):
+            proc, _, port = _serve(tmp_path / f"n{n}", cluster_url, n)
+            procs.append(proc)
+            http.append(port)
+        urls = [f"http://127.0.0.1:{p}" for p in http]
+        follow = httpx.Client(follow_redirects=True, timeout=WAIT_S)
+        plain = httpx.Client(follow_redirects=False, timeout=WAIT_S)
+
+        def live_nodes() -> bool:
+            r = plain.get(f"{urls[0]}/v1/cluster")
+            return r.status_code == 200 and len(r.json().get("nodes", [])) == 3
+
+        _eventually(live_nodes, "three nodes registered")
+        r = follow.put(f"{urls[0]}/v1/queues/jobs", json={})
+        assert r.status_code in (200, 201), r.text
+
+        def owner() -> int | None:
+            """The index of the live node that serves the queue (200, not a 307)."""
+            for i, url in enumerate(urls):
+                if procs[i].poll() is not None:
+                    continue
+                try:
+                    r = plain.get(f"{url}/v1/queues/jobs")
+                except httpx.TransportError:
+                    continue
+                if r.status_code == 200:
+                    return i
+            return None
+
+        _eventually(lambda: owner() is not None, "an owner serves the queue")
+        first = owner()
+        assert first is not None
+        other = (first + 1) % 3
+        r = plain.get(f"{urls[other]}/v1/queues/jobs")
+        assert r.status_code == 307, r.text
+        assert r.headers["location"] == f"{urls[first]}/v1/queues/jobs"
+
+        # Published through a non-owner (redirected), taken and acked through another.
+        body = {"routing_key": "jobs", "messages": [{"value": f"m{i}"} for i in range(6)]}
+        r = follow.post(f"{urls[other]}/v1/exchanges/amq.default/publish", json=body)
+        assert r.status_code == 200, r.text
+        third = (first + 2) % 3
+        r = follow.post(f"{urls[third]}/v1/queues/jobs/get", json={"max_messages": 3})
+        assert r.status_code == 200, r.text
+        got = r.json()["messages"]
+        assert [m["value"] for m in got] == ["m0", "m1", "m2"]
+        r = follow.post(f"{urls[third]}/v1/queues/jobs/ack", json={"tags": [got[0]["tag"]]})
+        assert r.status_code == 200, r.text
+
+        # The owner killed: another node serves the queue; what was acked is gone, what was
+        # held comes again, nothing confirmed is lost.
+        procs[first].kill()
+        procs[first].wait(timeout=WAIT_S)
+        _eventually(lambda: owner() not in (None, first), "a new owner serves the queue")
+        new = owner()
+        assert new is not None
+
+        values: list[str] = []
+
+        def drained() -> bool:
+            r = follow.post(
+                f"{urls[new]}/v1/queues/jobs/get", json={"max_messages": 10, "wait_ms": 200}
+            )
+            if r.status_code != 200:
+                return False
+            msgs = r.json()["messages"]
+            values.extend(m["value"] for m in msgs)
+            if msgs:
+                tags = [m["tag"] for m in msgs]
+                assert follow.post(f"{urls[new]}/v1/queues/jobs/ack", json={"tags": tags})
+            return sorted(values) == [f"m{i}" for i in range(1, 6)]
+
+        _eventually(drained, f"m1..m5 delivered again by the new owner (got {values})")
+        follow.close()
+        plain.close()
+    finally:
+        for proc in procs:
+            stop(proc)
