@@ -44,8 +44,8 @@ import msgspec
 from tidewire.broker.offsets import (
     OFFSETS_PARTITIONS,
     OFFSETS_TOPIC,
-    STREAMS_TOPIC,
     QUEUE_DEFINITIONS_TOPIC,
+    STREAMS_TOPIC,
     internal_config,
     is_internal_topic,
 )
