@@ -454,7 +454,7 @@ def test_a_plain_produce_lost_with_its_leaders_node_sends_the_next_one_to_the_ne
 
     async def main() -> None:
         async with (
-            one_broker_two_nodes(tmp_path, monkeypatch) as (cluster, b, s1, _s2),
+            one_broker_two_nodes(tmp_path, monkeypatch) as (cluster, _b, s1, _s2),
             AsyncClient([cluster.addr(2), cluster.addr(1)], request_timeout_s=2) as client,
         ):
             await client.describe_topic(TOPIC, auto_create=True)  # learns the cluster
