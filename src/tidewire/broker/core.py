@@ -509,7 +509,7 @@ class Broker:
             self.audit = None
         if self._groups is not None:
             self._groups.coordinator.close()
-            await self._groups.kafka.close()
+            await self._groups.close()
             self._groups = None
         if self._background:  # fsyncs that make acks=leader batches visible: let them end
             await asyncio.gather(*self._background, return_exceptions=True)
