@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster._etcd import EtcdServer
+from tests.cluster._inprocess import InProcessNode, in_process_cluster
 from tidewire.broker import Broker, BrokerConfig
+from tidewire.broker.core import ProduceResult
 from tidewire.client import AsyncClient, AsyncProducer, Message
 from tidewire.cluster.replication import ReplicaManager
 from tidewire.errors import (
@@ -24,6 +27,7 @@ from tidewire.errors import (
     NotEnoughReplicasError,
     NotLeaderError,
     PartitionCorruptError,
+    ProducerFencedError,
     RequestTimedOutError,
 )
 from tidewire.protocol.messages import (
@@ -526,3 +530,68 @@ def test_a_follower_behind_the_leaders_log_start_starts_its_log_over_there(
             assert n1.rep.high_watermark(T, 0) == n1.end()
 
     asyncio.run(main())
+
+
+def test_an_epoch_bump_fences_the_older_epoch_on_the_next_leader(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """A producer's epoch is bumped on the leader of a partition (node A), which then goes:
+    the next leader refuses the older epoch at once, before the new epoch has written
+    there (the bump is recorded in etcd and every node fences it), and takes the new one.
+    Three in-process cluster nodes against the real etcd."""
+
+    async def main() -> None:
+        async with in_process_cluster(
+            lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="epochs"), 3
+        ) as nodes:
+            async with AsyncClient(",".join(n.addr for n in nodes)) as client:
+                await client.create_topic(T, partitions=1)
+
+            def leader() -> InProcessNode | None:
+                live = [n for n in nodes if not n.stopped]
+                got = live[0].cluster.cache.partition(T, 0)
+                lead_ = None if got is None else got[0].leader
+                return next((n for n in live if n.id == lead_), None)
+
+            async def produce_on_leader(batch: bytes) -> ProduceResult:
+                for _ in range(300):  # until the leader elected has taken its role
+                    node = leader()
+                    if node is not None:
+                        try:
+                            return await node.broker.produce(T, 0, batch)
+                        except (NotLeaderError, NotEnoughReplicasError):
+                            pass
+                    await asyncio.sleep(0.1)
+                raise AssertionError("no leader took the partition")
+
+            def idem(epoch: int, seq: int, value: bytes) -> bytes:
+                b = BatchBuilder(producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+                b.append(value, timestamp_ms=1_700_000_000_000)
+                return b.build()
+
+            await until_in_process_leader(leader)
+            a = leader()
+            assert a is not None
+            pid, epoch = await a.broker.init_producer_id()
+            await produce_on_leader(idem(epoch, 0, b"a"))
+            _, bumped = await a.broker.init_producer_id(pid, epoch)
+            assert bumped == epoch + 1
+            others = [n for n in nodes if n is not a]
+            await until(
+                lambda: all(n.cluster.cache.producer_epochs.get(pid) == bumped for n in others),
+                "every node knows of the bump",
+            )
+            await a.stop()
+            await until_in_process_leader(lambda: leader() if leader() is not a else None)
+            # The older instance's next batch: fenced on the new leader.
+            with pytest.raises(ProducerFencedError):
+                await produce_on_leader(idem(epoch, 1, b"b"))
+            # The new instance writes.
+            got = await produce_on_leader(idem(bumped, 0, b"c"))
+            assert got.base_offset == 1
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
+async def until_in_process_leader(find: Callable[[], object | None]) -> None:
+    await until(lambda: find() is not None, "a leader named")

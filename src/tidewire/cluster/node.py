@@ -326,6 +326,7 @@ class ClusterNode:
         attach_node(self.broker, self)
         # Producer ids from this node's own range: unique across the cluster.
         self.broker.use_producer_id_range(self.node_id)
+        self.broker.on_epoch_bump = self._record_epoch_bump  # its epoch bumps: to every node
         try:
             await self.lease.start()
             # Before registering: the controller must see the marks when it sees the node.
@@ -413,6 +414,7 @@ class ClusterNode:
         await self.lease.close()
         await self.etcd.close()
         self.broker.security.replicate(None)
+        self.broker.on_epoch_bump = None
         detach_node(self.broker)
 
     def _controller(self) -> Controller:
@@ -427,7 +429,28 @@ class ClusterNode:
         return controller
 
     def _changed(self, kind: str, key: str, value: object | None) -> None:
+        if kind == "producer-epoch":  # another node's bump (or this one's): fenced here too
+            assert isinstance(value, tuple)
+            self.broker.fence_producer_epoch(*value)
+            return
         self._dirty.set()
+
+    async def _record_epoch_bump(self, producer_id: int, epoch: int) -> None:
+        """Record an epoch bump this node answers in etcd, before the answer, so every node
+        fences the older epochs (on a lease of the producers' expiration time). When etcd
+        cannot be reached the bump is answered all the same (logged): it fences here, and
+        on another leader once the new epoch has written there."""
+        ttl_s = -(-self.broker.config.producer_expiration_ms // 1000)
+        try:
+            await self.store.record_producer_epoch(producer_id, epoch, ttl_s)
+        except EtcdError as exc:
+            log.warning(
+                "producer id %d epoch %d: not recorded in etcd (other nodes fence the older "
+                "epochs once the new one writes there): %s",
+                producer_id,
+                epoch,
+                exc,
+            )
 
     async def _run(self) -> None:
         while True:
