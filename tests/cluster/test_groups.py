@@ -97,6 +97,12 @@ def test_only_the_coordinator_answers_for_a_group_and_its_offsets_are_replicated
             assert (info.partitions, info.replication_factor) == (OFFSETS_PARTITIONS, 3)
             async with AsyncClient(a.addr) as admin:
                 await admin.create_topic(TOPIC, partitions=2)
+            # Made in etcd: each node makes its logs at its next pass (the consumer below asks
+            # a node for the topic's offsets before it has learned the cluster).
+            await until(
+                lambda: all(n.broker.topics().get(TOPIC) == 2 for n in nodes),
+                "every node has the topic's logs",
+            )
             coord = coordinator(nodes, GROUP)
             others = [n for n in nodes if n is not coord]
             # Elsewhere: refused as a whole, with the wire code of NotCoordinatorError.
