@@ -440,8 +440,13 @@ def test_a_group_carries_on_at_a_new_coordinator_with_its_committed_offsets(
                         lambda: (
                             len({(p, v) for p, _, v in got}) == 40
                             and all(c.assignment() for c in consumers)
+                            # each member read its own partitions through: a member given a
+                            # partition by the second join starts it at the committed 0
+                            and all(
+                                c.position(t, p) == 20 for c in consumers for t, p in c.assignment()
+                            )
                         ),
-                        "the first 40 messages, both consumers assigned",
+                        "the first 40 messages, each member through its partitions",
                     )
                     await commit_all()
                     coord = coordinator(nodes, GROUP)
