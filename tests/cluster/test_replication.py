@@ -20,6 +20,7 @@ from tests.cluster._inprocess import InProcessNode, in_process_cluster
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.broker.core import ProduceResult
 from tidewire.client import AsyncClient, AsyncProducer, Message
+from tidewire.cluster.metadata import PartitionState
 from tidewire.cluster.replication import ReplicaManager
 from tidewire.errors import (
     InvalidRequestError,
@@ -595,3 +596,66 @@ def test_an_epoch_bump_fences_the_older_epoch_on_the_next_leader(
 
 async def until_in_process_leader(find: Callable[[], object | None]) -> None:
     await until(lambda: find() is not None, "a leader named")
+
+
+def test_a_leader_follows_etcd_back_to_the_isr_it_had_applied(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """The leader takes a follower back into the ISR itself (its own compare-and-swap), then
+    the controller takes it out again (as for a node whose lease lapsed), both before the
+    leader's node applied the first: etcd's ISR is again the one the node applied last. The
+    leader must count etcd's ISR (and take the follower in again after its next fetch), not
+    go on with its own, which it would never propose again: a follower out for good."""
+
+    async def main() -> None:
+        async with in_process_cluster(
+            lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="isr"), 3
+        ) as nodes:
+            async with AsyncClient(",".join(n.addr for n in nodes)) as client:
+                await client.create_topic(T, partitions=1)
+
+            def state() -> PartitionState:
+                live = next(n for n in nodes if not n.stopped)
+                got = live.cluster.cache.partition(T, 0)
+                assert got is not None
+                return got[0]
+
+            await until(lambda: len(state().isr) == 3, "the ISR of 3")
+            leader = next(n for n in nodes if n.id == state().leader)
+            out = next(n for n in nodes if n is not leader)
+
+            def local_isr() -> frozenset[int]:
+                led = leader.broker.replication._led[(T, 0)]  # type: ignore[union-attr]
+                return led.state.isr
+
+            await out.stop()
+            await until(lambda: out.id not in state().isr, "the stopped node out of the ISR")
+            await until(lambda: out.id not in local_isr(), "the leader applied it")
+            # The leader's node applies nothing more until told: its replica manager goes on.
+            gate = asyncio.Event()
+            inner = leader.cluster._reconcile
+
+            async def gated() -> bool:
+                await gate.wait()
+                return await inner()
+
+            leader.cluster._reconcile = gated  # type: ignore[method-assign]
+            await out.start()
+            await until(lambda: out.id in state().isr, "the leader took it in (etcd)")
+            assert out.id in local_isr()
+            got = leader.cluster.cache.partition(T, 0)
+            assert got is not None
+            s, version = got
+            taken_out = PartitionState(
+                s.replicas, s.leader, s.leader_epoch, tuple(r for r in s.isr if r != out.id)
+            )
+            assert await leader.cluster.store.set_partition(T, 0, taken_out, version)
+            await until(lambda: out.id not in state().isr, "the controller's change seen")
+            gate.set()
+            # Applied, then the follower's next fetch takes it in again, through etcd.
+            await until(
+                lambda: out.id in state().isr and local_isr() == frozenset(state().isr),
+                "the leader's ISR is etcd's, the follower back in",
+            )
+
+    asyncio.run(asyncio.wait_for(main(), 120))

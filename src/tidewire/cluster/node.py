@@ -815,6 +815,15 @@ class ClusterNode:
         if ok:
             self.stats.isr_changed(state.isr, tuple(isr))
             log.info("partition %s/%d: ISR now %s", topic, partition, list(isr))
+            # The replica manager holds this ISR now (it commits it on this answer): so does
+            # the role applied, else a later change of etcd's back to the role applied before
+            # (the controller taking out a node this leader had just taken in) would look
+            # like no change, and the leader would go on counting an ISR etcd does not hold
+            # (never proposing it again: it holds it already), a follower left out for good.
+            key = (topic, partition)
+            applied = self._applied.get(key)
+            if applied is not None and applied[:2] == ("leader", epoch) and len(applied) > 3:
+                self._applied[key] = (*applied[:3], tuple(isr), *applied[4:])
         return ok
 
     async def resign(self, topic: str, partition: int, epoch: int) -> bool:
