@@ -101,7 +101,7 @@ async def run_faults(cluster: Cluster, fault: Fault, rounds: int) -> None:
     try:
         await w.acked_at_least(ACKS_PER_ROUND)
         for _ in range(rounds):
-            before = await cluster.settled()
+            before = await w.settled()
             w.events.append(LeaderSeen(0, before.leader_epoch, before.leader))
             await fault(cluster, before, w)
             await w.acked_at_least(ACKS_PER_ROUND)
@@ -217,7 +217,7 @@ async def kill_etcd(cluster: Cluster, p: PartitionInfo, w: Workload) -> None:
         await w.acked_at_least(ETCD_DOWN_ACKS)
     finally:
         await asyncio.to_thread(cluster.etcd.start)
-    after = await cluster.settled()
+    after = await w.settled()
     assert (after.leader, after.leader_epoch) == (p.leader, p.leader_epoch), after
 
 
@@ -302,7 +302,7 @@ async def run_bit_flip(cluster: Cluster) -> None:
     task = asyncio.create_task(w.run())
     try:
         await w.acked_at_least(150)  # several segments of 4 KiB
-        before = await cluster.settled()
+        before = await w.settled()
         w.events.append(LeaderSeen(0, before.leader_epoch, before.leader))
         victim = next(n for n in cluster.nodes if n != before.leader)
         cluster.terminate(victim)
@@ -383,7 +383,7 @@ async def run_damaged_leader(cluster: Cluster) -> None:
     task = asyncio.create_task(w.run())
     try:
         await w.acked_at_least(150)  # several segments of 4 KiB
-        before = await cluster.settled()
+        before = await w.settled()
         w.events.append(LeaderSeen(0, before.leader_epoch, before.leader))
         for n in cluster.nodes:
             if n != before.leader:
@@ -401,7 +401,7 @@ async def run_damaged_leader(cluster: Cluster) -> None:
         for n in cluster.nodes:
             cluster.start(n)
         await w.acked_at_least(ACKS_PER_ROUND)
-        settled = await cluster.settled()
+        settled = await w.settled()
         w.events.append(LeaderSeen(0, settled.leader_epoch, settled.leader))
         assert settled.leader == before.leader  # the damaged log led again
         # Asked itself, it does not serve the flipped record (which this read finds).
@@ -414,7 +414,7 @@ async def run_damaged_leader(cluster: Cluster) -> None:
         assert read >= settled.high_watermark - settled.log_start_offset
         # Known damaged now, the leader hands the partition over (its next lag check).
         await cluster.new_leader(before.leader, settled.leader_epoch)
-        again = await cluster.settled()
+        again = await w.settled()
         assert again.leader != before.leader
         assert await scan(cluster, w, "c3", again.high_watermark) == (
             again.high_watermark - again.log_start_offset,
