@@ -24,7 +24,10 @@ polling), each history judged by ``check_cluster_history``:
 
 The default tier runs each fault a few times (about a minute in all); ``-m slow`` runs the
 issue's counts. Duplicates from idempotent producers across a failover are counted apart and
-asserted only when ``IDEMPOTENT_ACROSS_FAILOVER`` is on (producer state is not replicated yet).
+fail the test while ``IDEMPOTENT_ACROSS_FAILOVER`` is on (followers keep the producer state).
+Before each fault the cluster settles with the workload's new sends held back
+(``Workload.settled``): under its pipelined load the replicas' ends are rarely equal at one
+instant; the fault itself happens under load.
 """
 
 from __future__ import annotations
