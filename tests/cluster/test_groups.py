@@ -498,7 +498,7 @@ def test_a_group_carries_on_at_a_new_coordinator_with_its_committed_offsets(
     asyncio.run(bounded())
 
 
-@pytest.mark.slow  # ~8 s alone; once seen stuck when run after the in-process tests
+@pytest.mark.slow  # ~8 s alone, 20 s on a busy machine (real processes)
 def test_a_group_carries_on_when_its_coordinator_process_is_killed(
     tmp_path: Path, etcd: EtcdServer
 ) -> None:
