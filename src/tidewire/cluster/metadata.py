@@ -9,7 +9,7 @@ Keys, under ``/tidewire/<cluster id>/`` (values are JSON):
   (:mod:`tidewire.cluster.reassign`); deleted, with the partition's last change, when done;
 - ``controller``: the election of the one node that places replicas and moves leadership;
 - ``producer-epochs/<producer id>/<epoch>``: an idempotent producer's epoch bump, made by
-  the node that answered it (empty value, on a lease of the producers' expiration time):
+  the node that answered it (empty value, on a lease of about the producers' expiration time):
   every node fences the older epochs of that id at once, not only once the new epoch has
   written to each partition.
 
@@ -138,15 +138,14 @@ class MetadataStore:
     def producer_epoch_key(self, producer_id: int, epoch: int) -> str:
         return f"{self.root}producer-epochs/{producer_id}/{epoch}"
 
-    async def record_producer_epoch(self, producer_id: int, epoch: int, ttl_s: int) -> None:
+    async def record_producer_epoch(self, producer_id: int, epoch: int, lease: int) -> None:
         """Tell every node that ``producer_id`` is at ``epoch`` now: a key per bump (bumps
-        of one id never overwrite each other: each node keeps the largest), on a lease of
-        ``ttl_s`` so that the bumps of producers gone for that long leave etcd.
+        of one id never overwrite each other: each node keeps the largest), on ``lease`` so
+        that the bumps of producers long gone leave etcd.
 
         Raises:
-            EtcdError: not recorded.
+            EtcdError: not recorded (the lease expired, etcd did not answer).
         """
-        lease = await self.etcd.grant(max(ttl_s, 1))
         await self.etcd.put(self.producer_epoch_key(producer_id, epoch), b"", lease=lease)
 
     @property

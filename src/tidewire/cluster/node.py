@@ -124,6 +124,10 @@ ADMIN_WAIT_S = 30.0
 RETRY_S = 1.0
 #: Re-registering after a lost lease: waits between attempts, doubling up to the cap.
 REGISTER_BACKOFF_S = (0.2, 2.0)
+#: Producer epoch bumps recorded within this long (s) share one etcd lease, of the producers'
+#: expiration time plus this: each bump's key lives between the two (thousands of writers'
+#: task attempts make as many bumps, not as many leases).
+EPOCH_LEASE_SHARED_S = 3600
 
 
 class _OffsetsReplication:
@@ -296,6 +300,8 @@ class ClusterNode:
         self.lease = Lease(self.etcd, ttl_s=session_timeout_s)
         #: replicas that may have lost their unflushed tail (see cluster/lost_tail.py)
         self.lost_tails = LostTails(self.store, node_id)
+        #: the lease epoch bumps are recorded on now: (its id, loop time it was granted)
+        self._epoch_lease: tuple[int, float] | None = None
         self.controller: Controller | None = None
         self.replication: Replicas | None = replication
         self.replica_connect = replica_connect
@@ -437,13 +443,19 @@ class ClusterNode:
 
     async def _record_epoch_bump(self, producer_id: int, epoch: int) -> None:
         """Record an epoch bump this node answers in etcd, before the answer, so every node
-        fences the older epochs (on a lease of the producers' expiration time). When etcd
-        cannot be reached the bump is answered all the same (logged): it fences here, and
-        on another leader once the new epoch has written there."""
-        ttl_s = -(-self.broker.config.producer_expiration_ms // 1000)
+        fences the older epochs (on a lease shared by the bumps of an hour, see
+        :data:`EPOCH_LEASE_SHARED_S`). When etcd cannot be reached the bump is answered all
+        the same (logged): it fences here, and on another leader once the new epoch has
+        written there."""
+        now = asyncio.get_running_loop().time()
         try:
-            await self.store.record_producer_epoch(producer_id, epoch, ttl_s)
+            if self._epoch_lease is None or now - self._epoch_lease[1] >= EPOCH_LEASE_SHARED_S:
+                ttl_s = -(-self.broker.config.producer_expiration_ms // 1000)
+                lease = await self.etcd.grant(ttl_s + EPOCH_LEASE_SHARED_S)
+                self._epoch_lease = (lease, now)
+            await self.store.record_producer_epoch(producer_id, epoch, self._epoch_lease[0])
         except EtcdError as exc:
+            self._epoch_lease = None  # a lease etcd lost (a restart from an old snapshot)
             log.warning(
                 "producer id %d epoch %d: not recorded in etcd (other nodes fence the older "
                 "epochs once the new one writes there): %s",
