@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -20,6 +21,7 @@ from tests.cluster._inprocess import InProcessNode, in_process_cluster
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.broker.core import ProduceResult
 from tidewire.client import AsyncClient, AsyncProducer, Message
+from tidewire.cluster.fetcher import FollowedPartition, LeaderFetcher
 from tidewire.cluster.metadata import PartitionState
 from tidewire.cluster.replication import ReplicaManager
 from tidewire.errors import (
@@ -659,3 +661,22 @@ def test_a_leader_follows_etcd_back_to_the_isr_it_had_applied(
             )
 
     asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_a_fetcher_closed_as_its_last_partition_goes_stops() -> None:
+    """The node removes a fetcher's last partition and closes it in the same turn of the
+    loop: the fetcher's task, waiting for a change with a timeout, ends (with
+    ``asyncio.wait_for`` Python 3.11 lost that cancellation and the close waited for ever)."""
+
+    async def main() -> None:
+        fetcher = LeaderFetcher(cast(ReplicaManager, None), 2, ("127.0.0.1", 9))
+        later = asyncio.get_running_loop().time() + 3600  # not fetched: waits with a timeout
+        state = FollowedPartition(T, 0, 1, 2, ("127.0.0.1", 9), retry_at=later)
+        fetcher.add(state)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        fetcher.remove(state.key)
+        async with asyncio.timeout(10):  # a failure rather than a hang
+            await fetcher.close()
+
+    asyncio.run(main())
