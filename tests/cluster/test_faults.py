@@ -404,7 +404,7 @@ async def run_damaged_leader(cluster: Cluster) -> None:
         for n in cluster.nodes:
             cluster.start(n)
         await w.acked_at_least(ACKS_PER_ROUND)
-        settled = await w.settled()
+        settled = await cluster.settled()
         w.events.append(LeaderSeen(0, settled.leader_epoch, settled.leader))
         assert settled.leader == before.leader  # the damaged log led again
         # Asked itself, it does not serve the flipped record (which this read finds).
@@ -417,7 +417,7 @@ async def run_damaged_leader(cluster: Cluster) -> None:
         assert read >= settled.high_watermark - settled.log_start_offset
         # Known damaged now, the leader hands the partition over (its next lag check).
         await cluster.new_leader(before.leader, settled.leader_epoch)
-        again = await w.settled()
+        again = await cluster.settled()
         assert again.leader != before.leader
         assert await scan(cluster, w, "c3", again.high_watermark) == (
             again.high_watermark - again.log_start_offset,
