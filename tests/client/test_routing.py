@@ -445,6 +445,38 @@ def test_a_single_node_gets_no_request_it_did_not_get_before(
     run(main())
 
 
+def test_a_plain_produce_lost_with_its_leaders_node_sends_the_next_one_to_the_new_leader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain produce whose leader's node goes is not sent again (it may be stored), but the
+    leader is forgotten: the caller's next produce goes to the new leader, not to the dead
+    node again (each attempt there would only fail, after a longer reconnect backoff)."""
+
+    async def main() -> None:
+        async with (
+            one_broker_two_nodes(tmp_path, monkeypatch) as (cluster, _b, s1, _s2),
+            AsyncClient([cluster.addr(2), cluster.addr(1)], request_timeout_s=2) as client,
+        ):
+            await client.describe_topic(TOPIC, auto_create=True)  # learns the cluster
+            assert await client.produce(TOPIC, 0, [Message(b"v")]) == 0  # over node 1's link
+            cluster.down.add(1)
+            await s1.close(grace_s=0)
+            cluster.leaders[TOPIC, 0] = 2
+            with pytest.raises((ConnectionLostError, ShuttingDownError)):
+                await client.produce(TOPIC, 0, [Message(b"w")])
+            offset = -1
+            for _ in range(5):  # a few attempts, as a caller retrying would make
+                try:
+                    offset = await client.produce(TOPIC, 0, [Message(b"w")])
+                    break
+                except (ConnectionLostError, ShuttingDownError):
+                    await asyncio.sleep(0.1)
+            assert offset >= 1
+            assert cluster.asked[2, "PRODUCE"] >= 1
+
+    run(main())
+
+
 def test_a_lost_leaders_node_is_tried_again_at_the_callers_pace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,11 +12,17 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 
+from tests.cluster._etcd import EtcdServer
+from tests.cluster._inprocess import InProcessNode, in_process_cluster
 from tidewire.broker import Broker, BrokerConfig
+from tidewire.broker.core import ProduceResult
 from tidewire.client import AsyncClient, AsyncProducer, Message
+from tidewire.cluster.fetcher import FollowedPartition, LeaderFetcher
+from tidewire.cluster.metadata import PartitionState
 from tidewire.cluster.replication import ReplicaManager
 from tidewire.errors import (
     InvalidRequestError,
@@ -24,6 +30,7 @@ from tidewire.errors import (
     NotEnoughReplicasError,
     NotLeaderError,
     PartitionCorruptError,
+    ProducerFencedError,
     RequestTimedOutError,
 )
 from tidewire.protocol.messages import (
@@ -524,5 +531,152 @@ def test_a_follower_behind_the_leaders_log_start_starts_its_log_over_there(
 
             assert tail(follower_log) == tail(leader_log)
             assert n1.rep.high_watermark(T, 0) == n1.end()
+
+    asyncio.run(main())
+
+
+def test_an_epoch_bump_fences_the_older_epoch_on_the_next_leader(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """A producer's epoch is bumped on the leader of a partition (node A), which then goes:
+    the next leader refuses the older epoch at once, before the new epoch has written
+    there (the bump is recorded in etcd and every node fences it), and takes the new one.
+    Three in-process cluster nodes against the real etcd."""
+
+    async def main() -> None:
+        async with in_process_cluster(
+            lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="epochs"), 3
+        ) as nodes:
+            async with AsyncClient(",".join(n.addr for n in nodes)) as client:
+                await client.create_topic(T, partitions=1)
+
+            def leader() -> InProcessNode | None:
+                live = [n for n in nodes if not n.stopped]
+                got = live[0].cluster.cache.partition(T, 0)
+                lead_ = None if got is None else got[0].leader
+                return next((n for n in live if n.id == lead_), None)
+
+            async def produce_on_leader(batch: bytes) -> ProduceResult:
+                for _ in range(300):  # until the leader elected has taken its role
+                    node = leader()
+                    if node is not None:
+                        try:
+                            return await node.broker.produce(T, 0, batch)
+                        except (NotLeaderError, NotEnoughReplicasError):
+                            pass
+                    await asyncio.sleep(0.1)
+                raise AssertionError("no leader took the partition")
+
+            def idem(epoch: int, seq: int, value: bytes) -> bytes:
+                b = BatchBuilder(producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+                b.append(value, timestamp_ms=1_700_000_000_000)
+                return b.build()
+
+            await until_in_process_leader(leader)
+            a = leader()
+            assert a is not None
+            pid, epoch = await a.broker.init_producer_id()
+            await produce_on_leader(idem(epoch, 0, b"a"))
+            _, bumped = await a.broker.init_producer_id(pid, epoch)
+            assert bumped == epoch + 1
+            others = [n for n in nodes if n is not a]
+            await until(
+                lambda: all(n.cluster.cache.producer_epochs.get(pid) == bumped for n in others),
+                "every node knows of the bump",
+            )
+            await a.stop()
+            await until_in_process_leader(lambda: leader() if leader() is not a else None)
+            # The older instance's next batch: fenced on the new leader.
+            with pytest.raises(ProducerFencedError):
+                await produce_on_leader(idem(epoch, 1, b"b"))
+            # The new instance writes.
+            got = await produce_on_leader(idem(bumped, 0, b"c"))
+            assert got.base_offset == 1
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
+async def until_in_process_leader(find: Callable[[], object | None]) -> None:
+    await until(lambda: find() is not None, "a leader named")
+
+
+def test_a_leader_follows_etcd_back_to_the_isr_it_had_applied(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """The leader takes a follower back into the ISR itself (its own compare-and-swap), then
+    the controller takes it out again (as for a node whose lease lapsed), both before the
+    leader's node applied the first: etcd's ISR is again the one the node applied last. The
+    leader must count etcd's ISR (and take the follower in again after its next fetch), not
+    go on with its own, which it would never propose again: a follower out for good."""
+
+    async def main() -> None:
+        async with in_process_cluster(
+            lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="isr"), 3
+        ) as nodes:
+            async with AsyncClient(",".join(n.addr for n in nodes)) as client:
+                await client.create_topic(T, partitions=1)
+
+            def state() -> PartitionState:
+                live = next(n for n in nodes if not n.stopped)
+                got = live.cluster.cache.partition(T, 0)
+                assert got is not None
+                return got[0]
+
+            await until(lambda: len(state().isr) == 3, "the ISR of 3")
+            leader = next(n for n in nodes if n.id == state().leader)
+            out = next(n for n in nodes if n is not leader)
+
+            def local_isr() -> frozenset[int]:
+                led = leader.broker.replication._led[(T, 0)]  # type: ignore[union-attr]
+                return led.state.isr
+
+            await out.stop()
+            await until(lambda: out.id not in state().isr, "the stopped node out of the ISR")
+            await until(lambda: out.id not in local_isr(), "the leader applied it")
+            # The leader's node applies nothing more until told: its replica manager goes on.
+            gate = asyncio.Event()
+            inner = leader.cluster._reconcile
+
+            async def gated() -> bool:
+                await gate.wait()
+                return await inner()
+
+            leader.cluster._reconcile = gated  # type: ignore[method-assign]
+            await out.start()
+            await until(lambda: out.id in state().isr, "the leader took it in (etcd)")
+            assert out.id in local_isr()
+            got = leader.cluster.cache.partition(T, 0)
+            assert got is not None
+            s, version = got
+            taken_out = PartitionState(
+                s.replicas, s.leader, s.leader_epoch, tuple(r for r in s.isr if r != out.id)
+            )
+            assert await leader.cluster.store.set_partition(T, 0, taken_out, version)
+            await until(lambda: out.id not in state().isr, "the controller's change seen")
+            gate.set()
+            # Applied, then the follower's next fetch takes it in again, through etcd.
+            await until(
+                lambda: out.id in state().isr and local_isr() == frozenset(state().isr),
+                "the leader's ISR is etcd's, the follower back in",
+            )
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_a_fetcher_closed_as_its_last_partition_goes_stops() -> None:
+    """The node removes a fetcher's last partition and closes it in the same turn of the
+    loop: the fetcher's task, waiting for a change with a timeout, ends (with
+    ``asyncio.wait_for`` Python 3.11 lost that cancellation and the close waited for ever)."""
+
+    async def main() -> None:
+        fetcher = LeaderFetcher(cast(ReplicaManager, None), 2, ("127.0.0.1", 9))
+        later = asyncio.get_running_loop().time() + 3600  # not fetched: waits with a timeout
+        state = FollowedPartition(T, 0, 1, 2, ("127.0.0.1", 9), retry_at=later)
+        fetcher.add(state)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        fetcher.remove(state.key)
+        async with asyncio.timeout(10):  # a failure rather than a hang
+            await fetcher.close()
 
     asyncio.run(main())

@@ -7,12 +7,21 @@ Kafka clients' groups (:mod:`tidewire.broker.kafka_groups`, :attr:`ConsumerGroup
 live beside tidewire's: a group id is used by one protocol or the other while it has
 members, both commit into the same offsets log, and the views here show both.
 
+In a cluster the membership of tidewire's groups is replicated too: each generation change
+is written to the group's partition of the offsets topic in the background (one writer task
+per partition, the latest snapshot of each group only, in order), and a node that takes a
+partition over carries its groups on from there (see :mod:`tidewire.broker.groups`). Members
+are answered without waiting for that write: a coordinator lost before it landed leaves the
+previous generation, whose members are fenced and join again, as before.
+
 ``Broker.groups`` is the one instance; it exists while the broker runs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -20,10 +29,11 @@ from tidewire.broker.assignors import TopicPartition
 from tidewire.broker.groups import GroupCoordinator, GroupState, MemberInfo
 from tidewire.broker.kafka_consumer_protocol import decode_assignment, decode_subscription
 from tidewire.broker.kafka_groups import KafkaGroupConfig, KafkaGroupCoordinator, KafkaGroupState
-from tidewire.broker.offsets import Committed, OffsetStore
+from tidewire.broker.offsets import Committed, OffsetStore, partition_for
 from tidewire.errors import (
     GroupNotEmptyError,
     InvalidRequestError,
+    TidewireError,
     UnknownGroupError,
     UnknownPartitionError,
     UnknownTopicError,
@@ -37,6 +47,8 @@ __all__ = [
     "ResetResult",
     "ResetTo",
 ]
+
+log = logging.getLogger("tidewire.broker.groups")
 
 #: Partitions one commit may name: a commit is one record batch of the offsets topic.
 MAX_COMMIT_PARTITIONS = 10_000
@@ -122,6 +134,13 @@ class ConsumerGroups:
         # a group id belongs to one protocol while it has members
         self.kafka.foreign = coordinator.has_members
         coordinator.foreign = self.kafka.has_members
+        coordinator.persist = self._membership_changed
+        # Replicated membership, per partition of the offsets topic: the snapshots waiting to
+        # be written (group -> snapshot; at most one per group with members, so bounded by
+        # max_groups) and the task writing them.
+        self._unwritten: dict[int, dict[str, bytes | None]] = {}
+        self._writers: dict[int, asyncio.Task[None]] = {}
+        self._cancelled: set[asyncio.Task[None]] = set()  # writers stopped, until they end
 
     # --- the cluster ------------------------------------------------------------------------------
 
@@ -132,15 +151,65 @@ class ConsumerGroups:
         self.offsets.check_coordinator(group_id)
 
     def take_over(self, partition: int) -> None:
-        """This node now leads ``partition`` of the offsets topic: load it, serve its groups
-        (their members join again here; nothing of their membership is replicated)."""
+        """This node now leads ``partition`` of the offsets topic: load it, serve its groups,
+        carrying on each one's membership from its last stored generation (its members go on
+        heartbeating here with their member ids and generation)."""
         self.offsets.take_over(partition)
+        for group_id, data in sorted(self.offsets.memberships(partition).items()):
+            self.coordinator.restore(group_id, data)
 
     def give_up(self, partition: int) -> None:
         """This node no longer leads ``partition`` of the offsets topic: forget its groups'
-        offsets and members (whose next request learns to find the coordinator again)."""
+        offsets and members (whose next request learns to find the coordinator again), and
+        the membership snapshots not written yet (the new coordinator writes its own)."""
+        self._unwritten.pop(partition, None)
+        task = self._writers.pop(partition, None)
+        if task is not None:  # its write is refused anyway: this node no longer leads it
+            task.cancel()
+            self._cancelled.add(task)
+            task.add_done_callback(self._cancelled.discard)
         self.offsets.give_up(partition)
         self.coordinator.forget(self.offsets.serves)
+
+    def _membership_changed(self, group_id: str, snapshot: bytes | None) -> None:
+        """A group's generation changed (or its last member went): in a cluster, write its
+        snapshot to the offsets topic in the background, after those waiting before it."""
+        if not self.offsets.clustered or not self.offsets.serves(group_id):
+            return
+        p = partition_for(group_id)
+        self._unwritten.setdefault(p, {})[group_id] = snapshot
+        task = self._writers.get(p)
+        if task is None or task.done():
+            self._writers[p] = asyncio.get_running_loop().create_task(
+                self._write_memberships(p), name=f"group membership writer {p}"
+            )
+
+    async def _write_memberships(self, p: int) -> None:
+        """Write partition ``p``'s waiting snapshots one by one until none waits. A failed
+        write is logged and dropped: the group's members are answered already, and should
+        the coordinator move before a later write lands they join again there."""
+        while pending := self._unwritten.get(p):
+            group_id = next(iter(pending))
+            snapshot = pending.pop(group_id)
+            try:
+                await self.offsets.write_membership(group_id, snapshot)
+            except TidewireError as exc:
+                log.warning("group %s: membership not replicated: %s", group_id, exc)
+        self._unwritten.pop(p, None)
+        if self._writers.get(p) is asyncio.current_task():
+            del self._writers[p]
+
+    async def close(self) -> None:
+        """Stop writing membership snapshots, and close the Kafka clients' groups (the
+        broker is stopping)."""
+        writers = [*self._writers.values(), *self._cancelled]
+        self._writers.clear()
+        self._unwritten.clear()
+        for task in writers:
+            task.cancel()
+        if writers:
+            await asyncio.gather(*writers, return_exceptions=True)
+        await self.kafka.close()
 
     def has_members(self, group_id: str) -> bool:
         """Whether tidewire or Kafka clients are members of ``group_id``."""

@@ -17,7 +17,7 @@ import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -353,6 +353,9 @@ class Broker:
         self._background: set[asyncio.Task[None]] = set()
         self._producers: dict[tuple[str, int], PartitionProducers] = {}
         self._epochs: dict[int, int] = {}  # producer id -> newest epoch known
+        #: In a cluster: tells the other nodes of an epoch bump made here (producer id, new
+        #: epoch) before it is answered; None on a single node.
+        self.on_epoch_bump: Callable[[int, int], Awaitable[None]] | None = None
         self._ids: ProducerIds | None = None
         self._ids_lock = asyncio.Lock()
         self._released: OrderedDict[int, None] = OrderedDict()  # writers' producer ids
@@ -509,7 +512,7 @@ class Broker:
             self.audit = None
         if self._groups is not None:
             self._groups.coordinator.close()
-            await self._groups.kafka.close()
+            await self._groups.close()
             self._groups = None
         if self._background:  # fsyncs that make acks=leader batches visible: let them end
             await asyncio.gather(*self._background, return_exceptions=True)
@@ -1136,6 +1139,8 @@ class Broker:
                         await asyncio.to_thread(ids.bump, producer_id, producer_epoch + 1)
                     except OSError as exc:
                         raise StorageError(f"cannot record the producer epoch: {exc}") from exc
+                if self.on_epoch_bump is not None:
+                    await self.on_epoch_bump(producer_id, producer_epoch + 1)
                 return producer_id, producer_epoch + 1
         elif producer_epoch != -1:
             raise InvalidRequestError("producer_epoch needs a producer_id")
@@ -1168,7 +1173,16 @@ class Broker:
                 await asyncio.to_thread(ids.bump_writer, pid, epoch, int(time.time() * 1000))
             except OSError as exc:
                 raise StorageError(f"cannot record the writer's epoch: {exc}") from exc
+        if self.on_epoch_bump is not None:
+            await self.on_epoch_bump(pid, epoch)
         return pid, epoch
+
+    def fence_producer_epoch(self, producer_id: int, epoch: int) -> None:
+        """Another cluster node bumped ``producer_id`` to ``epoch``: older epochs of it are
+        refused here from now on (``ProducerFencedError``), and a writer's next epoch comes
+        after it."""
+        if epoch > self._epochs.get(producer_id, -1):
+            self._epochs[producer_id] = epoch
 
     async def producer_state(
         self, producer_id: int, producer_epoch: int, partitions: Sequence[tuple[str, int]]

@@ -28,6 +28,17 @@ without a member id (a restart), replaces the old member: it gets a new member i
 one is fenced) and, while the group is stable and the subscription is the same, the old
 member's partitions and the current generation, without a rebalance.
 
+Replicated membership (a cluster): at each generation change, and when a group's last
+member goes, the coordinator hands the group's :meth:`~GroupCoordinator.snapshot` (generation,
+strategy, members with their subscriptions, timeouts and assignment) to
+:attr:`GroupCoordinator.persist`, which stores it in the group's partition of the offsets
+topic. A node that becomes the group's coordinator :meth:`~GroupCoordinator.restore` restores it:
+the group is STABLE in that generation, every member's session starts afresh, so members go
+on heartbeating and committing with their member id and generation (Kafka's group metadata
+records). A change after the last snapshot is not there: its members are fenced
+(UnknownMemberError / IllegalGenerationError) and join again. On a single node
+``persist`` is None and nothing is written.
+
 Time comes from the injected ``clock`` (ms); tests drive :meth:`GroupCoordinator.tick`
 with a fake one.
 """
@@ -42,6 +53,8 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+import msgspec
 
 from tidewire.broker.assignors import Strategy, TopicPartition, assign
 from tidewire.errors import (
@@ -167,6 +180,36 @@ def _monotonic_ms() -> float:
     return time.monotonic() * 1000
 
 
+class _MemberRecord(msgspec.Struct, array_like=True, frozen=True):
+    """A member as a snapshot holds it."""
+
+    member_id: str
+    instance_id: str
+    client_id: str
+    topics: tuple[str, ...]
+    pattern: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    assignment: list[tuple[str, int]]
+    subscribed: list[str]  # the topics its last assignment was computed from
+
+
+class _GroupRecord(msgspec.Struct, array_like=True, frozen=True):
+    """A group's membership as stored (msgpack, as an array: version first)."""
+
+    version: int
+    generation: int
+    strategy: str
+    members: list[_MemberRecord]
+    partitions: dict[str, int]  # topic -> partition count of the last assignment
+
+
+#: The version of :class:`_GroupRecord` this code writes (and the only one it reads).
+SNAPSHOT_VERSION = 0
+_snapshot_encoder = msgspec.msgpack.Encoder()
+_snapshot_decoder = msgspec.msgpack.Decoder(_GroupRecord)
+
+
 class GroupCoordinator:
     """The membership of every consumer group (see the module docstring).
 
@@ -190,6 +233,10 @@ class GroupCoordinator:
         #: Whether a group id is in use by Kafka clients (their protocol's coordinator has
         #: members in it): a tidewire member may not join it.
         self.foreign: Callable[[str], bool] = lambda _: False
+        #: Called with a group id and its :meth:`snapshot` (None: no members any more) after
+        #: each generation change, in a cluster, to replicate the membership (see the module
+        #: docstring); None on a single node. It must not block.
+        self.persist: Callable[[str, bytes | None], None] | None = None
 
     # --- membership ---------------------------------------------------------------------------
 
@@ -262,6 +309,7 @@ class GroupCoordinator:
                 member.rebalance_timeout_ms = rebalance_timeout_ms
                 member.last_seen = now
                 log.info("group %s: static member %s is back", group_id, instance_id)
+                self._persist(group)
                 return self._result(group, member)
         if member is None:
             if len(group.members) >= self.config.max_members:
@@ -473,6 +521,87 @@ class GroupCoordinator:
         group = self._groups.get(group_id)
         return group is not None and bool(group.members)
 
+    # --- replicated membership -------------------------------------------------------------------
+
+    def snapshot(self, group_id: str) -> bytes | None:
+        """``group_id``'s generation and members as stored (see the module docstring); None
+        when it has no members or no generation yet."""
+        group = self._groups.get(group_id)
+        if group is None or not group.members or not group.generation:
+            return None
+        record = _GroupRecord(
+            SNAPSHOT_VERSION,
+            group.generation,
+            str(group.strategy),
+            [
+                _MemberRecord(
+                    m.member_id,
+                    m.instance_id,
+                    m.client_id,
+                    m.topics,
+                    m.pattern,
+                    m.session_timeout_ms,
+                    m.rebalance_timeout_ms,
+                    list(group.assignment.get(m.member_id, [])),
+                    list(group.subscribed.get(m.member_id, [])),
+                )
+                for m in group.members.values()
+            ],
+            dict(group.partitions),
+        )
+        return _snapshot_encoder.encode(record)
+
+    def restore(self, group_id: str, data: bytes) -> bool:
+        """Carry on ``group_id`` from a :meth:`snapshot` (this node became its coordinator):
+        STABLE in the snapshot's generation, each member's session starting now. A group this
+        coordinator holds already, or a snapshot it cannot read (logged), is left alone.
+
+        Returns:
+            Whether the group was restored.
+        """
+        if group_id in self._groups:
+            return False
+        try:
+            record = _snapshot_decoder.decode(data)
+            if record.version != SNAPSHOT_VERSION:
+                raise ValueError(f"snapshot version {record.version}")
+            strategy = Strategy(record.strategy)
+        except (msgspec.DecodeError, ValueError) as exc:
+            log.warning("group %s: its stored membership is not read: %s", group_id, exc)
+            return False
+        if not record.members:
+            return False
+        now = self._clock()
+        group = _Group(group_id, GroupState.STABLE, record.generation, strategy)
+        for r in record.members:
+            group.members[r.member_id] = _Member(
+                r.member_id,
+                r.instance_id,
+                r.client_id,
+                tuple(r.topics),
+                r.pattern,
+                r.session_timeout_ms,
+                r.rebalance_timeout_ms,
+                now,
+            )
+            if r.instance_id:
+                group.instances[r.instance_id] = r.member_id
+            group.assignment[r.member_id] = [(t, p) for t, p in r.assignment]
+            group.subscribed[r.member_id] = list(r.subscribed)
+        group.partitions = dict(record.partitions)
+        self._groups[group_id] = group
+        log.info(
+            "group %s: carried on at generation %d with %d member(s)",
+            group_id,
+            group.generation,
+            len(group.members),
+        )
+        return True
+
+    def _persist(self, group: _Group) -> None:
+        if self.persist is not None:
+            self.persist(group.group_id, self.snapshot(group.group_id))
+
     # --- internals ------------------------------------------------------------------------------
 
     def _validate(
@@ -580,6 +709,8 @@ class GroupCoordinator:
         if not group.members:
             self._set_state(group, GroupState.EMPTY)
             del self._groups[group.group_id]
+            if group.generation:  # it had a generation, so maybe a snapshot: drop it
+                self._persist(group)
             return
         if group.state is GroupState.STABLE and set(group.members) != set(group.assignment):
             self._start_rebalance(group, now, "a member went")
@@ -605,6 +736,7 @@ class GroupCoordinator:
             group.generation,
             len(group.members),
         )
+        self._persist(group)
         for m in group.members.values():
             m.last_seen = now
             assert m.joining is not None

@@ -9,6 +9,19 @@ committed:
 - value: msgpack ``[0, offset, metadata, commit_timestamp_ms]`` (:class:`OffsetValue`), or
   no value at all (a tombstone: the group's offset for that partition was deleted).
 
+In a cluster the same partition also holds each group's *membership* (as Kafka's
+``__consumer_offsets`` holds its group metadata), written by the coordinator at each
+generation change so that a new coordinator carries the group on:
+
+- key: msgpack ``[2, group]`` (:class:`MembershipKey`; 2 is Kafka's version of a group
+  metadata key, so the two kinds never share a key);
+- value: the coordinator's encoding of the group's generation and members (opaque here,
+  see :meth:`tidewire.broker.groups.GroupCoordinator.snapshot`), or none: the group has no
+  members any more.
+
+An older version reading such a record skips it as undecodable (logged), so a log written by
+a cluster still loads there.
+
 At start :meth:`OffsetStore.load` reads every partition through and keeps the last value
 per key, so the state is what the log says, and the log recovers like any other (torn tail
 cut, CRCs checked). A commit is acknowledged only once its batch is fsynced, which is why a
@@ -62,6 +75,7 @@ __all__ = [
     "QUEUE_DEFINITIONS_TOPIC",
     "QUEUE_TOPIC_PREFIX",
     "Committed",
+    "MembershipKey",
     "OffsetKey",
     "OffsetStore",
     "OffsetValue",
@@ -101,6 +115,9 @@ def internal_config() -> LogConfig:
 
 
 TP = tuple[str, int]
+#: A record to write to the topic: key, value (None: a tombstone), and what applies it to the
+#: store's state once it is stored at a log offset.
+_Record = tuple[bytes, bytes | None, Callable[[int], None]]
 
 
 #: The durable exchanges, queues and bindings (see :mod:`tidewire.broker.queues.definitions`).
@@ -131,6 +148,15 @@ class OffsetKey(msgspec.Struct, array_like=True, frozen=True):
     partition: int
 
 
+class MembershipKey(msgspec.Struct, array_like=True, frozen=True):
+    version: int  # MEMBERSHIP_KEY_VERSION
+    group: str
+
+
+#: The first field of a :class:`MembershipKey`.
+MEMBERSHIP_KEY_VERSION = 2
+
+
 class OffsetValue(msgspec.Struct, array_like=True):
     version: int
     offset: int
@@ -149,6 +175,7 @@ class Committed:
 
 
 _key_decoder = msgspec.msgpack.Decoder(OffsetKey)
+_membership_key_decoder = msgspec.msgpack.Decoder(MembershipKey)
 _value_decoder = msgspec.msgpack.Decoder(OffsetValue)
 _encoder = msgspec.msgpack.Encoder()
 
@@ -186,6 +213,8 @@ class OffsetStore:
         self._logs = logs
         self._clock = clock or (lambda: time.time_ns() // 1_000_000)
         self._offsets: dict[str, dict[TP, Committed]] = {}
+        #: group -> (its last membership record's value, that record's log offset).
+        self._memberships: dict[str, tuple[bytes, int]] = {}
         # Per partition of the internal topic: writes in flight, and a compaction under way
         # (which new writes wait for; it waits for the writes in flight).
         self._writing: dict[int, int] = {}
@@ -209,6 +238,7 @@ class OffsetStore:
         self._replication = replication
         self._serving = set()
         self._offsets.clear()
+        self._memberships.clear()
 
     def standalone(self) -> None:
         """Serve every partition again, as a single node (the node left its cluster)."""
@@ -261,6 +291,8 @@ class OffsetStore:
         groups = [g for g in self._offsets if partition_for(g) == p]
         for g in groups:
             del self._offsets[g]
+        for g in [g for g in self._memberships if partition_for(g) == p]:
+            del self._memberships[g]
         return groups
 
     def load(self) -> None:
@@ -361,9 +393,28 @@ class OffsetStore:
             k = _key_decoder.decode(key)
             v = None if value is None else _value_decoder.decode(value)
         except msgspec.DecodeError:
-            return False
+            return self._apply_membership(key, value, log_offset)
         self._set(k.group, (k.topic, k.partition), v, log_offset)
         return True
+
+    def _apply_membership(self, key: bytes, value: bytes | None, log_offset: int) -> bool:
+        try:
+            k = _membership_key_decoder.decode(key)
+        except msgspec.DecodeError:
+            return False
+        if k.version != MEMBERSHIP_KEY_VERSION:
+            return False
+        self._set_membership(k.group, value, log_offset)
+        return True
+
+    def _set_membership(self, group: str, value: bytes | None, log_offset: int) -> None:
+        current = self._memberships.get(group)
+        if current is not None and current[1] > log_offset:
+            return  # a later record was applied already
+        if value is None:
+            self._memberships.pop(group, None)
+        else:
+            self._memberships[group] = (value, log_offset)
 
     def _set(self, group: str, tp: TP, v: OffsetValue | None, log_offset: int) -> None:
         entries = self._offsets.get(group)
@@ -390,6 +441,15 @@ class OffsetStore:
         """A copy of ``group``'s committed offsets."""
         return dict(self._offsets.get(group, {}))
 
+    def membership(self, group: str) -> bytes | None:
+        """The value of ``group``'s last membership record (None: none, or a tombstone)."""
+        got = self._memberships.get(group)
+        return None if got is None else got[0]
+
+    def memberships(self, p: int) -> dict[str, bytes]:
+        """The last membership record of every group of partition ``p`` that has one."""
+        return {g: v for g, (v, _) in self._memberships.items() if partition_for(g) == p}
+
     # --- writes ---------------------------------------------------------------------------------
 
     async def commit(self, group: str, offsets: Mapping[TP, tuple[int, str]]) -> None:
@@ -401,21 +461,54 @@ class OffsetStore:
                 acknowledged (a crash may still leave it on disk).
         """
         now = self._clock()
-        await self._write(
-            group,
-            [
-                (tp, OffsetValue(0, offset, metadata, now))
-                for tp, (offset, metadata) in sorted(offsets.items())
-            ],
-        )
+        items = [
+            (tp, OffsetValue(0, offset, metadata, now))
+            for tp, (offset, metadata) in sorted(offsets.items())
+        ]
+        await self._write(group, self._offset_records(group, items))
 
     async def delete(self, group: str) -> None:
         """Write a tombstone for every committed offset of ``group`` (durably), forgetting
         them."""
-        await self._write(group, [(tp, None) for tp in sorted(self._offsets.get(group, {}))])
+        items = [(tp, None) for tp in sorted(self._offsets.get(group, {}))]
+        await self._write(group, self._offset_records(group, items))
 
-    async def _write(self, group: str, entries: Iterable[tuple[TP, OffsetValue | None]]) -> None:
-        items = list(entries)
+    async def write_membership(self, group: str, value: bytes | None) -> None:
+        """Store ``group``'s membership record (None: the group has no members any more) and
+        return once it is fsynced (in a cluster: held by every in-sync replica); only then
+        does :meth:`membership` answer it.
+
+        Raises:
+            NotCoordinatorError: this node does not coordinate ``group`` (any more).
+            NotEnoughReplicasError, StorageError, LogFailedError, BackpressureError: the log
+                refused; nothing is acknowledged.
+        """
+        key = _encoder.encode(MembershipKey(MEMBERSHIP_KEY_VERSION, group))
+
+        def apply(log_offset: int) -> None:
+            self._set_membership(group, value, log_offset)
+
+        await self._write(group, [(key, value, apply)])
+
+    def _offset_records(
+        self, group: str, items: Iterable[tuple[TP, OffsetValue | None]]
+    ) -> list[_Record]:
+        """Commit (or tombstone) records of ``group``: key, value, and how to apply each
+        once it is stored at a log offset."""
+
+        def applier(tp: TP, v: OffsetValue | None) -> Callable[[int], None]:
+            return lambda log_offset: self._set(group, tp, v, log_offset)
+
+        return [
+            (
+                _encoder.encode(OffsetKey(0, group, topic, partition)),
+                None if v is None else _encoder.encode(v),
+                applier((topic, partition), v),
+            )
+            for (topic, partition), v in items
+        ]
+
+    async def _write(self, group: str, items: list[_Record]) -> None:
         if not items:
             return
         p = partition_for(group)
@@ -424,12 +517,8 @@ class OffsetStore:
             await compacting.wait()
         builder = BatchBuilder()
         now = self._clock()
-        for (topic, partition), v in items:
-            builder.append(
-                None if v is None else _encoder.encode(v),
-                key=_encoder.encode(OffsetKey(0, group, topic, partition)),
-                timestamp_ms=now,
-            )
+        for key, value, _ in items:
+            builder.append(value, key=key, timestamp_ms=now)
         plog = self._log_for(group)
         self._writing[p] = self._writing.get(p, 0) + 1
         try:
@@ -442,8 +531,8 @@ class OffsetStore:
                 await replication.wait_replicated(p, info.last_offset + 1)
                 if self._serving is not None and p not in self._serving:
                     return  # given up meanwhile: the new coordinator read it from the log
-            for i, (tp, v) in enumerate(items):
-                self._set(group, tp, v, info.base_offset + i)
+            for i, (_, _, apply) in enumerate(items):
+                apply(info.base_offset + i)
         finally:
             self._writing[p] -= 1
             if not self._writing[p]:
@@ -464,7 +553,8 @@ class OffsetStore:
         if p in self._compacting or plog.segment_count < COMPACT_SEGMENTS:
             return False
         live = sum(len(e) for g, e in self._offsets.items() if partition_for(g) == p)
-        return plog.size_bytes > COMPACT_RATIO * max(live * 96, 1)
+        members = sum(len(v) for g, (v, _) in self._memberships.items() if partition_for(g) == p)
+        return plog.size_bytes > COMPACT_RATIO * max(live * 96 + members, 1)
 
     async def compact(self, p: int) -> None:
         """Rewrite partition ``p``'s live entries at the end of its log and delete the
@@ -485,6 +575,7 @@ class OffsetStore:
             async with self._quiet:
                 await self._quiet.wait_for(lambda: not self._writing.get(p))
             live = self._live(p)
+            members = [(g, v) for g, v in self._memberships.items() if partition_for(g) == p]
             batches = []
             for i in range(0, len(live), _COPY_BATCH):
                 builder = BatchBuilder()
@@ -495,21 +586,33 @@ class OffsetStore:
                         timestamp_ms=c.timestamp_ms,
                     )
                 batches.append(builder.build())
+            now = self._clock()
+            for i in range(0, len(members), _COPY_BATCH):
+                builder = BatchBuilder()
+                for group, (value, _) in members[i : i + _COPY_BATCH]:
+                    key = _encoder.encode(MembershipKey(MEMBERSHIP_KEY_VERSION, group))
+                    builder.append(value, key=key, timestamp_ms=now)
+                batches.append(builder.build())
             start = plog.log_end_offset
             infos = await plog.append_many_async(batches, durable=True) if batches else []
             n = 0
             for info in infos:
                 for k in range(info.last_offset - info.base_offset + 1):
-                    group, tp, c = live[n]
-                    value = OffsetValue(0, c.offset, c.metadata, c.timestamp_ms)
-                    self._set(group, tp, value, info.base_offset + k)
+                    if n < len(live):
+                        group, tp, c = live[n]
+                        copied = OffsetValue(0, c.offset, c.metadata, c.timestamp_ms)
+                        self._set(group, tp, copied, info.base_offset + k)
+                    else:
+                        group, (raw, _) = members[n - len(live)]
+                        self._set_membership(group, raw, info.base_offset + k)
                     n += 1
             deleted = plog.delete_before(infos[0].base_offset if infos else start)
             self.compactions += 1
             log.info(
-                "%s: compacted %d live offset(s); %d segment(s) deleted",
+                "%s: compacted %d live offset(s) and %d membership(s); %d segment(s) deleted",
                 plog.directory,
                 len(live),
+                len(members),
                 len(deleted),
             )
         finally:

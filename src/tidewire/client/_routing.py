@@ -332,6 +332,12 @@ async def call_routed(
         except TidewireError as exc:
             lost = leader_lost(exc, router.clustered)
             if isinstance(exc, _LOSS) and not resend_on_loss:
+                if lost:
+                    # Not sent again here, but the caller may send it again: not to the same
+                    # node by the stale metadata, whose connection to a dead node would only
+                    # wait out a reconnect backoff growing to seconds at each attempt.
+                    router.forget(topic, partition)
+                    router.refresh_soon([topic])
                 raise
             # Too few in-sync replicas is worth waiting out in a cluster only (a single node
             # answers as before: at once).

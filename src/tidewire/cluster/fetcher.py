@@ -27,14 +27,13 @@ other errors are retried after a backoff.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tidewire._tasks import cancel_and_wait
+from tidewire._tasks import cancel_and_wait, wait_event
 from tidewire.client._transport import Transport
 from tidewire.cluster.epochs import truncation_point
 from tidewire.errors import (
@@ -184,9 +183,7 @@ class LeaderFetcher:
             wanted = [s for s in self.partitions.values() if not s.paused and s.retry_at <= now]
             if not wanted:
                 later = [s.retry_at for s in self.partitions.values() if not s.paused]
-                timeout = max(min(later) - now, 0.01) if later else None
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), timeout)
+                await self._wait_changed(max(min(later) - now, 0.01) if later else None)
                 continue
             try:
                 await self._round(wanted)
@@ -210,8 +207,7 @@ class LeaderFetcher:
                             *self.address,
                             exc,
                         )
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), delay)
+                    await self._wait_changed(delay)
                     continue
                 log.info(
                     "replica fetch from node %d at %s:%d failed (%s); again in %.2f s",
@@ -220,8 +216,18 @@ class LeaderFetcher:
                     exc,
                     delay,
                 )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), delay)
+                await self._wait_changed(delay)
+
+    async def _wait_changed(self, timeout_s: float | None) -> None:
+        """Until :meth:`add` or :meth:`remove` changes the partitions, or ``timeout_s``
+        passed. Not ``asyncio.wait_for``: in Python 3.11 it returns normally when the
+        cancellation of :meth:`close` arrives in the turn the event is set (a partition
+        removed just before), the cancellation is lost, and the loop would wait for ever
+        with no partition left, ``close`` with it."""
+        if timeout_s is None:
+            await self._changed.wait()
+        else:
+            await wait_event(self._changed, timeout_s)
 
     async def _round(self, wanted: list[FollowedPartition]) -> None:
         m = self.manager

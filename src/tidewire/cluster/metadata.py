@@ -7,7 +7,11 @@ Keys, under ``/tidewire/<cluster id>/`` (values are JSON):
 - ``partitions/<topic>/<partition>``: its replicas, leader, leader epoch and in-sync replicas;
 - ``reassign/<topic>/<partition>``: a partition's target replica set while it is being moved
   (:mod:`tidewire.cluster.reassign`); deleted, with the partition's last change, when done;
-- ``controller``: the election of the one node that places replicas and moves leadership.
+- ``controller``: the election of the one node that places replicas and moves leadership;
+- ``producer-epochs/<producer id>/<epoch>``: an idempotent producer's epoch bump, made by
+  the node that answered it (empty value, on a lease of about the producers' expiration time):
+  every node fences the older epochs of that id at once, not only once the new epoch has
+  written to each partition.
 
 Every change is a compare-and-swap transaction: a topic is created only if it does not exist, a
 partition's state changes only from the version (``mod_revision``) the writer read, and a
@@ -130,6 +134,19 @@ class MetadataStore:
 
     def reassign_key(self, topic: str, partition: int) -> str:
         return f"{self.root}reassign/{topic}/{partition}"
+
+    def producer_epoch_key(self, producer_id: int, epoch: int) -> str:
+        return f"{self.root}producer-epochs/{producer_id}/{epoch}"
+
+    async def record_producer_epoch(self, producer_id: int, epoch: int, lease: int) -> None:
+        """Tell every node that ``producer_id`` is at ``epoch`` now: a key per bump (bumps
+        of one id never overwrite each other: each node keeps the largest), on ``lease`` so
+        that the bumps of producers long gone leave etcd.
+
+        Raises:
+            EtcdError: not recorded (the lease expired, etcd did not answer).
+        """
+        await self.etcd.put(self.producer_epoch_key(producer_id, epoch), b"", lease=lease)
 
     @property
     def controller_election(self) -> str:
@@ -296,6 +313,8 @@ class MetadataCache:
         self.reassignments: dict[tuple[str, int], tuple[int, ...]] = {}
         #: the controller election's candidates: key -> (create revision, node id)
         self._candidates: dict[str, tuple[int, int]] = {}
+        #: producer id -> the largest epoch a node recorded (``producer-epochs/``)
+        self.producer_epochs: dict[int, int] = {}
         self.revision = 0
         self.changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -399,6 +418,18 @@ class MetadataCache:
             if self.on_change is not None:
                 self.on_change("reassignment", rest, None if deleted else r)
             return
+        elif kind == "producer-epochs":
+            pid, _, epoch = rest.partition("/")
+            try:
+                got = (int(pid), int(epoch))
+            except ValueError:
+                log.warning("producer epoch key %s names no producer id and epoch", rest)
+                return
+            if not deleted and got[1] > self.producer_epochs.get(got[0], -1):
+                self.producer_epochs[got[0]] = got[1]
+                if self.on_change is not None:
+                    self.on_change("producer-epoch", rest, got)
+            return  # an expired bump: the nodes keep fencing until the producer expires
         elif kind == "controller":
             if deleted:
                 self._candidates.pop(rest, None)

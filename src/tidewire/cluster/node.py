@@ -133,6 +133,10 @@ ADMIN_WAIT_S = 30.0
 RETRY_S = 1.0
 #: Re-registering after a lost lease: waits between attempts, doubling up to the cap.
 REGISTER_BACKOFF_S = (0.2, 2.0)
+#: Producer epoch bumps recorded within this long (s) share one etcd lease, of the producers'
+#: expiration time plus this: each bump's key lives between the two (thousands of writers'
+#: task attempts make as many bumps, not as many leases).
+EPOCH_LEASE_SHARED_S = 3600
 
 
 class _OffsetsReplication:
@@ -305,6 +309,8 @@ class ClusterNode:
         self.lease = Lease(self.etcd, ttl_s=session_timeout_s)
         #: replicas that may have lost their unflushed tail (see cluster/lost_tail.py)
         self.lost_tails = LostTails(self.store, node_id)
+        #: the lease epoch bumps are recorded on now: (its id, loop time it was granted)
+        self._epoch_lease: tuple[int, float] | None = None
         self.controller: Controller | None = None
         self.replication: Replicas | None = replication
         self.replica_connect = replica_connect
@@ -339,6 +345,7 @@ class ClusterNode:
         attach_node(self.broker, self)
         # Producer ids from this node's own range: unique across the cluster.
         self.broker.use_producer_id_range(self.node_id)
+        self.broker.on_epoch_bump = self._record_epoch_bump  # its epoch bumps: to every node
         try:
             await self.lease.start()
             # Before registering: the controller must see the marks when it sees the node.
@@ -434,6 +441,7 @@ class ClusterNode:
         if self.queues is not None:
             self.broker.queues.replicate(None)
             await self.queues.close()
+        self.broker.on_epoch_bump = None
         detach_node(self.broker)
 
     def _controller(self) -> Controller:
@@ -448,7 +456,34 @@ class ClusterNode:
         return controller
 
     def _changed(self, kind: str, key: str, value: object | None) -> None:
+        if kind == "producer-epoch":  # another node's bump (or this one's): fenced here too
+            assert isinstance(value, tuple)
+            self.broker.fence_producer_epoch(*value)
+            return
         self._dirty.set()
+
+    async def _record_epoch_bump(self, producer_id: int, epoch: int) -> None:
+        """Record an epoch bump this node answers in etcd, before the answer, so every node
+        fences the older epochs (on a lease shared by the bumps of an hour, see
+        :data:`EPOCH_LEASE_SHARED_S`). When etcd cannot be reached the bump is answered all
+        the same (logged): it fences here, and on another leader once the new epoch has
+        written there."""
+        now = asyncio.get_running_loop().time()
+        try:
+            if self._epoch_lease is None or now - self._epoch_lease[1] >= EPOCH_LEASE_SHARED_S:
+                ttl_s = -(-self.broker.config.producer_expiration_ms // 1000)
+                lease = await self.etcd.grant(ttl_s + EPOCH_LEASE_SHARED_S)
+                self._epoch_lease = (lease, now)
+            await self.store.record_producer_epoch(producer_id, epoch, self._epoch_lease[0])
+        except EtcdError as exc:
+            self._epoch_lease = None  # a lease etcd lost (a restart from an old snapshot)
+            log.warning(
+                "producer id %d epoch %d: not recorded in etcd (other nodes fence the older "
+                "epochs once the new one writes there): %s",
+                producer_id,
+                epoch,
+                exc,
+            )
 
     async def _run(self) -> None:
         while True:
@@ -824,6 +859,15 @@ class ClusterNode:
         if ok:
             self.stats.isr_changed(state.isr, tuple(isr))
             log.info("partition %s/%d: ISR now %s", topic, partition, list(isr))
+            # The replica manager holds this ISR now (it commits it on this answer): so does
+            # the role applied, else a later change of etcd's back to the role applied before
+            # (the controller taking out a node this leader had just taken in) would look
+            # like no change, and the leader would go on counting an ISR etcd does not hold
+            # (never proposing it again: it holds it already), a follower left out for good.
+            key = (topic, partition)
+            applied = self._applied.get(key)
+            if applied is not None and applied[:2] == ("leader", epoch) and len(applied) > 3:
+                self._applied[key] = (*applied[:3], tuple(isr), *applied[4:])
         return ok
 
     async def resign(self, topic: str, partition: int, epoch: int) -> bool:
