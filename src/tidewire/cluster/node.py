@@ -48,6 +48,7 @@ from tidewire.broker.offsets import (
     is_internal_topic,
 )
 from tidewire.cluster import attach_node, detach_node, reassign
+from tidewire.cluster.audit import ClusterAudit
 from tidewire.cluster.controller import Controller, assign
 from tidewire.cluster.etcd import EtcdClient, EtcdError, Lease
 from tidewire.cluster.fetcher import Connect, FollowedPartition, default_connect
@@ -312,6 +313,8 @@ class ClusterNode:
         self._passed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._offsets_task: asyncio.Task[None] | None = None
+        #: This node's audit log in the cluster: ``__audit.<node id>`` (cluster/audit.py).
+        self.audit = ClusterAudit(self)
         self.started = False
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -360,6 +363,9 @@ class ClusterNode:
             self.broker.groups.offsets.replicate(_OffsetsReplication(self.broker))
             # And security changes are made on the leader of __security, replicated.
             self.broker.security.replicate(ClusterSecurity(self))
+            # And this node's audit events go to its replicated audit log.
+            if self.broker.audit is not None:
+                self.broker.audit.replicate(self.audit, self.node_id)
         except BaseException:
             await self.close()
             raise
@@ -394,6 +400,7 @@ class ClusterNode:
     async def close(self) -> None:
         """Stop reconciling, stop the replicas, leave the election and the cluster (the
         lease is revoked: the others see this node gone at once)."""
+        await self.audit.close()  # while it still leads its audit log
         self.started = False
         if self._offsets_task is not None:
             self._offsets_task.cancel()
@@ -595,6 +602,8 @@ class ClusterNode:
             if not same_lead:
                 self._offsets_role(key, leading=role[0] == "leader")
         if not await include_new_nodes(self):  # nodes that joined get the security state
+            done = False
+        if not await self.audit.reconcile():  # audit logs led by their nodes, 3 copies
             done = False
         return done
 

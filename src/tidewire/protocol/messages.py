@@ -989,6 +989,9 @@ class DescribeAuditRequest(Body, kw_only=True, omit_defaults=True):
     action: str | None = None  # only this action (CREATE_TOPIC, authenticate, ...)
     outcome: str | None = None  # only this outcome: allowed, denied, failed, ok
     limit: int = 1000  # 1..10,000
+    #: Between the nodes of a cluster: only the audit logs of these nodes, as the answering
+    #: node's replicas hold them (never asked further). None: the whole audit log.
+    nodes: list[int] | None = None
 
 
 class AuditEventBody(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -1003,6 +1006,7 @@ class AuditEventBody(msgspec.Struct, kw_only=True, omit_defaults=True):
     outcome: str = ""  # allowed, denied, failed, ok
     reason: str = ""
     detail: dict[str, str] = msgspec.field(default_factory=dict)
+    node_id: int | None = None  # in a cluster: the node that recorded it
 
 
 class DescribeAuditResponse(Body, kw_only=True, omit_defaults=True):

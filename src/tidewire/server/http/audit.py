@@ -37,6 +37,9 @@ class AuditEvent(BaseModel):
     outcome: Outcome
     reason: str = Field(description="Why, in a few words (never a secret).")
     detail: dict[str, str] = Field(description="More, as text.")
+    node_id: int | None = Field(
+        default=None, description="In a cluster: the node that recorded it; null on one node."
+    )
 
 
 class AuditPage(BaseModel):
@@ -70,7 +73,8 @@ def audit_router(ctx: GatewayContext) -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=MAX_QUERY_LIMIT)] = DEFAULT_LIMIT,
     ) -> Response:
         """The newest ``limit`` audit events that match every filter given, oldest first:
-        authentications, administrative operations, ACL and key changes, and denials."""
+        authentications, administrative operations, ACL and key changes, and denials. In a
+        cluster: every node's events (each with its ``node_id``), from any node."""
         if broker.audit is None:
             raise InvalidRequestError("the broker is not running")
         events = await broker.audit.query(

@@ -1,0 +1,156 @@
+"""The audit log of a cluster (:mod:`tidewire.cluster.audit`): each node's events in its own
+replicated topic ``__audit.<node id>``, the cluster's audit log read from any node.
+
+Four in-process nodes against the real etcd of the ``etcd`` fixture (four, so that each
+node's audit log, on three of them, is missing from one node, which then asks another for
+it): an audited action on one node is read on every other, with its node id; the node whose
+log it is stopped, its events are still read (from its followers); back, it leads its log
+again and its new events are read too. Every wait is bounded; nothing asserts on durations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+
+from tests.cluster._etcd import EtcdServer
+from tests.cluster._inprocess import InProcessNode, in_process_cluster, until
+from tidewire.client import AsyncClient
+from tidewire.protocol.messages import AuditEventBody
+from tidewire.security._logs import audit_topic
+
+#: Longer than the default: a lease that expires under a loaded test is not what is tested.
+SESSION_S = 10
+
+
+class Node(InProcessNode):
+    def __init__(self, tmp: Path, etcd: EtcdServer, node_id: int) -> None:
+        super().__init__(tmp, etcd, node_id, cluster_id="audit", session_s=SESSION_S)
+
+
+def cluster(tmp: Path, etcd: EtcdServer, n: int) -> AbstractAsyncContextManager[list[Node]]:
+    return in_process_cluster(lambda i: Node(tmp, etcd, i), n)
+
+
+async def _events(addr: str, resource: str) -> list[AuditEventBody]:
+    async with AsyncClient(addr) as client:
+        return [
+            e for e in await client.describe_audit(action="CREATE_TOPIC") if e.resource == resource
+        ]
+
+
+async def _read_on(addr: str, resource: str, node_id: int, what: str) -> None:
+    """Until the cluster's audit log, asked of ``addr``, holds node ``node_id``'s event."""
+    found: list[AuditEventBody] = []
+
+    async def check() -> bool:
+        found[:] = await _events(addr, resource)
+        return any(e.node_id == node_id for e in found)
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30.0
+    while not await check():
+        assert loop.time() < deadline, f"not within 30 s: {what} (found {found})"
+        await asyncio.sleep(0.1)
+
+
+def test_every_node_reads_every_nodes_audit_events_and_they_outlive_their_node(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, 4) as nodes:
+            by_id = {n.id: n for n in nodes}
+            async with AsyncClient(by_id[4].addr) as client:
+                await client.create_topic("made-on-4", 1, replication_factor=1)
+            topic4 = audit_topic(4)
+            await until(
+                lambda: all(topic4 in n.cluster.cache.topics for n in nodes), "__audit.4 made"
+            )
+            got = nodes[0].cluster.cache.partition(topic4, 0)
+            assert got is not None
+            state = got[0]
+            assert state.leader == 4 and len(state.replicas) == 3
+            (lacking,) = [n for n in by_id if n not in state.replicas]
+            # Read on every node: on those holding a copy, and on the one that asks another.
+            for n in nodes:
+                await _read_on(n.addr, "topic:made-on-4", 4, f"node 4's event on node {n.id}")
+            assert (topic4, 0) not in by_id[lacking].broker.logs.logs
+            # Each event once, with its node, although three nodes hold it.
+            (event,) = await _events(by_id[lacking].addr, "topic:made-on-4")
+            assert event.node_id == 4
+            # Every follower holds it before node 4 goes.
+            await until(
+                lambda: all(
+                    (plog := by_id[r].broker.logs.logs.get((topic4, 0))) is not None
+                    and plog.log_end_offset >= 1
+                    for r in state.replicas
+                ),
+                "node 4's audit log copied",
+            )
+            await by_id[4].stop()
+            await until(
+                lambda: all(
+                    (g := n.cluster.cache.partition(topic4, 0)) is not None
+                    and g[0].leader not in (4, -1)
+                    for n in nodes
+                    if n.id != 4
+                ),
+                "__audit.4 led by another replica",
+            )
+            for n in nodes:
+                if n.id != 4:
+                    await _read_on(n.addr, "topic:made-on-4", 4, f"node 4 gone, on {n.id}")
+            # Back: it leads its own log again (handed back) and writes there.
+            await by_id[4].start()
+            await until(
+                lambda: (
+                    (g := nodes[0].cluster.cache.partition(topic4, 0)) is not None
+                    and g[0].leader == 4
+                ),
+                "__audit.4 led by node 4 again",
+            )
+            async with AsyncClient(by_id[4].addr) as client:
+                await client.create_topic("made-on-4-again", 1, replication_factor=1)
+            await _read_on(by_id[1].addr, "topic:made-on-4-again", 4, "node 4's new event")
+            await _read_on(by_id[1].addr, "topic:made-on-4", 4, "node 4's first event")
+
+    asyncio.run(main())
+
+
+def test_a_node_that_joins_later_gets_a_copy_of_the_audit_log_of_a_lone_node(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """A node alone in its cluster makes its audit log with one replica; once others join,
+    its leader moves it onto them (up to three)."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, 1) as (first,):
+            async with AsyncClient(first.addr) as client:
+                await client.create_topic("alone", 1, replication_factor=1)
+            topic1 = audit_topic(1)
+            await until(lambda: topic1 in first.cluster.cache.topics, "__audit.1 made")
+            got = first.cluster.cache.partition(topic1, 0)
+            assert got is not None and got[0].replicas == (1,)
+            second = Node(tmp_path, etcd, 2)
+            try:
+                await second.start()
+                await until(
+                    lambda: (
+                        (g := first.cluster.cache.partition(topic1, 0)) is not None
+                        and set(g[0].replicas) == {1, 2}
+                        and set(g[0].isr) == {1, 2}
+                    ),
+                    "__audit.1 on both nodes",
+                )
+                await until(
+                    lambda: (
+                        (p := second.broker.logs.logs.get((topic1, 0))) is not None
+                        and p.log_end_offset >= 1
+                    ),
+                    "node 2's copy of node 1's audit log",
+                )
+            finally:
+                await second.stop()
+
+    asyncio.run(main())
