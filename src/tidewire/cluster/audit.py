@@ -182,7 +182,9 @@ class ClusterAudit:
 
         try:
             _, version = await _read_topic(node, name)
-            rev = await node.store.start_reassignments(name, version, {0: target})
+            rev = await node.store.start_reassignments(
+                name, version, {0: target}, {0: state.replicas}
+            )
         except (EtcdError, TidewireError) as exc:
             log.warning("%s not moved onto nodes %s yet: %s", name, missing, exc)
             return False

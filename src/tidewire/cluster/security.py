@@ -172,7 +172,9 @@ async def include_new_nodes(node: ClusterNode) -> bool:
     target = (*state.replicas, *missing)
     try:
         _, version = await _read_topic(node, SECURITY_TOPIC)
-        rev = await node.store.start_reassignments(SECURITY_TOPIC, version, {0: target})
+        rev = await node.store.start_reassignments(
+            SECURITY_TOPIC, version, {0: target}, {0: state.replicas}
+        )
     except (EtcdError, TidewireError) as exc:
         log.warning("%s not moved onto nodes %s yet: %s", SECURITY_TOPIC, missing, exc)
         return False

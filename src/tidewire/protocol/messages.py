@@ -1944,6 +1944,9 @@ class PartitionReplication(msgspec.Struct, kw_only=True, omit_defaults=True):
     leader: int
     leader_epoch: int
     target: list[int] = msgspec.field(default_factory=list)
+    #: While a move is under way: the replicas it had when the move started (a cancel goes
+    #: back to them; empty when not known).
+    original: list[int] = msgspec.field(default_factory=list)
 
 
 class AlterReplicationRequest(Body, kw_only=True, omit_defaults=True):
@@ -1958,6 +1961,10 @@ class AlterReplicationRequest(Body, kw_only=True, omit_defaults=True):
     replication_factor: int | None = None
     min_insync_replicas: int | None = None
     unclean_leader_election: bool | None = None
+    #: Cancel the moves under way of ``partitions`` (empty: every partition being moved),
+    #: KIP-455's way: each goes back to the replicas it had before. Not with a move.
+    cancel: bool = False
+    partitions: list[int] = msgspec.field(default_factory=list)
 
 
 class AlterReplicationResponse(Body, kw_only=True, omit_defaults=True):

@@ -265,6 +265,7 @@ API_NEEDS: dict[ApiKey, Requirement] = {
     ApiKey.ALTER_REPLICATION: lambda req: (
         [Need(_T, _O.ALTER, req.topic), Need(_C, _O.ALTER)]
         if req.assignments
+        or req.cancel
         or req.replication_factor is not None
         or req.min_insync_replicas is not None
         or req.unclean_leader_election is not None
