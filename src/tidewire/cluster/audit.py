@@ -7,7 +7,10 @@ the internal topic ``__audit.<node id>`` (one partition), kept in etcd like any 
 - **Made on first use.** The node's first event creates its topic through etcd, replicated
   on ``min(3, live nodes)`` nodes, the node first (so it leads at epoch 0). While fewer
   nodes than that hold it (the cluster was still forming), its leader moves it onto more
-  live nodes (a reassignment), up to three.
+  live nodes (a reassignment), up to three. A replica whose node has been gone for
+  :data:`~tidewire.cluster.security.DEAD_NODE_S` is replaced by a live node in the same way
+  (the owner's own copy too: its events stay readable, on three other nodes); an owner that
+  comes back is moved onto its topic again, then leads it.
 - **Written by its node only, while it leads it.** Appending is local (the writer never
   waits on the network, and never blocks a request); followers copy the log as any
   partition's. While the node does not lead its topic (just started, or its leadership went
@@ -47,7 +50,7 @@ from tidewire.storage.fs import write_atomic
 if TYPE_CHECKING:
     from tidewire.cluster.node import ClusterNode
 
-__all__ = ["AUDIT_REPLICAS", "ClusterAudit"]
+__all__ = ["AUDIT_REPLICAS", "ClusterAudit", "placement"]
 
 log = logging.getLogger("tidewire.cluster.audit")
 
@@ -131,10 +134,9 @@ class ClusterAudit:
     # --- the reconcile pass ---------------------------------------------------------------------
 
     async def reconcile(self) -> bool:
-        """From the node's reconcile pass: hand back the audit topics of other nodes this
-        node leads, once their node is alive and in sync; move this node's own onto more
-        nodes while it has fewer than ``min(3, live nodes)``. False: something is left for
-        the next pass."""
+        """From the node's reconcile pass, for the audit topics this node leads: hand back
+        another node's, once that node is alive and in sync; move each onto the replicas it
+        should have (see :func:`placement`). False: something is left for the next pass."""
         node = self._node
         done = True
         for name in [t for t in node.cache.topics if audit_node_of(t) is not None]:
@@ -145,11 +147,13 @@ class ClusterAudit:
             state = got[0]
             if state.leader != node.node_id:
                 continue
-            if owner != node.node_id:
-                if owner in node.cache.nodes and owner in state.isr and owner in state.replicas:
-                    done = await self._hand_back(name, owner, state.leader_epoch) and done
+            if owner != node.node_id and owner in node.cache.nodes and owner in state.isr:
+                done = await self._hand_back(name, owner, state.leader_epoch) and done
             elif (name, 0) not in node.cache.reassignments:
-                done = await self._grow(name, state) and done
+                dead = node.dead_replicas.dead(state.replicas)
+                target = placement(owner, state.replicas, sorted(node.cache.nodes), dead)
+                if target != state.replicas:
+                    done = await self._move(name, state, target) and done
         return done
 
     async def _hand_back(self, name: str, owner: int, epoch: int) -> bool:
@@ -170,14 +174,8 @@ class ClusterAudit:
             log.info("%s: handed back to node %d at epoch %d", name, owner, epoch + 1)
         return ok
 
-    async def _grow(self, name: str, state: PartitionState) -> bool:
+    async def _move(self, name: str, state: PartitionState, target: tuple[int, ...]) -> bool:
         node = self._node
-        live = sorted(node.cache.nodes)
-        wanted = min(AUDIT_REPLICAS, len(live))
-        if len(state.replicas) >= wanted:
-            return True
-        missing = [n for n in live if n not in state.replicas][: wanted - len(state.replicas)]
-        target = (*state.replicas, *missing)
         from tidewire.cluster.reassign import _read_topic  # noqa: PLC0415 (imports node)
 
         try:
@@ -186,7 +184,7 @@ class ClusterAudit:
                 name, version, {0: target}, {0: state.replicas}
             )
         except (EtcdError, TidewireError) as exc:
-            log.warning("%s not moved onto nodes %s yet: %s", name, missing, exc)
+            log.warning("%s not moved to %s yet: %s", name, list(target), exc)
             return False
         if rev is None:
             return False
@@ -283,6 +281,24 @@ class ClusterAudit:
         except TidewireError as exc:
             log.warning("audit: buffered events not written before leaving: %s", exc)
         audit.replicate(None)
+
+
+def placement(
+    owner: int, replicas: tuple[int, ...], live: list[int], dead: set[int]
+) -> tuple[int, ...]:
+    """The replicas node ``owner``'s audit log should have, from ``replicas`` now: without
+    the ``dead`` ones; with its owner when the owner is live (first, so it leads once in
+    sync); then topped up with live nodes (lowest ids first) up to ``min(3, live nodes)``,
+    never dropping a replica that is not dead. Returns ``replicas`` itself when nothing is
+    to change."""
+    keep = [r for r in replicas if r not in dead]
+    if owner in live and owner not in keep:
+        keep.insert(0, owner)
+    wanted = min(AUDIT_REPLICAS, len(live))
+    spare = [n for n in live if n not in keep]
+    keep.extend(spare[: max(wanted - len(keep), 0)])
+    target = tuple(keep)
+    return replicas if target == replicas or not target else target
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

@@ -65,6 +65,7 @@ from tidewire.cluster.metadata import (
 from tidewire.cluster.metrics import ClusterStats, counting_connect
 from tidewire.cluster.security import (
     ClusterSecurity,
+    DeadReplicas,
     check_security_incarnation,
     include_new_nodes,
 )
@@ -315,6 +316,9 @@ class ClusterNode:
         self._offsets_task: asyncio.Task[None] | None = None
         #: This node's audit log in the cluster: ``__audit.<node id>`` (cluster/audit.py).
         self.audit = ClusterAudit(self)
+        #: Replicas of __security and the audit logs whose nodes are gone (for good, after
+        #: cluster/security.py's DEAD_NODE_S): taken off those topics by their leader.
+        self.dead_replicas = DeadReplicas(self)
         self.started = False
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -401,6 +405,7 @@ class ClusterNode:
         """Stop reconciling, stop the replicas, leave the election and the cluster (the
         lease is revoked: the others see this node gone at once)."""
         await self.audit.close()  # while it still leads its audit log
+        self.dead_replicas.close()
         self.started = False
         if self._offsets_task is not None:
             self._offsets_task.cancel()
