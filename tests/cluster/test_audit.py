@@ -5,7 +5,9 @@ Four in-process nodes against the real etcd of the ``etcd`` fixture (four, so th
 node's audit log, on three of them, is missing from one node, which then asks another for
 it): an audited action on one node is read on every other, with its node id; the node whose
 log it is stopped, its events are still read (from its followers); back, it leads its log
-again and its new events are read too. Every wait is bounded; nothing asserts on durations.
+again and its new events are read too. A node gone for good is taken off ``__security``
+and the audit logs (a live node holds the copy instead). Every wait is bounded; nothing
+asserts on durations.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from pathlib import Path
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import InProcessNode, in_process_cluster, until
 from tidewire.client import AsyncClient
+from tidewire.cluster.audit import placement
 from tidewire.protocol.messages import AuditEventBody
-from tidewire.security._logs import audit_topic
+from tidewire.security._logs import SECURITY_TOPIC, audit_topic
 
 #: Longer than the default: a lease that expires under a loaded test is not what is tested.
 SESSION_S = 10
@@ -70,7 +73,8 @@ def test_every_node_reads_every_nodes_audit_events_and_they_outlive_their_node(
             got = nodes[0].cluster.cache.partition(topic4, 0)
             assert got is not None
             state = got[0]
-            assert state.leader == 4 and len(state.replicas) == 3
+            assert state.leader == 4
+            assert len(state.replicas) == 3
             (lacking,) = [n for n in by_id if n not in state.replicas]
             # Read on every node: on those holding a copy, and on the one that asks another.
             for n in nodes:
@@ -131,7 +135,8 @@ def test_a_node_that_joins_later_gets_a_copy_of_the_audit_log_of_a_lone_node(
             topic1 = audit_topic(1)
             await until(lambda: topic1 in first.cluster.cache.topics, "__audit.1 made")
             got = first.cluster.cache.partition(topic1, 0)
-            assert got is not None and got[0].replicas == (1,)
+            assert got is not None
+            assert got[0].replicas == (1,)
             second = Node(tmp_path, etcd, 2)
             try:
                 await second.start()
@@ -154,3 +159,72 @@ def test_a_node_that_joins_later_gets_a_copy_of_the_audit_log_of_a_lone_node(
                 await second.stop()
 
     asyncio.run(main())
+
+
+def test_the_replicas_of_a_node_gone_for_good_move_to_live_nodes(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """A node gone longer than ``DEAD_NODE_S`` (shortened here) is taken off ``__security``
+    and the audit logs by their leaders; an audit log gets a live node instead, so it keeps
+    three copies. Back, the node is moved onto ``__security`` again."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, 4) as nodes:
+            by_id = {n.id: n for n in nodes}
+            for n in nodes:
+                n.cluster.dead_replicas.after_s = 1.0
+            async with AsyncClient(by_id[4].addr) as client:
+                await client.create_topic("made-on-4", 1, replication_factor=1)
+            async with AsyncClient(by_id[1].addr) as client:  # __security, led by node 1
+                await client.create_principal("someone")
+            topic4 = audit_topic(4)
+
+            def replicas(name: str) -> set[int] | None:
+                cache = by_id[1].cluster.cache
+                got = cache.partition(name, 0)
+                if got is None or (name, 0) in cache.reassignments:
+                    return None
+                return set(got[0].replicas) if set(got[0].isr) == set(got[0].replicas) else None
+
+            await until(lambda: replicas(topic4) is not None, "__audit.4 in sync")
+            held = replicas(topic4)
+            assert held is not None
+            assert len(held) == 3
+            await until(lambda: replicas(SECURITY_TOPIC) == {1, 2, 3, 4}, "__security on all")
+            gone = next(r for r in sorted(held) if r not in (1, 4))  # neither leader
+            (spare,) = {1, 2, 3, 4} - held
+            await by_id[gone].stop()
+            await until(
+                lambda: replicas(topic4) == (held - {gone}) | {spare},
+                f"__audit.4 moved off node {gone} onto node {spare}",
+            )
+            await until(
+                lambda: replicas(SECURITY_TOPIC) == {1, 2, 3, 4} - {gone},
+                f"__security moved off node {gone}",
+            )
+            # node 4's events are on the new copy too.
+            await until(
+                lambda: (
+                    (p := by_id[spare].broker.logs.logs.get((topic4, 0))) is not None
+                    and p.log_end_offset >= 1
+                ),
+                "the new copy of __audit.4 caught up",
+            )
+            await by_id[gone].start()
+            await until(
+                lambda: replicas(SECURITY_TOPIC) == {1, 2, 3, 4}, "__security on node {gone} again"
+            )
+
+    asyncio.run(main())
+
+
+def test_an_audit_log_is_placed_on_its_owner_and_three_live_nodes() -> None:
+    live = [1, 2, 3, 4]
+    assert placement(4, (4, 1, 2), live, set()) == (4, 1, 2)  # nothing to change
+    assert placement(4, (4, 1, 2), [1, 3, 4], {2}) == (4, 1, 3)  # a dead one replaced
+    assert placement(2, (1, 3, 4), live, set()) == (2, 1, 3, 4)  # its owner back, first
+    assert placement(4, (4,), live, set()) == (4, 1, 2)  # topped up to three
+    assert placement(4, (4, 1), [4, 1], set()) == (4, 1)  # as many as there are live nodes
+    # A gone owner stays a replica until it is dead; then three live nodes hold its log.
+    assert placement(4, (4, 1, 2), [1, 2, 3], set()) == (4, 1, 2)
+    assert placement(4, (4, 1, 2), [1, 2, 3], {4}) == (1, 2, 3)

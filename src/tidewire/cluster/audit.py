@@ -295,7 +295,7 @@ def placement(
     if owner in live and owner not in keep:
         keep.insert(0, owner)
     wanted = min(AUDIT_REPLICAS, len(live))
-    spare = [n for n in live if n not in keep]
+    spare = [n for n in live if n not in keep and n not in dead]
     keep.extend(spare[: max(wanted - len(keep), 0)])
     target = tuple(keep)
     return replicas if target == replicas or not target else target
