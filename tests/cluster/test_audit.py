@@ -13,9 +13,11 @@ asserts on durations.
 from __future__ import annotations
 
 import asyncio
+import json
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
+from tests.cli._support import run_cli
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import InProcessNode, in_process_cluster, until
 from tidewire.client import AsyncClient
@@ -83,6 +85,15 @@ def test_every_node_reads_every_nodes_audit_events_and_they_outlive_their_node(
             # Each event once, with its node, although three nodes hold it.
             (event,) = await _events(by_id[lacking].addr, "topic:made-on-4")
             assert event.node_id == 4
+            # The CLI shows it too, with its node.
+            r = await asyncio.to_thread(
+                run_cli,
+                ["audit", "--action", "CREATE_TOPIC", "--json", "--addr", by_id[lacking].addr],
+            )
+            assert r.exit_code == 0, r.output
+            assert [
+                e["node_id"] for e in json.loads(r.stdout) if e["resource"] == "topic:made-on-4"
+            ] == [4]
             # Every follower holds it before node 4 goes.
             await until(
                 lambda: all(
