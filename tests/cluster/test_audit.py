@@ -22,8 +22,10 @@ from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import InProcessNode, in_process_cluster, until
 from tidewire.client import AsyncClient
 from tidewire.cluster.audit import placement
-from tidewire.protocol.messages import AuditEventBody
+from tidewire.protocol.messages import ApiKey, AuditEventBody, DescribeAuditRequest
 from tidewire.security._logs import SECURITY_TOPIC, audit_topic
+from tidewire.security.model import Operation, ResourceType
+from tidewire.server.needs import API_NEEDS, Need
 
 #: Longer than the default: a lease that expires under a loaded test is not what is tested.
 SESSION_S = 10
@@ -239,3 +241,14 @@ def test_an_audit_log_is_placed_on_its_owner_and_three_live_nodes() -> None:
     # A gone owner stays a replica until it is dead; then three live nodes hold its log.
     assert placement(4, (4, 1, 2), [1, 2, 3], set()) == (4, 1, 2)
     assert placement(4, (4, 1, 2), [1, 2, 3], {4}) == (1, 2, 3)
+
+
+def test_reading_another_nodes_audit_log_needs_the_nodes_identity_only() -> None:
+    """What a node asks of another (``DESCRIBE_AUDIT`` with ``nodes``) needs
+    ``cluster_action`` on the cluster, as replica fetches do; a client's query ``admin``."""
+    need = API_NEEDS[ApiKey.DESCRIBE_AUDIT]
+    assert callable(need)
+    assert need(DescribeAuditRequest(nodes=[4])) == [
+        Need(ResourceType.CLUSTER, Operation.CLUSTER_ACTION)
+    ]
+    assert need(DescribeAuditRequest()) == [Need(ResourceType.CLUSTER, Operation.ADMIN)]
