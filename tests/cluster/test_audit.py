@@ -20,9 +20,17 @@ from pathlib import Path
 from tests.cli._support import run_cli
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import InProcessNode, in_process_cluster, until
+from tests.cluster._nodes import call
+from tests.cluster._workload import Cluster
 from tidewire.client import AsyncClient
 from tidewire.cluster.audit import placement
-from tidewire.protocol.messages import ApiKey, AuditEventBody, DescribeAuditRequest
+from tidewire.protocol.messages import (
+    ApiKey,
+    AuditEventBody,
+    DescribeAuditRequest,
+    MetadataRequest,
+    MetadataResponse,
+)
 from tidewire.security._logs import SECURITY_TOPIC, audit_topic
 from tidewire.security.model import Operation, ResourceType
 from tidewire.server.needs import API_NEEDS, Need
@@ -252,3 +260,39 @@ def test_reading_another_nodes_audit_log_needs_the_nodes_identity_only() -> None
         Need(ResourceType.CLUSTER, Operation.CLUSTER_ACTION)
     ]
     assert need(DescribeAuditRequest()) == [Need(ResourceType.CLUSTER, Operation.ADMIN)]
+
+
+def test_a_killed_nodes_audit_events_are_read_on_the_others(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """Three real ``tidewire serve --cluster`` processes: an audited action on node 2 is
+    read on node 1; node 2 SIGKILLed, its events are still read on nodes 1 and 3."""
+    procs = Cluster(tmp_path, etcd)
+
+    async def main() -> None:
+        for n in procs.nodes:
+            procs.start(n)
+        await _registered(procs.addr(1), 3)
+        async with AsyncClient(procs.addr(2)) as client:
+            await client.create_topic("made-on-2", 1, replication_factor=1)
+        for n in (1, 3):  # each reads its own copy of __audit.2 (3 nodes, 3 copies)
+            await _read_on(procs.addr(n), "topic:made-on-2", 2, f"node 2's event on node {n}")
+        procs.kill(2)
+        for n in (1, 3):
+            await _read_on(procs.addr(n), "topic:made-on-2", 2, f"node 2 killed, on node {n}")
+
+    try:
+        asyncio.run(main())
+    finally:
+        procs.stop_all()
+
+
+async def _registered(addr: str, n: int) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30.0
+    while True:
+        meta = await call(addr, MetadataRequest(topics=[]))
+        if isinstance(meta, MetadataResponse) and len(meta.nodes) == n:
+            return
+        assert loop.time() < deadline, f"not within 30 s: {n} nodes registered"
+        await asyncio.sleep(0.1)
