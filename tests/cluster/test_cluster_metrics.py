@@ -296,8 +296,11 @@ def test_a_move_shows_in_the_routes_and_metrics_and_is_cancelled_over_http(
             assert (move["target"], move["original"]) == ([old.id, new.id], [old.id])
             assert (move["adding"], move["removing"]) == ([new.id], [])
             assert move["records_left"] == 10  # the leader's whole log
+            whole = old.broker.logs.logs["m", 0].size_bytes
+            assert move["bytes_left"] == whole
             assert old.metric("tidewire_cluster_reassigning_partitions") == 1
             assert old.metric("tidewire_cluster_reassignment_records_left") == 10
+            assert old.metric("tidewire_cluster_reassignment_bytes_left") == whole
             assert (await old.get("/v1/cluster"))["partitions"]["reassigning"] == 1
             other = (await new.get("/v1/cluster/reassignments"))["moves"]
             assert other[0]["records_left"] is None  # known where it is led only

@@ -209,6 +209,7 @@ _MOVES = {
             "adding": [2],
             "removing": [],
             "records_left": 1234,
+            "bytes_left": 2048,
         }
     ],
 }
@@ -233,7 +234,7 @@ def test_the_cluster_page_shows_the_moves_in_progress(page: Page) -> None:
     expect(row).to_have_count(1)
     expect(row).to_have_attribute("data-target", "1, 2")
     expect(row).to_have_attribute("data-adding", "2")
-    expect(row).to_contain_text("1,234")
+    expect(row).to_contain_text("1,234 records, 2.0 KiB")
     # The move done: the table says none.
     answers["/v1/cluster/reassignments"] = {"node_id": 1, "moves": []}
     expect(p.locator("#cluster-moves-table")).to_contain_text(

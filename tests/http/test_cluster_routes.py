@@ -67,7 +67,9 @@ def test_in_the_openapi_spec(tmp_path: Path) -> None:
             "/ClusterMovesDoc"
         )
         move = schemas["ClusterMoveDoc"]["properties"]
-        assert {"target", "original", "adding", "removing", "records_left"} <= set(move)
+        assert {"target", "original", "adding", "removing", "records_left", "bytes_left"} <= set(
+            move
+        )
 
 
 def test_needs_describe_on_the_cluster(tmp_path: Path) -> None:

@@ -206,7 +206,8 @@ class PartitionRow:
     ``original``: the move under way (empty: none), its target replicas and those the
     partition had when it started (empty: not known). ``records_left`` (where this node
     leads a partition being moved): records the replicas being added still lack of its log
-    end (-1 elsewhere).
+    end, and ``bytes_left`` their bytes (estimated from the offset index, at most one index
+    interval over; -1 elsewhere).
     """
 
     topic: str
@@ -223,6 +224,7 @@ class PartitionRow:
     target: tuple[int, ...] = ()
     original: tuple[int, ...] = ()
     records_left: int = -1
+    bytes_left: int = -1
 
     @property
     def moving(self) -> bool:
@@ -297,7 +299,7 @@ def partition_rows(node: ClusterNode) -> list[PartitionRow]:
             continue  # its topic entry is not loaded (yet, or any more)
         key = (topic, p)
         plog = broker.logs.logs.get(key)
-        hw = end = lag = left = -1
+        hw = end = lag = left = left_bytes = -1
         follower_lag: dict[int, int] = {}
         target = cache.reassignments.get(key, ())
         original = cache.reassignment_origins.get(key, ()) if target else ()
@@ -314,6 +316,12 @@ def partition_rows(node: ClusterNode) -> list[PartitionRow]:
                     whole = max(leader.log_end - plog.log_start_offset, 0)
                     new = _adding(target, original, state.isr)
                     left = sum(follower_lag.get(r, whole) for r in new)
+                    left_bytes = sum(
+                        plog.bytes_after(f.log_end)
+                        if (f := leader.followers.get(r)) is not None
+                        else plog.size_bytes
+                        for r in new
+                    )
             elif followed.get(key, -1) >= 0:  # not known before the leader's first answer
                 hw = min(followed[key], end)
                 lag = max(followed[key] - end, 0)
@@ -333,6 +341,7 @@ def partition_rows(node: ClusterNode) -> list[PartitionRow]:
                 target,
                 original,
                 left,
+                left_bytes,
             )
         )
     return rows
@@ -435,6 +444,12 @@ def cluster_families(broker: Broker, cap: int) -> Iterator[Metric]:
         "Records the replicas being added by the moves of partitions this node leads still "
         "lack of the leader's log end.",
         sum(r.records_left for r in rows if r.records_left > 0),
+    )
+    yield _gauge(
+        "tidewire_cluster_reassignment_bytes_left",
+        "Bytes the replicas being added by those moves still lack (estimated from the offset "
+        "index: at most one index interval over).",
+        sum(r.bytes_left for r in rows if r.bytes_left > 0),
     )
     if s.is_controller:  # as Kafka's OfflinePartitionsCount: the controller's figure
         yield _gauge(

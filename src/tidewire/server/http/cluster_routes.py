@@ -151,6 +151,10 @@ class ClusterMoveDoc(BaseModel):
         description="Where the answering node leads the partition: records the replicas being "
         "added still lack of its log end (null elsewhere: ask the leader's node)."
     )
+    bytes_left: int | None = Field(
+        description="The same in bytes (estimated from the offset index: at most one index "
+        "interval over; null where records_left is)."
+    )
 
 
 class ClusterMovesDoc(BaseModel):
@@ -267,6 +271,7 @@ def _move_doc(r: PartitionRow) -> dict[str, object]:
         "adding": list(r.adding),
         "removing": list(r.removing),
         "records_left": r.records_left if r.records_left >= 0 else None,
+        "bytes_left": r.bytes_left if r.bytes_left >= 0 else None,
     }
 
 

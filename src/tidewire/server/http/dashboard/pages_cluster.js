@@ -9,7 +9,7 @@
 // the broker is a node of a cluster (GET /v1/cluster answers).
 
 import { get } from "./api.js";
-import { fmtNum, h, note, put, table } from "./ui.js";
+import { fmtBytes, fmtNum, h, note, put, table } from "./ui.js";
 import { refusal } from "./pages_topics.js";
 
 const REFRESH_MS = 3000;
@@ -71,9 +71,9 @@ function movesTable(moves) {
     { title: "Target", cell: (m) => ids(m.target) },
     { title: "Adding", cell: (m) => ids(m.adding) || "–" },
     { title: "Removing", cell: (m) => ids(m.removing) || "–" },
-    { title: "Records left", num: 1,
+    { title: "Left to copy", num: 1,
       cell: (m) => (m.records_left === null ? "known on its leader's node"
-        : fmtNum(m.records_left)) },
+        : `${fmtNum(m.records_left)} records, ${fmtBytes(m.bytes_left)}`) },
   ], moves, {
     empty: "none: no partition is being moved",
     attrs: { id: "cluster-moves-table" },
