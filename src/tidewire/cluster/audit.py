@@ -205,9 +205,9 @@ class ClusterAudit:
         return out
 
     async def query(self, query: AuditQuery, limit: int) -> list[AuditEvent]:
-        """Every node's audit log: read here where this node holds a replica, asked of a
-        node holding one otherwise (its leader first). An audit log none of whose replicas
-        is alive is left out (logged).
+        """Every node's audit log: read here where this node holds an in-sync replica,
+        asked of a node holding one otherwise (its leader first, then the ISR). An audit
+        log none of whose replicas is alive is left out (logged).
 
         Raises:
             TidewireError: a node asked did not answer, or refused.
@@ -224,12 +224,14 @@ class ClusterAudit:
             if owner is None or got is None:
                 continue
             state = got[0]
-            if node.node_id in state.replicas and (name, 0) in node.broker.logs.logs:
+            # A copy out of the ISR may lack events (a replica still catching up): read here
+            # only an in-sync one.
+            if node.node_id in state.isr and (name, 0) in node.broker.logs.logs:
                 local.append(owner)
                 continue
             holders = [
                 r
-                for r in (state.leader, *state.replicas)
+                for r in (state.leader, *state.isr, *state.replicas)
                 if r in node.cache.nodes and r != node.node_id
             ]
             if not holders:
