@@ -5,7 +5,13 @@ real etcd of the ``etcd`` fixture: the figures are read as ``/metrics`` exports 
 
 A follower stopped makes its partitions under-replicated on their leaders, a topic of one
 replica on it offline on the controller; back, it catches up and the leaders take it into
-their ISR again. Every wait is bounded; nothing asserts on how long something took.
+their ISR again. A move held in its first step shows in ``/v1/cluster/reassignments`` and
+the move metrics, and is cancelled over HTTP. Every wait is bounded; nothing asserts on how
+long something took.
+
+The nodes' audit events stay in their own ``__audit`` here: the cluster's audit topics
+(``__audit.<node id>``, made by the first audited request; tests/cluster/test_audit.py)
+would add partitions to every figure counted.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import InProcessNode, in_process_cluster, until
 from tidewire.client import AsyncClient, Message
 from tidewire.cluster.etcd import EtcdClient, EtcdError
+from tidewire.cluster.fetcher import default_connect
 from tidewire.cluster.metadata import NO_LEADER, PartitionState
 from tidewire.cluster.metrics import ETCD_BUCKETS, ClusterStats, EtcdStats
 from tidewire.observability.metrics import metrics_for
@@ -33,20 +40,28 @@ from tidewire.server.http.config import HttpConfig
 class Node(InProcessNode):
     """An in-process node that reads its own metrics and status routes."""
 
-    def __init__(self, tmp: Path, etcd: EtcdServer, node_id: int) -> None:
-        super().__init__(tmp, etcd, node_id, cluster_id="metrics")
+    def __init__(self, tmp: Path, etcd: EtcdServer, node_id: int, session_s: int = 3) -> None:
+        super().__init__(tmp, etcd, node_id, cluster_id="metrics", session_s=session_s)
+
+    async def start(self) -> None:
+        await super().start()
+        if self.broker.audit is not None:
+            self.broker.audit.replicate(None)
 
     def metric(self, name: str, **labels: str) -> float | None:
         """A sample of this node's ``/metrics`` (None: not exported)."""
         return metrics_for(self.broker).registry.get_sample_value(name, labels)
 
     async def get(self, route: str) -> Any:
+        r = await self.request("GET", route)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    async def request(self, method: str, route: str, body: object = None) -> httpx.Response:
         app = create_app(self.broker, HttpConfig())
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
-            r = await c.get(route)
-        assert r.status_code == 200, r.text
-        return r.json()
+            return await c.request(method, route, json=body)
 
 
 def cluster(tmp: Path, etcd: EtcdServer) -> AbstractAsyncContextManager[list[Node]]:
@@ -127,6 +142,7 @@ def test_metrics_and_status_follow_a_follower_that_goes_and_comes_back(
                 ),
                 "led_here_under_replicated": 0,
                 "led_here_under_min_isr": 0,
+                "reassigning": 0,
             }
             rows = (await one.get("/v1/cluster/partitions?topic=t"))["partitions"]
             assert [(r["partition"], sorted(r["isr"]), r["state"]) for r in rows] == [
@@ -231,5 +247,82 @@ def test_an_etcd_that_does_not_answer_counts_as_errors() -> None:
                     await client.get("k")
             assert client.stats.requests == {"range": 2}
             assert client.stats.errors == {"range": 2}
+
+    asyncio.run(main())
+
+
+def test_a_move_shows_in_the_routes_and_metrics_and_is_cancelled_over_http(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    async def main() -> None:
+        # A longer session: a lease that expires on a loaded machine is not what is tested.
+        async with in_process_cluster(lambda i: Node(tmp_path, etcd, i, session_s=10)) as nodes:
+            async with AsyncClient(",".join(n.addr for n in nodes)) as client:
+                await client.create_topic("m", partitions=1, replication_factor=1)
+                await client.produce("m", 0, [Message(b"x") for _ in range(10)])
+            (old,) = [n for n in nodes if n.id == leader_of(nodes[0], "m", 0)]
+            new = next(n for n in nodes if n is not old)
+            # The new replica cannot reach the leader: the move stays in its first step.
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                dead = s.getsockname()[1]
+            assert new.broker.replication is not None
+            new.broker.replication.connect = lambda host, port: default_connect(  # type: ignore[attr-defined]
+                "127.0.0.1", dead
+            )
+            bad = await old.request(
+                "POST", "/v1/cluster/reassignments/m", {"replicas": {"0": [99]}}
+            )
+            assert bad.status_code == 400, bad.text
+            assert "not live nodes" in bad.json()["error"]["message"]
+            r = await old.request(
+                "POST", "/v1/cluster/reassignments/m", {"replicas": {"0": [old.id, new.id]}}
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["in_progress"] == 1
+
+            async def shown() -> dict[str, Any] | None:
+                moves = (await old.get("/v1/cluster/reassignments"))["moves"]
+                return moves[0] if moves and len(moves[0]["replicas"]) == 2 else None
+
+            move = None
+            for _ in range(600):  # bounded: 30 s at most
+                move = await shown()
+                if move is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert move is not None, "the move's first step"
+            assert (move["topic"], move["partition"]) == ("m", 0)
+            assert (move["target"], move["original"]) == ([old.id, new.id], [old.id])
+            assert (move["adding"], move["removing"]) == ([new.id], [])
+            assert move["records_left"] == 10  # the leader's whole log
+            whole = old.broker.logs.logs["m", 0].size_bytes
+            assert move["bytes_left"] == whole
+            assert old.metric("tidewire_cluster_reassigning_partitions") == 1
+            assert old.metric("tidewire_cluster_reassignment_records_left") == 10
+            assert old.metric("tidewire_cluster_reassignment_bytes_left") == whole
+            assert (await old.get("/v1/cluster"))["partitions"]["reassigning"] == 1
+            other = (await new.get("/v1/cluster/reassignments"))["moves"]
+            assert other[0]["records_left"] is None  # known where it is led only
+            status = await new.get("/v1/cluster/reassignments/m")
+            assert status["partitions"][0]["original"] == [old.id]
+            # Cancelled: back on the leader alone; the new replica's log goes.
+            r = await new.request("DELETE", "/v1/cluster/reassignments/m?partition=0")
+            assert r.status_code == 200, r.text
+            doc = r.json()
+            assert doc["in_progress"] == 0
+            assert doc["partitions"][0]["replicas"] == [old.id]
+            await until(lambda: ("m", 0) not in new.broker.logs.logs, "the added log deleted")
+            assert old.metric("tidewire_cluster_reassigning_partitions") == 0
+            # Nothing to cancel: every move (none) is fine, a partition named is refused.
+            again = await new.request("DELETE", "/v1/cluster/reassignments/m")
+            assert again.status_code == 200, again.text
+            again = await new.request("DELETE", "/v1/cluster/reassignments/m?partition=0")
+            assert again.status_code == 400, again.text
+            assert "not being moved" in again.json()["error"]["message"]
+            # Every record is still there, on the leader.
+            async with AsyncClient(",".join(n.addr for n in nodes)) as client:
+                got = await client.fetch("m", 0, 0)
+            assert len(got.records) == 10
 
     asyncio.run(main())

@@ -178,7 +178,10 @@ def test_topics_are_created_through_etcd_and_every_replica_gets_its_log(
             assert again.error_code == TopicExistsError.code  # type: ignore[attr-defined]
             for m in members:
                 assert m.node is not None
-                await m.node.wait_reconciled(lambda m=m: len(m.replicas.roles) == 3, WAIT_S)
+                await m.node.wait_reconciled(  # (and the nodes' audit logs: __audit.N)
+                    lambda m=m: len([k for k in m.replicas.roles if k[0] == "orders"]) == 3,
+                    WAIT_S,
+                )
                 assert sorted(user_logs(m)) == [("orders", p) for p in range(3)]
             # Each partition: one leader (the first replica), followers pointed at it.
             meta = await call(a.addr, MetadataRequest())
@@ -242,7 +245,7 @@ def test_topics_are_created_through_etcd_and_every_replica_gets_its_log(
                 await m.node.wait_reconciled(
                     lambda m=m: not m.broker.logs.partition_count("orders"), WAIT_S
                 )
-                assert not m.replicas.roles
+                assert not [k for k in m.replicas.roles if k[0] == "orders"]
             gone = await call(a.addr, DeleteTopicRequest(name="orders"))
             assert gone.error_code == UnknownTopicError.code  # type: ignore[attr-defined]
 

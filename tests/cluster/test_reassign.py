@@ -26,7 +26,7 @@ from tests.cluster.test_node import cluster as recorded_cluster
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.client import AsyncClient, AsyncConsumer, AsyncProducer
 from tidewire.cluster.metadata import NO_LEADER, PartitionState
-from tidewire.cluster.reassign import plan_replication, step
+from tidewire.cluster.reassign import plan_replication, revert, step
 from tidewire.errors import InvalidConfigError, InvalidRequestError
 from tidewire.protocol.messages import (
     AlterReplicationRequest,
@@ -410,3 +410,111 @@ def test_the_cli_reassigns_shows_the_status_and_alters(tmp_path: Path, etcd: Etc
             assert desc.replication_factor == 2
 
     asyncio.run(main())
+
+
+def test_a_move_under_way_is_cancelled_back_to_its_original_replicas(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """KIP-455's cancel: with replica managers that only record their roles, a move stays in
+    its first step (replica set grown); cancelling it (the protocol, then the CLI) puts the
+    partition back on its original replicas, the ones being added stop, and no move is
+    left. A partition that is not being moved is refused."""
+
+    async def main() -> None:
+        async with recorded_cluster(tmp_path, etcd, 3) as members:
+            a = members[0]
+            assert a.node is not None
+            addr = ",".join(m.addr for m in members)
+            reply = await call(
+                a.addr, CreateTopicRequest(name=TOPIC, partitions=2, replication_factor=1)
+            )
+            assert reply.error_code == 0, reply  # type: ignore[attr-defined]
+            olds = {}
+            for p in range(2):
+                got = a.node.cache.partition(TOPIC, p)
+                assert got is not None
+                olds[p] = got[0].replicas
+            for p in range(2):
+                new = [m.id for m in members if m.id not in olds[p]]
+                body = await call(
+                    a.addr,
+                    AlterReplicationRequest(
+                        topic=TOPIC, assignments=[PartitionReplicas(partition=p, replicas=new)]
+                    ),
+                )
+                assert body.error_code == 0, body  # type: ignore[attr-defined]
+
+            def grown(p: int) -> bool:
+                assert a.node is not None
+                got = a.node.cache.partition(TOPIC, p)
+                return got is not None and len(got[0].replicas) == 3
+
+            await until(lambda: grown(0) and grown(1), "both moves in their first step")
+            status = await call(a.addr, AlterReplicationRequest(topic=TOPIC))
+            assert [list(p.original) for p in status.partitions] == [  # type: ignore[attr-defined]
+                list(olds[0]),
+                list(olds[1]),
+            ]
+            # Cancel partition 0 through the protocol: back to its one replica.
+            body = await call(
+                a.addr, AlterReplicationRequest(topic=TOPIC, cancel=True, partitions=[0])
+            )
+            assert isinstance(body, AlterReplicationResponse), body
+            assert body.error_code == 0, body
+            p0, p1 = body.partitions
+            assert (tuple(p0.replicas), p0.target, tuple(p0.isr)) == (olds[0], [], olds[0])
+            assert p0.leader == olds[0][0]
+            assert p1.target  # still moving
+            # Again: nothing to cancel there.
+            again = await call(
+                a.addr, AlterReplicationRequest(topic=TOPIC, cancel=True, partitions=[0])
+            )
+            assert again.error_code == InvalidRequestError.code, again  # type: ignore[attr-defined]
+            assert "not being moved" in again.error_message  # type: ignore[attr-defined]
+            # A cancel with a move at once is refused.
+            both = await call(
+                a.addr,
+                AlterReplicationRequest(
+                    topic=TOPIC,
+                    cancel=True,
+                    assignments=[PartitionReplicas(partition=0, replicas=[1])],
+                ),
+            )
+            assert both.error_code == InvalidRequestError.code, both  # type: ignore[attr-defined]
+            # The CLI cancels the rest.
+            r = await asyncio.to_thread(
+                run_cli, ["topic", "reassign", TOPIC, "--cancel", "--json", "--addr", addr]
+            )
+            assert r.exit_code == 0, r.output
+            doc = json.loads(r.stdout)
+            assert doc["in_progress"] == 0
+            assert [tuple(p["replicas"]) for p in doc["partitions"]] == [olds[0], olds[1]]
+            # Every node sees it; the replicas that were being added stopped.
+            for m in members:
+                assert m.node is not None
+                await m.node.wait_reconciled(
+                    lambda m=m: (
+                        all(((TOPIC, p) in m.replicas.roles) == (m.id in olds[p]) for p in range(2))
+                        and not any(k[0] == TOPIC for k in m.node.cache.reassignments)
+                    ),  # type: ignore[union-attr]
+                    WAIT_S,
+                )
+
+    asyncio.run(main())
+
+
+def test_revert_goes_back_to_the_original_replicas_keeping_what_is_in_sync() -> None:
+    moving = PartitionState((3, 1, 2), 1, 4, (1, 3))  # 1,2 -> 3,1 grown: 3 in sync already
+    assert revert(moving, (1, 2)) == PartitionState((1, 2), 1, 4, (1,))
+    # The leader was one of the new replicas (a failover during the move): the first
+    # in-sync original replica leads, at the next epoch.
+    led_by_new = PartitionState((3, 1, 2), 3, 5, (3, 2))
+    assert revert(led_by_new, (1, 2)) == PartitionState((1, 2), 2, 6, (2,))
+    # None of the originals in sync: going back would lose records.
+    assert revert(PartitionState((3, 1), 3, 5, (3,)), (1,)) is None
+    # Not known (an entry written before cancels): the replicas as they are.
+    assert revert(moving, ()) == PartitionState((3, 1, 2), 1, 4, (3, 1))
+    # Offline: stays offline, on the original replicas.
+    assert revert(PartitionState((3, 1), NO_LEADER, 2, (1,)), (1,)) == PartitionState(
+        (1,), NO_LEADER, 2, (1,)
+    )

@@ -124,6 +124,22 @@ SAMPLES: dict[tuple[str, str, str], tuple[str, dict[str, str], Any]] = {
     ("native", "GET", "/v1/streams/{stream}"): (f"/v1/streams/{S}", {}, None),
     ("native", "GET", "/v1/cluster"): ("/v1/cluster", {}, None),
     ("native", "GET", "/v1/cluster/partitions"): ("/v1/cluster/partitions", {}, None),
+    ("native", "GET", "/v1/cluster/reassignments"): ("/v1/cluster/reassignments", {}, None),
+    ("native", "GET", "/v1/cluster/reassignments/{topic}"): (
+        f"/v1/cluster/reassignments/{T}",
+        {},
+        None,
+    ),
+    ("native", "POST", "/v1/cluster/reassignments/{topic}"): (
+        f"/v1/cluster/reassignments/{T}",
+        {},
+        {"replication_factor": 2},
+    ),
+    ("native", "DELETE", "/v1/cluster/reassignments/{topic}"): (
+        f"/v1/cluster/reassignments/{T}",
+        {},
+        None,
+    ),
     ("native", "GET", "/v1/groups"): ("/v1/groups", {}, None),
     ("native", "GET", "/v1/groups/{group}"): (f"/v1/groups/{G}", {}, None),
     ("native", "POST", "/v1/groups/{group}/commit"): (

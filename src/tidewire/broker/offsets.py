@@ -135,10 +135,12 @@ INTERNAL_TOPICS = frozenset(
 
 def is_internal_topic(name: str) -> bool:
     """Whether ``name`` is a topic the broker keeps for itself: one of
-    :data:`INTERNAL_TOPICS`, or a queue's log (a name beginning :data:`QUEUE_TOPIC_PREFIX`).
+    :data:`INTERNAL_TOPICS`, a queue's log (a name beginning :data:`QUEUE_TOPIC_PREFIX`), or a
+    cluster node's audit log (``__audit.<node id>``).
     Clients may not create, alter, delete or publish to any of them, nor see them in
     listings; they may read them, except ``__security`` and ``__audit``."""
-    return name in INTERNAL_TOPICS or name.startswith(QUEUE_TOPIC_PREFIX)
+    # "__audit.": a cluster node's audit log (tidewire.security._logs.AUDIT_TOPIC_PREFIX).
+    return name in INTERNAL_TOPICS or name.startswith((QUEUE_TOPIC_PREFIX, "__audit."))
 
 
 class OffsetKey(msgspec.Struct, array_like=True, frozen=True):

@@ -105,11 +105,16 @@ def audit(
         return
     table = Table()
     table.add_column("time (UTC)", no_wrap=True, min_width=19)
+    clustered = any(e.node_id is not None for e in events)  # which node recorded it
+    if clustered:
+        table.add_column("node", no_wrap=True)
     for name in ("principal", "source", "action", "resource", "outcome", "reason"):
         table.add_column(name, overflow="fold")  # wrapped, never cut: an audit hides nothing
     for e in events:
+        node = () if not clustered else (str(e.node_id) if e.node_id is not None else "-",)
         cells = (
             format_time(e.time_ms)[:19].replace("T", " "),
+            *node,
             e.principal if e.principal is not None else "-",
             f"{e.source or '-'} ({e.interface})",
             e.action,
@@ -123,5 +128,7 @@ def audit(
 
 def _doc(e: AuditEventBody) -> dict[str, object]:
     doc = msgspec.structs.asdict(e)
+    if doc["node_id"] is None:  # a single node's
+        del doc["node_id"]
     doc["time"] = format_time(e.time_ms)
     return doc

@@ -313,6 +313,15 @@ def reassign(
     status: Annotated[
         bool, typer.Option("--status", help="Only show the moves under way.", show_default=False)
     ] = False,
+    cancel: Annotated[
+        bool,
+        typer.Option(
+            "--cancel",
+            help="Cancel the moves under way (of each --partition given, else all): each "
+            "partition goes back to the replicas it had before, the new ones removed.",
+            show_default=False,
+        ),
+    ] = False,
     wait: Annotated[
         bool,
         typer.Option("--wait", help="Return once every move has ended.", show_default=False),
@@ -324,21 +333,28 @@ def reassign(
     """Move a cluster topic's partitions to other nodes (docs/cluster.md, "Reassigning
     partitions"): new replicas copy the log and join the ISR, then the leader moves if it
     is not among them and the replicas left delete their logs. Nothing acknowledged is lost.
+    --cancel stops moves under way and goes back to the replicas each partition had.
     """
     parts, sets = partition or [], replicas or []
+    if cancel:
+        if sets or replication_factor is not None or status:
+            fail("--cancel takes only --partition (which moves to cancel; none: all)", EXIT_USAGE)
+        sets = [""] * len(parts)
     if len(parts) != len(sets):
         fail("give one --replicas for each --partition", EXIT_USAGE)
     if status and (parts or replication_factor is not None):
         fail("--status changes nothing: leave out --partition and --replication-factor", EXIT_USAGE)
-    if not status and not parts and replication_factor is None:
+    if not status and not cancel and not parts and replication_factor is None:
         fail("give --partition P --replicas IDS, --replication-factor N or --status", EXIT_USAGE)
     if parts and replication_factor is not None:
         fail("give either --partition/--replicas or --replication-factor", EXIT_USAGE)
-    targets = {p: _node_ids(r) for p, r in zip(parts, sets, strict=True)}
-    if len(targets) != len(parts):
+    if len(set(parts)) != len(parts):
         fail("a partition is named twice", EXIT_USAGE)
+    targets = {} if cancel else {p: _node_ids(r) for p, r in zip(parts, sets, strict=True)}
 
     async def body(client: AsyncClient) -> list[PartitionReplication]:
+        if cancel:
+            return await client.alter_replication(name, cancel=True, partitions=parts)
         moves = await client.alter_replication(
             name, replicas=targets or None, replication_factor=replication_factor
         )

@@ -330,12 +330,16 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
         replication_factor: int | None = None,
         min_insync_replicas: int | None = None,
         unclean_leader_election: bool | None = None,
+        cancel: bool = False,
+        partitions: Sequence[int] = (),
     ) -> list[PartitionReplication]:
         """Change the replication of a cluster's topic (docs/cluster.md, "Reassigning
         partitions"): move partitions to the replica sets ``replicas`` (partition -> node
         ids, the first its preferred leader) or to ``replication_factor`` replicas each,
-        and/or set its ``min_insync_replicas`` or ``unclean_leader_election``. Returns each
-        partition, with the target of a move under way; with nothing to change, only that.
+        and/or set its ``min_insync_replicas`` or ``unclean_leader_election``; or
+        ``cancel`` the moves under way of ``partitions`` (empty: all; each goes back to the
+        replicas it had before). Returns each partition, with the target of a move under
+        way; with nothing to change, only that.
 
         Raises:
             UnknownTopicError, InvalidRequestError (a single node, unknown nodes, a move under
@@ -350,6 +354,8 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
             replication_factor=replication_factor,
             min_insync_replicas=min_insync_replicas,
             unclean_leader_election=unclean_leader_election,
+            cancel=cancel,
+            partitions=list(partitions),
         )
         body = (await self._call(req)).body
         _raise(body.error_code, body.error_message)
@@ -789,6 +795,8 @@ class Client(BlockingTwin[AsyncClient], SecurityAdmin, QueueAdmin):
         replication_factor: int | None = None,
         min_insync_replicas: int | None = None,
         unclean_leader_election: bool | None = None,
+        cancel: bool = False,
+        partitions: Sequence[int] = (),
     ) -> list[PartitionReplication]:
         return self._run(
             self._async.alter_replication(
@@ -797,6 +805,8 @@ class Client(BlockingTwin[AsyncClient], SecurityAdmin, QueueAdmin):
                 replication_factor=replication_factor,
                 min_insync_replicas=min_insync_replicas,
                 unclean_leader_election=unclean_leader_election,
+                cancel=cancel,
+                partitions=partitions,
             )
         )
 

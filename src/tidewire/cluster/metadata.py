@@ -91,9 +91,11 @@ class PartitionState(msgspec.Struct, frozen=True):
 
 class Reassignment(msgspec.Struct, frozen=True):
     """A partition being moved: the replica set it is to end with (its first is the
-    preferred leader)."""
+    preferred leader), and the one it had when the move started (what a cancel reverts to;
+    empty in entries written before cancels existed)."""
 
     target: tuple[int, ...]
+    original: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -204,17 +206,23 @@ class MetadataStore:
         return (await self.etcd.txn(compares, [Op.put(key, _enc.encode(state))])).succeeded
 
     async def start_reassignments(
-        self, topic: str, topic_version: int, targets: Mapping[int, Sequence[int]]
+        self,
+        topic: str,
+        topic_version: int,
+        targets: Mapping[int, Sequence[int]],
+        originals: Mapping[int, Sequence[int]] | None = None,
     ) -> int | None:
-        """Write the target replica sets of partitions of ``topic`` if the topic is still at
-        ``topic_version`` and none of these partitions is being moved already. Returns the
-        revision written at, None when refused."""
+        """Write the target replica sets of partitions of ``topic`` (with their replica
+        sets now, ``originals``, for a cancel) if the topic is still at ``topic_version``
+        and none of these partitions is being moved already. Returns the revision written
+        at, None when refused."""
         compares = [Compare.mod_revision(self.topic_key(topic), "=", topic_version)]
         ops = []
         for p, target in sorted(targets.items()):
             rkey = self.reassign_key(topic, p)
             compares.append(Compare.create_revision(rkey, "=", 0))
-            ops.append(Op.put(rkey, _enc.encode(Reassignment(tuple(target)))))
+            original = tuple((originals or {}).get(p, ()))
+            ops.append(Op.put(rkey, _enc.encode(Reassignment(tuple(target), original))))
         r = await self.etcd.txn(compares, ops)
         return r.revision if r.succeeded else None
 
@@ -311,6 +319,8 @@ class MetadataCache:
         self._partitions: dict[tuple[str, int], tuple[PartitionState, int]] = {}
         #: (topic, partition) -> the target replicas of a move under way
         self.reassignments: dict[tuple[str, int], tuple[int, ...]] = {}
+        #: (topic, partition) -> the replicas it had when that move started (() unknown)
+        self.reassignment_origins: dict[tuple[str, int], tuple[int, ...]] = {}
         #: the controller election's candidates: key -> (create revision, node id)
         self._candidates: dict[str, tuple[int, int]] = {}
         #: producer id -> the largest epoch a node recorded (``producer-epochs/``)
@@ -341,6 +351,7 @@ class MetadataCache:
         self.topic_versions.clear()
         self._partitions.clear()
         self.reassignments.clear()
+        self.reassignment_origins.clear()
         self._candidates.clear()
         for kv in kvs:
             self._apply(kv, deleted=False)
@@ -412,9 +423,11 @@ class MetadataCache:
             topic, _, p = rest.rpartition("/")
             if deleted:
                 self.reassignments.pop((topic, int(p)), None)
+                self.reassignment_origins.pop((topic, int(p)), None)
             else:
                 r = msgspec.json.decode(kv.value, type=Reassignment)
                 self.reassignments[(topic, int(p))] = r.target
+                self.reassignment_origins[(topic, int(p))] = r.original
             if self.on_change is not None:
                 self.on_change("reassignment", rest, None if deleted else r)
             return

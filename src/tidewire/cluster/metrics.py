@@ -202,7 +202,12 @@ class PartitionRow:
     ``follower_lag`` (where this node leads): records each other replica lacks of the
     leader's log end, as of its last fetch. ``lag`` (where this node follows): records its
     replica lacks of the high watermark its leader last gave it (-1: not following, or no
-    answer from the leader yet; the fetch error counters tell why).
+    answer from the leader yet; the fetch error counters tell why). ``target`` and
+    ``original``: the move under way (empty: none), its target replicas and those the
+    partition had when it started (empty: not known). ``records_left`` (where this node
+    leads a partition being moved): records the replicas being added still lack of its log
+    end, and ``bytes_left`` their bytes (estimated from the offset index, at most one index
+    interval over; -1 elsewhere).
     """
 
     topic: str
@@ -216,6 +221,26 @@ class PartitionRow:
     log_end_offset: int = -1
     follower_lag: dict[int, int] = field(default_factory=dict)
     lag: int = -1
+    target: tuple[int, ...] = ()
+    original: tuple[int, ...] = ()
+    records_left: int = -1
+    bytes_left: int = -1
+
+    @property
+    def moving(self) -> bool:
+        """Whether a move of the partition is under way."""
+        return bool(self.target)
+
+    @property
+    def adding(self) -> tuple[int, ...]:
+        """The replicas the move under way adds (``original`` not known: those of the
+        target not in sync yet)."""
+        return _adding(self.target, self.original, self.isr)
+
+    @property
+    def removing(self) -> tuple[int, ...]:
+        """The replicas the move under way removes."""
+        return tuple(r for r in (self.original or self.replicas) if r not in self.target)
 
     @property
     def offline(self) -> bool:
@@ -228,6 +253,14 @@ class PartitionRow:
     @property
     def under_min_isr(self) -> bool:
         return not self.offline and len(self.isr) < self.min_insync
+
+
+def _adding(
+    target: tuple[int, ...], original: tuple[int, ...], isr: tuple[int, ...]
+) -> tuple[int, ...]:
+    if not target:
+        return ()
+    return tuple(r for r in target if r not in (original or isr))
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +281,8 @@ class ClusterSummary:
     led_here: int
     led_under_replicated: int
     led_under_min_isr: int
+    reassigning: int = 0
+    led_reassigning: int = 0
 
 
 def partition_rows(node: ClusterNode) -> list[PartitionRow]:
@@ -264,8 +299,10 @@ def partition_rows(node: ClusterNode) -> list[PartitionRow]:
             continue  # its topic entry is not loaded (yet, or any more)
         key = (topic, p)
         plog = broker.logs.logs.get(key)
-        hw = end = lag = -1
+        hw = end = lag = left = left_bytes = -1
         follower_lag: dict[int, int] = {}
+        target = cache.reassignments.get(key, ())
+        original = cache.reassignment_origins.get(key, ()) if target else ()
         if plog is not None:
             end = plog.log_end_offset
             leader = led.get(key)
@@ -275,6 +312,16 @@ def partition_rows(node: ClusterNode) -> list[PartitionRow]:
                     r: max(leader.log_end - f.log_end, 0)
                     for r, f in sorted(leader.followers.items())
                 }
+                if target:  # a replica not heard of yet lacks the whole log
+                    whole = max(leader.log_end - plog.log_start_offset, 0)
+                    new = _adding(target, original, state.isr)
+                    left = sum(follower_lag.get(r, whole) for r in new)
+                    left_bytes = sum(
+                        plog.bytes_after(f.log_end)
+                        if (f := leader.followers.get(r)) is not None
+                        else plog.size_bytes
+                        for r in new
+                    )
             elif followed.get(key, -1) >= 0:  # not known before the leader's first answer
                 hw = min(followed[key], end)
                 lag = max(followed[key] - end, 0)
@@ -291,6 +338,10 @@ def partition_rows(node: ClusterNode) -> list[PartitionRow]:
                 end,
                 follower_lag,
                 lag,
+                target,
+                original,
+                left,
+                left_bytes,
             )
         )
     return rows
@@ -335,6 +386,8 @@ def cluster_summary(node: ClusterNode, rows: list[PartitionRow] | None = None) -
         led_here=len(mine),
         led_under_replicated=sum(r.under_replicated for r in mine),
         led_under_min_isr=sum(r.under_min_isr for r in mine),
+        reassigning=sum(r.moving for r in rows),
+        led_reassigning=sum(r.moving for r in mine),
     )
 
 
@@ -380,6 +433,23 @@ def cluster_families(broker: Broker, cap: int) -> Iterator[Metric]:
         "Partitions this node leads with fewer in-sync replicas than min_insync_replicas "
         "(acks=all produce is refused there).",
         s.led_under_min_isr,
+    )
+    yield _gauge(
+        "tidewire_cluster_reassigning_partitions",
+        "Partitions this node leads with a move (reassignment) under way.",
+        s.led_reassigning,
+    )
+    yield _gauge(
+        "tidewire_cluster_reassignment_records_left",
+        "Records the replicas being added by the moves of partitions this node leads still "
+        "lack of the leader's log end.",
+        sum(r.records_left for r in rows if r.records_left > 0),
+    )
+    yield _gauge(
+        "tidewire_cluster_reassignment_bytes_left",
+        "Bytes the replicas being added by those moves still lack (estimated from the offset "
+        "index: at most one index interval over).",
+        sum(r.bytes_left for r in rows if r.bytes_left > 0),
     )
     if s.is_controller:  # as Kafka's OfflinePartitionsCount: the controller's figure
         yield _gauge(

@@ -50,6 +50,7 @@ from tidewire.broker.offsets import (
     is_internal_topic,
 )
 from tidewire.cluster import attach_node, detach_node, reassign
+from tidewire.cluster.audit import ClusterAudit
 from tidewire.cluster.controller import Controller, assign
 from tidewire.cluster.etcd import EtcdClient, EtcdError, Lease
 from tidewire.cluster.fetcher import Connect, FollowedPartition, default_connect
@@ -72,6 +73,7 @@ from tidewire.cluster.queues import (
 from tidewire.cluster.queues import include_new_nodes as include_queue_definitions
 from tidewire.cluster.security import (
     ClusterSecurity,
+    DeadReplicas,
     check_security_incarnation,
     include_new_nodes,
 )
@@ -331,6 +333,11 @@ class ClusterNode:
         self.stream_owners = ClusterStreams(self)
         #: The queues' side of the node (cluster/queues.py), from start.
         self.queues: ClusterQueues | None = None
+        #: This node's audit log in the cluster: ``__audit.<node id>`` (cluster/audit.py).
+        self.audit = ClusterAudit(self)
+        #: Replicas of __security and the audit logs whose nodes are gone (for good, after
+        #: cluster/security.py's DEAD_NODE_S): taken off those topics by their leader.
+        self.dead_replicas = DeadReplicas(self)
         self.started = False
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -384,6 +391,9 @@ class ClusterNode:
             # Queues: definitions replicated, each durable queue served by its owner.
             self.queues = ClusterQueues(self)
             self.broker.queues.replicate(self.queues)
+            # And this node's audit events go to its replicated audit log.
+            if self.broker.audit is not None:
+                self.broker.audit.replicate(self.audit, self.node_id)
         except BaseException:
             await self.close()
             raise
@@ -418,6 +428,8 @@ class ClusterNode:
     async def close(self) -> None:
         """Stop reconciling, stop the replicas, leave the election and the cluster (the
         lease is revoked: the others see this node gone at once)."""
+        await self.audit.close()  # while it still leads its audit log
+        self.dead_replicas.close()
         self.started = False
         await self.stream_owners.close()
         if self._offsets_task is not None:
@@ -653,6 +665,8 @@ class ClusterNode:
         if not await include_new_nodes(self):  # nodes that joined get the security state
             done = False
         if not await include_queue_definitions(self):  # and the queue definitions
+            done = False
+        if not await self.audit.reconcile():  # audit logs led by their nodes, 3 copies
             done = False
         return done
 

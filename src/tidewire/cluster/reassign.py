@@ -15,6 +15,11 @@ A reassignment goes Kafka's way (KIP-455), each step a compare-and-swap in etcd:
 4. a node that is no replica of a partition any more stops it and deletes its log
    (:func:`sync_local`, from the node's reconcile pass).
 
+A move under way can be cancelled (:func:`cancel`), the way KIP-455 does: the partition goes
+back to the replica set it had when the move started (kept with the target in etcd), the
+replicas it was adding removed (they stop and delete their logs, step 4), its ISR what of
+that set is in sync, in one transaction with the end of the move.
+
 Nothing acknowledged is lost: a replica leaves only after every target replica holds what the
 ISR holds, and a new leader comes from the ISR.
 
@@ -62,9 +67,11 @@ if TYPE_CHECKING:
 __all__ = [
     "PartitionMove",
     "alter_topic",
+    "cancel",
     "plan_replication",
     "reassign",
     "reconcile_reassignments",
+    "revert",
     "status",
     "step",
     "sync_local",
@@ -80,8 +87,9 @@ ADMIN_WAIT_S = 30.0
 
 
 class PartitionMove(msgspec.Struct, frozen=True):
-    """A partition as a reassignment sees it: replicas, ISR, leader, and the target replica
-    set while a move is under way (empty when none)."""
+    """A partition as a reassignment sees it: replicas, ISR, leader, and while a move is
+    under way its target replica set and the set it had when the move started (``original``;
+    empty when no move is under way, or when not known)."""
 
     partition: int
     replicas: tuple[int, ...]
@@ -89,6 +97,22 @@ class PartitionMove(msgspec.Struct, frozen=True):
     leader: int
     leader_epoch: int
     target: tuple[int, ...] = ()
+    original: tuple[int, ...] = ()
+
+    @property
+    def adding(self) -> tuple[int, ...]:
+        """The replicas the move under way adds (none known without ``original``)."""
+        if not self.target or not self.original:
+            return ()
+        return tuple(r for r in self.target if r not in self.original)
+
+    @property
+    def removing(self) -> tuple[int, ...]:
+        """The replicas the move under way removes."""
+        if not self.target:
+            return ()
+        base = self.original or self.replicas
+        return tuple(r for r in base if r not in self.target)
 
 
 def step(state: PartitionState, target: Sequence[int]) -> tuple[PartitionState, bool] | None:
@@ -183,6 +207,22 @@ def _replication_factors(cache: MetadataCache) -> list[tuple[TopicInfo, int, dic
     return out
 
 
+def revert(state: PartitionState, original: Sequence[int]) -> PartitionState | None:
+    """The state a cancelled move leaves a partition in (KIP-455): the replica set it had
+    before the move (``original``; empty, as in entries written before cancels existed: the
+    replicas it has now, none removed), its ISR what of that set is in sync, its leader kept
+    when it is in that set, else the first in-sync one at the next epoch. None: no replica
+    of that set is in sync, so going back would lose what only the new replicas hold.
+    """
+    replicas = tuple(original) or state.replicas
+    isr = tuple(r for r in replicas if r in state.isr)
+    if state.leader == NO_LEADER or state.leader in replicas:
+        return PartitionState(replicas, state.leader, state.leader_epoch, isr)
+    if not isr:
+        return None
+    return PartitionState(replicas, isr[0], state.leader_epoch + 1, isr)
+
+
 def plan_replication(
     states: dict[int, PartitionState], replication_factor: int, live: Sequence[int]
 ) -> dict[int, tuple[int, ...]]:
@@ -248,6 +288,7 @@ def status(node: ClusterNode, topic: str) -> list[PartitionMove]:
                 st.leader,
                 st.leader_epoch,
                 node.cache.reassignments.get((topic, p), ()),
+                node.cache.reassignment_origins.get((topic, p), ()),
             )
         )
     return out
@@ -322,8 +363,9 @@ async def reassign(
                 raise InvalidRequestError(f"partition {p} of {topic!r} is being moved already")
         if not plan:
             return status(node, topic)
+        originals = {p: states[p].replicas for p in plan}
         try:
-            rev = await node.store.start_reassignments(topic, version, plan)
+            rev = await node.store.start_reassignments(topic, version, plan, originals)
         except EtcdError as exc:
             raise RequestTimedOutError(f"reassignment of {topic!r} not started: {exc}") from None
         if rev is not None:
@@ -344,6 +386,91 @@ async def reassign(
     raise InvalidRequestError(
         f"topic {topic!r} kept changing (or its partitions are being moved); try again"
     )
+
+
+async def cancel(
+    node: ClusterNode, topic: str, partitions: Sequence[int] = ()
+) -> list[PartitionMove]:
+    """Cancel the moves under way of ``topic``'s ``partitions`` (none given: every one of
+    its partitions being moved): each goes back to the replica set it had when its move
+    started (:func:`revert`), the end of its move written with it in one compare-and-swap.
+    A move that ends meanwhile stays done. Answered once this node's copy of the metadata
+    shows the moves ended.
+
+    Raises:
+        UnknownTopicError: no such topic.
+        InvalidRequestError: an internal topic, a partition given that is not being moved,
+            or a move whose original replicas are none of them in sync (it is left to
+            finish).
+        RequestTimedOutError: etcd did not answer.
+    """
+    node._check_started()
+    if is_internal_topic(topic):
+        raise InvalidRequestError(f"topic {topic!r} is internal: its replicas are the broker's")
+    cache = node.cache
+    if topic not in cache.topics:
+        raise UnknownTopicError(f"topic {topic!r} does not exist")
+    moving = sorted(p for t, p in cache.reassignments if t == topic)
+    wanted = sorted(set(partitions)) if partitions else moving
+    idle = [p for p in wanted if p not in moving]
+    if idle:
+        raise InvalidRequestError(
+            f"topic {topic!r}: partition(s) {idle} are not being moved, nothing to cancel"
+        )
+    for p in wanted:
+        await _cancel_one(node, topic, p)
+
+    def ended() -> bool:
+        return all((topic, p) not in cache.reassignments for p in wanted)
+
+    try:
+        await cache.wait_for(ended, ADMIN_WAIT_S)
+    except TimeoutError:
+        raise RequestTimedOutError(
+            f"moves of {topic!r} cancelled, but node {node.node_id} did not see it within "
+            f"{ADMIN_WAIT_S:.0f} s"
+        ) from None
+    log.info("reassignment of %s cancelled: partitions %s", topic, wanted)
+    return status(node, topic)
+
+
+async def _cancel_one(node: ClusterNode, topic: str, p: int) -> None:
+    from tidewire.cluster.metadata import Reassignment  # noqa: PLC0415
+
+    store = node.store
+    for _ in range(CAS_ATTEMPTS):
+        try:
+            moving = await node.etcd.get(store.reassign_key(topic, p))
+            if moving is None:
+                return  # it ended meanwhile
+            current = await node.etcd.get(store.partition_key(topic, p))
+            if current is None:
+                return  # its topic is being deleted
+            original = msgspec.json.decode(moving.value, type=Reassignment).original
+            state = msgspec.json.decode(current.value, type=PartitionState)
+            new = revert(state, original)
+            if new is None:
+                raise InvalidRequestError(
+                    f"partition {p} of {topic!r}: none of its original replicas "
+                    f"{list(original)} is in sync (ISR {list(state.isr)}); going back would "
+                    "lose records only the new replicas hold: let the move finish"
+                )
+            if await store.finish_reassignment(topic, p, new, current.mod_revision, None):
+                log.info(
+                    "reassignment of %s/%d cancelled: replicas %s leader %d epoch %d isr %s",
+                    topic,
+                    p,
+                    list(new.replicas),
+                    new.leader,
+                    new.leader_epoch,
+                    list(new.isr),
+                )
+                return
+        except EtcdError as exc:
+            raise RequestTimedOutError(
+                f"reassignment of {topic}/{p} not cancelled: {exc}"
+            ) from None
+    raise RequestTimedOutError(f"partition {p} of {topic!r} kept changing; try again")
 
 
 async def alter_topic(

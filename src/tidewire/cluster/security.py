@@ -23,6 +23,11 @@ internal topic, kept in etcd like ``__consumer_offsets``:
   live node that is not one yet (:func:`include_new_nodes`, a reassignment). Until its copy
   is made, such a node holds no security state at all (its own is deleted as above), so it
   authenticates nobody: it fails closed.
+- **A node gone for good** (not registered for :data:`DEAD_NODE_S`, as the leader saw it:
+  :class:`DeadReplicas`) stops being a replica, in the same move, so the topic does not keep
+  a copy on a node that never returns (in its ISR it would hold nothing back, but it would
+  count among the replicas for ever). A node that returns later is a new one to the topic:
+  it is moved back on as above.
 - **Every replica applies what it copies** (``Broker.replica_appended``), and replays its
   log when the log is cut (``Broker.replica_truncated``), so a key made on one node
   authenticates on all of them and an ACL removed on one refuses on all.
@@ -51,11 +56,66 @@ from tidewire.storage.fs import write_atomic
 if TYPE_CHECKING:
     from tidewire.cluster.node import ClusterNode
 
-__all__ = ["ClusterSecurity", "check_security_incarnation", "include_new_nodes"]
+__all__ = [
+    "DEAD_NODE_S",
+    "ClusterSecurity",
+    "DeadReplicas",
+    "check_security_incarnation",
+    "include_new_nodes",
+]
 
 log = logging.getLogger("tidewire.cluster.security")
 
 _KEY = (SECURITY_TOPIC, 0)
+
+#: A replica's node not registered for this long (seconds; as the leader of the topic saw
+#: it) is taken off ``__security`` and the audit logs: long past any restart or rolling
+#: upgrade (a few session timeouts), short enough not to carry a dead node for days.
+DEAD_NODE_S = 600.0
+
+
+class DeadReplicas:
+    """Since when each node named as a replica of ``__security`` or an audit log has not
+    been registered, as this node (the leader of such a topic) saw it; which of them have
+    been gone for :attr:`after_s`. Kept in memory: a new leader counts from when it took
+    over. A reconcile pass is asked for when the next one is due."""
+
+    def __init__(self, node: ClusterNode, after_s: float = DEAD_NODE_S) -> None:
+        self._node = node
+        self.after_s = after_s
+        self._since: dict[int, float] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def dead(self, replicas: tuple[int, ...]) -> set[int]:
+        """Those of ``replicas`` not registered for :attr:`after_s` (seconds) or more."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        live = self._node.cache.nodes
+        for r in list(self._since):
+            if r in live:
+                del self._since[r]
+        out = set()
+        due = []
+        for r in replicas:
+            if r in live:
+                continue
+            since = self._since.setdefault(r, now)
+            if now - since >= self.after_s:
+                out.add(r)
+            else:
+                due.append(since + self.after_s)
+        if due:  # a pass then, even if nothing else changes
+            when = min(due)
+            if self._timer is None or self._timer.when() > when or self._timer.cancelled():
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._timer = loop.call_at(when, self._node._dirty.set)
+        return out
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class ClusterSecurity:
@@ -154,9 +214,9 @@ async def include_new_nodes(node: ClusterNode) -> bool:
     """On the leader of ``__security``: start moving it onto every live node that is not a
     replica yet (one that joined after it was made), so that every node holds the security
     state and authenticates (a reassignment: the controller adds the replicas, they copy
-    the log and join the ISR; :mod:`tidewire.cluster.reassign`). Nodes that are gone stay
-    replicas (they come back, or an operator takes them out). False: to be tried again at
-    the next pass (etcd did not answer, or the topic changed meanwhile).
+    the log and join the ISR; :mod:`tidewire.cluster.reassign`); and off the replicas
+    whose nodes have been gone for :data:`DEAD_NODE_S` (:class:`DeadReplicas`). False: to
+    be tried again at the next pass (etcd did not answer, or the topic changed meanwhile).
     """
     got = node.cache.partition(*_KEY)
     if got is None or SECURITY_TOPIC not in node.cache.topics:
@@ -165,24 +225,28 @@ async def include_new_nodes(node: ClusterNode) -> bool:
     if state.leader != node.node_id or _KEY in node.cache.reassignments:
         return True
     missing = sorted(set(node.cache.nodes) - set(state.replicas))
-    if not missing:
+    dead = node.dead_replicas.dead(state.replicas)
+    if not missing and not dead:
         return True
     from tidewire.cluster.reassign import _read_topic  # noqa: PLC0415 (imports node)
 
-    target = (*state.replicas, *missing)
+    target = (*(r for r in state.replicas if r not in dead), *missing)
     try:
         _, version = await _read_topic(node, SECURITY_TOPIC)
-        rev = await node.store.start_reassignments(SECURITY_TOPIC, version, {0: target})
+        rev = await node.store.start_reassignments(
+            SECURITY_TOPIC, version, {0: target}, {0: state.replicas}
+        )
     except (EtcdError, TidewireError) as exc:
         log.warning("%s not moved onto nodes %s yet: %s", SECURITY_TOPIC, missing, exc)
         return False
     if rev is None:
         return False
     log.info(
-        "%s: replicas %s -> %s (every node holds the security state)",
+        "%s: replicas %s -> %s (every node holds the security state%s)",
         SECURITY_TOPIC,
         list(state.replicas),
         list(target),
+        f"; nodes {sorted(dead)} gone for {node.dead_replicas.after_s:.0f} s" if dead else "",
     )
     return True
 

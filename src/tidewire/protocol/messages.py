@@ -989,6 +989,9 @@ class DescribeAuditRequest(Body, kw_only=True, omit_defaults=True):
     action: str | None = None  # only this action (CREATE_TOPIC, authenticate, ...)
     outcome: str | None = None  # only this outcome: allowed, denied, failed, ok
     limit: int = 1000  # 1..10,000
+    #: Between the nodes of a cluster: only the audit logs of these nodes, as the answering
+    #: node's replicas hold them (never asked further). None: the whole audit log.
+    nodes: list[int] | None = None
 
 
 class AuditEventBody(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -1003,6 +1006,7 @@ class AuditEventBody(msgspec.Struct, kw_only=True, omit_defaults=True):
     outcome: str = ""  # allowed, denied, failed, ok
     reason: str = ""
     detail: dict[str, str] = msgspec.field(default_factory=dict)
+    node_id: int | None = None  # in a cluster: the node that recorded it
 
 
 class DescribeAuditResponse(Body, kw_only=True, omit_defaults=True):
@@ -1940,6 +1944,9 @@ class PartitionReplication(msgspec.Struct, kw_only=True, omit_defaults=True):
     leader: int
     leader_epoch: int
     target: list[int] = msgspec.field(default_factory=list)
+    #: While a move is under way: the replicas it had when the move started (a cancel goes
+    #: back to them; empty when not known).
+    original: list[int] = msgspec.field(default_factory=list)
 
 
 class AlterReplicationRequest(Body, kw_only=True, omit_defaults=True):
@@ -1954,6 +1961,10 @@ class AlterReplicationRequest(Body, kw_only=True, omit_defaults=True):
     replication_factor: int | None = None
     min_insync_replicas: int | None = None
     unclean_leader_election: bool | None = None
+    #: Cancel the moves under way of ``partitions`` (empty: every partition being moved),
+    #: KIP-455's way: each goes back to the replicas it had before. Not with a move.
+    cancel: bool = False
+    partitions: list[int] = msgspec.field(default_factory=list)
 
 
 class AlterReplicationResponse(Body, kw_only=True, omit_defaults=True):

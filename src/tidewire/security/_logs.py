@@ -19,10 +19,14 @@ from tidewire.storage import FsyncPolicy, LogConfig, LogManager, PartitionLog
 
 __all__ = [
     "AUDIT_TOPIC",
+    "AUDIT_TOPIC_PREFIX",
     "PRIVATE_TOPICS",
     "SECURITY_TOPIC",
     "StoredRecord",
     "audit_config",
+    "audit_node_of",
+    "audit_topic",
+    "is_audit_topic",
     "open_log",
     "read_log",
     "security_config",
@@ -34,10 +38,32 @@ log = logging.getLogger("tidewire.security")
 SECURITY_TOPIC = "__security"
 #: Who did what, from where, allowed or denied.
 AUDIT_TOPIC = "__audit"
-#: Internal topics no client may read, even with authentication off.
+#: In a cluster, node N's audit log is the replicated topic ``__audit.N`` (one partition):
+#: written by node N while it leads it, copied by up to two other nodes.
+AUDIT_TOPIC_PREFIX = "__audit."
+#: Internal topics no client may read, even with authentication off (and every
+#: :func:`is_audit_topic`).
 PRIVATE_TOPICS = frozenset({SECURITY_TOPIC, AUDIT_TOPIC})
 #: Bytes read at a time.
 _READ_CHUNK = 4 * 1024 * 1024
+
+
+def audit_topic(node_id: int) -> str:
+    """The name of node ``node_id``'s audit log in a cluster."""
+    return f"{AUDIT_TOPIC_PREFIX}{node_id}"
+
+
+def audit_node_of(name: str) -> int | None:
+    """The node whose audit log topic ``name`` is (None: not a node's audit log)."""
+    if not name.startswith(AUDIT_TOPIC_PREFIX):
+        return None
+    rest = name[len(AUDIT_TOPIC_PREFIX) :]
+    return int(rest) if rest.isdigit() and rest.isascii() else None
+
+
+def is_audit_topic(name: str) -> bool:
+    """Whether ``name`` is an audit log: the node's own ``__audit`` or a cluster node's."""
+    return name == AUDIT_TOPIC or name.startswith(AUDIT_TOPIC_PREFIX)
 
 
 def security_config() -> LogConfig:

@@ -14,6 +14,12 @@ source, action, outcome), and each counter is written as one summary event ("12,
 like this suppressed"), so a flood of failed logins costs a bounded amount of memory and the
 log still says how many there were.
 
+In a cluster (:meth:`AuditLog.replicate`), each node's events carry its node id and are
+written to the node's own replicated topic ``__audit.<node id>`` (see
+:mod:`tidewire.cluster.audit`), only while the node leads it (they wait in the buffer,
+bounded as above, meanwhile); a query answers the cluster's audit log, every node's, from
+any node.
+
 Secrets never reach the log: any text that looks like an API key (``twk_<id>_<secret>``) in
 any field of an event is replaced, when the event is made, by ``[key <id>]`` (the id alone
 names a key without being one).
@@ -27,8 +33,9 @@ import contextvars
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import msgspec
 
@@ -36,7 +43,7 @@ from tidewire._tasks import wait_event
 from tidewire.errors import InvalidRequestError, TidewireError
 from tidewire.records import BatchBuilder
 from tidewire.security._logs import AUDIT_TOPIC, StoredRecord, audit_config, open_log, read_log
-from tidewire.storage import LogManager, PartitionLog
+from tidewire.storage import LogConfig, LogManager, PartitionLog
 
 __all__ = [
     "DEFAULT_RETENTION_MS",
@@ -46,6 +53,8 @@ __all__ = [
     "Actor",
     "AuditEvent",
     "AuditLog",
+    "AuditQuery",
+    "AuditReplication",
     "current_actor",
     "redact",
 ]
@@ -118,6 +127,7 @@ class AuditEvent(msgspec.Struct, kw_only=True):
         reason: why, in a few words (``no ACL allows write on topic:orders``,
             ``wrong API key``, the error of a failed operation).
         detail: more, as text (at most :data:`MAX_DETAIL_ENTRIES` entries).
+        node_id: in a cluster, the node that recorded it (None on a single node).
     """
 
     time_ms: int
@@ -129,6 +139,7 @@ class AuditEvent(msgspec.Struct, kw_only=True):
     outcome: str
     reason: str = ""
     detail: dict[str, str] = msgspec.field(default_factory=dict)
+    node_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.principal is not None:
@@ -172,6 +183,49 @@ current_actor: contextvars.ContextVar[Actor] = contextvars.ContextVar(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class AuditQuery:
+    """The filters of an audit query (see :meth:`AuditLog.query`)."""
+
+    since_ms: int | None = None
+    until_ms: int | None = None
+    principal: str | None = None
+    action: str | None = None
+    outcome: str | None = None
+
+    def matches(self, e: AuditEvent) -> bool:
+        """Whether ``e`` passes every filter."""
+        return (
+            (self.since_ms is None or e.time_ms >= self.since_ms)
+            and (self.until_ms is None or e.time_ms < self.until_ms)
+            and (self.principal is None or (e.principal or "") == self.principal)
+            and (self.action is None or e.action == self.action)
+            and (self.outcome is None or e.outcome == self.outcome)
+        )
+
+
+class AuditReplication(Protocol):
+    """Where the audit log of a cluster node lives (:class:`tidewire.cluster.audit.ClusterAudit`
+    is one): the node's own replicated log, and the other nodes' logs."""
+
+    def writable(self) -> PartitionLog | None:
+        """The log this node's events are appended to now (the local replica of its own
+        audit log, which it leads); None: not now (the events stay buffered)."""
+        ...
+
+    def appended(self) -> None:
+        """Events were appended to :meth:`writable`'s log (followers copy them at once)."""
+        ...
+
+    def local_logs(self, nodes: Collection[int]) -> list[PartitionLog]:
+        """This node's replicas of the audit logs of ``nodes``."""
+        ...
+
+    async def query(self, query: AuditQuery, limit: int) -> list[AuditEvent]:
+        """The newest ``limit`` events of every node's audit log that match, oldest first."""
+        ...
+
+
 class _Summary:
     """Events counted instead of kept while the buffer was full."""
 
@@ -205,6 +259,7 @@ class _Summary:
                 "last_ms": str(self.last_ms),
                 "first_reason": e.reason,
             },
+            node_id=e.node_id,
         )
 
 
@@ -251,6 +306,9 @@ class AuditLog:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._open_failed = False
+        self._replication: AuditReplication | None = None
+        #: In a cluster: this node's id, stamped on its events.
+        self.node_id: int | None = None
         #: Events recorded, counted into summaries, and lost (recorded after close, or
         #: when the log refused them at close), since start: for metrics and tests.
         self.recorded = 0
@@ -286,6 +344,20 @@ class AuditLog:
             self._pending.clear()
             self._summaries.clear()
 
+    @property
+    def config(self) -> LogConfig:
+        """The settings of the audit log's partition log (its retention, its fsync)."""
+        return self._config
+
+    def replicate(self, replication: AuditReplication | None, node_id: int | None = None) -> None:
+        """Write this node's events to its replicated audit log in a cluster (stamped with
+        ``node_id``), and answer queries with the cluster's audit log; None: the node's own
+        ``__audit`` again (the node left its cluster)."""
+        self._replication = replication
+        self.node_id = node_id if replication is not None else None
+        if replication is not None:
+            self._wake.set()  # what waits is written where it belongs from now on
+
     # --- recording --------------------------------------------------------------------------
 
     def record(self, event: AuditEvent) -> None:
@@ -296,7 +368,9 @@ class AuditLog:
             log.debug("audit: event after close not written: %s", event.action)
             return
         self.recorded += 1
-        if self._plog is None and not self._open_failed:
+        if self.node_id is not None and event.node_id is None:
+            event.node_id = self.node_id
+        if self._plog is None and not self._open_failed and self._replication is None:
             self._open()
         if len(self._pending) + self._writing < self.max_pending:
             self._pending.append(event)
@@ -407,8 +481,11 @@ class AuditLog:
         async with self._write_lock:
             if not self._pending and not self._summaries:
                 return
-            plog = self._plog
+            replication = self._replication
+            plog = replication.writable() if replication is not None else self._plog
             if plog is None:
+                if replication is not None:  # not led here now: kept (bounded) until it is
+                    return
                 plog = self._plog = open_log(self._logs, AUDIT_TOPIC, self._config)
             events, self._pending = self._pending, []
             summaries, self._summaries = self._summaries, {}
@@ -428,6 +505,8 @@ class AuditLog:
                 for r in results:
                     if isinstance(r, BaseException):
                         raise r
+                if replication is not None:
+                    replication.appended()
             except TidewireError:
                 # Put them back, in front of what came meanwhile, to be tried again (a write
                 # that failed part way may store some twice: better than none); summaries
@@ -470,56 +549,82 @@ class AuditLog:
             raise InvalidRequestError(f"limit={limit:,} must be within 1..{MAX_QUERY_LIMIT:,}")
         if since_ms is not None and until_ms is not None and until_ms < since_ms:
             raise InvalidRequestError(f"until={until_ms} is before since={since_ms}")
+        q = AuditQuery(since_ms, until_ms, principal, action, outcome)
         try:
             await self.flush()
         except TidewireError as exc:
             log.error("audit: buffered events not written before a query: %s", exc)
+        if self._replication is not None:
+            return await self._replication.query(q, limit)
         plog = self._plog
         if plog is None:  # nothing was ever recorded
             return []
+        return await _query_log(plog, q, limit)
 
-        def matches(e: AuditEvent) -> bool:
-            return (
-                (since_ms is None or e.time_ms >= since_ms)
-                and (until_ms is None or e.time_ms < until_ms)
-                and (principal is None or (e.principal or "") == principal)
-                and (action is None or e.action == action)
-                and (outcome is None or e.outcome == outcome)
-            )
+    async def query_nodes(
+        self, query: AuditQuery, limit: int, nodes: Collection[int]
+    ) -> list[AuditEvent]:
+        """In a cluster: the newest ``limit`` events that match of the audit logs of
+        ``nodes`` as this node's replicas hold them (none: not replicated here), oldest
+        first. What another node asks to answer a query of the cluster's audit log.
 
-        start = plog.log_start_offset
-        if since_ms is not None:
-            found = plog.offset_for_timestamp(since_ms)
-            if found is None:
-                return []
-            start = found
-        end = plog.log_end_offset
-        # Newest segments first, each read forward, until enough are found: the newest
-        # events of a long log cost a read of its last segments only.
-        bounds = [b for b in plog.segment_bases if b < end]
-        found_events: collections.deque[AuditEvent] = collections.deque()
-        seen = 0
-        for i in range(len(bounds) - 1, -1, -1):
-            hi = bounds[i + 1] if i + 1 < len(bounds) else end
-            lo = max(bounds[i], start)
-            if lo >= hi:
-                if hi <= start:
-                    break
-                continue
-            part: list[AuditEvent] = []
-            for rec in _read_range(plog, lo, hi):
-                seen += 1
-                if seen % _YIELD_EVERY == 0:
-                    await asyncio.sleep(0)
-                e = _decode(rec)
-                if e is not None and matches(e):
-                    part.append(e)
-            found_events.extendleft(reversed(part))
-            if len(found_events) >= limit or lo <= start:
+        Raises:
+            InvalidRequestError: ``limit`` out of range, or this node is not in a cluster.
+        """
+        if not 1 <= limit <= MAX_QUERY_LIMIT:
+            raise InvalidRequestError(f"limit={limit:,} must be within 1..{MAX_QUERY_LIMIT:,}")
+        if self._replication is None:
+            raise InvalidRequestError("this broker is not a node of a cluster")
+        if self.node_id in nodes:
+            try:
+                await self.flush()
+            except TidewireError as exc:
+                log.error("audit: buffered events not written before a query: %s", exc)
+        found: list[AuditEvent] = []
+        for plog in self._replication.local_logs(nodes):
+            found.extend(await _query_log(plog, query, limit))
+        return newest(found, limit)
+
+
+def newest(events: list[AuditEvent], limit: int) -> list[AuditEvent]:
+    """The newest ``limit`` of ``events`` (of one or several logs), oldest first."""
+    events.sort(key=lambda e: e.time_ms)  # stable: log order among equal times
+    return events[-limit:]
+
+
+async def _query_log(plog: PartitionLog, q: AuditQuery, limit: int) -> list[AuditEvent]:
+    """The newest ``limit`` events of ``plog`` that match ``q``, oldest first."""
+    start = plog.log_start_offset
+    if q.since_ms is not None:
+        found = plog.offset_for_timestamp(q.since_ms)
+        if found is None:
+            return []
+        start = found
+    end = plog.log_end_offset
+    # Newest segments first, each read forward, until enough are found: the newest
+    # events of a long log cost a read of its last segments only.
+    bounds = [b for b in plog.segment_bases if b < end]
+    found_events: collections.deque[AuditEvent] = collections.deque()
+    seen = 0
+    for i in range(len(bounds) - 1, -1, -1):
+        hi = bounds[i + 1] if i + 1 < len(bounds) else end
+        lo = max(bounds[i], start)
+        if lo >= hi:
+            if hi <= start:
                 break
-        out = list(found_events)[-limit:]
-        out.sort(key=lambda e: e.time_ms)  # stable: log order among equal times
-        return out
+            continue
+        part: list[AuditEvent] = []
+        for rec in _read_range(plog, lo, hi):
+            seen += 1
+            if seen % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+            e = _decode(rec)
+            if e is not None and q.matches(e):
+                part.append(e)
+        found_events.extendleft(reversed(part))
+        if len(found_events) >= limit or lo <= start:
+            break
+    return newest(list(found_events)[-limit:], limit)
 
 
 def _batch(events: list[AuditEvent]) -> bytes:

@@ -1,7 +1,8 @@
 """ALTER_REPLICATION (key 64): a cluster topic's replication changed through etcd — its
-partitions moved to other replica sets or another replication factor, its
-``min_insync_replicas`` or ``unclean_leader_election`` (:mod:`tidewire.cluster.reassign`);
-with nothing to change, the status of its moves. A single node refuses it."""
+partitions moved to other replica sets or another replication factor, moves under way
+cancelled, its ``min_insync_replicas`` or ``unclean_leader_election``
+(:mod:`tidewire.cluster.reassign`); with nothing to change, the status of its moves. A
+single node refuses it. The HTTP routes ``/v1/cluster/reassignments`` do the same."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from tidewire.cluster.node import ClusterNode
     from tidewire.server.handlers import ServerInfo
 
-__all__ = ["CLUSTER_ADMIN_HANDLERS", "cluster_alter_topic", "create_topic"]
+__all__ = ["CLUSTER_ADMIN_HANDLERS", "cluster_alter_topic", "create_topic", "wire_moves"]
 
 Reply = tuple[Body | None, list[bytes]]
 
@@ -76,7 +77,7 @@ async def create_topic(
     await broker.create_topic_async(name, partitions, config)
 
 
-def _wire(moves: list[reassign.PartitionMove]) -> list[PartitionReplication]:
+def wire_moves(moves: list[reassign.PartitionMove]) -> list[PartitionReplication]:
     return [
         PartitionReplication(
             partition=m.partition,
@@ -85,6 +86,7 @@ def _wire(moves: list[reassign.PartitionMove]) -> list[PartitionReplication]:
             leader=m.leader,
             leader_epoch=m.leader_epoch,
             target=list(m.target),
+            original=list(m.original),
         )
         for m in moves
     ]
@@ -103,6 +105,8 @@ def _changes(req: AlterReplicationRequest) -> str:
         parts.append(f"min_insync_replicas={req.min_insync_replicas}")
     if req.unclean_leader_election is not None:
         parts.append(f"unclean_leader_election={req.unclean_leader_election}")
+    if req.cancel:
+        parts.append(f"cancel {','.join(map(str, req.partitions)) or 'every move'}")
     return ", ".join(parts)
 
 
@@ -123,7 +127,11 @@ async def alter_replication(
                 min_insync_replicas=req.min_insync_replicas,
                 unclean_leader_election=req.unclean_leader_election,
             )
-        if req.assignments or req.replication_factor is not None:
+        if req.cancel and (req.assignments or req.replication_factor is not None):
+            raise InvalidRequestError("cancel moves, or start them: not both at once")
+        if req.cancel:
+            moves = await reassign.cancel(node, req.topic, req.partitions)
+        elif req.assignments or req.replication_factor is not None:
             targets = (
                 {a.partition: a.replicas for a in req.assignments} if req.assignments else None
             )
@@ -148,7 +156,7 @@ async def alter_replication(
         b.audit.event(
             "ALTER_REPLICATION", "ok", resource=f"topic:{req.topic}", detail={"changes": changes}
         )
-    return AlterReplicationResponse(partitions=_wire(moves)), []
+    return AlterReplicationResponse(partitions=wire_moves(moves)), []
 
 
 CLUSTER_ADMIN_HANDLERS: dict[

@@ -39,7 +39,7 @@ from tidewire.errors import (
     UnsupportedSaslMechanismError,
 )
 from tidewire.protocol.messages import ApiKey
-from tidewire.security._logs import PRIVATE_TOPICS
+from tidewire.security._logs import PRIVATE_TOPICS, is_audit_topic
 from tidewire.security.audit import Actor, AuditEvent, current_actor
 from tidewire.security.authorizer import Authorizer
 from tidewire.security.config import SecurityConfig
@@ -130,6 +130,7 @@ def is_private_topic(name: str) -> bool:
     through the queue APIs, under the queue permissions)."""
     return (
         name in PRIVATE_TOPICS
+        or is_audit_topic(name)
         or name in {QUEUE_DEFINITIONS_TOPIC, "__streams"}
         or name.startswith(QUEUE_TOPIC_PREFIX)
     )

@@ -99,6 +99,7 @@ from tidewire.protocol.messages import (
     TopicDescription,
     supported_versions,
 )
+from tidewire.security.audit import AuditQuery
 from tidewire.security.model import ResourceType
 from tidewire.server.cluster_admin import CLUSTER_ADMIN_HANDLERS, cluster_alter_topic
 from tidewire.server.cluster_admin import create_topic as create_topic_where_it_belongs
@@ -710,14 +711,21 @@ async def describe_audit(
     try:
         if b.audit is None:
             raise InvalidRequestError("the broker is not running")
-        events = await b.audit.query(
-            since_ms=req.since_ms,
-            until_ms=req.until_ms,
-            principal=req.principal,
-            action=req.action,
-            outcome=req.outcome,
-            limit=req.limit,
-        )
+        if req.nodes is not None:  # another node of the cluster, asking for our replicas
+            events = await b.audit.query_nodes(
+                AuditQuery(req.since_ms, req.until_ms, req.principal, req.action, req.outcome),
+                req.limit,
+                req.nodes,
+            )
+        else:
+            events = await b.audit.query(
+                since_ms=req.since_ms,
+                until_ms=req.until_ms,
+                principal=req.principal,
+                action=req.action,
+                outcome=req.outcome,
+                limit=req.limit,
+            )
     except TidewireError as exc:
         return DescribeAuditResponse(**_err(exc)), []
     return DescribeAuditResponse(

@@ -245,7 +245,10 @@ API_NEEDS: dict[ApiKey, Requirement] = {
     ApiKey.ALTER_QUOTAS: _cluster(_O.ALTER),
     ApiKey.DESCRIBE_QUOTAS: _cluster(_O.DESCRIBE),
     # Who did what: for administrators (admin on the cluster), not every viewer.
-    ApiKey.DESCRIBE_AUDIT: _cluster(_O.ADMIN),
+    # A node reading other nodes' audit logs from this one's replicas: the nodes' identity.
+    ApiKey.DESCRIBE_AUDIT: lambda req: [
+        Need(_C, _O.CLUSTER_ACTION if req.nodes is not None else _O.ADMIN)
+    ],
     # Queues and exchanges. The listings show what the principal may describe.
     ApiKey.EXCHANGE_DECLARE: _declare(_X),
     ApiKey.EXCHANGE_DELETE: lambda req: [Need(_X, _O.DELETE, _exchange(req.name))],
@@ -276,6 +279,7 @@ API_NEEDS: dict[ApiKey, Requirement] = {
     ApiKey.ALTER_REPLICATION: lambda req: (
         [Need(_T, _O.ALTER, req.topic), Need(_C, _O.ALTER)]
         if req.assignments
+        or req.cancel
         or req.replication_factor is not None
         or req.min_insync_replicas is not None
         or req.unclean_leader_election is not None

@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from tidewire.errors import InvalidRequestError
 from tidewire.security.audit import MAX_QUERY_LIMIT
+from tidewire.security.audit import AuditEvent as AuditLogEvent
 from tidewire.server.http._common import json_response, responses
 from tidewire.server.http.context import GatewayContext
 
@@ -37,10 +38,21 @@ class AuditEvent(BaseModel):
     outcome: Outcome
     reason: str = Field(description="Why, in a few words (never a secret).")
     detail: dict[str, str] = Field(description="More, as text.")
+    node_id: int | None = Field(
+        default=None,
+        description="In a cluster: the node that recorded it (absent on a single node).",
+    )
 
 
 class AuditPage(BaseModel):
     events: list[AuditEvent] = Field(description="The newest that match, oldest first.")
+
+
+def _doc(e: AuditLogEvent) -> dict[str, object]:
+    doc = msgspec.structs.asdict(e)
+    if doc["node_id"] is None:  # a single node's events: as before clusters
+        del doc["node_id"]
+    return doc
 
 
 def audit_router(ctx: GatewayContext) -> APIRouter:
@@ -70,7 +82,8 @@ def audit_router(ctx: GatewayContext) -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=MAX_QUERY_LIMIT)] = DEFAULT_LIMIT,
     ) -> Response:
         """The newest ``limit`` audit events that match every filter given, oldest first:
-        authentications, administrative operations, ACL and key changes, and denials."""
+        authentications, administrative operations, ACL and key changes, and denials. In a
+        cluster: every node's events (each with its ``node_id``), from any node."""
         if broker.audit is None:
             raise InvalidRequestError("the broker is not running")
         events = await broker.audit.query(
@@ -81,6 +94,6 @@ def audit_router(ctx: GatewayContext) -> APIRouter:
             outcome=outcome,
             limit=limit,
         )
-        return json_response({"events": [msgspec.structs.asdict(e) for e in events]})
+        return json_response({"events": [_doc(e) for e in events]})
 
     return router

@@ -125,6 +125,10 @@ def _reset(r: RouteRequest) -> list[Need]:
     ]
 
 
+def _topic_and_cluster(op: Operation) -> Callable[[RouteRequest], list[Need]]:
+    return lambda r: [Need(_T, op, r.path["topic"]), Need(_C, op, CLUSTER_NAME)]
+
+
 def _cluster(op: Operation) -> Callable[[RouteRequest], list[Need]]:
     return lambda r: [Need(_C, op, CLUSTER_NAME)]
 
@@ -281,6 +285,12 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         # A cluster's status and partitions (as the tidewire_cluster_* metrics).
         ("GET", "/v1/cluster"): Route(_cluster(_O.DESCRIBE)),
         ("GET", "/v1/cluster/partitions"): Route(_cluster(_O.DESCRIBE)),
+        # Reassignments (as ALTER_REPLICATION): moves of a topic need alter on it and on the
+        # cluster (Kafka's ALTER on the cluster), their status describe on the topic.
+        ("GET", "/v1/cluster/reassignments"): Route(_cluster(_O.DESCRIBE)),
+        ("GET", "/v1/cluster/reassignments/{topic}"): Route(_topic(_O.DESCRIBE)),
+        ("POST", "/v1/cluster/reassignments/{topic}"): Route(_topic_and_cluster(_O.ALTER)),
+        ("DELETE", "/v1/cluster/reassignments/{topic}"): Route(_topic_and_cluster(_O.ALTER)),
         ("POST", "/v1/streams/messages"): Route(
             lambda r: _body_streams(r, _O.WRITE, "items"), body=True
         ),

@@ -11,31 +11,49 @@ sees it (docs/cluster.md, "Metrics and dashboard"); the dashboard's Cluster page
   where it follows). Filters: ``topic``, ``state`` (offline, under_replicated,
   under_min_isr).
 
-Both need describe on the cluster. On a single node they answer 404 with an error saying it
-is not a cluster. (The redirects of publishes and reads are :mod:`.cluster`'s.)
+Reassignments (docs/cluster.md, "Reassigning partitions"; as ``tidewire topic reassign`` and
+the protocol's ALTER_REPLICATION):
+
+- ``GET /v1/cluster/reassignments``: the moves under way over the cluster (describe on the
+  cluster), with the records their new replicas still lack where this node leads;
+- ``GET /v1/cluster/reassignments/{topic}``: each partition of the topic with its move, if
+  any (describe on the topic);
+- ``POST /v1/cluster/reassignments/{topic}``: start moves, to replica sets or to a
+  replication factor (alter on the topic and on the cluster, as Kafka asks);
+- ``DELETE /v1/cluster/reassignments/{topic}``: cancel moves under way (``partition``: which;
+  none: all), back to the replicas each had (alter on the topic and on the cluster).
+
+The routes on the cluster need describe on the cluster, those of a topic's moves describe or
+alter on the topic (and alter on the cluster). On a single node they answer 404 with an
+error saying it is not a cluster. (The redirects of publishes and reads are
+:mod:`.cluster`'s.)
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 
-from tidewire.cluster import cluster_node
+from tidewire.cluster import cluster_node, reassign
 from tidewire.cluster.metrics import ClusterSummary, PartitionRow, cluster_summary, partition_rows
-from tidewire.errors import InvalidRequestError
-from tidewire.server.http._common import json_response, responses
+from tidewire.errors import InvalidRequestError, TidewireError
+from tidewire.server.http._common import json_response, parse_body, request_body, responses
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.errors import error_response
 from tidewire.server.http.models import ErrorBody
 
 __all__ = [
+    "ClusterMoveDoc",
+    "ClusterMovesDoc",
     "ClusterNodeDoc",
     "ClusterPartitionDoc",
     "ClusterPartitionsDoc",
     "ClusterStatusDoc",
+    "ReassignmentRequest",
+    "TopicMovesDoc",
     "cluster_router",
 ]
 
@@ -67,6 +85,7 @@ class PartitionCountsDoc(BaseModel):
     led_here: int = Field(description="Led by the answering node.")
     led_here_under_replicated: int
     led_here_under_min_isr: int
+    reassigning: int = Field(description="Being moved (a reassignment under way).")
 
 
 class ClusterStatusDoc(BaseModel):
@@ -105,6 +124,70 @@ class ClusterPartitionDoc(BaseModel):
         description="Where the answering node follows: records its replica lacks of the "
         "high watermark its leader last gave it (null elsewhere)."
     )
+
+
+class ClusterMoveDoc(BaseModel):
+    """A partition being moved (a reassignment under way), as the answering node sees it."""
+
+    topic: str
+    partition: int
+    leader: int = Field(description="The leader's node id (-1: offline).")
+    leader_epoch: int
+    replicas: list[int] = Field(
+        description="Its replicas now: while the move adds replicas, the target's and the "
+        "leaving ones."
+    )
+    isr: list[int]
+    target: list[int] = Field(description="The replicas it is to end with (first leads).")
+    original: list[int] = Field(
+        description="The replicas it had when the move started: what a cancel goes back to "
+        "(empty: not known, for a move started before cancels existed)."
+    )
+    adding: list[int] = Field(description="Replicas the move adds.")
+    removing: list[int] = Field(
+        description="Replicas the move removes once the others are in sync."
+    )
+    records_left: int | None = Field(
+        description="Where the answering node leads the partition: records the replicas being "
+        "added still lack of its log end (null elsewhere: ask the leader's node)."
+    )
+    bytes_left: int | None = Field(
+        description="The same in bytes (estimated from the offset index: at most one index "
+        "interval over; null where records_left is)."
+    )
+
+
+class ClusterMovesDoc(BaseModel):
+    node_id: int = Field(description="The answering node.")
+    moves: list[ClusterMoveDoc]
+
+
+class TopicMoveDoc(BaseModel):
+    partition: int
+    leader: int
+    leader_epoch: int
+    replicas: list[int]
+    isr: list[int]
+    target: list[int] = Field(description="The target of a move under way (empty: none).")
+    original: list[int] = Field(
+        description="Under a move: the replicas it had when the move started."
+    )
+
+
+class TopicMovesDoc(BaseModel):
+    topic: str
+    in_progress: int = Field(description="Partitions being moved.")
+    partitions: list[TopicMoveDoc]
+
+
+class ReassignmentRequest(BaseModel):
+    """Start moves: ``replicas`` (partition -> node ids, the first leads) or
+    ``replication_factor`` (every partition given that many replicas), not both."""
+
+    replicas: dict[int, list[int]] | None = Field(
+        default=None, description='Partition -> its new replicas, e.g. {"0": [2, 3, 1]}.'
+    )
+    replication_factor: int | None = Field(default=None, ge=1, le=1000)
 
 
 class ClusterPartitionsDoc(BaseModel):
@@ -170,7 +253,44 @@ def _status_doc(s: ClusterSummary) -> dict[str, object]:
             "led_here": s.led_here,
             "led_here_under_replicated": s.led_under_replicated,
             "led_here_under_min_isr": s.led_under_min_isr,
+            "reassigning": s.reassigning,
         },
+    }
+
+
+def _move_doc(r: PartitionRow) -> dict[str, object]:
+    return {
+        "topic": r.topic,
+        "partition": r.partition,
+        "leader": r.leader,
+        "leader_epoch": r.leader_epoch,
+        "replicas": list(r.replicas),
+        "isr": list(r.isr),
+        "target": list(r.target),
+        "original": list(r.original),
+        "adding": list(r.adding),
+        "removing": list(r.removing),
+        "records_left": r.records_left if r.records_left >= 0 else None,
+        "bytes_left": r.bytes_left if r.bytes_left >= 0 else None,
+    }
+
+
+def _topic_moves_doc(topic: str, moves: list[reassign.PartitionMove]) -> dict[str, object]:
+    return {
+        "topic": topic,
+        "in_progress": sum(1 for m in moves if m.target),
+        "partitions": [
+            {
+                "partition": m.partition,
+                "leader": m.leader,
+                "leader_epoch": m.leader_epoch,
+                "replicas": list(m.replicas),
+                "isr": list(m.isr),
+                "target": list(m.target),
+                "original": list(m.original),
+            }
+            for m in moves
+        ],
     }
 
 
@@ -188,6 +308,22 @@ _ANSWERS: dict[int | str, dict[str, Any]] = {
     **responses(),  # 400 (a bad query parameter) and 503
     403: {"model": ErrorBody, "description": "Without describe on the cluster."},
     404: {"model": ErrorBody, "description": "The broker is a single node, not a cluster."},
+}
+_TOPIC_ANSWERS: dict[int | str, dict[str, Any]] = {
+    **responses(),  # 400 (a bad body or query, a refused move) and 503
+    403: {
+        "model": ErrorBody,
+        "description": "Without describe on the topic (GET), or alter on the topic and on "
+        "the cluster (POST, DELETE).",
+    },
+    404: {
+        "model": ErrorBody,
+        "description": "No such topic, or the broker is a single node, not a cluster.",
+    },
+    504: {
+        "model": ErrorBody,
+        "description": "etcd did not answer (the change may be made all the same).",
+    },
 }
 
 
@@ -237,5 +373,101 @@ def cluster_router(ctx: GatewayContext) -> APIRouter:
                 "truncated": len(rows) > MAX_PARTITIONS,
             }
         )
+
+    @router.get("/v1/cluster/reassignments", response_model=ClusterMovesDoc, responses=_ANSWERS)
+    async def cluster_reassignments(
+        topic: str | None = Query(None, description="Only this topic's moves."),
+    ) -> Response:
+        """The partitions being moved over the cluster: replicas, target, the replicas the
+        move adds and removes, and (where this node leads) the records still to copy. 404 on
+        a single node."""
+        node = cluster_node(broker)
+        if node is None:
+            return _not_a_cluster()
+        rows = [r for r in partition_rows(node) if r.moving and topic in (None, r.topic)]
+        return json_response(
+            {"node_id": node.node_id, "moves": [_move_doc(r) for r in rows[:MAX_PARTITIONS]]}
+        )
+
+    @router.get(
+        "/v1/cluster/reassignments/{topic}",
+        response_model=TopicMovesDoc,
+        responses=_TOPIC_ANSWERS,
+    )
+    async def topic_reassignment(topic: str) -> Response:
+        """Each partition of ``topic`` with the target of its move under way, if any."""
+        node = cluster_node(broker)
+        if node is None:
+            return _not_a_cluster()
+        return json_response(_topic_moves_doc(topic, reassign.status(node, topic)))
+
+    @router.post(
+        "/v1/cluster/reassignments/{topic}",
+        response_model=TopicMovesDoc,
+        responses=_TOPIC_ANSWERS,
+        openapi_extra={"requestBody": request_body(ReassignmentRequest)},
+    )
+    async def start_reassignment(topic: str, request: Request) -> Response:
+        """Start moving ``topic``'s partitions, to the replica sets ``replicas`` or to
+        ``replication_factor`` replicas each: new replicas copy the log and join the ISR,
+        then the leader moves if it is not among them and the replicas left delete their
+        logs. Answered once etcd holds the targets (follow with GET)."""
+        node = cluster_node(broker)
+        if node is None:
+            return _not_a_cluster()
+        req = parse_body(ReassignmentRequest, await request.body())
+        changes = (
+            f"replication_factor={req.replication_factor}"
+            if req.replicas is None
+            else "replicas "
+            + "; ".join(f"{p}:{','.join(map(str, r))}" for p, r in sorted(req.replicas.items()))
+        )
+        try:
+            moves = await reassign.reassign(
+                node, topic, req.replicas, replication_factor=req.replication_factor
+            )
+        except TidewireError as exc:
+            _audit(topic, changes, exc)
+            raise
+        _audit(topic, changes, None)
+        return json_response(_topic_moves_doc(topic, moves))
+
+    @router.delete(
+        "/v1/cluster/reassignments/{topic}",
+        response_model=TopicMovesDoc,
+        responses=_TOPIC_ANSWERS,
+    )
+    async def cancel_reassignment(
+        topic: str,
+        partition: Annotated[
+            list[int] | None,
+            Query(description="A partition whose move to cancel (repeat; none: every one)."),
+        ] = None,
+    ) -> Response:
+        """Cancel moves under way of ``topic`` (Kafka's KIP-455): each partition goes back to
+        the replicas it had when its move started, the replicas it was adding removed. A
+        move that ended meanwhile stays done."""
+        node = cluster_node(broker)
+        if node is None:
+            return _not_a_cluster()
+        parts = partition or []
+        changes = f"cancel {','.join(map(str, parts)) or 'every move'}"
+        try:
+            moves = await reassign.cancel(node, topic, parts)
+        except TidewireError as exc:
+            _audit(topic, changes, exc)
+            raise
+        _audit(topic, changes, None)
+        return json_response(_topic_moves_doc(topic, moves))
+
+    def _audit(topic: str, changes: str, error: TidewireError | None) -> None:
+        if broker.audit is not None:
+            broker.audit.event(
+                "ALTER_REPLICATION",
+                "failed" if error is not None else "ok",
+                resource=f"topic:{topic}",
+                reason=error.message if error is not None else "",
+                detail={"changes": changes},
+            )
 
     return router

@@ -1,13 +1,15 @@
 // The cluster, as the node serving the page sees it: the controller, every node (live or
 // gone, with its addresses), the partition counts by state, and the partitions that need
 // attention (offline, under min ISR, under-replicated) above the table of every partition,
-// with each one's leader, epoch, replicas, ISR, high watermark and lag. The figures are
-// GET /v1/cluster and GET /v1/cluster/partitions (the same ones /metrics exports as
-// tidewire_cluster_*), refreshed every few seconds. The page is in the navigation only when
+// with each one's leader, epoch, replicas, ISR, high watermark and lag, and the moves
+// (reassignments) in progress: target, replicas added and removed, records left to copy.
+// The figures are GET /v1/cluster, GET /v1/cluster/partitions and GET
+// /v1/cluster/reassignments (the same ones /metrics exports as tidewire_cluster_*),
+// refreshed every few seconds. The page is in the navigation only when
 // the broker is a node of a cluster (GET /v1/cluster answers).
 
 import { get } from "./api.js";
-import { fmtNum, h, note, put, table } from "./ui.js";
+import { fmtBytes, fmtNum, h, note, put, table } from "./ui.js";
 import { refusal } from "./pages_topics.js";
 
 const REFRESH_MS = 3000;
@@ -19,6 +21,7 @@ const CARDS = [
   ["under_min_isr", "Under min ISR"],
   ["under_replicated", "Under-replicated"],
   ["led_here", "Led by this node"],
+  ["reassigning", "Being moved"],
 ];
 
 const STATE_CLASS = { online: "ok", under_replicated: "warn", under_min_isr: "bad",
@@ -58,14 +61,37 @@ function partitionTable(rows, id, empty) {
   });
 }
 
+function movesTable(moves) {
+  return table([
+    { title: "Topic", cls: "val", cell: (m) => m.topic },
+    { title: "Partition", num: 1, cell: (m) => String(m.partition) },
+    { title: "Leader", num: 1, cell: (m) => (m.leader < 0 ? "none" : String(m.leader)) },
+    { title: "Replicas now", cell: (m) => ids(m.replicas) },
+    { title: "ISR", cell: (m) => ids(m.isr) },
+    { title: "Target", cell: (m) => ids(m.target) },
+    { title: "Adding", cell: (m) => ids(m.adding) || "–" },
+    { title: "Removing", cell: (m) => ids(m.removing) || "–" },
+    { title: "Left to copy", num: 1,
+      cell: (m) => (m.records_left === null ? "known on its leader's node"
+        : `${fmtNum(m.records_left)} records, ${fmtBytes(m.bytes_left)}`) },
+  ], moves, {
+    empty: "none: no partition is being moved",
+    attrs: { id: "cluster-moves-table" },
+    rowAttrs: (m) => ({ "data-topic": m.topic, "data-partition": m.partition,
+      "data-target": ids(m.target), "data-adding": ids(m.adding) }),
+  });
+}
+
 export async function clusterPage(main) {
   const head = h("div", { id: "cluster-head" });
   const cards = h("div", { id: "cluster-totals" });
   const nodes = h("div", { id: "cluster-nodes" });
   const attention = h("div", { id: "cluster-attention" });
+  const moves = h("div", { id: "cluster-moves" });
   const all = h("div", { id: "cluster-all" });
   main.append(h("h1", {}, "Cluster"), head, cards, h("h2", {}, "Nodes"), nodes,
     h("h2", {}, "Partitions that need attention"), attention,
+    h("h2", {}, "Moves in progress"), moves,
     h("h2", {}, "Every partition"), all,
     h("p", { class: "muted" }, `As the node serving this page sees the cluster (its copy ` +
       `of the metadata in etcd), refreshed every ${REFRESH_MS / 1000} s. High watermark and ` +
@@ -75,8 +101,10 @@ export async function clusterPage(main) {
   const draw = async () => {
     let s;
     let parts;
+    let moving;
     try {
-      [s, parts] = await Promise.all([get("/v1/cluster"), get("/v1/cluster/partitions")]);
+      [s, parts, moving] = await Promise.all([get("/v1/cluster"), get("/v1/cluster/partitions"),
+        get("/v1/cluster/reassignments")]);
     } catch (e) {
       put(head, note("error", `The cluster's status (GET /v1/cluster): ${refusal(e)}`));
       return;
@@ -106,6 +134,7 @@ export async function clusterPage(main) {
     const bad = parts.partitions.filter((p) => p.state !== "online");
     put(attention, partitionTable(bad, "cluster-attention-table",
       "none: every partition has a leader and all its replicas in sync"));
+    put(moves, movesTable(moving.moves));
     put(all, partitionTable(parts.partitions, "cluster-partition-table", "no partitions"),
       parts.truncated ? note("error", "More partitions than listed.") : "");
   };
