@@ -160,6 +160,38 @@ def test_only_the_coordinator_answers_for_a_group_and_its_offsets_are_replicated
     asyncio.run(main())
 
 
+def test_a_coordinator_assigns_and_describes_partitions_it_does_not_hold(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """A group's coordinator resolves subscriptions against the cluster's topics, not its
+    own logs: a topic of one replica per partition spread over three nodes is assigned
+    whole, and describing the group names every partition (the end offset of one this node
+    holds no replica of is unknown, -1) instead of failing."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes:
+            async with AsyncClient(",".join(n.addr for n in nodes)) as admin:
+                await admin.create_topic("spread", partitions=3, replication_factor=1)
+                await admin.commit_offsets(GROUP, {("spread", 0): 0})  # makes the offsets topic
+            coord = coordinator(nodes, GROUP)
+            await until(
+                lambda: coord.broker.group_topics().get("spread") == 3,
+                "the coordinator sees the topic's three partitions",
+            )
+            held = set(coord.broker.logs.topics().get("spread", []))
+            assert len(held) < 3, held  # one replica each: not every partition is here
+            joined = await coord.broker.groups.coordinator.join(GROUP, topics=["spread"])
+            assert sorted(joined.assignment) == [("spread", p) for p in range(3)]
+            described = coord.broker.groups.describe(GROUP)
+            assert {(o.topic, o.partition) for o in described.offsets} == {
+                ("spread", p) for p in range(3)
+            }
+            for o in described.offsets:
+                assert (o.end_offset >= 0) == (o.partition in held), o
+
+    asyncio.run(main())
+
+
 def test_a_snapshot_restores_the_generation_and_members_on_another_coordinator() -> None:
     """What a coordinator stores at a generation change is enough for another one to carry
     the group on: same generation, member ids and assignment; heartbeats and commits of that

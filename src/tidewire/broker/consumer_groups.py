@@ -215,6 +215,14 @@ class ConsumerGroups:
         """Whether tidewire or Kafka clients are members of ``group_id``."""
         return self.coordinator.has_members(group_id) or self.kafka.has_members(group_id)
 
+    def _end_offset(self, topic: str, partition: int) -> int:
+        """A partition's high watermark, or -1 (lag unknown) when this node holds no replica
+        of it (in a cluster a coordinator need not hold the partitions its groups read)."""
+        try:
+            return self._list_offset(topic, partition, -1)
+        except (UnknownTopicError, UnknownPartitionError):
+            return -1
+
     def _members_of(self, group_id: str) -> list[MemberInfo]:
         return self.coordinator.members(group_id) or self._kafka_members(group_id)
 
@@ -340,7 +348,7 @@ class ConsumerGroups:
             parts = sorted({p for t, p in committed if t == topic} | set(range(n)))
             for p in parts:
                 c = committed.get((topic, p))
-                end = self._list_offset(topic, p, -1) if p < n else -1
+                end = self._end_offset(topic, p) if p < n else -1
                 off = -1 if c is None else c.offset
                 lag = -1 if c is None or end < 0 else max(end - off, 0)
                 lags.append(PartitionLag(topic, p, off, end, lag, "" if c is None else c.metadata))

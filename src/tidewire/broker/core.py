@@ -356,6 +356,9 @@ class Broker:
         #: In a cluster: tells the other nodes of an epoch bump made here (producer id, new
         #: epoch) before it is answered; None on a single node.
         self.on_epoch_bump: Callable[[int, int], Awaitable[None]] | None = None
+        #: In a cluster: the cluster's topics and partition counts, from its metadata (see
+        #: :meth:`group_topics`); None on a single node.
+        self.cluster_topics: Callable[[], dict[str, int]] | None = None
         self._ids: ProducerIds | None = None
         self._ids_lock = asyncio.Lock()
         self._released: OrderedDict[int, None] = OrderedDict()  # writers' producer ids
@@ -407,11 +410,11 @@ class Broker:
         except BaseException:
             self.logs.close()
             raise
-        coordinator = GroupCoordinator(self.topics, self.config.groups)
+        coordinator = GroupCoordinator(self.group_topics, self.config.groups)
         self._groups = ConsumerGroups(
             coordinator,
             offsets,
-            self.topics,
+            self.group_topics,
             self.list_offset,
             kafka_config=self.config.kafka_groups,
         )
@@ -542,6 +545,14 @@ class Broker:
             for name in logs.topic_names()
             if not is_internal_topic(name)
         }
+
+    def group_topics(self) -> dict[str, int]:
+        """What consumer groups resolve subscriptions against: topic name -> partition
+        count. On a single node :meth:`topics`; in a cluster the cluster's topics (a group's
+        coordinator need not hold a replica of every partition, or of any, of a topic its
+        members read)."""
+        source = self.cluster_topics
+        return self.topics() if source is None else source()
 
     def _topics_changed(self) -> None:
         if self._groups is not None:

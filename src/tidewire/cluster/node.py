@@ -339,6 +339,7 @@ class ClusterNode:
         #: cluster/security.py's DEAD_NODE_S): taken off those topics by their leader.
         self.dead_replicas = DeadReplicas(self)
         self.started = False
+        self._group_topics_seen: dict[str, int] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -353,6 +354,7 @@ class ClusterNode:
         # Producer ids from this node's own range: unique across the cluster.
         self.broker.use_producer_id_range(self.node_id)
         self.broker.on_epoch_bump = self._record_epoch_bump  # its epoch bumps: to every node
+        self.broker.cluster_topics = self._cluster_topics  # groups see the cluster's topics
         try:
             await self.lease.start()
             # Before registering: the controller must see the marks when it sees the node.
@@ -454,6 +456,7 @@ class ClusterNode:
             self.broker.queues.replicate(None)
             await self.queues.close()
         self.broker.on_epoch_bump = None
+        self.broker.cluster_topics = None
         detach_node(self.broker)
 
     def _controller(self) -> Controller:
@@ -596,6 +599,10 @@ class ClusterNode:
             if not checked and not await self._check_incarnation(name, info):
                 done = False
         self._seen_topics.update(topics)
+        counts = self._cluster_topics()
+        if counts != self._group_topics_seen:  # groups resolve against the cluster's topics
+            self._group_topics_seen = counts
+            self.broker._topics_changed()
         wanted: dict[tuple[str, int], PartitionState] = {
             key: state
             for key, (state, _) in cache.partitions().items()
@@ -669,6 +676,15 @@ class ClusterNode:
         if not await self.audit.reconcile():  # audit logs led by their nodes, 3 copies
             done = False
         return done
+
+    def _cluster_topics(self) -> dict[str, int]:
+        """The cluster's topics (internal ones left out) and their partition counts: what
+        the broker's consumer groups resolve subscriptions against here."""
+        return {
+            name: info.partitions
+            for name, info in self.cache.topics.items()
+            if not is_internal_topic(name)
+        }
 
     async def _delete_orphans(self, topics: dict[str, TopicInfo]) -> bool:
         """At the first pass after the metadata is loaded: delete the logs of topics that
