@@ -355,72 +355,24 @@ class ClusterQueues:
 
 
 async def include_new_nodes(node: ClusterNode) -> bool:
-    """On the leader of ``__queue_definitions``: start moving it onto every live node that is
-    not a replica yet (one that joined after it was made), so that every node knows every
-    queue (a reassignment, as for ``__security``: :func:`tidewire.cluster.security.
-    include_new_nodes`). False: to be tried again at the next pass."""
-    got = node.cache.partition(*_DEFS)
-    if got is None or DEFINITIONS_TOPIC not in node.cache.topics:
-        return True
-    state = got[0]
-    if state.leader != node.node_id or _DEFS in node.cache.reassignments:
-        return True
-    missing = sorted(set(node.cache.nodes) - set(state.replicas))
-    if not missing:
-        return True
-    from tidewire.cluster.reassign import _read_topic  # noqa: PLC0415 (imports node)
+    """On the leader of ``__queue_definitions``: keep it on every live node, as
+    ``__security`` is (:func:`tidewire.cluster.security.include_every_node`), so that every
+    node knows every queue. False: to be tried again at the next pass."""
+    from tidewire.cluster.security import include_every_node  # noqa: PLC0415 (a cycle)
 
-    target = (*state.replicas, *missing)
-    try:
-        _, version = await _read_topic(node, DEFINITIONS_TOPIC)
-        rev = await node.store.start_reassignments(DEFINITIONS_TOPIC, version, {0: target})
-    except (EtcdError, TidewireError) as exc:
-        log.warning("%s not moved onto nodes %s yet: %s", DEFINITIONS_TOPIC, missing, exc)
-        return False
-    if rev is None:
-        return False
-    log.info(
-        "%s: replicas %s -> %s (every node knows the queues)",
-        DEFINITIONS_TOPIC,
-        list(state.replicas),
-        list(target),
-    )
-    return True
+    return await include_every_node(node, DEFINITIONS_TOPIC, "every node knows the queues")
 
 
 async def check_definitions_incarnation(node: ClusterNode, info: TopicInfo) -> bool:
-    """A local ``__queue_definitions`` that is not of the cluster's incarnation (no id file,
-    or another id: the node's own definitions from before it joined) is deleted and copied
-    from the leader instead, as ``__security`` is (two logs written apart cannot be merged
-    record by record). False: something is left for the next pass."""
-    from tidewire.cluster.node import TOPIC_ID_FILE  # noqa: PLC0415
+    """A local ``__queue_definitions`` that is not of the cluster's incarnation (the node's
+    own definitions from before it joined) is replaced by a copy of the cluster's, as
+    ``__security`` is. False: something is left for the next pass."""
+    from tidewire.cluster.security import replace_own_copy  # noqa: PLC0415 (a cycle)
 
-    logs = node.broker.logs
-    plog = logs.logs.get(_DEFS)
-    if plog is not None:
-        path = f"{plog.directory}/{TOPIC_ID_FILE}"
-        try:
-            held = logs.fs.read_file(path).decode().strip() if logs.fs.exists(path) else ""
-        except OSError as exc:
-            log.warning("%s: topic id not checked: %s", plog.directory, exc)
-            return False
-        if held != info.topic_id:
-            log.warning(
-                "node %d: the queue definitions here (%d record(s)) are not the cluster's; "
-                "they are deleted and copied from the leader of %s instead",
-                node.node_id,
-                plog.log_end_offset - plog.log_start_offset,
-                DEFINITIONS_TOPIC,
-            )
-            if _DEFS in node._applied and node.replication is not None:
-                await node.replication.stop_replica(*_DEFS)
-                del node._applied[_DEFS]
-            try:
-                await logs.delete_topic_async(DEFINITIONS_TOPIC)
-            except TidewireError as exc:
-                log.warning("%s: the local log is not deleted yet: %s", DEFINITIONS_TOPIC, exc)
-                return False
-            finally:
-                node.broker.queues.definitions_truncated()
-    node._verified[DEFINITIONS_TOPIC] = info.topic_id
-    return True
+    return await replace_own_copy(
+        node,
+        DEFINITIONS_TOPIC,
+        info,
+        "the queue definitions here",
+        node.broker.queues.definitions_truncated,
+    )

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tidewire.cluster.controller import assign
@@ -75,10 +76,10 @@ DEAD_NODE_S = 600.0
 
 
 class DeadReplicas:
-    """Since when each node named as a replica of ``__security`` or an audit log has not
-    been registered, as this node (the leader of such a topic) saw it; which of them have
-    been gone for :attr:`after_s`. Kept in memory: a new leader counts from when it took
-    over. A reconcile pass is asked for when the next one is due."""
+    """Since when each node named as a replica of ``__security``, ``__queue_definitions`` or
+    an audit log has not been registered, as this node (the leader of such a topic) saw it;
+    which of them have been gone for :attr:`after_s`. Kept in memory: a new leader counts
+    from when it took over. A reconcile pass is asked for when the next one is due."""
 
     def __init__(self, node: ClusterNode, after_s: float = DEAD_NODE_S) -> None:
         self._node = node
@@ -211,18 +212,27 @@ class ClusterSecurity:
 
 
 async def include_new_nodes(node: ClusterNode) -> bool:
-    """On the leader of ``__security``: start moving it onto every live node that is not a
-    replica yet (one that joined after it was made), so that every node holds the security
-    state and authenticates (a reassignment: the controller adds the replicas, they copy
-    the log and join the ISR; :mod:`tidewire.cluster.reassign`); and off the replicas
-    whose nodes have been gone for :data:`DEAD_NODE_S` (:class:`DeadReplicas`). False: to
-    be tried again at the next pass (etcd did not answer, or the topic changed meanwhile).
+    """On the leader of ``__security``: keep it on every live node (see
+    :func:`include_every_node`), so that every node holds the security state and
+    authenticates. False: to be tried again at the next pass."""
+    return await include_every_node(node, SECURITY_TOPIC, "every node holds the security state")
+
+
+async def include_every_node(node: ClusterNode, topic: str, purpose: str) -> bool:
+    """On the leader of ``topic`` (one partition, a replica on every node: ``__security``,
+    ``__queue_definitions``): start moving it onto every live node that is not a replica
+    yet (one that joined after it was made) and off the replicas whose nodes have been gone
+    for :data:`DEAD_NODE_S` (:class:`DeadReplicas`): a reassignment (the controller adds
+    the replicas, they copy the log and join the ISR; :mod:`tidewire.cluster.reassign`).
+    ``purpose`` says why, in the log. False: to be tried again at the next pass (etcd did
+    not answer, or the topic changed meanwhile).
     """
-    got = node.cache.partition(*_KEY)
-    if got is None or SECURITY_TOPIC not in node.cache.topics:
+    key = (topic, 0)
+    got = node.cache.partition(*key)
+    if got is None or topic not in node.cache.topics:
         return True
     state = got[0]
-    if state.leader != node.node_id or _KEY in node.cache.reassignments:
+    if state.leader != node.node_id or key in node.cache.reassignments:
         return True
     missing = sorted(set(node.cache.nodes) - set(state.replicas))
     dead = node.dead_replicas.dead(state.replicas)
@@ -232,20 +242,19 @@ async def include_new_nodes(node: ClusterNode) -> bool:
 
     target = (*(r for r in state.replicas if r not in dead), *missing)
     try:
-        _, version = await _read_topic(node, SECURITY_TOPIC)
-        rev = await node.store.start_reassignments(
-            SECURITY_TOPIC, version, {0: target}, {0: state.replicas}
-        )
+        _, version = await _read_topic(node, topic)
+        rev = await node.store.start_reassignments(topic, version, {0: target}, {0: state.replicas})
     except (EtcdError, TidewireError) as exc:
-        log.warning("%s not moved onto nodes %s yet: %s", SECURITY_TOPIC, missing, exc)
+        log.warning("%s not moved onto nodes %s yet: %s", topic, missing, exc)
         return False
     if rev is None:
         return False
     log.info(
-        "%s: replicas %s -> %s (every node holds the security state%s)",
-        SECURITY_TOPIC,
+        "%s: replicas %s -> %s (%s%s)",
+        topic,
         list(state.replicas),
         list(target),
+        purpose,
         f"; nodes {sorted(dead)} gone for {node.dead_replicas.after_s:.0f} s" if dead else "",
     )
     return True
@@ -255,10 +264,30 @@ async def check_security_incarnation(node: ClusterNode, info: TopicInfo) -> bool
     """The incarnation check of ``__security`` (see the module docstring): a local log of
     another incarnation, or with no id at all, is this node's own state and is replaced by a
     copy of the cluster's. False: something is left for the next pass."""
+    return await replace_own_copy(
+        node,
+        SECURITY_TOPIC,
+        info,
+        "the security state here (principals, keys, ACLs, quotas)",
+        node.broker.security.reload,
+    )
+
+
+async def replace_own_copy(
+    node: ClusterNode, topic: str, info: TopicInfo, what: str, reload: Callable[[], None]
+) -> bool:
+    """For a topic of one partition on every node whose state each node applies
+    (``__security``, ``__queue_definitions``): a local log that is not of the cluster's
+    incarnation ``info`` (no id file, or another id: the node's own state from before it
+    joined, or another cluster's) is deleted, to be copied from the leader instead (two logs
+    written apart cannot be merged record by record), and ``reload`` is called for the state
+    built from it. ``what`` names that state, in the log. False: something is left for the
+    next pass."""
     from tidewire.cluster.node import TOPIC_ID_FILE  # noqa: PLC0415
 
+    key = (topic, 0)
     logs = node.broker.logs
-    plog = logs.logs.get(_KEY)
+    plog = logs.logs.get(key)
     if plog is not None:
         path = f"{plog.directory}/{TOPIC_ID_FILE}"
         try:
@@ -268,22 +297,22 @@ async def check_security_incarnation(node: ClusterNode, info: TopicInfo) -> bool
             return False
         if held != info.topic_id:
             log.warning(
-                "node %d: the security state here (principals, keys, ACLs, quotas: %d "
-                "record(s)) is not the cluster's; it is deleted and copied from the leader of "
-                "%s instead",
+                "node %d: %s (%d record(s)) is not the cluster's; it is deleted and copied "
+                "from the leader of %s instead",
                 node.node_id,
+                what,
                 plog.log_end_offset - plog.log_start_offset,
-                SECURITY_TOPIC,
+                topic,
             )
-            if _KEY in node._applied and node.replication is not None:
-                await node.replication.stop_replica(*_KEY)
-                del node._applied[_KEY]
+            if key in node._applied and node.replication is not None:
+                await node.replication.stop_replica(*key)
+                del node._applied[key]
             try:
-                await logs.delete_topic_async(SECURITY_TOPIC)
+                await logs.delete_topic_async(topic)
             except TidewireError as exc:
-                log.warning("%s: the local log is not deleted yet: %s", SECURITY_TOPIC, exc)
+                log.warning("%s: the local log is not deleted yet: %s", topic, exc)
                 return False
             finally:
-                node.broker.security.reload()
-    node._verified[SECURITY_TOPIC] = info.topic_id
+                reload()
+    node._verified[topic] = info.topic_id
     return True
