@@ -8,14 +8,13 @@ time.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tidewire.client._blocking import BlockingTwin
-from tidewire.errors import NotLeaderError, fetch_error, for_code
+from tidewire.errors import fetch_error, for_code
 from tidewire.protocol.messages import (
     ACKS_DURABLE,
     ACKS_NONE,
@@ -65,7 +64,13 @@ from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
 from ._queues import AsyncQueueAdmin, QueueAdmin
-from ._routing import OFFSETS_TOPIC, Router, backoff_s, call_routed, coordinator_partition
+from ._routing import (
+    OFFSETS_TOPIC,
+    Router,
+    call_routed,
+    call_the_leader_of,
+    coordinator_partition,
+)
 from ._security import AsyncSecurityAdmin, SecurityAdmin
 from ._streams import AsyncStreams, Streams
 from ._transport import Addresses, Transport, parse_addrs
@@ -200,20 +205,7 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
         location is private, so the nodes are asked in turn, for up to the request
         timeout); on a single node, the one node. A lost connection is not retried (the
         change may have been made). Returns the answer's body."""
-        response = await self._t.request(body)
-        assert response is not None
-        answer = response.body
-        deadline = time.monotonic() + self._t.request_timeout_s
-        attempt = 0
-        while answer.error_code == NotLeaderError.code and time.monotonic() < deadline:
-            attempt += 1
-            got = await self._router.ask_nodes_until(
-                body, lambda b: b.error_code != NotLeaderError.code
-            )
-            if got is not None:
-                return got
-            await asyncio.sleep(backoff_s(attempt))  # the leadership is moving
-        return answer
+        return await call_the_leader_of(self._t, self._router, body)
 
     # --- admin ----------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from tidewire.errors import NotLeaderError, TidewireError, for_code
+from tidewire.errors import TidewireError, for_code
 from tidewire.protocol.messages import (
     BindingInfo,
     ExchangeDeclareRequest,
@@ -41,7 +41,7 @@ from tidewire.protocol.messages import (
 from tidewire.records import BatchBuilder
 
 from ._queue_messages import BlockingQueueMessage, QueueMessage, Settler, decode_delivery
-from ._routing import Router, backoff_s, call_routed, leader_lost
+from ._routing import Router, call_routed, call_the_leader_of, leader_lost
 from ._transport import Transport
 
 __all__ = [
@@ -314,21 +314,7 @@ class AsyncQueueAdmin:
         NotLeaderError, changing nothing; the nodes are asked in turn for up to the request
         timeout); on a single node, the node. Returns the answer's body (its error raised).
         """
-        response = await self._t.request(body)
-        assert response is not None
-        answer = response.body
-        deadline = time.monotonic() + self._t.request_timeout_s
-        attempt = 0
-        while answer.error_code == NotLeaderError.code and time.monotonic() < deadline:
-            attempt += 1
-            got = await self._router.ask_nodes_until(
-                body, lambda b: b.error_code != NotLeaderError.code
-            )
-            if got is not None:
-                answer = got
-                break
-            await asyncio.sleep(backoff_s(attempt))  # the leadership is moving
-        return _check(answer)
+        return _check(await call_the_leader_of(self._t, self._router, body))
 
     async def declare_exchange(
         self,

@@ -49,6 +49,7 @@ __all__ = [
     "Router",
     "backoff_s",
     "call_routed",
+    "call_the_leader_of",
     "coordinator_partition",
     "leader_lost",
 ]
@@ -300,6 +301,27 @@ class Router:
         for link in links:
             self._throttled_closed_ms += link.throttle_time_ms_total
             await link.close()
+
+
+async def call_the_leader_of(transport: Transport, router: Router, body: Any) -> Any:
+    """Send ``body``, a change that only the leader of a one-partition internal topic makes
+    (``__security``, ``__queue_definitions``), and return the answer's body: the bootstrap
+    node's, unless it refuses with :class:`NotLeaderError` (changing nothing); then the
+    nodes are asked in turn, with :func:`backoff_s` between rounds while the leadership
+    moves, for up to the request timeout. A lost connection is not retried (the change may
+    have been made). On a single node: its answer."""
+    response = await transport.request(body)
+    assert response is not None
+    answer = response.body
+    deadline = time.monotonic() + transport.request_timeout_s
+    attempt = 0
+    while answer.error_code == NotLeaderError.code and time.monotonic() < deadline:
+        attempt += 1
+        got = await router.ask_nodes_until(body, lambda b: b.error_code != NotLeaderError.code)
+        if got is not None:
+            return got
+        await asyncio.sleep(backoff_s(attempt))  # the leadership is moving
+    return answer
 
 
 async def call_routed(

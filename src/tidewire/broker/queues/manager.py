@@ -336,17 +336,8 @@ class QueueManager:
         """Stop serving ``q`` here (another node owns it now, or it was deleted): its
         consumers are told they were cancelled, waiting gets answered with nothing; what they
         held is not settled, so the next owner delivers it again."""
-        if self._queues.get(q.name) is not q:
+        if not self._detach(q):
             return
-        del self._queues[q.name]
-        self._dirty.discard(q)
-        consumers, q.consumers = q.consumers, []
-        for c in consumers:
-            if c.cancelled is not None:
-                c.cancelled()
-        for g in q._getters:
-            if not g.future.done():  # type: ignore[attr-defined]
-                g.future.set_result(Delivery(q.name, "", (), b""))  # type: ignore[attr-defined]
         q.held.clear()
         log.info("queue %r %s", q.name, "deleted" if deleted else "no longer served here")
 
@@ -632,9 +623,11 @@ class QueueManager:
         await self._cluster.delete_queue_topic(name)
         return n
 
-    async def _drop_queue(self, q: Queue) -> None:
+    def _detach(self, q: Queue) -> bool:
+        """Take ``q`` out of the served queues: its consumers are told they were cancelled,
+        its waiting gets are answered with nothing. False: ``q`` was not served here."""
         if self._queues.get(q.name) is not q:
-            return
+            return False
         del self._queues[q.name]
         self._dirty.discard(q)
         consumers, q.consumers = q.consumers, []
@@ -644,6 +637,11 @@ class QueueManager:
         for g in q._getters:
             if not g.future.done():  # type: ignore[attr-defined]
                 g.future.set_result(Delivery(q.name, "", (), b""))  # type: ignore[attr-defined]
+        return True
+
+    async def _drop_queue(self, q: Queue) -> None:
+        if not self._detach(q):
+            return
         self.router.remove_destination("queue", q.name)
         if q.spec.durable:  # the bindings to it go in the same batch
             await self.definitions.delete_queue(q.name)
