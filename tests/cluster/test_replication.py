@@ -241,7 +241,9 @@ def test_a_follower_refuses_produce_naming_the_leader(tmp_path: Path) -> None:
         async with cluster(tmp_path) as (nodes, _):
             n1, n2, _n3 = nodes
             await lead(nodes, n1, 0)
-            async with AsyncClient(n2.addr) as c:
+            # The client retries NotLeaderError for its request timeout (the metadata of
+            # these bare replica managers names no leader): a short one, then it reports it.
+            async with AsyncClient(n2.addr, request_timeout_s=5.0) as c:
                 with pytest.raises(NotLeaderError) as info:
                     await c.produce(T, 0, msgs(b"x"))
                 assert f"node 1 at 127.0.0.1:{n1.server.port}" in str(info.value)
