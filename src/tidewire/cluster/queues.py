@@ -124,39 +124,14 @@ class _Definitions:
         self._queues = queues
 
     async def check_leader(self) -> None:
-        node = self._node
-        node._check_started()
-        if DEFINITIONS_TOPIC not in node.cache.topics:
-            await self._queues.ensure_definitions_topic()
-        rep = node.broker.replication
-        if rep is None:
-            raise RequestTimedOutError(f"node {node.node_id} does not replicate yet")
-        try:
-            leader = rep.check_leader(*_DEFS)
-        except NotLeaderError:
-            # Just created here, or the leadership is moving: let the reconcile pass catch
-            # up with etcd once, then answer with what holds.
-            await node._await_local(
-                f"{DEFINITIONS_TOPIC} is in the cluster, but node {node.node_id} has no role "
-                "for it",
-                lambda: _DEFS in node._applied,
-            )
-            try:
-                leader = rep.check_leader(*_DEFS)
-            except NotLeaderError as exc:
-                raise NotLeaderError(
-                    "exchanges, queues and bindings are declared and deleted on the leader of "
-                    f"{DEFINITIONS_TOPIC}: {exc.message}",
-                    leader_id=exc.leader_id,
-                    leader_host=exc.leader_host,
-                    leader_port=exc.leader_port,
-                ) from None
-        if not leader.can_append_acks_all():
-            raise NotEnoughReplicasError(
-                f"{DEFINITIONS_TOPIC}: {len(leader.isr)} in-sync replica(s) "
-                f"{sorted(leader.isr)}, min_insync_replicas is {leader.min_insync}; the change "
-                "was not stored"
-            )
+        from tidewire.cluster.security import check_led_here  # noqa: PLC0415 (a cycle)
+
+        await check_led_here(
+            self._node,
+            DEFINITIONS_TOPIC,
+            self._queues.ensure_definitions_topic,
+            "exchanges, queues and bindings are declared and deleted",
+        )
 
     async def wait_replicated(self, end: int) -> None:
         await _Partition(self._node, *_DEFS).wait_replicated(end)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from tidewire.cluster.controller import assign
@@ -127,38 +127,13 @@ class ClusterSecurity:
         self._node = node
 
     async def leader_log(self) -> PartitionLog:
-        node = self._node
-        node._check_started()
-        if SECURITY_TOPIC not in node.cache.topics:
-            await self.ensure_topic()
-        rep = node.broker.replication
-        if rep is None:
-            raise RequestTimedOutError(f"node {node.node_id} does not replicate yet")
-        try:
-            leader = rep.check_leader(*_KEY)
-        except NotLeaderError:
-            # Just created here, or the leadership is moving: let the reconcile pass catch up
-            # with etcd once, then answer with what holds.
-            await node._await_local(
-                f"{SECURITY_TOPIC} is in the cluster, but node {node.node_id} has no role for it",
-                lambda: _KEY in node._applied,
-            )
-            try:
-                leader = rep.check_leader(*_KEY)
-            except NotLeaderError as exc:
-                raise NotLeaderError(
-                    "security changes (principals, keys, ACLs, quotas) are made on the leader "
-                    f"of {SECURITY_TOPIC}: {exc.message}",
-                    leader_id=exc.leader_id,
-                    leader_host=exc.leader_host,
-                    leader_port=exc.leader_port,
-                ) from None
-        if not leader.can_append_acks_all():
-            raise NotEnoughReplicasError(
-                f"{SECURITY_TOPIC}: {len(leader.isr)} in-sync replica(s) {sorted(leader.isr)}, "
-                f"min_insync_replicas is {leader.min_insync}; the change was not stored"
-            )
-        return node.broker.logs.get_log(*_KEY)
+        await check_led_here(
+            self._node,
+            SECURITY_TOPIC,
+            self.ensure_topic,
+            "security changes (principals, keys, ACLs, quotas) are made",
+        )
+        return self._node.broker.logs.get_log(*_KEY)
 
     async def wait_replicated(self, end: int) -> None:
         broker = self._node.broker
@@ -209,6 +184,51 @@ class ClusterSecurity:
                 list(replicas),
                 node.node_id,
             )
+
+
+async def check_led_here(
+    node: ClusterNode, topic: str, ensure: Callable[[], Awaitable[None]], changes: str
+) -> None:
+    """Before a change to ``topic`` (one partition, changed on its leader only:
+    ``__security``, ``__queue_definitions``): made through etcd by ``ensure`` when the
+    cluster has no such topic yet; refused unless this node leads it (``changes`` says what
+    is made there, in the error) and holds ``min_insync_replicas`` in sync.
+
+    Raises:
+        NotLeaderError: another node leads it (named).
+        NotEnoughReplicasError: too few in-sync replicas; nothing is stored.
+        RequestTimedOutError: this node does not replicate yet, or etcd did not answer.
+    """
+    node._check_started()
+    if topic not in node.cache.topics:
+        await ensure()
+    rep = node.broker.replication
+    if rep is None:
+        raise RequestTimedOutError(f"node {node.node_id} does not replicate yet")
+    key = (topic, 0)
+    try:
+        leader = rep.check_leader(*key)
+    except NotLeaderError:
+        # Just created here, or the leadership is moving: let the reconcile pass catch up
+        # with etcd once, then answer with what holds.
+        await node._await_local(
+            f"{topic} is in the cluster, but node {node.node_id} has no role for it",
+            lambda: key in node._applied,
+        )
+        try:
+            leader = rep.check_leader(*key)
+        except NotLeaderError as exc:
+            raise NotLeaderError(
+                f"{changes} on the leader of {topic}: {exc.message}",
+                leader_id=exc.leader_id,
+                leader_host=exc.leader_host,
+                leader_port=exc.leader_port,
+            ) from None
+    if not leader.can_append_acks_all():
+        raise NotEnoughReplicasError(
+            f"{topic}: {len(leader.isr)} in-sync replica(s) {sorted(leader.isr)}, "
+            f"min_insync_replicas is {leader.min_insync}; the change was not stored"
+        )
 
 
 async def include_new_nodes(node: ClusterNode) -> bool:
