@@ -10,7 +10,6 @@ bounded; nothing asserts on how long something took.
 from __future__ import annotations
 
 import asyncio
-import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -20,9 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cli._support import popen_serve, stop
+from tests.cli._support import stop
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, until
+from tests.cluster._nodes import serve_with_http
 from tidewire.broker.queues.definitions import DEFINITIONS_TOPIC
 from tidewire.broker.queues.store import queue_topic
 from tidewire.client import AsyncClient
@@ -393,26 +393,6 @@ def test_followers_give_back_the_segments_their_leader_gave_back(
     asyncio.run(main())
 
 
-def _serve(data: Path, cluster: str, n: int) -> tuple[subprocess.Popen[str], int, int]:
-    """Node ``n`` as a ``tidewire serve`` process: (process, native port, HTTP port)."""
-    proc = popen_serve(
-        *("--data-dir", str(data), "--port", "0", "--http-port", "0", "--node-id", str(n)),
-        *("--cluster", cluster, "--session-timeout", "3"),
-    )
-    assert proc.stdout is not None
-    native = http = None
-    for _ in range(5):
-        line = proc.stdout.readline()
-        if m := re.search(r"listening on 127\.0\.0\.1:(\d+)", line):
-            native = native or int(m.group(1))
-        if m := re.search(r"HTTP native listening on http://127\.0\.0\.1:(\d+)", line):
-            http = int(m.group(1))
-        if native and http:
-            return proc, native, http
-    stop(proc)
-    pytest.fail(f"node {n} did not start")
-
-
 def _eventually(check: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + WAIT_S
     while not check():
@@ -429,7 +409,7 @@ def test_http_routes_redirect_to_the_owner_and_a_killed_owner_is_replaced(
     try:
         http: list[int] = []
         for n in (1, 2, 3):
-            proc, _, port = _serve(tmp_path / f"n{n}", cluster_url, n)
+            proc, _, port = serve_with_http(tmp_path / f"n{n}", cluster_url, n)
             procs.append(proc)
             http.append(port)
         urls = [f"http://127.0.0.1:{p}" for p in http]

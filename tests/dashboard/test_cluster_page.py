@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.cli._support import popen_serve, stop
+from tests.cli._support import stop
 from tests.cluster._etcd import EtcdServer, etcd
-from tests.cluster._nodes import call, wait_until
+from tests.cluster._nodes import call, serve_with_http, wait_until
 from tests.dashboard.conftest import TIMEOUT_MS, Page, open_page
 from tidewire.protocol.messages import CreateTopicRequest
 
@@ -43,26 +43,6 @@ def _expect() -> Any:
     return expect
 
 
-def _start(data: Path, cluster: str, n: int) -> tuple[subprocess.Popen[str], int, int]:
-    """Node ``n``: its process, binary port and HTTP port."""
-    proc = popen_serve(
-        *("--data-dir", str(data), "--port", "0", "--http-port", "0", "--node-id", str(n)),
-        *("--cluster", cluster, "--session-timeout", "3"),
-    )
-    assert proc.stdout is not None
-    native = http = None
-    for _ in range(5):
-        line = proc.stdout.readline()
-        if m := re.search(r"listening on 127\.0\.0\.1:(\d+)", line):
-            native = native or int(m.group(1))
-        if m := re.search(r"HTTP native listening on http://127\.0\.0\.1:(\d+)", line):
-            http = int(m.group(1))
-        if native and http:
-            return proc, native, http
-    stop(proc)
-    pytest.fail(f"node {n} did not start")
-
-
 @pytest.fixture
 def nodes(
     tmp_path: Path, etcd: EtcdServer
@@ -74,7 +54,7 @@ def nodes(
     addr = ""
     try:
         for n in NODES:
-            proc, native, port = _start(tmp_path / f"node{n}", cluster, n)
+            proc, native, port = serve_with_http(tmp_path / f"node{n}", cluster, n)
             procs[n] = (proc, f"http://127.0.0.1:{port}")
             addr = addr or f"127.0.0.1:{native}"
         with httpx.Client(base_url=procs[1][1], timeout=30) as c:
