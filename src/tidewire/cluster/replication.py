@@ -201,6 +201,9 @@ class ReplicaManager:
                 led.state.min_insync = min_insync
             self._progress(key, led)
             return
+        if led is not None and led.epoch == epoch:
+            self._replicas_changed(key, led, replicas, isr, min_insync)
+            return
         if epoch > plog.leader_epoch:
             plog.set_leader_epoch(epoch)
         elif epoch < plog.leader_epoch:
@@ -232,6 +235,48 @@ class ReplicaManager:
             self.lost_tails.clear_soon(key)
         self._ensure_lag_task()
         self.broker._wake(topic, partition)
+
+    def _replicas_changed(
+        self,
+        key: Key,
+        led: _Led,
+        replicas: tuple[int, ...] | list[int],
+        isr: tuple[int, ...] | list[int],
+        min_insync: int | None,
+    ) -> None:
+        """The replica set of a partition this node goes on leading in the same epoch changed
+        (a move adds or drops replicas): the leader's view keeps what it knew of the replicas
+        that stay (their log ends, when they last caught up and fetched), and the produces
+        waiting for their replicas go on waiting, judged by the new ISR, as Kafka keeps its
+        delayed produces across a reassignment. Failing them would make every producer
+        resend what is stored already, and forgetting the followers' ends would hold the
+        high watermark until each fetched again.
+
+        Raises:
+            ValueError: this node not in ``isr``.
+        """
+        old = led.state
+        state = PartitionLeader(
+            self.node_id,
+            replicas,
+            isr,
+            log_end=old.log_end,
+            epoch_start=old.epoch_start,
+            high_watermark=old.high_watermark,
+            clock=self.clock,
+            lag_max_s=self.lag_max_s,
+            min_insync=min_insync if min_insync is not None else old.min_insync,
+        )
+        for r, info in old.followers.items():
+            if r in state.followers:
+                state.followers[r] = info
+        state.appended(old.log_end)  # the high watermark over the new ISR
+        again = _Led(led.epoch, state)
+        # The same list: each waiting produce removes its own entry from the list it joined.
+        again.waiters = led.waiters
+        again.seen_hw = led.seen_hw
+        self._led[key] = again
+        self._progress(key, again)
 
     async def become_follower(
         self,
