@@ -144,8 +144,16 @@ class Cluster:
         self.host.do(self.inbound[n].isolate)
         self.host.do(self.to_etcd[n].blackhole)
 
+    def cut_off(self, n: int) -> None:
+        """Cut node ``n`` off from everything: its peers, etcd and the clients, whose
+        connections go through its inbound proxy too (the test still reaches the node's own
+        listener, :meth:`addr`, directly). :meth:`rejoin` heals it."""
+        assert self.host is not None
+        self.host.do(self.inbound[n].blackhole)
+        self.host.do(self.to_etcd[n].blackhole)
+
     def rejoin(self, n: int) -> None:
-        """Heal :meth:`isolate` (the connections that lost bytes are reset)."""
+        """Heal :meth:`isolate` or :meth:`cut_off` (the connections that lost bytes are reset)."""
         assert self.host is not None
         self.host.do(self.inbound[n].rejoin)
         self.host.do(self.to_etcd[n].rejoin)

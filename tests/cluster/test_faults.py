@@ -19,6 +19,11 @@ polling), each history judged by ``check_cluster_history``:
   must not acknowledge (a produce sent straight to it is checked) and a new leader is
   elected. N's own outgoing connections to its peers are not cut (as a leader it opens none);
   healing resets the connections whose bytes were dropped, as TCP would have;
+- the leader cut off from everything, its clients included (``Cluster.cut_off``: its
+  inbound proxy drops every connection, the test's clients' too, and its etcd proxy): the
+  clients fail over to the new leader and are acknowledged there while the old one is still
+  cut off; the old leader, sent a produce straight to its own listener, acknowledges
+  nothing, before the new leader is elected and after;
 - the etcd member SIGKILLed under load and restarted within the nodes' session:
   acknowledgements go on during the outage and leadership does not change.
 
@@ -192,6 +197,25 @@ async def partition_leader(cluster: Cluster, p: PartitionInfo, w: Workload) -> N
         cluster.rejoin(p.leader)
 
 
+async def cut_off_leader(cluster: Cluster, p: PartitionInfo, w: Workload) -> None:
+    """Cut the leader off from everything, its clients included (they reach each node
+    through its proxy): the clients go on with the new leader the others elect (more sends
+    are acknowledged while the old one is still cut off), and the old leader, asked
+    directly, acknowledges nothing, neither before the new leader is there nor after."""
+    cluster.cut_off(p.leader)
+    try:
+        for when in ("before", "after"):
+            value = f"cut-off-{when}-{len(cluster.probes)}".encode()
+            cluster.probes.append(value)
+            error = await produce_directly(cluster.addr(p.leader), value)
+            assert error, f"node {p.leader}, cut off, acknowledged {value!r} with acks=all"
+            if when == "before":
+                await cluster.new_leader(p.leader, p.leader_epoch)
+                await w.acked_at_least(ACKS_PER_ROUND)  # through the new leader
+    finally:
+        cluster.rejoin(p.leader)
+
+
 async def produce_directly(addr: str, value: bytes) -> str:
     """Send ``value`` (acks=all) to the node at ``addr`` itself, no routing nor retry; return
     why it was not acknowledged ("" when it was)."""
@@ -265,6 +289,15 @@ def test_leader_partitioned(tmp_path: Path, etcd: EtcdServer) -> None:
 @pytest.mark.slow
 def test_leader_partitioned_20_times(tmp_path: Path, etcd: EtcdServer) -> None:
     scenario(tmp_path, etcd, partition_leader, 20, proxied=True)
+
+
+def test_leader_cut_off_with_its_clients(tmp_path: Path, etcd: EtcdServer) -> None:
+    scenario(tmp_path, etcd, cut_off_leader, 1, proxied=True)
+
+
+@pytest.mark.slow
+def test_leader_cut_off_with_its_clients_20_times(tmp_path: Path, etcd: EtcdServer) -> None:
+    scenario(tmp_path, etcd, cut_off_leader, 20, proxied=True)
 
 
 def test_etcd_killed_under_load(tmp_path: Path, etcd: EtcdServer) -> None:

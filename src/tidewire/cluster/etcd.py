@@ -58,6 +58,10 @@ GRPC_NOT_FOUND = 5
 GRPC_FAILED_PRECONDITION = 9
 GRPC_UNAVAILABLE = 14
 
+#: A lease past its TTL with etcd not answering (``Lease.stale``) is renewed at least this
+#: often (s), so that its holder learns within about a second that etcd is back.
+STALE_RETRY_S = 1.0
+
 
 class EtcdError(TidewireError):
     """etcd refused a request: ``grpc_code`` is its gRPC status, the message its words."""
@@ -470,14 +474,33 @@ class EtcdClient:
 
 @dataclass
 class Lease:
-    """A lease kept alive in the background: renewed every third of its TTL; ``lost`` is set
-    once it has expired (or could not be renewed before its TTL ran out), after which the keys
-    on it are gone and the holder must stop acting on them."""
+    """A lease kept alive in the background: renewed every third of its TTL.
+
+    Two ways it can end, told apart because they call for different things:
+
+    - ``lost`` is set once etcd *said* the lease is gone (a renewal answered with no TTL: it
+      expired or was revoked): the keys on it are gone, the others have seen this holder
+      leave, and the holder must stop acting on them.
+    - ``stale`` is set while the lease is past its TTL by this process's clock *and etcd has
+      not answered* a renewal since: whether it expired is unknown. If etcd itself was down
+      (killed and restarted, or without a quorum), it has not: a new raft leader gives every
+      lease a full TTL again, so nobody has seen this holder leave, and nothing could be
+      decided without it meanwhile. If only this holder was cut off from etcd, or etcd's
+      only member was paused (its leases expire as it resumes), it has, and etcd says so
+      (``lost``) once it answers.
+      The renewals go on, every ``STALE_RETRY_S`` at most; ``stale`` is cleared when one is
+      answered with a TTL.
+
+    Kafka's brokers and Redpanda's nodes do not give up their leaderships because the
+    metadata quorum is out of reach either: what is acknowledged stays safe through the
+    replication itself (see :mod:`tidewire.cluster.node`).
+    """
 
     client: EtcdClient
     ttl_s: int
     id: int = 0
     lost: asyncio.Event = field(default_factory=asyncio.Event)
+    stale: asyncio.Event = field(default_factory=asyncio.Event)
     clock: Callable[[], float] = time.monotonic
     _task: asyncio.Task[None] | None = None
 
@@ -489,19 +512,40 @@ class Lease:
     async def _keep(self) -> None:
         expires = self.clock() + self.ttl_s
         while True:
-            await asyncio.sleep(self.ttl_s / 3)
+            pause = self.ttl_s / 3
+            if self.stale.is_set():
+                pause = min(pause, STALE_RETRY_S)  # learn soon that etcd is back
+            await asyncio.sleep(pause)
             try:
                 ttl = await self.client.keepalive_once(self.id)
             except EtcdError as exc:
                 self.client.stats.keepalive_failures += 1
-                if self.clock() < expires:
+                if exc.grpc_code == GRPC_NOT_FOUND:
+                    ttl = 0  # etcd answered: no such lease (any more)
+                elif self.clock() < expires:
                     log.warning("etcd lease %d not renewed (will retry): %s", self.id, exc)
                     continue
-                ttl = 0
+                else:
+                    if not self.stale.is_set():
+                        log.warning(
+                            "etcd lease %d is past its TTL of %d s and etcd does not answer: "
+                            "renewing it again until etcd says whether it is alive (%s)",
+                            self.id,
+                            self.ttl_s,
+                            exc,
+                        )
+                        self.stale.set()
+                    continue
             if ttl <= 0:
                 log.warning("etcd lease %d lost", self.id)
+                self.stale.clear()
                 self.lost.set()
                 return
+            if self.stale.is_set():
+                log.warning(
+                    "etcd lease %d renewed again: etcd answers, the lease was kept", self.id
+                )
+                self.stale.clear()
             expires = self.clock() + ttl
 
     async def close(self, *, revoke: bool = True) -> None:

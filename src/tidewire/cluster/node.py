@@ -16,9 +16,16 @@ part in the controller's election, and the roles of its replicas.
   the node's copy: every live node, the controller, and each partition's leader and ISR;
 - a leader changes its partition's ISR with :meth:`ClusterNode.propose_isr`, a
   compare-and-swap on the version it read (Kafka's AlterPartition);
-- when its lease is lost (etcd unreachable for longer than the session timeout, or a pause
-  past it), the node stops leading: the others presume it gone and elect new leaders. It then
-  registers again, on a new lease, as soon as etcd answers;
+- when etcd says its lease is lost (it was cut off from etcd, or paused, past the session
+  timeout), the node stops leading: the others presumed it gone and elected new leaders. It
+  then registers again, on a new lease. While etcd does not answer at all (its lease past
+  its TTL by this node's clock, :attr:`Lease.stale`), nothing can be decided without it, so
+  it keeps its roles, as Kafka's brokers keep theirs while the controller quorum is out of
+  reach: what acks=all acknowledges stays safe, because the high watermark needs every
+  in-sync follower, a follower told of a newer leader fetches from that one instead, and
+  the ISR cannot shrink without etcd. It gives up only the partitions whose in-sync
+  followers have all stopped fetching from it for a session timeout (cut off from them
+  too: they may follow a new leader), and takes them up again once etcd answers;
 - the consumer groups' committed offsets are the replicated topic ``__consumer_offsets``
   (created through etcd on first use: the first METADATA asking for it, which is how clients
   find a group's coordinator; :meth:`ClusterNode.ensure_offsets_topic`). A group's coordinator
@@ -105,6 +112,7 @@ from tidewire.storage.manager import validate_topic_name
 
 if TYPE_CHECKING:
     from tidewire.broker import Broker
+    from tidewire.cluster.replica_state import PartitionLeader
 
 __all__ = [
     "DEFAULT_SESSION_TIMEOUT_S",
@@ -133,6 +141,9 @@ ADMIN_WAIT_S = 30.0
 #: After a reconcile step failed (a log that could not be made, a leader whose address is not
 #: known yet), the next pass comes this soon even without a change.
 RETRY_S = 1.0
+#: While the node's lease is stale (etcd not answering past its TTL), how often (s) the
+#: leader checks that the in-sync followers of each partition it leads still fetch from it.
+STALE_CHECK_S = 1.0
 #: Re-registering after a lost lease: waits between attempts, doubling up to the cap.
 REGISTER_BACKOFF_S = (0.2, 2.0)
 #: Producer epoch bumps recorded within this long (s) share one etcd lease, of the producers'
@@ -206,6 +217,11 @@ class Replicas(Protocol):
     ) -> None: ...
 
     def following(self, key: tuple[str, int]) -> FollowedPartition | None: ...
+
+    def led_states(self) -> dict[tuple[str, int], PartitionLeader]: ...
+
+    #: monotonic seconds, the clock of the followers' fetch times
+    clock: Callable[[], float]
 
     async def close(self) -> None: ...
 
@@ -319,6 +335,8 @@ class ClusterNode:
         #: Elections, ISR changes, replica fetches, lease losses (cluster/metrics.py).
         self.stats = ClusterStats()
         self._applied: dict[tuple[str, int], _Role] = {}
+        #: partitions led here given up while etcd does not answer (see _check_stale)
+        self._stepped_down: set[tuple[str, int]] = set()
         self._seen_topics: set[str] = set()
         #: Topics whose local logs were checked to be of the incarnation etcd names.
         self._verified: dict[str, str] = {}
@@ -516,15 +534,42 @@ class ClusterNode:
             self._passed.set()
             lost = asyncio.ensure_future(self.lease.lost.wait())
             dirty = asyncio.ensure_future(self._dirty.wait())
+            waits = {lost, dirty}
+            timeout = None if done else RETRY_S
+            if self.lease.stale.is_set() or self._stepped_down:
+                timeout = STALE_CHECK_S  # followers checked, and etcd's return noticed
+            else:
+                waits.add(asyncio.ensure_future(self.lease.stale.wait()))
             try:
-                await asyncio.wait(
-                    {lost, dirty},
-                    timeout=None if done else RETRY_S,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
+                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                lost.cancel()
-                dirty.cancel()
+                for w in waits:
+                    w.cancel()
+            self._check_stale()
+
+    def _check_stale(self) -> None:
+        """While the lease is stale, give up the partitions led here whose in-sync followers
+        have all stopped fetching for a session timeout (the next pass makes them offline
+        here, keeping the high watermark); once etcd answers again, take them up again."""
+        if not self.lease.stale.is_set():
+            if self._stepped_down:
+                self._stepped_down.clear()
+                self._dirty.set()
+            return
+        assert self.replication is not None
+        now = self.replication.clock()
+        for key, state in self.replication.led_states().items():
+            followers = [state.followers[r] for r in state.isr if r in state.followers]
+            if followers and all(now - f.fetched_at > self.session_timeout_s for f in followers):
+                log.warning(
+                    "partition %s/%d: etcd does not answer and no in-sync follower has fetched "
+                    "for %d s: node %d stops leading it until etcd answers",
+                    *key,
+                    self.session_timeout_s,
+                    self.node_id,
+                )
+                self._stepped_down.add(key)
+                self._dirty.set()
 
     async def _rejoin(self) -> None:
         """The lease is lost: stop leading (the others presume this node gone), then register
@@ -535,6 +580,7 @@ class ClusterNode:
         )
         assert self.replication is not None
         self.stats.lease_losses += 1
+        self._stepped_down.clear()
         for key, role in sorted(self._applied.items()):
             if role[0] == "leader":
                 self._offsets_role(key, leading=False)
@@ -622,6 +668,8 @@ class ClusterNode:
             got = cache.partition(*key)
             if role and role[0] == "leader" and self.lost_tails.voids(key, got[1] if got else 0):
                 role = ("offline", state.leader_epoch)  # named before its tail was lost
+            if role and role[0] == "leader" and key in self._stepped_down:
+                role = ("offline", state.leader_epoch)  # cut off from etcd and its followers
             if role is not None and role[0] == "leader":  # a changed min_insync is applied too
                 role = (*role, self.min_insync_of(topics[key[0]]))
             if role is None:

@@ -1,0 +1,111 @@
+"""etcd out of reach for longer than the nodes' session timeout, under load (three real
+``tidewire serve --cluster`` processes, RF=3, min_insync_replicas=2, acks=all,
+fsync=always, idempotent producers and a consumer, judged by ``check_cluster_history``):
+
+- etcd's member SIGKILLed and started again only once every node has seen its lease pass its
+  TTL unanswered: acknowledgements go on during the outage from the current leader, which
+  keeps leading; once etcd is back the nodes' leases are alive again (a new raft leader gives
+  every lease a full TTL), no node re-registers, leadership never changed, and the replicas
+  agree with nothing acknowledged lost;
+- etcd's member SIGSTOPped as long, then resumed: acknowledgements go on during the pause
+  alike; as it resumes, etcd expires every lease at once (its clock jumped), so the nodes
+  register again and the controller gives the partition a leader: nothing acknowledged is
+  lost and the replicas agree.
+
+The default tier runs each once; ``-m slow`` runs five outages in a row, each longer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.cluster._etcd import EtcdServer
+from tests.cluster._workload import WAIT_S, Cluster, PartitionInfo, Workload, until
+from tests.cluster.test_faults import ETCD_DOWN_ACKS, run_faults
+
+#: What a node logs when its lease is past its TTL and etcd does not answer (cluster/etcd.py).
+STALE = "is past its TTL"
+#: And when it learns its lease is lost (cluster/node.py): it must not, after a kill of etcd.
+LOST = "lost its etcd lease"
+#: The nodes' session timeout in these tests (s).
+SESSION_S = 2
+
+
+def count(cluster: Cluster, n: int, what: str) -> int:
+    return (cluster.root / f"node{n}.log").read_text(errors="replace").count(what)
+
+
+async def every_node_stale(cluster: Cluster, before: dict[int, int]) -> None:
+    """Wait until every node has logged its lease past its TTL (once more than ``before``):
+    the outage has outlasted the session timeout as each node sees it."""
+
+    async def probe() -> bool | None:
+        stale = all(count(cluster, n, STALE) > before[n] for n in cluster.nodes)
+        return True if stale else None
+
+    await until("every node's lease past its TTL", probe, WAIT_S)
+
+
+def make_outage(how: str, extra_acks: int = 0):  # type: ignore[no-untyped-def]
+    """A fault: etcd out (``how``: "kill" or "stop") until every node's lease is past its
+    TTL and ``ETCD_DOWN_ACKS + extra_acks`` more sends are acknowledged, then back."""
+
+    async def outage(cluster: Cluster, p: PartitionInfo, w: Workload) -> None:
+        before = {n: count(cluster, n, STALE) for n in cluster.nodes}
+        lost_before = {n: count(cluster, n, LOST) for n in cluster.nodes}
+        proc = cluster.etcd.proc
+        assert proc is not None
+        if how == "kill":
+            cluster.etcd.stop(signal.SIGKILL)
+        else:
+            proc.send_signal(signal.SIGSTOP)
+        try:
+            await every_node_stale(cluster, before)
+            # Past the session: the leader acknowledges still (its ISR is intact).
+            await w.acked_at_least(ETCD_DOWN_ACKS + extra_acks)
+            for n in cluster.nodes:  # nobody gave up its roles
+                assert count(cluster, n, LOST) == lost_before[n], cluster.log_tail(n)
+        finally:
+            if how == "kill":
+                await asyncio.to_thread(cluster.etcd.start)
+            else:
+                proc.send_signal(signal.SIGCONT)
+        after = await w.settled()
+        if how == "kill":
+            # The leases survived etcd's restart: nothing changed leadership, nobody
+            # registered again.
+            assert (after.leader, after.leader_epoch) == (p.leader, p.leader_epoch), after
+            for n in cluster.nodes:
+                assert count(cluster, n, LOST) == lost_before[n], cluster.log_tail(n)
+
+    return outage
+
+
+def scenario(tmp_path: Path, etcd: EtcdServer, how: str, rounds: int, extra: int = 0) -> None:
+    cluster = Cluster(tmp_path, etcd, session_s=SESSION_S)
+    try:
+        asyncio.run(run_faults(cluster, make_outage(how, extra), rounds))
+    finally:
+        cluster.stop_all()
+
+
+def test_etcd_killed_past_the_session_under_load(tmp_path: Path, etcd: EtcdServer) -> None:
+    scenario(tmp_path, etcd, "kill", 1)
+
+
+def test_etcd_paused_past_the_session_under_load(tmp_path: Path, etcd: EtcdServer) -> None:
+    scenario(tmp_path, etcd, "stop", 1)
+
+
+@pytest.mark.slow
+def test_etcd_killed_past_the_session_5_times(tmp_path: Path, etcd: EtcdServer) -> None:
+    scenario(tmp_path, etcd, "kill", 5, extra=100)
+
+
+@pytest.mark.slow
+def test_etcd_paused_past_the_session_5_times(tmp_path: Path, etcd: EtcdServer) -> None:
+    scenario(tmp_path, etcd, "stop", 5, extra=100)
