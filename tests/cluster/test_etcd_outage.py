@@ -12,6 +12,10 @@ fsync=always, idempotent producers and a consumer, judged by ``check_cluster_his
   register again and the controller gives the partition a leader: nothing acknowledged is
   lost and the replicas agree.
 
+First the lease itself (:class:`~tidewire.cluster.etcd.Lease`) against a real etcd: past its
+TTL with etcd not answering it is ``stale``, not ``lost``; renewed once a restarted etcd
+answers; ``lost`` once a paused etcd resumes and says it expired.
+
 The default tier runs each once; ``-m slow`` runs five outages in a row, each longer.
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,6 +31,7 @@ import pytest
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._workload import WAIT_S, Cluster, PartitionInfo, Workload, until
 from tests.cluster.test_faults import ETCD_DOWN_ACKS, run_faults
+from tidewire.cluster.etcd import EtcdClient, Lease
 
 #: What a node logs when its lease is past its TTL and etcd does not answer (cluster/etcd.py).
 STALE = "is past its TTL"
@@ -33,6 +39,57 @@ STALE = "is past its TTL"
 LOST = "lost its etcd lease"
 #: The nodes' session timeout in these tests (s).
 SESSION_S = 2
+
+
+async def bounded_until(what: str, check: Callable[[], bool]) -> None:
+    async def probe() -> bool | None:
+        return True if check() else None
+
+    await until(what, probe, WAIT_S)
+
+
+def test_a_lease_past_its_ttl_with_etcd_killed_is_stale_then_renewed(etcd: EtcdServer) -> None:
+    async def main() -> None:
+        async with EtcdClient([etcd.endpoint], timeout_s=1) as c:
+            lease = Lease(c, ttl_s=2)
+            await lease.start()
+            await c.put("node/1", b"up", lease=lease.id)
+            etcd.stop(signal.SIGKILL)
+            try:
+                await bounded_until("the lease stale", lease.stale.is_set)
+                assert not lease.lost.is_set()
+            finally:
+                await asyncio.to_thread(etcd.start)
+            # Restarted, etcd gives the lease a full TTL again: renewed, its key kept.
+            await bounded_until("the lease renewed", lambda: not lease.stale.is_set())
+            assert not lease.lost.is_set()
+            assert await c.get("node/1") is not None
+            await lease.close()
+
+    asyncio.run(main())
+
+
+def test_a_lease_past_its_ttl_with_etcd_paused_is_lost_once_etcd_says_so(
+    etcd: EtcdServer,
+) -> None:
+    async def main() -> None:
+        async with EtcdClient([etcd.endpoint], timeout_s=1) as c:
+            lease = Lease(c, ttl_s=2)
+            await lease.start()
+            proc = etcd.proc
+            assert proc is not None
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                await bounded_until("the lease stale", lease.stale.is_set)
+                assert not lease.lost.is_set()
+            finally:
+                proc.send_signal(signal.SIGCONT)
+            # Resumed, etcd expires the lease (its clock jumped past the TTL) and says so.
+            await bounded_until("the lease lost", lease.lost.is_set)
+            assert not lease.stale.is_set()
+            await lease.close()
+
+    asyncio.run(main())
 
 
 def count(cluster: Cluster, n: int, what: str) -> int:
