@@ -81,7 +81,7 @@ ACKS_PER_ROUND = 20
 
 #: Acknowledgements awaited while etcd is down (then it is started again), and the session
 #: timeout of those tests: long enough that the outage ends well within it on a loaded
-#: machine (past it, a node presumes itself gone and stops leading, as documented).
+#: machine (outages past it: tests/cluster/test_etcd_outage.py).
 ETCD_DOWN_ACKS = 10
 ETCD_SESSION_S = 12
 
