@@ -37,6 +37,9 @@ from tidewire.cluster.etcd import EtcdClient, Lease
 STALE = "is past its TTL"
 #: And when it learns its lease is lost (cluster/node.py): it must not, after a kill of etcd.
 LOST = "lost its etcd lease"
+#: And when a renewal is answered again (cluster/etcd.py), and when it registered again.
+RENEWED = "renewed again"
+REGISTERED = "registered again"
 #: The nodes' session timeout in these tests (s).
 SESSION_S = 2
 
@@ -92,6 +95,20 @@ def test_a_lease_past_its_ttl_with_etcd_paused_is_lost_once_etcd_says_so(
     asyncio.run(main())
 
 
+async def etcd_answers(etcd: EtcdServer) -> None:
+    """Wait until etcd, started again, answers a read (bounded)."""
+
+    async def probe() -> bool | None:
+        proc = etcd.proc
+        assert proc is not None
+        assert proc.poll() is None, f"etcd exited ({proc.returncode}): {etcd.log_tail()}"
+        async with EtcdClient([etcd.endpoint], timeout_s=1) as c:
+            await c.get("probe")
+        return True
+
+    await until("etcd answers again", probe, WAIT_S)
+
+
 def count(cluster: Cluster, n: int, what: str) -> int:
     return (cluster.root / f"node{n}.log").read_text(errors="replace").count(what)
 
@@ -129,8 +146,18 @@ def make_outage(how: str, extra_acks: int = 0):  # type: ignore[no-untyped-def]
         finally:
             if how == "kill":
                 await asyncio.to_thread(cluster.etcd.start)
+                await etcd_answers(cluster.etcd)
             else:
                 proc.send_signal(signal.SIGCONT)
+        # Every node learns that etcd is back: its lease renewed (etcd restarted kept it), or
+        # lost and registered again (etcd paused expired it as it resumed).
+        back, seen = (RENEWED, STALE) if how == "kill" else (REGISTERED, LOST)
+
+        async def all_back() -> bool | None:
+            done = all(count(cluster, n, back) >= count(cluster, n, seen) for n in cluster.nodes)
+            return True if done else None
+
+        await until("every node back with etcd", all_back, WAIT_S)
         after = await w.settled()
         if how == "kill":
             # The leases survived etcd's restart: nothing changed leadership, nobody

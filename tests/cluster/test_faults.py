@@ -59,7 +59,7 @@ from tests.cluster._workload import (
 from tests.server._support import batch
 from tidewire.client import AsyncClient
 from tidewire.client._transport import Transport
-from tidewire.errors import PartitionCorruptError, TidewireError
+from tidewire.errors import NotLeaderError, PartitionCorruptError, TidewireError
 from tidewire.protocol.messages import (
     PartitionInfo,
     ProducePartition,
@@ -201,17 +201,27 @@ async def cut_off_leader(cluster: Cluster, p: PartitionInfo, w: Workload) -> Non
     """Cut the leader off from everything, its clients included (they reach each node
     through its proxy): the clients go on with the new leader the others elect (more sends
     are acknowledged while the old one is still cut off), and the old leader, asked
-    directly, acknowledges nothing, neither before the new leader is there nor after."""
+    directly, acknowledges nothing: before the new leader is there, and after, until it
+    refuses as a node that no longer leads (no in-sync follower has fetched from it for a
+    session while etcd does not answer it)."""
+
+    async def probe() -> str:
+        value = f"cut-off-{len(cluster.probes)}".encode()
+        cluster.probes.append(value)
+        error = await produce_directly(cluster.addr(p.leader), value)
+        assert error, f"node {p.leader}, cut off, acknowledged {value!r} with acks=all"
+        return error
+
+    async def refused_as_not_leader() -> str | None:
+        error = await probe()
+        return error if f"error {NotLeaderError.code}:" in error else None
+
     cluster.cut_off(p.leader)
     try:
-        for when in ("before", "after"):
-            value = f"cut-off-{when}-{len(cluster.probes)}".encode()
-            cluster.probes.append(value)
-            error = await produce_directly(cluster.addr(p.leader), value)
-            assert error, f"node {p.leader}, cut off, acknowledged {value!r} with acks=all"
-            if when == "before":
-                await cluster.new_leader(p.leader, p.leader_epoch)
-                await w.acked_at_least(ACKS_PER_ROUND)  # through the new leader
+        await probe()
+        await cluster.new_leader(p.leader, p.leader_epoch)
+        await w.acked_at_least(ACKS_PER_ROUND)  # through the new leader
+        await until(f"node {p.leader} stopped leading", refused_as_not_leader, WAIT_S)
     finally:
         cluster.rejoin(p.leader)
 
