@@ -115,6 +115,8 @@ class Cluster:
     host: ProxyHost | None = None
     inbound: dict[int, Proxy] = field(default_factory=dict)
     to_etcd: dict[int, Proxy] = field(default_factory=dict)
+    #: The node whose address comes first in :attr:`bootstrap` (None: node order).
+    bootstrap_first: int | None = None
     #: Values a test sent past the workload (never acknowledged, so they may be lost).
     probes: list[bytes] = field(default_factory=list)
 
@@ -128,7 +130,10 @@ class Cluster:
 
     @property
     def bootstrap(self) -> str:
-        return ",".join(self.advertised(n) for n in self.nodes)
+        """Every node's address, ``bootstrap_first``'s first: a client's bootstrap
+        connection (its metadata, its requests to leaders not known) goes there."""
+        order = sorted(self.nodes, key=lambda n: n != self.bootstrap_first)
+        return ",".join(self.advertised(n) for n in order)
 
     def _proxies(self, n: int) -> None:
         if self.host is None:

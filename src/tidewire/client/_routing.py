@@ -16,7 +16,8 @@ When a request meets a node that no longer leads its partition (:class:`NotLeade
 partition without a leader (:class:`PartitionOfflineError`, in a cluster) or a lost
 connection to a leader, the client forgets that leader, refreshes the metadata
 (:meth:`Router.refresh`: the bootstrap connection first, then every other node it knows, in
-turn) and retries after :func:`backoff_s` -- what it retries is each client's decision (see
+turn; the bootstrap connection last once it let a refresh time out, until it answers again)
+and retries after :func:`backoff_s` -- what it retries is each client's decision (see
 docs/clients.md, "Clusters").
 """
 
@@ -121,6 +122,11 @@ class Router:
         self._nodes: dict[int, tuple[str, int]] = {}
         self._links: dict[int, Transport] = {}  # open connections to nodes, by node id
         self._bootstrap_node = -1  # the node the bootstrap connection reached last
+        #: The bootstrap connection's node let a METADATA request time out (cut off, or
+        #: hung): refreshes ask the other nodes first until it answers one again. Else,
+        #: with the leader forgotten after each failure, every retry and refresh would go
+        #: to it first and wait out a request timeout, for as long as it stays silent.
+        self._bootstrap_silent = False
         self._throttled_closed_ms = 0  # throttle time of connections closed since
         self._refresh: asyncio.Task[None] | None = None
 
@@ -197,7 +203,8 @@ class Router:
         request = MetadataRequest(topics=sorted(set(topics)))
         others = [node for node in sorted(self._nodes) if node != self._bootstrap_node]
         failure: TidewireError | None = None
-        for node in [-1, *others]:
+        order = [*others, -1] if self._bootstrap_silent else [-1, *others]
+        for node in order:
             if node < 0:
                 transport = self.bootstrap
             elif node in self._links:
@@ -208,12 +215,16 @@ class Router:
             try:
                 response = await transport.request(request)
             except _LOSS as exc:
+                if node < 0 and isinstance(exc, RequestTimedOutError):
+                    self._bootstrap_silent = True
                 failure = exc
                 continue
             finally:
                 if node >= 0 and transport is not self._links.get(node):
                     await transport.close()
             assert response is not None
+            if node < 0:
+                self._bootstrap_silent = False
             body: MetadataResponse = response.body
             await self.learn(body, transport)
             return body
