@@ -64,27 +64,33 @@ def test_a_leader_whose_replicas_change_keeps_its_acks_all_waits(tmp_path: Path)
     asyncio.run(asyncio.wait_for(main(), 120))
 
 
-async def move(cluster: Cluster, replicas: list[int], *, cancel: bool = False) -> None:
-    """Start moving partition 0 to ``replicas`` (or cancel its move), from any node."""
-    async with AsyncClient(cluster.bootstrap, request_timeout_s=30, connect_timeout_s=5) as c:
+def through(cluster: Cluster, avoid: int) -> str:
+    """The bootstrap list without node ``avoid`` (stopped, its listener would hang)."""
+    return ",".join(cluster.advertised(n) for n in cluster.nodes if n != avoid)
+
+
+async def move(cluster: Cluster, replicas: list[int], *, avoid: int, cancel: bool = False) -> None:
+    """Start moving partition 0 to ``replicas`` (or cancel its move), from a node other
+    than ``avoid``."""
+    async with AsyncClient(through(cluster, avoid), request_timeout_s=30, connect_timeout_s=5) as c:
         if cancel:
             await c.alter_replication(T, cancel=True, partitions=[0])
         else:
             await c.alter_replication(T, replicas={0: replicas})
 
 
-async def status(cluster: Cluster) -> PartitionReplication:
-    async with AsyncClient(cluster.bootstrap, request_timeout_s=10, connect_timeout_s=5) as c:
+async def status(cluster: Cluster, avoid: int) -> PartitionReplication:
+    async with AsyncClient(through(cluster, avoid), request_timeout_s=10, connect_timeout_s=5) as c:
         (p,) = [p for p in await c.alter_replication(T) if p.partition == 0]
     return p
 
 
-async def move_done(cluster: Cluster, replicas: list[int]) -> PartitionReplication:
+async def move_done(cluster: Cluster, replicas: list[int], avoid: int) -> PartitionReplication:
     """Wait until no move of partition 0 is under way and ``replicas`` are its replicas,
     all in sync."""
 
     async def probe() -> PartitionReplication | None:
-        p = await status(cluster)
+        p = await status(cluster, avoid)
         done = not p.target and sorted(p.replicas) == sorted(replicas)
         return p if done and sorted(p.isr) == sorted(replicas) else None
 
@@ -97,33 +103,33 @@ def move_back_killing_the_leader(how: str):  # type: ignore[no-untyped-def]
     async def fault(c: Cluster, p: PartitionInfo, w: Workload) -> None:
         away = p.leader
         others = [n for n in c.nodes if n != away]
-        await move(c, others)  # the leader leaves: one of the others leads
-        await move_done(c, others)
+        await move(c, others, avoid=away)  # the leader leaves: one of the others leads
+        await move_done(c, others, away)
         await w.acked_at_least(ACKS_PER_ROUND)
-        now = await status(c)
+        now = await status(c, away)
         # Back: ``away`` copies the whole log again (its own was deleted as it left), but
         # stopped it cannot, so the move is under way when the leader is killed.
         c.signal(away, signal.SIGSTOP)
         try:
-            await move(c, [*others, away])
-            moving = await status(c)
+            await move(c, [*others, away], avoid=away)
+            moving = await status(c, away)
             assert moving.target, moving
             c.kill(now.leader)
             await c.new_leader(now.leader, now.leader_epoch)
             c.start(now.leader)
             if how == "cancel":
-                await move(c, [], cancel=True)
-                await move_done(c, others)  # back where the move started
+                await move(c, [], avoid=away, cancel=True)
+                await move_done(c, others, away)  # back where the move started
         finally:
             c.signal(away, signal.SIGCONT)
         if how == "cancel":  # made again once ``away`` is live again (it registers anew)
 
             async def moved() -> bool:
-                await move(c, [*others, away])
+                await move(c, [*others, away], avoid=away)
                 return True
 
             await until_some(f"node {away} back and moving to it", moved, WAIT_S)
-        await move_done(c, [*others, away])
+        await move_done(c, [*others, away], away)
         await w.acked_at_least(ACKS_PER_ROUND)
 
     return fault
