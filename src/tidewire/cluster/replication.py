@@ -270,6 +270,10 @@ class ReplicaManager:
         for r, info in old.followers.items():
             if r in state.followers:
                 state.followers[r] = info
+                if r in old.isr and r not in state.isr:
+                    # Taken out (a node gone): back in only after a fetch made since, as
+                    # PartitionLeader.isr_committed has it.
+                    info.fetched_at = float("-inf")
         state.appended(old.log_end)  # the high watermark over the new ISR
         again = _Led(led.epoch, state)
         # The same list: each waiting produce removes its own entry from the list it joined.
