@@ -185,8 +185,10 @@ class SecureCluster:
             }
 
         await until(
-            lambda: len(ends()) == 1
-            and all(key in n.broker.logs.logs for n in self.nodes if not n.stopped),
+            lambda: (
+                len(ends()) == 1
+                and all(key in n.broker.logs.logs for n in self.nodes if not n.stopped)
+            ),
             "every node holds the same security state",
         )
 
@@ -208,8 +210,7 @@ async def secure_cluster(
     node_key = await prepare_node_principal(str(tmp / "node1"))
     admin = bootstrap_key(str(tmp / "node1"))
     nodes = [
-        SecureNode(tmp, etcd, i, cluster_id=cluster_id, node_key=node_key)
-        for i in range(1, n + 1)
+        SecureNode(tmp, etcd, i, cluster_id=cluster_id, node_key=node_key) for i in range(1, n + 1)
     ]
     async with AsyncExitStack() as stack:
         for node in nodes:
