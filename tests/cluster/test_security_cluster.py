@@ -18,17 +18,35 @@ Every wait is bounded; nothing is timed.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from collections.abc import Awaitable
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+from websockets.asyncio.client import connect as ws_connect
 
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import WAIT_S, until
-from tests.cluster._secure import NODE_PRINCIPAL, SecureCluster, acl, secure_cluster
+from tests.cluster._secure import (
+    IPUBSUB,
+    MSGBUS,
+    NODE_PRINCIPAL,
+    SecureCluster,
+    SecureNode,
+    acl,
+    secure_cluster,
+)
+from tidewire.broker.offsets import STREAMS_TOPIC
+from tidewire.broker.streams.model import partition_of
 from tidewire.client import AsyncGroupConsumer, AsyncQueueConsumer, Credentials, Message
+from tidewire.client._routing import OFFSETS_TOPIC, coordinator_partition
 from tidewire.errors import AuthorizationFailedError
 from tidewire.protocol.messages import ACKS_DURABLE, AclEntry
+from tidewire.security.authorizer import Authorizer, Decision
+from tidewire.security.model import BUILTIN_ROLES, Operation, Principal, ResourceType
 
 #: The most one test may take, bounded (it takes seconds).
 TEST_S = 180.0
@@ -54,17 +72,17 @@ async def make_user(c: SecureCluster, name: str, *entries: AclEntry) -> str:
     return key
 
 
-async def create_topic(c: SecureCluster, topic: str, partitions: int) -> None:
-    """``topic`` with ``partitions`` partitions on every node, each with a leader and every
-    replica in sync."""
+async def create_topic(c: SecureCluster, topic: str, partitions: int, rf: int = 3) -> None:
+    """``topic`` with ``partitions`` partitions of ``rf`` replicas, each with a leader and
+    every replica in sync, as every node's copy of the metadata says."""
     async with c.nodes[0].client(c.admin) as admin:
-        await admin.create_topic(topic, partitions=partitions, replication_factor=3)
+        await admin.create_topic(topic, partitions=partitions, replication_factor=rf)
 
     def placed() -> bool:
         for n in c.nodes:
             for p in range(partitions):
                 got = n.cluster.cache.partition(topic, p)
-                if got is None or got[0].leader < 0 or len(got[0].isr) != 3:
+                if got is None or got[0].leader < 0 or len(got[0].isr) != rf:
                     return False
         return True
 
@@ -180,9 +198,6 @@ async def check_streams(c: SecureCluster, key: str) -> None:
             assert got.value == s.encode()
 
 
-NODE_GRANT = acl(NODE_PRINCIPAL, "cluster", "cluster", "cluster_action")
-
-
 def test_routed_clients_with_a_user_s_key_on_any_node(tmp_path: Path, etcd: EtcdServer) -> None:
     """A user allowed exactly what it does, bootstrapped on one node: produce and fetch on
     every partition's leader, a group's commits at its coordinator, a queue at its owner,
@@ -226,3 +241,279 @@ def test_routed_clients_with_a_user_s_key_on_any_node(tmp_path: Path, etcd: Etcd
             assert all(n.broker.log(T, 0).log_end_offset == 1 for n in c.nodes)
 
     run(main())
+
+
+# --- HTTP: what a node forwards runs as the node principal ----------------------------------
+
+#: The grant docs/cluster.md asks for: the built-in role ``node`` on the node principal.
+NODE_ROLE = "node"
+
+
+def leader_of(c: SecureCluster, topic: str, partition: int) -> SecureNode:
+    got = c.nodes[0].cluster.cache.partition(topic, partition)
+    assert got is not None
+    return c.by_id(got[0].leader)
+
+
+async def sse_messages(http: httpx.AsyncClient, path: str, n: int) -> list[dict[str, Any]]:
+    """The first ``n`` message events of the SSE stream at ``path`` (bounded by the client's
+    read timeout)."""
+    out: list[dict[str, Any]] = []
+    async with http.stream("GET", path, headers={"Accept": "text/event-stream"}) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                out.append(json.loads(line[len("data: ") :]))
+                if len(out) == n:
+                    return out
+    raise AssertionError(f"the stream ended after {len(out)} of {n} messages")
+
+
+def owner_id(node: SecureNode, stream: str) -> int:
+    """The node that owns ``stream`` (leads its partition of ``__streams``), as ``node``'s
+    copy of the metadata says (-1: none)."""
+    cache = node.cluster.cache
+    info = cache.topics.get(STREAMS_TOPIC)
+    if info is None:
+        return -1
+    got = cache.partition(STREAMS_TOPIC, partition_of(stream, info.partitions))
+    return -1 if got is None else got[0].leader
+
+
+def ws_url(node: SecureNode, path: str, listener: str = "") -> str:
+    return node.url(listener).replace("http://", "ws://") + path
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def grant_node_role(c: SecureCluster) -> None:
+    async with c.nodes[0].client(c.admin) as admin:
+        await admin.alter_principal(NODE_PRINCIPAL, roles=[NODE_ROLE])
+    await c.settled()
+
+
+def test_http_forwarding_runs_as_the_node_principal(
+    tmp_path: Path, etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the node principal given the documented role, a user allowed exactly what it
+    asks for is answered on any node: publishes redirected to the leader (and accepted there
+    with the user's own key), the read over every partition, SSE and WebSocket streams of
+    partitions led elsewhere, a WebSocket group member whose coordinator is elsewhere, the
+    groups of every coordinator listed, msgbus publish and subscribe on a node that does not
+    lead the topic, iPubSub and native stream requests of other owners, an exchange's publish
+    into queues of other owners, and the cluster's audit log.
+
+    What the node principal was asked for, over all of it, is exactly the role's grant: each
+    of its permissions is used, and none beyond it is needed (it would have been refused)."""
+    asked: set[tuple[ResourceType, Operation]] = set()
+    decide = Authorizer.decide
+
+    def recording(
+        self: Authorizer, principal: Principal, rtype: ResourceType, name: str, op: Operation
+    ) -> Decision:
+        decision = decide(self, principal, rtype, name, op)
+        if principal.name == NODE_PRINCIPAL:
+            assert decision.allowed, (rtype, name, op, decision.reason)
+            asked.add((rtype, op))
+        return decision
+
+    monkeypatch.setattr(Authorizer, "decide", recording)
+
+    async def main() -> None:
+        async with secure_cluster(tmp_path, etcd, "sec-http") as c:
+            await grant_node_role(c)
+            await create_topic(c, "t", 3, rf=1)  # one replica each: reads cross nodes
+            await create_topic(c, "g3", 1)
+            key = await make_user(
+                c,
+                "web",
+                *acl("web", "topic", "t", "read", "write"),
+                *acl("web", "topic", "g3", "read", "write"),
+                *acl("web", "group", "g", "read"),
+                *acl("web", "topic", "msgbus.news", "read", "write", "create"),
+                *acl("web", "group", "msgbus", "read"),
+                *acl("web", "stream", "*", "read", "write"),
+                *acl("web", "exchange", "fan", "write"),
+            )
+            await http_topics(c, key)
+            await http_group_member(c, key)
+            await http_msgbus(c, key)
+            await http_ipubsub(c, key)
+            await http_exchange(c, key)
+            await http_audit(c)
+
+    run(main())
+    assert asked == set(BUILTIN_ROLES[NODE_ROLE])
+
+
+async def http_audit(c: SecureCluster) -> None:
+    """The audit log's query on one node asks the nodes holding the others' logs for theirs
+    (``DESCRIBE_AUDIT`` with ``nodes``, as the node principal)."""
+    async with c.nodes[1].http(c.admin) as http:
+        r = await http.get("/v1/audit", params={"limit": 1000})
+        assert r.status_code == 200, r.text
+        assert 1 in {e["node_id"] for e in r.json()["events"]}  # node 1's, kept on node 1
+
+
+async def http_topics(c: SecureCluster, key: str) -> None:
+    lead = {p: leader_of(c, "t", p) for p in range(3)}
+    assert len({n.id for n in lead.values()}) == 3  # placed one per node
+    for p in range(3):
+        other = next(n for n in c.nodes if n is not lead[p])
+        async with other.http(key) as http:
+            r = await http.post("/v1/topics/t/messages", json={"value": f"v{p}", "partition": p})
+            assert r.status_code == 307, r.text
+            location = r.headers["location"]
+            assert location == f"{lead[p].url()}/v1/topics/t/messages"
+        # A redirect to another port drops Authorization in httpx (and curl, requests):
+        # without it the leader refuses; sent again with the key, it is stored.
+        async with httpx.AsyncClient(timeout=WAIT_S) as anonymous:
+            r = await anonymous.post(location, json={"value": "x", "partition": p})
+            assert r.status_code == 401, r.text
+            r = await anonymous.post(
+                location, json={"value": f"v{p}", "partition": p}, headers=bearer(key)
+            )
+            assert r.status_code == 201, r.text
+    expected = {(p, f"v{p}") for p in range(3)}
+    for n in c.nodes:
+        async with n.http(key) as http:
+            r = await http.get("/v1/topics/t/messages", params={"since": 0})
+            assert r.status_code == 200, r.text
+            assert {(m["partition"], m["value"]) for m in r.json()["messages"]} == expected
+    async with c.nodes[0].http(key) as http:
+        events = await sse_messages(http, "/v1/topics/t/stream?from=earliest", 3)
+    assert {(m["partition"], m["value"]) for m in events} == expected
+    async with ws_connect(
+        ws_url(c.nodes[1], "/v1/topics/t/stream?from=earliest"),
+        additional_headers=bearer(key),
+        open_timeout=WAIT_S,
+    ) as ws:
+        assert json.loads(await ws.recv())["type"] == "subscribed"
+        seen = set()
+        while len(seen) < 3:
+            msg = json.loads(await asyncio.wait_for(ws.recv(), WAIT_S))
+            seen.add((msg["partition"], msg["value"]))
+    assert seen == expected
+
+
+async def http_group_member(c: SecureCluster, key: str) -> None:
+    """A WebSocket member of group ``g`` on a node that does not coordinate it joins and
+    commits at the coordinator (as the node principal)."""
+    async with c.nodes[0].client(key) as app:
+        await app.produce("g3", 0, [Message(b"m0"), Message(b"m1")])
+        await app.commit_offsets("g", {("g3", 0): 1})  # makes the offsets topic too
+    coordinator = leader_of(c, OFFSETS_TOPIC, coordinator_partition("g"))
+    remote = next(n for n in c.nodes if n is not coordinator)
+    async with ws_connect(
+        ws_url(remote, "/v1/topics/g3/stream?group=g"),
+        additional_headers=bearer(key),
+        open_timeout=WAIT_S,
+    ) as ws:
+        hello = json.loads(await asyncio.wait_for(ws.recv(), WAIT_S))
+        assert hello["type"] == "subscribed", hello
+        assert hello["partitions"] == [{"partition": 0, "offset": 1}]
+        msg = json.loads(await asyncio.wait_for(ws.recv(), WAIT_S))
+        assert msg["value"] == "m1"
+        await ws.send(json.dumps({"type": "commit"}))
+        done = json.loads(await asyncio.wait_for(ws.recv(), WAIT_S))
+        assert done == {"type": "committed", "offsets": [{"partition": 0, "offset": 2}]}
+    async with c.nodes[2].client(key) as app:
+        assert await app.committed_offsets("g") == {("g3", 0): 2}
+    # Every node lists the cluster's groups (each coordinator asked, as the node principal),
+    # those the caller may describe.
+    for n in c.nodes:
+        async with n.http(key) as http:
+            r = await http.get("/v1/groups")
+            assert r.status_code == 200, r.text
+            assert [g["group"] for g in r.json()["groups"]] == ["g"]
+
+
+async def http_msgbus(c: SecureCluster, key: str) -> None:
+    """msgbus: the topic made on the first publish; a subscriber on a node that does not
+    lead it is fed from the leader, a publish through another is forwarded to the leader."""
+    async with c.nodes[0].http(key, MSGBUS) as bus:
+        r = await bus.post("/news", content=b"first")
+        assert r.status_code == 202, r.text
+    await until(
+        lambda: all(
+            (got := n.cluster.cache.partition("msgbus.news", 0)) is not None and got[0].leader >= 0
+            for n in c.nodes
+        ),
+        "every node knows msgbus.news",
+    )
+    lead = leader_of(c, "msgbus.news", 0)
+    sub, pub = [n for n in c.nodes if n is not lead][:2]
+    async with ws_connect(
+        ws_url(sub, "/news", MSGBUS), additional_headers=bearer(key), open_timeout=WAIT_S
+    ) as ws:
+        async with pub.http(key, MSGBUS) as bus:
+            r = await bus.put("/news", content=b"second")
+            assert r.status_code == 202, r.text
+        got = json.loads(await asyncio.wait_for(ws.recv(), WAIT_S))
+        assert base64.b64decode(got["payload"]) == b"second"
+
+
+async def http_ipubsub(c: SecureCluster, key: str) -> None:
+    """iPubSub on one node: streams of every owner, sent and received there."""
+    streams = [f"i-{i}" for i in range(8)]
+    async with c.nodes[2].http(key, IPUBSUB) as ip:
+        for s in streams:
+            r = await ip.post(
+                "/api/v1/streams/send",
+                content=json.dumps({"streamId": s, "messageUuid": f"u-{s}", "message": s}),
+            )
+            assert r.status_code == 200, r.text
+        for s in streams:
+            r = await ip.get("/api/v1/streams/receive", params={"streamId": s, "timeoutSeconds": 5})
+            assert r.status_code == 200, r.text
+            assert r.json()["message"] == s
+    foreign = [s for s in streams if owner_id(c.nodes[2], s) != c.nodes[2].id]
+    assert foreign, "every stream owned by the node asked"
+    async with c.nodes[2].http(key) as http:
+        for s in foreign:
+            r = await http.post(
+                f"/v1/streams/{s}/messages", json={"value": "n", "persistent": True}
+            )
+            assert r.status_code == 200, r.text
+            r = await http.get(f"/v1/streams/{s}")
+            assert r.status_code == 200, r.text
+
+
+async def http_exchange(c: SecureCluster, key: str) -> None:
+    """A fanout exchange's publish through one node reaches queues whatever node owns them
+    (forwarded to their owners as the node principal)."""
+    names = [f"q{i}" for i in range(4)]
+    async with c.nodes[0].client(c.admin) as admin:
+        await admin.declare_exchange("fan", "fanout", durable=True)
+        for q in names:
+            await admin.declare_queue(q, durable=True)
+            await admin.bind("fan", q)
+        await until(
+            lambda: all(
+                len(
+                    [
+                        n
+                        for n in c.nodes
+                        if q in {x.spec.name for x in n.broker.queues._queues.values()}
+                    ]
+                )
+                == 1
+                for q in names
+            ),
+            "every queue served by its owner",
+        )
+        owners = {
+            n.id
+            for n in c.nodes
+            for q in names
+            if q in {x.spec.name for x in n.broker.queues._queues.values()}
+        }
+        assert len(owners) > 1
+        async with c.nodes[0].http(key) as http:
+            r = await http.post("/v1/exchanges/fan/publish", json={"messages": [{"value": "fan"}]})
+            assert r.status_code == 200, r.text
+        for q in names:
+            msgs = await admin.get(q, wait_ms=5000)
+            assert [m.value for m in msgs] == [b"fan"], q

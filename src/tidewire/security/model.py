@@ -172,6 +172,18 @@ BUILTIN_ROLES: dict[str, tuple[tuple[ResourceType, Operation], ...]] = {
         (_R.CLUSTER, _O.DESCRIBE),
     ),
     "viewer": tuple((rt, _O.DESCRIBE) for rt in _R),
+    # The nodes' own identity in a cluster (docs/cluster.md, "Security"): copying leaders'
+    # logs, and what a node asks of the others on behalf of a caller its own gate let
+    # through (reads and streams of partitions led elsewhere, group members whose
+    # coordinator is elsewhere, publishes forwarded to a leader or a queue's owner, stream
+    # requests forwarded to their owner). Nothing that changes definitions or security.
+    "node": (
+        (_R.CLUSTER, _O.CLUSTER_ACTION),
+        *_every(_R.TOPIC, _O.READ, _O.WRITE, _O.DESCRIBE),
+        *_every(_R.GROUP, _O.READ, _O.DESCRIBE),
+        *_every(_R.STREAM, _O.READ, _O.WRITE, _O.DESCRIBE),
+        (_R.EXCHANGE, _O.WRITE),
+    ),
 }
 
 
