@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
+import subprocess
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
@@ -29,8 +31,10 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import InvalidStatus
 
+from tests.cli._support import popen_serve, run_cli, stop
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import WAIT_S, until
+from tests.cluster._nodes import wait_until
 from tests.cluster._secure import (
     IPUBSUB,
     MSGBUS,
@@ -38,6 +42,7 @@ from tests.cluster._secure import (
     SecureCluster,
     SecureNode,
     acl,
+    bootstrap_key,
     secure_cluster,
 )
 from tidewire.broker.offsets import STREAMS_TOPIC
@@ -629,3 +634,131 @@ def test_a_caller_without_rights_is_refused_where_it_arrives(
             }, asked
 
     run(main())
+
+
+# --- real processes ---------------------------------------------------------------------------
+
+
+def _serve(data: Path, *args: str) -> tuple[subprocess.Popen[str], str, str]:
+    """``tidewire serve`` with an HTTP listener, its log in ``DATA.log``: (process, native
+    address, HTTP base URL)."""
+    with open(f"{data}.log", "a") as err:
+        proc = popen_serve(
+            *("--data-dir", str(data), "--port", "0", "--http-port", "0", *args),
+            stderr=err.fileno(),
+        )
+    assert proc.stdout is not None
+    native = url = ""
+    for _ in range(8):  # bounded: the listening lines come among the first few
+        line = proc.stdout.readline()
+        if m := re.search(r"listening on (127\.0\.0\.1:\d+)", line):
+            native = native or m.group(1)
+        if m := re.search(r"HTTP native listening on (http://127\.0\.0\.1:\d+)", line):
+            url = m.group(1)
+        if (native and url) or not line:
+            break
+    if not (native and url):
+        stop(proc)
+        pytest.fail(f"{data}: serve did not start")
+    return proc, native, url
+
+
+@pytest.mark.slow  # four serve processes, about 15 s (the in-process tests above are the default)
+def test_serve_cluster_with_a_node_key_and_the_node_role_forwards_http(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """The procedure of docs/cluster.md with real processes: node 1 served alone makes the
+    node principal with the ``node`` role and its key; three ``tidewire serve --cluster
+    --authentication --node-api-key-file`` nodes form; the role given again on node 1 makes
+    its state the cluster's. Then a user allowed to read a topic whose partitions are led by
+    the three nodes reads all of them over HTTP from any node, and a user without that right
+    is refused (403) on the node it reached."""
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        proc, native, _ = _serve(tmp_path / "node1", "--authentication")
+        procs.append(proc)
+        admin = bootstrap_key(str(tmp_path / "node1"))
+        cli = ["--addr", native, "--api-key", admin]
+        out = run_cli(["user", "create", NODE_PRINCIPAL, "--service", "--role", "node", *cli])
+        assert out.exit_code == 0, out.output
+        out = run_cli(["key", "create", NODE_PRINCIPAL, "--json", *cli])
+        assert out.exit_code == 0, out.output
+        node_key = tmp_path / "node.key"
+        node_key.write_text(json.loads(out.output)["api_key"] + "\n")
+        stop(procs.pop())
+
+        cluster = f"etcd://127.0.0.1:{etcd.client_port}"
+        addr, url = {}, {}
+        for n in (1, 2, 3):
+            proc, addr[n], url[n] = _serve(
+                tmp_path / f"node{n}",
+                *("--node-id", str(n), "--cluster", cluster, "--session-timeout", "3"),
+                *("--authentication", "--node-api-key-file", str(node_key)),
+            )
+            procs.append(proc)
+        cli = ["--addr", addr[1], "--api-key", admin]
+
+        def registered() -> bool:
+            out = run_cli(["cluster", "nodes", "--json", *cli])
+            return out.exit_code == 0 and len(json.loads(out.output)["nodes"]) == 3
+
+        wait_until("3 nodes registered", registered, WAIT_S)
+        # The first change of the cluster (the role again: nothing changes) on node 1.
+        out = run_cli(["user", "roles", NODE_PRINCIPAL, "--role", "node", *cli])
+        assert out.exit_code == 0, out.output
+        for args in (
+            ["topic", "create", "t", "--partitions", "3", "--replication-factor", "1"],
+            ["user", "create", "reader"],
+            ["user", "create", "nobody"],
+            ["acl", "add", "--principal", "reader", "--topic", "t", "-o", "read", "-o", "write"],
+        ):
+            out = run_cli([*args, *cli])
+            assert out.exit_code == 0, out.output
+        keys = {}
+        for who in ("reader", "nobody"):
+            out = run_cli(["key", "create", who, "--json", *cli])
+            assert out.exit_code == 0, out.output
+            keys[who] = json.loads(out.output)["api_key"]
+
+        def published(p: int) -> bool:
+            r = httpx.post(
+                f"{url[1]}/v1/topics/t/messages",
+                json={"value": f"v{p}", "partition": p},
+                headers=bearer(keys["reader"]),
+                timeout=WAIT_S,
+            )
+            if r.status_code == 307:  # sent again to the leader, with the key
+                r = httpx.post(
+                    r.headers["location"],
+                    json={"value": f"v{p}", "partition": p},
+                    headers=bearer(keys["reader"]),
+                    timeout=WAIT_S,
+                )
+            return r.status_code == 201
+
+        for p in range(3):
+            wait_until(f"v{p} published", lambda p=p: published(p), WAIT_S)
+        expected = {(p, f"v{p}") for p in range(3)}
+
+        def read_all(n: int) -> bool:
+            r = httpx.get(
+                f"{url[n]}/v1/topics/t/messages",
+                params={"since": 0},
+                headers=bearer(keys["reader"]),
+                timeout=WAIT_S,
+            )
+            assert r.status_code == 200, r.text  # no partition refused to the node
+            return {(m["partition"], m["value"]) for m in r.json()["messages"]} == expected
+
+        for n in (1, 2, 3):
+            wait_until(f"node {n} answers every partition", lambda n=n: read_all(n), WAIT_S)
+            r = httpx.get(
+                f"{url[n]}/v1/topics/t/messages",
+                params={"since": 0},
+                headers=bearer(keys["nobody"]),
+                timeout=WAIT_S,
+            )
+            assert r.status_code == 403, r.text
+    finally:
+        for proc in procs:
+            stop(proc)
