@@ -39,20 +39,24 @@ from tests.cluster._secure import (
     IPUBSUB,
     MSGBUS,
     NODE_PRINCIPAL,
+    SECURITY,
     SecureCluster,
     SecureNode,
     acl,
     bootstrap_key,
     secure_cluster,
 )
+from tidewire.broker import Broker, BrokerConfig
 from tidewire.broker.offsets import STREAMS_TOPIC
 from tidewire.broker.streams.model import partition_of
 from tidewire.client import AsyncGroupConsumer, AsyncQueueConsumer, Credentials, Message
 from tidewire.client._routing import OFFSETS_TOPIC, coordinator_partition
 from tidewire.errors import AuthorizationFailedError
-from tidewire.protocol.messages import ACKS_DURABLE, AclEntry
+from tidewire.protocol.messages import ACKS_DURABLE, AclEntry, ApiKey
 from tidewire.security.authorizer import Authorizer, Decision
 from tidewire.security.model import BUILTIN_ROLES, Operation, Principal, ResourceType
+from tidewire.server.gate import Session, gate_for
+from tidewire.server.needs import API_NEEDS
 
 #: The most one test may take, bounded (it takes seconds).
 TEST_S = 180.0
@@ -762,3 +766,29 @@ def test_serve_cluster_with_a_node_key_and_the_node_role_forwards_http(
     finally:
         for proc in procs:
             stop(proc)
+
+
+def test_a_certificate_subject_with_the_node_role_may_copy_logs(tmp_path: Path) -> None:
+    """For nodes identified by a client certificate, docs/cluster.md gives the role to a
+    principal named as the certificate's subject: a session authenticated by that
+    certificate alone (no key) gets the role's permissions, REPLICA_FETCH among them, and
+    nothing beyond them."""
+
+    async def main() -> None:
+        async with Broker(
+            BrokerConfig(data_dir=str(tmp_path / "d"), auto_create_topics=False),
+            security=SECURITY,
+        ) as broker:
+            gate = gate_for(broker)
+            session = Session("127.0.0.1:5000", "binary", tls=True, cert_principal="node-by-cert")
+            need = API_NEEDS[ApiKey.REPLICA_FETCH]
+            with pytest.raises(AuthorizationFailedError):
+                gate.check(session, "REPLICA_FETCH", need, None)
+            await broker.security.create_principal("node-by-cert", kind="service", roles=["node"])
+            principal = gate.check(session, "REPLICA_FETCH", need, None)
+            assert principal is not None
+            assert principal.name == "node-by-cert"
+            assert not gate.can(session, ResourceType.CLUSTER, "cluster", Operation.ALTER)
+            assert not gate.can(session, ResourceType.QUEUE, "q", Operation.READ)
+
+    asyncio.run(main())
