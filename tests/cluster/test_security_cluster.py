@@ -792,3 +792,46 @@ def test_a_certificate_subject_with_the_node_role_may_copy_logs(tmp_path: Path) 
             assert not gate.can(session, ResourceType.QUEUE, "q", Operation.READ)
 
     asyncio.run(main())
+
+
+def test_write_without_create_publishes_through_a_node_holding_no_replica(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """A publish needs ``create`` only when its topic does not exist: in a cluster, when the
+    cluster has no such topic, not when the node reached holds no replica of it. A user
+    allowed to write (not create) a topic of one replica publishes over HTTP and msgbus
+    through a node that holds none: redirected, or forwarded, to the leader."""
+
+    async def main() -> None:
+        async with secure_cluster(tmp_path, etcd, "sec-exists") as c:
+            await grant_node_role(c)
+            await create_topic(c, "solo", 1, rf=1)
+            async with c.nodes[0].client(c.admin) as admin:
+                await admin.create_topic("msgbus.solo", partitions=1, replication_factor=1)
+            await until(
+                lambda: all(n.cluster.cache.partition("msgbus.solo", 0) for n in c.nodes),
+                "every node knows msgbus.solo",
+            )
+            key = await make_user(
+                c,
+                "writer",
+                *acl("writer", "topic", "solo", "write"),
+                *acl("writer", "topic", "msgbus.solo", "write"),
+            )
+            lead = leader_of(c, "solo", 0)
+            other = next(n for n in c.nodes if n is not lead)
+            assert ("solo", 0) not in other.broker.logs.logs
+            async with other.http(key) as http:
+                r = await http.post("/v1/topics/solo/messages", json={"value": "x"})
+                assert r.status_code == 307, r.text
+            bus_lead = leader_of(c, "msgbus.solo", 0)
+            bus_other = next(n for n in c.nodes if n is not bus_lead)
+            async with bus_other.http(key, MSGBUS) as bus:
+                r = await bus.post("/solo", content=b"x")
+                assert r.status_code == 202, r.text
+            await until(
+                lambda: bus_lead.broker.log("msgbus.solo", 0).log_end_offset == 1,
+                "the forwarded publish stored on the leader",
+            )
+
+    run(main())
