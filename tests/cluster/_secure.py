@@ -4,12 +4,18 @@ what a cluster does as its nodes' own identity (docs/cluster.md, "Security").
 Each node is a broker with ``authentication=True``, its TCP server, an HTTP gateway with the
 native, msgbus and iPubSub listeners (gated as ``tidewire serve`` gates them) and a
 :class:`ClusterNode` whose links to other nodes (replica fetchers, the HTTP forwarding
-clients) authenticate with the node principal's key (``--node-api-key-file``:
-:func:`~tidewire.cluster.fetcher.node_connect`). It is set up as docs/cluster.md says an
-operator does: node 1's data directory is first served alone, where the node principal, its
-key and its ``cluster_action`` grant are made; then every node starts in the cluster with
-that key; the first change on node 1 (the grant again) makes node 1's security state the
-cluster's, which the others copy. Every wait is bounded.
+clients) authenticate as the node principal (:func:`~tidewire.cluster.fetcher.node_connect`),
+in one of two ways, each set up as docs/cluster.md says an operator does:
+
+- **a key** (``--node-api-key-file``): node 1's data directory is first served alone, where
+  the node principal, its key and its ``cluster_action`` grant are made; then every node
+  starts in the cluster with that key; the first change on node 1 (the grant again) makes
+  node 1's security state the cluster's, which the others copy;
+- **a client certificate** (``--node-tls-cert-file``, CN ``tidewire-node``) on TLS
+  listeners that take client certificates: nothing is prepared; the first change on node 1
+  registers the certificate's subject as a principal with the role ``node``.
+
+Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -23,12 +29,13 @@ import httpx
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import WAIT_S, InProcessNode, until
 from tidewire.broker import Broker, BrokerConfig
-from tidewire.client import AsyncClient, Credentials
+from tidewire.client import AsyncClient, Credentials, TlsOptions
 from tidewire.cluster.fetcher import node_connect
 from tidewire.cluster.node import ClusterNode
 from tidewire.protocol.messages import AclEntry
 from tidewire.security._logs import SECURITY_TOPIC
-from tidewire.security.config import SecurityConfig
+from tidewire.security.certs import issue, make_ca, write_key, write_pem
+from tidewire.security.config import SecurityConfig, TlsConfig
 from tidewire.security.model import Acl, Operation, ResourceType
 from tidewire.server import TcpServer
 from tidewire.server.http import HttpConfig
@@ -81,14 +88,25 @@ class SecureNode(InProcessNode):
     the other nodes (see the module docstring).
 
     Args:
-        node_key: the node principal's API key (the same on every node).
+        node_key: the node principal's API key (the same on every node); None: the node
+            presents ``pki``'s client certificate instead.
+        pki: the directory of :func:`make_pki`: the binary listener uses TLS with client
+            certificates optional (None: plaintext).
     """
 
     def __init__(
-        self, tmp: Path, etcd: EtcdServer, node_id: int, *, cluster_id: str, node_key: str
+        self,
+        tmp: Path,
+        etcd: EtcdServer,
+        node_id: int,
+        *,
+        cluster_id: str,
+        node_key: str | None,
+        pki: Path | None = None,
     ) -> None:
         super().__init__(tmp, etcd, node_id, cluster_id=cluster_id)
         self.node_key = node_key
+        self.pki = pki
         self.gateway: HttpGateway | None = None
 
     async def start(self) -> None:
@@ -98,7 +116,15 @@ class SecureNode(InProcessNode):
         self.broker = Broker(
             BrokerConfig(data_dir=self.data, auto_create_topics=False), security=SECURITY
         )
-        self.server = TcpServer(self.broker, ServerConfig(host="127.0.0.1", port=0))
+        tls = None
+        if self.pki is not None:
+            tls = TlsConfig(
+                tls_cert_file=str(self.pki / "server.pem"),
+                tls_key_file=str(self.pki / "server.key"),
+                tls_ca_file=str(self.pki / "ca.pem"),
+                tls_client_auth="optional",
+            )
+        self.server = TcpServer(self.broker, ServerConfig(host="127.0.0.1", port=0), tls=tls)
         await self.broker.start()
         await self.server.start()
         self.gateway = HttpGateway.for_broker(
@@ -116,7 +142,10 @@ class SecureNode(InProcessNode):
             session_timeout_s=self.session_s,
             default_replication_factor=3,
             min_insync_replicas=2,
-            replica_connect=node_connect(credentials=Credentials(self.node_key)),
+            replica_connect=node_connect(
+                tls=self.tls(client_cert=self.node_key is None),
+                credentials=None if self.node_key is None else Credentials(self.node_key),
+            ),
         )
         await self.node.start()
 
@@ -127,6 +156,17 @@ class SecureNode(InProcessNode):
             await self.gateway.close()
             self.gateway = None
         await super().stop()
+
+    def tls(self, *, client_cert: bool = False) -> TlsOptions | None:
+        """TLS to this cluster's binary listeners (None: plaintext), presenting the node's
+        client certificate when ``client_cert``."""
+        if self.pki is None:
+            return None
+        return TlsOptions(
+            ca_file=str(self.pki / "ca.pem"),
+            cert_file=str(self.pki / "node.pem") if client_cert else None,
+            key_file=str(self.pki / "node.key") if client_cert else None,
+        )
 
     def url(self, listener: str = "") -> str:
         """The base URL of this node's native HTTP API (or of ``listener``: MSGBUS,
@@ -145,14 +185,16 @@ class SecureNode(InProcessNode):
         """A routed client authenticated with ``key``, bootstrapped on this node (and
         ``others``)."""
         addrs = [self.addr, *(n.addr for n in others)]
-        return AsyncClient(addrs, credentials=Credentials(key), request_timeout_s=WAIT_S)
+        return AsyncClient(
+            addrs, credentials=Credentials(key), tls=self.tls(), request_timeout_s=WAIT_S
+        )
 
 
 class SecureCluster:
     """The nodes, started and formed (see :func:`secure_cluster`); ``admin`` is node 1's
     bootstrap key, the cluster's admin."""
 
-    def __init__(self, nodes: list[SecureNode], admin: str, node_key: str) -> None:
+    def __init__(self, nodes: list[SecureNode], admin: str, node_key: str | None) -> None:
         self.nodes = nodes
         self.admin = admin
         self.node_key = node_key
@@ -201,21 +243,45 @@ def acl(principal: str, resource_type: str, pattern: str, *operations: str) -> l
     ]
 
 
+def make_pki(directory: Path) -> Path:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate of CN
+    :data:`NODE_PRINCIPAL` in ``directory`` (``ca.pem``, ``server.pem``/``.key``,
+    ``node.pem``/``.key``); returns it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = make_ca()
+    write_pem(directory / "ca.pem", ca.cert_pem)
+    for name, cert in (
+        ("server", issue(ca, "127.0.0.1", hosts=("127.0.0.1",))),
+        ("node", issue(ca, NODE_PRINCIPAL, client=True)),
+    ):
+        write_pem(directory / f"{name}.pem", cert.cert_pem)
+        write_key(directory / f"{name}.key", cert.key_pem)
+    return directory
+
+
 @asynccontextmanager
 async def secure_cluster(
-    tmp: Path, etcd: EtcdServer, cluster_id: str, n: int = 3
+    tmp: Path, etcd: EtcdServer, cluster_id: str, n: int = 3, *, identity: str = "key"
 ) -> AsyncIterator[SecureCluster]:
     """``n`` secured nodes formed into a cluster whose security state is node 1's (see the
-    module docstring); stopped on the way out, whatever happened."""
-    node_key = await prepare_node_principal(str(tmp / "node1"))
-    admin = bootstrap_key(str(tmp / "node1"))
+    module docstring), the nodes identified by ``identity``: ``key`` or ``certificate``;
+    stopped on the way out, whatever happened."""
+    node_key: str | None = None
+    pki: Path | None = None
+    if identity == "key":
+        node_key = await prepare_node_principal(str(tmp / "node1"))
+    else:
+        assert identity == "certificate", identity
+        pki = make_pki(tmp / "pki")
     nodes = [
-        SecureNode(tmp, etcd, i, cluster_id=cluster_id, node_key=node_key) for i in range(1, n + 1)
+        SecureNode(tmp, etcd, i, cluster_id=cluster_id, node_key=node_key, pki=pki)
+        for i in range(1, n + 1)
     ]
     async with AsyncExitStack() as stack:
         for node in nodes:
             stack.push_async_callback(node.stop)
             await node.start()
+        admin = bootstrap_key(str(tmp / "node1"))
         for node in nodes:
             await node.cluster.cache.wait_for(
                 lambda c=node.cluster.cache: len(c.nodes) == n, WAIT_S
@@ -223,9 +289,12 @@ async def secure_cluster(
         cluster = SecureCluster(nodes, admin, node_key)
         # The first change, on node 1: its state becomes the cluster's; the others copy it
         # as the node principal.
-        await cluster.grant(
-            *acl(NODE_PRINCIPAL, "cluster", "cluster", "cluster_action"),
-        )
+        if node_key is not None:
+            await cluster.grant(*acl(NODE_PRINCIPAL, "cluster", "cluster", "cluster_action"))
+        else:
+            async with nodes[0].client(admin) as c:
+                await c.create_principal(NODE_PRINCIPAL, kind="service", roles=["node"])
+            await cluster.settled()
         yield cluster
 
 
@@ -238,6 +307,7 @@ __all__ = [
     "SecureNode",
     "acl",
     "bootstrap_key",
+    "make_pki",
     "prepare_node_principal",
     "secure_cluster",
 ]

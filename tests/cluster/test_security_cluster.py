@@ -837,3 +837,38 @@ def test_write_without_create_publishes_through_a_node_holding_no_replica(
             )
 
     run(main())
+
+
+def test_nodes_identified_by_a_certificate_with_the_node_role(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """The certificate procedure of docs/cluster.md: TLS listeners taking client
+    certificates, each node presenting one of CN tidewire-node, nothing prepared; the first
+    change on node 1 registers that subject with the role ``node``. The others then copy
+    ``__security`` and the partitions they follow (an acks=all produce is answered, on every
+    replica), and a read over every partition through one node fetches the others' over TLS
+    as the certificate's principal."""
+
+    async def main() -> None:
+        async with secure_cluster(tmp_path, etcd, "sec-cert", identity="certificate") as c:
+            for n in c.nodes:  # node 1's admin holds on every node: the state was copied
+                async with n.client(c.admin) as admin:
+                    assert (await admin.whoami()).principal == "admin"
+            await create_topic(c, T, 1)
+            await create_topic(c, "t", 3, rf=1)
+            async with c.nodes[1].client(c.admin, *c.nodes) as admin:
+                assert await admin.produce(T, 0, [Message(b"x")], acks=ACKS_DURABLE) == 0
+                for p in range(3):
+                    await admin.produce("t", p, [Message(f"v{p}".encode())])
+            await until(
+                lambda: all(n.broker.log(T, 0).log_end_offset == 1 for n in c.nodes),
+                "every replica holds the record",
+            )
+            key = await make_user(c, "reader", *acl("reader", "topic", "t", "read"))
+            async with c.nodes[0].http(key) as http:
+                r = await http.get("/v1/topics/t/messages", params={"since": 0})
+                assert r.status_code == 200, r.text
+                got = {(m["partition"], m["value"]) for m in r.json()["messages"]}
+            assert got == {(p, f"v{p}") for p in range(3)}
+
+    run(main())
