@@ -95,7 +95,7 @@ _STREAMS_TOPIC: Final = "__streams"
 
 #: Whose leaders group clients route by in a cluster (a group's coordinator leads its
 #: partition, as Kafka's FindCoordinator names it): its METADATA is open to every client, since
-#: every group request is checked against the group itself; its records are not.
+#: every group request is checked against the group itself; reading it still needs read on it.
 _OFFSETS_TOPIC: Final = "__consumer_offsets"
 
 #: A durable queue's topic (the broker's ``QUEUE_TOPIC_PREFIX``): its leader is the queue's
