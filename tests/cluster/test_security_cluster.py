@@ -52,7 +52,13 @@ from tests.cluster._secure import (
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.broker.offsets import STREAMS_TOPIC
 from tidewire.broker.streams.model import partition_of
-from tidewire.client import AsyncGroupConsumer, AsyncQueueConsumer, Credentials, Message
+from tidewire.client import (
+    AsyncGroupConsumer,
+    AsyncProducer,
+    AsyncQueueConsumer,
+    Credentials,
+    Message,
+)
 from tidewire.client._routing import OFFSETS_TOPIC, coordinator_partition
 from tidewire.errors import AuthorizationFailedError
 from tidewire.protocol.messages import ACKS_DURABLE, AclEntry, ApiKey
@@ -225,6 +231,7 @@ def test_routed_clients_with_a_user_s_key_on_any_node(tmp_path: Path, etcd: Etcd
                 c,
                 "app",
                 *acl("app", "topic", T, "read", "write"),
+                *acl("app", "cluster", "cluster", "write"),
                 *acl("app", "group", "billing", "read"),
                 *acl("app", "queue", "jobs", "read", "write"),
                 *acl("app", "exchange", "amq.default", "write"),
@@ -242,6 +249,12 @@ def test_routed_clients_with_a_user_s_key_on_any_node(tmp_path: Path, etcd: Etcd
             await check_group(c, key)
             await check_queue(c, key)
             await check_streams(c, key)
+            # An idempotent producer (producer ids: write on the cluster) on every leader.
+            async with AsyncProducer(
+                [c.nodes[2].addr], credentials=Credentials(key), request_timeout_ms=30_000
+            ) as producer:
+                sent = [await producer.send(T, f"i{p}".encode(), partition=p) for p in range(3)]
+                assert [(await f).offset for f in sent] == [1, 1, 1]
             async with c.nodes[1].client(eve) as nobody:
                 with pytest.raises(AuthorizationFailedError):
                     await nobody.produce(T, 0, [Message(b"no")])
@@ -251,7 +264,7 @@ def test_routed_clients_with_a_user_s_key_on_any_node(tmp_path: Path, etcd: Etcd
                     await nobody.publish("", "jobs", "no")
                 with pytest.raises(AuthorizationFailedError):
                     await nobody.streams.send("s-0", "no")
-            assert all(n.broker.log(T, 0).log_end_offset == 1 for n in c.nodes)
+            assert all(n.broker.log(T, 0).log_end_offset == 2 for n in c.nodes)
 
     run(main())
 
