@@ -1012,6 +1012,9 @@ class AuditEventBody(msgspec.Struct, kw_only=True, omit_defaults=True):
 class DescribeAuditResponse(Body, kw_only=True, omit_defaults=True):
     api_key = ApiKey.DESCRIBE_AUDIT
     events: list[AuditEventBody] = msgspec.field(default_factory=list)
+    #: In a cluster: the nodes whose audit logs no node answered for in time (their events
+    #: are not in ``events``: a partial answer). Empty: every node's.
+    missing_nodes: list[int] = msgspec.field(default_factory=list)
     error_code: int = 0
     error_message: str = ""
 

@@ -711,6 +711,7 @@ async def describe_audit(
     try:
         if b.audit is None:
             raise InvalidRequestError("the broker is not running")
+        missing: tuple[int, ...] = ()
         if req.nodes is not None:  # another node of the cluster, asking for our replicas
             events = await b.audit.query_nodes(
                 AuditQuery(req.since_ms, req.until_ms, req.principal, req.action, req.outcome),
@@ -718,7 +719,7 @@ async def describe_audit(
                 req.nodes,
             )
         else:
-            events = await b.audit.query(
+            events, missing = await b.audit.answer(
                 since_ms=req.since_ms,
                 until_ms=req.until_ms,
                 principal=req.principal,
@@ -729,7 +730,8 @@ async def describe_audit(
     except TidewireError as exc:
         return DescribeAuditResponse(**_err(exc)), []
     return DescribeAuditResponse(
-        events=[AuditEventBody(**msgspec.structs.asdict(e)) for e in events]
+        events=[AuditEventBody(**msgspec.structs.asdict(e)) for e in events],
+        missing_nodes=list(missing),
     ), []
 
 

@@ -1,0 +1,227 @@
+"""What a node of a cluster answers for the others over HTTP, with in-process nodes (each a
+broker, its TCP server, its HTTP gateway with the native and msgbus listeners, and its
+:class:`ClusterNode`) against the real etcd of the ``etcd`` fixture:
+
+- an audit query while nodes holding other nodes' audit logs do not answer: another holder
+  is asked, and when none answers the events found are returned with ``missing_nodes``
+  (binary protocol, HTTP 200, the CLI's warning), each node waited for a bounded time;
+
+Every wait is bounded; nothing asserts on durations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.cli._support import run_cli
+from tests.cluster._etcd import EtcdServer
+from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, until
+from tidewire.broker import Broker, BrokerConfig
+from tidewire.client import AsyncClient
+from tidewire.cluster import audit as cluster_audit
+from tidewire.cluster.fetcher import ReplicaLink
+from tidewire.cluster.node import ClusterNode
+from tidewire.security._logs import audit_topic
+from tidewire.server import TcpServer
+from tidewire.server.http import HttpConfig
+from tidewire.server.http.gateway import MSGBUS, NATIVE, HttpGateway
+from tidewire.server.tcp import ServerConfig
+
+#: Longer than the default: a lease that expires under a loaded test is not what is tested.
+SESSION_S = 10
+
+
+class HttpNode(InProcessNode):
+    """An in-process node with an HTTP gateway (native API and msgbus), its HTTP port
+    registered with the cluster as ``tidewire serve --http-port`` does."""
+
+    def __init__(self, tmp: Path, etcd: EtcdServer, node_id: int, cluster_id: str) -> None:
+        super().__init__(tmp, etcd, node_id, cluster_id=cluster_id, session_s=SESSION_S)
+        self.gateway: HttpGateway | None = None
+
+    async def start(self) -> None:
+        self.stopped = False
+        self.node = None
+        self.gateway = None
+        self.broker = Broker(BrokerConfig(data_dir=self.data, auto_create_topics=False))
+        self.server = TcpServer(self.broker, ServerConfig(host="127.0.0.1", port=0))
+        await self.broker.start()
+        await self.server.start()
+        self.gateway = HttpGateway.for_broker(
+            self.broker, HttpConfig(http_port=0, http_msgbus_port=0)
+        )
+        await self.gateway.start()
+        self.node = ClusterNode(
+            self.broker,
+            self.id,
+            [self.etcd.endpoint],
+            advertise=("127.0.0.1", self.server.port),
+            http_port=self.gateway.port_of(NATIVE),
+            cluster_id=self.cluster_id,
+            session_timeout_s=self.session_s,
+            default_replication_factor=3,
+            min_insync_replicas=2,
+        )
+        await self.node.start()
+
+    async def stop(self) -> None:
+        if self.stopped:
+            return
+        if self.gateway is not None:
+            await self.gateway.close()
+        await super().stop()
+
+    @property
+    def http(self) -> str:
+        assert self.gateway is not None
+        return f"http://127.0.0.1:{self.gateway.port_of(NATIVE)}"
+
+    @property
+    def msgbus(self) -> str:
+        assert self.gateway is not None
+        return f"http://127.0.0.1:{self.gateway.port_of(MSGBUS)}"
+
+
+def cluster(
+    tmp: Path, etcd: EtcdServer, n: int, cluster_id: str
+) -> AbstractAsyncContextManager[list[HttpNode]]:
+    return in_process_cluster(lambda i: HttpNode(tmp, etcd, i, cluster_id), n)
+
+
+@asynccontextmanager
+async def black_hole() -> AsyncIterator[int]:
+    """A TCP port that accepts connections and never answers (a node that hangs); closed,
+    with its connections, on the way out."""
+    conns: list[asyncio.StreamWriter] = []
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conns.append(writer)
+        while await reader.read(65536):
+            pass
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        for w in conns:
+            w.close()
+        await server.wait_closed()
+
+
+def hanging(ports: set[int], hole: int) -> Callable[[str, int], ReplicaLink]:
+    """A ``connect`` for the audit query that sends what is meant for ``ports`` to the
+    black hole ``hole`` (those nodes then hang), the rest where it is meant."""
+    real = cluster_audit.default_connect
+
+    def connect(host: str, port: int) -> ReplicaLink:
+        return real(host, hole if port in ports else port)
+
+    return connect
+
+
+# --- the audit log: a partial answer when nodes do not answer ----------------------------------
+
+
+def test_an_audit_query_answers_what_it_found_naming_the_nodes_not_read(
+    tmp_path: Path, etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cluster_audit, "ASK_TIMEOUT_S", 1.0)  # the bound under test, small
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, 4, "audit-partial") as nodes:
+            by_id = {n.id: n for n in nodes}
+            async with AsyncClient(by_id[4].addr) as client:
+                await client.create_topic("made-on-4", 1, replication_factor=1)
+            topic4 = audit_topic(4)
+            cache = nodes[0].cluster.cache
+            await until(
+                lambda: all(topic4 in n.cluster.cache.topics for n in nodes), "__audit.4 made"
+            )
+            got = cache.partition(topic4, 0)
+            assert got is not None
+            replicas = got[0].replicas
+            assert len(replicas) == 3
+            (lacking,) = [n for n in by_id if n not in replicas]
+            asker = by_id[lacking]
+            # The asker records an event of its own too: its own log, read locally.
+            async with AsyncClient(asker.addr) as client:
+                await client.create_topic(f"made-on-{lacking}", 1, replication_factor=1)
+
+            def resources(events: list[object]) -> set[str]:
+                return {getattr(e, "resource", "") for e in events}
+
+            async def both_read() -> bool:
+                async with AsyncClient(asker.addr) as client:
+                    got = await client.describe_audit(action="CREATE_TOPIC")
+                return {"topic:made-on-4", f"topic:made-on-{lacking}"} <= resources(got)
+
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + WAIT_S
+            while not await both_read():
+                assert loop.time() < deadline, "both events not read"
+                await asyncio.sleep(0.1)
+            await until(
+                lambda: all(
+                    (plog := by_id[r].broker.logs.logs.get((topic4, 0))) is not None
+                    and plog.log_end_offset >= 1
+                    for r in replicas
+                ),
+                "node 4's audit log copied",
+            )
+            await until(
+                lambda: (g := cache.partition(topic4, 0)) is not None and len(g[0].isr) == 3,
+                "node 4's audit log in sync on three nodes",
+            )
+            port = {n.id: n.server.port for n in nodes}
+            async with black_hole() as hole:
+                # Node 4 (the leader of its log) hangs: the asker asks another holder.
+                monkeypatch.setattr(cluster_audit, "default_connect", hanging({port[4]}, hole))
+                async with AsyncClient(asker.addr) as client:
+                    got = await client.describe_audit(action="CREATE_TOPIC")
+                assert "topic:made-on-4" in resources(got)
+                assert got.missing_nodes == ()
+                # Every other node hangs: what the asker holds is answered, the rest named.
+                others = {port[n] for n in by_id if n != lacking}
+                monkeypatch.setattr(cluster_audit, "default_connect", hanging(others, hole))
+                expected = sorted(
+                    owner
+                    for name in asker.cluster.cache.topics
+                    if (owner := _owner(name)) is not None
+                    and (name, 0) not in asker.broker.logs.logs
+                )
+                assert 4 in expected and lacking not in expected
+                async with AsyncClient(asker.addr) as client:
+                    got = await client.describe_audit(action="CREATE_TOPIC")
+                assert f"topic:made-on-{lacking}" in resources(got)
+                assert "topic:made-on-4" not in resources(got)
+                assert list(got.missing_nodes) == expected
+                # HTTP: 200, the same nodes named.
+                async with httpx.AsyncClient(base_url=asker.http, timeout=WAIT_S) as c:
+                    r = await c.get("/v1/audit", params={"action": "CREATE_TOPIC"})
+                assert r.status_code == 200, r.text
+                assert r.json()["missing_nodes"] == expected
+                assert f"topic:made-on-{lacking}" in {e["resource"] for e in r.json()["events"]}
+                # The CLI: the events, and a warning naming the nodes.
+                cli = await asyncio.to_thread(
+                    run_cli, ["audit", "--action", "CREATE_TOPIC", "--json", "--addr", asker.addr]
+                )
+                assert cli.exit_code == 0, cli.output
+                assert "were not read" in cli.stderr
+                assert str(4) in cli.stderr
+                assert f"topic:made-on-{lacking}" in {e["resource"] for e in json.loads(cli.stdout)}
+
+    asyncio.run(main())
+
+
+def _owner(topic: str) -> int | None:
+    from tidewire.security._logs import audit_node_of  # noqa: PLC0415
+
+    return audit_node_of(topic)
