@@ -5,6 +5,8 @@ broker, its TCP server, its HTTP gateway with the native and msgbus listeners, a
 - an audit query while nodes holding other nodes' audit logs do not answer: another holder
   is asked, and when none answers the events found are returned with ``missing_nodes``
   (binary protocol, HTTP 200, the CLI's warning), each node waited for a bounded time;
+- a durable queue's counts shown by any node (``GET /v1/queues``, ``GET /v1/queues/{q}``,
+  ``tidewire queue list``): its owner's, asked of it;
 
 Every wait is bounded; nothing asserts on durations.
 """
@@ -225,3 +227,55 @@ def _owner(topic: str) -> int | None:
     from tidewire.security._logs import audit_node_of  # noqa: PLC0415
 
     return audit_node_of(topic)
+
+
+# --- queues: any node shows the owner's counts ---------------------------------------------------
+
+
+def serving(nodes: list[HttpNode], queue: str) -> list[HttpNode]:
+    """The live nodes serving ``queue`` now (at most one, once settled)."""
+    return [
+        n
+        for n in nodes
+        if not n.stopped and any(q.spec.name == queue for q in n.broker.queues._queues.values())
+    ]
+
+
+def test_any_node_shows_a_queues_counts_as_its_owner_counts_them(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, 3, "http-queues") as nodes:
+            async with AsyncClient(nodes[0].addr) as c:
+                await c.declare_queue("jobs", durable=True)
+                await until(
+                    lambda: all(
+                        "jobs" in {q.spec.name for q in n.broker.queues.queues()} for n in nodes
+                    ),
+                    "every node knows the queue",
+                )
+                await until(lambda: len(serving(nodes, "jobs")) == 1, "an owner serves it")
+                for i in range(7):
+                    await c.publish("", "jobs", f"m{i}")
+            (owner,) = serving(nodes, "jobs")
+            others = [n for n in nodes if n is not owner]
+            for n in others:
+                # The node's own view has no counts: what it shows comes from the owner.
+                assert {q.spec.name: q.ready for q in n.broker.queues.queues()}["jobs"] == 0
+                async with httpx.AsyncClient(base_url=n.http, timeout=WAIT_S) as h:
+                    one = await h.get("/v1/queues/jobs")
+                    assert one.status_code == 200, one.text
+                    assert one.json()["ready"] == 7
+                    assert one.json()["counters"]["published"] == 7
+                    listed = await h.get("/v1/queues", params={"sort": "-ready"})
+                    assert listed.status_code == 200, listed.text
+                    assert {q["name"]: q["ready"] for q in listed.json()["queues"]} == {"jobs": 7}
+                async with AsyncClient(n.addr) as c:
+                    assert [(q.name, q.ready) for q in await c.list_queues()] == [("jobs", 7)]
+                cli = await asyncio.to_thread(
+                    run_cli, ["queue", "list", "--json", "--addr", n.addr]
+                )
+                assert cli.exit_code == 0, cli.output
+                assert [(d["name"], d["ready"]) for d in json.loads(cli.stdout)] == [("jobs", 7)]
+
+    asyncio.run(main())

@@ -34,7 +34,14 @@ from tidewire._tasks import cancel_and_wait
 from tidewire.client._routing import OFFSETS_TOPIC, Router, call_routed, coordinator_partition
 from tidewire.client._transport import Transport
 from tidewire.cluster import cluster_node
-from tidewire.errors import OffsetOutOfRangeError, TidewireError, fetch_error, for_code
+from tidewire.errors import (
+    ConnectionLostError,
+    OffsetOutOfRangeError,
+    RequestTimedOutError,
+    TidewireError,
+    fetch_error,
+    for_code,
+)
 from tidewire.protocol.messages import (
     ACKS_DURABLE,
     FetchPartition,
@@ -112,13 +119,45 @@ class PeerClient:
             return link
 
         self.timeout_s = timeout_s
+        self._node = node
+        self._connect = connect
         self._bootstrap = connect(f"{node.info.host}:{node.info.port}")
         self._router = Router(self._bootstrap, connect)
+        self._nodes: dict[int, Transport] = {}  # links of ask_node, by node id
 
     async def close(self) -> None:
         """Close every connection this client opened."""
+        links, self._nodes = list(self._nodes.values()), {}
+        for link in links:
+            await link.close()
         await self._router.close()
         await self._bootstrap.close()
+
+    async def ask_node(self, node_id: int, request: Any, *, timeout_s: float) -> Any:
+        """``request`` sent to node ``node_id`` itself (not routed: a question that node
+        answers for what it serves, such as LIST_QUEUES for its queues' counts); the
+        answer's body. Its connection is kept for this client's later questions to it.
+
+        Raises:
+            ConnectionLostError: the node is not registered now, or its connection broke.
+            RequestTimedOutError: it did not answer in ``timeout_s``.
+        """
+        link = self._nodes.get(node_id)
+        if link is None:
+            info = self._node.cache.nodes.get(node_id)
+            if info is None:
+                raise ConnectionLostError(f"node {node_id} is not registered in the cluster now")
+            host = f"[{info.host}]" if ":" in info.host else info.host
+            link = self._nodes[node_id] = self._connect(f"{host}:{info.port}")
+        try:
+            async with asyncio.timeout(timeout_s):
+                response = await link.request(request, timeout_s=timeout_s)
+        except TimeoutError:
+            raise RequestTimedOutError(
+                f"node {node_id} did not answer {type(request).__name__} in {timeout_s:g} s"
+            ) from None
+        assert response is not None
+        return response.body
 
     async def _routed(self, topic: str, partition: int, request: Any, timeout_s: float) -> Any:
         if not self._router.clustered:
