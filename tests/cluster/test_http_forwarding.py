@@ -6,7 +6,9 @@ broker, its TCP server, its HTTP gateway with the native and msgbus listeners, a
   is asked, and when none answers the events found are returned with ``missing_nodes``
   (binary protocol, HTTP 200, the CLI's warning), each node waited for a bounded time;
 - a durable queue's counts shown by any node (``GET /v1/queues``, ``GET /v1/queues/{q}``,
-  ``tidewire queue list``): its owner's, asked of it;
+  ``tidewire queue list``): its owner's, asked of it; the queue's WebSocket route on a node
+  that is not its owner fed from the owner (deliveries, settles, what it held given back
+  when it closes);
 
 Every wait is bounded; nothing asserts on durations.
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from websockets.asyncio.client import connect as ws_connect
 
 from tests.cli._support import run_cli
 from tests.cluster._etcd import EtcdServer
@@ -277,5 +280,40 @@ def test_any_node_shows_a_queues_counts_as_its_owner_counts_them(
                 )
                 assert cli.exit_code == 0, cli.output
                 assert [(d["name"], d["ready"]) for d in json.loads(cli.stdout)] == [("jobs", 7)]
+            # The WebSocket route on a node that is not the owner is fed from the owner.
+            first, second = others
+            ws_url = first.http.replace("http://", "ws://") + "/v1/queues/jobs/ws?prefetch=5"
+            async with asyncio.timeout(WAIT_S), ws_connect(ws_url) as ws:
+                sub = json.loads(await ws.recv())
+                assert sub["type"] == "subscribed" and sub["prefetch"] == 5, sub
+                got = [json.loads(await ws.recv()) for _ in range(5)]  # the prefetch: no more
+                assert all(m["type"] == "message" for m in got), got
+                await ws.send(json.dumps({"type": "ack", "tags": [m["tag"] for m in got[:3]]}))
+                acked = {m["value"] for m in got[:3]}
+                # Settled; and two more come now that three are (7 in all), in any order.
+                frames = [json.loads(await ws.recv()) for _ in range(3)]
+                assert sorted(f["type"] for f in frames) == ["message", "message", "settled"]
+                got += [f for f in frames if f["type"] == "message"]
+                await ws.send(json.dumps({"type": "ack", "tags": [999_999]}))
+                refused = json.loads(await ws.recv())
+                assert refused["type"] == "error" and refused["command"] == "ack", refused
+            # Closed with four unsettled: they go back to the queue, delivered again.
+            await until(
+                lambda: owner.broker.queues.describe_queue("jobs").unacked == 0,
+                "what the closed socket held given back",
+            )
+            assert owner.broker.queues.describe_queue("jobs").ready == 4
+            ws_url = second.http.replace("http://", "ws://") + "/v1/queues/jobs/ws"
+            async with asyncio.timeout(WAIT_S), ws_connect(ws_url) as ws:
+                assert json.loads(await ws.recv())["type"] == "subscribed"
+                again = [json.loads(await ws.recv()) for _ in range(4)]
+                assert {m["value"] for m in again} | acked == {f"m{i}" for i in range(7)}
+                assert all(m["redelivered"] for m in again)
+                await ws.send(json.dumps({"type": "ack", "up_to": max(m["tag"] for m in again)}))
+                assert json.loads(await ws.recv())["type"] == "settled"
+            await until(
+                lambda: (s := owner.broker.queues.describe_queue("jobs")).ready + s.unacked == 0,
+                "every message acked through the forwarded sockets",
+            )
 
     asyncio.run(main())

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +71,7 @@ __all__ = [
     "PeerClient",
     "close_cursor",
     "make_cursor",
+    "node_transports",
     "offset_bounds",
     "resolve_start",
     "wake_events",
@@ -98,6 +99,26 @@ class Fetched:
     log_start_offset: int
 
 
+def node_transports(
+    node: ClusterNode, timeout_s: float = PEER_TIMEOUT_S
+) -> Callable[[str], Transport]:
+    """Opens connections (``"HOST:PORT"``) to other nodes as ``node`` itself: with its
+    ``replica_connect`` (its TLS and ``--node-api-key-file``), else plaintext with a request
+    timeout of ``timeout_s``."""
+    raw = node.replica_connect
+
+    def connect(address: str) -> Transport:
+        host, _, port = address.rpartition(":")
+        if raw is None:
+            return Transport(address, connect_timeout_s=5.0, request_timeout_s=timeout_s)
+        link = raw(host.strip("[]"), int(port))
+        if not isinstance(link, Transport):  # a node's replica_connect makes Transports
+            raise TypeError(f"replica_connect made a {type(link).__name__}, not a Transport")
+        return link
+
+    return connect
+
+
 class PeerClient:
     """This node's routed client to the other nodes (see the module docstring).
 
@@ -107,17 +128,7 @@ class PeerClient:
     """
 
     def __init__(self, node: ClusterNode, *, timeout_s: float = PEER_TIMEOUT_S) -> None:
-        raw = node.replica_connect
-
-        def connect(address: str) -> Transport:
-            host, _, port = address.rpartition(":")
-            if raw is None:
-                return Transport(address, connect_timeout_s=5.0, request_timeout_s=timeout_s)
-            link = raw(host.strip("[]"), int(port))
-            if not isinstance(link, Transport):  # a node's replica_connect makes Transports
-                raise TypeError(f"replica_connect made a {type(link).__name__}, not a Transport")
-            return link
-
+        connect = node_transports(node, timeout_s)
         self.timeout_s = timeout_s
         self._node = node
         self._connect = connect
