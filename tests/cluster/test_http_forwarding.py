@@ -9,6 +9,8 @@ broker, its TCP server, its HTTP gateway with the native and msgbus listeners, a
   ``tidewire queue list``): its owner's, asked of it; the queue's WebSocket route on a node
   that is not its owner fed from the owner (deliveries, settles, what it held given back
   when it closes);
+- msgbus pops on any node taken once, in order, by the leader of the topic's partition
+  (``TAKE``), and ``GET /`` listing the cluster's msgbus topics on every node.
 
 Every wait is bounded; nothing asserts on durations.
 """
@@ -16,6 +18,7 @@ Every wait is bounded; nothing asserts on durations.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -202,7 +205,8 @@ def test_an_audit_query_answers_what_it_found_naming_the_nodes_not_read(
                     if (owner := _owner(name)) is not None
                     and (name, 0) not in asker.broker.logs.logs
                 )
-                assert 4 in expected and lacking not in expected
+                assert 4 in expected
+                assert lacking not in expected
                 async with AsyncClient(asker.addr) as client:
                     got = await client.describe_audit(action="CREATE_TOPIC")
                 assert f"topic:made-on-{lacking}" in resources(got)
@@ -227,7 +231,7 @@ def test_an_audit_query_answers_what_it_found_naming_the_nodes_not_read(
 
 
 def _owner(topic: str) -> int | None:
-    from tidewire.security._logs import audit_node_of  # noqa: PLC0415
+    from tidewire.security._logs import audit_node_of
 
     return audit_node_of(topic)
 
@@ -285,7 +289,8 @@ def test_any_node_shows_a_queues_counts_as_its_owner_counts_them(
             ws_url = first.http.replace("http://", "ws://") + "/v1/queues/jobs/ws?prefetch=5"
             async with asyncio.timeout(WAIT_S), ws_connect(ws_url) as ws:
                 sub = json.loads(await ws.recv())
-                assert sub["type"] == "subscribed" and sub["prefetch"] == 5, sub
+                assert sub["type"] == "subscribed", sub
+                assert sub["prefetch"] == 5, sub
                 got = [json.loads(await ws.recv()) for _ in range(5)]  # the prefetch: no more
                 assert all(m["type"] == "message" for m in got), got
                 await ws.send(json.dumps({"type": "ack", "tags": [m["tag"] for m in got[:3]]}))
@@ -296,7 +301,8 @@ def test_any_node_shows_a_queues_counts_as_its_owner_counts_them(
                 got += [f for f in frames if f["type"] == "message"]
                 await ws.send(json.dumps({"type": "ack", "tags": [999_999]}))
                 refused = json.loads(await ws.recv())
-                assert refused["type"] == "error" and refused["command"] == "ack", refused
+                assert refused["type"] == "error", refused
+                assert refused["command"] == "ack", refused
             # Closed with four unsettled: they go back to the queue, delivered again.
             await until(
                 lambda: owner.broker.queues.describe_queue("jobs").unacked == 0,
@@ -315,5 +321,53 @@ def test_any_node_shows_a_queues_counts_as_its_owner_counts_them(
                 lambda: (s := owner.broker.queues.describe_queue("jobs")).ready + s.unacked == 0,
                 "every message acked through the forwarded sockets",
             )
+
+    asyncio.run(main())
+
+
+# --- msgbus: pops forwarded to the leader, the cluster's topics listed --------------------------
+
+
+def test_msgbus_pops_on_any_node_are_taken_once_by_the_leader(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    async def main() -> None:
+        async with (
+            cluster(tmp_path, etcd, 3, "http-msgbus") as nodes,
+            httpx.AsyncClient(timeout=WAIT_S) as h,
+        ):
+            for i in range(6):  # through every node: forwarded to the leader
+                r = await h.post(f"{nodes[i % 3].msgbus}/jobs", content=f"m{i}".encode())
+                assert r.status_code == 202, r.text
+            topic = "msgbus.jobs"
+            await until(
+                lambda: all(n.cluster.cache.partition(topic, 0) is not None for n in nodes),
+                "every node knows the topic",
+            )
+            got = nodes[0].cluster.cache.partition(topic, 0)
+            assert got is not None
+            leader = got[0].leader
+            # Pops on every node, the leader's and the others' interleaved: each message
+            # taken once, in order.
+            taken = []
+            for i in range(6):
+                r = await h.get(f"{nodes[i % 3].msgbus}/jobs")
+                assert r.status_code == 200, (nodes[i % 3].id, leader, r.text)
+                doc = r.json()
+                taken.append((doc["id"], base64.b64decode(doc["payload"]).decode()))
+                assert doc["topic"]["name"] == "jobs"
+            assert taken == [(i, f"m{i}") for i in range(6)]
+            for n in nodes:
+                r = await h.get(f"{n.msgbus}/jobs")
+                assert r.status_code == 404, r.text
+            # The cluster's msgbus topics, from any node (seq: the high watermark the
+            # node knows, a follower's a fetch behind the leader's at most).
+            for n in nodes:
+                listed = (await h.get(f"{n.msgbus}/")).json()
+                assert set(listed) == {"jobs"}, listed
+                assert listed["jobs"]["seq"] in (5, 6), listed
+            # A topic no node knows: 404 on a node that does not lead anything of it.
+            r = await h.get(f"{nodes[0].msgbus}/nothing-here")
+            assert r.status_code == 404, r.text
 
     asyncio.run(main())

@@ -95,6 +95,7 @@ from tidewire.protocol.messages import (
     ResetOffsetsRequest,
     ResetOffsetsResponse,
     StorageProblem,
+    TakeRequest,
     TopicConfig,
     TopicDescription,
     supported_versions,
@@ -735,6 +736,13 @@ async def describe_audit(
     ), []
 
 
+async def take(b: Broker, s: ServerInfo, req: TakeRequest, _: memoryview) -> Reply:
+    """The msgbus mode's pop, taken on the leader (server/http/compat/take.py)."""
+    from tidewire.server.http.compat.take import take as take_once  # noqa: PLC0415 (msgbus's)
+
+    return await take_once(b, req), []
+
+
 HANDLERS: dict[int, Handler] = {
     ApiKey.API_VERSIONS: api_versions,
     ApiKey.PING: ping,
@@ -765,4 +773,5 @@ HANDLERS: dict[int, Handler] = {
     **STREAM_HANDLERS,
     **REPLICA_HANDLERS,
     **CLUSTER_ADMIN_HANDLERS,
+    ApiKey.TAKE: take,
 }

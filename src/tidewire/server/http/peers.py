@@ -184,6 +184,32 @@ class PeerClient:
             self._router, topic, partition, send, timeout_s=self.timeout_s, resend_on_loss=True
         )
 
+    async def routed_body(self, topic: str, partition: int, request: Any) -> Any:
+        """``request`` answered by the leader of ``topic``/``partition`` (sent again to a new
+        leader on NotLeaderError; not sent again when its connection was lost, as it may
+        have been carried out): the answer's body, its error raised.
+
+        Raises:
+            TidewireError: the leader's error; NotLeaderError, ...: no leader answered
+                within the timeout.
+        """
+        if not self._router.clustered:
+            with contextlib.suppress(TidewireError):
+                await self._router.refresh([topic])
+        timeout = self._bootstrap.request_timeout_s
+
+        async def send(t: Transport) -> Any:
+            response = await t.request(request, timeout_s=timeout)
+            assert response is not None
+            body = response.body
+            if body.error_code:
+                raise for_code(body.error_code)(body.error_message)
+            return body
+
+        return await call_routed(
+            self._router, topic, partition, send, timeout_s=self.timeout_s, resend_on_loss=False
+        )
+
     async def fetch(
         self, topic: str, partition: int, offset: int, *, max_bytes: int, max_wait_ms: int = 0
     ) -> Fetched:
