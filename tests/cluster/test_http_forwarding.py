@@ -366,6 +366,27 @@ def test_msgbus_pops_on_any_node_are_taken_once_by_the_leader(
                 listed = (await h.get(f"{n.msgbus}/")).json()
                 assert set(listed) == {"jobs"}, listed
                 assert listed["jobs"]["seq"] in (5, 6), listed
+            # A topic of one replica: listed on the nodes without one as its leader tells.
+            async with AsyncClient(nodes[0].addr) as c:
+                await c.create_topic("msgbus.solo", 1, replication_factor=1)
+            await until(
+                lambda: all(
+                    (g := n.cluster.cache.partition("msgbus.solo", 0)) is not None
+                    and g[0].leader > 0
+                    for n in nodes
+                ),
+                "every node knows msgbus.solo and its leader",
+            )
+            solo = nodes[0].cluster.cache.partition("msgbus.solo", 0)
+            assert solo is not None
+            (holder,) = solo[0].replicas
+            holder_node = next(n for n in nodes if n.id == holder)
+            r = await h.post(f"{holder_node.msgbus}/solo", content=b"one")
+            assert r.status_code == 202, r.text
+            for n in nodes:
+                listed = (await h.get(f"{n.msgbus}/")).json()
+                assert set(listed) == {"jobs", "solo"}, listed
+                assert listed["solo"]["seq"] == 1, (n.id, holder, listed)
             # A topic no node knows: 404 on a node that does not lead anything of it.
             r = await h.get(f"{nodes[0].msgbus}/nothing-here")
             assert r.status_code == 404, r.text

@@ -321,10 +321,11 @@ async def _cluster_topics(broker: Broker, ttl_ms: int) -> dict[str, dict[str, An
 
 async def _remote_seq_created(peer: PeerClient, topic: str) -> tuple[int, int]:
     """A topic's high watermark and first timestamp (now when empty), from its leader."""
+    seq = await peer.list_offset(topic, 0, -1)
     got = await peer.fetch(topic, 0, await peer.list_offset(topic, 0, -2), max_bytes=1)
     for _, h in iter_batches(got.data, verify=False):
-        return got.high_watermark, h.first_timestamp
-    return got.high_watermark, int(time.time() * 1000)
+        return seq, h.first_timestamp
+    return seq, int(time.time() * 1000)
 
 
 def _pops_elsewhere(broker: Broker, topic: str) -> bool:
