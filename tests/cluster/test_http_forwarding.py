@@ -38,8 +38,9 @@ from tidewire.cluster.fetcher import ReplicaLink
 from tidewire.cluster.node import ClusterNode
 from tidewire.security._logs import audit_topic
 from tidewire.server import TcpServer
-from tidewire.server.http import HttpConfig
+from tidewire.server.http import HttpConfig, peers
 from tidewire.server.http.gateway import MSGBUS, NATIVE, HttpGateway
+from tidewire.server.http.queue_owners import owner_of
 from tidewire.server.tcp import ServerConfig
 
 #: Longer than the default: a lease that expires under a loaded test is not what is tested.
@@ -390,5 +391,62 @@ def test_msgbus_pops_on_any_node_are_taken_once_by_the_leader(
             # A topic no node knows: 404 on a node that does not lead anything of it.
             r = await h.get(f"{nodes[0].msgbus}/nothing-here")
             assert r.status_code == 404, r.text
+
+    asyncio.run(main())
+
+
+# --- forwarded requests share a few connections per node ----------------------------------------
+
+
+def _accepted(node: HttpNode) -> float:
+    """Binary-protocol connections ``node``'s server accepted since it started."""
+    got = node.server.metrics.registry.get_sample_value(
+        "tidewire_connections_accepted_total", {"interface": "binary"}
+    )
+    return got or 0.0
+
+
+def test_forwarded_requests_share_a_few_connections_closed_with_the_node(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, 3, "http-pool") as nodes:
+            async with AsyncClient(nodes[0].addr) as c:
+                await c.declare_queue("pooled", durable=True)
+                await until(
+                    lambda: all(
+                        "pooled" in {q.spec.name for q in n.broker.queues.queues()} for n in nodes
+                    ),
+                    "every node knows the queue",
+                )
+                await until(lambda: len(serving(nodes, "pooled")) == 1, "an owner serves it")
+                await c.publish("", "pooled", "one")
+            (owner,) = serving(nodes, "pooled")
+            asker = next(n for n in nodes if n is not owner)
+            await until(
+                lambda: owner_of(asker.broker, "pooled") == owner.id, "the asker knows the owner"
+            )
+            before = _accepted(owner)
+            async with httpx.AsyncClient(base_url=asker.http, timeout=WAIT_S) as h:
+                for _ in range(20):  # one after the other
+                    r = await h.get("/v1/queues/pooled")
+                    assert r.status_code == 200, r.text
+                    assert r.json()["ready"] == 1
+                answers = await asyncio.gather(*(h.get("/v1/queues/pooled") for _ in range(20)))
+                assert all(r.status_code == 200 and r.json()["ready"] == 1 for r in answers)
+            # 40 requests asked the owner (LIST_QUEUES): over a few shared connections, not
+            # one each (the node's replica fetchers may reconnect meanwhile: a few more).
+            assert _accepted(owner) - before <= peers.LINKS_PER_NODE + 2
+            pool = asker.cluster.peer_pool
+            assert isinstance(pool, peers.PeerPool)
+            links = pool.links()
+            assert 1 <= len(links) <= 2 * peers.LINKS_PER_NODE  # to the owner, and itself
+            assert any(link.connected for link in links)
+            # The node leaving the cluster closes them.
+            await asker.stop()
+            assert asker.cluster.peer_pool is None
+            assert pool.closed
+            assert pool.links() == []
+            assert all(link.closed and not link.connected for link in links)
 
     asyncio.run(main())
