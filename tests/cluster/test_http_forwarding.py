@@ -10,7 +10,9 @@ broker, its TCP server, its HTTP gateway with the native and msgbus listeners, a
   that is not its owner fed from the owner (deliveries, settles, what it held given back
   when it closes);
 - msgbus pops on any node taken once, in order, by the leader of the topic's partition
-  (``TAKE``), and ``GET /`` listing the cluster's msgbus topics on every node.
+  (``TAKE``), and ``GET /`` listing the cluster's msgbus topics on every node;
+- forwarded requests sharing a few connections per node (the node's ``PeerPool``), closed
+  when the node leaves the cluster.
 
 Every wait is bounded; nothing asserts on durations.
 """
@@ -33,9 +35,12 @@ from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, until
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.client import AsyncClient
+from tidewire.client._transport import Transport
 from tidewire.cluster import audit as cluster_audit
 from tidewire.cluster.fetcher import ReplicaLink
 from tidewire.cluster.node import ClusterNode
+from tidewire.errors import ConnectionLostError
+from tidewire.protocol.messages import ListQueuesRequest
 from tidewire.security._logs import audit_topic
 from tidewire.server import TcpServer
 from tidewire.server.http import HttpConfig, peers
@@ -448,5 +453,52 @@ def test_forwarded_requests_share_a_few_connections_closed_with_the_node(
             assert pool.closed
             assert pool.links() == []
             assert all(link.closed and not link.connected for link in links)
+
+    asyncio.run(main())
+
+
+def test_a_pool_shares_a_connection_until_it_is_busy_and_closes_them() -> None:
+    """The pool's rule with real connections to a node that never answers (requests stay in
+    flight): one connection while it is not busy, another when it is, 4 at most, and after
+    close connections of their own."""
+
+    async def main() -> None:
+        async with black_hole() as port:
+            address = f"127.0.0.1:{port}"
+            pool = peers.PeerPool(
+                lambda a: Transport(a, connect_timeout_s=5.0, request_timeout_s=WAIT_S)
+            )
+            hanging: list[asyncio.Task[object]] = []
+            links: list[peers.SharedLink] = []
+            try:
+                for i in range(peers.LINKS_PER_NODE):
+                    link = pool.link(address)
+                    assert isinstance(link, peers.SharedLink)
+                    assert link not in links  # the others are busy: a new one
+                    links.append(link)
+                    assert pool.link(address) is link  # not busy yet: shared
+                    hanging += [
+                        asyncio.create_task(link.request(ListQueuesRequest()))
+                        for _ in range(peers.BUSY_IN_FLIGHT)
+                    ]
+                    await until(
+                        lambda n=link: n.in_flight == peers.BUSY_IN_FLIGHT,
+                        f"connection {i} busy",
+                    )
+                # All busy and no room for another: the least busy of them.
+                assert pool.link(address) in links
+                assert pool.links() == links
+                assert sum(link.connected for link in links) == peers.LINKS_PER_NODE
+                await links[0].close()  # a borrower's close leaves it open
+                assert links[0].connected
+            finally:
+                await pool.close()
+                failed = await asyncio.gather(*hanging, return_exceptions=True)
+            assert all(isinstance(f, ConnectionLostError) for f in failed), failed
+            assert pool.links() == []
+            assert all(link.closed and not link.connected for link in links)
+            own = pool.link(address)  # closed: a connection of the borrower's own
+            assert not isinstance(own, peers.SharedLink)
+            await own.close()
 
     asyncio.run(main())

@@ -203,6 +203,11 @@ class PeerPool:
             best = SharedLink(address, self._connect(address))
             links.append(best)
             self.made += 1
+        elif not best.connected:
+            # Down since a failure: a new borrower's request tries to connect at once (as a
+            # connection of its own would), not after the backoff earlier failures grew (a
+            # node back from a restart is reached by the next request, not seconds later).
+            best.reconnect_now()
         return best
 
     def links(self) -> list[SharedLink]:
