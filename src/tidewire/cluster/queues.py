@@ -343,19 +343,30 @@ class ClusterQueues:
     async def delete_at_definitions_leader(self, name: str) -> None:
         """Have the leader of ``__queue_definitions`` delete durable queue ``name`` if it has
         no consumers (``if_unused``, checked with this node, its owner): an ``auto_delete``
-        queue whose last consumer left.
+        queue whose last consumer left. Sent again on a retriable failure (that leader moving
+        or not answering) for up to :data:`FORWARD_TIMEOUT_S`.
 
         Raises:
             PreconditionFailedError: a consumer came meanwhile; NotLeaderError,
-                RequestTimedOutError: no leader of the definitions took it.
+                RequestTimedOutError: no other node leading the definitions took it.
         """
         node = self._node
-        got = node.cache.partition(DEFINITIONS_TOPIC, 0)
-        leader = got[0].leader if got is not None else -1
         what = f"queue {name!r} (auto_delete) not deleted"
-        if leader < 0 or leader == node.node_id:
-            raise NotLeaderError(f"{what}: {DEFINITIONS_TOPIC} has no other leader now")
-        await self._ask(leader, QueueDeleteRequest(name=name, if_unused=True), what)
+        deadline = time.monotonic() + FORWARD_TIMEOUT_S
+        while True:
+            got = node.cache.partition(DEFINITIONS_TOPIC, 0)
+            leader = got[0].leader if got is not None else -1
+            if leader == node.node_id:
+                raise NotLeaderError(f"{what}: this node leads {DEFINITIONS_TOPIC} now")
+            try:
+                if leader < 0:
+                    raise NotLeaderError(f"{what}: {DEFINITIONS_TOPIC} has no leader now")
+                await self._ask(leader, QueueDeleteRequest(name=name, if_unused=True), what)
+                return
+            except TidewireError as exc:
+                if not exc.retriable or time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(_FORWARD_RETRY_S)
 
     # --- forwarding -----------------------------------------------------------------------------
 
