@@ -51,6 +51,7 @@ from tests.cluster._secure import (
 )
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.broker.offsets import STREAMS_TOPIC
+from tidewire.broker.queues.definitions import DEFINITIONS_TOPIC
 from tidewire.broker.streams.model import partition_of
 from tidewire.client import (
     AsyncGroupConsumer,
@@ -327,9 +328,12 @@ def test_http_forwarding_runs_as_the_node_principal(
     asks for is answered on any node: publishes redirected to the leader (and accepted there
     with the user's own key), the read over every partition, SSE and WebSocket streams of
     partitions led elsewhere, a WebSocket group member whose coordinator is elsewhere, the
-    groups of every coordinator listed, msgbus publish and subscribe on a node that does not
-    lead the topic, iPubSub and native stream requests of other owners, an exchange's publish
-    into queues of other owners.
+    groups of every coordinator listed, msgbus publish, subscribe and pop on a node that
+    does not lead the topic, iPubSub and native stream requests of other owners, an
+    exchange's publish into queues of other owners, a durable queue's counts and its
+    WebSocket route on a node that does not own it, a delete with ``if_empty`` checked with
+    an owner that does not lead the definitions, and an ``auto_delete`` queue deleted when
+    its last consumer leaves such an owner.
 
     What the node principal was asked for, over all of it, is exactly the role's grant: each
     of its permissions is used, and none beyond it is needed (it would have been refused)."""
@@ -362,12 +366,15 @@ def test_http_forwarding_runs_as_the_node_principal(
                 *acl("web", "group", "msgbus", "read"),
                 *acl("web", "stream", "*", "read", "write"),
                 *acl("web", "exchange", "fan", "write"),
+                *acl("web", "queue", "jobs", "read", "describe", "delete"),
+                *acl("web", "queue", "auto", "read", "describe"),
             )
             await http_topics(c, key)
             await http_group_member(c, key)
             await http_msgbus(c, key)
             await http_ipubsub(c, key)
             await http_exchange(c, key)
+            await http_queues(c, key)
 
     run(main())
     assert asked == set(BUILTIN_ROLES[NODE_ROLE])
@@ -469,6 +476,14 @@ async def http_msgbus(c: SecureCluster, key: str) -> None:
             assert r.status_code == 202, r.text
         got = json.loads(await asyncio.wait_for(ws.recv(), WAIT_S))
         assert base64.b64decode(got["payload"]) == b"second"
+    # Pops on nodes that do not lead the topic: taken by the leader (TAKE, as the node).
+    async with sub.http(key, MSGBUS) as bus:
+        popped = []
+        for _ in range(2):
+            r = await bus.get("/news")
+            assert r.status_code == 200, r.text
+            popped.append(base64.b64decode(r.json()["payload"]))
+    assert popped == [b"first", b"second"]
 
 
 async def http_ipubsub(c: SecureCluster, key: str) -> None:
@@ -534,15 +549,90 @@ async def http_exchange(c: SecureCluster, key: str) -> None:
             assert [m.value for m in msgs] == [b"fan"], q
 
 
+def served_by(c: SecureCluster, queue: str) -> list[SecureNode]:
+    """The nodes serving durable queue ``queue`` now (its owner, once it took it)."""
+    return [n for n in c.nodes if queue in {q.spec.name for q in n.broker.queues._queues.values()}]
+
+
+def definitions_leader(c: SecureCluster) -> SecureNode:
+    got = c.nodes[0].cluster.cache.partition(DEFINITIONS_TOPIC, 0)
+    assert got is not None
+    return c.by_id(got[0].leader)
+
+
+async def owned_elsewhere(
+    c: SecureCluster, prefix: str, **settings: bool
+) -> tuple[str, SecureNode]:
+    """A durable queue ``prefix``, declared by the admin, whose owner is not the leader of
+    the definitions (owners are drawn at random: declared again, deleted, a few times at
+    most), with that owner."""
+    async with c.nodes[0].client(c.admin) as admin:
+        for _ in range(20):
+            await admin.declare_queue(prefix, durable=True, **settings)
+            await until(lambda: len(served_by(c, prefix)) == 1, f"an owner serves {prefix}")
+            (owner,) = served_by(c, prefix)
+            if owner is not definitions_leader(c):
+                return prefix, owner
+            await admin.delete_queue(prefix)
+            await until(lambda: not served_by(c, prefix), f"{prefix} deleted")
+    raise AssertionError(f"20 declarations of {prefix}, all owned by the definitions' leader")
+
+
+async def http_queues(c: SecureCluster, key: str) -> None:
+    """A durable queue owned elsewhere: its counts (LIST_QUEUES to the owner) and its
+    WebSocket route (a consumer at the owner) on another node, a delete whose ``if_empty``
+    the leader of the definitions checks with the owner, an ``auto_delete`` queue deleted
+    by its owner through that leader (QUEUE_DELETE): each asked as the node principal."""
+    jobs, owner = await owned_elsewhere(c, "jobs")
+    async with c.nodes[0].client(c.admin) as admin:
+        for i in range(3):
+            await admin.publish("", jobs, f"j{i}")
+    other = next(n for n in c.nodes if n is not owner)
+    async with other.http(key) as http:
+        r = await http.get(f"/v1/queues/{jobs}")
+        assert r.status_code == 200, r.text
+        assert r.json()["ready"] == 3, r.json()
+        r = await http.get("/v1/queues")
+        assert r.status_code == 200, r.text
+        assert {q["name"]: q["ready"] for q in r.json()["queues"]} == {"jobs": 3}
+    async with ws_connect(
+        ws_url(other, f"/v1/queues/{jobs}/ws"), additional_headers=bearer(key), open_timeout=WAIT_S
+    ) as ws:
+        assert json.loads(await asyncio.wait_for(ws.recv(), WAIT_S))["type"] == "subscribed"
+        got = [json.loads(await asyncio.wait_for(ws.recv(), WAIT_S)) for _ in range(3)]
+        assert sorted(m["value"] for m in got) == ["j0", "j1", "j2"], got
+        await ws.send(json.dumps({"type": "ack", "tags": [m["tag"] for m in got]}))
+        assert json.loads(await asyncio.wait_for(ws.recv(), WAIT_S))["type"] == "settled"
+    await until(lambda: not owner.broker.queues.describe_queue(jobs).consumers, "socket gone")
+    async with c.nodes[0].client(key) as app:
+        assert await app.delete_queue(jobs, if_empty=True, if_unused=True) == 0
+    await until(lambda: not served_by(c, jobs), "jobs deleted")
+    # The auto_delete queue: its last consumer (the node, for a socket on another node)
+    # leaving its owner deletes it.
+    auto, owner = await owned_elsewhere(c, "auto", auto_delete=True)
+    other = next(n for n in c.nodes if n is not owner)
+    async with ws_connect(
+        ws_url(other, f"/v1/queues/{auto}/ws"), additional_headers=bearer(key), open_timeout=WAIT_S
+    ) as ws:
+        assert json.loads(await asyncio.wait_for(ws.recv(), WAIT_S))["type"] == "subscribed"
+        await until(lambda: bool(owner.broker.queues.describe_queue(auto).consumers), "consumer")
+    await until(
+        lambda: all(auto not in {q.spec.name for q in n.broker.queues.queues()} for n in c.nodes),
+        "the auto_delete queue deleted on every node",
+    )
+
+
 def test_a_caller_without_rights_is_refused_where_it_arrives(
     tmp_path: Path, etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the node principal allowed everything it forwards, a caller is still checked by
     the node it reached, before anything is forwarded: one without rights is refused (403)
-    by every forwarding route, over HTTP, WebSocket, msgbus and iPubSub, and nothing is
-    stored; a listing answered from every node shows only what the caller may describe; and
-    a WebSocket stream with ``?group=`` needs the right to read the group (which the node
-    would otherwise exercise on the caller's behalf at the coordinator)."""
+    by every forwarding route, over HTTP, WebSocket, msgbus (publish, subscribe, pop) and
+    iPubSub, and by the routes of a queue owned elsewhere (counts, WebSocket, delete), and
+    nothing is stored or deleted; a listing answered from every node shows only what the
+    caller may describe; and a WebSocket stream with ``?group=`` needs the right to read
+    the group (which the node would otherwise exercise on the caller's behalf at the
+    coordinator)."""
     asked: set[tuple[ResourceType, Operation]] = set()
     decide = Authorizer.decide
     refusing = False
@@ -586,6 +676,9 @@ def test_a_caller_without_rights_is_refused_where_it_arrives(
                 *acl("reader", "topic", "t", "read"),
                 *acl("reader", "topic", "g3", "read"),
             )
+            # May read msgbus.news, not commit for the group msgbus (a pop does both).
+            popper = await make_user(c, "popper", *acl("popper", "topic", "msgbus.news", "read"))
+            await until(lambda: len(served_by(c, "q")) == 1, "an owner serves q")
             ends = {n.id: dict(n.broker.logs.logs) for n in c.nodes}
             sizes = {
                 (n.id, k): log.log_end_offset for n in c.nodes for k, log in ends[n.id].items()
@@ -640,6 +733,34 @@ def test_a_caller_without_rights_is_refused_where_it_arrives(
                 assert r.status_code == 403, r.text
                 r = await ip.get("/api/v1/streams/receive", params={"streamId": "s-1"})
                 assert r.status_code == 403, r.text
+            for who in (eve, reader, popper):  # a pop taken by the leader: not for them
+                async with other.http(who, MSGBUS) as bus:
+                    r = await bus.get("/news")
+                    assert r.status_code == 403, r.text
+            # A queue owned elsewhere: its counts, its WebSocket route, a delete checked
+            # with its owner.
+            (q_owner,) = served_by(c, "q")
+            not_owner = next(n for n in c.nodes if n is not q_owner)
+            async with not_owner.http(eve) as http:
+                r = await http.get("/v1/queues/q")
+                assert r.status_code == 403, r.text
+                r = await http.get("/v1/queues")
+                assert r.status_code == 200, r.text
+                assert r.json()["queues"] == [], r.text
+                r = await http.delete("/v1/queues/q", params={"if_empty": "true"})
+                assert r.status_code == 403, r.text
+            with pytest.raises(InvalidStatus) as refused:
+                async with ws_connect(
+                    ws_url(not_owner, "/v1/queues/q/ws"),
+                    additional_headers=bearer(eve),
+                    open_timeout=WAIT_S,
+                ):
+                    pass
+            assert refused.value.response.status_code == 403
+            async with not_owner.client(eve) as app:
+                with pytest.raises(AuthorizationFailedError):
+                    await app.delete_queue("q", if_empty=True)
+            assert len(served_by(c, "q")) == 1
             refusing = False
             # Nothing stored anywhere, and the node principal asked for nothing but copying
             # and the groups each coordinator lists (filtered here for the caller: none).
