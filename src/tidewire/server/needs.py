@@ -283,11 +283,11 @@ API_NEEDS: dict[ApiKey, Requirement] = {
     ApiKey.STREAM_DESCRIBE: _stream_describe,
     # A follower node copying a leader's log: the nodes' own identity only.
     ApiKey.REPLICA_FETCH: _cluster(_O.CLUSTER_ACTION),
-    # A cluster topic's replicas and settings (Kafka: ALTER on the cluster to reassign);
-    # only the status asked: describe on the topic.
     # The msgbus mode's pop (a read and a commit of the group's offset, as FETCH then
     # OFFSET_COMMIT would need).
     ApiKey.TAKE: lambda req: [Need(_T, _O.READ, req.topic), Need(_G, _O.READ, req.group)],
+    # A cluster topic's replicas and settings (Kafka: ALTER on the cluster to reassign);
+    # only the status asked: describe on the topic.
     ApiKey.ALTER_REPLICATION: lambda req: (
         [Need(_T, _O.ALTER, req.topic), Need(_C, _O.ALTER)]
         if req.assignments
