@@ -8,10 +8,13 @@ processes (slow tier).
 - The routed clients, with a user's key, produce, fetch, commit, use queues and streams on
   any node; a user without the rights is refused.
 - What a node forwards (multi-partition reads, SSE and WebSocket streams, WebSocket group
-  members, group listings, msgbus, iPubSub and stream requests, queue publishes through an
-  exchange) runs as the node principal with the built-in role ``node``, which is exactly
-  what those requests ask for; a caller without rights is refused on the node it reached,
-  and the node asks nothing on its behalf.
+  members, group listings, msgbus publishes, subscribers and pops, iPubSub and stream
+  requests, queue publishes through an exchange, a queue's counts, WebSocket route and
+  deletes where another node owns it) runs as the node principal with the built-in role
+  ``node``, which is exactly what those requests ask for; a caller without rights is
+  refused on the node it reached, and the node asks nothing on its behalf.
+- The audit query on four nodes: a node asks another for a log it holds no copy of, as the
+  node principal; a user needs ``admin`` on the cluster.
 - A certificate's subject registered with the role may copy logs; a publish needs
   ``create`` only when the cluster lacks the topic.
 
@@ -62,7 +65,8 @@ from tidewire.client import (
 )
 from tidewire.client._routing import OFFSETS_TOPIC, coordinator_partition
 from tidewire.errors import AuthorizationFailedError
-from tidewire.protocol.messages import ACKS_DURABLE, AclEntry, ApiKey
+from tidewire.protocol.messages import ACKS_DURABLE, AclEntry, ApiKey, DescribeAuditRequest
+from tidewire.security._logs import audit_topic
 from tidewire.security.authorizer import Authorizer, Decision
 from tidewire.security.model import BUILTIN_ROLES, Operation, Principal, ResourceType
 from tidewire.server.gate import Session, gate_for
@@ -774,6 +778,78 @@ def test_a_caller_without_rights_is_refused_where_it_arrives(
             }, asked
 
     run(main())
+
+
+def test_the_audit_query_reads_other_nodes_logs_as_the_node_principal(
+    tmp_path: Path, etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four secured nodes: each audit log has three copies, so one node holds none of
+    another's and asks a holder for it (DESCRIBE_AUDIT with ``nodes``) as the node
+    principal, whose role allows it. A user with ``admin`` on the cluster (the documented
+    right) reads the whole log on that node, over the binary API and HTTP, nothing left
+    out; a user with ``describe`` only is refused there, and may not send the nodes' own
+    form of the query either."""
+    refused: list[tuple[ResourceType, str, Operation]] = []
+    decide = Authorizer.decide
+
+    def recording(
+        self: Authorizer, principal: Principal, rtype: ResourceType, name: str, op: Operation
+    ) -> Decision:
+        decision = decide(self, principal, rtype, name, op)
+        if principal.name == NODE_PRINCIPAL and not decision.allowed:
+            refused.append((rtype, name, op))
+        return decision
+
+    monkeypatch.setattr(Authorizer, "decide", recording)
+
+    async def main() -> None:
+        async with secure_cluster(tmp_path, etcd, "sec-audit", 4) as c:
+            await grant_node_role(c)
+            ops = await make_user(c, "ops", *acl("ops", "cluster", "cluster", "admin"))
+            viewer = await make_user(c, "viewer", *acl("viewer", "cluster", "cluster", "describe"))
+            async with c.by_id(4).client(c.admin) as admin:
+                await admin.create_topic("made-on-4", 1, replication_factor=1)
+            topic4 = audit_topic(4)
+            await until(
+                lambda: all(
+                    (g := n.cluster.cache.partition(topic4, 0)) is not None and len(g[0].isr) == 3
+                    for n in c.nodes
+                ),
+                "node 4's audit log in sync on three nodes",
+            )
+            got = c.nodes[0].cluster.cache.partition(topic4, 0)
+            assert got is not None
+            (asker,) = [n for n in c.nodes if n.id not in got[0].replicas]
+            assert (topic4, 0) not in asker.broker.logs.logs
+
+            async def made_on_4_read() -> bool:
+                async with asker.client(ops) as client:
+                    events = await client.describe_audit(action="CREATE_TOPIC")
+                assert events.missing_nodes == (), events.missing_nodes
+                return "topic:made-on-4" in {e.resource for e in events}
+
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + WAIT_S
+            while not await made_on_4_read():  # node 4's event copied (not acknowledged)
+                assert loop.time() < deadline, "node 4's event not read on another node"
+                await asyncio.sleep(0.1)
+            async with asker.http(ops) as http:
+                r = await http.get("/v1/audit", params={"action": "CREATE_TOPIC"})
+                assert r.status_code == 200, r.text
+                assert r.json()["missing_nodes"] == []
+                assert "topic:made-on-4" in {e["resource"] for e in r.json()["events"]}
+            async with asker.http(viewer) as http:
+                r = await http.get("/v1/audit", params={"action": "CREATE_TOPIC"})
+                assert r.status_code == 403, r.text
+            async with asker.client(viewer) as client:
+                with pytest.raises(AuthorizationFailedError):
+                    await client.describe_audit(action="CREATE_TOPIC")
+                for nodes in ([4], [asker.id]):  # the nodes' own form: cluster_action
+                    with pytest.raises(AuthorizationFailedError, match="cluster_action"):
+                        await client._call(DescribeAuditRequest(nodes=nodes))
+
+    run(main())
+    assert refused == []
 
 
 # --- real processes ---------------------------------------------------------------------------
