@@ -1001,7 +1001,8 @@ def test_a_certificate_subject_with_the_node_role_may_copy_logs(tmp_path: Path) 
             assert principal is not None
             assert principal.name == "node-by-cert"
             assert not gate.can(session, ResourceType.CLUSTER, "cluster", Operation.ALTER)
-            assert not gate.can(session, ResourceType.QUEUE, "q", Operation.READ)
+            assert not gate.can(session, ResourceType.QUEUE, "q", Operation.CREATE)
+            assert not gate.can(session, ResourceType.TOPIC, "t", Operation.DELETE)
 
     asyncio.run(main())
 
