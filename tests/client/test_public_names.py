@@ -42,6 +42,7 @@ def test_exported_names() -> None:
         "AsyncQueueConsumer",
         "AsyncStreams",
         "AsyncSubscriber",
+        "AuditEvents",
         "BindingInfo",
         "BlockingQueueMessage",
         "BlockingRecordFuture",

@@ -30,7 +30,12 @@ from tidewire.client._queue_consumer import AsyncQueueConsumer
 from tidewire.client._queue_messages import QueueMessage
 from tidewire.cluster.metadata import PartitionState
 from tidewire.cluster.queues import follow_owner
-from tidewire.errors import NotEnoughReplicasError, NotLeaderError, TidewireError
+from tidewire.errors import (
+    NotEnoughReplicasError,
+    NotLeaderError,
+    PreconditionFailedError,
+    TidewireError,
+)
 from tidewire.records import BatchBuilder
 from tidewire.storage import LogConfig
 
@@ -486,3 +491,74 @@ def test_http_routes_redirect_to_the_owner_and_a_killed_owner_is_replaced(
     finally:
         for proc in procs:
             stop(proc)
+
+
+def _definitions_leader(nodes: list[Node]) -> Node:
+    got = nodes[0].cluster.cache.partition(DEFINITIONS_TOPIC, 0)
+    assert got is not None
+    return next(n for n in nodes if n.id == got[0].leader)
+
+
+async def _served_elsewhere(
+    nodes: list[Node], c: AsyncClient, prefix: str, **settings: bool
+) -> tuple[str, Node]:
+    """A durable queue (named ``prefix<i>``) whose owner is not the leader of the
+    definitions, with that owner (owners are drawn at random: a few tries at most)."""
+    for i in range(20):
+        name = f"{prefix}{i}"
+        await c.declare_queue(name, durable=True, **settings)
+        await until(knows(nodes, name), f"every node knows {name}")
+        await until(lambda n=name: len(serving(nodes, n)) == 1, f"an owner serves {name}")
+        (owner,) = serving(nodes, name)
+        if owner is not _definitions_leader(nodes):
+            return name, owner
+    raise AssertionError("20 queues, all owned by the leader of the definitions")
+
+
+def test_deletes_check_the_owner_wherever_it_is(tmp_path: Path, etcd: EtcdServer) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes:
+            addrs = [n.addr for n in nodes]
+            async with AsyncClient(addrs) as c:
+                name, owner = await _served_elsewhere(nodes, c, "del")
+                leader = _definitions_leader(nodes)
+                assert owner is not leader
+                await c.publish("", name, "one")
+                with pytest.raises(PreconditionFailedError, match=r"holds 1 messages \(if_empty"):
+                    await c.delete_queue(name, if_empty=True)
+                async with AsyncQueueConsumer(owner.addr, name, prefetch=1) as consumer:
+                    (msg,) = await take(consumer, 1)
+                    await consumer.ack_many([msg])
+                    with pytest.raises(PreconditionFailedError, match=r"1 consumers \(if_unused"):
+                        await c.delete_queue(name, if_unused=True)
+                await until(
+                    lambda: not owner.broker.queues.describe_queue(name).consumers,
+                    "the consumer gone",
+                )
+                # Empty and unused as its owner counts it: deleted, everywhere.
+                assert await c.delete_queue(name, if_empty=True, if_unused=True) == 0
+                await until(
+                    lambda: all(
+                        name not in {q.spec.name for q in n.broker.queues.queues()} for n in nodes
+                    ),
+                    "every node forgot the queue",
+                )
+                assert not serving(nodes, name)
+
+                # auto_delete: the last consumer leaving its owner deletes it.
+                auto, owner = await _served_elsewhere(nodes, c, "auto", auto_delete=True)
+                await c.publish("", auto, "kept until the consumer leaves")
+                async with AsyncQueueConsumer(owner.addr, auto, prefetch=1) as consumer:
+                    await take(consumer, 1)
+                await until(
+                    lambda: all(
+                        auto not in {q.spec.name for q in n.broker.queues.queues()} for n in nodes
+                    ),
+                    "the auto_delete queue deleted on every node",
+                )
+                await until(
+                    lambda: all(queue_topic(auto) not in n.cluster.cache.topics for n in nodes),
+                    "its topic deleted through etcd",
+                )
+
+    asyncio.run(main())

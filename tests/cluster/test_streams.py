@@ -1,6 +1,7 @@
 """Lightweight streams in a cluster: ``__streams`` replicated through etcd, each stream served
 by its owner (the leader of its partition), clients routed to it, the iPubSub mode answering
-from any node, and streams that carry on at a new owner when the old one's node goes.
+from any node, streams that carry on at a new owner when the old one's node goes, and
+followers that give back the expired segments their owner deleted.
 
 Three in-process nodes (broker, TCP server, :class:`ClusterNode` with its real replica
 manager) in one event loop, against the real etcd of the ``etcd`` fixture. Every wait is
@@ -24,18 +25,20 @@ import msgspec
 import pytest
 
 from tests.broker._support import PROMPT_S
-from tests.broker.streams._support import streams_broker
+from tests.broker.streams._support import FakeClock, streams_broker
 from tests.broker.streams.test_manager import until as until_true
 from tests.cli._support import popen_serve, stop
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import InProcessNode, in_process_cluster, until
 from tests.cluster._nodes import call, node_metadata, wait_until
+from tidewire.broker import Broker, BrokerConfig
 from tidewire.broker.offsets import STREAMS_TOPIC
 from tidewire.broker.streams.model import partition_of
 from tidewire.client import AsyncClient, StreamMessage
 from tidewire.client._streams import STREAMS_TOPIC as CLIENT_STREAMS_TOPIC
 from tidewire.client._streams import stream_partition
 from tidewire.client._transport import Transport
+from tidewire.cluster.node import ClusterNode
 from tidewire.errors import NotEnoughReplicasError, NotLeaderError, TidewireError
 from tidewire.protocol.messages import (
     MetadataRequest,
@@ -44,9 +47,11 @@ from tidewire.protocol.messages import (
     StreamReceiveRequest,
     StreamSendRequest,
 )
+from tidewire.server import TcpServer
 from tidewire.server.http.app import create_app
 from tidewire.server.http.compat.ipubsub import create_ipubsub_app
 from tidewire.server.http.config import HttpConfig
+from tidewire.server.tcp import ServerConfig
 
 #: The most one test may take, bounded (it takes seconds).
 TEST_S = 120.0
@@ -501,3 +506,84 @@ def test_the_owner_killed_its_streams_go_on_at_the_new_one(
     finally:
         for proc in procs.values():
             stop(proc)
+
+
+class SmallSegmentsNode(Node):
+    """A node whose ``__streams`` has one partition of 4 KiB segments, its streams on
+    ``clock`` (shared by the nodes: expiry is the test's to decide)."""
+
+    def __init__(self, tmp: Path, etcd: EtcdServer, node_id: int, clock: FakeClock) -> None:
+        super().__init__(tmp, etcd, node_id)
+        self.cluster_id = "streams-reclaim"
+        self.clock = clock
+
+    async def start(self) -> None:
+        self.stopped = False
+        self.node = None
+        self.broker = Broker(
+            BrokerConfig(
+                data_dir=self.data,
+                auto_create_topics=False,
+                stream_partitions=1,
+                stream_segment_bytes=4096,
+            )
+        )
+        self.broker.stream_clock = self.clock
+        self.server = TcpServer(self.broker, ServerConfig(host="127.0.0.1", port=0))
+        await self.broker.start()
+        await self.server.start()
+        self.node = ClusterNode(
+            self.broker,
+            self.id,
+            [self.etcd.endpoint],
+            advertise=("127.0.0.1", self.server.port),
+            cluster_id=self.cluster_id,
+            session_timeout_s=self.session_s,
+            default_replication_factor=3,
+            min_insync_replicas=2,
+        )
+        await self.node.start()
+
+
+def test_followers_give_back_the_expired_segments_their_owner_reclaimed(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    run(_followers_reclaim(tmp_path, etcd))
+
+
+async def _followers_reclaim(tmp_path: Path, etcd: EtcdServer) -> None:
+    clock = FakeClock()
+    async with (
+        in_process_cluster(lambda i: SmallSegmentsNode(tmp_path, etcd, i, clock)) as nodes,
+        AsyncClient(nodes[0].addr) as c,
+    ):
+        value = "v" * 200
+        for i in range(6):
+            items = [(f"x{i}-{j}", value, "", 60_000, True) for j in range(10)]
+            results = await c.streams.send_many(items)
+            assert [r.code for r in results] == [0] * len(items), results
+        key = (STREAMS_TOPIC, 0)
+        (owner,) = [n for n in nodes if n.id == owner_id(nodes, "x0-0")]
+        followers = [n for n in nodes if n is not owner]
+        plog = owner.broker.logs.logs[key]
+        end = plog.log_end_offset
+        assert plog.segment_count > 3
+        await until(
+            lambda: all(f.broker.logs.logs[key].log_end_offset == end for f in followers),
+            "the followers copied everything",
+        )
+        before = [f.broker.logs.logs[key].size_bytes for f in followers]
+        # Expired: the owner's timer deletes the whole segments (its run loop ticks on the
+        # shared clock), then the followers delete what is below its log start.
+        clock.advance(60_000)
+        owner.broker.streams.tick()
+        start = plog.log_start_offset
+        assert start > 0
+        results = await c.streams.send_many([("keeper", "k", "", 0, True)])
+        assert [r.code for r in results] == [0]
+        await until(
+            lambda: all(f.broker.logs.logs[key].log_start_offset == start for f in followers),
+            "the followers' copies start where the owner's does",
+        )
+        after = [f.broker.logs.logs[key].size_bytes for f in followers]
+        assert all(a < b for a, b in zip(after, before, strict=True)), (before, after)

@@ -606,6 +606,10 @@ SAMPLES.update(
                 ]
             ),
         ),
+        ApiKey.TAKE: (
+            q.TakeRequest(topic="msgbus.jobs", group="msgbus", ttl_ms=60_000),
+            q.TakeResponse(found=True, offset=7, timestamp_ms=1_700_000_000_000, value=b"hi"),
+        ),
     }
 )
 #: The body of each push-only API (QUEUE_DELIVER).

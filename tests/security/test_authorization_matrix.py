@@ -217,6 +217,8 @@ SAMPLES: dict[ApiKey, Callable[[], tuple[Body, list[bytes]]]] = {
         sec.AlterReplicationRequest(topic=TOPIC, replication_factor=2),
         [],
     ),
+    # The msgbus mode's pop, taken on the leader: a read and a group commit.
+    ApiKey.TAKE: lambda: (sec.TakeRequest(topic=TOPIC, group=GROUP), []),
 }
 
 

@@ -143,6 +143,34 @@ def test_websocket_and_sse_streams_are_gated(tmp_path: Path) -> None:
             assert ws.protocol.state.name == "OPEN"
 
 
+def test_a_group_stream_needs_read_on_the_group(tmp_path: Path) -> None:
+    """``?group=`` makes the WebSocket stream a member of the group (it joins and commits),
+    so it needs read on the group as JOIN_GROUP does, not only read on the topic."""
+    with secured(tmp_path) as (eb, admin):
+        url = eb.http_url
+        with httpx.Client(base_url=url, headers=HOST, timeout=30) as c:
+            c.post("/v1/topics", json={"name": "s", "partitions": 1}, headers=bearer(admin))
+        store = eb.broker.security
+        run(eb, store.create_principal("ivy"))
+        _, ivy = run(eb, store.create_key("ivy"))
+
+        def allow(rtype: ResourceType, name: str) -> None:
+            acl = Acl(principal="ivy", resource_type=rtype, pattern=name, operation=Operation.READ)
+            run(eb, store.add_acls([acl]))
+
+        allow(ResourceType.TOPIC, "s")
+        ws_url = url.replace("http://", "ws://") + "/v1/topics/s/stream?group=g"
+        with pytest.raises(InvalidStatus) as info:
+            ws_client.connect(ws_url, additional_headers={**HOST, **bearer(ivy)}, open_timeout=30)
+        assert info.value.response.status_code == 403
+        assert "g" not in {g.group_id for g in eb.broker.groups.list_groups()}
+        allow(ResourceType.GROUP, "g")
+        with ws_client.connect(
+            ws_url, additional_headers={**HOST, **bearer(ivy)}, open_timeout=30
+        ) as ws:
+            assert ws.protocol.state.name == "OPEN"
+
+
 def test_compatibility_listeners_are_gated(tmp_path: Path) -> None:
     with secured(tmp_path, http_msgbus_port=0, http_ipubsub_port=0) as (eb, admin):
         assert eb.gateway is not None

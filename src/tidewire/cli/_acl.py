@@ -80,7 +80,10 @@ OperationOption = Annotated[
     typer.Option(
         "--operation",
         "-o",
-        help="What (repeatable): read, write, create, delete, describe, alter, admin, all.",
+        help=(
+            "What (repeatable): read, write, create, delete, describe, alter, admin, "
+            "cluster_action (--cluster: the nodes of a cluster), all."
+        ),
         show_default=False,
     ),
 ]

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tidewire.client import AsyncClient
+from tidewire.client import AsyncClient, AuditEvents
 from tidewire.protocol.messages import AuditEventBody
 from tidewire.security.audit import OUTCOMES
 
@@ -85,7 +85,7 @@ def audit(
     if since_ms is not None and until_ms is not None and until_ms < since_ms:
         fail(f"--until ({until}) is before --since ({since})", EXIT_USAGE)
 
-    async def body(client: AsyncClient) -> list[AuditEventBody]:
+    async def body(client: AsyncClient) -> AuditEvents:
         return await client.describe_audit(
             since_ms=since_ms,
             until_ms=until_ms,
@@ -96,6 +96,13 @@ def audit(
         )
 
     events = run_client(addr, body)
+    if events.missing_nodes:  # a cluster node that did not answer: partial, said on stderr
+        nodes = ", ".join(str(n) for n in events.missing_nodes)
+        typer.echo(
+            f"warning: the audit logs of nodes {nodes} were not read (no node holding them "
+            "answered); the events shown are partial",
+            err=True,
+        )
     if as_json:
         echo_json([_doc(e) for e in events])
         return

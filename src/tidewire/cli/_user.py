@@ -47,8 +47,8 @@ RoleOption = Annotated[
     typer.Option(
         "--role",
         "-r",
-        help="A role (repeatable): admin, producer, consumer, viewer, or one an ACL names "
-        "(role:NAME).",
+        help="A role (repeatable): admin, producer, consumer, viewer, node (a cluster's nodes), "
+        "or one an ACL names (role:NAME).",
         show_default=False,
     ),
 ]

@@ -49,7 +49,14 @@ from __future__ import annotations
 
 from tidewire.client._accumulator import BlockingRecordFuture, RecordFuture, RecordMetadata
 from tidewire.client._batch import ConsumedBatch
-from tidewire.client._client import AsyncClient, Client, FetchedBatches, FetchedRecords, Message
+from tidewire.client._client import (
+    AsyncClient,
+    AuditEvents,
+    Client,
+    FetchedBatches,
+    FetchedRecords,
+    Message,
+)
 from tidewire.client._consumer import AsyncConsumer, Consumer, ConsumerRecord, Gap
 from tidewire.client._group import AsyncGroupConsumer, GroupConsumer
 from tidewire.client._producer import AsyncProducer
@@ -81,6 +88,7 @@ __all__ = [
     "AsyncQueueConsumer",
     "AsyncStreams",
     "AsyncSubscriber",
+    "AuditEvents",
     "BindingInfo",
     "BlockingQueueMessage",
     "BlockingRecordFuture",

@@ -75,9 +75,21 @@ from ._security import AsyncSecurityAdmin, SecurityAdmin
 from ._streams import AsyncStreams, Streams
 from ._transport import Addresses, Transport, parse_addrs
 
-__all__ = ["AsyncClient", "Client", "FetchedBatches", "FetchedRecords", "Message"]
+__all__ = ["AsyncClient", "AuditEvents", "Client", "FetchedBatches", "FetchedRecords", "Message"]
 
 T = TypeVar("T")
+
+
+class AuditEvents(list[AuditEventBody]):
+    """The audit events a query found, oldest first (a list), and in a cluster the nodes
+    whose audit logs no node answered for in time (:attr:`missing_nodes`): their events are
+    missing, the answer is partial. Empty on a single node and when every node answered."""
+
+    missing_nodes: tuple[int, ...]
+
+    def __init__(self, events: Iterable[AuditEventBody], missing_nodes: Iterable[int] = ()) -> None:
+        super().__init__(events)
+        self.missing_nodes = tuple(missing_nodes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -646,10 +658,12 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
         action: str | None = None,
         outcome: str | None = None,
         limit: int = 1000,
-    ) -> list[AuditEventBody]:
+    ) -> AuditEvents:
         """The newest ``limit`` (1..10,000) audit events that match every filter given,
         oldest first: at or after ``since_ms`` and before ``until_ms`` (ms since the epoch),
-        of ``principal`` (``""``: anonymous), with ``action`` and ``outcome``.
+        of ``principal`` (``""``: anonymous), with ``action`` and ``outcome``. In a cluster,
+        the nodes whose audit logs no node answered for in time are named in the answer's
+        ``missing_nodes`` (a partial answer).
 
         Raises:
             InvalidRequestError: ``limit`` out of range, ``until_ms`` before ``since_ms``.
@@ -664,7 +678,7 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
         )
         body = (await self._call(req)).body
         _raise(body.error_code, body.error_message)
-        return list(body.events)
+        return AuditEvents(body.events, body.missing_nodes)
 
 
 class Client(BlockingTwin[AsyncClient], SecurityAdmin, QueueAdmin):
@@ -908,7 +922,7 @@ class Client(BlockingTwin[AsyncClient], SecurityAdmin, QueueAdmin):
         action: str | None = None,
         outcome: str | None = None,
         limit: int = 1000,
-    ) -> list[AuditEventBody]:
+    ) -> AuditEvents:
         return self._run(
             self._async.describe_audit(
                 since_ms=since_ms,

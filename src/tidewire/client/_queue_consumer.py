@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from tidewire.client._blocking import BlockingTwin
@@ -98,11 +98,6 @@ class AsyncQueueConsumer:
         )
         if not 1 <= prefetch <= MAX_PREFETCH:
             raise ValueError(f"prefetch={prefetch} must be within 1..{MAX_PREFETCH:,}")
-        self.queue = queue
-        self.prefetch = prefetch
-        self._wanted_tag = consumer_tag
-        #: The broker's name for this consumer on the current connection ("": none yet).
-        self.consumer_tag = ""
 
         def connect(address: Addresses) -> Transport:
             return Transport(
@@ -114,6 +109,37 @@ class AsyncQueueConsumer:
                 credentials=credentials,
             )
 
+        self._setup(connect, addr, queue, prefetch, consumer_tag)
+
+    @classmethod
+    def _over(
+        cls, connect: Callable[[str], Transport], addr: str, queue: str, *, prefetch: int
+    ) -> AsyncQueueConsumer:
+        """A consumer whose connections ``connect`` opens (a cluster node's HTTP gateway
+        consumes for a WebSocket as the node itself, with its TLS and credentials)."""
+        if not 1 <= prefetch <= MAX_PREFETCH:
+            raise ValueError(f"prefetch={prefetch} must be within 1..{MAX_PREFETCH:,}")
+        self = cls.__new__(cls)
+
+        def opened(address: Addresses) -> Transport:
+            return connect(address if isinstance(address, str) else ",".join(address))
+
+        self._setup(opened, addr, queue, prefetch, "")
+        return self
+
+    def _setup(
+        self,
+        connect: Callable[[Addresses], Transport],
+        addr: Addresses,
+        queue: str,
+        prefetch: int,
+        consumer_tag: str,
+    ) -> None:
+        self.queue = queue
+        self.prefetch = prefetch
+        self._wanted_tag = consumer_tag
+        #: The broker's name for this consumer on the current connection ("": none yet).
+        self.consumer_tag = ""
         self._connect = connect
         self._t = self._bootstrap = connect(addr)
         #: The cluster's metadata, asked over the bootstrap connection: where the owner is.

@@ -469,8 +469,36 @@ class AsyncQueueAdmin:
         await self._qdefine(req)
 
     async def list_queues(self) -> list[QueueInfo]:
-        """Every queue this client may describe, with its counts."""
-        return list(_check((await self._qcall(ListQueuesRequest())).body).queues)
+        """Every queue this client may describe, with its counts: in a cluster, each
+        durable queue's as its owner counts them (the node asked lists every queue, and the
+        owners of those it does not serve are asked for theirs).
+
+        Raises:
+            ConnectionLostError, RequestTimedOutError: a node asked did not answer.
+        """
+        queues = list(_check((await self._qcall(ListQueuesRequest())).body).queues)
+        durable = [q.name for q in queues if q.durable]
+        if not durable:
+            return queues
+        router = self._router
+        topics = {QUEUE_TOPIC_PREFIX + n: n for n in durable}
+        await router.refresh(topics)  # a single node answers it without creating anything
+        if not router.clustered:
+            return queues
+        served: dict[Transport, set[str]] = {}  # by another node: its owner's counts
+        for topic, name in topics.items():
+            t = router.transport_for(topic, 0)
+            if t is not self._t:
+                served.setdefault(t, set()).add(name)
+        if not served:
+            return queues
+        links = list(served)
+        answers = await asyncio.gather(*(t.request(ListQueuesRequest()) for t in links))
+        owners: dict[str, QueueInfo] = {}
+        for t, response in zip(links, answers, strict=True):
+            assert response is not None
+            owners.update((q.name, q) for q in _check(response.body).queues if q.name in served[t])
+        return [owners.get(q.name, q) for q in queues]
 
     async def list_exchanges(self) -> tuple[list[ExchangeInfo], list[BindingInfo]]:
         """Every exchange this client may describe (the default one is ``""``), and their

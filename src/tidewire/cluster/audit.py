@@ -20,7 +20,9 @@ the internal topic ``__audit.<node id>`` (one partition), kept in etcd like any 
 - **Read from any node.** A query asks every node's audit log: this node reads the ones it
   holds a replica of, and asks a node holding each of the others (its leader first) with
   ``DESCRIBE_AUDIT`` limited to those ``nodes`` (which the nodes' own identity may ask:
-  ``cluster_action``); the events are merged by time.
+  ``cluster_action``); the events are merged by time. A node that does not answer within
+  :data:`ASK_TIMEOUT_S` is passed over for another holder of the same logs; the logs none
+  answered for are named in the answer's ``missing_nodes`` (partial, not failed).
 - **Durability.** A node's events are acknowledged to nobody: what its followers copied
   survives the loss of the node; the events it appended in the last moments before a crash,
   not yet copied, are lost with it (as with ``fsync=interval`` on one node).
@@ -43,20 +45,24 @@ from tidewire.cluster.metadata import PartitionState, TopicInfo
 from tidewire.errors import TidewireError, for_code
 from tidewire.protocol.messages import DescribeAuditRequest
 from tidewire.security._logs import audit_node_of, audit_topic, open_log
-from tidewire.security.audit import AuditEvent, AuditQuery, newest
+from tidewire.security.audit import AuditAnswer, AuditEvent, AuditQuery, newest
 from tidewire.storage import PartitionLog
 from tidewire.storage.fs import write_atomic
 
 if TYPE_CHECKING:
     from tidewire.cluster.node import ClusterNode
 
-__all__ = ["AUDIT_REPLICAS", "ClusterAudit", "placement"]
+__all__ = ["ASK_TIMEOUT_S", "AUDIT_REPLICAS", "ClusterAudit", "placement"]
 
 log = logging.getLogger("tidewire.cluster.audit")
 
 #: Copies of each node's audit log: the log is written by one node and read rarely, so three
 #: (the node and two others) are enough to outlive the loss of any two nodes.
 AUDIT_REPLICAS = 3
+#: How long a query waits for another node's answer (s): its audit logs are read locally,
+#: so a live node answers well within this; one that does not is left out of the answer
+#: (named in ``missing_nodes``) rather than holding the whole query up.
+ASK_TIMEOUT_S = 5.0
 #: After a failed attempt to create this node's audit topic, the next one comes this late.
 CREATE_RETRY_S = 1.0
 
@@ -204,20 +210,25 @@ class ClusterAudit:
                 out.append(plog)
         return out
 
-    async def query(self, query: AuditQuery, limit: int) -> list[AuditEvent]:
+    async def query(self, query: AuditQuery, limit: int) -> AuditAnswer:
         """Every node's audit log: read here where this node holds an in-sync replica,
-        asked of a node holding one otherwise (its leader first, then the ISR). An audit
-        log none of whose replicas is alive is left out (logged).
+        asked of a node holding one otherwise (its leader first, then the ISR, then the
+        other replicas; the nodes asked at once, each for at most :data:`ASK_TIMEOUT_S`).
+        A log that no node holding it answered for in time, or none of whose replicas is on
+        a live node, is left out and its node named in ``missing_nodes``: a partial answer
+        rather than none while a node does not answer.
 
         Raises:
-            TidewireError: a node asked did not answer, or refused.
+            TidewireError: a node asked refused (an error that retrying cannot mend, such
+                as a missing permission of the node principal).
         """
         node = self._node
         audit = node.broker.audit
         if audit is None:
-            return []
+            return AuditAnswer([])
         local: list[int] = []
-        remote: dict[int, list[int]] = {}
+        holders: dict[int, list[int]] = {}  # owner -> the live nodes to ask, in order
+        missing: set[int] = set()
         for name in sorted(node.cache.topics):
             owner = audit_node_of(name)
             got = node.cache.partition(name, 0)
@@ -229,25 +240,62 @@ class ClusterAudit:
             if node.node_id in state.isr and (name, 0) in node.broker.logs.logs:
                 local.append(owner)
                 continue
-            holders = [
+            ask = [
                 r
-                for r in (state.leader, *state.isr, *state.replicas)
+                for r in dict.fromkeys((state.leader, *state.isr, *state.replicas))
                 if r in node.cache.nodes and r != node.node_id
             ]
-            if not holders:
+            if not ask:
                 log.warning("%s: no replica alive; its events are left out of the query", name)
+                missing.add(owner)
                 continue
-            remote.setdefault(holders[0], []).append(owner)
+            holders[owner] = ask
         events = await audit.query_nodes(query, limit, local) if local else []
-        for holder, owners in sorted(remote.items()):
-            events.extend(await self._ask(holder, query, limit, owners))
-        return newest(events, limit)
+        tried: dict[int, set[int]] = {owner: set() for owner in holders}
+        failed: set[int] = set()  # nodes that did not answer: not asked again
+        left = dict(holders)
+        while left:  # each round asks one more holder of the logs still unread: bounded
+            by_holder: dict[int, list[int]] = {}
+            for owner, ask in left.items():
+                nxt = next((h for h in ask if h not in failed and h not in tried[owner]), None)
+                if nxt is None:
+                    missing.add(owner)
+                    continue
+                tried[owner].add(nxt)
+                by_holder.setdefault(nxt, []).append(owner)
+            left = {}
+            asked = sorted(by_holder.items())
+            answers = await asyncio.gather(
+                *(self._ask(h, query, limit, owners) for h, owners in asked)
+            )
+            for (h, owners), got_events in zip(asked, answers, strict=True):
+                if got_events is None:
+                    failed.add(h)
+                    left.update((o, holders[o]) for o in owners)
+                else:
+                    events.extend(got_events)
+        if missing:
+            log.warning(
+                "audit query: the logs of nodes %s were not read (no node holding them "
+                "answered); the answer is partial",
+                sorted(missing),
+            )
+        return AuditAnswer(newest(events, limit), tuple(sorted(missing)))
 
     async def _ask(
         self, holder: int, query: AuditQuery, limit: int, owners: list[int]
-    ) -> list[AuditEvent]:
+    ) -> list[AuditEvent] | None:
+        """The events of the audit logs of ``owners`` as node ``holder``'s replicas hold
+        them; None when it did not answer within :data:`ASK_TIMEOUT_S` (or could not be
+        reached, or answered with a retriable error).
+
+        Raises:
+            TidewireError: it refused with an error that is not retriable.
+        """
         node = self._node
-        info = node.cache.nodes[holder]
+        info = node.cache.nodes.get(holder)
+        if info is None:
+            return None
         link = (node.replica_connect or default_connect)(info.host, info.port)
         request = DescribeAuditRequest(
             since_ms=query.since_ms,
@@ -259,13 +307,26 @@ class ClusterAudit:
             nodes=owners,
         )
         try:
-            body = (await link.request(request)).body
+            async with asyncio.timeout(ASK_TIMEOUT_S):
+                body = (await link.request(request, timeout_s=ASK_TIMEOUT_S)).body
+        except (TimeoutError, OSError) as exc:
+            log.warning("audit query: node %d did not answer: %s", holder, exc or "timed out")
+            return None
+        except TidewireError as exc:
+            if not exc.retriable:
+                raise
+            log.warning("audit query: node %d did not answer: %s", holder, exc)
+            return None
         finally:
             await link.close()
         if body.error_code:
-            raise for_code(body.error_code)(
+            error = for_code(body.error_code)(
                 f"the audit logs of nodes {owners} not read on node {holder}: {body.error_message}"
             )
+            if error.retriable:
+                log.warning("audit query: %s", error)
+                return None
+            raise error
         return [AuditEvent(**msgspec.structs.asdict(e)) for e in body.events]
 
     async def close(self) -> None:

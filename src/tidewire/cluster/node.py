@@ -226,6 +226,13 @@ class Replicas(Protocol):
     async def close(self) -> None: ...
 
 
+class Closable(Protocol):
+    """What the node closes when it stops besides its own parts (the HTTP API's pool of
+    connections to the other nodes, :class:`~tidewire.server.http.peers.PeerPool`)."""
+
+    async def close(self) -> None: ...
+
+
 def parse_cluster_url(url: str) -> list[str]:
     """``etcd://HOST:PORT[,HOST:PORT...]`` -> the etcd client URLs (``http://HOST:PORT``).
 
@@ -358,6 +365,9 @@ class ClusterNode:
         self.dead_replicas = DeadReplicas(self)
         self.started = False
         self._group_topics_seen: dict[str, int] = {}
+        #: The connections the HTTP API's forwarded requests share, per other node
+        #: (server/http/peers.py, made on first use); closed by :meth:`close`.
+        self.peer_pool: Closable | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -452,6 +462,9 @@ class ClusterNode:
         self.dead_replicas.close()
         self.started = False
         await self.stream_owners.close()
+        pool, self.peer_pool = self.peer_pool, None
+        if pool is not None:
+            await pool.close()
         if self._offsets_task is not None:
             self._offsets_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

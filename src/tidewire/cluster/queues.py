@@ -26,6 +26,13 @@
   whose bindings reach queues served elsewhere is forwarded, part by part, to their owners
   through the default exchange (:meth:`ClusterQueues.forward`), and confirmed once every part
   is. Dead letters and replays take the same way.
+- **Deleting a durable queue** changes the definitions, so it is done by the leader of
+  ``__queue_definitions``; its ``if_empty`` / ``if_unused`` conditions are about what the
+  owner holds, so when the queue is served elsewhere that leader asks the owner for its
+  counts first (:meth:`ClusterQueues.owner_usage`, LIST_QUEUES as this node). An
+  ``auto_delete`` queue whose last consumer left its owner is deleted by the owner sending
+  the delete, ``if_unused``, to that leader (:meth:`ClusterQueues.delete_at_definitions_leader`):
+  a consumer that came meanwhile keeps it.
 """
 
 from __future__ import annotations
@@ -50,7 +57,12 @@ from tidewire.errors import (
     TidewireError,
     for_code,
 )
-from tidewire.protocol.messages import QueuePublishRequest
+from tidewire.protocol.messages import (
+    Body,
+    ListQueuesRequest,
+    QueueDeleteRequest,
+    QueuePublishRequest,
+)
 from tidewire.storage.fs import write_atomic
 
 if TYPE_CHECKING:
@@ -66,6 +78,9 @@ _DEFS = (DEFINITIONS_TOPIC, 0)
 FORWARD_TIMEOUT_S = 30.0
 #: Pause between two attempts of a forward whose owner moved or was not known.
 _FORWARD_RETRY_S = 0.2
+#: How long the leader of the definitions waits for a queue's owner's counts, and an owner
+#: for that leader to delete an ``auto_delete`` queue, before giving up (s).
+ASK_TIMEOUT_S = 5.0
 
 
 def queue_of(topic: str) -> str | None:
@@ -269,6 +284,89 @@ class ClusterQueues:
             raise RequestTimedOutError(f"{topic} not deleted: {exc}") from None
         if deleted:
             log.info("queue %r: deleted %s", name, topic)
+
+    # --- deleting a queue served elsewhere -----------------------------------------------------
+
+    async def _ask(self, node_id: int, request: Body, what: str) -> Body:
+        """``request`` answered by node ``node_id`` (sent as this node, on the link that
+        forwards to it) within :data:`ASK_TIMEOUT_S`: its answer's body, its error raised.
+
+        Raises:
+            NotLeaderError: the node is not registered now; RequestTimedOutError: it did not
+                answer in time; TidewireError: its error.
+        """
+        node = self._node
+        info = node.cache.nodes.get(node_id)
+        if info is None:
+            raise NotLeaderError(f"{what}: node {node_id} is not registered now; try again")
+        key = (info.host, info.port)
+        link = self._links.get(key)
+        if link is None:
+            connect = node.replica_connect or default_connect
+            link = self._links[key] = connect(*key)
+        try:
+            async with asyncio.timeout(ASK_TIMEOUT_S):
+                response = await link.request(request, timeout_s=ASK_TIMEOUT_S)
+        except TimeoutError:
+            raise RequestTimedOutError(
+                f"{what}: node {node_id} did not answer within {ASK_TIMEOUT_S:g} s"
+            ) from None
+        body: Body = response.body
+        code = int(getattr(body, "error_code", 0))
+        if code:
+            raise for_code(code)(str(getattr(body, "error_message", "")))
+        return body
+
+    async def owner_usage(self, name: str) -> tuple[int, int]:
+        """Durable queue ``name``'s messages not settled (ready, delivered, delayed) and its
+        consumers, as its owner (another node) counts them now: asked of it.
+
+        Raises:
+            NotLeaderError: it has no owner now, or its owner does not serve it yet (try
+                again); RequestTimedOutError: the owner did not answer in time.
+        """
+        node = self._node
+        got = node.cache.partition(queue_topic(name), 0)
+        owner = got[0].leader if got is not None else -1
+        if owner < 0 or owner == node.node_id:
+            raise self.not_owner(name)
+        what = f"queue {name!r} not checked (if_empty / if_unused)"
+        body = await self._ask(owner, ListQueuesRequest(), what)
+        for info in getattr(body, "queues", ()):
+            if info.name == name:
+                return info.ready + info.unacked + info.delayed, info.consumers
+        raise NotLeaderError(
+            f"{what}: its owner, node {owner}, does not list it (taking it over, or not "
+            "allowed to describe it); try again"
+        )
+
+    async def delete_at_definitions_leader(self, name: str) -> None:
+        """Have the leader of ``__queue_definitions`` delete durable queue ``name`` if it has
+        no consumers (``if_unused``, checked with this node, its owner): an ``auto_delete``
+        queue whose last consumer left. Sent again on a retriable failure (that leader moving
+        or not answering) for up to :data:`FORWARD_TIMEOUT_S`.
+
+        Raises:
+            PreconditionFailedError: a consumer came meanwhile; NotLeaderError,
+                RequestTimedOutError: no other node leading the definitions took it.
+        """
+        node = self._node
+        what = f"queue {name!r} (auto_delete) not deleted"
+        deadline = time.monotonic() + FORWARD_TIMEOUT_S
+        while True:
+            got = node.cache.partition(DEFINITIONS_TOPIC, 0)
+            leader = got[0].leader if got is not None else -1
+            if leader == node.node_id:
+                raise NotLeaderError(f"{what}: this node leads {DEFINITIONS_TOPIC} now")
+            try:
+                if leader < 0:
+                    raise NotLeaderError(f"{what}: {DEFINITIONS_TOPIC} has no leader now")
+                await self._ask(leader, QueueDeleteRequest(name=name, if_unused=True), what)
+                return
+            except TidewireError as exc:
+                if not exc.retriable or time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(_FORWARD_RETRY_S)
 
     # --- forwarding -----------------------------------------------------------------------------
 

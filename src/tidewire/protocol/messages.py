@@ -212,6 +212,8 @@ __all__ = [
     "SubscribePartition",
     "SubscribeRequest",
     "SubscribeResponse",
+    "TakeRequest",
+    "TakeResponse",
     "TopicConfig",
     "TopicDescription",
     "TopicOffset",
@@ -332,6 +334,7 @@ class ApiKey(enum.IntEnum):
     STREAM_DESCRIBE = 62
     REPLICA_FETCH = 63
     ALTER_REPLICATION = 64
+    TAKE = 65
 
 
 class Body(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -1012,6 +1015,9 @@ class AuditEventBody(msgspec.Struct, kw_only=True, omit_defaults=True):
 class DescribeAuditResponse(Body, kw_only=True, omit_defaults=True):
     api_key = ApiKey.DESCRIBE_AUDIT
     events: list[AuditEventBody] = msgspec.field(default_factory=list)
+    #: In a cluster: the nodes whose audit logs no node answered for in time (their events
+    #: are not in ``events``: a partial answer). Empty: every node's.
+    missing_nodes: list[int] = msgspec.field(default_factory=list)
     error_code: int = 0
     error_message: str = ""
 
@@ -1975,6 +1981,33 @@ class AlterReplicationResponse(Body, kw_only=True, omit_defaults=True):
     error_message: str = ""
 
 
+# --- taking once: the msgbus mode's pops --------------------------------------------------------
+
+
+class TakeRequest(Body, kw_only=True, omit_defaults=True):
+    """Take the next record of a one-partition topic once for consumer group ``group`` (the
+    record at its committed offset; the offset after it committed before the answer): the
+    msgbus mode's pop, answered by the leader of the topic's partition, which serializes the
+    takes (docs/http-compat.md). Another node forwards a pop it cannot serve with it."""
+
+    api_key = ApiKey.TAKE
+    topic: str
+    group: str
+    #: Records older than this (ms, by their timestamp) are passed over as taken; 0: none.
+    ttl_ms: int = 0
+
+
+class TakeResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.TAKE
+    #: False: nothing to take now (the topic is empty, or every record was taken).
+    found: bool = False
+    offset: int = -1
+    timestamp_ms: int = 0
+    value: bytes = b""
+    error_code: int = 0
+    error_message: str = ""
+
+
 # --- the registry and the codec ------------------------------------------------------------
 
 _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
@@ -2042,6 +2075,7 @@ _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
     ApiKey.STREAM_DESCRIBE: (StreamDescribeRequest, StreamDescribeResponse),
     ApiKey.REPLICA_FETCH: (ReplicaFetchRequest, ReplicaFetchResponse),
     ApiKey.ALTER_REPLICATION: (AlterReplicationRequest, AlterReplicationResponse),
+    ApiKey.TAKE: (TakeRequest, TakeResponse),
 }
 #: APIs only the server sends, as PUSH frames, with the body schema of each: they have no
 #: request or response (a request for one is refused as an unknown API).

@@ -35,7 +35,7 @@ import re
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import msgspec
 
@@ -51,6 +51,7 @@ __all__ = [
     "MAX_QUERY_LIMIT",
     "OUTCOMES",
     "Actor",
+    "AuditAnswer",
     "AuditEvent",
     "AuditLog",
     "AuditQuery",
@@ -204,6 +205,14 @@ class AuditQuery:
         )
 
 
+class AuditAnswer(NamedTuple):
+    """A query's answer: the events, and in a cluster the nodes whose audit logs no node
+    answered for in time (their events are missing: the answer is partial)."""
+
+    events: list[AuditEvent]
+    missing_nodes: tuple[int, ...] = ()
+
+
 class AuditReplication(Protocol):
     """Where the audit log of a cluster node lives (:class:`tidewire.cluster.audit.ClusterAudit`
     is one): the node's own replicated log, and the other nodes' logs."""
@@ -221,8 +230,9 @@ class AuditReplication(Protocol):
         """This node's replicas of the audit logs of ``nodes``."""
         ...
 
-    async def query(self, query: AuditQuery, limit: int) -> list[AuditEvent]:
-        """The newest ``limit`` events of every node's audit log that match, oldest first."""
+    async def query(self, query: AuditQuery, limit: int) -> AuditAnswer:
+        """The newest ``limit`` events of every node's audit log that match, oldest first,
+        and the nodes whose logs could not be read."""
         ...
 
 
@@ -530,8 +540,31 @@ class AuditLog:
         outcome: str | None = None,
         limit: int = 1000,
     ) -> list[AuditEvent]:
-        """The newest ``limit`` events that match, oldest first. Buffered events are written
-        first, so what was recorded before the call is found.
+        """The newest ``limit`` events that match, oldest first: the events of
+        :meth:`answer` (in a cluster, without saying which nodes' logs were missing)."""
+        got = await self.answer(
+            since_ms=since_ms,
+            until_ms=until_ms,
+            principal=principal,
+            action=action,
+            outcome=outcome,
+            limit=limit,
+        )
+        return got.events
+
+    async def answer(
+        self,
+        *,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        principal: str | None = None,
+        action: str | None = None,
+        outcome: str | None = None,
+        limit: int = 1000,
+    ) -> AuditAnswer:
+        """The newest ``limit`` events that match, oldest first, and (in a cluster) the
+        nodes whose audit logs no node answered for (a partial answer). Buffered events are
+        written first, so what was recorded before the call is found.
 
         Args:
             since_ms: only events at or after this time (ms since the epoch).
@@ -558,8 +591,8 @@ class AuditLog:
             return await self._replication.query(q, limit)
         plog = self._plog
         if plog is None:  # nothing was ever recorded
-            return []
-        return await _query_log(plog, q, limit)
+            return AuditAnswer([])
+        return AuditAnswer(await _query_log(plog, q, limit))
 
     async def query_nodes(
         self, query: AuditQuery, limit: int, nodes: Collection[int]

@@ -172,6 +172,23 @@ BUILTIN_ROLES: dict[str, tuple[tuple[ResourceType, Operation], ...]] = {
         (_R.CLUSTER, _O.DESCRIBE),
     ),
     "viewer": tuple((rt, _O.DESCRIBE) for rt in _R),
+    # The nodes' own identity in a cluster (docs/cluster.md, "Security"): copying leaders'
+    # logs, and what a node asks of the others on behalf of a caller its own gate let
+    # through (reads and streams of partitions led elsewhere, msgbus pops taken by the
+    # leader, group members whose coordinator is elsewhere, publishes forwarded to a leader
+    # or a queue's owner, a queue's WebSocket consumer at its owner, stream requests
+    # forwarded to their owner), and what it asks for queues it serves or lists: their
+    # owners' counts (LIST_QUEUES shows the queues it may describe) and, for an
+    # ``auto_delete`` queue whose last consumer left it, the delete (``if_unused``) at the
+    # leader of the definitions. Nothing else that changes definitions or security.
+    "node": (
+        (_R.CLUSTER, _O.CLUSTER_ACTION),
+        *_every(_R.TOPIC, _O.READ, _O.WRITE, _O.DESCRIBE),
+        *_every(_R.GROUP, _O.READ, _O.DESCRIBE),
+        *_every(_R.STREAM, _O.READ, _O.WRITE, _O.DESCRIBE),
+        (_R.EXCHANGE, _O.WRITE),
+        *_every(_R.QUEUE, _O.READ, _O.DESCRIBE, _O.DELETE),
+    ),
 }
 
 

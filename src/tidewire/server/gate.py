@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tidewire.broker.offsets import QUEUE_DEFINITIONS_TOPIC, QUEUE_TOPIC_PREFIX
+from tidewire.cluster import cluster_node
 from tidewire.errors import (
     AuthenticationFailedError,
     AuthorizationFailedError,
@@ -272,6 +273,11 @@ class Gate:
         return self.authorizer.decide(principal, resource, name, op).allowed
 
     def _topic_exists(self, name: str) -> bool:
+        # In a cluster, whether the cluster has it: the node reached may hold no replica of
+        # it and redirect or forward the request to its leader.
+        node = cluster_node(self.broker)
+        if node is not None:
+            return name in node.cache.topics
         return name in self.broker.topics()
 
     def _deny(

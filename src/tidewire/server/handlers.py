@@ -95,6 +95,7 @@ from tidewire.protocol.messages import (
     ResetOffsetsRequest,
     ResetOffsetsResponse,
     StorageProblem,
+    TakeRequest,
     TopicConfig,
     TopicDescription,
     supported_versions,
@@ -711,6 +712,7 @@ async def describe_audit(
     try:
         if b.audit is None:
             raise InvalidRequestError("the broker is not running")
+        missing: tuple[int, ...] = ()
         if req.nodes is not None:  # another node of the cluster, asking for our replicas
             events = await b.audit.query_nodes(
                 AuditQuery(req.since_ms, req.until_ms, req.principal, req.action, req.outcome),
@@ -718,7 +720,7 @@ async def describe_audit(
                 req.nodes,
             )
         else:
-            events = await b.audit.query(
+            events, missing = await b.audit.answer(
                 since_ms=req.since_ms,
                 until_ms=req.until_ms,
                 principal=req.principal,
@@ -729,8 +731,16 @@ async def describe_audit(
     except TidewireError as exc:
         return DescribeAuditResponse(**_err(exc)), []
     return DescribeAuditResponse(
-        events=[AuditEventBody(**msgspec.structs.asdict(e)) for e in events]
+        events=[AuditEventBody(**msgspec.structs.asdict(e)) for e in events],
+        missing_nodes=list(missing),
     ), []
+
+
+async def take(b: Broker, s: ServerInfo, req: TakeRequest, _: memoryview) -> Reply:
+    """The msgbus mode's pop, taken on the leader (server/http/compat/take.py)."""
+    from tidewire.server.http.compat.take import take as take_once  # noqa: PLC0415 (msgbus's)
+
+    return await take_once(b, req), []
 
 
 HANDLERS: dict[int, Handler] = {
@@ -763,4 +773,5 @@ HANDLERS: dict[int, Handler] = {
     **STREAM_HANDLERS,
     **REPLICA_HANDLERS,
     **CLUSTER_ADMIN_HANDLERS,
+    ApiKey.TAKE: take,
 }

@@ -93,6 +93,11 @@ def _produce(req: Any) -> list[Need]:
 #: its METADATA is open to every client; its records stay private (see server/gate.py).
 _STREAMS_TOPIC: Final = "__streams"
 
+#: Whose leaders group clients route by in a cluster (a group's coordinator leads its
+#: partition, as Kafka's FindCoordinator names it): its METADATA is open to every client, since
+#: every group request is checked against the group itself; reading it still needs read on it.
+_OFFSETS_TOPIC: Final = "__consumer_offsets"
+
 #: A durable queue's topic (the broker's ``QUEUE_TOPIC_PREFIX``): its leader is the queue's
 #: owner in a cluster, which a client may look up with the right to describe the queue.
 _QUEUE_TOPIC = "__queue."
@@ -104,7 +109,11 @@ def _metadata(req: Any) -> list[Need]:
     queues = [t for t in req.topics if t.startswith(_QUEUE_TOPIC)]
     needs = _topics(
         _O.DESCRIBE,
-        [t for t in req.topics if t != _STREAMS_TOPIC and not t.startswith(_QUEUE_TOPIC)],
+        [
+            t
+            for t in req.topics
+            if t not in (_STREAMS_TOPIC, _OFFSETS_TOPIC) and not t.startswith(_QUEUE_TOPIC)
+        ],
     )
     needs += [Need(_Q, _O.DESCRIBE, t[len(_QUEUE_TOPIC) :]) for t in dict.fromkeys(queues)]
     if req.auto_create:
@@ -274,6 +283,9 @@ API_NEEDS: dict[ApiKey, Requirement] = {
     ApiKey.STREAM_DESCRIBE: _stream_describe,
     # A follower node copying a leader's log: the nodes' own identity only.
     ApiKey.REPLICA_FETCH: _cluster(_O.CLUSTER_ACTION),
+    # The msgbus mode's pop (a read and a commit of the group's offset, as FETCH then
+    # OFFSET_COMMIT would need).
+    ApiKey.TAKE: lambda req: [Need(_T, _O.READ, req.topic), Need(_G, _O.READ, req.group)],
     # A cluster topic's replicas and settings (Kafka: ALTER on the cluster to reassign);
     # only the status asked: describe on the topic.
     ApiKey.ALTER_REPLICATION: lambda req: (

@@ -59,6 +59,12 @@ class StandIn:
         self.forwards += 1
         raise RequestTimedOutError(f"the owner of {queue!r} did not answer")
 
+    async def owner_usage(self, name: str) -> tuple[int, int]:
+        raise RequestTimedOutError(f"the owner of {name!r} did not answer")
+
+    async def delete_at_definitions_leader(self, name: str) -> None:
+        raise RequestTimedOutError("the leader of the definitions did not answer")
+
 
 def test_dead_letters_for_an_unreachable_owner_are_kept_not_dropped(tmp_path: Path) -> None:
     async def body(broker: Broker, clock: Clock) -> None:

@@ -172,6 +172,14 @@ class QueueCluster(Protocol):
         """Publish ``data`` to durable queue ``queue`` on its owner (through the default
         exchange); return once the owner confirmed it."""
 
+    async def owner_usage(self, name: str) -> tuple[int, int]:
+        """Durable queue ``name``'s unsettled messages and consumers, asked of its owner
+        (another node)."""
+        ...
+
+    async def delete_at_definitions_leader(self, name: str) -> None:
+        """Have the leader of the definitions delete durable queue ``name`` if unused."""
+
 
 class QueueManager:
     """Every queue and exchange of ``broker`` (see the module docstring).
@@ -346,6 +354,15 @@ class QueueManager:
         the leader of ``__queue_definitions`` before anything changes here."""
         if self._cluster is not None:
             await self._cluster.definitions().check_leader()
+
+    async def _leads_definitions(self) -> bool:
+        """Whether this node may change the durable definitions now (a cluster's leader of
+        ``__queue_definitions``)."""
+        try:
+            await self._definitions_leader()
+        except NotLeaderError:
+            return False
+        return True
 
     async def run(self) -> None:
         """Until cancelled: apply timers when due, give back settled segments and compact
@@ -598,28 +615,23 @@ class QueueManager:
     async def _delete_clustered(self, name: str, *, if_empty: bool, if_unused: bool) -> int:
         """Delete a durable queue in a cluster, on the leader of the definitions: its
         definition (and bindings) first, then its topic through etcd; its owner forgets it
-        as the deletion reaches it. ``if_empty`` / ``if_unused`` are checked only where
-        the queue is served (the definitions' leader is its owner)."""
+        as the deletion reaches it. ``if_empty`` / ``if_unused`` are checked with what the
+        queue holds where it is served: here, or asked of its owner."""
         await self._definitions_leader()
+        assert self._cluster is not None
         q = self._queues.get(name)
-        n = q.unsettled() if q is not None else 0
-        if (if_empty or if_unused) and q is None:
-            raise PreconditionFailedError(
-                f"queue {name!r} is served by another node: if_empty / if_unused cannot be "
-                "checked on the leader of the definitions"
-            )
-        if q is not None and if_empty and n:
+        n, consumers = (q.unsettled(), len(q.consumers)) if q is not None else (0, 0)
+        if q is None and (if_empty or if_unused):
+            n, consumers = await self._cluster.owner_usage(name)
+        if if_empty and n:
             raise PreconditionFailedError(f"queue {name!r} holds {n:,} messages (if_empty)")
-        if q is not None and if_unused and q.consumers:
-            raise PreconditionFailedError(
-                f"queue {name!r} has {len(q.consumers)} consumers (if_unused)"
-            )
+        if if_unused and consumers:
+            raise PreconditionFailedError(f"queue {name!r} has {consumers} consumers (if_unused)")
         await self.definitions.delete_queue(name)
         self._specs.pop(name, None)
         self.router.remove_destination("queue", name)
         if q is not None:
             self._forget(q, deleted=True)
-        assert self._cluster is not None
         await self._cluster.delete_queue_topic(name)
         return n
 
@@ -888,15 +900,13 @@ class QueueManager:
             return
         if q.spec.auto_delete and q.had_consumers and not q.consumers:
             if self._cluster is not None and q.spec.durable:
-                try:  # deleted through the definitions' leader, as any delete
-                    await self._delete_clustered(q.name, if_empty=False, if_unused=False)
-                except NotLeaderError as exc:
-                    log.warning(
-                        "queue %r (auto_delete) kept: in a cluster it is deleted only where "
-                        "its owner is also the leader of the definitions: %s",
-                        q.name,
-                        exc.message,
-                    )
+                try:  # deleted by the definitions' leader, as any delete
+                    if await self._leads_definitions():
+                        await self._delete_clustered(q.name, if_empty=False, if_unused=False)
+                    else:  # which checks with this node, the owner, that it is still unused
+                        await self._cluster.delete_at_definitions_leader(q.name)
+                except TidewireError as exc:
+                    log.warning("queue %r (auto_delete) kept: %s", q.name, exc.message)
                 return
             await self._drop_queue(q)
 

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 
+from tidewire.cluster import cluster_node
 from tidewire.errors import InvalidRequestError
 from tidewire.security.audit import MAX_QUERY_LIMIT
 from tidewire.security.audit import AuditEvent as AuditLogEvent
@@ -46,6 +47,12 @@ class AuditEvent(BaseModel):
 
 class AuditPage(BaseModel):
     events: list[AuditEvent] = Field(description="The newest that match, oldest first.")
+    missing_nodes: list[int] = Field(
+        default_factory=list,
+        description="In a cluster (absent on a single node): the nodes whose audit logs no "
+        "node answered for in time; their events are missing (a partial answer). Empty: "
+        "every node's events.",
+    )
 
 
 def _doc(e: AuditLogEvent) -> dict[str, object]:
@@ -83,10 +90,12 @@ def audit_router(ctx: GatewayContext) -> APIRouter:
     ) -> Response:
         """The newest ``limit`` audit events that match every filter given, oldest first:
         authentications, administrative operations, ACL and key changes, and denials. In a
-        cluster: every node's events (each with its ``node_id``), from any node."""
+        cluster: every node's events (each with its ``node_id``), from any node; a node
+        that does not answer in time leaves its nodes' logs out, named in
+        ``missing_nodes`` (still 200: a partial answer)."""
         if broker.audit is None:
             raise InvalidRequestError("the broker is not running")
-        events = await broker.audit.query(
+        events, missing = await broker.audit.answer(
             since_ms=since,
             until_ms=until,
             principal=principal,
@@ -94,6 +103,9 @@ def audit_router(ctx: GatewayContext) -> APIRouter:
             outcome=outcome,
             limit=limit,
         )
-        return json_response({"events": [_doc(e) for e in events]})
+        doc: dict[str, object] = {"events": [_doc(e) for e in events]}
+        if cluster_node(broker) is not None:  # a single node's answer: as before clusters
+            doc["missing_nodes"] = list(missing)
+        return json_response(doc)
 
     return router

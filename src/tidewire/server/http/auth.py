@@ -81,6 +81,17 @@ def _topic(op: Operation, *, param: str = "topic") -> Callable[[RouteRequest], l
     return lambda r: [Need(_T, op, r.path[param])]
 
 
+def _topic_stream(r: RouteRequest) -> list[Need]:
+    """A topic's WebSocket stream: read on the topic, and with ``?group=`` read on the group
+    too, which the stream joins and commits for (as ``JOIN_GROUP`` and ``OFFSET_COMMIT``
+    need; in a cluster the node does it at the coordinator as its own principal, so the
+    caller's right is checked here)."""
+    needs = [Need(_T, _O.READ, r.path["topic"])]
+    if group := r.query.get("group"):
+        needs.append(Need(_G, _O.READ, group))
+    return needs
+
+
 def _publish(r: RouteRequest) -> list[Need]:
     t = r.path["topic"]
     return [Need(_T, _O.WRITE, t), Need(_T, _O.CREATE, t, if_missing=True)]
@@ -253,7 +264,7 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         ("GET", "/v1/topics/{topic}/messages"): Route(_topic(_O.READ)),
         ("GET", "/v1/topics/{topic}/partitions/{partition}/messages"): Route(_topic(_O.READ)),
         ("GET", "/v1/topics/{topic}/stream"): Route(_topic(_O.READ), interface="sse"),
-        ("WS", "/v1/topics/{topic}/stream"): Route(_topic(_O.READ), interface="websocket"),
+        ("WS", "/v1/topics/{topic}/stream"): Route(_topic_stream, interface="websocket"),
         # Queues and exchanges (as the binary APIs 41-57): lists show what may be described.
         ("GET", "/v1/exchanges"): Route(AUTHENTICATED),
         ("GET", "/v1/exchanges/{name}"): Route(_exchange(_O.DESCRIBE)),

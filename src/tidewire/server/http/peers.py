@@ -8,8 +8,11 @@ partitions through it (:class:`ClusterCursor`); docs/cluster.md, "The HTTP API i
   node's own identity: the connections are made by the node's ``replica_connect`` (its TLS
   and ``--node-api-key-file``), as its replica fetchers' are. The request was checked at this
   node's gate (the HTTP caller's permissions); the leader's gate checks the node principal's.
-  One client belongs to one request or stream, which closes it: connections live as long as
-  what uses them, never beyond.
+  One client belongs to one request or stream, which closes it; its connections are not its
+  own but borrowed from the node's :class:`PeerPool`: the clients of every request share a
+  few connections per other node (requests are multiplexed on a connection, answered in any
+  order), so forwarded requests do not open a connection each. The pool closes them when the
+  node leaves the cluster (:meth:`ClusterNode.close`).
 - A :class:`ClusterCursor` is a :class:`~._cursor.LogCursor` whose partitions held here are
   read from the local replica (below its high watermark, as any read on this node), and the
   others from their leaders: one FETCH in flight per such partition at most, of at most
@@ -26,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,9 +37,19 @@ from tidewire._tasks import cancel_and_wait
 from tidewire.client._routing import OFFSETS_TOPIC, Router, call_routed, coordinator_partition
 from tidewire.client._transport import Transport
 from tidewire.cluster import cluster_node
-from tidewire.errors import OffsetOutOfRangeError, TidewireError, fetch_error, for_code
+from tidewire.errors import (
+    ConnectionLostError,
+    OffsetOutOfRangeError,
+    RequestTimedOutError,
+    TidewireError,
+    fetch_error,
+    for_code,
+)
+from tidewire.protocol import ResponseReceived
+from tidewire.protocol.frames import Buffer
 from tidewire.protocol.messages import (
     ACKS_DURABLE,
+    Body,
     FetchPartition,
     FetchRequest,
     ListOffsetsPartition,
@@ -62,8 +75,11 @@ __all__ = [
     "ClusterCursor",
     "Fetched",
     "PeerClient",
+    "PeerPool",
+    "SharedLink",
     "close_cursor",
     "make_cursor",
+    "node_transports",
     "offset_bounds",
     "resolve_start",
     "wake_events",
@@ -79,6 +95,12 @@ FETCH_WAIT_MS = 5_000
 #: elects one within its session timeout (6 s by default); beyond that the stream reports the
 #: error and the client resumes (with its resume token) when it can.
 PEER_TIMEOUT_S = 30.0
+#: The most connections a node's forwarded requests share to one other node.
+LINKS_PER_NODE = 4
+#: A shared connection with this many requests in flight is busy: the next client gets
+#: another one, while there are fewer than :data:`LINKS_PER_NODE` (a stream's long-polled
+#: fetches then do not make a short request wait behind them for a free slot).
+BUSY_IN_FLIGHT = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +113,128 @@ class Fetched:
     log_start_offset: int
 
 
+def node_transports(
+    node: ClusterNode, timeout_s: float = PEER_TIMEOUT_S
+) -> Callable[[str], Transport]:
+    """Opens connections (``"HOST:PORT"``) to other nodes as ``node`` itself: with its
+    ``replica_connect`` (its TLS and ``--node-api-key-file``), else plaintext with a request
+    timeout of ``timeout_s``."""
+    raw = node.replica_connect
+
+    def connect(address: str) -> Transport:
+        host, _, port = address.rpartition(":")
+        if raw is None:
+            return Transport(address, connect_timeout_s=5.0, request_timeout_s=timeout_s)
+        link = raw(host.strip("[]"), int(port))
+        if not isinstance(link, Transport):  # a node's replica_connect makes Transports
+            raise TypeError(f"replica_connect made a {type(link).__name__}, not a Transport")
+        return link
+
+    return connect
+
+
+class SharedLink(Transport):
+    """A connection of a :class:`PeerPool`, configured as ``like`` (a connection the node's
+    ``connect`` made, never opened itself): the clients that borrow it share it, so their
+    :meth:`close` leaves it open; :meth:`shut` (the pool's) closes it. It counts its
+    requests in flight, by which the pool picks the least busy."""
+
+    def __init__(self, address: str, like: Transport) -> None:
+        super().__init__(
+            address,
+            connect_timeout_s=like.connect_timeout_s,
+            request_timeout_s=like.request_timeout_s,
+            max_in_flight=like.max_in_flight,
+            max_frame_bytes=like.max_frame_bytes,
+            tls=like.tls,
+            credentials=like.credentials,
+        )
+        #: Requests sent through :meth:`request` and not answered yet.
+        self.in_flight = 0
+
+    async def request(
+        self,
+        body: Body,
+        data: Sequence[Buffer] = (),
+        *,
+        timeout_s: float | None = None,
+        expect_response: bool = True,
+    ) -> ResponseReceived | None:
+        self.in_flight += 1
+        try:
+            return await super().request(
+                body, data, timeout_s=timeout_s, expect_response=expect_response
+            )
+        finally:
+            self.in_flight -= 1
+
+    async def close(self) -> None:
+        """Nothing: a borrower is done with it, the pool keeps it open for the others."""
+
+    async def shut(self) -> None:
+        """Close the connection (the pool's close); requests waiting on it fail."""
+        await super().close()
+
+
+class PeerPool:
+    """The connections a node's forwarded requests share (see the module docstring): up to
+    :data:`LINKS_PER_NODE` per other node's address, made by ``connect`` (the node's
+    identity), opened on first use and reopened by themselves after a failure.
+
+    Once closed, it hands out connections of their own to the borrowers (closed by them, as
+    before pooling), so a request still running while the node leaves does not leak one.
+    """
+
+    def __init__(self, connect: Callable[[str], Transport]) -> None:
+        self._connect = connect
+        self._links: dict[str, list[SharedLink]] = {}
+        self.closed = False
+        #: Shared connections made since the start (a connection reopened counts once).
+        self.made = 0
+
+    def link(self, address: str) -> Transport:
+        """A connection to ``address`` (``"HOST:PORT"``): the least busy of the shared ones,
+        or a new shared one when every one is busy and there is room for another."""
+        if self.closed:
+            return self._connect(address)
+        links = self._links.setdefault(address, [])
+        best = min(links, key=lambda t: t.in_flight, default=None)
+        if best is None or (best.in_flight >= BUSY_IN_FLIGHT and len(links) < LINKS_PER_NODE):
+            best = SharedLink(address, self._connect(address))
+            links.append(best)
+            self.made += 1
+        elif not best.connected:
+            # Down since a failure: a new borrower's request tries to connect at once (as a
+            # connection of its own would), not after the backoff earlier failures grew (a
+            # node back from a restart is reached by the next request, not seconds later).
+            best.reconnect_now()
+        return best
+
+    def links(self) -> list[SharedLink]:
+        """The shared connections the pool holds (open, or to be opened on first use)."""
+        return [link for links in self._links.values() for link in links]
+
+    async def close(self) -> None:
+        """Close every shared connection; from now on borrowers get their own."""
+        self.closed = True
+        links, self._links = self._links, {}
+        for address_links in links.values():
+            for link in address_links:
+                await link.shut()
+
+
+def peer_pool(node: ClusterNode) -> PeerPool | None:
+    """The node's pool of shared connections, made on first use; None once the node has
+    left the cluster (a client made then opens its own, as before)."""
+    pool = node.peer_pool
+    if isinstance(pool, PeerPool):
+        return pool
+    if pool is not None or cluster_node(node.broker) is not node:
+        return None
+    made = node.peer_pool = PeerPool(node_transports(node))
+    return made
+
+
 class PeerClient:
     """This node's routed client to the other nodes (see the module docstring).
 
@@ -100,25 +244,52 @@ class PeerClient:
     """
 
     def __init__(self, node: ClusterNode, *, timeout_s: float = PEER_TIMEOUT_S) -> None:
-        raw = node.replica_connect
-
-        def connect(address: str) -> Transport:
-            host, _, port = address.rpartition(":")
-            if raw is None:
-                return Transport(address, connect_timeout_s=5.0, request_timeout_s=timeout_s)
-            link = raw(host.strip("[]"), int(port))
-            if not isinstance(link, Transport):  # a node's replica_connect makes Transports
-                raise TypeError(f"replica_connect made a {type(link).__name__}, not a Transport")
-            return link
-
+        # The node's shared connections; a client with a timeout of its own opens its own
+        # (their requests' default timeout is the client's).
+        pool = peer_pool(node) if timeout_s == PEER_TIMEOUT_S else None
+        connect = pool.link if pool is not None else node_transports(node, timeout_s)
         self.timeout_s = timeout_s
+        self._node = node
+        self._connect = connect
         self._bootstrap = connect(f"{node.info.host}:{node.info.port}")
         self._router = Router(self._bootstrap, connect)
+        self._nodes: dict[int, Transport] = {}  # links of ask_node, by node id
 
     async def close(self) -> None:
-        """Close every connection this client opened."""
+        """Close every connection this client opened (those borrowed from the node's pool
+        stay open for the other clients)."""
+        links, self._nodes = list(self._nodes.values()), {}
+        for link in links:
+            await link.close()
         await self._router.close()
         await self._bootstrap.close()
+
+    async def ask_node(self, node_id: int, request: Any, *, timeout_s: float) -> Any:
+        """``request`` sent to node ``node_id`` itself (not routed: a question that node
+        answers for what it serves, such as LIST_QUEUES for its queues' counts); the
+        answer's body. Its connection (the pool's) is kept for this client's later
+        questions to it.
+
+        Raises:
+            ConnectionLostError: the node is not registered now, or its connection broke.
+            RequestTimedOutError: it did not answer in ``timeout_s``.
+        """
+        link = self._nodes.get(node_id)
+        if link is None:
+            info = self._node.cache.nodes.get(node_id)
+            if info is None:
+                raise ConnectionLostError(f"node {node_id} is not registered in the cluster now")
+            host = f"[{info.host}]" if ":" in info.host else info.host
+            link = self._nodes[node_id] = self._connect(f"{host}:{info.port}")
+        try:
+            async with asyncio.timeout(timeout_s):
+                response = await link.request(request, timeout_s=timeout_s)
+        except TimeoutError:
+            raise RequestTimedOutError(
+                f"node {node_id} did not answer {type(request).__name__} in {timeout_s:g} s"
+            ) from None
+        assert response is not None
+        return response.body
 
     async def _routed(self, topic: str, partition: int, request: Any, timeout_s: float) -> Any:
         if not self._router.clustered:
@@ -132,6 +303,32 @@ class PeerClient:
 
         return await call_routed(
             self._router, topic, partition, send, timeout_s=self.timeout_s, resend_on_loss=True
+        )
+
+    async def routed_body(self, topic: str, partition: int, request: Any) -> Any:
+        """``request`` answered by the leader of ``topic``/``partition`` (sent again to a new
+        leader on NotLeaderError; not sent again when its connection was lost, as it may
+        have been carried out): the answer's body, its error raised.
+
+        Raises:
+            TidewireError: the leader's error; NotLeaderError, ...: no leader answered
+                within the timeout.
+        """
+        if not self._router.clustered:
+            with contextlib.suppress(TidewireError):
+                await self._router.refresh([topic])
+        timeout = self._bootstrap.request_timeout_s
+
+        async def send(t: Transport) -> Any:
+            response = await t.request(request, timeout_s=timeout)
+            assert response is not None
+            body = response.body
+            if body.error_code:
+                raise for_code(body.error_code)(body.error_message)
+            return body
+
+        return await call_routed(
+            self._router, topic, partition, send, timeout_s=self.timeout_s, resend_on_loss=False
         )
 
     async def fetch(

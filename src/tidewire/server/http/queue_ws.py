@@ -42,8 +42,10 @@ from starlette.websockets import WebSocketDisconnect
 from tidewire._tasks import cancel_and_wait, wait_event
 from tidewire.broker import Broker
 from tidewire.broker.queues.model import Delivery, SettleOutcome
+from tidewire.cluster import cluster_node
 from tidewire.errors import (
     InvalidRequestError,
+    NotLeaderError,
     QueueLockedError,
     TidewireError,
     UnknownQueueError,
@@ -54,7 +56,13 @@ from tidewire.server.http._ws_session import _Close, _Gone, receive_command
 from tidewire.server.http._ws_settings import CLOSE_CODES
 from tidewire.server.http.context import GatewayContext
 
-__all__ = ["DEFAULT_PREFETCH", "MAX_PREFETCH", "QUEUE_CLOSE_CODES", "queue_ws_router"]
+__all__ = [
+    "DEFAULT_PREFETCH",
+    "MAX_PREFETCH",
+    "QUEUE_CLOSE_CODES",
+    "parse_settle",
+    "queue_ws_router",
+]
 
 log = logging.getLogger("tidewire.http")
 
@@ -96,11 +104,39 @@ def queue_ws_router(ctx: GatewayContext) -> APIRouter:
             await websocket.send_json(error_frame(exc))
             await websocket.close(QUEUE_CLOSE_CODES["bad_request"], _reason(exc))
             return
+        node = cluster_node(ctx.broker)
+        if node is not None and not _served_here(ctx.broker, name):
+            # Another node serves it (or none now): fed from the owner, through this node.
+            from tidewire.server.http.queue_ws_remote import RemoteQueueSocket  # noqa: PLC0415
+
+            await RemoteQueueSocket(
+                node,
+                websocket,
+                name,
+                prefetch=prefetch,
+                force_base64=force,
+                closing=ctx.closing,
+                parse=parse_settle,
+                close_codes=QUEUE_CLOSE_CODES,
+            ).run()
+            return
         await QueueSocket(
             ctx.broker, websocket, name, prefetch=prefetch, force_base64=force, closing=ctx.closing
         ).run()
 
     return router
+
+
+def _served_here(broker: Broker, queue: str) -> bool:
+    """Whether this node's queue manager serves ``queue`` (or would answer for it: a
+    transient queue, an unknown one), rather than another node of the cluster."""
+    try:
+        broker.queues.describe_queue(queue)
+    except NotLeaderError:
+        return False
+    except TidewireError:
+        return True  # UnknownQueueError and the like: answered here, as on a single node
+    return True
 
 
 def _reason(exc: TidewireError) -> str:
@@ -249,48 +285,7 @@ class QueueSocket:
             await self._settle(cmd)
 
     async def _settle(self, cmd: Any) -> None:
-        kind = cmd.get("type") if isinstance(cmd, dict) else None
-        if kind not in _OUTCOMES:
-            raise _Close(
-                QUEUE_CLOSE_CODES["policy"],
-                InvalidRequestError(
-                    f"unknown command {kind!r}: commands are ack, nack and reject "
-                    '({"type": "ack", "tags": [..]})'
-                ),
-            )
-        assert isinstance(cmd, dict)
-        extra = set(cmd) - {"type", "tags", "up_to", "requeue"}
-        if extra:
-            raise _Close(
-                QUEUE_CLOSE_CODES["policy"],
-                InvalidRequestError(f"{kind} has unknown field(s) {sorted(extra)}"),
-            )
-        tags, up_to, requeue = cmd.get("tags", []), cmd.get("up_to", 0), cmd.get("requeue")
-        if (
-            not isinstance(tags, list)
-            or len(tags) > MAX_TAGS
-            or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in tags)
-        ):
-            raise _Close(
-                QUEUE_CLOSE_CODES["policy"],
-                InvalidRequestError(
-                    f"{kind} tags must be a list of at most {MAX_TAGS:,} integers >= 1"
-                ),
-            )
-        if isinstance(up_to, bool) or not isinstance(up_to, int) or up_to < 0:
-            raise _Close(
-                QUEUE_CLOSE_CODES["policy"],
-                InvalidRequestError(f"{kind} up_to={up_to!r} must be an integer >= 0"),
-            )
-        if requeue is not None and (not isinstance(requeue, bool) or kind == "ack"):
-            raise _Close(
-                QUEUE_CLOSE_CODES["policy"],
-                InvalidRequestError("requeue: true or false, for nack and reject only"),
-            )
-        if not tags and not up_to:
-            raise _Close(QUEUE_CLOSE_CODES["policy"], InvalidRequestError(f"{kind} names no tags"))
-        usual, other = _OUTCOMES[kind]
-        outcome = usual if requeue is None or requeue == (kind == "nack") else other
+        kind, tags, up_to, outcome = parse_settle(cmd)
         try:
             await self.broker.queues.settle(
                 self.queue, tags, outcome, owner=self.owner, up_to=up_to
@@ -301,3 +296,54 @@ class QueueSocket:
             await self._send_obj(frame)
             return
         await self._send_obj({"type": "settled", "outcome": outcome, "tags": tags, "up_to": up_to})
+
+
+def parse_settle(cmd: Any) -> tuple[str, list[int], int, SettleOutcome]:
+    """A settle command: its kind, tags, ``up_to`` and outcome.
+
+    Raises:
+        _Close: not a valid settle command (the socket closes with the policy code).
+    """
+    kind = cmd.get("type") if isinstance(cmd, dict) else None
+    if kind not in _OUTCOMES:
+        raise _Close(
+            QUEUE_CLOSE_CODES["policy"],
+            InvalidRequestError(
+                f"unknown command {kind!r}: commands are ack, nack and reject "
+                '({"type": "ack", "tags": [..]})'
+            ),
+        )
+    assert isinstance(cmd, dict)
+    extra = set(cmd) - {"type", "tags", "up_to", "requeue"}
+    if extra:
+        raise _Close(
+            QUEUE_CLOSE_CODES["policy"],
+            InvalidRequestError(f"{kind} has unknown field(s) {sorted(extra)}"),
+        )
+    tags, up_to, requeue = cmd.get("tags", []), cmd.get("up_to", 0), cmd.get("requeue")
+    if (
+        not isinstance(tags, list)
+        or len(tags) > MAX_TAGS
+        or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in tags)
+    ):
+        raise _Close(
+            QUEUE_CLOSE_CODES["policy"],
+            InvalidRequestError(
+                f"{kind} tags must be a list of at most {MAX_TAGS:,} integers >= 1"
+            ),
+        )
+    if isinstance(up_to, bool) or not isinstance(up_to, int) or up_to < 0:
+        raise _Close(
+            QUEUE_CLOSE_CODES["policy"],
+            InvalidRequestError(f"{kind} up_to={up_to!r} must be an integer >= 0"),
+        )
+    if requeue is not None and (not isinstance(requeue, bool) or kind == "ack"):
+        raise _Close(
+            QUEUE_CLOSE_CODES["policy"],
+            InvalidRequestError("requeue: true or false, for nack and reject only"),
+        )
+    if not tags and not up_to:
+        raise _Close(QUEUE_CLOSE_CODES["policy"], InvalidRequestError(f"{kind} names no tags"))
+    usual, other = _OUTCOMES[kind]
+    outcome = usual if requeue is None or requeue == (kind == "nack") else other
+    return kind, tags, up_to, outcome

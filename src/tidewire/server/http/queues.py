@@ -10,13 +10,20 @@ named in a path; the binary protocol reaches them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
+from tidewire.broker import Broker
 from tidewire.broker.queues.model import Binding, ExchangeSpec, QueueSpec
-from tidewire.errors import InvalidRequestError, UnknownExchangeError, UnknownQueueError
+from tidewire.errors import (
+    InvalidRequestError,
+    NotLeaderError,
+    UnknownExchangeError,
+    UnknownQueueError,
+)
 from tidewire.security.model import ResourceType
 from tidewire.server.gate import gate_for, names_allowed
 from tidewire.server.http._common import json_response, parse_body, request_body
@@ -49,6 +56,7 @@ from tidewire.server.http.queue_models import (
     QueueInfo,
     QueueList,
 )
+from tidewire.server.http.queue_owners import owner_of, with_owners_counts
 
 __all__ = ["HTTP_OWNER", "queue_responses", "queues_router"]
 
@@ -138,6 +146,11 @@ def _binding(req: BindingRequest) -> Binding:
 def _acl_name(exchange: str) -> str:
     """The name ACLs give an exchange (the default one: amq.default)."""
     return exchange or DEFAULT_EXCHANGE_PATH
+
+
+def owner_of_any(broker: Broker, names: Iterable[str]) -> bool:
+    """Whether another node of a cluster serves one of the queues ``names``."""
+    return any(owner_of(broker, n) is not None for n in names)
 
 
 def queues_router(ctx: GatewayContext) -> APIRouter:
@@ -281,6 +294,11 @@ def queues_router(ctx: GatewayContext) -> APIRouter:
         delayed, bytes), consumers and counters; ``total`` counts those that match."""
         every = {s.spec.name: s for s in broker.queues.queues()}
         visible = names_allowed(gate_for(broker), ResourceType.QUEUE, every)
+        if owner_of_any(broker, visible):  # a cluster: other nodes count some of them
+            every |= {
+                s.spec.name: s
+                for s in await with_owners_counts(broker, [every[n] for n in visible])
+            }
         page, total, after = paged(
             matching(visible, q),
             sort=sort,
@@ -300,8 +318,18 @@ def queues_router(ctx: GatewayContext) -> APIRouter:
 
     @router.get("/v1/queues/{name}", response_model=QueueInfo, responses=queue_responses(404))
     async def describe_queue(name: NamePath) -> Response:
-        """A queue's settings, messages, consumers and counters."""
-        return json_response(queue_doc(broker.queues.describe_queue(name)))
+        """A queue's settings, messages, consumers and counters (in a cluster, as its owner
+        counts them: asked of it when another node serves the queue)."""
+        try:
+            return json_response(queue_doc(broker.queues.describe_queue(name)))
+        except NotLeaderError:
+            listed = [s for s in broker.queues.queues() if s.spec.name == name]
+            if not listed or owner_of(broker, name) is None:
+                raise  # no owner to ask now: 503, or 307 to it
+            (status,) = await with_owners_counts(broker, listed)
+            if status is listed[0]:  # the owner did not answer: redirect to it instead
+                raise
+            return json_response(queue_doc(status))
 
     @router.put(
         "/v1/queues/{name}",

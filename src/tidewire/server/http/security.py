@@ -76,7 +76,9 @@ class CreatePrincipalBody(_Strict):
     kind: Literal["user", "service"] = "user"
     roles: list[str] = Field(
         default_factory=list,
-        description="Built-in (admin, producer, consumer, viewer) or named by an ACL (role:NAME).",
+        description=(
+            "Built-in (admin, producer, consumer, viewer, node) or named by an ACL (role:NAME)."
+        ),
     )
     description: str = Field(default="", max_length=256)
 

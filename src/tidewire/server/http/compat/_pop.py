@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -36,6 +37,17 @@ class _Queue:
     users: int = 0
 
 
+#: The takes in progress per broker and group (see :meth:`Popper.exclusive`); an entry goes
+#: with its last user, and a broker's with the broker.
+_TAKES: weakref.WeakKeyDictionary[Broker, dict[str, dict[str, _Queue]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _shared_queues(broker: Broker, group: str) -> dict[str, _Queue]:
+    return _TAKES.setdefault(broker, {}).setdefault(group, {})
+
+
 class Popper:
     """Once-only takes from one-partition topics, for one consumer group.
 
@@ -49,7 +61,9 @@ class Popper:
         self.broker = broker
         self.group = group
         self.closing = closing
-        self._queues: dict[str, _Queue] = {}
+        # Shared by every Popper of this broker and group (the msgbus app's, and the TAKE
+        # API's that serves pops forwarded by other nodes): one take of a topic at a time.
+        self._queues = _shared_queues(broker, group)
         #: Called with the topic after each commit (a taker made room).
         self.on_taken: Callable[[str], None] | None = None
 

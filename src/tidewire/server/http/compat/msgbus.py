@@ -56,6 +56,7 @@ from tidewire.server.http._cursor import Record, decode_records
 from tidewire.server.http._params import wait_for_data_or
 from tidewire.server.http.compat import ensure_topic, name_of, rfc3339, topic_for
 from tidewire.server.http.compat._pop import Popper
+from tidewire.server.http.compat.take import Taken, accept_alive, take_on_leader
 from tidewire.server.http.peers import PeerClient
 
 __all__ = ["GROUP", "PREFIX", "create_msgbus_app"]
@@ -115,6 +116,14 @@ def create_msgbus_app(
 
     async def list_topics(request: Request) -> Response:
         out = {}
+        node = cluster_node(broker)
+        if node is not None:  # the cluster's msgbus topics, wherever they are held
+            try:
+                return Response(
+                    _encode(await _cluster_topics(broker, ttl_ms)), media_type="application/json"
+                )
+            except TidewireError as exc:
+                return _error(exc)
         for topic in sorted(broker.topics()):
             name = name_of(PREFIX, topic)
             if name is not None and broker.partition_count(topic) == 1:
@@ -155,14 +164,36 @@ def create_msgbus_app(
             return await list_topics(request)
         try:
             topic = topic_for(PREFIX, name)
-            _check_pop_here(broker, topic)
-            alive = _alive(ttl_ms)
+            if _pops_elsewhere(broker, topic):
+                taken = await _pop_on_leader(broker, topic, ttl_ms)
+                if taken is None:
+                    return PlainTextResponse(
+                        f"no messages enqueued for topic: {name}", status_code=404
+                    )
+                return Response(_taken_message(taken, topic), media_type="application/json")
+            alive = accept_alive(ttl_ms)
             rec = await popper.pop(topic, accept=alive) if topic in broker.topics() else None
         except TidewireError as exc:
             return _error(exc)
         if rec is None:
             return PlainTextResponse(f"no messages enqueued for topic: {name}", status_code=404)
         return Response(message(rec), media_type="application/json")
+
+    def _taken_message(taken: Taken, topic: str) -> bytes:
+        return _encode(
+            {
+                "id": taken.offset,
+                "topic": {
+                    "name": name_of(PREFIX, topic),
+                    "ttl": ttl_ms * 1_000_000,
+                    "seq": taken.offset + 1,  # at least: the leader's end is further on
+                    "created": rfc3339(taken.timestamp),
+                },
+                "payload": base64.b64encode(taken.value).decode("ascii"),
+                "created": rfc3339(taken.timestamp),
+                "expires": NO_EXPIRY,
+            }
+        )
 
     async def subscribe(websocket: WebSocket) -> None:
         name = websocket.path_params["topic"].strip("/")
@@ -246,27 +277,84 @@ async def _publish_in_cluster(broker: Broker, topic: str, batch: bytes) -> int:
         await peer.close()
 
 
-def _check_pop_here(broker: Broker, topic: str) -> None:
-    """In a cluster, pops of a topic are taken by the leader of its partition (one node
-    serializes them, so a message is taken once): elsewhere, refuse naming it.
+async def _cluster_topics(broker: Broker, ttl_ms: int) -> dict[str, dict[str, Any]]:
+    """``GET /`` on a node of a cluster: every msgbus topic of the cluster (its metadata),
+    each described from this node's replica, or asked of its leader when this node holds
+    none (all at once, each within the peer client's timeout).
 
     Raises:
-        NotLeaderError: another node (or none now) leads it.
+        TidewireError: a leader asked did not answer.
+    """
+    node = cluster_node(broker)
+    assert node is not None
+    topics = sorted(
+        t
+        for t, info in node.cache.topics.items()
+        if info.partitions == 1 and name_of(PREFIX, t) is not None
+    )
+    remote = [t for t in topics if (t, 0) not in broker.logs.logs]
+    peer = PeerClient(node) if remote else None
+    try:
+        found = (
+            await asyncio.gather(*(_remote_seq_created(peer, t) for t in remote))
+            if peer is not None
+            else []
+        )
+    finally:
+        if peer is not None:
+            await peer.close()
+    described = dict(zip(remote, found, strict=True))
+    out: dict[str, dict[str, Any]] = {}
+    for t in topics:
+        seq, created = described.get(t) or (
+            broker.high_watermark(t, 0),
+            _first_timestamp(broker, t),
+        )
+        out[str(name_of(PREFIX, t))] = {
+            "name": name_of(PREFIX, t),
+            "ttl": ttl_ms * 1_000_000,
+            "seq": seq,
+            "created": rfc3339(created),
+        }
+    return out
+
+
+async def _remote_seq_created(peer: PeerClient, topic: str) -> tuple[int, int]:
+    """A topic's high watermark and first timestamp (now when empty), from its leader."""
+    seq = await peer.list_offset(topic, 0, -1)
+    got = await peer.fetch(topic, 0, await peer.list_offset(topic, 0, -2), max_bytes=1)
+    for _, h in iter_batches(got.data, verify=False):
+        return seq, h.first_timestamp
+    return seq, int(time.time() * 1000)
+
+
+def _pops_elsewhere(broker: Broker, topic: str) -> bool:
+    """In a cluster, pops of a topic are taken by the leader of its partition (one node
+    serializes them, so a message is taken once): whether another node (or none now) leads
+    it, so that the pop is sent there.
+
+    Raises:
+        UnknownTopicError: the cluster has no such topic.
     """
     rep = broker.replication
     node = cluster_node(broker)
     if rep is None or node is None or rep.leads(topic, 0):
-        return
-    got = node.cache.partition(topic, 0)
-    leader = -1 if got is None else got[0].leader
-    info = node.cache.nodes.get(leader)
-    if got is None:
+        return False
+    if node.cache.partition(topic, 0) is None:
         raise UnknownTopicError(f"topic {topic!r} does not exist")
-    where = f"node {leader}, host {info.host}" if info else "no node now"
-    raise NotLeaderError(
-        f"pops of {topic!r} are taken on the leader of its partition ({where}): pop on that "
-        "node's msgbus listener"
-    )
+    return True
+
+
+async def _pop_on_leader(broker: Broker, topic: str, ttl_ms: int) -> Taken | None:
+    """A pop sent to the leader of the topic's partition (``TAKE``, through this node's
+    routed client, as the node itself): what it took, None when nothing."""
+    node = cluster_node(broker)
+    assert node is not None
+    peer = PeerClient(node)
+    try:
+        return await take_on_leader(peer, topic, GROUP, ttl_ms)
+    finally:
+        await peer.close()
 
 
 async def _subscribe_remote(
@@ -312,14 +400,6 @@ async def _until_disconnect(websocket: WebSocket) -> None:
         msg = await websocket.receive()
         if msg["type"] == "websocket.disconnect":
             return
-
-
-def _alive(ttl_ms: int) -> Callable[[Record], bool]:
-    """Whether a record has not expired yet (published less than ``ttl_ms`` ago)."""
-    if ttl_ms <= 0:
-        return lambda _: True
-    now = int(time.time() * 1000)
-    return lambda rec: rec.timestamp + ttl_ms > now
 
 
 def _first_timestamp(broker: Broker, topic: str) -> int:

@@ -1,0 +1,504 @@
+"""What a node of a cluster answers for the others over HTTP, with in-process nodes (each a
+broker, its TCP server, its HTTP gateway with the native and msgbus listeners, and its
+:class:`ClusterNode`) against the real etcd of the ``etcd`` fixture:
+
+- an audit query while nodes holding other nodes' audit logs do not answer: another holder
+  is asked, and when none answers the events found are returned with ``missing_nodes``
+  (binary protocol, HTTP 200, the CLI's warning), each node waited for a bounded time;
+- a durable queue's counts shown by any node (``GET /v1/queues``, ``GET /v1/queues/{q}``,
+  ``tidewire queue list``): its owner's, asked of it; the queue's WebSocket route on a node
+  that is not its owner fed from the owner (deliveries, settles, what it held given back
+  when it closes);
+- msgbus pops on any node taken once, in order, by the leader of the topic's partition
+  (``TAKE``), and ``GET /`` listing the cluster's msgbus topics on every node;
+- forwarded requests sharing a few connections per node (the node's ``PeerPool``), closed
+  when the node leaves the cluster.
+
+Every wait is bounded; nothing asserts on durations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect as ws_connect
+
+from tests.cli._support import run_cli
+from tests.cluster._etcd import EtcdServer
+from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, until
+from tidewire.broker import Broker, BrokerConfig
+from tidewire.client import AsyncClient
+from tidewire.client._transport import Transport
+from tidewire.cluster import audit as cluster_audit
+from tidewire.cluster.fetcher import ReplicaLink
+from tidewire.cluster.node import ClusterNode
+from tidewire.errors import ConnectionLostError
+from tidewire.protocol.messages import ListQueuesRequest
+from tidewire.security._logs import audit_topic
+from tidewire.server import TcpServer
+from tidewire.server.http import HttpConfig, peers
+from tidewire.server.http.gateway import MSGBUS, NATIVE, HttpGateway
+from tidewire.server.http.queue_owners import owner_of
+from tidewire.server.tcp import ServerConfig
+
+#: Longer than the default: a lease that expires under a loaded test is not what is tested.
+SESSION_S = 10
+
+
+class HttpNode(InProcessNode):
+    """An in-process node with an HTTP gateway (native API and msgbus), its HTTP port
+    registered with the cluster as ``tidewire serve --http-port`` does."""
+
+    def __init__(self, tmp: Path, etcd: EtcdServer, node_id: int, cluster_id: str) -> None:
+        super().__init__(tmp, etcd, node_id, cluster_id=cluster_id, session_s=SESSION_S)
+        self.gateway: HttpGateway | None = None
+
+    async def start(self) -> None:
+        self.stopped = False
+        self.node = None
+        self.gateway = None
+        self.broker = Broker(BrokerConfig(data_dir=self.data, auto_create_topics=False))
+        self.server = TcpServer(self.broker, ServerConfig(host="127.0.0.1", port=0))
+        await self.broker.start()
+        await self.server.start()
+        self.gateway = HttpGateway.for_broker(
+            self.broker, HttpConfig(http_port=0, http_msgbus_port=0)
+        )
+        await self.gateway.start()
+        self.node = ClusterNode(
+            self.broker,
+            self.id,
+            [self.etcd.endpoint],
+            advertise=("127.0.0.1", self.server.port),
+            http_port=self.gateway.port_of(NATIVE),
+            cluster_id=self.cluster_id,
+            session_timeout_s=self.session_s,
+            default_replication_factor=3,
+            min_insync_replicas=2,
+        )
+        await self.node.start()
+
+    async def stop(self) -> None:
+        if self.stopped:
+            return
+        if self.gateway is not None:
+            await self.gateway.close()
+        await super().stop()
+
+    @property
+    def http(self) -> str:
+        assert self.gateway is not None
+        return f"http://127.0.0.1:{self.gateway.port_of(NATIVE)}"
+
+    @property
+    def msgbus(self) -> str:
+        assert self.gateway is not None
+        return f"http://127.0.0.1:{self.gateway.port_of(MSGBUS)}"
+
+
+def cluster(
+    tmp: Path, etcd: EtcdServer, n: int, cluster_id: str
+) -> AbstractAsyncContextManager[list[HttpNode]]:
+    return in_process_cluster(lambda i: HttpNode(tmp, etcd, i, cluster_id), n)
+
+
+@asynccontextmanager
+async def black_hole() -> AsyncIterator[int]:
+    """A TCP port that accepts connections and never answers (a node that hangs); closed,
+    with its connections, on the way out."""
+    conns: list[asyncio.StreamWriter] = []
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conns.append(writer)
+        while await reader.read(65536):
+            pass
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        for w in conns:
+            w.close()
+        await server.wait_closed()
+
+
+def hanging(ports: set[int], hole: int) -> Callable[[str, int], ReplicaLink]:
+    """A ``connect`` for the audit query that sends what is meant for ``ports`` to the
+    black hole ``hole`` (those nodes then hang), the rest where it is meant."""
+    real = cluster_audit.default_connect
+
+    def connect(host: str, port: int) -> ReplicaLink:
+        return real(host, hole if port in ports else port)
+
+    return connect
+
+
+# --- the audit log: a partial answer when nodes do not answer ----------------------------------
+
+
+def test_an_audit_query_answers_what_it_found_naming_the_nodes_not_read(
+    tmp_path: Path, etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cluster_audit, "ASK_TIMEOUT_S", 1.0)  # the bound under test, small
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, 4, "audit-partial") as nodes:
+            by_id = {n.id: n for n in nodes}
+            async with AsyncClient(by_id[4].addr) as client:
+                await client.create_topic("made-on-4", 1, replication_factor=1)
+            topic4 = audit_topic(4)
+            cache = nodes[0].cluster.cache
+            await until(
+                lambda: all(topic4 in n.cluster.cache.topics for n in nodes), "__audit.4 made"
+            )
+            got = cache.partition(topic4, 0)
+            assert got is not None
+            replicas = got[0].replicas
+            assert len(replicas) == 3
+            (lacking,) = [n for n in by_id if n not in replicas]
+            asker = by_id[lacking]
+            # The asker records an event of its own too: its own log, read locally.
+            async with AsyncClient(asker.addr) as client:
+                await client.create_topic(f"made-on-{lacking}", 1, replication_factor=1)
+
+            def resources(events: list[object]) -> set[str]:
+                return {getattr(e, "resource", "") for e in events}
+
+            async def both_read() -> bool:
+                async with AsyncClient(asker.addr) as client:
+                    got = await client.describe_audit(action="CREATE_TOPIC")
+                return {"topic:made-on-4", f"topic:made-on-{lacking}"} <= resources(got)
+
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + WAIT_S
+            while not await both_read():
+                assert loop.time() < deadline, "both events not read"
+                await asyncio.sleep(0.1)
+            await until(
+                lambda: all(
+                    (plog := by_id[r].broker.logs.logs.get((topic4, 0))) is not None
+                    and plog.log_end_offset >= 1
+                    for r in replicas
+                ),
+                "node 4's audit log copied",
+            )
+            await until(
+                lambda: (g := cache.partition(topic4, 0)) is not None and len(g[0].isr) == 3,
+                "node 4's audit log in sync on three nodes",
+            )
+            port = {n.id: n.server.port for n in nodes}
+            async with black_hole() as hole:
+                # Node 4 (the leader of its log) hangs: the asker asks another holder.
+                monkeypatch.setattr(cluster_audit, "default_connect", hanging({port[4]}, hole))
+                async with AsyncClient(asker.addr) as client:
+                    got = await client.describe_audit(action="CREATE_TOPIC")
+                assert "topic:made-on-4" in resources(got)
+                assert got.missing_nodes == ()
+                # Every other node hangs: what the asker holds is answered, the rest named.
+                others = {port[n] for n in by_id if n != lacking}
+                monkeypatch.setattr(cluster_audit, "default_connect", hanging(others, hole))
+                expected = sorted(
+                    owner
+                    for name in asker.cluster.cache.topics
+                    if (owner := _owner(name)) is not None
+                    and (name, 0) not in asker.broker.logs.logs
+                )
+                assert 4 in expected
+                assert lacking not in expected
+                async with AsyncClient(asker.addr) as client:
+                    got = await client.describe_audit(action="CREATE_TOPIC")
+                assert f"topic:made-on-{lacking}" in resources(got)
+                assert "topic:made-on-4" not in resources(got)
+                assert list(got.missing_nodes) == expected
+                # HTTP: 200, the same nodes named.
+                async with httpx.AsyncClient(base_url=asker.http, timeout=WAIT_S) as c:
+                    r = await c.get("/v1/audit", params={"action": "CREATE_TOPIC"})
+                assert r.status_code == 200, r.text
+                assert r.json()["missing_nodes"] == expected
+                assert f"topic:made-on-{lacking}" in {e["resource"] for e in r.json()["events"]}
+                # The CLI: the events, and a warning naming the nodes.
+                cli = await asyncio.to_thread(
+                    run_cli, ["audit", "--action", "CREATE_TOPIC", "--json", "--addr", asker.addr]
+                )
+                assert cli.exit_code == 0, cli.output
+                assert "were not read" in cli.stderr
+                assert str(4) in cli.stderr
+                assert f"topic:made-on-{lacking}" in {e["resource"] for e in json.loads(cli.stdout)}
+
+    asyncio.run(main())
+
+
+def _owner(topic: str) -> int | None:
+    from tidewire.security._logs import audit_node_of
+
+    return audit_node_of(topic)
+
+
+# --- queues: any node shows the owner's counts ---------------------------------------------------
+
+
+def serving(nodes: list[HttpNode], queue: str) -> list[HttpNode]:
+    """The live nodes serving ``queue`` now (at most one, once settled)."""
+    return [
+        n
+        for n in nodes
+        if not n.stopped and any(q.spec.name == queue for q in n.broker.queues._queues.values())
+    ]
+
+
+def test_any_node_shows_a_queues_counts_as_its_owner_counts_them(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, 3, "http-queues") as nodes:
+            async with AsyncClient(nodes[0].addr) as c:
+                await c.declare_queue("jobs", durable=True)
+                await until(
+                    lambda: all(
+                        "jobs" in {q.spec.name for q in n.broker.queues.queues()} for n in nodes
+                    ),
+                    "every node knows the queue",
+                )
+                await until(lambda: len(serving(nodes, "jobs")) == 1, "an owner serves it")
+                for i in range(7):
+                    await c.publish("", "jobs", f"m{i}")
+            (owner,) = serving(nodes, "jobs")
+            others = [n for n in nodes if n is not owner]
+            for n in others:
+                # The node's own view has no counts: what it shows comes from the owner.
+                assert {q.spec.name: q.ready for q in n.broker.queues.queues()}["jobs"] == 0
+                async with httpx.AsyncClient(base_url=n.http, timeout=WAIT_S) as h:
+                    one = await h.get("/v1/queues/jobs")
+                    assert one.status_code == 200, one.text
+                    assert one.json()["ready"] == 7
+                    assert one.json()["counters"]["published"] == 7
+                    listed = await h.get("/v1/queues", params={"sort": "-ready"})
+                    assert listed.status_code == 200, listed.text
+                    assert {q["name"]: q["ready"] for q in listed.json()["queues"]} == {"jobs": 7}
+                async with AsyncClient(n.addr) as c:
+                    assert [(q.name, q.ready) for q in await c.list_queues()] == [("jobs", 7)]
+                cli = await asyncio.to_thread(
+                    run_cli, ["queue", "list", "--json", "--addr", n.addr]
+                )
+                assert cli.exit_code == 0, cli.output
+                assert [(d["name"], d["ready"]) for d in json.loads(cli.stdout)] == [("jobs", 7)]
+            # The WebSocket route on a node that is not the owner is fed from the owner.
+            first, second = others
+            ws_url = first.http.replace("http://", "ws://") + "/v1/queues/jobs/ws?prefetch=5"
+            async with asyncio.timeout(WAIT_S), ws_connect(ws_url) as ws:
+                sub = json.loads(await ws.recv())
+                assert sub["type"] == "subscribed", sub
+                assert sub["prefetch"] == 5, sub
+                got = [json.loads(await ws.recv()) for _ in range(5)]  # the prefetch: no more
+                assert all(m["type"] == "message" for m in got), got
+                await ws.send(json.dumps({"type": "ack", "tags": [m["tag"] for m in got[:3]]}))
+                acked = {m["value"] for m in got[:3]}
+                # Settled; and two more come now that three are (7 in all), in any order.
+                frames = [json.loads(await ws.recv()) for _ in range(3)]
+                assert sorted(f["type"] for f in frames) == ["message", "message", "settled"]
+                got += [f for f in frames if f["type"] == "message"]
+                await ws.send(json.dumps({"type": "ack", "tags": [999_999]}))
+                refused = json.loads(await ws.recv())
+                assert refused["type"] == "error", refused
+                assert refused["command"] == "ack", refused
+            # Closed with four unsettled: they go back to the queue, delivered again.
+            await until(
+                lambda: owner.broker.queues.describe_queue("jobs").unacked == 0,
+                "what the closed socket held given back",
+            )
+            assert owner.broker.queues.describe_queue("jobs").ready == 4
+            ws_url = second.http.replace("http://", "ws://") + "/v1/queues/jobs/ws"
+            async with asyncio.timeout(WAIT_S), ws_connect(ws_url) as ws:
+                assert json.loads(await ws.recv())["type"] == "subscribed"
+                again = [json.loads(await ws.recv()) for _ in range(4)]
+                assert {m["value"] for m in again} | acked == {f"m{i}" for i in range(7)}
+                assert all(m["redelivered"] for m in again)
+                await ws.send(json.dumps({"type": "ack", "up_to": max(m["tag"] for m in again)}))
+                assert json.loads(await ws.recv())["type"] == "settled"
+            await until(
+                lambda: (s := owner.broker.queues.describe_queue("jobs")).ready + s.unacked == 0,
+                "every message acked through the forwarded sockets",
+            )
+
+    asyncio.run(main())
+
+
+# --- msgbus: pops forwarded to the leader, the cluster's topics listed --------------------------
+
+
+def test_msgbus_pops_on_any_node_are_taken_once_by_the_leader(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    async def main() -> None:
+        async with (
+            cluster(tmp_path, etcd, 3, "http-msgbus") as nodes,
+            httpx.AsyncClient(timeout=WAIT_S) as h,
+        ):
+            for i in range(6):  # through every node: forwarded to the leader
+                r = await h.post(f"{nodes[i % 3].msgbus}/jobs", content=f"m{i}".encode())
+                assert r.status_code == 202, r.text
+            topic = "msgbus.jobs"
+            await until(
+                lambda: all(n.cluster.cache.partition(topic, 0) is not None for n in nodes),
+                "every node knows the topic",
+            )
+            got = nodes[0].cluster.cache.partition(topic, 0)
+            assert got is not None
+            leader = got[0].leader
+            # Pops on every node, the leader's and the others' interleaved: each message
+            # taken once, in order.
+            taken = []
+            for i in range(6):
+                r = await h.get(f"{nodes[i % 3].msgbus}/jobs")
+                assert r.status_code == 200, (nodes[i % 3].id, leader, r.text)
+                doc = r.json()
+                taken.append((doc["id"], base64.b64decode(doc["payload"]).decode()))
+                assert doc["topic"]["name"] == "jobs"
+            assert taken == [(i, f"m{i}") for i in range(6)]
+            for n in nodes:
+                r = await h.get(f"{n.msgbus}/jobs")
+                assert r.status_code == 404, r.text
+            # The cluster's msgbus topics, from any node (seq: the high watermark the
+            # node knows, a follower's a fetch behind the leader's at most).
+            for n in nodes:
+                listed = (await h.get(f"{n.msgbus}/")).json()
+                assert set(listed) == {"jobs"}, listed
+                assert listed["jobs"]["seq"] in (5, 6), listed
+            # A topic of one replica: listed on the nodes without one as its leader tells.
+            async with AsyncClient(nodes[0].addr) as c:
+                await c.create_topic("msgbus.solo", 1, replication_factor=1)
+            await until(
+                lambda: all(
+                    (g := n.cluster.cache.partition("msgbus.solo", 0)) is not None
+                    and g[0].leader > 0
+                    for n in nodes
+                ),
+                "every node knows msgbus.solo and its leader",
+            )
+            solo = nodes[0].cluster.cache.partition("msgbus.solo", 0)
+            assert solo is not None
+            (holder,) = solo[0].replicas
+            holder_node = next(n for n in nodes if n.id == holder)
+            r = await h.post(f"{holder_node.msgbus}/solo", content=b"one")
+            assert r.status_code == 202, r.text
+            for n in nodes:
+                listed = (await h.get(f"{n.msgbus}/")).json()
+                assert set(listed) == {"jobs", "solo"}, listed
+                assert listed["solo"]["seq"] == 1, (n.id, holder, listed)
+            # A topic no node knows: 404 on a node that does not lead anything of it.
+            r = await h.get(f"{nodes[0].msgbus}/nothing-here")
+            assert r.status_code == 404, r.text
+
+    asyncio.run(main())
+
+
+# --- forwarded requests share a few connections per node ----------------------------------------
+
+
+def _accepted(node: HttpNode) -> float:
+    """Binary-protocol connections ``node``'s server accepted since it started."""
+    got = node.server.metrics.registry.get_sample_value(
+        "tidewire_connections_accepted_total", {"interface": "binary"}
+    )
+    return got or 0.0
+
+
+def test_forwarded_requests_share_a_few_connections_closed_with_the_node(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, 3, "http-pool") as nodes:
+            async with AsyncClient(nodes[0].addr) as c:
+                await c.declare_queue("pooled", durable=True)
+                await until(
+                    lambda: all(
+                        "pooled" in {q.spec.name for q in n.broker.queues.queues()} for n in nodes
+                    ),
+                    "every node knows the queue",
+                )
+                await until(lambda: len(serving(nodes, "pooled")) == 1, "an owner serves it")
+                await c.publish("", "pooled", "one")
+            (owner,) = serving(nodes, "pooled")
+            asker = next(n for n in nodes if n is not owner)
+            await until(
+                lambda: owner_of(asker.broker, "pooled") == owner.id, "the asker knows the owner"
+            )
+            before = _accepted(owner)
+            async with httpx.AsyncClient(base_url=asker.http, timeout=WAIT_S) as h:
+                for _ in range(20):  # one after the other
+                    r = await h.get("/v1/queues/pooled")
+                    assert r.status_code == 200, r.text
+                    assert r.json()["ready"] == 1
+                answers = await asyncio.gather(*(h.get("/v1/queues/pooled") for _ in range(20)))
+                assert all(r.status_code == 200 and r.json()["ready"] == 1 for r in answers)
+            # 40 requests asked the owner (LIST_QUEUES): over a few shared connections, not
+            # one each (the node's replica fetchers may reconnect meanwhile: a few more).
+            assert _accepted(owner) - before <= peers.LINKS_PER_NODE + 2
+            pool = asker.cluster.peer_pool
+            assert isinstance(pool, peers.PeerPool)
+            links = pool.links()
+            assert 1 <= len(links) <= 2 * peers.LINKS_PER_NODE  # to the owner, and itself
+            assert any(link.connected for link in links)
+            # The node leaving the cluster closes them.
+            await asker.stop()
+            assert asker.cluster.peer_pool is None
+            assert pool.closed
+            assert pool.links() == []
+            assert all(link.closed and not link.connected for link in links)
+
+    asyncio.run(main())
+
+
+def test_a_pool_shares_a_connection_until_it_is_busy_and_closes_them() -> None:
+    """The pool's rule with real connections to a node that never answers (requests stay in
+    flight): one connection while it is not busy, another when it is, 4 at most, and after
+    close connections of their own."""
+
+    async def main() -> None:
+        async with black_hole() as port:
+            address = f"127.0.0.1:{port}"
+            pool = peers.PeerPool(
+                lambda a: Transport(a, connect_timeout_s=5.0, request_timeout_s=WAIT_S)
+            )
+            hanging: list[asyncio.Task[object]] = []
+            links: list[peers.SharedLink] = []
+            try:
+                for i in range(peers.LINKS_PER_NODE):
+                    link = pool.link(address)
+                    assert isinstance(link, peers.SharedLink)
+                    assert link not in links  # the others are busy: a new one
+                    links.append(link)
+                    assert pool.link(address) is link  # not busy yet: shared
+                    hanging += [
+                        asyncio.create_task(link.request(ListQueuesRequest()))
+                        for _ in range(peers.BUSY_IN_FLIGHT)
+                    ]
+                    await until(
+                        lambda n=link: n.in_flight == peers.BUSY_IN_FLIGHT,
+                        f"connection {i} busy",
+                    )
+                # All busy and no room for another: the least busy of them.
+                assert pool.link(address) in links
+                assert pool.links() == links
+                assert sum(link.connected for link in links) == peers.LINKS_PER_NODE
+                await links[0].close()  # a borrower's close leaves it open
+                assert links[0].connected
+            finally:
+                await pool.close()
+                failed = await asyncio.gather(*hanging, return_exceptions=True)
+            assert all(isinstance(f, ConnectionLostError) for f in failed), failed
+            assert pool.links() == []
+            assert all(link.closed and not link.connected for link in links)
+            own = pool.link(address)  # closed: a connection of the borrower's own
+            assert not isinstance(own, peers.SharedLink)
+            await own.close()
+
+    asyncio.run(main())
