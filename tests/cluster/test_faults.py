@@ -434,7 +434,9 @@ def test_sealed_segment_bit_flipped_on_the_leader(tmp_path: Path, etcd: EtcdServ
     segment flipped, every node started again: the flipped record is never served (a new
     consumer reads every offset from 0 with the value every other replica holds), the range
     is repaired or another replica leads, and nothing acknowledged is lost."""
-    cluster = Cluster(tmp_path, etcd, extra=("--segment-bytes", "4096"))
+    # Without the background scrub, which would find the flip before the read this tests.
+    extra = ("--segment-bytes", "4096", "--scrub-bytes-per-s", "0")
+    cluster = Cluster(tmp_path, etcd, extra=extra)
     try:
         asyncio.run(run_damaged_leader(cluster))
     finally:
