@@ -77,7 +77,7 @@ class Scrubber:
         bytes_per_s: the average rate; 0 or less: :meth:`start` does nothing.
         stats: the node's cluster figures: ``scrub_bytes`` and ``scrub_damage`` are counted
             there (``tidewire_cluster_scrub_bytes``, ``tidewire_cluster_scrub_damage_found``).
-        pause_s: the rest between passes.
+        pause_s: the rest between passes (None: :data:`PASS_PAUSE_S`).
 
     Attributes:
         passes: complete passes over every partition held.
@@ -91,12 +91,12 @@ class Scrubber:
         bytes_per_s: int,
         *,
         stats: ClusterStats | None = None,
-        pause_s: float = PASS_PAUSE_S,
+        pause_s: float | None = None,
     ) -> None:
         self.replicas = replicas
         self.bytes_per_s = bytes_per_s
         self.stats = stats
-        self.pause_s = pause_s
+        self.pause_s = PASS_PAUSE_S if pause_s is None else pause_s
         self.passes = 0
         self.bytes_scrubbed = 0
         self.damage_found = 0
