@@ -13,9 +13,12 @@ import json
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+from tests.cli._support import popen_serve, stop
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, until
+from tests.cluster._workload import free_port
 from tidewire.broker import Broker, BrokerConfig
+from tidewire.client._transport import Transport
 from tidewire.cluster.etcd import EtcdClient
 from tidewire.cluster.hw_checkpoint import (
     HW_CHECKPOINT_FILE,
@@ -24,6 +27,19 @@ from tidewire.cluster.hw_checkpoint import (
 )
 from tidewire.cluster.metadata import MetadataStore, NodeInfo
 from tidewire.cluster.replication import ReplicaManager
+from tidewire.errors import NotLeaderError, TidewireError
+from tidewire.protocol.messages import (
+    ACKS_LEADER,
+    FetchPartition,
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsPartition,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    ProducePartition,
+    ProduceRequest,
+    ProduceResponse,
+)
 from tidewire.records import BatchBuilder
 from tidewire.storage.fs import OsFileSystem
 
@@ -229,3 +245,102 @@ def test_a_restarted_replica_does_not_serve_records_above_its_checkpoint_before_
             assert b"never committed" not in r.data
 
     asyncio.run(main())
+
+
+def test_a_restarted_node_process_serves_below_its_checkpoint_until_it_has_joined(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """``tidewire serve --cluster``: from the moment its listener opens, before it has
+    registered, a partition is served only below the node's checkpointed high watermark (and
+    a produce is refused: no role yet)."""
+
+    async def prepare() -> str:
+        # One node of its own cluster (one replica): 10 records committed, then 5 more
+        # appended by a single-node broker on its data directory.
+        async with in_process_cluster(
+            lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="hwproc"), n=1
+        ) as (node,):
+            await node.cluster.create_topic(T, 1, node.broker.config.log, replication_factor=1)
+            await until(lambda: node.broker.replication.leads(T, 0), "the leader")  # type: ignore[union-attr]
+            for i in range(10):
+                await node.broker.produce(T, 0, batch(b"committed %d" % i))
+            await until(lambda: node.broker.high_watermark(T, 0) == 10, "committed")
+        assert checkpoint_of(node.data)[T, 0] == 10
+        alone = Broker(BrokerConfig(data_dir=node.data, auto_create_topics=False))
+        await alone.start()
+        try:
+            for i in range(5):
+                await alone.produce(T, 0, batch(b"never committed %d" % i))
+        finally:
+            await alone.close()
+        return node.data
+
+    data = asyncio.run(prepare())
+
+    async def hold() -> int:
+        async with EtcdClient([etcd.endpoint]) as c:
+            lease = await c.grant(60)
+            await MetadataStore(c, "hwproc").register(NodeInfo(1, "127.0.0.1", 1), lease)
+            return lease
+
+    async def release(lease: int) -> None:
+        async with EtcdClient([etcd.endpoint]) as c:
+            await c.revoke(lease)
+
+    async def probe(addr: str) -> tuple[int, int, int]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + WAIT_S
+        while True:
+            t = Transport(addr, connect_timeout_s=1, request_timeout_s=5)
+            try:
+                fetched = await t.request(
+                    FetchRequest(max_wait_ms=0, partitions=[FetchPartition(T, 0, 0, 1 << 20)])
+                )
+                listed = await t.request(
+                    ListOffsetsRequest(partitions=[ListOffsetsPartition(T, 0, -1)])
+                )
+                data = batch(b"refused")
+                produced = await t.request(
+                    ProduceRequest(
+                        acks=ACKS_LEADER, partitions=[ProducePartition(T, 0, len(data))]
+                    ),
+                    [data],
+                )
+            except (OSError, TidewireError):
+                if loop.time() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+                continue
+            finally:
+                await t.close()
+            assert fetched is not None
+            assert listed is not None
+            assert produced is not None
+            f = fetched.body
+            assert isinstance(f, FetchResponse)
+            assert isinstance(listed.body, ListOffsetsResponse)
+            assert isinstance(produced.body, ProduceResponse)
+            return (
+                f.partitions[0].high_watermark,
+                listed.body.results[0].offset,
+                produced.body.results[0].error_code,
+            )
+
+    lease = asyncio.run(hold())
+    port = free_port()
+    proc = popen_serve(
+        *("--data-dir", data, "--port", str(port), "--http-port", "-1", "--node-id", "1"),
+        *("--cluster", f"etcd://127.0.0.1:{etcd.client_port}", "--cluster-id", "hwproc"),
+        *("--session-timeout", "20"),
+    )
+    try:
+        hw, latest, produce_error = asyncio.run(probe(f"127.0.0.1:{port}"))
+        assert proc.poll() is None
+        assert (hw, latest) == (10, 10)
+        assert produce_error == NotLeaderError.code
+        asyncio.run(release(lease))
+        assert proc.stdout is not None
+        assert f":{port}" in proc.stdout.readline()  # joined
+    finally:
+        asyncio.run(release(lease))
+        stop(proc)

@@ -1103,6 +1103,10 @@ async def _serve(
         except InvalidConfigError:
             await drain(broker, None, None, grace_s=0)
             raise
+        from tidewire.cluster.replication import hold_back  # noqa: PLC0415 (clusters only)
+
+        # Nor is anything served above the high watermarks the node knew last, until it joins.
+        hold_back(broker, node_options.node_id)
     if broker.bootstrap_key_file is not None:
         typer.echo(
             f"created the first superuser; its API key is in {broker.bootstrap_key_file} "

@@ -370,6 +370,8 @@ class ClusterNode:
             if self.replication is None:
                 from tidewire.cluster.replication import ReplicaManager  # noqa: PLC0415
 
+                # One made before the listeners opened (replication.hold_back): replaced.
+                early = self.broker.replication
                 manager = ReplicaManager(
                     self.broker,
                     self.node_id,
@@ -386,6 +388,8 @@ class ClusterNode:
                 # Before anything is served: a partition without a role yet is read only
                 # below the high watermark this node knew last (cluster/hw_checkpoint.py).
                 manager.start_checkpoints()
+                if early is not None:
+                    await early.close()
                 self.scrubber = Scrubber(manager, self.scrub_bytes_per_s, stats=self.stats)
                 self.scrubber.start()
             await self.lease.start()

@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from tidewire.broker import Broker
     from tidewire.cluster.lost_tail import LostTails
 
-__all__ = ["ProposeIsr", "ReplicaManager"]
+__all__ = ["ProposeIsr", "ReplicaManager", "hold_back"]
 
 log = logging.getLogger(__name__)
 
@@ -964,6 +964,21 @@ class ReplicaManager:
             t.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def hold_back(broker: Broker, node_id: int) -> ReplicaManager:
+    """Before a cluster node's listeners open: give ``broker`` a replica manager with no
+    role and its high-watermark checkpoint, so that until the node has joined (its
+    :class:`~tidewire.cluster.node.ClusterNode` replaces it at start) each partition is
+    served only below the high watermark the node knew last, and produces are refused
+    (NotLeaderError, retriable) instead of appended without replication.
+
+    Must run in the event loop (the checkpoint's timer). Blocking: reads one small file.
+    """
+    manager = ReplicaManager(broker, node_id)
+    broker.replication = manager
+    manager.start_checkpoints()
+    return manager
 
 
 def _resolve(fut: asyncio.Future[None], value: None) -> None:
