@@ -13,12 +13,15 @@ import json
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+import pytest
+
 from tests.cli._support import popen_serve, stop
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, until
 from tests.cluster._workload import free_port
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.client._transport import Transport
+from tidewire.cluster import replication
 from tidewire.cluster.etcd import EtcdClient
 from tidewire.cluster.hw_checkpoint import (
     HW_CHECKPOINT_FILE,
@@ -117,6 +120,32 @@ def test_a_manager_serves_below_the_checkpoint_until_its_role_and_a_leader_start
             broker.replication = None
             # Written at close: the marks as they stand, the partition gone from here left out.
             assert checkpoint_of(data) == {(T, 0): 2, (T, 1): 5}
+        finally:
+            await broker.close()
+
+    asyncio.run(main())
+
+
+def test_the_checkpoint_is_written_periodically_while_marks_move(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(replication, "CHECKPOINT_INTERVAL_S", 0.05)
+    data = str(tmp_path / "node")
+
+    async def main() -> None:
+        broker = Broker(BrokerConfig(data_dir=data, auto_create_topics=False))
+        await broker.start()
+        try:
+            broker.create_topic(T, partitions=1)
+            manager = ReplicaManager(broker, 1)
+            broker.replication = manager
+            manager.start_checkpoints()
+            await manager.become_leader(T, 0, epoch=1, replicas=(1,), isr=(1,))
+            for i in range(3):
+                await broker.produce(T, 0, batch(b"%d" % i))  # acks=all, alone in its ISR
+            await until(lambda: checkpoint_of(data).get((T, 0)) == 3, "the mark written")
+            await manager.close()
+            broker.replication = None
         finally:
             await broker.close()
 

@@ -185,6 +185,8 @@ class ReplicaManager:
         #: what the checkpoint file holds now (None: this manager keeps no checkpoint)
         self._written: dict[Key, int] | None = None
         self._checkpoint_task: asyncio.Task[None] | None = None
+        #: the checkpoint write under way (in a thread), if any
+        self._writing: asyncio.Future[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._lag_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -908,11 +910,22 @@ class ReplicaManager:
         """
         if self._written is None:
             return
+        prev = self._writing
+        if prev is not None:
+            # One write at a time (its thread outlives a cancelled waiter): the file's
+            # temporary copy is never written by two threads. Its outcome does not matter
+            # here: this one writes what holds now.
+            await asyncio.wait([prev])
+            if not prev.cancelled():
+                prev.exception()
         marks = self.checkpoint_marks()
         if marks == self._written:
             return
         logs = self.broker.logs
-        await asyncio.to_thread(write_hw_checkpoint, logs.fs, logs.data_dir, marks)
+        self._writing = asyncio.ensure_future(
+            asyncio.to_thread(write_hw_checkpoint, logs.fs, logs.data_dir, marks)
+        )
+        await asyncio.shield(self._writing)
         self._written = marks
 
     async def _checkpoint_loop(self) -> None:
