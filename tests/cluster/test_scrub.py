@@ -135,6 +135,43 @@ class Node(InProcessNode):
     def __init__(self, tmp: Path, etcd: EtcdServer, node_id: int) -> None:
         super().__init__(tmp, etcd, node_id, cluster_id="scrub")
 
+    @property
+    def replicas(self) -> ReplicaManager:
+        rep = self.broker.replication
+        assert isinstance(rep, ReplicaManager)
+        return rep
+
+
+async def in_sync_topic(nodes: list[Node]) -> Node:
+    """Topic T over the three nodes in small segments, 80 records acknowledged by all: its
+    leader."""
+    cfg = LogConfig(segment_bytes=SEGMENT_BYTES)
+    await nodes[0].cluster.create_topic(T, 1, cfg, replication_factor=3)
+    await until(lambda: len(leaders(nodes)) == 1, "a leader")
+    (leader,) = leaders(nodes)
+    for i in range(80):
+        await leader.broker.produce(T, 0, batch(i))  # acks=all
+    end = leader.broker.log(T, 0).log_end_offset
+    await until(lambda: all(n.broker.high_watermark(T, 0) == end for n in nodes), "all in sync")
+    return leader
+
+
+def leaders(nodes: list[Node]) -> list[Node]:
+    return [n for n in nodes if n.replicas.leads(T, 0)]
+
+
+def same_logs(a: PartitionLog, b: PartitionLog) -> bool:
+    """Whether ``a`` holds, from its start to its end, the bytes ``b`` holds there."""
+    if a.damage or a.log_end_offset != b.log_end_offset:
+        return False
+    at = a.log_start_offset
+    while at < a.log_end_offset:
+        x, y = a.read(at, 1 << 16), b.read(at, 1 << 16)
+        if x.data != y.data or x.next_offset <= at:
+            return False
+        at = x.next_offset
+    return True
+
 
 def test_damage_in_a_leaders_sealed_segment_nobody_reads_is_found_and_repaired(
     tmp_path: Path, etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
@@ -147,21 +184,8 @@ def test_damage_in_a_leaders_sealed_segment_nobody_reads_is_found_and_repaired(
 
     async def main() -> None:
         async with in_process_cluster(lambda i: Node(tmp_path, etcd, i)) as nodes:
-            cfg = LogConfig(segment_bytes=SEGMENT_BYTES)
-            await nodes[0].cluster.create_topic(T, 1, cfg, replication_factor=3)
-
-            def leaders() -> list[Node]:
-                return [n for n in nodes if n.broker.replication.leads(T, 0)]  # type: ignore[union-attr]
-
-            await until(lambda: len(leaders()) == 1, "a leader")
-            (leader,) = leaders()
-            for i in range(80):
-                await leader.broker.produce(T, 0, batch(i))  # acks=all
-            end = leader.broker.log(T, 0).log_end_offset
-            await until(
-                lambda: all(n.broker.high_watermark(T, 0) == end for n in nodes), "all in sync"
-            )
-            epoch = leader.broker.replication.leader_epoch(T, 0)  # type: ignore[union-attr]
+            leader = await in_sync_topic(nodes)
+            epoch = leader.replicas.leader_epoch(T, 0)
             plog = leader.broker.log(T, 0)
             flip_bit(plog)
             scrubber = leader.cluster.scrubber
@@ -174,29 +198,44 @@ def test_damage_in_a_leaders_sealed_segment_nobody_reads_is_found_and_repaired(
             assert leader.cluster.stats.scrub_bytes > 0
             await until(
                 lambda: (
-                    len(leaders()) == 1
-                    and leaders()[0] is not leader
-                    and leaders()[0].broker.replication.leader_epoch(T, 0) > epoch
-                ),  # type: ignore[union-attr]
+                    [n.replicas.leader_epoch(T, 0) > epoch for n in leaders(nodes)] == [True]
+                    and leaders(nodes)[0] is not leader
+                ),
                 "the lead moved to an in-sync replica",
             )
-            (new,) = leaders()
+            (new,) = leaders(nodes)
+            await until(
+                lambda: same_logs(leader.broker.log(T, 0), new.broker.log(T, 0)),
+                "the old leader's log cut at the damage and copied again",
+            )
 
-            def repaired() -> bool:
-                mine = leader.broker.log(T, 0)
-                return (
-                    not mine.damage and mine.log_end_offset == new.broker.log(T, 0).log_end_offset
-                )
+    asyncio.run(main())
 
-            await until(repaired, "the old leader's log cut at the damage and copied again")
-            mine = leader.broker.log(T, 0)
-            theirs = new.broker.log(T, 0)
-            at = mine.log_start_offset
-            while at < mine.log_end_offset:
-                a = mine.read(at, 1 << 16)
-                b = theirs.read(at, 1 << 16)
-                assert a.data == b.data
-                assert a.next_offset > at
-                at = a.next_offset
+
+def test_damage_in_a_followers_sealed_segment_is_found_and_copied_again(
+    tmp_path: Path, etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bit flipped in a follower's first sealed segment, after its start's own check: the
+    scrub finds it and the follower cuts its log there and copies the rest again from the
+    leader, which keeps leading."""
+    monkeypatch.setattr(scrub, "PASS_PAUSE_S", 0.2)
+
+    async def main() -> None:
+        async with in_process_cluster(lambda i: Node(tmp_path, etcd, i)) as nodes:
+            leader = await in_sync_topic(nodes)
+            epoch = leader.replicas.leader_epoch(T, 0)
+            follower = next(n for n in nodes if n is not leader)
+            plog = follower.broker.log(T, 0)
+            flip_bit(plog)
+            scrubber = follower.cluster.scrubber
+            assert scrubber is not None
+            await until(lambda: scrubber.damage_found >= 1, "the scrub found the flipped bit")
+            assert follower.cluster.stats.scrub_damage >= 1
+            await until(
+                lambda: same_logs(follower.broker.log(T, 0), leader.broker.log(T, 0)),
+                "the follower's log cut at the damage and copied again",
+            )
+            assert leaders(nodes) == [leader]
+            assert leader.replicas.leader_epoch(T, 0) == epoch
 
     asyncio.run(main())
