@@ -251,6 +251,7 @@ def test_a_restarted_replica_does_not_serve_records_above_its_checkpoint_before_
                     assert plog.log_end_offset == 15
                     assert again.broker.high_watermark(T, 0) == 10
                     assert again.broker.list_offset(T, 0, -1) == 10
+                    assert again.broker.describe(T)[0].high_watermark == 10
                     (r,) = await again.broker.fetch([(T, 0, 0, 1 << 20)])
                     assert (r.next_offset, r.high_watermark) == (10, 10)
                     (r,) = await again.broker.fetch([(T, 0, 10, 1 << 20)])
