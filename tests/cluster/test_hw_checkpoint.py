@@ -152,6 +152,33 @@ def test_the_checkpoint_is_written_periodically_while_marks_move(
     asyncio.run(main())
 
 
+def test_a_partition_given_a_role_is_named_in_the_checkpoint_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not at the next interval: a crash right after a new replica's first appends must not
+    leave it unbounded at the next start."""
+    monkeypatch.setattr(replication, "CHECKPOINT_INTERVAL_S", 3600.0)
+    data = str(tmp_path / "node")
+
+    async def main() -> None:
+        broker = Broker(BrokerConfig(data_dir=data, auto_create_topics=False))
+        await broker.start()
+        try:
+            broker.create_topic(T, partitions=2)
+            manager = ReplicaManager(broker, 1)
+            broker.replication = manager
+            manager.start_checkpoints()
+            await manager.become_leader(T, 0, epoch=1, replicas=(1, 2), isr=(1, 2))
+            await manager.become_follower(T, 1, epoch=1, leader=2, leader_address=("127.0.0.1", 1))
+            await until(lambda: checkpoint_of(data) == {(T, 0): 0, (T, 1): 0}, "both named")
+            await manager.close()
+            broker.replication = None
+        finally:
+            await broker.close()
+
+    asyncio.run(main())
+
+
 def test_a_mark_of_an_earlier_log_of_the_partition_is_not_used(tmp_path: Path) -> None:
     """A log deleted and made again (another incarnation of the topic) is not bounded by the
     mark the checkpoint had for the earlier one."""

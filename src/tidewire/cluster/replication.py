@@ -185,6 +185,8 @@ class ReplicaManager:
         #: what the checkpoint file holds now (None: this manager keeps no checkpoint)
         self._written: dict[Key, int] | None = None
         self._checkpoint_task: asyncio.Task[None] | None = None
+        #: set when a partition not named in the checkpoint got a role: written at once
+        self._new_marks = asyncio.Event()
         #: the checkpoint write under way (in a thread), if any
         self._writing: asyncio.Future[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -249,6 +251,7 @@ class ReplicaManager:
         )
         self._led[key] = _Led(epoch, state)
         self._leaders[key] = (self.node_id, *self.advertise)
+        self._named_soon(key)
         if self.lost_tails is not None:
             # Elected knowing the mark (only unclean election does): its log is the truth now.
             self.lost_tails.clear_soon(key)
@@ -312,6 +315,7 @@ class ReplicaManager:
             topic, partition, epoch=epoch, leader=leader, address=(host, port)
         )
         self._followed[key] = state
+        self._named_soon(key)
         fetcher = self._fetchers.get(leader)
         if fetcher is not None and fetcher.address != (host, port):
             await fetcher.close()
@@ -897,6 +901,10 @@ class ReplicaManager:
         for key, hw in self._learned_hw.items():
             if hw >= 0 and key in logs:
                 marks[key] = hw
+        for key in self._followed:
+            followed_log = logs.get(key)
+            if key not in marks and followed_log is not None:
+                marks[key] = followed_log.log_start_offset  # no answer from its leader yet
         for key, led in self._led.items():
             if key in logs:
                 marks[key] = led.state.high_watermark
@@ -928,9 +936,17 @@ class ReplicaManager:
         await asyncio.shield(self._writing)
         self._written = marks
 
+    def _named_soon(self, key: Key) -> None:
+        """A partition just given a role: written into the checkpoint at once if it is not
+        named there (so a crash in the next few seconds does not leave it unbounded)."""
+        if self._written is not None and key not in self._written:
+            self._new_marks.set()
+
     async def _checkpoint_loop(self) -> None:
         while not self._closed:
-            await asyncio.sleep(CHECKPOINT_INTERVAL_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._new_marks.wait(), CHECKPOINT_INTERVAL_S)
+            self._new_marks.clear()
             try:
                 await self.write_checkpoint()
             except OSError as exc:  # the disk refused: tried again next round
