@@ -375,6 +375,12 @@ async def scan(cluster: Cluster, w: Workload, consumer: str, until_: int) -> tup
     return read, damaged
 
 
+def base_offset_of(segment: Path, batch: int) -> int:
+    """The first offset of the ``batch``-th batch of ``segment`` (read before it is flipped)."""
+    headers = [h for _, h in iter_batches(segment.read_bytes())]
+    return headers[batch].base_offset
+
+
 async def run_damaged_leader(cluster: Cluster) -> None:
     """The followers stopped first, then the leader (so it is the only replica left in the
     ISR and leads again after the restart); a bit flipped in its first, sealed segment."""
@@ -400,6 +406,9 @@ async def run_damaged_leader(cluster: Cluster) -> None:
         cluster.terminate(before.leader)
         segments = sorted((cluster.data_dir(before.leader) / f"{TOPIC}-0").glob("*.log"))
         assert len(segments) >= 2, segments  # the first one is sealed
+        # The workload may put several records in one batch: the flipped one need not start
+        # at offset 1.
+        flipped_at = base_offset_of(segments[0], batch=1)
         flip_bit(segments[0], batch=1)
         for n in cluster.nodes:
             cluster.start(n)
@@ -410,7 +419,7 @@ async def run_damaged_leader(cluster: Cluster) -> None:
         # Asked itself, it does not serve the flipped record (which this read finds).
         async with AsyncClient(cluster.addr(before.leader), request_timeout_s=5) as direct:
             with pytest.raises(PartitionCorruptError):
-                await direct.fetch(TOPIC, 0, 1, max_wait_ms=0)
+                await direct.fetch(TOPIC, 0, flipped_at, max_wait_ms=0)
         read, _ = await scan(cluster, w, "c2", settled.high_watermark)
         # Served intact once the partition moved: every offset read, none twice differing
         # (the history checker compares each with the replicas).
