@@ -370,6 +370,11 @@ def test_followers_give_back_the_segments_their_leader_gave_back(
             await until(
                 lambda: all(("small", 0) in n.broker.logs.logs for n in nodes), "replicas made"
             )
+            # A node makes the log before it takes its role: produce only once it leads.
+            await until(
+                lambda: leader.broker.replication.leads("small", 0),  # type: ignore[union-attr]
+                "the leader has its role",
+            )
             for i in range(40):
                 b = BatchBuilder()
                 b.append(b"x" * 200, timestamp_ms=1 + i)

@@ -646,7 +646,14 @@ def test_a_leader_follows_etcd_back_to_the_isr_it_had_applied(
             leader.cluster._reconcile = gated  # type: ignore[method-assign]
             await out.start()
             await until(lambda: out.id in state().isr, "the leader took it in (etcd)")
-            assert out.id in local_isr()
+
+            def leader_sees_it_in() -> bool:
+                """The leader committed the ISR it proposed, and its own copy of the metadata
+                holds etcd's answer (another node's watch may see etcd's change first)."""
+                got = leader.cluster.cache.partition(T, 0)
+                return out.id in local_isr() and got is not None and out.id in got[0].isr
+
+            await until(leader_sees_it_in, "the leader took it in (its replica manager)")
             got = leader.cluster.cache.partition(T, 0)
             assert got is not None
             s, version = got

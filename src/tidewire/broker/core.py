@@ -773,7 +773,11 @@ class Broker:
             if reason is not None:
                 out.append(PartitionStatus(p, -1, -1, -1, 0, offline=reason))
             else:
-                out.append(self._status(self.log(name, p), p))
+                status = self._status(self.log(name, p), p)
+                if self.replication is not None:  # a cluster: what a fetch reports
+                    hw = self.replication.high_watermark(name, p)
+                    status = replace(status, high_watermark=hw)
+                out.append(status)
         return out
 
     def topic_config(self, name: str) -> LogConfig:

@@ -794,6 +794,16 @@ def serve(
             help="A follower that has not caught up for this long leaves the ISR (ms).",
         ),
     ] = 10_000,
+    scrub_bytes_per_s: Annotated[
+        int,
+        typer.Option(
+            "--scrub-bytes-per-s",
+            min=0,
+            help="With --cluster: the rate (bytes/s) at which the node CRC-checks the sealed "
+            "segments of its replicas in the background, so damage nobody reads is found and "
+            "repaired from another replica (0: off).",
+        ),
+    ] = 1024 * 1024,
     node_api_key_file: Annotated[
         Path | None,
         typer.Option(
@@ -957,6 +967,7 @@ def serve(
                 default_replication_factor=default_replication_factor,
                 min_insync_replicas=min_insync_replicas,
                 replica_lag_max_ms=replica_lag_max_ms,
+                scrub_bytes_per_s=scrub_bytes_per_s,
                 api_key=None if node_api_key_file is None else _read_node_key(node_api_key_file),
                 tls_ca_file=None if node_tls_ca_file is None else str(node_tls_ca_file),
                 tls_cert_file=None if node_tls_cert_file is None else str(node_tls_cert_file),
@@ -1000,6 +1011,8 @@ class NodeOptions:
     default_replication_factor: int
     min_insync_replicas: int
     replica_lag_max_ms: int
+    #: the background scrub's rate (bytes/s; 0: off)
+    scrub_bytes_per_s: int = 1024 * 1024
     #: the key this node authenticates to leaders with (None: none); never logged
     api_key: str | None = field(default=None, repr=False)
     tls_ca_file: str | None = None
@@ -1090,6 +1103,10 @@ async def _serve(
         except InvalidConfigError:
             await drain(broker, None, None, grace_s=0)
             raise
+        from tidewire.cluster.replication import hold_back  # noqa: PLC0415 (clusters only)
+
+        # Nor is anything served above the high watermarks the node knew last, until it joins.
+        hold_back(broker, node_options.node_id)
     if broker.bootstrap_key_file is not None:
         typer.echo(
             f"created the first superuser; its API key is in {broker.bootstrap_key_file} "
@@ -1215,6 +1232,7 @@ async def _join(
         session_timeout_s=options.session_timeout_s,
         default_replication_factor=options.default_replication_factor,
         replica_lag_max_ms=options.replica_lag_max_ms,
+        scrub_bytes_per_s=options.scrub_bytes_per_s,
         min_insync_replicas=options.min_insync_replicas,
         replica_connect=_replica_connect(options, settings),
     )

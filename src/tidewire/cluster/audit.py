@@ -77,6 +77,7 @@ class ClusterAudit:
         self._key = (self.topic, 0)
         self._create_task: asyncio.Task[None] | None = None
         self._create_after = 0.0
+        self._closing = False  # set by close(): no creation task is started after it
 
     # --- writing ------------------------------------------------------------------------------
 
@@ -97,7 +98,7 @@ class ClusterAudit:
 
     def _create_soon(self) -> None:
         loop = asyncio.get_running_loop()
-        if self._create_task is not None and not self._create_task.done():
+        if self._closing or (self._create_task is not None and not self._create_task.done()):
             return
         if loop.time() < self._create_after:
             return
@@ -332,6 +333,9 @@ class ClusterAudit:
     async def close(self) -> None:
         """Write what the audit log buffered while this node still leads its topic, then
         give the audit log back to the node (its own ``__audit`` again)."""
+        # The flush below asks writable(), which would start a creation task that outlives
+        # the node's etcd client (its request in flight then keeps a connection open).
+        self._closing = True
         if self._create_task is not None:
             self._create_task.cancel()
             await asyncio.wait([self._create_task])

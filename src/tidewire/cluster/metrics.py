@@ -123,6 +123,10 @@ class ClusterStats:
     fetch_bytes: int = 0
     #: Times this node lost its etcd lease (and stopped leading until it registered again).
     lease_losses: int = 0
+    #: Bytes of sealed segments the background scrub CRC-checked (cluster/scrub.py), and
+    #: the damaged ranges it found that no read had found before.
+    scrub_bytes: int = 0
+    scrub_damage: int = 0
 
     def isr_changed(self, before: tuple[int, ...], after: tuple[int, ...]) -> None:
         """A leader's ISR change, ``before`` -> ``after``, was taken by etcd."""
@@ -498,6 +502,17 @@ def cluster_families(broker: Broker, cap: int) -> Iterator[Metric]:
         "tidewire_cluster_lease_losses",
         "Times this node lost its etcd lease (it stopped leading and registered again).",
         st.lease_losses,
+    )
+    yield _counter(
+        "tidewire_cluster_scrub_bytes",
+        "Bytes of sealed segments the background scrub CRC-checked (--scrub-bytes-per-s).",
+        st.scrub_bytes,
+    )
+    yield _counter(
+        "tidewire_cluster_scrub_damage_found",
+        "Damaged ranges the background scrub found in this node's replicas (none had been "
+        "found by a read).",
+        st.scrub_damage,
     )
     tl = ["topic", "partition"]
     lag = GaugeMetricFamily(

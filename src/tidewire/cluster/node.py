@@ -78,6 +78,7 @@ from tidewire.cluster.queues import (
     queue_of,
 )
 from tidewire.cluster.queues import include_new_nodes as include_queue_definitions
+from tidewire.cluster.scrub import DEFAULT_SCRUB_BYTES_PER_S, Scrubber
 from tidewire.cluster.security import (
     ClusterSecurity,
     DeadReplicas,
@@ -291,6 +292,9 @@ class ClusterNode:
         replica_connect: how the default replica manager connects to leaders (see
             :func:`~tidewire.cluster.fetcher.node_connect`: TLS and the node's credentials
             when security is on); None: plaintext, unauthenticated.
+        scrub_bytes_per_s: the background scrub's rate over the sealed segments of the
+            partitions held here (cluster/scrub.py; 0: none). Only with the default replica
+            manager.
     """
 
     def __init__(
@@ -310,6 +314,7 @@ class ClusterNode:
         min_insync_replicas: int = 1,
         replication: Replicas | None = None,
         replica_connect: Connect | None = None,
+        scrub_bytes_per_s: int = DEFAULT_SCRUB_BYTES_PER_S,
     ) -> None:
         if node_id < 0:
             raise InvalidConfigError(f"--node-id {node_id}: a node id is >= 0")
@@ -339,6 +344,12 @@ class ClusterNode:
         self.controller: Controller | None = None
         self.replication: Replicas | None = replication
         self.replica_connect = replica_connect
+        if scrub_bytes_per_s < 0:
+            raise InvalidConfigError(f"--scrub-bytes-per-s {scrub_bytes_per_s}: at least 0")
+        self.scrub_bytes_per_s = scrub_bytes_per_s
+        #: The background scrub of the replicas' sealed segments (with the default replica
+        #: manager only), from start.
+        self.scrubber: Scrubber | None = None
         #: Elections, ISR changes, replica fetches, lease losses (cluster/metrics.py).
         self.stats = ClusterStats()
         self._applied: dict[tuple[str, int], _Role] = {}
@@ -384,20 +395,11 @@ class ClusterNode:
         self.broker.on_epoch_bump = self._record_epoch_bump  # its epoch bumps: to every node
         self.broker.cluster_topics = self._cluster_topics  # groups see the cluster's topics
         try:
-            await self.lease.start()
-            # Before registering: the controller must see the marks when it sees the node.
-            # A process that died on the boot still running lost nothing it wrote.
-            logs = self.broker.logs
-            survived = await asyncio.to_thread(same_boot, logs.fs, logs.data_dir, kernel_boot_id())
-            await self.lost_tails.load_and_mark(
-                self.broker, clean=logs.was_clean or survived, id_file=TOPIC_ID_FILE
-            )
-            await self._register()
-            await self.cache.load()
-            self.cache.start()
             if self.replication is None:
                 from tidewire.cluster.replication import ReplicaManager  # noqa: PLC0415
 
+                # One made before the listeners opened (replication.hold_back): replaced.
+                early = self.broker.replication
                 manager = ReplicaManager(
                     self.broker,
                     self.node_id,
@@ -411,6 +413,24 @@ class ClusterNode:
                 )
                 self.broker.replication = manager
                 self.replication = manager
+                # Before anything is served: a partition without a role yet is read only
+                # below the high watermark this node knew last (cluster/hw_checkpoint.py).
+                manager.start_checkpoints()
+                if early is not None:
+                    await early.close()
+                self.scrubber = Scrubber(manager, self.scrub_bytes_per_s, stats=self.stats)
+                self.scrubber.start()
+            await self.lease.start()
+            # Before registering: the controller must see the marks when it sees the node.
+            # A process that died on the boot still running lost nothing it wrote.
+            logs = self.broker.logs
+            survived = await asyncio.to_thread(same_boot, logs.fs, logs.data_dir, kernel_boot_id())
+            await self.lost_tails.load_and_mark(
+                self.broker, clean=logs.was_clean or survived, id_file=TOPIC_ID_FILE
+            )
+            await self._register()
+            await self.cache.load()
+            self.cache.start()
             self.controller = self._controller()
             self.controller.start()
             # From now on the groups are served where their offsets partition is led.
@@ -477,6 +497,8 @@ class ClusterNode:
             self._task = None
         if self.controller is not None:
             await self.controller.close()
+        if self.scrubber is not None:
+            await self.scrubber.close()
         if self.replication is not None:
             await self.replication.close()
         await self.cache.close()

@@ -22,6 +22,12 @@ node) asks :meth:`~ReplicaManager.check_leader` before a produce,
 
 Partitions the manager does not know (the broker's internal topics, which every node keeps
 for itself) are read with the local high watermark, as on a single node.
+
+**High-watermark checkpoint.** A cluster node calls :meth:`ReplicaManager.start_checkpoints`
+before anything is served: the high watermarks recorded at its last run
+(:mod:`tidewire.cluster.hw_checkpoint`) bound what it serves of each partition that has no
+role yet, a leader elected before its followers fetched starts from it, and the manager writes
+the checkpoint every few seconds and when it closes.
 """
 
 from __future__ import annotations
@@ -34,6 +40,11 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from tidewire.cluster.fetcher import Connect, FollowedPartition, LeaderFetcher, default_connect
+from tidewire.cluster.hw_checkpoint import (
+    CHECKPOINT_INTERVAL_S,
+    read_hw_checkpoint,
+    write_hw_checkpoint,
+)
 from tidewire.cluster.replica_state import PartitionLeader
 from tidewire.errors import (
     FencedLeaderEpochError,
@@ -54,7 +65,7 @@ if TYPE_CHECKING:
     from tidewire.broker import Broker
     from tidewire.cluster.lost_tail import LostTails
 
-__all__ = ["ProposeIsr", "ReplicaManager"]
+__all__ = ["ProposeIsr", "ReplicaManager", "hold_back"]
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +178,17 @@ class ReplicaManager:
         #: partitions whose own log was checked since this process started
         self._checked: set[Key] = set()
         self._fetchers: dict[int, LeaderFetcher] = {}
+        #: high watermarks read from the checkpoint, for partitions given no role since:
+        #: (the log they were read for, offset). Valid only while that very log is the
+        #: partition's (a log deleted and made again is another incarnation).
+        self._checkpointed: dict[Key, tuple[PartitionLog, int]] = {}
+        #: what the checkpoint file holds now (None: this manager keeps no checkpoint)
+        self._written: dict[Key, int] | None = None
+        self._checkpoint_task: asyncio.Task[None] | None = None
+        #: set when a partition not named in the checkpoint got a role: written at once
+        self._new_marks = asyncio.Event()
+        #: the checkpoint write under way (in a thread), if any
+        self._writing: asyncio.Future[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._lag_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -215,7 +237,9 @@ class ReplicaManager:
             hw = led.state.high_watermark
             self._fail_waiters(led)
         else:
-            hw = self._learned_hw.pop(key, plog.log_start_offset)
+            checkpointed = self._take_checkpointed(key, plog)
+            fallback = plog.log_start_offset if checkpointed is None else checkpointed
+            hw = self._learned_hw.pop(key, fallback)
         end = local_end(plog)
         state = PartitionLeader(
             self.node_id,
@@ -230,6 +254,7 @@ class ReplicaManager:
         )
         self._led[key] = _Led(epoch, state)
         self._leaders[key] = (self.node_id, *self.advertise)
+        self._named_soon(key)
         if self.lost_tails is not None:
             # Elected knowing the mark (only unclean election does): its log is the truth now.
             self.lost_tails.clear_soon(key)
@@ -312,6 +337,10 @@ class ReplicaManager:
             # (check_replica): sealed segments found intact at the open were trusted unread.
             self._unchecked[key] = (plog.log_start_offset, plog.log_end_offset)
         self._cut_at_damage(topic, partition, plog, leader)
+        checkpointed = self._take_checkpointed(key, plog)
+        if checkpointed is not None and key not in self._learned_hw:
+            # Until its leader answers, a follower serves below the checkpoint's mark.
+            self._learned_hw[key] = checkpointed
         led = self._led.pop(key, None)
         host, port = leader_address
         self._leaders[key] = (leader, host, port)
@@ -335,6 +364,7 @@ class ReplicaManager:
             topic, partition, epoch=epoch, leader=leader, address=(host, port)
         )
         self._followed[key] = state
+        self._named_soon(key)
         fetcher = self._fetchers.get(leader)
         if fetcher is not None and fetcher.address != (host, port):
             await fetcher.close()
@@ -367,7 +397,11 @@ class ReplicaManager:
             hw = led.state.high_watermark
         if keep_high_watermark:
             plog = self.broker.log(topic, partition)
+            if hw is None:
+                hw = self._take_checkpointed(key, plog)
             self._learned_hw[key] = plog.log_start_offset if hw is None else hw
+        else:
+            self._checkpointed.pop(key, None)
         self._unchecked.pop(key, None)
         self._checked.discard(key)
         if led is not None:
@@ -529,6 +563,11 @@ class ReplicaManager:
             return led.state.high_watermark
         if key in self._followed or key in self._learned_hw:
             return min(self._learned_hw.get(key, plog.log_start_offset), local_end(plog))
+        if self._checkpointed:
+            # No role since this node started: below the high watermark it knew last.
+            seen = self._checkpointed.get(key)
+            if seen is not None and seen[0] is plog:
+                return min(max(seen[1], plog.log_start_offset), local_end(plog))
         return local_end(plog)
 
     async def wait_replicated(
@@ -786,6 +825,20 @@ class ReplicaManager:
                 self._progress(key, led)
                 self._resign_if_damaged(key, led, plog)
 
+    def damage_found(self, topic: str, partition: int) -> None:
+        """A damaged range of a partition's log was just found outside the read path (the
+        scrub, cluster/scrub.py): a leader hands the partition over now rather than at its
+        next lag check; a follower cuts its log there before its next fetch anyway."""
+        key = (topic, partition)
+        led = self._led.get(key)
+        if led is None:
+            return
+        try:
+            plog = self.broker.log(topic, partition)
+        except TidewireError:
+            return
+        self._resign_if_damaged(key, led, plog)
+
     def _resign_if_damaged(self, key: Key, led: _Led, plog: PartitionLog) -> None:
         """A led log with a damaged range (found by a read or the open's scan) does not serve
         it: records every in-sync follower holds intact. Leadership goes to one of them and
@@ -850,6 +903,104 @@ class ReplicaManager:
         last gave (-1: none yet)."""
         return {key: self._learned_hw.get(key, -1) for key in self._followed}
 
+    # --- the high-watermark checkpoint (cluster/hw_checkpoint.py) -----------------------------
+
+    def start_checkpoints(self) -> None:
+        """Keep this node's high-watermark checkpoint: read the one its last run left (each
+        partition without a role is then served, and reported, only below its mark; a leader
+        elected before any fetch starts from it), and write it every
+        :data:`~tidewire.cluster.hw_checkpoint.CHECKPOINT_INTERVAL_S` when a mark moved, and
+        at :meth:`close`. Called by the cluster node before it serves anything; a manager
+        never told so keeps no checkpoint (a single node has none).
+
+        Blocking: reads one small file. Calling it twice is harmless.
+        """
+        self._check_open()
+        if self._written is not None:
+            return
+        logs = self.broker.logs
+        marks = read_hw_checkpoint(logs.fs, logs.data_dir)
+        for key, hw in marks.items():
+            plog = logs.logs.get(key)
+            if plog is not None and key not in self._led and key not in self._learned_hw:
+                self._checkpointed[key] = (plog, hw)
+        self._written = dict(marks)
+        self._checkpoint_task = asyncio.get_running_loop().create_task(
+            self._checkpoint_loop(), name="replication-hw-checkpoint"
+        )
+
+    def _take_checkpointed(self, key: Key, plog: PartitionLog) -> int | None:
+        """The checkpoint's mark of a partition given a role now (then forgotten: the role's
+        own high watermark takes over), if it was read for this very log."""
+        seen = self._checkpointed.pop(key, None)
+        if seen is None or seen[0] is not plog:
+            return None
+        return max(min(seen[1], plog.log_end_offset), plog.log_start_offset)
+
+    def checkpoint_marks(self) -> dict[Key, int]:
+        """The high watermark this node knows now of each partition it holds in the
+        cluster (what the checkpoint records): led ones' own, followed (and role-less) ones'
+        as last learned, and those not given a role since the start as the checkpoint had
+        them. Partitions whose log is gone are left out."""
+        logs = self.broker.logs.logs
+        marks: dict[Key, int] = {}
+        for key, (plog, hw) in self._checkpointed.items():
+            if logs.get(key) is plog:
+                marks[key] = hw
+        for key, hw in self._learned_hw.items():
+            if hw >= 0 and key in logs:
+                marks[key] = hw
+        for key in self._followed:
+            followed_log = logs.get(key)
+            if key not in marks and followed_log is not None:
+                marks[key] = followed_log.log_start_offset  # no answer from its leader yet
+        for key, led in self._led.items():
+            if key in logs:
+                marks[key] = led.state.high_watermark
+        return marks
+
+    async def write_checkpoint(self) -> None:
+        """Write the checkpoint now if a mark changed since the last write (in a thread).
+
+        Raises:
+            OSError: it could not be written (the previous one stays).
+        """
+        if self._written is None:
+            return
+        prev = self._writing
+        if prev is not None:
+            # One write at a time (its thread outlives a cancelled waiter): the file's
+            # temporary copy is never written by two threads. Its outcome does not matter
+            # here: this one writes what holds now.
+            await asyncio.wait([prev])
+            if not prev.cancelled():
+                prev.exception()
+        marks = self.checkpoint_marks()
+        if marks == self._written:
+            return
+        logs = self.broker.logs
+        self._writing = asyncio.ensure_future(
+            asyncio.to_thread(write_hw_checkpoint, logs.fs, logs.data_dir, marks)
+        )
+        await asyncio.shield(self._writing)
+        self._written = marks
+
+    def _named_soon(self, key: Key) -> None:
+        """A partition just given a role: written into the checkpoint at once if it is not
+        named there (so a crash in the next few seconds does not leave it unbounded)."""
+        if self._written is not None and key not in self._written:
+            self._new_marks.set()
+
+    async def _checkpoint_loop(self) -> None:
+        while not self._closed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._new_marks.wait(), CHECKPOINT_INTERVAL_S)
+            self._new_marks.clear()
+            try:
+                await self.write_checkpoint()
+            except OSError as exc:  # the disk refused: tried again next round
+                log.warning("cannot write the high-watermark checkpoint: %s", exc)
+
     # --- lifecycle -----------------------------------------------------------------------------
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
@@ -865,11 +1016,19 @@ class ReplicaManager:
             raise RuntimeError("the replica manager is closed")
 
     async def close(self) -> None:
-        """Stop every fetcher and timer; produces waiting for replicas get NotLeaderError.
-        Closing twice is harmless."""
+        """Stop every fetcher and timer; produces waiting for replicas get NotLeaderError;
+        write the high-watermark checkpoint a last time (if kept). Closing twice is
+        harmless."""
         if self._closed:
             return
         self._closed = True
+        if self._checkpoint_task is not None:
+            self._checkpoint_task.cancel()
+            await asyncio.gather(self._checkpoint_task, return_exceptions=True)
+            try:  # the marks as they stand at the end: a clean restart starts from them
+                await self.write_checkpoint()
+            except OSError as exc:
+                log.warning("cannot write the high-watermark checkpoint: %s", exc)
         for led in self._led.values():
             self._fail_waiters(led)
         self._led.clear()
@@ -883,6 +1042,21 @@ class ReplicaManager:
             t.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def hold_back(broker: Broker, node_id: int) -> ReplicaManager:
+    """Before a cluster node's listeners open: give ``broker`` a replica manager with no
+    role and its high-watermark checkpoint, so that until the node has joined (its
+    :class:`~tidewire.cluster.node.ClusterNode` replaces it at start) each partition is
+    served only below the high watermark the node knew last, and produces are refused
+    (NotLeaderError, retriable) instead of appended without replication.
+
+    Must run in the event loop (the checkpoint's timer). Blocking: reads one small file.
+    """
+    manager = ReplicaManager(broker, node_id)
+    broker.replication = manager
+    manager.start_checkpoints()
+    return manager
 
 
 def _resolve(fut: asyncio.Future[None], value: None) -> None:

@@ -643,6 +643,12 @@ class PartitionLog:
         return list(self._bases)
 
     @property
+    def active_segment_base(self) -> int:
+        """The base offset of the active (last) segment: every offset below it is in a
+        sealed segment (what a scrub reads)."""
+        return self._bases[-1] if self._bases else self.log_end_offset
+
+    @property
     def corruption(self) -> Damage | None:
         """The first damaged range that is not quarantined, or ``None``."""
         return next((d for d in self._damage if d.quarantined is None), None)
