@@ -158,7 +158,7 @@ def test_two_logs_committing_in_one_turn_share_it_with_a_thread(
     asyncio.run(run())
 
 
-def test_after_a_slow_inline_fsync_commits_go_to_the_threads(
+def test_while_fsyncs_are_slow_commits_go_to_the_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     jobs = _count_thread_jobs(monkeypatch)
@@ -166,11 +166,36 @@ def test_after_a_slow_inline_fsync_commits_go_to_the_threads(
     async def run() -> None:
         log = await _open_warm("/p")
         await _threads_idle()
-        monkeypatch.setattr(flusher, "INLINE_FLUSH_SLOW_S", -1.0)  # every inline fsync is slow
+        monkeypatch.setattr(flusher, "INLINE_FLUSH_SLOW_S", -1.0)  # every fsync is slow
+        before = len(jobs)
+        for i in range(3):
+            await asyncio.wait_for(log.append_async(make_batch([b"m%d" % i])), 30)
+        assert len(jobs) == before + 3
+        # Fast again: once the average of the fsyncs (on the threads too) is under the
+        # bound, a lone commit runs on the loop again.
+        monkeypatch.setattr(flusher, "INLINE_FLUSH_SLOW_S", 3600.0)
+        await _threads_idle()
+        await asyncio.wait_for(log.append_async(make_batch([b"last"])), 30)
+        assert len(jobs) == before + 3
+        assert log.flushed_offset == 5
+        log.close()
+
+    asyncio.run(run())
+
+
+def test_an_inline_fsync_that_stalled_the_loop_sends_commits_to_the_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    jobs = _count_thread_jobs(monkeypatch)
+
+    async def run() -> None:
+        log = await _open_warm("/p")
+        await _threads_idle()
+        monkeypatch.setattr(flusher, "INLINE_FLUSH_STALL_S", -1.0)  # every fsync stalls
         monkeypatch.setattr(flusher, "INLINE_FLUSH_BACKOFF_S", 3600.0)
         before = len(jobs)
         await asyncio.wait_for(log.append_async(make_batch([b"first"])), 30)
-        assert len(jobs) == before  # it ran inline, and was slow
+        assert len(jobs) == before  # it ran inline, and stalled the loop
         for i in range(3):
             await asyncio.wait_for(log.append_async(make_batch([b"m%d" % i])), 30)
         assert len(jobs) == before + 3

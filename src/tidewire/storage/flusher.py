@@ -18,8 +18,8 @@ spends on such a message on the 2-core test machine, and the costliest call left
 It is refused for larger commits (the loop would sit idle while more appends could be written,
 which the threads let it do), for a second log in the same loop turn (fsyncs of different logs
 run in parallel on the threads, not one after the other on the loop), while a flusher thread
-is busy, and for a while after an inline fsync was slow (a slow device must not stall every
-connection of the loop).
+is busy, while the loop's recent fsyncs are slow, and for a second after one stalled the loop
+(a slow device must not stall every connection of the loop).
 
 Tests replace the threads for one event loop with :func:`set_flush_executor` (an executor that
 runs the jobs on the loop after a seeded number of turns replays an interleaving exactly); a
@@ -39,12 +39,14 @@ from collections.abc import Callable
 from queue import SimpleQueue
 
 __all__ = [
+    "FSYNC_AVERAGE_WEIGHT",
     "INLINE_FLUSH_BACKOFF_S",
     "INLINE_FLUSH_MAX_BYTES",
     "INLINE_FLUSH_SLOW_S",
+    "INLINE_FLUSH_STALL_S",
     "MAX_FLUSH_THREADS",
+    "fsync_observed",
     "inline_flush_allowed",
-    "inline_flush_done",
     "run_flush_job",
     "set_flush_executor",
 ]
@@ -64,13 +66,22 @@ MAX_FLUSH_THREADS = 8
 #: when the fsync is on a thread (pipelined durable publishing keeps its throughput).
 INLINE_FLUSH_MAX_BYTES = 16 * 1024
 
-#: An inline fsync that took longer than this (seconds) sends the next commits to the threads
-#: for :data:`INLINE_FLUSH_BACKOFF_S`: a device that fsyncs in milliseconds would otherwise
-#: stall every connection of the loop for that long. 2 ms is several times the fsync of the
-#: local SSDs and VM disks measured (0.1-0.5 ms).
+#: Commits run inline only while the moving average of this loop's fsyncs (inline or on the
+#: threads, :data:`FSYNC_AVERAGE_WEIGHT`) is at most this (seconds): the loop then stalls
+#: about that long per commit, which a thread hand-off (tens of µs to a few ms when the
+#: machine is busy) costs a lone message anyway. 2 ms is several times the fsync of the local
+#: SSDs and VM disks measured (0.1-0.5 ms quiet, 1-4 ms at the p90 on a loaded 2-core VM).
 INLINE_FLUSH_SLOW_S = 0.002
 
-#: How long commits go to the threads after a slow inline fsync (seconds).
+#: Weight of the newest fsync in the moving average (about the last 5 count).
+FSYNC_AVERAGE_WEIGHT = 0.2
+
+#: An inline fsync longer than this (seconds) stalled every connection of the loop that long:
+#: the commits of the next :data:`INLINE_FLUSH_BACKOFF_S` go to the threads whatever the
+#: average says, so a device in trouble stalls the loop at most once in that time.
+INLINE_FLUSH_STALL_S = 0.02
+
+#: How long commits go to the threads after an inline fsync over :data:`INLINE_FLUSH_STALL_S`.
 INLINE_FLUSH_BACKOFF_S = 1.0
 
 #: Executors standing in for the threads, per event loop (tests).
@@ -91,13 +102,15 @@ def set_flush_executor(
 
 
 class _InlineState:
-    """Per event loop: whether a commit ran inline in this turn, and until when commits go to
-    the threads after a slow inline fsync (``time.monotonic``)."""
+    """Per event loop: whether a commit ran inline in this turn, the moving average of its
+    fsyncs (seconds), and until when commits go to the threads after a stall
+    (``time.monotonic``)."""
 
-    __slots__ = ("in_this_turn", "threads_until")
+    __slots__ = ("average_s", "in_this_turn", "threads_until")
 
     def __init__(self) -> None:
         self.in_this_turn = False
+        self.average_s = 0.0
         self.threads_until = 0.0
 
     def next_turn(self) -> None:
@@ -109,21 +122,29 @@ _INLINE: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _InlineState] = (
 )
 
 
+def _state(loop: asyncio.AbstractEventLoop) -> _InlineState:
+    state = _INLINE.get(loop)
+    if state is None:
+        state = _INLINE[loop] = _InlineState()
+    return state
+
+
 def inline_flush_allowed(loop: asyncio.AbstractEventLoop, nbytes: int) -> bool:
     """Whether a group commit of ``nbytes`` to sync may run on ``loop``'s thread now (the
-    caller runs it at once and then calls :func:`inline_flush_done`): it is small
-    (:data:`INLINE_FLUSH_MAX_BYTES`), no executor is set for ``loop``, no flusher thread of
-    the process is busy, no other commit ran inline in this turn of ``loop``, and no inline
-    fsync was slow lately (:data:`INLINE_FLUSH_SLOW_S`)."""
+    caller runs it at once, and reports every commit's fsync time to :func:`fsync_observed`):
+    it is small (:data:`INLINE_FLUSH_MAX_BYTES`), no executor is set for ``loop``, no flusher
+    thread of the process is busy, no other commit ran inline in this turn of ``loop``, the
+    loop's fsyncs have been fast lately (:data:`INLINE_FLUSH_SLOW_S`) and none stalled it
+    lately (:data:`INLINE_FLUSH_STALL_S`)."""
     if nbytes > INLINE_FLUSH_MAX_BYTES or loop in _EXECUTORS:
         return False
     threads = _THREADS.get(os.getpid())
     if threads is not None and threads.busy():
         return False
-    state = _INLINE.get(loop)
-    if state is None:
-        state = _INLINE[loop] = _InlineState()
-    if state.in_this_turn or (state.threads_until and time.monotonic() < state.threads_until):
+    state = _state(loop)
+    if state.in_this_turn or state.average_s > INLINE_FLUSH_SLOW_S:
+        return False
+    if state.threads_until and time.monotonic() < state.threads_until:
         return False
     state.in_this_turn = True
     # Reset in the next turn: other logs whose commits start later in this one use the
@@ -132,20 +153,22 @@ def inline_flush_allowed(loop: asyncio.AbstractEventLoop, nbytes: int) -> bool:
     return True
 
 
-def inline_flush_done(loop: asyncio.AbstractEventLoop, seconds: float) -> None:
-    """An inline commit allowed by :func:`inline_flush_allowed` took ``seconds``: if that is
-    slow, the commits of the next :data:`INLINE_FLUSH_BACKOFF_S` go to the threads."""
-    if seconds > INLINE_FLUSH_SLOW_S:
-        state = _INLINE.get(loop)
-        if state is not None:
-            state.threads_until = time.monotonic() + INLINE_FLUSH_BACKOFF_S
-            log.info(
-                "an fsync on the event loop took %.1f ms (more than %.1f ms): group commits go "
-                "to the flusher threads for %.1f s",
-                seconds * 1e3,
-                INLINE_FLUSH_SLOW_S * 1e3,
-                INLINE_FLUSH_BACKOFF_S,
-            )
+def fsync_observed(loop: asyncio.AbstractEventLoop, seconds: float, *, inline: bool) -> None:
+    """A group commit of a log owned by ``loop`` took ``seconds`` (``inline``: on the loop's
+    thread). Feeds the moving average :func:`inline_flush_allowed` looks at; an inline one
+    over :data:`INLINE_FLUSH_STALL_S` sends the commits of the next
+    :data:`INLINE_FLUSH_BACKOFF_S` to the threads."""
+    state = _state(loop)
+    state.average_s += FSYNC_AVERAGE_WEIGHT * (seconds - state.average_s)
+    if inline and seconds > INLINE_FLUSH_STALL_S:
+        state.threads_until = time.monotonic() + INLINE_FLUSH_BACKOFF_S
+        log.warning(
+            "an fsync on the event loop took %.1f ms (more than %.1f ms): group commits go to "
+            "the flusher threads for %.1f s",
+            seconds * 1e3,
+            INLINE_FLUSH_STALL_S * 1e3,
+            INLINE_FLUSH_BACKOFF_S,
+        )
 
 
 def run_flush_job(loop: asyncio.AbstractEventLoop, job: Callable[[], None]) -> None:

@@ -70,7 +70,7 @@ from tidewire.storage.damage import (
     write_damage_file,
 )
 from tidewire.storage.epochs import EpochHistory
-from tidewire.storage.flusher import inline_flush_allowed, inline_flush_done, run_flush_job
+from tidewire.storage.flusher import fsync_observed, inline_flush_allowed, run_flush_job
 from tidewire.storage.fs import FileHandle, FileSystem, write_atomic
 from tidewire.storage.segment import (
     PREFIX,
@@ -1342,10 +1342,9 @@ class PartitionLog:
             outcome: tuple[OSError | None, float] | Exception
             try:
                 outcome = self._timed_flush_io(plan)
-                inline_flush_done(loop, outcome[1])
             except Exception as exc:  # not an OSError: a bug, reported as the threads do
                 outcome = exc
-            self._flush_finished(plan, batches, nbytes, outcome)
+            self._flush_finished(plan, batches, nbytes, outcome, inline=True)
 
     def _flush_job(
         self, loop: asyncio.AbstractEventLoop, plan: _FlushPlan, batches: int, nbytes: int
@@ -1376,9 +1375,12 @@ class PartitionLog:
         batches: int,
         nbytes: int,
         outcome: tuple[OSError | None, float] | Exception,
+        *,
+        inline: bool = False,
     ) -> None:
-        """On the owner thread: account for a finished group commit, settle its waiters, let
-        readers see what it made durable, and start the next one if appends wait."""
+        """On the owner thread: account for a finished group commit (``inline``: it ran on
+        this thread), settle its waiters, let readers see what it made durable, and start the
+        next one if appends wait."""
         try:
             if isinstance(outcome, Exception):  # not an OSError: a bug, reported
                 log.error("flush of %s failed", self.directory, exc_info=outcome)
@@ -1386,6 +1388,7 @@ class PartitionLog:
                 self._fail_waiters(StorageError(f"flush task failed: {outcome!r}"))
                 return
             error, seconds = outcome
+            fsync_observed(asyncio.get_running_loop(), seconds, inline=inline)
             if self.flush_stats is not None:
                 self.flush_stats.observe(seconds, batches, nbytes, failed=error is not None)
             before = self._flushed
