@@ -111,7 +111,7 @@ async def _threads_idle() -> None:
     raise AssertionError("a flusher thread stayed busy")
 
 
-def test_a_small_lone_commit_runs_on_the_loop_and_a_large_one_on_a_thread(
+def test_a_small_lone_commit_runs_on_the_loop_and_others_on_a_thread(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     jobs = _count_thread_jobs(monkeypatch)
@@ -127,6 +127,11 @@ def test_a_small_lone_commit_runs_on_the_loop_and_a_large_one_on_a_thread(
         await asyncio.wait_for(log.append_async(big), 30)
         assert len(jobs) == before + 1, "a commit above INLINE_FLUSH_MAX_BYTES ran on the loop"
         assert log.flushed_offset == 7
+        await _threads_idle()
+        # Two small batches in one commit: appends come faster than fsyncs, a thread.
+        await asyncio.wait_for(log.append_many_async([make_batch([b"p"]), make_batch([b"q"])]), 30)
+        assert len(jobs) == before + 2, "a commit of two batches ran on the loop"
+        assert log.flushed_offset == 9
         log.close()
 
     asyncio.run(run())
@@ -223,11 +228,13 @@ def test_a_flush_that_fails_with_a_bug_fails_its_waiters(
             raise ValueError("a bug in the flush")
 
         log._flush_io = broken  # type: ignore[method-assign,assignment]
+        appends = 1 if where == "inline" else 3  # a commit of one batch runs on the loop
         await log.wait_idle()
         before = len(jobs)
         results = await asyncio.wait_for(
             asyncio.gather(
-                *(log.append_async(make_batch([b"x"])) for _ in range(3)), return_exceptions=True
+                *(log.append_async(make_batch([b"x"])) for _ in range(appends)),
+                return_exceptions=True,
             ),
             30,
         )

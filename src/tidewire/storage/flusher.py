@@ -15,11 +15,12 @@ a lone durable message (one producer awaiting each send, or a moderate paced rat
 for its fsync only, not also for waking a flusher thread (a futex wake-up and, on the way back,
 the loop's own wake-up through ``call_soon_threadsafe``: 60-100 µs of the ~550 µs the broker
 spends on such a message on the 2-core test machine, and the costliest call left on the loop).
-It is refused for larger commits (the loop would sit idle while more appends could be written,
-which the threads let it do), for a second log in the same loop turn (fsyncs of different logs
-run in parallel on the threads, not one after the other on the loop), while a flusher thread
-is busy, while the loop's recent fsyncs are slow, and for a second after one stalled the loop
-(a slow device must not stall every connection of the loop).
+It is refused for a commit of more than one batch or more than a few KiB (the loop would sit
+idle while more appends could be written, which the threads let it do: a pipelining producer
+would otherwise fall into lockstep with the fsyncs), for a second log in the same loop turn
+(fsyncs of different logs run in parallel on the threads, not one after the other on the
+loop), while a flusher thread is busy, while the loop's recent fsyncs are slow, and for a
+second after one stalled the loop (a slow device must not stall every connection of the loop).
 
 Tests replace the threads for one event loop with :func:`set_flush_executor` (an executor that
 runs the jobs on the loop after a seeded number of turns replays an interleaving exactly); a
@@ -129,14 +130,17 @@ def _state(loop: asyncio.AbstractEventLoop) -> _InlineState:
     return state
 
 
-def inline_flush_allowed(loop: asyncio.AbstractEventLoop, nbytes: int) -> bool:
-    """Whether a group commit of ``nbytes`` to sync may run on ``loop``'s thread now (the
-    caller runs it at once, and reports every commit's fsync time to :func:`fsync_observed`):
-    it is small (:data:`INLINE_FLUSH_MAX_BYTES`), no executor is set for ``loop``, no flusher
+def inline_flush_allowed(loop: asyncio.AbstractEventLoop, nbytes: int, batches: int) -> bool:
+    """Whether a group commit of ``batches`` batches, ``nbytes`` to sync, may run on
+    ``loop``'s thread now (the caller runs it at once, and reports every commit's fsync time
+    to :func:`fsync_observed`): it covers one batch (several mean appends arrive faster than
+    fsyncs: a pipelining producer, whose next requests the loop should read and write while
+    the fsync runs, not after it), it is small (:data:`INLINE_FLUSH_MAX_BYTES`), no executor
+    is set for ``loop``, no flusher
     thread of the process is busy, no other commit ran inline in this turn of ``loop``, the
     loop's fsyncs have been fast lately (:data:`INLINE_FLUSH_SLOW_S`) and none stalled it
     lately (:data:`INLINE_FLUSH_STALL_S`)."""
-    if nbytes > INLINE_FLUSH_MAX_BYTES or loop in _EXECUTORS:
+    if batches > 1 or nbytes > INLINE_FLUSH_MAX_BYTES or loop in _EXECUTORS:
         return False
     threads = _THREADS.get(os.getpid())
     if threads is not None and threads.busy():

@@ -1325,7 +1325,9 @@ class PartitionLog:
             batches = self.batches_appended - self._batches_flushed
             nbytes = sum(size - seg.synced_size for seg, size in plan.syncs)
             self._batches_flushed = self.batches_appended
-            inline = not plan.seals and not plan.sync_dir and inline_flush_allowed(loop, nbytes)
+            inline = (
+                not plan.seals and not plan.sync_dir and inline_flush_allowed(loop, nbytes, batches)
+            )
             if not inline:
                 # A flusher thread (tests install a stepped executor); the job's own
                 # call_soon_threadsafe is the whole way back: one loop wake-up, no future.
