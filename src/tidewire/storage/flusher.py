@@ -136,10 +136,9 @@ def inline_flush_allowed(loop: asyncio.AbstractEventLoop, nbytes: int, batches: 
     to :func:`fsync_observed`): it covers one batch (several mean appends arrive faster than
     fsyncs: a pipelining producer, whose next requests the loop should read and write while
     the fsync runs, not after it), it is small (:data:`INLINE_FLUSH_MAX_BYTES`), no executor
-    is set for ``loop``, no flusher
-    thread of the process is busy, no other commit ran inline in this turn of ``loop``, the
-    loop's fsyncs have been fast lately (:data:`INLINE_FLUSH_SLOW_S`) and none stalled it
-    lately (:data:`INLINE_FLUSH_STALL_S`)."""
+    is set for ``loop``, no flusher thread of the process is busy, no other commit ran inline
+    in this turn of ``loop``, the loop's fsyncs have been fast lately
+    (:data:`INLINE_FLUSH_SLOW_S`) and none stalled it lately (:data:`INLINE_FLUSH_STALL_S`)."""
     if batches > 1 or nbytes > INLINE_FLUSH_MAX_BYTES or loop in _EXECUTORS:
         return False
     threads = _THREADS.get(os.getpid())
