@@ -34,7 +34,7 @@ from tidewire.errors import (
     ProducerFencedError,
 )
 from tidewire.records import BatchBuilder, BatchHeader, parse_header
-from tidewire.storage import FsyncPolicy, LogConfig, flusher
+from tidewire.storage import FsyncPolicy, LogConfig
 
 
 def pbatch(pid: int, epoch: int, seq: int, values: Sequence[bytes]) -> bytes:
@@ -333,14 +333,9 @@ def test_failed_writes_roll_back_to_before_the_earliest() -> None:
         state.plan([header(2)], {})
 
 
-def test_a_snapshot_taken_during_an_append_replays_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_snapshot_taken_during_an_append_replays_it(tmp_path: Path) -> None:
     """A snapshot taken while a batch awaits its fsync is stamped before that batch, so a
     start after a crash reads it from the log: sent again, it is a duplicate."""
-    # The fsync runs in a flusher thread, so the append is still waiting a few turns later
-    # (a small lone commit would run on the loop, and be done).
-    monkeypatch.setattr(flusher, "INLINE_FLUSH_MAX_BYTES", -1)
     cfg = config(tmp_path, log=LogConfig(fsync=FsyncPolicy.ALWAYS))
     ids: list[int] = []
 

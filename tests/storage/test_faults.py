@@ -43,7 +43,6 @@ from tidewire.storage import (
     LogConfig,
     LogManager,
     PartitionLog,
-    flusher,
 )
 from tidewire.storage.fs import Buffer, FileHandleWrapper, FileSystemWrapper
 
@@ -735,11 +734,7 @@ def test_failed_create_log_leaves_nothing_open_and_can_be_retried(code: int) -> 
 # --- backpressure -------------------------------------------------------------------------------
 
 
-def test_backpressure_when_max_pending_appends_await_an_fsync(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # The fsync is held in a flusher thread while the loop goes on: no commit on the loop.
-    monkeypatch.setattr(flusher, "INLINE_FLUSH_MAX_BYTES", -1)
+def test_backpressure_when_max_pending_appends_await_an_fsync() -> None:
     inner = FaultFS()
     fs = FlakyFS(inner)
     log, _ = open_log(fs, max_pending_appends=2)

@@ -70,7 +70,7 @@ from tidewire.storage.damage import (
     write_damage_file,
 )
 from tidewire.storage.epochs import EpochHistory
-from tidewire.storage.flusher import fsync_observed, inline_flush_allowed, run_flush_job
+from tidewire.storage.flusher import run_flush_job
 from tidewire.storage.fs import FileHandle, FileSystem, write_atomic
 from tidewire.storage.segment import (
     PREFIX,
@@ -1325,28 +1325,14 @@ class PartitionLog:
             batches = self.batches_appended - self._batches_flushed
             nbytes = sum(size - seg.synced_size for seg, size in plan.syncs)
             self._batches_flushed = self.batches_appended
-            inline = (
-                not plan.seals and not plan.sync_dir and inline_flush_allowed(loop, nbytes, batches)
-            )
-            if not inline:
-                # A flusher thread (tests install a stepped executor); the job's own
-                # call_soon_threadsafe is the whole way back: one loop wake-up, no future.
-                run_flush_job(loop, functools.partial(self._flush_job, loop, plan, batches, nbytes))
+            # A flusher thread (tests install a stepped executor); the job's own
+            # call_soon_threadsafe is the whole way back: one loop wake-up, no future.
+            run_flush_job(loop, functools.partial(self._flush_job, loop, plan, batches, nbytes))
         except Exception as exc:  # a bug: reported, and the waiters fail instead of hanging
             log.error("starting the flush of %s failed", self.directory, exc_info=exc)
             self._flushing = False
             self._fail_waiters(StorageError(f"flush failed to start: {exc!r}"))
             self._flush_over()
-            return
-        if inline:
-            # A small commit while nothing else flushes: the fsync here, its waiters settled
-            # in this same step (storage/flusher.py says when, and why it pays).
-            outcome: tuple[OSError | None, float] | Exception
-            try:
-                outcome = self._timed_flush_io(plan)
-            except Exception as exc:  # not an OSError: a bug, reported as the threads do
-                outcome = exc
-            self._flush_finished(plan, batches, nbytes, outcome, inline=True)
 
     def _flush_job(
         self, loop: asyncio.AbstractEventLoop, plan: _FlushPlan, batches: int, nbytes: int
@@ -1377,12 +1363,9 @@ class PartitionLog:
         batches: int,
         nbytes: int,
         outcome: tuple[OSError | None, float] | Exception,
-        *,
-        inline: bool = False,
     ) -> None:
-        """On the owner thread: account for a finished group commit (``inline``: it ran on
-        this thread), settle its waiters, let readers see what it made durable, and start the
-        next one if appends wait."""
+        """On the owner thread: account for a finished group commit, settle its waiters, let
+        readers see what it made durable, and start the next one if appends wait."""
         try:
             if isinstance(outcome, Exception):  # not an OSError: a bug, reported
                 log.error("flush of %s failed", self.directory, exc_info=outcome)
@@ -1390,7 +1373,6 @@ class PartitionLog:
                 self._fail_waiters(StorageError(f"flush task failed: {outcome!r}"))
                 return
             error, seconds = outcome
-            fsync_observed(asyncio.get_running_loop(), seconds, inline=inline)
             if self.flush_stats is not None:
                 self.flush_stats.observe(seconds, batches, nbytes, failed=error is not None)
             before = self._flushed
