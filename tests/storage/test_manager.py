@@ -521,7 +521,8 @@ def test_only_interval_logs_wake_the_background_loop(env: Env) -> None:
     # A log switched to interval with unflushed data is marked, then by its appends.
     mgr.set_config("never", 0, LogConfig(fsync=FsyncPolicy.INTERVAL))
     logs[FsyncPolicy.NEVER].append(batch())
-    assert woken[3:] and set(woken[3:]) == {("never", 0)}
+    assert woken[3:]
+    assert set(woken[3:]) == {("never", 0)}
     mgr.close()
 
 
