@@ -495,6 +495,37 @@ def test_flush_due_flushes_interval_logs_on_their_schedule(env: Env) -> None:
     assert never.flushed_offset == 2  # only the close flushes a never log
 
 
+def test_only_interval_logs_wake_the_background_loop(env: Env) -> None:
+    """An append marks its log for the manager's background loop (which wakes for it) only
+    under ``interval``: ``always`` logs flush themselves, ``never`` logs only at close, so
+    marking them woke that loop for every message for nothing."""
+    mgr = env.manager().open()
+    woken: list[tuple[str, int]] = []
+    mark = mgr._mark_unflushed
+
+    def counting(key: tuple[str, int]) -> None:
+        woken.append(key)
+        mark(key)
+
+    mgr._mark_unflushed = counting  # type: ignore[method-assign]
+    logs = {
+        policy: mgr.create_log(str(policy), 0, LogConfig(fsync=policy)) for policy in FsyncPolicy
+    }
+    woken.clear()
+    for _ in range(3):
+        for plog in logs.values():
+            plog.append(batch())
+        logs[FsyncPolicy.INTERVAL].flush()
+        asyncio.run(mgr.flush_due())  # what the loop does when woken: settles what it saw
+    assert woken == [("interval", 0)] * 3
+    # A log switched to interval with unflushed data is marked, then by its appends.
+    mgr.set_config("never", 0, LogConfig(fsync=FsyncPolicy.INTERVAL))
+    logs[FsyncPolicy.NEVER].append(batch())
+    assert woken[3:]
+    assert set(woken[3:]) == {("never", 0)}
+    mgr.close()
+
+
 def test_flush_due_skips_a_failed_log(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.CRITICAL, logger="tidewire.storage")
     fs = FaultFS()

@@ -115,6 +115,7 @@ _ANY_EPOCH = (1 << 31) - 1
 Clock = Callable[[], int]
 
 _ALWAYS = FsyncPolicy.ALWAYS
+_INTERVAL = FsyncPolicy.INTERVAL
 
 
 def wall_clock_ms() -> int:
@@ -257,8 +258,9 @@ class PartitionLog:
         self.damage_found = 0
         self._failed: TidewireError | None = None
         self._closed = False
-        #: Called on the first append after :attr:`unflushed_marked` was cleared: how the log
-        #: manager learns which logs have something to flush without walking them all.
+        #: Called on the first append under ``interval`` after :attr:`unflushed_marked` was
+        #: cleared: how the log manager learns which logs have something to flush without
+        #: walking them all.
         self.on_unflushed: Callable[[], None] | None = None
         self.unflushed_marked = False
         self._dir_dirty = False
@@ -725,7 +727,13 @@ class PartitionLog:
         base = seg.next_offset
         position, buffers = seg.reserve(view, length, last_delta, max_ts, now)
         self.batches_appended += 1
-        if not self.unflushed_marked and self.on_unflushed is not None:
+        # Only ``interval`` logs have something for the log manager's loop to flush: marking
+        # one under ``always`` or ``never`` woke that loop for every message, for nothing.
+        if (
+            not self.unflushed_marked
+            and self.on_unflushed is not None
+            and config.fsync is _INTERVAL
+        ):
             self.unflushed_marked = True
             self.on_unflushed()
         return _Write(
