@@ -231,6 +231,7 @@ def test_the_counters_count_what_they_name() -> None:
     st.isr_changed((1, 2, 3), (1, 2))
     st.isr_changed((1, 2), (1, 2, 3))
     st.isr_changed((1, 2), (1, 3))  # one out, one in
+    st.isr_changed((1, 3), (3, 1))  # the same members (proposed from a view behind etcd's)
     assert (st.isr_shrinks, st.isr_expands) == (2, 2)
     before = PartitionState((1, 2, 3), 1, 0, (1, 2))
     st.controller_wrote(before, PartitionState((1, 2, 3), 1, 0, (1,)))  # ISR only
