@@ -672,6 +672,76 @@ def test_a_leader_follows_etcd_back_to_the_isr_it_had_applied(
     asyncio.run(asyncio.wait_for(main(), 120))
 
 
+def test_an_isr_change_answered_after_a_later_one_does_not_take_the_later_one_back(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """The leader takes a returning follower back into the ISR; etcd's answer reaches the
+    leader only after the watch brought its node that change and then the controller's
+    taking the follower out again (its node went again). The late answer is counted, but
+    the leader must keep etcd's later ISR, not hold the one it proposed: that would count
+    a node that is gone for the high watermark until the lag check proposed it out."""
+
+    async def main() -> None:
+        async with in_process_cluster(
+            lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="isr-late"), 3
+        ) as nodes:
+            async with AsyncClient(",".join(n.addr for n in nodes)) as client:
+                await client.create_topic(T, partitions=1)
+
+            def state() -> PartitionState:
+                live = next(n for n in nodes if not n.stopped)
+                got = live.cluster.cache.partition(T, 0)
+                assert got is not None
+                return got[0]
+
+            await until(lambda: len(state().isr) == 3, "the ISR of 3")
+            leader = next(n for n in nodes if n.id == state().leader)
+            out = next(n for n in nodes if n is not leader)
+
+            def local_isr() -> frozenset[int]:
+                led = leader.broker.replication._led[(T, 0)]  # type: ignore[union-attr]
+                return led.state.isr
+
+            await out.stop()
+            await until(lambda: out.id not in state().isr, "the stopped node out of the ISR")
+            await until(lambda: out.id not in local_isr(), "the leader applied it")
+            # The leader's next compare-and-swap is taken by etcd, its answer held back.
+            store = leader.cluster.store
+            inner = store.set_partition
+            held, release = asyncio.Event(), asyncio.Event()
+
+            async def late(
+                topic: str,
+                partition: int,
+                new: PartitionState,
+                version: int,
+                fence: object = None,
+            ) -> bool:
+                ok = await inner(topic, partition, new, version, fence)  # type: ignore[arg-type]
+                if topic == T and not held.is_set() and out.id in new.isr:
+                    held.set()
+                    await release.wait()
+                return ok
+
+            store.set_partition = late  # type: ignore[method-assign]
+            expands = leader.cluster.stats.isr_expands
+            await out.start()
+            await until(held.is_set, "the leader's expansion taken by etcd")
+            await until(lambda: out.id in local_isr(), "the leader's node applied it (watch)")
+            await out.stop()
+            await until(lambda: out.id not in state().isr, "the controller took it out again")
+            await until(lambda: out.id not in local_isr(), "the leader's node applied that")
+            release.set()
+            await until(
+                lambda: leader.cluster.stats.isr_expands == expands + 1, "the answer counted"
+            )
+            assert out.id not in state().isr
+            assert local_isr() == frozenset(state().isr)
+            assert leader.cluster._applied[(T, 0)][3] == state().isr
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
 def test_a_fetcher_closed_as_its_last_partition_goes_stops() -> None:
     """The node removes a fetcher's last partition and closes it in the same turn of the
     loop: the fetcher's task, waiting for a change with a timeout, ends (with

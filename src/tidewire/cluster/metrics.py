@@ -129,7 +129,10 @@ class ClusterStats:
     scrub_damage: int = 0
 
     def isr_changed(self, before: tuple[int, ...], after: tuple[int, ...]) -> None:
-        """A leader's ISR change, ``before`` -> ``after``, was taken by etcd."""
+        """A leader's ISR change, ``before`` -> ``after``, was taken by etcd (the same
+        members again, proposed from a view behind etcd's, change nothing)."""
+        if set(after) == set(before):
+            return
         if set(after) < set(before):
             self.isr_shrinks += 1
         elif set(after) > set(before):

@@ -952,8 +952,9 @@ class ClusterNode:
     ) -> bool:
         """Replace the ISR of a partition this node leads at ``epoch``: a compare-and-swap
         on the version read, refused when the partition changed meanwhile or is no longer
-        this node's at that epoch. Returns whether etcd took it (never raises: an etcd that
-        does not answer is a refusal; the leader proposes again later)."""
+        this node's at that epoch. Returns whether etcd took it and this node's copy of the
+        metadata holds nothing later (never raises: an etcd that does not answer is a
+        refusal; the leader proposes again later)."""
         try:
             got = await self._led_at(topic, partition, epoch)
             if got is None:
@@ -972,6 +973,13 @@ class ClusterNode:
         if ok:
             self.stats.isr_changed(state.isr, tuple(isr))
             log.info("partition %s/%d: ISR now %s", topic, partition, list(isr))
+            seen = self.cache.partition(topic, partition)
+            if seen is not None and seen[1] > version and seen[0] != new:
+                # etcd's answer came after the watch brought a later change (the controller
+                # taking a node out again): the copy holds that one, and the reconcile pass
+                # applies it (or did). Held now, this ISR would take back what that change
+                # removed, unchecked, until the lag check proposed it out again.
+                return False
             # The replica manager holds this ISR now (it commits it on this answer): so does
             # the role applied, else a later change of etcd's back to the role applied before
             # (the controller taking out a node this leader had just taken in) would look

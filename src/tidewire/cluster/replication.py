@@ -70,7 +70,8 @@ __all__ = ["ProposeIsr", "ReplicaManager", "hold_back"]
 log = logging.getLogger(__name__)
 
 #: ``propose_isr(topic, partition, leader_epoch, isr)``: ask etcd to hold ``isr``; True when it
-#: took it.
+#: took it and no later change is known (False: the leader keeps the ISR it holds, and the
+#: node layer gives it a later one through :meth:`ReplicaManager.become_leader`).
 ProposeIsr = Callable[[str, int, int, tuple[int, ...]], Awaitable[bool]]
 
 #: ``resign(topic, partition, leader_epoch)``: hand a led partition to another in-sync
