@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -63,7 +64,7 @@ from tidewire.server.http.peers import (
     wake_events,
 )
 
-__all__ = ["WsSession"]
+__all__ = ["SocketIO", "WsSession", "close_reason"]
 
 log = logging.getLogger("tidewire.http")
 
@@ -81,7 +82,87 @@ class _Close(Exception):
         self.error = error
 
 
-class WsSession:
+def close_reason(error: TidewireError | None) -> str:
+    """A close frame's reason for ``error``: its message, cut to 120 bytes (a close frame's
+    reason is 123 at most) at a character boundary; empty without an error."""
+    return "" if error is None else error.message.encode()[:120].decode("utf-8", "ignore")
+
+
+class SocketIO:
+    """What every WebSocket served by several tasks does alike (a topic stream and a queue
+    subscription, here or fed from another node): send under one lock, run its tasks until
+    the first ends, then stop them and close with the code that ended it.
+
+    The class sets ``ws``, ``closing`` (the gateway draining) and ``_send_lock``.
+    """
+
+    ws: WebSocket
+    closing: asyncio.Event
+    _send_lock: asyncio.Lock
+
+    async def _serve(
+        self,
+        start: Callable[[], Awaitable[list[asyncio.Task[None]]]],
+        stop: Callable[[], Awaitable[None]],
+        close_for: Callable[[TidewireError], _Close] | None = None,
+    ) -> None:
+        """Serve the socket until either side ends it.
+
+        Args:
+            start: begin the session (a ``_Close`` it raises closes the socket) and start its
+                tasks; whichever ends first ends the others.
+            stop: release what the session holds, once its tasks have stopped.
+            close_for: the close a :class:`TidewireError` calls for; without it such an
+                error is raised (after ``stop``).
+        """
+        tasks: list[asyncio.Task[None]] = []
+        close: _Close | None = None
+        try:
+            try:
+                tasks = await start()
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    t.result()  # raises what ended it
+            except _Close as exc:
+                close = exc
+            except _Gone:
+                pass
+            except TidewireError as exc:
+                if close_for is None:
+                    raise
+                close = close_for(exc)
+        finally:
+            # The tasks stop before the close frame, so nothing is sent after it.
+            for t in tasks:
+                await cancel_and_wait(t, ignore=(_Close, _Gone, TidewireError))
+            await stop()
+        if close is not None:
+            await self._close(close)
+
+    async def _close(self, close: _Close) -> None:
+        try:
+            if close.error is not None:
+                await self._send_obj(error_frame(close.error))
+            await self.ws.close(close.code, close_reason(close.error))
+        except (_Gone, WebSocketDisconnect, OSError, RuntimeError):
+            pass  # the client is gone already
+
+    async def _drain(self) -> None:
+        await self.closing.wait()
+        raise _Close(CLOSE_CODES["going_away"], None)
+
+    async def _send_text(self, text: str) -> None:
+        async with self._send_lock:
+            try:
+                await self.ws.send_text(text)
+            except (WebSocketDisconnect, OSError, RuntimeError):
+                raise _Gone from None
+
+    async def _send_obj(self, obj: Any) -> None:
+        await self._send_text(msgspec.json.encode(obj).decode())
+
+
+class WsSession(SocketIO):
     """Serve one accepted WebSocket until either side ends it."""
 
     def __init__(
@@ -115,36 +196,25 @@ class WsSession:
     # --- the session ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        tasks: list[asyncio.Task[None]] = []
-        close: _Close | None = None
-        try:
-            try:
-                await self._start()
-                tasks = [
-                    asyncio.create_task(self._commands(), name="ws commands"),
-                    asyncio.create_task(self._deliver(), name="ws delivery"),
-                ]
-                if self.s.group:
-                    tasks.append(asyncio.create_task(self._membership(), name="ws membership"))
-                tasks.append(asyncio.create_task(self._drain(), name="ws drain"))
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    t.result()  # raises what ended it
-            except _Close as exc:
-                close = exc
-            except _Gone:
-                pass
-        finally:
-            # The tasks stop before the close frame, so nothing is sent after it.
-            for t in tasks:
-                await cancel_and_wait(t, ignore=(_Close, _Gone, TidewireError))
-            if self.s.group and self.member_id:
-                with contextlib.suppress(UnknownMemberError, InvalidRequestError, *_LEAVING):
-                    await self.group.leave(self.member_id)
-            await self.group.close()
-            await close_cursor(self.cursor)
-        if close is not None:
-            await self._close(close)
+        await self._serve(self._tasks, self._stop)
+
+    async def _tasks(self) -> list[asyncio.Task[None]]:
+        await self._start()
+        tasks = [
+            asyncio.create_task(self._commands(), name="ws commands"),
+            asyncio.create_task(self._deliver(), name="ws delivery"),
+        ]
+        if self.s.group:
+            tasks.append(asyncio.create_task(self._membership(), name="ws membership"))
+        tasks.append(asyncio.create_task(self._drain(), name="ws drain"))
+        return tasks
+
+    async def _stop(self) -> None:
+        if self.s.group and self.member_id:
+            with contextlib.suppress(UnknownMemberError, InvalidRequestError, *_LEAVING):
+                await self.group.leave(self.member_id)
+        await self.group.close()
+        await close_cursor(self.cursor)
 
     async def _start(self) -> None:
         try:
@@ -176,31 +246,6 @@ class WsSession:
 
     def _partition_list(self) -> list[dict[str, int]]:
         return [{"partition": p, "offset": off} for p, off in self.cursor.positions()]
-
-    async def _close(self, close: _Close) -> None:
-        try:
-            if close.error is not None:
-                await self._send_obj(error_frame(close.error))
-            reason = "" if close.error is None else close.error.message
-            await self.ws.close(close.code, reason.encode()[:120].decode("utf-8", "ignore"))
-        except (_Gone, WebSocketDisconnect, OSError, RuntimeError):
-            pass  # the client is gone already
-
-    async def _drain(self) -> None:
-        await self.closing.wait()
-        raise _Close(CLOSE_CODES["going_away"], None)
-
-    # --- sending --------------------------------------------------------------------------------
-
-    async def _send_text(self, text: str) -> None:
-        async with self._send_lock:
-            try:
-                await self.ws.send_text(text)
-            except (WebSocketDisconnect, OSError, RuntimeError):
-                raise _Gone from None
-
-    async def _send_obj(self, obj: Any) -> None:
-        await self._send_text(msgspec.json.encode(obj).decode())
 
     # --- delivery -------------------------------------------------------------------------------
 

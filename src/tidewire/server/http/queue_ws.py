@@ -37,9 +37,8 @@ from typing import Any
 
 import msgspec
 from fastapi import APIRouter, WebSocket
-from starlette.websockets import WebSocketDisconnect
 
-from tidewire._tasks import cancel_and_wait, wait_event
+from tidewire._tasks import wait_event
 from tidewire.broker import Broker
 from tidewire.broker.queues.model import Delivery, SettleOutcome
 from tidewire.cluster import cluster_node
@@ -52,7 +51,7 @@ from tidewire.errors import (
 )
 from tidewire.server.http._params import encoding_param, error_frame, int_param
 from tidewire.server.http._queue_docs import delivered, message_doc
-from tidewire.server.http._ws_session import _Close, _Gone, receive_command
+from tidewire.server.http._ws_session import SocketIO, _Close, close_reason, receive_command
 from tidewire.server.http._ws_settings import CLOSE_CODES
 from tidewire.server.http.context import GatewayContext
 
@@ -61,6 +60,7 @@ __all__ = [
     "MAX_PREFETCH",
     "QUEUE_CLOSE_CODES",
     "parse_settle",
+    "queue_close",
     "queue_ws_router",
 ]
 
@@ -102,7 +102,7 @@ def queue_ws_router(ctx: GatewayContext) -> APIRouter:
             force = encoding_param(params)
         except TidewireError as exc:
             await websocket.send_json(error_frame(exc))
-            await websocket.close(QUEUE_CLOSE_CODES["bad_request"], _reason(exc))
+            await websocket.close(QUEUE_CLOSE_CODES["bad_request"], close_reason(exc))
             return
         node = cluster_node(ctx.broker)
         if node is not None and not _served_here(ctx.broker, name):
@@ -117,7 +117,7 @@ def queue_ws_router(ctx: GatewayContext) -> APIRouter:
                 force_base64=force,
                 closing=ctx.closing,
                 parse=parse_settle,
-                close_codes=QUEUE_CLOSE_CODES,
+                close_for=queue_close,
             ).run()
             return
         await QueueSocket(
@@ -139,11 +139,17 @@ def _served_here(broker: Broker, queue: str) -> bool:
     return True
 
 
-def _reason(exc: TidewireError) -> str:
-    return exc.message.encode()[:120].decode("utf-8", "ignore")
+def queue_close(exc: TidewireError) -> _Close:
+    """The close an error that ends a queue subscription calls for (here or fed from the
+    queue's owner): 4404 when the queue is gone, 4423 when it is locked, else internal."""
+    if isinstance(exc, UnknownQueueError):
+        return _Close(QUEUE_CLOSE_CODES["not_found"], exc)
+    if isinstance(exc, QueueLockedError):
+        return _Close(QUEUE_CLOSE_CODES["locked"], exc)
+    return _Close(QUEUE_CLOSE_CODES["internal"], exc)
 
 
-class QueueSocket:
+class QueueSocket(SocketIO):
     """One accepted WebSocket consuming ``queue`` until either side ends it."""
 
     def __init__(
@@ -172,6 +178,7 @@ class QueueSocket:
         #: Set when the manager ends the consumer (its queue deleted, or in a cluster served
         #: by another node now): the socket closes with the reason.
         self._ended = asyncio.Event()
+        self._consuming = False
 
     def _deliver(self, d: Delivery) -> None:
         """The manager's callback (on the loop, never blocking)."""
@@ -179,55 +186,36 @@ class QueueSocket:
         self.arrived.set()
 
     async def run(self) -> None:
-        manager = self.broker.queues
-        tasks: list[asyncio.Task[None]] = []
-        close: _Close | None = None
-        consuming = False
-        try:
-            try:
-                tag = manager.consume(
-                    self.queue,
-                    owner=self.owner,
-                    prefetch=self.prefetch,
-                    deliver=self._deliver,
-                    cancelled=self._ended.set,
-                )
-                consuming = True
-                await self._send_obj(
-                    {
-                        "type": "subscribed",
-                        "queue": self.queue,
-                        "consumer_tag": tag,
-                        "prefetch": self.prefetch,
-                    }
-                )
-                tasks = [
-                    asyncio.create_task(self._sender(), name="queue ws sender"),
-                    asyncio.create_task(self._commands(), name="queue ws commands"),
-                    asyncio.create_task(self._drain(), name="queue ws drain"),
-                    asyncio.create_task(self._watch_end(), name="queue ws end"),
-                ]
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    t.result()
-            except UnknownQueueError as exc:
-                close = _Close(QUEUE_CLOSE_CODES["not_found"], exc)
-            except QueueLockedError as exc:
-                close = _Close(QUEUE_CLOSE_CODES["locked"], exc)
-            except _Close as exc:
-                close = exc
-            except _Gone:
-                pass
-            except TidewireError as exc:
-                close = _Close(QUEUE_CLOSE_CODES["internal"], exc)
-        finally:
-            for t in tasks:
-                await cancel_and_wait(t, ignore=(_Close, _Gone, TidewireError))
-            if consuming:
-                # Its consumer cancelled, what it held requeued (redelivered first).
-                manager.connection_closed(self.owner)
-        if close is not None:
-            await self._close(close)
+        await self._serve(self._tasks, self._stop, queue_close)
+
+    async def _tasks(self) -> list[asyncio.Task[None]]:
+        tag = self.broker.queues.consume(
+            self.queue,
+            owner=self.owner,
+            prefetch=self.prefetch,
+            deliver=self._deliver,
+            cancelled=self._ended.set,
+        )
+        self._consuming = True
+        await self._send_obj(
+            {
+                "type": "subscribed",
+                "queue": self.queue,
+                "consumer_tag": tag,
+                "prefetch": self.prefetch,
+            }
+        )
+        return [
+            asyncio.create_task(self._sender(), name="queue ws sender"),
+            asyncio.create_task(self._commands(), name="queue ws commands"),
+            asyncio.create_task(self._drain(), name="queue ws drain"),
+            asyncio.create_task(self._watch_end(), name="queue ws end"),
+        ]
+
+    async def _stop(self) -> None:
+        if self._consuming:
+            # Its consumer cancelled, what it held requeued (redelivered first).
+            self.broker.queues.connection_closed(self.owner)
 
     async def _watch_end(self) -> None:
         """Until the manager ends the consumer: then close, saying why (the queue is gone:
@@ -241,29 +229,6 @@ class QueueSocket:
         except TidewireError as exc:
             raise _Close(QUEUE_CLOSE_CODES["going_away"], exc) from None
         raise UnknownQueueError(f"queue {self.queue!r} ended its consumers")
-
-    async def _close(self, close: _Close) -> None:
-        try:
-            if close.error is not None:
-                await self._send_obj(error_frame(close.error))
-            reason = "" if close.error is None else _reason(close.error)
-            await self.ws.close(close.code, reason)
-        except (_Gone, WebSocketDisconnect, OSError, RuntimeError):
-            pass  # the client is gone already
-
-    async def _drain(self) -> None:
-        await self.closing.wait()
-        raise _Close(QUEUE_CLOSE_CODES["going_away"])
-
-    async def _send_text(self, text: str) -> None:
-        async with self._send_lock:
-            try:
-                await self.ws.send_text(text)
-            except (WebSocketDisconnect, OSError, RuntimeError):
-                raise _Gone from None
-
-    async def _send_obj(self, obj: Any) -> None:
-        await self._send_text(msgspec.json.encode(obj).decode())
 
     async def _sender(self) -> None:
         manager = self.broker.queues

@@ -20,24 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 from fastapi import WebSocket
-from starlette.websockets import WebSocketDisconnect
 
-from tidewire._tasks import cancel_and_wait
 from tidewire.broker.queues.model import SettleOutcome
 from tidewire.client._queue_consumer import AsyncQueueConsumer
 from tidewire.client._queue_messages import QueueMessage
-from tidewire.errors import (
-    QueueLockedError,
-    TidewireError,
-    UnknownDeliveryTagError,
-    UnknownQueueError,
-)
+from tidewire.errors import TidewireError, UnknownDeliveryTagError
 from tidewire.server.http._params import error_frame
-from tidewire.server.http._ws_session import _Close, _Gone, receive_command
+from tidewire.server.http._ws_session import SocketIO, _Close, receive_command
 from tidewire.server.http.peers import node_transports
 
 if TYPE_CHECKING:
@@ -78,14 +71,15 @@ def remote_message_doc(msg: QueueMessage, force_base64: bool) -> dict[str, Any]:
     }
 
 
-class RemoteQueueSocket:
+class RemoteQueueSocket(SocketIO):
     """One accepted WebSocket consuming ``queue`` through its owner (see the module
     docstring), until either side ends it.
 
     Args:
         parse: the queue socket's command parser: a command to ``(kind, tags, up_to,
             outcome)``, raising ``_Close`` on a bad one.
-        close_codes: the queue socket's close codes.
+        close_for: the queue socket's close for an error that ends it
+            (:func:`~.queue_ws.queue_close`).
     """
 
     def __init__(
@@ -98,7 +92,7 @@ class RemoteQueueSocket:
         force_base64: bool,
         closing: asyncio.Event,
         parse: Any,
-        close_codes: dict[str, int],
+        close_for: Callable[[TidewireError], _Close],
     ) -> None:
         self.ws = ws
         self.queue = queue
@@ -106,7 +100,7 @@ class RemoteQueueSocket:
         self.force = force_base64
         self.closing = closing
         self._parse = parse
-        self._codes = close_codes
+        self._close_for = close_for
         info = node.info
         host = f"[{info.host}]" if ":" in info.host else info.host
         self.consumer = AsyncQueueConsumer._over(
@@ -118,64 +112,26 @@ class RemoteQueueSocket:
         self._send_lock = asyncio.Lock()
 
     async def run(self) -> None:
-        tasks: list[asyncio.Task[None]] = []
-        close: _Close | None = None
-        codes = self._codes
-        try:
-            try:
-                await self.consumer.start()
-                await self._send_obj(
-                    {
-                        "type": "subscribed",
-                        "queue": self.queue,
-                        "consumer_tag": self.consumer.consumer_tag,
-                        "prefetch": self.prefetch,
-                    }
-                )
-                tasks = [
-                    asyncio.create_task(self._sender(), name="queue ws remote sender"),
-                    asyncio.create_task(self._commands(), name="queue ws remote commands"),
-                    asyncio.create_task(self._drain(), name="queue ws remote drain"),
-                ]
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    t.result()
-            except UnknownQueueError as exc:
-                close = _Close(codes["not_found"], exc)
-            except QueueLockedError as exc:
-                close = _Close(codes["locked"], exc)
-            except _Close as exc:
-                close = exc
-            except _Gone:
-                pass
-            except TidewireError as exc:
-                close = _Close(codes["internal"], exc)
-        finally:
-            for t in tasks:
-                await cancel_and_wait(t, ignore=(_Close, _Gone, TidewireError))
-            await self.consumer.close()  # what it held goes back to the queue at the owner
-        if close is not None:
-            await self._close(close)
+        await self._serve(self._tasks, self._stop, self._close_for)
 
-    async def _close(self, close: _Close) -> None:
-        try:
-            if close.error is not None:
-                await self._send_obj(error_frame(close.error))
-            reason = "" if close.error is None else close.error.message
-            await self.ws.close(close.code, reason.encode()[:120].decode("utf-8", "ignore"))
-        except (_Gone, WebSocketDisconnect, OSError, RuntimeError):
-            pass  # the client is gone already
+    async def _tasks(self) -> list[asyncio.Task[None]]:
+        await self.consumer.start()
+        await self._send_obj(
+            {
+                "type": "subscribed",
+                "queue": self.queue,
+                "consumer_tag": self.consumer.consumer_tag,
+                "prefetch": self.prefetch,
+            }
+        )
+        return [
+            asyncio.create_task(self._sender(), name="queue ws remote sender"),
+            asyncio.create_task(self._commands(), name="queue ws remote commands"),
+            asyncio.create_task(self._drain(), name="queue ws remote drain"),
+        ]
 
-    async def _drain(self) -> None:
-        await self.closing.wait()
-        raise _Close(self._codes["going_away"])
-
-    async def _send_obj(self, obj: Any) -> None:
-        async with self._send_lock:
-            try:
-                await self.ws.send_text(msgspec.json.encode(obj).decode())
-            except (WebSocketDisconnect, OSError, RuntimeError):
-                raise _Gone from None
+    async def _stop(self) -> None:
+        await self.consumer.close()  # what it held goes back to the queue at the owner
 
     async def _sender(self) -> None:
         while True:
