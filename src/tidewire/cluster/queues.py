@@ -299,11 +299,7 @@ class ClusterQueues:
         info = node.cache.nodes.get(node_id)
         if info is None:
             raise NotLeaderError(f"{what}: node {node_id} is not registered now; try again")
-        key = (info.host, info.port)
-        link = self._links.get(key)
-        if link is None:
-            connect = node.replica_connect or default_connect
-            link = self._links[key] = connect(*key)
+        link = self._link(info.host, info.port)
         try:
             async with asyncio.timeout(ASK_TIMEOUT_S):
                 response = await link.request(request, timeout_s=ASK_TIMEOUT_S)
@@ -398,11 +394,7 @@ class ClusterQueues:
             if leader == node.node_id or address is None:
                 failure = self.not_owner(queue)
             else:
-                key = (address.host, address.port)
-                link = self._links.get(key)
-                if link is None:
-                    connect = node.replica_connect or default_connect
-                    link = self._links[key] = connect(*key)
+                link = self._link(address.host, address.port)
                 try:
                     response = await link.request(request, [data])
                     body = response.body
@@ -416,6 +408,16 @@ class ClusterQueues:
             if time.monotonic() >= deadline:
                 raise failure
             await asyncio.sleep(_FORWARD_RETRY_S)
+
+    def _link(self, host: str, port: int) -> ReplicaLink:
+        """The connection that forwards to the node at ``host:port``, made on first use as
+        this node's replica fetchers connect (its TLS and credentials) and kept until
+        :meth:`close`."""
+        link = self._links.get((host, port))
+        if link is None:
+            connect = self._node.replica_connect or default_connect
+            link = self._links[host, port] = connect(host, port)
+        return link
 
     async def close(self) -> None:
         """Close the connections made for forwarding."""
