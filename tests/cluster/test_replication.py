@@ -602,6 +602,48 @@ async def until_in_process_leader(find: Callable[[], object | None]) -> None:
     await until(lambda: find() is not None, "a leader named")
 
 
+def _etcd_state(nodes: list[InProcessNode]) -> PartitionState:
+    """``T``'s partition 0 in etcd, as a running node's copy of the metadata has it."""
+    live = next(n for n in nodes if not n.stopped)
+    got = live.cluster.cache.partition(T, 0)
+    assert got is not None
+    return got[0]
+
+
+class _FollowerOut:
+    """Topic ``T`` (one partition) on three nodes, its ISR of 3 reached; then a follower
+    (``out``) stopped, and out of the ISR both in etcd and at the ``leader``."""
+
+    def __init__(self, nodes: list[InProcessNode], leader: InProcessNode, out: InProcessNode):
+        self.nodes = nodes
+        self.leader = leader
+        self.out = out
+
+    def state(self) -> PartitionState:
+        """The partition's state in etcd, as a running node's copy of the metadata has it."""
+        return _etcd_state(self.nodes)
+
+    def local_isr(self) -> frozenset[int]:
+        """The ISR the leader's replica manager goes by."""
+        led = self.leader.broker.replication._led[(T, 0)]  # type: ignore[union-attr]
+        return led.state.isr
+
+
+async def _a_follower_out_of_the_isr(nodes: list[InProcessNode]) -> _FollowerOut:
+    """Create ``T``, wait for its ISR of 3, then stop a follower and wait until it is out of
+    the ISR in etcd and at the leader."""
+    async with AsyncClient(",".join(n.addr for n in nodes)) as client:
+        await client.create_topic(T, partitions=1)
+
+    await until(lambda: len(_etcd_state(nodes).isr) == 3, "the ISR of 3")
+    leader = next(n for n in nodes if n.id == _etcd_state(nodes).leader)
+    scene = _FollowerOut(nodes, leader, next(n for n in nodes if n is not leader))
+    await scene.out.stop()
+    await until(lambda: scene.out.id not in scene.state().isr, "the stopped node out of the ISR")
+    await until(lambda: scene.out.id not in scene.local_isr(), "the leader applied it")
+    return scene
+
+
 def test_a_leader_follows_etcd_back_to_the_isr_it_had_applied(
     tmp_path: Path, etcd: EtcdServer
 ) -> None:
@@ -615,26 +657,8 @@ def test_a_leader_follows_etcd_back_to_the_isr_it_had_applied(
         async with in_process_cluster(
             lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="isr"), 3
         ) as nodes:
-            async with AsyncClient(",".join(n.addr for n in nodes)) as client:
-                await client.create_topic(T, partitions=1)
-
-            def state() -> PartitionState:
-                live = next(n for n in nodes if not n.stopped)
-                got = live.cluster.cache.partition(T, 0)
-                assert got is not None
-                return got[0]
-
-            await until(lambda: len(state().isr) == 3, "the ISR of 3")
-            leader = next(n for n in nodes if n.id == state().leader)
-            out = next(n for n in nodes if n is not leader)
-
-            def local_isr() -> frozenset[int]:
-                led = leader.broker.replication._led[(T, 0)]  # type: ignore[union-attr]
-                return led.state.isr
-
-            await out.stop()
-            await until(lambda: out.id not in state().isr, "the stopped node out of the ISR")
-            await until(lambda: out.id not in local_isr(), "the leader applied it")
+            scene = await _a_follower_out_of_the_isr(nodes)
+            leader, out, state, local_isr = scene.leader, scene.out, scene.state, scene.local_isr
             # The leader's node applies nothing more until told: its replica manager goes on.
             gate = asyncio.Event()
             inner = leader.cluster._reconcile
@@ -685,26 +709,8 @@ def test_an_isr_change_answered_after_a_later_one_does_not_take_the_later_one_ba
         async with in_process_cluster(
             lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="isr-late"), 3
         ) as nodes:
-            async with AsyncClient(",".join(n.addr for n in nodes)) as client:
-                await client.create_topic(T, partitions=1)
-
-            def state() -> PartitionState:
-                live = next(n for n in nodes if not n.stopped)
-                got = live.cluster.cache.partition(T, 0)
-                assert got is not None
-                return got[0]
-
-            await until(lambda: len(state().isr) == 3, "the ISR of 3")
-            leader = next(n for n in nodes if n.id == state().leader)
-            out = next(n for n in nodes if n is not leader)
-
-            def local_isr() -> frozenset[int]:
-                led = leader.broker.replication._led[(T, 0)]  # type: ignore[union-attr]
-                return led.state.isr
-
-            await out.stop()
-            await until(lambda: out.id not in state().isr, "the stopped node out of the ISR")
-            await until(lambda: out.id not in local_isr(), "the leader applied it")
+            scene = await _a_follower_out_of_the_isr(nodes)
+            leader, out, state, local_isr = scene.leader, scene.out, scene.state, scene.local_isr
             # The leader's next compare-and-swap is taken by etcd, its answer held back.
             store = leader.cluster.store
             inner = store.set_partition
