@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -74,15 +75,38 @@ def test_checkpoint_file_round_trip_and_unreadable_ones_are_ignored(tmp_path: Pa
     assert read_hw_checkpoint(fs, str(tmp_path / "none")) == {}
 
 
+@asynccontextmanager
+async def single_broker(data: str) -> AsyncIterator[Broker]:
+    """A started broker on ``data`` (no topics made on use), closed on the way out."""
+    broker = Broker(BrokerConfig(data_dir=data, auto_create_topics=False))
+    await broker.start()
+    try:
+        yield broker
+    finally:
+        await broker.close()
+
+
+@asynccontextmanager
+async def checkpointing(broker: Broker) -> AsyncIterator[ReplicaManager]:
+    """``broker`` replicated as node 1 by a manager that keeps the checkpoint; the manager
+    closed (which writes it) and taken off the broker on the way out."""
+    manager = ReplicaManager(broker, 1)
+    broker.replication = manager
+    manager.start_checkpoints()
+    try:
+        yield manager
+    finally:
+        await manager.close()
+        broker.replication = None
+
+
 def test_a_manager_serves_below_the_checkpoint_until_its_role_and_a_leader_starts_from_it(
     tmp_path: Path,
 ) -> None:
     data = str(tmp_path / "node")
 
     async def main() -> None:
-        broker = Broker(BrokerConfig(data_dir=data, auto_create_topics=False))
-        await broker.start()
-        try:
+        async with single_broker(data) as broker:
             broker.create_topic(T, partitions=2)
             broker.create_topic("other", partitions=1)
             for i in range(6):
@@ -93,35 +117,30 @@ def test_a_manager_serves_below_the_checkpoint_until_its_role_and_a_leader_start
             write_hw_checkpoint(broker.logs.fs, data, {(T, 0): 2, (T, 1): 4, ("gone", 0): 9})
             assert broker.high_watermark(T, 0) == 6
 
-            manager = ReplicaManager(broker, 1)
-            broker.replication = manager
-            manager.start_checkpoints()
-            # No role yet: below the marks; a partition the checkpoint does not name is not
-            # replicated here (the node's own internal topics): up to its end, as before.
-            assert broker.high_watermark(T, 0) == 2
-            assert broker.high_watermark(T, 1) == 4
-            assert broker.high_watermark("other", 0) == 6
-            (r,) = await broker.fetch([(T, 0, 0, 1 << 20)])
-            assert (r.next_offset, r.high_watermark) == (2, 2)
-            assert broker.list_offset(T, 1, -1) == 4
+            async with checkpointing(broker) as manager:
+                # No role yet: below the marks; a partition the checkpoint does not name is
+                # not replicated here (the node's own internal topics): up to its end, as
+                # before.
+                assert broker.high_watermark(T, 0) == 2
+                assert broker.high_watermark(T, 1) == 4
+                assert broker.high_watermark("other", 0) == 6
+                (r,) = await broker.fetch([(T, 0, 0, 1 << 20)])
+                assert (r.next_offset, r.high_watermark) == (2, 2)
+                assert broker.list_offset(T, 1, -1) == 4
 
-            # Elected before any follower fetched: the leader starts from the mark (not from
-            # its log start), and the mark moves on only as the ISR gets the records.
-            await manager.become_leader(T, 0, epoch=1, replicas=(1, 2), isr=(1, 2))
-            assert manager.led_states()[T, 0].high_watermark == 2
-            assert broker.high_watermark(T, 0) == 2
-            await manager.become_leader(T, 1, epoch=1, replicas=(1, 2), isr=(1, 2))
-            state = manager.led_states()[T, 1]
-            assert state.high_watermark == 4
-            state.fetched(2, 5)  # the follower holds one record more: the mark moves with it
-            assert broker.high_watermark(T, 1) == 5
+                # Elected before any follower fetched: the leader starts from the mark (not
+                # from its log start), and the mark moves on only as the ISR gets the records.
+                await manager.become_leader(T, 0, epoch=1, replicas=(1, 2), isr=(1, 2))
+                assert manager.led_states()[T, 0].high_watermark == 2
+                assert broker.high_watermark(T, 0) == 2
+                await manager.become_leader(T, 1, epoch=1, replicas=(1, 2), isr=(1, 2))
+                state = manager.led_states()[T, 1]
+                assert state.high_watermark == 4
+                state.fetched(2, 5)  # the follower holds one record more: the mark moves on
+                assert broker.high_watermark(T, 1) == 5
 
-            await manager.close()
-            broker.replication = None
             # Written at close: the marks as they stand, the partition gone from here left out.
             assert checkpoint_of(data) == {(T, 0): 2, (T, 1): 5}
-        finally:
-            await broker.close()
 
     asyncio.run(main())
 
@@ -133,21 +152,13 @@ def test_the_checkpoint_is_written_periodically_while_marks_move(
     data = str(tmp_path / "node")
 
     async def main() -> None:
-        broker = Broker(BrokerConfig(data_dir=data, auto_create_topics=False))
-        await broker.start()
-        try:
+        async with single_broker(data) as broker:
             broker.create_topic(T, partitions=1)
-            manager = ReplicaManager(broker, 1)
-            broker.replication = manager
-            manager.start_checkpoints()
-            await manager.become_leader(T, 0, epoch=1, replicas=(1,), isr=(1,))
-            for i in range(3):
-                await broker.produce(T, 0, batch(b"%d" % i))  # acks=all, alone in its ISR
-            await until(lambda: checkpoint_of(data).get((T, 0)) == 3, "the mark written")
-            await manager.close()
-            broker.replication = None
-        finally:
-            await broker.close()
+            async with checkpointing(broker) as manager:
+                await manager.become_leader(T, 0, epoch=1, replicas=(1,), isr=(1,))
+                for i in range(3):
+                    await broker.produce(T, 0, batch(b"%d" % i))  # acks=all, alone in its ISR
+                await until(lambda: checkpoint_of(data).get((T, 0)) == 3, "the mark written")
 
     asyncio.run(main())
 
@@ -161,20 +172,14 @@ def test_a_partition_given_a_role_is_named_in_the_checkpoint_at_once(
     data = str(tmp_path / "node")
 
     async def main() -> None:
-        broker = Broker(BrokerConfig(data_dir=data, auto_create_topics=False))
-        await broker.start()
-        try:
+        async with single_broker(data) as broker:
             broker.create_topic(T, partitions=2)
-            manager = ReplicaManager(broker, 1)
-            broker.replication = manager
-            manager.start_checkpoints()
-            await manager.become_leader(T, 0, epoch=1, replicas=(1, 2), isr=(1, 2))
-            await manager.become_follower(T, 1, epoch=1, leader=2, leader_address=("127.0.0.1", 1))
-            await until(lambda: checkpoint_of(data) == {(T, 0): 0, (T, 1): 0}, "both named")
-            await manager.close()
-            broker.replication = None
-        finally:
-            await broker.close()
+            async with checkpointing(broker) as manager:
+                await manager.become_leader(T, 0, epoch=1, replicas=(1, 2), isr=(1, 2))
+                await manager.become_follower(
+                    T, 1, epoch=1, leader=2, leader_address=("127.0.0.1", 1)
+                )
+                await until(lambda: checkpoint_of(data) == {(T, 0): 0, (T, 1): 0}, "both named")
 
     asyncio.run(main())
 
@@ -185,30 +190,22 @@ def test_a_mark_of_an_earlier_log_of_the_partition_is_not_used(tmp_path: Path) -
     data = str(tmp_path / "node")
 
     async def main() -> None:
-        broker = Broker(BrokerConfig(data_dir=data, auto_create_topics=False))
-        await broker.start()
-        try:
+        async with single_broker(data) as broker:
             broker.create_topic(T, partitions=1)
             for i in range(4):
                 await broker.produce(T, 0, batch(b"%d" % i))
             write_hw_checkpoint(broker.logs.fs, data, {(T, 0): 1})
-            manager = ReplicaManager(broker, 1)
-            broker.replication = manager
-            manager.start_checkpoints()
-            assert broker.high_watermark(T, 0) == 1
-            await broker.delete_topic_async(T)
-            broker.replication = None
-            broker.create_topic(T, partitions=1)
-            for i in range(3):
-                await broker.produce(T, 0, batch(b"%d" % i))
-            broker.replication = manager
-            assert broker.high_watermark(T, 0) == 3
-            await manager.become_leader(T, 0, epoch=1, replicas=(1, 2), isr=(1, 2))
-            assert manager.led_states()[T, 0].high_watermark == 0  # the new log's start
-            await manager.close()
-            broker.replication = None
-        finally:
-            await broker.close()
+            async with checkpointing(broker) as manager:
+                assert broker.high_watermark(T, 0) == 1
+                await broker.delete_topic_async(T)
+                broker.replication = None
+                broker.create_topic(T, partitions=1)
+                for i in range(3):
+                    await broker.produce(T, 0, batch(b"%d" % i))
+                broker.replication = manager
+                assert broker.high_watermark(T, 0) == 3
+                await manager.become_leader(T, 0, epoch=1, replicas=(1, 2), isr=(1, 2))
+                assert manager.led_states()[T, 0].high_watermark == 0  # the new log's start
 
     asyncio.run(main())
 
