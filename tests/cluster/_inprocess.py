@@ -8,11 +8,12 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tests.cluster._etcd import EtcdServer
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.cluster.node import ClusterNode
+from tidewire.security.config import TlsConfig
 from tidewire.server import TcpServer
 from tidewire.server.tcp import ServerConfig
 
@@ -22,6 +23,9 @@ WAIT_S = 30.0
 class InProcessNode:
     """One node. :meth:`stop` leaves the cluster as a killed process would be seen to (its
     lease goes); :meth:`start` (again) comes back on the same data directory.
+
+    A subclass changes the node through :meth:`make_broker`, :meth:`server_tls` and
+    :meth:`before_cluster` rather than writing its own :meth:`start`.
 
     Args:
         cluster_id: the cluster's name in etcd (one per test module keeps them apart).
@@ -47,13 +51,29 @@ class InProcessNode:
         self.server: TcpServer
         self.node: ClusterNode | None = None
 
+    def make_broker(self) -> Broker:
+        """The node's broker (not started yet) on its data directory."""
+        return Broker(BrokerConfig(data_dir=self.data, auto_create_topics=False))
+
+    def server_tls(self) -> TlsConfig | None:
+        """The TLS of the node's binary listener (None: plaintext)."""
+        return None
+
+    async def before_cluster(self) -> dict[str, Any]:
+        """Start what the node has besides its broker and TCP server (both started), before
+        it joins the cluster; returns more keyword arguments for its :class:`ClusterNode`."""
+        return {}
+
     async def start(self) -> None:
         self.stopped = False  # from here on stop() closes whatever was started
         self.node = None
-        self.broker = Broker(BrokerConfig(data_dir=self.data, auto_create_topics=False))
-        self.server = TcpServer(self.broker, ServerConfig(host="127.0.0.1", port=0))
+        self.broker = self.make_broker()
+        self.server = TcpServer(
+            self.broker, ServerConfig(host="127.0.0.1", port=0), tls=self.server_tls()
+        )
         await self.broker.start()
         await self.server.start()
+        extra = await self.before_cluster()
         self.node = ClusterNode(
             self.broker,
             self.id,
@@ -63,6 +83,7 @@ class InProcessNode:
             session_timeout_s=self.session_s,
             default_replication_factor=3,
             min_insync_replicas=2,
+            **extra,
         )
         await self.node.start()
 

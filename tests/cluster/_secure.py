@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -31,16 +32,13 @@ from tests.cluster._inprocess import WAIT_S, InProcessNode, until
 from tidewire.broker import Broker, BrokerConfig
 from tidewire.client import AsyncClient, Credentials, TlsOptions
 from tidewire.cluster.fetcher import node_connect
-from tidewire.cluster.node import ClusterNode
 from tidewire.protocol.messages import AclEntry
 from tidewire.security._logs import SECURITY_TOPIC
 from tidewire.security.certs import issue, make_ca, write_key, write_pem
 from tidewire.security.config import SecurityConfig, TlsConfig
 from tidewire.security.model import Acl, Operation, ResourceType
-from tidewire.server import TcpServer
 from tidewire.server.http import HttpConfig
 from tidewire.server.http.gateway import IPUBSUB, MSGBUS, HttpGateway
-from tidewire.server.tcp import ServerConfig
 
 #: The nodes' own principal, as docs/cluster.md names it.
 NODE_PRINCIPAL = "tidewire-node"
@@ -109,45 +107,36 @@ class SecureNode(InProcessNode):
         self.pki = pki
         self.gateway: HttpGateway | None = None
 
-    async def start(self) -> None:
-        self.stopped = False  # from here on stop() closes whatever was started
-        self.node = None
-        self.gateway = None
-        self.broker = Broker(
-            BrokerConfig(data_dir=self.data, auto_create_topics=False), security=SECURITY
+    def make_broker(self) -> Broker:
+        return Broker(BrokerConfig(data_dir=self.data, auto_create_topics=False), security=SECURITY)
+
+    def server_tls(self) -> TlsConfig | None:
+        if self.pki is None:
+            return None
+        return TlsConfig(
+            tls_cert_file=str(self.pki / "server.pem"),
+            tls_key_file=str(self.pki / "server.key"),
+            tls_ca_file=str(self.pki / "ca.pem"),
+            tls_client_auth="optional",
         )
-        tls = None
-        if self.pki is not None:
-            tls = TlsConfig(
-                tls_cert_file=str(self.pki / "server.pem"),
-                tls_key_file=str(self.pki / "server.key"),
-                tls_ca_file=str(self.pki / "ca.pem"),
-                tls_client_auth="optional",
-            )
-        self.server = TcpServer(self.broker, ServerConfig(host="127.0.0.1", port=0), tls=tls)
-        await self.broker.start()
-        await self.server.start()
+
+    async def start(self) -> None:
+        self.gateway = None
+        await super().start()
+
+    async def before_cluster(self) -> dict[str, Any]:
         self.gateway = HttpGateway.for_broker(
             self.broker,
             HttpConfig(http_port=0, http_msgbus_port=0, http_ipubsub_port=0),
         )
         await self.gateway.start()
-        self.node = ClusterNode(
-            self.broker,
-            self.id,
-            [self.etcd.endpoint],
-            advertise=("127.0.0.1", self.server.port),
-            http_port=self.gateway.port,
-            cluster_id=self.cluster_id,
-            session_timeout_s=self.session_s,
-            default_replication_factor=3,
-            min_insync_replicas=2,
-            replica_connect=node_connect(
+        return {
+            "http_port": self.gateway.port,
+            "replica_connect": node_connect(
                 tls=self.tls(client_cert=self.node_key is None),
                 credentials=None if self.node_key is None else Credentials(self.node_key),
             ),
-        )
-        await self.node.start()
+        }
 
     async def stop(self) -> None:
         if self.stopped:

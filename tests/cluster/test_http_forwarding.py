@@ -25,6 +25,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -33,20 +34,16 @@ from websockets.asyncio.client import connect as ws_connect
 from tests.cli._support import run_cli
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, until
-from tidewire.broker import Broker, BrokerConfig
 from tidewire.client import AsyncClient
 from tidewire.client._transport import Transport
 from tidewire.cluster import audit as cluster_audit
 from tidewire.cluster.fetcher import ReplicaLink
-from tidewire.cluster.node import ClusterNode
 from tidewire.errors import ConnectionLostError
 from tidewire.protocol.messages import ListQueuesRequest
 from tidewire.security._logs import audit_topic
-from tidewire.server import TcpServer
 from tidewire.server.http import HttpConfig, peers
 from tidewire.server.http.gateway import MSGBUS, NATIVE, HttpGateway
 from tidewire.server.http.queue_owners import owner_of
-from tidewire.server.tcp import ServerConfig
 
 #: Longer than the default: a lease that expires under a loaded test is not what is tested.
 SESSION_S = 10
@@ -61,29 +58,15 @@ class HttpNode(InProcessNode):
         self.gateway: HttpGateway | None = None
 
     async def start(self) -> None:
-        self.stopped = False
-        self.node = None
         self.gateway = None
-        self.broker = Broker(BrokerConfig(data_dir=self.data, auto_create_topics=False))
-        self.server = TcpServer(self.broker, ServerConfig(host="127.0.0.1", port=0))
-        await self.broker.start()
-        await self.server.start()
+        await super().start()
+
+    async def before_cluster(self) -> dict[str, Any]:
         self.gateway = HttpGateway.for_broker(
             self.broker, HttpConfig(http_port=0, http_msgbus_port=0)
         )
         await self.gateway.start()
-        self.node = ClusterNode(
-            self.broker,
-            self.id,
-            [self.etcd.endpoint],
-            advertise=("127.0.0.1", self.server.port),
-            http_port=self.gateway.port_of(NATIVE),
-            cluster_id=self.cluster_id,
-            session_timeout_s=self.session_s,
-            default_replication_factor=3,
-            min_insync_replicas=2,
-        )
-        await self.node.start()
+        return {"http_port": self.gateway.port_of(NATIVE)}
 
     async def stop(self) -> None:
         if self.stopped:

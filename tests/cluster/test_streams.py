@@ -38,7 +38,6 @@ from tidewire.client import AsyncClient, StreamMessage
 from tidewire.client._streams import STREAMS_TOPIC as CLIENT_STREAMS_TOPIC
 from tidewire.client._streams import stream_partition
 from tidewire.client._transport import Transport
-from tidewire.cluster.node import ClusterNode
 from tidewire.errors import NotEnoughReplicasError, NotLeaderError, TidewireError
 from tidewire.protocol.messages import (
     MetadataRequest,
@@ -47,11 +46,9 @@ from tidewire.protocol.messages import (
     StreamReceiveRequest,
     StreamSendRequest,
 )
-from tidewire.server import TcpServer
 from tidewire.server.http.app import create_app
 from tidewire.server.http.compat.ipubsub import create_ipubsub_app
 from tidewire.server.http.config import HttpConfig
-from tidewire.server.tcp import ServerConfig
 
 #: The most one test may take, bounded (it takes seconds).
 TEST_S = 120.0
@@ -517,10 +514,8 @@ class SmallSegmentsNode(Node):
         self.cluster_id = "streams-reclaim"
         self.clock = clock
 
-    async def start(self) -> None:
-        self.stopped = False
-        self.node = None
-        self.broker = Broker(
+    def make_broker(self) -> Broker:
+        broker = Broker(
             BrokerConfig(
                 data_dir=self.data,
                 auto_create_topics=False,
@@ -528,21 +523,8 @@ class SmallSegmentsNode(Node):
                 stream_segment_bytes=4096,
             )
         )
-        self.broker.stream_clock = self.clock
-        self.server = TcpServer(self.broker, ServerConfig(host="127.0.0.1", port=0))
-        await self.broker.start()
-        await self.server.start()
-        self.node = ClusterNode(
-            self.broker,
-            self.id,
-            [self.etcd.endpoint],
-            advertise=("127.0.0.1", self.server.port),
-            cluster_id=self.cluster_id,
-            session_timeout_s=self.session_s,
-            default_replication_factor=3,
-            min_insync_replicas=2,
-        )
-        await self.node.start()
+        broker.stream_clock = self.clock
+        return broker
 
 
 def test_followers_give_back_the_expired_segments_their_owner_reclaimed(
