@@ -228,6 +228,17 @@ def _owner(topic: str) -> int | None:
 # --- queues: any node shows the owner's counts ---------------------------------------------------
 
 
+async def declare_served(c: AsyncClient, nodes: list[HttpNode], queue: str) -> None:
+    """Declare the durable ``queue`` through ``c`` and wait until every node knows it and
+    one node serves it."""
+    await c.declare_queue(queue, durable=True)
+    await until(
+        lambda: all(queue in {q.spec.name for q in n.broker.queues.queues()} for n in nodes),
+        "every node knows the queue",
+    )
+    await until(lambda: len(serving(nodes, queue)) == 1, "an owner serves it")
+
+
 def serving(nodes: list[HttpNode], queue: str) -> list[HttpNode]:
     """The live nodes serving ``queue`` now (at most one, once settled)."""
     return [
@@ -243,14 +254,7 @@ def test_any_node_shows_a_queues_counts_as_its_owner_counts_them(
     async def main() -> None:
         async with cluster(tmp_path, etcd, 3, "http-queues") as nodes:
             async with AsyncClient(nodes[0].addr) as c:
-                await c.declare_queue("jobs", durable=True)
-                await until(
-                    lambda: all(
-                        "jobs" in {q.spec.name for q in n.broker.queues.queues()} for n in nodes
-                    ),
-                    "every node knows the queue",
-                )
-                await until(lambda: len(serving(nodes, "jobs")) == 1, "an owner serves it")
+                await declare_served(c, nodes, "jobs")
                 for i in range(7):
                     await c.publish("", "jobs", f"m{i}")
             (owner,) = serving(nodes, "jobs")
@@ -400,14 +404,7 @@ def test_forwarded_requests_share_a_few_connections_closed_with_the_node(
     async def main() -> None:
         async with cluster(tmp_path, etcd, 3, "http-pool") as nodes:
             async with AsyncClient(nodes[0].addr) as c:
-                await c.declare_queue("pooled", durable=True)
-                await until(
-                    lambda: all(
-                        "pooled" in {q.spec.name for q in n.broker.queues.queues()} for n in nodes
-                    ),
-                    "every node knows the queue",
-                )
-                await until(lambda: len(serving(nodes, "pooled")) == 1, "an owner serves it")
+                await declare_served(c, nodes, "pooled")
                 await c.publish("", "pooled", "one")
             (owner,) = serving(nodes, "pooled")
             asker = next(n for n in nodes if n is not owner)
