@@ -244,14 +244,10 @@ def test_a_restarted_replica_does_not_serve_records_above_its_checkpoint_before_
             # Records above the high watermark (as a leader cut off from its peers appends
             # them): here by a single-node broker on its data directory, which reads up to
             # its log end and keeps no checkpoint.
-            alone = Broker(BrokerConfig(data_dir=follower.data, auto_create_topics=False))
-            await alone.start()
-            try:
+            async with single_broker(follower.data) as alone:
                 for i in range(5):
                     await alone.produce(T, 0, batch(b"never committed %d" % i))
                 assert alone.high_watermark(T, 0) == 15
-            finally:
-                await alone.close()
             assert checkpoint_of(follower.data)[T, 0] == 10
 
             # Its node id held by another lease: the restart waits in its registration, with
@@ -320,13 +316,9 @@ def test_a_restarted_node_process_serves_below_its_checkpoint_until_it_has_joine
                 await node.broker.produce(T, 0, batch(b"committed %d" % i))
             await until(lambda: node.broker.high_watermark(T, 0) == 10, "committed")
         assert checkpoint_of(node.data)[T, 0] == 10
-        alone = Broker(BrokerConfig(data_dir=node.data, auto_create_topics=False))
-        await alone.start()
-        try:
+        async with single_broker(node.data) as alone:
             for i in range(5):
                 await alone.produce(T, 0, batch(b"never committed %d" % i))
-        finally:
-            await alone.close()
         return node.data
 
     data = asyncio.run(prepare())
