@@ -8,10 +8,12 @@ decide how the next open recovers; interval flushes driven by explicit monotonic
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import errno
+import functools
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from tidewire.errors import (
     InvalidConfigError,
     LogExistsError,
     LogNotFoundError,
+    NotLeaderError,
     PartitionCorruptError,
     StorageError,
 )
@@ -37,6 +40,7 @@ from tidewire.storage import (
     PartitionLog,
     validate_topic_name,
 )
+from tidewire.storage.flusher import set_flush_executor
 from tidewire.storage.manager import (
     CLEAN_SHUTDOWN_FILE,
     LOG_CONFIG_FILE,
@@ -609,3 +613,43 @@ def test_delete_before_drops_only_whole_segments_below_the_offset(env: Env) -> N
     mgr.close()
     reopened = env.manager().open().get_log("a", 0)
     assert reopened.segment_bases == [bases[3]]
+
+
+def test_appends_waiting_on_a_replica_moved_away_fail_retriably(env: Env) -> None:
+    """A partition log deleted because its replica moved to other nodes fails the appends
+    still waiting for their fsync with ``NotLeaderError`` (retriable: the producer sends them
+    to the new leader), not with the ``LogClosedError`` of a crash, which ended the send."""
+
+    class Held(concurrent.futures.ThreadPoolExecutor):
+        """Keeps every flush job: the group commit never finishes while the test runs."""
+
+        def __init__(self) -> None:
+            super().__init__(max_workers=1)
+            self.jobs: list[Callable[[], None]] = []
+
+        def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+            self.jobs.append(functools.partial(fn, *args, **kwargs))
+            return concurrent.futures.Future()
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        held = Held()
+        set_flush_executor(loop, held)
+        mgr = env.manager().open()
+        try:
+            plog = mgr.create_log("moved", 0, LogConfig(fsync=FsyncPolicy.ALWAYS))
+            pending = asyncio.ensure_future(plog.append_async(batch()))
+            for _ in range(20):  # bounded: until its group commit is under way
+                await asyncio.sleep(0)
+                if held.jobs:
+                    break
+            assert held.jobs
+            assert not pending.done()
+            await mgr.delete_partition_async("moved", 0)
+            with pytest.raises(NotLeaderError, match="moved to other nodes"):
+                await asyncio.wait_for(pending, 30)
+        finally:
+            set_flush_executor(loop, None)
+            mgr.close()
+
+    asyncio.run(run())

@@ -2025,13 +2025,18 @@ class PartitionLog:
             except OSError as exc:  # closing cannot lose data that flush() has synced
                 log.warning("closing %s: %s", seg.log_path, exc)
 
-    def abandon(self) -> None:
-        """Close the files without flushing: what a crash leaves behind (for tests)."""
+    def abandon(self, error: TidewireError | None = None) -> None:
+        """Close the files without flushing: what a crash leaves behind (for tests), or a
+        replica dropped on purpose. Appends still waiting fail with ``error`` (by default
+        :class:`LogClosedError`): a replica moved to other nodes gives a retriable error, so
+        its producers send again to the new leader."""
         for w in self._pending:
             if w.future is not None and not w.future.done():
-                w.future.set_exception(LogClosedError(f"log {self.directory} was abandoned"))
+                w.future.set_exception(
+                    error or LogClosedError(f"log {self.directory} was abandoned")
+                )
         self._pending.clear()
-        self._fail_waiters(LogClosedError(f"log {self.directory} was abandoned"))
+        self._fail_waiters(error or LogClosedError(f"log {self.directory} was abandoned"))
         self._closed = True
         self._close_files()
 

@@ -47,6 +47,7 @@ from tidewire.errors import (
     InvalidConfigError,
     LogExistsError,
     LogNotFoundError,
+    NotLeaderError,
     StorageError,
     TidewireError,
 )
@@ -723,7 +724,12 @@ class LogManager:
                 self._parts.pop(topic, None)
             self._last_flush.pop(key, None)
             self._unflushed.discard(key)
-            plog.abandon()
+            # What waited on this replica was never acknowledged here, and its partition now
+            # lives elsewhere: the producers retry with the new leader (Kafka's
+            # NOT_LEADER_OR_FOLLOWER), which keeps what it copied once (idempotence).
+            plog.abandon(
+                NotLeaderError(f"{topic}-{partition} moved to other nodes; ask the metadata")
+            )
             directory = plog.directory
         self._generation += 1
         await asyncio.to_thread(self._remove_files, topic, [directory])
