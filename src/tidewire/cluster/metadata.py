@@ -71,6 +71,17 @@ class NodeInfo(msgspec.Struct, frozen=True):
     #: The host Kafka clients are told to reach this node's Kafka listener at ("": ``host``).
     kafka_host: str = ""
 
+    @property
+    def url_host(self) -> str:
+        """``host`` as it goes before ``:port`` in an address or a URL (an IPv6 address in
+        brackets)."""
+        return f"[{self.host}]" if ":" in self.host else self.host
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the node's binary protocol listener."""
+        return f"{self.url_host}:{self.port}"
+
 
 class TopicInfo(msgspec.Struct, frozen=True):
     name: str

@@ -206,5 +206,4 @@ def leader_location(broker: Broker, exc: NotLeaderError, scheme: str, target: st
     info = node.cache.nodes.get(exc.leader_id)
     if info is None or info.http_port < 0 or info.node_id == node.node_id:
         return None
-    host = f"[{info.host}]" if ":" in info.host else info.host
-    return f"{scheme}://{host}:{info.http_port}{target}"
+    return f"{scheme}://{info.url_host}:{info.http_port}{target}"

@@ -251,7 +251,7 @@ class PeerClient:
         self.timeout_s = timeout_s
         self._node = node
         self._connect = connect
-        self._bootstrap = connect(f"{node.info.host}:{node.info.port}")
+        self._bootstrap = connect(node.info.address)
         self._router = Router(self._bootstrap, connect)
         self._nodes: dict[int, Transport] = {}  # links of ask_node, by node id
 
@@ -279,8 +279,7 @@ class PeerClient:
             info = self._node.cache.nodes.get(node_id)
             if info is None:
                 raise ConnectionLostError(f"node {node_id} is not registered in the cluster now")
-            host = f"[{info.host}]" if ":" in info.host else info.host
-            link = self._nodes[node_id] = self._connect(f"{host}:{info.port}")
+            link = self._nodes[node_id] = self._connect(info.address)
         try:
             async with asyncio.timeout(timeout_s):
                 response = await link.request(request, timeout_s=timeout_s)

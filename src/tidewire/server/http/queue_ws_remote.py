@@ -101,10 +101,8 @@ class RemoteQueueSocket(SocketIO):
         self.closing = closing
         self._parse = parse
         self._close_for = close_for
-        info = node.info
-        host = f"[{info.host}]" if ":" in info.host else info.host
         self.consumer = AsyncQueueConsumer._over(
-            node_transports(node), f"{host}:{info.port}", queue, prefetch=prefetch
+            node_transports(node), node.info.address, queue, prefetch=prefetch
         )
         #: What was sent and not settled, by tag: at most the owner's prefetch, plus tags of
         #: a former owner not settled yet (dropped when settled or refused).
