@@ -12,7 +12,12 @@ broker, its TCP server, its HTTP gateway with the native and msgbus listeners, a
 - msgbus pops on any node taken once, in order, by the leader of the topic's partition
   (``TAKE``), and ``GET /`` listing the cluster's msgbus topics on every node;
 - forwarded requests sharing a few connections per node (the node's ``PeerPool``), closed
-  when the node leaves the cluster.
+  when the node leaves the cluster;
+- publishes (one, a batch, with an ``Idempotency-Key``), partition reads and a group's
+  commit and description sent to a node that does not serve them, forwarded to the one that
+  does (``http_cluster_routing = "forward"``, the default) and answered as it answers; a
+  node set to ``redirect`` answering ``307`` instead; the same with authorization on, as
+  the node principal, for a caller with an API key.
 
 Every wait is bounded; nothing asserts on durations.
 """
@@ -35,6 +40,7 @@ from tests.cli._support import run_cli
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, until
 from tidewire.client import AsyncClient
+from tidewire.client._routing import OFFSETS_TOPIC, coordinator_partition
 from tidewire.client._transport import Transport
 from tidewire.cluster import audit as cluster_audit
 from tidewire.cluster.fetcher import ReplicaLink
@@ -44,6 +50,7 @@ from tidewire.security._logs import audit_topic
 from tidewire.server.http import HttpConfig, peers
 from tidewire.server.http.gateway import MSGBUS, NATIVE, HttpGateway
 from tidewire.server.http.queue_owners import owner_of
+from tidewire.storage import LogConfig
 
 #: Longer than the default: a lease that expires under a loaded test is not what is tested.
 SESSION_S = 10
@@ -53,9 +60,18 @@ class HttpNode(InProcessNode):
     """An in-process node with an HTTP gateway (native API and msgbus), its HTTP port
     registered with the cluster as ``tidewire serve --http-port`` does."""
 
-    def __init__(self, tmp: Path, etcd: EtcdServer, node_id: int, cluster_id: str) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        etcd: EtcdServer,
+        node_id: int,
+        cluster_id: str,
+        *,
+        routing: str = "forward",
+    ) -> None:
         super().__init__(tmp, etcd, node_id, cluster_id=cluster_id, session_s=SESSION_S)
         self.gateway: HttpGateway | None = None
+        self.routing = routing
 
     async def start(self) -> None:
         self.gateway = None
@@ -63,7 +79,8 @@ class HttpNode(InProcessNode):
 
     async def before_cluster(self) -> dict[str, Any]:
         self.gateway = HttpGateway.for_broker(
-            self.broker, HttpConfig(http_port=0, http_msgbus_port=0)
+            self.broker,
+            HttpConfig(http_port=0, http_msgbus_port=0, http_cluster_routing=self.routing),
         )
         await self.gateway.start()
         return {"http_port": self.gateway.port_of(NATIVE)}
@@ -482,3 +499,182 @@ def test_a_pool_shares_a_connection_until_it_is_busy_and_closes_them() -> None:
             await own.close()
 
     asyncio.run(main())
+
+
+# --- publishes, reads and group requests forwarded to the node that serves them ----------------
+
+
+async def _placed(nodes: list[Any], topic: str, partitions: int) -> dict[int, Any]:
+    """Each partition's leader node, once every node's copy of the metadata names one and
+    that node has taken the partition up."""
+    by_id = {n.id: n for n in nodes}
+
+    def leader(p: int) -> int:
+        got = nodes[0].cluster.cache.partition(topic, p)
+        return -1 if got is None else int(got[0].leader)
+
+    def ready() -> bool:
+        for p in range(partitions):
+            for n in nodes:
+                got = n.cluster.cache.partition(topic, p)
+                if got is None or got[0].leader != leader(p) or leader(p) not in by_id:
+                    return False
+            if not by_id[leader(p)].broker.replication.leads(topic, p):
+                return False
+        return True
+
+    await until(ready, f"{topic}: every partition led, every node knows where")
+    return {p: by_id[leader(p)] for p in range(partitions)}
+
+
+async def _until_served(send: Callable[[], Any]) -> httpx.Response:
+    """``await send()`` again while it answers 503 (the offsets topic made on first use),
+    for up to WAIT_S."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while True:
+        r: httpx.Response = await send()
+        if r.status_code != 503 or loop.time() > deadline:
+            return r
+        await asyncio.sleep(0.1)
+
+
+def test_a_node_forwards_publishes_reads_and_group_requests_to_the_node_serving_them(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """Nodes 1 and 2 forward (the default), node 3 redirects. A publish (one message, a
+    batch, keyed with an Idempotency-Key) sent to a node that does not lead its partition is
+    stored by the leader and answered with its partition and offset; a retry of the keyed one
+    through another node, or the leader itself, gets the same offsets and stores nothing; the
+    key with other messages is 409, a partition that does not exist 404. A read of a
+    partition the node holds no replica of (from an offset, a time, with a search, and a
+    long poll) is answered with the leader's records and high watermark. A group committed
+    and described through a node that does not coordinate it. Node 3 answers 307 to the
+    leader instead. About 10 s."""
+
+    async def main() -> None:
+        async with in_process_cluster(
+            lambda i: HttpNode(
+                tmp_path, etcd, i, "http-fwd", routing="redirect" if i == 3 else "forward"
+            )
+        ) as nodes:
+            await nodes[0].cluster.create_topic("f", 6, LogConfig(), 1)  # one replica each
+            lead = await _placed(nodes, "f", 6)
+            forwarders = [n for n in nodes if n.routing == "forward"]
+
+            def via(p: int) -> HttpNode:  # a forwarding node without a replica of p
+                return next(n for n in forwarders if n is not lead[p])
+
+            async with httpx.AsyncClient(timeout=WAIT_S) as web:
+                for p in range(6):
+                    r = await web.post(
+                        f"{via(p).http}/v1/topics/f/messages",
+                        json={"value": f"v{p}", "partition": p},
+                    )
+                    assert r.status_code == 201, r.text
+                    assert r.json() == {"partition": p, "offset": 0}
+                    assert lead[p].broker.log("f", p).log_end_offset == 1
+                p = next(p for p in range(6) if lead[p].id != 1)
+                r = await web.post(
+                    f"{via(p).http}/v1/topics/f/messages:batch",
+                    json={
+                        "messages": [
+                            {"value": "b1", "partition": p},
+                            {"value": "b2", "partition": p},
+                        ]
+                    },
+                )
+                assert r.status_code == 201, r.text
+                end = lead[p].broker.log("f", p).log_end_offset
+                assert r.json() == {
+                    "results": [
+                        {"offset": end - 2, "partition": p},
+                        {"offset": end - 1, "partition": p},
+                    ]
+                }
+                # Idempotency-Key: kept by the leader, whichever way the request came.
+                keyed = {"value": "once", "partition": p}
+                answers = []
+                for n in [via(p), *nodes]:
+                    r = await web.post(
+                        f"{n.http}/v1/topics/f/messages",
+                        json=keyed,
+                        headers={"Idempotency-Key": "k-1"},
+                        follow_redirects=True,
+                    )
+                    assert r.status_code == 201, r.text
+                    answers.append(r.json())
+                assert answers == [{"offset": end, "partition": p}] * 4
+                assert lead[p].broker.log("f", p).log_end_offset == end + 1  # stored once
+                r = await web.post(
+                    f"{via(p).http}/v1/topics/f/messages",
+                    json={"value": "other", "partition": p},
+                    headers={"Idempotency-Key": "k-1"},
+                )
+                assert r.status_code == 409, r.text
+                assert r.json()["error"]["name"] == "IdempotencyKeyReusedError"
+                r = await web.post(
+                    f"{via(p).http}/v1/topics/f/messages", json={"value": "x", "partition": 9}
+                )
+                assert r.status_code == 404, r.text
+                # Reads of a partition held elsewhere: the leader's records and watermark.
+                base = f"{via(p).http}/v1/topics/f/partitions/{p}/messages"
+                r = await web.get(base, params={"offset": 0})
+                assert r.status_code == 200, r.text
+                page = r.json()
+                assert [m["value"] for m in page["messages"]] == [f"v{p}", "b1", "b2", "once"]
+                assert page["next_offset"] == end + 1
+                assert page["high_watermark"] == end + 1
+                r = await web.get(base)  # from the log start
+                assert [m["offset"] for m in r.json()["messages"]] == [0, 1, 2, 3]
+                r = await web.get(base, params={"from_timestamp": 0, "limit": 2})
+                assert [m["value"] for m in r.json()["messages"]] == [f"v{p}", "b1"]
+                r = await web.get(base, params={"q": "B2"})
+                assert [m["offset"] for m in r.json()["messages"]] == [2]
+                assert r.json()["scanned"] == 4
+                # A long poll at the end: answered with what is published meanwhile.
+                polled = asyncio.ensure_future(
+                    web.get(base, params={"offset": end + 1, "wait_ms": 20_000})
+                )
+                r = await web.post(
+                    f"{lead[p].http}/v1/topics/f/messages", json={"value": "late", "partition": p}
+                )
+                assert r.status_code == 201, r.text
+                r = await polled
+                assert [m["value"] for m in r.json()["messages"]] == ["late"]
+                # A group through a node that does not coordinate it.
+                body = {"offsets": [{"topic": "f", "partition": p, "offset": 2}]}
+                r = await _until_served(
+                    lambda: web.post(f"{forwarders[0].http}/v1/groups/g/commit", json=body)
+                )
+                assert r.status_code == 200, r.text
+                holder = next(
+                    n
+                    for n in nodes
+                    if n.broker.replication.leads(OFFSETS_TOPIC, coordinator_partition("g"))
+                )
+                other = next(n for n in forwarders if n is not holder)
+                for n in forwarders:  # the coordinator's answer, from any node
+                    r = await web.post(f"{n.http}/v1/groups/g/commit", json=body)
+                    assert r.status_code == 200, r.text
+                r = await web.get(f"{other.http}/v1/groups/g")
+                assert r.status_code == 200, r.text
+                offsets = r.json()["offsets"]
+                assert [
+                    (o["partition"], o["committed"]) for o in offsets if o["committed"] >= 0
+                ] == [(p, 2)]
+                assert holder.broker.groups.committed("g", None)[("f", p)].offset == 2
+                # Node 3 redirects: 307 to the leader's listener, nothing stored there.
+                q = next((q for q in range(6) if lead[q].id != 3), None)
+                if q is not None:
+                    before = lead[q].broker.log("f", q).log_end_offset
+                    r = await web.post(
+                        f"{nodes[2].http}/v1/topics/f/messages", json={"value": "r", "partition": q}
+                    )
+                    assert r.status_code == 307, r.text
+                    assert r.headers["location"] == f"{lead[q].http}/v1/topics/f/messages"
+                    r = await web.get(f"{nodes[2].http}/v1/topics/f/partitions/{q}/messages")
+                    assert r.status_code == 307, r.text
+                    assert lead[q].broker.log("f", q).log_end_offset == before
+
+    asyncio.run(asyncio.wait_for(main(), 120))

@@ -105,8 +105,9 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
     ) -> Response:
         """Publish several messages: those of one partition are stored as one batch, all or
         none; answer each message's partition and offset, in the order sent."""
-        req = parse_body(BatchPublishRequest, await request.body())
-        got = await publisher.publish(topic, req.messages, req.encoding, idempotency_key)
+        body = await request.body()
+        req = parse_body(BatchPublishRequest, body)
+        got = await publisher.publish(topic, req.messages, req.encoding, idempotency_key, body=body)
         return json_response({"results": [{"offset": o, "partition": p} for p, o in got]}, 201)
 
     @router.get(
