@@ -39,6 +39,7 @@ from websockets.asyncio.client import connect as ws_connect
 from tests.cli._support import run_cli
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, until
+from tests.cluster._secure import NODE_PRINCIPAL, acl, secure_cluster
 from tidewire.client import AsyncClient
 from tidewire.client._routing import OFFSETS_TOPIC, coordinator_partition
 from tidewire.client._transport import Transport
@@ -676,5 +677,61 @@ def test_a_node_forwards_publishes_reads_and_group_requests_to_the_node_serving_
                     r = await web.get(f"{nodes[2].http}/v1/topics/f/partitions/{q}/messages")
                     assert r.status_code == 307, r.text
                     assert lead[q].broker.log("f", q).log_end_offset == before
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_a_secured_cluster_forwards_a_callers_publish_and_read_as_the_node(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """Authorization on, the node principal given the role ``node``: a user whose API key
+    may write and read a topic of one replica publishes (one message, a keyed batch), reads
+    it and commits a group's offset over HTTP on nodes that hold no replica of it, answered
+    by the leader (no 307 whose Authorization a client would drop). A user without ``write``
+    is refused 403 where it arrives, and nothing is stored. About 10 s."""
+
+    async def main() -> None:
+        async with secure_cluster(tmp_path, etcd, "sec-fwd") as c:
+            async with c.nodes[0].client(c.admin) as admin:
+                await admin.alter_principal(NODE_PRINCIPAL, roles=["node"])
+                await admin.create_topic("solo", partitions=1, replication_factor=1)
+                keys = {}
+                for name, ops in (("writer", ("write", "read")), ("reader", ("read",))):
+                    await admin.create_principal(name)
+                    _, keys[name] = await admin.create_api_key(name)
+                    await admin.add_acls(
+                        [*acl(name, "topic", "solo", *ops), *acl(name, "group", "g", "read")]
+                    )
+            await c.settled()
+            (lead,) = (await _placed(c.nodes, "solo", 1)).values()
+            others = [n for n in c.nodes if n is not lead]
+            assert all(("solo", 0) not in n.broker.logs.logs for n in others)
+            async with others[0].http(keys["writer"]) as http:
+                r = await http.post("/v1/topics/solo/messages", json={"value": "a"})
+                assert r.status_code == 201, r.text
+                assert r.json() == {"partition": 0, "offset": 0}
+                batch = {"messages": [{"value": "b"}, {"value": "c"}]}
+                for _ in range(2):  # the retry is answered with the first offsets
+                    r = await http.post(
+                        "/v1/topics/solo/messages:batch",
+                        json=batch,
+                        headers={"Idempotency-Key": "b-1"},
+                    )
+                    assert r.status_code == 201, r.text
+                    assert r.json()["results"] == [
+                        {"partition": 0, "offset": 1},
+                        {"partition": 0, "offset": 2},
+                    ]
+            async with others[1].http(keys["writer"]) as http:
+                r = await http.get("/v1/topics/solo/partitions/0/messages")
+                assert r.status_code == 200, r.text
+                assert [m["value"] for m in r.json()["messages"]] == ["a", "b", "c"]
+                body = {"offsets": [{"topic": "solo", "partition": 0, "offset": 3}]}
+                r = await _until_served(lambda: http.post("/v1/groups/g/commit", json=body))
+                assert r.status_code == 200, r.text
+            async with others[1].http(keys["reader"]) as http:
+                r = await http.post("/v1/topics/solo/messages", json={"value": "no"})
+                assert r.status_code == 403, r.text
+            assert lead.broker.log("solo", 0).log_end_offset == 3
 
     asyncio.run(asyncio.wait_for(main(), 120))
