@@ -329,10 +329,11 @@ def test_http_forwarding_runs_as_the_node_principal(
     tmp_path: Path, etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the node principal given the documented role, a user allowed exactly what it
-    asks for is answered on any node: publishes forwarded to the leader, the read over every
-    partition, SSE and WebSocket streams of partitions led elsewhere, a WebSocket group
-    member whose coordinator is elsewhere, the groups of every coordinator listed, msgbus
-    publish, subscribe and pop on a node that does not lead the topic, iPubSub and native stream requests of other owners, an
+    asks for is answered on any node: publishes forwarded to the leader (the user checked
+    where they arrive), the read over every partition, SSE and WebSocket streams of
+    partitions led elsewhere, a WebSocket group member whose coordinator is elsewhere, the
+    groups of every coordinator listed, msgbus publish, subscribe and pop on a node that
+    does not lead the topic, iPubSub and native stream requests of other owners, an
     exchange's publish into queues of other owners, a durable queue's counts and its
     WebSocket route on a node that does not own it, a delete with ``if_empty`` checked with
     an owner that does not lead the definitions, and an ``auto_delete`` queue deleted when
