@@ -46,10 +46,11 @@ from tidewire.client._transport import Transport
 from tidewire.cluster import audit as cluster_audit
 from tidewire.cluster.fetcher import ReplicaLink
 from tidewire.errors import ConnectionLostError
-from tidewire.protocol.messages import ListQueuesRequest
+from tidewire.protocol.messages import ListQueuesRequest, TakeRequest
 from tidewire.security._logs import audit_topic
 from tidewire.server.http import HttpConfig, peers
 from tidewire.server.http.gateway import MSGBUS, NATIVE, HttpGateway
+from tidewire.server.http.peers import PeerClient
 from tidewire.server.http.queue_owners import owner_of
 from tidewire.storage import LogConfig
 
@@ -733,5 +734,54 @@ def test_a_secured_cluster_forwards_a_callers_publish_and_read_as_the_node(
                 r = await http.post("/v1/topics/solo/messages", json={"value": "no"})
                 assert r.status_code == 403, r.text
             assert lead.broker.log("solo", 0).log_end_offset == 3
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_a_forwarded_pop_whose_answer_is_lost_is_sent_again_and_takes_once(
+    tmp_path: Path, etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A msgbus pop forwarded to the leader (``TAKE``) whose answer is lost on the way back
+    (the leader took a message, the sender sees its connection break) is sent once more
+    with the same take id: the leader answers it with the message it took, so that message
+    is handed out (not lost) and the next pop takes the next one (none taken twice)."""
+    real = PeerClient.routed_body
+    lost: list[str] = []
+
+    async def losing(self: PeerClient, topic: str, partition: int, request: Any) -> Any:
+        body = await real(self, topic, partition, request)
+        if isinstance(request, TakeRequest) and not lost:
+            lost.append(request.take_id)
+            raise ConnectionLostError("the answer was lost on the way (test)")
+        return body
+
+    monkeypatch.setattr(PeerClient, "routed_body", losing)
+
+    async def main() -> None:
+        async with (
+            cluster(tmp_path, etcd, 3, "http-take") as nodes,
+            httpx.AsyncClient(timeout=WAIT_S) as h,
+        ):
+            for i in range(2):
+                r = await h.post(f"{nodes[0].msgbus}/once", content=f"m{i}".encode())
+                assert r.status_code == 202, r.text
+            topic = "msgbus.once"
+            await until(
+                lambda: all(n.cluster.cache.partition(topic, 0) is not None for n in nodes),
+                "every node knows the topic",
+            )
+            got = nodes[0].cluster.cache.partition(topic, 0)
+            assert got is not None
+            other = next(n for n in nodes if n.id != got[0].leader)
+            popped = []
+            for _ in range(2):
+                r = await h.get(f"{other.msgbus}/once")
+                assert r.status_code == 200, r.text
+                popped.append(base64.b64decode(r.json()["payload"]))
+            assert popped == [b"m0", b"m1"]
+            assert len(lost) == 1  # one answer lost, its take sent again (with its id)
+            assert lost[0]
+            r = await h.get(f"{other.msgbus}/once")
+            assert r.status_code == 404, r.text
 
     asyncio.run(asyncio.wait_for(main(), 120))

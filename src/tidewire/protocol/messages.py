@@ -1999,6 +1999,9 @@ class TakeRequest(Body, kw_only=True, omit_defaults=True):
     group: str
     #: Records older than this (ms, by their timestamp) are passed over as taken; 0: none.
     ttl_ms: int = 0
+    #: The sender's id of this take (empty: none): the leader answers a TAKE sent again with
+    #: the same id (its connection broke) with what it took for the first, taking nothing more.
+    take_id: str = ""
 
 
 class TakeResponse(Body, kw_only=True, omit_defaults=True):
