@@ -551,8 +551,8 @@ def test_a_node_forwards_publishes_reads_and_group_requests_to_the_node_serving_
     key with other messages is 409, a partition that does not exist 404. A read of a
     partition the node holds no replica of (from an offset, a time, with a search, and a
     long poll) is answered with the leader's records and high watermark. A group committed
-    and described through a node that does not coordinate it. Node 3 answers 307 to the
-    leader instead. About 10 s."""
+    and described through a node that does not coordinate it (a reset: 307 there). Node 3
+    answers 307 to the leader instead. About 10 s."""
 
     async def main() -> None:
         async with in_process_cluster(
@@ -666,6 +666,14 @@ def test_a_node_forwards_publishes_reads_and_group_requests_to_the_node_serving_
                     (o["partition"], o["committed"]) for o in offsets if o["committed"] >= 0
                 ] == [(p, 2)]
                 assert holder.broker.groups.committed("g", None)[("f", p)].offset == 2
+                r = await web.get(f"{other.http}/v1/groups/nobody")  # the coordinator's 404
+                assert r.status_code in (404, 503), r.text  # 503: its coordinator not up yet
+                # A reset needs alter on the group, which nodes lack: 307 to the coordinator.
+                r = await web.post(
+                    f"{other.http}/v1/groups/g/reset", json={"topic": "f", "to": "earliest"}
+                )
+                assert r.status_code == 307, r.text
+                assert r.headers["location"] == f"{holder.http}/v1/groups/g/reset"
                 # Node 3 redirects: 307 to the leader's listener, nothing stored there.
                 q = next((q for q in range(6) if lead[q].id != 3), None)
                 if q is not None:
