@@ -793,3 +793,55 @@ def test_a_forwarded_pop_whose_answer_is_lost_is_sent_again_and_takes_once(
             assert r.status_code == 404, r.text
 
     asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_a_forwarded_publish_follows_the_leader_and_keeps_its_idempotency_key(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """A keyed publish forwarded to a partition's leader, retried through the same node
+    after that leader stopped, reaches the new leader (the forwarding node's routing follows
+    it), which answers the first offsets and stores nothing again (it read the keys back); a
+    new publish through that node is stored by the new leader. About 10 s."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, 3, "http-fwd-move") as nodes:
+            await nodes[0].cluster.create_topic("m", 1, LogConfig(), 3)
+
+            def in_sync() -> bool:
+                got = nodes[0].cluster.cache.partition("m", 0)
+                return got is not None and len(got[0].isr) == 3
+
+            await until(in_sync, "every replica of m in sync")
+            (leader,) = (await _placed(nodes, "m", 1)).values()
+            via = next(n for n in nodes if n is not leader)
+            msg = {"value": "once", "partition": 0}
+            async with httpx.AsyncClient(timeout=WAIT_S) as web:
+                first = await web.post(
+                    f"{via.http}/v1/topics/m/messages", json=msg, headers={"Idempotency-Key": "mv"}
+                )
+                assert first.status_code == 201, first.text
+                await leader.stop()
+                rest = [n for n in nodes if n is not leader]
+                await until(
+                    lambda: any(n.broker.replication.leads("m", 0) for n in rest),  # type: ignore[union-attr]
+                    "a new leader",
+                )
+                (new,) = [n for n in rest if n.broker.replication.leads("m", 0)]  # type: ignore[union-attr]
+                again = await _until_served(
+                    lambda: web.post(
+                        f"{via.http}/v1/topics/m/messages",
+                        json=msg,
+                        headers={"Idempotency-Key": "mv"},
+                    )
+                )
+                assert again.status_code == 201, again.text
+                assert again.json() == first.json()
+                end = first.json()["offset"] + 1
+                assert new.broker.log("m", 0).log_end_offset == end  # stored once
+                r = await _until_served(
+                    lambda: web.post(f"{via.http}/v1/topics/m/messages", json={"value": "next"})
+                )
+                assert r.status_code == 201, r.text
+                assert r.json() == {"partition": 0, "offset": end}
+
+    asyncio.run(asyncio.wait_for(main(), 120))
