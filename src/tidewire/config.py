@@ -323,6 +323,12 @@ SETTINGS: tuple[Setting, ...] = (
     _s("http", "http_msgbus_ttl_ms", "int", "A msgbus message expires unpopped after this, ms."),
     _s(
         "http",
+        "http_cluster_routing",
+        "str",
+        "In a cluster: forward a request to the node that serves it, or redirect (307) there.",
+    ),
+    _s(
+        "http",
         "http_max_inflight_body_bytes",
         "int",
         "Bytes of HTTP request bodies in flight at once; beyond: 503 + Retry-After.",

@@ -1,11 +1,13 @@
 """The HTTP API on a cluster: three real ``tidewire serve --cluster --http-port`` processes.
-A publish sent to a node that does not lead its partition is redirected (307) to the leader's
-HTTP listener and stored there once; an unkeyed message is stored in a partition of the node
-it arrived at; a read is answered by any node holding a replica, and redirected by one that
-holds none; a batch whose partitions have different leaders is refused before anything is
-stored. Streams (SSE, WebSocket) and the read over every partition carry the partitions other
-nodes lead; a group is committed, described and listed through any node; a publish with an
-Idempotency-Key retried through every node is stored once. About 12 s (3 node starts)."""
+A publish sent to a node that does not lead its partition is forwarded to the leader and
+stored there once (node 3 runs with ``--http-cluster-routing redirect`` and answers 307 to
+the leader's HTTP listener instead); an unkeyed message is stored in a partition of the node
+it arrived at; a read is answered by any node holding a replica, and forwarded to the leader
+(node 3: redirected) by one that holds none; a batch whose partitions have different
+leaders is refused before anything is stored. Streams (SSE, WebSocket) and the read over
+every partition carry the partitions other nodes lead; a group is committed, described and
+listed through any node; a publish with an Idempotency-Key retried through every node is
+stored once. About 12 s (3 node starts)."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from tests.cli._support import popen_serve, stop
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import InProcessNode, in_process_cluster, until
 from tests.cluster._nodes import call, wait_until
+from tidewire.client._routing import OFFSETS_TOPIC, coordinator_partition
 from tidewire.cluster.metadata import PartitionState
 from tidewire.errors import NotLeaderError
 from tidewire.protocol.messages import (
@@ -44,11 +47,17 @@ NODES = (1, 2, 3)
 WAIT_S = 30.0
 
 
+#: The node that redirects (307) what the others forward.
+REDIRECTS = 3
+
+
 def _start(data: Path, cluster: str, n: int) -> tuple[subprocess.Popen[str], int, int, int]:
     """Node ``n``: its process, protocol port, HTTP port and msgbus port."""
+    routing = ("--http-cluster-routing", "redirect") if n == REDIRECTS else ()
     proc = popen_serve(
         *("--data-dir", str(data), "--port", "0", "--http-port", "0", "--node-id", str(n)),
         *("--http-msgbus-port", "0", "--cluster", cluster, "--session-timeout", "3"),
+        *routing,
     )
     assert proc.stdout is not None
     native = http = msgbus = None
@@ -103,18 +112,20 @@ def test_the_http_api_answers_from_any_node(tmp_path: Path, etcd: EtcdServer) ->
         lead3, lead1 = leaders("r3"), leaders("r1")
         url = {n: f"http://127.0.0.1:{http[n]}" for n in NODES}
         with httpx.Client(timeout=WAIT_S) as web:
-            # A partition led elsewhere: 307 to the leader's HTTP listener, same path.
+            # A partition led elsewhere: forwarded to the leader, answered as it answers; on
+            # the redirecting node, 307 to the leader's HTTP listener, same path.
             p = 0
             other = next(n for n in NODES if n != lead3[p])
             r = web.post(f"{url[other]}/v1/topics/r3/messages", json={"value": "a", "partition": p})
-            assert r.status_code == 307, r.text
-            assert r.headers["location"] == f"{url[lead3[p]]}/v1/topics/r3/messages"
-            assert r.json()["error"]["name"] == "NotLeaderError"
-            r = web.post(
-                f"{url[other]}/v1/topics/r3/messages",
-                json={"value": "a", "partition": p},
-                follow_redirects=True,
-            )
+            if other == REDIRECTS:
+                assert r.status_code == 307, r.text
+                assert r.headers["location"] == f"{url[lead3[p]]}/v1/topics/r3/messages"
+                assert r.json()["error"]["name"] == "NotLeaderError"
+                r = web.post(
+                    f"{url[other]}/v1/topics/r3/messages",
+                    json={"value": "a", "partition": p},
+                    follow_redirects=True,
+                )
             assert r.status_code == 201, r.text
             assert r.json() == {"partition": p, "offset": 0}
             # Unkeyed, no partition: stored where it arrived (a partition this node leads).
@@ -132,16 +143,21 @@ def test_the_http_api_answers_from_any_node(tmp_path: Path, etcd: EtcdServer) ->
             )
             assert r.status_code == 201, r.text
             stranger = next(n for n in NODES if n != lead1[1])
-            r = web.get(f"{url[stranger]}/v1/topics/r1/partitions/1/messages?offset=0")
-            assert r.status_code == 307, r.text
-            assert r.headers["location"] == (
-                f"{url[lead1[1]]}/v1/topics/r1/partitions/1/messages?offset=0"
-            )
-            r = web.get(
-                f"{url[stranger]}/v1/topics/r1/partitions/1/messages?offset=0",
-                follow_redirects=True,
-            )
-            assert [m["value"] for m in r.json()["messages"]] == ["b"]
+            for n in NODES:
+                if n == lead1[1]:
+                    continue
+                r = web.get(f"{url[n]}/v1/topics/r1/partitions/1/messages?offset=0")
+                if n == REDIRECTS:
+                    assert r.status_code == 307, r.text
+                    assert r.headers["location"] == (
+                        f"{url[lead1[1]]}/v1/topics/r1/partitions/1/messages?offset=0"
+                    )
+                    r = web.get(
+                        f"{url[n]}/v1/topics/r1/partitions/1/messages?offset=0",
+                        follow_redirects=True,
+                    )
+                assert r.status_code == 200, r.text
+                assert [m["value"] for m in r.json()["messages"]] == ["b"]
             # A batch over partitions of different leaders: refused, nothing stored.
             if len(set(lead3.values())) > 1:
                 r = web.post(
@@ -320,10 +336,11 @@ def _reads_streams_groups_from_any_node(addr: dict[int, str], url: dict[int, str
             assert r.json() == first
         r = web.get(f"{url[1]}/v1/topics/t/messages?since=0&limit=100")
         assert [m["value"] for m in r.json()["messages"]].count("once") == 1
-        # A consumer group over HTTP through every node: redirected to its coordinator.
+        # A consumer group over HTTP through every node: forwarded to its coordinator (by
+        # node 3, redirected there).
         # (Of a topic every node holds: the coordinator describes the end offsets of the
         # partitions it holds a replica of.)
-        redirected = []
+        followed = []
         for i, n in enumerate(NODES):
             body = {"offsets": [{"topic": "g3", "partition": 0, "offset": i + 1}]}
             r = _until_ok(
@@ -331,12 +348,16 @@ def _reads_streams_groups_from_any_node(addr: dict[int, str], url: dict[int, str
             )
             assert r.status_code == 200, r.text
             if r.history:
-                redirected.append(n)
+                followed.append(n)
             d = web.get(f"{url[n]}/v1/groups/g")
             assert d.status_code == 200, d.text
             assert [o["committed"] for o in d.json()["offsets"]] == [i + 1]
-        assert len(redirected) == 2  # every node but the coordinator sent it there
-        (coordinator,) = set(NODES) - set(redirected)
+        got = asyncio.run(call(addr[1], MetadataRequest(topics=[OFFSETS_TOPIC])))
+        assert isinstance(got, MetadataResponse)
+        (offsets,) = got.topics
+        coordinator = offsets.partitions[coordinator_partition("g")].leader
+        assert followed == ([REDIRECTS] if coordinator != REDIRECTS else [])
+        redirected = [n for n in NODES if n != coordinator]  # sent it there
         for n in NODES:
             listed = web.get(f"{url[n]}/v1/groups", follow_redirects=False)
             assert listed.status_code == 200, listed.text

@@ -12,7 +12,12 @@ broker, its TCP server, its HTTP gateway with the native and msgbus listeners, a
 - msgbus pops on any node taken once, in order, by the leader of the topic's partition
   (``TAKE``), and ``GET /`` listing the cluster's msgbus topics on every node;
 - forwarded requests sharing a few connections per node (the node's ``PeerPool``), closed
-  when the node leaves the cluster.
+  when the node leaves the cluster;
+- publishes (one, a batch, with an ``Idempotency-Key``), partition reads and a group's
+  commit and description sent to a node that does not serve them, forwarded to the one that
+  does (``http_cluster_routing = "forward"``, the default) and answered as it answers; a
+  node set to ``redirect`` answering ``307`` instead; the same with authorization on, as
+  the node principal, for a caller with an API key.
 
 Every wait is bounded; nothing asserts on durations.
 """
@@ -34,16 +39,20 @@ from websockets.asyncio.client import connect as ws_connect
 from tests.cli._support import run_cli
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, until
+from tests.cluster._secure import NODE_PRINCIPAL, acl, secure_cluster
 from tidewire.client import AsyncClient
+from tidewire.client._routing import OFFSETS_TOPIC, coordinator_partition
 from tidewire.client._transport import Transport
 from tidewire.cluster import audit as cluster_audit
 from tidewire.cluster.fetcher import ReplicaLink
 from tidewire.errors import ConnectionLostError
-from tidewire.protocol.messages import ListQueuesRequest
+from tidewire.protocol.messages import ListQueuesRequest, TakeRequest
 from tidewire.security._logs import audit_topic
 from tidewire.server.http import HttpConfig, peers
 from tidewire.server.http.gateway import MSGBUS, NATIVE, HttpGateway
+from tidewire.server.http.peers import PeerClient
 from tidewire.server.http.queue_owners import owner_of
+from tidewire.storage import LogConfig
 
 #: Longer than the default: a lease that expires under a loaded test is not what is tested.
 SESSION_S = 10
@@ -53,9 +62,18 @@ class HttpNode(InProcessNode):
     """An in-process node with an HTTP gateway (native API and msgbus), its HTTP port
     registered with the cluster as ``tidewire serve --http-port`` does."""
 
-    def __init__(self, tmp: Path, etcd: EtcdServer, node_id: int, cluster_id: str) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        etcd: EtcdServer,
+        node_id: int,
+        cluster_id: str,
+        *,
+        routing: str = "forward",
+    ) -> None:
         super().__init__(tmp, etcd, node_id, cluster_id=cluster_id, session_s=SESSION_S)
         self.gateway: HttpGateway | None = None
+        self.routing = routing
 
     async def start(self) -> None:
         self.gateway = None
@@ -63,7 +81,8 @@ class HttpNode(InProcessNode):
 
     async def before_cluster(self) -> dict[str, Any]:
         self.gateway = HttpGateway.for_broker(
-            self.broker, HttpConfig(http_port=0, http_msgbus_port=0)
+            self.broker,
+            HttpConfig(http_port=0, http_msgbus_port=0, http_cluster_routing=self.routing),
         )
         await self.gateway.start()
         return {"http_port": self.gateway.port_of(NATIVE)}
@@ -482,3 +501,347 @@ def test_a_pool_shares_a_connection_until_it_is_busy_and_closes_them() -> None:
             await own.close()
 
     asyncio.run(main())
+
+
+# --- publishes, reads and group requests forwarded to the node that serves them ----------------
+
+
+async def _placed(nodes: list[Any], topic: str, partitions: int) -> dict[int, Any]:
+    """Each partition's leader node, once every node's copy of the metadata names one and
+    that node has taken the partition up."""
+    by_id = {n.id: n for n in nodes}
+
+    def leader(p: int) -> int:
+        got = nodes[0].cluster.cache.partition(topic, p)
+        return -1 if got is None else int(got[0].leader)
+
+    def ready() -> bool:
+        for p in range(partitions):
+            for n in nodes:
+                got = n.cluster.cache.partition(topic, p)
+                if got is None or got[0].leader != leader(p) or leader(p) not in by_id:
+                    return False
+            if not by_id[leader(p)].broker.replication.leads(topic, p):
+                return False
+        return True
+
+    await until(ready, f"{topic}: every partition led, every node knows where")
+    return {p: by_id[leader(p)] for p in range(partitions)}
+
+
+async def _until_served(send: Callable[[], Any]) -> httpx.Response:
+    """``await send()`` again while it answers 503 (the offsets topic made on first use),
+    for up to WAIT_S."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while True:
+        r: httpx.Response = await send()
+        if r.status_code != 503 or loop.time() > deadline:
+            return r
+        await asyncio.sleep(0.1)
+
+
+def test_a_node_forwards_publishes_reads_and_group_requests_to_the_node_serving_them(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """Nodes 1 and 2 forward (the default), node 3 redirects. A publish (one message, a
+    batch, keyed with an Idempotency-Key) sent to a node that does not lead its partition is
+    stored by the leader and answered with its partition and offset; a retry of the keyed one
+    through another node, or the leader itself, gets the same offsets and stores nothing; the
+    key with other messages is 409, a partition that does not exist 404. A read of a
+    partition the node holds no replica of (from an offset, a time, with a search, and a
+    long poll) is answered with the leader's records and high watermark. A group committed
+    and described through a node that does not coordinate it (a reset: 307 there). Node 3
+    answers 307 to the leader instead. About 10 s."""
+
+    async def main() -> None:
+        async with in_process_cluster(
+            lambda i: HttpNode(
+                tmp_path, etcd, i, "http-fwd", routing="redirect" if i == 3 else "forward"
+            )
+        ) as nodes:
+            await nodes[0].cluster.create_topic("f", 6, LogConfig(), 1)  # one replica each
+            lead = await _placed(nodes, "f", 6)
+            forwarders = [n for n in nodes if n.routing == "forward"]
+
+            def via(p: int) -> HttpNode:  # a forwarding node without a replica of p
+                return next(n for n in forwarders if n is not lead[p])
+
+            async with httpx.AsyncClient(timeout=WAIT_S) as web:
+                for p in range(6):
+                    r = await web.post(
+                        f"{via(p).http}/v1/topics/f/messages",
+                        json={"value": f"v{p}", "partition": p},
+                    )
+                    assert r.status_code == 201, r.text
+                    assert r.json() == {"partition": p, "offset": 0}
+                    assert lead[p].broker.log("f", p).log_end_offset == 1
+                p = next(p for p in range(6) if lead[p].id != 1)
+                r = await web.post(
+                    f"{via(p).http}/v1/topics/f/messages:batch",
+                    json={
+                        "messages": [
+                            {"value": "b1", "partition": p},
+                            {"value": "b2", "partition": p},
+                        ]
+                    },
+                )
+                assert r.status_code == 201, r.text
+                end = lead[p].broker.log("f", p).log_end_offset
+                assert r.json() == {
+                    "results": [
+                        {"offset": end - 2, "partition": p},
+                        {"offset": end - 1, "partition": p},
+                    ]
+                }
+                # Idempotency-Key: kept by the leader, whichever way the request came.
+                keyed = {"value": "once", "partition": p}
+                answers = []
+                for n in [via(p), *nodes]:
+                    r = await web.post(
+                        f"{n.http}/v1/topics/f/messages",
+                        json=keyed,
+                        headers={"Idempotency-Key": "k-1"},
+                        follow_redirects=True,
+                    )
+                    assert r.status_code == 201, r.text
+                    answers.append(r.json())
+                assert answers == [{"offset": end, "partition": p}] * 4
+                assert lead[p].broker.log("f", p).log_end_offset == end + 1  # stored once
+                r = await web.post(
+                    f"{via(p).http}/v1/topics/f/messages",
+                    json={"value": "other", "partition": p},
+                    headers={"Idempotency-Key": "k-1"},
+                )
+                assert r.status_code == 409, r.text
+                assert r.json()["error"]["name"] == "IdempotencyKeyReusedError"
+                r = await web.post(
+                    f"{via(p).http}/v1/topics/f/messages", json={"value": "x", "partition": 9}
+                )
+                assert r.status_code == 404, r.text
+                # Reads of a partition held elsewhere: the leader's records and watermark.
+                base = f"{via(p).http}/v1/topics/f/partitions/{p}/messages"
+                r = await web.get(base, params={"offset": 0})
+                assert r.status_code == 200, r.text
+                page = r.json()
+                assert [m["value"] for m in page["messages"]] == [f"v{p}", "b1", "b2", "once"]
+                assert page["next_offset"] == end + 1
+                assert page["high_watermark"] == end + 1
+                r = await web.get(base)  # from the log start
+                assert [m["offset"] for m in r.json()["messages"]] == [0, 1, 2, 3]
+                r = await web.get(base, params={"from_timestamp": 0, "limit": 2})
+                assert [m["value"] for m in r.json()["messages"]] == [f"v{p}", "b1"]
+                r = await web.get(base, params={"q": "B2"})
+                assert [m["offset"] for m in r.json()["messages"]] == [2]
+                assert r.json()["scanned"] == 4
+                # A long poll at the end: answered with what is published meanwhile.
+                polled = asyncio.ensure_future(
+                    web.get(base, params={"offset": end + 1, "wait_ms": 20_000})
+                )
+                r = await web.post(
+                    f"{lead[p].http}/v1/topics/f/messages", json={"value": "late", "partition": p}
+                )
+                assert r.status_code == 201, r.text
+                r = await polled
+                assert [m["value"] for m in r.json()["messages"]] == ["late"]
+                # A group through a node that does not coordinate it.
+                body = {"offsets": [{"topic": "f", "partition": p, "offset": 2}]}
+                r = await _until_served(
+                    lambda: web.post(f"{forwarders[0].http}/v1/groups/g/commit", json=body)
+                )
+                assert r.status_code == 200, r.text
+                holder = next(
+                    n
+                    for n in nodes
+                    if n.broker.replication.leads(OFFSETS_TOPIC, coordinator_partition("g"))
+                )
+                other = next(n for n in forwarders if n is not holder)
+                for n in forwarders:  # the coordinator's answer, from any node
+                    r = await web.post(f"{n.http}/v1/groups/g/commit", json=body)
+                    assert r.status_code == 200, r.text
+                r = await web.get(f"{other.http}/v1/groups/g")
+                assert r.status_code == 200, r.text
+                offsets = r.json()["offsets"]
+                assert [
+                    (o["partition"], o["committed"]) for o in offsets if o["committed"] >= 0
+                ] == [(p, 2)]
+                assert holder.broker.groups.committed("g", None)[("f", p)].offset == 2
+                r = await web.get(f"{other.http}/v1/groups/nobody")  # the coordinator's 404
+                assert r.status_code in (404, 503), r.text  # 503: its coordinator not up yet
+                # A reset needs alter on the group, which nodes lack: 307 to the coordinator.
+                r = await web.post(
+                    f"{other.http}/v1/groups/g/reset", json={"topic": "f", "to": "earliest"}
+                )
+                assert r.status_code == 307, r.text
+                assert r.headers["location"] == f"{holder.http}/v1/groups/g/reset"
+                # Node 3 redirects: 307 to the leader's listener, nothing stored there.
+                q = next((q for q in range(6) if lead[q].id != 3), None)
+                if q is not None:
+                    before = lead[q].broker.log("f", q).log_end_offset
+                    r = await web.post(
+                        f"{nodes[2].http}/v1/topics/f/messages", json={"value": "r", "partition": q}
+                    )
+                    assert r.status_code == 307, r.text
+                    assert r.headers["location"] == f"{lead[q].http}/v1/topics/f/messages"
+                    r = await web.get(f"{nodes[2].http}/v1/topics/f/partitions/{q}/messages")
+                    assert r.status_code == 307, r.text
+                    assert lead[q].broker.log("f", q).log_end_offset == before
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_a_secured_cluster_forwards_a_callers_publish_and_read_as_the_node(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """Authorization on, the node principal given the role ``node``: a user whose API key
+    may write and read a topic of one replica publishes (one message, a keyed batch), reads
+    it and commits a group's offset over HTTP on nodes that hold no replica of it, answered
+    by the leader (no 307 whose Authorization a client would drop). A user without ``write``
+    is refused 403 where it arrives, and nothing is stored. About 10 s."""
+
+    async def main() -> None:
+        async with secure_cluster(tmp_path, etcd, "sec-fwd") as c:
+            async with c.nodes[0].client(c.admin) as admin:
+                await admin.alter_principal(NODE_PRINCIPAL, roles=["node"])
+                await admin.create_topic("solo", partitions=1, replication_factor=1)
+                keys = {}
+                for name, ops in (("writer", ("write", "read")), ("reader", ("read",))):
+                    await admin.create_principal(name)
+                    _, keys[name] = await admin.create_api_key(name)
+                    await admin.add_acls(
+                        [*acl(name, "topic", "solo", *ops), *acl(name, "group", "g", "read")]
+                    )
+            await c.settled()
+            (lead,) = (await _placed(c.nodes, "solo", 1)).values()
+            others = [n for n in c.nodes if n is not lead]
+            assert all(("solo", 0) not in n.broker.logs.logs for n in others)
+            async with others[0].http(keys["writer"]) as http:
+                r = await http.post("/v1/topics/solo/messages", json={"value": "a"})
+                assert r.status_code == 201, r.text
+                assert r.json() == {"partition": 0, "offset": 0}
+                batch = {"messages": [{"value": "b"}, {"value": "c"}]}
+                for _ in range(2):  # the retry is answered with the first offsets
+                    r = await http.post(
+                        "/v1/topics/solo/messages:batch",
+                        json=batch,
+                        headers={"Idempotency-Key": "b-1"},
+                    )
+                    assert r.status_code == 201, r.text
+                    assert r.json()["results"] == [
+                        {"partition": 0, "offset": 1},
+                        {"partition": 0, "offset": 2},
+                    ]
+            async with others[1].http(keys["writer"]) as http:
+                r = await http.get("/v1/topics/solo/partitions/0/messages")
+                assert r.status_code == 200, r.text
+                assert [m["value"] for m in r.json()["messages"]] == ["a", "b", "c"]
+                body = {"offsets": [{"topic": "solo", "partition": 0, "offset": 3}]}
+                r = await _until_served(lambda: http.post("/v1/groups/g/commit", json=body))
+                assert r.status_code == 200, r.text
+            async with others[1].http(keys["reader"]) as http:
+                r = await http.post("/v1/topics/solo/messages", json={"value": "no"})
+                assert r.status_code == 403, r.text
+            assert lead.broker.log("solo", 0).log_end_offset == 3
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_a_forwarded_pop_whose_answer_is_lost_is_sent_again_and_takes_once(
+    tmp_path: Path, etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A msgbus pop forwarded to the leader (``TAKE``) whose answer is lost on the way back
+    (the leader took a message, the sender sees its connection break) is sent once more
+    with the same take id: the leader answers it with the message it took, so that message
+    is handed out (not lost) and the next pop takes the next one (none taken twice)."""
+    real = PeerClient.routed_body
+    lost: list[str] = []
+
+    async def losing(self: PeerClient, topic: str, partition: int, request: Any) -> Any:
+        body = await real(self, topic, partition, request)
+        if isinstance(request, TakeRequest) and not lost:
+            lost.append(request.take_id)
+            raise ConnectionLostError("the answer was lost on the way (test)")
+        return body
+
+    monkeypatch.setattr(PeerClient, "routed_body", losing)
+
+    async def main() -> None:
+        async with (
+            cluster(tmp_path, etcd, 3, "http-take") as nodes,
+            httpx.AsyncClient(timeout=WAIT_S) as h,
+        ):
+            for i in range(2):
+                r = await h.post(f"{nodes[0].msgbus}/once", content=f"m{i}".encode())
+                assert r.status_code == 202, r.text
+            topic = "msgbus.once"
+            await until(
+                lambda: all(n.cluster.cache.partition(topic, 0) is not None for n in nodes),
+                "every node knows the topic",
+            )
+            got = nodes[0].cluster.cache.partition(topic, 0)
+            assert got is not None
+            other = next(n for n in nodes if n.id != got[0].leader)
+            popped = []
+            for _ in range(2):
+                r = await h.get(f"{other.msgbus}/once")
+                assert r.status_code == 200, r.text
+                popped.append(base64.b64decode(r.json()["payload"]))
+            assert popped == [b"m0", b"m1"]
+            assert len(lost) == 1  # one answer lost, its take sent again (with its id)
+            assert lost[0]
+            r = await h.get(f"{other.msgbus}/once")
+            assert r.status_code == 404, r.text
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_a_forwarded_publish_follows_the_leader_and_keeps_its_idempotency_key(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """A keyed publish forwarded to a partition's leader, retried through the same node
+    after that leader stopped, reaches the new leader (the forwarding node's routing follows
+    it), which answers the first offsets and stores nothing again (it read the keys back); a
+    new publish through that node is stored by the new leader. About 10 s."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, 3, "http-fwd-move") as nodes:
+            await nodes[0].cluster.create_topic("m", 1, LogConfig(), 3)
+
+            def in_sync() -> bool:
+                got = nodes[0].cluster.cache.partition("m", 0)
+                return got is not None and len(got[0].isr) == 3
+
+            await until(in_sync, "every replica of m in sync")
+            (leader,) = (await _placed(nodes, "m", 1)).values()
+            via = next(n for n in nodes if n is not leader)
+            msg = {"value": "once", "partition": 0}
+            async with httpx.AsyncClient(timeout=WAIT_S) as web:
+                first = await web.post(
+                    f"{via.http}/v1/topics/m/messages", json=msg, headers={"Idempotency-Key": "mv"}
+                )
+                assert first.status_code == 201, first.text
+                await leader.stop()
+                rest = [n for n in nodes if n is not leader]
+                await until(
+                    lambda: any(n.broker.replication.leads("m", 0) for n in rest),  # type: ignore[union-attr]
+                    "a new leader",
+                )
+                (new,) = [n for n in rest if n.broker.replication.leads("m", 0)]  # type: ignore[union-attr]
+                again = await _until_served(
+                    lambda: web.post(
+                        f"{via.http}/v1/topics/m/messages",
+                        json=msg,
+                        headers={"Idempotency-Key": "mv"},
+                    )
+                )
+                assert again.status_code == 201, again.text
+                assert again.json() == first.json()
+                end = first.json()["offset"] + 1
+                assert new.broker.log("m", 0).log_end_offset == end  # stored once
+                r = await _until_served(
+                    lambda: web.post(f"{via.http}/v1/topics/m/messages", json={"value": "next"})
+                )
+                assert r.status_code == 201, r.text
+                assert r.json() == {"partition": 0, "offset": end}
+
+    asyncio.run(asyncio.wait_for(main(), 120))

@@ -610,6 +610,15 @@ SAMPLES.update(
             q.TakeRequest(topic="msgbus.jobs", group="msgbus", ttl_ms=60_000),
             q.TakeResponse(found=True, offset=7, timestamp_ms=1_700_000_000_000, value=b"hi"),
         ),
+        ApiKey.HTTP_PUBLISH: (
+            q.HttpPublishRequest(
+                topic="orders",
+                body=b'{"messages":[{"value":"a"},{"value":"b","partition":1}]}',
+                batch=True,
+                idempotency_key="order-17",
+            ),
+            q.HttpPublishResponse(results=[q.PublishedAt(0, 41), q.PublishedAt(1, 7)]),
+        ),
     }
 )
 #: The body of each push-only API (QUEUE_DELIVER).

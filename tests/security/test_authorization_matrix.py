@@ -219,6 +219,11 @@ SAMPLES: dict[ApiKey, Callable[[], tuple[Body, list[bytes]]]] = {
     ),
     # The msgbus mode's pop, taken on the leader: a read and a group commit.
     ApiKey.TAKE: lambda: (sec.TakeRequest(topic=TOPIC, group=GROUP), []),
+    # An HTTP API publish forwarded to the leader: a write.
+    ApiKey.HTTP_PUBLISH: lambda: (
+        sec.HttpPublishRequest(topic=TOPIC, body=b'{"value":"v"}', idempotency_key="k"),
+        [],
+    ),
 }
 
 

@@ -444,6 +444,17 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    http_cluster_routing: Annotated[
+        str | None,
+        typer.Option(
+            help=_help(
+                "http_cluster_routing",
+                "In a cluster: 'forward' a request another node serves to it (default), or "
+                "'redirect' (307) the client there.",
+            ),
+            show_default=False,
+        ),
+    ] = None,
     http_msgbus_port: Annotated[
         int | None,
         typer.Option(
@@ -900,6 +911,7 @@ def serve(
         "http_port": http_port,
         "http_max_body_bytes": http_max_body_bytes,
         "http_msgbus_port": http_msgbus_port,
+        "http_cluster_routing": http_cluster_routing,
         "http_ipubsub_port": http_ipubsub_port,
         "http_msgbus_max_payload_bytes": http_msgbus_max_payload_bytes,
         "http_msgbus_ttl_ms": http_msgbus_ttl_ms,

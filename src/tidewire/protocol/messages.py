@@ -107,6 +107,8 @@ __all__ = [
     "GroupSummary",
     "HeartbeatRequest",
     "HeartbeatResponse",
+    "HttpPublishRequest",
+    "HttpPublishResponse",
     "InitProducerIdRequest",
     "InitProducerIdResponse",
     "JoinGroupRequest",
@@ -146,6 +148,7 @@ __all__ = [
     "ProducerPartitionState",
     "ProducerStateRequest",
     "ProducerStateResponse",
+    "PublishedAt",
     "PushBody",
     "QueueBindRequest",
     "QueueBindResponse",
@@ -335,6 +338,7 @@ class ApiKey(enum.IntEnum):
     REPLICA_FETCH = 63
     ALTER_REPLICATION = 64
     TAKE = 65
+    HTTP_PUBLISH = 66
 
 
 class Body(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -1995,6 +1999,9 @@ class TakeRequest(Body, kw_only=True, omit_defaults=True):
     group: str
     #: Records older than this (ms, by their timestamp) are passed over as taken; 0: none.
     ttl_ms: int = 0
+    #: The sender's id of this take (empty: none): the leader answers a TAKE sent again with
+    #: the same id (its connection broke) with what it took for the first, taking nothing more.
+    take_id: str = ""
 
 
 class TakeResponse(Body, kw_only=True, omit_defaults=True):
@@ -2006,6 +2013,43 @@ class TakeResponse(Body, kw_only=True, omit_defaults=True):
     value: bytes = b""
     error_code: int = 0
     error_message: str = ""
+
+
+# --- an HTTP API publish forwarded to the leader -------------------------------------------------
+
+
+class HttpPublishRequest(Body, kw_only=True, omit_defaults=True):
+    """An HTTP API publish (``POST /v1/topics/{topic}/messages`` or ``messages:batch``) that
+    a node of a cluster received for a partition led by another node, sent to that leader as
+    it came (docs/cluster.md, "The HTTP API in a cluster"): the leader stores it as its own
+    HTTP API would, ``Idempotency-Key`` included, so the answer is the one it would give."""
+
+    api_key = ApiKey.HTTP_PUBLISH
+    topic: str
+    #: The HTTP request body, as received: a PublishRequest (or, with ``batch``, a
+    #: BatchPublishRequest) JSON document.
+    body: bytes
+    batch: bool = False
+    #: The request's ``Idempotency-Key`` header; None: none.
+    idempotency_key: str | None = None
+
+
+class PublishedAt(msgspec.Struct, array_like=True):
+    """Where a message was stored: ``[partition, offset]``."""
+
+    partition: int
+    offset: int
+
+
+class HttpPublishResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.HTTP_PUBLISH
+    #: Where each message was stored, in the order sent.
+    results: list[PublishedAt] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+    #: The class name of the error, where the code alone does not say how the HTTP API
+    #: answers it (``IdempotencyKeyReusedError``: 409, with the code of an invalid request).
+    error_name: str = ""
 
 
 # --- the registry and the codec ------------------------------------------------------------
@@ -2076,6 +2120,7 @@ _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
     ApiKey.REPLICA_FETCH: (ReplicaFetchRequest, ReplicaFetchResponse),
     ApiKey.ALTER_REPLICATION: (AlterReplicationRequest, AlterReplicationResponse),
     ApiKey.TAKE: (TakeRequest, TakeResponse),
+    ApiKey.HTTP_PUBLISH: (HttpPublishRequest, HttpPublishResponse),
 }
 #: APIs only the server sends, as PUSH frames, with the body schema of each: they have no
 #: request or response (a request for one is refused as an unknown API).

@@ -56,6 +56,7 @@ from tidewire.protocol.messages import (
     GroupSummary,
     HeartbeatRequest,
     HeartbeatResponse,
+    HttpPublishRequest,
     InitProducerIdRequest,
     InitProducerIdResponse,
     JoinGroupRequest,
@@ -743,6 +744,14 @@ async def take(b: Broker, s: ServerInfo, req: TakeRequest, _: memoryview) -> Rep
     return await take_once(b, req), []
 
 
+async def http_publish(b: Broker, s: ServerInfo, req: HttpPublishRequest, _: memoryview) -> Reply:
+    """An HTTP API publish forwarded by another node, stored as this node's HTTP API
+    would (server/http/publisher.py)."""
+    from tidewire.server.http.publisher import serve_forwarded  # noqa: PLC0415 (the HTTP API's)
+
+    return await serve_forwarded(b, req), []
+
+
 HANDLERS: dict[int, Handler] = {
     ApiKey.API_VERSIONS: api_versions,
     ApiKey.PING: ping,
@@ -774,4 +783,5 @@ HANDLERS: dict[int, Handler] = {
     **REPLICA_HANDLERS,
     **CLUSTER_ADMIN_HANDLERS,
     ApiKey.TAKE: take,
+    ApiKey.HTTP_PUBLISH: http_publish,
 }

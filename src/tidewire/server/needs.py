@@ -286,6 +286,9 @@ API_NEEDS: dict[ApiKey, Requirement] = {
     # The msgbus mode's pop (a read and a commit of the group's offset, as FETCH then
     # OFFSET_COMMIT would need).
     ApiKey.TAKE: lambda req: [Need(_T, _O.READ, req.topic), Need(_G, _O.READ, req.group)],
+    # An HTTP API publish forwarded to the leader (as PRODUCE; a cluster never makes a topic
+    # on first publish, so no create).
+    ApiKey.HTTP_PUBLISH: lambda req: [Need(_T, _O.WRITE, req.topic)],
     # A cluster topic's replicas and settings (Kafka: ALTER on the cluster to reassign);
     # only the status asked: describe on the topic.
     ApiKey.ALTER_REPLICATION: lambda req: (

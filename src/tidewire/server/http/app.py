@@ -29,13 +29,13 @@ from tidewire.server.http.errors import BodyLimit, install_error_handlers
 from tidewire.server.http.fastpath import PublishFastPath
 from tidewire.server.http.groups import groups_router
 from tidewire.server.http.health import health_router
-from tidewire.server.http.idempotency import IdempotencyStore
 from tidewire.server.http.kafka_stats import kafka_stats_router
 from tidewire.server.http.log_levels import log_levels_router
 from tidewire.server.http.messages import messages_router
 from tidewire.server.http.metrics_routes import metrics_router
 from tidewire.server.http.observe import RequestObservation
-from tidewire.server.http.publisher import Publisher
+from tidewire.server.http.peers import PublishForwarder
+from tidewire.server.http.publisher import Publisher, shared_store
 from tidewire.server.http.queue_messages import queue_messages_router
 from tidewire.server.http.queue_ws import queue_ws_router
 from tidewire.server.http.queues import queues_router
@@ -107,7 +107,8 @@ def create_app(
         openapi_url="/openapi.json",
         redoc_url=None,
     )
-    publisher = Publisher(broker, IdempotencyStore(broker))
+    forward = PublishForwarder(broker) if config.http_cluster_routing == "forward" else None
+    publisher = Publisher(broker, shared_store(broker), forward=forward)
     ctx = GatewayContext(
         broker, config, closing if closing is not None else asyncio.Event(), publisher
     )

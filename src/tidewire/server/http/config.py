@@ -89,6 +89,10 @@ def split_list(value: str) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
+#: The values of ``http_cluster_routing``.
+CLUSTER_ROUTINGS = ("forward", "redirect")
+
+
 @dataclass(frozen=True, slots=True)
 class HttpConfig:
     """Settings of the HTTP gateway, validated on construction.
@@ -133,6 +137,12 @@ class HttpConfig:
             without a request, ms.
         http_max_sessions: browser sessions kept at once; logging one more in ends the
             least recently used.
+        http_cluster_routing: in a cluster, how a node answers a request for a partition it
+            cannot serve (a publish led by another node, a read of a partition it holds no
+            replica of, a consumer group it does not coordinate): ``forward`` (default) sends
+            it to the node that can, as the node itself, and answers with what that node
+            answered; ``redirect`` answers ``307`` to that node's HTTP listener, for clients
+            that go there themselves (docs/cluster.md, "The HTTP API in a cluster").
         metrics_enabled: serve ``/metrics`` and ``/v1/metrics/recent`` and count requests
             and connections for them (docs/observability.md); ``False``: neither.
         metrics_port: a listener of its own serving only ``GET /metrics`` (behind the same
@@ -164,6 +174,7 @@ class HttpConfig:
     http_allowed_origins: str = DEFAULT_ALLOWED_ORIGINS
     http_session_idle_ms: int = DEFAULT_SESSION_IDLE_MS
     http_max_sessions: int = DEFAULT_MAX_SESSIONS
+    http_cluster_routing: str = "forward"
     metrics_enabled: bool = True
     metrics_port: int = OFF
     metrics_max_partition_series: int = 10_000
@@ -181,6 +192,11 @@ class HttpConfig:
             )
         if not self.http_host:
             raise InvalidConfigError("http_host must not be empty")
+        if self.http_cluster_routing not in CLUSTER_ROUTINGS:
+            raise InvalidConfigError(
+                f"http_cluster_routing={self.http_cluster_routing!r} must be one of "
+                + ", ".join(CLUSTER_ROUTINGS)
+            )
         for name in ("http_port", "http_msgbus_port", "http_ipubsub_port", "metrics_port"):
             value = getattr(self, name)
             if not _port_ok(value):

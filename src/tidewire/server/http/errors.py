@@ -105,6 +105,9 @@ STATUS: dict[type[tw.TidewireError], int] = {
     # is known, see tidewire.server.http.cluster), or too few in-sync replicas for now.
     tw.NotLeaderError: 503,
     tw.NotEnoughReplicasError: 503,
+    # A request forwarded to another node whose connection broke before its answer: retry
+    # (a publish without Idempotency-Key may have been stored, see docs/cluster.md).
+    tw.ConnectionLostError: 503,
 }
 
 #: Statuses whose answers say when to retry.

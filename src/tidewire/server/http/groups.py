@@ -12,8 +12,15 @@ from tidewire.broker import Broker
 from tidewire.broker.consumer_groups import ResetTo
 from tidewire.broker.groups import MAX_ID_CHARS
 from tidewire.cluster import cluster_node
-from tidewire.errors import InvalidRequestError, UnknownGroupError
-from tidewire.protocol.messages import DescribeGroupRequest, GroupSummary, ListGroupsRequest
+from tidewire.errors import InvalidRequestError, NotCoordinatorError, UnknownGroupError
+from tidewire.protocol.messages import (
+    CommitPartition,
+    DescribeGroupRequest,
+    DescribeGroupResponse,
+    GroupSummary,
+    ListGroupsRequest,
+    OffsetCommitRequest,
+)
 from tidewire.security.model import ResourceType
 from tidewire.server.gate import gate_for, names_allowed
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
@@ -94,7 +101,13 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
         """A group's state, members with their partitions, and per partition the committed
         offset, the end offset and the lag. In a cluster, answered by the group's
         coordinator (another node redirects there)."""
-        await require_coordinator(broker, group)
+        peer = await _coordinator_elsewhere(ctx, group)
+        if peer is not None:
+            try:
+                got = await peer.group_body(group, DescribeGroupRequest(group_id=group))
+            finally:
+                await peer.close()
+            return json_response(_described(got))
         d = broker.groups.describe(group)
         return json_response(
             {
@@ -138,16 +151,28 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
         group (no ``member_id``) when it has no members, or as a member of its current
         generation for partitions assigned to it. In a cluster, made by the group's
         coordinator (another node redirects there)."""
-        await require_coordinator(broker, group)
+        peer = await _coordinator_elsewhere(ctx, group)
         req = parse_body(CommitRequest, await request.body())
         offsets: dict[tuple[str, int], tuple[int, str]] = {}
         for c in req.offsets:
             if (c.topic, c.partition) in offsets:
                 raise InvalidRequestError(f"{c.topic!r} partition {c.partition} is named twice")
             offsets[(c.topic, c.partition)] = (c.offset, c.metadata)
-        await broker.groups.commit(
-            group, offsets, member_id=req.member_id, generation=req.generation
-        )
+        if peer is None:
+            await broker.groups.commit(
+                group, offsets, member_id=req.member_id, generation=req.generation
+            )
+        else:
+            commit_req = OffsetCommitRequest(
+                group_id=group,
+                member_id=req.member_id,
+                generation=req.generation,
+                partitions=[CommitPartition(t, p, o, m) for (t, p), (o, m) in offsets.items()],
+            )
+            try:
+                await peer.group_body(group, commit_req)
+            finally:
+                await peer.close()
         return json_response({"group": group, "offsets": [c.model_dump() for c in req.offsets]})
 
     @router.post(
@@ -202,6 +227,58 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
         )
 
     return router
+
+
+async def _coordinator_elsewhere(ctx: GatewayContext, group: str) -> PeerClient | None:
+    """None when this node coordinates ``group`` (or is no node of a cluster); in a cluster
+    forwarding requests (``http_cluster_routing = "forward"``), a client to send the request
+    to its coordinator (the caller closes it).
+
+    Raises:
+        NotCoordinatorError: another node coordinates it and requests are redirected there
+            (307), or it has no coordinator now (503).
+    """
+    try:
+        await require_coordinator(ctx.broker, group)
+    except NotCoordinatorError as exc:
+        node = cluster_node(ctx.broker)
+        if node is None or exc.leader_id < 0 or ctx.config.http_cluster_routing != "forward":
+            raise
+        return PeerClient(node)
+    return None
+
+
+def _described(d: DescribeGroupResponse) -> dict[str, Any]:
+    """The GroupDescription document of a coordinator's DESCRIBE_GROUP answer (as the
+    coordinator's own HTTP API makes it)."""
+    return {
+        "group": d.group_id,
+        "state": d.state,
+        "generation": d.generation,
+        "strategy": d.strategy,
+        "members": [
+            {
+                "member_id": m.member_id,
+                "group_instance_id": m.group_instance_id,
+                "client_id": m.client_id,
+                "topics": list(m.topics),
+                "pattern": m.pattern,
+                "assignment": [[a.topic, a.partition] for a in m.assignment],
+            }
+            for m in d.members
+        ],
+        "offsets": [
+            {
+                "topic": x.topic,
+                "partition": x.partition,
+                "committed": x.committed,
+                "end_offset": x.end_offset,
+                "lag": x.lag,
+                "metadata": x.metadata,
+            }
+            for x in d.offsets
+        ],
+    }
 
 
 def _group_page(

@@ -8,7 +8,7 @@ import asyncio
 import csv
 import io
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Path, Query, Request
@@ -18,7 +18,11 @@ from tidewire._tasks import cancel_and_wait
 from tidewire.cluster import cluster_node
 from tidewire.errors import InvalidRequestError, PartitionCorruptError, UnknownTopicError
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
-from tidewire.server.http.cluster import require_replica, topic_partition_count
+from tidewire.server.http.cluster import (
+    partition_count,
+    require_replica,
+    topic_partition_count,
+)
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.idempotency import MAX_KEY_CHARS
 from tidewire.server.http.models import (
@@ -30,7 +34,13 @@ from tidewire.server.http.models import (
     TimeRangePage,
 )
 from tidewire.server.http.peers import PeerClient
-from tidewire.server.http.reading import StoredRecord, message_doc, read_partition, read_remote
+from tidewire.server.http.reading import (
+    StoredRecord,
+    fetch_remote,
+    message_doc,
+    read_partition,
+    read_remote,
+)
 
 __all__ = ["MAX_READ_LIMIT", "messages_router"]
 
@@ -95,8 +105,9 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
     ) -> Response:
         """Publish several messages: those of one partition are stored as one batch, all or
         none; answer each message's partition and offset, in the order sent."""
-        req = parse_body(BatchPublishRequest, await request.body())
-        got = await publisher.publish(topic, req.messages, req.encoding, idempotency_key)
+        body = await request.body()
+        req = parse_body(BatchPublishRequest, body)
+        got = await publisher.publish(topic, req.messages, req.encoding, idempotency_key, body=body)
         return json_response({"results": [{"offset": o, "partition": p} for p, o in got]}, 201)
 
     @router.get(
@@ -177,18 +188,25 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
         long-poll then. ``format`` json or csv exports the messages as a file."""
         if offset is not None and from_timestamp is not None:
             raise InvalidRequestError("give offset or from_timestamp, not both")
-        require_replica(broker, topic, partition)  # a cluster: else redirected to the leader
-        plog = broker.log(topic, partition)
-        if from_timestamp is not None:
-            start = broker.list_offset(topic, partition, from_timestamp)
-        else:
-            start = plog.log_start_offset if offset is None else offset
+        peer = _peer_for_read(ctx, topic, partition)
+        if peer is None:
+            require_replica(broker, topic, partition)  # a cluster: else redirected (307)
         gaps: list[dict[str, int]] = []
+        high = -1  # the leader's high watermark, as its last fetch answered (remote reads)
 
-        def read_from(at: int, count: int) -> tuple[list[StoredRecord], int]:
+        async def read_once(at: int, count: int, wait: int) -> tuple[list[StoredRecord], int]:
+            nonlocal high
+            if peer is None:
+                return read_partition(broker, topic, partition, at, limit=count)
+            recs, after, high = await fetch_remote(
+                peer, topic, partition, at, limit=count, max_wait_ms=wait
+            )
+            return recs, after
+
+        async def read_from(at: int, count: int, wait: int = 0) -> tuple[list[StoredRecord], int]:
             for _ in range(MAX_GAPS_PER_READ):
                 try:
-                    return read_partition(broker, topic, partition, at, limit=count)
+                    return await read_once(at, count, wait)
                 except PartitionCorruptError as exc:
                     if not skip_damaged or exc.damage_end <= at:
                         raise
@@ -196,17 +214,36 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
                     at = exc.damage_end
             return [], at  # as many gaps as one read reports: go on from here
 
-        scanned: int | None = None
-        if q is None and key is None:
-            recs, next_offset = read_from(start, limit)
-            if not recs and wait_ms > 0 and not gaps:
-                recs, next_offset = await _long_poll(
-                    ctx, topic, partition, offset=start, limit=limit, wait_ms=wait_ms
+        try:
+            if peer is not None and offset is None:  # held elsewhere: as its leader answers
+                at = -2 if from_timestamp is None else from_timestamp  # -2: the log start
+                start = await peer.list_offset(topic, partition, at)
+            elif peer is not None and offset is not None:
+                start = offset
+            elif from_timestamp is not None:
+                start = broker.list_offset(topic, partition, from_timestamp)
+            else:
+                start = broker.log(topic, partition).log_start_offset if offset is None else offset
+            scanned: int | None = None
+            if q is None and key is None:
+                recs, next_offset = await read_from(start, limit)
+                if not recs and wait_ms > 0 and not gaps:
+                    if peer is None:
+                        recs, next_offset = await _long_poll(
+                            ctx, topic, partition, offset=start, limit=limit, wait_ms=wait_ms
+                        )
+                    else:
+                        wait = min(wait_ms, broker.config.max_wait_ms)
+                        recs, next_offset = await read_from(start, limit, wait)
+            else:
+                recs, next_offset, scanned = await _search(
+                    read_from, start, limit=limit, max_scan=max_scan, q=q, key=key
                 )
-        else:
-            recs, next_offset, scanned = await _search(
-                read_from, start, limit=limit, max_scan=max_scan, q=q, key=key
-            )
+            if peer is not None and high < 0:
+                high = await peer.list_offset(topic, partition, -1)
+        finally:
+            if peer is not None:
+                await peer.close()
         docs = [message_doc(r, encoding) for r in recs]
         if format != "page":
             name = f"{topic}-{partition}-{start}"
@@ -214,7 +251,7 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
         doc: dict[str, object] = {
             "messages": docs,
             "next_offset": next_offset,
-            "high_watermark": broker.high_watermark(topic, partition),
+            "high_watermark": broker.high_watermark(topic, partition) if peer is None else high,
         }
         if gaps:
             doc["gaps"] = gaps
@@ -272,7 +309,7 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
 
 
 async def _search(
-    read_from: Callable[[int, int], tuple[list[StoredRecord], int]],
+    read_from: Callable[[int, int], Awaitable[tuple[list[StoredRecord], int]]],
     start: int,
     *,
     limit: int,
@@ -289,7 +326,7 @@ async def _search(
     scanned = 0
     at = start
     while scanned < max_scan and len(found) < limit:
-        chunk, after = read_from(at, min(MAX_READ_LIMIT, max_scan - scanned))
+        chunk, after = await read_from(at, min(MAX_READ_LIMIT, max_scan - scanned))
         if not chunk:
             at = after
             break
@@ -364,3 +401,19 @@ async def _long_poll(
     finally:
         await cancel_and_wait(closing)
     return read_partition(broker, topic, partition, offset, limit=limit)
+
+
+def _peer_for_read(ctx: GatewayContext, topic: str, partition: int) -> PeerClient | None:
+    """In a cluster forwarding requests (``http_cluster_routing = "forward"``): a client to
+    read a partition of which this node holds no replica from its leader (the caller closes
+    it); None when the node reads it itself (or redirects)."""
+    broker = ctx.broker
+    node = cluster_node(broker)
+    if node is None or (topic, partition) in broker.logs.logs:
+        return None
+    if ctx.config.http_cluster_routing != "forward":
+        return None
+    n = partition_count(broker, topic)  # UnknownTopicError: 404
+    if n is None or partition >= n:
+        return None  # the read answers "no such partition" itself
+    return PeerClient(node)

@@ -39,6 +39,7 @@ from tidewire.client._transport import Transport
 from tidewire.cluster import cluster_node
 from tidewire.errors import (
     ConnectionLostError,
+    NotLeaderError,
     OffsetOutOfRangeError,
     RequestTimedOutError,
     TidewireError,
@@ -52,6 +53,7 @@ from tidewire.protocol.messages import (
     Body,
     FetchPartition,
     FetchRequest,
+    HttpPublishRequest,
     ListOffsetsPartition,
     ListOffsetsRequest,
     ProducePartition,
@@ -76,6 +78,7 @@ __all__ = [
     "Fetched",
     "PeerClient",
     "PeerPool",
+    "PublishForwarder",
     "SharedLink",
     "close_cursor",
     "make_cursor",
@@ -249,6 +252,8 @@ class PeerClient:
         pool = peer_pool(node) if timeout_s == PEER_TIMEOUT_S else None
         connect = pool.link if pool is not None else node_transports(node, timeout_s)
         self.timeout_s = timeout_s
+        #: The node whose identity and connections it uses.
+        self.node = node
         self._node = node
         self._connect = connect
         self._bootstrap = connect(node.info.address)
@@ -391,6 +396,49 @@ class PeerClient:
         )
         return got
 
+    async def http_publish(
+        self, topic: str, partition: int, body: bytes, batch: bool, key: str | None
+    ) -> list[tuple[int, int]]:
+        """An HTTP API publish (its request ``body``, a batch or one message, its
+        ``Idempotency-Key``) stored by the leader of ``topic``/``partition`` as its HTTP API
+        would (``HTTP_PUBLISH``): ``(partition, offset)`` of each message.
+
+        Sent again to a new leader on NotLeaderError; after a lost connection only when it
+        has an Idempotency-Key (the leader then stores it once), else the loss is raised (it
+        may have been stored).
+
+        Raises:
+            TidewireError: what the leader refused it with (IdempotencyKeyReusedError as
+                such); NotLeaderError, ConnectionLostError, ...: no leader took it in time.
+        """
+        from tidewire.server.http.errors import IdempotencyKeyReusedError  # noqa: PLC0415
+
+        req = HttpPublishRequest(topic=topic, body=body, batch=batch, idempotency_key=key)
+        timeout = self._bootstrap.request_timeout_s
+        if not self._router.clustered:
+            with contextlib.suppress(TidewireError):
+                await self._router.refresh([topic])
+
+        async def send(t: Transport) -> list[tuple[int, int]]:
+            response = await t.request(req, timeout_s=timeout)
+            assert response is not None
+            got = response.body
+            if got.error_code:
+                if got.error_name == IdempotencyKeyReusedError.__name__:
+                    raise IdempotencyKeyReusedError(got.error_message)
+                raise for_code(got.error_code)(got.error_message)
+            return [(r.partition, r.offset) for r in got.results]
+
+        result: list[tuple[int, int]] = await call_routed(
+            self._router,
+            topic,
+            partition,
+            send,
+            timeout_s=self.timeout_s,
+            resend_on_loss=key is not None,
+        )
+        return result
+
     async def list_offset(self, topic: str, partition: int, timestamp: int) -> int:
         """As :meth:`Broker.list_offset`, answered by the partition's leader: -2 the log
         start, -1 the high watermark, else the first offset at or after ``timestamp`` (ms)."""
@@ -409,6 +457,40 @@ class PeerClient:
         response = await self._routed(OFFSETS_TOPIC, p, request, self._bootstrap.request_timeout_s)
         return response.body
 
+    async def group_body(self, group: str, request: Any) -> Any:
+        """``request`` about consumer group ``group`` answered by its coordinator (sent
+        again to a new one on NotCoordinatorError; not after a lost connection, as it may
+        have been carried out): the answer's body, its error (or its partitions' error, the
+        same for all of a commit) raised.
+
+        Raises:
+            TidewireError: the coordinator's error; NotCoordinatorError, ...: none answered
+                within the timeout.
+        """
+        p = coordinator_partition(group)
+        if not self._router.clustered:
+            with contextlib.suppress(TidewireError):
+                await self._router.refresh([OFFSETS_TOPIC])
+        timeout = self._bootstrap.request_timeout_s
+
+        async def send(t: Transport) -> Any:
+            response = await t.request(request, timeout_s=timeout)
+            assert response is not None
+            body = response.body
+            code = getattr(body, "error_code", 0)
+            message = getattr(body, "error_message", "")
+            for result in getattr(body, "results", ()):
+                if result.error_code:
+                    code, message = result.error_code, result.error_message
+                    break
+            if code:
+                raise for_code(code)(message)
+            return body
+
+        return await call_routed(
+            self._router, OFFSETS_TOPIC, p, send, timeout_s=self.timeout_s, resend_on_loss=False
+        )
+
     async def ask_every_node(self, request: Any) -> list[Any]:
         """The answer bodies of every node of the cluster to ``request`` (this one included).
 
@@ -416,6 +498,37 @@ class PeerClient:
             ConnectionLostError, RequestTimedOutError: a node did not answer.
         """
         return await self._router.ask_every_node(request)
+
+
+class PublishForwarder:
+    """The HTTP API's publishes sent to their partitions' leaders (the publisher's
+    ``forward``), through one :class:`PeerClient` of the node kept for them all (its
+    metadata is then asked once, not per publish; its connections are the node pool's).
+
+    Args:
+        broker: the broker whose cluster node forwards (looked up at each publish: the
+            gateway is made before the node joins).
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._peer: PeerClient | None = None
+
+    async def __call__(
+        self, topic: str, partition: int, body: bytes, batch: bool, key: str | None
+    ) -> list[tuple[int, int]]:
+        node = cluster_node(self.broker)
+        if node is None:
+            raise NotLeaderError(f"this node left the cluster: partition {partition} of {topic!r}")
+        if peer_pool(node) is None:  # the node is leaving: a client of its own, closed after
+            peer = PeerClient(node)
+            try:
+                return await peer.http_publish(topic, partition, body, batch, key)
+            finally:
+                await peer.close()
+        if self._peer is None or self._peer.node is not node:
+            self._peer = PeerClient(node)  # the former one's links were its node's pool's
+        return await self._peer.http_publish(topic, partition, body, batch, key)
 
 
 # --- reading a topic on any node ---------------------------------------------------------------

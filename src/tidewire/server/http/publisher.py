@@ -5,6 +5,13 @@ Publishing calls the broker core as the binary protocol's produce does with acks
 the answer comes once the messages are as durable as the topic's fsync policy promises, and
 a first publish creates the topic when the broker creates topics on first publish (after
 its messages were checked, so a refused publish creates nothing).
+
+In a cluster a publish whose partitions another node leads is, with a ``forward`` (the HTTP
+API's default, ``http_cluster_routing = "forward"``), sent whole to that leader as the
+protocol's ``HTTP_PUBLISH`` (see peers.py), where :func:`serve_forwarded` stores it with
+that leader's publisher and keys: the answer (offsets, errors, ``Idempotency-Key``) is the
+one the leader's own HTTP API would give. Without one, it raises ``NotLeaderError`` naming
+the leader (the HTTP API answers 307 to it).
 """
 
 from __future__ import annotations
@@ -13,26 +20,57 @@ import base64
 import binascii
 import itertools
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from tidewire.broker import Broker
+from tidewire.cluster import cluster_node
 from tidewire.errors import (
     InvalidConfigError,
     InvalidRequestError,
     InvalidTopicError,
+    NotLeaderError,
+    TidewireError,
     UnknownPartitionError,
     UnknownTopicError,
 )
+from tidewire.protocol.messages import HttpPublishRequest, HttpPublishResponse, PublishedAt
 from tidewire.records import BatchBuilder
 from tidewire.server.http import cluster
 from tidewire.server.http._common import parse_body
 from tidewire.server.http.errors import IdempotencyKeyReusedError
 from tidewire.server.http.idempotency import INDEX_HEADER, KEY_HEADER, IdempotencyStore, KeyEntry
-from tidewire.server.http.models import PublishMessage, PublishRequest
+from tidewire.server.http.models import BatchPublishRequest, PublishMessage, PublishRequest
 from tidewire.storage.manager import validate_topic_name
 
-__all__ = ["Publisher", "partition_for_key", "payload_bytes"]
+__all__ = [
+    "Forward",
+    "Publisher",
+    "partition_for_key",
+    "payload_bytes",
+    "serve_forwarded",
+    "shared_store",
+]
+
+#: Sends a publish to the leader of a partition: ``(topic, partition, body, batch,
+#: idempotency_key)`` -> ``(partition, offset)`` of each message (see peers.py).
+Forward = Callable[[str, int, bytes, bool, str | None], Awaitable[list[tuple[int, int]]]]
+
+#: Per broker: the idempotency keys its HTTP API and the publishes other nodes forward to it
+#: share, and the publisher that stores those forwarded publishes.
+_STORES: weakref.WeakKeyDictionary[Broker, IdempotencyStore] = weakref.WeakKeyDictionary()
+_FORWARDED: weakref.WeakKeyDictionary[Broker, Publisher] = weakref.WeakKeyDictionary()
+
+
+def shared_store(broker: Broker) -> IdempotencyStore:
+    """The idempotency keys of ``broker`` (made on first use): one store for its HTTP API's
+    publishes and those other nodes forward to it, so a retry is found whichever way it came."""
+    store = _STORES.get(broker)
+    if store is None:
+        store = _STORES[broker] = IdempotencyStore(broker)
+    return store
+
 
 #: FNV-1a, 32 bits: the tidewire clients' key partitioner (tidewire.client.partitioner), so a
 #: key published over HTTP lands where a client would put it. Restated here because the
@@ -57,9 +95,13 @@ class Publisher:
     """Stores messages for the HTTP API: payload decoding, partition choice, one batch per
     partition, idempotency keys."""
 
-    def __init__(self, broker: Broker, store: IdempotencyStore) -> None:
+    def __init__(
+        self, broker: Broker, store: IdempotencyStore, *, forward: Forward | None = None
+    ) -> None:
         self.broker = broker
         self.store = store
+        #: In a cluster: where a publish led by another node goes (None: NotLeaderError).
+        self.forward = forward
         self._counts: dict[str, int] = {}
         self._round_robin = itertools.count()
 
@@ -133,15 +175,20 @@ class Publisher:
         """
         req = parse_body(PublishRequest, body)
         if idempotency_key is not None:
-            ((p, off),) = await self.publish(topic, (req,), req.encoding, idempotency_key)
+            ((p, off),) = await self.publish(
+                topic, (req,), req.encoding, idempotency_key, body=body, batch=False
+            )
             return b'{"offset":%d,"partition":%d}' % (off, p)
         # The hot path: what publish() does for one message, without its bookkeeping.
         n = self._partitions_for_publish(topic)
         ((key, value, headers, ts),) = _decode((req,), req.encoding)
         p = self.choose(req, key, n, topic)
         rep = self.broker.replication
-        if rep is not None and not rep.leads(topic, p):  # a cluster: name its leader
-            cluster.require_leader(self.broker, topic, {p})
+        if rep is not None and not rep.leads(topic, p):  # a cluster: to its leader
+            got = await self._forward(topic, {p}, body, False, None)
+            if got is not None:
+                ((p, off),) = got
+                return b'{"offset":%d,"partition":%d}' % (off, p)
         builder = BatchBuilder()
         builder.append(value, timestamp_ms=ts, key=key, headers=headers)
         result = await self.broker.produce(topic, p, builder.build())
@@ -153,8 +200,16 @@ class Publisher:
         msgs: Sequence[PublishMessage],
         encoding: str,
         idempotency_key: str | None,
+        *,
+        body: bytes | None = None,
+        batch: bool = True,
     ) -> list[tuple[int, int]]:
         """Store ``msgs``; return ``(partition, offset)`` of each.
+
+        Args:
+            body: the HTTP request body ``msgs`` came from (a BatchPublishRequest, or with
+                ``batch`` false a PublishRequest): given, and with a ``forward``, a publish
+                whose partitions another node leads is sent there whole.
 
         Raises:
             InvalidRequestError: a payload that is not valid base64.
@@ -165,6 +220,14 @@ class Publisher:
         """
         n = self._partitions_for_publish(topic)
         ready = _decode(msgs, encoding)
+        if body is not None and self.forward is not None and self.broker.replication is not None:
+            chosen = {
+                self.choose(m, r[0], n, topic, idempotency_key)
+                for m, r in zip(msgs, ready, strict=True)
+            }
+            got = await self._forward(topic, chosen, body, batch, idempotency_key)
+            if got is not None:
+                return got
         if idempotency_key is None:
             placement = [self.choose(m, r[0], n, topic) for m, r in zip(msgs, ready, strict=True)]
             return await self._store(topic, ready, placement, {}, None)
@@ -187,6 +250,30 @@ class Publisher:
                 if not entry.done:  # nothing stored: the key is free for any messages
                     entry.placement = entry.fingerprint = None
                 raise
+
+    async def _forward(
+        self, topic: str, partitions: set[int], body: bytes, batch: bool, key: str | None
+    ) -> list[tuple[int, int]] | None:
+        """A publish to ``partitions`` sent to their leader when another node leads them all
+        (and this publisher forwards): its answer; None when this node leads them all.
+
+        Raises:
+            NotLeaderError: their leader is not known now (503), or there is no ``forward``
+                (the HTTP API redirects to the leader it names).
+            InvalidRequestError: they are led by several nodes.
+        """
+        try:
+            cluster.require_leader(self.broker, topic, partitions)
+        except NotLeaderError as exc:
+            node = cluster_node(self.broker)
+            rep = self.broker.replication
+            if self.forward is None or node is None or rep is None:
+                raise
+            if exc.leader_id < 0 or exc.leader_id == node.node_id:
+                raise  # no leader known now: 503, retry
+            target = min(p for p in partitions if not rep.leads(topic, p))
+            return await self.forward(topic, target, body, batch, key)
+        return None
 
     def _placement(
         self,
@@ -302,3 +389,30 @@ def _decode(msgs: Sequence[PublishMessage], encoding: str) -> list[_Ready]:
             )
         )
     return out
+
+
+def _forwarded_publisher(broker: Broker) -> Publisher:
+    pub = _FORWARDED.get(broker)
+    if pub is None:
+        pub = _FORWARDED[broker] = Publisher(broker, shared_store(broker))
+    return pub
+
+
+async def serve_forwarded(broker: Broker, req: HttpPublishRequest) -> HttpPublishResponse:
+    """Store a publish another node forwarded (``HTTP_PUBLISH``) as this node's HTTP API
+    would, with its keys (:func:`shared_store`); never forwarded again: a partition this node
+    does not lead (any more) is refused with NotLeaderError, so the sender finds the leader.
+    """
+    pub = _forwarded_publisher(broker)
+    try:
+        if req.batch:
+            many = parse_body(BatchPublishRequest, req.body)
+            got = await pub.publish(req.topic, many.messages, many.encoding, req.idempotency_key)
+        else:
+            one = parse_body(PublishRequest, req.body)
+            got = await pub.publish(req.topic, (one,), one.encoding, req.idempotency_key)
+    except TidewireError as exc:
+        return HttpPublishResponse(
+            error_code=exc.code, error_message=exc.message, error_name=type(exc).__name__
+        )
+    return HttpPublishResponse(results=[PublishedAt(p, o) for p, o in got])

@@ -12,7 +12,14 @@ from tidewire.records import iter_batches, read_records
 if TYPE_CHECKING:
     from tidewire.server.http.peers import PeerClient
 
-__all__ = ["DEFAULT_READ_BYTES", "StoredRecord", "message_doc", "read_partition", "read_remote"]
+__all__ = [
+    "DEFAULT_READ_BYTES",
+    "StoredRecord",
+    "fetch_remote",
+    "message_doc",
+    "read_partition",
+    "read_remote",
+]
 
 #: Bytes of batches read per request: enough for thousands of small messages, small enough
 #: that one read never holds the loop for long.
@@ -81,7 +88,27 @@ async def read_remote(
         PartitionCorruptError: as the leader answers; NotLeaderError, ConnectionLostError:
         no leader answered in time.
     """
-    got = await peer.fetch(topic, partition, offset, max_bytes=max_bytes)
+    got, _, _ = await fetch_remote(peer, topic, partition, offset, limit=limit, max_bytes=max_bytes)
+    return got
+
+
+async def fetch_remote(
+    peer: PeerClient,
+    topic: str,
+    partition: int,
+    offset: int,
+    *,
+    limit: int,
+    max_bytes: int = DEFAULT_READ_BYTES,
+    max_wait_ms: int = 0,
+) -> tuple[list[StoredRecord], int, int]:
+    """As :func:`read_remote` (long-polled on the leader up to ``max_wait_ms`` when there is
+    nothing yet): the records, the offset to read next and the leader's high watermark.
+
+    Raises:
+        as :func:`read_remote`.
+    """
+    got = await peer.fetch(topic, partition, offset, max_bytes=max_bytes, max_wait_ms=max_wait_ms)
     out: list[StoredRecord] = []
     for start, h in iter_batches(got.data, verify=False):  # the leader's log checked them
         if h.last_offset < offset:
@@ -90,7 +117,7 @@ async def read_remote(
         if len(out) >= limit:
             break
     del out[limit:]
-    return out
+    return out, out[-1].offset + 1 if out else offset, got.high_watermark
 
 
 def _text(data: bytes | None) -> str | None:

@@ -7,25 +7,61 @@ topic's partition: a msgbus listener on another node sends the pop there as ``TA
 (through its routed internal client, as the node itself, following the leader when it
 moves) and answers with what the leader took. The leader takes it with the same
 :class:`~._pop.Popper` locks as its own msgbus listener's pops, so the two never interleave.
+
+A forwarded pop whose connection breaks (or whose answer does not come in time) is sent
+once more, with the same ``take_id``: the leader remembers the answers of recent ids
+(:data:`REMEMBERED_TAKES`, for :data:`TAKE_ID_TTL_S`) and answers a repeated id with what it
+took for the first (waiting for it when it is still running), taking nothing more. So the
+retry neither takes a second message nor loses the first, when it reaches the same leader.
+When the leader changed meanwhile, the new one does not know the id and takes the next
+message: the one the former leader took is gone, as it was without the retry (never handed
+out twice either way).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import uuid
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tidewire.errors import TidewireError, UnknownTopicError
+from tidewire.broker import Broker
+from tidewire.errors import (
+    ConnectionLostError,
+    RequestTimedOutError,
+    TidewireError,
+    UnknownTopicError,
+)
 from tidewire.protocol.messages import TakeRequest, TakeResponse
 from tidewire.server.http._cursor import Record
 from tidewire.server.http.compat._pop import Popper
 
 if TYPE_CHECKING:
-    from tidewire.broker import Broker
     from tidewire.server.http.peers import PeerClient
 
-__all__ = ["Taken", "accept_alive", "take", "take_on_leader"]
+__all__ = [
+    "REMEMBERED_TAKES",
+    "TAKE_ID_TTL_S",
+    "Taken",
+    "accept_alive",
+    "take",
+    "take_on_leader",
+]
+
+#: Take ids a leader remembers the answer of (the oldest forgotten first): far more than the
+#: pops in flight from every node at once; a few hundred bytes each.
+REMEMBERED_TAKES = 10_000
+#: How long a take id's answer is remembered (s): longer than a forwarded pop's retry comes
+#: (one request timeout after the first at most).
+TAKE_ID_TTL_S = 120.0
+
+#: Per broker: take id -> (when it was first asked, monotonic s; its answer, once known).
+_ANSWERS: weakref.WeakKeyDictionary[
+    Broker, OrderedDict[str, tuple[float, asyncio.Future[TakeResponse]]]
+] = weakref.WeakKeyDictionary()
 
 
 class Taken:
@@ -51,7 +87,43 @@ def accept_alive(ttl_ms: int) -> Callable[[Record], bool]:
 async def take(broker: Broker, req: TakeRequest) -> TakeResponse:
     """Answer a ``TAKE`` (see the module docstring): on the leader of the topic's partition
     (elsewhere NotLeaderError, so the sender finds the leader), one record taken for the
-    group, or none (``found`` false)."""
+    group, or none (``found`` false); a ``take_id`` asked before (and remembered) is
+    answered as it was the first time, nothing taken again."""
+    if not req.take_id:
+        return await _take_once(broker, req)
+    answers = _ANSWERS.setdefault(broker, OrderedDict())
+    now = time.monotonic()
+    while answers:  # forget the expired (the oldest first) and those beyond the bound
+        first_at, _ = next(iter(answers.values()))
+        if now - first_at < TAKE_ID_TTL_S and len(answers) < REMEMBERED_TAKES:
+            break
+        answers.popitem(last=False)
+    known = answers.get(req.take_id)
+    if known is not None:
+        try:
+            return await asyncio.shield(known[1])
+        except ConnectionLostError as exc:  # the first did not finish: it may have taken one
+            return TakeResponse(error_code=exc.code, error_message=exc.message)
+    done: asyncio.Future[TakeResponse] = asyncio.get_running_loop().create_future()
+    answers[req.take_id] = (now, done)
+    try:
+        answer = await _take_once(broker, req)
+    except BaseException:
+        answers.pop(req.take_id, None)
+        done.set_exception(
+            ConnectionLostError(
+                f"take {req.take_id} of {req.topic!r} was stopped before its answer"
+            )
+        )
+        done.exception()  # retrieved: a waiting retry reads it, none may
+        raise
+    if answer.error_code:
+        answers.pop(req.take_id, None)  # nothing was taken: a retry takes afresh
+    done.set_result(answer)
+    return answer
+
+
+async def _take_once(broker: Broker, req: TakeRequest) -> TakeResponse:
     try:
         rep = broker.replication
         if rep is not None:
@@ -77,7 +149,12 @@ async def take_on_leader(peer: PeerClient, topic: str, group: str, ttl_ms: int) 
         TidewireError: what the leader refused it with; NotLeaderError, ...: no leader
             answered within the peer client's timeout.
     """
-    body = await peer.routed_body(topic, 0, TakeRequest(topic=topic, group=group, ttl_ms=ttl_ms))
+    req = TakeRequest(topic=topic, group=group, ttl_ms=ttl_ms, take_id=uuid.uuid4().hex)
+    try:
+        body = await peer.routed_body(topic, 0, req)
+    except (ConnectionLostError, RequestTimedOutError):
+        # Its answer was lost: once more, with the same id (see the module docstring).
+        body = await peer.routed_body(topic, 0, req)
     if not body.found:
         return None
     return Taken(body.offset, body.timestamp_ms, body.value)
