@@ -264,6 +264,23 @@ def test_append_record_writes_the_builders_records(compiled: SimpleNamespace, sp
         assert got[0][0] is section[0]
 
 
+def test_append_record_takes_bytes_like_values_and_keys(compiled: SimpleNamespace) -> None:
+    """A bytearray or memoryview value or key (``send_values`` passes the caller's values on
+    as they are) is written as its bytes by both twins; something not bytes-like is refused."""
+    from tidewire.records import _speedups  # type: ignore[attr-defined]
+
+    want = bytearray()
+    builder.append_record(want, b"value", b"key", b"\x00", 0, 0)
+    for value, key in ((bytearray(b"value"), memoryview(b"key")), (memoryview(b"value"), b"key")):
+        for impl in (_speedups, builder):
+            buf = bytearray()
+            assert impl.append_record(buf, value, key, b"\x00", 0, 0) == len(want)
+            assert buf == want
+    for impl in (_speedups, builder):
+        with pytest.raises(TypeError):
+            impl.append_record(bytearray(), 5, None, b"\x00", 0, 0)
+
+
 def test_append_after_build(compiled: SimpleNamespace) -> None:
     for impl in (compiled, PURE):
         b = impl.BatchBuilder()

@@ -370,11 +370,12 @@ cdef inline Py_ssize_t _varint_size(int64_t value) noexcept nogil:
     return i
 
 
-def append_record(bytearray buf not None, bytes value, bytes key, bytes headers not None,
+def append_record(bytearray buf not None, value, key, bytes headers not None,
                   timestamp_delta, Py_ssize_t offset_delta):
     """See :func:`tidewire.records.builder.append_record` (the same bytes and result), for
     a bytearray ``buf``: the record is written straight into it (grown by at least an eighth
-    at a time, so appends are amortised)."""
+    at a time, so appends are amortised). A value or key that is bytes-like but not bytes
+    (bytearray, memoryview) is copied as its bytes first, as the pure twin's join takes it."""
     cdef int64_t tsd
     cdef Py_ssize_t klen, vlen, hlen, body, total, at
     cdef char* out
@@ -382,6 +383,10 @@ def append_record(bytearray buf not None, bytes value, bytes key, bytes headers 
         tsd = timestamp_delta
     except OverflowError:  # past 64 bits: the pure twin raises its error
         return _pure_append_record(buf, value, key, headers, timestamp_delta, offset_delta)
+    if value is not None and type(value) is not bytes:
+        value = bytes(memoryview(value))
+    if key is not None and type(key) is not bytes:
+        key = bytes(memoryview(key))
     klen = -1 if key is None else PyBytes_GET_SIZE(key)
     vlen = -1 if value is None else PyBytes_GET_SIZE(value)
     hlen = PyBytes_GET_SIZE(headers)
