@@ -58,6 +58,8 @@ if COMPILED is None:
     read_columns = _pure_reader.read_columns
 else:
     BatchBuilder = COMPILED.BatchBuilder
-    append_record = COMPILED.append_record
+    # A module built from an older _speedups.pyx (a checkout updated without building it
+    # again) has no append_record: the pure one takes a bytearray too, only slower.
+    append_record = getattr(COMPILED, "append_record", _pure_builder.append_record)
     read_records = COMPILED.read_records
     read_columns = COMPILED.read_columns
