@@ -213,6 +213,74 @@ def test_the_same_append_errors(
         assert got == expected
 
 
+def _appended(impl: Any, buf: Any, spec: Any) -> Any:
+    """``spec``'s records through ``impl.append_record`` into ``buf`` (sizes returned), or the
+    class and message of the error it raises."""
+    first = spec.records[0].timestamp
+    sizes = []
+    try:
+        for i, r in enumerate(spec.records):
+            headers = builder._encode_headers(r.headers) if r.headers else b"\x00"
+            sizes.append(impl.append_record(buf, r.value, r.key, headers, r.timestamp - first, i))
+    except ValueError as exc:
+        return type(exc), str(exc)
+    return sizes
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_batches.batch_specs(min_records=1, max_records=20))
+def test_append_record_writes_the_builders_records(compiled: SimpleNamespace, spec: Any) -> None:
+    """The producer's ``append_record``: both twins (the compiled one into a bytearray, the
+    pure one into a bytearray or a list of parts) write the records section BatchBuilder
+    writes, return each record's size, and refuse a delta past 64 bits alike."""
+    from tidewire.records import _speedups  # type: ignore[attr-defined]
+
+    b = builder.BatchBuilder()
+    try:
+        for r in spec.records:
+            b.append(r.value, timestamp_ms=r.timestamp, key=r.key, headers=r.headers)
+        section: Any = b.build()[BATCH_OVERHEAD:]
+    except ValueError as exc:
+        section = type(exc), str(exc)
+    got = []
+    for impl, buf in (
+        (_speedups, bytearray(b"room")),
+        (builder, bytearray(b"room")),
+        (builder, [b"room"]),
+    ):
+        sizes = _appended(impl, buf, spec)
+        if isinstance(sizes, list):
+            data = bytes(buf) if isinstance(buf, bytearray) else b"".join(buf)
+            assert data[:4] == b"room"
+            assert sum(sizes) == len(data) - 4
+            got.append(data[4:])
+        else:
+            got.append(sizes)
+    assert got[0] == got[1] == got[2]
+    if isinstance(section, bytes):
+        assert got[0] == section
+    else:  # the builder refuses the same timestamps, with its own message
+        assert isinstance(got[0], tuple)
+        assert got[0][0] is section[0]
+
+
+def test_append_record_takes_bytes_like_values_and_keys(compiled: SimpleNamespace) -> None:
+    """A bytearray or memoryview value or key (``send_values`` passes the caller's values on
+    as they are) is written as its bytes by both twins; something not bytes-like is refused."""
+    from tidewire.records import _speedups  # type: ignore[attr-defined]
+
+    want = bytearray()
+    builder.append_record(want, b"value", b"key", b"\x00", 0, 0)
+    for value, key in ((bytearray(b"value"), memoryview(b"key")), (memoryview(b"value"), b"key")):
+        for impl in (_speedups, builder):
+            buf = bytearray()
+            assert impl.append_record(buf, value, key, b"\x00", 0, 0) == len(want)
+            assert buf == want
+    for impl in (_speedups, builder):
+        with pytest.raises(TypeError):
+            impl.append_record(bytearray(), 5, None, b"\x00", 0, 0)
+
+
 def test_append_after_build(compiled: SimpleNamespace) -> None:
     for impl in (compiled, PURE):
         b = impl.BatchBuilder()

@@ -3,10 +3,12 @@ bounded amount of memory, and the per-partition queues of batches that the sende
 into produce requests. No I/O; thread-safe (the blocking producer appends from its callers'
 threads while the sender drains on the event loop's thread).
 
-A record is encoded when it is appended (a few byte strings kept by reference, joined once
-when the batch is built), so ``send`` costs no per-message task, coroutine or future: one
-future per *batch* is resolved when the broker answers, and each message's future reads its
-offset from the batch's base offset and its index in the batch.
+A record is encoded when it is appended, straight into its batch's growing buffer after room
+for the header, which is written in place when the batch is built (the pure-Python codec keeps
+the record's parts by reference instead, joined once then), so ``send`` costs no
+per-message task, coroutine or future: one future per *batch* is resolved when the broker
+answers, and each message's future reads its offset from the batch's base offset and its
+index in the batch.
 
 Ordering. The sender takes batches from the head of a partition's queue only. A batch that
 failed with a retriable error goes back to the front of its queue, in its original order
@@ -32,7 +34,9 @@ from typing import Any, Self
 
 from tidewire.errors import BatchTooLargeError
 from tidewire.records import varint
+from tidewire.records._impl import RECORDS_AS_PARTS, append_record
 from tidewire.records.batch import BATCH_OVERHEAD, seal_batch, seal_batch_in_place
+from tidewire.records.builder import VARINTS
 from tidewire.records.compression import Codec, compress
 
 __all__ = [
@@ -49,15 +53,15 @@ __all__ = [
 #: Producer sequences count modulo 2**31: after 2,147,483,647 comes 0.
 SEQUENCE_WRAP = 2**31
 #: Varint encodings of 0 .. 16,383, the lengths, offset deltas and time deltas of nearly every
-#: record, looked up instead of computed (16,384 entries of 1-2 bytes: about 600 KiB).
-_VARINT = [varint.encode(i) for i in range(1 << 14)]
+#: record, looked up instead of computed (records.builder's table), and their sizes.
+_VARINT = VARINTS
 _VARINT_LIMIT = len(_VARINT)
+_VSIZE = [len(v) for v in _VARINT]
 _NULL = varint.encode(-1)
 _ZERO = _VARINT[0]
-_ATTRS = b"\x00"  # record attributes: unused, always 0
-#: The first part of every batch: room for its header, written in place when it is built.
+#: How every batch's buffer starts: room for its header, written in place when it is built.
 _HEADER_ROOM = bytes(BATCH_OVERHEAD)
-#: Joins byte strings into one new bytearray (a batch's header is then written into it).
+#: Joins a batch's parts (the pure codec's records) into one new bytearray.
 _join_mutable = bytearray().join
 #: What :meth:`Accumulator.append` returns when it closed a full batch without opening another.
 ROLLED = -2
@@ -140,6 +144,7 @@ class ProducerBatch:
     __slots__ = (
         "attempts",
         "base_sequence",
+        "buf",
         "count",
         "created",
         "data",
@@ -147,7 +152,6 @@ class ProducerBatch:
         "future",
         "max_ts",
         "no",
-        "parts",
         "retry_at",
         "size",
         "state",
@@ -160,8 +164,11 @@ class ProducerBatch:
         self.created = now
         self.no = state.next_batch_no
         state.next_batch_no += 1
-        #: The encoded records, after room for the header: joined once into the batch.
-        self.parts: list[bytes] = [_HEADER_ROOM]
+        #: Room for the header, then the encoded records (see records.builder.append_record):
+        #: the batch once its header is in.
+        self.buf: bytearray | list[bytes] = (
+            [_HEADER_ROOM] if RECORDS_AS_PARTS else bytearray(_HEADER_ROOM)
+        )
         self.count = 0
         self.size = BATCH_OVERHEAD
         self.first_ts = -1
@@ -179,8 +186,8 @@ class ProducerBatch:
 
     def build(self, codec: Codec, producer_id: int, producer_epoch: int) -> bytes | bytearray:
         """Encode the batch (once): header, compressed records, CRC-32C. Uncompressed, the
-        records are joined once, after room for the header, which is then written in place
-        (one copy of the records, where joining them and sealing the section made two)."""
+        header is written in place into the buffer the records were appended to (no copy; the
+        pure codec's parts are joined first)."""
         if self.data is not None:
             return self.data
         idempotent = self.base_sequence >= 0
@@ -195,12 +202,16 @@ class ProducerBatch:
             "producer_epoch": epoch,
             "base_sequence": self.base_sequence,
         }
+        buf = self.buf
+        if buf.__class__ is list:
+            buf = _join_mutable(buf)
+        assert isinstance(buf, bytearray)
         if codec is Codec.NONE:
-            self.data = seal_batch_in_place(_join_mutable(self.parts), **header)
+            self.data = seal_batch_in_place(buf, **header)
         else:
-            self.parts[0] = b""  # no header room in what is compressed
-            self.data = seal_batch(compress(codec, b"".join(self.parts)), **header)
-        self.parts = []  # the bytes are all that is sent from now on
+            section = buf[BATCH_OVERHEAD:]  # no header room in what is compressed
+            self.data = seal_batch(compress(codec, section), **header)
+        self.buf = []  # the bytes are all that is sent from now on
         return self.data
 
     def __repr__(self) -> str:
@@ -407,21 +418,18 @@ class Accumulator:
         # Every line here runs once per message: plain comparisons and table look-ups
         # instead of helper calls, min() or max(), and the lock taken only where another
         # thread may append too.
+        # The record's size but for its deltas and length prefix (at most 15 more bytes).
         if value is None:
-            vlen, value = _NULL, b""
             payload = 2 + len(headers)  # attributes, null value
         else:
             n = len(value)
-            vlen = _VARINT[n] if n < _VARINT_LIMIT else varint.encode(n)
-            payload = 1 + len(vlen) + n + len(headers)
+            payload = 1 + (_VSIZE[n] if n < _VARINT_LIMIT else varint.size(n)) + n + len(headers)
         if key is None:
-            klen = _NULL
             payload += 1
         else:
             n = len(key)
-            klen = _VARINT[n] if n < _VARINT_LIMIT else varint.encode(n)
-            payload += len(klen) + n
-        need = payload + 16  # the deltas and the length prefix: at most 15 more bytes
+            payload += (_VSIZE[n] if n < _VARINT_LIMIT else varint.size(n)) + n
+        need = payload + 16
         if need + BATCH_OVERHEAD > limit or need > self.buffer_bytes:
             raise self._too_large(need, limit)
         lock = self._append_lock
@@ -443,17 +451,8 @@ class Accumulator:
                 batch = self._open(state, timestamp)
                 opened = True
             index = batch.count
-            delta = timestamp - batch.first_ts
-            tsd = _VARINT[delta] if 0 <= delta < _VARINT_LIMIT else varint.encode(delta)
-            od = _VARINT[index] if index < _VARINT_LIMIT else varint.encode(index)
-            body = payload + len(tsd) + len(od)
-            lenv = _VARINT[body] if body < _VARINT_LIMIT else varint.encode(body)
-            # One extend per record (an empty value part for a null value joins to nothing).
-            if key is None:
-                batch.parts += (lenv, _ATTRS, tsd, od, _NULL, vlen, value, headers)
-            else:
-                batch.parts += (lenv, _ATTRS, tsd, od, klen, key, vlen, value, headers)
-            size = body + len(lenv)
+            # Encoded straight into the batch's buffer (compiled: one call, no parts).
+            size = append_record(batch.buf, value, key, headers, timestamp - batch.first_ts, index)
             batch.size += size
             self.used += size
             batch.count = index + 1
@@ -493,22 +492,20 @@ class Accumulator:
         room = self.buffer_bytes - self.used
         cut = min(self.batch_bytes, limit)
         most = limit - BATCH_OVERHEAD  # the largest record a batch of its own may hold
-        table, table_len, enc = _VARINT, _VARINT_LIMIT, varint.encode
+        sizes, table_len, append = _VSIZE, _VARINT_LIMIT, append_record
         batch = state.open
         try:
-            parts: list[bytes] = [] if batch is None else batch.parts
+            buf: bytearray | list[bytes] = [] if batch is None else batch.buf
             size = 0 if batch is None else batch.size
             count = 0 if batch is None else batch.count
-            first_ts = 0 if batch is None else batch.first_ts
-            tsd = b""
+            delta = 0 if batch is None else timestamp - batch.first_ts
             while i < end:
                 value = values[i]
                 if value is None:
-                    vlen, value, payload = _NULL, b"", 4
+                    payload = 4  # attributes, null key, null value, no headers
                 else:
                     n = len(value)
-                    vlen = table[n] if n < table_len else enc(n)
-                    payload = 3 + len(vlen) + n  # attributes, null key, value, no headers
+                    payload = 3 + (sizes[n] if n < table_len else varint.size(n)) + n
                 need = payload + 16
                 if need > room or need > most:
                     if need > most or need > self.buffer_bytes:
@@ -521,17 +518,9 @@ class Accumulator:
                             batch.max_ts = timestamp
                         state.open = None  # closed: full
                     batch = self._open(state, timestamp)
-                    parts, size, count, first_ts = batch.parts, batch.size, 0, timestamp
-                    tsd = b""
+                    buf, size, count, delta = batch.buf, batch.size, 0, 0
                     opened = True
-                if not tsd:
-                    delta = timestamp - first_ts
-                    tsd = table[delta] if 0 <= delta < table_len else enc(delta)
-                od = table[count] if count < table_len else enc(count)
-                body = payload + len(tsd) + len(od)
-                lenv = table[body] if body < table_len else enc(body)
-                parts += (lenv, _ATTRS, tsd, od, _NULL, vlen, value, _ZERO)
-                body += len(lenv)
+                body = append(buf, value, None, _ZERO, delta, count)
                 size += body
                 room -= body
                 count += 1

@@ -20,7 +20,9 @@ __all__ = [
     "COMPILED",
     "IMPLEMENTATION",
     "PURE_PYTHON_ENV",
+    "RECORDS_AS_PARTS",
     "BatchBuilder",
+    "append_record",
     "read_columns",
     "read_records",
 ]
@@ -44,12 +46,20 @@ COMPILED: Final = _compiled()
 #: ``"compiled"`` or ``"python"``: the implementation that runs.
 IMPLEMENTATION: Final = "python" if COMPILED is None else "compiled"
 
+#: Whether a producer's batch keeps its records as a list of parts, joined once at build (the
+#: pure twin: cheaper in Python), or in one growing bytearray (the compiled twin).
+RECORDS_AS_PARTS: Final = COMPILED is None
+
 BatchBuilder: type[_pure_builder.BatchBuilder]
 if COMPILED is None:
     BatchBuilder = _pure_builder.BatchBuilder
+    append_record = _pure_builder.append_record
     read_records = _pure_reader.read_records
     read_columns = _pure_reader.read_columns
 else:
     BatchBuilder = COMPILED.BatchBuilder
+    # A module built from an older _speedups.pyx (a checkout updated without building it
+    # again) has no append_record: the pure one takes a bytearray too, only slower.
+    append_record = getattr(COMPILED, "append_record", _pure_builder.append_record)
     read_records = COMPILED.read_records
     read_columns = COMPILED.read_columns
