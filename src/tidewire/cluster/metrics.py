@@ -84,13 +84,15 @@ class _Latency:
 class EtcdStats:
     """The requests one etcd client made: per op (the gateway path's last part: range, put,
     txn, deleterange, grant, keepalive, revoke, timetolive, campaign, leader, resign), how
-    many, how many failed (no endpoint answered, or etcd refused), and their latency; and the
-    lease renewals that failed."""
+    many, how many failed (no endpoint answered, or etcd refused), and their latency; the
+    lease renewals that failed; and the times a lease of this client went stale (past its TTL
+    with etcd not answering: :attr:`~tidewire.cluster.etcd.Lease.stale`)."""
 
     requests: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
     latency: dict[str, _Latency] = field(default_factory=dict)
     keepalive_failures: int = 0
+    lease_stale_periods: int = 0
 
     def observe(self, path: str, seconds: float, *, ok: bool) -> None:
         """One request to ``path`` answered (or failed) after ``seconds``."""
@@ -542,6 +544,12 @@ def cluster_families(broker: Broker, cap: int) -> Iterator[Metric]:
             flag.add_metric([r.topic, str(r.partition), str(replica)], n)
     yield lag
     yield flag
+    yield _gauge(
+        "tidewire_cluster_lease_stale",
+        "1 while this node's etcd lease is past its TTL and etcd does not answer (the node "
+        "keeps its roles; nothing is decided in etcd meanwhile), else 0.",
+        node.lease.stale.is_set(),
+    )
     yield from _etcd_families(node.etcd.stats)
 
 
@@ -578,4 +586,10 @@ def _etcd_families(es: EtcdStats) -> Iterator[Metric]:
         "tidewire_cluster_lease_keepalive_failures",
         "Renewals of this node's etcd lease that failed (retried until the lease runs out).",
         es.keepalive_failures,
+    )
+    yield _counter(
+        "tidewire_cluster_lease_stale_periods",
+        "Times this node's etcd lease went past its TTL with etcd not answering (each stale "
+        "period counted once, as it starts).",
+        es.lease_stale_periods,
     )
