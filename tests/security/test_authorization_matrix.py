@@ -219,6 +219,8 @@ SAMPLES: dict[ApiKey, Callable[[], tuple[Body, list[bytes]]]] = {
     ),
     # The msgbus mode's pop, taken on the leader: a read and a group commit.
     ApiKey.TAKE: lambda: (sec.TakeRequest(topic=TOPIC, group=GROUP), []),
+    # A cluster's figures (refused on a single node, after the gate).
+    ApiKey.CLUSTER_METRICS: lambda: (sec.ClusterMetricsRequest(), []),
 }
 
 

@@ -286,6 +286,9 @@ API_NEEDS: dict[ApiKey, Requirement] = {
     # The msgbus mode's pop (a read and a commit of the group's offset, as FETCH then
     # OFFSET_COMMIT would need).
     ApiKey.TAKE: lambda req: [Need(_T, _O.READ, req.topic), Need(_G, _O.READ, req.group)],
+    # A cluster's figures: describe on the cluster; a node asking another for its own
+    # figures (``local``): the nodes' identity.
+    ApiKey.CLUSTER_METRICS: lambda req: [Need(_C, _O.CLUSTER_ACTION if req.local else _O.DESCRIBE)],
     # A cluster topic's replicas and settings (Kafka: ALTER on the cluster to reassign);
     # only the status asked: describe on the topic.
     ApiKey.ALTER_REPLICATION: lambda req: (
