@@ -1999,7 +1999,7 @@ class ClusterMetricsRequest(Body, kw_only=True, omit_defaults=True):
     local: bool = False
 
 
-class NodeMetricsBody(msgspec.Struct, kw_only=True, omit_defaults=True):
+class NodeMetricsBody(msgspec.Struct, kw_only=True):
     """One node's figures: counters since it started, rates over its last metrics sample
     (None: it keeps no samples), and its cluster state now."""
 
