@@ -29,6 +29,7 @@ import pytest
 from tests.cli._support import run_cli
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import InProcessNode, in_process_cluster, until
+from tests.cluster._secure import secure_cluster
 from tidewire.client import AsyncClient, Message
 from tidewire.cluster.etcd import EtcdClient, EtcdError
 from tidewire.cluster.fetcher import default_connect
@@ -394,5 +395,27 @@ def test_the_cluster_s_figures_are_summed_on_any_node_naming_those_that_do_not_a
             assert [n["node_id"] for n in got["nodes"]] == [1, 2]
             led = sum(by_id[i]["partitions_led"] for i in (1, 2))
             assert got["totals"]["partitions_led"] == led
+
+    asyncio.run(main())
+
+
+def test_a_secured_cluster_s_figures_are_asked_as_the_node_principal(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """With authorization on, the node asked reaches the others as the node principal (which
+    has only ``cluster_action`` on the cluster here): every node answers; a caller without
+    credentials is refused at the entry node."""
+
+    async def main() -> None:
+        async with secure_cluster(tmp_path, etcd, "sec-metrics") as c:
+            async with c.nodes[1].http(c.admin) as h:
+                r = await h.get("/v1/cluster/metrics")
+            assert r.status_code == 200, r.text
+            got = r.json()
+            assert got["missing_nodes"] == []
+            assert sorted(n["node_id"] for n in got["nodes"]) == [1, 2, 3]
+            async with c.nodes[1].http(None) as h:
+                r = await h.get("/v1/cluster/metrics")
+            assert r.status_code == 401, r.text
 
     asyncio.run(main())
