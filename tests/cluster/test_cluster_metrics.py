@@ -17,6 +17,7 @@ would add partitions to every figure counted.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -25,8 +26,10 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.cli._support import run_cli
 from tests.cluster._etcd import EtcdServer
 from tests.cluster._inprocess import InProcessNode, in_process_cluster, until
+from tests.cluster._secure import secure_cluster
 from tidewire.client import AsyncClient, Message
 from tidewire.cluster.etcd import EtcdClient, EtcdError
 from tidewire.cluster.fetcher import default_connect
@@ -339,5 +342,80 @@ def test_a_move_shows_in_the_routes_and_metrics_and_is_cancelled_over_http(
             async with AsyncClient(",".join(n.addr for n in nodes)) as client:
                 got = await client.fetch("m", 0, 0)
             assert len(got.records) == 10
+
+    asyncio.run(main())
+
+
+def test_the_cluster_s_figures_are_summed_on_any_node_naming_those_that_do_not_answer(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """``GET /v1/cluster/metrics`` on one node gives every live node's figures (asked with
+    CLUSTER_METRICS) and their sums; ``tidewire cluster status`` shows the totals. A node
+    still registered whose listener is gone is named in ``missing_nodes``, left out of the
+    totals, and the answer still comes."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes:
+            async with AsyncClient(",".join(n.addr for n in nodes)) as client:
+                await client.create_topic("t", partitions=3, replication_factor=3)
+                for p in range(3):
+                    await client.produce("t", p, [Message(b"x" * 100) for _ in range(10)])
+            await until(lambda: total(nodes, "tidewire_cluster_partitions_led") == 3, "led")
+            await until(lambda: caught_up(nodes, "t", 3), "followers caught up")
+            one, two, three = nodes
+            got = await two.get("/v1/cluster/metrics")
+            assert got["node_id"] == 2
+            assert [n["node_id"] for n in got["nodes"]] == [2, 1, 3]
+            assert got["missing_nodes"] == []
+            totals = got["totals"]
+            assert totals["messages_in"] == 30  # counted by the leaders that appended them
+            assert totals["partitions_led"] == 3
+            assert totals["under_replicated_partitions"] == 0
+            assert totals["nodes_lease_stale"] == 0
+            assert totals["offline_partitions"] == 0  # the controller's figure
+            by_id = {n["node_id"]: n for n in got["nodes"]}
+            for n in nodes:  # each node's own figures, as its /metrics has them
+                assert by_id[n.id]["partitions_led"] == n.metric("tidewire_cluster_partitions_led")
+                assert by_id[n.id]["bytes_in"] > 0  # the leaders' appends, the replicas' copies
+            assert sum(n["controller"] for n in got["nodes"]) == 1
+            # The CLI's status shows the totals (asked of node 1 over the binary protocol).
+            out = await asyncio.to_thread(
+                run_cli, ["cluster", "status", "--json", "--addr", one.addr]
+            )
+            assert out.exit_code == 0, out.output
+            shown = json.loads(out.stdout)["metrics"]
+            assert shown["totals"]["messages_in"] == 30
+            assert shown["missing_nodes"] == []
+            text = await asyncio.to_thread(run_cli, ["cluster", "status", "--addr", one.addr])
+            assert "totals over 3 nodes: messages in 30" in text.stdout, text.output
+            # Node 3's listener goes; it stays registered (its lease kept): not answering.
+            await three.server.close()
+            got = await one.get("/v1/cluster/metrics")
+            assert got["missing_nodes"] == [3]
+            assert [n["node_id"] for n in got["nodes"]] == [1, 2]
+            led = sum(by_id[i]["partitions_led"] for i in (1, 2))
+            assert got["totals"]["partitions_led"] == led
+
+    asyncio.run(main())
+
+
+def test_a_secured_cluster_s_figures_are_asked_as_the_node_principal(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """With authorization on, the node asked reaches the others as the node principal (which
+    has only ``cluster_action`` on the cluster here): every node answers; a caller without
+    credentials is refused at the entry node."""
+
+    async def main() -> None:
+        async with secure_cluster(tmp_path, etcd, "sec-metrics") as c:
+            async with c.nodes[1].http(c.admin) as h:
+                r = await h.get("/v1/cluster/metrics")
+            assert r.status_code == 200, r.text
+            got = r.json()
+            assert got["missing_nodes"] == []
+            assert sorted(n["node_id"] for n in got["nodes"]) == [1, 2, 3]
+            async with c.nodes[1].http(None) as h:
+                r = await h.get("/v1/cluster/metrics")
+            assert r.status_code == 401, r.text
 
     asyncio.run(main())

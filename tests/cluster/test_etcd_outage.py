@@ -29,9 +29,11 @@ from pathlib import Path
 import pytest
 
 from tests.cluster._etcd import EtcdServer
+from tests.cluster._inprocess import InProcessNode, in_process_cluster
 from tests.cluster._workload import WAIT_S, Cluster, PartitionInfo, Workload, until
 from tests.cluster.test_faults import ETCD_DOWN_ACKS, run_faults
 from tidewire.cluster.etcd import EtcdClient, Lease
+from tidewire.observability.metrics import metrics_for
 
 #: What a node logs when its lease is past its TTL and etcd does not answer (cluster/etcd.py).
 STALE = "is past its TTL"
@@ -193,3 +195,39 @@ def test_etcd_killed_past_the_session_5_times(tmp_path: Path, etcd: EtcdServer) 
 @pytest.mark.slow
 def test_etcd_paused_past_the_session_5_times(tmp_path: Path, etcd: EtcdServer) -> None:
     scenario(tmp_path, etcd, "stop", 5, extra=100)
+
+
+def test_a_stale_lease_is_exported_as_a_gauge_and_its_periods_counted(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """A node's ``/metrics``: ``tidewire_cluster_lease_stale`` is 1 while its lease is past
+    its TTL with etcd killed, 0 again once the restarted etcd renews it; the stale period is
+    counted once (``tidewire_cluster_lease_stale_periods_total``)."""
+
+    async def main() -> None:
+        def make(i: int) -> InProcessNode:
+            return InProcessNode(tmp_path, etcd, i, cluster_id="stale", session_s=SESSION_S)
+
+        async with in_process_cluster(make, 1) as (node,):
+
+            def sample(name: str) -> float | None:
+                return metrics_for(node.broker).registry.get_sample_value(name)
+
+            assert sample("tidewire_cluster_lease_stale") == 0
+            assert sample("tidewire_cluster_lease_stale_periods_total") == 0
+            etcd.stop(signal.SIGKILL)
+            try:
+                await bounded_until(
+                    "the stale lease exported", lambda: sample("tidewire_cluster_lease_stale") == 1
+                )
+                assert sample("tidewire_cluster_lease_stale_periods_total") == 1
+            finally:
+                await asyncio.to_thread(etcd.start)
+            await etcd_answers(etcd)
+            await bounded_until(
+                "the renewed lease exported", lambda: sample("tidewire_cluster_lease_stale") == 0
+            )
+            assert sample("tidewire_cluster_lease_stale_periods_total") == 1
+            assert not node.cluster.lease.lost.is_set()
+
+    asyncio.run(main())

@@ -226,7 +226,9 @@ def test_topics_are_created_through_etcd_and_every_replica_gets_its_log(
             assert out.stdout.splitlines()[meta.controller - 1].endswith("controller")
             out = await asyncio.to_thread(run_cli, ["cluster", "status", "--addr", b.addr])
             assert out.stdout.startswith("nodes: 3, controller: ")
-            assert len(out.stdout.splitlines()) == 1 + 3 + 1 + 3
+            # Summary, nodes, the cluster's totals, the table's header and its rows.
+            assert len(out.stdout.splitlines()) == 1 + 3 + 1 + 1 + 3
+            assert out.stdout.splitlines()[4].startswith("totals over 3 nodes: ")
             # Altered through etcd (test_reassign.py): never to fewer partitions.
             altered = await call(b.addr, AlterTopicRequest(name="orders", partitions=2))
             assert altered.error_code == InvalidTopicError.code  # type: ignore[attr-defined]

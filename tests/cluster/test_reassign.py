@@ -11,6 +11,7 @@ changes settings on every replica. Every wait is bounded; nothing asserts on dur
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from contextlib import AbstractAsyncContextManager
@@ -24,10 +25,11 @@ from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, 
 from tests.cluster.test_node import call
 from tests.cluster.test_node import cluster as recorded_cluster
 from tidewire.broker import Broker, BrokerConfig
-from tidewire.client import AsyncClient, AsyncConsumer, AsyncProducer
+from tidewire.broker.offsets import OFFSETS_TOPIC, partition_for
+from tidewire.client import AsyncClient, AsyncConsumer, AsyncGroupConsumer, AsyncProducer, Message
 from tidewire.cluster.metadata import NO_LEADER, PartitionState
-from tidewire.cluster.reassign import plan_replication, revert, step
-from tidewire.errors import InvalidConfigError, InvalidRequestError
+from tidewire.cluster.reassign import internal_refusal, plan_replication, revert, step
+from tidewire.errors import InvalidConfigError, InvalidRequestError, TidewireError
 from tidewire.protocol.messages import (
     AlterReplicationRequest,
     AlterReplicationResponse,
@@ -518,3 +520,115 @@ def test_revert_goes_back_to_the_original_replicas_keeping_what_is_in_sync() -> 
     assert revert(PartitionState((3, 1), NO_LEADER, 2, (1,)), (1,)) == PartitionState(
         (1,), NO_LEADER, 2, (1,)
     )
+
+
+GROUP = "moving-coordinator"
+
+
+def test_a_group_s_offsets_partition_moved_away_from_its_coordinator_keeps_its_commits(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """``__consumer_offsets`` may be moved on request: its partition of a group moved off the
+    coordinator's node, the coordinator moves with the lead, the commit made before the
+    move is there on the new coordinator, the member carries on (rejoining at most) and
+    commits again there; the old node's replica is deleted."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes:
+            addrs = [n.addr for n in nodes]
+            by_id = {n.id: n for n in nodes}
+            p = partition_for(GROUP)
+            async with AsyncClient(addrs) as client:
+                await client.create_topic(TOPIC, 1, replication_factor=3)
+                await client.produce(TOPIC, 0, [Message(value=b"m%d" % i) for i in range(20)])
+                consumer = AsyncGroupConsumer(
+                    addrs,
+                    GROUP,
+                    topics=[TOPIC],
+                    enable_auto_commit=False,
+                    auto_offset_reset="earliest",
+                    session_timeout_ms=10_000,
+                    heartbeat_interval_ms=300,
+                )
+                got: list[bytes] = []
+
+                async def read_until(n: int) -> None:
+                    for _ in range(300):  # bounded: each poll waits at most 0.1 s
+                        if len(got) >= n:
+                            return
+                        try:
+                            got.extend(r.value or b"" for r in await consumer.poll(0.1))
+                        except TidewireError:  # the coordinator moved: found again
+                            await asyncio.sleep(0.2)
+                    raise AssertionError(f"read {len(got)} of {n}")
+
+                async def commit() -> None:
+                    for _ in range(60):  # a member fenced by the move rejoins and commits
+                        try:
+                            await consumer.commit()
+                            return
+                        except TidewireError:
+                            with contextlib.suppress(TidewireError):
+                                await consumer.poll(0.2)
+                            await asyncio.sleep(0.3)
+                    raise AssertionError("the member could not commit")
+
+                async with consumer:
+                    await read_until(20)
+                    await commit()
+                    assert await client.committed_offsets(GROUP) == {(TOPIC, 0): 20}
+                    state = nodes[0].cluster.cache.partition(OFFSETS_TOPIC, p)
+                    assert state is not None
+                    old = state[0].leader
+                    assert by_id[old].broker.groups.offsets.serves(GROUP)
+                    others = [i for i in state[0].replicas if i != old]
+                    await client.alter_replication(OFFSETS_TOPIC, replicas={p: others})
+                    await until(
+                        lambda: all(
+                            (s := n.cluster.cache.partition(OFFSETS_TOPIC, p)) is not None
+                            and s[0].replicas == tuple(others)
+                            and (OFFSETS_TOPIC, p) not in n.cluster.cache.reassignments
+                            for n in nodes
+                        ),
+                        "the group's offsets partition moved",
+                    )
+                    await until(
+                        lambda: any(by_id[i].broker.groups.offsets.serves(GROUP) for i in others),
+                        "a node of the new replicas coordinates the group",
+                    )
+                    gone = by_id[old]
+                    assert not gone.broker.groups.offsets.serves(GROUP)
+                    await until(
+                        lambda: (OFFSETS_TOPIC, p) not in gone.broker.logs.logs,
+                        "the old replica's log deleted",
+                    )
+                    # The commit made before the move is the new coordinator's.
+                    assert await client.committed_offsets(GROUP) == {(TOPIC, 0): 20}
+                    await client.produce(
+                        TOPIC, 0, [Message(value=b"m%d" % i) for i in range(20, 40)]
+                    )
+                    await read_until(40)
+                    await commit()
+                    assert await client.committed_offsets(GROUP) == {(TOPIC, 0): 40}
+                assert set(got) == {b"m%d" % i for i in range(40)}
+
+    async def bounded() -> None:
+        async with asyncio.timeout(120):  # a failure rather than a hang
+            await main()
+
+    asyncio.run(bounded())
+
+
+def test_internal_topics_other_than_the_offsets_are_refused_with_their_reason() -> None:
+    assert internal_refusal(TOPIC) is None
+    assert internal_refusal(OFFSETS_TOPIC) is None
+    for name, why in (
+        ("__security", "its leader keeps it on every live node"),
+        ("__queue_definitions", "its leader keeps it on every live node"),
+        ("__audit.2", "audit log is placed by its leader"),
+        ("__queue.orders", "two partitions must stay on the same replicas"),
+        ("__streams", "in-memory messages"),
+    ):
+        refused = internal_refusal(name)
+        assert refused is not None, name
+        assert why in refused, name

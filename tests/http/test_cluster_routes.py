@@ -15,7 +15,7 @@ from tidewire.security.model import Acl, Operation, ResourceType
 
 _T, _O = ResourceType.TOPIC, Operation
 
-ROUTES = ("/v1/cluster", "/v1/cluster/partitions")
+ROUTES = ("/v1/cluster", "/v1/cluster/partitions", "/v1/cluster/metrics")
 #: (method, route, body) of the reassignment routes.
 MOVES = (
     ("GET", "/v1/cluster/reassignments", None),
@@ -42,7 +42,8 @@ def test_a_single_node_says_it_is_not_a_cluster(
 def test_in_the_openapi_spec(tmp_path: Path) -> None:
     with served(tmp_path) as (_, c):
         spec = c.get("/openapi.json").json()
-        for route, model in zip(ROUTES, ("ClusterStatusDoc", "ClusterPartitionsDoc"), strict=True):
+        models = ("ClusterStatusDoc", "ClusterPartitionsDoc", "ClusterMetricsDoc")
+        for route, model in zip(ROUTES, models, strict=True):
             op = spec["paths"][route]["get"]
             schema = op["responses"]["200"]["content"]["application/json"]["schema"]
             assert schema["$ref"].endswith(f"/{model}")
@@ -50,6 +51,12 @@ def test_in_the_openapi_spec(tmp_path: Path) -> None:
         schemas = spec["components"]["schemas"]
         assert {"controller", "nodes", "partitions"} <= set(
             schemas["ClusterStatusDoc"]["properties"]
+        )
+        assert {"totals", "nodes", "missing_nodes"} <= set(
+            schemas["ClusterMetricsDoc"]["properties"]
+        )
+        assert {"messages_in_per_s", "isr_shrinks", "lease_stale", "partitions_led"} <= set(
+            schemas["NodeFiguresDoc"]["properties"]
         )
         row = schemas["ClusterPartitionDoc"]["properties"]
         assert {"leader", "leader_epoch", "replicas", "isr", "high_watermark", "lag"} <= set(row)

@@ -224,6 +224,8 @@ SAMPLES: dict[ApiKey, Callable[[], tuple[Body, list[bytes]]]] = {
         sec.HttpPublishRequest(topic=TOPIC, body=b'{"value":"v"}', idempotency_key="k"),
         [],
     ),
+    # A cluster's figures (refused on a single node, after the gate).
+    ApiKey.CLUSTER_METRICS: lambda: (sec.ClusterMetricsRequest(), []),
 }
 
 

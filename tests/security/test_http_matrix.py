@@ -124,6 +124,7 @@ SAMPLES: dict[tuple[str, str, str], tuple[str, dict[str, str], Any]] = {
     ("native", "GET", "/v1/streams/{stream}"): (f"/v1/streams/{S}", {}, None),
     ("native", "GET", "/v1/cluster"): ("/v1/cluster", {}, None),
     ("native", "GET", "/v1/cluster/partitions"): ("/v1/cluster/partitions", {}, None),
+    ("native", "GET", "/v1/cluster/metrics"): ("/v1/cluster/metrics", {}, None),
     ("native", "GET", "/v1/cluster/reassignments"): ("/v1/cluster/reassignments", {}, None),
     ("native", "GET", "/v1/cluster/reassignments/{topic}"): (
         f"/v1/cluster/reassignments/{T}",

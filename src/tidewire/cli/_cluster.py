@@ -1,5 +1,7 @@
 """``tidewire cluster status | nodes``: a cluster as one of its nodes sees it (its METADATA
-answer: the live nodes, the controller, each partition's leader, epoch, replicas and ISR)."""
+answer: the live nodes, the controller, each partition's leader, epoch, replicas and ISR),
+and with ``status`` the cluster's key figures summed over the live nodes (CLUSTER_METRICS:
+:mod:`tidewire.server.cluster_metrics`)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,14 @@ import msgspec
 import typer
 
 from tidewire.client._transport import Transport, parse_addr
+from tidewire.cluster.metrics import cluster_totals
 from tidewire.errors import TidewireError
-from tidewire.protocol.messages import MetadataRequest, MetadataResponse
+from tidewire.protocol.messages import (
+    ClusterMetricsRequest,
+    ClusterMetricsResponse,
+    MetadataRequest,
+    MetadataResponse,
+)
 
 from ._common import (
     DEFAULT_ADDR,
@@ -85,6 +93,49 @@ def _metadata(addr: str, timeout_s: float) -> MetadataResponse:  # noqa: RET503 
     fail("no node answered: " + "; ".join(errors))
 
 
+def _figures(addr: str, timeout_s: float) -> tuple[ClusterMetricsResponse | None, str]:
+    """The CLUSTER_METRICS answer of the first of ``addr``'s nodes that gives one, or None
+    and why none did (a node that predates it, or a principal without describe on the
+    cluster: ``status`` shows the rest all the same)."""
+    creds, tls = cli_credentials(), cli_tls()
+
+    async def ask(a: str) -> ClusterMetricsResponse:
+        t = Transport(
+            a,
+            connect_timeout_s=timeout_s,
+            request_timeout_s=timeout_s,
+            tls=tls,
+            credentials=creds,
+        )
+        try:
+            response = await t.request(ClusterMetricsRequest())
+        finally:
+            await t.close()
+        assert response is not None
+        body = response.body
+        assert isinstance(body, ClusterMetricsResponse)
+        return body
+
+    errors = []
+    for a in (a.strip() for a in addr.split(",") if a.strip()):
+        try:
+            got = asyncio.run(ask(a))
+        except KeyboardInterrupt:
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except TidewireError as exc:
+            errors.append(f"{a}: {exc.message}")
+            continue
+        if got.error_code:
+            errors.append(f"{a}: {got.error_message}")
+            continue
+        return got, ""
+    return None, "; ".join(errors)
+
+
+def _rate(v: float | int | None) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
 TimeoutOption = Annotated[
     float, typer.Option("--timeout", min=0.001, help="Give up on a node after this long (s).")
 ]
@@ -120,8 +171,12 @@ def status(
 ) -> None:
     """The controller, the live nodes, and every partition with its leader, leader epoch,
     replicas and in-sync replicas; counts of under-replicated partitions (fewer in sync than
-    replicas) and offline ones (no leader)."""
+    replicas) and offline ones (no leader); and the cluster's figures summed over the live
+    nodes (messages and bytes in and out, rates, partitions led, ISR shrinks, stale leases),
+    naming the nodes that did not answer within 5 s."""
     meta = _metadata(addr, timeout)
+    figures, why = _figures(addr, timeout)
+    summed = cluster_totals(figures.nodes) if figures is not None else None
     parts = [(t.name, p) for t in meta.topics for p in t.partitions]
     under = sum(1 for _, p in parts if len(p.isr) < len(p.replicas))
     offline = sum(1 for _, p in parts if p.leader == -1)
@@ -143,8 +198,17 @@ def status(
                 ],
                 "under_replicated": under,
                 "offline": offline,
+                "metrics": None
+                if figures is None
+                else {
+                    "totals": summed,
+                    "nodes": [msgspec.to_builtins(n) for n in figures.nodes],
+                    "missing_nodes": figures.missing_nodes,
+                },
             }
         )
+        if figures is None:
+            typer.echo(f"cluster figures not shown: {why}", err=True)
         return
     controller = meta.controller if meta.controller != -1 else "none"
     typer.echo(
@@ -153,6 +217,21 @@ def status(
     )
     for n in meta.nodes:
         typer.echo(f"  node {n.node_id}  {n.host}:{n.port}")
+    if figures is not None and summed is not None:
+        answered = len(figures.nodes)
+        typer.echo(
+            f"totals over {answered} node{'s' if answered != 1 else ''}: "
+            f"messages in {summed['messages_in']:,} ({_rate(summed['messages_in_per_s'])}/s), "
+            f"out {summed['messages_out']:,}; bytes in {summed['bytes_in']:,} "
+            f"({_rate(summed['bytes_in_per_s'])}/s), out {summed['bytes_out']:,}; "
+            f"ISR shrinks {summed['isr_shrinks']:,}, expands {summed['isr_expands']:,}; "
+            f"stale leases now {summed['nodes_lease_stale']}"
+        )
+        if figures.missing_nodes:
+            nodes = ", ".join(map(str, figures.missing_nodes))
+            typer.echo(f"  nodes that did not answer (not in the totals): {nodes}")
+    else:
+        typer.echo(f"cluster figures not shown: {why}", err=True)
     if parts:
         typer.echo(f"{'TOPIC':<24} {'PART':>4} {'LEADER':>6} {'EPOCH':>5}  REPLICAS  ISR")
     for name, p in parts:

@@ -535,6 +535,7 @@ class Lease:
                             exc,
                         )
                         self.stale.set()
+                        self.client.stats.lease_stale_periods += 1
                     continue
             if ttl <= 0:
                 log.warning("etcd lease %d lost", self.id)

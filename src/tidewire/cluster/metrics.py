@@ -19,7 +19,7 @@ reaches the node through :func:`tidewire.cluster.cluster_node`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from tidewire.cluster.fetcher import Connect, ReplicaLink
     from tidewire.cluster.metadata import PartitionState
     from tidewire.cluster.node import ClusterNode
+    from tidewire.protocol.messages import NodeMetricsBody
 
 __all__ = [
     "ETCD_BUCKETS",
@@ -47,6 +48,7 @@ __all__ = [
     "PartitionRow",
     "cluster_families",
     "cluster_summary",
+    "cluster_totals",
     "counting_connect",
     "partition_rows",
 ]
@@ -84,13 +86,15 @@ class _Latency:
 class EtcdStats:
     """The requests one etcd client made: per op (the gateway path's last part: range, put,
     txn, deleterange, grant, keepalive, revoke, timetolive, campaign, leader, resign), how
-    many, how many failed (no endpoint answered, or etcd refused), and their latency; and the
-    lease renewals that failed."""
+    many, how many failed (no endpoint answered, or etcd refused), and their latency; the
+    lease renewals that failed; and the times a lease of this client went stale (past its TTL
+    with etcd not answering: :attr:`~tidewire.cluster.etcd.Lease.stale`)."""
 
     requests: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
     latency: dict[str, _Latency] = field(default_factory=dict)
     keepalive_failures: int = 0
+    lease_stale_periods: int = 0
 
     def observe(self, path: str, seconds: float, *, ok: bool) -> None:
         """One request to ``path`` answered (or failed) after ``seconds``."""
@@ -398,6 +402,44 @@ def cluster_summary(node: ClusterNode, rows: list[PartitionRow] | None = None) -
     )
 
 
+# --- the cluster's figures summed (GET /v1/cluster/metrics, tidewire cluster status) ---------
+
+#: The figures :func:`totals` sums over the nodes (the rates over those that know theirs).
+SUMMED = (
+    "messages_in",
+    "messages_out",
+    "bytes_in",
+    "bytes_out",
+    "disk_used_bytes",
+    "partitions_led",
+    "under_replicated_partitions",
+    "under_min_isr_partitions",
+    "reassigning_partitions",
+    "isr_shrinks",
+    "isr_expands",
+    "leader_elections",
+    "replica_fetch_errors",
+    "lease_losses",
+    "lease_stale_periods",
+)
+RATES = ("messages_in_per_s", "bytes_in_per_s", "bytes_out_per_s")
+
+
+def cluster_totals(nodes: Sequence[NodeMetricsBody]) -> dict[str, float | int | None]:
+    """The figures of ``nodes`` summed (:data:`SUMMED`; the rates over the nodes that know
+    theirs, None when none does), with ``nodes_lease_stale`` (nodes whose lease is stale
+    now) and ``offline_partitions`` (the controller's figure; -1: no controller answered)."""
+    out: dict[str, float | int | None] = {k: sum(getattr(n, k) for n in nodes) for k in SUMMED}
+    for key in RATES:
+        known = [v for n in nodes if (v := getattr(n, key)) is not None]
+        out[key] = sum(known) if known else None
+    out["nodes_lease_stale"] = sum(n.lease_stale for n in nodes)
+    out["offline_partitions"] = next(
+        (n.offline_partitions for n in nodes if n.controller and n.offline_partitions >= 0), -1
+    )
+    return out
+
+
 # --- Prometheus ------------------------------------------------------------------------------
 
 
@@ -542,6 +584,12 @@ def cluster_families(broker: Broker, cap: int) -> Iterator[Metric]:
             flag.add_metric([r.topic, str(r.partition), str(replica)], n)
     yield lag
     yield flag
+    yield _gauge(
+        "tidewire_cluster_lease_stale",
+        "1 while this node's etcd lease is past its TTL and etcd does not answer (the node "
+        "keeps its roles; nothing is decided in etcd meanwhile), else 0.",
+        node.lease.stale.is_set(),
+    )
     yield from _etcd_families(node.etcd.stats)
 
 
@@ -578,4 +626,10 @@ def _etcd_families(es: EtcdStats) -> Iterator[Metric]:
         "tidewire_cluster_lease_keepalive_failures",
         "Renewals of this node's etcd lease that failed (retried until the lease runs out).",
         es.keepalive_failures,
+    )
+    yield _counter(
+        "tidewire_cluster_lease_stale_periods",
+        "Times this node's etcd lease went past its TTL with etcd not answering (each stale "
+        "period counted once, as it starts).",
+        es.lease_stale_periods,
     )

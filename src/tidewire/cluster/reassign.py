@@ -23,6 +23,15 @@ that set is in sync, in one transaction with the end of the move.
 Nothing acknowledged is lost: a replica leaves only after every target replica holds what the
 ISR holds, and a new leader comes from the ISR.
 
+Of the broker's internal topics, only ``__consumer_offsets`` is moved on request (as Kafka
+allows): its partitions are logs like any other, and a group's coordinator is the leader of
+its partition, so the coordinator moves with the lead (the old leader gives its groups up,
+the new one loads them from its replica; members join again at most) and the committed
+offsets, being the log, go with it. The others are refused (:func:`internal_refusal`): their
+leaders place them themselves (``__security``, ``__queue_definitions``, the nodes' audit
+logs), a durable queue's two partitions must stay on the same replicas, and ``__streams``
+holds in-memory messages on its leaders only, which a move of the lead would drop.
+
 ``--replication-factor N`` is a reassignment of every partition (:func:`plan_replication`):
 more replicas are placed on the nodes holding fewest, fewer keep the leader and in-sync ones.
 
@@ -41,7 +50,13 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from tidewire.broker.offsets import is_internal_topic
+from tidewire.broker.offsets import (
+    OFFSETS_TOPIC,
+    QUEUE_DEFINITIONS_TOPIC,
+    QUEUE_TOPIC_PREFIX,
+    STREAMS_TOPIC,
+    is_internal_topic,
+)
 from tidewire.cluster.etcd import EtcdError
 from tidewire.cluster.metadata import (
     NO_LEADER,
@@ -68,6 +83,7 @@ __all__ = [
     "PartitionMove",
     "alter_topic",
     "cancel",
+    "internal_refusal",
     "plan_replication",
     "reassign",
     "reconcile_reassignments",
@@ -84,6 +100,36 @@ log = logging.getLogger("tidewire.cluster.reassign")
 CAS_ATTEMPTS = 5
 #: How long a request waits for this node's copy of the metadata to show its change.
 ADMIN_WAIT_S = 30.0
+
+
+def internal_refusal(topic: str) -> str | None:
+    """Why the partitions of ``topic`` are not moved (or their moves cancelled) on request;
+    None for a topic that may be moved: any topic of the users', and ``__consumer_offsets``
+    (see the module docstring)."""
+    if not is_internal_topic(topic) or topic == OFFSETS_TOPIC:
+        return None
+    if topic in ("__security", QUEUE_DEFINITIONS_TOPIC):
+        why = (
+            "its leader keeps it on every live node itself (a node gone for 10 minutes is "
+            "replaced by a live one)"
+        )
+    elif topic.startswith("__audit."):
+        why = (
+            "a node's audit log is placed by its leader (the node itself first, on up to "
+            "three live nodes; a node gone for 10 minutes is replaced)"
+        )
+    elif topic.startswith(QUEUE_TOPIC_PREFIX):
+        why = (
+            "a durable queue's log: its two partitions must stay on the same replicas in the "
+            "same order, which moves of single partitions cannot keep"
+        )
+    elif topic == STREAMS_TOPIC:
+        why = (
+            "its leaders hold the streams' in-memory messages, which a move of the lead would drop"
+        )
+    else:
+        why = "the broker places it itself"
+    return f"topic {topic!r} is internal and not moved on request: {why}"
 
 
 class PartitionMove(msgspec.Struct, frozen=True):
@@ -317,14 +363,15 @@ async def reassign(
 
     Raises:
         UnknownTopicError: no such topic.
-        InvalidRequestError: an internal topic, an unknown partition, a replica set with
+        InvalidRequestError: an internal topic other than ``__consumer_offsets``
+            (:func:`internal_refusal` says why), an unknown partition, a replica set with
             repeats, unknown nodes or fewer replicas than ``min_insync_replicas``, or a
             partition being moved already.
         RequestTimedOutError: etcd did not answer.
     """
     node._check_started()
-    if is_internal_topic(topic):
-        raise InvalidRequestError(f"topic {topic!r} is internal: its replicas are the broker's")
+    if (refused := internal_refusal(topic)) is not None:
+        raise InvalidRequestError(refused)
     if (targets is None) == (replication_factor is None):
         raise InvalidRequestError("give either replica sets or a replication factor")
     for _ in range(CAS_ATTEMPTS):
@@ -399,14 +446,15 @@ async def cancel(
 
     Raises:
         UnknownTopicError: no such topic.
-        InvalidRequestError: an internal topic, a partition given that is not being moved,
+        InvalidRequestError: an internal topic other than ``__consumer_offsets``, a
+            partition given that is not being moved,
             or a move whose original replicas are none of them in sync (it is left to
             finish).
         RequestTimedOutError: etcd did not answer.
     """
     node._check_started()
-    if is_internal_topic(topic):
-        raise InvalidRequestError(f"topic {topic!r} is internal: its replicas are the broker's")
+    if (refused := internal_refusal(topic)) is not None:
+        raise InvalidRequestError(refused)
     cache = node.cache
     if topic not in cache.topics:
         raise UnknownTopicError(f"topic {topic!r} does not exist")
@@ -571,7 +619,8 @@ async def sync_local(node: ClusterNode, topic: str, info: TopicInfo) -> bool:
         if plog is None:
             continue
         got = node.cache.partition(topic, p)
-        if got is not None and node.node_id not in got[0].replicas and not is_internal_topic(topic):
+        movable = not is_internal_topic(topic) or topic == OFFSETS_TOPIC
+        if got is not None and node.node_id not in got[0].replicas and movable:
             try:
                 if node.replication is not None:
                     await node.replication.stop_replica(topic, p)

@@ -61,6 +61,8 @@ __all__ = [
     "AuditEventBody",
     "BindingInfo",
     "Body",
+    "ClusterMetricsRequest",
+    "ClusterMetricsResponse",
     "CommitPartition",
     "CommittedOffset",
     "CreateApiKeyRequest",
@@ -130,6 +132,7 @@ __all__ = [
     "MetadataRequest",
     "MetadataResponse",
     "NodeAddress",
+    "NodeMetricsBody",
     "OffsetCommitRequest",
     "OffsetCommitResponse",
     "OffsetFetchRequest",
@@ -339,6 +342,7 @@ class ApiKey(enum.IntEnum):
     ALTER_REPLICATION = 64
     TAKE = 65
     HTTP_PUBLISH = 66
+    CLUSTER_METRICS = 67
 
 
 class Body(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -1985,6 +1989,58 @@ class AlterReplicationResponse(Body, kw_only=True, omit_defaults=True):
     error_message: str = ""
 
 
+# --- a cluster's figures ------------------------------------------------------------------------
+
+
+class ClusterMetricsRequest(Body, kw_only=True, omit_defaults=True):
+    """Every live node's key figures (docs/cluster.md, "Metrics and dashboard"): the
+    answering node asks the others and names those that did not answer in time. Refused on a
+    single node."""
+
+    api_key = ApiKey.CLUSTER_METRICS
+    #: Between the nodes of a cluster: only the answering node's own figures (never asked
+    #: further).
+    local: bool = False
+
+
+class NodeMetricsBody(msgspec.Struct, kw_only=True):
+    """One node's figures: counters since it started, rates over its last metrics sample
+    (None: it keeps no samples), and its cluster state now."""
+
+    node_id: int
+    messages_in: int = 0
+    messages_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    disk_used_bytes: int = 0
+    messages_in_per_s: float | None = None
+    bytes_in_per_s: float | None = None
+    bytes_out_per_s: float | None = None
+    partitions_led: int = 0
+    under_replicated_partitions: int = 0
+    under_min_isr_partitions: int = 0
+    reassigning_partitions: int = 0
+    #: Partitions without a leader: the controller's figure (-1 on the other nodes).
+    offline_partitions: int = -1
+    controller: bool = False
+    isr_shrinks: int = 0
+    isr_expands: int = 0
+    leader_elections: int = 0
+    replica_fetch_errors: int = 0
+    lease_losses: int = 0
+    lease_stale: bool = False
+    lease_stale_periods: int = 0
+
+
+class ClusterMetricsResponse(Body, kw_only=True, omit_defaults=True):
+    api_key = ApiKey.CLUSTER_METRICS
+    nodes: list[NodeMetricsBody] = msgspec.field(default_factory=list)
+    #: Live nodes that did not answer in time (their figures are not in ``nodes``).
+    missing_nodes: list[int] = msgspec.field(default_factory=list)
+    error_code: int = 0
+    error_message: str = ""
+
+
 # --- taking once: the msgbus mode's pops --------------------------------------------------------
 
 
@@ -2121,6 +2177,7 @@ _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
     ApiKey.ALTER_REPLICATION: (AlterReplicationRequest, AlterReplicationResponse),
     ApiKey.TAKE: (TakeRequest, TakeResponse),
     ApiKey.HTTP_PUBLISH: (HttpPublishRequest, HttpPublishResponse),
+    ApiKey.CLUSTER_METRICS: (ClusterMetricsRequest, ClusterMetricsResponse),
 }
 #: APIs only the server sends, as PUSH frames, with the body schema of each: they have no
 #: request or response (a request for one is refused as an unknown API).

@@ -105,6 +105,7 @@ from tidewire.security.audit import AuditQuery
 from tidewire.security.model import ResourceType
 from tidewire.server.cluster_admin import CLUSTER_ADMIN_HANDLERS, cluster_alter_topic
 from tidewire.server.cluster_admin import create_topic as create_topic_where_it_belongs
+from tidewire.server.cluster_metrics import CLUSTER_METRICS_HANDLERS
 from tidewire.server.gate import SESSION_APIS, gate_for, names_allowed
 from tidewire.server.push import PUSH_APIS
 from tidewire.server.queue_handlers import QUEUE_APIS
@@ -782,6 +783,7 @@ HANDLERS: dict[int, Handler] = {
     **STREAM_HANDLERS,
     **REPLICA_HANDLERS,
     **CLUSTER_ADMIN_HANDLERS,
+    **CLUSTER_METRICS_HANDLERS,
     ApiKey.TAKE: take,
     ApiKey.HTTP_PUBLISH: http_publish,
 }

@@ -289,6 +289,9 @@ API_NEEDS: dict[ApiKey, Requirement] = {
     # An HTTP API publish forwarded to the leader (as PRODUCE; a cluster never makes a topic
     # on first publish, so no create).
     ApiKey.HTTP_PUBLISH: lambda req: [Need(_T, _O.WRITE, req.topic)],
+    # A cluster's figures: describe on the cluster; a node asking another for its own
+    # figures (``local``): the nodes' identity.
+    ApiKey.CLUSTER_METRICS: lambda req: [Need(_C, _O.CLUSTER_ACTION if req.local else _O.DESCRIBE)],
     # A cluster topic's replicas and settings (Kafka: ALTER on the cluster to reassign);
     # only the status asked: describe on the topic.
     ApiKey.ALTER_REPLICATION: lambda req: (

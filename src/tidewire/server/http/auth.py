@@ -296,6 +296,7 @@ ROUTE_NEEDS: dict[str, dict[tuple[str, str], Route]] = {
         # A cluster's status and partitions (as the tidewire_cluster_* metrics).
         ("GET", "/v1/cluster"): Route(_cluster(_O.DESCRIBE)),
         ("GET", "/v1/cluster/partitions"): Route(_cluster(_O.DESCRIBE)),
+        ("GET", "/v1/cluster/metrics"): Route(_cluster(_O.DESCRIBE)),
         # Reassignments (as ALTER_REPLICATION): moves of a topic need alter on it and on the
         # cluster (Kafka's ALTER on the cluster), their status describe on the topic.
         ("GET", "/v1/cluster/reassignments"): Route(_cluster(_O.DESCRIBE)),

@@ -11,6 +11,10 @@ sees it (docs/cluster.md, "Metrics and dashboard"); the dashboard's Cluster page
   where it follows). Filters: ``topic``, ``state`` (offline, under_replicated,
   under_min_isr).
 
+- ``/v1/cluster/metrics``: the cluster's key figures, every live node's (asked through the
+  nodes' own CLUSTER_METRICS, :mod:`tidewire.server.cluster_metrics`) and their sums, with
+  the nodes that did not answer in time named in ``missing_nodes``.
+
 Reassignments (docs/cluster.md, "Reassigning partitions"; as ``tidewire topic reassign`` and
 the protocol's ALTER_REPLICATION):
 
@@ -33,19 +37,28 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import msgspec
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from tidewire.cluster import cluster_node, reassign
-from tidewire.cluster.metrics import ClusterSummary, PartitionRow, cluster_summary, partition_rows
+from tidewire.cluster.metrics import (
+    ClusterSummary,
+    PartitionRow,
+    cluster_summary,
+    cluster_totals,
+    partition_rows,
+)
 from tidewire.errors import InvalidRequestError, TidewireError
+from tidewire.server.cluster_metrics import cluster_figures
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.errors import error_response
 from tidewire.server.http.models import ErrorBody
 
 __all__ = [
+    "ClusterMetricsDoc",
     "ClusterMoveDoc",
     "ClusterMovesDoc",
     "ClusterNodeDoc",
@@ -98,6 +111,78 @@ class ClusterStatusDoc(BaseModel):
     topics: int
     nodes: list[ClusterNodeDoc]
     partitions: PartitionCountsDoc
+
+
+class NodeFiguresDoc(BaseModel):
+    """One node's figures: counters since it started, rates over its last metrics sample,
+    and its cluster state now."""
+
+    node_id: int
+    messages_in: int = Field(description="Messages appended by producers on this node.")
+    messages_out: int = Field(description="Messages handed to readers by this node.")
+    bytes_in: int = Field(description="Bytes of batches appended to its logs (replicas too).")
+    bytes_out: int = Field(description="Bytes of batches read from its logs.")
+    disk_used_bytes: int
+    messages_in_per_s: float | None = Field(
+        description="Over its last metrics sample (5 s by default; null: it keeps no "
+        "samples, as without an HTTP gateway)."
+    )
+    bytes_in_per_s: float | None
+    bytes_out_per_s: float | None
+    partitions_led: int
+    under_replicated_partitions: int = Field(description="Of those it leads.")
+    under_min_isr_partitions: int = Field(description="Of those it leads.")
+    reassigning_partitions: int = Field(description="Of those it leads, being moved.")
+    offline_partitions: int = Field(
+        description="Partitions without a leader: the controller's figure (-1 elsewhere)."
+    )
+    controller: bool
+    isr_shrinks: int
+    isr_expands: int
+    leader_elections: int = Field(description="Leaders it named as the controller.")
+    replica_fetch_errors: int
+    lease_losses: int
+    lease_stale: bool = Field(
+        description="Its etcd lease is past its TTL and etcd does not answer (it keeps its "
+        "roles meanwhile)."
+    )
+    lease_stale_periods: int
+
+
+class ClusterTotalsDoc(BaseModel):
+    """The figures of the nodes that answered, summed."""
+
+    messages_in: int
+    messages_out: int
+    bytes_in: int
+    bytes_out: int
+    disk_used_bytes: int
+    messages_in_per_s: float | None = Field(
+        description="Summed over the nodes that know theirs (null: none does)."
+    )
+    bytes_in_per_s: float | None
+    bytes_out_per_s: float | None
+    partitions_led: int
+    under_replicated_partitions: int
+    under_min_isr_partitions: int
+    reassigning_partitions: int
+    offline_partitions: int = Field(description="The controller's figure (-1: it did not answer).")
+    isr_shrinks: int
+    isr_expands: int
+    leader_elections: int
+    replica_fetch_errors: int
+    lease_losses: int
+    lease_stale_periods: int
+    nodes_lease_stale: int = Field(description="Nodes whose etcd lease is stale now.")
+
+
+class ClusterMetricsDoc(BaseModel):
+    node_id: int = Field(description="The answering node.")
+    totals: ClusterTotalsDoc
+    nodes: list[NodeFiguresDoc] = Field(description="The answering node first, then by id.")
+    missing_nodes: list[int] = Field(
+        description="Live nodes that did not answer within 5 s: not in nodes nor totals."
+    )
 
 
 class ClusterPartitionDoc(BaseModel):
@@ -341,6 +426,26 @@ def cluster_router(ctx: GatewayContext) -> APIRouter:
         if node is None:
             return _not_a_cluster()
         return json_response(_status_doc(cluster_summary(node)))
+
+    @router.get("/v1/cluster/metrics", response_model=ClusterMetricsDoc, responses=_ANSWERS)
+    async def cluster_metrics() -> Response:
+        """The cluster's key figures: every live node's (messages and bytes in and out, rates,
+        partitions led, under-replicated, under min ISR, ISR shrinks, lease state) and their
+        sums; live nodes that did not answer within 5 s are named in ``missing_nodes`` (still
+        200: a partial answer). 404 on a single node."""
+        node = cluster_node(broker)
+        if node is None:
+            return _not_a_cluster()
+        node._check_started()
+        got = await cluster_figures(node)
+        return json_response(
+            {
+                "node_id": node.node_id,
+                "totals": cluster_totals(got.nodes),
+                "nodes": [msgspec.to_builtins(n, order="deterministic") for n in got.nodes],
+                "missing_nodes": got.missing_nodes,
+            }
+        )
 
     @router.get("/v1/cluster/partitions", response_model=ClusterPartitionsDoc, responses=_ANSWERS)
     async def cluster_partitions(
