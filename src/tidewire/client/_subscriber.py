@@ -258,7 +258,15 @@ class AsyncSubscriber:
                 broker cannot deliver (nothing is subscribed then).
             ValueError, TypeError: a position that is none of the above.
         """
-        resolved = await self._resolve([(t, p, o) for t, p, o in positions])
+        wanted = [(t, p, o) for t, p, o in positions]
+        if wanted and not self._router.clustered and len(self._t.addresses) > 1:
+            # A bootstrap list: a cluster's, most likely. Its leaders are asked for now, not
+            # learned from a NotLeaderError later: a subscription on a node that leads all it
+            # asked for would otherwise never know to watch for a leader cut off. (One
+            # address: as on a single node, nothing more is asked.)
+            with contextlib.suppress(*LOSS):
+                await self._router.refresh({t for t, _, _ in wanted})
+        resolved = await self._resolve(wanted)
         links, self._links = self._links, []
         self._by_sid.clear()
         for link in links:
