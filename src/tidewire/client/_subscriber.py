@@ -624,7 +624,7 @@ class AsyncSubscriber:
         )
 
     async def _check_once(self) -> None:
-        with contextlib.suppress(*LOSS):  # no node answered: the next check asks again
+        with contextlib.suppress(TidewireError):  # no answer: the next check asks again
             await self._router.refresh({topic for topic, _ in self._positions})
         if self._moved():
             self._arrived.set()
@@ -639,7 +639,13 @@ class AsyncSubscriber:
                 link.lost = True
                 self._lost = moved = True
                 continue
-            here = [tp for tp in link.parts if router.transport_for(*tp) is link.transport]
+            # A partition without a leader now (an election under way) stays where it is:
+            # its node pushes NotLeaderError, or its connection breaks, if it is gone.
+            here = [
+                tp
+                for tp in link.parts
+                if router.leader(*tp) < 0 or router.transport_for(*tp) is link.transport
+            ]
             if len(here) != len(link.parts):
                 self._unplaced.update(tp for tp in link.parts if tp not in here)
                 link.parts = here

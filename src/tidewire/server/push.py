@@ -33,8 +33,8 @@ leader when known), and a partition whose lead this node loses while it is deliv
 push with that error and is not delivered any more: the client subscribes it again on its new
 leader from the next offset it has not handed out. A leader accepts a position up to its own
 log end (not only its high watermark): a new leader's high watermark may still be below what
-the previous one delivered, and the subscription then waits until it gets there. Partitions
-without a role here (internal topics every node keeps for itself) are served as on a single
+the previous one delivered, and the subscription then waits until it gets there. Topics that
+are not the cluster's (internal topics every node keeps for itself) are served as on a single
 node.
 """
 
@@ -284,11 +284,15 @@ class Subscriptions:
         if rep.leads(topic, partition):
             return True
         if rep.leader_of(topic, partition) is None:
-            try:
-                self.broker.log(topic, partition)
-                return False  # no role here: a node's own internal topic
-            except TidewireError:
-                pass
+            # No role here: a node's own internal topic (not in the cluster's metadata) is
+            # served from its log; a topic of the cluster's is not (yet) led here.
+            known = self.broker.cluster_topics
+            if known is None or topic not in known():
+                try:
+                    self.broker.log(topic, partition)
+                    return False
+                except TidewireError:
+                    pass
         rep.check_leader(topic, partition)  # raises NotLeaderError, naming what it knows
         return True  # led after all (took the lead in between)
 
