@@ -305,3 +305,55 @@ def test_a_cut_off_first_bootstrap_node_costs_no_metadata_timeout(
                     await p.close()
 
     asyncio.run(asyncio.wait_for(main(), 180))
+
+
+def test_a_partition_moved_off_its_live_leader_is_followed_there(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """Partition 0 is moved off its leader's node, which stays up (a reassignment): the node
+    stops pushing it (NotLeaderError in a push, its replica gone), the subscriber subscribes
+    it on its new leader and every record sent before and after comes once, in order; the
+    node that gave it up pushes it no more."""
+
+    async def main() -> None:
+        async with in_process_cluster(
+            lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="push-moved"), 3
+        ) as nodes:
+            bootstrap = ",".join(n.addr for n in nodes)
+            async with AsyncClient(bootstrap) as client:
+                await client.create_topic(T, partitions=1)
+                await until(lambda: leader_of(nodes, 0) is not None, "a leader")
+                old = leader_of(nodes, 0)
+                assert old is not None
+                got: list[ConsumerRecord] = []
+                async with (
+                    AsyncProducer(bootstrap, linger_ms=0) as producer,
+                    AsyncSubscriber(bootstrap) as sub,
+                ):
+                    for i in range(10):
+                        await (await producer.send(T, b"a%d" % i, partition=0))
+                    await sub.subscribe([(T, 0, "earliest")])
+                    await take_until(sub, got, lambda: len(got) >= 10, "the records before")
+                    assert subscribed_here(old) == {(T, 0)}
+                    others = [n.id for n in nodes if n is not old]
+                    await client.alter_replication(T, replicas={0: others})
+                    await until(
+                        lambda: (n := leader_of(nodes, 0)) is not None and n is not old,
+                        "partition 0 led elsewhere",
+                    )
+                    for i in range(10):
+                        await (await producer.send(T, b"b%d" % i, partition=0))
+                    await take_until(sub, got, lambda: len(got) >= 20, "the records after")
+                    new = leader_of(nodes, 0)
+                    assert new is not None
+                    await until(
+                        lambda: subscribed_here(new) == {(T, 0)} and not subscribed_here(old),
+                        "pushed by the new leader only",
+                    )
+                    assert sub.stats.resubscribes >= 1
+            check_once_in_order(got)
+            assert [r.value for r in got] == [b"a%d" % i for i in range(10)] + [
+                b"b%d" % i for i in range(10)
+            ]
+
+    asyncio.run(asyncio.wait_for(main(), 180))
