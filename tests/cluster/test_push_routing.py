@@ -24,14 +24,17 @@ from tidewire.client import (
     AsyncProducer,
     AsyncSubscriber,
     ConsumerRecord,
+    Message,
     _subscriber,
 )
 from tidewire.client._transport import Transport
 from tidewire.errors import NotLeaderError, RequestTimedOutError
 from tidewire.protocol.messages import (
     MetadataRequest,
+    PushBody,
     SubscribePartition,
     SubscribeRequest,
+    decode_body,
 )
 
 T = "pushed"
@@ -357,3 +360,48 @@ def test_a_partition_moved_off_its_live_leader_is_followed_there(
             ]
 
     asyncio.run(asyncio.wait_for(main(), 180))
+
+
+def test_a_leader_that_becomes_a_follower_stops_pushing_with_not_leader(
+    tmp_path: Path,
+) -> None:
+    """Server side, roles set by hand (no etcd): a subscription on the leader gets its
+    records; when that node becomes a follower (its log kept), it pushes NotLeaderError for
+    the partition and nothing more, rather than go on serving a follower's copy."""
+    from tests.cluster.test_replication import T as RT
+    from tests.cluster.test_replication import cluster as bare_cluster
+    from tests.cluster.test_replication import lead
+
+    async def main() -> None:
+        async with bare_cluster(tmp_path) as (nodes, _):
+            n1, n2, _n3 = nodes
+            await lead(nodes, n1, 0)
+            async with AsyncClient(n1.addr) as c:
+                await c.produce(RT, 0, [Message(b"x"), Message(b"y")])
+            pushes: list[PushBody] = []
+            t = Transport(n1.addr)
+            t.on_push = lambda ev: pushes.append(decode_body(PushBody, ev.body))
+            try:
+                req = SubscribeRequest(
+                    subscription_id=7,
+                    partitions=[SubscribePartition(RT, 0, 0)],
+                    credit_bytes=1 << 20,
+                )
+                response = await t.request(req)
+                assert response is not None
+                assert response.body.error_code == 0, response.body
+                await until(lambda: any(p.next_offset == 2 for p in pushes), "the records")
+                await lead(nodes, n2, 1)
+                async with AsyncClient(n2.addr) as c:
+                    await c.produce(RT, 0, [Message(b"z")])
+                await until(
+                    lambda: any(p.error_code == NotLeaderError.code for p in pushes),
+                    "NotLeaderError pushed",
+                )
+                last = pushes[-1]
+                assert last.error_code == NotLeaderError.code, pushes
+                assert all(p.next_offset <= 2 for p in pushes), pushes
+            finally:
+                await t.close()
+
+    asyncio.run(asyncio.wait_for(main(), 120))
