@@ -94,7 +94,7 @@ class _Link:
     partitions it delivers, and the credit it is owed."""
 
     transport: Transport
-    parts: list[TP]
+    parts: dict[TP, None]  # in the order subscribed; a dict for the per-push lookup
     sid: int = -1  # -1: not subscribed (yet, or any more)
     lost: bool = False  # its connection broke, or a credit grant failed
     buffered: int = 0  # bytes of its frames held
@@ -344,7 +344,7 @@ class AsyncSubscriber:
             if old is not None:
                 self._retire(old)
                 await self._end(old)
-                wanted = old.parts + [tp for tp in new if tp not in old.parts]
+                wanted = [*old.parts, *(tp for tp in new if tp not in old.parts)]
             await self._subscribe_on(t, wanted)
 
     async def _subscribe_on(self, t: Transport, parts: list[TP]) -> None:
@@ -360,7 +360,7 @@ class AsyncSubscriber:
         fatal: TidewireError | None = None
         while parts:
             sid = next(self._ids) & 0x7FFFFFFF
-            link = _Link(t, parts, sid, last_push=asyncio.get_running_loop().time())
+            link = _Link(t, dict.fromkeys(parts), sid, last_push=asyncio.get_running_loop().time())
             # Pushes of this id may arrive before the answer is read: accept them from now on.
             self._by_sid[sid] = link
             self._links.append(link)
@@ -478,7 +478,7 @@ class AsyncSubscriber:
             )
             if leader_lost(error, self._router.clustered):
                 # Not (any more) its leader: subscribed again where the metadata says.
-                link.parts = [p for p in link.parts if p != tp]
+                del link.parts[tp]
                 self._router.forget(*tp)
                 self._later([tp], error)
             else:
@@ -641,14 +641,15 @@ class AsyncSubscriber:
                 continue
             # A partition without a leader now (an election under way) stays where it is:
             # its node pushes NotLeaderError, or its connection breaks, if it is gone.
-            here = [
+            gone = [
                 tp
                 for tp in link.parts
-                if router.leader(*tp) < 0 or router.transport_for(*tp) is link.transport
+                if router.leader(*tp) >= 0 and router.transport_for(*tp) is not link.transport
             ]
-            if len(here) != len(link.parts):
-                self._unplaced.update(tp for tp in link.parts if tp not in here)
-                link.parts = here
+            if gone:
+                for tp in gone:
+                    del link.parts[tp]
+                self._unplaced.update(gone)
                 self._lost = moved = True
         return moved
 
