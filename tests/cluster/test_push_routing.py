@@ -165,52 +165,69 @@ def test_a_subscriber_gets_each_partition_from_its_leader(tmp_path: Path, etcd: 
     asyncio.run(asyncio.wait_for(main(), 180))
 
 
-def test_the_subscriber_carries_on_from_the_new_leader_when_its_leader_stops(
-    tmp_path: Path, etcd: EtcdServer
-) -> None:
-    """A producer writes to every partition while a subscriber reads them; the leader of
-    partition 0 is stopped mid-stream: the subscriber carries on from the new leader, and
-    every acknowledged record comes, each handed out once, in order."""
+def all_in_sync(nodes: list[InProcessNode]) -> bool:
+    """Every partition of ``T`` has all three replicas in its ISR (as a live node's copy of
+    the metadata says)."""
+    live = next(n for n in nodes if not n.stopped)
+    for p in range(PARTITIONS):
+        got = live.cluster.cache.partition(T, p)
+        if got is None or len(got[0].isr) != 3:
+            return False
+    return True
 
-    async def main() -> None:
-        async with in_process_cluster(
-            lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="push-failover"), 3
-        ) as nodes:
-            bootstrap = ",".join(n.addr for n in nodes)
-            async with AsyncClient(bootstrap) as client:
-                await client.create_topic(T, partitions=PARTITIONS)
-            leaders = await leaders_settled(nodes)
-            victim = leaders[0]
-            acked: set[bytes] = set()
-            stop = asyncio.Event()
 
-            async def produce(producer: AsyncProducer) -> None:
-                i = 0
-                while not stop.is_set() or i < 30:
-                    pending = []
-                    for p in range(PARTITIONS):
-                        value = f"{p}:{i}".encode()
-                        pending.append((value, await producer.send(T, value, partition=p)))
-                    for value, f in pending:
-                        await f  # an idempotent producer: stored once, or it raises
-                        acked.add(value)
-                    i += 1
-                    await asyncio.sleep(0.01)
+async def failover(tmp_path: Path, etcd: EtcdServer, rounds: int) -> None:
+    """A producer writes to every partition while a subscriber reads them; ``rounds`` times
+    the leader of partition 0 is stopped mid-stream (and started again once the next leader
+    took over): the subscriber carries on from each new leader, and every acknowledged
+    record comes, each handed out once, in order."""
+    async with in_process_cluster(
+        lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="push-failover"), 3
+    ) as nodes:
+        bootstrap = ",".join(n.addr for n in nodes)
+        async with AsyncClient(bootstrap) as client:
+            await client.create_topic(T, partitions=PARTITIONS)
+        await leaders_settled(nodes)
+        acked: set[bytes] = set()
+        stop = asyncio.Event()
 
-            got: list[ConsumerRecord] = []
-            async with (
-                AsyncProducer(bootstrap, linger_ms=0) as producer,
-                AsyncSubscriber(bootstrap, credit_bytes=4096) as sub,
-            ):
-                await sub.subscribe([(T, p, "earliest") for p in range(PARTITIONS)])
-                task = asyncio.create_task(produce(producer))
-                try:
+        async def produce(producer: AsyncProducer) -> None:
+            i = 0
+            while not stop.is_set() or i < 30:
+                pending = []
+                for p in range(PARTITIONS):
+                    value = f"{p}:{i}".encode()
+                    pending.append((value, await producer.send(T, value, partition=p)))
+                for value, f in pending:
+                    await f  # an idempotent producer: stored once, or it raises
+                    acked.add(value)
+                i += 1
+                await asyncio.sleep(0.01)
+
+        def of_p0() -> int:
+            return sum(r.partition == 0 for r in got)
+
+        got: list[ConsumerRecord] = []
+        victims: list[int] = []
+        async with (
+            AsyncProducer(
+                bootstrap, linger_ms=0, delivery_timeout_ms=int(WAIT_S * 4000)
+            ) as producer,
+            AsyncSubscriber(bootstrap, credit_bytes=4096) as sub,
+        ):
+            await sub.subscribe([(T, p, "earliest") for p in range(PARTITIONS)])
+            task = asyncio.create_task(produce(producer))
+            try:
+                for r in range(rounds):
+                    if r:
+                        await until(lambda: all_in_sync(nodes), "every replica in sync again")
+                    start = of_p0()
                     await take_until(
-                        sub,
-                        got,
-                        lambda: sum(r.partition == 0 for r in got) >= 20,
-                        "records of partition 0 before the stop",
+                        sub, got, lambda s=start: of_p0() >= s + 20, "records of partition 0"
                     )
+                    victim = leader_of(nodes, 0)
+                    assert victim is not None
+                    victims.append(victim.id)
                     before = sub.stats.resubscribes
                     await victim.stop()
                     await until(
@@ -219,32 +236,36 @@ def test_the_subscriber_carries_on_from_the_new_leader_when_its_leader_stops(
                     await take_until(
                         sub,
                         got,
-                        lambda: (
-                            sub.stats.resubscribes > before
-                            and sum(r.partition == 0 for r in got) >= 60
-                        ),
+                        lambda b=before, s=start: sub.stats.resubscribes > b and of_p0() >= s + 60,
                         "records of partition 0 from its new leader",
                     )
-                    stop.set()
-                    await asyncio.wait_for(task, WAIT_S * 2)
-                except BaseException:
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
-                    raise
-                await take_until(
-                    sub,
-                    got,
-                    lambda: acked <= {r.value for r in got},
-                    "every acknowledged record",
-                )
-            check_once_in_order(got)
-            values = [r.value for r in got]
-            assert len(values) == len(set(values)), "a record handed out twice"
-            new_leader = leader_of(nodes, 0)
-            assert new_leader is not None
-            assert new_leader is not victim
+                    await victim.start()
+                stop.set()
+                await asyncio.wait_for(task, WAIT_S * 2)
+            except BaseException:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                raise
+            await take_until(
+                sub, got, lambda: acked <= {r.value for r in got}, "every acknowledged record"
+            )
+        check_once_in_order(got)
+        values = [r.value for r in got]
+        assert len(values) == len(set(values)), "a record handed out twice"
+        assert len(victims) == rounds
 
-    asyncio.run(asyncio.wait_for(main(), 240))
+
+def test_the_subscriber_carries_on_from_the_new_leader_when_its_leader_stops(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    asyncio.run(asyncio.wait_for(failover(tmp_path, etcd, 1), 240))
+
+
+@pytest.mark.slow
+def test_the_subscriber_follows_the_leader_stopped_5_times(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    asyncio.run(asyncio.wait_for(failover(tmp_path, etcd, 5), 900))
 
 
 def test_a_cut_off_first_bootstrap_node_costs_no_metadata_timeout(
