@@ -338,6 +338,7 @@ class AsyncSubscriber:
             t = router.transport_for(*tp) if router.clustered else self._t
             groups.setdefault(id(t), (t, []))[1].append(tp)
         self._unplaced.difference_update(tps)
+        fatal: TidewireError | None = None
         for t, new in groups.values():
             wanted = new
             old = next((k for k in self._links if k.transport is t and not k.lost), None)
@@ -345,7 +346,12 @@ class AsyncSubscriber:
                 self._retire(old)
                 await self._end(old)
                 wanted = [*old.parts, *(tp for tp in new if tp not in old.parts)]
-            await self._subscribe_on(t, wanted)
+            try:
+                await self._subscribe_on(t, wanted)
+            except TidewireError as exc:  # the other nodes' partitions are still subscribed
+                fatal = fatal or exc
+        if fatal is not None:
+            raise fatal
 
     async def _subscribe_on(self, t: Transport, parts: list[TP]) -> None:
         """One subscription on ``t`` for ``parts`` from their positions. Partitions refused
