@@ -21,6 +21,7 @@ from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, 
 from tests.cluster._proxy import Proxy
 from tidewire.client import (
     AsyncClient,
+    AsyncGroupConsumer,
     AsyncProducer,
     AsyncSubscriber,
     ConsumerRecord,
@@ -426,3 +427,52 @@ def test_a_leader_that_becomes_a_follower_stops_pushing_with_not_leader(
                 await t.close()
 
     asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_a_group_member_in_push_mode_reads_every_partition_from_its_leader(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """``delivery="push"`` in a cluster: the member's subscriber subscribes each assigned
+    partition on its leader; every record comes once, and its commit is kept."""
+
+    async def main() -> None:
+        async with in_process_cluster(
+            lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="push-group"), 3
+        ) as nodes:
+            bootstrap = ",".join(n.addr for n in nodes)
+            async with AsyncClient(bootstrap) as client:
+                await client.create_topic(T, partitions=PARTITIONS)
+                leaders = await leaders_settled(nodes)
+                per = 10
+                async with AsyncProducer(bootstrap, linger_ms=0) as producer:
+                    for p in range(PARTITIONS):
+                        for i in range(per):
+                            await (await producer.send(T, f"{p}:{i}".encode(), partition=p))
+                got: list[ConsumerRecord] = []
+                async with AsyncGroupConsumer(
+                    bootstrap,
+                    "push-members",
+                    topics=[T],
+                    auto_offset_reset="earliest",
+                    delivery="push",
+                ) as member:
+
+                    async def read() -> None:
+                        while len(got) < PARTITIONS * per:
+                            got.extend(await member.poll(0.5))
+
+                    await asyncio.wait_for(read(), WAIT_S * 2)
+                    for node in nodes:
+                        led = {(T, p) for p, n in leaders.items() if n is node}
+                        assert subscribed_here(node) == led, (node.id, led)
+                    await member.commit()
+                check_once_in_order(got)
+                assert sorted(r.value for r in got) == sorted(
+                    f"{p}:{i}".encode() for p in range(PARTITIONS) for i in range(per)
+                )
+                lag = {
+                    (x.topic, x.partition): x.lag for x in await client.group_lag("push-members")
+                }
+                assert lag == dict.fromkeys([(T, p) for p in range(PARTITIONS)], 0)
+
+    asyncio.run(asyncio.wait_for(main(), 180))
