@@ -33,6 +33,7 @@ from tidewire.client import (
     AsyncConsumer,
     AsyncGroupConsumer,
     AsyncProducer,
+    AsyncSubscriber,
     Client,
     Message,
     Producer,
@@ -415,7 +416,7 @@ def test_a_single_node_gets_no_request_it_did_not_get_before(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No leaders in a single node's metadata: one connection, no METADATA from the plain
-    client and the consumer, one per topic from the producer (as before)."""
+    client, the consumer and the subscriber, one per topic from the producer (as before)."""
 
     async def main() -> None:
         cluster = FakeCluster(monkeypatch)  # no nodes: it only counts requests
@@ -440,6 +441,17 @@ def test_a_single_node_gets_no_request_it_did_not_get_before(
                         break
                 assert sorted(got) == [b"c", b"p", b"q"]
                 assert not consumer._router.clustered
+            async with AsyncSubscriber(addr(server)) as sub:
+                await sub.subscribe([(TOPIC, 0, "earliest"), (TOPIC, 1, 0)])
+                got = []
+                for _ in range(20):
+                    got += values(await sub.poll(PROMPT_S))
+                    if len(got) == 3:
+                        break
+                assert sorted(got) == [b"c", b"p", b"q"]
+                assert not sub._router.clustered
+                assert not sub._router._links
+                assert len(sub._links) == 1  # one subscription, on the one connection
         assert cluster.asked[-1, "METADATA"] == 1  # the producer's, for its one topic
 
     run(main())

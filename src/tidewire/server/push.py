@@ -25,6 +25,17 @@ connection's write buffer, and that is bounded by the credit:
 A subscription ends with UNSUBSCRIBE or with its connection. A partition whose read fails
 (an unknown topic, an offset out of range outside best effort, corruption) gets one push with
 the error and is not delivered any more.
+
+**In a cluster** (``broker.replication`` set) a partition is delivered by its leader only: a
+SUBSCRIBE naming a partition this node does not lead (a follower, or a node that holds no
+replica of it) is refused with :class:`~tidewire.errors.NotLeaderError` (retriable, naming the
+leader when known), and a partition whose lead this node loses while it is delivered gets one
+push with that error and is not delivered any more: the client subscribes it again on its new
+leader from the next offset it has not handed out. A leader accepts a position up to its own
+log end (not only its high watermark): a new leader's high watermark may still be below what
+the previous one delivered, and the subscription then waits until it gets there. Topics that
+are not the cluster's (internal topics every node keeps for itself) are served as on a single
+node.
 """
 
 from __future__ import annotations
@@ -91,6 +102,8 @@ class _Part:
     position: int
     dropped: int = 0
     done: bool = False
+    #: In a cluster: led by this node when subscribed (delivery stops once it is not).
+    led: bool = False
 
 
 @dataclass(slots=True)
@@ -223,8 +236,11 @@ class Subscriptions:
                         f"{p.topic!r} partition {p.partition} is listed twice"
                     )
                 seen.add((p.topic, p.partition))
+                led = self._check_leader(p.topic, p.partition)
                 plog = self.broker.log(p.topic, p.partition)
                 start, end = plog.log_start_offset, self.broker.high_watermark(p.topic, p.partition)
+                if led:  # up to where the previous leader may have delivered (see above)
+                    end = max(end, plog.log_end_offset)
                 if not (start <= p.offset <= end or (req.best_effort and p.offset >= 0)):
                     raise OffsetOutOfRangeError(
                         f"offset {p.offset} is outside {p.topic!r} partition {p.partition}'s "
@@ -242,7 +258,7 @@ class Subscriptions:
                 )
                 continue
             results.append(PartitionResult(topic=p.topic, partition=p.partition))
-            parts.append(_Part(p.topic, p.partition, p.offset))
+            parts.append(_Part(p.topic, p.partition, p.offset, led=led))
         if failed is not None:
             return SubscribeResponse(
                 subscription_id=sid,
@@ -254,6 +270,31 @@ class Subscriptions:
         sub.grant(req.credit_bytes)
         self.subs[sid] = sub
         return SubscribeResponse(subscription_id=sid, results=results)
+
+    def _check_leader(self, topic: str, partition: int) -> bool:
+        """In a cluster: whether this node leads the partition (True), or has no role for it
+        and holds its log (False: served as on a single node).
+
+        Raises:
+            NotLeaderError: another node leads it, or this node holds no replica of it.
+        """
+        rep = self.broker.replication
+        if rep is None:
+            return False
+        if rep.leads(topic, partition):
+            return True
+        if rep.leader_of(topic, partition) is None:
+            # No role here: a node's own internal topic (not in the cluster's metadata) is
+            # served from its log; a topic of the cluster's is not (yet) led here.
+            known = self.broker.cluster_topics
+            if known is None or topic not in known():
+                try:
+                    self.broker.log(topic, partition)
+                    return False
+                except TidewireError:
+                    pass
+        rep.check_leader(topic, partition)  # raises NotLeaderError, naming what it knows
+        return True  # led after all (took the lead in between)
 
     def start(self, sid: int) -> None:
         """Start delivering a subscription (after its SUBSCRIBE answer is written, so that
@@ -307,6 +348,10 @@ class Subscriptions:
         if sub.credit <= 0:
             return _NO_CREDIT
         try:
+            if part.led:
+                rep = self.broker.replication
+                if rep is not None and not rep.leads(part.topic, part.partition):
+                    rep.check_leader(part.topic, part.partition)  # NotLeaderError: stop here
             if sub.best_effort and self._skip_if_behind(sub, part):
                 return _SENT
             r = self.broker.read_partition(
@@ -338,7 +383,10 @@ class Subscriptions:
         b = self.broker
         plog = b.log(part.topic, part.partition)
         hw = b.high_watermark(part.topic, part.partition)
-        out_of_range = not plog.log_start_offset <= part.position <= hw
+        end = plog.log_end_offset if part.led else hw  # see the module docstring
+        out_of_range = not plog.log_start_offset <= part.position <= max(hw, end)
+        if not out_of_range and part.position > hw:
+            return False  # a new leader's high watermark has not reached it yet: wait
         if not out_of_range and (
             part.position == hw
             or b.bytes_behind(part.topic, part.partition, part.position) <= sub.max_lag_bytes
