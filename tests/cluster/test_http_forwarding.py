@@ -45,7 +45,7 @@ from tidewire.client._routing import OFFSETS_TOPIC, coordinator_partition
 from tidewire.client._transport import Transport
 from tidewire.cluster import audit as cluster_audit
 from tidewire.cluster.fetcher import ReplicaLink
-from tidewire.errors import ConnectionLostError
+from tidewire.errors import ConnectionLostError, NotLeaderError
 from tidewire.protocol.messages import ListQueuesRequest, TakeRequest
 from tidewire.security._logs import audit_topic
 from tidewire.server.http import HttpConfig, peers
@@ -843,5 +843,77 @@ def test_a_forwarded_publish_follows_the_leader_and_keeps_its_idempotency_key(
                 )
                 assert r.status_code == 201, r.text
                 assert r.json() == {"partition": 0, "offset": end}
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_a_publish_to_a_partition_without_a_leader_is_503_never_307(
+    tmp_path: Path, etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition of one replica whose node stopped has no leader: a publish to it through
+    a forwarding node (one message, a batch, keyed or not) answers ``503`` with
+    ``Retry-After`` (retry), not a ``400``; nothing is stored. A publish whose partition's
+    lead moves to another node while the node reached stores it (its produce refused,
+    naming the new leader) is ``503`` too, never a ``307`` (which a client set up for
+    forwarding does not expect). About 10 s."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, 3, "http-fwd-none") as nodes:
+            await nodes[0].cluster.create_topic("lone", 3, LogConfig(), 1)
+            lead = await _placed(nodes, "lone", 3)
+            assert len({n.id for n in lead.values()}) == 3  # placed one per node
+            rest = [n for n in nodes if n is not lead[0]]
+            await lead[0].stop()
+
+            def leaderless() -> bool:
+                for n in rest:
+                    got = n.cluster.cache.partition("lone", 0)
+                    if got is None or got[0].leader >= 0:
+                        return False
+                return True
+
+            await until(leaderless, "lone/0 without a leader on every other node")
+            sizes = {
+                (n.id, k): log.log_end_offset for n in rest for k, log in n.broker.logs.logs.items()
+            }
+            one = {"value": "x", "partition": 0}
+            batch = {"messages": [{"value": "a", "partition": 0}, {"value": "b"}]}
+            async with httpx.AsyncClient(timeout=WAIT_S) as web:
+
+                async def unavailable(n: HttpNode, path: str, body: Any, **headers: str) -> None:
+                    r = await web.post(
+                        f"{n.http}/v1/topics/lone/{path}", json=body, headers=headers
+                    )
+                    assert r.status_code == 503, r.text
+                    assert r.headers["retry-after"] == "1"
+                    assert "location" not in r.headers
+                    assert r.json()["error"]["name"] == "NotLeaderError"
+
+                for n in rest:
+                    await unavailable(n, "messages", one)
+                    await unavailable(n, "messages", one, **{"Idempotency-Key": f"k{n.id}"})
+                    await unavailable(n, "messages:batch", batch)
+                    await unavailable(n, "messages:batch", batch, **{"Idempotency-Key": f"b{n.id}"})
+                for n in rest:
+                    for k, log in n.broker.logs.logs.items():
+                        assert log.log_end_offset == sizes[(n.id, k)], (n.id, k)
+                # The lead of a node's partition moves to the other node as it stores.
+                here, there = rest
+                p = next(p for p in range(3) if lead[p] is here)
+                assert there.gateway is not None
+
+                async def moved(topic: str, partition: int, data: bytes) -> Any:
+                    raise NotLeaderError(
+                        f"node {there.id} leads partition {partition} of {topic!r} now",
+                        leader_id=there.id,
+                        leader_host="127.0.0.1",
+                        leader_port=there.server.port,
+                    )
+
+                monkeypatch.setattr(here.broker, "produce", moved)
+                mine = {"value": "m", "partition": p}
+                await unavailable(here, "messages", mine)
+                await unavailable(here, "messages", mine, **{"Idempotency-Key": "mv"})
+                await unavailable(here, "messages:batch", {"messages": [mine]})
 
     asyncio.run(asyncio.wait_for(main(), 120))
