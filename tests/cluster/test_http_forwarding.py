@@ -550,9 +550,10 @@ def test_a_node_forwards_publishes_reads_and_group_requests_to_the_node_serving_
     through another node, or the leader itself, gets the same offsets and stores nothing; the
     key with other messages is 409, a partition that does not exist 404. A read of a
     partition the node holds no replica of (from an offset, a time, with a search, and a
-    long poll) is answered with the leader's records and high watermark. A group committed
-    and described through a node that does not coordinate it (a reset: 307 there). Node 3
-    answers 307 to the leader instead. About 10 s."""
+    long poll) is answered with the leader's records and high watermark. A group committed,
+    described and reset through a node that does not coordinate it, answered as the
+    coordinator answers. Node 3 answers 307 to the leader (or coordinator) instead. About
+    10 s."""
 
     async def main() -> None:
         async with in_process_cluster(
@@ -668,12 +669,45 @@ def test_a_node_forwards_publishes_reads_and_group_requests_to_the_node_serving_
                 assert holder.broker.groups.committed("g", None)[("f", p)].offset == 2
                 r = await web.get(f"{other.http}/v1/groups/nobody")  # the coordinator's 404
                 assert r.status_code in (404, 503), r.text  # 503: its coordinator not up yet
-                # A reset needs alter on the group, which nodes lack: 307 to the coordinator.
+                # A reset through a node that does not coordinate the group (nor hold the
+                # partition): the coordinator's answer, the end offset from the leader.
+                q = next(q for q in range(6) if lead[q] is holder)
+                assert ("f", q) not in other.broker.logs.logs
+                dry = {"topic": "f", "to": "earliest", "partitions": [q], "dry_run": True}
+                r = await web.post(f"{other.http}/v1/groups/g/reset", json=dry)
+                assert r.status_code == 200, r.text
+                hw = holder.broker.high_watermark("f", q)
+                assert hw > 0
+                assert r.json() == {
+                    "group": "g",
+                    "dry_run": True,
+                    "partitions": [
+                        {
+                            "topic": "f",
+                            "partition": q,
+                            "previous": 2 if q == p else -1,
+                            "offset": 0,
+                            "end_offset": hw,
+                            "lag": hw,
+                        }
+                    ],
+                }
+                same = await web.post(f"{holder.http}/v1/groups/g/reset", json=dry)
+                assert same.json() == r.json()  # as the coordinator answers it
+                reset = {"topic": "f", "to": "offset", "offset": 1, "partitions": [q]}
+                r = await web.post(f"{other.http}/v1/groups/g/reset", json=reset)
+                assert r.status_code == 200, r.text
+                assert r.json()["partitions"][0]["offset"] == 1
+                assert holder.broker.groups.committed("g", None)[("f", q)].offset == 1
                 r = await web.post(
-                    f"{other.http}/v1/groups/g/reset", json={"topic": "f", "to": "earliest"}
+                    f"{other.http}/v1/groups/g/reset", json={"topic": "nope", "to": "latest"}
                 )
-                assert r.status_code == 307, r.text
-                assert r.headers["location"] == f"{holder.http}/v1/groups/g/reset"
+                assert r.status_code == 404, r.text  # the coordinator's
+                assert r.json()["error"]["name"] == "UnknownTopicError"
+                if holder is not nodes[2]:  # node 3 redirects a reset too
+                    r = await web.post(f"{nodes[2].http}/v1/groups/g/reset", json=dry)
+                    assert r.status_code == 307, r.text
+                    assert r.headers["location"] == f"{holder.http}/v1/groups/g/reset"
                 # Node 3 redirects: 307 to the leader's listener, nothing stored there.
                 q = next((q for q in range(6) if lead[q].id != 3), None)
                 if q is not None:
