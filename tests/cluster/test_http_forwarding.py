@@ -730,20 +730,29 @@ def test_a_secured_cluster_forwards_a_callers_publish_and_read_as_the_node(
     """Authorization on, the node principal given the role ``node``: a user whose API key
     may write and read a topic of one replica publishes (one message, a keyed batch), reads
     it and commits a group's offset over HTTP on nodes that hold no replica of it, answered
-    by the leader (no 307 whose Authorization a client would drop). A user without ``write``
-    is refused 403 where it arrives, and nothing is stored. About 10 s."""
+    by the leader (no 307 whose Authorization a client would drop), and resets the group
+    through a node that does not coordinate it. A user without ``write`` (or ``alter`` on
+    the group) is refused 403 where it arrives, and nothing is stored. About 10 s."""
 
     async def main() -> None:
         async with secure_cluster(tmp_path, etcd, "sec-fwd") as c:
             async with c.nodes[0].client(c.admin) as admin:
                 await admin.alter_principal(NODE_PRINCIPAL, roles=["node"])
                 await admin.create_topic("solo", partitions=1, replication_factor=1)
+                await admin.create_topic("wide", partitions=1, replication_factor=3)
                 keys = {}
-                for name, ops in (("writer", ("write", "read")), ("reader", ("read",))):
+                for name, ops, group_ops in (
+                    ("writer", ("write", "read"), ("read", "alter")),
+                    ("reader", ("read",), ("read",)),
+                ):
                     await admin.create_principal(name)
                     _, keys[name] = await admin.create_api_key(name)
                     await admin.add_acls(
-                        [*acl(name, "topic", "solo", *ops), *acl(name, "group", "g", "read")]
+                        [
+                            *acl(name, "topic", "solo", *ops),
+                            *acl(name, "topic", "wide", "describe"),
+                            *acl(name, "group", "g", *group_ops),
+                        ]
                     )
             await c.settled()
             (lead,) = (await _placed(c.nodes, "solo", 1)).values()
@@ -772,6 +781,33 @@ def test_a_secured_cluster_forwards_a_callers_publish_and_read_as_the_node(
                 body = {"offsets": [{"topic": "solo", "partition": 0, "offset": 3}]}
                 r = await _until_served(lambda: http.post("/v1/groups/g/commit", json=body))
                 assert r.status_code == 200, r.text
+            # A reset through a node that does not coordinate the group, by a caller with
+            # alter on it (checked there); one without is refused there.
+            coordinator = next(
+                n
+                for n in c.nodes
+                if n.broker.replication.leads(OFFSETS_TOPIC, coordinator_partition("g"))
+            )
+            via = next(n for n in c.nodes if n is not coordinator)
+            reset = {"topic": "wide", "to": "latest"}
+            async with via.http(keys["reader"]) as http:
+                r = await http.post("/v1/groups/g/reset", json=reset)
+                assert r.status_code == 403, r.text
+            async with via.http(keys["writer"]) as http:
+                r = await http.post("/v1/groups/g/reset", json=reset)
+                assert r.status_code == 200, r.text
+                assert r.json()["partitions"] == [
+                    {
+                        "topic": "wide",
+                        "partition": 0,
+                        "previous": -1,
+                        "offset": 0,
+                        "end_offset": 0,
+                        "lag": 0,
+                    }
+                ]
+            committed = coordinator.broker.groups.committed("g", None)
+            assert committed[("wide", 0)].offset == 0
             async with others[1].http(keys["reader"]) as http:
                 r = await http.post("/v1/topics/solo/messages", json={"value": "no"})
                 assert r.status_code == 403, r.text
