@@ -1,10 +1,14 @@
-"""The HTTP API on a node of a cluster: a request for a partition this node cannot answer is
-redirected to the node that can (docs/cluster.md, "The HTTP API in a cluster").
+"""The HTTP API on a node of a cluster: which node serves a request for a partition or a
+group, and, with ``http_cluster_routing = "redirect"``, where to redirect it (docs/cluster.md,
+"The HTTP API in a cluster"). With ``"forward"`` (the default) the routes send such a request
+to that node themselves (peers.py) and never answer ``307``: the checks below then only tell
+them where it goes, and a request nobody can serve now is ``503`` (:func:`no_redirect`).
 
 - A publish goes to the leader of the partition it lands in: a node that does not lead it
-  answers ``307 Temporary Redirect`` to the same path and query on the leader's HTTP listener
-  (which every node registers with the cluster), so a client that follows redirects (curl
-  ``-L``, httpx ``follow_redirects=True``, requests by default) sends the same body there.
+  (redirect mode) answers ``307 Temporary Redirect`` to the same path and query on the
+  leader's HTTP listener (which every node registers with the cluster), so a client that
+  follows redirects (curl ``-L``, httpx ``follow_redirects=True``, requests by default)
+  sends the same body there.
   Messages without a key or a partition go to a partition this node leads, when it leads one,
   so that they are stored where they arrived.
 - A read of a partition is answered by any node that holds a replica of it (below the high
@@ -14,7 +18,8 @@ redirected to the node that can (docs/cluster.md, "The HTTP API in a cluster").
   leader of the group's partition of ``__consumer_offsets``: another node redirects it there
   the same way.
 - When the leader's HTTP address is not known (no leader now, or it has no HTTP listener) the
-  answer is ``503`` with ``Retry-After``, as for any retriable error.
+  answer is ``503`` with ``Retry-After``, as for any retriable error; a publish to a
+  partition without a leader now is ``503`` in both modes (not ``400``: retry).
 
 A single node (no cluster) never takes any of these paths.
 """
