@@ -14,10 +14,12 @@ broker, its TCP server, its HTTP gateway with the native and msgbus listeners, a
 - forwarded requests sharing a few connections per node (the node's ``PeerPool``), closed
   when the node leaves the cluster;
 - publishes (one, a batch, with an ``Idempotency-Key``), partition reads and a group's
-  commit and description sent to a node that does not serve them, forwarded to the one that
-  does (``http_cluster_routing = "forward"``, the default) and answered as it answers; a
-  node set to ``redirect`` answering ``307`` instead; the same with authorization on, as
-  the node principal, for a caller with an API key.
+  commit, description and reset sent to a node that does not serve them, forwarded to the
+  one that does (``http_cluster_routing = "forward"``, the default) and answered as it
+  answers; a node set to ``redirect`` answering ``307`` instead; the same with
+  authorization on, as the node principal, for a caller with an API key;
+- a publish to a partition without a leader, or whose lead moves as it is stored: ``503``
+  with ``Retry-After``, never ``307`` (nor ``400``).
 
 Every wait is bounded; nothing asserts on durations.
 """
