@@ -14,10 +14,12 @@ broker, its TCP server, its HTTP gateway with the native and msgbus listeners, a
 - forwarded requests sharing a few connections per node (the node's ``PeerPool``), closed
   when the node leaves the cluster;
 - publishes (one, a batch, with an ``Idempotency-Key``), partition reads and a group's
-  commit and description sent to a node that does not serve them, forwarded to the one that
-  does (``http_cluster_routing = "forward"``, the default) and answered as it answers; a
-  node set to ``redirect`` answering ``307`` instead; the same with authorization on, as
-  the node principal, for a caller with an API key.
+  commit, description and reset sent to a node that does not serve them, forwarded to the
+  one that does (``http_cluster_routing = "forward"``, the default) and answered as it
+  answers; a node set to ``redirect`` answering ``307`` instead; the same with
+  authorization on, as the node principal, for a caller with an API key;
+- a publish to a partition without a leader, or whose lead moves as it is stored: ``503``
+  with ``Retry-After``, never ``307`` (nor ``400``).
 
 Every wait is bounded; nothing asserts on durations.
 """
@@ -45,7 +47,7 @@ from tidewire.client._routing import OFFSETS_TOPIC, coordinator_partition
 from tidewire.client._transport import Transport
 from tidewire.cluster import audit as cluster_audit
 from tidewire.cluster.fetcher import ReplicaLink
-from tidewire.errors import ConnectionLostError
+from tidewire.errors import ConnectionLostError, NotLeaderError
 from tidewire.protocol.messages import ListQueuesRequest, TakeRequest
 from tidewire.security._logs import audit_topic
 from tidewire.server.http import HttpConfig, peers
@@ -550,9 +552,10 @@ def test_a_node_forwards_publishes_reads_and_group_requests_to_the_node_serving_
     through another node, or the leader itself, gets the same offsets and stores nothing; the
     key with other messages is 409, a partition that does not exist 404. A read of a
     partition the node holds no replica of (from an offset, a time, with a search, and a
-    long poll) is answered with the leader's records and high watermark. A group committed
-    and described through a node that does not coordinate it (a reset: 307 there). Node 3
-    answers 307 to the leader instead. About 10 s."""
+    long poll) is answered with the leader's records and high watermark. A group committed,
+    described and reset through a node that does not coordinate it, answered as the
+    coordinator answers. Node 3 answers 307 to the leader (or coordinator) instead. About
+    10 s."""
 
     async def main() -> None:
         async with in_process_cluster(
@@ -668,12 +671,45 @@ def test_a_node_forwards_publishes_reads_and_group_requests_to_the_node_serving_
                 assert holder.broker.groups.committed("g", None)[("f", p)].offset == 2
                 r = await web.get(f"{other.http}/v1/groups/nobody")  # the coordinator's 404
                 assert r.status_code in (404, 503), r.text  # 503: its coordinator not up yet
-                # A reset needs alter on the group, which nodes lack: 307 to the coordinator.
+                # A reset through a node that does not coordinate the group (nor hold the
+                # partition): the coordinator's answer, the end offset from the leader.
+                q = next(q for q in range(6) if lead[q] is holder)
+                assert ("f", q) not in other.broker.logs.logs
+                dry = {"topic": "f", "to": "earliest", "partitions": [q], "dry_run": True}
+                r = await web.post(f"{other.http}/v1/groups/g/reset", json=dry)
+                assert r.status_code == 200, r.text
+                hw = holder.broker.high_watermark("f", q)
+                assert hw > 0
+                assert r.json() == {
+                    "group": "g",
+                    "dry_run": True,
+                    "partitions": [
+                        {
+                            "topic": "f",
+                            "partition": q,
+                            "previous": 2 if q == p else -1,
+                            "offset": 0,
+                            "end_offset": hw,
+                            "lag": hw,
+                        }
+                    ],
+                }
+                same = await web.post(f"{holder.http}/v1/groups/g/reset", json=dry)
+                assert same.json() == r.json()  # as the coordinator answers it
+                reset = {"topic": "f", "to": "offset", "offset": 1, "partitions": [q]}
+                r = await web.post(f"{other.http}/v1/groups/g/reset", json=reset)
+                assert r.status_code == 200, r.text
+                assert r.json()["partitions"][0]["offset"] == 1
+                assert holder.broker.groups.committed("g", None)[("f", q)].offset == 1
                 r = await web.post(
-                    f"{other.http}/v1/groups/g/reset", json={"topic": "f", "to": "earliest"}
+                    f"{other.http}/v1/groups/g/reset", json={"topic": "nope", "to": "latest"}
                 )
-                assert r.status_code == 307, r.text
-                assert r.headers["location"] == f"{holder.http}/v1/groups/g/reset"
+                assert r.status_code == 404, r.text  # the coordinator's
+                assert r.json()["error"]["name"] == "UnknownTopicError"
+                if holder is not nodes[2]:  # node 3 redirects a reset too
+                    r = await web.post(f"{nodes[2].http}/v1/groups/g/reset", json=dry)
+                    assert r.status_code == 307, r.text
+                    assert r.headers["location"] == f"{holder.http}/v1/groups/g/reset"
                 # Node 3 redirects: 307 to the leader's listener, nothing stored there.
                 q = next((q for q in range(6) if lead[q].id != 3), None)
                 if q is not None:
@@ -696,20 +732,29 @@ def test_a_secured_cluster_forwards_a_callers_publish_and_read_as_the_node(
     """Authorization on, the node principal given the role ``node``: a user whose API key
     may write and read a topic of one replica publishes (one message, a keyed batch), reads
     it and commits a group's offset over HTTP on nodes that hold no replica of it, answered
-    by the leader (no 307 whose Authorization a client would drop). A user without ``write``
-    is refused 403 where it arrives, and nothing is stored. About 10 s."""
+    by the leader (no 307 whose Authorization a client would drop), and resets the group
+    through a node that does not coordinate it. A user without ``write`` (or ``alter`` on
+    the group) is refused 403 where it arrives, and nothing is stored. About 10 s."""
 
     async def main() -> None:
         async with secure_cluster(tmp_path, etcd, "sec-fwd") as c:
             async with c.nodes[0].client(c.admin) as admin:
                 await admin.alter_principal(NODE_PRINCIPAL, roles=["node"])
                 await admin.create_topic("solo", partitions=1, replication_factor=1)
+                await admin.create_topic("wide", partitions=1, replication_factor=3)
                 keys = {}
-                for name, ops in (("writer", ("write", "read")), ("reader", ("read",))):
+                for name, ops, group_ops in (
+                    ("writer", ("write", "read"), ("read", "alter")),
+                    ("reader", ("read",), ("read",)),
+                ):
                     await admin.create_principal(name)
                     _, keys[name] = await admin.create_api_key(name)
                     await admin.add_acls(
-                        [*acl(name, "topic", "solo", *ops), *acl(name, "group", "g", "read")]
+                        [
+                            *acl(name, "topic", "solo", *ops),
+                            *acl(name, "topic", "wide", "describe"),
+                            *acl(name, "group", "g", *group_ops),
+                        ]
                     )
             await c.settled()
             (lead,) = (await _placed(c.nodes, "solo", 1)).values()
@@ -738,6 +783,33 @@ def test_a_secured_cluster_forwards_a_callers_publish_and_read_as_the_node(
                 body = {"offsets": [{"topic": "solo", "partition": 0, "offset": 3}]}
                 r = await _until_served(lambda: http.post("/v1/groups/g/commit", json=body))
                 assert r.status_code == 200, r.text
+            # A reset through a node that does not coordinate the group, by a caller with
+            # alter on it (checked there); one without is refused there.
+            coordinator = next(
+                n
+                for n in c.nodes
+                if n.broker.replication.leads(OFFSETS_TOPIC, coordinator_partition("g"))
+            )
+            via = next(n for n in c.nodes if n is not coordinator)
+            reset = {"topic": "wide", "to": "latest"}
+            async with via.http(keys["reader"]) as http:
+                r = await http.post("/v1/groups/g/reset", json=reset)
+                assert r.status_code == 403, r.text
+            async with via.http(keys["writer"]) as http:
+                r = await http.post("/v1/groups/g/reset", json=reset)
+                assert r.status_code == 200, r.text
+                assert r.json()["partitions"] == [
+                    {
+                        "topic": "wide",
+                        "partition": 0,
+                        "previous": -1,
+                        "offset": 0,
+                        "end_offset": 0,
+                        "lag": 0,
+                    }
+                ]
+            committed = coordinator.broker.groups.committed("g", None)
+            assert committed[("wide", 0)].offset == 0
             async with others[1].http(keys["reader"]) as http:
                 r = await http.post("/v1/topics/solo/messages", json={"value": "no"})
                 assert r.status_code == 403, r.text
@@ -843,5 +915,77 @@ def test_a_forwarded_publish_follows_the_leader_and_keeps_its_idempotency_key(
                 )
                 assert r.status_code == 201, r.text
                 assert r.json() == {"partition": 0, "offset": end}
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_a_publish_to_a_partition_without_a_leader_is_503_never_307(
+    tmp_path: Path, etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition of one replica whose node stopped has no leader: a publish to it through
+    a forwarding node (one message, a batch, keyed or not) answers ``503`` with
+    ``Retry-After`` (retry), not a ``400``; nothing is stored. A publish whose partition's
+    lead moves to another node while the node reached stores it (its produce refused,
+    naming the new leader) is ``503`` too, never a ``307`` (which a client set up for
+    forwarding does not expect). About 10 s."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, 3, "http-fwd-none") as nodes:
+            await nodes[0].cluster.create_topic("lone", 3, LogConfig(), 1)
+            lead = await _placed(nodes, "lone", 3)
+            assert len({n.id for n in lead.values()}) == 3  # placed one per node
+            rest = [n for n in nodes if n is not lead[0]]
+            await lead[0].stop()
+
+            def leaderless() -> bool:
+                for n in rest:
+                    got = n.cluster.cache.partition("lone", 0)
+                    if got is None or got[0].leader >= 0:
+                        return False
+                return True
+
+            await until(leaderless, "lone/0 without a leader on every other node")
+            sizes = {
+                (n.id, k): log.log_end_offset for n in rest for k, log in n.broker.logs.logs.items()
+            }
+            one = {"value": "x", "partition": 0}
+            batch = {"messages": [{"value": "a", "partition": 0}, {"value": "b"}]}
+            async with httpx.AsyncClient(timeout=WAIT_S) as web:
+
+                async def unavailable(n: HttpNode, path: str, body: Any, **headers: str) -> None:
+                    r = await web.post(
+                        f"{n.http}/v1/topics/lone/{path}", json=body, headers=headers
+                    )
+                    assert r.status_code == 503, r.text
+                    assert r.headers["retry-after"] == "1"
+                    assert "location" not in r.headers
+                    assert r.json()["error"]["name"] == "NotLeaderError"
+
+                for n in rest:
+                    await unavailable(n, "messages", one)
+                    await unavailable(n, "messages", one, **{"Idempotency-Key": f"k{n.id}"})
+                    await unavailable(n, "messages:batch", batch)
+                    await unavailable(n, "messages:batch", batch, **{"Idempotency-Key": f"b{n.id}"})
+                for n in rest:
+                    for k, log in n.broker.logs.logs.items():
+                        assert log.log_end_offset == sizes[(n.id, k)], (n.id, k)
+                # The lead of a node's partition moves to the other node as it stores.
+                here, there = rest
+                p = next(p for p in range(3) if lead[p] is here)
+                assert there.gateway is not None
+
+                async def moved(topic: str, partition: int, data: bytes) -> Any:
+                    raise NotLeaderError(
+                        f"node {there.id} leads partition {partition} of {topic!r} now",
+                        leader_id=there.id,
+                        leader_host="127.0.0.1",
+                        leader_port=there.server.port,
+                    )
+
+                monkeypatch.setattr(here.broker, "produce", moved)
+                mine = {"value": "m", "partition": p}
+                await unavailable(here, "messages", mine)
+                await unavailable(here, "messages", mine, **{"Idempotency-Key": "mv"})
+                await unavailable(here, "messages:batch", {"messages": [mine]})
 
     asyncio.run(asyncio.wait_for(main(), 120))

@@ -365,7 +365,7 @@ def test_http_forwarding_runs_as_the_node_principal(
                 "web",
                 *acl("web", "topic", "t", "read", "write"),
                 *acl("web", "topic", "g3", "read", "write"),
-                *acl("web", "group", "g", "read"),
+                *acl("web", "group", "g", "read", "alter"),
                 *acl("web", "topic", "msgbus.news", "read", "write", "create"),
                 *acl("web", "group", "msgbus", "read"),
                 *acl("web", "stream", "*", "read", "write"),
@@ -416,7 +416,8 @@ async def http_topics(c: SecureCluster, key: str) -> None:
 
 async def http_group_member(c: SecureCluster, key: str) -> None:
     """A WebSocket member of group ``g`` on a node that does not coordinate it joins and
-    commits at the coordinator (as the node principal)."""
+    commits at the coordinator (as the node principal); the group is reset through that
+    node."""
     async with c.nodes[0].client(key) as app:
         await app.produce("g3", 0, [Message(b"m0"), Message(b"m1")])
         await app.commit_offsets("g", {("g3", 0): 1})  # makes the offsets topic too
@@ -437,6 +438,18 @@ async def http_group_member(c: SecureCluster, key: str) -> None:
         assert done == {"type": "committed", "offsets": [{"partition": 0, "offset": 2}]}
     async with c.nodes[2].client(key) as app:
         assert await app.committed_offsets("g") == {("g3", 0): 2}
+    # A reset there too (RESET_OFFSETS, as the node), once the member has left.
+    reset = {"topic": "g3", "to": "earliest"}
+    async with remote.http(key) as http:
+        for _ in range(100):
+            r = await http.post("/v1/groups/g/reset", json=reset)
+            if r.status_code != 409:  # GroupNotEmptyError: the member is leaving
+                break
+            await asyncio.sleep(0.1)
+        assert r.status_code == 200, r.text
+        assert r.json()["partitions"] == [
+            {"topic": "g3", "partition": 0, "previous": 2, "offset": 0, "end_offset": 2, "lag": 2}
+        ]
     # Every node lists the cluster's groups (each coordinator asked, as the node principal),
     # those the caller may describe.
     for n in c.nodes:

@@ -181,10 +181,13 @@ BUILTIN_ROLES: dict[str, tuple[tuple[ResourceType, Operation], ...]] = {
     # owners' counts (LIST_QUEUES shows the queues it may describe) and, for an
     # ``auto_delete`` queue whose last consumer left it, the delete (``if_unused``) at the
     # leader of the definitions. Nothing else that changes definitions or security.
+    # ``alter`` on groups is for an HTTP group reset forwarded to the coordinator (its
+    # caller's ``alter`` checked where it arrived): no real power beyond ``read``, with
+    # which the node may already commit any offsets of any group.
     "node": (
         (_R.CLUSTER, _O.CLUSTER_ACTION),
         *_every(_R.TOPIC, _O.READ, _O.WRITE, _O.DESCRIBE),
-        *_every(_R.GROUP, _O.READ, _O.DESCRIBE),
+        *_every(_R.GROUP, _O.READ, _O.DESCRIBE, _O.ALTER),
         *_every(_R.STREAM, _O.READ, _O.WRITE, _O.DESCRIBE),
         (_R.EXCHANGE, _O.WRITE),
         *_every(_R.QUEUE, _O.READ, _O.DESCRIBE, _O.DELETE),

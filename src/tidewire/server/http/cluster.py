@@ -1,10 +1,14 @@
-"""The HTTP API on a node of a cluster: a request for a partition this node cannot answer is
-redirected to the node that can (docs/cluster.md, "The HTTP API in a cluster").
+"""The HTTP API on a node of a cluster: which node serves a request for a partition or a
+group, and, with ``http_cluster_routing = "redirect"``, where to redirect it (docs/cluster.md,
+"The HTTP API in a cluster"). With ``"forward"`` (the default) the routes send such a request
+to that node themselves (peers.py) and never answer ``307``: the checks below then only tell
+them where it goes, and a request nobody can serve now is ``503`` (:func:`no_redirect`).
 
 - A publish goes to the leader of the partition it lands in: a node that does not lead it
-  answers ``307 Temporary Redirect`` to the same path and query on the leader's HTTP listener
-  (which every node registers with the cluster), so a client that follows redirects (curl
-  ``-L``, httpx ``follow_redirects=True``, requests by default) sends the same body there.
+  (redirect mode) answers ``307 Temporary Redirect`` to the same path and query on the
+  leader's HTTP listener (which every node registers with the cluster), so a client that
+  follows redirects (curl ``-L``, httpx ``follow_redirects=True``, requests by default)
+  sends the same body there.
   Messages without a key or a partition go to a partition this node leads, when it leads one,
   so that they are stored where they arrived.
 - A read of a partition is answered by any node that holds a replica of it (below the high
@@ -14,7 +18,8 @@ redirected to the node that can (docs/cluster.md, "The HTTP API in a cluster").
   leader of the group's partition of ``__consumer_offsets``: another node redirects it there
   the same way.
 - When the leader's HTTP address is not known (no leader now, or it has no HTTP listener) the
-  answer is ``503`` with ``Retry-After``, as for any retriable error.
+  answer is ``503`` with ``Retry-After``, as for any retriable error; a publish to a
+  partition without a leader now is ``503`` in both modes (not ``400``: retry).
 
 A single node (no cluster) never takes any of these paths.
 """
@@ -34,6 +39,7 @@ from tidewire.errors import (
 __all__ = [
     "leader_location",
     "led_here",
+    "no_redirect",
     "partition_count",
     "require_coordinator",
     "require_leader",
@@ -86,7 +92,8 @@ def require_leader(broker: Broker, topic: str, partitions: set[int]) -> None:
     request can then be sent there whole).
 
     Raises:
-        NotLeaderError: this node does not lead them (with the leader's id when known).
+        NotLeaderError: this node does not lead them (with the leader's id when one other
+            node leads them all; without when one of them has no leader now: retry).
         InvalidRequestError: they are led by several nodes.
     """
     rep = broker.replication
@@ -95,8 +102,14 @@ def require_leader(broker: Broker, topic: str, partitions: set[int]) -> None:
     elsewhere = {p: _leader(broker, topic, p) for p in partitions if not rep.leads(topic, p)}
     if not elsewhere:
         return
+    leaderless = sorted(p for p, leader in elsewhere.items() if leader < 0)
+    if leaderless:  # retriable (503), whether or not the others are led elsewhere
+        raise NotLeaderError(
+            f"partition {leaderless[0]} of topic {topic!r} has no leader now (its replicas "
+            "are down, or one is being elected); nothing was stored, try again"
+        )
     leaders = set(elsewhere.values())
-    if len(leaders) == 1 and len(elsewhere) == len(partitions) and -1 not in leaders:
+    if len(leaders) == 1 and len(elsewhere) == len(partitions):
         (leader,) = leaders
         node = cluster_node(broker)
         info = None if node is None else node.cache.nodes.get(leader)
@@ -112,7 +125,7 @@ def require_leader(broker: Broker, topic: str, partitions: set[int]) -> None:
             )
     raise InvalidRequestError(
         f"the messages go to partitions {sorted(partitions)} of topic {topic!r}, led by "
-        "different nodes (or one without a leader now); publish each partition's messages to "
+        "different nodes; publish each partition's messages to "
         "its leader (give each message its partition), or publish them one by one"
     )
 
@@ -207,3 +220,15 @@ def leader_location(broker: Broker, exc: NotLeaderError, scheme: str, target: st
     if info is None or info.http_port < 0 or info.node_id == node.node_id:
         return None
     return f"{scheme}://{info.url_host}:{info.http_port}{target}"
+
+
+def no_redirect(exc: NotLeaderError) -> NotLeaderError:
+    """``exc`` without the leader it names, so the HTTP API answers it ``503`` with
+    ``Retry-After`` (retry), not ``307``: how a node forwarding requests
+    (``http_cluster_routing = "forward"``) answers a publish it could neither store nor
+    forward (a partition without a leader now, or whose lead moved to another node while
+    this one stored: nothing stored, a retry is forwarded to the new leader). A client set
+    up for forwarding does not expect a redirect."""
+    if exc.leader_id < 0:
+        return exc
+    return type(exc)(exc.message)

@@ -49,6 +49,9 @@ class PublishFastPath:
         self.app = app
         self.ctx = ctx
         self.limit = ctx.config.http_max_body_bytes
+        #: Whether a publish led by another node is answered 307 (else it was forwarded, and
+        #: one that could not be is 503).
+        self.redirect = ctx.config.http_cluster_routing == "redirect"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -80,7 +83,7 @@ class PublishFastPath:
                 return  # the client went away
             answer = await self.ctx.publisher.publish_one(topic, body, key)
         except TidewireError as exc:
-            if isinstance(exc, NotLeaderError):
+            if isinstance(exc, NotLeaderError) and self.redirect:
                 where = leader_location(self.ctx.broker, exc, scope["scheme"], _target(scope))
                 if where is not None:
                     body = error_body(

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
 from tidewire.broker import Broker
-from tidewire.broker.consumer_groups import ResetTo
+from tidewire.broker.consumer_groups import ResetResult, ResetTo
 from tidewire.broker.groups import MAX_ID_CHARS
 from tidewire.cluster import cluster_node
 from tidewire.errors import InvalidRequestError, NotCoordinatorError, UnknownGroupError
@@ -20,6 +20,7 @@ from tidewire.protocol.messages import (
     GroupSummary,
     ListGroupsRequest,
     OffsetCommitRequest,
+    ResetOffsetsRequest,
 )
 from tidewire.security.model import ResourceType
 from tidewire.server.gate import gate_for, names_allowed
@@ -40,8 +41,8 @@ from tidewire.server.http.models import (
     GroupDescription,
     GroupList,
     ResetRequest,
-    ResetResult,
 )
+from tidewire.server.http.models import ResetResult as ResetResultDoc
 from tidewire.server.http.peers import PeerClient
 
 __all__ = ["groups_router"]
@@ -100,7 +101,7 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
     async def describe_group(group: GroupPath) -> Response:
         """A group's state, members with their partitions, and per partition the committed
         offset, the end offset and the lag. In a cluster, answered by the group's
-        coordinator (another node redirects there)."""
+        coordinator (another node forwards it there, or redirects)."""
         peer = await _coordinator_elsewhere(ctx, group)
         if peer is not None:
             try:
@@ -150,7 +151,7 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
         """Commit offsets (the next offset to read, per partition) durably: from outside the
         group (no ``member_id``) when it has no members, or as a member of its current
         generation for partitions assigned to it. In a cluster, made by the group's
-        coordinator (another node redirects there)."""
+        coordinator (another node forwards it there, or redirects)."""
         peer = await _coordinator_elsewhere(ctx, group)
         req = parse_body(CommitRequest, await request.body())
         offsets: dict[tuple[str, int], tuple[int, str]] = {}
@@ -177,7 +178,7 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
 
     @router.post(
         "/{group}/reset",
-        response_model=ResetResult,
+        response_model=ResetResultDoc,
         responses=responses(307, 404, 409),
         openapi_extra={"requestBody": request_body(ResetRequest)},
     )
@@ -187,8 +188,8 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
         log's range) or the first message at or after a time; ``dry_run`` only says what
         would change (per partition: the offset before and after, the end offset and the
         lag left). The same operation as ``tidewire group reset``. In a cluster, made by the
-        group's coordinator (another node redirects there)."""
-        await require_coordinator(broker, group)
+        group's coordinator (another node forwards it there, or redirects)."""
+        peer = await _coordinator_elsewhere(ctx, group)
         req = parse_body(ResetRequest, await request.body())
         value = 0
         if req.to == "offset":
@@ -199,15 +200,38 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
             if req.timestamp is None:
                 raise InvalidRequestError("field timestamp: required when to is 'timestamp'")
             value = req.timestamp
-        got = await broker.groups.reset(
-            group,
-            req.topic,
-            ResetTo(req.to),
-            partitions=req.partitions,
-            value=value,
-            dry_run=req.dry_run,
-        )
-        ends = {s.partition: s.high_watermark for s in broker.describe(req.topic)}
+        if peer is not None:
+            try:
+                answer = await peer.group_body(
+                    group,
+                    ResetOffsetsRequest(
+                        group_id=group,
+                        topic=req.topic,
+                        partitions=req.partitions,
+                        to=req.to,
+                        value=value,
+                        dry_run=req.dry_run,
+                    ),
+                )
+                got = [
+                    ResetResult(r.topic, r.partition, r.previous, r.offset) for r in answer.results
+                ]
+                ends = await _ends_from_leaders(broker, peer, req.topic, got)
+            finally:
+                await peer.close()
+        else:
+            got = await broker.groups.reset(
+                group,
+                req.topic,
+                ResetTo(req.to),
+                partitions=req.partitions,
+                value=value,
+                dry_run=req.dry_run,
+            )
+            if broker.replication is None:
+                ends = {s.partition: s.high_watermark for s in broker.describe(req.topic)}
+            else:  # the coordinator holds what it reset, not always the topic's others
+                ends = {r.partition: broker.high_watermark(r.topic, r.partition) for r in got}
         return json_response(
             {
                 "group": group,
@@ -227,6 +251,20 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
         )
 
     return router
+
+
+async def _ends_from_leaders(
+    broker: Broker, peer: PeerClient, topic: str, got: list[ResetResult]
+) -> dict[int, int]:
+    """The high watermark of each partition a forwarded reset answered for: this node's
+    where it holds a replica, else its leader's (as a read of it forwarded there)."""
+    ends: dict[int, int] = {}
+    for r in got:
+        if (topic, r.partition) in broker.logs.logs:
+            ends[r.partition] = broker.high_watermark(topic, r.partition)
+        else:
+            ends[r.partition] = await peer.list_offset(topic, r.partition, -1)
+    return ends
 
 
 async def _coordinator_elsewhere(ctx: GatewayContext, group: str) -> PeerClient | None:

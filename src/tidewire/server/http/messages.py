@@ -16,9 +16,15 @@ from starlette.responses import Response
 
 from tidewire._tasks import cancel_and_wait
 from tidewire.cluster import cluster_node
-from tidewire.errors import InvalidRequestError, PartitionCorruptError, UnknownTopicError
+from tidewire.errors import (
+    InvalidRequestError,
+    NotLeaderError,
+    PartitionCorruptError,
+    UnknownTopicError,
+)
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
 from tidewire.server.http.cluster import (
+    no_redirect,
     partition_count,
     require_replica,
     topic_partition_count,
@@ -74,6 +80,8 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
     router = APIRouter(prefix="/v1/topics/{topic}", tags=["messages"])
     broker = ctx.broker
     publisher = ctx.publisher
+    # In a cluster: a publish led elsewhere is answered 307 (else forwarded; never a 307).
+    redirect = ctx.config.http_cluster_routing == "redirect"
 
     @router.post(
         "/messages",
@@ -88,7 +96,10 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
         idempotency_key: IdempotencyKey = None,
     ) -> Response:
         """Publish one message; answer its partition and offset."""
-        body = await publisher.publish_one(topic, await request.body(), idempotency_key)
+        try:
+            body = await publisher.publish_one(topic, await request.body(), idempotency_key)
+        except NotLeaderError as exc:
+            raise exc if redirect else no_redirect(exc) from None
         return Response(body, status_code=201, media_type="application/json")
 
     @router.post(
@@ -107,7 +118,12 @@ def messages_router(ctx: GatewayContext) -> APIRouter:
         none; answer each message's partition and offset, in the order sent."""
         body = await request.body()
         req = parse_body(BatchPublishRequest, body)
-        got = await publisher.publish(topic, req.messages, req.encoding, idempotency_key, body=body)
+        try:
+            got = await publisher.publish(
+                topic, req.messages, req.encoding, idempotency_key, body=body
+            )
+        except NotLeaderError as exc:
+            raise exc if redirect else no_redirect(exc) from None
         return json_response({"results": [{"offset": o, "partition": p} for p, o in got]}, 201)
 
     @router.get(

@@ -295,10 +295,17 @@ class PeerClient:
         assert response is not None
         return response.body
 
-    async def _routed(self, topic: str, partition: int, request: Any, timeout_s: float) -> Any:
-        if not self._router.clustered:
-            with contextlib.suppress(TidewireError):  # the routed call retries by itself
+    async def _learn(self, topic: str, partition: int) -> None:
+        """Ask the metadata of ``topic`` when this client does not know the partition's
+        leader (its first request about that topic: one client may serve requests about
+        several, as the node's publish forwarder does); a failure is left to the routed call,
+        which refreshes and retries by itself."""
+        if self._router.leader(topic, partition) < 0:
+            with contextlib.suppress(TidewireError):
                 await self._router.refresh([topic])
+
+    async def _routed(self, topic: str, partition: int, request: Any, timeout_s: float) -> Any:
+        await self._learn(topic, partition)
 
         async def send(t: Transport) -> Any:
             response = await t.request(request, timeout_s=timeout_s)
@@ -318,9 +325,7 @@ class PeerClient:
             TidewireError: the leader's error; NotLeaderError, ...: no leader answered
                 within the timeout.
         """
-        if not self._router.clustered:
-            with contextlib.suppress(TidewireError):
-                await self._router.refresh([topic])
+        await self._learn(topic, partition)
         timeout = self._bootstrap.request_timeout_s
 
         async def send(t: Transport) -> Any:
@@ -379,9 +384,7 @@ class PeerClient:
             acks=ACKS_DURABLE, partitions=[ProducePartition(topic, partition, len(batch))]
         )
         timeout = self._bootstrap.request_timeout_s
-        if not self._router.clustered:
-            with contextlib.suppress(TidewireError):
-                await self._router.refresh([topic])
+        await self._learn(topic, partition)
 
         async def send(t: Transport) -> Any:
             response = await t.request(req, [batch], timeout_s=timeout)
@@ -415,9 +418,7 @@ class PeerClient:
 
         req = HttpPublishRequest(topic=topic, body=body, batch=batch, idempotency_key=key)
         timeout = self._bootstrap.request_timeout_s
-        if not self._router.clustered:
-            with contextlib.suppress(TidewireError):
-                await self._router.refresh([topic])
+        await self._learn(topic, partition)
 
         async def send(t: Transport) -> list[tuple[int, int]]:
             response = await t.request(req, timeout_s=timeout)
@@ -468,9 +469,7 @@ class PeerClient:
                 within the timeout.
         """
         p = coordinator_partition(group)
-        if not self._router.clustered:
-            with contextlib.suppress(TidewireError):
-                await self._router.refresh([OFFSETS_TOPIC])
+        await self._learn(OFFSETS_TOPIC, p)
         timeout = self._bootstrap.request_timeout_s
 
         async def send(t: Transport) -> Any:
@@ -479,8 +478,8 @@ class PeerClient:
             body = response.body
             code = getattr(body, "error_code", 0)
             message = getattr(body, "error_message", "")
-            for result in getattr(body, "results", ()):
-                if result.error_code:
+            for result in getattr(body, "results", ()):  # a reset's results have none
+                if getattr(result, "error_code", 0):
                     code, message = result.error_code, result.error_message
                     break
             if code:
