@@ -87,15 +87,14 @@ function movesTable(moves) {
   });
 }
 
-// A rate, or "–" where it is not known (a node without samples; totals where none has any).
-const perS = (fmt) => (v) => (v === null || v === undefined ? "–" : `${fmt(v)}/s`);
 
 // The columns of the cluster-wide figures: [field, title, format]; the same fields in the
-// totals row and in each node's (GET /v1/cluster/metrics).
+// totals row and in each node's (GET /v1/cluster/metrics). A rate not known (a node that
+// keeps no samples; the totals where none does) is null, shown as "–" (not known, not 0).
 const FIGURES = [
-  ["messages_in_per_s", "Messages in", perS(fmtNum)],
-  ["bytes_in_per_s", "Bytes in", perS(fmtBytes)],
-  ["bytes_out_per_s", "Bytes out", perS(fmtBytes)],
+  ["messages_in_per_s", "Messages in /s", fmtNum],
+  ["bytes_in_per_s", "Bytes in /s", fmtBytes],
+  ["bytes_out_per_s", "Bytes out /s", fmtBytes],
   ["messages_in", "Messages in (total)", fmtNum],
   ["messages_out", "Messages out (total)", fmtNum],
   ["disk_used_bytes", "Disk used", fmtBytes],
