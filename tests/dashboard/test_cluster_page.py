@@ -3,9 +3,12 @@
 controller, the live nodes and every partition; when a node is killed, the page shows it gone
 and its partitions under-replicated among those that need attention. On a single node the
 page is not listed (the default tier's check; the cluster one, ~13 s, is in the slow tier).
-The moves in progress are drawn from what GET /v1/cluster/reassignments answers (the
-default tier: the page's three routes answered by the test, with a move in the middle of
-its first step; the routes' own answers are tested in tests/cluster/test_cluster_metrics.py).
+The moves in progress are drawn from what GET /v1/cluster/reassignments answers, and the
+whole cluster's figures (a totals row, a row per node, the nodes that did not answer named)
+from what GET /v1/cluster/metrics answers (the default tier: the page's routes answered by
+the test, with a move in the middle of its first step and a node that did not answer; the
+routes' own answers are tested in tests/cluster/test_cluster_metrics.py; the slow tier's
+three nodes show their figures too).
 """
 
 from __future__ import annotations
@@ -98,6 +101,13 @@ def test_the_cluster_page_follows_a_node_that_goes(
         rows = p.locator("#cluster-partition-table tr[data-topic=orders]")
         expect(rows).to_have_count(2)
         expect(p.locator("#cluster-attention-table")).to_contain_text("none: every partition")
+        # The whole cluster's figures: the totals and every node's row (each node answered).
+        figures = p.locator("#cluster-figures-table")
+        expect(figures.locator("tr[data-kind=total]")).to_have_count(1)
+        expect(figures.locator("tr[data-kind=node]")).to_have_count(3)
+        expect(figures.locator("tr[data-kind=missing]")).to_have_count(0)
+        # The totals' partitions led: orders' 2 and __audit.1, whoever leads them.
+        expect(figures.locator("tr[data-kind=total] td").nth(7)).to_have_text("3")
 
         # Node 3 is killed: once its lease runs out it is gone, and both partitions are
         # under-replicated (they had a replica on it).
@@ -195,19 +205,176 @@ _MOVES = {
 }
 
 
-def test_the_cluster_page_shows_the_moves_in_progress(page: Page) -> None:
-    expect = _expect()
-    answers = {
-        "/v1/cluster": _CLUSTER,
-        "/v1/cluster/partitions": _PARTITIONS,
-        "/v1/cluster/reassignments": _MOVES,
+def _node_figures(node_id: int, **figures: Any) -> dict[str, Any]:
+    """One node's figures as GET /v1/cluster/metrics lists them (zeros unless given)."""
+    doc: dict[str, Any] = {
+        "node_id": node_id,
+        "messages_in": 0,
+        "messages_out": 0,
+        "bytes_in": 0,
+        "bytes_out": 0,
+        "disk_used_bytes": 0,
+        "messages_in_per_s": None,
+        "bytes_in_per_s": None,
+        "bytes_out_per_s": None,
+        "partitions_led": 0,
+        "under_replicated_partitions": 0,
+        "under_min_isr_partitions": 0,
+        "reassigning_partitions": 0,
+        "offline_partitions": -1,
+        "controller": False,
+        "isr_shrinks": 0,
+        "isr_expands": 0,
+        "leader_elections": 0,
+        "replica_fetch_errors": 0,
+        "lease_losses": 0,
+        "lease_stale": False,
+        "lease_stale_periods": 0,
     }
+    doc.update(figures)
+    return doc
+
+
+def _figures(nodes: list[dict[str, Any]], missing: list[int]) -> dict[str, Any]:
+    """What node 1 answers to GET /v1/cluster/metrics for ``nodes``, the totals summed by
+    the server's own code (so the page shows what the route would)."""
+    from tidewire.cluster.metrics import cluster_totals
+    from tidewire.protocol.messages import NodeMetricsBody
+
+    totals = cluster_totals([NodeMetricsBody(**n) for n in nodes])
+    return {"node_id": 1, "totals": totals, "nodes": nodes, "missing_nodes": missing}
+
+
+#: Node 1 (the controller) and node 2 answered; node 3 did not.
+_FIGURES = _figures(
+    [
+        _node_figures(
+            1,
+            controller=True,
+            offline_partitions=0,
+            messages_in=1000,
+            messages_in_per_s=250.5,
+            bytes_in_per_s=2048.0,
+            partitions_led=2,
+            under_replicated_partitions=1,
+        ),
+        _node_figures(
+            2,
+            messages_in=500,
+            messages_in_per_s=100.0,
+            partitions_led=1,
+            isr_shrinks=2,
+            lease_stale=True,
+            lease_stale_periods=1,
+        ),
+    ],
+    [3],
+)
+
+
+def _answer_cluster_routes(page: Page, answers: dict[str, Any]) -> None:
+    """Answer the Cluster page's routes from ``answers`` (path -> JSON, or an int: that
+    status with an error body), read at each request so a test can change them."""
 
     def answer(route: Any) -> None:
         path = re.sub(r"^https?://[^/]+", "", route.request.url).split("?")[0]
-        route.fulfill(status=200, content_type="application/json", body=json.dumps(answers[path]))
+        doc = answers[path]
+        if isinstance(doc, int):
+            body = {"error": {"message": "no describe on the cluster"}}
+            route.fulfill(status=doc, content_type="application/json", body=json.dumps(body))
+            return
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(doc))
 
-    page.page.route(re.compile(r".*/v1/cluster(/partitions|/reassignments)?$"), answer)
+    page.page.route(re.compile(r".*/v1/cluster(/partitions|/reassignments|/metrics)?$"), answer)
+
+
+def test_the_cluster_page_shows_the_whole_clusters_figures(page: Page) -> None:
+    expect = _expect()
+    answers: dict[str, Any] = {
+        "/v1/cluster": _CLUSTER,
+        "/v1/cluster/partitions": _PARTITIONS,
+        "/v1/cluster/reassignments": _MOVES,
+        "/v1/cluster/metrics": _FIGURES,
+    }
+    _answer_cluster_routes(page, answers)
+    p = page.go("cluster")
+    figures = p.locator("#cluster-figures-table")
+    total = figures.locator("tr[data-kind=total]")
+    expect(total).to_have_count(1)
+    expect(total).to_contain_text("All nodes")
+    # The totals row: messages in per second and in all, partitions led, under-replicated,
+    # ISR shrinks, and one node's lease stale.
+    expect(total).to_contain_text("350.5")
+    expect(total).to_contain_text("1,500")
+    cells = total.locator("td")
+    expect(cells.nth(7)).to_have_text("3")
+    expect(cells.nth(8)).to_have_text("1")
+    expect(cells.nth(10)).to_have_text("2")
+    expect(total).to_contain_text("1 stale")
+    # A row per node that answered, this one first; the one that did not named.
+    rows = figures.locator("tr[data-kind=node]")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(0)).to_have_attribute("data-node", "1")
+    expect(rows.nth(0)).to_contain_text("node 1 (this one), controller")
+    expect(rows.nth(0)).to_contain_text("250.5")
+    expect(rows.nth(0)).to_contain_text("2.0 KiB")
+    expect(rows.nth(0)).to_contain_text("fresh")
+    expect(rows.nth(1)).to_have_attribute("data-node", "2")
+    expect(rows.nth(1)).to_contain_text("stale")
+    # Node 2 keeps no samples for bytes: not known, not zero.
+    expect(rows.nth(1).locator("td").nth(2)).to_have_text("\u2013")
+    missing = figures.locator("tr[data-kind=missing]")
+    expect(missing).to_have_count(1)
+    expect(missing).to_have_attribute("data-node", "3")
+    expect(missing).to_contain_text("no answer")
+    expect(p.locator("#cluster-figures")).to_contain_text(
+        "Did not answer within 5 s, left out of the totals: node 3."
+    )
+    # Refreshed like the rest: node 3 answers again, and the totals count it.
+    answers["/v1/cluster/metrics"] = _figures(
+        [*_FIGURES["nodes"], _node_figures(3, messages_in=250, partitions_led=4)], []
+    )
+    expect(figures.locator("tr[data-kind=node]")).to_have_count(3, timeout=WAIT_MS)
+    expect(figures.locator("tr[data-kind=missing]")).to_have_count(0)
+    expect(p.locator("#cluster-figures")).not_to_contain_text("Did not answer")
+    expect(figures.locator("tr[data-kind=total] td").nth(7)).to_have_text("7")
+    expect(figures.locator("tr[data-kind=total]")).to_contain_text("1,750")
+    page.assert_clean()
+
+
+def test_the_cluster_page_without_the_figures_shows_the_rest(page: Page) -> None:
+    """A refused GET /v1/cluster/metrics (403) is said where the figures go; the nodes and
+    partitions are drawn all the same."""
+    expect = _expect()
+    _answer_cluster_routes(
+        page,
+        {
+            "/v1/cluster": _CLUSTER,
+            "/v1/cluster/partitions": _PARTITIONS,
+            "/v1/cluster/reassignments": _MOVES,
+            "/v1/cluster/metrics": 403,
+        },
+    )
+    p = page.go("cluster")
+    expect(p.locator("#cluster-figures")).to_contain_text(
+        "The cluster's figures (GET /v1/cluster/metrics): refused: no permission"
+    )
+    expect(p.locator("#cluster-figures-table")).to_have_count(0)
+    expect(p.locator("#cluster-node-table tr[data-node='2']")).to_have_count(1)
+    expect(p.locator("#cluster-partition-table tr[data-topic=orders]")).to_have_count(1)
+    expect(p.locator("#cluster-reassigning")).to_have_text("1")
+    # (No assert_clean: the browser logs the refused request itself.)
+
+
+def test_the_cluster_page_shows_the_moves_in_progress(page: Page) -> None:
+    expect = _expect()
+    answers: dict[str, Any] = {
+        "/v1/cluster": _CLUSTER,
+        "/v1/cluster/partitions": _PARTITIONS,
+        "/v1/cluster/reassignments": _MOVES,
+        "/v1/cluster/metrics": _FIGURES,
+    }
+    _answer_cluster_routes(page, answers)
     p = page.go("cluster")
     expect(p.locator("#cluster-reassigning")).to_have_text("1")
     row = p.locator("#cluster-moves-table tr[data-topic=orders]")
