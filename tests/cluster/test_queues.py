@@ -567,3 +567,87 @@ def test_deletes_check_the_owner_wherever_it_is(tmp_path: Path, etcd: EtcdServer
                 )
 
     asyncio.run(main())
+
+
+def transient_owner(nodes: list[Node], queue: str) -> int:
+    """The node a live node's copy of the metadata names as transient ``queue``'s (-1)."""
+    live = next(n for n in nodes if not n.stopped)
+    return live.cluster.cache.transient_queues.get(queue, -1)
+
+
+def test_a_transient_queue_is_its_declaring_node_s_and_reachable_from_every_node(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """A transient (not durable, not exclusive) queue is served by the node that declared
+    it, which records itself as its owner in etcd: clients of other nodes are routed there
+    (publish, get, consume, declare again, delete); the broker forwards an exchange's
+    publish to it; it goes with its node. An exclusive queue stays its connection's."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes:
+            n1, n2, n3 = nodes
+            async with AsyncClient(n1.addr) as c1, AsyncClient(n2.addr) as c2:
+                await c1.declare_queue("temp", durable=False)
+                await until(
+                    lambda: (
+                        transient_owner(nodes, "temp") == n1.id
+                        and all(transient_owner([n], "temp") == n1.id for n in nodes)
+                    ),
+                    "every node knows the transient queue's owner",
+                )
+                assert serving(nodes, "temp") == [n1]
+                # Another node answers NotLeaderError naming the owner.
+                with pytest.raises(NotLeaderError) as refused:
+                    n2.broker.queues.describe_queue("temp")
+                assert refused.value.leader_id == n1.id
+                # Declared again through another node with the same settings: the same
+                # queue (its owner answers); other settings: refused.
+                info = await c2.declare_queue("temp", durable=False)
+                assert info.name == "temp"
+                with pytest.raises(PreconditionFailedError):
+                    await c2.declare_queue("temp", durable=False, max_length=5)
+                with pytest.raises(PreconditionFailedError):  # no durable twin either
+                    await c2.declare_queue("temp", durable=True)
+                # Published through node 2, taken through node 2 and consumed through node 3.
+                for i in range(4):
+                    await c2.publish("", "temp", f"t{i}")
+                got = await c2.get("temp", wait_ms=5000)
+                assert [m.value for m in got] == [b"t0"]
+                await got[0].ack()
+                async with AsyncQueueConsumer([n3.addr], "temp", prefetch=10) as consumer:
+                    rest = await take(consumer, 3)
+                    assert [m.value for m in rest] == [b"t1", b"t2", b"t3"]
+                    await consumer.ack_many(rest)
+                # An exchange's publish on node 3 reaches it (forwarded to its owner).
+                async with AsyncClient(n3.addr) as c3:
+                    await c3.declare_exchange("fan", "fanout", durable=False)
+                    await c3.bind("fan", "temp")
+                    published = await c3.publish("fan", "", "via-fan")
+                    assert published.queues == ("temp",)
+                    got = await c3.get("temp", wait_ms=5000)
+                    assert [m.value for m in got] == [b"via-fan"]
+                    await got[0].ack()
+                # Deleted through node 2: gone, its record too; the name is free again.
+                await c2.delete_queue("temp")
+                await until(lambda: transient_owner(nodes, "temp") == -1, "the record gone")
+                assert serving(nodes, "temp") == []
+
+                # An exclusive queue stays its connection's: other nodes do not know it.
+                await c1.declare_queue("mine", durable=False, exclusive=True)
+                assert "mine" not in n1.cluster.cache.transient_queues
+                with pytest.raises(TidewireError):
+                    await c2.get("mine")
+
+                # Its node gone, a transient queue is gone (as its messages, in memory).
+                await c1.declare_queue("short", durable=False)
+                await c1.publish("", "short", "lost")
+                await until(lambda: transient_owner(nodes, "short") == n1.id, "recorded")
+            await n1.stop()
+            await until(lambda: transient_owner(nodes, "short") == -1, "the record gone")
+            async with AsyncClient(n2.addr) as c2:
+                with pytest.raises(TidewireError):
+                    await c2.get("short")
+                await c2.declare_queue("short", durable=False)  # anew, on node 2
+                await until(lambda: transient_owner(nodes, "short") == n2.id, "node 2's now")
+
+    asyncio.run(main())

@@ -336,6 +336,9 @@ class MetadataCache:
         self._candidates: dict[str, tuple[int, int]] = {}
         #: producer id -> the largest epoch a node recorded (``producer-epochs/``)
         self.producer_epochs: dict[int, int] = {}
+        #: transient queue -> the node that declared and serves it (``transient-queues/``,
+        #: on that node's lease: tidewire.cluster.queues)
+        self.transient_queues: dict[str, int] = {}
         self.revision = 0
         self.changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -364,6 +367,7 @@ class MetadataCache:
         self.reassignments.clear()
         self.reassignment_origins.clear()
         self._candidates.clear()
+        self.transient_queues.clear()
         for kv in kvs:
             self._apply(kv, deleted=False)
         self.revision = rev
@@ -454,6 +458,15 @@ class MetadataCache:
                 if self.on_change is not None:
                     self.on_change("producer-epoch", rest, got)
             return  # an expired bump: the nodes keep fencing until the producer expires
+        elif kind == "transient-queues":
+            if deleted:
+                self.transient_queues.pop(rest, None)
+            else:
+                try:
+                    self.transient_queues[rest] = int(kv.value)
+                except ValueError:
+                    log.warning("transient queue %s names no node: %r", rest, kv.value)
+            return
         elif kind == "controller":
             if deleted:
                 self._candidates.pop(rest, None)
