@@ -651,3 +651,31 @@ def test_a_transient_queue_is_its_declaring_node_s_and_reachable_from_every_node
                 await until(lambda: transient_owner(nodes, "short") == n2.id, "node 2's now")
 
     asyncio.run(main())
+
+
+def test_a_node_registered_again_records_its_transient_queues_again(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """The records of a node's transient queues are on its lease: when it loses the lease
+    (revoked here, as etcd does to a node cut off past the session) and registers again,
+    it records the transient queues it still serves again."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, n=2) as nodes:
+            n1, n2 = nodes
+            async with AsyncClient(n1.addr) as c1:
+                await c1.declare_queue("kept", durable=False)
+                await c1.publish("", "kept", "still-here")
+            await until(lambda: transient_owner(nodes, "kept") == n1.id, "recorded")
+            old = n1.cluster.lease.id
+            await n1.cluster.etcd.revoke(old)
+            await until(
+                lambda: n1.cluster.lease.id != old and transient_owner([n2], "kept") == n1.id,
+                "registered again, the queue recorded again",
+            )
+            async with AsyncClient(n2.addr) as c2:
+                got = await c2.get("kept", wait_ms=5000)
+                assert [m.value for m in got] == [b"still-here"]
+                await got[0].ack()
+
+    asyncio.run(main())

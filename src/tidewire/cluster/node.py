@@ -646,6 +646,8 @@ class ClusterNode:
         self.controller.start()
         self._dirty.set()
         log.info("node %d registered again", self.node_id)
+        if self.queues is not None:  # the transient queues' records went with the old lease
+            await self.queues.reclaim_transients()
 
     # --- reconcile ------------------------------------------------------------------------------
 

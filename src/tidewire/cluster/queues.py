@@ -359,6 +359,18 @@ class ClusterQueues:
             ) from None
         self._transient.add(name)
 
+    async def reclaim_transients(self) -> None:
+        """After this node registered again on a new lease (the records on its lost one are
+        gone with it): put the records of the transient queues it still serves again. A
+        name another node declared meanwhile stays that node's (logged): the queue here is
+        then reachable through this node only."""
+        for name in sorted(self._transient):
+            self._transient.discard(name)
+            try:
+                await self.claim_transient(name)
+            except TidewireError as exc:
+                log.warning("transient queue %r: not recorded as this node's again: %s", name, exc)
+
     async def release_transient(self, name: str) -> None:
         """Transient queue ``name``, declared here, is deleted: its record goes (a record
         left by etcd not answering goes with this node's lease)."""
