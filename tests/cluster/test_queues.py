@@ -431,29 +431,62 @@ def test_http_routes_redirect_to_the_owner_and_a_killed_owner_is_replaced(
             return r.status_code == 200 and len(r.json().get("nodes", [])) == 3
 
         _eventually(live_nodes, "three nodes registered")
+        # A transient queue declared on node 1: the others redirect to it, and its
+        # messages go through any node.
+        r = plain.put(f"{urls[0]}/v1/queues/temp", json={"durable": False})
+        assert r.status_code in (200, 201), r.text
+
+        def redirected() -> bool:
+            for url in urls[1:]:
+                r = plain.get(f"{url}/v1/queues/temp")
+                where = r.headers.get("location")
+                if r.status_code != 307 or where != f"{urls[0]}/v1/queues/temp":
+                    return False
+            return True
+
+        _eventually(redirected, "nodes 2 and 3 redirect to the transient queue's node")
+        body = {"routing_key": "temp", "messages": [{"value": "t0"}]}
+        r = follow.post(f"{urls[2]}/v1/exchanges/amq.default/publish", json=body)
+        assert r.status_code == 200, r.text
+        r = follow.post(f"{urls[1]}/v1/queues/temp/get", json={"max_messages": 1})
+        assert r.status_code == 200, r.text
+        assert [m["value"] for m in r.json()["messages"]] == ["t0"]
+
         r = follow.put(f"{urls[0]}/v1/queues/jobs", json={})
         assert r.status_code in (200, 201), r.text
 
         def owner() -> int | None:
-            """The index of the live node that serves the queue (200, not a 307)."""
-            for i, url in enumerate(urls):
-                if procs[i].poll() is not None:
+            """The index of the live node that owns the queue (the leader of its topic's
+            partition 0, as a live node's metadata names it: any node answers the queue's
+            description, with its owner's counts) once it serves it."""
+            for url, proc in zip(urls, procs, strict=True):
+                if proc.poll() is not None:
                     continue
                 try:
-                    r = plain.get(f"{url}/v1/queues/jobs")
+                    r = plain.get(f"{url}/v1/cluster/partitions", params={"topic": "__queue.jobs"})
                 except httpx.TransportError:
                     continue
-                if r.status_code == 200:
-                    return i
+                leaders = [p["leader"] for p in r.json()["partitions"] if p["partition"] == 0]
+                if r.status_code != 200 or not leaders or not 1 <= leaders[0] <= 3:
+                    return None
+                i = leaders[0] - 1  # node ids 1..3, in order
+                if procs[i].poll() is not None:
+                    return None
+                try:  # served there: answered, not redirected
+                    served = plain.get(f"{urls[i]}/v1/queues/jobs").status_code == 200
+                except httpx.TransportError:
+                    return None
+                return i if served else None
             return None
 
         _eventually(lambda: owner() is not None, "an owner serves the queue")
         first = owner()
         assert first is not None
         other = (first + 1) % 3
-        r = plain.get(f"{urls[other]}/v1/queues/jobs")
+        # Its operations on another node redirect to it (its description is answered there).
+        r = plain.post(f"{urls[other]}/v1/queues/jobs/ack", json={"tags": [1]})
         assert r.status_code == 307, r.text
-        assert r.headers["location"] == f"{urls[first]}/v1/queues/jobs"
+        assert r.headers["location"] == f"{urls[first]}/v1/queues/jobs/ack"
 
         # Published through a non-owner (redirected), taken and acked through another.
         body = {"routing_key": "jobs", "messages": [{"value": f"m{i}"} for i in range(6)]}
