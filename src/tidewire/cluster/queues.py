@@ -36,6 +36,14 @@
   (``auto_delete_by``): it is the cluster's own (``cluster_action``, not ``delete`` on the
   queue, which the node principal does not hold), and the leader deletes so only an
   ``auto_delete`` queue that node owns, unused (``QueueManager.delete_for_owner``).
+- **A transient queue** (not durable, not exclusive) is served by the node that declared
+  it, which records itself as its owner in etcd (:data:`TRANSIENT_QUEUES`, a key on its
+  lease: gone with the node, as the queue's in-memory messages are; put again when the node
+  registers on a new lease). Every node's copy of the metadata follows these records, so
+  the others answer NotLeaderError naming the owner, METADATA describes ``__queue.<name>``
+  as led by it (:meth:`ClusterQueues.transient_metadata`: clients route there as for a
+  durable queue) and publishes through exchanges are forwarded to it. An exclusive queue
+  stays on its connection's node, unrecorded: only that connection may use it.
 """
 
 from __future__ import annotations

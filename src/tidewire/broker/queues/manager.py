@@ -632,7 +632,6 @@ class QueueManager:
                 raise PreconditionFailedError(
                     f"queue {spec.name!r} exists as a transient queue of node {elsewhere}"
                 )
-            assert self._cluster is not None
             await self._definitions_leader()
             await self._cluster.create_queue_topic(spec.name)
             await self.definitions.put_queue(spec)
