@@ -431,23 +431,28 @@ def test_http_routes_redirect_to_the_owner_and_a_killed_owner_is_replaced(
             return r.status_code == 200 and len(r.json().get("nodes", [])) == 3
 
         _eventually(live_nodes, "three nodes registered")
-        # A transient queue declared on node 1: the others redirect to it, and its
-        # messages go through any node.
+        # A transient queue declared on node 1: the others describe it (with its node's
+        # counts) and redirect its operations to it, and its messages go through any node.
         r = plain.put(f"{urls[0]}/v1/queues/temp", json={"durable": False})
         assert r.status_code in (200, 201), r.text
 
-        def redirected() -> bool:
+        def known() -> bool:
             for url in urls[1:]:
                 r = plain.get(f"{url}/v1/queues/temp")
-                where = r.headers.get("location")
-                if r.status_code != 307 or where != f"{urls[0]}/v1/queues/temp":
+                if r.status_code != 200 or r.json()["durable"] is not False:
                     return False
             return True
 
-        _eventually(redirected, "nodes 2 and 3 redirect to the transient queue's node")
+        _eventually(known, "nodes 2 and 3 know the transient queue")
+        r = plain.post(f"{urls[1]}/v1/queues/temp/ack", json={"tags": [1]})
+        assert r.status_code == 307, r.text
+        assert r.headers["location"] == f"{urls[0]}/v1/queues/temp/ack"
         body = {"routing_key": "temp", "messages": [{"value": "t0"}]}
         r = follow.post(f"{urls[2]}/v1/exchanges/amq.default/publish", json=body)
         assert r.status_code == 200, r.text
+        r = plain.get(f"{urls[1]}/v1/queues")
+        assert r.status_code == 200, r.text
+        assert {q["name"]: q["ready"] for q in r.json()["queues"]}["temp"] == 1
         r = follow.post(f"{urls[1]}/v1/queues/temp/get", json={"max_messages": 1})
         assert r.status_code == 200, r.text
         assert [m["value"] for m in r.json()["messages"]] == ["t0"]
@@ -644,6 +649,11 @@ def test_a_transient_queue_is_its_declaring_node_s_and_reachable_from_every_node
                 # Published through node 2, taken through node 2 and consumed through node 3.
                 for i in range(4):
                     await c2.publish("", "temp", f"t{i}")
+                # Listed by every node (its settings), with its owner's counts by a client.
+                assert all("temp" in {q.spec.name for q in n.broker.queues.queues()} for n in nodes)
+                listed = {q.name: q for q in await c2.list_queues()}
+                assert not listed["temp"].durable
+                assert listed["temp"].ready == 4
                 got = await c2.get("temp", wait_ms=5000)
                 assert [m.value for m in got] == [b"t0"]
                 await got[0].ack()
@@ -664,6 +674,7 @@ def test_a_transient_queue_is_its_declaring_node_s_and_reachable_from_every_node
                 await c2.delete_queue("temp")
                 await until(lambda: transient_owner(nodes, "temp") == -1, "the record gone")
                 assert serving(nodes, "temp") == []
+                assert "temp" not in {q.name for q in await c2.list_queues()}
 
                 # An exclusive queue stays its connection's: other nodes do not know it.
                 await c1.declare_queue("mine", durable=False, exclusive=True)

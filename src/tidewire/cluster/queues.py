@@ -49,18 +49,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
 import uuid
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from tidewire.broker.queues.definitions import DEFINITIONS_TOPIC, definitions_config
-from tidewire.broker.queues.model import DEFAULT_EXCHANGE
+from tidewire.broker.queues.model import DEFAULT_EXCHANGE, QueueSpec
 from tidewire.broker.queues.store import QUEUE_TOPIC_PREFIX, message_config, queue_topic
 from tidewire.cluster.etcd import Compare, EtcdError, Op
 from tidewire.cluster.fetcher import ReplicaLink, default_connect
-from tidewire.cluster.metadata import PartitionState, TopicInfo
+from tidewire.cluster.metadata import PartitionState, TopicInfo, TransientQueueRecord
 from tidewire.errors import (
     NotEnoughReplicasError,
     NotLeaderError,
@@ -99,6 +102,13 @@ _FORWARD_RETRY_S = 0.2
 #: How long the leader of the definitions waits for a queue's owner's counts, and an owner
 #: for that leader to delete an ``auto_delete`` queue, before giving up (s).
 ASK_TIMEOUT_S = 5.0
+
+
+def _record(node_id: int, spec: QueueSpec) -> bytes:
+    """The value of transient queue ``spec``'s etcd key (see :class:`TransientQueueRecord`)."""
+    return msgspec.json.encode(
+        TransientQueueRecord(node_id, msgspec.Raw(msgspec.json.encode(spec)))
+    )
 
 
 def queue_of(topic: str) -> str | None:
@@ -179,7 +189,7 @@ class ClusterQueues:
         self._definitions = _Definitions(node, self)
         self._links: dict[tuple[str, int], ReplicaLink] = {}
         #: transient queues declared here whose owner record this node put in etcd
-        self._transient: set[str] = set()
+        self._transient: dict[str, QueueSpec] = {}
 
     def definitions(self) -> _Definitions:
         return self._definitions
@@ -325,6 +335,19 @@ class ClusterQueues:
         owner = self._node.cache.transient_queues.get(name, -1)
         return -1 if owner == self._node.node_id else owner
 
+    def transient_specs(self) -> dict[str, QueueSpec]:
+        """The transient queues other nodes declared and serve: their settings, by name."""
+        cache = self._node.cache
+        out: dict[str, QueueSpec] = {}
+        for name, raw in cache.transient_specs.items():
+            if cache.transient_queues.get(name) == self._node.node_id:
+                continue
+            try:
+                out[name] = msgspec.json.decode(raw, type=QueueSpec)
+            except msgspec.ValidationError:
+                log.warning("transient queue %r: its recorded settings are not readable", name)
+        return out
+
     def _transient_elsewhere(self, name: str, owner: int) -> NotLeaderError:
         node = self._node
         info = node.cache.nodes.get(owner)
@@ -335,7 +358,7 @@ class ClusterQueues:
             leader_id=owner,
         )
 
-    async def claim_transient(self, name: str) -> None:
+    async def claim_transient(self, spec: QueueSpec) -> None:
         """Record this node as the owner of transient queue ``name``, declared here: an etcd
         key on this node's lease, so that the other nodes route its requests here and the
         record goes with the node (its messages, in memory, go with it too). Nothing when
@@ -345,9 +368,10 @@ class ClusterQueues:
             NotLeaderError: another node serves a transient queue of that name (named);
             RequestTimedOutError: etcd did not answer (nothing declared).
         """
+        name = spec.name
         node = self._node
         key = self.transient_key(name)
-        mine = str(node.node_id).encode()
+        mine = _record(node.node_id, spec)
         try:
             r = await node.etcd.txn(
                 [Compare.create_revision(key, "=", 0)],
@@ -356,7 +380,10 @@ class ClusterQueues:
             )
             if not r.succeeded:
                 held = r.responses[0][0] if r.responses and r.responses[0] else None
-                holder = int(held.value) if held is not None else -1
+                holder = -1
+                if held is not None:
+                    with contextlib.suppress(msgspec.DecodeError):
+                        holder = msgspec.json.decode(held.value, type=TransientQueueRecord).node
                 if holder != node.node_id:
                     raise self._transient_elsewhere(name, holder)
                 if held is not None and held.lease != node.lease.id:  # registered again
@@ -365,31 +392,31 @@ class ClusterQueues:
             raise RequestTimedOutError(
                 f"transient queue {name!r} not declared: etcd did not answer ({exc})"
             ) from None
-        self._transient.add(name)
+        self._transient[name] = spec
 
     async def reclaim_transients(self) -> None:
         """After this node registered again on a new lease (the records on its lost one are
         gone with it): put the records of the transient queues it still serves again. A
         name another node declared meanwhile stays that node's (logged): the queue here is
         then reachable through this node only."""
-        for name in sorted(self._transient):
-            self._transient.discard(name)
+        for name, spec in sorted(self._transient.items()):
+            del self._transient[name]
             try:
-                await self.claim_transient(name)
+                await self.claim_transient(spec)
             except TidewireError as exc:
                 log.warning("transient queue %r: not recorded as this node's again: %s", name, exc)
 
     async def release_transient(self, name: str) -> None:
         """Transient queue ``name``, declared here, is deleted: its record goes (a record
         left by etcd not answering goes with this node's lease)."""
-        if name not in self._transient:
+        spec = self._transient.pop(name, None)
+        if spec is None:
             return
-        self._transient.discard(name)
         node = self._node
         key = self.transient_key(name)
         try:
             await node.etcd.txn(
-                [Compare.value_is(key, "=", str(node.node_id).encode())], [Op.delete(key)]
+                [Compare.value_is(key, "=", _record(node.node_id, spec))], [Op.delete(key)]
             )
         except EtcdError as exc:
             log.warning("transient queue %r: its owner record not deleted: %s", name, exc)

@@ -55,7 +55,10 @@ class StandIn:
     def transient_owner(self, name: str) -> int:
         return -1
 
-    async def claim_transient(self, name: str) -> None:
+    def transient_specs(self) -> dict[str, QueueSpec]:
+        return {}
+
+    async def claim_transient(self, spec: QueueSpec) -> None:
         pass
 
     async def release_transient(self, name: str) -> None:

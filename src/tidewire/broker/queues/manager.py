@@ -173,8 +173,12 @@ class QueueCluster(Protocol):
         none, or this node)."""
         ...
 
-    async def claim_transient(self, name: str) -> None:
-        """Record this node as the owner of transient queue ``name`` (raises NotLeaderError
+    def transient_specs(self) -> dict[str, QueueSpec]:
+        """The transient queues other nodes declared and serve: their settings, by name."""
+        ...
+
+    async def claim_transient(self, spec: QueueSpec) -> None:
+        """Record this node as the owner of transient queue ``spec`` (raises NotLeaderError
         naming the node that holds it)."""
 
     async def release_transient(self, name: str) -> None:
@@ -610,7 +614,7 @@ class QueueManager:
             raise self._cluster.not_owner(spec.name)
         if not spec.exclusive:
             _check_spec(spec)
-            await self._cluster.claim_transient(spec.name)
+            await self._cluster.claim_transient(spec)
         return self._queues.get(spec.name)
 
     async def _declare_clustered(self, spec: QueueSpec) -> QueueStatus:
@@ -816,12 +820,15 @@ class QueueManager:
         return self.router.bindings(exchange=exchange, destination=destination)
 
     def queues(self) -> list[QueueStatus]:
-        """Every queue, by name (in a cluster, the durable queues other nodes serve too:
-        their settings, with no counts)."""
+        """Every queue, by name (in a cluster, the durable queues and the transient ones
+        other nodes serve too: their settings, with no counts)."""
         out = {n: q.status() for n, q in self._queues.items()}
         for n, spec in self._specs.items():
             if n not in out:
                 out[n] = _unserved(spec)
+        if self._cluster is not None:
+            for n, spec in self._cluster.transient_specs().items():
+                out.setdefault(n, _unserved(spec))
         return [out[n] for n in sorted(out)]
 
     def describe_queue(self, name: str) -> QueueStatus:
@@ -1301,7 +1308,7 @@ def _death_queue(headers: tuple[tuple[str, bytes | None], ...]) -> str | None:
 
 
 def _unserved(spec: QueueSpec) -> QueueStatus:
-    """A durable queue another node of the cluster serves: its settings, no counts."""
+    """A queue another node of the cluster serves: its settings, no counts."""
     return QueueStatus(spec=spec, ready=0, unacked=0, delayed=0, bytes=0, consumers=0)
 
 
