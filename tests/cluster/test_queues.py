@@ -431,29 +431,67 @@ def test_http_routes_redirect_to_the_owner_and_a_killed_owner_is_replaced(
             return r.status_code == 200 and len(r.json().get("nodes", [])) == 3
 
         _eventually(live_nodes, "three nodes registered")
+        # A transient queue declared on node 1: the others describe it (with its node's
+        # counts) and redirect its operations to it, and its messages go through any node.
+        r = plain.put(f"{urls[0]}/v1/queues/temp", json={"durable": False})
+        assert r.status_code in (200, 201), r.text
+
+        def known() -> bool:
+            for url in urls[1:]:
+                r = plain.get(f"{url}/v1/queues/temp")
+                if r.status_code != 200 or r.json()["durable"] is not False:
+                    return False
+            return True
+
+        _eventually(known, "nodes 2 and 3 know the transient queue")
+        r = plain.post(f"{urls[1]}/v1/queues/temp/ack", json={"tags": [1]})
+        assert r.status_code == 307, r.text
+        assert r.headers["location"] == f"{urls[0]}/v1/queues/temp/ack"
+        body = {"routing_key": "temp", "messages": [{"value": "t0"}]}
+        r = follow.post(f"{urls[2]}/v1/exchanges/amq.default/publish", json=body)
+        assert r.status_code == 200, r.text
+        r = plain.get(f"{urls[1]}/v1/queues")
+        assert r.status_code == 200, r.text
+        assert {q["name"]: q["ready"] for q in r.json()["queues"]}["temp"] == 1
+        r = follow.post(f"{urls[1]}/v1/queues/temp/get", json={"max_messages": 1})
+        assert r.status_code == 200, r.text
+        assert [m["value"] for m in r.json()["messages"]] == ["t0"]
+
         r = follow.put(f"{urls[0]}/v1/queues/jobs", json={})
         assert r.status_code in (200, 201), r.text
 
         def owner() -> int | None:
-            """The index of the live node that serves the queue (200, not a 307)."""
-            for i, url in enumerate(urls):
-                if procs[i].poll() is not None:
+            """The index of the live node that owns the queue (the leader of its topic's
+            partition 0, as a live node's metadata names it: any node answers the queue's
+            description, with its owner's counts) once it serves it."""
+            for url, proc in zip(urls, procs, strict=True):
+                if proc.poll() is not None:
                     continue
                 try:
-                    r = plain.get(f"{url}/v1/queues/jobs")
+                    r = plain.get(f"{url}/v1/cluster/partitions", params={"topic": "__queue.jobs"})
                 except httpx.TransportError:
                     continue
-                if r.status_code == 200:
-                    return i
+                leaders = [p["leader"] for p in r.json()["partitions"] if p["partition"] == 0]
+                if r.status_code != 200 or not leaders or not 1 <= leaders[0] <= 3:
+                    return None
+                i = leaders[0] - 1  # node ids 1..3, in order
+                if procs[i].poll() is not None:
+                    return None
+                try:  # served there: answered, not redirected
+                    served = plain.get(f"{urls[i]}/v1/queues/jobs").status_code == 200
+                except httpx.TransportError:
+                    return None
+                return i if served else None
             return None
 
         _eventually(lambda: owner() is not None, "an owner serves the queue")
         first = owner()
         assert first is not None
         other = (first + 1) % 3
-        r = plain.get(f"{urls[other]}/v1/queues/jobs")
+        # Its operations on another node redirect to it (its description is answered there).
+        r = plain.post(f"{urls[other]}/v1/queues/jobs/ack", json={"tags": [1]})
         assert r.status_code == 307, r.text
-        assert r.headers["location"] == f"{urls[first]}/v1/queues/jobs"
+        assert r.headers["location"] == f"{urls[first]}/v1/queues/jobs/ack"
 
         # Published through a non-owner (redirected), taken and acked through another.
         body = {"routing_key": "jobs", "messages": [{"value": f"m{i}"} for i in range(6)]}
@@ -565,5 +603,123 @@ def test_deletes_check_the_owner_wherever_it_is(tmp_path: Path, etcd: EtcdServer
                     lambda: all(queue_topic(auto) not in n.cluster.cache.topics for n in nodes),
                     "its topic deleted through etcd",
                 )
+
+    asyncio.run(main())
+
+
+def transient_owner(nodes: list[Node], queue: str) -> int:
+    """The node a live node's copy of the metadata names as transient ``queue``'s (-1)."""
+    live = next(n for n in nodes if not n.stopped)
+    return live.cluster.cache.transient_queues.get(queue, -1)
+
+
+def test_a_transient_queue_is_its_declaring_node_s_and_reachable_from_every_node(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """A transient (not durable, not exclusive) queue is served by the node that declared
+    it, which records itself as its owner in etcd: clients of other nodes are routed there
+    (publish, get, consume, declare again, delete); the broker forwards an exchange's
+    publish to it; it goes with its node. An exclusive queue stays its connection's."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd) as nodes:
+            n1, n2, n3 = nodes
+            async with AsyncClient(n1.addr) as c1, AsyncClient(n2.addr) as c2:
+                await c1.declare_queue("temp", durable=False)
+                await until(
+                    lambda: (
+                        transient_owner(nodes, "temp") == n1.id
+                        and all(transient_owner([n], "temp") == n1.id for n in nodes)
+                    ),
+                    "every node knows the transient queue's owner",
+                )
+                assert serving(nodes, "temp") == [n1]
+                # Another node answers NotLeaderError naming the owner.
+                with pytest.raises(NotLeaderError) as refused:
+                    n2.broker.queues.describe_queue("temp")
+                assert refused.value.leader_id == n1.id
+                # Declared again through another node with the same settings: the same
+                # queue (its owner answers); other settings: refused.
+                info = await c2.declare_queue("temp", durable=False)
+                assert info.name == "temp"
+                with pytest.raises(PreconditionFailedError):
+                    await c2.declare_queue("temp", durable=False, max_length=5)
+                with pytest.raises(PreconditionFailedError):  # no durable twin either
+                    await c2.declare_queue("temp", durable=True)
+                # Published through node 2, taken through node 2 and consumed through node 3.
+                for i in range(4):
+                    await c2.publish("", "temp", f"t{i}")
+                # Listed by every node (its settings), with its owner's counts by a client.
+                assert all("temp" in {q.spec.name for q in n.broker.queues.queues()} for n in nodes)
+                listed = {q.name: q for q in await c2.list_queues()}
+                assert not listed["temp"].durable
+                assert listed["temp"].ready == 4
+                got = await c2.get("temp", wait_ms=5000)
+                assert [m.value for m in got] == [b"t0"]
+                await got[0].ack()
+                async with AsyncQueueConsumer([n3.addr], "temp", prefetch=10) as consumer:
+                    rest = await take(consumer, 3)
+                    assert [m.value for m in rest] == [b"t1", b"t2", b"t3"]
+                    await consumer.ack_many(rest)
+                # An exchange's publish on node 3 reaches it (forwarded to its owner).
+                async with AsyncClient(n3.addr) as c3:
+                    await c3.declare_exchange("fan", "fanout", durable=False)
+                    await c3.bind("fan", "temp")
+                    published = await c3.publish("fan", "", "via-fan")
+                    assert published.queues == ("temp",)
+                    got = await c3.get("temp", wait_ms=5000)
+                    assert [m.value for m in got] == [b"via-fan"]
+                    await got[0].ack()
+                # Deleted through node 2: gone, its record too; the name is free again.
+                await c2.delete_queue("temp")
+                await until(lambda: transient_owner(nodes, "temp") == -1, "the record gone")
+                assert serving(nodes, "temp") == []
+                assert "temp" not in {q.name for q in await c2.list_queues()}
+
+                # An exclusive queue stays its connection's: other nodes do not know it.
+                await c1.declare_queue("mine", durable=False, exclusive=True)
+                assert "mine" not in n1.cluster.cache.transient_queues
+                with pytest.raises(TidewireError):
+                    await c2.get("mine")
+
+                # Its node gone, a transient queue is gone (as its messages, in memory).
+                await c1.declare_queue("short", durable=False)
+                await c1.publish("", "short", "lost")
+                await until(lambda: transient_owner(nodes, "short") == n1.id, "recorded")
+            await n1.stop()
+            await until(lambda: transient_owner(nodes, "short") == -1, "the record gone")
+            async with AsyncClient(n2.addr) as c2:
+                with pytest.raises(TidewireError):
+                    await c2.get("short")
+                await c2.declare_queue("short", durable=False)  # anew, on node 2
+                await until(lambda: transient_owner(nodes, "short") == n2.id, "node 2's now")
+
+    asyncio.run(main())
+
+
+def test_a_node_registered_again_records_its_transient_queues_again(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """The records of a node's transient queues are on its lease: when it loses the lease
+    (revoked here, as etcd does to a node cut off past the session) and registers again,
+    it records the transient queues it still serves again."""
+
+    async def main() -> None:
+        async with cluster(tmp_path, etcd, n=2) as nodes:
+            n1, n2 = nodes
+            async with AsyncClient(n1.addr) as c1:
+                await c1.declare_queue("kept", durable=False)
+                await c1.publish("", "kept", "still-here")
+            await until(lambda: transient_owner(nodes, "kept") == n1.id, "recorded")
+            old = n1.cluster.lease.id
+            await n1.cluster.etcd.revoke(old)
+            await until(
+                lambda: n1.cluster.lease.id != old and transient_owner([n2], "kept") == n1.id,
+                "registered again, the queue recorded again",
+            )
+            async with AsyncClient(n2.addr) as c2:
+                got = await c2.get("kept", wait_ms=5000)
+                assert [m.value for m in got] == [b"still-here"]
+                await got[0].ack()
 
     asyncio.run(main())

@@ -64,8 +64,14 @@ from tidewire.client import (
     Message,
 )
 from tidewire.client._routing import OFFSETS_TOPIC, coordinator_partition
-from tidewire.errors import AuthorizationFailedError
-from tidewire.protocol.messages import ACKS_DURABLE, AclEntry, ApiKey, DescribeAuditRequest
+from tidewire.errors import AuthorizationFailedError, PreconditionFailedError, TidewireError
+from tidewire.protocol.messages import (
+    ACKS_DURABLE,
+    AclEntry,
+    ApiKey,
+    DescribeAuditRequest,
+    QueueDeleteRequest,
+)
 from tidewire.security._logs import audit_topic
 from tidewire.security.authorizer import Authorizer, Decision
 from tidewire.security.model import BUILTIN_ROLES, Operation, Principal, ResourceType
@@ -628,6 +634,69 @@ async def http_queues(c: SecureCluster, key: str) -> None:
     )
 
 
+def test_the_node_principal_deletes_only_an_unused_auto_delete_queue_its_owner_asks_for(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """The role ``node`` holds no ``delete`` on queues: the node's key deletes no queue with
+    an ordinary QUEUE_DELETE. The owner's request for an ``auto_delete`` queue
+    (``auto_delete_by``) needs ``cluster_action`` instead, which a user allowed to delete
+    queues does not hold, and the leader of the definitions refuses it for a queue that is
+    not ``auto_delete``, for a node that does not own the queue, and while it has consumers;
+    an operator's delete is checked as the operator."""
+
+    async def main() -> None:
+        async with secure_cluster(tmp_path, etcd, "sec-qdel") as c:
+            await grant_node_role(c)
+            assert c.node_key is not None
+            plain, _ = await owned_elsewhere(c, "plain")
+            auto, owner = await owned_elsewhere(c, "auto", auto_delete=True)
+            leader = definitions_leader(c)
+            other = next(n for n in c.nodes if n is not owner and n is not leader)
+            deleter = await make_user(c, "ops", *acl("ops", "queue", "*", "delete", "describe"))
+
+            async def ask(key: str, req: QueueDeleteRequest) -> int:
+                async with leader.client(key) as client:
+                    try:  # refused at the gate: raised; by the handler: in the body
+                        response = await client._t.request(req)
+                    except TidewireError as exc:
+                        return exc.code
+                    assert response is not None
+                    return int(response.body.error_code)
+
+            denied = AuthorizationFailedError.code
+            # An ordinary delete: refused to the node's key, whatever the queue.
+            for name in (plain, auto):
+                assert await ask(c.node_key, QueueDeleteRequest(name=name)) == denied
+            # The owner's request, as someone allowed to delete queues but not the cluster's
+            # own requests: refused at the gate.
+            got = await ask(deleter, QueueDeleteRequest(name=auto, auto_delete_by=owner.id))
+            assert got == denied
+            # As the node: only an auto_delete queue, of the node asking, unused.
+            failed = PreconditionFailedError.code
+            got = await ask(c.node_key, QueueDeleteRequest(name=plain, auto_delete_by=owner.id))
+            assert got == failed
+            got = await ask(c.node_key, QueueDeleteRequest(name=auto, auto_delete_by=other.id))
+            assert got == failed
+            async with AsyncQueueConsumer(
+                owner.addr, auto, tls=owner.tls(), credentials=Credentials(c.admin)
+            ) as consumer:
+                await consumer.start()
+                await until(
+                    lambda: bool(owner.broker.queues.describe_queue(auto).consumers), "consumer"
+                )
+                req = QueueDeleteRequest(name=auto, auto_delete_by=owner.id)
+                assert await ask(c.node_key, req) == failed
+            # ... whose last consumer leaving had its owner ask (as the node): deleted.
+            await until(lambda: not served_by(c, auto), "the auto_delete queue deleted")
+            assert served_by(c, plain)
+            # An operator's delete, checked as the operator.
+            async with other.client(deleter) as ops:
+                await ops.delete_queue(plain)
+            await until(lambda: not served_by(c, plain), "the plain queue deleted")
+
+    run(main())
+
+
 def test_a_caller_without_rights_is_refused_where_it_arrives(
     tmp_path: Path, etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1005,6 +1074,7 @@ def test_a_certificate_subject_with_the_node_role_may_copy_logs(tmp_path: Path) 
             assert not gate.can(session, ResourceType.CLUSTER, "cluster", Operation.ALTER)
             assert not gate.can(session, ResourceType.QUEUE, "q", Operation.CREATE)
             assert not gate.can(session, ResourceType.TOPIC, "t", Operation.DELETE)
+            assert not gate.can(session, ResourceType.QUEUE, "q", Operation.DELETE)
 
     asyncio.run(main())
 

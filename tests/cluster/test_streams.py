@@ -35,8 +35,8 @@ from tidewire.broker import Broker, BrokerConfig
 from tidewire.broker.offsets import STREAMS_TOPIC
 from tidewire.broker.streams.model import partition_of
 from tidewire.client import AsyncClient, StreamMessage
+from tidewire.client._streams import AUTO_UUID_PREFIX, stream_partition
 from tidewire.client._streams import STREAMS_TOPIC as CLIENT_STREAMS_TOPIC
-from tidewire.client._streams import stream_partition
 from tidewire.client._transport import Transport
 from tidewire.errors import NotEnoughReplicasError, NotLeaderError, TidewireError
 from tidewire.protocol.messages import (
@@ -281,6 +281,59 @@ async def _receive_follows(tmp_path: Path, etcd: EtcdServer) -> None:
             got = await asyncio.wait_for(waiting, 30)
             assert got is not None
             assert got.value == b"second"
+
+
+def test_a_send_refused_after_its_owner_stored_it_is_stored_once(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    run(_stored_once(tmp_path, etcd))
+
+
+async def _stored_once(tmp_path: Path, etcd: EtcdServer) -> None:
+    async with cluster(tmp_path, etcd) as nodes:
+        s = STREAMS[1]
+        async with AsyncClient(",".join(n.addr for n in nodes)) as c:
+            await c.streams.send(s, "first", persistent=True)
+            await until(lambda: serving(nodes, s), "the owner serves")
+            owner = next(n for n in nodes if n.id == owner_id(nodes, s))
+            p = partition_of(s, owner.cluster.cache.topics[STREAMS_TOPIC].partitions)
+            rep = owner.broker.streams._rep
+            assert rep is not None
+            replicated = rep.wait_replicated
+            handed: list[int] = []
+
+            async def store_then_hand_over(partition: int, end: int) -> None:
+                # The send is written and every in-sync replica holds it; then, before it
+                # is answered, the owner hands the partition to another in-sync replica
+                # (its node stays up) and refuses the send: NotLeader, as a lost lead does.
+                await replicated(partition, end)
+                if partition != p or handed:
+                    return
+                state = owner.cluster.cache.partition(STREAMS_TOPIC, p)
+                assert state is not None
+                assert await owner.cluster.resign(STREAMS_TOPIC, p, state[0].leader_epoch)
+                handed.append(end)
+                await until(
+                    lambda: owner_id(nodes, s) != owner.id and serving(nodes, s), "a new owner"
+                )
+                raise rep.not_leader(partition)
+
+            rep.wait_replicated = store_then_hand_over  # type: ignore[method-assign]
+            sent = await c.streams.send(s, "second", persistent=True)
+            assert handed, "the owner did not hand the partition over mid-send"
+            assert sent.code == 0, sent  # the retry was found stored: answered as stored
+            # Read back from the new owner: the message once (its high watermark reaches its
+            # log end once its followers fetched from it; a second copy, stored after the
+            # first, would then be readable too).
+            want = [b"first", b"second"]
+            read: list[StreamMessage] = []
+            for _ in range(100):
+                read, _ = await c.streams.read({s: ""}, max_messages=10, wait_ms=200)
+                if len(read) >= len(want):
+                    break
+                await asyncio.sleep(0.05)
+            assert [m.value for m in read] == want
+            assert read[1].uuid.startswith(AUTO_UUID_PREFIX)
 
 
 # --- the stream manager's cluster mode, over a fake replication --------------------------------

@@ -470,18 +470,20 @@ class AsyncQueueAdmin:
 
     async def list_queues(self) -> list[QueueInfo]:
         """Every queue this client may describe, with its counts: in a cluster, each
-        durable queue's as its owner counts them (the node asked lists every queue, and the
-        owners of those it does not serve are asked for theirs).
+        durable or transient queue's as its owner counts them (the node asked lists every
+        queue, and the owners of those it does not serve are asked for theirs; exclusive
+        queues are their connection's node's, listed there only).
 
         Raises:
             ConnectionLostError, RequestTimedOutError: a node asked did not answer.
         """
         queues = list(_check((await self._qcall(ListQueuesRequest())).body).queues)
-        durable = [q.name for q in queues if q.durable]
-        if not durable:
-            return queues
         router = self._router
-        topics = {QUEUE_TOPIC_PREFIX + n: n for n in durable}
+        # A single node's transient queues are its own: asked about only in a cluster.
+        routed = [q.name for q in queues if q.durable or (router.clustered and not q.exclusive)]
+        if not routed:
+            return queues
+        topics = {QUEUE_TOPIC_PREFIX + n: n for n in routed}
         await router.refresh(topics)  # a single node answers it without creating anything
         if not router.clustered:
             return queues

@@ -24,11 +24,25 @@ to the request timeout). A send's items go to their owners in parallel; a receiv
 naming streams of several owners asks each in turn, without waiting first, then with long
 polls of :data:`SPREAD_SLICE_MS` each, so it answers within that of a message arriving
 anywhere (a receive never has two nodes' requests out at once: what it takes is returned).
+
+A send refused by an owner that lost its lead after storing it (NotLeaderError once its
+record is written, before the in-sync replicas acknowledged it) is sent again to the new
+owner, which holds that record too. So that the retry stores nothing twice, in a cluster the
+client gives every persistent item sent without a uuid one of its own (:data:`AUTO_UUID_PREFIX`,
+the client's random id and a counter: unique, the same on every attempt); the owner dedupes
+it as any uuid (``stream_dedup_window``, and from its records after an owner change), and a
+retry found a duplicate is answered as stored (code 0, without a token: the first attempt
+made it). In-memory items need none: they live on the owner that stored them, forgotten with
+its lead. A single node gets the items as given (the client asks the metadata once, at its
+first send, whether it talks to a cluster).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
+import os
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping
@@ -61,6 +75,7 @@ from ._routing import Router, backoff_s
 from ._transport import Transport
 
 __all__ = [
+    "AUTO_UUID_PREFIX",
     "DUPLICATE",
     "FROM_END",
     "FROM_START",
@@ -75,12 +90,17 @@ __all__ = [
 
 T = TypeVar("T")
 
+log = logging.getLogger("tidewire.client")
+
 #: The token that reads a stream from its oldest retained persistent message.
 FROM_START = ""
 #: The token that reads only what is sent after the read began.
 FROM_END = "$"
 #: ``SendResult.code`` of a send whose uuid the stream had seen: nothing was stored.
 DUPLICATE = -1
+#: The start of the uuid a client gives, in a cluster, a persistent item sent without one
+#: (followed by the client's random id, a dash and a counter in hex): see the module docstring.
+AUTO_UUID_PREFIX = "tw-"
 #: Bytes of values one STREAM_SEND carries at most (a larger single value goes alone): far
 #: below the broker's frame limit (64 MiB by default).
 MAX_SEND_BYTES = 8 * 1024 * 1024
@@ -246,6 +266,12 @@ class AsyncStreams:
         self._router = router
         #: partitions of the cluster's STREAMS_TOPIC, once learned (0: not yet)
         self._partitions = 0
+        #: whether the first send asked the metadata if the client talks to a cluster
+        self._probed = False
+        #: the uuids given to persistent items sent without one in a cluster (see the
+        #: module docstring): this prefix, unique to the client, and a counter
+        self._auto_prefix = f"{AUTO_UUID_PREFIX}{os.urandom(8).hex()}-"
+        self._auto_count = itertools.count(1)
 
     def _timeout(self, wait_ms: int) -> float:
         return self._t.request_timeout_s + max(wait_ms, 0) / 1000
@@ -311,9 +337,42 @@ class AsyncStreams:
             raise TidewireError(f"{len(results):,} results for {len(items):,} items sent")
         return results
 
+    async def _probe(self) -> None:
+        """Once, at the first send: ask the metadata whether the client talks to a cluster
+        (and learn ``__streams`` there), so that even the first sends get their uuids
+        (:meth:`_with_ids`). No answer: taken as a single node (a refusal naming an owner
+        routes the send all the same)."""
+        self._probed = True
+        if self._router is None or self._router.clustered:
+            return
+        try:
+            await self._learn()
+        except TidewireError as exc:  # e.g. not allowed to describe: routed on a refusal
+            log.debug("streams: the metadata did not answer the cluster probe: %s", exc)
+
+    def _with_ids(self, items: list[SendItem]) -> tuple[list[SendItem], set[int]]:
+        """``items`` with a uuid of the client's own given to each persistent one sent
+        without one, and the indexes of those (see the module docstring)."""
+        auto: set[int] = set()
+        out = items
+        for k, it in enumerate(items):
+            if it.persistent and not it.uuid:
+                if not auto:
+                    out = list(items)
+                auto.add(k)
+                uid = f"{self._auto_prefix}{next(self._auto_count):x}"
+                out[k] = SendItem(it.stream, it.value, uid, it.ttl_ms, it.persistent)
+        return out, auto
+
     async def _send(
         self, items: list[SendItem], ring_size: int, block_ms: int, tokens: bool = True
     ) -> list[SendResult]:
+        auto: set[int] = set()
+        if self._router is not None:
+            if not self._probed:
+                await self._probe()
+            if self._router.clustered:
+                items, auto = self._with_ids(items)
         if not self._clustered():
             results = await self._send_to(self._t, items, ring_size, block_ms, tokens)
             if self._router is None or not any(r.code in _REROUTE for r in results):
@@ -321,7 +380,11 @@ class AsyncStreams:
             first: list[SendResult | None] = list(results)  # a cluster: some go elsewhere
         else:
             first = [None] * len(items)
-        return await self._send_routed(items, first, ring_size, block_ms, tokens)
+        results = await self._send_routed(items, first, ring_size, block_ms, tokens)
+        for k in auto:  # its uuid is the client's: a duplicate is an earlier attempt's store
+            if results[k].code == DUPLICATE:
+                results[k] = SendResult(0, "", "")
+        return results
 
     async def _send_routed(
         self,

@@ -127,6 +127,14 @@ class Fence:
 _enc = msgspec.json.Encoder()
 
 
+class TransientQueueRecord(msgspec.Struct, frozen=True):
+    """The value of a transient queue's etcd key: the node that declared and serves it,
+    and the queue's settings (a ``QueueSpec`` as JSON, decoded by the queues' side)."""
+
+    node: int
+    spec: msgspec.Raw = msgspec.Raw(b"null")
+
+
 class MetadataStore:
     """Reads and compare-and-swap writes of the metadata of cluster ``cluster_id``."""
 
@@ -336,6 +344,10 @@ class MetadataCache:
         self._candidates: dict[str, tuple[int, int]] = {}
         #: producer id -> the largest epoch a node recorded (``producer-epochs/``)
         self.producer_epochs: dict[int, int] = {}
+        #: transient queue -> the node that declared and serves it (``transient-queues/``,
+        #: on that node's lease: tidewire.cluster.queues), and its settings (JSON)
+        self.transient_queues: dict[str, int] = {}
+        self.transient_specs: dict[str, bytes] = {}
         self.revision = 0
         self.changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -364,6 +376,8 @@ class MetadataCache:
         self.reassignments.clear()
         self.reassignment_origins.clear()
         self._candidates.clear()
+        self.transient_queues.clear()
+        self.transient_specs.clear()
         for kv in kvs:
             self._apply(kv, deleted=False)
         self.revision = rev
@@ -454,6 +468,19 @@ class MetadataCache:
                 if self.on_change is not None:
                     self.on_change("producer-epoch", rest, got)
             return  # an expired bump: the nodes keep fencing until the producer expires
+        elif kind == "transient-queues":
+            if deleted:
+                self.transient_queues.pop(rest, None)
+                self.transient_specs.pop(rest, None)
+            else:
+                try:
+                    record = msgspec.json.decode(kv.value, type=TransientQueueRecord)
+                except msgspec.DecodeError:
+                    log.warning("transient queue %s: not a record: %r", rest, kv.value)
+                    return
+                self.transient_queues[rest] = record.node
+                self.transient_specs[rest] = bytes(record.spec)
+            return
         elif kind == "controller":
             if deleted:
                 self._candidates.pop(rest, None)

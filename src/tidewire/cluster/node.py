@@ -646,6 +646,8 @@ class ClusterNode:
         self.controller.start()
         self._dirty.set()
         log.info("node %d registered again", self.node_id)
+        if self.queues is not None:  # the transient queues' records went with the old lease
+            await self.queues.reclaim_transients()
 
     # --- reconcile ------------------------------------------------------------------------------
 
@@ -1213,6 +1215,11 @@ class ClusterNode:
                 self._offsets_topic_soon()
             if info is None and name == STREAMS_TOPIC and self.started:
                 self.stream_owners.topic_soon()  # a client looks for a stream's owner
+            if info is None and self.queues is not None:  # a transient queue's owner
+                transient = self.queues.transient_metadata(name)
+                if transient is not None:
+                    topics.append(transient)
+                    continue
             if info is None:
                 reason = " (in a cluster, create it first: tidewire topic create)" * auto_create
                 exc = UnknownTopicError(f"topic {name!r} does not exist{reason}")

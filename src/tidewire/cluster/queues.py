@@ -32,47 +32,68 @@
   counts first (:meth:`ClusterQueues.owner_usage`, LIST_QUEUES as this node). An
   ``auto_delete`` queue whose last consumer left its owner is deleted by the owner sending
   the delete, ``if_unused``, to that leader (:meth:`ClusterQueues.delete_at_definitions_leader`):
-  a consumer that came meanwhile keeps it.
+  a consumer that came meanwhile keeps it. That request names the owner
+  (``auto_delete_by``): it is the cluster's own (``cluster_action``, not ``delete`` on the
+  queue, which the node principal does not hold), and the leader deletes so only an
+  ``auto_delete`` queue that node owns, unused (``QueueManager.delete_for_owner``).
+- **A transient queue** (not durable, not exclusive) is served by the node that declared
+  it, which records itself as its owner in etcd (:data:`TRANSIENT_QUEUES`, a key on its
+  lease: gone with the node, as the queue's in-memory messages are; put again when the node
+  registers on a new lease). Every node's copy of the metadata follows these records, so
+  the others answer NotLeaderError naming the owner, METADATA describes ``__queue.<name>``
+  as led by it (:meth:`ClusterQueues.transient_metadata`: clients route there as for a
+  durable queue) and publishes through exchanges are forwarded to it. An exclusive queue
+  stays on its connection's node, unrecorded: only that connection may use it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
 import uuid
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from tidewire.broker.queues.definitions import DEFINITIONS_TOPIC, definitions_config
-from tidewire.broker.queues.model import DEFAULT_EXCHANGE
+from tidewire.broker.queues.model import DEFAULT_EXCHANGE, QueueSpec
 from tidewire.broker.queues.store import QUEUE_TOPIC_PREFIX, message_config, queue_topic
-from tidewire.cluster.etcd import EtcdError
+from tidewire.cluster.etcd import Compare, EtcdError, Op
 from tidewire.cluster.fetcher import ReplicaLink, default_connect
-from tidewire.cluster.metadata import PartitionState, TopicInfo
+from tidewire.cluster.metadata import PartitionState, TopicInfo, TransientQueueRecord
 from tidewire.errors import (
     NotEnoughReplicasError,
     NotLeaderError,
     RequestTimedOutError,
     TidewireError,
+    UnknownQueueError,
     for_code,
 )
 from tidewire.protocol.messages import (
     Body,
     ListQueuesRequest,
+    PartitionInfo,
     QueueDeleteRequest,
     QueuePublishRequest,
+    TopicConfig,
+    TopicDescription,
 )
 from tidewire.storage.fs import write_atomic
 
 if TYPE_CHECKING:
     from tidewire.cluster.node import ClusterNode
 
-__all__ = ["FORWARD_TIMEOUT_S", "ClusterQueues", "follow_owner", "queue_of"]
+__all__ = ["FORWARD_TIMEOUT_S", "TRANSIENT_QUEUES", "ClusterQueues", "follow_owner", "queue_of"]
 
 log = logging.getLogger("tidewire.cluster.queues")
 
 _DEFS = (DEFINITIONS_TOPIC, 0)
+#: The etcd keys (under the cluster's root) of the transient queues' owners: ``<name>`` ->
+#: the node id, on that node's lease (:meth:`ClusterQueues.claim_transient`).
+TRANSIENT_QUEUES = "transient-queues"
 #: How long a forwarded publish keeps looking for the queue's owner (a failover under way
 #: names a new one within the session timeout) before the publish fails.
 FORWARD_TIMEOUT_S = 30.0
@@ -81,6 +102,13 @@ _FORWARD_RETRY_S = 0.2
 #: How long the leader of the definitions waits for a queue's owner's counts, and an owner
 #: for that leader to delete an ``auto_delete`` queue, before giving up (s).
 ASK_TIMEOUT_S = 5.0
+
+
+def _record(node_id: int, spec: QueueSpec) -> bytes:
+    """The value of transient queue ``spec``'s etcd key (see :class:`TransientQueueRecord`)."""
+    return msgspec.json.encode(
+        TransientQueueRecord(node_id, msgspec.Raw(msgspec.json.encode(spec)))
+    )
 
 
 def queue_of(topic: str) -> str | None:
@@ -160,6 +188,8 @@ class ClusterQueues:
         self._node = node
         self._definitions = _Definitions(node, self)
         self._links: dict[tuple[str, int], ReplicaLink] = {}
+        #: transient queues declared here whose owner record this node put in etcd
+        self._transient: dict[str, QueueSpec] = {}
 
     def definitions(self) -> _Definitions:
         return self._definitions
@@ -179,9 +209,17 @@ class ClusterQueues:
             return False
         return True
 
+    def owner_of(self, name: str) -> int:
+        got = self._node.cache.partition(queue_topic(name), 0)
+        if got is not None:
+            return got[0].leader
+        return self._node.cache.transient_queues.get(name, -1)
+
     def not_owner(self, name: str) -> NotLeaderError:
         node = self._node
         topic = queue_topic(name)
+        if node.cache.partition(topic, 0) is None and name in node.cache.transient_queues:
+            return self._transient_elsewhere(name, node.cache.transient_queues[name])
         got = node.cache.partition(topic, 0)
         leader = got[0].leader if got is not None else -1
         info = node.cache.nodes.get(leader)
@@ -285,6 +323,134 @@ class ClusterQueues:
         if deleted:
             log.info("queue %r: deleted %s", name, topic)
 
+    # --- transient queues ------------------------------------------------------------------------
+
+    def transient_key(self, name: str) -> str:
+        """The etcd key naming transient queue ``name``'s owner."""
+        return f"{self._node.store.root}{TRANSIENT_QUEUES}/{name}"
+
+    def transient_owner(self, name: str) -> int:
+        """The node that declared transient queue ``name`` and serves it, when it is another
+        node (-1: none, or this node), as this node's copy of the metadata has it."""
+        owner = self._node.cache.transient_queues.get(name, -1)
+        return -1 if owner == self._node.node_id else owner
+
+    def transient_specs(self) -> dict[str, QueueSpec]:
+        """The transient queues other nodes declared and serve: their settings, by name."""
+        cache = self._node.cache
+        out: dict[str, QueueSpec] = {}
+        for name, raw in cache.transient_specs.items():
+            if cache.transient_queues.get(name) == self._node.node_id:
+                continue
+            try:
+                out[name] = msgspec.json.decode(raw, type=QueueSpec)
+            except msgspec.ValidationError:
+                log.warning("transient queue %r: its recorded settings are not readable", name)
+        return out
+
+    def _transient_elsewhere(self, name: str, owner: int) -> NotLeaderError:
+        node = self._node
+        info = node.cache.nodes.get(owner)
+        where = f" at {info.host}:{info.port}" if info is not None else ""
+        return NotLeaderError(
+            f"queue {name!r} (transient) is served by the node that declared it, node "
+            f"{owner}{where}, not by node {node.node_id}",
+            leader_id=owner,
+        )
+
+    async def claim_transient(self, spec: QueueSpec) -> None:
+        """Record this node as the owner of transient queue ``name``, declared here: an etcd
+        key on this node's lease, so that the other nodes route its requests here and the
+        record goes with the node (its messages, in memory, go with it too). Nothing when
+        this node holds it already.
+
+        Raises:
+            NotLeaderError: another node serves a transient queue of that name (named);
+            RequestTimedOutError: etcd did not answer (nothing declared).
+        """
+        name = spec.name
+        node = self._node
+        key = self.transient_key(name)
+        mine = _record(node.node_id, spec)
+        try:
+            r = await node.etcd.txn(
+                [Compare.create_revision(key, "=", 0)],
+                [Op.put(key, mine, node.lease.id)],
+                [Op.get(key)],
+            )
+            if not r.succeeded:
+                held = r.responses[0][0] if r.responses and r.responses[0] else None
+                holder = -1
+                if held is not None:
+                    with contextlib.suppress(msgspec.DecodeError):
+                        holder = msgspec.json.decode(held.value, type=TransientQueueRecord).node
+                if holder != node.node_id:
+                    raise self._transient_elsewhere(name, holder)
+                if held is not None and held.lease != node.lease.id:  # registered again
+                    await node.etcd.put(key, mine, lease=node.lease.id)
+        except EtcdError as exc:
+            raise RequestTimedOutError(
+                f"transient queue {name!r} not declared: etcd did not answer ({exc})"
+            ) from None
+        self._transient[name] = spec
+
+    async def reclaim_transients(self) -> None:
+        """After this node registered again on a new lease (the records on its lost one are
+        gone with it): put the records of the transient queues it still serves again. A
+        name another node declared meanwhile stays that node's (logged): the queue here is
+        then reachable through this node only."""
+        for name, spec in sorted(self._transient.items()):
+            del self._transient[name]
+            try:
+                await self.claim_transient(spec)
+            except TidewireError as exc:
+                log.warning("transient queue %r: not recorded as this node's again: %s", name, exc)
+
+    async def release_transient(self, name: str) -> None:
+        """Transient queue ``name``, declared here, is deleted: its record goes (a record
+        left by etcd not answering goes with this node's lease)."""
+        spec = self._transient.pop(name, None)
+        if spec is None:
+            return
+        node = self._node
+        key = self.transient_key(name)
+        try:
+            await node.etcd.txn(
+                [Compare.value_is(key, "=", _record(node.node_id, spec))], [Op.delete(key)]
+            )
+        except EtcdError as exc:
+            log.warning("transient queue %r: its owner record not deleted: %s", name, exc)
+
+    def transient_metadata(self, topic: str) -> TopicDescription | None:
+        """The METADATA answer for ``__queue.<name>`` of a transient queue (None: not one):
+        its two partitions "led" by its owner, so that clients route its requests there as
+        they route a durable queue's (:mod:`tidewire.client._queues`)."""
+        name = queue_of(topic)
+        owner = -1 if name is None else self._node.cache.transient_queues.get(name, -1)
+        if owner < 0:
+            return None
+        parts = [
+            PartitionInfo(
+                partition=p,
+                log_start_offset=-1,
+                log_end_offset=-1,
+                high_watermark=-1,
+                size_bytes=0,
+                leader=owner,
+                leader_epoch=0,
+                replicas=[owner],
+                isr=[owner],
+            )
+            for p in (0, 1)
+        ]
+        return TopicDescription(
+            name=topic,
+            partitions=parts,
+            config=TopicConfig(),
+            replication_factor=1,
+            min_insync_replicas=1,
+        )
+
     # --- deleting a queue served elsewhere -----------------------------------------------------
 
     async def _ask(self, node_id: int, request: Body, what: str) -> Body:
@@ -357,7 +523,8 @@ class ClusterQueues:
             try:
                 if leader < 0:
                     raise NotLeaderError(f"{what}: {DEFINITIONS_TOPIC} has no leader now")
-                await self._ask(leader, QueueDeleteRequest(name=name, if_unused=True), what)
+                request = QueueDeleteRequest(name=name, if_unused=True, auto_delete_by=node.node_id)
+                await self._ask(leader, request, what)
                 return
             except TidewireError as exc:
                 if not exc.retriable or time.monotonic() >= deadline:
@@ -367,8 +534,9 @@ class ClusterQueues:
     # --- forwarding -----------------------------------------------------------------------------
 
     async def forward(self, queue: str, data: bytes, *, ttl_ms: int, deliver_at_ms: int) -> None:
-        """Publish ``data`` (checked record batches) to durable queue ``queue`` on its owner
-        through the default exchange, as this node (its TLS and credentials, as its replica
+        """Publish ``data`` (checked record batches) to queue ``queue`` on its owner (of a
+        durable queue; of a transient one, the node that declared it) through the default
+        exchange, as this node (its TLS and credentials, as its replica
         fetchers connect); return once the owner confirmed it. Sent again while the owner
         moves, for up to :data:`FORWARD_TIMEOUT_S` (a publish whose connection was lost may
         then be stored twice: queues deliver at least once).
@@ -386,10 +554,15 @@ class ClusterQueues:
             ttl_ms=ttl_ms,
             deliver_at_ms=deliver_at_ms,
         )
+        transient = topic not in node.cache.topics and queue in node.cache.transient_queues
         while True:
             failure: TidewireError
-            got = node.cache.partition(topic, 0)
-            leader = got[0].leader if got is not None else -1
+            if transient and queue not in node.cache.transient_queues:
+                raise UnknownQueueError(
+                    f"no queue {queue!r}: the node of that transient queue is gone, or it "
+                    "was deleted"
+                )
+            leader = self.owner_of(queue)
             address = node.cache.nodes.get(leader)
             if leader == node.node_id or address is None:
                 failure = self.not_owner(queue)

@@ -1484,12 +1484,19 @@ class QueueDeclareResponse(Body, kw_only=True, omit_defaults=True):
 
 class QueueDeleteRequest(Body, kw_only=True, omit_defaults=True):
     """Delete a queue with its messages (``if_empty``: only without messages;
-    ``if_unused``: only without consumers: else PreconditionFailedError)."""
+    ``if_unused``: only without consumers: else PreconditionFailedError).
+
+    ``auto_delete_by`` (a cluster's own request, ``-1``: not one): the id of the node that
+    owns durable ``auto_delete`` queue ``name`` and asks the leader of the queue
+    definitions to delete it, its last consumer gone. It needs ``cluster_action`` on the
+    cluster instead of ``delete`` on the queue, and deletes only such a queue, unused,
+    while that node owns it (``if_unused`` implied)."""
 
     api_key = ApiKey.QUEUE_DELETE
     name: str
     if_empty: bool = False
     if_unused: bool = False
+    auto_delete_by: int = -1
 
 
 class QueueDeleteResponse(Body, kw_only=True, omit_defaults=True):

@@ -179,8 +179,10 @@ BUILTIN_ROLES: dict[str, tuple[tuple[ResourceType, Operation], ...]] = {
     # or a queue's owner, a queue's WebSocket consumer at its owner, stream requests
     # forwarded to their owner), and what it asks for queues it serves or lists: their
     # owners' counts (LIST_QUEUES shows the queues it may describe) and, for an
-    # ``auto_delete`` queue whose last consumer left it, the delete (``if_unused``) at the
-    # leader of the definitions. Nothing else that changes definitions or security.
+    # ``auto_delete`` queue whose last consumer left it, the delete at the leader of the
+    # definitions: a cluster's own request (``cluster_action``; the leader checks that the
+    # queue is such a queue, unused, of the asking owner), so no ``delete`` on queues.
+    # Nothing else that changes definitions or security.
     # ``alter`` on groups is for an HTTP group reset forwarded to the coordinator (its
     # caller's ``alter`` checked where it arrived): no real power beyond ``read``, with
     # which the node may already commit any offsets of any group.
@@ -190,7 +192,7 @@ BUILTIN_ROLES: dict[str, tuple[tuple[ResourceType, Operation], ...]] = {
         *_every(_R.GROUP, _O.READ, _O.DESCRIBE, _O.ALTER),
         *_every(_R.STREAM, _O.READ, _O.WRITE, _O.DESCRIBE),
         (_R.EXCHANGE, _O.WRITE),
-        *_every(_R.QUEUE, _O.READ, _O.DESCRIBE, _O.DELETE),
+        *_every(_R.QUEUE, _O.READ, _O.DESCRIBE),
     ),
 }
 

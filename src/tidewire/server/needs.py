@@ -169,6 +169,15 @@ def _queue(op: Operation) -> Callable[[Any], list[Need]]:
     return lambda req: [Need(_Q, op, req.queue)]
 
 
+def _queue_delete(req: Any) -> list[Need]:
+    # A queue's owner asking the definitions' leader to drop its unused auto_delete queue
+    # is the cluster's own request (as a replica's fetch): the node principal needs no
+    # delete on queues, and what it may delete so is checked by the receiving node.
+    if req.auto_delete_by >= 0:
+        return [Need(_C, _O.CLUSTER_ACTION)]
+    return [Need(_Q, _O.DELETE, req.name)]
+
+
 def _bind(req: Any) -> list[Need]:
     # Messages of the exchange go to the destination: write on the exchange, and read on a
     # queue (the binding makes it take them) or write on a topic (they are appended to it).
@@ -262,7 +271,7 @@ API_NEEDS: dict[ApiKey, Requirement] = {
     ApiKey.EXCHANGE_DECLARE: _declare(_X),
     ApiKey.EXCHANGE_DELETE: lambda req: [Need(_X, _O.DELETE, _exchange(req.name))],
     ApiKey.QUEUE_DECLARE: _declare(_Q),
-    ApiKey.QUEUE_DELETE: lambda req: [Need(_Q, _O.DELETE, req.name)],
+    ApiKey.QUEUE_DELETE: _queue_delete,
     ApiKey.QUEUE_PURGE: lambda req: [Need(_Q, _O.DELETE, req.name)],
     ApiKey.QUEUE_BIND: _bind,
     ApiKey.QUEUE_UNBIND: _bind,

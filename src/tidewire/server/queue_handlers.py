@@ -360,9 +360,12 @@ class QueueSession:
 
     async def _queue_delete(self, req: QueueDeleteRequest, _: memoryview) -> Reply:
         try:
-            n = await self.broker.queues.delete_queue(
-                req.name, if_empty=req.if_empty, if_unused=req.if_unused, owner=self.owner
-            )
+            if req.auto_delete_by >= 0:  # a cluster's own request (see the request's doc)
+                n = await self.broker.queues.delete_for_owner(req.name, req.auto_delete_by)
+            else:
+                n = await self.broker.queues.delete_queue(
+                    req.name, if_empty=req.if_empty, if_unused=req.if_unused, owner=self.owner
+                )
         except TidewireError as exc:
             return QueueDeleteResponse(**_err(exc)), []
         return QueueDeleteResponse(messages=n), []

@@ -49,6 +49,21 @@ class StandIn:
     def not_owner(self, name: str) -> NotLeaderError:
         return NotLeaderError(f"queue {name!r} is served by node 9", leader_id=9)
 
+    def owner_of(self, name: str) -> int:
+        return 0 if name in self.owned else 9
+
+    def transient_owner(self, name: str) -> int:
+        return -1
+
+    def transient_specs(self) -> dict[str, QueueSpec]:
+        return {}
+
+    async def claim_transient(self, spec: QueueSpec) -> None:
+        pass
+
+    async def release_transient(self, name: str) -> None:
+        pass
+
     async def create_queue_topic(self, name: str) -> None:
         pass
 

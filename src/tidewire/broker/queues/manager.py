@@ -162,6 +162,28 @@ class QueueCluster(Protocol):
         """The error a queue operation gets on a node that does not serve ``name``."""
         ...
 
+    def owner_of(self, name: str) -> int:
+        """The node id of queue ``name``'s owner (of a durable queue, or of a transient one
+        declared on another node), as this node's copy of the metadata has it (-1: none
+        now)."""
+        ...
+
+    def transient_owner(self, name: str) -> int:
+        """The node serving transient queue ``name``, when another node declared it (-1:
+        none, or this node)."""
+        ...
+
+    def transient_specs(self) -> dict[str, QueueSpec]:
+        """The transient queues other nodes declared and serve: their settings, by name."""
+        ...
+
+    async def claim_transient(self, spec: QueueSpec) -> None:
+        """Record this node as the owner of transient queue ``spec`` (raises NotLeaderError
+        naming the node that holds it)."""
+
+    async def release_transient(self, name: str) -> None:
+        """Transient queue ``name``, declared here, is deleted: its owner record goes."""
+
     async def create_queue_topic(self, name: str) -> None:
         """Create ``__queue.<name>`` through etcd (nothing when it exists)."""
 
@@ -194,7 +216,9 @@ class QueueManager:
         self.clock = clock or _now_ms
         self.definitions = DefinitionStore(broker.logs)
         self._queues: dict[str, Queue] = {}
-        self.router = Router(lambda name: name in self._queues or name in self._specs)
+        self.router = Router(
+            lambda name: name in self._queues or name in self._specs or self._elsewhere(name)
+        )
         self._by_owner: dict[str, set[str]] = {}  # owner -> queues it consumes or gets from
         self._dirty: set[Queue] = set()
         self._scheduled = False
@@ -236,6 +260,14 @@ class QueueManager:
                 logs.delete_topic(topic)
 
     # --- in a cluster ---------------------------------------------------------------------------
+
+    def _elsewhere(self, name: str) -> bool:
+        """Whether ``name`` is a transient queue another node of the cluster serves."""
+        return (
+            self._cluster is not None
+            and name not in self._queues
+            and self._cluster.transient_owner(name) >= 0
+        )
 
     def replicate(self, cluster: QueueCluster | None) -> None:
         """Serve the durable queues as a node of a cluster (see the module docstring): the
@@ -529,6 +561,8 @@ class QueueManager:
             return self._queue(spec.name, owner).status()
         if self._cluster is not None and spec.durable:
             return await self._declare_clustered(spec)
+        if self._cluster is not None and q is None:
+            q = await self._claim_transient(spec)
         if q is not None:
             if q.spec != spec:
                 raise PreconditionFailedError(
@@ -562,6 +596,27 @@ class QueueManager:
             self._by_owner.setdefault(owner, set()).add(spec.name)
         return q.status()
 
+    async def _claim_transient(self, spec: QueueSpec) -> Queue | None:
+        """Before a transient queue is made here in a cluster: its name must be free in the
+        cluster (no durable queue, no transient queue of another node: that node is named,
+        NotLeaderError, and the client asks it). A non-exclusive one is recorded as this
+        node's (:meth:`QueueCluster.claim_transient`), so that any node routes to it; an
+        exclusive one stays its connection's, on this node only. Returns the queue of that
+        name made here meanwhile, if any."""
+        assert self._cluster is not None
+        check_name("queue", spec.name)
+        known = self._specs.get(spec.name)
+        if known is not None:
+            raise PreconditionFailedError(
+                f"queue {spec.name!r} exists with other settings: {_diff(known, spec)}"
+            )
+        if self._elsewhere(spec.name):
+            raise self._cluster.not_owner(spec.name)
+        if not spec.exclusive:
+            _check_spec(spec)
+            await self._cluster.claim_transient(spec)
+        return self._queues.get(spec.name)
+
     async def _declare_clustered(self, spec: QueueSpec) -> QueueStatus:
         """Declare a durable queue in a cluster (on the leader of the definitions): its topic
         is made through etcd, then its definition stored. Answered with its status where it
@@ -576,6 +631,11 @@ class QueueManager:
                     f"{_diff(self._queues[spec.name].spec, spec)}"
                 )
             assert self._cluster is not None
+            elsewhere = self._cluster.transient_owner(spec.name)
+            if elsewhere >= 0:
+                raise PreconditionFailedError(
+                    f"queue {spec.name!r} exists as a transient queue of node {elsewhere}"
+                )
             await self._definitions_leader()
             await self._cluster.create_queue_topic(spec.name)
             await self.definitions.put_queue(spec)
@@ -611,6 +671,37 @@ class QueueManager:
             )
         await self._drop_queue(q)
         return n
+
+    @_audited("QUEUE_DELETE")
+    async def delete_for_owner(self, name: str, by: int) -> int:
+        """On the leader of the definitions, the cluster's own request of node ``by``, the
+        owner of durable ``auto_delete`` queue ``name`` whose last consumer left: delete it
+        if it still has no consumers (asked of its owner). The node principal sending it
+        holds no ``delete`` on queues: this checks that the request is what the cluster's
+        logic sends, so that a node's key deletes nothing else. Returns the messages
+        dropped with it.
+
+        Raises:
+            InvalidQueueError: not a cluster; UnknownQueueError: no such durable queue;
+            PreconditionFailedError: not ``auto_delete``, not owned by node ``by`` now, or
+            it has consumers; NotLeaderError: this node does not lead the definitions.
+        """
+        if self._cluster is None:
+            raise InvalidQueueError(f"queue {name!r}: an owner's delete is a cluster's request")
+        spec = self._specs.get(name)
+        if spec is None:
+            raise UnknownQueueError(f"no durable queue {name!r} in the cluster")
+        if not spec.auto_delete:
+            raise PreconditionFailedError(
+                f"queue {name!r} is not auto_delete: node {by} may not delete it"
+            )
+        owner = self._cluster.owner_of(name)
+        if owner != by:
+            raise PreconditionFailedError(
+                f"queue {name!r} is owned by node {owner}, not by node {by}, which asked to "
+                "delete it"
+            )
+        return await self._delete_clustered(name, if_empty=False, if_unused=True)
 
     async def _delete_clustered(self, name: str, *, if_empty: bool, if_unused: bool) -> int:
         """Delete a durable queue in a cluster, on the leader of the definitions: its
@@ -658,6 +749,8 @@ class QueueManager:
         if q.spec.durable:  # the bindings to it go in the same batch
             await self.definitions.delete_queue(q.name)
             await self.broker.logs.delete_topic_async(queue_topic(q.name))
+        elif self._cluster is not None:  # a transient queue: the cluster's record of it
+            await self._cluster.release_transient(q.name)
 
     @_audited("QUEUE_PURGE")
     async def purge_queue(self, name: str, *, owner: str = "") -> int:
@@ -698,8 +791,9 @@ class QueueManager:
 
     def _check_destination(self, b: Binding) -> None:
         if b.destination_kind == "queue":
-            if b.destination not in self._queues and b.destination not in self._specs:
-                raise UnknownQueueError(f"no queue {b.destination!r}")
+            name = b.destination
+            if name not in self._queues and name not in self._specs and not self._elsewhere(name):
+                raise UnknownQueueError(f"no queue {name!r}")
         elif b.destination_kind == "topic":
             if b.destination not in self.broker.topics():
                 raise UnknownTopicError(f"no topic {b.destination!r}")
@@ -726,12 +820,15 @@ class QueueManager:
         return self.router.bindings(exchange=exchange, destination=destination)
 
     def queues(self) -> list[QueueStatus]:
-        """Every queue, by name (in a cluster, the durable queues other nodes serve too:
-        their settings, with no counts)."""
+        """Every queue, by name (in a cluster, the durable queues and the transient ones
+        other nodes serve too: their settings, with no counts)."""
         out = {n: q.status() for n, q in self._queues.items()}
         for n, spec in self._specs.items():
             if n not in out:
                 out[n] = _unserved(spec)
+        if self._cluster is not None:
+            for n, spec in self._cluster.transient_specs().items():
+                out.setdefault(n, _unserved(spec))
         return [out[n] for n in sorted(out)]
 
     def describe_queue(self, name: str) -> QueueStatus:
@@ -745,7 +842,7 @@ class QueueManager:
     def _queue(self, name: str, owner: str | None) -> Queue:
         q = self._queues.get(name)
         if q is None:
-            if self._cluster is not None and name in self._specs:
+            if self._cluster is not None and (name in self._specs or self._elsewhere(name)):
                 raise self._cluster.not_owner(name)
             raise UnknownQueueError(f"no queue {name!r}")
         if owner is not None:
@@ -795,7 +892,11 @@ class QueueManager:
         queues = [self._queues[n] for n in route.queues if n in self._queues]
         remote: list[str] = []
         if self._cluster is not None:
-            remote = [n for n in route.queues if n not in self._queues and n in self._specs]
+            remote = [
+                n
+                for n in route.queues
+                if n not in self._queues and (n in self._specs or self._elsewhere(n))
+            ]
             # Through the default exchange to one queue served elsewhere: the client goes
             # there itself.
             alone = len(remote) == 1 and not queues and not route.topics
@@ -1207,7 +1308,7 @@ def _death_queue(headers: tuple[tuple[str, bytes | None], ...]) -> str | None:
 
 
 def _unserved(spec: QueueSpec) -> QueueStatus:
-    """A durable queue another node of the cluster serves: its settings, no counts."""
+    """A queue another node of the cluster serves: its settings, no counts."""
     return QueueStatus(spec=spec, ready=0, unacked=0, delayed=0, bytes=0, consumers=0)
 
 

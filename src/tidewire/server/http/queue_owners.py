@@ -43,8 +43,11 @@ def owner_of(broker: Broker, name: str) -> int | None:
     node = cluster_node(broker)
     if node is None:
         return None
-    got = node.cache.partition(queue_topic(name), 0)
-    leader = -1 if got is None else got[0].leader
+    if node.queues is not None:  # a durable queue's, or a transient one's (its node)
+        leader = node.queues.owner_of(name)
+    else:
+        got = node.cache.partition(queue_topic(name), 0)
+        leader = -1 if got is None else got[0].leader
     if leader < 0 or leader == node.node_id or leader not in node.cache.nodes:
         return None
     return leader
@@ -58,7 +61,7 @@ async def with_owners_counts(broker: Broker, statuses: list[QueueStatus]) -> lis
         return statuses
     wanted: dict[int, set[str]] = {}
     for s in statuses:
-        if s.spec.durable and (owner := owner_of(broker, s.spec.name)) is not None:
+        if not s.spec.exclusive and (owner := owner_of(broker, s.spec.name)) is not None:
             wanted.setdefault(owner, set()).add(s.spec.name)
     if not wanted:
         return statuses
