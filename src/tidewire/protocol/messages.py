@@ -93,6 +93,8 @@ __all__ = [
     "DescribeQuotasResponse",
     "DescribeTopicRequest",
     "DescribeTopicResponse",
+    "EnvelopeRequest",
+    "EnvelopeResponse",
     "ErrorBody",
     "ExchangeDeclareRequest",
     "ExchangeDeclareResponse",
@@ -343,6 +345,7 @@ class ApiKey(enum.IntEnum):
     TAKE = 65
     HTTP_PUBLISH = 66
     CLUSTER_METRICS = 67
+    ENVELOPE = 68
 
 
 class Body(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -2078,6 +2081,45 @@ class TakeResponse(Body, kw_only=True, omit_defaults=True):
     error_message: str = ""
 
 
+# --- a request forwarded by a node on behalf of its caller --------------------------------------
+
+
+class EnvelopeRequest(Body, kw_only=True, omit_defaults=True):
+    """A request a node of a cluster received and sends on to the node that serves it, on
+    behalf of its caller (Kafka's Envelope, KIP-590; docs/protocol.md, "ENVELOPE"). Only a
+    sender with ``cluster_action`` on the cluster (a node) may send one; the receiving node
+    runs the inner request through its gate as the carried principal (so the caller's own
+    permissions decide, and the audit log names the caller), and answers the inner response.
+    An envelope never carries an envelope."""
+
+    api_key = ApiKey.ENVELOPE
+    #: The inner request's API key (one of the queue APIs that need no connection).
+    request_api_key: int
+    #: The inner request's body, encoded as its API's request (msgpack); its data parts are
+    #: the envelope's.
+    request_body: bytes
+    #: The caller's principal ("": anonymous, as on a cluster without authentication).
+    principal: str = ""
+    #: Its kind as the gate knows it (``user``, ``service``, ``certificate``...).
+    principal_kind: str = ""
+    #: Where the caller came from (``host:port``) and over what (``http``...), for the audit.
+    client_source: str = ""
+    client_interface: str = ""
+    #: The node that received the request and forwarded it.
+    forwarded_by: int = -1
+
+
+class EnvelopeResponse(Body, kw_only=True, omit_defaults=True):
+    """The inner response (its body encoded as its API's response; its data parts are the
+    envelope's), or the error that refused the inner request as a whole (not allowed to the
+    carried principal, malformed, not an API an envelope carries)."""
+
+    api_key = ApiKey.ENVELOPE
+    response_body: bytes = b""
+    error_code: int = 0
+    error_message: str = ""
+
+
 # --- an HTTP API publish forwarded to the leader -------------------------------------------------
 
 
@@ -2185,6 +2227,7 @@ _SCHEMAS: dict[ApiKey, tuple[type[Body], type[Body]]] = {
     ApiKey.TAKE: (TakeRequest, TakeResponse),
     ApiKey.HTTP_PUBLISH: (HttpPublishRequest, HttpPublishResponse),
     ApiKey.CLUSTER_METRICS: (ClusterMetricsRequest, ClusterMetricsResponse),
+    ApiKey.ENVELOPE: (EnvelopeRequest, EnvelopeResponse),
 }
 #: APIs only the server sends, as PUSH frames, with the body schema of each: they have no
 #: request or response (a request for one is refused as an unknown API).

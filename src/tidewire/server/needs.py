@@ -301,6 +301,9 @@ API_NEEDS: dict[ApiKey, Requirement] = {
     # A cluster's figures: describe on the cluster; a node asking another for its own
     # figures (``local``): the nodes' identity.
     ApiKey.CLUSTER_METRICS: lambda req: [Need(_C, _O.CLUSTER_ACTION if req.local else _O.DESCRIBE)],
+    # A request forwarded by a node on behalf of its caller: the nodes' identity only (the
+    # inner request is then checked as the caller it carries, see server/envelope.py).
+    ApiKey.ENVELOPE: _cluster(_O.CLUSTER_ACTION),
     # A cluster topic's replicas and settings (Kafka: ALTER on the cluster to reassign);
     # only the status asked: describe on the topic.
     ApiKey.ALTER_REPLICATION: lambda req: (

@@ -95,6 +95,7 @@ from tidewire.security.tls import (
     listener_context,
     peer_of,
 )
+from tidewire.server.envelope import serve_envelope
 from tidewire.server.gate import SESSION_APIS, Session, gate_for, source_of
 from tidewire.server.handlers import HANDLERS, ServerInfo
 from tidewire.server.needs import API_NEEDS
@@ -532,6 +533,17 @@ class _ClientProtocol(asyncio.Protocol):
                 # Only now: no push of it may reach the client before this answer.
                 self.subscriptions.start(reply.subscription_id)
             return 0
+        if ev.api_key == ApiKey.ENVELOPE:  # a node forwarding a caller's request
+            ebody, edata = await serve_envelope(
+                self.server.broker,
+                self.server.gate,
+                sender=self.session,
+                conn=self.conn,
+                req=ev.body,
+                data=ev.data,
+            )
+            self._write(self.conn.send_response(ev.correlation_id, ebody, edata))
+            return ebody.error_code
         if ev.api_key in QUEUE_APIS:
             try:
                 qbody, qdata = await self.queues.handle(ev.api_key, ev.body, ev.data)

@@ -16,13 +16,15 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from tidewire._tasks import cancel_and_wait
-from tidewire.broker.queues.model import Delivery, SettleOutcome
-from tidewire.errors import InvalidRequestError
+from tidewire.broker.queues.model import Delivery, DeliveryEntry, SettleOutcome
+from tidewire.errors import InvalidRequestError, NotLeaderError
+from tidewire.protocol import messages as wire
 from tidewire.records import BatchBuilder
 from tidewire.server.http._common import json_response, parse_body, request_body
 from tidewire.server.http._queue_docs import browsed_doc, delivered, exchange_name, message_doc
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.publisher import payload_bytes
+from tidewire.server.http.queue_forward import forward_to_server
 from tidewire.server.http.queue_models import (
     MAX_GET_MESSAGES,
     BrowseResult,
@@ -54,6 +56,12 @@ def _outcome(kind: Settle, requeue: bool | None) -> SettleOutcome:
     if kind == "nack":
         return "dead-letter" if requeue is False else "requeue"
     return "requeue" if requeue else "dead-letter"
+
+
+def _delivery(queue: str, entries: list[wire.DeliveryEntryInfo], data: memoryview) -> Delivery:
+    """A delivery as another node answered it (a forwarded get or browse)."""
+    got = tuple(DeliveryEntry(e.tag, e.offset, e.delivery_count) for e in entries)
+    return Delivery(queue=queue, consumer="", entries=got, data=bytes(data))
 
 
 def queue_messages_router(ctx: GatewayContext) -> APIRouter:
@@ -125,13 +133,7 @@ def queue_messages_router(ctx: GatewayContext) -> APIRouter:
         req = parse_body(GetRequest, body or b"{}")
         wait_ms = 0 if ctx.closing.is_set() else min(req.wait_ms, broker.config.max_wait_ms)
         taking = asyncio.ensure_future(
-            broker.queues.get(
-                name,
-                owner=HTTP_OWNER,
-                max_messages=req.max_messages,
-                wait_ms=wait_ms,
-                visibility_timeout_ms=req.visibility_timeout_ms,
-            )
+            take(name, req.max_messages, wait_ms, req.visibility_timeout_ms)
         )
         delivery: Delivery | None = None
         try:
@@ -152,11 +154,39 @@ def queue_messages_router(ctx: GatewayContext) -> APIRouter:
             {"queue": name, "messages": [message_doc(e, r, force) for e, r in messages]}
         )
 
+    async def take(name: str, max_messages: int, wait_ms: int, visibility_ms: int) -> Delivery:
+        """A get here, or on the queue's owner (another node of a cluster) for the caller."""
+        try:
+            return await broker.queues.get(
+                name,
+                owner=HTTP_OWNER,
+                max_messages=max_messages,
+                wait_ms=wait_ms,
+                visibility_timeout_ms=visibility_ms,
+            )
+        except NotLeaderError as exc:
+            request = wire.QueueGetRequest(
+                queue=name,
+                max_messages=max_messages,
+                wait_ms=wait_ms,
+                visibility_timeout_ms=visibility_ms,
+            )
+            got, data = await forward_to_server(ctx, exc, request)
+            return _delivery(name, got.entries, data)
+
     def settle_route(kind: Settle) -> None:
         async def settle(request: Request, name: NamePath) -> Response:
             req = parse_body(SettleRequest, await request.body())
             outcome = _outcome(kind, req.requeue)
-            await broker.queues.settle(name, req.tags, outcome, owner=HTTP_OWNER, up_to=req.up_to)
+            try:
+                await broker.queues.settle(
+                    name, req.tags, outcome, owner=HTTP_OWNER, up_to=req.up_to
+                )
+            except NotLeaderError as exc:
+                forwarded = wire.QueueSettleRequest(
+                    queue=name, tags=req.tags, up_to=req.up_to, outcome=outcome
+                )
+                await forward_to_server(ctx, exc, forwarded)
             return json_response(
                 {"queue": name, "outcome": outcome, "tags": req.tags, "up_to": req.up_to}
             )
@@ -206,7 +236,14 @@ def queue_messages_router(ctx: GatewayContext) -> APIRouter:
         """A queue's ready messages from ``from_offset`` on, without delivering them (a
         dead-letter queue's, typically: each with its ``x-death`` header); ``next_offset``
         is where the next page starts."""
-        d = broker.queues.browse(name, from_offset=from_offset, max_messages=max_messages)
+        try:
+            d = broker.queues.browse(name, from_offset=from_offset, max_messages=max_messages)
+        except NotLeaderError as exc:
+            request = wire.QueueBrowseRequest(
+                queue=name, from_offset=from_offset, max_messages=max_messages
+            )
+            got, data = await forward_to_server(ctx, exc, request)
+            d = _delivery(name, got.entries, data)
         recs = delivered(d)
         force = encoding == "base64"
         next_offset = max((r.offset for _, r in recs), default=from_offset - 1) + 1
@@ -230,14 +267,18 @@ def queue_messages_router(ctx: GatewayContext) -> APIRouter:
         through the default exchange, headers kept; answers how many moved."""
         req = parse_body(ReplayRequest, await request.body())
         manager = broker.queues
-        if req.offsets is not None:
-            moved = await manager.replay(name, offsets=req.offsets)
-        elif req.all:
-            moved = await manager.replay(name)
-        else:
-            moved = await manager.replay(
-                name, from_offset=req.from_offset or 0, to_offset=req.to_offset
-            )
+        try:
+            if req.offsets is not None:
+                moved = await manager.replay(name, offsets=req.offsets)
+            elif req.all:
+                moved = await manager.replay(name)
+            else:
+                moved = await manager.replay(
+                    name, from_offset=req.from_offset or 0, to_offset=req.to_offset
+                )
+        except NotLeaderError as exc:
+            got, _ = await forward_to_server(ctx, exc, _replay_request(name, req))
+            moved = got.messages
         return json_response({"queue": name, "messages": moved})
 
     @router.post(
@@ -247,7 +288,26 @@ def queue_messages_router(ctx: GatewayContext) -> APIRouter:
     )
     async def purge_dead_letters(name: NamePath) -> Response:
         """Remove a (dead-letter) queue's ready messages; answers how many went."""
-        purged = await broker.queues.purge_queue(name, owner=HTTP_OWNER)
-        return json_response({"queue": name, "messages": purged})
+        return json_response({"queue": name, "messages": await purge(ctx, name)})
 
     return router
+
+
+def _replay_request(name: str, req: ReplayRequest) -> wire.QueueReplayRequest:
+    """The binary protocol's form of a replay (``offsets``; else ``all`` or a range)."""
+    if req.offsets is not None:
+        return wire.QueueReplayRequest(queue=name, offsets=req.offsets)
+    if req.all:
+        return wire.QueueReplayRequest(queue=name)
+    to = -1 if req.to_offset is None else req.to_offset
+    return wire.QueueReplayRequest(queue=name, from_offset=req.from_offset or 0, to_offset=to)
+
+
+async def purge(ctx: GatewayContext, name: str) -> int:
+    """Purge queue ``name`` here, or on its owner (another node of a cluster) for the
+    caller; how many messages went."""
+    try:
+        return await ctx.broker.queues.purge_queue(name, owner=HTTP_OWNER)
+    except NotLeaderError as exc:
+        got, _ = await forward_to_server(ctx, exc, wire.QueuePurgeRequest(name=name))
+        return int(got.messages)

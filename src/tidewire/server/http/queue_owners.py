@@ -26,7 +26,7 @@ from tidewire.errors import TidewireError, for_code
 from tidewire.protocol.messages import ListQueuesRequest, QueueInfo
 from tidewire.server.http.peers import PeerClient
 
-__all__ = ["OWNER_TIMEOUT_S", "owner_of", "with_owners_counts"]
+__all__ = ["OWNER_TIMEOUT_S", "owner_of", "with_counts", "with_owners_counts"]
 
 log = logging.getLogger("tidewire.http")
 
@@ -74,7 +74,7 @@ async def with_owners_counts(broker: Broker, statuses: list[QueueStatus]) -> lis
     found: dict[str, QueueInfo] = {}
     for owner, infos in zip(asked, answers, strict=True):
         found.update((i.name, i) for i in infos if i.name in wanted[owner])
-    return [_with_counts(s, found[s.spec.name]) if s.spec.name in found else s for s in statuses]
+    return [with_counts(s, found[s.spec.name]) if s.spec.name in found else s for s in statuses]
 
 
 async def _list_on(peer: PeerClient, node_id: int) -> list[QueueInfo]:
@@ -90,7 +90,8 @@ async def _list_on(peer: PeerClient, node_id: int) -> list[QueueInfo]:
     return list(body.queues)
 
 
-def _with_counts(s: QueueStatus, info: QueueInfo) -> QueueStatus:
+def with_counts(s: QueueStatus, info: QueueInfo) -> QueueStatus:
+    """``s`` with the counts ``info`` gives (another node's answer)."""
     return dataclasses.replace(
         s,
         ready=info.ready,

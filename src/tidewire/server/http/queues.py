@@ -17,13 +17,14 @@ from fastapi import APIRouter, Path, Query, Request
 from starlette.responses import Response
 
 from tidewire.broker import Broker
-from tidewire.broker.queues.model import Binding, ExchangeSpec, QueueSpec
+from tidewire.broker.queues.model import Binding, ExchangeSpec, QueueSpec, QueueStatus
 from tidewire.errors import (
     InvalidRequestError,
     NotLeaderError,
     UnknownExchangeError,
     UnknownQueueError,
 )
+from tidewire.protocol import messages as wire
 from tidewire.security.model import ResourceType
 from tidewire.server.gate import gate_for, names_allowed
 from tidewire.server.http._common import json_response, parse_body, request_body
@@ -44,6 +45,7 @@ from tidewire.server.http._queue_docs import (
 )
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.models import ErrorBody
+from tidewire.server.http.queue_forward import forward_to_server
 from tidewire.server.http.queue_models import (
     BindingList,
     BindingRequest,
@@ -56,7 +58,7 @@ from tidewire.server.http.queue_models import (
     QueueInfo,
     QueueList,
 )
-from tidewire.server.http.queue_owners import owner_of, with_owners_counts
+from tidewire.server.http.queue_owners import owner_of, with_counts, with_owners_counts
 
 __all__ = ["HTTP_OWNER", "queue_responses", "queues_router"]
 
@@ -200,14 +202,22 @@ def queues_router(ctx: GatewayContext) -> APIRouter:
         ex = exchange_name(name)
         manager = broker.queues
         existed = any(x.name == ex for x in manager.exchanges())
-        spec = await manager.declare_exchange(
-            ExchangeSpec(
-                name=ex,
-                type=req.type,
-                durable=req.durable,
-                alternate_exchange=exchange_name(req.alternate_exchange),
-            )
+        spec = ExchangeSpec(
+            name=ex,
+            type=req.type,
+            durable=req.durable,
+            alternate_exchange=exchange_name(req.alternate_exchange),
         )
+        try:
+            spec = await manager.declare_exchange(spec)
+        except NotLeaderError as exc:  # a cluster: its definitions' leader declares it
+            forwarded = wire.ExchangeDeclareRequest(
+                name=spec.name,
+                type=spec.type,
+                durable=spec.durable,
+                alternate_exchange=spec.alternate_exchange,
+            )
+            await forward_to_server(ctx, exc, forwarded)
         return json_response(exchange_doc(spec), 200 if existed else 201)
 
     @router.delete(
@@ -223,7 +233,13 @@ def queues_router(ctx: GatewayContext) -> APIRouter:
         ] = False,
     ) -> Response:
         """Delete an exchange and its bindings (never the default one: 400)."""
-        await broker.queues.delete_exchange(exchange_name(name), if_unused=if_unused)
+        ex = exchange_name(name)
+        try:
+            await broker.queues.delete_exchange(ex, if_unused=if_unused)
+        except NotLeaderError as exc:
+            await forward_to_server(
+                ctx, exc, wire.ExchangeDeleteRequest(name=ex, if_unused=if_unused)
+            )
         return Response(status_code=204)
 
     # --- bindings -------------------------------------------------------------------------------
@@ -259,7 +275,10 @@ def queues_router(ctx: GatewayContext) -> APIRouter:
         """Bind an exchange to a queue or a topic (both must exist: 404); binding again
         changes nothing."""
         b = _binding(parse_body(BindingRequest, await request.body()))
-        await broker.queues.bind(b)
+        try:
+            await broker.queues.bind(b)
+        except NotLeaderError as exc:
+            await forward_to_server(ctx, exc, wire.QueueBindRequest(**_wire_binding(b)))
         return json_response({"bindings": [binding_doc(b)]}, 201)
 
     @router.delete(
@@ -273,7 +292,10 @@ def queues_router(ctx: GatewayContext) -> APIRouter:
         """Remove a binding (the body names it as it was made); one that does not exist
         changes nothing."""
         b = _binding(parse_body(BindingRequest, await request.body()))
-        await broker.queues.unbind(b)
+        try:
+            await broker.queues.unbind(b)
+        except NotLeaderError as exc:
+            await forward_to_server(ctx, exc, wire.QueueUnbindRequest(**_wire_binding(b)))
         return Response(status_code=204)
 
     # --- queues ---------------------------------------------------------------------------------
@@ -349,7 +371,13 @@ def queues_router(ctx: GatewayContext) -> APIRouter:
             existed = True
         except UnknownQueueError:
             existed = False
-        status = await manager.declare_queue(spec, owner=HTTP_OWNER)
+        except NotLeaderError:  # a cluster: it exists, and another node serves it
+            existed = True
+        try:
+            status = await manager.declare_queue(spec, owner=HTTP_OWNER)
+        except NotLeaderError as exc:  # a cluster: its definitions' leader declares it
+            got, _ = await forward_to_server(ctx, exc, _declare_request(spec))
+            status = with_counts(QueueStatus(spec, 0, 0, 0, 0, 0), got.queue)
         return json_response(queue_doc(status), 200 if existed else 201)
 
     @router.delete(
@@ -365,9 +393,14 @@ def queues_router(ctx: GatewayContext) -> APIRouter:
         ] = False,
     ) -> Response:
         """Delete a queue, its messages and its bindings; answers how many messages went."""
-        dropped = await broker.queues.delete_queue(
-            name, if_empty=if_empty, if_unused=if_unused, owner=HTTP_OWNER
-        )
+        try:
+            dropped = await broker.queues.delete_queue(
+                name, if_empty=if_empty, if_unused=if_unused, owner=HTTP_OWNER
+            )
+        except NotLeaderError as exc:  # a cluster: its definitions' leader deletes it
+            request = wire.QueueDeleteRequest(name=name, if_empty=if_empty, if_unused=if_unused)
+            got, _ = await forward_to_server(ctx, exc, request)
+            dropped = got.messages
         return json_response({"queue": name, "messages": dropped})
 
     @router.post(
@@ -378,7 +411,39 @@ def queues_router(ctx: GatewayContext) -> APIRouter:
     async def purge_queue(name: NamePath) -> Response:
         """Remove a queue's ready messages (those delivered and not settled stay); answers
         how many went."""
-        purged = await broker.queues.purge_queue(name, owner=HTTP_OWNER)
+        try:
+            purged = await broker.queues.purge_queue(name, owner=HTTP_OWNER)
+        except NotLeaderError as exc:  # a cluster: its owner purges it
+            got, _ = await forward_to_server(ctx, exc, wire.QueuePurgeRequest(name=name))
+            purged = got.messages
         return json_response({"queue": name, "messages": purged})
 
     return router
+
+
+def _declare_request(spec: QueueSpec) -> wire.QueueDeclareRequest:
+    """The binary protocol's form of declaring ``spec``."""
+    return wire.QueueDeclareRequest(
+        name=spec.name,
+        durable=spec.durable,
+        auto_delete=spec.auto_delete,
+        max_deliveries=spec.max_deliveries,
+        message_ttl_ms=spec.message_ttl_ms,
+        max_length=spec.max_length,
+        max_length_bytes=spec.max_length_bytes,
+        overflow=spec.overflow,
+        dead_letter_exchange=spec.dead_letter_exchange,
+        dead_letter_routing_key=spec.dead_letter_routing_key,
+        visibility_timeout_ms=spec.visibility_timeout_ms,
+    )
+
+
+def _wire_binding(b: Binding) -> dict[str, Any]:
+    """The fields of the binary protocol's bind and unbind of ``b``."""
+    return {
+        "exchange": b.exchange,
+        "destination": b.destination,
+        "destination_kind": b.destination_kind,
+        "key": b.key,
+        "arguments": dict(b.arguments),
+    }
