@@ -638,6 +638,18 @@ SAMPLES.update(
                 missing_nodes=[3],
             ),
         ),
+        ApiKey.ENVELOPE: (
+            q.EnvelopeRequest(
+                request_api_key=int(ApiKey.QUEUE_PURGE),
+                request_body=q.encode_body(q.QueuePurgeRequest(name="orders")),
+                principal="alice",
+                principal_kind="user",
+                client_source="10.0.0.7:51234",
+                client_interface="http",
+                forwarded_by=2,
+            ),
+            q.EnvelopeResponse(response_body=q.encode_body(q.QueuePurgeResponse(messages=3))),
+        ),
     }
 )
 #: The body of each push-only API (QUEUE_DELIVER).

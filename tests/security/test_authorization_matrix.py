@@ -226,6 +226,16 @@ SAMPLES: dict[ApiKey, Callable[[], tuple[Body, list[bytes]]]] = {
     ),
     # A cluster's figures (refused on a single node, after the gate).
     ApiKey.CLUSTER_METRICS: lambda: (sec.ClusterMetricsRequest(), []),
+    # A node forwarding a caller's request (cluster_action; the inner request is checked as
+    # the caller it carries, the matrix's admin here).
+    ApiKey.ENVELOPE: lambda: (
+        sec.EnvelopeRequest(
+            request_api_key=int(ApiKey.QUEUE_BROWSE),
+            request_body=sec.encode_body(sec.QueueBrowseRequest(queue="matrix-q")),
+            principal="admin",
+        ),
+        [],
+    ),
 }
 
 

@@ -221,8 +221,15 @@ def _describe(broker: Broker, name: str) -> TopicDescription:
 async def api_versions(b: Broker, s: ServerInfo, req: ApiVersionsRequest, _: memoryview) -> Reply:
     # Only what this server answers: an API the protocol defines but no handler serves yet
     # is left out, so a client can tell before it asks.
-    # The push APIs are served by the connection itself (server/push.py).
-    served = HANDLERS.keys() | PUSH_APIS | SESSION_APIS | QUEUE_APIS | {ApiKey.QUEUE_DELIVER}
+    # The push APIs are served by the connection itself (server/push.py); ENVELOPE by the
+    # listener (server/envelope.py).
+    served = (
+        HANDLERS.keys()
+        | PUSH_APIS
+        | SESSION_APIS
+        | QUEUE_APIS
+        | {ApiKey.QUEUE_DELIVER, ApiKey.ENVELOPE}
+    )
     apis = [a for a in supported_versions() if a.api_key in served]
     return ApiVersionsResponse(server_version=__version__, apis=apis), []
 
