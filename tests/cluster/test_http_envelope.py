@@ -20,9 +20,10 @@ nothing asserts on durations.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -54,6 +55,16 @@ async def _link(addr: str, key: str) -> AsyncIterator[Transport]:
         yield t
     finally:
         await t.close()
+
+
+async def until_async(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Until ``check()`` is true, asked every 0.1 s for at most ``WAIT_S``."""
+    try:
+        async with asyncio.timeout(WAIT_S):
+            while not await check():
+                await asyncio.sleep(0.1)
+    except TimeoutError:
+        raise AssertionError(f"not within {WAIT_S:.0f} s: {what}") from None
 
 
 def _definitions_leader(nodes: list[HttpNode] | list[SecureNode]) -> object:
@@ -107,6 +118,16 @@ def test_queue_routes_on_a_node_that_does_not_serve_them_are_forwarded(
                 assert r.json() == {"queue": "jobs", "messages": 4}
                 r = await h.post("/v1/queues/nowhere/purge")
                 assert r.status_code == 404, r.text
+                # A publish through the default exchange, routed to the owner by this node.
+                body = {"routing_key": "jobs", "messages": [{"value": "p0"}]}
+                r = await h.post("/v1/exchanges/amq.default/publish", json=body)
+                assert r.status_code == 200, r.text
+                r = await h.post("/v1/queues/jobs/get", json={"max_messages": 5})
+                assert [m["value"] for m in r.json()["messages"]] == ["p0"], r.text
+                r = await h.post(
+                    "/v1/queues/jobs/ack", json={"up_to": r.json()["messages"][0]["tag"]}
+                )
+                assert r.status_code == 200, r.text
 
             # The dead letter, on the owner of "dead", through another node.
             (dead_owner,) = serving(nodes, "dead")
@@ -241,6 +262,20 @@ def test_a_secured_cluster_forwards_queue_requests_as_the_caller(
                         principal="idle",
                         **wrapped,  # type: ignore[arg-type]
                     )
+                # Audited by the owner as the carried principal, forwarded by the sender.
+                async with owner.client(c.admin) as admin:
+                    denied: list[Any] = []
+
+                    async def audited() -> bool:
+                        denied[:] = await admin.describe_audit(
+                            principal="idle", action="QUEUE_PURGE", outcome="denied"
+                        )
+                        return bool(denied)
+
+                    await until_async(audited, "the refused envelope audited")
+                assert denied[-1].resource == "queue:jobs"
+                assert denied[-1].interface == f"http (forwarded by node {via.id})"
+                assert denied[-1].source == "127.0.0.1:1"
                 body, _ = await send_envelope(t, get, principal="worker", **wrapped)  # type: ignore[arg-type]
                 assert isinstance(body, QueueGetResponse)
                 assert body.entries == []  # m1 is held; nothing ready

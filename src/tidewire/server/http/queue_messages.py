@@ -98,24 +98,41 @@ def queue_messages_router(ctx: GatewayContext) -> APIRouter:
                 key=key,
                 headers=headers,
             )
-        result = await manager.publish(
-            exchange_name(name),
-            req.routing_key,
-            builder.build(),
-            headers=req.headers or None,
-            mandatory=req.mandatory,
-            ttl_ms=req.ttl_ms,
-            deliver_at_ms=now + req.delay_ms if req.delay_ms else req.deliver_at_ms,
-            owner=HTTP_OWNER,
-        )
+        exchange = exchange_name(name)
+        batch = builder.build()
+        deliver_at_ms = now + req.delay_ms if req.delay_ms else req.deliver_at_ms
+        try:
+            result = await manager.publish(
+                exchange,
+                req.routing_key,
+                batch,
+                headers=req.headers or None,
+                mandatory=req.mandatory,
+                ttl_ms=req.ttl_ms,
+                deliver_at_ms=deliver_at_ms,
+                owner=HTTP_OWNER,
+            )
+        except NotLeaderError as exc:  # a cluster: the queue's owner stores it, for the caller
+            forwarded = wire.QueuePublishRequest(
+                exchange=exchange,
+                routing_key=req.routing_key,
+                headers=req.headers,
+                mandatory=req.mandatory,
+                ttl_ms=req.ttl_ms,
+                deliver_at_ms=deliver_at_ms,
+            )
+            got, _ = await forward_to_server(ctx, exc, forwarded, [batch])
+            queues: list[str] = list(got.queues)
+            topics = [(t.topic, t.partition, t.base_offset) for t in got.topics]
+            unroutable: bool = got.unroutable
+        else:
+            queues, topics, unroutable = list(result.queues), list(result.topics), result.unroutable
         return json_response(
             {
                 "messages": len(req.messages),
-                "queues": list(result.queues),
-                "topics": [
-                    {"topic": t, "partition": p, "base_offset": o} for t, p, o in result.topics
-                ],
-                "unroutable": result.unroutable,
+                "queues": queues,
+                "topics": [{"topic": t, "partition": p, "base_offset": o} for t, p, o in topics],
+                "unroutable": unroutable,
             }
         )
 
