@@ -29,7 +29,7 @@ from tidewire.server.http.cluster import no_redirect
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.peers import PEER_TIMEOUT_S, node_transports, peer_pool
 
-__all__ = ["forward_to_server"]
+__all__ = ["forward_to_server", "not_served_here"]
 
 
 async def forward_to_server(
@@ -75,3 +75,9 @@ async def forward_to_server(
         )
     finally:
         await link.close()  # a pool's connection stays open for the others
+
+
+def not_served_here(ctx: GatewayContext, exc: NotLeaderError) -> NotLeaderError:
+    """What a request another node serves and this one cannot forward now is answered with:
+    ``exc`` (``307`` to that node) in redirect mode, else ``503`` with ``Retry-After``."""
+    return exc if ctx.config.http_cluster_routing == "redirect" else no_redirect(exc)

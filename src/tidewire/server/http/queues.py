@@ -45,7 +45,7 @@ from tidewire.server.http._queue_docs import (
 )
 from tidewire.server.http.context import GatewayContext
 from tidewire.server.http.models import ErrorBody
-from tidewire.server.http.queue_forward import forward_to_server
+from tidewire.server.http.queue_forward import forward_to_server, not_served_here
 from tidewire.server.http.queue_models import (
     BindingList,
     BindingRequest,
@@ -76,9 +76,11 @@ _WHAT = {
     429: "A queue at its max_length or max_length_bytes with overflow reject-publish: "
     "nothing was stored; retry after Retry-After.",
     503: "The broker is busy or its storage refused; retry after Retry-After.",
-    307: "In a cluster: another node serves this: the queue's owner, or for a change of "
-    "exchanges, queues and bindings the leader of __queue_definitions; Location names the "
-    'same request on its HTTP listener (docs/queues.md, "Queues in a cluster").',
+    307: "In a cluster with http_cluster_routing = redirect: another node serves this: the "
+    "queue's owner, or for a change of exchanges, queues and bindings the leader of "
+    "__queue_definitions; Location names the same request on its HTTP listener (by "
+    'default the node forwards it there instead: docs/cluster.md, "The HTTP API in a '
+    'cluster").',
 }
 
 
@@ -344,13 +346,13 @@ def queues_router(ctx: GatewayContext) -> APIRouter:
         counts them: asked of it when another node serves the queue)."""
         try:
             return json_response(queue_doc(broker.queues.describe_queue(name)))
-        except NotLeaderError:
+        except NotLeaderError as exc:
             listed = [s for s in broker.queues.queues() if s.spec.name == name]
             if not listed or owner_of(broker, name) is None:
-                raise  # no owner to ask now: 503, or 307 to it
+                raise not_served_here(ctx, exc) from None  # no owner to ask now
             (status,) = await with_owners_counts(broker, listed)
-            if status is listed[0]:  # the owner did not answer: redirect to it instead
-                raise
+            if status is listed[0]:  # the owner did not answer: 503 (redirect mode: 307)
+                raise not_served_here(ctx, exc) from None
             return json_response(queue_doc(status))
 
     @router.put(
