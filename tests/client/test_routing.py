@@ -238,6 +238,12 @@ def test_a_group_member_fetches_from_the_leaders(
                     if len(got) == 3:
                         break
                 assert sorted(got) == [(0, b"x0"), (1, b"x1"), (1, b"y1")]
+                # Node 1 refused partition 1's first fetch (it learned the leaders from
+                # that); nothing moved.
+                stats = member.routing_stats
+                assert stats.metadata_refreshes >= 1
+                assert stats.not_leader_retries >= 1
+                assert stats.leader_moves == 0
             assert cluster.asked[2, "FETCH"] >= 1
 
     run(main())

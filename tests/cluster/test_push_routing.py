@@ -433,11 +433,11 @@ def test_a_lead_moved_through_etcd_off_a_live_node_is_followed_and_counted(
                     before = sub.routing_stats
                     assert before.leader_moves == 0
                     assert before.not_leader_retries == 0
+                    old_rep = old.broker.replication
+                    assert old_rep is not None
                     new = await move_lead(nodes, old, 0)
                     await until(
-                        lambda: (
-                            leader_of(nodes, 0) is new and not old.broker.replication.leads(T, 0)
-                        ),  # type: ignore[union-attr]
+                        lambda: leader_of(nodes, 0) is new and not old_rep.leads(T, 0),
                         "partition 0 led by the node named in etcd",
                     )
                     for i in range(10):
