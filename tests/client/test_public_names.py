@@ -64,6 +64,7 @@ def test_exported_names() -> None:
         "QueueMessage",
         "RecordFuture",
         "RecordMetadata",
+        "RoutingStats",
         "SendItem",
         "SendResult",
         "StreamInfo",

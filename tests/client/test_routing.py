@@ -37,6 +37,8 @@ from tidewire.client import (
     Client,
     Message,
     Producer,
+    RoutingStats,
+    Subscriber,
 )
 from tidewire.client._transport import parse_addrs
 from tidewire.errors import ConnectionLostError, NotLeaderError, ShuttingDownError
@@ -236,7 +238,95 @@ def test_a_group_member_fetches_from_the_leaders(
                     if len(got) == 3:
                         break
                 assert sorted(got) == [(0, b"x0"), (1, b"x1"), (1, b"y1")]
+                # Node 1 refused partition 1's first fetch (it learned the leaders from
+                # that); nothing moved.
+                stats = member.routing_stats
+                assert stats.metadata_refreshes >= 1
+                assert stats.not_leader_retries >= 1
+                assert stats.leader_moves == 0
             assert cluster.asked[2, "FETCH"] >= 1
+
+    run(main())
+
+
+def test_routing_stats_count_the_refreshes_retries_and_moves_a_client_went_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Partition 0's lead moves from node 1 to node 2: the producer and the consumer each
+    count a NotLeader retry (at least), exactly one leader move, and the refreshes they
+    asked; partition 1's leader (node 2 all along) is no move. The copies handed out do not
+    change afterwards. (The fake cluster does not refuse a push subscription on a
+    non-leader: the subscriber's counts are tested in tests/cluster/test_push_routing.py.)"""
+
+    async def main() -> None:
+        async with (
+            two_brokers(tmp_path, monkeypatch) as (cluster, _b1, b2),
+            AsyncProducer(cluster.addr(1), linger_ms=0, idempotence=False) as producer,
+            AsyncConsumer(cluster.addr(1), max_wait_ms=50) as consumer,
+        ):
+            await (await producer.send(TOPIC, b"before", partition=0))
+            await (await producer.send(TOPIC, b"one", partition=1))
+            await consumer.assign([(TOPIC, 0, 0), (TOPIC, 1, 0)])
+            got: list[bytes] = []
+            for _ in range(20):
+                got += values(await consumer.poll(PROMPT_S))
+                if len(got) == 2:
+                    break
+            start = {c: c.routing_stats for c in (producer, consumer)}
+            # The producer asks where the leaders are first; the consumer learns that node 1
+            # does not lead partition 1 from its NotLeaderError (a retry, not a move).
+            assert start[producer] == RoutingStats(start[producer].metadata_refreshes, 0, 0)
+            assert start[consumer].not_leader_retries >= 1
+            for stats in start.values():
+                assert stats.leader_moves == 0
+                assert stats.metadata_refreshes >= 1
+            cluster.leaders[TOPIC, 0] = 2
+            async with AsyncClient(cluster.addr(2)) as other:  # node 2's replica of it
+                assert await other.produce(TOPIC, 0, [Message(b"before")]) == 0
+            await (await producer.send(TOPIC, b"after", partition=0))
+            assert values((await stored(b2, TOPIC, 0))[1])[-1] == b"after"
+            for _ in range(40):
+                got += values(await consumer.poll(PROMPT_S))
+                if len(got) == 3:
+                    break
+            assert sorted(got) == [b"after", b"before", b"one"]
+            for client, before in start.items():
+                now = client.routing_stats
+                assert now.not_leader_retries > before.not_leader_retries, (client, now)
+                assert now.leader_moves == 1, (client, now)
+                assert now.metadata_refreshes > before.metadata_refreshes, (client, now)
+            assert start[producer].leader_moves == 0  # a copy: not changed since
+
+    run(main())
+
+
+def test_routing_stats_add_up_and_the_blocking_twins_hand_them_out(tmp_path: Path) -> None:
+    """``+`` sums two counts (a group member's coordinator and partitions); the blocking
+    producer and subscriber of a single node hand out their twins' counts: refreshes only
+    (the producer's one for its topic), no retries, no moves."""
+    assert RoutingStats(1, 2, 3) + RoutingStats(10, 20, 30) == RoutingStats(11, 22, 33)
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic(TOPIC, 1)
+
+            def work() -> tuple[RoutingStats, RoutingStats, list[bytes]]:
+                with Producer(addr(server), linger_ms=0) as producer:
+                    producer.send(TOPIC, b"x", partition=0).result(PROMPT_S)
+                    sent = producer.routing_stats
+                with Subscriber(addr(server)) as sub:
+                    sub.subscribe([(TOPIC, 0, "earliest")])
+                    got: list[bytes] = []
+                    for _ in range(20):
+                        got += values(sub.poll(PROMPT_S))
+                        if got:
+                            break
+                    return sent, sub.routing_stats, got
+
+            sent, pushed, got = await in_thread(work)
+            assert got == [b"x"]
+            assert sent == RoutingStats(1, 0, 0)
+            assert pushed == RoutingStats()
 
     run(main())
 

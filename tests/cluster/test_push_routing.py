@@ -29,6 +29,7 @@ from tidewire.client import (
     _subscriber,
 )
 from tidewire.client._transport import Transport
+from tidewire.cluster.metadata import PartitionState
 from tidewire.errors import NotLeaderError, RequestTimedOutError
 from tidewire.protocol.messages import (
     MetadataRequest,
@@ -166,11 +167,11 @@ def test_a_subscriber_gets_each_partition_from_its_leader(tmp_path: Path, etcd: 
     asyncio.run(asyncio.wait_for(main(), 180))
 
 
-def all_in_sync(nodes: list[InProcessNode]) -> bool:
+def all_in_sync(nodes: list[InProcessNode], partitions: int = PARTITIONS) -> bool:
     """Every partition of ``T`` has all three replicas in its ISR (as a live node's copy of
     the metadata says)."""
     live = next(n for n in nodes if not n.stopped)
-    for p in range(PARTITIONS):
+    for p in range(partitions):
         got = live.cluster.cache.partition(T, p)
         if got is None or len(got[0].isr) != 3:
             return False
@@ -382,6 +383,110 @@ def test_a_partition_moved_off_its_live_leader_is_followed_there(
             ]
 
     asyncio.run(asyncio.wait_for(main(), 180))
+
+
+def test_a_lead_moved_through_etcd_off_a_live_node_is_followed_and_counted(
+    tmp_path: Path, etcd: EtcdServer
+) -> None:
+    """Partition 0's state in etcd names another in-sync replica its leader at the next
+    epoch (what a preferred-leader election writes); the old leader's node stays up and in
+    the replica set, a follower now. Server side: a subscription made on that node by hand
+    is pushed NotLeaderError for the partition once the node has lost the lead, and nothing
+    past the records it had pushed before. Client side: the subscriber subscribes it on the
+    new leader and every record sent before and after comes once, in order; its
+    ``routing_stats`` count the NotLeader retry, the leader move and the refreshes."""
+
+    async def main() -> None:
+        async with in_process_cluster(
+            lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="push-lead-moved"), 3
+        ) as nodes:
+            bootstrap = ",".join(n.addr for n in nodes)
+            async with AsyncClient(bootstrap) as client:
+                await client.create_topic(T, partitions=1)
+            await until(lambda: leader_of(nodes, 0) is not None, "a leader")
+            await until(lambda: all_in_sync(nodes, 1), "every replica in sync")
+            old = leader_of(nodes, 0)
+            assert old is not None
+            got: list[ConsumerRecord] = []
+            pushes: list[PushBody] = []
+            raw = Transport(old.addr)
+            raw.on_push = lambda ev: pushes.append(decode_body(PushBody, ev.body))
+            try:
+                async with (
+                    AsyncProducer(bootstrap, linger_ms=0) as producer,
+                    AsyncSubscriber(bootstrap) as sub,
+                ):
+                    for i in range(10):
+                        await (await producer.send(T, b"a%d" % i, partition=0))
+                    await sub.subscribe([(T, 0, "earliest")])
+                    req = SubscribeRequest(
+                        subscription_id=7,
+                        partitions=[SubscribePartition(T, 0, 0)],
+                        credit_bytes=1 << 20,
+                    )
+                    response = await raw.request(req)
+                    assert response is not None
+                    assert response.body.error_code == 0
+                    await take_until(sub, got, lambda: len(got) >= 10, "the records before")
+                    await until(lambda: any(p.next_offset == 10 for p in pushes), "the raw pushes")
+                    assert subscribed_here(old) == {(T, 0)}
+                    before = sub.routing_stats
+                    assert before.leader_moves == 0
+                    assert before.not_leader_retries == 0
+                    old_rep = old.broker.replication
+                    assert old_rep is not None
+                    new = await move_lead(nodes, old, 0)
+                    await until(
+                        lambda: leader_of(nodes, 0) is new and not old_rep.leads(T, 0),
+                        "partition 0 led by the node named in etcd",
+                    )
+                    for i in range(10):
+                        await (await producer.send(T, b"b%d" % i, partition=0))
+                    await take_until(sub, got, lambda: len(got) >= 20, "the records after")
+                    await until(
+                        lambda: any(p.error_code == NotLeaderError.code for p in pushes),
+                        "NotLeaderError pushed by the old leader",
+                    )
+                    assert pushes[-1].error_code == NotLeaderError.code, pushes
+                    assert all(p.next_offset <= 10 for p in pushes), pushes
+                    await until(
+                        lambda: subscribed_here(new) == {(T, 0)} and not subscribed_here(old),
+                        "pushed by the new leader only",
+                    )
+                    assert not old.stopped
+                    rs = sub.routing_stats
+                    assert rs.not_leader_retries >= 1, rs
+                    assert rs.leader_moves == 1, rs
+                    assert rs.metadata_refreshes > before.metadata_refreshes, rs
+                    assert producer.routing_stats.leader_moves <= 1
+            finally:
+                await raw.close()
+            check_once_in_order(got)
+            assert [r.value for r in got] == [b"a%d" % i for i in range(10)] + [
+                b"b%d" % i for i in range(10)
+            ]
+
+    asyncio.run(asyncio.wait_for(main(), 180))
+
+
+async def move_lead(
+    nodes: list[InProcessNode], old: InProcessNode, partition: int
+) -> InProcessNode:
+    """Write partition ``partition`` of ``T`` led by the next in-sync replica after
+    ``old``'s node, at the next epoch, in etcd (compare-and-set on its version, as the
+    controller writes; retried while a concurrent ISR change wins); its node."""
+    node = old.cluster
+    for _ in range(20):
+        got = node.cache.partition(T, partition)
+        assert got is not None
+        state, version = got
+        others = [r for r in state.isr if r != old.id]
+        assert others, state
+        moved = PartitionState(state.replicas, others[0], state.leader_epoch + 1, state.isr)
+        if await node.store.set_partition(T, partition, moved, version):
+            return next(n for n in nodes if n.id == others[0])
+        await asyncio.sleep(0.2)
+    raise AssertionError("the partition's state kept changing in etcd")
 
 
 def test_a_leader_that_becomes_a_follower_stops_pushing_with_not_leader(

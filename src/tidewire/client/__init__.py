@@ -29,6 +29,8 @@
 - :class:`Credentials`: an API key (and the SASL mechanism to present it with), taken by
   every client as ``credentials=``: each connection authenticates right after it opens.
 - :func:`fnv1a_32`: the key hash that chooses a keyed message's partition.
+- :class:`RoutingStats`: what a client's routing did (metadata refreshes, NotLeader retries,
+  leader moves followed): ``routing_stats`` of every producer, consumer and subscriber.
 
 Public names::
 
@@ -42,7 +44,7 @@ Public names::
     AsyncStreams, Streams, SendItem, SendResult, StreamMessage, StreamInfo, StreamStats,
     FROM_START, FROM_END
     Credentials, TlsOptions
-    fnv1a_32
+    fnv1a_32, RoutingStats
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from tidewire.client._producer_sync import Producer
 from tidewire.client._queue_consumer import AsyncQueueConsumer, QueueConsumer
 from tidewire.client._queue_messages import BlockingQueueMessage, QueueMessage
 from tidewire.client._queues import PublishResult
+from tidewire.client._routing import RoutingStats
 from tidewire.client._streams import FROM_END, FROM_START, AsyncStreams, Streams
 from tidewire.client._subscriber import AsyncSubscriber, Subscriber
 from tidewire.client.partitioner import fnv1a_32
@@ -110,6 +113,7 @@ __all__ = [
     "QueueMessage",
     "RecordFuture",
     "RecordMetadata",
+    "RoutingStats",
     "SendItem",
     "SendResult",
     "StreamInfo",

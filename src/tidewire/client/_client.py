@@ -67,6 +67,7 @@ from ._queues import AsyncQueueAdmin, QueueAdmin
 from ._routing import (
     OFFSETS_TOPIC,
     Router,
+    RoutingStats,
     call_routed,
     call_the_leader_of,
     coordinator_partition,
@@ -185,6 +186,12 @@ class AsyncClient(AsyncSecurityAdmin, AsyncQueueAdmin):
         """How long the broker held this client's produce and fetch answers back in all
         (ms), because its principal was over a quota (0: never throttled)."""
         return self._router.throttle_time_ms_total
+
+    @property
+    def routing_stats(self) -> RoutingStats:
+        """What this client's routing did: metadata refreshes, NotLeader retries and leader
+        moves followed (a copy; see :class:`~tidewire.client.RoutingStats`)."""
+        return self._router.stats_copy()
 
     async def _call(self, body: Any, data: Sequence[bytes] = ()) -> Any:
         response = await self._t.request(body, data)
@@ -740,6 +747,11 @@ class Client(BlockingTwin[AsyncClient], SecurityAdmin, QueueAdmin):
     def throttle_time_ms_total(self) -> int:
         """See :attr:`AsyncClient.throttle_time_ms_total`."""
         return self._async.throttle_time_ms_total
+
+    @property
+    def routing_stats(self) -> RoutingStats:
+        """See :attr:`AsyncClient.routing_stats`."""
+        return self._async.routing_stats
 
     def whoami(self) -> WhoAmIResponse:
         return self._run(self._async.whoami())

@@ -46,7 +46,14 @@ from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
 from ._batch import ConsumedBatch, Segment, segment_of, segment_of_records
-from ._routing import RETRY_BACKOFF_MAX_S, Router, backoff_s, call_routed, leader_lost
+from ._routing import (
+    RETRY_BACKOFF_MAX_S,
+    Router,
+    RoutingStats,
+    backoff_s,
+    call_routed,
+    leader_lost,
+)
 from ._settings import check_ints
 from ._transport import (
     BACKOFF_MAX_S,
@@ -383,6 +390,12 @@ class AsyncConsumer:
         """How long the broker held this consumer's fetch answers back in all (ms), because
         its principal was over a quota (0: never throttled)."""
         return self._router.throttle_time_ms_total
+
+    @property
+    def routing_stats(self) -> RoutingStats:
+        """What this consumer's routing did: metadata refreshes, NotLeader retries and leader
+        moves followed (a copy; see :class:`~tidewire.client.RoutingStats`)."""
+        return self._router.stats_copy()
 
     def assignment(self) -> list[tuple[str, int]]:
         """The assigned partitions."""
@@ -888,6 +901,8 @@ class _Reader(Protocol):
     def assignment(self) -> list[tuple[str, int]]: ...
     @property
     def throttle_time_ms_total(self) -> int: ...
+    @property
+    def routing_stats(self) -> RoutingStats: ...
 
 
 R = TypeVar("R", bound=_Reader)
@@ -913,6 +928,11 @@ class BlockingReader(BlockingTwin[R]):
     def throttle_time_ms_total(self) -> int:
         """See ``throttle_time_ms_total`` of the asyncio twin."""
         return self._async.throttle_time_ms_total
+
+    @property
+    def routing_stats(self) -> RoutingStats:
+        """See ``routing_stats`` of the asyncio twin."""
+        return self._async.routing_stats
 
     def poll(
         self, timeout_s: float | None = None, *, max_records: int = DEFAULT_MAX_RECORDS

@@ -88,7 +88,7 @@ from ._consumer import (
     Gap,
     Offset,
 )
-from ._routing import OFFSETS_TOPIC, Router, call_routed, coordinator_partition
+from ._routing import OFFSETS_TOPIC, Router, RoutingStats, call_routed, coordinator_partition
 from ._settings import check_ints
 from ._subscriber import DEFAULT_CREDIT_BYTES, AsyncSubscriber
 from ._transport import (
@@ -284,6 +284,12 @@ class AsyncGroupConsumer:
         """How long the broker held this member's fetch answers back in all (ms), because
         its principal was over a quota (0: never throttled)."""
         return self._coord_router.throttle_time_ms_total + self._inner.throttle_time_ms_total
+
+    @property
+    def routing_stats(self) -> RoutingStats:
+        """What this member's routing did, to its coordinator and to its partitions'
+        leaders together (see :class:`~tidewire.client.RoutingStats`; a copy)."""
+        return self._coord_router.stats_copy() + self._inner.routing_stats
 
     @property
     def member_id(self) -> str:

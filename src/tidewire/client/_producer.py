@@ -70,7 +70,7 @@ from ._accumulator import (
     RecordFuture,
     encode_headers,
 )
-from ._routing import Router, backoff_s, leader_lost
+from ._routing import Router, RoutingStats, backoff_s, leader_lost
 from ._settings import DEFAULT_BATCH_BYTES, MAX_BATCH_BYTES, ProducerSettings
 from ._transport import Addresses, Transport
 from .partitioner import fnv1a_32
@@ -1146,6 +1146,12 @@ class AsyncProducer:
         """How long the broker held this producer's produce answers back in all (ms), because
         its principal was over a quota (0: never throttled)."""
         return self._router.throttle_time_ms_total
+
+    @property
+    def routing_stats(self) -> RoutingStats:
+        """What this producer's routing did: metadata refreshes, NotLeader retries and leader
+        moves followed (a copy; see :class:`~tidewire.client.RoutingStats`)."""
+        return self._router.stats_copy()
 
     @property
     def closed(self) -> bool:

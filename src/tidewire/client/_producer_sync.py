@@ -25,6 +25,7 @@ from tidewire.security.tls import TlsOptions
 
 from ._accumulator import Accumulator, BlockingRecordFuture, ProducerBatch
 from ._producer import _NEED_METADATA, AsyncProducer, Session, _new_tuple
+from ._routing import RoutingStats
 from ._settings import DEFAULT_BATCH_BYTES, ProducerSettings
 from ._transport import Addresses, parse_addrs
 
@@ -176,6 +177,11 @@ class Producer(BlockingTwin[AsyncProducer]):
     def throttle_time_ms_total(self) -> int:
         """See :attr:`AsyncProducer.throttle_time_ms_total`."""
         return self._async.throttle_time_ms_total
+
+    @property
+    def routing_stats(self) -> RoutingStats:
+        """See :attr:`AsyncProducer.routing_stats`."""
+        return self._async.routing_stats
 
     @property
     def failure(self) -> TidewireError | None:

@@ -18,7 +18,8 @@ connection to a leader, the client forgets that leader, refreshes the metadata
 (:meth:`Router.refresh`: the bootstrap connection first, then every other node it knows, in
 turn; the bootstrap connection last once it let a refresh time out, until it answers again)
 and retries after :func:`backoff_s` -- what it retries is each client's decision (see
-docs/clients.md, "Clusters").
+docs/clients.md, "Clusters"). The router counts what it did (:class:`RoutingStats`), so
+that an application can see its client's failovers.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import time
 import zlib
 from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tidewire.errors import (
@@ -50,6 +52,7 @@ __all__ = [
     "OFFSETS_PARTITIONS",
     "OFFSETS_TOPIC",
     "Router",
+    "RoutingStats",
     "backoff_s",
     "call_routed",
     "call_the_leader_of",
@@ -110,6 +113,41 @@ def leader_lost(exc: BaseException, clustered: bool) -> bool:
     return clustered and isinstance(exc, (PartitionOfflineError, *_LOSS))
 
 
+@dataclass(slots=True)
+class RoutingStats:
+    """What a client's routing did since the client was made: how often it looked for
+    leaders, and how often it had to (the clients' ``routing_stats``; a copy).
+
+    On a single node only ``metadata_refreshes`` can grow (a client asks METADATA for a
+    topic's partition count, or when a node answers NotLeaderError); the other two stay 0.
+    """
+
+    #: METADATA questions asked to locate leaders (the first ones, when a client starts
+    #: using a topic, included), answered or not; a question asked of several nodes at once
+    #: because one stayed silent is one refresh.
+    metadata_refreshes: int = 0
+    #: Times a request, or a push subscription, found that its node does not (or no longer)
+    #: lead its partition -- :class:`NotLeaderError`, and in a cluster also a partition
+    #: without a leader or a lost or silent connection to its leader -- so that the client
+    #: forgot that leader and sent the request (subscribed the partition) again where fresh
+    #: metadata points, within its retry bounds. (A produce that is not idempotent is not
+    #: sent again after a lost connection: that error reaches the application, and the loss
+    #: is counted all the same.) Also each round of asking the nodes for the leader of an
+    #: internal topic (a security change) after a NotLeaderError.
+    not_leader_retries: int = 0
+    #: Partitions whose leader the client learned to be another node than the one it knew
+    #: last (a failover, a preferred-leader move or a reassignment it followed).
+    leader_moves: int = 0
+
+    def __add__(self, other: RoutingStats) -> RoutingStats:
+        """The sum of two routers' counts (a group consumer's coordinator and partitions)."""
+        return RoutingStats(
+            self.metadata_refreshes + other.metadata_refreshes,
+            self.not_leader_retries + other.not_leader_retries,
+            self.leader_moves + other.leader_moves,
+        )
+
+
 class Router:
     """The leaders of the partitions a client uses, and a connection per leader node.
 
@@ -139,6 +177,17 @@ class Router:
         self._refresh: asyncio.Task[None] | None = None
         #: Connections opened for one METADATA question only (see :meth:`refresh`).
         self._questions: list[Transport] = []
+        #: The last leader known of partitions whose leader is not known now (forgotten, or
+        #: named as none): so that the leader learned next is counted as a move if it is
+        #: another node (:attr:`RoutingStats.leader_moves`).
+        self._former: dict[tuple[str, int], int] = {}
+        #: What this router did (see :class:`RoutingStats`); its owner hands out copies.
+        self.stats = RoutingStats()
+
+    def stats_copy(self) -> RoutingStats:
+        """A copy of :attr:`stats` (what the clients' ``routing_stats`` return)."""
+        s = self.stats
+        return RoutingStats(s.metadata_refreshes, s.not_leader_retries, s.leader_moves)
 
     @property
     def throttle_time_ms_total(self) -> int:
@@ -172,7 +221,10 @@ class Router:
         still name it) connects at once: the callers pace their retries themselves
         (:func:`backoff_s`), and the transport's own backoff, which grows to seconds, would
         otherwise hold the first request after a failover that long."""
+        self.stats.not_leader_retries += 1
         node = self._leaders.pop((topic, partition), None)
+        if node is not None:
+            self._former[topic, partition] = node
         link = None if node is None else self._links.get(node)
         if link is not None and not link.connected:
             link.reconnect_now()
@@ -187,14 +239,23 @@ class Router:
         self._nodes = {n.node_id: (n.host, n.port) for n in meta.nodes}
         if via is self.bootstrap:
             self._bootstrap_node = meta.broker_id
+        leaders, former, stats = self._leaders, self._former, self.stats
         for desc in meta.topics:
             if desc.error_code:
                 continue
             for p in desc.partitions:
+                tp = (desc.name, p.partition)
+                known = leaders.get(tp, -1)
+                if known < 0:
+                    known = former.pop(tp, -1)
                 if p.leader >= 0:
-                    self._leaders[desc.name, p.partition] = p.leader
+                    leaders[tp] = p.leader
+                    if 0 <= known != p.leader:
+                        stats.leader_moves += 1
                 else:
-                    self._leaders.pop((desc.name, p.partition), None)
+                    leaders.pop(tp, None)
+                    if known >= 0:
+                        former[tp] = known
         leading = set(self._leaders.values())
         for node in [n for n in self._links if n not in leading or n == self._bootstrap_node]:
             link = self._links.pop(node)
@@ -218,6 +279,7 @@ class Router:
             TidewireError: the broker refused the request.
         """
         request = MetadataRequest(topics=sorted(set(topics)))
+        self.stats.metadata_refreshes += 1
         others = [node for node in sorted(self._nodes) if node != self._bootstrap_node]
         failure: TidewireError | None = None
         queue = [*others, -1] if self._bootstrap_silent else [-1, *others]
@@ -383,6 +445,7 @@ async def call_the_leader_of(transport: Transport, router: Router, body: Any) ->
     attempt = 0
     while answer.error_code == NotLeaderError.code and time.monotonic() < deadline:
         attempt += 1
+        router.stats.not_leader_retries += 1
         got = await router.ask_nodes_until(body, lambda b: b.error_code != NotLeaderError.code)
         if got is not None:
             return got

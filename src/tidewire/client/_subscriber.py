@@ -69,7 +69,7 @@ from tidewire.protocol.messages import (
 from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
-from ._routing import LOSS, Router, backoff_s, call_routed, leader_lost
+from ._routing import LOSS, Router, RoutingStats, backoff_s, call_routed, leader_lost
 from ._settings import check_ints
 from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Addresses, Transport, parse_addrs
 
@@ -462,6 +462,12 @@ class AsyncSubscriber:
         """How long the broker held this subscriber's fetch answers back in all (ms), because
         its principal was over a quota (0: never throttled)."""
         return self._router.throttle_time_ms_total
+
+    @property
+    def routing_stats(self) -> RoutingStats:
+        """What this subscriber's routing did: metadata refreshes, NotLeader retries and leader
+        moves followed (a copy; see :class:`~tidewire.client.RoutingStats`)."""
+        return self._router.stats_copy()
 
     def assignment(self) -> list[tuple[str, int]]:
         """The subscribed partitions."""
