@@ -259,9 +259,12 @@ def test_the_last_in_sync_replica_that_lost_its_tail_is_not_elected(
 
             await until("the follower registered", f1_seen)
             # SIGKILLed on this boot, it lost nothing: not marked.
+            # (The restarted leader's other fsync=interval replicas, such as a copy of
+            # another node's audit log, carry marks of their own.)
             kvs, _ = await c.range(lost_tail_prefix(store), prefix=True)
             keys = {kv.key.decode()[len(lost_tail_prefix(store)) :] for kv in kvs}
-            assert keys == {f"{leader}/t/0"}, keys
+            assert f"{leader}/t/0" in keys, keys
+            assert all(k.startswith(f"{leader}/") for k in keys), keys
             deadline = time.monotonic() + OFFLINE_WATCH_S
             while time.monotonic() < deadline:
                 q = await part(leader)
