@@ -45,7 +45,7 @@ from tidewire.client._consumer import (
     ConsumerRecord,
     Offset,
     _parse,
-    resolve_positions,
+    resolve_positions_routed,
 )
 from tidewire.errors import (
     ConnectionLostError,
@@ -69,7 +69,7 @@ from tidewire.protocol.messages import (
 from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
-from ._routing import LOSS, Router, RoutingStats, backoff_s, call_routed, leader_lost
+from ._routing import LOSS, Router, RoutingStats, backoff_s, leader_lost
 from ._settings import check_ints
 from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Addresses, Transport, parse_addrs
 
@@ -295,33 +295,8 @@ class AsyncSubscriber:
             raise
 
     async def _resolve(self, wanted: list[tuple[str, int, Offset]]) -> list[tuple[TP, int]]:
-        """Resolve positions: in one request to the one node, or in a cluster each at its
-        partition's leader (learning the cluster from the first NotLeaderError)."""
-        router = self._router
-        if not router.clustered:
-            try:
-                return await resolve_positions(self._t, wanted)
-            except NotLeaderError:
-                await router.refresh({topic for topic, _, _ in wanted})
-                if not router.clustered:
-                    raise
-        out: list[tuple[TP, int]] = []
-        for topic, partition, offset in wanted:
-
-            async def send(
-                t: Transport, w: tuple[str, int, Offset] = (topic, partition, offset)
-            ) -> list[tuple[TP, int]]:
-                return await resolve_positions(t, [w])
-
-            out += await call_routed(
-                router,
-                topic,
-                partition,
-                send,
-                timeout_s=self._t.request_timeout_s,
-                resend_on_loss=True,
-            )
-        return out
+        """Resolve positions (:func:`resolve_positions_routed`)."""
+        return await resolve_positions_routed(self._router, self._t, wanted)
 
     async def _place(self, tps: list[TP]) -> None:
         """Subscribe ``tps`` where they are delivered: on the one connection, or in a
