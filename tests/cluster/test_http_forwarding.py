@@ -342,6 +342,17 @@ def test_any_node_shows_a_queues_counts_as_its_owner_counts_them(
 # --- msgbus: pops forwarded to the leader, the cluster's topics listed --------------------------
 
 
+async def known_everywhere(nodes: list[HttpNode], topic: str) -> int:
+    """Once every node knows partition 0 of ``topic``: its leader, as node 0 knows it."""
+    await until(
+        lambda: all(n.cluster.cache.partition(topic, 0) is not None for n in nodes),
+        "every node knows the topic",
+    )
+    got = nodes[0].cluster.cache.partition(topic, 0)
+    assert got is not None
+    return got[0].leader
+
+
 def test_msgbus_pops_on_any_node_are_taken_once_by_the_leader(
     tmp_path: Path, etcd: EtcdServer
 ) -> None:
@@ -353,14 +364,7 @@ def test_msgbus_pops_on_any_node_are_taken_once_by_the_leader(
             for i in range(6):  # through every node: forwarded to the leader
                 r = await h.post(f"{nodes[i % 3].msgbus}/jobs", content=f"m{i}".encode())
                 assert r.status_code == 202, r.text
-            topic = "msgbus.jobs"
-            await until(
-                lambda: all(n.cluster.cache.partition(topic, 0) is not None for n in nodes),
-                "every node knows the topic",
-            )
-            got = nodes[0].cluster.cache.partition(topic, 0)
-            assert got is not None
-            leader = got[0].leader
+            leader = await known_everywhere(nodes, "msgbus.jobs")
             # Pops on every node, the leader's and the others' interleaved: each message
             # taken once, in order.
             taken = []
@@ -845,14 +849,8 @@ def test_a_forwarded_pop_whose_answer_is_lost_is_sent_again_and_takes_once(
             for i in range(2):
                 r = await h.post(f"{nodes[0].msgbus}/once", content=f"m{i}".encode())
                 assert r.status_code == 202, r.text
-            topic = "msgbus.once"
-            await until(
-                lambda: all(n.cluster.cache.partition(topic, 0) is not None for n in nodes),
-                "every node knows the topic",
-            )
-            got = nodes[0].cluster.cache.partition(topic, 0)
-            assert got is not None
-            other = next(n for n in nodes if n.id != got[0].leader)
+            leader = await known_everywhere(nodes, "msgbus.once")
+            other = next(n for n in nodes if n.id != leader)
             popped = []
             for _ in range(2):
                 r = await h.get(f"{other.msgbus}/once")
