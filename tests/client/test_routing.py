@@ -70,6 +70,28 @@ async def two_brokers(
 
 
 @contextlib.asynccontextmanager
+async def clients_at_node_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[FakeCluster, Broker, AsyncProducer, AsyncConsumer]]:
+    """:func:`two_brokers` with a producer and a consumer bootstrapped at node 1: the
+    cluster, node 2's broker and the two clients."""
+    async with (
+        two_brokers(tmp_path, monkeypatch) as (cluster, _b1, b2),
+        AsyncProducer(cluster.addr(1), linger_ms=0, idempotence=False) as producer,
+        AsyncConsumer(cluster.addr(1), max_wait_ms=50) as consumer,
+    ):
+        yield cluster, b2, producer, consumer
+
+
+async def lead_moved_to_node_2(cluster: FakeCluster) -> None:
+    """Partition 0's lead moves to node 2, whose log of it continues where node 1's ended
+    with the one record ``before`` (a replica's)."""
+    cluster.leaders[TOPIC, 0] = 2
+    async with AsyncClient(cluster.addr(2)) as other:
+        assert await other.produce(TOPIC, 0, [Message(b"before")]) == 0
+
+
+@contextlib.asynccontextmanager
 async def one_broker_two_nodes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[FakeCluster, Broker, TcpServer, TcpServer]]:
@@ -189,18 +211,11 @@ def test_a_moved_leader_is_found_by_a_refresh(
     the clients refresh and go on at node 2, the consumer from the same offset."""
 
     async def main() -> None:
-        async with (
-            two_brokers(tmp_path, monkeypatch) as (cluster, _b1, b2),
-            AsyncProducer(cluster.addr(1), linger_ms=0, idempotence=False) as producer,
-            AsyncConsumer(cluster.addr(1), max_wait_ms=50) as consumer,
-        ):
+        async with clients_at_node_1(tmp_path, monkeypatch) as (cluster, b2, producer, consumer):
             await (await producer.send(TOPIC, b"before", partition=0))
             await consumer.assign([(TOPIC, 0, 0)])
             assert values(await consumer.poll(PROMPT_S)) == [b"before"]
-            cluster.leaders[TOPIC, 0] = 2
-            # Node 2's log of partition 0 continues where node 1's ended (a replica).
-            async with AsyncClient(cluster.addr(2)) as other:
-                assert await other.produce(TOPIC, 0, [Message(b"before")]) == 0
+            await lead_moved_to_node_2(cluster)
             meta = await (await producer.send(TOPIC, b"after", partition=0))
             assert cluster.refused[1] >= 1
             assert values((await stored(b2, TOPIC, 0))[1])[-1] == b"after"
@@ -259,11 +274,7 @@ def test_routing_stats_count_the_refreshes_retries_and_moves_a_client_went_throu
     non-leader: the subscriber's counts are tested in tests/cluster/test_push_routing.py.)"""
 
     async def main() -> None:
-        async with (
-            two_brokers(tmp_path, monkeypatch) as (cluster, _b1, b2),
-            AsyncProducer(cluster.addr(1), linger_ms=0, idempotence=False) as producer,
-            AsyncConsumer(cluster.addr(1), max_wait_ms=50) as consumer,
-        ):
+        async with clients_at_node_1(tmp_path, monkeypatch) as (cluster, b2, producer, consumer):
             await (await producer.send(TOPIC, b"before", partition=0))
             await (await producer.send(TOPIC, b"one", partition=1))
             await consumer.assign([(TOPIC, 0, 0), (TOPIC, 1, 0)])
@@ -280,9 +291,7 @@ def test_routing_stats_count_the_refreshes_retries_and_moves_a_client_went_throu
             for stats in start.values():
                 assert stats.leader_moves == 0
                 assert stats.metadata_refreshes >= 1
-            cluster.leaders[TOPIC, 0] = 2
-            async with AsyncClient(cluster.addr(2)) as other:  # node 2's replica of it
-                assert await other.produce(TOPIC, 0, [Message(b"before")]) == 0
+            await lead_moved_to_node_2(cluster)
             await (await producer.send(TOPIC, b"after", partition=0))
             assert values((await stored(b2, TOPIC, 0))[1])[-1] == b"after"
             for _ in range(40):
