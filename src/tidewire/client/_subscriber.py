@@ -71,7 +71,14 @@ from tidewire.security.tls import TlsOptions
 
 from ._routing import LOSS, Router, RoutingStats, backoff_s, leader_lost
 from ._settings import check_ints
-from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Addresses, Transport, parse_addrs
+from ._transport import (
+    BACKOFF_MAX_S,
+    BACKOFF_MIN_S,
+    Addresses,
+    Transport,
+    consumer_connect,
+    parse_addrs,
+)
 
 __all__ = ["AsyncSubscriber", "Subscriber"]
 
@@ -178,15 +185,10 @@ class AsyncSubscriber:
         self.group_name: str | None = None
         self._addr = addr if isinstance(addr, str) else ",".join(addr)
 
+        opened = consumer_connect(request_timeout_ms, connect_timeout_ms, tls, credentials)
+
         def connect(address: Addresses) -> Transport:
-            t = Transport(
-                address,
-                request_timeout_s=request_timeout_ms / 1000,
-                connect_timeout_s=connect_timeout_ms / 1000,
-                max_in_flight=8,
-                tls=tls,
-                credentials=credentials,
-            )
+            t = opened(address)
             t.on_push = self._on_push
             t.on_lost = lambda error: self._on_lost(t)
             return t
