@@ -40,7 +40,13 @@ from websockets.asyncio.client import connect as ws_connect
 
 from tests.cli._support import run_cli
 from tests.cluster._etcd import EtcdServer
-from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, until
+from tests.cluster._inprocess import (
+    WAIT_S,
+    InProcessNode,
+    in_process_cluster,
+    stop_for_next_leader,
+    until,
+)
 from tests.cluster._secure import NODE_PRINCIPAL, acl, secure_cluster
 from tidewire.client import AsyncClient
 from tidewire.client._routing import OFFSETS_TOPIC, coordinator_partition
@@ -890,13 +896,7 @@ def test_a_forwarded_publish_follows_the_leader_and_keeps_its_idempotency_key(
                     f"{via.http}/v1/topics/m/messages", json=msg, headers={"Idempotency-Key": "mv"}
                 )
                 assert first.status_code == 201, first.text
-                await leader.stop()
-                rest = [n for n in nodes if n is not leader]
-                await until(
-                    lambda: any(n.broker.replication.leads("m", 0) for n in rest),  # type: ignore[union-attr]
-                    "a new leader",
-                )
-                (new,) = [n for n in rest if n.broker.replication.leads("m", 0)]  # type: ignore[union-attr]
+                new = await stop_for_next_leader(nodes, leader, "m")
                 again = await _until_served(
                     lambda: web.post(
                         f"{via.http}/v1/topics/m/messages",
