@@ -59,6 +59,20 @@ async def three_nodes(
         yield nodes, bootstrap
 
 
+async def subscribe_from_0(t: Transport, subscription_id: int, topic: str) -> Any:
+    """A raw SUBSCRIBE of partition 0 of ``topic`` from offset 0 on ``t`` (1 MiB of credit):
+    the answer's body."""
+    response = await t.request(
+        SubscribeRequest(
+            subscription_id=subscription_id,
+            partitions=[SubscribePartition(topic, 0, 0)],
+            credit_bytes=1 << 20,
+        )
+    )
+    assert response is not None
+    return response.body
+
+
 def leader_of(nodes: list[InProcessNode], partition: int) -> InProcessNode | None:
     """The node that leads ``partition`` of ``T`` and has taken the role."""
     return next(
@@ -147,15 +161,9 @@ def test_a_subscriber_gets_each_partition_from_its_leader(tmp_path: Path, etcd: 
             follower = next(n for n in nodes if n is not p0)
             t = Transport(follower.addr)
             try:
-                req = SubscribeRequest(
-                    subscription_id=1,
-                    partitions=[SubscribePartition(T, 0, 0)],
-                    credit_bytes=1 << 20,
-                )
-                response = await t.request(req)
-                assert response is not None
-                assert response.body.error_code == NotLeaderError.code, response.body
-                assert response.body.results[0].error_code == NotLeaderError.code
+                answer = await subscribe_from_0(t, 1, T)
+                assert answer.error_code == NotLeaderError.code, answer
+                assert answer.results[0].error_code == NotLeaderError.code
             finally:
                 await t.close()
 
@@ -414,14 +422,8 @@ def test_a_lead_moved_through_etcd_off_a_live_node_is_followed_and_counted(
                     for i in range(10):
                         await (await producer.send(T, b"a%d" % i, partition=0))
                     await sub.subscribe([(T, 0, "earliest")])
-                    req = SubscribeRequest(
-                        subscription_id=7,
-                        partitions=[SubscribePartition(T, 0, 0)],
-                        credit_bytes=1 << 20,
-                    )
-                    response = await raw.request(req)
-                    assert response is not None
-                    assert response.body.error_code == 0
+                    answer = await subscribe_from_0(raw, 7, T)
+                    assert answer.error_code == 0
                     await take_until(sub, got, lambda: len(got) >= 10, "the records before")
                     await until(lambda: any(p.next_offset == 10 for p in pushes), "the raw pushes")
                     assert subscribed_here(old) == {(T, 0)}
@@ -504,14 +506,8 @@ def test_a_leader_that_becomes_a_follower_stops_pushing_with_not_leader(
             t = Transport(n1.addr)
             t.on_push = lambda ev: pushes.append(decode_body(PushBody, ev.body))
             try:
-                req = SubscribeRequest(
-                    subscription_id=7,
-                    partitions=[SubscribePartition(RT, 0, 0)],
-                    credit_bytes=1 << 20,
-                )
-                response = await t.request(req)
-                assert response is not None
-                assert response.body.error_code == 0, response.body
+                answer = await subscribe_from_0(t, 7, RT)
+                assert answer.error_code == 0, answer
                 await until(lambda: any(p.next_offset == 2 for p in pushes), "the records")
                 await lead(nodes, n2, 1)
                 async with AsyncClient(n2.addr) as c:
