@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,6 +109,15 @@ async def one_broker_two_nodes(
 
 def values(records: list) -> list[bytes]:  # type: ignore[type-arg]
     return [r.value for r in records]
+
+
+async def poll_into(reader: Any, got: list[bytes], n: int, tries: int = 20) -> None:
+    """Poll ``reader`` (a consumer or a subscriber) into ``got``, its records' values, until
+    it holds ``n`` of them, ``tries`` polls at most."""
+    for _ in range(tries):
+        got += values(await reader.poll(PROMPT_S))
+        if len(got) >= n:
+            break
 
 
 # --- bootstrap lists ------------------------------------------------------------------------------
@@ -221,10 +231,7 @@ def test_a_moved_leader_is_found_by_a_refresh(
             assert values((await stored(b2, TOPIC, 0))[1])[-1] == b"after"
             assert meta.offset == len((await stored(b2, TOPIC, 0))[1]) - 1
             got: list[bytes] = []
-            for _ in range(20):
-                got += values(await consumer.poll(PROMPT_S))
-                if got:
-                    break
+            await poll_into(consumer, got, 1)
             assert got == [b"after"]  # read on from offset 1, now at node 2
 
     run(main())
@@ -279,10 +286,7 @@ def test_routing_stats_count_the_refreshes_retries_and_moves_a_client_went_throu
             await (await producer.send(TOPIC, b"one", partition=1))
             await consumer.assign([(TOPIC, 0, 0), (TOPIC, 1, 0)])
             got: list[bytes] = []
-            for _ in range(20):
-                got += values(await consumer.poll(PROMPT_S))
-                if len(got) == 2:
-                    break
+            await poll_into(consumer, got, 2)
             start = {c: c.routing_stats for c in (producer, consumer)}
             # The producer asks where the leaders are first; the consumer learns that node 1
             # does not lead partition 1 from its NotLeaderError (a retry, not a move).
@@ -294,10 +298,7 @@ def test_routing_stats_count_the_refreshes_retries_and_moves_a_client_went_throu
             await lead_moved_to_node_2(cluster)
             await (await producer.send(TOPIC, b"after", partition=0))
             assert values((await stored(b2, TOPIC, 0))[1])[-1] == b"after"
-            for _ in range(40):
-                got += values(await consumer.poll(PROMPT_S))
-                if len(got) == 3:
-                    break
+            await poll_into(consumer, got, 3, tries=40)
             assert sorted(got) == [b"after", b"before", b"one"]
             for client, before in start.items():
                 now = client.routing_stats
@@ -360,20 +361,14 @@ def test_clients_fail_over_when_the_leaders_node_stops(
                 await producer.flush(PROMPT_S)
                 await consumer.assign([(TOPIC, 0, 0)])
                 got: list[bytes] = []
-                for _ in range(20):
-                    got += values(await consumer.poll(PROMPT_S))
-                    if len(got) == 5:
-                        break
+                await poll_into(consumer, got, 5)
                 cluster.leaders = {(TOPIC, 0): 2, (TOPIC, 1): 2}
                 cluster.down.add(1)
                 await s1.close(grace_s=0)
                 later = [await producer.send(TOPIC, b"b%d" % i, partition=0) for i in range(5)]
                 await producer.flush(PROMPT_S * 2)
                 assert [f.result().offset for f in first + later] == list(range(10))
-                for _ in range(40):
-                    got += values(await consumer.poll(PROMPT_S))
-                    if len(got) == 10:
-                        break
+                await poll_into(consumer, got, 10, tries=40)
                 want = [b"a%d" % i for i in range(5)] + [b"b%d" % i for i in range(5)]
                 assert got == want
                 assert values((await stored(b, TOPIC, 0))[1]) == want
@@ -534,19 +529,13 @@ def test_a_single_node_gets_no_request_it_did_not_get_before(
             async with AsyncConsumer(addr(server), max_wait_ms=0) as consumer:
                 await consumer.assign([(TOPIC, 0, "earliest"), (TOPIC, 1, 0)])
                 got: list[bytes] = []
-                for _ in range(20):
-                    got += values(await consumer.poll(PROMPT_S))
-                    if len(got) == 3:
-                        break
+                await poll_into(consumer, got, 3)
                 assert sorted(got) == [b"c", b"p", b"q"]
                 assert not consumer._router.clustered
             async with AsyncSubscriber(addr(server)) as sub:
                 await sub.subscribe([(TOPIC, 0, "earliest"), (TOPIC, 1, 0)])
                 got = []
-                for _ in range(20):
-                    got += values(await sub.poll(PROMPT_S))
-                    if len(got) == 3:
-                        break
+                await poll_into(sub, got, 3)
                 assert sorted(got) == [b"c", b"p", b"q"]
                 assert not sub._router.clustered
                 assert not sub._router._links
