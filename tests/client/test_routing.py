@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,6 +71,28 @@ async def two_brokers(
 
 
 @contextlib.asynccontextmanager
+async def clients_at_node_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[FakeCluster, Broker, AsyncProducer, AsyncConsumer]]:
+    """:func:`two_brokers` with a producer and a consumer bootstrapped at node 1: the
+    cluster, node 2's broker and the two clients."""
+    async with (
+        two_brokers(tmp_path, monkeypatch) as (cluster, _b1, b2),
+        AsyncProducer(cluster.addr(1), linger_ms=0, idempotence=False) as producer,
+        AsyncConsumer(cluster.addr(1), max_wait_ms=50) as consumer,
+    ):
+        yield cluster, b2, producer, consumer
+
+
+async def lead_moved_to_node_2(cluster: FakeCluster) -> None:
+    """Partition 0's lead moves to node 2, whose log of it continues where node 1's ended
+    with the one record ``before`` (a replica's)."""
+    cluster.leaders[TOPIC, 0] = 2
+    async with AsyncClient(cluster.addr(2)) as other:
+        assert await other.produce(TOPIC, 0, [Message(b"before")]) == 0
+
+
+@contextlib.asynccontextmanager
 async def one_broker_two_nodes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[FakeCluster, Broker, TcpServer, TcpServer]]:
@@ -86,6 +109,15 @@ async def one_broker_two_nodes(
 
 def values(records: list) -> list[bytes]:  # type: ignore[type-arg]
     return [r.value for r in records]
+
+
+async def poll_into(reader: Any, got: list[bytes], n: int, tries: int = 20) -> None:
+    """Poll ``reader`` (a consumer or a subscriber) into ``got``, its records' values, until
+    it holds ``n`` of them, ``tries`` polls at most."""
+    for _ in range(tries):
+        got += values(await reader.poll(PROMPT_S))
+        if len(got) >= n:
+            break
 
 
 # --- bootstrap lists ------------------------------------------------------------------------------
@@ -189,27 +221,17 @@ def test_a_moved_leader_is_found_by_a_refresh(
     the clients refresh and go on at node 2, the consumer from the same offset."""
 
     async def main() -> None:
-        async with (
-            two_brokers(tmp_path, monkeypatch) as (cluster, _b1, b2),
-            AsyncProducer(cluster.addr(1), linger_ms=0, idempotence=False) as producer,
-            AsyncConsumer(cluster.addr(1), max_wait_ms=50) as consumer,
-        ):
+        async with clients_at_node_1(tmp_path, monkeypatch) as (cluster, b2, producer, consumer):
             await (await producer.send(TOPIC, b"before", partition=0))
             await consumer.assign([(TOPIC, 0, 0)])
             assert values(await consumer.poll(PROMPT_S)) == [b"before"]
-            cluster.leaders[TOPIC, 0] = 2
-            # Node 2's log of partition 0 continues where node 1's ended (a replica).
-            async with AsyncClient(cluster.addr(2)) as other:
-                assert await other.produce(TOPIC, 0, [Message(b"before")]) == 0
+            await lead_moved_to_node_2(cluster)
             meta = await (await producer.send(TOPIC, b"after", partition=0))
             assert cluster.refused[1] >= 1
             assert values((await stored(b2, TOPIC, 0))[1])[-1] == b"after"
             assert meta.offset == len((await stored(b2, TOPIC, 0))[1]) - 1
             got: list[bytes] = []
-            for _ in range(20):
-                got += values(await consumer.poll(PROMPT_S))
-                if got:
-                    break
+            await poll_into(consumer, got, 1)
             assert got == [b"after"]  # read on from offset 1, now at node 2
 
     run(main())
@@ -259,19 +281,12 @@ def test_routing_stats_count_the_refreshes_retries_and_moves_a_client_went_throu
     non-leader: the subscriber's counts are tested in tests/cluster/test_push_routing.py.)"""
 
     async def main() -> None:
-        async with (
-            two_brokers(tmp_path, monkeypatch) as (cluster, _b1, b2),
-            AsyncProducer(cluster.addr(1), linger_ms=0, idempotence=False) as producer,
-            AsyncConsumer(cluster.addr(1), max_wait_ms=50) as consumer,
-        ):
+        async with clients_at_node_1(tmp_path, monkeypatch) as (cluster, b2, producer, consumer):
             await (await producer.send(TOPIC, b"before", partition=0))
             await (await producer.send(TOPIC, b"one", partition=1))
             await consumer.assign([(TOPIC, 0, 0), (TOPIC, 1, 0)])
             got: list[bytes] = []
-            for _ in range(20):
-                got += values(await consumer.poll(PROMPT_S))
-                if len(got) == 2:
-                    break
+            await poll_into(consumer, got, 2)
             start = {c: c.routing_stats for c in (producer, consumer)}
             # The producer asks where the leaders are first; the consumer learns that node 1
             # does not lead partition 1 from its NotLeaderError (a retry, not a move).
@@ -280,15 +295,10 @@ def test_routing_stats_count_the_refreshes_retries_and_moves_a_client_went_throu
             for stats in start.values():
                 assert stats.leader_moves == 0
                 assert stats.metadata_refreshes >= 1
-            cluster.leaders[TOPIC, 0] = 2
-            async with AsyncClient(cluster.addr(2)) as other:  # node 2's replica of it
-                assert await other.produce(TOPIC, 0, [Message(b"before")]) == 0
+            await lead_moved_to_node_2(cluster)
             await (await producer.send(TOPIC, b"after", partition=0))
             assert values((await stored(b2, TOPIC, 0))[1])[-1] == b"after"
-            for _ in range(40):
-                got += values(await consumer.poll(PROMPT_S))
-                if len(got) == 3:
-                    break
+            await poll_into(consumer, got, 3, tries=40)
             assert sorted(got) == [b"after", b"before", b"one"]
             for client, before in start.items():
                 now = client.routing_stats
@@ -351,20 +361,14 @@ def test_clients_fail_over_when_the_leaders_node_stops(
                 await producer.flush(PROMPT_S)
                 await consumer.assign([(TOPIC, 0, 0)])
                 got: list[bytes] = []
-                for _ in range(20):
-                    got += values(await consumer.poll(PROMPT_S))
-                    if len(got) == 5:
-                        break
+                await poll_into(consumer, got, 5)
                 cluster.leaders = {(TOPIC, 0): 2, (TOPIC, 1): 2}
                 cluster.down.add(1)
                 await s1.close(grace_s=0)
                 later = [await producer.send(TOPIC, b"b%d" % i, partition=0) for i in range(5)]
                 await producer.flush(PROMPT_S * 2)
                 assert [f.result().offset for f in first + later] == list(range(10))
-                for _ in range(40):
-                    got += values(await consumer.poll(PROMPT_S))
-                    if len(got) == 10:
-                        break
+                await poll_into(consumer, got, 10, tries=40)
                 want = [b"a%d" % i for i in range(5)] + [b"b%d" % i for i in range(5)]
                 assert got == want
                 assert values((await stored(b, TOPIC, 0))[1]) == want
@@ -525,19 +529,13 @@ def test_a_single_node_gets_no_request_it_did_not_get_before(
             async with AsyncConsumer(addr(server), max_wait_ms=0) as consumer:
                 await consumer.assign([(TOPIC, 0, "earliest"), (TOPIC, 1, 0)])
                 got: list[bytes] = []
-                for _ in range(20):
-                    got += values(await consumer.poll(PROMPT_S))
-                    if len(got) == 3:
-                        break
+                await poll_into(consumer, got, 3)
                 assert sorted(got) == [b"c", b"p", b"q"]
                 assert not consumer._router.clustered
             async with AsyncSubscriber(addr(server)) as sub:
                 await sub.subscribe([(TOPIC, 0, "earliest"), (TOPIC, 1, 0)])
                 got = []
-                for _ in range(20):
-                    got += values(await sub.poll(PROMPT_S))
-                    if len(got) == 3:
-                        break
+                await poll_into(sub, got, 3)
                 assert sorted(got) == [b"c", b"p", b"q"]
                 assert not sub._router.clustered
                 assert not sub._router._links

@@ -133,3 +133,17 @@ async def until(check: Callable[[], bool], what: str, timeout_s: float = WAIT_S)
         if loop.time() > deadline:
             raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
         await asyncio.sleep(0.05)
+
+
+async def stop_for_next_leader(nodes: list[N], leader: N, topic: str, partition: int = 0) -> N:
+    """Stop ``leader`` of ``topic``/``partition``: the one other node that leads it next."""
+    await leader.stop()
+    rest = [n for n in nodes if n is not leader]
+
+    def leads(n: N) -> bool:
+        replication = n.broker.replication
+        return replication is not None and replication.leads(topic, partition)
+
+    await until(lambda: any(leads(n) for n in rest), "a new leader")
+    (new,) = [n for n in rest if leads(n)]
+    return new

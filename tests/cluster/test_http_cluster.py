@@ -27,7 +27,7 @@ from websockets.sync.client import connect as ws_connect
 
 from tests.cli._support import popen_serve, stop
 from tests.cluster._etcd import EtcdServer
-from tests.cluster._inprocess import InProcessNode, in_process_cluster, until
+from tests.cluster._inprocess import InProcessNode, in_process_cluster, stop_for_next_leader, until
 from tests.cluster._nodes import call, wait_until
 from tidewire.client._routing import OFFSETS_TOPIC, coordinator_partition
 from tidewire.cluster.metadata import PartitionState
@@ -489,13 +489,7 @@ def test_an_idempotency_key_is_found_by_a_new_leader(tmp_path: Path, etcd: EtcdS
                         await publishers[n.id].publish("k", msg, "utf-8", "other")
             stored = await publishers[leader.id].publish("k", msg, "utf-8", "the-key")
             # Every in-sync replica holds it once it is answered (min_insync 2, acks all).
-            await leader.stop()
-            rest = [n for n in nodes if n is not leader]
-            await until(
-                lambda: any(n.broker.replication.leads("k", 0) for n in rest),  # type: ignore[union-attr]
-                "a new leader",
-            )
-            (new,) = [n for n in rest if n.broker.replication.leads("k", 0)]  # type: ignore[union-attr]
+            new = await stop_for_next_leader(nodes, leader, "k")
             again = await publishers[new.id].publish("k", msg, "utf-8", "the-key")
             assert again == stored
             plog = new.broker.log("k", 0)

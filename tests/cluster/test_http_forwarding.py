@@ -40,7 +40,13 @@ from websockets.asyncio.client import connect as ws_connect
 
 from tests.cli._support import run_cli
 from tests.cluster._etcd import EtcdServer
-from tests.cluster._inprocess import WAIT_S, InProcessNode, in_process_cluster, until
+from tests.cluster._inprocess import (
+    WAIT_S,
+    InProcessNode,
+    in_process_cluster,
+    stop_for_next_leader,
+    until,
+)
 from tests.cluster._secure import NODE_PRINCIPAL, acl, secure_cluster
 from tidewire.client import AsyncClient
 from tidewire.client._routing import OFFSETS_TOPIC, coordinator_partition
@@ -342,6 +348,17 @@ def test_any_node_shows_a_queues_counts_as_its_owner_counts_them(
 # --- msgbus: pops forwarded to the leader, the cluster's topics listed --------------------------
 
 
+async def known_everywhere(nodes: list[HttpNode], topic: str) -> int:
+    """Once every node knows partition 0 of ``topic``: its leader, as node 0 knows it."""
+    await until(
+        lambda: all(n.cluster.cache.partition(topic, 0) is not None for n in nodes),
+        "every node knows the topic",
+    )
+    got = nodes[0].cluster.cache.partition(topic, 0)
+    assert got is not None
+    return got[0].leader
+
+
 def test_msgbus_pops_on_any_node_are_taken_once_by_the_leader(
     tmp_path: Path, etcd: EtcdServer
 ) -> None:
@@ -353,14 +370,7 @@ def test_msgbus_pops_on_any_node_are_taken_once_by_the_leader(
             for i in range(6):  # through every node: forwarded to the leader
                 r = await h.post(f"{nodes[i % 3].msgbus}/jobs", content=f"m{i}".encode())
                 assert r.status_code == 202, r.text
-            topic = "msgbus.jobs"
-            await until(
-                lambda: all(n.cluster.cache.partition(topic, 0) is not None for n in nodes),
-                "every node knows the topic",
-            )
-            got = nodes[0].cluster.cache.partition(topic, 0)
-            assert got is not None
-            leader = got[0].leader
+            leader = await known_everywhere(nodes, "msgbus.jobs")
             # Pops on every node, the leader's and the others' interleaved: each message
             # taken once, in order.
             taken = []
@@ -845,14 +855,8 @@ def test_a_forwarded_pop_whose_answer_is_lost_is_sent_again_and_takes_once(
             for i in range(2):
                 r = await h.post(f"{nodes[0].msgbus}/once", content=f"m{i}".encode())
                 assert r.status_code == 202, r.text
-            topic = "msgbus.once"
-            await until(
-                lambda: all(n.cluster.cache.partition(topic, 0) is not None for n in nodes),
-                "every node knows the topic",
-            )
-            got = nodes[0].cluster.cache.partition(topic, 0)
-            assert got is not None
-            other = next(n for n in nodes if n.id != got[0].leader)
+            leader = await known_everywhere(nodes, "msgbus.once")
+            other = next(n for n in nodes if n.id != leader)
             popped = []
             for _ in range(2):
                 r = await h.get(f"{other.msgbus}/once")
@@ -892,13 +896,7 @@ def test_a_forwarded_publish_follows_the_leader_and_keeps_its_idempotency_key(
                     f"{via.http}/v1/topics/m/messages", json=msg, headers={"Idempotency-Key": "mv"}
                 )
                 assert first.status_code == 201, first.text
-                await leader.stop()
-                rest = [n for n in nodes if n is not leader]
-                await until(
-                    lambda: any(n.broker.replication.leads("m", 0) for n in rest),  # type: ignore[union-attr]
-                    "a new leader",
-                )
-                (new,) = [n for n in rest if n.broker.replication.leads("m", 0)]  # type: ignore[union-attr]
+                new = await stop_for_next_leader(nodes, leader, "m")
                 again = await _until_served(
                     lambda: web.post(
                         f"{via.http}/v1/topics/m/messages",

@@ -10,7 +10,8 @@ Every wait is bounded; nothing asserts on how long something took.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,35 @@ from tidewire.protocol.messages import (
 
 T = "pushed"
 PARTITIONS = 3
+
+
+@asynccontextmanager
+async def three_nodes(
+    tmp_path: Path, etcd: EtcdServer, cluster_id: str, partitions: int
+) -> AsyncIterator[tuple[list[InProcessNode], str]]:
+    """Three in-process nodes of cluster ``cluster_id`` with ``T`` made with ``partitions``
+    partitions, and the bootstrap addresses of them all."""
+    async with in_process_cluster(
+        lambda i: InProcessNode(tmp_path, etcd, i, cluster_id=cluster_id), 3
+    ) as nodes:
+        bootstrap = ",".join(n.addr for n in nodes)
+        async with AsyncClient(bootstrap) as client:
+            await client.create_topic(T, partitions=partitions)
+        yield nodes, bootstrap
+
+
+async def subscribe_from_0(t: Transport, subscription_id: int, topic: str) -> Any:
+    """A raw SUBSCRIBE of partition 0 of ``topic`` from offset 0 on ``t`` (1 MiB of credit):
+    the answer's body."""
+    response = await t.request(
+        SubscribeRequest(
+            subscription_id=subscription_id,
+            partitions=[SubscribePartition(topic, 0, 0)],
+            credit_bytes=1 << 20,
+        )
+    )
+    assert response is not None
+    return response.body
 
 
 def leader_of(nodes: list[InProcessNode], partition: int) -> InProcessNode | None:
@@ -113,12 +143,7 @@ def test_a_subscriber_gets_each_partition_from_its_leader(tmp_path: Path, etcd: 
     leader; and a node refuses to push a partition it does not lead (NotLeaderError)."""
 
     async def main() -> None:
-        async with in_process_cluster(
-            lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="push-leaders"), 3
-        ) as nodes:
-            bootstrap = ",".join(n.addr for n in nodes)
-            async with AsyncClient(bootstrap) as client:
-                await client.create_topic(T, partitions=PARTITIONS)
+        async with three_nodes(tmp_path, etcd, "push-leaders", PARTITIONS) as (nodes, bootstrap):
             leaders = await leaders_settled(nodes)
             assert len({n.id for n in leaders.values()}) >= 2, leaders
             per = 20
@@ -136,15 +161,9 @@ def test_a_subscriber_gets_each_partition_from_its_leader(tmp_path: Path, etcd: 
             follower = next(n for n in nodes if n is not p0)
             t = Transport(follower.addr)
             try:
-                req = SubscribeRequest(
-                    subscription_id=1,
-                    partitions=[SubscribePartition(T, 0, 0)],
-                    credit_bytes=1 << 20,
-                )
-                response = await t.request(req)
-                assert response is not None
-                assert response.body.error_code == NotLeaderError.code, response.body
-                assert response.body.results[0].error_code == NotLeaderError.code
+                answer = await subscribe_from_0(t, 1, T)
+                assert answer.error_code == NotLeaderError.code, answer
+                assert answer.results[0].error_code == NotLeaderError.code
             finally:
                 await t.close()
 
@@ -183,12 +202,7 @@ async def failover(tmp_path: Path, etcd: EtcdServer, rounds: int) -> None:
     the leader of partition 0 is stopped mid-stream (and started again once the next leader
     took over): the subscriber carries on from each new leader, and every acknowledged
     record comes, each handed out once, in order."""
-    async with in_process_cluster(
-        lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="push-failover"), 3
-    ) as nodes:
-        bootstrap = ",".join(n.addr for n in nodes)
-        async with AsyncClient(bootstrap) as client:
-            await client.create_topic(T, partitions=PARTITIONS)
+    async with three_nodes(tmp_path, etcd, "push-failover", PARTITIONS) as (nodes, bootstrap):
         await leaders_settled(nodes)
         acked: set[bytes] = set()
         stop = asyncio.Event()
@@ -294,11 +308,7 @@ def test_a_cut_off_first_bootstrap_node_costs_no_metadata_timeout(
     monkeypatch.setattr(_subscriber, "LEADER_CHECK_S", 1.0)
 
     async def main() -> None:
-        async with in_process_cluster(
-            lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="push-cutoff"), 3
-        ) as nodes:
-            async with AsyncClient(",".join(n.addr for n in nodes)) as client:
-                await client.create_topic(T, partitions=1)
+        async with three_nodes(tmp_path, etcd, "push-cutoff", 1) as (nodes, _):
             await until(lambda: leader_of(nodes, 0) is not None, "a leader")
             victim = leader_of(nodes, 0)
             assert victim is not None
@@ -342,41 +352,39 @@ def test_a_partition_moved_off_its_live_leader_is_followed_there(
     node that gave it up pushes it no more."""
 
     async def main() -> None:
-        async with in_process_cluster(
-            lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="push-moved"), 3
-        ) as nodes:
-            bootstrap = ",".join(n.addr for n in nodes)
-            async with AsyncClient(bootstrap) as client:
-                await client.create_topic(T, partitions=1)
-                await until(lambda: leader_of(nodes, 0) is not None, "a leader")
-                old = leader_of(nodes, 0)
-                assert old is not None
-                got: list[ConsumerRecord] = []
-                async with (
-                    AsyncProducer(bootstrap, linger_ms=0) as producer,
-                    AsyncSubscriber(bootstrap) as sub,
-                ):
-                    for i in range(10):
-                        await (await producer.send(T, b"a%d" % i, partition=0))
-                    await sub.subscribe([(T, 0, "earliest")])
-                    await take_until(sub, got, lambda: len(got) >= 10, "the records before")
-                    assert subscribed_here(old) == {(T, 0)}
-                    others = [n.id for n in nodes if n is not old]
-                    await client.alter_replication(T, replicas={0: others})
-                    await until(
-                        lambda: (n := leader_of(nodes, 0)) is not None and n is not old,
-                        "partition 0 led elsewhere",
-                    )
-                    for i in range(10):
-                        await (await producer.send(T, b"b%d" % i, partition=0))
-                    await take_until(sub, got, lambda: len(got) >= 20, "the records after")
-                    new = leader_of(nodes, 0)
-                    assert new is not None
-                    await until(
-                        lambda: subscribed_here(new) == {(T, 0)} and not subscribed_here(old),
-                        "pushed by the new leader only",
-                    )
-                    assert sub.stats.resubscribes >= 1
+        async with (
+            three_nodes(tmp_path, etcd, "push-moved", 1) as (nodes, bootstrap),
+            AsyncClient(bootstrap) as client,
+        ):
+            await until(lambda: leader_of(nodes, 0) is not None, "a leader")
+            old = leader_of(nodes, 0)
+            assert old is not None
+            got: list[ConsumerRecord] = []
+            async with (
+                AsyncProducer(bootstrap, linger_ms=0) as producer,
+                AsyncSubscriber(bootstrap) as sub,
+            ):
+                for i in range(10):
+                    await (await producer.send(T, b"a%d" % i, partition=0))
+                await sub.subscribe([(T, 0, "earliest")])
+                await take_until(sub, got, lambda: len(got) >= 10, "the records before")
+                assert subscribed_here(old) == {(T, 0)}
+                others = [n.id for n in nodes if n is not old]
+                await client.alter_replication(T, replicas={0: others})
+                await until(
+                    lambda: (n := leader_of(nodes, 0)) is not None and n is not old,
+                    "partition 0 led elsewhere",
+                )
+                for i in range(10):
+                    await (await producer.send(T, b"b%d" % i, partition=0))
+                await take_until(sub, got, lambda: len(got) >= 20, "the records after")
+                new = leader_of(nodes, 0)
+                assert new is not None
+                await until(
+                    lambda: subscribed_here(new) == {(T, 0)} and not subscribed_here(old),
+                    "pushed by the new leader only",
+                )
+                assert sub.stats.resubscribes >= 1
             check_once_in_order(got)
             assert [r.value for r in got] == [b"a%d" % i for i in range(10)] + [
                 b"b%d" % i for i in range(10)
@@ -397,12 +405,7 @@ def test_a_lead_moved_through_etcd_off_a_live_node_is_followed_and_counted(
     ``routing_stats`` count the NotLeader retry, the leader move and the refreshes."""
 
     async def main() -> None:
-        async with in_process_cluster(
-            lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="push-lead-moved"), 3
-        ) as nodes:
-            bootstrap = ",".join(n.addr for n in nodes)
-            async with AsyncClient(bootstrap) as client:
-                await client.create_topic(T, partitions=1)
+        async with three_nodes(tmp_path, etcd, "push-lead-moved", 1) as (nodes, bootstrap):
             await until(lambda: leader_of(nodes, 0) is not None, "a leader")
             await until(lambda: all_in_sync(nodes, 1), "every replica in sync")
             old = leader_of(nodes, 0)
@@ -419,14 +422,8 @@ def test_a_lead_moved_through_etcd_off_a_live_node_is_followed_and_counted(
                     for i in range(10):
                         await (await producer.send(T, b"a%d" % i, partition=0))
                     await sub.subscribe([(T, 0, "earliest")])
-                    req = SubscribeRequest(
-                        subscription_id=7,
-                        partitions=[SubscribePartition(T, 0, 0)],
-                        credit_bytes=1 << 20,
-                    )
-                    response = await raw.request(req)
-                    assert response is not None
-                    assert response.body.error_code == 0
+                    answer = await subscribe_from_0(raw, 7, T)
+                    assert answer.error_code == 0
                     await take_until(sub, got, lambda: len(got) >= 10, "the records before")
                     await until(lambda: any(p.next_offset == 10 for p in pushes), "the raw pushes")
                     assert subscribed_here(old) == {(T, 0)}
@@ -509,14 +506,8 @@ def test_a_leader_that_becomes_a_follower_stops_pushing_with_not_leader(
             t = Transport(n1.addr)
             t.on_push = lambda ev: pushes.append(decode_body(PushBody, ev.body))
             try:
-                req = SubscribeRequest(
-                    subscription_id=7,
-                    partitions=[SubscribePartition(RT, 0, 0)],
-                    credit_bytes=1 << 20,
-                )
-                response = await t.request(req)
-                assert response is not None
-                assert response.body.error_code == 0, response.body
+                answer = await subscribe_from_0(t, 7, RT)
+                assert answer.error_code == 0, answer
                 await until(lambda: any(p.next_offset == 2 for p in pushes), "the records")
                 await lead(nodes, n2, 1)
                 async with AsyncClient(n2.addr) as c:
@@ -541,43 +532,39 @@ def test_a_group_member_in_push_mode_reads_every_partition_from_its_leader(
     partition on its leader; every record comes once, and its commit is kept."""
 
     async def main() -> None:
-        async with in_process_cluster(
-            lambda i: InProcessNode(tmp_path, etcd, i, cluster_id="push-group"), 3
-        ) as nodes:
-            bootstrap = ",".join(n.addr for n in nodes)
-            async with AsyncClient(bootstrap) as client:
-                await client.create_topic(T, partitions=PARTITIONS)
-                leaders = await leaders_settled(nodes)
-                per = 10
-                async with AsyncProducer(bootstrap, linger_ms=0) as producer:
-                    for p in range(PARTITIONS):
-                        for i in range(per):
-                            await (await producer.send(T, f"{p}:{i}".encode(), partition=p))
-                got: list[ConsumerRecord] = []
-                async with AsyncGroupConsumer(
-                    bootstrap,
-                    "push-members",
-                    topics=[T],
-                    auto_offset_reset="earliest",
-                    delivery="push",
-                ) as member:
+        async with (
+            three_nodes(tmp_path, etcd, "push-group", PARTITIONS) as (nodes, bootstrap),
+            AsyncClient(bootstrap) as client,
+        ):
+            leaders = await leaders_settled(nodes)
+            per = 10
+            async with AsyncProducer(bootstrap, linger_ms=0) as producer:
+                for p in range(PARTITIONS):
+                    for i in range(per):
+                        await (await producer.send(T, f"{p}:{i}".encode(), partition=p))
+            got: list[ConsumerRecord] = []
+            async with AsyncGroupConsumer(
+                bootstrap,
+                "push-members",
+                topics=[T],
+                auto_offset_reset="earliest",
+                delivery="push",
+            ) as member:
 
-                    async def read() -> None:
-                        while len(got) < PARTITIONS * per:
-                            got.extend(await member.poll(0.5))
+                async def read() -> None:
+                    while len(got) < PARTITIONS * per:
+                        got.extend(await member.poll(0.5))
 
-                    await asyncio.wait_for(read(), WAIT_S * 2)
-                    for node in nodes:
-                        led = {(T, p) for p, n in leaders.items() if n is node}
-                        assert subscribed_here(node) == led, (node.id, led)
-                    await member.commit()
-                check_once_in_order(got)
-                assert sorted(r.value for r in got) == sorted(
-                    f"{p}:{i}".encode() for p in range(PARTITIONS) for i in range(per)
-                )
-                lag = {
-                    (x.topic, x.partition): x.lag for x in await client.group_lag("push-members")
-                }
-                assert lag == dict.fromkeys([(T, p) for p in range(PARTITIONS)], 0)
+                await asyncio.wait_for(read(), WAIT_S * 2)
+                for node in nodes:
+                    led = {(T, p) for p, n in leaders.items() if n is node}
+                    assert subscribed_here(node) == led, (node.id, led)
+                await member.commit()
+            check_once_in_order(got)
+            assert sorted(r.value for r in got) == sorted(
+                f"{p}:{i}".encode() for p in range(PARTITIONS) for i in range(per)
+            )
+            lag = {(x.topic, x.partition): x.lag for x in await client.group_lag("push-members")}
+            assert lag == dict.fromkeys([(T, p) for p in range(PARTITIONS)], 0)
 
     asyncio.run(asyncio.wait_for(main(), 180))

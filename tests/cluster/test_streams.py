@@ -89,6 +89,26 @@ def serving(nodes: list[Node], stream: str) -> bool:
     return partition_of(stream, info.partitions) in node.broker.streams.led_partitions
 
 
+async def sent_to_owner(nodes: list[Node], c: AsyncClient, stream: str) -> Node:
+    """Send ``"first"`` to ``stream`` (persistent) and wait until its owner serves it: that
+    node."""
+    await c.streams.send(stream, "first", persistent=True)
+    await until(lambda: serving(nodes, stream), "the owner serves")
+    return next(n for n in nodes if n.id == owner_id(nodes, stream))
+
+
+async def hand_over(nodes: list[Node], owner: Node, stream: str) -> None:
+    """``owner`` hands ``stream``'s partition to another in-sync replica (its node stays
+    up); returns once a new owner serves it."""
+    p = partition_of(stream, owner.cluster.cache.topics[STREAMS_TOPIC].partitions)
+    state = owner.cluster.cache.partition(STREAMS_TOPIC, p)
+    assert state is not None
+    assert await owner.cluster.resign(STREAMS_TOPIC, p, state[0].leader_epoch)
+    await until(
+        lambda: owner_id(nodes, stream) != owner.id and serving(nodes, stream), "a new owner"
+    )
+
+
 def run(main: Awaitable[None]) -> None:
     async def bounded() -> None:
         await asyncio.wait_for(main, TEST_S)
@@ -260,9 +280,7 @@ async def _receive_follows(tmp_path: Path, etcd: EtcdServer) -> None:
     async with cluster(tmp_path, etcd) as nodes:
         s = STREAMS[0]
         async with AsyncClient(",".join(n.addr for n in nodes)) as c:
-            await c.streams.send(s, "first", persistent=True)
-            await until(lambda: serving(nodes, s), "the owner serves")
-            owner = next(n for n in nodes if n.id == owner_id(nodes, s))
+            owner = await sent_to_owner(nodes, c, s)
             got = await c.streams.receive(s, wait_ms=5_000)
             assert got is not None
             assert got.value == b"first"
@@ -270,11 +288,7 @@ async def _receive_follows(tmp_path: Path, etcd: EtcdServer) -> None:
             await until(lambda: owner.broker.streams.stats().receivers == 1, "it waits")
             # The owner hands the partition to another in-sync replica (its node stays up):
             # the receive waiting there is answered NotLeader and asks the new owner.
-            p = partition_of(s, owner.cluster.cache.topics[STREAMS_TOPIC].partitions)
-            got_state = owner.cluster.cache.partition(STREAMS_TOPIC, p)
-            assert got_state is not None
-            assert await owner.cluster.resign(STREAMS_TOPIC, p, got_state[0].leader_epoch)
-            await until(lambda: owner_id(nodes, s) != owner.id and serving(nodes, s), "a new owner")
+            await hand_over(nodes, owner, s)
             successor = next(n for n in nodes if n.id == owner_id(nodes, s))
             await until(lambda: successor.broker.streams.stats().receivers == 1, "it waits there")
             await c.streams.send(s, "second", persistent=True)
@@ -293,9 +307,7 @@ async def _stored_once(tmp_path: Path, etcd: EtcdServer) -> None:
     async with cluster(tmp_path, etcd) as nodes:
         s = STREAMS[1]
         async with AsyncClient(",".join(n.addr for n in nodes)) as c:
-            await c.streams.send(s, "first", persistent=True)
-            await until(lambda: serving(nodes, s), "the owner serves")
-            owner = next(n for n in nodes if n.id == owner_id(nodes, s))
+            owner = await sent_to_owner(nodes, c, s)
             p = partition_of(s, owner.cluster.cache.topics[STREAMS_TOPIC].partitions)
             rep = owner.broker.streams._rep
             assert rep is not None
@@ -309,13 +321,8 @@ async def _stored_once(tmp_path: Path, etcd: EtcdServer) -> None:
                 await replicated(partition, end)
                 if partition != p or handed:
                     return
-                state = owner.cluster.cache.partition(STREAMS_TOPIC, p)
-                assert state is not None
-                assert await owner.cluster.resign(STREAMS_TOPIC, p, state[0].leader_epoch)
                 handed.append(end)
-                await until(
-                    lambda: owner_id(nodes, s) != owner.id and serving(nodes, s), "a new owner"
-                )
+                await hand_over(nodes, owner, s)
                 raise rep.not_leader(partition)
 
             rep.wait_replicated = store_then_hand_over  # type: ignore[method-assign]

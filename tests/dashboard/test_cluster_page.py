@@ -288,16 +288,22 @@ def _answer_cluster_routes(page: Page, answers: dict[str, Any]) -> None:
     page.page.route(re.compile(r".*/v1/cluster(/partitions|/reassignments|/metrics)?$"), answer)
 
 
-def test_the_cluster_page_shows_the_whole_clusters_figures(page: Page) -> None:
-    expect = _expect()
+def _cluster_page(page: Page, figures: Any = _FIGURES) -> tuple[Any, dict[str, Any]]:
+    """The Cluster page opened with its routes answered from this file's documents
+    (``figures``: GET /v1/cluster/metrics's), and those answers, which a test can change."""
     answers: dict[str, Any] = {
         "/v1/cluster": _CLUSTER,
         "/v1/cluster/partitions": _PARTITIONS,
         "/v1/cluster/reassignments": _MOVES,
-        "/v1/cluster/metrics": _FIGURES,
+        "/v1/cluster/metrics": figures,
     }
     _answer_cluster_routes(page, answers)
-    p = page.go("cluster")
+    return page.go("cluster"), answers
+
+
+def test_the_cluster_page_shows_the_whole_clusters_figures(page: Page) -> None:
+    expect = _expect()
+    p, answers = _cluster_page(page)
     figures = p.locator("#cluster-figures-table")
     total = figures.locator("tr[data-kind=total]")
     expect(total).to_have_count(1)
@@ -346,16 +352,7 @@ def test_the_cluster_page_without_the_figures_shows_the_rest(page: Page) -> None
     """A refused GET /v1/cluster/metrics (403) is said where the figures go; the nodes and
     partitions are drawn all the same."""
     expect = _expect()
-    _answer_cluster_routes(
-        page,
-        {
-            "/v1/cluster": _CLUSTER,
-            "/v1/cluster/partitions": _PARTITIONS,
-            "/v1/cluster/reassignments": _MOVES,
-            "/v1/cluster/metrics": 403,
-        },
-    )
-    p = page.go("cluster")
+    p, _ = _cluster_page(page, figures=403)
     expect(p.locator("#cluster-figures")).to_contain_text(
         "The cluster's figures (GET /v1/cluster/metrics): refused: no permission"
     )
@@ -368,14 +365,7 @@ def test_the_cluster_page_without_the_figures_shows_the_rest(page: Page) -> None
 
 def test_the_cluster_page_shows_the_moves_in_progress(page: Page) -> None:
     expect = _expect()
-    answers: dict[str, Any] = {
-        "/v1/cluster": _CLUSTER,
-        "/v1/cluster/partitions": _PARTITIONS,
-        "/v1/cluster/reassignments": _MOVES,
-        "/v1/cluster/metrics": _FIGURES,
-    }
-    _answer_cluster_routes(page, answers)
-    p = page.go("cluster")
+    p, answers = _cluster_page(page)
     expect(p.locator("#cluster-reassigning")).to_have_text("1")
     row = p.locator("#cluster-moves-table tr[data-topic=orders]")
     expect(row).to_have_count(1)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tidewire.broker import Broker, BrokerConfig
+from tests.security.test_gate_binary import admin_key as admin_key_of
+from tests.security.test_gate_binary import new_user, secured
 from tidewire.client import AsyncClient, Credentials
 from tidewire.client._transport import Transport
 from tidewire.errors import AuthorizationFailedError, InvalidRequestError, UnknownDeliveryTagError
@@ -24,76 +25,65 @@ from tidewire.protocol.messages import (
     QueueSettleRequest,
     encode_body,
 )
-from tidewire.security.config import SecurityConfig
-from tidewire.server import TcpServer
 from tidewire.server.envelope import ENVELOPE_OWNER, send_envelope
-from tidewire.server.tcp import ServerConfig
 
 
 def test_an_envelope_runs_its_request_as_the_principal_it_carries(tmp_path: Path) -> None:
     async def main() -> None:
-        config = SecurityConfig(authentication=True, superusers="admin")
-        broker = Broker(BrokerConfig(str(tmp_path / "data")), security=config)
-        await broker.start()
-        server = TcpServer(broker, ServerConfig(port=0))
-        await server.start()
-        addr = f"127.0.0.1:{server.port}"
-        links: list[Transport] = []
-        try:
-            assert broker.bootstrap_key_file is not None
-            admin_key = broker.bootstrap_key_file.read_text().strip()
-            async with AsyncClient(addr, credentials=Credentials(admin_key)) as c:
-                await c.declare_queue("q")
-                await c.publish("", "q", b"one")
-            await broker.security.create_principal("nobody")
-            _, nobody_key = await broker.security.create_key("nobody")
-            admin = Transport(addr, credentials=Credentials(admin_key), request_timeout_s=30)
-            nobody = Transport(addr, credentials=Credentials(nobody_key), request_timeout_s=30)
-            links += [admin, nobody]
-            get = QueueGetRequest(queue="q", max_messages=5)
-            carried = {
-                "principal_kind": "user",
-                "client_source": "10.0.0.7:5",
-                "client_interface": "http",
-                "forwarded_by": 2,
-                "timeout_s": 30.0,
-            }
-            # The sender needs cluster_action, whatever it carries.
-            with pytest.raises(AuthorizationFailedError, match="cluster"):
-                await send_envelope(nobody, get, principal="admin", **carried)  # type: ignore[arg-type]
-            # The inner request is checked as the carried principal.
-            with pytest.raises(AuthorizationFailedError, match=r"^nobody may not read queue:q"):
-                await send_envelope(admin, get, principal="nobody", **carried)  # type: ignore[arg-type]
-            assert broker.queues.describe_queue("q").ready == 1  # nothing taken
-            body, data = await send_envelope(admin, get, principal="admin", **carried)  # type: ignore[arg-type]
-            assert isinstance(body, QueueGetResponse)
-            (entry,) = body.entries
-            assert len(data) > 0  # the record batch, as the envelope's data
-            # Held by the HTTP owner, not by the connection: settled by that owner.
-            await broker.queues.settle("q", [entry.tag], "ack", owner=ENVELOPE_OWNER)
-            settle = QueueSettleRequest(queue="q", tags=[entry.tag])
-            with pytest.raises(UnknownDeliveryTagError, match="not held"):
-                await send_envelope(admin, settle, principal="admin", **carried)  # type: ignore[arg-type]
-            # Refused whatever the principal: an envelope inside one, a consumer, an unknown API.
-            inner = EnvelopeRequest(
-                request_api_key=int(ApiKey.QUEUE_GET),
-                request_body=encode_body(get),
-                principal="admin",
-            )
-            for key, raw in (
-                (int(ApiKey.ENVELOPE), encode_body(inner)),
-                (int(ApiKey.QUEUE_CONSUME), encode_body(QueueConsumeRequest(queue="q"))),
-                (999, b"\x80"),
-            ):
-                response = await admin.request(
-                    EnvelopeRequest(request_api_key=key, request_body=raw, principal="admin")
+        async with secured(tmp_path) as (broker, _, addr):
+            links: list[Transport] = []
+            try:
+                admin_key = admin_key_of(broker)
+                async with AsyncClient(addr, credentials=Credentials(admin_key)) as c:
+                    await c.declare_queue("q")
+                    await c.publish("", "q", b"one")
+                nobody_key = await new_user(broker, "nobody")
+                admin = Transport(addr, credentials=Credentials(admin_key), request_timeout_s=30)
+                nobody = Transport(addr, credentials=Credentials(nobody_key), request_timeout_s=30)
+                links += [admin, nobody]
+                get = QueueGetRequest(queue="q", max_messages=5)
+                carried = {
+                    "principal_kind": "user",
+                    "client_source": "10.0.0.7:5",
+                    "client_interface": "http",
+                    "forwarded_by": 2,
+                    "timeout_s": 30.0,
+                }
+                # The sender needs cluster_action, whatever it carries.
+                with pytest.raises(AuthorizationFailedError, match="cluster"):
+                    await send_envelope(nobody, get, principal="admin", **carried)  # type: ignore[arg-type]
+                # The inner request is checked as the carried principal.
+                with pytest.raises(AuthorizationFailedError, match=r"^nobody may not read queue:q"):
+                    await send_envelope(admin, get, principal="nobody", **carried)  # type: ignore[arg-type]
+                assert broker.queues.describe_queue("q").ready == 1  # nothing taken
+                body, data = await send_envelope(admin, get, principal="admin", **carried)  # type: ignore[arg-type]
+                assert isinstance(body, QueueGetResponse)
+                (entry,) = body.entries
+                assert len(data) > 0  # the record batch, as the envelope's data
+                # Held by the HTTP owner, not by the connection: settled by that owner.
+                await broker.queues.settle("q", [entry.tag], "ack", owner=ENVELOPE_OWNER)
+                settle = QueueSettleRequest(queue="q", tags=[entry.tag])
+                with pytest.raises(UnknownDeliveryTagError, match="not held"):
+                    await send_envelope(admin, settle, principal="admin", **carried)  # type: ignore[arg-type]
+                # Refused whatever the principal: an envelope inside one, a consumer, an
+                # unknown API.
+                inner = EnvelopeRequest(
+                    request_api_key=int(ApiKey.QUEUE_GET),
+                    request_body=encode_body(get),
+                    principal="admin",
                 )
-                assert response is not None
-                assert response.body.error_code == InvalidRequestError.code, response.body
-        finally:
-            for link in links:
-                await link.close()
-            await server.close()
-            await broker.close()
+                for key, raw in (
+                    (int(ApiKey.ENVELOPE), encode_body(inner)),
+                    (int(ApiKey.QUEUE_CONSUME), encode_body(QueueConsumeRequest(queue="q"))),
+                    (999, b"\x80"),
+                ):
+                    response = await admin.request(
+                        EnvelopeRequest(request_api_key=key, request_body=raw, principal="admin")
+                    )
+                    assert response is not None
+                    assert response.body.error_code == InvalidRequestError.code, response.body
+            finally:
+                for link in links:
+                    await link.close()
 
     asyncio.run(main())

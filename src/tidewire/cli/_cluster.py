@@ -6,7 +6,7 @@ and with ``status`` the cluster's key figures summed over the live nodes (CLUSTE
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import msgspec
 import typer
@@ -15,11 +15,14 @@ from tidewire.client._transport import Transport, parse_addr
 from tidewire.cluster.metrics import cluster_totals
 from tidewire.errors import TidewireError
 from tidewire.protocol.messages import (
+    Body,
     ClusterMetricsRequest,
     ClusterMetricsResponse,
     MetadataRequest,
     MetadataResponse,
 )
+from tidewire.security.credentials import Credentials
+from tidewire.security.tls import TlsOptions
 
 from ._common import (
     DEFAULT_ADDR,
@@ -33,6 +36,8 @@ from ._common import (
 )
 
 __all__ = ["cluster_app"]
+
+_A = TypeVar("_A")
 
 cluster_app = typer.Typer(
     name="cluster",
@@ -51,6 +56,33 @@ ClusterAddrOption = Annotated[
 ]
 
 
+async def _ask(
+    addr: str,
+    request: Body,
+    answer: type[_A],
+    timeout_s: float,
+    creds: Credentials | None,
+    tls: TlsOptions | None,
+) -> _A:
+    """``request``'s answer from the one node ``addr``, of type ``answer`` (a connection of
+    its own, closed before returning)."""
+    t = Transport(
+        addr,
+        connect_timeout_s=timeout_s,
+        request_timeout_s=timeout_s,
+        tls=tls,
+        credentials=creds,
+    )
+    try:
+        response = await t.request(request)
+    finally:
+        await t.close()
+    assert response is not None
+    body = response.body
+    assert isinstance(body, answer)
+    return body
+
+
 def _metadata(addr: str, timeout_s: float) -> MetadataResponse:  # noqa: RET503 (fail exits)
     """The METADATA answer of the first of ``addr``'s nodes that gives one."""
     addrs = [a.strip() for a in addr.split(",") if a.strip()]
@@ -61,27 +93,10 @@ def _metadata(addr: str, timeout_s: float) -> MetadataResponse:  # noqa: RET503 
             fail(f"--addr: {exc}", EXIT_USAGE)
     creds, tls = cli_credentials(), cli_tls()
 
-    async def ask(a: str) -> MetadataResponse:
-        t = Transport(
-            a,
-            connect_timeout_s=timeout_s,
-            request_timeout_s=timeout_s,
-            tls=tls,
-            credentials=creds,
-        )
-        try:
-            response = await t.request(MetadataRequest())
-        finally:
-            await t.close()
-        assert response is not None
-        body = response.body
-        assert isinstance(body, MetadataResponse)
-        return body
-
     errors = []
     for a in addrs:
         try:
-            meta = asyncio.run(ask(a))
+            meta = asyncio.run(_ask(a, MetadataRequest(), MetadataResponse, timeout_s, creds, tls))
         except KeyboardInterrupt:
             raise typer.Exit(EXIT_INTERRUPTED) from None
         except TidewireError as exc:
@@ -99,27 +114,12 @@ def _figures(addr: str, timeout_s: float) -> tuple[ClusterMetricsResponse | None
     cluster: ``status`` shows the rest all the same)."""
     creds, tls = cli_credentials(), cli_tls()
 
-    async def ask(a: str) -> ClusterMetricsResponse:
-        t = Transport(
-            a,
-            connect_timeout_s=timeout_s,
-            request_timeout_s=timeout_s,
-            tls=tls,
-            credentials=creds,
-        )
-        try:
-            response = await t.request(ClusterMetricsRequest())
-        finally:
-            await t.close()
-        assert response is not None
-        body = response.body
-        assert isinstance(body, ClusterMetricsResponse)
-        return body
-
     errors = []
     for a in (a.strip() for a in addr.split(",") if a.strip()):
         try:
-            got = asyncio.run(ask(a))
+            got = asyncio.run(
+                _ask(a, ClusterMetricsRequest(), ClusterMetricsResponse, timeout_s, creds, tls)
+            )
         except KeyboardInterrupt:
             raise typer.Exit(EXIT_INTERRUPTED) from None
         except TidewireError as exc:

@@ -221,6 +221,38 @@ async def resolve_positions(
     return [x for x in out if x is not None]
 
 
+async def resolve_positions_routed(
+    router: Router, t: Transport, wanted: list[tuple[str, int, Offset]]
+) -> list[tuple[TP, int]]:
+    """Resolve positions: in one request to the one node ``t``, or in a cluster each at
+    its partition's leader (learning the cluster from the first NotLeaderError).
+
+    Raises:
+        What :func:`resolve_positions` raises, and NotLeaderError when the refreshed
+        metadata still names no cluster.
+    """
+    if not router.clustered:
+        try:
+            return await resolve_positions(t, wanted)
+        except NotLeaderError:
+            await router.refresh({topic for topic, _, _ in wanted})
+            if not router.clustered:
+                raise
+    out: list[tuple[TP, int]] = []
+    timeout_s = t.request_timeout_s
+    for topic, partition, offset in wanted:
+
+        async def send(
+            leader: Transport, w: tuple[str, int, Offset] = (topic, partition, offset)
+        ) -> list[tuple[TP, int]]:
+            return await resolve_positions(leader, [w])
+
+        out += await call_routed(
+            router, topic, partition, send, timeout_s=timeout_s, resend_on_loss=True
+        )
+    return out
+
+
 class AsyncConsumer:
     """Reads assigned partitions from their positions, over a connection of its own.
 
@@ -402,29 +434,8 @@ class AsyncConsumer:
         return list(self._positions)
 
     async def _resolve(self, wanted: list[tuple[str, int, Offset]]) -> list[tuple[TP, int]]:
-        """Resolve positions: in one request to the one node, or in a cluster each at its
-        partition's leader (learning the cluster from the first NotLeaderError)."""
-        router = self._router
-        if not router.clustered:
-            try:
-                return await resolve_positions(self._t, wanted)
-            except NotLeaderError:
-                await router.refresh({topic for topic, _, _ in wanted})
-                if not router.clustered:
-                    raise
-        out: list[tuple[TP, int]] = []
-        timeout_s = self._t.request_timeout_s
-        for topic, partition, offset in wanted:
-
-            async def send(
-                t: Transport, w: tuple[str, int, Offset] = (topic, partition, offset)
-            ) -> list[tuple[TP, int]]:
-                return await resolve_positions(t, [w])
-
-            out += await call_routed(
-                router, topic, partition, send, timeout_s=timeout_s, resend_on_loss=True
-            )
-        return out
+        """Resolve positions (:func:`resolve_positions_routed`)."""
+        return await resolve_positions_routed(self._router, self._t, wanted)
 
     # --- reading ------------------------------------------------------------------------------
 

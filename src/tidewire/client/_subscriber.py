@@ -45,7 +45,7 @@ from tidewire.client._consumer import (
     ConsumerRecord,
     Offset,
     _parse,
-    resolve_positions,
+    resolve_positions_routed,
 )
 from tidewire.errors import (
     ConnectionLostError,
@@ -69,9 +69,16 @@ from tidewire.protocol.messages import (
 from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
-from ._routing import LOSS, Router, RoutingStats, backoff_s, call_routed, leader_lost
+from ._routing import LOSS, Router, RoutingStats, backoff_s, leader_lost
 from ._settings import check_ints
-from ._transport import BACKOFF_MAX_S, BACKOFF_MIN_S, Addresses, Transport, parse_addrs
+from ._transport import (
+    BACKOFF_MAX_S,
+    BACKOFF_MIN_S,
+    Addresses,
+    Transport,
+    consumer_connect,
+    parse_addrs,
+)
 
 __all__ = ["AsyncSubscriber", "Subscriber"]
 
@@ -178,15 +185,10 @@ class AsyncSubscriber:
         self.group_name: str | None = None
         self._addr = addr if isinstance(addr, str) else ",".join(addr)
 
+        opened = consumer_connect(request_timeout_ms, connect_timeout_ms, tls, credentials)
+
         def connect(address: Addresses) -> Transport:
-            t = Transport(
-                address,
-                request_timeout_s=request_timeout_ms / 1000,
-                connect_timeout_s=connect_timeout_ms / 1000,
-                max_in_flight=8,
-                tls=tls,
-                credentials=credentials,
-            )
+            t = opened(address)
             t.on_push = self._on_push
             t.on_lost = lambda error: self._on_lost(t)
             return t
@@ -295,33 +297,8 @@ class AsyncSubscriber:
             raise
 
     async def _resolve(self, wanted: list[tuple[str, int, Offset]]) -> list[tuple[TP, int]]:
-        """Resolve positions: in one request to the one node, or in a cluster each at its
-        partition's leader (learning the cluster from the first NotLeaderError)."""
-        router = self._router
-        if not router.clustered:
-            try:
-                return await resolve_positions(self._t, wanted)
-            except NotLeaderError:
-                await router.refresh({topic for topic, _, _ in wanted})
-                if not router.clustered:
-                    raise
-        out: list[tuple[TP, int]] = []
-        for topic, partition, offset in wanted:
-
-            async def send(
-                t: Transport, w: tuple[str, int, Offset] = (topic, partition, offset)
-            ) -> list[tuple[TP, int]]:
-                return await resolve_positions(t, [w])
-
-            out += await call_routed(
-                router,
-                topic,
-                partition,
-                send,
-                timeout_s=self._t.request_timeout_s,
-                resend_on_loss=True,
-            )
-        return out
+        """Resolve positions (:func:`resolve_positions_routed`)."""
+        return await resolve_positions_routed(self._router, self._t, wanted)
 
     async def _place(self, tps: list[TP]) -> None:
         """Subscribe ``tps`` where they are delivered: on the one connection, or in a

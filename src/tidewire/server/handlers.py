@@ -14,7 +14,7 @@ import msgspec
 
 from tidewire import __version__
 from tidewire.broker import Broker, FetchResult
-from tidewire.broker.consumer_groups import ResetTo
+from tidewire.broker.consumer_groups import GroupDescription, ResetTo
 from tidewire.cluster import cluster_node
 from tidewire.errors import (
     BackpressureError,
@@ -632,14 +632,9 @@ async def list_groups(b: Broker, s: ServerInfo, req: ListGroupsRequest, _: memor
     return ListGroupsResponse(groups=groups), []
 
 
-async def describe_group(
-    b: Broker, s: ServerInfo, req: DescribeGroupRequest, _: memoryview
-) -> Reply:
-    b.groups.check_coordinator(req.group_id)
-    try:
-        d = b.groups.describe(req.group_id)
-    except TidewireError as exc:
-        return DescribeGroupResponse(group_id=req.group_id, **_err(exc)), []
+def describe_response(d: GroupDescription) -> DescribeGroupResponse:
+    """The DESCRIBE_GROUP answer of a group this node coordinates (the HTTP API's group
+    description is made from it too)."""
     members = [
         GroupMember(
             member_id=m.member_id,
@@ -669,7 +664,18 @@ async def describe_group(
         strategy=d.strategy,
         members=members,
         offsets=offsets,
-    ), []
+    )
+
+
+async def describe_group(
+    b: Broker, s: ServerInfo, req: DescribeGroupRequest, _: memoryview
+) -> Reply:
+    b.groups.check_coordinator(req.group_id)
+    try:
+        d = b.groups.describe(req.group_id)
+    except TidewireError as exc:
+        return DescribeGroupResponse(group_id=req.group_id, **_err(exc)), []
+    return describe_response(d), []
 
 
 async def delete_group(b: Broker, s: ServerInfo, req: DeleteGroupRequest, _: memoryview) -> Reply:

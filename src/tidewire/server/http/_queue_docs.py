@@ -47,6 +47,8 @@ def exchange_doc(spec: ExchangeSpec) -> dict[str, Any]:
 
 
 def binding_doc(b: Binding) -> dict[str, Any]:
+    """A binding's document (Binding), whose fields are also those of the binary
+    protocol's bind and unbind of it."""
     return {
         "exchange": b.exchange,
         "destination": b.destination,

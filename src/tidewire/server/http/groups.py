@@ -24,6 +24,7 @@ from tidewire.protocol.messages import (
 )
 from tidewire.security.model import ResourceType
 from tidewire.server.gate import gate_for, names_allowed
+from tidewire.server.handlers import describe_response
 from tidewire.server.http._common import json_response, parse_body, request_body, responses
 from tidewire.server.http._listing import (
     DEFAULT_PAGE,
@@ -109,37 +110,7 @@ def groups_router(ctx: GatewayContext) -> APIRouter:
             finally:
                 await peer.close()
             return json_response(_described(got))
-        d = broker.groups.describe(group)
-        return json_response(
-            {
-                "group": d.group_id,
-                "state": str(d.state),
-                "generation": d.generation,
-                "strategy": d.strategy,
-                "members": [
-                    {
-                        "member_id": m.member_id,
-                        "group_instance_id": m.instance_id,
-                        "client_id": m.client_id,
-                        "topics": list(m.topics),
-                        "pattern": m.pattern,
-                        "assignment": [[t, p] for t, p in m.assignment],
-                    }
-                    for m in d.members
-                ],
-                "offsets": [
-                    {
-                        "topic": x.topic,
-                        "partition": x.partition,
-                        "committed": x.committed,
-                        "end_offset": x.end_offset,
-                        "lag": x.lag,
-                        "metadata": x.metadata,
-                    }
-                    for x in d.offsets
-                ],
-            }
-        )
+        return json_response(_described(describe_response(broker.groups.describe(group))))
 
     @router.post(
         "/{group}/commit",
@@ -287,8 +258,8 @@ async def _coordinator_elsewhere(ctx: GatewayContext, group: str) -> PeerClient 
 
 
 def _described(d: DescribeGroupResponse) -> dict[str, Any]:
-    """The GroupDescription document of a coordinator's DESCRIBE_GROUP answer (as the
-    coordinator's own HTTP API makes it)."""
+    """The GroupDescription document of a DESCRIBE_GROUP answer: another coordinator's,
+    forwarded, or this node's own (:func:`~tidewire.server.handlers.describe_response`)."""
     return {
         "group": d.group_id,
         "state": d.state,

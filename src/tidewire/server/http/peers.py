@@ -325,6 +325,18 @@ class PeerClient:
             TidewireError: the leader's error; NotLeaderError, ...: no leader answered
                 within the timeout.
         """
+        return await self._answered(topic, partition, request, _own_error)
+
+    async def _answered(
+        self,
+        topic: str,
+        partition: int,
+        request: Any,
+        error_of: Callable[[Any], tuple[int, str]],
+    ) -> Any:
+        """``request`` answered by the leader of ``topic``/``partition``, not sent again
+        after a lost connection: the answer's body, or the error ``error_of`` finds in it
+        (its code and message; code 0: none) raised."""
         await self._learn(topic, partition)
         timeout = self._bootstrap.request_timeout_s
 
@@ -332,8 +344,9 @@ class PeerClient:
             response = await t.request(request, timeout_s=timeout)
             assert response is not None
             body = response.body
-            if body.error_code:
-                raise for_code(body.error_code)(body.error_message)
+            code, message = error_of(body)
+            if code:
+                raise for_code(code)(message)
             return body
 
         return await call_routed(
@@ -469,26 +482,7 @@ class PeerClient:
                 within the timeout.
         """
         p = coordinator_partition(group)
-        await self._learn(OFFSETS_TOPIC, p)
-        timeout = self._bootstrap.request_timeout_s
-
-        async def send(t: Transport) -> Any:
-            response = await t.request(request, timeout_s=timeout)
-            assert response is not None
-            body = response.body
-            code = getattr(body, "error_code", 0)
-            message = getattr(body, "error_message", "")
-            for result in getattr(body, "results", ()):  # a reset's results have none
-                if getattr(result, "error_code", 0):
-                    code, message = result.error_code, result.error_message
-                    break
-            if code:
-                raise for_code(code)(message)
-            return body
-
-        return await call_routed(
-            self._router, OFFSETS_TOPIC, p, send, timeout_s=self.timeout_s, resend_on_loss=False
-        )
+        return await self._answered(OFFSETS_TOPIC, p, request, _group_error)
 
     async def ask_every_node(self, request: Any) -> list[Any]:
         """The answer bodies of every node of the cluster to ``request`` (this one included).
@@ -497,6 +491,22 @@ class PeerClient:
             ConnectionLostError, RequestTimedOutError: a node did not answer.
         """
         return await self._router.ask_every_node(request)
+
+
+def _own_error(body: Any) -> tuple[int, str]:
+    """The error an answer's body carries (code 0: none)."""
+    return (body.error_code, body.error_message) if body.error_code else (0, "")
+
+
+def _group_error(body: Any) -> tuple[int, str]:
+    """The error of a group request's answer: its own, or its first partition's (the same
+    for all of a commit; a reset's results have none)."""
+    code = getattr(body, "error_code", 0)
+    message = getattr(body, "error_message", "")
+    for result in getattr(body, "results", ()):
+        if getattr(result, "error_code", 0):
+            return result.error_code, result.error_message
+    return code, message
 
 
 class PublishForwarder:

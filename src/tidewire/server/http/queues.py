@@ -280,7 +280,7 @@ def queues_router(ctx: GatewayContext) -> APIRouter:
         try:
             await broker.queues.bind(b)
         except NotLeaderError as exc:
-            await forward_to_server(ctx, exc, wire.QueueBindRequest(**_wire_binding(b)))
+            await forward_to_server(ctx, exc, wire.QueueBindRequest(**binding_doc(b)))
         return json_response({"bindings": [binding_doc(b)]}, 201)
 
     @router.delete(
@@ -297,7 +297,7 @@ def queues_router(ctx: GatewayContext) -> APIRouter:
         try:
             await broker.queues.unbind(b)
         except NotLeaderError as exc:
-            await forward_to_server(ctx, exc, wire.QueueUnbindRequest(**_wire_binding(b)))
+            await forward_to_server(ctx, exc, wire.QueueUnbindRequest(**binding_doc(b)))
         return Response(status_code=204)
 
     # --- queues ---------------------------------------------------------------------------------
@@ -438,14 +438,3 @@ def _declare_request(spec: QueueSpec) -> wire.QueueDeclareRequest:
         dead_letter_routing_key=spec.dead_letter_routing_key,
         visibility_timeout_ms=spec.visibility_timeout_ms,
     )
-
-
-def _wire_binding(b: Binding) -> dict[str, Any]:
-    """The fields of the binary protocol's bind and unbind of ``b``."""
-    return {
-        "exchange": b.exchange,
-        "destination": b.destination,
-        "destination_kind": b.destination_kind,
-        "key": b.key,
-        "arguments": dict(b.arguments),
-    }
