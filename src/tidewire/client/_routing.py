@@ -29,7 +29,6 @@ import contextlib
 import random
 import time
 import zlib
-from asyncio import FIRST_COMPLETED
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -88,11 +87,6 @@ RETRY_BACKOFF_MIN_S = 0.05
 #: session timeout, and a client that polls at this pace finds it within a quarter second (a
 #: connection refused by a dead node, or a METADATA answer, is cheap at four a second).
 RETRY_BACKOFF_MAX_S = 0.25
-#: How long a metadata refresh waits on one node before it asks the next one as well (s):
-#: far above what a node that is up takes to answer METADATA (it is served from memory),
-#: far below a request timeout, which is what a node that is cut off (its connections
-#: accepted or half-open, never answered) would otherwise cost every refresh.
-METADATA_HEDGE_S = 0.5
 
 
 def backoff_s(attempt: int) -> float:
@@ -123,8 +117,8 @@ class RoutingStats:
     """
 
     #: METADATA questions asked to locate leaders (the first ones, when a client starts
-    #: using a topic, included), answered or not; a question asked of several nodes at once
-    #: because one stayed silent is one refresh.
+    #: using a topic, included), answered or not; a question passed on to the next node
+    #: because one did not answer is one refresh.
     metadata_refreshes: int = 0
     #: Times a request, or a push subscription, found that its node does not (or no longer)
     #: lead its partition -- :class:`NotLeaderError`, and in a cluster also a partition
@@ -175,8 +169,6 @@ class Router:
         self._bootstrap_silent = False
         self._throttled_closed_ms = 0  # throttle time of connections closed since
         self._refresh: asyncio.Task[None] | None = None
-        #: Connections opened for one METADATA question only (see :meth:`refresh`).
-        self._questions: list[Transport] = []
         #: The last leader known of partitions whose leader is not known now (forgotten, or
         #: named as none): so that the leader learned next is counted as a move if it is
         #: another node (:attr:`RoutingStats.leader_moves`).
@@ -267,13 +259,6 @@ class Router:
         bootstrap connection (which itself tries every bootstrap address), then of each other
         node known, until one answers.
 
-        A node that has not answered within :data:`METADATA_HEDGE_S` is not waited on alone:
-        the next node is asked too, and the first answer is taken (the questions still open
-        are dropped). A healthy node answers well within that, so a healthy cluster gets one
-        question per refresh; a node cut off (whose connection accepts and stays silent)
-        costs a refresh that pause, not a request timeout. A node that fails at once (a
-        refused connection) passes the question on at once.
-
         Raises:
             ConnectionLostError, RequestTimedOutError: no node answered (the last failure).
             TidewireError: the broker refused the request.
@@ -282,71 +267,33 @@ class Router:
         self.stats.metadata_refreshes += 1
         others = [node for node in sorted(self._nodes) if node != self._bootstrap_node]
         failure: TidewireError | None = None
-        queue = [*others, -1] if self._bootstrap_silent else [-1, *others]
-        hedge_s = min(METADATA_HEDGE_S, self.bootstrap.request_timeout_s)
-        asked: dict[asyncio.Task[Any], tuple[int, Transport]] = {}
-        try:
-            while queue or asked:
-                if queue:
-                    node = queue.pop(0)
-                    transport = self._transport_of(node)
-                    task = asyncio.ensure_future(transport.request(request))
-                    asked[task] = (node, transport)
-                done, _ = await asyncio.wait(
-                    asked, timeout=hedge_s if queue else None, return_when=FIRST_COMPLETED
-                )
-                for task in done:
-                    node, transport = asked.pop(task)
-                    try:
-                        response = task.result()
-                    except _LOSS as exc:
-                        if node < 0 and isinstance(exc, RequestTimedOutError):
-                            self._bootstrap_silent = True
-                        failure = exc
-                        continue
-                    assert response is not None
-                    if node < 0:
-                        self._bootstrap_silent = False
-                    elif any(n < 0 for n, _ in asked.values()):
-                        # The bootstrap node was asked and has not answered yet: ask the
-                        # others first from now on (until it answers a refresh again).
-                        self._bootstrap_silent = True
-                    body: MetadataResponse = response.body
-                    await self.learn(body, transport)
-                    return body
-        finally:
-            for task in asked:
-                task.cancel()
-            if asked:
-                await asyncio.wait(asked)
-            for task in asked:
-                if not task.cancelled():
-                    task.exception()  # seen: dropped with the question
-            await self._close_questions()
+        order = [*others, -1] if self._bootstrap_silent else [-1, *others]
+        for node in order:
+            if node < 0:
+                transport = self.bootstrap
+            elif node in self._links:
+                transport = self._links[node]
+            else:
+                host, port = self._nodes[node]
+                transport = self._connect(f"{host}:{port}")  # for this question only
+            try:
+                response = await transport.request(request)
+            except _LOSS as exc:
+                if node < 0 and isinstance(exc, RequestTimedOutError):
+                    self._bootstrap_silent = True
+                failure = exc
+                continue
+            finally:
+                if node >= 0 and transport is not self._links.get(node):
+                    await transport.close()
+            assert response is not None
+            if node < 0:
+                self._bootstrap_silent = False
+            body: MetadataResponse = response.body
+            await self.learn(body, transport)
+            return body
         assert failure is not None
         raise failure
-
-    def _transport_of(self, node: int) -> Transport:
-        """The connection to ask ``node`` on (-1: the bootstrap connection): its open link,
-        or one made for this question only (closed by :meth:`_close_questions`)."""
-        if node < 0:
-            return self.bootstrap
-        link = self._links.get(node)
-        if link is not None:
-            return link
-        host, port = self._nodes[node]
-        transport = self._connect(f"{host}:{port}")
-        self._questions.append(transport)
-        return transport
-
-    async def _close_questions(self) -> None:
-        """Close the connections made for one question only (those the router did not keep
-        as a node's link meanwhile)."""
-        questions, self._questions = self._questions, []
-        kept = set(map(id, self._links.values()))
-        for transport in questions:
-            if id(transport) not in kept:
-                await transport.close()
 
     async def ask_nodes_until(self, request: Any, done: Callable[[Any], bool]) -> Any | None:
         """Ask the cluster's nodes in turn (after a metadata refresh names them) until one's
