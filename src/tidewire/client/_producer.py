@@ -57,6 +57,7 @@ from tidewire.protocol.messages import (
     ProducerStateRequest,
     TopicDescription,
 )
+from tidewire.records._impl import append_sticky as _append_sticky
 from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
@@ -282,6 +283,9 @@ class AsyncProducer:
         self._refresh_at = 0.0
         self._identified = asyncio.Event()  # set once the session is READY or FATAL
         self._sticky_start: dict[str, int] = {}  # a writer's first partition per topic
+        #: The compiled path of ``send`` for unkeyed messages, or None (the pure codec; a
+        #: writer, which routes them by count instead).
+        self._append_sticky = _append_sticky if self._writer is None else None
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -430,6 +434,22 @@ class AsyncProducer:
         t = _tracer()  # None without an OpenTelemetry SDK: nothing else is done for tracing
         if t is not None:
             return await self._send_traced(t, acc, topic, value, key, headers, partition, timestamp)
+        if (
+            key is None
+            and headers is None
+            and partition is None
+            and timestamp is None
+            and (sticky := self._append_sticky) is not None
+            and not self._closing
+            and self._fatal is None
+        ):
+            # The common case, an unkeyed message into the open batch of its topic's sticky
+            # partition, in one compiled call (None: the path below has more to do).
+            fut = sticky(self._topics, topic, value, _time_ns(), acc, RecordFuture)
+            if fut is not None:
+                if self._wake.is_set():
+                    await asyncio.sleep(0)  # as below
+                return fut  # type: ignore[no-any-return]
         got = self._append(acc, topic, value, key, headers, partition, timestamp)
         if type(got) is tuple:
             if self._wake.is_set():

@@ -10,8 +10,9 @@ pass the same conformance suite (tests/records) and return the same records and 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from types import ModuleType
-from typing import Final
+from typing import Any, Final
 
 from tidewire.records import builder as _pure_builder
 from tidewire.records import reader as _pure_reader
@@ -23,6 +24,7 @@ __all__ = [
     "RECORDS_AS_PARTS",
     "BatchBuilder",
     "append_record",
+    "append_sticky",
     "read_columns",
     "read_records",
 ]
@@ -51,7 +53,11 @@ IMPLEMENTATION: Final = "python" if COMPILED is None else "compiled"
 RECORDS_AS_PARTS: Final = COMPILED is None
 
 BatchBuilder: type[_pure_builder.BatchBuilder]
+#: The producer's one-call path for an unkeyed message into its sticky batch (compiled only:
+#: see ``_speedups.append_sticky``); None where the Python path does it all.
+append_sticky: Callable[..., Any] | None
 if COMPILED is None:
+    append_sticky = None
     BatchBuilder = _pure_builder.BatchBuilder
     append_record = _pure_builder.append_record
     read_records = _pure_reader.read_records
@@ -61,5 +67,6 @@ else:
     # A module built from an older _speedups.pyx (a checkout updated without building it
     # again) has no append_record: the pure one takes a bytearray too, only slower.
     append_record = getattr(COMPILED, "append_record", _pure_builder.append_record)
+    append_sticky = getattr(COMPILED, "append_sticky", None)
     read_records = COMPILED.read_records
     read_columns = COMPILED.read_columns

@@ -91,7 +91,7 @@ cdef extern from *:
     int __builtin_add_overflow(int64_t, int64_t, int64_t*) nogil
     int __builtin_sub_overflow(int64_t, int64_t, int64_t*) nogil
 
-__all__ = ["BatchBuilder", "read_columns", "read_records"]
+__all__ = ["BatchBuilder", "append_record", "append_sticky", "read_columns", "read_records"]
 
 cdef Py_ssize_t _OVERHEAD = BATCH_OVERHEAD
 cdef object _TUPLE = tuple
@@ -416,6 +416,123 @@ def append_record(bytearray buf not None, value, key, bytes headers not None,
     if hlen:
         memcpy(out, PyBytes_AS_STRING(headers), hlen)
     return total
+
+
+cdef extern from *:
+    """
+    /* A tuple subclass instance (the producer's RecordFuture) of 3 items, each reference
+       stolen: what tuple.__new__(cls, (a, b, c)) makes, without the argument tuple. */
+    static PyObject* tw_triple(PyObject* cls, PyObject* a, PyObject* b, PyObject* c) {
+        PyTypeObject* t = (PyTypeObject*)cls;
+        PyObject* made = t->tp_alloc(t, 3);
+        if (made == NULL) {
+            Py_DECREF(a); Py_DECREF(b); Py_DECREF(c);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(made, 0, a); PyTuple_SET_ITEM(made, 1, b);
+        PyTuple_SET_ITEM(made, 2, c);
+        return made;
+    }
+    """
+    object tw_triple(object cls, PyObject* a, PyObject* b, PyObject* c)
+
+cdef int64_t _NS_PER_MS = 1_000_000
+#: Room the accumulator keeps for a record's deltas and length prefix besides its payload.
+cdef Py_ssize_t _RECORD_SLACK = 16
+
+
+def append_sticky(dict topics not None, topic, value, timestamp_ns, acc, future_cls):
+    """The producer's hot path for an unkeyed message without headers, partition or
+    timestamp, in one call: what ``AsyncProducer._append`` and ``Accumulator.append`` do for
+    it when ``topic``'s sticky batch (``_Topic.sticky_batch``) is still open and has room,
+    then the message's future, ``future_cls((batch, index, timestamp))``.
+
+    ``topics`` is the producer's ``_Topic`` of each topic name, ``acc`` its ``Accumulator``
+    (their attributes are read and updated exactly as the Python path does, under ``acc``'s
+    append lock when it has one); ``timestamp_ns`` is ``time.time_ns()`` (the record's
+    timestamp is its whole ms).
+
+    Returns None, having changed nothing, whenever the Python path has anything else to do:
+    a topic not known yet, no sticky batch or one that was closed, a value that is not
+    ``bytes``, a batch or buffer without room (the Python path rolls over, waits or raises),
+    a timestamp outside 64 bits. The record's bytes are :func:`append_record`'s."""
+    cdef Py_ssize_t vlen, n, need, size, index, body, total, at
+    cdef int64_t tns, ts, first, max_ts, tsd
+    cdef char* out
+    if value is not None and type(value) is not bytes:
+        return None
+    meta = topics.get(topic)
+    if meta is None:
+        return None
+    batch = meta.sticky_batch
+    if batch is None:
+        return None
+    state = batch.state
+    vlen = -1 if value is None else PyBytes_GET_SIZE(value)
+    # Accumulator.append's estimate: attributes, value length and value (or a null value),
+    # the one-byte empty headers part and the null key; then the deltas and prefix.
+    n = 3 if vlen < 0 else 1 + _varint_size(vlen) + vlen + 1
+    need = n + 1 + _RECORD_SLACK
+    limit = meta.limit
+    if need + _OVERHEAD > limit or need > acc.buffer_bytes:
+        return None  # too large: the Python path raises
+    tns = timestamp_ns
+    if tns < 0:
+        return None
+    ts = tns // _NS_PER_MS
+    lock = acc._append_lock
+    if lock is not None:
+        lock.acquire()
+    try:
+        if state.open is not batch:
+            return None  # sent or closed: the Python path moves on to the next partition
+        if acc.used + need > acc.buffer_bytes:
+            return None
+        size = batch.size
+        index = batch.count
+        if index and (size + need > acc.batch_bytes or size + need > limit):
+            return None  # full: the Python path closes it and rolls over
+        try:
+            first = batch.first_ts
+            max_ts = batch.max_ts
+        except OverflowError:  # a timestamp past 64 bits: the Python path raises its error
+            return None
+        if __builtin_sub_overflow(ts, first, &tsd):
+            return None
+        body = (1 + _varint_size(tsd) + _varint_size(index) + 1 + _varint_size(vlen)
+                + (vlen if vlen > 0 else 0) + 1)
+        total = body + _varint_size(body)
+        buf = batch.buf
+        if type(buf) is not bytearray:
+            return None
+        at = PyByteArray_GET_SIZE(buf)
+        PyByteArray_Resize(buf, at + total)
+        out = PyByteArray_AS_STRING(buf) + at
+        out += _put_varint(out, body)
+        out[0] = 0  # attributes
+        out += 1
+        out += _put_varint(out, tsd)
+        out += _put_varint(out, index)
+        out += _put_varint(out, -1)  # no key
+        out += _put_varint(out, vlen)
+        if vlen > 0:
+            memcpy(out, PyBytes_AS_STRING(value), vlen)
+            out += vlen
+        out[0] = 0  # no headers
+        batch.size = size + total
+        acc.used = acc.used + total
+        batch.count = index + 1
+        stamp = PyLong_FromLongLong(ts)
+        if ts > max_ts:
+            batch.max_ts = stamp
+    finally:
+        if lock is not None:
+            lock.release()
+    i = PyLong_FromLongLong(index)
+    Py_INCREF(batch)
+    Py_INCREF(i)
+    Py_INCREF(stamp)
+    return tw_triple(future_cls, <PyObject*>batch, <PyObject*>i, <PyObject*>stamp)
 
 
 cdef class BatchBuilder:
