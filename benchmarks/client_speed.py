@@ -23,7 +23,8 @@ of the broker's process (``/proc/<pid>/stat``) for the broker side.
 - ``produce``: ``--produce-messages`` sends of 1 KiB, one ``await producer.send(...)`` each,
   acks="durable" (``--batch-bytes``: the producer's batch size, else its default), timed from
   the first send to the end of ``flush()``; against a broker with ``fsync=always`` and with
-  ``fsync=interval``.
+  ``fsync=interval``; also the client's minor page faults per message (first touches of
+  fresh memory: the batches' buffers).
 - ``live``: a producer (this process; linger_ms=1, ``--batch-bytes`` or its default) and a
   group of 2 members (a process each, push delivery: ``tidewire bench e2e``'s members) at
   once, unpaced, ``--live-messages``: messages/s delivered to the group.
@@ -38,6 +39,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -173,20 +175,24 @@ def catchup(args: argparse.Namespace) -> dict[str, Any]:
 # --- produce -----------------------------------------------------------------------------------
 
 
-async def _produce(addr: str, topic: str, n: int, batch_bytes: int | None) -> tuple[float, float]:
+async def _produce(
+    addr: str, topic: str, n: int, batch_bytes: int | None
+) -> tuple[float, float, int]:
     value = _value()
     options = {} if batch_bytes is None else {"batch_bytes": batch_bytes}
     async with AsyncProducer(addr, acks="durable", **options) as producer:
         await (await producer.send(topic, value))  # connect, metadata, producer id
+        faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         cpu0, t0 = time.process_time(), time.perf_counter()
         fut = None
         for _ in range(n):
             fut = await producer.send(topic, value)
         await producer.flush()
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
         assert fut is not None
         await fut  # raises if the last batch failed
-    return elapsed, cpu
+    return elapsed, cpu, faults
 
 
 def produce(args: argparse.Namespace) -> dict[str, Any]:
@@ -198,13 +204,15 @@ def produce(args: argparse.Namespace) -> dict[str, Any]:
         with serve(*_quiet, "--fsync", fsync, "--partitions", str(args.partitions)) as b:
             for rep in range(args.reps):
                 cpu_b = _cpu_of(b.pid)
-                elapsed, cpu = run(_produce(b.addr, f"produce-{rep}", n, args.batch_bytes))
+                elapsed, cpu, faults = run(_produce(b.addr, f"produce-{rep}", n, args.batch_bytes))
                 broker_cpu = _cpu_of(b.pid) - cpu_b
                 runs.append(
                     {
                         "msg_per_s": n / elapsed,
                         "client_cpu_us_per_msg": cpu / n * 1e6,
                         "broker_cpu_us_per_msg": broker_cpu / n * 1e6,
+                        # First touches of fresh memory (batch buffers): each costs a fault.
+                        "client_minflt_per_msg": faults / n,
                     }
                 )
                 _note(f"produce fsync={fsync} run {rep + 1}: {n / elapsed:,.0f} msg/s")

@@ -30,10 +30,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from tidewire.errors import BatchTooLargeError
-from tidewire.records import varint
+from tidewire.records import _impl, varint
 from tidewire.records._impl import RECORDS_AS_PARTS, append_record
 from tidewire.records.batch import BATCH_OVERHEAD, seal_batch, seal_batch_in_place
 from tidewire.records.builder import VARINTS
@@ -138,22 +138,25 @@ class PartitionState:
         return f"PartitionState({self.topic!r}, {self.partition})"
 
 
-class ProducerBatch:
-    """The records of one batch for one partition, its future, and its sending state."""
+if TYPE_CHECKING:
+    from tidewire.records.builder import OpenRecords as _OpenRecords
+else:  # the compiled twin's C fields where it is built (records._speedups.append_sticky)
+    _OpenRecords = _impl.OpenRecords
+
+
+class ProducerBatch(_OpenRecords):
+    """The records of one batch for one partition, its future, and its sending state
+    (``buf``, ``size``, ``count``, ``first_ts`` and ``max_ts``: see
+    :class:`~tidewire.records.builder.OpenRecords`)."""
 
     __slots__ = (
         "attempts",
         "base_sequence",
-        "buf",
-        "count",
         "created",
         "data",
-        "first_ts",
         "future",
-        "max_ts",
         "no",
         "retry_at",
-        "size",
         "state",
         "tail",
     )
@@ -347,6 +350,25 @@ class Accumulator:
             is full or flushed, whatever ``linger_s``, and its delivery timeout counts from
             its first send.
     """
+
+    # Slots: the producer's compiled path reads and writes some of these once per message.
+    __slots__ = (
+        "_append_lock",
+        "_clock",
+        "_new_future",
+        "_on_release",
+        "_wake",
+        "batch_bytes",
+        "buffer_bytes",
+        "by_size",
+        "flushing",
+        "in_flight",
+        "linger_s",
+        "lock",
+        "partitions",
+        "queued",
+        "used",
+    )
 
     def __init__(
         self,

@@ -23,6 +23,7 @@ __all__ = [
     "PURE_PYTHON_ENV",
     "RECORDS_AS_PARTS",
     "BatchBuilder",
+    "OpenRecords",
     "append_record",
     "append_sticky",
     "read_columns",
@@ -56,8 +57,10 @@ BatchBuilder: type[_pure_builder.BatchBuilder]
 #: The producer's one-call path for an unkeyed message into its sticky batch (compiled only:
 #: see ``_speedups.append_sticky``); None where the Python path does it all.
 append_sticky: Callable[..., Any] | None
+OpenRecords: type[_pure_builder.OpenRecords]
 if COMPILED is None:
     append_sticky = None
+    OpenRecords = _pure_builder.OpenRecords
     BatchBuilder = _pure_builder.BatchBuilder
     append_record = _pure_builder.append_record
     read_records = _pure_reader.read_records
@@ -67,6 +70,8 @@ else:
     # A module built from an older _speedups.pyx (a checkout updated without building it
     # again) has no append_record: the pure one takes a bytearray too, only slower.
     append_record = getattr(COMPILED, "append_record", _pure_builder.append_record)
+    # Both or neither: append_sticky works on the compiled OpenRecords' fields.
     append_sticky = getattr(COMPILED, "append_sticky", None)
+    OpenRecords = getattr(COMPILED, "OpenRecords", _pure_builder.OpenRecords)
     read_records = COMPILED.read_records
     read_columns = COMPILED.read_columns

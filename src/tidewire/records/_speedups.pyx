@@ -91,7 +91,9 @@ cdef extern from *:
     int __builtin_add_overflow(int64_t, int64_t, int64_t*) nogil
     int __builtin_sub_overflow(int64_t, int64_t, int64_t*) nogil
 
-__all__ = ["BatchBuilder", "append_record", "append_sticky", "read_columns", "read_records"]
+__all__ = [
+    "BatchBuilder", "OpenRecords", "append_record", "append_sticky", "read_columns", "read_records"
+]
 
 cdef Py_ssize_t _OVERHEAD = BATCH_OVERHEAD
 cdef object _TUPLE = tuple
@@ -436,6 +438,17 @@ cdef extern from *:
     """
     object tw_triple(object cls, PyObject* a, PyObject* b, PyObject* c)
 
+cdef class OpenRecords:
+    """See :class:`tidewire.records.builder.OpenRecords`: the same attributes, held in C
+    fields that :func:`append_sticky` reads and writes directly."""
+
+    cdef public object buf
+    cdef public Py_ssize_t size
+    cdef public Py_ssize_t count
+    cdef public object first_ts
+    cdef public object max_ts
+
+
 cdef int64_t _NS_PER_MS = 1_000_000
 #: Room the accumulator keeps for a record's deltas and length prefix besides its payload.
 cdef Py_ssize_t _RECORD_SLACK = 16
@@ -456,25 +469,27 @@ def append_sticky(dict topics not None, topic, value, timestamp_ns, acc, future_
     a topic not known yet, no sticky batch or one that was closed, a value that is not
     ``bytes``, a batch or buffer without room (the Python path rolls over, waits or raises),
     a timestamp outside 64 bits. The record's bytes are :func:`append_record`'s."""
-    cdef Py_ssize_t vlen, n, need, size, index, body, total, at
+    cdef Py_ssize_t vlen, n, need, size, index, body, total, at, used, room
     cdef int64_t tns, ts, first, max_ts, tsd
     cdef char* out
+    cdef OpenRecords batch
     if value is not None and type(value) is not bytes:
         return None
     meta = topics.get(topic)
     if meta is None:
         return None
-    batch = meta.sticky_batch
-    if batch is None:
-        return None
-    state = batch.state
+    found = meta.sticky_batch
+    if not isinstance(found, OpenRecords):
+        return None  # none yet (or the pure twin's batch)
+    batch = <OpenRecords>found
     vlen = -1 if value is None else PyBytes_GET_SIZE(value)
     # Accumulator.append's estimate: attributes, value length and value (or a null value),
     # the one-byte empty headers part and the null key; then the deltas and prefix.
     n = 3 if vlen < 0 else 1 + _varint_size(vlen) + vlen + 1
     need = n + 1 + _RECORD_SLACK
     limit = meta.limit
-    if need + _OVERHEAD > limit or need > acc.buffer_bytes:
+    room = acc.buffer_bytes
+    if need + _OVERHEAD > limit or need > room:
         return None  # too large: the Python path raises
     tns = timestamp_ns
     if tns < 0:
@@ -484,14 +499,11 @@ def append_sticky(dict topics not None, topic, value, timestamp_ns, acc, future_
     if lock is not None:
         lock.acquire()
     try:
-        if state.open is not batch:
+        if batch.state.open is not batch:
             return None  # sent or closed: the Python path moves on to the next partition
-        if acc.used + need > acc.buffer_bytes:
+        buf = batch.buf
+        if type(buf) is not bytearray:
             return None
-        size = batch.size
-        index = batch.count
-        if index and (size + need > acc.batch_bytes or size + need > limit):
-            return None  # full: the Python path closes it and rolls over
         try:
             first = batch.first_ts
             max_ts = batch.max_ts
@@ -499,12 +511,16 @@ def append_sticky(dict topics not None, topic, value, timestamp_ns, acc, future_
             return None
         if __builtin_sub_overflow(ts, first, &tsd):
             return None
+        used = acc.used
+        if used + need > room:
+            return None
+        size = batch.size
+        index = batch.count
+        if index and (size + need > acc.batch_bytes or size + need > limit):
+            return None  # full: the Python path closes it and rolls over
         body = (1 + _varint_size(tsd) + _varint_size(index) + 1 + _varint_size(vlen)
                 + (vlen if vlen > 0 else 0) + 1)
         total = body + _varint_size(body)
-        buf = batch.buf
-        if type(buf) is not bytearray:
-            return None
         at = PyByteArray_GET_SIZE(buf)
         PyByteArray_Resize(buf, at + total)
         out = PyByteArray_AS_STRING(buf) + at
@@ -520,7 +536,7 @@ def append_sticky(dict topics not None, topic, value, timestamp_ns, acc, future_
             out += vlen
         out[0] = 0  # no headers
         batch.size = size + total
-        acc.used = acc.used + total
+        acc.used = used + total
         batch.count = index + 1
         stamp = PyLong_FromLongLong(ts)
         if ts > max_ts:

@@ -14,7 +14,7 @@ from tidewire.records import varint
 from tidewire.records.batch import BATCH_OVERHEAD, TimestampType, seal_batch
 from tidewire.records.compression import Codec, check_codec, compress
 
-__all__ = ["VARINTS", "BatchBuilder", "Header", "append_record", "build_batch"]
+__all__ = ["VARINTS", "BatchBuilder", "Header", "OpenRecords", "append_record", "build_batch"]
 
 #: A record header: a UTF-8 key and a value that may be null.
 Header = tuple[str, bytes | None]
@@ -88,6 +88,28 @@ def append_record(  # noqa: PLR0917 (the producer's hot path: positional argumen
     else:
         buf += _join(parts)
     return body + len(lenv)
+
+
+class OpenRecords:
+    """The records of a batch being built by :func:`append_record`, and what a producer counts
+    of them: a base class for the producer's batches (the compiled twin keeps these in C
+    fields, which its one-call append reads and writes without attribute look-ups).
+
+    Attributes:
+        buf: the header's room then the records (a bytearray; the pure producer's parts list).
+        size: the batch's bytes so far, header included.
+        count: its records so far.
+        first_ts, max_ts: the first record's timestamp (the deltas' base) and the largest
+            (ms; -1 before the first record).
+    """
+
+    __slots__ = ("buf", "count", "first_ts", "max_ts", "size")
+
+    buf: bytearray | list[bytes]
+    size: int
+    count: int
+    first_ts: int
+    max_ts: int
 
 
 class BatchBuilder:
