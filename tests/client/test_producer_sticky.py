@@ -1,22 +1,26 @@
-"""The producer's compiled path for unkeyed messages (``records._speedups.append_sticky``)
-against its Python path (``AsyncProducer._append`` and ``Accumulator.append``): the same
-batches, bytes, sizes, memory accounting and futures, message by message. No broker: two
-producers that never connect, each with an accumulator of its own."""
+"""The producer's compiled paths: unkeyed messages (``records._speedups.append_sticky``)
+against the Python path (``AsyncProducer._append`` and ``Accumulator.append``): the same
+batches, bytes, sizes, memory accounting and futures, message by message; and answered
+batches' buffers reused by new batches (``recycle_buffer``) only when nothing else holds
+them. No broker: producers that never connect, each with an accumulator of its own."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import random
+import sys
 
 import pytest
 
 from tidewire.client import AsyncProducer, RecordFuture
 from tidewire.client._accumulator import Accumulator, ProducerBatch
 from tidewire.client._producer import _Topic
-from tidewire.records import _impl
+from tidewire.records import Codec, _impl, builder
+from tidewire.records.batch import BATCH_OVERHEAD
 
 pytestmark = pytest.mark.skipif(
-    _impl.append_sticky is None, reason="the pure-Python codec has no compiled path"
+    _impl.append_sticky is None or _impl.recycle_buffer is None,
+    reason="the pure-Python codec has no compiled paths",
 )
 
 TOPIC = "t"
@@ -118,3 +122,82 @@ def test_the_compiled_path_leaves_everything_else_to_the_python_path() -> None:
     fut[0].state.open = None  # the batch was closed (sent, or a flush)
     assert sticky(p._topics, TOPIC, b"v", ns, acc, RecordFuture) is None
     assert (_batches(acc), acc.used) == before
+
+
+# --- recycled batch buffers -----------------------------------------------------------------------
+
+
+class _Sealed:
+    """What ``recycle_buffer`` reads of a batch: its sealed bytes."""
+
+    def __init__(self, data: bytes | bytearray) -> None:
+        self.data = data
+
+
+def _sealed(size: int = 100_000) -> _Sealed:
+    return _Sealed(bytearray(b"\xff" * size))
+
+
+def test_a_finished_batchs_buffer_is_kept_whole_only_when_nothing_else_holds_it() -> None:
+    recycle = _impl.recycle_buffer
+    assert recycle is not None
+    pool: list[bytearray] = []
+    batch = _sealed()
+    allocated = sys.getsizeof(batch.data)
+    assert recycle(pool, batch, 2)
+    assert batch.data == b""  # still counts as sent
+    assert len(pool) == 1
+    assert pool[0] == bytes(BATCH_OVERHEAD)
+    assert sys.getsizeof(pool[0]) == allocated  # its memory kept
+    held = _sealed()
+    other = held.data  # a transport still writing it, say
+    assert not recycle(pool, held, 2)
+    assert held.data is other
+    assert len(other) == 100_000
+    exported = _sealed()
+    with memoryview(exported.data):
+        assert not recycle(pool, exported, 2)
+    assert len(exported.data) == 100_000
+    assert not recycle(pool, _Sealed(b"compressed: bytes"), 2)
+    assert recycle(pool, _sealed(), 2)
+    assert not recycle(pool, _sealed(), 2)  # the pool is full
+    assert len(pool) == 2
+
+
+def test_records_appended_to_a_recycled_buffer_keep_its_memory() -> None:
+    recycle = _impl.recycle_buffer
+    assert recycle is not None
+    pool: list[bytearray] = []
+    assert recycle(pool, _sealed(), 1)
+    buf = pool.pop()
+    allocated = sys.getsizeof(buf)
+    want = bytearray(BATCH_OVERHEAD)
+    for i in range(3):
+        builder.append_record(want, b"v" * 50, None, b"\x00", i, i)
+        _impl.append_record(buf, b"v" * 50, None, b"\x00", i, i)
+        # Not shrunk to the exact size first (bytearray's own resize does that below half).
+        assert sys.getsizeof(buf) == allocated
+    assert buf == want
+
+
+def test_a_new_batch_takes_an_answered_batchs_buffer_and_builds_the_same_bytes() -> None:
+    p, acc = _producer(False)
+    state = p._topics[TOPIC].partitions[0]
+    got = acc.append(state, b"first", None, b"\x00", 1_000, LIMIT)
+    assert isinstance(got, tuple)
+    first = got[0]
+    acc.seal_open()
+    data = first.build(Codec.NONE, -1, -1)
+    assert acc._pop(state) is first
+    acc.finish(first, in_flight=False, stored=True)
+    del data
+    got = acc.append(state, b"second", b"k", b"\x00", 2_000, LIMIT)
+    assert isinstance(got, tuple)
+    second = got[0]
+    assert first.data == b""  # its buffer went to the second batch
+    fresh, fresh_acc = _producer(False)
+    want = fresh_acc.append(
+        fresh._topics[TOPIC].partitions[0], b"second", b"k", b"\x00", 2_000, LIMIT
+    )
+    assert isinstance(want, tuple)
+    assert second.build(Codec.NONE, -1, -1) == want[0].build(Codec.NONE, -1, -1)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from tidewire.errors import BatchTooLargeError
 from tidewire.records import _impl, varint
-from tidewire.records._impl import RECORDS_AS_PARTS, append_record
+from tidewire.records._impl import RECORDS_AS_PARTS, append_record, recycle_buffer
 from tidewire.records.batch import BATCH_OVERHEAD, seal_batch, seal_batch_in_place
 from tidewire.records.builder import VARINTS
 from tidewire.records.compression import Codec, compress
@@ -65,6 +65,10 @@ _HEADER_ROOM = bytes(BATCH_OVERHEAD)
 _join_mutable = bytearray().join
 #: What :meth:`Accumulator.append` returns when it closed a full batch without opening another.
 ROLLED = -2
+#: Buffers of answered batches kept for new ones (their pages already faulted in): enough for
+#: a steady stream, where a batch is answered about as often as one opens; at most this many
+#: batches' worth of memory (4 MiB at the default ``batch_bytes``) held while idle.
+POOLED_BUFFERS = 4
 
 
 def _v(n: int) -> bytes:
@@ -161,7 +165,13 @@ class ProducerBatch(_OpenRecords):
         "tail",
     )
 
-    def __init__(self, state: PartitionState, future: BatchFuture, now: float) -> None:
+    def __init__(
+        self,
+        state: PartitionState,
+        future: BatchFuture,
+        now: float,
+        buf: bytearray | None = None,
+    ) -> None:
         self.state = state
         self.future = future
         self.created = now
@@ -169,8 +179,13 @@ class ProducerBatch(_OpenRecords):
         state.next_batch_no += 1
         #: Room for the header, then the encoded records (see records.builder.append_record):
         #: the batch once its header is in.
+        #: A recycled buffer (``buf``: header room, pages already touched) where there is one.
         self.buf: bytearray | list[bytes] = (
-            [_HEADER_ROOM] if RECORDS_AS_PARTS else bytearray(_HEADER_ROOM)
+            buf
+            if buf is not None
+            else [_HEADER_ROOM]
+            if RECORDS_AS_PARTS
+            else bytearray(_HEADER_ROOM)
         )
         self.count = 0
         self.size = BATCH_OVERHEAD
@@ -357,6 +372,8 @@ class Accumulator:
         "_clock",
         "_new_future",
         "_on_release",
+        "_pool",
+        "_spent",
         "_wake",
         "batch_bytes",
         "buffer_bytes",
@@ -400,6 +417,10 @@ class Accumulator:
         self.in_flight = 0
         #: Everything counts as ready (flush, close).
         self.flushing = 0
+        #: Buffers of answered batches, reused by the next batches (see POOLED_BUFFERS), and
+        #: answered batches whose buffers may join them.
+        self._pool: list[bytearray] = []
+        self._spent: list[ProducerBatch] = []
 
     def partition(self, topic: str, partition: int) -> PartitionState:
         """The state of one partition (made on first use)."""
@@ -561,7 +582,15 @@ class Accumulator:
 
     def _open(self, state: PartitionState, timestamp: int) -> ProducerBatch:
         """Open a new batch for ``state`` (under the lock)."""
-        batch = ProducerBatch(state, self._new_future(), self._clock())
+        pool = self._pool
+        if not pool and self._spent:
+            assert recycle_buffer is not None
+            for spent in self._spent:  # each kept only if nothing else holds it
+                recycle_buffer(pool, spent, POOLED_BUFFERS)
+            self._spent.clear()
+        batch = ProducerBatch(
+            state, self._new_future(), self._clock(), pool.pop() if pool else None
+        )
         batch.first_ts = batch.max_ts = timestamp
         state.queue.append(batch)
         state.open = batch
@@ -709,6 +738,10 @@ class Accumulator:
             if stored and batch.base_sequence >= 0:
                 state.acked_sequence = (batch.base_sequence + batch.count) % SEQUENCE_WRAP
             self.used -= batch.size - BATCH_OVERHEAD
+            if stored and recycle_buffer is not None and len(self._spent) < POOLED_BUFFERS:
+                # Answered, so its request was written whole; but the transport lets go of
+                # the bytes only after this read callback: recycled when a batch opens.
+                self._spent.append(batch)
         self._on_release()
 
     def retry(self, batch: ProducerBatch, at: float) -> None:

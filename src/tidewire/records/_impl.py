@@ -28,6 +28,7 @@ __all__ = [
     "append_sticky",
     "read_columns",
     "read_records",
+    "recycle_buffer",
 ]
 
 #: The environment variable that forces the pure-Python implementation.
@@ -57,9 +58,13 @@ BatchBuilder: type[_pure_builder.BatchBuilder]
 #: The producer's one-call path for an unkeyed message into its sticky batch (compiled only:
 #: see ``_speedups.append_sticky``); None where the Python path does it all.
 append_sticky: Callable[..., Any] | None
+#: Keeps a finished batch's buffer for the next one (compiled only: see
+#: ``_speedups.recycle_buffer``); None where buffers are not reused.
+recycle_buffer: Callable[[list[bytearray], Any, int], bool] | None
 OpenRecords: type[_pure_builder.OpenRecords]
 if COMPILED is None:
     append_sticky = None
+    recycle_buffer = None
     OpenRecords = _pure_builder.OpenRecords
     BatchBuilder = _pure_builder.BatchBuilder
     append_record = _pure_builder.append_record
@@ -72,6 +77,7 @@ else:
     append_record = getattr(COMPILED, "append_record", _pure_builder.append_record)
     # Both or neither: append_sticky works on the compiled OpenRecords' fields.
     append_sticky = getattr(COMPILED, "append_sticky", None)
+    recycle_buffer = getattr(COMPILED, "recycle_buffer", None)
     OpenRecords = getattr(COMPILED, "OpenRecords", _pure_builder.OpenRecords)
     read_records = COMPILED.read_records
     read_columns = COMPILED.read_columns

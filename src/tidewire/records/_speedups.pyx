@@ -19,7 +19,7 @@ reader whole.
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.buffer cimport PyBUF_READ, PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.list cimport PyList_Append
+from cpython.list cimport PyList_Append, PyList_GET_SIZE
 from cpython.long cimport PyLong_FromLongLong
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.memoryview cimport PyMemoryView_FromMemory
@@ -92,7 +92,8 @@ cdef extern from *:
     int __builtin_sub_overflow(int64_t, int64_t, int64_t*) nogil
 
 __all__ = [
-    "BatchBuilder", "OpenRecords", "append_record", "append_sticky", "read_columns", "read_records"
+    "BatchBuilder", "OpenRecords", "append_record", "append_sticky", "read_columns", "read_records",
+    "recycle_buffer",
 ]
 
 cdef Py_ssize_t _OVERHEAD = BATCH_OVERHEAD
@@ -372,6 +373,64 @@ cdef inline Py_ssize_t _varint_size(int64_t value) noexcept nogil:
     return i
 
 
+cdef extern from *:
+    """
+    /* Room for ``extra`` more bytes at the end of the bytearray ``buf``: a pointer to it, or
+       NULL with the exception set. Within the allocation the size is only moved on: growing
+       through PyByteArray_Resize would first shrink a recycled buffer (it reallocates down
+       to the exact size when the new size is under half the allocation), whose pages the
+       next batch then faults in again. With a buffer exported, or past the allocation,
+       PyByteArray_Resize does it (and raises what it raises). */
+    static char* tw_grow(PyObject* buf, Py_ssize_t extra) {
+        Py_ssize_t at = Py_SIZE(buf);
+    #if PY_VERSION_HEX < 0x030E0000 && !defined(PYPY_VERSION)
+        PyByteArrayObject* b = (PyByteArrayObject*)buf;
+        if (b->ob_exports == 0 && b->ob_start == b->ob_bytes && at + extra < b->ob_alloc) {
+            Py_SET_SIZE(buf, at + extra);
+            b->ob_start[at + extra] = 0;  /* the trailing NUL bytearrays keep */
+            return b->ob_start + at;
+        }
+    #endif
+        if (PyByteArray_Resize(buf, at + extra) < 0) return NULL;
+        return PyByteArray_AS_STRING(buf) + at;
+    }
+
+    /* Whether the bytearray ``buf``, held by ``refs`` references, none of them an export,
+       may be emptied to ``size`` zero bytes and reused, its allocation kept. */
+    static int tw_reset(PyObject* buf, Py_ssize_t refs, Py_ssize_t size) {
+    #if PY_VERSION_HEX < 0x030E0000 && !defined(PYPY_VERSION)
+        PyByteArrayObject* b = (PyByteArrayObject*)buf;
+        if (Py_REFCNT(buf) != refs || b->ob_exports != 0 || b->ob_start != b->ob_bytes
+                || size >= b->ob_alloc) {
+            return 0;
+        }
+        Py_SET_SIZE(buf, size);
+        memset(b->ob_start, 0, size + 1);
+        return 1;
+    #else
+        return 0;
+    #endif
+    }
+
+    /* A tuple subclass instance (the producer's RecordFuture) of 3 items, each reference
+       stolen: what tuple.__new__(cls, (a, b, c)) makes, without the argument tuple. */
+    static PyObject* tw_triple(PyObject* cls, PyObject* a, PyObject* b, PyObject* c) {
+        PyTypeObject* t = (PyTypeObject*)cls;
+        PyObject* made = t->tp_alloc(t, 3);
+        if (made == NULL) {
+            Py_DECREF(a); Py_DECREF(b); Py_DECREF(c);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(made, 0, a); PyTuple_SET_ITEM(made, 1, b);
+        PyTuple_SET_ITEM(made, 2, c);
+        return made;
+    }
+    """
+    object tw_triple(object cls, PyObject* a, PyObject* b, PyObject* c)
+    char* tw_grow(object buf, Py_ssize_t extra) except NULL
+    int tw_reset(object buf, Py_ssize_t refs, Py_ssize_t size)
+
+
 def append_record(bytearray buf not None, value, key, bytes headers not None,
                   timestamp_delta, Py_ssize_t offset_delta):
     """See :func:`tidewire.records.builder.append_record` (the same bytes and result), for
@@ -379,7 +438,7 @@ def append_record(bytearray buf not None, value, key, bytes headers not None,
     at a time, so appends are amortised). A value or key that is bytes-like but not bytes
     (bytearray, memoryview) is copied as its bytes first, as the pure twin's join takes it."""
     cdef int64_t tsd
-    cdef Py_ssize_t klen, vlen, hlen, body, total, at
+    cdef Py_ssize_t klen, vlen, hlen, body, total
     cdef char* out
     try:
         tsd = timestamp_delta
@@ -399,9 +458,7 @@ def append_record(bytearray buf not None, value, key, bytes headers not None,
     if vlen > 0:
         body += vlen
     total = body + _varint_size(body)
-    at = PyByteArray_GET_SIZE(buf)
-    PyByteArray_Resize(buf, at + total)
-    out = PyByteArray_AS_STRING(buf) + at
+    out = tw_grow(buf, total)
     out += _put_varint(out, body)
     out[0] = 0  # attributes
     out += 1
@@ -419,24 +476,6 @@ def append_record(bytearray buf not None, value, key, bytes headers not None,
         memcpy(out, PyBytes_AS_STRING(headers), hlen)
     return total
 
-
-cdef extern from *:
-    """
-    /* A tuple subclass instance (the producer's RecordFuture) of 3 items, each reference
-       stolen: what tuple.__new__(cls, (a, b, c)) makes, without the argument tuple. */
-    static PyObject* tw_triple(PyObject* cls, PyObject* a, PyObject* b, PyObject* c) {
-        PyTypeObject* t = (PyTypeObject*)cls;
-        PyObject* made = t->tp_alloc(t, 3);
-        if (made == NULL) {
-            Py_DECREF(a); Py_DECREF(b); Py_DECREF(c);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(made, 0, a); PyTuple_SET_ITEM(made, 1, b);
-        PyTuple_SET_ITEM(made, 2, c);
-        return made;
-    }
-    """
-    object tw_triple(object cls, PyObject* a, PyObject* b, PyObject* c)
 
 cdef class OpenRecords:
     """See :class:`tidewire.records.builder.OpenRecords`: the same attributes, held in C
@@ -469,7 +508,7 @@ def append_sticky(dict topics not None, topic, value, timestamp_ns, acc, future_
     a topic not known yet, no sticky batch or one that was closed, a value that is not
     ``bytes``, a batch or buffer without room (the Python path rolls over, waits or raises),
     a timestamp outside 64 bits. The record's bytes are :func:`append_record`'s."""
-    cdef Py_ssize_t vlen, n, need, size, index, body, total, at, used, room
+    cdef Py_ssize_t vlen, n, need, size, index, body, total, used, room
     cdef int64_t tns, ts, first, max_ts, tsd
     cdef char* out
     cdef OpenRecords batch
@@ -521,9 +560,7 @@ def append_sticky(dict topics not None, topic, value, timestamp_ns, acc, future_
         body = (1 + _varint_size(tsd) + _varint_size(index) + 1 + _varint_size(vlen)
                 + (vlen if vlen > 0 else 0) + 1)
         total = body + _varint_size(body)
-        at = PyByteArray_GET_SIZE(buf)
-        PyByteArray_Resize(buf, at + total)
-        out = PyByteArray_AS_STRING(buf) + at
+        out = tw_grow(buf, total)
         out += _put_varint(out, body)
         out[0] = 0  # attributes
         out += 1
@@ -549,6 +586,29 @@ def append_sticky(dict topics not None, topic, value, timestamp_ns, acc, future_
     Py_INCREF(i)
     Py_INCREF(stamp)
     return tw_triple(future_cls, <PyObject*>batch, <PyObject*>i, <PyObject*>stamp)
+
+
+def recycle_buffer(list pool not None, batch, Py_ssize_t keep):
+    """Keep a finished batch's buffer for the next batch: its pages are touched already, so
+    the next batch's records are written without page faults (a fresh 1 MiB buffer costs
+    256 of them, about 0.15 CPU-us a message of 1 KB).
+
+    ``batch.data`` (the sealed batch, a bytearray, built in place from ``batch.buf``) is
+    emptied to ``BATCH_OVERHEAD`` zero bytes, its allocation kept, appended to ``pool`` and
+    replaced by ``b""`` (the batch still counts as sent) -- only when nothing else holds it:
+    no other reference (a transport still writing it, a caller) and no export (memoryview);
+    and while ``pool`` holds fewer than ``keep``. Returns whether it was kept."""
+    if PyList_GET_SIZE(pool) >= keep:
+        return False
+    data = batch.data
+    if type(data) is not bytearray:
+        return False  # compressed (new bytes), or not built
+    # Its references: batch.data and ``data`` here.
+    if not tw_reset(data, 2, _OVERHEAD):
+        return False
+    batch.data = b""
+    PyList_Append(pool, data)
+    return True
 
 
 cdef class BatchBuilder:
