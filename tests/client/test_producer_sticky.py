@@ -6,6 +6,7 @@ them. No broker: producers that never connect, each with an accumulator of its o
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import random
 import sys
@@ -15,6 +16,7 @@ import pytest
 from tidewire.client import AsyncProducer, RecordFuture
 from tidewire.client._accumulator import Accumulator, ProducerBatch
 from tidewire.client._producer import _Topic
+from tidewire.errors import ProducerFencedError
 from tidewire.records import Codec, _impl, builder
 from tidewire.records.batch import BATCH_OVERHEAD
 
@@ -201,3 +203,18 @@ def test_a_new_batch_takes_an_answered_batchs_buffer_and_builds_the_same_bytes()
     )
     assert isinstance(want, tuple)
     assert second.build(Codec.NONE, -1, -1) == want[0].build(Codec.NONE, -1, -1)
+
+
+def test_a_failed_producer_refuses_sends_its_open_batch_would_take() -> None:
+    async def main() -> None:
+        p, _ = _producer(False)
+        first = await p.send(TOPIC, b"first")  # opens the sticky batch (the Python path)
+        second = await p.send(TOPIC, b"second")  # the compiled path, into the same batch
+        assert second[0] is first[0]
+        assert first[0].state.open is first[0]  # still open: the compiled path would take more
+        p._fail_fatally(ProducerFencedError("fenced"))
+        with pytest.raises(ProducerFencedError, match="failed earlier"):
+            await p.send(TOPIC, b"third")
+        assert first[0].count == 2
+
+    asyncio.run(main())

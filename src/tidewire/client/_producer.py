@@ -283,8 +283,9 @@ class AsyncProducer:
         self._refresh_at = 0.0
         self._identified = asyncio.Event()  # set once the session is READY or FATAL
         self._sticky_start: dict[str, int] = {}  # a writer's first partition per topic
-        #: The compiled path of ``send`` for unkeyed messages, or None (the pure codec; a
-        #: writer, which routes them by count instead).
+        #: The compiled path of ``send`` for unkeyed messages, or None: the pure codec; a
+        #: writer, which routes them by count instead; and once closing or failed (then the
+        #: Python path raises).
         self._append_sticky = _append_sticky if self._writer is None else None
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -440,8 +441,6 @@ class AsyncProducer:
             and partition is None
             and timestamp is None
             and (sticky := self._append_sticky) is not None
-            and not self._closing
-            and self._fatal is None
         ):
             # The common case, an unkeyed message into the open batch of its topic's sticky
             # partition, in one compiled call (None: the path below has more to do).
@@ -1091,6 +1090,7 @@ class AsyncProducer:
         if self._session is not Session.FATAL:
             self._move(Session.FATAL)
         self._fatal = exc
+        self._append_sticky = None  # every later send fails, by the Python path
         self._identified.set()
         log.error("producer failed: %s", exc)
         assert self._acc is not None
@@ -1128,6 +1128,7 @@ class AsyncProducer:
         if self._closed:
             return
         self._closing = True
+        self._append_sticky = None  # later sends fail, by the Python path
         acc = self._acc
         try:
             if acc is not None and flush and self._fatal is None:

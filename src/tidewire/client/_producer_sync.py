@@ -139,6 +139,17 @@ class Producer(BlockingTwin[AsyncProducer]):
         t = _tracer()  # None without an OpenTelemetry SDK: nothing else is done for tracing
         if t is not None:
             return self._send_traced(t, topic, value, key, headers, partition, timestamp)
+        if (
+            key is None
+            and headers is None
+            and partition is None
+            and timestamp is None
+            and (sticky := p._append_sticky) is not None
+        ):
+            # As AsyncProducer.send: one compiled call (under the accumulator's lock).
+            fut = sticky(p._topics, topic, value, time.time_ns(), self._acc, BlockingRecordFuture)
+            if fut is not None:
+                return fut  # type: ignore[no-any-return]
         got = p._append(self._acc, topic, value, key, headers, partition, timestamp)
         if type(got) is tuple:
             return _new_tuple(BlockingRecordFuture, got)
