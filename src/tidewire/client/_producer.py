@@ -436,11 +436,11 @@ class AsyncProducer:
         if t is not None:
             return await self._send_traced(t, acc, topic, value, key, headers, partition, timestamp)
         if (
-            key is None
+            (sticky := self._append_sticky) is not None  # first: the pure codec's one check
+            and key is None
             and headers is None
             and partition is None
             and timestamp is None
-            and (sticky := self._append_sticky) is not None
         ):
             # The common case, an unkeyed message into the open batch of its topic's sticky
             # partition, in one compiled call (None: the path below has more to do).

@@ -140,11 +140,11 @@ class Producer(BlockingTwin[AsyncProducer]):
         if t is not None:
             return self._send_traced(t, topic, value, key, headers, partition, timestamp)
         if (
-            key is None
+            (sticky := p._append_sticky) is not None  # first: the pure codec's one check
+            and key is None
             and headers is None
             and partition is None
             and timestamp is None
-            and (sticky := p._append_sticky) is not None
         ):
             # As AsyncProducer.send: one compiled call (under the accumulator's lock).
             fut = sticky(p._topics, topic, value, time.time_ns(), self._acc, BlockingRecordFuture)
