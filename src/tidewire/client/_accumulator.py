@@ -67,7 +67,8 @@ _join_mutable = bytearray().join
 ROLLED = -2
 #: Buffers of answered batches kept for new ones (their pages already faulted in): enough for
 #: a steady stream, where a batch is answered about as often as one opens; at most this many
-#: batches' worth of memory (4 MiB at the default ``batch_bytes``) held while idle.
+#: batches' worth of memory (4 MiB at the default ``batch_bytes``) held while idle, pooled or
+#: waiting to be (8 measured no better).
 POOLED_BUFFERS = 4
 
 
@@ -738,7 +739,11 @@ class Accumulator:
             if stored and batch.base_sequence >= 0:
                 state.acked_sequence = (batch.base_sequence + batch.count) % SEQUENCE_WRAP
             self.used -= batch.size - BATCH_OVERHEAD
-            if stored and recycle_buffer is not None and len(self._spent) < POOLED_BUFFERS:
+            if (
+                stored
+                and recycle_buffer is not None
+                and len(self._spent) + len(self._pool) < POOLED_BUFFERS
+            ):
                 # Answered, so its request was written whole; but the transport lets go of
                 # the bytes only after this read callback: recycled when a batch opens.
                 self._spent.append(batch)
