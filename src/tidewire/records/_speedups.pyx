@@ -575,9 +575,12 @@ def append_sticky(dict topics not None, topic, value, timestamp_ns, acc, future_
         batch.size = size + total
         acc.used = used + total
         batch.count = index + 1
-        stamp = PyLong_FromLongLong(ts)
-        if ts > max_ts:
-            batch.max_ts = stamp
+        if ts == max_ts:
+            stamp = batch.max_ts  # the same ms as the last record's: its int, not a new one
+        else:
+            stamp = PyLong_FromLongLong(ts)
+            if ts > max_ts:
+                batch.max_ts = stamp
     finally:
         if lock is not None:
             lock.release()
