@@ -9,6 +9,10 @@ the same key to the same partition.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from tidewire.records._impl import fnv1a_32 as _compiled_fnv1a_32
+
 __all__ = ["FNV1A_32_OFFSET_BASIS", "FNV1A_32_PRIME", "fnv1a_32", "partition_for_key"]
 
 #: The 32-bit FNV offset basis (the hash of the empty input).
@@ -17,12 +21,17 @@ FNV1A_32_OFFSET_BASIS = 0x811C9DC5
 FNV1A_32_PRIME = 0x01000193
 
 
-def fnv1a_32(data: bytes) -> int:
+def _fnv1a_32(data: bytes) -> int:
     """The 32-bit FNV-1a hash of ``data``, an int in 0..2**32-1."""
     h = FNV1A_32_OFFSET_BASIS
     for byte in data:
         h = ((h ^ byte) * FNV1A_32_PRIME) & 0xFFFFFFFF
     return h
+
+
+#: The 32-bit FNV-1a hash of ``data`` (bytes), an int in 0..2**32-1: compiled with the record
+#: codec (``records._speedups.fnv1a_32``: a keyed ``send`` hashes its key), else the loop above.
+fnv1a_32: Callable[[bytes], int] = _compiled_fnv1a_32 or _fnv1a_32
 
 
 def partition_for_key(key: bytes, partitions: int) -> int:

@@ -26,6 +26,7 @@ __all__ = [
     "OpenRecords",
     "append_record",
     "append_sticky",
+    "fnv1a_32",
     "read_columns",
     "read_records",
     "recycle_buffer",
@@ -61,10 +62,14 @@ append_sticky: Callable[..., Any] | None
 #: Keeps a finished batch's buffer for the next one (compiled only: see
 #: ``_speedups.recycle_buffer``); None where buffers are not reused.
 recycle_buffer: Callable[[list[bytearray], Any, int], bool] | None
+#: The key hash of the client's partitioner, compiled (``_speedups.fnv1a_32``); None where
+#: ``tidewire.client.partitioner``'s own loop runs.
+fnv1a_32: Callable[[bytes], int] | None
 OpenRecords: type[_pure_builder.OpenRecords]
 if COMPILED is None:
     append_sticky = None
     recycle_buffer = None
+    fnv1a_32 = None
     OpenRecords = _pure_builder.OpenRecords
     BatchBuilder = _pure_builder.BatchBuilder
     append_record = _pure_builder.append_record
@@ -78,6 +83,7 @@ else:
     # Both or neither: append_sticky works on the compiled OpenRecords' fields.
     append_sticky = getattr(COMPILED, "append_sticky", None)
     recycle_buffer = getattr(COMPILED, "recycle_buffer", None)
+    fnv1a_32 = getattr(COMPILED, "fnv1a_32", None)
     OpenRecords = getattr(COMPILED, "OpenRecords", _pure_builder.OpenRecords)
     read_records = COMPILED.read_records
     read_columns = COMPILED.read_columns
