@@ -1,6 +1,7 @@
-"""The producer's compiled paths: unkeyed messages (``records._speedups.append_sticky``)
-against the Python path (``AsyncProducer._append`` and ``Accumulator.append``): the same
-batches, bytes, sizes, memory accounting and futures, message by message; and answered
+"""The producer's compiled paths: messages without headers (``records._speedups.append_routed``,
+unkeyed and keyed) against the Python path (``AsyncProducer._append`` and
+``Accumulator.append``): the same batches, bytes, sizes, memory accounting and futures, message
+by message; and answered
 batches' buffers reused by new batches (``recycle_buffer``) only when nothing else holds
 them. No broker: producers that never connect, each with an accumulator of its own."""
 
@@ -21,7 +22,7 @@ from tidewire.records import Codec, _impl, builder
 from tidewire.records.batch import BATCH_OVERHEAD
 
 pytestmark = pytest.mark.skipif(
-    _impl.append_sticky is None or _impl.recycle_buffer is None,
+    _impl.append_routed is None or _impl.recycle_buffer is None,
     reason="the pure-Python codec has no compiled paths",
 )
 
@@ -68,8 +69,8 @@ def _future(got: object) -> tuple[int, int, int, int] | object:
 
 @pytest.mark.parametrize("threadsafe", [False, True])
 def test_the_compiled_path_appends_what_the_python_path_appends(threadsafe: bool) -> None:
-    sticky = _impl.append_sticky
-    assert sticky is not None
+    routed = _impl.append_routed
+    assert routed is not None
     rng = random.Random(7)
     py, py_acc = _producer(threadsafe)
     fast, fast_acc = _producer(threadsafe)
@@ -81,10 +82,13 @@ def test_the_compiled_path_appends_what_the_python_path_appends(threadsafe: bool
         value: bytes | None = None if n == 2_000 else rng.randbytes(n)
         if i % 50 == 7:
             value = bytearray(b"not bytes")  # type: ignore[assignment]  # the Python path converts it
-        want = py._append(py_acc, TOPIC, value, None, None, None, ns // 1_000_000)
-        got: object = sticky(fast._topics, TOPIC, value, ns, fast_acc, RecordFuture)
+        key = rng.choice([None, None, b"", b"k1", b"key-2", b"k" * 200])
+        if i % 50 == 9:
+            key = bytearray(b"k1")  # type: ignore[assignment]  # the Python path converts it
+        want = py._append(py_acc, TOPIC, value, key, None, None, ns // 1_000_000)
+        got: object = routed(fast._topics, TOPIC, key, value, ns, fast_acc, RecordFuture)
         if got is None:
-            got = fast._append(fast_acc, TOPIC, value, None, None, None, ns // 1_000_000)
+            got = fast._append(fast_acc, TOPIC, value, key, None, None, ns // 1_000_000)
         else:
             assert type(got) is RecordFuture
             compiled += 1
@@ -107,12 +111,19 @@ def test_the_compiled_path_appends_what_the_python_path_appends(threadsafe: bool
 
 
 def test_the_compiled_path_leaves_everything_else_to_the_python_path() -> None:
-    sticky = _impl.append_sticky
-    assert sticky is not None
+    routed = _impl.append_routed
+    assert routed is not None
     p, acc = _producer(False)
     ns = 1_700_000_000_000_000_000
+
+    def sticky(*args: object) -> object:
+        topics, topic, value, when, accumulator, cls = args
+        return routed(topics, topic, None, value, when, accumulator, cls)
+
     assert sticky(p._topics, "unknown", b"v", ns, acc, RecordFuture) is None
     assert sticky(p._topics, TOPIC, b"v", ns, acc, RecordFuture) is None  # no sticky batch yet
+    assert routed(p._topics, TOPIC, b"k1", b"v", ns, acc, RecordFuture) is None  # nor keyed one
+    assert routed(p._topics, TOPIC, bytearray(b"k1"), b"v", ns, acc, RecordFuture) is None
     assert isinstance(p._append(acc, TOPIC, b"v", None, None, None, ns // 1_000_000), tuple)
     fut = sticky(p._topics, TOPIC, b"w", ns, acc, RecordFuture)
     assert isinstance(fut, RecordFuture)

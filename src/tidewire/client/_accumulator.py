@@ -8,9 +8,9 @@ for the header, which is written in place when the batch is built (the pure-Pyth
 the record's parts by reference instead, joined once then), so ``send`` costs no
 per-message task, coroutine or future: one future per *batch* is resolved when the broker
 answers, and each message's future reads its offset from the batch's base offset and its
-index in the batch. With the compiled codec, an unkeyed message into its topic's open sticky
-batch skips :meth:`Accumulator.append` altogether: ``records._speedups.append_sticky`` does
-the same checks and writes in one call (the producer's ``send``), on the batch's C fields
+index in the batch. With the compiled codec, a message without headers into an open batch
+with room skips :meth:`Accumulator.append` altogether: ``records._speedups.append_routed``
+does the routing, checks and writes in one call (the producer's ``send``), on the batch's C fields
 (``records.OpenRecords``); and an answered batch's buffer is reused by a later batch
 (``POOLED_BUFFERS``), its pages already touched.
 
@@ -149,7 +149,7 @@ class PartitionState:
 
 if TYPE_CHECKING:
     from tidewire.records.builder import OpenRecords as _OpenRecords
-else:  # the compiled twin's C fields where it is built (records._speedups.append_sticky)
+else:  # the compiled twin's C fields where it is built (records._speedups.append_routed)
     _OpenRecords = _impl.OpenRecords
 
 

@@ -57,7 +57,7 @@ from tidewire.protocol.messages import (
     ProducerStateRequest,
     TopicDescription,
 )
-from tidewire.records._impl import append_sticky as _append_sticky
+from tidewire.records._impl import append_routed as _append_routed
 from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
@@ -283,10 +283,11 @@ class AsyncProducer:
         self._refresh_at = 0.0
         self._identified = asyncio.Event()  # set once the session is READY or FATAL
         self._sticky_start: dict[str, int] = {}  # a writer's first partition per topic
-        #: The compiled path of ``send`` for unkeyed messages, or None: the pure codec; a
-        #: writer, which routes them by count instead; and once closing or failed (then the
-        #: Python path raises).
-        self._append_sticky = _append_sticky if self._writer is None else None
+        #: The compiled path of ``send`` (messages without headers, partition or timestamp),
+        #: or None: the pure codec; a writer, which routes unkeyed records by count and skips
+        #: what an earlier instance stored; and once closing or failed (then the Python path
+        #: raises).
+        self._append_routed = _append_routed if self._writer is None else None
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -436,15 +437,15 @@ class AsyncProducer:
         if t is not None:
             return await self._send_traced(t, acc, topic, value, key, headers, partition, timestamp)
         if (
-            (sticky := self._append_sticky) is not None  # first: the pure codec's one check
-            and key is None
+            (routed := self._append_routed) is not None  # first: the pure codec's one check
             and headers is None
             and partition is None
             and timestamp is None
         ):
-            # The common case, an unkeyed message into the open batch of its topic's sticky
-            # partition, in one compiled call (None: the path below has more to do).
-            fut = sticky(self._topics, topic, value, _time_ns(), acc, RecordFuture)
+            # The common case, a message into the open batch it is routed to (an unkeyed one:
+            # its topic's sticky partition), in one compiled call (None: the path below has
+            # more to do).
+            fut = routed(self._topics, topic, key, value, _time_ns(), acc, RecordFuture)
             if fut is not None:
                 if self._wake.is_set():
                     await asyncio.sleep(0)  # as below
@@ -1090,7 +1091,7 @@ class AsyncProducer:
         if self._session is not Session.FATAL:
             self._move(Session.FATAL)
         self._fatal = exc
-        self._append_sticky = None  # every later send fails, by the Python path
+        self._append_routed = None  # every later send fails, by the Python path
         self._identified.set()
         log.error("producer failed: %s", exc)
         assert self._acc is not None
@@ -1128,7 +1129,7 @@ class AsyncProducer:
         if self._closed:
             return
         self._closing = True
-        self._append_sticky = None  # later sends fail, by the Python path
+        self._append_routed = None  # later sends fail, by the Python path
         acc = self._acc
         try:
             if acc is not None and flush and self._fatal is None:

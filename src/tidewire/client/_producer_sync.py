@@ -140,14 +140,15 @@ class Producer(BlockingTwin[AsyncProducer]):
         if t is not None:
             return self._send_traced(t, topic, value, key, headers, partition, timestamp)
         if (
-            (sticky := p._append_sticky) is not None  # first: the pure codec's one check
-            and key is None
+            (routed := p._append_routed) is not None  # first: the pure codec's one check
             and headers is None
             and partition is None
             and timestamp is None
         ):
             # As AsyncProducer.send: one compiled call (under the accumulator's lock).
-            fut = sticky(p._topics, topic, value, time.time_ns(), self._acc, BlockingRecordFuture)
+            fut = routed(
+                p._topics, topic, key, value, time.time_ns(), self._acc, BlockingRecordFuture
+            )
             if fut is not None:
                 return fut  # type: ignore[no-any-return]
         got = p._append(self._acc, topic, value, key, headers, partition, timestamp)

@@ -25,7 +25,7 @@ __all__ = [
     "BatchBuilder",
     "OpenRecords",
     "append_record",
-    "append_sticky",
+    "append_routed",
     "fnv1a_32",
     "read_columns",
     "read_records",
@@ -56,9 +56,9 @@ IMPLEMENTATION: Final = "python" if COMPILED is None else "compiled"
 RECORDS_AS_PARTS: Final = COMPILED is None
 
 BatchBuilder: type[_pure_builder.BatchBuilder]
-#: The producer's one-call path for an unkeyed message into its sticky batch (compiled only:
-#: see ``_speedups.append_sticky``); None where the Python path does it all.
-append_sticky: Callable[..., Any] | None
+#: The producer's one-call path for a message into the open batch it is routed to (compiled
+#: only: see ``_speedups.append_routed``); None where the Python path does it all.
+append_routed: Callable[..., Any] | None
 #: Keeps a finished batch's buffer for the next one (compiled only: see
 #: ``_speedups.recycle_buffer``); None where buffers are not reused.
 recycle_buffer: Callable[[list[bytearray], Any, int], bool] | None
@@ -67,7 +67,7 @@ recycle_buffer: Callable[[list[bytearray], Any, int], bool] | None
 fnv1a_32: Callable[[bytes], int] | None
 OpenRecords: type[_pure_builder.OpenRecords]
 if COMPILED is None:
-    append_sticky = None
+    append_routed = None
     recycle_buffer = None
     fnv1a_32 = None
     OpenRecords = _pure_builder.OpenRecords
@@ -80,8 +80,8 @@ else:
     # A module built from an older _speedups.pyx (a checkout updated without building it
     # again) has no append_record: the pure one takes a bytearray too, only slower.
     append_record = getattr(COMPILED, "append_record", _pure_builder.append_record)
-    # Both or neither: append_sticky works on the compiled OpenRecords' fields.
-    append_sticky = getattr(COMPILED, "append_sticky", None)
+    # Both or neither: append_routed works on the compiled OpenRecords' fields.
+    append_routed = getattr(COMPILED, "append_routed", None)
     recycle_buffer = getattr(COMPILED, "recycle_buffer", None)
     fnv1a_32 = getattr(COMPILED, "fnv1a_32", None)
     OpenRecords = getattr(COMPILED, "OpenRecords", _pure_builder.OpenRecords)

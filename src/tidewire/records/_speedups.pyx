@@ -92,7 +92,7 @@ cdef extern from *:
     int __builtin_sub_overflow(int64_t, int64_t, int64_t*) nogil
 
 __all__ = [
-    "BatchBuilder", "OpenRecords", "append_record", "append_sticky", "read_columns", "read_records",
+    "BatchBuilder", "OpenRecords", "append_record", "append_routed", "read_columns", "read_records",
     "fnv1a_32", "recycle_buffer",
 ]
 
@@ -479,7 +479,7 @@ def append_record(bytearray buf not None, value, key, bytes headers not None,
 
 cdef class OpenRecords:
     """See :class:`tidewire.records.builder.OpenRecords`: the same attributes, held in C
-    fields that :func:`append_sticky` reads and writes directly."""
+    fields that :func:`append_routed` reads and writes directly."""
 
     cdef public object buf
     cdef public Py_ssize_t size
@@ -493,11 +493,21 @@ cdef int64_t _NS_PER_MS = 1_000_000
 cdef Py_ssize_t _RECORD_SLACK = 16
 
 
-def append_sticky(dict topics not None, topic, value, timestamp_ns, acc, future_cls):
-    """The producer's hot path for an unkeyed message without headers, partition or
-    timestamp, in one call: what ``AsyncProducer._append`` and ``Accumulator.append`` do for
-    it when ``topic``'s sticky batch (``_Topic.sticky_batch``) is still open and has room,
-    then the message's future, ``future_cls((batch, index, timestamp))``.
+cdef inline uint32_t _fnv1a_32(const unsigned char* p, Py_ssize_t n) noexcept nogil:
+    cdef uint32_t h = 0x811C9DC5
+    cdef Py_ssize_t i
+    for i in range(n):
+        h = (h ^ p[i]) * <uint32_t>0x01000193
+    return h
+
+
+def append_routed(dict topics not None, topic, key, value, timestamp_ns, acc, future_cls):
+    """The producer's hot path for a message without headers, partition or timestamp, in one
+    call: what ``AsyncProducer._append`` and ``Accumulator.append`` do for it when the batch
+    it goes to is open and has room, then the message's future, ``future_cls((batch, index,
+    timestamp))``. That batch: for an unkeyed message (``key`` None), ``topic``'s sticky
+    batch (``_Topic.sticky_batch``); for a keyed one, the open batch of partition
+    ``fnv1a_32(key) % partitions``.
 
     ``topics`` is the producer's ``_Topic`` of each topic name, ``acc`` its ``Accumulator``
     (their attributes are read and updated exactly as the Python path does, under ``acc``'s
@@ -505,10 +515,11 @@ def append_sticky(dict topics not None, topic, value, timestamp_ns, acc, future_
     timestamp is its whole ms).
 
     Returns None, having changed nothing, whenever the Python path has anything else to do:
-    a topic not known yet, no sticky batch or one that was closed, a value that is not
-    ``bytes``, a batch or buffer without room (the Python path rolls over, waits or raises),
-    a timestamp outside 64 bits. The record's bytes are :func:`append_record`'s."""
-    cdef Py_ssize_t vlen, n, need, size, index, body, total, used, room
+    a topic not known yet, no open batch there (none yet, or closed), a key or value that is
+    not ``bytes``, a batch or buffer without room (the Python path rolls over, opens, waits
+    or raises), a writer's records to skip, a timestamp outside 64 bits. The record's bytes
+    are :func:`append_record`'s."""
+    cdef Py_ssize_t vlen, klen, n, need, size, index, body, total, used, room
     cdef int64_t tns, ts, first, max_ts, tsd
     cdef char* out
     cdef OpenRecords batch
@@ -517,15 +528,35 @@ def append_sticky(dict topics not None, topic, value, timestamp_ns, acc, future_
     meta = topics.get(topic)
     if meta is None:
         return None
-    found = meta.sticky_batch
-    if not isinstance(found, OpenRecords):
-        return None  # none yet (or the pure twin's batch)
-    batch = <OpenRecords>found
+    if key is None:
+        klen = -1
+        found = meta.sticky_batch
+        if not isinstance(found, OpenRecords):
+            return None  # none yet (or the pure twin's batch)
+        batch = <OpenRecords>found
+        state = batch.state
+    else:
+        if type(key) is not bytes:
+            return None
+        klen = PyBytes_GET_SIZE(key)
+        parts = meta.partitions
+        n = len(parts)
+        if n == 0:
+            return None
+        state = parts[_fnv1a_32(<const unsigned char*>PyBytes_AS_STRING(key), klen) % n]
+        if state.skipped < state.skip:
+            return None  # a writer's record the broker holds already
+        found = state.open
+        if not isinstance(found, OpenRecords):
+            return None  # no open batch: the Python path opens one
+        batch = <OpenRecords>found
     vlen = -1 if value is None else PyBytes_GET_SIZE(value)
     # Accumulator.append's estimate: attributes, value length and value (or a null value),
-    # the one-byte empty headers part and the null key; then the deltas and prefix.
+    # the one-byte empty headers part, the key's length and key (or a null key); then the
+    # deltas and prefix.
     n = 3 if vlen < 0 else 1 + _varint_size(vlen) + vlen + 1
-    need = n + 1 + _RECORD_SLACK
+    n += 1 if klen < 0 else _varint_size(klen) + klen
+    need = n + _RECORD_SLACK
     limit = meta.limit
     room = acc.buffer_bytes
     if need + _OVERHEAD > limit or need > room:
@@ -538,8 +569,8 @@ def append_sticky(dict topics not None, topic, value, timestamp_ns, acc, future_
     if lock is not None:
         lock.acquire()
     try:
-        if batch.state.open is not batch:
-            return None  # sent or closed: the Python path moves on to the next partition
+        if state.open is not batch:
+            return None  # sent or closed: the Python path moves on
         buf = batch.buf
         if type(buf) is not bytearray:
             return None
@@ -556,9 +587,10 @@ def append_sticky(dict topics not None, topic, value, timestamp_ns, acc, future_
         size = batch.size
         index = batch.count
         if index and (size + need > acc.batch_bytes or size + need > limit):
-            return None  # full: the Python path closes it and rolls over
-        body = (1 + _varint_size(tsd) + _varint_size(index) + 1 + _varint_size(vlen)
-                + (vlen if vlen > 0 else 0) + 1)
+            return None  # full: the Python path closes it and opens the next
+        body = (1 + _varint_size(tsd) + _varint_size(index) + _varint_size(klen)
+                + (klen if klen > 0 else 0) + _varint_size(vlen) + (vlen if vlen > 0 else 0)
+                + 1)
         total = body + _varint_size(body)
         out = tw_grow(buf, total)
         out += _put_varint(out, body)
@@ -566,7 +598,10 @@ def append_sticky(dict topics not None, topic, value, timestamp_ns, acc, future_
         out += 1
         out += _put_varint(out, tsd)
         out += _put_varint(out, index)
-        out += _put_varint(out, -1)  # no key
+        out += _put_varint(out, klen)
+        if klen > 0:
+            memcpy(out, PyBytes_AS_STRING(key), klen)
+            out += klen
         out += _put_varint(out, vlen)
         if vlen > 0:
             memcpy(out, PyBytes_AS_STRING(value), vlen)
@@ -618,19 +653,12 @@ def fnv1a_32(data):
     """See :func:`tidewire.client.partitioner.fnv1a_32` (the same hash; the key of a keyed
     message chooses its partition by it): a loop in C over ``bytes``; anything else goes
     through the same Python-level loop as the pure twin (same results, same errors)."""
-    cdef uint32_t h = 0x811C9DC5
-    cdef const unsigned char* p
-    cdef Py_ssize_t i, n
     if type(data) is not bytes:
         g = 0x811C9DC5
         for byte in data:
             g = ((g ^ byte) * 0x01000193) & 0xFFFFFFFF
         return g
-    p = <const unsigned char*>PyBytes_AS_STRING(data)
-    n = PyBytes_GET_SIZE(data)
-    for i in range(n):
-        h = (h ^ p[i]) * <uint32_t>0x01000193
-    return h
+    return _fnv1a_32(<const unsigned char*>PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))
 
 
 cdef class BatchBuilder:
