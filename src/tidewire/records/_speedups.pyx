@@ -19,7 +19,7 @@ reader whole.
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.buffer cimport PyBUF_READ, PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.list cimport PyList_Append, PyList_GET_SIZE
+from cpython.list cimport PyList_Append
 from cpython.long cimport PyLong_FromLongLong
 from cpython.mem cimport PyMem_Free, PyMem_Realloc
 from cpython.memoryview cimport PyMemoryView_FromMemory
@@ -27,7 +27,7 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint64_t
 from libc.string cimport memcpy
 
 from tidewire.errors import InvalidRecordError
@@ -91,10 +91,7 @@ cdef extern from *:
     int __builtin_add_overflow(int64_t, int64_t, int64_t*) nogil
     int __builtin_sub_overflow(int64_t, int64_t, int64_t*) nogil
 
-__all__ = [
-    "BatchBuilder", "OpenRecords", "append_record", "append_routed", "read_columns", "read_records",
-    "fnv1a_32", "recycle_buffer",
-]
+__all__ = ["BatchBuilder", "read_columns", "read_records"]
 
 cdef Py_ssize_t _OVERHEAD = BATCH_OVERHEAD
 cdef object _TUPLE = tuple
@@ -371,6 +368,12 @@ cdef inline Py_ssize_t _varint_size(int64_t value) noexcept nogil:
         n >>= 7
         i += 1
     return i
+
+
+# The producer's one-call append, its batches' C fields, the buffer pool and the key hash
+# (records._impl exposes them; the compiled module's __all__ stays the readers' and builder's).
+from cpython.list cimport PyList_GET_SIZE
+from libc.stdint cimport uint32_t
 
 
 cdef extern from *:
