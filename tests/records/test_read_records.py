@@ -1,4 +1,4 @@
-"""``read_records`` and ``read_columns``, the consumers' fast readers, against the reference
+"""``read_records``, ``read_columns`` and ``read_spans``, the consumers' fast readers, against the reference
 ``iter_records``: on the mutation-fuzz corpus and its resealed mutants (valid CRC, damaged
 records) they return exactly the same records or raise exactly the same error, in place inside
 a larger buffer too."""
@@ -18,6 +18,7 @@ from tidewire.records import (
     iter_records,
     read_columns,
     read_records,
+    read_spans,
 )
 
 LIMIT = 1 << 20
@@ -67,6 +68,26 @@ def columns(
     return [Located("t", 3, *row) for row in zip(*cols, strict=True)]
 
 
+def spans(
+    batch: bytes, min_offset: int = 0, pad: bytes = b"", max_offset: int = 2**63 - 1
+) -> list[Located] | tuple[type, str]:
+    """``read_spans`` with its columns made (one by one, and all at once: the same), turned
+    back into rows; its length and last offset checked against them."""
+    buf = bytearray(pad + batch + pad)  # a fetched frame's buffer is a bytearray
+    h = check_batch(buf, len(pad))
+    try:
+        got = read_spans(buf, len(pad), h, min_offset, LIMIT, max_offset)
+    except RecordBatchError as exc:
+        return type(exc), str(exc)
+    cols = got.columns()
+    assert [got.column(i) for i in range(5)] == list(cols)
+    assert len(got) == len(cols[0])
+    assert got.last_offset == (cols[0][-1] if cols[0] else -1)
+    for value in (*cols[2], *cols[3]):
+        assert value is None or type(value) is bytes
+    return [Located("t", 3, *row) for row in zip(*cols, strict=True)]
+
+
 @pytest.mark.parametrize("codec", [Codec.NONE, Codec.GZIP, Codec.LZ4, Codec.ZSTD])
 def test_same_records_as_the_reference(codec: Codec) -> None:
     b = BatchBuilder(codec=codec, base_offset=100)
@@ -84,6 +105,8 @@ def test_same_records_as_the_reference(codec: Codec) -> None:
         assert fast(batch, min_offset, pad=b"\x00" * 7) == expected
         assert columns(batch, min_offset) == expected
         assert columns(batch, min_offset, pad=b"\x00" * 7) == expected
+        assert spans(batch, min_offset) == expected
+        assert spans(batch, min_offset, pad=b"\x00" * 7) == expected
 
 
 def test_resealed_mutants_give_what_the_reference_gives() -> None:
@@ -100,6 +123,7 @@ def test_resealed_mutants_give_what_the_reference_gives() -> None:
         assert fast(bytes(mut), pad=b"\x01\x80" * 40) == expected, where
         assert columns(bytes(mut)) == expected, where
         assert columns(bytes(mut), pad=b"\x01\x80" * 40) == expected, where
+        assert spans(bytes(mut), pad=b"\x01\x80" * 40) == expected, where
         if isinstance(expected, list):
             accepted += 1
         else:
@@ -123,6 +147,7 @@ def test_a_window_of_offsets(codec: Codec) -> None:
         assert isinstance(expected, list)
         assert got == [r for r in expected if r.offset <= hi]
         assert columns(batch, lo, max_offset=hi) == got
+        assert spans(batch, lo, max_offset=hi) == got
 
 
 @pytest.mark.parametrize("codec", [Codec.NONE, Codec.GZIP])
@@ -145,3 +170,24 @@ def test_a_bytearray_buffer_gives_the_same_records_keys_and_values_as_bytes(code
         assert r.key is None or type(r.key) is bytes
         assert type(r.value) is bytes
         assert all(type(v) is bytes for _, v in r.headers)
+
+
+def test_spans_outlive_the_name_of_their_buffer() -> None:
+    """A batch's spans keep its data: the columns are made after the buffer's last other
+    reference is gone, and a column asked for twice is two equal, separate lists."""
+    b = BatchBuilder(base_offset=7)
+    for i in range(50):
+        b.append(b"v%d" % i * 30, key=b"k%d" % i if i % 2 else None, timestamp_ms=5_000 + i // 10)
+    batch = b.build()
+    buf = bytearray(b"\x00" * 3 + batch)
+    got = read_spans(buf, 3, check_batch(buf, 3), 10, LIMIT)
+    del buf
+    expected = reference(batch, 10)
+    assert isinstance(expected, list)
+    assert [r.value for r in expected] == got.column(3)
+    first = got.column(0)
+    assert first == got.column(0) == list(range(10, 57))
+    assert first is not got.column(0)
+    assert got.last_offset == 56
+    with pytest.raises(IndexError):
+        got.column(5)

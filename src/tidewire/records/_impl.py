@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
-from typing import Final
+from typing import Any, Final
 
 from tidewire.records import builder as _pure_builder
 from tidewire.records import reader as _pure_reader
@@ -22,9 +22,11 @@ __all__ = [
     "PURE_PYTHON_ENV",
     "RECORDS_AS_PARTS",
     "BatchBuilder",
+    "Spans",
     "append_record",
     "read_columns",
     "read_records",
+    "read_spans",
 ]
 
 #: The environment variable that forces the pure-Python implementation.
@@ -56,6 +58,8 @@ if COMPILED is None:
     append_record = _pure_builder.append_record
     read_records = _pure_reader.read_records
     read_columns = _pure_reader.read_columns
+    read_spans = _pure_reader.read_spans
+    Spans: type[Any] = _pure_reader.Spans
 else:
     BatchBuilder = COMPILED.BatchBuilder
     # A module built from an older _speedups.pyx (a checkout updated without building it
@@ -63,3 +67,6 @@ else:
     append_record = getattr(COMPILED, "append_record", _pure_builder.append_record)
     read_records = COMPILED.read_records
     read_columns = COMPILED.read_columns
+    # An older build (not built again after an update) has no read_spans: the pure one.
+    read_spans = getattr(COMPILED, "read_spans", _pure_reader.read_spans)
+    Spans = getattr(COMPILED, "Spans", _pure_reader.Spans)

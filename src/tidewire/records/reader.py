@@ -31,11 +31,13 @@ __all__ = [
     "BatchDecoder",
     "Columns",
     "Record",
+    "Spans",
     "decode_batch",
     "iter_batches",
     "iter_records",
     "read_columns",
     "read_records",
+    "read_spans",
 ]
 
 T = TypeVar("T", bound=tuple[Any, ...])
@@ -313,6 +315,65 @@ def read_columns(  # noqa: PLR0917 (the same positional parameters as read_recor
     ):
         pass
     raise InvalidRecordError("the batch's records are malformed")  # pragma: no cover
+
+
+class Spans:
+    """The records of one batch as :func:`read_spans` found them: checked, counted, their
+    columns made when asked for (:meth:`column`, :meth:`columns`).
+
+    The compiled twin keeps where each key and value is in the batch's data and makes no
+    object per record until a column is asked for; this pure one holds the columns
+    :func:`read_columns` made (in Python, slicing the data later costs what it costs now).
+    """
+
+    __slots__ = ("_columns",)
+
+    def __init__(self, columns: Columns) -> None:
+        self._columns = columns
+
+    def __len__(self) -> int:
+        return len(self._columns[0])
+
+    @property
+    def last_offset(self) -> int:
+        """The offset of the last record (-1 when there is none)."""
+        offsets = self._columns[0]
+        return offsets[-1] if offsets else -1
+
+    def column(self, index: int) -> list[Any]:
+        """A new list of one column: 0 offsets, 1 timestamps, 2 keys, 3 values, 4 headers.
+
+        Raises:
+            IndexError: ``index`` is not 0..4.
+        """
+        if not 0 <= index <= 4:
+            raise IndexError(f"column {index} of 0..4")
+        return list(self._columns[index])
+
+    def columns(self) -> Columns:
+        """What :func:`read_columns` returns for the same batch and window (new lists)."""
+        offsets, timestamps, keys, values, headers = self._columns
+        return list(offsets), list(timestamps), list(keys), list(values), list(headers)
+
+
+def read_spans(  # noqa: PLR0917 (the same positional parameters as read_columns)
+    buf: bytes | bytearray,
+    start: int,
+    h: BatchHeader,
+    min_offset: int = 0,
+    decompression_limit: int = MAX_DECOMPRESSED_BYTES,
+    max_offset: int = 2**63 - 1,
+) -> Spans:
+    """The records of the batch at ``buf[start:]`` as :class:`Spans`: the checks, window and
+    errors of :func:`read_columns` at once, the columns' objects when asked for (compiled:
+    a consumer handing out a batch makes no int or bytes per record; a reader that never
+    asks for a column never pays for it). ``buf`` must not change while the spans are used
+    (a fetched frame's buffer never does).
+
+    Raises:
+        RecordBatchError: any malformed input (a subclass naming the fault).
+    """
+    return Spans(read_columns(buf, start, h, min_offset, decompression_limit, max_offset))
 
 
 def _headers(
