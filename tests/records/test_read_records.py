@@ -1,7 +1,7 @@
-"""``read_records``, ``read_columns`` and ``read_spans``, the consumers' fast readers, against the reference
-``iter_records``: on the mutation-fuzz corpus and its resealed mutants (valid CRC, damaged
-records) they return exactly the same records or raise exactly the same error, in place inside
-a larger buffer too."""
+"""``read_records``, ``read_columns`` and ``read_spans``, the consumers' fast readers, against
+the reference ``iter_records``: on the mutation-fuzz corpus and its resealed mutants (valid
+CRC, damaged records) they return exactly the same records or raise exactly the same error, in
+place inside a larger buffer too."""
 
 from __future__ import annotations
 
