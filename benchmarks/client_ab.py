@@ -4,15 +4,17 @@ before/after comparison on a shared, noisy machine.
 Usage::
 
     python benchmarks/client_ab.py --tree BEFORE/src --tree AFTER/src [--messages N]
-        [--readers records,poll,batch] [--rounds R] [--json]
+        [--readers records,poll,batch,values] [--rounds R] [--json]
 
 It starts one broker (see ``producer_bench.serve``), stores ``--messages`` values of 1 KiB in 4
 partitions, then for ``--rounds`` rounds runs, for every tree in turn, one fresh process per
 reader (``PYTHONPATH`` set to the tree, on uvloop) that reads every record from ``"earliest"``:
 ``records`` (``async for`` over :class:`AsyncConsumer`), ``poll`` (``poll()`` in a loop),
-``batch`` (``poll_batch()``, skipped for a tree without it). Each prints its CPU time per
-message (user + system of the reading process / messages) and msg/s; the result is the median
-per tree and reader. Progress on stderr.
+``batch`` (``poll_batch()``, skipped for a tree without it; it counts the records),
+``values`` (``poll_batch()`` reading every value, as a reader that uses them does). Each prints
+its CPU time per message (user + system of the reading process / messages) and msg/s, and the
+broker's CPU time per message while it read; the result is the median per tree and reader.
+Progress on stderr.
 """
 
 from __future__ import annotations
@@ -51,10 +53,23 @@ async def _read(addr: str, n: int, reader: str) -> tuple[float, float]:
                 for record in await consumer.poll(10.0):
                     got += 1
                     len(record.value or b"")
+        elif reader == "values":
+            while got < n:
+                batch = await consumer.poll_batch(10.0)  # type: ignore[attr-defined]
+                got += len(batch)
+                for value in batch.values:
+                    len(value or b"")
         else:
             while got < n:
                 got += len(await consumer.poll_batch(10.0))  # type: ignore[attr-defined]
         return time.process_time() - cpu0, time.perf_counter() - t0
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -93,8 +108,9 @@ def main() -> None:
                     ).read()
                 )
                 for reader in args.readers.split(","):
-                    if reader == "batch" and not has_batch:
+                    if reader in {"batch", "values"} and not has_batch:
                         continue
+                    broker0 = _cpu_s(b.pid)
                     out = subprocess.run(
                         [
                             sys.executable,
@@ -112,10 +128,13 @@ def main() -> None:
                         check=True,
                     ).stdout
                     got = json.loads(out.strip().splitlines()[-1])
+                    # Ticks of 10 ms: ~1% of a million-message read.
+                    got["broker_cpu_us_per_msg"] = (_cpu_s(b.pid) - broker0) / args.messages * 1e6
                     runs.setdefault(f"{tree} {reader}", []).append(got)
                     print(
                         f"round {rnd + 1} {tree} {reader}: {got['cpu_us_per_msg']:.2f} CPU-us/msg, "
-                        f"{got['msg_per_s']:,.0f} msg/s",
+                        f"{got['msg_per_s']:,.0f} msg/s, broker "
+                        f"{got['broker_cpu_us_per_msg']:.2f} CPU-us/msg",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -124,6 +143,10 @@ def main() -> None:
             "cpu_us_per_msg": round(statistics.median(r["cpu_us_per_msg"] for r in rs), 2),
             "msg_per_s": round(statistics.median(r["msg_per_s"] for r in rs)),
             "runs_cpu_us_per_msg": [round(r["cpu_us_per_msg"], 2) for r in rs],
+            "runs_msg_per_s": [round(r["msg_per_s"]) for r in rs],
+            "broker_cpu_us_per_msg": round(
+                statistics.median(r["broker_cpu_us_per_msg"] for r in rs), 2
+            ),
         }
         for name, rs in runs.items()
     }
@@ -134,7 +157,7 @@ def main() -> None:
             runs_text = r["runs_cpu_us_per_msg"]
             print(
                 f"{name}: {r['cpu_us_per_msg']} CPU-us/msg (runs {runs_text}), "
-                f"{r['msg_per_s']:,} msg/s"
+                f"{r['msg_per_s']:,} msg/s, broker {r['broker_cpu_us_per_msg']} CPU-us/msg"
             )
 
 
