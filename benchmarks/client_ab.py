@@ -12,9 +12,9 @@ reader (``PYTHONPATH`` set to the tree, on uvloop) that reads every record from 
 ``records`` (``async for`` over :class:`AsyncConsumer`), ``poll`` (``poll()`` in a loop),
 ``batch`` (``poll_batch()``, skipped for a tree without it; it counts the records),
 ``values`` (``poll_batch()`` reading every value, as a reader that uses them does). Each prints
-its CPU time per message (user + system of the reading process / messages) and msg/s, and the
-broker's CPU time per message while it read; the result is the median per tree and reader.
-Progress on stderr.
+its CPU time per message (user + system of the reading process / messages), msg/s and page
+faults per 1,000 messages, and the broker's CPU time per message while it read; the result is
+the median per tree and reader. Progress on stderr.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -83,10 +84,17 @@ def main() -> None:
     ap.add_argument("--addr", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.reader:
+        flt0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         cpu, elapsed = _runner("uvloop")(_read(args.addr, args.messages, args.reader))
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - flt0
         print(
             json.dumps(
-                {"cpu_us_per_msg": cpu / args.messages * 1e6, "msg_per_s": args.messages / elapsed}
+                {
+                    "cpu_us_per_msg": cpu / args.messages * 1e6,
+                    "msg_per_s": args.messages / elapsed,
+                    # Page faults (fresh memory: the kernel zeroes a page for each).
+                    "faults_per_1k_msg": faults / args.messages * 1000,
+                }
             )
         )
         return
@@ -133,7 +141,8 @@ def main() -> None:
                     runs.setdefault(f"{tree} {reader}", []).append(got)
                     print(
                         f"round {rnd + 1} {tree} {reader}: {got['cpu_us_per_msg']:.2f} CPU-us/msg, "
-                        f"{got['msg_per_s']:,.0f} msg/s, broker "
+                        f"{got['msg_per_s']:,.0f} msg/s, "
+                        f"{got['faults_per_1k_msg']:.0f} faults/1k msg, broker "
                         f"{got['broker_cpu_us_per_msg']:.2f} CPU-us/msg",
                         file=sys.stderr,
                         flush=True,
@@ -147,6 +156,7 @@ def main() -> None:
             "broker_cpu_us_per_msg": round(
                 statistics.median(r["broker_cpu_us_per_msg"] for r in rs), 2
             ),
+            "faults_per_1k_msg": round(statistics.median(r["faults_per_1k_msg"] for r in rs)),
         }
         for name, rs in runs.items()
     }
