@@ -253,6 +253,49 @@ def test_to_arrow_has_the_spark_sources_schema(kind: str, tmp_path: Path) -> Non
     run(main())
 
 
+def test_to_arrow_from_spans_holds_what_iteration_hands_out(kind: str, tmp_path: Path) -> None:
+    """Arrow's buffers filled from the fetched data (several stored batches a partition,
+    null and empty keys and values, a batch split by ``max_records`` whose rest comes as
+    records) hold exactly the records iteration hands out."""
+    pa = pytest.importorskip("pyarrow")
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 2)
+            for n in range(3):
+                for partition in (0, 1):
+                    b = BatchBuilder()
+                    for i in range(9 + n):
+                        b.append(
+                            None if i % 4 == 1 else b"v%d" % i * (i % 3),
+                            key=None if i % 3 == 0 else b"k%d-%d" % (n, i),
+                            timestamp_ms=T0 + n * 100 + i,
+                        )
+                    await broker.produce("t", partition, b.build())
+            async with consuming(kind, addr(server), max_wait_ms=50) as c:
+                await c.assign([("t", 0, 2), ("t", 1, 0)])
+                batches: list[ConsumedBatch] = []
+                while sum(len(b) for b in batches) < 28 + 30:
+                    batches.append(await c.poll_batch(PROMPT_S, max_records=25))
+            for batch in batches:
+                table = batch.to_arrow()
+                assert table.schema == _arrow.arrow_schema(False)
+                assert isinstance(table, pa.RecordBatch)
+                assert [
+                    (
+                        r["topic"],
+                        r["partition"],
+                        r["offset"],
+                        round(r["timestamp"].timestamp() * 1000),
+                        r["key"],
+                        r["value"],
+                    )
+                    for r in table.to_pylist()
+                ] == [tuple(r)[:6] for r in batch]
+
+    run(main())
+
+
 def test_to_arrow_without_pyarrow_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_arrow, "_cache", {})
     monkeypatch.setitem(sys.modules, "pyarrow", None)

@@ -5,6 +5,8 @@ place inside a larger buffer too."""
 
 from __future__ import annotations
 
+from array import array
+from itertools import pairwise
 from typing import NamedTuple
 
 import pytest
@@ -68,6 +70,20 @@ def columns(
     return [Located("t", 3, *row) for row in zip(*cols, strict=True)]
 
 
+def from_binary_column(
+    validity: bytes | None, offsets: bytes, data: bytes, nulls: int
+) -> list[bytes | None]:
+    """The keys or values a ``Spans.binary_column`` (Arrow's binary layout) holds."""
+    ends = array("i", offsets).tolist()
+    out = [
+        None if validity is not None and not validity[i >> 3] >> (i & 7) & 1 else data[a:b]
+        for i, (a, b) in enumerate(pairwise(ends))
+    ]
+    assert out.count(None) == nulls
+    assert (validity is None) == (nulls == 0)
+    return out
+
+
 def spans(
     batch: bytes, min_offset: int = 0, pad: bytes = b"", max_offset: int = 2**63 - 1
 ) -> list[Located] | tuple[type, str]:
@@ -85,6 +101,10 @@ def spans(
     assert got.last_offset == (cols[0][-1] if cols[0] else -1)
     for value in (*cols[2], *cols[3]):
         assert value is None or type(value) is bytes
+    for i in (0, 1):
+        assert array("q", got.int64_column(i)).tolist() == cols[i]
+    for i in (2, 3):
+        assert from_binary_column(*got.binary_column(i)) == cols[i]
     return [Located("t", 3, *row) for row in zip(*cols, strict=True)]
 
 
@@ -191,3 +211,7 @@ def test_spans_outlive_the_name_of_their_buffer() -> None:
     assert got.last_offset == 56
     with pytest.raises(IndexError):
         got.column(5)
+    with pytest.raises(IndexError):
+        got.int64_column(2)
+    with pytest.raises(IndexError):
+        got.binary_column(1)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from tidewire.records import BatchHeader, Columns, Spans
 from tidewire.records.batch import TimestampType
 
-from ._arrow import arrow_schema, columns_to_arrow, pyarrow_module
+from ._arrow import arrays_to_arrow, arrow_schema, pyarrow_module
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -118,6 +118,49 @@ class Segment:
                     got += part.column(index)
             self._made[index] = got
         return got
+
+    def to_arrow(self, include_headers: bool = False) -> pa.RecordBatch:
+        """The records as one ``pyarrow.RecordBatch`` (see :meth:`ConsumedBatch.to_arrow`):
+        the spans' offsets, timestamps, keys and values go into Arrow's buffers straight
+        from the fetched data, without an object a record (columns already made, or parts
+        that are columns, are converted from their lists)."""
+        pa = pyarrow_module()
+        chunks: list[list[Any]] = [[], [], [], []]
+        parts: list[Part] = self._parts or [(*self._made,)]  # type: ignore[list-item]
+        for part in parts:
+            if isinstance(part, tuple):
+                chunks[0].append(pa.array(part[0], pa.int64()))
+                chunks[1].append(pa.array(part[1], pa.int64()))
+                chunks[2].append(pa.array(part[2], pa.binary()))
+                chunks[3].append(pa.array(part[3], pa.binary()))
+                continue
+            n = len(part)
+            for i in (0, 1):
+                data = pa.py_buffer(part.int64_column(i))
+                chunks[i].append(pa.Array.from_buffers(pa.int64(), n, [None, data]))
+            for i in (2, 3):
+                validity, offsets, data, nulls = part.binary_column(i)
+                buffers = [
+                    None if validity is None else pa.py_buffer(validity),
+                    pa.py_buffer(offsets),
+                    pa.py_buffer(data),
+                ]
+                chunks[i].append(pa.Array.from_buffers(pa.binary(), n, buffers, null_count=nulls))
+        offsets_a, timestamps_a, keys_a, values_a = (
+            c[0] if len(c) == 1 else pa.concat_arrays(c) for c in chunks
+        )
+        if self.append_time >= 0:
+            timestamps_a = pa.repeat(pa.scalar(self.append_time, pa.int64()), self._size)
+        return arrays_to_arrow(
+            self.topic,
+            self.partition,
+            self.timestamp_type,
+            offsets_a,
+            timestamps_a,
+            keys_a,
+            values_a,
+            self.headers if include_headers else None,
+        )
 
     @property
     def offsets(self) -> list[int]:
@@ -285,19 +328,7 @@ class ConsumedBatch:
             ImportError: pyarrow is not installed (``pip install 'tidewire[spark]'``).
         """
         pa = pyarrow_module()
-        batches = [
-            columns_to_arrow(
-                s.topic,
-                s.partition,
-                s.timestamp_type,
-                s.offsets,
-                s.timestamps if s.append_time < 0 else [s.append_time] * len(s),
-                s.keys,
-                s.values,
-                s.headers if include_headers else None,
-            )
-            for s in self._segments
-        ]
+        batches = [s.to_arrow(include_headers) for s in self._segments]
         if len(batches) == 1:
             return batches[0]
         schema = arrow_schema(include_headers)

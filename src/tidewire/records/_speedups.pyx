@@ -27,8 +27,8 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.stdint cimport int64_t, uint8_t, uint64_t
-from libc.string cimport memcpy
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.string cimport memcpy, memset
 
 from tidewire.errors import InvalidRecordError
 from tidewire.records import reader as _pure_reader
@@ -413,6 +413,71 @@ cdef class Spans:
         """What :func:`read_columns` returns for the same batch and window."""
         return (self._ints(_SP_OFFSET, False), self._ints(_SP_TS, True), self._fields(_SP_KEY),
                 self._fields(_SP_VALUE), list(self._headers))
+
+    def int64_column(self, Py_ssize_t index):
+        """Column 0 (offsets) or 1 (timestamps) as the bytes of one native int64 a record
+        (an Arrow ``int64`` array's data buffer)."""
+        cdef Py_ssize_t i, col
+        cdef int64_t* o
+        if index != 0 and index != 1:
+            raise IndexError(f"int64 column {index} of 0..1")
+        col = _SP_OFFSET if index == 0 else _SP_TS
+        out = PyBytes_FromStringAndSize(NULL, self._n * <Py_ssize_t>sizeof(int64_t))
+        o = <int64_t*>PyBytes_AS_STRING(out)
+        for i in range(self._n):
+            o[i] = self._table[i * _SP_WIDTH + col]
+        return out
+
+    def binary_column(self, Py_ssize_t index):
+        """Column 2 (keys) or 3 (values) in Arrow's ``binary`` layout: ``(validity, offsets,
+        data, null_count)``, the validity bitmap None when no record has None there, the
+        offsets one native int32 a record and one more; the data each key or value after
+        the other (one copy of each, no object a record).
+
+        Raises:
+            OverflowError: the data is 2 GiB or more (past int32 offsets).
+        """
+        cdef Py_ssize_t i, col
+        cdef int64_t n
+        cdef int64_t total = 0
+        cdef Py_ssize_t nulls = 0
+        cdef int64_t* t = self._table
+        cdef const char* p = <const char*>self._view.buf
+        cdef int32_t* offs
+        cdef char* d
+        cdef uint8_t* bits
+        if index != 2 and index != 3:
+            raise IndexError(f"binary column {index} of 2..3")
+        col = _SP_KEY if index == 2 else _SP_VALUE
+        for i in range(self._n):
+            n = t[i * _SP_WIDTH + col + 1]
+            if n < 0:
+                nulls += 1
+            else:
+                total += n
+        if total > 0x7FFFFFFF:
+            raise OverflowError(f"{total:,} bytes of data: past Arrow binary's int32 offsets")
+        offsets = PyBytes_FromStringAndSize(NULL, (self._n + 1) * <Py_ssize_t>sizeof(int32_t))
+        data = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>total)
+        validity = None
+        bits = NULL
+        if nulls:
+            validity = PyBytes_FromStringAndSize(NULL, (self._n + 7) // 8)
+            bits = <uint8_t*>PyBytes_AS_STRING(validity)
+            memset(bits, 0, (self._n + 7) // 8)
+        offs = <int32_t*>PyBytes_AS_STRING(offsets)
+        d = PyBytes_AS_STRING(data)
+        total = 0
+        offs[0] = 0
+        for i in range(self._n):
+            n = t[i * _SP_WIDTH + col + 1]
+            if n > 0:
+                memcpy(d + total, p + t[i * _SP_WIDTH + col], <size_t>n)
+                total += n
+            if n >= 0 and bits != NULL:
+                bits[i >> 3] |= <uint8_t>(1 << (i & 7))
+            offs[i + 1] = <int32_t>total
+        return validity, offsets, data, nulls
 
     cdef list _ints(self, Py_ssize_t col, bint share):
         """One int column; with ``share``, runs of equal values share one int object (a
