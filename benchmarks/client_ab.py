@@ -4,17 +4,18 @@ before/after comparison on a shared, noisy machine.
 Usage::
 
     python benchmarks/client_ab.py --tree BEFORE/src --tree AFTER/src [--messages N]
-        [--readers records,poll,batch,values] [--rounds R] [--json]
+        [--readers records,poll,batch,values,arrow] [--rounds R] [--json]
 
 It starts one broker (see ``producer_bench.serve``), stores ``--messages`` values of 1 KiB in 4
 partitions, then for ``--rounds`` rounds runs, for every tree in turn, one fresh process per
 reader (``PYTHONPATH`` set to the tree, on uvloop) that reads every record from ``"earliest"``:
 ``records`` (``async for`` over :class:`AsyncConsumer`), ``poll`` (``poll()`` in a loop),
 ``batch`` (``poll_batch()``, skipped for a tree without it; it counts the records),
-``values`` (``poll_batch()`` reading every value, as a reader that uses them does). Each prints
-its CPU time per message (user + system of the reading process / messages), msg/s and page
-faults per 1,000 messages, and the broker's CPU time per message while it read; the result is
-the median per tree and reader. Progress on stderr.
+``values`` (``poll_batch()`` reading every value, as a reader that uses them does), ``arrow``
+(``poll_batch().to_arrow()``, needs pyarrow). Each prints its CPU time per message (user +
+system of the reading process / messages), msg/s and page faults per 1,000 messages, and the
+broker's CPU time per message while it read; the result is the median per tree and reader.
+Progress on stderr.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ async def _read(addr: str, n: int, reader: str) -> tuple[float, float]:
                 for record in await consumer.poll(10.0):
                     got += 1
                     len(record.value or b"")
+        elif reader == "arrow":
+            while got < n:
+                batch = await consumer.poll_batch(10.0)  # type: ignore[attr-defined]
+                got += batch.to_arrow().num_rows
         elif reader == "values":
             while got < n:
                 batch = await consumer.poll_batch(10.0)  # type: ignore[attr-defined]
@@ -116,7 +121,7 @@ def main() -> None:
                     ).read()
                 )
                 for reader in args.readers.split(","):
-                    if reader in {"batch", "values"} and not has_batch:
+                    if reader in {"batch", "values", "arrow"} and not has_batch:
                         continue
                     broker0 = _cpu_s(b.pid)
                     out = subprocess.run(
