@@ -71,11 +71,12 @@ async def _read(addr: str, n: int, reader: str) -> tuple[float, float]:
         return time.process_time() - cpu0, time.perf_counter() - t0
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+def _cpu_s(pid: int) -> tuple[float, int]:
+    """User + system CPU seconds of process ``pid`` so far, and its minor page faults
+    (Linux /proc)."""
     with open(f"/proc/{pid}/stat", encoding="ascii") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[7])
 
 
 def main() -> None:
@@ -142,13 +143,18 @@ def main() -> None:
                     ).stdout
                     got = json.loads(out.strip().splitlines()[-1])
                     # Ticks of 10 ms: ~1% of a million-message read.
-                    got["broker_cpu_us_per_msg"] = (_cpu_s(b.pid) - broker0) / args.messages * 1e6
+                    broker1 = _cpu_s(b.pid)
+                    got["broker_cpu_us_per_msg"] = (broker1[0] - broker0[0]) / args.messages * 1e6
+                    got["broker_faults_per_1k_msg"] = (
+                        (broker1[1] - broker0[1]) / args.messages * 1e3
+                    )
                     runs.setdefault(f"{tree} {reader}", []).append(got)
                     print(
                         f"round {rnd + 1} {tree} {reader}: {got['cpu_us_per_msg']:.2f} CPU-us/msg, "
                         f"{got['msg_per_s']:,.0f} msg/s, "
                         f"{got['faults_per_1k_msg']:.0f} faults/1k msg, broker "
-                        f"{got['broker_cpu_us_per_msg']:.2f} CPU-us/msg",
+                        f"{got['broker_cpu_us_per_msg']:.2f} CPU-us/msg, "
+                        f"{got['broker_faults_per_1k_msg']:.0f} faults/1k msg",
                         file=sys.stderr,
                         flush=True,
                     )
@@ -162,6 +168,9 @@ def main() -> None:
                 statistics.median(r["broker_cpu_us_per_msg"] for r in rs), 2
             ),
             "faults_per_1k_msg": round(statistics.median(r["faults_per_1k_msg"] for r in rs)),
+            "broker_faults_per_1k_msg": round(
+                statistics.median(r["broker_faults_per_1k_msg"] for r in rs)
+            ),
         }
         for name, rs in runs.items()
     }
