@@ -82,8 +82,9 @@ DEFAULT_MAX_RECORDS = 500
 #: partitions. Fewer, larger answers cost the consumer 10-20% less CPU a message than 1 MiB
 #: (1 KiB records, 4 partitions); memory stays bound by ``max_bytes`` and one fetch ahead.
 DEFAULT_MAX_PARTITION_BYTES = 4 * 1024 * 1024
-#: Records handed out by one ``poll_batch`` at most, by default (a batch's columns are
-#: lists: 100,000 records of 1 KiB are about 110 MB held by the caller at once at most).
+#: Records handed out by one ``poll_batch`` at most, by default (a batch holds the fetched
+#: data of its records, and its columns once read: 100,000 records of 1 KiB are about 110 MB
+#: held by the caller at once, twice that with every value made).
 DEFAULT_MAX_BATCH_RECORDS = 100_000
 
 
@@ -497,8 +498,10 @@ class AsyncConsumer:
 
         The records and the positions are those :meth:`poll` would hand out (partition by
         partition, offsets ascending; each partition's position moves past its last
-        record), decoded into columns without an object per record: the fastest way to
-        read. It may be mixed with :meth:`poll` and iteration.
+        record), checked now and made into columns when the caller reads them (each column
+        once; no object per record before): the fastest way to read. The batch holds on to
+        the fetched data its records came from while it is kept. It may be mixed with
+        :meth:`poll` and iteration.
 
         Args:
             timeout_s: the longest wait for the first records (s).
