@@ -32,7 +32,14 @@ from tidewire.records.batch import check_batch
 from tidewire.records.compression import MAX_DECOMPRESSED_BYTES
 
 #: The names an implementation provides.
-HOT = ("BatchBuilder", "read_records", "read_columns", "read_spans")
+HOT = (
+    "BatchBuilder",
+    "read_records",
+    "read_columns",
+    "read_spans",
+    "int64_columns",
+    "binary_columns",
+)
 #: A module using any of these names (or decode_batch, which the harness checks through the
 #: implementation's readers) runs once per implementation.
 USES = (*HOT, "build", "build_batch", "decode_batch")
@@ -50,6 +57,8 @@ def load(name: str) -> SimpleNamespace | None:
             read_records=reader.read_records,
             read_columns=reader.read_columns,
             read_spans=reader.read_spans,
+            int64_columns=reader.int64_columns,
+            binary_columns=reader.binary_columns,
         )
     try:
         from tidewire.records import _speedups  # type: ignore[attr-defined]
@@ -61,6 +70,8 @@ def load(name: str) -> SimpleNamespace | None:
         read_records=_speedups.read_records,
         read_columns=_speedups.read_columns,
         read_spans=_speedups.read_spans,
+        int64_columns=_speedups.int64_columns,
+        binary_columns=_speedups.binary_columns,
     )
 
 

@@ -6,7 +6,7 @@ place inside a larger buffer too."""
 from __future__ import annotations
 
 from array import array
-from itertools import pairwise
+from itertools import chain, pairwise
 from typing import NamedTuple
 
 import pytest
@@ -22,6 +22,8 @@ from tidewire.records import (
     read_records,
     read_spans,
 )
+from tidewire.records import reader as pure_reader
+from tidewire.records._impl import binary_columns, int64_columns
 
 LIMIT = 1 << 20
 
@@ -215,3 +217,37 @@ def test_spans_outlive_the_name_of_their_buffer() -> None:
         got.int64_column(2)
     with pytest.raises(IndexError):
         got.binary_column(1)
+
+
+def test_columns_of_several_spans_are_theirs_one_after_the_other() -> None:
+    """``int64_columns`` and ``binary_columns`` of several spans (a consumed segment's
+    batches, for Arrow) are each spans' column concatenated, nulls and empty values
+    included, whichever reader made the spans (the pure one's mixed in: the compiled twin
+    takes them through the pure function)."""
+    made = []
+    for n in range(3):
+        b = BatchBuilder(base_offset=100 * n)
+        for i in range(11 + n):
+            b.append(
+                None if (i + n) % 4 == 1 else b"v%d" % i * (i % 3),
+                key=None if i % 3 == 0 else b"k%d-%d" % (n, i),
+                timestamp_ms=9_000 + n * 10 + i,
+            )
+        batch = b.build()
+        made.append(read_spans(batch, 0, check_batch(batch), 100 * n + n, LIMIT))
+    third = made[-1].column(0)  # its window: from offset 202
+    last = BatchBuilder(base_offset=500)
+    last.append(b"tail", key=None, timestamp_ms=1)
+    tail = last.build()
+    made.append(pure_reader.read_spans(tail, 0, check_batch(tail)))
+    for spans in (made, made[:1], made[:3], []):
+        expected = [list(chain.from_iterable(s.column(i) for s in spans)) for i in range(4)]
+        for i in (0, 1):
+            assert array("q", int64_columns(spans, i)).tolist() == expected[i]
+        for i in (2, 3):
+            assert from_binary_column(*binary_columns(spans, i)) == expected[i]
+    assert third == list(range(202, 213))
+    with pytest.raises(IndexError):
+        int64_columns(made, 3)
+    with pytest.raises(IndexError):
+        binary_columns(made, 0)

@@ -15,6 +15,7 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from tidewire.records import BatchHeader, Columns, Spans
+from tidewire.records._impl import binary_columns, int64_columns
 from tidewire.records.batch import TimestampType
 
 from ._arrow import arrays_to_arrow, arrow_schema, pyarrow_module
@@ -127,25 +128,18 @@ class Segment:
         pa = pyarrow_module()
         chunks: list[list[Any]] = [[], [], [], []]
         parts: list[Part] = self._parts or [(*self._made,)]  # type: ignore[list-item]
+        run: list[Spans] = []  # consecutive spans: one buffer a column for all of them
         for part in parts:
-            if isinstance(part, tuple):
-                chunks[0].append(pa.array(part[0], pa.int64()))
-                chunks[1].append(pa.array(part[1], pa.int64()))
-                chunks[2].append(pa.array(part[2], pa.binary()))
-                chunks[3].append(pa.array(part[3], pa.binary()))
+            if not isinstance(part, tuple):
+                run.append(part)
                 continue
-            n = len(part)
-            for i in (0, 1):
-                data = pa.py_buffer(part.int64_column(i))
-                chunks[i].append(pa.Array.from_buffers(pa.int64(), n, [None, data]))
-            for i in (2, 3):
-                validity, offsets, data, nulls = part.binary_column(i)
-                buffers = [
-                    None if validity is None else pa.py_buffer(validity),
-                    pa.py_buffer(offsets),
-                    pa.py_buffer(data),
-                ]
-                chunks[i].append(pa.Array.from_buffers(pa.binary(), n, buffers, null_count=nulls))
+            _spans_to_arrow(pa, run, chunks)
+            run = []
+            chunks[0].append(pa.array(part[0], pa.int64()))
+            chunks[1].append(pa.array(part[1], pa.int64()))
+            chunks[2].append(pa.array(part[2], pa.binary()))
+            chunks[3].append(pa.array(part[3], pa.binary()))
+        _spans_to_arrow(pa, run, chunks)
         offsets_a, timestamps_a, keys_a, values_a = (
             c[0] if len(c) == 1 else pa.concat_arrays(c) for c in chunks
         )
@@ -186,6 +180,26 @@ class Segment:
     def headers(self) -> list[tuple[Header, ...]]:
         """Each record's headers."""
         return self._column(4)
+
+
+def _spans_to_arrow(pa: Any, spans: list[Spans], chunks: list[list[Any]]) -> None:
+    """Append the offsets, timestamps (ms), keys and values of ``spans`` (one after the
+    other) to ``chunks`` as one Arrow array each, built on buffers filled from the fetched
+    data."""
+    if not spans:
+        return
+    n = sum(len(s) for s in spans)
+    for i in (0, 1):
+        data = pa.py_buffer(int64_columns(spans, i))
+        chunks[i].append(pa.Array.from_buffers(pa.int64(), n, [None, data]))
+    for i in (2, 3):
+        validity, offsets, data, nulls = binary_columns(spans, i)
+        buffers = [
+            None if validity is None else pa.py_buffer(validity),
+            pa.py_buffer(offsets),
+            pa.py_buffer(data),
+        ]
+        chunks[i].append(pa.Array.from_buffers(pa.binary(), n, buffers, null_count=nulls))
 
 
 def segment_of(topic: str, partition: int, h: BatchHeader, part: Part) -> Segment:

@@ -24,6 +24,8 @@ __all__ = [
     "BatchBuilder",
     "Spans",
     "append_record",
+    "binary_columns",
+    "int64_columns",
     "read_columns",
     "read_records",
     "read_spans",
@@ -60,6 +62,8 @@ if COMPILED is None:
     read_columns = _pure_reader.read_columns
     read_spans = _pure_reader.read_spans
     Spans: type[Any] = _pure_reader.Spans
+    int64_columns = _pure_reader.int64_columns
+    binary_columns = _pure_reader.binary_columns
 else:
     BatchBuilder = COMPILED.BatchBuilder
     # A module built from an older _speedups.pyx (a checkout updated without building it
@@ -70,3 +74,5 @@ else:
     # An older build (not built again after an update) has no read_spans: the pure one.
     read_spans = getattr(COMPILED, "read_spans", _pure_reader.read_spans)
     Spans = getattr(COMPILED, "Spans", _pure_reader.Spans)
+    int64_columns = getattr(COMPILED, "int64_columns", _pure_reader.int64_columns)
+    binary_columns = getattr(COMPILED, "binary_columns", _pure_reader.binary_columns)

@@ -91,7 +91,10 @@ cdef extern from *:
     int __builtin_add_overflow(int64_t, int64_t, int64_t*) nogil
     int __builtin_sub_overflow(int64_t, int64_t, int64_t*) nogil
 
-__all__ = ["BatchBuilder", "Spans", "read_columns", "read_records", "read_spans"]
+__all__ = [
+    "BatchBuilder", "Spans", "binary_columns", "int64_columns", "read_columns", "read_records",
+    "read_spans",
+]
 
 cdef Py_ssize_t _OVERHEAD = BATCH_OVERHEAD
 cdef object _TUPLE = tuple
@@ -417,16 +420,7 @@ cdef class Spans:
     def int64_column(self, Py_ssize_t index):
         """Column 0 (offsets) or 1 (timestamps) as the bytes of one native int64 a record
         (an Arrow ``int64`` array's data buffer)."""
-        cdef Py_ssize_t i, col
-        cdef int64_t* o
-        if index != 0 and index != 1:
-            raise IndexError(f"int64 column {index} of 0..1")
-        col = _SP_OFFSET if index == 0 else _SP_TS
-        out = PyBytes_FromStringAndSize(NULL, self._n * <Py_ssize_t>sizeof(int64_t))
-        o = <int64_t*>PyBytes_AS_STRING(out)
-        for i in range(self._n):
-            o[i] = self._table[i * _SP_WIDTH + col]
-        return out
+        return int64_columns((self,), index)
 
     def binary_column(self, Py_ssize_t index):
         """Column 2 (keys) or 3 (values) in Arrow's ``binary`` layout: ``(validity, offsets,
@@ -437,47 +431,7 @@ cdef class Spans:
         Raises:
             OverflowError: the data is 2 GiB or more (past int32 offsets).
         """
-        cdef Py_ssize_t i, col
-        cdef int64_t n
-        cdef int64_t total = 0
-        cdef Py_ssize_t nulls = 0
-        cdef int64_t* t = self._table
-        cdef const char* p = <const char*>self._view.buf
-        cdef int32_t* offs
-        cdef char* d
-        cdef uint8_t* bits
-        if index != 2 and index != 3:
-            raise IndexError(f"binary column {index} of 2..3")
-        col = _SP_KEY if index == 2 else _SP_VALUE
-        for i in range(self._n):
-            n = t[i * _SP_WIDTH + col + 1]
-            if n < 0:
-                nulls += 1
-            else:
-                total += n
-        if total > 0x7FFFFFFF:
-            raise OverflowError(f"{total:,} bytes of data: past Arrow binary's int32 offsets")
-        offsets = PyBytes_FromStringAndSize(NULL, (self._n + 1) * <Py_ssize_t>sizeof(int32_t))
-        data = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>total)
-        validity = None
-        bits = NULL
-        if nulls:
-            validity = PyBytes_FromStringAndSize(NULL, (self._n + 7) // 8)
-            bits = <uint8_t*>PyBytes_AS_STRING(validity)
-            memset(bits, 0, (self._n + 7) // 8)
-        offs = <int32_t*>PyBytes_AS_STRING(offsets)
-        d = PyBytes_AS_STRING(data)
-        total = 0
-        offs[0] = 0
-        for i in range(self._n):
-            n = t[i * _SP_WIDTH + col + 1]
-            if n > 0:
-                memcpy(d + total, p + t[i * _SP_WIDTH + col], <size_t>n)
-                total += n
-            if n >= 0 and bits != NULL:
-                bits[i >> 3] |= <uint8_t>(1 << (i & 7))
-            offs[i + 1] = <int32_t>total
-        return validity, offsets, data, nulls
+        return binary_columns((self,), index)
 
     cdef list _ints(self, Py_ssize_t col, bint share):
         """One int column; with ``share``, runs of equal values share one int object (a
@@ -513,6 +467,91 @@ cdef class Spans:
             Py_INCREF(f)
             PyList_SET_ITEM(out, i, f)
         return out
+
+
+def int64_columns(spans, Py_ssize_t index):
+    """See :func:`tidewire.records.reader.int64_columns` (the same contract)."""
+    cdef Spans s
+    cdef Py_ssize_t i, col, at
+    cdef Py_ssize_t count = 0
+    cdef int64_t* o
+    if index != 0 and index != 1:
+        raise IndexError(f"int64 column {index} of 0..1")
+    parts = list(spans)
+    for part in parts:
+        if type(part) is not Spans:  # read by the pure reader (past 64 bits): its twin
+            return _pure_reader.int64_columns(parts, index)
+        count += (<Spans>part)._n
+    col = _SP_OFFSET if index == 0 else _SP_TS
+    out = PyBytes_FromStringAndSize(NULL, count * <Py_ssize_t>sizeof(int64_t))
+    o = <int64_t*>PyBytes_AS_STRING(out)
+    at = 0
+    for part in parts:
+        s = <Spans>part
+        for i in range(s._n):
+            o[at] = s._table[i * _SP_WIDTH + col]
+            at += 1
+    return out
+
+
+def binary_columns(spans, Py_ssize_t index):
+    """See :func:`tidewire.records.reader.binary_columns` (the same contract)."""
+    cdef Spans s
+    cdef Py_ssize_t i, col, at
+    cdef Py_ssize_t count = 0
+    cdef int64_t n
+    cdef int64_t total = 0
+    cdef Py_ssize_t nulls = 0
+    cdef int64_t* t
+    cdef const char* p
+    cdef int32_t* offs
+    cdef char* d
+    cdef uint8_t* bits
+    if index != 2 and index != 3:
+        raise IndexError(f"binary column {index} of 2..3")
+    col = _SP_KEY if index == 2 else _SP_VALUE
+    parts = list(spans)
+    for part in parts:
+        if type(part) is not Spans:  # read by the pure reader (past 64 bits): its twin
+            return _pure_reader.binary_columns(parts, index)
+        s = <Spans>part
+        t = s._table
+        count += s._n
+        for i in range(s._n):
+            n = t[i * _SP_WIDTH + col + 1]
+            if n < 0:
+                nulls += 1
+            else:
+                total += n
+    if total > 0x7FFFFFFF:
+        raise OverflowError(f"{total:,} bytes of data: past Arrow binary's int32 offsets")
+    offsets = PyBytes_FromStringAndSize(NULL, (count + 1) * <Py_ssize_t>sizeof(int32_t))
+    data = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>total)
+    validity = None
+    bits = NULL
+    if nulls:
+        validity = PyBytes_FromStringAndSize(NULL, (count + 7) // 8)
+        bits = <uint8_t*>PyBytes_AS_STRING(validity)
+        memset(bits, 0, (count + 7) // 8)
+    offs = <int32_t*>PyBytes_AS_STRING(offsets)
+    d = PyBytes_AS_STRING(data)
+    total = 0
+    offs[0] = 0
+    at = 0
+    for part in parts:
+        s = <Spans>part
+        t = s._table
+        p = <const char*>s._view.buf
+        for i in range(s._n):
+            n = t[i * _SP_WIDTH + col + 1]
+            if n > 0:
+                memcpy(d + total, p + t[i * _SP_WIDTH + col], <size_t>n)
+                total += n
+            if n >= 0 and bits != NULL:
+                bits[at >> 3] |= <uint8_t>(1 << (at & 7))
+            at += 1
+            offs[at] = <int32_t>total
+    return validity, offsets, data, nulls
 
 
 cdef inline int _span(const uint8_t* p, Py_ssize_t* pos, Py_ssize_t rec_end,

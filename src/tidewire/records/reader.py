@@ -8,7 +8,7 @@ input; any other exception escaping a decoder is a bug.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple, NoReturn, TypeVar
 
 from tidewire.errors import (
@@ -33,7 +33,9 @@ __all__ = [
     "Columns",
     "Record",
     "Spans",
+    "binary_columns",
     "decode_batch",
+    "int64_columns",
     "iter_batches",
     "iter_records",
     "read_columns",
@@ -353,49 +355,74 @@ class Spans:
 
     def int64_column(self, index: int) -> bytes:
         """Column 0 (offsets) or 1 (timestamps) as the bytes of one native int64 a record
-        (an Arrow ``int64`` array's data buffer).
+        (an Arrow ``int64`` array's data buffer): :func:`int64_columns` of these spans.
 
         Raises:
             IndexError: ``index`` is not 0 or 1.
         """
-        if index not in {0, 1}:
-            raise IndexError(f"int64 column {index} of 0..1")
-        ints: list[int] = self._columns[index]  # type: ignore[assignment]
-        return array("q", ints).tobytes()
+        return int64_columns((self,), index)
 
     def binary_column(self, index: int) -> tuple[bytes | None, bytes, bytes, int]:
-        """Column 2 (keys) or 3 (values) in Arrow's ``binary`` layout: ``(validity, offsets,
-        data, null_count)``, the validity bitmap None when no record has None there, the
-        offsets one native int32 a record and one more, the data each key or value after
-        the other.
+        """Column 2 (keys) or 3 (values) in Arrow's ``binary`` layout:
+        :func:`binary_columns` of these spans.
 
         Raises:
             IndexError: ``index`` is not 2 or 3.
             OverflowError: the data is 2 GiB or more (past int32 offsets).
         """
-        if index not in {2, 3}:
-            raise IndexError(f"binary column {index} of 2..3")
-        column: list[bytes | None] = self._columns[index]  # type: ignore[assignment]
-        validity = bytearray((len(column) + 7) // 8)
-        offsets = array("i", [0])
-        data: list[bytes] = []
-        nulls = total = 0
-        for i, v in enumerate(column):
-            if v is None:
-                nulls += 1
-            else:
-                data.append(v)
-                total += len(v)
-                validity[i >> 3] |= 1 << (i & 7)
-            if total > 0x7FFFFFFF:
-                raise OverflowError(f"{total:,} bytes of data: past Arrow binary's int32 offsets")
-            offsets.append(total)
-        return (bytes(validity) if nulls else None), offsets.tobytes(), b"".join(data), nulls
+        return binary_columns((self,), index)
 
     def columns(self) -> Columns:
         """What :func:`read_columns` returns for the same batch and window (new lists)."""
         offsets, timestamps, keys, values, headers = self._columns
         return list(offsets), list(timestamps), list(keys), list(values), list(headers)
+
+
+def int64_columns(spans: Iterable[Spans], index: int) -> bytes:
+    """Column 0 (offsets) or 1 (timestamps) of several spans one after the other, as the
+    bytes of one native int64 a record (an Arrow ``int64`` array's data buffer).
+
+    Raises:
+        IndexError: ``index`` is not 0 or 1.
+    """
+    if index not in {0, 1}:
+        raise IndexError(f"int64 column {index} of 0..1")
+    out = array("q")
+    for s in spans:
+        out.extend(s.column(index))
+    return out.tobytes()
+
+
+def binary_columns(spans: Iterable[Spans], index: int) -> tuple[bytes | None, bytes, bytes, int]:
+    """Column 2 (keys) or 3 (values) of several spans one after the other, in Arrow's
+    ``binary`` layout: ``(validity, offsets, data, null_count)``, the validity bitmap None
+    when no record has None there, the offsets one native int32 a record and one more, the
+    data each key or value after the other (compiled: one copy of each, no object a record).
+
+    Raises:
+        IndexError: ``index`` is not 2 or 3.
+        OverflowError: the data is 2 GiB or more (past int32 offsets).
+    """
+    if index not in {2, 3}:
+        raise IndexError(f"binary column {index} of 2..3")
+    column: list[bytes | None] = []
+    for s in spans:
+        column += s.column(index)
+    validity = bytearray((len(column) + 7) // 8)
+    offsets = array("i", [0])
+    data: list[bytes] = []
+    nulls = total = 0
+    for i, v in enumerate(column):
+        if v is None:
+            nulls += 1
+        else:
+            data.append(v)
+            total += len(v)
+            validity[i >> 3] |= 1 << (i & 7)
+        if total > 0x7FFFFFFF:
+            raise OverflowError(f"{total:,} bytes of data: past Arrow binary's int32 offsets")
+        offsets.append(total)
+    return (bytes(validity) if nulls else None), offsets.tobytes(), b"".join(data), nulls
 
 
 def read_spans(  # noqa: PLR0917 (the same positional parameters as read_columns)
