@@ -122,6 +122,49 @@ def test_a_limit_splits_a_stored_batch_and_mixes_with_poll(kind: str, tmp_path: 
     run(main())
 
 
+def test_columns_are_made_when_read_and_outlive_later_fetches(kind: str, tmp_path: Path) -> None:
+    """A batch's columns are made from the fetched data when first read, in any order, once:
+    read after later polls (new fetches) and after the consumer closed, they are still
+    exactly the records ``poll`` hands out."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 2)
+            for n in range(3):  # several stored batches a partition: one segment each
+                await put(broker, "t", 0, [b"a%d-%d" % (n, i) * 40 for i in range(50)])
+                await put(broker, "t", 1, [b"b%d-%d" % (n, i) for i in range(7)], keyed=False)
+            positions = [("t", 0, 20), ("t", 1, "earliest")]
+            async with consuming(kind, addr(server), max_wait_ms=50) as ref:
+                await ref.assign(positions)
+                expected: list[ConsumerRecord] = []
+                while len(expected) < 151:
+                    expected += await ref.poll(PROMPT_S)
+            async with consuming(kind, addr(server), max_wait_ms=50) as c:
+                await c.assign(positions)
+                batches: list[ConsumedBatch] = []
+                while sum(len(b) for b in batches) < 151:
+                    batches.append(await c.poll_batch(PROMPT_S, max_records=60))
+                assert len(await c.poll_batch(0.05)) == 0
+            got: list[tuple[object, ...]] = []
+            for batch in reversed(batches):  # the last first; each column read before the rest
+                values = batch.values
+                assert batch.values is values  # made once
+                keys, offsets = batch.keys, batch.offsets
+                rows = list(zip(*(batch.topics, batch.partitions, offsets), strict=True))
+                assert [tuple(r) for r in batch] == [
+                    (*row, ts, k, v, h)
+                    for row, ts, k, v, h in zip(
+                        rows, batch.timestamps, keys, values, batch.headers, strict=True
+                    )
+                ]
+                assert sum(len(s) for s in batch.segments) == len(batch)
+                got[:0] = [tuple(r) for r in batch]
+            assert sorted(got) == sorted(tuple(r) for r in expected)
+            assert len(got) == 151
+
+    run(main())
+
+
 def _malformed(value: bytes) -> bytes:
     """A batch of one record whose CRC is right but whose record declares a header it does
     not hold (the broker checks sizes and CRC only; the reader finds the fault)."""
@@ -206,6 +249,49 @@ def test_to_arrow_has_the_spark_sources_schema(kind: str, tmp_path: Path) -> Non
                 ]
                 empty = ConsumedBatch([]).to_arrow()
                 assert (empty.num_rows, empty.schema) == (0, _arrow.arrow_schema(False))
+
+    run(main())
+
+
+def test_to_arrow_from_spans_holds_what_iteration_hands_out(kind: str, tmp_path: Path) -> None:
+    """Arrow's buffers filled from the fetched data (several stored batches a partition,
+    null and empty keys and values, a batch split by ``max_records`` whose rest comes as
+    records) hold exactly the records iteration hands out."""
+    pa = pytest.importorskip("pyarrow")
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 2)
+            for n in range(3):
+                for partition in (0, 1):
+                    b = BatchBuilder()
+                    for i in range(9 + n):
+                        b.append(
+                            None if i % 4 == 1 else b"v%d" % i * (i % 3),
+                            key=None if i % 3 == 0 else b"k%d-%d" % (n, i),
+                            timestamp_ms=T0 + n * 100 + i,
+                        )
+                    await broker.produce("t", partition, b.build())
+            async with consuming(kind, addr(server), max_wait_ms=50) as c:
+                await c.assign([("t", 0, 2), ("t", 1, 0)])
+                batches: list[ConsumedBatch] = []
+                while sum(len(b) for b in batches) < 28 + 30:
+                    batches.append(await c.poll_batch(PROMPT_S, max_records=25))
+            for batch in batches:
+                table = batch.to_arrow()
+                assert table.schema == _arrow.arrow_schema(False)
+                assert isinstance(table, pa.RecordBatch)
+                assert [
+                    (
+                        r["topic"],
+                        r["partition"],
+                        r["offset"],
+                        round(r["timestamp"].timestamp() * 1000),
+                        r["key"],
+                        r["value"],
+                    )
+                    for r in table.to_pylist()
+                ] == [tuple(r)[:6] for r in batch]
 
     run(main())
 

@@ -6,7 +6,8 @@ For the module's tests (parameter ``records_impl``) an autouse fixture puts that
 ``BatchBuilder``, ``read_records`` and ``read_columns`` in place of the module's own names
 (and of the shared helpers' in ``_batches``), and wraps ``decode_batch`` (the reference
 reader every round-trip, malformed-input and mutation test calls) so that each call also
-reads the batch with the implementation's ``read_records`` and ``read_columns`` and checks
+reads the batch with the implementation's ``read_records``, ``read_columns`` and
+``read_spans`` (its columns made) and checks
 that they return the same records or raise the same error, class and message.
 
 Without the compiled module (a checkout not built with ``python setup.py build_ext
@@ -31,7 +32,14 @@ from tidewire.records.batch import check_batch
 from tidewire.records.compression import MAX_DECOMPRESSED_BYTES
 
 #: The names an implementation provides.
-HOT = ("BatchBuilder", "read_records", "read_columns")
+HOT = (
+    "BatchBuilder",
+    "read_records",
+    "read_columns",
+    "read_spans",
+    "int64_columns",
+    "binary_columns",
+)
 #: A module using any of these names (or decode_batch, which the harness checks through the
 #: implementation's readers) runs once per implementation.
 USES = (*HOT, "build", "build_batch", "decode_batch")
@@ -48,6 +56,9 @@ def load(name: str) -> SimpleNamespace | None:
             BatchBuilder=builder.BatchBuilder,
             read_records=reader.read_records,
             read_columns=reader.read_columns,
+            read_spans=reader.read_spans,
+            int64_columns=reader.int64_columns,
+            binary_columns=reader.binary_columns,
         )
     try:
         from tidewire.records import _speedups  # type: ignore[attr-defined]
@@ -58,6 +69,9 @@ def load(name: str) -> SimpleNamespace | None:
         BatchBuilder=_speedups.BatchBuilder,
         read_records=_speedups.read_records,
         read_columns=_speedups.read_columns,
+        read_spans=_speedups.read_spans,
+        int64_columns=_speedups.int64_columns,
+        binary_columns=_speedups.binary_columns,
     )
 
 
@@ -118,6 +132,12 @@ def checked_decode_batch(impl: SimpleNamespace) -> Callable[..., Any]:
             if isinstance(columns, tuple) and len(columns) == 5:
                 columns = [Row("t", 1, *row) for row in zip(*columns, strict=True)]
             assert columns == expected, f"read_columns ({impl.name}) differs from the reference"
+            spans = outcome(lambda: impl.read_spans(padded, 5, h, INT64_MIN, decompression_limit))
+            if not isinstance(spans, tuple):  # made: its columns, whole and one by one
+                assert [spans.column(i) for i in range(5)] == list(spans.columns())
+                assert len(spans) == len(spans.column(0))
+                spans = [Row("t", 1, *row) for row in zip(*spans.columns(), strict=True)]
+            assert spans == expected, f"read_spans ({impl.name}) differs from the reference"
         return reference(batch, decompression_limit=decompression_limit)
 
     return decode_batch

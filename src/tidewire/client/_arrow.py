@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["arrow_schema", "columns_to_arrow", "pyarrow_module"]
+__all__ = ["arrays_to_arrow", "arrow_schema", "columns_to_arrow", "pyarrow_module"]
 
 Header = tuple[str, bytes | None]
 _US_PER_MS = 1000
@@ -88,16 +88,43 @@ def columns_to_arrow(  # noqa: PLR0917 (one argument per column)
         ImportError: pyarrow is not installed.
     """
     pa = pyarrow_module()
-    n = len(offsets)
-    arrays = [
+    return arrays_to_arrow(
+        topic,
+        partition,
+        timestamp_type,
+        pa.array(offsets, pa.int64()),
+        pa.array(timestamps, pa.int64()),
         pa.array(keys, pa.binary()),
         pa.array(values, pa.binary()),
+        headers,
+    )
+
+
+def arrays_to_arrow(  # noqa: PLR0917 (one argument per column)
+    topic: str,
+    partition: int,
+    timestamp_type: int,
+    offsets: pa.Array,
+    timestamps: pa.Array,
+    keys: pa.Array,
+    values: pa.Array,
+    headers: Sequence[tuple[Header, ...]] | None = None,
+) -> pa.RecordBatch:
+    """:func:`columns_to_arrow` of columns already in Arrow (``offsets`` and ``timestamps``
+    int64, the latter in ms since the epoch; ``keys`` and ``values`` binary).
+
+    Raises:
+        ImportError: pyarrow is not installed.
+    """
+    pa = pyarrow_module()
+    n = len(offsets)
+    arrays = [
+        keys,
+        values,
         pa.repeat(pa.scalar(topic, pa.string()), n),
         pa.repeat(pa.scalar(partition, pa.int32()), n),
-        pa.array(offsets, pa.int64()),
-        pa.compute.multiply(pa.array(timestamps, pa.int64()), _US_PER_MS).cast(
-            pa.timestamp("us", tz="UTC")
-        ),
+        offsets,
+        pa.compute.multiply(timestamps, _US_PER_MS).cast(pa.timestamp("us", tz="UTC")),
         pa.repeat(pa.scalar(timestamp_type, pa.int32()), n),
     ]
     schema = arrow_schema(headers is not None)

@@ -41,11 +41,11 @@ from tidewire.protocol.messages import (
     ListOffsetsPartition,
     ListOffsetsRequest,
 )
-from tidewire.records import BatchHeader, iter_batches, read_columns, read_records
+from tidewire.records import BatchHeader, iter_batches, read_records, read_spans
 from tidewire.security.credentials import Credentials
 from tidewire.security.tls import TlsOptions
 
-from ._batch import ConsumedBatch, Segment, segment_of, segment_of_records
+from ._batch import ConsumedBatch, Part, Segment, segment_of, segment_of_records
 from ._routing import (
     RETRY_BACKOFF_MAX_S,
     Router,
@@ -82,8 +82,9 @@ DEFAULT_MAX_RECORDS = 500
 #: partitions. Fewer, larger answers cost the consumer 10-20% less CPU a message than 1 MiB
 #: (1 KiB records, 4 partitions); memory stays bound by ``max_bytes`` and one fetch ahead.
 DEFAULT_MAX_PARTITION_BYTES = 4 * 1024 * 1024
-#: Records handed out by one ``poll_batch`` at most, by default (a batch's columns are
-#: lists: 100,000 records of 1 KiB are about 110 MB held by the caller at once at most).
+#: Records handed out by one ``poll_batch`` at most, by default (a batch holds the fetched
+#: data of its records, and its columns once read: 100,000 records of 1 KiB are about 110 MB
+#: held by the caller at once, twice that with every value made).
 DEFAULT_MAX_BATCH_RECORDS = 100_000
 
 
@@ -497,8 +498,10 @@ class AsyncConsumer:
 
         The records and the positions are those :meth:`poll` would hand out (partition by
         partition, offsets ascending; each partition's position moves past its last
-        record), decoded into columns without an object per record: the fastest way to
-        read. It may be mixed with :meth:`poll` and iteration.
+        record), checked now and made into columns when the caller reads them (each column
+        once; no object per record before): the fastest way to read. The batch holds on to
+        the fetched data its records came from while it is kept. It may be mixed with
+        :meth:`poll` and iteration.
 
         Args:
             timeout_s: the longest wait for the first records (s).
@@ -537,20 +540,24 @@ class AsyncConsumer:
             chunk.records = None  # decoded here instead
             topic, partition = chunk.tp
             try:
-                columns = read_columns(chunk.buf, pos, h, chunk.offset)
+                # Checked now (a malformed batch fails this poll); the columns' objects are
+                # made when the caller reads them.
+                spans = read_spans(chunk.buf, pos, h, chunk.offset)
             except RecordBatchError:
                 self._damaged(chunk)
                 if n:
                     break  # the error comes again at the next fetch from there
                 raise
             chunk.at = h.next_offset
-            count = len(columns[0])
+            count = len(spans)
             if not count:
                 continue
+            part: Part = spans
             if n + count > max_records:  # the rest of this batch waits, as records
+                columns = spans.columns()
                 keep = max_records - n
                 rest = columns[0][keep:], *(c[keep:] for c in columns[1:])
-                columns = columns[0][:keep], *(c[:keep] for c in columns[1:])  # type: ignore[assignment]
+                part = columns[0][:keep], *(c[:keep] for c in columns[1:])  # type: ignore[assignment]
                 new = tuple.__new__
                 buf.extend(
                     new(ConsumerRecord, (topic, partition, *row)) for row in zip(*rest, strict=True)
@@ -563,13 +570,13 @@ class AsyncConsumer:
                 and last.topic == topic
                 and last.timestamp_type == h.timestamp_type == 0
             ):
-                last.extend(columns)
+                last.extend(part)
             else:
-                segments.append(segment_of(topic, partition, h, columns))
+                segments.append(segment_of(topic, partition, h, part))
             n += count
         positions = self._positions
         for s in segments:
-            positions[s.topic, s.partition] = s.offsets[-1] + 1
+            positions[s.topic, s.partition] = s.last_offset + 1
         self._start_fetch()  # prefetch while these are processed
         return ConsumedBatch(segments)
 

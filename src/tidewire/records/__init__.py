@@ -7,6 +7,7 @@ Public names::
     decode_batch, iter_records     full record-level validation and lazy reading
     read_records                   the same validation, fast, into a list (consumers)
     read_columns                   the same, into columns: offsets, timestamps, keys, ...
+    read_spans, Spans              the same checks now, the columns when asked for
     iter_batches, BatchDecoder     walk concatenated batches; decode a byte stream incrementally
     Codec                          compression codecs (none, gzip, lz4, zstd)
     IMPLEMENTATION                 "compiled" or "python": which read_records, read_columns
@@ -46,9 +47,9 @@ from tidewire.records.reader import (
 # whose signatures the compiled ones share.
 if TYPE_CHECKING:
     from tidewire.records.builder import BatchBuilder
-    from tidewire.records.reader import read_columns, read_records
+    from tidewire.records.reader import Spans, read_columns, read_records, read_spans
 else:
-    from tidewire.records._impl import BatchBuilder, read_columns, read_records
+    from tidewire.records._impl import BatchBuilder, Spans, read_columns, read_records, read_spans
 
 __all__ = [
     "BATCH_OVERHEAD",
@@ -63,6 +64,7 @@ __all__ = [
     "Columns",
     "Header",
     "Record",
+    "Spans",
     "TimestampType",
     "build_batch",
     "check_batch",
@@ -75,4 +77,5 @@ __all__ = [
     "peek_batch_size",
     "read_columns",
     "read_records",
+    "read_spans",
 ]

@@ -24,11 +24,15 @@ __all__ = [
     "RECORDS_AS_PARTS",
     "BatchBuilder",
     "OpenRecords",
+    "Spans",
     "append_record",
     "append_routed",
+    "binary_columns",
     "fnv1a_32",
+    "int64_columns",
     "read_columns",
     "read_records",
+    "read_spans",
     "recycle_buffer",
 ]
 
@@ -75,6 +79,10 @@ if COMPILED is None:
     append_record = _pure_builder.append_record
     read_records = _pure_reader.read_records
     read_columns = _pure_reader.read_columns
+    read_spans = _pure_reader.read_spans
+    Spans: type[Any] = _pure_reader.Spans
+    int64_columns = _pure_reader.int64_columns
+    binary_columns = _pure_reader.binary_columns
 else:
     BatchBuilder = COMPILED.BatchBuilder
     # A module built from an older _speedups.pyx (a checkout updated without building it
@@ -87,3 +95,8 @@ else:
     OpenRecords = getattr(COMPILED, "OpenRecords", _pure_builder.OpenRecords)
     read_records = COMPILED.read_records
     read_columns = COMPILED.read_columns
+    # An older build (not built again after an update) has no read_spans: the pure one.
+    read_spans = getattr(COMPILED, "read_spans", _pure_reader.read_spans)
+    Spans = getattr(COMPILED, "Spans", _pure_reader.Spans)
+    int64_columns = getattr(COMPILED, "int64_columns", _pure_reader.int64_columns)
+    binary_columns = getattr(COMPILED, "binary_columns", _pure_reader.binary_columns)

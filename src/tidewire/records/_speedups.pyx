@@ -19,16 +19,16 @@ reader whole.
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.buffer cimport PyBUF_READ, PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.list cimport PyList_Append
+from cpython.list cimport PyList_Append, PyList_New, PyList_SET_ITEM
 from cpython.long cimport PyLong_FromLongLong
-from cpython.mem cimport PyMem_Free, PyMem_Realloc
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.stdint cimport int64_t, uint8_t, uint64_t
-from libc.string cimport memcpy
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.string cimport memcpy, memset
 
 from tidewire.errors import InvalidRecordError
 from tidewire.records import reader as _pure_reader
@@ -91,7 +91,10 @@ cdef extern from *:
     int __builtin_add_overflow(int64_t, int64_t, int64_t*) nogil
     int __builtin_sub_overflow(int64_t, int64_t, int64_t*) nogil
 
-__all__ = ["BatchBuilder", "read_columns", "read_records"]
+__all__ = [
+    "BatchBuilder", "Spans", "binary_columns", "int64_columns", "read_columns", "read_records",
+    "read_spans",
+]
 
 cdef Py_ssize_t _OVERHEAD = BATCH_OVERHEAD
 cdef object _TUPLE = tuple
@@ -344,6 +347,343 @@ def read_columns(buf, start, h, min_offset=0, decompression_limit=MAX_DECOMPRESS
                  max_offset=2**63 - 1):
     """See :func:`tidewire.records.reader.read_columns` (the same contract)."""
     return _read(buf, start, h, None, None, None, min_offset, decompression_limit, max_offset)
+
+
+# ---------------------------------------------------------------------------------------
+# Spans: a batch's records checked and located in one pass, their objects made when asked
+
+# One row of a Spans table: the record's offset, timestamp, key and value (where each starts
+# in the data, and its length, -1 for None).
+cdef enum:
+    _SP_OFFSET = 0
+    _SP_TS = 1
+    _SP_KEY = 2
+    _SP_VALUE = 4
+    _SP_WIDTH = 6
+
+
+cdef class Spans:
+    """See :class:`tidewire.records.reader.Spans` (the same methods and results).
+
+    Holds the batch's data (the fetched buffer itself when not compressed: a buffer export
+    keeps a bytearray from being resized meanwhile) and a table of six int64 a record, so
+    handing out a batch makes no object per record but its headers (the shared empty tuple
+    for records without any); a column's ints and bytes are made when it is asked for.
+    """
+
+    cdef Py_buffer _view
+    cdef bint _held
+    cdef object _data
+    cdef int64_t* _table
+    cdef Py_ssize_t _n
+    cdef list _headers
+
+    def __cinit__(self):
+        self._held = False
+        self._table = NULL
+        self._n = 0
+
+    def __dealloc__(self):
+        if self._held:
+            PyBuffer_Release(&self._view)
+        PyMem_Free(self._table)
+
+    def __len__(self):
+        return self._n
+
+    @property
+    def last_offset(self):
+        """The offset of the last record (-1 when there is none)."""
+        if self._n == 0:
+            return -1
+        return self._table[(self._n - 1) * _SP_WIDTH + _SP_OFFSET]
+
+    def column(self, Py_ssize_t index):
+        """A new list of one column: 0 offsets, 1 timestamps, 2 keys, 3 values, 4 headers."""
+        if index == 0:
+            return self._ints(_SP_OFFSET, False)
+        if index == 1:
+            return self._ints(_SP_TS, True)
+        if index == 2:
+            return self._fields(_SP_KEY)
+        if index == 3:
+            return self._fields(_SP_VALUE)
+        if index == 4:
+            return list(self._headers)
+        raise IndexError(f"column {index} of 0..4")
+
+    def columns(self):
+        """What :func:`read_columns` returns for the same batch and window."""
+        return (self._ints(_SP_OFFSET, False), self._ints(_SP_TS, True), self._fields(_SP_KEY),
+                self._fields(_SP_VALUE), list(self._headers))
+
+    def int64_column(self, Py_ssize_t index):
+        """Column 0 (offsets) or 1 (timestamps) as the bytes of one native int64 a record
+        (an Arrow ``int64`` array's data buffer)."""
+        return int64_columns((self,), index)
+
+    def binary_column(self, Py_ssize_t index):
+        """Column 2 (keys) or 3 (values) in Arrow's ``binary`` layout: ``(validity, offsets,
+        data, null_count)``, the validity bitmap None when no record has None there, the
+        offsets one native int32 a record and one more; the data each key or value after
+        the other (one copy of each, no object a record).
+
+        Raises:
+            OverflowError: the data is 2 GiB or more (past int32 offsets).
+        """
+        return binary_columns((self,), index)
+
+    cdef list _ints(self, Py_ssize_t col, bint share):
+        """One int column; with ``share``, runs of equal values share one int object (a
+        batch's records mostly share a timestamp)."""
+        cdef Py_ssize_t i
+        cdef int64_t v
+        cdef int64_t last = 0
+        cdef int64_t* t = self._table
+        cdef object o = None
+        cdef list out = PyList_New(self._n)
+        for i in range(self._n):
+            v = t[i * _SP_WIDTH + col]
+            if not share or o is None or v != last:
+                o = PyLong_FromLongLong(v)
+                last = v
+            Py_INCREF(o)
+            PyList_SET_ITEM(out, i, o)
+        return out
+
+    cdef list _fields(self, Py_ssize_t col):
+        """The keys (``_SP_KEY``) or the values (``_SP_VALUE``): bytes, or None."""
+        cdef Py_ssize_t i
+        cdef int64_t n
+        cdef int64_t* t = self._table
+        cdef const char* p = <const char*>self._view.buf
+        cdef list out = PyList_New(self._n)
+        for i in range(self._n):
+            n = t[i * _SP_WIDTH + col + 1]
+            if n < 0:
+                f = None
+            else:
+                f = PyBytes_FromStringAndSize(p + t[i * _SP_WIDTH + col], <Py_ssize_t>n)
+            Py_INCREF(f)
+            PyList_SET_ITEM(out, i, f)
+        return out
+
+
+def int64_columns(spans, Py_ssize_t index):
+    """See :func:`tidewire.records.reader.int64_columns` (the same contract)."""
+    cdef Spans s
+    cdef Py_ssize_t i, col, at
+    cdef Py_ssize_t count = 0
+    cdef int64_t* o
+    if index != 0 and index != 1:
+        raise IndexError(f"int64 column {index} of 0..1")
+    parts = list(spans)
+    for part in parts:
+        if type(part) is not Spans:  # read by the pure reader (past 64 bits): its twin
+            return _pure_reader.int64_columns(parts, index)
+        count += (<Spans>part)._n
+    col = _SP_OFFSET if index == 0 else _SP_TS
+    out = PyBytes_FromStringAndSize(NULL, count * <Py_ssize_t>sizeof(int64_t))
+    o = <int64_t*>PyBytes_AS_STRING(out)
+    at = 0
+    for part in parts:
+        s = <Spans>part
+        for i in range(s._n):
+            o[at] = s._table[i * _SP_WIDTH + col]
+            at += 1
+    return out
+
+
+def binary_columns(spans, Py_ssize_t index):
+    """See :func:`tidewire.records.reader.binary_columns` (the same contract)."""
+    cdef Spans s
+    cdef Py_ssize_t i, col, at
+    cdef Py_ssize_t count = 0
+    cdef int64_t n
+    cdef int64_t total = 0
+    cdef Py_ssize_t nulls = 0
+    cdef int64_t* t
+    cdef const char* p
+    cdef int32_t* offs
+    cdef char* d
+    cdef uint8_t* bits
+    if index != 2 and index != 3:
+        raise IndexError(f"binary column {index} of 2..3")
+    col = _SP_KEY if index == 2 else _SP_VALUE
+    parts = list(spans)
+    for part in parts:
+        if type(part) is not Spans:  # read by the pure reader (past 64 bits): its twin
+            return _pure_reader.binary_columns(parts, index)
+        s = <Spans>part
+        t = s._table
+        count += s._n
+        for i in range(s._n):
+            n = t[i * _SP_WIDTH + col + 1]
+            if n < 0:
+                nulls += 1
+            else:
+                total += n
+    if total > 0x7FFFFFFF:
+        raise OverflowError(f"{total:,} bytes of data: past Arrow binary's int32 offsets")
+    offsets = PyBytes_FromStringAndSize(NULL, (count + 1) * <Py_ssize_t>sizeof(int32_t))
+    data = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>total)
+    validity = None
+    bits = NULL
+    if nulls:
+        validity = PyBytes_FromStringAndSize(NULL, (count + 7) // 8)
+        bits = <uint8_t*>PyBytes_AS_STRING(validity)
+        memset(bits, 0, (count + 7) // 8)
+    offs = <int32_t*>PyBytes_AS_STRING(offsets)
+    d = PyBytes_AS_STRING(data)
+    total = 0
+    offs[0] = 0
+    at = 0
+    for part in parts:
+        s = <Spans>part
+        t = s._table
+        p = <const char*>s._view.buf
+        for i in range(s._n):
+            n = t[i * _SP_WIDTH + col + 1]
+            if n > 0:
+                memcpy(d + total, p + t[i * _SP_WIDTH + col], <size_t>n)
+                total += n
+            if n >= 0 and bits != NULL:
+                bits[at >> 3] |= <uint8_t>(1 << (at & 7))
+            at += 1
+            offs[at] = <int32_t>total
+    return validity, offsets, data, nulls
+
+
+cdef inline int _span(const uint8_t* p, Py_ssize_t* pos, Py_ssize_t rec_end,
+                      int64_t* row) noexcept nogil:
+    """Where a key or value is (row[0], row[1]: start and length, -1 for None), stepping
+    past it; -1 on a fault (as _field)."""
+    cdef int64_t n
+    if _varint(p, pos, rec_end, False, &n) < 0 or n < -1 or n > rec_end - pos[0]:
+        return -1
+    row[0] = pos[0]
+    row[1] = n
+    if n > 0:
+        pos[0] += <Py_ssize_t>n
+    return 0
+
+
+cdef int _scan_spans(const uint8_t* p, Py_ssize_t pos, Py_ssize_t end, int64_t base,
+                     int64_t first_ts, int64_t last_delta, int64_t count, int64_t lo,
+                     int64_t hi, int64_t* table, Py_ssize_t cap, list headers,
+                     Py_ssize_t* made) except -1:
+    """_scan's checks and window, writing each record's row of ``table`` (``cap`` rows at
+    most) and headers; ``made[0]``: the rows written. Returns DONE, MALFORMED or TOO_WIDE."""
+    cdef int64_t i, length, ts_delta, delta, offset, ts
+    cdef int64_t prev = -1
+    cdef Py_ssize_t rec_end
+    cdef Py_ssize_t n = 0
+    cdef int64_t* row
+    cdef int64_t spare[_SP_WIDTH]
+    cdef int bad = 0
+    for i in range(count):
+        if pos >= end:
+            return MALFORMED
+        if _varint(p, &pos, end, False, &length) < 0 or length < 6 or length > end - pos:
+            return MALFORMED
+        rec_end = pos + <Py_ssize_t>length
+        pos += 1  # record attributes (unused)
+        if _varint(p, &pos, rec_end, True, &ts_delta) < 0:
+            return MALFORMED
+        if _varint(p, &pos, rec_end, False, &delta) < 0 or delta <= prev or delta > last_delta:
+            return MALFORMED
+        prev = delta
+        row = table + n * _SP_WIDTH if n < cap else spare
+        if _span(p, &pos, rec_end, row + _SP_KEY) < 0:
+            return MALFORMED
+        if _span(p, &pos, rec_end, row + _SP_VALUE) < 0:
+            return MALFORMED
+        if pos < rec_end and p[pos] == 0:
+            hdrs = _EMPTY
+            pos += 1
+        else:
+            hdrs = _headers(p, &pos, rec_end, &bad)
+            if bad:
+                return MALFORMED
+        if pos != rec_end:
+            return MALFORMED
+        if __builtin_add_overflow(base, delta, &offset) or __builtin_add_overflow(
+            first_ts, ts_delta, &ts
+        ):
+            return TOO_WIDE
+        if offset < lo:
+            continue
+        if offset > hi:
+            break
+        if n >= cap:  # cannot happen: cap >= count
+            return MALFORMED
+        row[_SP_OFFSET] = offset
+        row[_SP_TS] = ts
+        PyList_Append(headers, hdrs)
+        n += 1
+    else:
+        if pos != end:
+            return MALFORMED
+    made[0] = n
+    return DONE
+
+
+def read_spans(buf, start, h, min_offset=0, decompression_limit=MAX_DECOMPRESSED_BYTES,
+               max_offset=2**63 - 1):
+    """See :func:`tidewire.records.reader.read_spans` (the same contract)."""
+    cdef Spans s
+    cdef Py_ssize_t pos, end, size, cap
+    cdef Py_ssize_t made = 0
+    cdef int64_t lo, hi, base, first_ts, last_delta, count
+    cdef int status
+    try:
+        lo = min_offset
+        hi = max_offset
+        base = h.base_offset
+        first_ts = h.first_timestamp
+        last_delta = h.last_offset_delta
+        count = h.records_count
+    except OverflowError:
+        return _pure_reader.read_spans(buf, start, h, min_offset, decompression_limit,
+                                       max_offset)
+    size = h.size
+    if h.codec:
+        section = memoryview(buf)[start : start + size][_OVERHEAD:]
+        data = bytes(decompress(h.codec, section, decompression_limit))
+        pos = 0
+        end = PyBytes_GET_SIZE(data)
+    else:
+        data = buf
+        pos = start + _OVERHEAD
+        end = start + size
+    s = Spans.__new__(Spans)
+    s._headers = []
+    PyObject_GetBuffer(data, &s._view, PyBUF_SIMPLE)
+    s._held = True
+    s._data = data
+    if pos < 0 or end > s._view.len:
+        status = MALFORMED
+    else:
+        # A record takes 7 bytes at least: a count past what fits is malformed (found by
+        # the scan), and is not allocated for.
+        cap = <Py_ssize_t>min(max(count, 0), (end - pos) // 7 + 1)
+        s._table = <int64_t*>PyMem_Malloc(max(cap, 1) * _SP_WIDTH * sizeof(int64_t))
+        if s._table == NULL:
+            raise MemoryError()
+        status = _scan_spans(<const uint8_t*>s._view.buf, pos, end, base, first_ts,
+                             last_delta, count, lo, hi, s._table, cap, s._headers, &made)
+    if status == DONE:
+        s._n = made
+        return s
+    if status == TOO_WIDE:
+        return _pure_reader.read_spans(buf, start, h, min_offset, decompression_limit,
+                                       max_offset)
+    # Malformed: the reference reader names the fault.
+    for _ in _pure_reader.iter_records(
+        memoryview(buf)[start : start + size], decompression_limit=decompression_limit
+    ):
+        pass
+    raise InvalidRecordError("the batch's records are malformed")
 
 
 # ---------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ input; any other exception escaping a decoder is a bug.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from array import array
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple, NoReturn, TypeVar
 
 from tidewire.errors import (
@@ -31,11 +32,15 @@ __all__ = [
     "BatchDecoder",
     "Columns",
     "Record",
+    "Spans",
+    "binary_columns",
     "decode_batch",
+    "int64_columns",
     "iter_batches",
     "iter_records",
     "read_columns",
     "read_records",
+    "read_spans",
 ]
 
 T = TypeVar("T", bound=tuple[Any, ...])
@@ -313,6 +318,131 @@ def read_columns(  # noqa: PLR0917 (the same positional parameters as read_recor
     ):
         pass
     raise InvalidRecordError("the batch's records are malformed")  # pragma: no cover
+
+
+class Spans:
+    """The records of one batch as :func:`read_spans` found them: checked, counted, their
+    columns made when asked for (:meth:`column`, :meth:`columns`).
+
+    The compiled twin keeps where each key and value is in the batch's data and makes no
+    object per record until a column is asked for; this pure one holds the columns
+    :func:`read_columns` made (in Python, slicing the data later costs what it costs now).
+    """
+
+    __slots__ = ("_columns",)
+
+    def __init__(self, columns: Columns) -> None:
+        self._columns = columns
+
+    def __len__(self) -> int:
+        return len(self._columns[0])
+
+    @property
+    def last_offset(self) -> int:
+        """The offset of the last record (-1 when there is none)."""
+        offsets = self._columns[0]
+        return offsets[-1] if offsets else -1
+
+    def column(self, index: int) -> list[Any]:
+        """A new list of one column: 0 offsets, 1 timestamps, 2 keys, 3 values, 4 headers.
+
+        Raises:
+            IndexError: ``index`` is not 0..4.
+        """
+        if not 0 <= index <= 4:
+            raise IndexError(f"column {index} of 0..4")
+        return list(self._columns[index])
+
+    def int64_column(self, index: int) -> bytes:
+        """Column 0 (offsets) or 1 (timestamps) as the bytes of one native int64 a record
+        (an Arrow ``int64`` array's data buffer): :func:`int64_columns` of these spans.
+
+        Raises:
+            IndexError: ``index`` is not 0 or 1.
+        """
+        return int64_columns((self,), index)
+
+    def binary_column(self, index: int) -> tuple[bytes | None, bytes, bytes, int]:
+        """Column 2 (keys) or 3 (values) in Arrow's ``binary`` layout:
+        :func:`binary_columns` of these spans.
+
+        Raises:
+            IndexError: ``index`` is not 2 or 3.
+            OverflowError: the data is 2 GiB or more (past int32 offsets).
+        """
+        return binary_columns((self,), index)
+
+    def columns(self) -> Columns:
+        """What :func:`read_columns` returns for the same batch and window (new lists)."""
+        offsets, timestamps, keys, values, headers = self._columns
+        return list(offsets), list(timestamps), list(keys), list(values), list(headers)
+
+
+def int64_columns(spans: Iterable[Spans], index: int) -> bytes:
+    """Column 0 (offsets) or 1 (timestamps) of several spans one after the other, as the
+    bytes of one native int64 a record (an Arrow ``int64`` array's data buffer).
+
+    Raises:
+        IndexError: ``index`` is not 0 or 1.
+    """
+    if index not in {0, 1}:
+        raise IndexError(f"int64 column {index} of 0..1")
+    out = array("q")
+    for s in spans:
+        out.extend(s.column(index))
+    return out.tobytes()
+
+
+def binary_columns(spans: Iterable[Spans], index: int) -> tuple[bytes | None, bytes, bytes, int]:
+    """Column 2 (keys) or 3 (values) of several spans one after the other, in Arrow's
+    ``binary`` layout: ``(validity, offsets, data, null_count)``, the validity bitmap None
+    when no record has None there, the offsets one native int32 a record and one more, the
+    data each key or value after the other (compiled: one copy of each, no object a record).
+
+    Raises:
+        IndexError: ``index`` is not 2 or 3.
+        OverflowError: the data is 2 GiB or more (past int32 offsets).
+    """
+    if index not in {2, 3}:
+        raise IndexError(f"binary column {index} of 2..3")
+    column: list[bytes | None] = []
+    for s in spans:
+        column += s.column(index)
+    validity = bytearray((len(column) + 7) // 8)
+    offsets = array("i", [0])
+    data: list[bytes] = []
+    nulls = total = 0
+    for i, v in enumerate(column):
+        if v is None:
+            nulls += 1
+        else:
+            data.append(v)
+            total += len(v)
+            validity[i >> 3] |= 1 << (i & 7)
+        if total > 0x7FFFFFFF:
+            raise OverflowError(f"{total:,} bytes of data: past Arrow binary's int32 offsets")
+        offsets.append(total)
+    return (bytes(validity) if nulls else None), offsets.tobytes(), b"".join(data), nulls
+
+
+def read_spans(  # noqa: PLR0917 (the same positional parameters as read_columns)
+    buf: bytes | bytearray,
+    start: int,
+    h: BatchHeader,
+    min_offset: int = 0,
+    decompression_limit: int = MAX_DECOMPRESSED_BYTES,
+    max_offset: int = 2**63 - 1,
+) -> Spans:
+    """The records of the batch at ``buf[start:]`` as :class:`Spans`: the checks, window and
+    errors of :func:`read_columns` at once, the columns' objects when asked for (compiled:
+    a consumer handing out a batch makes no int or bytes per record; a reader that never
+    asks for a column never pays for it). ``buf`` must not change while the spans are used
+    (a fetched frame's buffer never does).
+
+    Raises:
+        RecordBatchError: any malformed input (a subclass naming the fault).
+    """
+    return Spans(read_columns(buf, start, h, min_offset, decompression_limit, max_offset))
 
 
 def _headers(
