@@ -393,8 +393,8 @@ class AsyncGroupConsumer:
         return r
 
     def _due(self) -> bool:
-        """Whether :meth:`_maintain` has something to do (closed, a rebalance, an
-        auto-commit) besides starting the heartbeats."""
+        """Whether :meth:`_maintain` would do anything now (raise as closed, rebalance,
+        auto-commit, start the heartbeats)."""
         return (
             self._closed
             or self._rejoin
