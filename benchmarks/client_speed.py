@@ -5,7 +5,7 @@ Usage::
 
     python benchmarks/client_speed.py [--tests catchup,produce,live] [--messages N]
         [--produce-messages N] [--live-messages N] [--partitions P] [--batch-bytes B]
-        [--max-partition-bytes B] [--reps R]
+        [--max-partition-bytes B] [--live-credit-bytes B] [--reps R]
         [--loop uvloop|asyncio] [--json]
 
 Each test starts its own broker (``python -m tidewire serve`` in a process of its own, on a
@@ -27,7 +27,9 @@ of the broker's process (``/proc/<pid>/stat``) for the broker side.
   fresh memory: the batches' buffers).
 - ``live``: a producer (this process; linger_ms=1, ``--batch-bytes`` or its default) and a
   group of 2 members (a process each, push delivery: ``tidewire bench e2e``'s members) at
-  once, unpaced, ``--live-messages``: messages/s delivered to the group.
+  once, unpaced, ``--live-messages``: messages/s delivered to the group; each member's push
+  credit window is ``--live-credit-bytes`` (1 MiB by default, as the client's default: with
+  the producer's default 1 MiB batches, one pushed batch at a time in flight a member).
 
 Progress goes to stderr; the result is a table on stdout, or one JSON object with ``--json``.
 Set ``TIDEWIRE_PURE_PYTHON=1`` to measure the pure-Python record codec.
@@ -243,7 +245,7 @@ def live(args: argparse.Namespace) -> dict[str, Any]:
                 VALUE_BYTES,
                 2,
                 "push",
-                1024 * 1024,
+                args.live_credit_bytes,
                 # The producer's own batch_bytes unless --batch-bytes says otherwise.
                 {"acks": "durable", "linger_ms": 1}
                 | ({} if args.batch_bytes is None else {"batch_bytes": args.batch_bytes}),
@@ -283,6 +285,12 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=1_000_000, help="stored for catchup")
     ap.add_argument("--produce-messages", type=int, default=500_000)
     ap.add_argument("--live-messages", type=int, default=500_000)
+    ap.add_argument(
+        "--live-credit-bytes",
+        type=int,
+        default=1024 * 1024,
+        help="each live member's push credit window (default 1 MiB, the client's default)",
+    )
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument(
         "--batch-bytes",

@@ -343,6 +343,50 @@ def test_a_group_member_reads_its_assignment_by_push(tmp_path: Path) -> None:
     run(main())
 
 
+def test_a_push_members_positions_follow_what_each_poll_handed_out(tmp_path: Path) -> None:
+    """A push member's position of each partition is the offset after the last record a poll
+    handed out, also when ``max_records`` cuts a pushed frame short; a commit stores them."""
+
+    async def main() -> None:
+        fast = {"session_timeout_ms": 1_000, "heartbeat_interval_ms": 100}
+        async with (
+            serve(tmp_path, default_partitions=3) as (_, server),
+            AsyncClient(addr(server)) as c,
+        ):
+            await c.create_topic("pos", 3)
+            for p in range(3):
+                for b in range(3):  # several stored batches a partition
+                    await c.produce("pos", p, [Message(f"{p}-{b}-{i}".encode()) for i in range(8)])
+            async with AsyncGroupConsumer(
+                addr(server),
+                "positions",
+                topics=["pos"],
+                auto_offset_reset="earliest",
+                enable_auto_commit=False,
+                delivery="push",
+                **fast,
+            ) as member:
+                got: list[ConsumerRecord] = []
+                for _ in range(200):
+                    if len(got) >= 72:
+                        break
+                    out = await asyncio.wait_for(member.poll(1.0, max_records=5), PROMPT_S)
+                    assert len(out) <= 5
+                    got += out
+                    for p in {r.partition for r in out}:
+                        last = max(r.offset for r in out if r.partition == p)
+                        assert member.position("pos", p) == last + 1
+                    for p in range(3):  # a partition's position is where its records stop
+                        mine = [r.offset for r in got if r.partition == p]
+                        assert mine == list(range(len(mine)))
+                        assert member.position("pos", p) == len(mine)
+                assert len(got) == 72
+                await member.commit()
+            assert await c.committed_offsets("positions") == {("pos", p): 24 for p in range(3)}
+
+    run(main())
+
+
 def test_push_frames_carry_whole_stored_batches_and_say_where_they_are(tmp_path: Path) -> None:
     async def main() -> None:
         async with serve(tmp_path) as (broker, server), AsyncClient(addr(server)) as c:

@@ -342,10 +342,20 @@ class AsyncGroupConsumer:
             if remaining is not None and remaining <= 0:
                 return []
             wait = _CHECK_S if remaining is None else min(remaining, _CHECK_S)
-            if self._inner.assignment():
-                self._local.extend(await self._inner.poll(wait, max_records=max_records))
-            else:
+            inner = self._inner
+            if not inner.assignment():
                 await asyncio.sleep(wait)
+            elif isinstance(inner, AsyncSubscriber):
+                ends: dict[TP, int] = {}
+                got = await inner._poll(wait, max_records, ends)
+                if got and not self._local and not self._due():
+                    # What the next turn would do (hand out all of it), without a pass over
+                    # the records: the subscriber said where each partition's records end.
+                    self._positions.update(ends)
+                    return got
+                self._local.extend(got)
+            else:
+                self._local.extend(await inner.poll(wait, max_records=max_records))
 
     def __aiter__(self) -> AsyncGroupConsumer:
         return self
@@ -381,6 +391,19 @@ class AsyncGroupConsumer:
         r = self._local.popleft()
         self._positions[(r.topic, r.partition)] = r.offset + 1
         return r
+
+    def _due(self) -> bool:
+        """Whether :meth:`_maintain` would do anything now (raise as closed, rebalance,
+        auto-commit, start the heartbeats)."""
+        return (
+            self._closed
+            or self._rejoin
+            or self._heartbeats is None
+            or (
+                self.enable_auto_commit
+                and asyncio.get_running_loop().time() >= self._next_auto_commit
+            )
+        )
 
     async def _maintain(self) -> None:
         """Rejoin when a rebalance is on; auto-commit when due."""

@@ -500,7 +500,10 @@ class AsyncSubscriber:
                 self._lost = True
         self._arrived.set()
 
-    def _take(self, max_records: int) -> list[ConsumerRecord]:
+    def _take(self, max_records: int, ends: dict[TP, int] | None = None) -> list[ConsumerRecord]:
+        """Hand out up to ``max_records`` buffered records, frame by frame; with ``ends``, set
+        in it each partition's offset after the last record handed out (a frame at a time,
+        so a caller that tracks positions needs no pass over the records)."""
         out: list[ConsumerRecord] = []
         frames, positions = self._frames, self._positions
         granting: list[_Link] = []
@@ -514,10 +517,14 @@ class AsyncSubscriber:
             if len(records) > room:  # a frame's records are in order: hand out a prefix
                 out += [records.popleft() for _ in range(room)]
                 positions[f.tp] = out[-1].offset + 1
+                if ends is not None:
+                    ends[f.tp] = out[-1].offset + 1
                 break
             if records:
                 out += records
                 positions[f.tp] = records[-1].offset + 1
+                if ends is not None:
+                    ends[f.tp] = records[-1].offset + 1
                 records.clear()
             frames.popleft()
             if f.tp in positions:
@@ -569,12 +576,19 @@ class AsyncSubscriber:
             OffsetOutOfRangeError, UnknownTopicError, PartitionCorruptError, ...: the broker
                 stopped delivering a partition (the others go on).
         """
+        return await self._poll(timeout_s, max_records, None)
+
+    async def _poll(
+        self, timeout_s: float | None, max_records: int, ends: dict[TP, int] | None
+    ) -> list[ConsumerRecord]:
+        """:meth:`poll`; with ``ends``, each partition's offset after the last record handed
+        out is set in it (see :meth:`_take`: what a group member's positions need)."""
         if not self._positions:
             raise ValueError("nothing is subscribed: call subscribe() first")
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         while True:
-            out = self._take(max_records)
+            out = self._take(max_records, ends)
             if out:
                 return out
             if self._errors:
