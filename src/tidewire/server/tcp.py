@@ -2,7 +2,9 @@
 
 One :class:`TcpServer` accepts connections; each connection drives a sans-IO
 :class:`~tidewire.protocol.Connection` and runs one task per request (requests on one
-connection are answered in any order, matched by correlation id). Bounds:
+connection are answered in any order, matched by correlation id), except the common produce
+request on a single node (one partition, no principal, no tracing), which is appended in the
+read callback and answered from the step that settles it (``_produce_now``). Bounds:
 
 - ``max_connections``: beyond it a new connection is closed at once. Each connection holds a
   descriptor: at start the server checks that ``max_connections``, the broker's log files
