@@ -38,7 +38,7 @@ from typing import Any
 
 #: The stages, in order: (name, start mark, end mark).
 STAGES = (
-    ("request received -> its task runs", "recv", "task"),
+    ("request received -> its task (or fast path) runs", "recv", "task"),
     ("task -> Broker.produce (gate, handler)", "task", "produce"),
     ("produce -> log queues the batch", "produce", "queue"),
     ("queued -> end of turn: write, flush started", "queue", "write"),
@@ -98,6 +98,12 @@ def run_broker(argv: list[str], out: str) -> None:
     timed(conn, "_handle", "task")
     timed(conn, "_write", "answer")
     timed(core.Broker, "produce", "produce")
+    # A produce handled without a task (the listener's fast path): its handling starts where a
+    # task would have run, and the broker's part starts in produce_soon.
+    if hasattr(conn, "_produce_in_context"):
+        timed(conn, "_produce_in_context", "task")
+    if hasattr(core.Broker, "produce_soon"):
+        timed(core.Broker, "produce_soon", "produce")
     timed(plog, "_queue", "queue")
     timed(plog, "_end_of_turn", "write")
     timed(plog, "_timed_flush_io", "thread")

@@ -73,7 +73,7 @@ from tidewire.storage import FsyncPolicy, LogConfig, LogManager, PartitionLog
 from tidewire.storage.damage import Damage
 from tidewire.storage.filecache import open_descriptors, raise_descriptor_limit
 from tidewire.storage.fs import write_atomic
-from tidewire.storage.log import check_appendable
+from tidewire.storage.log import AppendInfo, check_appendable
 from tidewire.storage.manager import MAX_PARTITION, validate_topic_name
 
 if TYPE_CHECKING:
@@ -926,6 +926,124 @@ class Broker:
         if all(h.producer_id < 0 for _, _, h in batches):
             return await self._append_plain(topic, partition, plog, view, batches, durable=durable)
         return await self._produce_idempotent((topic, partition), plog, view, batches, durable)
+
+    def produce_soon(
+        self,
+        topic: str,
+        partition: int,
+        data: bytes | memoryview,
+        *,
+        durable: bool | None,
+        callback: Callable[[ProduceResult | None, BaseException | None], None],
+    ) -> bool:
+        """:meth:`produce` for a caller that does not await (the listener's produce fast
+        path): the batches are checked and queued now, and ``callback`` gets the result (or
+        the error) once they are as durable as :meth:`produce` promises, in the very step
+        that makes them so (see ``PartitionLog.append_many_soon``): no task, no loop turn
+        between the group commit's result and the answer.
+
+        Returns:
+            False, having done nothing, when the request needs what only :meth:`produce`
+            does by awaiting: a cluster, a partition that does not exist here yet (auto
+            creation and its errors), an idempotent batch sent again. The caller then calls
+            :meth:`produce`. True: ``callback`` is called exactly once, maybe before this
+            returns.
+
+        Raises:
+            What :meth:`produce` raises before anything is stored (a malformed or too large
+            batch, a fenced or out-of-order producer, backpressure, a log that refuses
+            writes); ``callback`` is then never called.
+        """
+        _refuse_internal(topic)
+        if self.replication is not None:
+            return False
+        key = (topic, partition)
+        plog = self.logs.logs.get(key)
+        if plog is None:
+            return False
+        view = memoryview(data)
+        batches = self._split(view, plog.config.max_batch_bytes)
+        headers = [h for _, _, h in batches]
+        chunks = [view[start:end] for start, end, _ in batches]
+        if all(h.producer_id < 0 for h in headers):
+
+            def plain_done(infos: list[AppendInfo] | None, exc: BaseException | None) -> None:
+                if infos is None:
+                    callback(None, exc)
+                    return
+                self._visible_after_flush(
+                    topic, partition, plog, infos[-1].last_offset + 1, durable
+                )
+                self._wake(topic, partition)
+                n = infos[-1].last_offset + 1 - infos[0].base_offset
+                self.stats.published += n
+                plog.messages_in += n
+                plog.bytes_in += len(view)
+                callback(
+                    ProduceResult(
+                        infos[0].base_offset, infos[-1].last_offset, plog.log_start_offset
+                    ),
+                    None,
+                )
+
+            plog.append_many_soon(chunks, durable=durable, checked=headers, callback=plain_done)
+            return True
+        state = self._producers.setdefault(key, PartitionProducers())
+        plan = state.plan(headers, self._epochs)
+        if any(dup is not None for dup in plan):
+            return False  # answered with the first copy's offsets once it is settled: awaits
+        # As in _produce_idempotent, with every batch stored.
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        now = int(time.time() * 1000)
+        first = plog.log_end_offset
+        next_offset = first
+        recorded: list[tuple[int, StoredBatch]] = []
+        for h in headers:
+            if h.producer_id >= 0:
+                recorded.append((h.producer_id, state.record(h, next_offset, now, done)))
+                if h.producer_epoch > self._epochs.get(h.producer_id, -1):
+                    self._epochs[h.producer_id] = h.producer_epoch
+            next_offset += h.last_offset_delta + 1
+
+        def forget() -> None:
+            done.set_result(False)
+            for pid in {pid for pid, _ in recorded}:
+                state.forget(pid, [b for p, b in recorded if p == pid])
+
+        def idempotent_done(infos: list[AppendInfo] | None, exc: BaseException | None) -> None:
+            if infos is None:
+                forget()
+                callback(None, exc)
+                return
+            done.set_result(True)
+            n = infos[-1].last_offset + 1 - infos[0].base_offset
+            self.stats.published += n
+            plog.messages_in += n
+            plog.bytes_in += len(view)
+            self._visible_after_flush(topic, partition, plog, infos[-1].last_offset + 1, durable)
+            self._wake(topic, partition)
+            if infos[0].base_offset != first:  # cannot happen: loud
+                callback(
+                    None,
+                    StorageError(
+                        f"{plog.directory}: batches stored at {infos[0].base_offset}, "
+                        f"expected {first}"
+                    ),
+                )
+                return
+            callback(
+                ProduceResult(infos[0].base_offset, infos[-1].last_offset, plog.log_start_offset),
+                None,
+            )
+
+        try:
+            plog.append_many_soon(
+                chunks, durable=durable, checked=headers, callback=idempotent_done
+            )
+        except BaseException:
+            forget()
+            raise
+        return True
 
     async def _append_plain(
         self,

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from tidewire import __version__
-from tidewire.broker import Broker, FetchResult
+from tidewire.broker import Broker, FetchResult, ProduceResult
 from tidewire.broker.consumer_groups import GroupDescription, ResetTo
 from tidewire.cluster import cluster_node
 from tidewire.errors import (
@@ -442,6 +442,50 @@ async def produce(b: Broker, s: ServerInfo, req: ProduceRequest, data: memoryvie
     if req.acks == ACKS_NONE:
         return None, []
     return ProduceResponse(results=results), []
+
+
+#: What :func:`produce_soon` answers through: the response (None: acks=0, no answer), or the
+#: error of a bug (not a ``TidewireError``: those are answered in the response).
+ProduceAnswer = Callable[[ProduceResponse | None, BaseException | None], None]
+
+
+def produce_soon(b: Broker, req: ProduceRequest, data: memoryview, answer: ProduceAnswer) -> bool:
+    """:func:`produce` without awaiting, for the common request (one partition that exists
+    here, a single node, a batch not sent before): the batch is checked and queued now, and
+    ``answer`` is called with the same response :func:`produce` gives, in the step that
+    settles the append (``Broker.produce_soon``), maybe before this returns.
+
+    Returns:
+        False, having done nothing, for any other request: :func:`produce` answers it.
+    """
+    if len(req.partitions) != 1 or req.acks not in (ACKS_NONE, ACKS_LEADER, ACKS_DURABLE):
+        return False
+    part = req.partitions[0]
+    if part.size != len(data) or part.size <= 0:
+        return False  # produce says what is wrong
+    durable = None if req.acks == ACKS_DURABLE else False
+    respond = req.acks != ACKS_NONE
+
+    def settled(r: ProduceResult | None, exc: BaseException | None) -> None:
+        if r is not None:
+            result = ProducePartitionResult(
+                topic=part.topic,
+                partition=part.partition,
+                base_offset=r.base_offset,
+                log_start_offset=r.log_start_offset,
+            )
+        elif isinstance(exc, TidewireError):
+            result = ProducePartitionResult(topic=part.topic, partition=part.partition, **_err(exc))
+        else:
+            answer(None, exc)
+            return
+        answer(ProduceResponse(results=[result]) if respond else None, None)
+
+    try:
+        return b.produce_soon(part.topic, part.partition, data, durable=durable, callback=settled)
+    except TidewireError as exc:
+        settled(None, exc)
+        return True
 
 
 async def fetch(b: Broker, s: ServerInfo, req: FetchRequest, _: memoryview) -> Reply:

@@ -2,7 +2,9 @@
 
 One :class:`TcpServer` accepts connections; each connection drives a sans-IO
 :class:`~tidewire.protocol.Connection` and runs one task per request (requests on one
-connection are answered in any order, matched by correlation id). Bounds:
+connection are answered in any order, matched by correlation id), except the common produce
+request on a single node (one partition, no principal, no tracing), which is appended in the
+read callback and answered from the step that settles it (``_produce_now``). Bounds:
 
 - ``max_connections``: beyond it a new connection is closed at once. Each connection holds a
   descriptor: at start the server checks that ``max_connections``, the broker's log files
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import logging
 import math
@@ -80,6 +83,7 @@ from tidewire.protocol.messages import (
     ApiKey,
     FetchRequest,
     FetchResponse,
+    ProduceRequest,
     ProduceResponse,
     SaslAuthenticateRequest,
     SaslAuthenticateResponse,
@@ -97,7 +101,7 @@ from tidewire.security.tls import (
 )
 from tidewire.server.envelope import serve_envelope
 from tidewire.server.gate import SESSION_APIS, Session, gate_for, source_of
-from tidewire.server.handlers import HANDLERS, ServerInfo
+from tidewire.server.handlers import HANDLERS, ServerInfo, produce, produce_soon
 from tidewire.server.needs import API_NEEDS
 from tidewire.server.push import MAX_SUBSCRIPTIONS, PUSH_APIS, Subscriptions
 from tidewire.server.queue_handlers import QUEUE_APIS, QueueSession
@@ -111,6 +115,7 @@ _CONNECTION_IDS = itertools.count(1)
 
 #: API key -> name, the label of request metrics.
 _API_NAMES = {int(k): k.name for k in ApiKey}
+_PRODUCE = int(ApiKey.PRODUCE)
 
 #: The event loops ``tidewire serve`` can run on.
 EVENT_LOOPS = ("auto", "asyncio", "uvloop")
@@ -285,6 +290,11 @@ class _ClientProtocol(asyncio.Protocol):
         self.tls = False
         self.cert_principal: str | None = None
         self.tasks: set[asyncio.Task[None]] = set()
+        #: Produce requests handled without a task (:meth:`_produce_now`) still unanswered.
+        self.inline = 0
+        #: Produce requests given a task that has not yet run: until they have appended, no
+        #: later produce may take the path without a task (it would be appended first).
+        self._produce_tasks = 0
         self.paused = False  # reading paused: max_in_flight requests await their answer
         self.write_paused = False  # reading paused: the client does not read its answers
         self.closing = False
@@ -451,9 +461,93 @@ class _ClientProtocol(asyncio.Protocol):
                         self.conn.send_error(event.correlation_id, ShuttingDownError(_GOING_AWAY))
                     )
                     continue
+                if event.api_key == _PRODUCE:
+                    if self._produce_now(event):
+                        continue
+                    self._produce_tasks += 1
                 task = asyncio.get_running_loop().create_task(self._handle(event))
                 self.tasks.add(task)
                 task.add_done_callback(self._task_done)
+
+    def _produce_now(self, ev: RequestReceived) -> bool:
+        """Handle a produce request in the read callback itself, without a task, when nothing
+        in it needs to await: the batch is appended now and the answer written from the step
+        that settles it (under ``always``, the turn its group commit's result comes back in).
+        A task costs a loop turn to start and one more to resume after each wait.
+
+        Only on a single node, for a request :func:`~tidewire.server.handlers.produce_soon`
+        takes, with no principal (no ACL, quota or throttle applies), no tracing, the
+        standard handler, and no earlier produce request of this connection still waiting for
+        its task to run (batches are appended in the order their requests arrived). False:
+        nothing was done, the request gets a task.
+        """
+        server = self.server
+        body = ev.body
+        if (
+            self._produce_tasks
+            or not isinstance(body, ProduceRequest)
+            or HANDLERS.get(_PRODUCE) is not produce
+            or server.broker.replication is not None
+            or server.gate.enabled
+            or self.session.principal_name
+            or self.session.cert_principal
+            or tracing.tracer() is not None
+        ):
+            return False
+        # The request's own context, as a task would have: log lines and audit events of the
+        # append name it.
+        ctx = contextvars.copy_context()
+        try:
+            return ctx.run(self._produce_in_context, ev, body)
+        except Exception as exc:  # a bug: as a task's failure, the client is told
+            log.error("request handler failed", exc_info=exc)
+            self._fail(UnknownError(f"internal error: {exc!r}"))
+            return True
+
+    def _produce_in_context(self, ev: RequestReceived, body: ProduceRequest) -> bool:
+        server = self.server
+        metrics = server.metrics
+        started = time.perf_counter() if metrics.enabled else 0.0
+        try:
+            server.gate.check(self.session, "PRODUCE", API_NEEDS.get(ApiKey.PRODUCE), body)
+        except TidewireError as exc:
+            error = self._error(ev, exc)
+            if metrics.enabled:
+                metrics.observe_request("binary", "PRODUCE", time.perf_counter() - started, error)
+            return True
+        server.gate.enter(self.session, None)
+        logs.bind_request(self.log_id, f"{self.log_id}-{ev.correlation_id}", "PRODUCE", "")
+        cid = ev.correlation_id
+
+        def answer(reply: ProduceResponse | None, exc: BaseException | None) -> None:
+            self.inline -= 1
+            if self._lost:
+                return
+            if exc is not None:  # a bug: as a task's failure
+                log.error("request handler failed", exc_info=exc)
+                self._fail(UnknownError(f"internal error: {exc!r}"))
+                return
+            if reply is None:  # acks=0: no answer
+                self.conn.discard(cid)
+                self._after_response()
+            else:
+                self._write(self.conn.send_response(cid, reply))
+            if metrics.enabled:
+                metrics.observe_request("binary", "PRODUCE", time.perf_counter() - started, 0)
+            if not self.tasks and not self.inline:
+                if server.draining:
+                    self.go_away()
+                elif self.closing:
+                    self.close()
+
+        self.inline += 1
+        taken = False
+        try:
+            taken = produce_soon(server.broker, body, ev.data, answer)
+        finally:
+            if not taken:
+                self.inline -= 1
+        return taken
 
     async def _authenticate(self, ev: RequestReceived) -> bool:
         """Answer the SASL exchange and WHOAMI, which act on the connection's session;
@@ -493,6 +587,8 @@ class _ClientProtocol(asyncio.Protocol):
         return True
 
     async def _handle(self, ev: RequestReceived) -> None:
+        if ev.api_key == _PRODUCE:
+            self._produce_tasks -= 1  # appended in this step (nothing awaits before)
         metrics = self.server.metrics
         if not metrics.enabled:
             await self._answer(ev)
@@ -637,7 +733,7 @@ class _ClientProtocol(asyncio.Protocol):
             log.error("request handler failed", exc_info=exc)
             self._fail(UnknownError(f"internal error: {exc!r}"))
             return
-        if self.tasks:
+        if self.tasks or self.inline:
             return
         if self.server.draining:
             self.go_away()
@@ -675,7 +771,7 @@ class _ClientProtocol(asyncio.Protocol):
         """The server drains: end the push subscriptions now; go away at once when nothing is
         in flight, else once the last answer is written (new requests are refused meanwhile)."""
         self.subscriptions.close()
-        if not self.tasks:
+        if not self.tasks and not self.inline:
             self.go_away()
 
     def go_away(self) -> None:
@@ -694,7 +790,7 @@ class _ClientProtocol(asyncio.Protocol):
     def _close_when_done(self) -> None:
         self.closing = True
         self.subscriptions.close()
-        if not self.tasks:
+        if not self.tasks and not self.inline:
             self.close()
 
     def close(self) -> None:
@@ -753,7 +849,11 @@ class _ClientProtocol(asyncio.Protocol):
         self._timer = loop.call_at(deadline, self._timed_out, midframe)
 
     def _timed_out(self, midframe: bool) -> None:
-        if self.tasks or ((self.subscriptions.subs or self.queues.consumers) and not midframe):
+        if (
+            self.tasks
+            or self.inline
+            or ((self.subscriptions.subs or self.queues.consumers) and not midframe)
+        ):
             # Waiting on the broker (a long-poll, a subscription caught up, a queue consumer
             # waiting for messages) is not idleness.
             self._arm_timer()
@@ -874,7 +974,7 @@ class TcpServer:
 
     def in_flight(self) -> int:
         """Requests being handled, on every connection."""
-        return sum(len(c.tasks) for c in self.connections)
+        return sum(len(c.tasks) + c.inline for c in self.connections)
 
     def begin_drain(self) -> None:
         """Refuse new requests (``ShuttingDownError``), end push subscriptions, and close
@@ -887,10 +987,15 @@ class TcpServer:
     async def wait_in_flight(self, deadline: float) -> int:
         """Wait until every request in flight is answered, or the loop time ``deadline``;
         return how many are still running. No new one starts while draining."""
+        loop = asyncio.get_running_loop()
         pending = [t for c in self.connections for t in c.tasks]
-        timeout = deadline - asyncio.get_running_loop().time()
+        timeout = deadline - loop.time()
         if pending and timeout > 0:
             await asyncio.wait(pending, timeout=timeout)
+        # Produce requests handled without a task: answered when their append settles
+        # (an fsync at most, as a task's would), polled until then or the deadline.
+        while any(c.inline for c in self.connections) and loop.time() < deadline:
+            await asyncio.sleep(min(0.005, max(deadline - loop.time(), 0)))
         return self.in_flight()
 
     async def finish(self) -> int:

@@ -95,12 +95,22 @@ class _FlushThreads:
                 self._idle += 1
 
 
-_THREADS: dict[int, _FlushThreads] = {}  # by process id: a forked child has no threads
+#: The process's threads; a forked child has none of its parent's (reset at fork: asking
+#: ``os.getpid`` at every group commit was a system call a message).
+_THREADS: _FlushThreads | None = None
+
+
+def _forget_threads() -> None:
+    global _THREADS  # noqa: PLW0603 (the process's one pool)
+    _THREADS = None
+
+
+os.register_at_fork(after_in_child=_forget_threads)
 
 
 def _threads() -> _FlushThreads:
-    pid = os.getpid()
-    threads = _THREADS.get(pid)
+    global _THREADS  # noqa: PLW0603 (the process's one pool)
+    threads = _THREADS
     if threads is None:
-        threads = _THREADS[pid] = _FlushThreads()
+        threads = _THREADS = _FlushThreads()
     return threads

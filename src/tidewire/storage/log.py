@@ -44,6 +44,7 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol, cast
 
 from tidewire.errors import (
     BackpressureError,
@@ -187,7 +188,58 @@ class _Write:
     buffers: tuple[bytes, memoryview]
     info: AppendInfo
     mark: tuple[int, SegmentMark] | None
-    future: asyncio.Future[None] | None = None
+    future: _Waiter | None = None
+
+
+class _Waiter(Protocol):
+    """What waits for a write or a group commit: an ``asyncio.Future``, or an
+    :class:`_Completion` (a callback run in the very step that settles it)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: None, /) -> None: ...
+
+    def set_exception(self, exception: BaseException | type[BaseException], /) -> None: ...
+
+
+#: What :meth:`PartitionLog.append_many_soon` calls once the append is settled: the batches'
+#: infos, or the error that refused them (then None).
+AppendCallback = Callable[[list["AppendInfo"] | None, BaseException | None], None]
+
+
+class _Completion:
+    """The waiter of every write and of the group commit of one append made with
+    :meth:`PartitionLog.append_many_soon`: counts them down and calls its callback directly
+    in the step that settles the last one (a future would resume its awaiting task one loop
+    turn later), or at the first failure (what settles after that is ignored)."""
+
+    __slots__ = ("_callback", "_left", "infos")
+
+    def __init__(self, parts: int, callback: AppendCallback) -> None:
+        self._left = parts
+        self._callback: AppendCallback | None = callback
+        self.infos: list[AppendInfo] = []
+
+    def done(self) -> bool:
+        return self._callback is None
+
+    def set_result(self, result: None, /) -> None:
+        self._left -= 1
+        if self._left == 0 and self._callback is not None:
+            self._call(self.infos, None)
+
+    def set_exception(self, exception: BaseException | type[BaseException], /) -> None:
+        if self._callback is not None:
+            exc = exception if isinstance(exception, BaseException) else exception()
+            self._call(None, exc)
+
+    def _call(self, infos: list[AppendInfo] | None, exc: BaseException | None) -> None:
+        callback, self._callback = self._callback, None
+        assert callback is not None
+        try:
+            callback(infos, exc)
+        except Exception as bug:  # the log's own step (its writes, its waiters) goes on
+            log.error("an append's callback failed", exc_info=bug)
 
 
 #: Upper bounds of the fsync latency buckets of :class:`FlushStats`, seconds (from a local
@@ -267,7 +319,9 @@ class PartitionLog:
         self._flushing = False
         self._truncations = 0  # bumped by truncate_to: flush plans made before are stale
         self._deferred_close: list[Segment] = []
-        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._waiters: deque[tuple[int, _Waiter]] = deque()
+        #: The event loop the log's writes and commits last ran on (see :meth:`_loop`).
+        self._owner_loop: asyncio.AbstractEventLoop | None = None
         #: Set while a group commit runs in a worker thread (resolved when it is taken back).
         self._flush_running: asyncio.Future[None] | None = None
         #: Called on the owner thread when what readers may see grows: after a write under
@@ -896,8 +950,7 @@ class PartitionLog:
                     f"(max_pending_appends={self.config.max_pending_appends:,})"
                 )
         write = self._queue(batch)
-        fut = write.future
-        assert fut is not None
+        fut = cast("asyncio.Future[None]", write.future)  # _queue's own future
         # Registered now, so that the fsync starts right after this turn's writes.
         durable_fut = self._durable_future(write.info.last_offset + 1) if always else None
         try:
@@ -943,6 +996,50 @@ class PartitionLog:
             writes = [self._queue(b, h) for b, h in zip(batches, checked, strict=True)]
         return await self._settle(writes, always=always)
 
+    def append_many_soon(
+        self,
+        batches: Sequence[bytes | bytearray | memoryview],
+        *,
+        durable: bool | None = None,
+        checked: Sequence[BatchHeader],
+        callback: AppendCallback,
+    ) -> None:
+        """:meth:`append_many_async` for a caller that does not await: the batches are queued
+        now, and ``callback`` is called with their infos once they are as durable as that
+        method promises (or with the error that refused them), directly in the step that
+        settles the append: the end of the turn that writes them, or the one that takes the
+        group commit's result back. Under ``always`` the answer to a producer can then be
+        written in the turn its fsync came back in, not one turn later.
+
+        ``checked``: the batches' headers, every batch checked already (see
+        :meth:`append_many_async`). ``callback`` may run before this returns (a write big
+        enough to go at once, acks=leader); it must not raise.
+
+        Raises:
+            What :meth:`append_many_async` raises before anything is queued
+            (``BackpressureError``, ``LogClosedError``, ``LogFailedError``, a batch that fails
+            its checks); then ``callback`` is never called.
+        """
+        always = self.config.fsync is _ALWAYS if durable is None else durable
+        waiting = len(self._waiters) + len(self._pending)
+        if always and waiting + len(batches) > self.config.max_pending_appends:
+            raise BackpressureError(
+                f"{waiting:,} appends await their write or fsync on {self.directory}; "
+                f"{len(batches)} more exceed max_pending_appends="
+                f"{self.config.max_pending_appends:,}"
+            )
+        # One part per write, one for the group commit, one for this call's own end (so
+        # that a write settled while the next one is queued cannot end it early).
+        done = _Completion(len(batches) + always + 1, callback)
+        infos = done.infos
+        for b, h in zip(batches, checked, strict=True):
+            infos.append(self._queue(b, h, done).info)
+        if always and batches:
+            self._wait_durable_with(infos[-1].last_offset + 1, done)
+        elif always:
+            done.set_result(None)  # nothing to commit
+        done.set_result(None)
+
     async def _settle(self, writes: list[_Write], *, always: bool) -> list[AppendInfo]:
         """Wait until queued ``writes`` are written (and fsynced when ``always``)."""
         # Registered now, so that the fsync starts right after this turn's writes.
@@ -952,7 +1049,7 @@ class PartitionLog:
         try:
             for w in writes:
                 assert w.future is not None
-                await w.future
+                await cast("asyncio.Future[None]", w.future)  # _queue's own future
         except BaseException:
             if durable_fut is not None:
                 durable_fut.cancel()
@@ -962,13 +1059,17 @@ class PartitionLog:
         return [w.info for w in writes]
 
     def _queue(
-        self, batch: bytes | bytearray | memoryview, checked: BatchHeader | None = None
+        self,
+        batch: bytes | bytearray | memoryview,
+        checked: BatchHeader | None = None,
+        waiter: _Waiter | None = None,
     ) -> _Write:
         """Reserve ``batch`` and queue its write for the end of this turn of the event loop
-        (at once when enough is gathered): one pwritev for many batches."""
+        (at once when enough is gathered): one pwritev for many batches. ``waiter``: told
+        when the write is done (by default a new future, ``write.future``)."""
         write = self._reserve(batch, checked)
-        loop = asyncio.get_running_loop()
-        write.future = loop.create_future()
+        loop = self._loop()
+        write.future = loop.create_future() if waiter is None else waiter
         pending = self._pending
         pending.append(write)
         self._pending_bytes += write.info.size
@@ -978,6 +1079,14 @@ class PartitionLog:
             self._drain_scheduled = True
             loop.call_soon(self._end_of_turn)
         return write
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, asked once per log and loop: each ``get_running_loop`` costs a
+        ``getpid`` system call (asyncio checks for a fork), several a message otherwise."""
+        loop = self._owner_loop
+        if loop is None or not loop.is_running():
+            loop = self._owner_loop = asyncio.get_running_loop()
+        return loop
 
     def _end_of_turn(self) -> None:
         """Write what this turn of the loop queued, then start the group commit its
@@ -1293,14 +1402,19 @@ class PartitionLog:
         """A future resolved once every offset below ``offset`` is on stable storage. A group
         commit starts at once when none runs and no write is queued for the end of this turn
         (else at the end of the turn, after the write), or right after the running one."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[None] = self._loop().create_future()
+        self._wait_durable_with(offset, fut)
+        return fut
+
+    def _wait_durable_with(self, offset: int, waiter: _Waiter) -> None:
+        """Settle ``waiter`` once every offset below ``offset`` is on stable storage (see
+        :meth:`_durable_future`)."""
         if self._flushed >= offset:
-            fut.set_result(None)
-            return fut
-        self._waiters.append((offset, fut))
+            waiter.set_result(None)
+            return
+        self._waiters.append((offset, waiter))
         if self._flush_running is None and not self._drain_scheduled:
             self._start_flush()
-        return fut
 
     async def flush_async(self) -> None:
         """Flush everything appended so far, in a worker thread.
@@ -1321,7 +1435,7 @@ class PartitionLog:
         """Start a group commit of everything written so far in a worker thread;
         :meth:`_flush_finished` takes its result back on the loop, settles the waiters and
         starts the next commit if more wait."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop()
         if self._failed is not None:
             self._fail_waiters(self._failed)
             return
@@ -1413,7 +1527,7 @@ class PartitionLog:
                 fut.set_result(None)
         end = self.log_end_offset
         if any(offset > end for offset, _ in w):  # truncated or rolled back before flushed
-            keep: deque[tuple[int, asyncio.Future[None]]] = deque()
+            keep: deque[tuple[int, _Waiter]] = deque()
             for offset, fut in w:
                 if offset <= end:
                     keep.append((offset, fut))

@@ -1,0 +1,144 @@
+"""``PartitionLog.append_many_soon``: the append without a task that the listener's produce
+fast path uses. Its callback comes once, only after what ``append_many_async`` would have
+waited for (under ``always`` the group commit that covers the batches), with the same infos,
+and with the error instead when the write or the fsync fails; what it refuses up front it
+raises before anything is queued."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import errno
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.storage.history import install_executor, make_batch
+from tidewire.errors import BackpressureError, StorageError
+from tidewire.storage import FaultFS, FsyncPolicy, LogConfig, PartitionLog
+from tidewire.storage.log import AppendInfo, check_appendable
+
+
+class HeldExecutor(concurrent.futures.ThreadPoolExecutor):
+    """Keeps each group commit until the test runs it (on the loop's thread)."""
+
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)  # never started
+        self.jobs: list[Callable[[], None]] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        self.jobs.append(lambda: fn(*args, **kwargs))
+        return None
+
+    def run_all(self) -> None:
+        jobs, self.jobs = self.jobs, []
+        for job in jobs:
+            job()
+
+
+Outcome = tuple[list[AppendInfo] | None, BaseException | None]
+
+
+def _append_soon(log: PartitionLog, payloads: list[bytes], calls: list[Outcome], **kw: Any) -> None:
+    batches = [make_batch([p]) for p in payloads]
+    headers = [check_appendable(memoryview(b), 0) for b in batches]
+    log.append_many_soon(batches, checked=headers, callback=lambda i, e: calls.append((i, e)), **kw)
+
+
+async def _turns(n: int = 5) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def test_the_callback_comes_once_after_the_group_commit() -> None:
+    async def run() -> None:
+        held = HeldExecutor()
+        install_executor(held)
+        log = PartitionLog.open(FaultFS(), "/p", LogConfig(fsync=FsyncPolicy.ALWAYS))
+        calls: list[Outcome] = []
+        _append_soon(log, [b"a", b"b"], calls)
+        await _turns()
+        assert calls == []  # written, not yet fsynced: not acknowledged
+        assert log.log_end_offset == 2
+        assert log.flushed_offset == 0
+        assert len(held.jobs) == 1
+        held.run_all()  # the commit's result comes back with call_soon_threadsafe
+        await _turns()
+        assert len(calls) == 1
+        infos, error = calls[0]
+        assert error is None
+        assert infos is not None
+        assert [(i.base_offset, i.last_offset) for i in infos] == [(0, 0), (1, 1)]
+        assert log.flushed_offset == 2
+        # The same as the awaited append gives for the next batch.
+        task = asyncio.ensure_future(log.append_many_async([make_batch([b"c"])]))
+        await _turns()
+        held.run_all()
+        (info,) = await asyncio.wait_for(task, 30)
+        assert (info.base_offset, info.last_offset) == (2, 2)
+        assert len(calls) == 1  # never called again
+        log.abandon()
+
+    asyncio.run(run())
+
+
+def test_without_an_fsync_the_callback_comes_once_written() -> None:
+    async def run() -> None:
+        held = HeldExecutor()
+        install_executor(held)
+        log = PartitionLog.open(FaultFS(), "/p", LogConfig(fsync=FsyncPolicy.ALWAYS))
+        calls: list[Outcome] = []
+        _append_soon(log, [b"a"], calls, durable=False)  # acks=leader
+        assert calls == []  # queued: written at the end of this turn
+        await _turns()
+        assert len(calls) == 1
+        assert calls[0][1] is None
+        assert held.jobs == []  # no commit was asked for
+        log.abandon()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("fails", ["write", "sync"])
+def test_a_failed_write_or_fsync_calls_back_with_the_error(fails: str) -> None:
+    async def run() -> None:
+        held = HeldExecutor()
+        install_executor(held)
+        fs = FaultFS()
+        log = PartitionLog.open(fs, "/p", LogConfig(fsync=FsyncPolicy.ALWAYS))
+        fs.fail_kinds[fails] = errno.EIO
+        calls: list[Outcome] = []
+        _append_soon(log, [b"a"], calls)
+        await _turns()
+        held.run_all()
+        await _turns()
+        assert len(calls) == 1
+        infos, error = calls[0]
+        assert infos is None, calls
+        assert isinstance(error, StorageError), calls
+        assert log.flushed_offset == 0
+        log.abandon()
+
+    asyncio.run(run())
+
+
+def test_backpressure_raises_before_anything_is_queued() -> None:
+    async def run() -> None:
+        held = HeldExecutor()
+        install_executor(held)
+        config = LogConfig(fsync=FsyncPolicy.ALWAYS, max_pending_appends=2)
+        log = PartitionLog.open(FaultFS(), "/p", config)
+        calls: list[Outcome] = []
+        _append_soon(log, [b"a", b"b"], calls)
+        with pytest.raises(BackpressureError):
+            _append_soon(log, [b"c"], calls)
+        await _turns()
+        assert log.log_end_offset == 2  # the refused batch was not queued
+        held.run_all()
+        await _turns()
+        assert len(calls) == 1
+        assert calls[0][1] is None
+        log.abandon()
+
+    asyncio.run(run())
