@@ -82,10 +82,10 @@ def serve(*flags: str, http: bool = False) -> Iterator[ServedBroker]:
     too with ``http``) and a scratch data directory; ready once its ports accept
     connections, stopped (SIGTERM, then SIGKILL) on the way out. Shared by the benchmarks.
 
-    ``TIDEWIRE_BENCH_BROKER_SRC``, when set, is the broker's PYTHONPATH (another tree's
+    ``BENCH_BROKER_SRC``, when set, is the broker's PYTHONPATH (another tree's
     ``src``): the same client measured against two brokers side by side."""
     env = dict(os.environ)
-    if broker_src := os.environ.get("TIDEWIRE_BENCH_BROKER_SRC"):
+    if broker_src := env.pop("BENCH_BROKER_SRC", None):
         env["PYTHONPATH"] = broker_src
     with tempfile.TemporaryDirectory(prefix="tidewire-bench-") as data:
         port = _free_port()
