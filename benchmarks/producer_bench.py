@@ -80,7 +80,13 @@ class ServedBroker:
 def serve(*flags: str, http: bool = False) -> Iterator[ServedBroker]:
     """``tidewire serve`` with ``flags`` in a process of its own, on free ports (the HTTP API
     too with ``http``) and a scratch data directory; ready once its ports accept
-    connections, stopped (SIGTERM, then SIGKILL) on the way out. Shared by the benchmarks."""
+    connections, stopped (SIGTERM, then SIGKILL) on the way out. Shared by the benchmarks.
+
+    ``BENCH_BROKER_SRC``, when set, is the broker's PYTHONPATH (another tree's
+    ``src``): the same client measured against two brokers side by side."""
+    env = dict(os.environ)
+    if broker_src := env.pop("BENCH_BROKER_SRC", None):
+        env["PYTHONPATH"] = broker_src
     with tempfile.TemporaryDirectory(prefix="tidewire-bench-") as data:
         port = _free_port()
         http_port = _free_port() if http else None
@@ -93,6 +99,7 @@ def serve(*flags: str, http: bool = False) -> Iterator[ServedBroker]:
                 *flags,
             ],
             stdout=subprocess.DEVNULL,
+            env=env,
         )
         try:
             deadline = time.monotonic() + 30

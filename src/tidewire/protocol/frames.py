@@ -197,6 +197,11 @@ class FrameDecoder:
         """Bytes received and not yet returned in a frame."""
         return len(self._buf) - self._start + self._filled
 
+    @property
+    def failed(self) -> bool:
+        """Whether the stream broke the protocol (every call raises that error again)."""
+        return self._error is not None
+
     def receive_data(self, data: Buffer) -> None:
         """Add bytes from the stream."""
         if self._error is not None:
@@ -290,9 +295,10 @@ class BufferedFrameDecoder(FrameDecoder):
     """A :class:`FrameDecoder` the socket can read into directly (``asyncio.BufferedProtocol``):
     :meth:`get_buffer` says where the next bytes go, :meth:`buffer_updated` how many came.
 
-    Headers and frames below ``LARGE_FRAME_BYTES`` are received into one preallocated buffer
-    and copied out once per frame, as :class:`FrameDecoder` does. A frame of
-    ``LARGE_FRAME_BYTES`` or more (a fetch response, a push of records) gets a ``bytearray``
+    Headers and frames below ``head_bytes`` (``LARGE_FRAME_BYTES`` by default) are received
+    into one preallocated buffer and copied out once per frame, as :class:`FrameDecoder` does.
+    A frame of ``head_bytes`` or more (a fetch response, a push of records, a produce request)
+    gets a ``bytearray``
     of its exact size as soon as its header is there, and the rest of it is read straight into
     that: no copy of its bytes in user space at all, nor a join of pieces. Its views are over
     that ``bytearray`` (:func:`frame_data_window` finds it), which is never written again.
@@ -301,11 +307,19 @@ class BufferedFrameDecoder(FrameDecoder):
 
     Args:
         max_frame_bytes: the largest frame accepted (whole frame, header included).
+        head_bytes: the size of the buffer for headers and small frames, and so where "large"
+            begins: a frame of ``head_bytes`` or more is received in place. A server, which
+            holds one such buffer per connection, keeps it smaller than the default.
     """
 
-    def __init__(self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(
+        self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, head_bytes: int = HEAD_BYTES
+    ) -> None:
         super().__init__(max_frame_bytes=max_frame_bytes)
-        self._head = bytearray(HEAD_BYTES)
+        if head_bytes < FRAME_HEADER.size:
+            raise ValueError(f"head_bytes={head_bytes} is below a frame header's 18 bytes")
+        self._head = bytearray(head_bytes)
+        self._head_bytes = head_bytes
         self._end = 0  # head[_start:_end] holds bytes received and not yet framed
         self._frame_buf: bytearray | None = None  # a large frame being received in place
 
@@ -337,7 +351,7 @@ class BufferedFrameDecoder(FrameDecoder):
         if end == len(head):
             # Only when frames are fed faster than they are taken (receive_data of many at
             # once): the head holds whole frames, and grows for more.
-            head.extend(bytes(HEAD_BYTES))
+            head.extend(bytes(self._head_bytes))
         return memoryview(head)[end:]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -402,7 +416,7 @@ class BufferedFrameDecoder(FrameDecoder):
             length = _frame_length(head, start, end - start, self._max)
         except ProtocolError as exc:
             self._fail(exc)
-        if length < 0 or length + 4 < LARGE_FRAME_BYTES or start + 4 + length <= end:
+        if length < 0 or length + 4 < self._head_bytes or start + 4 + length <= end:
             if start:  # a small frame, or a header, at the end of the head: move it up
                 head[: end - start] = head[start:end]
                 self._start, self._end = 0, end - start

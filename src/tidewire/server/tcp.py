@@ -78,7 +78,7 @@ from tidewire.protocol import (
     RequestRejected,
     Role,
 )
-from tidewire.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Buffer
+from tidewire.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Buffer, BufferedFrameDecoder
 from tidewire.protocol.messages import (
     ApiKey,
     FetchRequest,
@@ -148,6 +148,11 @@ DEFAULT_MAX_CONNECTIONS = 10_000
 #: streams, the event loop, listening sockets, checkpoint and index files being written,
 #: worker threads' files, the HTTP gateway's own connections beyond a handful (see http.md).
 RESERVED_DESCRIPTORS = 64
+#: Bytes of each connection's buffer for frame headers and small requests (read into by the
+#: socket): a frame this large or larger (a produce request's batches) is read straight into
+#: a buffer of its own exact size instead, never joined from pieces. Small, as every
+#: connection holds one.
+READ_HEAD_BYTES = 16 * 1024
 
 #: SO_LINGER on, with a timeout of 0: closing the socket sends a RST and drops what is unsent.
 _LINGER_OFF = struct.pack("ii", 1, 0)
@@ -273,17 +278,28 @@ class ServerConfig:
         )
 
 
-class _ClientProtocol(asyncio.Protocol):
-    """One client connection."""
+class _ClientProtocol(asyncio.BufferedProtocol):
+    """One client connection. The socket is read straight into its decoder's buffers
+    (``get_buffer`` / ``buffer_updated``), plain or under TLS alike."""
 
     def __init__(self, server: TcpServer) -> None:
         self.server = server
         #: The connection's id in log lines (``connection_id``).
         self.log_id = f"c{next(_CONNECTION_IDS)}"
         cfg = server.config
-        self.conn = Connection(
-            Role.SERVER, max_frame_bytes=cfg.max_frame_bytes, max_in_flight=cfg.max_in_flight
+        self.decoder = BufferedFrameDecoder(
+            max_frame_bytes=cfg.max_frame_bytes, head_bytes=READ_HEAD_BYTES
         )
+        self.conn = Connection(
+            Role.SERVER,
+            max_frame_bytes=cfg.max_frame_bytes,
+            max_in_flight=cfg.max_in_flight,
+            decoder=self.decoder,
+        )
+        #: Where bytes go that are read and dropped (a refused or failed connection), and
+        #: whether the last get_buffer handed it out.
+        self._sink: bytearray | None = None
+        self._sinking = False
         self.transport: asyncio.Transport | None = None
         #: Whether the connection is TLS, and the principal its verified client certificate
         #: names (``tls_principal_field``; None: no certificate, or no TLS).
@@ -372,14 +388,20 @@ class _ClientProtocol(asyncio.Protocol):
             self.server.config.frame_timeout_s, self.transport.close
         )
 
-    def data_received(self, data: bytes) -> None:
-        if self._refused:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        # The decoder refuses once it has failed (the connection is closing): what such a
+        # connection still sends, or a refused one, is read into a small sink and dropped.
+        self._sinking = self._refused or self.decoder.failed
+        if not self._sinking:
+            return self.decoder.get_buffer(sizehint)
+        if self._sink is None:
+            self._sink = bytearray(4096)
+        return memoryview(self._sink)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._sinking:
             return
-        try:
-            self.conn.receive_data(data)
-        except ProtocolError as exc:
-            self._fail(exc)
-            return
+        self.decoder.buffer_updated(nbytes)
         self._process()
         self._arm_timer()
 
