@@ -208,3 +208,51 @@ def test_the_descriptor_limit_is_raised_to_the_hard_one() -> None:
     assert after == now > 256
     assert hard in (after, resource.RLIM_INFINITY)
     assert out[4] == "None" or 0 < int(out[4]) < after
+
+
+class _Meeting(FileSystemWrapper):
+    """The first ``n`` opens wait until all ``n`` are inside :meth:`open` at once (or 10 s
+    pass)."""
+
+    def __init__(self, inner: FileSystem, n: int) -> None:
+        super().__init__(inner)
+        self.meeting = threading.Barrier(n, timeout=10)
+        self.waiting = n
+        self.met = 0
+        self.lock = threading.Lock()
+
+    def open(self, path: str, *, create: bool = True) -> FileHandle:
+        with self.lock:
+            wait, self.waiting = self.waiting > 0, self.waiting - 1
+        if wait:
+            try:
+                self.meeting.wait()
+                self.met += 1
+            except threading.BrokenBarrierError:
+                pass
+        return super().open(path, create=create)
+
+
+def test_opens_on_several_threads_run_at_once_within_the_bound(tmp_path: Path) -> None:
+    """Creating a file is slow on some disks (a topic's partitions are made on many threads):
+    the cache's lock is not held while one opens, and the bound still counts every open."""
+    inner = _Counting(OsFileSystem())
+    meeting = _Meeting(inner, 4)
+    fs = CachedFileSystem(meeting, 4)
+    handles: list[FileHandle] = []
+    threads = [
+        threading.Thread(target=lambda i=i: handles.append(fs.open(str(tmp_path / f"f{i}"))))
+        for i in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert meeting.met == 4  # all four were inside open() together
+    assert len(handles) == 4
+    assert fs.open_count == 4
+    fs.open(str(tmp_path / "g"))  # one more: an idle one is closed first
+    assert fs.open_count == 4
+    assert inner.peak <= 5
+    for h in handles:
+        h.close()
