@@ -310,7 +310,9 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
         port = _free_port()
         with serve(data, port, args.nofile) as broker:
             running, expected = asyncio.run(
-                measure_running(broker, shape, n, args.messages, args.idle_s, args.create_in_flight)
+                measure_running(
+                    broker, shape, n, args.messages, args.idle_s, in_flight=args.create_in_flight
+                )
             )
             result.update(running)
             say(f"[{shape}] SIGKILL ...")
