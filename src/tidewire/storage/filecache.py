@@ -193,7 +193,6 @@ class CachedFileSystem(FileSystemWrapper):
         self._lock = threading.Lock()
         #: Handles whose descriptor is open, least recently used first.
         self._lru: OrderedDict[_CachedFile, None] = OrderedDict()
-        self._opening = 0  # opens running outside the lock, each with room for its descriptor
         self._handles: dict[str, set[_CachedFile]] = {}  # by path: open or not, not closed
         self._dirs: dict[str, set[str]] = {}  # directory -> the paths above in it
 
@@ -205,32 +204,11 @@ class CachedFileSystem(FileSystemWrapper):
     # --- FileSystem -------------------------------------------------------------------------
 
     def open(self, path: str, *, create: bool = True) -> FileHandle:
-        # The open itself runs outside the lock (creating a file costs 0.3-0.8 ms on the
-        # reference disk, and a topic's partitions are created on many threads at once: under
-        # the lock they queued one behind the other); room for its descriptor is made, and
-        # held, under the lock first.
         with self._lock:
-            while len(self._lru) + self._opening >= self.max_open and self._evict_one():
-                pass
-            self._opening += 1
-        try:
-            inner = self.inner.open(path, create=create)
-        except OSError as exc:
-            with self._lock:
-                self._opening -= 1
-                if exc.errno not in (errno.EMFILE, errno.ENFILE):
-                    raise
-                inner = self._open_inner(path, create)  # makes room and retries, or says why
-                return self._add(path, inner)
-        with self._lock:
-            self._opening -= 1
-            return self._add(path, inner)
-
-    def _add(self, path: str, inner: FileHandle) -> _CachedFile:
-        """(Under the lock.) A handle over ``inner``, the most recently used."""
-        f = _CachedFile(self, path, inner)
-        self._lru[f] = None
-        self._track(f)
+            inner = self._open_inner(path, create)
+            f = _CachedFile(self, path, inner)
+            self._lru[f] = None
+            self._track(f)
         return f
 
     def remove(self, path: str) -> None:
@@ -309,7 +287,7 @@ class CachedFileSystem(FileSystemWrapper):
             inner.close()
 
     def _open_inner(self, path: str, create: bool) -> FileHandle:
-        while len(self._lru) + self._opening >= self.max_open and self._evict_one():
+        while len(self._lru) >= self.max_open and self._evict_one():
             pass
         try:
             return self.inner.open(path, create=create)
