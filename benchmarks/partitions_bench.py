@@ -4,7 +4,7 @@
 Usage::
 
     python benchmarks/partitions_bench.py [--partitions N] [--shape wide|topics|both]
-        [--messages M] [--idle-s S] [--nofile L] [--json]
+        [--messages M] [--idle-s S] [--nofile L] [--create-in-flight K] [--json]
 
 For each shape (``--shape``, default both: "wide", one topic of N partitions; "topics", N
 topics of one partition), it starts ``tidewire serve`` (``--fsync interval``, the default) in a
@@ -13,7 +13,8 @@ limit ``--nofile`` if given (soft and hard, as ``ulimit -n`` sets them), and mea
 second client pings the broker every 5 ms on a connection of its own (the "ping" figures:
 p50/p99/max of those pings during that step):
 
-* ``create``: creating the N partitions (partitions/s; the topics 50 requests at a time);
+* ``create``: creating the N partitions (partitions/s; the topics ``--create-in-flight``
+  requests at a time, default 50: 1 is a user creating topics one after the other);
 * ``produce``: one 100-byte message to every partition, 200 requests in flight, each
   acknowledged after its fsync (``acks=durable``, the client's default: messages/s);
 * ``publish``: M more messages (``--messages``, default 200,000) of 1 KB, 10 to a request,
@@ -168,13 +169,13 @@ async def metadata(client: AsyncClient) -> int:
     return sum(len(t.partitions) for t in body.body.topics)
 
 
-async def create_all(client: AsyncClient, shape: str, n: int) -> None:
+async def create_all(client: AsyncClient, shape: str, n: int, in_flight: int = 50) -> None:
     if shape == "wide":
         await client.create_topic("wide", n)
         return
-    for start in range(0, n, 50):
+    for start in range(0, n, in_flight):
         await asyncio.gather(
-            *(client.create_topic(f"t-{i}", 1) for i in range(start, min(start + 50, n)))
+            *(client.create_topic(f"t-{i}", 1) for i in range(start, min(start + in_flight, n)))
         )
 
 
@@ -198,7 +199,7 @@ async def publish(
 
 
 async def measure_running(
-    broker: Broker, shape: str, n: int, messages: int, idle_s: float
+    broker: Broker, shape: str, n: int, messages: int, idle_s: float, *, in_flight: int
 ) -> tuple[dict[str, Any], dict[tuple[str, int], int]]:
     out: dict[str, Any] = {}
     parts = partitions_of(shape, n)
@@ -206,8 +207,15 @@ async def measure_running(
     async with AsyncClient(broker.addr) as client:
         what = f"a topic of {n:,} partitions" if shape == "wide" else f"{n:,} topics of one"
         say(f"[{shape}] creating {what} ...")
-        _, took, pings = await watched(broker.addr, lambda: create_all(client, shape, n))
-        out["create"] = {"s": round(took, 3), "partitions_per_s": round(n / took), "ping": pings}
+        cpu = broker.cpu_s()
+        _, took, pings = await watched(broker.addr, lambda: create_all(client, shape, n, in_flight))
+        out["create"] = {
+            "s": round(took, 3),
+            "partitions_per_s": round(n / took),
+            "in_flight": 1 if shape == "wide" else in_flight,
+            "broker_cpu_us_per_partition": round((broker.cpu_s() - cpu) / n * 1e6),
+            "ping": pings,
+        }
         say(f"  {took:.2f} s: {n / took:,.0f} partitions/s; pings {pings}")
 
         async def produce_all() -> None:
@@ -302,7 +310,9 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
         port = _free_port()
         with serve(data, port, args.nofile) as broker:
             running, expected = asyncio.run(
-                measure_running(broker, shape, n, args.messages, args.idle_s)
+                measure_running(
+                    broker, shape, n, args.messages, args.idle_s, in_flight=args.create_in_flight
+                )
             )
             result.update(running)
             say(f"[{shape}] SIGKILL ...")
@@ -319,6 +329,7 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
             asyncio.run(first_answer())
             result["restart_after_kill_s"] = round(time.perf_counter() - started, 2)
             say(f"  answering after {result['restart_after_kill_s']} s")
+            result["restart_load"] = round(os.getloadavg()[0], 2)
             result["data_after_restart"] = asyncio.run(check_data(broker, expected))
             say(f"  {result['data_after_restart']}")
             result.update(asyncio.run(measure_restarted(broker, shape, n)))
@@ -334,14 +345,22 @@ def main() -> None:
     )
     ap.add_argument("--idle-s", type=float, default=10.0, help="seconds of the idle step")
     ap.add_argument("--nofile", type=int, default=None, help="descriptor limit of the broker")
+    ap.add_argument(
+        "--create-in-flight", type=int, default=50, help="topic creations in flight at once"
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
-    if args.partitions < 1 or args.messages < 10:
+    if args.partitions < 1 or args.messages < 10 or args.create_in_flight < 1:
         ap.error(
-            f"--partitions={args.partitions} must be >= 1 and --messages={args.messages} >= 10"
+            f"--partitions={args.partitions} and --create-in-flight={args.create_in_flight} "
+            f"must be >= 1 and --messages={args.messages} >= 10"
         )
     shapes = ("wide", "topics") if args.shape == "both" else (args.shape,)
-    result: dict[str, Any] = {"partitions": args.partitions, "nofile": args.nofile}
+    result: dict[str, Any] = {
+        "partitions": args.partitions,
+        "nofile": args.nofile,
+        "load_at_start": round(os.getloadavg()[0], 2),
+    }
     for shape in shapes:
         result[shape] = run_shape(shape, args)
     if args.json:

@@ -276,3 +276,140 @@ def test_concurrent_creations_are_made_together_each_all_or_none(n: int) -> None
         again.close()
 
     asyncio.run(main())
+
+
+def _create_many(fs: FileSystem, creations: list[tuple[str, int]]) -> list[object]:
+    from tidewire.storage.config import LogConfig
+    from tidewire.storage.creation import Creation, create_many
+
+    cfg = LogConfig()
+    return list(
+        create_many(
+            fs,
+            "/data",
+            [Creation(t, range(n), cfg, json.dumps(cfg.to_dict()).encode()) for t, n in creations],
+            clock=lambda: T0,
+            config_file="log.json",
+        )
+    )
+
+
+BATCH = [("a", 1), ("b", 2), ("c", 1)]
+
+
+def test_creations_made_together_share_one_marker() -> None:
+    fs = FaultFS()
+    manager(fs).close()
+    markers: list[str] = []
+    real_rename = fs.rename
+
+    def rename(src: str, dst: str) -> None:
+        markers.append(dst)
+        real_rename(src, dst)
+
+    fs.rename = rename  # type: ignore[method-assign]
+    results = _create_many(fs, BATCH)
+    assert all(isinstance(r, list) for r in results)
+    assert len(markers) == 1, markers
+    assert markers[0].endswith(CREATING_SUFFIX)
+    assert "+" in markers[0].rsplit("/", 1)[1]  # no topic's marker
+    assert not [n for n in fs.listdir("/data") if CREATING_SUFFIX in n]
+
+
+def test_a_power_cut_at_any_operation_of_creations_made_together() -> None:
+    """One marker for several topics: after a power cut anywhere, each is whole or gone."""
+    fs = FaultFS()
+    manager(fs).close()
+    before = fs.ops
+    _create_many(fs, BATCH)
+    total = fs.ops - before
+    assert total > 10
+    for k in range(1, total + 1):
+        fs = FaultFS()
+        mgr = manager(fs)
+        mgr.create_topic("kept", range(1))
+        mgr.close()
+        fs.cut_at = fs.ops + k
+        results = _create_many(fs, BATCH)  # each a failure: the power cut, or what it undid
+        assert fs.dead, k
+        assert not any(isinstance(r, list) for r in results), (k, results)
+        survivor = fs.power_cut()
+        again = manager(survivor)
+        topics = again.topics()
+        assert topics.pop("kept") == [0], k
+        for name, n in BATCH:
+            assert topics.get(name, []) in ([], list(range(n))), (k, topics)
+        assert not [n for n in survivor.listdir("/data") if CREATING_SUFFIX in n], k
+        again.close()
+
+
+def test_an_interrupted_batch_of_creations_is_removed_at_open() -> None:
+    fs = FaultFS()
+    mgr = manager(fs)
+    mgr.create_topic("t", range(2))
+    mgr.close()
+    body = {
+        "version": 2,
+        "creations": [
+            {"topic": "u", "first": 0, "count": 3},
+            {"topic": "v", "first": 0, "count": 1},
+        ],
+    }
+    fs.set_contents(f"/data/creations+{'0' * 32}{CREATING_SUFFIX}", json.dumps(body).encode())
+    for p in (0, 1):
+        fs.makedirs(f"/data/u-{p}")
+        fs.set_contents(f"/data/u-{p}/log.json", b"{}")
+    again = manager(fs)
+    assert again.topics() == {"t": [0, 1]}
+    assert not [n for n in fs.listdir("/data") if CREATING_SUFFIX in n]
+
+
+def test_a_version_2_marker_under_a_topics_name_removes_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fs = FaultFS()
+    mgr = manager(fs)
+    mgr.create_topic("t", range(2))
+    mgr.close()
+    body = {"version": 2, "creations": [{"topic": "t", "first": 0, "count": 2}]}
+    fs.set_contents(f"/data/x{CREATING_SUFFIX}", json.dumps(body).encode())
+    assert manager(fs).topics() == {"t": [0, 1]}
+    assert "unreadable topic creation marker" in caplog.text
+
+
+class _StuckTopic(FileSystemWrapper):
+    """Fails the second partition of one topic, and every removal of its directories."""
+
+    def __init__(self, inner: FileSystem, doomed: str) -> None:
+        super().__init__(inner)
+        self.doomed = doomed
+
+    def makedirs(self, path: str) -> None:
+        if os.path.basename(path) == f"{self.doomed}-1":
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        super().makedirs(path)
+
+    def rmtree(self, path: str) -> None:
+        if os.path.basename(path).rsplit("-", 1)[0] == self.doomed:
+            raise OSError(errno.EIO, "Input/output error", path)
+        super().rmtree(path)
+
+
+def test_a_failed_creation_that_cannot_be_undone_stays_named_alone() -> None:
+    """The others of its batch are done: the marker is rewritten to name only what is left
+    of the failed one, so the next open removes that and keeps the rest."""
+    inner = FaultFS()
+    manager(inner).close()
+    fs = _StuckTopic(inner, doomed="b")
+    results = _create_many(fs, BATCH)
+    assert isinstance(results[1], OSError)
+    assert isinstance(results[0], list)
+    assert isinstance(results[2], list)
+    (marker,) = [n for n in inner.listdir("/data") if n.endswith(CREATING_SUFFIX)]
+    assert json.loads(inner.contents(f"/data/{marker}"))["creations"] == [
+        {"topic": "b", "first": 0, "count": 2}
+    ]
+    assert "b-0" in inner.listdir("/data")
+    again = manager(inner.power_cut())
+    assert again.topics() == {"a": [0], "c": [0]}
+    again.close()

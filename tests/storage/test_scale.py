@@ -265,3 +265,51 @@ def test_the_background_checkpoint_follows_every_kind_of_flush() -> None:
         m.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("chunk", [None, 100])  # the scan's reads: whole, and in small chunks
+def test_a_checkpoint_older_than_the_data_keeps_what_is_past_it_and_cuts_a_torn_tail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int | None
+) -> None:
+    from tidewire.storage import segment
+    from tidewire.storage.log import intact_records
+
+    if chunk is not None:
+        monkeypatch.setattr(segment, "SCAN_CHUNK_BYTES", chunk)
+    data = tmp_path / "data"
+
+    def open_manager() -> LogManager:
+        return LogManager(
+            str(data), default_config=INTERVAL, clock=lambda: T0, max_open_files=4
+        ).open()
+
+    m = open_manager()
+    logs = m.create_topic("t", range(3))
+    for plog in logs:
+        plog.append(batch("covered"))
+        plog.flush()
+    m.write_recovery_checkpoint()
+    for plog in logs:
+        for i in range(5):
+            plog.append(batch(f"past-{i}"))
+        plog.flush()
+    m.abandon()  # SIGKILL: the checkpoint still says 1 for every log
+    points = json.loads((data / RECOVERY_CHECKPOINT_FILE).read_bytes())["logs"]
+    assert points == {"t-0": 1, "t-1": 1, "t-2": 1}
+    torn = data / "t-1" / "00000000000000000000.log"
+    os.truncate(torn, torn.stat().st_size - 3)  # the last batch cut short
+
+    m = open_manager()
+    assert m.last_start == "unclean"
+    want = [b"covered", *(f"past-{i}".encode() for i in range(5))]
+    for p in (0, 2):
+        plog = m.get_log("t", p)
+        assert plog.log_end_offset == 6
+        assert plog.report.truncated_from_offset is None
+        assert [r.value for r in intact_records(plog)] == want
+    cut = m.get_log("t", 1)
+    assert cut.report.truncated_from_offset == 5
+    assert cut.log_end_offset == 5
+    assert [r.value for r in intact_records(cut)] == want[:5]
+    assert cut.corruption is None  # past the recovery point a torn tail is no damage
+    m.close()

@@ -13,6 +13,7 @@ Layout::
         00000000000000000000.timeindex
       TOPIC-P.<hex>-delete/                a deleted partition awaiting removal
       TOPIC.creating                       a topic creation under way (tidewire.storage.creation)
+      creations+HEX.creating               several creations made together, under way
 
 Every metadata file is written atomically (temp, write, fsync, rename, fsync dir). On open,
 the clean-shutdown marker lets every log trust its intact indexes and skip the scan; it is

@@ -313,7 +313,10 @@ class Segment:
         while pos < file_size:
             rel = pos - chunk_start
             if len(chunk) - rel < BATCH_OVERHEAD:
-                chunk = self.file.pread(SCAN_CHUNK_BYTES, pos)
+                # No more than the file holds: a pread of 8 MiB allocates 8 MiB first, which
+                # for a small active segment (a restart of 10,000 of them) costs more than
+                # the read.
+                chunk = self.file.pread(min(SCAN_CHUNK_BYTES, file_size - pos), pos)
                 chunk_start, rel = pos, 0
             bad: BadBatch | None = None
             try:
