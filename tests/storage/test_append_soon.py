@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import errno
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -17,6 +17,7 @@ import pytest
 from tests.storage.history import install_executor, make_batch
 from tidewire.errors import BackpressureError, StorageError
 from tidewire.storage import FaultFS, FsyncPolicy, LogConfig, PartitionLog
+from tidewire.storage.fs import Buffer, FileHandle, FileHandleWrapper, FileSystem, FileSystemWrapper
 from tidewire.storage.log import AppendInfo, check_appendable
 
 
@@ -139,6 +140,63 @@ def test_backpressure_raises_before_anything_is_queued() -> None:
         await _turns()
         assert len(calls) == 1
         assert calls[0][1] is None
+        log.abandon()
+
+    asyncio.run(run())
+
+
+class _FailOnePwritev(FileSystemWrapper):
+    """Fails the first ``pwritev`` of exactly ``size`` bytes."""
+
+    def __init__(self, inner: FileSystem, size: int) -> None:
+        super().__init__(inner)
+        self.size = size
+
+    def open(self, path: str, *, create: bool = True) -> FileHandle:
+        fs = self
+
+        class Handle(FileHandleWrapper):
+            def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
+                if fs.size and sum(len(b) for b in buffers) == fs.size:
+                    fs.size = 0
+                    raise OSError(errno.EIO, "Input/output error", path)
+                return self.inner.pwritev(buffers, offset)
+
+        return Handle(super().open(path, create=create))
+
+
+def test_an_append_made_by_a_callback_is_not_acknowledged_before_the_drain_is_written() -> None:
+    """The listener appends again from an answer's callback (a pipelined request read
+    meanwhile). The first batch's callback must not run while a later run of the same drain
+    (here: the next batch, in a new segment) is still unwritten: an append made from it, big
+    enough to be written at once, was acknowledged and then rolled back when that run
+    failed."""
+
+    async def run() -> None:
+        second = make_batch([b"y" * 3100])
+        fs = _FailOnePwritev(FaultFS(), len(second))
+        log = PartitionLog.open(fs, "/p", LogConfig(fsync=FsyncPolicy.NEVER, segment_bytes=4096))
+        calls: dict[str, Outcome] = {}
+        big = make_batch([b"z" * (4 * 1024 * 1024 + 10)])
+
+        def soon(data: bytes, name: str, then: Callable[[], None] | None = None) -> None:
+            def callback(infos: list[AppendInfo] | None, exc: BaseException | None) -> None:
+                calls[name] = (infos, exc)
+                if then is not None:
+                    then()
+
+            header = check_appendable(memoryview(data), 0)
+            log.append_many_soon([data], durable=False, checked=[header], callback=callback)
+
+        soon(make_batch([b"x" * 3000]), "first", lambda: soon(big, "again"))
+        soon(second, "second")  # rolls the segment: a run of its own, which fails
+        await _turns()
+        assert calls["first"][1] is None
+        assert isinstance(calls["second"][1], StorageError)
+        infos, error = calls.get("again", (None, None))
+        if error is None:  # acknowledged: it must be in the log
+            assert infos is not None
+            assert infos[-1].last_offset < log.log_end_offset, (infos, log.log_end_offset)
         log.abandon()
 
     asyncio.run(run())

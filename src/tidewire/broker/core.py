@@ -1006,6 +1006,8 @@ class Broker:
             next_offset += h.last_offset_delta + 1
 
         def forget() -> None:
+            if done.done():  # told already (the append's callback, then its raise)
+                return
             done.set_result(False)
             for pid in {pid for pid, _ in recorded}:
                 state.forget(pid, [b for p, b in recorded if p == pid])

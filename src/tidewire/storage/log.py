@@ -848,12 +848,18 @@ class PartitionLog:
                     fut = pending[k].future
                     if fut is not None and not fut.done():
                         fut.set_exception(err)
-                return
-            for k in range(i, j):
-                fut = pending[k].future
-                if fut is not None and not fut.done():
-                    fut.set_result(None)
+                del pending[i:]  # the runs before this one were written
+                break
             i = j
+        # Told only once every run is written: a waiter may be an append's callback
+        # (_Completion), which may append again at once; written and acknowledged before a
+        # later run of this drain, a failure of that run would roll it back.
+        for w in pending:
+            fut = w.future
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+        if i < n:  # a write failed
+            return
         if self.config.fsync is not _ALWAYS:
             if self.on_visible is not None:
                 self.on_visible()
@@ -1033,7 +1039,15 @@ class PartitionLog:
         done = _Completion(len(batches) + always + 1, callback)
         infos = done.infos
         for b, h in zip(batches, checked, strict=True):
-            infos.append(self._queue(b, h, done).info)
+            try:
+                infos.append(self._queue(b, h, done).info)
+            except BaseException as exc:
+                if not infos:
+                    raise  # nothing queued: the caller is told, the callback never called
+                # Some were queued (and their writes may have failed already): the callback
+                # is told, once, and this call returns as promised.
+                done.set_exception(exc)
+                return
         if always and batches:
             self._wait_durable_with(infos[-1].last_offset + 1, done)
         elif always:
@@ -1521,8 +1535,12 @@ class PartitionLog:
             self._fail_waiters(self._failed)
             return
         w = self._waiters
+        settled: list[_Waiter] = []
         while w and w[0][0] <= self._flushed:
-            _, fut = w.popleft()
+            settled.append(w.popleft()[1])
+        # Told after the queue is settled: an append's callback (_Completion) may append
+        # and wait again at once.
+        for fut in settled:
             if not fut.done():
                 fut.set_result(None)
         end = self.log_end_offset
