@@ -327,3 +327,41 @@ def test_after_everything_was_handed_out_a_poll_waits_for_more(
                 assert c.position("t", 0) == 3
 
     run(main())
+
+
+def test_a_small_stored_batch_is_copied_out_of_a_large_fetch(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kept ConsumedBatch must not hold a whole fetch for a few small records: a stored
+    batch under an eighth of the fetched data is read from a copy of its own, a large one
+    straight from the fetched buffer."""
+    from tidewire.client import _consumer
+
+    seen: list[tuple[int, int]] = []  # (bytes of the buffer read from, the stored batch's size)
+    real = _consumer.read_spans
+
+    def spy(data: bytes | bytearray, at: int, h: object, *args: object) -> object:
+        seen.append((len(data), h.size))  # type: ignore[attr-defined]
+        return real(data, at, h, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_consumer, "read_spans", spy)
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 1)
+            for i in range(20):  # 20 small stored batches, then a large one
+                await put(broker, "t", 0, [b"s%d" % i])
+            await put(broker, "t", 0, [b"L" * 1000 for _ in range(200)])
+            async with consuming(kind, addr(server), max_wait_ms=50) as c:
+                await c.assign([("t", 0, "earliest")])
+                got = 0
+                while got < 220:
+                    batch = await c.poll_batch(PROMPT_S)
+                    assert batch.values == [r.value for r in batch]
+                    got += len(batch)
+        assert len(seen) == 21
+        small, large = seen[:20], seen[20]
+        assert all(buffer == size for buffer, size in small), small  # copies of their own
+        assert large[0] > large[1]  # read in place from the fetched data
+
+    run(main())

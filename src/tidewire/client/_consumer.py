@@ -66,6 +66,11 @@ from ._transport import (
 
 __all__ = ["AsyncConsumer", "ConsumedBatch", "Consumer", "ConsumerRecord", "Gap", "Offset"]
 
+#: A stored batch under ``1 / _KEEP_SHARE`` of its fetch's data is copied before
+#: ``poll_batch`` hands its records out as spans: a kept ConsumedBatch holds at most this many
+#: times the bytes of its records (a span holds the buffer it points into).
+_KEEP_SHARE = 8
+
 log = logging.getLogger("tidewire.client")
 
 T = TypeVar("T")
@@ -542,7 +547,13 @@ class AsyncConsumer:
             try:
                 # Checked now (a malformed batch fails this poll); the columns' objects are
                 # made when the caller reads them.
-                spans = read_spans(chunk.buf, pos, h, chunk.offset)
+                data, at = chunk.buf, pos
+                size = h.size
+                if size * _KEEP_SHARE < len(data):
+                    # A small share of the fetched data: its own copy (one a stored batch), so
+                    # that a batch the caller keeps does not hold the whole fetch.
+                    data, at = bytes(memoryview(data)[pos : pos + size]), 0
+                spans = read_spans(data, at, h, chunk.offset)
             except RecordBatchError:
                 self._damaged(chunk)
                 if n:
