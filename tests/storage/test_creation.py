@@ -413,3 +413,31 @@ def test_a_failed_creation_that_cannot_be_undone_stays_named_alone() -> None:
     again = manager(inner.power_cut())
     assert again.topics() == {"a": [0], "c": [0]}
     again.close()
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_a_topic_created_again_after_a_failure_left_its_marker_survives_a_restart(
+    batch: bool,
+) -> None:
+    """A marker left behind by a creation that failed and could not be undone names the
+    topic; created again (the disk works again), the topic is acknowledged, so that marker
+    must not remove it at the next start."""
+    inner = FaultFS()
+    manager(inner).close()
+    fs = _StuckTopic(inner, doomed="b")
+    mgr = manager(fs)
+    if batch:
+        results = _create_many(fs, BATCH)
+        assert isinstance(results[1], OSError)
+    else:
+        with pytest.raises((OSError, StorageError)):
+            mgr.create_topic("b", range(2))
+    assert [n for n in inner.listdir("/data") if n.endswith(CREATING_SUFFIX)]  # left behind
+    fs.doomed = "none"  # the disk works again; the same broker creates the topic again
+    mgr.create_topic("b", range(2))
+    mgr.get_log("b", 0).append(build_batch([b"acknowledged"], timestamp_ms=T0))
+    mgr.close()
+    again = manager(inner.power_cut())
+    assert again.topics()["b"] == [0, 1]
+    assert again.get_log("b", 0).log_end_offset == 1
+    again.close()

@@ -19,7 +19,9 @@ creations requested while another runs): each stays all or none, and they share 
 fsyncs of the data directory. One marker for the lot rather than one a topic: 10,000 topics of
 one partition cost two fsyncs and two new files each (``log.json``, the segment) rather than
 three and three. A creation of the lot that fails is undone before the marker goes; if its
-removal fails too, the marker is rewritten to name only what is left of it.
+removal fails too, the marker is rewritten to name only what is left of it, and a later
+creation of the same partitions takes them out of it first (else the next start would remove
+the new topic with the leftovers).
 
 A failure at any step removes what was made and the marker, and reports the first error; a
 crash leaves the marker, and :func:`remove_half_created` (called when the data directory is
@@ -97,6 +99,71 @@ def _marker_body(creations: Sequence[Creation], *, shared: bool) -> bytes:
         for c in creations
     ]
     return json.dumps({"version": 2, "creations": entries}).encode() + b"\n"
+
+
+#: Markers this process left behind in each data directory (a failed creation whose undoing
+#: failed too) and the creations they still name. A creation of the same partitions later
+#: takes them out of those markers first: else the next start would remove the new,
+#: acknowledged topic with what was left of the failed one.
+_left_behind: dict[str, dict[str, list[Creation]]] = {}
+_left_lock = threading.Lock()
+
+
+def _leave(data_dir: str, marker: str, creations: Sequence[Creation]) -> None:
+    """Remember that ``marker`` was left naming ``creations``."""
+    with _left_lock:
+        _left_behind.setdefault(data_dir, {})[marker] = list(creations)
+
+
+def _runs(partitions: list[int]) -> list[range]:
+    """Sorted partition numbers as contiguous ranges."""
+    out: list[range] = []
+    for p in partitions:
+        if out and out[-1].stop == p:
+            out[-1] = range(out[-1].start, p + 1)
+        else:
+            out.append(range(p, p + 1))
+    return out
+
+
+def _release(fs: FileSystem, data_dir: str, creations: Sequence[Creation]) -> None:
+    """Take the partitions of ``creations`` out of the markers this process left behind in
+    ``data_dir``, durably, before they are created again (a marker left naming nothing else
+    is removed). Blocking.
+
+    Raises:
+        OSError: a marker could not be rewritten or removed (nothing is created then).
+    """
+    with _left_lock:
+        left = _left_behind.get(data_dir)
+        if not left:
+            return
+        wanted = {(c.topic, p) for c in creations for p in c.partitions}
+        for marker, named in list(left.items()):
+            if not any((c.topic, p) in wanted for c in named for p in c.partitions):
+                continue
+            keep = [
+                Creation(c.topic, run, c.config, c.config_json)
+                for c in named
+                for run in _runs([p for p in c.partitions if (c.topic, p) not in wanted])
+            ]
+            shared = marker.rsplit("/", 1)[-1].startswith(BATCH_MARKER_PREFIX)
+            if not fs.exists(marker):
+                pass  # its removal succeeded after all
+            elif keep and (shared or len(keep) == 1):
+                write_atomic(fs, marker, _marker_body(keep, shared=shared))
+            else:
+                if keep:  # a topic's own marker cannot name two runs: a shared one does
+                    name = f"{BATCH_MARKER_PREFIX}{uuid.uuid4().hex}{CREATING_SUFFIX}"
+                    moved = f"{data_dir}/{name}"
+                    write_atomic(fs, moved, _marker_body(keep, shared=True))
+                    left[moved] = keep
+                fs.remove(marker)
+                fs.sync_dir(data_dir)
+            if keep and fs.exists(marker):
+                left[marker] = keep
+            else:
+                del left[marker]
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,12 +282,17 @@ def create_many(
 
     everything = range(len(creations))
     try:
+        _release(fs, data_dir, creations)
+    except OSError as exc:
+        return [exc for _ in everything]
+    try:
         # write_atomic's steps; the marker is new, so nothing is lost if it is torn
         write_atomic(fs, marker, _marker_body(creations, shared=shared))
     except BaseException as exc:
         for i in everything:
             fail(i, exc)
-        _undo(fs, data_dir, marker, [], exc)
+        if not _undo(fs, data_dir, marker, [], exc):
+            _leave(data_dir, marker, creations)
         return [exc for _ in everything]
     _run_all(
         one, [(i, p) for i in everything for p in creations[i].partitions], ignore_failures=True
@@ -234,6 +306,7 @@ def create_many(
         fs.sync_dir(data_dir)  # every made entry is durable, every removed one gone
         if stuck:  # what is left of them stays named; the others are done
             write_atomic(fs, marker, _marker_body([creations[i] for i in stuck], shared=shared))
+            _leave(data_dir, marker, [creations[i] for i in stuck])
             for i in stuck:
                 why = failures[i]
                 log.error(
@@ -251,7 +324,8 @@ def create_many(
             for plog in opened[i]:
                 plog.abandon()
             opened[i] = []
-        _undo(fs, data_dir, marker, [d for i in everything for d in made[i]], exc)
+        if not _undo(fs, data_dir, marker, [d for i in everything for d in made[i]], exc):
+            _leave(data_dir, marker, creations)
     out: list[list[PartitionLog] | BaseException] = []
     for i in everything:
         failure = failures[i]
@@ -285,9 +359,9 @@ def _run_all(one: Callable[[T], None], jobs: Sequence[T], *, ignore_failures: bo
             raise exc
 
 
-def _undo(fs: FileSystem, data_dir: str, marker: str, made: list[str], why: BaseException) -> None:
+def _undo(fs: FileSystem, data_dir: str, marker: str, made: list[str], why: BaseException) -> bool:
     """Remove the partition directories ``made`` and then the marker; if that fails, leave
-    the marker, so the next open removes what is left."""
+    the marker, so the next open removes what is left. Whether everything was removed."""
     try:
         for directory in made:
             if fs.exists(directory):
@@ -305,6 +379,8 @@ def _undo(fs: FileSystem, data_dir: str, marker: str, made: list[str], why: Base
             why,
             exc,
         )
+        return False
+    return True
 
 
 def mark_deleting(fs: FileSystem, data_dir: str, topic: str, directories: list[str]) -> str:
