@@ -7,9 +7,9 @@ is synced (or the whole file system is: :meth:`FaultFS.open_whole_sync`, Linux's
 optionally with the unsynced tail of one write torn (a prefix kept) or replaced by garbage.
 
 Faults are scheduled by operation count (every write, sync, truncate, create, rename, remove,
-directory sync and whole sync is one operation), so a test can cut power or fail with EIO/ENOSPC at operation
-N, deterministically. After a power cut every later operation fails with :class:`PowerCut`.
-Thread-safe (one lock), since the storage layer fsyncs from worker threads.
+directory sync and whole sync is one operation), so a test can cut power or fail with EIO or
+ENOSPC at operation N, deterministically. After a power cut every later operation fails with
+:class:`PowerCut`. Thread-safe (one lock), since the storage layer fsyncs from worker threads.
 """
 
 from __future__ import annotations
