@@ -450,14 +450,17 @@ def test_creations_made_together_are_made_durable_by_one_whole_sync() -> None:
     again.close()
 
 
-def test_a_single_partition_is_synced_file_by_file() -> None:
+@pytest.mark.parametrize("n", [1, PARALLEL_FROM + 4])
+def test_a_lone_creation_is_synced_file_by_file(n: int) -> None:
     fs = _Kinds()
     mgr = manager(fs)
     fs.kinds.clear()
-    mgr.create_topic("t", range(1))
+    mgr.create_topic("t", range(n))
     assert "sync_all" not in fs.kinds
+    assert fs.kinds.count("sync") >= n + 1  # the marker, each log.json and ...
+    assert fs.kinds.count("sync_dir") >= n  # ... each partition's directory
     mgr.close()
-    assert manager(fs.power_cut()).topics() == {"t": [0]}
+    assert manager(fs.power_cut()).topics() == {"t": list(range(n))}
 
 
 def test_a_failed_whole_sync_undoes_every_creation_made_together() -> None:
