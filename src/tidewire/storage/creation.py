@@ -75,7 +75,7 @@ PARALLEL_FROM = 16
 #: From this many creations made together (the log manager's batch of queued creations), one
 #: sync of the whole file system (``syncfs``) makes their partitions durable rather than an
 #: fsync of each partition's ``log.json`` and of its directory (10,000 topics of one partition
-#: through ``tidewire serve``, 50 requests in flight: 342 -> 656 topics/s, medians of 3 side by
+#: through ``tidewire serve``, 50 requests in flight: 416 -> 613 topics/s, medians of 4 side by
 #: side). A lone creation keeps the fsyncs: for one topic of thousands of partitions they run
 #: on the creation threads as the files are made, and the one sync at the end was slower
 #: (4,000 partitions through serve: 741 / 567 -> 465 / 416 partitions/s).
