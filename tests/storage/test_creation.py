@@ -440,4 +440,119 @@ def test_a_topic_created_again_after_a_failure_left_its_marker_survives_a_restar
     again = manager(inner.power_cut())
     assert again.topics()["b"] == [0, 1]
     assert again.get_log("b", 0).log_end_offset == 1
+
+
+class _Kinds(FaultFS):
+    """A FaultFS that records the kind of every operation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kinds: list[str] = []
+
+    def _op(self, kind: str, path: str) -> None:
+        self.kinds.append(kind)
+        super()._op(kind, path)
+
+
+def test_creations_made_together_are_made_durable_by_one_whole_sync() -> None:
+    """Partitions created together: no fsync of each log.json or partition directory, one
+    sync of the whole file system; what it acknowledged survives a power cut at once (the
+    files and entries were made durable by that sync alone: without it they are lost)."""
+    fs = _Kinds()
+    manager(fs).close()
+    fs.kinds.clear()
+    results = _create_many(fs, BATCH)
+    assert all(isinstance(r, list) for r in results), results
+    assert fs.kinds.count("sync_all") == 1, fs.kinds
+    assert fs.kinds.count("sync") == 1, fs.kinds  # the marker's only
+    for r in results:
+        assert isinstance(r, list)
+        for plog in r:
+            plog.close()
+    survivor = fs.power_cut()
+    again = manager(survivor)
+    assert again.topics() == {n: list(range(k)) for n, k in BATCH}
+    log_json = survivor.contents("/data/b-1/log.json")
+    assert json.loads(log_json)  # whole, not empty
+    again.close()
+
+
+@pytest.mark.parametrize("n", [1, PARALLEL_FROM + 4])
+def test_a_lone_creation_is_synced_file_by_file(n: int) -> None:
+    fs = _Kinds()
+    mgr = manager(fs)
+    fs.kinds.clear()
+    mgr.create_topic("t", range(n))
+    assert "sync_all" not in fs.kinds
+    assert fs.kinds.count("sync") >= n + 1  # the marker, each log.json and ...
+    assert fs.kinds.count("sync_dir") >= n  # ... each partition's directory
+    mgr.close()
+    assert manager(fs.power_cut()).topics() == {"t": list(range(n))}
+
+
+def test_a_failed_whole_sync_undoes_every_creation_made_together() -> None:
+    """A write-back error reported by the whole file system's sync: nothing of the creations
+    is acknowledged and nothing of them is left, now and after a power cut."""
+    fs = FaultFS()
+    manager(fs).close()
+    fs.fail_kinds["sync_all"] = errno.EIO
+    results = _create_many(fs, BATCH)
+    assert all(isinstance(r, OSError) and r.errno == errno.EIO for r in results), results
+    del fs.fail_kinds["sync_all"]
+    names = fs.listdir("/data")
+    assert not [n for n in names if n.rsplit("-", 1)[0] in "abc" or CREATING_SUFFIX in n], names
+    survivor = fs.power_cut()
+    mgr = manager(survivor)
+    assert mgr.topics() == {}
+    mgr.create_topic("a", range(1))  # a retry works
+    assert mgr.topics() == {"a": [0]}
+    mgr.close()
+
+
+def test_logs_created_together_keep_what_is_flushed_to_them_over_a_power_cut() -> None:
+    """The new logs' directories were made durable by the whole sync (not by a sync of each):
+    a record appended and flushed to one of them survives a power cut."""
+    fs = FaultFS()
+    manager(fs).close()
+    results = _create_many(fs, BATCH)
+    logs = [plog for r in results if isinstance(r, list) for plog in r]
+    assert len(logs) == 4
+    for plog in logs:
+        plog.append(build_batch([b"kept"], timestamp_ms=T0))
+        plog.flush()
+        plog.close()
+    again = manager(fs.power_cut())
+    for name, n in BATCH:
+        for p in range(n):
+            assert again.get_log(name, p).log_end_offset == 1, (name, p)
+    again.close()
+
+
+def test_creations_made_together_on_a_real_disk(tmp_path: Path) -> None:
+    """Through syncfs where the system has it (else file by file): made, reopened whole."""
+    fs = OsFileSystem()
+    data = str(tmp_path / "data")
+    LogManager(data, fs=fs, clock=lambda: T0).open().close()
+    whole = fs.open_whole_sync(data)
+    if whole is not None:
+        whole.sync()
+        whole.close()
+    from tidewire.storage.config import LogConfig
+    from tidewire.storage.creation import Creation, create_many
+
+    cfg = LogConfig()
+    body = json.dumps(cfg.to_dict()).encode()
+    results = create_many(
+        fs,
+        data,
+        [Creation(f"t{i}", range(1), cfg, body) for i in range(20)],
+        clock=lambda: T0,
+        config_file="log.json",
+    )
+    for r in results:
+        assert isinstance(r, list)
+        for plog in r:
+            plog.close()
+    again = LogManager(data, fs=fs, clock=lambda: T0).open()
+    assert again.topics() == {f"t{i}": [0] for i in range(20)}
     again.close()

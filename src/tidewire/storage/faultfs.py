@@ -2,13 +2,14 @@
 
 It models what a real disk keeps after power is lost: a file's bytes become durable only when
 the file is synced, and a directory entry (a create, rename or remove) only when its directory
-is synced. :meth:`FaultFS.power_cut` returns a new file system holding only what survived —
+is synced (or the whole file system is: :meth:`FaultFS.open_whole_sync`, Linux's ``syncfs``).
+:meth:`FaultFS.power_cut` returns a new file system holding only what survived —
 optionally with the unsynced tail of one write torn (a prefix kept) or replaced by garbage.
 
-Faults are scheduled by operation count (every write, sync, truncate, create, rename, remove and
-directory sync is one operation), so a test can cut power or fail with EIO/ENOSPC at operation
-N, deterministically. After a power cut every later operation fails with :class:`PowerCut`.
-Thread-safe (one lock), since the storage layer fsyncs from worker threads.
+Faults are scheduled by operation count (every write, sync, truncate, create, rename, remove,
+directory sync and whole sync is one operation), so a test can cut power or fail with EIO or
+ENOSPC at operation N, deterministically. After a power cut every later operation fails with
+:class:`PowerCut`. Thread-safe (one lock), since the storage layer fsyncs from worker threads.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tidewire.storage.fs import Buffer, FileHandle, FileLock, LockHeldError
+from tidewire.storage.fs import Buffer, FileHandle, FileLock, LockHeldError, WholeSync
 
 __all__ = ["FaultFS", "PowerCut"]
 
@@ -105,6 +106,29 @@ class _MemLock:
         with self._fs._lock:
             if self._fs._locks.get(self._path, (None,))[0] is self:
                 del self._fs._locks[self._path]
+
+
+class _MemWholeSync:
+    """The whole file system's sync: one operation (kind ``"sync_all"``) after which every
+    file's bytes and every directory entry are durable."""
+
+    __slots__ = ("_fs", "_path")
+
+    def __init__(self, fs: FaultFS, path: str) -> None:
+        self._fs = fs
+        self._path = path
+
+    def sync(self) -> None:
+        fs = self._fs
+        with fs._lock:
+            fs._op("sync_all", self._path)
+            for inode in fs._names.values():
+                inode.durable = bytes(inode.data)
+                inode.durable_exists = True
+            fs._durable_names = dict(fs._names)
+
+    def close(self) -> None:
+        pass
 
 
 class FaultFS:
@@ -318,3 +342,11 @@ class FaultFS:
             if inode is None:
                 raise FileNotFoundError(errno.ENOENT, "no such file", path)
             return bytes(inode.data)
+
+    def open_whole_sync(self, path: str) -> WholeSync | None:
+        path = os.path.normpath(path)
+        with self._lock:
+            self._check_alive()
+            if path not in self._dirs:
+                raise FileNotFoundError(errno.ENOENT, "no such directory", path)
+            return _MemWholeSync(self, path)

@@ -30,6 +30,7 @@ __all__ = [
     "FileSystemWrapper",
     "LockHeldError",
     "OsFileSystem",
+    "WholeSync",
     "write_atomic",
 ]
 
@@ -87,6 +88,23 @@ class LockHeldError(OSError):
         self.holder = holder
 
 
+class WholeSync(Protocol):
+    """One sync of the whole file system holding a path (Linux ``syncfs``), watching for
+    write-back errors from the moment it was opened (:meth:`FileSystem.open_whole_sync`)."""
+
+    def sync(self) -> None:
+        """Make durable every file's bytes and every directory entry written on the file
+        system, by anyone, before this call (as if each file and directory had been synced).
+
+        Raises:
+            OSError: the sync failed, or some write-back on the file system failed since this
+                was opened (so a file written after the open may not be durable).
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
 class FileSystem(Protocol):
     """Directory and file operations the storage layer needs."""
 
@@ -121,6 +139,13 @@ class FileSystem(Protocol):
 
     def read_file(self, path: str) -> bytes: ...
 
+    def open_whole_sync(self, path: str) -> WholeSync | None:
+        """A :class:`WholeSync` of the file system holding the directory ``path``; open it
+        before writing what it is to make durable (write-back errors from then on are
+        reported by its sync). ``None`` where the system has no such sync: sync each file and
+        directory instead."""
+        ...
+
 
 #: sync_file_range's flag: start writeback of the dirty pages in the range, do not wait.
 SYNC_FILE_RANGE_WRITE = 2
@@ -141,6 +166,53 @@ def _load_sync_file_range() -> ctypes._CFuncPtr | None:  # type: ignore[name-def
 
 
 _sync_file_range = _load_sync_file_range()
+
+
+def _load_syncfs() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    """libc's ``syncfs`` (Linux), or ``None`` where there is none. It reports write-back
+    errors (since Linux 5.8) that happened on the file system after its descriptor was
+    opened; on older kernels it reports none, so it is not used there."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return None
+    if (major, minor) < (5, 8):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_syncfs = _load_syncfs()
+
+
+class _OsWholeSync:
+    """``syncfs`` through a descriptor of a directory, opened before the writes it covers:
+    the kernel reports to it the write-back errors of the file system since its open."""
+
+    __slots__ = ("_fd", "_path")
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
+    def sync(self) -> None:
+        assert _syncfs is not None
+        if _syncfs(self._fd) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"syncfs: {os.strerror(code)}", self._path)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
 
 class _OsFile:
@@ -275,6 +347,11 @@ class OsFileSystem:
         with open(path, "rb") as f:
             return f.read()
 
+    def open_whole_sync(self, path: str) -> WholeSync | None:
+        if _syncfs is None:
+            return None
+        return _OsWholeSync(path)
+
 
 def write_atomic(fs: FileSystem, path: str, data: bytes) -> None:
     """Replace ``path`` with ``data`` so that a crash at any step leaves the old file or the
@@ -365,3 +442,6 @@ class FileSystemWrapper:
 
     def read_file(self, path: str) -> bytes:
         return self.inner.read_file(path)
+
+    def open_whole_sync(self, path: str) -> WholeSync | None:
+        return self.inner.open_whole_sync(path)

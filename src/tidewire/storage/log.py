@@ -378,6 +378,7 @@ class PartitionLog:
         clean: bool = False,
         recovery_point: int = 0,
         clock: Clock = wall_clock_ms,
+        sync_new: bool = True,
     ) -> PartitionLog:
         """Open (creating if needed) the log in ``directory`` and recover it.
 
@@ -389,19 +390,26 @@ class PartitionLog:
                 trusted even if it is the active one).
             recovery_point: an offset below which everything was known synced.
             clock: milliseconds since the epoch, for rolling by age and retention.
+            sync_new: sync the directory of a new log (its first segment's entry). ``False``
+                when the caller makes it durable itself (one sync of the whole file system
+                for many new logs) and then calls :meth:`directory_synced`.
 
         Raises:
             StorageError: the directory cannot be read or a file cannot be opened.
         """
         self = cls(fs, directory, config, clock=clock)
         try:
-            self._recover(clean, recovery_point)
+            self._recover(clean, recovery_point, sync_new)
         except OSError as exc:
             self._close_files()
             raise StorageError(f"cannot open log {directory}: {exc}") from exc
         return self
 
-    def _recover(self, clean: bool, recovery_point: int) -> None:
+    def directory_synced(self) -> None:
+        """The caller made this log's directory durable (see :meth:`open`'s ``sync_new``)."""
+        self._dir_dirty = False
+
+    def _recover(self, clean: bool, recovery_point: int, sync_new: bool = True) -> None:
         fs, d = self.fs, self.directory
         fs.makedirs(d)
         report = self.report = RecoveryReport(clean=clean)
@@ -420,7 +428,8 @@ class PartitionLog:
             self._leader_epoch = self._read_epoch_file()
         if not bases:
             self._new_segment(0)
-            self._sync_dir_now()
+            if sync_new:
+                self._sync_dir_now()
             return
         for base in bases:
             seg = Segment(
