@@ -87,13 +87,20 @@ def test_large_produce_requests_over_tls_are_read_in_place(pki: Pki, tmp_path: P
     async def main() -> None:
         async with EmbeddedBroker(str(tmp_path), tls=pki.server(), default_partitions=1) as eb:
             seen: list[object] = []
-            produce = eb.broker.produce
+            produce, produce_soon = eb.broker.produce, eb.broker.produce_soon
 
             async def spy(topic: str, partition: int, data: Any, **kwargs: Any) -> Any:
                 seen.append(memoryview(data).obj)
                 return await produce(topic, partition, data, **kwargs)
 
+            def spy_soon(topic: str, partition: int, data: Any, **kwargs: Any) -> bool:
+                taken = produce_soon(topic, partition, data, **kwargs)
+                if taken:  # else it goes on to produce(), which records it
+                    seen.append(memoryview(data).obj)
+                return taken
+
             eb.broker.produce = spy  # type: ignore[method-assign]
+            eb.broker.produce_soon = spy_soon  # type: ignore[method-assign]
             tls = pki.client()
             async with AsyncProducer(eb.addr, tls=tls, linger_ms=50) as producer:
                 futures = [await producer.send("tls.big", v) for v in values]

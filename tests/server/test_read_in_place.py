@@ -29,15 +29,23 @@ def _values(prefix: str, n: int, size: int) -> list[bytes]:
 
 
 def _spy_on_produce(b: Broker) -> list[Any]:
-    """Record the object each produced chunk's bytes lie in (the frame's buffer)."""
+    """Record the object each produced chunk's bytes lie in (the frame's buffer), on both
+    ways a produce request reaches the broker (a task, or the path without one)."""
     seen: list[Any] = []
-    produce = b.produce
+    produce, produce_soon = b.produce, b.produce_soon
 
     async def spy(topic: str, partition: int, data: Any, **kwargs: Any) -> Any:
         seen.append(memoryview(data).obj)
         return await produce(topic, partition, data, **kwargs)
 
+    def spy_soon(topic: str, partition: int, data: Any, **kwargs: Any) -> bool:
+        taken = produce_soon(topic, partition, data, **kwargs)
+        if taken:
+            seen.append(memoryview(data).obj)
+        return taken
+
     b.produce = spy  # type: ignore[method-assign]
+    b.produce_soon = spy_soon  # type: ignore[method-assign]
     return seen
 
 
