@@ -997,19 +997,26 @@ class PartitionLog:
             What :meth:`append_async` raises. Batches before the one that failed its checks
             are appended all the same: check them first for all-or-nothing.
         """
-        always = self.config.fsync is _ALWAYS if durable is None else durable
-        waiting = len(self._waiters) + len(self._pending)
-        if always and waiting + len(batches) > self.config.max_pending_appends:
-            raise BackpressureError(
-                f"{waiting:,} appends await their write or fsync on {self.directory}; "
-                f"{len(batches)} more exceed max_pending_appends="
-                f"{self.config.max_pending_appends:,}"
-            )
+        always = self._admit(len(batches), durable)
         if checked is None:
             writes = [self._queue(b) for b in batches]
         else:
             writes = [self._queue(b, h) for b, h in zip(batches, checked, strict=True)]
         return await self._settle(writes, always=always)
+
+    def _admit(self, count: int, durable: bool | None) -> bool:
+        """Whether ``count`` batches appended now wait for a group commit (``durable``, or
+        by default the log's ``fsync``); raise BackpressureError when so many appends await
+        their write or fsync already that they exceed ``max_pending_appends``."""
+        always = self.config.fsync is _ALWAYS if durable is None else durable
+        waiting = len(self._waiters) + len(self._pending)
+        if always and waiting + count > self.config.max_pending_appends:
+            raise BackpressureError(
+                f"{waiting:,} appends await their write or fsync on {self.directory}; "
+                f"{count} more exceed max_pending_appends="
+                f"{self.config.max_pending_appends:,}"
+            )
+        return always
 
     def append_many_soon(
         self,
@@ -1035,14 +1042,7 @@ class PartitionLog:
             (``BackpressureError``, ``LogClosedError``, ``LogFailedError``, a batch that fails
             its checks); then ``callback`` is never called.
         """
-        always = self.config.fsync is _ALWAYS if durable is None else durable
-        waiting = len(self._waiters) + len(self._pending)
-        if always and waiting + len(batches) > self.config.max_pending_appends:
-            raise BackpressureError(
-                f"{waiting:,} appends await their write or fsync on {self.directory}; "
-                f"{len(batches)} more exceed max_pending_appends="
-                f"{self.config.max_pending_appends:,}"
-            )
+        always = self._admit(len(batches), durable)
         # One part per write, one for the group commit, one for this call's own end (so
         # that a write settled while the next one is queued cannot end it early).
         done = _Completion(len(batches) + always + 1, callback)
