@@ -971,20 +971,10 @@ class Broker:
                 if infos is None:
                     callback(None, exc)
                     return
-                self._visible_after_flush(
-                    topic, partition, plog, infos[-1].last_offset + 1, durable
+                result = self._stored(
+                    topic, partition, plog, infos, nbytes=len(view), durable=durable
                 )
-                self._wake(topic, partition)
-                n = infos[-1].last_offset + 1 - infos[0].base_offset
-                self.stats.published += n
-                plog.messages_in += n
-                plog.bytes_in += len(view)
-                callback(
-                    ProduceResult(
-                        infos[0].base_offset, infos[-1].last_offset, plog.log_start_offset
-                    ),
-                    None,
-                )
+                callback(result, None)
 
             plog.append_many_soon(chunks, durable=durable, checked=headers, callback=plain_done)
             return True
@@ -1018,12 +1008,7 @@ class Broker:
                 callback(None, exc)
                 return
             done.set_result(True)
-            n = infos[-1].last_offset + 1 - infos[0].base_offset
-            self.stats.published += n
-            plog.messages_in += n
-            plog.bytes_in += len(view)
-            self._visible_after_flush(topic, partition, plog, infos[-1].last_offset + 1, durable)
-            self._wake(topic, partition)
+            result = self._stored(topic, partition, plog, infos, nbytes=len(view), durable=durable)
             if infos[0].base_offset != first:  # cannot happen: loud
                 callback(
                     None,
@@ -1033,10 +1018,7 @@ class Broker:
                     ),
                 )
                 return
-            callback(
-                ProduceResult(infos[0].base_offset, infos[-1].last_offset, plog.log_start_offset),
-                None,
-            )
+            callback(result, None)
 
         try:
             plog.append_many_soon(
@@ -1046,6 +1028,26 @@ class Broker:
             forget()
             raise
         return True
+
+    def _stored(
+        self,
+        topic: str,
+        partition: int,
+        plog: PartitionLog,
+        infos: list[AppendInfo],
+        *,
+        nbytes: int,
+        durable: bool | None,
+    ) -> ProduceResult:
+        """Account for batches just stored (``nbytes`` of them), let readers see them when
+        they may, and what their produce request is answered with."""
+        self._visible_after_flush(topic, partition, plog, infos[-1].last_offset + 1, durable)
+        self._wake(topic, partition)
+        n = infos[-1].last_offset + 1 - infos[0].base_offset
+        self.stats.published += n
+        plog.messages_in += n
+        plog.bytes_in += nbytes
+        return ProduceResult(infos[0].base_offset, infos[-1].last_offset, plog.log_start_offset)
 
     async def _append_plain(
         self,
@@ -1063,13 +1065,7 @@ class Broker:
             durable=durable,
             checked=[h for _, _, h in batches],
         )
-        self._visible_after_flush(topic, partition, plog, infos[-1].last_offset + 1, durable)
-        self._wake(topic, partition)
-        n = infos[-1].last_offset + 1 - infos[0].base_offset
-        self.stats.published += n
-        plog.messages_in += n
-        plog.bytes_in += len(view)
-        return ProduceResult(infos[0].base_offset, infos[-1].last_offset, plog.log_start_offset)
+        return self._stored(topic, partition, plog, infos, nbytes=len(view), durable=durable)
 
     async def _produce_replicated(
         self, topic: str, partition: int, view: memoryview, durable: bool | None
@@ -1155,12 +1151,7 @@ class Broker:
                     state.forget(pid, [b for p, b in recorded if p == pid])
                 raise
             done.set_result(True)
-            n = infos[-1].last_offset + 1 - infos[0].base_offset
-            self.stats.published += n
-            plog.messages_in += n
-            plog.bytes_in += sum(len(a) for a in appends)
-            self._visible_after_flush(*key, plog, infos[-1].last_offset + 1, durable)
-            self._wake(*key)
+            self._stored(*key, plog, infos, nbytes=sum(len(a) for a in appends), durable=durable)
             if infos[0].base_offset != places[plan.index(None)][0]:  # cannot happen: loud
                 raise StorageError(
                     f"{plog.directory}: batches stored at {infos[0].base_offset}, expected "
