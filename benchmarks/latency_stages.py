@@ -68,7 +68,9 @@ def run_broker(argv: list[str], out: str) -> None:
         conn = next(
             c
             for c in vars(tcp).values()
-            if isinstance(c, type) and hasattr(c, "data_received") and hasattr(c, "_handle")
+            if isinstance(c, type)
+            and (hasattr(c, "data_received") or hasattr(c, "buffer_updated"))
+            and hasattr(c, "_handle")
         )
     plog = log_module.PartitionLog
 
@@ -94,7 +96,8 @@ def run_broker(argv: list[str], out: str) -> None:
 
         setattr(cls, name, wrapper)
 
-    timed(conn, "data_received", "recv")
+    # The bytes received: a plain protocol's data_received, a buffered one's buffer_updated.
+    timed(conn, "buffer_updated" if hasattr(conn, "buffer_updated") else "data_received", "recv")
     timed(conn, "_handle", "task")
     timed(conn, "_write", "answer")
     timed(core.Broker, "produce", "produce")
