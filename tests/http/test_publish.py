@@ -225,3 +225,8 @@ def test_keys_route_as_the_clients_route_them() -> None:
     for n in (1, 2, 3, 7, 64, 1000):
         for key in keys:
             assert http_partition(key, n) == partitioner.partition_for_key(key, n)
+    # The server's own loop (used without the compiled codec) agrees with the client's too.
+    from tidewire.server.http import publisher
+
+    for key in keys:
+        assert publisher._fnv1a_32(key) == partitioner._fnv1a_32(key)

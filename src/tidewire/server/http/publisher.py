@@ -37,6 +37,7 @@ from tidewire.errors import (
 )
 from tidewire.protocol.messages import HttpPublishRequest, HttpPublishResponse, PublishedAt
 from tidewire.records import BatchBuilder
+from tidewire.records._impl import fnv1a_32 as _compiled_fnv1a_32
 from tidewire.server.http import cluster
 from tidewire.server.http._common import parse_body
 from tidewire.server.http.errors import IdempotencyKeyReusedError
@@ -73,18 +74,26 @@ def shared_store(broker: Broker) -> IdempotencyStore:
 
 
 #: FNV-1a, 32 bits: the tidewire clients' key partitioner (tidewire.client.partitioner), so a
-#: key published over HTTP lands where a client would put it. Restated here because the
-#: server layer does not import the client's; a test holds the two equal.
+#: key published over HTTP lands where a client would put it. The compiled hash of the record
+#: codec where it is built; else restated here, because the server layer does not import the
+#: client's. A test holds the two equal.
 _FNV_BASIS = 0x811C9DC5
 _FNV_PRIME = 0x01000193
 
 
-def partition_for_key(key: bytes, partitions: int) -> int:
-    """``fnv1a_32(key) % partitions``, as the tidewire clients route a keyed message."""
+def _fnv1a_32(key: bytes) -> int:
     h = _FNV_BASIS
     for byte in key:
         h = ((h ^ byte) * _FNV_PRIME) & 0xFFFFFFFF
-    return h % partitions
+    return h
+
+
+_fnv: Callable[[bytes], int] = _compiled_fnv1a_32 or _fnv1a_32
+
+
+def partition_for_key(key: bytes, partitions: int) -> int:
+    """``fnv1a_32(key) % partitions``, as the tidewire clients route a keyed message."""
+    return _fnv(key) % partitions
 
 
 #: One message ready to store: key, value, headers, timestamp (ms).
