@@ -608,8 +608,12 @@ class AsyncSubscriber:
             if self._router.clustered:
                 self._check_leaders(loop.time())
                 wait = LEADER_CHECK_S if remaining is None else min(remaining, LEADER_CHECK_S)
+            # Awaited in this task (not asyncio.wait_for, which runs the wait as a task of
+            # its own and wakes this one through a done callback: two loop turns more
+            # between a push read and the poll that hands it out).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await self._arrived.wait()
 
     def _check_leaders(self, now: float) -> None:
         """In a cluster: when a subscription has had no push for :data:`LEADER_CHECK_S`,
