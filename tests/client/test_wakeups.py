@@ -137,3 +137,41 @@ def test_a_push_frame_wakes_a_waiting_poll_in_the_next_turn(tmp_path: Path) -> N
                     assert returned_at - read_at[0] == 1
 
     run(main())
+
+
+def test_credit_for_lone_pushes_is_given_back_without_a_task(tmp_path: Path) -> None:
+    """Each lone message handed out gives its bytes back to the broker at once (nothing else
+    is held): the grant is written from the poll's step and answered in the read callback,
+    no task per grant, and every byte received is granted back."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 1)
+            async with (
+                AsyncProducer(addr(server), linger_ms=0) as p,
+                AsyncSubscriber(addr(server), credit_bytes=1 << 20) as sub,
+            ):
+                await sub.subscribe([("t", 0, "latest")])
+                tasks = 0
+                send_credit = sub._send_credit
+
+                async def counted(*args: Any) -> None:
+                    nonlocal tasks
+                    tasks += 1
+                    await send_credit(*args)
+
+                sub._send_credit = counted  # type: ignore[method-assign]
+                for i in range(5):
+                    await (await p.send("t", b"m%d" % i))
+                    got = await sub.poll(timeout_s=PROMPT_S)
+                    assert [r.value for r in got] == [b"m%d" % i]
+
+                async def all_granted() -> None:
+                    while sub.stats.granted < sub.stats.received:
+                        await asyncio.sleep(0)
+
+                await asyncio.wait_for(all_granted(), PROMPT_S)
+                assert sub.stats.granted == sub.stats.received > 0
+                assert tasks == 0
+
+    run(main())
