@@ -469,8 +469,13 @@ class AsyncProducer:
         self._deferring = self._inline
         try:
             got = self._append(acc, topic, value, key, headers, partition, timestamp)
-        finally:
+        except BaseException:
             self._deferring = False
+            if self._ready:  # a batch closed before the error: the sender ships it
+                self._ready = False
+                self._wake.set()
+            raise
+        self._deferring = False
         if self._ready:
             # The message opened a batch (linger 0): it leaves from this step, when nothing
             # stands in its way (the sender task's loop turn saved: a lone message's latency).
