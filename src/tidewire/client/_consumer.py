@@ -350,8 +350,8 @@ class AsyncConsumer:
         self._last: ConsumerRecord | None = None
         self._fetch: asyncio.Future[list[_Fetched]] | None = None
         self._fetch_corr = 0  # the correlation id of a fetch sent by Transport.request_soon
-        #: What a poll waiting for that fetch's answer awaits (set from the read callback).
-        self._waiter: asyncio.Future[None] | None = None
+        #: What the polls waiting for that fetch's answer await (set from the read callback).
+        self._waiters: list[asyncio.Future[None]] = []
         #: The fetch started has not run yet (its request is not written).
         self._fetch_unsent = False
         self._backoff = 0.0
@@ -698,14 +698,16 @@ class AsyncConsumer:
             # A fetch sent by request_soon: its answer wakes this poll from the read callback
             # itself (_fetched), one loop turn sooner than a done callback of the future
             # would (asyncio.wait: the callback runs a turn later, then wakes this task).
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
             try:
                 async with asyncio.timeout(timeout_s):
                     await waiter
             except TimeoutError:
                 return
             finally:
-                self._waiter = None
+                if waiter in self._waiters:  # timed out or cancelled: not woken
+                    self._waiters.remove(waiter)
             if not task.done():
                 return
         self._fetch = None
@@ -803,9 +805,10 @@ class AsyncConsumer:
         self._wake_waiter()
 
     def _wake_waiter(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _skip(self, tp: TP, offset: int, err: TidewireError) -> bool:
         """With ``skip_damaged``: move past the damaged range ``err`` names, reporting the
