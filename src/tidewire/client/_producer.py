@@ -5,8 +5,11 @@
 :class:`~tidewire.client._accumulator.Accumulator` and returns a future; one sender task
 drains batches into pipelined produce requests (several partitions per request, several
 requests in flight), retries what failed with a retriable error, and resolves the batches'
-futures. With idempotence, the producer first asks the broker for a producer id and epoch,
-numbers every batch per partition, and resends a failed batch with the same bytes.
+futures. With ``linger_ms=0`` a ``send`` that opens a batch runs the sender's drain itself,
+so a lone message is written before ``send`` returns (the sender task then runs only for what
+has to wait: a free slot, a retry, a new producer id, metadata). With idempotence, the
+producer first asks the broker for a producer id and epoch, numbers every batch per
+partition, and resends a failed batch with the same bytes.
 
 A *writer* (``writer_id``) is an idempotent producer whose identity outlives it: every
 producer made with the same writer id continues the same sequences, and records the broker
