@@ -175,3 +175,61 @@ def test_credit_for_lone_pushes_is_given_back_without_a_task(tmp_path: Path) -> 
                 assert tasks == 0
 
     run(main())
+
+
+def test_a_seek_while_a_poll_waits_refetches_instead_of_cancelling_the_poll(
+    tmp_path: Path,
+) -> None:
+    """The waiting poll's fetch is dropped by the seek: the poll fetches from the new
+    position (it does not raise CancelledError as if its own task had been cancelled)."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 1)
+            async with AsyncProducer(addr(server), linger_ms=0) as p:
+                for i in range(3):
+                    await (await p.send("t", b"v%d" % i))
+            c = AsyncConsumer(addr(server), max_wait_ms=60_000)
+            try:
+                await c.assign([("t", 0, "latest")])
+                polling = asyncio.ensure_future(c.poll(timeout_s=PROMPT_S))
+                await until_waiting(broker, 1)
+                await c.seek("t", 0, 0)
+                got = await asyncio.wait_for(polling, PROMPT_S)
+                assert [r.value for r in got] == [b"v0", b"v1", b"v2"]
+            finally:
+                await c.close()
+
+    run(main())
+
+
+def test_concurrent_polls_share_the_records_once_each(tmp_path: Path) -> None:
+    """Three polls of one consumer woken by the same answers: every record handed out once,
+    in order (a woken poll must not forget the next fetch another poll sent)."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 1)
+            c = AsyncConsumer(addr(server), max_wait_ms=60_000)
+            try:
+                await c.assign([("t", 0, "earliest")])
+                seen: list[bytes] = []
+
+                async def poller() -> None:
+                    while len(seen) < 200:
+                        got = await c.poll(timeout_s=0.5, max_records=7)
+                        seen.extend(r.value or b"" for r in got)
+
+                tasks = [asyncio.ensure_future(poller()) for _ in range(3)]
+                async with AsyncProducer(addr(server), linger_ms=0) as p:
+                    for i in range(200):
+                        await p.send("t", b"%d" % i)
+                        if i % 10 == 0:
+                            await asyncio.sleep(0.001)
+                    await p.flush()
+                await asyncio.wait_for(asyncio.gather(*tasks), PROMPT_S)
+                assert seen == [b"%d" % i for i in range(200)]
+            finally:
+                await c.close()
+
+    run(main())

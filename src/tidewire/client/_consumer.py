@@ -710,7 +710,10 @@ class AsyncConsumer:
                     self._waiters.remove(waiter)
             if not task.done():
                 return
-        self._fetch = None
+        if self._fetch is task:  # another poll woken by the same answer may have sent the next
+            self._fetch = None
+        if task.cancelled():  # dropped (seek, assign, close): the caller fetches anew
+            return
         try:
             results = task.result()
         except TidewireError as exc:

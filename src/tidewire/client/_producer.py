@@ -307,6 +307,7 @@ class AsyncProducer:
         self._loop = loop
         self._blocking = blocking
         if blocking:
+            self._inline = False  # a send from another thread never sends from its own step
 
             def new_future() -> BatchFuture:
                 return concurrent.futures.Future()
@@ -314,7 +315,6 @@ class AsyncProducer:
             def wake() -> None:
                 loop.call_soon_threadsafe(self._wake.set)
         else:
-            self._inline = self._inline and not blocking
             new_future = loop.create_future
             wake = self._batch_ready
         self._acc = Accumulator(
@@ -906,7 +906,7 @@ class AsyncProducer:
             self._closing
             or (session is not Session.READY and session is not Session.DISABLED)
             or acc is None
-            or any(state.queue for state in acc.queued)
+            or acc.has_queued()
         ):
             self._wake.set()
 
