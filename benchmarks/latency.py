@@ -18,9 +18,11 @@ alike) measures:
   the peer harness). Each value starts with ``CLOCK_MONOTONIC`` in nanoseconds at ``send``;
   the consumer records receive time - that stamp for every message: p50, p99, p99.9, max.
   Broker CPU per message is its user + system time (``/proc/<pid>/stat``) over the paced
-  publishing divided by the messages.
+  publishing divided by the messages; the producer's and the consumer's are their process
+  CPU time over their loops divided by the messages.
 * ``one`` (fsync=always): one message at a time, each ``send`` awaited until its durable ack,
-  for ``--one-s`` seconds: messages/s, the round trip's p50/p99, broker CPU per message.
+  for ``--one-s`` seconds: messages/s, the round trip's p50/p99, broker and producer CPU per
+  message.
 
 Progress goes to stderr; ``--json`` prints one JSON object (every rep, and the medians)
 instead of the table. The broker and the consumer run the ``tidewire`` that this Python
@@ -127,6 +129,7 @@ async def consume(addr: str, topic: str, kind: str, expect: int, limit_s: float)
     latencies: list[int] = []
     clock = time.monotonic_ns
     deadline = time.monotonic() + limit_s
+    cpu0 = time.process_time()
     try:
         while len(latencies) < expect and time.monotonic() < deadline:
             records = await reader.poll(timeout_s=0.5, max_records=1000)
@@ -135,8 +138,9 @@ async def consume(addr: str, topic: str, kind: str, expect: int, limit_s: float)
                 assert r.value is not None
                 latencies.append(now - int.from_bytes(r.value[:8], "little"))
     finally:
+        cpu_s = time.process_time() - cpu0
         await reader.close()
-    print(json.dumps({"latencies": latencies}), flush=True)
+    print(json.dumps({"latencies": latencies, "cpu_s": cpu_s}), flush=True)
 
 
 # --- the producer side ----------------------------------------------------------------------
@@ -204,6 +208,7 @@ async def publish_paced(addr: str, topic: str, rate: int, seconds: float) -> dic
 async def publish_one_at_a_time(addr: str, topic: str, seconds: float) -> dict[str, float]:
     p = await open_producer(addr, topic)
     rtts: list[int] = []
+    cpu0 = time.process_time()
     try:
         end = time.perf_counter() + seconds
         clock = time.perf_counter_ns
@@ -212,12 +217,14 @@ async def publish_one_at_a_time(addr: str, topic: str, seconds: float) -> dict[s
             await (await p.send(topic, payload_of(time.monotonic_ns())))
             rtts.append(clock() - t)
     finally:
+        cpu_s = time.process_time() - cpu0
         await p.close()
     rtts.sort()
     return {
         "messages": len(rtts),
         "rtt_p50_us": quantile(rtts, 0.5) / 1000,
         "rtt_p99_us": quantile(rtts, 0.99) / 1000,
+        "producer_cpu_us_per_msg": cpu_s / max(len(rtts), 1) * 1e6,
     }
 
 
@@ -264,7 +271,8 @@ def e2e(  # noqa: PLR0917 (a benchmark's case: every setting is positional)
         if consumer.poll() is None:
             consumer.kill()
             consumer.wait()
-    latencies = sorted(json.loads(out.decode().strip().splitlines()[-1])["latencies"])
+    got = json.loads(out.decode().strip().splitlines()[-1])
+    latencies = sorted(got["latencies"])
     return {
         "sent": sent,
         "received": len(latencies),
@@ -278,6 +286,7 @@ def e2e(  # noqa: PLR0917 (a benchmark's case: every setting is positional)
         "ack_p99_ms": quantile(acks, 0.99) / 1e6,
         "msgs_per_batch": sent / max(published["batches"], 1),
         "producer_cpu_us_per_msg": published["producer_cpu_us_per_msg"],
+        "consumer_cpu_us_per_msg": got["cpu_s"] / max(len(latencies), 1) * 1e6,
     }
 
 
@@ -364,12 +373,16 @@ def main() -> None:
                 f"broker {m['broker_cpu_us_per_msg']:.0f} CPU-us/msg  "
                 f"ack p50 {m['ack_p50_ms']:.3f} ms  p99 {m['ack_p99_ms']:.3f} ms  "
                 f"{m['msgs_per_batch']:.2f} msg/batch  "
+                f"producer {m['producer_cpu_us_per_msg']:.0f} / consumer "
+                f"{m['consumer_cpu_us_per_msg']:.0f} CPU-us/msg  "
                 f"({m['received']:.0f}/{m['sent']:.0f} received)"
             )
         else:
             print(
                 f"{name:22} {m['msg_per_s']:,.0f} msg/s  round trip p50 {m['rtt_p50_us']:.0f} us  "
-                f"p99 {m['rtt_p99_us']:.0f} us  broker {m['broker_cpu_us_per_msg']:.0f} CPU-us/msg"
+                f"p99 {m['rtt_p99_us']:.0f} us  "
+                f"broker {m['broker_cpu_us_per_msg']:.0f} CPU-us/msg  "
+                f"producer {m['producer_cpu_us_per_msg']:.0f} CPU-us/msg"
             )
 
 

@@ -803,6 +803,12 @@ class Accumulator:
         with self.lock:
             return [b for state in self.queued for b in state.queue]
 
+    def has_queued(self) -> bool:
+        """Whether any partition has a batch waiting to be sent (read under the lock: a
+        blocking producer's threads open batches while the loop asks)."""
+        with self.lock:
+            return any(state.queue for state in self.queued)
+
     def sent_unanswered(self) -> bool:
         """Whether a batch that was sent is in flight or waiting to be sent again."""
         with self.lock:

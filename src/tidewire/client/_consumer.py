@@ -350,6 +350,8 @@ class AsyncConsumer:
         self._last: ConsumerRecord | None = None
         self._fetch: asyncio.Future[list[_Fetched]] | None = None
         self._fetch_corr = 0  # the correlation id of a fetch sent by Transport.request_soon
+        #: What the polls waiting for that fetch's answer await (set from the read callback).
+        self._waiters: list[asyncio.Future[None]] = []
         #: The fetch started has not run yet (its request is not written).
         self._fetch_unsent = False
         self._backoff = 0.0
@@ -688,10 +690,30 @@ class AsyncConsumer:
         """Wait up to ``timeout_s`` for the fetch on its way (starting one) and buffer what
         it brought."""
         task = self._start_fetch()
-        done, _ = await asyncio.wait([task], timeout=timeout_s)
-        if not done:
+        if isinstance(task, asyncio.Task):
+            done, _ = await asyncio.wait([task], timeout=timeout_s)
+            if not done:
+                return
+        elif not task.done():
+            # A fetch sent by request_soon: its answer wakes this poll from the read callback
+            # itself (_fetched), one loop turn sooner than a done callback of the future
+            # would (asyncio.wait: the callback runs a turn later, then wakes this task).
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await waiter
+            except TimeoutError:
+                return
+            finally:
+                if waiter in self._waiters:  # timed out or cancelled: not woken
+                    self._waiters.remove(waiter)
+            if not task.done():
+                return
+        if self._fetch is task:  # another poll woken by the same answer may have sent the next
+            self._fetch = None
+        if task.cancelled():  # dropped (seek, assign, close): the caller fetches anew
             return
-        self._fetch = None
         try:
             results = task.result()
         except TidewireError as exc:
@@ -764,7 +786,7 @@ class AsyncConsumer:
                 fut: asyncio.Future[list[_Fetched]] = loop.create_future()
                 req, timeout = self._fetch_request(wants)
                 corr = self._t.request_soon(
-                    req, (), lambda got: _fetched_soon(fut, wants, got), timeout
+                    req, (), lambda got: self._fetched(fut, wants, got), timeout
                 )
                 if corr is not None:
                     self._fetch_unsent = False
@@ -773,6 +795,23 @@ class AsyncConsumer:
             self._fetch_unsent = True
             self._fetch = loop.create_task(self._fetch_once(wants), name="tidewire consumer fetch")
         return self._fetch
+
+    def _fetched(
+        self,
+        fut: asyncio.Future[list[_Fetched]],
+        wants: list[tuple[TP, int]],
+        got: ResponseReceived | TidewireError,
+    ) -> None:
+        """A fetch sent by ``request_soon`` was answered (or failed): its future is settled
+        and a poll waiting for it is woken, both in the read callback."""
+        _fetched_soon(fut, wants, got)
+        self._wake_waiter()
+
+    def _wake_waiter(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _skip(self, tp: TP, offset: int, err: TidewireError) -> bool:
         """With ``skip_damaged``: move past the damaged range ``err`` names, reporting the
@@ -874,6 +913,7 @@ class AsyncConsumer:
         elif task is not None:  # sent by request_soon: its answer, when it comes, is dropped
             task.cancel()
             self._t.forget_soon(self._fetch_corr)
+            self._wake_waiter()  # a poll waiting for it finds it cancelled, as before
 
 
 def _fetch_results(

@@ -5,8 +5,11 @@
 :class:`~tidewire.client._accumulator.Accumulator` and returns a future; one sender task
 drains batches into pipelined produce requests (several partitions per request, several
 requests in flight), retries what failed with a retriable error, and resolves the batches'
-futures. With idempotence, the producer first asks the broker for a producer id and epoch,
-numbers every batch per partition, and resends a failed batch with the same bytes.
+futures. With ``linger_ms=0`` a ``send`` that opens a batch runs the sender's drain itself,
+so a lone message is written before ``send`` returns (the sender task then runs only for what
+has to wait: a free slot, a retry, a new producer id, metadata). With idempotence, the
+producer first asks the broker for a producer id and epoch, numbers every batch per
+partition, and resends a failed batch with the same bytes.
 
 A *writer* (``writer_id``) is an idempotent producer whose identity outlives it: every
 producer made with the same writer id continues the same sequences, and records the broker
@@ -269,6 +272,13 @@ class AsyncProducer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._blocking = False
         self._wake = asyncio.Event()
+        #: A lone message's batch leaves from its ``send`` (see :meth:`_send_now`): with
+        #: ``linger_ms=0`` on the asyncio twin, where a batch may go as soon as it opens.
+        self._inline = s.linger_ms == 0 and self._writer is None
+        #: True while ``send`` appends (a batch that opens then is sent by ``send`` itself,
+        #: not by the sender task), and whether one did.
+        self._deferring = False
+        self._ready = False
         self._space = asyncio.Event()
         self._on_space: list[Any] = []  # the blocking twin's condition, when it has one
         self._meta_lock = asyncio.Lock()
@@ -297,6 +307,7 @@ class AsyncProducer:
         self._loop = loop
         self._blocking = blocking
         if blocking:
+            self._inline = False  # a send from another thread never sends from its own step
 
             def new_future() -> BatchFuture:
                 return concurrent.futures.Future()
@@ -305,7 +316,7 @@ class AsyncProducer:
                 loop.call_soon_threadsafe(self._wake.set)
         else:
             new_future = loop.create_future
-            wake = self._wake.set
+            wake = self._batch_ready
         self._acc = Accumulator(
             batch_bytes=self._settings.batch_bytes,
             buffer_bytes=self._settings.buffer_bytes,
@@ -318,6 +329,14 @@ class AsyncProducer:
         )
         self._sender = self._spawn(self._run_sender(), "tidewire producer sender")
         return self._acc
+
+    def _batch_ready(self) -> None:
+        """The accumulator opened or closed a batch (the asyncio twin, on the loop's thread):
+        wake the sender, unless ``send`` ships it itself (:meth:`_send_now`)."""
+        if self._deferring:
+            self._ready = True
+        else:
+            self._wake.set()
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -450,7 +469,23 @@ class AsyncProducer:
                 if self._wake.is_set():
                     await asyncio.sleep(0)  # as below
                 return fut  # type: ignore[no-any-return]
-        got = self._append(acc, topic, value, key, headers, partition, timestamp)
+        self._deferring = self._inline
+        try:
+            got = self._append(acc, topic, value, key, headers, partition, timestamp)
+        except BaseException:
+            self._deferring = False
+            if self._ready:  # a batch closed before the error: the sender ships it
+                self._ready = False
+                self._wake.set()
+            raise
+        self._deferring = False
+        if self._ready:
+            # The message opened a batch (linger 0): it leaves from this step, when nothing
+            # stands in its way (the sender task's loop turn saved: a lone message's latency).
+            self._ready = False
+            if type(got) is tuple and self._send_now():
+                return _new_tuple(RecordFuture, got)
+            self._wake.set()  # the sender ships it (or the batch that closed)
         if type(got) is tuple:
             if self._wake.is_set():
                 # A batch is ready: let the sender ship it now. A caller that sends in a
@@ -809,11 +844,76 @@ class AsyncProducer:
 
     # --- the sender -----------------------------------------------------------------------------
 
+    def _drain(self, acc: Accumulator, now: float) -> float | None:
+        """Send what may be sent now and fail what expired (a step of the sender, or of
+        :meth:`_send_now`); when something queued becomes ready (None: nothing to wait for
+        but an answer or a new record)."""
+        s = self._settings
+        free = MAX_REQUESTS_IN_FLIGHT - self._requests
+        requests, expired, next_at = acc.drain(
+            now,
+            max_request_bytes=s.max_request_bytes,
+            max_in_flight_per_partition=s.max_in_flight_per_partition,
+            max_requests=max(free, 0),
+            sequences=self._idempotent,
+            allow_new=self._session in (Session.DISABLED, Session.READY),
+            expire_before=now - s.delivery_timeout_ms / 1000,
+        )
+        for batch in expired:
+            self._give_up(
+                batch,
+                RequestTimedOutError(
+                    f"the message was not delivered within delivery_timeout_ms="
+                    f"{s.delivery_timeout_ms:,}"
+                ),
+                in_flight=False,
+            )
+        for batch_list in requests:
+            self._start_request(batch_list)
+        return next_at
+
+    def _send_now(self) -> bool:
+        """Send the batch a ``send`` just opened from that ``send``'s own step (linger 0),
+        as the sender task would have one loop turn later. Returns whether that left the
+        sender nothing to do: every queued batch went (else the caller wakes it).
+
+        Only in the steady state: a producer id known (or none needed), one node, and no
+        metadata refresh due (the sender does those). Order is kept as the sender keeps it
+        (the same drain: a partition's batches go in order, at most
+        ``max_in_flight_per_partition`` in flight; a request goes by the task path while one
+        of that path is on its way)."""
+        acc = self._acc
+        assert acc is not None
+        session = self._session
+        if (session is not Session.READY and session is not Session.DISABLED) or (
+            self._router.clustered
+        ):
+            return False
+        now = time.monotonic()
+        if now >= self._refresh_at and self._topics and self._settings.metadata_max_age_ms:
+            return False
+        if self._drain(acc, now) is not None:
+            return False
+        return not any(state.queue for state in acc.queued)
+
+    def _sender_needed(self) -> None:
+        """An answer came: wake the sender only if it has something to do (batches waiting
+        for a free slot or a retry, a session to renew, a close waiting for the last
+        answer): an idle sender is not run once per answer."""
+        acc = self._acc
+        session = self._session
+        if (
+            self._closing
+            or (session is not Session.READY and session is not Session.DISABLED)
+            or acc is None
+            or acc.has_queued()
+        ):
+            self._wake.set()
+
     async def _run_sender(self) -> None:
         acc = self._acc
         assert acc is not None
         s = self._settings
-        delivery_s = s.delivery_timeout_ms / 1000
         while True:
             if self._session is Session.NEEDS_ID or (
                 self._session is Session.NEEDS_BUMP and not acc.sent_unanswered()
@@ -822,27 +922,7 @@ class AsyncProducer:
                 continue
             self._wake.clear()
             now = time.monotonic()
-            free = MAX_REQUESTS_IN_FLIGHT - self._requests
-            requests, expired, next_at = acc.drain(
-                now,
-                max_request_bytes=s.max_request_bytes,
-                max_in_flight_per_partition=s.max_in_flight_per_partition,
-                max_requests=max(free, 0),
-                sequences=self._idempotent,
-                allow_new=self._session in (Session.DISABLED, Session.READY),
-                expire_before=now - delivery_s,
-            )
-            for batch in expired:
-                self._give_up(
-                    batch,
-                    RequestTimedOutError(
-                        f"the message was not delivered within delivery_timeout_ms="
-                        f"{s.delivery_timeout_ms:,}"
-                    ),
-                    in_flight=False,
-                )
-            for batch_list in requests:
-                self._start_request(batch_list)
+            next_at = self._drain(acc, now)
             if self._closing and acc.empty:
                 return
             if (
@@ -969,24 +1049,28 @@ class AsyncProducer:
     def _answered_soon(
         self, batches: list[ProducerBatch], got: ResponseReceived | TidewireError
     ) -> None:
-        """The answer to a request sent by ``request_soon`` (from the read callback)."""
+        """The answer to a request sent by ``request_soon`` (from the read callback): the
+        batches' futures are settled first (their waiters run first in the next turn), then
+        the sender is woken if it has anything to do."""
         self._requests -= 1
-        self._wake.set()
-        if isinstance(got, TidewireError) or got.error is not None:
-            if self._closed:
-                return  # the connection closed under it: close() fails them as closed
-            exc = got if isinstance(got, TidewireError) else got.error
-            assert exc is not None
-            for batch in batches:
-                self._failed(batch, exc)
-            return
         try:
-            self._answered(batches, got)
-        except Exception as exc:  # a bug: its batches fail with it, the transport logs it
-            for batch in batches:
-                if batch in self._flying:
-                    self._give_up(batch, exc, in_flight=True)
-            raise
+            if isinstance(got, TidewireError) or got.error is not None:
+                if self._closed:
+                    return  # the connection closed under it: close() fails them as closed
+                exc = got if isinstance(got, TidewireError) else got.error
+                assert exc is not None
+                for batch in batches:
+                    self._failed(batch, exc)
+                return
+            try:
+                self._answered(batches, got)
+            except Exception as exc:  # a bug: its batches fail with it, the transport logs it
+                for batch in batches:
+                    if batch in self._flying:
+                        self._give_up(batch, exc, in_flight=True)
+                raise
+        finally:
+            self._sender_needed()
 
     async def _produce(self, batches: list[ProducerBatch], transport: Transport) -> None:
         req, data = self._request_of(batches)

@@ -56,7 +56,7 @@ from tidewire.errors import (
 )
 from tidewire.observability import tracing as _tracing
 from tidewire.observability.tracing import tracer as _tracer
-from tidewire.protocol import PushReceived
+from tidewire.protocol import PushReceived, ResponseReceived
 from tidewire.protocol.frames import data_window
 from tidewire.protocol.messages import (
     CreditRequest,
@@ -107,6 +107,9 @@ class _Link:
     buffered: int = 0  # bytes of its frames held
     to_grant: int = 0  # bytes handed out and not yet given back
     credit_task: asyncio.Task[None] | None = None
+    #: The correlation id of a grant sent by ``Transport.request_soon`` and not answered
+    #: (-1: none); one grant at a time either way.
+    credit_corr: int = -1
     last_push: float = 0.0  # the loop's time of its last push (or subscription)
 
 
@@ -409,6 +412,9 @@ class AsyncSubscriber:
         task, link.credit_task = link.credit_task, None
         if task is not None:
             await cancel_and_wait(task, ignore=(TidewireError,))
+        corr, link.credit_corr = link.credit_corr, -1
+        if corr >= 0:
+            link.transport.forget_soon(corr)
         sid, link.sid = link.sid, -1
         if sid >= 0 and link.transport.connected and not link.lost:
             with contextlib.suppress(TidewireError):
@@ -544,12 +550,41 @@ class AsyncSubscriber:
         return out
 
     def _grant(self, link: _Link) -> None:
-        if link.credit_task is not None or link.sid < 0 or link.lost:
+        """Give ``link.to_grant`` bytes back to its subscription: written now and answered
+        in the read callback where the connection allows (no task, no loop turn: a lone
+        message's credit costs its poll a request write), else by a task."""
+        if link.credit_task is not None or link.credit_corr >= 0 or link.sid < 0 or link.lost:
             return
         n, link.to_grant = link.to_grant, 0
-        link.credit_task = asyncio.get_running_loop().create_task(
-            self._send_credit(link, link.sid, n), name="tidewire subscriber credit"
+        sid, t = link.sid, link.transport
+        corr = t.request_soon(
+            CreditRequest(subscription_id=sid, credit_bytes=n),
+            (),
+            lambda got: self._credited(link, sid, n, got),
+            t.request_timeout_s,
         )
+        if corr is not None:
+            link.credit_corr = corr
+            return
+        link.credit_task = asyncio.get_running_loop().create_task(
+            self._send_credit(link, sid, n), name="tidewire subscriber credit"
+        )
+
+    def _credited(
+        self, link: _Link, sid: int, n: int, got: ResponseReceived | TidewireError
+    ) -> None:
+        """The answer to a grant sent by ``request_soon`` (from the read callback): what
+        :meth:`_send_credit` does once its request is answered or failed."""
+        link.credit_corr = -1
+        error = got if isinstance(got, TidewireError) else got.error
+        if error is None:
+            self.stats.granted += n
+        elif sid == link.sid:
+            link.lost = True  # resubscribing resets the credit
+            self._lost = True
+            self._arrived.set()
+        if link.to_grant and not link.lost and sid == link.sid:
+            self._grant(link)
 
     async def _send_credit(self, link: _Link, sid: int, n: int) -> None:
         try:
@@ -608,8 +643,12 @@ class AsyncSubscriber:
             if self._router.clustered:
                 self._check_leaders(loop.time())
                 wait = LEADER_CHECK_S if remaining is None else min(remaining, LEADER_CHECK_S)
+            # Awaited in this task (not asyncio.wait_for, which runs the wait as a task of
+            # its own and wakes this one through a done callback: two loop turns more
+            # between a push read and the poll that hands it out).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await self._arrived.wait()
 
     def _check_leaders(self, now: float) -> None:
         """In a cluster: when a subscription has had no push for :data:`LEADER_CHECK_S`,
