@@ -19,6 +19,7 @@ from tidewire.protocol.frames import (
     HEAD_BYTES,
     LARGE_FRAME_BYTES,
     BufferedFrameDecoder,
+    FramePool,
     data_window,
     frame_data_window,
 )
@@ -129,6 +130,63 @@ def test_a_large_frame_is_never_written_again_once_handed_out() -> None:
             got.append((frame, bytes(frame.data)))
     assert len(got) == 10
     assert all(bytes(f.data) == copy for f, copy in got)
+
+
+def _big_frame(corr: int, size: int, fill: int) -> bytes:
+    return join(encode_frame(FrameType.REQUEST, 0, 0, corr, b"b", [bytes([fill]) * size]))
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_a_pooled_buffer_is_taken_again_only_once_nothing_refers_to_its_frame(
+    pooled: bool,
+) -> None:
+    """With a pool, the next large frame reuses the buffer of one whose views are all gone
+    (no fresh megabyte to fault in), and never one whose views are still alive."""
+    pool = FramePool() if pooled else None
+    dec = BufferedFrameDecoder(head_bytes=16 * 1024, pool=pool)
+    got, error = read_in_place(_big_frame(1, 1_000_000, 1), [65_536], dec)
+    assert error is None
+    (first,) = got
+    first_buf = first.data.obj
+    first_id = id(first_buf)
+    held = first.data  # a view still alive: its buffer must not be taken
+    del got, first
+    got, error = read_in_place(_big_frame(2, 1_000_100, 2), [65_536], dec)
+    assert error is None
+    (second,) = got
+    assert second.data.obj is not first_buf
+    assert bytes(held) == b"\x01" * 1_000_000  # untouched by the second frame
+    assert bytes(second.data) == b"\x02" * 1_000_100
+    second_id = id(second.data.obj)  # not the object: a reference would keep it in use
+    del held, first_buf, second
+    # Every view gone: a pool hands a buffer out again, at the new frame's exact size.
+    assert pool is None or pool.reused == 0
+    got, error = read_in_place(_big_frame(3, 999_000, 3), [65_536], dec)
+    assert error is None
+    (third,) = got
+    if pool is not None:
+        assert id(third.data.obj) in (first_id, second_id)  # both are free by now
+        assert (pool.reused, pool.fresh) == (1, 2)
+    assert len(third.data.obj) == 4 + struct.unpack(">i", bytes(third.body.obj[:4]))[0]
+    assert bytes(third.data) == b"\x03" * 999_000
+    buf, start = frame_data_window(third.data)
+    assert buf is third.data.obj
+    assert bytes(buf[start:]) == bytes(third.data)
+
+
+def test_a_frame_pool_stays_within_its_bytes() -> None:
+    pool = FramePool(max_bytes=4 * 1024 * 1024)
+    held = [pool.take(900_000) for _ in range(8)]  # all in use: the pool stops at 4 MiB
+    assert all(len(b) == 900_000 for b in held)
+    assert len({id(b) for b in held}) == 8
+    assert pool.pooled_bytes <= 4 * 1024 * 1024
+    assert len(pool.take(2 * 1024 * 1024)) == 2 * 1024 * 1024  # over a quarter: not pooled
+    assert pool.pooled_bytes <= 4 * 1024 * 1024
+    del held
+    again = pool.take(850_000)  # a free one of about that size
+    assert len(again) == 850_000
+    assert pool.reused == 1
+    assert pool.pooled_bytes <= 4 * 1024 * 1024
 
 
 def test_receive_data_of_many_frames_at_once_keeps_them_all() -> None:

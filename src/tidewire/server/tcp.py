@@ -78,7 +78,12 @@ from tidewire.protocol import (
     RequestRejected,
     Role,
 )
-from tidewire.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Buffer, BufferedFrameDecoder
+from tidewire.protocol.frames import (
+    DEFAULT_MAX_FRAME_BYTES,
+    Buffer,
+    BufferedFrameDecoder,
+    FramePool,
+)
 from tidewire.protocol.messages import (
     ApiKey,
     FetchRequest,
@@ -288,7 +293,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.log_id = f"c{next(_CONNECTION_IDS)}"
         cfg = server.config
         self.decoder = BufferedFrameDecoder(
-            max_frame_bytes=cfg.max_frame_bytes, head_bytes=READ_HEAD_BYTES
+            max_frame_bytes=cfg.max_frame_bytes, head_bytes=READ_HEAD_BYTES, pool=server.frame_pool
         )
         self.conn = Connection(
             Role.SERVER,
@@ -921,6 +926,9 @@ class TcpServer:
             self.ssl, self.require_cert = listener_context(tls)
             self.tls_principal_field = tls.tls_principal_field
         self.connections: set[_ClientProtocol] = set()
+        #: Buffers of large requests (produce), taken again by any connection once the
+        #: request they held is done with: no page faults of a fresh megabyte a request.
+        self.frame_pool = FramePool()
         self.info = ServerInfo(self.config.host, self.config.port)
         self._server: asyncio.Server | None = None
         #: Set by :meth:`begin_drain`: new requests are refused with ``ShuttingDownError``.
