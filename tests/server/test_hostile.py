@@ -242,6 +242,27 @@ def test_idle_connection_is_closed(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_a_busy_connection_keeps_one_timer(tmp_path: Path) -> None:
+    """Reads that move the idle deadline later do not make a new timer each (it is set again
+    only when it fires early: test_idle_connection_is_closed shows it still closes an idle
+    connection, beside a busy one)."""
+
+    async def main() -> None:
+        async with (
+            serve(tmp_path, idle_timeout_s=60.0) as (_, server),
+            Client.connect(server) as c,
+        ):
+            await c.call(PingRequest())
+            (proto,) = server.connections
+            timer = proto._timer
+            assert timer is not None
+            for _ in range(50):
+                await c.call(PingRequest())
+            assert proto._timer is timer  # the same timer, not one a read
+
+    asyncio.run(main())
+
+
 def test_waiting_on_a_long_poll_is_not_idleness(tmp_path: Path) -> None:
     async def main() -> None:
         async with (
