@@ -156,8 +156,8 @@ DEFAULT_MAX_CONNECTIONS = 10_000
 RESERVED_DESCRIPTORS = 64
 #: Bytes of each connection's buffer for frame headers and small requests (read into by the
 #: socket): a frame this large or larger (a produce request's batches) is read straight into
-#: a buffer of its own exact size instead, never joined from pieces. Small, as every
-#: connection holds one.
+#: a buffer of its own exact size instead (from the server's :class:`FramePool`), never
+#: joined from pieces. Small, as every connection holds one.
 READ_HEAD_BYTES = 16 * 1024
 
 #: How early a connection's timer may fire and still count as its deadline (seconds):
