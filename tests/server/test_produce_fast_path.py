@@ -195,36 +195,3 @@ def test_a_drain_waits_for_a_produce_without_a_task(tmp_path: Path) -> None:
                 held.run_all()
 
     asyncio.run(main())
-
-
-def test_a_reads_batch_is_written_and_its_commit_started_before_the_read_callback_returns(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The batches of the produce requests one read brought are written, and their group
-    commit started, in the read callback itself, not at the end of the loop's turn."""
-    seen: list[tuple[int, bool, bool]] = []
-
-    async def main() -> None:
-        async with serve(tmp_path) as (broker, server), Client.connect(server) as c:
-            await c.call(CreateTopicRequest(name="t", config=ALWAYS))
-            plog = broker.logs.logs["t", 0]
-            inner = tcp._ClientProtocol.buffer_updated
-
-            def updated(self: Any, nbytes: int) -> None:
-                inner(self, nbytes)
-                committing = plog._flush_running is not None
-                seen.append((len(plog._pending), plog._drain_scheduled, committing))
-
-            monkeypatch.setattr(tcp._ClientProtocol, "buffer_updated", updated)
-            for i in range(5):
-                data = batch([f"v{i}".encode()])
-                body = await c.call(_produce("t", 0, data), [data])
-                assert isinstance(body, ProduceResponse)
-                assert body.results[0].base_offset == i
-            assert seen
-            # Nothing left queued for later, and the commit it waits for already running.
-            assert all(s == (0, False, True) for s in seen), seen
-            stored = [r.value for r in await read_partition(c, "t", 0)]
-            assert stored == [f"v{i}".encode() for i in range(5)]
-
-    asyncio.run(main())

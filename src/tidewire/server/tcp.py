@@ -111,7 +111,6 @@ from tidewire.server.needs import API_NEEDS
 from tidewire.server.push import MAX_SUBSCRIPTIONS, PUSH_APIS, Subscriptions
 from tidewire.server.queue_handlers import QUEUE_APIS, QueueSession
 from tidewire.server.tls import tls_protocol_factory
-from tidewire.storage.log import hold_writes, write_held
 
 __all__ = ["EVENT_LOOPS", "ServerConfig", "TcpServer", "loop_factory"]
 
@@ -420,13 +419,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         if self._sinking:
             return
         self.decoder.buffer_updated(nbytes)
-        # The produce requests of this read are appended in _process; their batches are
-        # written, and the group commit started, as it ends, not a loop iteration later.
-        hold_writes()
-        try:
-            self._process()
-        finally:
-            write_held()
+        self._process()
         self._arm_timer()
 
     def eof_received(self) -> bool:

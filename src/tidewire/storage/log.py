@@ -39,7 +39,6 @@ import functools
 import logging
 import os
 import struct
-import threading
 import time
 from bisect import bisect_right
 from collections import deque
@@ -118,49 +117,6 @@ Clock = Callable[[], int]
 
 _ALWAYS = FsyncPolicy.ALWAYS
 _INTERVAL = FsyncPolicy.INTERVAL
-
-
-class _Turn(threading.local):
-    """Per thread (one event loop each): whether a caller holds this turn's writes
-    (:func:`hold_writes`), and the logs that queued writes meanwhile."""
-
-    def __init__(self) -> None:
-        self.depth = 0
-        self.queued: list[PartitionLog] = []
-
-
-_TURN = _Turn()
-
-
-def hold_writes() -> None:
-    """Start a stretch of work (the server's handling of what one read brought) after which
-    the caller calls :func:`write_held`, in the same step of the loop: the writes logs queue
-    meanwhile wait for that call rather than for the end of the turn (``call_soon``), so
-    they are written, and their group commit started, before the step returns instead of a
-    loop iteration later. Batches appended within the stretch still share one ``pwritev``
-    per log. Pairs nest; only the outermost :func:`write_held` writes."""
-    _TURN.depth += 1
-
-
-def write_held() -> None:
-    """End the stretch :func:`hold_writes` began: write (and start the group commit of)
-    every log's writes queued during it, as the end of the turn would have."""
-    turn = _TURN
-    turn.depth -= 1
-    if turn.depth or not turn.queued:
-        return
-    queued, turn.queued = turn.queued, []
-    for i, plog in enumerate(queued):
-        if not plog._drain_scheduled:  # written already (a full write goes at once)
-            continue
-        try:
-            plog._end_of_turn()
-        except BaseException:
-            # A bug: the others still get written, at the end of the turn as usual.
-            for rest in queued[i + 1 :]:
-                if rest._drain_scheduled:
-                    rest._loop().call_soon(rest._end_of_turn)
-            raise
 
 
 def wall_clock_ms() -> int:
@@ -1132,9 +1088,8 @@ class PartitionLog:
         waiter: _Waiter | None = None,
     ) -> _Write:
         """Reserve ``batch`` and queue its write for the end of this turn of the event loop
-        (at once when enough is gathered; at :func:`write_held` when a caller holds the
-        writes): one pwritev for many batches. ``waiter``: told when the write is done (by
-        default a new future, ``write.future``)."""
+        (at once when enough is gathered): one pwritev for many batches. ``waiter``: told
+        when the write is done (by default a new future, ``write.future``)."""
         write = self._reserve(batch, checked)
         loop = self._loop()
         write.future = loop.create_future() if waiter is None else waiter
@@ -1145,11 +1100,7 @@ class PartitionLog:
             self._end_of_turn()
         elif not self._drain_scheduled:
             self._drain_scheduled = True
-            turn = _TURN
-            if turn.depth:  # the caller writes it before its step ends (hold_writes)
-                turn.queued.append(self)
-            else:
-                loop.call_soon(self._end_of_turn)
+            loop.call_soon(self._end_of_turn)
         return write
 
     def _loop(self) -> asyncio.AbstractEventLoop:
