@@ -6,12 +6,11 @@ Usage::
 
 It starts ``tidewire serve`` with timestamps (``time.perf_counter_ns``) taken by thin wrappers
 around the steps a produce request crosses (the bytes received, the request's task, the
-broker's ``produce``, the log's queueing, the end of the read (or of the loop's turn) that
-writes the batch and starts the group commit, the worker thread running it, the fsync's end,
-the loop taking it back, the answer written), publishes one message at a time for
-``--seconds`` from this process (each ``send`` awaited, ``acks="durable"``,
-``linger_ms=0``), stops the broker (which writes its timestamps to a file at exit), and
-prints the p50 and p90 of every stage.
+broker's ``produce``, the log's queueing, the end of the loop turn that writes the batch and
+starts the group commit, the worker thread running it, the fsync's end, the loop taking it
+back, the answer written), publishes one message at a time for ``--seconds`` from this
+process (each ``send`` awaited, ``acks="durable"``, ``linger_ms=0``), stops the broker (which
+writes its timestamps to a file at exit), and prints the p50 and p90 of every stage.
 ``--rate N`` publishes paced at N msg/s instead (``latency.py``'s paced producer, up to 1,000
 futures outstanding): then the stages also show the waits of a batch that arrives while its
 log's previous group commit is still running, and the acknowledgements' p50/p99 are printed.
