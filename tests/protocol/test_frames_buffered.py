@@ -6,6 +6,7 @@ never copied), and :meth:`receive_data` giving the same frames as reading in pla
 from __future__ import annotations
 
 import struct
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from tests.protocol._support import join
 from tests.protocol.test_frames import Spec, as_tuple, feed, header, outcome, streams
 from tidewire.errors import FrameTooLargeError, ProtocolError
-from tidewire.protocol import Frame, FrameType, encode_frame
+from tidewire.protocol import Frame, FrameType, encode_frame, frames
 from tidewire.protocol.frames import (
     HEAD_BYTES,
     LARGE_FRAME_BYTES,
@@ -187,6 +188,30 @@ def test_a_frame_pool_stays_within_its_bytes() -> None:
     assert len(again) == 850_000
     assert pool.reused == 1
     assert pool.pooled_bytes <= 4 * 1024 * 1024
+
+
+def test_frames_below_the_pool_s_least_size_get_a_fresh_buffer() -> None:
+    """A small large frame (16 KiB - 256 KiB) is never pooled: the pool stays a few buffers
+    to look through, not hundreds."""
+    pool = FramePool()
+    held = [pool.take(20_000) for _ in range(100)]
+    assert pool.pooled_bytes == 0
+    assert pool.fresh == 100
+    del held
+    assert len(pool.take(20_000)) == 20_000
+    assert pool.reused == 0
+    big = pool.take(300_000)
+    assert pool.pooled_bytes >= 300_000
+    del big
+    assert len(pool.take(290_000)) == 290_000
+    assert pool.reused == 1
+
+
+def test_the_pool_trusts_reference_counts_only_where_they_tell_a_view_apart() -> None:
+    """CPython's do (the pool is on); a pool where they did not would never reuse."""
+    assert frames.POOL_SAFE is (sys.implementation.name == "cpython")
+    if frames.POOL_SAFE:
+        assert FramePool().max_bytes == frames.FRAME_POOL_BYTES
 
 
 def test_receive_data_of_many_frames_at_once_keeps_them_all() -> None:

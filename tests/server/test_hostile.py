@@ -477,3 +477,38 @@ def test_a_client_that_never_reads_is_reset_once_closed(tmp_path: Path) -> None:
                 await _works(after)
 
     asyncio.run(main())
+
+
+def test_a_frame_half_sent_behind_a_long_poll_does_not_spin_the_timer(tmp_path: Path) -> None:
+    """While a long-poll is in flight a half-sent frame is given more time, from now: its
+    deadline is past, and a timer set for it again fired every loop turn (100% CPU)."""
+
+    async def main() -> None:
+        async with (
+            serve(tmp_path, frame_timeout_s=TINY_TIMEOUT_S) as (_, server),
+            Client.connect(server) as c,
+        ):
+            await c.call(CreateTopicRequest(name="t"))
+            (proto,) = server.connections
+            fired = 0
+            timed_out = proto._timed_out
+
+            def counting(midframe: bool) -> None:
+                nonlocal fired
+                fired += 1
+                timed_out(midframe)
+
+            proto._timed_out = counting  # type: ignore[method-assign]
+            wait_ms = int(TINY_TIMEOUT_S * 1000 * 4)
+            c.send(FetchRequest(max_wait_ms=wait_ms, partitions=[FetchPartition("t", 0, 0, ALL)]))
+            await asyncio.sleep(0.05)
+            c.writer.write(b"\x00\x00\x10\x00" + b"\0" * 10)  # 4 KiB announced, 10 sent
+            await asyncio.sleep(TINY_TIMEOUT_S * 3)
+            # Once a frame_timeout_s at most while the long poll runs, not every turn.
+            assert fired <= 5, fired
+            # The long poll over, the half-sent frame times the connection out.
+            async with asyncio.timeout(TINY_TIMEOUT_S * 20):
+                while server.connections:
+                    await asyncio.sleep(0.01)
+
+    asyncio.run(main())

@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "FLAG_ERROR",
     "FRAME_HEADER",
+    "FRAME_POOL_MIN_BYTES",
     "BufferedFrameDecoder",
     "Frame",
     "FrameDecoder",
@@ -292,9 +293,32 @@ class FrameDecoder:
 #: producer's default batch size) in flight on the connections of a server at once. Beyond it
 #: a large frame gets a fresh buffer, as without a pool.
 FRAME_POOL_BYTES = 8 * 1024 * 1024
+#: Frames smaller than this get a fresh buffer, never a pooled one: a few page faults are
+#: all a pooled buffer would save them, less than a look through the pool costs, and the
+#: pool holds at most FRAME_POOL_BYTES / FRAME_POOL_MIN_BYTES buffers (32) to look through.
+FRAME_POOL_MIN_BYTES = 256 * 1024
 #: A pooled buffer's capacity is a frame's size rounded up to this, so that the next frames of
 #: about the same size (a producer's batches differ by a few records) fit in it.
 _POOL_GRAIN = 64 * 1024
+
+
+def _refcounts_tell_use() -> bool:
+    """Whether ``sys.getrefcount`` tells a pooled buffer nothing else refers to from one
+    that a view holds, as CPython's reference counts do (checked, not assumed: a pool that
+    cannot tell would write a new frame over bytes still waiting to be stored)."""
+    if sys.implementation.name != "cpython":
+        return False
+    bufs = [bytearray(8)]
+    if sys.getrefcount(bufs[0]) != 2:
+        return False
+    view = memoryview(bufs[0])
+    held = sys.getrefcount(bufs[0]) == 3
+    view.release()
+    return held and sys.getrefcount(bufs[0]) == 2
+
+
+#: Whether a :class:`FramePool` may hand buffers out again here (see _refcounts_tell_use).
+POOL_SAFE = _refcounts_tell_use()
 
 
 class FramePool:
@@ -312,17 +336,27 @@ class FramePool:
 
     One pool may serve many decoders (the connections of one server, on one thread).
 
+    Where reference counts cannot tell that (not CPython: :data:`POOL_SAFE`), every frame
+    gets a fresh buffer.
+
     Args:
         max_bytes: the capacity of all pooled buffers together, at most. Frames larger than
             a quarter of it are never pooled.
+        min_bytes: frames smaller than this are never pooled.
     """
 
-    def __init__(self, max_bytes: int = FRAME_POOL_BYTES) -> None:
+    def __init__(
+        self, max_bytes: int = FRAME_POOL_BYTES, min_bytes: int = FRAME_POOL_MIN_BYTES
+    ) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes={max_bytes} must be >= 0")
-        self.max_bytes = max_bytes
+        if min_bytes < 1:
+            raise ValueError(f"min_bytes={min_bytes} must be >= 1")
+        self.max_bytes = max_bytes if POOL_SAFE else 0
+        self.min_bytes = min_bytes
         self._bufs: list[bytearray] = []
         self._caps: list[int] = []
+        self._total = 0  # sum(self._caps)
         #: Frames that got a pooled buffer again, and those that got a fresh one.
         self.reused = 0
         self.fresh = 0
@@ -330,11 +364,14 @@ class FramePool:
     @property
     def pooled_bytes(self) -> int:
         """The capacity of the buffers the pool holds (in use or not)."""
-        return sum(self._caps)
+        return self._total
 
     def take(self, size: int) -> bytearray:
         """A ``bytearray`` of exactly ``size`` bytes (its contents undefined) that nothing
         else refers to."""
+        if size < self.min_bytes:
+            self.fresh += 1
+            return bytearray(size)
         bufs, caps = self._bufs, self._caps
         free = -1
         for i in range(len(bufs)):
@@ -358,16 +395,18 @@ class FramePool:
             cap = size  # cut to size, a bytearray gives its memory back: keep it exact
         if cap > self.max_bytes // 4:
             return bytearray(size)
-        if sum(caps) + cap > self.max_bytes:
+        if self._total + cap > self.max_bytes:
             if free < 0:
                 return bytearray(size)  # every pooled buffer is in use: not pooled
+            self._total -= caps[free]
             del bufs[free], caps[free]  # a free one of another size makes room
-            if sum(caps) + cap > self.max_bytes:
+            if self._total + cap > self.max_bytes:
                 return bytearray(size)
         buf = bytearray(cap)
         del buf[size:]
         bufs.append(buf)
         caps.append(cap)
+        self._total += cap
         return buf
 
 

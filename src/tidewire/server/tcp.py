@@ -925,7 +925,11 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             or ((self.subscriptions.subs or self.queues.consumers) and not midframe)
         ):
             # Waiting on the broker (a long-poll, a subscription caught up, a queue consumer
-            # waiting for messages) is not idleness.
+            # waiting for messages) is not idleness. A frame half-sent meanwhile gets
+            # frame_timeout_s more from now (reading may have been paused for the requests
+            # in flight): its deadline is past, and a timer set for it would fire every turn.
+            if midframe:
+                self._frame_started = (self.loop or asyncio.get_running_loop()).time()
             self._arm_timer()
             return
         what = "a frame was left half-sent" if midframe else "the connection was idle"
