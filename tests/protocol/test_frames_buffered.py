@@ -6,6 +6,7 @@ never copied), and :meth:`receive_data` giving the same frames as reading in pla
 from __future__ import annotations
 
 import struct
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -14,11 +15,12 @@ from hypothesis import strategies as st
 from tests.protocol._support import join
 from tests.protocol.test_frames import Spec, as_tuple, feed, header, outcome, streams
 from tidewire.errors import FrameTooLargeError, ProtocolError
-from tidewire.protocol import Frame, FrameType, encode_frame
+from tidewire.protocol import Frame, FrameType, encode_frame, frames
 from tidewire.protocol.frames import (
     HEAD_BYTES,
     LARGE_FRAME_BYTES,
     BufferedFrameDecoder,
+    FramePool,
     data_window,
     frame_data_window,
 )
@@ -129,6 +131,87 @@ def test_a_large_frame_is_never_written_again_once_handed_out() -> None:
             got.append((frame, bytes(frame.data)))
     assert len(got) == 10
     assert all(bytes(f.data) == copy for f, copy in got)
+
+
+def _big_frame(corr: int, size: int, fill: int) -> bytes:
+    return join(encode_frame(FrameType.REQUEST, 0, 0, corr, b"b", [bytes([fill]) * size]))
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_a_pooled_buffer_is_taken_again_only_once_nothing_refers_to_its_frame(
+    pooled: bool,
+) -> None:
+    """With a pool, the next large frame reuses the buffer of one whose views are all gone
+    (no fresh megabyte to fault in), and never one whose views are still alive."""
+    pool = FramePool() if pooled else None
+    dec = BufferedFrameDecoder(head_bytes=16 * 1024, pool=pool)
+    got, error = read_in_place(_big_frame(1, 1_000_000, 1), [65_536], dec)
+    assert error is None
+    (first,) = got
+    first_buf = first.data.obj
+    first_id = id(first_buf)
+    held = first.data  # a view still alive: its buffer must not be taken
+    del got, first
+    got, error = read_in_place(_big_frame(2, 1_000_100, 2), [65_536], dec)
+    assert error is None
+    (second,) = got
+    assert second.data.obj is not first_buf
+    assert bytes(held) == b"\x01" * 1_000_000  # untouched by the second frame
+    assert bytes(second.data) == b"\x02" * 1_000_100
+    second_id = id(second.data.obj)  # not the object: a reference would keep it in use
+    del held, first_buf, second
+    # Every view gone: a pool hands a buffer out again, at the new frame's exact size.
+    assert pool is None or pool.reused == 0
+    got, error = read_in_place(_big_frame(3, 999_000, 3), [65_536], dec)
+    assert error is None
+    (third,) = got
+    if pool is not None:
+        assert id(third.data.obj) in (first_id, second_id)  # both are free by now
+        assert (pool.reused, pool.fresh) == (1, 2)
+    assert len(third.data.obj) == 4 + struct.unpack(">i", bytes(third.body.obj[:4]))[0]
+    assert bytes(third.data) == b"\x03" * 999_000
+    buf, start = frame_data_window(third.data)
+    assert buf is third.data.obj
+    assert bytes(buf[start:]) == bytes(third.data)
+
+
+def test_a_frame_pool_stays_within_its_bytes() -> None:
+    pool = FramePool(max_bytes=4 * 1024 * 1024)
+    held = [pool.take(900_000) for _ in range(8)]  # all in use: the pool stops at 4 MiB
+    assert all(len(b) == 900_000 for b in held)
+    assert len({id(b) for b in held}) == 8
+    assert pool.pooled_bytes <= 4 * 1024 * 1024
+    assert len(pool.take(2 * 1024 * 1024)) == 2 * 1024 * 1024  # over a quarter: not pooled
+    assert pool.pooled_bytes <= 4 * 1024 * 1024
+    del held
+    again = pool.take(850_000)  # a free one of about that size
+    assert len(again) == 850_000
+    assert pool.reused == 1
+    assert pool.pooled_bytes <= 4 * 1024 * 1024
+
+
+def test_frames_below_the_pool_s_least_size_get_a_fresh_buffer() -> None:
+    """A small large frame (16 KiB - 256 KiB) is never pooled: the pool stays a few buffers
+    to look through, not hundreds."""
+    pool = FramePool()
+    held = [pool.take(20_000) for _ in range(100)]
+    assert pool.pooled_bytes == 0
+    assert pool.fresh == 100
+    del held
+    assert len(pool.take(20_000)) == 20_000
+    assert pool.reused == 0
+    big = pool.take(300_000)
+    assert pool.pooled_bytes >= 300_000
+    del big
+    assert len(pool.take(290_000)) == 290_000
+    assert pool.reused == 1
+
+
+def test_the_pool_trusts_reference_counts_only_where_they_tell_a_view_apart() -> None:
+    """CPython's do (the pool is on); a pool where they did not would never reuse."""
+    assert frames.POOL_SAFE is (sys.implementation.name == "cpython")
+    if frames.POOL_SAFE:
+        assert FramePool().max_bytes == frames.FRAME_POOL_BYTES
 
 
 def test_receive_data_of_many_frames_at_once_keeps_them_all() -> None:

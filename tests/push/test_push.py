@@ -441,3 +441,34 @@ def test_bytes_behind_is_estimated_from_the_offset_index(tmp_path: Path) -> None
                 assert exact <= broker.bytes_behind(TOPIC, 0, k * 10 + 3) <= exact + interval
 
     run(main())
+
+
+def test_a_caught_up_subscription_reads_once_a_push(tmp_path: Path) -> None:
+    """A push that takes its partition up to the high watermark it was read at goes back to
+    waiting for data at once: one read of the log a push, not a second one to find nothing
+    (and a loop turn to make it)."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server), AsyncClient(addr(server)) as c:
+            await c.create_topic(TOPIC, 1)
+            reads: list[int] = []
+            read_partition = broker.read_partition
+
+            def counted(topic: str, partition: int, offset: int, max_bytes: int) -> object:
+                reads.append(offset)
+                return read_partition(topic, partition, offset, max_bytes)
+
+            broker.read_partition = counted  # type: ignore[assignment,method-assign]
+            async with AsyncSubscriber(addr(server), credit_bytes=1 << 20) as sub:
+                await sub.subscribe([(TOPIC, 0, 0)])
+                await until(lambda: reads, "the first (empty) read")
+                start = len(reads)
+                for b in range(20):  # one batch at a time, each pushed before the next
+                    await produce(c, 1)
+                    got = await take(sub, 10)
+                    assert [r.offset for r in got] == list(range(b * 10, b * 10 + 10))
+                # A wake-up with nothing new (the periodic recheck) reads once more: allow a
+                # few of those, but not a second read after every push.
+                assert len(reads) - start <= 20 + 3, reads[start:]
+
+    run(main())

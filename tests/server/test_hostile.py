@@ -242,6 +242,27 @@ def test_idle_connection_is_closed(tmp_path: Path) -> None:
     asyncio.run(main())
 
 
+def test_a_busy_connection_keeps_one_timer(tmp_path: Path) -> None:
+    """Reads that move the idle deadline later do not make a new timer each (it is set again
+    only when it fires early: test_idle_connection_is_closed shows it still closes an idle
+    connection, beside a busy one)."""
+
+    async def main() -> None:
+        async with (
+            serve(tmp_path, idle_timeout_s=60.0) as (_, server),
+            Client.connect(server) as c,
+        ):
+            await c.call(PingRequest())
+            (proto,) = server.connections
+            timer = proto._timer
+            assert timer is not None
+            for _ in range(50):
+                await c.call(PingRequest())
+            assert proto._timer is timer  # the same timer, not one a read
+
+    asyncio.run(main())
+
+
 def test_waiting_on_a_long_poll_is_not_idleness(tmp_path: Path) -> None:
     async def main() -> None:
         async with (
@@ -454,5 +475,40 @@ def test_a_client_that_never_reads_is_reset_once_closed(tmp_path: Path) -> None:
             # The good connection idles out with these timeouts: a new one.
             async with Client.connect(server) as after:
                 await _works(after)
+
+    asyncio.run(main())
+
+
+def test_a_frame_half_sent_behind_a_long_poll_does_not_spin_the_timer(tmp_path: Path) -> None:
+    """While a long-poll is in flight a half-sent frame is given more time, from now: its
+    deadline is past, and a timer set for it again fired every loop turn (100% CPU)."""
+
+    async def main() -> None:
+        async with (
+            serve(tmp_path, frame_timeout_s=TINY_TIMEOUT_S) as (_, server),
+            Client.connect(server) as c,
+        ):
+            await c.call(CreateTopicRequest(name="t"))
+            (proto,) = server.connections
+            fired = 0
+            timed_out = proto._timed_out
+
+            def counting(midframe: bool) -> None:
+                nonlocal fired
+                fired += 1
+                timed_out(midframe)
+
+            proto._timed_out = counting  # type: ignore[method-assign]
+            wait_ms = int(TINY_TIMEOUT_S * 1000 * 4)
+            c.send(FetchRequest(max_wait_ms=wait_ms, partitions=[FetchPartition("t", 0, 0, ALL)]))
+            await asyncio.sleep(0.05)
+            c.writer.write(b"\x00\x00\x10\x00" + b"\0" * 10)  # 4 KiB announced, 10 sent
+            await asyncio.sleep(TINY_TIMEOUT_S * 3)
+            # Once a frame_timeout_s at most while the long poll runs, not every turn.
+            assert fired <= 5, fired
+            # The long poll over, the half-sent frame times the connection out.
+            async with asyncio.timeout(TINY_TIMEOUT_S * 20):
+                while server.connections:
+                    await asyncio.sleep(0.01)
 
     asyncio.run(main())

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import enum
 import struct
+import sys
 from collections.abc import Sequence
 from typing import NamedTuple, NoReturn
 
@@ -32,9 +33,11 @@ __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "FLAG_ERROR",
     "FRAME_HEADER",
+    "FRAME_POOL_MIN_BYTES",
     "BufferedFrameDecoder",
     "Frame",
     "FrameDecoder",
+    "FramePool",
     "FrameType",
     "data_window",
     "encode_frame",
@@ -286,6 +289,127 @@ class FrameDecoder:
         raise exc
 
 
+#: What a :class:`FramePool` keeps at most, by default: eight 1 MiB produce requests (a
+#: producer's default batch size) in flight on the connections of a server at once. Beyond it
+#: a large frame gets a fresh buffer, as without a pool.
+FRAME_POOL_BYTES = 8 * 1024 * 1024
+#: Frames smaller than this get a fresh buffer, never a pooled one: a few page faults are
+#: all a pooled buffer would save them, less than a look through the pool costs, and the
+#: pool holds at most FRAME_POOL_BYTES / FRAME_POOL_MIN_BYTES buffers (32) to look through.
+FRAME_POOL_MIN_BYTES = 256 * 1024
+#: A pooled buffer's capacity is a frame's size rounded up to this, so that the next frames of
+#: about the same size (a producer's batches differ by a few records) fit in it.
+_POOL_GRAIN = 64 * 1024
+
+
+def _refcounts_tell_use() -> bool:
+    """Whether ``sys.getrefcount`` tells a pooled buffer nothing else refers to from one
+    that a view holds, as CPython's reference counts do (checked, not assumed: a pool that
+    cannot tell would write a new frame over bytes still waiting to be stored)."""
+    if sys.implementation.name != "cpython":
+        return False
+    bufs = [bytearray(8)]
+    if sys.getrefcount(bufs[0]) != 2:
+        return False
+    view = memoryview(bufs[0])
+    held = sys.getrefcount(bufs[0]) == 3
+    view.release()
+    return held and sys.getrefcount(bufs[0]) == 2
+
+
+#: Whether a :class:`FramePool` may hand buffers out again here (see _refcounts_tell_use).
+POOL_SAFE = _refcounts_tell_use()
+
+
+class FramePool:
+    """Buffers for large frames received in place (:class:`BufferedFrameDecoder`), handed
+    out again once nothing refers to the frame they held any more.
+
+    A fresh ``bytearray`` of a megabyte costs a page fault for every 4 KiB of it the first
+    time the socket writes there; a buffer taken again is already mapped. A buffer is taken
+    again only when nothing but the pool refers to it: no view of its frame (a request's
+    body or data, or anything made of them, such as a batch waiting for its write) is alive
+    anywhere, which CPython's reference count tells exactly, so a frame once handed out is
+    never written again while it can be seen. Each buffer is resized to the frame's exact size
+    (within its capacity, which keeps its memory), so a frame's data is still the tail of its
+    ``bytearray`` (:func:`frame_data_window`).
+
+    One pool may serve many decoders (the connections of one server, on one thread).
+
+    Where reference counts cannot tell that (not CPython: :data:`POOL_SAFE`), every frame
+    gets a fresh buffer.
+
+    Args:
+        max_bytes: the capacity of all pooled buffers together, at most. Frames larger than
+            a quarter of it are never pooled.
+        min_bytes: frames smaller than this are never pooled.
+    """
+
+    def __init__(
+        self, max_bytes: int = FRAME_POOL_BYTES, min_bytes: int = FRAME_POOL_MIN_BYTES
+    ) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes={max_bytes} must be >= 0")
+        if min_bytes < 1:
+            raise ValueError(f"min_bytes={min_bytes} must be >= 1")
+        self.max_bytes = max_bytes if POOL_SAFE else 0
+        self.min_bytes = min_bytes
+        self._bufs: list[bytearray] = []
+        self._caps: list[int] = []
+        self._total = 0  # sum(self._caps)
+        #: Frames that got a pooled buffer again, and those that got a fresh one.
+        self.reused = 0
+        self.fresh = 0
+
+    @property
+    def pooled_bytes(self) -> int:
+        """The capacity of the buffers the pool holds (in use or not)."""
+        return self._total
+
+    def take(self, size: int) -> bytearray:
+        """A ``bytearray`` of exactly ``size`` bytes (its contents undefined) that nothing
+        else refers to."""
+        if size < self.min_bytes:
+            self.fresh += 1
+            return bytearray(size)
+        bufs, caps = self._bufs, self._caps
+        free = -1
+        for i in range(len(bufs)):
+            # 2: the pool's list and getrefcount's own argument: nothing else holds it.
+            if sys.getrefcount(bufs[i]) == 2:
+                cap = caps[i]
+                if cap // 2 < size <= cap:
+                    buf = bufs[i]
+                    have = len(buf)
+                    if size < have:
+                        del buf[size:]  # within the capacity: the memory is kept
+                    elif size > have:
+                        buf += bytes(size - have)
+                    self.reused += 1
+                    return buf
+                if free < 0:
+                    free = i
+        self.fresh += 1
+        cap = -(-size // _POOL_GRAIN) * _POOL_GRAIN
+        if size <= cap // 2:
+            cap = size  # cut to size, a bytearray gives its memory back: keep it exact
+        if cap > self.max_bytes // 4:
+            return bytearray(size)
+        if self._total + cap > self.max_bytes:
+            if free < 0:
+                return bytearray(size)  # every pooled buffer is in use: not pooled
+            self._total -= caps[free]
+            del bufs[free], caps[free]  # a free one of another size makes room
+            if self._total + cap > self.max_bytes:
+                return bytearray(size)
+        buf = bytearray(cap)
+        del buf[size:]
+        bufs.append(buf)
+        caps.append(cap)
+        self._total += cap
+        return buf
+
+
 #: Bytes of the buffer a :class:`BufferedFrameDecoder` receives headers and small frames in:
 #: every frame below LARGE_FRAME_BYTES fits, so it is never grown.
 HEAD_BYTES = LARGE_FRAME_BYTES
@@ -310,10 +434,15 @@ class BufferedFrameDecoder(FrameDecoder):
         head_bytes: the size of the buffer for headers and small frames, and so where "large"
             begins: a frame of ``head_bytes`` or more is received in place. A server, which
             holds one such buffer per connection, keeps it smaller than the default.
+        pool: where the buffers of large frames come from (None: a fresh ``bytearray`` each).
     """
 
     def __init__(
-        self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, head_bytes: int = HEAD_BYTES
+        self,
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        head_bytes: int = HEAD_BYTES,
+        pool: FramePool | None = None,
     ) -> None:
         super().__init__(max_frame_bytes=max_frame_bytes)
         if head_bytes < FRAME_HEADER.size:
@@ -322,6 +451,7 @@ class BufferedFrameDecoder(FrameDecoder):
         self._head_bytes = head_bytes
         self._end = 0  # head[_start:_end] holds bytes received and not yet framed
         self._frame_buf: bytearray | None = None  # a large frame being received in place
+        self._pool = pool
 
     @property
     def buffered(self) -> int:
@@ -421,7 +551,8 @@ class BufferedFrameDecoder(FrameDecoder):
                 head[: end - start] = head[start:end]
                 self._start, self._end = 0, end - start
             return
-        frame = bytearray(length + 4)
+        pool = self._pool
+        frame = bytearray(length + 4) if pool is None else pool.take(length + 4)
         frame[: end - start] = head[start:end]
         self._frame_buf, self._filled = frame, end - start
         self._start = self._end = 0

@@ -321,22 +321,28 @@ class Subscriptions:
         while True:
             await self._writable.wait()
             sub.credit_changed.clear()
-            sent = blocked = False
+            sent = more = blocked = False
             live = [p for p in sub.parts if not p.done]
             if not live:
                 return
             rotate = (rotate + 1) % len(live)
-            for part in live[rotate:] + live[:rotate]:
+            order = live[rotate:] + live[:rotate]
+            for i, part in enumerate(order):
                 outcome = self._step(sub, part)
-                sent |= outcome == _SENT
+                sent |= outcome in (_SENT, _CAUGHT_UP)
+                more |= outcome == _SENT
                 blocked |= outcome == _NO_CREDIT
                 if sent and not self._writable.is_set():
+                    more |= i + 1 < len(order)  # the others are looked at next time
                     break
-            if sent:
+            if more:
                 await asyncio.sleep(0)  # let the connection's other work run between frames
             elif blocked:
                 await sub.credit_changed.wait()
             else:
+                # Nothing to send now, or every push sent took its partition up to what
+                # readers may see: the next step would find nothing, so wait for data at
+                # once (a turn and a read fewer a push than stepping again to find out).
                 keys = [(p.topic, p.partition) for p in live if not p.done]
                 try:
                     await self.broker.wait_for_data(keys, RECHECK_S)
@@ -344,7 +350,9 @@ class Subscriptions:
                     await asyncio.sleep(RECHECK_S)
 
     def _step(self, sub: Subscription, part: _Part) -> int:
-        """Send at most one push for ``part``: what happened (_SENT, _NO_CREDIT, _IDLE)."""
+        """Send at most one push for ``part``: what happened (_SENT, _NO_CREDIT, _IDLE;
+        _CAUGHT_UP: sent, and the push reached the high watermark it was read at, so
+        nothing more is there to read until readers may see more)."""
         if sub.credit <= 0:
             return _NO_CREDIT
         try:
@@ -377,7 +385,7 @@ class Subscriptions:
         self._push(
             sub, part, offset=start, next_offset=r.next_offset, hw=r.high_watermark, data=r.data
         )
-        return _SENT
+        return _CAUGHT_UP if r.next_offset >= r.high_watermark else _SENT
 
     def _skip_if_behind(self, sub: Subscription, part: _Part) -> bool:
         b = self.broker
@@ -430,7 +438,7 @@ class Subscriptions:
         )
 
 
-_SENT, _NO_CREDIT, _IDLE = 1, 2, 3
+_SENT, _NO_CREDIT, _IDLE, _CAUGHT_UP = 1, 2, 3, 4
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

@@ -78,7 +78,12 @@ from tidewire.protocol import (
     RequestRejected,
     Role,
 )
-from tidewire.protocol.frames import DEFAULT_MAX_FRAME_BYTES, Buffer, BufferedFrameDecoder
+from tidewire.protocol.frames import (
+    DEFAULT_MAX_FRAME_BYTES,
+    Buffer,
+    BufferedFrameDecoder,
+    FramePool,
+)
 from tidewire.protocol.messages import (
     ApiKey,
     FetchRequest,
@@ -150,10 +155,13 @@ DEFAULT_MAX_CONNECTIONS = 10_000
 RESERVED_DESCRIPTORS = 64
 #: Bytes of each connection's buffer for frame headers and small requests (read into by the
 #: socket): a frame this large or larger (a produce request's batches) is read straight into
-#: a buffer of its own exact size instead, never joined from pieces. Small, as every
-#: connection holds one.
+#: a buffer of its own exact size instead (from the server's :class:`FramePool`), never
+#: joined from pieces. Small, as every connection holds one.
 READ_HEAD_BYTES = 16 * 1024
 
+#: How early a connection's timer may fire and still count as its deadline (seconds):
+#: uvloop's timers have a resolution of a millisecond.
+_TIMER_SLACK_S = 0.001
 #: SO_LINGER on, with a timeout of 0: closing the socket sends a RST and drops what is unsent.
 _LINGER_OFF = struct.pack("ii", 1, 0)
 #: The default of :attr:`ServerConfig.drain_timeout_s` (seconds): long-polls and streams are
@@ -288,7 +296,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.log_id = f"c{next(_CONNECTION_IDS)}"
         cfg = server.config
         self.decoder = BufferedFrameDecoder(
-            max_frame_bytes=cfg.max_frame_bytes, head_bytes=READ_HEAD_BYTES
+            max_frame_bytes=cfg.max_frame_bytes, head_bytes=READ_HEAD_BYTES, pool=server.frame_pool
         )
         self.conn = Connection(
             Role.SERVER,
@@ -314,8 +322,16 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.paused = False  # reading paused: max_in_flight requests await their answer
         self.write_paused = False  # reading paused: the client does not read its answers
         self.closing = False
+        #: The connection's one timeout timer (see :meth:`_arm_timer`), the loop time it is
+        #: set for, the deadline it stands for now, and whether that is a frame's.
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._deadline = 0.0
+        self._deadline_midframe = False
         self._frame_started: float | None = None  # loop time the pending frame began
+        #: The loop the connection runs on (asked once: each ``get_running_loop`` costs a
+        #: ``getpid`` system call in CPython 3.11).
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._reset_timer: asyncio.TimerHandle | None = None  # armed once closing
         self._lost = False
         self._refused = False  # refused after the TLS handshake: nothing is read
@@ -349,6 +365,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         # A stream transport (uvloop's is not a subclass of asyncio.Transport, but it has
         # every method of one).
         self.transport = cast(asyncio.Transport, transport)
+        self.loop = asyncio.get_running_loop()
         if self.server.ssl is not None:  # called once the handshake has succeeded
             peer = peer_of(transport, self.server.tls_principal_field)
             self.tls, self.cert_principal = peer.tls, peer.principal
@@ -852,23 +869,54 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         t.abort()
 
     def _arm_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        """Set the connection's deadline after a read: ``frame_timeout_s`` from the first
+        byte of a frame still incomplete, else ``idle_timeout_s`` from now.
+
+        One timer per connection, moved only when the deadline comes earlier than it is set
+        for; a deadline that moves later (every read of a busy connection) is only noted, and
+        the timer, when it fires before the deadline, sets itself again for it
+        (:meth:`_on_timer`). Cancelling the timer and making a new one on every read cost
+        more than the rest of a small request's reading.
+        """
         if self.closing:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             return  # nothing more is read; the reset timer bounds the rest
         cfg = self.server.config
-        loop = asyncio.get_running_loop()
+        loop = self.loop or asyncio.get_running_loop()
+        now = loop.time()
         midframe = self.conn.buffered_bytes > 0
         if midframe:
             # A frame must be whole within frame_timeout_s of its first byte, however it
             # trickles in.
             if self._frame_started is None:
-                self._frame_started = loop.time()
+                self._frame_started = now
             deadline = self._frame_started + cfg.frame_timeout_s
         else:
             self._frame_started = None
-            deadline = loop.time() + cfg.idle_timeout_s
-        self._timer = loop.call_at(deadline, self._timed_out, midframe)
+            deadline = now + cfg.idle_timeout_s
+        self._deadline, self._deadline_midframe = deadline, midframe
+        if self._timer is None or self._timer_at > deadline:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = deadline
+            self._timer = loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        """The timer fired: time the connection out if its deadline has come, else set the
+        timer again for the deadline (later reads moved it)."""
+        self._timer = None
+        if self.closing:
+            return
+        loop = self.loop or asyncio.get_running_loop()
+        # Within a millisecond counts as come: uvloop's timers have that resolution, and may
+        # fire that much early.
+        if self._deadline - loop.time() > _TIMER_SLACK_S:
+            self._timer_at = self._deadline
+            self._timer = loop.call_at(self._deadline, self._on_timer)
+            return
+        self._timed_out(self._deadline_midframe)
 
     def _timed_out(self, midframe: bool) -> None:
         if (
@@ -877,7 +925,11 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             or ((self.subscriptions.subs or self.queues.consumers) and not midframe)
         ):
             # Waiting on the broker (a long-poll, a subscription caught up, a queue consumer
-            # waiting for messages) is not idleness.
+            # waiting for messages) is not idleness. A frame half-sent meanwhile gets
+            # frame_timeout_s more from now (reading may have been paused for the requests
+            # in flight): its deadline is past, and a timer set for it would fire every turn.
+            if midframe:
+                self._frame_started = (self.loop or asyncio.get_running_loop()).time()
             self._arm_timer()
             return
         what = "a frame was left half-sent" if midframe else "the connection was idle"
@@ -921,6 +973,9 @@ class TcpServer:
             self.ssl, self.require_cert = listener_context(tls)
             self.tls_principal_field = tls.tls_principal_field
         self.connections: set[_ClientProtocol] = set()
+        #: Buffers of large requests (produce), taken again by any connection once the
+        #: request they held is done with: no page faults of a fresh megabyte a request.
+        self.frame_pool = FramePool()
         self.info = ServerInfo(self.config.host, self.config.port)
         self._server: asyncio.Server | None = None
         #: Set by :meth:`begin_drain`: new requests are refused with ``ShuttingDownError``.
