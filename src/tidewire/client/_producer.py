@@ -28,7 +28,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry.trace import Tracer
 
@@ -470,22 +470,22 @@ class AsyncProducer:
                     await asyncio.sleep(0)  # as below
                 return fut  # type: ignore[no-any-return]
         self._deferring = self._inline
+        got: tuple[ProducerBatch, int, int] | int | None = None
+        sent = False
         try:
             got = self._append(acc, topic, value, key, headers, partition, timestamp)
-        except BaseException:
+        finally:
             self._deferring = False
-            if self._ready:  # a batch closed before the error: the sender ships it
+            if self._ready:
+                # The message opened a batch (linger 0): it leaves from this step, when nothing
+                # stands in its way (the sender task's loop turn saved: a lone message's
+                # latency). Else the sender ships it, or the batch that closed before an error.
                 self._ready = False
-                self._wake.set()
-            raise
-        self._deferring = False
-        if self._ready:
-            # The message opened a batch (linger 0): it leaves from this step, when nothing
-            # stands in its way (the sender task's loop turn saved: a lone message's latency).
-            self._ready = False
-            if type(got) is tuple and self._send_now():
-                return _new_tuple(RecordFuture, got)
-            self._wake.set()  # the sender ships it (or the batch that closed)
+                sent = type(got) is tuple and self._send_now()
+                if not sent:
+                    self._wake.set()
+        if sent:  # got is the batch and index: only a tuple is sent from here
+            return _new_tuple(RecordFuture, cast("tuple[ProducerBatch, int, int]", got))
         if type(got) is tuple:
             if self._wake.is_set():
                 # A batch is ready: let the sender ship it now. A caller that sends in a
@@ -856,7 +856,7 @@ class AsyncProducer:
             max_in_flight_per_partition=s.max_in_flight_per_partition,
             max_requests=max(free, 0),
             sequences=self._idempotent,
-            allow_new=self._session in (Session.DISABLED, Session.READY),
+            allow_new=self._session_open(),
             expire_before=now - s.delivery_timeout_ms / 1000,
         )
         for batch in expired:
@@ -884,31 +884,26 @@ class AsyncProducer:
         of that path is on its way)."""
         acc = self._acc
         assert acc is not None
-        session = self._session
-        if (session is not Session.READY and session is not Session.DISABLED) or (
-            self._router.clustered
-        ):
+        if not self._session_open() or self._router.clustered:
             return False
         now = time.monotonic()
         if now >= self._refresh_at and self._topics and self._settings.metadata_max_age_ms:
             return False
         if self._drain(acc, now) is not None:
             return False
-        return not any(state.queue for state in acc.queued)
+        return not acc.has_queued()
 
     def _sender_needed(self) -> None:
         """An answer came: wake the sender only if it has something to do (batches waiting
         for a free slot or a retry, a session to renew, a close waiting for the last
         answer): an idle sender is not run once per answer."""
         acc = self._acc
-        session = self._session
-        if (
-            self._closing
-            or (session is not Session.READY and session is not Session.DISABLED)
-            or acc is None
-            or acc.has_queued()
-        ):
+        if self._closing or not self._session_open() or acc is None or acc.has_queued():
             self._wake.set()
+
+    def _session_open(self) -> bool:
+        """Whether new batches may go: the producer id is known, or none is needed."""
+        return self._session is Session.READY or self._session is Session.DISABLED
 
     async def _run_sender(self) -> None:
         acc = self._acc

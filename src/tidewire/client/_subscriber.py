@@ -576,28 +576,28 @@ class AsyncSubscriber:
         """The answer to a grant sent by ``request_soon`` (from the read callback): what
         :meth:`_send_credit` does once its request is answered or failed."""
         link.credit_corr = -1
-        error = got if isinstance(got, TidewireError) else got.error
+        self._granted(link, sid, n, got if isinstance(got, TidewireError) else got.error)
+
+    async def _send_credit(self, link: _Link, sid: int, n: int) -> None:
+        error: TidewireError | None = None
+        try:
+            await link.transport.request(CreditRequest(subscription_id=sid, credit_bytes=n))
+        except TidewireError as exc:
+            error = exc
+        finally:
+            if link.credit_task is asyncio.current_task():
+                link.credit_task = None
+        self._granted(link, sid, n, error)
+
+    def _granted(self, link: _Link, sid: int, n: int, error: TidewireError | None) -> None:
+        """A grant of ``n`` bytes to subscription ``sid`` was answered (``error``: or
+        failed): counted, or the link lost; what was handed out meanwhile goes next."""
         if error is None:
             self.stats.granted += n
         elif sid == link.sid:
             link.lost = True  # resubscribing resets the credit
             self._lost = True
             self._arrived.set()
-        if link.to_grant and not link.lost and sid == link.sid:
-            self._grant(link)
-
-    async def _send_credit(self, link: _Link, sid: int, n: int) -> None:
-        try:
-            await link.transport.request(CreditRequest(subscription_id=sid, credit_bytes=n))
-            self.stats.granted += n
-        except TidewireError:
-            if sid == link.sid:
-                link.lost = True  # resubscribing resets the credit
-                self._lost = True
-                self._arrived.set()
-        finally:
-            if link.credit_task is asyncio.current_task():
-                link.credit_task = None
         if link.to_grant and not link.lost and sid == link.sid:
             self._grant(link)
 
