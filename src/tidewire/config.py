@@ -266,6 +266,12 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     _s(
         "log",
+        "preallocate_bytes",
+        "int",
+        "Zeros written ahead of a busy fsync=always partition's appends, bytes (0: off).",
+    ),
+    _s(
+        "log",
         "max_message_bytes",
         "int",
         "The largest message (record batch) a topic accepts, bytes (61..268,435,456).",

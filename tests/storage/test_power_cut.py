@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import unittest.mock
 from dataclasses import dataclass, field
 
 import pytest
@@ -40,16 +41,21 @@ from tests.storage.history import (
 )
 from tidewire.errors import StorageError, TidewireError
 from tidewire.storage import FaultFS, FsyncPolicy, LogConfig, LogManager, PartitionLog
+from tidewire.storage import log as storage_log
 
 MODES = ("lose", "torn", "garbage")
 DIR = "/p"
 #: The smallest segments the config allows, so a trial of ~40 batches rolls several times,
 #: and the densest index, so every sealed segment persists index entries.
 SMALL = {"segment_bytes": 1024, "index_interval_bytes": 64}
+#: Zeros written ahead (under ``always``) from a segment's second small fsync on, so that the
+#: small segments of these trials get them, and power is cut with zeros past the end.
+PREALLOCATE = {"preallocate_bytes": 4096}
+PREALLOCATE_AFTER_SYNCS = 2
 
 
 def config(policy: FsyncPolicy) -> LogConfig:
-    return LogConfig(fsync=policy, **SMALL)
+    return LogConfig(fsync=policy, **SMALL, **PREALLOCATE)
 
 
 # --- the checker's own tests --------------------------------------------------------------------
@@ -219,6 +225,13 @@ def run_trial(seed: int, policy: FsyncPolicy, *, threaded: bool = False) -> bool
 
     Returns whether the cut landed inside the run (else power is cut after it).
     """
+    with unittest.mock.patch.object(
+        storage_log, "PREALLOCATE_AFTER_SYNCS", PREALLOCATE_AFTER_SYNCS
+    ):
+        return _run_trial(seed, policy, threaded=threaded)
+
+
+def _run_trial(seed: int, policy: FsyncPolicy, *, threaded: bool) -> bool:
     work = make_workload(seed)
     dry = FaultFS()
     asyncio.run(_drive(dry, policy, work, threaded, seed))
@@ -267,6 +280,7 @@ def _check_survivor(
             where += f" recovery_cut={survivor.cut_at}/{probe.ops} mode={second}"
             survivor = survivor.power_cut(rng, mode=second)
     on_disk = _log_bytes(survivor)
+    before = {p: survivor.contents(p) for p in survivor.files() if p.endswith(".log")}
     log = PartitionLog.open(
         survivor, DIR, cfg, clean=out.closed_clean, recovery_point=recovery_point
     )
@@ -284,8 +298,10 @@ def _check_survivor(
         # (The byte count may be 0: a cut across segments drops a newer, empty segment.)
         assert report.truncated_from_offset == len(records), f"{where}: {report}"
     if mode == "lose" and not double:
-        # Only synced bytes survive, and syncs cover whole batches: nothing to cut.
-        assert report.truncated_bytes == 0, f"{where}: {report}"
+        # Only synced bytes survive, and syncs cover whole batches: nothing to cut but zeros
+        # written ahead of the appends (synced with the batches before them).
+        assert _cut_only_zeros(before, survivor), f"{where}: {report}"
+        assert report.truncated_batches_seen == 0, f"{where}: {report}"
     # The recovered log takes writes, and a clean restart trusts every persisted index.
     assert log.append(make_batch([b"after-recovery"])).base_offset == len(records), where
     log.close()
@@ -293,6 +309,15 @@ def _check_survivor(
     assert read_all(again) == [*records, (len(records), b"after-recovery")], where
     assert again.report.scanned_segments == 0, f"{where}: {again.report}"
     again.close()
+
+
+def _cut_only_zeros(before: dict[str, bytes], fs: FaultFS) -> bool:
+    """Whether every ``.log`` file is now a prefix of what it was, the rest being zeros."""
+    for path, data in before.items():
+        now = fs.contents(path) if path in fs.files() else b""
+        if not data.startswith(now) or data.count(0, len(now)) != len(data) - len(now):
+            return False
+    return True
 
 
 def _log_bytes(fs: FaultFS) -> int:
@@ -543,7 +568,7 @@ class Journal:
     deleted: set[str] = field(default_factory=set)  # delete_topic returned
 
 
-INTERVAL_CFG = LogConfig(fsync=FsyncPolicy.INTERVAL, flush_interval_ms=7, **SMALL)
+INTERVAL_CFG = LogConfig(fsync=FsyncPolicy.INTERVAL, flush_interval_ms=7, **SMALL, **PREALLOCATE)
 
 
 def _manager_script(fs: FaultFS, j: Journal) -> None:

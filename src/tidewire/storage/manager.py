@@ -374,7 +374,12 @@ class LogManager:
         if config is not None:
             return config
         try:
-            config = LogConfig.from_dict(json.loads(raw))
+            config = LogConfig.from_dict(
+                {
+                    **json.loads(raw),
+                    "preallocate_bytes": self.default_config.preallocate_bytes,
+                }
+            )
         except (ValueError, TypeError, AttributeError, InvalidConfigError) as exc:
             raise StorageError(f"log configuration {path} is unreadable: {exc}") from exc
         if len(self._configs) >= MAX_CACHED_CONFIGS:
@@ -1052,4 +1057,7 @@ def _creation_error(c: Creation, exc: BaseException) -> BaseException:
 
 
 def _config_json(cfg: LogConfig) -> bytes:
-    return json.dumps(cfg.to_dict(), sort_keys=True, indent=2).encode() + b"\n"
+    d = cfg.to_dict()
+    # The broker's, not the log's: each start applies the [log] setting to every log.
+    d.pop("preallocate_bytes")
+    return json.dumps(d, sort_keys=True, indent=2).encode() + b"\n"

@@ -1,0 +1,273 @@
+"""Zeros written ahead of a busy ``always`` partition's appends (``preallocate_bytes``): when
+they are written and when not, that reads and recovery never take them for batches, that a
+sealed segment and a clean shutdown leave no zeros behind, and that a failure on the way is
+either harmless (writing the zeros) or fails the flush (cutting them)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections.abc import Sequence
+
+import pytest
+
+from tests.storage.history import make_batch, read_all
+from tidewire.errors import StorageError
+from tidewire.storage import (
+    FaultFS,
+    FileHandle,
+    FsyncPolicy,
+    LogConfig,
+    LogManager,
+    OsFileSystem,
+    PartitionLog,
+)
+from tidewire.storage import log as log_module
+from tidewire.storage.fs import Buffer, FileHandleWrapper, FileSystemWrapper
+
+DIR = "/p"
+AHEAD = 8192
+ALWAYS = LogConfig(fsync=FsyncPolicy.ALWAYS, preallocate_bytes=AHEAD)
+
+
+def _durable_appends(log: PartitionLog, n: int, *, start: int = 0) -> None:
+    """``n`` appends, each flushed on its own: ``n`` small fsyncs."""
+    for i in range(start, start + n):
+        log.append(make_batch([f"m{i}".encode() * 10]))
+        log.flush()
+
+
+def _active_file_size(fs: FaultFS, log: PartitionLog) -> int:
+    return len(fs.contents(f"{DIR}/{log.active_segment_base:020d}.log"))
+
+
+def test_zeros_come_after_the_eighth_small_fsync_and_appends_fill_them() -> None:
+    fs = FaultFS()
+    log = PartitionLog.open(fs, DIR, ALWAYS)
+    _durable_appends(log, log_module.PREALLOCATE_AFTER_SYNCS - 1)
+    assert _active_file_size(fs, log) == log.size_bytes  # not yet
+    _durable_appends(log, 1, start=7)
+    grown = _active_file_size(fs, log)
+    assert grown == log.size_bytes + AHEAD  # zeros from the end of the last batch
+    path = f"{DIR}/{log.active_segment_base:020d}.log"
+    assert fs.contents(path)[log.size_bytes :] == bytes(AHEAD)
+    # The next appends land on the zeros and leave the file's size alone...
+    _durable_appends(log, 5, start=8)
+    assert _active_file_size(fs, log) == grown
+    # ...and every read stops at the last batch.
+    assert [v for _, v in read_all(log)] == [f"m{i}".encode() * 10 for i in range(13)]
+    # Once less than a quarter is left, more zeros come, from the end of the earlier ones.
+    while _active_file_size(fs, log) == grown:
+        _durable_appends(log, 1, start=log.log_end_offset)
+    assert grown < _active_file_size(fs, log) <= grown + AHEAD
+    assert _active_file_size(fs, log) - log.size_bytes >= AHEAD * 3 // 4
+    log.close()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        LogConfig(fsync=FsyncPolicy.ALWAYS, preallocate_bytes=0),
+        LogConfig(fsync=FsyncPolicy.INTERVAL, preallocate_bytes=AHEAD),
+        LogConfig(fsync=FsyncPolicy.NEVER, preallocate_bytes=AHEAD),
+    ],
+    ids=["off", "interval", "never"],
+)
+def test_no_zeros_when_off_or_not_always(config: LogConfig) -> None:
+    fs = FaultFS()
+    log = PartitionLog.open(fs, DIR, config)
+    _durable_appends(log, 20)
+    assert _active_file_size(fs, log) == log.size_bytes
+    log.close()
+
+
+def test_no_zeros_for_large_fsyncs() -> None:
+    """Group commit under load: each fsync covers more than PREALLOCATE_SMALL_SYNC; zeros
+    would double what the disk writes."""
+    fs = FaultFS()
+    log = PartitionLog.open(fs, DIR, ALWAYS)
+    big = b"x" * (log_module.PREALLOCATE_SMALL_SYNC + 1)
+    for _ in range(log_module.PREALLOCATE_AFTER_SYNCS + 4):
+        log.append(make_batch([big]))
+        log.flush()
+    assert _active_file_size(fs, log) == log.size_bytes
+    log.close()
+
+
+def test_a_clean_close_cuts_the_zeros_and_a_clean_open_trusts_the_indexes() -> None:
+    fs = FaultFS()
+    log = PartitionLog.open(fs, DIR, ALWAYS)
+    _durable_appends(log, 12)
+    assert _active_file_size(fs, log) > log.size_bytes
+    end, size = log.log_end_offset, log.size_bytes
+    log.close()
+    assert _active_file_size(fs, log) == size
+    again = PartitionLog.open(fs, DIR, ALWAYS, clean=True)
+    assert again.report.scanned_segments == 0
+    assert (again.log_end_offset, again.size_bytes) == (end, size)
+    again.close()
+
+
+def test_a_rolled_segment_is_cut_back_to_its_batches_and_synced() -> None:
+    fs = FaultFS()
+    config = LogConfig(fsync=FsyncPolicy.ALWAYS, preallocate_bytes=AHEAD, segment_bytes=2048)
+    log = PartitionLog.open(fs, DIR, config)
+    _durable_appends(log, 40)  # several segments, each with zeros ahead before it rolled
+    log.close()
+    bases = sorted(p for p in fs.files() if p.endswith(".log"))
+    assert len(bases) >= 3
+    # A power cut now keeps only synced bytes: every sealed segment's durable size is exactly
+    # its batches (the cut was synced), so the persisted indexes describe it.
+    survivor = fs.power_cut(mode="lose")
+    for path in bases:
+        assert not survivor.contents(path).endswith(b"\0" * 64), path
+    again = PartitionLog.open(survivor, DIR, config, clean=True)
+    assert again.report.scanned_segments == 0
+    assert len(read_all(again)) == 40
+    again.close()
+
+
+def test_a_crash_with_zeros_ahead_cuts_them_as_zeros_and_takes_appends() -> None:
+    fs = FaultFS()
+    log = PartitionLog.open(fs, DIR, ALWAYS)
+    _durable_appends(log, 12)
+    end = log.log_end_offset
+    ahead = _active_file_size(fs, log) - log.size_bytes
+    assert ahead > AHEAD // 2
+    log.abandon()  # a crash: no clean close, the zeros stay
+    survivor = fs.power_cut(mode="lose")
+    again = PartitionLog.open(survivor, DIR, ALWAYS, clean=False, recovery_point=end)
+    report = again.report
+    assert again.log_end_offset == end
+    assert report.truncated_bytes == ahead
+    assert report.truncated_from_offset == end
+    assert report.truncated_batches_seen == 0
+    assert again.corruption is None
+    assert again.append(make_batch([b"after"])).base_offset == end
+    again.flush()
+    assert read_all(again)[-1] == (end, b"after")
+    again.close()
+
+
+def test_a_crash_names_a_tail_of_zeros(caplog: pytest.LogCaptureFixture) -> None:
+    fs = FaultFS()
+    log = PartitionLog.open(fs, DIR, ALWAYS)
+    _durable_appends(log, 12)
+    log.abandon()
+    PartitionLog.open(fs.power_cut(mode="lose"), DIR, ALWAYS, clean=False).close()
+    assert "zeros to the end of the file" in caplog.text
+
+
+def test_zeros_below_the_recovery_point_are_damage_not_an_end() -> None:
+    """Synced batches turned to zeros are lost data, not zeros written ahead: reported as
+    damage, never cut silently."""
+    fs = FaultFS()
+    log = PartitionLog.open(fs, DIR, ALWAYS)
+    _durable_appends(log, 12)
+    end = log.log_end_offset
+    path = f"{DIR}/{log.active_segment_base:020d}.log"
+    log.abandon()
+    survivor = fs.power_cut(mode="lose")
+    data = survivor.contents(path)
+    half = log.size_bytes // 2
+    survivor.set_contents(path, data[:half] + bytes(len(data) - half))
+    again = PartitionLog.open(survivor, DIR, ALWAYS, clean=False, recovery_point=end)
+    assert again.corruption is not None
+    assert again.report.truncated_bytes == 0
+    again.close()
+
+
+class _FailWrites(FileSystemWrapper):
+    """Fails every write of nothing but zeros (the zeros ahead) with ENOSPC."""
+
+    def open(self, path: str, *, create: bool = True) -> FileHandle:
+        return _ZeroWritesFail(self.inner.open(path, create=create))
+
+
+class _ZeroWritesFail(FileHandleWrapper):
+    def pwritev(self, buffers: Sequence[Buffer], offset: int) -> int:
+        data = b"".join(bytes(b) for b in buffers)
+        if len(data) >= AHEAD and not data.strip(b"\0"):
+            raise OSError(errno.ENOSPC, "No space left on device", self.path)
+        return self.inner.pwritev(buffers, offset)
+
+
+def test_zeros_that_cannot_be_written_cost_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    inner = FaultFS()
+    log = PartitionLog.open(_FailWrites(inner), DIR, ALWAYS)
+    _durable_appends(log, 30)  # the log stays writable, and does not try again and again
+    assert caplog.text.count("writing zeros ahead") == 1
+    assert len(read_all(log)) == 30
+    assert _active_file_size(inner, log) == log.size_bytes
+    log.close()
+
+
+class _FailCuts(FileSystemWrapper):
+    """With ``fail`` set, fails every truncation to a size above 0 (a new segment's file is
+    truncated to 0) with EIO."""
+
+    fail = False
+
+    def open(self, path: str, *, create: bool = True) -> FileHandle:
+        return _CutFails(self, self.inner.open(path, create=create))
+
+
+class _CutFails(FileHandleWrapper):
+    def __init__(self, fs: _FailCuts, inner: FileHandle) -> None:
+        super().__init__(inner)
+        self._fs = fs
+
+    def truncate(self, size: int) -> None:
+        if self._fs.fail and size > 0:
+            raise OSError(errno.EIO, "Input/output error", self.path)
+        self.inner.truncate(size)
+
+
+def test_cutting_the_zeros_of_a_sealed_segment_fails_the_flush() -> None:
+    fs = FaultFS()
+    wrapper = _FailCuts(fs)
+    config = LogConfig(fsync=FsyncPolicy.ALWAYS, preallocate_bytes=AHEAD, segment_bytes=2048)
+    log = PartitionLog.open(wrapper, DIR, config)
+    _durable_appends(log, 12)
+    assert _active_file_size(fs, log) > log.size_bytes
+    wrapper.fail = True
+    # The next append rolls; the flush after it must cut the old segment's zeros, and fails.
+    big = b"y" * 2048
+    log.append(make_batch([big]))
+    with pytest.raises(StorageError, match="cutting the zeros past the end of"):
+        log.flush()
+    log.abandon()
+
+
+def test_the_setting_is_the_managers_not_stored_with_a_log(tmp_path: os.PathLike[str]) -> None:
+    data = str(tmp_path)
+    mgr = LogManager(data, default_config=LogConfig(preallocate_bytes=AHEAD)).open()
+    mgr.create_log("t", 0, LogConfig(fsync=FsyncPolicy.ALWAYS, preallocate_bytes=16384))
+    stored = json.loads((tmp_path / "t-0" / "log.json").read_text())
+    assert "preallocate_bytes" not in stored
+    mgr.close()
+    mgr = LogManager(data, default_config=LogConfig(preallocate_bytes=0)).open()
+    cfg = mgr.get_log("t", 0).config
+    assert (cfg.fsync, cfg.preallocate_bytes) == (FsyncPolicy.ALWAYS, 0)
+    mgr.close()
+
+
+def test_zeros_ahead_on_a_real_file_system(tmp_path: os.PathLike[str]) -> None:
+    directory = str(tmp_path / "p")
+    log = PartitionLog.open(OsFileSystem(), directory, ALWAYS)
+    _durable_appends(log, 12)
+    path = f"{directory}/{log.active_segment_base:020d}.log"
+    size = log.size_bytes
+    with open(path, "rb") as f:
+        data = f.read()
+    assert len(data) > size + AHEAD // 2
+    assert not data[size:].strip(b"\0")
+    log.close()
+    assert os.path.getsize(path) == size
+
+
+@pytest.mark.parametrize("bad", [-1, 1, 4095, 64 * 1024 * 1024 + 1])
+def test_out_of_range_settings_are_refused(bad: int) -> None:
+    with pytest.raises(Exception, match="preallocate_bytes"):
+        LogConfig(preallocate_bytes=bad)
