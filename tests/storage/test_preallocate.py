@@ -82,6 +82,19 @@ def test_no_zeros_when_off_or_not_always(config: LogConfig) -> None:
     log.close()
 
 
+def test_no_zeros_for_a_partition_written_now_and_then() -> None:
+    """Small fsyncs further apart than PREALLOCATE_WINDOW_MS: 10,000 such partitions must not
+    each take preallocate_bytes of disk."""
+    now = [1_000_000]
+    fs = FaultFS()
+    log = PartitionLog.open(fs, DIR, ALWAYS, clock=lambda: now[0])
+    for i in range(3 * log_module.PREALLOCATE_AFTER_SYNCS):
+        now[0] += log_module.PREALLOCATE_WINDOW_MS // (log_module.PREALLOCATE_AFTER_SYNCS - 2)
+        _durable_appends(log, 1, start=i)
+    assert _active_file_size(fs, log) == log.size_bytes
+    log.close()
+
+
 def test_no_zeros_for_large_fsyncs() -> None:
     """Group commit under load: each fsync covers more than PREALLOCATE_SMALL_SYNC; zeros
     would double what the disk writes."""

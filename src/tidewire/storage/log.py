@@ -105,10 +105,12 @@ MAX_BYTES_PER_WRITE = 4 * 1024 * 1024
 WRITEBACK_BYTES = 8 * 1024 * 1024
 #: Preallocation (``LogConfig.preallocate_bytes``): an fsync of the active segment covering at
 #: most this many bytes is a small one, and zeros are written ahead only for a segment that has
-#: had :data:`PREALLOCATE_AFTER_SYNCS` of them (a partition written once, as in a broker holding
-#: 10,000 topics of one message, never gets any), when fewer than a quarter of them are left.
+#: had :data:`PREALLOCATE_AFTER_SYNCS` of them within :data:`PREALLOCATE_WINDOW_MS` (a busy
+#: partition: 10,000 partitions each written now and then never get any), when fewer than a
+#: quarter of them are left.
 PREALLOCATE_SMALL_SYNC = 64 * 1024
 PREALLOCATE_AFTER_SYNCS = 8
+PREALLOCATE_WINDOW_MS = 1000
 #: Default byte budget of one read.
 DEFAULT_READ_BYTES = 1024 * 1024
 #: The file holding a replicated log's leader epoch (absent while it is 0, as on a single
@@ -1625,6 +1627,9 @@ class PartitionLog:
         pending = active.size - active.synced_size
         if not 0 < pending <= PREALLOCATE_SMALL_SYNC:
             return trimmed
+        now = self.clock()
+        if now - active.small_syncs_since > PREALLOCATE_WINDOW_MS and active.small_syncs >= 0:
+            active.small_syncs, active.small_syncs_since = 0, now
         active.small_syncs += 1
         if (
             active.small_syncs >= PREALLOCATE_AFTER_SYNCS

@@ -110,8 +110,8 @@ class Segment:
         synced_size: bytes known to be on stable storage.
         zeroed_to: the ``.log`` file holds zeros from :attr:`size` up to here, written ahead
             of the appends (:meth:`preallocate`); 0 when none are known.
-        small_syncs: fsyncs of the active segment that covered little (see
-            :meth:`tidewire.storage.log.PartitionLog`'s preallocation).
+        small_syncs: fsyncs of the active segment that covered little, counted from
+            ``small_syncs_since`` (clock ms; see ``tidewire.storage.log.PREALLOCATE_SMALL_SYNC``).
         leader_epoch: the epoch stamped on batches appended with :meth:`reserve`, and the
             largest epoch a stored batch may carry.
     """
@@ -136,6 +136,7 @@ class Segment:
         self.synced_size = 0
         self.zeroed_to = 0
         self.small_syncs = 0
+        self.small_syncs_since = -(1 << 62)
         self.next_offset = base_offset
         self.max_timestamp = -1
         self.created_ms = -1
