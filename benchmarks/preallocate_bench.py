@@ -37,6 +37,7 @@ from typing import Any
 
 from tidewire.records.builder import BatchBuilder
 from tidewire.storage import FsyncPolicy, LogConfig, OsFileSystem, PartitionLog
+from tidewire.storage.log import DEFAULT_PREALLOCATE_BYTES
 
 RECORD = 1024
 CONFIGS = ("raw grow", "raw zeros", "log off", "log on")
@@ -79,8 +80,8 @@ def one_batch() -> bytes:
 
 
 async def _log_async(directory: str, count: int, preallocate: int) -> dict[str, float]:
-    config = LogConfig(fsync=FsyncPolicy.ALWAYS, preallocate_bytes=preallocate)
-    log = PartitionLog.open(OsFileSystem(), directory, config)
+    log = PartitionLog.open(OsFileSystem(), directory, LogConfig(fsync=FsyncPolicy.ALWAYS))
+    log.preallocate_bytes = preallocate
     batch = one_batch()
     lat: list[float] = []
     try:
@@ -104,7 +105,7 @@ def log_run(directory: str, count: int, preallocate: int) -> dict[str, float]:
 
 def run(root: str, count: int, reps: int, progress: Callable[[str], None]) -> dict[str, Any]:
     runs: dict[str, list[dict[str, float]]] = {c: [] for c in CONFIGS}
-    default = LogConfig().preallocate_bytes
+    default = DEFAULT_PREALLOCATE_BYTES
     for rep in range(reps):
         for name in CONFIGS:
             progress(f"rep {rep + 1}/{reps}: {name}")

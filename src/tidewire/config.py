@@ -247,6 +247,12 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     _s(
         "broker",
+        "preallocate_bytes",
+        "int",
+        "Zeros written ahead of a busy fsync=always partition's appends, bytes (0: off).",
+    ),
+    _s(
+        "broker",
         "fetch_max_bytes",
         "int",
         "The most data one fetch answer carries, bytes (1,024..1,073,741,824).",
@@ -263,12 +269,6 @@ SETTINGS: tuple[Setting, ...] = (
     _s("log", "retention_ms", "int", "Delete segments whose newest record is older, ms; -1: keep."),
     _s(
         "log", "retention_bytes", "int", "Delete oldest segments beyond this size, bytes; -1: keep."
-    ),
-    _s(
-        "log",
-        "preallocate_bytes",
-        "int",
-        "Zeros written ahead of a busy fsync=always partition's appends, bytes (0: off).",
     ),
     _s(
         "log",

@@ -50,12 +50,12 @@ DIR = "/p"
 SMALL = {"segment_bytes": 1024, "index_interval_bytes": 64}
 #: Zeros written ahead (under ``always``) from a segment's second small fsync on, so that the
 #: small segments of these trials get them, and power is cut with zeros past the end.
-PREALLOCATE = {"preallocate_bytes": 4096}
+PREALLOCATE_BYTES = 4096
 PREALLOCATE_AFTER_SYNCS = 2
 
 
 def config(policy: FsyncPolicy) -> LogConfig:
-    return LogConfig(fsync=policy, **SMALL, **PREALLOCATE)
+    return LogConfig(fsync=policy, **SMALL)
 
 
 # --- the checker's own tests --------------------------------------------------------------------
@@ -225,8 +225,9 @@ def run_trial(seed: int, policy: FsyncPolicy, *, threaded: bool = False) -> bool
 
     Returns whether the cut landed inside the run (else power is cut after it).
     """
-    with unittest.mock.patch.object(
-        storage_log, "PREALLOCATE_AFTER_SYNCS", PREALLOCATE_AFTER_SYNCS
+    with (
+        unittest.mock.patch.object(storage_log, "PREALLOCATE_AFTER_SYNCS", PREALLOCATE_AFTER_SYNCS),
+        unittest.mock.patch.object(storage_log, "DEFAULT_PREALLOCATE_BYTES", PREALLOCATE_BYTES),
     ):
         return _run_trial(seed, policy, threaded=threaded)
 
@@ -568,7 +569,7 @@ class Journal:
     deleted: set[str] = field(default_factory=set)  # delete_topic returned
 
 
-INTERVAL_CFG = LogConfig(fsync=FsyncPolicy.INTERVAL, flush_interval_ms=7, **SMALL, **PREALLOCATE)
+INTERVAL_CFG = LogConfig(fsync=FsyncPolicy.INTERVAL, flush_interval_ms=7, **SMALL)
 
 
 def _manager_script(fs: FaultFS, j: Journal) -> None:

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import pytest
 
 from tests.storage.history import make_batch, read_all
-from tidewire.errors import StorageError
+from tidewire.broker import Broker, BrokerConfig
+from tidewire.errors import InvalidConfigError, StorageError
 from tidewire.storage import (
     FaultFS,
     FileHandle,
@@ -28,7 +29,13 @@ from tidewire.storage.fs import Buffer, FileHandleWrapper, FileSystemWrapper
 
 DIR = "/p"
 AHEAD = 8192
-ALWAYS = LogConfig(fsync=FsyncPolicy.ALWAYS, preallocate_bytes=AHEAD)
+ALWAYS = LogConfig(fsync=FsyncPolicy.ALWAYS)
+
+
+def _open(fs: object, config: LogConfig = ALWAYS, **kw: object) -> PartitionLog:
+    log = PartitionLog.open(fs, DIR, config, **kw)  # type: ignore[arg-type]
+    log.preallocate_bytes = AHEAD
+    return log
 
 
 def _durable_appends(log: PartitionLog, n: int, *, start: int = 0) -> None:
@@ -44,7 +51,7 @@ def _active_file_size(fs: FaultFS, log: PartitionLog) -> int:
 
 def test_zeros_come_after_the_eighth_small_fsync_and_appends_fill_them() -> None:
     fs = FaultFS()
-    log = PartitionLog.open(fs, DIR, ALWAYS)
+    log = _open(fs)
     _durable_appends(log, log_module.PREALLOCATE_AFTER_SYNCS - 1)
     assert _active_file_size(fs, log) == log.size_bytes  # not yet
     _durable_appends(log, 1, start=7)
@@ -68,15 +75,16 @@ def test_zeros_come_after_the_eighth_small_fsync_and_appends_fill_them() -> None
 @pytest.mark.parametrize(
     "config",
     [
-        LogConfig(fsync=FsyncPolicy.ALWAYS, preallocate_bytes=0),
-        LogConfig(fsync=FsyncPolicy.INTERVAL, preallocate_bytes=AHEAD),
-        LogConfig(fsync=FsyncPolicy.NEVER, preallocate_bytes=AHEAD),
+        (LogConfig(fsync=FsyncPolicy.ALWAYS), 0),
+        (LogConfig(fsync=FsyncPolicy.INTERVAL), AHEAD),
+        (LogConfig(fsync=FsyncPolicy.NEVER), AHEAD),
     ],
     ids=["off", "interval", "never"],
 )
-def test_no_zeros_when_off_or_not_always(config: LogConfig) -> None:
+def test_no_zeros_when_off_or_not_always(config: tuple[LogConfig, int]) -> None:
     fs = FaultFS()
-    log = PartitionLog.open(fs, DIR, config)
+    log = _open(fs, config[0])
+    log.preallocate_bytes = config[1]
     _durable_appends(log, 20)
     assert _active_file_size(fs, log) == log.size_bytes
     log.close()
@@ -87,7 +95,7 @@ def test_no_zeros_for_a_partition_written_now_and_then() -> None:
     each take preallocate_bytes of disk."""
     now = [1_000_000]
     fs = FaultFS()
-    log = PartitionLog.open(fs, DIR, ALWAYS, clock=lambda: now[0])
+    log = _open(fs, clock=lambda: now[0])
     for i in range(3 * log_module.PREALLOCATE_AFTER_SYNCS):
         now[0] += log_module.PREALLOCATE_WINDOW_MS // (log_module.PREALLOCATE_AFTER_SYNCS - 2)
         _durable_appends(log, 1, start=i)
@@ -99,7 +107,7 @@ def test_no_zeros_for_large_fsyncs() -> None:
     """Group commit under load: each fsync covers more than PREALLOCATE_SMALL_SYNC; zeros
     would double what the disk writes."""
     fs = FaultFS()
-    log = PartitionLog.open(fs, DIR, ALWAYS)
+    log = _open(fs)
     big = b"x" * (log_module.PREALLOCATE_SMALL_SYNC + 1)
     for _ in range(log_module.PREALLOCATE_AFTER_SYNCS + 4):
         log.append(make_batch([big]))
@@ -110,7 +118,7 @@ def test_no_zeros_for_large_fsyncs() -> None:
 
 def test_a_clean_close_cuts_the_zeros_and_a_clean_open_trusts_the_indexes() -> None:
     fs = FaultFS()
-    log = PartitionLog.open(fs, DIR, ALWAYS)
+    log = _open(fs)
     _durable_appends(log, 12)
     assert _active_file_size(fs, log) > log.size_bytes
     end, size = log.log_end_offset, log.size_bytes
@@ -124,8 +132,8 @@ def test_a_clean_close_cuts_the_zeros_and_a_clean_open_trusts_the_indexes() -> N
 
 def test_a_rolled_segment_is_cut_back_to_its_batches_and_synced() -> None:
     fs = FaultFS()
-    config = LogConfig(fsync=FsyncPolicy.ALWAYS, preallocate_bytes=AHEAD, segment_bytes=2048)
-    log = PartitionLog.open(fs, DIR, config)
+    config = LogConfig(fsync=FsyncPolicy.ALWAYS, segment_bytes=2048)
+    log = _open(fs, config)
     _durable_appends(log, 40)  # several segments, each with zeros ahead before it rolled
     log.close()
     bases = sorted(p for p in fs.files() if p.endswith(".log"))
@@ -143,7 +151,7 @@ def test_a_rolled_segment_is_cut_back_to_its_batches_and_synced() -> None:
 
 def test_a_crash_with_zeros_ahead_cuts_them_as_zeros_and_takes_appends() -> None:
     fs = FaultFS()
-    log = PartitionLog.open(fs, DIR, ALWAYS)
+    log = _open(fs)
     _durable_appends(log, 12)
     end = log.log_end_offset
     ahead = _active_file_size(fs, log) - log.size_bytes
@@ -165,7 +173,7 @@ def test_a_crash_with_zeros_ahead_cuts_them_as_zeros_and_takes_appends() -> None
 
 def test_a_crash_names_a_tail_of_zeros(caplog: pytest.LogCaptureFixture) -> None:
     fs = FaultFS()
-    log = PartitionLog.open(fs, DIR, ALWAYS)
+    log = _open(fs)
     _durable_appends(log, 12)
     log.abandon()
     PartitionLog.open(fs.power_cut(mode="lose"), DIR, ALWAYS, clean=False).close()
@@ -176,7 +184,7 @@ def test_zeros_below_the_recovery_point_are_damage_not_an_end() -> None:
     """Synced batches turned to zeros are lost data, not zeros written ahead: reported as
     damage, never cut silently."""
     fs = FaultFS()
-    log = PartitionLog.open(fs, DIR, ALWAYS)
+    log = _open(fs)
     _durable_appends(log, 12)
     end = log.log_end_offset
     path = f"{DIR}/{log.active_segment_base:020d}.log"
@@ -208,7 +216,7 @@ class _ZeroWritesFail(FileHandleWrapper):
 
 def test_zeros_that_cannot_be_written_cost_nothing(caplog: pytest.LogCaptureFixture) -> None:
     inner = FaultFS()
-    log = PartitionLog.open(_FailWrites(inner), DIR, ALWAYS)
+    log = _open(_FailWrites(inner))
     _durable_appends(log, 30)  # the log stays writable, and does not try again and again
     assert caplog.text.count("writing zeros ahead") == 1
     assert len(read_all(log)) == 30
@@ -237,38 +245,88 @@ class _CutFails(FileHandleWrapper):
         self.inner.truncate(size)
 
 
-def test_cutting_the_zeros_of_a_sealed_segment_fails_the_flush() -> None:
+def test_a_roll_that_cannot_cut_the_zeros_fails_and_the_log_stays_writable() -> None:
     fs = FaultFS()
     wrapper = _FailCuts(fs)
-    config = LogConfig(fsync=FsyncPolicy.ALWAYS, preallocate_bytes=AHEAD, segment_bytes=2048)
-    log = PartitionLog.open(wrapper, DIR, config)
+    config = LogConfig(fsync=FsyncPolicy.ALWAYS, segment_bytes=2048)
+    log = _open(wrapper, config)
     _durable_appends(log, 12)
     assert _active_file_size(fs, log) > log.size_bytes
+    end, segments = log.log_end_offset, log.segment_count
     wrapper.fail = True
-    # The next append rolls; the flush after it must cut the old segment's zeros, and fails.
-    big = b"y" * 2048
-    log.append(make_batch([big]))
+    big = make_batch([b"y" * 2048])  # rolls
     with pytest.raises(StorageError, match="cutting the zeros past the end of"):
-        log.flush()
+        log.append(big)
+    assert (log.log_end_offset, log.segment_count) == (end, segments)
+    wrapper.fail = False
+    assert log.append(big).base_offset == end
+    log.flush()
+    assert log.segment_count == segments + 1
+    sealed = f"{DIR}/{log.segment_bases[-2]:020d}.log"
+    assert not fs.contents(sealed).endswith(bytes(64))
+    log.close()
+
+
+def test_a_close_that_cannot_cut_the_zeros_fails_its_flush() -> None:
+    fs = FaultFS()
+    wrapper = _FailCuts(fs)
+    log = _open(wrapper)
+    _durable_appends(log, 12)
+    wrapper.fail = True
+    with pytest.raises(StorageError, match="cutting the zeros past the end of"):
+        log.close()
+    # Not taken as sealed: the next open scans the segment and cuts the zeros as zeros.
+    again = PartitionLog.open(fs, DIR, ALWAYS, clean=True)
+    assert again.log_end_offset == 12
+    assert again.report.truncated_batches_seen == 0
+    again.close()
+
+
+def test_rolls_between_flushes_leave_no_zeros_inside_the_log() -> None:
+    """Appends not waited durable (acks=leader under ``always``) roll segment after segment
+    with no flush between: each roll cuts the zeros at once, so a crash that keeps every
+    write (a killed process: the page cache survives) loses none of them."""
+    fs = FaultFS()
+    config = LogConfig(fsync=FsyncPolicy.ALWAYS, segment_bytes=4096)
+    log = _open(fs, config)
+    _durable_appends(log, 12)
+    flushed = log.flushed_offset
+    assert _active_file_size(fs, log) > log.size_bytes
+    for i in range(200):
+        log.append(make_batch([b"leader-%d" % i]))
+    assert log.segment_count >= 3
+    end = log.log_end_offset
     log.abandon()
+    again = _open(fs, config, clean=False, recovery_point=flushed)
+    assert again.log_end_offset == end
+    assert len(read_all(again)) == end
+    assert again.report.truncated_bytes == 0
+    again.close()
 
 
-def test_the_setting_is_the_managers_not_stored_with_a_log(tmp_path: os.PathLike[str]) -> None:
+def test_the_setting_is_the_managers_for_every_log(tmp_path: os.PathLike[str]) -> None:
     data = str(tmp_path)
-    mgr = LogManager(data, default_config=LogConfig(preallocate_bytes=AHEAD)).open()
-    mgr.create_log("t", 0, LogConfig(fsync=FsyncPolicy.ALWAYS, preallocate_bytes=16384))
+    mgr = LogManager(data, preallocate_bytes=AHEAD).open()
+    created = mgr.create_log("t", 0, LogConfig(fsync=FsyncPolicy.ALWAYS))
+    assert created.preallocate_bytes == AHEAD
     stored = json.loads((tmp_path / "t-0" / "log.json").read_text())
-    assert "preallocate_bytes" not in stored
+    assert not any("prealloc" in k for k in stored)
     mgr.close()
-    mgr = LogManager(data, default_config=LogConfig(preallocate_bytes=0)).open()
-    cfg = mgr.get_log("t", 0).config
-    assert (cfg.fsync, cfg.preallocate_bytes) == (FsyncPolicy.ALWAYS, 0)
+    mgr = LogManager(data, preallocate_bytes=0).open()
+    assert mgr.get_log("t", 0).preallocate_bytes == 0
     mgr.close()
+
+
+def test_the_brokers_setting_reaches_its_logs(tmp_path: os.PathLike[str]) -> None:
+    broker = Broker(BrokerConfig(str(tmp_path), preallocate_bytes=0))
+    assert broker.logs.preallocate_bytes == 0
+    assert Broker(BrokerConfig(str(tmp_path / "b"))).logs.preallocate_bytes == 256 * 1024
 
 
 def test_zeros_ahead_on_a_real_file_system(tmp_path: os.PathLike[str]) -> None:
     directory = str(tmp_path / "p")
     log = PartitionLog.open(OsFileSystem(), directory, ALWAYS)
+    log.preallocate_bytes = AHEAD
     _durable_appends(log, 12)
     path = f"{directory}/{log.active_segment_base:020d}.log"
     size = log.size_bytes
@@ -280,7 +338,9 @@ def test_zeros_ahead_on_a_real_file_system(tmp_path: os.PathLike[str]) -> None:
     assert os.path.getsize(path) == size
 
 
-@pytest.mark.parametrize("bad", [-1, 1, 4095, 64 * 1024 * 1024 + 1])
-def test_out_of_range_settings_are_refused(bad: int) -> None:
-    with pytest.raises(Exception, match="preallocate_bytes"):
-        LogConfig(preallocate_bytes=bad)
+@pytest.mark.parametrize("bad", [-1, 1, 4095, 64 * 1024 * 1024 + 1, True, 4096.0])
+def test_out_of_range_settings_are_refused(bad: int, tmp_path: os.PathLike[str]) -> None:
+    with pytest.raises(InvalidConfigError, match="preallocate_bytes"):
+        LogManager(str(tmp_path), preallocate_bytes=bad)
+    with pytest.raises(InvalidConfigError, match="preallocate_bytes"):
+        BrokerConfig(str(tmp_path), preallocate_bytes=bad)

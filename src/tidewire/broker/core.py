@@ -73,7 +73,12 @@ from tidewire.storage import FsyncPolicy, LogConfig, LogManager, PartitionLog
 from tidewire.storage.damage import Damage
 from tidewire.storage.filecache import open_descriptors, raise_descriptor_limit
 from tidewire.storage.fs import write_atomic
-from tidewire.storage.log import AppendInfo, check_appendable
+from tidewire.storage.log import (
+    DEFAULT_PREALLOCATE_BYTES,
+    AppendInfo,
+    check_appendable,
+    check_preallocate_bytes,
+)
 from tidewire.storage.manager import MAX_PARTITION, validate_topic_name
 
 if TYPE_CHECKING:
@@ -141,6 +146,9 @@ class BrokerConfig:
             opened again when used. 0: a quarter of the descriptor limit, at most
             :data:`MAX_DEFAULT_OPEN_FILES`.
         max_partitions: partitions of all topics together; a creation beyond is refused.
+        preallocate_bytes: zeros written ahead of the appends of a busy ``fsync=always``
+            partition, so that its fsyncs need not grow the file (0: never; see
+            ``docs/storage.md``, "Zeros written ahead"). Applies to every log.
         stream_partitions: partitions of ``__streams``, the shared log of persistent stream
             messages (fixed when it is first created).
         stream_segment_bytes: segment size of ``__streams`` (expired segments are deleted
@@ -170,6 +178,7 @@ class BrokerConfig:
     kafka_groups: KafkaGroupConfig = field(default_factory=KafkaGroupConfig)
     max_open_files: int = 0
     max_partitions: int = DEFAULT_MAX_PARTITIONS
+    preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES
     stream_partitions: int = 4
     stream_segment_bytes: int = 16 * 1024 * 1024
     stream_default_ttl_ms: int = 24 * 3600 * 1000
@@ -190,6 +199,7 @@ class BrokerConfig:
             )
         if self.max_partitions < 1:
             raise InvalidConfigError(f"max_partitions={self.max_partitions} must be >= 1")
+        check_preallocate_bytes(self.preallocate_bytes)
         if not 1 <= self.default_partitions <= MAX_PARTITION:
             raise InvalidConfigError(
                 f"default_partitions={self.default_partitions} must be within 1..{MAX_PARTITION:,}"
@@ -339,7 +349,10 @@ class Broker:
             MIN_OPEN_FILES, min(MAX_DEFAULT_OPEN_FILES, self.descriptor_limit // 4)
         )
         self.logs = LogManager(
-            config.data_dir, default_config=config.log, max_open_files=self.max_open_files
+            config.data_dir,
+            default_config=config.log,
+            max_open_files=self.max_open_files,
+            preallocate_bytes=config.preallocate_bytes,
         )
         #: Principals, keys, ACLs and quotas (the __security log), loaded by start().
         self.security = SecurityStore(self.logs, self.security_config)

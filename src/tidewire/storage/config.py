@@ -40,9 +40,6 @@ class LogConfig:
         max_batch_bytes: the largest batch an append accepts (bytes).
         max_pending_appends: appends awaiting their fsync at once under ``ALWAYS``; beyond,
             :class:`~tidewire.errors.BackpressureError`.
-        preallocate_bytes: under ``ALWAYS``, zeros written ahead of the appends of a
-            partition whose fsyncs each cover little, so that those fsyncs need not grow the
-            file (bytes; 0: never). See ``docs/storage.md``.
     """
 
     segment_bytes: int = 1024 * 1024 * 1024
@@ -54,7 +51,6 @@ class LogConfig:
     index_interval_bytes: int = 4096
     max_batch_bytes: int = 16 * 1024 * 1024
     max_pending_appends: int = 65536
-    preallocate_bytes: int = 256 * 1024
 
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
@@ -93,11 +89,6 @@ class LogConfig:
             f"max_batch_bytes={self.max_batch_bytes:,} must be within 61..268,435,456",
         )
         need(self.max_pending_appends >= 1, "max_pending_appends must be >= 1")
-        need(
-            self.preallocate_bytes == 0 or 4096 <= self.preallocate_bytes <= 64 * 1024 * 1024,
-            f"preallocate_bytes={self.preallocate_bytes:,} must be 0 (off) or within "
-            "4,096..67,108,864",
-        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""

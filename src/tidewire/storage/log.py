@@ -49,6 +49,7 @@ from typing import Protocol, cast
 from tidewire.errors import (
     BackpressureError,
     BatchTooLargeError,
+    InvalidConfigError,
     LogClosedError,
     LogFailedError,
     OffsetOutOfRangeError,
@@ -109,6 +110,11 @@ WRITEBACK_BYTES = 8 * 1024 * 1024
 #: partition: 10,000 partitions each written now and then never get any), when fewer than a
 #: quarter of them are left.
 PREALLOCATE_SMALL_SYNC = 64 * 1024
+#: ``PartitionLog.preallocate_bytes`` unless set (``LogManager(preallocate_bytes=...)``,
+#: ``[broker] preallocate_bytes``); the range allowed.
+DEFAULT_PREALLOCATE_BYTES = 256 * 1024
+MIN_PREALLOCATE_BYTES = 4096
+MAX_PREALLOCATE_BYTES = 64 * 1024 * 1024
 PREALLOCATE_AFTER_SYNCS = 8
 PREALLOCATE_WINDOW_MS = 1000
 #: Default byte budget of one read.
@@ -289,6 +295,9 @@ class _FlushPlan:
     #: A step that already failed on the owner thread (cutting a sealed segment's zeros): the
     #: flush fails with it, as if its own I/O had.
     failed: FlushIOError | None = None
+    #: Segments whose file was cut (:meth:`Segment.trim`) before the plan was made: its syncs
+    #: make their new size durable.
+    cuts: list[Segment] = field(default_factory=list)
 
 
 class PartitionLog:
@@ -342,6 +351,10 @@ class PartitionLog:
         self.on_visible: Callable[[], None] | None = None
         #: Called after :meth:`truncate_to` (the log manager rewrites the recovery checkpoint).
         self.on_truncate: Callable[[PartitionLog], None] | None = None
+        #: Zeros written ahead of the active segment's appends under ``always`` when its
+        #: fsyncs are small ones (bytes; 0: never): see :meth:`_trim_and_preallocate`. A
+        #: setting of the process (the log manager sets it on every log), not of the log.
+        self.preallocate_bytes = DEFAULT_PREALLOCATE_BYTES
         self._pending: list[_Write] = []
         self._pending_bytes = 0
         self._drain_scheduled = False
@@ -912,6 +925,15 @@ class PartitionLog:
 
     def _roll(self) -> Segment:
         old = self._segments[-1]
+        # Cut now, not at the next flush: appends not waited durable (acks=leader) may roll
+        # again and again before one, and a crash would find zeros inside the log.
+        try:
+            old.trim()
+        except OSError as exc:
+            raise StorageError(
+                f"cannot roll {self.directory}: cutting the zeros past the end of "
+                f"{old.log_path} failed: {exc}"
+            ) from exc
         seg = self._new_segment(old.next_offset)
         old.sealed = True
         return seg
@@ -1591,42 +1613,43 @@ class PartitionLog:
         self._flushing = True
         failed = None
         try:
-            trimmed = self._trim_and_preallocate()
+            self._trim_and_preallocate()
         except FlushIOError as exc:
-            failed, trimmed = exc, []
-        syncs = [(s, s.size) for s in self._segments if s.synced_size < s.size or s in trimmed]
-        seals = [(s, *s.seal_files()) for s in self._segments if s.sealed and not s.seal_persisted]
+            failed = exc
+        segs = self._segments
+        cuts = [s for s in segs if s.cut_unsynced]
+        syncs = [(s, s.size) for s in segs if s.synced_size < s.size or s.cut_unsynced]
+        seals = [(s, *s.seal_files()) for s in segs if s.sealed and not s.seal_persisted]
         plan = _FlushPlan(
-            self.log_end_offset, syncs, self._dir_dirty, seals, self._truncations, failed
+            self.log_end_offset, syncs, self._dir_dirty, seals, self._truncations, failed, cuts
         )
         self._dir_dirty = False
         return plan
 
-    def _trim_and_preallocate(self) -> list[Segment]:
-        """Before a flush: cut the zeros written ahead off every sealed segment (returned: each
-        must be synced for its new size to be durable), and write zeros ahead of the active
-        one's appends where its fsyncs are small ones (see :data:`PREALLOCATE_SMALL_SYNC`).
+    def _trim_and_preallocate(self) -> None:
+        """Before a flush: cut the zeros written ahead off every sealed segment still holding
+        them (a roll cuts them at once; a close seals the active segment without rolling), and
+        write zeros ahead of the active one's appends where its fsyncs are small ones (see
+        :data:`PREALLOCATE_SMALL_SYNC`).
 
         Raises:
             FlushIOError: a cut failed (the flush fails with it: a sealed segment whose file
                 holds more than its batches must not be taken as sealed).
         """
-        trimmed = []
         for seg in self._segments:
-            if seg.sealed:
+            if seg.sealed and seg.zeroed_to > seg.size:
                 try:
-                    if seg.trim():
-                        trimmed.append(seg)
+                    seg.trim()
                 except OSError as exc:
                     step = f"cutting the zeros past the end of {os.path.basename(seg.log_path)}"
                     raise FlushIOError(step, exc) from exc
-        nbytes = self.config.preallocate_bytes
+        nbytes = self.preallocate_bytes
         active = self._segments[-1]
         if not nbytes or self.config.fsync is not _ALWAYS or active.sealed:
-            return trimmed
+            return
         pending = active.size - active.synced_size
         if not 0 < pending <= PREALLOCATE_SMALL_SYNC:
-            return trimmed
+            return
         now = self.clock()
         if now - active.small_syncs_since > PREALLOCATE_WINDOW_MS and active.small_syncs >= 0:
             active.small_syncs, active.small_syncs_since = 0, now
@@ -1641,7 +1664,6 @@ class PartitionLog:
             except OSError as exc:  # zeros past the end: nothing lost; no more for this one
                 active.small_syncs = -(1 << 62)
                 log.warning("writing zeros ahead in %s failed: %s", active.log_path, exc)
-        return trimmed
 
     def _flush_io(self, plan: _FlushPlan) -> None:
         """Blocking: fsync the files, the directory, then write the sealed indexes.
@@ -1694,6 +1716,8 @@ class PartitionLog:
                 seg.synced_size = max(seg.synced_size, size)
             for seg, _, _ in plan.seals:
                 seg.seal_persisted = True
+            for seg in plan.cuts:
+                seg.cut_unsynced = False
             self._flushed = max(self._flushed, min(plan.target, self.log_end_offset))
         # else: the log was truncated while this flush ran; what it synced may describe bytes
         # that are gone and offsets that now belong to other batches: the next flush decides.
@@ -2327,6 +2351,16 @@ class FlushIOError(OSError):
         super().__init__(error.errno, error.strerror, error.filename)
         self.step = step
         self.error = error
+
+
+def check_preallocate_bytes(value: int) -> None:
+    """Raise :class:`InvalidConfigError` unless ``value`` is a valid ``preallocate_bytes``."""
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if not ok or not (value == 0 or MIN_PREALLOCATE_BYTES <= value <= MAX_PREALLOCATE_BYTES):
+        raise InvalidConfigError(
+            f"preallocate_bytes={value!r} must be 0 (off) or within "
+            f"{MIN_PREALLOCATE_BYTES:,}..{MAX_PREALLOCATE_BYTES:,}"
+        )
 
 
 def describe_os_error(error: OSError) -> str:

@@ -64,9 +64,11 @@ from tidewire.storage.creation import (
 from tidewire.storage.filecache import CachedFileSystem
 from tidewire.storage.fs import FileLock, FileSystem, LockHeldError, OsFileSystem, write_atomic
 from tidewire.storage.log import (
+    DEFAULT_PREALLOCATE_BYTES,
     Clock,
     FlushStats,
     PartitionLog,
+    check_preallocate_bytes,
     describe_os_error,
     wall_clock_ms,
 )
@@ -135,6 +137,11 @@ class LogManager:
         max_open_files: keep at most this many of the logs' files open at once (see
             :mod:`tidewire.storage.filecache`); ``None``: no bound (one descriptor per
             segment).
+        preallocate_bytes: zeros written ahead of the appends of a busy ``always`` log
+            (``PartitionLog.preallocate_bytes``, set on every log; 0: never).
+
+    Raises:
+        InvalidConfigError: ``preallocate_bytes`` is out of range.
     """
 
     def __init__(
@@ -147,7 +154,12 @@ class LogManager:
         checkpoint_interval_ms: int = 1000,
         retention_check_interval_ms: int = 60_000,
         max_open_files: int | None = None,
+        preallocate_bytes: int = DEFAULT_PREALLOCATE_BYTES,
     ) -> None:
+        check_preallocate_bytes(preallocate_bytes)
+        #: Set on every log (``PartitionLog.preallocate_bytes``): zeros written ahead of a busy
+        #: ``always`` partition's appends.
+        self.preallocate_bytes = preallocate_bytes
         self.data_dir = data_dir.rstrip("/") or "/"
         self.fs: FileSystem = fs or OsFileSystem()
         if max_open_files is not None:
@@ -374,12 +386,7 @@ class LogManager:
         if config is not None:
             return config
         try:
-            config = LogConfig.from_dict(
-                {
-                    **json.loads(raw),
-                    "preallocate_bytes": self.default_config.preallocate_bytes,
-                }
-            )
+            config = LogConfig.from_dict(json.loads(raw))
         except (ValueError, TypeError, AttributeError, InvalidConfigError) as exc:
             raise StorageError(f"log configuration {path} is unreadable: {exc}") from exc
         if len(self._configs) >= MAX_CACHED_CONFIGS:
@@ -410,6 +417,7 @@ class LogManager:
         parts = self._parts.setdefault(topic, set())
         for p, plog in zip(partitions, logs, strict=True):
             plog.on_truncate = self._after_truncate
+            plog.preallocate_bytes = self.preallocate_bytes
             plog.flush_stats = self.flush_stats
             plog.on_unflushed = functools.partial(self._mark_unflushed, (topic, p))
             if plog.flushed_offset < plog.log_end_offset:
@@ -1057,7 +1065,4 @@ def _creation_error(c: Creation, exc: BaseException) -> BaseException:
 
 
 def _config_json(cfg: LogConfig) -> bytes:
-    d = cfg.to_dict()
-    # The broker's, not the log's: each start applies the [log] setting to every log.
-    d.pop("preallocate_bytes")
-    return json.dumps(d, sort_keys=True, indent=2).encode() + b"\n"
+    return json.dumps(cfg.to_dict(), sort_keys=True, indent=2).encode() + b"\n"

@@ -135,6 +135,8 @@ class Segment:
         self.size = 0
         self.synced_size = 0
         self.zeroed_to = 0
+        #: :meth:`trim` cut the file and no flush has synced its new size yet.
+        self.cut_unsynced = False
         self.small_syncs = 0
         self.small_syncs_since = -(1 << 62)
         self.next_offset = base_offset
@@ -711,12 +713,15 @@ class Segment:
         self.zeroed_to = start + nbytes
 
     def trim(self) -> bool:
-        """Cut the zeros :meth:`preallocate` wrote past :attr:`size`; return whether the file
-        changed (its new size is durable only once the file is synced)."""
+        """Cut the zeros :meth:`preallocate` wrote past :attr:`size` (which may count batches
+        reserved and not yet written: they land inside the file); return whether the file
+        changed. Its new size is durable only once the file is synced: until then
+        :attr:`cut_unsynced` is set."""
         if self.zeroed_to <= self.size:
             return False
         self.file.truncate(self.size)
         self.zeroed_to = 0
+        self.cut_unsynced = True
         return True
 
     def truncate_to(
