@@ -303,6 +303,7 @@ def _check_survivor(
         # written ahead of the appends (synced with the batches before them).
         assert _cut_only_zeros(before, survivor), f"{where}: {report}"
         assert report.truncated_batches_seen == 0, f"{where}: {report}"
+        assert report.truncated_zero_bytes == report.truncated_bytes, f"{where}: {report}"
     # The recovered log takes writes, and a clean restart trusts every persisted index.
     assert log.append(make_batch([b"after-recovery"])).base_offset == len(records), where
     log.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 from collections.abc import Sequence
 
@@ -164,6 +165,7 @@ def test_a_crash_with_zeros_ahead_cuts_them_as_zeros_and_takes_appends() -> None
     assert report.truncated_bytes == ahead
     assert report.truncated_from_offset == end
     assert report.truncated_batches_seen == 0
+    assert report.truncated_zero_bytes == ahead
     assert again.corruption is None
     assert again.append(make_batch([b"after"])).base_offset == end
     again.flush()
@@ -171,13 +173,38 @@ def test_a_crash_with_zeros_ahead_cuts_them_as_zeros_and_takes_appends() -> None
     again.close()
 
 
-def test_a_crash_names_a_tail_of_zeros(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_crash_names_a_tail_of_zeros_and_does_not_warn(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="tidewire.storage")
     fs = FaultFS()
     log = _open(fs)
     _durable_appends(log, 12)
     log.abandon()
     PartitionLog.open(fs.power_cut(mode="lose"), DIR, ALWAYS, clean=False).close()
-    assert "zeros to the end of the file" in caplog.text
+    cuts = [r for r in caplog.records if "cut" in r.getMessage()]
+    assert [r.levelno for r in cuts] == [logging.INFO]
+    assert "bytes of zeros after its last batch (offset 12)" in cuts[0].getMessage()
+
+
+def test_a_torn_batch_over_zeros_is_still_a_torn_tail(caplog: pytest.LogCaptureFixture) -> None:
+    """Half a batch written over the zeros: a torn tail, warned of, not counted as zeros."""
+    fs = FaultFS()
+    log = _open(fs)
+    _durable_appends(log, 12)
+    path = f"{DIR}/{log.active_segment_base:020d}.log"
+    size = log.size_bytes
+    log.abandon()
+    survivor = fs.power_cut(mode="lose")
+    data = survivor.contents(path)
+    half = make_batch([b"torn" * 50])[:60]
+    survivor.set_contents(path, data[:size] + half + data[size + len(half) :])
+    again = PartitionLog.open(survivor, DIR, ALWAYS, clean=False)
+    assert again.log_end_offset == 12
+    assert again.report.truncated_zero_bytes == 0
+    assert again.report.truncated_bytes == len(data) - size
+    assert "cut a torn tail" in caplog.text
+    again.close()
 
 
 def test_zeros_below_the_recovery_point_are_damage_not_an_end() -> None:
@@ -338,7 +365,7 @@ def test_zeros_ahead_on_a_real_file_system(tmp_path: os.PathLike[str]) -> None:
     assert os.path.getsize(path) == size
 
 
-@pytest.mark.parametrize("bad", [-1, 1, 4095, 64 * 1024 * 1024 + 1, True, 4096.0])
+@pytest.mark.parametrize("bad", [-1, 1, 4095, 16 * 1024 * 1024 + 1, True, 4096.0])
 def test_out_of_range_settings_are_refused(bad: int, tmp_path: os.PathLike[str]) -> None:
     with pytest.raises(InvalidConfigError, match="preallocate_bytes"):
         LogManager(str(tmp_path), preallocate_bytes=bad)

@@ -229,6 +229,17 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    preallocate_bytes: Annotated[
+        int | None,
+        typer.Option(
+            help=_help(
+                "preallocate_bytes",
+                "Zeros written ahead of a busy fsync=always partition's appends, so that its "
+                "fsyncs need not grow the file (bytes; 0: off).",
+            ),
+            show_default=False,
+        ),
+    ] = None,
     fsync: Annotated[
         FsyncPolicy | None,
         typer.Option(
@@ -870,6 +881,7 @@ def serve(
         "max_open_files": max_open_files,
         "max_partitions": max_partitions,
         "fetch_max_bytes": fetch_max_bytes,
+        "preallocate_bytes": preallocate_bytes,
         "stream_partitions": stream_partitions,
         "stream_segment_bytes": stream_segment_bytes,
         "stream_default_ttl_ms": stream_default_ttl_ms,

@@ -546,12 +546,13 @@ class _BrokerCollector(Collector):
             c = _counter(name, doc)
             c.add_metric([], value)
             yield c
-        scanned = truncated = damaged = segments = 0
+        scanned = truncated = zeros = damaged = segments = 0
         for plog in list(logs.logs.values()):
             rep = plog.report
             scanned += rep.scanned_segments
             segments += rep.segments
             truncated += rep.truncated_bytes
+            zeros += rep.truncated_zero_bytes
             damaged += len(rep.damage)
         figures: tuple[tuple[str, float, str], ...] = (
             (
@@ -574,6 +575,11 @@ class _BrokerCollector(Collector):
                 "tidewire_recovery_truncated_bytes",
                 truncated,
                 "Bytes of torn tails cut by the last start.",
+            ),
+            (
+                "tidewire_recovery_truncated_zero_bytes",
+                zeros,
+                "Of those, bytes of zeros after a log's last batch (written ahead of appends).",
             ),
             ("tidewire_recovery_damaged_ranges", damaged, "Damaged ranges the last start found."),
             (

@@ -76,6 +76,7 @@ from tidewire.storage.flusher import run_flush_job
 from tidewire.storage.fs import FileHandle, FileSystem, write_atomic
 from tidewire.storage.segment import (
     PREFIX,
+    ZERO_TAIL,
     BadBatch,
     CorruptBatchFound,
     Segment,
@@ -114,7 +115,7 @@ PREALLOCATE_SMALL_SYNC = 64 * 1024
 #: ``[broker] preallocate_bytes``); the range allowed.
 DEFAULT_PREALLOCATE_BYTES = 256 * 1024
 MIN_PREALLOCATE_BYTES = 4096
-MAX_PREALLOCATE_BYTES = 64 * 1024 * 1024
+MAX_PREALLOCATE_BYTES = 16 * 1024 * 1024
 PREALLOCATE_AFTER_SYNCS = 8
 PREALLOCATE_WINDOW_MS = 1000
 #: Default byte budget of one read.
@@ -176,6 +177,9 @@ class RecoveryReport:
     truncated_bytes: int = 0
     truncated_from_offset: int | None = None
     truncated_batches_seen: int = 0
+    #: Of ``truncated_bytes``, those of a cut that held nothing but zeros (written ahead of
+    #: the appends, or a write that never reached the disk): no batch was in them.
+    truncated_zero_bytes: int = 0
     removed_files: list[str] = field(default_factory=list)
     damage: list[Damage] = field(default_factory=list)  # damaged ranges found by the scan
     below_recovery_point: int | None = None  # the recovery point, if the log ends below it
@@ -573,11 +577,11 @@ class PartitionLog:
     def _cut_torn_tail(self, i: int, bad: BadBatch, file_size: int) -> None:
         """Truncate segment ``i`` at the bad batch and drop every later segment."""
         seg = self._segments[i]
+        dropped = len(self._segments) - i - 1
         cut = file_size - bad.position
         tail = seg.file.pread(min(cut, 64 * 1024 * 1024), bad.position)
         seen = sum(1 for _ in _headers_in(tail))
         seg.file.truncate(bad.position)
-        seg.zeroed_to = 0
         seg.file.sync()
         for later in self._segments[i + 1 :]:
             cut += later.file.size()
@@ -591,6 +595,17 @@ class PartitionLog:
         r.truncated_bytes = cut
         r.truncated_from_offset = bad.offset
         r.truncated_batches_seen = seen
+        if bad.reason.startswith(ZERO_TAIL) and not dropped:
+            # Zeros, no batch: what a crash leaves after zeros written ahead. Not a warning.
+            r.truncated_zero_bytes = cut
+            log.info(
+                "recovery of %s cut %d bytes of zeros after its last batch (offset %d) in %s",
+                self.directory,
+                cut,
+                bad.offset,
+                bad.path,
+            )
+            return
         log.warning(
             "recovery of %s cut a torn tail: %d bytes from offset %d at byte %d of %s (%s)",
             self.directory,

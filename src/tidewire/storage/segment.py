@@ -15,6 +15,7 @@ accepts 0 only; a replicated log raises it with each new leader epoch
 
 from __future__ import annotations
 
+import functools
 import struct
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, replace
@@ -55,6 +56,8 @@ _EPOCH_WALK = struct.Struct(">qiibIhi")
 #: Bytes read at a time by the epoch walk: one read covers the headers of many small batches;
 #: a batch larger than this costs one read of its header.
 EPOCH_WALK_BYTES = 64 * 1024
+#: How :meth:`Segment.scan` names a tail of nothing but zeros (see :meth:`Segment.preallocate`).
+ZERO_TAIL = "zeros to the end of the file"
 #: The 16 bytes the broker writes in front of each stored batch.
 PREFIX = struct.Struct(">qii")  # base_offset, batch_length, partition_leader_epoch
 
@@ -361,7 +364,7 @@ class Segment:
                 if self._zeros_from(pos, file_size):
                     # Zeros written ahead of the appends (preallocate), or never written:
                     # cut as a torn tail is, under a name that says so.
-                    bad = replace(bad, reason=f"zeros to the end of the file ({bad.reason})")
+                    bad = replace(bad, reason=f"{ZERO_TAIL} ({bad.reason})")
                 return damages, bad
             found = self.find_valid_batch(pos + 1, file_size, bad.offset, None)
             if found is None:
@@ -709,7 +712,7 @@ class Segment:
             OSError: the write failed (what it wrote is zeros past :attr:`size`: harmless).
         """
         start = max(self.size, self.zeroed_to)
-        self.file.pwritev((bytes(nbytes),), start)
+        self.file.pwritev((_zeros(nbytes),), start)
         self.zeroed_to = start + nbytes
 
     def trim(self) -> bool:
@@ -736,6 +739,12 @@ class Segment:
         self.sealed = False
         self.seal_persisted = False
         return self.scan(1 << 62)
+
+
+@functools.lru_cache(maxsize=2)
+def _zeros(nbytes: int) -> bytes:
+    """``nbytes`` zero bytes, made once per size (the setting is one size a process)."""
+    return bytes(nbytes)
 
 
 def _batch_size(buf: bytes, pos: int = 0) -> int | None:
