@@ -309,6 +309,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self._sink: bytearray | None = None
         self._sinking = False
         self.transport: asyncio.Transport | None = None
+        #: Answers written in this loop turn, not yet handed to the transport (:meth:`_write`).
+        self._held: list[Buffer] = []
         #: Whether the connection is TLS, and the principal its verified client certificate
         #: names (``tls_principal_field``; None: no certificate, or no TLS).
         self.tls = False
@@ -456,6 +458,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        self._held = []
         self.server.connections.discard(self)
         if self._counted:
             reason = self.close_reason or ("error" if exc is not None else "peer")
@@ -504,7 +507,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
                     if self._produce_now(event):
                         continue
                     self._produce_tasks += 1
-                task = asyncio.get_running_loop().create_task(self._handle(event))
+                task = (self.loop or asyncio.get_running_loop()).create_task(self._handle(event))
                 self.tasks.add(task)
                 task.add_done_callback(self._task_done)
 
@@ -735,6 +738,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
     def _unsent(self) -> int:
         t = self.transport
         buffered = t.get_write_buffer_size() if t is not None and not t.is_closing() else 0
+        if self._held:
+            buffered += sum(map(len, self._held))
         return self.reserved + buffered
 
     async def _reserve_output(self, size: int) -> None:
@@ -780,11 +785,31 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             self.close()
 
     def _write(self, buffers: list[Buffer]) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines(buffers)
+        """Send an answer: held until the server's :meth:`TcpServer._send_held` runs (the
+        next callback of the loop), so that the answers of one loop turn go out in one
+        system call. A group commit settles every produce request it covers in one step:
+        written one by one, each answer was a ``write`` of its own and, the first one,
+        a wake-up of the client that then read them one by one."""
+        t = self.transport
+        if t is not None and not self._lost and not t.is_closing():
+            if not self._held:
+                self.server.hold(self)
+            self._held.extend(buffers)
         self._after_response()
 
+    def send_held(self) -> None:
+        """Hand the answers held (:meth:`_write`) to the transport, before anything else is
+        written to it: the order of what the client receives is the order it was sent in."""
+        held = self._held
+        if not held:
+            return
+        self._held = []
+        t = self.transport
+        if t is not None and not self._lost and not t.is_closing():
+            t.writelines(held)
+
     def _write_push(self, buffers: list[Buffer]) -> None:
+        self.send_held()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.writelines(buffers)
 
@@ -802,6 +827,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.closing = True
         self.close_reason = self.close_reason or "protocol"
         self.subscriptions.close()
+        self.send_held()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.writelines(Connection.error_frame(exc))
             self.close()
@@ -823,6 +849,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.subscriptions.close()
         if self._timer is not None:
             self._timer.cancel()
+        self.send_held()
         self.transport.writelines(Connection.error_frame(ShuttingDownError(_GOING_AWAY)))
         self.close()
 
@@ -843,6 +870,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         t = self.transport
         if t is None or self._lost:
             return
+        self.send_held()  # a close sends what the transport holds, and nothing after it
         t.close()  # idempotent
         if self._reset_timer is None:
             delay = self.server.config.frame_timeout_s
@@ -984,6 +1012,9 @@ class TcpServer:
         self.drain_refused = 0
         #: Set whenever the last connection closes.
         self.all_closed = asyncio.Event()
+        #: Connections holding answers until :meth:`_send_held` runs (see
+        #: ``_ClientProtocol._write``): one callback a loop turn for all of them.
+        self._holding: list[_ClientProtocol] = []
 
         #: max_connections as the descriptor limit allows (see :meth:`start`).
         self.max_connections = self.config.max_connections
@@ -994,6 +1025,18 @@ class TcpServer:
         self.metrics = metrics_for(broker)
         self.metrics.tcp_servers.add(self)
         self.metrics.security_stats = self.gate.stats
+
+    def hold(self, conn: _ClientProtocol) -> None:
+        """Send ``conn``'s held answers in the loop's next callback (with those of every
+        connection that holds some by then)."""
+        if not self._holding:
+            (conn.loop or asyncio.get_running_loop()).call_soon(self._send_held)
+        self._holding.append(conn)
+
+    def _send_held(self) -> None:
+        holding, self._holding = self._holding, []
+        for conn in holding:
+            conn.send_held()
 
     def _fit_connections(self) -> None:
         """Check max_connections against the descriptor limit (see the module docstring).
