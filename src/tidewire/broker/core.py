@@ -376,6 +376,9 @@ class Broker:
         #: Replication (cluster mode: set by the node layer before serving); None on a single
         #: node, where this node leads everything it holds and nothing waits for replicas.
         self.replication: ReplicaManager | None = None
+        #: The loop the broker was started on (asked once: each ``get_running_loop`` is a
+        #: ``getpid`` system call on CPython 3.11, once a produce request on the fast path).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -418,7 +421,7 @@ class Broker:
             self.list_offset,
             kafka_config=self.config.kafka_groups,
         )
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._maintenance = loop.create_task(self.logs.run(), name="log maintenance")
         self._maintenance.add_done_callback(_log_task_failure)
         self._producer_task = loop.create_task(self._producer_upkeep(), name="producer upkeep")
@@ -983,7 +986,7 @@ class Broker:
         if any(dup is not None for dup in plan):
             return False  # answered with the first copy's offsets once it is settled: awaits
         # As in _produce_idempotent, with every batch stored.
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[bool] = (self._loop or asyncio.get_running_loop()).create_future()
         now = int(time.time() * 1000)
         first = plog.log_end_offset
         next_offset = first
@@ -1608,7 +1611,7 @@ class Broker:
                 f"{self._n_waiters:,} fetches are waiting "
                 f"(max_fetch_waiters={self.config.max_fetch_waiters:,})"
             )
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         deadline = loop.time() + wait
         releases = self._releases
         while True:
@@ -1874,7 +1877,7 @@ async def _woken_or_timeout(fut: asyncio.Future[None], timeout_s: float | None) 
     extra futures cost two more turns of the loop between a wake-up and the reader."""
     timer = None
     if timeout_s is not None:
-        timer = asyncio.get_running_loop().call_later(timeout_s, _resolve, fut)
+        timer = fut.get_loop().call_later(timeout_s, _resolve, fut)
     try:
         await fut
     finally:

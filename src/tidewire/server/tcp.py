@@ -573,7 +573,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
                 self.conn.discard(cid)
                 self._after_response()
             else:
-                self._write(self.conn.send_response(cid, reply))
+                self._write_held(self.conn.send_response(cid, reply))
             if metrics.enabled:
                 metrics.observe_request("binary", "PRODUCE", time.perf_counter() - started, 0)
             if not self.tasks and not self.inline:
@@ -785,11 +785,20 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             self.close()
 
     def _write(self, buffers: list[Buffer]) -> None:
-        """Send an answer: held until the server's :meth:`TcpServer._send_held` runs (the
-        next callback of the loop), so that the answers of one loop turn go out in one
-        system call. A group commit settles every produce request it covers in one step:
-        written one by one, each answer was a ``write`` of its own and, the first one,
-        a wake-up of the client that then read them one by one."""
+        """Send an answer now (after the answers held, if any)."""
+        self.send_held()
+        t = self.transport
+        if t is not None and not t.is_closing():
+            t.writelines(buffers)
+        self._after_response()
+
+    def _write_held(self, buffers: list[Buffer]) -> None:
+        """Send an answer settled by a group commit (or an append): held until the server's
+        :meth:`TcpServer._send_held` runs (the next callback of the loop), so that the
+        answers one commit settles go out together. The commit settles every produce
+        request it covers in one step: written one by one, each answer was a ``write`` of
+        its own (a loopback send) and the first one woke the client, which then read them
+        one by one."""
         t = self.transport
         if t is not None and not self._lost and not t.is_closing():
             if not self._held:
@@ -798,7 +807,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self._after_response()
 
     def send_held(self) -> None:
-        """Hand the answers held (:meth:`_write`) to the transport, before anything else is
+        """Hand the answers held (:meth:`_write_held`) to the transport, before anything else is
         written to it: the order of what the client receives is the order it was sent in."""
         held = self._held
         if not held:
