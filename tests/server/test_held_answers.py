@@ -105,24 +105,58 @@ def test_an_error_frame_comes_after_the_answers_held(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def main() -> None:
-        async with serve(tmp_path) as (_, server), Client.connect(server) as c:
-            await c.call(CreateTopicRequest(name="t", config=TopicConfig(fsync="never")))
-            # Held answers stay held: only what is written after them may send them.
-            monkeypatch.setattr(tcp.TcpServer, "hold", lambda self, conn: None)
-            d = batch([b"v"])
-            corr = c.send(_produce(d), [d])
-            await c.writer.drain()
-            (conn,) = server.connections
-            for _ in range(500):  # bounded: the request is read and answered (held)
-                if conn._held:
-                    break
-                await asyncio.sleep(0.01)
-            assert conn._held
-            conn.go_away()
-            body = (await c.response(corr)).body
-            assert isinstance(body, ProduceResponse)
-            assert body.results[0].base_offset == 0
-            event = await c.next_event()  # then the error frame, then the close
-            assert getattr(event, "error", None) is not None
+        async with serve(tmp_path) as (broker, server), Client.connect(server) as c:
+            await c.call(CreateTopicRequest(name="t", config=ALWAYS))
+            plog = broker.logs.logs[("t", 0)]
+            held = HeldExecutor()
+            loop = asyncio.get_running_loop()
+            set_flush_executor(loop, held)
+            try:
+                a, b = batch([b"a"]), batch([b"b"])
+                first = c.send(_produce(a), [a])
+                await c.writer.drain()
+                await _until(lambda: plog.log_end_offset == 1 and len(held.jobs) == 1)
+                c.send(_produce(b), [b])  # appended, waits for the next commit
+                await c.writer.drain()
+                await _until(lambda: plog.log_end_offset == 2)
+                # Held answers stay held: only what is written after them may send them.
+                monkeypatch.setattr(tcp.TcpServer, "hold", lambda self, conn: None)
+                held.jobs.pop(0)()  # the first commit: its answer is held (b still waits)
+                (conn,) = server.connections
+                await _until(lambda: bool(conn._held))
+                conn.go_away()
+                body = (await c.response(first)).body
+                assert isinstance(body, ProduceResponse)
+                assert body.results[0].base_offset == 0
+                event = await c.next_event()  # then the error frame, then the close
+                assert getattr(event, "error", None) is not None
+            finally:
+                set_flush_executor(loop, None)
+                held.run_all()
 
     asyncio.run(main())
+
+
+def test_a_lone_answer_is_written_at_once(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (_, server), Client.connect(server) as c:
+            await c.call(CreateTopicRequest(name="t", config=ALWAYS))
+            (conn,) = server.connections
+            held: list[int] = []
+            inner = conn._write_held
+            conn._write_held = lambda buffers: (held.append(1), inner(buffers))  # type: ignore[method-assign]
+            for i in range(3):  # one at a time: nothing else of this connection waits
+                d = batch([f"v{i}".encode()])
+                body = (await c.rpc(_produce(d), [d])).body
+                assert body.results[0].base_offset == i
+            assert held == []
+
+    asyncio.run(main())
+
+
+async def _until(ok: Any) -> None:
+    for _ in range(500):  # bounded
+        if ok():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not reached within 5 s")

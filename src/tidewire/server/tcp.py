@@ -572,8 +572,13 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             if reply is None:  # acks=0: no answer
                 self.conn.discard(cid)
                 self._after_response()
-            else:
+            elif self.inline:
+                # More of this connection's produce requests wait, maybe settled in this
+                # same step: their answers go out together.
                 self._write_held(self.conn.send_response(cid, reply))
+            else:
+                # The last one (one at a time, always): at once, with those held before it.
+                self._write(self.conn.send_response(cid, reply))
             if metrics.enabled:
                 metrics.observe_request("binary", "PRODUCE", time.perf_counter() - started, 0)
             if not self.tasks and not self.inline:
@@ -785,11 +790,14 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             self.close()
 
     def _write(self, buffers: list[Buffer]) -> None:
-        """Send an answer now (after the answers held, if any)."""
-        self.send_held()
-        t = self.transport
-        if t is not None and not t.is_closing():
-            t.writelines(buffers)
+        """Send an answer now, in one ``writelines`` with the answers held, if any."""
+        if self._held:
+            self._held.extend(buffers)
+            self.send_held()
+        else:
+            t = self.transport
+            if t is not None and not t.is_closing():
+                t.writelines(buffers)
         self._after_response()
 
     def _write_held(self, buffers: list[Buffer]) -> None:
