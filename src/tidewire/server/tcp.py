@@ -120,6 +120,8 @@ _CONNECTION_IDS = itertools.count(1)
 
 #: API key -> name, the label of request metrics.
 _API_NAMES = {int(k): k.name for k in ApiKey}
+#: API key -> member: a lookup, not an enum call, once a request.
+_API_KEYS = {int(k): k for k in ApiKey}
 _PRODUCE = int(ApiKey.PRODUCE)
 
 #: The event loops ``tidewire serve`` can run on.
@@ -654,7 +656,9 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         """Handle one request; the error code it was answered with (0: none)."""
         if ev.api_key in SESSION_APIS and await self._authenticate(ev):
             return 0
-        api = ApiKey(ev.api_key)
+        api = _API_KEYS.get(ev.api_key)
+        if api is None:
+            api = ApiKey(ev.api_key)
         try:
             principal = self.server.gate.check(self.session, api.name, API_NEEDS.get(api), ev.body)
         except TidewireError as exc:
