@@ -1601,11 +1601,13 @@ class Broker:
             PartitionCorruptError: for the first partition that fails.
             BackpressureError: too many fetches are waiting.
         """
+        now = self.fetch_now(
+            wants, max_wait_ms=max_wait_ms, min_bytes=min_bytes, max_bytes=max_bytes
+        )
+        if now is not None:
+            return now
         max_bytes = min(max_bytes, self.config.fetch_max_bytes)
-        results = self._read(wants, max_bytes)
         wait = min(max_wait_ms, self.config.max_wait_ms) / 1000
-        if wait <= 0 or self._closing or sum(len(r.data) for r in results) >= min_bytes:
-            return self._delivered(wants, results)
         if self._n_waiters >= self.config.max_fetch_waiters:
             raise BackpressureError(
                 f"{self._n_waiters:,} fetches are waiting "
@@ -1635,6 +1637,25 @@ class Broker:
             released = self._closing or self._releases != releases
             if enough or released or loop.time() >= deadline:
                 return self._delivered(wants, results)
+
+    def fetch_now(
+        self,
+        wants: Sequence[tuple[str, int, int, int]],
+        *,
+        max_wait_ms: int = 0,
+        min_bytes: int = 1,
+        max_bytes: int = 16 * 1024 * 1024,
+    ) -> list[FetchResult] | None:
+        """:meth:`fetch` when it need not wait: what it returns at once (data enough, no wait
+        asked for, or the broker closing), else None, having delivered nothing (the caller
+        then awaits :meth:`fetch`). Same arguments and errors as :meth:`fetch`, but never
+        ``BackpressureError``."""
+        max_bytes = min(max_bytes, self.config.fetch_max_bytes)
+        results = self._read(wants, max_bytes)
+        wait = min(max_wait_ms, self.config.max_wait_ms) / 1000
+        if wait <= 0 or self._closing or sum(len(r.data) for r in results) >= min_bytes:
+            return self._delivered(wants, results)
+        return None
 
     def _delivered(
         self, wants: Sequence[tuple[str, int, int, int]], results: list[FetchResult]

@@ -106,7 +106,7 @@ from tidewire.security.tls import (
 )
 from tidewire.server.envelope import serve_envelope
 from tidewire.server.gate import SESSION_APIS, Session, gate_for, source_of
-from tidewire.server.handlers import HANDLERS, ServerInfo, produce, produce_soon
+from tidewire.server.handlers import HANDLERS, ServerInfo, fetch, fetch_now, produce, produce_soon
 from tidewire.server.needs import API_NEEDS
 from tidewire.server.push import MAX_SUBSCRIPTIONS, PUSH_APIS, Subscriptions
 from tidewire.server.queue_handlers import QUEUE_APIS, QueueSession
@@ -123,6 +123,7 @@ _API_NAMES = {int(k): k.name for k in ApiKey}
 #: API key -> member: a lookup, not an enum call, once a request.
 _API_KEYS = {int(k): k for k in ApiKey}
 _PRODUCE = int(ApiKey.PRODUCE)
+_FETCH = int(ApiKey.FETCH)
 
 #: The event loops ``tidewire serve`` can run on.
 EVENT_LOOPS = ("auto", "asyncio", "uvloop")
@@ -509,6 +510,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
                     if self._produce_now(event):
                         continue
                     self._produce_tasks += 1
+                elif event.api_key == _FETCH and self._fetch_now(event):
+                    continue
                 task = (self.loop or asyncio.get_running_loop()).create_task(self._handle(event))
                 self.tasks.add(task)
                 task.add_done_callback(self._task_done)
@@ -525,17 +528,12 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         its task to run (batches are appended in the order their requests arrived). False:
         nothing was done, the request gets a task.
         """
-        server = self.server
         body = ev.body
         if (
             self._produce_tasks
             or not isinstance(body, ProduceRequest)
             or HANDLERS.get(_PRODUCE) is not produce
-            or server.broker.replication is not None
-            or server.gate.enabled
-            or self.session.principal_name
-            or self.session.cert_principal
-            or tracing.tracer() is not None
+            or not self._fast_path()
         ):
             return False
         # The request's own context, as a task would have: log lines and audit events of the
@@ -597,6 +595,73 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             if not taken:
                 self.inline -= 1
         return taken
+
+    def _fast_path(self) -> bool:
+        """Whether a request may be handled in the read callback (``_produce_now``,
+        ``_fetch_now``): a single node, no authentication or principal (no ACL, quota or
+        throttle applies), no tracing."""
+        server = self.server
+        return not (
+            server.broker.replication is not None
+            or server.gate.enabled
+            or self.session.principal_name
+            or self.session.cert_principal
+            or tracing.tracer() is not None
+        )
+
+    def _fetch_now(self, ev: RequestReceived) -> bool:
+        """Answer a fetch in the read callback itself, without a task, when the broker has
+        its answer at once (data there, or no wait asked for: a consumer that is behind) and
+        the answer fits under ``max_unsent_bytes`` now. A task costs a loop turn to start,
+        a coroutine a frame of the chain, and the answer nothing less.
+
+        On the fast path's terms (:meth:`_fast_path`) with the standard handler. False:
+        nothing was answered and nothing delivered (a fetch that must wait, a partition that
+        fails, no room for the answer yet), the request gets a task, which reads again.
+        """
+        server = self.server
+        body = ev.body
+        if (
+            not isinstance(body, FetchRequest)
+            or HANDLERS.get(_FETCH) is not fetch
+            or not self._fast_path()
+        ):
+            return False
+        size = max(min(body.max_bytes, server.broker.config.fetch_max_bytes), 0)
+        unsent = self._unsent()
+        if unsent > 0 and unsent + size > server.config.max_unsent_bytes:
+            return False  # the task waits for room (_reserve_output)
+        ctx = contextvars.copy_context()
+        try:
+            return ctx.run(self._fetch_in_context, ev, body)
+        except Exception as exc:  # a bug: as a task's failure, the client is told
+            log.error("request handler failed", exc_info=exc)
+            self._fail(UnknownError(f"internal error: {exc!r}"))
+            return True
+
+    def _fetch_in_context(self, ev: RequestReceived, body: FetchRequest) -> bool:
+        server = self.server
+        metrics = server.metrics
+        started = time.perf_counter() if metrics.enabled else 0.0
+        try:
+            server.gate.check(self.session, "FETCH", API_NEEDS.get(ApiKey.FETCH), body)
+        except TidewireError as exc:
+            error = self._error(ev, exc)
+            if metrics.enabled:
+                metrics.observe_request("binary", "FETCH", time.perf_counter() - started, error)
+            return True
+        # The request's own context (copied: dropped if the task takes the request).
+        server.gate.enter(self.session, None)
+        logs.bind_request(self.log_id, f"{self.log_id}-{ev.correlation_id}", "FETCH", "")
+        reply = fetch_now(server.broker, body)
+        if reply is None:
+            return False
+        answer, data = reply
+        assert answer is not None  # a fetch is always answered
+        self._write(self.conn.send_response(ev.correlation_id, answer, data))
+        if metrics.enabled:
+            metrics.observe_request("binary", "FETCH", time.perf_counter() - started, 0)
+        return True
 
     async def _authenticate(self, ev: RequestReceived) -> bool:
         """Answer the SASL exchange and WHOAMI, which act on the connection's session;
