@@ -79,8 +79,18 @@ def broker_delivered(server: Any) -> int:
 
 
 def test_a_fetch_that_waits_takes_the_task_and_is_woken(
-    tmp_path: Path, tasks_of: list[int]
+    tmp_path: Path, tasks_of: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    tried: list[Any] = []
+    inner = tcp.fetch_now
+
+    def counted(b: Any, req: Any) -> Any:
+        tried.append(req)
+        return inner(b, req)
+
+    # A reader caught up goes straight to the task, without a read that finds nothing.
+    monkeypatch.setattr(tcp, "fetch_now", counted)
+
     async def main() -> None:
         async with serve(tmp_path) as (_, server), Client.connect(server) as c:
             await c.call(CreateTopicRequest(name="t", config=TopicConfig(fsync="always")))
@@ -90,6 +100,7 @@ def test_a_fetch_that_waits_takes_the_task_and_is_woken(
                 await c.writer.drain()
                 await c.ping()  # the fetch has reached its wait
                 assert tasks_of.count(FETCH) == 1
+                assert tried == []
                 await _produce(producer, [b"x"])
                 event = await c.response(corr)
                 assert [r.value for r in records(bytes(event.data))] == [b"x"]

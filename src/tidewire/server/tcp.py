@@ -627,7 +627,18 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             or not self._fast_path()
         ):
             return False
-        size = max(min(body.max_bytes, server.broker.config.fetch_max_bytes), 0)
+        broker = server.broker
+        if body.max_wait_ms > 0 and body.min_bytes > 0:
+            # A reader caught up on every partition waits: straight to the task, without a
+            # read here that finds nothing (errors, too, are the task path's to give).
+            try:
+                if all(
+                    p.offset >= broker.high_watermark(p.topic, p.partition) for p in body.partitions
+                ):
+                    return False
+            except TidewireError:
+                return False
+        size = max(min(body.max_bytes, broker.config.fetch_max_bytes), 0)
         unsent = self._unsent()
         if unsent > 0 and unsent + size > server.config.max_unsent_bytes:
             return False  # the task waits for room (_reserve_output)
