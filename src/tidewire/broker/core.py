@@ -389,6 +389,9 @@ class Broker:
         #: Replication (cluster mode: set by the node layer before serving); None on a single
         #: node, where this node leads everything it holds and nothing waits for replicas.
         self.replication: ReplicaManager | None = None
+        #: The loop the broker was started on (asked once: each ``get_running_loop`` is a
+        #: ``getpid`` system call on CPython 3.11, once a produce request on the fast path).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -431,7 +434,7 @@ class Broker:
             self.list_offset,
             kafka_config=self.config.kafka_groups,
         )
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._maintenance = loop.create_task(self.logs.run(), name="log maintenance")
         self._maintenance.add_done_callback(_log_task_failure)
         self._producer_task = loop.create_task(self._producer_upkeep(), name="producer upkeep")
@@ -996,7 +999,7 @@ class Broker:
         if any(dup is not None for dup in plan):
             return False  # answered with the first copy's offsets once it is settled: awaits
         # As in _produce_idempotent, with every batch stored.
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[bool] = (self._loop or asyncio.get_running_loop()).create_future()
         now = int(time.time() * 1000)
         first = plog.log_end_offset
         next_offset = first
@@ -1611,17 +1614,19 @@ class Broker:
             PartitionCorruptError: for the first partition that fails.
             BackpressureError: too many fetches are waiting.
         """
+        now = self.fetch_now(
+            wants, max_wait_ms=max_wait_ms, min_bytes=min_bytes, max_bytes=max_bytes
+        )
+        if now is not None:
+            return now
         max_bytes = min(max_bytes, self.config.fetch_max_bytes)
-        results = self._read(wants, max_bytes)
         wait = min(max_wait_ms, self.config.max_wait_ms) / 1000
-        if wait <= 0 or self._closing or sum(len(r.data) for r in results) >= min_bytes:
-            return self._delivered(wants, results)
         if self._n_waiters >= self.config.max_fetch_waiters:
             raise BackpressureError(
                 f"{self._n_waiters:,} fetches are waiting "
                 f"(max_fetch_waiters={self.config.max_fetch_waiters:,})"
             )
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         deadline = loop.time() + wait
         releases = self._releases
         while True:
@@ -1645,6 +1650,25 @@ class Broker:
             released = self._closing or self._releases != releases
             if enough or released or loop.time() >= deadline:
                 return self._delivered(wants, results)
+
+    def fetch_now(
+        self,
+        wants: Sequence[tuple[str, int, int, int]],
+        *,
+        max_wait_ms: int = 0,
+        min_bytes: int = 1,
+        max_bytes: int = 16 * 1024 * 1024,
+    ) -> list[FetchResult] | None:
+        """:meth:`fetch` when it need not wait: what it returns at once (data enough, no wait
+        asked for, or the broker closing), else None, having delivered nothing (the caller
+        then awaits :meth:`fetch`). Same arguments and errors as :meth:`fetch`, but never
+        ``BackpressureError``."""
+        max_bytes = min(max_bytes, self.config.fetch_max_bytes)
+        results = self._read(wants, max_bytes)
+        wait = min(max_wait_ms, self.config.max_wait_ms) / 1000
+        if wait <= 0 or self._closing or sum(len(r.data) for r in results) >= min_bytes:
+            return self._delivered(wants, results)
+        return None
 
     def _delivered(
         self, wants: Sequence[tuple[str, int, int, int]], results: list[FetchResult]
@@ -1887,7 +1911,7 @@ async def _woken_or_timeout(fut: asyncio.Future[None], timeout_s: float | None) 
     extra futures cost two more turns of the loop between a wake-up and the reader."""
     timer = None
     if timeout_s is not None:
-        timer = asyncio.get_running_loop().call_later(timeout_s, _resolve, fut)
+        timer = fut.get_loop().call_later(timeout_s, _resolve, fut)
     try:
         await fut
     finally:

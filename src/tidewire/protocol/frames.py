@@ -79,6 +79,11 @@ class FrameType(enum.IntEnum):
     PUSH = 2
 
 
+#: Frame type byte -> member (checked to be one of them by the header's check): an index,
+#: not an enum call, once a frame.
+_FRAME_TYPES = tuple(FrameType)
+
+
 class Frame(NamedTuple):
     """One decoded frame. ``body`` and ``data`` are views into the frame's bytes (a
     ``bytes`` object); ``data`` is their tail (see :func:`data_window`)."""
@@ -275,7 +280,7 @@ class FrameDecoder:
         view = memoryview(frame_bytes)
         body_end = FRAME_HEADER.size + body_len
         return Frame(
-            FrameType(ftype),
+            _FRAME_TYPES[ftype],
             flags,
             api_key,
             version,

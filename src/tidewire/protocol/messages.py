@@ -2236,6 +2236,13 @@ PUSH_SCHEMAS: dict[ApiKey, type[msgspec.Struct]] = {ApiKey.QUEUE_DELIVER: QueueD
 #: Push-only APIs are listed too, so a client can tell which pushes a server sends.
 _VERSIONS: dict[ApiKey, tuple[int, int]] = dict.fromkeys([*_SCHEMAS, *PUSH_SCHEMAS], (0, 0))
 
+#: What :func:`schema_for` looks up once a frame: API key (an int, as on the wire) -> its
+#: versions and (request, response) schemas, for the APIs a client may request. Building
+#: the ``ApiKey`` member from the int (an enum call, a few Python calls) is left to errors.
+_REQUESTABLE: dict[int, tuple[int, int, tuple[type[Body], type[Body]]]] = {
+    int(k): (*_VERSIONS[k], schemas) for k, schemas in _SCHEMAS.items() if k not in PUSH_SCHEMAS
+}
+
 _encoder = msgspec.msgpack.Encoder()
 _decoders: dict[type[Any], msgspec.msgpack.Decoder[Any]] = {}
 
@@ -2252,6 +2259,9 @@ def schema_for(api_key: int, version: int, *, response: bool) -> type[Body]:
         UnknownApiError: no such API, or one the server only pushes (:data:`PUSH_SCHEMAS`).
         UnsupportedVersionError: ``version`` is outside the supported range.
     """
+    found = _REQUESTABLE.get(api_key)
+    if found is not None and found[0] <= version <= found[1]:
+        return found[2][1 if response else 0]
     try:
         key = ApiKey(api_key)
     except ValueError:

@@ -509,6 +509,28 @@ async def fetch(b: Broker, s: ServerInfo, req: FetchRequest, _: memoryview) -> R
                 outcome.extend(await b.fetch([want], max_bytes=req.max_bytes))
             except TidewireError as exc:
                 outcome.append(exc)
+    return _fetch_reply(wants, outcome)
+
+
+def fetch_now(b: Broker, req: FetchRequest) -> Reply | None:
+    """:func:`fetch` without awaiting, when the broker answers it at once
+    (:meth:`Broker.fetch_now`); None, having delivered nothing, when it would wait or a
+    partition failed: :func:`fetch` answers it then (each partition's error on its own)."""
+    wants = [(p.topic, p.partition, p.offset, p.max_bytes) for p in req.partitions]
+    try:
+        results = b.fetch_now(
+            wants, max_wait_ms=req.max_wait_ms, min_bytes=req.min_bytes, max_bytes=req.max_bytes
+        )
+    except TidewireError:
+        return None
+    if results is None:
+        return None
+    return _fetch_reply(wants, list(results))
+
+
+def _fetch_reply(
+    wants: list[tuple[str, int, int, int]], outcome: list[FetchResult | TidewireError]
+) -> Reply:
     results: list[FetchPartitionResult] = []
     buffers: list[bytes] = []
     for want, r in zip(wants, outcome, strict=True):

@@ -106,7 +106,7 @@ from tidewire.security.tls import (
 )
 from tidewire.server.envelope import serve_envelope
 from tidewire.server.gate import SESSION_APIS, Session, gate_for, source_of
-from tidewire.server.handlers import HANDLERS, ServerInfo, produce, produce_soon
+from tidewire.server.handlers import HANDLERS, ServerInfo, fetch, fetch_now, produce, produce_soon
 from tidewire.server.needs import API_NEEDS
 from tidewire.server.push import MAX_SUBSCRIPTIONS, PUSH_APIS, Subscriptions
 from tidewire.server.queue_handlers import QUEUE_APIS, QueueSession
@@ -120,7 +120,10 @@ _CONNECTION_IDS = itertools.count(1)
 
 #: API key -> name, the label of request metrics.
 _API_NAMES = {int(k): k.name for k in ApiKey}
+#: API key -> member: a lookup, not an enum call, once a request.
+_API_KEYS = {int(k): k for k in ApiKey}
 _PRODUCE = int(ApiKey.PRODUCE)
+_FETCH = int(ApiKey.FETCH)
 
 #: The event loops ``tidewire serve`` can run on.
 EVENT_LOOPS = ("auto", "asyncio", "uvloop")
@@ -309,6 +312,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self._sink: bytearray | None = None
         self._sinking = False
         self.transport: asyncio.Transport | None = None
+        #: Answers written in this loop turn, not yet handed to the transport (:meth:`_write`).
+        self._held: list[Buffer] = []
         #: Whether the connection is TLS, and the principal its verified client certificate
         #: names (``tls_principal_field``; None: no certificate, or no TLS).
         self.tls = False
@@ -456,6 +461,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        self._held = []
         self.server.connections.discard(self)
         if self._counted:
             reason = self.close_reason or ("error" if exc is not None else "peer")
@@ -504,7 +510,9 @@ class _ClientProtocol(asyncio.BufferedProtocol):
                     if self._produce_now(event):
                         continue
                     self._produce_tasks += 1
-                task = asyncio.get_running_loop().create_task(self._handle(event))
+                elif event.api_key == _FETCH and self._fetch_now(event):
+                    continue
+                task = (self.loop or asyncio.get_running_loop()).create_task(self._handle(event))
                 self.tasks.add(task)
                 task.add_done_callback(self._task_done)
 
@@ -520,17 +528,12 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         its task to run (batches are appended in the order their requests arrived). False:
         nothing was done, the request gets a task.
         """
-        server = self.server
         body = ev.body
         if (
             self._produce_tasks
             or not isinstance(body, ProduceRequest)
             or HANDLERS.get(_PRODUCE) is not produce
-            or server.broker.replication is not None
-            or server.gate.enabled
-            or self.session.principal_name
-            or self.session.cert_principal
-            or tracing.tracer() is not None
+            or not self._fast_path()
         ):
             return False
         # The request's own context, as a task would have: log lines and audit events of the
@@ -569,7 +572,12 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             if reply is None:  # acks=0: no answer
                 self.conn.discard(cid)
                 self._after_response()
+            elif self.inline:
+                # More of this connection's produce requests wait, maybe settled in this
+                # same step: their answers go out together.
+                self._write_held(self.conn.send_response(cid, reply))
             else:
+                # The last one (one at a time, always): at once, with those held before it.
                 self._write(self.conn.send_response(cid, reply))
             if metrics.enabled:
                 metrics.observe_request("binary", "PRODUCE", time.perf_counter() - started, 0)
@@ -587,6 +595,84 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             if not taken:
                 self.inline -= 1
         return taken
+
+    def _fast_path(self) -> bool:
+        """Whether a request may be handled in the read callback (``_produce_now``,
+        ``_fetch_now``): a single node, no authentication or principal (no ACL, quota or
+        throttle applies), no tracing."""
+        server = self.server
+        return not (
+            server.broker.replication is not None
+            or server.gate.enabled
+            or self.session.principal_name
+            or self.session.cert_principal
+            or tracing.tracer() is not None
+        )
+
+    def _fetch_now(self, ev: RequestReceived) -> bool:
+        """Answer a fetch in the read callback itself, without a task, when the broker has
+        its answer at once (data there, or no wait asked for: a consumer that is behind) and
+        the answer fits under ``max_unsent_bytes`` now. A task costs a loop turn to start,
+        a coroutine a frame of the chain, and the answer nothing less.
+
+        On the fast path's terms (:meth:`_fast_path`) with the standard handler. False:
+        nothing was answered and nothing delivered (a fetch that must wait, a partition that
+        fails, no room for the answer yet), the request gets a task, which reads again.
+        """
+        server = self.server
+        body = ev.body
+        if (
+            not isinstance(body, FetchRequest)
+            or HANDLERS.get(_FETCH) is not fetch
+            or not self._fast_path()
+        ):
+            return False
+        broker = server.broker
+        if body.max_wait_ms > 0 and body.min_bytes > 0:
+            # A reader caught up on every partition waits: straight to the task, without a
+            # read here that finds nothing (errors, too, are the task path's to give).
+            try:
+                if all(
+                    p.offset >= broker.high_watermark(p.topic, p.partition) for p in body.partitions
+                ):
+                    return False
+            except TidewireError:
+                return False
+        size = max(min(body.max_bytes, broker.config.fetch_max_bytes), 0)
+        unsent = self._unsent()
+        if unsent > 0 and unsent + size > server.config.max_unsent_bytes:
+            return False  # the task waits for room (_reserve_output)
+        ctx = contextvars.copy_context()
+        try:
+            return ctx.run(self._fetch_in_context, ev, body)
+        except Exception as exc:  # a bug: as a task's failure, the client is told
+            log.error("request handler failed", exc_info=exc)
+            self._fail(UnknownError(f"internal error: {exc!r}"))
+            return True
+
+    def _fetch_in_context(self, ev: RequestReceived, body: FetchRequest) -> bool:
+        server = self.server
+        metrics = server.metrics
+        started = time.perf_counter() if metrics.enabled else 0.0
+        try:
+            server.gate.check(self.session, "FETCH", API_NEEDS.get(ApiKey.FETCH), body)
+        except TidewireError as exc:
+            error = self._error(ev, exc)
+            if metrics.enabled:
+                metrics.observe_request("binary", "FETCH", time.perf_counter() - started, error)
+            return True
+        # The request's own context (copied: dropped if the task takes the request).
+        server.gate.enter(self.session, None)
+        logs.bind_request(self.log_id, f"{self.log_id}-{ev.correlation_id}", "FETCH", "")
+        reply = fetch_now(server.broker, body)
+        if reply is None:
+            return False
+        answer, data = reply
+        assert answer is not None  # a fetch is always answered
+        self._write(self.conn.send_response(ev.correlation_id, answer, data))
+        if metrics.enabled:
+            metrics.observe_request("binary", "FETCH", time.perf_counter() - started, 0)
+        return True
 
     async def _authenticate(self, ev: RequestReceived) -> bool:
         """Answer the SASL exchange and WHOAMI, which act on the connection's session;
@@ -646,7 +732,9 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         """Handle one request; the error code it was answered with (0: none)."""
         if ev.api_key in SESSION_APIS and await self._authenticate(ev):
             return 0
-        api = ApiKey(ev.api_key)
+        api = _API_KEYS.get(ev.api_key)
+        if api is None:
+            api = ApiKey(ev.api_key)
         try:
             principal = self.server.gate.check(self.session, api.name, API_NEEDS.get(api), ev.body)
         except TidewireError as exc:
@@ -735,6 +823,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
     def _unsent(self) -> int:
         t = self.transport
         buffered = t.get_write_buffer_size() if t is not None and not t.is_closing() else 0
+        if self._held:
+            buffered += sum(map(len, self._held))
         return self.reserved + buffered
 
     async def _reserve_output(self, size: int) -> None:
@@ -780,11 +870,43 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             self.close()
 
     def _write(self, buffers: list[Buffer]) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines(buffers)
+        """Send an answer now, in one ``writelines`` with the answers held, if any."""
+        if self._held:
+            self._held.extend(buffers)
+            self.send_held()
+        else:
+            t = self.transport
+            if t is not None and not t.is_closing():
+                t.writelines(buffers)
         self._after_response()
 
+    def _write_held(self, buffers: list[Buffer]) -> None:
+        """Send an answer settled by a group commit (or an append): held until the server's
+        :meth:`TcpServer._send_held` runs (the next callback of the loop), so that the
+        answers one commit settles go out together. The commit settles every produce
+        request it covers in one step: written one by one, each answer was a ``write`` of
+        its own (a loopback send) and the first one woke the client, which then read them
+        one by one."""
+        t = self.transport
+        if t is not None and not self._lost and not t.is_closing():
+            if not self._held:
+                self.server.hold(self)
+            self._held.extend(buffers)
+        self._after_response()
+
+    def send_held(self) -> None:
+        """Hand the answers held (:meth:`_write_held`) to the transport, before anything else is
+        written to it: the order of what the client receives is the order it was sent in."""
+        held = self._held
+        if not held:
+            return
+        self._held = []
+        t = self.transport
+        if t is not None and not self._lost and not t.is_closing():
+            t.writelines(held)
+
     def _write_push(self, buffers: list[Buffer]) -> None:
+        self.send_held()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.writelines(buffers)
 
@@ -802,6 +924,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.closing = True
         self.close_reason = self.close_reason or "protocol"
         self.subscriptions.close()
+        self.send_held()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.writelines(Connection.error_frame(exc))
             self.close()
@@ -823,6 +946,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.subscriptions.close()
         if self._timer is not None:
             self._timer.cancel()
+        self.send_held()
         self.transport.writelines(Connection.error_frame(ShuttingDownError(_GOING_AWAY)))
         self.close()
 
@@ -843,6 +967,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         t = self.transport
         if t is None or self._lost:
             return
+        self.send_held()  # a close sends what the transport holds, and nothing after it
         t.close()  # idempotent
         if self._reset_timer is None:
             delay = self.server.config.frame_timeout_s
@@ -984,6 +1109,9 @@ class TcpServer:
         self.drain_refused = 0
         #: Set whenever the last connection closes.
         self.all_closed = asyncio.Event()
+        #: Connections holding answers until :meth:`_send_held` runs (see
+        #: ``_ClientProtocol._write``): one callback a loop turn for all of them.
+        self._holding: list[_ClientProtocol] = []
 
         #: max_connections as the descriptor limit allows (see :meth:`start`).
         self.max_connections = self.config.max_connections
@@ -994,6 +1122,18 @@ class TcpServer:
         self.metrics = metrics_for(broker)
         self.metrics.tcp_servers.add(self)
         self.metrics.security_stats = self.gate.stats
+
+    def hold(self, conn: _ClientProtocol) -> None:
+        """Send ``conn``'s held answers in the loop's next callback (with those of every
+        connection that holds some by then)."""
+        if not self._holding:
+            (conn.loop or asyncio.get_running_loop()).call_soon(self._send_held)
+        self._holding.append(conn)
+
+    def _send_held(self) -> None:
+        holding, self._holding = self._holding, []
+        for conn in holding:
+            conn.send_held()
 
     def _fit_connections(self) -> None:
         """Check max_connections against the descriptor limit (see the module docstring).

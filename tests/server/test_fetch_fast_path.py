@@ -1,0 +1,129 @@
+"""The listener's fetch fast path: a fetch the broker can answer at once (data there, or no
+wait asked for) is answered in the read callback, without a task; one that must wait, or
+whose partition fails, takes the task path and is answered as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.server._support import ALL, LONG_POLL_MS, Client, batch, records, serve
+from tidewire.protocol.messages import (
+    ApiKey,
+    CreateTopicRequest,
+    FetchPartition,
+    FetchRequest,
+    FetchResponse,
+    ProducePartition,
+    ProduceRequest,
+    TopicConfig,
+)
+from tidewire.server import tcp
+
+FETCH = int(ApiKey.FETCH)
+
+
+@pytest.fixture
+def tasks_of(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The API keys of the requests that were given a task."""
+    seen: list[int] = []
+    inner = tcp._ClientProtocol._handle
+
+    async def handle(self: Any, ev: Any) -> None:
+        seen.append(ev.api_key)
+        await inner(self, ev)
+
+    monkeypatch.setattr(tcp._ClientProtocol, "_handle", handle)
+    return seen
+
+
+def _fetch(offset: int, *, topic: str = "t", partition: int = 0, **kw: Any) -> FetchRequest:
+    return FetchRequest(partitions=[FetchPartition(topic, partition, offset, ALL)], **kw)
+
+
+async def _produce(c: Client, values: list[bytes]) -> None:
+    data = batch(values)
+    await c.call(ProduceRequest(partitions=[ProducePartition("t", 0, len(data))]), [data])
+
+
+def test_a_fetch_with_data_there_takes_no_task(tmp_path: Path, tasks_of: list[int]) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (_, server), Client.connect(server) as c:
+            await c.call(CreateTopicRequest(name="t", config=TopicConfig(fsync="always")))
+            await _produce(c, [b"a", b"b"])
+            await _produce(c, [b"c"])
+            tasks_of.clear()
+            for offset, want in ((0, [b"a", b"b", b"c"]), (2, [b"c"])):
+                event = await c.rpc(_fetch(offset, max_wait_ms=LONG_POLL_MS))
+                body = event.body
+                assert isinstance(body, FetchResponse)
+                (p,) = body.partitions
+                assert (p.error_code, p.high_watermark) == (0, 3)
+                got = [r.value for r in records(bytes(event.data)) if r.offset >= offset]
+                assert got == want
+            # Nothing there and no wait asked for: answered at once, empty.
+            body = (await c.rpc(_fetch(3, max_wait_ms=0))).body
+            assert body.partitions[0].size == 0
+            assert FETCH not in tasks_of
+            assert broker_delivered(server) == 3 + 1
+
+    asyncio.run(main())
+
+
+def broker_delivered(server: Any) -> int:
+    return int(server.broker.stats.delivered)
+
+
+def test_a_fetch_that_waits_takes_the_task_and_is_woken(
+    tmp_path: Path, tasks_of: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tried: list[Any] = []
+    inner = tcp.fetch_now
+
+    def counted(b: Any, req: Any) -> Any:
+        tried.append(req)
+        return inner(b, req)
+
+    # A reader caught up goes straight to the task, without a read that finds nothing.
+    monkeypatch.setattr(tcp, "fetch_now", counted)
+
+    async def main() -> None:
+        async with serve(tmp_path) as (_, server), Client.connect(server) as c:
+            await c.call(CreateTopicRequest(name="t", config=TopicConfig(fsync="always")))
+            async with Client.connect(server) as producer:
+                tasks_of.clear()
+                corr = c.send(_fetch(0, max_wait_ms=LONG_POLL_MS))
+                await c.writer.drain()
+                await c.ping()  # the fetch has reached its wait
+                assert tasks_of.count(FETCH) == 1
+                assert tried == []
+                await _produce(producer, [b"x"])
+                event = await c.response(corr)
+                assert [r.value for r in records(bytes(event.data))] == [b"x"]
+
+    asyncio.run(main())
+
+
+def test_a_failing_partition_is_answered_by_the_task_path(
+    tmp_path: Path, tasks_of: list[int]
+) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (_, server), Client.connect(server) as c:
+            await c.call(CreateTopicRequest(name="t", config=TopicConfig(fsync="always")))
+            await _produce(c, [b"a"])
+            tasks_of.clear()
+            req = FetchRequest(
+                max_wait_ms=0,
+                partitions=[FetchPartition("t", 0, 0, ALL), FetchPartition("nope", 0, 0, ALL)],
+            )
+            event = await c.rpc(req)
+            ok, missing = event.body.partitions
+            assert (ok.error_code, ok.size > 0) == (0, True)
+            assert missing.error_code != 0
+            assert tasks_of == [FETCH]
+
+    asyncio.run(main())

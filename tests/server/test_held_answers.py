@@ -1,0 +1,162 @@
+"""Answers of one loop turn go out in one write: the produce requests one group commit settles
+are answered together (one ``writelines`` of the transport, one system call, one wake-up of
+the client), in the order the requests came, and nothing written to the connection later (a
+push, an error frame, a close) overtakes an answer held that way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.server._support import Client, batch, serve
+from tests.storage.test_append_soon import HeldExecutor
+from tidewire.protocol.messages import (
+    CreateTopicRequest,
+    ProducePartition,
+    ProduceRequest,
+    ProduceResponse,
+    TopicConfig,
+)
+from tidewire.server import tcp
+from tidewire.storage.flusher import set_flush_executor
+
+#: Every test's topic: acknowledged after its group commit.
+ALWAYS = TopicConfig(fsync="always")
+
+
+class _Counting:
+    """A transport that counts the calls that hand it bytes."""
+
+    def __init__(self, inner: Any, calls: list[int]) -> None:
+        self._inner = inner
+        self._calls = calls
+
+    def writelines(self, buffers: Any) -> None:
+        buffers = list(buffers)
+        self._calls.append(len(buffers))
+        self._inner.writelines(buffers)
+
+    def write(self, data: Any) -> None:
+        self._calls.append(1)
+        self._inner.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The server connection's calls that hand its transport bytes (buffers in each)."""
+    calls: list[int] = []
+    inner = tcp._ClientProtocol.connection_made
+
+    def made(self: Any, transport: Any) -> None:
+        inner(self, transport)
+        self.transport = _Counting(self.transport, calls)
+
+    monkeypatch.setattr(tcp._ClientProtocol, "connection_made", made)
+    return calls
+
+
+def _produce(data: bytes) -> ProduceRequest:
+    return ProduceRequest(partitions=[ProducePartition("t", 0, len(data))])
+
+
+def test_the_answers_one_group_commit_settles_go_out_in_one_write(
+    tmp_path: Path, writes: list[int]
+) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server), Client.connect(server) as c:
+            await c.call(CreateTopicRequest(name="t", config=ALWAYS))
+            held = HeldExecutor()
+            loop = asyncio.get_running_loop()
+            set_flush_executor(loop, held)  # the group commit waits for the test
+            try:
+                plog = broker.logs.logs[("t", 0)]
+                data = [batch([f"v{i}".encode()]) for i in range(5)]
+                corrs = [c.send(_produce(d), [d]) for d in data]
+                await c.writer.drain()
+                for _ in range(500):  # bounded: all five appended, their commit asked for
+                    if plog.log_end_offset == 5 and held.jobs:
+                        break
+                    await asyncio.sleep(0.01)
+                assert plog.log_end_offset == 5
+                writes.clear()
+                held.run_all()  # one group commit covers all five
+                offsets = []
+                for corr in corrs:
+                    body = (await c.response(corr)).body
+                    assert isinstance(body, ProduceResponse)
+                    offsets.append(body.results[0].base_offset)
+                assert offsets == [0, 1, 2, 3, 4]
+                assert len(writes) == 1  # five answers, one write
+            finally:
+                set_flush_executor(loop, None)
+                held.run_all()
+
+    asyncio.run(main())
+
+
+def test_an_error_frame_comes_after_the_answers_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server), Client.connect(server) as c:
+            await c.call(CreateTopicRequest(name="t", config=ALWAYS))
+            plog = broker.logs.logs[("t", 0)]
+            held = HeldExecutor()
+            loop = asyncio.get_running_loop()
+            set_flush_executor(loop, held)
+            try:
+                a, b = batch([b"a"]), batch([b"b"])
+                first = c.send(_produce(a), [a])
+                await c.writer.drain()
+                await _until(lambda: plog.log_end_offset == 1 and len(held.jobs) == 1)
+                c.send(_produce(b), [b])  # appended, waits for the next commit
+                await c.writer.drain()
+                await _until(lambda: plog.log_end_offset == 2)
+                # Held answers stay held: only what is written after them may send them.
+                monkeypatch.setattr(tcp.TcpServer, "hold", lambda self, conn: None)
+                held.jobs.pop(0)()  # the first commit: its answer is held (b still waits)
+                (conn,) = server.connections
+                await _until(lambda: bool(conn._held))
+                conn.go_away()
+                body = (await c.response(first)).body
+                assert isinstance(body, ProduceResponse)
+                assert body.results[0].base_offset == 0
+                event = await c.next_event()  # then the error frame, then the close
+                assert getattr(event, "error", None) is not None
+            finally:
+                set_flush_executor(loop, None)
+                held.run_all()
+
+    asyncio.run(main())
+
+
+def test_a_lone_answer_is_written_at_once(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (_, server), Client.connect(server) as c:
+            await c.call(CreateTopicRequest(name="t", config=ALWAYS))
+            (conn,) = server.connections
+            held: list[int] = []
+            inner = conn._write_held
+            conn._write_held = lambda buffers: (held.append(1), inner(buffers))  # type: ignore[method-assign]
+            for i in range(3):  # one at a time: nothing else of this connection waits
+                d = batch([f"v{i}".encode()])
+                body = (await c.rpc(_produce(d), [d])).body
+                assert body.results[0].base_offset == i
+            assert held == []
+
+    asyncio.run(main())
+
+
+async def _until(ok: Any) -> None:
+    for _ in range(500):  # bounded
+        if ok():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not reached within 5 s")
