@@ -73,3 +73,17 @@ def test_fast_produces_and_a_woken_long_poll_ask_for_no_loop(
             assert asked == []
 
     asyncio.run(main())
+
+
+def test_a_broker_started_on_one_loop_serves_a_long_poll_on_another(tmp_path: Path) -> None:
+    """The loop kept is used only while it runs: a broker started by one ``asyncio.run`` and
+    used by the next (a test, a script) asks for the running loop again."""
+    broker = Broker(config(tmp_path))
+    asyncio.run(broker.start())  # that loop is closed when this returns
+
+    async def use() -> None:
+        broker.create_topic("t", 1)
+        (result,) = await asyncio.wait_for(broker.fetch([("t", 0, 0, ALL)], max_wait_ms=50), 5)
+        assert (result.data, result.next_offset) == (b"", 0)
+
+    asyncio.run(use())

@@ -16,6 +16,9 @@ from tests.server._support import Client, batch, serve
 from tests.storage.test_append_soon import HeldExecutor
 from tidewire.protocol.messages import (
     CreateTopicRequest,
+    FetchPartition,
+    FetchRequest,
+    FetchResponse,
     ProducePartition,
     ProduceRequest,
     ProduceResponse,
@@ -160,3 +163,70 @@ async def _until(ok: Any) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("not reached within 5 s")
+
+
+async def _until(ok: Any) -> None:
+    for _ in range(500):
+        if ok():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("not reached")
+
+
+def test_a_fetch_waiting_for_room_behind_held_answers_is_woken(tmp_path: Path) -> None:
+    """Held answers count as unsent: a fetch task that meets them in ``_reserve_output``
+    (the group commit's result and the fetch's read in one loop turn) must be woken when they
+    leave, or it waits for a release that never comes (here: a 300 ms long-poll)."""
+
+    async def main() -> None:
+        async with (
+            serve(tmp_path, max_unsent_bytes=1024) as (broker, server),
+            Client.connect(server) as c,
+        ):
+            await c.call(CreateTopicRequest(name="t", config=ALWAYS))
+            await c.call(CreateTopicRequest(name="u"))
+            plog = broker.logs.logs[("t", 0)]
+            held = HeldExecutor()
+            loop = asyncio.get_running_loop()
+            set_flush_executor(loop, held)
+            try:
+                a, b = batch([b"a"]), batch([b"b"])
+                p1 = c.send(ProduceRequest(partitions=[ProducePartition("t", 0, len(a))]), [a])
+                await c.writer.drain()
+                await _until(lambda: plog.log_end_offset == 1 and len(held.jobs) == 1)
+                c.send(ProduceRequest(partitions=[ProducePartition("t", 0, len(b))]), [b])
+                await c.writer.drain()
+                await _until(lambda: plog.log_end_offset == 2)
+                (conn,) = server.connections
+                inner_fetch_now = conn._fetch_now
+
+                def fetch_now(ev: Any) -> Any:
+                    held.jobs.pop(0)()  # the commit's result first, in the fetch's turn
+                    return inner_fetch_now(ev)
+
+                conn._fetch_now = fetch_now
+                inner_reserve = conn._reserve_output
+                met_held: list[int] = []
+
+                async def reserve(size: int) -> None:
+                    met_held.append(len(conn._held))
+                    await inner_reserve(size)
+
+                conn._reserve_output = reserve
+                f = c.send(
+                    FetchRequest(
+                        partitions=[FetchPartition("u", 0, 0, 1024)],
+                        max_wait_ms=300,
+                        min_bytes=1,
+                        max_bytes=1024,
+                    )
+                )
+                await c.writer.drain()
+                assert isinstance((await c.response(p1, timeout=3)).body, ProduceResponse)
+                assert isinstance((await c.response(f, timeout=3)).body, FetchResponse)
+                assert met_held and met_held[0] > 0  # the case: it met held answers
+            finally:
+                set_flush_executor(loop, None)
+                held.run_all()
+
+    asyncio.run(main())

@@ -393,6 +393,14 @@ class Broker:
         #: ``getpid`` system call on CPython 3.11, once a produce request on the fast path).
         self._loop: asyncio.AbstractEventLoop | None = None
 
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop: the one the broker was started on while it runs (an attribute
+        check, no system call), else asked again (a broker used from another loop)."""
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
+
     # --- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -999,7 +1007,7 @@ class Broker:
         if any(dup is not None for dup in plan):
             return False  # answered with the first copy's offsets once it is settled: awaits
         # As in _produce_idempotent, with every batch stored.
-        done: asyncio.Future[bool] = (self._loop or asyncio.get_running_loop()).create_future()
+        done: asyncio.Future[bool] = self._running_loop().create_future()
         now = int(time.time() * 1000)
         first = plog.log_end_offset
         next_offset = first
@@ -1626,7 +1634,7 @@ class Broker:
                 f"{self._n_waiters:,} fetches are waiting "
                 f"(max_fetch_waiters={self.config.max_fetch_waiters:,})"
             )
-        loop = self._loop or asyncio.get_running_loop()
+        loop = self._running_loop()
         deadline = loop.time() + wait
         releases = self._releases
         while True:

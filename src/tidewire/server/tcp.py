@@ -904,6 +904,10 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         t = self.transport
         if t is not None and not self._lost and not t.is_closing():
             t.writelines(held)
+        # Held bytes count as unsent (_unsent): a fetch waiting for room behind them must
+        # learn that they left, or it waits for a release that may never come.
+        if self._output_waiters:
+            self._wake_output_waiters()
 
     def _write_push(self, buffers: list[Buffer]) -> None:
         self.send_held()
