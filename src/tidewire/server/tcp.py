@@ -54,7 +54,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import TypeVar, cast
 
 from tidewire.broker import Broker
 from tidewire.broker.core import DEFAULT_FETCH_MAX_BYTES
@@ -113,6 +113,9 @@ from tidewire.server.queue_handlers import QUEUE_APIS, QueueSession
 from tidewire.server.tls import tls_protocol_factory
 
 __all__ = ["EVENT_LOOPS", "ServerConfig", "TcpServer", "loop_factory"]
+
+#: A request body, as a fast path takes it (:meth:`_ClientProtocol._inline`).
+_Body = TypeVar("_Body")
 
 log = logging.getLogger("tidewire.server")
 #: Numbers the connections of the process, for log lines.
@@ -536,26 +539,42 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             or not self._fast_path()
         ):
             return False
-        # The request's own context, as a task would have: log lines and audit events of the
-        # append name it.
+        return self._inline(self._produce_in_context, ev, body)
+
+    def _inline(
+        self, handle: Callable[[RequestReceived, _Body], bool], ev: RequestReceived, body: _Body
+    ) -> bool:
+        """Run a fast path (``handle``) in the request's own context, as a task would have
+        (copied: log lines and audit events of the request name it; dropped if the task
+        takes the request). Returns what ``handle`` returns: whether it took the request."""
         ctx = contextvars.copy_context()
         try:
-            return ctx.run(self._produce_in_context, ev, body)
+            return ctx.run(handle, ev, body)
         except Exception as exc:  # a bug: as a task's failure, the client is told
             log.error("request handler failed", exc_info=exc)
             self._fail(UnknownError(f"internal error: {exc!r}"))
             return True
 
+    def _refused_inline(
+        self, ev: RequestReceived, api: str, key: ApiKey, body: object, started: float
+    ) -> bool:
+        """The gate's check on a fast path: True if it refused the request (then answered
+        with the error, and counted)."""
+        try:
+            self.server.gate.check(self.session, api, API_NEEDS.get(key), body)
+        except TidewireError as exc:
+            error = self._error(ev, exc)
+            metrics = self.server.metrics
+            if metrics.enabled:
+                metrics.observe_request("binary", api, time.perf_counter() - started, error)
+            return True
+        return False
+
     def _produce_in_context(self, ev: RequestReceived, body: ProduceRequest) -> bool:
         server = self.server
         metrics = server.metrics
         started = time.perf_counter() if metrics.enabled else 0.0
-        try:
-            server.gate.check(self.session, "PRODUCE", API_NEEDS.get(ApiKey.PRODUCE), body)
-        except TidewireError as exc:
-            error = self._error(ev, exc)
-            if metrics.enabled:
-                metrics.observe_request("binary", "PRODUCE", time.perf_counter() - started, error)
+        if self._refused_inline(ev, "PRODUCE", ApiKey.PRODUCE, body, started):
             return True
         server.gate.enter(self.session, None)
         logs.bind_request(self.log_id, f"{self.log_id}-{ev.correlation_id}", "PRODUCE", "")
@@ -642,26 +661,14 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         unsent = self._unsent()
         if unsent > 0 and unsent + size > server.config.max_unsent_bytes:
             return False  # the task waits for room (_reserve_output)
-        ctx = contextvars.copy_context()
-        try:
-            return ctx.run(self._fetch_in_context, ev, body)
-        except Exception as exc:  # a bug: as a task's failure, the client is told
-            log.error("request handler failed", exc_info=exc)
-            self._fail(UnknownError(f"internal error: {exc!r}"))
-            return True
+        return self._inline(self._fetch_in_context, ev, body)
 
     def _fetch_in_context(self, ev: RequestReceived, body: FetchRequest) -> bool:
         server = self.server
         metrics = server.metrics
         started = time.perf_counter() if metrics.enabled else 0.0
-        try:
-            server.gate.check(self.session, "FETCH", API_NEEDS.get(ApiKey.FETCH), body)
-        except TidewireError as exc:
-            error = self._error(ev, exc)
-            if metrics.enabled:
-                metrics.observe_request("binary", "FETCH", time.perf_counter() - started, error)
+        if self._refused_inline(ev, "FETCH", ApiKey.FETCH, body, started):
             return True
-        # The request's own context (copied: dropped if the task takes the request).
         server.gate.enter(self.session, None)
         logs.bind_request(self.log_id, f"{self.log_id}-{ev.correlation_id}", "FETCH", "")
         reply = fetch_now(server.broker, body)
