@@ -27,20 +27,6 @@ from tidewire.server import tcp
 FETCH = int(ApiKey.FETCH)
 
 
-@pytest.fixture
-def tasks_of(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The API keys of the requests that were given a task."""
-    seen: list[int] = []
-    inner = tcp._ClientProtocol._handle
-
-    async def handle(self: Any, ev: Any) -> None:
-        seen.append(ev.api_key)
-        await inner(self, ev)
-
-    monkeypatch.setattr(tcp._ClientProtocol, "_handle", handle)
-    return seen
-
-
 def _fetch(offset: int, *, topic: str = "t", partition: int = 0, **kw: Any) -> FetchRequest:
     return FetchRequest(partitions=[FetchPartition(topic, partition, offset, ALL)], **kw)
 

@@ -12,8 +12,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.server._support import Client, batch, read_partition, serve
 from tests.storage.test_append_soon import HeldExecutor
 from tidewire.protocol.messages import (
@@ -26,25 +24,10 @@ from tidewire.protocol.messages import (
     TopicConfig,
 )
 from tidewire.records import BatchBuilder
-from tidewire.server import tcp
 from tidewire.storage.flusher import set_flush_executor
 
 #: Every test's topic: acknowledged after its group commit.
 ALWAYS = TopicConfig(fsync="always")
-
-
-@pytest.fixture
-def tasks_of(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The API keys of the requests that were given a task."""
-    seen: list[int] = []
-    inner = tcp._ClientProtocol._handle
-
-    async def handle(self: Any, ev: Any) -> None:
-        seen.append(ev.api_key)
-        await inner(self, ev)
-
-    monkeypatch.setattr(tcp._ClientProtocol, "_handle", handle)
-    return seen
 
 
 def _idempotent(pid: int, seq: int, value: bytes) -> bytes:
