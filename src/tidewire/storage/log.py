@@ -105,11 +105,11 @@ MAX_BYTES_PER_WRITE = 4 * 1024 * 1024
 #: Under ``never`` and ``interval``: written bytes of the active segment after which the log
 #: asks the OS to start writing them back (``FileHandle.start_writeback``), off the loop.
 WRITEBACK_BYTES = 8 * 1024 * 1024
-#: Preallocation (``LogConfig.preallocate_bytes``): an fsync of the active segment covering at
-#: most this many bytes is a small one, and zeros are written ahead only for a segment that has
-#: had :data:`PREALLOCATE_AFTER_SYNCS` of them within :data:`PREALLOCATE_WINDOW_MS` (a busy
-#: partition: 10,000 partitions each written now and then never get any), when fewer than a
-#: quarter of them are left.
+#: Zeros written ahead (``PartitionLog.preallocate_bytes``): an fsync of the active segment
+#: covering at most this many bytes is a small one, and zeros are written ahead only for a
+#: segment that has had :data:`PREALLOCATE_AFTER_SYNCS` of them within
+#: :data:`PREALLOCATE_WINDOW_MS` (a busy partition: 10,000 partitions each written now and
+#: then never get any), when fewer than a quarter of them are left.
 PREALLOCATE_SMALL_SYNC = 64 * 1024
 #: ``PartitionLog.preallocate_bytes`` unless set (``LogManager(preallocate_bytes=...)``,
 #: ``[broker] preallocate_bytes``); the range allowed.
