@@ -704,9 +704,9 @@ class Segment:
         """Write ``nbytes`` of zeros past the end of what the file holds (appends and zeros
         written before), so that the appends that fill them leave the file's size alone: an
         fsync that covers them writes their data and not the inode's size (on ext4 here, a
-        third less time than one that grows the file, at the median). After a crash, recovery cuts a tail of zeros as
-        it cuts a torn tail (:meth:`scan` names it); :meth:`trim` cuts it off before the
-        segment is sealed.
+        third less time than one that grows the file, at the median). After a crash,
+        recovery cuts a tail of zeros as it cuts a torn tail (:meth:`scan` names it);
+        :meth:`trim` cuts it off before the segment is sealed.
 
         Raises:
             OSError: the write failed (what it wrote is zeros past :attr:`size`: harmless).
