@@ -559,15 +559,19 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self, ev: RequestReceived, api: str, key: ApiKey, body: object, started: float
     ) -> bool:
         """The gate's check on a fast path: True if it refused the request (then answered
-        with the error, and counted)."""
+        with the error, and counted); else the request is admitted, and its log lines and
+        audit events name it."""
+        gate = self.server.gate
         try:
-            self.server.gate.check(self.session, api, API_NEEDS.get(key), body)
+            gate.check(self.session, api, API_NEEDS.get(key), body)
         except TidewireError as exc:
             error = self._error(ev, exc)
             metrics = self.server.metrics
             if metrics.enabled:
                 metrics.observe_request("binary", api, time.perf_counter() - started, error)
             return True
+        gate.enter(self.session, None)
+        logs.bind_request(self.log_id, f"{self.log_id}-{ev.correlation_id}", api, "")
         return False
 
     def _produce_in_context(self, ev: RequestReceived, body: ProduceRequest) -> bool:
@@ -576,8 +580,6 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         started = time.perf_counter() if metrics.enabled else 0.0
         if self._refused_inline(ev, "PRODUCE", ApiKey.PRODUCE, body, started):
             return True
-        server.gate.enter(self.session, None)
-        logs.bind_request(self.log_id, f"{self.log_id}-{ev.correlation_id}", "PRODUCE", "")
         cid = ev.correlation_id
 
         def answer(reply: ProduceResponse | None, exc: BaseException | None) -> None:
@@ -669,8 +671,6 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         started = time.perf_counter() if metrics.enabled else 0.0
         if self._refused_inline(ev, "FETCH", ApiKey.FETCH, body, started):
             return True
-        server.gate.enter(self.session, None)
-        logs.bind_request(self.log_id, f"{self.log_id}-{ev.correlation_id}", "FETCH", "")
         reply = fetch_now(server.broker, body)
         if reply is None:
             return False
