@@ -1642,25 +1642,24 @@ class PartitionLog:
         return plan
 
     def _trim_and_preallocate(self) -> None:
-        """Before a flush: cut the zeros written ahead off every sealed segment still holding
-        them (a roll cuts them at once; a close seals the active segment without rolling), and
-        write zeros ahead of the active one's appends where its fsyncs are small ones (see
-        :data:`PREALLOCATE_SMALL_SYNC`).
+        """Before a flush: cut the zeros written ahead off the last segment if a close sealed
+        it (a roll cuts the older ones at once), or write zeros ahead of its appends where
+        its fsyncs are small ones (see :data:`PREALLOCATE_SMALL_SYNC`).
 
         Raises:
             FlushIOError: a cut failed (the flush fails with it: a sealed segment whose file
                 holds more than its batches must not be taken as sealed).
         """
-        for seg in self._segments:
-            if seg.sealed and seg.zeroed_to > seg.size:
-                try:
-                    seg.trim()
-                except OSError as exc:
-                    step = f"cutting the zeros past the end of {os.path.basename(seg.log_path)}"
-                    raise FlushIOError(step, exc) from exc
-        nbytes = self.preallocate_bytes
         active = self._segments[-1]
-        if not nbytes or self.config.fsync is not _ALWAYS or active.sealed:
+        if active.sealed:
+            try:
+                active.trim()
+            except OSError as exc:
+                step = f"cutting the zeros past the end of {os.path.basename(active.log_path)}"
+                raise FlushIOError(step, exc) from exc
+            return
+        nbytes = self.preallocate_bytes
+        if not nbytes or self.config.fsync is not _ALWAYS:
             return
         pending = active.size - active.synced_size
         if not 0 < pending <= PREALLOCATE_SMALL_SYNC:
