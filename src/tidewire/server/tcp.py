@@ -315,7 +315,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self._sink: bytearray | None = None
         self._sinking = False
         self.transport: asyncio.Transport | None = None
-        #: Answers written in this loop turn, not yet handed to the transport (:meth:`_write`).
+        #: Produce answers held to go out together (:meth:`_write_held`, :meth:`send_held`).
         self._held: list[Buffer] = []
         #: Whether the connection is TLS, and the principal its verified client certificate
         #: names (``tls_principal_field``; None: no certificate, or no TLS).
