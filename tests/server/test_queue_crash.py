@@ -12,7 +12,8 @@ the dead-letter queue is read, and the queue history checker (``_queue_history.p
 the whole history to: every confirmed message acked (poison: dead-lettered), none lost,
 none delivered that nobody published, a redelivery only of a delivery that was not acked
 (with confirmation) and whose connection went with a kill or that was nacked, no delivery
-acked by two consumers, and exactly one dead letter per stored poison message.
+acked by two consumers, and one dead letter per stored poison message (one more only for
+a reject whose answer was lost with a kill: dead-lettering is at-least-once across a crash).
 
 The default run kills the broker 3 times; the ``slow`` one 20 times.
 """
@@ -342,7 +343,21 @@ def test_sigkill_under_queue_load_loses_nothing_and_dead_letters_each_poison_onc
             copies.setdefault(e.value, set()).add(e.offset)
     dead = [e for e in events if isinstance(e, DeadLettered)]
     extra = sum(len(copies[v]) - 1 for v in poison)
-    assert len(dead) == len(poison) + extra, (len(dead), len(poison), extra)
+    # A reject answered by no one (its connection went with a kill) may have been
+    # dead-lettered before the kill; the checker allows one more dead letter for each.
+    unanswered_rejects = sum(
+        1
+        for e in events
+        if isinstance(e, Settled)
+        and e.outcome == "dead-letter"
+        and e.result in ("connection-lost", "abandoned")
+    )
+    assert len(poison) + extra <= len(dead) <= len(poison) + extra + unanswered_rejects, (
+        len(dead),
+        len(poison),
+        extra,
+        unanswered_rejects,
+    )
     assert server.starts == plan.kills + 2
     delivered = [e for e in events if isinstance(e, Delivered)]
     redelivered = len(delivered) - len({e.offset for e in delivered})
