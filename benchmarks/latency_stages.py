@@ -7,8 +7,9 @@ Usage::
 It starts ``tidewire serve`` with timestamps (``time.perf_counter_ns``) taken by thin wrappers
 around the steps a produce request crosses (the bytes received, the request's task, the
 broker's ``produce``, the log's queueing, the end of the loop turn that writes the batch and
-starts the group commit, the worker thread running it, the fsync's end, the loop taking it
-back, the answer written), publishes one message at a time for ``--seconds`` from this
+starts the group commit, its fsync starting (in a flusher thread, or on the loop for a
+partition written one message at a time), the fsync's end, the loop taking it back, the
+answer written), publishes one message at a time for ``--seconds`` from this
 process (each ``send`` awaited, ``acks="durable"``, ``linger_ms=0``), stops the broker (which
 writes its timestamps to a file at exit), and prints the p50 and p90 of every stage.
 ``--rate N`` publishes paced at N msg/s instead (``latency.py``'s paced producer, up to 1,000
@@ -42,9 +43,9 @@ STAGES = (
     ("task -> Broker.produce (gate, handler)", "task", "produce"),
     ("produce -> log queues the batch", "produce", "queue"),
     ("queued -> end of turn: write, flush started", "queue", "write"),
-    ("flush submitted -> worker thread runs it", "write", "thread"),
-    ("fsync and index work (worker thread)", "thread", "synced"),
-    ("thread done -> loop settles the waiters", "synced", "settled"),
+    ("flush submitted -> its fsync starts", "write", "thread"),
+    ("fsync and index work", "thread", "synced"),
+    ("fsync done -> loop settles the waiters", "synced", "settled"),
     ("settled -> answer written", "settled", "answer"),
     ("broker total", "recv", "answer"),
 )

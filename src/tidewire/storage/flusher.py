@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import os
 import threading
@@ -24,7 +25,7 @@ import weakref
 from collections.abc import Callable
 from queue import SimpleQueue
 
-__all__ = ["MAX_FLUSH_THREADS", "run_flush_job", "set_flush_executor"]
+__all__ = ["MAX_FLUSH_THREADS", "flush_threads_idle", "run_flush_job", "set_flush_executor"]
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +53,36 @@ def set_flush_executor(
         _EXECUTORS[loop] = executor
 
 
-def run_flush_job(loop: asyncio.AbstractEventLoop, job: Callable[[], None]) -> None:
-    """Run ``job`` (blocking disk work that hands its own result back to ``loop``) in a
-    flusher thread, or through the executor set for ``loop``."""
+#: A group commit's blocking disk work, returning the hand-back of its result to its loop
+#: (or None: it handed it back itself).
+FlushJob = Callable[[], Callable[[], None] | None]
+
+
+def run_flush_job(loop: asyncio.AbstractEventLoop, job: FlushJob) -> None:
+    """Run ``job`` (blocking disk work) in a flusher thread, or through the executor set
+    for ``loop``, then the hand-back it returns; a thread counts itself idle in between, so
+    the loop, told, finds it idle (:func:`flush_threads_idle`)."""
     executor = _EXECUTORS.get(loop)
     if executor is not None:
-        executor.submit(job)
+        executor.submit(functools.partial(_run_and_hand_back, job))
         return
     _threads().submit(job)
+
+
+def _run_and_hand_back(job: FlushJob) -> None:
+    hand_back = job()
+    if hand_back is not None:
+        hand_back()
+
+
+def flush_threads_idle(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether a group commit may run on ``loop``'s own thread instead (see
+    ``PartitionLog._start_flush``): no executor stands in for the threads on it (tests),
+    and no flusher thread is busy (whose result the loop, blocked, would take back late)."""
+    if _EXECUTORS and loop in _EXECUTORS:
+        return False
+    threads = _THREADS
+    return threads is None or threads.idle()
 
 
 class _FlushThreads:
@@ -67,12 +90,12 @@ class _FlushThreads:
     added only when a job arrives and none is idle."""
 
     def __init__(self) -> None:
-        self._jobs: SimpleQueue[Callable[[], None]] = SimpleQueue()
+        self._jobs: SimpleQueue[FlushJob] = SimpleQueue()
         self._lock = threading.Lock()
         self._threads = 0
         self._idle = 0
 
-    def submit(self, job: Callable[[], None]) -> None:
+    def submit(self, job: FlushJob) -> None:
         with self._lock:
             if self._idle <= 0 and self._threads < MAX_FLUSH_THREADS:
                 self._threads += 1
@@ -83,16 +106,26 @@ class _FlushThreads:
             self._idle -= 1
         self._jobs.put(job)
 
+    def idle(self) -> bool:
+        """No job is queued or running (read without the lock: a hint)."""
+        return self._idle >= self._threads
+
     def _work(self) -> None:
         jobs = self._jobs
         while True:
             job = jobs.get()
+            hand_back: Callable[[], None] | None = None
             try:
-                job()
+                hand_back = job()
             except BaseException as exc:  # a job hands its own errors back: this is a bug
                 log.error("a flush job failed", exc_info=exc)
             with self._lock:
                 self._idle += 1
+            if hand_back is not None:
+                try:
+                    hand_back()
+                except BaseException as exc:  # likewise
+                    log.error("handing a flush job's result back failed", exc_info=exc)
 
 
 #: The process's threads; a forked child has none of its parent's (reset at fork: asking

@@ -72,7 +72,7 @@ from tidewire.storage.damage import (
     write_damage_file,
 )
 from tidewire.storage.epochs import EpochHistory
-from tidewire.storage.flusher import run_flush_job
+from tidewire.storage.flusher import flush_threads_idle, run_flush_job
 from tidewire.storage.fs import FileHandle, FileSystem, write_atomic
 from tidewire.storage.segment import (
     PREFIX,
@@ -118,6 +118,16 @@ MIN_PREALLOCATE_BYTES = 4096
 MAX_PREALLOCATE_BYTES = 16 * 1024 * 1024
 PREALLOCATE_AFTER_SYNCS = 8
 PREALLOCATE_WINDOW_MS = 1000
+#: A lone append's group commit on the loop's own thread: under ``always``, once this many
+#: group commits in a row each covered one batch and nothing was appended while they ran
+#: (one message at a time), the next one that covers one batch runs its fsync on the loop
+#: itself, skipping the hand-off to a flusher thread and the wake-up back (two context
+#: switches and the GIL taken twice), unless a flusher thread is busy. A commit that covers
+#: more than one batch, a partition read since the last commit (a consumer waits on the
+#: loop too), or an fsync there longer than :data:`INLINE_FSYNC_MAX_S` goes back to the
+#: threads (appends arriving during it then gather into the next group commit).
+INLINE_FSYNC_AFTER = 4
+INLINE_FSYNC_MAX_S = 0.002
 #: Default byte budget of one read.
 DEFAULT_READ_BYTES = 1024 * 1024
 #: The file holding a replicated log's leader epoch (absent while it is 0, as on a single
@@ -372,6 +382,10 @@ class PartitionLog:
         #: those, per produce and per fetch or push).
         self.batches_appended = 0
         self._batches_flushed = 0
+        #: Group commits in a row of one batch each, with nothing appended while they ran
+        #: (see :data:`INLINE_FSYNC_AFTER`).
+        self._lone_flushes = 0
+        self._read_at_flush = 0
         self.messages_in = 0
         self.bytes_in = 0
         self.messages_out = 0
@@ -1517,6 +1531,19 @@ class PartitionLog:
             batches = self.batches_appended - self._batches_flushed
             nbytes = sum(size - seg.synced_size for seg, size in plan.syncs)
             self._batches_flushed = self.batches_appended
+            read = self.messages_out
+            if batches != 1 or read != self._read_at_flush:
+                self._lone_flushes = 0
+                self._read_at_flush = read
+            elif (
+                self._lone_flushes >= INLINE_FSYNC_AFTER
+                and self.config.fsync is _ALWAYS
+                and flush_threads_idle(loop)
+            ):
+                # One message at a time: the fsync here, its result taken back next turn.
+                outcome = self._timed_flush_io(plan)
+                loop.call_soon(self._flush_finished, plan, batches, nbytes, outcome)
+                return
             # A flusher thread (tests install a stepped executor); the job's own
             # call_soon_threadsafe is the whole way back: one loop wake-up, no future.
             run_flush_job(loop, functools.partial(self._flush_job, loop, plan, batches, nbytes))
@@ -1528,13 +1555,24 @@ class PartitionLog:
 
     def _flush_job(
         self, loop: asyncio.AbstractEventLoop, plan: _FlushPlan, batches: int, nbytes: int
-    ) -> None:
-        """In a flusher thread: the group commit, then its result handed to the loop."""
+    ) -> Callable[[], None]:
+        """In a flusher thread: the group commit; returns the hand-back of its result to the
+        loop, which the thread calls once it counts itself idle (see :func:`run_flush_job`)."""
         outcome: tuple[OSError | None, float] | Exception
         try:
             outcome = self._timed_flush_io(plan)
         except Exception as exc:  # not an OSError: a bug, handed to the loop to report
             outcome = exc
+        return functools.partial(self._hand_back, loop, plan, batches, nbytes, outcome)
+
+    def _hand_back(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        plan: _FlushPlan,
+        batches: int,
+        nbytes: int,
+        outcome: tuple[OSError | None, float] | Exception,
+    ) -> None:
         try:
             loop.call_soon_threadsafe(self._flush_finished, plan, batches, nbytes, outcome)
         except RuntimeError:  # the loop is closed: nobody waits for this flush any more
@@ -1565,6 +1603,14 @@ class PartitionLog:
                 self._fail_waiters(StorageError(f"flush task failed: {outcome!r}"))
                 return
             error, seconds = outcome
+            if (
+                batches == 1
+                and self.batches_appended == self._batches_flushed
+                and seconds <= INLINE_FSYNC_MAX_S
+            ):
+                self._lone_flushes += 1
+            else:
+                self._lone_flushes = 0
             if self.flush_stats is not None:
                 self.flush_stats.observe(seconds, batches, nbytes, failed=error is not None)
             before = self._flushed
