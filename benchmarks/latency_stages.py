@@ -101,6 +101,9 @@ def run_broker(argv: list[str], out: str) -> None:
     timed(conn, "buffer_updated" if hasattr(conn, "buffer_updated") else "data_received", "recv")
     timed(conn, "_handle", "task")
     timed(conn, "_write", "answer")
+    # Answers one group commit settles leave together, one loop callback later.
+    if hasattr(conn, "send_held"):
+        timed(conn, "send_held", "answer")
     timed(core.Broker, "produce", "produce")
     # A produce handled without a task (the listener's fast path): its handling starts where a
     # task would have run, and the broker's part starts in produce_soon.

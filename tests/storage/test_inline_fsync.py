@@ -1,44 +1,55 @@
 """A lone append's group commit on the event loop's own thread (``INLINE_FSYNC_AFTER``): a
-partition written one message at a time, and not read, has its fsyncs run on the loop after
-a few group commits of one batch each; two batches in a commit, a read, a slow fsync, a busy
-flusher thread or a stand-in executor send them back to the flusher threads. Either way an
-append returns only once its fsync is done."""
+partition written one message at a time, alone, and not read has its fsyncs run on the loop
+after a few group commits of one batch each; two batches in a commit, a read, a roll, zeros
+written ahead, another partition committing, a slow fsync, a busy flusher thread or a
+stand-in executor send them back to the flusher threads. Either way an append returns only
+once its fsync is done, and a failed fsync fails it.
+
+The file handles here record the thread of each segment fsync and skip the device (a busy
+disk's fsync would otherwise count as slow and make the tests depend on it); a slow fsync is
+made by sleeping in it."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.storage.history import make_batch, read_all
+from tidewire.errors import LogFailedError, StorageError
 from tidewire.storage import FsyncPolicy, LogConfig, OsFileSystem, PartitionLog
 from tidewire.storage import log as log_module
 from tidewire.storage.flusher import set_flush_executor
 from tidewire.storage.fs import FileHandle, FileHandleWrapper, FileSystemWrapper
 
 AFTER = log_module.INLINE_FSYNC_AFTER
-#: What counts as a slow fsync in these tests (the real bound is a few ms, which a busy
-#: disk's fsync may take: the tests slow one down on purpose instead).
+#: What counts as a slow fsync in these tests.
 SLOW_S = 0.05
 
 
 @pytest.fixture(autouse=True)
-def _slow_means_slow(monkeypatch: pytest.MonkeyPatch) -> None:
+def _settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(log_module, "INLINE_FSYNC_MAX_S", SLOW_S)
+    monkeypatch.setattr(log_module, "_last_commit", [0.0, -1.0])
 
 
 class _Syncs(FileSystemWrapper):
-    """Records, for each fsync of a segment file, the thread it ran on and whether it had
-    finished when the append that waited for it returned; ``delay_s`` slows each one."""
+    """Records the thread of each fsync of a segment file and whether it had finished when
+    the append that waited for it returned; ``delay_s`` slows each one down, ``gate`` (when
+    set) holds each one until it is set, ``fail`` fails each one with EIO."""
 
     def __init__(self) -> None:
         super().__init__(OsFileSystem())
         self.threads: list[int] = []
         self.done = 0
         self.delay_s = 0.0
+        self.gate: threading.Event | None = None
+        self.fail = False
 
     def open(self, path: str, *, create: bool = True) -> FileHandle:
         handle = self.inner.open(path, create=create)
@@ -51,15 +62,21 @@ class _Handle(FileHandleWrapper):
         self.fs = fs
 
     def sync(self) -> None:
-        self.fs.threads.append(threading.get_ident())
-        if self.fs.delay_s:
-            time.sleep(self.fs.delay_s)
-        self.inner.sync()
-        self.fs.done += 1
+        fs = self.fs
+        fs.threads.append(threading.get_ident())
+        if fs.gate is not None:
+            assert fs.gate.wait(30), "the gate was never opened"
+        if fs.delay_s:
+            time.sleep(fs.delay_s)
+        if fs.fail:
+            raise OSError(errno.EIO, "an I/O error")
+        fs.done += 1
 
 
-def _open(tmp_path: object, fs: _Syncs, fsync: FsyncPolicy = FsyncPolicy.ALWAYS) -> PartitionLog:
-    log = PartitionLog.open(fs, str(tmp_path), LogConfig(fsync=fsync))
+def _open(
+    path: Path, fs: _Syncs, fsync: FsyncPolicy = FsyncPolicy.ALWAYS, **config: int
+) -> PartitionLog:
+    log = PartitionLog.open(fs, str(path), LogConfig(fsync=fsync, **config))
     log.preallocate_bytes = 0
     return log
 
@@ -69,15 +86,22 @@ async def _one_at_a_time(log: PartitionLog, fs: _Syncs, n: int) -> list[bool]:
     Each append's own fsync is done by the time it returns."""
     me = threading.get_ident()
     on_loop = []
-    for i in range(n):
+    for _ in range(n):
         syncs = len(fs.threads)
+        i = log.log_end_offset
         await log.append_async(make_batch([f"m{i}".encode()]))
         assert fs.done == len(fs.threads) > syncs  # its fsync ran, and finished, first
         on_loop.append(fs.threads[-1] == me)
     return on_loop
 
 
-def test_one_message_at_a_time_moves_onto_the_loop(tmp_path: object) -> None:
+#: One message at a time from a fresh count: AFTER commits in threads, then on the loop.
+LONE = [False] * AFTER + [True]
+#: The same after a commit that a condition sent to the threads (it does not count).
+AGAIN = [False] * (AFTER + 1) + [True]
+
+
+def test_one_message_at_a_time_moves_onto_the_loop(tmp_path: Path) -> None:
     fs = _Syncs()
     log = _open(tmp_path, fs)
 
@@ -91,70 +115,161 @@ def test_one_message_at_a_time_moves_onto_the_loop(tmp_path: object) -> None:
     log.close()
 
 
-def test_two_batches_in_one_commit_go_back_to_the_threads(tmp_path: object) -> None:
+def test_two_batches_in_one_commit_go_back_to_the_threads(tmp_path: Path) -> None:
     fs = _Syncs()
     log = _open(tmp_path, fs)
 
     async def main() -> None:
-        assert await _one_at_a_time(log, fs, AFTER + 1) == [False] * AFTER + [True]
+        assert await _one_at_a_time(log, fs, AFTER + 1) == LONE
         # Two appends in one turn: one group commit of two batches, in a thread.
         await asyncio.gather(
             log.append_async(make_batch([b"a"])), log.append_async(make_batch([b"b"]))
         )
         assert fs.threads[-1] != threading.get_ident()
         # And the count starts again.
-        assert await _one_at_a_time(log, fs, AFTER + 1) == [False] * AFTER + [True]
+        assert await _one_at_a_time(log, fs, AFTER + 1) == LONE
 
     asyncio.run(main())
     log.close()
 
 
-def test_a_read_of_the_partition_keeps_the_threads(tmp_path: object) -> None:
-    """A consumer reading the partition waits on the loop too: the loop is not blocked."""
+def test_one_read_of_the_partition_sends_the_next_commit_to_the_threads(tmp_path: Path) -> None:
+    """A reader (a consumer, a follower, a queue's deliveries) waits on the loop too."""
     fs = _Syncs()
     log = _open(tmp_path, fs)
 
     async def main() -> None:
-        for i in range(2 * AFTER):
-            await log.append_async(make_batch([f"m{i}".encode()]))
-            log.messages_out += 1  # what the broker counts per fetch or push
-            assert fs.threads[-1] != threading.get_ident()
+        assert await _one_at_a_time(log, fs, AFTER + 1) == LONE
+        log.read(0)
+        assert await _one_at_a_time(log, fs, AFTER + 2) == AGAIN
 
     asyncio.run(main())
     log.close()
 
 
-def test_a_slow_fsync_goes_back_to_the_threads(tmp_path: object) -> None:
+def test_a_large_batch_goes_to_the_threads(tmp_path: Path) -> None:
     fs = _Syncs()
     log = _open(tmp_path, fs)
 
     async def main() -> None:
-        assert await _one_at_a_time(log, fs, AFTER + 1) == [False] * AFTER + [True]
+        assert await _one_at_a_time(log, fs, AFTER + 1) == LONE
+        big = bytes(log_module.PREALLOCATE_SMALL_SYNC + 1)
+        await log.append_async(make_batch([big]))
+        assert fs.threads[-1] != threading.get_ident()
+
+    asyncio.run(main())
+    log.close()
+
+
+def test_a_roll_goes_to_the_threads(tmp_path: Path) -> None:
+    """A roll's commit syncs the new segment, the directory and the old one's indexes."""
+    fs = _Syncs()
+    log = _open(tmp_path, fs, segment_bytes=2048)
+
+    async def main() -> None:
+        me = threading.get_ident()
+        assert await _one_at_a_time(log, fs, AFTER + 1) == LONE
+        segments = log.segment_count
+        while log.segment_count == segments:  # bounded: the segment fills within 2 KiB
+            on_loop = await _one_at_a_time(log, fs, 1)
+        assert on_loop == [False]
+        assert fs.threads[-1] != me
+
+    asyncio.run(main())
+    log.close()
+
+
+def test_zeros_written_ahead_go_to_the_threads(tmp_path: Path) -> None:
+    fs = _Syncs()
+    log = _open(tmp_path, fs)
+    log.preallocate_bytes = 8192
+
+    async def main() -> None:
+        lone = 0
+        grown = []
+        for _ in range(log_module.PREALLOCATE_AFTER_SYNCS + AFTER):
+            active = log._segments[-1]
+            before = active.zeroed_to
+            on_loop = await _one_at_a_time(log, fs, 1)
+            if active.zeroed_to > before:
+                grown.append(on_loop[0])
+            lone += on_loop[0]
+        assert grown == [False]  # the commit that wrote the zeros synced them in a thread
+        assert lone > 0  # and the ones after it came back to the loop
+
+    asyncio.run(main())
+    log.close()
+
+
+def test_another_partition_committing_keeps_both_in_the_threads(tmp_path: Path) -> None:
+    fs_a, fs_b = _Syncs(), _Syncs()
+    a, b = _open(tmp_path / "a", fs_a), _open(tmp_path / "b", fs_b)
+
+    async def main() -> None:
+        me = threading.get_ident()
+        for _ in range(3 * AFTER):  # one message at a time to each, in turn
+            await _one_at_a_time(a, fs_a, 1)
+            await _one_at_a_time(b, fs_b, 1)
+        assert me not in fs_a.threads
+        assert me not in fs_b.threads
+        # b left alone past the window: it comes back to the loop.
+        await asyncio.sleep(log_module.INLINE_ALONE_S * 2)
+        assert await _one_at_a_time(b, fs_b, AFTER + 1) == LONE
+
+    asyncio.run(main())
+    a.close()
+    b.close()
+
+
+def test_a_slow_fsync_goes_back_to_the_threads(tmp_path: Path) -> None:
+    fs = _Syncs()
+    log = _open(tmp_path, fs)
+
+    async def main() -> None:
+        assert await _one_at_a_time(log, fs, AFTER + 1) == LONE
         fs.delay_s = SLOW_S * 2
         assert await _one_at_a_time(log, fs, 1) == [True]  # found slow, on the loop
         fs.delay_s = 0.0
-        assert await _one_at_a_time(log, fs, AFTER + 1) == [False] * AFTER + [True]
+        assert await _one_at_a_time(log, fs, AFTER + 1) == LONE
 
     asyncio.run(main())
     log.close()
 
 
+def test_a_failed_fsync_on_the_loop_fails_its_append(tmp_path: Path) -> None:
+    fs = _Syncs()
+    log = _open(tmp_path, fs)
+
+    async def main() -> None:
+        assert await _one_at_a_time(log, fs, AFTER + 1) == LONE
+        fs.fail = True
+        with pytest.raises(StorageError, match="an I/O error"):
+            await log.append_async(make_batch([b"lost"]))
+        assert fs.threads[-1] == threading.get_ident()
+        assert log.flushed_offset == AFTER + 1
+        with pytest.raises(LogFailedError):  # the log refuses writes from then on
+            await log.append_async(make_batch([b"after"]))
+
+    asyncio.run(main())
+    log.abandon()
+
+
 @pytest.mark.parametrize("fsync", [FsyncPolicy.INTERVAL, FsyncPolicy.NEVER])
-def test_only_under_always(tmp_path: object, fsync: FsyncPolicy) -> None:
+def test_only_under_always(tmp_path: Path, fsync: FsyncPolicy) -> None:
     fs = _Syncs()
     log = _open(tmp_path, fs, fsync)
 
     async def main() -> None:
         for i in range(AFTER + 3):
             await log.append_async(make_batch([f"m{i}".encode()]), durable=True)
-        assert fs.threads
+        assert len(fs.threads) >= AFTER + 3
         assert threading.get_ident() not in fs.threads
 
     asyncio.run(main())
     log.close()
 
 
-def test_a_stand_in_executor_keeps_every_commit(tmp_path: object) -> None:
+def test_a_stand_in_executor_keeps_every_commit(tmp_path: Path) -> None:
     """Tests that step group commits through an executor see every one of them."""
     fs = _Syncs()
     log = _open(tmp_path, fs)
@@ -179,22 +294,26 @@ def test_a_stand_in_executor_keeps_every_commit(tmp_path: object) -> None:
     log.close()
 
 
-def test_a_busy_flusher_thread_keeps_the_threads(tmp_path: object) -> None:
-    """Another log's fsync running in a flusher thread: the loop must take its result back,
-    so this log's commit does not block it."""
+def test_a_busy_flusher_thread_keeps_the_threads(tmp_path: Path) -> None:
+    """Another log's fsync held in a flusher thread: the loop must be free to take its
+    result back, so this log's commit does not block it."""
     fs, other_fs = _Syncs(), _Syncs()
-    log = _open(tmp_path / "a", fs)  # type: ignore[operator]
-    other = _open(tmp_path / "b", other_fs)  # type: ignore[operator]
+    log = _open(tmp_path / "a", fs)
+    other = _open(tmp_path / "b", other_fs)
 
     async def main() -> None:
-        assert await _one_at_a_time(log, fs, AFTER + 1) == [False] * AFTER + [True]
-        other_fs.delay_s = 0.2
-        slow = asyncio.ensure_future(other.append_async(make_batch([b"slow"])))
-        while not other_fs.threads:  # bounded by the other append's fsync starting
+        gate = other_fs.gate = threading.Event()
+        held = asyncio.ensure_future(other.append_async(make_batch([b"held"])))
+        for _ in range(10_000):  # bounded: until the other fsync is under way
+            if other_fs.threads:
+                break
             await asyncio.sleep(0.001)
-        assert await _one_at_a_time(log, fs, 1) == [False]
-        await slow
-        assert other_fs.threads[-1] != threading.get_ident()
+        assert other_fs.threads, "the other log's fsync never started"
+        await asyncio.sleep(log_module.INLINE_ALONE_S * 2)  # this log is alone again
+        assert await _one_at_a_time(log, fs, AFTER + 2) == [False] * (AFTER + 2)
+        gate.set()
+        await held
+        assert (await _one_at_a_time(log, fs, AFTER + 1))[-1]  # back on the loop
 
     asyncio.run(main())
     log.close()

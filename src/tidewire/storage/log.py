@@ -119,15 +119,22 @@ MAX_PREALLOCATE_BYTES = 16 * 1024 * 1024
 PREALLOCATE_AFTER_SYNCS = 8
 PREALLOCATE_WINDOW_MS = 1000
 #: A lone append's group commit on the loop's own thread: under ``always``, once this many
-#: group commits in a row each covered one batch and nothing was appended while they ran
-#: (one message at a time), the next one that covers one batch runs its fsync on the loop
-#: itself, skipping the hand-off to a flusher thread and the wake-up back (two context
-#: switches and the GIL taken twice), unless a flusher thread is busy. A commit that covers
-#: more than one batch, a partition read since the last commit (a consumer waits on the
-#: loop too), or an fsync there longer than :data:`INLINE_FSYNC_MAX_S` goes back to the
-#: threads (appends arriving during it then gather into the next group commit).
+#: group commits in a row each covered one batch, took at most :data:`INLINE_FSYNC_MAX_S`
+#: and saw nothing appended while they ran (one message at a time), the next one runs its
+#: fsync on the loop itself, skipping the hand-off to a flusher thread and the wake-up back
+#: (two context switches and the GIL taken twice). Only a plain commit: one batch of at most
+#: :data:`PREALLOCATE_SMALL_SYNC` bytes, one file to sync, no roll's directory sync or
+#: indexes, no zeros written ahead or cut; only while no flusher thread is busy, no other log
+#: started a commit within :data:`INLINE_ALONE_S` (partitions committing side by side keep
+#: their fsyncs parallel in the threads) and the log was not read since its last commit (a
+#: reader waits on the same loop). Anything else goes to the threads, and the count starts
+#: again.
 INLINE_FSYNC_AFTER = 4
 INLINE_FSYNC_MAX_S = 0.002
+INLINE_ALONE_S = 0.05
+#: The log (its ``id``) that started the last group commit in this process, and when
+#: (``time.perf_counter``): what :data:`INLINE_ALONE_S` is checked against.
+_last_commit: list[float] = [0.0, -1.0]
 #: Default byte budget of one read.
 DEFAULT_READ_BYTES = 1024 * 1024
 #: The file holding a replicated log's leader epoch (absent while it is 0, as on a single
@@ -312,6 +319,13 @@ class _FlushPlan:
     #: Segments whose file was cut (:meth:`Segment.trim`) before the plan was made: its syncs
     #: make their new size durable.
     cuts: list[Segment] = field(default_factory=list)
+    #: Zeros were written ahead of the active segment's appends for this flush: its fsync
+    #: writes them too.
+    grew: bool = False
+    #: A plain commit of one batch of a partition alone (:meth:`PartitionLog._inline`): if
+    #: nothing was appended while it ran and it was quick, it counts towards running the
+    #: next ones on the loop.
+    lone: bool = False
 
 
 class PartitionLog:
@@ -383,9 +397,11 @@ class PartitionLog:
         self.batches_appended = 0
         self._batches_flushed = 0
         #: Group commits in a row of one batch each, with nothing appended while they ran
-        #: (see :data:`INLINE_FSYNC_AFTER`).
+        #: (see :data:`INLINE_FSYNC_AFTER`), and reads (:meth:`read`) so far.
         self._lone_flushes = 0
-        self._read_at_flush = 0
+        self._reads = 0
+        self._reads_at_flush = 0
+        self._grew = False  # set by _trim_and_preallocate, taken by _flush_plan
         self.messages_in = 0
         self.bytes_in = 0
         self.messages_out = 0
@@ -1518,7 +1534,8 @@ class PartitionLog:
         await self.wait_durable(target)
 
     def _start_flush(self) -> None:
-        """Start a group commit of everything written so far in a worker thread;
+        """Start a group commit of everything written so far in a flusher thread (or, for a
+        partition written one message at a time, run its fsync here: :meth:`_inline`);
         :meth:`_flush_finished` takes its result back on the loop, settles the waiters and
         starts the next commit if more wait."""
         loop = self._loop()
@@ -1531,15 +1548,7 @@ class PartitionLog:
             batches = self.batches_appended - self._batches_flushed
             nbytes = sum(size - seg.synced_size for seg, size in plan.syncs)
             self._batches_flushed = self.batches_appended
-            read = self.messages_out
-            if batches != 1 or read != self._read_at_flush:
-                self._lone_flushes = 0
-                self._read_at_flush = read
-            elif (
-                self._lone_flushes >= INLINE_FSYNC_AFTER
-                and self.config.fsync is _ALWAYS
-                and flush_threads_idle(loop)
-            ):
+            if self._inline(loop, plan, batches, nbytes):
                 # One message at a time: the fsync here, its result taken back next turn.
                 outcome = self._timed_flush_io(plan)
                 loop.call_soon(self._flush_finished, plan, batches, nbytes, outcome)
@@ -1552,6 +1561,36 @@ class PartitionLog:
             self._flushing = False
             self._fail_waiters(StorageError(f"flush failed to start: {exc!r}"))
             self._flush_over()
+
+    def _inline(
+        self, loop: asyncio.AbstractEventLoop, plan: _FlushPlan, batches: int, nbytes: int
+    ) -> bool:
+        """Whether this group commit runs its fsync on the loop (see
+        :data:`INLINE_FSYNC_AFTER`); a commit that may not resets the count."""
+        now = time.perf_counter()
+        last = _last_commit
+        alone = last[0] == id(self) or now - last[1] > INLINE_ALONE_S
+        last[0], last[1] = id(self), now
+        reads = self._reads
+        if (
+            batches == 1
+            and alone
+            and reads == self._reads_at_flush
+            and self.config.fsync is _ALWAYS
+            and nbytes <= PREALLOCATE_SMALL_SYNC
+            and len(plan.syncs) == 1
+            and not (plan.sync_dir or plan.seals or plan.cuts or plan.grew)
+            and plan.failed is None
+        ):
+            plan.lone = True
+            if self._lone_flushes < INLINE_FSYNC_AFTER:
+                return False
+            if flush_threads_idle(loop):
+                return True
+            plan.lone = False
+        self._lone_flushes = 0
+        self._reads_at_flush = reads
+        return False
 
     def _flush_job(
         self, loop: asyncio.AbstractEventLoop, plan: _FlushPlan, batches: int, nbytes: int
@@ -1579,7 +1618,8 @@ class PartitionLog:
             log.warning("flush of %s finished after its event loop closed", self.directory)
 
     def _timed_flush_io(self, plan: _FlushPlan) -> tuple[OSError | None, float]:
-        """In a worker thread: :meth:`_flush_io`; its error (if any) and how long it took."""
+        """In a flusher thread (or on the loop, :meth:`_inline`): :meth:`_flush_io`; its error
+        (if any) and how long it took."""
         started = time.perf_counter()
         try:
             self._flush_io(plan)
@@ -1604,7 +1644,7 @@ class PartitionLog:
                 return
             error, seconds = outcome
             if (
-                batches == 1
+                plan.lone
                 and self.batches_appended == self._batches_flushed
                 and seconds <= INLINE_FSYNC_MAX_S
             ):
@@ -1682,9 +1722,17 @@ class PartitionLog:
         syncs = [(s, s.size) for s in segs if s.synced_size < s.size or s.cut_unsynced]
         seals = [(s, *s.seal_files()) for s in segs if s.sealed and not s.seal_persisted]
         plan = _FlushPlan(
-            self.log_end_offset, syncs, self._dir_dirty, seals, self._truncations, failed, cuts
+            self.log_end_offset,
+            syncs,
+            self._dir_dirty,
+            seals,
+            self._truncations,
+            failed,
+            cuts,
+            self._grew,
         )
         self._dir_dirty = False
+        self._grew = False
         return plan
 
     def _trim_and_preallocate(self) -> None:
@@ -1721,6 +1769,7 @@ class PartitionLog:
         ):
             try:
                 active.preallocate(nbytes)
+                self._grew = True
             except OSError as exc:  # zeros past the end: nothing lost; no more for this one
                 active.small_syncs = -(1 << 62)
                 log.warning("writing zeros ahead in %s failed: %s", active.log_path, exc)
@@ -1843,6 +1892,7 @@ class PartitionLog:
         """
         self._check_open()
         self._drain_writes()
+        self._reads += 1  # a reader: commits stay off the loop (see INLINE_FSYNC_AFTER)
         for _ in range(64):  # each retry follows a newly found damaged range
             try:
                 return self._read(offset, max_bytes, max_offset)
