@@ -35,7 +35,7 @@ SLOW_S = 0.05
 @pytest.fixture(autouse=True)
 def _settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(log_module, "INLINE_FSYNC_MAX_S", SLOW_S)
-    monkeypatch.setattr(log_module, "_last_commit", [0.0, -1.0])
+    monkeypatch.setattr(log_module, "_COMMITS", log_module._Commits())
 
 
 class _Syncs(FileSystemWrapper):
@@ -133,6 +133,32 @@ def test_two_batches_in_one_commit_go_back_to_the_threads(tmp_path: Path) -> Non
     log.close()
 
 
+def test_an_append_while_a_commit_runs_starts_the_count_again(tmp_path: Path) -> None:
+    """Two producers sending back to back: one append arrives while the other's commit
+    runs, so that commit does not count."""
+    fs = _Syncs()
+    log = _open(tmp_path, fs)
+
+    async def main() -> None:
+        assert await _one_at_a_time(log, fs, AFTER - 1) == [False] * (AFTER - 1)
+        gate = fs.gate = threading.Event()
+        first = asyncio.ensure_future(log.append_async(make_batch([b"first"])))
+        for _ in range(10_000):  # bounded: until its fsync is under way, in a thread
+            if len(fs.threads) == AFTER:
+                break
+            await asyncio.sleep(0.001)
+        second = asyncio.ensure_future(log.append_async(make_batch([b"second"])))
+        await asyncio.sleep(0.01)
+        gate.set()
+        fs.gate = None
+        await asyncio.gather(first, second)
+        # The first commit did not count; the second (alone) did.
+        assert await _one_at_a_time(log, fs, AFTER) == [False] * (AFTER - 1) + [True]
+
+    asyncio.run(main())
+    log.close()
+
+
 def test_one_read_of_the_partition_sends_the_next_commit_to_the_threads(tmp_path: Path) -> None:
     """A reader (a consumer, a follower, a queue's deliveries) waits on the loop too."""
     fs = _Syncs()
@@ -145,6 +171,25 @@ def test_one_read_of_the_partition_sends_the_next_commit_to_the_threads(tmp_path
 
     asyncio.run(main())
     log.close()
+
+
+def test_a_read_of_another_partition_sends_the_next_commit_to_the_threads(
+    tmp_path: Path,
+) -> None:
+    """A consumer of another partition waits on the same loop."""
+    fs, other_fs = _Syncs(), _Syncs()
+    log, other = _open(tmp_path / "a", fs), _open(tmp_path / "b", other_fs)
+
+    async def main() -> None:
+        await other.append_async(make_batch([b"x"]))
+        await asyncio.sleep(log_module.INLINE_ALONE_S * 2)
+        assert await _one_at_a_time(log, fs, AFTER + 1) == LONE
+        other.read(0)
+        assert await _one_at_a_time(log, fs, AFTER + 2) == AGAIN
+
+    asyncio.run(main())
+    log.close()
+    other.close()
 
 
 def test_a_large_batch_goes_to_the_threads(tmp_path: Path) -> None:
@@ -185,17 +230,20 @@ def test_zeros_written_ahead_go_to_the_threads(tmp_path: Path) -> None:
     log.preallocate_bytes = 8192
 
     async def main() -> None:
-        lone = 0
-        grown = []
-        for _ in range(log_module.PREALLOCATE_AFTER_SYNCS + AFTER):
+        inline_before = []
+        for _ in range(log_module.PREALLOCATE_AFTER_SYNCS):  # bounded: zeros come at the 8th
             active = log._segments[-1]
             before = active.zeroed_to
-            on_loop = await _one_at_a_time(log, fs, 1)
+            (on_loop,) = await _one_at_a_time(log, fs, 1)
             if active.zeroed_to > before:
-                grown.append(on_loop[0])
-            lone += on_loop[0]
-        assert grown == [False]  # the commit that wrote the zeros synced them in a thread
-        assert lone > 0  # and the ones after it came back to the loop
+                break
+            inline_before.append(on_loop)
+        else:
+            raise AssertionError("no zeros were written ahead")
+        assert any(inline_before)
+        assert not on_loop  # the commit that wrote the zeros synced them in a thread
+        # ... which started the count again; the commits after it come back to the loop.
+        assert await _one_at_a_time(log, fs, AFTER + 1) == LONE
 
     asyncio.run(main())
     log.close()
@@ -215,6 +263,9 @@ def test_another_partition_committing_keeps_both_in_the_threads(tmp_path: Path) 
         # b left alone past the window: it comes back to the loop.
         await asyncio.sleep(log_module.INLINE_ALONE_S * 2)
         assert await _one_at_a_time(b, fs_b, AFTER + 1) == LONE
+        # One commit of a, now and then: b's next commit goes to the threads.
+        await _one_at_a_time(a, fs_a, 1)
+        assert await _one_at_a_time(b, fs_b, 1) == [False]
 
     asyncio.run(main())
     a.close()
@@ -230,7 +281,19 @@ def test_a_slow_fsync_goes_back_to_the_threads(tmp_path: Path) -> None:
         fs.delay_s = SLOW_S * 2
         assert await _one_at_a_time(log, fs, 1) == [True]  # found slow, on the loop
         fs.delay_s = 0.0
-        assert await _one_at_a_time(log, fs, AFTER + 1) == LONE
+        # Twice as many quick lone commits needed now...
+        assert await _one_at_a_time(log, fs, 2 * AFTER + 1) == [False] * 2 * AFTER + [True]
+        fs.delay_s = SLOW_S * 2
+        assert await _one_at_a_time(log, fs, 1) == [True]
+        fs.delay_s = 0.0
+        # ... then four times ...
+        assert await _one_at_a_time(log, fs, 4 * AFTER + 1) == [False] * 4 * AFTER + [True]
+        # ... and after twice that many quick ones in a row, twice again.
+        assert all(await _one_at_a_time(log, fs, 4 * AFTER))
+        fs.delay_s = SLOW_S * 2
+        assert await _one_at_a_time(log, fs, 1) == [True]
+        fs.delay_s = 0.0
+        assert await _one_at_a_time(log, fs, 4 * AFTER + 1) == [False] * 4 * AFTER + [True]
 
     asyncio.run(main())
     log.close()
@@ -252,6 +315,24 @@ def test_a_failed_fsync_on_the_loop_fails_its_append(tmp_path: Path) -> None:
 
     asyncio.run(main())
     log.abandon()
+
+
+def test_an_interval_partition_s_flushes_do_not_count_as_another_partition(
+    tmp_path: Path,
+) -> None:
+    fs, other_fs = _Syncs(), _Syncs()
+    log = _open(tmp_path / "a", fs)
+    other = _open(tmp_path / "b", other_fs, FsyncPolicy.INTERVAL)
+
+    async def main() -> None:
+        assert await _one_at_a_time(log, fs, AFTER + 1) == LONE
+        for _ in range(3):
+            await other.append_async(make_batch([b"x"]), durable=True)  # its own fsync
+            assert await _one_at_a_time(log, fs, 1) == [True]
+
+    asyncio.run(main())
+    log.close()
+    other.close()
 
 
 @pytest.mark.parametrize("fsync", [FsyncPolicy.INTERVAL, FsyncPolicy.NEVER])
@@ -310,10 +391,11 @@ def test_a_busy_flusher_thread_keeps_the_threads(tmp_path: Path) -> None:
             await asyncio.sleep(0.001)
         assert other_fs.threads, "the other log's fsync never started"
         await asyncio.sleep(log_module.INLINE_ALONE_S * 2)  # this log is alone again
-        assert await _one_at_a_time(log, fs, AFTER + 2) == [False] * (AFTER + 2)
+        assert await _one_at_a_time(log, fs, AFTER + 1) == [False] * (AFTER + 1)
         gate.set()
         await held
-        assert (await _one_at_a_time(log, fs, AFTER + 1))[-1]  # back on the loop
+        # The last of those (its count reached, a thread busy) started the count again.
+        assert await _one_at_a_time(log, fs, AFTER + 1) == LONE
 
     asyncio.run(main())
     log.close()

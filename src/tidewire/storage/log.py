@@ -125,16 +125,33 @@ PREALLOCATE_WINDOW_MS = 1000
 #: (two context switches and the GIL taken twice). Only a plain commit: one batch of at most
 #: :data:`PREALLOCATE_SMALL_SYNC` bytes, one file to sync, no roll's directory sync or
 #: indexes, no zeros written ahead or cut; only while no flusher thread is busy, no other log
-#: started a commit within :data:`INLINE_ALONE_S` (partitions committing side by side keep
-#: their fsyncs parallel in the threads) and the log was not read since its last commit (a
-#: reader waits on the same loop). Anything else goes to the threads, and the count starts
-#: again.
+#: of the process started an ``always`` commit within :data:`INLINE_ALONE_S` (partitions
+#: committing side by side keep their fsyncs parallel in the threads) and no log of the
+#: process was read since this one's last commit (a reader waits on the loop too). Anything
+#: else goes to the threads, and the count starts again. A slow fsync (on the loop or not)
+#: doubles the count needed, up to :data:`INLINE_FSYNC_AFTER_MAX` (a disk that stalls now and
+#: then does not stall the loop each time); it halves again after twice as many quick lone
+#: commits in a row.
 INLINE_FSYNC_AFTER = 4
+INLINE_FSYNC_AFTER_MAX = 1024
 INLINE_FSYNC_MAX_S = 0.002
 INLINE_ALONE_S = 0.05
-#: The log (its ``id``) that started the last group commit in this process, and when
-#: (``time.perf_counter``): what :data:`INLINE_ALONE_S` is checked against.
-_last_commit: list[float] = [0.0, -1.0]
+
+
+@dataclass(slots=True)
+class _Commits:
+    """What the process's logs did lately, for :meth:`PartitionLog._inline`: the last log (its
+    ``id``) to start an ``always`` commit and when, when a log other than that one last did
+    (``time.perf_counter``), and reads of any log so far. Read and written on the loops'
+    threads without a lock: a mixed-up entry only misjudges one commit."""
+
+    last: int = 0
+    last_at: float = -1.0
+    other_at: float = -1.0
+    reads: int = 0
+
+
+_COMMITS = _Commits()
 #: Default byte budget of one read.
 DEFAULT_READ_BYTES = 1024 * 1024
 #: The file holding a replicated log's leader epoch (absent while it is 0, as on a single
@@ -396,10 +413,11 @@ class PartitionLog:
         #: those, per produce and per fetch or push).
         self.batches_appended = 0
         self._batches_flushed = 0
-        #: Group commits in a row of one batch each, with nothing appended while they ran
-        #: (see :data:`INLINE_FSYNC_AFTER`), and reads (:meth:`read`) so far.
+        #: Group commits in a row of one batch each, with nothing appended while they ran,
+        #: and how many it takes to run the next one on the loop (see
+        #: :data:`INLINE_FSYNC_AFTER`); the process's reads at this log's last commit.
         self._lone_flushes = 0
-        self._reads = 0
+        self._inline_after = INLINE_FSYNC_AFTER
         self._reads_at_flush = 0
         self._grew = False  # set by _trim_and_preallocate, taken by _flush_plan
         self.messages_in = 0
@@ -1567,23 +1585,27 @@ class PartitionLog:
     ) -> bool:
         """Whether this group commit runs its fsync on the loop (see
         :data:`INLINE_FSYNC_AFTER`); a commit that may not resets the count."""
+        if self.config.fsync is not _ALWAYS:
+            return False
         now = time.perf_counter()
-        last = _last_commit
-        alone = last[0] == id(self) or now - last[1] > INLINE_ALONE_S
-        last[0], last[1] = id(self), now
-        reads = self._reads
+        commits = _COMMITS
+        me = id(self)
+        if commits.last != me:
+            commits.other_at = commits.last_at
+            commits.last = me
+        commits.last_at = now
+        reads = commits.reads
         if (
             batches == 1
-            and alone
+            and now - commits.other_at > INLINE_ALONE_S
             and reads == self._reads_at_flush
-            and self.config.fsync is _ALWAYS
             and nbytes <= PREALLOCATE_SMALL_SYNC
             and len(plan.syncs) == 1
             and not (plan.sync_dir or plan.seals or plan.cuts or plan.grew)
             and plan.failed is None
         ):
             plan.lone = True
-            if self._lone_flushes < INLINE_FSYNC_AFTER:
+            if self._lone_flushes < self._inline_after:
                 return False
             if flush_threads_idle(loop):
                 return True
@@ -1643,14 +1665,7 @@ class PartitionLog:
                 self._fail_waiters(StorageError(f"flush task failed: {outcome!r}"))
                 return
             error, seconds = outcome
-            if (
-                plan.lone
-                and self.batches_appended == self._batches_flushed
-                and seconds <= INLINE_FSYNC_MAX_S
-            ):
-                self._lone_flushes += 1
-            else:
-                self._lone_flushes = 0
+            self._count_lone(plan, seconds)
             if self.flush_stats is not None:
                 self.flush_stats.observe(seconds, batches, nbytes, failed=error is not None)
             before = self._flushed
@@ -1664,6 +1679,23 @@ class PartitionLog:
                 self.on_visible()
         finally:
             self._flush_over()
+
+    def _count_lone(self, plan: _FlushPlan, seconds: float) -> None:
+        """After a commit: count it towards running the next ones on the loop, or start the
+        count again (see :data:`INLINE_FSYNC_AFTER`)."""
+        if seconds > INLINE_FSYNC_MAX_S:
+            self._lone_flushes = 0
+            self._inline_after = min(self._inline_after * 2, INLINE_FSYNC_AFTER_MAX)
+        elif plan.lone and self.batches_appended == self._batches_flushed:
+            self._lone_flushes += 1
+            if (
+                self._lone_flushes >= 2 * self._inline_after
+                and self._inline_after > INLINE_FSYNC_AFTER
+            ):
+                self._inline_after //= 2
+                self._lone_flushes = self._inline_after
+        else:
+            self._lone_flushes = 0
 
     def _flush_over(self) -> None:
         """A flush ended: the next one starts if appends wait, else the log is idle."""
@@ -1892,7 +1924,7 @@ class PartitionLog:
         """
         self._check_open()
         self._drain_writes()
-        self._reads += 1  # a reader: commits stay off the loop (see INLINE_FSYNC_AFTER)
+        _COMMITS.reads += 1  # a reader: commits stay off the loop (see INLINE_FSYNC_AFTER)
         for _ in range(64):  # each retry follows a newly found damaged range
             try:
                 return self._read(offset, max_bytes, max_offset)
