@@ -127,7 +127,8 @@ PREALLOCATE_WINDOW_MS = 1000
 #: indexes, no zeros written ahead or cut; only while no flusher thread is busy, no other log
 #: of the process started an ``always`` commit within :data:`INLINE_ALONE_S` (partitions
 #: committing side by side keep their fsyncs parallel in the threads) and no log of the
-#: process was read since this one's last commit (a reader waits on the loop too). Anything
+#: process was read within :data:`INLINE_ALONE_S` either (a reader waits on the loop too,
+#: and one that reads as the data comes reads between some commits, not all). Anything
 #: else goes to the threads, and the count starts again. A slow fsync (on the loop or not)
 #: doubles the count needed, up to :data:`INLINE_FSYNC_AFTER_MAX` (a disk that stalls now and
 #: then does not stall the loop each time); it halves again after twice as many quick lone
@@ -141,14 +142,14 @@ INLINE_ALONE_S = 0.05
 @dataclass(slots=True)
 class _Commits:
     """What the process's logs did lately, for :meth:`PartitionLog._inline`: the last log (its
-    ``id``) to start an ``always`` commit and when, when a log other than that one last did
-    (``time.perf_counter``), and reads of any log so far. Read and written on the loops'
+    ``id``) to start an ``always`` commit and when, when a log other than that one last did,
+    and when any log was last read (``time.perf_counter``). Read and written on the loops'
     threads without a lock: a mixed-up entry only misjudges one commit."""
 
     last: int = 0
     last_at: float = -1.0
     other_at: float = -1.0
-    reads: int = 0
+    read_at: float = -1.0
 
 
 _COMMITS = _Commits()
@@ -415,10 +416,9 @@ class PartitionLog:
         self._batches_flushed = 0
         #: Group commits in a row of one batch each, with nothing appended while they ran,
         #: and how many it takes to run the next one on the loop (see
-        #: :data:`INLINE_FSYNC_AFTER`); the process's reads at this log's last commit.
+        #: :data:`INLINE_FSYNC_AFTER`).
         self._lone_flushes = 0
         self._inline_after = INLINE_FSYNC_AFTER
-        self._reads_at_flush = 0
         self._grew = False  # set by _trim_and_preallocate, taken by _flush_plan
         self.messages_in = 0
         self.bytes_in = 0
@@ -1594,11 +1594,10 @@ class PartitionLog:
             commits.other_at = commits.last_at
             commits.last = me
         commits.last_at = now
-        reads = commits.reads
         if (
             batches == 1
             and now - commits.other_at > INLINE_ALONE_S
-            and reads == self._reads_at_flush
+            and now - commits.read_at > INLINE_ALONE_S
             and nbytes <= PREALLOCATE_SMALL_SYNC
             and len(plan.syncs) == 1
             and not (plan.sync_dir or plan.seals or plan.cuts or plan.grew)
@@ -1611,7 +1610,6 @@ class PartitionLog:
                 return True
             plan.lone = False
         self._lone_flushes = 0
-        self._reads_at_flush = reads
         return False
 
     def _flush_job(
@@ -1924,7 +1922,7 @@ class PartitionLog:
         """
         self._check_open()
         self._drain_writes()
-        _COMMITS.reads += 1  # a reader: commits stay off the loop (see INLINE_FSYNC_AFTER)
+        _COMMITS.read_at = time.perf_counter()  # a reader: commits stay off the loop a while
         for _ in range(64):  # each retry follows a newly found damaged range
             try:
                 return self._read(offset, max_bytes, max_offset)
