@@ -6,10 +6,15 @@ disturbing other connections, and the principal of a verified client certificate
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import socket
 import ssl
+import threading
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +30,7 @@ from tidewire.client import (
 )
 from tidewire.embedded import EmbeddedBroker
 from tidewire.errors import AuthenticationFailedError, ConnectionLostError, InvalidConfigError
+from tidewire.protocol import Connection
 from tidewire.security.config import TlsConfig
 from tidewire.security.tls import TlsError, principal_from_peercert, server_context
 
@@ -186,6 +192,54 @@ def test_a_client_without_a_required_certificate_is_refused(pki: Pki, tmp_path: 
                 assert await client.list_topics() == []
 
     run(main())
+
+
+@contextlib.contextmanager
+def _refusing_without_goodbye(pki: Pki) -> Iterator[int]:
+    """A TLS listener on 127.0.0.1 (its port yielded) that answers a connection's first request
+    as a broker refusing it does (an error frame), then reads nothing more until the test
+    ends: the client's close_notify stays unanswered, as it does while a refusing broker
+    still drops what the client sends (``frame_timeout_s``) before closing."""
+    ctx = server_context(pki.server())
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(PROMPT_S)
+    done = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        conn.settimeout(PROMPT_S)
+        with ctx.wrap_socket(conn, server_side=True) as tls:
+            tls.recv(4096)  # the first request
+            refusal = AuthenticationFailedError("this broker requires a client certificate")
+            tls.sendall(b"".join(Connection.error_frame(refusal)))
+            done.wait(PROMPT_S)
+
+    thread = threading.Thread(target=serve, name="refusing-listener", daemon=True)
+    thread.start()
+    try:
+        yield int(listener.getsockname()[1])
+    finally:
+        done.set()
+        thread.join(PROMPT_S)
+        listener.close()
+
+
+def test_a_refused_client_closes_its_socket_before_close_returns(pki: Pki) -> None:
+    """The refusal reaches the caller while the TLS goodbye is still going on; close() must
+    not return before the socket is closed, or a loop stopped right after (a CLI command that
+    exits) leaves it open, to be collected unclosed: a ResourceWarning, in a later test."""
+
+    async def main(port: int) -> None:
+        async with AsyncClient(f"127.0.0.1:{port}", tls=pki.client()) as client:
+            with pytest.raises(AuthenticationFailedError, match=r"requires a client cert"):
+                await client.list_topics()
+
+    with _refusing_without_goodbye(pki) as port:
+        asyncio.run(main(port))  # as the CLI runs a command: the loop is closed after it
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
 
 
 def test_a_client_certificate_from_another_ca_is_refused(pki: Pki) -> None:

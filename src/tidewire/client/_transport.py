@@ -65,8 +65,8 @@ def _answer(on_answer: Answered, got: ResponseReceived | TidewireError) -> None:
 #: First and largest pause before reconnecting after a failure (seconds).
 BACKOFF_MIN_S = 0.05
 BACKOFF_MAX_S = 5.0
-#: How long :meth:`Transport.close` waits for the connection to close (seconds): a TLS
-#: connection exchanges close_notify first; a broker that does not answer is not waited for.
+#: How long :meth:`Transport.close` waits for its connections to close (seconds): a TLS
+#: connection exchanges close_notify first; one whose broker does not answer is aborted then.
 CLOSE_TIMEOUT_S = 1.0
 
 
@@ -150,7 +150,8 @@ class _Link(asyncio.BufferedProtocol):
         self.transport: asyncio.Transport | None = None
         self._paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
-        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        #: Done once the connection is lost (closed, aborted or broken): its socket is closed.
+        self.gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.lost: TidewireError | None = None
 
     # --- asyncio.BufferedProtocol -----------------------------------------------------------
@@ -184,8 +185,8 @@ class _Link(asyncio.BufferedProtocol):
             self.lost = ConnectionLostError(
                 f"{self.owner.host}:{self.owner.port} closed the connection"
             )
-        if not self._closed.done():
-            self._closed.set_result(None)
+        if not self.gone.done():
+            self.gone.set_result(None)
         self._wake_writers()
         self.owner._link_lost(self, self.lost)
 
@@ -230,15 +231,33 @@ class _Link(asyncio.BufferedProtocol):
                 fut.set_result(None)
 
     def close(self) -> None:
-        if self.transport is not None:
+        # Once only: asyncio's TLS transport, closed a second time, forgets its protocol, and
+        # its abort() then does nothing (the socket stays open).
+        if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
 
-    async def wait_closed(self) -> None:
-        await asyncio.shield(self._closed)
+
+async def _close_for_good(links: list[_Link]) -> None:
+    """Close ``links`` and return once their sockets are closed. A TLS connection says
+    goodbye first (close_notify) and closes when the broker answers; one that is not closed
+    within :data:`CLOSE_TIMEOUT_S` is aborted, which closes it a loop step or two later.
+    Without the wait, a loop stopped right after (a command that exits) leaves the socket
+    open, to be collected unclosed."""
+    for link in links:
+        link.close()
+    pending = [link.gone for link in links if not link.gone.done()]
+    if not pending:
+        return
+    _, late = await asyncio.wait(pending, timeout=CLOSE_TIMEOUT_S)
+    if late:
+        for link in links:
+            if not link.gone.done():
+                link.abort()
+        await asyncio.wait(late, timeout=CLOSE_TIMEOUT_S)
 
 
 class Transport:
@@ -290,6 +309,10 @@ class Transport:
         self.max_frame_bytes = max_frame_bytes
         self._conn: Connection | None = None
         self._link: _Link | None = None
+        #: Links closed (dropped) and not closed for good yet, which :meth:`close` waits for.
+        #: Each leaves within ``ssl_shutdown_timeout`` at most (asyncio's 30 s), a plaintext
+        #: one at the next loop step: as many as the connections dropped meanwhile.
+        self._closing: set[_Link] = set()
         self._waiting: dict[int, asyncio.Future[ResponseReceived]] = {}
         #: Requests sent by :meth:`request_soon`: their callback and timeout, by correlation id.
         self._answers: dict[int, tuple[Answered, asyncio.TimerHandle]] = {}
@@ -324,8 +347,8 @@ class Transport:
                 raise ConnectionLostError(
                     f"cannot connect to {self.host}:{self.port}: {exc or 'timed out'}"
                 ) from exc
-            if self.closed:  # close() ran while connecting
-                link.close()
+            if self.closed:  # close() ran while connecting, and did not see this one
+                await _close_for_good([link])
                 raise ConnectionLostError("the client is closed")
             if link.lost is not None:  # closed by the broker at once (e.g. refused)
                 self._backoff = min(max(self._backoff * 2, BACKOFF_MIN_S), BACKOFF_MAX_S)
@@ -341,14 +364,11 @@ class Transport:
                 except BaseException as exc:
                     if self._conn is conn:
                         self._conn = self._link = None
-                    link.close()
+                    self._retire(link)  # close() waits for it, if cancelled here
                     if not isinstance(exc, asyncio.CancelledError):
                         # Closed for good before the error goes up: a loop stopped right
                         # after (a command that exits) must not leave the socket open.
-                        try:
-                            await asyncio.wait_for(link.wait_closed(), CLOSE_TIMEOUT_S)
-                        except (OSError, TimeoutError):
-                            link.abort()
+                        await _close_for_good([link])
                     raise
             return conn
 
@@ -620,14 +640,24 @@ class Transport:
             self._drop(error)
 
     def _link_lost(self, link: _Link, error: TidewireError) -> None:
+        self._closing.discard(link)
         if link is self._link:
             self._drop(error)
+
+    def _retire(self, link: _Link) -> None:
+        """Close ``link`` and keep it until it is closed for good, for :meth:`close` to wait
+        for: a TLS connection closes only once the broker has answered its close_notify (or
+        after asyncio's ``ssl_shutdown_timeout``), and one still closing when the loop stops
+        leaves its socket open."""
+        link.close()
+        if link.lost is None:
+            self._closing.add(link)
 
     def _drop(self, error: TidewireError) -> None:
         """Forget the connection and fail every request waiting on it."""
         link, self._link, self._conn = self._link, None, None
         if link is not None:
-            link.close()
+            self._retire(link)
         for fut in self._waiting.values():
             if not fut.done():
                 # As it is: a retriable loss, or the broker's reason (e.g. FrameTooLargeError,
@@ -642,17 +672,12 @@ class Transport:
             self.on_lost(error)
 
     async def close(self) -> None:
-        """Close the connection; waiting requests fail with ConnectionLostError."""
+        """Close the connection; waiting requests fail with ConnectionLostError. Returns once
+        every connection this transport opened is closed: the current one, and those dropped
+        before (a broker that refused or went away) that were still closing."""
         self._closed = True
-        link = self._link
         self._drop(ConnectionLostError("the client was closed"))
-        if link is not None:
-            # TLS says goodbye (close_notify) before the socket closes: wait for it, briefly,
-            # so that a loop stopped right after does not leave the socket open.
-            try:
-                await asyncio.wait_for(link.wait_closed(), CLOSE_TIMEOUT_S)
-            except (OSError, TimeoutError):
-                link.abort()
+        await _close_for_good(list(self._closing))
 
     @property
     def closed(self) -> bool:
