@@ -115,13 +115,7 @@ def test_an_error_frame_comes_after_the_answers_held(
             loop = asyncio.get_running_loop()
             set_flush_executor(loop, held)
             try:
-                a, b = batch([b"a"]), batch([b"b"])
-                first = c.send(_produce(a), [a])
-                await c.writer.drain()
-                await _until(lambda: plog.log_end_offset == 1 and len(held.jobs) == 1)
-                c.send(_produce(b), [b])  # appended, waits for the next commit
-                await c.writer.drain()
-                await _until(lambda: plog.log_end_offset == 2)
+                first = await _second_behind_first(c, plog, held)
                 # Held answers stay held: only what is written after them may send them.
                 monkeypatch.setattr(tcp.TcpServer, "hold", lambda self, conn: None)
                 held.jobs.pop(0)()  # the first commit: its answer is held (b still waits)
@@ -165,12 +159,17 @@ async def _until(ok: Any) -> None:
     raise AssertionError("not reached within 5 s")
 
 
-async def _until(ok: Any) -> None:
-    for _ in range(500):
-        if ok():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("not reached")
+async def _second_behind_first(c: Client, plog: Any, held: HeldExecutor) -> int:
+    """Produce ``a``, then, while its group commit is held, ``b`` (appended, waiting for the
+    next commit); return the first request's correlation id."""
+    a, b = batch([b"a"]), batch([b"b"])
+    first = c.send(_produce(a), [a])
+    await c.writer.drain()
+    await _until(lambda: plog.log_end_offset == 1 and len(held.jobs) == 1)
+    c.send(_produce(b), [b])
+    await c.writer.drain()
+    await _until(lambda: plog.log_end_offset == 2)
+    return first
 
 
 def test_a_fetch_waiting_for_room_behind_held_answers_is_woken(tmp_path: Path) -> None:
@@ -190,13 +189,7 @@ def test_a_fetch_waiting_for_room_behind_held_answers_is_woken(tmp_path: Path) -
             loop = asyncio.get_running_loop()
             set_flush_executor(loop, held)
             try:
-                a, b = batch([b"a"]), batch([b"b"])
-                p1 = c.send(ProduceRequest(partitions=[ProducePartition("t", 0, len(a))]), [a])
-                await c.writer.drain()
-                await _until(lambda: plog.log_end_offset == 1 and len(held.jobs) == 1)
-                c.send(ProduceRequest(partitions=[ProducePartition("t", 0, len(b))]), [b])
-                await c.writer.drain()
-                await _until(lambda: plog.log_end_offset == 2)
+                p1 = await _second_behind_first(c, plog, held)
                 (conn,) = server.connections
                 inner_fetch_now = conn._fetch_now
 

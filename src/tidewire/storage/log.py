@@ -419,7 +419,6 @@ class PartitionLog:
         #: :data:`INLINE_FSYNC_AFTER`).
         self._lone_flushes = 0
         self._inline_after = INLINE_FSYNC_AFTER
-        self._grew = False  # set by _trim_and_preallocate, taken by _flush_plan
         self.messages_in = 0
         self.bytes_in = 0
         self.messages_out = 0
@@ -1743,8 +1742,9 @@ class PartitionLog:
         self._drain_writes()
         self._flushing = True
         failed = None
+        grew = False
         try:
-            self._trim_and_preallocate()
+            grew = self._trim_and_preallocate()
         except FlushIOError as exc:
             failed = exc
         segs = self._segments
@@ -1759,16 +1759,16 @@ class PartitionLog:
             self._truncations,
             failed,
             cuts,
-            self._grew,
+            grew,
         )
         self._dir_dirty = False
-        self._grew = False
         return plan
 
-    def _trim_and_preallocate(self) -> None:
+    def _trim_and_preallocate(self) -> bool:
         """Before a flush: cut the zeros written ahead off the last segment if a close sealed
         it (a roll cuts the older ones at once), or write zeros ahead of its appends where
-        its fsyncs are small ones (see :data:`PREALLOCATE_SMALL_SYNC`).
+        its fsyncs are small ones (see :data:`PREALLOCATE_SMALL_SYNC`). Returns whether it
+        wrote zeros (the flush's fsync then writes them too).
 
         Raises:
             FlushIOError: a cut failed (the flush fails with it: a sealed segment whose file
@@ -1781,13 +1781,13 @@ class PartitionLog:
             except OSError as exc:
                 step = f"cutting the zeros past the end of {os.path.basename(active.log_path)}"
                 raise FlushIOError(step, exc) from exc
-            return
+            return False
         nbytes = self.preallocate_bytes
         if not nbytes or self.config.fsync is not _ALWAYS:
-            return
+            return False
         pending = active.size - active.synced_size
         if not 0 < pending <= PREALLOCATE_SMALL_SYNC:
-            return
+            return False
         now = self.clock()
         if now - active.small_syncs_since > PREALLOCATE_WINDOW_MS and active.small_syncs >= 0:
             active.small_syncs, active.small_syncs_since = 0, now
@@ -1799,10 +1799,12 @@ class PartitionLog:
         ):
             try:
                 active.preallocate(nbytes)
-                self._grew = True
             except OSError as exc:  # zeros past the end: nothing lost; no more for this one
                 active.small_syncs = -(1 << 62)
                 log.warning("writing zeros ahead in %s failed: %s", active.log_path, exc)
+            else:
+                return True
+        return False
 
     def _flush_io(self, plan: _FlushPlan) -> None:
         """Blocking: fsync the files, the directory, then write the sealed indexes.
