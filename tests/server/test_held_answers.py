@@ -14,6 +14,7 @@ import pytest
 
 from tests.server._support import Client, batch, serve
 from tests.storage.test_append_soon import HeldExecutor
+from tidewire import _step
 from tidewire.protocol.messages import (
     CreateTopicRequest,
     FetchPartition,
@@ -104,6 +105,45 @@ def test_the_answers_one_group_commit_settles_go_out_in_one_write(
     asyncio.run(main())
 
 
+def test_a_commits_answers_leave_in_the_loop_callback_that_settles_them(
+    tmp_path: Path, writes: list[int]
+) -> None:
+    """The answers a group commit settles are written before the loop callback that took its
+    result back returns (at the end of its step, :mod:`tidewire._step`), not in a later
+    callback behind the requests read in between."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server), Client.connect(server) as c:
+            await c.call(CreateTopicRequest(name="t", config=ALWAYS))
+            plog = broker.logs.logs[("t", 0)]
+            held = HeldExecutor()
+            loop = asyncio.get_running_loop()
+            set_flush_executor(loop, held)
+            try:
+                first = await _second_behind_first(c, plog, held)
+                (conn,) = server.connections
+                inner = plog._flush_finished
+                after: list[tuple[int, int]] = []
+
+                def finished(*a: Any) -> None:
+                    writes.clear()
+                    inner(*a)
+                    after.append((len(conn._held), len(writes)))
+
+                plog._flush_finished = finished
+                held.jobs.pop(0)()  # the first commit: the second request still waits
+                await _until(lambda: bool(after))
+                assert after[0] == (0, 1)  # nothing left held: its answer written in the step
+                body = (await c.response(first)).body
+                assert isinstance(body, ProduceResponse)
+                assert body.results[0].base_offset == 0
+            finally:
+                set_flush_executor(loop, None)
+                held.run_all()
+
+    asyncio.run(main())
+
+
 def test_an_error_frame_comes_after_the_answers_held(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -172,10 +212,15 @@ async def _second_behind_first(c: Client, plog: Any, held: HeldExecutor) -> int:
     return first
 
 
-def test_a_fetch_waiting_for_room_behind_held_answers_is_woken(tmp_path: Path) -> None:
+def test_a_fetch_waiting_for_room_behind_held_answers_is_woken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Held answers count as unsent: a fetch task that meets them in ``_reserve_output``
     (the group commit's result and the fetch's read in one loop turn) must be woken when they
-    leave, or it waits for a release that never comes (here: a 300 ms long-poll)."""
+    leave, or it waits for a release that never comes (here: a 300 ms long-poll). A commit's
+    answers leave at the end of its step; answers settled outside a step (a truncation's,
+    say) wait for the loop's next callback, as every answer here does."""
+    monkeypatch.setattr(_step, "defer", lambda fn: False)
 
     async def main() -> None:
         async with (

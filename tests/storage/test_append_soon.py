@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.storage.history import install_executor, make_batch
+from tidewire import _step
 from tidewire.errors import BackpressureError, StorageError
 from tidewire.storage import FaultFS, FsyncPolicy, LogConfig, PartitionLog
 from tidewire.storage.fs import Buffer, FileHandle, FileHandleWrapper, FileSystem, FileSystemWrapper
@@ -200,3 +201,71 @@ def test_an_append_made_by_a_callback_is_not_acknowledged_before_the_drain_is_wr
         log.abandon()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("fsync", [FsyncPolicy.ALWAYS, FsyncPolicy.INTERVAL])
+def test_what_a_callback_puts_off_runs_at_the_end_of_its_step(fsync: FsyncPolicy) -> None:
+    """A callback settled by a group commit's result (``always``) or by the end of the turn
+    that writes it (``interval``) runs inside one step (:mod:`tidewire._step`): what it puts
+    off runs once every callback of the step has run, and before the step's callback of the
+    loop returns, not in a later one."""
+
+    async def run() -> None:
+        held = HeldExecutor()
+        install_executor(held)
+        log = PartitionLog.open(FaultFS(), "/p", LogConfig(fsync=fsync))
+        seen: list[str] = []
+
+        def callback(name: str) -> Callable[[Any, Any], None]:
+            def call(infos: Any, exc: Any) -> None:
+                assert exc is None
+                seen.append(name)
+                assert _step.defer(lambda: seen.append(f"after {name}"))
+
+            return call
+
+        steps: list[list[str]] = []
+        for name in ("_flush_finished", "_end_of_turn"):
+            inner = getattr(log, name)
+
+            def wrapped(*a: Any, _inner: Any = inner) -> None:
+                _inner(*a)
+                steps.append(list(seen))  # what the step did, by the time it returned
+                seen.clear()
+
+            setattr(log, name, wrapped)
+        for p in (b"a", b"b"):
+            b = make_batch([p])
+            log.append_many_soon(
+                [b], checked=[check_appendable(memoryview(b), 0)], callback=callback(p.decode())
+            )
+        await _turns()
+        held.run_all()
+        await _turns()
+        assert ["a", "b", "after a", "after b"] in steps
+        assert _step.defer(lambda: None) is False  # outside a step: nothing kept
+        log.close()
+
+    asyncio.run(run())
+
+
+def test_a_step_runs_what_it_put_off_once_even_when_one_fails(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ran: list[int] = []
+    assert _step.defer(lambda: ran.append(0)) is False
+    assert _step.begin() is True
+    assert _step.begin() is False  # inside a step: the outer one runs what is put off
+
+    def fail() -> None:
+        raise RuntimeError("boom")
+
+    assert _step.defer(lambda: ran.append(1))
+    assert _step.defer(fail)
+    assert _step.defer(lambda: (ran.append(2), _step.defer(lambda: ran.append(3))))
+    _step.end()
+    assert ran == [1, 2, 3]
+    assert "put off to the end of a step failed" in caplog.text
+    assert _step.defer(lambda: ran.append(4)) is False
+    _step.end()  # outside a step: nothing to run
+    assert ran == [1, 2, 3]

@@ -56,6 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
+from tidewire import _step
 from tidewire.broker import Broker
 from tidewire.broker.core import DEFAULT_FETCH_MAX_BYTES
 from tidewire.errors import (
@@ -1135,9 +1136,12 @@ class TcpServer:
         self.metrics.security_stats = self.gate.stats
 
     def hold(self, conn: _ClientProtocol) -> None:
-        """Send ``conn``'s held answers in the loop's next callback (with those of every
-        connection that holds some by then)."""
-        if not self._holding:
+        """Send ``conn``'s held answers (with those of every connection that holds some by
+        then) at the end of the step settling them, a group commit's result or a turn's
+        writes (:mod:`tidewire._step`); outside one, in the loop's next callback. Sent in
+        the next callback, a commit's answers waited behind every request read in between
+        (200 us at the median at 5,000 msg/s)."""
+        if not self._holding and not _step.defer(self._send_held):
             (conn.loop or asyncio.get_running_loop()).call_soon(self._send_held)
         self._holding.append(conn)
 

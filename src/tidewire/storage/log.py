@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, cast
 
+from tidewire import _step
 from tidewire.errors import (
     BackpressureError,
     BatchTooLargeError,
@@ -1209,8 +1210,17 @@ class PartitionLog:
 
     def _end_of_turn(self) -> None:
         """Write what this turn of the loop queued, then start the group commit its
-        appends wait for at once (not one turn later, when their callers resume)."""
-        self._drain_writes()
+        appends wait for at once (not one turn later, when their callers resume).
+
+        One step (:mod:`tidewire._step`): what the writes' waiters put off (a connection's
+        answers, sent together) runs once they are all told, before the commit starts (which
+        may run its fsync here, :meth:`_inline`)."""
+        outer = _step.begin()
+        try:
+            self._drain_writes()
+        finally:
+            if outer:
+                _step.end()
         if self._waiters and self._flush_running is None and not self._closed:
             self._start_flush()
 
@@ -1654,7 +1664,13 @@ class PartitionLog:
         outcome: tuple[OSError | None, float] | Exception,
     ) -> None:
         """On the owner thread: account for a finished group commit, settle its waiters, let
-        readers see what it made durable, and start the next one if appends wait."""
+        readers see what it made durable, and start the next one if appends wait.
+
+        One step (:mod:`tidewire._step`): what the waiters put off (a connection's answers,
+        sent together) runs once they are all settled, before the next commit starts (which
+        may run its fsync here, :meth:`_inline`), not in a later callback of the loop,
+        behind the requests read in between."""
+        outer = _step.begin()
         try:
             if isinstance(outcome, Exception):  # not an OSError: a bug, reported
                 log.error("flush of %s failed", self.directory, exc_info=outcome)
@@ -1675,6 +1691,8 @@ class PartitionLog:
             ):
                 self.on_visible()
         finally:
+            if outer:
+                _step.end()
             self._flush_over()
 
     def _count_lone(self, plan: _FlushPlan, seconds: float) -> None:
