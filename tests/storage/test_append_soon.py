@@ -254,16 +254,18 @@ def test_a_step_runs_what_it_put_off_once_even_when_one_fails(
 ) -> None:
     ran: list[int] = []
     assert _step.defer(lambda: ran.append(0)) is False
-    assert _step.begin() is True
-    assert _step.begin() is False  # inside a step: the outer one runs what is put off
 
     def fail() -> None:
         raise RuntimeError("boom")
 
-    assert _step.defer(lambda: ran.append(1))
-    assert _step.defer(fail)
-    assert _step.defer(lambda: (ran.append(2), _step.defer(lambda: ran.append(3))))
-    _step.end()
+    assert _step.begin() is True
+    try:  # a failed assertion must not leave the thread's step open for the next tests
+        assert _step.begin() is False  # inside a step: the outer one runs what is put off
+        assert _step.defer(lambda: ran.append(1))
+        assert _step.defer(fail)
+        assert _step.defer(lambda: (ran.append(2), _step.defer(lambda: ran.append(3))))
+    finally:
+        _step.end()
     assert ran == [1, 2, 3]
     assert "put off to the end of a step failed" in caplog.text
     assert _step.defer(lambda: ran.append(4)) is False

@@ -890,8 +890,9 @@ class _ClientProtocol(asyncio.BufferedProtocol):
 
     def _write_held(self, buffers: list[Buffer]) -> None:
         """Send an answer settled by a group commit (or an append): held until the server's
-        :meth:`TcpServer._send_held` runs (the next callback of the loop), so that the
-        answers one commit settles go out together. The commit settles every produce
+        :meth:`TcpServer._send_held` runs (at the end of the step settling it, else in the
+        loop's next callback: :meth:`TcpServer.hold`), so that the answers one commit settles
+        go out together. The commit settles every produce
         request it covers in one step: written one by one, each answer was a ``write`` of
         its own (a loopback send) and the first one woke the client, which then read them
         one by one."""
@@ -1122,7 +1123,7 @@ class TcpServer:
         #: Set whenever the last connection closes.
         self.all_closed = asyncio.Event()
         #: Connections holding answers until :meth:`_send_held` runs (see
-        #: ``_ClientProtocol._write``): one callback a loop turn for all of them.
+        #: ``_ClientProtocol._write`` and :meth:`hold`): once for all of them.
         self._holding: list[_ClientProtocol] = []
 
         #: max_connections as the descriptor limit allows (see :meth:`start`).

@@ -1691,9 +1691,11 @@ class PartitionLog:
             ):
                 self.on_visible()
         finally:
-            if outer:
-                _step.end()
-            self._flush_over()
+            try:
+                if outer:
+                    _step.end()
+            finally:
+                self._flush_over()
 
     def _count_lone(self, plan: _FlushPlan, seconds: float) -> None:
         """After a commit: count it towards running the next ones on the loop, or start the
