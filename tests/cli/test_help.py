@@ -5,11 +5,15 @@ config classes define them."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import typer
+from typer import _click
+from typer.core import TyperGroup
 
 from tests.cli._support import run_cli
 from tidewire.cli import app
@@ -19,12 +23,16 @@ from tidewire.config import SETTINGS
 def commands() -> Iterator[list[str]]:
     """The argv of every command and group, the root first."""
 
+    root = typer.main.get_command(app)
+    ctx = _click.Context(root)
+
     def walk(cmd: Any, path: list[str]) -> Iterator[list[str]]:
         yield path
-        for name, sub in sorted(getattr(cmd, "commands", {}).items()):  # a group's commands
-            yield from walk(sub, [*path, name])
+        if isinstance(cmd, TyperGroup):  # a group: its commands, lazy ones too
+            for name in sorted(cmd.list_commands(ctx)):
+                yield from walk(cmd.get_command(ctx, name), [*path, name])
 
-    yield from walk(typer.main.get_command(app), [])
+    yield from walk(root, [])
 
 
 COMMANDS = list(commands())
@@ -81,3 +89,33 @@ def test_serve_help_shows_every_default_and_env_var() -> None:
 
 def test_consume_key_separator_default_is_named() -> None:
     assert options_help("consume")["--key-separator"].endswith("[default: a tab]")
+
+
+def test_a_client_command_does_not_load_the_broker() -> None:
+    """The commands of the broker, the load generator, Spark and certificates load their
+    modules when they run: the others start without them (about half the time)."""
+    code = (
+        "import sys\n"
+        "from tidewire.cli import app\n"
+        "heavy = ('tidewire.broker.core', 'tidewire.storage.log', 'tidewire.server.tcp',\n"
+        "         'tidewire.config', 'tidewire.cluster', 'cryptography.x509')\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("argv", [["bench", "produce"], ["cluster", "status"]])
+def test_a_command_loaded_when_it_runs_takes_the_tls_and_credential_options(
+    argv: list[str],
+) -> None:
+    options = options_help(*argv)
+    assert {"--addr", "--tls", "--tls-ca", "--api-key", "--sasl-mechanism"} <= set(options)
+
+
+def test_the_root_addr_reaches_a_command_loaded_when_it_runs() -> None:
+    result = run_cli(["--addr", "127.0.0.1:9", "cluster", "status"])
+    assert result.exit_code == 1
+    assert "127.0.0.1:9" in result.stderr

@@ -5,7 +5,7 @@ SparkContext occasionally fail a task with java.io.OptionalDataException while S
 deserializes it, whatever the source and sink.
 
 Usage: python -m tests.spark._copy_job topic|parquet ADDR IN_TOPIC OUT_TOPIC PARQUET_DIR
-    CHECKPOINT_DIR
+    CHECKPOINT_DIR PER_TRIGGER
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ import sys
 from tidewire.spark import register
 from tidewire.spark._export import new_session
 
-#: Records per micro-batch: five batches per query, so a kill lands in the middle of one.
-PER_TRIGGER = 20_000
-
 
 def main(argv: list[str]) -> None:
-    what, addr, in_topic, out_topic, parquet, checkpoints = argv
+    # PER_TRIGGER: records per micro-batch (the test makes it a fifth of the input, so that
+    # a kill lands in the middle of one).
+    what, addr, in_topic, out_topic, parquet, checkpoints, per_trigger = argv
     spark = new_session("local[2]", f"tidewire copy job to {what}")
     register(spark)
     src = (
@@ -28,7 +27,7 @@ def main(argv: list[str]) -> None:
         .option("tidewire.servers", addr)
         .option("subscribe", in_topic)
         .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", str(PER_TRIGGER))
+        .option("maxOffsetsPerTrigger", per_trigger)
         .load()
     )
     if what == "topic":
@@ -55,4 +54,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:7])
+    main(sys.argv[1:8])

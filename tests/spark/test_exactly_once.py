@@ -1,9 +1,10 @@
-"""Exactly once under crashes, after Kafka's own transactions test: 100,000 messages copied
+"""Exactly once under crashes, after Kafka's own transactions test: messages copied
 topic -> topic (the tidewire sink) and topic -> Parquet (Spark's file sink) by a streaming job
 in a child process that is SIGKILLed past 20% of the copy and restarted from its checkpoints
-each time: once in the default tier, three times in the ``slow`` one (each start of the job is
-a JVM's). The copies equal the input as a set, with no duplicate, and keep the
-order within each partition."""
+each time: 30,000 messages killed once in the default tier, 100,000 killed three times in the
+``slow`` one (each start of the job is a JVM's). Either way the job reads five micro-batches,
+so a kill lands in the middle of one. The copies equal the input as a set, with no duplicate,
+and keep the order within each partition."""
 
 from __future__ import annotations
 
@@ -24,24 +25,30 @@ from tidewire.client import Client, Producer
 
 pytestmark = pytest.mark.crash
 
-N = 100_000
 PARTITIONS = 4
-#: Output records at which the job is killed: past 20% of the copy, three times.
-KILL_AT = (25_000, 50_000, 75_000)
-#: Micro-batches of 20,000 the Parquet copy has committed when it is killed (40%, 60%, 80%).
-PARQUET_KILL_AT = (2, 3, 4)
+#: The slow tier: messages, and the output records at which the job is killed (past 20% of
+#: the copy, three times) with the micro-batches of N / 5 the Parquet copy has committed when
+#: it is killed (40%, 60%, 80%).
+N = 100_000
+KILLS = ((25_000, 2), (50_000, 3), (75_000, 4))
+#: The default tier: fewer messages, killed once in the middle.
+N_SMALL = 30_000
+KILLS_SMALL = ((15_000, 3),)
 #: The longest one run of the job may take (s).
 RUN_S = 300
 REPO = Path(__file__).resolve().parents[2]
 
 
-def start_job(what: str, addr: str, src: str, dst: str, tmp: Path) -> subprocess.Popen[bytes]:
-    """The copy ``what`` ("topic" or "parquet") in a child process of its own."""
+def start_job(
+    what: str, addr: str, src: str, dst: str, tmp: Path, *, per_trigger: int
+) -> subprocess.Popen[bytes]:
+    """The copy ``what`` ("topic" or "parquet") in a child process of its own, reading
+    ``per_trigger`` records a micro-batch."""
     env = subprocess_env({"PYSPARK_PYTHON": sys.executable})
     with (tmp / f"{what}.log").open("ab") as log:  # what it says, for a failure's message
         return subprocess.Popen(
             [sys.executable, "-m", "tests.spark._copy_job", what, addr, src, dst,
-             str(tmp / "parquet"), str(tmp / "checkpoints")],
+             str(tmp / "parquet"), str(tmp / "checkpoints"), str(per_trigger)],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log,
             start_new_session=True,  # its own process group: the JVM and its workers with it
         )  # fmt: skip
@@ -72,27 +79,29 @@ def stored(client: Client, topic: str) -> int:
 
 
 @pytest.mark.parametrize(
-    "kill_at",
+    ("n", "kill_at"),
     [
-        pytest.param(((50_000, 3),), id="1-kill"),
-        pytest.param(
-            tuple(zip(KILL_AT, PARQUET_KILL_AT, strict=True)), id="3-kills", marks=pytest.mark.slow
-        ),
+        pytest.param(N_SMALL, KILLS_SMALL, id="1-kill"),
+        pytest.param(N, KILLS, id="3-kills", marks=pytest.mark.slow),
     ],
 )
 def test_copies_survive_sigkills_exactly_once(
-    spark: Any, broker: Any, tmp_path: Path, kill_at: tuple[tuple[int, int], ...]
+    spark: Any, broker: Any, tmp_path: Path, n: int, kill_at: tuple[tuple[int, int], ...]
 ) -> None:
     src, dst = topic_name("eo-in"), topic_name("eo-out")
     create_topic(broker.addr, src, PARTITIONS)
     create_topic(broker.addr, dst, PARTITIONS)
+    per_trigger = n // 5
     with Producer(broker.addr) as p:
-        for i in range(N):
+        for i in range(n):
             p.send(src, b"%06d" % i, key=b"k%d" % (i % 97))
     kills = 0
     with Client(broker.addr) as client:
         for threshold, batches in kill_at:
-            jobs = {w: start_job(w, broker.addr, src, dst, tmp_path) for w in ("topic", "parquet")}
+            jobs = {
+                w: start_job(w, broker.addr, src, dst, tmp_path, per_trigger=per_trigger)
+                for w in ("topic", "parquet")
+            }
             try:
                 deadline = time.monotonic() + RUN_S
                 # each copy is killed once past its own threshold
@@ -114,7 +123,10 @@ def test_copies_survive_sigkills_exactly_once(
                 for job in jobs.values():
                     kill_job(job)
             kills += 1
-        jobs = {w: start_job(w, broker.addr, src, dst, tmp_path) for w in ("topic", "parquet")}
+        jobs = {
+            w: start_job(w, broker.addr, src, dst, tmp_path, per_trigger=per_trigger)
+            for w in ("topic", "parquet")
+        }
         try:
             for w, job in jobs.items():
                 assert job.wait(RUN_S) == 0, log_tail(tmp_path, w)
@@ -129,13 +141,13 @@ def test_copies_survive_sigkills_exactly_once(
     got = read_topic(broker.addr, dst)
     every = [r.value for rs in got.values() for r in rs]
     assert [v for v, n in Counter(every).items() if n > 1] == []
-    assert sorted(every) == [b"%06d" % i for i in range(N)]
+    assert sorted(every) == [b"%06d" % i for i in range(n)]
     for p in range(PARTITIONS):  # same keys, same partitioner: each partition in its order
         assert [r.value for r in got[p]] == [r.value for r in want[p]]
 
     rows = spark.read.parquet(str(tmp_path / "parquet")).collect()
-    assert len(rows) == N
-    assert len({(r.partition, r.offset) for r in rows}) == N
+    assert len(rows) == n
+    assert len({(r.partition, r.offset) for r in rows}) == n
     by_partition: dict[int, list[Any]] = {}
     for r in sorted(rows, key=lambda r: (r.partition, r.offset)):
         by_partition.setdefault(r.partition, []).append(r.value)

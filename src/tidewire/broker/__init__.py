@@ -4,18 +4,26 @@ Public names::
 
     Broker, BrokerConfig, BrokerStats
     ProduceResult, FetchResult, PartitionStatus
+
+They are imported from :mod:`tidewire.broker.core` when first used, so that importing a
+light module of this package (``tidewire.broker.queues.model``, which the CLI's queue
+commands use) does not load the broker.
 """
 
 from __future__ import annotations
 
-from tidewire.broker.core import (
-    Broker,
-    BrokerConfig,
-    BrokerStats,
-    FetchResult,
-    PartitionStatus,
-    ProduceResult,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tidewire.broker.core import (
+        Broker,
+        BrokerConfig,
+        BrokerStats,
+        FetchResult,
+        PartitionStatus,
+        ProduceResult,
+    )
 
 __all__ = [
     "Broker",
@@ -25,3 +33,9 @@ __all__ = [
     "PartitionStatus",
     "ProduceResult",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("tidewire.broker.core"), name)
+    raise AttributeError(f"module 'tidewire.broker' has no attribute {name!r}")

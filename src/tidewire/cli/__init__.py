@@ -41,22 +41,21 @@ configuration error, 130 interrupted. The reference is docs/cli.md.
 
 from __future__ import annotations
 
-from typing import Annotated
+import importlib
+from typing import Annotated, Any
 
 import typer
+from typer import _click  # typer's own click, which its groups and commands are made of
+from typer.core import TyperGroup
 
 from tidewire import __version__
 
 from ._acl import acl_app
 from ._audit import audit
-from ._bench import bench_app
-from ._certs import certs_app
-from ._cluster import cluster_app
 from ._common import add_credential_options, add_tls_options
 from ._compat_000 import addr_defaults, consumer_app, tail
 from ._consume import consume
 from ._dlq import dlq_app
-from ._export import export
 from ._group import group_app
 from ._health import health
 from ._log_level import log_level
@@ -65,14 +64,72 @@ from ._msgbus_cli import register as register_msgbus_commands
 from ._publish import publish
 from ._queues import bind, exchange_app, queue_app, unbind
 from ._quota import quota_app
-from ._serve import config_app, serve
 from ._stream import stream_app
 from ._topic import topic_app
 from ._user import key_app, user_app
 
 __all__ = ["app", "main"]
 
+#: Commands whose modules load the broker, the load generator, Spark or cryptography (a
+#: second or more on the reference machine): imported when one of them runs or a help lists
+#: them, so that a client command starts in about half the time. Name -> (module, the
+#: function or sub-app in it, the command listed before it in --help: None for the first).
+_LAZY = {
+    "serve": ("._serve", "serve", None),
+    "export": ("._export", "export", "tail"),
+    "config": ("._serve", "config_app", "pull"),
+    "bench": ("._bench", "bench_app", "consumer"),
+    "certs": ("._certs", "certs_app", "bench"),
+    "cluster": ("._cluster", "cluster_app", "certs"),
+}
+
+
+class _LazyGroup(TyperGroup):
+    """The root command group: :data:`_LAZY`'s commands are built when first asked for."""
+
+    def list_commands(self, ctx: _click.Context) -> list[str]:
+        names = [n for n in super().list_commands(ctx) if n not in _LAZY]
+        for name, (_, _, after) in _LAZY.items():
+            names.insert(names.index(after) + 1 if after in names else 0, name)
+        return names
+
+    def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is None and cmd_name in _LAZY:
+            cmd = self.commands[cmd_name] = _load(cmd_name)
+        return cmd
+
+
+#: The commands of :data:`_LAZY` built so far (once each: building one adds options to its
+#: functions, and each run of the app builds its root group again).
+_built: dict[str, _click.Command] = {}
+
+
+def _load(name: str) -> _click.Command:
+    """The click command of :data:`_LAZY`'s ``name``, built as registering it on the root
+    app would have: with the TLS and credential options of a command that takes --addr."""
+    if name in _built:
+        return _built[name]
+    module, attr, _ = _LAZY[name]
+    obj: Any = getattr(importlib.import_module(module, __name__), attr)
+    one = typer.Typer(add_completion=False, rich_markup_mode=None)
+    if isinstance(obj, typer.Typer):
+        one.add_typer(obj)
+        # A callback makes the app a group, whatever it holds: its one sub-app is the command.
+        one.callback()(lambda: None)
+    else:
+        one.command(name=name)(obj)
+        one.callback()(lambda: None)
+    add_tls_options(one)
+    add_credential_options(one)
+    group = typer.main.get_command(one)
+    assert isinstance(group, TyperGroup)
+    cmd = _built[name] = group.commands[name]
+    return cmd
+
+
 app = typer.Typer(
+    cls=_LazyGroup,
     name="tidewire",
     help="tidewire: a pub/sub message broker with partitioned, durable topics.",
     no_args_is_help=True,
@@ -119,8 +176,6 @@ def _root(
         ctx.default_map = addr_defaults(ctx.command, addr)
 
 
-app.command()(serve)
-app.add_typer(config_app)
 app.add_typer(topic_app)
 app.add_typer(group_app)
 app.command()(publish)
@@ -141,11 +196,7 @@ app.command()(audit)
 app.command(name="log-level")(log_level)
 app.add_typer(consumer_app)
 app.command()(tail)
-app.add_typer(bench_app)
-app.command()(export)
 register_msgbus_commands(app)  # pub, sub, pull: msgbus' client (docs/migrating.md)
-app.add_typer(certs_app)
-app.add_typer(cluster_app)
 # Last: every command registered above that takes --addr gets --tls, --tls-ca, ...
 add_tls_options(app)
 # ... and --api-key, --sasl-mechanism (the administration commands declare them themselves).

@@ -15,7 +15,6 @@ from rich.text import Text
 
 from tidewire.client import AsyncClient, AuditEvents
 from tidewire.protocol.messages import AuditEventBody
-from tidewire.security.audit import OUTCOMES
 
 from ._common import DEFAULT_ADDR, EXIT_USAGE, AddrOption, JsonOption, echo_json, fail, run_client
 from ._consume import parse_since
@@ -77,6 +76,9 @@ def audit(
 ) -> None:
     """Show the audit log, oldest first: authentications, administrative operations, ACL
     and key changes, and denials, with who, from where, and the outcome."""
+    # The audit module loads the storage engine: imported when the command runs.
+    from tidewire.security.audit import OUTCOMES  # noqa: PLC0415
+
     if outcome is not None and outcome not in OUTCOMES:
         fail(f"--outcome {outcome!r} must be one of {', '.join(OUTCOMES)}", EXIT_USAGE)
     now = time.time_ns() // 1_000_000

@@ -10,7 +10,6 @@ from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import typer
-from prometheus_client.parser import text_string_to_metric_families
 
 from ._common import EXIT_ERROR, EXIT_USAGE, ApiKeyOption, JsonOption, echo_json, fail
 
@@ -74,6 +73,8 @@ def metrics(
 
 def summarize(text: str) -> dict[str, Any]:
     """The figures of an exposition that the summary shows (every topic and group)."""
+    from prometheus_client.parser import text_string_to_metric_families  # noqa: PLC0415
+
     flat: dict[str, float] = {}
     by_label: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
     version = ""

@@ -13,19 +13,23 @@ Public names::
 
 from __future__ import annotations
 
-from tidewire.storage.config import FsyncPolicy, LogConfig
-from tidewire.storage.damage import Damage
-from tidewire.storage.faultfs import FaultFS, PowerCut
-from tidewire.storage.fs import FileHandle, FileSystem, OsFileSystem, write_atomic
-from tidewire.storage.log import (
-    AppendInfo,
-    PartitionLog,
-    ReadResult,
-    RecoveryReport,
-    intact_records,
-)
-from tidewire.storage.manager import LogManager, validate_topic_name
-from tidewire.storage.segment import BadBatch
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tidewire.storage.config import FsyncPolicy, LogConfig
+    from tidewire.storage.damage import Damage
+    from tidewire.storage.faultfs import FaultFS, PowerCut
+    from tidewire.storage.fs import FileHandle, FileSystem, OsFileSystem, write_atomic
+    from tidewire.storage.log import (
+        AppendInfo,
+        PartitionLog,
+        ReadResult,
+        RecoveryReport,
+        intact_records,
+    )
+    from tidewire.storage.manager import LogManager, validate_topic_name
+    from tidewire.storage.segment import BadBatch
 
 __all__ = [
     "AppendInfo",
@@ -46,3 +50,34 @@ __all__ = [
     "validate_topic_name",
     "write_atomic",
 ]
+
+
+#: Where each public name is defined: imported when first used, so that importing a light
+#: module of this package (``tidewire.storage.config``, which the CLI uses) does not load
+#: the storage engine.
+_WHERE = {
+    "FsyncPolicy": "tidewire.storage.config",
+    "LogConfig": "tidewire.storage.config",
+    "Damage": "tidewire.storage.damage",
+    "FaultFS": "tidewire.storage.faultfs",
+    "PowerCut": "tidewire.storage.faultfs",
+    "FileHandle": "tidewire.storage.fs",
+    "FileSystem": "tidewire.storage.fs",
+    "OsFileSystem": "tidewire.storage.fs",
+    "write_atomic": "tidewire.storage.fs",
+    "AppendInfo": "tidewire.storage.log",
+    "PartitionLog": "tidewire.storage.log",
+    "ReadResult": "tidewire.storage.log",
+    "RecoveryReport": "tidewire.storage.log",
+    "intact_records": "tidewire.storage.log",
+    "LogManager": "tidewire.storage.manager",
+    "validate_topic_name": "tidewire.storage.manager",
+    "BadBatch": "tidewire.storage.segment",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'tidewire.storage' has no attribute {name!r}")
+    return getattr(importlib.import_module(where), name)
