@@ -391,8 +391,8 @@ def test_purge_and_delete(broker: Broker) -> None:
     ],
     ids=lambda a: " ".join(a[:2]),
 )
-def test_unknown_names_are_clear_errors(broker: Broker, argv: list[str]) -> None:
-    err = failure(broker, *argv)
+def test_unknown_names_are_clear_errors(shared_broker: Broker, argv: list[str]) -> None:
+    err = failure(shared_broker, *argv)
     assert "nope" in err
 
 
@@ -418,8 +418,8 @@ def test_unknown_names_are_clear_errors(broker: Broker, argv: list[str]) -> None
         (["dlq", "replay", "q", "--from", "5", "--to", "5"], "--to 5 must be above --from 5"),
     ],
 )
-def test_usage_errors(broker: Broker, argv: list[str], message: str) -> None:
-    err = failure(broker, *argv, code=2)
+def test_usage_errors(shared_broker: Broker, argv: list[str], message: str) -> None:
+    err = failure(shared_broker, *argv, code=2)
     assert message in err
 
 

@@ -119,8 +119,8 @@ def test_delete(broker: Broker) -> None:
         ("topic", "alter", "nope", "--partitions", "9"),
     ],
 )
-def test_unknown_topic_is_one_line(broker: Broker, args: tuple[str, ...]) -> None:
-    result = broker.cli(*args)
+def test_unknown_topic_is_one_line(shared_broker: Broker, args: tuple[str, ...]) -> None:
+    result = shared_broker.cli(*args)
     assert result.exit_code == 1
     assert result.stdout == ""
     assert result.stderr == "error: topic 'nope' does not exist\n"
