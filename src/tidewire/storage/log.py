@@ -1667,9 +1667,9 @@ class PartitionLog:
         readers see what it made durable, and start the next one if appends wait.
 
         One step (:mod:`tidewire._step`): what the waiters put off (a connection's answers,
-        sent together) runs once they are all settled, before the next commit starts (which
-        may run its fsync here, :meth:`_inline`), not in a later callback of the loop,
-        behind the requests read in between."""
+        sent together) runs once they are all settled and the next commit has started (in
+        a thread: a commit that appends came during is never run on the loop), not in a
+        later callback of the loop, behind the requests read in between."""
         outer = _step.begin()
         try:
             if isinstance(outcome, Exception):  # not an OSError: a bug, reported
@@ -1692,10 +1692,10 @@ class PartitionLog:
                 self.on_visible()
         finally:
             try:
+                self._flush_over()
+            finally:
                 if outer:
                     _step.end()
-            finally:
-                self._flush_over()
 
     def _count_lone(self, plan: _FlushPlan, seconds: float) -> None:
         """After a commit: count it towards running the next ones on the loop, or start the
