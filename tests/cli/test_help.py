@@ -119,3 +119,10 @@ def test_the_root_addr_reaches_a_command_loaded_when_it_runs() -> None:
     result = run_cli(["--addr", "127.0.0.1:9", "cluster", "status"])
     assert result.exit_code == 1
     assert "127.0.0.1:9" in result.stderr
+
+
+@pytest.mark.parametrize(("typo", "meant"), [("serv", "serve"), ("clustr", "cluster")])
+def test_a_typo_of_a_command_loaded_when_it_runs_is_suggested(typo: str, meant: str) -> None:
+    result = run_cli([typo])
+    assert result.exit_code == 2
+    assert f"No such command '{typo}'. Did you mean '{meant}'" in result.stderr

@@ -35,7 +35,13 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module("tidewire.broker.core"), name)
-    raise AttributeError(f"module 'tidewire.broker' has no attribute {name!r}")
+if not TYPE_CHECKING:  # for mypy the names are the imports above, a typo an error
+
+    def __getattr__(name: str) -> Any:
+        if name not in __all__:
+            raise AttributeError(f"module 'tidewire.broker' has no attribute {name!r}")
+        value = globals()[name] = getattr(importlib.import_module("tidewire.broker.core"), name)
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *__all__})

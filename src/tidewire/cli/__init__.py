@@ -42,6 +42,7 @@ configuration error, 130 interrupted. The reference is docs/cli.md.
 from __future__ import annotations
 
 import importlib
+from difflib import get_close_matches
 from typing import Annotated, Any
 
 import typer
@@ -98,6 +99,21 @@ class _LazyGroup(TyperGroup):
         if cmd is None and cmd_name in _LAZY:
             cmd = self.commands[cmd_name] = _load(cmd_name)
         return cmd
+
+    def resolve_command(
+        self, ctx: _click.Context, args: list[str]
+    ) -> tuple[str | None, _click.Command | None, list[str]]:
+        """As typer's, with the commands not built yet among the suggestions for a typo
+        (typer suggests from the commands built)."""
+        try:
+            return super().resolve_command(ctx, args)
+        except _click.exceptions.UsageError as exc:
+            if self.suggest_commands and args and exc.message.startswith("No such command"):
+                base = exc.message.split(". Did you mean", 1)[0].rstrip(".")
+                matches = get_close_matches(args[0], self.list_commands(ctx))
+                said = ", ".join(repr(m) for m in matches)
+                exc.message = f"{base}. Did you mean {said}?" if matches else f"{base}."
+            raise
 
 
 #: The commands of :data:`_LAZY` built so far (once each: building one adds options to its

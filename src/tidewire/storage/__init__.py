@@ -76,8 +76,14 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module 'tidewire.storage' has no attribute {name!r}")
-    return getattr(importlib.import_module(where), name)
+if not TYPE_CHECKING:  # for mypy the names are the imports above, a typo an error
+
+    def __getattr__(name: str) -> Any:
+        where = _WHERE.get(name)
+        if where is None:
+            raise AttributeError(f"module 'tidewire.storage' has no attribute {name!r}")
+        value = globals()[name] = getattr(importlib.import_module(where), name)
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *__all__})
