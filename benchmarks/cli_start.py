@@ -45,7 +45,7 @@ def start_serve(data: Path) -> tuple[subprocess.Popen[str], float, str]:
     took = time.perf_counter() - started
     m = re.search(r"listening on ([\d.]+:\d+)", line)
     if m is None:
-        proc.kill()
+        stop(proc)
         raise SystemExit(f"serve did not start: {line!r}")
     return proc, took, m.group(1)
 
@@ -57,6 +57,8 @@ def stop(proc: subprocess.Popen[str]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(30)
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 def timed(argv: list[str]) -> float:

@@ -15,7 +15,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-__all__ = ["begin", "defer", "end"]
+__all__ = ["active", "begin", "defer", "end"]
 
 log = logging.getLogger("tidewire.step")
 
@@ -54,10 +54,17 @@ def end() -> None:
 
 
 def defer(fn: Callable[[], None]) -> bool:
-    """Run ``fn`` at the end of the step running on this thread. False if none is running
-    (``fn`` is not kept)."""
+    """Run ``fn`` at the end of the step running on this thread, once however often it is
+    put off in the step (functions compared with ``==``: a bound method is the same each
+    time). False if no step is running (``fn`` is not kept)."""
     after = _steps.after
     if after is None:
         return False
-    after.append(fn)
+    if fn not in after:
+        after.append(fn)
     return True
+
+
+def active() -> bool:
+    """Whether a step is running on this thread (what is put off waits for its end)."""
+    return _steps.after is not None

@@ -264,10 +264,15 @@ def test_a_step_runs_what_it_put_off_once_even_when_one_fails(
         assert _step.defer(lambda: ran.append(1))
         assert _step.defer(fail)
         assert _step.defer(lambda: (ran.append(2), _step.defer(lambda: ran.append(3))))
+        once = ran.clear
+        assert _step.defer(once)
+        assert _step.defer(once)  # put off twice, run once
+        assert _step.active()
     finally:
         _step.end()
-    assert ran == [1, 2, 3]
+    assert not _step.active()
+    assert ran == [3]  # 1 and 2 ran before the clear, 3 (put off by 2) after it
     assert "put off to the end of a step failed" in caplog.text
     assert _step.defer(lambda: ran.append(4)) is False
     _step.end()  # outside a step: nothing to run
-    assert ran == [1, 2, 3]
+    assert ran == [3]

@@ -91,7 +91,8 @@ class _LazyGroup(TyperGroup):
     def list_commands(self, ctx: _click.Context) -> list[str]:
         names = [n for n in super().list_commands(ctx) if n not in _LAZY]
         for name, (_, _, after) in _LAZY.items():
-            names.insert(names.index(after) + 1 if after in names else 0, name)
+            assert after is None or after in names, f"{name} is listed after {after}: gone"
+            names.insert(0 if after is None else names.index(after) + 1, name)
         return names
 
     def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
@@ -131,11 +132,10 @@ def _load(name: str) -> _click.Command:
     one = typer.Typer(add_completion=False, rich_markup_mode=None)
     if isinstance(obj, typer.Typer):
         one.add_typer(obj)
-        # A callback makes the app a group, whatever it holds: its one sub-app is the command.
-        one.callback()(lambda: None)
     else:
         one.command(name=name)(obj)
-        one.callback()(lambda: None)
+    # A callback makes the app a group, whatever it holds: its one command is the one built.
+    one.callback()(lambda: None)
     add_tls_options(one)
     add_credential_options(one)
     group = typer.main.get_command(one)

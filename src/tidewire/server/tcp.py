@@ -1142,7 +1142,9 @@ class TcpServer:
         writes (:mod:`tidewire._step`); outside one, in the loop's next callback. Sent in
         the next callback, a commit's answers waited behind every request read in between
         (200 us at the median at 5,000 msg/s)."""
-        if not self._holding and not _step.defer(self._send_held):
+        # In a step, at its end even if a callback was asked for before it (that callback
+        # then finds nothing held).
+        if not _step.defer(self._send_held) and not self._holding:
             (conn.loop or asyncio.get_running_loop()).call_soon(self._send_held)
         self._holding.append(conn)
 

@@ -1615,7 +1615,8 @@ class PartitionLog:
             plan.lone = True
             if self._lone_flushes < self._inline_after:
                 return False
-            if flush_threads_idle(loop):
+            # Not inside a step: what it put off (answers) would wait for this fsync.
+            if flush_threads_idle(loop) and not _step.active():
                 return True
             plan.lone = False
         self._lone_flushes = 0
@@ -1668,8 +1669,8 @@ class PartitionLog:
 
         One step (:mod:`tidewire._step`): what the waiters put off (a connection's answers,
         sent together) runs once they are all settled and the next commit has started (in
-        a thread: a commit that appends came during is never run on the loop), not in a
-        later callback of the loop, behind the requests read in between."""
+        a thread: no commit runs its fsync on the loop inside a step), not in a later
+        callback of the loop, behind the requests read in between."""
         outer = _step.begin()
         try:
             if isinstance(outcome, Exception):  # not an OSError: a bug, reported
