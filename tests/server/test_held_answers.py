@@ -7,6 +7,8 @@ push, an error frame, a close) overtakes an answer held that way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -113,33 +115,24 @@ def test_a_commits_answers_leave_in_the_loop_callback_that_settles_them(
     callback behind the requests read in between."""
 
     async def main() -> None:
-        async with serve(tmp_path) as (broker, server), Client.connect(server) as c:
-            await c.call(CreateTopicRequest(name="t", config=ALWAYS))
-            plog = broker.logs.logs[("t", 0)]
-            held = HeldExecutor()
-            loop = asyncio.get_running_loop()
-            set_flush_executor(loop, held)
-            try:
-                first = await _second_behind_first(c, plog, held)
-                (conn,) = server.connections
-                inner = plog._flush_finished
-                after: list[tuple[int, int]] = []
+        async with _commits_held(tmp_path) as (_, server, c, plog, held):
+            first = await _second_behind_first(c, plog, held)
+            (conn,) = server.connections
+            inner = plog._flush_finished
+            after: list[tuple[int, int]] = []
 
-                def finished(*a: Any) -> None:
-                    writes.clear()
-                    inner(*a)
-                    after.append((len(conn._held), len(writes)))
+            def finished(*a: Any) -> None:
+                writes.clear()
+                inner(*a)
+                after.append((len(conn._held), len(writes)))
 
-                plog._flush_finished = finished
-                held.jobs.pop(0)()  # the first commit: the second request still waits
-                await _until(lambda: bool(after))
-                assert after[0] == (0, 1)  # nothing left held: its answer written in the step
-                body = (await c.response(first)).body
-                assert isinstance(body, ProduceResponse)
-                assert body.results[0].base_offset == 0
-            finally:
-                set_flush_executor(loop, None)
-                held.run_all()
+            plog._flush_finished = finished
+            held.jobs.pop(0)()  # the first commit: the second request still waits
+            await _until(lambda: bool(after))
+            assert after[0] == (0, 1)  # nothing left held: its answer written in the step
+            body = (await c.response(first)).body
+            assert isinstance(body, ProduceResponse)
+            assert body.results[0].base_offset == 0
 
     asyncio.run(main())
 
@@ -148,28 +141,19 @@ def test_an_error_frame_comes_after_the_answers_held(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async def main() -> None:
-        async with serve(tmp_path) as (broker, server), Client.connect(server) as c:
-            await c.call(CreateTopicRequest(name="t", config=ALWAYS))
-            plog = broker.logs.logs[("t", 0)]
-            held = HeldExecutor()
-            loop = asyncio.get_running_loop()
-            set_flush_executor(loop, held)
-            try:
-                first = await _second_behind_first(c, plog, held)
-                # Held answers stay held: only what is written after them may send them.
-                monkeypatch.setattr(tcp.TcpServer, "hold", lambda self, conn: None)
-                held.jobs.pop(0)()  # the first commit: its answer is held (b still waits)
-                (conn,) = server.connections
-                await _until(lambda: bool(conn._held))
-                conn.go_away()
-                body = (await c.response(first)).body
-                assert isinstance(body, ProduceResponse)
-                assert body.results[0].base_offset == 0
-                event = await c.next_event()  # then the error frame, then the close
-                assert getattr(event, "error", None) is not None
-            finally:
-                set_flush_executor(loop, None)
-                held.run_all()
+        async with _commits_held(tmp_path) as (_, server, c, plog, held):
+            first = await _second_behind_first(c, plog, held)
+            # Held answers stay held: only what is written after them may send them.
+            monkeypatch.setattr(tcp.TcpServer, "hold", lambda self, conn: None)
+            held.jobs.pop(0)()  # the first commit: its answer is held (b still waits)
+            (conn,) = server.connections
+            await _until(lambda: bool(conn._held))
+            conn.go_away()
+            body = (await c.response(first)).body
+            assert isinstance(body, ProduceResponse)
+            assert body.results[0].base_offset == 0
+            event = await c.next_event()  # then the error frame, then the close
+            assert getattr(event, "error", None) is not None
 
     asyncio.run(main())
 
@@ -189,6 +173,24 @@ def test_a_lone_answer_is_written_at_once(tmp_path: Path) -> None:
             assert held == []
 
     asyncio.run(main())
+
+
+@contextlib.asynccontextmanager
+async def _commits_held(
+    tmp_path: Path, **serve_options: Any
+) -> AsyncIterator[tuple[Any, Any, Client, Any, HeldExecutor]]:
+    """A broker and a client, topic ``t`` (``always``) made, and every group commit held
+    until the test runs it: (broker, server, client, t's log, the held commits)."""
+    async with serve(tmp_path, **serve_options) as (broker, server), Client.connect(server) as c:
+        await c.call(CreateTopicRequest(name="t", config=ALWAYS))
+        held = HeldExecutor()
+        loop = asyncio.get_running_loop()
+        set_flush_executor(loop, held)
+        try:
+            yield broker, server, c, broker.logs.logs[("t", 0)], held
+        finally:
+            set_flush_executor(loop, None)
+            held.run_all()
 
 
 async def _until(ok: Any) -> None:
@@ -223,49 +225,37 @@ def test_a_fetch_waiting_for_room_behind_held_answers_is_woken(
     monkeypatch.setattr(_step, "defer", lambda fn: False)
 
     async def main() -> None:
-        async with (
-            serve(tmp_path, max_unsent_bytes=1024) as (broker, server),
-            Client.connect(server) as c,
-        ):
-            await c.call(CreateTopicRequest(name="t", config=ALWAYS))
+        async with _commits_held(tmp_path, max_unsent_bytes=1024) as (_, server, c, plog, held):
             await c.call(CreateTopicRequest(name="u"))
-            plog = broker.logs.logs[("t", 0)]
-            held = HeldExecutor()
-            loop = asyncio.get_running_loop()
-            set_flush_executor(loop, held)
-            try:
-                p1 = await _second_behind_first(c, plog, held)
-                (conn,) = server.connections
-                inner_fetch_now = conn._fetch_now
+            p1 = await _second_behind_first(c, plog, held)
+            (conn,) = server.connections
+            inner_fetch_now = conn._fetch_now
 
-                def fetch_now(ev: Any) -> Any:
-                    held.jobs.pop(0)()  # the commit's result first, in the fetch's turn
-                    return inner_fetch_now(ev)
+            def fetch_now(ev: Any) -> Any:
+                held.jobs.pop(0)()  # the commit's result first, in the fetch's turn
+                return inner_fetch_now(ev)
 
-                conn._fetch_now = fetch_now
-                inner_reserve = conn._reserve_output
-                met_held: list[int] = []
+            conn._fetch_now = fetch_now
+            inner_reserve = conn._reserve_output
+            met_held: list[int] = []
 
-                async def reserve(size: int) -> None:
-                    met_held.append(len(conn._held))
-                    await inner_reserve(size)
+            async def reserve(size: int) -> None:
+                met_held.append(len(conn._held))
+                await inner_reserve(size)
 
-                conn._reserve_output = reserve
-                f = c.send(
-                    FetchRequest(
-                        partitions=[FetchPartition("u", 0, 0, 1024)],
-                        max_wait_ms=300,
-                        min_bytes=1,
-                        max_bytes=1024,
-                    )
+            conn._reserve_output = reserve
+            f = c.send(
+                FetchRequest(
+                    partitions=[FetchPartition("u", 0, 0, 1024)],
+                    max_wait_ms=300,
+                    min_bytes=1,
+                    max_bytes=1024,
                 )
-                await c.writer.drain()
-                assert isinstance((await c.response(p1, timeout=3)).body, ProduceResponse)
-                assert isinstance((await c.response(f, timeout=3)).body, FetchResponse)
-                assert met_held  # the case: it met held answers
-                assert met_held[0] > 0
-            finally:
-                set_flush_executor(loop, None)
-                held.run_all()
+            )
+            await c.writer.drain()
+            assert isinstance((await c.response(p1, timeout=3)).body, ProduceResponse)
+            assert isinstance((await c.response(f, timeout=3)).body, FetchResponse)
+            assert met_held  # the case: it met held answers
+            assert met_held[0] > 0
 
     asyncio.run(main())
