@@ -40,10 +40,10 @@ def begin() -> bool:
 def end() -> None:
     """End the step :func:`begin` started: run what was put off in it, in order. What one
     function puts off in turn runs too; a failure is logged and the rest still run."""
-    after = _steps.after
+    after = _steps.after or []
     try:
         i = 0
-        while after is not None and i < len(after):
+        while i < len(after):  # what runs may put off more: it runs too
             try:
                 after[i]()
             except Exception:

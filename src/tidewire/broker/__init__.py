@@ -12,8 +12,9 @@ commands use) does not load the broker.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tidewire import _lazy
 
 if TYPE_CHECKING:
     from tidewire.broker.core import (
@@ -36,12 +37,4 @@ __all__ = [
 
 
 if not TYPE_CHECKING:  # for mypy the names are the imports above, a typo an error
-
-    def __getattr__(name: str) -> Any:
-        if name not in __all__:
-            raise AttributeError(f"module 'tidewire.broker' has no attribute {name!r}")
-        value = globals()[name] = getattr(importlib.import_module("tidewire.broker.core"), name)
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted({*globals(), *__all__})
+    __getattr__, __dir__ = _lazy.exports(__name__, dict.fromkeys(__all__, "tidewire.broker.core"))

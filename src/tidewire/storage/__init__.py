@@ -13,8 +13,9 @@ Public names::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tidewire import _lazy
 
 if TYPE_CHECKING:
     from tidewire.storage.config import FsyncPolicy, LogConfig
@@ -77,13 +78,4 @@ _WHERE = {
 
 
 if not TYPE_CHECKING:  # for mypy the names are the imports above, a typo an error
-
-    def __getattr__(name: str) -> Any:
-        where = _WHERE.get(name)
-        if where is None:
-            raise AttributeError(f"module 'tidewire.storage' has no attribute {name!r}")
-        value = globals()[name] = getattr(importlib.import_module(where), name)
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted({*globals(), *__all__})
+    __getattr__, __dir__ = _lazy.exports(__name__, _WHERE)
