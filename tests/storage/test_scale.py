@@ -1,6 +1,7 @@
-"""Many partitions: a restart opens them on several threads and syncs only what its recovery
-checkpoint does not cover; logs reopened after a restart are flushed on the interval like new
-ones; a broker killed with SIGKILL holding hundreds of partitions reopens with every one intact.
+"""Many partitions: a restart opens them on the calling thread, or on several threads once the
+opens wait on the device, and syncs only what its recovery checkpoint does not cover; logs
+reopened after a restart are flushed on the interval like new ones; a broker killed with
+SIGKILL holding hundreds of partitions reopens with every one intact.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from tidewire.errors import StorageError
 from tidewire.records import BatchBuilder, build_batch, iter_batches, iter_records
 from tidewire.storage import FsyncPolicy, LogConfig, LogManager
 from tidewire.storage.faultfs import FaultFS
+from tidewire.storage.log import PartitionLog
 from tidewire.storage.manager import PARALLEL_OPEN_FROM, RECOVERY_CHECKPOINT_FILE
 
 T0 = 1_700_000_000_000
@@ -97,7 +100,7 @@ def test_a_log_failing_to_open_among_many_fails_the_open_and_frees_the_directory
     tmp_path: Path,
 ) -> None:
     data = tmp_path / "data"
-    n = PARALLEL_OPEN_FROM + 10  # opened on the threads
+    n = PARALLEL_OPEN_FROM + 10  # more than one round of opens
     m = LogManager(str(data), default_config=INTERVAL).open()
     for plog in m.create_topic("t", range(n)):
         plog.append(batch("x"))
@@ -110,6 +113,109 @@ def test_a_log_failing_to_open_among_many_fails_the_open_and_frees_the_directory
     segment.rmdir()
     (tmp_path / "aside").rename(segment)
     m = LogManager(str(data), default_config=INTERVAL).open()  # the lock was released
+    assert all(m.get_log("t", p).log_end_offset == 1 for p in range(n))
+    m.close()
+
+
+class SlowSyncFS(FaultFS):
+    """A FaultFS whose syncs wait 2 ms, as a device does: a recovery that syncs waits on it."""
+
+    def _op(self, kind: str, path: str) -> None:
+        if kind in ("sync", "sync_dir"):
+            time.sleep(0.002)
+        super()._op(kind, path)
+
+
+def _opened_on(monkeypatch: pytest.MonkeyPatch, fail: str | None = None) -> dict[str, str]:
+    """Record the thread each log is opened on (directory -> thread name); the open of the
+    directory ending in ``fail`` raises."""
+    threads: dict[str, str] = {}
+    real = PartitionLog.open.__func__  # type: ignore[attr-defined]
+
+    def recording(
+        cls: type[PartitionLog], fs: object, directory: str, /, *a: object, **kw: object
+    ) -> PartitionLog:
+        threads[directory] = threading.current_thread().name
+        if fail is not None and directory.endswith(fail):
+            raise StorageError(f"cannot open log {directory}: injected")
+        opened: PartitionLog = real(cls, fs, directory, *a, **kw)
+        return opened
+
+    monkeypatch.setattr(PartitionLog, "open", classmethod(recording))
+    return threads
+
+
+def _filled(fs: FaultFS, n: int) -> None:
+    """A topic of ``n`` partitions, one unflushed batch each, left as a SIGKILL leaves it (no
+    checkpoint covers the batches: each open syncs its tail and directory)."""
+    m = LogManager("/data", fs=fs, default_config=INTERVAL, clock=lambda: T0).open()
+    for p, plog in enumerate(m.create_topic("t", range(n))):
+        plog.append(batch(f"m{p}"))
+    m.abandon()
+
+
+def test_logs_that_open_without_waiting_open_on_the_calling_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fs = FaultFS()
+    _filled(fs, 3 * PARALLEL_OPEN_FROM)
+    threads = _opened_on(monkeypatch)
+    m = LogManager("/data", fs=fs, default_config=INTERVAL).open()
+    assert len(threads) == 3 * PARALLEL_OPEN_FROM
+    assert set(threads.values()) == {threading.current_thread().name}
+    assert all(m.get_log("t", p).log_end_offset == 1 for p in range(3 * PARALLEL_OPEN_FROM))
+    m.close()
+
+
+def test_logs_whose_opens_wait_on_the_device_open_on_threads_in_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fs = SlowSyncFS()
+    n = 3 * PARALLEL_OPEN_FROM
+    _filled(fs, n)
+    threads = _opened_on(monkeypatch)
+    m = LogManager("/data", fs=fs, default_config=INTERVAL).open()
+    assert len(threads) == n
+    here = [d for d, name in threads.items() if name == threading.current_thread().name]
+    assert len(here) == PARALLEL_OPEN_FROM  # the first round, which found the waits
+    rest = {name for d, name in threads.items() if d not in here}
+    assert all(name.startswith("tidewire-open") for name in rest)
+    assert len(rest) > 1
+    for p in range(n):
+        plog = m.get_log("t", p)
+        assert plog.log_end_offset == 1
+        data = plog.read(0).data
+        assert [
+            r.value
+            for pos, h in iter_batches(data)
+            for r in iter_records(memoryview(data)[pos : pos + h.size])
+        ] == [f"m{p}".encode()]
+        assert plog.flushed_offset == 1  # its recovery synced it
+    m.close()
+
+
+def test_a_log_failing_on_the_threads_abandons_every_log_opened(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fs = SlowSyncFS()
+    n = 3 * PARALLEL_OPEN_FROM
+    _filled(fs, n)
+    opened: list[PartitionLog] = []
+    real_init = PartitionLog.__init__
+
+    def keep(self: PartitionLog, *a: object, **kw: object) -> None:
+        real_init(self, *a, **kw)  # type: ignore[arg-type]
+        opened.append(self)
+
+    monkeypatch.setattr(PartitionLog, "__init__", keep)
+    threads = _opened_on(monkeypatch, fail=f"t-{n - 5}")
+    with pytest.raises(StorageError, match=f"t-{n - 5}"):
+        LogManager("/data", fs=fs, default_config=INTERVAL).open()
+    assert threads[f"/data/t-{n - 5}"].startswith("tidewire-open")
+    assert opened
+    assert all(plog.closed for plog in opened)
+    monkeypatch.undo()
+    m = LogManager("/data", fs=fs, default_config=INTERVAL).open()  # the lock was released
     assert all(m.get_log("t", p).log_end_offset == 1 for p in range(n))
     m.close()
 
