@@ -27,7 +27,9 @@ p50/p99/max of those pings during that step):
 * ``restart``: SIGKILL, then a start over the same data directory until the port accepts
   connections and a metadata request is answered (s), then every partition's end offset
   checked against the messages acknowledged to it (``lost`` counts the ones missing);
-* ``delete`` (wide only): deleting the topic (s).
+* ``delete`` (wide only): deleting the topic (s);
+* ``stop``: SIGTERM to the restarted broker until it has exited (s): its clean shutdown,
+  every partition's last flush, producer state and indexes written.
 
 Progress goes to stderr; ``--json`` prints one JSON object instead of the table.
 """
@@ -333,6 +335,12 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
             result["data_after_restart"] = asyncio.run(check_data(broker, expected))
             say(f"  {result['data_after_restart']}")
             result.update(asyncio.run(measure_restarted(broker, shape, n)))
+            say(f"[{shape}] SIGTERM ...")
+            stopping = time.perf_counter()
+            stop(broker.proc)
+            result["stop_s"] = round(time.perf_counter() - stopping, 2)
+            result["stop_exit_code"] = broker.proc.returncode
+            say(f"  stopped after {result['stop_s']} s (exit code {result['stop_exit_code']})")
     return result
 
 

@@ -429,3 +429,30 @@ def test_a_cancelled_wait_keeps_the_batch_remembered(tmp_path: Path) -> None:
             assert [r.value for r in await read_all(b, "t", 0)] == [b"x"]
 
     asyncio.run(main())
+
+
+def test_a_close_writes_only_the_snapshots_that_changed(tmp_path: Path) -> None:
+    """A snapshot reaching the log's end is not written again at the next close: 10,000
+    partitions stop without 10,000 files rewritten when nothing changed."""
+    cfg = config(tmp_path)
+
+    async def write(partitions: list[int]) -> None:
+        async with Broker(cfg) as b:
+            if not b.logs.logs:
+                b.create_topic("t", 2)
+            pid, epoch = await b.init_producer_id()
+            for p in partitions:
+                await b.produce("t", p, pbatch(pid, epoch, 0, [b"x"]))
+
+    asyncio.run(write([0, 1]))
+    snaps = [tmp_path / "data" / f"t-{p}" / SNAPSHOT_FILE for p in (0, 1)]
+    first = [s.stat().st_ino for s in snaps]
+    asyncio.run(write([]))  # open and close, nothing written: both snapshots kept as they are
+    assert [s.stat().st_ino for s in snaps] == first
+    asyncio.run(write([1]))  # t-1 changed: written again (a new file renamed over it)
+    after = [s.stat().st_ino for s in snaps]
+    assert after[0] == first[0]
+    assert after[1] != first[1]
+    offset, state = decode_snapshot(snaps[1].read_bytes())
+    assert offset == 2
+    assert len(state.entries) == 2

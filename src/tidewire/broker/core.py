@@ -72,7 +72,7 @@ from tidewire.security.store import SecurityStore
 from tidewire.storage import FsyncPolicy, LogConfig, LogManager, PartitionLog
 from tidewire.storage.damage import Damage
 from tidewire.storage.filecache import open_descriptors, raise_descriptor_limit
-from tidewire.storage.fs import write_atomic
+from tidewire.storage.fs import write_atomic_many
 from tidewire.storage.log import (
     DEFAULT_PREALLOCATE_BYTES,
     AppendInfo,
@@ -548,7 +548,9 @@ class Broker:
                 if not fut.done():
                     fut.set_result(None)
         if self._ids is not None:  # started, and not closed before
-            self._write_snapshots(self._take_snapshots(only_changed=False))
+            # Those that changed since the last were written (an unchanged one's file is
+            # its state; its offset may be older, and the next start reads from there).
+            self._write_snapshots(self._take_snapshots(only_changed=True))
             self._ids = None
         await self.logs.close_async()
 
@@ -1515,7 +1517,9 @@ class Broker:
             if unseen is None or start < unseen:  # else the open's scan saw no producer there
                 for h in _headers_from(plog, start):
                     state.observe(h, h.max_timestamp if h.max_timestamp > 0 else now)
-            state.changed = True  # written again at the next snapshot
+            # Written again at the next snapshot unless the one on disk reaches the log's end
+            # (after a clean shutdown: nothing to rewrite at the next one).
+            state.changed = start < plog.log_end_offset
             self._producers[key] = state
             for pid, entry in state.entries.items():
                 if entry.epoch > self._epochs.get(pid, -1):
@@ -1572,13 +1576,17 @@ class Broker:
         return out
 
     def _write_snapshots(self, snapshots: list[tuple[str, bytes]]) -> None:
-        """Write snapshots taken by :meth:`_take_snapshots` (blocking I/O). A snapshot that
-        cannot be written is only logged: the next start reads more of the log instead."""
-        for path, data in snapshots:
-            try:
-                write_atomic(self.logs.fs, path, data)
-            except OSError as exc:
-                log.error("writing the producer snapshot %s failed: %s", path, exc)
+        """Write snapshots taken by :meth:`_take_snapshots` (blocking I/O; many at once with
+        two syncs of the file system, :func:`write_atomic_many`). A snapshot that cannot be
+        written is only logged: the next start reads more of the log instead."""
+        try:
+            errors = write_atomic_many(self.logs.fs, snapshots, self.logs.data_dir)
+        except OSError as exc:
+            log.error("writing %d producer snapshots failed: %s", len(snapshots), exc)
+            return
+        for (path, _), error in zip(snapshots, errors, strict=True):
+            if error is not None:
+                log.error("writing the producer snapshot %s failed: %s", path, error)
 
     async def _producer_upkeep(self) -> None:
         """Until cancelled: expire idle producers and snapshot the changed states."""

@@ -373,6 +373,71 @@ def write_atomic(fs: FileSystem, path: str, data: bytes) -> None:
     fs.sync_dir(os.path.dirname(path) or ".")
 
 
+#: :func:`write_atomic_many` of this many files or more uses two syncs of the whole file
+#: system (where there is ``syncfs``) rather than two fsyncs a file.
+WRITE_MANY_WHOLE_SYNC_FROM = 16
+
+
+def write_atomic_many(
+    fs: FileSystem, files: list[tuple[str, bytes]], root: str
+) -> list[OSError | None]:
+    """:func:`write_atomic` of each of ``files`` (path, data), all under the directory
+    ``root``, each replaced wholly or not at all; the error of each, or ``None``.
+
+    From :data:`WRITE_MANY_WHOLE_SYNC_FROM` files on, where the system has a sync of the whole
+    file system (:meth:`FileSystem.open_whole_sync`): every ``path.tmp`` is written, one sync
+    makes them durable, each is renamed over its path, and a second sync makes the renames
+    durable. A crash at any step leaves each path's old file or its new one, as
+    :func:`write_atomic` does, with two syncs instead of two a file (10,000 files of the
+    reference machine: about 20 s at two fsyncs a file).
+
+    Raises:
+        OSError: a sync of the whole file system failed (then every file that was renamed may
+            or may not be durable; none is half written).
+    """
+    whole: WholeSync | None = None
+    if len(files) >= WRITE_MANY_WHOLE_SYNC_FROM:
+        try:
+            whole = fs.open_whole_sync(root)  # before anything is written: see WholeSync
+        except OSError:
+            whole = None
+    if whole is None:
+        errors: list[OSError | None] = []
+        for path, data in files:
+            try:
+                write_atomic(fs, path, data)
+            except OSError as exc:
+                errors.append(exc)
+            else:
+                errors.append(None)
+        return errors
+    try:
+        errors = []
+        for path, data in files:
+            try:
+                f = fs.open(path + ".tmp", create=True)
+                try:
+                    f.truncate(0)
+                    f.pwritev([data], 0)
+                finally:
+                    f.close()
+            except OSError as exc:
+                errors.append(exc)
+            else:
+                errors.append(None)
+        whole.sync()
+        for i, (path, _) in enumerate(files):
+            if errors[i] is None:
+                try:
+                    fs.rename(path + ".tmp", path)
+                except OSError as exc:
+                    errors[i] = exc
+        whole.sync()
+        return errors
+    finally:
+        whole.close()
+
+
 class FileHandleWrapper:
     """A :class:`FileHandle` that forwards every call to ``inner``: subclass it to observe or
     alter some calls (count fsyncs, inject faults) and keep the rest."""
