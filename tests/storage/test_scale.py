@@ -22,7 +22,7 @@ import pytest
 
 from tidewire.errors import StorageError
 from tidewire.records import BatchBuilder, build_batch, iter_batches, iter_records
-from tidewire.storage import FsyncPolicy, LogConfig, LogManager
+from tidewire.storage import FsyncPolicy, LogConfig, LogManager, manager
 from tidewire.storage.faultfs import FaultFS
 from tidewire.storage.log import PartitionLog
 from tidewire.storage.manager import PARALLEL_OPEN_FROM, RECOVERY_CHECKPOINT_FILE
@@ -191,6 +191,20 @@ def test_logs_whose_opens_wait_on_the_device_open_on_threads_in_order(
             for r in iter_records(memoryview(data)[pos : pos + h.size])
         ] == [f"m{p}".encode()]
         assert plog.flushed_offset == 1  # its recovery synced it
+    m.close()
+
+
+def test_a_round_slowed_without_sleeping_in_the_kernel_stays_on_the_calling_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A busy machine preempts the opening thread (wall time grows, its CPU time does not)
+    without the opens waiting on the device: threads would not help."""
+    fs = SlowSyncFS()
+    _filled(fs, 2 * PARALLEL_OPEN_FROM)
+    monkeypatch.setattr(manager, "_blocked", lambda: 7)  # never slept in the kernel
+    threads = _opened_on(monkeypatch)
+    m = LogManager("/data", fs=fs, default_config=INTERVAL).open()
+    assert set(threads.values()) == {threading.current_thread().name}
     m.close()
 
 

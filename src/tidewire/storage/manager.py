@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import re
+import resource
 import threading
 import time
 import uuid
@@ -101,11 +102,27 @@ OPEN_THREADS = 8
 #: than this are always opened on the calling thread.
 PARALLEL_OPEN_FROM = 64
 #: A round of opens whose wall time is more than this many times the calling thread's CPU
-#: time waited on the device (cold reads, fsyncs of dirty data): the rest are opened on
-#: threads. Otherwise they are CPU work under the interpreter lock, which threads only slow
-#: down (10,000 logs in the page cache: 2.3 s on the calling thread, 6.5-7.3 s on 8 threads,
+#: time, and which slept in the kernel at least once for every two logs (:func:`_blocked`),
+#: waited on the device (cold reads, fsyncs of dirty data): the rest are opened on threads.
+#: Otherwise they are CPU work under the interpreter lock, which threads only slow down
+#: (10,000 logs in the page cache: 2.3 s on the calling thread, 6.5-7.3 s on 8 threads,
 #: 4.8 s on 2, on the 2-vCPU reference machine).
 OPEN_WAIT_RATIO = 2.0
+
+
+_RUSAGE_THREAD: int | None = getattr(resource, "RUSAGE_THREAD", None)
+
+
+def _blocked() -> int | None:
+    """How many times the calling thread has slept in the kernel (voluntary context switches:
+    a read or an fsync waiting on the device), where the system says (Linux), else ``None``
+    (the wall time alone then decides). A thread only preempted (a busy machine) did not
+    wait on the device."""
+    if _RUSAGE_THREAD is None:
+        return None
+    return resource.getrusage(_RUSAGE_THREAD).ru_nvcsw
+
+
 #: Every this many checkpoint rounds the logs' flushed offsets are compared with the last
 #: checkpoint's even if no flush was counted meanwhile.
 CHECKPOINT_FULL_LOOK_EVERY = 10
@@ -318,11 +335,17 @@ class LogManager:
         out: list[PartitionLog | StorageError] = []
         try:
             for start in range(0, len(found), PARALLEL_OPEN_FROM):
-                wall, cpu = time.perf_counter(), time.thread_time()
+                wall, cpu, blocked = time.perf_counter(), time.thread_time(), _blocked()
                 for _, _, name in found[start : start + PARALLEL_OPEN_FROM]:
                     out.append(one(name))
                 rest = found[start + PARALLEL_OPEN_FROM :]
-                waited = time.perf_counter() - wall > OPEN_WAIT_RATIO * (time.thread_time() - cpu)
+                slow = time.perf_counter() - wall > OPEN_WAIT_RATIO * (time.thread_time() - cpu)
+                now_blocked = _blocked()
+                waited = slow and (
+                    blocked is None
+                    or now_blocked is None
+                    or now_blocked - blocked >= PARALLEL_OPEN_FROM // 2
+                )
                 if rest and waited:
                     log.info(
                         "opening the other %d logs on %d threads: the first %d waited on the "
