@@ -456,3 +456,29 @@ def test_a_close_writes_only_the_snapshots_that_changed(tmp_path: Path) -> None:
     offset, state = decode_snapshot(snaps[1].read_bytes())
     assert offset == 2
     assert len(state.entries) == 2
+    # An unreadable snapshot is written again at the next close, though nothing changed.
+    snaps[0].write_bytes(b"\xc1garbage")
+    asyncio.run(write([]))
+    offset, state = decode_snapshot(snaps[0].read_bytes())
+    assert offset == 1
+    assert len(state.entries) == 1
+
+
+def test_a_snapshot_that_could_not_be_written_is_written_at_the_close(tmp_path: Path) -> None:
+    cfg = config(tmp_path)
+    snap = tmp_path / "data" / "t-0" / SNAPSHOT_FILE
+
+    async def run() -> None:
+        async with Broker(cfg) as b:
+            b.create_topic("t", 1)
+            pid, epoch = await b.init_producer_id()
+            await b.produce("t", 0, pbatch(pid, epoch, 0, [b"x"]))
+            taken = b._take_snapshots(only_changed=True)
+            assert [p for p, _ in taken] == [str(snap)]
+            b._snapshots_failed([p for p, _ in taken])  # as after a failed periodic write
+            assert not snap.exists()
+
+    asyncio.run(run())
+    offset, state = decode_snapshot(snap.read_bytes())
+    assert offset == 1
+    assert len(state.entries) == 1

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -374,6 +376,7 @@ class Broker:
         self.cluster_topics: Callable[[], dict[str, int]] | None = None
         self._ids: ProducerIds | None = None
         self._ids_lock = asyncio.Lock()
+        self._snapshot_lock = threading.Lock()
         self._released: OrderedDict[int, None] = OrderedDict()  # writers' producer ids
         self._groups: ConsumerGroups | None = None
         self._group_task: asyncio.Task[None] | None = None
@@ -1512,14 +1515,15 @@ class Broker:
         of the log from the snapshot's offset on."""
         now = int(time.time() * 1000)
         for key, plog in self.logs.logs.items():
-            state, start = self._read_snapshot(plog)
+            state, start, read = self._read_snapshot(plog)
             unseen = plog.scanned_without_producers_from
             if unseen is None or start < unseen:  # else the open's scan saw no producer there
                 for h in _headers_from(plog, start):
                     state.observe(h, h.max_timestamp if h.max_timestamp > 0 else now)
-            # Written again at the next snapshot unless the one on disk reaches the log's end
-            # (after a clean shutdown: nothing to rewrite at the next one).
-            state.changed = start < plog.log_end_offset
+            # Written again at the next snapshot unless the one read reaches the log's end
+            # (after a clean shutdown: nothing to rewrite at the next one). One missing,
+            # unreadable or removed (past the log's end) is written again.
+            state.changed = not read or start < plog.log_end_offset
             self._producers[key] = state
             for pid, entry in state.entries.items():
                 if entry.epoch > self._epochs.get(pid, -1):
@@ -1542,14 +1546,16 @@ class Broker:
                 del ids.epochs[pid]
         self._ids = ids
 
-    def _read_snapshot(self, plog: PartitionLog) -> tuple[PartitionProducers, int]:
+    def _read_snapshot(self, plog: PartitionLog) -> tuple[PartitionProducers, int, bool]:
+        """The state to start from, the offset from which the log is read to complete it, and
+        whether they come from the partition's snapshot file."""
         path = f"{plog.directory}/{SNAPSHOT_FILE}"
         fs = self.logs.fs
         try:
             if fs.exists(path):
                 offset, state = decode_snapshot(fs.read_file(path))
                 if offset <= plog.log_end_offset:
-                    return state, max(offset, plog.log_start_offset)
+                    return state, max(offset, plog.log_start_offset), True
                 log.warning(
                     "%s: producer snapshot at offset %d is past the log end %d; rebuilding "
                     "from the log",
@@ -1560,7 +1566,7 @@ class Broker:
                 fs.remove(path)
         except (OSError, ValueError) as exc:
             log.warning("%s: producer snapshot not used: %s", plog.directory, exc)
-        return PartitionProducers(), plog.log_start_offset
+        return PartitionProducers(), plog.log_start_offset, False
 
     def _take_snapshots(self, *, only_changed: bool) -> list[tuple[str, bytes]]:
         """On the loop: the snapshot file of every partition's producer state (that changed)."""
@@ -1575,18 +1581,35 @@ class Broker:
             state.changed = False
         return out
 
-    def _write_snapshots(self, snapshots: list[tuple[str, bytes]]) -> None:
+    def _write_snapshots(self, snapshots: list[tuple[str, bytes]]) -> list[str]:
         """Write snapshots taken by :meth:`_take_snapshots` (blocking I/O; many at once with
-        two syncs of the file system, :func:`write_atomic_many`). A snapshot that cannot be
-        written is only logged: the next start reads more of the log instead."""
-        try:
-            errors = write_atomic_many(self.logs.fs, snapshots, self.logs.data_dir)
-        except OSError as exc:
-            log.error("writing %d producer snapshots failed: %s", len(snapshots), exc)
-            return
+        two syncs of the file system, :func:`write_atomic_many`; one writer at a time: a
+        close's may follow a periodic one still running in its thread). A snapshot that
+        cannot be written is logged (the next start reads more of the log instead), and its
+        path returned, for :meth:`_snapshots_failed`."""
+        with self._snapshot_lock:
+            try:
+                errors = write_atomic_many(self.logs.fs, snapshots, self.logs.data_dir)
+            except OSError as exc:
+                log.error("writing %d producer snapshots failed: %s", len(snapshots), exc)
+                return [path for path, _ in snapshots]
+        failed = []
         for (path, _), error in zip(snapshots, errors, strict=True):
             if error is not None:
                 log.error("writing the producer snapshot %s failed: %s", path, error)
+                failed.append(path)
+        return failed
+
+    def _snapshots_failed(self, paths: list[str]) -> None:
+        """On the loop: the states whose snapshot files ``paths`` could not be written count
+        as changed again, so the next round (or the close) writes them."""
+        if not paths:
+            return
+        dirs = {os.path.dirname(path) for path in paths}
+        for key, state in self._producers.items():
+            plog = self.logs.logs.get(key)
+            if plog is not None and plog.directory in dirs:
+                state.changed = True
 
     async def _producer_upkeep(self) -> None:
         """Until cancelled: expire idle producers and snapshot the changed states."""
@@ -1596,7 +1619,10 @@ class Broker:
             cutoff = int(time.time() * 1000) - self.config.producer_expiration_ms
             for state in self._producers.values():
                 state.expire(cutoff)
-            await asyncio.to_thread(self._write_snapshots, self._take_snapshots(only_changed=True))
+            failed = await asyncio.to_thread(
+                self._write_snapshots, self._take_snapshots(only_changed=True)
+            )
+            self._snapshots_failed(failed)
             gone = self._expire_writers(cutoff)
             if gone and self._ids is not None:
                 async with self._ids_lock:

@@ -423,9 +423,15 @@ def write_atomic_many(
                     f.close()
             except OSError as exc:
                 errors.append(exc)
+                _remove_quietly(fs, path + ".tmp")
             else:
                 errors.append(None)
-        whole.sync()
+        try:
+            whole.sync()
+        except OSError:
+            for path, _ in files:
+                _remove_quietly(fs, path + ".tmp")
+            raise
         for i, (path, _) in enumerate(files):
             if errors[i] is None:
                 try:
@@ -436,6 +442,12 @@ def write_atomic_many(
         return errors
     finally:
         whole.close()
+
+
+def _remove_quietly(fs: FileSystem, path: str) -> None:
+    """Remove ``path`` if it is there; a failure is left for the next recovery to clean."""
+    with contextlib.suppress(OSError):
+        fs.remove(path)
 
 
 class FileHandleWrapper:
