@@ -154,13 +154,20 @@ def _filled(fs: FaultFS, n: int) -> None:
     m.abandon()
 
 
+def _reopened(
+    monkeypatch: pytest.MonkeyPatch, fs: FaultFS, n: int
+) -> tuple[LogManager, dict[str, str]]:
+    """``n`` partitions left as a kill leaves them (:func:`_filled`), opened again; the open
+    manager and the thread each log was opened on (:func:`_opened_on`)."""
+    _filled(fs, n)
+    threads = _opened_on(monkeypatch)
+    return LogManager("/data", fs=fs, default_config=INTERVAL).open(), threads
+
+
 def test_logs_that_open_without_waiting_open_on_the_calling_thread(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    fs = FaultFS()
-    _filled(fs, 3 * PARALLEL_OPEN_FROM)
-    threads = _opened_on(monkeypatch)
-    m = LogManager("/data", fs=fs, default_config=INTERVAL).open()
+    m, threads = _reopened(monkeypatch, FaultFS(), 3 * PARALLEL_OPEN_FROM)
     assert len(threads) == 3 * PARALLEL_OPEN_FROM
     assert set(threads.values()) == {threading.current_thread().name}
     assert all(m.get_log("t", p).log_end_offset == 1 for p in range(3 * PARALLEL_OPEN_FROM))
@@ -170,11 +177,8 @@ def test_logs_that_open_without_waiting_open_on_the_calling_thread(
 def test_logs_whose_opens_wait_on_the_device_open_on_threads_in_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    fs = SlowSyncFS()
     n = 3 * PARALLEL_OPEN_FROM
-    _filled(fs, n)
-    threads = _opened_on(monkeypatch)
-    m = LogManager("/data", fs=fs, default_config=INTERVAL).open()
+    m, threads = _reopened(monkeypatch, SlowSyncFS(), n)
     assert len(threads) == n
     here = [d for d, name in threads.items() if name == threading.current_thread().name]
     assert len(here) == PARALLEL_OPEN_FROM  # the first round, which found the waits
@@ -199,11 +203,8 @@ def test_a_round_slowed_without_sleeping_in_the_kernel_stays_on_the_calling_thre
 ) -> None:
     """A busy machine preempts the opening thread (wall time grows, its CPU time does not)
     without the opens waiting on the device: threads would not help."""
-    fs = SlowSyncFS()
-    _filled(fs, 2 * PARALLEL_OPEN_FROM)
     monkeypatch.setattr(manager, "_blocked", lambda: 7)  # never slept in the kernel
-    threads = _opened_on(monkeypatch)
-    m = LogManager("/data", fs=fs, default_config=INTERVAL).open()
+    m, threads = _reopened(monkeypatch, SlowSyncFS(), 2 * PARALLEL_OPEN_FROM)
     assert set(threads.values()) == {threading.current_thread().name}
     m.close()
 
