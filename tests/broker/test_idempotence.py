@@ -294,7 +294,7 @@ def test_a_refused_append_rolls_the_state_back(tmp_path: Path, first: bool) -> N
             async def refusing(*args: object, **kwargs: object) -> object:
                 raise BackpressureError("injected: too many appends wait")
 
-            plog.append_many_async = refusing  # type: ignore[method-assign]
+            plog.append_many_async = refusing  # type: ignore[method-assign,assignment]
             with pytest.raises(BackpressureError, match="injected"):
                 await b.produce("t", 0, pbatch(pid, epoch, seq, [b"b1", b"b2"]))
             plog.append_many_async = real  # type: ignore[method-assign]
