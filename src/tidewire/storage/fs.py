@@ -361,16 +361,21 @@ def write_atomic(fs: FileSystem, path: str, data: bytes) -> None:
     Raises:
         OSError: from the file system; ``path`` is then unchanged or wholly replaced.
     """
-    tmp = path + ".tmp"
-    f = fs.open(tmp, create=True)
+    _write_tmp(fs, path, data, sync=True)
+    fs.rename(path + ".tmp", path)
+    fs.sync_dir(os.path.dirname(path) or ".")
+
+
+def _write_tmp(fs: FileSystem, path: str, data: bytes, *, sync: bool) -> None:
+    """Write ``data`` as ``path.tmp`` (fsynced if ``sync``)."""
+    f = fs.open(path + ".tmp", create=True)
     try:
         f.truncate(0)
         f.pwritev([data], 0)
-        f.sync()
+        if sync:
+            f.sync()
     finally:
         f.close()
-    fs.rename(tmp, path)
-    fs.sync_dir(os.path.dirname(path) or ".")
 
 
 #: :func:`write_atomic_many` of this many files or more uses two syncs of the whole file
@@ -415,12 +420,7 @@ def write_atomic_many(
         errors = []
         for path, data in files:
             try:
-                f = fs.open(path + ".tmp", create=True)
-                try:
-                    f.truncate(0)
-                    f.pwritev([data], 0)
-                finally:
-                    f.close()
+                _write_tmp(fs, path, data, sync=False)
             except OSError as exc:
                 errors.append(exc)
                 _remove_quietly(fs, path + ".tmp")

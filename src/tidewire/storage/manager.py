@@ -123,6 +123,23 @@ def _blocked() -> int | None:
     return resource.getrusage(_RUSAGE_THREAD).ru_nvcsw
 
 
+class _RoundStart:
+    """The calling thread's clocks at the start of a round of PARALLEL_OPEN_FROM opens."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu, self.blocked = time.perf_counter(), time.thread_time(), _blocked()
+
+    def waited_on_device(self) -> bool:
+        """Whether the round since waited on the device (see OPEN_WAIT_RATIO)."""
+        cpu = time.thread_time() - self.cpu
+        if time.perf_counter() - self.wall <= OPEN_WAIT_RATIO * cpu:
+            return False
+        blocked = _blocked()
+        if self.blocked is None or blocked is None:
+            return True
+        return blocked - self.blocked >= PARALLEL_OPEN_FROM // 2
+
+
 #: Every this many checkpoint rounds the logs' flushed offsets are compared with the last
 #: checkpoint's even if no flush was counted meanwhile.
 CHECKPOINT_FULL_LOOK_EVERY = 10
@@ -335,18 +352,11 @@ class LogManager:
         out: list[PartitionLog | StorageError] = []
         try:
             for start in range(0, len(found), PARALLEL_OPEN_FROM):
-                wall, cpu, blocked = time.perf_counter(), time.thread_time(), _blocked()
+                round_start = _RoundStart()
                 for _, _, name in found[start : start + PARALLEL_OPEN_FROM]:
                     out.append(one(name))
                 rest = found[start + PARALLEL_OPEN_FROM :]
-                slow = time.perf_counter() - wall > OPEN_WAIT_RATIO * (time.thread_time() - cpu)
-                now_blocked = _blocked()
-                waited = slow and (
-                    blocked is None
-                    or now_blocked is None
-                    or now_blocked - blocked >= PARALLEL_OPEN_FROM // 2
-                )
-                if rest and waited:
+                if rest and round_start.waited_on_device():
                     log.info(
                         "opening the other %d logs on %d threads: the first %d waited on the "
                         "device",
