@@ -30,6 +30,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from tidewire.server.listening import close_listener
+
 T = TypeVar("T")
 
 Mode = Literal["forward", "blackhole", "refuse"]
@@ -49,6 +51,11 @@ class Proxy:
         self.pass_local = False
         self._local: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._dropped: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._closed = False
+
+    def is_closed(self) -> bool:
+        """Whether :meth:`close` was called (a call: checked again after an await)."""
+        return self._closed
 
     @property
     def address(self) -> str:
@@ -60,8 +67,12 @@ class Proxy:
         return self
 
     async def close(self) -> None:
+        """Close the listener and every connection, and wait for every task: a connection
+        being accepted (its own task, opening the way upstream) included, which would
+        otherwise finish after this and leave its sockets to the garbage collector."""
+        self._closed = True
         if self._server is not None:
-            self._server.close()
+            close_listener(self._server)
         self.cut()
         for t in list(self._tasks):
             t.cancel()
@@ -105,14 +116,26 @@ class Proxy:
         self._pairs.clear()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.mode == "refuse":
+        if self.mode == "refuse" or self.is_closed():
             _reset(writer)
             return
+        # asyncio runs this in a task of its own; close() cancels and waits for it.
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
         self.connections += 1
         try:
             up_r, up_w = await asyncio.open_connection(*self.target)
         except OSError:
             _reset(writer)
+            return
+        except BaseException:  # cancelled by close(): the accepted socket is this task's
+            _reset(writer)
+            raise
+        if self.is_closed():  # close() ran while the way upstream opened
+            _reset(writer)
+            _reset(up_w)
             return
         pair = (writer, up_w)
         self._pairs.add(pair)
@@ -206,6 +229,14 @@ class ProxyHost:
     def close(self) -> None:
         async def close_all() -> None:
             await asyncio.gather(*(p.close() for p in self.proxies), return_exceptions=True)
+            # Anything else still running here would be abandoned with the loop (its
+            # sockets left to the garbage collector): cancel it and let it finish.
+            me = asyncio.current_task()
+            rest = [t for t in asyncio.all_tasks() if t is not me]
+            for t in rest:
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+            await asyncio.sleep(0)  # the closed sockets' last callbacks
 
         with contextlib.suppress(Exception):
             self._run(close_all())
@@ -223,4 +254,6 @@ def _reset(writer: asyncio.StreamWriter) -> None:
             sock.setsockopt(
                 socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
             )
-    writer.close()
+    # abort, not close: a close waits for the write buffer to drain, which a peer that
+    # stopped reading never lets happen, and the socket would outlive the proxy.
+    writer.transport.abort()

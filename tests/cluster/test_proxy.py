@@ -138,3 +138,35 @@ def test_isolate_passes_own_connections_and_rejoin_resets_starved_ones() -> None
             await server.wait_closed()
 
     asyncio.run(main())
+
+
+def test_close_ends_a_connection_still_being_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection the proxy accepted while its way upstream is still opening is ended by
+    close() (it used to stay open, its task running on, its sockets left to the garbage
+    collector once the loop was gone: an unclosed-transport warning in a later test)."""
+    opening = asyncio.Event()
+    opened = asyncio.Event()  # never set: the upstream connect hangs until cancelled
+    real_open = asyncio.open_connection
+
+    async def slow_open(*args: object, **kwargs: object) -> object:
+        opening.set()
+        await opened.wait()
+        return await real_open(*args, **kwargs)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        server, port = await _echo_server()
+        proxy = await Proxy("127.0.0.1", port).start()
+        monkeypatch.setattr(asyncio, "open_connection", slow_open)
+        try:
+            r, w = await real_open("127.0.0.1", proxy.port)
+            await asyncio.wait_for(opening.wait(), 5)
+            await asyncio.wait_for(proxy.close(), 5)
+            assert not proxy._tasks
+            assert await _closed(r)
+            w.close()
+        finally:
+            monkeypatch.undo()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(main())

@@ -108,6 +108,7 @@ from tidewire.security.tls import (
 from tidewire.server.envelope import serve_envelope
 from tidewire.server.gate import SESSION_APIS, Session, gate_for, source_of
 from tidewire.server.handlers import HANDLERS, ServerInfo, fetch, fetch_now, produce, produce_soon
+from tidewire.server.listening import close_listener
 from tidewire.server.needs import API_NEEDS
 from tidewire.server.push import MAX_SUBSCRIPTIONS, PUSH_APIS, Subscriptions
 from tidewire.server.queue_handlers import QUEUE_APIS, QueueSession
@@ -1205,7 +1206,7 @@ class TcpServer:
     def stop_accepting(self) -> None:
         """Close the listening socket now: new connections are refused from here on."""
         if self._server is not None:
-            self._server.close()
+            close_listener(self._server)
 
     def in_flight(self) -> int:
         """Requests being handled, on every connection."""

@@ -69,6 +69,7 @@ from tidewire.server.http.protocol import (
     ListenerLimits,
     guarded_protocol,
 )
+from tidewire.server.listening import close_listener
 from tidewire.server.tls import tls_protocol_factory
 
 __all__ = ["IPUBSUB", "MSGBUS", "NATIVE", "HttpGateway", "TlsScope"]
@@ -124,7 +125,7 @@ class _Server(uvicorn.Server):
 
     def stop_accepting(self) -> None:
         for server in getattr(self, "servers", ()):
-            server.close()
+            close_listener(server)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # uvicorn's own waits out its grace period polling, then cancels what runs with an

@@ -70,6 +70,7 @@ from tidewire.server.kafka.context import KafkaContext
 from tidewire.server.kafka.dispatch import registry
 from tidewire.server.kafka.handlers import ACKS0_FAILED
 from tidewire.server.kafka.sasl import CLOSE_AFTER, RAW_SASL, sasl_step
+from tidewire.server.listening import close_listener
 from tidewire.server.needs import AUTHENTICATED, PUBLIC, Need, Requirement
 from tidewire.server.tcp import _WILDCARDS, FINAL_CLOSE_S, ServerConfig
 from tidewire.server.tls import tls_protocol_factory
@@ -604,7 +605,7 @@ class KafkaServer:
     def stop_accepting(self) -> None:
         """Close the listening socket: new connections are refused from here on."""
         if self._server is not None:
-            self._server.close()
+            close_listener(self._server)
             self.stats.stopped()
 
     def in_flight(self) -> int:
