@@ -338,6 +338,8 @@ def test_bad_options_are_refused_before_anything_starts() -> None:
             cls("127.0.0.1:1", acks="none")
         with pytest.raises(InvalidConfigError, match="buffer_bytes"):
             cls("127.0.0.1:1", batch_bytes=1 << 20, buffer_bytes=1 << 19)
+        with pytest.raises(InvalidConfigError, match="pipeline_partial_batches must be True"):
+            cls("127.0.0.1:1", pipeline_partial_batches="yes")  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="HOST:PORT"):
             cls("nonsense")
     # Without idempotence, more in flight is allowed.

@@ -101,7 +101,8 @@ def test_order_across_the_immediate_and_the_task_path(tmp_path: Path) -> None:
     async def main() -> None:
         async with serve(tmp_path) as (broker, server):
             broker.create_topic("t", 1)
-            async with AsyncProducer(addr(server), linger_ms=0) as p:
+            # Each message a batch of its own, pipelined: the path this test is about.
+            async with AsyncProducer(addr(server), linger_ms=0, pipeline_partial_batches=True) as p:
                 await (await p.send("t", b"first"))
                 soon = p._transport.request_soon
                 refuse = [1]
@@ -222,5 +223,61 @@ def test_close_waits_for_a_lone_send_in_flight(tmp_path: Path) -> None:
             assert fut.result().offset == 1
             _, records = await stored(broker, "t", 0)
             assert [r.value for r in records] == [b"first", b"second"]
+
+    run(main())
+
+
+def test_messages_sent_while_one_is_unanswered_go_together_once_it_is(tmp_path: Path) -> None:
+    """By default a batch still filling waits while its partition has one unanswered (the
+    answer's wake-up sends it, with everything that came meanwhile): two requests for 31
+    messages sent in one go, and the sends that joined the held batch did not run the
+    sender. With ``pipeline_partial_batches`` each goes at once, as its own request."""
+
+    async def main(pipeline: bool, n: int) -> list[int]:
+        async with serve(tmp_path / str(pipeline)) as (broker, server):
+            broker.create_topic("t", 1)
+            async with AsyncProducer(
+                addr(server), linger_ms=0, pipeline_partial_batches=pipeline
+            ) as p:
+                await (await p.send("t", b"warm"))
+                drains = sender_drains(p)
+                futs = [send_in_one_step(p, "t", b"m%d" % i) for i in range(n)]
+                assert p._acc is not None
+                in_flight = p._acc.in_flight
+                md = await asyncio.wait_for(asyncio.gather(*futs), PROMPT_S)
+                assert [m.offset for m in md] == list(range(1, n + 1))
+                if pipeline:
+                    assert in_flight == n  # one message each, pipelined
+                else:
+                    assert in_flight == 1  # the first; the others held in one batch
+                    assert len(drains) == 1  # the answer's wake-up, which sent them
+            headers, records = await stored(broker, "t", 0)
+            assert [r.value for r in records] == [b"warm"] + [b"m%d" % i for i in range(n)]
+            return [h.records_count for h in headers]
+
+    assert run(main(False, 31)) == [1, 1, 30]
+    assert run(main(True, 5)) == [1, 1, 1, 1, 1, 1]
+
+
+def test_full_batches_are_pipelined_while_the_filling_one_waits(tmp_path: Path) -> None:
+    """The hold is for a batch still filling: batches that filled go while one is
+    unanswered (more than one in flight at once, which held partial batches never are)."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 1)
+            async with AsyncProducer(addr(server), linger_ms=0, batch_bytes=2048) as p:
+                await (await p.send("t", b"warm"))
+                assert p._acc is not None
+                most = 0
+                futs = []
+                for _ in range(40):
+                    futs.append(await p.send("t", b"x" * 900))  # two a batch
+                    most = max(most, p._acc.in_flight)
+                md = await asyncio.wait_for(asyncio.gather(*futs), PROMPT_S)
+                assert [m.offset for m in md] == list(range(1, 41))
+                assert most >= 2
+            _, records = await stored(broker, "t", 0)
+            assert len(records) == 41
 
     run(main())

@@ -106,6 +106,7 @@ class PartitionState:
 
     __slots__ = (
         "acked_sequence",
+        "held",
         "in_flight",
         "in_flight_tail",
         "next_batch_no",
@@ -128,6 +129,8 @@ class PartitionState:
         self.open: ProducerBatch | None = None
         #: Batches sent and not answered; of those, sent as a later entry of their request.
         self.in_flight = 0
+        #: The last drain held the open batch for an answer (``pipeline_partial``).
+        self.held = False
         self.in_flight_tail = 0
         #: Batches waiting to be sent again (at the front of ``queue``).
         self.retrying = 0
@@ -621,6 +624,7 @@ class Accumulator:
         max_request_bytes: int,
         max_in_flight_per_partition: int,
         max_requests: int,
+        pipeline_partial: bool = True,
         sequences: bool,
         allow_new: bool,
         expire_before: float,
@@ -631,6 +635,9 @@ class Accumulator:
             now: the clock's time.
             max_request_bytes: a request's data, unless one batch alone is larger.
             max_in_flight_per_partition: batches in flight per partition.
+            pipeline_partial: send an open batch not yet full (its linger over) while a
+                batch of its partition is in flight; else it is held (``state.held``)
+                until the partition has none, or until it is full.
             max_requests: how many requests may start now.
             sequences: number each batch's records at its first send (idempotence).
             allow_new: send batches that were never sent (False while the producer waits to
@@ -653,6 +660,7 @@ class Accumulator:
         with self.lock:
             flushing = self.flushing > 0
             for state in list(self.queued):
+                state.held = False
                 queue = state.queue
                 while (
                     queue
@@ -679,6 +687,9 @@ class Accumulator:
                     due = head.created + linger
                     if due > now and head.size < self.batch_bytes:
                         next_at = due if next_at is None else min(next_at, due)
+                        continue
+                    if state.in_flight and not pipeline_partial and head.size < self.batch_bytes:
+                        state.held = True  # the answer wakes the sender: no time to wait for
                         continue
                 (lead if state.in_flight else rest).append(head)
             if not lead and not rest:
@@ -803,10 +814,13 @@ class Accumulator:
         with self.lock:
             return [b for state in self.queued for b in state.queue]
 
-    def has_queued(self) -> bool:
+    def has_queued(self, *, unheld: bool = False) -> bool:
         """Whether any partition has a batch waiting to be sent (read under the lock: a
-        blocking producer's threads open batches while the loop asks)."""
+        blocking producer's threads open batches while the loop asks); ``unheld``: other
+        than those the last :meth:`drain` held for an answer (asked right after it)."""
         with self.lock:
+            if unheld:
+                return any(state.queue and not state.held for state in self.queued)
             return any(state.queue for state in self.queued)
 
     def sent_unanswered(self) -> bool:

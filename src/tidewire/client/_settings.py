@@ -79,6 +79,7 @@ class ProducerSettings:
     delivery_timeout_ms: int = 120_000
     retry_backoff_ms: int = 100
     max_in_flight_per_partition: int = 5
+    pipeline_partial_batches: bool = False
     request_timeout_ms: int = 30_000
     max_request_bytes: int = 1024 * 1024
     metadata_max_age_ms: int = 300_000
@@ -110,6 +111,8 @@ class ProducerSettings:
             )
         most = MAX_IDEMPOTENT_IN_FLIGHT if self.idempotence else 1000
         _int("max_in_flight_per_partition", self.max_in_flight_per_partition, 1, most)
+        if not isinstance(self.pipeline_partial_batches, bool):
+            raise InvalidConfigError("pipeline_partial_batches must be True or False")
         _int("max_request_bytes", self.max_request_bytes, 1024, MAX_BATCH_BYTES)
         _int("metadata_max_age_ms", self.metadata_max_age_ms, 0, day)
         _int("connect_timeout_ms", self.connect_timeout_ms, 1, day)
