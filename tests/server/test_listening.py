@@ -53,18 +53,29 @@ def _ends(client: socket.socket) -> bool:
         return False
 
 
+async def _raced(
+    close: Closer,
+) -> tuple[asyncio.AbstractServer, int, socket.socket, list[asyncio.StreamWriter]]:
+    """A server that records the connections it is handed, closed by ``close`` between the
+    accept of a client's connection and its transport: the server, its port, the client's
+    socket, and the connections handed to the server."""
+    served: list[asyncio.StreamWriter] = []
+
+    async def handler(_: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        served.append(w)
+
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = await _close_between_accept_and_transport(server, port, close)
+    return server, port, client, served
+
+
 def test_a_plain_close_there_loses_the_connection() -> None:
     """The race itself, on this Python: without close_listener the accepted socket is lost
     (so the test below shows what close_listener changes)."""
-    served: list[asyncio.StreamWriter] = []
 
     async def main() -> None:
-        async def handler(_: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            served.append(w)
-
-        server = await asyncio.start_server(handler, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        client = await _close_between_accept_and_transport(server, port, lambda s: s.close())
+        server, _, client, served = await _raced(lambda s: s.close())
         try:
             if served:
                 pytest.skip("this Python makes the transport in the accepting step")
@@ -80,15 +91,8 @@ def test_a_plain_close_there_loses_the_connection() -> None:
 
 
 def test_close_listener_there_keeps_the_connection_and_refuses_new_ones() -> None:
-    served: list[asyncio.StreamWriter] = []
-
     async def main() -> None:
-        async def handler(_: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-            served.append(w)
-
-        server = await asyncio.start_server(handler, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        client = await _close_between_accept_and_transport(server, port, close_listener)
+        server, port, client, served = await _raced(close_listener)
         try:
             assert len(served) == 1  # it joined the server, which can end it
             with pytest.raises(ConnectionRefusedError):
