@@ -57,6 +57,16 @@ export async function api(method, path, body, opts = {}) {
 }
 
 export const get = (p, o) => api("GET", p, undefined, o);
+
+// Several GETs at once, their answers in order. When some fail, the first of them in the
+// order given is thrown (not whichever failed first in time), so a page that is refused two
+// of its reads always says the same one.
+export async function getAll(...paths) {
+  const got = await Promise.allSettled(paths.map((p) => get(p)));
+  const failed = got.find((r) => r.status === "rejected");
+  if (failed) throw failed.reason;
+  return got.map((r) => r.value);
+}
 export const post = (p, b) => api("POST", p, b === undefined ? {} : b);
 export const patch = (p, b) => api("PATCH", p, b);
 export const del = (p, b) => api("DELETE", p, b);

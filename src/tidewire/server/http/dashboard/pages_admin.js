@@ -1,6 +1,6 @@
 // The audit log, and users: principals with their keys, ACLs and quotas.
 
-import { can, del, enc, get, post } from "./api.js";
+import { can, del, enc, get, getAll, post } from "./api.js";
 import { clear, put, confirmDialog, fmtTime, h, note, table } from "./ui.js";
 import { refusal } from "./pages_topics.js";
 
@@ -47,8 +47,7 @@ export async function securityPage(main) {
   const body = h("div");
   main.append(h("h1", {}, "Users & ACLs"), out, body);
   const draw = async () => {
-    const [principals, acls, quotas] = await Promise.all([
-      get("/v1/principals"), get("/v1/acls"), get("/v1/quotas")]);
+    const [principals, acls, quotas] = await getAll("/v1/principals", "/v1/acls", "/v1/quotas");
     put(body, 
       h("div", { class: "card" }, h("h2", {}, "Principals"), table([
         { title: "Name", cell: (p) => p.name }, { title: "Kind", cell: (p) => p.kind },

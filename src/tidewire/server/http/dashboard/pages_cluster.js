@@ -13,7 +13,7 @@
 // page is in the navigation only when the broker is a node of a cluster (GET /v1/cluster
 // answers).
 
-import { get } from "./api.js";
+import { get, getAll } from "./api.js";
 import { fmtBytes, fmtNum, h, note, put, table } from "./ui.js";
 import { refusal } from "./pages_topics.js";
 
@@ -177,8 +177,8 @@ export async function clusterPage(main) {
     let parts;
     let moving;
     try {
-      [s, parts, moving] = await Promise.all([get("/v1/cluster"), get("/v1/cluster/partitions"),
-        get("/v1/cluster/reassignments")]);
+      [s, parts, moving] = await getAll("/v1/cluster", "/v1/cluster/partitions",
+        "/v1/cluster/reassignments");
     } catch (e) {
       put(head, note("error", `The cluster's status (GET /v1/cluster): ${refusal(e)}`));
       await drawFigures(asked);

@@ -3,7 +3,7 @@
 // A queue's page: its settings and counters, publishing a message to it, and the browser of
 // its ready messages (a dead-letter queue's, typically) with replay and purge.
 
-import { del, enc, get, post, api } from "./api.js";
+import { del, enc, get, getAll, post, api } from "./api.js";
 import { clear, put, confirmDialog, fmtBytes, fmtNum, fmtTime, h, link, note, table } from "./ui.js";
 import { refusal } from "./pages_topics.js";
 
@@ -67,7 +67,7 @@ export async function queuesPage(main) {
   };
   const drawExchanges = async () => {
     try {
-      const [ex, bs] = await Promise.all([get("/v1/exchanges"), get("/v1/bindings")]);
+      const [ex, bs] = await getAll("/v1/exchanges", "/v1/bindings");
       put(exchanges, table([
         { title: "Exchange", cls: "val", cell: (x) => exName(x.name) },
         { title: "Type", cell: (x) => x.type },
