@@ -78,8 +78,9 @@ class Proxy:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._server is not None:
+            # Bounded: it waits for every connection the server handed out to close too.
             with contextlib.suppress(Exception):
-                await self._server.wait_closed()
+                await asyncio.wait_for(self._server.wait_closed(), 5)
 
     def blackhole(self) -> None:
         self.mode = "blackhole"

@@ -142,3 +142,40 @@ def test_the_binary_listener_ends_a_connection_accepted_as_it_stopped(tmp_path: 
                 client.close()
 
     asyncio.run(main())
+
+
+def test_the_http_drain_ends_a_connection_accepted_as_it_stopped() -> None:
+    """The HTTP gateway's drain tells a connection that joined its server after the drain
+    began (accepted in the step before the listener stopped) to close, as it tells the
+    others: the drain ends at once instead of waiting for the connection's header timeout
+    (10 s) or the grace period."""
+    from tidewire.server.http.gateway import HttpGateway
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        pass  # no request is made
+
+    async def main() -> None:
+        g = HttpGateway(grace_s=30)
+        g.add_app("native", app, "127.0.0.1", 0)
+        await g.start()
+        uvicorn_server = g._listeners["native"].server
+        assert uvicorn_server is not None
+        server = uvicorn_server.servers[0]
+
+        def stop(_: asyncio.AbstractServer) -> None:
+            g.stop_accepting()
+            g.begin_drain()
+
+        loop = asyncio.get_running_loop()
+        client = await _close_between_accept_and_transport(server, g.port, stop)
+        try:
+            assert g.connections() == 1
+            started = loop.time()
+            await g.wait_in_flight(started + 30)
+            assert g.connections() == 0
+            assert loop.time() - started < 5  # told to close, not timed out (10 s)
+            await g.finish()
+        finally:
+            client.close()
+
+    asyncio.run(main())

@@ -624,7 +624,7 @@ class Accumulator:
         max_request_bytes: int,
         max_in_flight_per_partition: int,
         max_requests: int,
-        pipeline_partial: bool = True,
+        pipeline_partial: bool = False,
         sequences: bool,
         allow_new: bool,
         expire_before: float,

@@ -26,7 +26,7 @@ __all__ = ["close_listener"]
 def close_listener(server: asyncio.AbstractServer) -> None:
     """Stop ``server`` accepting now and close its listening sockets (on asyncio's own loop,
     one step later: see the module docstring)."""
-    loop = asyncio.get_running_loop()
+    loop = server.get_loop()
     if not isinstance(loop, BaseSelectorEventLoop):
         server.close()
         return

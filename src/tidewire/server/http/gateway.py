@@ -39,6 +39,7 @@ import contextlib
 import logging
 import socket
 import ssl
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -230,6 +231,8 @@ class HttpGateway:
         self.budget = BodyBudget(self.config.inflight_body_bytes)
         #: Set when :meth:`close` begins: apps stop long-polls and report not ready.
         self.closing = asyncio.Event()
+        #: HTTP connections the drain has shut down (told to close once idle).
+        self._told: weakref.WeakSet[Any] = weakref.WeakSet()
         self._listeners: dict[str, _Listener] = {}
         self._started = False
 
@@ -472,10 +475,19 @@ class HttpGateway:
         self.closing.set()
         for server in self._servers():
             server.should_exit = True
+        self._shut_down_new()
+
+    def _shut_down_new(self) -> None:
+        """Close the idle HTTP connections not told yet, and mark the busy ones to close after
+        their answer: at the drain's start, and for a connection the loop accepted just
+        before the listener stopped, which joins its server a step later (see
+        :mod:`tidewire.server.listening`)."""
+        for server in self._servers():
             for conn in list(server.server_state.connections):
                 # A WebSocket is closed by its session, with 1001 (going away); uvicorn's
                 # shutdown() would close it with 1012 first.
-                if isinstance(conn, _HTTP_PROTOCOLS):
+                if isinstance(conn, _HTTP_PROTOCOLS) and conn not in self._told:
+                    self._told.add(conn)
                     conn.shutdown()
 
     async def wait_in_flight(self, deadline: float) -> int:
@@ -483,6 +495,7 @@ class HttpGateway:
         many requests still run."""
         loop = asyncio.get_running_loop()
         while True:
+            self._shut_down_new()
             tasks = {t for s in self._servers() for t in s.server_state.tasks}
             left = deadline - loop.time()
             if (not tasks and not self.connections()) or left <= 0:
