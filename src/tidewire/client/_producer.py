@@ -182,13 +182,13 @@ class AsyncProducer:
             with idempotence). Without idempotence and above 1, a retry may reorder messages.
         pipeline_partial_batches: send a batch that is still filling (under ``batch_bytes``,
             its linger over) while a batch of its partition is unanswered, as Kafka's
-            producer does. False (the default): it goes when that answer comes, with what
-            arrived meanwhile, or once full; full batches are pipelined either way, up to
-            ``max_in_flight_per_partition``. On a local network the wait is shorter than
-            the broker's time per request (at 5,000 msg/s, 2.4-3.1 -> 6.4-7.6 messages a
-            request after fsync, broker CPU a message -12-22%, p50 -22-33%:
-            docs/performance.md); over a long round trip, True saves up to one round trip a
-            message.
+            producer does. False (the default): it goes once its partition has nothing
+            unanswered, with what arrived meanwhile, or once full; full batches are
+            pipelined either way, up to ``max_in_flight_per_partition``. On a local
+            network the wait is shorter than the broker's time per request (at 5,000
+            msg/s, 2.4-3.1 -> 6.4-7.6 messages a request after fsync, broker CPU a message
+            -12-22%, p50 -22-33%: docs/performance.md); over a long round trip, True saves
+            up to one round trip a message.
         request_timeout_ms: how long one produce request may take.
         max_request_bytes: the data of one produce request (a larger single batch goes
             alone).
