@@ -10,6 +10,7 @@ control, which task sent a batch, what the futures say and what the broker store
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 
 from tests.client._producer_support import CuttingProxy, stored
 from tests.client._support import PROMPT_S, addr, run, serve
-from tidewire.client import AsyncClient, AsyncProducer, RecordFuture
+from tidewire.client import AsyncClient, AsyncProducer, Producer, RecordFuture
 from tidewire.errors import ProducerFencedError
 from tidewire.protocol.messages import InitProducerIdRequest
 
@@ -279,5 +280,82 @@ def test_full_batches_are_pipelined_while_the_filling_one_waits(tmp_path: Path) 
                 assert most >= 2
             _, records = await stored(broker, "t", 0)
             assert len(records) == 41
+
+    run(main())
+
+
+@pytest.mark.parametrize("idempotence", [False, True])
+def test_a_held_batch_goes_after_the_retry_of_the_one_it_waited_for(
+    tmp_path: Path, idempotence: bool
+) -> None:
+    """The connection breaks after the broker stored the unanswered batch and before its
+    answer, while the next messages wait in a held batch: the lost one is sent again first,
+    the held one after it, on the new connection. With idempotence each message is stored
+    once, in order; without, the lost one twice (it was stored before the cut), the held
+    ones once, after it."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 1)
+            async with (
+                CuttingProxy(server.port) as proxy,
+                AsyncProducer(
+                    proxy.addr, linger_ms=0, idempotence=idempotence, retry_backoff_ms=1
+                ) as p,
+            ):
+                await (await p.send("t", b"warm"))
+                proxy.cut_responses = 1
+                futs = [send_in_one_step(p, "t", b"m%d" % i) for i in range(10)]
+                assert p._acc is not None
+                assert p._acc.in_flight == 1  # m0; m1..m9 held in one batch
+                md = await asyncio.wait_for(asyncio.gather(*futs), PROMPT_S)
+                assert proxy.cuts == 1
+                assert proxy.connections == 2
+                after = await asyncio.wait_for(await p.send("t", b"after"), PROMPT_S)
+            headers, records = await stored(broker, "t", 0)
+            values = [r.value for r in records]
+            sent = [b"m%d" % i for i in range(10)]
+            if idempotence:
+                assert values == [b"warm", *sent, b"after"]
+                assert [m.offset for m in md] == list(range(1, 11))
+                assert [h.records_count for h in headers] == [1, 1, 9, 1]
+            else:
+                assert values == [b"warm", b"m0", *sent, b"after"]
+                assert [m.offset for m in md] == list(range(2, 12))
+            assert after.offset == len(values) - 1
+
+    run(main())
+
+
+def test_the_blocking_producer_sends_from_threads_once_each_in_order(tmp_path: Path) -> None:
+    """The blocking twin runs the same accumulator, filled from other threads: with linger
+    0, four threads sending at once while batches are unanswered have every message stored
+    once, each thread's in its order, in fewer requests than messages."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            broker.create_topic("t", 1)
+            loop = asyncio.get_running_loop()
+
+            def produce() -> None:
+                with Producer(addr(server), linger_ms=0) as p:
+                    p.send("t", b"warm").result(PROMPT_S)
+
+                    def thread(k: int) -> list[Any]:
+                        return [p.send("t", b"%d-%d" % (k, i)) for i in range(50)]
+
+                    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                        futs = [f for fs in pool.map(thread, range(4)) for f in fs]
+                    for f in futs:
+                        f.result(PROMPT_S)
+
+            await loop.run_in_executor(None, produce)
+            headers, records = await stored(broker, "t", 0)
+            values = [r.value for r in records]
+            assert len(values) == 201
+            for k in range(4):
+                mine = [v for v in values if v is not None and v.startswith(b"%d-" % k)]
+                assert mine == [b"%d-%d" % (k, i) for i in range(50)]
+            assert len(headers) < 201  # some requests carried several messages
 
     run(main())
