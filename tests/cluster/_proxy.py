@@ -131,9 +131,12 @@ class Proxy:
         except OSError:
             _reset(writer)
             return
-        except BaseException:  # cancelled by close(): the accepted socket is this task's
+        except asyncio.CancelledError:
+            # Cancelled by close(): the accepted socket is this task's. Ended, not re-raised:
+            # asyncio 3.11's stream protocol asks its connection task for its exception,
+            # which for a cancelled task raises and logs a traceback (close() waits for it).
             _reset(writer)
-            raise
+            return
         if self.is_closed():  # close() ran while the way upstream opened
             _reset(writer)
             _reset(up_w)
