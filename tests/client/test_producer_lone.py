@@ -94,16 +94,19 @@ def test_a_lingering_producer_still_leaves_sending_to_the_sender(tmp_path: Path)
     run(main())
 
 
-def test_order_across_the_immediate_and_the_task_path(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_order_across_the_immediate_and_the_task_path(tmp_path: Path, pipeline: bool) -> None:
     """A request that has to go by a task (request_soon refused it: no connection, a full
     write buffer...) is not overtaken by a later lone send: while one is on its way, later
-    batches take the task path too, and the partition's order is kept."""
+    batches take the task path too, and the partition's order is kept. Pipelined, each
+    message is a batch of its own; by default the later ones wait in one held batch."""
 
     async def main() -> None:
         async with serve(tmp_path) as (broker, server):
             broker.create_topic("t", 1)
-            # Each message a batch of its own, pipelined: the path this test is about.
-            async with AsyncProducer(addr(server), linger_ms=0, pipeline_partial_batches=True) as p:
+            async with AsyncProducer(
+                addr(server), linger_ms=0, pipeline_partial_batches=pipeline
+            ) as p:
                 await (await p.send("t", b"first"))
                 soon = p._transport.request_soon
                 refuse = [1]
@@ -116,14 +119,17 @@ def test_order_across_the_immediate_and_the_task_path(tmp_path: Path) -> None:
 
                 p._transport.request_soon = refusing  # type: ignore[method-assign]
                 futs = [await p.send("t", b"m%d" % i) for i in range(4)]
-                assert p._slow == 4  # the first by a task, the rest behind it
+                # The first by a task; the rest behind it (pipelined), or held.
+                assert p._slow == (4 if pipeline else 1)
                 md = await asyncio.wait_for(asyncio.gather(*futs), PROMPT_S)
                 assert [m.offset for m in md] == [1, 2, 3, 4]
                 assert p._slow == 0
                 fut = send_in_one_step(p, "t", b"after")  # immediate again
                 assert (await asyncio.wait_for(fut, PROMPT_S)).offset == 5
-            _, records = await stored(broker, "t", 0)
+            headers, records = await stored(broker, "t", 0)
             assert [r.value for r in records] == [b"first", b"m0", b"m1", b"m2", b"m3", b"after"]
+            counts = [h.records_count for h in headers]
+            assert counts == ([1] * 6 if pipeline else [1, 1, 3, 1])
 
     run(main())
 
