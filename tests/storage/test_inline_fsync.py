@@ -177,6 +177,56 @@ def test_a_read_of_the_partition_keeps_its_commits_in_the_threads_a_while(
     log.close()
 
 
+def test_a_read_of_what_is_durable_leaves_the_partitions_commits_on_the_loop(
+    tmp_path: Path,
+) -> None:
+    """A consumer under ``always`` reads no further than the durable offset: once caught up,
+    what it waits for is the commit itself, so its reads of the committing partition do not
+    send the commits back to the threads. A read past the durable offset (a follower) still
+    does, and so does one that stopped short of it (a consumer catching up, which would wait
+    behind each fsync on the loop)."""
+    fs = _Syncs()
+    log = _open(tmp_path, fs)
+
+    async def main() -> None:
+        assert await _one_at_a_time(log, fs, AFTER + 1) == LONE
+        for _ in range(3):  # a consumer tailing the partition between the commits
+            at = log.flushed_offset
+            assert log.read(at - 1, max_offset=at).next_offset == at
+            assert log.read(at, max_offset=at).data == b""  # a long poll finding nothing
+            assert await _one_at_a_time(log, fs, 1) == [True]
+        assert log.read(0, max_offset=log.log_end_offset + 1).data
+        assert await _one_at_a_time(log, fs, AFTER + 1) == [False] * (AFTER + 1)
+        await asyncio.sleep(log_module.INLINE_ALONE_S * 2)
+        assert await _one_at_a_time(log, fs, AFTER + 1) == LONE
+        short = log.read(0, 1, max_offset=log.flushed_offset)  # one batch of several
+        assert short.next_offset < log.flushed_offset
+        assert await _one_at_a_time(log, fs, AFTER + 1) == [False] * (AFTER + 1)
+
+    asyncio.run(main())
+    log.close()
+
+
+def test_a_read_of_what_is_durable_in_another_partition_keeps_the_commits_in_the_threads(
+    tmp_path: Path,
+) -> None:
+    """The exemption is for the committing partition's own readers: a consumer of another
+    partition would wait on the loop behind this one's fsyncs."""
+    fs, other_fs = _Syncs(), _Syncs()
+    log, other = _open(tmp_path / "a", fs), _open(tmp_path / "b", other_fs)
+
+    async def main() -> None:
+        await other.append_async(make_batch([b"x"]))
+        await asyncio.sleep(log_module.INLINE_ALONE_S * 2)
+        assert await _one_at_a_time(log, fs, AFTER + 1) == LONE
+        assert other.read(0, max_offset=other.flushed_offset).data
+        assert await _one_at_a_time(log, fs, AFTER + 2) == [False] * (AFTER + 2)
+
+    asyncio.run(main())
+    log.close()
+    other.close()
+
+
 def test_a_read_of_another_partition_keeps_the_commits_in_the_threads_a_while(
     tmp_path: Path,
 ) -> None:

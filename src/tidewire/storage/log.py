@@ -129,7 +129,10 @@ PREALLOCATE_WINDOW_MS = 1000
 #: of the process started an ``always`` commit within :data:`INLINE_ALONE_S` (partitions
 #: committing side by side keep their fsyncs parallel in the threads) and no log of the
 #: process was read within :data:`INLINE_ALONE_S` either (a reader waits on the loop too,
-#: and one that reads as the data comes reads between some commits, not all). Anything
+#: and one that reads as the data comes reads between some commits, not all), a read of the
+#: committing log that reached its durable offset aside (a consumer under ``always``, caught
+#: up, which waits for the commit wherever its fsync runs: :meth:`PartitionLog._count_read`).
+#: Anything
 #: else goes to the threads, and the count starts again. A slow fsync (on the loop or not)
 #: doubles the count needed, up to :data:`INLINE_FSYNC_AFTER_MAX` (a disk that stalls now and
 #: then does not stall the loop each time); it halves again after twice as many quick lone
@@ -1945,22 +1948,43 @@ class PartitionLog:
         """
         self._check_open()
         self._drain_writes()
-        _COMMITS.read_at = time.perf_counter()  # a reader: commits stay off the loop a while
-        for _ in range(64):  # each retry follows a newly found damaged range
-            try:
-                return self._read(offset, max_bytes, max_offset)
-            except CorruptBatchFound as exc:
-                seg = next(s for s in self._segments if s.log_path == exc.bad.path)
-                if not self._found_while_reading(seg, exc.bad):
-                    # Within a range known already: the walk should not have met it.
-                    known = self.damage_at(exc.bad.offset)
-                    raise PartitionCorruptError(
-                        f"offset {offset} of {self.directory}: {exc.bad.reason} "
-                        f"({exc.bad.path}, byte {exc.bad.position})",
-                        damage_start=-1 if known is None else known.start,
-                        damage_end=-1 if known is None else known.end,
-                    ) from None
-        raise PartitionCorruptError(f"{self.directory}: too many damaged ranges near {offset}")
+        next_offset = -1  # the read failed, or not
+        try:
+            for _ in range(64):  # each retry follows a newly found damaged range
+                try:
+                    result = self._read(offset, max_bytes, max_offset)
+                except CorruptBatchFound as exc:
+                    seg = next(s for s in self._segments if s.log_path == exc.bad.path)
+                    if not self._found_while_reading(seg, exc.bad):
+                        # Within a range known already: the walk should not have met it.
+                        known = self.damage_at(exc.bad.offset)
+                        raise PartitionCorruptError(
+                            f"offset {offset} of {self.directory}: {exc.bad.reason} "
+                            f"({exc.bad.path}, byte {exc.bad.position})",
+                            damage_start=-1 if known is None else known.start,
+                            damage_end=-1 if known is None else known.end,
+                        ) from None
+                else:
+                    next_offset = result.next_offset
+                    return result
+            raise PartitionCorruptError(f"{self.directory}: too many damaged ranges near {offset}")
+        finally:
+            self._count_read(max_offset, next_offset)
+
+    def _count_read(self, max_offset: int | None, next_offset: int) -> None:
+        """A read keeps group commits off the loop a while (see :data:`INLINE_FSYNC_AFTER`):
+        a reader waits on the loop too. Not a read of the log committing now that reached
+        its durable offset (a consumer under ``always``, caught up, waits for the commit
+        wherever its fsync runs); a read past that offset (a follower), one that stopped
+        short of it (a reader catching up, whose next fetch would wait behind each fsync on
+        the loop) or one of another log does."""
+        if (
+            _COMMITS.last != id(self)
+            or max_offset is None
+            or max_offset > self._flushed
+            or next_offset < max_offset
+        ):
+            _COMMITS.read_at = time.perf_counter()
 
     def damage_at(self, offset: int) -> Damage | None:
         """The damaged range holding ``offset``, or ``None``."""
