@@ -43,6 +43,7 @@ from tidewire.records import BatchBuilder, iter_batches
 from tidewire.records.batch import BATCH_OVERHEAD
 from tidewire.server import ServerConfig, TcpServer
 from tidewire.storage import FsyncPolicy, LogConfig
+from tidewire.storage import log as log_module
 
 T = "orders"
 LAG_MS = 10_000
@@ -488,6 +489,41 @@ def test_replica_fetch_answers_fenced_unknown_epoch_and_divergence(tmp_path: Pat
             async with AsyncClient(n2.addr) as c:
                 with pytest.raises(InvalidRequestError):
                     await c._t.request(req)
+
+    asyncio.run(main())
+
+
+def test_a_followers_read_of_a_durable_log_end_keeps_the_leaders_commits_off_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower copies what the leader has appended, durable or not: its read counts as a
+    read for the leader's lone commits (``INLINE_FSYNC_AFTER``) even once every commit is
+    done, when the log end is the durable offset (where a caught-up consumer's read, which
+    waits for the next commit anyway, does not)."""
+    monkeypatch.setattr(log_module, "_COMMITS", log_module._Commits())
+
+    async def main() -> None:
+        async with cluster(tmp_path, n=2, log_config=LogConfig(fsync=FsyncPolicy.ALWAYS)) as (
+            nodes,
+            _,
+        ):
+            n1 = nodes[0]
+            await n1.rep.become_leader(T, 0, epoch=1, replicas=(1, 2), isr=(1,))
+            await n1.broker.produce(T, 0, _batch(b"x"), durable=False)
+            plog = n1.broker.log(T, 0)
+            await plog.flush_async()
+            commits = log_module._COMMITS
+            assert commits.last == id(plog)  # this log started the last commit
+            assert plog.flushed_offset == plog.log_end_offset == 1
+            commits.read_at = -1.0
+            results, data = await n1.rep.replica_fetch(
+                ReplicaFetchRequest(
+                    node_id=2, max_wait_ms=0, partitions=[ReplicaFetchPartition(T, 0, 0, 1)]
+                )
+            )
+            assert results[0].error_code == 0
+            assert data
+            assert commits.read_at > 0
 
     asyncio.run(main())
 

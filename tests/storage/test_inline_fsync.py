@@ -195,7 +195,13 @@ def test_a_read_of_what_is_durable_leaves_the_partitions_commits_on_the_loop(
             assert log.read(at - 1, max_offset=at).next_offset == at
             assert log.read(at, max_offset=at).data == b""  # a long poll finding nothing
             assert await _one_at_a_time(log, fs, 1) == [True]
-        assert log.read(0, max_offset=log.log_end_offset + 1).data
+        # A read past the durable offset: up to a batch written but not yet fsynced.
+        log.append(make_batch([b"not durable yet"]))
+        end = log.log_end_offset
+        assert log.flushed_offset < end
+        assert log.read(log.flushed_offset, max_offset=end).next_offset == end
+        await log.flush_async()  # one batch, alone: on the loop but for that read
+        assert fs.threads[-1] != threading.get_ident()
         assert await _one_at_a_time(log, fs, AFTER + 1) == [False] * (AFTER + 1)
         await asyncio.sleep(log_module.INLINE_ALONE_S * 2)
         assert await _one_at_a_time(log, fs, AFTER + 1) == LONE

@@ -726,7 +726,11 @@ class ReplicaManager:
                     self._progress(key, led)
                 chunk = b""
                 if p.offset < plog.log_end_offset:
-                    r = plog.read(p.offset, max(budget, 1), max_offset=plog.log_end_offset)
+                    # To the log end, and no bound given: a bound at the durable offset (the
+                    # log end once every commit is done) would read as a caught-up consumer's,
+                    # which leaves the log's lone commits on the loop (PartitionLog._count_read);
+                    # this node's next copy to the follower would wait behind each one.
+                    r = plog.read(p.offset, max(budget, 1))
                     if budget < max_bytes and len(r.data) > budget:  # only the first may exceed
                         chunk = b""
                     else:

@@ -132,11 +132,10 @@ PREALLOCATE_WINDOW_MS = 1000
 #: and one that reads as the data comes reads between some commits, not all), a read of the
 #: committing log that reached its durable offset aside (a consumer under ``always``, caught
 #: up, which waits for the commit wherever its fsync runs: :meth:`PartitionLog._count_read`).
-#: Anything
-#: else goes to the threads, and the count starts again. A slow fsync (on the loop or not)
-#: doubles the count needed, up to :data:`INLINE_FSYNC_AFTER_MAX` (a disk that stalls now and
-#: then does not stall the loop each time); it halves again after twice as many quick lone
-#: commits in a row.
+#: Anything else goes to the threads, and the count starts again. A slow fsync (on the loop
+#: or not) doubles the count needed, up to :data:`INLINE_FSYNC_AFTER_MAX` (a disk that
+#: stalls now and then does not stall the loop each time); it halves again after twice as
+#: many quick lone commits in a row.
 INLINE_FSYNC_AFTER = 4
 INLINE_FSYNC_AFTER_MAX = 1024
 INLINE_FSYNC_MAX_S = 0.002
@@ -1975,9 +1974,11 @@ class PartitionLog:
         """A read keeps group commits off the loop a while (see :data:`INLINE_FSYNC_AFTER`):
         a reader waits on the loop too. Not a read of the log committing now that reached
         its durable offset (a consumer under ``always``, caught up, waits for the commit
-        wherever its fsync runs); a read past that offset (a follower), one that stopped
-        short of it (a reader catching up, whose next fetch would wait behind each fsync on
-        the loop) or one of another log does."""
+        wherever its fsync runs); a read without a bound or one past that offset (a
+        follower's, to the log end), one that stopped short of its bound (a reader catching
+        up, whose next fetch would wait behind each fsync on the loop) or one of another log
+        does. A read bounded below the durable offset (by a leader's high watermark) that
+        reached its bound is left out too."""
         if (
             _COMMITS.last != id(self)
             or max_offset is None
