@@ -6,14 +6,14 @@ whose writes are refused."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import pytest
 
 from tests.cluster._etcd import EtcdServer
 from tidewire.cluster.controller import Controller, assign, elect
-from tidewire.cluster.etcd import EtcdClient, EtcdError, Lease
+from tidewire.cluster.etcd import EtcdClient, EtcdError, KeyValue, Lease, WatchEvent
 from tidewire.cluster.lost_tail import LostTail
 from tidewire.cluster.metadata import (
     NO_LEADER,
@@ -242,5 +242,89 @@ def test_the_controller_moves_on_when_it_goes_and_a_deposed_one_writes_nothing(
             assert await store.set_partition(
                 "t", 0, current[0], current[1], nodes[1].controller.fence
             )
+
+    asyncio.run(main())
+
+
+class _HeldWatch(EtcdClient):
+    """An etcd client whose watch brings only the batches the test hands it (the rest is
+    etcd's)."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__([endpoint], timeout_s=5)
+        self.batches: asyncio.Queue[list[WatchEvent]] = asyncio.Queue()
+
+    async def watch(
+        self, key: str | bytes, *, prefix: bool = False, start_revision: int = 0
+    ) -> AsyncIterator[list[WatchEvent]]:
+        while True:
+            yield await self.batches.get()
+
+
+class _LookedAt(asyncio.Event):
+    """A copy's ``changed`` event as another waiter of the copy leaves it (a request's or a
+    test's ``wait_for``, woken in the same loop turn as the watch): cleared once that waiter
+    has looked, right after each change. ``on_clear`` runs at the next clear, once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_clear: Callable[[], None] | None = None
+
+    def set(self) -> None:
+        super().set()
+        super().clear()
+
+    def clear(self) -> None:
+        super().clear()
+        hook, self.on_clear = self.on_clear, None
+        if hook is not None:
+            hook()
+
+
+def test_a_change_that_comes_as_the_controller_goes_to_wait_is_acted_on(
+    etcd: EtcdServer,
+) -> None:
+    """The copy's ``changed`` event is shared, and its other waiters clear it once they have
+    looked. A node's leaving that the copy applies after the controller's pass but before its
+    waiter's first turn, with such a clear between them, must still start a pass: the
+    partition that node led moves to its in-sync follower without any later change."""
+
+    async def main() -> None:
+        c = _HeldWatch(etcd.endpoint)
+        async with c:
+            store = MetadataStore(c, "test")
+            leases = [Lease(c, ttl_s=5), Lease(c, ttl_s=5)]
+            for node_id, lease in enumerate(leases, 1):
+                await lease.start()
+                await store.register(NodeInfo(node_id, "127.0.0.1", 9000 + node_id), lease.id)
+            assert await store.create_topic(TopicInfo("t", 1, 2), [[2, 1]], None)
+            cache = MetadataCache(store)
+            await cache.load()
+            cache.changed = event = _LookedAt()
+            cache.start()
+            # Node 2, the leader, goes; the copy learns it as the controller, its first pass
+            # done (node 2 alive in it), goes to wait: at the controller's clear.
+            await leases[1].close()
+            _, revoked = await c.range(store.root, prefix=True)
+            gone = WatchEvent("DELETE", KeyValue(store.node_key(2).encode(), b"", 0, revoked, 0, 0))
+            event.on_clear = lambda: c.batches.put_nowait([gone])
+            controller = Controller(store, cache, 1, leases[0])
+            written: list[PartitionState] = []
+            moved = asyncio.Event()
+
+            def wrote(before: PartitionState, after: PartitionState) -> None:
+                written.append(after)
+                moved.set()
+
+            controller.on_written = wrote
+            controller.start()
+            try:
+                await asyncio.wait_for(moved.wait(), WAIT_S)
+            finally:
+                await controller.close()
+                await cache.close()
+                await leases[0].close()
+            assert cache.revision == revoked
+            assert written == [PartitionState((2, 1), 1, 1, (1,))]
 
     asyncio.run(main())

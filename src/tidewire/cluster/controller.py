@@ -190,13 +190,14 @@ class Controller:
             if not await self.reconcile():
                 log.warning("node %d: no longer the controller", self.node_id)
                 return
-            # A change that came while the pass awaited etcd is not waited for (its event
-            # may be cleared by now: the copy's event is shared): another pass at once.
-            if self.cache.revision != seen:
-                continue
-            self.cache.changed.clear()
+            # The next pass comes with the first change after the revision this one read (at
+            # once for one that came while it awaited etcd). Waited for on the revision, not
+            # on the copy's event: that is shared, and its other waiters clear it once they
+            # have looked. A change applied between this turn and the waiter's first one,
+            # with such a clear in between, was slept through: the partitions of a node that
+            # had just left kept it as their leader until some later change (none may come).
             lost = asyncio.ensure_future(self.lease.lost.wait())
-            changed = asyncio.ensure_future(self.cache.changed.wait())
+            changed = asyncio.ensure_future(self.cache.wait_past(seen))
             try:
                 await asyncio.wait({lost, changed}, return_when=asyncio.FIRST_COMPLETED)
             finally:

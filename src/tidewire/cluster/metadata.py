@@ -399,6 +399,17 @@ class MetadataCache:
                 self.changed.clear()
                 await self.changed.wait()
 
+    async def wait_past(self, revision: int) -> None:
+        """Until the copy holds a change after ``revision`` (at once when it does already).
+
+        Decided on the copy's revision, not on :attr:`changed` alone, so that it may be
+        started as a task: the event is shared, and another waiter clears it once it has
+        looked, so a task whose first turn came after a change and such a clear would wait
+        on the event for the next change."""
+        while self.revision <= revision:
+            self.changed.clear()
+            await self.changed.wait()
+
     async def _follow(self) -> None:
         while True:
             try:
