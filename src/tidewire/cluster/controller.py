@@ -197,7 +197,11 @@ class Controller:
             # with such a clear in between, was slept through: the partitions of a node that
             # had just left kept it as their leader until some later change (none may come).
             lost = asyncio.ensure_future(self.lease.lost.wait())
-            changed = asyncio.ensure_future(self.cache.wait_past(seen))
+
+            def past(seen: int = seen) -> bool:
+                return self.cache.revision > seen
+
+            changed = asyncio.ensure_future(self.cache.wait_for(past, None))
             try:
                 await asyncio.wait({lost, changed}, return_when=asyncio.FIRST_COMPLETED)
             finally:

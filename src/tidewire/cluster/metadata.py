@@ -392,23 +392,15 @@ class MetadataCache:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> None:
-        """Until ``predicate()`` holds over the copy (checked after each change)."""
+    async def wait_for(self, predicate: Callable[[], bool], timeout_s: float | None) -> None:
+        """Until ``predicate()`` holds over the copy (checked after each change; no limit
+        when ``timeout_s`` is None). Decided on the predicate, not on :attr:`changed` alone,
+        so that it may be started as a task: the event is shared and each waiter clears it
+        once it has looked."""
         async with asyncio.timeout(timeout_s):
             while not predicate():
                 self.changed.clear()
                 await self.changed.wait()
-
-    async def wait_past(self, revision: int) -> None:
-        """Until the copy holds a change after ``revision`` (at once when it does already).
-
-        Decided on the copy's revision, not on :attr:`changed` alone, so that it may be
-        started as a task: the event is shared, and another waiter clears it once it has
-        looked, so a task whose first turn came after a change and such a clear would wait
-        on the event for the next change."""
-        while self.revision <= revision:
-            self.changed.clear()
-            await self.changed.wait()
 
     async def _follow(self) -> None:
         while True:

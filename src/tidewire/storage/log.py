@@ -1947,28 +1947,33 @@ class PartitionLog:
         """
         self._check_open()
         self._drain_writes()
-        next_offset = -1  # the read failed, or not
         try:
-            for _ in range(64):  # each retry follows a newly found damaged range
-                try:
-                    result = self._read(offset, max_bytes, max_offset)
-                except CorruptBatchFound as exc:
-                    seg = next(s for s in self._segments if s.log_path == exc.bad.path)
-                    if not self._found_while_reading(seg, exc.bad):
-                        # Within a range known already: the walk should not have met it.
-                        known = self.damage_at(exc.bad.offset)
-                        raise PartitionCorruptError(
-                            f"offset {offset} of {self.directory}: {exc.bad.reason} "
-                            f"({exc.bad.path}, byte {exc.bad.position})",
-                            damage_start=-1 if known is None else known.start,
-                            damage_end=-1 if known is None else known.end,
-                        ) from None
-                else:
-                    next_offset = result.next_offset
-                    return result
-            raise PartitionCorruptError(f"{self.directory}: too many damaged ranges near {offset}")
-        finally:
-            self._count_read(max_offset, next_offset)
+            result = self._read_through_damage(offset, max_bytes, max_offset)
+        except BaseException:
+            self._count_read(max_offset, -1)
+            raise
+        self._count_read(max_offset, result.next_offset)
+        return result
+
+    def _read_through_damage(
+        self, offset: int, max_bytes: int, max_offset: int | None
+    ) -> ReadResult:
+        """:meth:`_read`, again past each damaged range it finds (see :meth:`read`)."""
+        for _ in range(64):  # each retry follows a newly found damaged range
+            try:
+                return self._read(offset, max_bytes, max_offset)
+            except CorruptBatchFound as exc:
+                seg = next(s for s in self._segments if s.log_path == exc.bad.path)
+                if not self._found_while_reading(seg, exc.bad):
+                    # Within a range known already: the walk should not have met it.
+                    known = self.damage_at(exc.bad.offset)
+                    raise PartitionCorruptError(
+                        f"offset {offset} of {self.directory}: {exc.bad.reason} "
+                        f"({exc.bad.path}, byte {exc.bad.position})",
+                        damage_start=-1 if known is None else known.start,
+                        damage_end=-1 if known is None else known.end,
+                    ) from None
+        raise PartitionCorruptError(f"{self.directory}: too many damaged ranges near {offset}")
 
     def _count_read(self, max_offset: int | None, next_offset: int) -> None:
         """A read keeps group commits off the loop a while (see :data:`INLINE_FSYNC_AFTER`):
