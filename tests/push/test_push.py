@@ -31,11 +31,12 @@ from tidewire.protocol.messages import (
     PushBody,
     SubscribePartition,
     SubscribeRequest,
+    SubscribeResponse,
     UnsubscribeRequest,
     decode_body,
 )
 from tidewire.records import iter_batches
-from tidewire.server import TcpServer
+from tidewire.server import TcpServer, push
 from tidewire.server.push import Subscription
 
 TOPIC = "events"
@@ -146,6 +147,95 @@ def test_a_batch_larger_than_the_whole_credit_goes_alone(tmp_path: Path) -> None
                 assert [r.offset for r in got] == list(range(50))
                 assert s.stats.peak_in_flight <= 100 + largest
                 assert s.stats.largest_frame == largest
+
+    run(main())
+
+
+def test_credit_for_small_pushes_goes_back_in_quarters_of_the_window(tmp_path: Path) -> None:
+    """Pushes taken one at a time are not each given back: the grant waits for a quarter of
+    the window (one request for many pushes), then carries all that was taken."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (_, server), AsyncClient(addr(server)) as c:
+            await c.create_topic(TOPIC, 1)
+            async with AsyncSubscriber(addr(server), credit_bytes=16 * 1024) as sub:
+                await sub.subscribe([(TOPIC, 0, 0)])
+                s = only_subscription(server)
+                quarter = 4 * 1024
+                taken = 0
+                while sub.stats.received < quarter:  # one batch of 1 KB at a time
+                    assert sub.stats.granted == 0
+                    await produce(c, 1, per_batch=1, size=1000)
+                    got = await take(sub, 1)
+                    taken += len(got)
+                assert taken >= 4
+                await until(lambda: s.stats.granted > 16 * 1024, "a grant")
+                assert sub.stats.granted == sub.stats.received  # all that was taken at once
+                assert s.stats.asks == 0
+
+    run(main())
+
+
+def test_a_batch_waiting_for_credit_asks_for_what_was_taken(tmp_path: Path) -> None:
+    """Small grants held back (under a quarter) would keep a batch larger than the credit left
+    waiting for ever: the broker asks once, and the subscriber gives back what it took (at
+    once when it holds nothing, else when the last record held is taken)."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (_, server), AsyncClient(addr(server)) as c:
+            await c.create_topic(TOPIC, 1)
+            async with AsyncSubscriber(addr(server), credit_bytes=64 * 1024) as sub:
+                await sub.subscribe([(TOPIC, 0, 0)])
+                s = only_subscription(server)
+                await produce(c, 1, per_batch=1, size=1000)
+                assert len(await take(sub, 1)) == 1  # taken, not given back (under a quarter)
+                await produce(c, 1, per_batch=1, size=1000)
+                await until(lambda: sub.stats.received > 1000, "a second push")  # held
+                await produce(c, 1, per_batch=1, size=63 * 1024)  # over the credit left
+                await until(lambda: s.stats.asks == 1, "the broker asks")
+                for _ in range(20):
+                    await asyncio.sleep(0)
+                assert s.stats.asks == 1  # once a wait
+                assert sub.stats.granted == 0  # one record is still held
+                got = await take(sub, 2)  # the held one, then the big batch, sent alone
+                assert [r.offset for r in got] == [1, 2]
+                assert got[1].value is not None
+                assert len(got[1].value) == 63 * 1024
+                # Again, holding nothing: the ask is answered from the push's read.
+                await produce(c, 1, per_batch=1, size=1000)
+                assert [r.offset for r in await take(sub, 1)] == [3]
+                await produce(c, 1, per_batch=1, size=63 * 1024)
+                got = await take(sub, 1)
+                assert [r.offset for r in got] == [4]
+                assert s.stats.asks == 2
+
+    run(main())
+
+
+def test_an_earlier_server_that_never_asks_gets_credit_back_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that does not say it asks for credit (an earlier version) gets every byte
+    back as soon as the subscriber holds nothing: a batch larger than the credit left never
+    waits."""
+
+    async def main() -> None:
+        real = push.Subscriptions._subscribe
+
+        def earlier(self: push.Subscriptions, req: SubscribeRequest) -> SubscribeResponse:
+            response = real(self, req)
+            response.asks_for_credit = False
+            return response
+
+        monkeypatch.setattr(push.Subscriptions, "_subscribe", earlier)
+        async with serve(tmp_path) as (_, server), AsyncClient(addr(server)) as c:
+            await c.create_topic(TOPIC, 1)
+            async with AsyncSubscriber(addr(server), credit_bytes=64 * 1024) as sub:
+                await sub.subscribe([(TOPIC, 0, 0)])
+                for i in range(3):
+                    await produce(c, 1, per_batch=1, size=1000)
+                    assert [r.offset for r in await take(sub, 1)] == [i]
+                    await until(lambda: sub.stats.granted == sub.stats.received, "a grant")
 
     run(main())
 

@@ -2,12 +2,13 @@
 
 A subscriber subscribes once (SUBSCRIBE) to partitions from their positions; the broker then
 sends record batches as they are appended, while the subscriber has credit. The subscriber
-grants credit back (CREDIT) as the application takes records, so it never holds more than
-``credit_bytes`` of batches per connection (plus one batch larger than that, sent alone) and
-the broker never sends more. A lost connection is reopened (with backoff) and the
-subscription made again from the offset after the last record handed out: delivery is driven
-by the broker's log, so nothing is lost or skipped across a reconnect (duplicates: none
-either, as records below the position are dropped here).
+grants credit back (CREDIT) as the application takes records (in quarters of the window, or
+all of it when the broker asks: a batch larger than the credit left waits for it), so it
+never holds more than ``credit_bytes`` of batches per connection (plus one batch larger than
+that, sent alone) and the broker never sends more. A lost connection is reopened (with
+backoff) and the subscription made again from the offset after the last record handed out:
+delivery is driven by the broker's log, so nothing is lost or skipped across a reconnect
+(duplicates: none either, as records below the position are dropped here).
 
 **In a cluster** each partition is delivered by its leader only (a node refuses the others
 with :class:`~tidewire.errors.NotLeaderError`): the subscriber learns the leaders from the
@@ -111,6 +112,10 @@ class _Link:
     #: (-1: none); one grant at a time either way.
     credit_corr: int = -1
     last_push: float = 0.0  # the loop's time of its last push (or subscription)
+    #: The server asks for credit when a batch waits for it (``asks_for_credit``), so
+    #: small grants may be held back; else credit goes back at once when nothing is held.
+    lazy: bool = False
+    asked: bool = False  # a push with ``credit_wanted`` came, and not all was given back
 
 
 @dataclass(slots=True)
@@ -370,6 +375,7 @@ class AsyncSubscriber:
             assert response is not None
             body = response.body
             if not body.error_code:
+                link.lazy = body.asks_for_credit
                 break
             self._retire(link)
             moved: list[TP] = []
@@ -480,6 +486,11 @@ class AsyncSubscriber:
                 self._errors.append(error)
             self._arrived.set()
             return
+        if body.credit_wanted:  # a batch waits until everything taken is given back
+            link.asked = True
+            if self._should_grant(link):
+                self._grant(link)
+            return
         size = len(ev.data)
         if size:
             buf, start = data_window(ev.data)
@@ -542,19 +553,31 @@ class AsyncSubscriber:
                 link.to_grant += f.size
                 if not granting or granting[-1] is not link:
                     granting.append(link)
-        # Give credit back in quarters of the window (fewer requests), or all of it once
-        # nothing of the link is held (so an idle subscriber never leaves a node waiting).
         for link in granting:
-            if link.to_grant and (link.to_grant >= self.credit_bytes // 4 or not link.buffered):
+            if self._should_grant(link):
                 self._grant(link)
         return out
 
+    def _should_grant(self, link: _Link) -> bool:
+        """Whether ``link.to_grant`` goes back now: in quarters of the window (few requests),
+        or all of it once nothing of the link is held and its node asked for it (a batch
+        larger than the credit left waits for every byte sent before) or cannot ask (an
+        earlier server: then at once, so an idle subscriber never leaves a node waiting).
+        A subscriber that keeps up with a modest rate so sends a grant per quarter of the
+        window, not one per push (a request, its answer and a wake-up on either side)."""
+        return link.to_grant > 0 and (
+            link.to_grant >= self.credit_bytes // 4
+            or (not link.buffered and (link.asked or not link.lazy))
+        )
+
     def _grant(self, link: _Link) -> None:
         """Give ``link.to_grant`` bytes back to its subscription: written now and answered
-        in the read callback where the connection allows (no task, no loop turn: a lone
-        message's credit costs its poll a request write), else by a task."""
+        in the read callback where the connection allows (no task, no loop turn), else by
+        a task."""
         if link.credit_task is not None or link.credit_corr >= 0 or link.sid < 0 or link.lost:
             return
+        if not link.buffered:
+            link.asked = False  # everything taken goes back with this grant
         n, link.to_grant = link.to_grant, 0
         sid, t = link.sid, link.transport
         corr = t.request_soon(
@@ -598,7 +621,7 @@ class AsyncSubscriber:
             link.lost = True  # resubscribing resets the credit
             self._lost = True
             self._arrived.set()
-        if link.to_grant and not link.lost and sid == link.sid:
+        if not link.lost and sid == link.sid and self._should_grant(link):
             self._grant(link)
 
     async def poll(

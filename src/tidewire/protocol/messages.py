@@ -1063,6 +1063,9 @@ class SubscribeResponse(Body, kw_only=True, omit_defaults=True):
     results: list[PartitionResult] = msgspec.field(default_factory=list)
     error_code: int = 0
     error_message: str = ""
+    #: The server sends a push with ``credit_wanted`` when a batch waits for credit, so the
+    #: client may hold small grants back (an earlier server never does: absent, False).
+    asks_for_credit: bool = False
 
 
 class CreditRequest(Body, kw_only=True, omit_defaults=True):
@@ -1105,6 +1108,9 @@ class PushBody(msgspec.Struct, kw_only=True, omit_defaults=True):
     #: With PartitionCorruptError (32): the damaged range that ended delivery (as FETCH's).
     damage_start: int = -1
     damage_end: int = -1
+    #: No data: a batch larger than the credit left waits until every byte sent before is
+    #: given back (the oversized-batch rule), so the client should give back what it took.
+    credit_wanted: bool = False
 
 
 # --- authentication -----------------------------------------------------------------------------

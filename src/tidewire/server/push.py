@@ -13,7 +13,10 @@ connection's write buffer, and that is bounded by the credit:
 - **the oversized-batch rule**: a single batch larger than the credit is sent (alone) only
   when the credit is at least the whole window, that is when the client has given back every
   byte sent before; the credit then goes below zero and nothing more is sent until grants
-  bring it above zero again. So at most ``window + one batch`` bytes are in flight.
+  bring it above zero again. So at most ``window + one batch`` bytes are in flight. While
+  such a batch waits, the client is told once (a push with no data and ``credit_wanted``;
+  again after each grant that did not let it go): a client may hold small grants back (ours
+  gives credit back in quarters of the window) and would otherwise never know.
 - a subscription also waits while the socket's write buffer is over its high-water mark
   (``pause_writing``), like every answer on the connection.
 - **best effort** (``best_effort``): when a partition's position is more than
@@ -118,6 +121,7 @@ class SubscriptionStats:
     peak_in_flight: int = 0
     largest_frame: int = 0
     dropped: int = 0
+    asks: int = 0  # pushes with credit_wanted (a batch waited for credit)
 
 
 @dataclass(slots=True)
@@ -133,6 +137,8 @@ class Subscription:
     stats: SubscriptionStats = field(default_factory=SubscriptionStats)
     credit_changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    #: A push with ``credit_wanted`` was sent and no grant has come since.
+    asked: bool = False
 
     @property
     def in_flight(self) -> int:
@@ -142,6 +148,7 @@ class Subscription:
     def grant(self, n: int) -> None:
         self.credit += n
         self.stats.granted += n
+        self.asked = False
         self.credit_changed.set()
 
 
@@ -269,7 +276,7 @@ class Subscriptions:
         sub = Subscription(sid, parts, req.credit_bytes, req.best_effort, req.max_lag_bytes)
         sub.grant(req.credit_bytes)
         self.subs[sid] = sub
-        return SubscribeResponse(subscription_id=sid, results=results)
+        return SubscribeResponse(subscription_id=sid, results=results, asks_for_credit=True)
 
     def _check_leader(self, topic: str, partition: int) -> bool:
         """In a cluster: whether this node leads the partition (True), or has no role for it
@@ -373,7 +380,20 @@ class Subscriptions:
         if not size:
             return _IDLE
         if size > sub.credit and sub.credit < sub.window:
-            return _NO_CREDIT  # one batch larger than the credit: only with nothing in flight
+            # One batch larger than the credit: only with nothing in flight. A client may
+            # hold small grants back, so it is asked (once a wait) for what it has taken.
+            if not sub.asked:
+                sub.asked = True
+                sub.stats.asks += 1
+                self._push(
+                    sub,
+                    part,
+                    offset=part.position,
+                    next_offset=part.position,
+                    hw=r.high_watermark,
+                    credit_wanted=True,
+                )
+            return _NO_CREDIT
         start, part.position = part.position, r.next_offset
         self.broker.count_delivered(part.topic, part.partition, max(r.next_offset - start, 0), size)
         sub.credit -= size
@@ -418,6 +438,7 @@ class Subscriptions:
         hw: int,
         data: bytes = b"",
         error: TidewireError | None = None,
+        credit_wanted: bool = False,
     ) -> None:
         body = PushBody(
             topic=part.topic,
@@ -428,6 +449,7 @@ class Subscriptions:
             dropped=part.dropped,
             error_code=0 if error is None else error.code,
             error_message="" if error is None else error.message,
+            credit_wanted=credit_wanted,
         )
         if isinstance(error, PartitionCorruptError):
             body.damage_start, body.damage_end = error.damage_start, error.damage_end
