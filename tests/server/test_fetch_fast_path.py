@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.server._support import ALL, LONG_POLL_MS, Client, batch, records, serve
+from tests.server._support import ALL, LONG_POLL_MS, Client, batch, records, reset, serve
+from tidewire.errors import BackpressureError, UnknownTopicError
 from tidewire.protocol.messages import (
     ApiKey,
     CreateTopicRequest,
@@ -64,7 +65,7 @@ def broker_delivered(server: Any) -> int:
     return int(server.broker.stats.delivered)
 
 
-def test_a_fetch_that_waits_takes_the_task_and_is_woken(
+def test_a_fetch_that_waits_takes_no_task_and_is_answered_by_the_append(
     tmp_path: Path, tasks_of: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tried: list[Any] = []
@@ -74,22 +75,121 @@ def test_a_fetch_that_waits_takes_the_task_and_is_woken(
         tried.append(req)
         return inner(b, req)
 
-    # A reader caught up goes straight to the task, without a read that finds nothing.
+    # A reader caught up waits without a read that finds nothing, and without a task.
     monkeypatch.setattr(tcp, "fetch_now", counted)
 
     async def main() -> None:
-        async with serve(tmp_path) as (_, server), Client.connect(server) as c:
+        async with serve(tmp_path) as (broker, server), Client.connect(server) as c:
             await c.call(CreateTopicRequest(name="t", config=TopicConfig(fsync="always")))
             async with Client.connect(server) as producer:
                 tasks_of.clear()
                 corr = c.send(_fetch(0, max_wait_ms=LONG_POLL_MS))
                 await c.writer.drain()
                 await c.ping()  # the fetch has reached its wait
-                assert tasks_of.count(FETCH) == 1
+                assert broker.fetch_waiters == 1
+                (conn,) = [x for x in server.connections if x.parked]
+                assert FETCH not in tasks_of
                 assert tried == []
                 await _produce(producer, [b"x"])
                 event = await c.response(corr)
                 assert [r.value for r in records(bytes(event.data))] == [b"x"]
+                assert FETCH not in tasks_of
+                assert (broker.fetch_waiters, conn.parked, broker._waiters) == (0, set(), {})
+                assert broker_delivered(server) == 1
+
+    asyncio.run(main())
+
+
+def test_a_waiting_fetch_is_answered_empty_when_its_wait_is_over(
+    tmp_path: Path, tasks_of: list[int]
+) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server), Client.connect(server) as c:
+            await c.call(CreateTopicRequest(name="t", config=TopicConfig(fsync="always")))
+            tasks_of.clear()
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            event = await c.rpc(_fetch(0, max_wait_ms=150))
+            waited = loop.time() - t0
+            (p,) = event.body.partitions
+            assert (p.error_code, p.size, p.high_watermark) == (0, 0, 0)
+            assert waited >= 0.14
+            assert FETCH not in tasks_of
+            assert (broker.fetch_waiters, broker._waiters) == (0, {})
+
+    asyncio.run(main())
+
+
+def test_a_waiting_fetch_whose_partition_goes_gets_the_task_paths_error(
+    tmp_path: Path, tasks_of: list[int]
+) -> None:
+    """Nothing is delivered from the wake-up's failed read: the task path reads again and
+    answers with the partition's own error."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server), Client.connect(server) as c:
+            await c.call(CreateTopicRequest(name="t", config=TopicConfig(fsync="always")))
+            tasks_of.clear()
+            corr = c.send(_fetch(0, max_wait_ms=LONG_POLL_MS))
+            await c.writer.drain()
+            await c.ping()
+            assert broker.fetch_waiters == 1
+            await broker.delete_topic_async("t")
+            event = await c.response(corr)
+            (p,) = event.body.partitions
+            assert p.error_code == UnknownTopicError.code
+            assert tasks_of.count(FETCH) == 1
+            assert (broker.fetch_waiters, broker._waiters) == (0, {})
+
+    asyncio.run(main())
+
+
+def test_a_waiting_fetch_of_a_connection_that_breaks_is_dropped(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server):
+            async with Client.connect(server) as c:
+                await c.call(CreateTopicRequest(name="t", config=TopicConfig(fsync="always")))
+                c.send(_fetch(0, max_wait_ms=LONG_POLL_MS))
+                await c.writer.drain()
+                await c.ping()
+                assert broker.fetch_waiters == 1
+                reset(c.writer)
+            while server.connections:
+                await asyncio.sleep(0.001)
+            assert (broker.fetch_waiters, broker._waiters) == (0, {})
+            async with Client.connect(server) as producer:
+                await _produce(producer, [b"x"])  # wakes nothing left behind
+
+    asyncio.run(main())
+
+
+def test_waiting_fetches_are_bounded_and_released_by_a_drain(
+    tmp_path: Path, tasks_of: list[int]
+) -> None:
+    """Past ``max_fetch_waiters`` a fetch is refused (the task path's BackpressureError);
+    a drain answers the waiting ones with what there is, then the connection goes away."""
+
+    async def main() -> None:
+        async with (
+            serve(tmp_path, broker={"max_fetch_waiters": 2}) as (broker, server),
+            Client.connect(server) as c,
+        ):
+            await c.call(CreateTopicRequest(name="t", config=TopicConfig(fsync="always")))
+            waiting = [c.send(_fetch(0, max_wait_ms=LONG_POLL_MS)) for _ in range(2)]
+            await c.writer.drain()
+            await c.ping()
+            assert broker.fetch_waiters == 2
+            tasks_of.clear()
+            refused = await c.response(c.send(_fetch(0, max_wait_ms=LONG_POLL_MS)))
+            assert refused.error is not None
+            assert refused.error.code == BackpressureError.code
+            assert tasks_of == [FETCH]
+            server.begin_drain()  # the server's part: the connection waits for them
+            broker.release_waiters()  # the broker's part
+            for corr in waiting:
+                (p,) = (await c.response(corr)).body.partitions
+                assert (p.error_code, p.size) == (0, 0)
+            assert (broker.fetch_waiters, broker._waiters) == (0, {})
 
     asyncio.run(main())
 

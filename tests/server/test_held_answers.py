@@ -236,6 +236,8 @@ def test_a_fetch_waiting_for_room_behind_held_answers_is_woken(
                 return inner_fetch_now(ev)
 
             conn._fetch_now = fetch_now
+            # The task's case: a fetch parked without a task checks for room as it answers.
+            conn._park_fetch = lambda ev, body: False
             inner_reserve = conn._reserve_output
             met_held: list[int] = []
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tidewire import _step
 from tidewire._tasks import cancel_and_wait
 from tidewire.broker.consumer_groups import ConsumerGroups
 from tidewire.broker.groups import GroupConfig, GroupCoordinator
@@ -359,8 +360,11 @@ class Broker:
         #: Principals, keys, ACLs and quotas (the __security log), loaded by start().
         self.security = SecurityStore(self.logs, self.security_config)
         self.bootstrap_key_file: Path | None = None
-        self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
+        #: Per partition, what waits for its next append: futures (a fetch's task, a
+        #: subscription), or :class:`ParkedFetch` (a fetch waiting without a task).
+        self._waiters: dict[tuple[str, int], set[_Waiter]] = {}
         self._n_waiters = 0
+        self._woken_parked: list[ParkedFetch] = []  # to read at the end of this step
         self._closing = False
         self._releases = 0  # bumped by release_waiters(): fetches waiting then return
         self._maintenance: asyncio.Task[None] | None = None
@@ -546,8 +550,8 @@ class Broker:
             self._groups = None
         if self._background:  # fsyncs that make acks=leader batches visible: let them end
             await asyncio.gather(*self._background, return_exceptions=True)
-        for futs in self._waiters.values():
-            for fut in futs:
+        for futs in list(self._waiters.values()):
+            for fut in list(futs):  # a parked fetch leaves the sets as it is woken
                 if not fut.done():
                     fut.set_result(None)
         if self._ids is not None:  # started, and not closed before
@@ -1712,6 +1716,41 @@ class Broker:
             return self._delivered(wants, results)
         return None
 
+    def park_fetch(
+        self,
+        wants: Sequence[tuple[str, int, int, int]],
+        answer: Callable[[list[FetchResult] | None], None],
+        *,
+        max_wait_ms: int,
+        min_bytes: int,
+        max_bytes: int,
+        room: Callable[[], bool],
+    ) -> ParkedFetch | None:
+        """:meth:`fetch` for a reader :meth:`fetch_now` left waiting, without a task: the
+        fetch waits on the partitions' wake-ups as a callback, and ``answer`` is called
+        once, with what :meth:`fetch` would have returned, as soon as it has it (in the
+        step that made the data visible, at its end: after the producers' answers and the
+        next group commit's start). ``answer(None)``: nothing was delivered, and the fetch
+        must be served the usual way (a partition failed, or ``room()`` said its answer
+        does not fit now). None: it cannot wait here (``max_fetch_waiters`` are waiting:
+        :meth:`fetch` refuses it). :meth:`ParkedFetch.cancel` drops it (its connection
+        closed)."""
+        if self._n_waiters >= self.config.max_fetch_waiters or self._closing:
+            return None
+        loop = self._running_loop()
+        wait = min(max_wait_ms, self.config.max_wait_ms) / 1000
+        parked = ParkedFetch(
+            self,
+            wants,
+            answer,
+            min_bytes,
+            min(max_bytes, self.config.fetch_max_bytes),
+            room,
+            loop.time() + wait,
+        )
+        parked.park(loop)
+        return parked
+
     def _delivered(
         self, wants: Sequence[tuple[str, int, int, int]], results: list[FetchResult]
     ) -> list[FetchResult]:
@@ -1843,7 +1882,7 @@ class Broker:
         if self._streams is not None:
             self._streams.release_waiters()
         for futs in list(self._waiters.values()):
-            for fut in futs:
+            for fut in list(futs):  # a parked fetch leaves the sets as it is woken
                 if not fut.done():
                     fut.set_result(None)
 
@@ -1860,7 +1899,7 @@ class Broker:
             self._groups.coordinator.close()
             self._groups.kafka.release_waiters()
 
-    def _add_waiter(self, key: tuple[str, int], fut: asyncio.Future[None]) -> None:
+    def _add_waiter(self, key: tuple[str, int], fut: _Waiter) -> None:
         """Make ``fut`` one of the waiters of partition ``key``; the partition's log wakes
         them itself (:attr:`PartitionLog.on_visible`) as soon as readers may see more: under
         ``always`` in the step that takes back the fsync, before the producers resume."""
@@ -1868,6 +1907,15 @@ class Broker:
         plog = self.logs.logs.get(key)
         if plog is not None and plog.on_visible is None:
             plog.on_visible = functools.partial(self._wake, *key)
+
+    def _read_parked(self) -> None:
+        """At the end of a step: read for the parked fetches it woke, and answer them."""
+        woken, self._woken_parked = self._woken_parked, []
+        for parked in woken:
+            try:
+                parked._read()
+            except Exception:  # a bug: the others still get their answers
+                log.exception("answering a waiting fetch failed")
 
     def _wake(self, topic: str, partition: int) -> None:
         waiters = self._waiters.pop((topic, partition), None)
@@ -1945,6 +1993,136 @@ def _refuse_reserved(topic: str) -> None:
             f"topic {topic!r} cannot be created: names beginning with "
             f"{RESERVED_TOPIC_PREFIX!r} are reserved for the broker's internal topics"
         )
+
+
+class ParkedFetch:
+    """A long-poll fetch waiting for data without a task (:meth:`Broker.park_fetch`).
+
+    It stands among a partition's waiters as a future would (``done``, ``set_result``): a
+    wake-up reads at once, or at the end of the step that woke it (the group commit's
+    callback, whose producers' answers and next commit go first), and answers if there is
+    enough, the wait is over or the broker released its waiters; else it waits again. The
+    time limit is a timer of the loop's."""
+
+    __slots__ = (
+        "_answer",
+        "_broker",
+        "_deadline",
+        "_done",
+        "_keys",
+        "_loop",
+        "_max_bytes",
+        "_min_bytes",
+        "_releases",
+        "_room",
+        "_timer",
+        "_wants",
+    )
+
+    def __init__(  # noqa: PLR0917 (one fetch's arguments, kept for its wake-ups)
+        self,
+        broker: Broker,
+        wants: Sequence[tuple[str, int, int, int]],
+        answer: Callable[[list[FetchResult] | None], None],
+        min_bytes: int,
+        max_bytes: int,
+        room: Callable[[], bool],
+        deadline: float,
+    ) -> None:
+        self._broker = broker
+        self._wants = wants
+        self._answer = answer
+        self._min_bytes = min_bytes
+        self._max_bytes = max_bytes
+        self._room = room
+        self._deadline = deadline
+        self._keys = {(t, p) for t, p, _, _ in wants}
+        self._releases = broker._releases
+        self._done = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def park(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Wait (again) on the partitions' wake-ups and the time left."""
+        b = self._broker
+        self._loop = loop
+        for key in self._keys:
+            b._add_waiter(key, self)
+        b._n_waiters += 1
+        self._timer = loop.call_at(self._deadline, self._woken)
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, _: None) -> None:
+        """A wake-up (as a waiting future's): read at the end of the step running, if one
+        is, else now."""
+        if self._done:
+            return
+        self._unpark()
+        b = self._broker
+        if _step.active():
+            b._woken_parked.append(self)
+            _step.defer(b._read_parked)
+        else:
+            self._read()
+
+    def cancel(self) -> None:
+        """Drop it, unanswered (its connection closed)."""
+        if not self._done:
+            self._unpark()
+            self._done = True
+
+    def _woken(self) -> None:  # the time limit
+        if not self._done:
+            self._unpark()
+            self._read()
+
+    def _unpark(self) -> None:
+        if self._timer is None:
+            return  # woken already (a second key's wake-up in the same step)
+        b = self._broker
+        self._timer.cancel()
+        self._timer = None
+        b._n_waiters -= 1
+        for key in self._keys:
+            waiters = b._waiters.get(key)
+            if waiters is not None:
+                waiters.discard(self)
+                if not waiters:
+                    del b._waiters[key]
+
+    def _read(self) -> None:
+        if self._done or self._timer is not None:
+            return  # answered, or waiting again
+        b = self._broker
+        answer = self._answer
+        if not self._room():
+            self._done = True
+            answer(None)
+            return
+        try:
+            results = b._read(self._wants, self._max_bytes)
+        except TidewireError:
+            self._done = True
+            answer(None)  # the usual way gives each partition its own error
+            return
+        enough = sum(len(r.data) for r in results) >= self._min_bytes
+        assert self._loop is not None
+        if (
+            enough
+            or b._closing
+            or b._releases != self._releases
+            or self._loop.time() >= self._deadline
+        ):
+            self._done = True
+            answer(b._delivered(self._wants, results))
+            return
+        self.park(self._loop)  # a wake-up is a hint: not enough yet
+
+
+#: What waits on a partition's wake-ups.
+_Waiter = asyncio.Future[None] | ParkedFetch
 
 
 async def _woken_or_timeout(fut: asyncio.Future[None], timeout_s: float | None) -> None:

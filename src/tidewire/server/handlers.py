@@ -528,6 +528,11 @@ def fetch_now(b: Broker, req: FetchRequest) -> Reply | None:
     return _fetch_reply(wants, list(results))
 
 
+def fetch_answer(wants: list[tuple[str, int, int, int]], results: list[FetchResult]) -> Reply:
+    """The answer of a fetch of ``wants`` that read ``results`` (one per partition)."""
+    return _fetch_reply(wants, list(results))
+
+
 def _fetch_reply(
     wants: list[tuple[str, int, int, int]], outcome: list[FetchResult | TidewireError]
 ) -> Reply:

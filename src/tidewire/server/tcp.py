@@ -2,9 +2,12 @@
 
 One :class:`TcpServer` accepts connections; each connection drives a sans-IO
 :class:`~tidewire.protocol.Connection` and runs one task per request (requests on one
-connection are answered in any order, matched by correlation id), except the common produce
-request on a single node (one partition, no principal, no tracing), which is appended in the
-read callback and answered from the step that settles it (``_produce_now``). Bounds:
+connection are answered in any order, matched by correlation id), except on a single node
+with no principal and no tracing: the common produce request is appended in the read callback
+and answered from the step that settles it (``_produce_now``), a fetch with data there is
+answered in the read callback (``_fetch_now``), and a caught-up reader's long-poll waits on
+the partitions' wake-ups as a callback, answered from the step that makes data visible
+(``_park_fetch``). Bounds:
 
 - ``max_connections``: beyond it a new connection is closed at once. Each connection holds a
   descriptor: at start the server checks that ``max_connections``, the broker's log files
@@ -57,8 +60,8 @@ from dataclasses import dataclass
 from typing import TypeVar, cast
 
 from tidewire import _step
-from tidewire.broker import Broker
-from tidewire.broker.core import DEFAULT_FETCH_MAX_BYTES
+from tidewire.broker import Broker, FetchResult
+from tidewire.broker.core import DEFAULT_FETCH_MAX_BYTES, ParkedFetch
 from tidewire.errors import (
     AuthenticationFailedError,
     InvalidConfigError,
@@ -107,7 +110,15 @@ from tidewire.security.tls import (
 )
 from tidewire.server.envelope import serve_envelope
 from tidewire.server.gate import SESSION_APIS, Session, gate_for, source_of
-from tidewire.server.handlers import HANDLERS, ServerInfo, fetch, fetch_now, produce, produce_soon
+from tidewire.server.handlers import (
+    HANDLERS,
+    ServerInfo,
+    fetch,
+    fetch_answer,
+    fetch_now,
+    produce,
+    produce_soon,
+)
 from tidewire.server.listening import close_listener
 from tidewire.server.needs import API_NEEDS
 from tidewire.server.push import MAX_SUBSCRIPTIONS, PUSH_APIS, Subscriptions
@@ -326,6 +337,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.tasks: set[asyncio.Task[None]] = set()
         #: Produce requests handled without a task (:meth:`_produce_now`) still unanswered.
         self.inline = 0
+        #: Long-poll fetches waiting without a task (:meth:`_park_fetch`).
+        self.parked: set[ParkedFetch] = set()
         #: Produce requests given a task that has not yet run: until they have appended, no
         #: later produce may take the path without a task (it would be appended first).
         self._produce_tasks = 0
@@ -479,6 +492,9 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             self._reset_timer.cancel()
         for task in self.tasks:
             task.cancel()
+        for parked in self.parked:
+            parked.cancel()
+        self.parked.clear()
         self.subscriptions.close()
         self.queues.close()  # what it held is delivered again
 
@@ -517,9 +533,12 @@ class _ClientProtocol(asyncio.BufferedProtocol):
                     self._produce_tasks += 1
                 elif event.api_key == _FETCH and self._fetch_now(event):
                     continue
-                task = (self.loop or asyncio.get_running_loop()).create_task(self._handle(event))
-                self.tasks.add(task)
-                task.add_done_callback(self._task_done)
+                self._start_task(event)
+
+    def _start_task(self, event: RequestReceived) -> None:
+        task = (self.loop or asyncio.get_running_loop()).create_task(self._handle(event))
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
 
     def _produce_now(self, ev: RequestReceived) -> bool:
         """Handle a produce request in the read callback itself, without a task, when nothing
@@ -604,11 +623,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
                 self._write(self.conn.send_response(cid, reply))
             if metrics.enabled:
                 metrics.observe_request("binary", "PRODUCE", time.perf_counter() - started, 0)
-            if not self.tasks and not self.inline:
-                if server.draining:
-                    self.go_away()
-                elif self.closing:
-                    self.close()
+            self._answered()
 
         self.inline += 1
         taken = False
@@ -632,15 +647,25 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             or tracing.tracer() is not None
         )
 
+    def _answered(self) -> None:
+        """A request answered without a task: the connection goes away or closes now if it
+        was waiting for that."""
+        if not self.tasks and not self.inline and not self.parked:
+            if self.server.draining:
+                self.go_away()
+            elif self.closing:
+                self.close()
+
     def _fetch_now(self, ev: RequestReceived) -> bool:
         """Answer a fetch in the read callback itself, without a task, when the broker has
         its answer at once (data there, or no wait asked for: a consumer that is behind) and
-        the answer fits under ``max_unsent_bytes`` now. A task costs a loop turn to start,
-        a coroutine a frame of the chain, and the answer nothing less.
+        the answer fits under ``max_unsent_bytes`` now; or, for a reader caught up on every
+        partition, let it wait without a task (:meth:`_park_fetch`). A task costs a loop turn
+        to start, a coroutine a frame of the chain, and the answer nothing less.
 
         On the fast path's terms (:meth:`_fast_path`) with the standard handler. False:
-        nothing was answered and nothing delivered (a fetch that must wait, a partition that
-        fails, no room for the answer yet), the request gets a task, which reads again.
+        nothing was answered and nothing delivered (a partition that fails, no room for the
+        answer yet, too many fetches waiting), the request gets a task, which reads again.
         """
         server = self.server
         body = ev.body
@@ -651,21 +676,83 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         ):
             return False
         broker = server.broker
+        caught_up = False
         if body.max_wait_ms > 0 and body.min_bytes > 0:
-            # A reader caught up on every partition waits: straight to the task, without a
-            # read here that finds nothing (errors, too, are the task path's to give).
+            # A reader caught up on every partition waits, without a read here that finds
+            # nothing; one past the end of some goes to the task, whose read tells it
+            # (errors are the task path's to give).
             try:
-                if all(
-                    p.offset >= broker.high_watermark(p.topic, p.partition) for p in body.partitions
-                ):
-                    return False
+                ends = [broker.high_watermark(p.topic, p.partition) for p in body.partitions]
             except TidewireError:
                 return False
+            offsets = [p.offset for p in body.partitions]
+            if any(o > end for o, end in zip(offsets, ends, strict=True)):
+                return False
+            caught_up = offsets == ends
         size = max(min(body.max_bytes, broker.config.fetch_max_bytes), 0)
         unsent = self._unsent()
         if unsent > 0 and unsent + size > server.config.max_unsent_bytes:
             return False  # the task waits for room (_reserve_output)
+        if caught_up:
+            return self._inline(self._park_fetch, ev, body)
         return self._inline(self._fetch_in_context, ev, body)
+
+    def _park_fetch(self, ev: RequestReceived, body: FetchRequest) -> bool:
+        """Let a caught-up reader's fetch wait for data without a task
+        (:meth:`~tidewire.broker.Broker.park_fetch`): it is answered from the step that
+        makes the data visible (a group commit's callback, once the producers' answers are
+        out). False: it cannot wait so (too many fetches waiting): the task path refuses it.
+        """
+        server = self.server
+        metrics = server.metrics
+        started = time.perf_counter() if metrics.enabled else 0.0
+        if self._refused_inline(ev, "FETCH", ApiKey.FETCH, body, started):
+            return True
+        wants = [(p.topic, p.partition, p.offset, p.max_bytes) for p in body.partitions]
+        size = max(min(body.max_bytes, server.broker.config.fetch_max_bytes), 0)
+        limit = server.config.max_unsent_bytes
+        parked: ParkedFetch | None = None
+
+        def room() -> bool:
+            unsent = self._unsent()
+            return not (unsent > 0 and unsent + size > limit)
+
+        def answer(results: list[FetchResult] | None) -> None:
+            self.parked.discard(parked)
+            if self._lost:
+                return
+            if results is None:  # nothing delivered: the usual way, in a task
+                self._start_task(ev)
+                return
+            reply, data = fetch_answer(wants, results)
+            assert reply is not None  # a fetch is always answered
+            self._write(self.conn.send_response(ev.correlation_id, reply, data))
+            if metrics.enabled:
+                metrics.observe_request("binary", "FETCH", time.perf_counter() - started, 0)
+            self._answered()
+
+        def answer_in_context(results: list[FetchResult] | None) -> None:
+            # Called from the step that woke it (another request's, maybe): in the fetch's
+            # own context, and a failure is the connection's, as a task's would be.
+            try:
+                ctx.run(answer, results)
+            except Exception as exc:
+                log.error("request handler failed", exc_info=exc)
+                self._fail(UnknownError(f"internal error: {exc!r}"))
+
+        ctx = contextvars.copy_context()
+        parked = server.broker.park_fetch(
+            wants,
+            answer_in_context,
+            max_wait_ms=body.max_wait_ms,
+            min_bytes=body.min_bytes,
+            max_bytes=body.max_bytes,
+            room=room,
+        )
+        if parked is None:
+            return False
+        self.parked.add(parked)
+        return True
 
     def _fetch_in_context(self, ev: RequestReceived, body: FetchRequest) -> bool:
         server = self.server
@@ -871,7 +958,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             log.error("request handler failed", exc_info=exc)
             self._fail(UnknownError(f"internal error: {exc!r}"))
             return
-        if self.tasks or self.inline:
+        if self.tasks or self.inline or self.parked:
             return
         if self.server.draining:
             self.go_away()
@@ -947,7 +1034,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         """The server drains: end the push subscriptions now; go away at once when nothing is
         in flight, else once the last answer is written (new requests are refused meanwhile)."""
         self.subscriptions.close()
-        if not self.tasks and not self.inline:
+        if not self.tasks and not self.inline and not self.parked:
             self.go_away()
 
     def go_away(self) -> None:
@@ -967,7 +1054,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
     def _close_when_done(self) -> None:
         self.closing = True
         self.subscriptions.close()
-        if not self.tasks and not self.inline:
+        if not self.tasks and not self.inline and not self.parked:
             self.close()
 
     def close(self) -> None:
@@ -1061,6 +1148,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         if (
             self.tasks
             or self.inline
+            or self.parked
             or ((self.subscriptions.subs or self.queues.consumers) and not midframe)
         ):
             # Waiting on the broker (a long-poll, a subscription caught up, a queue consumer
@@ -1210,7 +1298,7 @@ class TcpServer:
 
     def in_flight(self) -> int:
         """Requests being handled, on every connection."""
-        return sum(len(c.tasks) + c.inline for c in self.connections)
+        return sum(len(c.tasks) + c.inline + len(c.parked) for c in self.connections)
 
     def begin_drain(self) -> None:
         """Refuse new requests (``ShuttingDownError``), end push subscriptions, and close
@@ -1229,8 +1317,9 @@ class TcpServer:
         if pending and timeout > 0:
             await asyncio.wait(pending, timeout=timeout)
         # Produce requests handled without a task: answered when their append settles
-        # (an fsync at most, as a task's would), polled until then or the deadline.
-        while any(c.inline for c in self.connections) and loop.time() < deadline:
+        # (an fsync at most, as a task's would), and fetches waiting without one (answered
+        # once the broker's long-polls are released), polled until then or the deadline.
+        while any(c.inline or c.parked for c in self.connections) and loop.time() < deadline:
             await asyncio.sleep(min(0.005, max(deadline - loop.time(), 0)))
         return self.in_flight()
 
