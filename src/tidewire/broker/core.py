@@ -2062,8 +2062,12 @@ class ParkedFetch:
         self._unpark()
         b = self._broker
         if _step.active():
+            if not b._woken_parked:
+                # A new callable each time: a read put off earlier in this step may have run
+                # already (this wake-up came from a later one, a read writing a log's queued
+                # batches), and ``defer`` keeps a function it holds only once.
+                _step.defer(functools.partial(b._read_parked))
             b._woken_parked.append(self)
-            _step.defer(b._read_parked)
         else:
             self._read()
 

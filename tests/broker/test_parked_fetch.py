@@ -1,0 +1,56 @@
+"""Fetches waiting without a task (:meth:`Broker.park_fetch`): each is answered once, in
+time, however its wake-ups come."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from tests.broker._support import LONG_POLL_MS, PROMPT_S, batch, config, values
+from tidewire.broker import Broker, FetchResult
+from tidewire.storage import FsyncPolicy, LogConfig
+
+ALL = 1 << 20
+
+
+def test_a_fetch_woken_by_another_fetchs_read_is_answered(tmp_path: Path) -> None:
+    """Under ``interval`` a read writes the log's queued batches first, and so wakes its
+    waiters: one fetch's read at the end of a step may wake another. That one is answered in
+    the same step too, not left unparked (no timer, no wake-up) until some later step."""
+    hourly = LogConfig(fsync=FsyncPolicy.INTERVAL, flush_interval_ms=3_600_000)
+
+    async def main() -> None:
+        async with Broker(config(tmp_path, log=hourly)) as broker:
+            broker.create_topic("t", 2)
+            loop = asyncio.get_running_loop()
+            both: asyncio.Future[list[FetchResult] | None] = loop.create_future()
+            second: asyncio.Future[list[FetchResult] | None] = loop.create_future()
+
+            def park(wants: list[tuple[str, int, int, int]], fut: asyncio.Future[object]) -> None:
+                parked = broker.park_fetch(
+                    wants,
+                    fut.set_result,
+                    max_wait_ms=LONG_POLL_MS,
+                    min_bytes=1,
+                    max_bytes=ALL,
+                    room=lambda: True,
+                )
+                assert parked is not None
+
+            park([("t", 0, 0, ALL), ("t", 1, 0, ALL)], both)
+            park([("t", 1, 0, ALL)], second)
+            assert broker.fetch_waiters == 2
+            # Both appends queued in one turn: partition 0's writes (and wake-up) go first,
+            # and the first fetch's read of partition 1 writes its batch and wakes the other.
+            await asyncio.gather(
+                broker.produce("t", 0, batch([b"a"])), broker.produce("t", 1, batch([b"b"]))
+            )
+            got = await asyncio.wait_for(both, PROMPT_S)
+            assert got is not None
+            assert [values(r.data) for r in got] == [[(0, b"a")], [(0, b"b")]]
+            got = await asyncio.wait_for(second, 0.5)
+            assert got is not None
+            assert [values(r.data) for r in got] == [[(0, b"b")]]
+            assert (broker.fetch_waiters, broker._waiters, broker._woken_parked) == (0, {}, [])
+
+    asyncio.run(main())
