@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from tests.broker._support import LONG_POLL_MS, PROMPT_S, batch, config, values
 from tidewire.broker import Broker, FetchResult
 from tidewire.storage import FsyncPolicy, LogConfig
@@ -52,5 +54,43 @@ def test_a_fetch_woken_by_another_fetchs_read_is_answered(tmp_path: Path) -> Non
             assert got is not None
             assert [values(r.data) for r in got] == [[(0, b"b")]]
             assert (broker.fetch_waiters, broker._waiters, broker._woken_parked) == (0, {}, [])
+
+    asyncio.run(main())
+
+
+def test_a_bug_in_a_woken_fetchs_read_is_contained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The read of a woken fetch runs inside another's callback (here the producer's append):
+    an unexpected error there is logged and the fetch handed to the usual way with nothing
+    delivered (answer(None)); the append and the fetch's waiter count are left whole."""
+
+    async def main() -> None:
+        async with Broker(config(tmp_path)) as broker:
+            broker.create_topic("t", 1)
+            loop = asyncio.get_running_loop()
+            got: asyncio.Future[list[FetchResult] | None] = loop.create_future()
+            parked = broker.park_fetch(
+                [("t", 0, 0, ALL)],
+                got.set_result,
+                max_wait_ms=LONG_POLL_MS,
+                min_bytes=1,
+                max_bytes=ALL,
+                room=lambda: True,
+            )
+            assert parked is not None
+            real = Broker._read
+
+            def broken(self: Broker, *args: object) -> object:
+                monkeypatch.setattr(Broker, "_read", real)  # once
+                raise RuntimeError("a bug")
+
+            monkeypatch.setattr(Broker, "_read", broken)
+            await broker.produce("t", 0, batch([b"a"]))  # the append itself succeeds
+            assert await asyncio.wait_for(got, PROMPT_S) is None
+            assert (broker.fetch_waiters, broker._waiters) == (0, {})
+            assert broker.stats.delivered == 0
+            assert "answering a waiting fetch failed" in caplog.text
+            assert broker.high_watermark("t", 0) == 1
 
     asyncio.run(main())

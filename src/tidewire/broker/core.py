@@ -1912,10 +1912,7 @@ class Broker:
         """At the end of a step: read for the parked fetches it woke, and answer them."""
         woken, self._woken_parked = self._woken_parked, []
         for parked in woken:
-            try:
-                parked._read()
-            except Exception:  # a bug: the others still get their answers
-                log.exception("answering a waiting fetch failed")
+            parked._read()  # contained: a bug in one leaves the others answered
 
     def _wake(self, topic: str, partition: int) -> None:
         waiters = self._waiters.pop((topic, partition), None)
@@ -2097,6 +2094,19 @@ class ParkedFetch:
                     del b._waiters[key]
 
     def _read(self) -> None:
+        """Read, and answer or wait again. Contained: it runs inside another's callback (a
+        log's wake-up, a drain's release), which must not see a bug of this one; such a
+        fetch goes to the usual way, with nothing delivered."""
+        try:
+            self._read_or_wait()
+        except Exception:
+            log.exception("answering a waiting fetch failed")
+            if not self._done:
+                self._unpark()
+                self._done = True
+                self._answer(None)
+
+    def _read_or_wait(self) -> None:
         if self._done or self._timer is not None:
             return  # answered, or waiting again
         b = self._broker
