@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tidewire import _step
 from tidewire._tasks import cancel_and_wait
 from tidewire.broker.consumer_groups import ConsumerGroups
 from tidewire.broker.groups import GroupConfig, GroupCoordinator
@@ -364,7 +363,6 @@ class Broker:
         #: subscription), or :class:`ParkedFetch` (a fetch waiting without a task).
         self._waiters: dict[tuple[str, int], set[_Waiter]] = {}
         self._n_waiters = 0
-        self._woken_parked: list[ParkedFetch] = []  # to read at the end of this step
         self._closing = False
         self._releases = 0  # bumped by release_waiters(): fetches waiting then return
         self._maintenance: asyncio.Task[None] | None = None
@@ -1729,8 +1727,8 @@ class Broker:
         """:meth:`fetch` for a reader :meth:`fetch_now` left waiting, without a task: the
         fetch waits on the partitions' wake-ups as a callback, and ``answer`` is called
         once, with what :meth:`fetch` would have returned, as soon as it has it (in the
-        step that made the data visible, at its end: after the producers' answers and the
-        next group commit's start). ``answer(None)``: nothing was delivered, and the fetch
+        loop's callback after the wake-up, where a woken task would have run: a task, its
+        coroutines and their turns fewer). ``answer(None)``: nothing was delivered, and the fetch
         must be served the usual way (a partition failed, or ``room()`` said its answer
         does not fit now). None: it cannot wait here (``max_fetch_waiters`` are waiting:
         :meth:`fetch` refuses it). :meth:`ParkedFetch.cancel` drops it (its connection
@@ -1908,12 +1906,6 @@ class Broker:
         if plog is not None and plog.on_visible is None:
             plog.on_visible = functools.partial(self._wake, *key)
 
-    def _read_parked(self) -> None:
-        """At the end of a step: read for the parked fetches it woke, and answer them."""
-        woken, self._woken_parked = self._woken_parked, []
-        for parked in woken:
-            parked._read()  # contained: a bug in one leaves the others answered
-
     def _wake(self, topic: str, partition: int) -> None:
         waiters = self._waiters.pop((topic, partition), None)
         if waiters:
@@ -1996,10 +1988,9 @@ class ParkedFetch:
     """A long-poll fetch waiting for data without a task (:meth:`Broker.park_fetch`).
 
     It stands among a partition's waiters as a future would (``done``, ``set_result``): a
-    wake-up reads at once, or at the end of the step that woke it (the group commit's
-    callback, whose producers' answers and next commit go first), and answers if there is
-    enough, the wait is over or the broker released its waiters; else it waits again. The
-    time limit is a timer of the loop's."""
+    wake-up reads in the loop's next callback and answers if there is enough, the wait is
+    over or the broker released its waiters; else it waits again. The time limit is a timer
+    of the loop's."""
 
     __slots__ = (
         "_answer",
@@ -2052,21 +2043,13 @@ class ParkedFetch:
         return self._done
 
     def set_result(self, _: None) -> None:
-        """A wake-up (as a waiting future's): read at the end of the step running, if one
-        is, else now."""
-        if self._done:
-            return
+        """A wake-up (as a waiting future's): read in the loop's next callback, as a woken
+        task would (a second wake-up meanwhile adds nothing)."""
+        if self._done or self._timer is None:
+            return  # answered, or its read is queued already
         self._unpark()
-        b = self._broker
-        if _step.active():
-            if not b._woken_parked:
-                # A new callable each time: a read put off earlier in this step may have run
-                # already (this wake-up came from a later one, a read writing a log's queued
-                # batches), and ``defer`` keeps a function it holds only once.
-                _step.defer(functools.partial(b._read_parked))
-            b._woken_parked.append(self)
-        else:
-            self._read()
+        assert self._loop is not None
+        self._loop.call_soon(self._read)
 
     def cancel(self) -> None:
         """Drop it, unanswered (its connection closed)."""

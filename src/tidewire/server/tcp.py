@@ -6,8 +6,7 @@ connection are answered in any order, matched by correlation id), except on a si
 with no principal and no tracing: the common produce request is appended in the read callback
 and answered from the step that settles it (``_produce_now``), a fetch with data there is
 answered in the read callback (``_fetch_now``), and a caught-up reader's long-poll waits on
-the partitions' wake-ups as a callback, answered from the step that makes data visible
-(``_park_fetch``). Bounds:
+the partitions' wake-ups as a callback (``_park_fetch``). Bounds:
 
 - ``max_connections``: beyond it a new connection is closed at once. Each connection holds a
   descriptor: at start the server checks that ``max_connections``, the broker's log files
@@ -699,9 +698,9 @@ class _ClientProtocol(asyncio.BufferedProtocol):
 
     def _park_fetch(self, ev: RequestReceived, body: FetchRequest) -> bool:
         """Let a caught-up reader's fetch wait for data without a task
-        (:meth:`~tidewire.broker.Broker.park_fetch`): it is answered from the step that
-        makes the data visible (a group commit's callback, once the producers' answers are
-        out). False: it cannot wait so (too many fetches waiting): the task path refuses it.
+        (:meth:`~tidewire.broker.Broker.park_fetch`): it is answered from the loop's
+        callback after the wake-up, where its task would have run. False: it cannot wait so
+        (too many fetches waiting): the task path refuses it.
         """
         server = self.server
         metrics = server.metrics
@@ -732,8 +731,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             self._answered()
 
         def answer_in_context(results: list[FetchResult] | None) -> None:
-            # Called from the step that woke it (another request's, maybe): in the fetch's
-            # own context, and a failure is the connection's, as a task's would be.
+            # Called from a callback of the broker's: in the fetch's own context, and a
+            # failure is the connection's, as a task's would be.
             try:
                 ctx.run(answer, results)
             except Exception as exc:
