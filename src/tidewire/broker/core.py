@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -1676,19 +1676,11 @@ class Broker:
         while True:
             fut: asyncio.Future[None] = loop.create_future()
             keys = {(t, p) for t, p, _, _ in wants}
-            for key in keys:
-                self._add_waiter(key, fut)
-            self._n_waiters += 1
+            self._add_waiters(keys, fut)
             try:
                 await _woken_or_timeout(fut, max(deadline - loop.time(), 0))
             finally:
-                self._n_waiters -= 1
-                for key in keys:
-                    waiters = self._waiters.get(key)
-                    if waiters is not None:
-                        waiters.discard(fut)
-                        if not waiters:
-                            del self._waiters[key]
+                self._drop_waiters(keys, fut)
             results = self._read(wants, max_bytes)
             enough = sum(len(r.data) for r in results) >= min_bytes
             released = self._closing or self._releases != releases
@@ -1859,19 +1851,11 @@ class Broker:
                 f"(max_fetch_waiters={self.config.max_fetch_waiters:,})"
             )
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        for key in keys:
-            self._add_waiter(key, fut)
-        self._n_waiters += 1
+        self._add_waiters(keys, fut)
         try:
             await _woken_or_timeout(fut, timeout_s)
         finally:
-            self._n_waiters -= 1
-            for key in keys:
-                waiters = self._waiters.get(key)
-                if waiters is not None:
-                    waiters.discard(fut)
-                    if not waiters:
-                        del self._waiters[key]
+            self._drop_waiters(keys, fut)
 
     def release_waiters(self) -> None:
         """Make every fetch waiting now return at once with what it has (a listener that is
@@ -1896,6 +1880,23 @@ class Broker:
         if self._groups is not None:
             self._groups.coordinator.close()
             self._groups.kafka.release_waiters()
+
+    def _add_waiters(self, keys: Iterable[tuple[str, int]], fut: _Waiter) -> None:
+        """One waiter (a long-poll fetch's, a subscription's) on each of ``keys``: counted
+        once towards ``max_fetch_waiters``."""
+        for key in keys:
+            self._add_waiter(key, fut)
+        self._n_waiters += 1
+
+    def _drop_waiters(self, keys: Iterable[tuple[str, int]], fut: _Waiter) -> None:
+        """Undo :meth:`_add_waiters` (whether ``fut`` was woken or not)."""
+        self._n_waiters -= 1
+        for key in keys:
+            waiters = self._waiters.get(key)
+            if waiters is not None:
+                waiters.discard(fut)
+                if not waiters:
+                    del self._waiters[key]
 
     def _add_waiter(self, key: tuple[str, int], fut: _Waiter) -> None:
         """Make ``fut`` one of the waiters of partition ``key``; the partition's log wakes
@@ -2032,11 +2033,8 @@ class ParkedFetch:
 
     def park(self, loop: asyncio.AbstractEventLoop) -> None:
         """Wait (again) on the partitions' wake-ups and the time left."""
-        b = self._broker
         self._loop = loop
-        for key in self._keys:
-            b._add_waiter(key, self)
-        b._n_waiters += 1
+        self._broker._add_waiters(self._keys, self)
         self._timer = loop.call_at(self._deadline, self._woken)
 
     def done(self) -> bool:
@@ -2065,16 +2063,9 @@ class ParkedFetch:
     def _unpark(self) -> None:
         if self._timer is None:
             return  # woken already (a second key's wake-up in the same step)
-        b = self._broker
         self._timer.cancel()
         self._timer = None
-        b._n_waiters -= 1
-        for key in self._keys:
-            waiters = b._waiters.get(key)
-            if waiters is not None:
-                waiters.discard(self)
-                if not waiters:
-                    del b._waiters[key]
+        self._broker._drop_waiters(self._keys, self)
 
     def _read(self) -> None:
         """Read, and answer or wait again. Contained: it runs inside another's callback (a
