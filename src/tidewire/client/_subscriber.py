@@ -488,6 +488,8 @@ class AsyncSubscriber:
             return
         if body.credit_wanted:  # a batch waits until everything taken is given back
             link.asked = True
+            if self._router.clustered:  # its node is alive and leads it
+                link.last_push = asyncio.get_running_loop().time()
             if self._should_grant(link):
                 self._grant(link)
             return
