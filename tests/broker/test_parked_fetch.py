@@ -94,3 +94,39 @@ def test_a_bug_in_a_woken_fetchs_read_is_contained(
             assert broker.high_watermark("t", 0) == 1
 
     asyncio.run(main())
+
+
+def test_a_bug_in_counting_a_woken_fetchs_delivery_hands_it_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug once the read found enough (counting what it delivers) is contained as one in
+    the read is: the fetch is handed to the usual way (answer(None)), not left answered by
+    nobody, waiting for no wake-up and no timer."""
+
+    async def main() -> None:
+        async with Broker(config(tmp_path)) as broker:
+            broker.create_topic("t", 1)
+            loop = asyncio.get_running_loop()
+            got: asyncio.Future[list[FetchResult] | None] = loop.create_future()
+            parked = broker.park_fetch(
+                [("t", 0, 0, ALL)],
+                got.set_result,
+                max_wait_ms=LONG_POLL_MS,
+                min_bytes=1,
+                max_bytes=ALL,
+                room=lambda: True,
+            )
+            assert parked is not None
+            real = Broker._delivered
+
+            def broken(self: Broker, *args: object) -> object:
+                monkeypatch.setattr(Broker, "_delivered", real)  # once
+                raise RuntimeError("a bug")
+
+            monkeypatch.setattr(Broker, "_delivered", broken)
+            await broker.produce("t", 0, batch([b"a"]))
+            assert await asyncio.wait_for(got, PROMPT_S) is None
+            assert (broker.fetch_waiters, broker._waiters) == (0, {})
+            assert "answering a waiting fetch failed" in caplog.text
+
+    asyncio.run(main())

@@ -2103,8 +2103,9 @@ class ParkedFetch:
             or b._releases != self._releases
             or self._loop.time() >= self._deadline
         ):
+            delivered = b._delivered(self._wants, results)  # before done: a bug here is contained
             self._done = True
-            answer(b._delivered(self._wants, results))
+            answer(delivered)
             return
         self.park(self._loop)  # a wake-up is a hint: not enough yet
 
