@@ -213,3 +213,32 @@ def test_a_failing_partition_is_answered_by_the_task_path(
             assert tasks_of == [FETCH]
 
     asyncio.run(main())
+
+
+def test_a_released_fetch_without_room_for_its_answer_does_not_wait_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiting fetch whose answer does not fit when it is released goes to the task path,
+    which waits for room and answers with what there is: its long-poll is over, it does not
+    begin a new one (nor past its own deadline)."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server), Client.connect(server) as c:
+            await c.call(CreateTopicRequest(name="t", config=TopicConfig(fsync="always")))
+            corr = c.send(_fetch(0, max_wait_ms=LONG_POLL_MS))
+            await c.writer.drain()
+            await c.ping()
+            assert broker.fetch_waiters == 1
+            real = tcp._ClientProtocol._unsent
+
+            def full(self: Any) -> int:  # once: no room for the answer when it is released
+                monkeypatch.setattr(tcp._ClientProtocol, "_unsent", real)
+                return server.config.max_unsent_bytes
+
+            monkeypatch.setattr(tcp._ClientProtocol, "_unsent", full)
+            broker.release_waiters()
+            (p,) = (await c.response(corr)).body.partitions
+            assert (p.error_code, p.size) == (0, 0)
+            assert (broker.fetch_waiters, broker._waiters) == (0, {})
+
+    asyncio.run(main())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import os
 import threading
 import time
@@ -2039,6 +2040,14 @@ class ParkedFetch:
 
     def done(self) -> bool:
         return self._done
+
+    def wait_left_ms(self) -> int:
+        """How long the fetch may still wait (ms): what the usual way is given when it takes
+        the fetch over (``answer(None)``); 0 once the wait is over or released."""
+        b = self._broker
+        if self._loop is None or b._closing or b._releases != self._releases:
+            return 0
+        return max(math.ceil((self._deadline - self._loop.time()) * 1000), 0)
 
     def set_result(self, _: None) -> None:
         """A wake-up (as a waiting future's): read in the loop's next callback, as a woken

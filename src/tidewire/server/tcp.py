@@ -55,8 +55,10 @@ import ssl
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar, cast
+
+import msgspec
 
 from tidewire import _step
 from tidewire.broker import Broker, FetchResult
@@ -721,7 +723,10 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             if self._lost:
                 return
             if results is None:  # nothing delivered: the usual way, in a task
-                self._start_task(ev)
+                assert parked is not None
+                # For the wait left: a fetch released, or whose wait is over, waits no more.
+                left = msgspec.structs.replace(body, max_wait_ms=parked.wait_left_ms())
+                self._start_task(replace(ev, body=left))
                 return
             reply, data = fetch_answer(wants, results)
             assert reply is not None  # a fetch is always answered
