@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 
-from tests.server._support import ALL, LONG_POLL_MS, Client, batch, records, reset, serve
+from tests.server._support import (
+    ALL,
+    LONG_POLL_MS,
+    PROMPT_S,
+    Client,
+    batch,
+    records,
+    reset,
+    serve,
+)
 from tidewire.errors import BackpressureError, UnknownTopicError
 from tidewire.protocol.messages import (
     ApiKey,
@@ -240,5 +249,35 @@ def test_a_released_fetch_without_room_for_its_answer_does_not_wait_again(
             (p,) = (await c.response(corr)).body.partitions
             assert (p.error_code, p.size) == (0, 0)
             assert (broker.fetch_waiters, broker._waiters) == (0, {})
+
+    asyncio.run(main())
+
+
+def test_a_drain_waits_for_a_released_fetch_that_went_on_in_a_task(tmp_path: Path) -> None:
+    """A waiting fetch released by a drain with no room for its answer goes on in a task
+    (waiting for room): the drain's wait for what is in flight waits for that task too."""
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server), Client.connect(server) as c:
+            await c.call(CreateTopicRequest(name="t", config=TopicConfig(fsync="always")))
+            corr = c.send(_fetch(0, max_wait_ms=LONG_POLL_MS))
+            await c.writer.drain()
+            await c.ping()
+            (conn,) = [x for x in server.connections if x.parked]
+            conn.reserved = server.config.max_unsent_bytes  # no room for any answer
+            loop = asyncio.get_running_loop()
+
+            def room_again() -> None:
+                conn.reserved = 0
+                conn._wake_output_waiters()
+
+            loop.call_later(0.2, room_again)
+            server.begin_drain()
+            broker.release_waiters()
+            left = await server.wait_in_flight(loop.time() + PROMPT_S)
+            assert left == 0
+            assert not conn.tasks
+            (p,) = (await c.response(corr)).body.partitions
+            assert (p.error_code, p.size) == (0, 0)
 
     asyncio.run(main())

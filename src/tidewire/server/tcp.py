@@ -1316,15 +1316,18 @@ class TcpServer:
         """Wait until every request in flight is answered, or the loop time ``deadline``;
         return how many are still running. No new one starts while draining."""
         loop = asyncio.get_running_loop()
-        pending = [t for c in self.connections for t in c.tasks]
-        timeout = deadline - loop.time()
-        if pending and timeout > 0:
-            await asyncio.wait(pending, timeout=timeout)
-        # Produce requests handled without a task: answered when their append settles
-        # (an fsync at most, as a task's would), and fetches waiting without one (answered
-        # once the broker's long-polls are released), polled until then or the deadline.
-        while any(c.inline or c.parked for c in self.connections) and loop.time() < deadline:
-            await asyncio.sleep(min(0.005, max(deadline - loop.time(), 0)))
+        while (timeout := deadline - loop.time()) > 0:
+            pending = [t for c in self.connections for t in c.tasks]
+            if pending:
+                await asyncio.wait(pending, timeout=timeout)
+            elif any(c.inline or c.parked for c in self.connections):
+                # Produce requests handled without a task (answered when their append
+                # settles, an fsync at most, as a task's would) and fetches waiting without
+                # one (answered once the broker's long-polls are released; one may go on in
+                # a task, looked for again here): polled.
+                await asyncio.sleep(min(0.005, timeout))
+            else:
+                break
         return self.in_flight()
 
     async def finish(self) -> int:
