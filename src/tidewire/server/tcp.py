@@ -680,8 +680,9 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         caught_up = False
         if body.max_wait_ms > 0 and body.min_bytes > 0:
             # A reader caught up on every partition waits, without a read here that finds
-            # nothing; one past the end of some goes to the task, whose read tells it
-            # (errors are the task path's to give).
+            # nothing. One past the high watermark of some partition (past the log's end: an
+            # error; under ``always``, a position not durable yet) goes to the task, whose
+            # read tells which (errors are the task path's to give).
             try:
                 ends = [broker.high_watermark(p.topic, p.partition) for p in body.partitions]
             except TidewireError:
