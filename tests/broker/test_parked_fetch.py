@@ -58,12 +58,18 @@ def test_a_fetch_woken_by_another_fetchs_read_is_answered(tmp_path: Path) -> Non
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("broken_step", ["_read", "_delivered"])
 def test_a_bug_in_a_woken_fetchs_read_is_contained(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    broken_step: str,
 ) -> None:
     """The read of a woken fetch runs inside another's callback (here the producer's append):
-    an unexpected error there is logged and the fetch handed to the usual way with nothing
-    delivered (answer(None)); the append and the fetch's waiter count are left whole."""
+    an unexpected error there, in the read itself or in counting what it delivers once it
+    found enough, is logged and the fetch handed to the usual way with nothing delivered
+    (answer(None)), not left answered by nobody, waiting for no wake-up and no timer. The
+    append and the fetch's waiter count are left whole."""
 
     async def main() -> None:
         async with Broker(config(tmp_path)) as broker:
@@ -79,54 +85,18 @@ def test_a_bug_in_a_woken_fetchs_read_is_contained(
                 room=lambda: True,
             )
             assert parked is not None
-            real = Broker._read
+            real = getattr(Broker, broken_step)
 
             def broken(self: Broker, *args: object) -> object:
-                monkeypatch.setattr(Broker, "_read", real)  # once
+                monkeypatch.setattr(Broker, broken_step, real)  # once
                 raise RuntimeError("a bug")
 
-            monkeypatch.setattr(Broker, "_read", broken)
+            monkeypatch.setattr(Broker, broken_step, broken)
             await broker.produce("t", 0, batch([b"a"]))  # the append itself succeeds
             assert await asyncio.wait_for(got, PROMPT_S) is None
             assert (broker.fetch_waiters, broker._waiters) == (0, {})
             assert broker.stats.delivered == 0
             assert "answering a waiting fetch failed" in caplog.text
             assert broker.high_watermark("t", 0) == 1
-
-    asyncio.run(main())
-
-
-def test_a_bug_in_counting_a_woken_fetchs_delivery_hands_it_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A bug once the read found enough (counting what it delivers) is contained as one in
-    the read is: the fetch is handed to the usual way (answer(None)), not left answered by
-    nobody, waiting for no wake-up and no timer."""
-
-    async def main() -> None:
-        async with Broker(config(tmp_path)) as broker:
-            broker.create_topic("t", 1)
-            loop = asyncio.get_running_loop()
-            got: asyncio.Future[list[FetchResult] | None] = loop.create_future()
-            parked = broker.park_fetch(
-                [("t", 0, 0, ALL)],
-                got.set_result,
-                max_wait_ms=LONG_POLL_MS,
-                min_bytes=1,
-                max_bytes=ALL,
-                room=lambda: True,
-            )
-            assert parked is not None
-            real = Broker._delivered
-
-            def broken(self: Broker, *args: object) -> object:
-                monkeypatch.setattr(Broker, "_delivered", real)  # once
-                raise RuntimeError("a bug")
-
-            monkeypatch.setattr(Broker, "_delivered", broken)
-            await broker.produce("t", 0, batch([b"a"]))
-            assert await asyncio.wait_for(got, PROMPT_S) is None
-            assert (broker.fetch_waiters, broker._waiters) == (0, {})
-            assert "answering a waiting fetch failed" in caplog.text
 
     asyncio.run(main())
