@@ -1683,9 +1683,7 @@ class Broker:
             finally:
                 self._drop_waiters(keys, fut)
             results = self._read(wants, max_bytes)
-            enough = sum(len(r.data) for r in results) >= min_bytes
-            released = self._closing or self._releases != releases
-            if enough or released or loop.time() >= deadline:
+            if self._wait_over(results, min_bytes, releases, deadline):
                 return self._delivered(wants, results)
 
     def fetch_now(
@@ -1741,6 +1739,18 @@ class Broker:
         )
         parked.park(loop)
         return parked
+
+    def _wait_over(
+        self, results: list[FetchResult], min_bytes: int, releases: int, deadline: float
+    ) -> bool:
+        """Whether a long-poll that read ``results`` answers now: enough data, the broker
+        closing or its waiters released since ``releases``, or its ``deadline`` passed."""
+        return (
+            sum(len(r.data) for r in results) >= min_bytes
+            or self._closing
+            or self._releases != releases
+            or self._running_loop().time() >= deadline
+        )
 
     def _delivered(
         self, wants: Sequence[tuple[str, int, int, int]], results: list[FetchResult]
@@ -2104,18 +2114,12 @@ class ParkedFetch:
             self._done = True
             answer(None)  # the usual way gives each partition its own error
             return
-        enough = sum(len(r.data) for r in results) >= self._min_bytes
-        assert self._loop is not None
-        if (
-            enough
-            or b._closing
-            or b._releases != self._releases
-            or self._loop.time() >= self._deadline
-        ):
+        if b._wait_over(results, self._min_bytes, self._releases, self._deadline):
             delivered = b._delivered(self._wants, results)  # before done: a bug here is contained
             self._done = True
             answer(delivered)
             return
+        assert self._loop is not None
         self.park(self._loop)  # a wake-up is a hint: not enough yet
 
 

@@ -525,7 +525,7 @@ def fetch_now(b: Broker, req: FetchRequest) -> Reply | None:
         return None
     if results is None:
         return None
-    return _fetch_reply(wants, list(results))
+    return fetch_answer(wants, results)
 
 
 def fetch_answer(wants: list[tuple[str, int, int, int]], results: list[FetchResult]) -> Reply:

@@ -573,8 +573,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         try:
             return ctx.run(handle, ev, body)
         except Exception as exc:  # a bug: as a task's failure, the client is told
-            log.error("request handler failed", exc_info=exc)
-            self._fail(UnknownError(f"internal error: {exc!r}"))
+            self._handler_failed(exc)
             return True
 
     def _refused_inline(
@@ -609,8 +608,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             if self._lost:
                 return
             if exc is not None:  # a bug: as a task's failure
-                log.error("request handler failed", exc_info=exc)
-                self._fail(UnknownError(f"internal error: {exc!r}"))
+                self._handler_failed(exc)
                 return
             if reply is None:  # acks=0: no answer
                 self.conn.discard(cid)
@@ -691,9 +689,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             if any(o > end for o, end in zip(offsets, ends, strict=True)):
                 return False
             caught_up = offsets == ends
-        size = max(min(body.max_bytes, broker.config.fetch_max_bytes), 0)
-        unsent = self._unsent()
-        if unsent > 0 and unsent + size > server.config.max_unsent_bytes:
+        if not self._fits(self._answer_size(body)):
             return False  # the task waits for room (_reserve_output)
         if caught_up:
             return self._inline(self._park_fetch, ev, body)
@@ -711,13 +707,11 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         if self._refused_inline(ev, "FETCH", ApiKey.FETCH, body, started):
             return True
         wants = [(p.topic, p.partition, p.offset, p.max_bytes) for p in body.partitions]
-        size = max(min(body.max_bytes, server.broker.config.fetch_max_bytes), 0)
-        limit = server.config.max_unsent_bytes
+        size = self._answer_size(body)
         parked: ParkedFetch | None = None
 
         def room() -> bool:
-            unsent = self._unsent()
-            return not (unsent > 0 and unsent + size > limit)
+            return self._fits(size)
 
         def answer(results: list[FetchResult] | None) -> None:
             self.parked.discard(parked)
@@ -742,8 +736,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             try:
                 ctx.run(answer, results)
             except Exception as exc:
-                log.error("request handler failed", exc_info=exc)
-                self._fail(UnknownError(f"internal error: {exc!r}"))
+                self._handler_failed(exc)
 
         ctx = contextvars.copy_context()
         parked = server.broker.park_fetch(
@@ -882,7 +875,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             return self._error(ev, err)
         size = 0
         if isinstance(ev.body, FetchRequest):
-            size = max(min(ev.body.max_bytes, self.server.broker.config.fetch_max_bytes), 0)
+            size = self._answer_size(ev.body)
             await self._reserve_output(size)
         t = tracing.tracer()  # None without an SDK: nothing more is done for tracing
         span = (
@@ -921,6 +914,16 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self._write(self.conn.send_response(ev.correlation_id, body, data))
         return 0
 
+    def _answer_size(self, body: FetchRequest) -> int:
+        """The most a fetch's answer may hold (what room is reserved for)."""
+        return max(min(body.max_bytes, self.server.broker.config.fetch_max_bytes), 0)
+
+    def _fits(self, size: int) -> bool:
+        """Whether an answer of ``size`` bytes fits under ``max_unsent_bytes`` now (one
+        always does when nothing is unsent)."""
+        unsent = self._unsent()
+        return unsent == 0 or unsent + size <= self.server.config.max_unsent_bytes
+
     def _unsent(self) -> int:
         t = self.transport
         buffered = t.get_write_buffer_size() if t is not None and not t.is_closing() else 0
@@ -931,8 +934,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
     async def _reserve_output(self, size: int) -> None:
         """Wait until an answer of ``size`` bytes fits under ``max_unsent_bytes`` (at once if
         nothing is unsent: one answer always goes), then count it."""
-        bound = self.server.config.max_unsent_bytes
-        while (unsent := self._unsent()) > 0 and unsent + size > bound:
+        while not self._fits(size):
             fut = asyncio.get_running_loop().create_future()
             self._output_waiters.append(fut)
             try:
@@ -953,15 +955,20 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             if not fut.done():
                 fut.set_result(None)
 
+    def _handler_failed(self, exc: BaseException) -> None:
+        """A handler's bug (a task's, a fast path's, a parked fetch's answer): logged, and
+        the connection fails with it, so the client does not wait for an answer that never
+        comes."""
+        log.error("request handler failed", exc_info=exc)
+        self._fail(UnknownError(f"internal error: {exc!r}"))
+
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
         if task.cancelled():
             return
         exc = task.exception()
         if exc is not None:
-            # A handler bug: the client must not wait for an answer that never comes.
-            log.error("request handler failed", exc_info=exc)
-            self._fail(UnknownError(f"internal error: {exc!r}"))
+            self._handler_failed(exc)
             return
         if self.tasks or self.inline or self.parked:
             return
