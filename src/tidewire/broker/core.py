@@ -995,9 +995,16 @@ class Broker:
             return False
         view = memoryview(data)
         batches = self._split(view, plog.config.max_batch_bytes)
-        headers = [h for _, _, h in batches]
-        chunks = [view[start:end] for start, end, _ in batches]
-        if all(h.producer_id < 0 for h in headers):
+        if len(batches) == 1:  # the common request: one batch, the whole of it
+            only = batches[0][2]
+            headers = [only]
+            chunks = [view]
+            plain = only.producer_id < 0
+        else:
+            headers = [h for _, _, h in batches]
+            chunks = [view[start:end] for start, end, _ in batches]
+            plain = all(h.producer_id < 0 for h in headers)
+        if plain:
 
             def plain_done(infos: list[AppendInfo] | None, exc: BaseException | None) -> None:
                 if infos is None:
@@ -1012,7 +1019,7 @@ class Broker:
             return True
         state = self._producers.setdefault(key, PartitionProducers())
         plan = state.plan(headers, self._epochs)
-        if any(dup is not None for dup in plan):
+        if plan.count(None) != len(plan):
             return False  # answered with the first copy's offsets once it is settled: awaits
         # As in _produce_idempotent, with every batch stored.
         done: asyncio.Future[bool] = self._running_loop().create_future()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import time
 import weakref
@@ -108,6 +109,8 @@ class Session:
     sasl: Any = None
     sasl_mechanism: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The audit actor of its requests, made by :meth:`Gate.enter` for its principal.
+    actor: Actor | None = None
 
     @property
     def authenticated(self) -> bool:
@@ -125,14 +128,22 @@ def _host(source: str) -> str:
     return source.rpartition(":")[0] or source
 
 
+#: The broker's own topics reached only through their APIs (beside :data:`PRIVATE_TOPICS`).
+_API_TOPICS = frozenset({QUEUE_DEFINITIONS_TOPIC, "__streams"})
+
+
+@functools.lru_cache(maxsize=4096)
 def is_private_topic(name: str) -> bool:
     """Whether no client may touch topic ``name`` as a topic, even with authentication off:
     the security state, the audit log, and the queues' logs and definitions (reached only
-    through the queue APIs, under the queue permissions)."""
+    through the queue APIs, under the queue permissions).
+
+    Remembered for the last 4,096 names asked about (the answer depends on the name alone):
+    the gate asks for every topic of every request."""
     return (
         name in PRIVATE_TOPICS
         or is_audit_topic(name)
-        or name in {QUEUE_DEFINITIONS_TOPIC, "__streams"}
+        or name in _API_TOPICS
         or name.startswith(QUEUE_TOPIC_PREFIX)
     )
 
@@ -484,13 +495,19 @@ class Gate:
         filter listings read it, and audit events name its principal, source and
         interface."""
         CURRENT_SESSION.set(session)
-        current_actor.set(
-            Actor(
-                principal=principal.name if principal is not None else None,
-                source=session.source,
-                interface=session.interface,
+        name = principal.name if principal is not None else None
+        actor = session.actor
+        if (
+            actor is None
+            or actor.principal != name
+            or actor.source != session.source
+            or actor.interface != session.interface
+        ):
+            # One per session (and principal), not one per request.
+            actor = session.actor = Actor(
+                principal=name, source=session.source, interface=session.interface
             )
-        )
+        current_actor.set(actor)
 
     # --- quotas -------------------------------------------------------------------------------
 

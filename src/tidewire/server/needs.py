@@ -21,6 +21,7 @@ doing so for another needs alter (describe, to list) on the cluster.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -83,10 +84,19 @@ def _topics(op: Operation, names: Iterable[str]) -> list[Need]:
 
 
 def _produce(req: Any) -> list[Need]:
-    names = [p.topic for p in req.partitions]
+    parts = req.partitions
+    if len(parts) == 1:  # the common request: its needs made once per topic
+        return list(_produce_one(parts[0].topic))
+    names = [p.topic for p in parts]
     return _topics(_O.WRITE, names) + [
         Need(_T, _O.CREATE, t, if_missing=True) for t in dict.fromkeys(names)
     ]
+
+
+@functools.lru_cache(maxsize=4096)
+def _produce_one(topic: str) -> tuple[Need, ...]:
+    """What a produce request to one topic needs (Needs are frozen: shared by requests)."""
+    return (Need(_T, _O.WRITE, topic), Need(_T, _O.CREATE, topic, if_missing=True))
 
 
 #: Whose leaders stream clients route by in a cluster (a stream's owner leads its partition):
