@@ -605,7 +605,7 @@ class Transport:
         conn = link.conn
         if link is not self._link or conn is not self._conn or conn is None:
             return  # still connecting (handled once it is set), or an old connection
-        error: TidewireError = ConnectionLostError(f"{self.host}:{self.port} closed the connection")
+        error: TidewireError | None = None  # made once the connection ends, not per read
         try:
             while True:
                 event = conn.next_event()
@@ -637,7 +637,11 @@ class Transport:
         except ProtocolError as exc:
             error = exc
         if self._conn is conn:
-            self._drop(error)
+            self._drop(
+                error
+                if error is not None
+                else ConnectionLostError(f"{self.host}:{self.port} closed the connection")
+            )
 
     def _link_lost(self, link: _Link, error: TidewireError) -> None:
         self._closing.discard(link)
