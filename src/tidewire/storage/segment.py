@@ -154,6 +154,11 @@ class Segment:
         self.timeindex = TimeIndex(base_offset)
         self._since_index = 0
         self._since_time = 0
+        #: Where the last :meth:`read` ended, ``(offset, position)``: the batch at that
+        #: position starts at that offset. A reader at the tail asks for it next, and
+        #: :meth:`locate` answers without reading the file. (-1, -1): none; forgotten
+        #: whenever what the file holds is rebuilt or rolled back.
+        self._read_end = (-1, -1)
 
     # --- paths ----------------------------------------------------------------------------------
 
@@ -231,6 +236,7 @@ class Segment:
 
     def rollback(self, m: SegmentMark) -> None:
         """Return to the state of :meth:`mark` (the file itself is not touched)."""
+        self._read_end = (-1, -1)
         self.size = m.size
         self.synced_size = min(self.synced_size, m.size)
         self.zeroed_to = 0  # the caller truncates the file back to the mark's size
@@ -314,6 +320,7 @@ class Segment:
         self.timeindex = TimeIndex(self.base_offset)
         self._since_index = 0
         self._since_time = 0
+        self._read_end = (-1, -1)
         self.size = 0
         self.zeroed_to = 0
         self.next_offset = self.base_offset
@@ -576,6 +583,9 @@ class Segment:
         """
         if offset >= self.next_offset:
             return None
+        read_end = self._read_end
+        if offset == read_end[0] and floor is None and limit == self.size and read_end[1] < limit:
+            return read_end[1], offset  # where the last read ended (no damage in the way)
         expect, pos = self.index.lookup(offset)
         if floor is not None and floor[0] > pos:
             pos, expect = floor
@@ -691,6 +701,10 @@ class Segment:
                 break
             nxt = h.next_offset
             pos += size
+        else:
+            # Ended on a batch boundary with no batch found failing there: the next read
+            # from ``nxt`` starts at it.
+            self._read_end = (nxt, position + pos)
         view.release()
         return (data if pos == n else data[:pos]), nxt
 
