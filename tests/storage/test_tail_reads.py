@@ -3,11 +3,14 @@ the file, and never where the file no longer holds what that read saw."""
 
 from __future__ import annotations
 
+import errno
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tidewire.errors import TidewireError
 from tidewire.records import BatchBuilder, iter_batches
 from tidewire.storage import FaultFS, FileSystem, LogConfig, OsFileSystem, PartitionLog
 
@@ -95,4 +98,78 @@ def test_a_truncated_and_rewritten_tail_is_read_as_it_is_now(
     assert log.log_end_offset > 61
     got = log.read(60, 1 << 20)
     assert (got.data, got.next_offset) == whole_batches_from(log, 60)
+    log.close()
+
+
+def _outcome(log: PartitionLog, offset: int, max_bytes: int, max_offset: int | None) -> Any:
+    try:
+        r = log.read(offset, max_bytes, max_offset=max_offset)
+    except TidewireError as exc:
+        return type(exc).__name__
+    return bytes(r.data), r.next_offset
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_reads_from_where_the_last_ended_match_reads_looked_up(seed: int) -> None:
+    """Appends (some failing), reads mostly at the tail, truncations, flipped bits, repairs of
+    the damage found, deleted segments and reopens, in a random order: every read returns
+    what the same read returns once the segments forget where the last reads ended."""
+    rng = random.Random(seed)
+    fs = FaultFS()
+    config = LogConfig(
+        segment_bytes=rng.choice([1500, 4000, 1 << 20]),
+        index_interval_bytes=rng.choice([100, 300, 4096]),
+    )
+    log = PartitionLog.open(fs, "/data/tail-0", config)
+    tail = 0
+    for step in range(200):
+        op = rng.random()
+        try:
+            if op < 0.35:
+                data = batch(b"s%d" % step, n=rng.randint(1, 4))
+                if rng.random() < 0.05:
+                    fs.fail_kinds["write"] = errno.EIO
+                try:
+                    log.append(data)
+                finally:
+                    fs.fail_kinds.pop("write", None)
+            elif op < 0.75:
+                start, end = log.log_start_offset, log.log_end_offset
+                at_tail = rng.random() < 0.7 and start <= tail <= end
+                offset = tail if at_tail else rng.randint(start, end)
+                max_bytes = rng.choice([50, 200, 700, 1 << 20])
+                max_offset = rng.choice([None, None, rng.randint(start, end + 1)])
+                got = _outcome(log, offset, max_bytes, max_offset)
+                ends = [seg._read_end for seg in log._segments]
+                for seg in log._segments:
+                    seg._read_end = (-1, -1)
+                assert got == _outcome(log, offset, max_bytes, max_offset), (seed, step)
+                for seg, read_end in zip(log._segments, ends, strict=True):
+                    seg._read_end = read_end
+                if isinstance(got, tuple):
+                    tail = got[1]
+            elif op < 0.82:
+                if log.log_end_offset > log.log_start_offset:
+                    log.truncate_to(rng.randint(log.log_start_offset, log.log_end_offset))
+            elif op < 0.87:
+                path = rng.choice([p for p in fs.files() if p.endswith(".log")])
+                buf = bytearray(fs.contents(path))
+                if buf:
+                    buf[rng.randrange(len(buf))] ^= 1 << rng.randrange(8)
+                    fs.set_contents(path, bytes(buf))
+            elif op < 0.92:
+                if log.damage:
+                    d = rng.choice(log.damage)
+                    if rng.random() < 0.5:
+                        log.quarantine(d.start)
+                    else:
+                        log.truncate_at_damage(d.start)
+            elif op < 0.96:
+                if len(log.segment_bases) > 1:
+                    log.delete_before(log.segment_bases[1])
+            else:
+                log.close()
+                log = PartitionLog.open(fs, "/data/tail-0", config, clean=True)
+        except TidewireError:
+            pass  # a refused append, a damaged read or repair: the log goes on
     log.close()
