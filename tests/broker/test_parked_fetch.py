@@ -4,6 +4,7 @@ time, however its wake-ups come."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,19 @@ from tidewire.broker import Broker, FetchResult
 from tidewire.storage import FsyncPolicy, LogConfig
 
 ALL = 1 << 20
+
+
+def park(
+    broker: Broker,
+    wants: list[tuple[str, int, int, int]],
+    answer: Callable[[list[FetchResult] | None], None],
+) -> None:
+    """Park a long-poll fetch of ``wants`` (at least a byte, everything there is, room for
+    its answer always) that ``answer`` is given."""
+    parked = broker.park_fetch(
+        wants, answer, max_wait_ms=LONG_POLL_MS, min_bytes=1, max_bytes=ALL, room=lambda: True
+    )
+    assert parked is not None
 
 
 def test_a_fetch_woken_by_another_fetchs_read_is_answered(tmp_path: Path) -> None:
@@ -28,19 +42,8 @@ def test_a_fetch_woken_by_another_fetchs_read_is_answered(tmp_path: Path) -> Non
             both: asyncio.Future[list[FetchResult] | None] = loop.create_future()
             second: asyncio.Future[list[FetchResult] | None] = loop.create_future()
 
-            def park(wants: list[tuple[str, int, int, int]], fut: asyncio.Future[object]) -> None:
-                parked = broker.park_fetch(
-                    wants,
-                    fut.set_result,
-                    max_wait_ms=LONG_POLL_MS,
-                    min_bytes=1,
-                    max_bytes=ALL,
-                    room=lambda: True,
-                )
-                assert parked is not None
-
-            park([("t", 0, 0, ALL), ("t", 1, 0, ALL)], both)
-            park([("t", 1, 0, ALL)], second)
+            park(broker, [("t", 0, 0, ALL), ("t", 1, 0, ALL)], both.set_result)
+            park(broker, [("t", 1, 0, ALL)], second.set_result)
             assert broker.fetch_waiters == 2
             # Both appends queued in one turn: partition 0's writes (and wake-up) go first,
             # and the first fetch's read of partition 1 writes its batch and wakes the other.
@@ -76,15 +79,7 @@ def test_a_bug_in_a_woken_fetchs_read_is_contained(
             broker.create_topic("t", 1)
             loop = asyncio.get_running_loop()
             got: asyncio.Future[list[FetchResult] | None] = loop.create_future()
-            parked = broker.park_fetch(
-                [("t", 0, 0, ALL)],
-                got.set_result,
-                max_wait_ms=LONG_POLL_MS,
-                min_bytes=1,
-                max_bytes=ALL,
-                room=lambda: True,
-            )
-            assert parked is not None
+            park(broker, [("t", 0, 0, ALL)], got.set_result)
             real = getattr(Broker, broken_step)
 
             def broken(self: Broker, *args: object) -> object:

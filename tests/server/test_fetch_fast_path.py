@@ -41,6 +41,15 @@ def _fetch(offset: int, *, topic: str = "t", partition: int = 0, **kw: Any) -> F
     return FetchRequest(partitions=[FetchPartition(topic, partition, offset, ALL)], **kw)
 
 
+async def _park(c: Client, n: int = 1) -> list[int]:
+    """Send ``n`` long-poll fetches of partition t-0 from offset 0 and wait until the server
+    has read them (a ping answered after them): their correlation ids."""
+    corrs = [c.send(_fetch(0, max_wait_ms=LONG_POLL_MS)) for _ in range(n)]
+    await c.writer.drain()
+    await c.ping()
+    return corrs
+
+
 async def _produce(c: Client, values: list[bytes]) -> None:
     data = batch(values)
     await c.call(ProduceRequest(partitions=[ProducePartition("t", 0, len(data))]), [data])
@@ -139,9 +148,7 @@ def test_a_waiting_fetch_whose_partition_goes_gets_the_task_paths_error(
         async with serve(tmp_path) as (broker, server), Client.connect(server) as c:
             await c.call(CreateTopicRequest(name="t", config=TopicConfig(fsync="always")))
             tasks_of.clear()
-            corr = c.send(_fetch(0, max_wait_ms=LONG_POLL_MS))
-            await c.writer.drain()
-            await c.ping()
+            (corr,) = await _park(c)
             assert broker.fetch_waiters == 1
             await broker.delete_topic_async("t")
             event = await c.response(corr)
@@ -158,9 +165,7 @@ def test_a_waiting_fetch_of_a_connection_that_breaks_is_dropped(tmp_path: Path) 
         async with serve(tmp_path) as (broker, server):
             async with Client.connect(server) as c:
                 await c.call(CreateTopicRequest(name="t", config=TopicConfig(fsync="always")))
-                c.send(_fetch(0, max_wait_ms=LONG_POLL_MS))
-                await c.writer.drain()
-                await c.ping()
+                await _park(c)
                 assert broker.fetch_waiters == 1
                 reset(c.writer)
             while server.connections:
@@ -184,9 +189,7 @@ def test_waiting_fetches_are_bounded_and_released_by_a_drain(
             Client.connect(server) as c,
         ):
             await c.call(CreateTopicRequest(name="t", config=TopicConfig(fsync="always")))
-            waiting = [c.send(_fetch(0, max_wait_ms=LONG_POLL_MS)) for _ in range(2)]
-            await c.writer.drain()
-            await c.ping()
+            waiting = await _park(c, 2)
             assert broker.fetch_waiters == 2
             tasks_of.clear()
             refused = await c.response(c.send(_fetch(0, max_wait_ms=LONG_POLL_MS)))
@@ -234,9 +237,7 @@ def test_a_released_fetch_without_room_for_its_answer_does_not_wait_again(
     async def main() -> None:
         async with serve(tmp_path) as (broker, server), Client.connect(server) as c:
             await c.call(CreateTopicRequest(name="t", config=TopicConfig(fsync="always")))
-            corr = c.send(_fetch(0, max_wait_ms=LONG_POLL_MS))
-            await c.writer.drain()
-            await c.ping()
+            (corr,) = await _park(c)
             assert broker.fetch_waiters == 1
             real = tcp._ClientProtocol._unsent
 
@@ -260,9 +261,7 @@ def test_a_drain_waits_for_a_released_fetch_that_went_on_in_a_task(tmp_path: Pat
     async def main() -> None:
         async with serve(tmp_path) as (broker, server), Client.connect(server) as c:
             await c.call(CreateTopicRequest(name="t", config=TopicConfig(fsync="always")))
-            corr = c.send(_fetch(0, max_wait_ms=LONG_POLL_MS))
-            await c.writer.drain()
-            await c.ping()
+            (corr,) = await _park(c)
             (conn,) = [x for x in server.connections if x.parked]
             conn.reserved = server.config.max_unsent_bytes  # no room for any answer
             loop = asyncio.get_running_loop()
