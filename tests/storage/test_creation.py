@@ -15,8 +15,13 @@ import pytest
 from tidewire.errors import LogExistsError, StorageError
 from tidewire.records import build_batch
 from tidewire.storage import FaultFS, FileSystem, LogManager, OsFileSystem
-from tidewire.storage.creation import CREATING_SUFFIX, PARALLEL_FROM, mark_deleting
-from tidewire.storage.fs import FileHandle, FileSystemWrapper
+from tidewire.storage.creation import (
+    CREATING_SUFFIX,
+    PARALLEL_FROM,
+    WHOLE_SYNC_PARTITIONS,
+    mark_deleting,
+)
+from tidewire.storage.fs import FileHandle, FileSystemWrapper, WholeSync
 from tidewire.storage.manager import BACKGROUND_DELETE_FROM
 
 T0 = 1_700_000_000_000
@@ -39,10 +44,15 @@ def ops_of_one_creation(n: int) -> int:
     return fs.ops - before
 
 
+#: A lone creation's sizes: synced file by file, and made durable by one whole sync.
+SIZES = [N, WHOLE_SYNC_PARTITIONS]
+
+
+@pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EMFILE, errno.EIO])
-def test_a_failure_at_any_operation_leaves_all_or_nothing(code: int) -> None:
-    total = ops_of_one_creation(N)
-    assert total > 3 * N  # a real sweep: every partition's operations are in it
+def test_a_failure_at_any_operation_leaves_all_or_nothing(code: int, n: int) -> None:
+    total = ops_of_one_creation(n)
+    assert total > 3 * n  # a real sweep: every partition's operations are in it
     for k in range(1, total + 1):
         fs = FaultFS()
         mgr = manager(fs)
@@ -50,7 +60,7 @@ def test_a_failure_at_any_operation_leaves_all_or_nothing(code: int) -> None:
         fs.failures[fs.ops + k] = code
         failure = None
         try:
-            mgr.create_topic("t", range(N))
+            mgr.create_topic("t", range(n))
         except StorageError as exc:
             failure = exc.message
         if failure is not None:
@@ -58,30 +68,31 @@ def test_a_failure_at_any_operation_leaves_all_or_nothing(code: int) -> None:
             assert mgr.partition_count("t") == 0
             assert "t" not in mgr.topics()
             assert partition_dirs(fs, "/data", "t") == []
-            assert not [n for n in fs.listdir("/data") if CREATING_SUFFIX in n]
+            assert not [x for x in fs.listdir("/data") if CREATING_SUFFIX in x]
             # A retry succeeds (the failure was once) and creates every partition.
-            mgr.create_topic("t", range(N))
-        assert mgr.topics() == {"kept": [0, 1], "t": list(range(N))}, k
-        mgr.get_log("t", N - 1).append(build_batch([b"v"], timestamp_ms=T0))
+            mgr.create_topic("t", range(n))
+        assert mgr.topics() == {"kept": [0, 1], "t": list(range(n))}, k
+        mgr.get_log("t", n - 1).append(build_batch([b"v"], timestamp_ms=T0))
         mgr.close()
         again = manager(fs)
-        assert again.topics() == {"kept": [0, 1], "t": list(range(N))}, k
+        assert again.topics() == {"kept": [0, 1], "t": list(range(n))}, k
         again.close()
 
 
-def test_a_power_cut_at_any_operation_leaves_all_or_nothing_after_restart() -> None:
-    total = ops_of_one_creation(N)
+@pytest.mark.parametrize("n", SIZES)
+def test_a_power_cut_at_any_operation_leaves_all_or_nothing_after_restart(n: int) -> None:
+    total = ops_of_one_creation(n)
     for k in range(1, total + 1):
         fs = FaultFS()
         mgr = manager(fs)
         mgr.create_topic("kept", range(1))
         fs.cut_at = fs.ops + k
         with pytest.raises(StorageError):
-            mgr.create_topic("t", range(N))
+            mgr.create_topic("t", range(n))
         survivor = fs.power_cut()
         again = manager(survivor)
         parts = again.topics().get("t", [])
-        assert parts in ([], list(range(N))), (k, parts)
+        assert parts in ([], list(range(n))), (k, parts)
         assert again.topics()["kept"] == [0]
         if not parts:
             assert partition_dirs(survivor, "/data", "t") == []
@@ -148,10 +159,19 @@ class _EmfileAfter(FileSystemWrapper):
         return super().open(path, create=create)
 
 
-def test_descriptors_running_out_on_a_real_disk(tmp_path: Path) -> None:
-    """Many partitions (created on worker threads) and EMFILE half-way: nothing is left."""
+class _NoWholeSync(_EmfileAfter):
+    """As a system without ``syncfs``: every partition is synced file by file."""
+
+    def open_whole_sync(self, path: str) -> WholeSync | None:
+        return None
+
+
+@pytest.mark.parametrize("kind", [_EmfileAfter, _NoWholeSync])
+def test_descriptors_running_out_on_a_real_disk(tmp_path: Path, kind: type[_EmfileAfter]) -> None:
+    """Many partitions and EMFILE half-way: nothing is left. Made on the calling thread
+    and synced once (syncfs), or, without it, made and synced on worker threads."""
     n = 4 * PARALLEL_FROM
-    fs = _EmfileAfter(budget=10**9)
+    fs = kind(budget=10**9)
     mgr = manager(fs, str(tmp_path))
     fs.budget = n  # each partition opens two files: half of them get made
     with pytest.raises(StorageError, match="Too many open files"):
@@ -477,8 +497,8 @@ def test_creations_made_together_are_made_durable_by_one_whole_sync() -> None:
     again.close()
 
 
-@pytest.mark.parametrize("n", [1, PARALLEL_FROM + 4])
-def test_a_lone_creation_is_synced_file_by_file(n: int) -> None:
+@pytest.mark.parametrize("n", [1, WHOLE_SYNC_PARTITIONS - 1])
+def test_a_small_lone_creation_is_synced_file_by_file(n: int) -> None:
     fs = _Kinds()
     mgr = manager(fs)
     fs.kinds.clear()
@@ -488,6 +508,27 @@ def test_a_lone_creation_is_synced_file_by_file(n: int) -> None:
     assert fs.kinds.count("sync_dir") >= n  # ... each partition's directory
     mgr.close()
     assert manager(fs.power_cut()).topics() == {"t": list(range(n))}
+
+
+def test_a_large_lone_creation_is_made_durable_by_one_whole_sync() -> None:
+    """A lone topic of WHOLE_SYNC_PARTITIONS partitions: no fsync of each log.json or
+    partition directory, one sync of the whole file system; it survives a power cut (its
+    files and entries were made durable by that sync alone)."""
+    n = WHOLE_SYNC_PARTITIONS
+    fs = _Kinds()
+    manager(fs).close()
+    mgr = manager(fs)
+    fs.kinds.clear()
+    mgr.create_topic("t", range(n))
+    assert fs.kinds.count("sync_all") == 1
+    assert fs.kinds.count("sync") == 1  # the marker's, written before the partitions
+    mgr.get_log("t", n - 1).append(build_batch([b"kept"], timestamp_ms=T0))
+    mgr.get_log("t", n - 1).flush()
+    survivor = fs.power_cut()
+    again = manager(survivor)
+    assert again.topics() == {"t": list(range(n))}
+    assert again.get_log("t", n - 1).log_end_offset == 1
+    again.close()
 
 
 def test_a_failed_whole_sync_undoes_every_creation_made_together() -> None:

@@ -7,8 +7,10 @@ first partition directory and removed, durably, after the last one is durable:
 
 1. write the marker (temp, fsync, rename, fsync the data directory);
 2. for each partition: make ``TOPIC-P/``, write and fsync its ``log.json``, create its first
-   segment and fsync the partition directory (these run on a few threads at once: the fsyncs
-   are the cost, and the device takes them in parallel);
+   segment and fsync the partition directory (from :data:`PARALLEL_FROM` partitions these run
+   on a few threads at once: the fsyncs are the cost, and the device takes them in parallel;
+   where one sync of the whole file system replaces them, below, the partitions are made one
+   after the other on the calling thread);
 3. fsync the data directory (every ``TOPIC-P`` entry is durable), remove the marker, fsync
    the data directory again.
 
@@ -18,10 +20,14 @@ creations requested while another runs): each stays all or none, and they share 
 "count": N}, ...]}``; ``+`` is in no topic's name, so it is no topic's marker), and the three
 fsyncs of the data directory. One marker for the lot rather than one a topic: 10,000 topics of
 one partition cost two fsyncs and two new files each (``log.json``, the segment) rather than
-three and three. A creation of the lot that fails is undone before the marker goes; if its
-removal fails too, the marker is rewritten to name only what is left of it, and a later
-creation of the same partitions takes them out of it first (else the next start would remove
-the new topic with the leftovers).
+three and three. Creations made together, and a lone creation of :data:`WHOLE_SYNC_PARTITIONS`
+partitions or more, are made durable by one sync of the whole file system instead of those
+fsyncs (:func:`create_many`).
+
+A creation of the lot that fails is undone before the marker goes; if its removal fails too,
+the marker is rewritten to name only what is left of it, and a later creation of the same
+partitions takes them out of it first (else the next start would remove the new topic with
+the leftovers).
 
 A failure at any step removes what was made and the marker, and reports the first error; a
 crash leaves the marker, and :func:`remove_half_created` (called when the data directory is
@@ -39,6 +45,7 @@ A marker's name cannot be a partition directory's (those end in ``-`` and digits
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import logging
 import threading
@@ -67,10 +74,10 @@ T = TypeVar("T")
 
 CREATING_SUFFIX = ".creating"
 DELETING_SUFFIX = ".deleting"
-#: Partitions created on worker threads at once: each costs two fsyncs (its log.json and its
-#: directory), which the file system's journal commits together when many wait at once
-#: (2,000 partitions on the shared reference disk: 278 a second on 8 threads, 469 on 32,
-#: medians of 3 side by side).
+#: Partitions synced file by file are created on worker threads at once: each costs two
+#: fsyncs (its log.json and its directory), which the file system's journal commits together
+#: when many wait at once (2,000 partitions on the shared reference disk: 278 a second on 8
+#: threads, 469 on 32, medians of 3 side by side).
 CREATE_THREADS = 32
 #: Fewer partitions than this are created on the calling thread (no pool to start).
 PARALLEL_FROM = 16
@@ -78,10 +85,19 @@ PARALLEL_FROM = 16
 #: sync of the whole file system (``syncfs``) makes their partitions durable rather than an
 #: fsync of each partition's ``log.json`` and of its directory (10,000 topics of one partition
 #: through ``tidewire serve``, 50 requests in flight: 416 -> 613 topics/s, medians of 4 side by
-#: side). A lone creation keeps the fsyncs: for one topic of thousands of partitions they run
-#: on the creation threads as the files are made, and the one sync at the end was slower
-#: (4,000 partitions through serve: 741 / 567 -> 465 / 416 partitions/s).
+#: side).
 WHOLE_SYNC_FROM = 2
+#: A lone creation of this many partitions or more is made durable by one sync of the whole
+#: file system too; a smaller one keeps its few fsyncs, which wait for nothing but its own
+#: files (a ``syncfs`` writes back whatever else of the file system is dirty).
+WHOLE_SYNC_PARTITIONS = PARALLEL_FROM
+# Without fsyncs to wait on, making the files is system time under the data directory's lock
+# and the interpreter's: on threads they only take turns at a cost. Partitions made durable by
+# a whole sync are therefore made on the calling thread. ``tidewire serve``, 3,000 topics of
+# one partition 50 requests in flight: 1,377-1,903 -> 3,132-3,449 topics/s and 600-820 ->
+# 233-270 broker CPU-us a topic (2 threads were as slow as 32); one topic of 10,000
+# partitions, which synced file by file on 32 threads: 2,354-2,385 -> 5,342-5,565 partitions/s
+# (alternating, 2026-11-28).
 
 
 #: The name of a marker shared by several creations begins so (then 32 hex digits and
@@ -226,10 +242,11 @@ def create_many(
     config_file: str,
 ) -> list[list[PartitionLog] | BaseException]:
     """Create several topics' partitions at once, each topic all or none, as
-    :func:`create_partitions` does for one: one marker names them all, their partitions are
-    made on the same threads, and one ``syncfs`` of the data directory's file system (where
-    the system has it: :meth:`FileSystem.open_whole_sync`) makes every partition durable
-    instead of two fsyncs a partition and the data directory's first fsync. Blocking.
+    :func:`create_partitions` does for one: one marker names them all, and one ``syncfs`` of
+    the data directory's file system (where the system has it:
+    :meth:`FileSystem.open_whole_sync`) makes every partition durable instead of two fsyncs a
+    partition and the data directory's first fsync; so does a lone creation of
+    :data:`WHOLE_SYNC_PARTITIONS` partitions or more. Blocking.
 
     Returns:
         For each creation, in order: its open logs in partition order, or the first failure
@@ -237,7 +254,8 @@ def create_many(
         whole sync, an fsync of the data directory) undoes every one of them.
     """
     whole: WholeSync | None = None
-    if len(creations) >= WHOLE_SYNC_FROM:
+    partitions = sum(len(c.partitions) for c in creations)
+    if len(creations) >= WHOLE_SYNC_FROM or partitions >= WHOLE_SYNC_PARTITIONS:
         try:
             # opened before anything is written: write-back errors from now on are its sync's
             whole = fs.open_whole_sync(data_dir)
@@ -330,9 +348,13 @@ def _create_many(
         if not _undo(fs, data_dir, marker, [], exc):
             _leave(data_dir, marker, creations)
         return [exc for _ in everything]
-    _run_all(
-        one, [(i, p) for i in everything for p in creations[i].partitions], ignore_failures=True
-    )
+    jobs = [(i, p) for i in everything for p in creations[i].partitions]
+    if whole is None:
+        _run_all(one, jobs, ignore_failures=True)
+    else:  # no fsync to wait on: see the note under WHOLE_SYNC_PARTITIONS
+        for job in jobs:
+            with contextlib.suppress(BaseException):  # `one` records its failure
+                one(job)
     # The failed ones go before the marker does: their directories must not outlive it.
     stuck: list[int] = []
     for i in everything:
