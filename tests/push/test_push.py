@@ -562,3 +562,66 @@ def test_a_caught_up_subscription_reads_once_a_push(tmp_path: Path) -> None:
                 assert len(reads) - start <= 20 + 3, reads[start:]
 
     run(main())
+
+
+def test_a_subscription_keeps_one_timer_over_many_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caught-up subscription waits for data again after every push, on the partitions'
+    wake-ups; the timer that bounds a missed wake-up is armed once and kept, not made again
+    for every wait."""
+    monkeypatch.setattr(push, "RECHECK_S", 60.0)
+
+    async def main() -> None:
+        async with serve(tmp_path) as (broker, server), AsyncClient(addr(server)) as c:
+            await c.create_topic(TOPIC, 1)
+            async with AsyncSubscriber(addr(server), credit_bytes=1 << 20) as sub:
+                await sub.subscribe([(TOPIC, 0, 0)])
+                s = only_subscription(server)
+                await until(lambda: s.parked is not None, "waiting for data")
+                timer = s.timer
+                assert timer is not None
+                for b in range(20):
+                    await produce(c, 1)
+                    got = await take(sub, 10)
+                    assert [r.offset for r in got] == list(range(b * 10, b * 10 + 10))
+                await until(lambda: s.parked is not None, "waiting for data again")
+                assert s.timer is timer
+                assert broker._n_waiters == 1
+            await until(lambda: broker._n_waiters == 0, "the waiter gone with the connection")
+            assert timer.cancelled()
+
+    run(main())
+
+
+def test_past_the_brokers_waiter_bound_a_subscription_polls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``max_fetch_waiters`` taken by another subscription, a caught-up subscription
+    cannot wait on the wake-ups: it reads again every RECHECK_S instead, and gets what is
+    appended."""
+    monkeypatch.setattr(push, "RECHECK_S", 0.05)
+
+    async def main() -> None:
+        async with serve(tmp_path, max_fetch_waiters=1) as (broker, server):
+            async with AsyncClient(addr(server)) as c:
+                await c.create_topic(TOPIC, 1)
+                async with (
+                    AsyncSubscriber(addr(server), credit_bytes=1 << 20) as first,
+                    AsyncSubscriber(addr(server), credit_bytes=1 << 20) as second,
+                ):
+                    await first.subscribe([(TOPIC, 0, 0)])
+                    await until(lambda: broker._n_waiters == 1, "the first one waits")
+                    await second.subscribe([(TOPIC, 0, 0)])
+                    subs = [s for x in server.connections for s in x.subscriptions.subs.values()]
+                    await until(
+                        lambda: len(subs) == 2 and all(s.timer is not None for s in subs),
+                        "both wait for data",
+                    )
+                    assert broker._n_waiters == 1  # the second one is not among the waiters
+                    await produce(c, 3)
+                    for sub in (first, second):
+                        got = await take(sub, 30)
+                        assert [r.offset for r in got] == list(range(30))
+
+    run(main())

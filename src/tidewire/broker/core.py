@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from tidewire._tasks import cancel_and_wait
 from tidewire.broker.consumer_groups import ConsumerGroups
@@ -96,6 +96,7 @@ __all__ = [
     "ProduceResult",
     "RepairOutcome",
     "StorageProblem",
+    "Waiter",
 ]
 
 log = logging.getLogger("tidewire.broker")
@@ -1899,6 +1900,22 @@ class Broker:
             self._groups.coordinator.close()
             self._groups.kafka.release_waiters()
 
+    def add_waiter(self, keys: Iterable[tuple[str, int]], waiter: Waiter) -> bool:
+        """Make ``waiter`` wait on the wake-ups of the partitions ``keys``, as a long-poll
+        fetch does, without a future or a task: its ``set_result(None)`` is called once one
+        of them may be read further, or the broker releases its waiters. The caller re-reads
+        then (a wake-up is a hint, not a promise of data) and undoes this with
+        :meth:`drop_waiter`, woken or not. False: it cannot wait here
+        (``max_fetch_waiters`` are waiting, or the broker is closing): poll instead."""
+        if self._n_waiters >= self.config.max_fetch_waiters or self._closing:
+            return False
+        self._add_waiters(keys, waiter)
+        return True
+
+    def drop_waiter(self, keys: Iterable[tuple[str, int]], waiter: Waiter) -> None:
+        """Undo :meth:`add_waiter` (whether ``waiter`` was woken or not)."""
+        self._drop_waiters(keys, waiter)
+
     def _add_waiters(self, keys: Iterable[tuple[str, int]], fut: _Waiter) -> None:
         """One waiter (a long-poll fetch's, a subscription's) on each of ``keys``: counted
         once towards ``max_fetch_waiters``."""
@@ -2130,8 +2147,18 @@ class ParkedFetch:
         self.park(self._loop)  # a wake-up is a hint: not enough yet
 
 
+class Waiter(Protocol):
+    """What waits on a partition's wake-ups (:meth:`Broker.add_waiter`): a future, a parked
+    fetch, a push subscription. ``set_result(None)`` is its wake-up, called only while
+    ``done()`` is False."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: None, /) -> None: ...
+
+
 #: What waits on a partition's wake-ups.
-_Waiter = asyncio.Future[None] | ParkedFetch
+_Waiter = Waiter
 
 
 async def _woken_or_timeout(fut: asyncio.Future[None], timeout_s: float | None) -> None:

@@ -1,5 +1,6 @@
-"""Push delivery: the subscriptions of one connection, each a task that reads record batches
-from the log and sends them as PUSH frames while the client has granted it credit.
+"""Push delivery: the subscriptions of one connection, each reading record batches from the
+log and sending them as PUSH frames while the client has granted it credit (in steps that are
+callbacks of the event loop: no task a subscription).
 
 Delivery is driven by the log, never by an in-memory fan-out: a subscription keeps a position
 per partition, reads whole batches from there (as a fetch would), and when it has caught up it
@@ -84,7 +85,7 @@ log = logging.getLogger("tidewire.server")
 
 #: The APIs the connection serves itself: they create state that lives with the connection.
 PUSH_APIS = frozenset({ApiKey.SUBSCRIBE, ApiKey.CREDIT, ApiKey.UNSUBSCRIBE})
-#: Subscriptions one connection may hold: each is a task and a waiter on the broker, and the
+#: Subscriptions one connection may hold: each is a waiter on the broker, and the
 #: broker's waiter bound (max_fetch_waiters) is shared by every connection.
 MAX_SUBSCRIPTIONS = 64
 #: Partitions of one subscription: the same bound as a commit's partition list.
@@ -126,7 +127,8 @@ class SubscriptionStats:
 
 @dataclass(slots=True)
 class Subscription:
-    """One subscription: its partitions and positions, its credit, and its task."""
+    """One subscription: its partitions and positions, its credit, and where its delivery
+    stands (see :class:`Subscriptions`: it has no task of its own)."""
 
     subscription_id: int
     parts: list[_Part]
@@ -135,10 +137,24 @@ class Subscription:
     max_lag_bytes: int
     credit: int = 0
     stats: SubscriptionStats = field(default_factory=SubscriptionStats)
-    credit_changed: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
     #: A push with ``credit_wanted`` was sent and no grant has come since.
     asked: bool = False
+    #: What its delivery waits for while no step is queued: _READY (nothing: a step is
+    #: queued, or it has not started or has ended), _CREDIT, _WRITABLE or _DATA.
+    wants: int = 0
+    started: bool = False
+    stopped: bool = False
+    #: Its next step, queued in the loop.
+    step: asyncio.Handle | None = None
+    #: The partitions it waits on among the broker's waiters (None: not among them).
+    parked: list[tuple[str, int]] | None = None
+    #: When it began to wait for data (loop time), and the timer that bounds that wait.
+    parked_at: float = 0.0
+    timer: asyncio.TimerHandle | None = None
+    #: Where the next step starts among its partitions (each step starts one further on).
+    rotate: int = 0
+    #: Its stand-in among the broker's waiters.
+    waker: _Waker | None = None
 
     @property
     def in_flight(self) -> int:
@@ -149,11 +165,33 @@ class Subscription:
         self.credit += n
         self.stats.granted += n
         self.asked = False
-        self.credit_changed.set()
+
+
+class _Waker:
+    """A subscription's stand-in among the partitions' waiters (:meth:`Broker.add_waiter`): a
+    wake-up queues its next step."""
+
+    __slots__ = ("_sub", "_subs")
+
+    def __init__(self, subs: Subscriptions, sub: Subscription) -> None:
+        self._subs = subs
+        self._sub = sub
+
+    def done(self) -> bool:
+        return self._sub.parked is None
+
+    def set_result(self, _: None, /) -> None:
+        self._subs.woken(self._sub)
 
 
 class Subscriptions:
     """The subscriptions of one connection.
+
+    A subscription's delivery runs in steps, each a callback of the loop (no task, no future):
+    a step sends what it can, then queues the next step at once (more to send), or waits for
+    credit (a grant queues it), for the socket to drain (:meth:`resume` queues it) or for data
+    (a wake-up of one of its partitions queues it, as it does a long-poll fetch's read; a
+    timer every ``RECHECK_S`` bounds a wake-up that was missed).
 
     Args:
         broker: where batches are read from.
@@ -178,6 +216,8 @@ class Subscriptions:
         self.max_subscriptions = max_subscriptions
         self.subs: dict[int, Subscription] = {}
         self._next_id = 0
+        #: The loop the steps run on (asked once, at the first start).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def handle(self, api_key: int, body: Body) -> Body:
         """Serve SUBSCRIBE, CREDIT or UNSUBSCRIBE.
@@ -191,13 +231,15 @@ class Subscriptions:
         if isinstance(body, CreditRequest):
             if body.credit_bytes < 1:
                 raise InvalidRequestError(f"credit_bytes={body.credit_bytes} must be >= 1")
-            self._get(body.subscription_id).grant(body.credit_bytes)
+            sub = self._get(body.subscription_id)
+            sub.grant(body.credit_bytes)
+            if sub.wants == _CREDIT:
+                self._queue(sub)
             return CreditResponse()
         if isinstance(body, UnsubscribeRequest):
             sub = self._get(body.subscription_id)
             del self.subs[sub.subscription_id]
-            if sub.task is not None:
-                sub.task.cancel()
+            self._stop(sub)
             return UnsubscribeResponse()
         raise InvalidRequestError(f"{type(body).__name__} is not a push delivery request")
 
@@ -274,6 +316,7 @@ class Subscriptions:
                 error_message=failed.message,
             )
         sub = Subscription(sid, parts, req.credit_bytes, req.best_effort, req.max_lag_bytes)
+        sub.waker = _Waker(self, sub)
         sub.grant(req.credit_bytes)
         self.subs[sid] = sub
         return SubscribeResponse(subscription_id=sid, results=results, asks_for_credit=True)
@@ -307,54 +350,120 @@ class Subscriptions:
         """Start delivering a subscription (after its SUBSCRIBE answer is written, so that
         no push frame of it reaches the client before the answer)."""
         sub = self.subs.get(sid)
-        if sub is None or sub.task is not None:
+        if sub is None or sub.started:
             return
-        sub.task = asyncio.get_running_loop().create_task(
-            self._run(sub), name=f"tidewire subscription {sid}"
-        )
-        sub.task.add_done_callback(_log_failure)
+        sub.started = True
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        self._queue(sub)
+
+    def resume(self) -> None:
+        """The socket's write buffer went below its low-water mark: the subscriptions that
+        waited for it go on."""
+        for sub in self.subs.values():
+            if sub.wants == _WRITABLE:
+                self._queue(sub)
 
     def close(self) -> None:
         """Tear every subscription down (the connection is gone)."""
         for sub in self.subs.values():
-            if sub.task is not None:
-                sub.task.cancel()
+            self._stop(sub)
         self.subs.clear()
 
     # --- delivery -----------------------------------------------------------------------------
 
-    async def _run(self, sub: Subscription) -> None:
-        rotate = 0
-        while True:
-            await self._writable.wait()
-            sub.credit_changed.clear()
-            sent = more = blocked = False
-            live = [p for p in sub.parts if not p.done]
-            if not live:
-                return
-            rotate = (rotate + 1) % len(live)
-            order = live[rotate:] + live[:rotate]
-            for i, part in enumerate(order):
-                outcome = self._step(sub, part)
-                sent |= outcome in (_SENT, _CAUGHT_UP)
-                more |= outcome == _SENT
-                blocked |= outcome == _NO_CREDIT
-                if sent and not self._writable.is_set():
-                    more |= i + 1 < len(order)  # the others are looked at next time
-                    break
-            if more:
-                await asyncio.sleep(0)  # let the connection's other work run between frames
-            elif blocked:
-                await sub.credit_changed.wait()
-            else:
-                # Nothing to send now, or every push sent took its partition up to what
-                # readers may see: the next step would find nothing, so wait for data at
-                # once (a turn and a read fewer a push than stepping again to find out).
-                keys = [(p.topic, p.partition) for p in live if not p.done]
-                try:
-                    await self.broker.wait_for_data(keys, RECHECK_S)
-                except BackpressureError:  # the broker's waiter bound: poll instead
-                    await asyncio.sleep(RECHECK_S)
+    def _queue(self, sub: Subscription) -> None:
+        """Queue the subscription's next step (once)."""
+        if sub.step is None and not sub.stopped:
+            assert self._loop is not None
+            sub.wants = _READY
+            sub.step = self._loop.call_soon(self._run, sub)
+
+    def _stop(self, sub: Subscription) -> None:
+        sub.stopped = True
+        sub.wants = _READY
+        if sub.step is not None:
+            sub.step.cancel()
+            sub.step = None
+        self._unpark(sub)
+        if sub.timer is not None:
+            sub.timer.cancel()
+            sub.timer = None
+
+    def woken(self, sub: Subscription) -> None:
+        """A wake-up of one of the partitions it waits on (or the broker released its
+        waiters): its next step reads them."""
+        if sub.parked is not None:
+            self._unpark(sub)
+            self._queue(sub)
+
+    def _unpark(self, sub: Subscription) -> None:
+        keys, sub.parked = sub.parked, None
+        if keys is not None:
+            assert sub.waker is not None
+            self.broker.drop_waiter(keys, sub.waker)
+
+    def _recheck(self, sub: Subscription) -> None:
+        """The timer of a wait for data: once it has lasted RECHECK_S, read anyway. One timer
+        a subscription, moved on as it fires, not one a wait."""
+        sub.timer = None
+        if sub.stopped or sub.wants != _DATA:
+            return  # the next wait arms it again
+        assert self._loop is not None
+        due = sub.parked_at + RECHECK_S
+        if self._loop.time() < due:
+            sub.timer = self._loop.call_at(due, self._recheck, sub)
+            return
+        self._unpark(sub)
+        self._queue(sub)
+
+    def _run(self, sub: Subscription) -> None:
+        sub.step = None
+        if sub.stopped:
+            return
+        try:
+            self._deliver(sub)
+        except Exception:  # a bug: this subscription stops, the connection goes on
+            log.exception("subscription %s failed", sub.subscription_id)
+            self._stop(sub)
+
+    def _deliver(self, sub: Subscription) -> None:
+        """One step: a round over the partitions, then what it waits for."""
+        if not self._writable.is_set():
+            sub.wants = _WRITABLE
+            return
+        sent = more = blocked = False
+        live = [p for p in sub.parts if not p.done]
+        if not live:
+            return  # every partition failed: nothing more to deliver
+        sub.rotate = rotate = (sub.rotate + 1) % len(live)
+        order = live[rotate:] + live[:rotate]
+        for i, part in enumerate(order):
+            outcome = self._step(sub, part)
+            sent |= outcome in (_SENT, _CAUGHT_UP)
+            more |= outcome == _SENT
+            blocked |= outcome == _NO_CREDIT
+            if sent and not self._writable.is_set():
+                more |= i + 1 < len(order)  # the others are looked at next time
+                break
+        if more:
+            self._queue(sub)  # the connection's other work runs between frames
+        elif blocked:
+            sub.wants = _CREDIT
+        else:
+            # Nothing to send now, or every push sent took its partition up to what
+            # readers may see: the next step would find nothing, so wait for data at
+            # once (a turn and a read fewer a push than stepping again to find out).
+            assert self._loop is not None
+            assert sub.waker is not None
+            sub.wants = _DATA
+            sub.parked_at = now = self._loop.time()
+            keys = [(p.topic, p.partition) for p in live if not p.done]
+            if self.broker.add_waiter(keys, sub.waker):
+                sub.parked = keys
+            # else: the broker's waiter bound, or it is closing: the timer polls
+            if sub.timer is None:
+                sub.timer = self._loop.call_at(now + RECHECK_S, self._recheck, sub)
 
     def _step(self, sub: Subscription, part: _Part) -> int:
         """Send at most one push for ``part``: what happened (_SENT, _NO_CREDIT, _IDLE;
@@ -461,8 +570,4 @@ class Subscriptions:
 
 
 _SENT, _NO_CREDIT, _IDLE, _CAUGHT_UP = 1, 2, 3, 4
-
-
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("subscription task %s failed", task.get_name(), exc_info=task.exception())
+_READY, _CREDIT, _WRITABLE, _DATA = 0, 1, 2, 3

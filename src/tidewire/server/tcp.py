@@ -465,6 +465,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
     def resume_writing(self) -> None:
         self.write_paused = False
         self.writable.set()
+        self.subscriptions.resume()
         self._wake_output_waiters()
         self._update_reading()
         self._process()
