@@ -4,7 +4,8 @@
 Usage::
 
     python benchmarks/partitions_bench.py [--partitions N] [--shape wide|topics|both]
-        [--messages M] [--idle-s S] [--nofile L] [--create-in-flight K] [--json]
+        [--messages M] [--idle-s S] [--nofile L] [--create-in-flight K] [--create-only]
+        [--json]
 
 For each shape (``--shape``, default both: "wide", one topic of N partitions; "topics", N
 topics of one partition), it starts ``tidewire serve`` (``--fsync interval``, the default) in a
@@ -30,6 +31,12 @@ p50/p99/max of those pings during that step):
 * ``delete`` (wide only): deleting the topic (s);
 * ``stop``: SIGTERM to the restarted broker until it has exited (s): its clean shutdown,
   every partition's last flush, producer state and indexes written.
+
+``--create-only`` measures the create step alone (then stops the broker and removes its data
+directory). On ext4 without a journal, as on the reference machine, removing a directory of
+thousands of partitions slows the inode allocations of the next minutes (the file system
+skips recently freed inodes), so creation figures of runs close together are comparable only
+side by side, alternating.
 
 Progress goes to stderr; ``--json`` prints one JSON object instead of the table.
 """
@@ -200,6 +207,28 @@ async def publish(
     return sent
 
 
+async def measure_create(
+    broker: Broker, client: AsyncClient, shape: str, n: int, *, in_flight: int
+) -> dict[str, Any]:
+    what = f"a topic of {n:,} partitions" if shape == "wide" else f"{n:,} topics of one"
+    say(f"[{shape}] creating {what} ...")
+    cpu = broker.cpu_s()
+    _, took, pings = await watched(broker.addr, lambda: create_all(client, shape, n, in_flight))
+    say(f"  {took:.2f} s: {n / took:,.0f} partitions/s; pings {pings}")
+    return {
+        "s": round(took, 3),
+        "partitions_per_s": round(n / took),
+        "in_flight": 1 if shape == "wide" else in_flight,
+        "broker_cpu_us_per_partition": round((broker.cpu_s() - cpu) / n * 1e6),
+        "ping": pings,
+    }
+
+
+async def create_only(broker: Broker, shape: str, n: int, *, in_flight: int) -> dict[str, Any]:
+    async with AsyncClient(broker.addr) as client:
+        return {"create": await measure_create(broker, client, shape, n, in_flight=in_flight)}
+
+
 async def measure_running(
     broker: Broker, shape: str, n: int, messages: int, idle_s: float, *, in_flight: int
 ) -> tuple[dict[str, Any], dict[tuple[str, int], int]]:
@@ -207,18 +236,7 @@ async def measure_running(
     parts = partitions_of(shape, n)
     expected = dict.fromkeys(parts, 0)
     async with AsyncClient(broker.addr) as client:
-        what = f"a topic of {n:,} partitions" if shape == "wide" else f"{n:,} topics of one"
-        say(f"[{shape}] creating {what} ...")
-        cpu = broker.cpu_s()
-        _, took, pings = await watched(broker.addr, lambda: create_all(client, shape, n, in_flight))
-        out["create"] = {
-            "s": round(took, 3),
-            "partitions_per_s": round(n / took),
-            "in_flight": 1 if shape == "wide" else in_flight,
-            "broker_cpu_us_per_partition": round((broker.cpu_s() - cpu) / n * 1e6),
-            "ping": pings,
-        }
-        say(f"  {took:.2f} s: {n / took:,.0f} partitions/s; pings {pings}")
+        out["create"] = await measure_create(broker, client, shape, n, in_flight=in_flight)
 
         async def produce_all() -> None:
             for start in range(0, n, IN_FLIGHT):
@@ -310,6 +328,9 @@ def run_shape(shape: str, args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="tidewire-partitions-") as data:
         port = _free_port()
+        if args.create_only:
+            with serve(data, port, args.nofile) as broker:
+                return asyncio.run(create_only(broker, shape, n, in_flight=args.create_in_flight))
         with serve(data, port, args.nofile) as broker:
             running, expected = asyncio.run(
                 measure_running(
@@ -355,6 +376,11 @@ def main() -> None:
     ap.add_argument("--nofile", type=int, default=None, help="descriptor limit of the broker")
     ap.add_argument(
         "--create-in-flight", type=int, default=50, help="topic creations in flight at once"
+    )
+    ap.add_argument(
+        "--create-only",
+        action="store_true",
+        help="only the create step of each shape (the broker is stopped after it)",
     )
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
