@@ -603,25 +603,27 @@ def test_past_the_brokers_waiter_bound_a_subscription_polls(
     monkeypatch.setattr(push, "RECHECK_S", 0.05)
 
     async def main() -> None:
-        async with serve(tmp_path, max_fetch_waiters=1) as (broker, server):
-            async with AsyncClient(addr(server)) as c:
-                await c.create_topic(TOPIC, 1)
-                async with (
-                    AsyncSubscriber(addr(server), credit_bytes=1 << 20) as first,
-                    AsyncSubscriber(addr(server), credit_bytes=1 << 20) as second,
-                ):
-                    await first.subscribe([(TOPIC, 0, 0)])
-                    await until(lambda: broker._n_waiters == 1, "the first one waits")
-                    await second.subscribe([(TOPIC, 0, 0)])
-                    subs = [s for x in server.connections for s in x.subscriptions.subs.values()]
-                    await until(
-                        lambda: len(subs) == 2 and all(s.timer is not None for s in subs),
-                        "both wait for data",
-                    )
-                    assert broker._n_waiters == 1  # the second one is not among the waiters
-                    await produce(c, 3)
-                    for sub in (first, second):
-                        got = await take(sub, 30)
-                        assert [r.offset for r in got] == list(range(30))
+        async with (
+            serve(tmp_path, max_fetch_waiters=1) as (broker, server),
+            AsyncClient(addr(server)) as c,
+        ):
+            await c.create_topic(TOPIC, 1)
+            async with (
+                AsyncSubscriber(addr(server), credit_bytes=1 << 20) as first,
+                AsyncSubscriber(addr(server), credit_bytes=1 << 20) as second,
+            ):
+                await first.subscribe([(TOPIC, 0, 0)])
+                await until(lambda: broker._n_waiters == 1, "the first one waits")
+                await second.subscribe([(TOPIC, 0, 0)])
+                subs = [s for x in server.connections for s in x.subscriptions.subs.values()]
+                await until(
+                    lambda: len(subs) == 2 and all(s.timer is not None for s in subs),
+                    "both wait for data",
+                )
+                assert broker._n_waiters == 1  # the second one is not among the waiters
+                await produce(c, 3)
+                for sub in (first, second):
+                    got = await take(sub, 30)
+                    assert [r.offset for r in got] == list(range(30))
 
     run(main())
