@@ -24,6 +24,7 @@ from tidewire.client import (
 )
 from tidewire.client._transport import Transport
 from tidewire.errors import BackpressureError, InvalidRequestError
+from tidewire.observability import logs
 from tidewire.protocol import PushReceived
 from tidewire.protocol.messages import (
     ApiKey,
@@ -625,5 +626,35 @@ def test_past_the_brokers_waiter_bound_a_subscription_polls(
                 for sub in (first, second):
                     got = await take(sub, 30)
                     assert [r.offset for r in got] == list(range(30))
+
+    run(main())
+
+
+def test_a_step_runs_as_its_subscribe_request_whoever_woke_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A subscription woken by another connection's produce still logs as its own SUBSCRIBE
+    request (the request binding of the step's context), as its task did."""
+    seen: list[object] = []
+    deliver = push.Subscriptions._deliver
+
+    def spy(self: push.Subscriptions, sub: Subscription) -> None:
+        seen.append(logs._REQUEST.get())
+        deliver(self, sub)
+
+    monkeypatch.setattr(push.Subscriptions, "_deliver", spy)
+
+    async def main() -> None:
+        async with serve(tmp_path) as (_, server), AsyncClient(addr(server)) as c:
+            await c.create_topic(TOPIC, 1)
+            async with AsyncSubscriber(addr(server), credit_bytes=1 << 20) as sub:
+                await sub.subscribe([(TOPIC, 0, 0)])
+                s = only_subscription(server)
+                await until(lambda: s.parked is not None, "waiting for data")
+                await produce(c, 1)
+                assert [r.offset for r in await take(sub, 10)] == list(range(10))
+        apis = [bound[2] if isinstance(bound, tuple) else None for bound in seen]
+        assert len(apis) >= 2, seen  # the first step, and the one the produce woke
+        assert set(apis) == {"SUBSCRIBE"}, seen
 
     run(main())

@@ -45,6 +45,7 @@ node.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -155,6 +156,9 @@ class Subscription:
     rotate: int = 0
     #: Its stand-in among the broker's waiters.
     waker: _Waker | None = None
+    #: The context its steps run in: the SUBSCRIBE request's (its log lines are that
+    #: request's, whoever's wake-up queued the step).
+    context: contextvars.Context | None = None
 
     @property
     def in_flight(self) -> int:
@@ -353,6 +357,7 @@ class Subscriptions:
         if sub is None or sub.started:
             return
         sub.started = True
+        sub.context = contextvars.copy_context()
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
         self._queue(sub)
@@ -377,7 +382,7 @@ class Subscriptions:
         if sub.step is None and not sub.stopped:
             assert self._loop is not None
             sub.wants = _READY
-            sub.step = self._loop.call_soon(self._run, sub)
+            sub.step = self._loop.call_soon(self._run, sub, context=sub.context)
 
     def _stop(self, sub: Subscription) -> None:
         sub.stopped = True
@@ -412,7 +417,7 @@ class Subscriptions:
         assert self._loop is not None
         due = sub.parked_at + RECHECK_S
         if self._loop.time() < due:
-            sub.timer = self._loop.call_at(due, self._recheck, sub)
+            sub.timer = self._loop.call_at(due, self._recheck, sub, context=sub.context)
             return
         self._unpark(sub)
         self._queue(sub)
@@ -463,7 +468,9 @@ class Subscriptions:
                 sub.parked = keys
             # else: the broker's waiter bound, or it is closing: the timer polls
             if sub.timer is None:
-                sub.timer = self._loop.call_at(now + RECHECK_S, self._recheck, sub)
+                sub.timer = self._loop.call_at(
+                    now + RECHECK_S, self._recheck, sub, context=sub.context
+                )
 
     def _step(self, sub: Subscription, part: _Part) -> int:
         """Send at most one push for ``part``: what happened (_SENT, _NO_CREDIT, _IDLE;
