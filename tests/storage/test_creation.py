@@ -36,22 +36,32 @@ def partition_dirs(fs: FileSystem, data_dir: str, topic: str) -> list[str]:
     return [n for n in fs.listdir(data_dir) if n.rsplit("-", 1)[0] == topic]
 
 
-def ops_of_one_creation(n: int) -> int:
+def create(mgr: LogManager, topic: str, n: int, how: str) -> None:
+    """Create ``topic`` of ``n`` partitions the caller's way ("sync": ``create_topic``) or
+    queued on a worker thread ("queued": ``create_topic_async``, as the server does)."""
+    if how == "sync":
+        mgr.create_topic(topic, range(n))
+    else:
+        asyncio.run(mgr.create_topic_async(topic, range(n)))
+
+
+def ops_of_one_creation(n: int, how: str = "sync") -> int:
     fs = FaultFS()
     mgr = manager(fs)
     before = fs.ops
-    mgr.create_topic("t", range(n))
+    create(mgr, "t", n, how)
     return fs.ops - before
 
 
-#: A lone creation's sizes: synced file by file, and made durable by one whole sync.
-SIZES = [N, WHOLE_SYNC_PARTITIONS]
+#: A lone creation's sizes and ways: synced file by file (on the calling thread, then on
+#: worker threads), and queued large enough to be made durable by one whole sync.
+CASES = [(N, "sync"), (WHOLE_SYNC_PARTITIONS, "sync"), (WHOLE_SYNC_PARTITIONS, "queued")]
 
 
-@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize(("n", "how"), CASES)
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EMFILE, errno.EIO])
-def test_a_failure_at_any_operation_leaves_all_or_nothing(code: int, n: int) -> None:
-    total = ops_of_one_creation(n)
+def test_a_failure_at_any_operation_leaves_all_or_nothing(code: int, n: int, how: str) -> None:
+    total = ops_of_one_creation(n, how)
     assert total > 3 * n  # a real sweep: every partition's operations are in it
     for k in range(1, total + 1):
         fs = FaultFS()
@@ -60,7 +70,7 @@ def test_a_failure_at_any_operation_leaves_all_or_nothing(code: int, n: int) -> 
         fs.failures[fs.ops + k] = code
         failure = None
         try:
-            mgr.create_topic("t", range(n))
+            create(mgr, "t", n, how)
         except StorageError as exc:
             failure = exc.message
         if failure is not None:
@@ -79,16 +89,16 @@ def test_a_failure_at_any_operation_leaves_all_or_nothing(code: int, n: int) -> 
         again.close()
 
 
-@pytest.mark.parametrize("n", SIZES)
-def test_a_power_cut_at_any_operation_leaves_all_or_nothing_after_restart(n: int) -> None:
-    total = ops_of_one_creation(n)
+@pytest.mark.parametrize(("n", "how"), CASES)
+def test_a_power_cut_at_any_operation_leaves_all_or_nothing_after_restart(n: int, how: str) -> None:
+    total = ops_of_one_creation(n, how)
     for k in range(1, total + 1):
         fs = FaultFS()
         mgr = manager(fs)
         mgr.create_topic("kept", range(1))
         fs.cut_at = fs.ops + k
         with pytest.raises(StorageError):
-            mgr.create_topic("t", range(n))
+            create(mgr, "t", n, how)
         survivor = fs.power_cut()
         again = manager(survivor)
         parts = again.topics().get("t", [])
@@ -497,12 +507,23 @@ def test_creations_made_together_are_made_durable_by_one_whole_sync() -> None:
     again.close()
 
 
-@pytest.mark.parametrize("n", [1, WHOLE_SYNC_PARTITIONS - 1])
-def test_a_small_lone_creation_is_synced_file_by_file(n: int) -> None:
+@pytest.mark.parametrize(
+    ("n", "how"),
+    [
+        (1, "sync"),
+        (WHOLE_SYNC_PARTITIONS, "sync"),
+        (1, "queued"),
+        (WHOLE_SYNC_PARTITIONS - 1, "queued"),
+    ],
+)
+def test_a_small_or_awaited_lone_creation_is_synced_file_by_file(n: int, how: str) -> None:
+    """A lone creation its caller waits for (on the event loop, when a first publish creates
+    the topic), or a small one, syncs only its own files: no sync of the whole file system,
+    which would wait for whatever else is dirty."""
     fs = _Kinds()
     mgr = manager(fs)
     fs.kinds.clear()
-    mgr.create_topic("t", range(n))
+    create(mgr, "t", n, how)
     assert "sync_all" not in fs.kinds
     assert fs.kinds.count("sync") >= n + 1  # the marker, each log.json and ...
     assert fs.kinds.count("sync_dir") >= n  # ... each partition's directory
@@ -511,7 +532,7 @@ def test_a_small_lone_creation_is_synced_file_by_file(n: int) -> None:
 
 
 def test_a_large_lone_creation_is_made_durable_by_one_whole_sync() -> None:
-    """A lone topic of WHOLE_SYNC_PARTITIONS partitions: no fsync of each log.json or
+    """A lone queued topic of WHOLE_SYNC_PARTITIONS partitions: no fsync of each log.json or
     partition directory, one sync of the whole file system; it survives a power cut (its
     files and entries were made durable by that sync alone)."""
     n = WHOLE_SYNC_PARTITIONS
@@ -519,7 +540,7 @@ def test_a_large_lone_creation_is_made_durable_by_one_whole_sync() -> None:
     manager(fs).close()
     mgr = manager(fs)
     fs.kinds.clear()
-    mgr.create_topic("t", range(n))
+    create(mgr, "t", n, "queued")
     assert fs.kinds.count("sync_all") == 1
     assert fs.kinds.count("sync") == 1  # the marker's, written before the partitions
     mgr.get_log("t", n - 1).append(build_batch([b"kept"], timestamp_ms=T0))

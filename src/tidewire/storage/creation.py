@@ -20,9 +20,9 @@ creations requested while another runs): each stays all or none, and they share 
 "count": N}, ...]}``; ``+`` is in no topic's name, so it is no topic's marker), and the three
 fsyncs of the data directory. One marker for the lot rather than one a topic: 10,000 topics of
 one partition cost two fsyncs and two new files each (``log.json``, the segment) rather than
-three and three. Creations made together, and a lone creation of :data:`WHOLE_SYNC_PARTITIONS`
-partitions or more, are made durable by one sync of the whole file system instead of those
-fsyncs (:func:`create_many`).
+three and three. Creations made together, and a lone queued creation of
+:data:`WHOLE_SYNC_PARTITIONS` partitions or more, are made durable by one sync of the whole
+file system instead of those fsyncs (:func:`create_many`).
 
 A creation of the lot that fails is undone before the marker goes; if its removal fails too,
 the marker is rewritten to name only what is left of it, and a later creation of the same
@@ -87,9 +87,13 @@ PARALLEL_FROM = 16
 #: through ``tidewire serve``, 50 requests in flight: 416 -> 613 topics/s, medians of 4 side by
 #: side).
 WHOLE_SYNC_FROM = 2
-#: A lone creation of this many partitions or more is made durable by one sync of the whole
-#: file system too; a smaller one keeps its few fsyncs, which wait for nothing but its own
-#: files (a ``syncfs`` writes back whatever else of the file system is dirty).
+#: A lone creation of this many partitions or more, made on a worker thread (the log manager's
+#: queued creations), is made durable by one sync of the whole file system too; a smaller one
+#: keeps its few fsyncs, which wait for nothing but its own files (a ``syncfs`` writes back
+#: whatever else of the file system is dirty, for as long as that takes). A creation its
+#: caller waits for (:func:`create_partitions`: ``LogManager.create_topic``, which a broker
+#: calls on its event loop when a first publish creates a topic) keeps its fsyncs whatever
+#: its size.
 WHOLE_SYNC_PARTITIONS = PARALLEL_FROM
 # Without fsyncs to wait on, making the files is system time under the data directory's lock
 # and the interpreter's: on threads they only take turns at a cost. Partitions made durable by
@@ -227,6 +231,7 @@ def create_partitions(
         [Creation(topic, partitions, config, config_json)],
         clock=clock,
         config_file=config_file,
+        whole_sync_partitions=None,
     )
     if isinstance(result, BaseException):
         raise result
@@ -240,13 +245,14 @@ def create_many(
     *,
     clock: Clock,
     config_file: str,
+    whole_sync_partitions: int | None = WHOLE_SYNC_PARTITIONS,
 ) -> list[list[PartitionLog] | BaseException]:
     """Create several topics' partitions at once, each topic all or none, as
     :func:`create_partitions` does for one: one marker names them all, and one ``syncfs`` of
     the data directory's file system (where the system has it:
     :meth:`FileSystem.open_whole_sync`) makes every partition durable instead of two fsyncs a
     partition and the data directory's first fsync; so does a lone creation of
-    :data:`WHOLE_SYNC_PARTITIONS` partitions or more. Blocking.
+    ``whole_sync_partitions`` partitions or more (None: never). Blocking.
 
     Returns:
         For each creation, in order: its open logs in partition order, or the first failure
@@ -255,7 +261,8 @@ def create_many(
     """
     whole: WholeSync | None = None
     partitions = sum(len(c.partitions) for c in creations)
-    if len(creations) >= WHOLE_SYNC_FROM or partitions >= WHOLE_SYNC_PARTITIONS:
+    lone_whole = whole_sync_partitions is not None and partitions >= whole_sync_partitions
+    if len(creations) >= WHOLE_SYNC_FROM or lone_whole:
         try:
             # opened before anything is written: write-back errors from now on are its sync's
             whole = fs.open_whole_sync(data_dir)
