@@ -363,7 +363,7 @@ class Broker:
         self.bootstrap_key_file: Path | None = None
         #: Per partition, what waits for its next append: futures (a fetch's task, a
         #: subscription), or :class:`ParkedFetch` (a fetch waiting without a task).
-        self._waiters: dict[tuple[str, int], set[_Waiter]] = {}
+        self._waiters: dict[tuple[str, int], set[Waiter]] = {}
         self._n_waiters = 0
         self._closing = False
         self._releases = 0  # bumped by release_waiters(): fetches waiting then return
@@ -1916,14 +1916,14 @@ class Broker:
         """Undo :meth:`add_waiter` (whether ``waiter`` was woken or not)."""
         self._drop_waiters(keys, waiter)
 
-    def _add_waiters(self, keys: Iterable[tuple[str, int]], fut: _Waiter) -> None:
+    def _add_waiters(self, keys: Iterable[tuple[str, int]], fut: Waiter) -> None:
         """One waiter (a long-poll fetch's, a subscription's) on each of ``keys``: counted
         once towards ``max_fetch_waiters``."""
         for key in keys:
             self._add_waiter(key, fut)
         self._n_waiters += 1
 
-    def _drop_waiters(self, keys: Iterable[tuple[str, int]], fut: _Waiter) -> None:
+    def _drop_waiters(self, keys: Iterable[tuple[str, int]], fut: Waiter) -> None:
         """Undo :meth:`_add_waiters` (whether ``fut`` was woken or not)."""
         self._n_waiters -= 1
         for key in keys:
@@ -1933,7 +1933,7 @@ class Broker:
                 if not waiters:
                     del self._waiters[key]
 
-    def _add_waiter(self, key: tuple[str, int], fut: _Waiter) -> None:
+    def _add_waiter(self, key: tuple[str, int], fut: Waiter) -> None:
         """Make ``fut`` one of the waiters of partition ``key``; the partition's log wakes
         them itself (:attr:`PartitionLog.on_visible`) as soon as readers may see more: under
         ``always`` in the step that takes back the fsync, before the producers resume."""
@@ -2155,10 +2155,6 @@ class Waiter(Protocol):
     def done(self) -> bool: ...
 
     def set_result(self, result: None, /) -> None: ...
-
-
-#: What waits on a partition's wake-ups.
-_Waiter = Waiter
 
 
 async def _woken_or_timeout(fut: asyncio.Future[None], timeout_s: float | None) -> None:

@@ -45,7 +45,6 @@ A marker's name cannot be a partition directory's (those end in ``-`` and digits
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import json
 import logging
 import threading
@@ -355,13 +354,12 @@ def _create_many(
         if not _undo(fs, data_dir, marker, [], exc):
             _leave(data_dir, marker, creations)
         return [exc for _ in everything]
-    jobs = [(i, p) for i in everything for p in creations[i].partitions]
-    if whole is None:
-        _run_all(one, jobs, ignore_failures=True)
-    else:  # no fsync to wait on: see the note under WHOLE_SYNC_PARTITIONS
-        for job in jobs:
-            with contextlib.suppress(BaseException):  # `one` records its failure
-                one(job)
+    _run_all(
+        one,
+        [(i, p) for i in everything for p in creations[i].partitions],
+        ignore_failures=True,
+        threads=whole is None,  # no fsync to wait on: see the note under WHOLE_SYNC_PARTITIONS
+    )
     # The failed ones go before the marker does: their directories must not outlive it.
     stuck: list[int] = []
     for i in everything:
@@ -408,10 +406,17 @@ def _create_many(
     return out
 
 
-def _run_all(one: Callable[[T], None], jobs: Sequence[T], *, ignore_failures: bool = False) -> None:
-    """``one(job)`` for every job, on a few threads when there are many; raise the first
-    failure once every started call has ended (``ignore_failures``: ``one`` records them)."""
-    if len(jobs) < PARALLEL_FROM:
+def _run_all(
+    one: Callable[[T], None],
+    jobs: Sequence[T],
+    *,
+    ignore_failures: bool = False,
+    threads: bool = True,
+) -> None:
+    """``one(job)`` for every job, on a few threads when there are many (and ``threads``);
+    raise the first failure once every started call has ended (``ignore_failures``: ``one``
+    records them)."""
+    if len(jobs) < PARALLEL_FROM or not threads:
         for job in jobs:
             try:
                 one(job)
